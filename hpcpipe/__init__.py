@@ -1,0 +1,23 @@
+"""hpcpipe: pipeline-parallel GPT training over MPI, with hand-written layers.
+
+The public API is small and stable:
+
+    from hpcpipe import GPTConfig, GPT
+    model = GPT(GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=2, n_embd=32),
+                dtype="float64", seed=0)
+    loss, grads = model.loss_and_grads(idx, targets)
+
+Names are resolved lazily so that `python -m hpcpipe schedule ...` and the schedule
+tools never import the numerical stack.
+"""
+
+__version__ = "0.1.0"
+__all__ = ["GPTConfig", "GPT", "__version__"]
+
+
+def __getattr__(name):
+    if name in ("GPTConfig", "GPT"):
+        from . import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module 'hpcpipe' has no attribute {name!r}")

@@ -1,0 +1,44 @@
+"""A GPT-2 transformer block with pre-LayerNorm residual connections.
+
+    x1  = x  + attn(ln_1(x))
+    out = x1 + mlp(ln_2(x1))
+
+Shapes: x, x1, out (B, T, C). Weights: ln_1.*, attn.*, ln_2.*, mlp.* (GPT-2 names,
+without the `h.{l}.` prefix). B stashes the output gradient of each sublayer, which is
+what that sublayer's W multiplies with.
+"""
+
+from . import attention, layernorm, mlp, scope
+
+
+def forward(x, params, n_head):
+    a, ln_1 = layernorm.forward(x, scope(params, "ln_1."))
+    att, attn = attention.forward(a, scope(params, "attn."), n_head)
+    x1 = x + att
+    b, ln_2 = layernorm.forward(x1, scope(params, "ln_2."))
+    m, ff = mlp.forward(b, scope(params, "mlp."))
+    out = x1 + m
+    return out, {"ln_1": ln_1, "attn": attn, "ln_2": ln_2, "mlp": ff}
+
+
+def backward_input(dout, cache):
+    db = mlp.backward_input(dout, cache["mlp"])  # the residual passes dout to the MLP
+    dx1 = dout + layernorm.backward_input(db, cache["ln_2"])
+    da = attention.backward_input(dx1, cache["attn"])
+    dx = dx1 + layernorm.backward_input(da, cache["ln_1"])
+    cache["d"] = {"mlp": dout, "ln_2": db, "attn": dx1, "ln_1": da}
+    return dx
+
+
+def backward_weight(dout, cache, grads):
+    d = cache.pop("d")
+    mlp.backward_weight(d["mlp"], cache["mlp"], scope(grads, "mlp."))
+    layernorm.backward_weight(d["ln_2"], cache["ln_2"], scope(grads, "ln_2."))
+    attention.backward_weight(d["attn"], cache["attn"], scope(grads, "attn."))
+    layernorm.backward_weight(d["ln_1"], cache["ln_1"], scope(grads, "ln_1."))
+
+
+def backward(dout, cache, grads):
+    dx = backward_input(dout, cache)
+    backward_weight(dout, cache, grads)
+    return dx

@@ -1,0 +1,31 @@
+"""The output head, tied to the token embedding: logits = x @ wte^T.
+
+Shapes: x (B, T, C), wte (V, C), logits (B, T, V). Its weight gradient goes into the
+gradient buffer of the stage that holds the head; the model adds it to the embedding's
+(pipeline: Megatron-style sum of the two copies) in one fixed order.
+"""
+
+
+def forward(x, params):
+    wte = params["wte"]
+    B, T, C = x.shape
+    logits = (x.reshape(-1, C) @ wte.T).reshape(B, T, wte.shape[0])
+    return logits, {"x": x, "wte": wte}
+
+
+def backward_input(dlogits, cache):
+    wte = cache["wte"]
+    B, T, V = dlogits.shape
+    return (dlogits.reshape(-1, V) @ wte).reshape(B, T, wte.shape[1])
+
+
+def backward_weight(dlogits, cache, grads):
+    x = cache["x"]
+    V, C = dlogits.shape[-1], x.shape[-1]
+    grads["wte"] += dlogits.reshape(-1, V).T @ x.reshape(-1, C)  # (V, C)
+
+
+def backward(dlogits, cache, grads):
+    dx = backward_input(dlogits, cache)
+    backward_weight(dlogits, cache, grads)
+    return dx

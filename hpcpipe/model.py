@@ -1,0 +1,307 @@
+"""The GPT model: parameter layout (GPT-2 names), flat buffers, and stages.
+
+A *stage* is a contiguous slice of the model — optionally the embedding, blocks
+[first, last), optionally the final LayerNorm, the tied head and the loss — with its
+parameters and gradients in one flat buffer each (named views into it). The whole model
+on one process is simply the stage that holds everything; the pipeline runtime builds one
+stage per pipeline rank (and per chunk) from the same code, which is why every layout
+computes the same numbers.
+
+Each stage keeps a stash per microbatch between its F, B and W passes, so a W can run
+after the F and B of later microbatches, as the zero-bubble schedules need.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import backend
+from .layers import block, embedding, head, layernorm, loss, scope
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The shape of a GPT-2-style model."""
+
+    vocab_size: int = 256
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
+            )
+
+
+def block_layout(cfg: GPTConfig, layer: int) -> list[tuple[str, tuple[int, ...]]]:
+    C, p = cfg.n_embd, f"h.{layer}."
+    return [
+        (p + "ln_1.weight", (C,)), (p + "ln_1.bias", (C,)),
+        (p + "attn.c_attn.weight", (C, 3 * C)), (p + "attn.c_attn.bias", (3 * C,)),
+        (p + "attn.c_proj.weight", (C, C)), (p + "attn.c_proj.bias", (C,)),
+        (p + "ln_2.weight", (C,)), (p + "ln_2.bias", (C,)),
+        (p + "mlp.c_fc.weight", (C, 4 * C)), (p + "mlp.c_fc.bias", (4 * C,)),
+        (p + "mlp.c_proj.weight", (4 * C, C)), (p + "mlp.c_proj.bias", (C,)),
+    ]  # fmt: skip
+
+
+def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=True):
+    """Ordered (name, shape) of the parameters a stage holds, in GPT-2's names.
+
+    The head is tied to `wte`: a stage with the head but not the embedding holds its own
+    copy of `wte` (the pipeline keeps the two copies equal).
+    """
+    layers = range(cfg.n_layer) if layers is None else layers
+    out = []
+    if embedding_part or head_part:
+        out.append(("wte", (cfg.vocab_size, cfg.n_embd)))
+    if embedding_part:
+        out.append(("wpe", (cfg.block_size, cfg.n_embd)))
+    for layer in layers:
+        out += block_layout(cfg, layer)
+    if head_part:
+        out += [("ln_f.weight", (cfg.n_embd,)), ("ln_f.bias", (cfg.n_embd,))]
+    return out
+
+
+def init_std(cfg: GPTConfig, name: str) -> float | None:
+    """GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2L);
+    None means a constant (LayerNorm weight 1, every bias and LayerNorm bias 0)."""
+    if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name == "ln_f.weight":
+        return None
+    if name.endswith(".bias"):
+        return None
+    if name == "wpe":
+        return 0.01
+    if name.endswith("c_proj.weight"):
+        return 0.02 / np.sqrt(2 * cfg.n_layer)
+    return 0.02
+
+
+def init_value(cfg: GPTConfig, name: str, shape, seed: int) -> np.ndarray:
+    """A parameter's initial value in float64 on the host.
+
+    Drawn from a generator keyed by (seed, name), so it is the same whichever stage, rank
+    or layout holds the parameter.
+    """
+    std = init_std(cfg, name)
+    if std is None:
+        fill = 1.0 if name.endswith("weight") else 0.0
+        return np.full(shape, fill)
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    return rng.standard_normal(shape) * std
+
+
+def is_decayed(name: str, shape) -> bool:
+    """AdamW's weight decay applies to matrices (embeddings and linear weights) only."""
+    return len(shape) == 2
+
+
+class FlatBuffer:
+    """One contiguous array with a named, shaped view per parameter."""
+
+    def __init__(self, layout, xp, dtype):
+        self.layout = list(layout)
+        self.offsets = {}
+        offset = 0
+        for name, shape in self.layout:
+            size = int(np.prod(shape))
+            self.offsets[name] = (offset, offset + size)
+            offset += size
+        self.data = xp.zeros(offset, dtype=dtype)
+        self.views = {
+            name: self.data[a:b].reshape(shape)
+            for (name, shape), (a, b) in zip(self.layout, self.offsets.values())
+        }
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+class Stage:
+    """A contiguous slice of the GPT with F, B and W passes per microbatch.
+
+    layers: the block indices this stage runs; embedding_part / head_part: whether it
+    starts with the embedding / ends with ln_f, the tied head and the loss.
+    """
+
+    def __init__(self, cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
+                 dtype="float32", seed=0, xp=None):
+        self.cfg = cfg
+        self.layers = list(range(cfg.n_layer) if layers is None else layers)
+        self.embedding_part = embedding_part
+        self.head_part = head_part
+        self.xp = backend.current().xp if xp is None else xp
+        self.dtype = np.dtype(dtype)
+        layout = param_layout(cfg, self.layers, embedding_part, head_part)
+        self.param_buffer = FlatBuffer(layout, self.xp, self.dtype)
+        self.grad_buffer = FlatBuffer(layout, self.xp, self.dtype)
+        self.params = self.param_buffer.views
+        self.grads = self.grad_buffer.views
+        # The head's share of d(wte) is kept apart and added once per step, after the
+        # embedding's, in the same order whichever stages hold the two (design contract).
+        self.head_grad = self.xp.zeros_like(self.params["wte"]) if head_part else None
+        for name, shape in layout:
+            self.params[name][...] = self.xp.asarray(init_value(cfg, name, shape, seed),
+                                                     dtype=self.dtype)
+        self._stash: dict[int, dict] = {}
+
+    # -- bookkeeping --------------------------------------------------------------------
+    def zero_grad(self):
+        self.grad_buffer.data[...] = 0
+        if self.head_grad is not None:
+            self.head_grad[...] = 0
+
+    def stash_bytes(self) -> int:
+        """Bytes of activations currently held for pending B and W passes."""
+        seen, total = set(), 0
+
+        def walk(obj):
+            nonlocal total
+            if isinstance(obj, dict):
+                for value in obj.values():
+                    walk(value)
+            elif hasattr(obj, "nbytes") and hasattr(obj, "shape") and id(obj) not in seen:
+                # Parameter views are referenced from caches but are not activations.
+                if obj.base is None or obj.base is not self.param_buffer.data:
+                    seen.add(id(obj))
+                    total += int(obj.nbytes)
+
+        walk(self._stash)
+        return total
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Microbatches whose F has run and whose W has not."""
+        return sorted(self._stash)
+
+    # -- the three passes -----------------------------------------------------------------
+    def forward(self, mb: int, inp, targets=None, loss_scale: float = 1.0, keep=True):
+        """F: token ids (first stage) or activations (B, T, C) in; activations out, or the
+        loss (a 0-d array) on the stage with the head. keep=False evaluates without
+        stashing anything (validation)."""
+        cfg, P = self.cfg, self.params
+        caches = {}
+        x = inp
+        if self.embedding_part:
+            T = inp.shape[1]
+            if T > cfg.block_size:
+                raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
+            x, caches["embedding"] = embedding.forward(inp, P)
+        for layer in self.layers:
+            x, caches[layer] = block.forward(x, scope(P, f"h.{layer}."), cfg.n_head)
+        if self.head_part:
+            x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."))
+            logits, caches["head"] = head.forward(x, P)
+            x, caches["loss"] = loss.forward(logits, targets)
+        if keep:
+            if mb in self._stash:
+                raise RuntimeError(f"microbatch {mb} already has a forward in flight")
+            self._stash[mb] = {"caches": caches, "d": {}, "loss_scale": loss_scale}
+        return x
+
+    def backward_input(self, mb: int, dy=None):
+        """B: gradient of the stage output in (None on the stage with the loss), gradient of
+        the stage input out (None on the first stage: token ids have none)."""
+        entry = self._stash[mb]
+        caches, d = entry["caches"], entry["d"]
+        if self.head_part:
+            dlogits = loss.backward_input(entry["loss_scale"], caches.pop("loss"))
+            d["head"] = dlogits
+            dx = head.backward_input(dlogits, caches["head"])
+            d["ln_f"] = dx
+            dy = layernorm.backward_input(dx, caches["ln_f"])
+        for layer in reversed(self.layers):
+            d[layer] = dy
+            dy = block.backward_input(dy, caches[layer])
+        if self.embedding_part:
+            d["embedding"] = dy
+            return None
+        return dy
+
+    def backward_weight(self, mb: int):
+        """W: weight gradients of microbatch `mb`, added into the gradient buffer; frees the
+        microbatch's stash."""
+        entry = self._stash.pop(mb)
+        caches, d = entry["caches"], entry["d"]
+        G = self.grads
+        if self.head_part:
+            head.backward_weight(d["head"], caches["head"], {"wte": self.head_grad})
+            layernorm.backward_weight(d["ln_f"], caches["ln_f"], scope(G, "ln_f."))
+        for layer in reversed(self.layers):
+            block.backward_weight(d[layer], caches[layer], scope(G, f"h.{layer}."))
+        if self.embedding_part:
+            embedding.backward_weight(d["embedding"], caches["embedding"], G)
+
+    def backward(self, mb: int, dy=None):
+        """BW: B and W fused, for schedules without the split."""
+        dx = self.backward_input(mb, dy)
+        self.backward_weight(mb)
+        return dx
+
+    def add_head_grad(self, head_grad=None):
+        """Fold the tied head's gradient into d(wte), once per step, after every W.
+
+        On a single stage the head's own buffer is used; in a pipeline the first stage
+        passes the one received from the last stage."""
+        contribution = self.head_grad if head_grad is None else head_grad
+        self.grads["wte"] += contribution
+
+
+class GPT:
+    """The whole model on one process: the public, stable entry point.
+
+        model = GPT(GPTConfig(...), dtype="float64", seed=0)
+        model.params            # GPT-2 name -> writable view of the flat parameter buffer
+        loss, grads = model.loss_and_grads(idx, targets)
+    """
+
+    def __init__(self, config: GPTConfig, dtype="float32", seed=0, xp=None):
+        self.config = config
+        self.stage = Stage(config, dtype=dtype, seed=seed, xp=xp)
+        self.xp = self.stage.xp
+        self.params = self.stage.params
+        self.grads = self.stage.grads
+
+    @property
+    def num_params(self) -> int:
+        return self.stage.param_buffer.size
+
+    def _as_tokens(self, a):
+        return self.xp.asarray(a, dtype=np.int64)
+
+    def loss(self, idx, targets) -> float:
+        """Mean cross-entropy of a batch, without computing gradients."""
+        value = self.stage.forward(0, self._as_tokens(idx), self._as_tokens(targets),
+                                   keep=False)
+        return float(value)
+
+    def accumulate(self, mb: int, idx, targets, scale: float = 1.0) -> float:
+        """F, B and W of one microbatch; adds scale × its gradient into `model.grads`."""
+        value = self.stage.forward(mb, self._as_tokens(idx), self._as_tokens(targets),
+                                   loss_scale=scale)
+        self.stage.backward(mb)
+        return float(value)
+
+    def loss_and_grads(self, idx, targets):
+        """(loss, grads): the mean cross-entropy of the batch idx → targets (both (B, T)
+        integer arrays) and its gradient, as a dict of fresh arrays under GPT-2 names."""
+        self.stage.zero_grad()
+        value = self.accumulate(0, idx, targets)
+        self.stage.add_head_grad()
+        return value, {name: g.copy() for name, g in self.grads.items()}

@@ -1,0 +1,241 @@
+"""Run configuration: TOML files loaded into frozen dataclasses, with strict checking.
+
+A config has four sections, [model], [train], [data] and [parallel]. Every key has a
+default here, so a file names only what it changes. Anything the loader cannot use — an
+unknown section or key, a wrong type, an impossible value — is a ConfigError that names
+the file, the key, the value and what is allowed, before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import typing
+from dataclasses import dataclass, field
+
+from .errors import HpcpipeError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
+DEVICES = ("auto", "cpu", "gpu")
+DTYPES = ("float32", "float64")
+
+
+class ConfigError(HpcpipeError, ValueError):
+    """A configuration the run cannot use; the message is meant for the user as is."""
+
+    def __init__(self, source: str, key: str, value, problem: str):
+        self.source, self.key, self.value, self.problem = source, key, value, problem
+        super().__init__(f"{source}: {key} = {value!r}: {problem}")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """[model]: the transformer's shape (GPT-2 naming)."""
+
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 128
+    vocab_size: int = 256
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    """[train]: the optimisation loop."""
+
+    steps: int = 300
+    micro_batch_size: int = 16
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # 0 turns clipping off
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    seed: int = 0
+    dtype: str = "float32"
+    device: str = "auto"
+    eval_every: int = 50  # 0: only at the end
+    eval_batches: int = 8
+    log_every: int = 10
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """[data]: where tokens come from."""
+
+    corpus: str = "stdlib"  # "stdlib", a text file, or a folder of text files
+    path: str = ""  # the prepared HDF5 token file; "" means data/<corpus name>.tokens.h5
+    val_fraction: float = 0.05
+
+
+@dataclass(frozen=True)
+class ParallelSection:
+    """[parallel]: how ranks share the work."""
+
+    dp: int = 1
+    pp: int = 1
+    microbatches: int = 1  # per step and replica; with pp = 1 this is gradient accumulation
+    schedule: str = "1f1b"
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelSection = field(default_factory=ModelSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    data: DataSection = field(default_factory=DataSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    source: str = "<defaults>"
+
+    @property
+    def tokens_per_step(self) -> int:
+        p, t = self.parallel, self.train
+        return p.dp * p.microbatches * t.micro_batch_size * self.model.block_size
+
+    def to_toml(self) -> str:
+        """The resolved config as TOML; loading it back gives an equal Config."""
+        lines = [f"# resolved from {self.source}"]
+        for section in SECTIONS:
+            lines.append(f"\n[{section}]")
+            for f in dataclasses.fields(SECTIONS[section]):
+                lines.append(f"{f.name} = {_toml_value(getattr(getattr(self, section), f.name))}")
+        return "\n".join(lines) + "\n"
+
+
+SECTIONS = {"model": ModelSection, "train": TrainSection, "data": DataSection,
+            "parallel": ParallelSection}
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(value)
+
+
+def _type_name(t) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[t]
+
+
+def _coerce(source, key, value, expected):
+    """Check a TOML value against a field's type; integers are fine where a float goes."""
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is int and isinstance(value, bool):
+        raise ConfigError(source, key, value, "must be an integer")
+    if not isinstance(value, expected):
+        raise ConfigError(source, key, value, f"must be {_type_name(expected)}")
+    return value
+
+
+def _build_section(source, name, table) -> object:
+    cls = SECTIONS[name]
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in table.items():
+        if key not in hints:
+            raise ConfigError(source, f"{name}.{key}", value,
+                              f"unknown key in [{name}]; known keys: {', '.join(known)}")
+        values[key] = _coerce(source, f"{name}.{key}", value, hints[key])
+    return cls(**values)
+
+
+def _require(source, key, value, ok, problem):
+    if not ok:
+        raise ConfigError(source, key, value, problem)
+
+
+def validate(cfg: Config) -> Config:
+    """Value checks that the types alone do not catch."""
+    s, m, t, d, p = cfg.source, cfg.model, cfg.train, cfg.data, cfg.parallel
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        _require(s, f"model.{key}", getattr(m, key), getattr(m, key) >= 1, "must be at least 1")
+    _require(s, "model.n_embd", m.n_embd, m.n_embd % m.n_head == 0,
+             f"must be divisible by model.n_head = {m.n_head} (each head gets n_embd/n_head "
+             f"channels); e.g. {m.n_head * max(1, round(m.n_embd / m.n_head))}")
+    for key in ("steps", "micro_batch_size", "eval_batches", "log_every"):
+        _require(s, f"train.{key}", getattr(t, key), getattr(t, key) >= 1, "must be at least 1")
+    for key in ("warmup_steps", "eval_every", "seed"):
+        _require(s, f"train.{key}", getattr(t, key), getattr(t, key) >= 0, "must be 0 or more")
+    _require(s, "train.lr", t.lr, math.isfinite(t.lr) and t.lr > 0, "must be a positive number")
+    _require(s, "train.min_lr", t.min_lr, math.isfinite(t.min_lr) and 0 <= t.min_lr <= t.lr,
+             f"must be between 0 and train.lr = {t.lr}")
+    _require(s, "train.weight_decay", t.weight_decay, 0 <= t.weight_decay < 1 / t.lr,
+             "must be 0 or more (and lr × weight_decay below 1)")
+    _require(s, "train.grad_clip", t.grad_clip, t.grad_clip >= 0,
+             "must be 0 (no clipping) or a positive norm")
+    for key in ("beta1", "beta2"):
+        _require(s, f"train.{key}", getattr(t, key), 0 <= getattr(t, key) < 1,
+                 "must be in [0, 1)")
+    _require(s, "train.eps", t.eps, t.eps > 0, "must be positive")
+    _require(s, "train.dtype", t.dtype, t.dtype in DTYPES, f"allowed: {', '.join(DTYPES)}")
+    _require(s, "train.device", t.device, t.device in DEVICES, f"allowed: {', '.join(DEVICES)}")
+    _require(s, "data.val_fraction", d.val_fraction, 0 < d.val_fraction < 1,
+             "must be between 0 and 1 (exclusive)")
+    _require(s, "data.corpus", d.corpus, d.corpus != "", 'must be "stdlib", a file or a folder')
+    _require(s, "parallel.microbatches", p.microbatches, p.microbatches >= 1,
+             "must be at least 1")
+    _require(s, "parallel.schedule", p.schedule, p.schedule in SCHEDULES,
+             f"allowed: {', '.join(SCHEDULES)}")
+    _require(s, "parallel.dp", p.dp, p.dp >= 1, "must be at least 1")
+    _require(s, "parallel.pp", p.pp, p.pp >= 1, "must be at least 1")
+    # This version trains on one rank; pipeline and data parallelism come in later versions.
+    _require(s, "parallel.dp", p.dp, p.dp == 1,
+             "data parallelism is not available in this version; allowed: 1")
+    _require(s, "parallel.pp", p.pp, p.pp == 1,
+             "pipeline parallelism is not available in this version; allowed: 1")
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, str, object]:
+    """'section.key=value' → (section, key, value); the value is read as TOML (numbers,
+    true/false, quoted strings) and as a bare string when it is not valid TOML."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError("--set", text, text, "expected section.key=value, e.g. train.steps=50")
+    dotted, raw = text.split("=", 1)
+    section, key = dotted.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return section, key, value
+
+
+def from_dict(data: dict, source: str = "<dict>") -> Config:
+    sections = {}
+    for name, table in data.items():
+        if name not in SECTIONS:
+            raise ConfigError(source, name, table if not isinstance(table, dict) else "[...]",
+                              f"unknown section; known sections: {', '.join(SECTIONS)}")
+        if not isinstance(table, dict):
+            raise ConfigError(source, name, table, f"must be a [{name}] table")
+        sections[name] = _build_section(source, name, table)
+    return validate(Config(**sections, source=source))
+
+
+def load(path: str, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a TOML config and apply `--set section.key=value` overrides on top."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(path, "file", path, "no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(path, "file", path, "is a folder, not a TOML file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(path, "file", path, f"not valid TOML: {e}") from None
+    source = path
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if section not in SECTIONS:
+            raise ConfigError("--set", section, value,
+                              f"unknown section; known sections: {', '.join(SECTIONS)}")
+        data.setdefault(section, {})[key] = value
+        source = f"{path} (with --set)"
+    return from_dict(data, source)

@@ -1,0 +1,127 @@
+"""Config loading: defaults, overrides, and one test per kind of bad input, each checking
+that the message names the file, the key, the value and what is allowed."""
+
+import textwrap
+
+import pytest
+
+from hpcpipe import config
+from hpcpipe.config import Config, ConfigError
+
+
+def write(tmp_path, text, name="run.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def error_of(tmp_path, text, overrides=()):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        config.load(path, overrides)
+    return path, str(info.value)
+
+
+def test_shipped_configs_load():
+    tiny = config.load("inputs/tiny.toml")
+    assert tiny.model.n_layer == 4 and tiny.data.corpus == "stdlib"
+    gpt2 = config.load("inputs/gpt2-124m.toml")
+    assert (gpt2.model.n_layer, gpt2.model.n_embd, gpt2.model.block_size) == (12, 768, 1024)
+
+
+def test_defaults_fill_missing_keys(tmp_path):
+    cfg = config.load(write(tmp_path, "[model]\nn_layer = 2\n"))
+    assert cfg.model.n_layer == 2 and cfg.model.n_embd == Config().model.n_embd
+    assert cfg.train == Config().train
+
+
+def test_integers_are_accepted_where_numbers_go(tmp_path):
+    cfg = config.load(write(tmp_path, "[train]\nlr = 1\nmin_lr = 0\n"))
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+
+
+def test_overrides(tmp_path):
+    path = write(tmp_path, "[train]\nsteps = 10\n")
+    cfg = config.load(path, ["train.steps=3", "train.lr=1e-4", "train.min_lr=0", 'data.corpus="notes.txt"',
+                             "train.dtype=float64"])
+    assert cfg.train.steps == 3 and cfg.train.lr == 1e-4
+    assert cfg.data.corpus == "notes.txt" and cfg.train.dtype == "float64"
+
+
+def test_resolved_toml_round_trips(tmp_path):
+    cfg = config.load("inputs/tiny.toml", ["train.lr=0.1", "train.min_lr=0.01"])
+    again = config.load(write(tmp_path, cfg.to_toml()))
+    assert (again.model, again.train, again.data, again.parallel) == \
+        (cfg.model, cfg.train, cfg.data, cfg.parallel)
+
+
+def test_unknown_key(tmp_path):
+    path, msg = error_of(tmp_path, "[train]\nstep = 10\n")
+    assert path in msg and "train.step" in msg and "unknown key" in msg and "steps" in msg
+
+
+def test_unknown_section(tmp_path):
+    path, msg = error_of(tmp_path, "[optim]\nlr = 1\n")
+    assert path in msg and "optim" in msg and "known sections: model, train, data, parallel" in msg
+
+
+def test_wrong_type(tmp_path):
+    path, msg = error_of(tmp_path, '[model]\nn_layer = "four"\n')
+    assert path in msg and "model.n_layer = 'four'" in msg and "must be an integer" in msg
+
+
+def test_bool_is_not_an_integer(tmp_path):
+    _, msg = error_of(tmp_path, "[train]\nsteps = true\n")
+    assert "train.steps = True" in msg and "must be an integer" in msg
+
+
+def test_float_where_integer_goes(tmp_path):
+    _, msg = error_of(tmp_path, "[train]\nmicro_batch_size = 2.5\n")
+    assert "train.micro_batch_size = 2.5" in msg and "integer" in msg
+
+
+def test_heads_must_divide_channels(tmp_path):
+    path, msg = error_of(tmp_path, "[model]\nn_embd = 130\nn_head = 4\n")
+    assert path in msg and "model.n_embd = 130" in msg and "divisible by model.n_head = 4" in msg
+
+
+def test_non_positive_value(tmp_path):
+    _, msg = error_of(tmp_path, "[train]\nsteps = 0\n")
+    assert "train.steps = 0" in msg and "at least 1" in msg
+
+
+def test_value_not_in_allowed_set(tmp_path):
+    _, msg = error_of(tmp_path, '[train]\ndtype = "float16"\n')
+    assert "train.dtype = 'float16'" in msg and "allowed: float32, float64" in msg
+    _, msg = error_of(tmp_path, '[parallel]\nschedule = "zb-h3"\n')
+    assert "parallel.schedule = 'zb-h3'" in msg and "zb-h1" in msg and "auto" in msg
+
+
+def test_min_lr_above_lr(tmp_path):
+    _, msg = error_of(tmp_path, "[train]\nlr = 1e-3\nmin_lr = 1e-2\n")
+    assert "train.min_lr = 0.01" in msg and "between 0 and train.lr" in msg
+
+
+def test_parallelism_not_available_yet(tmp_path):
+    _, msg = error_of(tmp_path, "[parallel]\npp = 2\n")
+    assert "parallel.pp = 2" in msg and "allowed: 1" in msg
+
+
+def test_invalid_toml(tmp_path):
+    path, msg = error_of(tmp_path, "[model\nn_layer = 2\n")
+    assert path in msg and "not valid TOML" in msg
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        config.load(str(tmp_path / "nope.toml"))
+
+
+def test_bad_override_syntax(tmp_path):
+    _, msg = error_of(tmp_path, "", overrides=["steps=3"])
+    assert "--set" in msg and "section.key=value" in msg
+
+
+def test_override_of_unknown_key(tmp_path):
+    path, msg = error_of(tmp_path, "", overrides=["train.stpes=3"])
+    assert "train.stpes" in msg and "unknown key" in msg and "(with --set)" in msg

@@ -1,0 +1,61 @@
+"""Pipeline schedules as data: generators, a checker, a simulator, the auto-scheduler and pictures.
+
+    from hpcpipe.schedules import generate, check, simulate, Costs
+    s = generate("zb-h1", p=4, m=8)
+    check(s)                                   # raises ScheduleError naming rank, op and rule
+    r = simulate(s, Costs(f=1, b=1, w=0.5))    # makespan, span, busy, bubble_rate, peaks, times
+
+No MPI and no numerical stack here: the runtime executes what these functions produce.
+"""
+
+from __future__ import annotations
+
+from .auto import auto
+from .checker import check
+from .generators import gpipe, interleaved_1f1b, one_f_one_b, zb_h1, zb_h2, zb_v
+from .messages import Message, OpMessages, messages
+from .ops import Kind, Op, Schedule, ScheduleError
+from .simulator import Costs, SimResult, peak_activations, simulate, span_lower_bound
+
+KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
+
+_ONE_CHUNK = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2}
+
+
+def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | None = None,
+             memory_limit: float | None = None) -> Schedule:
+    """Build the schedule `kind` for p ranks and m microbatches (v chunks per rank where it applies).
+
+    `costs` and `memory_limit` drive `auto`; for the hand-made kinds a memory limit is checked
+    against the schedule's peak activations (in the units of `costs.memory`).
+    """
+    if kind not in KINDS:
+        raise ScheduleError(f"unknown schedule kind {kind!r}; choose one of {', '.join(KINDS)}")
+    for name, value in (("p (stages)", p), ("m (microbatches)", m)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ScheduleError(f"{kind}: {name} must be a positive integer (got {value!r})")
+    if kind == "interleaved-1f1b":
+        schedule = interleaved_1f1b(p, m, 2 if v is None else v)
+    elif kind == "zb-v":
+        if v not in (None, 2):
+            raise ScheduleError(f"zb-v has exactly 2 chunks per rank (got v={v})")
+        schedule = zb_v(p, m)
+    else:
+        if v not in (None, 1):
+            raise ScheduleError(f"{kind} has one chunk per rank (got v={v}); chunks are for "
+                                "interleaved-1f1b (any v >= 1) and zb-v (v = 2)")
+        if kind == "auto":
+            return auto(p, m, costs, memory_limit)
+        schedule = _ONE_CHUNK[kind](p, m)
+    if memory_limit is not None:
+        peak = max(peak_activations(schedule, costs))
+        if peak > memory_limit + 1e-9:
+            raise ScheduleError(f"{kind} holds up to {peak:g} microbatches of activations per rank, "
+                                f"over the memory limit {memory_limit:g}; use --kind auto to fit it")
+    return schedule
+
+
+__all__ = ["Op", "Kind", "Schedule", "ScheduleError", "Costs", "SimResult", "KINDS", "generate",
+           "check", "simulate", "messages", "Message", "OpMessages", "peak_activations",
+           "span_lower_bound", "auto", "gpipe", "one_f_one_b", "interleaved_1f1b", "zb_h1",
+           "zb_h2", "zb_v"]

@@ -1,0 +1,146 @@
+"""The `schedule` subcommand: build, check, simulate and draw a pipeline schedule without MPI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import KINDS, Costs, ScheduleError, check, generate, simulate
+from .draw import png, report, svg
+from .torch_csv import read_csv, write_csv
+
+DESCRIPTION = """\
+Build a pipeline schedule, prove it correct (every microbatch gets one F, B and W per stage,
+weight gradients accumulate in microbatch order, no deadlock under blocking receives), replay it
+under a cost model and show the timeline: one row per rank, F3/B3/W3 = forward, backward for the
+input, backward for the weights of microbatch 3 (BW3 = both fused; "@c1" = second chunk of a
+rank), dots = idle. Then makespan, bubble rate = 1 - max busy / longest span, and peak
+activation memory per rank (microbatches held between F and W, a chunk counting 1/v).
+
+Kinds: gpipe, 1f1b (PipeDream-flush), interleaved-1f1b (--chunks V, m a multiple of p),
+zb-h1 and zb-h2 (zero-bubble, handcrafted), zb-v (2 chunks in a V), auto (the greedy
+zero-bubble scheduler under --memory-limit; default p, i.e. 1F1B's memory)."""
+
+EPILOG = """\
+examples:
+  python -m hpcpipe schedule --kind 1f1b --stages 4 --microbatches 8
+  python -m hpcpipe schedule --kind zb-h1 --stages 4 --microbatches 8 --cost F=1,B=1,W=0.5
+  python -m hpcpipe schedule --kind interleaved-1f1b --stages 4 --microbatches 8 --chunks 2
+  python -m hpcpipe schedule --kind auto --stages 8 --microbatches 24 --memory-limit 16 --json
+  python -m hpcpipe schedule --kind zb-v --stages 4 --microbatches 8 --svg zbv.svg
+  python -m hpcpipe schedule --kind zb-h2 --stages 4 --microbatches 8 --save-csv zbh2.csv
+  python -m hpcpipe schedule --load-csv zbh2.csv --cost F=1,B=1.2,W=0.6,comm=0.05
+
+costs: F, B, W are the times of one microbatch over a rank's whole share of layers (a chunk of
+a v-chunk schedule takes 1/v of it); give per-stage values with '/', e.g. F=1.3/1/1/1.4;
+comm is the time of one message between ranks; mem the activation memory of a microbatch."""
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _costs(text: str) -> Costs:
+    try:
+        return Costs.parse(text)
+    except ScheduleError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _limit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kind", choices=KINDS, help="schedule family (required unless --load-csv)")
+    parser.add_argument("--stages", "-p", type=_positive, metavar="P", help="pipeline ranks")
+    parser.add_argument("--microbatches", "-m", type=_positive, metavar="M",
+                        help="microbatches per step")
+    parser.add_argument("--chunks", "-v", type=_positive, metavar="V",
+                        help="model chunks per rank (interleaved-1f1b: any, default 2; zb-v: 2)")
+    parser.add_argument("--cost", type=_costs, default=Costs(), metavar="F=1,B=1,W=1,comm=0",
+                        help="cost model (default F=1,B=1,W=1,comm=0,mem=1)")
+    parser.add_argument("--memory-limit", type=_limit, metavar="X",
+                        help="activation memory per rank, in microbatches (auto: default P)")
+    parser.add_argument("--load-csv", metavar="FILE",
+                        help="read a PyTorch compute-only schedule CSV instead of generating one")
+    parser.add_argument("--save-csv", metavar="FILE",
+                        help="also write the schedule as a PyTorch compute-only CSV")
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object instead of the picture")
+    out.add_argument("--svg", metavar="FILE", help="draw the timeline to an SVG file")
+    out.add_argument("--png", metavar="FILE", help="draw the timeline to a PNG file (needs matplotlib)")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add `schedule` to an argparse subparsers object; the command runs `run(args)`."""
+    parser = subparsers.add_parser(
+        "schedule", help="build, check, simulate and draw a pipeline schedule",
+        description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"hpcpipe schedule: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.load_csv:
+            schedule = read_csv(args.load_csv)
+        else:
+            missing = [flag for flag, value in (("--kind", args.kind), ("--stages", args.stages),
+                                                ("--microbatches", args.microbatches)) if value is None]
+            if missing:
+                return _fail(f"missing {', '.join(missing)} (or give --load-csv FILE)")
+            schedule = generate(args.kind, args.stages, args.microbatches, args.chunks,
+                                args.cost, args.memory_limit)
+        check(schedule)
+        result = simulate(schedule, args.cost)
+        if args.save_csv:
+            write_csv(schedule, args.save_csv)
+        if args.json:
+            print(json.dumps(result.summary()))
+        elif args.svg:
+            with open(args.svg, "w") as f:
+                f.write(svg(result))
+            print(f"wrote {args.svg} (bubble rate {result.bubble_rate:.4f})")
+        elif args.png:
+            png(result, args.png)
+            print(f"wrote {args.png} (bubble rate {result.bubble_rate:.4f})")
+        else:
+            print(report(result))
+    except ScheduleError as e:
+        return _fail(str(e))
+    except (OSError, RuntimeError) as e:
+        return _fail(str(e))
+    return 0
+
+
+def main(argv=None) -> int:
+    """Stand-alone entry: `python -m hpcpipe.schedules.cli --kind 1f1b -p 4 -m 8`."""
+    parser = argparse.ArgumentParser(prog="python -m hpcpipe.schedules.cli", description=DESCRIPTION,
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

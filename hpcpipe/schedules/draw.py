@@ -1,0 +1,159 @@
+"""Pictures of a simulated schedule: an ASCII timeline, an SVG drawn by hand, a PNG through matplotlib.
+
+One row per rank, time to the right, ops labelled like "F3" (chunk c > 0: "F3@c1"), idle as dots.
+Colours follow the paper's figures: F blue, B teal, W green, BW purple; later chunks lighter.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from html import escape
+
+from .ops import Kind
+from .simulator import SimResult
+
+MAX_COLUMNS = 600
+
+
+def _fraction_gcd(a: Fraction, b: Fraction) -> Fraction:
+    return Fraction(math.gcd(a.numerator * b.denominator, b.numerator * a.denominator),
+                    a.denominator * b.denominator)
+
+
+def _grid(result: SimResult) -> float:
+    """A time step that every op boundary falls on (when the costs allow), for aligned columns."""
+    times = [t for row in result.start for t in row] + [t for row in result.end for t in row]
+    step = Fraction(0)
+    for t in times:
+        step = _fraction_gcd(step, Fraction(t).limit_denominator(1000))
+    step = float(step) if step else 1.0
+    span = (max(times) - min(times)) if times else 0.0
+    while span / step > MAX_COLUMNS:
+        step *= 2
+    return step
+
+
+def ascii_timeline(result: SimResult) -> str:
+    """One line per rank; each column is one grid step of time."""
+    step = _grid(result)
+    t0 = min((row[0] for row in result.start if row), default=0.0)
+    labels = [[str(op) for op in ops] for ops in result.schedule.ranks]
+    width = max((len(x) for row in labels for x in row), default=2) + 1
+    columns = int(round((max(max(row, default=0.0) for row in result.end) - t0) / step))
+    lines = []
+    for r, (ops, starts, ends) in enumerate(zip(labels, result.start, result.end)):
+        cells = ["." for _ in range(columns)]
+        for label, s, e in zip(ops, starts, ends):
+            a = int(round((s - t0) / step))
+            b = max(a + 1, int(round((e - t0) / step)))
+            cells[a] = label
+            for k in range(a + 1, min(b, columns)):
+                cells[k] = "-"  # the op continues
+        text = "".join(c.ljust(width, c if c == "-" else " ") for c in cells).rstrip()
+        lines.append(f"rank {r:>{len(str(len(labels) - 1))}}: {text}")
+    return "\n".join(lines)
+
+
+def report(result: SimResult) -> str:
+    """The timeline followed by the numbers the paper reports."""
+    def fmt(values):
+        return " ".join(f"{v:g}" for v in values)
+    s = result.schedule
+    return "\n".join([
+        ascii_timeline(result),
+        "",
+        f"kind {s.kind}  stages {s.num_ranks}  microbatches {s.num_microbatches}  chunks {s.chunks}"
+        f"  costs {result.costs}",
+        f"makespan {result.makespan:g}  longest span {result.longest_span:g}  "
+        f"bubble rate {result.bubble_rate:.4f}",
+        f"busy per rank: {fmt(round(x, 6) for x in result.busy)}",
+        f"span per rank: {fmt(round(x, 6) for x in result.span)}",
+        f"peak activations per rank: {fmt(result.peak_activations)}",
+    ])
+
+
+_COLOURS = {Kind.F: ("#1f5fa8", "#8fb3e0"), Kind.B: ("#1a8a8a", "#8fd3d3"),
+            Kind.W: ("#3d8b2f", "#a9d89c"), Kind.BW: ("#6b3fa0", "#c0a6e0")}
+
+
+def _colour(kind: Kind, chunk: int, chunks: int) -> str:
+    dark, light = _COLOURS[kind]
+    return dark if chunk % 2 == 0 else light
+
+
+def svg(result: SimResult, unit: float = 40.0, row: float = 28.0) -> str:
+    """A hand-written SVG: one row of boxes per rank, `unit` pixels per time unit of one F."""
+    s = result.schedule
+    t0 = min((r[0] for r in result.start if r), default=0.0)
+    t1 = max((r[-1] for r in result.end if r), default=1.0)
+    base = max(min((e - b for rs, re in zip(result.start, result.end) for b, e in zip(rs, re)),
+                   default=1.0), 1e-9)
+    scale = unit / base
+    left, top = 60.0, 30.0
+    width = left + (t1 - t0) * scale + 20
+    height = top + s.num_ranks * row + 40
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+           f'font-family="sans-serif" font-size="11">',
+           f'<text x="{left}" y="18" font-size="13">{escape(s.kind)}: p={s.num_ranks}, '
+           f'm={s.num_microbatches}, v={s.chunks}, bubble {result.bubble_rate:.3f}</text>']
+    for r, (ops, starts, ends) in enumerate(zip(s.ranks, result.start, result.end)):
+        y = top + r * row
+        out.append(f'<text x="6" y="{y + row * 0.65:.1f}">rank {r}</text>')
+        out.append(f'<rect x="{left}" y="{y + 1:.1f}" width="{(t1 - t0) * scale:.1f}" '
+                   f'height="{row - 2:.1f}" fill="#f2f2f2"/>')
+        for op, b, e in zip(ops, starts, ends):
+            x = left + (b - t0) * scale
+            w = (e - b) * scale
+            fill = _colour(op.kind, op.chunk, s.chunks)
+            text = "#ffffff" if op.chunk % 2 == 0 else "#000000"
+            out.append(f'<rect x="{x:.1f}" y="{y + 1:.1f}" width="{w:.1f}" height="{row - 2:.1f}" '
+                       f'fill="{fill}" stroke="#ffffff" stroke-width="1"><title>{escape(str(op))}'
+                       f' {b:g}-{e:g}</title></rect>')
+            out.append(f'<text x="{x + w / 2:.1f}" y="{y + row * 0.65:.1f}" text-anchor="middle" '
+                       f'fill="{text}">{op.microbatch}</text>')
+    y = top + s.num_ranks * row + 20
+    x = left
+    for kind in Kind:
+        if any(op.kind == kind for ops in s.ranks for op in ops):
+            out.append(f'<rect x="{x}" y="{y - 10}" width="14" height="12" '
+                       f'fill="{_COLOURS[kind][0]}"/><text x="{x + 18}" y="{y}">{kind.value}</text>')
+            x += 50
+    if s.chunks > 1:
+        out.append(f'<text x="{x}" y="{y}">(lighter: odd chunks)</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def png(result: SimResult, path: str, dpi: int = 120) -> None:
+    """Draw the timeline to a PNG with matplotlib (imported only here)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError:
+        raise RuntimeError("drawing a PNG needs matplotlib (pip install matplotlib); "
+                           "--svg FILE needs nothing extra") from None
+    s = result.schedule
+    t0 = min((r[0] for r in result.start if r), default=0.0)
+    t1 = max((r[-1] for r in result.end if r), default=1.0)
+    fig, ax = plt.subplots(figsize=(min(40, 2 + (t1 - t0) * 0.35), 0.5 + 0.45 * s.num_ranks))
+    for r, (ops, starts, ends) in enumerate(zip(s.ranks, result.start, result.end)):
+        for op, b, e in zip(ops, starts, ends):
+            ax.barh(r, e - b, left=b - t0, height=0.9, color=_colour(op.kind, op.chunk, s.chunks),
+                    edgecolor="white", linewidth=0.8)
+            ax.text(b - t0 + (e - b) / 2, r, str(op.microbatch), ha="center", va="center",
+                    fontsize=7, color="white" if op.chunk % 2 == 0 else "black")
+    ax.set_yticks(range(s.num_ranks), [f"rank {r}" for r in range(s.num_ranks)])
+    ax.invert_yaxis()
+    ax.set_xlim(0, t1 - t0)
+    ax.set_xlabel("time")
+    ax.set_title(f"{s.kind}: p={s.num_ranks}, m={s.num_microbatches}, v={s.chunks}, "
+                 f"bubble rate {result.bubble_rate:.3f}")
+    kinds = [k for k in Kind if any(op.kind == k for ops in s.ranks for op in ops)]
+    ax.legend(handles=[Patch(color=_COLOURS[k][0], label=k.value) for k in kinds],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

@@ -1,0 +1,345 @@
+"""Event-driven replay of a schedule under a cost model: timings, bubble rate, peak activation memory.
+
+The replay follows the runtime's rules exactly: each rank runs its list in order; an op starts
+when the previous op on its rank has finished and its inputs have arrived (a remote input
+arrives `comm` after its producer ends, a local hand-off at once). Sends never block.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Sequence
+
+from .messages import BACKWARD, op_messages
+from .ops import Kind, Op, Schedule, ScheduleError
+
+Number = float | int
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Durations and activation memory of one microbatch.
+
+    `f`, `b`, `w` (forward, backward-input, backward-weight) and `memory` are either one number
+    for a rank's whole share of layers -- a schedule with v chunks per rank then charges
+    value/v per chunk, so schedules with different chunking stay comparable -- or a sequence
+    with one value per model stage (the first stage also embeds, the last also computes the
+    head and loss). `comm` is the time of one stage-to-stage message between ranks.
+    A fused BW costs b + w.
+    """
+
+    f: Number | Sequence[Number] = 1.0
+    b: Number | Sequence[Number] = 1.0
+    w: Number | Sequence[Number] = 1.0
+    comm: Number = 0.0
+    memory: Number | Sequence[Number] = 1.0
+
+    def __post_init__(self):
+        for name in ("f", "b", "w", "memory"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)):
+                value = tuple(float(x) for x in value)
+                object.__setattr__(self, name, value)
+                values = value
+            else:
+                values = (value,)
+            if any(not math.isfinite(x) or x < 0 for x in values):
+                raise ScheduleError(f"cost {name}={value} must be finite and >= 0")
+        if not math.isfinite(self.comm) or self.comm < 0:
+            raise ScheduleError(f"cost comm={self.comm} must be finite and >= 0")
+
+    def per_stage(self, name: str, num_stages: int, chunks: int) -> tuple[float, ...]:
+        value = getattr(self, name)
+        if isinstance(value, (int, float)):
+            return (value / chunks,) * num_stages
+        if len(value) != num_stages:
+            raise ScheduleError(f"cost {name} has {len(value)} values; give one number or one value "
+                                f"per model stage ({num_stages} = ranks x chunks)")
+        return tuple(value)
+
+    def is_uniform(self) -> bool:
+        return all(isinstance(getattr(self, n), (int, float)) or len(set(getattr(self, n))) == 1
+                   for n in ("f", "b", "w", "memory"))
+
+    @classmethod
+    def parse(cls, text: str) -> "Costs":
+        """Read "F=1,B=1,W=0.5,comm=0.05,mem=1"; per-stage values separated by '/': F=1.2/1/1/1.3."""
+        names = {"f": "f", "b": "b", "w": "w", "comm": "comm", "c": "comm",
+                 "mem": "memory", "memory": "memory", "m": "memory"}
+        values: dict[str, object] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, raw = item.partition("=")
+            name = names.get(key.strip().lower())
+            if not sep or name is None:
+                raise ScheduleError(f"cannot read cost {item!r}: expected KEY=VALUE with KEY one of "
+                                    "F, B, W, comm, mem (e.g. F=1,B=1,W=0.5,comm=0)")
+            try:
+                numbers = [float(x) for x in re.split(r"/", raw.strip())]
+            except ValueError:
+                raise ScheduleError(f"cost {key}={raw!r} is not a number") from None
+            if name == "comm" and len(numbers) != 1:
+                raise ScheduleError("cost comm takes a single number")
+            values[name] = numbers[0] if len(numbers) == 1 else tuple(numbers)
+        return cls(**values)
+
+    def __str__(self) -> str:
+        def fmt(v):
+            return "/".join(f"{x:g}" for x in v) if isinstance(v, tuple) else f"{v:g}"
+        return f"F={fmt(self.f)},B={fmt(self.b)},W={fmt(self.w)},comm={fmt(self.comm)},mem={fmt(self.memory)}"
+
+
+class Blocked(NamedTuple):
+    """A rank that cannot go on: it waits at `op` for `needs` (made by `producer_rank`)."""
+
+    rank: int
+    op: Op
+    needs: tuple  # dependency key: (kind, microbatch, stage)
+    producer_rank: int | None
+    remote: bool
+
+
+class Replay(NamedTuple):
+    start: list[list[float]]
+    end: list[list[float]]
+    blocked: list[Blocked]  # empty when every rank ran its whole list
+
+
+def _key(kind: Kind, microbatch: int, stage: int) -> tuple:
+    # B and BW both produce the input gradient; the W of a BW is done when the BW is.
+    return ("B" if kind in (Kind.B, Kind.BW) else kind.value, microbatch, stage)
+
+
+def dependencies(schedule: Schedule, rank: int, op: Op) -> list[tuple[tuple, bool]]:
+    """What `op` waits for, as (dependency key, comes-from-another-rank) pairs.
+
+    Derived from `messages.op_messages` (each receive waits for its producer) plus the
+    same-rank inputs: B needs its own F, W its own B. `replay` uses a faster equivalent that
+    the tests hold to this one.
+    """
+    info = op_messages(schedule, rank, op)
+    deps = []
+    for msg in info.recvs:
+        if msg.direction == BACKWARD:
+            deps.append((("B", msg.microbatch, msg.stage + 1), not msg.local))
+        else:
+            deps.append((("F", msg.microbatch, msg.stage - 1), not msg.local))
+    if op.kind in (Kind.B, Kind.BW):
+        deps.append((("F", op.microbatch, info.stage), False))
+    elif op.kind == Kind.W:
+        deps.append((("B", op.microbatch, info.stage), False))
+    return deps
+
+
+def _fast_dependencies(schedule: Schedule):
+    """The same as `dependencies`, for every op at once, without building Message objects."""
+    S = schedule.num_stages
+    rank_of = [schedule.rank_chunk_of(s)[0] for s in range(S)]
+    out = []
+    for r, ops in enumerate(schedule.ranks):
+        row = []
+        for op in ops:
+            s = schedule.stage(r, op)
+            x = op.microbatch
+            if op.kind == Kind.F:
+                deps = [(("F", x, s - 1), rank_of[s - 1] != r)] if s > 0 else []
+            elif op.kind == Kind.W:
+                deps = [(("B", x, s), False)]
+            else:
+                deps = [(("B", x, s + 1), rank_of[s + 1] != r)] if s < S - 1 else []
+                deps.append((("F", x, s), False))
+            row.append((op, s, _key(op.kind, x, s), deps))
+        out.append(row)
+    return out
+
+
+def replay(schedule: Schedule, duration: Callable[[Op, int], float], comm: float) -> Replay:
+    """Run every rank's list in order under the runtime's rules; `duration(op, stage)`."""
+    p = schedule.num_ranks
+    where: dict[tuple, int] = {}
+    plan = []  # per rank: list of (op, own key, deps, duration)
+    for r, row in enumerate(_fast_dependencies(schedule)):
+        for op, s, key, deps in row:
+            where.setdefault(key, r)
+        plan.append([(op, key, deps, duration(op, s)) for op, s, key, deps in row])
+    start = [[math.nan] * len(row) for row in plan]
+    end = [[math.nan] * len(row) for row in plan]
+    done: dict[tuple, float] = {}
+    waiting: dict[tuple, list[int]] = defaultdict(list)
+    free = [0.0] * p
+    pos = [0] * p
+    stuck: dict[int, tuple] = {}
+    work = deque(range(p))
+    while work:
+        r = work.popleft()
+        stuck.pop(r, None)
+        row = plan[r]
+        while pos[r] < len(row):
+            op, key, deps, dt = row[pos[r]]
+            t = free[r]
+            missing = None
+            for dep, remote in deps:
+                ready = done.get(dep)
+                if ready is None:
+                    missing = (dep, remote)
+                    break
+                t = max(t, ready + comm if remote else ready)
+            if missing is not None:
+                waiting[missing[0]].append(r)
+                stuck[r] = missing
+                break
+            i = pos[r]
+            start[r][i], end[r][i] = t, t + dt
+            free[r] = t + dt
+            done[key] = t + dt
+            pos[r] += 1
+            for other in waiting.pop(key, ()):
+                work.append(other)
+    blocked = [Blocked(r, plan[r][pos[r]][0], dep, where.get(dep), remote)
+               for r, (dep, remote) in sorted(stuck.items()) if pos[r] < len(plan[r])]
+    return Replay(start, end, blocked)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Timings of one replay. Per-rank tuples are indexed by rank; `start[r][i]` is op i of rank r.
+
+    span: first op start to last op end of each rank (in training, the next step's first ops
+    start as soon as a rank is free, so the longest span is the step period).
+    bubble_rate = 1 - max(busy) / max(span). peak_activations: the most microbatches a rank
+    holds between their F and their W (or BW), in units of one microbatch over the rank's
+    whole share of layers (with scalar memory cost 1).
+    """
+
+    schedule: Schedule
+    costs: Costs
+    start: tuple[tuple[float, ...], ...]
+    end: tuple[tuple[float, ...], ...]
+    makespan: float
+    span: tuple[float, ...]
+    busy: tuple[float, ...]
+    bubble_rate: float
+    peak_activations: tuple[float, ...]
+
+    @property
+    def longest_span(self) -> float:
+        return max(self.span)
+
+    @property
+    def bubble_time(self) -> float:
+        """Idle time in the step period: longest span minus the largest per-rank work."""
+        return max(self.span) - max(self.busy)
+
+    @property
+    def idle(self) -> tuple[float, ...]:
+        return tuple(s - b for s, b in zip(self.span, self.busy))
+
+    def summary(self) -> dict:
+        return {
+            "kind": self.schedule.kind,
+            "stages": self.schedule.num_ranks,
+            "microbatches": self.schedule.num_microbatches,
+            "chunks": self.schedule.chunks,
+            "makespan": _tidy(self.makespan),
+            "span": [_tidy(x) for x in self.span],
+            "busy": [_tidy(x) for x in self.busy],
+            "bubble_rate": _tidy(self.bubble_rate),
+            "peak_activations": [_tidy(x) for x in self.peak_activations],
+            "ops": self.schedule.op_strings(),
+        }
+
+
+def _tidy(x: float) -> float:
+    # Chunked costs like 1/3 leave float dust; 9 decimals is far below any real timing.
+    return round(x, 9) + 0.0
+
+
+def op_duration(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float]:
+    S, v = schedule.num_stages, schedule.chunks
+    tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
+
+    def duration(op: Op, stage: int) -> float:
+        if op.kind == Kind.F:
+            return tf[stage]
+        if op.kind == Kind.B:
+            return tb[stage]
+        if op.kind == Kind.W:
+            return tw[stage]
+        return tb[stage] + tw[stage]
+    return duration
+
+
+def peak_activations(schedule: Schedule, costs: Costs | None = None) -> tuple[float, ...]:
+    """Per rank, the largest activation memory held: an F takes its microbatch's memory, W/BW frees it."""
+    costs = costs or Costs()
+    mem = costs.per_stage("memory", schedule.num_stages, schedule.chunks)
+    peaks = []
+    for r, ops in enumerate(schedule.ranks):
+        held = peak = 0.0
+        for op in ops:
+            s = schedule.stage(r, op)
+            if op.kind == Kind.F:
+                held += mem[s]
+                peak = max(peak, held)
+            elif op.kind in (Kind.W, Kind.BW):
+                held -= mem[s]
+        peaks.append(_tidy(peak))
+    return tuple(peaks)
+
+
+def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
+    """Replay `schedule` under `costs` (default: F=B=W=1, comm=0). The schedule must be valid."""
+    costs = costs or Costs()
+    run = replay(schedule, op_duration(schedule, costs), costs.comm)
+    if run.blocked:
+        b = run.blocked[0]
+        raise ScheduleError(f"rank {b.rank}: {b.op} can never run (rule: no deadlock); "
+                            "run check() for the full diagnosis")
+    spans, busy = [], []
+    for starts, ends in zip(run.start, run.end):
+        if starts:
+            spans.append(ends[-1] - starts[0])
+            busy.append(sum(e - s for s, e in zip(starts, ends)))
+        else:
+            spans.append(0.0)
+            busy.append(0.0)
+    all_starts = [s for row in run.start for s in row] or [0.0]
+    all_ends = [e for row in run.end for e in row] or [0.0]
+    longest = max(spans) if spans else 0.0
+    rate = 1.0 - max(busy) / longest if longest > 0 else 0.0
+    return SimResult(
+        schedule=schedule, costs=costs,
+        start=tuple(tuple(row) for row in run.start), end=tuple(tuple(row) for row in run.end),
+        makespan=max(all_ends) - min(all_starts),
+        span=tuple(spans), busy=tuple(busy), bubble_rate=max(0.0, rate),
+        peak_activations=peak_activations(schedule, costs),
+    )
+
+
+def span_lower_bound(schedule: Schedule, costs: Costs | None = None) -> float:
+    """A lower bound on the longest span that no order of the same ops can beat.
+
+    A rank must do all its work (busy time). Also, every B/W on rank r waits for a round trip:
+    the rank's first op starts at t0; any B of stage s on r needs its F on r (after t0), the F's
+    of all later stages, the B's of all later stages and the messages in between; after that
+    comes all of r's B and W work.
+    """
+    costs = costs or Costs()
+    S, v = schedule.num_stages, schedule.chunks
+    tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
+    m = schedule.num_microbatches
+    rank_of = [schedule.rank_chunk_of(s)[0] for s in range(S)]
+    # trip[s]: from the end of F on stage s until B on stage s may start.
+    trip = [0.0] * S
+    for s in range(S - 2, -1, -1):
+        hop = costs.comm if rank_of[s] != rank_of[s + 1] else 0.0
+        trip[s] = trip[s + 1] + tf[s + 1] + tb[s + 1] + 2 * hop
+    bound = 0.0
+    for r in range(schedule.num_ranks):
+        stages = [schedule.stage_of[(r, c)] for c in range(v)]
+        work = m * sum(tf[s] + tb[s] + tw[s] for s in stages)
+        tail = m * sum(tb[s] + tw[s] for s in stages)
+        bound = max(bound, work, min(tf[s] + trip[s] for s in stages) + tail)
+    return bound

@@ -1,0 +1,76 @@
+"""Read and write PyTorch `torch.distributed.pipelining` compute-only schedule CSVs.
+
+One row per rank; each cell one action `[stage][type][microbatch]`: F forward, I backward-input
+(our B), W backward-weight (our W), B full backward (our BW); empty cells are idle slots.
+Stages are global model stages, so the (rank, chunk) -> stage map is read off the rows: a rank's
+chunks are its stages in increasing order (PyTorch's looped and V placements both read right).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+
+from .ops import Kind, Op, Schedule, ScheduleError, make_schedule
+
+_TO_TORCH = {Kind.F: "F", Kind.B: "I", Kind.W: "W", Kind.BW: "B"}
+_FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
+_ACTION = re.compile(r"^(\d+)([A-Z_]+?)(\d*)$")
+
+
+def to_csv(schedule: Schedule) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for r, ops in enumerate(schedule.ranks):
+        writer.writerow([f"{schedule.stage(r, op)}{_TO_TORCH[op.kind]}{op.microbatch}" for op in ops])
+    return out.getvalue()
+
+
+def from_csv(text: str, kind: str = "csv") -> Schedule:
+    """Parse a compute-only CSV into a Schedule (check() it before use)."""
+    rows = [row for row in csv.reader(io.StringIO(text))]
+    while rows and not any(cell.strip() for cell in rows[-1]):
+        rows.pop()
+    if not rows:
+        raise ScheduleError("the CSV holds no ranks (expected one row of actions per rank)")
+    parsed = []
+    for r, row in enumerate(rows):
+        actions = []
+        for cell in row:
+            cell = cell.strip()
+            if not cell:
+                continue  # an idle slot
+            match = _ACTION.match(cell)
+            if match is None or match.group(2) not in _FROM_TORCH or not match.group(3):
+                raise ScheduleError(
+                    f"rank {r}: cannot read action {cell!r}; a compute-only schedule uses "
+                    "[stage][F|I|W|B][microbatch], e.g. 0F1, 1I0, 1W0, 2B3 (communication actions "
+                    "like SEND_F are derived here, not read)")
+            stage, letter, microbatch = match.groups()
+            actions.append((int(stage), _FROM_TORCH[letter], int(microbatch)))
+        parsed.append(actions)
+    p = len(parsed)
+    owned = [sorted({stage for stage, _, _ in actions}) for actions in parsed]
+    v = max(len(stages) for stages in owned)
+    if any(len(stages) != v for stages in owned):
+        raise ScheduleError(f"every rank must hold the same number of stages; rows hold "
+                            f"{[len(s) for s in owned]}")
+    stage_of = {(r, c): s for r, stages in enumerate(owned) for c, s in enumerate(stages)}
+    if sorted(stage_of.values()) != list(range(p * v)):
+        raise ScheduleError(f"stages {sorted(stage_of.values())} are not 0..{p * v - 1}, each on "
+                            "exactly one rank")
+    chunk_of = {s: c for (r, c), s in stage_of.items()}
+    m = 1 + max(x for actions in parsed for _, _, x in actions)
+    ranks = [[Op(kind_, x, chunk_of[stage]) for stage, kind_, x in actions] for actions in parsed]
+    return make_schedule(kind, p, m, v, ranks, stage_of)
+
+
+def write_csv(schedule: Schedule, path: str) -> None:
+    with open(path, "w", newline="") as f:
+        f.write(to_csv(schedule))
+
+
+def read_csv(path: str, kind: str = "csv") -> Schedule:
+    with open(path, newline="") as f:
+        return from_csv(f.read(), kind)

@@ -1,0 +1,72 @@
+"""The `schedule` subcommand through its own argparse parser (as hpcpipe.__main__ will mount it)."""
+
+import argparse
+import json
+
+import pytest
+
+from hpcpipe.schedules import cli
+
+
+def run(argv):
+    parser = argparse.ArgumentParser(prog="hpcpipe")
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["schedule", *argv])
+    return args.func(args)
+
+
+def test_text_report(capsys):
+    assert run(["--kind", "zb-h1", "--stages", "4", "--microbatches", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("rank 0: F0 F1 F2 F3 .  .  .  B0 W0")
+    assert "bubble rate 0.1111" in out and "peak activations per rank: 4 4 4 4" in out
+
+
+def test_json_fields(capsys):
+    assert run(["--kind", "zb-v", "-p", "2", "-m", "4", "--cost", "F=1,B=1,W=1,comm=0", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"kind", "stages", "microbatches", "chunks", "makespan", "span", "busy",
+                         "bubble_rate", "peak_activations", "ops"}
+    assert data["chunks"] == 2 and "F0@c1" in data["ops"][0]
+
+
+def test_auto_with_memory_limit(capsys):
+    assert run(["--kind", "auto", "-p", "4", "-m", "12", "--memory-limit", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bubble_rate"] < 0.01
+
+
+def test_svg_png_and_csv(tmp_path, capsys):
+    svg, csv = tmp_path / "t.svg", tmp_path / "t.csv"
+    assert run(["--kind", "1f1b", "-p", "3", "-m", "4", "--svg", str(svg), "--save-csv", str(csv)]) == 0
+    assert svg.read_text().startswith("<svg") and csv.read_text().startswith("0F0,")
+    assert run(["--load-csv", str(csv), "--json"]) == 0
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "t.png"
+    assert run(["--kind", "zb-v", "-p", "3", "-m", "6", "--png", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kind", "interleaved-1f1b", "-p", "4", "-m", "6"], "multiple of p=4"),
+    (["--kind", "zb-h2", "-p", "4", "-m", "8", "--memory-limit", "4"], "over the memory limit"),
+    (["--kind", "1f1b", "-p", "4"], "missing --microbatches"),
+    (["--load-csv", "/nonexistent/x.csv"], "No such file"),
+])
+def test_bad_requests_exit_2_with_one_message(argv, message, capsys):
+    assert run(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["--kind", "nope"], ["-p", "0"], ["--cost", "F=x"], ["--json", "--svg", "a"]])
+def test_argparse_errors_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        run(argv)
+    assert info.value.code == 2
+
+
+def test_help_teaches(capsys):
+    with pytest.raises(SystemExit):
+        run(["--help"])
+    out = capsys.readouterr().out
+    assert "examples:" in out and "bubble rate" in out and "--memory-limit" in out

@@ -1,0 +1,118 @@
+"""Simulator: the paper's closed forms, peak memory, the critical-path bound, per-stage costs."""
+
+import itertools
+
+import pytest
+
+from hpcpipe.schedules import Costs, ScheduleError, generate, simulate, span_lower_bound
+from hpcpipe.schedules.ops import make_schedule, one_chunk_placement, ops_from_strings
+
+SIZES = [(p, m) for p in (1, 2, 3, 4, 5, 8) for m in (p, p + 1, 2 * p - 1, 2 * p, 3 * p + 1, 24)]
+UNEQUAL = [Costs(1, 1, 0.5), Costs(1, 2, 1), Costs(1, 1.5, 0.3), Costs(2, 1, 1), Costs(1, 0.98, 0.74),
+           Costs(1.2, 0.7, 0.7), Costs(1, 1, 0.1)]
+
+
+def bubble(kind, p, m, costs=Costs(), **kw):
+    return simulate(generate(kind, p, m, **kw), costs).bubble_time
+
+
+@pytest.mark.parametrize("p, m", SIZES)
+def test_uniform_closed_forms(p, m):
+    assert bubble("1f1b", p, m) == pytest.approx(3 * (p - 1))
+    assert bubble("gpipe", p, m) == pytest.approx(3 * (p - 1))
+    if m >= p:
+        assert bubble("zb-h1", p, m) == pytest.approx(p - 1)            # (p-1)(F+B-W)
+    if m >= 2 * p - 1:
+        assert bubble("zb-h2", p, m) == pytest.approx(0)                # (p-1)(F+B-2W) = 0
+    if m % p == 0:
+        for v in (1, 2, 3):
+            assert bubble("interleaved-1f1b", p, m, v=v) == pytest.approx(3 * (p - 1) / v)
+
+
+@pytest.mark.parametrize("costs", UNEQUAL, ids=str)
+@pytest.mark.parametrize("p, m", [(2, 5), (4, 8), (4, 13), (8, 24), (5, 9)])
+def test_general_closed_forms_where_t_w_at_most_t_f(costs, p, m):
+    f, b, w = costs.f, costs.b, costs.w
+    assert w <= f  # the paper's derivation assumes a W fits in the gap an F leaves
+    assert bubble("1f1b", p, m, costs) == pytest.approx((p - 1) * (f + b + w))
+    assert bubble("zb-h1", p, m, costs) == pytest.approx((p - 1) * (f + b - w))
+    if m >= 2 * p - 1:
+        assert bubble("zb-h2", p, m, costs) == pytest.approx(max(0, (p - 1) * (f + b - 2 * w)))
+
+
+@pytest.mark.parametrize("f, b, w", [(0.5, 3, 1), (1, 3, 1.5), (1, 1, 2), (1.5, 0.5, 2), (1, 1, 3)])
+def test_where_w_exceeds_f_the_w_only_fills_an_f_sized_gap(f, b, w):
+    # The paper's forms assume T_W <= T_F. Beyond it a held-back W overruns the gap an F would
+    # have filled and delays the next B: replace T_W by min(T_W, T_F).
+    costs, p, m = Costs(f, b, w), 4, 12
+    assert bubble("zb-h1", p, m, costs) == pytest.approx((p - 1) * (f + b - min(w, f)))
+    assert bubble("zb-h2", p, m, costs) == pytest.approx(max(0, (p - 1) * (f + b - 2 * min(w, f))))
+    assert bubble("zb-h1", p, m, costs) > (p - 1) * (f + b - w) + 1e-9
+
+
+def test_zb_h2_reaches_zero_when_w_is_large_enough():
+    assert bubble("zb-h2", 4, 8, Costs(1, 1, 1)) == 0
+    assert bubble("zb-h2", 6, 11, Costs(1, 0.9, 1)) == 0
+
+
+def test_zb_v_beats_zb_h1_at_the_same_memory():
+    for p, m in [(2, 4), (4, 8), (4, 16), (8, 24)]:
+        v, h1 = simulate(generate("zb-v", p, m)), simulate(generate("zb-h1", p, m))
+        assert v.bubble_time < h1.bubble_time
+        assert max(v.peak_activations) == max(h1.peak_activations) == p
+
+
+@pytest.mark.parametrize("p, m", [(4, 8), (8, 24), (3, 2)])
+def test_peak_activations(p, m):
+    peak = {k: simulate(generate(k, p, m)).peak_activations for k in ("gpipe", "1f1b", "zb-h1", "zb-h2")}
+    assert peak["gpipe"] == (m,) * p
+    assert peak["1f1b"] == tuple(min(p - r, m) for r in range(p))
+    if m >= p:
+        assert peak["zb-h1"] == (p,) * p
+    if m >= 2 * p - 1:
+        assert peak["zb-h2"] == (2 * p - 1,) * p
+
+
+def test_a_chunk_counts_one_over_v():
+    r = simulate(generate("interleaved-1f1b", 4, 8, v=2))
+    assert r.peak_activations[0] == 5.5  # Megatron's warm-up: 2(p-1) + (v-1)p + 1 chunks
+
+
+def test_bubble_rate_definition():
+    r = simulate(generate("1f1b", 4, 8))
+    assert r.busy == (24,) * 4 and r.span == (33, 30, 27, 24) and r.makespan == 33
+    assert r.bubble_rate == pytest.approx(1 - 24 / 33)
+
+
+def test_comm_and_per_stage_costs():
+    s = generate("1f1b", 3, 4)
+    r = simulate(s, Costs(f=(2, 1, 1), b=(1, 1, 3), w=0, comm=0.5))
+    assert r.busy == (12, 8, 16)
+    # microbatch 0: F 2, msg, F 1, msg, F 1 -> last stage starts BW0 at 5.
+    assert r.start[2][1] == 5.0
+    with pytest.raises(ScheduleError, match="one value per model stage"):
+        simulate(s, Costs(f=(1, 1)))
+
+
+def test_critical_path_bound_holds_and_is_tight_for_one_microbatch():
+    for kind, p, m in itertools.product(["gpipe", "1f1b", "zb-h1", "zb-h2", "zb-v"], [1, 3, 4], [1, 4, 9]):
+        s = generate(kind, p, m)
+        for costs in (Costs(), Costs(1, 2, 0.5, comm=0.1)):
+            assert max(simulate(s, costs).span) >= span_lower_bound(s, costs) - 1e-9
+    s = generate("zb-h1", 4, 1)  # split backward: the chain is F, F.., B.., B, W
+    assert max(simulate(s).span) == span_lower_bound(s) == 9
+
+
+def test_costs_parse():
+    assert Costs.parse("F=1,B=2,W=0.5,comm=0.1,mem=2") == Costs(1, 2, 0.5, 0.1, 2)
+    assert Costs.parse("f=1.3/1/1/1.4").f == (1.3, 1, 1, 1.4)
+    for bad in ("X=1", "F=abc", "F", "comm=1/2", "F=-1"):
+        with pytest.raises(ScheduleError):
+            Costs.parse(bad)
+
+
+def test_simulating_a_deadlocked_schedule_refuses():
+    s = make_schedule("hand", 2, 2, 1, ops_from_strings(["F0 B0 F1 W0 B1 W1", "F0 F1 B0 B1 W0 W1"]),
+                      one_chunk_placement(2))
+    with pytest.raises(ScheduleError, match="can never run"):
+        simulate(s)

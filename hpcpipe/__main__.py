@@ -1,0 +1,150 @@
+"""The command line: `python -m hpcpipe train|prepare|schedule ...`.
+
+Runs as a single process or as every rank of an MPI job (`mpiexec -n N python -m mpi4py
+-m hpcpipe ...`). Errors that are the user's to fix print one message, from rank 0 only,
+and exit with status 2; anything else is a bug and keeps its traceback (under
+`python -m mpi4py` one failing rank then aborts the whole job instead of hanging it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import __version__
+from .errors import HpcpipeError
+
+EPILOG = """\
+examples:
+  python -m hpcpipe train inputs/tiny.toml
+  python -m hpcpipe train inputs/tiny.toml --set train.steps=50 --set train.lr=1e-3
+  mpiexec -n 1 python -m mpi4py -m hpcpipe train inputs/tiny.toml --run-dir runs/try1
+  python -m hpcpipe prepare --corpus stdlib --out data/stdlib.tokens.h5
+  python -m hpcpipe schedule --kind zb-h1 --stages 4 --microbatches 8
+
+Each command has its own --help. Runs write to runs/<config name>/ (config.toml,
+metrics.jsonl, summary.json)."""
+
+TRAIN_EPILOG = """\
+The config is a TOML file with sections [model], [train], [data] and [parallel]; every
+key has a default (see hpcpipe/config.py and inputs/tiny.toml). Unknown keys, wrong types
+and impossible values stop the run before it starts, naming the key.
+
+The data file ([data] path, default data/<corpus>.tokens.h5) is prepared from [data]
+corpus on first use: "stdlib" (this Python's standard library sources, no download), a
+text file, or a folder of text files.
+
+Under MPI, start it as `mpiexec -n N python -m mpi4py -m hpcpipe train ...`: `-m mpi4py`
+makes an exception on one rank abort the whole job instead of leaving the others waiting.
+This version trains on one rank (parallel.dp = parallel.pp = 1)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpcpipe",
+        description="hpcpipe: pipeline-parallel GPT training over MPI, with hand-written "
+                    "layers and zero-bubble schedules.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"hpcpipe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    train = sub.add_parser(
+        "train", help="train a GPT from a TOML config",
+        description="Train a GPT from a TOML config, printing progress, validation loss and "
+                    "a summary; writes the run directory.",
+        epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_argument("config", metavar="CONFIG", help="TOML config, e.g. inputs/tiny.toml")
+    train.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="SECTION.KEY=VALUE",
+                       help="override one config value (repeatable), e.g. --set train.steps=50")
+    train.add_argument("--run-dir", metavar="DIR",
+                       help="where to write config.toml and metrics.jsonl "
+                            "(default: runs/<config file name without .toml>)")
+    train.set_defaults(func=cmd_train)
+
+    prep = sub.add_parser(
+        "prepare", help="tokenize a corpus into an HDF5 token file",
+        description="Tokenize a corpus (byte-level, vocab 256) into an HDF5 file with train "
+                    "and val splits. `train` does this by itself on first use; run it by hand "
+                    "to prepare once on a login node or to use your own text.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  python -m hpcpipe prepare\n"
+               "  python -m hpcpipe prepare --corpus ~/books/ --out data/books.tokens.h5")
+    prep.add_argument("--corpus", default="stdlib",
+                      help='"stdlib" (default: the Python standard library sources), a text '
+                           "file, or a folder of text files")
+    prep.add_argument("--out", help="output file (default: data/<corpus name>.tokens.h5)")
+    prep.add_argument("--val-fraction", type=float, default=0.05,
+                      help="share of tokens held out for validation (default 0.05)")
+    prep.add_argument("--force", action="store_true", help="overwrite an existing file")
+    prep.set_defaults(func=cmd_prepare)
+
+    from .schedules.cli import register as register_schedule
+
+    register_schedule(sub)
+    return parser
+
+
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def cmd_train(args) -> int:
+    from . import config
+    from .train import train
+
+    comm = _world()
+    cfg = config.load(args.config, args.overrides)
+    name = os.path.splitext(os.path.basename(args.config))[0]
+    run_dir = args.run_dir or os.path.join("runs", name)
+    train(cfg, run_dir, comm, out=lambda msg: print(msg, flush=True))
+    return 0
+
+
+def cmd_prepare(args) -> int:
+    from .data import DataError, default_token_path, prepare
+
+    out = args.out or default_token_path(args.corpus)
+    if os.path.exists(out) and not args.force:
+        raise DataError(f"{out} exists already; pass --force to overwrite it")
+    prepare(args.corpus, out, args.val_fraction)
+    return 0
+
+
+def _rank() -> int:
+    """This process's MPI rank, without initialising MPI just to ask."""
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            return MPI.COMM_WORLD.rank
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except HpcpipeError as e:
+        # Every rank reaches the same verdict from the same inputs; one of them speaks.
+        if _rank() == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        if _rank() == 0:
+            print("interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

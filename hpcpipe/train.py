@@ -1,0 +1,389 @@
+"""The training loop: data → the schedule's F/B/W over the pipeline → tied-embedding sum
+→ global clipping → AdamW → metrics, traces and the run directory.
+
+Every rank runs this same function (SPMD); a single process is the pipeline of one stage,
+so there is one code path. Only the root rank prints and writes shared files (the
+`is_root` guard), so the output reads the same under mpiexec.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import __version__, backend
+from . import grid as gridlib
+from . import trace as tracelib
+from .comm import PipeComm, measure_latency, resolve_gpu_aware
+from .config import Config, ConfigError
+from .data import DataError, TokenFile, default_token_path, prepare
+from .errors import HpcpipeError
+from .optim import learning_rate
+from .pipeline import RankModel
+from .runtime import Runtime
+from .schedules import Costs, ScheduleError, generate, simulate
+
+
+@dataclass
+class Summary:
+    """What a run did, for the end-of-run report and `summary.json`."""
+
+    steps: int = 0
+    skipped_steps: int = 0
+    first_loss: float = math.nan
+    final_loss: float = math.nan
+    first_val_loss: float = math.nan
+    final_val_loss: float = math.nan
+    schedule: str = ""
+    bubble: float = math.nan  # mean measured bubble over the steps after the first
+    peak_activation_bytes: list = field(default_factory=list)  # per pipeline rank
+    peak_activations: list = field(default_factory=list)  # per rank, in microbatches
+    total_s: float = 0.0
+    train_s: float = 0.0
+    tokens: int = 0
+    run_dir: str = ""
+    evals: list = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.train_s if self.train_s else 0.0
+
+
+def _fmt_time(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _fmt_rate(x: float) -> str:
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
+
+
+def root_does(comm, fn):
+    """Run fn on rank 0 only and share its user-facing failure with every rank, so all
+    ranks stop together with the same message instead of the others waiting forever."""
+    error = None
+    result = None
+    if comm.rank == 0:
+        try:
+            result = fn()
+        except HpcpipeError as e:
+            error = (type(e).__name__, str(e))
+    error = comm.bcast(error, root=0)
+    if error is not None:
+        raise DataError(error[1]) if error[0] == "DataError" else HpcpipeError(error[1])
+    return result
+
+
+def open_tokens(cfg: Config, comm, log) -> TokenFile:
+    """The token file of the config, prepared by rank 0 first if it does not exist yet."""
+    path = cfg.data.path or default_token_path(cfg.data.corpus)
+
+    def ensure():
+        if not os.path.exists(path):
+            log(f"preparing {path} from corpus {cfg.data.corpus!r} (once; later runs reuse it)")
+            prepare(cfg.data.corpus, path, cfg.data.val_fraction, log=log)
+
+    root_does(comm, ensure)
+    tokens = TokenFile(path)
+    m = cfg.model
+    if m.vocab_size < tokens.vocab_size:
+        raise ConfigError(cfg.source, "model.vocab_size", m.vocab_size,
+                          f"must be at least {tokens.vocab_size}, the vocabulary of {path}")
+    shortest = min(tokens.length("train"), tokens.length("val"))
+    if m.block_size + 1 >= shortest:
+        raise ConfigError(cfg.source, "model.block_size", m.block_size,
+                          f"larger than the data: the smaller split of {path} has {shortest} "
+                          f"tokens; use a block_size below {shortest - 1} or a bigger corpus")
+    return tokens
+
+
+class RunDir:
+    """runs/<name>/: the resolved config and metrics.jsonl, written by the root only."""
+
+    def __init__(self, path: str, cfg: Config, enabled: bool):
+        self.path, self.enabled = path, enabled
+        self.metrics = None
+        if not enabled:
+            return
+        os.makedirs(path, exist_ok=True)
+        metrics = os.path.join(path, "metrics.jsonl")
+        if os.path.exists(metrics):  # keep an earlier run's metrics rather than overwrite
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(os.path.getmtime(metrics)))
+            os.replace(metrics, os.path.join(path, f"metrics.{stamp}.jsonl"))
+        self._write_atomic("config.toml", cfg.to_toml())
+        self.metrics = open(metrics, "w", buffering=1)
+
+    def _write_atomic(self, name: str, text: str):
+        tmp = os.path.join(self.path, f".{name}.tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(self.path, name))
+
+    def record(self, **fields):
+        # json writes floats with repr(), which reads back to the identical float.
+        if self.metrics:
+            self.metrics.write(json.dumps(fields) + "\n")
+
+    def write_json(self, name: str, obj):
+        if self.enabled:
+            self._write_atomic(name, json.dumps(obj))
+
+    def finish(self, summary: Summary):
+        if self.enabled:
+            self.metrics.close()
+            data = {k: v for k, v in summary.__dict__.items()}
+            data["tokens_per_s"] = summary.tokens_per_s
+            self._write_atomic("summary.json", json.dumps(data, indent=2) + "\n")
+
+
+def validation_batches(tokens: TokenFile, cfg: Config, be):
+    """A fixed set of validation windows, the same at every eval: eval_batches global
+    batches (microbatches × micro_batch_size windows), numbered like training samples, so
+    any split of the global batch evaluates the same windows; run micro_batch_size at a
+    time to bound memory."""
+    t, B = cfg.train, cfg.train.micro_batch_size
+    total = t.eval_batches * cfg.parallel.microbatches * B
+    for first in range(0, total, B):
+        batch = tokens.batch("val", cfg.model.block_size, t.seed, 0, range(first, first + B))
+        yield be.from_host(batch.idx), be.from_host(batch.targets)
+
+
+def build_schedule(cfg: Config, costs: Costs | None = None):
+    """The config's schedule for pp ranks and `microbatches` microbatches. "auto" needs
+    measured costs: until it has them, it runs ZB-H1, whose split B/W gives every cost."""
+    p = cfg.parallel
+    kind = p.schedule
+    if kind == "auto" and costs is None:
+        kind = "zb-h1"
+    try:
+        schedule = generate(kind, p.pp, p.microbatches, v=cfg.chunks, costs=costs,
+                            memory_limit=(p.memory_limit or 2 * p.pp) if kind == "auto" else None)
+    except ScheduleError as e:
+        raise ConfigError(cfg.source, "parallel.schedule", p.schedule,
+                          f"{e} (pp = {p.pp}, microbatches = {p.microbatches})") from None
+    return schedule
+
+
+def profiled_costs(trace, model: RankModel, grid, steps, comm_s: float) -> Costs:
+    """Median F, B, W time of every model stage over the profiled `steps`, gathered from
+    all pipeline ranks, as the auto scheduler's cost model (memory in microbatches)."""
+    events = [e for e in trace.events if e.step in steps]
+    mine = {}
+    for (kind, chunk), times in tracelib.op_times(events).items():
+        mine[(kind, model.stage_index[chunk])] = float(np.median(times))
+    merged = {}
+    for part in grid.pipe.allgather(mine):
+        merged.update(part)
+    stages = range(len(model.specs))
+    return Costs(f=[merged[("F", s)] for s in stages], b=[merged[("B", s)] for s in stages],
+                 w=[merged[("W", s)] for s in stages], comm=comm_s, memory=1.0)
+
+
+def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
+    """Train `cfg` on this rank's share; returns the run's summary (on every rank)."""
+    started = time.perf_counter()
+    is_root = comm.rank == 0
+
+    def log(msg=""):
+        if is_root:
+            out(msg)
+
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    grid = gridlib.build(comm, p.dp, p.pp, p.rank_order, source=cfg.source)
+    threads = backend.limit_threads(grid.local_size)
+    be = backend.select(t.device, grid.local_rank)
+    gpu_aware = resolve_gpu_aware(p.gpu_aware_mpi, be)
+    tokens = open_tokens(cfg, comm, log)
+    schedule = build_schedule(cfg)
+    model = RankModel(cfg, grid, be, schedule, gpu_aware)
+    pipe = PipeComm(grid.pipe, be, (t.micro_batch_size, m.block_size, m.n_embd), t.dtype,
+                    p.microbatches, schedule.num_stages, gpu_aware)
+    trace = tracelib.Trace(rank=comm.rank)
+    runtime = Runtime(schedule, grid.pp_rank, model.stages, pipe, trace)
+    run = RunDir(run_dir, cfg, enabled=is_root)
+    tokens_per_step = cfg.tokens_per_step
+    log(f"hpcpipe {__version__} | {grid.describe()} | {be.describe()}, {threads} BLAS "
+        f"thread(s) per rank | {t.dtype}")
+    total_params = grid.pipe.allreduce(model.unique_params())
+    log(f"model: {m.n_layer} layers, {m.n_head} heads, n_embd {m.n_embd}, block {m.block_size}, "
+        f"vocab {m.vocab_size} — {total_params / 1e6:.2f}M parameters")
+    if p.pp > 1 or schedule.chunks > 1:
+        log("stages: " + " | ".join(f"{s.index}: {s.describe()}" for s in model.specs))
+    log(f"schedule: {p.schedule}" + (" (ZB-H1 while profiling costs)" if p.schedule == "auto" else "")
+        + f", {p.pp} stage(s) × {schedule.chunks} chunk(s), {p.microbatches} microbatch(es)")
+    log(f"data: {tokens.path} ({tokens.length('train'):,} train / {tokens.length('val'):,} val "
+        f"tokens, {tokens.attrs.get('tokenizer')}) | batch {p.microbatches} × "
+        f"{t.micro_batch_size} × {m.block_size} = {tokens_per_step:,} tokens/step")
+    log(f"run directory: {run.path} | {t.steps} steps, eval every {t.eval_every or t.steps}")
+
+    comm_s = 0.0
+    if p.pp > 1 and p.schedule == "auto":
+        # One activation between pipeline neighbours; ranks pair up (0,1), (2,3), ... then
+        # (1,2), ... so every hop is measured by its two ends, and the median taken.
+        shape, hops = (t.micro_batch_size, m.block_size, m.n_embd), []
+        for offset in (0, 1):
+            r = grid.pp_rank
+            peer = r + 1 if (r - offset) % 2 == 0 else r - 1
+            if 0 <= peer < p.pp and (min(r, peer) - offset) % 2 == 0:
+                hops.append(measure_latency(grid.pipe, be, shape, t.dtype, peer))
+        comm_s = float(np.median(sum(grid.pipe.allgather(hops), [])))
+
+    summary = Summary(run_dir=run.path, schedule=p.schedule)
+
+    def run_eval(step):
+        value = model.evaluate(validation_batches(tokens, cfg, be), pipe)
+        summary.evals.append((step, value))
+        if math.isnan(summary.first_val_loss):
+            summary.first_val_loss = value
+        summary.final_val_loss = value
+        run.record(step=step, val_loss=value)
+        log(f"eval step {step:>{len(str(t.steps))}} | val loss {value:.4f}")
+
+    def inputs_for(step):
+        cache = {}
+
+        def inputs(mb):
+            if mb not in cache:
+                # Sample indices number the whole step's batch, so any split into
+                # microbatches (or, later, replicas) draws the same windows.
+                first = mb * t.micro_batch_size
+                batch = tokens.batch("train", m.block_size, t.seed, step,
+                                     range(first, first + t.micro_batch_size))
+                cache[mb] = be.from_host(batch.idx), be.from_host(batch.targets)
+            return cache[mb]
+        return inputs
+
+    run_eval(0)
+    comm.Barrier()
+    trace.origin = time.perf_counter()  # every rank's clock starts together (±barrier skew)
+    ema, bubbles, predicted, after_auto = None, [], None, []
+    peak_bytes = [0] * comm.size
+    peak_mb = [0.0] * comm.size
+    for step in range(1, t.steps + 1):
+        tick = time.perf_counter()
+        lr = learning_rate(step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
+        model.zero_grad()
+        result = runtime.run_step(step, inputs_for(step), 1.0 / p.microbatches)
+        model.sum_tied_grads()
+        loss = model.mean_loss(result.losses)
+        norm = model.grad_norm()
+        skipped = not (math.isfinite(norm) and math.isfinite(loss))
+        if skipped:  # a non-finite gradient would poison the weights: drop this update
+            summary.skipped_steps += 1
+            log(f"step {step}: non-finite loss or gradient (loss {loss}, norm {norm}); "
+                f"update skipped")
+        else:
+            opt_start = trace.now()
+            model.step(lr, norm, t.grad_clip)
+            be.synchronize()
+            trace.add("optimizer", "optimizer", opt_start, trace.now(), step)
+        step_s = time.perf_counter() - tick
+        # Measured bubble, defined as the simulator does: 1 − (busiest rank's compute time)
+        # ÷ (the step's span over all ranks).
+        busy = sum(e.end - e.start for e in trace.step_events(step) if e.kind in tracelib.COMPUTE)
+        stats = comm.allgather((busy, result.start, result.end, result.peak_bytes,
+                                result.peak_microbatches))
+        span = max(s[2] for s in stats) - min(s[1] for s in stats)
+        bubble = 1.0 - max(s[0] for s in stats) / span if span > 0 else 0.0
+        per_rank = [round(1.0 - s[0] / span, 6) if span > 0 else 0.0 for s in stats]
+        for r, s in enumerate(stats):
+            peak_bytes[r] = max(peak_bytes[r], s[3])
+            peak_mb[r] = max(peak_mb[r], s[4])
+        if step > 1:
+            bubbles.append(bubble)
+        summary.train_s += step_s
+        summary.tokens += tokens_per_step
+        summary.steps = step
+        if math.isnan(summary.first_loss):
+            summary.first_loss = loss
+        summary.final_loss = loss
+        ema = step_s if ema is None else 0.9 * ema + 0.1 * step_s
+        record = dict(step=step, loss=loss, lr=lr, grad_norm=norm,
+                      tokens_per_s=tokens_per_step / step_s, step_s=step_s, bubble=bubble,
+                      bubble_per_rank=per_rank, peak_activation_bytes=[s[3] for s in stats],
+                      peak_activations=[s[4] for s in stats])
+        if skipped:
+            record["skipped"] = True
+        run.record(**record)
+        if predicted is not None:
+            after_auto.append(step_s)
+        if step == 1 or step % t.log_every == 0 or step == t.steps:
+            log(f"step {step:>{len(str(t.steps))}}/{t.steps} | loss {loss:.4f} | lr {lr:.2e} | "
+                f"norm {norm:.3f} | {_fmt_rate(tokens_per_step / step_s)} tok/s | "
+                f"{step_s * 1e3:.1f} ms/step | bubble {bubble:.1%} | "
+                f"ETA {_fmt_time(ema * (t.steps - step))}")
+        if p.schedule == "auto" and step == p.profile_steps and step < t.steps:
+            # The first step pays for allocation and warm caches: profile the ones after.
+            steps = range(min(2, step), step + 1)
+            # Rank 0's measurements decide for everyone; the scheduler is deterministic, so
+            # every rank builds the same schedule from the same costs.
+            costs = comm.bcast(profiled_costs(trace, model, grid, steps, comm_s), root=0)
+            auto = build_schedule(cfg, costs)
+            runtime = Runtime(auto, grid.pp_rank, model.stages, pipe, trace)
+            sim = simulate(auto, costs)
+            predicted = sim.longest_span
+            log(f"auto schedule from measured costs (ms) F {_ms(costs.f)} B {_ms(costs.b)} "
+                f"W {_ms(costs.w)} comm {costs.comm * 1e3:.2f}, memory limit "
+                f"{p.memory_limit or 2 * p.pp:g} microbatches: predicted {predicted * 1e3:.1f} "
+                f"ms of compute and messages per step, simulated bubble {sim.bubble_rate:.1%}")
+            run.write_json("auto_schedule.json", {"ops": auto.op_strings(),
+                                                  "predicted_s": predicted,
+                                                  "f": costs.f, "b": costs.b, "w": costs.w,
+                                                  "comm": costs.comm})
+        if t.eval_every and step % t.eval_every == 0 and step != t.steps:
+            run_eval(step)
+    run_eval(t.steps)
+    summary.bubble = float(np.mean(bubbles)) if bubbles else math.nan
+    summary.peak_activation_bytes = peak_bytes
+    summary.peak_activations = peak_mb
+    write_traces(trace, comm, run, t, p)
+    summary.total_s = time.perf_counter() - started
+    run.finish(summary)
+    tokens.close()
+    log(f"done: {summary.steps} steps in {_fmt_time(summary.total_s)} "
+        f"({_fmt_rate(summary.tokens_per_s)} tok/s while training, mean bubble "
+        f"{summary.bubble:.1%}"
+        + (f", {summary.skipped_steps} updates skipped" if summary.skipped_steps else "") + ")")
+    if predicted is not None and after_auto:
+        log(f"  auto schedule: predicted {predicted * 1e3:.1f} ms/step of pipeline work, "
+            f"measured {np.median(after_auto) * 1e3:.1f} ms/step (median, with optimizer)")
+    log(f"  train loss {summary.first_loss:.4f} → {summary.final_loss:.4f} | "
+        f"val loss {summary.first_val_loss:.4f} → {summary.final_val_loss:.4f}")
+    log(f"  peak activations per rank: "
+        + ", ".join(f"{b / 2**20:.1f} MiB ({n:g} mb)" for b, n in zip(peak_bytes, peak_mb)))
+    log(f"  run directory: {run.path} (config.toml, metrics.jsonl, summary.json, trace.json)")
+    return summary
+
+
+def _ms(values) -> str:
+    values = values if isinstance(values, (list, tuple)) else [values]
+    return "/".join(f"{v * 1e3:.1f}" for v in values)
+
+
+def write_traces(trace, comm, run: RunDir, t, p):
+    """Merge every rank's events into trace.json (Chrome format) and draw one step."""
+    if not t.trace_steps:
+        return
+    keep = range(1, t.trace_steps + 1)
+    rows = [e.as_tuple() for e in trace.events if e.step in keep]
+    per_rank = comm.gather(rows, root=0)
+    if not run.enabled:
+        return
+    offsets = [0.0] * len(per_rank)
+    tracelib.write_chrome_trace(os.path.join(run.path, "trace.json"), per_rank, offsets)
+    last = min(t.trace_steps, t.steps)
+    try:
+        tracelib.draw_step(os.path.join(run.path, f"timeline-step{last}.png"), per_rank,
+                           offsets, last, title=f"{p.schedule}, pp {p.pp}, "
+                                                f"{p.microbatches} microbatches — step {last}")
+    except ImportError:  # matplotlib is optional; the JSON trace has everything
+        pass

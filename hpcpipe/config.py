@@ -60,6 +60,7 @@ class TrainSection:
     eval_every: int = 50  # 0: only at the end
     eval_batches: int = 8
     log_every: int = 10
+    trace_steps: int = 10  # steps 1..N go to trace.json and a timeline PNG; 0: none
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,12 @@ class ParallelSection:
     pp: int = 1
     microbatches: int = 1  # per step and replica; with pp = 1 this is gradient accumulation
     schedule: str = "1f1b"
+    chunks: int = 0  # model chunks per rank; 0: the schedule's own (2 for interleaved, zb-v)
+    layers_per_stage: list[int] = field(default_factory=list)  # []: balanced by cost
+    memory_limit: float = 0.0  # auto schedule: activations held, in microbatches; 0: 2·pp
+    profile_steps: int = 2  # auto schedule: steps measured before it is built
+    rank_order: str = "pp-inner"  # or "dp-inner" (see hpcpipe/grid.py)
+    gpu_aware_mpi: str | bool = "auto"  # hand device buffers to MPI: "auto", true or false
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,14 @@ class Config:
     data: DataSection = field(default_factory=DataSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
     source: str = "<defaults>"
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per pipeline rank, with 0 resolved to the schedule's own count."""
+        p = self.parallel
+        if p.chunks:
+            return p.chunks
+        return 2 if p.schedule in ("interleaved-1f1b", "zb-v") else 1
 
     @property
     def tokens_per_step(self) -> int:
@@ -109,6 +124,8 @@ SECTIONS = {"model": ModelSection, "train": TrainSection, "data": DataSection,
 
 
 def _toml_value(value) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
@@ -119,11 +136,29 @@ def _toml_value(value) -> str:
 
 
 def _type_name(t) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[t]
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    if typing.get_origin(t) is list:
+        return f"a list of {_type_name(typing.get_args(t)[0]).split(' ', 1)[1]}s"
+    if typing.get_args(t):  # a union
+        return " or ".join(_type_name(a) for a in typing.get_args(t))
+    return names[t]
 
 
 def _coerce(source, key, value, expected):
     """Check a TOML value against a field's type; integers are fine where a float goes."""
+    if typing.get_origin(expected) is list:
+        if not isinstance(value, list):
+            raise ConfigError(source, key, value, f"must be {_type_name(expected)}")
+        item = typing.get_args(expected)[0]
+        try:
+            return [_coerce(source, key, v, item) for v in value]
+        except ConfigError:
+            raise ConfigError(source, key, value, f"must be {_type_name(expected)}") from None
+    if typing.get_args(expected):  # a union such as str | bool: the first type that fits
+        for option in typing.get_args(expected):
+            if isinstance(value, option):
+                return value
+        raise ConfigError(source, key, value, f"must be {_type_name(expected)}")
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if expected is int and isinstance(value, bool):
@@ -161,7 +196,7 @@ def validate(cfg: Config) -> Config:
              f"channels); e.g. {m.n_head * max(1, round(m.n_embd / m.n_head))}")
     for key in ("steps", "micro_batch_size", "eval_batches", "log_every"):
         _require(s, f"train.{key}", getattr(t, key), getattr(t, key) >= 1, "must be at least 1")
-    for key in ("warmup_steps", "eval_every", "seed"):
+    for key in ("warmup_steps", "eval_every", "seed", "trace_steps"):
         _require(s, f"train.{key}", getattr(t, key), getattr(t, key) >= 0, "must be 0 or more")
     _require(s, "train.lr", t.lr, math.isfinite(t.lr) and t.lr > 0, "must be a positive number")
     _require(s, "train.min_lr", t.min_lr, math.isfinite(t.min_lr) and 0 <= t.min_lr <= t.lr,
@@ -185,11 +220,40 @@ def validate(cfg: Config) -> Config:
              f"allowed: {', '.join(SCHEDULES)}")
     _require(s, "parallel.dp", p.dp, p.dp >= 1, "must be at least 1")
     _require(s, "parallel.pp", p.pp, p.pp >= 1, "must be at least 1")
-    # This version trains on one rank; pipeline and data parallelism come in later versions.
+    # Data parallelism comes in a later version.
     _require(s, "parallel.dp", p.dp, p.dp == 1,
              "data parallelism is not available in this version; allowed: 1")
-    _require(s, "parallel.pp", p.pp, p.pp == 1,
-             "pipeline parallelism is not available in this version; allowed: 1")
+    _require(s, "parallel.chunks", p.chunks, p.chunks >= 0,
+             "must be 0 (the schedule's own) or a positive count")
+    if p.schedule == "zb-v":
+        _require(s, "parallel.chunks", p.chunks, p.chunks in (0, 2),
+                 "zb-v runs exactly 2 chunks per rank (a V); allowed: 0 or 2")
+    elif p.schedule != "interleaved-1f1b":
+        _require(s, "parallel.chunks", p.chunks, p.chunks in (0, 1),
+                 f"{p.schedule} runs one chunk per rank; more chunks need "
+                 f"schedule = \"interleaved-1f1b\"; allowed: 0 or 1")
+    stages = p.pp * cfg.chunks
+    if p.layers_per_stage:
+        _require(s, "parallel.layers_per_stage", p.layers_per_stage,
+                 len(p.layers_per_stage) == stages,
+                 f"needs one block count per model stage: {stages} = pp × chunks")
+        _require(s, "parallel.layers_per_stage", p.layers_per_stage,
+                 all(c >= 1 for c in p.layers_per_stage)
+                 and sum(p.layers_per_stage) == m.n_layer,
+                 f"counts must be at least 1 and sum to model.n_layer = {m.n_layer}")
+    else:
+        _require(s, "parallel.pp", p.pp, stages <= m.n_layer,
+                 f"{stages} model stages (pp × chunks) but model.n_layer = {m.n_layer}: every "
+                 f"stage needs at least one transformer block")
+    _require(s, "parallel.memory_limit", p.memory_limit, p.memory_limit >= 0,
+             "must be 0 (meaning 2·pp) or a positive number of microbatches")
+    _require(s, "parallel.profile_steps", p.profile_steps, p.profile_steps >= 1,
+             "must be at least 1")
+    _require(s, "parallel.rank_order", p.rank_order, p.rank_order in ("pp-inner", "dp-inner"),
+             "allowed: pp-inner, dp-inner")
+    _require(s, "parallel.gpu_aware_mpi", p.gpu_aware_mpi,
+             isinstance(p.gpu_aware_mpi, bool) or p.gpu_aware_mpi == "auto",
+             'allowed: "auto", true, false')
     return cfg
 
 

@@ -102,9 +102,36 @@ def test_min_lr_above_lr(tmp_path):
     assert "train.min_lr = 0.01" in msg and "between 0 and train.lr" in msg
 
 
-def test_parallelism_not_available_yet(tmp_path):
-    _, msg = error_of(tmp_path, "[parallel]\npp = 2\n")
-    assert "parallel.pp = 2" in msg and "allowed: 1" in msg
+def test_data_parallelism_not_available_yet(tmp_path):
+    _, msg = error_of(tmp_path, "[parallel]\ndp = 2\n")
+    assert "parallel.dp = 2" in msg and "allowed: 1" in msg
+
+
+def test_more_stages_than_layers(tmp_path):
+    _, msg = error_of(tmp_path, "[model]\nn_layer = 3\n[parallel]\npp = 2\nschedule = \"zb-v\"\n")
+    assert "parallel.pp = 2" in msg and "4 model stages" in msg and "n_layer = 3" in msg
+
+
+def test_layers_per_stage_must_fit(tmp_path):
+    _, msg = error_of(tmp_path, "[model]\nn_layer = 4\n[parallel]\npp = 2\n"
+                                "layers_per_stage = [1, 2]\n")
+    assert "parallel.layers_per_stage = [1, 2]" in msg and "sum to model.n_layer = 4" in msg
+    _, msg = error_of(tmp_path, "[parallel]\npp = 2\nlayers_per_stage = [4]\n")
+    assert "one block count per model stage: 2" in msg
+    _, msg = error_of(tmp_path, "[parallel]\nlayers_per_stage = [1, \"x\"]\n")
+    assert "must be a list of integers" in msg
+
+
+def test_chunks_must_suit_the_schedule(tmp_path):
+    _, msg = error_of(tmp_path, "[parallel]\nschedule = \"1f1b\"\nchunks = 2\n")
+    assert "parallel.chunks = 2" in msg and "interleaved-1f1b" in msg
+
+
+def test_gpu_aware_setting(tmp_path):
+    assert config.load(write(tmp_path, "[parallel]\ngpu_aware_mpi = false\n")) \
+        .parallel.gpu_aware_mpi is False
+    _, msg = error_of(tmp_path, "[parallel]\ngpu_aware_mpi = \"yes\"\n")
+    assert "parallel.gpu_aware_mpi = 'yes'" in msg and '"auto", true, false' in msg
 
 
 def test_invalid_toml(tmp_path):

@@ -1,0 +1,125 @@
+"""Per-rank timelines of what each rank did, and what they show: the measured bubble.
+
+Each rank records events (F, B, W, BW ops; waits on receives; the optimizer) with
+timestamps from one monotonic clock. The root merges every rank's events into a Chrome
+trace JSON (one track per rank; open it in Perfetto or chrome://tracing) and can draw one
+step as a PNG like the schedule pictures.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+COMPUTE = ("F", "B", "W", "BW")
+
+
+@dataclass
+class Event:
+    name: str  # "F3", "W3@c1", "wait", "optimizer", ...
+    kind: str  # F | B | W | BW | wait | optimizer | eval
+    start: float  # seconds since the trace's origin
+    end: float
+    step: int
+
+    def as_tuple(self):
+        return (self.name, self.kind, self.start, self.end, self.step)
+
+
+@dataclass
+class Trace:
+    """The events of one rank."""
+
+    rank: int
+    origin: float = field(default_factory=time.perf_counter)
+    events: list = field(default_factory=list)
+    enabled: bool = True
+
+    def now(self) -> float:
+        return time.perf_counter() - self.origin
+
+    def add(self, name, kind, start, end, step):
+        if self.enabled:
+            self.events.append(Event(name, kind, start, end, step))
+
+    def step_events(self, step: int) -> list[Event]:
+        return [e for e in self.events if e.step == step]
+
+    def clear_before(self, step: int):
+        """Forget old steps (a long run keeps only what it will write)."""
+        self.events = [e for e in self.events if e.step >= step]
+
+
+def bubble(events, step_start: float, step_end: float) -> float:
+    """Idle fraction of a rank's step: 1 − (time in compute ops) / (step time)."""
+    busy = sum(e.end - e.start for e in events if e.kind in COMPUTE)
+    total = step_end - step_start
+    return max(0.0, 1.0 - busy / total) if total > 0 else 0.0
+
+
+def op_times(events) -> dict[tuple[str, int], list[float]]:
+    """Durations per (kind, chunk) of compute events: the profile the auto schedule uses."""
+    out: dict[tuple[str, int], list[float]] = {}
+    for e in events:
+        if e.kind in COMPUTE:
+            chunk = int(e.name.split("@c")[1]) if "@c" in e.name else 0
+            out.setdefault((e.kind, chunk), []).append(e.end - e.start)
+    return out
+
+
+def chrome_trace(per_rank: list[list[tuple]], offsets: list[float]) -> dict:
+    """Chrome trace JSON from every rank's event tuples; `offsets` align the ranks' clocks
+    (each rank's origin relative to rank 0's)."""
+    colours = {"F": "thread_state_running", "B": "rail_response", "W": "good",
+               "BW": "rail_response", "wait": "grey", "optimizer": "yellow", "eval": "olive"}
+    events = []
+    for rank, (rows, offset) in enumerate(zip(per_rank, offsets)):
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank,
+                       "args": {"name": f"rank {rank}"}})
+        for name, kind, start, end, step in rows:
+            events.append({"name": name, "cat": kind, "ph": "X", "pid": 0, "tid": rank,
+                           "ts": (start + offset) * 1e6, "dur": max(0.0, end - start) * 1e6,
+                           "cname": colours.get(kind, "generic_work"), "args": {"step": step}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(path: str, per_rank, offsets):
+    with open(path, "w") as f:
+        json.dump(chrome_trace(per_rank, offsets), f)
+
+
+def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step: int,
+              title: str = ""):
+    """A PNG of one step's measured timeline: one row per rank, ops coloured like the
+    schedule pictures (F blue, B orange, W green), waits hatched grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"F": "#4c78a8", "B": "#f58518", "BW": "#e45756", "W": "#54a24b",
+               "wait": "#dddddd", "optimizer": "#b279a2"}
+    rows = [[e for e in events if e[4] == step] for events in per_rank]
+    starts = [e[2] + off for events, off in zip(rows, offsets) for e in events]
+    if not starts:
+        return
+    t0 = min(starts)
+    fig, ax = plt.subplots(figsize=(12, 0.6 * len(rows) + 1.2))
+    for rank, (events, off) in enumerate(zip(rows, offsets)):
+        for name, kind, start, end, _ in events:
+            left, width = (start + off - t0) * 1e3, (end - start) * 1e3
+            ax.barh(rank, width, left=left, height=0.8, color=colours.get(kind, "#999999"),
+                    edgecolor="white", linewidth=0.5, hatch="//" if kind == "wait" else None)
+            if kind in COMPUTE and width > 0:
+                ax.text(left + width / 2, rank, name.split("@")[0][len(kind):], ha="center",
+                        va="center", fontsize=7, color="white")
+    ax.set_yticks(range(len(rows)), [f"rank {r}" for r in range(len(rows))])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.set_title(title or f"step {step}")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    ax.legend(handles, list(colours), ncol=len(colours), loc="upper right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,190 @@
+"""MPI worker: every schedule on `pp` ranks against the single-process model.
+
+Run as `mpiexec -n PP python -m mpi4py tests/mpi/pipeline_equivalence.py`; started by
+tests/test_pipeline_mpi.py. For each schedule kind and microbatch count the kind allows
+(below, equal to and above pp), one float64 step is run over the pipeline and compared,
+on rank 0, with (a) the same step on one process through the same runtime — bitwise — and
+(b) the plain GPT.loss_and_grads of the whole batch — to 1e-12 relative. The runtime's
+measured peak of microbatches held must equal the simulator's. Then a few optimizer steps
+with the last schedule must leave bitwise the weights of one process. Exit status 0 only
+when every rank agrees that everything matched.
+"""
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcpipe import backend, config
+from hpcpipe import grid as gridlib
+from hpcpipe.comm import PipeComm
+from hpcpipe.model import GPT
+from hpcpipe.pipeline import RankModel, model_config
+from hpcpipe.runtime import Runtime
+from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate, peak_activations
+from hpcpipe.trace import Trace
+
+WORLD = MPI.COMM_WORLD
+PP = WORLD.size
+B = 2  # micro-batch size
+
+
+def make_cfg(kind, m, layers_per_stage):
+    return config.from_dict({
+        "model": {"n_layer": 8, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 19},
+        "train": {"dtype": "float64", "micro_batch_size": B, "lr": 1e-2, "min_lr": 0.0,
+                  "grad_clip": 0.05, "weight_decay": 0.1, "seed": 5},
+        "parallel": {"pp": WORLD.size,
+                     "microbatches": m, "schedule": kind,
+                     "layers_per_stage": layers_per_stage or []},
+    }, source="equivalence test")
+
+
+def uneven(stages):
+    """An uneven split of 8 blocks: the heaviest stage in the middle."""
+    counts = [1] * stages
+    for i in range(8 - stages):
+        counts[(stages // 2 + i) % stages] += 1
+    return counts
+
+
+def batch(m):
+    rng = np.random.default_rng(m)
+    tokens = rng.integers(0, 19, (m * B, 7))
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def schedule_for(kind, p, m):
+    if kind == "auto":
+        return generate("auto", p, m, costs=Costs(f=1.0, b=1.0, w=0.7), memory_limit=2 * p)
+    return generate(kind, p, m)
+
+
+class Run:
+    """One pipeline (over `comm`) of the given schedule; everything a step needs."""
+
+    def __init__(self, comm, cfg, schedule):
+        self.grid = gridlib.build(comm, 1, comm.size)
+        self.be = backend.select("cpu")
+        self.schedule = schedule
+        self.model = RankModel(cfg, self.grid, self.be, schedule)
+        m = cfg.model
+        pipe = PipeComm(self.grid.pipe, self.be, (B, m.block_size, m.n_embd), "float64",
+                        schedule.num_microbatches, schedule.num_stages)
+        self.runtime = Runtime(schedule, self.grid.pp_rank, self.model.stages, pipe,
+                               Trace(rank=comm.rank))
+        self.cfg = cfg
+
+    def step(self, idx, targets, lr=None):
+        m = self.schedule.num_microbatches
+
+        def inputs(mb):
+            return idx[mb * B:(mb + 1) * B], targets[mb * B:(mb + 1) * B]
+
+        self.model.zero_grad()
+        result = self.runtime.run_step(1, inputs, 1.0 / m)
+        self.model.sum_tied_grads()
+        loss = self.model.mean_loss(result.losses)
+        norm = self.model.grad_norm()
+        if lr is not None:
+            self.model.step(lr, norm, self.cfg.train.grad_clip)
+        return loss, norm, result
+
+    def gathered(self, what):
+        """name → array over the whole pipeline, on pipeline rank 0 (wte: the embedding's)."""
+        mine = {}
+        for stage in self.model.stages.values():
+            views = stage.grads if what == "grads" else stage.params
+            for name, value in views.items():
+                if name == "wte" and not stage.embedding_part:
+                    continue
+                mine[name] = np.array(value)
+        parts = self.grid.pipe.gather(mine, root=0)
+        if self.grid.pipe.rank != 0:
+            return None
+        out = {}
+        for part in parts:
+            out.update(part)
+        return out
+
+
+def main():
+    failures, checked = [], 0
+    stages_of = {"interleaved-1f1b": 2 * PP, "zb-v": 2 * PP}
+    for kind in KINDS:
+        for m in sorted({max(1, PP - 1), PP, 2 * PP + 1, 2 * PP}):
+            try:
+                schedule = schedule_for(kind, PP, m)
+            except ScheduleError:
+                continue  # the family does not allow this m (e.g. interleaving needs m % p == 0)
+            counts = uneven(stages_of.get(kind, PP))
+            cfg = make_cfg(kind, m, counts)
+            idx, targets = batch(m)
+            run = Run(WORLD, cfg, schedule)
+            loss, norm, result = run.step(idx, targets)
+            grads = run.gathered("grads")
+            predicted = peak_activations(schedule)[run.grid.pp_rank]
+            if abs(result.peak_microbatches - predicted) > 1e-9:
+                failures.append(f"{kind} m={m} rank {run.grid.pp_rank}: held "
+                                f"{result.peak_microbatches} microbatches, simulator says "
+                                f"{predicted}")
+            if WORLD.rank == 0:
+                checked += 1
+                # (a) one process, same runtime, 1F1B: bitwise.
+                ref_cfg = config.from_dict({**_as_dict(cfg), "parallel": {
+                    "pp": 1, "microbatches": m, "schedule": "1f1b"}}, source="reference")
+                ref = Run(MPI.COMM_SELF, ref_cfg, generate("1f1b", 1, m))
+                ref_loss, ref_norm, _ = ref.step(idx, targets)
+                ref_grads = ref.gathered("grads")
+                if loss != ref_loss or norm != ref_norm:
+                    failures.append(f"{kind} pp={PP} m={m}: loss/norm {loss!r}/{norm!r} differ "
+                                    f"bitwise from one process {ref_loss!r}/{ref_norm!r}")
+                for name, g in ref_grads.items():
+                    if not np.array_equal(grads[name], g):
+                        failures.append(f"{kind} pp={PP} m={m}: d{name} not bitwise equal to "
+                                        f"one process (max diff {np.abs(grads[name] - g).max():g})")
+                # (b) the plain model on the whole batch: equal to float64 round-off.
+                gpt = GPT(model_config(cfg), dtype="float64", seed=cfg.train.seed)
+                whole_loss, whole = gpt.loss_and_grads(idx, targets)
+                if abs(loss - whole_loss) > 1e-12 * abs(whole_loss):
+                    failures.append(f"{kind} m={m}: loss {loss} vs whole batch {whole_loss}")
+                for name, g in whole.items():
+                    err = np.abs(grads[name] - g).max() / max(np.abs(g).max(), 1e-300)
+                    if err > 1e-12:
+                        failures.append(f"{kind} m={m}: d{name} relative error {err:.2e}")
+            last = (kind, m, cfg, schedule)
+
+    # A few optimizer steps with clipping active: weights bitwise equal to one process.
+    kind, m, cfg, schedule = last
+    run = Run(WORLD, cfg, schedule)
+    for step in range(3):
+        idx, targets = batch(m + 10 * step)
+        run.step(idx, targets, lr=1e-2)
+    weights = run.gathered("params")
+    if WORLD.rank == 0:
+        ref_cfg = config.from_dict({**_as_dict(cfg), "parallel": {
+            "pp": 1, "microbatches": m, "schedule": "1f1b"}}, source="reference")
+        ref = Run(MPI.COMM_SELF, ref_cfg, generate("1f1b", 1, m))
+        for step in range(3):
+            idx, targets = batch(m + 10 * step)
+            ref.step(idx, targets, lr=1e-2)
+        for name, w in ref.gathered("params").items():
+            if not np.array_equal(weights[name], w):
+                failures.append(f"after 3 steps of {kind} on pp={PP}: {name} differs from one "
+                                f"process")
+    failures = sum(WORLD.allgather(failures), [])
+    if WORLD.rank == 0:
+        print(f"pp={PP}: checked {checked} (schedule, microbatches) cases", flush=True)
+        for line in failures:
+            print("FAIL", line, flush=True)
+    return 1 if failures else 0
+
+
+def _as_dict(cfg):
+    import dataclasses
+
+    return {name: dataclasses.asdict(getattr(cfg, name)) for name in ("model", "train", "data")}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

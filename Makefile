@@ -1,18 +1,21 @@
 # hpcpipe — set up, train, test.
 #
 #   make run                 set up .venv, then train inputs/tiny.toml on the stdlib corpus
+#                            as a pipeline of PP stages, one MPI rank (and core) each
 #   make test                set up .venv, then run the whole test suite
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
 #                            instead of the mpich wheel from PyPI
 #
 # Variables: PYTHON (interpreter for the venv), VENV (its folder), MPI (pypi|site),
-# CONFIG (for `make run`), ARGS (extra arguments to `train` or pytest).
+# CONFIG (for `make run`), PP (pipeline stages for `make run`: the cores, at most 4),
+# ARGS (extra arguments to `train` or pytest).
 
 PYTHON ?= python3
 VENV   ?= .venv
 MPI    ?= pypi
 CONFIG ?= inputs/tiny.toml
 ARGS   ?=
+PP     ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 
 COMMA   := ,
 PY      := $(VENV)/bin/python
@@ -22,7 +25,7 @@ EXTRAS  := test$(if $(filter pypi,$(MPI)),$(COMMA)mpi-wheel,)
 .PHONY: install run test clean help
 
 help:
-	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,11p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(STAMP)
 
@@ -40,8 +43,11 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# `-m mpi4py`: one failing rank aborts the job instead of hanging it. The OMPI_* variables
+# let Open MPI (MPI=site) run as root in containers; MPICH ignores them.
 run: install
-	$(PY) -m hpcpipe train $(CONFIG) $(ARGS)
+	PATH="$(abspath $(VENV))/bin:$$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	  mpiexec -n $(PP) $(PY) -m mpi4py -m hpcpipe train $(CONFIG) --set parallel.pp=$(PP) $(ARGS)
 
 # pytest exits 5 when it collected no test at all: say so, and fail (an empty suite
 # proves nothing).

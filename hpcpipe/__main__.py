@@ -1,4 +1,4 @@
-"""The command line: `python -m hpcpipe train|prepare|schedule ...`.
+"""The command line: `python -m hpcpipe train|prepare|schedule|bench ...`.
 
 Runs as a single process or as every rank of an MPI job (`mpiexec -n N python -m mpi4py
 -m hpcpipe ...`). Errors that are the user's to fix print one message, from rank 0 only,
@@ -80,9 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--force", action="store_true", help="overwrite an existing file")
     prep.set_defaults(func=cmd_prepare)
 
+    from .bench import register as register_bench
     from .schedules.cli import register as register_schedule
 
     register_schedule(sub)
+    register_bench(sub)
     return parser
 
 

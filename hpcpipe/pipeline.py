@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from dataclasses import dataclass
+
 from .comm import allreduce_sum
 from .model import GPTConfig, param_layout, partition
 from .optim import AdamW, clip_coefficient
@@ -26,6 +28,14 @@ def model_config(cfg) -> GPTConfig:
     m = cfg.model
     return GPTConfig(vocab_size=m.vocab_size, block_size=m.block_size, n_layer=m.n_layer,
                      n_head=m.n_head, n_embd=m.n_embd)
+
+
+@dataclass
+class StepOutcome:
+    loss: float  # mean over the step's microbatches, on every rank
+    norm: float  # global gradient norm before clipping
+    skipped: bool  # non-finite loss or gradient: no update was made
+    result: object  # the runtime's StepResult (timings, peaks, losses)
 
 
 class RankModel:
@@ -113,6 +123,25 @@ class RankModel:
         scale = clip_coefficient(norm, max_norm)
         for opt in self.optimizers.values():
             opt.step(lr, scale)
+
+    def train_step(self, runtime, step: int, inputs, lr: float, max_norm: float,
+                   trace=None) -> StepOutcome:
+        """One optimizer step: the schedule's F/B/W, the tied-embedding sum, the global norm,
+        then AdamW with clipping — skipped when the gradient is not finite."""
+        microbatches = runtime.schedule.num_microbatches
+        self.zero_grad()
+        result = runtime.run_step(step, inputs, 1.0 / microbatches)
+        self.sum_tied_grads()
+        loss = self.mean_loss(result.losses)
+        norm = self.grad_norm()
+        skipped = not (math.isfinite(norm) and math.isfinite(loss))
+        if not skipped:
+            start = trace.now() if trace else 0.0
+            self.step(lr, norm, max_norm)
+            self.backend.synchronize()
+            if trace:
+                trace.add("optimizer", "optimizer", start, trace.now(), step)
+        return StepOutcome(loss, norm, skipped, result)
 
     def mean_loss(self, losses: dict) -> float:
         """The step's loss (mean over microbatches), known on every rank of the pipe."""

@@ -165,8 +165,11 @@ def build_schedule(cfg: Config, costs: Costs | None = None):
     if kind == "auto" and costs is None:
         kind = "zb-h1"
     try:
+        # Every step ends in a synchronisation (the global gradient norm, then the
+        # optimizer), so the step time is the schedule's makespan: auto minimises that.
         schedule = generate(kind, p.pp, p.microbatches, v=cfg.chunks, costs=costs,
-                            memory_limit=(p.memory_limit or 2 * p.pp) if kind == "auto" else None)
+                            memory_limit=(p.memory_limit or 2 * p.pp) if kind == "auto" else None,
+                            objective="makespan")
     except ScheduleError as e:
         raise ConfigError(cfg.source, "parallel.schedule", p.schedule,
                           f"{e} (pp = {p.pp}, microbatches = {p.microbatches})") from None
@@ -271,30 +274,14 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
     for step in range(1, t.steps + 1):
         tick = time.perf_counter()
         lr = learning_rate(step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
-        model.zero_grad()
-        result = runtime.run_step(step, inputs_for(step), 1.0 / p.microbatches)
-        model.sum_tied_grads()
-        loss = model.mean_loss(result.losses)
-        norm = model.grad_norm()
-        skipped = not (math.isfinite(norm) and math.isfinite(loss))
-        if skipped:  # a non-finite gradient would poison the weights: drop this update
+        outcome = model.train_step(runtime, step, inputs_for(step), lr, t.grad_clip, trace)
+        loss, norm, skipped, result = outcome.loss, outcome.norm, outcome.skipped, outcome.result
+        if skipped:  # a non-finite gradient would poison the weights: the update was dropped
             summary.skipped_steps += 1
             log(f"step {step}: non-finite loss or gradient (loss {loss}, norm {norm}); "
                 f"update skipped")
-        else:
-            opt_start = trace.now()
-            model.step(lr, norm, t.grad_clip)
-            be.synchronize()
-            trace.add("optimizer", "optimizer", opt_start, trace.now(), step)
         step_s = time.perf_counter() - tick
-        # Measured bubble, defined as the simulator does: 1 − (busiest rank's compute time)
-        # ÷ (the step's span over all ranks).
-        busy = sum(e.end - e.start for e in trace.step_events(step) if e.kind in tracelib.COMPUTE)
-        stats = comm.allgather((busy, result.start, result.end, result.peak_bytes,
-                                result.peak_microbatches))
-        span = max(s[2] for s in stats) - min(s[1] for s in stats)
-        bubble = 1.0 - max(s[0] for s in stats) / span if span > 0 else 0.0
-        per_rank = [round(1.0 - s[0] / span, 6) if span > 0 else 0.0 for s in stats]
+        bubble, per_rank, stats = measured_bubble(trace, step, result, comm)
         for r, s in enumerate(stats):
             peak_bytes[r] = max(peak_bytes[r], s[3])
             peak_mb[r] = max(peak_mb[r], s[4])
@@ -330,11 +317,12 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
             auto = build_schedule(cfg, costs)
             runtime = Runtime(auto, grid.pp_rank, model.stages, pipe, trace)
             sim = simulate(auto, costs)
-            predicted = sim.longest_span
+            predicted = sim.makespan
             log(f"auto schedule from measured costs (ms) F {_ms(costs.f)} B {_ms(costs.b)} "
                 f"W {_ms(costs.w)} comm {costs.comm * 1e3:.2f}, memory limit "
                 f"{p.memory_limit or 2 * p.pp:g} microbatches: predicted {predicted * 1e3:.1f} "
-                f"ms of compute and messages per step, simulated bubble {sim.bubble_rate:.1%}")
+                f"ms of compute and messages per step, simulated bubble "
+                f"{1 - max(sim.busy) / sim.makespan:.1%}")
             run.write_json("auto_schedule.json", {"ops": auto.op_strings(),
                                                   "predicted_s": predicted,
                                                   "f": costs.f, "b": costs.b, "w": costs.w,
@@ -362,6 +350,19 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
         + ", ".join(f"{b / 2**20:.1f} MiB ({n:g} mb)" for b, n in zip(peak_bytes, peak_mb)))
     log(f"  run directory: {run.path} (config.toml, metrics.jsonl, summary.json, trace.json)")
     return summary
+
+
+def measured_bubble(trace, step: int, result, comm):
+    """The step's bubble as the simulator defines it — 1 − (busiest rank's compute time) ÷
+    (the step's span over all ranks) — plus each rank's own idle fraction of that span.
+    Also returns every rank's (busy, start, end, peak bytes, peak microbatches)."""
+    busy = sum(e.end - e.start for e in trace.step_events(step) if e.kind in tracelib.COMPUTE)
+    stats = comm.allgather((busy, result.start, result.end, result.peak_bytes,
+                            result.peak_microbatches))
+    span = max(s[2] for s in stats) - min(s[1] for s in stats)
+    bubble = 1.0 - max(s[0] for s in stats) / span if span > 0 else 0.0
+    per_rank = [round(1.0 - s[0] / span, 6) if span > 0 else 0.0 for s in stats]
+    return bubble, per_rank, stats
 
 
 def _ms(values) -> str:

@@ -56,3 +56,22 @@ def test_fast_for_32_ranks_256_microbatches():
 def test_memory_limit_errors():
     with pytest.raises(ScheduleError, match="below one microbatch"):
         generate("auto", 4, 8, memory_limit=0.5)
+
+
+@pytest.mark.parametrize("p, m, costs", [
+    (2, 4, Costs(f=[27.0, 28.5], b=[32.8, 28.9], w=[17.9, 18.8], comm=0.07)),
+    (4, 8, Costs(f=1.0, b=1.0, w=0.5)),
+    (3, 7, Costs(f=[1.2, 1.0, 1.5], b=[1.1, 1.0, 1.6], w=[0.4, 0.6, 0.5], comm=0.1)),
+])
+def test_makespan_objective_beats_every_fitting_hand_made_schedule(p, m, costs):
+    """With every step ending in a synchronisation the step time is the makespan; the
+    makespan objective must then be no worse than any hand-made schedule that fits."""
+    limit = 2 * p
+    chosen = simulate(generate("auto", p, m, costs=costs, memory_limit=limit,
+                               objective="makespan"), costs)
+    for kind in ("gpipe", "1f1b", "zb-h1", "zb-h2"):
+        hand = generate(kind, p, m)
+        if max(simulate(hand, costs).peak_activations) <= limit:
+            assert chosen.makespan <= simulate(hand, costs).makespan + 1e-9, kind
+    with pytest.raises(ScheduleError, match="objective"):
+        generate("auto", p, m, costs=costs, objective="fastest")

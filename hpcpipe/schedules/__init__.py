@@ -23,10 +23,11 @@ _ONE_CHUNK = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h
 
 
 def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | None = None,
-             memory_limit: float | None = None) -> Schedule:
+             memory_limit: float | None = None, objective: str = "span") -> Schedule:
     """Build the schedule `kind` for p ranks and m microbatches (v chunks per rank where it applies).
 
-    `costs` and `memory_limit` drive `auto`; for the hand-made kinds a memory limit is checked
+    `costs`, `memory_limit` and `objective` ("span" or "makespan", see `auto`) drive `auto`;
+    for the hand-made kinds a memory limit is checked
     against the schedule's peak activations (in the units of `costs.memory`).
     """
     if kind not in KINDS:
@@ -45,7 +46,7 @@ def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | Non
             raise ScheduleError(f"{kind} has one chunk per rank (got v={v}); chunks are for "
                                 "interleaved-1f1b (any v >= 1) and zb-v (v = 2)")
         if kind == "auto":
-            return auto(p, m, costs, memory_limit)
+            return auto(p, m, costs, memory_limit, objective)
         schedule = _ONE_CHUNK[kind](p, m)
     if memory_limit is not None:
         peak = max(peak_activations(schedule, costs))

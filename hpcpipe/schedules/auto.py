@@ -213,10 +213,23 @@ def _memory_per_microbatch(costs: Costs, p: int) -> float:
     return max(costs.per_stage("memory", p, 1))
 
 
-def search(p: int, m: int, costs: Costs | None = None,
-           memory_limit: float | None = None) -> tuple[str, Schedule, SimResult]:
+OBJECTIVES = ("span", "makespan")
+
+
+def search(p: int, m: int, costs: Costs | None = None, memory_limit: float | None = None,
+           objective: str = "span") -> tuple[str, Schedule, SimResult]:
     """Like `auto`, also returning which candidate won and its simulation."""
     costs = costs or Costs()
+    if objective not in OBJECTIVES:
+        raise ScheduleError(f"auto: objective {objective!r} unknown; allowed: "
+                            f"{', '.join(OBJECTIVES)}")
+
+    def score(schedule: Schedule, longest_span: float | None = None) -> float:
+        if objective == "span" and longest_span is not None:
+            return round(longest_span, 9)
+        result = simulate(schedule, costs)
+        return round(result.longest_span if objective == "span" else result.makespan, 9)
+
     if not isinstance(p, int) or p < 1 or not isinstance(m, int) or m < 1:
         raise ScheduleError(f"auto: needs p >= 1 stages and m >= 1 microbatches (got p={p}, m={m})")
     per_mb = _memory_per_microbatch(costs, p)
@@ -230,12 +243,12 @@ def search(p: int, m: int, costs: Costs | None = None,
     for fill, depth in product(("fit", "eager"), (0.0, 1.0)):
         built = greedy(p, m, costs, Policy(memory_limit, fill, depth))
         label = f"greedy(fill={fill}, depth={depth:g})"
-        key = (round(built.longest_span, 9), 1)
+        key = (score(built.schedule, built.longest_span), 1)
         if best is None or key < best[0]:
             best = (key, label, built.schedule)
     for schedule in _hand_made(p, m):
         if max(peak_activations(schedule, costs)) <= memory_limit + EPS:
-            key = (round(simulate(schedule, costs).longest_span, 9), 0)
+            key = (score(schedule), 0)
             if key < best[0]:
                 best = (key, schedule.kind, schedule)
     _, label, schedule = best
@@ -243,11 +256,18 @@ def search(p: int, m: int, costs: Costs | None = None,
     return label, schedule, simulate(schedule, costs)
 
 
-def auto(p: int, m: int, costs: Costs | None = None, memory_limit: float | None = None) -> Schedule:
+def auto(p: int, m: int, costs: Costs | None = None, memory_limit: float | None = None,
+         objective: str = "span") -> Schedule:
     """The best one-chunk-per-rank schedule auto finds for `costs` under `memory_limit`.
 
     memory_limit is per rank, in the units of `costs.memory` (default 1 per microbatch over a
     rank's share of layers): p matches 1F1B's memory (the paper's ZB-1p), 2p is ZB-2p.
     Default p.
+
+    objective: "span" minimises the longest per-rank span, the step period when a rank
+    starts the next step's ops as soon as it is free (the paper's setting, with the
+    optimizer's synchronisation bypassed); "makespan" minimises first-op-to-last-op over
+    all ranks, the step time when every step ends in a synchronisation (global gradient
+    norm, then the optimizer).
     """
-    return search(p, m, costs, memory_limit)[1]
+    return search(p, m, costs, memory_limit, objective)[1]

@@ -81,14 +81,13 @@ class Run:
         def inputs(mb):
             return idx[mb * B:(mb + 1) * B], targets[mb * B:(mb + 1) * B]
 
-        self.model.zero_grad()
-        result = self.runtime.run_step(1, inputs, 1.0 / m)
-        self.model.sum_tied_grads()
-        loss = self.model.mean_loss(result.losses)
-        norm = self.model.grad_norm()
-        if lr is not None:
-            self.model.step(lr, norm, self.cfg.train.grad_clip)
-        return loss, norm, result
+        if lr is None:  # gradients only
+            self.model.zero_grad()
+            result = self.runtime.run_step(1, inputs, 1.0 / m)
+            self.model.sum_tied_grads()
+            return self.model.mean_loss(result.losses), self.model.grad_norm(), result
+        out = self.model.train_step(self.runtime, 1, inputs, lr, self.cfg.train.grad_clip)
+        return out.loss, out.norm, out.result
 
     def gathered(self, what):
         """name → array over the whole pipeline, on pipeline rank 0 (wte: the embedding's)."""

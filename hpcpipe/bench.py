@@ -1,0 +1,232 @@
+"""Benchmarks: measured, never asserted. `python -m hpcpipe bench SUITE`.
+
+pipeline — the same model under several schedules on the ranks it is launched with (one
+core per rank: `mpiexec -n 2` on a 2-core machine). Schedules are measured round-robin
+in one run, so the ratios compare like with like on a noisy machine. For each: median
+step time, tokens/s, the measured bubble (defined as the simulator defines it), the
+bubble the simulator predicts from the F, B, W and message times measured in this same
+run, peak activation bytes, and throughput relative to 1F1B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import time
+
+import numpy as np
+
+from . import __version__, backend, config
+from . import grid as gridlib
+from . import trace as tracelib
+from .comm import PipeComm, measure_latency
+from .pipeline import RankModel
+from .runtime import Runtime
+from .schedules import Costs, ScheduleError, generate, simulate
+
+PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
+
+EPILOG = """\
+examples:
+  mpiexec -n 2 python -m mpi4py -m hpcpipe bench pipeline
+  mpiexec -n 4 python -m mpi4py -m hpcpipe bench pipeline --microbatches 8 --json out.json
+
+Give each rank its own core: with more ranks than cores the ranks take turns and the
+timings measure nothing. On machines that set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, unset
+both for the benchmark command (never in tests): they select a slower kernel."""
+
+
+def register(subparsers):
+    parser = subparsers.add_parser(
+        "bench", help="measure speed (pipeline schedules, ...)",
+        description=__doc__.split("\n\n", 1)[1], epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="suite", metavar="SUITE", required=True)
+    pipe = sub.add_parser("pipeline", help="throughput and bubble of pipeline schedules",
+                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pipe.add_argument("--schedules", default=",".join(PIPELINE_KINDS),
+                      help=f"comma-separated kinds (default {','.join(PIPELINE_KINDS)})")
+    pipe.add_argument("--microbatches", type=int, default=4, help="microbatches per step (4)")
+    pipe.add_argument("--micro-batch-size", type=int, default=4, help="sequences each (4)")
+    pipe.add_argument("--layers", type=int, default=4, help="transformer blocks (4)")
+    pipe.add_argument("--embd", type=int, default=256, help="n_embd (256)")
+    pipe.add_argument("--heads", type=int, default=4, help="n_head (4)")
+    pipe.add_argument("--block", type=int, default=128, help="sequence length (128)")
+    pipe.add_argument("--steps", type=int, default=5, help="measured steps per round (5)")
+    pipe.add_argument("--rounds", type=int, default=4, help="round-robin rounds (4)")
+    pipe.add_argument("--memory-limit", type=float, default=0,
+                      help="auto's limit in microbatches (default 2·pp)")
+    pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    pipe.set_defaults(func=run_pipeline)
+    return parser
+
+
+def machine_name() -> str:
+    return f"{socket.gethostname()}-{platform.machine()}"
+
+
+def run_pipeline(args) -> int:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    pp = world.size
+    is_root = world.rank == 0
+
+    def log(msg):
+        if is_root:
+            print(msg, flush=True)
+
+    cfg = config.from_dict({
+        "model": {"n_layer": args.layers, "n_head": args.heads, "n_embd": args.embd,
+                  "block_size": args.block, "vocab_size": 256},
+        "train": {"micro_batch_size": args.micro_batch_size, "dtype": "float32",
+                  "device": "auto"},
+        "parallel": {"pp": pp, "microbatches": args.microbatches, "schedule": "1f1b"},
+    }, source="bench pipeline")
+    grid = gridlib.build(world, 1, pp, source="bench pipeline")
+    threads = backend.limit_threads(grid.local_size)
+    be = backend.select("auto", grid.local_rank)
+    cores = backend.cpu_count()
+    m, B, T, C = args.microbatches, args.micro_batch_size, args.block, args.embd
+    kinds = [k.strip() for k in args.schedules.split(",") if k.strip()]
+    log(f"hpcpipe {__version__} bench pipeline | {grid.describe()} | {be.describe()}, "
+        f"{threads} thread(s) per rank on {cores} core(s)")
+    if not be.is_gpu and grid.local_size > cores:
+        log(f"warning: {grid.local_size} ranks share {cores} cores on this node: the ranks "
+            f"take turns and these timings do not measure the schedules")
+    log(f"model: {args.layers} layers, n_embd {C}, block {T}; {m} microbatches of {B} "
+        f"sequences ({m * B * T:,} tokens/step); {args.rounds} rounds × {args.steps} steps")
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 256, (m * B, T + 1))
+    data = [(be.from_host(tokens[i * B:(i + 1) * B, :-1]), be.from_host(tokens[i * B:(i + 1) * B, 1:]))
+            for i in range(m)]
+    inputs = data.__getitem__
+
+    def setup(kind, schedule):
+        model = RankModel(cfg, grid, be, schedule)
+        comm = PipeComm(grid.pipe, be, (B, T, C), "float32", m, schedule.num_stages)
+        trace = tracelib.Trace(rank=world.rank)
+        return {"kind": kind, "schedule": schedule, "model": model, "trace": trace,
+                "runtime": Runtime(schedule, grid.pp_rank, model.stages, comm, trace),
+                "times": [], "bubbles": [], "peak_bytes": 0, "step": 0}
+
+    def run_steps(entry, count, record=True):
+        for _ in range(count):
+            entry["step"] += 1
+            world.Barrier()  # every schedule starts its step from the same line
+            tick = time.perf_counter()
+            out = entry["model"].train_step(entry["runtime"], entry["step"], inputs, 1e-4, 1.0,
+                                            entry["trace"])
+            elapsed = time.perf_counter() - tick
+            from .train import measured_bubble
+
+            bubble, _, stats = measured_bubble(entry["trace"], entry["step"], out.result, world)
+            if record:
+                entry["times"].append(world.allreduce(elapsed, op=MPI.MAX))
+                entry["bubbles"].append(bubble)
+                entry["peak_bytes"] = max(entry["peak_bytes"], max(s[3] for s in stats))
+
+    # Profile F, B, W per stage and one message's time with ZB-H1 (its B and W are split),
+    # for the simulator's predictions and for auto.
+    profile = setup("zb-h1", generate("zb-h1", pp, m))
+    run_steps(profile, 2, record=False)
+    run_steps(profile, 3)
+    events = [e for e in profile["trace"].events if e.step >= 3]
+    mine = {(k, profile["model"].stage_index[c]): float(np.median(v))
+            for (k, c), v in tracelib.op_times(events).items()}
+    merged = {}
+    for part in grid.pipe.allgather(mine):
+        merged.update(part)
+    comm_s = 0.0
+    if pp > 1:
+        hops = []
+        for offset in (0, 1):
+            r = grid.pp_rank
+            peer = r + 1 if (r - offset) % 2 == 0 else r - 1
+            if 0 <= peer < pp and (min(r, peer) - offset) % 2 == 0:
+                hops.append(measure_latency(grid.pipe, be, (B, T, C), "float32", peer))
+        comm_s = float(np.median(sum(grid.pipe.allgather(hops), [])))
+    stages = range(pp)
+    costs = world.bcast(Costs(f=[merged[("F", s)] for s in stages],
+                              b=[merged[("B", s)] for s in stages],
+                              w=[merged[("W", s)] for s in stages], comm=comm_s), root=0)
+    log("measured per stage (ms): F " + "/".join(f"{x * 1e3:.2f}" for x in costs.f)
+        + "  B " + "/".join(f"{x * 1e3:.2f}" for x in costs.b)
+        + "  W " + "/".join(f"{x * 1e3:.2f}" for x in costs.w)
+        + f"  message {comm_s * 1e3:.3f}")
+
+    entries = []
+    for kind in kinds:
+        try:
+            if kind == "auto":
+                schedule = generate("auto", pp, m, costs=costs,
+                                    memory_limit=args.memory_limit or 2 * pp,
+                                    objective="makespan")
+            else:
+                schedule = generate(kind, pp, m)
+        except ScheduleError as e:
+            log(f"skipping {kind}: {e}")
+            continue
+        try:
+            entry = setup(kind, schedule)
+        except ValueError as e:  # e.g. more stages than layers for zb-v
+            log(f"skipping {kind}: {e}")
+            continue
+        # The simulator charges per model stage; chunked schedules split each rank's
+        # measured stage cost evenly over its chunks.
+        v = schedule.chunks
+        per = lambda xs: [xs[schedule.rank_chunk_of(s)[0]] / v for s in range(schedule.num_stages)]
+        entry["sim"] = simulate(schedule, Costs(f=per(costs.f), b=per(costs.b),
+                                                w=per(costs.w), comm=comm_s))
+        run_steps(entry, 2, record=False)  # warm-up: allocation, caches
+        entries.append(entry)
+    for r in range(args.rounds):
+        for entry in entries:
+            run_steps(entry, args.steps)
+        log(f"round {r + 1}/{args.rounds} done")
+
+    tokens_per_step = m * B * T
+    base = next((e for e in entries if e["kind"] == "1f1b"), entries[0])
+    base_tps = tokens_per_step / float(np.median(base["times"]))
+    rows = []
+    for e in entries:
+        step_s = float(np.median(e["times"]))
+        tps = tokens_per_step / step_s
+        rows.append({"schedule": e["kind"], "step_ms": step_s * 1e3, "tokens_per_s": tps,
+                     "bubble_measured": float(np.median(e["bubbles"])),
+                     # Steps end in a synchronisation here, so the simulated step is
+                     # the makespan (not the longest per-rank span).
+                     "bubble_simulated": 1 - max(e["sim"].busy) / e["sim"].makespan,
+                     "peak_activation_bytes": int(e["peak_bytes"]),
+                     "peak_activations": max(e["sim"].peak_activations),
+                     "vs_1f1b": tps / base_tps})
+    if is_root:
+        print()
+        print(f"| schedule | step ms | tokens/s | bubble measured | bubble simulated | "
+              f"peak activations | vs 1F1B |")
+        print("|---|---|---|---|---|---|---|")
+        for row in rows:
+            print(f"| {row['schedule']} | {row['step_ms']:.1f} | {row['tokens_per_s']:,.0f} | "
+                  f"{row['bubble_measured']:.1%} | {row['bubble_simulated']:.1%} | "
+                  f"{row['peak_activation_bytes'] / 2**20:.1f} MiB ({row['peak_activations']:g} mb)"
+                  f" | {row['vs_1f1b']:.3f}× |")
+        result = {"suite": "pipeline", "machine": machine_name(), "version": __version__,
+                  "date": time.strftime("%Y-%m-%d"), "pp": pp, "microbatches": m,
+                  "micro_batch_size": B, "block": T, "n_embd": C, "layers": args.layers,
+                  "backend": be.describe(), "threads_per_rank": threads,
+                  "costs_ms": {"f": [x * 1e3 for x in costs.f], "b": [x * 1e3 for x in costs.b],
+                               "w": [x * 1e3 for x in costs.w], "comm": comm_s * 1e3},
+                  "rows": rows}
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+            print(f"\nwrote {args.json}")
+    return 0
+
+
+__all__ = ["register", "run_pipeline"]

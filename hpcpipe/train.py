@@ -346,7 +346,7 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
             f"measured {np.median(after_auto) * 1e3:.1f} ms/step (median, with optimizer)")
     log(f"  train loss {summary.first_loss:.4f} → {summary.final_loss:.4f} | "
         f"val loss {summary.first_val_loss:.4f} → {summary.final_val_loss:.4f}")
-    log(f"  peak activations per rank: "
+    log("  peak activations per rank: "
         + ", ".join(f"{b / 2**20:.1f} MiB ({n:g} mb)" for b, n in zip(peak_bytes, peak_mb)))
     log(f"  run directory: {run.path} (config.toml, metrics.jsonl, summary.json, trace.json)")
     return summary

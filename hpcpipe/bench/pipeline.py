@@ -1,7 +1,5 @@
-"""Benchmarks: measured, never asserted. `python -m hpcpipe bench SUITE`.
-
-pipeline — the same model under several schedules on the ranks it is launched with (one
-core per rank: `mpiexec -n 2` on a 2-core machine). Schedules are measured round-robin
+"""bench pipeline: the same model under several schedules on the ranks it is launched with
+(one core per rank: `mpiexec -n 2` on a 2-core machine). Schedules are measured round-robin
 in one run, so the ratios compare like with like on a noisy machine. For each: median
 step time, tokens/s, the measured bubble (defined as the simulator defines it), the
 bubble the simulator predicts from the F, B, W and message times measured in this same
@@ -11,21 +9,19 @@ run, peak activation bytes, and throughput relative to 1F1B.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import socket
 import time
 
 import numpy as np
 
-from . import __version__, backend, config
-from . import grid as gridlib
-from . import trace as tracelib
-from .comm import PipeComm, measure_latency
-from .pipeline import RankModel
-from .runtime import Runtime
-from .schedules import Costs, ScheduleError, generate, simulate
+from .. import __version__, backend, config
+from .. import grid as gridlib
+from .. import trace as tracelib
+from ..comm import PipeComm, measure_latency
+from ..pipeline import RankModel
+from ..runtime import Runtime
+from ..schedules import Costs, ScheduleError, generate, simulate
+from ..train import measured_bubble
+from .common import write_json
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
 
@@ -39,14 +35,10 @@ timings measure nothing. On machines that set OPENBLAS_CORETYPE / OPENBLAS_L2_SI
 both for the benchmark command (never in tests): they select a slower kernel."""
 
 
-def register(subparsers):
-    parser = subparsers.add_parser(
-        "bench", help="measure speed (pipeline schedules, ...)",
-        description=__doc__.split("\n\n", 1)[1], epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="suite", metavar="SUITE", required=True)
+def add_parser(sub):
     pipe = sub.add_parser("pipeline", help="throughput and bubble of pipeline schedules",
-                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                          description=__doc__, epilog=EPILOG,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe.add_argument("--schedules", default=",".join(PIPELINE_KINDS),
                       help=f"comma-separated kinds (default {','.join(PIPELINE_KINDS)})")
     pipe.add_argument("--microbatches", type=int, default=4, help="microbatches per step (4)")
@@ -61,11 +53,7 @@ def register(subparsers):
                       help="auto's limit in microbatches (default 2·pp)")
     pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     pipe.set_defaults(func=run_pipeline)
-    return parser
-
-
-def machine_name() -> str:
-    return f"{socket.gethostname()}-{platform.machine()}"
+    return pipe
 
 
 def run_pipeline(args) -> int:
@@ -122,8 +110,6 @@ def run_pipeline(args) -> int:
             out = entry["model"].train_step(entry["runtime"], entry["step"], inputs, 1e-4, 1.0,
                                             entry["trace"])
             elapsed = time.perf_counter() - tick
-            from .train import measured_bubble
-
             bubble, _, stats = measured_bubble(entry["trace"], entry["step"], out.result, world)
             if record:
                 entry["times"].append(world.allreduce(elapsed, op=MPI.MAX))
@@ -206,27 +192,21 @@ def run_pipeline(args) -> int:
                      "vs_1f1b": tps / base_tps})
     if is_root:
         print()
-        print(f"| schedule | step ms | tokens/s | bubble measured | bubble simulated | "
-              f"peak activations | vs 1F1B |")
+        print("| schedule | step ms | tokens/s | bubble measured | bubble simulated | "
+              "peak activations | vs 1F1B |")
         print("|---|---|---|---|---|---|---|")
         for row in rows:
             print(f"| {row['schedule']} | {row['step_ms']:.1f} | {row['tokens_per_s']:,.0f} | "
                   f"{row['bubble_measured']:.1%} | {row['bubble_simulated']:.1%} | "
                   f"{row['peak_activation_bytes'] / 2**20:.1f} MiB ({row['peak_activations']:g} mb)"
                   f" | {row['vs_1f1b']:.3f}× |")
-        result = {"suite": "pipeline", "machine": machine_name(), "version": __version__,
-                  "date": time.strftime("%Y-%m-%d"), "pp": pp, "microbatches": m,
+        result = {"suite": "pipeline", "version": __version__, "pp": pp, "microbatches": m,
                   "micro_batch_size": B, "block": T, "n_embd": C, "layers": args.layers,
                   "backend": be.describe(), "threads_per_rank": threads,
                   "costs_ms": {"f": [x * 1e3 for x in costs.f], "b": [x * 1e3 for x in costs.b],
                                "w": [x * 1e3 for x in costs.w], "comm": comm_s * 1e3},
                   "rows": rows}
         if args.json:
-            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=2)
-            print(f"\nwrote {args.json}")
+            print(f"\nwrote {write_json(args.json, result)}")
     return 0
 
-
-__all__ = ["register", "run_pipeline"]

@@ -1,0 +1,22 @@
+"""What every benchmark suite shares: naming the machine and writing results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import time
+
+
+def machine_name() -> str:
+    return f"{socket.gethostname()}-{platform.machine()}"
+
+
+def write_json(path: str, result: dict) -> str:
+    """Write `result` (adding when and where it was measured) as indented JSON."""
+    result = {"machine": machine_name(), "date": time.strftime("%Y-%m-%d"), **result}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    return path

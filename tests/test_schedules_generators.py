@@ -43,10 +43,10 @@ rank 3: .      .      .      F0     F1     F2     F3     F0@c1  BW0@c1 -------F1
 """
 
 ZB_V = """\
-rank 0: F0    F1    F2    F3    F4    F5    F6    F0@c1 B0@c1 W0@c1 F1@c1 B1@c1 W1@c1 F2@c1 B2@c1 W2@c1 F3@c1 B3@c1 B0    W3@c1 B1    W0    F7    F4@c1 B4@c1 B2    B3    W1    W4@c1 W2    F5@c1 B5@c1 B4    W3    W5@c1 W4    F6@c1 B6@c1 B5    W6@c1 W5    F7@c1 B7@c1 W7@c1 .     B6    W6    .     .     B7    W7
-rank 1: .     F0    F1    F2    F3    F4    F0@c1 F5    F1@c1 B0@c1 W0@c1 F2@c1 B1@c1 W1@c1 F3@c1 B2@c1 B0    W2@c1 B3@c1 B1    W0    F6    F4@c1 B2    B3    B4@c1 W3@c1 W1    F7    F5@c1 W2    B4    B5@c1 W3    W4@c1 F6@c1 W4    B5    B6@c1 W5@c1 F7@c1 W5    W6@c1 B7@c1 B6    W7@c1 W6    .     B7    W7    .
-rank 2: .     .     F0    F1    F2    F0@c1 F3    F1@c1 F4    F2@c1 B0@c1 W0@c1 F3@c1 B1@c1 B0    W1@c1 B2@c1 B1    W0    F5    B3@c1 F4@c1 B2    B3    W2@c1 W1    F6    B4@c1 F5@c1 W3@c1 B4    W2    F7    B5@c1 F6@c1 W3    B5    W4@c1 W4    F7@c1 B6@c1 W5@c1 W5    B6    B7@c1 W6@c1 W6    B7    W7@c1 W7    .
-rank 3: .     .     .     F0    F0@c1 F1    F1@c1 F2    F2@c1 F3    F3@c1 B0@c1 B0    W0@c1 B1@c1 B1    W0    F4    B2@c1 F4@c1 B2    B3@c1 B3    W1@c1 W1    F5    F5@c1 W2@c1 B4@c1 B4    W2    F6    F6@c1 W3@c1 B5@c1 B5    W3    F7    F7@c1 W4@c1 W4    B6@c1 B6    W5@c1 W5    B7@c1 B7    W6@c1 W6    W7@c1 W7
+rank 0: F0    F1    F2    F3    F4    F5    F6    F0@c1 B0@c1 W0@c1 F1@c1 B1@c1 W1@c1 F2@c1 B2@c1 W2@c1 F3@c1 B3@c1 W3@c1 F7    B0    W0    F4@c1 B4@c1 W4@c1 B1    W1    F5@c1 B5@c1 W5@c1 B2    W2    F6@c1 B6@c1 W6@c1 B3    W3    F7@c1 B7@c1 W7@c1 B4    W4    B5    W5    B6    W6    B7    W7    .     .     .
+rank 1: .     F0    F1    F2    F3    F4    F0@c1 F5    F1@c1 B0@c1 W0@c1 F2@c1 B1@c1 W1@c1 F3@c1 B2@c1 W2@c1 F6    B0    W0    F4@c1 B3@c1 W3@c1 F7    B1    W1    F5@c1 B4@c1 W4@c1 B2    W2    F6@c1 B5@c1 W5@c1 B3    W3    F7@c1 B6@c1 W6@c1 B4    B7@c1 B5    W4    B6    W5    B7    W6    W7@c1 W7    .     .
+rank 2: .     .     F0    F1    F2    F0@c1 F3    F1@c1 F4    F2@c1 B0@c1 W0@c1 F3@c1 B1@c1 W1@c1 F5    B0    W0    F4@c1 B2@c1 W2@c1 F6    B1    W1    F5@c1 B3@c1 W3@c1 F7    B2    W2    F6@c1 B4@c1 W4@c1 B3    W3    F7@c1 B5@c1 W5@c1 B4    B6@c1 B5    B7@c1 B6    W4    B7    W5    W6@c1 W7@c1 W6    W7    .
+rank 3: .     .     .     F0    F0@c1 F1    F1@c1 F2    F2@c1 F3    F3@c1 B0@c1 W0@c1 F4    B0    W0    F4@c1 B1@c1 W1@c1 F5    B1    W1    F5@c1 B2@c1 W2@c1 F6    B2    W2    F6@c1 B3@c1 W3@c1 F7    B3    W3    F7@c1 B4@c1 W4@c1 B4    B5@c1 B5    B6@c1 B6    B7@c1 B7    W4    W5@c1 W6@c1 W7@c1 W5    W6    W7
 """
 
 

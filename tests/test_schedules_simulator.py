@@ -55,10 +55,32 @@ def test_zb_h2_reaches_zero_when_w_is_large_enough():
     assert bubble("zb-h2", 6, 11, Costs(1, 0.9, 1)) == 0
 
 
-def test_zb_v_beats_zb_h1_at_the_same_memory():
+@pytest.mark.parametrize("p", range(1, 9))
+def test_zb_v_has_zero_bubble_at_peak_p_from_m_2p_minus_1(p):
+    # The paper's ZB-V: 0 bubble when T_F = T_B = T_W, every rank holding p microbatches.
+    threshold = 2 * p - 1
+    for m in sorted({threshold, threshold + 1, 2 * p, 3 * p, 24}):
+        r = simulate(generate("zb-v", p, m))
+        assert r.bubble_rate == 0 and r.bubble_time == 0, (p, m)
+        assert r.peak_activations == (p,) * p, (p, m)
+    if p > 1:
+        # Below it rank 0 can only run chunk-0 forwards until microbatch 0 comes back up the V
+        # (2p-1 chunk slots of T_F/2): at least (2p-1-m)/2 idle. The generator stays within
+        # twice that and never exceeds memory p.
+        for m in range(1, threshold):
+            r = simulate(generate("zb-v", p, m))
+            idle = (threshold - m) / 2
+            assert idle - 1e-9 <= r.bubble_time <= max(2 * idle, span_lower_bound(
+                generate("zb-v", p, m)) - 3 * m) + 1e-9, (p, m)
+            assert max(r.peak_activations) <= p
+
+
+def test_zb_v_beats_zb_h1_at_the_same_memory_for_unequal_costs():
+    costs = Costs(1, 1, 0.5)
     for p, m in [(2, 4), (4, 8), (4, 16), (8, 24)]:
-        v, h1 = simulate(generate("zb-v", p, m)), simulate(generate("zb-h1", p, m))
+        v, h1 = simulate(generate("zb-v", p, m), costs), simulate(generate("zb-h1", p, m), costs)
         assert v.bubble_time < h1.bubble_time
+        assert v.bubble_time == pytest.approx((p - 1) * (costs.f - costs.w))
         assert max(v.peak_activations) == max(h1.peak_activations) == p
 
 

@@ -124,22 +124,85 @@ def zb_h2(p: int, m: int) -> Schedule:
     return make_schedule("zb-h2", p, m, 1, ranks, one_chunk_placement(p))
 
 
+def _zb_v_kinds(p: int, r: int, n: int) -> list[tuple[Kind, int]]:
+    """Rank r's (kind, chunk) sequence in the V for n microbatches (n >= 2p - 1); see `zb_v`."""
+    seq: list[tuple[Kind, int]] = []
+    # Warm-up: chunk-0 forwards until the first chunk-1 input comes back up the V (slot 2p-1-r),
+    # then chunk-1 forwards as they arrive (every other slot), chunk-0 forwards in between.
+    seq += [(F, 0)] * (2 * (p - r) - 1)
+    seq += [(F, 1), (F, 0)] * r
+    # Memory is now full (2p - 1 - r + r + 1 chunks = p microbatches): each new chunk-1 forward
+    # is paid for by the W right before it; the B's come back at the same pace.
+    seq += [(F, 1), (B, 1), (W, 1)] * (p - r)
+    # Steady phase: one of each op per chunk every 6 slots.
+    forwards0, forwards1 = 2 * p - 1 - r, p
+    while forwards1 < n:
+        if forwards0 < n:
+            seq.append((F, 0))
+            forwards0 += 1
+        seq += [(B, 0), (W, 0), (F, 1), (B, 1), (W, 1)]
+        forwards1 += 1
+    # Cool-down: the remaining B's go first (they are on the critical path back to rank 0);
+    # the W's held back fill what would otherwise be idle slots.
+    seq += [(B, 0), (B, 1)] * r
+    seq += [(B, 0), (W, 0)] * (p - r)
+    seq += [(W, 1)] * r + [(W, 0)] * r
+    return seq
+
+
+def _number(kinds: list[tuple[Kind, int]], m: int) -> list[Op]:
+    """Give each (kind, chunk) its microbatches in increasing order; drop those >= m."""
+    count: dict[tuple[Kind, int], int] = {}
+    ops = []
+    for kind, chunk in kinds:
+        x = count.get((kind, chunk), 0)
+        count[(kind, chunk)] = x + 1
+        if x < m:
+            ops.append(Op(kind, x, chunk))
+    return ops
+
+
 def zb_v(p: int, m: int) -> Schedule:
     """ZB-V: two chunks per rank in a V (rank r holds stages r and 2p-1-r), peak memory p.
 
     Each microbatch starts and ends on rank 0, so the first and last stages share a rank. The
-    order comes from the greedy list scheduler run with F=B=W per chunk under memory p; the
-    best of a few policies is kept. Data, like the others: it does not depend on real costs.
+    paper's construction, per rank r (one slot = one chunk op, F=B=W):
+
+      warm-up    2(p-r)-1 x F0, then r x (F1 F0)        -> p microbatches held (a chunk is 1/2)
+      fill       (p-r) x (F1 B1 W1)                      a W frees room for every new F
+      steady     (F0 B0 W0 F1 B1 W1) until every F1 ran  (F0 left out once all m have run)
+      cool-down  r x (B0 B1), (p-r) x (B0 W0), then the held-back W1's and W0's
+
+    With F=B=W and comm=0 every rank is busy from its first op to its last: zero bubble at
+    peak p, for every m >= 2p-1 (with F:B:W = 1:1:0.5 the bubble is (p-1)(T_F-T_W)). Below
+    2p-1 no order reaches zero: rank 0 can only run chunk-0 forwards until microbatch 0 has
+    come back up the V (2p-1 slots), so it idles at least (2p-1-m) slots, (2p-1-m)/2 T_F.
+    There the construction is run for 2p-1 microbatches and the missing ones are left out
+    (bubble (2p-1-m) T_F); for the smallest m the greedy list scheduler under memory p does
+    better, and the better of the two is kept. Every stage runs its W's in microbatch order.
+    Data, like the others: it does not depend on real costs.
     """
-    from .auto import Policy, greedy
     from .ops import v_placement
-    from .simulator import Costs
 
     _need(p, m, "zb-v")
+    n = max(m, 2 * p - 1)
+    ranks = [_number(_zb_v_kinds(p, r, n), m) for r in range(p)]
+    built = make_schedule("zb-v", p, m, 2, ranks, v_placement(p))
+    if m >= 2 * p - 1:
+        return built
+    return _zb_v_below_threshold(p, m, built)
+
+
+def _zb_v_below_threshold(p: int, m: int, built: Schedule) -> Schedule:
+    """For m < 2p-1: the truncated construction or the greedy's order, whichever is shorter."""
+    from .auto import Policy, greedy
+    from .ops import v_placement
+    from .simulator import Costs, simulate
+
     unit = Costs()
-    best = None
+    best, best_span = built, max(simulate(built, unit).span)
     for fill, alternate in (("fit", True), ("fit", False), ("eager", True), ("eager", False)):
-        built = greedy(p, m, unit, Policy(float(p), fill, 0.0, alternate), v_placement(p), "zb-v")
-        if best is None or built.longest_span < best.longest_span - 1e-9:
-            best = built
-    return best.schedule
+        other = greedy(p, m, unit, Policy(float(p), fill, 0.0, alternate), v_placement(p), "zb-v")
+        if other.longest_span < best_span - 1e-9:
+            best, best_span = other.schedule, other.longest_span
+    return best

@@ -20,8 +20,8 @@ def paper_bubble(kind: str, p: int, m: int, c: Costs, v: int = 2) -> float | Non
         return (p - 1) * (c.f + c.b - c.w)
     if kind == "zb-h2":
         return max(0.0, (p - 1) * (c.f + c.b - 2 * c.w))
-    if kind == "zb-v":
-        return 0.0 if c.f == c.b == c.w else None
+    if kind == "zb-v":  # zero from m >= 2p-1 microbatches on (rank 0 must warm up 2p-1 slots)
+        return 0.0 if c.f == c.b == c.w and m >= 2 * p - 1 else None
     return None
 
 

@@ -47,9 +47,12 @@ def test_greedy_clock_matches_the_simulator(policy):
 
 
 def test_fast_for_32_ranks_256_microbatches():
+    """The runtime rebuilds auto from measured costs, so it must stay interactive. It takes
+    about 1.3 s here (2 cores); the bound guards against a blow-up in complexity, not
+    against a noisy machine, so it is kept well above the measured time."""
     start = time.perf_counter()
     label, schedule, result = search(32, 256, Costs(1, 1, 0.5), 64)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 10.0
     assert result.bubble_rate < 0.05
 
 

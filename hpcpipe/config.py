@@ -86,6 +86,9 @@ class ParallelSection:
     profile_steps: int = 2  # auto schedule: steps measured before it is built
     rank_order: str = "pp-inner"  # or "dp-inner" (see hpcpipe/grid.py)
     gpu_aware_mpi: str | bool = "auto"  # hand device buffers to MPI: "auto", true or false
+    bucket_mb: float = 25.0  # gradient all-reduce bucket size, MiB (PyTorch DDP's default)
+    zero: int = 0  # 1: ZeRO stage 1, optimizer state sharded over the dp replicas
+    grad_comm_dtype: str = "auto"  # gradients travel as: "auto" (as accumulated), float32, bfloat16
 
 
 @dataclass(frozen=True)
@@ -220,9 +223,12 @@ def validate(cfg: Config) -> Config:
              f"allowed: {', '.join(SCHEDULES)}")
     _require(s, "parallel.dp", p.dp, p.dp >= 1, "must be at least 1")
     _require(s, "parallel.pp", p.pp, p.pp >= 1, "must be at least 1")
-    # Data parallelism comes in a later version.
-    _require(s, "parallel.dp", p.dp, p.dp == 1,
-             "data parallelism is not available in this version; allowed: 1")
+    _require(s, "parallel.bucket_mb", p.bucket_mb, p.bucket_mb > 0, "must be positive")
+    _require(s, "parallel.zero", p.zero, p.zero in (0, 1),
+             "allowed: 0 (off) or 1 (optimizer state sharded over the dp replicas)")
+    _require(s, "parallel.grad_comm_dtype", p.grad_comm_dtype,
+             p.grad_comm_dtype in ("auto", "float32", "bfloat16"),
+             "allowed: auto, float32, bfloat16")
     _require(s, "parallel.chunks", p.chunks, p.chunks >= 0,
              "must be 0 (the schedule's own) or a positive count")
     if p.schedule == "zb-v":

@@ -237,24 +237,30 @@ class Stage:
             return None
         return dy
 
-    def backward_weight(self, mb: int):
+    def backward_weight(self, mb: int, after_layer=None):
         """W: weight gradients of microbatch `mb`, added into the gradient buffer; frees the
-        microbatch's stash."""
+        microbatch's stash. `after_layer(names)`, when given, is told which gradient
+        tensors each layer has just finished (the data-parallel reduction starts buckets
+        from it during the step's last W)."""
         entry = self._stash.pop(mb)
         caches, d = entry["caches"], entry["d"]
         G = self.grads
+        done = after_layer or (lambda names: None)
         if self.head_part:
             head.backward_weight(d["head"], caches["head"], {"wte": self.head_grad})
             layernorm.backward_weight(d["ln_f"], caches["ln_f"], scope(G, "ln_f."))
+            done(("ln_f.weight", "ln_f.bias"))
         for layer in reversed(self.layers):
             block.backward_weight(d[layer], caches[layer], scope(G, f"h.{layer}."))
+            done(tuple(name for name, _ in block_layout(self.cfg, layer)))
         if self.embedding_part:
             embedding.backward_weight(d["embedding"], caches["embedding"], G)
+            done(("wpe",))  # wte is finished only when the head's part is added
 
-    def backward(self, mb: int, dy=None):
+    def backward(self, mb: int, dy=None, after_layer=None):
         """BW: B and W fused, for schedules without the split."""
         dx = self.backward_input(mb, dy)
-        self.backward_weight(mb)
+        self.backward_weight(mb, after_layer)
         return dx
 
     def add_head_grad(self, head_grad=None):

@@ -7,8 +7,9 @@ interleaved 1F1B). Beyond executing the schedule (runtime.py), a step needs:
 - the global gradient norm for clipping: per-tensor sums of squares combined in the
   model's own parameter order, so the norm — and hence the update — is bitwise the same
   whatever the pipeline depth;
-- AdamW on every stage's flat buffer;
-- forward-only evaluation across the stages.
+- the data-parallel reduction of the gradients (gradsync.py), overlapped with the W's;
+- AdamW on every stage's flat buffer — or, with ZeRO-1, on this replica's shards only;
+- forward-only evaluation across the stages (and replicas).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from dataclasses import dataclass
 
 from .comm import allreduce_sum
+from .gradsync import GradSync
 from .model import GPTConfig, param_layout, partition
 from .optim import AdamW, clip_coefficient
 
@@ -64,10 +66,18 @@ class RankModel:
         if self.embedding_rank != self.head_rank:
             member = grid.pp_rank in (self.embedding_rank, self.head_rank)
             self.tied = grid.pipe.Split(0 if member else MPI.UNDEFINED, key=grid.pp_rank)
-        self.optimizers = {
-            chunk: AdamW(stage.param_buffer, stage.grad_buffer, beta1=t.beta1, beta2=t.beta2,
-                         eps=t.eps, weight_decay=t.weight_decay)
-            for chunk, stage in self.stages.items()}
+        p = cfg.parallel
+        self.gradsync = GradSync(self.stages, grid, backend, int(p.bucket_mb * 2**20), p.zero,
+                                 p.grad_comm_dtype, gpu_aware)
+        adam = dict(beta1=t.beta1, beta2=t.beta2, eps=t.eps, weight_decay=t.weight_decay)
+        if p.zero:
+            # One optimizer per bucket shard; its gradient is the shard the reduce-scatter
+            # delivers each step (see `step`).
+            self.optimizers = [(bucket, AdamW(view, _GradRef(), **adam))
+                               for bucket, view in self.gradsync.shard_views()]
+        else:
+            self.optimizers = [(None, AdamW(stage.param_buffer, stage.grad_buffer, **adam))
+                               for stage in self.stages.values()]
         self.order = {name: i for i, (name, _) in enumerate(param_layout(self.gpt))}
         self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]
                             for chunk in self.stages}
@@ -101,19 +111,32 @@ class RankModel:
             head.grads["wte"][...] = total
 
     def grad_norm(self) -> float:
-        """The global L2 norm of the gradient, every parameter counted once.
+        """The global L2 norm of the (averaged) gradient, every parameter counted once.
 
         Each tensor's sum of squares is taken on its own (float64), then all of them are
         added in the model's parameter order, so every layout adds the same numbers in the
-        same order."""
+        same order. With ZeRO-1 each replica holds only its shards: their sums are
+        gathered from every rank instead (equal to round-off)."""
         xp = self.backend.xp
         partial = []
-        for stage in self.stages.values():
-            for name, grad in stage.grads.items():
-                if name == "wte" and not stage.embedding_part:
+        if self.cfg.parallel.zero:
+            for bucket, opt in self.optimizers:
+                stage = self.stages[bucket.chunk]
+                if bucket.names == ("wte",) and not stage.embedding_part:
                     continue  # the head's copy: counted on the embedding's stage
-                partial.append((self.order[name], float(xp.sum(xp.square(grad, dtype=np.float64)))))
-        everything = sorted(sum(self.grid.pipe.allgather(partial), []))
+                key = (min(self.order[n] for n in bucket.names), self.grid.dp_rank)
+                g = bucket.shard_grad
+                partial.append((key, float(xp.sum(xp.square(g, dtype=np.float64)))))
+            everything = sorted(sum(self.grid.world.allgather(partial), []))
+        else:
+            for stage in self.stages.values():
+                for name, grad in stage.grads.items():
+                    if name == "wte" and not stage.embedding_part:
+                        continue  # the head's copy: counted on the embedding's stage
+                    partial.append((self.order[name],
+                                    float(xp.sum(xp.square(grad, dtype=np.float64)))))
+            # After the data-parallel average every replica holds the same gradient.
+            everything = sorted(sum(self.grid.pipe.allgather(partial), []))
         total = 0.0
         for _, value in everything:
             total += value
@@ -121,8 +144,16 @@ class RankModel:
 
     def step(self, lr: float, norm: float, max_norm: float):
         scale = clip_coefficient(norm, max_norm)
-        for opt in self.optimizers.values():
+        for bucket, opt in self.optimizers:
+            if bucket is not None:
+                opt.grads.data = bucket.shard_grad
             opt.step(lr, scale)
+        if self.cfg.parallel.zero:
+            self.gradsync.allgather_params()
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer state (Adam moments) this rank holds."""
+        return sum(int(opt.m.nbytes + opt.v.nbytes) for _, opt in self.optimizers)
 
     def train_step(self, runtime, step: int, inputs, lr: float, max_norm: float,
                    trace=None) -> StepOutcome:
@@ -130,8 +161,11 @@ class RankModel:
         then AdamW with clipping — skipped when the gradient is not finite."""
         microbatches = runtime.schedule.num_microbatches
         self.zero_grad()
-        result = runtime.run_step(step, inputs, 1.0 / microbatches)
+        self.gradsync.reset()
+        result = runtime.run_step(step, inputs, 1.0 / microbatches,
+                                  on_layer_done=self.gradsync.layer_done)
         self.sum_tied_grads()
+        self.gradsync.wait()
         loss = self.mean_loss(result.losses)
         norm = self.grad_norm()
         skipped = not (math.isfinite(norm) and math.isfinite(loss))
@@ -144,20 +178,27 @@ class RankModel:
         return StepOutcome(loss, norm, skipped, result)
 
     def mean_loss(self, losses: dict) -> float:
-        """The step's loss (mean over microbatches), known on every rank of the pipe."""
+        """The step's loss (mean over microbatches and replicas), known on every rank."""
         value = None
         if self.head_stage is not None:
             value = float(np.mean([float(losses[mb]) for mb in sorted(losses)]))
-        return self.grid.pipe.bcast(value, root=self.head_rank)
+        value = self.grid.pipe.bcast(value, root=self.head_rank)
+        if self.grid.dp > 1:
+            value = sum(self.grid.data.allgather(value)) / self.grid.dp
+        return value
 
     def evaluate(self, batches, comm) -> float:
         """Mean loss over `batches` ((idx, targets) device arrays), forward only.
 
-        Stages run in model order, each rank handing its output to the next stage's owner
-        (in memory when that is itself); `comm` is the pipeline's PipeComm."""
+        Replica d evaluates the batches i with i mod dp = d; stages run in model order,
+        each rank handing its output to the next stage's owner (in memory when that is
+        itself); `comm` is the pipeline's PipeComm. The mean is taken over all batches
+        in their order, so it does not depend on dp."""
         losses = []
         ordered = sorted(self.stages.items(), key=lambda kv: self.stage_index[kv[0]])
-        for idx, targets in batches:
+        mine = ((i, batch) for i, batch in enumerate(batches)
+                if i % self.grid.dp == self.grid.dp_rank)
+        for i, (idx, targets) in mine:
             x = None
             for chunk, stage in ordered:
                 s = self.stage_index[chunk]
@@ -169,7 +210,7 @@ class RankModel:
                     comm.release(x)
                 x = None
                 if stage.head_part:
-                    losses.append(float(out))
+                    losses.append((i, float(out)))
                     continue
                 next_rank = self.owner[s + 1]
                 if next_rank == self.grid.pp_rank:
@@ -177,5 +218,14 @@ class RankModel:
                 else:
                     comm.send_forward(next_rank, 0, s + 1, out)
             comm.finish()
-        value = float(np.mean(losses)) if losses else None
-        return self.grid.pipe.bcast(value, root=self.head_rank)
+        losses = self.grid.pipe.bcast(losses, root=self.head_rank)
+        if self.grid.dp > 1:
+            losses = sum(self.grid.data.allgather(losses), [])
+        return float(np.mean([value for _, value in sorted(losses)]))
+
+
+class _GradRef:
+    """Where a ZeRO-1 shard optimizer finds its gradient: set to the reduced shard each
+    step (the reduce-scatter delivers a fresh array)."""
+
+    data = None

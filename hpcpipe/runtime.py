@@ -48,9 +48,13 @@ class Runtime:
         count = sum(len(stage.in_flight) for stage in self.stages.values()) / self.chunks
         return count, sum(stage.stash_bytes() for stage in self.stages.values())
 
-    def run_step(self, step: int, inputs, loss_scale: float, account_bytes=True) -> StepResult:
+    def run_step(self, step: int, inputs, loss_scale: float, account_bytes=True,
+                 on_layer_done=None) -> StepResult:
         """One step's ops. `inputs(mb)` gives (idx, targets) of microbatch mb as device
-        arrays; only the stages with the embedding or the head use them."""
+        arrays; only the stages with the embedding or the head use them.
+        `on_layer_done(chunk, names)` is called during each chunk's last W (microbatch
+        m − 1: W's run in microbatch order) as its layers finish their gradients."""
+        last_mb = self.schedule.num_microbatches - 1
         trace, comm, plan = self.trace, self.comm, self.plan
         result = StepResult(start=trace.now())
         posted = {}  # op index → [(message, handle)]
@@ -95,12 +99,12 @@ class Runtime:
             elif op.kind in (Kind.B, Kind.BW):
                 out = stage.backward_input(mb, received)
                 if op.kind == Kind.BW:
-                    stage.backward_weight(mb)
+                    stage.backward_weight(mb, self._hook(on_layer_done, op, last_mb))
                     self._release(received, item)
                 elif received is not None:
                     held_recv[(mb, op.chunk)] = (received, item)  # the block stash holds it
             else:  # W
-                stage.backward_weight(mb)
+                stage.backward_weight(mb, self._hook(on_layer_done, op, last_mb))
                 received, source = held_recv.pop((mb, op.chunk), (None, None))
                 if received is not None:
                     self._release(received, source)
@@ -121,6 +125,12 @@ class Runtime:
         comm.finish()
         result.end = trace.now()
         return result
+
+    @staticmethod
+    def _hook(on_layer_done, op, last_mb):
+        if on_layer_done is None or op.microbatch != last_mb:
+            return None
+        return lambda names: on_layer_done(op.chunk, names)
 
     def _release(self, received, item):
         if received is not None and not any(m.local for m in item.recvs):

@@ -147,11 +147,11 @@ class RunDir:
 
 def validation_batches(tokens: TokenFile, cfg: Config, be):
     """A fixed set of validation windows, the same at every eval: eval_batches global
-    batches (microbatches × micro_batch_size windows), numbered like training samples, so
-    any split of the global batch evaluates the same windows; run micro_batch_size at a
-    time to bound memory."""
+    batches (dp × microbatches × micro_batch_size windows), numbered like training samples,
+    so any split of the global batch evaluates the same windows; run micro_batch_size at a
+    time to bound memory (and shared among the replicas by RankModel.evaluate)."""
     t, B = cfg.train, cfg.train.micro_batch_size
-    total = t.eval_batches * cfg.parallel.microbatches * B
+    total = t.eval_batches * cfg.parallel.dp * cfg.parallel.microbatches * B
     for first in range(0, total, B):
         batch = tokens.batch("val", cfg.model.block_size, t.seed, 0, range(first, first + B))
         yield be.from_host(batch.idx), be.from_host(batch.targets)
@@ -256,9 +256,9 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
 
         def inputs(mb):
             if mb not in cache:
-                # Sample indices number the whole step's batch, so any split into
-                # microbatches (or, later, replicas) draws the same windows.
-                first = mb * t.micro_batch_size
+                # Sample indices number the whole global batch (replicas × microbatches
+                # × sequences), so any split of it draws the same windows.
+                first = (grid.dp_rank * p.microbatches + mb) * t.micro_batch_size
                 batch = tokens.batch("train", m.block_size, t.seed, step,
                                      range(first, first + t.micro_batch_size))
                 cache[mb] = be.from_host(batch.idx), be.from_host(batch.targets)

@@ -102,9 +102,13 @@ def test_min_lr_above_lr(tmp_path):
     assert "train.min_lr = 0.01" in msg and "between 0 and train.lr" in msg
 
 
-def test_data_parallelism_not_available_yet(tmp_path):
-    _, msg = error_of(tmp_path, "[parallel]\ndp = 2\n")
-    assert "parallel.dp = 2" in msg and "allowed: 1" in msg
+def test_data_parallel_settings(tmp_path):
+    _, msg = error_of(tmp_path, "[parallel]\ndp = 0\n")
+    assert "parallel.dp = 0" in msg and "at least 1" in msg
+    _, msg = error_of(tmp_path, "[parallel]\nzero = 2\n")
+    assert "parallel.zero = 2" in msg and "allowed: 0 (off) or 1" in msg
+    _, msg = error_of(tmp_path, '[parallel]\ngrad_comm_dtype = "float16"\n')
+    assert "allowed: auto, float32, bfloat16" in msg
 
 
 def test_more_stages_than_layers(tmp_path):

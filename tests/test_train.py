@@ -53,7 +53,8 @@ def test_runs_are_reproducible(tmp_path, stdlib_tokens):
 def test_gradient_accumulation_trains_on_the_same_samples(tmp_path, stdlib_tokens):
     """2 microbatches of 4 draw the same windows as 1 of 8: float64 losses agree."""
     base = SMALL + ["train.steps=2", "train.dtype=float64", f'data.path="{stdlib_tokens}"']
-    one = train(config.load("inputs/tiny.toml", base + ["train.micro_batch_size=8"]),
+    one = train(config.load("inputs/tiny.toml", base + ["train.micro_batch_size=8",
+                                                        "parallel.microbatches=1"]),
                 str(tmp_path / "one"), MPI.COMM_WORLD, out=lambda *_: None)
     two = train(config.load("inputs/tiny.toml", base + ["train.micro_batch_size=4",
                                                         "parallel.microbatches=2"]),

@@ -8,7 +8,11 @@ communication overlaps the W's still to run; the optimizer waits only for what i
 in flight. The cut depends only on the stage's layout, never on the schedule, so every
 schedule reduces the same buckets the same way.
 
-- Plain data parallelism: Iallreduce(sum) in place, then one scale by 1/dp.
+- Plain data parallelism: Iallreduce(sum) in place, then one scale by 1/dp. When dp is
+  a power of two the scale is folded into the loss gradient instead (`grad_scale`):
+  multiplying by 2^-k commutes exactly with every floating-point operation of the
+  backward (barring underflow), so the bits are those of sum-then-scale, without a pass
+  over the buffer that costs a fifth of a shared-memory all-reduce.
 - ZeRO-1: Ireduce_scatter instead — each replica receives the summed gradient of its own
   shard of every bucket, updates only that shard (its optimizer state is 1/dp of the
   whole), and the updated weights are all-gathered back.
@@ -142,7 +146,14 @@ class GradSync:
         self.bf16 = self.comm_dtype.name == "bfloat16"  # MPI cannot sum these itself
         self.bytes_reduced = 0
         self.wait_s = 0.0  # time blocked in `wait`: the communication the step exposed
+        # Power-of-two dp: the backward produces gradients already divided by dp.
+        self.prescaled = self.dp & (self.dp - 1) == 0
         self.reset()
+
+    @property
+    def grad_scale(self) -> float:
+        """What the loss gradient must be multiplied by for `wait` to leave the average."""
+        return 1.0 / self.dp if self.prescaled else 1.0
 
     # -- per step -------------------------------------------------------------------------
     def reset(self):
@@ -163,6 +174,15 @@ class GradSync:
             bucket.waiting.discard(name)
             if not bucket.waiting:
                 self._launch(bucket)
+        self.progress()
+
+    def progress(self):
+        """Let MPI move the reductions in flight. Without an asynchronous progress thread
+        an MPI library advances a non-blocking collective only inside MPI calls, so the
+        runtime calls this between layers of the W passes."""
+        pending = [b.request for b in self.buckets if b.request is not None]
+        if pending:
+            self.MPI.Request.Testall(pending)
 
     def launch_rest(self):
         """Start every bucket not started yet (the tied embedding; stages whose last W
@@ -224,18 +244,20 @@ class GradSync:
         start = time.perf_counter()
         self.MPI.Request.Waitall([b.request for b in self.buckets])
         self.wait_s += time.perf_counter() - start
-        scale = 1.0 / self.dp
+        scale = 1.0 if self.prescaled else 1.0 / self.dp
         for bucket in self.buckets:
             grads = self.stages[bucket.chunk].grad_buffer.data[bucket.lo:bucket.hi]
             if self.zero:
                 a, b = bucket.shard
-                shard = bucket.recv[:b - a]
-                dtype = grads.dtype
-                bucket.shard_grad = be.xp.asarray(shard).astype(dtype) * dtype.type(scale)
+                shard = be.xp.asarray(bucket.recv[:b - a]).astype(grads.dtype)
+                if scale != 1.0:
+                    shard *= grads.dtype.type(scale)
+                bucket.shard_grad = shard
             else:
                 if bucket.send is not None:  # converted or staged: copy the sum back
                     grads[...] = be.xp.asarray(bucket.send).astype(grads.dtype)
-                grads *= grads.dtype.type(scale)
+                if scale != 1.0:
+                    grads *= grads.dtype.type(scale)
             bucket.send = bucket.recv = None
 
     # -- ZeRO-1 ---------------------------------------------------------------------------

@@ -162,7 +162,7 @@ class RankModel:
         microbatches = runtime.schedule.num_microbatches
         self.zero_grad()
         self.gradsync.reset()
-        result = runtime.run_step(step, inputs, 1.0 / microbatches,
+        result = runtime.run_step(step, inputs, self.gradsync.grad_scale / microbatches,
                                   on_layer_done=self.gradsync.layer_done)
         self.sum_tied_grads()
         self.gradsync.wait()

@@ -51,11 +51,53 @@ class Trace:
         self.events = [e for e in self.events if e.step >= step]
 
 
-def bubble(events, step_start: float, step_end: float) -> float:
-    """Idle fraction of a rank's step: 1 − (time in compute ops) / (step time)."""
-    busy = sum(e.end - e.start for e in events if e.kind in COMPUTE)
-    total = step_end - step_start
-    return max(0.0, 1.0 - busy / total) if total > 0 else 0.0
+@dataclass
+class StepStats:
+    """One step seen from every rank (lists are indexed by world rank)."""
+
+    bubble: float  # 1 − (busiest rank's compute time) ÷ (the step's span over all ranks)
+    bubble_per_rank: list  # each rank's idle fraction of that span
+    compute_s: list  # time in F, B, W, BW ops
+    p2p_wait_s: list  # time blocked on pipeline receives
+    dp_wait_s: list  # time blocked on the data-parallel gradient reduction
+    optimizer_s: list
+    peak_bytes: list  # activation bytes held at most
+    peak_microbatches: list  # ... in microbatches of the rank's share of layers
+    allreduce_bytes: list  # gradient bytes this rank reduced
+
+    def record(self) -> dict:
+        """The fields metrics.jsonl gets."""
+        return {"bubble": self.bubble, "bubble_per_rank": self.bubble_per_rank,
+                "compute_s": self.compute_s, "p2p_wait_s": self.p2p_wait_s,
+                "dp_wait_s": self.dp_wait_s, "optimizer_s": self.optimizer_s,
+                "peak_activation_bytes": self.peak_bytes,
+                "peak_activations": self.peak_microbatches,
+                "allreduce_bytes": self.allreduce_bytes}
+
+
+def step_stats(trace: Trace, step: int, result, comm, dp_wait_s: float = 0.0,
+               allreduce_bytes: int = 0) -> StepStats:
+    """Gather the step's timings from every rank (a small collective).
+
+    The bubble is defined as the simulator defines it — 1 − (busiest rank's compute
+    time) ÷ (the step's span over all ranks) — so the two can be compared directly."""
+    events = trace.step_events(step)
+    mine = (sum(e.end - e.start for e in events if e.kind in COMPUTE),
+            sum(e.end - e.start for e in events if e.kind == "wait"),
+            dp_wait_s,
+            sum(e.end - e.start for e in events if e.kind == "optimizer"),
+            result.start, result.end, result.peak_bytes, result.peak_microbatches,
+            allreduce_bytes)
+    rows = comm.allgather(mine)
+    span = max(r[5] for r in rows) - min(r[4] for r in rows)
+    busiest = max(r[0] for r in rows)
+    return StepStats(
+        bubble=1.0 - busiest / span if span > 0 else 0.0,
+        bubble_per_rank=[round(1.0 - r[0] / span, 6) if span > 0 else 0.0 for r in rows],
+        compute_s=[r[0] for r in rows], p2p_wait_s=[r[1] for r in rows],
+        dp_wait_s=[r[2] for r in rows], optimizer_s=[r[3] for r in rows],
+        peak_bytes=[r[6] for r in rows], peak_microbatches=[r[7] for r in rows],
+        allreduce_bytes=[r[8] for r in rows])
 
 
 def op_times(events) -> dict[tuple[str, int], list[float]]:

@@ -268,7 +268,7 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
     run_eval(0)
     comm.Barrier()
     trace.origin = time.perf_counter()  # every rank's clock starts together (±barrier skew)
-    ema, bubbles, predicted, after_auto = None, [], None, []
+    ema, bubbles, predicted, after_auto, split = None, [], None, [], []
     peak_bytes = [0] * comm.size
     peak_mb = [0.0] * comm.size
     for step in range(1, t.steps + 1):
@@ -281,12 +281,17 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
             log(f"step {step}: non-finite loss or gradient (loss {loss}, norm {norm}); "
                 f"update skipped")
         step_s = time.perf_counter() - tick
-        bubble, per_rank, stats = measured_bubble(trace, step, result, comm)
-        for r, s in enumerate(stats):
-            peak_bytes[r] = max(peak_bytes[r], s[3])
-            peak_mb[r] = max(peak_mb[r], s[4])
+        stats = tracelib.step_stats(trace, step, result, comm, model.gradsync.wait_s,
+                                    model.gradsync.bytes_reduced)
+        bubble = stats.bubble
+        for r in range(comm.size):
+            peak_bytes[r] = max(peak_bytes[r], stats.peak_bytes[r])
+            peak_mb[r] = max(peak_mb[r], stats.peak_microbatches[r])
         if step > 1:
             bubbles.append(bubble)
+            split.append((step_s, max(stats.compute_s),
+                          max(a + b for a, b in zip(stats.p2p_wait_s, stats.dp_wait_s)),
+                          max(stats.optimizer_s)))
         summary.train_s += step_s
         summary.tokens += tokens_per_step
         summary.steps = step
@@ -295,9 +300,7 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
         summary.final_loss = loss
         ema = step_s if ema is None else 0.9 * ema + 0.1 * step_s
         record = dict(step=step, loss=loss, lr=lr, grad_norm=norm,
-                      tokens_per_s=tokens_per_step / step_s, step_s=step_s, bubble=bubble,
-                      bubble_per_rank=per_rank, peak_activation_bytes=[s[3] for s in stats],
-                      peak_activations=[s[4] for s in stats])
+                      tokens_per_s=tokens_per_step / step_s, step_s=step_s, **stats.record())
         if skipped:
             record["skipped"] = True
         run.record(**record)
@@ -344,25 +347,21 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
     if predicted is not None and after_auto:
         log(f"  auto schedule: predicted {predicted * 1e3:.1f} ms/step of pipeline work, "
             f"measured {np.median(after_auto) * 1e3:.1f} ms/step (median, with optimizer)")
+    if split:
+        med = np.median(np.array(split), axis=0) * 1e3
+        log(f"  step time {med[0]:.1f} ms (median): compute {med[1]:.1f} ms on the busiest "
+            f"rank, exposed communication {med[2]:.1f} ms, optimizer {med[3]:.1f} ms"
+            + (f"; {model.gradsync.bytes_reduced / 2**20:.1f} MiB of gradients reduced "
+               f"per step and rank" if p.dp > 1 else ""))
+    if p.zero:
+        log(f"  ZeRO-1: optimizer state {model.optimizer_state_bytes() / 2**20:.2f} MiB on "
+            f"rank 0 (1/{p.dp} of the stage's)")
     log(f"  train loss {summary.first_loss:.4f} → {summary.final_loss:.4f} | "
         f"val loss {summary.first_val_loss:.4f} → {summary.final_val_loss:.4f}")
     log("  peak activations per rank: "
         + ", ".join(f"{b / 2**20:.1f} MiB ({n:g} mb)" for b, n in zip(peak_bytes, peak_mb)))
     log(f"  run directory: {run.path} (config.toml, metrics.jsonl, summary.json, trace.json)")
     return summary
-
-
-def measured_bubble(trace, step: int, result, comm):
-    """The step's bubble as the simulator defines it — 1 − (busiest rank's compute time) ÷
-    (the step's span over all ranks) — plus each rank's own idle fraction of that span.
-    Also returns every rank's (busy, start, end, peak bytes, peak microbatches)."""
-    busy = sum(e.end - e.start for e in trace.step_events(step) if e.kind in tracelib.COMPUTE)
-    stats = comm.allgather((busy, result.start, result.end, result.peak_bytes,
-                            result.peak_microbatches))
-    span = max(s[2] for s in stats) - min(s[1] for s in stats)
-    bubble = 1.0 - max(s[0] for s in stats) / span if span > 0 else 0.0
-    per_rank = [round(1.0 - s[0] / span, 6) if span > 0 else 0.0 for s in stats]
-    return bubble, per_rank, stats
 
 
 def _ms(values) -> str:

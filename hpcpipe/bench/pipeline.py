@@ -20,7 +20,6 @@ from ..comm import PipeComm, measure_latency
 from ..pipeline import RankModel
 from ..runtime import Runtime
 from ..schedules import Costs, ScheduleError, generate, simulate
-from ..train import measured_bubble
 from .common import write_json
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
@@ -110,11 +109,11 @@ def run_pipeline(args) -> int:
             out = entry["model"].train_step(entry["runtime"], entry["step"], inputs, 1e-4, 1.0,
                                             entry["trace"])
             elapsed = time.perf_counter() - tick
-            bubble, _, stats = measured_bubble(entry["trace"], entry["step"], out.result, world)
+            stats = tracelib.step_stats(entry["trace"], entry["step"], out.result, world)
             if record:
                 entry["times"].append(world.allreduce(elapsed, op=MPI.MAX))
-                entry["bubbles"].append(bubble)
-                entry["peak_bytes"] = max(entry["peak_bytes"], max(s[3] for s in stats))
+                entry["bubbles"].append(stats.bubble)
+                entry["peak_bytes"] = max(entry["peak_bytes"], max(stats.peak_bytes))
 
     # Profile F, B, W per stage and one message's time with ZB-H1 (its B and W are split),
     # for the simulator's predictions and for auto.

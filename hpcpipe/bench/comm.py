@@ -1,0 +1,247 @@
+"""bench comm: message bandwidth through hpcpipe's communication layer against raw
+mpi4py on the same buffers, and how much of the gradient all-reduce a training step
+hides behind its W passes.
+
+Point-to-point: a ping-pong between world ranks 0 and 1 through PipeComm (the pipeline's
+tagged, non-blocking messages) and through plain Isend/Irecv. All-reduce: the gradient
+reduction of GradSync (buckets of `--bucket-mb`, non-blocking, one scale) against one
+plain Allreduce of the whole buffer, over all ranks. Sizes run from 4 KiB to 256 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from .. import __version__, backend, config
+from .. import grid as gridlib
+from ..comm import FORWARD, PipeComm
+from ..gradsync import GradSync
+from ..model import FlatBuffer
+from .common import write_json
+
+EPILOG = """\
+examples:
+  mpiexec -n 2 python -m mpi4py -m hpcpipe bench comm
+  mpiexec -n 2 python -m mpi4py -m hpcpipe bench comm --max-mb 16 --json comm.json
+
+Bandwidth is bytes ÷ one-way time for point-to-point, and the all-reduce's bus bandwidth
+2(n−1)/n × bytes ÷ time (what each rank moves in a ring)."""
+
+
+def add_parser(sub):
+    parser = sub.add_parser("comm", help="p2p and all-reduce bandwidth, and overlap with W",
+                            description=__doc__, epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--min-kb", type=float, default=4, help="smallest message, KiB (4)")
+    parser.add_argument("--max-mb", type=float, default=256, help="largest message, MiB (256)")
+    parser.add_argument("--bucket-mb", type=float, default=25.0,
+                        help="GradSync bucket size, MiB (25, the training default)")
+    parser.add_argument("--repeats", type=int, default=0,
+                        help="timed repetitions per size (default: by size, 3 to 50)")
+    parser.add_argument("--skip-overlap", action="store_true",
+                        help="skip the training-step overlap measurement")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.set_defaults(func=run_comm)
+    return parser
+
+
+def _sizes(min_bytes: int, max_bytes: int):
+    size = min_bytes
+    while size <= max_bytes:
+        yield size
+        size *= 4
+
+
+def _repeats(nbytes: int, override: int) -> int:
+    if override:
+        return override
+    return int(min(50, max(3, 2**26 // max(nbytes, 1))))
+
+
+def _median_time(fn, repeats: int, comm) -> float:
+    fn()  # warm-up: first-touch of buffers, connection set-up
+    times = []
+    for _ in range(repeats):
+        comm.Barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    # A repetition takes as long as its slowest rank.
+    return float(np.median([max(ts) for ts in zip(*comm.allgather(times))]))
+
+
+def run_comm(args) -> int:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    is_root = world.rank == 0
+    if world.size < 2:
+        if is_root:
+            print("bench comm needs at least 2 ranks: mpiexec -n 2 python -m mpi4py -m "
+                  "hpcpipe bench comm")
+        return 2
+
+    def log(msg):
+        if is_root:
+            print(msg, flush=True)
+
+    be = backend.select("auto", 0)
+    log(f"hpcpipe {__version__} bench comm | {world.size} ranks | {be.describe()} | "
+        f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
+    sizes = list(_sizes(int(args.min_kb * 1024), int(args.max_mb * 2**20)))
+    rows = []
+    # Point-to-point between ranks 0 and 1 of a pipeline of all ranks.
+    grid = gridlib.build(world, 1, world.size, source="bench comm")
+    pair = grid.pipe.Split(0 if grid.pipe.rank < 2 else MPI.UNDEFINED, key=grid.pipe.rank)
+    # All-reduce over every rank, as the replicas of one stage.
+    dgrid = gridlib.build(world, world.size, 1, source="bench comm")
+    for nbytes in sizes:
+        n = nbytes // 4
+        repeats = _repeats(nbytes, args.repeats)
+        row = {"bytes": nbytes}
+        if pair != MPI.COMM_NULL:
+            a = be.xp.ones(n, np.float32)
+            b = be.xp.zeros(n, np.float32)
+            pipe = PipeComm(pair, be, (n,), np.float32, 1, 2)
+            me, peer = pair.rank, 1 - pair.rank
+
+            def ping_hpcpipe():
+                if me == 0:
+                    pipe.send_forward(peer, 0, 1, a)
+                    pipe.finish()
+                    pipe.release(pipe.wait_recv(pipe.post_recv(FORWARD, peer, 0, 0)))
+                else:
+                    got = pipe.wait_recv(pipe.post_recv(FORWARD, peer, 0, 1))
+                    pipe.send_forward(peer, 0, 0, got)
+                    pipe.finish()
+                    pipe.release(got)
+
+            def ping_raw():
+                if me == 0:
+                    pair.Isend(a, dest=peer, tag=7).Wait()
+                    pair.Irecv(b, source=peer, tag=7).Wait()
+                else:
+                    pair.Irecv(b, source=peer, tag=7).Wait()
+                    pair.Isend(b, dest=peer, tag=7).Wait()
+
+            ours = _median_time(ping_hpcpipe, repeats, pair) / 2
+            raw = _median_time(ping_raw, repeats, pair) / 2
+            row.update(p2p_hpcpipe_gbs=nbytes / ours / 1e9, p2p_raw_gbs=nbytes / raw / 1e9)
+        # All-reduce: GradSync's buckets over a one-tensor "stage" against one Allreduce.
+        layout = [("h.0.mlp.c_fc.weight", (n,))]
+        grads = FlatBuffer(layout, be.xp, np.float32)
+        stage = SimpleNamespace(grad_buffer=grads, param_buffer=grads)
+        sync = GradSync({0: stage}, dgrid, be, int(args.bucket_mb * 2**20))
+        raw_buf = be.xp.ones(n, np.float32)
+
+        def reduce_hpcpipe():
+            sync.reset()
+            sync.launch_rest()
+            sync.wait()
+
+        def reduce_raw():
+            world.Allreduce(MPI.IN_PLACE, raw_buf, op=MPI.SUM)
+
+        ours = _median_time(reduce_hpcpipe, repeats, world)
+        raw = _median_time(reduce_raw, repeats, world)
+        bus = 2 * (world.size - 1) / world.size * nbytes
+        row.update(allreduce_hpcpipe_gbs=bus / ours / 1e9, allreduce_raw_gbs=bus / raw / 1e9)
+        rows.append(row)
+        if is_root:
+            p2p = (f"p2p {row['p2p_hpcpipe_gbs']:6.2f} vs {row['p2p_raw_gbs']:6.2f} GB/s"
+                   if "p2p_raw_gbs" in row else "")
+            log(f"{_fmt(nbytes):>8}  {p2p}  all-reduce {row['allreduce_hpcpipe_gbs']:6.2f} vs "
+                f"{row['allreduce_raw_gbs']:6.2f} GB/s")
+        del grads, raw_buf
+    rows = world.bcast(rows if is_root else None, root=0)
+
+    overlap = None if args.skip_overlap else measure_overlap(world, be, log)
+    if is_root:
+        print()
+        print("| size | p2p hpcpipe GB/s | p2p raw GB/s | ratio | all-reduce hpcpipe GB/s "
+              "| all-reduce raw GB/s | ratio |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {_fmt(r['bytes'])} | {r.get('p2p_hpcpipe_gbs', 0):.2f} | "
+                  f"{r.get('p2p_raw_gbs', 0):.2f} | "
+                  f"{r.get('p2p_hpcpipe_gbs', 0) / max(r.get('p2p_raw_gbs', 1e-12), 1e-12):.2f} | "
+                  f"{r['allreduce_hpcpipe_gbs']:.2f} | {r['allreduce_raw_gbs']:.2f} | "
+                  f"{r['allreduce_hpcpipe_gbs'] / r['allreduce_raw_gbs']:.2f} |")
+        if overlap:
+            print(f"\noverlap in a dp = {world.size} training step: gradient all-reduce "
+                  f"{overlap['blocking_ms']:.1f} ms when run alone, {overlap['exposed_ms']:.1f} ms "
+                  f"exposed after the W passes: {overlap['hidden_fraction']:.0%} hidden")
+        if args.json:
+            print(f"\nwrote {write_json(args.json, {'suite': 'comm', 'ranks': world.size, 'rows': rows, 'overlap': overlap})}")
+    return 0
+
+
+def measure_overlap(world, be, log) -> dict:
+    """How much of the gradient all-reduce a dp training step hides behind its W passes:
+    the exposed wait at the end of the step against the same reduction run by itself."""
+    from ..comm import PipeComm as _PipeComm
+    from ..pipeline import RankModel
+    from ..runtime import Runtime
+    from ..schedules import generate
+    from ..trace import Trace
+
+    dp = world.size
+    cfg = config.from_dict({
+        "model": {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 64, "vocab_size": 256},
+        "train": {"micro_batch_size": 2, "dtype": "float32"},
+        "parallel": {"dp": dp, "pp": 1, "microbatches": 2, "bucket_mb": 1.0},
+    }, source="bench comm")
+    grid = gridlib.build(world, dp, 1, source="bench comm")
+    schedule = generate("1f1b", 1, 2)
+    model = RankModel(cfg, grid, be, schedule)
+    pipe = _PipeComm(grid.pipe, be, (2, 64, 256), "float32", 2, 1)
+    runtime = Runtime(schedule, 0, model.stages, pipe, Trace(rank=world.rank))
+    rng = np.random.default_rng(world.rank)
+    tokens = rng.integers(0, 256, (4, 65))
+    batches = [(be.from_host(tokens[i * 2:(i + 1) * 2, :-1]),
+                be.from_host(tokens[i * 2:(i + 1) * 2, 1:])) for i in range(2)]
+    exposed = []
+    for step in range(6):
+        world.Barrier()
+        model.train_step(runtime, step + 1, batches.__getitem__, 1e-4, 1.0)
+        if step >= 2:
+            # The last rank to finish its W's waits only for what is left of the
+            # reduction; the others' longer waits are that rank's lateness, not
+            # communication.
+            exposed.append(world.allreduce(model.gradsync.wait_s, op=_mpi_min()))
+    sync = model.gradsync
+    alone = []
+    for _ in range(5):
+        sync.reset()
+        world.Barrier()
+        start = time.perf_counter()
+        sync.launch_rest()
+        sync.wait()
+        alone.append(world.allreduce(time.perf_counter() - start, op=_mpi_max()))
+    blocking, hidden = float(np.median(alone)), float(np.median(exposed))
+    return {"blocking_ms": blocking * 1e3, "exposed_ms": hidden * 1e3,
+            "hidden_fraction": max(0.0, 1.0 - hidden / blocking) if blocking > 0 else 0.0,
+            "gradient_bytes": sync.bytes_reduced}
+
+
+def _mpi_max():
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def _mpi_min():
+    from mpi4py import MPI
+
+    return MPI.MIN
+
+
+def _fmt(nbytes: int) -> str:
+    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:g} {unit}"
+    return f"{nbytes} B"

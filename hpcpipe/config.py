@@ -18,7 +18,7 @@ from .errors import HpcpipeError
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
 DEVICES = ("auto", "cpu", "gpu")
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
 class ConfigError(HpcpipeError, ValueError):
@@ -61,6 +61,8 @@ class TrainSection:
     eval_batches: int = 8
     log_every: int = 10
     trace_steps: int = 10  # steps 1..N go to trace.json and a timeline PNG; 0: none
+    post_validation: bool = False  # step without waiting for the global norm; fix up later
+    loss_scale: float = 0.0  # 0: dynamic for float16, none otherwise; > 0: a fixed scale
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,8 @@ def validate(cfg: Config) -> Config:
         _require(s, f"train.{key}", getattr(t, key), 0 <= getattr(t, key) < 1,
                  "must be in [0, 1)")
     _require(s, "train.eps", t.eps, t.eps > 0, "must be positive")
+    _require(s, "train.loss_scale", t.loss_scale, t.loss_scale >= 0,
+             "must be 0 (automatic: dynamic for float16) or a positive scale")
     _require(s, "train.dtype", t.dtype, t.dtype in DTYPES, f"allowed: {', '.join(DTYPES)}")
     _require(s, "train.device", t.device, t.device in DEVICES, f"allowed: {', '.join(DEVICES)}")
     _require(s, "data.val_fraction", d.val_fraction, 0 < d.val_fraction < 1,

@@ -102,6 +102,21 @@ def init_value(cfg: GPTConfig, name: str, shape, seed: int) -> np.ndarray:
     return rng.standard_normal(shape) * std
 
 
+def compute_dtype(name) -> np.dtype:
+    """The dtype named by a config: float64, float32, float16 or bfloat16 (ml_dtypes)."""
+    if str(name) == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def accumulation_dtype(dtype) -> np.dtype:
+    """Gradients (and master weights) of 16-bit compute are kept in float32."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
+
+
 def is_decayed(name: str, shape) -> bool:
     """AdamW's weight decay applies to matrices (embeddings and linear weights) only."""
     return len(shape) == 2
@@ -147,15 +162,18 @@ class Stage:
         self.embedding_part = embedding_part
         self.head_part = head_part
         self.xp = backend.current().xp if xp is None else xp
-        self.dtype = np.dtype(dtype)
+        self.dtype = compute_dtype(dtype)
+        # Mixed precision: weight gradients of 16-bit compute accumulate in float32.
+        self.grad_dtype = accumulation_dtype(self.dtype)
         layout = param_layout(cfg, self.layers, embedding_part, head_part)
         self.param_buffer = FlatBuffer(layout, self.xp, self.dtype)
-        self.grad_buffer = FlatBuffer(layout, self.xp, self.dtype)
+        self.grad_buffer = FlatBuffer(layout, self.xp, self.grad_dtype)
         self.params = self.param_buffer.views
         self.grads = self.grad_buffer.views
         # The head's share of d(wte) is kept apart and added once per step, after the
         # embedding's, in the same order whichever stages hold the two (design contract).
-        self.head_grad = self.xp.zeros_like(self.params["wte"]) if head_part else None
+        self.head_grad = self.xp.zeros(self.params["wte"].shape, self.grad_dtype) \
+            if head_part else None
         for name, shape in layout:
             self.params[name][...] = self.xp.asarray(init_value(cfg, name, shape, seed),
                                                      dtype=self.dtype)
@@ -211,6 +229,8 @@ class Stage:
         if self.head_part:
             x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."))
             logits, caches["head"] = head.forward(x, P)
+            if self.dtype.itemsize < 4:  # 16-bit compute: softmax and loss in float32
+                logits = logits.astype(np.float32)
             x, caches["loss"] = loss.forward(logits, targets)
         if keep:
             if mb in self._stash:
@@ -225,6 +245,7 @@ class Stage:
         caches, d = entry["caches"], entry["d"]
         if self.head_part:
             dlogits = loss.backward_input(entry["loss_scale"], caches.pop("loss"))
+            dlogits = dlogits.astype(self.dtype, copy=False)
             d["head"] = dlogits
             dx = head.backward_input(dlogits, caches["head"])
             d["ln_f"] = dx

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from .comm import allreduce_sum
 from .gradsync import GradSync
 from .model import GPTConfig, param_layout, partition
+from .backend import array_namespace
 from .optim import AdamW, clip_coefficient
 
 
@@ -34,10 +35,77 @@ def model_config(cfg) -> GPTConfig:
 
 @dataclass
 class StepOutcome:
-    loss: float  # mean over the step's microbatches, on every rank
-    norm: float  # global gradient norm before clipping
+    """A finished step, as every rank knows it."""
+
+    step: int
+    loss: float  # mean over the step's microbatches and replicas
+    norm: float  # global gradient norm before clipping (of the unscaled gradient)
     skipped: bool  # non-finite loss or gradient: no update was made
-    result: object  # the runtime's StepResult (timings, peaks, losses)
+    result: object  # this rank's runtime StepResult (timings, peaks, losses)
+    stats: object = None  # trace.StepStats of every rank, when a trace was given
+    redone: bool = False  # post-validation: the optimistic update was rolled back and redone
+    loss_scale: float = 1.0
+
+
+class LossScaler:
+    """Loss scaling for float16: gradients are computed for loss × scale so that small
+    values do not flush to zero, and unscaled in the optimizer. Dynamic: halve the scale
+    on a non-finite gradient (the step is skipped), double it after `growth_interval`
+    finite steps in a row."""
+
+    def __init__(self, scale: float = 1.0, dynamic: bool = False, growth_interval: int = 2000):
+        self.scale, self.dynamic, self.growth_interval = float(scale), dynamic, growth_interval
+        self.good_steps = 0
+
+    @classmethod
+    def for_config(cls, t) -> "LossScaler":
+        if t.loss_scale > 0:
+            return cls(t.loss_scale)
+        if t.dtype == "float16":
+            return cls(2.0**16, dynamic=True)
+        return cls(1.0)
+
+    def update(self, finite: bool):
+        if not self.dynamic:
+            return
+        if not finite:
+            self.scale = max(self.scale / 2, 1.0)
+            self.good_steps = 0
+            return
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.scale *= 2
+            self.good_steps = 0
+
+
+class MasterWeights:
+    """A float32 copy of a 16-bit parameter buffer (or shard) that looks like a FlatBuffer
+    to AdamW; `push` rounds the updated master weights into the compute dtype."""
+
+    def __init__(self, target):
+        self.target = target
+        self.data = target.data.astype(np.float32)
+        self.layout, self.offsets = target.layout, target.offsets
+
+    def push(self):
+        self.target.data[...] = self.data.astype(self.target.data.dtype)
+
+
+@dataclass
+class _Pending:
+    """An optimistic update awaiting the global norm and non-finite verdict."""
+
+    step: int
+    lr: float
+    max_norm: float
+    coefficient: float  # the gradient scale the optimistic update used
+    stepped: bool
+    request: object
+    values: object  # [sum of squares, non-finite flag], reduced in place
+    rows: object  # every rank's statistics row (and loss), gathered in place
+    row_request: object
+    result: object
+    loss_scale: float
 
 
 class RankModel:
@@ -70,14 +138,21 @@ class RankModel:
         self.gradsync = GradSync(self.stages, grid, backend, int(p.bucket_mb * 2**20), p.zero,
                                  p.grad_comm_dtype, gpu_aware)
         adam = dict(beta1=t.beta1, beta2=t.beta2, eps=t.eps, weight_decay=t.weight_decay)
+        # 16-bit compute: AdamW updates float32 master weights, then rounds them down.
+        master = (lambda target: MasterWeights(target)) if np.dtype(
+            next(iter(self.stages.values())).dtype).itemsize < 4 else (lambda target: target)
         if p.zero:
             # One optimizer per bucket shard; its gradient is the shard the reduce-scatter
             # delivers each step (see `step`).
-            self.optimizers = [(bucket, AdamW(view, _GradRef(), **adam))
+            self.optimizers = [(bucket, AdamW(master(view), _GradRef(), **adam))
                                for bucket, view in self.gradsync.shard_views()]
         else:
-            self.optimizers = [(None, AdamW(stage.param_buffer, stage.grad_buffer, **adam))
+            self.optimizers = [(None, AdamW(master(stage.param_buffer), stage.grad_buffer,
+                                            **adam))
                                for stage in self.stages.values()]
+        self.scaler = LossScaler.for_config(t)
+        self.post_validation = t.post_validation
+        self._pending: _Pending | None = None
         self.order = {name: i for i, (name, _) in enumerate(param_layout(self.gpt))}
         self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]
                             for chunk in self.stages}
@@ -142,12 +217,21 @@ class RankModel:
             total += value
         return math.sqrt(total)
 
-    def step(self, lr: float, norm: float, max_norm: float):
-        scale = clip_coefficient(norm, max_norm)
+    def step(self, lr: float, norm: float, max_norm: float, unscale: float = 1.0):
+        """AdamW on every buffer this rank updates, the gradient multiplied by the clipping
+        coefficient of `norm` (and by `unscale`, undoing a loss scale)."""
+        self._apply(lr, clip_coefficient(norm, max_norm) * unscale)
+
+    def _apply(self, lr: float, coefficient: float, undo: bool = False):
         for bucket, opt in self.optimizers:
             if bucket is not None:
                 opt.grads.data = bucket.shard_grad
-            opt.step(lr, scale)
+            if undo:
+                undo_adamw(opt, lr, coefficient)
+            else:
+                opt.step(lr, coefficient)
+            if isinstance(opt.params, MasterWeights):
+                opt.params.push()
         if self.cfg.parallel.zero:
             self.gradsync.allgather_params()
 
@@ -156,26 +240,135 @@ class RankModel:
         return sum(int(opt.m.nbytes + opt.v.nbytes) for _, opt in self.optimizers)
 
     def train_step(self, runtime, step: int, inputs, lr: float, max_norm: float,
-                   trace=None) -> StepOutcome:
-        """One optimizer step: the schedule's F/B/W, the tied-embedding sum, the global norm,
-        then AdamW with clipping — skipped when the gradient is not finite."""
+                   trace=None) -> list[StepOutcome]:
+        """One optimizer step: the schedule's F/B/W, the tied-embedding sum, the
+        data-parallel reduction, the global norm, then AdamW with clipping — skipped when
+        the gradient is not finite. Returns the steps that became final: this one, or with
+        post-validation the previous one (this one is validated at the start of the next
+        call, or by `flush`)."""
+        finished = self.validate() if self.post_validation else []
         microbatches = runtime.schedule.num_microbatches
+        scale = self.scaler.scale
         self.zero_grad()
         self.gradsync.reset()
-        result = runtime.run_step(step, inputs, self.gradsync.grad_scale / microbatches,
+        result = runtime.run_step(step, inputs, self.gradsync.grad_scale * scale / microbatches,
                                   on_layer_done=self.gradsync.layer_done)
         self.sum_tied_grads()
         self.gradsync.wait()
+        if self.post_validation:
+            self._step_optimistically(step, lr, max_norm, result, trace)
+            return finished
         loss = self.mean_loss(result.losses)
-        norm = self.grad_norm()
+        norm = self.grad_norm() / scale
         skipped = not (math.isfinite(norm) and math.isfinite(loss))
         if not skipped:
             start = trace.now() if trace else 0.0
-            self.step(lr, norm, max_norm)
+            self.step(lr, norm, max_norm, 1.0 / scale)
             self.backend.synchronize()
             if trace:
                 trace.add("optimizer", "optimizer", start, trace.now(), step)
-        return StepOutcome(loss, norm, skipped, result)
+        self.scaler.update(not skipped)
+        stats = self._stats(trace, step, result, sync=True) if trace else None
+        return finished + [StepOutcome(step, loss, norm, skipped, result, stats,
+                                       loss_scale=scale)]
+
+    def flush(self) -> list[StepOutcome]:
+        """Validate a pending optimistic step (post-validation) before anything reads the
+        weights: evaluation, checkpoints, the end of training."""
+        return self.validate() if self.post_validation else []
+
+    def _stats(self, trace, step, result, sync):
+        from . import trace as tracelib
+
+        row = tracelib.local_row(trace, step, result, self.gradsync.wait_s,
+                                 self.gradsync.bytes_reduced)
+        return tracelib.combine(self.grid.world.allgather(row)) if sync else row
+
+    # -- optimizer post-validation (the zero-bubble paper's §4) ---------------------------
+    def _local_check(self):
+        """Sum of squares and non-finite flag of the gradients this rank holds (each
+        parameter once; ZeRO-1: its shards), in float64."""
+        xp = self.backend.xp
+        total = 0.0
+        if self.cfg.parallel.zero:
+            for bucket, _ in self.optimizers:
+                if bucket.names == ("wte",) and not self.stages[bucket.chunk].embedding_part:
+                    continue
+                total += float(xp.sum(xp.square(bucket.shard_grad, dtype=np.float64)))
+        else:
+            for stage in self.stages.values():
+                for name, grad in stage.grads.items():
+                    if name == "wte" and not stage.embedding_part:
+                        continue
+                    total += float(xp.sum(xp.square(grad, dtype=np.float64)))
+        return total, not math.isfinite(total)
+
+    def _step_optimistically(self, step, lr, max_norm, result, trace):
+        """Step at once with what this rank knows — its own gradients' norm and finiteness
+        — and start the reduction that will say whether that was right. With ZeRO-1 the
+        shards of every replica count; otherwise the replicas hold the same averaged
+        gradient and the pipeline's ranks suffice."""
+        from mpi4py import MPI
+
+        scale = self.scaler.scale
+        sumsq, nonfinite = self._local_check()
+        coefficient = clip_coefficient(math.sqrt(sumsq) / scale, max_norm) / scale
+        stepped = not nonfinite
+        if stepped:
+            start = trace.now() if trace else 0.0
+            self._apply(lr, coefficient)
+            self.backend.synchronize()
+            if trace:
+                trace.add("optimizer", "optimizer", start, trace.now(), step)
+        values = np.array([0.0 if nonfinite else sumsq, float(nonfinite)])
+        group = self.grid.world if self.cfg.parallel.zero else self.grid.pipe
+        request = group.Iallreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+        # The statistics row also carries whether this rank holds the head, and its loss.
+        is_head = self.head_stage is not None
+        loss = (float(np.mean([float(result.losses[mb]) for mb in sorted(result.losses)]))
+                if is_head else 0.0)
+        row = self._stats(trace, step, result, sync=False) if trace else np.zeros(9)
+        row = np.concatenate([row, [float(is_head), loss]])
+        rows = np.empty((self.grid.size, row.size))
+        row_request = self.grid.world.Iallgather(row, rows)
+        self._pending = _Pending(step, lr, max_norm, coefficient, stepped, request, values,
+                                 rows, row_request, result, scale)
+
+    def validate(self) -> list[StepOutcome]:
+        """Wait for the previous step's global norm and non-finite verdict; if the
+        optimistic update used the wrong clipping coefficient, roll it back and redo it;
+        if the gradient was not finite anywhere, roll it back and skip the step."""
+        from mpi4py import MPI
+
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return []
+        MPI.Request.Waitall([pending.request, pending.row_request])
+        sumsq, nonfinite = float(pending.values[0]), pending.values[1] > 0
+        scale = pending.loss_scale
+        norm = math.sqrt(sumsq) / scale if not nonfinite else math.nan
+        # One head per replica, in world-rank order: the same sum as `mean_loss`.
+        losses = [float(row[-1]) for row in pending.rows if row[-2] > 0]
+        loss = sum(losses) / len(losses)
+        skipped = nonfinite or not (math.isfinite(norm) and math.isfinite(loss))
+        redone = False
+        if skipped:
+            if pending.stepped:
+                self._apply(pending.lr, pending.coefficient, undo=True)
+                redone = True
+        else:
+            right = clip_coefficient(norm, pending.max_norm) / scale
+            if right != pending.coefficient:
+                self._apply(pending.lr, pending.coefficient, undo=True)
+                self._apply(pending.lr, right)
+                redone = True
+        self.scaler.update(not skipped)
+        from . import trace as tracelib
+
+        stats = tracelib.combine([row[:-2] for row in pending.rows]) \
+            if pending.rows[:, :-2].any() else None
+        return [StepOutcome(pending.step, loss, norm, skipped, pending.result, stats,
+                            redone=redone, loss_scale=scale)]
 
     def mean_loss(self, losses: dict) -> float:
         """The step's loss (mean over microbatches and replicas), known on every rank."""
@@ -229,3 +422,28 @@ class _GradRef:
     step (the reduce-scatter delivers a fresh array)."""
 
     data = None
+
+
+def undo_adamw(opt: AdamW, lr: float, grad_scale: float):
+    """Invert the last `opt.step(lr, grad_scale)` in place, as the zero-bubble paper's
+    post-validation does (no copy of the state is kept): recompute that step's update from
+    the moments it left, add it back, undo the weight decay, then unwind the moments with
+    the gradient, which is still in its buffer. Exact up to floating-point round-off."""
+    xp = array_namespace(opt.params.data)
+    p, g, m, v = opt.params.data, opt.grads.data, opt.m, opt.v
+    b1, b2 = opt.beta1, opt.beta2
+    bias1, bias2 = 1 - b1 ** opt.t, 1 - b2 ** opt.t
+    denom = xp.sqrt(v / bias2)
+    denom += opt.eps
+    update = m / denom
+    update *= lr / bias1
+    p += update
+    if opt.weight_decay:
+        p /= 1 - (lr * opt.weight_decay) * opt.decay_mask
+    gs = g * grad_scale if grad_scale != 1.0 else g
+    m -= (1 - b1) * gs
+    m /= b1
+    v -= (1 - b2) * (gs * gs)
+    v /= b2
+    xp.maximum(v, 0, out=v)  # a second moment is never negative; round-off could say so
+    opt.t -= 1

@@ -75,20 +75,38 @@ class StepStats:
                 "allreduce_bytes": self.allreduce_bytes}
 
 
+ROW = 9  # numbers per rank in a step's statistics row
+
+
+def local_row(trace: Trace, step: int, result, dp_wait_s: float = 0.0,
+              allreduce_bytes: int = 0):
+    """This rank's numbers for `step`, as a float64 vector (gathered by `combine`)."""
+    import numpy as np
+
+    events = trace.step_events(step)
+    return np.array([sum(e.end - e.start for e in events if e.kind in COMPUTE),
+                     sum(e.end - e.start for e in events if e.kind == "wait"),
+                     dp_wait_s,
+                     sum(e.end - e.start for e in events if e.kind == "optimizer"),
+                     result.start, result.end, result.peak_bytes, result.peak_microbatches,
+                     allreduce_bytes], dtype=np.float64)
+
+
 def step_stats(trace: Trace, step: int, result, comm, dp_wait_s: float = 0.0,
                allreduce_bytes: int = 0) -> StepStats:
-    """Gather the step's timings from every rank (a small collective).
+    """Gather the step's timings from every rank (a small collective)."""
+    row = local_row(trace, step, result, dp_wait_s, allreduce_bytes)
+    return combine(comm.allgather(row))
+
+
+def combine(rows) -> StepStats:
+    """Every rank's row → the step's statistics.
 
     The bubble is defined as the simulator defines it — 1 − (busiest rank's compute
     time) ÷ (the step's span over all ranks) — so the two can be compared directly."""
-    events = trace.step_events(step)
-    mine = (sum(e.end - e.start for e in events if e.kind in COMPUTE),
-            sum(e.end - e.start for e in events if e.kind == "wait"),
-            dp_wait_s,
-            sum(e.end - e.start for e in events if e.kind == "optimizer"),
-            result.start, result.end, result.peak_bytes, result.peak_microbatches,
-            allreduce_bytes)
-    rows = comm.allgather(mine)
+    rows = [[float(x) for x in r] for r in rows]
+    for r in rows:
+        r[6], r[8] = int(r[6]), int(r[8])
     span = max(r[5] for r in rows) - min(r[4] for r in rows)
     busiest = max(r[0] for r in rows)
     return StepStats(

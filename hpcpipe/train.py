@@ -35,6 +35,7 @@ class Summary:
 
     steps: int = 0
     skipped_steps: int = 0
+    redone_steps: int = 0  # post-validation: optimistic updates rolled back and redone
     first_loss: float = math.nan
     final_loss: float = math.nan
     first_val_loss: float = math.nan
@@ -165,11 +166,12 @@ def build_schedule(cfg: Config, costs: Costs | None = None):
     if kind == "auto" and costs is None:
         kind = "zb-h1"
     try:
-        # Every step ends in a synchronisation (the global gradient norm, then the
-        # optimizer), so the step time is the schedule's makespan: auto minimises that.
+        # Without post-validation every step ends in a synchronisation (the global
+        # gradient norm, then the optimizer), so a step lasts the schedule's makespan and
+        # auto minimises that; with it, steps overlap and the longest span counts.
         schedule = generate(kind, p.pp, p.microbatches, v=cfg.chunks, costs=costs,
                             memory_limit=(p.memory_limit or 2 * p.pp) if kind == "auto" else None,
-                            objective="makespan")
+                            objective="span" if cfg.train.post_validation else "makespan")
     except ScheduleError as e:
         raise ConfigError(cfg.source, "parallel.schedule", p.schedule,
                           f"{e} (pp = {p.pp}, microbatches = {p.microbatches})") from None
@@ -271,46 +273,58 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
     ema, bubbles, predicted, after_auto, split = None, [], None, [], []
     peak_bytes = [0] * comm.size
     peak_mb = [0.0] * comm.size
-    for step in range(1, t.steps + 1):
-        tick = time.perf_counter()
-        lr = learning_rate(step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
-        outcome = model.train_step(runtime, step, inputs_for(step), lr, t.grad_clip, trace)
-        loss, norm, skipped, result = outcome.loss, outcome.norm, outcome.skipped, outcome.result
-        if skipped:  # a non-finite gradient would poison the weights: the update was dropped
+    step_times, rates = {}, {}
+
+    def report(outcome):
+        """Book-keeping of a finished step (with post-validation: one step late)."""
+        nonlocal ema
+        step, loss, norm, stats = outcome.step, outcome.loss, outcome.norm, outcome.stats
+        step_s, lr = step_times.pop(step), rates.pop(step)
+        if outcome.skipped:  # a non-finite gradient would poison the weights: no update
             summary.skipped_steps += 1
             log(f"step {step}: non-finite loss or gradient (loss {loss}, norm {norm}); "
                 f"update skipped")
-        step_s = time.perf_counter() - tick
-        stats = tracelib.step_stats(trace, step, result, comm, model.gradsync.wait_s,
-                                    model.gradsync.bytes_reduced)
-        bubble = stats.bubble
         for r in range(comm.size):
             peak_bytes[r] = max(peak_bytes[r], stats.peak_bytes[r])
             peak_mb[r] = max(peak_mb[r], stats.peak_microbatches[r])
         if step > 1:
-            bubbles.append(bubble)
+            bubbles.append(stats.bubble)
             split.append((step_s, max(stats.compute_s),
                           max(a + b for a, b in zip(stats.p2p_wait_s, stats.dp_wait_s)),
                           max(stats.optimizer_s)))
         summary.train_s += step_s
         summary.tokens += tokens_per_step
         summary.steps = step
+        summary.redone_steps += outcome.redone
         if math.isnan(summary.first_loss):
             summary.first_loss = loss
         summary.final_loss = loss
         ema = step_s if ema is None else 0.9 * ema + 0.1 * step_s
         record = dict(step=step, loss=loss, lr=lr, grad_norm=norm,
                       tokens_per_s=tokens_per_step / step_s, step_s=step_s, **stats.record())
-        if skipped:
+        if outcome.skipped:
             record["skipped"] = True
+        if outcome.redone:
+            record["redone"] = True  # post-validation rolled the optimistic update back
+        if outcome.loss_scale != 1.0:
+            record["loss_scale"] = outcome.loss_scale
         run.record(**record)
         if predicted is not None:
             after_auto.append(step_s)
         if step == 1 or step % t.log_every == 0 or step == t.steps:
             log(f"step {step:>{len(str(t.steps))}}/{t.steps} | loss {loss:.4f} | lr {lr:.2e} | "
                 f"norm {norm:.3f} | {_fmt_rate(tokens_per_step / step_s)} tok/s | "
-                f"{step_s * 1e3:.1f} ms/step | bubble {bubble:.1%} | "
+                f"{step_s * 1e3:.1f} ms/step | bubble {stats.bubble:.1%} | "
                 f"ETA {_fmt_time(ema * (t.steps - step))}")
+
+    for step in range(1, t.steps + 1):
+        tick = time.perf_counter()
+        lr = learning_rate(step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
+        rates[step] = lr
+        finished = model.train_step(runtime, step, inputs_for(step), lr, t.grad_clip, trace)
+        step_times[step] = time.perf_counter() - tick
+        for outcome in finished:
+            report(outcome)
         if p.schedule == "auto" and step == p.profile_steps and step < t.steps:
             # The first step pays for allocation and warm caches: profile the ones after.
             steps = range(min(2, step), step + 1)
@@ -320,18 +334,24 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
             auto = build_schedule(cfg, costs)
             runtime = Runtime(auto, grid.pp_rank, model.stages, pipe, trace)
             sim = simulate(auto, costs)
-            predicted = sim.makespan
+            # Steps overlap only when post-validation removes the synchronisation before
+            # the optimizer; otherwise a step lasts the schedule's makespan.
+            predicted = sim.longest_span if t.post_validation else sim.makespan
             log(f"auto schedule from measured costs (ms) F {_ms(costs.f)} B {_ms(costs.b)} "
                 f"W {_ms(costs.w)} comm {costs.comm * 1e3:.2f}, memory limit "
                 f"{p.memory_limit or 2 * p.pp:g} microbatches: predicted {predicted * 1e3:.1f} "
                 f"ms of compute and messages per step, simulated bubble "
-                f"{1 - max(sim.busy) / sim.makespan:.1%}")
+                f"{1 - max(sim.busy) / predicted:.1%}")
             run.write_json("auto_schedule.json", {"ops": auto.op_strings(),
                                                   "predicted_s": predicted,
                                                   "f": costs.f, "b": costs.b, "w": costs.w,
                                                   "comm": costs.comm})
         if t.eval_every and step % t.eval_every == 0 and step != t.steps:
+            for outcome in model.flush():
+                report(outcome)
             run_eval(step)
+    for outcome in model.flush():
+        report(outcome)
     run_eval(t.steps)
     summary.bubble = float(np.mean(bubbles)) if bubbles else math.nan
     summary.peak_activation_bytes = peak_bytes
@@ -343,7 +363,9 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
     log(f"done: {summary.steps} steps in {_fmt_time(summary.total_s)} "
         f"({_fmt_rate(summary.tokens_per_s)} tok/s while training, mean bubble "
         f"{summary.bubble:.1%}"
-        + (f", {summary.skipped_steps} updates skipped" if summary.skipped_steps else "") + ")")
+        + (f", {summary.skipped_steps} updates skipped" if summary.skipped_steps else "")
+        + (f", {summary.redone_steps} optimistic updates redone" if summary.redone_steps else "")
+        + ")")
     if predicted is not None and after_auto:
         log(f"  auto schedule: predicted {predicted * 1e3:.1f} ms/step of pipeline work, "
             f"measured {np.median(after_auto) * 1e3:.1f} ms/step (median, with optimizer)")

@@ -91,8 +91,8 @@ def test_non_positive_value(tmp_path):
 
 
 def test_value_not_in_allowed_set(tmp_path):
-    _, msg = error_of(tmp_path, '[train]\ndtype = "float16"\n')
-    assert "train.dtype = 'float16'" in msg and "allowed: float32, float64" in msg
+    _, msg = error_of(tmp_path, '[train]\ndtype = "half"\n')
+    assert "train.dtype = 'half'" in msg and "allowed: float32, float64, bfloat16, float16" in msg
     _, msg = error_of(tmp_path, '[parallel]\nschedule = "zb-h3"\n')
     assert "parallel.schedule = 'zb-h3'" in msg and "zb-h1" in msg and "auto" in msg
 

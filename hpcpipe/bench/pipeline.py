@@ -106,7 +106,7 @@ def run_pipeline(args) -> int:
             entry["step"] += 1
             world.Barrier()  # every schedule starts its step from the same line
             tick = time.perf_counter()
-            out = entry["model"].train_step(entry["runtime"], entry["step"], inputs, 1e-4, 1.0,
+            [out] = entry["model"].train_step(entry["runtime"], entry["step"], inputs, 1e-4, 1.0,
                                             entry["trace"])
             elapsed = time.perf_counter() - tick
             stats = tracelib.step_stats(entry["trace"], entry["step"], out.result, world)

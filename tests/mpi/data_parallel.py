@@ -67,7 +67,7 @@ def train(comm, cfg):
             rows = slice((first + mb) * B, (first + mb + 1) * B)
             return idx[rows], targets[rows]
 
-        out = model.train_step(runtime, step + 1, inputs, cfg.train.lr, cfg.train.grad_clip)
+        [out] = model.train_step(runtime, step + 1, inputs, cfg.train.lr, cfg.train.grad_clip)
         losses.append(out.loss)
     mine = {}
     if grid.dp_rank == 0:

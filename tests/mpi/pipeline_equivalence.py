@@ -86,7 +86,7 @@ class Run:
             result = self.runtime.run_step(1, inputs, 1.0 / m)
             self.model.sum_tied_grads()
             return self.model.mean_loss(result.losses), self.model.grad_norm(), result
-        out = self.model.train_step(self.runtime, 1, inputs, lr, self.cfg.train.grad_clip)
+        [out] = self.model.train_step(self.runtime, 1, inputs, lr, self.cfg.train.grad_clip)
         return out.loss, out.norm, out.result
 
     def gathered(self, what):

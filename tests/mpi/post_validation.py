@@ -1,0 +1,135 @@
+"""MPI worker: optimizer post-validation against the synchronous optimizer.
+
+Run as `mpiexec -n 4 python -m mpi4py tests/mpi/post_validation.py`; started by
+tests/test_post_validation_mpi.py. On dp = 2 × pp = 2 (with and without ZeRO-1), float64,
+a few steps each with: a clipping threshold so small that every step clips; one between
+the steps' norms, so some steps clip and some do not; and a NaN injected into one weight
+gradient of one stage of one replica at one step (that step is skipped, the run goes on).
+Losses, norms, skipped steps and final weights must equal the synchronous run's to
+round-off (1e-12 relative). Exit status 0 only when everything matched.
+"""
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcpipe import backend, config
+from hpcpipe import grid as gridlib
+from hpcpipe.comm import PipeComm
+from hpcpipe.pipeline import RankModel
+from hpcpipe.runtime import Runtime
+from hpcpipe.schedules import generate
+from hpcpipe.trace import Trace
+
+WORLD = MPI.COMM_WORLD
+B, M, STEPS = 2, 4, 6
+POISON_STEP, POISON_RANK = 3, 1  # world rank 1: stage 1 of replica 0
+
+
+def make_cfg(post_validation, clip, zero):
+    return config.from_dict({
+        "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 19},
+        "train": {"dtype": "float64", "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
+                  "grad_clip": clip, "weight_decay": 0.1, "seed": 3,
+                  "post_validation": post_validation},
+        "parallel": {"dp": 2, "pp": 2, "microbatches": M, "schedule": "zb-h1", "zero": zero,
+                     "bucket_mb": 0.002},
+    }, source="post-validation test")
+
+
+def batch(step):
+    rng = np.random.default_rng(200 + step)
+    tokens = rng.integers(0, 19, (2 * M * B, 7))
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def train(cfg, poison=False):
+    p = cfg.parallel
+    grid = gridlib.build(WORLD, p.dp, p.pp)
+    be = backend.select("cpu")
+    schedule = generate(p.schedule, p.pp, p.microbatches)
+    model = RankModel(cfg, grid, be, schedule)
+    pipe = PipeComm(grid.pipe, be, (B, cfg.model.block_size, cfg.model.n_embd), "float64",
+                    p.microbatches, schedule.num_stages)
+    runtime = Runtime(schedule, grid.pp_rank, model.stages, pipe, Trace(rank=WORLD.rank))
+    current = {"step": 0}
+    if poison and WORLD.rank == POISON_RANK:
+        stage = model.stages[0]
+        original = stage.backward_weight
+
+        def poisoned(mb, after_layer=None):
+            def hook(names):
+                if current["step"] == POISON_STEP and mb == M - 1:
+                    stage.grads[names[0]].reshape(-1)[0] = np.nan
+                if after_layer:
+                    after_layer(names)
+            original(mb, hook)
+
+        stage.backward_weight = poisoned
+    outcomes = []
+    for step in range(1, STEPS + 1):
+        current["step"] = step
+        idx, targets = batch(step)
+        first = grid.dp_rank * M
+
+        def inputs(mb):
+            rows = slice((first + mb) * B, (first + mb + 1) * B)
+            return idx[rows], targets[rows]
+
+        outcomes += model.train_step(runtime, step, inputs, cfg.train.lr, cfg.train.grad_clip)
+    outcomes += model.flush()
+    weights = {}
+    for stage in model.stages.values():
+        for name, value in stage.params.items():
+            weights[(grid.dp_rank, name, stage.embedding_part)] = np.array(value)
+    return outcomes, WORLD.gather(weights, root=0)
+
+
+def main():
+    failures, report = [], []
+    for zero in (0, 1):
+        sync_norms = [o.norm for o in train(make_cfg(False, 1e9, zero))[0]]
+        middle = float(np.median(sync_norms))
+        for label, clip, poison in (("clip every step", 1e-3, False),
+                                    ("clip some steps", middle, False),
+                                    ("NaN on one stage of one replica", 1.0, True)):
+            sync, w_sync = train(make_cfg(False, clip, zero), poison)
+            post, w_post = train(make_cfg(True, clip, zero), poison)
+            name = f"zero={zero}, {label}"
+            if [o.step for o in post] != list(range(1, STEPS + 1)):
+                failures.append(f"{name}: outcomes for steps {[o.step for o in post]}")
+            for a, b in zip(sync, post):
+                if a.skipped != b.skipped:
+                    failures.append(f"{name}: step {a.step} skipped {a.skipped} vs {b.skipped}")
+                for what in ("loss", "norm"):
+                    x, y = getattr(a, what), getattr(b, what)
+                    if a.skipped and what == "norm":
+                        continue
+                    if not abs(x - y) <= 1e-12 * abs(x):
+                        failures.append(f"{name}: step {a.step} {what} {x!r} vs {y!r}")
+            if WORLD.rank == 0:
+                for part_sync, part_post in zip(w_sync, w_post):
+                    for key, w in part_sync.items():
+                        err = np.abs(part_post[key] - w).max() / np.abs(w).max()
+                        if not err <= 1e-12:
+                            failures.append(f"{name}: weights {key} differ by {err:.1e}")
+            redone = WORLD.allreduce(sum(o.redone for o in post))
+            skipped = [o.step for o in post if o.skipped]
+            report.append(f"{name}: skipped {skipped}, {redone} redone updates (all ranks)")
+            if poison and skipped != [POISON_STEP]:
+                failures.append(f"{name}: expected only step {POISON_STEP} skipped, got {skipped}")
+            if label == "clip every step" and not redone:
+                failures.append(f"{name}: clipping every step never needed a redo: the "
+                                f"optimistic path was not exercised")
+    failures = sum(WORLD.allgather(failures), [])
+    if WORLD.rank == 0:
+        for line in report:
+            print(line, flush=True)
+        for line in sorted(set(failures)):
+            print("FAIL", line, flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

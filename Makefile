@@ -1,13 +1,13 @@
 # hpcpipe — set up, train, test.
 #
 #   make run                 set up .venv, then train inputs/tiny.toml on the stdlib corpus
-#                            as a pipeline of PP stages, one MPI rank (and core) each
+#                            as a pipeline of NP stages, one MPI rank (and core) each
 #   make test                set up .venv, then run the whole test suite
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
 #                            instead of the mpich wheel from PyPI
 #
 # Variables: PYTHON (interpreter for the venv), VENV (its folder), MPI (pypi|site),
-# CONFIG (for `make run`), PP (pipeline stages for `make run`: the cores, at most 4),
+# CONFIG (for `make run`), NP (pipeline stages for `make run`: the cores, at most 4),
 # ARGS (extra arguments to `train` or pytest).
 
 PYTHON ?= python3
@@ -15,7 +15,7 @@ VENV   ?= .venv
 MPI    ?= pypi
 CONFIG ?= inputs/tiny.toml
 ARGS   ?=
-PP     ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+NP     ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 
 COMMA   := ,
 PY      := $(VENV)/bin/python
@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml
 # let Open MPI (MPI=site) run as root in containers; MPICH ignores them.
 run: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-	  mpiexec -n $(PP) $(PY) -m mpi4py -m hpcpipe train $(CONFIG) --set parallel.pp=$(PP) $(ARGS)
+	  mpiexec -n $(NP) $(PY) -m mpi4py -m hpcpipe train $(CONFIG) --set parallel.pp=$(NP) $(ARGS)
 
 # pytest exits 5 when it collected no test at all: say so, and fail (an empty suite
 # proves nothing).

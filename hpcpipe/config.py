@@ -57,6 +57,7 @@ class TrainSection:
     seed: int = 0
     dtype: str = "float32"
     device: str = "auto"
+    gpu_sharing: bool = False  # allow more ranks than GPUs on a node (they time-slice)
     eval_every: int = 50  # 0: only at the end
     eval_batches: int = 8
     log_every: int = 10

@@ -9,3 +9,8 @@ class HpcpipeError(Exception):
 
 class LayoutError(HpcpipeError):
     """The job was launched with ranks that do not fit the config."""
+
+
+# Exit status of a run that stopped on a preemption signal (SIGTERM or SIGUSR1) after
+# writing a checkpoint: "try again later" (sysexits' EX_TEMPFAIL). Job scripts requeue on it.
+EXIT_PREEMPTED = 75

@@ -13,7 +13,7 @@ import os
 import sys
 
 from . import __version__
-from .errors import HpcpipeError
+from .errors import EXIT_PREEMPTED, HpcpipeError
 
 EPILOG = """\
 examples:
@@ -22,6 +22,9 @@ examples:
   mpiexec -n 1 python -m mpi4py -m hpcpipe train inputs/tiny.toml --run-dir runs/try1
   python -m hpcpipe prepare --corpus stdlib --out data/stdlib.tokens.h5
   python -m hpcpipe schedule --kind zb-h1 --stages 4 --microbatches 8
+  python -m hpcpipe train inputs/tiny.toml --resume       # continue from the latest checkpoint
+  python -m hpcpipe ckpt ls runs/tiny
+  python -m hpcpipe generate runs/tiny --prompt "def " --tokens 200
 
 Each command has its own --help. Runs write to runs/<config name>/ (config.toml,
 metrics.jsonl, summary.json)."""
@@ -35,9 +38,14 @@ The data file ([data] path, default data/<corpus>.tokens.h5) is prepared from [d
 corpus on first use: "stdlib" (this Python's standard library sources, no download), a
 text file, or a folder of text files.
 
-Under MPI, start it as `mpiexec -n N python -m mpi4py -m hpcpipe train ...`: `-m mpi4py`
-makes an exception on one rank abort the whole job instead of leaving the others waiting.
-This version trains on one rank (parallel.dp = parallel.pp = 1)."""
+Under MPI, start it as `mpiexec -n N python -m mpi4py -m hpcpipe train ...` with
+N = parallel.dp × parallel.pp: `-m mpi4py` makes an exception on one rank abort the whole
+job instead of leaving the others waiting.
+
+Checkpoints go to RUN_DIR/checkpoints/ every [checkpoint] every steps and at the end.
+SIGTERM or SIGUSR1 makes every rank save one at the next step boundary and exit with
+status 75; `--resume` (or checkpoint.resume = "auto") continues, bitwise as if never
+stopped."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,8 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="SECTION.KEY=VALUE",
                        help="override one config value (repeatable), e.g. --set train.steps=50")
     train.add_argument("--run-dir", metavar="DIR",
-                       help="where to write config.toml and metrics.jsonl "
+                       help="where to write config.toml, metrics.jsonl and checkpoints/ "
                             "(default: runs/<config file name without .toml>)")
+    train.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
+                       help="continue from the run directory's latest checkpoint, or from "
+                            "the checkpoint folder given (which may belong to another run "
+                            "and another dp × pp layout)")
     train.set_defaults(func=cmd_train)
 
     prep = sub.add_parser(
@@ -81,10 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     prep.set_defaults(func=cmd_prepare)
 
     from .bench import register as register_bench
+    from .ckpt_cli import register as register_ckpt
     from .schedules.cli import register as register_schedule
 
     register_schedule(sub)
     register_bench(sub)
+    register_ckpt(sub)
     return parser
 
 
@@ -96,13 +110,16 @@ def _world():
 
 def cmd_train(args) -> int:
     from . import config
-    from .train import train
+    from .train import Preempted, train
 
     comm = _world()
     cfg = config.load(args.config, args.overrides)
     name = os.path.splitext(os.path.basename(args.config))[0]
     run_dir = args.run_dir or os.path.join("runs", name)
-    train(cfg, run_dir, comm, out=lambda msg: print(msg, flush=True))
+    try:
+        train(cfg, run_dir, comm, out=lambda msg: print(msg, flush=True), resume=args.resume)
+    except Preempted:
+        return EXIT_PREEMPTED
     return 0
 
 

@@ -1,6 +1,6 @@
 """Run configuration: TOML files loaded into frozen dataclasses, with strict checking.
 
-A config has four sections, [model], [train], [data] and [parallel]. Every key has a
+A config has five sections, [model], [train], [data], [parallel] and [checkpoint]. Every key has a
 default here, so a file names only what it changes. Anything the loader cannot use — an
 unknown section or key, a wrong type, an impossible value — is a ConfigError that names
 the file, the key, the value and what is allowed, before any work starts.
@@ -95,11 +95,22 @@ class ParallelSection:
 
 
 @dataclass(frozen=True)
+class CheckpointSection:
+    """[checkpoint]: when to save, what to keep, whether to resume."""
+
+    every: int = 0  # save every N steps; 0: only at the end
+    keep: int = 2  # keep the last N checkpoints ...
+    keep_every: int = 0  # ... and every checkpoint whose step is a multiple of this (0: none)
+    resume: str = "never"  # "auto": continue from the run directory's latest when it has one
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelSection = field(default_factory=ModelSection)
     train: TrainSection = field(default_factory=TrainSection)
     data: DataSection = field(default_factory=DataSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     source: str = "<defaults>"
 
     @property
@@ -126,7 +137,7 @@ class Config:
 
 
 SECTIONS = {"model": ModelSection, "train": TrainSection, "data": DataSection,
-            "parallel": ParallelSection}
+            "parallel": ParallelSection, "checkpoint": CheckpointSection}
 
 
 def _toml_value(value) -> str:
@@ -228,6 +239,13 @@ def validate(cfg: Config) -> Config:
              f"allowed: {', '.join(SCHEDULES)}")
     _require(s, "parallel.dp", p.dp, p.dp >= 1, "must be at least 1")
     _require(s, "parallel.pp", p.pp, p.pp >= 1, "must be at least 1")
+    c = cfg.checkpoint
+    for key in ("every", "keep_every"):
+        _require(s, f"checkpoint.{key}", getattr(c, key), getattr(c, key) >= 0,
+                 "must be 0 or more")
+    _require(s, "checkpoint.keep", c.keep, c.keep >= 1, "must be at least 1")
+    _require(s, "checkpoint.resume", c.resume, c.resume in ("never", "auto"),
+             "allowed: never, auto")
     _require(s, "parallel.bucket_mb", p.bucket_mb, p.bucket_mb > 0, "must be positive")
     _require(s, "parallel.zero", p.zero, p.zero in (0, 1),
              "allowed: 0 (off) or 1 (optimizer state sharded over the dp replicas)")

@@ -310,6 +310,7 @@ class ShardView:
     their full shapes, so the weight-decay rule still sees matrices as matrices)."""
 
     def __init__(self, buffer: FlatBuffer, lo: int, hi: int):
+        self.buffer, self.lo = buffer, lo
         self.data = buffer.data[lo:hi]
         self.layout, self.offsets = [], {}
         for name, shape in buffer.layout:
@@ -317,3 +318,11 @@ class ShardView:
             if a < hi and b > lo:
                 self.layout.append((name, shape))
                 self.offsets[name] = (max(a, lo) - lo, min(b, hi) - lo)
+
+    def tensor_pieces(self):
+        """(name, start, stop) in the flattened tensor and (start, stop) in `data`, for
+        every tensor this shard cuts through."""
+        for name, _ in self.layout:
+            a, b = self.offsets[name]
+            first = self.buffer.offsets[name][0]
+            yield name, self.lo + a - first, self.lo + b - first, a, b

@@ -139,6 +139,13 @@ class FlatBuffer:
             for (name, shape), (a, b) in zip(self.layout, self.offsets.values())
         }
 
+    def tensor_pieces(self):
+        """(name, start, stop) in the flattened tensor and (start, stop) in `data`: here
+        every tensor whole (a shard of the buffer answers with parts)."""
+        for name, shape in self.layout:
+            a, b = self.offsets[name]
+            yield name, 0, b - a, a, b
+
     @property
     def size(self) -> int:
         return int(self.data.size)
@@ -314,6 +321,15 @@ class GPT:
 
     def _as_tokens(self, a):
         return self.xp.asarray(a, dtype=np.int64)
+
+    def logits(self, idx):
+        """Next-token logits (B, T, V) for token ids idx (B, T), forward only."""
+        stage, P = self.stage, self.params
+        x, _ = embedding.forward(self._as_tokens(idx), P)
+        for layer in stage.layers:
+            x, _ = block.forward(x, scope(P, f"h.{layer}."), self.config.n_head)
+        x, _ = layernorm.forward(x, scope(P, "ln_f."))
+        return head.forward(x, P)[0]
 
     def loss(self, idx, targets) -> float:
         """Mean cross-entropy of a batch, without computing gradients."""

@@ -90,6 +90,9 @@ class MasterWeights:
     def push(self):
         self.target.data[...] = self.data.astype(self.target.data.dtype)
 
+    def tensor_pieces(self):
+        return self.target.tensor_pieces()
+
 
 @dataclass
 class _Pending:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ from . import trace as tracelib
 from .comm import PipeComm, measure_latency, resolve_gpu_aware
 from .config import Config, ConfigError
 from .data import DataError, TokenFile, default_token_path, prepare
-from .errors import HpcpipeError
+from .errors import EXIT_PREEMPTED, HpcpipeError
 from .optim import learning_rate
 from .pipeline import RankModel
 from .runtime import Runtime
@@ -41,6 +42,7 @@ class Summary:
     first_val_loss: float = math.nan
     final_val_loss: float = math.nan
     schedule: str = ""
+    checkpoint: str = ""  # the last checkpoint written
     bubble: float = math.nan  # mean measured bubble over the steps after the first
     peak_activation_bytes: list = field(default_factory=list)  # per pipeline rank
     peak_activations: list = field(default_factory=list)  # per rank, in microbatches
@@ -108,18 +110,27 @@ def open_tokens(cfg: Config, comm, log) -> TokenFile:
 class RunDir:
     """runs/<name>/: the resolved config and metrics.jsonl, written by the root only."""
 
-    def __init__(self, path: str, cfg: Config, enabled: bool):
+    def __init__(self, path: str, cfg: Config, enabled: bool, resume_step: int | None = None):
+        """resume_step: continuing this run directory's own run from that step — its
+        metrics are kept up to that step and appended to (a crash may have left later
+        lines, which the continuation writes again)."""
         self.path, self.enabled = path, enabled
         self.metrics = None
         if not enabled:
             return
         os.makedirs(path, exist_ok=True)
         metrics = os.path.join(path, "metrics.jsonl")
-        if os.path.exists(metrics):  # keep an earlier run's metrics rather than overwrite
+        kept = []
+        if os.path.exists(metrics) and resume_step is not None:
+            with open(metrics) as f:
+                kept = [line for line in f if line.strip()
+                        and json.loads(line).get("step", 0) <= resume_step]
+        elif os.path.exists(metrics):  # keep an earlier run's metrics rather than overwrite
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(os.path.getmtime(metrics)))
             os.replace(metrics, os.path.join(path, f"metrics.{stamp}.jsonl"))
         self._write_atomic("config.toml", cfg.to_toml())
-        self.metrics = open(metrics, "w", buffering=1)
+        self._write_atomic("metrics.jsonl", "".join(kept))
+        self.metrics = open(metrics, "a", buffering=1)
 
     def _write_atomic(self, name: str, text: str):
         tmp = os.path.join(self.path, f".{name}.tmp")
@@ -193,8 +204,90 @@ def profiled_costs(trace, model: RankModel, grid, steps, comm_s: float) -> Costs
                  w=[merged[("W", s)] for s in stages], comm=comm_s, memory=1.0)
 
 
-def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
-    """Train `cfg` on this rank's share; returns the run's summary (on every rank)."""
+class Preempted(HpcpipeError):
+    """The run stopped on SIGTERM/SIGUSR1 after saving a checkpoint (exit status 75)."""
+
+
+class PreemptionWatch:
+    """SIGTERM and SIGUSR1 set a flag (never interrupting a save); at each step boundary
+    the ranks agree, through a non-blocking all-reduce started one step earlier so that it
+    adds no synchronisation, whether any of them was signalled."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self, comm):
+        self.comm, self.flag, self.request = comm, np.zeros(1, np.int32), None
+        self.seen = np.zeros(1, np.int32)
+        self.previous = {}
+        for sig in self.SIGNALS:
+            try:
+                self.previous[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread (an embedding application): no handler
+                pass
+
+    def _handler(self, signum, frame):
+        self.flag[0] = 1
+
+    def stop_now(self) -> bool:
+        """Whether any rank was signalled by the time it started the previous check."""
+        from mpi4py import MPI
+
+        stop = False
+        if self.request is not None:
+            self.request.Wait()
+            stop = bool(self.seen[0])
+        self.seen[...] = self.flag
+        self.request = self.comm.Iallreduce(MPI.IN_PLACE, self.seen, op=MPI.MAX)
+        return stop
+
+    def close(self):
+        if self.request is not None:
+            self.request.Wait()
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def find_resume(cfg: Config, run_dir: str, resume, comm, log):
+    """Which checkpoint to continue from (verified by the root), or None.
+
+    resume: None (not asked: checkpoint.resume decides), "" (--resume: the run directory's
+    latest), or a path. A damaged latest checkpoint falls back to the previous good one."""
+    from . import checkpoint as ckpt
+
+    def decide():
+        own_root = ckpt.root_of(run_dir)
+        if resume:  # a checkpoint named by the user, perhaps of another run
+            path = ckpt.resolve(resume)
+            return ckpt.find_usable(path, None, log)
+        found = ckpt.latest(own_root)
+        if found is None:
+            if resume == "":
+                raise ckpt.CheckpointError(f"--resume: no checkpoint in {own_root} to "
+                                           f"continue from")
+            if cfg.checkpoint.resume == "auto":
+                log(f"checkpoint.resume = \"auto\": no checkpoint in {own_root}, starting "
+                    f"fresh")
+            return None
+        if resume is None and cfg.checkpoint.resume != "auto":
+            return None
+        return ckpt.find_usable(found, own_root, log)
+
+    chosen = root_does(comm, decide)
+    chosen = comm.bcast(chosen, root=0)
+    if chosen is None:
+        return None, None
+    path, manifest = chosen
+    ckpt.check_model(manifest, cfg, path)
+    return path, manifest
+
+
+def train(cfg: Config, run_dir: str, comm, out=print, resume=None) -> Summary:
+    """Train `cfg` on this rank's share; returns the run's summary (on every rank).
+
+    resume: None, "" (the run directory's latest checkpoint) or a checkpoint path; see
+    `find_resume`. Raises Preempted after checkpointing when a rank gets SIGTERM/SIGUSR1."""
+    from . import checkpoint as ckpt
+
     started = time.perf_counter()
     is_root = comm.rank == 0
 
@@ -214,7 +307,22 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
                     p.microbatches, schedule.num_stages, gpu_aware)
     trace = tracelib.Trace(rank=comm.rank)
     runtime = Runtime(schedule, grid.pp_rank, model.stages, pipe, trace)
-    run = RunDir(run_dir, cfg, enabled=is_root)
+    resume_path, manifest = find_resume(cfg, run_dir, resume, comm, log)
+    start_step = 0
+    if resume_path:
+        tick = time.perf_counter()
+        state = ckpt.load(model, cfg, resume_path, manifest)
+        start_step = state["step"]
+        model.scaler.scale = state.get("loss_scale", model.scaler.scale)
+        model.scaler.good_steps = state.get("good_steps", 0)
+        saved = manifest["layout"]
+        log(f"resumed from {resume_path} (step {start_step}, written with dp {saved['dp']} × "
+            f"pp {saved['pp']}, {saved['schedule']}) in {time.perf_counter() - tick:.2f} s")
+        if start_step >= t.steps:
+            log(f"the checkpoint is at step {start_step}, train.steps = {t.steps}: nothing to do")
+    own = resume_path is not None and os.path.abspath(resume_path).startswith(
+        os.path.abspath(ckpt.root_of(run_dir)) + os.sep)
+    run = RunDir(run_dir, cfg, enabled=is_root, resume_step=start_step if own else None)
     tokens_per_step = cfg.tokens_per_step
     log(f"hpcpipe {__version__} | {grid.describe()} | {be.describe()}, {threads} BLAS "
         f"thread(s) per rank | {t.dtype}")
@@ -267,7 +375,21 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
             return cache[mb]
         return inputs
 
-    run_eval(0)
+    def save(step):
+        for outcome in model.flush():  # post-validation: settle the weights first
+            report(outcome)
+        saved = ckpt.save(model, cfg, step, run.path,
+                          {"loss_scale": model.scaler.scale,
+                           "good_steps": model.scaler.good_steps,
+                           "lr_step": step, "data_step": step, "seed": t.seed},
+                          keep=cfg.checkpoint.keep, keep_every=cfg.checkpoint.keep_every)
+        log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in {saved.seconds:.2f} s")
+        summary.checkpoint = saved.path
+        return saved
+
+    if start_step == 0:
+        run_eval(0)
+    watch = PreemptionWatch(comm)
     comm.Barrier()
     trace.origin = time.perf_counter()  # every rank's clock starts together (±barrier skew)
     ema, bubbles, predicted, after_auto, split = None, [], None, [], []
@@ -317,7 +439,8 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
                 f"{step_s * 1e3:.1f} ms/step | bubble {stats.bubble:.1%} | "
                 f"ETA {_fmt_time(ema * (t.steps - step))}")
 
-    for step in range(1, t.steps + 1):
+    last_saved = start_step if resume_path else None
+    for step in range(start_step + 1, t.steps + 1):
         tick = time.perf_counter()
         lr = learning_rate(step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
         rates[step] = lr
@@ -350,9 +473,23 @@ def train(cfg: Config, run_dir: str, comm, out=print) -> Summary:
             for outcome in model.flush():
                 report(outcome)
             run_eval(step)
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step != t.steps:
+            save(step)
+            last_saved = step
+        if watch.stop_now():
+            save(step)
+            watch.close()
+            run.finish(summary)
+            log(f"preempted: checkpoint of step {step} written; exiting with status "
+                f"{EXIT_PREEMPTED} (resume with --resume, or checkpoint.resume = \"auto\")")
+            raise Preempted(f"stopped by a signal at step {step} after saving a checkpoint")
+    watch.close()
     for outcome in model.flush():
         report(outcome)
-    run_eval(t.steps)
+    if last_saved != t.steps and summary.steps:
+        save(t.steps)
+    if summary.steps or start_step < t.steps:
+        run_eval(t.steps)
     summary.bubble = float(np.mean(bubbles)) if bubbles else math.nan
     summary.peak_activation_bytes = peak_bytes
     summary.peak_activations = peak_mb

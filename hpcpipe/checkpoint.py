@@ -1,0 +1,599 @@
+"""HDF5 checkpoints: atomic, verified, exact to resume, loadable under any layout.
+
+Layout of one checkpoint (h5py is serial HDF5, so ranks write their own files):
+
+    RUN_DIR/checkpoints/
+        latest                        "step_00000120": replaced atomically, last of all
+        step_00000120/
+            model-pp000.h5            parameters of pipeline rank 0's stages, written by its
+            model-pp001.h5            first replica, under GPT-2's names and global shapes
+            optim-r00000.h5           optimizer state this rank holds (all of a stage's, or
+                                      with ZeRO-1 its shard), in pieces of flattened tensors
+            manifest.json             written last, by rank 0: step, config, layout, and per
+                                      file its size and SHA-256; no manifest, no checkpoint
+
+Every file goes through a temporary name → flush → fsync → rename → fsync of the folder,
+and a checkpoint is assembled in a hidden temporary folder that is renamed into place
+only once every file and the manifest are complete, so a crash or a kill at any moment
+leaves the previous checkpoint as it was.
+
+Parameters are stored whole, one dataset per GPT-2 name, with the fletcher32 checksum;
+`h5ls -r model-pp000.h5` reads like a GPT-2 state dict. bfloat16 arrays are stored as
+uint16 with a `dtype` attribute. Optimizer state (Adam's exp_avg and exp_avg_sq, and
+float32 master weights under 16-bit compute) is stored as pieces [start, stop) of each
+flattened tensor, so a checkpoint written by any (dp, pp, ZeRO) layout can be read by any
+other: each rank reads only the tensors and slices it needs. Nothing random needs saving:
+data sampling and initialisation are counter-based, keyed by (seed, step, sample index).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import HpcpipeError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+LATEST = "latest"
+OPTIM_KINDS = ("exp_avg", "exp_avg_sq", "master")
+
+
+class CheckpointError(HpcpipeError):
+    """A checkpoint that cannot be used; the message names the file and what is wrong."""
+
+
+# -- files --------------------------------------------------------------------------------
+
+def fsync_dir(path: str):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, write):
+    """`write(tmp_path)` creates the file; it is then fsynced and renamed into place."""
+    tmp = f"{path}.tmp"
+    write(tmp)
+    with open(tmp, "rb+") as f:
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def root_of(run_dir: str) -> str:
+    return os.path.join(run_dir, "checkpoints")
+
+
+def _store(group, name: str, array: np.ndarray, **attrs):
+    """One dataset with the fletcher32 checksum; bfloat16 goes in as uint16 + attribute."""
+    dtype = array.dtype.name
+    if dtype == "bfloat16":
+        array = array.view(np.uint16)
+    data = np.ascontiguousarray(array)
+    ds = group.create_dataset(name, data=data, fletcher32=data.size > 0,
+                              chunks=data.shape if data.size else None)
+    ds.attrs["dtype"] = dtype
+    for key, value in attrs.items():
+        ds.attrs[key] = value
+    return ds
+
+
+def _read(ds, where: str) -> np.ndarray:
+    try:
+        data = ds[()]
+    except OSError as e:  # fletcher32 mismatch, truncated chunk
+        raise CheckpointError(f"{where}: dataset {ds.name} cannot be read ({e}); the file is "
+                              f"damaged") from None
+    if ds.attrs.get("dtype") == "bfloat16":
+        import ml_dtypes
+
+        data = data.view(ml_dtypes.bfloat16)
+    return data
+
+
+# -- what a rank holds ----------------------------------------------------------------------
+
+def _optimizer_pieces(model):
+    """For each optimizer of the rank: (optimizer, [(name, t0, t1, v0, v1)]) — which part
+    [t0, t1) of each flattened tensor sits at [v0, v1) of the optimizer's vectors."""
+    return [(opt, list(opt.params.tensor_pieces())) for _, opt in model.optimizers]
+
+
+def _skip_tied_copy(stage, name: str) -> bool:
+    """The head's copy of wte equals the embedding's (same gradient, same update)."""
+    return name == "wte" and not stage.embedding_part
+
+
+@dataclass
+class Saved:
+    path: str
+    seconds: float
+    bytes: int
+
+
+# -- save ---------------------------------------------------------------------------------
+
+def save(model, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
+         keep_every: int = 0, log=print) -> Saved:
+    """Write a checkpoint of every rank's state at `step` (collective over the world).
+
+    state: the run's own numbers to restore (e.g. the loss-scaler's), stored in the
+    manifest. Returns where it went, how long it took and its size (on every rank)."""
+    grid = model.grid
+    world = grid.world
+    start = time.perf_counter()
+    root = root_of(run_dir)
+    final = os.path.join(root, step_name(step))
+    tmp_dir = os.path.join(root, f".{step_name(step)}.tmp")
+    if world.rank == 0:
+        os.makedirs(root, exist_ok=True)
+        if os.path.exists(tmp_dir):  # left by a save that was killed: never complete
+            shutil.rmtree(tmp_dir)
+        os.makedirs(tmp_dir)
+    world.Barrier()
+    error, entries = None, []
+    try:
+        entries = _write_rank_files(model, tmp_dir)
+    except OSError as e:
+        error = f"rank {world.rank}: writing the checkpoint failed: {e}"
+    errors = [e for e in world.allgather(error) if e]
+    if errors:
+        raise CheckpointError(errors[0] + " (the previous checkpoint is untouched)")
+    everything = world.gather(entries, root=0)
+    if world.rank == 0:
+        files, tensors, pieces = {}, {}, {}
+        for rank_entries in everything:
+            for entry in rank_entries:
+                files[entry["file"]] = {"size": entry["size"], "sha256": entry["sha256"]}
+                for name, info in entry.get("tensors", {}).items():
+                    tensors[name] = {"file": entry["file"], **info}
+                for name, ranges in entry.get("pieces", {}).items():
+                    pieces.setdefault(name, []).extend(
+                        {"file": entry["file"], "start": a, "stop": b} for a, b in ranges)
+        manifest = {
+            "format_version": FORMAT_VERSION, "step": step, "created": time.time(),
+            "config": cfg.to_toml(),
+            "model": {k: getattr(cfg.model, k) for k in
+                      ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
+            "dtype": cfg.train.dtype,
+            "layout": {"dp": grid.dp, "pp": grid.pp, "chunks": len(model.stages),
+                       "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
+                       "rank_order": grid.rank_order,
+                       "partition": [list(spec.layers) for spec in model.specs]},
+            "adam_step": model.optimizers[0][1].t,
+            "state": state, "files": files, "tensors": tensors, "pieces": pieces,
+        }
+        text = json.dumps(manifest, indent=1)
+        write_atomic(os.path.join(tmp_dir, MANIFEST), lambda p: open(p, "w").write(text))
+        if os.path.exists(final):  # the same step saved again (e.g. a resumed run)
+            shutil.rmtree(final)
+        os.replace(tmp_dir, final)
+        fsync_dir(root)
+        write_atomic(os.path.join(root, LATEST),
+                     lambda p: open(p, "w").write(step_name(step) + "\n"))
+        _retain(root, keep, keep_every)
+    world.Barrier()
+    seconds = time.perf_counter() - start
+    nbytes = world.allreduce(sum(e["size"] for e in entries))
+    return Saved(final, seconds, nbytes)
+
+
+def _injected_delay(folder: str):
+    """Fault injection for the tests: HPCPIPE_SAVE_DELAY="STEP:SECONDS" pauses every rank
+    in the middle of writing its shard of that step's checkpoint, so a test can kill a
+    rank while it writes. Unset in normal runs."""
+    spec = os.environ.get("HPCPIPE_SAVE_DELAY", "")
+    if ":" in spec and f".{step_name(int(spec.split(':')[0]))}.tmp" in folder:
+        time.sleep(float(spec.split(":")[1]))
+
+
+def _write_rank_files(model, folder: str) -> list[dict]:
+    """This rank's files; returns their manifest entries."""
+    import h5py
+
+    grid = model.grid
+    entries = []
+    if grid.dp_rank == 0:  # the first replica writes the parameters of its stages
+        name = f"model-pp{grid.pp_rank:03d}.h5"
+        path = os.path.join(folder, name)
+        tensors = {}
+
+        def write(tmp):
+            with h5py.File(tmp, "w") as f:
+                for chunk in sorted(model.stages, key=model.stage_index.get):
+                    stage = model.stages[chunk]
+                    for pname, value in stage.params.items():
+                        if _skip_tied_copy(stage, pname):
+                            continue
+                        host = model.backend.to_host(value)
+                        _store(f, pname, host, stage=model.stage_index[chunk])
+                        tensors[pname] = {"shape": list(value.shape)}
+                f.attrs["format_version"] = FORMAT_VERSION
+                f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
+                f.flush()
+                _injected_delay(folder)
+
+        write_atomic(path, write)
+        entries.append({"file": name, "size": os.path.getsize(path), "sha256": sha256(path),
+                        "tensors": tensors})
+    zero = model.cfg.parallel.zero
+    if grid.dp_rank == 0 or zero:  # with ZeRO-1 every replica holds its own shard
+        name = f"optim-r{grid.rank:05d}.h5"
+        path = os.path.join(folder, name)
+        pieces = {}
+
+        def write(tmp):
+            with h5py.File(tmp, "w") as f:
+                groups = {kind: f.create_group(kind) for kind in OPTIM_KINDS}
+                for opt, parts in _optimizer_pieces(model):
+                    vectors = {"exp_avg": opt.m, "exp_avg_sq": opt.v}
+                    if opt.params.__class__.__name__ == "MasterWeights":
+                        vectors["master"] = opt.params.data
+                    for pname, t0, t1, v0, v1 in parts:
+                        if pname == "wte" and not _holds_embedding(model, opt):
+                            continue
+                        key = f"{pname}@{t0}"
+                        for kind, vec in vectors.items():
+                            _store(groups[kind], key, model.backend.to_host(vec[v0:v1]),
+                                   start=t0, stop=t1, tensor=pname)
+                        pieces.setdefault(pname, []).append((t0, t1))
+                f.attrs["format_version"] = FORMAT_VERSION
+                f.attrs["kind"] = "hpcpipe optimizer state (pieces of flattened tensors)"
+
+        write_atomic(path, write)
+        entries.append({"file": name, "size": os.path.getsize(path), "sha256": sha256(path),
+                        "pieces": pieces})
+    return entries
+
+
+def _holds_embedding(model, opt) -> bool:
+    """Whether optimizer `opt` belongs to a stage with the embedding (its wte counts)."""
+    target = opt.params.target if hasattr(opt.params, "target") else opt.params
+    buffer = getattr(target, "buffer", target)
+    return any(stage.param_buffer is buffer and stage.embedding_part
+               for stage in model.stages.values())
+
+
+def _retain(root: str, keep: int, keep_every: int):
+    """Delete old checkpoints: keep the last `keep`, and every step divisible by
+    `keep_every` (0: none extra)."""
+    steps = [s for s, _ in list_checkpoints(root)]
+    keepers = set(steps[-keep:]) if keep > 0 else set()
+    if keep_every:
+        keepers |= {s for s in steps if s % keep_every == 0}
+    for step in steps:
+        if step not in keepers:
+            shutil.rmtree(os.path.join(root, step_name(step)), ignore_errors=True)
+
+
+# -- find and check -------------------------------------------------------------------------
+
+def list_checkpoints(root: str) -> list[tuple[int, str]]:
+    """Complete checkpoints (with a manifest) under `root`, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    out = []
+    for entry in os.listdir(root):
+        if entry.startswith("step_") and os.path.exists(os.path.join(root, entry, MANIFEST)):
+            try:
+                out.append((int(entry[5:]), os.path.join(root, entry)))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
+def latest(root: str) -> str | None:
+    """The checkpoint the `latest` pointer names (or the newest complete one)."""
+    pointer = os.path.join(root, LATEST)
+    if os.path.exists(pointer):
+        with open(pointer) as f:
+            path = os.path.join(root, f.read().strip())
+        if os.path.exists(os.path.join(path, MANIFEST)):
+            return path
+    found = list_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def resolve(path: str) -> str:
+    """A checkpoint folder from what a user may name: the folder itself, a checkpoints/
+    folder, or a run directory."""
+    for candidate in (path, root_of(path)):
+        if os.path.exists(os.path.join(candidate, MANIFEST)):
+            return candidate
+        if os.path.isdir(candidate):
+            found = latest(candidate)
+            if found:
+                return found
+    raise CheckpointError(f"{path}: no checkpoint there (a checkpoint folder holds "
+                          f"{MANIFEST}; a run directory holds checkpoints/)")
+
+
+def read_manifest(path: str) -> dict:
+    file = os.path.join(path, MANIFEST)
+    if not os.path.exists(file):
+        raise CheckpointError(f"{path}: incomplete checkpoint: {MANIFEST} is missing")
+    try:
+        with open(file) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{file}: unreadable manifest ({e})") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{file}: format version {manifest.get('format_version')}, this "
+                              f"hpcpipe reads version {FORMAT_VERSION}")
+    return manifest
+
+
+def verify(path: str) -> list[str]:
+    """Every problem with a checkpoint: missing or resized files, SHA-256 mismatches,
+    unreadable datasets (fletcher32). An empty list means it is good."""
+    import h5py
+
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError as e:
+        return [str(e)]
+    problems = []
+    for name, info in manifest["files"].items():
+        file = os.path.join(path, name)
+        if not os.path.exists(file):
+            problems.append(f"{file}: missing")
+            continue
+        if os.path.getsize(file) != info["size"]:
+            problems.append(f"{file}: {os.path.getsize(file)} bytes, the manifest says "
+                            f"{info['size']} (truncated or replaced)")
+            continue
+        if sha256(file) != info["sha256"]:
+            problems.append(f"{file}: SHA-256 differs from the manifest (corrupted)")
+            continue
+        def read_all(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                _read(obj, file)  # raises on a fletcher32 mismatch
+            return None  # (a value would stop the visit)
+
+        try:
+            with h5py.File(file, "r") as f:
+                f.visititems(read_all)
+        except (OSError, CheckpointError) as e:
+            problems.append(f"{file}: {e}" if not str(e).startswith(file) else str(e))
+    return problems
+
+
+def check_model(manifest: dict, cfg, where: str):
+    """The checkpoint's model shape must be the config's."""
+    saved = manifest["model"]
+    for key, value in saved.items():
+        mine = getattr(cfg.model, key)
+        if mine != value:
+            raise CheckpointError(
+                f"{where}: written for model.{key} = {value}, but the config has {mine}; a "
+                f"checkpoint loads only into the same model shape (layout may differ)")
+
+
+def find_usable(path: str, fallback_root: str | None, log) -> tuple[str, dict]:
+    """`path` verified; if it is damaged and `fallback_root` is given, the newest older
+    checkpoint there that verifies (reported). Single process (the root)."""
+    problems = verify(path)
+    if not problems:
+        return path, read_manifest(path)
+    message = f"checkpoint {path} is damaged: " + "; ".join(problems)
+    if fallback_root is None:
+        raise CheckpointError(message)
+    log(f"warning: {message}")
+    for step, older in reversed(list_checkpoints(fallback_root)):
+        if older != path and step < _step_of(path) and not verify(older):
+            log(f"resuming from the previous good checkpoint {older}")
+            return older, read_manifest(older)
+    raise CheckpointError(message + "; no older good checkpoint in " + fallback_root)
+
+
+def _step_of(path: str) -> int:
+    try:
+        return int(os.path.basename(os.path.normpath(path))[5:])
+    except ValueError:
+        return 1 << 62
+
+
+# -- load -----------------------------------------------------------------------------------
+
+class _Reader:
+    """Opens the checkpoint's files on demand and reads tensors or pieces of them."""
+
+    def __init__(self, path: str, manifest: dict):
+        self.path, self.manifest, self.files = path, manifest, {}
+
+    def file(self, name: str):
+        import h5py
+
+        if name not in self.files:
+            full = os.path.join(self.path, name)
+            if not os.path.exists(full):
+                raise CheckpointError(f"{full}: missing (listed in the manifest)")
+            try:
+                self.files[name] = h5py.File(full, "r")
+            except OSError as e:
+                raise CheckpointError(f"{full}: cannot be opened ({e})") from None
+        return self.files[name]
+
+    def tensor(self, name: str) -> np.ndarray:
+        info = self.manifest["tensors"].get(name)
+        if info is None:
+            raise CheckpointError(f"{self.path}: no parameter {name!r} in the checkpoint")
+        return _read(self.file(info["file"])[name], os.path.join(self.path, info["file"]))
+
+    def piece(self, kind: str, name: str, t0: int, t1: int) -> np.ndarray | None:
+        """Elements [t0, t1) of the flattened `kind` state of tensor `name`, assembled
+        from whichever pieces cover them; None when the checkpoint has none."""
+        pieces = self.manifest["pieces"].get(name)
+        if not pieces:
+            return None
+        out = None
+        covered = 0
+        for p in pieces:
+            a, b = max(t0, p["start"]), min(t1, p["stop"])
+            if a >= b:
+                continue
+            group = self.file(p["file"])[kind]
+            key = f"{name}@{p['start']}"
+            if key not in group:
+                return None  # e.g. no master weights were saved (32-bit compute)
+            data = _read(group[key], os.path.join(self.path, p["file"]))
+            if out is None:
+                out = np.empty(t1 - t0, dtype=data.dtype)
+            out[a - t0:b - t0] = data[a - p["start"]:b - p["start"]]
+            covered += b - a
+        if covered != t1 - t0:
+            raise CheckpointError(f"{self.path}: optimizer state of {name} covers {covered} of "
+                                  f"the {t1 - t0} elements needed; a shard file is missing")
+        return out
+
+    def close(self):
+        for f in self.files.values():
+            f.close()
+
+
+def load(model, cfg, path: str, manifest: dict) -> dict:
+    """Load the checkpoint at `path` into this rank's stages and optimizers (collective
+    over the world: every rank reads what it needs). Returns the manifest's `state`, with
+    `step` added."""
+    world = model.grid.world
+    reader = _Reader(path, manifest)
+    error = None
+    try:
+        check_model(manifest, cfg, path)
+        be = model.backend
+        for stage in model.stages.values():
+            for name, view in stage.params.items():
+                data = reader.tensor(name)
+                if tuple(data.shape) != tuple(view.shape):
+                    raise CheckpointError(f"{path}: {name} has shape {data.shape}, expected "
+                                          f"{tuple(view.shape)}")
+                view[...] = be.xp.asarray(data.astype(view.dtype, copy=False))
+        adam_t = int(manifest.get("adam_step", 0))
+        for opt, parts in _optimizer_pieces(model):
+            master = opt.params.__class__.__name__ == "MasterWeights"
+            for name, t0, t1, v0, v1 in parts:
+                for kind, vec in (("exp_avg", opt.m), ("exp_avg_sq", opt.v)):
+                    data = reader.piece(kind, name, t0, t1)
+                    # No state for a tensor (an imported model): Adam starts fresh there.
+                    vec[v0:v1] = 0 if data is None else be.xp.asarray(data.astype(vec.dtype))
+                if master:
+                    data = reader.piece("master", name, t0, t1)
+                    if data is None:  # written by a 32-bit run: its weights are the master
+                        data = reader.tensor(name).reshape(-1)[t0:t1]
+                    opt.params.data[v0:v1] = be.xp.asarray(data.astype(np.float32))
+            opt.t = adam_t if manifest["pieces"] else 0
+            if master:
+                opt.params.push()
+    except CheckpointError as e:
+        error = str(e)
+    except (OSError, KeyError, ValueError) as e:
+        error = f"{path}: unreadable checkpoint ({type(e).__name__}: {e})"
+    finally:
+        reader.close()
+    errors = [e for e in world.allgather(error) if e]
+    if errors:
+        raise CheckpointError(errors[0])
+    state = dict(manifest.get("state", {}))
+    state["step"] = int(manifest["step"])
+    return state
+
+
+# -- whole models: export, import, generation ------------------------------------------------
+
+def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
+    """Every parameter of a checkpoint, by GPT-2 name (single process), and its manifest."""
+    manifest = read_manifest(path)
+    reader = _Reader(path, manifest)
+    try:
+        return {name: reader.tensor(name) for name in manifest["tensors"]}, manifest
+    finally:
+        reader.close()
+
+
+def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
+                  source: str = "") -> str:
+    """A parameters-only checkpoint (no optimizer state: training from it starts Adam
+    fresh) in folder `path`, e.g. for imported GPT-2 weights. Atomic like `save`."""
+    import h5py
+
+    from .model import GPTConfig, param_layout
+
+    gpt = GPTConfig(**{k: getattr(cfg.model, k) for k in
+                       ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")})
+    expected = dict(param_layout(gpt))
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        raise CheckpointError(f"{source or path}: tensors do not match the model "
+                              f"(missing {missing[:5]}, unexpected {extra[:5]})")
+    for name, shape in expected.items():
+        if tuple(tensors[name].shape) != tuple(shape):
+            raise CheckpointError(f"{source or path}: {name} has shape "
+                                  f"{tuple(tensors[name].shape)}, the model needs {shape}")
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp_dir = os.path.join(parent, f".{os.path.basename(path)}.tmp")
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    os.makedirs(tmp_dir)
+    name = "model-pp000.h5"
+
+    def write(tmp):
+        with h5py.File(tmp, "w") as f:
+            for tname in expected:
+                _store(f, tname, np.asarray(tensors[tname]), stage=0)
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
+
+    file = os.path.join(tmp_dir, name)
+    write_atomic(file, write)
+    manifest = {
+        "format_version": FORMAT_VERSION, "step": step, "created": time.time(),
+        "config": cfg.to_toml(), "source": source,
+        "model": {k: getattr(cfg.model, k) for k in
+                  ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
+        "dtype": str(np.asarray(tensors["wte"]).dtype),
+        "layout": {"dp": 1, "pp": 1, "chunks": 1, "schedule": "none", "zero": 0,
+                   "rank_order": "pp-inner", "partition": [list(range(cfg.model.n_layer))]},
+        "adam_step": 0, "state": {},
+        "files": {name: {"size": os.path.getsize(file), "sha256": sha256(file)}},
+        "tensors": {t: {"file": name, "shape": list(expected[t])} for t in expected},
+        "pieces": {},
+    }
+    text = json.dumps(manifest, indent=1)
+    write_atomic(os.path.join(tmp_dir, MANIFEST), lambda p: open(p, "w").write(text))
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.replace(tmp_dir, path)
+    fsync_dir(parent)
+    return path
+
+
+def config_of(manifest: dict):
+    """The resolved config a checkpoint was written with."""
+    import tomllib
+
+    from . import config
+
+    return config.from_dict(tomllib.loads(manifest["config"]), source="checkpoint manifest")

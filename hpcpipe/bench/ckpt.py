@@ -1,0 +1,86 @@
+"""bench ckpt: how long a checkpoint takes to save, verify and load, and how big it is,
+for a config's model on the ranks this is launched with (no training: the model as
+initialised, with its optimizer state)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+from .. import backend, config
+from .. import checkpoint as ckpt
+from .. import grid as gridlib
+from ..pipeline import RankModel
+from ..schedules import generate
+from .common import write_json
+
+EPILOG = """\
+examples:
+  python -m hpcpipe bench ckpt inputs/tiny.toml
+  python -m hpcpipe bench ckpt inputs/gpt2-124m.toml --set model.vocab_size=50257 --set train.device=\\"cpu\\"
+  mpiexec -n 2 python -m mpi4py -m hpcpipe bench ckpt inputs/tiny.toml --set parallel.pp=2"""
+
+
+def add_parser(sub):
+    parser = sub.add_parser("ckpt", help="checkpoint save / verify / load time and size",
+                            description=__doc__, epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", metavar="CONFIG")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--dir", help="where to write (default: a temporary folder, removed)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.set_defaults(func=run_ckpt)
+    return parser
+
+
+def run_ckpt(args) -> int:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    cfg = config.load(args.config, args.overrides)
+    p, t = cfg.parallel, cfg.train
+    grid = gridlib.build(world, p.dp, p.pp, p.rank_order, source=cfg.source)
+    be = backend.select(t.device, grid.local_rank)
+    schedule = generate("1f1b" if p.schedule == "auto" else p.schedule, p.pp, p.microbatches,
+                        v=cfg.chunks)
+    tick = time.perf_counter()
+    model = RankModel(cfg, grid, be, schedule)
+    built = time.perf_counter() - tick
+    folder = args.dir or (tempfile.mkdtemp(prefix="hpcpipe-bench-ckpt-") if world.rank == 0
+                          else None)
+    folder = world.bcast(folder, root=0)
+    saved = ckpt.save(model, cfg, 1, folder, {"bench": True}, keep=1)
+    verify_s = 0.0
+    if world.rank == 0:
+        tick = time.perf_counter()
+        problems = ckpt.verify(saved.path)
+        verify_s = time.perf_counter() - tick
+        assert not problems, problems
+    manifest = world.bcast(ckpt.read_manifest(saved.path) if world.rank == 0 else None, root=0)
+    world.Barrier()
+    tick = time.perf_counter()
+    ckpt.load(model, cfg, saved.path, manifest)
+    world.Barrier()
+    load_s = time.perf_counter() - tick
+    if world.rank == 0:
+        params = sum(f["size"] for n, f in manifest["files"].items() if n.startswith("model"))
+        optim = sum(f["size"] for n, f in manifest["files"].items() if n.startswith("optim"))
+        print(f"{args.config}: {cfg.model.n_layer} layers, n_embd {cfg.model.n_embd}, vocab "
+              f"{cfg.model.vocab_size}, {t.dtype}, dp {p.dp} × pp {p.pp} "
+              f"(model built in {built:.1f} s)")
+        print(f"| save s | verify s | load s | parameters MiB | optimizer MiB | total MiB |")
+        print("|---|---|---|---|---|---|")
+        print(f"| {saved.seconds:.2f} | {verify_s:.2f} | {load_s:.2f} | {params / 2**20:.1f} | "
+              f"{optim / 2**20:.1f} | {saved.bytes / 2**20:.1f} |")
+        if args.json:
+            write_json(args.json, {"suite": "ckpt", "config": args.config,
+                                   "save_s": saved.seconds, "verify_s": verify_s,
+                                   "load_s": load_s, "bytes": saved.bytes,
+                                   "parameter_bytes": params, "optimizer_bytes": optim})
+        if not args.dir:
+            shutil.rmtree(folder, ignore_errors=True)
+    return 0

@@ -55,8 +55,9 @@ class Trace:
 class StepStats:
     """One step seen from every rank (lists are indexed by world rank)."""
 
-    bubble: float  # 1 − (busiest rank's compute time) ÷ (the step's span over all ranks)
-    bubble_per_rank: list  # each rank's idle fraction of that span
+    bubble: float  # 1 − (busiest rank's compute) ÷ (first op to last op over all ranks)
+    bubble_span: float  # 1 − (busiest rank's compute) ÷ (longest first-to-last op of a rank)
+    bubble_per_rank: list  # each rank's idle fraction of the step (as for `bubble`)
     compute_s: list  # time in F, B, W, BW ops
     p2p_wait_s: list  # time blocked on pipeline receives
     dp_wait_s: list  # time blocked on the data-parallel gradient reduction
@@ -67,7 +68,8 @@ class StepStats:
 
     def record(self) -> dict:
         """The fields metrics.jsonl gets."""
-        return {"bubble": self.bubble, "bubble_per_rank": self.bubble_per_rank,
+        return {"bubble": self.bubble, "bubble_span": self.bubble_span,
+                "bubble_per_rank": self.bubble_per_rank,
                 "compute_s": self.compute_s, "p2p_wait_s": self.p2p_wait_s,
                 "dp_wait_s": self.dp_wait_s, "optimizer_s": self.optimizer_s,
                 "peak_activation_bytes": self.peak_bytes,
@@ -84,11 +86,14 @@ def local_row(trace: Trace, step: int, result, dp_wait_s: float = 0.0,
     import numpy as np
 
     events = trace.step_events(step)
-    return np.array([sum(e.end - e.start for e in events if e.kind in COMPUTE),
+    ops = [e for e in events if e.kind in COMPUTE]
+    first = min((e.start for e in ops), default=result.start)
+    last = max((e.end for e in ops), default=result.end)
+    return np.array([sum(e.end - e.start for e in ops),
                      sum(e.end - e.start for e in events if e.kind == "wait"),
                      dp_wait_s,
                      sum(e.end - e.start for e in events if e.kind == "optimizer"),
-                     result.start, result.end, result.peak_bytes, result.peak_microbatches,
+                     first, last, result.peak_bytes, result.peak_microbatches,
                      allreduce_bytes], dtype=np.float64)
 
 
@@ -102,15 +107,19 @@ def step_stats(trace: Trace, step: int, result, comm, dp_wait_s: float = 0.0,
 def combine(rows) -> StepStats:
     """Every rank's row → the step's statistics.
 
-    The bubble is defined as the simulator defines it — 1 − (busiest rank's compute
-    time) ÷ (the step's span over all ranks) — so the two can be compared directly."""
+    Both bubbles are defined as the simulator defines them, so the two compare directly:
+    over the makespan (first op of any rank to last op of any rank: the step time when
+    every step ends in a synchronisation) and over the longest per-rank span (first to
+    last op of one rank: the step period when steps overlap, with post-validation)."""
     rows = [[float(x) for x in r] for r in rows]
     for r in rows:
         r[6], r[8] = int(r[6]), int(r[8])
     span = max(r[5] for r in rows) - min(r[4] for r in rows)
+    longest = max(r[5] - r[4] for r in rows)
     busiest = max(r[0] for r in rows)
     return StepStats(
         bubble=1.0 - busiest / span if span > 0 else 0.0,
+        bubble_span=1.0 - busiest / longest if longest > 0 else 0.0,
         bubble_per_rank=[round(1.0 - r[0] / span, 6) if span > 0 else 0.0 for r in rows],
         compute_s=[r[0] for r in rows], p2p_wait_s=[r[1] for r in rows],
         dp_wait_s=[r[2] for r in rows], optimizer_s=[r[3] for r in rows],

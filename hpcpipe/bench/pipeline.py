@@ -50,6 +50,9 @@ def add_parser(sub):
     pipe.add_argument("--rounds", type=int, default=4, help="round-robin rounds (4)")
     pipe.add_argument("--memory-limit", type=float, default=0,
                       help="auto's limit in microbatches (default 2·pp)")
+    pipe.add_argument("--synchronous", action="store_true",
+                      help="without optimizer post-validation: every step ends in a "
+                           "synchronisation (default: steps overlap, as in the paper)")
     pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     pipe.set_defaults(func=run_pipeline)
     return pipe
@@ -69,8 +72,10 @@ def run_pipeline(args) -> int:
     cfg = config.from_dict({
         "model": {"n_layer": args.layers, "n_head": args.heads, "n_embd": args.embd,
                   "block_size": args.block, "vocab_size": 256},
+        # Overlapping steps need post-validation; no clipping, so that no optimistic
+        # update is ever redone and every schedule does the same work.
         "train": {"micro_batch_size": args.micro_batch_size, "dtype": "float32",
-                  "device": "auto"},
+                  "device": "auto", "post_validation": not args.synchronous, "grad_clip": 0.0},
         "parallel": {"pp": pp, "microbatches": args.microbatches, "schedule": "1f1b"},
     }, source="bench pipeline")
     grid = gridlib.build(world, 1, pp, source="bench pipeline")
@@ -85,7 +90,9 @@ def run_pipeline(args) -> int:
         log(f"warning: {grid.local_size} ranks share {cores} cores on this node: the ranks "
             f"take turns and these timings do not measure the schedules")
     log(f"model: {args.layers} layers, n_embd {C}, block {T}; {m} microbatches of {B} "
-        f"sequences ({m * B * T:,} tokens/step); {args.rounds} rounds × {args.steps} steps")
+        f"sequences ({m * B * T:,} tokens/step); {args.rounds} rounds × {args.steps} steps; "
+        + ("steps overlap (post-validation), bubbles over the longest rank span"
+           if not args.synchronous else "synchronised steps, bubbles over the makespan"))
 
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 256, (m * B, T + 1))
@@ -101,18 +108,25 @@ def run_pipeline(args) -> int:
                 "runtime": Runtime(schedule, grid.pp_rank, model.stages, comm, trace),
                 "times": [], "bubbles": [], "peak_bytes": 0, "step": 0}
 
+    overlap = not args.synchronous
+
     def run_steps(entry, count, record=True):
+        """`count` consecutive steps; their mean time is the step period (steps overlap
+        when post-validation lets them)."""
+        model, finished = entry["model"], []
+        world.Barrier()  # every schedule starts from the same line
+        tick = time.perf_counter()
         for _ in range(count):
             entry["step"] += 1
-            world.Barrier()  # every schedule starts its step from the same line
-            tick = time.perf_counter()
-            [out] = entry["model"].train_step(entry["runtime"], entry["step"], inputs, 1e-4, 1.0,
-                                            entry["trace"])
-            elapsed = time.perf_counter() - tick
-            stats = tracelib.step_stats(entry["trace"], entry["step"], out.result, world)
-            if record:
-                entry["times"].append(world.allreduce(elapsed, op=MPI.MAX))
-                entry["bubbles"].append(stats.bubble)
+            finished += model.train_step(entry["runtime"], entry["step"], inputs, 1e-4, 0.0,
+                                         entry["trace"])
+        finished += model.flush()
+        elapsed = world.allreduce(time.perf_counter() - tick, op=MPI.MAX) / count
+        if record:
+            entry["times"].append(elapsed)
+            for outcome in finished:
+                stats = outcome.stats
+                entry["bubbles"].append(stats.bubble_span if overlap else stats.bubble)
                 entry["peak_bytes"] = max(entry["peak_bytes"], max(stats.peak_bytes))
 
     # Profile F, B, W per stage and one message's time with ZB-H1 (its B and W are split),
@@ -150,7 +164,7 @@ def run_pipeline(args) -> int:
             if kind == "auto":
                 schedule = generate("auto", pp, m, costs=costs,
                                     memory_limit=args.memory_limit or 2 * pp,
-                                    objective="makespan")
+                                    objective="span" if overlap else "makespan")
             else:
                 schedule = generate(kind, pp, m)
         except ScheduleError as e:
@@ -183,9 +197,10 @@ def run_pipeline(args) -> int:
         tps = tokens_per_step / step_s
         rows.append({"schedule": e["kind"], "step_ms": step_s * 1e3, "tokens_per_s": tps,
                      "bubble_measured": float(np.median(e["bubbles"])),
-                     # Steps end in a synchronisation here, so the simulated step is
-                     # the makespan (not the longest per-rank span).
-                     "bubble_simulated": 1 - max(e["sim"].busy) / e["sim"].makespan,
+                     # Overlapping steps: the longest per-rank span sets the period;
+                     # synchronised steps: the makespan.
+                     "bubble_simulated": e["sim"].bubble_rate if overlap else
+                     1 - max(e["sim"].busy) / e["sim"].makespan,
                      "peak_activation_bytes": int(e["peak_bytes"]),
                      "peak_activations": max(e["sim"].peak_activations),
                      "vs_1f1b": tps / base_tps})
@@ -200,6 +215,7 @@ def run_pipeline(args) -> int:
                   f"{row['peak_activation_bytes'] / 2**20:.1f} MiB ({row['peak_activations']:g} mb)"
                   f" | {row['vs_1f1b']:.3f}× |")
         result = {"suite": "pipeline", "version": __version__, "pp": pp, "microbatches": m,
+                  "overlapping_steps": overlap,
                   "micro_batch_size": B, "block": T, "n_embd": C, "layers": args.layers,
                   "backend": be.describe(), "threads_per_rank": threads,
                   "costs_ms": {"f": [x * 1e3 for x in costs.f], "b": [x * 1e3 for x in costs.b],

@@ -25,6 +25,7 @@ examples:
   python -m hpcpipe train inputs/tiny.toml --resume       # continue from the latest checkpoint
   python -m hpcpipe ckpt ls runs/tiny
   python -m hpcpipe generate runs/tiny --prompt "def " --tokens 200
+  srun python -m mpi4py -m hpcpipe doctor runs/   # MPI, GPUs, threads, run dir: before a job
 
 Each command has its own --help. Runs write to runs/<config name>/ (config.toml,
 metrics.jsonl, summary.json)."""
@@ -94,11 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .bench import register as register_bench
     from .ckpt_cli import register as register_ckpt
+    from .doctor import register as register_doctor
     from .schedules.cli import register as register_schedule
 
     register_schedule(sub)
     register_bench(sub)
     register_ckpt(sub)
+    register_doctor(sub)
     return parser
 
 
@@ -119,6 +122,12 @@ def cmd_train(args) -> int:
     try:
         train(cfg, run_dir, comm, out=lambda msg: print(msg, flush=True), resume=args.resume)
     except Preempted:
+        # Every rank arrives here together. Finalize first: under `python -m mpi4py` a
+        # non-zero exit calls MPI_Abort, which srun reports as 137 rather than 75, and the
+        # job script could not tell a preemption from a crash.
+        from mpi4py import MPI
+
+        MPI.Finalize()
         return EXIT_PREEMPTED
     return 0
 

@@ -4,6 +4,11 @@ Every numerical module gets its array namespace from here (`xp`), never by impor
 cupy itself, so one code path serves both devices. The choice is made once, by
 `select()`, before the first array is allocated; `array_namespace(a)` recovers the
 namespace of an existing array for code (the layers) that works on whatever it is given.
+
+It also binds the rank to its hardware: a GPU rank to one device from its node-local rank,
+a CPU rank to as many BLAS threads as it has cores of its own (`limit_threads`). The
+decisions are small pure functions (`gpu_for_rank`, `shared_devices`, `thread_share`) so
+they can be tested without the hardware.
 """
 
 from __future__ import annotations
@@ -59,43 +64,149 @@ _NUMPY = Backend(xp=np, name="numpy", device_id=None)
 _current: Backend | None = None
 
 
+# -- which GPU a rank binds to ---------------------------------------------------------------
+#
+# Ranks on one node each take one of the GPUs they can see, by their node-local rank. The
+# recommended request is `--gpus-per-node=N` (or `--gres=gpu:N`): every rank of the node
+# sees all N devices and takes its own, so ranks can still map each other's device memory
+# (CUDA IPC) for direct GPU-to-GPU messages. Per-task isolation (`--gpus-per-task`,
+# `--gpu-bind=single:1`) hides the other ranks' devices, which breaks exactly that; it still
+# works here (each rank sees one device and takes it), only slower between stages.
+
+def node_local_rank(split_rank: int) -> int:
+    """This rank's index among the ranks on its node: the launcher's own variable when it
+    sets one (srun, mpiexec of Open MPI, MPICH or MVAPICH), else `split_rank`, the rank in
+    the shared-memory split of the world (grid.local), which every MPI can compute."""
+    from .grid import local_rank_from_env
+
+    announced = local_rank_from_env()
+    return split_rank if announced is None else announced
+
+
+def gpu_for_rank(local_rank: int, visible: int) -> int:
+    """The device ordinal, among the `visible` ones, for node-local rank `local_rank`.
+
+    With all of the node's GPUs visible, rank i takes GPU i; with one visible (per-task
+    isolation) every rank takes its only one. Ranks beyond the count wrap around and share
+    a device, which `shared_devices` reports."""
+    return local_rank % visible
+
+
+def shared_devices(bindings) -> list[tuple[str, str, list[int]]]:
+    """Devices bound by more than one rank: bindings[world rank] is (host, device identity)
+    or None for a CPU rank; returns (host, device, ranks) for each shared device."""
+    users: dict[tuple[str, str], list[int]] = {}
+    for rank, binding in enumerate(bindings):
+        if binding is not None:
+            users.setdefault(tuple(binding), []).append(rank)
+    return [(host, device, ranks) for (host, device), ranks in users.items() if len(ranks) > 1]
+
+
+def sharing_error(shared, bindings) -> BackendError:
+    """The message for ranks that would time-slice one GPU without train.gpu_sharing."""
+    host, device, ranks = shared[0]
+    on_host = sum(1 for b in bindings if b is not None and b[0] == host)
+    devices = len({b[1] for b in bindings if b is not None and b[0] == host})
+    return BackendError(
+        f"node {host} runs {on_host} GPU ranks on {devices} GPU(s): ranks "
+        f"{', '.join(map(str, ranks))} would share GPU {device}. Give every rank its own GPU "
+        f"(sbatch --gpus-per-node={on_host} with --ntasks-per-node={on_host}), start at most "
+        f"{devices} rank(s) per node, or set train.gpu_sharing = true to let ranks time-slice "
+        f"a GPU (slow; for debugging)")
+
+
 def _gpu_count() -> int:
     try:
-        import cupy  # noqa: F401  (the only place hpcpipe imports cupy)
+        import cupy  # noqa: F401  (backend.py is the only module that imports cupy)
 
         return int(cupy.cuda.runtime.getDeviceCount())
     except Exception:  # no cupy, no driver, no device: all mean "no GPU here"
         return 0
 
 
-def select(device: str = "auto", local_rank: int = 0) -> Backend:
-    """Choose the backend for this process, once.
+def _device_identity(cupy, ordinal: int) -> str:
+    """A name for the physical device that is the same in every process that sees it (the
+    ordinal is not: it depends on CUDA_VISIBLE_DEVICES). The PCI address, plus the UUID
+    where CUDA reports one: MIG slices of one GPU share the address but not the UUID."""
+    address = cupy.cuda.runtime.deviceGetPCIBusId(ordinal)
+    uuid = cupy.cuda.runtime.getDeviceProperties(ordinal).get("uuid")
+    return f"{address} [{bytes(uuid).hex()}]" if uuid else address
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """What CUDA this process can see, for reports (`hpcpipe doctor`): found without
+    choosing a device or creating a CUDA context."""
+
+    cupy: str | None  # CuPy's version; None when it is not installed
+    devices: tuple[tuple[str, str], ...] = ()  # (name, identity) of each visible device
+    problem: str = ""  # why CuPy sees no device, when it is installed but sees none
+
+
+def gpu_inventory() -> GpuInventory:
+    """The CUDA devices visible to this process, by name and identity (see GpuInventory)."""
+    try:
+        import cupy
+    except ImportError:
+        return GpuInventory(cupy=None)
+    except Exception as e:  # installed but broken (a CUDA library missing)
+        return GpuInventory(cupy="unusable", problem=f"import cupy failed: {e}")
+    try:
+        runtime = cupy.cuda.runtime
+        devices = []
+        for ordinal in range(runtime.getDeviceCount()):
+            name = runtime.getDeviceProperties(ordinal)["name"]
+            name = name.decode() if isinstance(name, bytes) else name
+            devices.append((name, _device_identity(cupy, ordinal)))
+        return GpuInventory(cupy=cupy.__version__, devices=tuple(devices))
+    except Exception as e:  # no driver, no device
+        return GpuInventory(cupy=cupy.__version__, problem=str(e))
+
+
+def _hostname() -> str:
+    return os.uname().nodename
+
+
+def select(device: str = "auto", local_rank: int = 0, *, peers=None,
+           gpu_sharing: bool = False) -> Backend:
+    """Choose the backend for this process, once, before any array is allocated.
 
     device: "cpu" always uses NumPy; "gpu" requires a CUDA device and CuPy; "auto" takes
-    the GPU when there is one. The GPU is picked from the node-local rank, before any
-    allocation, so ranks sharing a node land on different devices.
+    the GPU when there is one. local_rank: this rank's place in the shared-memory split of
+    the world (grid.local_rank); the launcher's variable wins when it has one
+    (`node_local_rank`). The device is made current here, so the first allocation — and
+    the CUDA context — lands on this rank's GPU, not on GPU 0 of every rank.
+
+    peers: the communicator of all ranks calling this (the world); with it the ranks
+    compare the physical GPUs they took, and two ranks on one device stop the job with the
+    same BackendError on every rank, unless gpu_sharing allows it.
     """
     global _current
     if device not in DEVICES:
         raise BackendError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
-    if device == "cpu":
-        chosen = _NUMPY
-    else:
+    chosen, binding = _NUMPY, None
+    if device != "cpu":
         count = _gpu_count()
-        if count == 0:
-            if device == "gpu":
-                raise BackendError(
-                    "device = \"gpu\" but no CUDA device is usable here (is CuPy installed "
-                    "with `pip install hpcpipe[gpu]`, and is a GPU visible?); "
-                    "use device = \"cpu\" or \"auto\""
-                )
-            chosen = _NUMPY
-        else:
+        if count == 0 and device == "gpu":
+            raise BackendError(
+                "device = \"gpu\" but no CUDA device is usable here (is CuPy installed "
+                "with `pip install hpcpipe[gpu]`, and is a GPU visible?); "
+                "use device = \"cpu\" or \"auto\""
+            )
+        if count > 0:
             import cupy
 
-            device_id = local_rank % count
+            device_id = gpu_for_rank(node_local_rank(local_rank), count)
             cupy.cuda.Device(device_id).use()
             chosen = Backend(xp=cupy, name="cupy", device_id=device_id)
+            binding = (_hostname(), _device_identity(cupy, device_id))
+    if peers is not None:
+        # Every rank takes part (CPU ranks too) and judges the same gathered list, so all
+        # raise together and the one message is printed by rank 0.
+        bindings = peers.allgather(binding)
+        shared = shared_devices(bindings)
+        if shared and not gpu_sharing:
+            raise sharing_error(shared, bindings)
     _current = chosen
     return chosen
 
@@ -114,29 +225,51 @@ def array_namespace(a):
     return np
 
 
-def cpu_count() -> int:
-    """Cores this process may run on (its affinity mask, or Slurm's grant when smaller)."""
+# -- how many BLAS threads a CPU rank runs ---------------------------------------------------
+
+def cpu_affinity(pid: int = 0) -> set[int] | None:
+    """The cores process `pid` (0: this one) may run on; None where that is unknown."""
     try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    slurm = os.environ.get("SLURM_CPUS_PER_TASK")
-    if slurm and slurm.isdigit():
-        cores = min(cores, int(slurm)) if cores else int(slurm)
-    return max(1, cores)
+        return set(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):  # not on Linux, or the parent is gone
+        return None
+
+
+def thread_share(mask: set[int], parent_mask: set[int] | None, ranks_on_node: int,
+                 slurm_cpus_per_task: int | None) -> int:
+    """BLAS threads for one rank, from the cores it may run on.
+
+    mask: this process's CPU affinity. When it is narrower than its parent's (srun with a
+    task affinity plugin, Open MPI's default core binding, hydra's -bind-to) the launcher
+    has given each rank its own cores: the mask is this rank's share. Otherwise all ranks
+    of the node got the same mask (srun with task/none, a plain mpiexec) and share it
+    evenly. Slurm's --cpus-per-task is what the job was granted, so it also caps the share
+    where the mask shows the whole node.
+    """
+    cores = len(mask)
+    own = parent_mask is not None and mask < parent_mask
+    share = cores if own else cores // max(1, ranks_on_node)
+    if slurm_cpus_per_task:
+        share = min(share, slurm_cpus_per_task)
+    return max(1, share)
+
+
+def cpu_count(ranks_on_node: int = 1) -> int:
+    """Cores this process may use: its share of the node (see `thread_share`)."""
+    mask = cpu_affinity() or set(range(os.cpu_count() or 1))
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return thread_share(mask, cpu_affinity(os.getppid()), ranks_on_node,
+                        int(slurm) if slurm.isdigit() else None)
 
 
 def limit_threads(ranks_on_node: int) -> int:
-    """Cap BLAS/OpenMP threads so that ranks × threads never exceeds the node's cores.
+    """Cap BLAS/OpenMP threads at this rank's share of the cores (`thread_share`).
 
     With several ranks per node each would otherwise start one thread per core and they
     would fight over the cores (oversubscription costs far more than it gains).
     Returns the thread count set.
     """
-    cores = cpu_count()
-    # Under Slurm each task's affinity mask is already its own share of the cores.
-    share = cores if os.environ.get("SLURM_CPUS_PER_TASK") else cores // max(1, ranks_on_node)
-    threads = max(1, share)
+    threads = cpu_count(ranks_on_node)
     try:
         from threadpoolctl import threadpool_limits
 

@@ -131,7 +131,9 @@ class PipeComm:
             import cupyx  # the backend is CuPy here
 
             self.host_pool = BufferPool(lambda: cupyx.empty_pinned(self.shape, self.dtype))
-        tag_ub = pipe.Get_attr(MPI.TAG_UB)
+        # TAG_UB is cached on COMM_WORLD only: Open MPI 4.1 answers None on a communicator
+        # made by Create_cart/Sub/Split (MPICH copies it). The bound holds for every one.
+        tag_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
         if self._tag(BACKWARD, num_microbatches - 1, num_stages - 1) > tag_ub:
             raise CommError(f"{num_microbatches} microbatches × {num_stages} stages need more "
                             f"message tags than this MPI allows ({tag_ub})")

@@ -19,8 +19,11 @@ from dataclasses import dataclass
 from .errors import LayoutError
 
 RANK_ORDERS = ("pp-inner", "dp-inner")
-_LOCAL_RANK_VARS = ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                    "MV2_COMM_WORLD_LOCAL_RANK", "PMI_LOCAL_RANK")
+# The MPI launchers' own variables come before Slurm's: an `mpirun` inside a Slurm job
+# starts its ranks through one srun task per node, so every rank there inherits that
+# task's SLURM_LOCALID (0) while OMPI_COMM_WORLD_LOCAL_RANK / MPI_LOCALRANKID are right.
+_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK",
+                    "PMI_LOCAL_RANK", "SLURM_LOCALID")
 
 
 @dataclass(frozen=True)

@@ -298,7 +298,7 @@ def train(cfg: Config, run_dir: str, comm, out=print, resume=None) -> Summary:
     m, t, p = cfg.model, cfg.train, cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp, p.rank_order, source=cfg.source)
     threads = backend.limit_threads(grid.local_size)
-    be = backend.select(t.device, grid.local_rank)
+    be = backend.select(t.device, grid.local_rank, peers=comm, gpu_sharing=t.gpu_sharing)
     gpu_aware = resolve_gpu_aware(p.gpu_aware_mpi, be)
     tokens = open_tokens(cfg, comm, log)
     schedule = build_schedule(cfg)

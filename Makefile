@@ -3,18 +3,23 @@
 #   make run                 set up .venv, then train inputs/tiny.toml on the stdlib corpus
 #                            as a pipeline of NP stages, one MPI rank (and core) each
 #   make test                set up .venv, then run the whole test suite
+#   make bench               add the bench extra (PyTorch, matplotlib), run every benchmark
+#                            suite and write bench/results/<machine>-<date>.{json,md,png}
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
 #                            instead of the mpich wheel from PyPI
 #
 # Variables: PYTHON (interpreter for the venv), VENV (its folder), MPI (pypi|site),
 # CONFIG (for `make run`), NP (pipeline stages for `make run`: the cores, at most 4),
-# ARGS (extra arguments to `train` or pytest).
+# ARGS (extra arguments to `train` or pytest), BENCH_NP (ranks of the MPI benchmarks, one
+# core each) and BENCH_OUT (where `make bench` writes).
 
 PYTHON ?= python3
 VENV   ?= .venv
 MPI    ?= pypi
 CONFIG ?= inputs/tiny.toml
 ARGS   ?=
+BENCH_NP  ?= 2
+BENCH_OUT ?= bench/results
 NP     ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 
 COMMA   := ,
@@ -22,10 +27,10 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(MPI)
 EXTRAS  := test$(if $(filter pypi,$(MPI)),$(COMMA)mpi-wheel,)
 
-.PHONY: install run test clean help
+.PHONY: install run test bench clean help
 
 help:
-	@sed -n '3,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,15p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(STAMP)
 
@@ -39,14 +44,29 @@ $(STAMP): pyproject.toml
 	  command -v mpiexec >/dev/null || { echo "MPI=site but no mpiexec on PATH: load your MPI module or install openmpi-bin"; exit 2; }; \
 	fi
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
-	@echo "MPI library: $$($(PY) -m mpi4py --mpi-library)" && $(PY) -c "from mpi4py import MPI"
+	@# mpi4py's wheel dlopens libmpi.so, libmpi.so.12 (MPICH ABI) or libmpi.so.40 (Open MPI):
+	@# the venv's own (the mpich wheel) first, then the library path a module load sets.
+	@$(PY) -c "from mpi4py import MPI" 2>/dev/null || { \
+	  echo "mpi4py cannot load an MPI library (MPI=$(MPI))." >&2; \
+	  echo "  MPI=site: load your MPI module first (it sets LD_LIBRARY_PATH); or export MPI4PY_LIBMPI=/path/to/libmpi.so" >&2; \
+	  echo "  (Debian's mpich ships only libmpich.so.12); or build mpi4py against it:" >&2; \
+	  echo "  MPI4PY_BUILD_MPICC=\$$(which mpicc) $(PY) -m pip install --no-binary=mpi4py --force-reinstall mpi4py" >&2; \
+	  exit 2; }
+	@echo "MPI library: $$($(PY) -m mpi4py --mpi-library) ($$($(PY) -m mpi4py --mpi-lib-version | sed -n '1{s/  */ /g;s/,.*//;p;}'))"
+	@if [ "$(MPI)" = site ]; then echo "mpiexec: $$(command -v mpiexec) ($$(mpiexec --version 2>&1 | sed -n 1p))"; fi
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# `-m mpi4py`: one failing rank aborts the job instead of hanging it. The OMPI_* variables
-# let Open MPI (MPI=site) run as root in containers; MPICH ignores them.
+# `-m mpi4py`: one failing rank aborts the job instead of hanging it. The venv's mpiexec
+# (the mpich wheel's) comes first; with MPI=site there is none and the site's is used. The
+# variables are Open MPI's --allow-run-as-root (containers run as root) and
+# --oversubscribe (NP above the core count; 4.x and 5.x spell it differently); MPICH
+# ignores them and oversubscribes by itself.
+OPENMPI_ENV := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+               OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+
 run: install
-	PATH="$(abspath $(VENV))/bin:$$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(OPENMPI_ENV) \
 	  mpiexec -n $(NP) $(PY) -m mpi4py -m hpcpipe train $(CONFIG) --set parallel.pp=$(NP) $(ARGS)
 
 # pytest exits 5 when it collected no test at all: say so, and fail (an empty suite
@@ -54,6 +74,33 @@ run: install
 test: install
 	@PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+# Every suite in hpcpipe.bench.SUITES that this target knows how to launch (step on all
+# cores in one process; the MPI suites on BENCH_NP ranks, one core each), then the report:
+# one JSON holding every suite's results, a Markdown summary and PNGs (the per-suite
+# files are removed once combined). OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are unset for
+# the measurements only: on some machines they select a slower kernel.
+BENCH_ENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PATH="$(abspath $(VENV))/bin:$$PATH" \
+             OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+BENCH_MPI := $(BENCH_ENV) mpiexec -n $(BENCH_NP) $(PY) -m mpi4py -m hpcpipe bench
+PARTS     := $(BENCH_OUT)/.parts
+
+bench: install
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS),bench]"
+	@rm -rf $(PARTS) && mkdir -p $(PARTS)
+	@suites="$$($(PY) -c 'from hpcpipe.bench import SUITES; print(*SUITES)')"; start=$$(date +%s); \
+	for suite in $$suites; do \
+	  echo "== bench $$suite ($$(( $$(date +%s) - start )) s so far)"; \
+	  case $$suite in \
+	    step) $(BENCH_ENV) $(PY) -m hpcpipe bench step --json $(PARTS)/step.json ;; \
+	    pipeline|comm) $(BENCH_MPI) $$suite --json $(PARTS)/$$suite.json ;; \
+	    ckpt) $(BENCH_ENV) $(PY) -m hpcpipe bench ckpt $(CONFIG) --json $(PARTS)/ckpt.json ;; \
+	    *) echo "make bench: no launch line for suite '$$suite'; skipped" ;; \
+	  esac || exit $$?; \
+	done; \
+	echo "== schedule simulations"; $(PY) -m hpcpipe.schedules.table; \
+	$(PY) -m hpcpipe.bench.report $(PARTS) --out $(BENCH_OUT) && rm -rf $(PARTS) && \
+	echo "make bench: done in $$(( $$(date +%s) - start )) s"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from .layers import workspace
 from .model import is_decayed
 
 
@@ -42,7 +43,15 @@ class AdamW:
     """Adam with decoupled weight decay over one flat parameter buffer.
 
     params, grads: FlatBuffer-like objects with `.data` (flat array) and `.layout`.
+
+    The update runs block by block over the buffer, every operation in place or into two
+    block-sized scratch arrays, so the four state arrays are read and written once per
+    step instead of once per operation. On a GPU the buffer is one block.
     """
+
+    # Elements per block on the CPU: p, g, m, v, the mask and two scratch blocks of this
+    # size stay in a core's L2 cache.
+    BLOCK = 1 << 15
 
     def __init__(self, params, grads, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1):
         self.params, self.grads = params, grads
@@ -56,29 +65,53 @@ class AdamW:
             mask[a:b] = 1.0 if is_decayed(name, shape) else 0.0
         self.decay_mask = xp.asarray(mask)
         self.t = 0  # steps taken (Adam's bias correction)
+        n = params.data.size
+        block = n if xp is not np else min(n, self.BLOCK)
+        self._blocks = [slice(i, min(n, i + block)) for i in range(0, n, max(1, block))]
+        self._block_size = block
 
     def step(self, lr: float, grad_scale: float = 1.0):
         """One update with learning rate `lr`; gradients are multiplied by `grad_scale`
         first (the clipping coefficient) without modifying the gradient buffer."""
         xp = _namespace(self.params.data)
-        p, g, m, v = self.params.data, self.grads.data, self.m, self.v
         self.t += 1
-        b1, b2 = self.beta1, self.beta2
-        gs = g * grad_scale if grad_scale != 1.0 else g
-        m *= b1
-        m += (1 - b1) * gs
-        v *= b2
-        v += (1 - b2) * (gs * gs)
+        # Python floats: a NumPy float64 scalar would compute float32 buffers in float64.
+        b1, b2, eps = float(self.beta1), float(self.beta2), float(self.eps)
+        lr, grad_scale = float(lr), float(grad_scale)
         bias1 = 1 - b1 ** self.t
         bias2 = 1 - b2 ** self.t
-        # p -= lr * (m / bias1) / (sqrt(v / bias2) + eps) + lr * wd * mask * p
-        denom = xp.sqrt(v / bias2)
-        denom += self.eps
-        update = m / denom
-        update *= lr / bias1
-        if self.weight_decay:
-            p -= (lr * self.weight_decay) * self.decay_mask * p
-        p -= update
+        decay = lr * float(self.weight_decay)
+        blocks, dtype = self._blocks, self.params.data.dtype
+
+        # Per element, in this order (the textbook formula, rounded the same way):
+        #   gs = g * grad_scale;  m = b1 m + (1 - b1) gs;  v = b2 v + (1 - b2) gs²
+        #   p -= lr · wd · mask · p;  p -= (m / (sqrt(v / bias2) + eps)) · lr / bias1
+        t1_all = workspace(xp, "adamw.t1", (self._block_size,), dtype)
+        t2_all = workspace(xp, "adamw.t2", (self._block_size,), dtype)
+        for s in blocks:
+            p, g, m, v = self.params.data[s], self.grads.data[s], self.m[s], self.v[s]
+            n = p.shape[0]
+            t1, t2 = t1_all[:n], t2_all[:n]
+            gs = g
+            if grad_scale != 1.0:
+                gs = xp.multiply(g, grad_scale, out=t1)
+            m *= b1
+            xp.multiply(gs, 1 - b1, out=t2)
+            m += t2
+            v *= b2
+            xp.multiply(gs, gs, out=t2)
+            t2 *= 1 - b2
+            v += t2
+            xp.divide(v, bias2, out=t2)
+            xp.sqrt(t2, out=t2)
+            t2 += eps
+            xp.divide(m, t2, out=t2)
+            t2 *= lr / bias1  # the update
+            if self.weight_decay:
+                xp.multiply(self.decay_mask[s], decay, out=t1)
+                t1 *= p
+                p -= t1
+            p -= t2
 
     def state_dict(self) -> dict:
         return {"m": self.m, "v": self.v, "t": self.t}

@@ -1,42 +1,80 @@
 """Causal multi-head self-attention with GPT-2's fused qkv projection.
 
-    x (B, T, C) -c_attn-> qkv (B, T, 3C) -> q, k, v (B, NH, T, HS)
+    x (B, T, C) -c_attn-> qkv (B, T, 3C) -> q, k, v (B, NH, T, HS)   views, no copies
     att = softmax(q k^T / sqrt(HS) + causal mask)   (B, NH, T, T)
-    y = att v (B, NH, T, HS) -> (B, T, C) -c_proj-> out (B, T, C)
+    y = att v (B, NH, T, HS) = (B, T, C) -c_proj-> out (B, T, C)
 
 Weights: c_attn.weight (C, 3C), c_attn.bias (3C), c_proj.weight (C, C), c_proj.bias (C).
+
+The core runs one sequence at a time, in tiles of query rows: the tile of rows [i0, i1)
+only sees keys [0, i1), so the blocks above the diagonal are never computed (at T = 4
+tiles, 10/16 of the full matrices), a sequence's scores stay in cache between the
+passes of the softmax, and the -inf mask is added only to the diagonal blocks. q is
+scaled once (T·C work) instead of the scores (T·T·NH). Heads are never split or merged
+by copying: the matmuls read q, k, v as strided views of qkv and write y, dq, dk and dv
+straight into the layouts the projections use. On a GPU the whole sequence is one tile.
+
 B keeps for W only the two projections' inputs and output gradients; the attention
 matrix, which dominates memory at long T, is dropped as soon as B has used it.
 """
 
 import math
 
+import numpy as np
+
 from ..backend import array_namespace
-from . import linear, scope
+from . import linear, scope, workspace
+
+# Query rows per tile on the CPU: small enough that a tile's scores (NH · QUERY_TILE · T)
+# stay in cache, large enough to keep the matmuls efficient.
+QUERY_TILE = 64
+
+_masks: dict = {}
 
 
-def _causal_mask(xp, T, dtype):
-    """(T, T) additive mask: 0 on and below the diagonal, -inf above (future tokens)."""
-    mask = xp.zeros((T, T), dtype=dtype)
-    mask[xp.triu_indices(T, 1)] = -xp.inf
-    return mask
+def _tiles(xp, T):
+    """[(i0, i1)]: the query tiles, in order."""
+    step = T if xp is not np else QUERY_TILE
+    return [(i0, min(T, i0 + step)) for i0 in range(0, T, step)]
+
+
+def _causal_mask(xp, n, dtype):
+    """(n, n) additive mask for a diagonal block: 0 on and below the diagonal, -inf above."""
+    key = (xp.__name__, n, np.dtype(dtype).str)
+    if key not in _masks:
+        mask = np.zeros((n, n), dtype=dtype)
+        mask[np.triu_indices(n, 1)] = -np.inf
+        _masks[key] = xp.asarray(mask)
+    return _masks[key]
 
 
 def forward(x, params, n_head):
     xp = array_namespace(x)
     B, T, C = x.shape
     HS = C // n_head
-    qkv, c_attn = linear.forward(x, scope(params, "c_attn."))  # (B, T, 3C)
-    q, k, v = qkv.reshape(B, T, 3, n_head, HS).transpose(2, 0, 3, 1, 4)  # each (B, NH, T, HS)
+    qkv, c_attn = linear.forward(x, scope(params, "c_attn."))  # (B, T, 3C), ours to modify
+    parts = qkv.reshape(B, T, 3, n_head, HS)
     scale = 1.0 / math.sqrt(HS)
-    att = q @ k.transpose(0, 1, 3, 2)  # (B, NH, T, T)
-    att *= scale
-    att += _causal_mask(xp, T, att.dtype)
-    att -= att.max(axis=-1, keepdims=True)  # the diagonal is never masked: max is finite
-    xp.exp(att, out=att)
-    att /= att.sum(axis=-1, keepdims=True)
-    y = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, C)  # heads side by side again
-    out, c_proj = linear.forward(y, scope(params, "c_proj."))
+    parts[:, :, 0] *= scale
+    q, k, v = (parts[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, NH, T, HS)
+    # Only the tiles on and below the diagonal are written; B reads no other entry.
+    att = xp.empty((B, n_head, T, T), dtype=qkv.dtype)
+    y = xp.empty((B, T, n_head, HS), dtype=qkv.dtype)  # heads side by side: (B, T, C)
+    yh = y.transpose(0, 2, 1, 3)  # (B, NH, T, HS) view
+    tiles = _tiles(xp, T)
+    for b in range(B):
+        kt = k[b].transpose(0, 2, 1)  # (NH, HS, T)
+        for i0, i1 in tiles:
+            s = att[b, :, i0:i1, :i1]  # (NH, tq, i1)
+            xp.matmul(q[b, :, i0:i1], kt[:, :, :i1], out=s)
+            s[:, :, i0:] += _causal_mask(xp, i1 - i0, s.dtype)
+            s -= s.max(axis=-1, keepdims=True)  # the diagonal is never masked: max is finite
+            xp.exp(s, out=s)
+            total = s.sum(axis=-1, keepdims=True)
+            xp.reciprocal(total, out=total)
+            s *= total
+            xp.matmul(s, v[b, :, :i1], out=yh[b, :, i0:i1])
+    out, c_proj = linear.forward(y.reshape(B, T, C), scope(params, "c_proj."))
     cache = {"c_attn": c_attn, "c_proj": c_proj, "q": q, "k": k, "v": v, "att": att,
              "n_head": n_head, "scale": scale}
     return out, cache
@@ -44,20 +82,36 @@ def forward(x, params, n_head):
 
 def backward_input(dout, cache):
     q, k, v, att = cache.pop("q"), cache.pop("k"), cache.pop("v"), cache.pop("att")
+    xp = array_namespace(att)
     B, NH, T, HS = q.shape
     dy = linear.backward_input(dout, cache["c_proj"])  # (B, T, C)
-    dy = dy.reshape(B, T, NH, HS).transpose(0, 2, 1, 3)  # (B, NH, T, HS)
-    datt = dy @ v.transpose(0, 1, 3, 2)  # (B, NH, T, T)
-    dv = att.transpose(0, 1, 3, 2) @ dy  # (B, NH, T, HS)
-    # softmax backward: dpre = att * (datt - sum(datt * att)); masked entries have att = 0.
-    datt -= (datt * att).sum(axis=-1, keepdims=True)
-    datt *= att
-    datt *= cache["scale"]
-    dq = datt @ k  # (B, NH, T, HS)
-    dk = datt.transpose(0, 1, 3, 2) @ q
-    xp = array_namespace(dq)
-    dqkv = xp.stack((dq, dk, dv)).transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * NH * HS)
-    cache["dqkv"] = dqkv  # what W of c_attn needs
+    dyh = dy.reshape(B, T, NH, HS).transpose(0, 2, 1, 3)  # (B, NH, T, HS) view
+    dqkv = xp.empty((B, T, 3, NH, HS), dtype=att.dtype)  # what W of c_attn needs
+    dq, dk, dv = (dqkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, NH, T, HS)
+    tiles = _tiles(xp, T)
+    dscore = workspace(xp, "attention.dscore", (NH, T, T), att.dtype)  # one sequence's
+    prod = workspace(xp, "attention.prod", (NH, tiles[0][1], T), att.dtype)
+    for b in range(B):
+        a = att[b]  # (NH, T, T)
+        for i0, i1 in tiles:
+            d = dscore[:, i0:i1, :i1]  # (NH, tq, i1)
+            xp.matmul(dyh[b, :, i0:i1], v[b, :, :i1].transpose(0, 2, 1), out=d)  # d att
+            # softmax backward: dscore = att * (datt - sum(datt * att)) = p - att * sum(p)
+            # with p = datt * att; masked entries have att = 0, so their dscore is 0.
+            p = prod[:, : i1 - i0, :i1]
+            xp.multiply(d, a[:, i0:i1, :i1], out=p)
+            xp.multiply(a[:, i0:i1, :i1], p.sum(axis=-1, keepdims=True), out=d)
+            xp.subtract(p, d, out=d)
+            xp.matmul(d, k[b, :, :i1], out=dq[b, :, i0:i1])
+        # Key tile [j0, j1) is seen by every query row from j0 on: one product each.
+        for j0, j1 in tiles:
+            xp.matmul(dscore[:, j0:, j0:j1].transpose(0, 2, 1), q[b, :, j0:],
+                      out=dk[b, :, j0:j1])
+            xp.matmul(a[:, j0:, j0:j1].transpose(0, 2, 1), dyh[b, :, j0:],
+                      out=dv[b, :, j0:j1])
+    dq *= cache["scale"]  # q was scaled before q k^T; k's gradient used the scaled q
+    dqkv = dqkv.reshape(B, T, 3 * NH * HS)
+    cache["dqkv"] = dqkv
     return linear.backward_input(dqkv, cache["c_attn"])
 
 

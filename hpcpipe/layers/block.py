@@ -6,6 +6,10 @@
 Shapes: x, x1, out (B, T, C). Weights: ln_1.*, attn.*, ln_2.*, mlp.* (GPT-2 names,
 without the `h.{l}.` prefix). B stashes the output gradient of each sublayer, which is
 what that sublayer's W multiplies with.
+
+The residual sums are added into the sublayers' results in place: those are fresh
+arrays that no cache holds. The block's input is only read: it may be a received
+message buffer that the runtime reuses after F.
 """
 
 from . import attention, layernorm, mlp, scope
@@ -13,19 +17,21 @@ from . import attention, layernorm, mlp, scope
 
 def forward(x, params, n_head):
     a, ln_1 = layernorm.forward(x, scope(params, "ln_1."))
-    att, attn = attention.forward(a, scope(params, "attn."), n_head)
-    x1 = x + att
+    x1, attn = attention.forward(a, scope(params, "attn."), n_head)
+    x1 += x
     b, ln_2 = layernorm.forward(x1, scope(params, "ln_2."))
-    m, ff = mlp.forward(b, scope(params, "mlp."))
-    out = x1 + m
+    out, ff = mlp.forward(b, scope(params, "mlp."))
+    out += x1
     return out, {"ln_1": ln_1, "attn": attn, "ln_2": ln_2, "mlp": ff}
 
 
 def backward_input(dout, cache):
     db = mlp.backward_input(dout, cache["mlp"])  # the residual passes dout to the MLP
-    dx1 = dout + layernorm.backward_input(db, cache["ln_2"])
+    dx1 = layernorm.backward_input(db, cache["ln_2"])
+    dx1 += dout
     da = attention.backward_input(dx1, cache["attn"])
-    dx = dx1 + layernorm.backward_input(da, cache["ln_1"])
+    dx = layernorm.backward_input(da, cache["ln_1"])
+    dx += dx1
     cache["d"] = {"mlp": dout, "ln_2": db, "attn": dx1, "ln_1": da}
     return dx
 

@@ -5,6 +5,9 @@ gradient buffer of the stage that holds the head; the model adds it to the embed
 (pipeline: Megatron-style sum of the two copies) in one fixed order.
 """
 
+from ..backend import array_namespace
+from . import workspace
+
 
 def forward(x, params):
     wte = params["wte"]
@@ -20,9 +23,12 @@ def backward_input(dlogits, cache):
 
 
 def backward_weight(dlogits, cache, grads):
+    xp = array_namespace(dlogits)
     x = cache["x"]
     V, C = dlogits.shape[-1], x.shape[-1]
-    grads["wte"] += dlogits.reshape(-1, V).T @ x.reshape(-1, C)  # (V, C)
+    dwte = workspace(xp, "head.dwte", (V, C), grads["wte"].dtype)
+    xp.matmul(dlogits.reshape(-1, V).T, x.reshape(-1, C), out=dwte)
+    grads["wte"] += dwte
 
 
 def backward(dlogits, cache, grads):

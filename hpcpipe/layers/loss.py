@@ -2,6 +2,9 @@
 
 Shapes: logits (B, T, V), targets (B, T) integers. `scale` multiplies the gradient: with
 gradient accumulation over k microbatches each one's loss enters the step's mean with 1/k.
+
+F exponentiates the logits once and keeps the softmax, which is all B needs
+(d loss / d logits = (softmax - onehot) / N): B turns it into the gradient in place.
 """
 
 from ..backend import array_namespace
@@ -9,24 +12,30 @@ from ..backend import array_namespace
 
 def forward(logits, targets):
     xp = array_namespace(logits)
-    B, T, V = logits.shape
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    lse = xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))  # (B, T, 1)
-    logp = shifted - lse  # (B, T, V) log-probabilities
+    V = logits.shape[-1]
+    x = logits.reshape(-1, V)  # (N, V)
+    N = x.shape[0]
     flat = targets.reshape(-1)
-    picked = logp.reshape(-1, V)[xp.arange(B * T), flat]
-    loss = -picked.mean()
-    return loss, {"logp": logp, "targets": flat}
+    top = x.max(axis=-1, keepdims=True)  # (N, 1)
+    probs = xp.subtract(x, top)
+    xp.exp(probs, out=probs)
+    total = probs.sum(axis=-1, keepdims=True)  # (N, 1)
+    # -log softmax[target] = log(sum exp(x - top)) + top - x[target]
+    nll = xp.log(total[:, 0])
+    nll += top[:, 0]
+    nll -= x[xp.arange(N), flat]
+    loss = nll.mean()
+    probs /= total
+    return loss, {"probs": probs.reshape(logits.shape), "targets": flat}
 
 
 def backward_input(scale, cache):
     """d(mean loss)/d logits = (softmax - onehot) / N, times `scale`."""
-    xp = array_namespace(cache["logp"])
-    logp = cache.pop("logp")
+    xp = array_namespace(cache["probs"])
+    dlogits = cache.pop("probs")  # the cache's softmax becomes the gradient, in place
     flat = cache.pop("targets")
-    B, T, V = logp.shape
-    N = B * T
-    dlogits = xp.exp(logp)
+    V = dlogits.shape[-1]
+    N = flat.shape[0]
     dlogits.reshape(-1, V)[xp.arange(N), flat] -= 1.0
     dlogits *= scale / N
     return dlogits

@@ -1,0 +1,295 @@
+"""One results file, a Markdown summary and plots from the benchmark suites' JSON outputs.
+
+    python -m hpcpipe.bench.report PARTS [--out bench/results]
+
+PARTS is a folder of the suites' `--json` files (`make bench` writes them); each names
+its suite. The schedule simulations need no measurement and are computed here. Writes
+`<machine>-<date>.json` (every suite in one object), `<machine>-<date>.md` (tables and
+the plots' file names) and `<machine>-<date>-{step,pipeline,comm}.png` for the suites
+that ran: hpcpipe against PyTorch, throughput per schedule with measured and simulated
+bubble, bandwidth against message size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import time
+
+from .. import __version__
+from .common import machine_name
+
+# The simulated settings: (ranks, microbatches) × F:B:W, as `python -m hpcpipe.schedules.table`.
+SIM_SIZES = ((4, 8), (8, 24))
+SIM_COSTS = ((1.0, 1.0, 1.0), (1.0, 1.0, 0.5))
+SIM_KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
+
+
+def load_parts(folder: str) -> dict:
+    """{suite name: its JSON object} for every *.json in `folder` that names a suite."""
+    parts = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        with open(path) as f:
+            data = json.load(f)
+        if isinstance(data, dict) and "suite" in data:
+            parts[data["suite"]] = data
+    return parts
+
+
+def simulations(sizes=SIM_SIZES, costs=SIM_COSTS) -> list[dict]:
+    """Simulated bubble and peak activations of every schedule kind, no communication."""
+    from ..schedules import Costs, ScheduleError, generate, simulate
+
+    rows = []
+    for p, m in sizes:
+        for f, b, w in costs:
+            c = Costs(f=f, b=b, w=w)
+            for kind in SIM_KINDS:
+                try:
+                    schedule = generate(kind, p, m, costs=c,
+                                        memory_limit=2 * p if kind == "auto" else None)
+                except ScheduleError:
+                    continue  # e.g. a kind that needs more microbatches than m
+                result = simulate(schedule, c)
+                rows.append({"p": p, "m": m, "f": f, "b": b, "w": w, "schedule": kind,
+                             "bubble_rate": float(result.bubble_rate),
+                             "peak_activations": float(max(result.peak_activations))})
+    return rows
+
+
+def combine(parts: dict, sims: list[dict]) -> dict:
+    return {"machine": machine_name(), "date": time.strftime("%Y-%m-%d"),
+            "hpcpipe": __version__, "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(), "suites": parts, "simulations": sims}
+
+
+# -- plots --------------------------------------------------------------------------------------
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_step(step: dict, path: str) -> str:
+    """Tokens/s of hpcpipe and PyTorch per config, the ratio over each pair."""
+    plt = _pyplot()
+    rows = step["rows"]
+    names = [r["config"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    xs = range(len(rows))
+    ours = [r["hpcpipe_tokens_per_s"] for r in rows]
+    theirs = [r["torch_tokens_per_s"] or 0.0 for r in rows]
+    ax.bar([x - 0.2 for x in xs], ours, 0.4, label="hpcpipe (NumPy)")
+    ax.bar([x + 0.2 for x in xs], theirs, 0.4, label="PyTorch eager")
+    for x, r in zip(xs, rows):
+        if r["ratio"]:
+            ax.annotate(f"{r['ratio']:.2f}×", (x, max(ours[x], theirs[x])), ha="center",
+                        va="bottom", xytext=(0, 3), textcoords="offset points")
+    ax.set_xticks(list(xs), names)
+    ax.set_ylabel("tokens / s")
+    ax.set_title(f"one training step, {step.get('dtype', '')} on {step.get('device', 'cpu')}, "
+                 f"{step.get('threads', '?')} threads")
+    ax.margins(y=0.15)
+    ax.legend(loc="upper right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_pipeline(pipe: dict, path: str) -> str:
+    """Left: tokens/s per schedule; right: measured against simulated bubble."""
+    plt = _pyplot()
+    rows = pipe["rows"]
+    names = [r["schedule"] for r in rows]
+    xs = list(range(len(rows)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    left.bar(xs, [r["tokens_per_s"] for r in rows], color="tab:blue")
+    left.set_xticks(xs, names)
+    left.set_ylabel("tokens / s")
+    left.set_title(f"throughput, pp = {pipe.get('pp', '?')}, m = {pipe.get('microbatches', '?')}")
+    right.bar([x - 0.2 for x in xs], [100 * r["bubble_measured"] for r in rows], 0.4,
+              label="measured")
+    right.bar([x + 0.2 for x in xs], [100 * r["bubble_simulated"] for r in rows], 0.4,
+              label="simulated (measured F, B, W)")
+    right.set_xticks(xs, names)
+    right.set_ylabel("bubble, % of the step")
+    right.set_title("bubble")
+    right.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_comm(comm: dict, path: str) -> str:
+    """Every bandwidth series of the comm suite against message size, log-log."""
+    plt = _pyplot()
+    rows = comm["rows"]
+    series = sorted({k for r in rows for k in r if k.endswith("_gbs")})
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for key in series:
+        points = [(r["bytes"], r[key]) for r in rows if r.get(key)]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=key[: -len("_gbs")].replace("_", " "))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size, bytes")
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"bandwidth, {comm.get('ranks', '?')} ranks")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# -- the summary --------------------------------------------------------------------------------
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def _fmt(value, spec):
+    return "–" if value is None else format(value, spec)
+
+
+def step_section(step: dict) -> list[str]:
+    out = ["## One training step: hpcpipe against PyTorch", "",
+           f"`python -m hpcpipe bench step` — {step.get('backend', '')}, {step.get('threads')} "
+           f"thread(s); PyTorch {step.get('torch') or 'not installed'}; {step.get('dtype')}; "
+           f"MFU against the best measured {step.get('matmul_n')}³ matmul, "
+           f"{step.get('peak_flops', 0) / 1e9:,.0f} GFLOP/s.", "",
+           "| config | layers × n_embd, heads, block | batch | hpcpipe tokens/s | "
+           "PyTorch tokens/s | ratio | MFU hpcpipe | MFU PyTorch |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in step["rows"]:
+        out.append(f"| {r['config']} | {r['n_layer']} × {r['n_embd']}, {r['n_head']}, "
+                   f"{r['block_size']} | {r['batch']} | {r['hpcpipe_tokens_per_s']:,.0f} | "
+                   f"{_fmt(r['torch_tokens_per_s'], ',.0f')} | {_fmt(r['ratio'], '.2f')}× | "
+                   f"{r['mfu']:.1%} | {_fmt(r.get('torch_mfu'), '.1%')} |")
+    return out
+
+
+def pipeline_section(pipe: dict) -> list[str]:
+    out = ["## Pipeline schedules, measured", "",
+           f"`mpiexec -n {pipe.get('pp')} python -m mpi4py -m hpcpipe bench pipeline` — "
+           f"{pipe.get('layers')} layers, n_embd {pipe.get('n_embd')}, block {pipe.get('block')}, "
+           f"{pipe.get('microbatches')} microbatches of {pipe.get('micro_batch_size')}; "
+           f"{pipe.get('threads_per_rank')} thread(s) per rank; {pipe.get('backend', '')}.", "",
+           "| schedule | step ms | tokens/s | bubble measured | bubble simulated | vs 1F1B |",
+           "|---|---|---|---|---|---|"]
+    for r in pipe["rows"]:
+        out.append(f"| {r['schedule']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | "
+                   f"{r['bubble_measured']:.1%} | {r['bubble_simulated']:.1%} | "
+                   f"{r['vs_1f1b']:.3f}× |")
+    return out
+
+
+def comm_section(comm: dict) -> list[str]:
+    rows = comm["rows"]
+    series = sorted({k for r in rows for k in r if k.endswith("_gbs")})
+    out = ["## Communication", "",
+           f"`mpiexec -n {comm.get('ranks')} python -m mpi4py -m hpcpipe bench comm` — GB/s.", "",
+           "| size | " + " | ".join(s[: -len("_gbs")].replace("_", " ") for s in series) + " |",
+           "|---|" + "---|" * len(series)]
+    for r in rows:
+        out.append(f"| {_size(r['bytes'])} | "
+                   + " | ".join(_fmt(r.get(s), '.2f') for s in series) + " |")
+    overlap = comm.get("overlap")
+    if overlap and "hidden_fraction" in overlap:
+        out += ["", f"Gradient all-reduce hidden behind W in a training step: "
+                    f"{overlap['hidden_fraction']:.0%}."]
+    return out
+
+
+def simulation_section(sims: list[dict]) -> list[str]:
+    out = ["## Schedules, simulated", "",
+           "`python -m hpcpipe.schedules.table` settings, no communication: bubble rate "
+           "(share of the step a rank idles) and, in brackets, peak activations (microbatches "
+           "held); auto is limited to 2p microbatches.", ""]
+    settings = sorted({(r["p"], r["m"], r["f"], r["b"], r["w"]) for r in sims},
+                      key=lambda s: (s[0], s[1], -s[4]))
+    kinds = [k for k in SIM_KINDS if any(r["schedule"] == k for r in sims)]
+    out.append("| p, m, F:B:W | " + " | ".join(kinds) + " |")
+    out.append("|---|" + "---|" * len(kinds))
+    for p, m, f, b, w in settings:
+        cells = []
+        for kind in kinds:
+            hit = [r for r in sims if (r["p"], r["m"], r["f"], r["b"], r["w"], r["schedule"])
+                   == (p, m, f, b, w, kind)]
+            cells.append(f"{hit[0]['bubble_rate']:.1%} ({hit[0]['peak_activations']:g})"
+                         if hit else "–")
+        out.append(f"| {p}, {m}, {f:g}:{b:g}:{w:g} | " + " | ".join(cells) + " |")
+    return out
+
+
+def summary(results: dict, plots: dict) -> str:
+    suites = results["suites"]
+    out = [f"# hpcpipe benchmarks: {results['machine']}, {results['date']}", "",
+           f"hpcpipe {results['hpcpipe']}, Python {results['python']}, {results['cores']} "
+           f"cores ({results['processor']}). Made by `make bench`; every number is measured "
+           f"on this machine in this run. Timings on a shared machine are noisy: the ratios, "
+           f"measured alternately within one process, are the numbers to compare.", ""]
+    sections = (("step", step_section), ("pipeline", pipeline_section),
+                ("comm", comm_section))
+    for name, section in sections:
+        if name in suites:
+            out += section(suites[name])
+            if name in plots:
+                out += ["", f"![{name}]({os.path.basename(plots[name])})"]
+            out.append("")
+    for name in sorted(set(suites) - {n for n, _ in sections}):
+        out += [f"## {name}", "", "```json", json.dumps(suites[name], indent=1)[:4000],
+                "```", ""]
+    out += simulation_section(results["simulations"])
+    return "\n".join(out) + "\n"
+
+
+def write(results: dict, out_dir: str, make_plots: bool = True) -> dict:
+    """Write the combined JSON, the plots and the summary; returns {kind: path}."""
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"{results['machine']}-{results['date']}")
+    suites, plots = results["suites"], {}
+    if make_plots:
+        makers = {"step": plot_step, "pipeline": plot_pipeline, "comm": plot_comm}
+        for name, maker in makers.items():
+            if name in suites and suites[name].get("rows"):
+                plots[name] = maker(suites[name], f"{stem}-{name}.png")
+    paths = {"json": f"{stem}.json", "summary": f"{stem}.md", **plots}
+    with open(paths["json"], "w") as f:
+        json.dump(results, f, indent=1)
+    with open(paths["summary"], "w") as f:
+        f.write(summary(results, plots))
+    return paths
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpcpipe.bench.report",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("parts", help="folder of the suites' --json files")
+    parser.add_argument("--out", default="bench/results", help="where to write (bench/results)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib)")
+    args = parser.parse_args(argv)
+    parts = load_parts(args.parts)
+    if not parts:
+        parser.error(f"no suite results (*.json naming a suite) in {args.parts}")
+    paths = write(combine(parts, simulations()), args.out, make_plots=not args.no_plots)
+    for kind, path in paths.items():
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,460 @@
+"""bench step: one training step (F, B, W, AdamW) of the same GPT in hpcpipe and in
+PyTorch eager, on one device, measured alternately in one process.
+
+Both get identical shapes, dtype, batch and initial weights (hpcpipe's, copied into the
+torch model), and both must compute the same loss on the first step before anything is
+timed, so the comparison is of the same work. After a warm-up the two steps alternate
+(swapping which goes first every repetition) and each reports its median: on a shared,
+noisy machine the ratio is the number to trust. MFU divides the achieved FLOP/s (6N plus
+attention per token) by the best matmul rate measured on the same device in the same run.
+
+On the CPU both use every core this process may run on: BLAS threads through
+threadpoolctl, torch's intra-op threads through torch.set_num_threads. With CuPy on a GPU
+(`--device auto` finds it) the same command compares against PyTorch on that GPU.
+PyTorch is the optional `bench` extra; without it only hpcpipe is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from .. import __version__, backend
+from ..layers import attention, block, embedding, gelu, head, layernorm, linear, loss, mlp
+from ..model import GPTConfig, Stage
+from ..optim import AdamW
+from .common import write_json
+
+# The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
+# head size (64) at a sequence length where attention starts to count.
+CONFIGS = {
+    "tiny": GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=128),
+    "medium": GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=6, n_embd=384),
+}
+# --smoke: every code path in well under a second (CI keeps the benchmark from rotting).
+SMOKE = GPTConfig(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)
+
+# AdamW as in inputs/tiny.toml. The learning rate is constant: a schedule costs nothing.
+LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 3e-3, 0.9, 0.95, 1e-8, 0.1
+# First-step losses must agree to this relative tolerance (float32: summation order).
+LOSS_RTOL = {"float32": 1e-5, "float64": 1e-10}
+
+EPILOG = """\
+examples:
+  python -m hpcpipe bench step
+  python -m hpcpipe bench step --configs medium --repeats 20 --json step.json
+  python -m hpcpipe bench step --profile            # where hpcpipe's step spends its time
+
+One process on all the cores it may use. On machines that set OPENBLAS_CORETYPE /
+OPENBLAS_L2_SIZE, unset both for the benchmark command (never in tests): they select a
+slower kernel."""
+
+
+def add_parser(sub):
+    p = sub.add_parser("step", help="one training step: hpcpipe against PyTorch",
+                       description=__doc__, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default="tiny,medium",
+                   help=f"comma-separated, from {', '.join(CONFIGS)} (default tiny,medium)")
+    p.add_argument("--batch", type=int, default=16, help="sequences per step (16)")
+    p.add_argument("--dtype", choices=backend.DTYPES, default="float32")
+    p.add_argument("--device", choices=backend.DEVICES, default="auto")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured steps of each (2)")
+    p.add_argument("--repeats", type=int, default=10, help="measured steps of each (10)")
+    p.add_argument("--no-torch", action="store_true", help="measure hpcpipe only")
+    p.add_argument("--profile", action="store_true",
+                   help="also print hpcpipe's time per layer in F, B and W")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny shapes, one repetition: checks the code paths, measures nothing")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.set_defaults(func=run_step)
+    return p
+
+
+# -- what a step costs ------------------------------------------------------------------------
+
+def flop_params(cfg: GPTConfig) -> int:
+    """N for the 6N rule: every parameter that takes part in a matmul — all but the position
+    embedding (a lookup); the tied `wte` counts once, as the head's weight."""
+    C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
+    per_block = 12 * C * C + 13 * C  # c_attn, c_proj, c_fc, mlp.c_proj with biases; 2 LNs
+    return V * C + L * per_block + 2 * C
+
+
+def flops_per_token(cfg: GPTConfig, T: int) -> float:
+    """Training FLOPs per token: 6N for the weights (forward 2N, B 2N, W 2N) plus
+    12·L·C·T for QK^T and AV at full length (PaLM's count, as nanoGPT's MFU)."""
+    return 6.0 * flop_params(cfg) + 12.0 * cfg.n_layer * cfg.n_embd * T
+
+
+def _sync(be):
+    be.synchronize()
+
+
+def matmul_rate(be, dtype, n: int, repeats: int = 3) -> float:
+    """Best FLOP/s of an n×n×n matmul with this backend (the device's practical peak)."""
+    xp = be.xp
+    rng = np.random.default_rng(0)
+    a = be.from_host(rng.standard_normal((n, n)), dtype=dtype)
+    b = be.from_host(rng.standard_normal((n, n)), dtype=dtype)
+    out = xp.empty((n, n), dtype=dtype)
+    xp.matmul(a, b, out=out)  # warm-up: thread pool, kernels
+    _sync(be)
+    best = float("inf")
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        xp.matmul(a, b, out=out)
+        _sync(be)
+        best = min(best, time.perf_counter() - tick)
+    return 2.0 * n**3 / best
+
+
+def torch_matmul_rate(torch, device, dtype, n: int, repeats: int = 3) -> float:
+    a = torch.randn(n, n, dtype=getattr(torch, dtype), device=device)
+    b = torch.randn(n, n, dtype=getattr(torch, dtype), device=device)
+    out = torch.empty(n, n, dtype=a.dtype, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    torch.matmul(a, b, out=out)
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        torch.matmul(a, b, out=out)
+        sync()
+        best = min(best, time.perf_counter() - tick)
+    return 2.0 * n**3 / best
+
+
+# -- the two steps ------------------------------------------------------------------------------
+
+class HpcpipeStep:
+    """One microbatch through a whole-model Stage (F, B, W), the tied head's gradient folded
+    in, then AdamW: what one pipeline rank holding every layer does per step."""
+
+    def __init__(self, cfg, be, dtype, idx, targets):
+        self.be = be
+        self.stage = Stage(cfg, dtype=dtype, seed=0, xp=be.xp)
+        self.opt = AdamW(self.stage.param_buffer, self.stage.grad_buffer, beta1=BETA1,
+                         beta2=BETA2, eps=EPS, weight_decay=WEIGHT_DECAY)
+        self.idx, self.targets = be.from_host(idx), be.from_host(targets)
+
+    def __call__(self) -> float:
+        stage = self.stage
+        stage.zero_grad()
+        value = stage.forward(0, self.idx, self.targets)
+        stage.backward_input(0)
+        stage.backward_weight(0)
+        stage.add_head_grad()
+        self.opt.step(LR)
+        _sync(self.be)
+        return float(value)
+
+
+class TorchStep:
+    """The same step in PyTorch eager: forward, loss.backward() (B and W together), AdamW."""
+
+    def __init__(self, torch, cfg, device, dtype, params, idx, targets):
+        from .torch_gpt import TorchGPT, adamw
+
+        self.torch = torch
+        self.model = TorchGPT(cfg).to(device=device, dtype=getattr(torch, dtype))
+        self.model.load_hpcpipe(params)
+        self.opt, self.opt_kind = adamw(self.model, LR, BETA1, BETA2, EPS, WEIGHT_DECAY)
+        self.idx = torch.as_tensor(idx, device=device)
+        self.targets = torch.as_tensor(targets, device=device)
+        self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def __call__(self) -> float:
+        self.opt.zero_grad(set_to_none=True)
+        value = self.model(self.idx, self.targets)
+        value.backward()
+        self.opt.step()
+        self.sync()
+        return float(value.item())
+
+
+def make_batch(cfg: GPTConfig, batch: int, seed: int = 0):
+    """(idx, targets), both (batch, T) int64 on the host: random tokens, next-token targets."""
+    tokens = np.random.default_rng(seed).integers(0, cfg.vocab_size, (batch, cfg.block_size + 1))
+    return np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
+
+
+def first_losses(cfg, be, dtype, batch, torch=None, device="cpu"):
+    """Both steps built from the same weights and batch; returns (hpcpipe step, torch step or
+    None, hpcpipe's first loss, torch's first loss or None)."""
+    idx, targets = make_batch(cfg, batch)
+    ours = HpcpipeStep(cfg, be, dtype, idx, targets)
+    if torch is None:
+        return ours, None, ours(), None
+    host_params = {name: be.to_host(p).copy() for name, p in ours.stage.params.items()}
+    theirs = TorchStep(torch, cfg, device, dtype, host_params, idx, targets)
+    return ours, theirs, ours(), theirs()
+
+
+def check_same_loss(name, ours: float, theirs: float, dtype: str):
+    if not abs(ours - theirs) <= LOSS_RTOL[dtype] * abs(theirs):
+        raise RuntimeError(f"bench step {name}: the first step's losses differ (hpcpipe "
+                           f"{ours!r}, PyTorch {theirs!r}, {dtype}): the two models do not "
+                           f"compute the same thing, so their speeds cannot be compared")
+
+
+def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cpu",
+            log=print) -> dict:
+    """Time hpcpipe's and torch's steps alternately; one result row for `name`."""
+    ours, theirs, loss0, torch_loss0 = first_losses(cfg, be, dtype, batch, torch, device)
+    if theirs is not None:
+        check_same_loss(name, loss0, torch_loss0, dtype)
+    runners = [("hpcpipe", ours)] + ([("torch", theirs)] if theirs is not None else [])
+    for _ in range(warmup):
+        for _, run in runners:
+            run()
+    times = {label: [] for label, _ in runners}
+    for rep in range(repeats):
+        order = runners if rep % 2 == 0 else runners[::-1]
+        for label, run in order:
+            tick = time.perf_counter()
+            run()
+            times[label].append(time.perf_counter() - tick)
+        if repeats >= 5 and (rep + 1) % max(1, repeats // 5) == 0:
+            log(f"  {name}: {rep + 1}/{repeats} repetitions")
+    tokens = batch * cfg.block_size
+    flops = flops_per_token(cfg, cfg.block_size)
+    row = {"config": name, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head,
+           "block_size": cfg.block_size, "vocab_size": cfg.vocab_size, "batch": batch,
+           "dtype": dtype, "params": int(ours.stage.param_buffer.size),
+           "flops_per_token": flops, "repeats": repeats,
+           "hpcpipe_step_ms": 1e3 * statistics.median(times["hpcpipe"]),
+           "hpcpipe_loss0": loss0}
+    row["hpcpipe_tokens_per_s"] = tokens / (row["hpcpipe_step_ms"] / 1e3)
+    row["torch_tokens_per_s"] = row["ratio"] = row["torch_step_ms"] = None
+    row["ratio_paired"] = None
+    if theirs is not None:
+        row["torch_step_ms"] = 1e3 * statistics.median(times["torch"])
+        row["torch_tokens_per_s"] = tokens / (row["torch_step_ms"] / 1e3)
+        row["torch_loss0"] = torch_loss0
+        row["torch_optimizer"] = theirs.opt_kind
+        row["ratio"] = row["hpcpipe_tokens_per_s"] / row["torch_tokens_per_s"]
+        # Each repetition's own ratio (the two steps ran back to back): less sensitive to
+        # a noisy neighbour than the ratio of the medians.
+        row["ratio_paired"] = statistics.median(
+            t / h for h, t in zip(times["hpcpipe"], times["torch"]))
+    return row
+
+
+# -- per-layer profile ---------------------------------------------------------------------------
+
+PROFILED = {"embedding": embedding, "block": block, "layernorm": layernorm,
+            "attention": attention, "linear": linear, "mlp": mlp, "gelu": gelu,
+            "head": head, "loss": loss}
+PHASES = {"forward": "F", "backward_input": "B", "backward_weight": "W"}
+
+
+@contextmanager
+def layer_timers(be, totals: dict):
+    """Time every layer function while inside, in *self* time (a block's own time excludes
+    its sublayers', attention's excludes its projections'), added into
+    totals[(layer, phase)]. Works by swapping the module functions, which the layers call
+    through their modules; they are restored on exit."""
+    stack = []  # [start, time spent in children] per open call
+
+    def timed(layer, phase, fn):
+        def wrapper(*args, **kwargs):
+            _sync(be)
+            stack.append([time.perf_counter(), 0.0])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _sync(be)
+                start, children = stack.pop()
+                elapsed = time.perf_counter() - start
+                if stack:
+                    stack[-1][1] += elapsed
+                key = (layer, PHASES[phase])
+                totals[key] = totals.get(key, 0.0) + elapsed - children
+        return wrapper
+
+    saved = []
+    for layer, module in PROFILED.items():
+        for phase in PHASES:
+            fn = getattr(module, phase)
+            saved.append((module, phase, fn))
+            setattr(module, phase, timed(layer, phase, fn))
+    try:
+        yield
+    finally:
+        for module, phase, fn in saved:
+            setattr(module, phase, fn)
+
+
+def profile(cfg, be, dtype, batch, repeats) -> tuple[list[dict], float]:
+    """Median-free profile: self time per (layer, phase) summed over `repeats` steps, and
+    the optimizer's; returns (rows in ms per step, measured step ms)."""
+    idx, targets = make_batch(cfg, batch)
+    step = HpcpipeStep(cfg, be, dtype, idx, targets)
+    step()  # warm-up
+    totals, opt_time = {}, 0.0
+    tick = time.perf_counter()
+    with layer_timers(be, totals):
+        for _ in range(repeats):
+            stage = step.stage
+            stage.zero_grad()
+            stage.forward(0, step.idx, step.targets)
+            stage.backward_input(0)
+            stage.backward_weight(0)
+            stage.add_head_grad()
+            _sync(be)
+            start = time.perf_counter()
+            step.opt.step(LR)
+            _sync(be)
+            opt_time += time.perf_counter() - start
+    step_ms = 1e3 * (time.perf_counter() - tick) / repeats
+    rows = []
+    for layer in PROFILED:
+        row = {"layer": layer, **{ph: 1e3 * totals.get((layer, ph), 0.0) / repeats
+                                  for ph in PHASES.values()}}
+        if any(row[ph] for ph in PHASES.values()):
+            rows.append(row)
+    rows.append({"layer": "adamw", "F": 0.0, "B": 0.0, "W": 0.0,
+                 "step": 1e3 * opt_time / repeats})
+    return rows, step_ms
+
+
+def print_profile(name, rows, step_ms, out=print):
+    total = sum(r["F"] + r["B"] + r["W"] + r.get("step", 0.0) for r in rows)
+    out(f"\nprofile of hpcpipe, {name} (self time per step, ms; the timers synchronise and "
+        f"add overhead: {step_ms:.1f} ms/step measured while profiling)")
+    out("| layer | F | B | W | optimizer | total | share |")
+    out("|---|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: -(r["F"] + r["B"] + r["W"] + r.get("step", 0.0))):
+        t = r["F"] + r["B"] + r["W"] + r.get("step", 0.0)
+        cells = [f"{r[ph]:.2f}" if r[ph] else "" for ph in ("F", "B", "W")]
+        opt = f"{r['step']:.2f}" if "step" in r else ""
+        out(f"| {r['layer']} | {' | '.join(cells)} | {opt} | {t:.2f} | {t / total:.1%} |")
+    out(f"| **all** | {sum(r['F'] for r in rows):.2f} | {sum(r['B'] for r in rows):.2f} | "
+        f"{sum(r['W'] for r in rows):.2f} | {sum(r.get('step', 0.0) for r in rows):.2f} | "
+        f"{total:.2f} | |")
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+def blas_info() -> list[dict]:
+    """The BLAS libraries loaded and their kernels (OpenBLAS names its core type)."""
+    from threadpoolctl import threadpool_info
+
+    return [{k: info.get(k) for k in ("internal_api", "version", "architecture",
+                                       "num_threads", "threading_layer")}
+            for info in threadpool_info()]
+
+
+def import_torch(no_torch: bool, log):
+    if no_torch:
+        return None
+    try:
+        import torch
+    except ImportError:
+        log("PyTorch is not installed (pip install 'hpcpipe[bench]'): measuring hpcpipe only")
+        return None
+    return torch
+
+
+def run_step(args) -> int:
+    def log(msg):
+        print(msg, flush=True)
+
+    threads = backend.cpu_count()
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=threads)
+    be = backend.select(args.device)
+    torch = import_torch(args.no_torch, log)
+    device = "cuda" if be.is_gpu else "cpu"
+    if torch is not None:
+        torch.set_num_threads(threads)
+        if be.is_gpu:
+            torch.cuda.set_device(be.device_id)
+    if args.smoke:
+        configs = {"smoke": SMOKE}
+        batch, warmup, repeats, peak_n = 2, 0, 1, 128
+    else:
+        names = [c.strip() for c in args.configs.split(",") if c.strip()]
+        unknown = [c for c in names if c not in CONFIGS]
+        if unknown:
+            raise SystemExit(f"bench step: unknown config {unknown[0]!r}; "
+                             f"choose from {', '.join(CONFIGS)}")
+        configs = {c: CONFIGS[c] for c in names}
+        batch, warmup, repeats = args.batch, args.warmup, args.repeats
+        peak_n = 8192 if be.is_gpu else 2048
+    blas = blas_info()
+    coretype = {v: os.environ[v] for v in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+                if v in os.environ}
+    log(f"hpcpipe {__version__} bench step | {be.describe()}, {threads} thread(s)"
+        + (f" | torch {torch.__version__} on {device}, {torch.get_num_threads()} thread(s)"
+           if torch is not None else "")
+        + " | BLAS: " + ", ".join(f"{b['internal_api']} {b['version']} "
+                                  f"({b['architecture'] or '-'}, {b['num_threads']} threads)"
+                                  for b in blas))
+    if coretype:
+        log(f"warning: {', '.join(f'{k}={v}' for k, v in coretype.items())} is set: "
+            f"OpenBLAS may run a slower kernel than this CPU supports")
+
+    # The device's practical peak: the best matmul rate seen before and after every config
+    # (a shared machine is rarely quiet for the whole run).
+    peaks, torch_peaks = [], []
+
+    def measure_peak():
+        peaks.append(matmul_rate(be, args.dtype, peak_n))
+        if torch is not None:
+            torch_peaks.append(torch_matmul_rate(torch, device, args.dtype, peak_n))
+
+    measure_peak()
+    rows = []
+    for name, cfg in configs.items():
+        log(f"{name}: {cfg.n_layer} layers, n_embd {cfg.n_embd}, {cfg.n_head} heads, block "
+            f"{cfg.block_size}, batch {batch} ({batch * cfg.block_size:,} tokens/step), "
+            f"{args.dtype}; {warmup} warm-up + {repeats} measured steps each")
+        row = measure(name, cfg, be, args.dtype, batch, warmup, repeats, torch, device, log)
+        rows.append(row)
+        measure_peak()
+        if args.profile:
+            prof, step_ms = profile(cfg, be, args.dtype, batch, max(1, min(repeats, 5)))
+            row["profile_ms"] = prof
+            print_profile(name, prof, step_ms, log)
+    peak, torch_peak = max(peaks), max(torch_peaks, default=None)
+    device_peak = max(peak, torch_peak or 0.0)
+    log(f"matmul {peak_n}³ {args.dtype}, best of the run: hpcpipe's backend "
+        f"{peak / 1e9:,.1f} GFLOP/s" + (f", torch {torch_peak / 1e9:,.1f} GFLOP/s"
+                                        if torch_peak else "")
+        + f" → peak {device_peak / 1e9:,.1f} GFLOP/s")
+    for row in rows:
+        row["mfu"] = row["flops_per_token"] * row["hpcpipe_tokens_per_s"] / device_peak
+        row["torch_mfu"] = (row["flops_per_token"] * row["torch_tokens_per_s"] / device_peak
+                            if row["torch_tokens_per_s"] else None)
+
+    log("")
+    log("| config | tokens/step | hpcpipe tokens/s | PyTorch tokens/s | ratio | MFU hpcpipe | "
+        "MFU PyTorch |")
+    log("|---|---|---|---|---|---|---|")
+    for r in rows:
+        fmt = lambda v, spec: format(v, spec) if v is not None else "–"
+        log(f"| {r['config']} | {r['batch'] * r['block_size']:,} | "
+            f"{r['hpcpipe_tokens_per_s']:,.0f} | {fmt(r['torch_tokens_per_s'], ',.0f')} | "
+            f"{fmt(r['ratio'], '.2f')}× | {r['mfu']:.1%} | {fmt(r['torch_mfu'], '.1%')} |")
+    if torch is not None:
+        log("ratio of each repetition's two steps, median: " + ", ".join(
+            f"{r['config']} {r['ratio_paired']:.2f}×" for r in rows))
+        log("first-step losses agree (hpcpipe / PyTorch): " + ", ".join(
+            f"{r['config']} {r['hpcpipe_loss0']:.6f} / {r['torch_loss0']:.6f}" for r in rows))
+    if args.json:
+        result = {"suite": "step", "version": __version__, "backend": be.describe(),
+                  "device": device, "threads": threads, "blas": blas,
+                  "torch": torch.__version__ if torch is not None else None,
+                  "openblas_env": coretype, "peak_flops": device_peak,
+                  "peak_flops_backend": peak, "peak_flops_torch": torch_peak,
+                  "matmul_n": peak_n, "dtype": args.dtype, "rows": rows}
+        log(f"\nwrote {write_json(args.json, result)}")
+    return 0

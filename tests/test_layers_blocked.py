@@ -1,0 +1,144 @@
+"""The layers' fast paths compute the textbook numbers: attention in several query tiles,
+row blocks, AdamW in blocks, reused workspaces. Small shapes with the tile and block
+sizes shrunk, so every path runs with several pieces in well under a second."""
+
+import math
+
+import numpy as np
+import pytest
+
+from gradcheck import check
+from hpcpipe import layers
+from hpcpipe.layers import attention, block, gelu, layernorm
+from hpcpipe.model import FlatBuffer, GPTConfig, Stage
+from hpcpipe.optim import AdamW
+
+B, T, C, NH = 2, 7, 8, 2
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(42)
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """Tiles of 3 query rows (7 = 3 + 3 + 1), row blocks of 2 rows, AdamW blocks of 5."""
+    monkeypatch.setattr(attention, "QUERY_TILE", 3)
+    monkeypatch.setattr(layers, "BLOCK_BYTES", 2 * C * 8)
+    monkeypatch.setattr(AdamW, "BLOCK", 5)
+
+
+def attention_params(rng):
+    return {"c_attn.weight": rng.standard_normal((C, 3 * C)) * 0.5,
+            "c_attn.bias": rng.standard_normal(3 * C) * 0.5,
+            "c_proj.weight": rng.standard_normal((C, C)) * 0.5,
+            "c_proj.bias": rng.standard_normal(C) * 0.5}
+
+
+def reference_attention(x, P):
+    """The plain formula: full (T, T) scores, mask, softmax, no tiles."""
+    qkv = x @ P["c_attn.weight"] + P["c_attn.bias"]
+    q, k, v = qkv.reshape(B, T, 3, NH, C // NH).transpose(2, 0, 3, 1, 4)
+    att = q @ k.transpose(0, 1, 3, 2) / math.sqrt(C // NH)
+    att = np.where(np.tril(np.ones((T, T), bool)), att, -np.inf)
+    att = np.exp(att - att.max(-1, keepdims=True))
+    att /= att.sum(-1, keepdims=True)
+    y = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
+    return y @ P["c_proj.weight"] + P["c_proj.bias"]
+
+
+def test_tiled_attention_matches_the_formula_and_finite_differences(small_pieces, rng):
+    P = attention_params(rng)
+    x = rng.standard_normal((B, T, C))
+    R = rng.standard_normal((B, T, C))
+    y, cache = attention.forward(x, P, NH)
+    np.testing.assert_allclose(y, reference_attention(x, P), rtol=1e-12, atol=1e-12)
+    dx = attention.backward_input(R, cache)
+    grads = {name: np.zeros_like(p) for name, p in P.items()}
+    attention.backward_weight(R, cache, grads)
+
+    def f():
+        return float((attention.forward(x, P, NH)[0] * R).sum())
+
+    check(f, {"x": x, **P}, {"x": dx, **grads}, rng)
+
+
+def test_adamw_blocks_give_the_one_block_numbers(monkeypatch, rng):
+    layout = [("h.0.mlp.c_fc.weight", (3, 4)), ("h.0.mlp.c_fc.bias", (5,))]
+    g0 = rng.standard_normal(17)
+
+    def steps():
+        p, g = FlatBuffer(layout, np, "float32"), FlatBuffer(layout, np, "float32")
+        p.data[...], g.data[...] = 1.0, g0
+        opt = AdamW(p, g)
+        for _ in range(3):
+            opt.step(0.1, grad_scale=0.5)
+        return p.data
+
+    whole = steps()
+    monkeypatch.setattr(AdamW, "BLOCK", 5)
+    np.testing.assert_array_equal(steps(), whole)
+    assert whole.dtype == np.float32
+
+
+@pytest.mark.parametrize("module", [gelu, layernorm])
+def test_row_blocks_give_the_unblocked_numbers(module, monkeypatch, rng):
+    """Cutting rows into blocks changes no number: each row is computed alone."""
+    params = {"weight": rng.standard_normal(C) + 1.0, "bias": rng.standard_normal(C)}
+    x = rng.standard_normal((B, T, C))
+    dy = rng.standard_normal((B, T, C))
+
+    def run_once():
+        y, cache = module.forward(x, params)
+        return y, module.backward_input(dy, cache)
+
+    whole = run_once()
+    monkeypatch.setattr(layers, "BLOCK_BYTES", 3 * C * 8)
+    blocked = run_once()
+    for a, b in zip(whole, blocked):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_workspaces_never_leak_into_a_later_microbatch(small_pieces):
+    """F0 B0 F1 B1 W0 W1 with every workspace reused by microbatch 1 before W0 runs gives
+    the in-order gradients bitwise, with several tiles and blocks."""
+    cfg = GPTConfig(vocab_size=11, block_size=T, n_layer=2, n_head=NH, n_embd=C)
+    rng = np.random.default_rng(3)
+    data = [(rng.integers(0, 11, (B, T)), rng.integers(0, 11, (B, T))) for _ in range(2)]
+    ref = Stage(cfg, dtype="float64", seed=1)
+    for mb, (i, t) in enumerate(data):
+        ref.forward(mb, i, t, loss_scale=0.5)
+        ref.backward(mb)
+    zb = Stage(cfg, dtype="float64", seed=1)
+    for mb, (i, t) in enumerate(data):
+        zb.forward(mb, i, t, loss_scale=0.5)
+        zb.backward_input(mb)
+    zb.backward_weight(0)
+    zb.backward_weight(1)
+    np.testing.assert_array_equal(ref.grad_buffer.data, zb.grad_buffer.data)
+    np.testing.assert_array_equal(ref.head_grad, zb.head_grad)
+
+
+def test_forward_leaves_its_input_alone_and_keeps_no_reference(rng):
+    """A block's input may be a received message buffer, reused after F: F must neither
+    write it nor keep it in the cache."""
+    params = {name: rng.standard_normal(shape) * 0.3 for name, shape in {
+        "ln_1.weight": (C,), "ln_1.bias": (C,), "ln_2.weight": (C,), "ln_2.bias": (C,),
+        "attn.c_attn.weight": (C, 3 * C), "attn.c_attn.bias": (3 * C,),
+        "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,),
+        "mlp.c_fc.weight": (C, 4 * C), "mlp.c_fc.bias": (4 * C,),
+        "mlp.c_proj.weight": (4 * C, C), "mlp.c_proj.bias": (C,)}.items()}
+    x = rng.standard_normal((B, T, C))
+    before = x.copy()
+    _, cache = block.forward(x, params, NH)
+    np.testing.assert_array_equal(x, before)
+
+    def arrays(obj):
+        if isinstance(obj, dict):
+            for value in obj.values():
+                yield from arrays(value)
+        elif isinstance(obj, np.ndarray):
+            yield obj
+
+    assert not any(np.shares_memory(a, x) for a in arrays(cache))

@@ -207,8 +207,33 @@ def select(device: str = "auto", local_rank: int = 0, *, peers=None,
         shared = shared_devices(bindings)
         if shared and not gpu_sharing:
             raise sharing_error(shared, bindings)
+    if not chosen.is_gpu:
+        keep_freed_memory()
     _current = chosen
     return chosen
+
+
+def keep_freed_memory():
+    """Ask glibc's malloc to keep large freed blocks for reuse instead of unmapping them.
+
+    NumPy allocates every activation and temporary afresh; above malloc's mmap threshold
+    each one is mapped and unmapped again, and every first touch of its pages faults. A
+    training step frees and re-allocates the same sizes over and over, so keeping them
+    (arrays up to 32 MiB from the heap, freed memory not returned to the system) saves
+    that page-fault traffic: about 8 % of a step on the 2-core benchmark machine, at the
+    price of holding the peak footprint. Only glibc has mallopt; elsewhere nothing
+    changes."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    mallopt(M_MMAP_THRESHOLD, 32 * 2**20)  # glibc's maximum on 64-bit systems
+    mallopt(M_TRIM_THRESHOLD, 2**30)
 
 
 def current() -> Backend:

@@ -109,6 +109,7 @@ class _Pending:
     row_request: object
     result: object
     loss_scale: float
+    grads: list  # this step's gradient per optimizer, kept for a fix after the verdict
 
 
 class RankModel:
@@ -224,19 +225,31 @@ class RankModel:
         """AdamW on every buffer this rank updates, the gradient multiplied by the clipping
         coefficient of `norm` (and by `unscale`, undoing a loss scale)."""
         self._apply(lr, clip_coefficient(norm, max_norm) * unscale)
+        self._share_shards()
 
-    def _apply(self, lr: float, coefficient: float, undo: bool = False):
-        for bucket, opt in self.optimizers:
-            if bucket is not None:
+    def _share_shards(self):
+        """ZeRO-1: every replica gets the updated shards of the others. A collective: the
+        callers make sure every rank of a data-parallel group calls it alike."""
+        if self.cfg.parallel.zero:
+            self.gradsync.allgather_params()
+
+    def _apply(self, lr: float, coefficient: float, undo: bool = False, grads=None):
+        """AdamW (or its inverse) on every optimizer; `grads`, when given, are the
+        gradients to use, one per optimizer (a saved step's), instead of the live ones."""
+        for i, (bucket, opt) in enumerate(self.optimizers):
+            if grads is not None:
+                live, opt.grads = opt.grads, _GradRef()
+                opt.grads.data = grads[i]
+            elif bucket is not None:
                 opt.grads.data = bucket.shard_grad
             if undo:
                 undo_adamw(opt, lr, coefficient)
             else:
                 opt.step(lr, coefficient)
+            if grads is not None:
+                opt.grads = live
             if isinstance(opt.params, MasterWeights):
                 opt.params.push()
-        if self.cfg.parallel.zero:
-            self.gradsync.allgather_params()
 
     def optimizer_state_bytes(self) -> int:
         """Bytes of optimizer state (Adam moments) this rank holds."""
@@ -247,20 +260,11 @@ class RankModel:
         """One optimizer step: the schedule's F/B/W, the tied-embedding sum, the
         data-parallel reduction, the global norm, then AdamW with clipping — skipped when
         the gradient is not finite. Returns the steps that became final: this one, or with
-        post-validation the previous one (this one is validated at the start of the next
-        call, or by `flush`)."""
-        finished = self.validate() if self.post_validation else []
-        microbatches = runtime.schedule.num_microbatches
-        scale = self.scaler.scale
-        self.zero_grad()
-        self.gradsync.reset()
-        result = runtime.run_step(step, inputs, self.gradsync.grad_scale * scale / microbatches,
-                                  on_layer_done=self.gradsync.layer_done)
-        self.sum_tied_grads()
-        self.gradsync.wait()
+        post-validation the previous one (see `_speculate`)."""
         if self.post_validation:
-            self._step_optimistically(step, lr, max_norm, result, trace)
-            return finished
+            return self._speculate(runtime, step, inputs, lr, max_norm, trace)
+        result = self._run(runtime, step, inputs)
+        scale = self.scaler.scale
         loss = self.mean_loss(result.losses)
         norm = self.grad_norm() / scale
         skipped = not (math.isfinite(norm) and math.isfinite(loss))
@@ -272,13 +276,47 @@ class RankModel:
                 trace.add("optimizer", "optimizer", start, trace.now(), step)
         self.scaler.update(not skipped)
         stats = self._stats(trace, step, result, sync=True) if trace else None
-        return finished + [StepOutcome(step, loss, norm, skipped, result, stats,
-                                       loss_scale=scale)]
+        return [StepOutcome(step, loss, norm, skipped, result, stats, loss_scale=scale)]
 
+    def _run(self, runtime, step, inputs):
+        """The gradient of one step: the schedule, the tied sum, the replicas' average."""
+        microbatches = runtime.schedule.num_microbatches
+        self.zero_grad()
+        self.gradsync.reset()
+        result = runtime.run_step(step, inputs,
+                                  self.gradsync.grad_scale * self.scaler.scale / microbatches,
+                                  on_layer_done=self.gradsync.layer_done)
+        self.sum_tied_grads()
+        self.gradsync.wait()
+        return result
+
+    def _speculate(self, runtime, step, inputs, lr, max_norm, trace) -> list[StepOutcome]:
+        """Post-validation without a synchronisation between steps.
+
+        The previous step's update was made optimistically; this step runs on its weights
+        at once, while the reduction that validates that update is in flight, so a rank
+        can start a step before the last rank has finished the one before (the steps
+        overlap, as in the paper's parallelogram schedules). Only then is the verdict
+        awaited. In the rare case it says the update was wrong — a different clipping
+        coefficient, or a non-finite gradient somewhere — every rank learns it from the
+        same reduction, fixes that update from the previous step's saved gradient, and
+        runs this step again on the right weights: the numbers are those of the
+        synchronous optimizer, and an ordinary step pays nothing but a gradient copy."""
+        result = self._run(runtime, step, inputs)
+        finished = []
+        if self._pending is not None:
+            outcome, changed = self._resolve()
+            finished.append(outcome)
+            if changed:  # this step used wrong weights (or an outdated loss scale)
+                result = self._run(runtime, step, inputs)
+        self._step_optimistically(step, lr, max_norm, result, trace)
+        return finished
     def flush(self) -> list[StepOutcome]:
         """Validate a pending optimistic step (post-validation) before anything reads the
         weights: evaluation, checkpoints, the end of training."""
-        return self.validate() if self.post_validation else []
+        if not (self.post_validation and self._pending is not None):
+            return []
+        return [self._resolve()[0]]
 
     def _stats(self, trace, step, result, sync):
         from . import trace as tracelib
@@ -317,12 +355,13 @@ class RankModel:
         sumsq, nonfinite = self._local_check()
         coefficient = clip_coefficient(math.sqrt(sumsq) / scale, max_norm) / scale
         stepped = not nonfinite
+        start = trace.now() if trace else 0.0
         if stepped:
-            start = trace.now() if trace else 0.0
             self._apply(lr, coefficient)
-            self.backend.synchronize()
-            if trace:
-                trace.add("optimizer", "optimizer", start, trace.now(), step)
+        self._share_shards()  # also where this rank did not step: its peers did
+        self.backend.synchronize()
+        if trace:
+            trace.add("optimizer", "optimizer", start, trace.now(), step)
         values = np.array([0.0 if nonfinite else sumsq, float(nonfinite)])
         group = self.grid.world if self.cfg.parallel.zero else self.grid.pipe
         request = group.Iallreduce(MPI.IN_PLACE, values, op=MPI.SUM)
@@ -331,47 +370,56 @@ class RankModel:
         loss = (float(np.mean([float(result.losses[mb]) for mb in sorted(result.losses)]))
                 if is_head else 0.0)
         row = self._stats(trace, step, result, sync=False) if trace else np.zeros(9)
-        row = np.concatenate([row, [float(is_head), loss]])
+        # ... and the update this rank made, so that every rank can tell whether any rank
+        # will have to redo it (then the next step must run again, on every rank).
+        row = np.concatenate([row, [float(stepped), coefficient, float(is_head), loss]])
         rows = np.empty((self.grid.size, row.size))
         row_request = self.grid.world.Iallgather(row, rows)
+        # The next step overwrites the gradient buffers before the verdict arrives.
+        saved = [(b.shard_grad if b is not None else opt.grads.data).copy()
+                 for b, opt in self.optimizers]
         self._pending = _Pending(step, lr, max_norm, coefficient, stepped, request, values,
-                                 rows, row_request, result, scale)
+                                 rows, row_request, result, scale, saved)
 
-    def validate(self) -> list[StepOutcome]:
-        """Wait for the previous step's global norm and non-finite verdict; if the
-        optimistic update used the wrong clipping coefficient, roll it back and redo it;
-        if the gradient was not finite anywhere, roll it back and skip the step."""
+    def _resolve(self) -> tuple[StepOutcome, bool]:
+        """Wait for the pending step's global norm and non-finite verdict; if the
+        optimistic update used the wrong clipping coefficient, invert it and redo it; if
+        the gradient was not finite anywhere, invert it and skip the step. Returns the
+        step's outcome and whether the weights (or the loss scale) changed."""
         from mpi4py import MPI
 
+        from . import trace as tracelib
+
         pending, self._pending = self._pending, None
-        if pending is None:
-            return []
         MPI.Request.Waitall([pending.request, pending.row_request])
         sumsq, nonfinite = float(pending.values[0]), pending.values[1] > 0
         scale = pending.loss_scale
         norm = math.sqrt(sumsq) / scale if not nonfinite else math.nan
+        rows = pending.rows
         # One head per replica, in world-rank order: the same sum as `mean_loss`.
-        losses = [float(row[-1]) for row in pending.rows if row[-2] > 0]
+        losses = [float(row[-1]) for row in rows if row[-2] > 0]
         loss = sum(losses) / len(losses)
         skipped = nonfinite or not (math.isfinite(norm) and math.isfinite(loss))
+        right = None if skipped else clip_coefficient(norm, pending.max_norm) / scale
         redone = False
         if skipped:
             if pending.stepped:
-                self._apply(pending.lr, pending.coefficient, undo=True)
+                self._apply(pending.lr, pending.coefficient, undo=True, grads=pending.grads)
                 redone = True
-        else:
-            right = clip_coefficient(norm, pending.max_norm) / scale
-            if right != pending.coefficient:
-                self._apply(pending.lr, pending.coefficient, undo=True)
-                self._apply(pending.lr, right)
-                redone = True
+        elif right != pending.coefficient:
+            self._apply(pending.lr, pending.coefficient, undo=True, grads=pending.grads)
+            self._apply(pending.lr, right, grads=pending.grads)
+            redone = True
         self.scaler.update(not skipped)
-        from . import trace as tracelib
-
-        stats = tracelib.combine([row[:-2] for row in pending.rows]) \
-            if pending.rows[:, :-2].any() else None
-        return [StepOutcome(pending.step, loss, norm, skipped, pending.result, stats,
-                            redone=redone, loss_scale=scale)]
+        stats = tracelib.combine([row[:9] for row in rows]) if rows[:, :9].any() else None
+        outcome = StepOutcome(pending.step, loss, norm, skipped, pending.result, stats,
+                              redone=redone, loss_scale=scale)
+        # Whether any rank's weights moved: every rank reads it off the same gathered rows.
+        anyone = skipped and any(row[9] > 0 for row in rows) or not skipped and any(
+            row[9] > 0 and row[10] != right for row in rows)
+        if anyone:
+            self._share_shards()
+        return outcome, anyone or self.scaler.scale != scale
 
     def mean_loss(self, losses: dict) -> float:
         """The step's loss (mean over microbatches and replicas), known on every rank."""

@@ -177,12 +177,13 @@ def build_schedule(cfg: Config, costs: Costs | None = None):
     if kind == "auto" and costs is None:
         kind = "zb-h1"
     try:
-        # Without post-validation every step ends in a synchronisation (the global
-        # gradient norm, then the optimizer), so a step lasts the schedule's makespan and
-        # auto minimises that; with it, steps overlap and the longest span counts.
+        # A step lasts the schedule's makespan, not its longest per-rank span: without
+        # post-validation every step ends in a synchronisation (the global norm, then the
+        # optimizer); with it, the tied embedding still makes the first stage wait for the
+        # last stage's final W (its share of d(wte)) before starting the next step.
         schedule = generate(kind, p.pp, p.microbatches, v=cfg.chunks, costs=costs,
                             memory_limit=(p.memory_limit or 2 * p.pp) if kind == "auto" else None,
-                            objective="span" if cfg.train.post_validation else "makespan")
+                            objective="makespan")
     except ScheduleError as e:
         raise ConfigError(cfg.source, "parallel.schedule", p.schedule,
                           f"{e} (pp = {p.pp}, microbatches = {p.microbatches})") from None
@@ -409,9 +410,7 @@ def train(cfg: Config, run_dir: str, comm, out=print, resume=None) -> Summary:
         for r in range(comm.size):
             peak_bytes[r] = max(peak_bytes[r], stats.peak_bytes[r])
             peak_mb[r] = max(peak_mb[r], stats.peak_microbatches[r])
-        # Steps overlap with post-validation (the simulator's longest span); otherwise
-        # each ends in a synchronisation (the makespan).
-        bubble = stats.bubble_span if t.post_validation else stats.bubble
+        bubble = stats.bubble  # over the step's makespan, as the simulator's (see above)
         if step > 1:
             bubbles.append(bubble)
             split.append((step_s, max(stats.compute_s),
@@ -460,9 +459,7 @@ def train(cfg: Config, run_dir: str, comm, out=print, resume=None) -> Summary:
             auto = build_schedule(cfg, costs)
             runtime = Runtime(auto, grid.pp_rank, model.stages, pipe, trace)
             sim = simulate(auto, costs)
-            # Steps overlap only when post-validation removes the synchronisation before
-            # the optimizer; otherwise a step lasts the schedule's makespan.
-            predicted = sim.longest_span if t.post_validation else sim.makespan
+            predicted = sim.makespan  # see build_schedule
             log(f"auto schedule from measured costs (ms) F {_ms(costs.f)} B {_ms(costs.b)} "
                 f"W {_ms(costs.w)} comm {costs.comm * 1e3:.2f}, memory limit "
                 f"{p.memory_limit or 2 * p.pp:g} microbatches: predicted {predicted * 1e3:.1f} "

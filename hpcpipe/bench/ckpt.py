@@ -5,7 +5,6 @@ initialised, with its optimizer state)."""
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import tempfile
 import time
@@ -72,7 +71,7 @@ def run_ckpt(args) -> int:
         print(f"{args.config}: {cfg.model.n_layer} layers, n_embd {cfg.model.n_embd}, vocab "
               f"{cfg.model.vocab_size}, {t.dtype}, dp {p.dp} × pp {p.pp} "
               f"(model built in {built:.1f} s)")
-        print(f"| save s | verify s | load s | parameters MiB | optimizer MiB | total MiB |")
+        print("| save s | verify s | load s | parameters MiB | optimizer MiB | total MiB |")
         print("|---|---|---|---|---|---|")
         print(f"| {saved.seconds:.2f} | {verify_s:.2f} | {load_s:.2f} | {params / 2**20:.1f} | "
               f"{optim / 2**20:.1f} | {saved.bytes / 2**20:.1f} |")

@@ -156,7 +156,6 @@ def run_comm(args) -> int:
                    if "p2p_raw_gbs" in row else "")
             log(f"{_fmt(nbytes):>8}  {p2p}  all-reduce {row['allreduce_hpcpipe_gbs']:6.2f} vs "
                 f"{row['allreduce_raw_gbs']:6.2f} GB/s")
-        del grads, raw_buf
     rows = world.bcast(rows if is_root else None, root=0)
 
     overlap = None if args.skip_overlap else measure_overlap(world, be, log)

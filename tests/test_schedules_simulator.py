@@ -138,3 +138,15 @@ def test_simulating_a_deadlocked_schedule_refuses():
                       one_chunk_placement(2))
     with pytest.raises(ScheduleError, match="can never run"):
         simulate(s)
+
+
+def test_steady_period_of_repeated_steps():
+    """Back-to-back steps: the period lies between the longest span and the makespan, and
+    the repeated schedule is itself valid."""
+    from hpcpipe.schedules.simulator import repeated, steady_period
+
+    for kind in ("1f1b", "zb-h1", "zb-h2"):
+        s = generate(kind, 4, 8)
+        check(repeated(s, 3))
+        r = simulate(s)
+        assert r.longest_span - 1e-9 <= steady_period(s) <= r.makespan + 1e-9

@@ -368,11 +368,8 @@ def steady_period(schedule: Schedule, costs: Costs | None = None, steps: int = 4
     run = replay(repeated(schedule, steps), op_duration(schedule, costs), costs.comm)
     if run.blocked:
         raise ScheduleError("the repeated schedule deadlocks; run check() on the schedule")
-    per = len(schedule.ranks[0])
-
     def step_end(k):
         return max(row[(k + 1) * len(ops) - 1] for row, ops in zip(run.end, schedule.ranks)
                    if ops)
 
-    del per
     return (step_end(steps - 1) - step_end(0)) / (steps - 1)

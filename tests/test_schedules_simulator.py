@@ -143,6 +143,7 @@ def test_simulating_a_deadlocked_schedule_refuses():
 def test_steady_period_of_repeated_steps():
     """Back-to-back steps: the period lies between the longest span and the makespan, and
     the repeated schedule is itself valid."""
+    from hpcpipe.schedules import check
     from hpcpipe.schedules.simulator import repeated, steady_period
 
     for kind in ("1f1b", "zb-h1", "zb-h2"):

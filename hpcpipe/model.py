@@ -253,8 +253,12 @@ class Stage:
         if self.head_part:
             dlogits = loss.backward_input(entry["loss_scale"], caches.pop("loss"))
             dlogits = dlogits.astype(self.dtype, copy=False)
-            d["head"] = dlogits
             dx = head.backward_input(dlogits, caches["head"])
+            # The head's weight gradient is taken here, in B, not in W: it is the tied
+            # embedding's, which the first stage needs before its next step, and B's run
+            # early (also in microbatch order), so the first stage does not wait for the
+            # last stage's final W. It also frees the (B, T, V) logits gradient at once.
+            head.backward_weight(dlogits, caches.pop("head"), {"wte": self.head_grad})
             d["ln_f"] = dx
             dy = layernorm.backward_input(dx, caches["ln_f"])
         for layer in reversed(self.layers):
@@ -274,8 +278,7 @@ class Stage:
         caches, d = entry["caches"], entry["d"]
         G = self.grads
         done = after_layer or (lambda names: None)
-        if self.head_part:
-            head.backward_weight(d["head"], caches["head"], {"wte": self.head_grad})
+        if self.head_part:  # (the head's own W ran in B)
             layernorm.backward_weight(d["ln_f"], caches["ln_f"], scope(G, "ln_f."))
             done(("ln_f.weight", "ln_f.bias"))
         for layer in reversed(self.layers):

@@ -154,6 +154,7 @@ class RankModel:
             self.optimizers = [(None, AdamW(master(stage.param_buffer), stage.grad_buffer,
                                             **adam))
                                for stage in self.stages.values()]
+        self._tied_request = None
         self.scaler = LossScaler.for_config(t)
         self.post_validation = t.post_validation
         self._pending: _Pending | None = None
@@ -183,11 +184,50 @@ class RankModel:
             else:  # ZB-V: both ends of the V on this rank
                 emb.add_head_grad(head.head_grad)
                 head.grads["wte"][...] = emb.grads["wte"]
-        elif emb is not None:
-            allreduce_sum(self.tied, emb.grads["wte"], self.backend, self.gpu_aware)
-        elif head is not None:
-            total = allreduce_sum(self.tied, head.head_grad, self.backend, self.gpu_aware)
+            return
+        if emb is None and head is None:  # a middle stage holds no copy
+            return
+        if self._tied_request is None:  # not started early (host staging, no hooks)
+            part = emb.grads["wte"] if emb is not None else head.head_grad
+            total = allreduce_sum(self.tied, part, self.backend, self.gpu_aware)
+        else:
+            self._tied_request.Wait()
+            self._tied_request = None
+            total = emb.grads["wte"] if emb is not None else head.head_grad
+        if head is not None:
             head.grads["wte"][...] = total
+
+    def _start_tied(self, buffer):
+        """Start summing this rank's part of d(wte) with the other holder's, as soon as
+        the part is complete: the head's after the last stage's last B, the embedding's
+        after the first stage's last W. The sum lands in place; `sum_tied_grads` waits."""
+        from mpi4py import MPI
+
+        if self.tied is None or self._tied_request is not None:
+            return
+        if self.backend.is_gpu and not self.gpu_aware:
+            return  # staged through the host at the end instead
+        self.backend.synchronize()
+        self._tied_request = self.tied.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+
+    def _layer_done(self, chunk, names):
+        """During a stage's last W: the data-parallel buckets, and the embedding's part
+        of the tied gradient once the embedding's W has run."""
+        self.gradsync.layer_done(chunk, names)
+        stage = self.stages[chunk]
+        if stage.embedding_part and "wpe" in names and self.tied is not None:
+            self._start_tied(stage.grads["wte"])
+
+    def _op_done(self, chunk, op, last_microbatch: bool):
+        """After every op: start the head's part of the tied gradient after the last B,
+        and let MPI move what is in flight."""
+        stage = self.stages[chunk]
+        if (last_microbatch and stage.head_part and not stage.embedding_part
+                and op in ("B", "BW")):
+            self._start_tied(stage.head_grad)
+        if self._tied_request is not None:
+            self._tied_request.Test()
+        self.gradsync.progress()
 
     def grad_norm(self) -> float:
         """The global L2 norm of the (averaged) gradient, every parameter counted once.
@@ -285,7 +325,7 @@ class RankModel:
         self.gradsync.reset()
         result = runtime.run_step(step, inputs,
                                   self.gradsync.grad_scale * self.scaler.scale / microbatches,
-                                  on_layer_done=self.gradsync.layer_done)
+                                  on_layer_done=self._layer_done, on_op_done=self._op_done)
         self.sum_tied_grads()
         self.gradsync.wait()
         return result

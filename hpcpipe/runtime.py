@@ -49,11 +49,12 @@ class Runtime:
         return count, sum(stage.stash_bytes() for stage in self.stages.values())
 
     def run_step(self, step: int, inputs, loss_scale: float, account_bytes=True,
-                 on_layer_done=None) -> StepResult:
+                 on_layer_done=None, on_op_done=None) -> StepResult:
         """One step's ops. `inputs(mb)` gives (idx, targets) of microbatch mb as device
         arrays; only the stages with the embedding or the head use them.
         `on_layer_done(chunk, names)` is called during each chunk's last W (microbatch
-        m − 1: W's run in microbatch order) as its layers finish their gradients."""
+        m − 1: W's run in microbatch order) as its layers finish their gradients;
+        `on_op_done(chunk, kind, is_last_microbatch)` after every op."""
         last_mb = self.schedule.num_microbatches - 1
         trace, comm, plan = self.trace, self.comm, self.plan
         result = StepResult(start=trace.now())
@@ -118,6 +119,8 @@ class Runtime:
                 else:
                     comm.send_backward(msg.peer, msg.microbatch, msg.stage, out)
             comm.progress()
+            if on_op_done is not None:
+                on_op_done(op.chunk, op.kind.value, mb == last_mb)
             if account_bytes:
                 count, nbytes = self._held()
                 result.peak_microbatches = max(result.peak_microbatches, count)

@@ -177,10 +177,10 @@ def build_schedule(cfg: Config, costs: Costs | None = None):
     if kind == "auto" and costs is None:
         kind = "zb-h1"
     try:
-        # A step lasts the schedule's makespan, not its longest per-rank span: without
-        # post-validation every step ends in a synchronisation (the global norm, then the
-        # optimizer); with it, the tied embedding still makes the first stage wait for the
-        # last stage's final W (its share of d(wte)) before starting the next step.
+        # A step lasts about the schedule's makespan, not its longest per-rank span:
+        # without post-validation every step ends in a synchronisation (the global norm,
+        # then the optimizer); with it, the tied embedding's gradient sum still ties the
+        # first stage's next step to the last stage (measured: steps barely overlap).
         schedule = generate(kind, p.pp, p.microbatches, v=cfg.chunks, costs=costs,
                             memory_limit=(p.memory_limit or 2 * p.pp) if kind == "auto" else None,
                             objective="makespan")

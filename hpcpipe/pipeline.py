@@ -154,7 +154,9 @@ class RankModel:
             self.optimizers = [(None, AdamW(master(stage.param_buffer), stage.grad_buffer,
                                             **adam))
                                for stage in self.stages.values()]
-        self._tied_request = None
+        # The point-to-point exchange of the tied gradient (see `_start_tied`).
+        self._tied_started, self._tied_buffer = False, None
+        self._tied_send = self._tied_recv = None
         self.scaler = LossScaler.for_config(t)
         self.post_validation = t.post_validation
         self._pending: _Pending | None = None
@@ -187,46 +189,61 @@ class RankModel:
             return
         if emb is None and head is None:  # a middle stage holds no copy
             return
-        if self._tied_request is None:  # not started early (host staging, no hooks)
+        if not self._tied_started:  # not exchanged early (host staging, no hooks)
             part = emb.grads["wte"] if emb is not None else head.head_grad
             total = allreduce_sum(self.tied, part, self.backend, self.gpu_aware)
-        else:
-            self._tied_request.Wait()
-            self._tied_request = None
-            total = emb.grads["wte"] if emb is not None else head.head_grad
-        if head is not None:
-            head.grads["wte"][...] = total
-
-    def _start_tied(self, buffer):
-        """Start summing this rank's part of d(wte) with the other holder's, as soon as
-        the part is complete: the head's after the last stage's last B, the embedding's
-        after the first stage's last W. The sum lands in place; `sum_tied_grads` waits."""
+            if head is not None:
+                head.grads["wte"][...] = total
+            return
         from mpi4py import MPI
 
-        if self.tied is None or self._tied_request is not None:
+        self._tied_started = False
+        if emb is not None:
+            # The head's part came while this stage ran its W's; add it (E + H, the bits
+            # an all-reduce of the two would give) and send the sum back.
+            self._tied_recv.Wait()
+            emb.grads["wte"] += self._tied_buffer
+            # Send a copy: the data-parallel reduction works on grads["wte"] in place next.
+            self._tied_buffer[...] = emb.grads["wte"]
+            self.backend.synchronize()
+            self._tied_send = self.tied.Isend(self._tied_buffer, dest=1, tag=1)
+        else:
+            MPI.Request.Waitall([self._tied_send, self._tied_recv])
+            self._tied_send = None
+            head.grads["wte"][...] = self._tied_buffer
+
+    def _start_tied(self):
+        """Exchange the two parts of d(wte) point to point, as soon as each is complete:
+        the head's right after the last stage's last B (it is taken in B), the sum back
+        from the first stage after its last W. A message needs no progress from its
+        sender once the receive is posted, unlike a two-rank all-reduce, so neither stage
+        waits for the other to enter MPI. (Host-staged GPU ranks sum at the end instead.)"""
+        if self.tied is None or self._tied_started:
             return
         if self.backend.is_gpu and not self.gpu_aware:
-            return  # staged through the host at the end instead
-        self.backend.synchronize()
-        self._tied_request = self.tied.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-
-    def _layer_done(self, chunk, names):
-        """During a stage's last W: the data-parallel buckets, and the embedding's part
-        of the tied gradient once the embedding's W has run."""
-        self.gradsync.layer_done(chunk, names)
-        stage = self.stages[chunk]
-        if stage.embedding_part and "wpe" in names and self.tied is not None:
-            self._start_tied(stage.grads["wte"])
+            return
+        if self._tied_send is not None:  # the previous step's sum, long delivered
+            self._tied_send.Wait()
+            self._tied_send = None
+        xp = self.backend.xp
+        if self._tied_buffer is None:
+            shape = (self.embedding_stage or self.head_stage).params["wte"].shape
+            self._tied_buffer = xp.empty(shape, self.stages[0].grad_dtype)
+        self._tied_started = True
+        if self.embedding_stage is not None:  # (the last step's send of the buffer is done)
+            self._tied_recv = self.tied.Irecv(self._tied_buffer, source=1, tag=0)
+        else:
+            self.backend.synchronize()
+            self._tied_recv = self.tied.Irecv(self._tied_buffer, source=0, tag=1)
+            self._tied_send = self.tied.Isend(self.head_stage.head_grad, dest=0, tag=0)
 
     def _op_done(self, chunk, op, last_microbatch: bool):
-        """After every op: start the head's part of the tied gradient after the last B,
+        """After every op: send the head's part of the tied gradient after the last B,
         and let MPI move what is in flight."""
         stage = self.stages[chunk]
         if (last_microbatch and stage.head_part and not stage.embedding_part
                 and op in ("B", "BW")):
-            self._start_tied(stage.head_grad)
-        if self._tied_request is not None:
-            self._tied_request.Test()
+            self._start_tied()
         self.gradsync.progress()
 
     def grad_norm(self) -> float:
@@ -321,11 +338,17 @@ class RankModel:
     def _run(self, runtime, step, inputs):
         """The gradient of one step: the schedule, the tied sum, the replicas' average."""
         microbatches = runtime.schedule.num_microbatches
+        if self._tied_send is not None:  # the last step's d(wte) sum must be out first
+            self._tied_send.Wait()
+            self._tied_send = None
         self.zero_grad()
         self.gradsync.reset()
+        if self.embedding_stage is not None and self.head_stage is None:
+            self._start_tied()  # the receive of the head's part, posted ahead
         result = runtime.run_step(step, inputs,
                                   self.gradsync.grad_scale * self.scaler.scale / microbatches,
-                                  on_layer_done=self._layer_done, on_op_done=self._op_done)
+                                  on_layer_done=self.gradsync.layer_done,
+                                  on_op_done=self._op_done)
         self.sum_tied_grads()
         self.gradsync.wait()
         return result

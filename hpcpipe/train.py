@@ -497,6 +497,10 @@ def train(cfg: Config, run_dir: str, comm, out=print, resume=None) -> Summary:
     summary.total_s = time.perf_counter() - started
     run.finish(summary)
     tokens.close()
+    if not summary.steps:  # resumed at or past train.steps
+        log(f"done: nothing to train, the run is at step {start_step} of {t.steps} "
+            f"(raise train.steps to continue)")
+        return summary
     log(f"done: {summary.steps} steps in {_fmt_time(summary.total_s)} "
         f"({_fmt_rate(summary.tokens_per_s)} tok/s while training, mean bubble "
         f"{summary.bubble:.1%}"

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import HpcpipeError
+from .pipeline import MasterWeights
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -249,7 +250,7 @@ def _write_rank_files(model, folder: str) -> list[dict]:
                 groups = {kind: f.create_group(kind) for kind in OPTIM_KINDS}
                 for opt, parts in _optimizer_pieces(model):
                     vectors = {"exp_avg": opt.m, "exp_avg_sq": opt.v}
-                    if opt.params.__class__.__name__ == "MasterWeights":
+                    if isinstance(opt.params, MasterWeights):
                         vectors["master"] = opt.params.data
                     for pname, t0, t1, v0, v1 in parts:
                         if pname == "wte" and not _holds_embedding(model, opt):
@@ -492,7 +493,7 @@ def load(model, cfg, path: str, manifest: dict) -> dict:
                 view[...] = be.xp.asarray(data.astype(view.dtype, copy=False))
         adam_t = int(manifest.get("adam_step", 0))
         for opt, parts in _optimizer_pieces(model):
-            master = opt.params.__class__.__name__ == "MasterWeights"
+            master = isinstance(opt.params, MasterWeights)
             for name, t0, t1, v0, v1 in parts:
                 for kind, vec in (("exp_avg", opt.m), ("exp_avg_sq", opt.v)):
                     data = reader.piece(kind, name, t0, t1)

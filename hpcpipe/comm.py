@@ -255,3 +255,17 @@ def measure_latency(pipe, backend, shape, dtype, peer: int, repeats: int = 5) ->
             pipe.Send(buffer, dest=peer, tag=0)
         times.append((time.perf_counter() - start) / 2)
     return float(np.median(times))
+
+
+def pipeline_message_time(pipe, backend, shape, dtype) -> float:
+    """Seconds for one activation between pipeline neighbours, the same on every rank of
+    `pipe`: ranks pair up (0,1), (2,3), … then (1,2), (3,4), …, so every hop is measured
+    by its two ends, and the median of all hops is taken. 0 for a single stage."""
+    hops = []
+    for offset in (0, 1):
+        r = pipe.rank
+        peer = r + 1 if (r - offset) % 2 == 0 else r - 1
+        if 0 <= peer < pipe.size and (min(r, peer) - offset) % 2 == 0:
+            hops.append(measure_latency(pipe, backend, shape, dtype, peer))
+    everything = sum(pipe.allgather(hops), [])
+    return float(np.median(everything)) if everything else 0.0

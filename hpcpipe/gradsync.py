@@ -297,12 +297,6 @@ class GradSync:
             params[bucket.lo:bucket.hi] = be.xp.asarray(bucket.recv[:bucket.size])
             bucket.send = bucket.recv = None
 
-    def optimizer_elements(self) -> int:
-        """Parameters whose optimizer state this rank holds."""
-        if self.zero:
-            return sum(b.shard[1] - b.shard[0] for b in self.buckets)
-        return sum(stage.param_buffer.size for stage in self.stages.values())
-
 
 class ShardView:
     """A contiguous slice [lo, hi) of a FlatBuffer that looks like one to the optimizer:

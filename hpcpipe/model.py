@@ -221,8 +221,9 @@ class Stage:
     # -- the three passes -----------------------------------------------------------------
     def forward(self, mb: int, inp, targets=None, loss_scale: float = 1.0, keep=True):
         """F: token ids (first stage) or activations (B, T, C) in; activations out, or the
-        loss (a 0-d array) on the stage with the head. keep=False evaluates without
-        stashing anything (validation)."""
+        loss (a 0-d array) on the stage with the head — its logits (B, T, V) when no
+        targets are given (generation; with keep=False only). keep=False evaluates
+        without stashing anything (validation)."""
         cfg, P = self.cfg, self.params
         caches = {}
         x = inp
@@ -236,6 +237,8 @@ class Stage:
         if self.head_part:
             x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."))
             logits, caches["head"] = head.forward(x, P)
+            if targets is None and not keep:
+                return logits
             if self.dtype.itemsize < 4:  # 16-bit compute: softmax and loss in float32
                 logits = logits.astype(np.float32)
             x, caches["loss"] = loss.forward(logits, targets)
@@ -327,12 +330,7 @@ class GPT:
 
     def logits(self, idx):
         """Next-token logits (B, T, V) for token ids idx (B, T), forward only."""
-        stage, P = self.stage, self.params
-        x, _ = embedding.forward(self._as_tokens(idx), P)
-        for layer in stage.layers:
-            x, _ = block.forward(x, scope(P, f"h.{layer}."), self.config.n_head)
-        x, _ = layernorm.forward(x, scope(P, "ln_f."))
-        return head.forward(x, P)[0]
+        return self.stage.forward(0, self._as_tokens(idx), keep=False)
 
     def loss(self, idx, targets) -> float:
         """Mean cross-entropy of a batch, without computing gradients."""

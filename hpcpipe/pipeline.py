@@ -253,26 +253,11 @@ class RankModel:
         added in the model's parameter order, so every layout adds the same numbers in the
         same order. With ZeRO-1 each replica holds only its shards: their sums are
         gathered from every rank instead (equal to round-off)."""
-        xp = self.backend.xp
-        partial = []
-        if self.cfg.parallel.zero:
-            for bucket, opt in self.optimizers:
-                stage = self.stages[bucket.chunk]
-                if bucket.names == ("wte",) and not stage.embedding_part:
-                    continue  # the head's copy: counted on the embedding's stage
-                key = (min(self.order[n] for n in bucket.names), self.grid.dp_rank)
-                g = bucket.shard_grad
-                partial.append((key, float(xp.sum(xp.square(g, dtype=np.float64)))))
-            everything = sorted(sum(self.grid.world.allgather(partial), []))
-        else:
-            for stage in self.stages.values():
-                for name, grad in stage.grads.items():
-                    if name == "wte" and not stage.embedding_part:
-                        continue  # the head's copy: counted on the embedding's stage
-                    partial.append((self.order[name],
-                                    float(xp.sum(xp.square(grad, dtype=np.float64)))))
-            # After the data-parallel average every replica holds the same gradient.
-            everything = sorted(sum(self.grid.pipe.allgather(partial), []))
+        partial = self._square_sums()
+        # With ZeRO-1 every rank holds other shards; otherwise, after the data-parallel
+        # average, every replica holds the same gradient and the pipeline suffices.
+        group = self.grid.world if self.cfg.parallel.zero else self.grid.pipe
+        everything = sorted(sum(group.allgather(partial), []))
         total = 0.0
         for _, value in everything:
             total += value
@@ -384,27 +369,39 @@ class RankModel:
     def _stats(self, trace, step, result, sync):
         from . import trace as tracelib
 
-        row = tracelib.local_row(trace, step, result, self.gradsync.wait_s,
-                                 self.gradsync.bytes_reduced)
-        return tracelib.combine(self.grid.world.allgather(row)) if sync else row
+        args = (trace, step, result)
+        kw = dict(dp_wait_s=self.gradsync.wait_s, allreduce_bytes=self.gradsync.bytes_reduced)
+        if sync:
+            return tracelib.step_stats(*args, self.grid.world, **kw)
+        return tracelib.local_row(*args, **kw)
 
     # -- optimizer post-validation (the zero-bubble paper's §4) ---------------------------
-    def _local_check(self):
-        """Sum of squares and non-finite flag of the gradients this rank holds (each
-        parameter once; ZeRO-1: its shards), in float64."""
+    def _square_sums(self) -> list:
+        """(key, float64 sum of squares) of every gradient tensor this rank holds — with
+        ZeRO-1, of every shard — each parameter once: the head's copy of wte is counted
+        on the embedding's stage. Keys sort in the model's parameter order."""
         xp = self.backend.xp
-        total = 0.0
+        out = []
         if self.cfg.parallel.zero:
             for bucket, _ in self.optimizers:
                 if bucket.names == ("wte",) and not self.stages[bucket.chunk].embedding_part:
                     continue
-                total += float(xp.sum(xp.square(bucket.shard_grad, dtype=np.float64)))
+                key = (min(self.order[n] for n in bucket.names), self.grid.dp_rank)
+                out.append((key, float(xp.sum(xp.square(bucket.shard_grad, dtype=np.float64)))))
         else:
             for stage in self.stages.values():
                 for name, grad in stage.grads.items():
                     if name == "wte" and not stage.embedding_part:
                         continue
-                    total += float(xp.sum(xp.square(grad, dtype=np.float64)))
+                    out.append((self.order[name],
+                                float(xp.sum(xp.square(grad, dtype=np.float64)))))
+        return out
+
+    def _local_check(self):
+        """Sum of squares and non-finite flag of the gradients this rank holds."""
+        total = 0.0
+        for _, value in self._square_sums():
+            total += value
         return total, not math.isfinite(total)
 
     def _step_optimistically(self, step, lr, max_norm, result, trace):

@@ -95,8 +95,7 @@ class Runtime:
                 if stage.head_part:
                     result.losses[mb] = out
                     out = None
-                if received is not None and not item.recvs[0].local:
-                    comm.release(received)  # F keeps no reference to its input
+                self._release(received, item)  # F keeps no reference to its input
             elif op.kind in (Kind.B, Kind.BW):
                 out = stage.backward_input(mb, received)
                 if op.kind == Kind.BW:

@@ -46,10 +46,6 @@ class Trace:
     def step_events(self, step: int) -> list[Event]:
         return [e for e in self.events if e.step == step]
 
-    def clear_before(self, step: int):
-        """Forget old steps (a long run keeps only what it will write)."""
-        self.events = [e for e in self.events if e.step >= step]
-
 
 @dataclass
 class StepStats:

@@ -20,7 +20,7 @@ import numpy as np
 from . import __version__, backend
 from . import grid as gridlib
 from . import trace as tracelib
-from .comm import PipeComm, measure_latency, resolve_gpu_aware
+from .comm import PipeComm, pipeline_message_time, resolve_gpu_aware
 from .config import Config, ConfigError
 from .data import DataError, TokenFile, default_token_path, prepare
 from .errors import EXIT_PREEMPTED, HpcpipeError
@@ -341,15 +341,8 @@ def train(cfg: Config, run_dir: str, comm, out=print, resume=None) -> Summary:
 
     comm_s = 0.0
     if p.pp > 1 and p.schedule == "auto":
-        # One activation between pipeline neighbours; ranks pair up (0,1), (2,3), ... then
-        # (1,2), ... so every hop is measured by its two ends, and the median taken.
-        shape, hops = (t.micro_batch_size, m.block_size, m.n_embd), []
-        for offset in (0, 1):
-            r = grid.pp_rank
-            peer = r + 1 if (r - offset) % 2 == 0 else r - 1
-            if 0 <= peer < p.pp and (min(r, peer) - offset) % 2 == 0:
-                hops.append(measure_latency(grid.pipe, be, shape, t.dtype, peer))
-        comm_s = float(np.median(sum(grid.pipe.allgather(hops), [])))
+        comm_s = pipeline_message_time(grid.pipe, be, (t.micro_batch_size, m.block_size,
+                                                       m.n_embd), t.dtype)
 
     summary = Summary(run_dir=run.path, schedule=p.schedule)
 

@@ -16,10 +16,11 @@ import numpy as np
 from .. import __version__, backend, config
 from .. import grid as gridlib
 from .. import trace as tracelib
-from ..comm import PipeComm, measure_latency
+from ..comm import PipeComm, pipeline_message_time
 from ..pipeline import RankModel
 from ..runtime import Runtime
 from ..schedules import Costs, ScheduleError, generate, simulate
+from ..train import profiled_costs
 from .common import write_json
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
@@ -134,25 +135,9 @@ def run_pipeline(args) -> int:
     profile = setup("zb-h1", generate("zb-h1", pp, m))
     run_steps(profile, 2, record=False)
     run_steps(profile, 3)
-    events = [e for e in profile["trace"].events if e.step >= 3]
-    mine = {(k, profile["model"].stage_index[c]): float(np.median(v))
-            for (k, c), v in tracelib.op_times(events).items()}
-    merged = {}
-    for part in grid.pipe.allgather(mine):
-        merged.update(part)
-    comm_s = 0.0
-    if pp > 1:
-        hops = []
-        for offset in (0, 1):
-            r = grid.pp_rank
-            peer = r + 1 if (r - offset) % 2 == 0 else r - 1
-            if 0 <= peer < pp and (min(r, peer) - offset) % 2 == 0:
-                hops.append(measure_latency(grid.pipe, be, (B, T, C), "float32", peer))
-        comm_s = float(np.median(sum(grid.pipe.allgather(hops), [])))
-    stages = range(pp)
-    costs = world.bcast(Costs(f=[merged[("F", s)] for s in stages],
-                              b=[merged[("B", s)] for s in stages],
-                              w=[merged[("W", s)] for s in stages], comm=comm_s), root=0)
+    comm_s = pipeline_message_time(grid.pipe, be, (B, T, C), "float32")
+    costs = world.bcast(profiled_costs(profile["trace"], profile["model"], grid,
+                                       range(3, profile["step"] + 1), comm_s), root=0)
     log("measured per stage (ms): F " + "/".join(f"{x * 1e3:.2f}" for x in costs.f)
         + "  B " + "/".join(f"{x * 1e3:.2f}" for x in costs.b)
         + "  W " + "/".join(f"{x * 1e3:.2f}" for x in costs.w)

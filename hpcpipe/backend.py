@@ -288,17 +288,23 @@ def cpu_count(ranks_on_node: int = 1) -> int:
 
 
 def limit_threads(ranks_on_node: int) -> int:
-    """Cap BLAS/OpenMP threads at this rank's share of the cores (`thread_share`).
+    """Give this rank its share of the cores (`thread_share`) as hpcpipe's own threads,
+    and run BLAS/OpenMP on one thread each.
 
-    With several ranks per node each would otherwise start one thread per core and they
-    would fight over the cores (oversubscription costs far more than it gains).
-    Returns the thread count set.
+    With several ranks per node, libraries that start one thread per core would fight
+    over the cores (oversubscription costs far more than it gains). Within the share,
+    hpcpipe.layers cuts GEMMs and elementwise passes into chunks for its own pool
+    (`layers.for_each`): a BLAS pool of the same size would sit spinning between calls
+    on the cores the other work needs. Returns the thread count set.
     """
+    from . import layers
+
     threads = cpu_count(ranks_on_node)
+    layers.set_threads(threads)
     try:
         from threadpoolctl import threadpool_limits
 
-        threadpool_limits(limits=threads)
+        threadpool_limits(limits=1)
     except ImportError:  # threadpoolctl is a dependency; this only guards odd installs
         pass
     return threads

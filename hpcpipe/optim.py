@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .layers import workspace
+from .layers import for_each, workspace
 from .model import is_decayed
 
 
@@ -81,14 +81,14 @@ class AdamW:
         bias1 = 1 - b1 ** self.t
         bias2 = 1 - b2 ** self.t
         decay = lr * float(self.weight_decay)
-        blocks, dtype = self._blocks, self.params.data.dtype
+        dtype = self.params.data.dtype
 
         # Per element, in this order (the textbook formula, rounded the same way):
         #   gs = g * grad_scale;  m = b1 m + (1 - b1) gs;  v = b2 v + (1 - b2) gs²
         #   p -= lr · wd · mask · p;  p -= (m / (sqrt(v / bias2) + eps)) · lr / bias1
-        t1_all = workspace(xp, "adamw.t1", (self._block_size,), dtype)
-        t2_all = workspace(xp, "adamw.t2", (self._block_size,), dtype)
-        for s in blocks:
+        def update(s, slot):
+            t1_all = workspace(xp, f"adamw.t1.{slot}", (self._block_size,), dtype)
+            t2_all = workspace(xp, f"adamw.t2.{slot}", (self._block_size,), dtype)
             p, g, m, v = self.params.data[s], self.grads.data[s], self.m[s], self.v[s]
             n = p.shape[0]
             t1, t2 = t1_all[:n], t2_all[:n]
@@ -112,6 +112,8 @@ class AdamW:
                 t1 *= p
                 p -= t1
             p -= t2
+
+        for_each(xp, self._blocks, update)  # blocks are independent: spread over threads
 
     def state_dict(self) -> dict:
         return {"m": self.m, "v": self.v, "t": self.t}

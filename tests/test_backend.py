@@ -71,14 +71,20 @@ def test_thread_share(mask, parent, ranks, slurm, threads):
     assert backend.thread_share(set(mask), parent, ranks, slurm) == threads
 
 
-def test_limit_threads_sets_the_blas_pool(monkeypatch):
+def test_limit_threads_gives_the_share_to_hpcpipes_pool_and_one_to_blas(monkeypatch):
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    from hpcpipe import layers
+
+    monkeypatch.setattr(backend, "cpu_count", lambda ranks_on_node=1: 2)
     with threadpool_limits(limits=None):  # restores the pools afterwards
-        assert backend.limit_threads(1) == 1
-        blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
-        assert blas and all(p["num_threads"] == 1 for p in blas)
+        try:
+            assert backend.limit_threads(1) == 2
+            assert layers.threads() == 2
+            blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+            assert blas and all(p["num_threads"] == 1 for p in blas)
+        finally:
+            layers.set_threads(1)
 
 
 # -- select() against a fake CuPy ------------------------------------------------------------

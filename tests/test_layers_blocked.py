@@ -142,3 +142,51 @@ def test_forward_leaves_its_input_alone_and_keeps_no_reference(rng):
             yield obj
 
     assert not any(np.shares_memory(a, x) for a in arrays(cache))
+
+
+def test_the_thread_count_changes_no_number(small_pieces, monkeypatch):
+    """GEMMs, row blocks, sequences and AdamW blocks are cut from the shapes alone, so a
+    whole step (F, B, W, AdamW) on one thread or on four gives bitwise the same weights."""
+    monkeypatch.setattr(layers, "CHUNK_FLOPS", 2e3)  # the GEMMs in 1 to 16 chunks
+    monkeypatch.setattr(layers, "GEMM_SMALLEST", 2)
+    cfg = GPTConfig(vocab_size=11, block_size=T, n_layer=2, n_head=NH, n_embd=C)
+    rng = np.random.default_rng(5)
+    idx, targets = rng.integers(0, 11, (B, T)), rng.integers(0, 11, (B, T))
+
+    def step(threads):
+        layers.set_threads(threads)
+        try:
+            stage = Stage(cfg, dtype="float32", seed=1)
+            opt = AdamW(stage.param_buffer, stage.grad_buffer)
+            for _ in range(2):
+                stage.zero_grad()
+                stage.forward(0, idx, targets)
+                stage.backward_input(0)
+                stage.backward_weight(0)
+                stage.add_head_grad()
+                opt.step(1e-2)
+            return stage.param_buffer.data.copy()
+        finally:
+            layers.set_threads(1)
+
+    one = step(1)
+    assert len(layers.cuts(4 * C, 2 * B * T * 4 * C * C, smallest=2)) > 1  # c_fc was cut
+    np.testing.assert_array_equal(step(4), one)
+
+
+def test_for_each_runs_every_item_once_and_raises_a_workers_error():
+    layers.set_threads(3)
+    try:
+        seen = []
+        layers.for_each(np, range(10), lambda i, slot: seen.append((i, slot)))
+        assert sorted(i for i, _ in seen) == list(range(10))
+        assert {slot for _, slot in seen} == {0, 1, 2}
+
+        def fail(i, slot):
+            if i == 9:  # the last item: a worker thread's, not the caller's
+                raise ValueError("item 9")
+
+        with pytest.raises(ValueError, match="item 9"):
+            layers.for_each(np, range(10), fail)
+    finally:
+        layers.set_threads(1)

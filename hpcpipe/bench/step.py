@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .. import __version__, backend
+from .. import __version__, backend, layers
 from ..layers import attention, block, embedding, gelu, head, layernorm, linear, loss, mlp
 from ..model import GPTConfig, Stage
 from ..optim import AdamW
@@ -97,18 +97,19 @@ def _sync(be):
 
 
 def matmul_rate(be, dtype, n: int, repeats: int = 3) -> float:
-    """Best FLOP/s of an n×n×n matmul with this backend (the device's practical peak)."""
+    """Best FLOP/s of an n×n×n matmul with this backend (the device's practical peak),
+    through hpcpipe.layers.matmul: on the CPU its chunks on the rank's threads."""
     xp = be.xp
     rng = np.random.default_rng(0)
     a = be.from_host(rng.standard_normal((n, n)), dtype=dtype)
     b = be.from_host(rng.standard_normal((n, n)), dtype=dtype)
     out = xp.empty((n, n), dtype=dtype)
-    xp.matmul(a, b, out=out)  # warm-up: thread pool, kernels
+    layers.matmul(xp, a, b, out)  # warm-up: thread pool, kernels
     _sync(be)
     best = float("inf")
     for _ in range(repeats):
         tick = time.perf_counter()
-        xp.matmul(a, b, out=out)
+        layers.matmul(xp, a, b, out)
         _sync(be)
         best = min(best, time.perf_counter() - tick)
     return 2.0 * n**3 / best
@@ -366,10 +367,7 @@ def run_step(args) -> int:
     def log(msg):
         print(msg, flush=True)
 
-    threads = backend.cpu_count()
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=threads)
+    threads = backend.limit_threads(1)  # hpcpipe's pool on every core, BLAS on one
     be = backend.select(args.device)
     torch = import_torch(args.no_torch, log)
     device = "cuda" if be.is_gpu else "cpu"

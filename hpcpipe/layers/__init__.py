@@ -22,7 +22,19 @@ operations run `out=` / in place over row blocks small enough to stay in a core'
 cache (`row_blocks`), and temporaries that die within one call live in `workspace`
 buffers reused from call to call. What a cache keeps is always a fresh array, since W of
 a microbatch may run after later microbatches' F and B have reused every workspace.
+
+Threads on the CPU: BLAS would run the GEMMs on every core of the rank, but everything
+else in NumPy runs on one core, and OpenBLAS's idle workers spin for a long while after
+each call, taking the very cores other threads would need. So a rank runs BLAS on one
+thread (`backend.limit_threads`) and spreads the work over its own pool instead:
+`for_each` hands the independent pieces of a pass (row blocks, sequences, GEMM chunks)
+to `threads()` threads; NumPy and BLAS release the GIL while they compute, so the pieces
+run in parallel. The pieces are cut from the shapes alone, never from the thread count,
+so the results are bitwise the same on one core or many.
 """
+
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -30,9 +42,12 @@ import numpy as np
 # cache (1–2 MiB on current x86 server cores), so a chain of passes over a block reads
 # main memory once. A GPU takes everything in one block: there, each pass is a kernel
 # launch, which costs more than the memory traffic saved.
-BLOCK_BYTES = 1 << 17
+BLOCK_BYTES = 1 << 18
 
 _workspaces: dict = {}
+_threads = 1
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def scope(named: dict, prefix: str) -> dict:
@@ -64,3 +79,119 @@ def workspace(xp, name: str, shape, dtype):
     if buf is None:
         buf = _workspaces[key] = xp.empty(shape, dtype=dtype)
     return buf
+
+
+def set_threads(n: int) -> None:
+    """Threads `for_each` uses on the CPU: the rank's cores, as for BLAS (limit_threads)."""
+    global _threads, _pool
+    n = max(1, int(n))
+    with _pool_lock:
+        if n != _threads and _pool is not None:
+            _pool.shutdown(wait=True)
+            _pool = None
+        _threads = n
+
+
+def threads() -> int:
+    return _threads
+
+
+def for_each(xp, items, fn) -> None:
+    """Call fn(item, slot) for every item: in order on one thread, or on the CPU with
+    several threads, the items cut into that many contiguous runs, one per thread.
+
+    `slot` (0 .. threads - 1) names the thread: a temporary that `fn` takes from
+    `workspace` must carry it in its name, or two threads would share the buffer. fn must
+    only write what belongs to its item. A GPU runs everything in one stream, in order.
+    """
+    items = list(items)
+    n = min(_threads, len(items)) if xp is np else 1
+    if n <= 1:
+        for item in items:
+            fn(item, 0)
+        return
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_threads - 1, thread_name_prefix="hpcpipe-rows")
+        pool = _pool
+    bounds = [len(items) * k // n for k in range(n + 1)]
+
+    def run(slot):
+        for item in items[bounds[slot]:bounds[slot + 1]]:
+            fn(item, slot)
+
+    futures = [pool.submit(run, slot) for slot in range(1, n)]
+    try:
+        run(0)  # the calling thread takes the first run
+    finally:
+        wait(futures)  # no worker may still write when this returns or raises
+    for f in futures:
+        f.result()  # re-raises a worker's exception here
+
+
+# Work is cut into chunks of about this many flops (~1 ms of one core; an elementwise
+# pass counts one flop per element), a power of two in number so that they divide evenly
+# among 1, 2, 4, ... threads, and at most MAX_CHUNKS.
+CHUNK_FLOPS = 1 << 26
+MAX_CHUNKS = 16
+GEMM_SMALLEST = 64  # rows or columns of a GEMM chunk: thinner ones waste BLAS's kernels
+
+
+def cuts(size: int, work: float, smallest: int = 16) -> list[slice]:
+    """Slices cutting range(size) into a power-of-two number of near-equal chunks, as many
+    as `work` (flops in all) pays for, none under `smallest` long. Shapes in, cuts out."""
+    chunks = 1
+    while (chunks * 2 <= MAX_CHUNKS and work / (chunks * 2) >= CHUNK_FLOPS
+           and size // (chunks * 2) >= smallest):
+        chunks *= 2
+    return [slice(size * k // chunks, size * (k + 1) // chunks) for k in range(chunks)]
+
+
+def matmul(xp, a, b, out, bias=None):
+    """out = a @ b (+ bias, broadcast over rows) for 2-D operands (any strides BLAS
+    takes), into the 2-D array `out`.
+
+    On the CPU the product is cut along the larger dimension of `out` into chunks of
+    whole rows or columns, one BLAS call each, spread over the threads, and each chunk
+    adds its bias while it is still in cache. The cut depends only on the shapes, so the
+    result is bitwise the same for any thread count. A GPU runs one call.
+    """
+    (M, K), N = a.shape, b.shape[1]
+    if xp is not np:
+        xp.matmul(a, b, out=out)
+        if bias is not None:
+            out += bias
+        return out
+    by_rows = M >= N
+    parts = cuts(M if by_rows else N, 2.0 * M * N * K, smallest=GEMM_SMALLEST)
+
+    def chunk(c, slot):
+        if by_rows:
+            np.matmul(a[c], b, out=out[c])
+            if bias is not None:
+                out[c] += bias
+        else:
+            np.matmul(a, b[:, c], out=out[:, c])
+            if bias is not None:
+                out[:, c] += bias[c]
+
+    for_each(xp, parts, chunk)
+    return out
+
+
+_ones: dict = {}
+
+
+def column_sums(xp, x, out):
+    """out += x.sum(axis=0) for 2-D x (N, C): the bias and LayerNorm weight gradients.
+
+    Computed as the vector-matrix product ones(N) @ x, which BLAS runs in one vectorised
+    pass (through `matmul`, so cut by columns over the threads)."""
+    N, C = x.shape
+    key = (xp.__name__, N, np.dtype(x.dtype).str)
+    if key not in _ones:
+        _ones[key] = xp.ones((1, N), dtype=x.dtype)
+    sums = workspace(xp, "column_sums", (1, C), x.dtype)
+    matmul(xp, _ones[key], x, sums)
+    out += sums[0]

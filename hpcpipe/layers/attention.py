@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from ..backend import array_namespace
-from . import linear, scope, workspace
+from . import for_each, linear, scope, workspace
 
 # Query rows per tile on the CPU: small enough that a tile's scores (NH · QUERY_TILE · T)
 # stay in cache, large enough to keep the matmuls efficient.
@@ -62,7 +62,8 @@ def forward(x, params, n_head):
     y = xp.empty((B, T, n_head, HS), dtype=qkv.dtype)  # heads side by side: (B, T, C)
     yh = y.transpose(0, 2, 1, 3)  # (B, NH, T, HS) view
     tiles = _tiles(xp, T)
-    for b in range(B):
+
+    def sequence(b, slot):
         kt = k[b].transpose(0, 2, 1)  # (NH, HS, T)
         for i0, i1 in tiles:
             s = att[b, :, i0:i1, :i1]  # (NH, tq, i1)
@@ -74,6 +75,8 @@ def forward(x, params, n_head):
             xp.reciprocal(total, out=total)
             s *= total
             xp.matmul(s, v[b, :, :i1], out=yh[b, :, i0:i1])
+
+    for_each(xp, range(B), sequence)  # sequences are independent: one thread each
     out, c_proj = linear.forward(y.reshape(B, T, C), scope(params, "c_proj."))
     cache = {"c_attn": c_attn, "c_proj": c_proj, "q": q, "k": k, "v": v, "att": att,
              "n_head": n_head, "scale": scale}
@@ -89,9 +92,10 @@ def backward_input(dout, cache):
     dqkv = xp.empty((B, T, 3, NH, HS), dtype=att.dtype)  # what W of c_attn needs
     dq, dk, dv = (dqkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, NH, T, HS)
     tiles = _tiles(xp, T)
-    dscore = workspace(xp, "attention.dscore", (NH, T, T), att.dtype)  # one sequence's
-    prod = workspace(xp, "attention.prod", (NH, tiles[0][1], T), att.dtype)
-    for b in range(B):
+
+    def sequence(b, slot):
+        dscore = workspace(xp, f"attention.dscore{slot}", (NH, T, T), att.dtype)
+        prod = workspace(xp, f"attention.prod{slot}", (NH, tiles[0][1], T), att.dtype)
         a = att[b]  # (NH, T, T)
         for i0, i1 in tiles:
             d = dscore[:, i0:i1, :i1]  # (NH, tq, i1)
@@ -109,6 +113,8 @@ def backward_input(dout, cache):
                       out=dk[b, :, j0:j1])
             xp.matmul(a[:, j0:, j0:j1].transpose(0, 2, 1), dyh[b, :, j0:],
                       out=dv[b, :, j0:j1])
+
+    for_each(xp, range(B), sequence)
     dq *= cache["scale"]  # q was scaled before q k^T; k's gradient used the scaled q
     dqkv = dqkv.reshape(B, T, 3 * NH * HS)
     cache["dqkv"] = dqkv

@@ -4,7 +4,7 @@ No weights, so W is empty. Shapes: any (..., D); in the MLP x is (B, T, 4C), the
 activation of a block. F computes the derivative dy/dx along with y, from the same
 intermediate values, and keeps only it: B, on the pipeline's critical path, is then one
 multiplication, and the input need not be kept. F runs over cache-sized row blocks, in
-place, so its fifteen passes read main memory about once.
+place, so its fifteen passes read main memory about once; the blocks go to the threads.
 
 With h = (1 + t)/2, t = tanh(K (x + A x³)):  y = x h  and
     dy/dx = h + x/2 (1 - t²) K (1 + 3A x²) = h (1 + 2K x (1 + 3A x²) (1 - h)),
@@ -14,7 +14,7 @@ since 1 - t² = 4 h (1 - h).
 import math
 
 from ..backend import array_namespace
-from . import row_blocks, workspace
+from . import for_each, row_blocks, workspace
 
 _K = math.sqrt(2.0 / math.pi)
 _A = 0.044715
@@ -27,8 +27,9 @@ def forward(x, params=None):
     y = xp.empty_like(x2)
     dydx = xp.empty_like(x2)  # kept for B
     blocks = row_blocks(xp, x2.shape[0], D * x2.itemsize)
-    scratch = workspace(xp, "gelu.f", (2, blocks[0].stop, D), x2.dtype)
-    for r in blocks:
+
+    def block(r, slot):
+        scratch = workspace(xp, f"gelu.f{slot}", (2, blocks[0].stop, D), x2.dtype)
         xr, yr, gr = x2[r], y[r], dydx[r]
         sq, h = scratch[0, : xr.shape[0]], scratch[1, : xr.shape[0]]
         xp.multiply(xr, xr, out=sq)  # x²
@@ -46,13 +47,18 @@ def forward(x, params=None):
         gr *= sq
         gr += 1.0
         gr *= h
+
+    for_each(xp, blocks, block)
     return y.reshape(x.shape), {"dydx": dydx.reshape(x.shape)}
 
 
 def backward_input(dy, cache):
     dydx = cache.pop("dydx")  # only B needs it, and only once: the gradient goes in place
     xp = array_namespace(dy)
-    return xp.multiply(dydx, dy, out=dydx)
+    d2, dy2 = dydx.reshape(-1, dydx.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    for_each(xp, row_blocks(xp, d2.shape[0], d2.shape[1] * d2.itemsize),
+             lambda r, slot: xp.multiply(d2[r], dy2[r], out=d2[r]))
+    return dydx
 
 
 def backward_weight(dy, cache, grads):

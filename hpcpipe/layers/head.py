@@ -6,20 +6,25 @@ gradient buffer of the stage that holds the head; the model adds it to the embed
 """
 
 from ..backend import array_namespace
-from . import workspace
+from . import matmul, workspace
 
 
 def forward(x, params):
+    xp = array_namespace(x)
     wte = params["wte"]
     B, T, C = x.shape
-    logits = (x.reshape(-1, C) @ wte.T).reshape(B, T, wte.shape[0])
-    return logits, {"x": x, "wte": wte}
+    logits = xp.empty((B * T, wte.shape[0]), dtype=x.dtype)
+    matmul(xp, x.reshape(-1, C), wte.T, logits)
+    return logits.reshape(B, T, wte.shape[0]), {"x": x, "wte": wte}
 
 
 def backward_input(dlogits, cache):
+    xp = array_namespace(dlogits)
     wte = cache["wte"]
     B, T, V = dlogits.shape
-    return (dlogits.reshape(-1, V) @ wte).reshape(B, T, wte.shape[1])
+    dx = xp.empty((B * T, wte.shape[1]), dtype=dlogits.dtype)
+    matmul(xp, dlogits.reshape(-1, V), wte, dx)
+    return dx.reshape(B, T, wte.shape[1])
 
 
 def backward_weight(dlogits, cache, grads):
@@ -27,7 +32,7 @@ def backward_weight(dlogits, cache, grads):
     x = cache["x"]
     V, C = dlogits.shape[-1], x.shape[-1]
     dwte = workspace(xp, "head.dwte", (V, C), grads["wte"].dtype)
-    xp.matmul(dlogits.reshape(-1, V).T, x.reshape(-1, C), out=dwte)
+    matmul(xp, dlogits.reshape(-1, V).T, x.reshape(-1, C), dwte)
     grads["wte"] += dwte
 
 

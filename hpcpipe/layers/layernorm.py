@@ -3,12 +3,38 @@
 Shapes: x (B, T, C), weight and bias (C,). The cache keeps the normalised input and the
 reciprocal standard deviation, which both B and W need. F and B run over cache-sized
 blocks of rows (tokens), so a block's statistics and its normalisation share the cache.
+
+The per-row sums are dot products, not reductions: a row's mean is its dot product with
+a vector of 1/C, its sum of squares its dot product with itself (`np.vecdot`, BLAS's dot
+per row: one vectorised pass, where NumPy's sum over a short last axis pays per row, and
+each row's number independent of the rows around it). The weight
+gradients' sums over all rows are vector-matrix products for the same reason
+(`column_sums`).
 """
 
+import numpy as np
+
 from ..backend import array_namespace
-from . import row_blocks, workspace
+from . import column_sums, for_each, row_blocks, workspace
 
 EPS = 1e-5
+
+_vectors: dict = {}
+
+
+def _constant(xp, C, value, dtype):
+    """A cached (C,) vector filled with `value` (the 1/C of the means)."""
+    key = (xp.__name__, C, value, np.dtype(dtype).str)
+    if key not in _vectors:
+        _vectors[key] = xp.full(C, value, dtype=dtype)
+    return _vectors[key]
+
+
+def _row_dots(xp, a, b, out):
+    """out[i] = a[i] · b[i] for 2-D a and 2-D or 1-D (broadcast) b."""
+    if xp is np:
+        return np.vecdot(a, b, out=out)
+    return (a * b).sum(axis=-1, out=out)
 
 
 def forward(x, params):
@@ -19,20 +45,23 @@ def forward(x, params):
     xhat = xp.empty_like(x2)
     rstd = xp.empty((x2.shape[0], 1), dtype=x2.dtype)  # (N, 1)
     y = xp.empty_like(x2)
-    for r in row_blocks(xp, x2.shape[0], C * x2.itemsize):
+    inv_c = _constant(xp, C, 1.0 / C, x2.dtype)
+
+    def block(r, slot):
         xr, hr, yr, sr = x2[r], xhat[r], y[r], rstd[r]
-        mean = xr.sum(axis=-1, keepdims=True)
-        mean /= C
-        xp.subtract(xr, mean, out=hr)  # centred
-        xp.multiply(hr, hr, out=yr)  # y's block holds the squares for a moment
-        yr.sum(axis=-1, keepdims=True, out=sr)
-        sr /= C
-        sr += EPS
-        xp.sqrt(sr, out=sr)
-        xp.reciprocal(sr, out=sr)
+        s = sr[:, 0]
+        _row_dots(xp, xr, inv_c, s)  # the means, for a moment
+        xp.subtract(xr, sr, out=hr)  # centred
+        _row_dots(xp, hr, hr, s)
+        s *= 1.0 / C
+        s += EPS
+        xp.sqrt(s, out=s)
+        xp.reciprocal(s, out=s)
         hr *= sr
         xp.multiply(hr, weight, out=yr)
         yr += bias
+
+    for_each(xp, row_blocks(xp, x2.shape[0], C * x2.itemsize), block)
     return y.reshape(x.shape), {"xhat": xhat, "rstd": rstd, "weight": weight}
 
 
@@ -43,33 +72,39 @@ def backward_input(dy, cache):
     dy2 = dy.reshape(-1, C)
     dx = xp.empty_like(xhat)
     blocks = row_blocks(xp, xhat.shape[0], C * xhat.itemsize)
-    dxhat = workspace(xp, "layernorm.dxhat", (blocks[0].stop, C), xhat.dtype)
+    inv_c = _constant(xp, C, 1.0 / C, xhat.dtype)
+
     # dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), the LN Jacobian.
-    for r in blocks:
+    def block(r, slot):
+        stats = workspace(xp, f"layernorm.stats{slot}", (2, blocks[0].stop, 1), xhat.dtype)
         hr, dr = xhat[r], dx[r]
-        dh = dxhat[: dr.shape[0]]
-        xp.multiply(dy2[r], weight, out=dh)
-        xp.multiply(dh, hr, out=dr)
-        proj = dr.sum(axis=-1, keepdims=True)
-        proj /= C
-        mean = dh.sum(axis=-1, keepdims=True)
-        mean /= C
-        xp.multiply(hr, proj, out=dr)
-        dr += mean
-        xp.subtract(dh, dr, out=dr)
+        rows = dr.shape[0]
+        proj, mean = stats[0, :rows], stats[1, :rows]
+        xp.multiply(dy2[r], weight, out=dr)  # dxhat
+        _row_dots(xp, dr, hr, proj[:, 0])
+        proj *= 1.0 / C
+        _row_dots(xp, dr, inv_c, mean[:, 0])
+        # dr = (dxhat - mean) - xhat * proj, then times rstd; the workspace-free order:
+        dr -= mean
+        proj_x = workspace(xp, f"layernorm.px{slot}", (blocks[0].stop, C), xhat.dtype)[:rows]
+        xp.multiply(hr, proj, out=proj_x)
+        dr -= proj_x
         dr *= rstd[r]
+
+    for_each(xp, blocks, block)
     return dx.reshape(dy.shape)
 
 
 def backward_weight(dy, cache, grads):
     xp = array_namespace(dy)
     xhat = cache["xhat"]
-    C = xhat.shape[-1]
+    N, C = xhat.shape
     dy2 = dy.reshape(-1, C)
     prod = workspace(xp, "layernorm.w", xhat.shape, xhat.dtype)
-    xp.multiply(dy2, xhat, out=prod)
-    grads["weight"] += prod.sum(axis=0)
-    grads["bias"] += dy2.sum(axis=0)
+    for_each(xp, row_blocks(xp, N, C * xhat.itemsize),
+             lambda r, slot: xp.multiply(dy2[r], xhat[r], out=prod[r]))
+    column_sums(xp, prod, grads["weight"])
+    column_sums(xp, dy2, grads["bias"])
 
 
 def backward(dy, cache, grads):

@@ -7,20 +7,25 @@ batched matmul.
 """
 
 from ..backend import array_namespace
-from . import workspace
+from . import column_sums, matmul, workspace
 
 
 def forward(x, params):
+    xp = array_namespace(x)
     weight, bias = params["weight"], params["bias"]  # (IN, OUT), (OUT,)
     lead = x.shape[:-1]
-    y = x.reshape(-1, x.shape[-1]) @ weight  # (N, OUT), a fresh array the caller owns
-    y += bias
+    x2 = x.reshape(-1, x.shape[-1])
+    y = xp.empty((x2.shape[0], weight.shape[1]), dtype=x2.dtype)  # the caller owns it
+    matmul(xp, x2, weight, y, bias=bias)
     return y.reshape(*lead, weight.shape[1]), {"x": x, "weight": weight}
 
 
 def backward_input(dy, cache):
+    xp = array_namespace(dy)
     weight = cache["weight"]
-    dx = dy.reshape(-1, dy.shape[-1]) @ weight.T
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    dx = xp.empty((dy2.shape[0], weight.shape[0]), dtype=dy2.dtype)
+    matmul(xp, dy2, weight.T, dx)
     return dx.reshape(*dy.shape[:-1], weight.shape[0])
 
 
@@ -30,9 +35,9 @@ def backward_weight(dy, cache, grads):
     x2 = x.reshape(-1, x.shape[-1])  # (N, IN)
     dy2 = dy.reshape(-1, dy.shape[-1])  # (N, OUT)
     dw = workspace(xp, "linear.dw", grads["weight"].shape, grads["weight"].dtype)
-    xp.matmul(x2.T, dy2, out=dw)
+    matmul(xp, x2.T, dy2, dw)
     grads["weight"] += dw
-    grads["bias"] += dy2.sum(axis=0)
+    column_sums(xp, dy2, grads["bias"])
 
 
 def backward(dy, cache, grads):

@@ -149,6 +149,7 @@ def test_the_thread_count_changes_no_number(small_pieces, monkeypatch):
     whole step (F, B, W, AdamW) on one thread or on four gives bitwise the same weights."""
     monkeypatch.setattr(layers, "CHUNK_FLOPS", 2e3)  # the GEMMs in 1 to 16 chunks
     monkeypatch.setattr(layers, "GEMM_SMALLEST", 2)
+    monkeypatch.setattr(layers, "K_SMALLEST", 2)  # weight gradients summed in pieces
     cfg = GPTConfig(vocab_size=11, block_size=T, n_layer=2, n_head=NH, n_embd=C)
     rng = np.random.default_rng(5)
     idx, targets = rng.integers(0, 11, (B, T)), rng.integers(0, 11, (B, T))
@@ -188,5 +189,26 @@ def test_for_each_runs_every_item_once_and_raises_a_workers_error():
 
         with pytest.raises(ValueError, match="item 9"):
             layers.for_each(np, range(10), fail)
+    finally:
+        layers.set_threads(1)
+
+
+@pytest.mark.parametrize("shape", [(40, 6, 9), (7, 40, 5), (6, 50, 9)],
+                         ids=["rows", "summed dimension", "columns"])
+def test_matmul_cut_three_ways_is_the_product(shape, monkeypatch, rng):
+    """matmul's three cuts (output rows, the summed K, output columns), with bias."""
+    monkeypatch.setattr(layers, "CHUNK_FLOPS", 50)
+    monkeypatch.setattr(layers, "GEMM_SMALLEST", 2)
+    monkeypatch.setattr(layers, "K_SMALLEST", 4)
+    M, K, N = shape
+    a, b, bias = rng.standard_normal((M, K)), rng.standard_normal((K, N)), rng.standard_normal(N)
+    assert max(len(layers.cuts(n, 2 * M * K * N, smallest=2)) for n in (M, K, N)) > 1
+    layers.set_threads(2)
+    try:
+        out = np.empty((M, N))
+        layers.matmul(np, a, b, out)
+        np.testing.assert_allclose(out, a @ b, rtol=1e-13, atol=1e-13)
+        layers.matmul(np, a.T.copy().T, b, out, bias=bias)  # strided operands too
+        np.testing.assert_allclose(out, a @ b + bias, rtol=1e-13, atol=1e-13)
     finally:
         layers.set_threads(1)

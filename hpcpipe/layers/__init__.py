@@ -38,11 +38,14 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
-# Target size of one row block on the CPU: a few arrays of this size fit a core's L2
-# cache (1–2 MiB on current x86 server cores), so a chain of passes over a block reads
-# main memory once. A GPU takes everything in one block: there, each pass is a kernel
-# launch, which costs more than the memory traffic saved.
-BLOCK_BYTES = 1 << 18
+# Target size of one row block on the CPU. Two opposite pulls: a chain of passes over a
+# block should find it in cache (a core's L2, or its share of L3), and each NumPy call
+# should run long enough that the threads rarely hand the GIL to each other, which costs
+# tens of microseconds on a busy machine. 512 KiB measured best for GELU and LayerNorm on
+# two threads (bench step's tiny and medium shapes; 128 KiB was 15-75 % slower).
+# A GPU takes everything in one block: there, each pass is a kernel launch, which costs
+# more than the memory traffic saved.
+BLOCK_BYTES = 1 << 19
 
 _workspaces: dict = {}
 _threads = 1
@@ -136,13 +139,16 @@ def for_each(xp, items, fn) -> None:
 CHUNK_FLOPS = 1 << 26
 MAX_CHUNKS = 16
 GEMM_SMALLEST = 64  # rows or columns of a GEMM chunk: thinner ones waste BLAS's kernels
+K_SMALLEST = 256  # a chunk of the summed dimension: shorter ones make BLAS repack too often
+MAX_K_CHUNKS = 8  # each one a partial product as large as the output
 
 
-def cuts(size: int, work: float, smallest: int = 16) -> list[slice]:
+def cuts(size: int, work: float, smallest: int = 16, most: int = MAX_CHUNKS) -> list[slice]:
     """Slices cutting range(size) into a power-of-two number of near-equal chunks, as many
-    as `work` (flops in all) pays for, none under `smallest` long. Shapes in, cuts out."""
+    as `work` (flops in all) pays for, none under `smallest` long, at most `most`.
+    Shapes in, cuts out."""
     chunks = 1
-    while (chunks * 2 <= MAX_CHUNKS and work / (chunks * 2) >= CHUNK_FLOPS
+    while (chunks * 2 <= most and work / (chunks * 2) >= CHUNK_FLOPS
            and size // (chunks * 2) >= smallest):
         chunks *= 2
     return [slice(size * k // chunks, size * (k + 1) // chunks) for k in range(chunks)]
@@ -152,10 +158,13 @@ def matmul(xp, a, b, out, bias=None):
     """out = a @ b (+ bias, broadcast over rows) for 2-D operands (any strides BLAS
     takes), into the 2-D array `out`.
 
-    On the CPU the product is cut along the larger dimension of `out` into chunks of
-    whole rows or columns, one BLAS call each, spread over the threads, and each chunk
-    adds its bias while it is still in cache. The cut depends only on the shapes, so the
-    result is bitwise the same for any thread count. A GPU runs one call.
+    On the CPU the product is cut into chunks, one BLAS call each, spread over the
+    threads. Where the summed dimension K is the long one (the weight gradients: x^T dy
+    sums over every token), K is cut and the partial products are added in order: cutting
+    the small output instead would make every chunk repack all of x. Otherwise the larger
+    dimension of `out` is cut into whole rows or columns, and each chunk adds its bias
+    while it is still in cache. The cuts depend only on the shapes, so the result is
+    bitwise the same for any thread count. A GPU runs one call.
     """
     (M, K), N = a.shape, b.shape[1]
     if xp is not np:
@@ -163,8 +172,19 @@ def matmul(xp, a, b, out, bias=None):
         if bias is not None:
             out += bias
         return out
+    work = 2.0 * M * N * K
+    if bias is None and K >= 2 * max(M, N):
+        ks = cuts(K, work, smallest=K_SMALLEST, most=MAX_K_CHUNKS)
+        if len(ks) > 1:
+            partial = workspace(xp, "matmul.partial", (len(ks), M, N), out.dtype)
+            for_each(xp, range(len(ks)),
+                     lambda i, slot: np.matmul(a[:, ks[i]], b[ks[i]], out=partial[i]))
+            # Sum in chunk order, element by element, over row blocks on the threads.
+            for_each(xp, row_blocks(xp, M, N * out.itemsize),
+                     lambda r, slot: np.sum(partial[:, r], axis=0, out=out[r]))
+            return out
     by_rows = M >= N
-    parts = cuts(M if by_rows else N, 2.0 * M * N * K, smallest=GEMM_SMALLEST)
+    parts = cuts(M if by_rows else N, work, smallest=GEMM_SMALLEST)
 
     def chunk(c, slot):
         if by_rows:
@@ -180,18 +200,17 @@ def matmul(xp, a, b, out, bias=None):
     return out
 
 
-_ones: dict = {}
-
-
 def column_sums(xp, x, out):
     """out += x.sum(axis=0) for 2-D x (N, C): the bias and LayerNorm weight gradients.
 
-    Computed as the vector-matrix product ones(N) @ x, which BLAS runs in one vectorised
-    pass (through `matmul`, so cut by columns over the threads)."""
-    N, C = x.shape
-    key = (xp.__name__, N, np.dtype(x.dtype).str)
-    if key not in _ones:
-        _ones[key] = xp.ones((1, N), dtype=x.dtype)
-    sums = workspace(xp, "column_sums", (1, C), x.dtype)
-    matmul(xp, _ones[key], x, sums)
-    out += sums[0]
+    Cut by columns over the threads; every column is summed over the rows in order, as
+    NumPy does, whatever the cut. (NumPy's sum down the rows is a plain vectorised pass:
+    faster here than a ones-vector product through BLAS.)"""
+    if xp is not np:
+        out += x.sum(axis=0)
+        return
+
+    def chunk(c, slot):
+        out[c] += x[:, c].sum(axis=0)
+
+    for_each(xp, cuts(x.shape[1], x.size, smallest=64), chunk)

@@ -6,13 +6,16 @@
 
 Weights: c_attn.weight (C, 3C), c_attn.bias (3C), c_proj.weight (C, C), c_proj.bias (C).
 
-The core runs one sequence at a time, in tiles of query rows: the tile of rows [i0, i1)
-only sees keys [0, i1), so the blocks above the diagonal are never computed (at T = 4
-tiles, 10/16 of the full matrices), a sequence's scores stay in cache between the
-passes of the softmax, and the -inf mask is added only to the diagonal blocks. q is
+The core runs a group of sequences at a time (`_groups`: as many as make each NumPy call
+worth its overhead; the groups go to the threads), in tiles of query rows: the tile of
+rows [i0, i1) only sees keys [0, i1), so the blocks above the diagonal are never
+computed (at T = 4 tiles, 10/16 of the full matrices), a group's scores stay in cache
+between the passes of the softmax, and the -inf mask is added only to the diagonal
+blocks. q is
 scaled once (T·C work) instead of the scores (T·T·NH). Heads are never split or merged
 by copying: the matmuls read q, k, v as strided views of qkv and write y, dq, dk and dv
-straight into the layouts the projections use. On a GPU the whole sequence is one tile.
+straight into the layouts the projections use. On a GPU the whole batch is one group
+and the whole sequence one tile.
 
 B keeps for W only the two projections' inputs and output gradients; the attention
 matrix, which dominates memory at long T, is dropped as soon as B has used it.
@@ -24,6 +27,7 @@ import numpy as np
 
 from ..backend import array_namespace
 from . import for_each, linear, scope, workspace
+from .. import layers
 
 # Query rows per tile on the CPU: small enough that a tile's scores (NH · QUERY_TILE · T)
 # stay in cache, large enough to keep the matmuls efficient.
@@ -36,6 +40,17 @@ def _tiles(xp, T):
     """[(i0, i1)]: the query tiles, in order."""
     step = T if xp is not np else QUERY_TILE
     return [(i0, min(T, i0 + step)) for i0 in range(0, T, step)]
+
+
+def _groups(xp, B, NH, tiles, T, itemsize):
+    """Slices of the batch: sequences that go through the core together, as many as keep
+    one query tile's scores (nb · NH · tq · T) near BLOCK_BYTES, so that each NumPy call
+    does enough work; the groups go to the threads. Shapes only; a GPU takes all of B."""
+    if xp is not np:
+        return [slice(0, B)]
+    tile_bytes = NH * (tiles[0][1] - tiles[0][0]) * T * itemsize
+    nb = max(1, min(B, layers.BLOCK_BYTES // tile_bytes))
+    return [slice(b, min(B, b + nb)) for b in range(0, B, nb)]
 
 
 def _causal_mask(xp, n, dtype):
@@ -63,20 +78,20 @@ def forward(x, params, n_head):
     yh = y.transpose(0, 2, 1, 3)  # (B, NH, T, HS) view
     tiles = _tiles(xp, T)
 
-    def sequence(b, slot):
-        kt = k[b].transpose(0, 2, 1)  # (NH, HS, T)
+    def sequences(g, slot):
+        kt = k[g].transpose(0, 1, 3, 2)  # (nb, NH, HS, T)
         for i0, i1 in tiles:
-            s = att[b, :, i0:i1, :i1]  # (NH, tq, i1)
-            xp.matmul(q[b, :, i0:i1], kt[:, :, :i1], out=s)
-            s[:, :, i0:] += _causal_mask(xp, i1 - i0, s.dtype)
+            s = att[g, :, i0:i1, :i1]  # (nb, NH, tq, i1)
+            xp.matmul(q[g, :, i0:i1], kt[..., :i1], out=s)
+            s[..., i0:] += _causal_mask(xp, i1 - i0, s.dtype)
             s -= s.max(axis=-1, keepdims=True)  # the diagonal is never masked: max is finite
             xp.exp(s, out=s)
             total = s.sum(axis=-1, keepdims=True)
             xp.reciprocal(total, out=total)
             s *= total
-            xp.matmul(s, v[b, :, :i1], out=yh[b, :, i0:i1])
+            xp.matmul(s, v[g, :, :i1], out=yh[g, :, i0:i1])
 
-    for_each(xp, range(B), sequence)  # sequences are independent: one thread each
+    for_each(xp, _groups(xp, B, n_head, tiles, T, att.itemsize), sequences)
     out, c_proj = linear.forward(y.reshape(B, T, C), scope(params, "c_proj."))
     cache = {"c_attn": c_attn, "c_proj": c_proj, "q": q, "k": k, "v": v, "att": att,
              "n_head": n_head, "scale": scale}
@@ -92,29 +107,33 @@ def backward_input(dout, cache):
     dqkv = xp.empty((B, T, 3, NH, HS), dtype=att.dtype)  # what W of c_attn needs
     dq, dk, dv = (dqkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, NH, T, HS)
     tiles = _tiles(xp, T)
+    groups = _groups(xp, B, NH, tiles, T, att.itemsize)
+    nb = groups[0].stop  # sequences in the largest group
 
-    def sequence(b, slot):
-        dscore = workspace(xp, f"attention.dscore{slot}", (NH, T, T), att.dtype)
-        prod = workspace(xp, f"attention.prod{slot}", (NH, tiles[0][1], T), att.dtype)
-        a = att[b]  # (NH, T, T)
+    def sequences(g, slot):
+        n = g.stop - g.start
+        dscore = workspace(xp, f"attention.dscore{slot}", (nb, NH, T, T), att.dtype)[:n]
+        prod = workspace(xp, f"attention.prod{slot}", (nb, NH, tiles[0][1], T),
+                         att.dtype)[:n]
+        a = att[g]  # (n, NH, T, T)
         for i0, i1 in tiles:
-            d = dscore[:, i0:i1, :i1]  # (NH, tq, i1)
-            xp.matmul(dyh[b, :, i0:i1], v[b, :, :i1].transpose(0, 2, 1), out=d)  # d att
+            d = dscore[:, :, i0:i1, :i1]  # (n, NH, tq, i1)
+            xp.matmul(dyh[g, :, i0:i1], v[g, :, :i1].transpose(0, 1, 3, 2), out=d)  # d att
             # softmax backward: dscore = att * (datt - sum(datt * att)) = p - att * sum(p)
             # with p = datt * att; masked entries have att = 0, so their dscore is 0.
-            p = prod[:, : i1 - i0, :i1]
-            xp.multiply(d, a[:, i0:i1, :i1], out=p)
-            xp.multiply(a[:, i0:i1, :i1], p.sum(axis=-1, keepdims=True), out=d)
+            p = prod[:, :, : i1 - i0, :i1]
+            xp.multiply(d, a[:, :, i0:i1, :i1], out=p)
+            xp.multiply(a[:, :, i0:i1, :i1], p.sum(axis=-1, keepdims=True), out=d)
             xp.subtract(p, d, out=d)
-            xp.matmul(d, k[b, :, :i1], out=dq[b, :, i0:i1])
+            xp.matmul(d, k[g, :, :i1], out=dq[g, :, i0:i1])
         # Key tile [j0, j1) is seen by every query row from j0 on: one product each.
         for j0, j1 in tiles:
-            xp.matmul(dscore[:, j0:, j0:j1].transpose(0, 2, 1), q[b, :, j0:],
-                      out=dk[b, :, j0:j1])
-            xp.matmul(a[:, j0:, j0:j1].transpose(0, 2, 1), dyh[b, :, j0:],
-                      out=dv[b, :, j0:j1])
+            xp.matmul(dscore[:, :, j0:, j0:j1].transpose(0, 1, 3, 2), q[g, :, j0:],
+                      out=dk[g, :, j0:j1])
+            xp.matmul(a[:, :, j0:, j0:j1].transpose(0, 1, 3, 2), dyh[g, :, j0:],
+                      out=dv[g, :, j0:j1])
 
-    for_each(xp, range(B), sequence)
+    for_each(xp, groups, sequences)
     dq *= cache["scale"]  # q was scaled before q k^T; k's gradient used the scaled q
     dqkv = dqkv.reshape(B, T, 3 * NH * HS)
     cache["dqkv"] = dqkv

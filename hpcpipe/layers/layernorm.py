@@ -7,9 +7,7 @@ blocks of rows (tokens), so a block's statistics and its normalisation share the
 The per-row sums are dot products, not reductions: a row's mean is its dot product with
 a vector of 1/C, its sum of squares its dot product with itself (`np.vecdot`, BLAS's dot
 per row: one vectorised pass, where NumPy's sum over a short last axis pays per row, and
-each row's number independent of the rows around it). The weight
-gradients' sums over all rows are vector-matrix products for the same reason
-(`column_sums`).
+each row's number independent of the rows around it).
 """
 
 import numpy as np

@@ -84,6 +84,20 @@ def test_embedding_weight_gradient(rng):
     check(f, params, grads, rng)
 
 
+@pytest.mark.parametrize("vocab", [3, 1000], ids=["sorted runs", "scatter-add"])
+def test_embedding_gradient_both_ways_is_the_one_hot_product(vocab, rng):
+    """A small vocabulary (tokens repeat: rows summed in sorted runs) and a large one
+    (add.at) both give onehot(idx)^T @ dx."""
+    idx = rng.integers(0, vocab, (B, T))
+    dx = rng.standard_normal((B, T, C))
+    grads = {"wte": np.zeros((vocab, C)), "wpe": np.zeros((T, C))}
+    embedding.backward_weight(dx, {"idx": idx}, grads)
+    onehot = np.eye(vocab)[idx.reshape(-1)]  # (B*T, vocab)
+    np.testing.assert_allclose(grads["wte"], onehot.T @ dx.reshape(-1, C), rtol=1e-13,
+                               atol=1e-13)
+    np.testing.assert_allclose(grads["wpe"], dx.sum(axis=0), rtol=1e-13, atol=1e-13)
+
+
 def test_head_gradients(rng):
     params = {"wte": rng.standard_normal((V, C))}
     x = rng.standard_normal((B, T, C))

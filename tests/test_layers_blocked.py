@@ -189,6 +189,13 @@ def test_for_each_runs_every_item_once_and_raises_a_workers_error():
 
         with pytest.raises(ValueError, match="item 9"):
             layers.for_each(np, range(10), fail)
+
+        # A call from inside a pool thread runs in order there instead of waiting for
+        # the pool it is running on.
+        inner = []
+        layers.for_each(np, range(3), lambda i, slot: layers.for_each(
+            np, range(4), lambda j, s: inner.append((i, j, s))))
+        assert sorted(inner) == [(i, j, 0) for i in range(3) for j in range(4)]
     finally:
         layers.set_threads(1)
 

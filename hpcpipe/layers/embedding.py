@@ -4,6 +4,8 @@ Shapes: idx (B, T) integers, wte (V, C), wpe (block_size, C), x (B, T, C). The i
 integer token ids, so there is no input gradient: B is empty and all the work is in W.
 """
 
+import numpy as np
+
 from ..backend import array_namespace
 
 
@@ -23,8 +25,18 @@ def backward_weight(dx, cache, grads):
     xp = array_namespace(dx)
     idx = cache["idx"]
     B, T, C = dx.shape
-    # Scatter-add: a token that occurs several times collects every occurrence's gradient.
-    xp.add.at(grads["wte"], idx.reshape(-1), dx.reshape(-1, C))
+    flat, rows = idx.reshape(-1), dx.reshape(-1, C)
+    if xp is np and flat.size >= 2 * grads["wte"].shape[0]:
+        # Tokens repeat a lot (a small vocabulary): sort the rows by token, sum each run in
+        # one vectorised pass and add the sums, ~4x faster than add.at's row-by-row
+        # scatter. A token's rows are summed in their batch order (stable sort).
+        order = np.argsort(flat, kind="stable")
+        tokens = flat[order]
+        starts = np.flatnonzero(np.r_[True, tokens[1:] != tokens[:-1]])
+        grads["wte"][tokens[starts]] += np.add.reduceat(rows[order], starts, axis=0)
+    else:
+        # Scatter-add: a token occurring several times collects every occurrence's gradient.
+        xp.add.at(grads["wte"], flat, rows)
     grads["wpe"][:T] += dx.sum(axis=0)
 
 

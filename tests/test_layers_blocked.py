@@ -3,6 +3,7 @@ row blocks, AdamW in blocks, reused workspaces. Small shapes with the tile and b
 sizes shrunk, so every path runs with several pieces in well under a second."""
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -179,23 +180,34 @@ def test_for_each_runs_every_item_once_and_raises_a_workers_error():
     layers.set_threads(3)
     try:
         seen = []
-        layers.for_each(np, range(10), lambda i, slot: seen.append((i, slot)))
-        assert sorted(i for i, _ in seen) == list(range(10))
+        barrier = threading.Barrier(3, timeout=30)  # every thread holds one of the first items
+
+        def record(i, slot):
+            if i < 3:
+                barrier.wait()
+            seen.append((i, slot))
+
+        layers.for_each(np, range(12), record)
+        assert sorted(i for i, _ in seen) == list(range(12))
         assert {slot for _, slot in seen} == {0, 1, 2}
 
+        barrier.reset()
+
         def fail(i, slot):
-            if i == 9:  # the last item: a worker thread's, not the caller's
-                raise ValueError("item 9")
+            if i < 3:
+                barrier.wait()
+            if slot != 0 and i < 3:  # a worker thread's item, not the caller's
+                raise ValueError(f"item {i} on a worker")
 
-        with pytest.raises(ValueError, match="item 9"):
-            layers.for_each(np, range(10), fail)
+        with pytest.raises(ValueError, match="on a worker"):
+            layers.for_each(np, range(12), fail)
 
-        # A call from inside a pool thread runs in order there instead of waiting for
-        # the pool it is running on.
+        # A call nested in an item runs in order on that item's thread, with its slot:
+        # two threads never share a workspace.
         inner = []
-        layers.for_each(np, range(3), lambda i, slot: layers.for_each(
-            np, range(4), lambda j, s: inner.append((i, j, s))))
-        assert sorted(inner) == [(i, j, 0) for i in range(3) for j in range(4)]
+        layers.for_each(np, range(6), lambda i, slot: layers.for_each(
+            np, range(4), lambda j, s: inner.append((i, j, s == slot))))
+        assert sorted(inner) == [(i, j, True) for i in range(6) for j in range(4)]
     finally:
         layers.set_threads(1)
 

@@ -33,6 +33,7 @@ run in parallel. The pieces are cut from the shapes alone, never from the thread
 so the results are bitwise the same on one core or many.
 """
 
+import itertools
 import threading
 
 import numpy as np
@@ -88,16 +89,17 @@ class _Worker:
     another: a job costs two lock handoffs (~15 µs), half of what a
     concurrent.futures pool takes, which adds up over a few hundred passes a step."""
 
-    def __init__(self, name: str):
+    def __init__(self, slot: int):
+        self._slot = slot
         self._go, self._done = threading.Lock(), threading.Lock()
         self._go.acquire()
         self._done.acquire()
         self._job = None
         self._error: BaseException | None = None
-        threading.Thread(target=self._loop, name=name, daemon=True).start()
+        threading.Thread(target=self._loop, name=f"hpcpipe-pool-{slot}", daemon=True).start()
 
     def _loop(self):
-        _local.worker = True
+        _local.slot = self._slot
         while True:
             self._go.acquire()
             job = self._job
@@ -122,7 +124,7 @@ class _Worker:
         self.start(None)
 
 
-_local = threading.local()  # .worker: this thread is one of the pool's
+_local = threading.local()  # .slot: the slot of a pool thread, or of a caller inside for_each
 
 
 def set_threads(n: int) -> None:
@@ -143,35 +145,44 @@ def threads() -> int:
 
 def for_each(xp, items, fn) -> None:
     """Call fn(item, slot) for every item: in order on one thread, or on the CPU with
-    several threads, the items cut into that many contiguous runs, one per thread.
+    several threads, each thread taking the next item not yet taken until none is left.
 
+    Taking items as they come (rather than a fixed share each) keeps a thread that woke
+    late, or met slower memory, from holding up the others. Which thread computes an
+    item never changes its numbers: fn must only write what belongs to its item.
     `slot` (0 .. threads - 1) names the thread: a temporary that `fn` takes from
-    `workspace` must carry it in its name, or two threads would share the buffer. fn must
-    only write what belongs to its item. A GPU runs everything in one stream, in order.
-    A call from inside a pool thread, or while another thread's call holds the pool,
-    runs in order on the calling thread.
+    `workspace` must carry it in its name, or two threads would share the buffer.
+    A GPU runs everything in one stream, in order. A call from inside a pool thread, or
+    while another thread's call holds the pool, runs in order on the calling thread.
     """
     items = list(items)
     n = min(_threads, len(items)) if xp is np else 1
-    if n <= 1 or getattr(_local, "worker", False) or not _pool_lock.acquire(blocking=False):
+    mine = getattr(_local, "slot", None)  # set: a call nested in a for_each item
+    if n <= 1 or mine is not None or not _pool_lock.acquire(blocking=False):
+        # In order, here. A nested call keeps its thread's slot; a thread of the user's
+        # own, finding the pool busy, takes a slot named after itself.
+        slot = mine if mine is not None else (
+            0 if n <= 1 else f"thread-{threading.get_ident()}")
         for item in items:
-            fn(item, 0)
+            fn(item, slot)
         return
     global _pool
+    _local.slot = 0
     try:
         if _pool is None:
-            _pool = [_Worker(f"hpcpipe-pool-{k}") for k in range(1, _threads)]
-        bounds = [len(items) * k // n for k in range(n + 1)]
+            _pool = [_Worker(k) for k in range(1, _threads)]
+        taken = itertools.count()  # next() on it is atomic under the GIL
+        count = len(items)
 
         def run(slot):
-            for item in items[bounds[slot]:bounds[slot + 1]]:
-                fn(item, slot)
+            while (i := next(taken)) < count:
+                fn(items[i], slot)
 
         workers = _pool[: n - 1]
         for slot, worker in enumerate(workers, start=1):
             worker.start(lambda slot=slot: run(slot))
         try:
-            run(0)  # the calling thread takes the first run
+            run(0)  # the calling thread starts at once
         finally:
             # No worker may still write when this returns or raises.
             errors = [worker.join() for worker in workers]
@@ -179,6 +190,7 @@ def for_each(xp, items, fn) -> None:
             if error is not None:
                 raise error
     finally:
+        _local.slot = None
         _pool_lock.release()
 
 

@@ -12,7 +12,6 @@ clipping threshold that triggers on some steps. Checked on rank 0:
 Exit status 0 only when everything matched.
 """
 
-import dataclasses
 import sys
 
 import numpy as np

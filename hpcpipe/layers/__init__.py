@@ -262,7 +262,7 @@ def matmul(xp, a, b, out, bias=None):
 
 
 def column_sums(xp, x, out):
-    """out += x.sum(axis=0) for 2-D x (N, C): the bias and LayerNorm weight gradients.
+    """out += x.sum(axis=0) for 2-D x (N, C): the bias gradients.
 
     Cut by columns over the threads; every column is summed over the rows in order, as
     NumPy does, whatever the cut. (NumPy's sum down the rows is a plain vectorised pass:

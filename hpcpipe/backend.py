@@ -6,7 +6,7 @@ cupy itself, so one code path serves both devices. The choice is made once, by
 namespace of an existing array for code (the layers) that works on whatever it is given.
 
 It also binds the rank to its hardware: a GPU rank to one device from its node-local rank,
-a CPU rank to as many BLAS threads as it has cores of its own (`limit_threads`). The
+a CPU rank to as many threads as it has cores of its own (`limit_threads`). The
 decisions are small pure functions (`gpu_for_rank`, `shared_devices`, `thread_share`) so
 they can be tested without the hardware.
 """
@@ -250,7 +250,7 @@ def array_namespace(a):
     return np
 
 
-# -- how many BLAS threads a CPU rank runs ---------------------------------------------------
+# -- how many threads a CPU rank runs ---------------------------------------------------
 
 def cpu_affinity(pid: int = 0) -> set[int] | None:
     """The cores process `pid` (0: this one) may run on; None where that is unknown."""
@@ -262,7 +262,7 @@ def cpu_affinity(pid: int = 0) -> set[int] | None:
 
 def thread_share(mask: set[int], parent_mask: set[int] | None, ranks_on_node: int,
                  slurm_cpus_per_task: int | None) -> int:
-    """BLAS threads for one rank, from the cores it may run on.
+    """Threads for one rank, from the cores it may run on.
 
     mask: this process's CPU affinity. When it is narrower than its parent's (srun with a
     task affinity plugin, Open MPI's default core binding, hydra's -bind-to) the launcher

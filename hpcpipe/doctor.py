@@ -1,6 +1,6 @@
 """`python -m hpcpipe doctor`: what to check before submitting a job — the MPI library that
 mpi4py loaded and whether it takes GPU memory, the package versions, the GPUs, cores and
-BLAS threads each rank gets, and whether the run directory is writable (and shared).
+threads each rank gets, and whether the run directory is writable (and shared).
 
 It runs as one process or as every rank of a job (`srun python -m mpi4py -m hpcpipe
 doctor`): each rank collects its own facts, rank 0 prints once what all ranks share, then
@@ -36,7 +36,7 @@ def register(subparsers):
     doctor = subparsers.add_parser(
         "doctor", help="check MPI, GPUs, threads and the run directory before a job",
         description="Print the MPI library and whether it is CUDA-aware, the versions of "
-                    "mpi4py, CuPy, NumPy and h5py (with its HDF5), the GPUs, cores and BLAS "
+                    "mpi4py, CuPy, NumPy and h5py (with its HDF5), the GPUs, cores and "
                     "threads of each rank, and whether the run directory is writable. Run "
                     "it the way the job will run (under mpiexec or srun) to see what each "
                     "rank gets; exits 1 when it finds a problem.",
@@ -166,8 +166,8 @@ def collect(comm, run_dir: str, inventory: backend.GpuInventory) -> tuple[dict, 
     granted = os.environ.get("SLURM_CPUS_PER_TASK")
     facts["cores"] = f"{_ranges(cores)} ({len(cores)})" + (
         f", Slurm --cpus-per-task={granted}" if granted else "")
-    facts["BLAS threads"] = (f"{backend.cpu_count(local_size)} per rank when training; "
-                             f"loaded: {'; '.join(blas_pools())}")
+    facts["threads"] = (f"{backend.cpu_count(local_size)} per rank when training "
+                        f"(hpcpipe's pool; BLAS on one); loaded: {'; '.join(blas_pools())}")
 
     ok, message, _ = writable(run_dir)
     facts["run directory"] = f"{run_dir}: {message}"

@@ -325,7 +325,7 @@ def train(cfg: Config, run_dir: str, comm, out=print, resume=None) -> Summary:
         os.path.abspath(ckpt.root_of(run_dir)) + os.sep)
     run = RunDir(run_dir, cfg, enabled=is_root, resume_step=start_step if own else None)
     tokens_per_step = cfg.tokens_per_step
-    log(f"hpcpipe {__version__} | {grid.describe()} | {be.describe()}, {threads} BLAS "
+    log(f"hpcpipe {__version__} | {grid.describe()} | {be.describe()}, {threads} "
         f"thread(s) per rank | {t.dtype}")
     total_params = grid.pipe.allreduce(model.unique_params())
     log(f"model: {m.n_layer} layers, {m.n_head} heads, n_embd {m.n_embd}, block {m.block_size}, "

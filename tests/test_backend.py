@@ -1,5 +1,5 @@
 """Rank-to-hardware binding without the hardware: which GPU a node-local rank takes, when
-ranks would share one, where the node-local rank comes from, and how many BLAS threads a
+ranks would share one, where the node-local rank comes from, and how many threads a
 CPU rank runs. `select` itself runs against a fake CuPy, its ranks as threads."""
 
 import sys

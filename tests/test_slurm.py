@@ -111,10 +111,10 @@ def test_train_sbatch_on_two_cpu_ranks(reference):
     assert reference["summary"]["final_val_loss"] == val[STEPS]
     out = reference["out"]
     # The script picked srun's pmi2 for the mpich wheel, PP=2 became a 2-stage pipeline,
-    # and each rank sized its BLAS threads to the one core Slurm gave it.
+    # and each rank sized its threads to the one core Slurm gave it.
     assert "libmpi.so.12 (srun --mpi=pmi2)" in out
     assert "2 ranks = dp 1 × pp 2" in out
-    assert "1 BLAS thread(s) per rank" in out
+    assert "1 thread(s) per rank" in out
     # DOCTOR=1: one report for both ranks, run as the training will be.
     assert out.count("hpcpipe doctor: 2 ranks on 1 node") == 1
     assert "launched by     srun (--mpi=pmi2)" in out and "no problems found" in out, out

@@ -8,8 +8,8 @@ timed, so the comparison is of the same work. After a warm-up the two steps alte
 noisy machine the ratio is the number to trust. MFU divides the achieved FLOP/s (6N plus
 attention per token) by the best matmul rate measured on the same device in the same run.
 
-On the CPU both use every core this process may run on: BLAS threads through
-threadpoolctl, torch's intra-op threads through torch.set_num_threads. With CuPy on a GPU
+On the CPU both use every core this process may run on: hpcpipe through its own thread
+pool (BLAS on one thread, as in training), torch through torch.set_num_threads. With CuPy on a GPU
 (`--device auto` finds it) the same command compares against PyTorch on that GPU.
 PyTorch is the optional `bench` extra; without it only hpcpipe is measured.
 """

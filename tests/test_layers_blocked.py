@@ -3,7 +3,10 @@ row blocks, AdamW in blocks, reused workspaces. Small shapes with the tile and b
 sizes shrunk, so every path runs with several pieces in well under a second."""
 
 import math
+import os
 import threading
+import time
+import warnings
 
 import numpy as np
 import pytest
@@ -229,5 +232,30 @@ def test_matmul_cut_three_ways_is_the_product(shape, monkeypatch, rng):
         np.testing.assert_allclose(out, a @ b, rtol=1e-13, atol=1e-13)
         layers.matmul(np, a.T.copy().T, b, out, bias=bias)  # strided operands too
         np.testing.assert_allclose(out, a @ b + bias, rtol=1e-13, atol=1e-13)
+    finally:
+        layers.set_threads(1)
+
+
+def test_a_forked_child_starts_a_pool_of_its_own():
+    """The parent's pool threads do not exist in a fork: the child must not wait on them."""
+    layers.set_threads(2)
+    try:
+        layers.for_each(np, range(4), lambda i, slot: None)  # the parent's pool is up
+        with warnings.catch_warnings():  # 3.12 warns about forking a threaded process
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if a parallel for_each completes
+            done = []
+            layers.for_each(np, range(4), lambda i, slot: done.append(i))
+            os._exit(0 if sorted(done) == [0, 1, 2, 3] else 1)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            finished, status = os.waitpid(pid, os.WNOHANG)
+            if finished:
+                assert os.waitstatus_to_exitcode(status) == 0
+                return
+            time.sleep(0.01)
+        os.kill(pid, 9)
+        pytest.fail("the forked child hung in for_each")
     finally:
         layers.set_threads(1)

@@ -34,6 +34,7 @@ so the results are bitwise the same on one core or many.
 """
 
 import itertools
+import os
 import threading
 
 import numpy as np
@@ -125,6 +126,17 @@ class _Worker:
 
 
 _local = threading.local()  # .slot: the slot of a pool thread, or of a caller inside for_each
+
+
+def _forget_pool_in_child():
+    """A forked child has none of the parent's threads: start a pool of its own if it
+    needs one, and never wait on a lock a parent's thread held at the fork."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+    _local.__dict__.clear()
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def set_threads(n: int) -> None:

@@ -249,7 +249,8 @@ def matmul(xp, a, b, out, bias=None):
     if bias is None and K >= 2 * max(M, N):
         ks = cuts(K, work, smallest=K_SMALLEST, most=MAX_K_CHUNKS)
         if len(ks) > 1:
-            partial = workspace(xp, "matmul.partial", (len(ks), M, N), out.dtype)
+            partial = workspace(xp, f"matmul.partial{getattr(_local, 'slot', None)}",
+                                (len(ks), M, N), out.dtype)
             for_each(xp, range(len(ks)),
                      lambda i, slot: np.matmul(a[:, ks[i]], b[ks[i]], out=partial[i]))
             # Sum in chunk order, element by element, over row blocks on the threads.

@@ -32,7 +32,8 @@ def _row_dots(xp, a, b, out):
     """out[i] = a[i] · b[i] for 2-D a and 2-D or 1-D (broadcast) b."""
     if xp is np:
         return np.vecdot(a, b, out=out)
-    return (a * b).sum(axis=-1, out=out)
+    out[...] = (a * b).sum(axis=-1)  # out is a strided view: assign, not out=
+    return out
 
 
 def forward(x, params):

@@ -227,9 +227,9 @@ def cuts(size: int, work: float, smallest: int = 16, most: int = MAX_CHUNKS) -> 
     return [slice(size * k // chunks, size * (k + 1) // chunks) for k in range(chunks)]
 
 
-def matmul(xp, a, b, out, bias=None):
+def matmul(xp, a, b, out=None, bias=None):
     """out = a @ b (+ bias, broadcast over rows) for 2-D operands (any strides BLAS
-    takes), into the 2-D array `out`.
+    takes), into the 2-D array `out` (a fresh one, which the caller owns, when None).
 
     On the CPU the product is cut into chunks, one BLAS call each, spread over the
     threads. Where the summed dimension K is the long one (the weight gradients: x^T dy
@@ -240,6 +240,8 @@ def matmul(xp, a, b, out, bias=None):
     bitwise the same for any thread count. A GPU runs one call.
     """
     (M, K), N = a.shape, b.shape[1]
+    if out is None:
+        out = xp.empty((M, N), dtype=a.dtype)
     if xp is not np:
         xp.matmul(a, b, out=out)
         if bias is not None:

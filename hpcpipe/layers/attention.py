@@ -26,8 +26,7 @@ import math
 import numpy as np
 
 from ..backend import array_namespace
-from . import for_each, linear, scope, workspace
-from .. import layers
+from . import for_each, linear, row_blocks, scope, workspace
 
 # Query rows per tile on the CPU: small enough that a tile's scores (NH · QUERY_TILE · T)
 # stay in cache, large enough to keep the matmuls efficient.
@@ -45,12 +44,9 @@ def _tiles(xp, T):
 def _groups(xp, B, NH, tiles, T, itemsize):
     """Slices of the batch: sequences that go through the core together, as many as keep
     one query tile's scores (nb · NH · tq · T) near BLOCK_BYTES, so that each NumPy call
-    does enough work; the groups go to the threads. Shapes only; a GPU takes all of B."""
-    if xp is not np:
-        return [slice(0, B)]
-    tile_bytes = NH * (tiles[0][1] - tiles[0][0]) * T * itemsize
-    nb = max(1, min(B, layers.BLOCK_BYTES // tile_bytes))
-    return [slice(b, min(B, b + nb)) for b in range(0, B, nb)]
+    does enough work — the row blocks of the batch, a sequence's tile scores per row; the
+    groups go to the threads. Shapes only; a GPU takes all of B."""
+    return row_blocks(xp, B, NH * (tiles[0][1] - tiles[0][0]) * T * itemsize)
 
 
 def _causal_mask(xp, n, dtype):

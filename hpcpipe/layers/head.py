@@ -13,8 +13,7 @@ def forward(x, params):
     xp = array_namespace(x)
     wte = params["wte"]
     B, T, C = x.shape
-    logits = xp.empty((B * T, wte.shape[0]), dtype=x.dtype)
-    matmul(xp, x.reshape(-1, C), wte.T, logits)
+    logits = matmul(xp, x.reshape(-1, C), wte.T)
     return logits.reshape(B, T, wte.shape[0]), {"x": x, "wte": wte}
 
 
@@ -22,8 +21,7 @@ def backward_input(dlogits, cache):
     xp = array_namespace(dlogits)
     wte = cache["wte"]
     B, T, V = dlogits.shape
-    dx = xp.empty((B * T, wte.shape[1]), dtype=dlogits.dtype)
-    matmul(xp, dlogits.reshape(-1, V), wte, dx)
+    dx = matmul(xp, dlogits.reshape(-1, V), wte)
     return dx.reshape(B, T, wte.shape[1])
 
 

@@ -83,7 +83,7 @@ def backward_input(dy, cache):
         _row_dots(xp, dr, hr, proj[:, 0])
         proj *= 1.0 / C
         _row_dots(xp, dr, inv_c, mean[:, 0])
-        # dr = (dxhat - mean) - xhat * proj, then times rstd; the workspace-free order:
+        # dr = (dxhat - mean) - xhat * proj, then times rstd:
         dr -= mean
         proj_x = workspace(xp, f"layernorm.px{slot}", (blocks[0].stop, C), xhat.dtype)[:rows]
         xp.multiply(hr, proj, out=proj_x)

@@ -31,9 +31,10 @@ Each command has its own --help. Runs write to runs/<config name>/ (config.toml,
 metrics.jsonl, summary.json)."""
 
 TRAIN_EPILOG = """\
-The config is a TOML file with sections [model], [train], [data] and [parallel]; every
-key has a default (see hpcpipe/config.py and inputs/tiny.toml). Unknown keys, wrong types
-and impossible values stop the run before it starts, naming the key.
+The config is a TOML file with sections [model], [train], [data], [parallel] and
+[checkpoint]; every key has a default (see hpcpipe/config.py and inputs/tiny.toml).
+Unknown keys, wrong types and impossible values stop the run before it starts, naming
+the key.
 
 The data file ([data] path, default data/<corpus>.tokens.h5) is prepared from [data]
 corpus on first use: "stdlib" (this Python's standard library sources, no download), a

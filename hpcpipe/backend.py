@@ -1,44 +1,68 @@
 """The array backend: NumPy on the CPU or CuPy on a GPU, chosen once per process.
 
-Every numerical module gets its array namespace from here (`xp`), never by importing
-cupy itself, so one code path serves both devices. The choice is made once, by
-`select()`, before the first array is allocated; `array_namespace(a)` recovers the
-namespace of an existing array for code (the layers) that works on whatever it is given.
+A `Backend` is what a rank computes with: the array namespace (`xp`), the device, the
+thread pool that spreads a CPU rank's passes over its cores (threads.py) and the scratch
+arrays its layers reuse between calls (scratch.py). It is made once, by `select()`, and
+passed explicitly to everything that allocates or computes: the model's stages, the
+layers (through their forward pass), the transport. Nothing here keeps a "current"
+backend; `cpu()` and `Backend.of(array)` make one for callers that need a default (the
+public `GPT`, a layer called on its own).
 
-It also binds the rank to its hardware: a GPU rank to one device from its node-local rank,
-a CPU rank to as many threads as it has cores of its own (`limit_threads`). The
-decisions are small pure functions (`gpu_for_rank`, `shared_devices`, `thread_share`) so
-they can be tested without the hardware.
+This module is the one that imports CuPy. It also binds the rank to its hardware: a GPU
+rank to one device from its node-local rank, a CPU rank to as many threads as it has
+cores of its own (`limit_threads`). The decisions are small pure functions
+(`gpu_for_rank`, `shared_devices`, `thread_share`) so they can be tested without the
+hardware.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .errors import HpcpipeError
+from .scratch import Scratch
+from .threads import ThreadPool
 
 DEVICES = ("auto", "cpu", "gpu")
-DTYPES = ("float32", "float64")
 
 
 class BackendError(HpcpipeError):
     """The requested device cannot be used on this machine."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Backend:
     """The array namespace a rank computes with, and how to talk to it."""
 
     xp: object  # numpy or cupy module
     name: str  # "numpy" | "cupy"
     device_id: int | None  # CUDA device ordinal for cupy, None for numpy
+    pool: ThreadPool = field(default_factory=ThreadPool)  # the CPU's threads (GPU: unused)
+    scratch: Scratch = None  # workspaces and constants of this backend
+
+    def __post_init__(self):
+        if self.scratch is None:
+            object.__setattr__(self, "scratch", Scratch(self.xp))
+
+    @staticmethod
+    def of(array) -> "Backend":
+        """A one-thread backend for the library that owns `array`, with a scratch of its
+        own: for a layer or model called on its own, outside a training rank."""
+        xp = array_namespace(array)
+        if xp is np:
+            return cpu()
+        return Backend(xp=xp, name="cupy", device_id=int(xp.cuda.Device().id))
 
     @property
     def is_gpu(self) -> bool:
         return self.name == "cupy"
+
+    @property
+    def threads(self) -> int:
+        return 1 if self.is_gpu else self.pool.size
 
     def to_host(self, a) -> np.ndarray:
         """A NumPy copy (or view, on the CPU) of an array of this backend."""
@@ -47,10 +71,32 @@ class Backend:
     def from_host(self, a, dtype=None):
         return self.xp.asarray(a, dtype=dtype)
 
+    def pinned_empty(self, shape, dtype):
+        """A host array MPI can read while the device copies into it (page-locked on a
+        GPU backend: asynchronous copies need it); a plain NumPy array on the CPU."""
+        if self.is_gpu:
+            import cupyx
+
+            return cupyx.empty_pinned(shape, dtype)
+        return np.empty(shape, dtype)
+
     def synchronize(self) -> None:
         """Wait for queued device work; MPI must never see a buffer still being written."""
         if self.is_gpu:
             self.xp.cuda.get_current_stream().synchronize()
+
+    def for_each(self, items, fn) -> None:
+        """fn(item, slot) for every item: over the pool's threads on the CPU, in order on
+        a GPU (one stream runs everything in order anyway). See ThreadPool.for_each."""
+        if self.is_gpu:
+            for item in items:
+                fn(item, 0)
+            return
+        self.pool.for_each(items, fn)
+
+    def slot(self):
+        """The pool slot of the calling thread inside `for_each`, else None."""
+        return None if self.is_gpu else self.pool.slot()
 
     def describe(self) -> str:
         if self.is_gpu:
@@ -60,8 +106,9 @@ class Backend:
         return f"numpy {np.__version__} on CPU"
 
 
-_NUMPY = Backend(xp=np, name="numpy", device_id=None)
-_current: Backend | None = None
+def cpu(threads: int = 1) -> Backend:
+    """A NumPy backend whose pool runs `threads` threads."""
+    return Backend(xp=np, name="numpy", device_id=None, pool=ThreadPool(threads))
 
 
 # -- which GPU a rank binds to ---------------------------------------------------------------
@@ -117,7 +164,7 @@ def sharing_error(shared, bindings) -> BackendError:
 
 def _gpu_count() -> int:
     try:
-        import cupy  # noqa: F401  (backend.py is the only module that imports cupy)
+        import cupy  # noqa: F401
 
         return int(cupy.cuda.runtime.getDeviceCount())
     except Exception:  # no cupy, no driver, no device: all mean "no GPU here"
@@ -168,7 +215,7 @@ def _hostname() -> str:
 
 
 def select(device: str = "auto", local_rank: int = 0, *, peers=None,
-           gpu_sharing: bool = False) -> Backend:
+           gpu_sharing: bool = False, threads: int = 1) -> Backend:
     """Choose the backend for this process, once, before any array is allocated.
 
     device: "cpu" always uses NumPy; "gpu" requires a CUDA device and CuPy; "auto" takes
@@ -179,12 +226,12 @@ def select(device: str = "auto", local_rank: int = 0, *, peers=None,
 
     peers: the communicator of all ranks calling this (the world); with it the ranks
     compare the physical GPUs they took, and two ranks on one device stop the job with the
-    same BackendError on every rank, unless gpu_sharing allows it.
+    same BackendError on every rank, unless gpu_sharing allows it. threads: the size of
+    a CPU backend's pool (see `limit_threads`).
     """
-    global _current
     if device not in DEVICES:
         raise BackendError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
-    chosen, binding = _NUMPY, None
+    chosen, binding = None, None
     if device != "cpu":
         count = _gpu_count()
         if count == 0 and device == "gpu":
@@ -207,9 +254,9 @@ def select(device: str = "auto", local_rank: int = 0, *, peers=None,
         shared = shared_devices(bindings)
         if shared and not gpu_sharing:
             raise sharing_error(shared, bindings)
-    if not chosen.is_gpu:
+    if chosen is None:
+        chosen = cpu(threads)
         keep_freed_memory()
-    _current = chosen
     return chosen
 
 
@@ -234,11 +281,6 @@ def keep_freed_memory():
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     mallopt(M_MMAP_THRESHOLD, 32 * 2**20)  # glibc's maximum on 64-bit systems
     mallopt(M_TRIM_THRESHOLD, 2**30)
-
-
-def current() -> Backend:
-    """The backend chosen by `select()`; NumPy when nothing was selected (tests, tools)."""
-    return _current if _current is not None else _NUMPY
 
 
 def array_namespace(a):
@@ -288,19 +330,16 @@ def cpu_count(ranks_on_node: int = 1) -> int:
 
 
 def limit_threads(ranks_on_node: int) -> int:
-    """Give this rank its share of the cores (`thread_share`) as hpcpipe's own threads,
-    and run BLAS/OpenMP on one thread each.
+    """This rank's share of the cores (`thread_share`), for its backend's pool (`select`'s
+    `threads`); BLAS and OpenMP are set to one thread each.
 
     With several ranks per node, libraries that start one thread per core would fight
     over the cores (oversubscription costs far more than it gains). Within the share,
-    hpcpipe.layers cuts GEMMs and elementwise passes into chunks for its own pool
-    (`layers.for_each`): a BLAS pool of the same size would sit spinning between calls
-    on the cores the other work needs. Returns the thread count set.
+    hpcpipe.layers cuts GEMMs and elementwise passes into chunks for the rank's own pool
+    (`Backend.for_each`): a BLAS pool of the same size would sit spinning between calls
+    on the cores the other work needs. Returns the thread count for the pool.
     """
-    from . import layers
-
     threads = cpu_count(ranks_on_node)
-    layers.set_threads(threads)
     try:
         from threadpoolctl import threadpool_limits
 

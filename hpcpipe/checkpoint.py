@@ -12,8 +12,8 @@ Layout of one checkpoint (h5py is serial HDF5, so ranks write their own files):
             manifest.json             written last, by rank 0: step, config, layout, and per
                                       file its size and SHA-256; no manifest, no checkpoint
 
-Every file goes through a temporary name → flush → fsync → rename → fsync of the folder,
-and a checkpoint is assembled in a hidden temporary folder that is renamed into place
+Every file goes through a temporary name → flush → fsync → rename → fsync of the folder
+(files.write_atomic), and a checkpoint is assembled in a hidden temporary folder that is renamed into place
 only once every file and the manifest are complete, so a crash or a kill at any moment
 leaves the previous checkpoint as it was.
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import HpcpipeError
-from .pipeline import MasterWeights
+from .files import fsync_dir, write_atomic, write_text_atomic
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -51,25 +51,6 @@ class CheckpointError(HpcpipeError):
 
 
 # -- files --------------------------------------------------------------------------------
-
-def fsync_dir(path: str):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str, write):
-    """`write(tmp_path)` creates the file; it is then fsynced and renamed into place."""
-    tmp = f"{path}.tmp"
-    write(tmp)
-    with open(tmp, "rb+") as f:
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
-
 
 def sha256(path: str) -> str:
     h = hashlib.sha256()
@@ -116,12 +97,6 @@ def _read(ds, where: str) -> np.ndarray:
 
 # -- what a rank holds ----------------------------------------------------------------------
 
-def _optimizer_pieces(model):
-    """For each optimizer of the rank: (optimizer, [(name, t0, t1, v0, v1)]) — which part
-    [t0, t1) of each flattened tensor sits at [v0, v1) of the optimizer's vectors."""
-    return [(opt, list(opt.params.tensor_pieces())) for _, opt in model.optimizers]
-
-
 def _skip_tied_copy(stage, name: str) -> bool:
     """The head's copy of wte equals the embedding's (same gradient, same update)."""
     return name == "wte" and not stage.embedding_part
@@ -136,14 +111,14 @@ class Saved:
 
 # -- save ---------------------------------------------------------------------------------
 
-def save(model, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
-         keep_every: int = 0, log=print) -> Saved:
-    """Write a checkpoint of every rank's state at `step` (collective over the world).
+def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
+         keep_every: int = 0) -> Saved:
+    """Write a checkpoint of every rank's state at `step` (collective over the world);
+    `rank` is each process's Rank (rank.py).
 
     state: the run's own numbers to restore (e.g. the loss-scaler's), stored in the
     manifest. Returns where it went, how long it took and its size (on every rank)."""
-    grid = model.grid
-    world = grid.world
+    world = rank.grid.world
     start = time.perf_counter()
     root = root_of(run_dir)
     final = os.path.join(root, step_name(step))
@@ -156,7 +131,7 @@ def save(model, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
     world.Barrier()
     error, entries = None, []
     try:
-        entries = _write_rank_files(model, tmp_dir)
+        entries = _write_rank_files(rank, cfg, tmp_dir)
     except OSError as e:
         error = f"rank {world.rank}: writing the checkpoint failed: {e}"
     errors = [e for e in world.allgather(error) if e]
@@ -164,41 +139,45 @@ def save(model, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
         raise CheckpointError(errors[0] + " (the previous checkpoint is untouched)")
     everything = world.gather(entries, root=0)
     if world.rank == 0:
-        files, tensors, pieces = {}, {}, {}
-        for rank_entries in everything:
-            for entry in rank_entries:
-                files[entry["file"]] = {"size": entry["size"], "sha256": entry["sha256"]}
-                for name, info in entry.get("tensors", {}).items():
-                    tensors[name] = {"file": entry["file"], **info}
-                for name, ranges in entry.get("pieces", {}).items():
-                    pieces.setdefault(name, []).extend(
-                        {"file": entry["file"], "start": a, "stop": b} for a, b in ranges)
-        manifest = {
-            "format_version": FORMAT_VERSION, "step": step, "created": time.time(),
-            "config": cfg.to_toml(),
-            "model": {k: getattr(cfg.model, k) for k in
-                      ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
-            "dtype": cfg.train.dtype,
-            "layout": {"dp": grid.dp, "pp": grid.pp, "chunks": len(model.stages),
-                       "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
-                       "rank_order": grid.rank_order,
-                       "partition": [list(spec.layers) for spec in model.specs]},
-            "adam_step": model.optimizers[0][1].t,
-            "state": state, "files": files, "tensors": tensors, "pieces": pieces,
-        }
+        manifest = _manifest(rank, cfg, step, state, sum(everything, []))
         text = json.dumps(manifest, indent=1)
-        write_atomic(os.path.join(tmp_dir, MANIFEST), lambda p: open(p, "w").write(text))
+        write_text_atomic(os.path.join(tmp_dir, MANIFEST), text)
         if os.path.exists(final):  # the same step saved again (e.g. a resumed run)
             shutil.rmtree(final)
         os.replace(tmp_dir, final)
         fsync_dir(root)
-        write_atomic(os.path.join(root, LATEST),
-                     lambda p: open(p, "w").write(step_name(step) + "\n"))
+        write_text_atomic(os.path.join(root, LATEST), step_name(step) + "\n")
         _retain(root, keep, keep_every)
     world.Barrier()
     seconds = time.perf_counter() - start
     nbytes = world.allreduce(sum(e["size"] for e in entries))
     return Saved(final, seconds, nbytes)
+
+
+def _manifest(rank, cfg, step: int, state: dict, entries: list[dict]) -> dict:
+    """The manifest of a checkpoint from every rank's file entries."""
+    files, tensors, pieces = {}, {}, {}
+    for entry in entries:
+        files[entry["file"]] = {"size": entry["size"], "sha256": entry["sha256"]}
+        for name, info in entry.get("tensors", {}).items():
+            tensors[name] = {"file": entry["file"], **info}
+        for name, ranges in entry.get("pieces", {}).items():
+            pieces.setdefault(name, []).extend(
+                {"file": entry["file"], "start": a, "stop": b} for a, b in ranges)
+    grid, model = rank.grid, rank.model
+    return {
+        "format_version": FORMAT_VERSION, "step": step, "created": time.time(),
+        "config": cfg.to_toml(),
+        "model": {k: getattr(cfg.model, k) for k in
+                  ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
+        "dtype": cfg.train.dtype,
+        "layout": {"dp": grid.dp, "pp": grid.pp, "chunks": len(model.stages),
+                   "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
+                   "rank_order": grid.rank_order,
+                   "partition": [list(spec.layers) for spec in model.specs]},
+        "adam_step": rank.step.optimizer.t,
+        "state": state, "files": files, "tensors": tensors, "pieces": pieces,
+    }
 
 
 def _injected_delay(folder: str):
@@ -210,71 +189,82 @@ def _injected_delay(folder: str):
         time.sleep(float(spec.split(":")[1]))
 
 
-def _write_rank_files(model, folder: str) -> list[dict]:
-    """This rank's files; returns their manifest entries."""
-    import h5py
+def _entry(folder: str, name: str, **extra) -> dict:
+    path = os.path.join(folder, name)
+    return {"file": name, "size": os.path.getsize(path), "sha256": sha256(path), **extra}
 
-    grid = model.grid
-    entries = []
+
+def _write_rank_files(rank, cfg, folder: str) -> list[dict]:
+    """This rank's files; returns their manifest entries."""
+    grid, entries = rank.grid, []
     if grid.dp_rank == 0:  # the first replica writes the parameters of its stages
         name = f"model-pp{grid.pp_rank:03d}.h5"
-        path = os.path.join(folder, name)
-        tensors = {}
-
-        def write(tmp):
-            with h5py.File(tmp, "w") as f:
-                for chunk in sorted(model.stages, key=model.stage_index.get):
-                    stage = model.stages[chunk]
-                    for pname, value in stage.params.items():
-                        if _skip_tied_copy(stage, pname):
-                            continue
-                        host = model.backend.to_host(value)
-                        _store(f, pname, host, stage=model.stage_index[chunk])
-                        tensors[pname] = {"shape": list(value.shape)}
-                f.attrs["format_version"] = FORMAT_VERSION
-                f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
-                f.flush()
-                _injected_delay(folder)
-
-        write_atomic(path, write)
-        entries.append({"file": name, "size": os.path.getsize(path), "sha256": sha256(path),
-                        "tensors": tensors})
-    zero = model.cfg.parallel.zero
-    if grid.dp_rank == 0 or zero:  # with ZeRO-1 every replica holds its own shard
+        tensors = _write_parameters(rank.model, os.path.join(folder, name), folder)
+        entries.append(_entry(folder, name, tensors=tensors))
+    if grid.dp_rank == 0 or cfg.parallel.zero:  # with ZeRO-1 every replica holds a shard
         name = f"optim-r{grid.rank:05d}.h5"
-        path = os.path.join(folder, name)
-        pieces = {}
-
-        def write(tmp):
-            with h5py.File(tmp, "w") as f:
-                groups = {kind: f.create_group(kind) for kind in OPTIM_KINDS}
-                for opt, parts in _optimizer_pieces(model):
-                    vectors = {"exp_avg": opt.m, "exp_avg_sq": opt.v}
-                    if isinstance(opt.params, MasterWeights):
-                        vectors["master"] = opt.params.data
-                    for pname, t0, t1, v0, v1 in parts:
-                        if pname == "wte" and not _holds_embedding(model, opt):
-                            continue
-                        key = f"{pname}@{t0}"
-                        for kind, vec in vectors.items():
-                            _store(groups[kind], key, model.backend.to_host(vec[v0:v1]),
-                                   start=t0, stop=t1, tensor=pname)
-                        pieces.setdefault(pname, []).append((t0, t1))
-                f.attrs["format_version"] = FORMAT_VERSION
-                f.attrs["kind"] = "hpcpipe optimizer state (pieces of flattened tensors)"
-
-        write_atomic(path, write)
-        entries.append({"file": name, "size": os.path.getsize(path), "sha256": sha256(path),
-                        "pieces": pieces})
+        pieces = _write_optimizer(rank.step.optimizer, rank.model.backend,
+                                  os.path.join(folder, name))
+        entries.append(_entry(folder, name, pieces=pieces))
     return entries
 
 
-def _holds_embedding(model, opt) -> bool:
-    """Whether optimizer `opt` belongs to a stage with the embedding (its wte counts)."""
-    target = opt.params.target if hasattr(opt.params, "target") else opt.params
-    buffer = getattr(target, "buffer", target)
-    return any(stage.param_buffer is buffer and stage.embedding_part
-               for stage in model.stages.values())
+def _write_parameters(model, path: str, folder: str) -> dict:
+    """The parameters of this rank's stages, one dataset per GPT-2 name."""
+    import h5py
+
+    tensors = {}
+
+    def write(tmp):
+        with h5py.File(tmp, "w") as f:
+            for chunk, stage in model.in_model_order():
+                for pname, value in stage.params.items():
+                    if _skip_tied_copy(stage, pname):
+                        continue
+                    host = model.backend.to_host(value)
+                    _store(f, pname, host, stage=model.stage_index[chunk])
+                    tensors[pname] = {"shape": list(value.shape)}
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
+            f.flush()
+            _injected_delay(folder)
+
+    write_atomic(path, write)
+    return tensors
+
+
+def _optimizer_vectors(adam) -> dict:
+    """The state one AdamW keeps, by the kind it is stored under."""
+    vectors = {"exp_avg": adam.m, "exp_avg_sq": adam.v}
+    if adam.shard.has_master:
+        vectors["master"] = adam.shard.master
+    return vectors
+
+
+def _write_optimizer(optimizer, be, path: str) -> dict:
+    """The optimizer state of every shard, as pieces of flattened tensors."""
+    import h5py
+
+    pieces = {}
+
+    def write(tmp):
+        with h5py.File(tmp, "w") as f:
+            groups = {kind: f.create_group(kind) for kind in OPTIM_KINDS}
+            for adam in optimizer.adams:
+                vectors = _optimizer_vectors(adam)
+                for piece in adam.shard.pieces:
+                    if piece.name == "wte" and not adam.shard.owns_wte:
+                        continue
+                    key = f"{piece.name}@{piece.t0}"
+                    for kind, vec in vectors.items():
+                        _store(groups[kind], key, be.to_host(vec[piece.v0:piece.v1]),
+                               start=piece.t0, stop=piece.t1, tensor=piece.name)
+                    pieces.setdefault(piece.name, []).append((piece.t0, piece.t1))
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["kind"] = "hpcpipe optimizer state (pieces of flattened tensors)"
+
+    write_atomic(path, write)
+    return pieces
 
 
 def _retain(root: str, keep: int, keep_every: int):
@@ -474,51 +464,59 @@ class _Reader:
             f.close()
 
 
-def load(model, cfg, path: str, manifest: dict) -> dict:
-    """Load the checkpoint at `path` into this rank's stages and optimizers (collective
+def load(rank, cfg, path: str, manifest: dict) -> dict:
+    """Load the checkpoint at `path` into this rank's stages and optimizer (collective
     over the world: every rank reads what it needs). Returns the manifest's `state`, with
     `step` added."""
-    world = model.grid.world
     reader = _Reader(path, manifest)
     error = None
     try:
         check_model(manifest, cfg, path)
-        be = model.backend
-        for stage in model.stages.values():
-            for name, view in stage.params.items():
-                data = reader.tensor(name)
-                if tuple(data.shape) != tuple(view.shape):
-                    raise CheckpointError(f"{path}: {name} has shape {data.shape}, expected "
-                                          f"{tuple(view.shape)}")
-                view[...] = be.xp.asarray(data.astype(view.dtype, copy=False))
-        adam_t = int(manifest.get("adam_step", 0))
-        for opt, parts in _optimizer_pieces(model):
-            master = isinstance(opt.params, MasterWeights)
-            for name, t0, t1, v0, v1 in parts:
-                for kind, vec in (("exp_avg", opt.m), ("exp_avg_sq", opt.v)):
-                    data = reader.piece(kind, name, t0, t1)
-                    # No state for a tensor (an imported model): Adam starts fresh there.
-                    vec[v0:v1] = 0 if data is None else be.xp.asarray(data.astype(vec.dtype))
-                if master:
-                    data = reader.piece("master", name, t0, t1)
-                    if data is None:  # written by a 32-bit run: its weights are the master
-                        data = reader.tensor(name).reshape(-1)[t0:t1]
-                    opt.params.data[v0:v1] = be.xp.asarray(data.astype(np.float32))
-            opt.t = adam_t if manifest["pieces"] else 0
-            if master:
-                opt.params.push()
+        _load_parameters(rank.model, reader, path)
+        _load_optimizer(rank.step.optimizer, rank.model.backend, reader, manifest)
     except CheckpointError as e:
         error = str(e)
     except (OSError, KeyError, ValueError) as e:
         error = f"{path}: unreadable checkpoint ({type(e).__name__}: {e})"
     finally:
         reader.close()
-    errors = [e for e in world.allgather(error) if e]
+    errors = [e for e in rank.grid.world.allgather(error) if e]
     if errors:
         raise CheckpointError(errors[0])
     state = dict(manifest.get("state", {}))
     state["step"] = int(manifest["step"])
     return state
+
+
+def _load_parameters(model, reader, path: str):
+    be = model.backend
+    for stage in model.stages.values():
+        for name, view in stage.params.items():
+            data = reader.tensor(name)
+            if tuple(data.shape) != tuple(view.shape):
+                raise CheckpointError(f"{path}: {name} has shape {data.shape}, expected "
+                                      f"{tuple(view.shape)}")
+            view[...] = be.xp.asarray(data.astype(view.dtype, copy=False))
+
+
+def _load_optimizer(optimizer, be, reader, manifest: dict):
+    """Each shard's state from whichever pieces cover it; a tensor without state (an
+    imported model) starts Adam fresh, and master weights missing from a 32-bit run's
+    checkpoint are its weights."""
+    for adam in optimizer.adams:
+        shard = adam.shard
+        for piece in shard.pieces:
+            span = slice(piece.v0, piece.v1)
+            for kind, vec in (("exp_avg", adam.m), ("exp_avg_sq", adam.v)):
+                data = reader.piece(kind, piece.name, piece.t0, piece.t1)
+                vec[span] = 0 if data is None else be.xp.asarray(data.astype(vec.dtype))
+            if shard.has_master:
+                data = reader.piece("master", piece.name, piece.t0, piece.t1)
+                if data is None:
+                    data = reader.tensor(piece.name).reshape(-1)[piece.t0:piece.t1]
+                shard.master[span] = be.xp.asarray(data.astype(np.float32))
+        shard.push()
+    optimizer.t = int(manifest.get("adam_step", 0)) if manifest["pieces"] else 0
 
 
 # -- whole models: export, import, generation ------------------------------------------------
@@ -582,8 +580,7 @@ def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
         "tensors": {t: {"file": name, "shape": list(expected[t])} for t in expected},
         "pieces": {},
     }
-    text = json.dumps(manifest, indent=1)
-    write_atomic(os.path.join(tmp_dir, MANIFEST), lambda p: open(p, "w").write(text))
+    write_text_atomic(os.path.join(tmp_dir, MANIFEST), json.dumps(manifest, indent=1))
     if os.path.exists(path):
         shutil.rmtree(path)
     os.replace(tmp_dir, path)

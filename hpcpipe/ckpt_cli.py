@@ -12,6 +12,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from .errors import HpcpipeError
+from .files import write_atomic
 
 EPILOG = """\
 examples:
@@ -182,7 +183,7 @@ def cmd_export(args) -> int:
                 f.attrs["config"] = manifest["config"]
                 f.attrs["step"] = manifest["step"]
 
-        ckpt.write_atomic(args.out, write)
+        write_atomic(args.out, write)
     else:
         raise HpcpipeError(f"--out {args.out}: name it FILE.h5 or FILE.safetensors")
     size = os.path.getsize(args.out)
@@ -227,7 +228,7 @@ def cmd_generate(args) -> int:
     shape = manifest["model"]
     be = backend.select("auto")
     dtype = "float32" if manifest["dtype"] in ("float16", "bfloat16") else manifest["dtype"]
-    model = GPT(GPTConfig(**shape), dtype=dtype, xp=be.xp)
+    model = GPT(GPTConfig(**shape), dtype=dtype, be=be)
     for name, value in tensors.items():
         model.params[name][...] = be.xp.asarray(value.astype(dtype))
     byte_level = shape["vocab_size"] == 256

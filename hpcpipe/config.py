@@ -1,9 +1,11 @@
 """Run configuration: TOML files loaded into frozen dataclasses, with strict checking.
 
-A config has five sections, [model], [train], [data], [parallel] and [checkpoint]. Every key has a
-default here, so a file names only what it changes. Anything the loader cannot use — an
-unknown section or key, a wrong type, an impossible value — is a ConfigError that names
-the file, the key, the value and what is allowed, before any work starts.
+A config has five sections, [model], [train], [data], [parallel] and [checkpoint]; [model]
+is the GPT's own shape type (model.GPTConfig). Every key has a default here, so a file
+names only what it changes. Anything the loader cannot use — an unknown section or key, a
+wrong type, an impossible value — is a ConfigError that names the file, the key, the
+value and what is allowed, before any work starts. The allowed values of a key come from
+the module that implements them (schedules.KINDS, backend.DEVICES, dtypes.DTYPES, ...).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 
+from .backend import DEVICES
+from .dtypes import DTYPES
 from .errors import HpcpipeError
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
-DEVICES = ("auto", "cpu", "gpu")
-DTYPES = ("float32", "float64", "bfloat16", "float16")
+from .gradsync import COMM_DTYPES
+from .grid import RANK_ORDERS
+from .model import GPTConfig
+from .schedules import KINDS as SCHEDULES
 
 
 class ConfigError(HpcpipeError, ValueError):
@@ -27,17 +31,6 @@ class ConfigError(HpcpipeError, ValueError):
     def __init__(self, source: str, key: str, value, problem: str):
         self.source, self.key, self.value, self.problem = source, key, value, problem
         super().__init__(f"{source}: {key} = {value!r}: {problem}")
-
-
-@dataclass(frozen=True)
-class ModelSection:
-    """[model]: the transformer's shape (GPT-2 naming)."""
-
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 128
-    vocab_size: int = 256
 
 
 @dataclass(frozen=True)
@@ -106,7 +99,7 @@ class CheckpointSection:
 
 @dataclass(frozen=True)
 class Config:
-    model: ModelSection = field(default_factory=ModelSection)
+    model: GPTConfig = field(default_factory=GPTConfig)  # [model]: the GPT's shape
     train: TrainSection = field(default_factory=TrainSection)
     data: DataSection = field(default_factory=DataSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
@@ -136,7 +129,7 @@ class Config:
         return "\n".join(lines) + "\n"
 
 
-SECTIONS = {"model": ModelSection, "train": TrainSection, "data": DataSection,
+SECTIONS = {"model": GPTConfig, "train": TrainSection, "data": DataSection,
             "parallel": ParallelSection, "checkpoint": CheckpointSection}
 
 
@@ -195,7 +188,13 @@ def _build_section(source, name, table) -> object:
             raise ConfigError(source, f"{name}.{key}", value,
                               f"unknown key in [{name}]; known keys: {', '.join(known)}")
         values[key] = _coerce(source, f"{name}.{key}", value, hints[key])
+    if cls is GPTConfig:  # it checks itself too, without naming the file
+        _check_model(source, {**_defaults(cls), **values})
     return cls(**values)
+
+
+def _defaults(cls) -> dict:
+    return {f.name: f.default for f in dataclasses.fields(cls)}
 
 
 def _require(source, key, value, ok, problem):
@@ -203,86 +202,121 @@ def _require(source, key, value, ok, problem):
         raise ConfigError(source, key, value, problem)
 
 
-def validate(cfg: Config) -> Config:
-    """Value checks that the types alone do not catch."""
-    s, m, t, d, p = cfg.source, cfg.model, cfg.train, cfg.data, cfg.parallel
-    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-        _require(s, f"model.{key}", getattr(m, key), getattr(m, key) >= 1, "must be at least 1")
-    _require(s, "model.n_embd", m.n_embd, m.n_embd % m.n_head == 0,
-             f"must be divisible by model.n_head = {m.n_head} (each head gets n_embd/n_head "
-             f"channels); e.g. {m.n_head * max(1, round(m.n_embd / m.n_head))}")
-    for key in ("steps", "micro_batch_size", "eval_batches", "log_every"):
-        _require(s, f"train.{key}", getattr(t, key), getattr(t, key) >= 1, "must be at least 1")
-    for key in ("warmup_steps", "eval_every", "seed", "trace_steps"):
-        _require(s, f"train.{key}", getattr(t, key), getattr(t, key) >= 0, "must be 0 or more")
-    _require(s, "train.lr", t.lr, math.isfinite(t.lr) and t.lr > 0, "must be a positive number")
-    _require(s, "train.min_lr", t.min_lr, math.isfinite(t.min_lr) and 0 <= t.min_lr <= t.lr,
-             f"must be between 0 and train.lr = {t.lr}")
-    _require(s, "train.weight_decay", t.weight_decay, 0 <= t.weight_decay < 1 / t.lr,
-             "must be 0 or more (and lr × weight_decay below 1)")
-    _require(s, "train.grad_clip", t.grad_clip, t.grad_clip >= 0,
+def _at_least(source, section: str, values, keys, minimum):
+    """Each of `keys` of `values` (a section or a dict) is at least `minimum`."""
+    for key in keys:
+        value = values[key] if isinstance(values, dict) else getattr(values, key)
+        _require(source, f"{section}.{key}", value, value >= minimum,
+                 "must be at least 1" if minimum == 1 else "must be 0 or more")
+
+
+def _one_of(source, key: str, value, allowed):
+    _require(source, key, value, value in allowed, f"allowed: {', '.join(map(str, allowed))}")
+
+
+def _check_model(source, model: dict):
+    _at_least(source, "model", model, ("n_layer", "n_head", "n_embd", "block_size",
+                                       "vocab_size"), 1)
+    n_embd, n_head = model["n_embd"], model["n_head"]
+    _require(source, "model.n_embd", n_embd, n_embd % n_head == 0,
+             f"must be divisible by model.n_head = {n_head} (each head gets n_embd/n_head "
+             f"channels); e.g. {n_head * max(1, round(n_embd / n_head))}")
+
+
+def _check_train(source, train: TrainSection):
+    _at_least(source, "train", train, ("steps", "micro_batch_size", "eval_batches",
+                                       "log_every"), 1)
+    _at_least(source, "train", train, ("warmup_steps", "eval_every", "seed", "trace_steps"), 0)
+    lr = train.lr
+    _require(source, "train.lr", lr, math.isfinite(lr) and lr > 0, "must be a positive number")
+    _require(source, "train.min_lr", train.min_lr,
+             math.isfinite(train.min_lr) and 0 <= train.min_lr <= lr,
+             f"must be between 0 and train.lr = {lr}")
+    _require(source, "train.weight_decay", train.weight_decay,
+             0 <= train.weight_decay < 1 / lr, "must be 0 or more (and lr × weight_decay below 1)")
+    _require(source, "train.grad_clip", train.grad_clip, train.grad_clip >= 0,
              "must be 0 (no clipping) or a positive norm")
     for key in ("beta1", "beta2"):
-        _require(s, f"train.{key}", getattr(t, key), 0 <= getattr(t, key) < 1,
-                 "must be in [0, 1)")
-    _require(s, "train.eps", t.eps, t.eps > 0, "must be positive")
-    _require(s, "train.loss_scale", t.loss_scale, t.loss_scale >= 0,
+        value = getattr(train, key)
+        _require(source, f"train.{key}", value, 0 <= value < 1, "must be in [0, 1)")
+    _require(source, "train.eps", train.eps, train.eps > 0, "must be positive")
+    _require(source, "train.loss_scale", train.loss_scale, train.loss_scale >= 0,
              "must be 0 (automatic: dynamic for float16) or a positive scale")
-    _require(s, "train.dtype", t.dtype, t.dtype in DTYPES, f"allowed: {', '.join(DTYPES)}")
-    _require(s, "train.device", t.device, t.device in DEVICES, f"allowed: {', '.join(DEVICES)}")
-    _require(s, "data.val_fraction", d.val_fraction, 0 < d.val_fraction < 1,
+    _one_of(source, "train.dtype", train.dtype, DTYPES)
+    _one_of(source, "train.device", train.device, DEVICES)
+
+
+def _check_data(source, data: DataSection):
+    _require(source, "data.val_fraction", data.val_fraction, 0 < data.val_fraction < 1,
              "must be between 0 and 1 (exclusive)")
-    _require(s, "data.corpus", d.corpus, d.corpus != "", 'must be "stdlib", a file or a folder')
-    _require(s, "parallel.microbatches", p.microbatches, p.microbatches >= 1,
-             "must be at least 1")
-    _require(s, "parallel.schedule", p.schedule, p.schedule in SCHEDULES,
-             f"allowed: {', '.join(SCHEDULES)}")
-    _require(s, "parallel.dp", p.dp, p.dp >= 1, "must be at least 1")
-    _require(s, "parallel.pp", p.pp, p.pp >= 1, "must be at least 1")
-    c = cfg.checkpoint
-    for key in ("every", "keep_every"):
-        _require(s, f"checkpoint.{key}", getattr(c, key), getattr(c, key) >= 0,
-                 "must be 0 or more")
-    _require(s, "checkpoint.keep", c.keep, c.keep >= 1, "must be at least 1")
-    _require(s, "checkpoint.resume", c.resume, c.resume in ("never", "auto"),
-             "allowed: never, auto")
-    _require(s, "parallel.bucket_mb", p.bucket_mb, p.bucket_mb > 0, "must be positive")
-    _require(s, "parallel.zero", p.zero, p.zero in (0, 1),
+    _require(source, "data.corpus", data.corpus, data.corpus != "",
+             'must be "stdlib", a file or a folder')
+
+
+def _check_checkpoint(source, checkpoint: CheckpointSection):
+    _at_least(source, "checkpoint", checkpoint, ("every", "keep_every"), 0)
+    _at_least(source, "checkpoint", checkpoint, ("keep",), 1)
+    _one_of(source, "checkpoint.resume", checkpoint.resume, ("never", "auto"))
+
+
+def _check_parallel(source, parallel: ParallelSection):
+    """The [parallel] values on their own (see `_check_layout` for how they fit the model)."""
+    _at_least(source, "parallel", parallel, ("microbatches", "dp", "pp"), 1)
+    _one_of(source, "parallel.schedule", parallel.schedule, SCHEDULES)
+    _require(source, "parallel.bucket_mb", parallel.bucket_mb, parallel.bucket_mb > 0,
+             "must be positive")
+    _require(source, "parallel.zero", parallel.zero, parallel.zero in (0, 1),
              "allowed: 0 (off) or 1 (optimizer state sharded over the dp replicas)")
-    _require(s, "parallel.grad_comm_dtype", p.grad_comm_dtype,
-             p.grad_comm_dtype in ("auto", "float32", "bfloat16"),
-             "allowed: auto, float32, bfloat16")
-    _require(s, "parallel.chunks", p.chunks, p.chunks >= 0,
-             "must be 0 (the schedule's own) or a positive count")
-    if p.schedule == "zb-v":
-        _require(s, "parallel.chunks", p.chunks, p.chunks in (0, 2),
-                 "zb-v runs exactly 2 chunks per rank (a V); allowed: 0 or 2")
-    elif p.schedule != "interleaved-1f1b":
-        _require(s, "parallel.chunks", p.chunks, p.chunks in (0, 1),
-                 f"{p.schedule} runs one chunk per rank; more chunks need "
-                 f"schedule = \"interleaved-1f1b\"; allowed: 0 or 1")
-    stages = p.pp * cfg.chunks
-    if p.layers_per_stage:
-        _require(s, "parallel.layers_per_stage", p.layers_per_stage,
-                 len(p.layers_per_stage) == stages,
-                 f"needs one block count per model stage: {stages} = pp × chunks")
-        _require(s, "parallel.layers_per_stage", p.layers_per_stage,
-                 all(c >= 1 for c in p.layers_per_stage)
-                 and sum(p.layers_per_stage) == m.n_layer,
-                 f"counts must be at least 1 and sum to model.n_layer = {m.n_layer}")
-    else:
-        _require(s, "parallel.pp", p.pp, stages <= m.n_layer,
-                 f"{stages} model stages (pp × chunks) but model.n_layer = {m.n_layer}: every "
-                 f"stage needs at least one transformer block")
-    _require(s, "parallel.memory_limit", p.memory_limit, p.memory_limit >= 0,
+    _one_of(source, "parallel.grad_comm_dtype", parallel.grad_comm_dtype, COMM_DTYPES)
+    _check_chunks(source, parallel)
+    _require(source, "parallel.memory_limit", parallel.memory_limit, parallel.memory_limit >= 0,
              "must be 0 (meaning 2·pp) or a positive number of microbatches")
-    _require(s, "parallel.profile_steps", p.profile_steps, p.profile_steps >= 1,
-             "must be at least 1")
-    _require(s, "parallel.rank_order", p.rank_order, p.rank_order in ("pp-inner", "dp-inner"),
-             "allowed: pp-inner, dp-inner")
-    _require(s, "parallel.gpu_aware_mpi", p.gpu_aware_mpi,
-             isinstance(p.gpu_aware_mpi, bool) or p.gpu_aware_mpi == "auto",
+    _at_least(source, "parallel", parallel, ("profile_steps",), 1)
+    _one_of(source, "parallel.rank_order", parallel.rank_order, RANK_ORDERS)
+    _require(source, "parallel.gpu_aware_mpi", parallel.gpu_aware_mpi,
+             isinstance(parallel.gpu_aware_mpi, bool) or parallel.gpu_aware_mpi == "auto",
              'allowed: "auto", true, false')
+
+
+def _check_chunks(source, parallel: ParallelSection):
+    chunks, schedule = parallel.chunks, parallel.schedule
+    _require(source, "parallel.chunks", chunks, chunks >= 0,
+             "must be 0 (the schedule's own) or a positive count")
+    if schedule == "zb-v":
+        _require(source, "parallel.chunks", chunks, chunks in (0, 2),
+                 "zb-v runs exactly 2 chunks per rank (a V); allowed: 0 or 2")
+    elif schedule != "interleaved-1f1b":
+        _require(source, "parallel.chunks", chunks, chunks in (0, 1),
+                 f"{schedule} runs one chunk per rank; more chunks need "
+                 f"schedule = \"interleaved-1f1b\"; allowed: 0 or 1")
+
+
+def _check_layout(source, cfg: Config):
+    """How [parallel]'s stages fit the model's blocks."""
+    parallel, n_layer = cfg.parallel, cfg.model.n_layer
+    stages = parallel.pp * cfg.chunks
+    counts = parallel.layers_per_stage
+    if counts:
+        _require(source, "parallel.layers_per_stage", counts, len(counts) == stages,
+                 f"needs one block count per model stage: {stages} = pp × chunks")
+        _require(source, "parallel.layers_per_stage", counts,
+                 all(c >= 1 for c in counts) and sum(counts) == n_layer,
+                 f"counts must be at least 1 and sum to model.n_layer = {n_layer}")
+    else:
+        _require(source, "parallel.pp", parallel.pp, stages <= n_layer,
+                 f"{stages} model stages (pp × chunks) but model.n_layer = {n_layer}: every "
+                 f"stage needs at least one transformer block")
+
+
+def validate(cfg: Config) -> Config:
+    """Value checks that the types alone do not catch."""
+    source = cfg.source
+    _check_model(source, dataclasses.asdict(cfg.model))
+    _check_train(source, cfg.train)
+    _check_data(source, cfg.data)
+    _check_parallel(source, cfg.parallel)
+    _check_checkpoint(source, cfg.checkpoint)
+    _check_layout(source, cfg)
     return cfg
 
 

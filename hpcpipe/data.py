@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import HpcpipeError
+from .files import write_atomic
 
 TOKENIZER = "bytes"  # one token per byte: vocab 256, no merges, nothing to download
 VOCAB_SIZE = 256
@@ -82,8 +83,8 @@ def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print) -> dic
 
     Files are ordered by a hash of their path before the split, so the validation tail
     is a sample of the whole corpus rather than its alphabetical end. The file is written
-    under a temporary name and renamed into place, so a crash never leaves a half file
-    that looks complete.
+    atomically (files.write_atomic), so a crash never leaves a half file that looks
+    complete.
     """
     import h5py
 
@@ -110,17 +111,15 @@ def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print) -> dic
         "sha256": hashlib.sha256(tokens.tobytes()).hexdigest(),
     }
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = f"{out}.tmp.{os.getpid()}"
-    try:
+
+    def write(tmp):
         with h5py.File(tmp, "w") as f:
             for name, part in (("train", tokens[:-n_val]), ("val", tokens[-n_val:])):
                 f.create_dataset(name, data=part, chunks=(min(_CHUNK, len(part)),),
                                  fletcher32=True)
             f.attrs.update(attrs)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    write_atomic(out, write)
     log(f"prepared {out}: {used} files, {len(tokens):,} tokens "
         f"({len(tokens) - n_val:,} train, {n_val:,} val) from {source} "
         f"in {time.perf_counter() - started:.1f} s")

@@ -119,7 +119,7 @@ def collect(comm, run_dir: str, inventory: backend.GpuInventory) -> tuple[dict, 
     import numpy
     from mpi4py import MPI
 
-    from .comm import _loaded_libmpi, query_gpu_aware_mpi
+    from .transport import _loaded_libmpi, query_gpu_aware_mpi
 
     facts, problems = {}, []
     facts["hpcpipe"] = f"{__version__} (Python {sys.version.split()[0]}, {sys.executable})"

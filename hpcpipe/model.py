@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backend
+from .dtypes import accumulation_dtype, compute_dtype
 from .layers import block, embedding, head, layernorm, loss, scope
 
 
@@ -102,26 +103,6 @@ def init_value(cfg: GPTConfig, name: str, shape, seed: int) -> np.ndarray:
     return rng.standard_normal(shape) * std
 
 
-def compute_dtype(name) -> np.dtype:
-    """The dtype named by a config: float64, float32, float16 or bfloat16 (ml_dtypes)."""
-    if str(name) == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
-def accumulation_dtype(dtype) -> np.dtype:
-    """Gradients (and master weights) of 16-bit compute are kept in float32."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
-
-
-def is_decayed(name: str, shape) -> bool:
-    """AdamW's weight decay applies to matrices (embeddings and linear weights) only."""
-    return len(shape) == 2
-
-
 class FlatBuffer:
     """One contiguous array with a named, shaped view per parameter."""
 
@@ -159,16 +140,18 @@ class Stage:
     """A contiguous slice of the GPT with F, B and W passes per microbatch.
 
     layers: the block indices this stage runs; embedding_part / head_part: whether it
-    starts with the embedding / ends with ln_f, the tied head and the loss.
+    starts with the embedding / ends with ln_f, the tied head and the loss. be: the
+    Backend it allocates and computes on (a one-thread CPU backend when not given).
     """
 
     def __init__(self, cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
-                 dtype="float32", seed=0, xp=None):
+                 dtype="float32", seed=0, be=None):
         self.cfg = cfg
         self.layers = list(range(cfg.n_layer) if layers is None else layers)
         self.embedding_part = embedding_part
         self.head_part = head_part
-        self.xp = backend.current().xp if xp is None else xp
+        self.be = backend.cpu() if be is None else be
+        self.xp = self.be.xp
         self.dtype = compute_dtype(dtype)
         # Mixed precision: weight gradients of 16-bit compute accumulate in float32.
         self.grad_dtype = accumulation_dtype(self.dtype)
@@ -224,24 +207,24 @@ class Stage:
         loss (a 0-d array) on the stage with the head — its logits (B, T, V) when no
         targets are given (generation; with keep=False only). keep=False evaluates
         without stashing anything (validation)."""
-        cfg, P = self.cfg, self.params
+        cfg, P, be = self.cfg, self.params, self.be
         caches = {}
         x = inp
         if self.embedding_part:
             T = inp.shape[1]
             if T > cfg.block_size:
                 raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
-            x, caches["embedding"] = embedding.forward(inp, P)
+            x, caches["embedding"] = embedding.forward(inp, P, be)
         for layer in self.layers:
-            x, caches[layer] = block.forward(x, scope(P, f"h.{layer}."), cfg.n_head)
+            x, caches[layer] = block.forward(x, scope(P, f"h.{layer}."), cfg.n_head, be)
         if self.head_part:
-            x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."))
-            logits, caches["head"] = head.forward(x, P)
+            x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."), be)
+            logits, caches["head"] = head.forward(x, P, be)
             if targets is None and not keep:
                 return logits
             if self.dtype.itemsize < 4:  # 16-bit compute: softmax and loss in float32
                 logits = logits.astype(np.float32)
-            x, caches["loss"] = loss.forward(logits, targets)
+            x, caches["loss"] = loss.forward(logits, targets, be)
         if keep:
             if mb in self._stash:
                 raise RuntimeError(f"microbatch {mb} already has a forward in flight")
@@ -314,9 +297,9 @@ class GPT:
         loss, grads = model.loss_and_grads(idx, targets)
     """
 
-    def __init__(self, config: GPTConfig, dtype="float32", seed=0, xp=None):
+    def __init__(self, config: GPTConfig, dtype="float32", seed=0, be=None):
         self.config = config
-        self.stage = Stage(config, dtype=dtype, seed=seed, xp=xp)
+        self.stage = Stage(config, dtype=dtype, seed=seed, be=be)
         self.xp = self.stage.xp
         self.params = self.stage.params
         self.grads = self.stage.grads
@@ -365,9 +348,9 @@ class StageSpec:
     embedding_part: bool
     head_part: bool
 
-    def build(self, cfg: GPTConfig, dtype="float32", seed=0, xp=None) -> Stage:
+    def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None) -> Stage:
         return Stage(cfg, layers=self.layers, embedding_part=self.embedding_part,
-                     head_part=self.head_part, dtype=dtype, seed=seed, xp=xp)
+                     head_part=self.head_part, dtype=dtype, seed=seed, be=be)
 
     def describe(self) -> str:
         parts = (["embedding"] if self.embedding_part else []) + (

@@ -33,14 +33,24 @@ class StepResult:
     end: float = 0.0
 
 
-class Runtime:
-    """Runs `schedule` for pipeline rank `rank` with this rank's stages (chunk → Stage)."""
+@dataclass
+class _InFlight:
+    """The messages of one step as the runtime sees them."""
 
-    def __init__(self, schedule: Schedule, rank: int, stages: dict, comm: PipeComm,
+    posted: dict = field(default_factory=dict)  # op index → [receive handle]
+    local: dict = field(default_factory=dict)  # (direction, microbatch, stage) → array in memory
+    held: dict = field(default_factory=dict)  # (microbatch, chunk) → (gradient, its op), until W
+
+
+class Runtime:
+    """Runs `schedule` for pipeline rank `rank` with this rank's stages (chunk → Stage),
+    its messages through `p2p` (comm.PipeComm)."""
+
+    def __init__(self, schedule: Schedule, rank: int, stages: dict, p2p: PipeComm,
                  trace: Trace):
         check(schedule)  # never run a schedule that could deadlock or compute wrong numbers
         self.schedule, self.rank, self.stages = schedule, rank, stages
-        self.comm, self.trace = comm, trace
+        self.p2p, self.trace = p2p, trace
         self.plan = messages(schedule, rank)
         self.chunks = schedule.chunks
 
@@ -51,82 +61,98 @@ class Runtime:
     def run_step(self, step: int, inputs, loss_scale: float, account_bytes=True,
                  on_layer_done=None, on_op_done=None) -> StepResult:
         """One step's ops. `inputs(mb)` gives (idx, targets) of microbatch mb as device
-        arrays; only the stages with the embedding or the head use them.
+        arrays; only the stages with the embedding or the head use them. `loss_scale`
+        multiplies each microbatch's loss gradient (scaling.GradScale.seed).
         `on_layer_done(chunk, names)` is called during each chunk's last W (microbatch
         m − 1: W's run in microbatch order) as its layers finish their gradients;
-        `on_op_done(chunk, kind, is_last_microbatch)` after every op."""
+        `on_op_done(chunk, kind, is_last_microbatch)` after every op (kind: a Kind)."""
         last_mb = self.schedule.num_microbatches - 1
-        trace, comm, plan = self.trace, self.comm, self.plan
+        trace = self.trace
         result = StepResult(start=trace.now())
-        posted = {}  # op index → [(message, handle)]
-        local = {}  # (direction, microbatch, stage) → array handed over in memory
-        held_recv = {}  # (microbatch, chunk) → received gradient, referenced until W
-
-        def post(i):
-            if i < len(plan) and i not in posted:
-                posted[i] = [(msg, comm.post_recv(msg.direction, msg.peer, msg.microbatch,
-                                                  msg.stage))
-                             for msg in plan[i].recvs if not msg.local]
-
-        for i in range(min(LOOKAHEAD, len(plan))):
-            post(i)
-        for i, item in enumerate(plan):
-            post(i + LOOKAHEAD)
-            op, mb = item.op, item.op.microbatch
-            stage = self.stages[op.chunk]
-            # Inputs: from other ranks (posted earlier) or handed over in memory.
-            received = None
-            if item.recvs:
-                start = trace.now()
-                for msg, handle in posted.pop(i, []):
-                    received = comm.wait_recv(handle)
-                for msg in item.recvs:
-                    if msg.local:
-                        received = local.pop((msg.direction, msg.microbatch, msg.stage))
-                end = trace.now()
-                if end - start > 1e-5:
-                    trace.add("wait", "wait", start, end, step)
+        flight = _InFlight()
+        for i in range(min(LOOKAHEAD, len(self.plan))):
+            self._post(flight, i)
+        for i, item in enumerate(self.plan):
+            self._post(flight, i + LOOKAHEAD)
+            op = item.op
+            received = self._receive(flight, i, item, step)
             start = trace.now()
-            out = None
-            if op.kind == Kind.F:
-                idx, targets = inputs(mb) if (stage.embedding_part or stage.head_part) else (None, None)
-                x = idx if stage.embedding_part else received
-                out = stage.forward(mb, x, targets, loss_scale=loss_scale)
-                if stage.head_part:
-                    result.losses[mb] = out
-                    out = None
-                self._release(received, item)  # F keeps no reference to its input
-            elif op.kind in (Kind.B, Kind.BW):
-                out = stage.backward_input(mb, received)
-                if op.kind == Kind.BW:
-                    stage.backward_weight(mb, self._hook(on_layer_done, op, last_mb))
-                    self._release(received, item)
-                elif received is not None:
-                    held_recv[(mb, op.chunk)] = (received, item)  # the block stash holds it
-            else:  # W
-                stage.backward_weight(mb, self._hook(on_layer_done, op, last_mb))
-                received, source = held_recv.pop((mb, op.chunk), (None, None))
-                if received is not None:
-                    self._release(received, source)
-            comm.backend.synchronize()
+            hook = self._hook(on_layer_done, op, last_mb)
+            out = self._compute(item, received, inputs, loss_scale, hook, flight, result)
+            self.p2p.backend.synchronize()
             trace.add(str(op), op.kind.value, start, trace.now(), step)
-            for msg in item.sends:
-                if msg.local:
-                    local[(msg.direction, msg.microbatch, msg.stage)] = out
-                elif msg.direction == FORWARD:
-                    comm.send_forward(msg.peer, msg.microbatch, msg.stage, out)
-                else:
-                    comm.send_backward(msg.peer, msg.microbatch, msg.stage, out)
-            comm.progress()
+            self._send(item, out, flight)
+            self.p2p.progress()
             if on_op_done is not None:
-                on_op_done(op.chunk, op.kind.value, mb == last_mb)
+                on_op_done(op.chunk, op.kind, op.microbatch == last_mb)
             if account_bytes:
                 count, nbytes = self._held()
                 result.peak_microbatches = max(result.peak_microbatches, count)
                 result.peak_bytes = max(result.peak_bytes, nbytes)
-        comm.finish()
+        self.p2p.finish()
         result.end = trace.now()
         return result
+
+    def _post(self, flight: _InFlight, i: int):
+        """Post the receives of op i ahead of time."""
+        if i < len(self.plan) and i not in flight.posted:
+            flight.posted[i] = [self.p2p.post_recv(msg.direction, msg.peer, msg.microbatch,
+                                                   msg.stage)
+                                for msg in self.plan[i].recvs if not msg.local]
+
+    def _receive(self, flight: _InFlight, i: int, item, step: int):
+        """The op's input: from another rank (posted earlier) or handed over in memory;
+        time blocked here is recorded as a "wait"."""
+        if not item.recvs:
+            return None
+        received = None
+        start = self.trace.now()
+        for handle in flight.posted.pop(i, []):
+            received = self.p2p.wait_recv(handle)
+        for msg in item.recvs:
+            if msg.local:
+                received = flight.local.pop((msg.direction, msg.microbatch, msg.stage))
+        end = self.trace.now()
+        if end - start > 1e-5:
+            self.trace.add("wait", "wait", start, end, step)
+        return received
+
+    def _compute(self, item, received, inputs, loss_scale, hook, flight, result):
+        """Run the op on its chunk's stage; returns what it sends on (or None)."""
+        op, mb = item.op, item.op.microbatch
+        stage = self.stages[op.chunk]
+        if op.kind == Kind.F:
+            needs_data = stage.embedding_part or stage.head_part
+            idx, targets = inputs(mb) if needs_data else (None, None)
+            out = stage.forward(mb, idx if stage.embedding_part else received, targets,
+                                loss_scale=loss_scale)
+            self._release(received, item)  # F keeps no reference to its input
+            if stage.head_part:
+                result.losses[mb] = out
+                return None
+            return out
+        if op.kind in (Kind.B, Kind.BW):
+            out = stage.backward_input(mb, received)
+            if op.kind == Kind.BW:
+                stage.backward_weight(mb, hook)
+                self._release(received, item)
+            elif received is not None:
+                flight.held[(mb, op.chunk)] = (received, item)  # the block stash holds it
+            return out
+        stage.backward_weight(mb, hook)  # W
+        received, source = flight.held.pop((mb, op.chunk), (None, None))
+        if received is not None:
+            self._release(received, source)
+        return None
+
+    def _send(self, item, out, flight: _InFlight):
+        for msg in item.sends:
+            if msg.local:
+                flight.local[(msg.direction, msg.microbatch, msg.stage)] = out
+            elif msg.direction == FORWARD:
+                self.p2p.send_forward(msg.peer, msg.microbatch, msg.stage, out)
+            else:
+                self.p2p.send_backward(msg.peer, msg.microbatch, msg.stage, out)
 
     @staticmethod
     def _hook(on_layer_done, op, last_mb):
@@ -136,5 +162,4 @@ class Runtime:
 
     def _release(self, received, item):
         if received is not None and not any(m.local for m in item.recvs):
-            self.comm.release(received)
-
+            self.p2p.release(received)

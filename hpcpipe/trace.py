@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 COMPUTE = ("F", "B", "W", "BW")
 
@@ -73,54 +73,76 @@ class StepStats:
                 "allreduce_bytes": self.allreduce_bytes}
 
 
-ROW = 9  # numbers per rank in a step's statistics row
+@dataclass
+class RankStep:
+    """One rank's numbers for one step; gathered from every rank as a float vector."""
+
+    compute_s: float = 0.0  # in F, B, W, BW ops
+    p2p_wait_s: float = 0.0  # blocked on pipeline receives
+    dp_wait_s: float = 0.0  # blocked on the data-parallel gradient reduction
+    optimizer_s: float = 0.0
+    first: float = 0.0  # start of the rank's first op
+    last: float = 0.0  # end of its last op
+    peak_bytes: int = 0  # activation bytes held at most
+    peak_microbatches: float = 0.0
+    allreduce_bytes: int = 0
+
+    SIZE = 9  # fields, in order, in `to_vector`
+
+    def to_vector(self):
+        import numpy as np
+
+        return np.array([getattr(self, f.name) for f in fields(self)], dtype=np.float64)
+
+    @classmethod
+    def from_vector(cls, vector) -> "RankStep":
+        values = [float(x) for x in vector[:cls.SIZE]]
+        step = cls(*values)
+        step.peak_bytes, step.allreduce_bytes = int(step.peak_bytes), int(step.allreduce_bytes)
+        return step
 
 
 def local_row(trace: Trace, step: int, result, dp_wait_s: float = 0.0,
-              allreduce_bytes: int = 0):
-    """This rank's numbers for `step`, as a float64 vector (gathered by `combine`)."""
-    import numpy as np
-
+              allreduce_bytes: int = 0) -> RankStep:
+    """This rank's numbers for `step` (gathered by `step_stats`)."""
     events = trace.step_events(step)
     ops = [e for e in events if e.kind in COMPUTE]
-    first = min((e.start for e in ops), default=result.start)
-    last = max((e.end for e in ops), default=result.end)
-    return np.array([sum(e.end - e.start for e in ops),
-                     sum(e.end - e.start for e in events if e.kind == "wait"),
-                     dp_wait_s,
-                     sum(e.end - e.start for e in events if e.kind == "optimizer"),
-                     first, last, result.peak_bytes, result.peak_microbatches,
-                     allreduce_bytes], dtype=np.float64)
+    return RankStep(compute_s=sum(e.end - e.start for e in ops),
+                    p2p_wait_s=sum(e.end - e.start for e in events if e.kind == "wait"),
+                    dp_wait_s=dp_wait_s,
+                    optimizer_s=sum(e.end - e.start for e in events if e.kind == "optimizer"),
+                    first=min((e.start for e in ops), default=result.start),
+                    last=max((e.end for e in ops), default=result.end),
+                    peak_bytes=result.peak_bytes, peak_microbatches=result.peak_microbatches,
+                    allreduce_bytes=allreduce_bytes)
 
 
 def step_stats(trace: Trace, step: int, result, comm, dp_wait_s: float = 0.0,
                allreduce_bytes: int = 0) -> StepStats:
     """Gather the step's timings from every rank (a small collective)."""
     row = local_row(trace, step, result, dp_wait_s, allreduce_bytes)
-    return combine(comm.allgather(row))
+    return combine([RankStep.from_vector(v) for v in comm.allgather(row.to_vector())])
 
 
-def combine(rows) -> StepStats:
-    """Every rank's row → the step's statistics.
+def combine(rows: list[RankStep]) -> StepStats:
+    """Every rank's numbers → the step's statistics.
 
     Both bubbles are defined as the simulator defines them, so the two compare directly:
     over the makespan (first op of any rank to last op of any rank: the step time when
     every step ends in a synchronisation) and over the longest per-rank span (first to
     last op of one rank: the step period when steps overlap, with post-validation)."""
-    rows = [[float(x) for x in r] for r in rows]
-    for r in rows:
-        r[6], r[8] = int(r[6]), int(r[8])
-    span = max(r[5] for r in rows) - min(r[4] for r in rows)
-    longest = max(r[5] - r[4] for r in rows)
-    busiest = max(r[0] for r in rows)
+    span = max(r.last for r in rows) - min(r.first for r in rows)
+    longest = max(r.last - r.first for r in rows)
+    busiest = max(r.compute_s for r in rows)
     return StepStats(
         bubble=1.0 - busiest / span if span > 0 else 0.0,
         bubble_span=1.0 - busiest / longest if longest > 0 else 0.0,
-        bubble_per_rank=[round(1.0 - r[0] / span, 6) if span > 0 else 0.0 for r in rows],
-        compute_s=[r[0] for r in rows], p2p_wait_s=[r[1] for r in rows],
-        dp_wait_s=[r[2] for r in rows], optimizer_s=[r[3] for r in rows],
-        peak_bytes=[r[6] for r in rows], peak_microbatches=[r[7] for r in rows],
-        allreduce_bytes=[r[8] for r in rows])
+        bubble_per_rank=[round(1.0 - r.compute_s / span, 6) if span > 0 else 0.0 for r in rows],
+        compute_s=[r.compute_s for r in rows], p2p_wait_s=[r.p2p_wait_s for r in rows],
+        dp_wait_s=[r.dp_wait_s for r in rows], optimizer_s=[r.optimizer_s for r in rows],
+        peak_bytes=[r.peak_bytes for r in rows],
+        peak_microbatches=[r.peak_microbatches for r in rows],
+        allreduce_bytes=[r.allreduce_bytes for r in rows])
 
 
 def op_times(events) -> dict[tuple[str, int], list[float]]:

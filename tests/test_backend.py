@@ -19,7 +19,6 @@ def no_launcher(monkeypatch):
     variables and leave the chosen backend as it was."""
     for var in gridlib._LOCAL_RANK_VARS:
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(backend, "_current", backend._current)
 
 
 # -- the decisions -------------------------------------------------------------------------
@@ -74,17 +73,14 @@ def test_thread_share(mask, parent, ranks, slurm, threads):
 def test_limit_threads_gives_the_share_to_hpcpipes_pool_and_one_to_blas(monkeypatch):
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from hpcpipe import layers
-
     monkeypatch.setattr(backend, "cpu_count", lambda ranks_on_node=1: 2)
     with threadpool_limits(limits=None):  # restores the pools afterwards
-        try:
-            assert backend.limit_threads(1) == 2
-            assert layers.threads() == 2
-            blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
-            assert blas and all(p["num_threads"] == 1 for p in blas)
-        finally:
-            layers.set_threads(1)
+        threads = backend.limit_threads(1)
+        assert threads == 2
+        be = backend.select("cpu", threads=threads)
+        assert be.threads == 2 and be.pool.size == 2
+        blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+        assert blas and all(p["num_threads"] == 1 for p in blas)
 
 
 # -- select() against a fake CuPy ------------------------------------------------------------

@@ -37,7 +37,7 @@ def test_smoke_without_torch_writes_json_and_profile(tmp_path, capsys):
 
 def test_profiler_puts_the_layers_back():
     before = (attention.forward, block.backward_input, linear.backward_weight)
-    with step.layer_timers(backend.current(), {}):
+    with step.layer_timers(backend.cpu(), {}):
         assert attention.forward is not before[0]
     assert (attention.forward, block.backward_input, linear.backward_weight) == before
 
@@ -62,7 +62,7 @@ def test_first_step_is_the_same_in_torch_float64():
     weights, so the benchmark compares the same work (F, B, W and the optimizer)."""
     torch = pytest.importorskip("torch")
     cfg = step.CONFIGS["tiny"]
-    be = backend.current()
+    be = backend.cpu()
     ours, theirs, loss, torch_loss = step.first_losses(cfg, be, "float64", 2, torch)
     assert abs(loss - torch_loss) <= 1e-10 * abs(torch_loss)
     mine = dict(theirs.model.named_parameters())

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from gradcheck import check
-from hpcpipe import layers
+from hpcpipe import backend, layers
 from hpcpipe.layers import attention, block, gelu, layernorm
 from hpcpipe.model import FlatBuffer, GPTConfig, Stage
-from hpcpipe.optim import AdamW
+from hpcpipe.optim import AdamW, ParamShard
+from hpcpipe.threads import ThreadPool
 
 B, T, C, NH = 2, 7, 8, 2
 
@@ -75,9 +76,9 @@ def test_adamw_blocks_give_the_one_block_numbers(monkeypatch, rng):
     def steps():
         p, g = FlatBuffer(layout, np, "float32"), FlatBuffer(layout, np, "float32")
         p.data[...], g.data[...] = 1.0, g0
-        opt = AdamW(p, g)
+        opt = AdamW(ParamShard(p), backend.cpu())
         for _ in range(3):
-            opt.step(0.1, grad_scale=0.5)
+            opt.step(g.data, 0.1, grad_scale=0.5)
         return p.data
 
     whole = steps()
@@ -159,20 +160,20 @@ def test_the_thread_count_changes_no_number(small_pieces, monkeypatch):
     idx, targets = rng.integers(0, 11, (B, T)), rng.integers(0, 11, (B, T))
 
     def step(threads):
-        layers.set_threads(threads)
+        be = backend.cpu(threads)
         try:
-            stage = Stage(cfg, dtype="float32", seed=1)
-            opt = AdamW(stage.param_buffer, stage.grad_buffer)
+            stage = Stage(cfg, dtype="float32", seed=1, be=be)
+            opt = AdamW(ParamShard(stage.param_buffer), be)
             for _ in range(2):
                 stage.zero_grad()
                 stage.forward(0, idx, targets)
                 stage.backward_input(0)
                 stage.backward_weight(0)
                 stage.add_head_grad()
-                opt.step(1e-2)
+                opt.step(stage.grad_buffer.data, 1e-2)
             return stage.param_buffer.data.copy()
         finally:
-            layers.set_threads(1)
+            be.pool.stop()
 
     one = step(1)
     assert len(layers.cuts(4 * C, 2 * B * T * 4 * C * C, smallest=2)) > 1  # c_fc was cut
@@ -180,7 +181,7 @@ def test_the_thread_count_changes_no_number(small_pieces, monkeypatch):
 
 
 def test_for_each_runs_every_item_once_and_raises_a_workers_error():
-    layers.set_threads(3)
+    pool = ThreadPool(3)
     try:
         seen = []
         barrier = threading.Barrier(3, timeout=30)  # every thread holds one of the first items
@@ -190,7 +191,7 @@ def test_for_each_runs_every_item_once_and_raises_a_workers_error():
                 barrier.wait()
             seen.append((i, slot))
 
-        layers.for_each(np, range(12), record)
+        pool.for_each(range(12), record)
         assert sorted(i for i, _ in seen) == list(range(12))
         assert {slot for _, slot in seen} == {0, 1, 2}
 
@@ -203,16 +204,16 @@ def test_for_each_runs_every_item_once_and_raises_a_workers_error():
                 raise ValueError(f"item {i} on a worker")
 
         with pytest.raises(ValueError, match="on a worker"):
-            layers.for_each(np, range(12), fail)
+            pool.for_each(range(12), fail)
 
         # A call nested in an item runs in order on that item's thread, with its slot:
         # two threads never share a workspace.
         inner = []
-        layers.for_each(np, range(6), lambda i, slot: layers.for_each(
-            np, range(4), lambda j, s: inner.append((i, j, s == slot))))
+        pool.for_each(range(6), lambda i, slot: pool.for_each(
+            range(4), lambda j, s: inner.append((i, j, s == slot))))
         assert sorted(inner) == [(i, j, True) for i in range(6) for j in range(4)]
     finally:
-        layers.set_threads(1)
+        pool.stop()
 
 
 @pytest.mark.parametrize("shape", [(40, 6, 9), (7, 40, 5), (6, 50, 9)],
@@ -225,28 +226,28 @@ def test_matmul_cut_three_ways_is_the_product(shape, monkeypatch, rng):
     M, K, N = shape
     a, b, bias = rng.standard_normal((M, K)), rng.standard_normal((K, N)), rng.standard_normal(N)
     assert max(len(layers.cuts(n, 2 * M * K * N, smallest=2)) for n in (M, K, N)) > 1
-    layers.set_threads(2)
+    be = backend.cpu(2)
     try:
         out = np.empty((M, N))
-        layers.matmul(np, a, b, out)
+        layers.matmul(be, a, b, out)
         np.testing.assert_allclose(out, a @ b, rtol=1e-13, atol=1e-13)
-        layers.matmul(np, a.T.copy().T, b, out, bias=bias)  # strided operands too
+        layers.matmul(be, a.T.copy().T, b, out, bias=bias)  # strided operands too
         np.testing.assert_allclose(out, a @ b + bias, rtol=1e-13, atol=1e-13)
     finally:
-        layers.set_threads(1)
+        be.pool.stop()
 
 
 def test_a_forked_child_starts_a_pool_of_its_own():
     """The parent's pool threads do not exist in a fork: the child must not wait on them."""
-    layers.set_threads(2)
+    pool = ThreadPool(2)
     try:
-        layers.for_each(np, range(4), lambda i, slot: None)  # the parent's pool is up
+        pool.for_each(range(4), lambda i, slot: None)  # the parent's pool is up
         with warnings.catch_warnings():  # 3.12 warns about forking a threaded process
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
         if pid == 0:  # the child: exit 0 only if a parallel for_each completes
             done = []
-            layers.for_each(np, range(4), lambda i, slot: done.append(i))
+            pool.for_each(range(4), lambda i, slot: done.append(i))
             os._exit(0 if sorted(done) == [0, 1, 2, 3] else 1)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -258,4 +259,4 @@ def test_a_forked_child_starts_a_pool_of_its_own():
         os.kill(pid, 9)
         pytest.fail("the forked child hung in for_each")
     finally:
-        layers.set_threads(1)
+        pool.stop()

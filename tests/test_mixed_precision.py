@@ -8,11 +8,9 @@ from mpi4py import MPI
 
 from hpcpipe import backend, config
 from hpcpipe import grid as gridlib
-from hpcpipe.comm import PipeComm
-from hpcpipe.pipeline import LossScaler, MasterWeights, RankModel
-from hpcpipe.runtime import Runtime
+from hpcpipe.rank import Rank
+from hpcpipe.scaling import LossScaler
 from hpcpipe.schedules import generate
-from hpcpipe.trace import Trace
 
 B, M = 4, 2
 
@@ -27,9 +25,7 @@ def run(dtype, steps=25, loss_scale=0.0):
     grid = gridlib.build(MPI.COMM_SELF, 1, 1)
     be = backend.select("cpu")
     schedule = generate("zb-h1", 1, M)
-    model = RankModel(cfg, grid, be, schedule)
-    pipe = PipeComm(grid.pipe, be, (B, 8, 16), model.stages[0].dtype, M, 1)
-    runtime = Runtime(schedule, 0, model.stages, pipe, Trace(rank=0))
+    rank = Rank.build(cfg, grid, be, schedule)
     # A learnable stream: each token is the previous one plus 3, modulo the vocabulary.
     rng = np.random.default_rng(0)
     losses = []
@@ -41,33 +37,33 @@ def run(dtype, steps=25, loss_scale=0.0):
             rows = slice(mb * B, (mb + 1) * B)
             return tokens[rows, :-1], tokens[rows, 1:]
 
-        [out] = model.train_step(runtime, step, inputs, cfg.train.lr, cfg.train.grad_clip)
+        [out] = rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip)
         losses.append(out.loss)
-    return model, losses
+    return rank, losses
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_16_bit_training_tracks_float32(dtype):
     _, reference = run("float32")
-    model, losses = run(dtype)
-    stage = model.stages[0]
+    rank, losses = run(dtype)
+    stage = rank.model.stages[0]
     assert stage.param_buffer.data.dtype.name == dtype
     assert stage.grad_buffer.data.dtype == np.float32
-    for _, opt in model.optimizers:
-        assert isinstance(opt.params, MasterWeights) and opt.params.data.dtype == np.float32
+    for opt in rank.step.optimizer.adams:
+        assert opt.shard.has_master and opt.shard.master.dtype == np.float32
         assert opt.m.dtype == np.float32
     assert losses[-1] < losses[0] - 1.0  # it learns
     assert abs(losses[-1] - reference[-1]) < 0.1 * reference[-1]  # as float32 does
     # The rounded weights are the master weights, rounded.
-    opt = model.optimizers[0][1]
-    np.testing.assert_array_equal(stage.param_buffer.data, opt.params.data.astype(dtype))
+    opt = rank.step.optimizer.adams[0]
+    np.testing.assert_array_equal(stage.param_buffer.data, opt.shard.master.astype(dtype))
 
 
 def test_float16_uses_a_dynamic_loss_scale():
-    model, _ = run("float16", steps=3)
-    assert model.scaler.dynamic and model.scaler.scale == 2.0**16
+    rank, _ = run("float16", steps=3)
+    assert rank.step.scaler.dynamic and rank.step.scaler.scale == 2.0**16
     fixed, _ = run("float32", steps=1, loss_scale=128.0)
-    assert not fixed.scaler.dynamic and fixed.scaler.scale == 128.0
+    assert not fixed.step.scaler.dynamic and fixed.step.scaler.scale == 128.0
 
 
 def test_loss_scaler_backs_off_and_grows():

@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
+from hpcpipe import backend
 from hpcpipe.model import FlatBuffer
-from hpcpipe.optim import AdamW, clip_coefficient, global_norm, learning_rate
+from hpcpipe.optim import AdamW, ParamShard, clip_coefficient, global_norm, learning_rate
 
 LAYOUT = [("wte", (3, 2)), ("ln_f.bias", (2,))]
 
@@ -21,7 +22,8 @@ def buffers(rng):
 def test_adamw_matches_reference_over_several_steps():
     rng = np.random.default_rng(0)
     params, grads = buffers(rng)
-    opt = AdamW(params, grads, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    opt = AdamW(ParamShard(params), backend.cpu(), beta1=0.9, beta2=0.95, eps=1e-8,
+                weight_decay=0.1)
     p = params.data.copy()
     m = np.zeros_like(p)
     v = np.zeros_like(p)
@@ -30,7 +32,7 @@ def test_adamw_matches_reference_over_several_steps():
         g = rng.standard_normal(p.size)
         grads.data[...] = g
         lr, scale = 0.01 * t, 0.5
-        opt.step(lr, grad_scale=scale)
+        opt.step(grads.data, lr, grad_scale=scale)
         g = g * scale
         m = 0.9 * m + 0.1 * g
         v = 0.95 * v + 0.05 * g * g

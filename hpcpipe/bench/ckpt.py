@@ -12,7 +12,7 @@ import time
 from .. import backend, config
 from .. import checkpoint as ckpt
 from .. import grid as gridlib
-from ..pipeline import RankModel
+from ..rank import Rank
 from ..schedules import generate
 from .common import write_json
 
@@ -41,18 +41,18 @@ def run_ckpt(args) -> int:
 
     world = MPI.COMM_WORLD
     cfg = config.load(args.config, args.overrides)
-    p, t = cfg.parallel, cfg.train
-    grid = gridlib.build(world, p.dp, p.pp, p.rank_order, source=cfg.source)
-    be = backend.select(t.device, grid.local_rank)
-    schedule = generate("1f1b" if p.schedule == "auto" else p.schedule, p.pp, p.microbatches,
-                        v=cfg.chunks)
+    parallel, train = cfg.parallel, cfg.train
+    grid = gridlib.build(world, parallel.dp, parallel.pp, parallel.rank_order, source=cfg.source)
+    be = backend.select(train.device, grid.local_rank)
+    schedule = generate("1f1b" if parallel.schedule == "auto" else parallel.schedule,
+                        parallel.pp, parallel.microbatches, v=cfg.chunks)
     tick = time.perf_counter()
-    model = RankModel(cfg, grid, be, schedule)
+    rank = Rank.build(cfg, grid, be, schedule)
     built = time.perf_counter() - tick
     folder = args.dir or (tempfile.mkdtemp(prefix="hpcpipe-bench-ckpt-") if world.rank == 0
                           else None)
     folder = world.bcast(folder, root=0)
-    saved = ckpt.save(model, cfg, 1, folder, {"bench": True}, keep=1)
+    saved = ckpt.save(rank, cfg, 1, folder, {"bench": True}, keep=1)
     verify_s = 0.0
     if world.rank == 0:
         tick = time.perf_counter()
@@ -62,14 +62,14 @@ def run_ckpt(args) -> int:
     manifest = world.bcast(ckpt.read_manifest(saved.path) if world.rank == 0 else None, root=0)
     world.Barrier()
     tick = time.perf_counter()
-    ckpt.load(model, cfg, saved.path, manifest)
+    ckpt.load(rank, cfg, saved.path, manifest)
     world.Barrier()
     load_s = time.perf_counter() - tick
     if world.rank == 0:
         params = sum(f["size"] for n, f in manifest["files"].items() if n.startswith("model"))
         optim = sum(f["size"] for n, f in manifest["files"].items() if n.startswith("optim"))
         print(f"{args.config}: {cfg.model.n_layer} layers, n_embd {cfg.model.n_embd}, vocab "
-              f"{cfg.model.vocab_size}, {t.dtype}, dp {p.dp} × pp {p.pp} "
+              f"{cfg.model.vocab_size}, {train.dtype}, dp {parallel.dp} × pp {parallel.pp} "
               f"(model built in {built:.1f} s)")
         print("| save s | verify s | load s | parameters MiB | optimizer MiB | total MiB |")
         print("|---|---|---|---|---|---|")

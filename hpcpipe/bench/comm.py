@@ -4,8 +4,10 @@ hides behind its W passes.
 
 Point-to-point: a ping-pong between world ranks 0 and 1 through PipeComm (the pipeline's
 tagged, non-blocking messages) and through plain Isend/Irecv. All-reduce: the gradient
-reduction of GradSync (buckets of `--bucket-mb`, non-blocking, one scale) against one
-plain Allreduce of the whole buffer, over all ranks. Sizes run from 4 KiB to 256 MiB.
+reduction of GradSync (buckets of `--bucket-mb`, non-blocking) against one plain
+Allreduce of the whole buffer, over all ranks. Sizes run from 4 KiB to 256 MiB. On a GPU
+whose MPI is not CUDA-aware the raw baselines are staged through host memory by the same
+Transport, as training's messages are: such an MPI handed a device buffer crashes.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import numpy as np
 from .. import __version__, backend, config
 from .. import grid as gridlib
 from ..comm import FORWARD, PipeComm
-from ..gradsync import GradSync
+from ..gradsync import BucketPlan, GradSync
 from ..model import FlatBuffer
+from ..transport import Transport, resolve_gpu_aware
 from .common import write_json
 
 EPILOG = """\
@@ -90,103 +93,123 @@ def run_comm(args) -> int:
             print(msg, flush=True)
 
     be = backend.select("auto", 0)
-    log(f"hpcpipe {__version__} bench comm | {world.size} ranks | {be.describe()} | "
-        f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
-    sizes = list(_sizes(int(args.min_kb * 1024), int(args.max_mb * 2**20)))
-    rows = []
+    transport = Transport(be, resolve_gpu_aware("auto", be))
+    log(f"hpcpipe {__version__} bench comm | {world.size} ranks | {be.describe()}"
+        + (" (staged through pinned host memory)" if transport.staged else "")
+        + f" | MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
     # Point-to-point between ranks 0 and 1 of a pipeline of all ranks.
     grid = gridlib.build(world, 1, world.size, source="bench comm")
     pair = grid.pipe.Split(0 if grid.pipe.rank < 2 else MPI.UNDEFINED, key=grid.pipe.rank)
     # All-reduce over every rank, as the replicas of one stage.
     dgrid = gridlib.build(world, world.size, 1, source="bench comm")
-    for nbytes in sizes:
-        n = nbytes // 4
+    rows = []
+    for nbytes in _sizes(int(args.min_kb * 1024), int(args.max_mb * 2**20)):
         repeats = _repeats(nbytes, args.repeats)
         row = {"bytes": nbytes}
         if pair != MPI.COMM_NULL:
-            a = be.xp.ones(n, np.float32)
-            b = be.xp.zeros(n, np.float32)
-            pipe = PipeComm(pair, be, (n,), np.float32, 1, 2)
-            me, peer = pair.rank, 1 - pair.rank
-
-            def ping_hpcpipe():
-                if me == 0:
-                    pipe.send_forward(peer, 0, 1, a)
-                    pipe.finish()
-                    pipe.release(pipe.wait_recv(pipe.post_recv(FORWARD, peer, 0, 0)))
-                else:
-                    got = pipe.wait_recv(pipe.post_recv(FORWARD, peer, 0, 1))
-                    pipe.send_forward(peer, 0, 0, got)
-                    pipe.finish()
-                    pipe.release(got)
-
-            def ping_raw():
-                if me == 0:
-                    pair.Isend(a, dest=peer, tag=7).Wait()
-                    pair.Irecv(b, source=peer, tag=7).Wait()
-                else:
-                    pair.Irecv(b, source=peer, tag=7).Wait()
-                    pair.Isend(b, dest=peer, tag=7).Wait()
-
-            ours = _median_time(ping_hpcpipe, repeats, pair) / 2
-            raw = _median_time(ping_raw, repeats, pair) / 2
-            row.update(p2p_hpcpipe_gbs=nbytes / ours / 1e9, p2p_raw_gbs=nbytes / raw / 1e9)
-        # All-reduce: GradSync's buckets over a one-tensor "stage" against one Allreduce.
-        layout = [("h.0.mlp.c_fc.weight", (n,))]
-        grads = FlatBuffer(layout, be.xp, np.float32)
-        stage = SimpleNamespace(grad_buffer=grads, param_buffer=grads)
-        sync = GradSync({0: stage}, dgrid, be, int(args.bucket_mb * 2**20))
-        raw_buf = be.xp.ones(n, np.float32)
-
-        def reduce_hpcpipe():
-            sync.reset()
-            sync.launch_rest()
-            sync.wait()
-
-        def reduce_raw():
-            world.Allreduce(MPI.IN_PLACE, raw_buf, op=MPI.SUM)
-
-        ours = _median_time(reduce_hpcpipe, repeats, world)
-        raw = _median_time(reduce_raw, repeats, world)
-        bus = 2 * (world.size - 1) / world.size * nbytes
-        row.update(allreduce_hpcpipe_gbs=bus / ours / 1e9, allreduce_raw_gbs=bus / raw / 1e9)
+            row.update(_p2p(pair, transport, nbytes, repeats))
+        row.update(_allreduce(dgrid, transport, nbytes, repeats, args.bucket_mb))
         rows.append(row)
-        if is_root:
-            p2p = (f"p2p {row['p2p_hpcpipe_gbs']:6.2f} vs {row['p2p_raw_gbs']:6.2f} GB/s"
-                   if "p2p_raw_gbs" in row else "")
-            log(f"{_fmt(nbytes):>8}  {p2p}  all-reduce {row['allreduce_hpcpipe_gbs']:6.2f} vs "
-                f"{row['allreduce_raw_gbs']:6.2f} GB/s")
+        p2p = (f"p2p {row['p2p_hpcpipe_gbs']:6.2f} vs {row['p2p_raw_gbs']:6.2f} GB/s"
+               if "p2p_raw_gbs" in row else "")
+        log(f"{_fmt(nbytes):>8}  {p2p}  all-reduce {row['allreduce_hpcpipe_gbs']:6.2f} vs "
+            f"{row['allreduce_raw_gbs']:6.2f} GB/s")
     rows = world.bcast(rows if is_root else None, root=0)
-
-    overlap = None if args.skip_overlap else measure_overlap(world, be, log)
+    overlap = None if args.skip_overlap else measure_overlap(world, be, transport)
     if is_root:
-        print()
-        print("| size | p2p hpcpipe GB/s | p2p raw GB/s | ratio | all-reduce hpcpipe GB/s "
-              "| all-reduce raw GB/s | ratio |")
-        print("|---|---|---|---|---|---|---|")
-        for r in rows:
-            print(f"| {_fmt(r['bytes'])} | {r.get('p2p_hpcpipe_gbs', 0):.2f} | "
-                  f"{r.get('p2p_raw_gbs', 0):.2f} | "
-                  f"{r.get('p2p_hpcpipe_gbs', 0) / max(r.get('p2p_raw_gbs', 1e-12), 1e-12):.2f} | "
-                  f"{r['allreduce_hpcpipe_gbs']:.2f} | {r['allreduce_raw_gbs']:.2f} | "
-                  f"{r['allreduce_hpcpipe_gbs'] / r['allreduce_raw_gbs']:.2f} |")
-        if overlap:
-            print(f"\noverlap in a dp = {world.size} training step: gradient all-reduce "
-                  f"{overlap['blocking_ms']:.1f} ms when run alone, {overlap['exposed_ms']:.1f} ms "
-                  f"exposed after the W passes: {overlap['hidden_fraction']:.0%} hidden")
+        _print_table(rows, overlap, world.size)
         if args.json:
             print(f"\nwrote {write_json(args.json, {'suite': 'comm', 'ranks': world.size, 'rows': rows, 'overlap': overlap})}")
     return 0
 
 
-def measure_overlap(world, be, log) -> dict:
+def _p2p(pair, transport, nbytes: int, repeats: int) -> dict:
+    """Ping-pong bandwidth between the two ranks of `pair`: PipeComm against Isend/Irecv
+    (each staged alike when the transport stages)."""
+    n, xp = nbytes // 4, transport.backend.xp
+    a, b = xp.ones(n, np.float32), xp.zeros(n, np.float32)
+    p2p = PipeComm(pair, transport, (n,), np.float32, 1, 2)
+    me, peer = pair.rank, 1 - pair.rank
+
+    def ping_hpcpipe():
+        if me == 0:
+            p2p.send_forward(peer, 0, 1, a)
+            p2p.finish()
+            p2p.release(p2p.wait_recv(p2p.post_recv(FORWARD, peer, 0, 0)))
+        else:
+            got = p2p.wait_recv(p2p.post_recv(FORWARD, peer, 0, 1))
+            p2p.send_forward(peer, 0, 0, got)
+            p2p.finish()
+            p2p.release(got)
+
+    def ping_raw():
+        # Straight from and into the arrays; staged only where MPI cannot take them.
+        send = transport.outgoing(a if me == 0 else b)
+        recv = transport.empty(n, np.float32) if transport.staged else b
+        if me == 0:
+            pair.Isend(send, dest=peer, tag=7).Wait()
+            pair.Irecv(recv, source=peer, tag=7).Wait()
+        else:
+            pair.Irecv(recv, source=peer, tag=7).Wait()
+            pair.Isend(send, dest=peer, tag=7).Wait()
+        if transport.staged:
+            transport.to_device(recv, out=b)
+            transport.release(send)
+            transport.release(recv)
+
+    ours = _median_time(ping_hpcpipe, repeats, pair) / 2
+    raw = _median_time(ping_raw, repeats, pair) / 2
+    return {"p2p_hpcpipe_gbs": nbytes / ours / 1e9, "p2p_raw_gbs": nbytes / raw / 1e9}
+
+
+def _allreduce(dgrid, transport, nbytes: int, repeats: int, bucket_mb: float) -> dict:
+    """Bus bandwidth of GradSync's buckets over a one-tensor "stage" against one
+    Allreduce of the same bytes."""
+    from mpi4py import MPI
+
+    n, world = nbytes // 4, dgrid.world
+    grads = FlatBuffer([("h.0.mlp.c_fc.weight", (n,))], transport.backend.xp, np.float32)
+    stage = SimpleNamespace(grad_buffer=grads, param_buffer=grads, embedding_part=True)
+    plan = BucketPlan({0: stage}, int(bucket_mb * 2**20), dgrid.dp, dgrid.dp_rank, zero=False)
+    sync = GradSync(plan, dgrid.data, transport)
+    raw_buf = transport.backend.xp.ones(n, np.float32)
+
+    def reduce_hpcpipe():
+        sync.reset()
+        sync.launch_rest()
+        sync.wait()
+
+    def reduce_raw():
+        transport.allreduce_sum(world, raw_buf)
+
+    ours = _median_time(reduce_hpcpipe, repeats, world)
+    raw = _median_time(reduce_raw, repeats, world)
+    bus = 2 * (world.size - 1) / world.size * nbytes
+    return {"allreduce_hpcpipe_gbs": bus / ours / 1e9, "allreduce_raw_gbs": bus / raw / 1e9}
+
+
+def _print_table(rows, overlap, ranks: int):
+    print()
+    print("| size | p2p hpcpipe GB/s | p2p raw GB/s | ratio | all-reduce hpcpipe GB/s "
+          "| all-reduce raw GB/s | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {_fmt(r['bytes'])} | {r.get('p2p_hpcpipe_gbs', 0):.2f} | "
+              f"{r.get('p2p_raw_gbs', 0):.2f} | "
+              f"{r.get('p2p_hpcpipe_gbs', 0) / max(r.get('p2p_raw_gbs', 1e-12), 1e-12):.2f} | "
+              f"{r['allreduce_hpcpipe_gbs']:.2f} | {r['allreduce_raw_gbs']:.2f} | "
+              f"{r['allreduce_hpcpipe_gbs'] / r['allreduce_raw_gbs']:.2f} |")
+    if overlap:
+        print(f"\noverlap in a dp = {ranks} training step: gradient all-reduce "
+              f"{overlap['blocking_ms']:.1f} ms when run alone, {overlap['exposed_ms']:.1f} ms "
+              f"exposed after the W passes: {overlap['hidden_fraction']:.0%} hidden")
+
+
+def measure_overlap(world, be, transport) -> dict:
     """How much of the gradient all-reduce a dp training step hides behind its W passes:
     the exposed wait at the end of the step against the same reduction run by itself."""
-    from ..comm import PipeComm as _PipeComm
-    from ..pipeline import RankModel
-    from ..runtime import Runtime
+    from ..rank import Rank
     from ..schedules import generate
-    from ..trace import Trace
 
     dp = world.size
     cfg = config.from_dict({
@@ -195,24 +218,21 @@ def measure_overlap(world, be, log) -> dict:
         "parallel": {"dp": dp, "pp": 1, "microbatches": 2, "bucket_mb": 1.0},
     }, source="bench comm")
     grid = gridlib.build(world, dp, 1, source="bench comm")
-    schedule = generate("1f1b", 1, 2)
-    model = RankModel(cfg, grid, be, schedule)
-    pipe = _PipeComm(grid.pipe, be, (2, 64, 256), "float32", 2, 1)
-    runtime = Runtime(schedule, 0, model.stages, pipe, Trace(rank=world.rank))
+    rank = Rank.build(cfg, grid, be, generate("1f1b", 1, 2), gpu_aware=not transport.staged)
     rng = np.random.default_rng(world.rank)
     tokens = rng.integers(0, 256, (4, 65))
     batches = [(be.from_host(tokens[i * 2:(i + 1) * 2, :-1]),
                 be.from_host(tokens[i * 2:(i + 1) * 2, 1:])) for i in range(2)]
+    sync = rank.step.gradsync
     exposed = []
     for step in range(6):
         world.Barrier()
-        model.train_step(runtime, step + 1, batches.__getitem__, 1e-4, 1.0)
+        rank.train_step(step + 1, batches.__getitem__, 1e-4, 1.0)
         if step >= 2:
             # The last rank to finish its W's waits only for what is left of the
             # reduction; the others' longer waits are that rank's lateness, not
             # communication.
-            exposed.append(world.allreduce(model.gradsync.wait_s, op=_mpi_min()))
-    sync = model.gradsync
+            exposed.append(world.allreduce(sync.wait_s, op=_mpi_min()))
     alone = []
     for _ in range(5):
         sync.reset()

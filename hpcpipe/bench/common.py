@@ -8,6 +8,8 @@ import platform
 import socket
 import time
 
+from ..files import write_text_atomic
+
 
 def machine_name() -> str:
     return f"{socket.gethostname()}-{platform.machine()}"
@@ -17,6 +19,4 @@ def write_json(path: str, result: dict) -> str:
     """Write `result` (adding when and where it was measured) as indented JSON."""
     result = {"machine": machine_name(), "date": time.strftime("%Y-%m-%d"), **result}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-    return path
+    return write_text_atomic(path, json.dumps(result, indent=2))

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import __version__, backend, config
 from .. import grid as gridlib
 from .. import trace as tracelib
-from ..comm import PipeComm, pipeline_message_time
-from ..pipeline import RankModel
-from ..runtime import Runtime
+from ..comm import pipeline_message_time
+from ..rank import Rank
 from ..schedules import Costs, ScheduleError, generate, simulate
 from ..train import profiled_costs
 from .common import write_json
@@ -59,18 +59,41 @@ def add_parser(sub):
     return pipe
 
 
-def run_pipeline(args) -> int:
-    from mpi4py import MPI
+@dataclass
+class Contender:
+    """One schedule under test, with a rank of its own and what it measured."""
 
-    world = MPI.COMM_WORLD
-    pp = world.size
-    is_root = world.rank == 0
+    kind: str
+    rank: Rank
+    trace: object
+    sim: object = None  # the simulator's prediction from the measured costs
+    times: list = field(default_factory=list)  # step periods, one per round
+    bubbles: list = field(default_factory=list)
+    peak_bytes: int = 0
+    step: int = 0
 
-    def log(msg):
-        if is_root:
-            print(msg, flush=True)
+    def run_steps(self, world, inputs, count: int, record: bool = True):
+        """`count` consecutive steps; their mean time is the step period (steps overlap
+        when post-validation lets them)."""
+        from mpi4py import MPI
 
-    cfg = config.from_dict({
+        finished = []
+        world.Barrier()  # every schedule starts from the same line
+        tick = time.perf_counter()
+        for _ in range(count):
+            self.step += 1
+            finished += self.rank.train_step(self.step, inputs, 1e-4, 0.0)
+        finished += self.rank.flush()
+        elapsed = world.allreduce(time.perf_counter() - tick, op=MPI.MAX) / count
+        if record:
+            self.times.append(elapsed)
+            for outcome in finished:
+                self.bubbles.append(outcome.stats.bubble)
+                self.peak_bytes = max(self.peak_bytes, max(outcome.stats.peak_bytes))
+
+
+def bench_config(args, pp: int):
+    return config.from_dict({
         "model": {"n_layer": args.layers, "n_head": args.heads, "n_embd": args.embd,
                   "block_size": args.block, "vocab_size": 256},
         # Overlapping steps need post-validation; no clipping, so that no optimistic
@@ -79,12 +102,97 @@ def run_pipeline(args) -> int:
                   "device": "auto", "post_validation": not args.synchronous, "grad_clip": 0.0},
         "parallel": {"pp": pp, "microbatches": args.microbatches, "schedule": "1f1b"},
     }, source="bench pipeline")
+
+
+def contender(kind, cfg, grid, be, schedule, world) -> Contender:
+    trace = tracelib.Trace(rank=world.rank)
+    return Contender(kind, Rank.build(cfg, grid, be, schedule, trace), trace)
+
+
+def measure_costs(cfg, grid, be, world, inputs, shape) -> Costs:
+    """F, B, W per stage and one message's time, measured with ZB-H1 (its B and W are
+    split), for the simulator's predictions and for auto."""
+    pp, m = grid.pp, cfg.parallel.microbatches
+    profile = contender("zb-h1", cfg, grid, be, generate("zb-h1", pp, m), world)
+    profile.run_steps(world, inputs, 2, record=False)
+    profile.run_steps(world, inputs, 3)
+    comm_s = pipeline_message_time(grid.pipe, shape, "float32")
+    return world.bcast(profiled_costs(profile.trace, profile.rank.model, grid,
+                                      range(3, profile.step + 1), comm_s), root=0)
+
+
+def contenders(kinds, cfg, grid, be, world, costs, memory_limit, log) -> list[Contender]:
+    """A Contender per schedule that can run here, each with its simulated prediction."""
+    pp, m = grid.pp, cfg.parallel.microbatches
+    out = []
+    for kind in kinds:
+        try:
+            if kind == "auto":
+                schedule = generate("auto", pp, m, costs=costs,
+                                    memory_limit=memory_limit or 2 * pp, objective="makespan")
+            else:
+                schedule = generate(kind, pp, m)
+            entry = contender(kind, cfg, grid, be, schedule, world)
+        except (ScheduleError, ValueError) as e:  # e.g. more stages than layers for zb-v
+            log(f"skipping {kind}: {e}")
+            continue
+        # The simulator charges per model stage; chunked schedules split each rank's
+        # measured stage cost evenly over its chunks.
+        v = schedule.chunks
+        per = lambda xs: [xs[schedule.rank_chunk_of(s)[0]] / v for s in range(schedule.num_stages)]
+        entry.sim = simulate(schedule, Costs(f=per(costs.f), b=per(costs.b),
+                                             w=per(costs.w), comm=costs.comm))
+        out.append(entry)
+    return out
+
+
+def result_rows(entries: list[Contender], tokens_per_step: int) -> list[dict]:
+    base = next((e for e in entries if e.kind == "1f1b"), entries[0])
+    base_tps = tokens_per_step / float(np.median(base.times))
+    rows = []
+    for e in entries:
+        step_s = float(np.median(e.times))
+        tps = tokens_per_step / step_s
+        rows.append({"schedule": e.kind, "step_ms": step_s * 1e3, "tokens_per_s": tps,
+                     "bubble_measured": float(np.median(e.bubbles)),
+                     # Both over the step's makespan: the tied embedding's gradient sum
+                     # ties the first stage's next step to the last stage, so steps
+                     # barely overlap even with post-validation.
+                     "bubble_simulated": 1 - max(e.sim.busy) / e.sim.makespan,
+                     "peak_activation_bytes": int(e.peak_bytes),
+                     "peak_activations": max(e.sim.peak_activations),
+                     "vs_1f1b": tps / base_tps})
+    return rows
+
+
+def print_rows(rows):
+    print()
+    print("| schedule | step ms | tokens/s | bubble measured | bubble simulated | "
+          "peak activations | vs 1F1B |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['schedule']} | {row['step_ms']:.1f} | {row['tokens_per_s']:,.0f} | "
+              f"{row['bubble_measured']:.1%} | {row['bubble_simulated']:.1%} | "
+              f"{row['peak_activation_bytes'] / 2**20:.1f} MiB ({row['peak_activations']:g} mb)"
+              f" | {row['vs_1f1b']:.3f}× |")
+
+
+def run_pipeline(args) -> int:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    pp = world.size
+
+    def log(msg):
+        if world.rank == 0:
+            print(msg, flush=True)
+
+    cfg = bench_config(args, pp)
     grid = gridlib.build(world, 1, pp, source="bench pipeline")
     threads = backend.limit_threads(grid.local_size)
-    be = backend.select("auto", grid.local_rank)
+    be = backend.select("auto", grid.local_rank, threads=threads)
     cores = backend.cpu_count()
     m, B, T, C = args.microbatches, args.micro_batch_size, args.block, args.embd
-    kinds = [k.strip() for k in args.schedules.split(",") if k.strip()]
     log(f"hpcpipe {__version__} bench pipeline | {grid.describe()} | {be.describe()}, "
         f"{threads} thread(s) per rank on {cores} core(s)")
     if not be.is_gpu and grid.local_size > cores:
@@ -94,119 +202,33 @@ def run_pipeline(args) -> int:
         f"sequences ({m * B * T:,} tokens/step); {args.rounds} rounds × {args.steps} steps; "
         + ("optimizer post-validation" if not args.synchronous else "synchronous optimizer")
         + "; bubbles over each step's makespan")
-
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, 256, (m * B, T + 1))
-    data = [(be.from_host(tokens[i * B:(i + 1) * B, :-1]), be.from_host(tokens[i * B:(i + 1) * B, 1:]))
-            for i in range(m)]
+    tokens = np.random.default_rng(0).integers(0, 256, (m * B, T + 1))
+    data = [(be.from_host(tokens[i * B:(i + 1) * B, :-1]),
+             be.from_host(tokens[i * B:(i + 1) * B, 1:])) for i in range(m)]
     inputs = data.__getitem__
-
-    def setup(kind, schedule):
-        model = RankModel(cfg, grid, be, schedule)
-        comm = PipeComm(grid.pipe, be, (B, T, C), "float32", m, schedule.num_stages)
-        trace = tracelib.Trace(rank=world.rank)
-        return {"kind": kind, "schedule": schedule, "model": model, "trace": trace,
-                "runtime": Runtime(schedule, grid.pp_rank, model.stages, comm, trace),
-                "times": [], "bubbles": [], "peak_bytes": 0, "step": 0}
-
-    overlap = not args.synchronous
-
-    def run_steps(entry, count, record=True):
-        """`count` consecutive steps; their mean time is the step period (steps overlap
-        when post-validation lets them)."""
-        model, finished = entry["model"], []
-        world.Barrier()  # every schedule starts from the same line
-        tick = time.perf_counter()
-        for _ in range(count):
-            entry["step"] += 1
-            finished += model.train_step(entry["runtime"], entry["step"], inputs, 1e-4, 0.0,
-                                         entry["trace"])
-        finished += model.flush()
-        elapsed = world.allreduce(time.perf_counter() - tick, op=MPI.MAX) / count
-        if record:
-            entry["times"].append(elapsed)
-            for outcome in finished:
-                stats = outcome.stats
-                entry["bubbles"].append(stats.bubble)
-                entry["peak_bytes"] = max(entry["peak_bytes"], max(stats.peak_bytes))
-
-    # Profile F, B, W per stage and one message's time with ZB-H1 (its B and W are split),
-    # for the simulator's predictions and for auto.
-    profile = setup("zb-h1", generate("zb-h1", pp, m))
-    run_steps(profile, 2, record=False)
-    run_steps(profile, 3)
-    comm_s = pipeline_message_time(grid.pipe, be, (B, T, C), "float32")
-    costs = world.bcast(profiled_costs(profile["trace"], profile["model"], grid,
-                                       range(3, profile["step"] + 1), comm_s), root=0)
+    costs = measure_costs(cfg, grid, be, world, inputs, (B, T, C))
     log("measured per stage (ms): F " + "/".join(f"{x * 1e3:.2f}" for x in costs.f)
         + "  B " + "/".join(f"{x * 1e3:.2f}" for x in costs.b)
         + "  W " + "/".join(f"{x * 1e3:.2f}" for x in costs.w)
-        + f"  message {comm_s * 1e3:.3f}")
-
-    entries = []
-    for kind in kinds:
-        try:
-            if kind == "auto":
-                schedule = generate("auto", pp, m, costs=costs,
-                                    memory_limit=args.memory_limit or 2 * pp,
-                                    objective="makespan")
-            else:
-                schedule = generate(kind, pp, m)
-        except ScheduleError as e:
-            log(f"skipping {kind}: {e}")
-            continue
-        try:
-            entry = setup(kind, schedule)
-        except ValueError as e:  # e.g. more stages than layers for zb-v
-            log(f"skipping {kind}: {e}")
-            continue
-        # The simulator charges per model stage; chunked schedules split each rank's
-        # measured stage cost evenly over its chunks.
-        v = schedule.chunks
-        per = lambda xs: [xs[schedule.rank_chunk_of(s)[0]] / v for s in range(schedule.num_stages)]
-        entry["sim"] = simulate(schedule, Costs(f=per(costs.f), b=per(costs.b),
-                                                w=per(costs.w), comm=comm_s))
-        run_steps(entry, 2, record=False)  # warm-up: allocation, caches
-        entries.append(entry)
+        + f"  message {costs.comm * 1e3:.3f}")
+    kinds = [k.strip() for k in args.schedules.split(",") if k.strip()]
+    entries = contenders(kinds, cfg, grid, be, world, costs, args.memory_limit, log)
+    for entry in entries:
+        entry.run_steps(world, inputs, 2, record=False)  # warm-up: allocation, caches
     for r in range(args.rounds):
         for entry in entries:
-            run_steps(entry, args.steps)
+            entry.run_steps(world, inputs, args.steps)
         log(f"round {r + 1}/{args.rounds} done")
-
-    tokens_per_step = m * B * T
-    base = next((e for e in entries if e["kind"] == "1f1b"), entries[0])
-    base_tps = tokens_per_step / float(np.median(base["times"]))
-    rows = []
-    for e in entries:
-        step_s = float(np.median(e["times"]))
-        tps = tokens_per_step / step_s
-        rows.append({"schedule": e["kind"], "step_ms": step_s * 1e3, "tokens_per_s": tps,
-                     "bubble_measured": float(np.median(e["bubbles"])),
-                     # Both over the step's makespan: the tied embedding's gradient sum
-                     # ties the first stage's next step to the last stage, so steps
-                     # barely overlap even with post-validation.
-                     "bubble_simulated": 1 - max(e["sim"].busy) / e["sim"].makespan,
-                     "peak_activation_bytes": int(e["peak_bytes"]),
-                     "peak_activations": max(e["sim"].peak_activations),
-                     "vs_1f1b": tps / base_tps})
-    if is_root:
-        print()
-        print("| schedule | step ms | tokens/s | bubble measured | bubble simulated | "
-              "peak activations | vs 1F1B |")
-        print("|---|---|---|---|---|---|---|")
-        for row in rows:
-            print(f"| {row['schedule']} | {row['step_ms']:.1f} | {row['tokens_per_s']:,.0f} | "
-                  f"{row['bubble_measured']:.1%} | {row['bubble_simulated']:.1%} | "
-                  f"{row['peak_activation_bytes'] / 2**20:.1f} MiB ({row['peak_activations']:g} mb)"
-                  f" | {row['vs_1f1b']:.3f}× |")
+    rows = result_rows(entries, m * B * T)
+    if world.rank == 0:
+        print_rows(rows)
         result = {"suite": "pipeline", "version": __version__, "pp": pp, "microbatches": m,
-                  "post_validation": overlap,
+                  "post_validation": not args.synchronous,
                   "micro_batch_size": B, "block": T, "n_embd": C, "layers": args.layers,
                   "backend": be.describe(), "threads_per_rank": threads,
                   "costs_ms": {"f": [x * 1e3 for x in costs.f], "b": [x * 1e3 for x in costs.b],
-                               "w": [x * 1e3 for x in costs.w], "comm": comm_s * 1e3},
+                               "w": [x * 1e3 for x in costs.w], "comm": costs.comm * 1e3},
                   "rows": rows}
         if args.json:
             print(f"\nwrote {write_json(args.json, result)}")
     return 0
-

@@ -25,9 +25,10 @@ from contextlib import contextmanager
 import numpy as np
 
 from .. import __version__, backend, layers
+from ..dtypes import DTYPES
 from ..layers import attention, block, embedding, gelu, head, layernorm, linear, loss, mlp
 from ..model import GPTConfig, Stage
-from ..optim import AdamW
+from ..optim import AdamW, ParamShard
 from .common import write_json
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
@@ -62,7 +63,7 @@ def add_parser(sub):
     p.add_argument("--configs", default="tiny,medium",
                    help=f"comma-separated, from {', '.join(CONFIGS)} (default tiny,medium)")
     p.add_argument("--batch", type=int, default=16, help="sequences per step (16)")
-    p.add_argument("--dtype", choices=backend.DTYPES, default="float32")
+    p.add_argument("--dtype", choices=DTYPES[:2], default="float32")
     p.add_argument("--device", choices=backend.DEVICES, default="auto")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps of each (2)")
     p.add_argument("--repeats", type=int, default=10, help="measured steps of each (10)")
@@ -99,17 +100,16 @@ def _sync(be):
 def matmul_rate(be, dtype, n: int, repeats: int = 3) -> float:
     """Best FLOP/s of an n×n×n matmul with this backend (the device's practical peak),
     through hpcpipe.layers.matmul: on the CPU its chunks on the rank's threads."""
-    xp = be.xp
     rng = np.random.default_rng(0)
     a = be.from_host(rng.standard_normal((n, n)), dtype=dtype)
     b = be.from_host(rng.standard_normal((n, n)), dtype=dtype)
-    out = xp.empty((n, n), dtype=dtype)
-    layers.matmul(xp, a, b, out)  # warm-up: thread pool, kernels
+    out = be.xp.empty((n, n), dtype=dtype)
+    layers.matmul(be, a, b, out)  # warm-up: thread pool, kernels
     _sync(be)
     best = float("inf")
     for _ in range(repeats):
         tick = time.perf_counter()
-        layers.matmul(xp, a, b, out)
+        layers.matmul(be, a, b, out)
         _sync(be)
         best = min(best, time.perf_counter() - tick)
     return 2.0 * n**3 / best
@@ -139,9 +139,9 @@ class HpcpipeStep:
 
     def __init__(self, cfg, be, dtype, idx, targets):
         self.be = be
-        self.stage = Stage(cfg, dtype=dtype, seed=0, xp=be.xp)
-        self.opt = AdamW(self.stage.param_buffer, self.stage.grad_buffer, beta1=BETA1,
-                         beta2=BETA2, eps=EPS, weight_decay=WEIGHT_DECAY)
+        self.stage = Stage(cfg, dtype=dtype, seed=0, be=be)
+        self.opt = AdamW(ParamShard(self.stage.param_buffer), be, beta1=BETA1, beta2=BETA2,
+                         eps=EPS, weight_decay=WEIGHT_DECAY)
         self.idx, self.targets = be.from_host(idx), be.from_host(targets)
 
     def __call__(self) -> float:
@@ -151,7 +151,7 @@ class HpcpipeStep:
         stage.backward_input(0)
         stage.backward_weight(0)
         stage.add_head_grad()
-        self.opt.step(LR)
+        self.opt.step(stage.grad_buffer.data, LR)
         _sync(self.be)
         return float(value)
 
@@ -310,7 +310,7 @@ def profile(cfg, be, dtype, batch, repeats) -> tuple[list[dict], float]:
             stage.add_head_grad()
             _sync(be)
             start = time.perf_counter()
-            step.opt.step(LR)
+            step.opt.step(stage.grad_buffer.data, LR)
             _sync(be)
             opt_time += time.perf_counter() - start
     step_ms = 1e3 * (time.perf_counter() - tick) / repeats
@@ -363,30 +363,49 @@ def import_torch(no_torch: bool, log):
     return torch
 
 
+def _plan(args, be):
+    """(configs, batch, warm-up steps, measured steps, matmul size for the peak)."""
+    if args.smoke:
+        return {"smoke": SMOKE}, 2, 0, 1, 128
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"bench step: unknown config {unknown[0]!r}; "
+                         f"choose from {', '.join(CONFIGS)}")
+    return ({c: CONFIGS[c] for c in names}, args.batch, args.warmup, args.repeats,
+            8192 if be.is_gpu else 2048)
+
+
+def _print_rows(rows, with_torch: bool, log):
+    log("")
+    log("| config | tokens/step | hpcpipe tokens/s | PyTorch tokens/s | ratio | MFU hpcpipe | "
+        "MFU PyTorch |")
+    log("|---|---|---|---|---|---|---|")
+    for r in rows:
+        fmt = lambda v, spec: format(v, spec) if v is not None else "–"
+        log(f"| {r['config']} | {r['batch'] * r['block_size']:,} | "
+            f"{r['hpcpipe_tokens_per_s']:,.0f} | {fmt(r['torch_tokens_per_s'], ',.0f')} | "
+            f"{fmt(r['ratio'], '.2f')}× | {r['mfu']:.1%} | {fmt(r['torch_mfu'], '.1%')} |")
+    if with_torch:
+        log("ratio of each repetition's two steps, median: " + ", ".join(
+            f"{r['config']} {r['ratio_paired']:.2f}×" for r in rows))
+        log("first-step losses agree (hpcpipe / PyTorch): " + ", ".join(
+            f"{r['config']} {r['hpcpipe_loss0']:.6f} / {r['torch_loss0']:.6f}" for r in rows))
+
+
 def run_step(args) -> int:
     def log(msg):
         print(msg, flush=True)
 
     threads = backend.limit_threads(1)  # hpcpipe's pool on every core, BLAS on one
-    be = backend.select(args.device)
+    be = backend.select(args.device, threads=threads)
     torch = import_torch(args.no_torch, log)
     device = "cuda" if be.is_gpu else "cpu"
     if torch is not None:
         torch.set_num_threads(threads)
         if be.is_gpu:
             torch.cuda.set_device(be.device_id)
-    if args.smoke:
-        configs = {"smoke": SMOKE}
-        batch, warmup, repeats, peak_n = 2, 0, 1, 128
-    else:
-        names = [c.strip() for c in args.configs.split(",") if c.strip()]
-        unknown = [c for c in names if c not in CONFIGS]
-        if unknown:
-            raise SystemExit(f"bench step: unknown config {unknown[0]!r}; "
-                             f"choose from {', '.join(CONFIGS)}")
-        configs = {c: CONFIGS[c] for c in names}
-        batch, warmup, repeats = args.batch, args.warmup, args.repeats
-        peak_n = 8192 if be.is_gpu else 2048
+    configs, batch, warmup, repeats, peak_n = _plan(args, be)
     blas = blas_info()
     coretype = {v: os.environ[v] for v in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
                 if v in os.environ}
@@ -433,20 +452,7 @@ def run_step(args) -> int:
         row["torch_mfu"] = (row["flops_per_token"] * row["torch_tokens_per_s"] / device_peak
                             if row["torch_tokens_per_s"] else None)
 
-    log("")
-    log("| config | tokens/step | hpcpipe tokens/s | PyTorch tokens/s | ratio | MFU hpcpipe | "
-        "MFU PyTorch |")
-    log("|---|---|---|---|---|---|---|")
-    for r in rows:
-        fmt = lambda v, spec: format(v, spec) if v is not None else "–"
-        log(f"| {r['config']} | {r['batch'] * r['block_size']:,} | "
-            f"{r['hpcpipe_tokens_per_s']:,.0f} | {fmt(r['torch_tokens_per_s'], ',.0f')} | "
-            f"{fmt(r['ratio'], '.2f')}× | {r['mfu']:.1%} | {fmt(r['torch_mfu'], '.1%')} |")
-    if torch is not None:
-        log("ratio of each repetition's two steps, median: " + ", ".join(
-            f"{r['config']} {r['ratio_paired']:.2f}×" for r in rows))
-        log("first-step losses agree (hpcpipe / PyTorch): " + ", ".join(
-            f"{r['config']} {r['hpcpipe_loss0']:.6f} / {r['torch_loss0']:.6f}" for r in rows))
+    _print_rows(rows, torch is not None, log)
     if args.json:
         result = {"suite": "step", "version": __version__, "backend": be.describe(),
                   "device": device, "threads": threads, "blas": blas,

@@ -25,45 +25,44 @@ import math
 
 import numpy as np
 
-from ..backend import array_namespace
-from . import for_each, linear, row_blocks, scope, workspace
+from . import backend_for, linear, row_blocks, scope
 
 # Query rows per tile on the CPU: small enough that a tile's scores (NH · QUERY_TILE · T)
 # stay in cache, large enough to keep the matmuls efficient.
 QUERY_TILE = 64
 
-_masks: dict = {}
 
-
-def _tiles(xp, T):
+def _tiles(be, T):
     """[(i0, i1)]: the query tiles, in order."""
-    step = T if xp is not np else QUERY_TILE
+    step = T if be.is_gpu else QUERY_TILE
     return [(i0, min(T, i0 + step)) for i0 in range(0, T, step)]
 
 
-def _groups(xp, B, NH, tiles, T, itemsize):
+def _groups(be, B, NH, tiles, T, itemsize):
     """Slices of the batch: sequences that go through the core together, as many as keep
     one query tile's scores (nb · NH · tq · T) near BLOCK_BYTES, so that each NumPy call
     does enough work — the row blocks of the batch, a sequence's tile scores per row; the
     groups go to the threads. Shapes only; a GPU takes all of B."""
-    return row_blocks(xp, B, NH * (tiles[0][1] - tiles[0][0]) * T * itemsize)
+    return row_blocks(be, B, NH * (tiles[0][1] - tiles[0][0]) * T * itemsize)
 
 
-def _causal_mask(xp, n, dtype):
-    """(n, n) additive mask for a diagonal block: 0 on and below the diagonal, -inf above."""
-    key = (xp.__name__, n, np.dtype(dtype).str)
-    if key not in _masks:
+def _causal_mask(be, n, dtype):
+    """(n, n) additive mask for a diagonal block: 0 on and below the diagonal, -inf above
+    (built once per backend)."""
+    def build():
         mask = np.zeros((n, n), dtype=dtype)
         mask[np.triu_indices(n, 1)] = -np.inf
-        _masks[key] = xp.asarray(mask)
-    return _masks[key]
+        return be.xp.asarray(mask)
+
+    return be.scratch.constant(("attention.causal", n, np.dtype(dtype).str), build)
 
 
-def forward(x, params, n_head):
-    xp = array_namespace(x)
+def forward(x, params, n_head, be=None):
+    be = backend_for(x, be)
+    xp = be.xp
     B, T, C = x.shape
     HS = C // n_head
-    qkv, c_attn = linear.forward(x, scope(params, "c_attn."))  # (B, T, 3C), ours to modify
+    qkv, c_attn = linear.forward(x, scope(params, "c_attn."), be)  # (B, T, 3C), ours
     parts = qkv.reshape(B, T, 3, n_head, HS)
     scale = 1.0 / math.sqrt(HS)
     parts[:, :, 0] *= scale
@@ -72,14 +71,14 @@ def forward(x, params, n_head):
     att = xp.empty((B, n_head, T, T), dtype=qkv.dtype)
     y = xp.empty((B, T, n_head, HS), dtype=qkv.dtype)  # heads side by side: (B, T, C)
     yh = y.transpose(0, 2, 1, 3)  # (B, NH, T, HS) view
-    tiles = _tiles(xp, T)
+    tiles = _tiles(be, T)
 
     def sequences(g, slot):
         kt = k[g].transpose(0, 1, 3, 2)  # (nb, NH, HS, T)
         for i0, i1 in tiles:
             s = att[g, :, i0:i1, :i1]  # (nb, NH, tq, i1)
             xp.matmul(q[g, :, i0:i1], kt[..., :i1], out=s)
-            s[..., i0:] += _causal_mask(xp, i1 - i0, s.dtype)
+            s[..., i0:] += _causal_mask(be, i1 - i0, s.dtype)
             s -= s.max(axis=-1, keepdims=True)  # the diagonal is never masked: max is finite
             xp.exp(s, out=s)
             total = s.sum(axis=-1, keepdims=True)
@@ -87,30 +86,32 @@ def forward(x, params, n_head):
             s *= total
             xp.matmul(s, v[g, :, :i1], out=yh[g, :, i0:i1])
 
-    for_each(xp, _groups(xp, B, n_head, tiles, T, att.itemsize), sequences)
-    out, c_proj = linear.forward(y.reshape(B, T, C), scope(params, "c_proj."))
+    be.for_each(_groups(be, B, n_head, tiles, T, att.itemsize), sequences)
+    out, c_proj = linear.forward(y.reshape(B, T, C), scope(params, "c_proj."), be)
     cache = {"c_attn": c_attn, "c_proj": c_proj, "q": q, "k": k, "v": v, "att": att,
-             "n_head": n_head, "scale": scale}
+             "n_head": n_head, "scale": scale, "be": be}
     return out, cache
 
 
 def backward_input(dout, cache):
     q, k, v, att = cache.pop("q"), cache.pop("k"), cache.pop("v"), cache.pop("att")
-    xp = array_namespace(att)
+    be = cache["be"]
+    xp = be.xp
     B, NH, T, HS = q.shape
     dy = linear.backward_input(dout, cache["c_proj"])  # (B, T, C)
     dyh = dy.reshape(B, T, NH, HS).transpose(0, 2, 1, 3)  # (B, NH, T, HS) view
     dqkv = xp.empty((B, T, 3, NH, HS), dtype=att.dtype)  # what W of c_attn needs
     dq, dk, dv = (dqkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, NH, T, HS)
-    tiles = _tiles(xp, T)
-    groups = _groups(xp, B, NH, tiles, T, att.itemsize)
+    tiles = _tiles(be, T)
+    groups = _groups(be, B, NH, tiles, T, att.itemsize)
     nb = groups[0].stop  # sequences in the largest group
 
     def sequences(g, slot):
         n = g.stop - g.start
-        dscore = workspace(xp, f"attention.dscore{slot}", (nb, NH, T, T), att.dtype)[:n]
-        prod = workspace(xp, f"attention.prod{slot}", (nb, NH, tiles[0][1], T),
-                         att.dtype)[:n]
+        dscore = be.scratch.workspace(f"attention.dscore{slot}", (nb, NH, T, T),
+                                      att.dtype)[:n]
+        prod = be.scratch.workspace(f"attention.prod{slot}", (nb, NH, tiles[0][1], T),
+                                    att.dtype)[:n]
         a = att[g]  # (n, NH, T, T)
         for i0, i1 in tiles:
             d = dscore[:, :, i0:i1, :i1]  # (n, NH, tq, i1)
@@ -129,7 +130,7 @@ def backward_input(dout, cache):
             xp.matmul(a[:, :, j0:, j0:j1].transpose(0, 1, 3, 2), dyh[g, :, j0:],
                       out=dv[g, :, j0:j1])
 
-    for_each(xp, groups, sequences)
+    be.for_each(groups, sequences)
     dq *= cache["scale"]  # q was scaled before q k^T; k's gradient used the scaled q
     dqkv = dqkv.reshape(B, T, 3 * NH * HS)
     cache["dqkv"] = dqkv

@@ -12,15 +12,16 @@ arrays that no cache holds. The block's input is only read: it may be a received
 message buffer that the runtime reuses after F.
 """
 
-from . import attention, layernorm, mlp, scope
+from . import attention, backend_for, layernorm, mlp, scope
 
 
-def forward(x, params, n_head):
-    a, ln_1 = layernorm.forward(x, scope(params, "ln_1."))
-    x1, attn = attention.forward(a, scope(params, "attn."), n_head)
+def forward(x, params, n_head, be=None):
+    be = backend_for(x, be)
+    a, ln_1 = layernorm.forward(x, scope(params, "ln_1."), be)
+    x1, attn = attention.forward(a, scope(params, "attn."), n_head, be)
     x1 += x
-    b, ln_2 = layernorm.forward(x1, scope(params, "ln_2."))
-    out, ff = mlp.forward(b, scope(params, "mlp."))
+    b, ln_2 = layernorm.forward(x1, scope(params, "ln_2."), be)
+    out, ff = mlp.forward(b, scope(params, "mlp."), be)
     out += x1
     return out, {"ln_1": ln_1, "attn": attn, "ln_2": ln_2, "mlp": ff}
 

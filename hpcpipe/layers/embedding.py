@@ -6,14 +6,15 @@ integer token ids, so there is no input gradient: B is empty and all the work is
 
 import numpy as np
 
-from ..backend import array_namespace
+from . import backend_for
 
 
-def forward(idx, params):
+def forward(idx, params, be=None):
+    be = backend_for(params["wte"], be)
     T = idx.shape[1]
     x = params["wte"][idx]  # (B, T, C), a gather: a new array
     x += params["wpe"][:T]
-    return x, {"idx": idx}
+    return x, {"idx": idx, "be": be}
 
 
 def backward_input(dx, cache):
@@ -22,11 +23,11 @@ def backward_input(dx, cache):
 
 
 def backward_weight(dx, cache, grads):
-    xp = array_namespace(dx)
+    be = backend_for(dx, cache.get("be"))  # (a cache made by hand holds only idx)
     idx = cache["idx"]
     B, T, C = dx.shape
     flat, rows = idx.reshape(-1), dx.reshape(-1, C)
-    if xp is np and flat.size >= 2 * grads["wte"].shape[0]:
+    if not be.is_gpu and flat.size >= 2 * grads["wte"].shape[0]:
         # Tokens repeat a lot (a small vocabulary): sort the rows by token, sum each run in
         # one vectorised pass and add the sums, ~4x faster than add.at's row-by-row
         # scatter. A token's rows are summed in their batch order (stable sort).
@@ -36,7 +37,7 @@ def backward_weight(dx, cache, grads):
         grads["wte"][tokens[starts]] += np.add.reduceat(rows[order], starts, axis=0)
     else:
         # Scatter-add: a token occurring several times collects every occurrence's gradient.
-        xp.add.at(grads["wte"], flat, rows)
+        be.xp.add.at(grads["wte"], flat, rows)
     grads["wpe"][:T] += dx.sum(axis=0)
 
 

@@ -18,23 +18,23 @@ with t = tanh u, since 1 - t² = 4 h (1 - h).
 
 import math
 
-from ..backend import array_namespace
-from . import for_each, row_blocks, workspace
+from . import backend_for, row_blocks
 
 _K = math.sqrt(2.0 / math.pi)
 _A = 0.044715
 
 
-def forward(x, params=None):
-    xp = array_namespace(x)
+def forward(x, params=None, be=None):
+    be = backend_for(x, be)
+    xp = be.xp
     D = x.shape[-1]
     x2 = x.reshape(-1, D)  # (N, D)
     y = xp.empty_like(x2)
     dydx = xp.empty_like(x2)  # kept for B
-    blocks = row_blocks(xp, x2.shape[0], D * x2.itemsize)
+    blocks = row_blocks(be, x2.shape[0], D * x2.itemsize)
 
     def block(r, slot):
-        scratch = workspace(xp, f"gelu.f{slot}", (2, blocks[0].stop, D), x2.dtype)
+        scratch = be.scratch.workspace(f"gelu.f{slot}", (2, blocks[0].stop, D), x2.dtype)
         xr, yr, gr = x2[r], y[r], dydx[r]
         sq, h = scratch[0, : xr.shape[0]], scratch[1, : xr.shape[0]]
         xp.multiply(xr, xr, out=sq)  # x²
@@ -54,16 +54,16 @@ def forward(x, params=None):
         gr += 1.0
         gr *= h
 
-    for_each(xp, blocks, block)
-    return y.reshape(x.shape), {"dydx": dydx.reshape(x.shape)}
+    be.for_each(blocks, block)
+    return y.reshape(x.shape), {"dydx": dydx.reshape(x.shape), "be": be}
 
 
 def backward_input(dy, cache):
     dydx = cache.pop("dydx")  # only B needs it, and only once: the gradient goes in place
-    xp = array_namespace(dy)
+    be = cache["be"]
     d2, dy2 = dydx.reshape(-1, dydx.shape[-1]), dy.reshape(-1, dy.shape[-1])
-    for_each(xp, row_blocks(xp, d2.shape[0], d2.shape[1] * d2.itemsize),
-             lambda r, slot: xp.multiply(d2[r], dy2[r], out=d2[r]))
+    be.for_each(row_blocks(be, d2.shape[0], d2.shape[1] * d2.itemsize),
+                lambda r, slot: be.xp.multiply(d2[r], dy2[r], out=d2[r]))
     return dydx
 
 

@@ -5,32 +5,29 @@ gradient buffer of the stage that holds the head; the model adds it to the embed
 (pipeline: Megatron-style sum of the two copies) in one fixed order.
 """
 
-from ..backend import array_namespace
-from . import matmul, workspace
+from . import backend_for, matmul
 
 
-def forward(x, params):
-    xp = array_namespace(x)
+def forward(x, params, be=None):
+    be = backend_for(x, be)
     wte = params["wte"]
     B, T, C = x.shape
-    logits = matmul(xp, x.reshape(-1, C), wte.T)
-    return logits.reshape(B, T, wte.shape[0]), {"x": x, "wte": wte}
+    logits = matmul(be, x.reshape(-1, C), wte.T)
+    return logits.reshape(B, T, wte.shape[0]), {"x": x, "wte": wte, "be": be}
 
 
 def backward_input(dlogits, cache):
-    xp = array_namespace(dlogits)
     wte = cache["wte"]
     B, T, V = dlogits.shape
-    dx = matmul(xp, dlogits.reshape(-1, V), wte)
+    dx = matmul(cache["be"], dlogits.reshape(-1, V), wte)
     return dx.reshape(B, T, wte.shape[1])
 
 
 def backward_weight(dlogits, cache, grads):
-    xp = array_namespace(dlogits)
-    x = cache["x"]
+    be, x = cache["be"], cache["x"]
     V, C = dlogits.shape[-1], x.shape[-1]
-    dwte = workspace(xp, "head.dwte", (V, C), grads["wte"].dtype)
-    matmul(xp, dlogits.reshape(-1, V).T, x.reshape(-1, C), dwte)
+    dwte = be.scratch.workspace("head.dwte", (V, C), grads["wte"].dtype)
+    matmul(be, dlogits.reshape(-1, V).T, x.reshape(-1, C), dwte)
     grads["wte"] += dwte
 
 

@@ -6,34 +6,31 @@ product is one (N, ·) GEMM over all leading axes, which BLAS runs far better th
 batched matmul.
 """
 
-from ..backend import array_namespace
-from . import column_sums, matmul, workspace
+from . import backend_for, column_sums, matmul
 
 
-def forward(x, params):
-    xp = array_namespace(x)
+def forward(x, params, be=None):
+    be = backend_for(x, be)
     weight, bias = params["weight"], params["bias"]  # (IN, OUT), (OUT,)
     lead = x.shape[:-1]
-    y = matmul(xp, x.reshape(-1, x.shape[-1]), weight, bias=bias)  # the caller owns it
-    return y.reshape(*lead, weight.shape[1]), {"x": x, "weight": weight}
+    y = matmul(be, x.reshape(-1, x.shape[-1]), weight, bias=bias)  # the caller owns it
+    return y.reshape(*lead, weight.shape[1]), {"x": x, "weight": weight, "be": be}
 
 
 def backward_input(dy, cache):
-    xp = array_namespace(dy)
     weight = cache["weight"]
-    dx = matmul(xp, dy.reshape(-1, dy.shape[-1]), weight.T)
+    dx = matmul(cache["be"], dy.reshape(-1, dy.shape[-1]), weight.T)
     return dx.reshape(*dy.shape[:-1], weight.shape[0])
 
 
 def backward_weight(dy, cache, grads):
-    xp = array_namespace(dy)
-    x = cache["x"]
+    be, x = cache["be"], cache["x"]
     x2 = x.reshape(-1, x.shape[-1])  # (N, IN)
     dy2 = dy.reshape(-1, dy.shape[-1])  # (N, OUT)
-    dw = workspace(xp, "linear.dw", grads["weight"].shape, grads["weight"].dtype)
-    matmul(xp, x2.T, dy2, dw)
+    dw = be.scratch.workspace("linear.dw", grads["weight"].shape, grads["weight"].dtype)
+    matmul(be, x2.T, dy2, dw)
     grads["weight"] += dw
-    column_sums(xp, dy2, grads["bias"])
+    column_sums(be, dy2, grads["bias"])
 
 
 def backward(dy, cache, grads):

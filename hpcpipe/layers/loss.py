@@ -7,11 +7,12 @@ F exponentiates the logits once and keeps the softmax, which is all B needs
 (d loss / d logits = (softmax - onehot) / N): B turns it into the gradient in place.
 """
 
-from ..backend import array_namespace
+from . import backend_for
 
 
-def forward(logits, targets):
-    xp = array_namespace(logits)
+def forward(logits, targets, be=None):
+    be = backend_for(logits, be)
+    xp = be.xp
     V = logits.shape[-1]
     x = logits.reshape(-1, V)  # (N, V)
     N = x.shape[0]
@@ -26,12 +27,12 @@ def forward(logits, targets):
     nll -= x[xp.arange(N), flat]
     loss = nll.mean()
     probs /= total
-    return loss, {"probs": probs.reshape(logits.shape), "targets": flat}
+    return loss, {"probs": probs.reshape(logits.shape), "targets": flat, "be": be}
 
 
 def backward_input(scale, cache):
     """d(mean loss)/d logits = (softmax - onehot) / N, times `scale`."""
-    xp = array_namespace(cache["probs"])
+    xp = cache["be"].xp
     dlogits = cache.pop("probs")  # the cache's softmax becomes the gradient, in place
     flat = cache.pop("targets")
     V = dlogits.shape[-1]

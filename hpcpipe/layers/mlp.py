@@ -3,13 +3,14 @@
 Weights: c_fc.weight (C, 4C), c_fc.bias (4C), c_proj.weight (4C, C), c_proj.bias (C).
 """
 
-from . import gelu, linear, scope
+from . import backend_for, gelu, linear, scope
 
 
-def forward(x, params):
-    h, c_fc = linear.forward(x, scope(params, "c_fc."))  # (B, T, 4C)
-    a, act = gelu.forward(h)  # (B, T, 4C)
-    out, c_proj = linear.forward(a, scope(params, "c_proj."))  # (B, T, C)
+def forward(x, params, be=None):
+    be = backend_for(x, be)
+    h, c_fc = linear.forward(x, scope(params, "c_fc."), be)  # (B, T, 4C)
+    a, act = gelu.forward(h, be=be)  # (B, T, 4C)
+    out, c_proj = linear.forward(a, scope(params, "c_proj."), be)  # (B, T, C)
     return out, {"c_fc": c_fc, "gelu": act, "c_proj": c_proj}
 
 

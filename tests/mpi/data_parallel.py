@@ -19,11 +19,8 @@ from mpi4py import MPI
 
 from hpcpipe import backend, config
 from hpcpipe import grid as gridlib
-from hpcpipe.comm import PipeComm
-from hpcpipe.pipeline import RankModel
-from hpcpipe.runtime import Runtime
+from hpcpipe.rank import Rank
 from hpcpipe.schedules import generate
-from hpcpipe.trace import Trace
 
 WORLD = MPI.COMM_WORLD
 B, GLOBAL_MICROBATCHES, STEPS = 2, 12, 4
@@ -53,10 +50,8 @@ def train(comm, cfg):
     grid = gridlib.build(comm, p.dp, p.pp)
     be = backend.select("cpu")
     schedule = generate(p.schedule, p.pp, p.microbatches)
-    model = RankModel(cfg, grid, be, schedule)
-    pipe = PipeComm(grid.pipe, be, (B, cfg.model.block_size, cfg.model.n_embd),
-                    cfg.train.dtype, p.microbatches, schedule.num_stages)
-    runtime = Runtime(schedule, grid.pp_rank, model.stages, pipe, Trace(rank=comm.rank))
+    rank = Rank.build(cfg, grid, be, schedule)
+    model = rank.model
     losses = []
     for step in range(STEPS):
         idx, targets = global_batch(step)
@@ -66,7 +61,7 @@ def train(comm, cfg):
             rows = slice((first + mb) * B, (first + mb + 1) * B)
             return idx[rows], targets[rows]
 
-        [out] = model.train_step(runtime, step + 1, inputs, cfg.train.lr, cfg.train.grad_clip)
+        [out] = rank.train_step(step + 1, inputs, cfg.train.lr, cfg.train.grad_clip)
         losses.append(out.loss)
     mine = {}
     if grid.dp_rank == 0:
@@ -80,7 +75,7 @@ def train(comm, cfg):
         weights = {}
         for part in parts:
             weights.update(part)
-    return losses, weights, model.optimizer_state_bytes()
+    return losses, weights, rank.step.optimizer_state_bytes
 
 
 def close(a, b, tol=1e-12):

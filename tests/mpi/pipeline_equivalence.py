@@ -17,12 +17,9 @@ from mpi4py import MPI
 
 from hpcpipe import backend, config
 from hpcpipe import grid as gridlib
-from hpcpipe.comm import PipeComm
 from hpcpipe.model import GPT
-from hpcpipe.pipeline import RankModel, model_config
-from hpcpipe.runtime import Runtime
+from hpcpipe.rank import Rank
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate, peak_activations
-from hpcpipe.trace import Trace
 
 WORLD = MPI.COMM_WORLD
 PP = WORLD.size
@@ -67,12 +64,8 @@ class Run:
         self.grid = gridlib.build(comm, 1, comm.size)
         self.be = backend.select("cpu")
         self.schedule = schedule
-        self.model = RankModel(cfg, self.grid, self.be, schedule)
-        m = cfg.model
-        pipe = PipeComm(self.grid.pipe, self.be, (B, m.block_size, m.n_embd), "float64",
-                        schedule.num_microbatches, schedule.num_stages)
-        self.runtime = Runtime(schedule, self.grid.pp_rank, self.model.stages, pipe,
-                               Trace(rank=comm.rank))
+        self.rank = Rank.build(cfg, self.grid, self.be, schedule)
+        self.model = self.rank.model
         self.cfg = cfg
 
     def step(self, idx, targets, lr=None):
@@ -83,10 +76,10 @@ class Run:
 
         if lr is None:  # gradients only
             self.model.zero_grad()
-            result = self.runtime.run_step(1, inputs, 1.0 / m)
+            result = self.rank.runtime.run_step(1, inputs, 1.0 / m)
             self.model.sum_tied_grads()
-            return self.model.mean_loss(result.losses), self.model.grad_norm(), result
-        [out] = self.model.train_step(self.runtime, 1, inputs, lr, self.cfg.train.grad_clip)
+            return self.model.mean_loss(result.losses), self.rank.step.grad_norm(), result
+        [out] = self.rank.train_step(1, inputs, lr, self.cfg.train.grad_clip)
         return out.loss, out.norm, out.result
 
     def gathered(self, what):
@@ -143,7 +136,7 @@ def main():
                         failures.append(f"{kind} pp={PP} m={m}: d{name} not bitwise equal to "
                                         f"one process (max diff {np.abs(grads[name] - g).max():g})")
                 # (b) the plain model on the whole batch: equal to float64 round-off.
-                gpt = GPT(model_config(cfg), dtype="float64", seed=cfg.train.seed)
+                gpt = GPT(cfg.model, dtype="float64", seed=cfg.train.seed)
                 whole_loss, whole = gpt.loss_and_grads(idx, targets)
                 if abs(loss - whole_loss) > 1e-12 * abs(whole_loss):
                     failures.append(f"{kind} m={m}: loss {loss} vs whole batch {whole_loss}")

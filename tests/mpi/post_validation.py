@@ -16,11 +16,8 @@ from mpi4py import MPI
 
 from hpcpipe import backend, config
 from hpcpipe import grid as gridlib
-from hpcpipe.comm import PipeComm
-from hpcpipe.pipeline import RankModel
-from hpcpipe.runtime import Runtime
+from hpcpipe.rank import Rank
 from hpcpipe.schedules import generate
-from hpcpipe.trace import Trace
 
 WORLD = MPI.COMM_WORLD
 B, M, STEPS = 2, 4, 6
@@ -49,10 +46,8 @@ def train(cfg, poison=False):
     grid = gridlib.build(WORLD, p.dp, p.pp)
     be = backend.select("cpu")
     schedule = generate(p.schedule, p.pp, p.microbatches)
-    model = RankModel(cfg, grid, be, schedule)
-    pipe = PipeComm(grid.pipe, be, (B, cfg.model.block_size, cfg.model.n_embd), "float64",
-                    p.microbatches, schedule.num_stages)
-    runtime = Runtime(schedule, grid.pp_rank, model.stages, pipe, Trace(rank=WORLD.rank))
+    rank = Rank.build(cfg, grid, be, schedule)
+    model = rank.model
     current = {"step": 0}
     if poison and WORLD.rank == POISON_RANK:
         stage = model.stages[0]
@@ -77,8 +72,8 @@ def train(cfg, poison=False):
             rows = slice((first + mb) * B, (first + mb + 1) * B)
             return idx[rows], targets[rows]
 
-        outcomes += model.train_step(runtime, step, inputs, cfg.train.lr, cfg.train.grad_clip)
-    outcomes += model.flush()
+        outcomes += rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip)
+    outcomes += rank.flush()
     weights = {}
     for stage in model.stages.values():
         for name, value in stage.params.items():

@@ -1,0 +1,57 @@
+"""The global gradient norm, for clipping: the same bits whatever the layout.
+
+Every parameter counts once: the head's copy of the tied `wte` holds the same summed
+gradient as the embedding's and is skipped. Each piece of a tensor (a whole tensor, or
+with ZeRO-1 the part of it in one of this replica's shards) gets its own float64 sum of
+squares; the pieces of every rank are then added in the model's parameter order, so every
+pipeline depth and schedule adds the same numbers in the same order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class GradNorm:
+    """Sums of squares of the gradients this rank's optimizer shards hold.
+
+    order: parameter name → its index in the model's layout. group: the ranks whose pieces
+    together cover the model once — the pipeline's without ZeRO-1 (after the reduction
+    every replica holds the same gradient), the whole world with it (each replica holds
+    other shards)."""
+
+    def __init__(self, shards, order: dict, group, xp):
+        self.shards, self.order, self.group, self.xp = shards, order, group, xp
+
+    def pieces(self, grads) -> list[tuple[tuple, float]]:
+        """((model order, first element), float64 sum of squares) of every piece this rank
+        holds; `grads[i]` is shard i's gradient."""
+        xp, out = self.xp, []
+        for shard, grad in zip(self.shards, grads):
+            for piece in shard.pieces:
+                if piece.name == "wte" and not shard.owns_wte:
+                    continue
+                part = grad[piece.v0:piece.v1]
+                if piece.t1 - piece.t0 == part.size == int(np.prod(piece.shape)):
+                    part = part.reshape(piece.shape)  # a whole tensor: summed as one
+                out.append(((self.order[piece.name], piece.t0),
+                            float(xp.sum(xp.square(part, dtype=np.float64)))))
+        return out
+
+    def local(self, grads) -> tuple[float, bool]:
+        """This rank's sum of squares, and whether it is not finite."""
+        total = 0.0
+        for _, value in self.pieces(grads):
+            total += value
+        return total, not math.isfinite(total)
+
+    def global_norm(self, grads) -> float:
+        """The L2 norm over the group, added in the model's parameter order (a collective
+        of `group`)."""
+        everything = sorted(sum(self.group.allgather(self.pieces(grads)), []))
+        total = 0.0
+        for _, value in everything:
+            total += value
+        return math.sqrt(total)

@@ -1,0 +1,66 @@
+"""Everything one rank trains with, wired together once.
+
+    transport ─┬─ p2p (PipeComm) ── runtime (Runtime: the schedule's op list)
+               └─ model (RankModel: stages, tied embedding) ── step (TrainStep)
+
+`Rank.build` is the one place that assembles these parts; the training loop, the
+pipeline benchmark and the tests all start from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .comm import PipeComm
+from .evaluate import Evaluator
+from .pipeline import RankModel
+from .runtime import Runtime
+from .step import TrainStep
+from .transport import Transport
+
+
+@dataclass
+class Rank:
+    model: RankModel
+    transport: Transport
+    p2p: PipeComm
+    runtime: Runtime
+    step: TrainStep
+    grid: object
+
+    @classmethod
+    def build(cls, cfg, grid, be, schedule, trace=None, gpu_aware: bool = False) -> "Rank":
+        """The rank of `grid` under `schedule`, computing on backend `be`; `trace` (a
+        trace.Trace) records its events and step statistics; gpu_aware: hand device
+        buffers to MPI directly (see transport.py)."""
+        from .trace import Trace
+
+        transport = Transport(be, gpu_aware)
+        model = RankModel(cfg, grid, be, schedule, transport)
+        shape = (cfg.train.micro_batch_size, cfg.model.block_size, cfg.model.n_embd)
+        p2p = PipeComm(grid.pipe, transport, shape, model.dtype, schedule.num_microbatches,
+                       schedule.num_stages)
+        events = trace if trace is not None else Trace(rank=grid.rank, enabled=False)
+        runtime = Runtime(schedule, grid.pp_rank, model.stages, p2p, events)
+        step = TrainStep.build(cfg, model, grid, transport, trace)
+        return cls(model, transport, p2p, runtime, step, grid)
+
+    @property
+    def schedule(self):
+        return self.runtime.schedule
+
+    def use_schedule(self, schedule):
+        """Run `schedule` from the next step on (same stages, microbatches and messages)."""
+        self.runtime = Runtime(schedule, self.grid.pp_rank, self.model.stages, self.p2p,
+                               self.runtime.trace)
+
+    def train_step(self, step: int, inputs, lr: float, max_norm: float):
+        """One optimizer step (see TrainStep.run): the StepOutcomes that became final."""
+        return self.step.run(self.runtime, step, inputs, lr, max_norm)
+
+    def flush(self):
+        """The pending post-validated step, settled (see TrainStep.flush)."""
+        return self.step.flush()
+
+    def evaluator(self) -> Evaluator:
+        return Evaluator(self.model, self.grid, self.p2p)

@@ -44,6 +44,7 @@ on one core or many.
 import numpy as np
 
 from ..backend import Backend
+from ..dtypes import is_16bit
 
 # Target size of one row block on the CPU. Two opposite pulls: a chain of passes over a
 # block should find it in cache (a core's L2, or its share of L3), and each NumPy call
@@ -99,9 +100,31 @@ def cuts(size: int, work: float, smallest: int = 16, most: int = MAX_CHUNKS) -> 
     return [slice(size * k // chunks, size * (k + 1) // chunks) for k in range(chunks)]
 
 
+def wide(dtype) -> np.dtype:
+    """The dtype a layer computes in for arrays stored as `dtype`: float32 for 16-bit
+    storage (GEMMs accumulate and statistics are taken in float32, as GPUs do), the
+    storage dtype otherwise."""
+    return np.dtype(np.float32) if is_16bit(dtype) else np.dtype(dtype)
+
+
+def widen(be: Backend, a, name: str):
+    """`a` in its compute dtype (`wide`): itself, or a float32 copy in workspace `name`
+    (which must carry the caller's thread slot)."""
+    if not is_16bit(a.dtype):
+        return a
+    out = be.scratch.workspace(name, a.shape, np.float32)
+    out[...] = a
+    return out
+
+
 def matmul(be: Backend, a, b, out=None, bias=None):
     """out = a @ b (+ bias, broadcast over rows) for 2-D operands (any strides BLAS
-    takes), into the 2-D array `out` (a fresh one, which the caller owns, when None).
+    takes), into the 2-D array `out` (a fresh one of a's dtype, which the caller owns,
+    when None).
+
+    16-bit operands are multiplied in float32 and the result rounded once into `out`
+    (bias included): GPUs accumulate 16-bit GEMMs in float32 too, and NumPy has no 16-bit
+    BLAS (its float16 matmul is a plain loop, 50x slower than float32's).
 
     On the CPU the product is cut into chunks, one BLAS call each, spread over the
     threads. Where the summed dimension K is the long one (the weight gradients: x^T dy
@@ -115,38 +138,76 @@ def matmul(be: Backend, a, b, out=None, bias=None):
     (M, K), N = a.shape, b.shape[1]
     if out is None:
         out = xp.empty((M, N), dtype=a.dtype)
+    compute = wide(out.dtype) if is_16bit(a.dtype) or is_16bit(b.dtype) else out.dtype
     if be.is_gpu:
-        xp.matmul(a, b, out=out)
-        if bias is not None:
-            out += bias
+        _gpu_matmul(be, a, b, out, bias)
         return out
+    if compute != b.dtype:
+        b = b.astype(compute)  # once: every chunk reads all of b
+    if bias is not None and bias.dtype != compute:
+        bias = bias.astype(compute)
     work = 2.0 * M * N * K
     if bias is None and K >= 2 * max(M, N):
         ks = cuts(K, work, smallest=K_SMALLEST, most=MAX_K_CHUNKS)
         if len(ks) > 1:
-            partial = be.scratch.workspace(f"matmul.partial{be.slot()}", (len(ks), M, N),
-                                           out.dtype)
-            be.for_each(range(len(ks)),
-                        lambda i, slot: np.matmul(a[:, ks[i]], b[ks[i]], out=partial[i]))
-            # Sum in chunk order, element by element, over row blocks on the threads.
-            be.for_each(row_blocks(be, M, N * out.itemsize),
-                        lambda r, slot: np.sum(partial[:, r], axis=0, out=out[r]))
+            _matmul_by_k(be, a, b, out, ks, compute)
             return out
     by_rows = M >= N
     parts = cuts(M if by_rows else N, work, smallest=GEMM_SMALLEST)
+    if not by_rows and a.dtype != compute:
+        a = a.astype(compute)
 
     def chunk(c, slot):
-        if by_rows:
-            np.matmul(a[c], b, out=out[c])
-            if bias is not None:
-                out[c] += bias
-        else:
-            np.matmul(a, b[:, c], out=out[:, c])
-            if bias is not None:
-                out[:, c] += bias[c]
+        rows = a[c] if by_rows else a
+        if rows.dtype != compute:
+            rows = widen(be, rows, f"matmul.a{slot}")
+        cols = b if by_rows else b[:, c]
+        target = out[c] if by_rows else out[:, c]
+        product = target if out.dtype == compute else be.scratch.workspace(
+            f"matmul.out{slot}", target.shape, compute)
+        np.matmul(rows, cols, out=product)
+        if bias is not None:
+            product += bias if by_rows else bias[c]
+        if product is not target:
+            target[...] = product
 
     be.for_each(parts, chunk)
     return out
+
+
+def _matmul_by_k(be: Backend, a, b, out, ks, compute):
+    """out = a @ b as partial products over the cuts `ks` of K, added in chunk order."""
+    M, N = out.shape
+    partial = be.scratch.workspace(f"matmul.partial{be.slot()}", (len(ks), M, N), compute)
+
+    def product(i, slot):
+        piece = a[:, ks[i]]
+        if piece.dtype != compute:
+            piece = widen(be, piece, f"matmul.k{slot}")
+        np.matmul(piece, b[ks[i]], out=partial[i])
+
+    be.for_each(range(len(ks)), product)
+
+    # Sum in chunk order, element by element, over row blocks on the threads.
+    def add(r, slot):
+        if out.dtype == compute:
+            np.sum(partial[:, r], axis=0, out=out[r])
+        else:
+            out[r] = np.sum(partial[:, r], axis=0)
+
+    be.for_each(row_blocks(be, M, N * out.itemsize), add)
+
+
+def _gpu_matmul(be: Backend, a, b, out, bias):
+    """One library call. Operands and output of one dtype go as they are (cuBLAS
+    accumulates 16-bit GEMMs in float32 and rounds once); 16-bit operands with a wider
+    output (the weight gradients, accumulated in float32) are widened first."""
+    xp = be.xp
+    if not (a.dtype == b.dtype == out.dtype):
+        a, b = a.astype(out.dtype, copy=False), b.astype(out.dtype, copy=False)
+    xp.matmul(a, b, out=out)
+    if bias is not None:
+        out += bias
 
 
 def column_sums(be: Backend, x, out):
@@ -156,10 +217,10 @@ def column_sums(be: Backend, x, out):
     NumPy does, whatever the cut. (NumPy's sum down the rows is a plain vectorised pass:
     faster here than a ones-vector product through BLAS.)"""
     if be.is_gpu:
-        out += x.sum(axis=0)
+        out += x.sum(axis=0, dtype=out.dtype)
         return
 
     def chunk(c, slot):
-        out[c] += x[:, c].sum(axis=0)
+        out[c] += x[:, c].sum(axis=0, dtype=out.dtype)
 
     be.for_each(cuts(x.shape[1], x.size, smallest=64), chunk)

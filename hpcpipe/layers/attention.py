@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from . import backend_for, linear, row_blocks, scope
+from . import backend_for, linear, row_blocks, scope, wide
 
 # Query rows per tile on the CPU: small enough that a tile's scores (NH · QUERY_TILE · T)
 # stay in cache, large enough to keep the matmuls efficient.
@@ -63,6 +63,8 @@ def forward(x, params, n_head, be=None):
     B, T, C = x.shape
     HS = C // n_head
     qkv, c_attn = linear.forward(x, scope(params, "c_attn."), be)  # (B, T, 3C), ours
+    storage = qkv.dtype
+    qkv = qkv.astype(wide(storage), copy=False)  # 16-bit: the core runs in float32
     parts = qkv.reshape(B, T, 3, n_head, HS)
     scale = 1.0 / math.sqrt(HS)
     parts[:, :, 0] *= scale
@@ -87,7 +89,8 @@ def forward(x, params, n_head, be=None):
             xp.matmul(s, v[g, :, :i1], out=yh[g, :, i0:i1])
 
     be.for_each(_groups(be, B, n_head, tiles, T, att.itemsize), sequences)
-    out, c_proj = linear.forward(y.reshape(B, T, C), scope(params, "c_proj."), be)
+    y = y.reshape(B, T, C).astype(storage, copy=False)
+    out, c_proj = linear.forward(y, scope(params, "c_proj."), be)
     cache = {"c_attn": c_attn, "c_proj": c_proj, "q": q, "k": k, "v": v, "att": att,
              "n_head": n_head, "scale": scale, "be": be}
     return out, cache
@@ -99,6 +102,8 @@ def backward_input(dout, cache):
     xp = be.xp
     B, NH, T, HS = q.shape
     dy = linear.backward_input(dout, cache["c_proj"])  # (B, T, C)
+    storage = dy.dtype
+    dy = dy.astype(att.dtype, copy=False)  # 16-bit: the core runs in float32
     dyh = dy.reshape(B, T, NH, HS).transpose(0, 2, 1, 3)  # (B, NH, T, HS) view
     dqkv = xp.empty((B, T, 3, NH, HS), dtype=att.dtype)  # what W of c_attn needs
     dq, dk, dv = (dqkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, NH, T, HS)
@@ -132,7 +137,7 @@ def backward_input(dout, cache):
 
     be.for_each(groups, sequences)
     dq *= cache["scale"]  # q was scaled before q k^T; k's gradient used the scaled q
-    dqkv = dqkv.reshape(B, T, 3 * NH * HS)
+    dqkv = dqkv.reshape(B, T, 3 * NH * HS).astype(storage, copy=False)
     cache["dqkv"] = dqkv
     return linear.backward_input(dqkv, cache["c_attn"])
 

@@ -23,22 +23,41 @@ def backward_input(dx, cache):
 
 
 def backward_weight(dx, cache, grads):
+    """d(wte)[v] += the sum of the rows of dx at the positions of token v, each token's
+    rows summed in a fixed order (NumPy's reduceat on the CPU; in batch order on a
+    device), so the same bits on every run and every layout. No scatter with atomics,
+    whose order on a GPU changes from run to run."""
     be = backend_for(dx, cache.get("be"))  # (a cache made by hand holds only idx)
+    xp = be.xp
     idx = cache["idx"]
     B, T, C = dx.shape
-    flat, rows = idx.reshape(-1), dx.reshape(-1, C)
-    if not be.is_gpu and flat.size >= 2 * grads["wte"].shape[0]:
-        # Tokens repeat a lot (a small vocabulary): sort the rows by token, sum each run in
-        # one vectorised pass and add the sums, ~4x faster than add.at's row-by-row
-        # scatter. A token's rows are summed in their batch order (stable sort).
-        order = np.argsort(flat, kind="stable")
-        tokens = flat[order]
-        starts = np.flatnonzero(np.r_[True, tokens[1:] != tokens[:-1]])
-        grads["wte"][tokens[starts]] += np.add.reduceat(rows[order], starts, axis=0)
-    else:
-        # Scatter-add: a token occurring several times collects every occurrence's gradient.
-        be.xp.add.at(grads["wte"], flat, rows)
-    grads["wpe"][:T] += dx.sum(axis=0)
+    dtype = grads["wte"].dtype  # 16-bit compute: the sums in float32
+    flat, rows = idx.reshape(-1), dx.reshape(-1, C).astype(dtype, copy=False)
+    # Sort the rows by token (stable: a token's rows stay in batch order) into runs.
+    order = xp.argsort(flat, kind="stable")
+    tokens = flat[order]
+    first = xp.ones(tokens.shape, dtype=bool)
+    first[1:] = tokens[1:] != tokens[:-1]
+    starts = xp.flatnonzero(first)
+    sums = (np.add.reduceat(rows[order], starts, axis=0) if not be.is_gpu
+            else _run_sums(xp, rows[order], first, starts.size))
+    grads["wte"][tokens[starts]] += sums
+    grads["wpe"][:T] += dx.sum(axis=0, dtype=dtype)
+
+
+def _run_sums(xp, rows, first, runs: int):
+    """The sum of each run of `rows` (runs start where `first` is set), added in order —
+    what NumPy's reduceat does, for a library without it. Round k adds the k-th row of
+    every run still that long: the runs in one round are distinct, so the indexed add has
+    no collisions."""
+    run = xp.cumsum(first) - 1  # the run of each row
+    start_of_run = xp.flatnonzero(first)
+    position = xp.arange(rows.shape[0]) - start_of_run[run]  # the row's place in its run
+    sums = xp.zeros((runs, rows.shape[1]), dtype=rows.dtype)
+    for k in range(int(position.max()) + 1):  # the longest run's length (one scalar)
+        mine = xp.flatnonzero(position == k)
+        sums[run[mine]] += rows[mine]
+    return sums
 
 
 def backward(dx, cache, grads):

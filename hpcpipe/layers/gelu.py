@@ -18,7 +18,7 @@ with t = tanh u, since 1 - t² = 4 h (1 - h).
 
 import math
 
-from . import backend_for, row_blocks
+from . import backend_for, row_blocks, wide, widen
 
 _K = math.sqrt(2.0 / math.pi)
 _A = 0.044715
@@ -33,10 +33,15 @@ def forward(x, params=None, be=None):
     dydx = xp.empty_like(x2)  # kept for B
     blocks = row_blocks(be, x2.shape[0], D * x2.itemsize)
 
+    compute = wide(x2.dtype)  # 16-bit storage: computed in float32, rounded once
+
     def block(r, slot):
-        scratch = be.scratch.workspace(f"gelu.f{slot}", (2, blocks[0].stop, D), x2.dtype)
-        xr, yr, gr = x2[r], y[r], dydx[r]
-        sq, h = scratch[0, : xr.shape[0]], scratch[1, : xr.shape[0]]
+        rows = r.stop - r.start
+        planes = 2 if compute == x2.dtype else 4
+        scratch = be.scratch.workspace(f"gelu.f{slot}", (planes, blocks[0].stop, D), compute)
+        sq, h = scratch[0, :rows], scratch[1, :rows]
+        xr = widen(be, x2[r], f"gelu.x{slot}")
+        yr, gr = (y[r], dydx[r]) if planes == 2 else (scratch[2, :rows], scratch[3, :rows])
         xp.multiply(xr, xr, out=sq)  # x²
         xp.multiply(sq, -2.0 * _K * _A, out=h)
         h -= 2.0 * _K
@@ -53,6 +58,8 @@ def forward(x, params=None, be=None):
         gr *= sq
         gr += 1.0
         gr *= h
+        if planes == 4:
+            y[r], dydx[r] = yr, gr
 
     be.for_each(blocks, block)
     return y.reshape(x.shape), {"dydx": dydx.reshape(x.shape), "be": be}
@@ -62,8 +69,15 @@ def backward_input(dy, cache):
     dydx = cache.pop("dydx")  # only B needs it, and only once: the gradient goes in place
     be = cache["be"]
     d2, dy2 = dydx.reshape(-1, dydx.shape[-1]), dy.reshape(-1, dy.shape[-1])
-    be.for_each(row_blocks(be, d2.shape[0], d2.shape[1] * d2.itemsize),
-                lambda r, slot: be.xp.multiply(d2[r], dy2[r], out=d2[r]))
+
+    def block(r, slot):
+        if wide(d2.dtype) == d2.dtype:
+            be.xp.multiply(d2[r], dy2[r], out=d2[r])
+        else:  # 16-bit: one product in float32, rounded once
+            d2[r] = be.xp.multiply(widen(be, d2[r], f"gelu.d{slot}"),
+                                   widen(be, dy2[r], f"gelu.dy{slot}"))
+
+    be.for_each(row_blocks(be, d2.shape[0], d2.shape[1] * d2.itemsize), block)
     return dydx
 
 

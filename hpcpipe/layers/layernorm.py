@@ -12,7 +12,7 @@ each row's number independent of the rows around it).
 
 import numpy as np
 
-from . import backend_for, column_sums, row_blocks
+from . import backend_for, column_sums, row_blocks, wide, widen
 
 EPS = 1e-5
 
@@ -35,16 +35,20 @@ def _row_dots(be, a, b, out):
 def forward(x, params, be=None):
     be = backend_for(x, be)
     xp = be.xp
-    weight, bias = params["weight"], params["bias"]
     C = x.shape[-1]
     x2 = x.reshape(-1, C)  # (N, C)
+    compute = wide(x2.dtype)  # 16-bit storage: statistics and arithmetic in float32
+    narrow = compute != x2.dtype
+    weight, bias = (params[k] if not narrow else params[k].astype(compute)
+                    for k in ("weight", "bias"))
     xhat = xp.empty_like(x2)
-    rstd = xp.empty((x2.shape[0], 1), dtype=x2.dtype)  # (N, 1)
+    rstd = xp.empty((x2.shape[0], 1), dtype=compute)  # (N, 1)
     y = xp.empty_like(x2)
-    inv_c = _inverse_width(be, C, x2.dtype)
+    inv_c = _inverse_width(be, C, compute)
 
     def block(r, slot):
-        xr, hr, yr, sr = x2[r], xhat[r], y[r], rstd[r]
+        xr, sr = widen(be, x2[r], f"layernorm.x{slot}"), rstd[r]
+        hr, yr = (xhat[r], y[r]) if not narrow else _planes(be, f"layernorm.f{slot}", xr)
         s = sr[:, 0]
         _row_dots(be, xr, inv_c, s)  # the means, for a moment
         xp.subtract(xr, sr, out=hr)  # centred
@@ -56,39 +60,55 @@ def forward(x, params, be=None):
         hr *= sr
         xp.multiply(hr, weight, out=yr)
         yr += bias
+        if narrow:
+            xhat[r], y[r] = hr, yr
 
     be.for_each(row_blocks(be, x2.shape[0], C * x2.itemsize), block)
-    return y.reshape(x.shape), {"xhat": xhat, "rstd": rstd, "weight": weight, "be": be}
+    return y.reshape(x.shape), {"xhat": xhat, "rstd": rstd, "weight": params["weight"],
+                                "be": be}
+
+
+def _planes(be, name: str, like):
+    """Two float32 scratch arrays shaped like `like` (a row block)."""
+    scratch = be.scratch.workspace(name, (2, *like.shape), like.dtype)
+    return scratch[0], scratch[1]
 
 
 def backward_input(dy, cache):
     be = cache["be"]
     xp = be.xp
-    xhat, rstd, weight = cache["xhat"], cache["rstd"], cache["weight"]
+    xhat, rstd = cache["xhat"], cache["rstd"]
     C = xhat.shape[-1]
     dy2 = dy.reshape(-1, C)
     dx = xp.empty_like(xhat)
+    compute = rstd.dtype
+    narrow = compute != xhat.dtype
+    weight = cache["weight"] if not narrow else cache["weight"].astype(compute)
     blocks = row_blocks(be, xhat.shape[0], C * xhat.itemsize)
-    inv_c = _inverse_width(be, C, xhat.dtype)
+    inv_c = _inverse_width(be, C, compute)
 
     # dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), the LN Jacobian.
     def block(r, slot):
+        rows = r.stop - r.start
         stats = be.scratch.workspace(f"layernorm.stats{slot}", (2, blocks[0].stop, 1),
-                                     xhat.dtype)
-        hr, dr = xhat[r], dx[r]
-        rows = dr.shape[0]
+                                     compute)
         proj, mean = stats[0, :rows], stats[1, :rows]
-        xp.multiply(dy2[r], weight, out=dr)  # dxhat
+        hr = widen(be, xhat[r], f"layernorm.h{slot}")
+        dr = dx[r] if not narrow else be.scratch.workspace(f"layernorm.dx{slot}",
+                                                           hr.shape, compute)
+        xp.multiply(widen(be, dy2[r], f"layernorm.dy{slot}"), weight, out=dr)  # dxhat
         _row_dots(be, dr, hr, proj[:, 0])
         proj *= 1.0 / C
         _row_dots(be, dr, inv_c, mean[:, 0])
         # dr = (dxhat - mean) - xhat * proj, then times rstd:
         dr -= mean
         proj_x = be.scratch.workspace(f"layernorm.px{slot}", (blocks[0].stop, C),
-                                      xhat.dtype)[:rows]
+                                      compute)[:rows]
         xp.multiply(hr, proj, out=proj_x)
         dr -= proj_x
         dr *= rstd[r]
+        if narrow:
+            dx[r] = dr
 
     be.for_each(blocks, block)
     return dx.reshape(dy.shape)
@@ -97,7 +117,9 @@ def backward_input(dy, cache):
 def backward_weight(dy, cache, grads):
     be, xhat = cache["be"], cache["xhat"]
     dy2 = dy.reshape(-1, xhat.shape[-1])
-    if not be.is_gpu and xhat.dtype in (np.float32, np.float64):  # einsum has no bfloat16
+    if wide(xhat.dtype) != xhat.dtype:  # 16-bit: the products in float32
+        dy2, xhat = dy2.astype(np.float32), xhat.astype(np.float32)
+    if not be.is_gpu:
         # sum over rows of dy * xhat without the product array: einsum streams both
         # operands once (2.5x the multiply-then-sum on the benchmark shapes).
         grads["weight"] += np.einsum("nc,nc->c", dy2, xhat)

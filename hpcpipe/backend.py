@@ -54,11 +54,13 @@ class Backend:
         xp = array_namespace(array)
         if xp is np:
             return cpu()
-        return Backend(xp=xp, name="cupy", device_id=int(xp.cuda.Device().id))
+        name = "cupy" if xp.__name__ == "cupy" else "simgpu"
+        return Backend(xp=xp, name=name, device_id=int(xp.cuda.Device().id))
 
     @property
     def is_gpu(self) -> bool:
-        return self.name == "cupy"
+        """A device (CuPy, or the tests' stand-in for one: devicesim.py)."""
+        return self.name in ("cupy", "simgpu")
 
     @property
     def threads(self) -> int:
@@ -72,18 +74,41 @@ class Backend:
         return self.xp.asarray(a, dtype=dtype)
 
     def pinned_empty(self, shape, dtype):
-        """A host array MPI can read while the device copies into it (page-locked on a
-        GPU backend: asynchronous copies need it); a plain NumPy array on the CPU."""
-        if self.is_gpu:
+        """A host array MPI can read while the device copies into it (page-locked with
+        CuPy: asynchronous copies need it); a plain NumPy array otherwise."""
+        if self.name == "cupy":
             import cupyx
 
             return cupyx.empty_pinned(shape, dtype)
         return np.empty(shape, dtype)
 
+    def allocation(self, array) -> tuple[int, int]:
+        """(identity, bytes) of the allocation `array` views: arrays that share memory
+        (views, reshapes) answer the same, so memory is counted once."""
+        if self.name == "cupy":
+            memory = array.data.mem
+            return memory.ptr, int(memory.size)
+        if self.name == "simgpu":
+            return array.allocation()
+        root = array
+        while root.base is not None:
+            root = root.base
+        return id(root), int(getattr(root, "nbytes", array.nbytes))
+
     def synchronize(self) -> None:
         """Wait for queued device work; MPI must never see a buffer still being written."""
         if self.is_gpu:
             self.xp.cuda.get_current_stream().synchronize()
+
+    def record_event(self):
+        """A device event recorded in the current stream (device backends only)."""
+        event = self.xp.cuda.Event()
+        event.record()
+        return event
+
+    def elapsed_ms(self, start, end) -> float:
+        """Milliseconds between two recorded events (both passed by the device)."""
+        return float(self.xp.cuda.get_elapsed_time(start, end))
 
     def for_each(self, items, fn) -> None:
         """fn(item, slot) for every item: over the pool's threads on the CPU, in order on
@@ -102,7 +127,8 @@ class Backend:
         if self.is_gpu:
             props = self.xp.cuda.runtime.getDeviceProperties(self.device_id)
             name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-            return f"cupy {self.xp.__version__} on GPU {self.device_id} ({name})"
+            library = "cupy" if self.name == "cupy" else "device stand-in"
+            return f"{library} {self.xp.__version__} on GPU {self.device_id} ({name})"
         return f"numpy {np.__version__} on CPU"
 
 
@@ -162,12 +188,24 @@ def sharing_error(shared, bindings) -> BackendError:
         f"a GPU (slow; for debugging)")
 
 
-def _gpu_count() -> int:
-    try:
-        import cupy  # noqa: F401
+def _gpu_library():
+    """CuPy, or the device stand-in when HPCPIPE_FAKE_GPU=1 (tests); None when neither."""
+    from . import devicesim
 
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:  # no cupy, no driver, no device: all mean "no GPU here"
+    if os.environ.get(devicesim.FAKE_GPU_ENV) == "1":
+        return devicesim.device()
+    try:
+        import cupy
+
+        return cupy
+    except Exception:  # not installed, or a CUDA library missing
+        return None
+
+
+def _gpu_count(library) -> int:
+    try:
+        return int(library.cuda.runtime.getDeviceCount()) if library is not None else 0
+    except Exception:  # no driver, no device: both mean "no GPU here"
         return 0
 
 
@@ -233,7 +271,8 @@ def select(device: str = "auto", local_rank: int = 0, *, peers=None,
         raise BackendError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     chosen, binding = None, None
     if device != "cpu":
-        count = _gpu_count()
+        library = _gpu_library()
+        count = _gpu_count(library)
         if count == 0 and device == "gpu":
             raise BackendError(
                 "device = \"gpu\" but no CUDA device is usable here (is CuPy installed "
@@ -241,12 +280,11 @@ def select(device: str = "auto", local_rank: int = 0, *, peers=None,
                 "use device = \"cpu\" or \"auto\""
             )
         if count > 0:
-            import cupy
-
             device_id = gpu_for_rank(node_local_rank(local_rank), count)
-            cupy.cuda.Device(device_id).use()
-            chosen = Backend(xp=cupy, name="cupy", device_id=device_id)
-            binding = (_hostname(), _device_identity(cupy, device_id))
+            library.cuda.Device(device_id).use()
+            name = "cupy" if library.__name__ == "cupy" else "simgpu"
+            chosen = Backend(xp=library, name=name, device_id=device_id)
+            binding = (_hostname(), _device_identity(library, device_id))
     if peers is not None:
         # Every rank takes part (CPU ranks too) and judges the same gathered list, so all
         # raise together and the one message is printed by rank 0.
@@ -284,11 +322,14 @@ def keep_freed_memory():
 
 
 def array_namespace(a):
-    """numpy or cupy, whichever module owns array `a`."""
-    if type(a).__module__.startswith("cupy"):
+    """numpy, cupy or the device stand-in: whichever owns array `a`."""
+    module = type(a).__module__
+    if module.startswith("cupy"):
         import cupy
 
         return cupy
+    if module == "hpcpipe.devicesim":
+        return a._device
     return np
 
 

@@ -180,21 +180,21 @@ class Stage:
 
         Caches hold many views (q, k, v of one qkv array; reshapes): each underlying
         allocation counts once, and parameters, which caches also reference, not at all."""
-        roots = {}
+        be = self.be
+        params = be.allocation(self.param_buffer.data)[0]
+        sizes = {}
 
         def walk(obj):
             if isinstance(obj, dict):
                 for value in obj.values():
                     walk(value)
-            elif hasattr(obj, "nbytes") and hasattr(obj, "base"):
-                root = obj
-                while getattr(root, "base", None) is not None:
-                    root = root.base
-                if root is not self.param_buffer.data:
-                    roots[id(root)] = int(getattr(root, "nbytes", obj.nbytes))
+            elif hasattr(obj, "nbytes") and hasattr(obj, "shape"):
+                key, nbytes = be.allocation(obj)
+                if key != params:
+                    sizes[key] = nbytes
 
         walk(self._stash)
-        return sum(roots.values())
+        return sum(sizes.values())
 
     @property
     def in_flight(self) -> list[int]:

@@ -1,12 +1,52 @@
-"""Test-wide setup: the helpers in tests/ are importable by name."""
+"""Test-wide setup: the helpers in tests/ are importable by name, the device the tests
+run on is chosen (`--device`, see devices.py), and a session's prepared corpus."""
 
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-
 import pytest
+
+import devices
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", choices=("cpu", "standin", "gpu"), default="cpu",
+                     help="run the device tests (marked `device`) on the CPU (default), "
+                          "the device stand-in, or the GPU with CuPy")
+
+
+def pytest_configure(config):
+    """Publish the device for this process and every process a test starts."""
+    from hpcpipe import devicesim
+
+    choice = config.getoption("--device")
+    os.environ[devices.ENV] = "cpu" if choice == "cpu" else "gpu"
+    if choice == "standin":
+        os.environ[devicesim.FAKE_GPU_ENV] = "1"
+    else:
+        os.environ.pop(devicesim.FAKE_GPU_ENV, None)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Off the CPU, only the tests that exercise the device run."""
+    if config.getoption("--device") == "cpu":
+        return
+    skip = pytest.mark.skip(reason=f"not a device test (--device "
+                                   f"{config.getoption('--device')} runs those marked `device`)")
+    for item in items:
+        if "device" not in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def be():
+    """A fresh backend on the test device, its thread pool and scratch released after."""
+    backend = devices.select()
+    yield backend
+    backend.pool.stop()
+    backend.scratch.clear()
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,11 @@ import time
 import numpy as np
 import pytest
 
+import devices
 from hpcpipe import checkpoint as ckpt
 from mpirun import ROOT, launcher, run
+
+pytestmark = pytest.mark.device
 
 SMALL = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
          'train.dtype="float64"', "train.micro_batch_size=2", "train.eval_every=0",
@@ -26,7 +29,7 @@ def sets(items):
 
 def train(run_dir, tokens, n, *extra, resume=None):
     args = ["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
-            str(run_dir), *sets(SMALL + [f'data.path="{tokens}"', *extra])]
+            str(run_dir), *sets(SMALL + devices.overrides() + [f'data.path="{tokens}"', *extra])]
     if resume is not None:
         args += ["--resume"] + ([str(resume)] if resume else [])
     return run(args, n=n, timeout=300)
@@ -114,7 +117,7 @@ def _rank_pids(run_dir):
 def _start(run_dir, tokens, n, *extra, env=None):
     args = [*launcher(n), sys.executable, "-m", "mpi4py", "-m", "hpcpipe", "train",
             "inputs/tiny.toml", "--run-dir", str(run_dir),
-            *sets(SMALL + [f'data.path="{tokens}"', *extra])]
+            *sets(SMALL + devices.overrides() + [f'data.path="{tokens}"', *extra])]
     return subprocess.Popen(args, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -4,6 +4,8 @@ import pytest
 
 from mpirun import run
 
+pytestmark = pytest.mark.device
+
 
 @pytest.mark.parametrize("ranks", [4, 3, 2])
 def test_data_parallel_layouts_equal_one_process(ranks):

@@ -5,7 +5,10 @@ import json
 
 import pytest
 
+import devices
 from mpirun import run
+
+pytestmark = pytest.mark.device
 
 TINY = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
         "train.micro_batch_size=2", "train.eval_batches=1", "train.log_every=1"]
@@ -27,7 +30,7 @@ def sets(*items):
 
 def train_cmd(run_dir, *extra, config="inputs/tiny.toml"):
     return ["-m", "mpi4py", "-m", "hpcpipe", "train", config, "--run-dir", str(run_dir),
-            *sets(*TINY), *sets(*extra)]
+            *sets(*TINY), *devices.train_sets(), *sets(*extra)]
 
 
 def test_pipeline_training_writes_metrics_traces_and_timeline(tmp_path, stdlib_tokens):

@@ -1,6 +1,10 @@
 """Optimizer post-validation over MPI equals the synchronous optimizer."""
 
+import pytest
+
 from mpirun import run
+
+pytestmark = pytest.mark.device
 
 
 def test_post_validation_equals_synchronous_optimizer():

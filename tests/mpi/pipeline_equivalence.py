@@ -10,12 +10,16 @@ with the last schedule must leave bitwise the weights of one process. Exit statu
 when every rank agrees that everything matched.
 """
 
+import os
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
-from hpcpipe import backend, config
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import devices  # noqa: E402  (tests/devices.py: the test device)
+
+from hpcpipe import config
 from hpcpipe import grid as gridlib
 from hpcpipe.model import GPT
 from hpcpipe.rank import Rank
@@ -62,7 +66,7 @@ class Run:
 
     def __init__(self, comm, cfg, schedule):
         self.grid = gridlib.build(comm, 1, comm.size)
-        self.be = backend.select("cpu")
+        self.be = devices.select()
         self.schedule = schedule
         self.rank = Rank.build(cfg, self.grid, self.be, schedule)
         self.model = self.rank.model
@@ -72,7 +76,8 @@ class Run:
         m = self.schedule.num_microbatches
 
         def inputs(mb):
-            return idx[mb * B:(mb + 1) * B], targets[mb * B:(mb + 1) * B]
+            rows = slice(mb * B, (mb + 1) * B)
+            return self.be.from_host(idx[rows]), self.be.from_host(targets[rows])
 
         if lr is None:  # gradients only
             self.model.zero_grad()
@@ -90,7 +95,7 @@ class Run:
             for name, value in views.items():
                 if name == "wte" and not stage.embedding_part:
                     continue
-                mine[name] = np.array(value)
+                mine[name] = self.be.to_host(value).copy()
         parts = self.grid.pipe.gather(mine, root=0)
         if self.grid.pipe.rank != 0:
             return None

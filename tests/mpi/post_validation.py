@@ -9,12 +9,16 @@ Losses, norms, skipped steps and final weights must equal the synchronous run's 
 round-off (1e-12 relative). Exit status 0 only when everything matched.
 """
 
+import os
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
-from hpcpipe import backend, config
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import devices  # noqa: E402  (tests/devices.py: the test device)
+
+from hpcpipe import config
 from hpcpipe import grid as gridlib
 from hpcpipe.rank import Rank
 from hpcpipe.schedules import generate
@@ -44,7 +48,7 @@ def batch(step):
 def train(cfg, poison=False):
     p = cfg.parallel
     grid = gridlib.build(WORLD, p.dp, p.pp)
-    be = backend.select("cpu")
+    be = devices.select()
     schedule = generate(p.schedule, p.pp, p.microbatches)
     rank = Rank.build(cfg, grid, be, schedule)
     model = rank.model
@@ -70,14 +74,14 @@ def train(cfg, poison=False):
 
         def inputs(mb):
             rows = slice((first + mb) * B, (first + mb + 1) * B)
-            return idx[rows], targets[rows]
+            return be.from_host(idx[rows]), be.from_host(targets[rows])
 
         outcomes += rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip)
     outcomes += rank.flush()
     weights = {}
     for stage in model.stages.values():
         for name, value in stage.params.items():
-            weights[(grid.dp_rank, name, stage.embedding_part)] = np.array(value)
+            weights[(grid.dp_rank, name, stage.embedding_part)] = be.to_host(value).copy()
     return outcomes, WORLD.gather(weights, root=0)
 
 

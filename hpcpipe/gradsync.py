@@ -120,7 +120,10 @@ class _InFlight:
     """One bucket's reduction of the current step."""
 
     waiting: set  # tensors whose last W has not run yet
-    request: object = None
+    launched: bool = False
+    in_place: bool = False  # MPI reduces the gradient buffer itself
+    copied: object = None  # device event: the gradient is in `send` (None: it is now)
+    request: object = None  # the MPI reduction, once `copied` is done
     send: object = None  # the communication buffers, kept while in flight
     recv: object = None
 
@@ -158,7 +161,7 @@ class GradSync:
             return
         for name in names:
             i = self.plan.of.get((chunk, name))
-            if i is None or self._flight[i].request is not None:
+            if i is None or self._flight[i].launched:
                 continue
             self._flight[i].waiting.discard(name)
             if not self._flight[i].waiting:
@@ -166,40 +169,60 @@ class GradSync:
         self.progress()
 
     def progress(self):
-        """Let MPI move the reductions in flight. Without an asynchronous progress thread
-        an MPI library advances a non-blocking collective only inside MPI calls, so the
-        runtime calls this between layers of the W passes."""
+        """Start the reductions whose gradients have reached their buffers, and let MPI
+        move those in flight. Without an asynchronous progress thread an MPI library
+        advances a non-blocking collective only inside MPI calls, so the runtime calls
+        this between ops and between layers of the W passes."""
+        for i, flight in enumerate(self._flight):
+            if flight.launched and flight.request is None and (
+                    flight.copied is None or flight.copied.done):
+                self._start(i)
         pending = [f.request for f in self._flight if f.request is not None]
         if pending:
             self.MPI.Request.Testall(pending)
 
     def launch_rest(self):
-        """Start every bucket not started yet (the tied embedding; stages whose last W
+        """Launch every bucket not launched yet (the tied embedding; stages whose last W
         had no per-layer hook)."""
         if self.dp == 1:
             return
         for i, flight in enumerate(self._flight):
-            if flight.request is None:
+            if not flight.launched:
                 self._launch(i)
 
     def _launch(self, i: int):
-        """Start bucket i's reduction: in place when MPI can take the gradient buffer as
-        it is, otherwise through a converted (and, when staged, host) copy."""
+        """Queue bucket i's gradient into its communication buffers — itself when MPI can
+        take the gradient buffer as it is, else a converted (and, when staged, host) copy
+        — without waiting for the device: the reduction starts once the copy is done
+        (`progress`, `wait`), so a W hook never stalls the device."""
         bucket, flight, t = self.plan.buckets[i], self._flight[i], self.transport
         grads = self._grads(bucket)
-        op = t.sum_op(self.comm_dtype)
         self.bytes_reduced += bucket.size * self.comm_dtype.itemsize
+        flight.launched = True
         if self.plan.zero:
             flight.send = t.empty(bucket.padded, self.comm_dtype)
             flight.send[bucket.size:] = 0
-            t.fill(flight.send[:bucket.size], grads)
+            flight.copied = t.fill(flight.send[:bucket.size], grads)
             flight.recv = t.empty(bucket.padded // self.dp, self.comm_dtype)
-            t.ready()
+        elif t.staged or self.comm_dtype != grads.dtype:
+            flight.send = t.empty(bucket.size, self.comm_dtype)
+            flight.copied = t.fill(flight.send, grads)
+        else:  # in place: the W's that wrote it must be done on the device
+            flight.send, flight.in_place = grads, True
+            flight.copied = t.backend.record_event() if t.backend.is_gpu else None
+        if flight.copied is None:
+            self._start(i)
+
+    def _start(self, i: int):
+        """Post bucket i's MPI reduction (its buffers are ready)."""
+        flight, t = self._flight[i], self.transport
+        op = t.sum_op(self.comm_dtype)
+        if self.plan.zero:
             flight.request = self.comm.Ireduce_scatter_block(
                 t.wire(flight.send), t.wire(flight.recv), op=op)
-            return
-        flight.send = t.outgoing(grads, self.comm_dtype)
-        flight.request = self.comm.Iallreduce(self.MPI.IN_PLACE, t.wire(flight.send), op=op)
+        else:
+            flight.request = self.comm.Iallreduce(self.MPI.IN_PLACE, t.wire(flight.send),
+                                                  op=op)
 
     def wait(self):
         """Finish every reduction: the buffers (or, with ZeRO-1, this replica's shards)
@@ -208,6 +231,10 @@ class GradSync:
             return
         self.launch_rest()
         start = time.perf_counter()
+        for i, flight in enumerate(self._flight):
+            if flight.request is None:  # its copy was still queued on the device
+                flight.copied.synchronize()
+                self._start(i)
         self.MPI.Request.Waitall([f.request for f in self._flight])
         self.wait_s += time.perf_counter() - start
         t = self.transport
@@ -219,7 +246,7 @@ class GradSync:
                 self._shards[i] = shard.astype(grads.dtype)  # a fresh array
                 t.release(flight.send)
                 t.release(flight.recv)
-            elif flight.send is not grads:  # converted or staged: copy the sum back
+            elif not flight.in_place:  # converted or staged: copy the sum back
                 t.to_device(flight.send, out=grads)
                 t.release(flight.send)
             flight.send = flight.recv = None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from .comm import FORWARD, PipeComm
 from .schedules import Schedule, check, messages
 from .schedules.ops import Kind
-from .trace import Trace
+from .trace import Clock, Trace
 
 LOOKAHEAD = 2  # ops ahead whose receives are already posted
 
@@ -51,6 +51,7 @@ class Runtime:
         check(schedule)  # never run a schedule that could deadlock or compute wrong numbers
         self.schedule, self.rank, self.stages = schedule, rank, stages
         self.p2p, self.trace = p2p, trace
+        self.clock = Clock(p2p.backend)
         self.plan = messages(schedule, rank)
         self.chunks = schedule.chunks
 
@@ -67,20 +68,21 @@ class Runtime:
         m − 1: W's run in microbatch order) as its layers finish their gradients;
         `on_op_done(chunk, kind, is_last_microbatch)` after every op (kind: a Kind)."""
         last_mb = self.schedule.num_microbatches - 1
-        trace = self.trace
+        trace, clock = self.trace, self.clock
+        clock.begin()
         result = StepResult(start=trace.now())
         flight = _InFlight()
+        timed = []  # (op, start stamp, end stamp): read once the device is done
         for i in range(min(LOOKAHEAD, len(self.plan))):
             self._post(flight, i)
         for i, item in enumerate(self.plan):
             self._post(flight, i + LOOKAHEAD)
             op = item.op
             received = self._receive(flight, i, item, step)
-            start = trace.now()
+            start = clock.stamp()
             hook = self._hook(on_layer_done, op, last_mb)
             out = self._compute(item, received, inputs, loss_scale, hook, flight, result)
-            self.p2p.backend.synchronize()
-            trace.add(str(op), op.kind.value, start, trace.now(), step)
+            timed.append((op, start, clock.stamp()))
             self._send(item, out, flight)
             self.p2p.progress()
             if on_op_done is not None:
@@ -90,6 +92,10 @@ class Runtime:
                 result.peak_microbatches = max(result.peak_microbatches, count)
                 result.peak_bytes = max(result.peak_bytes, nbytes)
         self.p2p.finish()
+        self.p2p.backend.synchronize()  # the step's one wait for the device
+        for op, start, end in timed:
+            trace.add(str(op), op.kind.value, trace.at(clock.seconds(start)),
+                      trace.at(clock.seconds(end)), step)
         result.end = trace.now()
         return result
 

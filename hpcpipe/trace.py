@@ -39,12 +39,44 @@ class Trace:
     def now(self) -> float:
         return time.perf_counter() - self.origin
 
+    def at(self, seconds: float) -> float:
+        """A host clock reading (time.perf_counter()) on this trace's time line."""
+        return seconds - self.origin
+
     def add(self, name, kind, start, end, step):
         if self.enabled:
             self.events.append(Event(name, kind, start, end, step))
 
     def step_events(self, step: int) -> list[Event]:
         return [e for e in self.events if e.step == step]
+
+
+class Clock:
+    """When device work ran, without waiting for it after every op.
+
+    On the CPU a stamp is the host clock. On a device work is queued and runs later, so a
+    stamp is an event recorded in the device's stream; once per step, after the one
+    synchronisation the step needs anyway, `seconds` reads the events back, on the host
+    clock's scale (anchored by `begin`, when the device was idle)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self._anchor = None  # (host seconds, event) at the step's start
+
+    def begin(self):
+        if self.backend.is_gpu:
+            self.backend.synchronize()
+            self._anchor = (time.perf_counter(), self.backend.record_event())
+
+    def stamp(self):
+        return self.backend.record_event() if self.backend.is_gpu else time.perf_counter()
+
+    def seconds(self, stamp) -> float:
+        """Host seconds of a stamp (on a device: once the device has passed it)."""
+        if not self.backend.is_gpu:
+            return stamp
+        host, event = self._anchor
+        return host + self.backend.elapsed_ms(event, stamp) / 1e3
 
 
 @dataclass

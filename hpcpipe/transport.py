@@ -86,6 +86,13 @@ def resolve_gpu_aware(setting, backend) -> bool:
 
 # -- the transport ---------------------------------------------------------------------------
 
+def _owner(array):
+    """The array that owns the memory `array` views (a pooled buffer, for a slice of one)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
 def _shape(shape) -> tuple:
     return tuple(int(n) for n in shape) if isinstance(shape, (tuple, list)) else (int(shape),)
 
@@ -97,40 +104,42 @@ class Transport:
     def __init__(self, backend, gpu_aware: bool = False):
         self.backend = backend
         self.staged = backend.is_gpu and not gpu_aware
-        self._pinned: dict = {}  # (shape, dtype) → free pinned host arrays
+        self._pinned: dict = {}  # (shape, dtype) → [(free pinned array, its last copy)]
+        self._copying: dict = {}  # id(pinned array) → event of its copy to the device
         self._sum_ops: dict = {}  # dtype → user-defined MPI sum over its 16-bit words
 
     # -- buffers ---------------------------------------------------------------------------
-    def mpi_side(self):
-        """The array library of the buffers MPI is handed (NumPy when staged)."""
-        return np if self.staged or not self.backend.is_gpu else self.backend.xp
-
     def empty(self, shape, dtype):
         """A buffer MPI may read and write: pooled pinned host memory when staged (give it
         back with `release`), device (or CPU) memory otherwise."""
         if not self.staged:
             return self.backend.xp.empty(shape, dtype)
-        key = (_shape(shape), np.dtype(dtype).str)
-        free = self._pinned.get(key)
-        if free:
-            return free.pop()
+        free = self._pinned.get((_shape(shape), np.dtype(dtype).str), [])
+        for i, (buffer, copying) in enumerate(free):
+            # A buffer whose copy to the device may still be running is not reused yet.
+            if copying is None or copying.done:
+                return free.pop(i)[0]
         return self.backend.pinned_empty(shape, dtype)
 
     def release(self, buffer):
-        """Give a buffer from `empty` back once MPI and the copies are done with it (a
-        no-op for device and CPU buffers, which are garbage-collected)."""
+        """Give a buffer from `empty` back once MPI is done with it (a no-op for device
+        and CPU buffers, which are garbage-collected). A copy from it to the device that
+        `to_device` started may still run: the pool waits for it before reuse."""
         if self.staged:
+            copying = self._copying.pop(id(_owner(buffer)), None)
             key = (_shape(buffer.shape), buffer.dtype.str)
-            self._pinned.setdefault(key, []).append(buffer)
+            self._pinned.setdefault(key, []).append((buffer, copying))
 
     def fill(self, buffer, array):
-        """Copy the backend array `array` into `buffer` (from `empty`), converting to the
-        buffer's dtype. Call `ready` before MPI reads the buffer."""
+        """Start copying the backend array `array` into `buffer` (from `empty`), converting
+        to the buffer's dtype. Returns the device event that marks the copy done (None on
+        the CPU): MPI may read the buffer once it is (`ready` waits for everything)."""
         source = array.astype(buffer.dtype, copy=False)
         if self.staged:
-            source.get(out=buffer)  # device → pinned host
+            source.get(out=buffer, blocking=False)  # device → pinned host, queued
         else:
             buffer[...] = source
+        return self.backend.record_event() if self.backend.is_gpu else None
 
     def ready(self):
         """Let MPI read what was just written: queued device work (copies included) must
@@ -151,18 +160,21 @@ class Transport:
         return buffer
 
     def to_device(self, buffer, out=None):
-        """A buffer MPI has filled, as an array of the backend (into `out` when given)."""
+        """A buffer MPI has filled, as an array of the backend (into `out` when given).
+        From pinned memory the copy is queued on the device: `release` the buffer only
+        through this transport, which keeps it from reuse until the copy is done."""
         if not self.staged:
             if out is not None and out is not buffer:
                 out[...] = buffer.astype(out.dtype, copy=False)
                 return out
             return buffer
         if out is None:
-            return self.backend.xp.asarray(buffer)
+            out = self.backend.xp.empty(buffer.shape, buffer.dtype)
         if out.dtype == buffer.dtype:
-            out.set(buffer)
+            out.set(buffer)  # pinned host → device, queued
         else:
             out[...] = self.backend.xp.asarray(buffer).astype(out.dtype)
+        self._copying[id(_owner(buffer))] = self.backend.record_event()
         return out
 
     # -- wire format -----------------------------------------------------------------------

@@ -33,17 +33,22 @@ from .common import write_json
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
+# gpt2 is GPT-2 124M's shape, for GPUs (batch 16 × 1024 is what PyTorch's figures in
+# the README use).
 CONFIGS = {
     "tiny": GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=128),
     "medium": GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=6, n_embd=384),
+    "gpt2": GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
 }
 # --smoke: every code path in well under a second (CI keeps the benchmark from rotting).
 SMOKE = GPTConfig(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)
 
 # AdamW as in inputs/tiny.toml. The learning rate is constant: a schedule costs nothing.
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 3e-3, 0.9, 0.95, 1e-8, 0.1
-# First-step losses must agree to this relative tolerance (float32: summation order).
-LOSS_RTOL = {"float32": 1e-5, "float64": 1e-10}
+# First-step losses must agree to this relative tolerance (float32: summation order;
+# 16-bit: hpcpipe rounds its own way, PyTorch autocasts a float32 model).
+LOSS_RTOL = {"float32": 1e-5, "float64": 1e-10, "bfloat16": 2e-2, "float16": 5e-3}
+TF32_RTOL = 2e-3
 
 EPILOG = """\
 examples:
@@ -63,7 +68,12 @@ def add_parser(sub):
     p.add_argument("--configs", default="tiny,medium",
                    help=f"comma-separated, from {', '.join(CONFIGS)} (default tiny,medium)")
     p.add_argument("--batch", type=int, default=16, help="sequences per step (16)")
-    p.add_argument("--dtype", choices=DTYPES[:2], default="float32")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="compute dtype (default float32); 16-bit runs hpcpipe with float32 "
+                        "master weights and PyTorch under autocast")
+    p.add_argument("--tf32", action="store_true",
+                   help="GPU float32 GEMMs on TF32 tensor cores, in both (CUPY_TF32=1 and "
+                        "torch's allow_tf32)")
     p.add_argument("--device", choices=backend.DEVICES, default="auto")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps of each (2)")
     p.add_argument("--repeats", type=int, default=10, help="measured steps of each (10)")
@@ -157,22 +167,31 @@ class HpcpipeStep:
 
 
 class TorchStep:
-    """The same step in PyTorch eager: forward, loss.backward() (B and W together), AdamW."""
+    """The same step in PyTorch eager: forward, loss.backward() (B and W together), AdamW.
+    16-bit: a float32 model under autocast, as PyTorch users train in 16 bits."""
 
     def __init__(self, torch, cfg, device, dtype, params, idx, targets):
         from .torch_gpt import TorchGPT, adamw
 
         self.torch = torch
-        self.model = TorchGPT(cfg).to(device=device, dtype=getattr(torch, dtype))
+        wide = dtype in ("float32", "float64")
+        self.model = TorchGPT(cfg).to(device=device,
+                                      dtype=getattr(torch, dtype if wide else "float32"))
         self.model.load_hpcpipe(params)
         self.opt, self.opt_kind = adamw(self.model, LR, BETA1, BETA2, EPS, WEIGHT_DECAY)
         self.idx = torch.as_tensor(idx, device=device)
         self.targets = torch.as_tensor(targets, device=device)
         self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        self.autocast = (None if wide else
+                         (lambda: torch.autocast(device, dtype=getattr(torch, dtype))))
 
     def __call__(self) -> float:
         self.opt.zero_grad(set_to_none=True)
-        value = self.model(self.idx, self.targets)
+        if self.autocast is None:
+            value = self.model(self.idx, self.targets)
+        else:
+            with self.autocast():
+                value = self.model(self.idx, self.targets)
         value.backward()
         self.opt.step()
         self.sync()
@@ -192,25 +211,52 @@ def first_losses(cfg, be, dtype, batch, torch=None, device="cpu"):
     ours = HpcpipeStep(cfg, be, dtype, idx, targets)
     if torch is None:
         return ours, None, ours(), None
-    host_params = {name: be.to_host(p).copy() for name, p in ours.stage.params.items()}
+    host_params = {name: be.to_host(p).astype(np.float32 if p.dtype.itemsize < 4 else p.dtype)
+                   for name, p in ours.stage.params.items()}
     theirs = TorchStep(torch, cfg, device, dtype, host_params, idx, targets)
     return ours, theirs, ours(), theirs()
 
 
-def check_same_loss(name, ours: float, theirs: float, dtype: str):
-    if not abs(ours - theirs) <= LOSS_RTOL[dtype] * abs(theirs):
+def check_same_loss(name, ours: float, theirs: float, dtype: str, tf32: bool = False):
+    rtol = max(LOSS_RTOL[dtype], TF32_RTOL if tf32 else 0.0)
+    if not abs(ours - theirs) <= rtol * abs(theirs):
         raise RuntimeError(f"bench step {name}: the first step's losses differ (hpcpipe "
                            f"{ours!r}, PyTorch {theirs!r}, {dtype}): the two models do not "
                            f"compute the same thing, so their speeds cannot be compared")
 
 
-def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cpu",
-            log=print) -> dict:
-    """Time hpcpipe's and torch's steps alternately; one result row for `name`."""
-    ours, theirs, loss0, torch_loss0 = first_losses(cfg, be, dtype, batch, torch, device)
-    if theirs is not None:
-        check_same_loss(name, loss0, torch_loss0, dtype)
-    runners = [("hpcpipe", ours)] + ([("torch", theirs)] if theirs is not None else [])
+def thread_counts(threads: int) -> list[int]:
+    """1, 2, 4, ... up to `threads`, and `threads` itself."""
+    counts, n = [], 1
+    while n < threads:
+        counts.append(n)
+        n *= 2
+    return counts + [threads]
+
+
+def best_torch_threads(torch, step, threads: int, tokens: int) -> tuple[int, dict]:
+    """PyTorch on the CPU at each thread count up to `threads` (a warm-up and three timed
+    steps each): its fastest count, and tokens/s at every count. On a busy machine its
+    all-cores run can collapse (spinning threads waiting for a core) while one thread
+    does not: the peer is measured at its best, never at a count that cripples it."""
+    rates = {}
+    for n in thread_counts(threads):
+        torch.set_num_threads(n)
+        step()
+        times = []
+        for _ in range(3):
+            tick = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - tick)
+        rates[n] = tokens / statistics.median(times)
+    best = max(rates, key=rates.get)
+    torch.set_num_threads(best)
+    return best, rates
+
+
+def alternate(runners, warmup: int, repeats: int, name: str, log) -> dict:
+    """Seconds per step of each runner, the runners alternating (and swapping which goes
+    first) in every repetition."""
     for _ in range(warmup):
         for _, run in runners:
             run()
@@ -223,17 +269,32 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
             times[label].append(time.perf_counter() - tick)
         if repeats >= 5 and (rep + 1) % max(1, repeats // 5) == 0:
             log(f"  {name}: {rep + 1}/{repeats} repetitions")
+    return times
+
+
+def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cpu",
+            log=print, tf32=False) -> dict:
+    """Time hpcpipe's and torch's steps alternately; one result row for `name`."""
+    ours, theirs, loss0, torch_loss0 = first_losses(cfg, be, dtype, batch, torch, device)
     tokens = batch * cfg.block_size
-    flops = flops_per_token(cfg, cfg.block_size)
     row = {"config": name, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head,
            "block_size": cfg.block_size, "vocab_size": cfg.vocab_size, "batch": batch,
-           "dtype": dtype, "params": int(ours.stage.param_buffer.size),
-           "flops_per_token": flops, "repeats": repeats,
-           "hpcpipe_step_ms": 1e3 * statistics.median(times["hpcpipe"]),
-           "hpcpipe_loss0": loss0}
+           "dtype": dtype, "tf32": tf32, "params": int(ours.stage.param_buffer.size),
+           "flops_per_token": flops_per_token(cfg, cfg.block_size), "repeats": repeats,
+           "hpcpipe_loss0": loss0, "torch_tokens_per_s": None, "ratio": None,
+           "torch_step_ms": None, "ratio_paired": None}
+    runners = [("hpcpipe", ours)]
+    if theirs is not None:
+        check_same_loss(name, loss0, torch_loss0, dtype, tf32)
+        runners.append(("torch", theirs))
+        if device == "cpu":
+            best, rates = best_torch_threads(torch, theirs, be.threads, tokens)
+            log(f"  {name}: PyTorch tokens/s by thread count "
+                + ", ".join(f"{n}: {r:,.0f}" for n, r in rates.items()) + f" → {best}")
+            row.update(torch_threads=best, torch_tokens_per_s_by_threads=rates)
+    times = alternate(runners, warmup, repeats, name, log)
+    row["hpcpipe_step_ms"] = 1e3 * statistics.median(times["hpcpipe"])
     row["hpcpipe_tokens_per_s"] = tokens / (row["hpcpipe_step_ms"] / 1e3)
-    row["torch_tokens_per_s"] = row["ratio"] = row["torch_step_ms"] = None
-    row["ratio_paired"] = None
     if theirs is not None:
         row["torch_step_ms"] = 1e3 * statistics.median(times["torch"])
         row["torch_tokens_per_s"] = tokens / (row["torch_step_ms"] / 1e3)
@@ -378,25 +439,35 @@ def _plan(args, be):
 
 def _print_rows(rows, with_torch: bool, log):
     log("")
-    log("| config | tokens/step | hpcpipe tokens/s | PyTorch tokens/s | ratio | MFU hpcpipe | "
-        "MFU PyTorch |")
-    log("|---|---|---|---|---|---|---|")
+    log("| config | dtype | tokens/step | hpcpipe tokens/s | PyTorch tokens/s | ratio | "
+        "MFU hpcpipe | MFU PyTorch |")
+    log("|---|---|---|---|---|---|---|---|")
     for r in rows:
         fmt = lambda v, spec: format(v, spec) if v is not None else "–"
-        log(f"| {r['config']} | {r['batch'] * r['block_size']:,} | "
-            f"{r['hpcpipe_tokens_per_s']:,.0f} | {fmt(r['torch_tokens_per_s'], ',.0f')} | "
-            f"{fmt(r['ratio'], '.2f')}× | {r['mfu']:.1%} | {fmt(r['torch_mfu'], '.1%')} |")
+        dtype = r["dtype"] + (" (TF32)" if r.get("tf32") else "")
+        peer = fmt(r["torch_tokens_per_s"], ",.0f")
+        if r.get("torch_threads"):
+            peer += f" ({r['torch_threads']} thr.)"
+        log(f"| {r['config']} | {dtype} | {r['batch'] * r['block_size']:,} | "
+            f"{r['hpcpipe_tokens_per_s']:,.0f} | {peer} | {fmt(r['ratio'], '.2f')}× | "
+            f"{r['mfu']:.1%} | {fmt(r['torch_mfu'], '.1%')} |")
     if with_torch:
         log("ratio of each repetition's two steps, median: " + ", ".join(
             f"{r['config']} {r['ratio_paired']:.2f}×" for r in rows))
         log("first-step losses agree (hpcpipe / PyTorch): " + ", ".join(
             f"{r['config']} {r['hpcpipe_loss0']:.6f} / {r['torch_loss0']:.6f}" for r in rows))
+        for r in rows:
+            by = r.get("torch_tokens_per_s_by_threads")
+            if by and len(by) > 1:
+                most = max(by, key=int)
+                log(f"PyTorch {r['config']} at all {most} threads: {by[most]:,.0f} tokens/s "
+                    f"(at its best, {r['torch_threads']}: {by[r['torch_threads']]:,.0f})")
 
 
-def run_step(args) -> int:
-    def log(msg):
-        print(msg, flush=True)
-
+def _setup(args, log):
+    """The backend, PyTorch (or None) and the device name both run on."""
+    if args.tf32:
+        os.environ["CUPY_TF32"] = "1"  # read when CuPy loads: before the backend is chosen
     threads = backend.limit_threads(1)  # hpcpipe's pool on every core, BLAS on one
     be = backend.select(args.device, threads=threads)
     torch = import_torch(args.no_torch, log)
@@ -405,20 +476,34 @@ def run_step(args) -> int:
         torch.set_num_threads(threads)
         if be.is_gpu:
             torch.cuda.set_device(be.device_id)
-    configs, batch, warmup, repeats, peak_n = _plan(args, be)
+            torch.backends.cuda.matmul.allow_tf32 = args.tf32
+            torch.backends.cudnn.allow_tf32 = args.tf32
+    return be, torch, device
+
+
+def _header(be, torch, device, log) -> dict:
+    """The run's first lines; returns what the results record of the machine."""
     blas = blas_info()
     coretype = {v: os.environ[v] for v in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
                 if v in os.environ}
-    log(f"hpcpipe {__version__} bench step | {be.describe()}, {threads} thread(s)"
-        + (f" | torch {torch.__version__} on {device}, {torch.get_num_threads()} thread(s)"
-           if torch is not None else "")
+    log(f"hpcpipe {__version__} bench step | {be.describe()}, {be.threads} thread(s)"
+        + (f" | torch {torch.__version__} on {device}" if torch is not None else "")
         + " | BLAS: " + ", ".join(f"{b['internal_api']} {b['version']} "
                                   f"({b['architecture'] or '-'}, {b['num_threads']} threads)"
                                   for b in blas))
     if coretype:
         log(f"warning: {', '.join(f'{k}={v}' for k, v in coretype.items())} is set: "
             f"OpenBLAS may run a slower kernel than this CPU supports")
+    return {"blas": blas, "openblas_env": coretype}
 
+
+def run_step(args) -> int:
+    def log(msg):
+        print(msg, flush=True)
+
+    be, torch, device = _setup(args, log)
+    configs, batch, warmup, repeats, peak_n = _plan(args, be)
+    machine = _header(be, torch, device, log)
     # The device's practical peak: the best matmul rate seen before and after every config
     # (a shared machine is rarely quiet for the whole run).
     peaks, torch_peaks = [], []
@@ -433,8 +518,10 @@ def run_step(args) -> int:
     for name, cfg in configs.items():
         log(f"{name}: {cfg.n_layer} layers, n_embd {cfg.n_embd}, {cfg.n_head} heads, block "
             f"{cfg.block_size}, batch {batch} ({batch * cfg.block_size:,} tokens/step), "
-            f"{args.dtype}; {warmup} warm-up + {repeats} measured steps each")
-        row = measure(name, cfg, be, args.dtype, batch, warmup, repeats, torch, device, log)
+            f"{args.dtype}{' (TF32)' if args.tf32 else ''}; {warmup} warm-up + {repeats} "
+            f"measured steps each")
+        row = measure(name, cfg, be, args.dtype, batch, warmup, repeats, torch, device, log,
+                      args.tf32)
         rows.append(row)
         measure_peak()
         if args.profile:
@@ -451,14 +538,13 @@ def run_step(args) -> int:
         row["mfu"] = row["flops_per_token"] * row["hpcpipe_tokens_per_s"] / device_peak
         row["torch_mfu"] = (row["flops_per_token"] * row["torch_tokens_per_s"] / device_peak
                             if row["torch_tokens_per_s"] else None)
-
     _print_rows(rows, torch is not None, log)
     if args.json:
         result = {"suite": "step", "version": __version__, "backend": be.describe(),
-                  "device": device, "threads": threads, "blas": blas,
+                  "device": device, "threads": be.threads,
                   "torch": torch.__version__ if torch is not None else None,
-                  "openblas_env": coretype, "peak_flops": device_peak,
-                  "peak_flops_backend": peak, "peak_flops_torch": torch_peak,
-                  "matmul_n": peak_n, "dtype": args.dtype, "rows": rows}
+                  "peak_flops": device_peak, "peak_flops_backend": peak,
+                  "peak_flops_torch": torch_peak, "matmul_n": peak_n, "dtype": args.dtype,
+                  "tf32": args.tf32, "rows": rows, **machine}
         log(f"\nwrote {write_json(args.json, result)}")
     return 0

@@ -5,7 +5,11 @@ import time
 import pytest
 
 from hpcpipe.schedules import Costs, ScheduleError, check, generate, peak_activations, simulate
-from hpcpipe.schedules.auto import Policy, greedy, search
+from hpcpipe.schedules.auto import search
+from hpcpipe.schedules.greedy import Policy, greedy
+from hpcpipe.schedules.heuristic import Knobs, build
+from hpcpipe.schedules.ops import one_chunk_placement, v_placement
+from hpcpipe.schedules.problem import Problem
 
 HAND_MADE = ("gpipe", "1f1b", "zb-h1", "zb-h2")
 COSTS = [Costs(), Costs(1, 1, 0.5), Costs(1, 1.2, 0.6, comm=0.05), Costs(1, 2, 0.5), Costs(1, 1, 2),
@@ -31,19 +35,30 @@ def test_under_one_percent_bubble_at_2p_memory(p, m):
     assert simulate(generate("auto", p, m, memory_limit=2 * p)).bubble_rate < 0.01
 
 
-def test_greedy_alone_reaches_zero_bubble_at_2p():
-    # Not just by picking zb-h2 from the candidates: the heuristic gets there itself.
+def test_each_builder_alone_reaches_zero_bubble_at_2p():
+    # Not just by picking zb-h2 from the contenders: the heuristics get there themselves.
     for p, m in [(4, 12), (8, 24)]:
-        built = greedy(p, m, Costs(), Policy(2 * p))
-        check(built.schedule)
-        assert simulate(built.schedule).bubble_rate == 0
+        problem = Problem.build(p, m, Costs(), one_chunk_placement(p), 2 * p)
+        for built in (greedy(problem, Policy(2 * p)), build(problem, Knobs(overfill_warmup=True))):
+            check(built.schedule)
+            assert simulate(built.schedule).bubble_rate == 0
 
 
-@pytest.mark.parametrize("policy", [Policy(4, "fit"), Policy(4, "eager", 1.0), Policy(8, "fit", 0, False)])
-def test_greedy_clock_matches_the_simulator(policy):
-    costs = Costs(1, 1.3, 0.4, comm=0.1)
-    built = greedy(4, 10, costs, policy)
-    assert built.longest_span == pytest.approx(simulate(built.schedule, costs).longest_span)
+@pytest.mark.parametrize("placement", [one_chunk_placement(4), v_placement(4)], ids=["1", "V"])
+@pytest.mark.parametrize("recipe", [Policy(4, "fit"), Policy(4, "eager", 1.0), Policy(8, "fit", 0, False),
+                                    Knobs(), Knobs(True, True, False), Knobs(False, False, True, (1, 0, 0, 0))])
+def test_builder_clocks_match_the_simulator(recipe, placement):
+    costs = Costs(1, 1.3, 0.4, comm=0.1, memw=0.3)
+    limit = recipe.limit if isinstance(recipe, Policy) else 6
+    if len(placement) > 4 and (isinstance(recipe, Knobs) or recipe.depth):
+        pytest.skip("the round builder and the depth cap are for one chunk per rank")
+    problem = Problem.build(4, 10, costs, placement, limit)
+    built = greedy(problem, recipe) if isinstance(recipe, Policy) else build(problem, recipe)
+    check(built.schedule)
+    result = simulate(built.schedule, costs)
+    assert built.span == pytest.approx(result.span)
+    assert built.makespan == pytest.approx(result.makespan)
+    assert max(result.peak_activations) <= limit + 1e-9
 
 
 def test_fast_for_32_ranks_256_microbatches():

@@ -138,11 +138,6 @@ class Replay(NamedTuple):
     blocked: list[Blocked]  # empty when every rank ran its whole list
 
 
-def _key(kind: Kind, microbatch: int, stage: int) -> tuple:
-    # B and BW both produce the input gradient; the W of a BW is done when the BW is.
-    return ("B" if kind in (Kind.B, Kind.BW) else kind.value, microbatch, stage)
-
-
 def dependencies(schedule: Schedule, rank: int, op: Op) -> list[tuple[tuple, bool]]:
     """What `op` waits for, as (dependency key, comes-from-another-rank) pairs.
 
@@ -164,32 +159,53 @@ def dependencies(schedule: Schedule, rank: int, op: Op) -> list[tuple[tuple, boo
     return deps
 
 
+_KIND_INDEX = {"F": 0, "B": 1, "W": 2}
+_KIND_NAME = ("F", "B", "W")
+
+
 def _fast_dependencies(schedule: Schedule):
-    """The same as `dependencies`, for every op at once, without building Message objects."""
-    S = schedule.num_stages
+    """The same as `dependencies`, for every op at once, with each dependency key packed into
+    one integer (see `_pack`): `replay` runs this for every op of every candidate auto weighs."""
+    S, m = schedule.num_stages, schedule.num_microbatches
     rank_of = [schedule.rank_chunk_of(s)[0] for s in range(S)]
+    F, W = Kind.F, Kind.W  # identity tests are the cheapest in this loop
     out = []
     for r, ops in enumerate(schedule.ranks):
         row = []
         for op in ops:
             s = schedule.stage(r, op)
             x = op.microbatch
-            if op.kind == Kind.F:
-                deps = [(("F", x, s - 1), rank_of[s - 1] != r)] if s > 0 else []
-            elif op.kind == Kind.W:
-                deps = [(("B", x, s), False)]
+            if op.kind is F:
+                key = _pack(0, x, s, S, m)
+                deps = [(_pack(0, x, s - 1, S, m), rank_of[s - 1] != r)] if s > 0 else []
+            elif op.kind is W:
+                key = _pack(2, x, s, S, m)
+                deps = [(_pack(1, x, s, S, m), False)]
             else:
-                deps = [(("B", x, s + 1), rank_of[s + 1] != r)] if s < S - 1 else []
-                deps.append((("F", x, s), False))
-            row.append((op, s, _key(op.kind, x, s), deps))
+                key = _pack(1, x, s, S, m)
+                deps = [(_pack(1, x, s + 1, S, m), rank_of[s + 1] != r)] if s < S - 1 else []
+                deps.append((_pack(0, x, s, S, m), False))
+            row.append((op, s, key, deps))
         out.append(row)
     return out
+
+
+def _pack(kind: int, microbatch: int, stage: int, S: int, m: int) -> int:
+    # Out-of-range microbatches (a schedule the checker has not seen yet) stay distinct.
+    return (microbatch * S + stage) * 3 + kind
+
+
+def _unpack(key: int, S: int) -> tuple:
+    """The dependency key `dependencies` names: (kind, microbatch, stage)."""
+    rest, kind = divmod(key, 3)
+    microbatch, stage = divmod(rest, S)
+    return (_KIND_NAME[kind], microbatch, stage)
 
 
 def replay(schedule: Schedule, duration: Callable[[Op, int], float], comm: float) -> Replay:
     """Run every rank's list in order under the runtime's rules; `duration(op, stage)`."""
     p = schedule.num_ranks
-    where: dict[tuple, int] = {}
+    where: dict[int, int] = {}
     plan = []  # per rank: list of (op, own key, deps, duration)
     for r, row in enumerate(_fast_dependencies(schedule)):
         for op, s, key, deps in row:
@@ -197,8 +213,8 @@ def replay(schedule: Schedule, duration: Callable[[Op, int], float], comm: float
         plan.append([(op, key, deps, duration(op, s)) for op, s, key, deps in row])
     start = [[math.nan] * len(row) for row in plan]
     end = [[math.nan] * len(row) for row in plan]
-    done: dict[tuple, float] = {}
-    waiting: dict[tuple, list[int]] = defaultdict(list)
+    done: dict[int, float] = {}
+    waiting: dict[int, list[int]] = defaultdict(list)
     free = [0.0] * p
     pos = [0] * p
     stuck: dict[int, tuple] = {}
@@ -226,9 +242,10 @@ def replay(schedule: Schedule, duration: Callable[[Op, int], float], comm: float
             free[r] = t + dt
             done[key] = t + dt
             pos[r] += 1
-            for other in waiting.pop(key, ()):
-                work.append(other)
-    blocked = [Blocked(r, plan[r][pos[r]][0], dep, where.get(dep), remote)
+            if key in waiting:
+                work.extend(waiting.pop(key))
+    S = schedule.num_stages
+    blocked = [Blocked(r, plan[r][pos[r]][0], _unpack(dep, S), where.get(dep), remote)
                for r, (dep, remote) in sorted(stuck.items()) if pos[r] < len(plan[r])]
     return Replay(start, end, blocked)
 

@@ -26,8 +26,10 @@ def test_json_fields(capsys):
     assert run(["--kind", "zb-v", "-p", "2", "-m", "4", "--cost", "F=1,B=1,W=1,comm=0", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data) == {"kind", "stages", "microbatches", "chunks", "makespan", "span", "busy",
-                         "bubble_rate", "peak_activations", "ops"}
+                         "bubble_rate", "peak_activations", "ops", "lower_bound", "optimal"}
     assert data["chunks"] == 2 and "F0@c1" in data["ops"][0]
+    # ZB-V at F=B=W from m = 2p-1 on has no bubble: its span is the busiest rank's work.
+    assert data["lower_bound"] == 12 and data["optimal"] is True
 
 
 def test_auto_with_memory_limit(capsys):

@@ -121,13 +121,42 @@ class ExactModel:
         memw = _scaled(pb.memw, MEMORY_SCALE, math.floor)
         limit = int(math.ceil(pb.limit * MEMORY_SCALE - EPS))
         for r in range(pb.p):
+            stages = pb.stages_of(r)
+            if len(stages) == 1:
+                self._memory_one_stage(stages[0], mem[stages[0]], memw[stages[0]], limit)
+                continue
             times, changes = [], []
-            for s in pb.stages_of(r):
+            for s in stages:
                 for x in range(pb.m):
                     times += [self.ops[("F", s, x)][0], self.ops[("B", s, x)][1],
                               self.ops[("W", s, x)][1]]
                     changes += [mem[s], memw[s] - mem[s], -memw[s]]
             self.model.AddReservoirConstraint(times, changes, 0, limit)
+
+    def _memory_one_stage(self, s: int, mem: int, memw: int, limit: int) -> None:
+        """The memory limit of a rank holding one stage, as implications CP-SAT propagates far
+        better than a reservoir. Only an F raises memory, and with everything in microbatch
+        order the memory as F x starts is (x+1)·M_B less M_B - M_W for each B ended and M_W
+        for each W ended. So if W j has not ended by then (j W's at most), B k-1 must have
+        ended, k = the fewest B's that bring the memory under the limit."""
+        start = lambda x: self.ops[("F", s, x)][0]          # noqa: E731
+        end = lambda kind, x: self.ops[(kind, s, x)][1]     # noqa: E731
+        for x in range(self.pb.m):
+            for j in range(x + 1):  # j: W's ended by F x's start, at most
+                excess = (x + 1) * mem - j * memw - limit
+                if excess <= 0:
+                    break  # more W's ended only free more
+                freed = mem - memw
+                need = x + 1 if freed <= 0 else -(-excess // freed)  # B's that must have ended
+                if need <= j:
+                    continue  # j W's ended means j B's ended: enough
+                if need > x:
+                    # Even every earlier B is not enough: W j must have ended.
+                    self.model.Add(end("W", j) <= start(x))
+                    continue
+                w_done = self.model.NewBoolVar(f"w{j}_before_f{x}_s{s}")
+                self.model.Add(end("W", j) <= start(x)).OnlyEnforceIf(w_done)
+                self.model.Add(end("B", need - 1) <= start(x)).OnlyEnforceIf(w_done.Not())
 
     def _objective(self) -> None:
         pb = self.pb
@@ -144,11 +173,25 @@ class ExactModel:
         """Start the search from `schedule`'s replayed times (scaled like the model)."""
         result = simulate(schedule, costs)
         t0 = min(row[0] for row in result.start if row)
+        scaled = {}
         for r, ops in enumerate(schedule.ranks):
             for op, start in zip(ops, result.start[r]):
                 key = (op.kind.value, schedule.stage(r, op), op.microbatch)
                 if key in self.ops:
-                    self.model.AddHint(self.ops[key][0], int(round((start - t0) * TIME_SCALE)))
+                    begin = int(round((start - t0) * TIME_SCALE))
+                    duration = {"F": self.f, "B": self.b, "W": self.w}[key[0]][key[1]]
+                    scaled[key] = (begin, begin + duration)
+        # A complete hint (ends and the objective too) is one CP-SAT can take as it is.
+        for key, (begin, end) in scaled.items():
+            self.model.AddHint(self.ops[key][0], begin)
+            self.model.AddHint(self.ops[key][1], end)
+        if len(scaled) == len(self.ops):
+            firsts = {r: scaled[("F", min(self.pb.stages_of(r)), 0)][0] for r in range(self.pb.p)}
+            lasts = {r: max(scaled[("W", s, self.pb.m - 1)][1] for s in self.pb.stages_of(r))
+                     for r in range(self.pb.p)}
+            value = (max(lasts[r] - firsts[r] for r in firsts) if self.objective == "span"
+                     else max(lasts.values()))
+            self.model.AddHint(self.value, value)
 
     def schedule_from(self, solver) -> Schedule:
         """Each rank's ops in the order of the solver's start times."""
@@ -162,10 +205,31 @@ class ExactModel:
         return make_schedule("exact", pb.p, pb.m, pb.chunks, ranks, pb.placement)
 
 
-def _analytic_bound(schedule: Schedule, costs: Costs, objective: str) -> float:
-    """A bound from the costs alone: the busiest rank's work, and the round trip of one
-    microbatch (`span_lower_bound`); for the makespan the first rank's start adds nothing."""
-    return span_lower_bound(schedule, costs)
+def _analytic_bound(schedule: Schedule, costs: Costs, problem: Problem) -> float:
+    """Bounds from the costs alone, valid for the longest span and so for the makespan: the
+    busiest rank's work and one microbatch's round trip (`span_lower_bound`), and, with one
+    chunk per rank, the warm-up that memory cuts short (`warmup_bound`)."""
+    bound = span_lower_bound(schedule, costs)
+    if problem.chunks == 1:
+        bound = max(bound, warmup_bound(problem))
+    return bound
+
+
+def warmup_bound(problem: Problem) -> float:
+    """With one stage per rank, rank r can run only forwards until its first B's input comes
+    back: that takes the round trip R_r = F_r + sum over later stages s of (F_s + B_s) plus
+    the messages, from its first op on. It holds at most floor(limit / M_B) microbatches
+    between F and B, so it idles at least R_r - that many forwards, and its span is at least
+    its work plus that idle time."""
+    pb = problem
+    S, bound, trip = pb.num_stages, 0.0, 0.0
+    for s in range(S - 1, -1, -1):
+        if s < S - 1:
+            trip += pb.f[s + 1] + pb.b[s + 1] + 2 * pb.hop(s, s + 1)
+        room = pb.m if pb.mem[s] <= 0 else min(pb.m, int(pb.limit / pb.mem[s] + EPS))
+        idle = max(0.0, pb.f[s] + trip - room * pb.f[s])
+        bound = max(bound, pb.work(pb.rank_of[s]) + idle)
+    return bound
 
 
 def certify(p: int, m: int, costs: Costs, memory_limit: float, objective: str = "span",
@@ -204,7 +268,7 @@ def certify(p: int, m: int, costs: Costs, memory_limit: float, objective: str = 
         raise ScheduleError(f"no schedule with {chunks} chunk(s) per rank fits memory limit "
                             f"{memory_limit:g} (proven by the exact mode)")
     if template is not None:
-        bound = max(bound, _analytic_bound(template, costs, objective))
+        bound = max(bound, _analytic_bound(template, costs, problem))
     optimal = value is not None and value <= bound + 1e-6 * max(1.0, bound)
     return Certified(schedule, value, bound, optimal, name, seconds)
 

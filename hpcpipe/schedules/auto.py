@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Iterator
 
+from .generators import one_f_one_b
 from .greedy import Policy, greedy
 from .heuristic import Knobs, Stuck, build
 from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
@@ -111,13 +112,14 @@ def _knob_grid(ops: int) -> list[Knobs]:
                                       Knobs(True, True, True)]
 
 
-def _policies(limit: float, ops: int, chunks: int) -> list[Policy]:
+def _policies(limit: float, ops: int, chunks: int, hand_made_fits: bool) -> list[Policy]:
     depths = (0.0, 1.0) if chunks == 1 else (0.0,)  # a depth cap can stall a V (see Policy)
     every = [Policy(limit, fill, depth) for fill, depth in product(("fit", "eager"), depths)]
     if ops <= SMALL:
         return every
-    # Past SMALL, one chunk is the round builder's: the list scheduler seldom beats it there.
-    return every[:1] if chunks > 1 else []
+    # Past SMALL, one chunk is the round builder's and the hand-made schedules': the list
+    # scheduler seldom beats them there, except below 1F1B's memory, where no hand-made fits.
+    return every[:1] if chunks > 1 or not hand_made_fits else []
 
 
 def _shift_moves(stages: int) -> Iterator[tuple[int, ...]]:
@@ -180,7 +182,8 @@ def _round_contender(search: Search, built: Built) -> Contender:
 
 def _greedy_contenders(search: Search, chunks: int) -> Iterator[Contender]:
     problem = search.problem(chunks)
-    for policy in _policies(search.limit, 3 * search.m * problem.num_stages, chunks):
+    fits = chunks == 1 and search.fits(one_f_one_b(search.p, search.m))
+    for policy in _policies(search.limit, 3 * search.m * problem.num_stages, chunks, fits):
         try:
             built = greedy(problem, policy)
         except ScheduleError:

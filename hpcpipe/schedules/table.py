@@ -143,7 +143,7 @@ def render_gaps(seconds: float) -> str:
     return "\n".join(out)
 
 
-def sweep_memory(path: str, steps: int = 13) -> None:
+def sweep_memory(path: str, steps: int = 15) -> None:
     """Bubble rate against the memory limit (in units of p·M_B) on the paper's rows, auto
     with one chunk and with V placements, the hand-made schedules at their own peaks: the
     picture of the paper's memory figure. Writes a PNG."""
@@ -152,7 +152,7 @@ def sweep_memory(path: str, steps: int = 13) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(PAPER_ROWS), figsize=(4 * len(PAPER_ROWS), 3.4), sharey=True)
-    ratios = [0.5 + 1.75 * i / (steps - 1) for i in range(steps)]
+    ratios = [0.5 + 0.125 * i for i in range(steps)]  # 0.5 .. 2.25, through 1 and 2
     for ax, row in zip(axes, PAPER_ROWS):
         c, p, m = row.costs, row.p, row.m
         for chunks, label, style in ((1, "auto, 1 chunk", "-o"), (None, "auto, V allowed", "--s")):

@@ -31,6 +31,9 @@ CHUNK_CHOICES = (1, 2)
 SEARCH_BUDGET = 150_000
 # Up to this many ops per schedule every policy and knob setting is tried.
 SMALL = 6_000
+# Past this many, a V is left to zb-v and interleaved-1f1b: the list scheduler costs as
+# much as all the rest together there, and on the paper's largest row it never won.
+LARGE = 30_000
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,8 @@ def _policies(limit: float, ops: int, chunks: int, hand_made_fits: bool) -> list
     every = [Policy(limit, fill, depth) for fill, depth in product(("fit", "eager"), depths)]
     if ops <= SMALL:
         return every
+    if chunks > 1 and ops > LARGE:
+        return []
     # Past SMALL, one chunk is the round builder's and the hand-made schedules': the list
     # scheduler seldom beats them there, except below 1F1B's memory, where no hand-made fits.
     return every[:1] if chunks > 1 or not hand_made_fits else []

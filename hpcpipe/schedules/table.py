@@ -138,7 +138,7 @@ def render_gaps(seconds: float) -> str:
             v = certify_search(row.p, row.m, row.costs, limit, "span", 1, seconds)
             status = ", ".join(f"{c.status.lower()} {c.seconds:.0f} s" for c in v.certified)
             out.append(f"| {row.model}, {row.p}, {row.m} | {name} | {v.heuristic_value:.3f} | "
-                       f"{v.lower_bound:.3f} | {100 * v.gap:.3f}% | {1 - work / v.heuristic_value:.4f}"
+                       f"{v.lower_bound:.3f} | {max(0.0, 100 * v.gap):.3f}% | {1 - work / v.heuristic_value:.4f}"
                        f" / {max(0.0, 1 - work / v.lower_bound):.4f} | {status} |")
     return "\n".join(out)
 

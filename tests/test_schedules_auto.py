@@ -71,7 +71,7 @@ def test_fast_for_32_ranks_256_microbatches(costs, limit):
     blow-up in complexity, not against a noisy machine, so it is kept above the measured
     time."""
     start = time.perf_counter()
-    schedule = generate("auto", 32, 256, costs=costs, memory_limit=limit)
+    schedule = generate("auto", 32, 256, v=0, costs=costs, memory_limit=limit)
     assert time.perf_counter() - start < 6.0
     assert simulate(schedule, costs).bubble_rate < 0.05
 
@@ -127,24 +127,26 @@ def test_with_v_allowed_auto_reaches_zb_v_at_1f1b_memory_and_zero_at_2p(row):
     _, p, m, f, b, w, comm, ratio, _, _ = row
     costs = Costs(f, b, w, comm=comm, memory=1, memw=ratio)
     zb_v = simulate(generate("zb-v", p, m), costs)
-    at_p = simulate(generate("auto", p, m, costs=costs, memory_limit=p), costs)
+    at_p = simulate(generate("auto", p, m, v=0, costs=costs, memory_limit=p), costs)
     assert at_p.bubble_rate <= zb_v.bubble_rate + 1e-9
-    at_2p = generate("auto", p, m, costs=costs, memory_limit=2 * p)
+    at_2p = generate("auto", p, m, v=0, costs=costs, memory_limit=2 * p)
     check(at_2p)
     assert at_2p.chunks == 2 and simulate(at_2p, costs).bubble_rate < 1e-6
 
 
 def test_chunk_count_follows_the_caller_and_the_costs():
-    # train passes its config's chunks; bench passes per-stage costs for pp stages.
+    # Callers that built one stage per rank (train passes v=1, bench and the MPI tests
+    # pass nothing) keep getting one chunk, even where a V would be faster.
+    assert generate("auto", 4, 8, costs=Costs(1, 1, 0.5)).chunks == 1
     assert generate("auto", 4, 8, v=1, costs=Costs(1, 1, 0.5)).chunks == 1
     assert generate("auto", 4, 8, v=2, costs=Costs(1, 1, 0.5)).chunks == 2
+    # v=0: auto chooses; at 1F1B's memory with unequal F:B:W the V wins.
+    assert generate("auto", 4, 8, v=0, costs=Costs(1, 1, 0.5)).chunks == 2
     per_stage = Costs(f=[1, 1, 1, 1.2], b=[1, 1, 1, 1.3], w=[0.5] * 4, comm=0.01)
-    assert generate("auto", 4, 8, costs=per_stage, memory_limit=8).chunks == 1
+    assert generate("auto", 4, 8, v=0, costs=per_stage, memory_limit=8).chunks == 1
     per_chunk = Costs(f=[0.5] * 8, b=[0.5] * 8, w=[0.25] * 8)
-    assert generate("auto", 4, 8, costs=per_chunk, memory_limit=4).chunks == 2
-    # Unequal F:B:W at 1F1B's memory: the V wins when auto may choose.
-    assert generate("auto", 4, 8, costs=Costs(1, 1, 0.5)).chunks == 2
+    assert generate("auto", 4, 8, v=0, costs=per_chunk, memory_limit=4).chunks == 2
     with pytest.raises(ScheduleError, match="1 or 2 chunks"):
         generate("auto", 4, 8, v=3)
     with pytest.raises(ScheduleError, match="costs give 6 stages"):
-        generate("auto", 4, 8, costs=Costs(f=[1] * 6))
+        generate("auto", 4, 8, v=0, costs=Costs(f=[1] * 6))

@@ -29,8 +29,8 @@ def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | Non
     `costs`, `memory_limit` and `objective` ("span" or "makespan", see `auto`) drive `auto`;
     for the hand-made kinds a memory limit is checked
     against the schedule's peak activations (in the units of `costs.memory`).
-    For `auto`, v restricts the search to 1 chunk per rank or 2 (a V); v=None lets it
-    choose (see `auto`), and the returned schedule's `chunks` says which it took.
+    For `auto`, v is the chunks per rank: None or 1 (one, as before V's were searched), 2
+    (a V), or 0 to let auto choose (see `auto`); the schedule's `chunks` says which it took.
     """
     if kind not in KINDS:
         raise ScheduleError(f"unknown schedule kind {kind!r}; choose one of {', '.join(KINDS)}")
@@ -48,7 +48,8 @@ def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | Non
     else:
         if v not in (None, 1):
             raise ScheduleError(f"{kind} has one chunk per rank (got v={v}); chunks are for "
-                                "interleaved-1f1b (any v >= 1), zb-v (v = 2) and auto (1 or 2)")
+                                "interleaved-1f1b (any v >= 1), zb-v (v = 2) and auto (1, 2, "
+                                "or 0 to choose)")
         schedule = _ONE_CHUNK[kind](p, m)
     if memory_limit is not None:
         peak = max(peak_activations(schedule, costs))

@@ -26,6 +26,7 @@ from .simulator import Costs, SimResult, op_duration, peak_activations, replay, 
 
 OBJECTIVES = ("span", "makespan")
 CHUNK_CHOICES = (1, 2)
+CHOOSE = 0  # chunks=0: auto picks 1 or 2 (as the config's parallel.chunks = 0: "the schedule's own")
 # Op placements the optional search may spend (local search, extra policies): a few
 # tenths of a second in CPython whatever the size.
 SEARCH_BUDGET = 150_000
@@ -84,10 +85,15 @@ def _cost_stages(costs: Costs) -> int | None:
 
 
 def _chunk_counts(p: int, costs: Costs, chunks: int | None) -> tuple[int, ...]:
-    """Chunk counts to search: the caller's, else what per-stage costs describe, else 1 and 2."""
-    if chunks is not None:
+    """Chunk counts to search: None keeps one chunk per rank (what every caller built its
+    model for before V's were searched); 1 or 2 is the caller's; CHOOSE follows per-stage
+    costs (p or 2p values) and tries both when costs are per rank."""
+    if chunks is None:
+        return (1,)
+    if chunks != CHOOSE:
         if chunks not in CHUNK_CHOICES:
-            raise ScheduleError(f"auto searches 1 or 2 chunks per rank (got chunks={chunks})")
+            raise ScheduleError(f"auto searches 1 or 2 chunks per rank, or 0 to choose "
+                                f"(got chunks={chunks})")
         return (chunks,)
     stages = _cost_stages(costs)
     if stages is None:
@@ -292,10 +298,10 @@ def auto(p: int, m: int, costs: Costs | None = None, memory_limit: float | None 
     over a rank's share of layers): p matches 1F1B's memory (the paper's ZB-1p), 2p is ZB-2p.
     Default p.
 
-    chunks: 1 (one stage per rank) or 2 (two stages per rank in a V, as zb-v); None lets
-    auto choose when the costs are one number per rank, and follows per-stage costs (p or
-    2p values) otherwise. The result's `chunks` says which it chose; a runtime whose model
-    is already split must pass its own count.
+    chunks: None (default) or 1: one stage per rank, as before V's were searched; 2: two
+    stages per rank in a V, as zb-v; 0: auto chooses -- both when the costs are one number
+    per rank, what per-stage costs describe (p or 2p values) otherwise. The result's
+    `chunks` says which it took; a runtime whose model is already split passes its count.
 
     objective: "span" minimises the longest per-rank span, the step period when a rank
     starts the next step's ops as soon as it is free (the paper's setting, with the

@@ -131,10 +131,17 @@ def _build(args: argparse.Namespace):
             raise ScheduleError("--exact searches for the best schedule: use it with --kind auto")
         from .exact import certify_search
         verdict = certify_search(args.stages, args.microbatches, args.cost, args.memory_limit,
-                                 args.objective, args.chunks, args.time_limit)
+                                 args.objective, _chunks(args), args.time_limit)
         return verdict.best, verdict
-    return generate(args.kind, args.stages, args.microbatches, args.chunks, args.cost,
+    return generate(args.kind, args.stages, args.microbatches, _chunks(args), args.cost,
                     args.memory_limit, args.objective), None
+
+
+def _chunks(args: argparse.Namespace) -> int | None:
+    # From the command line auto chooses between one chunk and a V unless told; the
+    # Python API keeps one chunk by default (see `auto`).
+    from .auto import CHOOSE
+    return CHOOSE if args.kind == "auto" and args.chunks is None else args.chunks
 
 
 def _bound(result, verdict, objective: str) -> tuple[float, bool]:

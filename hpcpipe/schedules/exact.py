@@ -301,7 +301,7 @@ class Verdict:
 
 
 def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | None,
-                   objective: str = "span", chunks: int | None = None,
+                   objective: str = "span", chunks: int | None = 0,
                    time_limit: float = 60.0, workers: int = 2) -> Verdict:
     """auto's schedule, then the certified search for each chunk count auto may use
     (`time_limit` shared among them); the bound holds for every schedule under the limit

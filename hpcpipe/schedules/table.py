@@ -102,7 +102,7 @@ def paper_rates(row: PaperRow) -> dict[str, float]:
              for kind in ("1f1b", "zb-h1", "zb-h2", "zb-v")}
     rates["interleaved-1f1b"] = simulate(generate("interleaved-1f1b", p, m, v=2), c).bubble_rate
     for limit, name in ((p, "p"), (2 * p, "2p")):
-        for chunks, suffix in ((1, ""), (None, ", V allowed")):
+        for chunks, suffix in ((1, ""), (0, ", V allowed")):
             schedule = generate("auto", p, m, v=chunks, costs=c, memory_limit=limit)
             rates[f"auto {name}{suffix}"] = simulate(schedule, c).bubble_rate
     return rates
@@ -155,7 +155,7 @@ def sweep_memory(path: str, steps: int = 15) -> None:
     ratios = [0.5 + 0.125 * i for i in range(steps)]  # 0.5 .. 2.25, through 1 and 2
     for ax, row in zip(axes, PAPER_ROWS):
         c, p, m = row.costs, row.p, row.m
-        for chunks, label, style in ((1, "auto, 1 chunk", "-o"), (None, "auto, V allowed", "--s")):
+        for chunks, label, style in ((1, "auto, 1 chunk", "-o"), (0, "auto, V allowed", "--s")):
             xs, ys = [], []
             for ratio in ratios:
                 try:

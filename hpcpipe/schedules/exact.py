@@ -267,6 +267,12 @@ def certify(p: int, m: int, costs: Costs, memory_limit: float, objective: str = 
     elif name == "INFEASIBLE":
         raise ScheduleError(f"no schedule with {chunks} chunk(s) per rank fits memory limit "
                             f"{memory_limit:g} (proven by the exact mode)")
+    fits = template is not None and max(peak_activations(template, costs)) <= memory_limit + EPS
+    if schedule is None and fits:
+        # The solver found nothing in time: the hint is still a schedule that fits.
+        schedule = template
+        result = simulate(schedule, costs)
+        value = result.longest_span if objective == "span" else result.makespan
     if template is not None:
         bound = max(bound, _analytic_bound(template, costs, problem))
     optimal = value is not None and value <= bound + 1e-6 * max(1.0, bound)

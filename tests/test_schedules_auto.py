@@ -67,12 +67,12 @@ def test_builder_clocks_match_the_simulator(recipe, placement):
                                           (Costs(10.419, 10.207, 7.715, comm=0.408, memw=0.43), 64)])
 def test_fast_for_32_ranks_256_microbatches(costs, limit):
     """The runtime rebuilds auto from measured costs, so it must stay interactive. It takes
-    1.0-1.9 s here (2 shared cores, both chunk counts allowed); the bound guards against a
-    blow-up in complexity, not against a noisy machine, so it is kept above the measured
-    time."""
-    start = time.perf_counter()
+    1.0-1.9 s here (2 cores, both chunk counts allowed). CPU time, so that other work on a
+    shared machine does not count; the bound guards against a blow-up in complexity, so it
+    is kept above the measured time."""
+    start = time.process_time()
     schedule = generate("auto", 32, 256, v=0, costs=costs, memory_limit=limit)
-    assert time.perf_counter() - start < 6.0
+    assert time.process_time() - start < 4.0
     assert simulate(schedule, costs).bubble_rate < 0.05
 
 

@@ -26,8 +26,10 @@ def test_json_fields(capsys):
     assert run(["--kind", "zb-v", "-p", "2", "-m", "4", "--cost", "F=1,B=1,W=1,comm=0", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data) == {"kind", "stages", "microbatches", "chunks", "makespan", "span", "busy",
-                         "bubble_rate", "peak_activations", "ops"}
+                         "bubble_rate", "peak_activations", "ops", "lower_bound", "optimal"}
     assert data["chunks"] == 2 and "F0@c1" in data["ops"][0]
+    # ZB-V at F=B=W from m = 2p-1 on has no bubble: its span is the busiest rank's work.
+    assert data["lower_bound"] == 12 and data["optimal"] is True
 
 
 def test_auto_with_memory_limit(capsys):
@@ -70,3 +72,23 @@ def test_help_teaches(capsys):
         run(["--help"])
     out = capsys.readouterr().out
     assert "examples:" in out and "bubble rate" in out and "--memory-limit" in out
+
+
+def test_two_level_memory_and_chunks_reach_auto(capsys):
+    cost = "F=29.718,B=29.444,W=19.927,comm=0.527,mem=1,memw=0.43"
+    assert run(["--kind", "auto", "-p", "8", "-m", "24", "--chunks", "1", "--memory-limit", "16",
+                "--cost", cost, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["chunks"] == 1 and data["bubble_rate"] <= 0.0029 + 0.002  # the paper's ZB-2p
+    assert max(data["peak_activations"]) <= 16 and data["optimal"] is False  # not with this bound
+
+
+def test_exact_mode_proves_and_reports(capsys):
+    pytest.importorskip("ortools")
+    assert run(["--kind", "auto", "-p", "3", "-m", "6", "--chunks", "1", "--cost", "F=1,B=1,W=0.5",
+                "--memory-limit", "3", "--exact", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["optimal"] is True and data["lower_bound"] == max(data["span"])
+    assert data["exact"]["runs"][0]["status"] == "OPTIMAL" and data["exact"]["gap"] == 0
+    assert run(["--kind", "zb-h1", "-p", "3", "-m", "6", "--exact"]) == 2
+    assert "use it with --kind auto" in capsys.readouterr().err

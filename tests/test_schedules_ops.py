@@ -3,7 +3,7 @@
 import pytest
 
 from hpcpipe.schedules import Kind, Op, ScheduleError, generate, messages
-from hpcpipe.schedules.simulator import _fast_dependencies, dependencies
+from hpcpipe.schedules.simulator import _fast_dependencies, _unpack, dependencies
 
 
 def test_op_text_and_kind_is_a_string():
@@ -52,4 +52,5 @@ def test_simulator_dependencies_follow_the_message_model(kind):
     s = generate(kind, 4, 8)
     for r, row in enumerate(_fast_dependencies(s)):
         for op, stage, key, deps in row:
-            assert sorted(deps) == sorted(dependencies(s, r, op))
+            unpacked = [(_unpack(dep, s.num_stages), remote) for dep, remote in deps]
+            assert sorted(unpacked) == sorted(dependencies(s, r, op))

@@ -29,6 +29,8 @@ def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | Non
     `costs`, `memory_limit` and `objective` ("span" or "makespan", see `auto`) drive `auto`;
     for the hand-made kinds a memory limit is checked
     against the schedule's peak activations (in the units of `costs.memory`).
+    For `auto`, v is the chunks per rank: None or 1 (one, as before V's were searched), 2
+    (a V), or 0 to let auto choose (see `auto`); the schedule's `chunks` says which it took.
     """
     if kind not in KINDS:
         raise ScheduleError(f"unknown schedule kind {kind!r}; choose one of {', '.join(KINDS)}")
@@ -41,12 +43,13 @@ def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | Non
         if v not in (None, 2):
             raise ScheduleError(f"zb-v has exactly 2 chunks per rank (got v={v})")
         schedule = zb_v(p, m)
+    elif kind == "auto":
+        return auto(p, m, costs, memory_limit, objective, chunks=v)
     else:
         if v not in (None, 1):
             raise ScheduleError(f"{kind} has one chunk per rank (got v={v}); chunks are for "
-                                "interleaved-1f1b (any v >= 1) and zb-v (v = 2)")
-        if kind == "auto":
-            return auto(p, m, costs, memory_limit, objective)
+                                "interleaved-1f1b (any v >= 1), zb-v (v = 2) and auto (1, 2, "
+                                "or 0 to choose)")
         schedule = _ONE_CHUNK[kind](p, m)
     if memory_limit is not None:
         peak = max(peak_activations(schedule, costs))

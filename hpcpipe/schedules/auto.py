@@ -1,268 +1,307 @@
-"""The automatic zero-bubble scheduler: a greedy list scheduler under a memory limit, plus a small search.
+"""The automatic zero-bubble scheduler: several builders and the hand-made schedules compete under
+one memory limit and the best simulated step wins.
 
-In the spirit of the paper's ZB-1p/ZB-2p heuristic. Ranks are advanced in time order; whenever a
-rank is free it runs, in order of preference: a B whose input gradient has arrived or an F whose
-input has arrived and whose activations fit in memory (alternating F and B when both are ready,
-1F1B's rhythm), else a W to fill the gap or to free memory. W's come from a FIFO of finished B's,
-so each stage accumulates weight gradients in microbatch order. A few policies are tried and the
-schedule with the shortest simulated step period (longest span) wins; the hand-made one-chunk
-schedules that fit the same memory limit are candidates too, so auto is never worse than any.
+Contenders, for each placement the caller allows (one chunk per rank, or two in a V):
+  - the round builder (`heuristic.py`, the paper's ZB-1p/ZB-2p construction) over the paper's
+    grid of choices, then a local search over its per-stage warm-up counts;
+  - the event-driven list scheduler (`greedy.py`) under a few policies;
+  - every hand-made schedule that fits the limit (gpipe, 1f1b, zb-h1, zb-h2; zb-v and
+    interleaved-1f1b with two chunks), so auto is never worse than any of them.
+How much of the optional search runs is fixed by the problem's size, never by a clock, so
+the same inputs always give the same schedule.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
-from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
-from typing import Mapping
+from typing import Iterator
 
-from .ops import Kind, Op, Schedule, ScheduleError, make_schedule, one_chunk_placement
-from .simulator import Costs, SimResult, peak_activations, simulate
-
-EPS = 1e-9
-
-
-@dataclass(frozen=True)
-class Policy:
-    """The knobs the search turns.
-
-    fill: when a rank has finished B's and nothing else is ready -- "fit": run a W only if it
-      ends before the next F/B can start (as far as is known, so it never delays one);
-      "eager": always run a W.
-    depth: 0 for no cap; else rank r keeps at most ceil(depth*(p-r)) microbatches between F
-      and B (1F1B keeps p-r). A cap leaves memory for held-back W's, which lets later ranks rush
-      B's through (ZB-H1's trick).
-    alternate: when an F and a B are both ready, take the kind not taken last.
-    """
-
-    limit: float
-    fill: str = "fit"
-    depth: float = 0.0
-    alternate: bool = True
-
-
-@dataclass(frozen=True)
-class Built:
-    schedule: Schedule
-    policy: Policy
-    longest_span: float  # from the greedy's own clock, equal to simulate()'s
-
-
-def greedy(p: int, m: int, costs: Costs, policy: Policy,
-           placement: Mapping[tuple[int, int], int] | None = None, kind: str = "auto") -> Built:
-    """Build one schedule with the greedy list scheduler; `placement` defaults to one chunk per rank."""
-    placement = dict(placement or one_chunk_placement(p))
-    v = len(placement) // p
-    S = p * v
-    tf, tb, tw, act = (costs.per_stage(n, S, v) for n in ("f", "b", "w", "memory"))
-    rank_of = [0] * S
-    for (r, c), s in placement.items():
-        rank_of[s] = r
-    stages = [[placement[(r, c)] for c in range(v)] for r in range(p)]
-    # Prefer the chunk further along the pipeline: it finishes microbatches and frees memory.
-    pref = [sorted(range(v), key=lambda c: -stages[r][c]) for r in range(p)]
-    # An F must leave room for one F of each later chunk on its rank, or the V could deadlock.
-    reserve = [sum(act[t] for t in stages[rank_of[s]] if t > s) for s in range(S)]
-    limit = policy.limit
-    for r in range(p):
-        need = sum(act[s] for s in stages[r])
-        if need > limit + EPS:
-            raise ScheduleError(f"memory limit {limit:g} is below one microbatch's activations "
-                                f"on rank {r} ({need:g})")
-    depth = [math.ceil(policy.depth * (p - r) - EPS) if policy.depth else m * v for r in range(p)]
-
-    def hop(a: int, b: int) -> float:
-        return costs.comm if rank_of[a] != rank_of[b] else 0.0
-
-    f_end = [[None] * m for _ in range(S)]
-    b_end = [[None] * m for _ in range(S)]
-    nf = [[0] * v for _ in range(p)]       # next F per chunk
-    nb = [[0] * v for _ in range(p)]       # next B per chunk
-    pending_w = [deque() for _ in range(p)]
-    mem = [0.0] * p
-    free = [0.0] * p
-    first = [None] * p
-    ops: list[list[Op]] = [[] for _ in range(p)]
-    left = [3 * m * v] * p
-    last_fb = [Kind.F] * p
-    version = [0] * p
-    heap: list = []
-
-    def wake(r: int, t: float):
-        version[r] += 1
-        heapq.heappush(heap, (t, -r, version[r], r))
-
-    def input_ready(r: int, c: int, kind: Kind):
-        """(time the input is there or a lower bound on it, exact?) or None if nothing to do."""
-        s = stages[r][c]
-        if kind == Kind.B:
-            x = nb[r][c]
-            if x >= nf[r][c]:
-                return None
-            if s == S - 1:
-                return free[r], True
-            made, other, dt = b_end[s + 1][x], s + 1, tb[s + 1]
-        else:
-            x = nf[r][c]
-            if x >= m:
-                return None
-            if s == 0:
-                return free[r], True
-            made, other, dt = f_end[s - 1][x], s - 1, tf[s - 1]
-        if made is not None:
-            return made + hop(s, other), True
-        q = rank_of[other]
-        return max(free[q], free[r]) + dt + hop(s, other), False
-
-    def run(r: int, op: Op, start: float, dur: float):
-        ops[r].append(op)
-        first[r] = start if first[r] is None else first[r]
-        free[r] = start + dur
-        left[r] -= 1
-
-    def step(r: int, now: float) -> None:
-        t = free[r]
-        ready = []  # (start, order, chunk preference, kind, chunk)
-        soonest = None
-        memory_full = False
-        in_flight = sum(nf[r]) - sum(nb[r])
-        for kind in (Kind.B, Kind.F):
-            for k, c in enumerate(pref[r]):
-                got = input_ready(r, c, kind)
-                if got is None:
-                    continue
-                if kind == Kind.F:
-                    s = stages[r][c]
-                    if mem[r] + act[s] + reserve[s] > limit + EPS:
-                        memory_full = True
-                        continue
-                    if in_flight >= depth[r]:
-                        continue
-                when, exact = got
-                soonest = when if soonest is None else min(soonest, when)
-                if exact:
-                    order = int((kind == Kind.B) == (policy.alternate and last_fb[r] == Kind.B))
-                    ready.append((max(now, t, when), order, k, kind, c))
-        best = min(ready) if ready else None
-        if pending_w[r]:
-            x, c = pending_w[r][0]
-            fb_left = any(nf[r][c2] < m or nb[r][c2] < m for c2 in range(v))
-            if best is not None and best[0] <= t + EPS:
-                use_w = False
-            elif not fb_left or memory_full or policy.fill == "eager":
-                use_w = True
-            else:
-                nxt = best[0] if best is not None else soonest
-                use_w = nxt is None or nxt >= t + tw[stages[r][c]] - EPS
-            if use_w:
-                # A W feeds no other rank, so it may go back to the rank's free time.
-                pending_w[r].popleft()
-                s = stages[r][c]
-                run(r, Op(Kind.W, x, c), t, tw[s])
-                mem[r] -= act[s]
-                wake(r, max(now, free[r]))
-                return
-        if best is None:
-            return  # asleep until a neighbour produces its input
-        start, _, _, kind, c = best
-        if start > now + EPS:
-            wake(r, start)
-            return
-        s = stages[r][c]
-        last_fb[r] = kind
-        if kind == Kind.B:
-            x = nb[r][c]
-            nb[r][c] += 1
-            run(r, Op(Kind.B, x, c), start, tb[s])
-            b_end[s][x] = free[r]
-            pending_w[r].append((x, c))
-            other = s - 1
-        else:
-            x = nf[r][c]
-            nf[r][c] += 1
-            run(r, Op(Kind.F, x, c), start, tf[s])
-            f_end[s][x] = free[r]
-            mem[r] += act[s]
-            other = s + 1
-        if 0 <= other < S and rank_of[other] != r:
-            q = rank_of[other]
-            wake(q, max(now, free[q]))
-        wake(r, max(now, free[r]))
-
-    for r in range(p):
-        wake(r, 0.0)
-    while heap:
-        now, _, ver, r = heapq.heappop(heap)
-        if ver == version[r] and left[r]:
-            step(r, now)
-    if any(left):
-        raise ScheduleError(f"the greedy scheduler stalled on ranks "
-                            f"{[r for r in range(p) if left[r]]} under memory limit {limit:g}")
-    span = max(free[r] - first[r] for r in range(p))
-    return Built(make_schedule(kind, p, m, v, ops, placement), policy, span)
-
-
-def _hand_made(p: int, m: int) -> list[Schedule]:
-    from .generators import gpipe, one_f_one_b, zb_h1, zb_h2
-    return [one_f_one_b(p, m), zb_h1(p, m), zb_h2(p, m), gpipe(p, m)]
-
-
-def _memory_per_microbatch(costs: Costs, p: int) -> float:
-    return max(costs.per_stage("memory", p, 1))
-
+from .generators import one_f_one_b
+from .greedy import Policy, greedy
+from .heuristic import Knobs, Stuck, build
+from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
+from .problem import EPS, Built, Problem
+from .simulator import Costs, SimResult, op_duration, peak_activations, replay, simulate
 
 OBJECTIVES = ("span", "makespan")
+CHUNK_CHOICES = (1, 2)
+CHOOSE = 0  # chunks=0: auto picks 1 or 2 (as the config's parallel.chunks = 0: "the schedule's own")
+# Op placements the optional search may spend (local search, extra policies): a few
+# tenths of a second in CPython whatever the size.
+SEARCH_BUDGET = 150_000
+# Up to this many ops per schedule every policy and knob setting is tried.
+SMALL = 6_000
+# Past this many, a V is left to zb-v and interleaved-1f1b: the list scheduler costs as
+# much as all the rest together there, and on the paper's largest row it never won.
+LARGE = 30_000
 
 
-def search(p: int, m: int, costs: Costs | None = None, memory_limit: float | None = None,
-           objective: str = "span") -> tuple[str, Schedule, SimResult]:
-    """Like `auto`, also returning which candidate won and its simulation."""
+@dataclass(frozen=True)
+class Contender:
+    label: str
+    schedule: Schedule
+    score: float
+    hand_made: bool
+
+
+@dataclass(frozen=True)
+class Search:
+    """The problem auto solves: sizes, costs, limit, objective and the chunk counts allowed."""
+
+    p: int
+    m: int
+    costs: Costs
+    limit: float
+    objective: str
+    chunk_counts: tuple[int, ...]
+
+    def problem(self, chunks: int) -> Problem:
+        placement = one_chunk_placement(self.p) if chunks == 1 else v_placement(self.p)
+        return Problem.build(self.p, self.m, self.costs, placement, self.limit)
+
+    def score_built(self, built: Built) -> float:
+        return round(built.longest_span if self.objective == "span" else built.makespan, 9)
+
+    def score_schedule(self, schedule: Schedule) -> float:
+        # The replay alone: a full simulate() would also count memory, already checked.
+        run = replay(schedule, op_duration(schedule, self.costs), self.costs.comm)
+        rows = [(starts[0], ends[-1]) for starts, ends in zip(run.start, run.end) if starts]
+        if self.objective == "span":
+            return round(max(end - begin for begin, end in rows), 9)
+        return round(max(end for _, end in rows) - min(begin for begin, _ in rows), 9)
+
+    def fits(self, schedule: Schedule) -> bool:
+        return max(peak_activations(schedule, self.costs)) <= self.limit + EPS
+
+
+def _cost_stages(costs: Costs) -> int | None:
+    """How many model stages per-stage costs describe; None when every cost is one number."""
+    for name in ("f", "b", "w", "memory", "memw"):
+        value = getattr(costs, name)
+        if isinstance(value, tuple):
+            return len(value)
+    return None
+
+
+def _chunk_counts(p: int, costs: Costs, chunks: int | None) -> tuple[int, ...]:
+    """Chunk counts to search: None keeps one chunk per rank (what every caller built its
+    model for before V's were searched); 1 or 2 is the caller's; CHOOSE follows per-stage
+    costs (p or 2p values) and tries both when costs are per rank."""
+    if chunks is None:
+        return (1,)
+    if chunks != CHOOSE:
+        if chunks not in CHUNK_CHOICES:
+            raise ScheduleError(f"auto searches 1 or 2 chunks per rank, or 0 to choose "
+                                f"(got chunks={chunks})")
+        return (chunks,)
+    stages = _cost_stages(costs)
+    if stages is None:
+        return CHUNK_CHOICES
+    if stages % p or stages // p not in CHUNK_CHOICES:
+        raise ScheduleError(f"auto: costs give {stages} stages for p={p} ranks; give one value "
+                            f"per model stage ({p} or {2 * p}) or one number")
+    return (stages // p,)
+
+
+def _hand_made(p: int, m: int, chunks: int) -> Iterator[Schedule]:
+    from .generators import gpipe, interleaved_1f1b, one_f_one_b, zb_h1, zb_h2, zb_v
+    if chunks == 1:
+        yield from (one_f_one_b(p, m), zb_h1(p, m), zb_h2(p, m), gpipe(p, m))
+    else:
+        yield zb_v(p, m)
+        if m % p == 0:
+            yield interleaved_1f1b(p, m, 2)
+
+
+def _knob_grid(ops: int) -> list[Knobs]:
+    grid = [Knobs(*choice) for choice in product((True, False), repeat=3)]
+    # Past SMALL the three settings that win the paper's rows (and most others) only.
+    return grid if ops <= SMALL else [Knobs(True, False, False), Knobs(False, False, False),
+                                      Knobs(True, True, True)]
+
+
+def _policies(limit: float, ops: int, chunks: int, hand_made_fits: bool) -> list[Policy]:
+    depths = (0.0, 1.0) if chunks == 1 else (0.0,)  # a depth cap can stall a V (see Policy)
+    every = [Policy(limit, fill, depth) for fill, depth in product(("fit", "eager"), depths)]
+    if ops <= SMALL:
+        return every
+    if chunks > 1 and ops > LARGE:
+        return []
+    # Past SMALL, one chunk is the round builder's and the hand-made schedules': the list
+    # scheduler seldom beats them there, except below 1F1B's memory, where no hand-made fits.
+    return every[:1] if chunks > 1 or not hand_made_fits else []
+
+
+def _shift_moves(stages: int) -> Iterator[tuple[int, ...]]:
+    """Local-search moves on the warm-up counts: whole prefixes of stages first (warm-ups
+    fall along the pipeline, so they tend to move together), then single stages."""
+    for k in range(1, stages + 1):
+        for d in (1, -1):
+            yield (d,) * k + (0,) * (stages - k)
+    for s in range(stages):
+        for d in (1, -1):
+            yield tuple(d if t == s else 0 for t in range(stages))
+
+
+def improve_warmup(search: Search, problem: Problem, start: Built, budget: int) -> Built:
+    """First-improvement descent over the round builder's per-stage warm-up shifts, until no
+    move helps or `budget` op placements are spent."""
+    ops = 3 * problem.m * problem.num_stages
+    best, best_score = start, search.score_built(start)
+    improved = True
+    while improved and budget >= ops:
+        improved = False
+        shift = best.recipe.warmup_shift or (0,) * problem.num_stages
+        for move in _shift_moves(problem.num_stages):
+            if budget < ops:
+                break
+            budget -= ops
+            knobs = replace(best.recipe, warmup_shift=tuple(a + b for a, b in zip(shift, move)))
+            try:
+                built = build(problem, knobs)
+            except Stuck:
+                continue
+            if search.score_built(built) < best_score - EPS:
+                best, best_score, improved = built, search.score_built(built), True
+                break
+    return best
+
+
+def _round_builds(search: Search, problem: Problem) -> list[Built]:
+    built = []
+    for knobs in _knob_grid(3 * search.m * problem.num_stages):
+        try:
+            built.append(build(problem, knobs))
+        except Stuck:
+            continue
+    return built
+
+
+def _describe(knobs: Knobs) -> str:
+    flags = [name for name in ("overfill_warmup", "hold_back_forward", "fill_every_gap")
+             if getattr(knobs, name)]
+    if any(knobs.warmup_shift):
+        flags.append("warmup_shift=" + "/".join(str(x) for x in knobs.warmup_shift))
+    return ", ".join(flags) or "plain"
+
+
+def _round_contender(search: Search, built: Built) -> Contender:
+    return Contender(f"rounds({_describe(built.recipe)})", built.schedule,
+                     search.score_built(built), False)
+
+
+def _greedy_contenders(search: Search, chunks: int) -> Iterator[Contender]:
+    problem = search.problem(chunks)
+    fits = chunks == 1 and search.fits(one_f_one_b(search.p, search.m))
+    for policy in _policies(search.limit, 3 * search.m * problem.num_stages, chunks, fits):
+        try:
+            built = greedy(problem, policy)
+        except ScheduleError:
+            continue
+        yield Contender(f"greedy(fill={policy.fill}, depth={policy.depth:g}, chunks={chunks})",
+                        built.schedule, search.score_built(built), False)
+
+
+def _hand_made_contenders(search: Search) -> Iterator[Contender]:
+    for chunks in search.chunk_counts:
+        for schedule in _hand_made(search.p, search.m, chunks):
+            if search.fits(schedule):
+                yield Contender(schedule.kind, schedule, search.score_schedule(schedule), True)
+
+
+def lower_bound(search: Search) -> float:
+    """No schedule's longest span is below the busiest rank's work (equal for every chunk
+    count), so a span search may stop there."""
+    problem = search.problem(search.chunk_counts[0])
+    return round(max(problem.work(r) for r in range(search.p)), 9)
+
+
+class Tally:
+    """The best contender so far (a hand-made one on a tie: simpler to read), and whether
+    it has reached the score nothing can beat."""
+
+    def __init__(self, floor: float):
+        self.floor, self.best = floor, None
+
+    def offer(self, contender: Contender) -> None:
+        if self.best is None or ((contender.score, not contender.hand_made)
+                                 < (self.best.score, not self.best.hand_made)):
+            self.best = contender
+
+    def done(self) -> bool:
+        return self.best is not None and self.best.score <= self.floor + EPS
+
+
+def best_contender(search: Search) -> Contender:
+    """Weigh the contenders cheapest-first, stopping once one reaches the lower bound:
+    the round builder's grid, the list scheduler's policies, the hand-made schedules, and
+    last the local search, only when a round build is still the best (elsewhere it rarely
+    closes the gap and it is the dearest part)."""
+    tally = Tally(lower_bound(search) if search.objective == "span" else 0.0)
+    rounds, problem = [], None
+    if 1 in search.chunk_counts:  # the round order suits one chunk; a V would serialise
+        problem = search.problem(1)
+        rounds = _round_builds(search, problem)
+    phases = ([_round_contender(search, b) for b in rounds],
+              *(_greedy_contenders(search, c) for c in search.chunk_counts),
+              _hand_made_contenders(search))
+    for phase in phases:
+        for contender in phase:
+            tally.offer(contender)
+            if tally.done():
+                return tally.best
+    if rounds:
+        first = min(rounds, key=search.score_built)
+        if search.score_built(first) <= tally.best.score + EPS:
+            better = improve_warmup(search, problem, first, SEARCH_BUDGET)
+            tally.offer(_round_contender(search, better))
+    if tally.best is None:
+        raise ScheduleError(f"auto: nothing fits memory limit {search.limit:g} with "
+                            f"p={search.p}, m={search.m}")
+    return tally.best
+
+
+def make_search(p: int, m: int, costs: Costs | None, memory_limit: float | None,
+                objective: str, chunks: int | None) -> Search:
     costs = costs or Costs()
     if objective not in OBJECTIVES:
         raise ScheduleError(f"auto: objective {objective!r} unknown; allowed: "
                             f"{', '.join(OBJECTIVES)}")
-
-    def score(schedule: Schedule, longest_span: float | None = None) -> float:
-        if objective == "span" and longest_span is not None:
-            return round(longest_span, 9)
-        result = simulate(schedule, costs)
-        return round(result.longest_span if objective == "span" else result.makespan, 9)
-
     if not isinstance(p, int) or p < 1 or not isinstance(m, int) or m < 1:
         raise ScheduleError(f"auto: needs p >= 1 stages and m >= 1 microbatches (got p={p}, m={m})")
-    per_mb = _memory_per_microbatch(costs, p)
+    counts = _chunk_counts(p, costs, chunks)
+    per_mb = max(max(costs.per_stage("memory", p * v, v)) * v for v in counts[:1])
     if memory_limit is None:
         memory_limit = p * per_mb
     if not memory_limit >= per_mb - EPS:
         raise ScheduleError(f"auto: memory limit {memory_limit:g} is below one microbatch's "
                             f"activations ({per_mb:g}); allowed: >= {per_mb:g}, e.g. "
                             f"{p * per_mb:g} (1F1B's memory) or {2 * p * per_mb:g}")
-    best = None  # (key, label, schedule)
-    for fill, depth in product(("fit", "eager"), (0.0, 1.0)):
-        built = greedy(p, m, costs, Policy(memory_limit, fill, depth))
-        label = f"greedy(fill={fill}, depth={depth:g})"
-        key = (score(built.schedule, built.longest_span), 1)
-        if best is None or key < best[0]:
-            best = (key, label, built.schedule)
-    for schedule in _hand_made(p, m):
-        if max(peak_activations(schedule, costs)) <= memory_limit + EPS:
-            key = (score(schedule), 0)
-            if key < best[0]:
-                best = (key, schedule.kind, schedule)
-    _, label, schedule = best
-    schedule = schedule.with_kind("auto")
-    return label, schedule, simulate(schedule, costs)
+    return Search(p, m, costs, float(memory_limit), objective, counts)
+
+
+def search(p: int, m: int, costs: Costs | None = None, memory_limit: float | None = None,
+           objective: str = "span", chunks: int | None = None) -> tuple[str, Schedule, SimResult]:
+    """Like `auto`, also returning which contender won and its simulation."""
+    problem = make_search(p, m, costs, memory_limit, objective, chunks)
+    best = best_contender(problem)
+    schedule = best.schedule.with_kind("auto")
+    return best.label, schedule, simulate(schedule, problem.costs)
 
 
 def auto(p: int, m: int, costs: Costs | None = None, memory_limit: float | None = None,
-         objective: str = "span") -> Schedule:
-    """The best one-chunk-per-rank schedule auto finds for `costs` under `memory_limit`.
+         objective: str = "span", chunks: int | None = None) -> Schedule:
+    """The best schedule auto finds for `costs` under `memory_limit`.
 
-    memory_limit is per rank, in the units of `costs.memory` (default 1 per microbatch over a
-    rank's share of layers): p matches 1F1B's memory (the paper's ZB-1p), 2p is ZB-2p.
+    memory_limit is per rank, in the units of `costs.memory` (M_B; default 1 per microbatch
+    over a rank's share of layers): p matches 1F1B's memory (the paper's ZB-1p), 2p is ZB-2p.
     Default p.
+
+    chunks: None (default) or 1: one stage per rank, as before V's were searched; 2: two
+    stages per rank in a V, as zb-v; 0: auto chooses -- both when the costs are one number
+    per rank, what per-stage costs describe (p or 2p values) otherwise. The result's
+    `chunks` says which it took; a runtime whose model is already split passes its count.
 
     objective: "span" minimises the longest per-rank span, the step period when a rank
     starts the next step's ops as soon as it is free (the paper's setting, with the
@@ -270,4 +309,6 @@ def auto(p: int, m: int, costs: Costs | None = None, memory_limit: float | None 
     all ranks, the step time when every step ends in a synchronisation (global gradient
     norm, then the optimizer).
     """
-    return search(p, m, costs, memory_limit, objective)[1]
+    # No final simulation: a caller that wants the timings simulates (or calls `search`).
+    return best_contender(make_search(p, m, costs, memory_limit, objective, chunks)
+                          ).schedule.with_kind("auto")

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from . import KINDS, Costs, ScheduleError, check, generate, simulate
+from . import KINDS, Costs, ScheduleError, check, generate, simulate, span_lower_bound
 from .draw import png, report, svg
 from .torch_csv import read_csv, write_csv
 
@@ -19,8 +19,10 @@ rank), dots = idle. Then makespan, bubble rate = 1 - max busy / longest span, an
 activation memory per rank (microbatches held between F and W, a chunk counting 1/v).
 
 Kinds: gpipe, 1f1b (PipeDream-flush), interleaved-1f1b (--chunks V, m a multiple of p),
-zb-h1 and zb-h2 (zero-bubble, handcrafted), zb-v (2 chunks in a V), auto (the greedy
-zero-bubble scheduler under --memory-limit; default p, i.e. 1F1B's memory)."""
+zb-h1 and zb-h2 (zero-bubble, handcrafted), zb-v (2 chunks in a V), auto (the zero-bubble
+scheduler under --memory-limit, default p, i.e. 1F1B's memory; 1 or 2 chunks per rank, or
+--chunks to fix it). --exact adds the certified search (needs OR-Tools, the `exact` extra):
+the best schedule it finds, a proven lower bound and whether the schedule meets it."""
 
 EPILOG = """\
 examples:
@@ -28,13 +30,20 @@ examples:
   python -m hpcpipe schedule --kind zb-h1 --stages 4 --microbatches 8 --cost F=1,B=1,W=0.5
   python -m hpcpipe schedule --kind interleaved-1f1b --stages 4 --microbatches 8 --chunks 2
   python -m hpcpipe schedule --kind auto --stages 8 --microbatches 24 --memory-limit 16 --json
+  python -m hpcpipe schedule --kind auto -p 8 -m 24 --chunks 1 --memory-limit 16 \
+      --cost F=29.718,B=29.444,W=19.927,comm=0.527,mem=1,memw=0.43 --json
+  python -m hpcpipe schedule --kind auto -p 4 -m 12 --cost F=1,B=1,W=0.5 --exact --json
   python -m hpcpipe schedule --kind zb-v --stages 4 --microbatches 8 --svg zbv.svg
   python -m hpcpipe schedule --kind zb-h2 --stages 4 --microbatches 8 --save-csv zbh2.csv
   python -m hpcpipe schedule --load-csv zbh2.csv --cost F=1,B=1.2,W=0.6,comm=0.05
 
 costs: F, B, W are the times of one microbatch over a rank's whole share of layers (a chunk of
 a v-chunk schedule takes 1/v of it); give per-stage values with '/', e.g. F=1.3/1/1/1.4;
-comm is the time of one message between ranks; mem the activation memory of a microbatch."""
+comm is the time of one message between ranks; mem the activation memory of a microbatch
+held from its F to its B (M_B), memw what it still holds from its B to its W (M_W, default
+mem). --json adds lower_bound (no schedule of these ops, or with --exact none under the
+limit, has a shorter longest span; the makespan with --objective makespan) and optimal
+(the schedule meets it)."""
 
 
 def _positive(text: str) -> int:
@@ -70,9 +79,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--microbatches", "-m", type=_positive, metavar="M",
                         help="microbatches per step")
     parser.add_argument("--chunks", "-v", type=_positive, metavar="V",
-                        help="model chunks per rank (interleaved-1f1b: any, default 2; zb-v: 2)")
+                        help="model chunks per rank (interleaved-1f1b: any, default 2; zb-v: 2; "
+                        "auto: 1 or 2, default its choice)")
     parser.add_argument("--cost", type=_costs, default=Costs(), metavar="F=1,B=1,W=1,comm=0",
-                        help="cost model (default F=1,B=1,W=1,comm=0,mem=1)")
+                        help="cost model (default F=1,B=1,W=1,comm=0,mem=1; memw=M_W, default mem)")
+    parser.add_argument("--objective", choices=("span", "makespan"), default="span",
+                        help="what auto and --exact minimise: the longest per-rank span "
+                        "(default, the paper's) or the makespan")
+    parser.add_argument("--exact", action="store_true",
+                        help="auto only: also run the certified search and prove a lower bound")
+    parser.add_argument("--time-limit", type=_limit, default=60.0, metavar="S",
+                        help="seconds for --exact (default 60)")
     parser.add_argument("--memory-limit", type=_limit, metavar="X",
                         help="activation memory per rank, in microbatches (auto: default P)")
     parser.add_argument("--load-csv", metavar="FILE",
@@ -101,23 +118,55 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _build(args: argparse.Namespace):
+    """The schedule to show and, with --exact, the certified search's verdict."""
+    if args.load_csv:
+        return read_csv(args.load_csv), None
+    missing = [flag for flag, value in (("--kind", args.kind), ("--stages", args.stages),
+                                        ("--microbatches", args.microbatches)) if value is None]
+    if missing:
+        raise ScheduleError(f"missing {', '.join(missing)} (or give --load-csv FILE)")
+    if args.exact:
+        if args.kind != "auto":
+            raise ScheduleError("--exact searches for the best schedule: use it with --kind auto")
+        from .exact import certify_search
+        verdict = certify_search(args.stages, args.microbatches, args.cost, args.memory_limit,
+                                 args.objective, _chunks(args), args.time_limit)
+        return verdict.best, verdict
+    return generate(args.kind, args.stages, args.microbatches, _chunks(args), args.cost,
+                    args.memory_limit, args.objective), None
+
+
+def _chunks(args: argparse.Namespace) -> int | None:
+    # From the command line auto chooses between one chunk and a V unless told; the
+    # Python API keeps one chunk by default (see `auto`).
+    from .auto import CHOOSE
+    return CHOOSE if args.kind == "auto" and args.chunks is None else args.chunks
+
+
+def _bound(result, verdict, objective: str) -> tuple[float, bool]:
+    """(lower bound, optimal) for the JSON: the exact verdict's, else the critical-path and
+    busiest-rank bound, which holds for any order of the same ops."""
+    if verdict is not None:
+        return verdict.lower_bound, verdict.optimal
+    bound = span_lower_bound(result.schedule, result.costs)
+    value = result.longest_span if objective == "span" else result.makespan
+    return bound, value <= bound + 1e-9 * max(1.0, bound)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.load_csv:
-            schedule = read_csv(args.load_csv)
-        else:
-            missing = [flag for flag, value in (("--kind", args.kind), ("--stages", args.stages),
-                                                ("--microbatches", args.microbatches)) if value is None]
-            if missing:
-                return _fail(f"missing {', '.join(missing)} (or give --load-csv FILE)")
-            schedule = generate(args.kind, args.stages, args.microbatches, args.chunks,
-                                args.cost, args.memory_limit)
+        schedule, verdict = _build(args)
         check(schedule)
         result = simulate(schedule, args.cost)
+        bound, optimal = _bound(result, verdict, args.objective)
         if args.save_csv:
             write_csv(schedule, args.save_csv)
         if args.json:
-            print(json.dumps(result.summary()))
+            summary = {**result.summary(), "lower_bound": round(bound, 9), "optimal": optimal}
+            if verdict is not None:
+                summary["exact"] = verdict.summary()
+            print(json.dumps(summary))
         elif args.svg:
             with open(args.svg, "w") as f:
                 f.write(svg(result))
@@ -127,6 +176,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {args.png} (bubble rate {result.bubble_rate:.4f})")
         else:
             print(report(result))
+            what = "longest span" if args.objective == "span" else "makespan"
+            print(f"lower bound on the {what}: {bound:g} ({'optimal' if optimal else 'not proven optimal'})")
+            if verdict is not None:
+                print(f"exact mode: heuristic {verdict.heuristic_value:g}, gap to the bound "
+                      f"{100 * verdict.gap:.3f}% ("
+                      + ", ".join(f"{c.status.lower()} in {c.seconds:.1f} s" for c in verdict.certified)
+                      + ")")
     except ScheduleError as e:
         return _fail(str(e))
     except (OSError, RuntimeError) as e:

@@ -194,15 +194,17 @@ def zb_v(p: int, m: int) -> Schedule:
 
 
 def _zb_v_below_threshold(p: int, m: int, built: Schedule) -> Schedule:
-    """For m < 2p-1: the truncated construction or the greedy's order, whichever is shorter."""
-    from .auto import Policy, greedy
+    """For m < 2p-1: the truncated construction or the list scheduler's order, whichever is shorter."""
+    from .greedy import Policy, greedy
     from .ops import v_placement
+    from .problem import Problem
     from .simulator import Costs, simulate
 
     unit = Costs()
+    problem = Problem.build(p, m, unit, v_placement(p), float(p))
     best, best_span = built, max(simulate(built, unit).span)
     for fill, alternate in (("fit", True), ("fit", False), ("eager", True), ("eager", False)):
-        other = greedy(p, m, unit, Policy(float(p), fill, 0.0, alternate), v_placement(p), "zb-v")
+        other = greedy(problem, Policy(float(p), fill, 0.0, alternate), "zb-v")
         if other.longest_span < best_span - 1e-9:
             best, best_span = other.schedule, other.longest_span
     return best

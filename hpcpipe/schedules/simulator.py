@@ -23,12 +23,16 @@ Number = float | int
 class Costs:
     """Durations and activation memory of one microbatch.
 
-    `f`, `b`, `w` (forward, backward-input, backward-weight) and `memory` are either one number
-    for a rank's whole share of layers -- a schedule with v chunks per rank then charges
-    value/v per chunk, so schedules with different chunking stay comparable -- or a sequence
-    with one value per model stage (the first stage also embeds, the last also computes the
-    head and loss). `comm` is the time of one stage-to-stage message between ranks.
-    A fused BW costs b + w.
+    `f`, `b`, `w` (forward, backward-input, backward-weight), `memory` and `memw` are either
+    one number for a rank's whole share of layers -- a schedule with v chunks per rank then
+    charges value/v per chunk, so schedules with different chunking stay comparable -- or a
+    sequence with one value per model stage (the first stage also embeds, the last also
+    computes the head and loss). `comm` is the time of one stage-to-stage message between
+    ranks. A fused BW costs b + w.
+
+    Memory has the zero-bubble paper's two levels: a microbatch holds `memory` (M_B) from its
+    F to its B, then only `memw` (M_W, what the weight GEMMs still need) until its W. `memw`
+    defaults to `memory`: the whole microbatch is held until W, as before the split existed.
     """
 
     f: Number | Sequence[Number] = 1.0
@@ -36,10 +40,13 @@ class Costs:
     w: Number | Sequence[Number] = 1.0
     comm: Number = 0.0
     memory: Number | Sequence[Number] = 1.0
+    memw: Number | Sequence[Number] | None = None
 
     def __post_init__(self):
-        for name in ("f", "b", "w", "memory"):
+        for name in ("f", "b", "w", "memory", "memw"):
             value = getattr(self, name)
+            if value is None:
+                continue
             if not isinstance(value, (int, float)):
                 value = tuple(float(x) for x in value)
                 object.__setattr__(self, name, value)
@@ -50,9 +57,30 @@ class Costs:
                 raise ScheduleError(f"cost {name}={value} must be finite and >= 0")
         if not math.isfinite(self.comm) or self.comm < 0:
             raise ScheduleError(f"cost comm={self.comm} must be finite and >= 0")
+        if self.memw is not None:
+            self._check_memw_within_memory()
+
+    def _check_memw_within_memory(self):
+        # W needs a part of what B needed, never more: a B that grew memory would break the
+        # schedulers' rule that only an F can raise a rank's activation memory.
+        def values(v):
+            return (v,) if isinstance(v, (int, float)) else v
+        mem, memw = values(self.memory), values(self.memw)
+        if len(mem) > 1 and len(memw) > 1 and len(mem) != len(memw):
+            raise ScheduleError(f"cost memw has {len(memw)} values and mem {len(mem)}; give "
+                                "one number or one value per model stage for each")
+        n = max(len(mem), len(memw))
+        for i in range(n):
+            a, b = mem[i % len(mem)], memw[i % len(memw)]
+            if b > a + 1e-12:
+                raise ScheduleError(f"cost memw={b:g} exceeds mem={a:g}"
+                                    + (f" on stage {i}" if n > 1 else "")
+                                    + ": W holds a part of what B held (M_W <= M_B)")
 
     def per_stage(self, name: str, num_stages: int, chunks: int) -> tuple[float, ...]:
         value = getattr(self, name)
+        if name == "memw" and value is None:
+            value = self.memory
         if isinstance(value, (int, float)):
             return (value / chunks,) * num_stages
         if len(value) != num_stages:
@@ -61,21 +89,23 @@ class Costs:
         return tuple(value)
 
     def is_uniform(self) -> bool:
-        return all(isinstance(getattr(self, n), (int, float)) or len(set(getattr(self, n))) == 1
-                   for n in ("f", "b", "w", "memory"))
+        return all(isinstance(getattr(self, n), (int, float, type(None)))
+                   or len(set(getattr(self, n))) == 1 for n in ("f", "b", "w", "memory", "memw"))
 
     @classmethod
     def parse(cls, text: str) -> "Costs":
-        """Read "F=1,B=1,W=0.5,comm=0.05,mem=1"; per-stage values separated by '/': F=1.2/1/1/1.3."""
+        """Read "F=1,B=1,W=0.5,comm=0.05,mem=1,memw=0.43"; per-stage values separated by '/':
+        F=1.2/1/1/1.3."""
         names = {"f": "f", "b": "b", "w": "w", "comm": "comm", "c": "comm",
-                 "mem": "memory", "memory": "memory", "m": "memory"}
+                 "mem": "memory", "memory": "memory", "m": "memory", "memw": "memw",
+                 "mem_w": "memw"}
         values: dict[str, object] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, raw = item.partition("=")
             name = names.get(key.strip().lower())
             if not sep or name is None:
                 raise ScheduleError(f"cannot read cost {item!r}: expected KEY=VALUE with KEY one of "
-                                    "F, B, W, comm, mem (e.g. F=1,B=1,W=0.5,comm=0)")
+                                    "F, B, W, comm, mem, memw (e.g. F=1,B=1,W=0.5,comm=0,mem=1,memw=0.4)")
             try:
                 numbers = [float(x) for x in re.split(r"/", raw.strip())]
             except ValueError:
@@ -88,7 +118,8 @@ class Costs:
     def __str__(self) -> str:
         def fmt(v):
             return "/".join(f"{x:g}" for x in v) if isinstance(v, tuple) else f"{v:g}"
-        return f"F={fmt(self.f)},B={fmt(self.b)},W={fmt(self.w)},comm={fmt(self.comm)},mem={fmt(self.memory)}"
+        text = f"F={fmt(self.f)},B={fmt(self.b)},W={fmt(self.w)},comm={fmt(self.comm)},mem={fmt(self.memory)}"
+        return text if self.memw is None else f"{text},memw={fmt(self.memw)}"
 
 
 class Blocked(NamedTuple):
@@ -105,11 +136,6 @@ class Replay(NamedTuple):
     start: list[list[float]]
     end: list[list[float]]
     blocked: list[Blocked]  # empty when every rank ran its whole list
-
-
-def _key(kind: Kind, microbatch: int, stage: int) -> tuple:
-    # B and BW both produce the input gradient; the W of a BW is done when the BW is.
-    return ("B" if kind in (Kind.B, Kind.BW) else kind.value, microbatch, stage)
 
 
 def dependencies(schedule: Schedule, rank: int, op: Op) -> list[tuple[tuple, bool]]:
@@ -133,32 +159,53 @@ def dependencies(schedule: Schedule, rank: int, op: Op) -> list[tuple[tuple, boo
     return deps
 
 
+_KIND_INDEX = {"F": 0, "B": 1, "W": 2}
+_KIND_NAME = ("F", "B", "W")
+
+
 def _fast_dependencies(schedule: Schedule):
-    """The same as `dependencies`, for every op at once, without building Message objects."""
-    S = schedule.num_stages
+    """The same as `dependencies`, for every op at once, with each dependency key packed into
+    one integer (see `_pack`): `replay` runs this for every op of every candidate auto weighs."""
+    S, m = schedule.num_stages, schedule.num_microbatches
     rank_of = [schedule.rank_chunk_of(s)[0] for s in range(S)]
+    F, W = Kind.F, Kind.W  # identity tests are the cheapest in this loop
     out = []
     for r, ops in enumerate(schedule.ranks):
         row = []
         for op in ops:
             s = schedule.stage(r, op)
             x = op.microbatch
-            if op.kind == Kind.F:
-                deps = [(("F", x, s - 1), rank_of[s - 1] != r)] if s > 0 else []
-            elif op.kind == Kind.W:
-                deps = [(("B", x, s), False)]
+            if op.kind is F:
+                key = _pack(0, x, s, S, m)
+                deps = [(_pack(0, x, s - 1, S, m), rank_of[s - 1] != r)] if s > 0 else []
+            elif op.kind is W:
+                key = _pack(2, x, s, S, m)
+                deps = [(_pack(1, x, s, S, m), False)]
             else:
-                deps = [(("B", x, s + 1), rank_of[s + 1] != r)] if s < S - 1 else []
-                deps.append((("F", x, s), False))
-            row.append((op, s, _key(op.kind, x, s), deps))
+                key = _pack(1, x, s, S, m)
+                deps = [(_pack(1, x, s + 1, S, m), rank_of[s + 1] != r)] if s < S - 1 else []
+                deps.append((_pack(0, x, s, S, m), False))
+            row.append((op, s, key, deps))
         out.append(row)
     return out
+
+
+def _pack(kind: int, microbatch: int, stage: int, S: int, m: int) -> int:
+    # Out-of-range microbatches (a schedule the checker has not seen yet) stay distinct.
+    return (microbatch * S + stage) * 3 + kind
+
+
+def _unpack(key: int, S: int) -> tuple:
+    """The dependency key `dependencies` names: (kind, microbatch, stage)."""
+    rest, kind = divmod(key, 3)
+    microbatch, stage = divmod(rest, S)
+    return (_KIND_NAME[kind], microbatch, stage)
 
 
 def replay(schedule: Schedule, duration: Callable[[Op, int], float], comm: float) -> Replay:
     """Run every rank's list in order under the runtime's rules; `duration(op, stage)`."""
     p = schedule.num_ranks
-    where: dict[tuple, int] = {}
+    where: dict[int, int] = {}
     plan = []  # per rank: list of (op, own key, deps, duration)
     for r, row in enumerate(_fast_dependencies(schedule)):
         for op, s, key, deps in row:
@@ -166,8 +213,8 @@ def replay(schedule: Schedule, duration: Callable[[Op, int], float], comm: float
         plan.append([(op, key, deps, duration(op, s)) for op, s, key, deps in row])
     start = [[math.nan] * len(row) for row in plan]
     end = [[math.nan] * len(row) for row in plan]
-    done: dict[tuple, float] = {}
-    waiting: dict[tuple, list[int]] = defaultdict(list)
+    done: dict[int, float] = {}
+    waiting: dict[int, list[int]] = defaultdict(list)
     free = [0.0] * p
     pos = [0] * p
     stuck: dict[int, tuple] = {}
@@ -195,9 +242,10 @@ def replay(schedule: Schedule, duration: Callable[[Op, int], float], comm: float
             free[r] = t + dt
             done[key] = t + dt
             pos[r] += 1
-            for other in waiting.pop(key, ()):
-                work.append(other)
-    blocked = [Blocked(r, plan[r][pos[r]][0], dep, where.get(dep), remote)
+            if key in waiting:
+                work.extend(waiting.pop(key))
+    S = schedule.num_stages
+    blocked = [Blocked(r, plan[r][pos[r]][0], _unpack(dep, S), where.get(dep), remote)
                for r, (dep, remote) in sorted(stuck.items()) if pos[r] < len(plan[r])]
     return Replay(start, end, blocked)
 
@@ -208,9 +256,10 @@ class SimResult:
 
     span: first op start to last op end of each rank (in training, the next step's first ops
     start as soon as a rank is free, so the longest span is the step period).
-    bubble_rate = 1 - max(busy) / max(span). peak_activations: the most microbatches a rank
-    holds between their F and their W (or BW), in units of one microbatch over the rank's
-    whole share of layers (with scalar memory cost 1).
+    bubble_rate = 1 - max(busy) / max(span). peak_activations: the most activation memory a
+    rank holds (M_B from a microbatch's F to its B, M_W from its B to its W, see
+    `peak_activations`), in units of one microbatch over the rank's whole share of layers
+    (with scalar memory cost 1).
     """
 
     schedule: Schedule
@@ -271,20 +320,39 @@ def op_duration(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float]:
     return duration
 
 
-def peak_activations(schedule: Schedule, costs: Costs | None = None) -> tuple[float, ...]:
-    """Per rank, the largest activation memory held: an F takes its microbatch's memory, W/BW frees it."""
+def memory_deltas(schedule: Schedule, costs: Costs | None = None
+                  ) -> Callable[[Op, int], tuple[float, float]]:
+    """`deltas(op, stage)` -> (while it runs, after it ends): the change of the rank's
+    activation memory that `op` brings, in the two-level model: F takes M_B as it starts;
+    B keeps M_B while it runs, then leaves M_W; W frees M_W at its end; a fused BW frees M_B
+    at its end."""
     costs = costs or Costs()
     mem = costs.per_stage("memory", schedule.num_stages, schedule.chunks)
+    memw = costs.per_stage("memw", schedule.num_stages, schedule.chunks)
+
+    def deltas(op: Op, stage: int) -> tuple[float, float]:
+        if op.kind == Kind.F:
+            return mem[stage], mem[stage]
+        if op.kind == Kind.B:
+            return 0.0, memw[stage] - mem[stage]
+        if op.kind == Kind.W:
+            return 0.0, -memw[stage]
+        return 0.0, -mem[stage]
+    return deltas
+
+
+def peak_activations(schedule: Schedule, costs: Costs | None = None) -> tuple[float, ...]:
+    """Per rank, the largest activation memory held (see `memory_deltas`): M_B from a
+    microbatch's F to its B, M_W from its B to its W (with the default memw = memory, a
+    whole microbatch from F to W or BW)."""
+    deltas = memory_deltas(schedule, costs)
     peaks = []
     for r, ops in enumerate(schedule.ranks):
         held = peak = 0.0
         for op in ops:
-            s = schedule.stage(r, op)
-            if op.kind == Kind.F:
-                held += mem[s]
-                peak = max(peak, held)
-            elif op.kind in (Kind.W, Kind.BW):
-                held -= mem[s]
+            during, after = deltas(op, schedule.stage(r, op))
+            peak = max(peak, held + during)
+            held += after
         peaks.append(_tidy(peak))
     return tuple(peaks)
 

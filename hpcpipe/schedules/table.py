@@ -1,13 +1,17 @@
 """Print the closing table: simulated bubble and peak memory of every schedule next to the paper's forms.
 
     python -m hpcpipe.schedules.table            # p=4,m=8 and p=8,m=24; F:B:W = 1:1:1 and 1:1:0.5
+    python -m hpcpipe.schedules.table --paper    # the paper's Table 5 rows next to hpcpipe's rates
+    python -m hpcpipe.schedules.table --paper --exact 60   # and the certified bounds, 60 s a run
+    python -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
-from . import Costs, generate, simulate
+from . import Costs, ScheduleError, generate, simulate
 
 
 def paper_bubble(kind: str, p: int, m: int, c: Costs, v: int = 2) -> float | None:
@@ -61,13 +65,141 @@ def render(settings) -> str:
     return "\n".join(out)
 
 
+@dataclass(frozen=True)
+class PaperRow:
+    """One row of the zero-bubble paper's Table 9 (profiled ms) with its Table 5 bubble rates
+    and M_W/M_B from its Table 1 formulas (see docs/anchors.md)."""
+
+    model: str
+    p: int
+    m: int
+    f: float
+    b: float
+    w: float
+    comm: float
+    memw: float
+    rates: dict
+
+    @property
+    def costs(self) -> Costs:
+        return Costs(self.f, self.b, self.w, comm=self.comm, memory=1.0, memw=self.memw)
+
+
+PAPER_COLUMNS = ("1F1B", "1F1B-I", "ZB-H1", "ZB-H2", "ZB-1p", "ZB-2p")
+PAPER_ROWS = tuple(PaperRow(*row[:8], dict(zip(PAPER_COLUMNS, row[8:]))) for row in (
+    ("1.5B", 8, 24, 18.522, 18.086, 9.337, 0.601, 0.37, .2431, .1055, .1585, .1083, .1585, .0433),
+    ("6.2B", 8, 24, 29.718, 29.444, 19.927, 0.527, 0.43, .2347, .0808, .1323, .0698, .1323, .0029),
+    ("14.6B", 16, 48, 11.347, 11.248, 8.132, 0.377, 0.43, .2552, .1104, .1397, .0672, .1397, .0066),
+    ("28.3B", 32, 96, 10.419, 10.207, 7.715, 0.408, 0.43, .2646, .1493, .1421, .0641, .1421, .0038),
+))
+
+
+def paper_rates(row: PaperRow) -> dict[str, float]:
+    """hpcpipe's bubble rate for each schedule on one paper row; auto at p and 2p (M_B),
+    with one chunk per rank (the paper's ZB-1p/ZB-2p) and with V placements allowed."""
+    c, p, m = row.costs, row.p, row.m
+    rates = {kind: simulate(generate(kind, p, m), c).bubble_rate
+             for kind in ("1f1b", "zb-h1", "zb-h2", "zb-v")}
+    rates["interleaved-1f1b"] = simulate(generate("interleaved-1f1b", p, m, v=2), c).bubble_rate
+    for limit, name in ((p, "p"), (2 * p, "2p")):
+        for chunks, suffix in ((1, ""), (0, ", V allowed")):
+            schedule = generate("auto", p, m, v=chunks, costs=c, memory_limit=limit)
+            rates[f"auto {name}{suffix}"] = simulate(schedule, c).bubble_rate
+    return rates
+
+
+def render_paper(exact_seconds: float | None = None) -> str:
+    """One row per paper model: each of the paper's columns as "paper / hpcpipe", then the
+    schedules the paper's table has no column for."""
+    pairs = (("1F1B", "1f1b"), ("1F1B-I", "interleaved-1f1b"), ("ZB-H1", "zb-h1"),
+             ("ZB-H2", "zb-h2"), ("ZB-1p", "auto p"), ("ZB-2p", "auto 2p"))
+    extra = ("zb-v", "auto p, V allowed", "auto 2p, V allowed")
+    out = ["| model, p, m | " + " | ".join(paper for paper, _ in pairs) + " | " + " | ".join(extra) + " |",
+           "|---" * (1 + len(pairs) + len(extra)) + "|"]
+    for row in PAPER_ROWS:
+        rates = paper_rates(row)
+        cells = [f"{row.rates[paper]:.4f} / {rates[ours]:.4f}" for paper, ours in pairs]
+        cells += [f"{rates[name]:.4f}" for name in extra]
+        out.append(f"| {row.model}, {row.p}, {row.m} | " + " | ".join(cells) + " |")
+    if exact_seconds:
+        out += ["", render_gaps(exact_seconds)]
+    return "\n".join(out)
+
+
+def render_gaps(seconds: float) -> str:
+    """auto (one chunk) against the certified search's proven bound on each paper row."""
+    from .exact import certify_search
+
+    out = ["| model, p, m | limit | auto span | proven lower bound | gap | bubble rate: auto / at the bound | status |",
+           "|---|---|---|---|---|---|---|"]
+    for row in PAPER_ROWS:
+        work = row.m * (row.f + row.b + row.w)
+        for limit, name in ((row.p, "p"), (2 * row.p, "2p")):
+            v = certify_search(row.p, row.m, row.costs, limit, "span", 1, seconds)
+            status = ", ".join(f"{c.status.lower()} {c.seconds:.0f} s" for c in v.certified)
+            out.append(f"| {row.model}, {row.p}, {row.m} | {name} | {v.heuristic_value:.3f} | "
+                       f"{v.lower_bound:.3f} | {max(0.0, 100 * v.gap):.3f}% | {1 - work / v.heuristic_value:.4f}"
+                       f" / {max(0.0, 1 - work / v.lower_bound):.4f} | {status} |")
+    return "\n".join(out)
+
+
+def sweep_memory(path: str, steps: int = 15) -> None:
+    """Bubble rate against the memory limit (in units of p·M_B) on the paper's rows, auto
+    with one chunk and with V placements, the hand-made schedules at their own peaks: the
+    picture of the paper's memory figure. Writes a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PAPER_ROWS), figsize=(4 * len(PAPER_ROWS), 3.4), sharey=True)
+    ratios = [0.5 + 0.125 * i for i in range(steps)]  # 0.5 .. 2.25, through 1 and 2
+    for ax, row in zip(axes, PAPER_ROWS):
+        c, p, m = row.costs, row.p, row.m
+        for chunks, label, style in ((1, "auto, 1 chunk", "-o"), (0, "auto, V allowed", "--s")):
+            xs, ys = [], []
+            for ratio in ratios:
+                try:
+                    schedule = generate("auto", p, m, v=chunks, costs=c, memory_limit=ratio * p)
+                except ScheduleError:
+                    continue
+                xs.append(ratio)
+                ys.append(simulate(schedule, c).bubble_rate)
+            ax.plot(xs, ys, style, markersize=3, label=label)
+        for kind, marker in (("1f1b", "^"), ("zb-h1", "v"), ("zb-h2", "D"), ("zb-v", "*")):
+            result = simulate(generate(kind, p, m), c)
+            ax.plot(max(result.peak_activations) / p, result.bubble_rate, marker, label=kind)
+        for name, ratio in (("ZB-1p", 1.0), ("ZB-2p", 2.0)):
+            ax.plot(ratio, row.rates[name], "kx", markersize=8,
+                    label="paper ZB-1p / ZB-2p" if name == "ZB-1p" else None)
+        ax.set_title(f"{row.model}: p={p}, m={m}, M_W/M_B={row.memw:g}", fontsize=9)
+        ax.set_xlabel("memory limit (p·M_B)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("bubble rate")
+    axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcpipe.schedules.table",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="4x8,8x24", help="PxM pairs, comma separated")
+    parser.add_argument("--paper", action="store_true",
+                        help="the paper's Table 5 rows (its Table 9 costs) next to hpcpipe's rates")
+    parser.add_argument("--exact", type=float, metavar="SECONDS",
+                        help="with --paper: also the certified search's bounds, SECONDS a run")
+    parser.add_argument("--sweep-memory", metavar="PNG",
+                        help="plot the bubble rate against the memory limit on the paper's rows")
     args = parser.parse_args(argv)
-    settings = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
-    print(render(settings))
+    if args.sweep_memory:
+        sweep_memory(args.sweep_memory)
+        print(f"wrote {args.sweep_memory}")
+    elif args.paper:
+        print(render_paper(args.exact))
+    else:
+        settings = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
+        print(render(settings))
     return 0
 
 

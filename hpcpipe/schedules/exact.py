@@ -1,0 +1,340 @@
+"""Certified search: the best schedule under a memory limit as a constraint program (OR-Tools
+CP-SAT), with a proven lower bound on what any schedule can reach.
+
+The model, per model stage s and microbatch x: intervals F, B, W with the stage's durations;
+F waits for the previous stage's F plus a message, B for the next stage's B (the last stage
+for its own F) and its own F, W for its own B; one rank runs one op at a time; and each
+rank's activation memory (M_B taken as an F starts, traded for M_W as its B ends, freed as
+its W ends) stays within the limit. Each stage runs its F's, B's and W's in microbatch
+order: microbatches are identical, so relabelling any schedule's k-th F, B and W of every
+stage as microbatch k gives one as short that keeps every dependency and every memory level,
+and the runtime needs W's in that order anyway. The auto scheduler's schedule is the hint.
+
+Times and memory are scaled to integers; where a cost has more decimals than the scale keeps,
+the model rounds durations and memory down and the limit up, so it relaxes the problem and
+its bound stays a true lower bound. The schedule found is replayed by the simulator under
+the real costs, and called optimal only when that replay meets the bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .ops import Op, Schedule, ScheduleError, make_schedule, one_chunk_placement, v_placement
+from .problem import EPS, Problem
+from .simulator import Costs, peak_activations, simulate, span_lower_bound
+
+INSTALL_HINT = ("the exact mode needs OR-Tools' CP-SAT solver: pip install 'hpcpipe[exact]' "
+                "(or pip install ortools)")
+TIME_SCALE = 1000   # solver time units per cost unit (the paper's costs have 3 decimals)
+MEMORY_SCALE = 1000
+
+
+def _cp_model():
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError:
+        raise ScheduleError(INSTALL_HINT) from None
+    return cp_model
+
+
+@dataclass(frozen=True)
+class Certified:
+    """What the exact mode proves: `schedule` scores `value` (longest span or makespan, by the
+    simulator), no schedule under the same limit scores below `lower_bound`, and `optimal`
+    says the two meet."""
+
+    schedule: Schedule | None
+    value: float | None
+    lower_bound: float
+    optimal: bool
+    status: str
+    seconds: float
+
+
+def _scaled(values, scale: float, rounding) -> list[int]:
+    return [int(rounding(v * scale + (EPS if rounding is math.floor else -EPS))) for v in values]
+
+
+class ExactModel:
+    """The constraint program for one problem and objective (see the module docstring)."""
+
+    def __init__(self, problem: Problem, objective: str):
+        cp_model = _cp_model()
+        self.pb, self.objective = problem, objective
+        self.model = cp_model.CpModel()
+        pb, S, m = problem, problem.num_stages, problem.m
+        self.f, self.b, self.w = (_scaled(d, TIME_SCALE, math.floor) for d in (pb.f, pb.b, pb.w))
+        self.comm = int(math.floor(pb.comm * TIME_SCALE + EPS))
+        horizon = sum(m * (self.f[s] + self.b[s] + self.w[s]) for s in range(S)) + 2 * S * m * self.comm
+        self.horizon = horizon
+        self.ops = {}  # (kind, stage, microbatch) -> (start, end, interval)
+        for s in range(S):
+            for x in range(m):
+                for kind, duration in (("F", self.f[s]), ("B", self.b[s]), ("W", self.w[s])):
+                    self.ops[(kind, s, x)] = self._interval(f"{kind}{x}s{s}", duration)
+        self._dependencies()
+        self._one_op_at_a_time()
+        self._memory()
+        self._objective()
+
+    def _interval(self, name: str, duration: int):
+        start = self.model.NewIntVar(0, self.horizon, f"start_{name}")
+        end = self.model.NewIntVar(0, self.horizon, f"end_{name}")
+        return start, end, self.model.NewIntervalVar(start, duration, end, name)
+
+    def _after(self, later: tuple, earlier: tuple, gap: int = 0) -> None:
+        self.model.Add(self.ops[later][0] >= self.ops[earlier][1] + gap)
+
+    def _dependencies(self) -> None:
+        pb, S = self.pb, self.pb.num_stages
+        hop = [[self.comm if pb.rank_of[a] != pb.rank_of[c] else 0 for c in range(S)]
+               for a in range(S)]
+        for s in range(S):
+            for x in range(pb.m):
+                if s > 0:
+                    self._after(("F", s, x), ("F", s - 1, x), hop[s - 1][s])
+                if s < S - 1:
+                    self._after(("B", s, x), ("B", s + 1, x), hop[s + 1][s])
+                self._after(("B", s, x), ("F", s, x))
+                self._after(("W", s, x), ("B", s, x))
+                if x > 0:  # microbatch order on every stage (see the module docstring)
+                    for kind in ("F", "B", "W"):
+                        self._after((kind, s, x), (kind, s, x - 1))
+        # A rank's first op starts as soon as its input is there, as in the runtime and the
+        # simulator: were the model free to delay it, it could shorten a span no replay gets.
+        self.model.Add(self.ops[("F", 0, 0)][0] == 0)
+        for r in range(pb.p):
+            s = min(pb.stages_of(r))
+            if s > 0:
+                self.model.Add(self.ops[("F", s, 0)][0] == self.ops[("F", s - 1, 0)][1] + hop[s - 1][s])
+
+    def _one_op_at_a_time(self) -> None:
+        for r in range(self.pb.p):
+            self.model.AddNoOverlap([op[2] for (kind, s, x), op in self.ops.items()
+                                     if self.pb.rank_of[s] == r])
+
+    def _memory(self) -> None:
+        pb = self.pb
+        mem = _scaled(pb.mem, MEMORY_SCALE, math.floor)
+        memw = _scaled(pb.memw, MEMORY_SCALE, math.floor)
+        limit = int(math.ceil(pb.limit * MEMORY_SCALE - EPS))
+        for r in range(pb.p):
+            stages = pb.stages_of(r)
+            if len(stages) == 1:
+                self._memory_one_stage(stages[0], mem[stages[0]], memw[stages[0]], limit)
+                continue
+            times, changes = [], []
+            for s in stages:
+                for x in range(pb.m):
+                    times += [self.ops[("F", s, x)][0], self.ops[("B", s, x)][1],
+                              self.ops[("W", s, x)][1]]
+                    changes += [mem[s], memw[s] - mem[s], -memw[s]]
+            self.model.AddReservoirConstraint(times, changes, 0, limit)
+
+    def _memory_one_stage(self, s: int, mem: int, memw: int, limit: int) -> None:
+        """The memory limit of a rank holding one stage, as implications CP-SAT propagates far
+        better than a reservoir. Only an F raises memory, and with everything in microbatch
+        order the memory as F x starts is (x+1)·M_B less M_B - M_W for each B ended and M_W
+        for each W ended. So if W j has not ended by then (j W's at most), B k-1 must have
+        ended, k = the fewest B's that bring the memory under the limit."""
+        start = lambda x: self.ops[("F", s, x)][0]          # noqa: E731
+        end = lambda kind, x: self.ops[(kind, s, x)][1]     # noqa: E731
+        for x in range(self.pb.m):
+            for j in range(x + 1):  # j: W's ended by F x's start, at most
+                excess = (x + 1) * mem - j * memw - limit
+                if excess <= 0:
+                    break  # more W's ended only free more
+                freed = mem - memw
+                need = x + 1 if freed <= 0 else -(-excess // freed)  # B's that must have ended
+                if need <= j:
+                    continue  # j W's ended means j B's ended: enough
+                if need > x:
+                    # Even every earlier B is not enough: W j must have ended.
+                    self.model.Add(end("W", j) <= start(x))
+                    continue
+                w_done = self.model.NewBoolVar(f"w{j}_before_f{x}_s{s}")
+                self.model.Add(end("W", j) <= start(x)).OnlyEnforceIf(w_done)
+                self.model.Add(end("B", need - 1) <= start(x)).OnlyEnforceIf(w_done.Not())
+
+    def _objective(self) -> None:
+        pb = self.pb
+        self.value = self.model.NewIntVar(0, self.horizon, "objective")
+        for r in range(pb.p):
+            stages = pb.stages_of(r)
+            first = self.ops[("F", min(stages), 0)][0]
+            for s in stages:
+                last = self.ops[("W", s, pb.m - 1)][1]
+                self.model.Add(self.value >= (last - first if self.objective == "span" else last))
+        self.model.Minimize(self.value)
+
+    def hint(self, schedule: Schedule, costs: Costs) -> None:
+        """Start the search from `schedule`'s replayed times (scaled like the model)."""
+        result = simulate(schedule, costs)
+        t0 = min(row[0] for row in result.start if row)
+        scaled = {}
+        for r, ops in enumerate(schedule.ranks):
+            for op, start in zip(ops, result.start[r]):
+                key = (op.kind.value, schedule.stage(r, op), op.microbatch)
+                if key in self.ops:
+                    begin = int(round((start - t0) * TIME_SCALE))
+                    duration = {"F": self.f, "B": self.b, "W": self.w}[key[0]][key[1]]
+                    scaled[key] = (begin, begin + duration)
+        # A complete hint (ends and the objective too) is one CP-SAT can take as it is.
+        for key, (begin, end) in scaled.items():
+            self.model.AddHint(self.ops[key][0], begin)
+            self.model.AddHint(self.ops[key][1], end)
+        if len(scaled) == len(self.ops):
+            firsts = {r: scaled[("F", min(self.pb.stages_of(r)), 0)][0] for r in range(self.pb.p)}
+            lasts = {r: max(scaled[("W", s, self.pb.m - 1)][1] for s in self.pb.stages_of(r))
+                     for r in range(self.pb.p)}
+            value = (max(lasts[r] - firsts[r] for r in firsts) if self.objective == "span"
+                     else max(lasts.values()))
+            self.model.AddHint(self.value, value)
+
+    def schedule_from(self, solver) -> Schedule:
+        """Each rank's ops in the order of the solver's start times."""
+        pb = self.pb
+        rows = [[] for _ in range(pb.p)]
+        order = {"F": 0, "B": 1, "W": 2}
+        for (kind, s, x), (start, _, _) in self.ops.items():
+            rows[pb.rank_of[s]].append((solver.Value(start), order[kind], s, x,
+                                        Op(kind, x, pb.chunk_of[s])))
+        ranks = [[entry[-1] for entry in sorted(row)] for row in rows]
+        return make_schedule("exact", pb.p, pb.m, pb.chunks, ranks, pb.placement)
+
+
+def _analytic_bound(schedule: Schedule, costs: Costs, problem: Problem) -> float:
+    """Bounds from the costs alone, valid for the longest span and so for the makespan: the
+    busiest rank's work and one microbatch's round trip (`span_lower_bound`), and, with one
+    chunk per rank, the warm-up that memory cuts short (`warmup_bound`)."""
+    bound = span_lower_bound(schedule, costs)
+    if problem.chunks == 1:
+        bound = max(bound, warmup_bound(problem))
+    return bound
+
+
+def warmup_bound(problem: Problem) -> float:
+    """With one stage per rank, rank r can run only forwards until its first B's input comes
+    back: that takes the round trip R_r = F_r + sum over later stages s of (F_s + B_s) plus
+    the messages, from its first op on. It holds at most floor(limit / M_B) microbatches
+    between F and B, so it idles at least R_r - that many forwards, and its span is at least
+    its work plus that idle time."""
+    pb = problem
+    S, bound, trip = pb.num_stages, 0.0, 0.0
+    for s in range(S - 1, -1, -1):
+        if s < S - 1:
+            trip += pb.f[s + 1] + pb.b[s + 1] + 2 * pb.hop(s, s + 1)
+        room = pb.m if pb.mem[s] <= 0 else min(pb.m, int(pb.limit / pb.mem[s] + EPS))
+        idle = max(0.0, pb.f[s] + trip - room * pb.f[s])
+        bound = max(bound, pb.work(pb.rank_of[s]) + idle)
+    return bound
+
+
+def certify(p: int, m: int, costs: Costs, memory_limit: float, objective: str = "span",
+            chunks: int = 1, hint: Schedule | None = None, time_limit: float = 60.0,
+            workers: int = 2) -> Certified:
+    """Search for the best `chunks`-per-rank schedule (1, or 2 in a V) under `memory_limit`
+    for `time_limit` seconds; prove what can be proven (see `Certified`)."""
+    import time
+
+    cp_model = _cp_model()
+    placement = one_chunk_placement(p) if chunks == 1 else v_placement(p)
+    problem = Problem.build(p, m, costs, placement, memory_limit)
+    problem.check_fits()
+    model = ExactModel(problem, objective)
+    if hint is not None and hint.chunks == chunks:
+        model.hint(hint, costs)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit)
+    solver.parameters.num_workers = max(1, int(workers))
+    started = time.perf_counter()
+    status = solver.Solve(model.model)
+    seconds = time.perf_counter() - started
+    name = solver.StatusName(status)
+    template = hint if hint is not None and hint.chunks == chunks else None
+    bound = solver.BestObjectiveBound() / TIME_SCALE if name in ("OPTIMAL", "FEASIBLE") else 0.0
+    schedule = value = None
+    if name in ("OPTIMAL", "FEASIBLE"):
+        found = model.schedule_from(solver)
+        template = found
+        # A relaxed (rounded) memory model may admit a schedule the real limit does not.
+        if max(peak_activations(found, costs)) <= memory_limit + EPS:
+            schedule = found
+            result = simulate(schedule, costs)
+            value = result.longest_span if objective == "span" else result.makespan
+    elif name == "INFEASIBLE":
+        raise ScheduleError(f"no schedule with {chunks} chunk(s) per rank fits memory limit "
+                            f"{memory_limit:g} (proven by the exact mode)")
+    fits = template is not None and max(peak_activations(template, costs)) <= memory_limit + EPS
+    if schedule is None and fits:
+        # The solver found nothing in time: the hint is still a schedule that fits.
+        schedule = template
+        result = simulate(schedule, costs)
+        value = result.longest_span if objective == "span" else result.makespan
+    if template is not None:
+        bound = max(bound, _analytic_bound(template, costs, problem))
+    optimal = value is not None and value <= bound + 1e-6 * max(1.0, bound)
+    return Certified(schedule, value, bound, optimal, name, seconds)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The exact mode's answer for `schedule --exact`: the heuristic's schedule and value,
+    the certified search over every chunk count auto may use, and the best of the two."""
+
+    heuristic: Schedule
+    heuristic_value: float
+    certified: tuple[Certified, ...]
+    best: Schedule
+    best_value: float
+    lower_bound: float
+    optimal: bool
+
+    @property
+    def gap(self) -> float:
+        """How far the heuristic is above the proven bound, relative to the bound."""
+        return (self.heuristic_value - self.lower_bound) / self.lower_bound if self.lower_bound else 0.0
+
+    def summary(self) -> dict:
+        return {"heuristic_value": round(self.heuristic_value, 9),
+                "gap": round(self.gap, 9),
+                "runs": [{"chunks": c.schedule.chunks if c.schedule else None,
+                          "status": c.status, "value": c.value, "lower_bound": round(c.lower_bound, 9),
+                          "optimal": c.optimal, "seconds": round(c.seconds, 3)}
+                         for c in self.certified]}
+
+
+def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | None,
+                   objective: str = "span", chunks: int | None = 0,
+                   time_limit: float = 60.0, workers: int = 2) -> Verdict:
+    """auto's schedule, then the certified search for each chunk count auto may use
+    (`time_limit` shared among them); the bound holds for every schedule under the limit
+    with those chunk counts."""
+    from .auto import best_contender, make_search
+
+    search = make_search(p, m, costs, memory_limit, objective, chunks)
+    heuristic = best_contender(search).schedule.with_kind("auto")
+    heuristic_value = _value(heuristic, search.costs, objective)
+    runs = []
+    for count in search.chunk_counts:
+        hint = heuristic if heuristic.chunks == count else None
+        try:
+            runs.append(certify(p, m, search.costs, search.limit, objective, count, hint,
+                                time_limit / len(search.chunk_counts), workers))
+        except ScheduleError as e:
+            if "proven by the exact mode" not in str(e) and "below one microbatch" not in str(e):
+                raise
+    best, best_value = heuristic, heuristic_value
+    for run in runs:
+        if run.schedule is not None and run.value < best_value - EPS:
+            best, best_value = run.schedule.with_kind("auto"), run.value
+    bound = min((run.lower_bound for run in runs), default=0.0)
+    optimal = best_value <= bound + 1e-6 * max(1.0, bound)
+    return Verdict(heuristic, heuristic_value, tuple(runs), best, best_value, bound, optimal)
+
+
+def _value(schedule: Schedule, costs: Costs, objective: str) -> float:
+    result = simulate(schedule, costs)
+    return result.longest_span if objective == "span" else result.makespan

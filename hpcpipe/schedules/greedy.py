@@ -1,0 +1,264 @@
+"""The event-driven list scheduler: ranks advance in time order and each free rank picks its next op.
+
+Unlike the round builder (`heuristic.py`) it needs no fixed global order, so it handles any
+placement, V-shaped two-chunk ones included. A free rank runs, in order of preference: a B
+whose input gradient has arrived, or an F whose input has arrived and whose activations fit
+(alternating F and B when both are ready, 1F1B's rhythm); else a W, to fill a gap or to free
+memory. W's come first-in first-out from the B's the rank has run, so every stage
+accumulates weight gradients in microbatch order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .ops import Kind, Op, ScheduleError, make_schedule
+from .problem import EPS, Built, Problem
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The knobs the search turns.
+
+    fill: when a rank has finished B's and nothing else is ready -- "fit": run a W only if it
+      ends before the next F/B can start (as far as is known, so it never delays one);
+      "eager": always run a W.
+    depth: 0 for no cap; else rank r keeps at most ceil(depth*(p-r)) microbatches between F
+      and B (1F1B keeps p-r). A cap leaves memory for held-back W's, which lets later ranks rush
+      B's through (ZB-H1's trick). One chunk per rank only: in a V the cap can leave a rank
+      waiting for a chunk-1 input that needs a chunk-0 forward it may not run, and it stalls.
+    alternate: when an F and a B are both ready, take the kind not taken last.
+    """
+
+    limit: float
+    fill: str = "fit"
+    depth: float = 0.0
+    alternate: bool = True
+
+
+class Arrival(NamedTuple):
+    """When an op's input is there: `exact`, or a lower bound while its producer has not run."""
+
+    time: float
+    exact: bool
+
+
+class Candidate(NamedTuple):
+    """An F or B a rank could start next; candidates compare by (start, order, preference)."""
+
+    start: float
+    order: int        # 0 before 1: the kind the alternation (or B-first) prefers
+    preference: int   # rank in the chunk preference: later stages first
+    kind: Kind
+    chunk: int
+
+
+@dataclass
+class RankState:
+    """One rank while the scheduler runs."""
+
+    stages: tuple[int, ...]               # model stage of each chunk
+    chunk_order: tuple[int, ...]          # chunks by preference
+    next_f: list[int]                     # per chunk, the next microbatch to forward
+    next_b: list[int]
+    depth: int                            # most microbatches between F and B
+    ops_left: int
+    free: float = 0.0                     # end of its last op
+    first: float | None = None
+    held: float = 0.0                     # activation memory held now
+    last_fb: Kind = Kind.F
+    ops: list[Op] = field(default_factory=list)
+    held_w: deque = field(default_factory=deque)  # (microbatch, chunk) whose B ran, no W yet
+
+    def in_flight(self) -> int:
+        return sum(self.next_f) - sum(self.next_b)
+
+    def forward_or_backward_left(self, m: int) -> bool:
+        return any(f < m or b < m for f, b in zip(self.next_f, self.next_b))
+
+
+class WakeQueue:
+    """Rank wake-ups in time order; a rank's newer wake-up makes its older ones stale."""
+
+    def __init__(self, p: int):
+        self.heap: list = []
+        self.version = [0] * p
+
+    def push(self, rank: int, time: float) -> None:
+        self.version[rank] += 1
+        # Ties go to the higher rank: it is further along the pipeline.
+        heapq.heappush(self.heap, (time, -rank, self.version[rank], rank))
+
+    def pop(self) -> tuple[float, int] | None:
+        while self.heap:
+            time, _, version, rank = heapq.heappop(self.heap)
+            if version == self.version[rank]:
+                return time, rank
+        return None
+
+
+class ListScheduler:
+    """One run of the event-driven list scheduler on `problem` under `policy`."""
+
+    def __init__(self, problem: Problem, policy: Policy):
+        problem.check_fits()
+        self.pb, self.policy = problem, policy
+        pb, S = problem, problem.num_stages
+        self.f_end: list[list[float | None]] = [[None] * pb.m for _ in range(S)]
+        self.b_end: list[list[float | None]] = [[None] * pb.m for _ in range(S)]
+        # An F must leave room for one F of each later chunk on its rank, or a V could deadlock.
+        self.reserve = [sum(pb.mem[t] for t in pb.stages_of(pb.rank_of[s]) if t > s)
+                        for s in range(S)]
+        self.ranks = [self._rank_state(r) for r in range(pb.p)]
+        self.queue = WakeQueue(pb.p)
+
+    def _rank_state(self, r: int) -> RankState:
+        pb, v = self.pb, self.pb.chunks
+        stages = pb.stages_of(r)
+        # Prefer the chunk further along the pipeline: it finishes microbatches and frees memory.
+        order = tuple(sorted(range(v), key=lambda c: -stages[c]))
+        depth = (math.ceil(self.policy.depth * (pb.p - r) - EPS) if self.policy.depth
+                 else pb.m * v)
+        return RankState(stages, order, [0] * v, [0] * v, depth, ops_left=3 * pb.m * v)
+
+    def arrival(self, r: int, chunk: int, kind: Kind) -> Arrival | None:
+        """When the input of rank r's next `kind` op on `chunk` is there; None: none left."""
+        pb, rank = self.pb, self.ranks[r]
+        s = rank.stages[chunk]
+        if kind == Kind.B:
+            x = rank.next_b[chunk]
+            if x >= rank.next_f[chunk]:
+                return None
+            if s == pb.num_stages - 1:
+                return Arrival(rank.free, True)
+            made, other, duration = self.b_end[s + 1][x], s + 1, pb.b[s + 1]
+        else:
+            x = rank.next_f[chunk]
+            if x >= pb.m:
+                return None
+            if s == 0:
+                return Arrival(rank.free, True)
+            made, other, duration = self.f_end[s - 1][x], s - 1, pb.f[s - 1]
+        if made is not None:
+            return Arrival(made + pb.hop(other, s), True)
+        producer = self.ranks[pb.rank_of[other]]
+        return Arrival(max(producer.free, rank.free) + duration + pb.hop(other, s), False)
+
+    def candidates(self, r: int, now: float) -> tuple[list[Candidate], float | None, bool]:
+        """The F's and B's rank r could start, the soonest any input may come, and whether
+        an F waits only for memory."""
+        pb, rank = self.pb, self.ranks[r]
+        ready, soonest, memory_full = [], None, False
+        for kind in (Kind.B, Kind.F):
+            for preference, c in enumerate(rank.chunk_order):
+                got = self.arrival(r, c, kind)
+                if got is None:
+                    continue
+                if kind == Kind.F:
+                    s = rank.stages[c]
+                    if rank.held + pb.mem[s] + self.reserve[s] > pb.limit + EPS:
+                        memory_full = True
+                        continue
+                    if rank.in_flight() >= rank.depth:
+                        continue
+                soonest = got.time if soonest is None else min(soonest, got.time)
+                if got.exact:
+                    prefers_b = not (self.policy.alternate and rank.last_fb == Kind.B)
+                    order = 0 if (kind == Kind.B) == prefers_b else 1
+                    ready.append(Candidate(max(now, rank.free, got.time), order, preference,
+                                           kind, c))
+        return ready, soonest, memory_full
+
+    def should_run_w(self, r: int, best: Candidate | None, soonest: float | None,
+                     memory_full: bool) -> bool:
+        rank = self.ranks[r]
+        if not rank.held_w:
+            return False
+        if best is not None and best.start <= rank.free + EPS:
+            return False  # an F or B can start now: never delay it
+        if memory_full or self.policy.fill == "eager" or not rank.forward_or_backward_left(self.pb.m):
+            return True
+        upcoming = best.start if best is not None else soonest
+        _, chunk = rank.held_w[0]
+        return upcoming is None or upcoming >= rank.free + self.pb.w[rank.stages[chunk]] - EPS
+
+    def _record(self, rank: RankState, op: Op, start: float, duration: float) -> float:
+        rank.ops.append(op)
+        rank.first = start if rank.first is None else rank.first
+        rank.free = start + duration
+        rank.ops_left -= 1
+        return rank.free
+
+    def run_w(self, r: int) -> None:
+        rank = self.ranks[r]
+        x, chunk = rank.held_w.popleft()
+        s = rank.stages[chunk]
+        # A W feeds no other rank, so it may go back to the rank's free time.
+        self._record(rank, Op(Kind.W, x, chunk), rank.free, self.pb.w[s])
+        rank.held -= self.pb.memw[s]
+
+    def run_forward_or_backward(self, r: int, best: Candidate) -> int:
+        """Run `best` on rank r; returns the stage its output goes to."""
+        pb, rank = self.pb, self.ranks[r]
+        c = best.chunk
+        s = rank.stages[c]
+        rank.last_fb = best.kind
+        if best.kind == Kind.B:
+            x = rank.next_b[c]
+            rank.next_b[c] += 1
+            self.b_end[s][x] = self._record(rank, Op(Kind.B, x, c), best.start, pb.b[s])
+            rank.held += pb.memw[s] - pb.mem[s]
+            rank.held_w.append((x, c))
+            return s - 1
+        x = rank.next_f[c]
+        rank.next_f[c] += 1
+        self.f_end[s][x] = self._record(rank, Op(Kind.F, x, c), best.start, pb.f[s])
+        rank.held += pb.mem[s]
+        return s + 1
+
+    def step(self, r: int, now: float) -> None:
+        """Rank r is free (or was woken) at `now`: run one op, or sleep until it can."""
+        rank = self.ranks[r]
+        ready, soonest, memory_full = self.candidates(r, now)
+        best = min(ready) if ready else None
+        if self.should_run_w(r, best, soonest, memory_full):
+            self.run_w(r)
+            self.queue.push(r, max(now, rank.free))
+            return
+        if best is None:
+            return  # asleep until a neighbour produces its input
+        if best.start > now + EPS:
+            self.queue.push(r, best.start)
+            return
+        to = self.run_forward_or_backward(r, best)
+        if 0 <= to < self.pb.num_stages and self.pb.rank_of[to] != r:
+            other = self.pb.rank_of[to]
+            self.queue.push(other, max(now, self.ranks[other].free))
+        self.queue.push(r, max(now, rank.free))
+
+    def build(self, kind: str = "auto") -> Built:
+        pb = self.pb
+        for r in range(pb.p):
+            self.queue.push(r, 0.0)
+        while (event := self.queue.pop()) is not None:
+            now, r = event
+            if self.ranks[r].ops_left:
+                self.step(r, now)
+        stalled = [r for r, rank in enumerate(self.ranks) if rank.ops_left]
+        if stalled:
+            raise ScheduleError(f"the list scheduler stalled on ranks {stalled} under memory "
+                                f"limit {pb.limit:g}")
+        schedule = make_schedule(kind, pb.p, pb.m, pb.chunks, [r.ops for r in self.ranks],
+                                 pb.placement)
+        span = tuple(r.free - r.first for r in self.ranks)
+        makespan = max(r.free for r in self.ranks) - min(r.first for r in self.ranks)
+        return Built(schedule, self.policy, span, makespan)
+
+
+def greedy(problem: Problem, policy: Policy, kind: str = "auto") -> Built:
+    """One schedule from the event-driven list scheduler."""
+    return ListScheduler(problem, policy).build(kind)

@@ -1,0 +1,96 @@
+"""One scheduling problem as the searches see it: ranks, microbatches, where each stage sits,
+and per-stage durations and memory. Shared by the heuristic builder, the exact model and the bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Mapping
+
+from .ops import Schedule, ScheduleError
+from .simulator import Costs
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Problem:
+    """p ranks, m microbatches, `chunks` stages per rank placed by `placement` ((rank, chunk)
+    -> stage); per model stage: durations f, b, w and memory mem (M_B, held from F to B) and
+    memw (M_W, held from B to W); comm between ranks; `limit` per rank, in the units of mem."""
+
+    p: int
+    m: int
+    chunks: int
+    placement: Mapping[tuple[int, int], int]
+    f: tuple[float, ...]
+    b: tuple[float, ...]
+    w: tuple[float, ...]
+    mem: tuple[float, ...]
+    memw: tuple[float, ...]
+    comm: float
+    limit: float
+
+    @classmethod
+    def build(cls, p: int, m: int, costs: Costs, placement: Mapping[tuple[int, int], int],
+              limit: float) -> "Problem":
+        chunks = len(placement) // p
+        S = p * chunks
+        per = {n: costs.per_stage(n, S, chunks) for n in ("f", "b", "w", "memory", "memw")}
+        return cls(p, m, chunks, dict(placement), per["f"], per["b"], per["w"], per["memory"],
+                   per["memw"], float(costs.comm), float(limit))
+
+    @property
+    def num_stages(self) -> int:
+        return self.p * self.chunks
+
+    @cached_property
+    def rank_of(self) -> tuple[int, ...]:
+        owner = [0] * self.num_stages
+        for (r, _), s in self.placement.items():
+            owner[s] = r
+        return tuple(owner)
+
+    @cached_property
+    def chunk_of(self) -> tuple[int, ...]:
+        chunk = [0] * self.num_stages
+        for (_, c), s in self.placement.items():
+            chunk[s] = c
+        return tuple(chunk)
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        return tuple(self.placement[(rank, c)] for c in range(self.chunks))
+
+    def hop(self, a: int, b: int) -> float:
+        """Message time from stage a to stage b: nothing when one rank holds both."""
+        rank_of = self.rank_of
+        return self.comm if rank_of[a] != rank_of[b] else 0.0
+
+    def work(self, rank: int) -> float:
+        """All of one rank's compute for one step."""
+        return self.m * sum(self.f[s] + self.b[s] + self.w[s] for s in self.stages_of(rank))
+
+    def check_fits(self) -> None:
+        """Every rank must hold at least one microbatch of each of its chunks at once,
+        or no schedule exists (a V's chunk 1 forward needs chunk 0's still held)."""
+        for r in range(self.p):
+            need = sum(self.mem[s] for s in self.stages_of(r))
+            if need > self.limit + EPS:
+                raise ScheduleError(f"memory limit {self.limit:g} is below one microbatch's "
+                                    f"activations on rank {r} ({need:g})")
+
+
+@dataclass(frozen=True)
+class Built:
+    """A schedule with its builder's own timings (equal to `simulate`'s) and the recipe
+    (knobs or policy) that produced it."""
+
+    schedule: Schedule
+    recipe: object
+    span: tuple[float, ...]
+    makespan: float
+
+    @property
+    def longest_span(self) -> float:
+        return max(self.span)

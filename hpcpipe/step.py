@@ -56,16 +56,18 @@ class TrainStep:
         """The reduction, optimizer and norm for `model` under the config's [parallel] and
         [train] settings."""
         parallel, train = cfg.parallel, cfg.train
+        # ZeRO-1 over a single replica shards nothing (a job resumed on fewer ranks).
+        zero = bool(parallel.zero) and grid.dp > 1
         plan = BucketPlan(model.stages, int(parallel.bucket_mb * 2**20), grid.dp,
-                          grid.dp_rank, parallel.zero)
+                          grid.dp_rank, zero)
         gradsync = GradSync(plan, grid.data, transport, parallel.grad_comm_dtype)
-        gather = ParamGather(plan, grid.data, transport) if parallel.zero else None
+        gather = ParamGather(plan, grid.data, transport) if zero else None
         shards = plan.param_shards()
         optimizer = Optimizer(shards, model.backend, beta1=train.beta1, beta2=train.beta2,
                               eps=train.eps, weight_decay=train.weight_decay)
         # With ZeRO-1 every rank holds other shards; otherwise, after the reduction, every
         # replica holds the same gradient and the pipeline's ranks cover the model.
-        group = grid.world if parallel.zero else grid.pipe
+        group = grid.world if zero else grid.pipe
         norm = GradNorm(shards, model.order, group, model.backend.xp)
         return cls(model, grid, gradsync, gather, optimizer, norm,
                    LossScaler.for_config(train), trace, train.post_validation)

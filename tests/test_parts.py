@@ -182,3 +182,20 @@ def test_the_evaluator_gives_the_whole_model_loss():
     gpt = GPT(cfg.model, dtype="float64", seed=cfg.train.seed)
     expected = np.mean([gpt.loss(i, t) for i, t in batches])
     assert rank.evaluator().evaluate(batches) == pytest.approx(expected, rel=1e-14)
+
+
+def test_zero_over_one_replica_is_plain_data_parallelism():
+    """A ZeRO-1 config resumed on a single replica (a job that lost a node) shards
+    nothing: the same bits as without ZeRO."""
+    def losses(zero):
+        cfg = config.from_dict({"model": {"n_layer": 2, "n_head": 2, "n_embd": 8,
+                                          "block_size": 6, "vocab_size": 11},
+                                "train": {"dtype": "float64", "micro_batch_size": 2},
+                                "parallel": {"zero": zero}})
+        rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), backend.cpu(),
+                          generate("1f1b", 1, 1))
+        tokens = np.random.default_rng(4).integers(0, 11, (2, 7))
+        return [o.loss for step in (1, 2, 3) for o in rank.train_step(
+            step, lambda mb: (tokens[:, :-1], tokens[:, 1:]), 1e-2, 1.0)]
+
+    assert losses(1) == losses(0)

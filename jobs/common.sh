@@ -33,9 +33,16 @@ if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK="${SLURM_CP
 # srun must start the ranks with the process-management interface their MPI speaks. The
 # mpich wheel of `make install` speaks only PMI-1/2 (srun --mpi=pmi2); a site MPI goes with
 # the site's default (`srun --mpi=list`; Open MPI: pmix). An exported SLURM_MPI_TYPE wins.
+#
+# The wheel's default network module, UCX, publishes its addresses through PMI in lines
+# of up to ~1090 bytes, and Slurm's pmi2 plugin reads a PMI-1 request with one read of
+# 1024 bytes (22.05): across nodes a job step then hangs at its start, now and then
+# ("mpi/pmi2: value not properly terminated"). Its OFI module publishes ~100 bytes.
 LIBMPI="$(python -m mpi4py --mpi-library)"
 case "$(readlink -f "${LIBMPI}")" in
-    "$(readlink -f "${VENV}")"/*) export SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}" ;;
+    "$(readlink -f "${VENV}")"/*)
+        export SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}"
+        export MPIR_CVAR_CH4_NETMOD="${MPIR_CVAR_CH4_NETMOD:-ofi}" ;;
 esac
 
 # Ranks = parallel.dp × parallel.pp. With PP the layout follows the task count, so the same

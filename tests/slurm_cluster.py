@@ -107,7 +107,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _namespace_pids(namespace: str) -> list[int]:
+def namespace_pids(namespace: str) -> list[int]:
+    """The processes running in network namespace `namespace` (none if it is gone)."""
     proc = _ip("netns", "pids", namespace, check=False)
     return [int(p) for p in proc.stdout.split()] if proc.returncode == 0 else []
 
@@ -115,7 +116,7 @@ def _namespace_pids(namespace: str) -> list[int]:
 def _kill_namespace(namespace: str, timeout: float = 10):
     """SIGKILL every process in `namespace` and wait until none is left."""
     deadline = time.monotonic() + timeout
-    while pids := _namespace_pids(namespace):
+    while pids := namespace_pids(namespace):
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -141,31 +141,34 @@ def rank_line(section: list[str], rank: int) -> str:
     return next((line for line in section if line.startswith(f"  rank {rank}: ")), "")
 
 
-_runs = {}
+@pytest.fixture(scope="module")
+def runs():
+    """(MPI, pp) → the finished run of `multinode_run`, shared by the tests."""
+    return {}
 
 
-def multinode_run(cluster, workdir, tokens, mpi, pp, venv=None) -> dict:
+def multinode_run(runs, cluster, workdir, tokens, mpi, pp, venv=None) -> dict:
     """jobs/train-multinode.sbatch with DOCTOR=1 on both nodes, run once per (MPI, layout):
     pp 2 = two 2-stage pipelines, one per node (2 ranks a node); pp 1 = 2 replicas, one
     rank a node."""
     key = (mpi, pp)
-    if key not in _runs:
+    if key not in runs:
         job, run_dir, out = submit(cluster, JOBS / "train-multinode.sbatch", workdir,
                                    f"multinode-{mpi}-pp{pp}", tokens, pp=pp,
                                    per_node=2 if pp == 2 else 1, venv=venv,
                                    extra_env={"DOCTOR": "1",
                                               **(OPENMPI_ENV if mpi == "openmpi" else {})})
         text = finished(cluster, job, out)
-        _runs[key] = {"out": text, "run_dir": run_dir, "metrics": slurm.metrics(run_dir)}
-    return _runs[key]
+        runs[key] = {"out": text, "run_dir": run_dir, "metrics": slurm.metrics(run_dir)}
+    return runs[key]
 
 
 @pytest.mark.parametrize("mpi", ["mpich", "openmpi"])
 @pytest.mark.parametrize("pp", [2, 1], ids=["pp2xdp2", "dp2"])
-def test_multinode_job_across_two_nodes(cluster, workdir, stdlib_tokens, one_process, mpi,
-                                        pp, request):
+def test_multinode_job_across_two_nodes(runs, cluster, workdir, stdlib_tokens, one_process,
+                                        mpi, pp, request):
     venv = request.getfixturevalue("site_venv") if mpi == "openmpi" else None
-    result = multinode_run(cluster, workdir, stdlib_tokens, mpi, pp, venv)
+    result = multinode_run(runs, cluster, workdir, stdlib_tokens, mpi, pp, venv)
     text = result["out"]
     ranks, per_node = (4, 2) if pp == 2 else (2, 1)
     layout = f"pp {pp} × dp 2"
@@ -198,7 +201,7 @@ def test_multinode_job_across_two_nodes(cluster, workdir, stdlib_tokens, one_pro
 def rank_pids(cluster, node: str, run_dir: Path) -> list[int]:
     """The training ranks of `run_dir` running on `node`."""
     found = []
-    for pid in slurm_cluster._namespace_pids(cluster.namespaces[node]):
+    for pid in slurm_cluster.namespace_pids(cluster.namespaces[node]):
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
@@ -216,10 +219,10 @@ def steps_done(run_dir: Path) -> int:
 
 
 def test_preemption_on_both_nodes_checkpoints_once_and_resumes_bitwise(
-        cluster, workdir, stdlib_tokens):
+        runs, cluster, workdir, stdlib_tokens):
     """USR1 to one rank on node2 alone, then `scancel --signal=USR1 --full` (to the batch
     shell, which passes it on, and to every rank on both nodes: each rank gets it twice)."""
-    whole = multinode_run(cluster, workdir, stdlib_tokens, "mpich", 2)
+    whole = multinode_run(runs, cluster, workdir, stdlib_tokens, "mpich", 2)
     job, run_dir, out = submit(cluster, JOBS / "train-preemptible.sbatch", workdir, "preempt",
                                stdlib_tokens, pp=2, per_node=2, sets=["checkpoint.keep=3"])
 

@@ -11,6 +11,7 @@ job's state is polled with scontrol, because `sbatch --wait` sleeps up to 32 s b
 from __future__ import annotations
 
 import glob
+import json
 import os
 import pwd
 import random
@@ -29,6 +30,7 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT
 # Slurm's pmix plugin dlopens this name, which only the -dev package ships; CI links it to
 # libpmix2's library (slurm-local.md, error 1). Without it Open MPI cannot start under srun.
 PMIX_LIBRARY = "/usr/lib/*-linux-gnu/pmix2/lib/libpmix.so"
+PARTITION = "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
 INSTALL_HINT = ("apt-get install --no-install-recommends slurmd slurmctld slurm-client munge "
                 "libpmix2 openmpi-bin (as .ci/run does)")
 
@@ -72,6 +74,28 @@ def _children(pid: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 pass
     return found
+
+
+def node_hardware() -> tuple[str, str]:
+    """(this machine's short hostname, its NodeName line's hardware fields) from `slurmd -C`:
+    a node line then matches whatever machine runs the tests."""
+    line = subprocess.run(["slurmd", "-C"], capture_output=True, text=True,
+                          check=True).stdout.splitlines()[0]
+    name, _, hardware = line.partition(" ")
+    return name.split("=", 1)[1], hardware
+
+
+def metrics(run_dir: Path) -> tuple[dict, dict]:
+    """A job's numbers from its run directory: (step → training loss, step → validation
+    loss); a record of a later line wins (a resumed run writes its steps again)."""
+    losses, val = {}, {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record:
+            losses[record["step"]] = record["loss"]
+        if "val_loss" in record:
+            val[record["step"]] = record["val_loss"]
+    return losses, val
 
 
 def _parse_job(text: str) -> dict[str, str]:
@@ -124,16 +148,23 @@ class Cluster:
 
     # -- start and stop --------------------------------------------------------------------
     def _write_conf(self):
-        node = subprocess.run(["slurmd", "-C"], capture_output=True, text=True,
-                              check=True).stdout.splitlines()[0]
-        host = node.split()[0].split("=", 1)[1]
-        r = self.root
-        self.conf.write_text(f"""\
+        host, hardware = node_hardware()
+        self.conf.write_text(self.settings(host, "127.0.0.1")
+                             + f"NodeName={host} {hardware} NodeAddr=127.0.0.1 State=UNKNOWN\n"
+                             + PARTITION)
+
+    def settings(self, controller: str, address: str, slurmd_paths: str = "") -> str:
+        """The slurm.conf lines before the nodes: the controller `controller`, reached at
+        `address`; ports of our own; munge through our socket; state, spool, PID and log
+        files in our folder (`slurmd_paths`: e.g. "-%n" for one spool folder, PID and log file
+        per node); no cgroups, accounting or mail; requeued jobs restarting within seconds."""
+        r, n = self.root, slurmd_paths
+        return f"""\
 ClusterName=hpcpipe-test
 # Job ids unique across test runs: MPICH names its shared-memory segments after the PMI
 # job id, and a segment left by an aborted step 1.0 of an earlier run breaks the next 1.0.
 FirstJobId={random.randrange(1_000_000, 60_000_000)}
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={controller}({address})
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
 SlurmUser=root
@@ -142,11 +173,11 @@ CredType=cred/munge
 # cred_expire=5 (the minimum): a requeued job may start again cred_expire + 1 s later
 AuthInfo=socket={self.munge_socket},cred_expire=5
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
+SlurmdSpoolDir={r}/spool{n}
 SlurmctldPidFile={r}/slurmctld.pid
-SlurmdPidFile={r}/slurmd.pid
+SlurmdPidFile={r}/slurmd{n}.pid
 SlurmctldLogFile={r}/log/slurmctld.log
-SlurmdLogFile={r}/log/slurmd.log
+SlurmdLogFile={r}/log/slurmd{n}.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -161,9 +192,7 @@ MinJobAge=300
 # Without a 1 s scheduler pass a requeued job waits up to 60 s for the main loop.
 SchedulerParameters=bf_interval=1,sched_interval=1
 KillWait=5
-{node} NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-""")
+"""
 
     def _spawn(self, name: str, args: list[str]):
         log = open(self.root / "log" / f"{name}.out", "w")
@@ -214,15 +243,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         """Cancel every job, then stop slurmd, slurmctld and munged by PID. Safe to call
         after a failed or partial start."""
         if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
-            subprocess.run(["scancel", "--user", pwd.getpwuid(os.geteuid()).pw_name],
-                           env=self.env(), capture_output=True, timeout=30)
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                queue = subprocess.run(["squeue", "-h"], env=self.env(), capture_output=True,
-                                       text=True, timeout=10)
-                if queue.returncode != 0 or not queue.stdout.strip():
-                    break
-                time.sleep(0.2)
+            self._cancel_all()
         steps = _children(self.procs["slurmd"].pid) if "slurmd" in self.procs else []
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self.procs.pop(name, None)
@@ -233,6 +254,18 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def _cancel_all(self, timeout: float = 20):
+        """scancel every job and wait until the queue is empty (or `timeout`)."""
+        subprocess.run(["scancel", "--user", pwd.getpwuid(os.geteuid()).pw_name],
+                       env=self.env(), capture_output=True, timeout=30)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            queue = subprocess.run(["squeue", "-h"], env=self.env(), capture_output=True,
+                                   text=True, timeout=10)
+            if queue.returncode != 0 or not queue.stdout.strip():
+                break
+            time.sleep(0.2)
 
     @staticmethod
     def _terminate(proc: subprocess.Popen):

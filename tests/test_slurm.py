@@ -10,8 +10,6 @@ reproduce the reference run's losses bitwise: the MPI library, a preemption and 
 change nothing."""
 
 import json
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -79,18 +77,6 @@ def finished(cluster, job, out, timeout=180) -> dict:
     return record
 
 
-def metrics(run_dir: Path) -> tuple[dict, dict]:
-    """(step → training loss, step → validation loss); a record of a later line wins."""
-    losses, val = {}, {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "loss" in record:
-            losses[record["step"]] = record["loss"]
-        if "val_loss" in record:
-            val[record["step"]] = record["val_loss"]
-    return losses, val
-
-
 @pytest.fixture(scope="module")
 def reference(cluster, workdir, stdlib_tokens):
     """jobs/train.sbatch run to the end: the numbers every other job must reproduce."""
@@ -99,7 +85,7 @@ def reference(cluster, workdir, stdlib_tokens):
                                stdlib_tokens, extra_env={"DOCTOR": "1"})
     finished(cluster, job, out)
     return {"run_dir": run_dir, "out": out.read_text(), "seconds": time.monotonic() - started,
-            "metrics": metrics(run_dir),
+            "metrics": slurm.metrics(run_dir),
             "summary": json.loads((run_dir / "summary.json").read_text())}
 
 
@@ -139,24 +125,7 @@ def test_multinode_script_on_one_node(cluster, workdir, stdlib_tokens, reference
                                stdlib_tokens, options=["--nodes=1"])
     finished(cluster, job, out)
     assert "on 1 node(s) " in out.read_text()
-    assert metrics(run_dir) == reference["metrics"]
-
-
-@pytest.fixture(scope="module")
-def site_venv(tmp_path_factory):
-    """A venv made by `make install MPI=site`: mpi4py without the mpich wheel, so it loads
-    Debian's Open MPI (libmpi.so.40). About 20 s with pip's cache warm."""
-    if shutil.which("ompi_info") is None:
-        pytest.skip("Debian's Open MPI is not installed (apt-get install openmpi-bin)")
-    if not slurm.pmix_usable():
-        pytest.skip(f"srun cannot start Open MPI ranks without {slurm.PMIX_LIBRARY} "
-                    "(.ci/run links it to libpmix2's library)")
-    venv = tmp_path_factory.mktemp("site") / "venv"
-    make = subprocess.run(["make", "install", "MPI=site", f"VENV={venv}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
-    assert make.returncode == 0, make.stdout[-3000:] + make.stderr[-3000:]
-    assert "libmpi.so.40" in make.stdout, make.stdout
-    return venv
+    assert slurm.metrics(run_dir) == reference["metrics"]
 
 
 def test_site_open_mpi_reproduces_the_reference(cluster, workdir, stdlib_tokens, site_venv,
@@ -168,7 +137,7 @@ def test_site_open_mpi_reproduces_the_reference(cluster, workdir, stdlib_tokens,
     finished(cluster, job, out)
     text = out.read_text()
     assert "libmpi.so.40" in text and "srun --mpi=default" in text  # the site's pmix
-    assert metrics(run_dir) == reference["metrics"]
+    assert slurm.metrics(run_dir) == reference["metrics"]
 
 
 def test_preemptible_job_checkpoints_requeues_and_resumes(cluster, workdir, stdlib_tokens,
@@ -195,7 +164,7 @@ def test_preemptible_job_checkpoints_requeues_and_resumes(cluster, workdir, stdl
     assert len(stopped) == 1, text
     step = int(stopped[0].split("step_")[1][:8])
     assert 0 < step < STEPS, stopped[0]  # it stopped mid-run, not at the end
-    assert metrics(run_dir) == reference["metrics"]
+    assert slurm.metrics(run_dir) == reference["metrics"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_loss"] == reference["summary"]["final_loss"]
     assert summary["final_val_loss"] == reference["summary"]["final_val_loss"]

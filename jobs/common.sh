@@ -1,0 +1,83 @@
+# What every hpcpipe job script does before it trains, sourced by each of them after its
+# #SBATCH lines (not a job script itself): read the config argument, activate the venv,
+# pick srun's MPI plugin, and derive the layout from the task count. Afterwards:
+#
+#   CONFIG, RUN_DIR, VENV   the config, run directory and venv (jobs/README.md)
+#   TRAIN_ARGS              the script's arguments after the config, for `train`
+#   LAYOUT                  --set options from PP (and GLOBAL_MICROBATCHES), or none
+#   LIBMPI                  the MPI library mpi4py loads
+#   HPCPIPE                 the command that runs hpcpipe on every rank of a job step
+#   TRAIN                   HPCPIPE train CONFIG --run-dir RUN_DIR LAYOUT: a script adds
+#                           its own options, then TRAIN_ARGS (last, so that the user's win)
+#   job_banner [WHAT]       prints the job's one-line summary (WHAT in parentheses)
+#   run_doctor              runs `hpcpipe doctor` the way the training will run, if DOCTOR=1
+
+set -euo pipefail
+
+# The first argument is the config unless it is an option; the rest go to `train`.
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then CONFIG="$1"; shift; fi
+: "${CONFIG:?usage: sbatch jobs/SCRIPT.sbatch CONFIG [train options], or export CONFIG}"
+TRAIN_ARGS=("$@")
+RUN_DIR="${RUN_DIR:-runs/$(basename "${CONFIG%.toml}")-${SLURM_JOB_ID}}"
+VENV="${VENV:-${SLURM_SUBMIT_DIR}/.venv}"
+
+# On a cluster, `make install MPI=site` built the venv against a module-loaded MPI: load
+# the same module here (remove the #), so that mpi4py finds that libmpi at run time.
+# module load openmpi
+source "${VENV}/bin/activate"
+
+# Since Slurm 22.05 srun no longer inherits --cpus-per-task from the job: pass it on, or
+# each rank is confined to one core.
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"; fi
+
+# srun must start the ranks with the process-management interface their MPI speaks. The
+# mpich wheel of `make install` speaks only PMI-1/2 (srun --mpi=pmi2); a site MPI goes with
+# the site's default (`srun --mpi=list`; Open MPI: pmix). An exported SLURM_MPI_TYPE wins.
+#
+# The wheel's default network module, UCX, publishes its addresses through PMI in lines
+# of up to ~1090 bytes, and Slurm's pmi2 plugin reads a PMI-1 request with one read of
+# 1024 bytes (22.05): across nodes a job step then hangs at its start, now and then
+# ("mpi/pmi2: value not properly terminated"). Its OFI module publishes ~100 bytes.
+LIBMPI="$(python -m mpi4py --mpi-library)"
+case "$(readlink -f "${LIBMPI}")" in
+    "$(readlink -f "${VENV}")"/*)
+        export SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}"
+        export MPIR_CVAR_CH4_NETMOD="${MPIR_CVAR_CH4_NETMOD:-ofi}" ;;
+esac
+
+# Ranks = parallel.dp × parallel.pp. With PP the layout follows the task count, so the same
+# job fits whatever ranks it gets (another node count, a requeue on fewer nodes);
+# GLOBAL_MICROBATCHES keeps the batch itself fixed: each of the dp replicas then takes
+# GLOBAL_MICROBATCHES / dp microbatches a step, and the losses stay the same.
+fail() { echo "error: $*" >&2; exit 2; }
+LAYOUT=()
+if [ -n "${PP:-}" ]; then
+    (( SLURM_NTASKS % PP == 0 )) || fail "${SLURM_NTASKS} tasks do not split into PP=${PP} pipeline stages"
+    DP=$(( SLURM_NTASKS / PP ))
+    LAYOUT=(--set "parallel.pp=${PP}" --set "parallel.dp=${DP}")
+    if [ -n "${GLOBAL_MICROBATCHES:-}" ]; then
+        (( GLOBAL_MICROBATCHES % DP == 0 )) ||
+            fail "GLOBAL_MICROBATCHES=${GLOBAL_MICROBATCHES} do not split over ${DP} replicas (${SLURM_NTASKS} tasks / PP=${PP})"
+        LAYOUT+=(--set "parallel.microbatches=$(( GLOBAL_MICROBATCHES / DP ))")
+    fi
+elif [ -n "${GLOBAL_MICROBATCHES:-}" ]; then
+    fail "GLOBAL_MICROBATCHES needs PP (the pipeline stages), to know the replicas it is split over"
+fi
+
+# `-m mpi4py`: an exception on any rank aborts the whole job instead of hanging it.
+HPCPIPE=(srun python -m mpi4py -m hpcpipe)
+# ${A[@]+"${A[@]}"}: the bash-4.2-safe "${A[@]}" (an empty array is "unbound" under set -u).
+TRAIN=("${HPCPIPE[@]}" train "${CONFIG}" --run-dir "${RUN_DIR}" ${LAYOUT[@]+"${LAYOUT[@]}"})
+
+job_banner() {
+    echo "hpcpipe job ${SLURM_JOB_ID}${1:+ ($1)} on ${SLURM_JOB_NUM_NODES} node(s)" \
+         "${SLURM_JOB_NODELIST}: ${SLURM_NTASKS} ranks${DP:+ (pp ${PP} × dp ${DP})}," \
+         "config ${CONFIG}, run directory ${RUN_DIR}," \
+         "MPI ${LIBMPI} (srun --mpi=${SLURM_MPI_TYPE:-default})"
+}
+
+run_doctor() {
+    if [ "${DOCTOR:-0}" = 1 ]; then
+        "${HPCPIPE[@]}" doctor "${RUN_DIR}" || echo "doctor: see the problems above"
+    fi
+}

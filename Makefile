@@ -2,7 +2,8 @@
 #
 #   make run                 set up .venv, then train inputs/tiny.toml on the stdlib corpus
 #                            as a pipeline of NP stages, one MPI rank (and core) each
-#   make test                set up .venv, then run the whole test suite
+#   make test                set up .venv, then run the whole test suite (and its device
+#                            tests again on the device stand-in)
 #   make bench               add the bench extra (PyTorch, matplotlib), run every benchmark
 #                            suite and write bench/results/<machine>-<date>.{json,md,png}
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
@@ -71,9 +72,15 @@ run: install
 
 # pytest exits 5 when it collected no test at all: say so, and fail (an empty suite
 # proves nothing).
+# Two passes: the whole suite on the CPU, then the device tests (marked `device`) again
+# on the device stand-in (hpcpipe/devicesim.py), which refuses every implicit host/device
+# transfer and every device buffer handed to MPI, as CuPy and a non-CUDA-aware MPI would.
 test: install
 	@PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest $(ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
+	[ $$rc -ne 0 ] && exit $$rc; \
+	echo "== the device tests again, on the device stand-in"; \
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -m device --device standin $(ARGS)
 
 # Every suite in hpcpipe.bench.SUITES that this target knows how to launch (step on all
 # cores in one process; the MPI suites on BENCH_NP ranks, one core each), then the report:

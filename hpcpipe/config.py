@@ -51,6 +51,7 @@ class TrainSection:
     dtype: str = "float32"
     device: str = "auto"
     gpu_sharing: bool = False  # allow more ranks than GPUs on a node (they time-slice)
+    device_memory: float = 0.0  # share of the GPU's memory the rank's pool may hold; 0: no cap
     eval_every: int = 50  # 0: only at the end
     eval_batches: int = 8
     log_every: int = 10
@@ -242,6 +243,10 @@ def _check_train(source, train: TrainSection):
     _require(source, "train.eps", train.eps, train.eps > 0, "must be positive")
     _require(source, "train.loss_scale", train.loss_scale, train.loss_scale >= 0,
              "must be 0 (automatic: dynamic for float16) or a positive scale")
+    _require(source, "train.device_memory", train.device_memory,
+             0 <= train.device_memory <= 1,
+             "must be 0 (no cap) or the share (0 < x ≤ 1) of the GPU's memory a rank's "
+             "memory pool may hold")
     _one_of(source, "train.dtype", train.dtype, DTYPES)
     _one_of(source, "train.device", train.device, DEVICES)
 

@@ -34,6 +34,7 @@ class Summary:
     tokens: int = 0
     run_dir: str = ""
     evals: list = field(default_factory=list)
+    device_memory: list = field(default_factory=list)  # per rank: the GPU pool's bytes
 
     @property
     def tokens_per_s(self) -> float:
@@ -193,6 +194,17 @@ class Metrics:
         lines.append("  peak activations per rank: "
                      + ", ".join(f"{b / 2**20:.1f} MiB ({n:g} mb)"
                                  for b, n in zip(self.peak_bytes, self.peak_microbatches)))
+        if any(summary.device_memory):
+            lines.append("  device memory per rank (held by the pool / its cap / the device): "
+                         + ", ".join(_memory(m) for m in summary.device_memory))
         lines.append(f"  run directory: {summary.run_dir} (config.toml, metrics.jsonl, "
                      f"summary.json, trace.json)")
         return lines
+
+
+def _memory(report: dict | None) -> str:
+    if not report:
+        return "–"
+    gib = 2**30
+    cap = f"{report['limit'] / gib:.1f}" if report["limit"] else "no cap"
+    return f"{report['held'] / gib:.2f} / {cap} / {report['device'] / gib:.0f} GiB"

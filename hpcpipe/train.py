@@ -165,7 +165,8 @@ class Trainer:
         threads = backend.limit_threads(self.grid.local_size)
         self.be = backend.select(train.device, self.grid.local_rank, peers=comm,
                                  gpu_sharing=train.gpu_sharing, threads=threads)
-        gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be)
+        self.be.limit_memory(train.device_memory)
+        gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be, self.log)
         self.tokens = open_tokens(cfg, comm, self.log)
         self.trace = tracelib.Trace(rank=comm.rank)
         self.rank = Rank.build(cfg, self.grid, self.be, build_schedule(cfg), self.trace,
@@ -339,6 +340,7 @@ class Trainer:
         if summary.steps or self.start_step < steps:
             self._evaluate(steps)
         self.metrics.close()
+        summary.device_memory = self.comm.allgather(self.be.memory_report())
         write_traces(self.trace, self.comm, self.run_dir, self.cfg)
         summary.total_s = time.perf_counter() - self.started
         self.run_dir.finish(summary)

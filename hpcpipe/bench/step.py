@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from .. import __version__, backend, layers
-from ..dtypes import DTYPES
+from ..dtypes import DTYPES, compute_dtype
 from ..layers import attention, block, embedding, gelu, head, layernorm, linear, loss, mlp
 from ..model import GPTConfig, Stage
 from ..optim import AdamW, ParamShard
@@ -111,8 +111,9 @@ def matmul_rate(be, dtype, n: int, repeats: int = 3) -> float:
     """Best FLOP/s of an n×n×n matmul with this backend (the device's practical peak),
     through hpcpipe.layers.matmul: on the CPU its chunks on the rank's threads."""
     rng = np.random.default_rng(0)
-    a = be.from_host(rng.standard_normal((n, n)), dtype=dtype)
-    b = be.from_host(rng.standard_normal((n, n)), dtype=dtype)
+    dtype = compute_dtype(dtype)
+    a = be.from_host(rng.standard_normal((n, n)).astype(dtype))
+    b = be.from_host(rng.standard_normal((n, n)).astype(dtype))
     out = be.xp.empty((n, n), dtype=dtype)
     layers.matmul(be, a, b, out)  # warm-up: thread pool, kernels
     _sync(be)

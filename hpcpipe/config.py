@@ -79,7 +79,9 @@ class ParallelSection:
     schedule: str = "1f1b"
     chunks: int = 0  # model chunks per rank; 0: the schedule's own (2 for interleaved, zb-v)
     layers_per_stage: list[int] = field(default_factory=list)  # []: balanced by cost
-    memory_limit: float = 0.0  # auto schedule: activations held, in microbatches; 0: 2·pp
+    # auto schedule: activations a rank may hold — a number of microbatches (0: 2·pp) or a
+    # size ("12GiB", "500MB"): bytes, measured per stage while profiling
+    memory_limit: float | str = 0.0
     profile_steps: int = 2  # auto schedule: steps measured before it is built
     rank_order: str = "pp-inner"  # or "dp-inner" (see hpcpipe/grid.py)
     gpu_aware_mpi: str | bool = "auto"  # hand device buffers to MPI: "auto", true or false
@@ -167,8 +169,11 @@ def _coerce(source, key, value, expected):
             raise ConfigError(source, key, value, f"must be {_type_name(expected)}") from None
     if typing.get_args(expected):  # a union such as str | bool: the first type that fits
         for option in typing.get_args(expected):
-            if isinstance(value, option):
+            if isinstance(value, option) and not (option is not bool
+                                                   and isinstance(value, bool)):
                 return value
+            if option is float and isinstance(value, int) and not isinstance(value, bool):
+                return float(value)
         raise ConfigError(source, key, value, f"must be {_type_name(expected)}")
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -196,6 +201,21 @@ def _build_section(source, name, table) -> object:
 
 def _defaults(cls) -> dict:
     return {f.name: f.default for f in dataclasses.fields(cls)}
+
+
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int | None:
+    """"12GiB", "500 MB", "1e9B" → bytes (a positive whole number), or None."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]+)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        return None
+    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    return int(value) if math.isfinite(value) and value >= 1 else None
 
 
 def _require(source, key, value, ok, problem):
@@ -274,8 +294,12 @@ def _check_parallel(source, parallel: ParallelSection):
              "allowed: 0 (off) or 1 (optimizer state sharded over the dp replicas)")
     _one_of(source, "parallel.grad_comm_dtype", parallel.grad_comm_dtype, COMM_DTYPES)
     _check_chunks(source, parallel)
-    _require(source, "parallel.memory_limit", parallel.memory_limit, parallel.memory_limit >= 0,
-             "must be 0 (meaning 2·pp) or a positive number of microbatches")
+    limit = parallel.memory_limit
+    _require(source, "parallel.memory_limit", limit,
+             parse_bytes(limit) is not None if isinstance(limit, str)
+             else math.isfinite(limit) and limit >= 0,
+             'must be 0 (meaning 2·pp), a number of microbatches, or a size such as '
+             '"12GiB" or "500MB"')
     _at_least(source, "parallel", parallel, ("profile_steps",), 1)
     _one_of(source, "parallel.rank_order", parallel.rank_order, RANK_ORDERS)
     _require(source, "parallel.gpu_aware_mpi", parallel.gpu_aware_mpi,

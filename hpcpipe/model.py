@@ -175,8 +175,9 @@ class Stage:
         if self.head_grad is not None:
             self.head_grad[...] = 0
 
-    def stash_bytes(self) -> int:
-        """Bytes of activations currently held for pending B and W passes.
+    def stash_bytes(self, mb: int | None = None) -> int:
+        """Bytes of activations currently held for pending B and W passes (of microbatch
+        `mb` alone, when given).
 
         Caches hold many views (q, k, v of one qkv array; reshapes): each underlying
         allocation counts once, and parameters, which caches also reference, not at all."""
@@ -193,7 +194,7 @@ class Stage:
                 if key != params:
                     sizes[key] = nbytes
 
-        walk(self._stash)
+        walk(self._stash if mb is None else self._stash.get(mb, {}))
         return sum(sizes.values())
 
     @property
@@ -245,7 +246,6 @@ class Stage:
             # early (also in microbatch order), so the first stage does not wait for the
             # last stage's final W. It also frees the (B, T, V) logits gradient at once.
             head.backward_weight(dlogits, caches.pop("head"), {"wte": self.head_grad})
-            d["ln_f"] = dx
             dy = layernorm.backward_input(dx, caches["ln_f"])
         for layer in reversed(self.layers):
             d[layer] = dy
@@ -264,8 +264,8 @@ class Stage:
         caches, d = entry["caches"], entry["d"]
         G = self.grads
         done = after_layer or (lambda names: None)
-        if self.head_part:  # (the head's own W ran in B)
-            layernorm.backward_weight(d["ln_f"], caches["ln_f"], scope(G, "ln_f."))
+        if self.head_part:  # (the head's own W ran in B; ln_f's was computed there)
+            layernorm.backward_weight(None, caches["ln_f"], scope(G, "ln_f."))
             done(("ln_f.weight", "ln_f.bias"))
         for layer in reversed(self.layers):
             block.backward_weight(d[layer], caches[layer], scope(G, f"h.{layer}."))

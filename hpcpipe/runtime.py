@@ -29,6 +29,9 @@ class StepResult:
     losses: dict = field(default_factory=dict)  # microbatch → loss (0-d array), last stage only
     peak_microbatches: float = 0.0  # most activations held, in microbatches of this rank's share
     peak_bytes: int = 0  # most activation bytes held by the stash
+    # model stage → (bytes one microbatch holds after its F, after its B): the zero-bubble
+    # paper's M_B (F to B) and M_W (B to W, what the weight gradients still need)
+    stage_bytes: dict = field(default_factory=dict)
     start: float = 0.0
     end: float = 0.0
 
@@ -88,9 +91,7 @@ class Runtime:
             if on_op_done is not None:
                 on_op_done(op.chunk, op.kind, op.microbatch == last_mb)
             if account_bytes:
-                count, nbytes = self._held()
-                result.peak_microbatches = max(result.peak_microbatches, count)
-                result.peak_bytes = max(result.peak_bytes, nbytes)
+                self._account(op, result)
         self.p2p.finish()
         self.p2p.backend.synchronize()  # the step's one wait for the device
         for op, start, end in timed:
@@ -159,6 +160,18 @@ class Runtime:
                 self.p2p.send_forward(msg.peer, msg.microbatch, msg.stage, out)
             else:
                 self.p2p.send_backward(msg.peer, msg.microbatch, msg.stage, out)
+
+    def _account(self, op, result: StepResult):
+        """Peaks after `op`, and the bytes one microbatch holds after its F and its B."""
+        count, nbytes = self._held()
+        result.peak_microbatches = max(result.peak_microbatches, count)
+        result.peak_bytes = max(result.peak_bytes, nbytes)
+        if op.kind in (Kind.F, Kind.B):
+            stage = self.schedule.stage_of[(self.rank, op.chunk)]
+            after_f, after_b = result.stage_bytes.get(stage, (0, 0))
+            held = self.stages[op.chunk].stash_bytes(op.microbatch)
+            result.stage_bytes[stage] = ((max(after_f, held), after_b) if op.kind == Kind.F
+                                         else (after_f, max(after_b, held)))
 
     @staticmethod
     def _hook(on_layer_done, op, last_mb):

@@ -23,7 +23,7 @@ from . import __version__, backend
 from . import grid as gridlib
 from . import trace as tracelib
 from .comm import pipeline_message_time
-from .config import Config, ConfigError
+from .config import Config, ConfigError, parse_bytes
 from .data import TokenFile, default_token_path, prepare
 from .errors import EXIT_PREEMPTED, root_does
 from .evaluate import validation_batches
@@ -32,7 +32,7 @@ from .optim import learning_rate
 from .preemption import Preempted, PreemptionWatch
 from .rank import Rank
 from .rundir import RunDir
-from .schedules import Costs, ScheduleError, generate, simulate
+from .schedules import Costs, ScheduleError, generate, peak_activations, simulate
 from .transport import resolve_gpu_aware
 
 __all__ = ["train", "Trainer", "Summary", "Preempted"]
@@ -61,9 +61,20 @@ def open_tokens(cfg: Config, comm, log) -> TokenFile:
     return tokens
 
 
-def memory_limit(cfg: Config) -> float:
-    """The auto schedule's activation memory limit, in microbatches (0 in the config: 2·pp)."""
-    return cfg.parallel.memory_limit or 2 * cfg.parallel.pp
+def memory_limit(cfg: Config) -> tuple[float, bool]:
+    """The auto schedule's activation memory limit per rank, and whether it is in bytes
+    (else in microbatches; 0 in the config means 2·pp)."""
+    limit = cfg.parallel.memory_limit
+    if isinstance(limit, str):
+        return float(parse_bytes(limit)), True
+    return limit or 2.0 * cfg.parallel.pp, False
+
+
+def describe_limit(cfg: Config) -> str:
+    limit, in_bytes = memory_limit(cfg)
+    if not in_bytes:
+        return f"{limit:g} microbatches"
+    return f"{limit / 2**30:.2f} GiB" if limit >= 2**30 else f"{limit / 2**20:.1f} MiB"
 
 
 def build_schedule(cfg: Config, costs: Costs | None = None):
@@ -79,7 +90,7 @@ def build_schedule(cfg: Config, costs: Costs | None = None):
         # then the optimizer); with it, the tied embedding's gradient sum still ties the
         # first stage's next step to the last stage (measured: steps barely overlap).
         return generate(kind, parallel.pp, parallel.microbatches, v=cfg.chunks, costs=costs,
-                        memory_limit=memory_limit(cfg) if kind == "auto" else None,
+                        memory_limit=memory_limit(cfg)[0] if kind == "auto" else None,
                         objective="makespan")
     except ScheduleError as e:
         raise ConfigError(cfg.source, "parallel.schedule", parallel.schedule,
@@ -87,19 +98,28 @@ def build_schedule(cfg: Config, costs: Costs | None = None):
                           ) from None
 
 
-def profiled_costs(trace, model, grid, steps, comm_s: float) -> Costs:
-    """Median F, B, W time of every model stage over the profiled `steps`, gathered from
-    all pipeline ranks, as the auto scheduler's cost model (memory in microbatches)."""
+def profiled_costs(trace, model, grid, steps, comm_s: float, stage_bytes: dict,
+                   in_bytes: bool = False) -> Costs:
+    """The auto scheduler's cost model from what was measured: the median F, B, W time of
+    every model stage over the profiled `steps` and the activation memory one microbatch
+    holds on it from F to B (M_B) and from B to W (M_W), gathered from all pipeline ranks.
+    `stage_bytes`: this rank's stage → (M_B, M_W) bytes (runtime.StepResult). Memory in
+    bytes, or (in_bytes False) in microbatches: M_B = 1 and M_W its share of it."""
     events = [e for e in trace.events if e.step in steps]
     mine = {}
     for (kind, chunk), times in tracelib.op_times(events).items():
         mine[(kind, model.stage_index[chunk])] = float(np.median(times))
-    merged = {}
-    for part in grid.pipe.allgather(mine):
+    merged, held = {}, {}
+    for part, memory in grid.pipe.allgather((mine, stage_bytes)):
         merged.update(part)
+        held.update(memory)
     stages = range(len(model.specs))
+    if in_bytes:
+        memory, memw = [float(held[s][0]) for s in stages], [float(held[s][1]) for s in stages]
+    else:
+        memory, memw = [1.0] * len(stages), [held[s][1] / held[s][0] for s in stages]
     return Costs(f=[merged[("F", s)] for s in stages], b=[merged[("B", s)] for s in stages],
-                 w=[merged[("W", s)] for s in stages], comm=comm_s, memory=1.0)
+                 w=[merged[("W", s)] for s in stages], comm=comm_s, memory=memory, memw=memw)
 
 
 def find_resume(cfg: Config, run_dir: str, resume, comm, log):
@@ -150,6 +170,7 @@ class Trainer:
         self.started = time.perf_counter()
         self.start_step = 0
         self.last_saved = None  # the step of the last checkpoint this run has
+        self.stage_bytes = {}  # model stage → (M_B, M_W) bytes, as last measured
         self._setup(run_dir, resume)
 
     def log(self, msg: str = ""):
@@ -269,6 +290,7 @@ class Trainer:
         self.metrics.started(step, time.perf_counter() - tick, lr)
         for outcome in finished:
             self.metrics.record(outcome)
+            self.stage_bytes = outcome.result.stage_bytes  # M_B, M_W, for the auto schedule
 
     def _settle(self):
         """Post-validation: validate the pending step before anything reads the weights."""
@@ -292,19 +314,23 @@ class Trainer:
         # Rank 0's measurements decide for everyone; the scheduler is deterministic, so
         # every rank builds the same schedule from the same costs.
         costs = self.comm.bcast(profiled_costs(self.trace, self.rank.model, self.grid, steps,
-                                               self.comm_s), root=0)
+                                               self.comm_s, self.stage_bytes,
+                                               memory_limit(self.cfg)[1]), root=0)
         auto = build_schedule(self.cfg, costs)
         self.rank.use_schedule(auto)
         sim = simulate(auto, costs)
         self.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
         self.log(f"auto schedule from measured costs (ms) F {_ms(costs.f)} B {_ms(costs.b)} "
-                 f"W {_ms(costs.w)} comm {costs.comm * 1e3:.2f}, memory limit "
-                 f"{memory_limit(self.cfg):g} microbatches: predicted "
+                 f"W {_ms(costs.w)} comm {costs.comm * 1e3:.2f}, M_W/M_B "
+                 f"{_ratio(costs)}, memory limit {describe_limit(self.cfg)}: predicted "
                  f"{sim.makespan * 1e3:.1f} ms of compute and messages per step, simulated "
                  f"bubble {1 - max(sim.busy) / sim.makespan:.1%}")
         self.run_dir.write_json("auto_schedule.json", {
             "ops": auto.op_strings(), "predicted_s": sim.makespan, "f": costs.f,
-            "b": costs.b, "w": costs.w, "comm": costs.comm})
+            "b": costs.b, "w": costs.w, "comm": costs.comm, "memory": costs.memory,
+            "memw": costs.memw, "memory_limit": memory_limit(self.cfg)[0],
+            "memory_in_bytes": memory_limit(self.cfg)[1],
+            "predicted_peaks": list(peak_activations(auto, costs))})
 
     def _evaluate(self, step: int):
         value = self.rank.evaluator().evaluate(validation_batches(self.tokens, self.cfg,
@@ -357,6 +383,12 @@ class Trainer:
         for line in self.metrics.report(self.cfg.parallel, step.gradsync.bytes_reduced,
                                         step.optimizer_state_bytes):
             self.log(line)
+
+
+def _ratio(costs: Costs) -> str:
+    memory = costs.memory if isinstance(costs.memory, (list, tuple)) else [costs.memory]
+    memw = costs.memw if isinstance(costs.memw, (list, tuple)) else [costs.memw]
+    return "/".join(f"{w / b:.2f}" for b, w in zip(memory, memw))
 
 
 def _ms(values) -> str:

@@ -76,3 +76,22 @@ def test_bad_layouts_stop_with_one_message(tmp_path, stdlib_tokens, extra, n, me
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_auto_schedule_under_a_limit_in_bytes(tmp_path, stdlib_tokens):
+    """parallel.memory_limit as a size: the costs carry each stage's measured M_B and M_W
+    in bytes, the schedule's predicted peaks fit the limit, and the runtime's measured
+    peaks once it runs equal the prediction."""
+    proc = run(train_cmd(tmp_path / "run", "train.steps=5", "parallel.pp=2",
+                         "parallel.microbatches=6", 'parallel.schedule="auto"',
+                         'parallel.memory_limit="1MiB"', "parallel.profile_steps=2",
+                         f'data.path="{stdlib_tokens}"'), n=2)
+    assert proc.returncode == 0, proc.stderr
+    assert "memory limit 1.0 MiB" in proc.stdout and "M_W/M_B" in proc.stdout
+    chosen = json.loads((tmp_path / "run" / "auto_schedule.json").read_text())
+    assert chosen["memory_in_bytes"] and chosen["memory_limit"] == 2**20
+    assert all(w <= b for b, w in zip(chosen["memory"], chosen["memw"]))
+    assert max(chosen["predicted_peaks"]) <= 2**20
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    last = [r for r in records if "loss" in r][-1]  # a step of the auto schedule
+    assert last["peak_activation_bytes"] == [int(p) for p in chosen["predicted_peaks"]]

@@ -19,13 +19,15 @@ so everything W needs travels in that microbatch's own cache, never in shared st
 - F stores what both backward passes read (the inputs of the weight GEMMs, normalised
   activations, statistics).
 - B reads it, drops what only B needed (attention's probabilities, GELU's derivative,
-  the loss's softmax: the big arrays, freed as early as possible) and *adds* to the cache
-  what only W needs: the output gradients of its weight GEMMs (`cache["dqkv"]`,
-  `cache["dh"]`; a block keeps its sublayers' output gradients under `cache["d"]`).
+  the loss's softmax, LayerNorm's normalised input: freed as early as possible) and
+  *adds* to the cache what only W needs: the output gradients of its weight GEMMs
+  (`cache["dqkv"]`, `cache["dh"]`; a block keeps its sublayers' output gradients under
+  `cache["d"]`). LayerNorm's weight gradients are two sums over the rows, cheap next to a
+  GEMM: B takes them at once (`cache["dparams"]`) rather than keep xhat and dy for W.
 - W pops those gradients and multiplies them with the stashed inputs.
-So after B a cache holds exactly W's inputs, and after W nothing of the microbatch is
-left but what the caller still references. Arrays handed to a cache are never modified
-afterwards.
+So after B a cache holds exactly what the weight GEMMs need — the zero-bubble paper's
+M_W, less than F's M_B — and after W nothing of the microbatch is left but what the
+caller still references. Arrays handed to a cache are never modified afterwards.
 
 Shape legend used throughout: B batch, T time (sequence), C channels (n_embd),
 NH heads, HS head size (C // NH), V vocabulary.

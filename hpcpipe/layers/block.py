@@ -4,8 +4,9 @@
     out = x1 + mlp(ln_2(x1))
 
 Shapes: x, x1, out (B, T, C). Weights: ln_1.*, attn.*, ln_2.*, mlp.* (GPT-2 names,
-without the `h.{l}.` prefix). B stashes the output gradient of each sublayer, which is
-what that sublayer's W multiplies with.
+without the `h.{l}.` prefix). B stashes the output gradient of each sublayer with weight
+GEMMs, which is what that sublayer's W multiplies with (the LayerNorms take their small
+weight gradients in B).
 
 The residual sums are added into the sublayers' results in place: those are fresh
 arrays that no cache holds. The block's input is only read: it may be a received
@@ -33,16 +34,16 @@ def backward_input(dout, cache):
     da = attention.backward_input(dx1, cache["attn"])
     dx = layernorm.backward_input(da, cache["ln_1"])
     dx += dx1
-    cache["d"] = {"mlp": dout, "ln_2": db, "attn": dx1, "ln_1": da}
+    cache["d"] = {"mlp": dout, "attn": dx1}  # (the LayerNorms took theirs in B)
     return dx
 
 
 def backward_weight(dout, cache, grads):
     d = cache.pop("d")
     mlp.backward_weight(d["mlp"], cache["mlp"], scope(grads, "mlp."))
-    layernorm.backward_weight(d["ln_2"], cache["ln_2"], scope(grads, "ln_2."))
+    layernorm.backward_weight(None, cache["ln_2"], scope(grads, "ln_2."))
     attention.backward_weight(d["attn"], cache["attn"], scope(grads, "attn."))
-    layernorm.backward_weight(d["ln_1"], cache["ln_1"], scope(grads, "ln_1."))
+    layernorm.backward_weight(None, cache["ln_1"], scope(grads, "ln_1."))
 
 
 def backward(dout, cache, grads):

@@ -111,21 +111,35 @@ def backward_input(dy, cache):
             dx[r] = dr
 
     be.for_each(blocks, block)
+    # The weight gradients are two sums over the rows, cheap next to the GEMMs' W: taken
+    # here, they let B free xhat and dy now rather than hold them until W (W keeps only
+    # what the weight GEMMs need, as in the zero-bubble paper's M_W).
+    cache["dparams"] = _weight_gradients(be, dy2, xhat)
+    for key in ("xhat", "rstd", "weight"):
+        del cache[key]
     return dx.reshape(dy.shape)
 
 
-def backward_weight(dy, cache, grads):
-    be, xhat = cache["be"], cache["xhat"]
-    dy2 = dy.reshape(-1, xhat.shape[-1])
+def _weight_gradients(be, dy2, xhat):
+    """(d weight, d bias) of rows dy2 against the normalised input, in the compute dtype."""
     if wide(xhat.dtype) != xhat.dtype:  # 16-bit: the products in float32
         dy2, xhat = dy2.astype(np.float32), xhat.astype(np.float32)
     if not be.is_gpu:
         # sum over rows of dy * xhat without the product array: einsum streams both
         # operands once (2.5x the multiply-then-sum on the benchmark shapes).
-        grads["weight"] += np.einsum("nc,nc->c", dy2, xhat)
+        dweight = np.einsum("nc,nc->c", dy2, xhat)
     else:
-        grads["weight"] += (dy2 * xhat).sum(axis=0)
-    column_sums(be, dy2, grads["bias"])
+        dweight = (dy2 * xhat).sum(axis=0)
+    dbias = be.xp.zeros(xhat.shape[-1], dtype=dweight.dtype)
+    column_sums(be, dy2, dbias)
+    return dweight, dbias
+
+
+def backward_weight(dy, cache, grads):
+    """W: add the weight gradients B computed (see `backward_input`); `dy` is not needed."""
+    dweight, dbias = cache.pop("dparams")
+    grads["weight"] += dweight
+    grads["bias"] += dbias
 
 
 def backward(dy, cache, grads):

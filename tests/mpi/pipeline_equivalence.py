@@ -76,8 +76,8 @@ class Run:
         m = self.schedule.num_microbatches
 
         def inputs(mb):
-            rows = slice(mb * B, (mb + 1) * B)
-            return self.be.from_host(idx[rows]), self.be.from_host(targets[rows])
+            rows = slice(mb * B, (mb + 1) * B)  # each microbatch its own arrays, as in training
+            return self.be.from_host(idx[rows].copy()), self.be.from_host(targets[rows].copy())
 
         if lr is None:  # gradients only
             self.model.zero_grad()
@@ -125,6 +125,19 @@ def main():
                 failures.append(f"{kind} m={m} rank {run.grid.pp_rank}: held "
                                 f"{result.peak_microbatches} microbatches, simulator says "
                                 f"{predicted}")
+            # In bytes, with two levels: each stage's measured M_B (after F) and M_W
+            # (after B) in the simulator give the peak the runtime measured.
+            measured = {}
+            for part in run.grid.pipe.allgather(result.stage_bytes):
+                measured.update(part)
+            stages = range(schedule.num_stages)
+            costs = Costs(memory=[float(measured[s][0]) for s in stages],
+                          memw=[float(measured[s][1]) for s in stages])
+            expected = peak_activations(schedule, costs)[run.grid.pp_rank]
+            if result.peak_bytes != expected:
+                failures.append(f"{kind} m={m} rank {run.grid.pp_rank}: peak "
+                                f"{result.peak_bytes} bytes, simulator says {expected} from "
+                                f"M_B/M_W {measured}")
             if WORLD.rank == 0:
                 checked += 1
                 # (a) one process, same runtime, 1F1B: bitwise.

@@ -272,8 +272,8 @@ def make_search(p: int, m: int, costs: Costs | None, memory_limit: float | None,
         raise ScheduleError(f"auto: needs p >= 1 stages and m >= 1 microbatches (got p={p}, m={m})")
     counts = _chunk_counts(p, costs, chunks)
     per_mb = max(max(costs.per_stage("memory", p * v, v)) * v for v in counts[:1])
-    if memory_limit is None:
-        memory_limit = p * per_mb
+    if memory_limit is None:  # 2p, as training's default (parallel.memory_limit = 0)
+        memory_limit = 2 * p * per_mb
     if not memory_limit >= per_mb - EPS:
         raise ScheduleError(f"auto: memory limit {memory_limit:g} is below one microbatch's "
                             f"activations ({per_mb:g}); allowed: >= {per_mb:g}, e.g. "
@@ -296,7 +296,7 @@ def auto(p: int, m: int, costs: Costs | None = None, memory_limit: float | None 
 
     memory_limit is per rank, in the units of `costs.memory` (M_B; default 1 per microbatch
     over a rank's share of layers): p matches 1F1B's memory (the paper's ZB-1p), 2p is ZB-2p.
-    Default p.
+    Default 2p, as training's (parallel.memory_limit = 0).
 
     chunks: None (default) or 1: one stage per rank, as before V's were searched; 2: two
     stages per rank in a V, as zb-v; 0: auto chooses -- both when the costs are one number

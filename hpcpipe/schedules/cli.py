@@ -20,7 +20,7 @@ activation memory per rank (microbatches held between F and W, a chunk counting 
 
 Kinds: gpipe, 1f1b (PipeDream-flush), interleaved-1f1b (--chunks V, m a multiple of p),
 zb-h1 and zb-h2 (zero-bubble, handcrafted), zb-v (2 chunks in a V), auto (the zero-bubble
-scheduler under --memory-limit, default p, i.e. 1F1B's memory; 1 or 2 chunks per rank, or
+scheduler under --memory-limit, default 2p as in training; 1 or 2 chunks per rank, or
 --chunks to fix it). --exact adds the certified search (needs OR-Tools, the `exact` extra):
 the best schedule it finds, a proven lower bound and whether the schedule meets it."""
 
@@ -91,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=_limit, default=60.0, metavar="S",
                         help="seconds for --exact (default 60)")
     parser.add_argument("--memory-limit", type=_limit, metavar="X",
-                        help="activation memory per rank, in microbatches (auto: default P)")
+                        help="activation memory per rank, in microbatches (auto: default 2P, as "
+                             "training's parallel.memory_limit = 0)")
     parser.add_argument("--load-csv", metavar="FILE",
                         help="read a PyTorch compute-only schedule CSV instead of generating one")
     parser.add_argument("--save-csv", metavar="FILE",

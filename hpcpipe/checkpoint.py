@@ -162,8 +162,7 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict]) -> dict:
         for name, info in entry.get("tensors", {}).items():
             tensors[name] = {"file": entry["file"], **info}
         for name, ranges in entry.get("pieces", {}).items():
-            pieces.setdefault(name, []).extend(
-                {"file": entry["file"], "start": a, "stop": b} for a, b in ranges)
+            pieces.setdefault(name, []).extend(_piece_entry(entry["file"], *r) for r in ranges)
     grid, model = rank.grid, rank.model
     return {
         "format_version": FORMAT_VERSION, "step": step, "created": time.time(),
@@ -178,6 +177,15 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict]) -> dict:
         "adam_step": rank.step.optimizer.t,
         "state": state, "files": files, "tensors": tensors, "pieces": pieces,
     }
+
+
+def _piece_entry(file: str, start: int, stop: int, tp=None) -> dict:
+    """A manifest entry of optimizer state: elements [start, stop) of the flattened tensor,
+    or — `tp` = (shards, shard) — of that tensor-parallel shard's part of it."""
+    entry = {"file": file, "start": start, "stop": stop}
+    if tp is not None:
+        entry["tp"] = list(tp)
+    return entry
 
 
 def _injected_delay(folder: str):
@@ -198,32 +206,56 @@ def _write_rank_files(rank, cfg, folder: str) -> list[dict]:
     """This rank's files; returns their manifest entries."""
     grid, entries = rank.grid, []
     if grid.dp_rank == 0:  # the first replica writes the parameters of its stages
-        name = f"model-pp{grid.pp_rank:03d}.h5"
-        tensors = _write_parameters(rank.model, os.path.join(folder, name), folder)
-        entries.append(_entry(folder, name, tensors=tensors))
+        tensors = _global_parameters(rank.model, grid)
+        if grid.tp_rank == 0:  # (its tensor shards gathered into whole tensors)
+            name = f"model-pp{grid.pp_rank:03d}.h5"
+            tensors = _write_parameters(tensors, os.path.join(folder, name), folder)
+            entries.append(_entry(folder, name, tensors=tensors))
     if grid.dp_rank == 0 or cfg.parallel.zero:  # with ZeRO-1 every replica holds a shard
         name = f"optim-r{grid.rank:05d}.h5"
         pieces = _write_optimizer(rank.step.optimizer, rank.model.backend,
-                                  os.path.join(folder, name))
+                                  os.path.join(folder, name), grid)
         entries.append(_entry(folder, name, pieces=pieces))
     return entries
 
 
-def _write_parameters(model, path: str, folder: str) -> dict:
-    """The parameters of this rank's stages, one dataset per GPT-2 name."""
+def _global_parameters(model, grid) -> list:
+    """(name, model stage, global host array) of every parameter this rank's pipeline
+    stages hold — on tensor shard 0, with every shard's part in place (others: [])."""
+    from .tensor_parallel import shard_of
+
+    out = []
+    for chunk, stage in model.in_model_order():
+        for name, value in stage.params.items():
+            if _skip_tied_copy(stage, name):
+                continue
+            host = model.backend.to_host(value)
+            shard = stage.shards[name]
+            if grid.tp > 1 and not shard.replicated:
+                parts = grid.tensor.gather(np.ascontiguousarray(host), root=0)
+                if grid.tp_rank != 0:
+                    continue
+                shape = stage.global_shapes[name]
+                host = np.empty(shape, dtype=host.dtype)
+                for r, part in enumerate(parts):
+                    shard_of(name, shape, grid.tp, r).put(host, part)
+            if grid.tp_rank == 0:
+                out.append((name, model.stage_index[chunk], host))
+    return out
+
+
+def _write_parameters(parameters, path: str, folder: str) -> dict:
+    """The parameters of a pipeline rank's stages, one dataset per GPT-2 name (global
+    shapes); `parameters` as `_global_parameters` gives them."""
     import h5py
 
     tensors = {}
 
     def write(tmp):
         with h5py.File(tmp, "w") as f:
-            for chunk, stage in model.in_model_order():
-                for pname, value in stage.params.items():
-                    if _skip_tied_copy(stage, pname):
-                        continue
-                    host = model.backend.to_host(value)
-                    _store(f, pname, host, stage=model.stage_index[chunk])
-                    tensors[pname] = {"shape": list(value.shape)}
+            for pname, stage_index, host in parameters:
+                _store(f, pname, host, stage=stage_index)
+                tensors[pname] = {"shape": list(host.shape)}
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
             f.flush()
@@ -241,8 +273,9 @@ def _optimizer_vectors(adam) -> dict:
     return vectors
 
 
-def _write_optimizer(optimizer, be, path: str) -> dict:
-    """The optimizer state of every shard, as pieces of flattened tensors."""
+def _write_optimizer(optimizer, be, path: str, grid) -> dict:
+    """The optimizer state of every shard, as pieces of flattened tensors (of a tensor
+    shard's part of the tensor, for tensors split by tensor parallelism)."""
     import h5py
 
     pieces = {}
@@ -255,11 +288,16 @@ def _write_optimizer(optimizer, be, path: str) -> dict:
                 for piece in adam.shard.pieces:
                     if piece.name == "wte" and not adam.shard.owns_wte:
                         continue
+                    whole = grid.tp == 1 or piece.name in adam.shard.copies
+                    if whole and grid.tp_rank > 0:
+                        continue  # every tensor shard holds it: shard 0 saves it
                     key = f"{piece.name}@{piece.t0}"
                     for kind, vec in vectors.items():
                         _store(groups[kind], key, be.to_host(vec[piece.v0:piece.v1]),
                                start=piece.t0, stop=piece.t1, tensor=piece.name)
-                    pieces.setdefault(piece.name, []).append((piece.t0, piece.t1))
+                    pieces.setdefault(piece.name, []).append(
+                        (piece.t0, piece.t1) if whole else
+                        (piece.t0, piece.t1, (grid.tp, grid.tp_rank)))
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe optimizer state (pieces of flattened tensors)"
 
@@ -433,23 +471,30 @@ class _Reader:
             raise CheckpointError(f"{self.path}: no parameter {name!r} in the checkpoint")
         return _read(self.file(info["file"])[name], os.path.join(self.path, info["file"]))
 
-    def piece(self, kind: str, name: str, t0: int, t1: int) -> np.ndarray | None:
-        """Elements [t0, t1) of the flattened `kind` state of tensor `name`, assembled
-        from whichever pieces cover them; None when the checkpoint has none."""
+    def state(self, kind: str, name: str, where) -> np.ndarray | None:
+        """Elements of the flattened `kind` state of tensor `name`: [t0, t1) for `where` =
+        (t0, t1), or the global flat indices `where` (a tensor shard's elements); None
+        when the checkpoint has none."""
         pieces = self.manifest["pieces"].get(name)
         if not pieces:
             return None
-        out = None
-        covered = 0
-        for p in pieces:
+        if isinstance(where, tuple) and not any("tp" in p for p in pieces):
+            return self._range(kind, name, *where)
+        full = self._whole(kind, name)
+        if full is None:
+            return None
+        return full[where[0]:where[1]] if isinstance(where, tuple) else full[where]
+
+    def _range(self, kind: str, name: str, t0: int, t1: int) -> np.ndarray | None:
+        """Elements [t0, t1) from pieces that are ranges of the flattened tensor."""
+        out, covered = None, 0
+        for p in self.manifest["pieces"][name]:
             a, b = max(t0, p["start"]), min(t1, p["stop"])
             if a >= b:
                 continue
-            group = self.file(p["file"])[kind]
-            key = f"{name}@{p['start']}"
-            if key not in group:
+            data = self._piece_data(kind, name, p)
+            if data is None:
                 return None  # e.g. no master weights were saved (32-bit compute)
-            data = _read(group[key], os.path.join(self.path, p["file"]))
             if out is None:
                 out = np.empty(t1 - t0, dtype=data.dtype)
             out[a - t0:b - t0] = data[a - p["start"]:b - p["start"]]
@@ -458,6 +503,37 @@ class _Reader:
             raise CheckpointError(f"{self.path}: optimizer state of {name} covers {covered} of "
                                   f"the {t1 - t0} elements needed; a shard file is missing")
         return out
+
+    def _whole(self, kind: str, name: str) -> np.ndarray | None:
+        """The whole flattened state, from pieces of any layout (tensor shards included)."""
+        from .tensor_parallel import shard_of
+
+        shape = tuple(self.manifest["tensors"][name]["shape"])
+        out, seen = None, np.zeros(int(np.prod(shape)), dtype=bool)
+        for p in self.manifest["pieces"][name]:
+            data = self._piece_data(kind, name, p)
+            if data is None:
+                return None
+            if "tp" in p:
+                index = shard_of(name, shape, *p["tp"]).global_indices(shape)
+                index = index[p["start"]:p["stop"]]
+            else:
+                index = np.arange(p["start"], p["stop"])
+            if out is None:
+                out = np.empty(seen.size, dtype=data.dtype)
+            out[index], seen[index] = data, True
+        if not seen.all():
+            raise CheckpointError(f"{self.path}: optimizer state of {name} covers "
+                                  f"{int(seen.sum())} of its {seen.size} elements; a shard "
+                                  f"file is missing")
+        return out
+
+    def _piece_data(self, kind: str, name: str, p: dict) -> np.ndarray | None:
+        group = self.file(p["file"])[kind]
+        key = f"{name}@{p['start']}"
+        if key not in group:
+            return None
+        return _read(group[key], os.path.join(self.path, p["file"]))
 
     def close(self):
         for f in self.files.values():
@@ -473,7 +549,7 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
     try:
         check_model(manifest, cfg, path)
         _load_parameters(rank.model, reader, path)
-        _load_optimizer(rank.step.optimizer, rank.model.backend, reader, manifest)
+        _load_optimizer(rank.step.optimizer, rank.model, reader, manifest)
     except CheckpointError as e:
         error = str(e)
     except (OSError, KeyError, ValueError) as e:
@@ -489,31 +565,40 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
 
 
 def _load_parameters(model, reader, path: str):
+    """Every parameter of this rank's stages: its tensor shard's part of the global one."""
     be = model.backend
     for stage in model.stages.values():
         for name, view in stage.params.items():
             data = reader.tensor(name)
-            if tuple(data.shape) != tuple(view.shape):
+            if tuple(data.shape) != tuple(stage.global_shapes[name]):
                 raise CheckpointError(f"{path}: {name} has shape {data.shape}, expected "
-                                      f"{tuple(view.shape)}")
+                                      f"{tuple(stage.global_shapes[name])}")
+            data = stage.shards[name].take(data)
             view[...] = be.xp.asarray(data.astype(view.dtype, copy=False))
 
 
-def _load_optimizer(optimizer, be, reader, manifest: dict):
+def _load_optimizer(optimizer, model, reader, manifest: dict):
     """Each shard's state from whichever pieces cover it; a tensor without state (an
     imported model) starts Adam fresh, and master weights missing from a 32-bit run's
     checkpoint are its weights."""
+    be = model.backend
+    specs = {name: (stage.shards[name], stage.global_shapes[name])
+             for stage in model.stages.values() for name in stage.params}
     for adam in optimizer.adams:
         shard = adam.shard
         for piece in shard.pieces:
+            split, shape = specs[piece.name]
+            where = (piece.t0, piece.t1) if split.replicated else \
+                split.global_indices(shape)[piece.t0:piece.t1]
             span = slice(piece.v0, piece.v1)
             for kind, vec in (("exp_avg", adam.m), ("exp_avg_sq", adam.v)):
-                data = reader.piece(kind, piece.name, piece.t0, piece.t1)
+                data = reader.state(kind, piece.name, where)
                 vec[span] = 0 if data is None else be.xp.asarray(data.astype(vec.dtype))
             if shard.has_master:
-                data = reader.piece("master", piece.name, piece.t0, piece.t1)
+                data = reader.state("master", piece.name, where)
                 if data is None:
-                    data = reader.tensor(piece.name).reshape(-1)[piece.t0:piece.t1]
+                    data = split.take(reader.tensor(piece.name)).reshape(-1)[
+                        piece.t0:piece.t1]
                 shard.master[span] = be.xp.asarray(data.astype(np.float32))
         shard.push()
     optimizer.t = int(manifest.get("adam_step", 0)) if manifest["pieces"] else 0

@@ -23,6 +23,7 @@ from .gradsync import COMM_DTYPES
 from .grid import RANK_ORDERS
 from .model import GPTConfig
 from .schedules import KINDS as SCHEDULES
+from .tensor_parallel import check_divisible
 
 
 class ConfigError(HpcpipeError, ValueError):
@@ -75,6 +76,7 @@ class ParallelSection:
 
     dp: int = 1
     pp: int = 1
+    tp: int = 1  # tensor-parallel shards of every stage (heads, MLP width, vocabulary)
     microbatches: int = 1  # per step and replica; with pp = 1 this is gradient accumulation
     schedule: str = "1f1b"
     chunks: int = 0  # model chunks per rank; 0: the schedule's own (2 for interleaved, zb-v)
@@ -286,7 +288,7 @@ def _check_checkpoint(source, checkpoint: CheckpointSection):
 
 def _check_parallel(source, parallel: ParallelSection):
     """The [parallel] values on their own (see `_check_layout` for how they fit the model)."""
-    _at_least(source, "parallel", parallel, ("microbatches", "dp", "pp"), 1)
+    _at_least(source, "parallel", parallel, ("microbatches", "dp", "pp", "tp"), 1)
     _one_of(source, "parallel.schedule", parallel.schedule, SCHEDULES)
     _require(source, "parallel.bucket_mb", parallel.bucket_mb, parallel.bucket_mb > 0,
              "must be positive")
@@ -321,8 +323,12 @@ def _check_chunks(source, parallel: ParallelSection):
 
 
 def _check_layout(source, cfg: Config):
-    """How [parallel]'s stages fit the model's blocks."""
+    """How [parallel]'s stages and tensor shards fit the model."""
     parallel, n_layer = cfg.parallel, cfg.model.n_layer
+    for key, value, problem in check_divisible(cfg.model, parallel.tp):
+        raise ConfigError(source, f"model.{key}", value,
+                          f"{problem}; choose a parallel.tp that divides n_head, vocab_size "
+                          f"and 4 × n_embd")
     stages = parallel.pp * cfg.chunks
     counts = parallel.layers_per_stage
     if counts:

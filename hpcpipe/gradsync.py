@@ -104,15 +104,23 @@ class BucketPlan:
     def param_shards(self) -> list[ParamShard]:
         """What the optimizer updates, in the order `GradSync.gradients` lists them."""
         if not self.zero:
-            return [ParamShard(stage.param_buffer, owns_wte=stage.embedding_part)
+            return [ParamShard(stage.param_buffer, owns_wte=stage.embedding_part,
+                               copies=_copies(stage))
                     for stage in self.stages.values()]
         shards = []
         for bucket in self.buckets:
             stage = self.stages[bucket.chunk]
             a, b = bucket.shard
             shards.append(ParamShard(stage.param_buffer, bucket.lo + a, bucket.lo + b,
-                                     owns_wte=stage.embedding_part))
+                                     owns_wte=stage.embedding_part, copies=_copies(stage)))
         return shards
+
+
+def _copies(stage) -> frozenset:
+    """The tensors every tensor-parallel shard of `stage` holds whole (none without tp)."""
+    if getattr(stage, "tp", None) is None or stage.tp.size == 1:
+        return frozenset()
+    return frozenset(name for name, shard in stage.shards.items() if shard.replicated)
 
 
 @dataclass

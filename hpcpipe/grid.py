@@ -1,14 +1,17 @@
-"""The process grid: MPI ranks arranged as dp data-parallel replicas × pp pipeline stages.
+"""The process grid: MPI ranks arranged as dp data-parallel replicas × pp pipeline stages
+× tp tensor-parallel shards (3D parallelism).
 
 Built once from the world communicator and passed around as a frozen value: no module
 holds a communicator of its own.
 
-Rank order (parallel.rank_order):
-  "pp-inner" (default): world rank = dp_rank · pp + pp_rank — the stages of one pipeline
-      sit on consecutive ranks, hence usually on one node, where the frequent stage-to-stage
-      messages are cheapest; replicas spread across nodes.
-  "dp-inner": world rank = pp_rank · dp + dp_rank — the replicas of one stage sit together,
-      which favours the gradient all-reduce instead.
+The tp shards of a stage are always the innermost, consecutive ranks: their all-reduces
+run inside every F and B, so they belong on one node's fastest links. Rank order
+(parallel.rank_order) arranges the other two:
+  "pp-inner" (default): world rank = (dp_rank · pp + pp_rank) · tp + tp_rank — the stages
+      of one pipeline sit together, hence usually on one node, where the frequent
+      stage-to-stage messages are cheapest; replicas spread across nodes.
+  "dp-inner": world rank = (pp_rank · dp + dp_rank) · tp + tp_rank — the replicas of one
+      stage sit together, which favours the gradient all-reduce instead.
 """
 
 from __future__ import annotations
@@ -29,14 +32,18 @@ _LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_W
 @dataclass(frozen=True)
 class Grid:
     world: object  # MPI.Comm: every rank of the job
-    pipe: object  # MPI.Comm: the pp stages of this rank's replica, ranked by stage
-    data: object  # MPI.Comm: the dp replicas of this rank's stage, ranked by replica
+    pipe: object  # MPI.Comm: the pp stages of this rank's replica and shard, ranked by stage
+    data: object  # MPI.Comm: the dp replicas of this rank's stage and shard, by replica
     local: object  # MPI.Comm: the ranks on this node
     dp: int
     pp: int
     dp_rank: int
     pp_rank: int
     rank_order: str = "pp-inner"
+    tensor: object = None  # MPI.Comm: the tp shards of this rank's stage, by shard
+    tp: int = 1
+    tp_rank: int = 0
+    replica: object = None  # MPI.Comm: every rank of this replica (its pp × tp)
 
     @property
     def rank(self) -> int:
@@ -67,13 +74,14 @@ class Grid:
     def is_last_stage(self) -> bool:
         return self.pp_rank == self.pp - 1
 
-    def world_rank_of(self, dp_rank: int, pp_rank: int) -> int:
+    def world_rank_of(self, dp_rank: int, pp_rank: int, tp_rank: int = 0) -> int:
         if self.rank_order == "pp-inner":
-            return dp_rank * self.pp + pp_rank
-        return pp_rank * self.dp + dp_rank
+            return (dp_rank * self.pp + pp_rank) * self.tp + tp_rank
+        return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
 
     def describe(self) -> str:
-        return (f"{self.size} ranks = dp {self.dp} × pp {self.pp} ({self.rank_order}); "
+        shards = f" × tp {self.tp}" if self.tp > 1 else ""
+        return (f"{self.size} ranks = dp {self.dp} × pp {self.pp}{shards} ({self.rank_order}); "
                 f"{self.local_size} on this node")
 
 
@@ -86,27 +94,33 @@ def local_rank_from_env() -> int | None:
     return None
 
 
-def build(world, dp: int, pp: int, rank_order: str = "pp-inner", source: str = "config") -> Grid:
-    """Arrange `world` into the dp × pp grid; a world of the wrong size is a LayoutError
-    (raised on every rank alike, so the caller can print it from one)."""
+def build(world, dp: int, pp: int, rank_order: str = "pp-inner", source: str = "config",
+          tp: int = 1) -> Grid:
+    """Arrange `world` into the dp × pp × tp grid; a world of the wrong size is a
+    LayoutError (raised on every rank alike, so the caller can print it from one)."""
     from mpi4py import MPI
 
     if rank_order not in RANK_ORDERS:
         raise LayoutError(f"rank order {rank_order!r} unknown; allowed: {', '.join(RANK_ORDERS)}")
-    if world.size != dp * pp:
+    if world.size != dp * pp * tp:
+        asked = f"dp × pp = {dp} × {pp} = {dp * pp}" if tp == 1 else \
+            f"dp × pp × tp = {dp} × {pp} × {tp} = {dp * pp * tp}"
         raise LayoutError(
-            f"launched with {world.size} MPI ranks, but {source} asks for dp × pp = "
-            f"{dp} × {pp} = {dp * pp}; launch with `mpiexec -n {dp * pp}` (or set "
-            f"parallel.dp and parallel.pp so that their product is {world.size})")
-    dims = [dp, pp] if rank_order == "pp-inner" else [pp, dp]
-    cart = world.Create_cart(dims=dims, periods=[False, False], reorder=False)
-    coords = cart.Get_coords(world.rank)
-    dp_rank, pp_rank = coords if rank_order == "pp-inner" else coords[::-1]
-    keep_pp = [False, True] if rank_order == "pp-inner" else [True, False]
-    pipe = cart.Sub(keep_pp)
-    data = cart.Sub([not k for k in keep_pp])
+            f"launched with {world.size} MPI ranks, but {source} asks for {asked}; launch "
+            f"with `mpiexec -n {dp * pp * tp}` (or set parallel.dp, parallel.pp and "
+            f"parallel.tp so that their product is {world.size})")
+    outer = [dp, pp] if rank_order == "pp-inner" else [pp, dp]
+    cart = world.Create_cart(dims=[*outer, tp], periods=[False] * 3, reorder=False)
+    a, b, tp_rank = cart.Get_coords(world.rank)
+    dp_rank, pp_rank = (a, b) if rank_order == "pp-inner" else (b, a)
+    pp_axis = 1 if rank_order == "pp-inner" else 0
+    pipe = cart.Sub([axis == pp_axis for axis in range(3)])
+    data = cart.Sub([axis == 1 - pp_axis for axis in range(3)])
+    tensor = cart.Sub([False, False, True])
+    replica = cart.Sub([axis != 1 - pp_axis for axis in range(3)])
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
     cart.Free()
-    assert pipe.rank == pp_rank and data.rank == dp_rank
+    assert pipe.rank == pp_rank and data.rank == dp_rank and tensor.rank == tp_rank
     return Grid(world=world, pipe=pipe, data=data, local=local, dp=dp, pp=pp,
-                dp_rank=dp_rank, pp_rank=pp_rank, rank_order=rank_order)
+                dp_rank=dp_rank, pp_rank=pp_rank, rank_order=rank_order, tensor=tensor,
+                tp=tp, tp_rank=tp_rank, replica=replica)

@@ -21,6 +21,7 @@ import numpy as np
 from . import backend
 from .dtypes import accumulation_dtype, compute_dtype
 from .layers import block, embedding, head, layernorm, loss, scope
+from .tensor_parallel import shard_of
 
 
 @dataclass(frozen=True)
@@ -141,21 +142,29 @@ class Stage:
 
     layers: the block indices this stage runs; embedding_part / head_part: whether it
     starts with the embedding / ends with ln_f, the tied head and the loss. be: the
-    Backend it allocates and computes on (a one-thread CPU backend when not given).
+    Backend it allocates and computes on (a one-thread CPU backend when not given). tp:
+    this stage's tensor-parallel shards (tensor_parallel.TensorParallel): the stage then
+    holds its shard of every split tensor, under the tensor's GPT-2 name.
     """
 
     def __init__(self, cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
-                 dtype="float32", seed=0, be=None):
+                 dtype="float32", seed=0, be=None, tp=None):
         self.cfg = cfg
         self.layers = list(range(cfg.n_layer) if layers is None else layers)
         self.embedding_part = embedding_part
         self.head_part = head_part
         self.be = backend.cpu() if be is None else be
         self.xp = self.be.xp
+        self.tp = tp
         self.dtype = compute_dtype(dtype)
         # Mixed precision: weight gradients of 16-bit compute accumulate in float32.
         self.grad_dtype = accumulation_dtype(self.dtype)
-        layout = param_layout(cfg, self.layers, embedding_part, head_part)
+        shards, rank = (tp.size, tp.rank) if tp is not None else (1, 0)
+        self.global_shapes = dict(param_layout(cfg, self.layers, embedding_part, head_part))
+        self.shards = {name: shard_of(name, shape, shards, rank)
+                       for name, shape in self.global_shapes.items()}
+        layout = [(name, self.shards[name].local_shape(shape))
+                  for name, shape in self.global_shapes.items()]
         self.param_buffer = FlatBuffer(layout, self.xp, self.dtype)
         self.grad_buffer = FlatBuffer(layout, self.xp, self.grad_dtype)
         self.params = self.param_buffer.views
@@ -164,9 +173,9 @@ class Stage:
         # embedding's, in the same order whichever stages hold the two (design contract).
         self.head_grad = self.xp.zeros(self.params["wte"].shape, self.grad_dtype) \
             if head_part else None
-        for name, shape in layout:
-            self.params[name][...] = self.xp.asarray(init_value(cfg, name, shape, seed),
-                                                     dtype=self.dtype)
+        for name, shape in self.global_shapes.items():  # a shard of the global draw
+            value = self.shards[name].take(init_value(cfg, name, shape, seed))
+            self.params[name][...] = self.xp.asarray(value, dtype=self.dtype)
         self._stash: dict[int, dict] = {}
 
     # -- bookkeeping --------------------------------------------------------------------
@@ -208,24 +217,24 @@ class Stage:
         loss (a 0-d array) on the stage with the head — its logits (B, T, V) when no
         targets are given (generation; with keep=False only). keep=False evaluates
         without stashing anything (validation)."""
-        cfg, P, be = self.cfg, self.params, self.be
+        cfg, P, be, tp = self.cfg, self.params, self.be, self.tp
         caches = {}
         x = inp
         if self.embedding_part:
             T = inp.shape[1]
             if T > cfg.block_size:
                 raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
-            x, caches["embedding"] = embedding.forward(inp, P, be)
+            x, caches["embedding"] = embedding.forward(inp, P, be, tp)
         for layer in self.layers:
-            x, caches[layer] = block.forward(x, scope(P, f"h.{layer}."), cfg.n_head, be)
+            x, caches[layer] = block.forward(x, scope(P, f"h.{layer}."), cfg.n_head, be, tp)
         if self.head_part:
             x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."), be)
-            logits, caches["head"] = head.forward(x, P, be)
+            logits, caches["head"] = head.forward(x, P, be, tp)
             if targets is None and not keep:
-                return logits
+                return logits  # (under tensor parallelism: this shard's columns)
             if self.dtype.itemsize < 4:  # 16-bit compute: softmax and loss in float32
                 logits = logits.astype(np.float32)
-            x, caches["loss"] = loss.forward(logits, targets, be)
+            x, caches["loss"] = loss.forward(logits, targets, be, tp)
         if keep:
             if mb in self._stash:
                 raise RuntimeError(f"microbatch {mb} already has a forward in flight")
@@ -348,9 +357,9 @@ class StageSpec:
     embedding_part: bool
     head_part: bool
 
-    def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None) -> Stage:
+    def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None, tp=None) -> Stage:
         return Stage(cfg, layers=self.layers, embedding_part=self.embedding_part,
-                     head_part=self.head_part, dtype=dtype, seed=seed, be=be)
+                     head_part=self.head_part, dtype=dtype, seed=seed, be=be, tp=tp)
 
     def describe(self) -> str:
         parts = (["embedding"] if self.embedding_part else []) + (

@@ -1,10 +1,11 @@
 """The global gradient norm, for clipping: the same bits whatever the layout.
 
 Every parameter counts once: the head's copy of the tied `wte` holds the same summed
-gradient as the embedding's and is skipped. Each piece of a tensor (a whole tensor, or
-with ZeRO-1 the part of it in one of this replica's shards) gets its own float64 sum of
-squares; the pieces of every rank are then added in the model's parameter order, so every
-pipeline depth and schedule adds the same numbers in the same order.
+gradient as the embedding's and is skipped, and a tensor every tensor-parallel shard
+holds whole is counted by shard 0 only. Each piece of a tensor (a whole tensor, a tp
+shard's part, or with ZeRO-1 the part of it in one of this replica's shards) gets its own
+float64 sum of squares; the pieces of every rank are then added in the model's parameter
+order, so every pipeline depth and schedule adds the same numbers in the same order.
 """
 
 from __future__ import annotations
@@ -18,25 +19,28 @@ class GradNorm:
     """Sums of squares of the gradients this rank's optimizer shards hold.
 
     order: parameter name → its index in the model's layout. group: the ranks whose pieces
-    together cover the model once — the pipeline's without ZeRO-1 (after the reduction
-    every replica holds the same gradient), the whole world with it (each replica holds
-    other shards)."""
+    together cover the model once — one replica's (its pipeline and tensor shards) without
+    ZeRO-1 (after the reduction every replica holds the same gradient), the whole world
+    with it (each replica holds other shards). tp_rank: this rank's tensor shard."""
 
-    def __init__(self, shards, order: dict, group, xp):
+    def __init__(self, shards, order: dict, group, xp, tp_rank: int = 0):
         self.shards, self.order, self.group, self.xp = shards, order, group, xp
+        self.tp_rank = tp_rank
 
     def pieces(self, grads) -> list[tuple[tuple, float]]:
-        """((model order, first element), float64 sum of squares) of every piece this rank
-        holds; `grads[i]` is shard i's gradient."""
+        """((model order, tensor shard, first element), float64 sum of squares) of every
+        piece this rank counts; `grads[i]` is shard i's gradient."""
         xp, out = self.xp, []
         for shard, grad in zip(self.shards, grads):
             for piece in shard.pieces:
                 if piece.name == "wte" and not shard.owns_wte:
                     continue
+                if piece.name in shard.copies and self.tp_rank > 0:
+                    continue
                 part = grad[piece.v0:piece.v1]
                 if piece.t1 - piece.t0 == part.size == int(np.prod(piece.shape)):
                     part = part.reshape(piece.shape)  # a whole tensor: summed as one
-                out.append(((self.order[piece.name], piece.t0),
+                out.append(((self.order[piece.name], self.tp_rank, piece.t0),
                             float(xp.sum(xp.square(part, dtype=np.float64)))))
         return out
 

@@ -73,11 +73,14 @@ class ParamShard:
     slice itself otherwise. pieces: which part of which tensor each range of the shard
     holds (a bucket shard may cut tensors). owns_wte: False on the head's copy of the tied
     embedding, whose state mirrors the embedding stage's (not saved, not counted twice).
+    copies: the tensors that every tensor-parallel shard holds whole (counted once, by
+    shard 0, in the gradient norm).
     """
 
-    def __init__(self, buffer, lo: int = 0, hi: int | None = None, owns_wte: bool = True):
+    def __init__(self, buffer, lo: int = 0, hi: int | None = None, owns_wte: bool = True,
+                 copies: frozenset = frozenset()):
         hi = buffer.size if hi is None else hi
-        self.lo, self.hi, self.owns_wte = lo, hi, owns_wte
+        self.lo, self.hi, self.owns_wte, self.copies = lo, hi, owns_wte, copies
         self.params = buffer.data[lo:hi]
         self.master = self.params.astype(np.float32) if is_16bit(self.params.dtype) \
             else self.params

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .model import param_layout, partition
+from .tensor_parallel import TensorParallel
 from .tied import TiedEmbedding
 
 
@@ -21,12 +22,13 @@ class RankModel:
         self.grid, self.backend = grid, backend
         self.config = cfg.model  # the GPT's shape
         train = cfg.train
+        self.tp = TensorParallel(grid.tensor, transport) if grid.tp > 1 else None
         self.specs = partition(self.config, schedule.num_stages,
                                cfg.parallel.layers_per_stage or None)
         self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]
                             for chunk in range(schedule.chunks)}
         self.stages = {chunk: self.specs[index].build(self.config, dtype=train.dtype,
-                                                      seed=train.seed, be=backend)
+                                                      seed=train.seed, be=backend, tp=self.tp)
                        for chunk, index in self.stage_index.items()}
         self.owner = {stage: schedule.rank_chunk_of(stage)[0]
                       for stage in range(schedule.num_stages)}
@@ -53,11 +55,17 @@ class RankModel:
         return sorted(self.stages.items(), key=lambda kv: self.stage_index[kv[0]])
 
     def unique_params(self) -> int:
-        """Parameters held on this rank, the head's copy of wte not counted again."""
-        return sum(stage.param_buffer.size
-                   - (stage.params["wte"].size if stage.head_part and not stage.embedding_part
-                      else 0)
-                   for stage in self.stages.values())
+        """Parameters held on this rank, the head's copy of wte not counted again (and a
+        tensor every tensor-parallel shard holds, by shard 0 only)."""
+        total = 0
+        for stage in self.stages.values():
+            for name, view in stage.params.items():
+                copy = stage.shards[name].replicated and self.grid.tp_rank > 0 \
+                    and self.tp is not None
+                if not copy and not (name == "wte" and stage.head_part
+                                     and not stage.embedding_part):
+                    total += int(view.size)
+        return total
 
     def zero_grad(self):
         for stage in self.stages.values():

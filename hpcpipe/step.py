@@ -67,8 +67,8 @@ class TrainStep:
                               eps=train.eps, weight_decay=train.weight_decay)
         # With ZeRO-1 every rank holds other shards; otherwise, after the reduction, every
         # replica holds the same gradient and the pipeline's ranks cover the model.
-        group = grid.world if zero else grid.pipe
-        norm = GradNorm(shards, model.order, group, model.backend.xp)
+        group = grid.world if zero else (grid.replica or grid.pipe)
+        norm = GradNorm(shards, model.order, group, model.backend.xp, grid.tp_rank)
         return cls(model, grid, gradsync, gather, optimizer, norm,
                    LossScaler.for_config(train), trace, train.post_validation)
 

@@ -182,7 +182,7 @@ class Trainer:
         cfg, comm = self.cfg, self.comm
         parallel, train = cfg.parallel, cfg.train
         self.grid = gridlib.build(comm, parallel.dp, parallel.pp, parallel.rank_order,
-                                  source=cfg.source)
+                                  source=cfg.source, tp=parallel.tp)
         threads = backend.limit_threads(self.grid.local_size)
         self.be = backend.select(train.device, self.grid.local_rank, peers=comm,
                                  gpu_sharing=train.gpu_sharing, threads=threads)
@@ -229,7 +229,7 @@ class Trainer:
         schedule = self.rank.schedule
         self.log(f"hpcpipe {__version__} | {self.grid.describe()} | {self.be.describe()}, "
                  f"{self.be.threads} thread(s) per rank | {train.dtype}")
-        total_params = self.grid.pipe.allreduce(self.rank.model.unique_params())
+        total_params = self.grid.replica.allreduce(self.rank.model.unique_params())
         self.log(f"model: {model.n_layer} layers, {model.n_head} heads, n_embd {model.n_embd}, "
                  f"block {model.block_size}, vocab {model.vocab_size} — "
                  f"{total_params / 1e6:.2f}M parameters")

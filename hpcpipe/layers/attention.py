@@ -57,12 +57,17 @@ def _causal_mask(be, n, dtype):
     return be.scratch.constant(("attention.causal", n, np.dtype(dtype).str), build)
 
 
-def forward(x, params, n_head, be=None):
+def forward(x, params, n_head, be=None, tp=None):
+    """n_head: the model's heads; under tensor parallelism (`tp`) this shard runs
+    n_head / tp of them."""
     be = backend_for(x, be)
     xp = be.xp
     B, T, C = x.shape
     HS = C // n_head
-    qkv, c_attn = linear.forward(x, scope(params, "c_attn."), be)  # (B, T, 3C), ours
+    if tp is not None:
+        n_head //= tp.size
+    qkv, c_attn = linear.forward(x, scope(params, "c_attn."), be, tp,
+                                 "columns")  # (B, T, 3·NH·HS), ours
     storage = qkv.dtype
     qkv = qkv.astype(wide(storage), copy=False)  # 16-bit: the core runs in float32
     parts = qkv.reshape(B, T, 3, n_head, HS)
@@ -89,8 +94,8 @@ def forward(x, params, n_head, be=None):
             xp.matmul(s, v[g, :, :i1], out=yh[g, :, i0:i1])
 
     be.for_each(_groups(be, B, n_head, tiles, T, att.itemsize), sequences)
-    y = y.reshape(B, T, C).astype(storage, copy=False)
-    out, c_proj = linear.forward(y, scope(params, "c_proj."), be)
+    y = y.reshape(B, T, n_head * HS).astype(storage, copy=False)
+    out, c_proj = linear.forward(y, scope(params, "c_proj."), be, tp, "rows")
     cache = {"c_attn": c_attn, "c_proj": c_proj, "q": q, "k": k, "v": v, "att": att,
              "n_head": n_head, "scale": scale, "be": be}
     return out, cache

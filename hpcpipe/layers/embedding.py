@@ -2,6 +2,10 @@
 
 Shapes: idx (B, T) integers, wte (V, C), wpe (block_size, C), x (B, T, C). The input is
 integer token ids, so there is no input gradient: B is empty and all the work is in W.
+
+Vocabulary-parallel (`tp`): a shard holds rows [r·V/tp, (r+1)·V/tp) of wte, looks up the
+tokens it holds, zeros for the others, and the shards' rows are summed — each token's row
+comes from exactly one shard, so the sum is that row, exactly.
 """
 
 import numpy as np
@@ -9,12 +13,22 @@ import numpy as np
 from . import backend_for
 
 
-def forward(idx, params, be=None):
+def forward(idx, params, be=None, tp=None):
     be = backend_for(params["wte"], be)
-    T = idx.shape[1]
-    x = params["wte"][idx]  # (B, T, C), a gather: a new array
+    wte, T = params["wte"], idx.shape[1]
+    if tp is None or tp.size == 1:
+        x = wte[idx]  # (B, T, C), a gather: a new array
+        cache = {"idx": idx, "be": be}
+    else:
+        local = idx - tp.rank * wte.shape[0]  # this shard's row of each token
+        elsewhere = (local < 0) | (local >= wte.shape[0])
+        local[elsewhere] = 0
+        x = wte[local]
+        x[elsewhere] = 0
+        tp.all_reduce(x)
+        cache = {"idx": local, "elsewhere": elsewhere, "be": be}
     x += params["wpe"][:T]
-    return x, {"idx": idx, "be": be}
+    return x, cache
 
 
 def backward_input(dx, cache):
@@ -33,6 +47,9 @@ def backward_weight(dx, cache, grads):
     B, T, C = dx.shape
     dtype = grads["wte"].dtype  # 16-bit compute: the sums in float32
     flat, rows = idx.reshape(-1), dx.reshape(-1, C).astype(dtype, copy=False)
+    if "elsewhere" in cache:  # vocabulary-parallel: only the tokens this shard holds
+        mine = xp.flatnonzero(~cache["elsewhere"].reshape(-1))
+        flat, rows = flat[mine], rows[mine]
     # Sort the rows by token (stable: a token's rows stay in batch order) into runs.
     order = xp.argsort(flat, kind="stable")
     tokens = flat[order]

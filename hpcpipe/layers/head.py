@@ -3,23 +3,29 @@
 Shapes: x (B, T, C), wte (V, C), logits (B, T, V). Its weight gradient goes into the
 gradient buffer of the stage that holds the head; the model adds it to the embedding's
 (pipeline: Megatron-style sum of the two copies) in one fixed order.
+
+Vocabulary-parallel (`tp`): a shard holds V/tp rows of wte and computes those columns of
+the logits (the loss never gathers them: loss.py); B's partial input gradients are summed
+over the shards.
 """
 
 from . import backend_for, matmul
 
 
-def forward(x, params, be=None):
+def forward(x, params, be=None, tp=None):
     be = backend_for(x, be)
     wte = params["wte"]
     B, T, C = x.shape
     logits = matmul(be, x.reshape(-1, C), wte.T)
-    return logits.reshape(B, T, wte.shape[0]), {"x": x, "wte": wte, "be": be}
+    return logits.reshape(B, T, wte.shape[0]), {"x": x, "wte": wte, "be": be, "tp": tp}
 
 
 def backward_input(dlogits, cache):
-    wte = cache["wte"]
+    wte, tp = cache["wte"], cache["tp"]
     B, T, V = dlogits.shape
     dx = matmul(cache["be"], dlogits.reshape(-1, V), wte)
+    if tp is not None and tp.size > 1:
+        tp.all_reduce(dx)
     return dx.reshape(B, T, wte.shape[1])
 
 

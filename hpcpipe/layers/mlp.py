@@ -6,11 +6,12 @@ Weights: c_fc.weight (C, 4C), c_fc.bias (4C), c_proj.weight (4C, C), c_proj.bias
 from . import backend_for, gelu, linear, scope
 
 
-def forward(x, params, be=None):
+def forward(x, params, be=None, tp=None):
+    """tp: the stage's tensor-parallel shards (each holds 4C/tp of the hidden width)."""
     be = backend_for(x, be)
-    h, c_fc = linear.forward(x, scope(params, "c_fc."), be)  # (B, T, 4C)
-    a, act = gelu.forward(h, be=be)  # (B, T, 4C)
-    out, c_proj = linear.forward(a, scope(params, "c_proj."), be)  # (B, T, C)
+    h, c_fc = linear.forward(x, scope(params, "c_fc."), be, tp, "columns")  # (B, T, 4C/tp)
+    a, act = gelu.forward(h, be=be)  # (B, T, 4C/tp)
+    out, c_proj = linear.forward(a, scope(params, "c_proj."), be, tp, "rows")  # (B, T, C)
     return out, {"c_fc": c_fc, "gelu": act, "c_proj": c_proj}
 
 

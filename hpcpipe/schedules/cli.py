@@ -8,7 +8,11 @@ import sys
 
 from . import KINDS, Costs, ScheduleError, check, generate, simulate
 from .draw import png, report, svg
+from .ops import MAX_MICROBATCHES
 from .torch_csv import read_csv, write_csv
+
+MAX_STAGES, MAX_CHUNKS = 4096, 64
+MAX_OPS = 1 << 22  # stages × microbatches × chunks: what builds and simulates in seconds
 
 DESCRIPTION = """\
 Build a pipeline schedule, prove it correct (every microbatch gets one F, B and W per stage,
@@ -37,14 +41,19 @@ a v-chunk schedule takes 1/v of it); give per-stage values with '/', e.g. F=1.3/
 comm is the time of one message between ranks; mem the activation memory of a microbatch."""
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _positive(limit: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") \
+                from None
+        if not 1 <= value <= limit:
+            raise argparse.ArgumentTypeError(f"expected an integer from 1 to {limit}, got {value}")
+        return value
+
+    parse.__name__ = "positive integer"
+    return parse
 
 
 def _costs(text: str) -> Costs:
@@ -66,10 +75,11 @@ def _limit(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=KINDS, help="schedule family (required unless --load-csv)")
-    parser.add_argument("--stages", "-p", type=_positive, metavar="P", help="pipeline ranks")
-    parser.add_argument("--microbatches", "-m", type=_positive, metavar="M",
+    parser.add_argument("--stages", "-p", type=_positive(MAX_STAGES), metavar="P",
+                        help="pipeline ranks")
+    parser.add_argument("--microbatches", "-m", type=_positive(MAX_MICROBATCHES), metavar="M",
                         help="microbatches per step")
-    parser.add_argument("--chunks", "-v", type=_positive, metavar="V",
+    parser.add_argument("--chunks", "-v", type=_positive(MAX_CHUNKS), metavar="V",
                         help="model chunks per rank (interleaved-1f1b: any, default 2; zb-v: 2)")
     parser.add_argument("--cost", type=_costs, default=Costs(), metavar="F=1,B=1,W=1,comm=0",
                         help="cost model (default F=1,B=1,W=1,comm=0,mem=1)")
@@ -83,6 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json", action="store_true", help="print one JSON object instead of the picture")
     out.add_argument("--svg", metavar="FILE", help="draw the timeline to an SVG file")
     out.add_argument("--png", metavar="FILE", help="draw the timeline to a PNG file (needs matplotlib)")
+    parser.add_argument("--force", action="store_true", help="replace output files that exist")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -97,12 +108,25 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _fail(message: str) -> int:
-    print(f"hpcpipe schedule: error: {message}", file=sys.stderr)
+    print(f"error: schedule: {message}", file=sys.stderr)
     return 2
 
 
+def _claim_outputs(args) -> None:
+    """Every file this command will write, checked before any work (never one that exists
+    unless --force)."""
+    from ..files import claim_file
+
+    for flag, path in (("--svg", args.svg), ("--png", args.png), ("--save-csv", args.save_csv)):
+        if path:
+            claim_file(path, args.force, flag)
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..errors import HpcpipeError
+
     try:
+        _claim_outputs(args)
         if args.load_csv:
             schedule = read_csv(args.load_csv)
         else:
@@ -110,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
                                                 ("--microbatches", args.microbatches)) if value is None]
             if missing:
                 return _fail(f"missing {', '.join(missing)} (or give --load-csv FILE)")
+            ops = args.stages * args.microbatches * (args.chunks or 2)
+            if ops > MAX_OPS:
+                return _fail(f"{args.stages} stages × {args.microbatches} microbatches × "
+                             f"{args.chunks or 2} chunks: over {MAX_OPS} ops, too many to build")
             schedule = generate(args.kind, args.stages, args.microbatches, args.chunks,
                                 args.cost, args.memory_limit)
         check(schedule)
@@ -127,10 +155,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {args.png} (bubble rate {result.bubble_rate:.4f})")
         else:
             print(report(result))
-    except ScheduleError as e:
+    except (HpcpipeError, RuntimeError) as e:
         return _fail(str(e))
-    except (OSError, RuntimeError) as e:
-        return _fail(str(e))
+    except OSError as e:
+        return _fail(f"{e.filename}: {e.strerror}" if e.filename else str(e))
     return 0
 
 

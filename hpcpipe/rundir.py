@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 from .errors import HpcpipeError
@@ -38,13 +39,28 @@ def _run_files(path: str) -> list[str]:
                   if name in RUN_FILES or (name.startswith(_TIMELINE) and name.endswith(".png")))
 
 
-def _written_by_hpcpipe(path: str) -> bool:
-    """Whether the run files in `path` are an hpcpipe run's: its config.toml says so."""
+def _config_is_ours(path: str) -> bool:
+    """Whether `path` holds a config.toml a run wrote (it starts with _CONFIG_HEADER)."""
     try:
         with open(os.path.join(path, CONFIG), "rb") as f:
             return f.read(len(_CONFIG_HEADER)).decode("utf-8", "replace") == _CONFIG_HEADER
     except OSError:
         return False
+
+
+def _checkpoints_are_ours(folder: str) -> bool:
+    """Whether a checkpoints/ folder holds only what hpcpipe puts there (checkpoints,
+    `latest`, temporary and set-aside checkpoint folders) — a run's or an import's."""
+    return os.path.isdir(folder) and all(
+        re.fullmatch(r"\.?step_\d+.*|latest", name) for name in os.listdir(folder))
+
+
+def _foreign(path: str, names: list[str]) -> list[str]:
+    """Which of the run's file names in `path` hpcpipe did not write."""
+    config_ours = _config_is_ours(path)
+    return [name for name in names if not (
+        _checkpoints_are_ours(os.path.join(path, name)) if name == "checkpoints"
+        else config_ours)]
 
 
 def set_aside_earlier_run(path: str) -> str | None:
@@ -53,9 +69,10 @@ def set_aside_earlier_run(path: str) -> str | None:
     names = _run_files(path)
     if not names:
         return None
-    if not _written_by_hpcpipe(path):
-        raise RunDirError(f"run directory {path} holds {', '.join(names)}, which hpcpipe did "
-                          f"not write (no {CONFIG} of a run); choose another --run-dir")
+    foreign = _foreign(path, names)
+    if foreign:
+        raise RunDirError(f"run directory {path} holds {', '.join(foreign)}, which hpcpipe did "
+                          f"not write; choose another --run-dir")
     when = max(os.path.getmtime(os.path.join(path, n)) for n in names)
     base = os.path.join(path, "earlier-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(when)))
     target, n = base, 1

@@ -22,9 +22,9 @@ import numpy as np
 from . import __version__, backend
 from . import grid as gridlib
 from . import trace as tracelib
+from .budget import check_run
 from .comm import pipeline_message_time
 from .config import Config, ConfigError
-from .budget import check_run
 from .data import corpus_identity, default_token_path, prepare, token_file_identity
 from .errors import EXIT_PREEMPTED, every_rank_does, root_does
 from .evaluate import validation_batches

@@ -345,3 +345,19 @@ def test_a_changed_corpus_never_trains_on_the_old_token_file(capsys, tmp_path, m
     line = ends_with_one_error(capsys, ["train", TINY, *sets(
         ['data.corpus="b/notes.txt"', f'data.path="{first}"', "model.block_size=16"])])
     assert "but data.corpus is" in line
+
+
+def test_a_run_directory_of_someone_elses_files(capsys, tmp_path, stdlib_tokens):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "config.toml").write_text("[tool.mine]\nkeep = true\n")
+    before = snapshot(folder)
+    line = ends_with_one_error(capsys, ["train", TINY, "--run-dir", str(folder), *sets(
+        ["model.block_size=16", "train.steps=1", f'data.path="{stdlib_tokens}"'])])
+    assert "holds config.toml, which hpcpipe did not write" in line
+    assert snapshot(folder) == before
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    line = ends_with_one_error(capsys, ["train", TINY, "--run-dir", str(afile), *sets(
+        ["model.block_size=16", "train.steps=1", f'data.path="{stdlib_tokens}"'])])
+    assert "is not a folder" in line and afile.read_text() == "x"

@@ -116,3 +116,16 @@ def test_a_torn_metrics_line_does_not_stop_a_resume(tmp_path, stdlib_tokens):
     assert "dropped 1 unreadable line" in log
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+
+
+def test_imported_checkpoints_in_a_run_directory_are_set_aside(tmp_path, stdlib_tokens):
+    """A run directory holding only checkpoints (e.g. an import) is hpcpipe's own: a fresh
+    run moves them aside rather than refusing or mixing with them."""
+    run_dir = tmp_path / "run"
+    run(tmp_path / "other", stdlib_tokens, "train.steps=1")
+    shutil.copytree(tmp_path / "other" / "checkpoints", run_dir / "checkpoints")
+    run(run_dir, stdlib_tokens, "train.steps=1", "train.seed=3")
+    [earlier] = [p for p in run_dir.iterdir() if p.name.startswith("earlier-")]
+    assert (earlier / "checkpoints" / ckpt.step_name(1) / "manifest.json").exists()
+    assert run_of(str(earlier / "checkpoints" / ckpt.step_name(1))) != \
+        run_of(str(run_dir / "checkpoints" / ckpt.step_name(1)))

@@ -22,9 +22,9 @@ from .. import __version__, backend, config
 from .. import grid as gridlib
 from ..arguments import integer, number
 from ..budget import require
+from ..comm import FORWARD, PipeComm
 from ..errors import HpcpipeError, every_rank_does
 from ..files import claim_file
-from ..comm import FORWARD, PipeComm
 from ..gradsync import BucketPlan, GradSync
 from ..model import FlatBuffer
 from ..transport import Transport, resolve_gpu_aware
@@ -99,10 +99,8 @@ def run_comm(args) -> int:
     every_rank_does(world, lambda: require(int(4 * args.max_mb * 2**20),
                                            f"--max-mb {args.max_mb:g}"))
     if world.size < 2:
-        if is_root:
-            print("bench comm needs at least 2 ranks: mpiexec -n 2 python -m mpi4py -m "
-                  "hpcpipe bench comm")
-        return 2
+        raise HpcpipeError("bench comm needs at least 2 ranks: mpiexec -n 2 python -m mpi4py "
+                           "-m hpcpipe bench comm")
 
     def log(msg):
         if is_root:

@@ -19,11 +19,11 @@ from .. import grid as gridlib
 from .. import trace as tracelib
 from ..arguments import integer, number
 from ..budget import check_run
-from ..errors import every_rank_does
-from ..files import claim_file
 from ..comm import pipeline_message_time
+from ..errors import HpcpipeError, every_rank_does
+from ..files import claim_file
 from ..rank import Rank
-from ..schedules import Costs, ScheduleError, generate, simulate
+from ..schedules import KINDS, Costs, ScheduleError, generate, simulate
 from ..schedules.ops import MAX_MICROBATCHES
 from ..train import profiled_costs
 from .common import write_json
@@ -198,6 +198,11 @@ def run_pipeline(args) -> int:
         if world.rank == 0:
             print(msg, flush=True)
 
+    kinds = [k.strip() for k in args.schedules.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise HpcpipeError(f"bench pipeline: --schedules {args.schedules!r}: unknown kind "
+                           f"{(unknown or [''])[0]!r}; choose from {', '.join(KINDS)}")
     cfg = bench_config(args, pp)
     grid = gridlib.build(world, 1, pp, source="bench pipeline")
     threads = backend.limit_threads(grid.local_size)
@@ -223,8 +228,10 @@ def run_pipeline(args) -> int:
         + "  B " + "/".join(f"{x * 1e3:.2f}" for x in costs.b)
         + "  W " + "/".join(f"{x * 1e3:.2f}" for x in costs.w)
         + f"  message {costs.comm * 1e3:.3f}")
-    kinds = [k.strip() for k in args.schedules.split(",") if k.strip()]
     entries = contenders(kinds, cfg, grid, be, world, costs, args.memory_limit, log)
+    if not entries:
+        raise HpcpipeError(f"bench pipeline: none of --schedules {args.schedules} can run "
+                           f"on {pp} rank(s) with these settings (see the lines above)")
     for entry in entries:
         entry.run_steps(world, inputs, 2, record=False)  # warm-up: allocation, caches
     for r in range(args.rounds):

@@ -1,9 +1,10 @@
 """The command line: `python -m hpcpipe train|prepare|schedule|bench ...`.
 
 Runs as a single process or as every rank of an MPI job (`mpiexec -n N python -m mpi4py
--m hpcpipe ...`). Errors that are the user's to fix print one message, from rank 0 only,
-and exit with status 2; anything else is a bug and keeps its traceback (under
-`python -m mpi4py` one failing rank then aborts the whole job instead of hanging it).
+-m hpcpipe ...`). Every command ends through guard.run: errors that are the user's to fix
+(a bad argument, config or file, a path it must not write) print one `error:` line from
+one rank and exit with status 2; anything else is a bug, which keeps its traceback and,
+under MPI, aborts every rank of the job whatever the launch line.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import os
 import sys
 
 from . import __version__
-from .errors import EXIT_PREEMPTED, HpcpipeError
+from .arguments import Parser, number
+from .errors import EXIT_PREEMPTED
+from .guard import Job, run
 
 EPILOG = """\
 examples:
@@ -51,7 +54,7 @@ stopped."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m hpcpipe",
         description="hpcpipe: pipeline-parallel GPT training over MPI, with hand-written "
                     "layers and zero-bubble schedules.",
@@ -89,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help='"stdlib" (default: the Python standard library sources), a text '
                            "file, or a folder of text files")
     prep.add_argument("--out", help="output file (default: data/<corpus name>.tokens.h5)")
-    prep.add_argument("--val-fraction", type=float, default=0.05,
+    prep.add_argument("--val-fraction", type=number(0, 1), default=0.05,
                       help="share of tokens held out for validation (default 0.05)")
     prep.add_argument("--force", action="store_true", help="overwrite an existing file")
     prep.set_defaults(func=cmd_prepare)
@@ -97,82 +100,70 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import register as register_bench
     from .ckpt_cli import register as register_ckpt
     from .doctor import register as register_doctor
+    from .generate import register as register_generate
     from .schedules.cli import register as register_schedule
 
     register_schedule(sub)
     register_bench(sub)
     register_ckpt(sub)
+    register_generate(sub)
     register_doctor(sub)
     return parser
 
 
-def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
 def cmd_train(args) -> int:
     from . import config
+    from .preemption import PreemptionWatch
     from .train import Preempted, train
 
-    comm = _world()
-    cfg = config.load(args.config, args.overrides)
-    name = os.path.splitext(os.path.basename(args.config))[0]
-    run_dir = args.run_dir or os.path.join("runs", name)
+    comm = args.job.world()
+    # Signals are honoured from here on: one that arrives while the config loads, the data
+    # is prepared or the model is built stops the run at its first agreement point.
+    watch = PreemptionWatch(comm)
     try:
-        train(cfg, run_dir, comm, out=lambda msg: print(msg, flush=True), resume=args.resume)
+        cfg = config.load(args.config, args.overrides)
+        name = os.path.splitext(os.path.basename(args.config))[0] or "run"
+        run_dir = args.run_dir or os.path.join("runs", name)
+        train(cfg, run_dir, comm, out=lambda msg: print(msg, flush=True), resume=args.resume,
+              watch=watch)
     except Preempted:
         # Every rank arrives here together. Finalize first: under `python -m mpi4py` a
         # non-zero exit calls MPI_Abort, which srun reports as 137 rather than 75, and the
         # job script could not tell a preemption from a crash.
         from mpi4py import MPI
 
+        watch.close()
+        args.job.release()
         MPI.Finalize()
         return EXIT_PREEMPTED
+    finally:
+        watch.close()
     return 0
 
 
 def cmd_prepare(args) -> int:
-    from .data import DataError, default_token_path, prepare
+    from .data import default_token_path, prepare
+    from .files import claim_file
 
     out = args.out or default_token_path(args.corpus)
-    if os.path.exists(out) and not args.force:
-        raise DataError(f"{out} exists already; pass --force to overwrite it")
+    claim_file(out, args.force, "--out", make_folder=True)
     prepare(args.corpus, out, args.val_fraction)
     return 0
 
 
-def _rank() -> int:
-    """This process's MPI rank, without initialising MPI just to ask."""
-    if "mpi4py.MPI" in sys.modules:
-        from mpi4py import MPI
-
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            return MPI.COMM_WORLD.rank
-    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
-
-
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
+    job = Job()
+
+    def command() -> int:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        args.job = job
         return args.func(args)
-    except HpcpipeError as e:
-        # Every rank reaches the same verdict from the same inputs; one of them speaks.
-        if _rank() == 0:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
-    except KeyboardInterrupt:
-        if _rank() == 0:
-            print("interrupted", file=sys.stderr, flush=True)
-        return 130
+
+    return run(command, job)
 
 
 if __name__ == "__main__":

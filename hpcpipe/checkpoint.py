@@ -9,13 +9,15 @@ Layout of one checkpoint (h5py is serial HDF5, so ranks write their own files):
             model-pp001.h5            first replica, under GPT-2's names and global shapes
             optim-r00000.h5           optimizer state this rank holds (all of a stage's, or
                                       with ZeRO-1 its shard), in pieces of flattened tensors
-            manifest.json             written last, by rank 0: step, config, layout, and per
-                                      file its size and SHA-256; no manifest, no checkpoint
+            manifest.json             written last, by rank 0: step, config, layout, run, and
+                                      per file its size and SHA-256; no manifest, no checkpoint
+            manifest.sha256           the manifest's own SHA-256 (see manifest.py)
 
 Every file goes through a temporary name → flush → fsync → rename → fsync of the folder
 (files.write_atomic), and a checkpoint is assembled in a hidden temporary folder that is renamed into place
 only once every file and the manifest are complete, so a crash or a kill at any moment
-leaves the previous checkpoint as it was.
+leaves the previous checkpoint as it was. `latest` moves only to a checkpoint that
+verifies, and rotation deletes only older checkpoints of the same run (retention.py).
 
 Parameters are stored whole, one dataset per GPT-2 name, with the fletcher32 checksum;
 `h5ls -r model-pp000.h5` reads like a GPT-2 state dict. bfloat16 arrays are stored as
@@ -32,22 +34,32 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import HpcpipeError
-from .files import fsync_dir, write_atomic, write_text_atomic
+from . import manifest as manifests
+from .errors import root_does
+from .files import claim_folder, fsync_dir, write_atomic
+from .manifest import FORMAT_VERSION, MANIFEST, CheckpointError, step_in_name
+from .retention import (LATEST, latest, list_checkpoints, point_latest, remove_checkpoint,
+                        retain, root_of, run_of, step_name)
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-LATEST = "latest"
+__all__ = ["CheckpointError", "FORMAT_VERSION", "LATEST", "MANIFEST", "latest",
+           "list_checkpoints", "new_run_id", "read_manifest", "root_of", "step_name"]
+
 OPTIM_KINDS = ("exp_avg", "exp_avg_sq", "master")
+# What h5py raises on files it cannot make sense of (besides OSError for damaged chunks).
+H5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError)
+read_manifest = manifests.read
 
 
-class CheckpointError(HpcpipeError):
-    """A checkpoint that cannot be used; the message names the file and what is wrong."""
+def new_run_id() -> str:
+    """A fresh run's identity, recorded in each of its checkpoints' manifests."""
+    return uuid.uuid4().hex
 
 
 # -- files --------------------------------------------------------------------------------
@@ -58,14 +70,6 @@ def sha256(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def step_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def root_of(run_dir: str) -> str:
-    return os.path.join(run_dir, "checkpoints")
 
 
 def _store(group, name: str, array: np.ndarray, **attrs):
@@ -112,23 +116,27 @@ class Saved:
 # -- save ---------------------------------------------------------------------------------
 
 def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
-         keep_every: int = 0) -> Saved:
+         keep_every: int = 0, run: str | None = None) -> Saved:
     """Write a checkpoint of every rank's state at `step` (collective over the world);
-    `rank` is each process's Rank (rank.py).
+    `rank` is each process's Rank (rank.py); `run` the run's identity (new_run_id; None: a
+    run of its own), which rotation goes by.
 
     state: the run's own numbers to restore (e.g. the loss-scaler's), stored in the
     manifest. Returns where it went, how long it took and its size (on every rank)."""
     world = rank.grid.world
+    run = run or new_run_id()
     start = time.perf_counter()
     root = root_of(run_dir)
     final = os.path.join(root, step_name(step))
     tmp_dir = os.path.join(root, f".{step_name(step)}.tmp")
-    if world.rank == 0:
+
+    def make_room():
         os.makedirs(root, exist_ok=True)
         if os.path.exists(tmp_dir):  # left by a save that was killed: never complete
             shutil.rmtree(tmp_dir)
         os.makedirs(tmp_dir)
-    world.Barrier()
+
+    root_does(world, make_room)
     error, entries = None, []
     try:
         entries = _write_rank_files(rank, cfg, tmp_dir)
@@ -138,23 +146,44 @@ def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
     if errors:
         raise CheckpointError(errors[0] + " (the previous checkpoint is untouched)")
     everything = world.gather(entries, root=0)
-    if world.rank == 0:
-        manifest = _manifest(rank, cfg, step, state, sum(everything, []))
-        text = json.dumps(manifest, indent=1)
-        write_text_atomic(os.path.join(tmp_dir, MANIFEST), text)
-        if os.path.exists(final):  # the same step saved again (e.g. a resumed run)
-            shutil.rmtree(final)
-        os.replace(tmp_dir, final)
-        fsync_dir(root)
-        write_text_atomic(os.path.join(root, LATEST), step_name(step) + "\n")
-        _retain(root, keep, keep_every)
-    world.Barrier()
+
+    def commit():
+        manifest = _manifest(rank, cfg, step, state, sum(everything, []), run)
+        manifests.write(tmp_dir, json.dumps(manifest, indent=1))
+        _install(tmp_dir, final, run)
+        point_latest(root, final)
+        retain(root, run, step, keep, keep_every)
+
+    root_does(world, commit)
     seconds = time.perf_counter() - start
     nbytes = world.allreduce(sum(e["size"] for e in entries))
     return Saved(final, seconds, nbytes)
 
 
-def _manifest(rank, cfg, step: int, state: dict, entries: list[dict]) -> dict:
+def _install(tmp_dir: str, final: str, run: str):
+    """Rename the finished folder into place. A checkpoint already there (the same step
+    saved again, e.g. by a resumed run) is replaced only if it is this run's; anything
+    else is moved aside under a name no listing takes for a checkpoint."""
+    root = os.path.dirname(final)
+    if os.path.lexists(final):
+        if os.path.isdir(final) and run_of(final) == run:
+            remove_checkpoint(final)
+        else:
+            aside = _free_name(f"{final}.other-run")
+            os.replace(final, aside)
+    os.replace(tmp_dir, final)
+    fsync_dir(root)
+
+
+def _free_name(base: str) -> str:
+    candidate, n = base, 1
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate
+
+
+def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str) -> dict:
     """The manifest of a checkpoint from every rank's file entries."""
     files, tensors, pieces = {}, {}, {}
     for entry in entries:
@@ -174,7 +203,7 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict]) -> dict:
                    "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
                    "rank_order": grid.rank_order,
                    "partition": [list(spec.layers) for spec in model.specs]},
-        "adam_step": rank.step.optimizer.t,
+        "adam_step": rank.step.optimizer.t, "run": run,
         "state": state, "files": files, "tensors": tensors, "pieces": pieces,
     }
 
@@ -305,108 +334,63 @@ def _write_optimizer(optimizer, be, path: str, grid) -> dict:
     return pieces
 
 
-def _retain(root: str, keep: int, keep_every: int):
-    """Delete old checkpoints: keep the last `keep`, and every step divisible by
-    `keep_every` (0: none extra)."""
-    steps = [s for s, _ in list_checkpoints(root)]
-    keepers = set(steps[-keep:]) if keep > 0 else set()
-    if keep_every:
-        keepers |= {s for s in steps if s % keep_every == 0}
-    for step in steps:
-        if step not in keepers:
-            shutil.rmtree(os.path.join(root, step_name(step)), ignore_errors=True)
-
-
 # -- find and check -------------------------------------------------------------------------
 
-def list_checkpoints(root: str) -> list[tuple[int, str]]:
-    """Complete checkpoints (with a manifest) under `root`, oldest first."""
-    if not os.path.isdir(root):
-        return []
-    out = []
-    for entry in os.listdir(root):
-        if entry.startswith("step_") and os.path.exists(os.path.join(root, entry, MANIFEST)):
-            try:
-                out.append((int(entry[5:]), os.path.join(root, entry)))
-            except ValueError:
-                continue
-    return sorted(out)
-
-
-def latest(root: str) -> str | None:
-    """The checkpoint the `latest` pointer names (or the newest complete one)."""
-    pointer = os.path.join(root, LATEST)
-    if os.path.exists(pointer):
-        with open(pointer) as f:
-            path = os.path.join(root, f.read().strip())
-        if os.path.exists(os.path.join(path, MANIFEST)):
-            return path
-    found = list_checkpoints(root)
-    return found[-1][1] if found else None
-
-
-def resolve(path: str) -> str:
+def resolve(path: str, log=None) -> str:
     """A checkpoint folder from what a user may name: the folder itself, a checkpoints/
-    folder, or a run directory."""
+    folder, or a run directory (their `latest`)."""
     for candidate in (path, root_of(path)):
-        if os.path.exists(os.path.join(candidate, MANIFEST)):
+        if os.path.isfile(os.path.join(candidate, MANIFEST)):
             return candidate
         if os.path.isdir(candidate):
-            found = latest(candidate)
+            found = latest(candidate, log)
             if found:
                 return found
     raise CheckpointError(f"{path}: no checkpoint there (a checkpoint folder holds "
                           f"{MANIFEST}; a run directory holds checkpoints/)")
 
 
-def read_manifest(path: str) -> dict:
-    file = os.path.join(path, MANIFEST)
-    if not os.path.exists(file):
-        raise CheckpointError(f"{path}: incomplete checkpoint: {MANIFEST} is missing")
-    try:
-        with open(file) as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{file}: unreadable manifest ({e})") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{file}: format version {manifest.get('format_version')}, this "
-                              f"hpcpipe reads version {FORMAT_VERSION}")
-    return manifest
-
-
 def verify(path: str) -> list[str]:
-    """Every problem with a checkpoint: missing or resized files, SHA-256 mismatches,
-    unreadable datasets (fletcher32). An empty list means it is good."""
-    import h5py
-
+    """Every problem with a checkpoint: a manifest that is damaged, edited or inconsistent,
+    missing or resized files, SHA-256 mismatches, unreadable datasets (fletcher32). An
+    empty list means it is good."""
     try:
         manifest = read_manifest(path)
     except CheckpointError as e:
         return [str(e)]
     problems = []
     for name, info in manifest["files"].items():
-        file = os.path.join(path, name)
-        if not os.path.exists(file):
-            problems.append(f"{file}: missing")
-            continue
-        if os.path.getsize(file) != info["size"]:
-            problems.append(f"{file}: {os.path.getsize(file)} bytes, the manifest says "
-                            f"{info['size']} (truncated or replaced)")
-            continue
-        if sha256(file) != info["sha256"]:
-            problems.append(f"{file}: SHA-256 differs from the manifest (corrupted)")
-            continue
-        def read_all(name, obj):
-            if isinstance(obj, h5py.Dataset):
-                _read(obj, file)  # raises on a fletcher32 mismatch
-            return None  # (a value would stop the visit)
-
-        try:
-            with h5py.File(file, "r") as f:
-                f.visititems(read_all)
-        except (OSError, CheckpointError) as e:
-            problems.append(f"{file}: {e}" if not str(e).startswith(file) else str(e))
+        problem = _file_problem(os.path.join(path, name), info)
+        if problem:
+            problems.append(problem)
     return problems
+
+
+def _file_problem(file: str, info: dict) -> str | None:
+    """What is wrong with one file of a checkpoint, checked byte by byte, or None."""
+    import h5py
+
+    if not os.path.isfile(file):
+        return f"{file}: missing"
+    if os.path.getsize(file) != info["size"]:
+        return (f"{file}: {os.path.getsize(file)} bytes, the manifest says {info['size']} "
+                f"(truncated or replaced)")
+    if sha256(file) != info["sha256"]:
+        return f"{file}: SHA-256 differs from the manifest (corrupted)"
+
+    def read_all(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            _read(obj, file)  # raises on a fletcher32 mismatch
+        return None  # (a value would stop the visit)
+
+    try:
+        with h5py.File(file, "r") as f:
+            f.visititems(read_all)
+    except CheckpointError as e:
+        return str(e)
+    except H5_ERRORS as e:
+        return f"{file}: not a readable HDF5 file ({e})"
+    return None
 
 
 def check_model(manifest: dict, cfg, where: str):
@@ -422,7 +406,7 @@ def check_model(manifest: dict, cfg, where: str):
 
 def find_usable(path: str, fallback_root: str | None, log) -> tuple[str, dict]:
     """`path` verified; if it is damaged and `fallback_root` is given, the newest older
-    checkpoint there that verifies (reported). Single process (the root)."""
+    checkpoint of the same run there that verifies (reported). Single process (the root)."""
     problems = verify(path)
     if not problems:
         return path, read_manifest(path)
@@ -430,38 +414,48 @@ def find_usable(path: str, fallback_root: str | None, log) -> tuple[str, dict]:
     if fallback_root is None:
         raise CheckpointError(message)
     log(f"warning: {message}")
+    run = run_of(path)  # None when the manifest is what is damaged
+    limit = step_in_name(path)
     for step, older in reversed(list_checkpoints(fallback_root)):
-        if older != path and step < _step_of(path) and not verify(older):
+        if older == path or (limit is not None and step >= limit):
+            continue
+        if run is not None and run_of(older) != run:
+            continue  # another run's checkpoint is never a stand-in for this one's
+        if not verify(older):
             log(f"resuming from the previous good checkpoint {older}")
             return older, read_manifest(older)
-    raise CheckpointError(message + "; no older good checkpoint in " + fallback_root)
-
-
-def _step_of(path: str) -> int:
-    try:
-        return int(os.path.basename(os.path.normpath(path))[5:])
-    except ValueError:
-        return 1 << 62
+    raise CheckpointError(message + "; no older good checkpoint of the same run in "
+                          + fallback_root)
 
 
 # -- load -----------------------------------------------------------------------------------
 
 class _Reader:
-    """Opens the checkpoint's files on demand and reads tensors or pieces of them."""
+    """Opens the checkpoint's files on demand and reads tensors or pieces of them.
 
-    def __init__(self, path: str, manifest: dict):
+    verified: the files were checked byte by byte already (a resume verifies on the root
+    first); otherwise each file's size and SHA-256 are checked before HDF5 opens it, so
+    a damaged file is named instead of reaching the HDF5 library."""
+
+    def __init__(self, path: str, manifest: dict, verified: bool = False):
         self.path, self.manifest, self.files = path, manifest, {}
+        self.verified = verified
 
     def file(self, name: str):
         import h5py
 
         if name not in self.files:
             full = os.path.join(self.path, name)
-            if not os.path.exists(full):
+            if not os.path.isfile(full):
                 raise CheckpointError(f"{full}: missing (listed in the manifest)")
+            if not self.verified:
+                info = self.manifest["files"][name]
+                if os.path.getsize(full) != info["size"] or sha256(full) != info["sha256"]:
+                    raise CheckpointError(f"{full}: its size or SHA-256 differs from the "
+                                          f"manifest (damaged); see `hpcpipe ckpt verify`")
             try:
                 self.files[name] = h5py.File(full, "r")
-            except OSError as e:
+            except H5_ERRORS as e:
                 raise CheckpointError(f"{full}: cannot be opened ({e})") from None
         return self.files[name]
 
@@ -469,7 +463,19 @@ class _Reader:
         info = self.manifest["tensors"].get(name)
         if info is None:
             raise CheckpointError(f"{self.path}: no parameter {name!r} in the checkpoint")
-        return _read(self.file(info["file"])[name], os.path.join(self.path, info["file"]))
+        where = os.path.join(self.path, info["file"])
+        try:
+            dataset = self.file(info["file"])[name]
+        except KeyError:
+            raise CheckpointError(f"{where}: has no dataset {name!r} (the manifest lists "
+                                  f"it there)") from None
+        data = _read(dataset, where)
+        floats = data.dtype.kind == "f" or data.dtype.name == "bfloat16"
+        if tuple(data.shape) != tuple(info["shape"]) or not floats:
+            raise CheckpointError(f"{where}: dataset {name} is {data.dtype} of shape "
+                                  f"{data.shape}; the manifest says floats of shape "
+                                  f"{tuple(info['shape'])}")
+        return data
 
     def state(self, kind: str, name: str, where) -> np.ndarray | None:
         """Elements of the flattened `kind` state of tensor `name`: [t0, t1) for `where` =
@@ -544,7 +550,7 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
     """Load the checkpoint at `path` into this rank's stages and optimizer (collective
     over the world: every rank reads what it needs). Returns the manifest's `state`, with
     `step` added."""
-    reader = _Reader(path, manifest)
+    reader = _Reader(path, manifest, verified=True)
     error = None
     try:
         check_model(manifest, cfg, path)
@@ -552,7 +558,7 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
         _load_optimizer(rank.step.optimizer, rank.model, reader, manifest)
     except CheckpointError as e:
         error = str(e)
-    except (OSError, KeyError, ValueError) as e:
+    except H5_ERRORS as e:
         error = f"{path}: unreadable checkpoint ({type(e).__name__}: {e})"
     finally:
         reader.close()
@@ -607,8 +613,14 @@ def _load_optimizer(optimizer, model, reader, manifest: dict):
 # -- whole models: export, import, generation ------------------------------------------------
 
 def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
-    """Every parameter of a checkpoint, by GPT-2 name (single process), and its manifest."""
+    """Every parameter of a checkpoint, by GPT-2 name (single process), and its manifest;
+    each file's SHA-256 is checked before it is read."""
+    from .budget import require
+
     manifest = read_manifest(path)
+    require(sum(info["size"] for name, info in manifest["files"].items()
+                if any(t["file"] == name for t in manifest["tensors"].values())),
+            f"the weights of {path}")
     reader = _Reader(path, manifest)
     try:
         return {name: reader.tensor(name) for name in manifest["tensors"]}, manifest
@@ -616,31 +628,65 @@ def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
         reader.close()
 
 
-def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
-                  source: str = "") -> str:
-    """A parameters-only checkpoint (no optimizer state: training from it starts Adam
-    fresh) in folder `path`, e.g. for imported GPT-2 weights. Atomic like `save`."""
-    import h5py
+def is_checkpoint(path: str) -> bool:
+    """Whether the folder `path` is a checkpoint (holds a manifest): what `--force` may
+    replace."""
+    return os.path.isfile(os.path.join(path, MANIFEST))
 
+
+def _check_import(cfg, tensors: dict, where: str) -> dict:
+    """The model's (name → shape) layout, once `tensors` match it exactly, as floats."""
     from .model import GPTConfig, param_layout
 
-    gpt = GPTConfig(**{k: getattr(cfg.model, k) for k in
-                       ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")})
+    gpt = GPTConfig(**{k: getattr(cfg.model, k) for k in manifests.MODEL_KEYS})
     expected = dict(param_layout(gpt))
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
-        raise CheckpointError(f"{source or path}: tensors do not match the model "
+        raise CheckpointError(f"{where}: tensors do not match the model "
                               f"(missing {missing[:5]}, unexpected {extra[:5]})")
     for name, shape in expected.items():
-        if tuple(tensors[name].shape) != tuple(shape):
-            raise CheckpointError(f"{source or path}: {name} has shape "
-                                  f"{tuple(tensors[name].shape)}, the model needs {shape}")
+        value = tensors[name]
+        if tuple(value.shape) != tuple(shape):
+            raise CheckpointError(f"{where}: {name} has shape {tuple(value.shape)}, the "
+                                  f"model needs {shape}")
+        if value.dtype.name not in ("float16", "bfloat16", "float32", "float64"):
+            raise CheckpointError(f"{where}: {name} holds {value.dtype}; weights are floats")
+        if not np.isfinite(value.astype(np.float32, copy=False)).all():
+            raise CheckpointError(f"{where}: {name} holds NaN or infinite values")
+    return expected
+
+
+def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
+                  source: str = "", force: bool = False) -> str:
+    """A parameters-only checkpoint (no optimizer state: training from it starts Adam
+    fresh) in folder `path`, e.g. for imported GPT-2 weights. Atomic like `save`; an
+    existing checkpoint there is replaced only with `force`, anything else never."""
+    expected = _check_import(cfg, tensors, source or path)
+    replace = claim_folder(path, is_checkpoint, force)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    tmp_dir = os.path.join(parent, f".{os.path.basename(path)}.tmp")
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    os.makedirs(tmp_dir)
+    tmp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    try:
+        _write_weights_into(tmp_dir, cfg, tensors, expected, step, source)
+        if replace:
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
+            os.replace(path, os.path.join(old, "checkpoint"))
+            os.replace(tmp_dir, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp_dir, path)  # onto nothing, or onto an empty folder
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)  # ours: made above
+        raise
+    fsync_dir(parent)
+    return path
+
+
+def _write_weights_into(folder: str, cfg, tensors: dict, expected: dict, step: int,
+                        source: str):
+    import h5py
+
     name = "model-pp000.h5"
 
     def write(tmp):
@@ -650,13 +696,12 @@ def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
 
-    file = os.path.join(tmp_dir, name)
+    file = os.path.join(folder, name)
     write_atomic(file, write)
     manifest = {
         "format_version": FORMAT_VERSION, "step": step, "created": time.time(),
         "config": cfg.to_toml(), "source": source,
-        "model": {k: getattr(cfg.model, k) for k in
-                  ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
+        "model": {k: getattr(cfg.model, k) for k in manifests.MODEL_KEYS},
         "dtype": str(np.asarray(tensors["wte"]).dtype),
         "layout": {"dp": 1, "pp": 1, "chunks": 1, "schedule": "none", "zero": 0,
                    "rank_order": "pp-inner", "partition": [list(range(cfg.model.n_layer))]},
@@ -665,12 +710,7 @@ def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
         "tensors": {t: {"file": name, "shape": list(expected[t])} for t in expected},
         "pieces": {},
     }
-    write_text_atomic(os.path.join(tmp_dir, MANIFEST), json.dumps(manifest, indent=1))
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    os.replace(tmp_dir, path)
-    fsync_dir(parent)
-    return path
+    manifests.write(folder, json.dumps(manifest, indent=1))
 
 
 def config_of(manifest: dict):
@@ -679,4 +719,9 @@ def config_of(manifest: dict):
 
     from . import config
 
-    return config.from_dict(tomllib.loads(manifest["config"]), source="checkpoint manifest")
+    try:
+        data = tomllib.loads(manifest["config"])
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
+        raise CheckpointError(f"the config in the checkpoint manifest is not TOML ({e})") \
+            from None
+    return config.from_dict(data, source="checkpoint manifest")

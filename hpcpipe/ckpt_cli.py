@@ -1,18 +1,23 @@
-"""`python -m hpcpipe ckpt ls|info|verify|export|import-gpt2` and `python -m hpcpipe
-generate`: looking after checkpoints, moving weights in and out, and sampling text."""
+"""`python -m hpcpipe ckpt ls|info|verify|export|import-gpt2`: looking after checkpoints
+and moving weights in and out (`generate` lives in generate.py).
+
+Outputs are claimed before any work (files.claim_file / claim_folder): an existing file
+is replaced only with --force; import-gpt2 replaces an existing checkpoint only with
+--force and never a folder that is not a checkpoint, nor `.` or a folder above it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
+import re
 import time
 
 import numpy as np
 
 from . import checkpoint as ckpt
 from .errors import HpcpipeError
-from .files import write_atomic
+from .files import claim_file, claim_folder, write_atomic
 
 EPILOG = """\
 examples:
@@ -51,34 +56,22 @@ def register(subparsers):
                             "GPT-2's names, which import-gpt2 reads back.")
     export.add_argument("checkpoint", metavar="CHECKPOINT")
     export.add_argument("--out", required=True, help="FILE.h5 or FILE.safetensors")
+    export.add_argument("--force", action="store_true", help="replace an existing file")
     export.set_defaults(func=cmd_export)
     imp = sub.add_parser("import-gpt2", help="a Hugging Face GPT-2 safetensors → checkpoint",
                          description="Turn a GPT-2 safetensors file (Hugging Face names, with "
                          "or without the 'transformer.' prefix) into an hpcpipe checkpoint "
                          "at step 0 without optimizer state, ready to fine-tune.")
     imp.add_argument("file", metavar="FILE.safetensors")
-    imp.add_argument("--out", required=True, help="the checkpoint folder to create")
+    imp.add_argument("--out", required=True, help="the checkpoint folder to create (a new or "
+                     "empty folder)")
+    imp.add_argument("--force", action="store_true",
+                     help="replace an existing checkpoint there (never other folders)")
     imp.add_argument("--config", default="inputs/gpt2-124m.toml",
                      help="config for the rest of the run (its [model] shape is taken from "
                           "the file; n_head from here); default inputs/gpt2-124m.toml")
     imp.set_defaults(func=cmd_import)
 
-    gen = subparsers.add_parser(
-        "generate", help="sample text from a checkpoint",
-        description="Sample from a trained model. Byte-level models (vocab 256) take and "
-                    "print text; other vocabularies take and print token ids.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  python -m hpcpipe generate runs/tiny --prompt 'def main(' "
-               "--tokens 200\n  python -m hpcpipe generate runs/gpt2 --prompt-ids 464,3290 "
-               "--tokens 20 --top-k 40")
-    gen.add_argument("checkpoint", metavar="CHECKPOINT")
-    gen.add_argument("--prompt", default="", help="text to continue (byte-level models)")
-    gen.add_argument("--prompt-ids", default="", help="comma-separated token ids instead")
-    gen.add_argument("--tokens", type=int, default=200, help="tokens to generate (200)")
-    gen.add_argument("--temperature", type=float, default=0.8, help="0: greedy (0.8)")
-    gen.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest (0: all)")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.set_defaults(func=cmd_generate)
     return parser
 
 
@@ -93,7 +86,7 @@ def cmd_ls(args) -> int:
     if not os.path.isdir(root):
         raise ckpt.CheckpointError(f"{args.where}: neither a run directory nor a checkpoints/ "
                                    f"folder")
-    latest = ckpt.latest(root)
+    latest = ckpt.latest(root, log=print)
     found = ckpt.list_checkpoints(root)
     print(f"{root}: {len(found)} checkpoint(s)")
     for step, path in found:
@@ -102,7 +95,7 @@ def cmd_ls(args) -> int:
         mark = "  <- latest" if latest and os.path.samefile(path, latest) else ""
         print(f"  {os.path.basename(path)}  step {step:>8}  {size / 2**20:8.1f} MiB  {when}{mark}")
     for entry in sorted(os.listdir(root)):
-        if entry.endswith(".tmp"):
+        if ".tmp" in entry:
             print(f"  {entry}  (incomplete: a save that did not finish; ignored)")
     return 0
 
@@ -156,7 +149,11 @@ def from_hf_names(tensors: dict, source: str) -> dict:
             continue  # the causal mask, a buffer, not a weight
         if name == "lm_head.weight":
             continue
-        out[{"wte.weight": "wte", "wpe.weight": "wpe"}.get(name, name)] = value
+        name = {"wte.weight": "wte", "wpe.weight": "wpe"}.get(name, name)
+        if name in out:
+            raise HpcpipeError(f"{source}: {name} appears twice (with and without the "
+                               f"{HF_PREFIX!r} prefix)")
+        out[name] = value
     head = tensors.get("lm_head.weight")
     if head is not None and "wte" in out and not np.array_equal(head, out["wte"]):
         raise HpcpipeError(f"{source}: lm_head.weight differs from wte.weight; hpcpipe's head "
@@ -164,16 +161,48 @@ def from_hf_names(tensors: dict, source: str) -> dict:
     return out
 
 
+def gpt2_shape(tensors: dict, metadata: dict, n_head_default: int, source: str) -> dict:
+    """The model shape a GPT-2 state dict implies, every part of it checked."""
+    for name in ("wte", "wpe"):
+        if name not in tensors:
+            raise HpcpipeError(f"{source}: no {name}: not a GPT-2 state dict")
+        if tensors[name].ndim != 2 or 0 in tensors[name].shape:
+            raise HpcpipeError(f"{source}: {name} has shape {tensors[name].shape}; GPT-2's is "
+                               f"(rows, n_embd)")
+    (vocab, width), (block, width2) = tensors["wte"].shape, tensors["wpe"].shape
+    if width != width2:
+        raise HpcpipeError(f"{source}: wte is {width} wide but wpe {width2}")
+    layers = set()
+    for name in tensors:
+        match = re.match(r"h\.(\d{1,9})\.", name)
+        if name.startswith("h.") and not match:
+            raise HpcpipeError(f"{source}: {name}: not a GPT-2 block parameter (h.N....)")
+        if match:
+            layers.add(int(match.group(1)))
+    if not layers or layers != set(range(len(layers))):
+        raise HpcpipeError(f"{source}: transformer blocks {sorted(layers)[:8]}: GPT-2 numbers "
+                           f"its blocks h.0 to h.(n_layer - 1)")
+    text = metadata.get("n_head", str(n_head_default))
+    if not re.fullmatch(r"\d{1,6}", text) or int(text) < 1 or width % int(text):
+        raise HpcpipeError(f"{source}: n_head = {text[:20]!r} (from the file's metadata or the "
+                           f"config): must be a positive integer dividing n_embd = {width}")
+    return {"vocab_size": vocab, "n_embd": width, "block_size": block,
+            "n_layer": len(layers), "n_head": int(text)}
+
+
 def cmd_export(args) -> int:
     from . import safetensors
 
+    if not args.out.endswith((".safetensors", ".h5", ".hdf5")):
+        raise HpcpipeError(f"--out {args.out}: name it FILE.h5 or FILE.safetensors")
+    claim_file(args.out, args.force)
     path = _resolve(args.checkpoint)
     tensors, manifest = ckpt.read_weights(path)
     if args.out.endswith(".safetensors"):
         safetensors.save(args.out, to_hf_names(tensors),
                          {"format": "pt", "source": f"hpcpipe {path}", "step": manifest["step"],
                           "n_head": manifest["model"]["n_head"]})
-    elif args.out.endswith((".h5", ".hdf5")):
+    else:
         import h5py
 
         def write(tmp):
@@ -184,8 +213,6 @@ def cmd_export(args) -> int:
                 f.attrs["step"] = manifest["step"]
 
         write_atomic(args.out, write)
-    else:
-        raise HpcpipeError(f"--out {args.out}: name it FILE.h5 or FILE.safetensors")
     size = os.path.getsize(args.out)
     print(f"exported {len(tensors)} tensors of {path} to {args.out} ({size / 2**20:.1f} MiB)")
     return 0
@@ -195,70 +222,19 @@ def cmd_import(args) -> int:
     import dataclasses
 
     from . import config, safetensors
+    from .budget import require
 
-    try:
-        raw, metadata = safetensors.load(args.file)
-    except (OSError, safetensors.SafetensorsError) as e:
-        raise HpcpipeError(f"{args.file}: {e}") from None
-    tensors = from_hf_names(raw, args.file)
-    if "wte" not in tensors or "wpe" not in tensors:
-        raise HpcpipeError(f"{args.file}: no wte/wpe: not a GPT-2 state dict")
+    claim_folder(args.out, ckpt.is_checkpoint, args.force)  # before reading anything
     base = config.load(args.config)
-    layers = {int(n.split(".")[1]) for n in tensors if n.startswith("h.")}
-    n_head = int(metadata.get("n_head", base.model.n_head))
-    model = dataclasses.replace(base.model, vocab_size=tensors["wte"].shape[0],
-                                n_embd=tensors["wte"].shape[1],
-                                block_size=tensors["wpe"].shape[0], n_layer=len(layers),
-                                n_head=n_head)
+    entries, _, _ = safetensors.read_header(args.file)
+    require(sum(e.end - e.begin for e in entries), f"importing {args.file}")
+    raw, metadata = safetensors.load(args.file)
+    tensors = from_hf_names(raw, args.file)
+    shape = gpt2_shape(tensors, metadata, base.model.n_head, args.file)
+    model = dataclasses.replace(base.model, **shape)
     cfg = config.validate(dataclasses.replace(base, model=model, source=args.config))
-    ckpt.write_weights(args.out, cfg, tensors, step=0, source=args.file)
+    ckpt.write_weights(args.out, cfg, tensors, step=0, source=args.file, force=args.force)
     print(f"imported {len(tensors)} tensors from {args.file} into {args.out}: "
           f"{model.n_layer} layers, n_embd {model.n_embd}, vocab {model.vocab_size}, "
           f"block {model.block_size}, {model.n_head} heads")
-    return 0
-
-
-def cmd_generate(args) -> int:
-    from . import backend
-    from .data import decode
-    from .model import GPT, GPTConfig
-
-    path = _resolve(args.checkpoint)
-    tensors, manifest = ckpt.read_weights(path)
-    shape = manifest["model"]
-    be = backend.select("auto")
-    dtype = "float32" if manifest["dtype"] in ("float16", "bfloat16") else manifest["dtype"]
-    model = GPT(GPTConfig(**shape), dtype=dtype, be=be)
-    for name, value in tensors.items():
-        model.params[name][...] = be.xp.asarray(value.astype(dtype))
-    byte_level = shape["vocab_size"] == 256
-    if args.prompt_ids:
-        ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
-    elif byte_level:
-        ids = list(args.prompt.encode())
-    else:
-        raise HpcpipeError("this model's vocabulary is not bytes: give --prompt-ids")
-    if not ids:
-        ids = [ord("\n")] if byte_level else [0]
-    if any(not 0 <= i < shape["vocab_size"] for i in ids):
-        raise HpcpipeError(f"token ids must be in 0..{shape['vocab_size'] - 1}")
-    rng = np.random.default_rng(args.seed)
-    out = list(ids)
-    for _ in range(args.tokens):
-        context = np.array([out[-shape["block_size"]:]])
-        logits = be.to_host(model.logits(context)[0, -1]).astype(np.float64)
-        if args.temperature <= 0:
-            nxt = int(np.argmax(logits))
-        else:
-            logits = logits / args.temperature
-            if args.top_k:
-                cut = np.sort(logits)[-min(args.top_k, logits.size)]
-                logits[logits < cut] = -np.inf
-            probs = np.exp(logits - logits.max())
-            nxt = int(rng.choice(logits.size, p=probs / probs.sum()))
-        out.append(nxt)
-    if byte_level and not args.prompt_ids:
-        sys.stdout.write(decode(out) + "\n")
-    else:
-        print(",".join(str(i) for i in out))
     return 0

@@ -2,9 +2,10 @@
 
 A config has five sections, [model], [train], [data], [parallel] and [checkpoint]; [model]
 is the GPT's own shape type (model.GPTConfig). Every key has a default here, so a file
-names only what it changes. Anything the loader cannot use — an unknown section or key, a
-wrong type, an impossible value — is a ConfigError that names the file, the key, the
-value and what is allowed, before any work starts. The allowed values of a key come from
+names only what it changes. Anything the loader cannot use — a file that is not UTF-8 TOML, an
+unknown section or key, a wrong type, an integer beyond 64 bits, a number that is not
+finite, an impossible value — is a ConfigError that names the file, the key, the value
+and what is allowed, before any work starts. The allowed values of a key come from
 the module that implements them (schedules.KINDS, backend.DEVICES, dtypes.DTYPES, ...).
 """
 
@@ -16,6 +17,8 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .backend import DEVICES
 from .dtypes import DTYPES
 from .errors import HpcpipeError
@@ -23,7 +26,13 @@ from .gradsync import COMM_DTYPES
 from .grid import RANK_ORDERS
 from .model import GPTConfig
 from .schedules import KINDS as SCHEDULES
+from .schedules.ops import MAX_MICROBATCHES
 from .tensor_parallel import check_divisible
+
+MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text; anything bigger is not one
+INT_RANGE = (-2**63, 2**63 - 1)  # every integer is used as an int64 somewhere
+MAX_BUCKET_MB = float(1 << 20)  # 1 TiB: buckets past the model's size change nothing
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class ConfigError(HpcpipeError, ValueError):
@@ -31,7 +40,10 @@ class ConfigError(HpcpipeError, ValueError):
 
     def __init__(self, source: str, key: str, value, problem: str):
         self.source, self.key, self.value, self.problem = source, key, value, problem
-        super().__init__(f"{source}: {key} = {value!r}: {problem}")
+        shown = repr(value)
+        if len(shown) > 80:  # a hostile value must not flood the one error line
+            shown = shown[:77] + "..."
+        super().__init__(f"{source}: {key} = {shown}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -160,7 +172,9 @@ def _type_name(t) -> str:
 
 
 def _coerce(source, key, value, expected):
-    """Check a TOML value against a field's type; integers are fine where a float goes."""
+    """Check a TOML value against a field's type; integers are fine where a float goes.
+    Whatever the key, integers fit 64 bits, numbers are finite and strings hold no NUL."""
+    value = _plain(source, key, value)
     if typing.get_origin(expected) is list:
         if not isinstance(value, list):
             raise ConfigError(source, key, value, f"must be {_type_name(expected)}")
@@ -184,6 +198,29 @@ def _coerce(source, key, value, expected):
     if not isinstance(value, expected):
         raise ConfigError(source, key, value, f"must be {_type_name(expected)}")
     return value
+
+
+def _plain(source, key, value):
+    """The checks no key is exempt from."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        _require(source, key, value, INT_RANGE[0] <= value <= INT_RANGE[1],
+                 "must fit in 64 bits (between -2**63 and 2**63 - 1)")
+    elif isinstance(value, float):
+        _require(source, key, value, math.isfinite(value), "must be a finite number")
+    elif isinstance(value, str):
+        _require(source, key, value, "\x00" not in value and len(value) <= 4096
+                 and _encodable(value),
+                 "must be UTF-8 text without NUL characters, at most 4096 characters")
+    return value
+
+
+def _encodable(text: str) -> bool:
+    """False for text holding lone surrogates (bytes of a non-UTF-8 command line)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _build_section(source, name, table) -> object:
@@ -256,15 +293,19 @@ def _check_train(source, train: TrainSection):
              math.isfinite(train.min_lr) and 0 <= train.min_lr <= lr,
              f"must be between 0 and train.lr = {lr}")
     _require(source, "train.weight_decay", train.weight_decay,
-             0 <= train.weight_decay < 1 / lr, "must be 0 or more (and lr × weight_decay below 1)")
+             0 <= train.weight_decay and train.weight_decay * lr < 1, "must be 0 or more (and lr × weight_decay below 1)")
     _require(source, "train.grad_clip", train.grad_clip, train.grad_clip >= 0,
              "must be 0 (no clipping) or a positive norm")
     for key in ("beta1", "beta2"):
         value = getattr(train, key)
         _require(source, f"train.{key}", value, 0 <= value < 1, "must be in [0, 1)")
-    _require(source, "train.eps", train.eps, train.eps > 0, "must be positive")
-    _require(source, "train.loss_scale", train.loss_scale, train.loss_scale >= 0,
-             "must be 0 (automatic: dynamic for float16) or a positive scale")
+    _require(source, "train.eps", train.eps, 0 < np.float32(train.eps) < np.inf,
+             f"must be positive and representable in float32 (at least 1.4e-45, at most "
+             f"{FLOAT32_MAX:.3g})")
+    _require(source, "train.loss_scale", train.loss_scale,
+             0 <= train.loss_scale <= FLOAT32_MAX,
+             f"must be 0 (automatic: dynamic for float16) or a positive scale of at most "
+             f"{FLOAT32_MAX:.3g} (float32's largest number)")
     _require(source, "train.device_memory", train.device_memory,
              0 <= train.device_memory <= 1,
              "must be 0 (no cap) or the share (0 < x ≤ 1) of the GPU's memory a rank's "
@@ -289,9 +330,14 @@ def _check_checkpoint(source, checkpoint: CheckpointSection):
 def _check_parallel(source, parallel: ParallelSection):
     """The [parallel] values on their own (see `_check_layout` for how they fit the model)."""
     _at_least(source, "parallel", parallel, ("microbatches", "dp", "pp", "tp"), 1)
+    _require(source, "parallel.microbatches", parallel.microbatches,
+             parallel.microbatches <= MAX_MICROBATCHES,
+             f"must be at most {MAX_MICROBATCHES} (every rank's schedule lists each "
+             f"microbatch's F, B and W); for more accumulation raise train.micro_batch_size")
     _one_of(source, "parallel.schedule", parallel.schedule, SCHEDULES)
-    _require(source, "parallel.bucket_mb", parallel.bucket_mb, parallel.bucket_mb > 0,
-             "must be positive")
+    _require(source, "parallel.bucket_mb", parallel.bucket_mb,
+             0 < parallel.bucket_mb <= MAX_BUCKET_MB,
+             f"must be positive and at most {MAX_BUCKET_MB:g} (MiB)")
     _require(source, "parallel.zero", parallel.zero, parallel.zero in (0, 1),
              "allowed: 0 (off) or 1 (optimizer state sharded over the dp replicas)")
     _one_of(source, "parallel.grad_comm_dtype", parallel.grad_comm_dtype, COMM_DTYPES)
@@ -299,9 +345,10 @@ def _check_parallel(source, parallel: ParallelSection):
     limit = parallel.memory_limit
     _require(source, "parallel.memory_limit", limit,
              parse_bytes(limit) is not None if isinstance(limit, str)
-             else math.isfinite(limit) and limit >= 0,
-             'must be 0 (meaning 2·pp), a number of microbatches, or a size such as '
-             '"12GiB" or "500MB"')
+             else limit == 0 or 1 <= limit < math.inf,
+             'must be 0 (meaning 2·pp), at least 1 microbatch (the activations of one '
+             'microbatch on a rank\'s whole share of layers are the least any schedule '
+             'holds), or a size such as "12GiB" or "500MB"')
     _at_least(source, "parallel", parallel, ("profile_steps",), 1)
     _one_of(source, "parallel.rank_order", parallel.rank_order, RANK_ORDERS)
     _require(source, "parallel.gpu_aware_mpi", parallel.gpu_aware_mpi,
@@ -364,9 +411,9 @@ def parse_override(text: str) -> tuple[str, str, object]:
     section, key = dotted.strip().split(".", 1)
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         value = raw.strip()
-    return section, key, value
+    return section.strip(), key.strip(), value
 
 
 def from_dict(data: dict, source: str = "<dict>") -> Config:
@@ -381,23 +428,45 @@ def from_dict(data: dict, source: str = "<dict>") -> Config:
     return validate(Config(**sections, source=source))
 
 
-def load(path: str, overrides: typing.Sequence[str] = ()) -> Config:
-    """Read a TOML config and apply `--set section.key=value` overrides on top."""
+def _read_toml(path: str) -> dict:
+    """The TOML file at `path` as a dict; every way it can fail is a ConfigError."""
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(path, "file", path, "no such config file") from None
     except IsADirectoryError:
         raise ConfigError(path, "file", path, "is a folder, not a TOML file") from None
+    except OSError as e:
+        raise ConfigError(path, "file", path, f"cannot be read: {e.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(path, "file", path, f"is over {MAX_CONFIG_BYTES} bytes: not a config")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, "file", path, f"not UTF-8 text (byte {e.start} is "
+                                              f"0x{raw[e.start]:02x}); TOML is UTF-8") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, "file", path, f"not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(path, "file", path, "nested too deeply to be a config") from None
+
+
+def load(path: str, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a TOML config and apply `--set section.key=value` overrides on top."""
+    data = _read_toml(path)
     source = path
     for text in overrides:
         section, key, value = parse_override(text)
         if section not in SECTIONS:
             raise ConfigError("--set", section, value,
                               f"unknown section; known sections: {', '.join(SECTIONS)}")
-        data.setdefault(section, {})[key] = value
+        table = data.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(path, section, table, f"must be a [{section}] table (so that "
+                                                    f"--set {section}.{key} can go in it)")
+        table[key] = value
         source = f"{path} (with --set)"
     return from_dict(data, source)

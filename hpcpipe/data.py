@@ -1,10 +1,10 @@
-"""Corpora, the byte tokenizer, HDF5 token files and deterministic sampling.
+"""Corpora, the byte tokenizer, and preparing HDF5 token files.
 
 `prepare` turns a corpus — the Python standard library's own sources (the default: real
 text on every machine, no download), a text file, or a folder of text files — into an HDF5
-file with `train` and `val` token datasets. Training reads windows of block_size + 1
-tokens straight from that file; which windows a step uses depends only on (seed, step,
-sample index), never on how many ranks or microbatches share the step.
+file with `train` and `val` token datasets, recording which corpus it came from (its
+identity: "stdlib" or the corpus's resolved path), so that a token file is never taken
+for another corpus's. Reading token files is tokens.py's.
 """
 
 from __future__ import annotations
@@ -14,23 +14,23 @@ import os
 import sys
 import sysconfig
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .errors import HpcpipeError
 from .files import write_atomic
+from .tokens import DataError, open_token_file
+
+__all__ = ["DataError", "corpus_identity", "default_token_path", "open_token_file",
+           "prepare", "token_file_identity"]
 
 TOKENIZER = "bytes"  # one token per byte: vocab 256, no merges, nothing to download
 VOCAB_SIZE = 256
 FORMAT_VERSION = 1
 _CHUNK = 1 << 16  # HDF5 chunk of the token datasets (64 KiB of uint8)
-_TRAIN_STREAM, _VAL_STREAM = 0, 1  # separate random streams for training and validation
-
-
-class DataError(HpcpipeError):
-    """A corpus or token file that cannot be used; the message is meant for the user."""
+# HDF5 1.10's file format: checksummed metadata (a flipped byte there is an error, not a
+# misread), readable by every HDF5 since 2017.
+_LIBVER = ("v110", "v110")
 
 
 def stdlib_dir() -> Path:
@@ -42,8 +42,28 @@ def corpus_name(corpus: str) -> str:
     return "stdlib" if corpus == "stdlib" else Path(corpus).stem or "corpus"
 
 
+def corpus_identity(corpus: str) -> str:
+    """What a corpus spec names: "stdlib", or the resolved path of its file or folder."""
+    return "stdlib" if corpus == "stdlib" else str(Path(corpus).resolve())
+
+
 def default_token_path(corpus: str) -> str:
-    return os.path.join("data", f"{corpus_name(corpus)}.tokens.h5")
+    """data/stdlib.tokens.h5, or data/<name>-<hash of the corpus's path>.tokens.h5: two
+    corpora never share a default token file, even with the same name."""
+    if corpus == "stdlib":
+        return os.path.join("data", "stdlib.tokens.h5")
+    tag = hashlib.sha256(corpus_identity(corpus).encode("utf-8", "surrogateescape"))
+    return os.path.join("data", f"{corpus_name(corpus)}-{tag.hexdigest()[:8]}.tokens.h5")
+
+
+def token_file_identity(attrs: dict) -> str | None:
+    """The corpus identity a token file records (files of earlier versions: derived from
+    their `corpus` and `source` attributes)."""
+    if attrs.get("identity"):
+        return str(attrs["identity"])
+    if attrs.get("corpus") == "stdlib":
+        return "stdlib"
+    return str(attrs["source"]) if attrs.get("source") else None
 
 
 def corpus_files(corpus: str) -> tuple[str, list[Path]]:
@@ -78,21 +98,16 @@ def decode(tokens) -> str:
     return bytes(np.asarray(tokens, dtype=np.uint8)).decode("utf-8", errors="replace")
 
 
-def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print) -> dict:
-    """Tokenize `corpus` into the HDF5 file `out`; returns its attributes.
+def _read_corpus(corpus: str) -> tuple[str, np.ndarray, int]:
+    """(source, tokens, files used) of a corpus; its size is checked against the memory
+    there is before any of it is read."""
+    from .budget import require
 
-    Files are ordered by a hash of their path before the split, so the validation tail
-    is a sample of the whole corpus rather than its alphabetical end. The file is written
-    atomically (files.write_atomic), so a crash never leaves a half file that looks
-    complete.
-    """
-    import h5py
-
-    if not 0 < val_fraction < 1:
-        raise DataError(f"val_fraction must be between 0 and 1, got {val_fraction}")
     source, files = corpus_files(corpus)
-    started = time.perf_counter()
-    order = sorted(files, key=lambda p: hashlib.sha256(str(p).encode()).hexdigest())
+    # Ordered by a hash of their path, so that the validation tail is a sample of the
+    # whole corpus rather than its alphabetical end.
+    order = sorted(files, key=lambda p: hashlib.sha256(bytes(p)).hexdigest())
+    require(2 * sum(p.stat().st_size for p in order), f"preparing corpus {corpus!r}")
     parts, used = [], 0
     for path in order:
         data = path.read_bytes()
@@ -102,10 +117,26 @@ def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print) -> dic
             used += 1
     if not parts:
         raise DataError(f"corpus {corpus!r} has no text files ({len(files)} files looked at)")
-    tokens = np.concatenate(parts)
-    n_val = max(1, int(round(len(tokens) * val_fraction)))
+    return source, np.concatenate(parts), used
+
+
+def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print) -> dict:
+    """Tokenize `corpus` into the HDF5 file `out`; returns its attributes. The file is
+    written atomically (files.write_atomic), so a crash never leaves a half file that
+    looks complete."""
+    import h5py
+
+    if not 0 < val_fraction < 1:
+        raise DataError(f"val_fraction must be between 0 and 1, got {val_fraction}")
+    started = time.perf_counter()
+    source, tokens, used = _read_corpus(corpus)
+    n_val = max(2, int(round(len(tokens) * val_fraction)))
+    if len(tokens) - n_val < 2:
+        raise DataError(f"corpus {corpus!r} has {len(tokens)} tokens: too few for a train "
+                        f"and a validation split")
     attrs = {
         "format_version": FORMAT_VERSION, "source": source, "corpus": corpus,
+        "identity": corpus_identity(corpus),
         "tokenizer": TOKENIZER, "vocab_size": VOCAB_SIZE, "files": used,
         "tokens": int(len(tokens)), "val_fraction": float(val_fraction),
         "sha256": hashlib.sha256(tokens.tobytes()).hexdigest(),
@@ -113,7 +144,7 @@ def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print) -> dic
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
 
     def write(tmp):
-        with h5py.File(tmp, "w") as f:
+        with h5py.File(tmp, "w", libver=_LIBVER) as f:
             for name, part in (("train", tokens[:-n_val]), ("val", tokens[-n_val:])):
                 f.create_dataset(name, data=part, chunks=(min(_CHUNK, len(part)),),
                                  fletcher32=True)
@@ -124,67 +155,3 @@ def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print) -> dic
         f"({len(tokens) - n_val:,} train, {n_val:,} val) from {source} "
         f"in {time.perf_counter() - started:.1f} s")
     return attrs
-
-
-@dataclass(frozen=True)
-class Batch:
-    idx: np.ndarray  # (B, T) int64 inputs
-    targets: np.ndarray  # (B, T) int64, idx shifted by one
-
-
-class TokenFile:
-    """A prepared token file, read window by window (never loaded whole)."""
-
-    def __init__(self, path: str):
-        import h5py
-
-        if not os.path.exists(path):
-            raise DataError(f"token file {path} does not exist (run `python -m hpcpipe "
-                            f"prepare` or let `train` prepare it)")
-        try:
-            self.file = h5py.File(path, "r")
-            self.splits = {name: self.file[name] for name in ("train", "val")}
-            self.attrs = dict(self.file.attrs)
-        except (OSError, KeyError) as e:
-            raise DataError(f"token file {path} is unreadable or incomplete ({e}); "
-                            f"delete it and prepare it again") from None
-        self.path = path
-        if self.attrs.get("tokenizer") != TOKENIZER:
-            raise DataError(f"token file {path} uses tokenizer {self.attrs.get('tokenizer')!r}, "
-                            f"this version reads {TOKENIZER!r}")
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.attrs["vocab_size"])
-
-    def length(self, split: str) -> int:
-        return int(self.splits[split].shape[0])
-
-    def window_starts(self, split: str, block_size: int, seed: int, step: int,
-                      indices) -> np.ndarray:
-        """Start offsets of the windows for samples `indices` of `step`.
-
-        Each sample draws from a counter-based generator (Philox) keyed by (seed, split
-        stream) at counter (step, sample index), so sample i of a step is the same whichever rank or
-        microbatch asks for it.
-        """
-        n = self.length(split) - block_size - 1
-        if n < 1:
-            raise DataError(f"the {split} split of {self.path} has {self.length(split)} tokens, "
-                            f"too few for block_size {block_size}")
-        stream = _TRAIN_STREAM if split == "train" else _VAL_STREAM
-        return np.array([
-            np.random.Generator(np.random.Philox(key=[seed, stream], counter=[0, 0, step, i]))
-            .integers(n + 1)
-            for i in indices
-        ], dtype=np.int64)
-
-    def batch(self, split: str, block_size: int, seed: int, step: int, indices) -> Batch:
-        """Windows of block_size + 1 tokens for the given sample indices of a step."""
-        data = self.splits[split]
-        starts = self.window_starts(split, block_size, seed, step, indices)
-        rows = np.stack([data[s:s + block_size + 1] for s in starts]).astype(np.int64)
-        return Batch(idx=rows[:, :-1], targets=rows[:, 1:])
-
-    def close(self):
-        self.file.close()

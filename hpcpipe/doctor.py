@@ -298,7 +298,7 @@ def render(reports: list[tuple[str, dict]], problems: list[str]) -> str:
 def cmd_doctor(args) -> int:
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
+    comm = args.job.world()
     facts, problems = collect(comm, args.run_dir, backend.gpu_inventory())
     gathered = comm.gather((os.uname().nodename, facts, problems), root=0)
     shared = shared_run_dir(comm, args.run_dir) if comm.size > 1 else []
@@ -314,5 +314,6 @@ def cmd_doctor(args) -> int:
         # Under `python -m mpi4py` a non-zero exit calls MPI_Abort, which srun reports as a
         # kill; finalizing first lets every rank exit with the status itself.
         comm.Barrier()
+        args.job.release()
         MPI.Finalize()
     return status

@@ -16,22 +16,56 @@ class LayoutError(HpcpipeError):
 EXIT_PREEMPTED = 75
 
 
+def _described(error: BaseException):
+    """(type, message) of a user-facing failure, to re-raise on other ranks."""
+    if isinstance(error, HpcpipeError):
+        return type(error), str(error)
+    names = [n for n in (getattr(error, "filename", None), getattr(error, "filename2", None))
+             if n]
+    what = getattr(error, "strerror", None) or str(error) or type(error).__name__
+    return HpcpipeError, ": ".join([*map(str, names), what])
+
+
+def _raise(error):
+    kind, message = error
+    try:
+        exc = kind(message)
+    except TypeError:  # an error type built from more than its message
+        exc = HpcpipeError(message)
+    raise exc
+
+
+# What a rank may fail with that is the user's to fix, and so is shared with the others.
+SHARED_FAILURES = (HpcpipeError, OSError, MemoryError)
+
+
 def root_does(comm, fn):
-    """Run fn on rank 0 only and share its user-facing failure with every rank, so all
-    ranks stop together with the same message instead of the others waiting forever."""
+    """Run fn on rank 0 only and share its user-facing failure (an HpcpipeError, or an
+    OSError such as a full disk) with every rank, so all ranks stop together with the
+    same message instead of the others waiting forever."""
     error = None
     result = None
     if comm.rank == 0:
         try:
             result = fn()
-        except HpcpipeError as e:
-            error = (type(e), str(e))
+        except SHARED_FAILURES as e:
+            error = _described(e)
     error = comm.bcast(error, root=0)
     if error is not None:
-        kind, message = error
-        try:
-            exc = kind(message)
-        except TypeError:  # an error type built from more than its message
-            exc = HpcpipeError(message)
-        raise exc
+        _raise(error)
+    return result
+
+
+def every_rank_does(comm, fn):
+    """Run fn on every rank; when it fails on any of them with a user-facing error, every
+    rank raises the first such error (by rank), so that a problem one node sees alone
+    (e.g. too little memory there) still stops the whole job together."""
+    error = result = None
+    try:
+        result = fn()
+    except SHARED_FAILURES as e:
+        error = _described(e)
+    errors = [e for e in comm.allgather(error) if e is not None]
+    if errors:
+        _raise(errors[0])
     return result

@@ -1,15 +1,27 @@
-"""Writing files so that a crash never leaves a half-written one under the final name.
+"""Writing files so that a crash never leaves a half-written one under the final name, and
+never over something hpcpipe did not make.
 
 Every file hpcpipe writes for later use (checkpoints and their manifests, token files,
 the run directory's config and summary, benchmark results) goes through `write_atomic`:
 written under a temporary name in the same folder, flushed and fsynced, renamed into
 place, and the folder fsynced, so that after a crash or a kill the path holds either the
 previous file or the complete new one.
+
+A path a user names as a command's output is claimed first (`claim_file`,
+`claim_folder`): an existing file is replaced only with --force, a folder is never taken
+for a file, an existing folder that is not the kind the command makes is never replaced,
+and every refusal comes before anything is written, so it leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import os
+
+from .errors import HpcpipeError
+
+
+class OutputError(HpcpipeError):
+    """An output path a command must not or cannot write."""
 
 
 def fsync_dir(path: str):
@@ -47,3 +59,68 @@ def write_text_atomic(path: str, text: str) -> str:
             f.write(text)
 
     return write_atomic(path, write)
+
+
+def claim_file(path: str, force: bool = False, flag: str = "--out",
+               make_folder: bool = False) -> str:
+    """Check `path` as a new output file before any work: refused when it is a folder, when
+    it exists (unless `force`), and when its folder is missing (unless `make_folder`, which
+    creates it) or not writable."""
+    name = f"{flag} {path}" if flag else path
+    if not path:
+        raise OutputError(f"{flag}: an empty path")
+    if os.path.isdir(path):
+        raise OutputError(f"{name}: is a folder; name a file")
+    if os.path.lexists(path) and not force:
+        raise OutputError(f"{name}: exists already; pass --force to replace it")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        if not make_folder or os.path.lexists(folder):
+            raise OutputError(f"{name}: the folder {folder} does not exist")
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"{name}: cannot create the folder {folder} ({e.strerror})") \
+                from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"{name}: cannot write in {folder} (permission denied)")
+    return path
+
+
+def _is_same_or_above(path: str, other: str) -> bool:
+    """Whether `path` is `other` or one of the folders above it."""
+    path, other = os.path.realpath(path), os.path.realpath(other)
+    return other == path or other.startswith(path.rstrip(os.sep) + os.sep)
+
+
+def claim_folder(path: str, is_ours, force: bool = False, flag: str = "--out") -> bool:
+    """Check `path` as a folder a command will create (by renaming a finished temporary
+    folder onto it). Returns whether a folder of ours is there to be replaced (only with
+    `force`). `is_ours(path)` tells whether an existing folder is the kind this command
+    makes; anything else that is not an empty folder is refused, whatever `force` says."""
+    name = f"{flag} {path}"
+    if not path:
+        raise OutputError(f"{flag}: an empty path")
+    if _is_same_or_above(path, os.getcwd()):
+        raise OutputError(f"{name}: is the current folder or one above it; name a new "
+                          f"folder")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise OutputError(f"{name}: exists and is not a folder")
+    if os.path.islink(path):
+        raise OutputError(f"{name}: is a symbolic link; name a new folder")
+    if os.path.isdir(path) and os.listdir(path):
+        if not is_ours(path):
+            raise OutputError(f"{name}: exists and holds files hpcpipe did not write; hpcpipe "
+                              f"never replaces them: name a new folder")
+        if not force:
+            raise OutputError(f"{name}: exists already; pass --force to replace it")
+        return True
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise OutputError(f"{name}: {parent} is not a folder")
+    probe = parent
+    while not os.path.isdir(probe):
+        probe = os.path.dirname(probe)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise OutputError(f"{name}: cannot write in {probe} (permission denied)")
+    return False

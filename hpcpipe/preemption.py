@@ -1,8 +1,12 @@
 """Preemption: SIGTERM or SIGUSR1 makes every rank save a checkpoint and stop together.
 
-A signal only sets a flag (never interrupting a save); at each step boundary the ranks
-agree, through a non-blocking all-reduce started one step earlier so that it adds no
-synchronisation, whether any of them was signalled. The run then exits with status 75
+A signal only sets a flag (never interrupting a save). The handlers are installed before
+the config is even read and stay until the run has ended, so a signal is never lost,
+whenever it comes: during the set-up, the step-0 evaluation, a step or a save. The ranks
+agree whether any of them was signalled at fixed points: after the set-up and step-0
+evaluation (`agree`, blocking), and at each step boundary through a non-blocking
+all-reduce started one step earlier so that it adds no synchronisation (`stop_now`). The
+run then saves a checkpoint if it trained since its last one and exits with status 75
 (errors.EXIT_PREEMPTED), which the job scripts requeue on.
 """
 
@@ -37,6 +41,23 @@ class PreemptionWatch:
     def _handler(self, signum, frame):
         self.flag[0] = 1
 
+    @property
+    def signalled(self) -> bool:
+        """Whether this rank has been signalled (no agreement)."""
+        return bool(self.flag[0])
+
+    def agree(self) -> bool:
+        """Whether any rank has been signalled by now (blocking; collective)."""
+        from mpi4py import MPI
+
+        if self.request is not None:  # settle the check started at the last step boundary
+            self.request.Wait()
+            self.request = None
+            self.flag[0] = max(self.flag[0], self.seen[0])
+        total = np.zeros(1, np.int32)
+        self.comm.Allreduce(self.flag, total, op=MPI.MAX)
+        return bool(total[0])
+
     def stop_now(self) -> bool:
         """Whether any rank was signalled by the time it started the previous check."""
         from mpi4py import MPI
@@ -50,7 +71,10 @@ class PreemptionWatch:
         return stop
 
     def close(self):
+        """Finish the pending check and restore the previous handlers (idempotent)."""
         if self.request is not None:
             self.request.Wait()
+            self.request = None
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        self.previous = {}

@@ -22,10 +22,11 @@ import numpy as np
 from . import __version__, backend
 from . import grid as gridlib
 from . import trace as tracelib
+from .budget import check_run
 from .comm import pipeline_message_time
 from .config import Config, ConfigError, parse_bytes
-from .data import TokenFile, default_token_path, prepare
-from .errors import EXIT_PREEMPTED, root_does
+from .data import corpus_identity, default_token_path, prepare, token_file_identity
+from .errors import EXIT_PREEMPTED, every_rank_does, root_does
 from .evaluate import validation_batches
 from .metrics import Metrics, Summary
 from .optim import learning_rate
@@ -33,13 +34,15 @@ from .preemption import Preempted, PreemptionWatch
 from .rank import Rank
 from .rundir import RunDir
 from .schedules import Costs, ScheduleError, generate, peak_activations, simulate
+from .tokens import DataError, TokenFile, open_token_file
 from .transport import resolve_gpu_aware
 
 __all__ = ["train", "Trainer", "Summary", "Preempted"]
 
 
 def open_tokens(cfg: Config, comm, log) -> TokenFile:
-    """The token file of the config, prepared by rank 0 first if it does not exist yet."""
+    """The token file of the config, prepared by rank 0 first if it does not exist yet,
+    and checked against the config: its corpus, its vocabulary, its length."""
     path = cfg.data.path or default_token_path(cfg.data.corpus)
 
     def ensure():
@@ -48,8 +51,26 @@ def open_tokens(cfg: Config, comm, log) -> TokenFile:
             prepare(cfg.data.corpus, path, cfg.data.val_fraction, log=log)
 
     root_does(comm, ensure)
-    tokens = TokenFile(path)
-    model = cfg.model
+    tokens = every_rank_does(comm, lambda: open_token_file(path))
+    try:
+        _check_tokens(cfg, tokens)
+    except DataError:
+        tokens.close()
+        raise
+    return tokens
+
+
+def _check_tokens(cfg: Config, tokens: TokenFile):
+    path, model = tokens.path, cfg.model
+    # The corpus decides which file a run trains on when the path is derived from it, or
+    # when the config names a corpus of its own (not the default) beside a path.
+    if not cfg.data.path or cfg.data.corpus != "stdlib":
+        recorded, wanted = token_file_identity(tokens.attrs), corpus_identity(cfg.data.corpus)
+        if recorded is not None and recorded != wanted:
+            raise DataError(f"{path} was prepared from corpus {recorded}, but data.corpus is "
+                            f"{wanted}: prepare the new corpus into another file (`python -m "
+                            f"hpcpipe prepare --corpus ... --out ...`) and set data.path, or "
+                            f"remove {path} to prepare it again")
     if model.vocab_size < tokens.vocab_size:
         raise ConfigError(cfg.source, "model.vocab_size", model.vocab_size,
                           f"must be at least {tokens.vocab_size}, the vocabulary of {path}")
@@ -58,7 +79,6 @@ def open_tokens(cfg: Config, comm, log) -> TokenFile:
         raise ConfigError(cfg.source, "model.block_size", model.block_size,
                           f"larger than the data: the smaller split of {path} has {shortest} "
                           f"tokens; use a block_size below {shortest - 1} or a bigger corpus")
-    return tokens
 
 
 def memory_limit(cfg: Config) -> tuple[float, bool]:
@@ -132,8 +152,8 @@ def find_resume(cfg: Config, run_dir: str, resume, comm, log):
     def decide():
         own_root = ckpt.root_of(run_dir)
         if resume:  # a checkpoint named by the user, perhaps of another run
-            return ckpt.find_usable(ckpt.resolve(resume), None, log)
-        found = ckpt.latest(own_root)
+            return ckpt.find_usable(ckpt.resolve(resume, log), None, log)
+        found = ckpt.latest(own_root, log)
         if found is None:
             if resume == "":
                 raise ckpt.CheckpointError(f"--resume: no checkpoint in {own_root} to "
@@ -154,28 +174,59 @@ def find_resume(cfg: Config, run_dir: str, resume, comm, log):
     return path, manifest
 
 
-def train(cfg: Config, run_dir: str, comm, out=print, resume=None) -> Summary:
+def run_identity(comm, own_manifest: dict | None) -> str:
+    """This run's identity: the checkpoint's when continuing the run directory's own run,
+    else a new one (rotation deletes only checkpoints of the same run)."""
+    from .checkpoint import new_run_id
+
+    run = (own_manifest or {}).get("run") or new_run_id()
+    return comm.bcast(run, root=0)
+
+
+def open_run_dir(path: str, cfg: Config, comm, resume_step: int | None, log) -> RunDir:
+    """The run directory, made (or checked, or an earlier run in it moved aside) by the
+    root; a failure there stops every rank."""
+    made = root_does(comm, lambda: RunDir(path, cfg, enabled=True, resume_step=resume_step,
+                                          log=log))
+    return made if comm.rank == 0 else RunDir(path, cfg, enabled=False)
+
+
+def train(cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None) -> Summary:
     """Train `cfg` on this rank's share; returns the run's summary (on every rank).
 
     resume: None, "" (the run directory's latest checkpoint) or a checkpoint path; see
-    `find_resume`. Raises Preempted after checkpointing when a rank gets SIGTERM/SIGUSR1."""
-    return Trainer(cfg, run_dir, comm, out, resume).run()
+    `find_resume`. watch: the PreemptionWatch already listening (the command line starts
+    one before reading the config); None: one of its own. Raises Preempted after
+    checkpointing when a rank gets SIGTERM/SIGUSR1."""
+    return Trainer(cfg, run_dir, comm, out, resume, watch).run()
 
 
 class Trainer:
     """One rank's training run; see the module's docstring for its phases."""
 
-    def __init__(self, cfg: Config, run_dir: str, comm, out=print, resume=None):
+    def __init__(self, cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None):
         self.cfg, self.comm, self.out = cfg, comm, out
         self.started = time.perf_counter()
         self.start_step = 0
         self.last_saved = None  # the step of the last checkpoint this run has
         self.stage_bytes = {}  # model stage → (M_B, M_W) bytes, as last measured
-        self._setup(run_dir, resume)
+        self.own_watch = watch is None
+        self.watch = watch or PreemptionWatch(comm)  # signals count from here on
+        try:
+            self._setup(run_dir, resume)
+        except BaseException:
+            self._release()
+            raise
 
     def log(self, msg: str = ""):
         if self.comm.rank == 0:
             self.out(msg)
+
+    def _release(self):
+        if self.own_watch:
+            self.watch.close()
+        if getattr(self, "tokens", None) is not None:
+            self.tokens.close()
 
     # -- set-up ----------------------------------------------------------------------------
     def _setup(self, run_dir: str, resume):
@@ -187,18 +238,23 @@ class Trainer:
         self.be = backend.select(train.device, self.grid.local_rank, peers=comm,
                                  gpu_sharing=train.gpu_sharing, threads=threads)
         self.be.limit_memory(train.device_memory)
+        # Everything that can refuse the run is checked before anything big is allocated.
+        every_rank_does(comm, lambda: check_run(cfg, self.be, self.grid.local_size))
+        schedule = build_schedule(cfg)
+        if parallel.schedule == "auto":
+            build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
         gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be, self.log)
         self.tokens = open_tokens(cfg, comm, self.log)
-        self.trace = tracelib.Trace(rank=comm.rank)
-        self.rank = Rank.build(cfg, self.grid, self.be, build_schedule(cfg), self.trace,
-                               gpu_aware)
         resume_path, manifest = find_resume(cfg, run_dir, resume, comm, self.log)
-        if resume_path:
-            self._resume(resume_path, manifest)
         own = resume_path is not None and os.path.abspath(resume_path).startswith(
             os.path.abspath(os.path.join(run_dir, "checkpoints")) + os.sep)
-        self.run_dir = RunDir(run_dir, cfg, enabled=comm.rank == 0,
-                              resume_step=self.start_step if own else None)
+        self.run_id = run_identity(comm, manifest if own else None)
+        self.trace = tracelib.Trace(rank=comm.rank)
+        self.rank = Rank.build(cfg, self.grid, self.be, schedule, self.trace, gpu_aware)
+        if resume_path:
+            self._resume(resume_path, manifest)
+        self.run_dir = open_run_dir(run_dir, cfg, comm, manifest["step"] if own else None,
+                                    self.log)
         self.summary = Summary(run_dir=self.run_dir.path, schedule=parallel.schedule)
         self.metrics = Metrics(self.summary, self.run_dir, self.log, train.steps,
                                train.log_every, cfg.tokens_per_step, comm.size)
@@ -213,7 +269,9 @@ class Trainer:
 
         tick = time.perf_counter()
         state = ckpt.load(self.rank, self.cfg, path, manifest)
-        self.start_step = self.last_saved = state["step"]
+        self.start_step = state["step"]
+        own = self.run_id == manifest.get("run")
+        self.last_saved = self.start_step if own else None
         self.rank.step.scaler.restore(state)
         saved = manifest["layout"]
         self.log(f"resumed from {path} (step {self.start_step}, written with dp {saved['dp']} × "
@@ -251,20 +309,21 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> Summary:
         train = self.cfg.train
-        if self.start_step == 0:
-            self._evaluate(0)
-        watch = PreemptionWatch(self.comm)
-        self.comm.Barrier()
-        self.trace.origin = time.perf_counter()  # every rank's clock starts together
         try:
+            if self.start_step == 0:
+                self._evaluate(0)
+            if self.watch.agree():  # signalled during the set-up or the first evaluation
+                self._preempted(self.start_step)
+            self.comm.Barrier()
+            self.trace.origin = time.perf_counter()  # every rank's clock starts together
             for step in range(self.start_step + 1, train.steps + 1):
                 self._step(step)
                 self._after_step(step)
-                if watch.stop_now():
+                if self.watch.stop_now():
                     self._preempted(step)
+            return self._finish()
         finally:
-            watch.close()
-        return self._finish()
+            self._release()
 
     def _inputs(self, step: int):
         """inputs(mb) → (idx, targets) of microbatch mb of `step`, as device arrays."""
@@ -344,18 +403,27 @@ class Trainer:
         saved = ckpt.save(self.rank, self.cfg, step, self.run_dir.path,
                           {**self.rank.step.scaler.state(), "lr_step": step,
                            "data_step": step, "seed": self.cfg.train.seed},
-                          keep=self.cfg.checkpoint.keep, keep_every=self.cfg.checkpoint.keep_every)
+                          keep=self.cfg.checkpoint.keep, keep_every=self.cfg.checkpoint.keep_every,
+                          run=self.run_id)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path
         self.last_saved = step
 
     def _preempted(self, step: int):
-        self._save(step)
+        """Save what there is to save (nothing before the first step: the initial weights
+        are a function of the seed; nothing new right after a resume or a save), then
+        stop every rank with Preempted."""
+        self._settle()
+        if step > self.start_step and self.last_saved != step:
+            self._save(step)
+        self.metrics.close()
         self.run_dir.finish(self.summary)
-        self.log(f"preempted: checkpoint of step {step} written; exiting with status "
-                 f"{EXIT_PREEMPTED} (resume with --resume, or checkpoint.resume = \"auto\")")
-        raise Preempted(f"stopped by a signal at step {step} after saving a checkpoint")
+        saved = (f"checkpoint of step {step} written" if step > self.start_step else
+                 f"nothing trained since step {step}, so nothing to save")
+        self.log(f"preempted: {saved}; exiting with status {EXIT_PREEMPTED} (resume with "
+                 f"--resume, or checkpoint.resume = \"auto\")")
+        raise Preempted(f"stopped by a signal at step {step}")
 
     # -- summary ---------------------------------------------------------------------------
     def _finish(self) -> Summary:
@@ -370,7 +438,6 @@ class Trainer:
         write_traces(self.trace, self.comm, self.run_dir, self.cfg)
         summary.total_s = time.perf_counter() - self.started
         self.run_dir.finish(summary)
-        self.tokens.close()
         if not summary.steps:  # resumed at or past train.steps
             self.log(f"done: nothing to train, the run is at step {self.start_step} of "
                      f"{steps} (raise train.steps to continue)")

@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcpipe import checkpoint as ckpt
-from hpcpipe import config, safetensors
+from hpcpipe import config, manifest as manifests, safetensors
 from hpcpipe.__main__ import main
 from hpcpipe.train import train
 
@@ -84,7 +84,7 @@ def test_flipped_byte_inside_a_dataset_fails_its_checksum(run_dir, tmp_path):
     shard.write_bytes(bytes(data))
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["files"]["model-pp000.h5"]["sha256"] = ckpt.sha256(str(shard))
-    (path / "manifest.json").write_text(json.dumps(manifest))
+    manifests.write(str(path), json.dumps(manifest))  # its digest updated too
     [problem] = ckpt.verify(str(path))
     assert "wte" in problem and "damaged" in problem
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from hpcpipe import data
-from hpcpipe.data import DataError, TokenFile
+from hpcpipe.data import DataError
+from hpcpipe.tokens import open_token_file
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def test_prepare_single_file_and_decode(tmp_path):
     src.write_text("once upon a time " * 100)
     out = str(tmp_path / "story.h5")
     data.prepare(str(src), out, val_fraction=0.5, log=lambda *_: None)
-    tokens = TokenFile(out)
+    tokens = open_token_file(out)
     text = data.decode(np.concatenate([tokens.splits["train"][:], tokens.splits["val"][:]]))
     assert text == "once upon a time " * 100 + "\n"
 
@@ -62,7 +63,7 @@ def test_empty_or_missing_corpus(tmp_path):
 def test_windows_are_deterministic_and_independent_of_the_split(tmp_path, text_folder):
     out = str(tmp_path / "t.h5")
     data.prepare(str(text_folder), out, log=lambda *_: None)
-    tokens = TokenFile(out)
+    tokens = open_token_file(out)
     whole = tokens.batch("train", 16, seed=3, step=7, indices=range(8))
     halves = [tokens.batch("train", 16, seed=3, step=7, indices=range(k, k + 4)) for k in (0, 4)]
     np.testing.assert_array_equal(whole.idx, np.concatenate([h.idx for h in halves]))
@@ -76,17 +77,17 @@ def test_windows_are_deterministic_and_independent_of_the_split(tmp_path, text_f
 
 def test_missing_and_corrupted_token_files(tmp_path, text_folder):
     with pytest.raises(DataError, match="does not exist"):
-        TokenFile(str(tmp_path / "none.h5"))
+        open_token_file(str(tmp_path / "none.h5"))
     out = tmp_path / "t.h5"
     data.prepare(str(text_folder), str(out), log=lambda *_: None)
     truncated = tmp_path / "truncated.h5"
     truncated.write_bytes(out.read_bytes()[:1000])
-    with pytest.raises(DataError, match="unreadable or incomplete"):
-        TokenFile(str(truncated))
+    with pytest.raises(DataError, match="not a readable HDF5 file"):
+        open_token_file(str(truncated))
 
 
 def test_block_size_too_large_for_the_split(tmp_path, text_folder):
     out = str(tmp_path / "t.h5")
     data.prepare(str(text_folder), out, val_fraction=0.01, log=lambda *_: None)
     with pytest.raises(DataError, match="too few for block_size"):
-        TokenFile(out).batch("val", 500, 0, 0, range(2))
+        open_token_file(out).batch("val", 500, 0, 0, range(2))

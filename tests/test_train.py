@@ -72,13 +72,18 @@ def test_block_size_larger_than_the_data(tmp_path):
         train(cfg, str(tmp_path / "run"), MPI.COMM_WORLD, out=lambda *_: None)
 
 
-def test_existing_metrics_are_kept(tmp_path, stdlib_tokens):
+def test_an_earlier_run_is_moved_aside_not_overwritten(tmp_path, stdlib_tokens):
     cfg = config.load("inputs/tiny.toml", SMALL + ["train.steps=1",
                                                    f'data.path="{stdlib_tokens}"'])
+    lines = []
     for _ in range(2):
-        train(cfg, str(tmp_path / "run"), MPI.COMM_WORLD, out=lambda *_: None)
-    kept = [p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("metrics.")]
-    assert len(kept) == 2 and "metrics.jsonl" in kept
+        train(cfg, str(tmp_path / "run"), MPI.COMM_WORLD, out=lines.append)
+    [earlier] = [p for p in (tmp_path / "run").iterdir() if p.name.startswith("earlier-")]
+    assert {"config.toml", "metrics.jsonl", "summary.json", "checkpoints"} <= \
+        {p.name for p in earlier.iterdir()}
+    assert (earlier / "checkpoints" / "step_00000001" / "manifest.json").exists()
+    assert (tmp_path / "run" / "checkpoints" / "step_00000001" / "manifest.json").exists()
+    assert any(f"moved to {earlier}" in line for line in lines)
 
 
 def test_help_teaches_the_commands():

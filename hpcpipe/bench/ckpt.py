@@ -12,6 +12,9 @@ import time
 from .. import backend, config
 from .. import checkpoint as ckpt
 from .. import grid as gridlib
+from ..budget import check_run
+from ..errors import every_rank_does
+from ..files import claim_file
 from ..rank import Rank
 from ..schedules import generate
 from .common import write_json
@@ -32,18 +35,20 @@ def add_parser(sub):
                         metavar="SECTION.KEY=VALUE")
     parser.add_argument("--dir", help="where to write (default: a temporary folder, removed)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     parser.set_defaults(func=run_ckpt)
     return parser
 
 
 def run_ckpt(args) -> int:
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
+    world = args.job.world()
+    if args.json:
+        claim_file(args.json, args.force, "--json", make_folder=True)
     cfg = config.load(args.config, args.overrides)
     parallel, train = cfg.parallel, cfg.train
     grid = gridlib.build(world, parallel.dp, parallel.pp, parallel.rank_order, source=cfg.source)
     be = backend.select(train.device, grid.local_rank)
+    every_rank_does(world, lambda: check_run(cfg, be, grid.local_size))
     schedule = generate("1f1b" if parallel.schedule == "auto" else parallel.schedule,
                         parallel.pp, parallel.microbatches, v=cfg.chunks)
     tick = time.perf_counter()

@@ -20,7 +20,11 @@ import numpy as np
 
 from .. import __version__, backend, config
 from .. import grid as gridlib
+from ..arguments import integer, number
+from ..budget import require
 from ..comm import FORWARD, PipeComm
+from ..errors import HpcpipeError, every_rank_does
+from ..files import claim_file
 from ..gradsync import BucketPlan, GradSync
 from ..model import FlatBuffer
 from ..transport import Transport, resolve_gpu_aware
@@ -39,15 +43,19 @@ def add_parser(sub):
     parser = sub.add_parser("comm", help="p2p and all-reduce bandwidth, and overlap with W",
                             description=__doc__, epilog=EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--min-kb", type=float, default=4, help="smallest message, KiB (4)")
-    parser.add_argument("--max-mb", type=float, default=256, help="largest message, MiB (256)")
-    parser.add_argument("--bucket-mb", type=float, default=25.0,
+    parser.add_argument("--min-kb", type=number(0.25, 2**20), default=4,
+                        help="smallest message, KiB (4)")
+    parser.add_argument("--max-mb", type=number(2**-10, 2**16), default=256,
+                        help="largest message, MiB (256)")
+    parser.add_argument("--bucket-mb", type=number(2**-10, 2**20), default=25.0,
                         help="GradSync bucket size, MiB (25, the training default)")
-    parser.add_argument("--repeats", type=int, default=0,
+    parser.add_argument("--repeats", type=integer(0, 10**6), default=0,
                         help="timed repetitions per size (default: by size, 3 to 50)")
     parser.add_argument("--skip-overlap", action="store_true",
                         help="skip the training-step overlap measurement")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the --json file if it exists")
     parser.set_defaults(func=run_comm)
     return parser
 
@@ -80,13 +88,19 @@ def _median_time(fn, repeats: int, comm) -> float:
 def run_comm(args) -> int:
     from mpi4py import MPI
 
-    world = MPI.COMM_WORLD
+    world = args.job.world()
     is_root = world.rank == 0
+    if args.json:
+        claim_file(args.json, args.force, "--json", make_folder=True)
+    if args.min_kb * 2**10 > args.max_mb * 2**20:
+        raise HpcpipeError(f"bench comm: --min-kb {args.min_kb:g} is above --max-mb "
+                           f"{args.max_mb:g}")
+    # A message of max-mb travels both ways, and the all-reduce keeps its buckets beside it.
+    every_rank_does(world, lambda: require(int(4 * args.max_mb * 2**20),
+                                           f"--max-mb {args.max_mb:g}"))
     if world.size < 2:
-        if is_root:
-            print("bench comm needs at least 2 ranks: mpiexec -n 2 python -m mpi4py -m "
-                  "hpcpipe bench comm")
-        return 2
+        raise HpcpipeError("bench comm needs at least 2 ranks: mpiexec -n 2 python -m mpi4py "
+                           "-m hpcpipe bench comm")
 
     def log(msg):
         if is_root:

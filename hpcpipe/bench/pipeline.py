@@ -17,9 +17,14 @@ import numpy as np
 from .. import __version__, backend, config
 from .. import grid as gridlib
 from .. import trace as tracelib
+from ..arguments import integer, number
+from ..budget import check_run
 from ..comm import pipeline_message_time
+from ..errors import HpcpipeError, every_rank_does
+from ..files import claim_file
 from ..rank import Rank
-from ..schedules import Costs, ScheduleError, generate, peak_activations, simulate
+from ..schedules import KINDS, Costs, ScheduleError, generate, peak_activations, simulate
+from ..schedules.ops import MAX_MICROBATCHES
 from ..train import profiled_costs
 from .common import write_json
 
@@ -41,20 +46,26 @@ def add_parser(sub):
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe.add_argument("--schedules", default=",".join(PIPELINE_KINDS),
                       help=f"comma-separated kinds (default {','.join(PIPELINE_KINDS)})")
-    pipe.add_argument("--microbatches", type=int, default=4, help="microbatches per step (4)")
-    pipe.add_argument("--micro-batch-size", type=int, default=4, help="sequences each (4)")
-    pipe.add_argument("--layers", type=int, default=4, help="transformer blocks (4)")
-    pipe.add_argument("--embd", type=int, default=256, help="n_embd (256)")
-    pipe.add_argument("--heads", type=int, default=4, help="n_head (4)")
-    pipe.add_argument("--block", type=int, default=128, help="sequence length (128)")
-    pipe.add_argument("--steps", type=int, default=5, help="measured steps per round (5)")
-    pipe.add_argument("--rounds", type=int, default=4, help="round-robin rounds (4)")
-    pipe.add_argument("--memory-limit", type=float, default=0,
+    pipe.add_argument("--microbatches", type=integer(1, MAX_MICROBATCHES), default=4,
+                      help="microbatches per step (4)")
+    pipe.add_argument("--micro-batch-size", type=integer(1, 4096), default=4,
+                      help="sequences each (4)")
+    pipe.add_argument("--layers", type=integer(1, 4096), default=4, help="transformer blocks (4)")
+    pipe.add_argument("--embd", type=integer(1, 1 << 16), default=256, help="n_embd (256)")
+    pipe.add_argument("--heads", type=integer(1, 1024), default=4, help="n_head (4)")
+    pipe.add_argument("--block", type=integer(1, 1 << 16), default=128,
+                      help="sequence length (128)")
+    pipe.add_argument("--steps", type=integer(1, 10**6), default=5,
+                      help="measured steps per round (5)")
+    pipe.add_argument("--rounds", type=integer(1, 10**6), default=4,
+                      help="round-robin rounds (4)")
+    pipe.add_argument("--memory-limit", type=number(0, 1e9), default=0,
                       help="auto's limit in microbatches (default 2·pp)")
     pipe.add_argument("--synchronous", action="store_true",
                       help="without optimizer post-validation: every step ends in a "
                            "synchronisation (default: optimizer post-validation)")
     pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    pipe.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     pipe.set_defaults(func=run_pipeline)
     return pipe
 
@@ -204,19 +215,25 @@ def print_rows(rows):
 
 
 def run_pipeline(args) -> int:
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
+    world = args.job.world()
     pp = world.size
+    if args.json:
+        claim_file(args.json, args.force, "--json", make_folder=True)
 
     def log(msg):
         if world.rank == 0:
             print(msg, flush=True)
 
+    kinds = [k.strip() for k in args.schedules.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise HpcpipeError(f"bench pipeline: --schedules {args.schedules!r}: unknown kind "
+                           f"{(unknown or [''])[0]!r}; choose from {', '.join(KINDS)}")
     cfg = bench_config(args, pp)
     grid = gridlib.build(world, 1, pp, source="bench pipeline")
     threads = backend.limit_threads(grid.local_size)
     be = backend.select("auto", grid.local_rank, threads=threads)
+    every_rank_does(world, lambda: check_run(cfg, be, grid.local_size))
     cores = backend.cpu_count()
     m, B, T, C = args.microbatches, args.micro_batch_size, args.block, args.embd
     log(f"hpcpipe {__version__} bench pipeline | {grid.describe()} | {be.describe()}, "
@@ -238,8 +255,10 @@ def run_pipeline(args) -> int:
         + "  B " + "/".join(f"{x * 1e3:.2f}" for x in costs.b)
         + "  W " + "/".join(f"{x * 1e3:.2f}" for x in costs.w)
         + f"  message {costs.comm * 1e3:.3f}")
-    kinds = [k.strip() for k in args.schedules.split(",") if k.strip()]
     entries = contenders(kinds, cfg, grid, be, world, costs, args.memory_limit, log)
+    if not entries:
+        raise HpcpipeError(f"bench pipeline: none of --schedules {args.schedules} can run "
+                           f"on {pp} rank(s) with these settings (see the lines above)")
     for entry in entries:
         entry.run_steps(world, inputs, 2, record=False)  # warm-up: allocation, caches
     for r in range(args.rounds):

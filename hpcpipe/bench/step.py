@@ -25,7 +25,10 @@ from contextlib import contextmanager
 import numpy as np
 
 from .. import __version__, backend, layers
+from ..arguments import integer
 from ..dtypes import DTYPES, compute_dtype
+from ..errors import HpcpipeError
+from ..files import claim_file
 from ..layers import attention, block, embedding, gelu, head, layernorm, linear, loss, mlp
 from ..model import GPTConfig, Stage
 from ..optim import AdamW, ParamShard
@@ -67,7 +70,7 @@ def add_parser(sub):
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default="tiny,medium",
                    help=f"comma-separated, from {', '.join(CONFIGS)} (default tiny,medium)")
-    p.add_argument("--batch", type=int, default=16, help="sequences per step (16)")
+    p.add_argument("--batch", type=integer(1, 4096), default=16, help="sequences per step (16)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="compute dtype (default float32); 16-bit runs hpcpipe with float32 "
                         "master weights and PyTorch under autocast")
@@ -75,14 +78,17 @@ def add_parser(sub):
                    help="GPU float32 GEMMs on TF32 tensor cores, in both (CUPY_TF32=1 and "
                         "torch's allow_tf32)")
     p.add_argument("--device", choices=backend.DEVICES, default="auto")
-    p.add_argument("--warmup", type=int, default=2, help="unmeasured steps of each (2)")
-    p.add_argument("--repeats", type=int, default=10, help="measured steps of each (10)")
+    p.add_argument("--warmup", type=integer(0, 10**6), default=2,
+                   help="unmeasured steps of each (2)")
+    p.add_argument("--repeats", type=integer(1, 10**6), default=10,
+                   help="measured steps of each (10)")
     p.add_argument("--no-torch", action="store_true", help="measure hpcpipe only")
     p.add_argument("--profile", action="store_true",
                    help="also print hpcpipe's time per layer in F, B and W")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes, one repetition: checks the code paths, measures nothing")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     p.set_defaults(func=run_step)
     return p
 
@@ -431,9 +437,9 @@ def _plan(args, be):
         return {"smoke": SMOKE}, 2, 0, 1, 128
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in names if c not in CONFIGS]
-    if unknown:
-        raise SystemExit(f"bench step: unknown config {unknown[0]!r}; "
-                         f"choose from {', '.join(CONFIGS)}")
+    if unknown or not names:
+        raise HpcpipeError(f"bench step: --configs {args.configs!r}: unknown config; "
+                           f"choose from {', '.join(CONFIGS)}")
     return ({c: CONFIGS[c] for c in names}, args.batch, args.warmup, args.repeats,
             8192 if be.is_gpu else 2048)
 
@@ -502,6 +508,8 @@ def run_step(args) -> int:
     def log(msg):
         print(msg, flush=True)
 
+    if args.json:
+        claim_file(args.json, args.force, "--json", make_folder=True)
     be, torch, device = _setup(args, log)
     configs, batch, warmup, repeats, peak_n = _plan(args, be)
     machine = _header(be, torch, device, log)

@@ -8,7 +8,11 @@ import sys
 
 from . import KINDS, Costs, ScheduleError, check, generate, simulate, span_lower_bound
 from .draw import png, report, svg
+from .ops import MAX_MICROBATCHES
 from .torch_csv import read_csv, write_csv
+
+MAX_STAGES, MAX_CHUNKS = 4096, 64
+MAX_OPS = 1 << 22  # stages × microbatches × chunks: what builds and simulates in seconds
 
 DESCRIPTION = """\
 Build a pipeline schedule, prove it correct (every microbatch gets one F, B and W per stage,
@@ -46,14 +50,19 @@ limit, has a shorter longest span; the makespan with --objective makespan) and o
 (the schedule meets it)."""
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _positive(limit: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") \
+                from None
+        if not 1 <= value <= limit:
+            raise argparse.ArgumentTypeError(f"expected an integer from 1 to {limit}, got {value}")
+        return value
+
+    parse.__name__ = "positive integer"
+    return parse
 
 
 def _costs(text: str) -> Costs:
@@ -75,10 +84,11 @@ def _limit(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=KINDS, help="schedule family (required unless --load-csv)")
-    parser.add_argument("--stages", "-p", type=_positive, metavar="P", help="pipeline ranks")
-    parser.add_argument("--microbatches", "-m", type=_positive, metavar="M",
+    parser.add_argument("--stages", "-p", type=_positive(MAX_STAGES), metavar="P",
+                        help="pipeline ranks")
+    parser.add_argument("--microbatches", "-m", type=_positive(MAX_MICROBATCHES), metavar="M",
                         help="microbatches per step")
-    parser.add_argument("--chunks", "-v", type=_positive, metavar="V",
+    parser.add_argument("--chunks", "-v", type=_positive(MAX_CHUNKS), metavar="V",
                         help="model chunks per rank (interleaved-1f1b: any, default 2; zb-v: 2; "
                         "auto: 1 or 2, default its choice)")
     parser.add_argument("--cost", type=_costs, default=Costs(), metavar="F=1,B=1,W=1,comm=0",
@@ -101,6 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json", action="store_true", help="print one JSON object instead of the picture")
     out.add_argument("--svg", metavar="FILE", help="draw the timeline to an SVG file")
     out.add_argument("--png", metavar="FILE", help="draw the timeline to a PNG file (needs matplotlib)")
+    parser.add_argument("--force", action="store_true", help="replace output files that exist")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -115,8 +126,18 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _fail(message: str) -> int:
-    print(f"hpcpipe schedule: error: {message}", file=sys.stderr)
+    print(f"error: schedule: {message}", file=sys.stderr)
     return 2
+
+
+def _claim_outputs(args) -> None:
+    """Every file this command will write, checked before any work (never one that exists
+    unless --force)."""
+    from ..files import claim_file
+
+    for flag, path in (("--svg", args.svg), ("--png", args.png), ("--save-csv", args.save_csv)):
+        if path:
+            claim_file(path, args.force, flag)
 
 
 def _build(args: argparse.Namespace):
@@ -127,6 +148,10 @@ def _build(args: argparse.Namespace):
                                         ("--microbatches", args.microbatches)) if value is None]
     if missing:
         raise ScheduleError(f"missing {', '.join(missing)} (or give --load-csv FILE)")
+    ops = args.stages * args.microbatches * (args.chunks or 2)
+    if ops > MAX_OPS:
+        raise ScheduleError(f"{args.stages} stages × {args.microbatches} microbatches × "
+                            f"{args.chunks or 2} chunks: over {MAX_OPS} ops, too many to build")
     if args.exact:
         if args.kind != "auto":
             raise ScheduleError("--exact searches for the best schedule: use it with --kind auto")
@@ -156,7 +181,10 @@ def _bound(result, verdict, objective: str) -> tuple[float, bool]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import HpcpipeError
+
     try:
+        _claim_outputs(args)
         schedule, verdict = _build(args)
         check(schedule)
         result = simulate(schedule, args.cost)
@@ -184,10 +212,10 @@ def run(args: argparse.Namespace) -> int:
                       f"{100 * verdict.gap:.3f}% ("
                       + ", ".join(f"{c.status.lower()} in {c.seconds:.1f} s" for c in verdict.certified)
                       + ")")
-    except ScheduleError as e:
+    except (HpcpipeError, RuntimeError) as e:
         return _fail(str(e))
-    except (OSError, RuntimeError) as e:
-        return _fail(str(e))
+    except OSError as e:
+        return _fail(f"{e.filename}: {e.strerror}" if e.filename else str(e))
     return 0
 
 

@@ -8,8 +8,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Iterable, Mapping, Sequence
 
+from ..errors import HpcpipeError
 
-class ScheduleError(ValueError):
+
+# Every rank's op list names each microbatch's F, B and W, and the checker and simulator
+# walk them all: past this many microbatches a schedule alone takes minutes and gigabytes.
+MAX_MICROBATCHES = 1 << 16
+
+
+class ScheduleError(HpcpipeError, ValueError):
     """A schedule that cannot be built or would not run correctly; the message says why."""
 
 

@@ -12,11 +12,11 @@ import csv
 import io
 import re
 
-from .ops import Kind, Op, Schedule, ScheduleError, make_schedule
+from .ops import MAX_MICROBATCHES, Kind, Op, Schedule, ScheduleError, make_schedule
 
 _TO_TORCH = {Kind.F: "F", Kind.B: "I", Kind.W: "W", Kind.BW: "B"}
 _FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
-_ACTION = re.compile(r"^(\d+)([A-Z_]+?)(\d*)$")
+_ACTION = re.compile(r"^([0-9]{1,6})([A-Z_]+?)([0-9]{0,9})$")
 
 
 def to_csv(schedule: Schedule) -> str:
@@ -50,6 +50,10 @@ def from_csv(text: str, kind: str = "csv") -> Schedule:
             stage, letter, microbatch = match.groups()
             actions.append((int(stage), _FROM_TORCH[letter], int(microbatch)))
         parsed.append(actions)
+    if not any(parsed):
+        raise ScheduleError("the CSV holds no actions")
+    if max(x for actions in parsed for _, _, x in actions) >= MAX_MICROBATCHES:
+        raise ScheduleError(f"microbatch indices must stay below {MAX_MICROBATCHES}")
     p = len(parsed)
     owned = [sorted({stage for stage, _, _ in actions}) for actions in parsed]
     v = max(len(stages) for stages in owned)
@@ -71,6 +75,20 @@ def write_csv(schedule: Schedule, path: str) -> None:
         f.write(to_csv(schedule))
 
 
+MAX_CSV_BYTES = 16 * 2**20
+
+
 def read_csv(path: str, kind: str = "csv") -> Schedule:
-    with open(path, newline="") as f:
-        return from_csv(f.read(), kind)
+    """A schedule from a CSV file, which must be UTF-8 text of a sensible size."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_CSV_BYTES + 1)
+    if len(raw) > MAX_CSV_BYTES:
+        raise ScheduleError(f"{path}: over {MAX_CSV_BYTES} bytes: not a schedule CSV")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ScheduleError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        return from_csv(text, kind)
+    except csv.Error as e:
+        raise ScheduleError(f"{path}: not a CSV file ({e})") from None

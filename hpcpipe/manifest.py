@@ -1,0 +1,175 @@
+"""A checkpoint's manifest: what it holds, and the checksum that covers the manifest itself.
+
+`manifest.json` records the step, the resolved config, the model shape, the layout that
+wrote it, the run it belongs to, and every file with its size and SHA-256. Beside it,
+`manifest.sha256` holds the manifest's own SHA-256 in `sha256sum` format, so that an edited
+or damaged manifest (a changed `step`, a changed file hash) is detected like a damaged
+shard; `sha256sum -c manifest.sha256` checks it by hand.
+
+`read` is the one validating reader of manifests: the size is bounded, the digest must
+match, the JSON must be strict (schema.parse_json), every field is checked against
+SCHEMA, and the parts must agree with each other (files referenced exist in `files`, the
+tensors are exactly the model's parameters with their shapes, optimizer pieces lie inside
+their tensors, a folder named step_N holds step N) — all before any of it is used to size
+an allocation or open a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+from .dtypes import DTYPES
+from .errors import HpcpipeError
+from .files import write_text_atomic
+from .schema import Anything, Int, ListOf, MapOf, Mismatch, Number, Record, Text, parse_json
+
+FORMAT_VERSION = 2  # 2: manifest.sha256 beside the manifest, and the run it belongs to
+MANIFEST = "manifest.json"
+DIGEST = "manifest.sha256"
+MAX_BYTES = 64 * 2**20
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+
+_FILE = Text(pattern=r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a plain name inside the folder
+_RUN = Text(pattern=r"[0-9a-f]{32}")
+SCHEMA = Record({
+    "format_version": Int(FORMAT_VERSION, FORMAT_VERSION),
+    "step": Int(0),
+    "created": Number(0, 1e11),  # seconds since 1970
+    "config": Text(max_len=1 << 20),
+    "model": Record({key: Int(1) for key in MODEL_KEYS}),
+    "dtype": Text(choices=DTYPES),
+    "layout": Record({"dp": Int(1), "pp": Int(1), "chunks": Int(1), "schedule": Text(),
+                      "zero": Int(0, 1), "rank_order": Text(),
+                      "partition": ListOf(ListOf(Int(0)))}),
+    "adam_step": Int(0),
+    "state": Record({}, optional={"loss_scale": Number(0), "good_steps": Int(0),
+                                  "lr_step": Int(0), "data_step": Int(0), "seed": Int(0)},
+                    extra=True),
+    "files": MapOf(Record({"size": Int(0), "sha256": Text(pattern=r"[0-9a-f]{64}")}),
+                   key=_FILE),
+    "tensors": MapOf(Record({"file": _FILE, "shape": ListOf(Int(0), max_len=4)})),
+    "pieces": MapOf(ListOf(Record({"file": _FILE, "start": Int(0), "stop": Int(0)}))),
+}, optional={"run": _RUN, "source": Anything()})
+
+
+class CheckpointError(HpcpipeError):
+    """A checkpoint that cannot be used; the message names the file and what is wrong."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write(folder: str, text: str):
+    """The manifest and its digest, each written atomically (the digest second: a folder
+    with a manifest but no digest is incomplete, and is never renamed into place)."""
+    data = text.encode("utf-8")
+    write_text_atomic(os.path.join(folder, MANIFEST), text)
+    write_text_atomic(os.path.join(folder, DIGEST), f"{sha256_bytes(data)}  {MANIFEST}\n")
+
+
+def _read_bytes(file: str, limit: int) -> bytes:
+    if not os.path.isfile(file):
+        raise CheckpointError(f"{file}: missing (or not a file)")
+    if os.path.getsize(file) > limit:
+        raise CheckpointError(f"{file}: {os.path.getsize(file)} bytes, more than any "
+                              f"manifest ({limit}): not a manifest")
+    try:
+        with open(file, "rb") as f:
+            return f.read(limit + 1)
+    except OSError as e:
+        raise CheckpointError(f"{file}: cannot be read ({e.strerror})") from None
+
+
+def _check_digest(path: str, data: bytes):
+    digest = os.path.join(path, DIGEST)
+    if not os.path.lexists(digest):
+        raise CheckpointError(f"{digest} is missing, so {MANIFEST} cannot be trusted (an "
+                              f"incomplete copy, or a checkpoint of an older hpcpipe)")
+    text = _read_bytes(digest, 4096).decode("ascii", errors="replace").split()
+    if not text or not re.fullmatch(r"[0-9a-f]{64}", text[0]):
+        raise CheckpointError(f"{digest}: not a SHA-256 line (damaged)")
+    if text[0] != sha256_bytes(data):
+        raise CheckpointError(f"{os.path.join(path, MANIFEST)}: its SHA-256 differs from "
+                              f"{DIGEST}: the manifest was edited or is damaged")
+
+
+def read(path: str) -> dict:
+    """The validated manifest of the checkpoint folder `path`."""
+    file = os.path.join(path, MANIFEST)
+    if not os.path.lexists(file):
+        raise CheckpointError(f"{path}: incomplete checkpoint: {MANIFEST} is missing")
+    data = _read_bytes(file, MAX_BYTES)
+    try:
+        manifest = parse_json(data)
+    except Mismatch as e:
+        raise CheckpointError(f"{file}: unreadable manifest: {e}") from None
+    if isinstance(manifest, dict) and manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{file}: format version {manifest.get('format_version')!r}, "
+                              f"this hpcpipe reads version {FORMAT_VERSION}")
+    _check_digest(path, data)
+    try:
+        manifest = SCHEMA.check(manifest)
+    except Mismatch as e:
+        raise CheckpointError(f"{file}: {e}") from None
+    _consistent(manifest, path, file)
+    return manifest
+
+
+def step_in_name(path: str) -> int | None:
+    """N for a folder named step_N, else None."""
+    match = re.fullmatch(r"step_(\d{1,19})", os.path.basename(os.path.normpath(path)))
+    return int(match.group(1)) if match else None
+
+
+def _consistent(m: dict, path: str, file: str):
+    """The manifest's parts agree with each other and with the folder's name."""
+    named = step_in_name(path)
+    if named is not None and named != m["step"]:
+        raise CheckpointError(f"{file}: step {m['step']}, but the folder is step {named}: the "
+                              f"manifest was edited or belongs elsewhere")
+    model = m["model"]
+    if model["n_embd"] % model["n_head"]:
+        raise CheckpointError(f"{file}: model.n_embd = {model['n_embd']} is not divisible by "
+                              f"model.n_head = {model['n_head']}")
+    for name, info in m["tensors"].items():
+        _listed(info["file"], m, file, f"tensor {name}")
+    _check_tensors(m, file)
+    for name, pieces in m["pieces"].items():
+        if name not in m["tensors"]:
+            raise CheckpointError(f"{file}: optimizer state for {name!r}, which is not a tensor")
+        size = 1
+        for dim in m["tensors"][name]["shape"]:
+            size *= dim
+        for piece in pieces:
+            _listed(piece["file"], m, file, f"optimizer state of {name}")
+            if not piece["start"] <= piece["stop"] <= size:
+                raise CheckpointError(f"{file}: optimizer state of {name} covers elements "
+                                      f"[{piece['start']}, {piece['stop']}) of a tensor of "
+                                      f"{size}")
+
+
+def _listed(name: str, m: dict, file: str, what: str):
+    if name not in m["files"]:
+        raise CheckpointError(f"{file}: {what} is in {name!r}, which is not among its files")
+
+
+def _check_tensors(m: dict, file: str):
+    """Exactly the model's parameters, with its shapes (counted first: a hostile n_layer
+    must not make the expected layout itself huge)."""
+    from .model import GPTConfig, param_layout
+
+    model = m["model"]
+    expected_count = 12 * model["n_layer"] + 4  # blocks, wte, wpe, ln_f weight and bias
+    if len(m["tensors"]) != expected_count:
+        raise CheckpointError(f"{file}: {len(m['tensors'])} tensors, but a model of "
+                              f"{model['n_layer']} layers has {expected_count}")
+    for name, shape in param_layout(GPTConfig(**model)):
+        info = m["tensors"].get(name)
+        if info is None:
+            raise CheckpointError(f"{file}: parameter {name} is not listed")
+        if tuple(info["shape"]) != tuple(shape):
+            raise CheckpointError(f"{file}: parameter {name} has shape {info['shape']}, the "
+                                  f"model's is {list(shape)}")

@@ -346,8 +346,8 @@ def _check_parallel(source, parallel: ParallelSection):
     _require(source, "parallel.memory_limit", limit,
              parse_bytes(limit) is not None if isinstance(limit, str)
              else limit == 0 or 1 <= limit < math.inf,
-             'must be 0 (meaning 2·pp), at least 1 microbatch (the activations of one '
-             'microbatch on a rank\'s whole share of layers are the least any schedule '
+             'must be 0 (meaning 2·pp) or at least 1 (microbatches: one microbatch\'s '
+             'activations on a rank\'s whole share of layers are the least any schedule '
              'holds), or a size such as "12GiB" or "500MB"')
     _at_least(source, "parallel", parallel, ("profile_steps",), 1)
     _one_of(source, "parallel.rank_order", parallel.rank_order, RANK_ORDERS)

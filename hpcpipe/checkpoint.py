@@ -199,7 +199,7 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str) 
         "model": {k: getattr(cfg.model, k) for k in
                   ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
         "dtype": cfg.train.dtype,
-        "layout": {"dp": grid.dp, "pp": grid.pp, "chunks": len(model.stages),
+        "layout": {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "chunks": len(model.stages),
                    "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
                    "rank_order": grid.rank_order,
                    "partition": [list(spec.layers) for spec in model.specs]},

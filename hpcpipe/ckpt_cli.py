@@ -109,7 +109,8 @@ def cmd_info(args) -> int:
     print(f"  step {m['step']}, written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m['created']))}")
     print(f"  model: {model['n_layer']} layers, {model['n_head']} heads, n_embd {model['n_embd']}, "
           f"block {model['block_size']}, vocab {model['vocab_size']}; {m['dtype']}")
-    print(f"  layout: dp {lay['dp']} × pp {lay['pp']} ({lay['chunks']} chunk(s) per rank), "
+    print(f"  layout: dp {lay['dp']} × pp {lay['pp']} × tp {lay.get('tp', 1)} "
+          f"({lay['chunks']} chunk(s) per rank), "
           f"schedule {lay['schedule']}, ZeRO {lay['zero']}")
     print(f"  partition: {lay['partition']}")
     params = sum(int(np.prod(t['shape'])) for t in m['tensors'].values())

@@ -144,15 +144,13 @@ _METHODS = frozenset((
     "cumsum", "any", "all", "nonzero", "take", "repeat", "clip", "dot"))
 
 
-def _operator(name):
+def _operator(name, in_place: bool):
     def op(self, *others):
         args = self._device.unwrap(others, "an operand")
         result = getattr(self._a, name)(*args)
         if result is NotImplemented:
             return result
-        if name.startswith("__i"):  # in place: the same device array
-            return self
-        return self._wrap(result)
+        return self if in_place else self._wrap(result)  # in place: the same device array
     op.__name__ = name
     return op
 
@@ -160,9 +158,10 @@ def _operator(name):
 for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and",
               "or", "xor", "lt", "le", "gt", "ge", "eq", "ne", "neg", "pos", "abs",
               "invert"):
-    for _form in (f"__{_name}__", f"__r{_name}__", f"__i{_name}__"):
+    for _form, _in_place in ((f"__{_name}__", False), (f"__r{_name}__", False),
+                             (f"__i{_name}__", True)):
         if hasattr(np.ndarray, _form):
-            setattr(DeviceArray, _form, _operator(_form))
+            setattr(DeviceArray, _form, _operator(_form, _in_place))
 
 
 class _Stream:

@@ -42,7 +42,7 @@ SCHEMA = Record({
     "dtype": Text(choices=DTYPES),
     "layout": Record({"dp": Int(1), "pp": Int(1), "chunks": Int(1), "schedule": Text(),
                       "zero": Int(0, 1), "rank_order": Text(),
-                      "partition": ListOf(ListOf(Int(0)))}),
+                      "partition": ListOf(ListOf(Int(0)))}, optional={"tp": Int(1)}),
     "adam_step": Int(0),
     "state": Record({}, optional={"loss_scale": Number(0), "good_steps": Int(0),
                                   "lr_step": Int(0), "data_step": Int(0), "seed": Int(0)},
@@ -50,7 +50,9 @@ SCHEMA = Record({
     "files": MapOf(Record({"size": Int(0), "sha256": Text(pattern=r"[0-9a-f]{64}")}),
                    key=_FILE),
     "tensors": MapOf(Record({"file": _FILE, "shape": ListOf(Int(0), max_len=4)})),
-    "pieces": MapOf(ListOf(Record({"file": _FILE, "start": Int(0), "stop": Int(0)}))),
+    # a piece of a tensor-parallel shard's part of the tensor names the shard: [tp, rank]
+    "pieces": MapOf(ListOf(Record({"file": _FILE, "start": Int(0), "stop": Int(0)},
+                                  optional={"tp": ListOf(Int(0), max_len=2)}))),
 }, optional={"run": _RUN, "source": Anything()})
 
 
@@ -145,10 +147,25 @@ def _consistent(m: dict, path: str, file: str):
             size *= dim
         for piece in pieces:
             _listed(piece["file"], m, file, f"optimizer state of {name}")
+            if "tp" in piece:
+                size = _shard_size(name, m["tensors"][name]["shape"], piece["tp"], file)
             if not piece["start"] <= piece["stop"] <= size:
                 raise CheckpointError(f"{file}: optimizer state of {name} covers elements "
                                       f"[{piece['start']}, {piece['stop']}) of a tensor of "
                                       f"{size}")
+
+
+def _shard_size(name: str, shape, tp, file: str) -> int:
+    """Elements of tensor-parallel shard tp = [shards, rank] of a tensor."""
+    from .tensor_parallel import shard_of
+
+    if len(tp) != 2 or not 1 <= tp[0] <= max(shape, default=1) or not 0 <= tp[1] < tp[0]:
+        raise CheckpointError(f"{file}: optimizer state of {name} names tensor shard {tp}, "
+                              f"which the tensor's shape {list(shape)} does not have")
+    size = 1
+    for dim in shard_of(name, shape, tp[0], tp[1]).local_shape(shape):
+        size *= dim
+    return size
 
 
 def _listed(name: str, m: dict, file: str, what: str):

@@ -274,8 +274,10 @@ class Trainer:
         self.last_saved = self.start_step if own else None
         self.rank.step.scaler.restore(state)
         saved = manifest["layout"]
+        shards = f" × tp {saved['tp']}" if saved.get("tp", 1) > 1 else ""
         self.log(f"resumed from {path} (step {self.start_step}, written with dp {saved['dp']} × "
-                 f"pp {saved['pp']}, {saved['schedule']}) in {time.perf_counter() - tick:.2f} s")
+                 f"pp {saved['pp']}{shards}, {saved['schedule']}) in "
+                 f"{time.perf_counter() - tick:.2f} s")
         if self.start_step >= self.cfg.train.steps:
             self.log(f"the checkpoint is at step {self.start_step}, train.steps = "
                      f"{self.cfg.train.steps}: nothing to do")

@@ -50,6 +50,9 @@ def backward_weight(dx, cache, grads):
     if "elsewhere" in cache:  # vocabulary-parallel: only the tokens this shard holds
         mine = xp.flatnonzero(~cache["elsewhere"].reshape(-1))
         flat, rows = flat[mine], rows[mine]
+    grads["wpe"][:T] += dx.sum(axis=0, dtype=dtype)
+    if flat.shape[0] == 0:  # a vocabulary shard none of these tokens falls in
+        return
     # Sort the rows by token (stable: a token's rows stay in batch order) into runs.
     order = xp.argsort(flat, kind="stable")
     tokens = flat[order]
@@ -59,7 +62,6 @@ def backward_weight(dx, cache, grads):
     sums = (np.add.reduceat(rows[order], starts, axis=0) if not be.is_gpu
             else _run_sums(xp, rows[order], first, starts.size))
     grads["wte"][tokens[starts]] += sums
-    grads["wpe"][:T] += dx.sum(axis=0, dtype=dtype)
 
 
 def _run_sums(xp, rows, first, runs: int):

@@ -1,0 +1,290 @@
+"""MPI worker: tensor parallelism against the unsplit model.
+
+Run as `mpiexec -n 4 python -m mpi4py tests/mpi/tensor_parallel.py` (or -n 8); started
+by tests/test_tensor_parallel_mpi.py. In float64:
+- layers (4 ranks): every tensor-parallel layer's F, B and W, on 2 and 4 shards, against
+  the unsplit layer: outputs, input gradients and the weight gradients gathered into
+  their global tensors, to 1e-12;
+- layouts: every layout of the world (tp 4; tp 2 × pp 2; tp 2 × dp 2 on 4 ranks; the
+  2 × 2 × 2 on 8) trains like one process — losses and weights to 1e-12 after clipped
+  steps — bitwise alike across schedules for a fixed layout; with ZeRO-1 and with
+  post-validation too;
+- checkpoints (4 ranks): saved at tp 2, resumed at tp 1, saved, resumed at tp 4: the
+  losses of one uninterrupted process, to 1e-12.
+Exit status 0 only when every rank agrees that everything matched.
+"""
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import devices  # noqa: E402  (tests/devices.py: the test device)
+
+from hpcpipe import checkpoint as ckpt
+from hpcpipe import config
+from hpcpipe import grid as gridlib
+from hpcpipe.layers import attention, block, embedding, head, linear, loss, mlp, scope
+from hpcpipe.model import GPTConfig, block_layout
+from hpcpipe.rank import Rank
+from hpcpipe.schedules import generate
+from hpcpipe.tensor_parallel import TensorParallel, shard_of
+from hpcpipe.transport import Transport
+
+WORLD = MPI.COMM_WORLD
+B, T, C, NH, V = 2, 5, 8, 4, 16
+STEPS, GLOBAL_MB = 3, 4
+TOL = 1e-12
+
+
+def close(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return np.abs(a - b).max() <= TOL * max(np.abs(b).max(), 1e-300)
+
+
+# -- layers ----------------------------------------------------------------------------------
+
+def block_params(rng):
+    """Block 0's parameters under their GPT-2 names (LayerNorm gains near 1)."""
+    shape = GPTConfig(vocab_size=V, block_size=T, n_layer=1, n_head=NH, n_embd=C)
+    return {name: rng.standard_normal(dims) * 0.5 + (name.endswith(("ln_1.weight",
+                                                                   "ln_2.weight")))
+            for name, dims in block_layout(shape, 0)}
+
+
+def run_layer(kind, params, x, dy, tp, be, targets=None):
+    """F, B and W of one layer on this shard; (output, input gradient, weight grads)."""
+    local = {name: be.from_host(shard_of(name, value.shape, tp.size, tp.rank).take(value)
+                                if tp else value) for name, value in params.items()}
+    grads = {name: be.xp.zeros_like(value) for name, value in local.items()}
+    if kind == "embedding":
+        y, cache = embedding.forward(be.from_host(x), local, be, tp)
+        dx = None
+        embedding.backward_weight(be.from_host(dy), cache, grads)
+    elif kind == "head+loss":
+        logits, hcache = head.forward(be.from_host(x), local, be, tp)
+        y, lcache = loss.forward(logits, be.from_host(targets), be, tp)
+        dlogits = loss.backward_input(0.5, lcache)
+        dx = head.backward_input(dlogits, hcache)
+        head.backward_weight(dlogits, hcache, grads)
+    else:
+        P = scope(local, "h.0.")
+        module, extra = {"attention": (attention, (NH,)), "mlp": (mlp, ()),
+                         "block": (block, (NH,))}[kind]
+        prefix = {"attention": "attn.", "mlp": "mlp.", "block": ""}[kind]
+        y, cache = module.forward(be.from_host(x), scope(P, prefix), *extra, be, tp)
+        dx = module.backward_input(be.from_host(dy), cache)
+        module.backward_weight(be.from_host(dy), cache, scope(scope(grads, "h.0."), prefix))
+    host = {n: be.to_host(g) for n, g in grads.items()}
+    return (be.to_host(y) if hasattr(y, "shape") else float(y),
+            None if dx is None else be.to_host(dx), host)
+
+
+def gathered(comm, params, local_grads):
+    """The shards' weight gradients assembled into global tensors (on comm rank 0)."""
+    parts = comm.gather(local_grads, root=0)
+    if comm.rank != 0:
+        return None
+    out = {}
+    for name, value in params.items():
+        whole = np.zeros(value.shape)
+        for r, part in enumerate(parts):
+            shard = shard_of(name, value.shape, comm.size, r)
+            if shard.replicated:
+                whole = part[name]
+            else:
+                shard.put(whole, part[name])
+        out[name] = whole
+    return out
+
+
+def check_layers(failures):
+    be = devices.select()
+    rng = np.random.default_rng(1)
+    prefixed = block_params(rng)
+    cases = {
+        "attention": {k: v for k, v in prefixed.items() if ".attn." in k},
+        "mlp": {k: v for k, v in prefixed.items() if ".mlp." in k},
+        "block": prefixed,
+        "embedding": {"wte": rng.standard_normal((V, C)), "wpe": rng.standard_normal((T, C))},
+        "head+loss": {"wte": rng.standard_normal((V, C))},
+    }
+    idx, targets = rng.integers(0, V, (B, T)), rng.integers(0, V, (B, T))
+    x, dy = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
+    for shards in (2, 4):
+        comm = WORLD.Split(0 if WORLD.rank < shards else MPI.UNDEFINED, key=WORLD.rank)
+        if comm == MPI.COMM_NULL:
+            continue
+        tp = TensorParallel(comm, Transport(be))
+        for kind, params in cases.items():
+            inp = idx if kind == "embedding" else x
+            ref = run_layer(kind, params, inp, dy, None, be, targets) if comm.rank == 0 else None
+            got = run_layer(kind, params, inp, dy, tp, be, targets)
+            grads = gathered(comm, params, got[2])
+            if comm.rank != 0:
+                continue
+            for what, a, b in (("output", got[0], ref[0]), ("input gradient", got[1], ref[1])):
+                if b is not None and not close(a, b):
+                    failures.append(f"tp {shards} {kind}: {what} differs from unsplit")
+            for name in params:
+                if not close(grads[name], ref[2][name]):
+                    failures.append(f"tp {shards} {kind}: d{name} differs from unsplit")
+        comm.Free()
+
+
+# -- layouts ----------------------------------------------------------------------------------
+
+def make_cfg(dp, pp, tp, kind, **extra):
+    train = {k: extra.pop(k) for k in ("post_validation", "dtype") if k in extra}
+    return config.from_dict({
+        "model": {"n_layer": 4, "n_head": NH, "n_embd": C, "block_size": 6, "vocab_size": V},
+        "train": {"dtype": "float64", "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
+                  "grad_clip": 1.0, "weight_decay": 0.1, "seed": 3, **train},
+        "parallel": {"dp": dp, "pp": pp, "tp": tp, "microbatches": GLOBAL_MB // dp,
+                     "schedule": kind, "bucket_mb": 0.002, **extra},
+    }, source="tensor-parallel test")
+
+
+def batch(step):
+    rng = np.random.default_rng(400 + step)
+    tokens = rng.integers(0, V, (GLOBAL_MB * B, 7))
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def train(comm, cfg, rank=None, first_step=1, steps=STEPS):
+    """Steps of cfg over `comm`; (losses, global weights on comm rank 0, the Rank)."""
+    p = cfg.parallel
+    be = devices.select()
+    if rank is None:
+        grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
+        rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches))
+    grid, losses = rank.grid, []
+    for step in range(first_step, first_step + steps):
+        idx, targets = batch(step)
+        first = grid.dp_rank * p.microbatches
+
+        def inputs(mb):
+            rows = slice((first + mb) * B, (first + mb + 1) * B)
+            return be.from_host(idx[rows].copy()), be.from_host(targets[rows].copy())
+
+        losses += [o.loss for o in rank.train_step(step, inputs, 3e-2, 1.0)]
+    losses += [o.loss for o in rank.flush()]
+    return losses, global_weights(rank), rank
+
+
+def global_weights(rank):
+    grid = rank.grid
+    mine = {}
+    if grid.dp_rank == 0:
+        mine = {name: host for name, _, host in ckpt._global_parameters(rank.model, grid)}
+    parts = grid.world.gather(mine, root=0)
+    if grid.world.rank != 0:
+        return None
+    out = {}
+    for part in parts:
+        out.update(part)
+    return out
+
+
+def compare(label, got, ref, failures):
+    (losses, weights, _), (ref_losses, ref_weights, _) = got, ref
+    if not all(close(a, b) for a, b in zip(losses, ref_losses)):
+        failures.append(f"{label}: losses {losses} vs one process {ref_losses}")
+    for name, w in ref_weights.items():
+        if not close(weights[name], w):
+            failures.append(f"{label}: {name} differs from one process")
+
+
+def check_layouts(failures, report):
+    n = WORLD.size
+    ref = train(MPI.COMM_SELF, make_cfg(1, 1, 1, "1f1b")) if WORLD.rank == 0 else None
+    layouts = [(1, 1, 4), (1, 2, 2), (2, 1, 2)] if n == 4 else [(2, 2, 2)]
+    for dp, pp, tp in layouts:
+        kinds = ("1f1b", "zb-h1", "zb-v", "interleaved-1f1b") if pp > 1 else ("1f1b", "zb-h1")
+        results = {kind: train(WORLD, make_cfg(dp, pp, tp, kind)) for kind in kinds}
+        extras = {"ZeRO-1": dict(zero=1), "post-validation": dict(post_validation=True)}
+        for label, extra in extras.items():
+            if dp > 1 or label == "post-validation":
+                results[label] = train(WORLD, make_cfg(dp, pp, tp, "zb-h1", **extra))
+        if WORLD.rank != 0:
+            continue
+        first = results[kinds[0]]
+        for label, result in results.items():
+            compare(f"dp {dp} × pp {pp} × tp {tp} {label}", result, ref, failures)
+            if label in kinds and (result[0] != first[0] or any(
+                    not np.array_equal(result[1][k], first[1][k]) for k in first[1])):
+                failures.append(f"dp {dp} × pp {pp} × tp {tp}: {label} not bitwise "
+                                f"{kinds[0]}")
+        report.append(f"dp {dp} × pp {pp} × tp {tp}: {', '.join(results)}")
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+
+def check_reshard(failures, report):
+    """tp 2 → 1 → 4, two steps each, against one process."""
+    folder = WORLD.bcast(tempfile.mkdtemp(prefix="hpcpipe-tp-") if WORLD.rank == 0 else None)
+    ref = train(MPI.COMM_SELF, make_cfg(1, 1, 1, "1f1b"), steps=6) if WORLD.rank == 0 else None
+    losses = []
+    pair = WORLD.Split(0 if WORLD.rank < 2 else MPI.UNDEFINED, key=WORLD.rank)
+    path = None
+    if pair != MPI.COMM_NULL:
+        cfg = make_cfg(1, 1, 2, "1f1b")
+        got = train(pair, cfg, steps=2)
+        losses += got[0]
+        path = ckpt.save(got[2], cfg, 2, os.path.join(folder, "tp2"), {}).path
+    path = WORLD.bcast(path)
+    if WORLD.rank == 0:
+        cfg = make_cfg(1, 1, 1, "1f1b")
+        rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), devices.select(),
+                          generate("1f1b", 1, GLOBAL_MB))
+        ckpt.load(rank, cfg, path, ckpt.read_manifest(path))
+        losses += train(MPI.COMM_SELF, cfg, rank, first_step=3, steps=2)[0]
+        path = ckpt.save(rank, cfg, 4, os.path.join(folder, "tp1"), {}).path
+    path = WORLD.bcast(path)
+    cfg = make_cfg(1, 1, 4, "1f1b")
+    rank = Rank.build(cfg, gridlib.build(WORLD, 1, 1, tp=4), devices.select(),
+                      generate("1f1b", 1, GLOBAL_MB))
+    ckpt.load(rank, cfg, path, ckpt.read_manifest(path))
+    losses += train(WORLD, cfg, rank, first_step=5, steps=2)[0]
+    if WORLD.rank == 0:
+        if not all(close(a, b) for a, b in zip(losses, ref[0])):
+            failures.append(f"tp 2 → 1 → 4: losses {losses} vs one process {ref[0]}")
+        report.append("checkpoints: tp 2 → 1 → 4")
+
+
+def check_16_bit(failures, report):
+    """bfloat16 on tp 2 × pp 2: bitwise alike across schedules, near float32's losses."""
+    ref = train(MPI.COMM_SELF, make_cfg(1, 1, 1, "1f1b", dtype="float32")) \
+        if WORLD.rank == 0 else None
+    runs = [train(WORLD, make_cfg(1, 2, 2, kind, dtype="bfloat16")) for kind in ("1f1b",
+                                                                              "zb-h1")]
+    if WORLD.rank == 0:
+        if runs[0][0] != runs[1][0]:
+            failures.append("bfloat16 tp 2 × pp 2: 1f1b and zb-h1 differ")
+        if abs(runs[0][0][-1] - ref[0][-1]) > 0.03 * ref[0][-1]:
+            failures.append(f"bfloat16 tp 2 × pp 2: last loss {runs[0][0][-1]} vs float32 "
+                            f"{ref[0][-1]}")
+        report.append("bfloat16: dp 1 × pp 2 × tp 2")
+
+
+def main():
+    failures, report = [], []
+    if WORLD.size == 4:
+        check_layers(failures)
+        check_reshard(failures, report)
+        check_16_bit(failures, report)
+    check_layouts(failures, report)
+    failures = sum(WORLD.allgather(failures), [])
+    if WORLD.rank == 0:
+        for line in report:
+            print(line, flush=True)
+        for line in failures:
+            print("FAIL", line, flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

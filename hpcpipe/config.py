@@ -89,6 +89,7 @@ class ParallelSection:
     dp: int = 1
     pp: int = 1
     tp: int = 1  # tensor-parallel shards of every stage (heads, MLP width, vocabulary)
+    sequence_parallel: bool = False  # with tp: LayerNorms and residuals split along T
     microbatches: int = 1  # per step and replica; with pp = 1 this is gradient accumulation
     schedule: str = "1f1b"
     chunks: int = 0  # model chunks per rank; 0: the schedule's own (2 for interleaved, zb-v)
@@ -384,7 +385,12 @@ def _check_layout(source, cfg: Config):
         _require(source, "parallel.layers_per_stage", counts,
                  all(c >= 1 for c in counts) and sum(counts) == n_layer,
                  f"counts must be at least 1 and sum to model.n_layer = {n_layer}")
-    else:
+    if parallel.sequence_parallel and parallel.tp > 1:
+        _require(source, "model.block_size", cfg.model.block_size,
+                 cfg.model.block_size % parallel.tp == 0,
+                 f"sequence parallelism splits each sequence among parallel.tp = "
+                 f"{parallel.tp} shards: block_size must be a multiple of it")
+    if not counts:
         _require(source, "parallel.pp", parallel.pp, stages <= n_layer,
                  f"{stages} model stages (pp × chunks) but model.n_layer = {n_layer}: every "
                  f"stage needs at least one transformer block")

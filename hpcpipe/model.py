@@ -228,7 +228,7 @@ class Stage:
         for layer in self.layers:
             x, caches[layer] = block.forward(x, scope(P, f"h.{layer}."), cfg.n_head, be, tp)
         if self.head_part:
-            x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."), be)
+            x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."), be, tp)
             logits, caches["head"] = head.forward(x, P, be, tp)
             if targets is None and not keep:
                 return logits  # (under tensor parallelism: this shard's columns)
@@ -260,6 +260,7 @@ class Stage:
             d[layer] = dy
             dy = block.backward_input(dy, caches[layer])
         if self.embedding_part:
+            embedding.backward_input(dy, caches["embedding"])
             d["embedding"] = dy
             return None
         return dy

@@ -22,7 +22,8 @@ class RankModel:
         self.grid, self.backend = grid, backend
         self.config = cfg.model  # the GPT's shape
         train = cfg.train
-        self.tp = TensorParallel(grid.tensor, transport) if grid.tp > 1 else None
+        self.tp = TensorParallel(grid.tensor, transport, cfg.parallel.sequence_parallel) \
+            if grid.tp > 1 else None
         self.specs = partition(self.config, schedule.num_stages,
                                cfg.parallel.layers_per_stage or None)
         self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]

@@ -37,7 +37,11 @@ class Rank:
 
         transport = Transport(be, gpu_aware)
         model = RankModel(cfg, grid, be, schedule, transport)
-        shape = (cfg.train.micro_batch_size, cfg.model.block_size, cfg.model.n_embd)
+        # Activations between stages: (B, T, C), or T/tp of each sequence per shard under
+        # sequence parallelism.
+        T = cfg.model.block_size // (grid.tp if model.tp is not None and model.tp.sequence
+                                     else 1)
+        shape = (cfg.train.micro_batch_size, T, cfg.model.n_embd)
         p2p = PipeComm(grid.pipe, transport, shape, model.dtype, schedule.num_microbatches,
                        schedule.num_stages)
         events = trace if trace is not None else Trace(rank=grid.rank, enabled=False)

@@ -15,11 +15,13 @@ pytestmark = pytest.mark.device
 def test_every_layout_equals_one_process(ranks):
     """4 ranks: per-layer F/B/W on 2 and 4 shards; tp 4, tp 2 × pp 2, tp 2 × dp 2 (with
     ZeRO-1 and post-validation) to 1e-12 of one process, bitwise across schedules;
-    tp 2 → 1 → 4 through checkpoints; bfloat16. 8 ranks: dp 2 × pp 2 × tp 2."""
+    tp 2 → 1 → 4 through checkpoints; bfloat16; sequence parallelism on every layout and
+    on one block. 8 ranks: dp 2 × pp 2 × tp 2."""
     proc = run(["-m", "mpi4py", "tests/mpi/tensor_parallel.py"], n=ranks, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "FAIL" not in proc.stdout
-    expected = ["dp 2 × pp 2 × tp 2"] if ranks == 8 else [
+    expected = ["dp 2 × pp 2 × tp 2: 1f1b, zb-h1, zb-v, interleaved-1f1b, ZeRO-1, "
+                "post-validation, sequence parallel"] if ranks == 8 else [
         "dp 1 × pp 1 × tp 4", "dp 1 × pp 2 × tp 2", "dp 2 × pp 1 × tp 2",
         "checkpoints: tp 2 → 1 → 4", "bfloat16: dp 1 × pp 2 × tp 2"]
     for line in expected:

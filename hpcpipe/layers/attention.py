@@ -62,12 +62,13 @@ def forward(x, params, n_head, be=None, tp=None):
     n_head / tp of them."""
     be = backend_for(x, be)
     xp = be.xp
-    B, T, C = x.shape
+    C = x.shape[-1]
     HS = C // n_head
     if tp is not None:
         n_head //= tp.size
     qkv, c_attn = linear.forward(x, scope(params, "c_attn."), be, tp,
                                  "columns")  # (B, T, 3·NH·HS), ours
+    B, T = qkv.shape[:2]  # (under sequence parallelism x held T/tp of each sequence)
     storage = qkv.dtype
     qkv = qkv.astype(wide(storage), copy=False)  # 16-bit: the core runs in float32
     parts = qkv.reshape(B, T, 3, n_head, HS)

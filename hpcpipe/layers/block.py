@@ -18,12 +18,13 @@ from . import attention, backend_for, layernorm, mlp, scope
 
 def forward(x, params, n_head, be=None, tp=None):
     """tp: the stage's tensor-parallel shards (attention by heads, the MLP by width; the
-    LayerNorms and residuals replicated)."""
+    LayerNorms and residuals replicated, or with sequence parallelism split along the
+    sequence)."""
     be = backend_for(x, be)
-    a, ln_1 = layernorm.forward(x, scope(params, "ln_1."), be)
+    a, ln_1 = layernorm.forward(x, scope(params, "ln_1."), be, tp)
     x1, attn = attention.forward(a, scope(params, "attn."), n_head, be, tp)
     x1 += x
-    b, ln_2 = layernorm.forward(x1, scope(params, "ln_2."), be)
+    b, ln_2 = layernorm.forward(x1, scope(params, "ln_2."), be, tp)
     out, ff = mlp.forward(b, scope(params, "mlp."), be, tp)
     out += x1
     return out, {"ln_1": ln_1, "attn": attn, "ln_2": ln_2, "mlp": ff}

@@ -25,14 +25,24 @@ def forward(idx, params, be=None, tp=None):
         local[elsewhere] = 0
         x = wte[local]
         x[elsewhere] = 0
+        cache = {"idx": local, "elsewhere": elsewhere, "be": be, "tp": tp}
+        if tp.sequence:  # the sum, each shard keeping its T/tp positions
+            x = tp.scatter_sequence(x)
+            T0 = tp.rank * (T // tp.size)
+            x += params["wpe"][T0:T0 + T // tp.size]
+            return x, cache
         tp.all_reduce(x)
-        cache = {"idx": local, "elsewhere": elsewhere, "be": be}
     x += params["wpe"][:T]
     return x, cache
 
 
 def backward_input(dx, cache):
-    """Token ids have no gradient."""
+    """Token ids have no gradient. (Under sequence parallelism B gathers the whole
+    sequence's dx, which this vocabulary shard's W needs: any position may hold one of
+    its tokens.)"""
+    tp = cache.get("tp")
+    if tp is not None and tp.sequence:
+        cache["dx"] = tp.gather_sequence(dx)
     return None
 
 
@@ -41,6 +51,7 @@ def backward_weight(dx, cache, grads):
     rows summed in a fixed order (NumPy's reduceat on the CPU; in batch order on a
     device), so the same bits on every run and every layout. No scatter with atomics,
     whose order on a GPU changes from run to run."""
+    dx = cache.pop("dx", dx)  # (sequence parallelism: the gathered one)
     be = backend_for(dx, cache.get("be"))  # (a cache made by hand holds only idx)
     xp = be.xp
     idx = cache["idx"]

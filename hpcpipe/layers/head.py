@@ -15,6 +15,8 @@ from . import backend_for, matmul
 def forward(x, params, be=None, tp=None):
     be = backend_for(x, be)
     wte = params["wte"]
+    if tp is not None and tp.sequence:
+        x = tp.gather_sequence(x)  # every position's logits, of this shard's vocabulary
     B, T, C = x.shape
     logits = matmul(be, x.reshape(-1, C), wte.T)
     return logits.reshape(B, T, wte.shape[0]), {"x": x, "wte": wte, "be": be, "tp": tp}
@@ -23,10 +25,10 @@ def forward(x, params, be=None, tp=None):
 def backward_input(dlogits, cache):
     wte, tp = cache["wte"], cache["tp"]
     B, T, V = dlogits.shape
-    dx = matmul(cache["be"], dlogits.reshape(-1, V), wte)
+    dx = matmul(cache["be"], dlogits.reshape(-1, V), wte).reshape(B, T, wte.shape[1])
     if tp is not None and tp.size > 1:
-        tp.all_reduce(dx)
-    return dx.reshape(B, T, wte.shape[1])
+        dx = tp.scatter_sequence(dx) if tp.sequence else tp.all_reduce(dx)
+    return dx
 
 
 def backward_weight(dlogits, cache, grads):

@@ -32,7 +32,9 @@ def _row_dots(be, a, b, out):
     return out
 
 
-def forward(x, params, be=None):
+def forward(x, params, be=None, tp=None):
+    """tp: under sequence parallelism x holds T/tp of each sequence, and the weight
+    gradients B takes are this shard's part, summed over the shards in B."""
     be = backend_for(x, be)
     xp = be.xp
     C = x.shape[-1]
@@ -65,7 +67,7 @@ def forward(x, params, be=None):
 
     be.for_each(row_blocks(be, x2.shape[0], C * x2.itemsize), block)
     return y.reshape(x.shape), {"xhat": xhat, "rstd": rstd, "weight": params["weight"],
-                                "be": be}
+                                "be": be, "tp": tp}
 
 
 def _planes(be, name: str, like):
@@ -114,14 +116,15 @@ def backward_input(dy, cache):
     # The weight gradients are two sums over the rows, cheap next to the GEMMs' W: taken
     # here, they let B free xhat and dy now rather than hold them until W (W keeps only
     # what the weight GEMMs need, as in the zero-bubble paper's M_W).
-    cache["dparams"] = _weight_gradients(be, dy2, xhat)
+    cache["dparams"] = _weight_gradients(be, dy2, xhat, cache["tp"])
     for key in ("xhat", "rstd", "weight"):
         del cache[key]
     return dx.reshape(dy.shape)
 
 
-def _weight_gradients(be, dy2, xhat):
-    """(d weight, d bias) of rows dy2 against the normalised input, in the compute dtype."""
+def _weight_gradients(be, dy2, xhat, tp=None):
+    """(d weight, d bias) of rows dy2 against the normalised input, in the compute dtype;
+    summed over the tensor shards when each holds part of the sequence."""
     if wide(xhat.dtype) != xhat.dtype:  # 16-bit: the products in float32
         dy2, xhat = dy2.astype(np.float32), xhat.astype(np.float32)
     if not be.is_gpu:
@@ -132,6 +135,9 @@ def _weight_gradients(be, dy2, xhat):
         dweight = (dy2 * xhat).sum(axis=0)
     dbias = be.xp.zeros(xhat.shape[-1], dtype=dweight.dtype)
     column_sums(be, dy2, dbias)
+    if tp is not None and tp.sequence:
+        both = tp.all_reduce(be.xp.stack([dweight, dbias]))
+        return both[0], both[1]
     return dweight, dbias
 
 

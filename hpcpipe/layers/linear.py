@@ -11,7 +11,11 @@ ways, Megatron's f and g:
   partial input gradients are summed over the shards.
 - "rows": each shard holds some input rows and sees the matching slice of x; F's partial
   outputs are summed over the shards (then the replicated bias is added), B is local.
-W is local either way.
+W is local either way. With sequence parallelism (`tp.sequence`) the layer's input and
+output outside the split hold T/tp of each sequence: a column-parallel layer gathers the
+whole sequence before its GEMM (and scatters B's summed input gradient back), a
+row-parallel one scatters its summed output (and gathers B's output gradient, which W
+then reuses).
 """
 
 from . import backend_for, column_sums, matmul
@@ -20,27 +24,33 @@ from . import backend_for, column_sums, matmul
 def forward(x, params, be=None, tp=None, split=None):
     be = backend_for(x, be)
     weight, bias = params["weight"], params["bias"]  # (IN, OUT), (OUT,)
+    split = split if tp is not None and tp.size > 1 else None
+    if split == "columns" and tp.sequence:
+        x = tp.gather_sequence(x)  # the whole sequence, which W needs too
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    if split == "rows" and tp is not None and tp.size > 1:
-        y = matmul(be, x2, weight)  # this shard's part of the sum
-        tp.all_reduce(y)
+    if split == "rows":
+        y = matmul(be, x2, weight).reshape(*lead, weight.shape[1])  # this shard's part
+        y = tp.scatter_sequence(y) if tp.sequence else tp.all_reduce(y)
         y += bias
     else:
-        y = matmul(be, x2, weight, bias=bias)  # the caller owns it
-    cache = {"x": x, "weight": weight, "be": be, "tp": tp, "split": split}
-    return y.reshape(*lead, weight.shape[1]), cache
+        y = matmul(be, x2, weight, bias=bias).reshape(*lead, weight.shape[1])  # ours
+    return y, {"x": x, "weight": weight, "be": be, "tp": tp, "split": split}
 
 
 def backward_input(dy, cache):
-    weight, tp = cache["weight"], cache["tp"]
+    weight, tp, split = cache["weight"], cache["tp"], cache["split"]
+    if split == "rows" and tp.sequence:
+        dy = cache["dy"] = tp.gather_sequence(dy)  # the whole sequence, for W too
     dx = matmul(cache["be"], dy.reshape(-1, dy.shape[-1]), weight.T)
-    if cache["split"] == "columns" and tp is not None and tp.size > 1:
-        tp.all_reduce(dx)  # every shard's columns contribute to every input
-    return dx.reshape(*dy.shape[:-1], weight.shape[0])
+    dx = dx.reshape(*dy.shape[:-1], weight.shape[0])
+    if split == "columns":  # every shard's columns contribute to every input
+        dx = tp.scatter_sequence(dx) if tp.sequence else tp.all_reduce(dx)
+    return dx
 
 
 def backward_weight(dy, cache, grads):
+    dy = cache.pop("dy", dy)  # (sequence parallelism: the gathered one)
     be, x = cache["be"], cache["x"]
     x2 = x.reshape(-1, x.shape[-1])  # (N, IN)
     dy2 = dy.reshape(-1, dy.shape[-1])  # (N, OUT)

@@ -119,6 +119,7 @@ def check_layers(failures):
         if comm == MPI.COMM_NULL:
             continue
         tp = TensorParallel(comm, Transport(be))
+        check_sequence_parallel_block(comm, be, prefixed, x, dy, failures)
         for kind, params in cases.items():
             inp = idx if kind == "embedding" else x
             ref = run_layer(kind, params, inp, dy, None, be, targets) if comm.rank == 0 else None
@@ -135,12 +136,33 @@ def check_layers(failures):
         comm.Free()
 
 
+def check_sequence_parallel_block(comm, be, params, x, dy, failures):
+    """A block with its LayerNorm and residual regions split along the sequence: each shard
+    gets T/tp of x and dy and gives its T/tp of y and dx; weight gradients gathered."""
+    T4 = 4  # a sequence that 2 and 4 shards split evenly
+    x, dy = np.concatenate([x, x[:, :3]], axis=1)[:, :T4], dy[:, :T4]
+    tp = TensorParallel(comm, Transport(be), sequence=True)
+    part = slice(comm.rank * T4 // comm.size, (comm.rank + 1) * T4 // comm.size)
+    ref = run_layer("block", params, x, dy, None, be) if comm.rank == 0 else None
+    y, dx, grads = run_layer("block", params, x[:, part].copy(), dy[:, part].copy(), tp, be)
+    ys, dxs, grads = comm.gather(y, root=0), comm.gather(dx, root=0), \
+        gathered(comm, params, grads)
+    if comm.rank != 0:
+        return
+    if not close(np.concatenate(ys, axis=1), ref[0]) or \
+            not close(np.concatenate(dxs, axis=1), ref[1]):
+        failures.append(f"tp {comm.size} sequence-parallel block: y or dx differs")
+    for name in params:
+        if not close(grads[name], ref[2][name]):
+            failures.append(f"tp {comm.size} sequence-parallel block: d{name} differs")
+
+
 # -- layouts ----------------------------------------------------------------------------------
 
 def make_cfg(dp, pp, tp, kind, **extra):
     train = {k: extra.pop(k) for k in ("post_validation", "dtype") if k in extra}
     return config.from_dict({
-        "model": {"n_layer": 4, "n_head": NH, "n_embd": C, "block_size": 6, "vocab_size": V},
+        "model": {"n_layer": 4, "n_head": NH, "n_embd": C, "block_size": 8, "vocab_size": V},
         "train": {"dtype": "float64", "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
                   "grad_clip": 1.0, "weight_decay": 0.1, "seed": 3, **train},
         "parallel": {"dp": dp, "pp": pp, "tp": tp, "microbatches": GLOBAL_MB // dp,
@@ -150,7 +172,7 @@ def make_cfg(dp, pp, tp, kind, **extra):
 
 def batch(step):
     rng = np.random.default_rng(400 + step)
-    tokens = rng.integers(0, V, (GLOBAL_MB * B, 7))
+    tokens = rng.integers(0, V, (GLOBAL_MB * B, 9))
     return tokens[:, :-1], tokens[:, 1:]
 
 
@@ -205,9 +227,10 @@ def check_layouts(failures, report):
     for dp, pp, tp in layouts:
         kinds = ("1f1b", "zb-h1", "zb-v", "interleaved-1f1b") if pp > 1 else ("1f1b", "zb-h1")
         results = {kind: train(WORLD, make_cfg(dp, pp, tp, kind)) for kind in kinds}
-        extras = {"ZeRO-1": dict(zero=1), "post-validation": dict(post_validation=True)}
+        extras = {"ZeRO-1": dict(zero=1), "post-validation": dict(post_validation=True),
+                  "sequence parallel": dict(sequence_parallel=True)}
         for label, extra in extras.items():
-            if dp > 1 or label == "post-validation":
+            if dp > 1 or label != "ZeRO-1":
                 results[label] = train(WORLD, make_cfg(dp, pp, tp, "zb-h1", **extra))
         if WORLD.rank != 0:
             continue

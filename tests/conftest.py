@@ -122,10 +122,12 @@ def site_venv(tmp_path_factory):
     import slurm
 
     if shutil.which("ompi_info") is None:
-        pytest.skip("Debian's Open MPI is not installed (apt-get install openmpi-bin)")
+        required.missing("slurm", "Debian's Open MPI is not installed (apt-get install "
+                                  "openmpi-bin)")
     if not slurm.pmix_usable():
-        pytest.skip(f"srun cannot start Open MPI ranks without {slurm.PMIX_LIBRARY} "
-                    "(.ci/run links it to libpmix2's library)")
+        required.missing("slurm", f"srun cannot start Open MPI ranks without "
+                                  f"{slurm.PMIX_LIBRARY} (.ci/run links it to libpmix2's "
+                                  f"library)")
     venv = tmp_path_factory.mktemp("site") / "venv"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     make = subprocess.run(["make", "install", "MPI=site", f"VENV={venv}"], cwd=root,

@@ -23,8 +23,7 @@ JOBS = ROOT / "jobs"
 UNAVAILABLE = slurm.unavailable()
 STEPS = 150
 
-pytestmark = [pytest.mark.slurm,
-              pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "")]
+pytestmark = [pytest.mark.slurm, pytest.mark.needs("slurm", UNAVAILABLE)]
 
 
 @pytest.fixture(scope="module")

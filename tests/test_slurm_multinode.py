@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+import required
 import slurm
 import slurm_cluster
 from mpirun import run
@@ -42,14 +43,14 @@ OPENMPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": 
                "OMPI_MCA_mpi_yield_when_idle": "1"}
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multinode,
-              pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "")]
+              pytest.mark.needs("slurm", UNAVAILABLE)]
 
 
 @pytest.fixture(scope="module")
 def cluster():
     problem = slurm_cluster.unavailable()
     if problem:
-        pytest.skip(problem)
+        required.missing("slurm", problem)
     c = slurm_cluster.TwoNodeCluster(mpi_default="pmix" if slurm.pmix_usable() else "none")
     # A SIGTERM (a CI timeout) would end pytest without any teardown: make it an
     # interrupt, which runs the finally below. (SIGKILL leaves it to the next run's sweep.)

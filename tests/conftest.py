@@ -1,5 +1,7 @@
 """Test-wide setup: the helpers in tests/ are importable by name, the device the tests
-run on is chosen (`--device`, see devices.py), and a session's prepared corpus."""
+run on is chosen (`--device`, see devices.py), what a run may not skip (`--require`, see
+required.py), how MPI tests run (in-process when pytest runs under an MPI launcher,
+inlauncher.py; else each its own MPI job, mpiworld.py), and a session's prepared corpus."""
 
 import os
 import sys
@@ -9,18 +11,41 @@ sys.path.insert(0, os.path.dirname(__file__))
 import pytest
 
 import devices
+import inlauncher
+import mpirun
+import mpiworld
+import required
 
 
 def pytest_addoption(parser):
     parser.addoption("--device", choices=("cpu", "standin", "gpu"), default="cpu",
                      help="run the device tests (marked `device`) on the CPU (default), "
                           "the device stand-in, or the GPU with CuPy")
+    parser.addoption("--require", default=os.environ.get(required.ENV, ""), metavar="KINDS",
+                     help="comma-separated: mpi, slurm. Tests that would skip because an "
+                          "MPI launcher (mpi) or Slurm and what its tests need (slurm) is "
+                          f"missing fail instead (default: ${required.ENV})")
+    group = parser.getgroup("mpi", "MPI tests when pytest runs under an MPI launcher")
+    group.addoption("--mpi-grace", type=float, default=30.0, metavar="SECONDS",
+                    help="how long the ranks of a test that failed on one rank have to reach "
+                         "the end of it before the job is aborted (default 30)")
+    group.addoption("--mpi-rank-logs", default=None, metavar="DIR",
+                    help="where ranks other than 0 write their pytest output (default "
+                         ".pytest_cache/mpi-ranks under the root folder)")
 
 
 def pytest_configure(config):
-    """Publish the device for this process and every process a test starts."""
+    """Publish the device and the requirements for this process and every process a test
+    starts; under an MPI launcher, switch to in-launcher mode."""
     from hpcpipe import devicesim
 
+    config.addinivalue_line("markers", mpiworld.MARKER)
+    config.addinivalue_line("markers", "needs(kind, missing): the test cannot run here "
+                                       "when `missing` (a reason) is not None: skipped, or "
+                                       "failed under --require KIND")
+    os.environ[required.ENV] = ",".join(required.parse(config.getoption("--require")))
+    mpirun.configured()  # a malformed HPCPIPE_TEST_LAUNCHER is a usage error, at once
+    inlauncher.configure(config)
     choice = config.getoption("--device")
     os.environ[devices.ENV] = "cpu" if choice == "cpu" else "gpu"
     if choice == "standin":
@@ -38,6 +63,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "device" not in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_report_header(config):
+    if config.pluginmanager.has_plugin("hpcpipe-inlauncher"):
+        return None  # inlauncher.py says how
+    words = mpirun.configured() or ["mpiexec", "-n", "{n}"]
+    return [f"MPI: spawning mode: each MPI test is a job of its own, `{' '.join(words)} "
+            f"python -m mpi4py tests/mpi/BODY.py` ({mpirun.LAUNCHER_ENV} sets the launcher)"]
+
+
+def pytest_runtest_setup(item):
+    """A test marked needs(kind, missing) with a reason in `missing` skips, or fails under
+    --require kind — before its fixtures start anything."""
+    for mark in item.iter_markers("needs"):
+        kind, missing = mark.args
+        if missing is not None:
+            required.missing(kind, missing)
+
+
+@pytest.fixture
+def world(request):
+    """The ranks of an MPI test (marked mpi(ranks=N)): `world.run(body)` runs a worker body
+    of tests/mpi/ on them, in-process under a launcher or as a job of its own."""
+    spec = mpiworld.spec(request.node)
+    if spec is None:
+        pytest.fail("the world fixture needs @pytest.mark.mpi(ranks=N)", pytrace=False)
+    return mpiworld.World(spec, request.node.stash.get(inlauncher.COMM, None))
 
 
 @pytest.fixture
@@ -70,10 +122,12 @@ def site_venv(tmp_path_factory):
     import slurm
 
     if shutil.which("ompi_info") is None:
-        pytest.skip("Debian's Open MPI is not installed (apt-get install openmpi-bin)")
+        required.missing("slurm", "Debian's Open MPI is not installed (apt-get install "
+                                  "openmpi-bin)")
     if not slurm.pmix_usable():
-        pytest.skip(f"srun cannot start Open MPI ranks without {slurm.PMIX_LIBRARY} "
-                    "(.ci/run links it to libpmix2's library)")
+        required.missing("slurm", f"srun cannot start Open MPI ranks without "
+                                  f"{slurm.PMIX_LIBRARY} (.ci/run links it to libpmix2's "
+                                  f"library)")
     venv = tmp_path_factory.mktemp("site") / "venv"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     make = subprocess.run(["make", "install", "MPI=site", f"VENV={venv}"], cwd=root,

@@ -3,7 +3,8 @@
 Pipelines of 2-4 ranks under every schedule, dp 2 with and without ZeRO-1, with
 post-validation and with bfloat16 gradient messages; a 16-bit run resumed from a
 checkpoint continues bitwise, and resharded to another layout continues within the
-all-reduce's round-off. Each case is a real `mpiexec` job."""
+all-reduce's round-off. The layouts are a worker body on 4 ranks; the checkpoint cases
+are real `mpiexec` jobs of `python -m hpcpipe train`."""
 
 import json
 
@@ -20,14 +21,15 @@ SMALL = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_si
          "checkpoint.keep=5"]
 
 
-def test_16_bit_on_every_layout_equals_one_process():
+@pytest.mark.mpi(ranks=4, timeout=600)
+def test_16_bit_on_every_layout_equals_one_process(world):
     """Bitwise one process on pp 2, 3, 4 under every schedule; dp 2 × pp 2 variants within
-    1 % of plain dp; all within 3 % (bfloat16) or 1 % (float16) of float32's last loss."""
-    proc = run(["-m", "mpi4py", "tests/mpi/sixteen_bit.py"], n=4, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "FAIL" not in proc.stdout
+    1 % of plain dp; all within 3 % (bfloat16) or 1 % (float16) of float32's last loss (a
+    worker body, tests/mpi/sixteen_bit.py, on the `world`'s ranks)."""
+    report = world.run("sixteen_bit")
+    assert not report.failures, report
     for dtype in ("bfloat16", "float16"):
-        assert f"{dtype}: 20 pipeline layouts bitwise equal to one process" in proc.stdout
+        assert f"{dtype}: 20 pipeline layouts bitwise equal to one process" in report.summary
 
 
 def train(run_dir, tokens, n, dtype, *extra, resume=None):

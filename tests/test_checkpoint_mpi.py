@@ -13,7 +13,7 @@ import pytest
 
 import devices
 from hpcpipe import checkpoint as ckpt
-from mpirun import ROOT, launcher, run
+from mpirun import ROOT, job_env, launcher, run
 
 pytestmark = pytest.mark.device
 
@@ -118,7 +118,7 @@ def _start(run_dir, tokens, n, *extra, env=None):
     args = [*launcher(n), sys.executable, "-m", "mpi4py", "-m", "hpcpipe", "train",
             "inputs/tiny.toml", "--run-dir", str(run_dir),
             *sets(SMALL + devices.overrides() + [f'data.path="{tokens}"', *extra])]
-    return subprocess.Popen(args, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})),
+    return subprocess.Popen(args, cwd=ROOT, env=job_env(env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 

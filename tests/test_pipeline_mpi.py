@@ -1,5 +1,7 @@
 """The pipeline over MPI: every schedule on 2, 3 and 4 ranks equals the single-process
-model, and bad layouts stop with one message. Each case is a real `mpiexec` job."""
+model (a worker body, tests/mpi/pipeline_equivalence.py, on the `world`'s ranks), and
+training runs (each a real MPI job of `python -m hpcpipe train`) write what they should,
+or stop with one message on a bad layout."""
 
 import json
 
@@ -7,6 +9,7 @@ import pytest
 
 import devices
 from mpirun import run
+from mpiworld import sizes
 
 pytestmark = pytest.mark.device
 
@@ -14,14 +17,14 @@ TINY = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_siz
         "train.micro_batch_size=2", "train.eval_batches=1", "train.log_every=1"]
 
 
-@pytest.mark.parametrize("pp", [2, 3, 4])
-def test_every_schedule_equals_one_process(pp):
+@pytest.mark.parametrize("ranks", sizes(2, 3, 4))
+def test_every_schedule_equals_one_process(world, ranks):
     """Loss and every gradient: bitwise equal to one process through the same runtime,
     and within 1e-12 of the plain whole-batch model; held microbatches equal to the
     simulator's peak; three clipped optimizer steps give bitwise the same weights."""
-    proc = run(["-m", "mpi4py", "tests/mpi/pipeline_equivalence.py"], n=pp)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"pp={pp}: checked" in proc.stdout and "FAIL" not in proc.stdout
+    report = world.run("pipeline_equivalence")
+    assert not report.failures, report
+    assert f"pp={ranks}: checked 26 (schedule, microbatches) cases" in report.summary
 
 
 def sets(*items):

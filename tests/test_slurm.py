@@ -3,11 +3,11 @@ themselves (tests/slurm.py): the one-node script on 2 CPU ranks; a wrong rank co
 stopping with one message; the multi-node script (on the one node there is); the same
 training through Debian's Open MPI in a venv made by `make install MPI=site`; and the
 preemptible script stopped by USR1, requeued and resumed to exactly the numbers of the
-uninterrupted run.
+uninterrupted run; and jobs/test.sbatch running MPI tests inside the allocation.
 
-Every job trains the same small 2-stage pipeline (a few seconds), so all of them must
-reproduce the reference run's losses bitwise: the MPI library, a preemption and a resume
-change nothing."""
+Every training job trains the same small 2-stage pipeline (a few seconds), so all of them
+must reproduce the reference run's losses bitwise: the MPI library, a preemption and a
+resume change nothing."""
 
 import json
 import sys
@@ -23,8 +23,7 @@ JOBS = ROOT / "jobs"
 UNAVAILABLE = slurm.unavailable()
 STEPS = 150
 
-pytestmark = [pytest.mark.slurm,
-              pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "")]
+pytestmark = [pytest.mark.slurm, pytest.mark.needs("slurm", UNAVAILABLE)]
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +167,21 @@ def test_preemptible_job_checkpoints_requeues_and_resumes(cluster, workdir, stdl
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_loss"] == reference["summary"]["final_loss"]
     assert summary["final_val_loss"] == reference["summary"]["final_val_loss"]
+
+
+def test_test_sbatch_runs_the_mpi_tests_inside_the_allocation(cluster, workdir):
+    """jobs/test.sbatch on 2 tasks: the pipeline's MPI tests in-process across the tasks
+    (those of 3 and 4 ranks skipped, saying so), then its tests that start training jobs,
+    each as an srun step of the allocation."""
+    out, logs = workdir / "tests.out", workdir / "ranks"
+    env = cluster.env(VENV=sys.prefix, TESTS="tests/test_pipeline_mpi.py", RANK_LOGS=str(logs))
+    job = cluster.submit(JOBS / "test.sbatch", "-k", "equal or bad", cwd=ROOT, env=env,
+                         options=["--job-name", "tests", "--output", str(out),
+                                  "--ntasks-per-node=2", "--cpus-per-task=1", "--time=10"])
+    finished(cluster, job, out, timeout=300)
+    first, second = out.read_text().split("== 2.")
+    assert "MPI: in-launcher mode, 2 ranks" in first, first
+    assert "1 passed, 2 skipped" in first and "needs 3 MPI ranks, launched with 2" in first
+    assert "1 passed, 2 skipped" in (logs / "rank-1.log").read_text()  # rank 1 ran it too
+    assert "MPI: spawning mode" in second and "`srun --kill-on-bad-exit=1" in second, second
+    assert "3 passed" in second  # the bad layouts, each a job step stopping with one message

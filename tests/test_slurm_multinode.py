@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+import required
 import slurm
 import slurm_cluster
 from mpirun import run
@@ -42,14 +43,14 @@ OPENMPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": 
                "OMPI_MCA_mpi_yield_when_idle": "1"}
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multinode,
-              pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "")]
+              pytest.mark.needs("slurm", UNAVAILABLE)]
 
 
 @pytest.fixture(scope="module")
 def cluster():
     problem = slurm_cluster.unavailable()
     if problem:
-        pytest.skip(problem)
+        required.missing("slurm", problem)
     c = slurm_cluster.TwoNodeCluster(mpi_default="pmix" if slurm.pmix_usable() else "none")
     # A SIGTERM (a CI timeout) would end pytest without any teardown: make it an
     # interrupt, which runs the finally below. (SIGKILL leaves it to the next run's sweep.)
@@ -259,8 +260,8 @@ def test_preemption_on_both_nodes_checkpoints_once_and_resumes_bitwise(
     # What was saved once: the first replica's files, whatever the number of nodes.
     for step in resumed:
         files = sorted(p.name for p in (run_dir / "checkpoints" / f"step_{step:08d}").iterdir())
-        assert files == ["manifest.json", "model-pp000.h5", "model-pp001.h5",
-                         "optim-r00000.h5", "optim-r00001.h5"], files
+        assert files == ["manifest.json", "manifest.sha256", "model-pp000.h5",
+                         "model-pp001.h5", "optim-r00000.h5", "optim-r00001.h5"], files
     assert slurm.metrics(run_dir) == whole["metrics"]
 
 

@@ -1,15 +1,17 @@
-"""MPI worker: data parallelism × pipeline against one process, on the same global batch.
+"""MPI worker body: data parallelism × pipeline against one process, same global batch.
 
-Run as `mpiexec -n 4 python -m mpi4py tests/mpi/data_parallel.py`; started by
-tests/test_data_parallel_mpi.py. Every layout dp × pp = 4 trains the same global batch
-(24 sequences a step, split into dp × microbatches × 2) for a few float64 steps with a
-clipping threshold that triggers on some steps. Checked on rank 0:
+`check(comm)` (the contract is in tests/mpibody.py) uses all of comm's ranks;
+tests/test_data_parallel_mpi.py calls it in-process or runs it as
+`mpiexec -n 4 python -m mpi4py tests/mpi/data_parallel.py`. Every layout dp × pp = 4
+trains the same global batch (24 sequences a step, split into dp × microbatches × 2) for
+a few float64 steps with a clipping threshold that triggers on some steps. Checked on
+rank 0:
 - losses and weights equal one process's to 1e-12 relative;
 - bitwise equal across schedules for a fixed (dp, pp), and with dp = 2 across pp too;
 - ZeRO-1 equal to plain all-reduce to 1e-12, with the optimizer state per rank divided by dp
   (dp = 2, or 3 to cover a dp that is no power of two);
 - bfloat16 gradient communication close to float32 (loss within 2 %).
-Exit status 0 only when everything matched.
+The report fails when anything did not match.
 """
 
 import os
@@ -20,13 +22,13 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import devices  # noqa: E402  (tests/devices.py: the test device)
+import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
 
 from hpcpipe import config
 from hpcpipe import grid as gridlib
 from hpcpipe.rank import Rank
 from hpcpipe.schedules import generate
 
-WORLD = MPI.COMM_WORLD
 B, GLOBAL_MICROBATCHES, STEPS = 2, 12, 4
 
 
@@ -86,12 +88,11 @@ def close(a, b, tol=1e-12):
     return abs(a - b) <= tol * max(abs(a), abs(b))
 
 
-def main():
-    n = WORLD.size
-    failures = []
-    ref = None
-    if WORLD.rank == 0:
-        ref = train(MPI.COMM_SELF, make_cfg(1, 1, "1f1b"))
+def check(comm) -> mpibody.Report:
+    """Every dp × pp layout of comm's ranks and schedule, then ZeRO-1 and bf16, against one
+    process; compared on rank 0."""
+    n = comm.size
+    ref = train(MPI.COMM_SELF, make_cfg(1, 1, "1f1b")) if comm.rank == 0 else None
     layouts = [(dp, n // dp) for dp in (1, 2, 3, 4) if n % dp == 0 and n // dp <= 4]
     kinds = ("1f1b", "zb-h1", "zb-v", "interleaved-1f1b")
     results = {}
@@ -101,53 +102,63 @@ def main():
                 continue
             if pp * (2 if kind in ("zb-v", "interleaved-1f1b") else 1) > 4:
                 continue  # more stages than the 4 layers
-            results[(dp, pp, kind)] = train(WORLD, make_cfg(dp, pp, kind))
+            results[(dp, pp, kind)] = train(comm, make_cfg(dp, pp, kind))
     zdp = 2 if n % 2 == 0 else n  # ZeRO-1 and bf16 over 2 replicas, or 3 (no power of 2)
-    zero_plain = train(WORLD, make_cfg(zdp, n // zdp, "zb-h1"))
-    zero = train(WORLD, make_cfg(zdp, n // zdp, "zb-h1", zero=1))
-    bf16 = train(WORLD, make_cfg(zdp, n // zdp, "zb-h1", comm_dtype="bfloat16",
-                                 dtype="float32"))
-    fp32 = train(WORLD, make_cfg(zdp, n // zdp, "zb-h1", dtype="float32"))
-    state_bytes = WORLD.gather((zero_plain[2], zero[2]), root=0)
-    if WORLD.rank == 0:
-        ref_losses, ref_weights, _ = ref
-        for key, (losses, weights, _) in results.items():
-            for step, (a, b) in enumerate(zip(losses, ref_losses)):
-                if not close(a, b):
-                    failures.append(f"{key}: step {step + 1} loss {a!r} vs one process {b!r}")
-            for name, w in ref_weights.items():
-                err = np.abs(weights[name] - w).max() / np.abs(w).max()
-                if err > 1e-12:
-                    failures.append(f"{key}: {name} differs from one process by {err:.1e}")
-        # Bitwise across schedules for a fixed layout; across pp as well for dp ≤ 2, where
-        # an all-reduce of two values is a + b whatever the algorithm.
-        groups = {}
-        for (dp, pp, kind), result in results.items():
-            groups.setdefault(dp if dp <= 2 else (dp, pp), []).append(((dp, pp, kind), result))
-        for members in groups.values():
-            (key0, (l0, w0, _)), rest = members[0], members[1:]
-            for key, (losses, weights, _) in rest:
-                if losses != l0 or any(not np.array_equal(weights[k], w0[k]) for k in w0):
-                    failures.append(f"{key} not bitwise equal to {key0}")
-        if zero:
-            for name, w in zero_plain[1].items():
-                err = np.abs(zero[1][name] - w).max() / np.abs(w).max()
-                if err > 1e-12:
-                    failures.append(f"ZeRO-1: {name} differs from plain all-reduce by {err:.1e}")
-            for rank, (plain, sharded) in enumerate(state_bytes):
-                if not sharded <= plain / zdp + 8 * 2 * 40:  # 1/dp, plus bucket rounding
-                    failures.append(f"ZeRO-1 rank {rank}: {sharded} optimizer bytes, plain "
-                                    f"{plain}: not divided by dp = {zdp}")
-            if not abs(bf16[0][-1] - fp32[0][-1]) < 0.02 * fp32[0][-1]:
-                failures.append(f"bf16 gradient communication: loss {bf16[0][-1]} vs "
-                                f"float32 {fp32[0][-1]}")
-        print(f"world {n}: layouts {sorted(results)}; ZeRO-1 and bf16 checked on dp = {zdp}",
-              flush=True)
-        for line in failures:
-            print("FAIL", line, flush=True)
-    failures = WORLD.bcast(failures, root=0)
-    return 1 if failures else 0
+    zero_plain = train(comm, make_cfg(zdp, n // zdp, "zb-h1"))
+    zero = train(comm, make_cfg(zdp, n // zdp, "zb-h1", zero=1))
+    bf16 = train(comm, make_cfg(zdp, n // zdp, "zb-h1", comm_dtype="bfloat16",
+                                dtype="float32"))
+    fp32 = train(comm, make_cfg(zdp, n // zdp, "zb-h1", dtype="float32"))
+    state_bytes = comm.gather((zero_plain[2], zero[2]), root=0)
+    failures = []
+    if comm.rank == 0:
+        failures += compare_layouts(ref, results)
+        failures += compare_zero(zero_plain, zero, state_bytes, zdp)
+        if not abs(bf16[0][-1] - fp32[0][-1]) < 0.02 * fp32[0][-1]:
+            failures.append(f"bf16 gradient communication: loss {bf16[0][-1]} vs "
+                            f"float32 {fp32[0][-1]}")
+    summary = [f"world {n}: layouts {sorted(results)}; ZeRO-1 and bf16 checked on dp = {zdp}"]
+    return mpibody.Report.agreed(comm, summary, failures)
+
+
+def compare_layouts(ref, results) -> list[str]:
+    """Each layout against one process (1e-12); bitwise across schedules for a fixed
+    layout, and across pp as well for dp ≤ 2, where an all-reduce of two values is a + b
+    whatever the algorithm."""
+    failures = []
+    ref_losses, ref_weights, _ = ref
+    for key, (losses, weights, _) in results.items():
+        for step, (a, b) in enumerate(zip(losses, ref_losses)):
+            if not close(a, b):
+                failures.append(f"{key}: step {step + 1} loss {a!r} vs one process {b!r}")
+        for name, w in ref_weights.items():
+            err = np.abs(weights[name] - w).max() / np.abs(w).max()
+            if err > 1e-12:
+                failures.append(f"{key}: {name} differs from one process by {err:.1e}")
+    groups = {}
+    for (dp, pp, kind), result in results.items():
+        groups.setdefault(dp if dp <= 2 else (dp, pp), []).append(((dp, pp, kind), result))
+    for members in groups.values():
+        (key0, (l0, w0, _)), rest = members[0], members[1:]
+        for key, (losses, weights, _) in rest:
+            if losses != l0 or any(not np.array_equal(weights[k], w0[k]) for k in w0):
+                failures.append(f"{key} not bitwise equal to {key0}")
+    return failures
+
+
+def compare_zero(zero_plain, zero, state_bytes, zdp) -> list[str]:
+    """ZeRO-1 equal to plain all-reduce (1e-12), its optimizer state per rank divided by dp."""
+    failures = []
+    for name, w in zero_plain[1].items():
+        err = np.abs(zero[1][name] - w).max() / np.abs(w).max()
+        if err > 1e-12:
+            failures.append(f"ZeRO-1: {name} differs from plain all-reduce by {err:.1e}")
+    for rank, (plain, sharded) in enumerate(state_bytes):
+        if not sharded <= plain / zdp + 8 * 2 * 40:  # 1/dp, plus bucket rounding
+            failures.append(f"ZeRO-1 rank {rank}: {sharded} optimizer bytes, plain "
+                            f"{plain}: not divided by dp = {zdp}")
+    return failures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(mpibody.main(check))

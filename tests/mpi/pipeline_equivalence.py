@@ -1,13 +1,14 @@
-"""MPI worker: every schedule on `pp` ranks against the single-process model.
+"""MPI worker body: every schedule on `pp` ranks against the single-process model.
 
-Run as `mpiexec -n PP python -m mpi4py tests/mpi/pipeline_equivalence.py`; started by
-tests/test_pipeline_mpi.py. For each schedule kind and microbatch count the kind allows
-(below, equal to and above pp), one float64 step is run over the pipeline and compared,
-on rank 0, with (a) the same step on one process through the same runtime — bitwise — and
-(b) the plain GPT.loss_and_grads of the whole batch — to 1e-12 relative. The runtime's
-measured peak of microbatches held must equal the simulator's. Then a few optimizer steps
-with the last schedule must leave bitwise the weights of one process. Exit status 0 only
-when every rank agrees that everything matched.
+`check(comm)` (the contract is in tests/mpibody.py) runs the pipeline over all of comm's
+ranks, pp = comm.size; tests/test_pipeline_mpi.py calls it in-process or runs it as
+`mpiexec -n PP python -m mpi4py tests/mpi/pipeline_equivalence.py`. For each schedule
+kind and microbatch count the kind allows (below, equal to and above pp), one float64
+step is run over the pipeline and compared, on rank 0, with (a) the same step on one
+process through the same runtime — bitwise — and (b) the plain GPT.loss_and_grads of the
+whole batch — to 1e-12 relative. The runtime's measured peaks of microbatches held and
+of bytes must equal the simulator's. Then a few optimizer steps with the last schedule must leave
+bitwise the weights of one process. The report fails when any rank found a mismatch.
 """
 
 import os
@@ -18,6 +19,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import devices  # noqa: E402  (tests/devices.py: the test device)
+import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
 
 from hpcpipe import config
 from hpcpipe import grid as gridlib
@@ -25,18 +27,15 @@ from hpcpipe.model import GPT
 from hpcpipe.rank import Rank
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate, peak_activations
 
-WORLD = MPI.COMM_WORLD
-PP = WORLD.size
 B = 2  # micro-batch size
 
 
-def make_cfg(kind, m, layers_per_stage):
+def make_cfg(kind, pp, m, layers_per_stage):
     return config.from_dict({
         "model": {"n_layer": 8, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 19},
         "train": {"dtype": "float64", "micro_batch_size": B, "lr": 1e-2, "min_lr": 0.0,
                   "grad_clip": 0.05, "weight_decay": 0.1, "seed": 5},
-        "parallel": {"pp": WORLD.size,
-                     "microbatches": m, "schedule": kind,
+        "parallel": {"pp": pp, "microbatches": m, "schedule": kind,
                      "layers_per_stage": layers_per_stage or []},
     }, source="equivalence test")
 
@@ -105,89 +104,101 @@ class Run:
         return out
 
 
-def main():
-    failures, checked = [], 0
-    stages_of = {"interleaved-1f1b": 2 * PP, "zb-v": 2 * PP}
+def check(comm) -> mpibody.Report:
+    """Every (schedule, microbatches) case as a pipeline over comm's ranks, then a few
+    optimizer steps with the last one."""
+    pp, failures, checked = comm.size, [], 0
+    stages_of = {"interleaved-1f1b": 2 * pp, "zb-v": 2 * pp}
     for kind in KINDS:
-        for m in sorted({max(1, PP - 1), PP, 2 * PP + 1, 2 * PP}):
+        for m in sorted({max(1, pp - 1), pp, 2 * pp + 1, 2 * pp}):
             try:
-                schedule = schedule_for(kind, PP, m)
+                schedule = schedule_for(kind, pp, m)
             except ScheduleError:
                 continue  # the family does not allow this m (e.g. interleaving needs m % p == 0)
-            counts = uneven(stages_of.get(kind, PP))
-            cfg = make_cfg(kind, m, counts)
-            idx, targets = batch(m)
-            run = Run(WORLD, cfg, schedule)
-            loss, norm, result = run.step(idx, targets)
-            grads = run.gathered("grads")
-            predicted = peak_activations(schedule)[run.grid.pp_rank]
-            if abs(result.peak_microbatches - predicted) > 1e-9:
-                failures.append(f"{kind} m={m} rank {run.grid.pp_rank}: held "
-                                f"{result.peak_microbatches} microbatches, simulator says "
-                                f"{predicted}")
-            # In bytes, with two levels: each stage's measured M_B (after F) and M_W
-            # (after B) in the simulator give the peak the runtime measured.
-            measured = {}
-            for part in run.grid.pipe.allgather(result.stage_bytes):
-                measured.update(part)
-            stages = range(schedule.num_stages)
-            costs = Costs(memory=[float(measured[s][0]) for s in stages],
-                          memw=[float(measured[s][1]) for s in stages])
-            expected = peak_activations(schedule, costs)[run.grid.pp_rank]
-            if result.peak_bytes != expected:
-                failures.append(f"{kind} m={m} rank {run.grid.pp_rank}: peak "
-                                f"{result.peak_bytes} bytes, simulator says {expected} from "
-                                f"M_B/M_W {measured}")
-            if WORLD.rank == 0:
-                checked += 1
-                # (a) one process, same runtime, 1F1B: bitwise.
-                ref_cfg = config.from_dict({**_as_dict(cfg), "parallel": {
-                    "pp": 1, "microbatches": m, "schedule": "1f1b"}}, source="reference")
-                ref = Run(MPI.COMM_SELF, ref_cfg, generate("1f1b", 1, m))
-                ref_loss, ref_norm, _ = ref.step(idx, targets)
-                ref_grads = ref.gathered("grads")
-                if loss != ref_loss or norm != ref_norm:
-                    failures.append(f"{kind} pp={PP} m={m}: loss/norm {loss!r}/{norm!r} differ "
-                                    f"bitwise from one process {ref_loss!r}/{ref_norm!r}")
-                for name, g in ref_grads.items():
-                    if not np.array_equal(grads[name], g):
-                        failures.append(f"{kind} pp={PP} m={m}: d{name} not bitwise equal to "
-                                        f"one process (max diff {np.abs(grads[name] - g).max():g})")
-                # (b) the plain model on the whole batch: equal to float64 round-off.
-                gpt = GPT(cfg.model, dtype="float64", seed=cfg.train.seed)
-                whole_loss, whole = gpt.loss_and_grads(idx, targets)
-                if abs(loss - whole_loss) > 1e-12 * abs(whole_loss):
-                    failures.append(f"{kind} m={m}: loss {loss} vs whole batch {whole_loss}")
-                for name, g in whole.items():
-                    err = np.abs(grads[name] - g).max() / max(np.abs(g).max(), 1e-300)
-                    if err > 1e-12:
-                        failures.append(f"{kind} m={m}: d{name} relative error {err:.2e}")
-            last = (kind, m, cfg, schedule)
+            cfg = make_cfg(kind, pp, m, uneven(stages_of.get(kind, pp)))
+            failures += check_one_step(comm, cfg, schedule)
+            checked += 1
+            last = (cfg, schedule)
+    failures += check_optimizer_steps(comm, *last)
+    summary = [f"pp={pp}: checked {checked} (schedule, microbatches) cases"]
+    return mpibody.Report.agreed(comm, summary, failures)
 
-    # A few optimizer steps with clipping active: weights bitwise equal to one process.
-    kind, m, cfg, schedule = last
-    run = Run(WORLD, cfg, schedule)
+
+def check_one_step(comm, cfg, schedule) -> list[str]:
+    """One float64 step of gradients: held microbatches against the simulator (every rank);
+    on rank 0, against one process (bitwise) and the whole-batch model (to 1e-12)."""
+    failures = []
+    kind, m, pp = cfg.parallel.schedule, cfg.parallel.microbatches, comm.size
+    idx, targets = batch(m)
+    run = Run(comm, cfg, schedule)
+    loss, norm, result = run.step(idx, targets)
+    grads = run.gathered("grads")
+    predicted = peak_activations(schedule)[run.grid.pp_rank]
+    if abs(result.peak_microbatches - predicted) > 1e-9:
+        failures.append(f"{kind} m={m} rank {run.grid.pp_rank}: held "
+                        f"{result.peak_microbatches} microbatches, simulator says "
+                        f"{predicted}")
+    # In bytes, with two levels: each stage's measured M_B (after F) and M_W (after B) in
+    # the simulator give the peak the runtime measured.
+    measured = {}
+    for part in run.grid.pipe.allgather(result.stage_bytes):
+        measured.update(part)
+    stages = range(schedule.num_stages)
+    costs = Costs(memory=[float(measured[s][0]) for s in stages],
+                  memw=[float(measured[s][1]) for s in stages])
+    expected = peak_activations(schedule, costs)[run.grid.pp_rank]
+    if result.peak_bytes != expected:
+        failures.append(f"{kind} m={m} rank {run.grid.pp_rank}: peak {result.peak_bytes} "
+                        f"bytes, simulator says {expected} from M_B/M_W {measured}")
+    if comm.rank != 0:
+        return failures
+    # (a) one process, same runtime, 1F1B: bitwise.
+    ref = Run(MPI.COMM_SELF, reference_cfg(cfg), generate("1f1b", 1, m))
+    ref_loss, ref_norm, _ = ref.step(idx, targets)
+    ref_grads = ref.gathered("grads")
+    if loss != ref_loss or norm != ref_norm:
+        failures.append(f"{kind} pp={pp} m={m}: loss/norm {loss!r}/{norm!r} differ "
+                        f"bitwise from one process {ref_loss!r}/{ref_norm!r}")
+    for name, g in ref_grads.items():
+        if not np.array_equal(grads[name], g):
+            failures.append(f"{kind} pp={pp} m={m}: d{name} not bitwise equal to "
+                            f"one process (max diff {np.abs(grads[name] - g).max():g})")
+    # (b) the plain model on the whole batch: equal to float64 round-off.
+    gpt = GPT(cfg.model, dtype="float64", seed=cfg.train.seed)
+    whole_loss, whole = gpt.loss_and_grads(idx, targets)
+    if abs(loss - whole_loss) > 1e-12 * abs(whole_loss):
+        failures.append(f"{kind} m={m}: loss {loss} vs whole batch {whole_loss}")
+    for name, g in whole.items():
+        err = np.abs(grads[name] - g).max() / max(np.abs(g).max(), 1e-300)
+        if err > 1e-12:
+            failures.append(f"{kind} m={m}: d{name} relative error {err:.2e}")
+    return failures
+
+
+def check_optimizer_steps(comm, cfg, schedule) -> list[str]:
+    """A few optimizer steps with clipping active: weights bitwise equal to one process."""
+    kind, m = cfg.parallel.schedule, cfg.parallel.microbatches
+    run = Run(comm, cfg, schedule)
     for step in range(3):
         idx, targets = batch(m + 10 * step)
         run.step(idx, targets, lr=1e-2)
     weights = run.gathered("params")
-    if WORLD.rank == 0:
-        ref_cfg = config.from_dict({**_as_dict(cfg), "parallel": {
-            "pp": 1, "microbatches": m, "schedule": "1f1b"}}, source="reference")
-        ref = Run(MPI.COMM_SELF, ref_cfg, generate("1f1b", 1, m))
-        for step in range(3):
-            idx, targets = batch(m + 10 * step)
-            ref.step(idx, targets, lr=1e-2)
-        for name, w in ref.gathered("params").items():
-            if not np.array_equal(weights[name], w):
-                failures.append(f"after 3 steps of {kind} on pp={PP}: {name} differs from one "
-                                f"process")
-    failures = sum(WORLD.allgather(failures), [])
-    if WORLD.rank == 0:
-        print(f"pp={PP}: checked {checked} (schedule, microbatches) cases", flush=True)
-        for line in failures:
-            print("FAIL", line, flush=True)
-    return 1 if failures else 0
+    if comm.rank != 0:
+        return []
+    ref = Run(MPI.COMM_SELF, reference_cfg(cfg), generate("1f1b", 1, m))
+    for step in range(3):
+        idx, targets = batch(m + 10 * step)
+        ref.step(idx, targets, lr=1e-2)
+    return [f"after 3 steps of {kind} on pp={comm.size}: {name} differs from one process"
+            for name, w in ref.gathered("params").items()
+            if not np.array_equal(weights[name], w)]
+
+
+def reference_cfg(cfg):
+    """cfg on one process: the same model, batch and training, with 1F1B."""
+    return config.from_dict({**_as_dict(cfg), "parallel": {
+        "pp": 1, "microbatches": cfg.parallel.microbatches, "schedule": "1f1b"}},
+        source="reference")
 
 
 def _as_dict(cfg):
@@ -197,4 +208,4 @@ def _as_dict(cfg):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(mpibody.main(check))

@@ -1,31 +1,32 @@
-"""MPI worker: optimizer post-validation against the synchronous optimizer.
+"""MPI worker body: optimizer post-validation against the synchronous optimizer.
 
-Run as `mpiexec -n 4 python -m mpi4py tests/mpi/post_validation.py`; started by
-tests/test_post_validation_mpi.py. On dp = 2 × pp = 2 (with and without ZeRO-1), float64,
-a few steps each with: a clipping threshold so small that every step clips; one between
-the steps' norms, so some steps clip and some do not; and a NaN injected into one weight
-gradient of one stage of one replica at one step (that step is skipped, the run goes on).
+`check(comm)` (the contract is in tests/mpibody.py) needs 4 ranks;
+tests/test_post_validation_mpi.py calls it in-process or runs it as
+`mpiexec -n 4 python -m mpi4py tests/mpi/post_validation.py`. On dp = 2 × pp = 2 (with and
+without ZeRO-1), float64, a few steps each with: a clipping threshold so small that every
+step clips; one between the steps' norms, so some steps clip and some do not; and a NaN
+injected into one weight gradient of one stage of one replica at one step (that step is
+skipped, the run goes on).
 Losses, norms, skipped steps and final weights must equal the synchronous run's to
-round-off (1e-12 relative). Exit status 0 only when everything matched.
+round-off (1e-12 relative). The report fails when anything did not match.
 """
 
 import os
 import sys
 
 import numpy as np
-from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import devices  # noqa: E402  (tests/devices.py: the test device)
+import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
 
 from hpcpipe import config
 from hpcpipe import grid as gridlib
 from hpcpipe.rank import Rank
 from hpcpipe.schedules import generate
 
-WORLD = MPI.COMM_WORLD
 B, M, STEPS = 2, 4, 6
-POISON_STEP, POISON_RANK = 3, 1  # world rank 1: stage 1 of replica 0
+POISON_STEP, POISON_RANK = 3, 1  # rank 1: stage 1 of replica 0
 
 
 def make_cfg(post_validation, clip, zero):
@@ -45,15 +46,15 @@ def batch(step):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def train(cfg, poison=False):
+def train(comm, cfg, poison=False):
     p = cfg.parallel
-    grid = gridlib.build(WORLD, p.dp, p.pp)
+    grid = gridlib.build(comm, p.dp, p.pp)
     be = devices.select()
     schedule = generate(p.schedule, p.pp, p.microbatches)
     rank = Rank.build(cfg, grid, be, schedule)
     model = rank.model
     current = {"step": 0}
-    if poison and WORLD.rank == POISON_RANK:
+    if poison and comm.rank == POISON_RANK:
         stage = model.stages[0]
         original = stage.backward_weight
 
@@ -82,19 +83,20 @@ def train(cfg, poison=False):
     for stage in model.stages.values():
         for name, value in stage.params.items():
             weights[(grid.dp_rank, name, stage.embedding_part)] = be.to_host(value).copy()
-    return outcomes, WORLD.gather(weights, root=0)
+    return outcomes, comm.gather(weights, root=0)
 
 
-def main():
+def check(comm) -> mpibody.Report:
+    """The three cases, without and with ZeRO-1, against the synchronous optimizer."""
     failures, report = [], []
     for zero in (0, 1):
-        sync_norms = [o.norm for o in train(make_cfg(False, 1e9, zero))[0]]
+        sync_norms = [o.norm for o in train(comm, make_cfg(False, 1e9, zero))[0]]
         middle = float(np.median(sync_norms))
         for label, clip, poison in (("clip every step", 1e-3, False),
                                     ("clip some steps", middle, False),
                                     ("NaN on one stage of one replica", 1.0, True)):
-            sync, w_sync = train(make_cfg(False, clip, zero), poison)
-            post, w_post = train(make_cfg(True, clip, zero), poison)
+            sync, w_sync = train(comm, make_cfg(False, clip, zero), poison)
+            post, w_post = train(comm, make_cfg(True, clip, zero), poison)
             name = f"zero={zero}, {label}"
             if [o.step for o in post] != list(range(1, STEPS + 1)):
                 failures.append(f"{name}: outcomes for steps {[o.step for o in post]}")
@@ -107,13 +109,13 @@ def main():
                         continue
                     if not abs(x - y) <= 1e-12 * abs(x):
                         failures.append(f"{name}: step {a.step} {what} {x!r} vs {y!r}")
-            if WORLD.rank == 0:
+            if comm.rank == 0:
                 for part_sync, part_post in zip(w_sync, w_post):
                     for key, w in part_sync.items():
                         err = np.abs(part_post[key] - w).max() / np.abs(w).max()
                         if not err <= 1e-12:
                             failures.append(f"{name}: weights {key} differ by {err:.1e}")
-            redone = WORLD.allreduce(sum(o.redone for o in post))
+            redone = comm.allreduce(sum(o.redone for o in post))
             skipped = [o.step for o in post if o.skipped]
             report.append(f"{name}: skipped {skipped}, {redone} redone updates (all ranks)")
             if poison and skipped != [POISON_STEP]:
@@ -121,14 +123,8 @@ def main():
             if label == "clip every step" and not redone:
                 failures.append(f"{name}: clipping every step never needed a redo: the "
                                 f"optimistic path was not exercised")
-    failures = sum(WORLD.allgather(failures), [])
-    if WORLD.rank == 0:
-        for line in report:
-            print(line, flush=True)
-        for line in sorted(set(failures)):
-            print("FAIL", line, flush=True)
-    return 1 if failures else 0
+    return mpibody.Report.agreed(comm, report, failures)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(mpibody.main(check))

@@ -1,7 +1,7 @@
 """MPI worker: 16-bit training on every layout against one process.
 
-Run as `mpiexec -n 4 python -m mpi4py tests/mpi/sixteen_bit.py`; started by
-tests/test_16bit_mpi.py. For bfloat16 and float16 (float32 master weights, gradients and
+`check(comm)` (the contract is in tests/mpibody.py) needs 4 ranks; tests/test_16bit_mpi.py
+calls it in-process or runs it as `mpiexec -n 4 python -m mpi4py tests/mpi/sixteen_bit.py`. For bfloat16 and float16 (float32 master weights, gradients and
 optimizer state; a dynamic loss scale for float16), a few clipped steps of a learnable
 token stream:
 - on pp = 2, 3 and 4 ranks, every schedule the microbatch count allows: losses and
@@ -9,7 +9,7 @@ token stream:
 - dp 2 × pp 2 with ZB-H1 and 1F1B (bitwise equal to each other), with ZeRO-1, with
   post-validation and with bfloat16 gradient messages: losses within 1 % of plain dp;
 - every run tracks float32's losses: the last loss within TRACK of float32's.
-Exit status 0 only when every rank agrees that everything matched.
+The report fails when any rank found a mismatch.
 """
 
 import os
@@ -20,13 +20,13 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import devices  # noqa: E402  (tests/devices.py: the test device)
+import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
 
 from hpcpipe import config
 from hpcpipe import grid as gridlib
 from hpcpipe.rank import Rank
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate
 
-WORLD = MPI.COMM_WORLD
 B, M, STEPS, V = 2, 4, 5, 19
 TRACK = {"bfloat16": 0.03, "float16": 0.01}  # last loss against float32's, relative
 
@@ -92,11 +92,11 @@ def same(a, b) -> bool:
     return la == lb and wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa)
 
 
-def check_pipelines(dtype, ref, failures):
+def check_pipelines(world, dtype, ref, failures):
     """Every schedule on pp = 2, 3, 4 (the first pp ranks): bitwise one process."""
     checked = 0
     for pp in (2, 3, 4):
-        comm = WORLD.Split(0 if WORLD.rank < pp else MPI.UNDEFINED, key=WORLD.rank)
+        comm = world.Split(0 if world.rank < pp else MPI.UNDEFINED, key=world.rank)
         for kind in KINDS:
             try:
                 schedule = schedule_for(kind, pp, M)
@@ -115,18 +115,18 @@ def check_pipelines(dtype, ref, failures):
     return checked
 
 
-def check_data_parallel(dtype, reference32, failures):
-    """dp 2 × pp 2 on the world: schedules bitwise alike; ZeRO-1, post-validation and bf16
+def check_data_parallel(world, dtype, reference32, failures):
+    """dp 2 × pp 2 on the 4 ranks: schedules bitwise alike; ZeRO-1, post-validation and bf16
     messages close to plain; all track float32."""
     runs = {}
     for label, kind, extra in (("zb-h1", "zb-h1", {}), ("1f1b", "1f1b", {}),
                                ("zero", "zb-h1", {"zero": 1}),
                                ("bf16 messages", "zb-h1", {"grad_comm_dtype": "bfloat16"})):
-        runs[label] = train(WORLD, make_cfg(dtype, 2, 2, kind, **extra), generate(kind, 2, 2))
-    runs["post-validation"] = train(WORLD, make_cfg(dtype, 2, 2, "zb-h1",
+        runs[label] = train(world, make_cfg(dtype, 2, 2, kind, **extra), generate(kind, 2, 2))
+    runs["post-validation"] = train(world, make_cfg(dtype, 2, 2, "zb-h1",
                                                     train={"post_validation": True}),
                                     generate("zb-h1", 2, 2))
-    if WORLD.rank != 0:
+    if world.rank != 0:
         return
     if not same(runs["zb-h1"], runs["1f1b"]):
         failures.append(f"{dtype} dp 2 × pp 2: zb-h1 and 1f1b differ")
@@ -139,11 +139,11 @@ def check_data_parallel(dtype, reference32, failures):
                             f"float32's {reference32[-1]}")
 
 
-def main():
+def check(world) -> mpibody.Report:
     failures, report = [], []
     for dtype in ("bfloat16", "float16"):
         ref = ref32 = None
-        if WORLD.rank == 0:
+        if world.rank == 0:
             ref = train(MPI.COMM_SELF, make_cfg(dtype), generate("1f1b", 1, M))
             ref32 = train(MPI.COMM_SELF, make_cfg("float32"), generate("1f1b", 1, M))
             if abs(ref[0][-1] - ref32[0][-1]) > TRACK[dtype] * ref32[0][-1]:
@@ -152,17 +152,12 @@ def main():
                 failures.append(f"{dtype}: does not learn ({ref[0]})")
             report.append(f"{dtype}: losses {['%.4f' % x for x in ref[0]]}, float32 "
                           f"{['%.4f' % x for x in ref32[0]]}")
-        checked = check_pipelines(dtype, ref, failures)
-        check_data_parallel(dtype, WORLD.bcast(ref32[0] if ref32 else None, root=0), failures)
+        checked = check_pipelines(world, dtype, ref, failures)
+        check_data_parallel(world, dtype, world.bcast(ref32[0] if ref32 else None, root=0),
+                            failures)
         report.append(f"{dtype}: {checked} pipeline layouts bitwise equal to one process")
-    failures = sum(WORLD.allgather(failures), [])
-    if WORLD.rank == 0:
-        for line in report:
-            print(line, flush=True)
-        for line in failures:
-            print("FAIL", line, flush=True)
-    return 1 if failures else 0
+    return mpibody.Report.agreed(world, report, failures)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(mpibody.main(check))

@@ -1,7 +1,8 @@
 """MPI worker: tensor parallelism against the unsplit model.
 
-Run as `mpiexec -n 4 python -m mpi4py tests/mpi/tensor_parallel.py` (or -n 8); started
-by tests/test_tensor_parallel_mpi.py. In float64:
+`check(comm)` (the contract is in tests/mpibody.py) runs on 4 or 8 ranks;
+tests/test_tensor_parallel_mpi.py calls it in-process or runs it as
+`mpiexec -n 4 python -m mpi4py tests/mpi/tensor_parallel.py` (or -n 8). In float64:
 - layers (4 ranks): every tensor-parallel layer's F, B and W, on 2 and 4 shards, against
   the unsplit layer: outputs, input gradients and the weight gradients gathered into
   their global tensors, to 1e-12;
@@ -11,10 +12,11 @@ by tests/test_tensor_parallel_mpi.py. In float64:
   post-validation too;
 - checkpoints (4 ranks): saved at tp 2, resumed at tp 1, saved, resumed at tp 4: the
   losses of one uninterrupted process, to 1e-12.
-Exit status 0 only when every rank agrees that everything matched.
+The report fails when any rank found a mismatch.
 """
 
 import os
+import shutil
 import sys
 import tempfile
 
@@ -23,6 +25,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import devices  # noqa: E402  (tests/devices.py: the test device)
+import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
 
 from hpcpipe import checkpoint as ckpt
 from hpcpipe import config
@@ -34,7 +37,6 @@ from hpcpipe.schedules import generate
 from hpcpipe.tensor_parallel import TensorParallel, shard_of
 from hpcpipe.transport import Transport
 
-WORLD = MPI.COMM_WORLD
 B, T, C, NH, V = 2, 5, 8, 4, 16
 STEPS, GLOBAL_MB = 3, 4
 TOL = 1e-12
@@ -101,7 +103,7 @@ def gathered(comm, params, local_grads):
     return out
 
 
-def check_layers(failures):
+def check_layers(world, failures):
     be = devices.select()
     rng = np.random.default_rng(1)
     prefixed = block_params(rng)
@@ -115,7 +117,7 @@ def check_layers(failures):
     idx, targets = rng.integers(0, V, (B, T)), rng.integers(0, V, (B, T))
     x, dy = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
     for shards in (2, 4):
-        comm = WORLD.Split(0 if WORLD.rank < shards else MPI.UNDEFINED, key=WORLD.rank)
+        comm = world.Split(0 if world.rank < shards else MPI.UNDEFINED, key=world.rank)
         if comm == MPI.COMM_NULL:
             continue
         tp = TensorParallel(comm, Transport(be))
@@ -220,19 +222,19 @@ def compare(label, got, ref, failures):
             failures.append(f"{label}: {name} differs from one process")
 
 
-def check_layouts(failures, report):
-    n = WORLD.size
-    ref = train(MPI.COMM_SELF, make_cfg(1, 1, 1, "1f1b")) if WORLD.rank == 0 else None
+def check_layouts(world, failures, report):
+    n = world.size
+    ref = train(MPI.COMM_SELF, make_cfg(1, 1, 1, "1f1b")) if world.rank == 0 else None
     layouts = [(1, 1, 4), (1, 2, 2), (2, 1, 2)] if n == 4 else [(2, 2, 2)]
     for dp, pp, tp in layouts:
         kinds = ("1f1b", "zb-h1", "zb-v", "interleaved-1f1b") if pp > 1 else ("1f1b", "zb-h1")
-        results = {kind: train(WORLD, make_cfg(dp, pp, tp, kind)) for kind in kinds}
+        results = {kind: train(world, make_cfg(dp, pp, tp, kind)) for kind in kinds}
         extras = {"ZeRO-1": dict(zero=1), "post-validation": dict(post_validation=True),
                   "sequence parallel": dict(sequence_parallel=True)}
         for label, extra in extras.items():
             if dp > 1 or label != "ZeRO-1":
-                results[label] = train(WORLD, make_cfg(dp, pp, tp, "zb-h1", **extra))
-        if WORLD.rank != 0:
+                results[label] = train(world, make_cfg(dp, pp, tp, "zb-h1", **extra))
+        if world.rank != 0:
             continue
         first = results[kinds[0]]
         for label, result in results.items():
@@ -246,45 +248,48 @@ def check_layouts(failures, report):
 
 # -- checkpoints ---------------------------------------------------------------------------------
 
-def check_reshard(failures, report):
+def check_reshard(world, failures, report):
     """tp 2 → 1 → 4, two steps each, against one process."""
-    folder = WORLD.bcast(tempfile.mkdtemp(prefix="hpcpipe-tp-") if WORLD.rank == 0 else None)
-    ref = train(MPI.COMM_SELF, make_cfg(1, 1, 1, "1f1b"), steps=6) if WORLD.rank == 0 else None
+    folder = world.bcast(tempfile.mkdtemp(prefix="hpcpipe-tp-") if world.rank == 0 else None)
+    ref = train(MPI.COMM_SELF, make_cfg(1, 1, 1, "1f1b"), steps=6) if world.rank == 0 else None
     losses = []
-    pair = WORLD.Split(0 if WORLD.rank < 2 else MPI.UNDEFINED, key=WORLD.rank)
+    pair = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, key=world.rank)
     path = None
     if pair != MPI.COMM_NULL:
         cfg = make_cfg(1, 1, 2, "1f1b")
         got = train(pair, cfg, steps=2)
         losses += got[0]
         path = ckpt.save(got[2], cfg, 2, os.path.join(folder, "tp2"), {}).path
-    path = WORLD.bcast(path)
-    if WORLD.rank == 0:
+        pair.Free()
+    path = world.bcast(path)
+    if world.rank == 0:
         cfg = make_cfg(1, 1, 1, "1f1b")
         rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), devices.select(),
                           generate("1f1b", 1, GLOBAL_MB))
         ckpt.load(rank, cfg, path, ckpt.read_manifest(path))
         losses += train(MPI.COMM_SELF, cfg, rank, first_step=3, steps=2)[0]
         path = ckpt.save(rank, cfg, 4, os.path.join(folder, "tp1"), {}).path
-    path = WORLD.bcast(path)
+    path = world.bcast(path)
     cfg = make_cfg(1, 1, 4, "1f1b")
-    rank = Rank.build(cfg, gridlib.build(WORLD, 1, 1, tp=4), devices.select(),
+    rank = Rank.build(cfg, gridlib.build(world, 1, 1, tp=4), devices.select(),
                       generate("1f1b", 1, GLOBAL_MB))
     ckpt.load(rank, cfg, path, ckpt.read_manifest(path))
-    losses += train(WORLD, cfg, rank, first_step=5, steps=2)[0]
-    if WORLD.rank == 0:
+    losses += train(world, cfg, rank, first_step=5, steps=2)[0]
+    world.barrier()  # every rank has read the checkpoints before they go
+    if world.rank == 0:
+        shutil.rmtree(folder)
         if not all(close(a, b) for a, b in zip(losses, ref[0])):
             failures.append(f"tp 2 → 1 → 4: losses {losses} vs one process {ref[0]}")
         report.append("checkpoints: tp 2 → 1 → 4")
 
 
-def check_16_bit(failures, report):
+def check_16_bit(world, failures, report):
     """bfloat16 on tp 2 × pp 2: bitwise alike across schedules, near float32's losses."""
     ref = train(MPI.COMM_SELF, make_cfg(1, 1, 1, "1f1b", dtype="float32")) \
-        if WORLD.rank == 0 else None
-    runs = [train(WORLD, make_cfg(1, 2, 2, kind, dtype="bfloat16")) for kind in ("1f1b",
+        if world.rank == 0 else None
+    runs = [train(world, make_cfg(1, 2, 2, kind, dtype="bfloat16")) for kind in ("1f1b",
                                                                               "zb-h1")]
-    if WORLD.rank == 0:
+    if world.rank == 0:
         if runs[0][0] != runs[1][0]:
             failures.append("bfloat16 tp 2 × pp 2: 1f1b and zb-h1 differ")
         if abs(runs[0][0][-1] - ref[0][-1]) > 0.03 * ref[0][-1]:
@@ -293,21 +298,15 @@ def check_16_bit(failures, report):
         report.append("bfloat16: dp 1 × pp 2 × tp 2")
 
 
-def main():
+def check(world) -> mpibody.Report:
     failures, report = [], []
-    if WORLD.size == 4:
-        check_layers(failures)
-        check_reshard(failures, report)
-        check_16_bit(failures, report)
-    check_layouts(failures, report)
-    failures = sum(WORLD.allgather(failures), [])
-    if WORLD.rank == 0:
-        for line in report:
-            print(line, flush=True)
-        for line in failures:
-            print("FAIL", line, flush=True)
-    return 1 if failures else 0
+    if world.size == 4:
+        check_layers(world, failures)
+        check_reshard(world, failures, report)
+        check_16_bit(world, failures, report)
+    check_layouts(world, failures, report)
+    return mpibody.Report.agreed(world, report, failures)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(mpibody.main(check))

@@ -1,6 +1,8 @@
 """`python -m hpcpipe doctor`: what to check before submitting a job — the MPI library that
 mpi4py loaded and whether it takes GPU memory, the package versions, the GPUs, cores and
-threads each rank gets, and whether the run directory is writable (and shared).
+threads each rank gets, and whether the run directory is writable (and shared). Given the
+layout the job will train with (--pp, --tp), it checks that the ranks split into it and
+that each stage's tensor shards share a node.
 
 It runs as one process or as every rank of a job (`srun python -m mpi4py -m hpcpipe
 doctor`): each rank collects its own facts, rank 0 prints once what all ranks share, then
@@ -17,13 +19,15 @@ import subprocess
 import sys
 import tempfile
 
-from . import __version__, backend
+from . import __version__, backend, grid
 
 EPILOG = """\
 examples:
   python -m hpcpipe doctor                         this machine, one process
   mpiexec -n 2 python -m mpi4py -m hpcpipe doctor  as the ranks of a workstation run
-  srun python -m mpi4py -m hpcpipe doctor runs/    as the ranks of a Slurm job step"""
+  srun python -m mpi4py -m hpcpipe doctor runs/    as the ranks of a Slurm job step
+  srun python -m mpi4py -m hpcpipe doctor --pp 2 --tp 4 runs/
+                                                   and the layout it will train with"""
 
 # Variables a launcher sets to the number of processes it started: when MPI sees fewer,
 # the launcher and the MPI library do not talk to each other (srun's --mpi plugin, or an
@@ -44,6 +48,14 @@ def register(subparsers):
     doctor.add_argument("run_dir", nargs="?", default="runs", metavar="RUN_DIR",
                         help="the run directory to check, or the folder that will hold it "
                              "(default: runs)")
+    doctor.add_argument("--pp", type=int, metavar="N",
+                        help="pipeline stages the job will use (parallel.pp); with --tp, "
+                             "checks the layout against the ranks and their nodes")
+    doctor.add_argument("--tp", type=int, metavar="N",
+                        help="tensor shards per stage (parallel.tp): each stage's shards "
+                             "should share a node, as their all-reduces run in every layer")
+    doctor.add_argument("--rank-order", default="pp-inner", choices=grid.RANK_ORDERS,
+                        help="parallel.rank_order of the job (default: pp-inner)")
     doctor.set_defaults(func=cmd_doctor)
 
 
@@ -255,6 +267,39 @@ def sharing_problems(reports: list[tuple[str, dict]]) -> list[str]:
             for host, device, ranks in backend.shared_devices(bindings)]
 
 
+def layout_check(hosts: list[str], pp: int, tp: int, rank_order: str) -> tuple[str, list[str]]:
+    """(the layout fact, its problems) for ranks on `hosts` (hosts[rank]) trained as
+    dp × pp × tp: the ranks must split, and each stage's tp shards share a node — their
+    all-reduces run inside every F and B. A pipeline across nodes is only noted: its
+    stage-to-stage messages are fewer and can overlap compute."""
+    n = len(hosts)
+    if pp < 1 or tp < 1 or n % (pp * tp):
+        return f"pp {pp} × tp {tp} asked", [
+            f"pp {pp} × tp {tp} = {pp * tp} ranks a replica do not divide the "
+            f"{_count(n, 'rank')} launched (launch a multiple of {pp * tp}, or change "
+            f"--pp/--tp and parallel.pp/parallel.tp alike)"]
+    dp, problems, pipelines_split = n // (pp * tp), [], 0
+    for d in range(dp):
+        stage_hosts = []
+        for p in range(pp):
+            ranks = [grid.world_rank(d, p, t, dp, pp, tp, rank_order) for t in range(tp)]
+            nodes = list(dict.fromkeys(hosts[r] for r in ranks))
+            stage_hosts += nodes
+            if len(nodes) > 1:
+                problems.append(
+                    f"the {tp} tensor shards of stage {p} of replica {d} (ranks "
+                    f"{_ranges(ranks)}) span nodes {', '.join(nodes)}: their all-reduces, "
+                    f"in every layer's F and B, would cross the network; keep tp at most "
+                    f"the ranks of one node")
+        pipelines_split += len(set(stage_hosts)) > 1
+    fact = f"dp {dp} × pp {pp} × tp {tp} ({rank_order}); tensor shards " + (
+        "each on one node" if not problems else "across nodes (see problems)")
+    if pp > 1:
+        fact += ("; every pipeline on one node" if not pipelines_split else
+                 f"; {_count(pipelines_split, 'pipeline')} across nodes")
+    return fact, problems
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
@@ -307,6 +352,12 @@ def cmd_doctor(args) -> int:
         reports = [(host, f) for host, f, _ in gathered]
         all_problems = (list(dict.fromkeys(p for _, _, ps in gathered for p in ps)) + shared
                         + sharing_problems(reports))
+        if args.pp is not None or args.tp is not None:
+            fact, layout_problems = layout_check([host for host, _ in reports], args.pp or 1,
+                                                 args.tp or 1, args.rank_order)
+            for _, facts in reports:
+                facts["layout"] = fact
+            all_problems += layout_problems
         print(render(reports, all_problems), flush=True)
         status = 1 if all_problems else 0
     status = comm.bcast(status, root=0)

@@ -75,14 +75,23 @@ class Grid:
         return self.pp_rank == self.pp - 1
 
     def world_rank_of(self, dp_rank: int, pp_rank: int, tp_rank: int = 0) -> int:
-        if self.rank_order == "pp-inner":
-            return (dp_rank * self.pp + pp_rank) * self.tp + tp_rank
-        return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
+        return world_rank(dp_rank, pp_rank, tp_rank, self.dp, self.pp, self.tp,
+                          self.rank_order)
 
     def describe(self) -> str:
         shards = f" × tp {self.tp}" if self.tp > 1 else ""
         return (f"{self.size} ranks = dp {self.dp} × pp {self.pp}{shards} ({self.rank_order}); "
                 f"{self.local_size} on this node")
+
+
+def world_rank(dp_rank: int, pp_rank: int, tp_rank: int, dp: int, pp: int, tp: int,
+               rank_order: str = "pp-inner") -> int:
+    """The world rank at grid coordinates (dp_rank, pp_rank, tp_rank): the arrangement
+    `build` makes, computed without MPI (for `doctor`, which checks a layout before it
+    runs)."""
+    if rank_order == "pp-inner":
+        return (dp_rank * pp + pp_rank) * tp + tp_rank
+    return (pp_rank * dp + dp_rank) * tp + tp_rank
 
 
 def local_rank_from_env() -> int | None:

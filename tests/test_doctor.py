@@ -121,3 +121,32 @@ def test_command_exits_1_on_a_problem_without_aborting(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "is a file, not a folder" in proc.stdout
     assert "MPI_Abort" not in proc.stdout + proc.stderr
+
+
+def test_layout_check_wants_each_stages_tensor_shards_on_one_node():
+    hosts = ["a"] * 4 + ["b"] * 4
+    fact, problems = doctor.layout_check(hosts, pp=2, tp=4, rank_order="pp-inner")
+    assert problems == []
+    assert fact == ("dp 1 × pp 2 × tp 4 (pp-inner); tensor shards each on one node; "
+                    "1 pipeline across nodes")
+    fact, problems = doctor.layout_check(hosts, pp=2, tp=2, rank_order="pp-inner")
+    assert problems == [] and fact.endswith("every pipeline on one node")
+    # dp-inner with tp 2 still keeps shards together (they are always innermost).
+    assert doctor.layout_check(hosts, pp=2, tp=2, rank_order="dp-inner")[1] == []
+    # 3 ranks a node: the second stage's shards (ranks 2-3) straddle a and b.
+    _, problems = doctor.layout_check(["a"] * 3 + ["b"] * 3, pp=3, tp=2, rank_order="pp-inner")
+    assert len(problems) == 1
+    assert "stage 1 of replica 0 (ranks 2-3) span nodes a, b" in problems[0]
+    _, problems = doctor.layout_check(hosts, pp=3, tp=1, rank_order="pp-inner")
+    assert "pp 3 × tp 1 = 3 ranks a replica do not divide the 8 ranks launched" in problems[0]
+
+
+def test_doctor_checks_the_layout_it_is_given(tmp_path):
+    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "doctor", "--pp", "1", "--tp", "2",
+                str(tmp_path / "runs")], n=2, timeout=120)
+    assert "layout          dp 1 × pp 1 × tp 2 (pp-inner); tensor shards each on one node" \
+        in proc.stdout, proc.stdout + proc.stderr
+    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "doctor", "--tp", "3", str(tmp_path / "runs")],
+               n=2, timeout=120)
+    assert proc.returncode == 1
+    assert "pp 1 × tp 3 = 3 ranks a replica do not divide the 2 ranks launched" in proc.stdout

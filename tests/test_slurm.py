@@ -118,6 +118,20 @@ def test_wrong_rank_count_stops_with_one_message(cluster, workdir, stdlib_tokens
     assert "Traceback" not in text
 
 
+def test_tensor_shards_from_tp(cluster, workdir, stdlib_tokens, reference):
+    """TP=2 (no PP): the 2 tasks become 2 tensor shards of one stage, and train like the
+    2-stage pipeline up to the shards' summation order."""
+    job, run_dir, out = submit(cluster, JOBS / "train.sbatch", workdir, "tensor",
+                               stdlib_tokens, extra_env={"PP": "", "TP": "2"})
+    finished(cluster, job, out)
+    text = out.read_text()
+    assert "2 ranks (pp 1 × tp 2 × dp 1)" in text and "2 ranks = dp 1 × pp 1 × tp 2" in text
+    (losses, val), (ref_losses, ref_val) = slurm.metrics(run_dir), reference["metrics"]
+    assert losses.keys() == ref_losses.keys() and val.keys() == ref_val.keys()
+    for step, loss in ref_losses.items():
+        assert losses[step] == pytest.approx(loss, rel=1e-3), step
+
+
 def test_multinode_script_on_one_node(cluster, workdir, stdlib_tokens, reference):
     """Only one node here: the script's own lines (layout, MPI type, launch) still run."""
     job, run_dir, out = submit(cluster, JOBS / "train-multinode.sbatch", workdir, "multinode",

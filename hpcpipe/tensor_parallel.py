@@ -109,14 +109,24 @@ class TensorParallel:
 
     sequence: sequence parallelism — the LayerNorm and residual regions hold T/tp of each
     sequence; all-gathers and reduce-scatters along the sequence replace the all-reduces.
-    `bytes` counts what this shard sent into the collectives (for the benchmark)."""
+
+    For the benchmark, `volume` counts the collectives' whole tensors (an all-reduce's
+    array, an all-gather's result, a reduce-scatter's input) and `sent` what a ring
+    algorithm makes this shard send for them: 2(t−1)/t of an all-reduce, (t−1)/t of an
+    all-gather or a reduce-scatter — so that an all-reduce and the reduce-scatter plus
+    all-gather that sequence parallelism puts in its place send the same."""
 
     def __init__(self, comm, transport, sequence: bool = False):
         self.comm, self.transport = comm, transport
         self.size = comm.size if comm is not None else 1
         self.rank = comm.rank if comm is not None else 0
         self.sequence = sequence and self.size > 1
-        self.bytes = 0
+        self.volume = self.sent = 0
+
+    def _count(self, nbytes: int, passes: int):
+        """A collective of a `nbytes` tensor, of `passes` ring passes (all-reduce 2)."""
+        self.volume += nbytes
+        self.sent += passes * nbytes * (self.size - 1) // self.size
 
     def all_reduce(self, array, op=None):
         """Sum (or `op`) `array` over the shards, in place."""
@@ -124,7 +134,7 @@ class TensorParallel:
 
         if self.size == 1:
             return array
-        self.bytes += int(array.nbytes)
+        self._count(int(array.nbytes), 2)
         if op is None or op == MPI.SUM:
             return self.transport.allreduce_sum(self.comm, array)
         buffer = self.transport.outgoing(array)
@@ -139,7 +149,7 @@ class TensorParallel:
         t, xp = self.transport, self.transport.backend.xp
         send = t.outgoing(xp.ascontiguousarray(part))
         recv = t.empty((self.size, *part.shape), part.dtype)
-        self.bytes += int(part.nbytes)
+        self._count(int(part.nbytes) * self.size, 1)
         self.comm.Allgather(t.wire(send), t.wire(recv))
         whole = t.to_device(recv)  # (tp, B, T/tp, ...)
         t.release(recv)
@@ -158,7 +168,7 @@ class TensorParallel:
             whole.reshape(B, self.size, T // self.size, *whole.shape[2:]), 1, 0))
         send = t.outgoing(blocks)
         recv = t.empty(blocks.shape[1:], whole.dtype)
-        self.bytes += int(whole.nbytes)
+        self._count(int(whole.nbytes), 1)
         self.comm.Reduce_scatter_block(t.wire(send), t.wire(recv), op=t.sum_op(whole.dtype))
         part = t.to_device(recv)
         if part is recv:

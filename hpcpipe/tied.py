@@ -43,6 +43,7 @@ class TiedEmbedding:
         self._buffer = None
         self._send = self._recv = None
         self._started = False
+        self.bytes_sent = 0  # the tied gradient's exchange, for the benchmark
 
     @property
     def head_only(self) -> bool:
@@ -95,6 +96,8 @@ class TiedEmbedding:
             return
         if emb is None and head is None:  # a middle stage holds no copy
             return
+        # Either way each of the two holders sends one wte-sized gradient a step.
+        self.bytes_sent += int((emb.grads["wte"] if emb is not None else head.head_grad).nbytes)
         if not self._started:  # not exchanged early (host staging, or no hooks ran)
             part = emb.grads["wte"] if emb is not None else head.head_grad
             total = self.transport.allreduce_sum(self.comm, part)

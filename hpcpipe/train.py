@@ -381,15 +381,17 @@ class Trainer:
         self.rank.use_schedule(auto)
         sim = simulate(auto, costs)
         self.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
-        self.log(f"auto schedule from measured costs (ms) F {_ms(costs.f)} B {_ms(costs.b)} "
-                 f"W {_ms(costs.w)} comm {costs.comm * 1e3:.2f}, M_W/M_B "
+        # With tensor shards the measured F and B hold their all-reduces (W has none).
+        shards = " (F, B with tp all-reduces)" if self.grid.tp > 1 else ""
+        self.log(f"auto schedule from measured costs (ms){shards} F {_ms(costs.f)} B "
+                 f"{_ms(costs.b)} W {_ms(costs.w)} comm {costs.comm * 1e3:.2f}, M_W/M_B "
                  f"{_ratio(costs)}, memory limit {describe_limit(self.cfg)}: predicted "
                  f"{sim.makespan * 1e3:.1f} ms of compute and messages per step, simulated "
                  f"bubble {1 - max(sim.busy) / sim.makespan:.1%}")
         self.run_dir.write_json("auto_schedule.json", {
             "ops": auto.op_strings(), "predicted_s": sim.makespan, "f": costs.f,
             "b": costs.b, "w": costs.w, "comm": costs.comm, "memory": costs.memory,
-            "memw": costs.memw, "memory_limit": memory_limit(self.cfg)[0],
+            "memw": costs.memw, "tp": self.grid.tp, "memory_limit": memory_limit(self.cfg)[0],
             "memory_in_bytes": memory_limit(self.cfg)[1],
             "predicted_peaks": list(peak_activations(auto, costs))})
 

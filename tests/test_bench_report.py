@@ -18,6 +18,12 @@ PIPELINE = {"suite": "pipeline", "pp": 2, "microbatches": 4, "micro_batch_size":
                       "bubble_measured": 0.2 - 0.05 * i, "bubble_simulated": 0.18 - 0.05 * i,
                       "vs_1f1b": 1 + 0.01 * i}
                      for i, kind in enumerate(("1f1b", "zb-h1", "zb-h2"))]}
+TP = {"suite": "tp", "ranks": 2, "config": "medium", "layers": 6, "n_embd": 384, "block": 256,
+      "microbatches": 4, "micro_batch_size": 4, "threads_per_rank": 1, "backend": "numpy on CPU",
+      "rows": [{"layout": name, "step_ms": 900.0, "tokens_per_s": 4500.0, "vs_fastest": 0.9,
+                "params_per_rank": 5.4e6, "sent_bytes": 2**20 * (i + 1),
+                "analytic_bytes": 2**20 * (i + 1), "analytic": "formula"}
+               for i, name in enumerate(("tp 2", "pp 2 (zb-h1)", "dp 2"))]}
 COMM = {"suite": "comm", "ranks": 2, "overlap": {"hidden_fraction": 0.5},
         "rows": [{"bytes": 4096 * 4**i, "p2p_hpcpipe_gbs": 0.5 * (i + 1), "p2p_raw_gbs": 0.6 * (i + 1),
                   "allreduce_hpcpipe_gbs": 0.3 * (i + 1), "allreduce_raw_gbs": 0.3 * (i + 1)}
@@ -35,7 +41,7 @@ def write_parts(folder, *suites):
 @pytest.mark.parametrize("with_comm", [False, True])
 def test_report_combines_suites_into_json_summary_and_plots(tmp_path, with_comm):
     pytest.importorskip("matplotlib")
-    suites = (STEP, PIPELINE, COMM) if with_comm else (STEP, PIPELINE)
+    suites = (STEP, PIPELINE, TP, COMM) if with_comm else (STEP, PIPELINE)
     parts = write_parts(tmp_path / "parts", *suites)
     assert report.main([str(parts), "--out", str(tmp_path / "out")]) == 0
     (combined,) = (tmp_path / "out").glob("*.json")
@@ -47,7 +53,9 @@ def test_report_combines_suites_into_json_summary_and_plots(tmp_path, with_comm)
     assert "| zb-h2 |" in text and "Schedules, simulated" in text
     assert ("## Communication" in text) == with_comm
     pngs = {p.name.rsplit("-", 1)[1] for p in (tmp_path / "out").glob("*.png")}
-    assert pngs == ({"step.png", "pipeline.png", "comm.png"} if with_comm
+    assert ("| pp 2 (zb-h1) | 900 | 4,500 | 0.90× | 5.40M | 2.00 | 2.00 | formula |" in text) \
+        == with_comm
+    assert pngs == ({"step.png", "pipeline.png", "tp.png", "comm.png"} if with_comm
                     else {"step.png", "pipeline.png"})
     for name in pngs:
         assert f"-{name})" in text

@@ -78,7 +78,8 @@ def test_config_files_that_are_not_configs(capsys, tmp_path):
 
 def test_argument_mistakes_are_one_line(capsys):
     for argv in (["train"], ["nonsense"], ["schedule", "--kind", "1f1b", "-p", "0"],
-                 ["bench", "pipeline", "--layers", "-1"], ["bench", "comm", "--max-mb", "nan"],
+                 ["bench", "pipeline", "--layers", "-1"], ["bench", "tp", "--rounds", "0"],
+                 ["bench", "comm", "--max-mb", "nan"],
                  ["schedule", "--kind", "1f1b", "-p", "4096", "-m", "65536"]):
         line = ends_with_one_error(capsys, argv)
         assert line.startswith("error: ")

@@ -125,12 +125,39 @@ def test_critical_path_bound_holds_and_is_tight_for_one_microbatch():
     assert max(simulate(s).span) == span_lower_bound(s) == 9
 
 
+def test_costs_parse_tp():
+    c = Costs.parse("F=1,B=1,W=0.5,tp=0.1/0.2")
+    assert c.tp == (0.1, 0.2) and str(c) == "F=1,B=1,W=0.5,comm=0,mem=1,tp=0.1/0.2"
+    assert Costs.parse(str(c)) == c
+    with pytest.raises(ScheduleError, match="tp=-1"):
+        Costs(tp=-1)
+
+
 def test_costs_parse():
     assert Costs.parse("F=1,B=2,W=0.5,comm=0.1,mem=2") == Costs(1, 2, 0.5, 0.1, 2)
     assert Costs.parse("f=1.3/1/1/1.4").f == (1.3, 1, 1, 1.4)
     for bad in ("X=1", "F=abc", "F", "comm=1/2", "F=-1"):
         with pytest.raises(ScheduleError):
             Costs.parse(bad)
+
+
+def test_tensor_parallel_all_reduces_lengthen_f_and_b_but_not_w():
+    """tp: the shards' all-reduces inside each F and B. The replay equals the one with
+    F + tp and B + tp folded in, W untouched; so ZB-H1's closed form (p−1)(F+B−W) holds with
+    the longer F and B, and the bubble W could fill grows with tp."""
+    tp = Costs(f=0.5, b=0.5, w=0.5, tp=0.2)
+    folded = Costs(f=0.7, b=0.7, w=0.5)
+    for kind in ("1f1b", "zb-h1", "zb-h2", "zb-v"):
+        schedule = generate(kind, 4, 8)
+        a, b = simulate(schedule, tp), simulate(schedule, folded)
+        assert a.makespan == b.makespan and a.bubble_time == b.bubble_time, kind
+    assert simulate(generate("zb-h1", 4, 8), tp).bubble_time == pytest.approx(3 * (0.7 + 0.7 - 0.5))
+    # Per stage, and per chunk: a v-chunk schedule charges tp/v per chunk, like f.
+    assert tp.per_stage("f", 8, 2) == (0.35,) * 8 and tp.per_stage("w", 8, 2) == (0.25,) * 8
+    staged = Costs(f=[1, 1], b=[1, 1], w=[1, 1], tp=[0.1, 0.3])
+    assert staged.per_stage("b", 2, 1) == (1.1, 1.3)
+    auto = generate("auto", 4, 8, costs=tp, memory_limit=8)
+    assert simulate(auto, tp).bubble_rate < simulate(generate("zb-h1", 4, 8), tp).bubble_rate
 
 
 def test_simulating_a_deadlocked_schedule_refuses():

@@ -5,9 +5,9 @@
 PARTS is a folder of the suites' `--json` files (`make bench` writes them); each names
 its suite. The schedule simulations need no measurement and are computed here. Writes
 `<machine>-<date>.json` (every suite in one object), `<machine>-<date>.md` (tables and
-the plots' file names) and `<machine>-<date>-{step,pipeline,comm}.png` for the suites
+the plots' file names) and `<machine>-<date>-{step,pipeline,tp,comm}.png` for the suites
 that ran: hpcpipe against PyTorch, throughput per schedule with measured and simulated
-bubble, bandwidth against message size.
+bubble, throughput and bytes per layout, bandwidth against message size.
 """
 
 from __future__ import annotations
@@ -130,6 +130,32 @@ def plot_pipeline(pipe: dict, path: str) -> str:
     return path
 
 
+def plot_tp(tp: dict, path: str) -> str:
+    """Left: tokens/s per layout; right: bytes the busiest rank sent a step, measured
+    against analytic."""
+    plt = _pyplot()
+    rows = tp["rows"]
+    names = [r["layout"] for r in rows]
+    xs = list(range(len(rows)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    left.bar(xs, [r["tokens_per_s"] for r in rows], color="tab:blue")
+    left.set_xticks(xs, names, fontsize="small")
+    left.set_ylabel("tokens / s")
+    left.set_title(f"throughput, {tp.get('config', '?')} on {tp.get('ranks', '?')} ranks")
+    right.bar([x - 0.2 for x in xs], [r["sent_bytes"] / 2**20 for r in rows], 0.4,
+              label="measured")
+    right.bar([x + 0.2 for x in xs], [r["analytic_bytes"] / 2**20 for r in rows], 0.4,
+              label="analytic")
+    right.set_xticks(xs, names, fontsize="small")
+    right.set_ylabel("MiB sent a step, busiest rank")
+    right.set_title("communication")
+    right.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_comm(comm: dict, path: str) -> str:
     """Every bandwidth series of the comm suite against message size, log-log."""
     plt = _pyplot()
@@ -197,6 +223,24 @@ def pipeline_section(pipe: dict) -> list[str]:
     return out
 
 
+def tp_section(tp: dict) -> list[str]:
+    out = ["## Tensor against pipeline against data parallelism", "",
+           f"`mpiexec -n {tp.get('ranks')} python -m mpi4py -m hpcpipe bench tp` — "
+           f"{tp.get('config')} ({tp.get('layers')} layers, n_embd {tp.get('n_embd')}, block "
+           f"{tp.get('block')}), {tp.get('microbatches')} microbatches of "
+           f"{tp.get('micro_batch_size')}; {tp.get('threads_per_rank')} thread(s) per rank; "
+           f"{tp.get('backend', '')}.", "",
+           "| layout | step ms | tokens/s | vs fastest | parameters per rank | MiB sent a step "
+           "(busiest rank) | analytic | what travels |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in tp["rows"]:
+        out.append(f"| {r['layout']} | {r['step_ms']:.0f} | {r['tokens_per_s']:,.0f} | "
+                   f"{r['vs_fastest']:.2f}× | {r['params_per_rank'] / 1e6:.2f}M | "
+                   f"{r['sent_bytes'] / 2**20:.2f} | {r['analytic_bytes'] / 2**20:.2f} | "
+                   f"{r['analytic']} |")
+    return out
+
+
 def comm_section(comm: dict) -> list[str]:
     rows = comm["rows"]
     series = sorted({k for r in rows for k in r if k.endswith("_gbs")})
@@ -243,7 +287,7 @@ def summary(results: dict, plots: dict) -> str:
            f"on this machine in this run. Timings on a shared machine are noisy: the ratios, "
            f"measured alternately within one process, are the numbers to compare.", ""]
     sections = (("step", step_section), ("pipeline", pipeline_section),
-                ("comm", comm_section))
+                ("tp", tp_section), ("comm", comm_section))
     for name, section in sections:
         if name in suites:
             out += section(suites[name])
@@ -263,7 +307,8 @@ def write(results: dict, out_dir: str, make_plots: bool = True) -> dict:
     stem = os.path.join(out_dir, f"{results['machine']}-{results['date']}")
     suites, plots = results["suites"], {}
     if make_plots:
-        makers = {"step": plot_step, "pipeline": plot_pipeline, "comm": plot_comm}
+        makers = {"step": plot_step, "pipeline": plot_pipeline, "tp": plot_tp,
+                  "comm": plot_comm}
         for name, maker in makers.items():
             if name in suites and suites[name].get("rows"):
                 plots[name] = maker(suites[name], f"{stem}-{name}.png")

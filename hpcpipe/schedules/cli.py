@@ -40,12 +40,15 @@ examples:
   python -m hpcpipe schedule --kind zb-v --stages 4 --microbatches 8 --svg zbv.svg
   python -m hpcpipe schedule --kind zb-h2 --stages 4 --microbatches 8 --save-csv zbh2.csv
   python -m hpcpipe schedule --load-csv zbh2.csv --cost F=1,B=1.2,W=0.6,comm=0.05
+  python -m hpcpipe schedule --kind auto -p 4 -m 8 --cost F=0.5,B=0.5,W=0.5,tp=0.15
 
 costs: F, B, W are the times of one microbatch over a rank's whole share of layers (a chunk of
 a v-chunk schedule takes 1/v of it); give per-stage values with '/', e.g. F=1.3/1/1/1.4;
 comm is the time of one message between ranks; mem the activation memory of a microbatch
 held from its F to its B (M_B), memw what it still holds from its B to its W (M_W, default
-mem). --json adds lower_bound (no schedule of these ops, or with --exact none under the
+mem); tp, with tensor parallelism, the time of the shards' all-reduces inside one F and
+alike one B (F, B, W then being one shard's compute): an F lasts F + tp, a B B + tp, a W
+only W, which changes the best order. --json adds lower_bound (no schedule of these ops, or with --exact none under the
 limit, has a shorter longest span; the makespan with --objective makespan) and optimal
 (the schedule meets it)."""
 
@@ -92,7 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model chunks per rank (interleaved-1f1b: any, default 2; zb-v: 2; "
                         "auto: 1 or 2, default its choice)")
     parser.add_argument("--cost", type=_costs, default=Costs(), metavar="F=1,B=1,W=1,comm=0",
-                        help="cost model (default F=1,B=1,W=1,comm=0,mem=1; memw=M_W, default mem)")
+                        help="cost model (default F=1,B=1,W=1,comm=0,mem=1; memw=M_W, default mem; "
+                             "tp=tensor-parallel all-reduce time in each F and B, default 0)")
     parser.add_argument("--objective", choices=("span", "makespan"), default="span",
                         help="what auto and --exact minimise: the longest per-rank span "
                         "(default, the paper's) or the makespan")

@@ -30,6 +30,12 @@ class Costs:
     computes the head and loss). `comm` is the time of one stage-to-stage message between
     ranks. A fused BW costs b + w.
 
+    With tensor parallelism (parallel.tp), `f`, `b`, `w` are the compute of one shard and `tp`
+    the time of the shards' all-reduces inside one F — and alike inside one B (two of b·s·h
+    elements a layer each way, Megatron's split) — given like `f`; W has none, so a W stays
+    free to fill bubbles. An F lasts f + tp, a B b + tp (`per_stage`). Training measures F
+    and B with their all-reduces in them and leaves `tp` at 0.
+
     Memory has the zero-bubble paper's two levels: a microbatch holds `memory` (M_B) from its
     F to its B, then only `memw` (M_W, what the weight GEMMs still need) until its W. `memw`
     defaults to `memory`: the whole microbatch is held until W, as before the split existed.
@@ -41,9 +47,10 @@ class Costs:
     comm: Number = 0.0
     memory: Number | Sequence[Number] = 1.0
     memw: Number | Sequence[Number] | None = None
+    tp: Number | Sequence[Number] = 0.0
 
     def __post_init__(self):
-        for name in ("f", "b", "w", "memory", "memw"):
+        for name in ("f", "b", "w", "memory", "memw", "tp"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -78,6 +85,15 @@ class Costs:
                                     + ": W holds a part of what B held (M_W <= M_B)")
 
     def per_stage(self, name: str, num_stages: int, chunks: int) -> tuple[float, ...]:
+        """One value per model stage: `name`'s, with the tensor-parallel all-reduces inside
+        F and B added to "f" and "b"."""
+        values = self._stage_values(name, num_stages, chunks)
+        if name in ("f", "b") and self.tp != 0.0:
+            values = tuple(a + t for a, t in zip(values, self._stage_values("tp", num_stages,
+                                                                            chunks)))
+        return values
+
+    def _stage_values(self, name: str, num_stages: int, chunks: int) -> tuple[float, ...]:
         value = getattr(self, name)
         if name == "memw" and value is None:
             value = self.memory
@@ -90,22 +106,24 @@ class Costs:
 
     def is_uniform(self) -> bool:
         return all(isinstance(getattr(self, n), (int, float, type(None)))
-                   or len(set(getattr(self, n))) == 1 for n in ("f", "b", "w", "memory", "memw"))
+                   or len(set(getattr(self, n))) == 1
+                   for n in ("f", "b", "w", "memory", "memw", "tp"))
 
     @classmethod
     def parse(cls, text: str) -> "Costs":
-        """Read "F=1,B=1,W=0.5,comm=0.05,mem=1,memw=0.43"; per-stage values separated by '/':
-        F=1.2/1/1/1.3."""
+        """Read "F=1,B=1,W=0.5,comm=0.05,mem=1,memw=0.43,tp=0.1"; per-stage values separated
+        by '/': F=1.2/1/1/1.3."""
         names = {"f": "f", "b": "b", "w": "w", "comm": "comm", "c": "comm",
                  "mem": "memory", "memory": "memory", "m": "memory", "memw": "memw",
-                 "mem_w": "memw"}
+                 "mem_w": "memw", "tp": "tp"}
         values: dict[str, object] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, raw = item.partition("=")
             name = names.get(key.strip().lower())
             if not sep or name is None:
                 raise ScheduleError(f"cannot read cost {item!r}: expected KEY=VALUE with KEY one of "
-                                    "F, B, W, comm, mem, memw (e.g. F=1,B=1,W=0.5,comm=0,mem=1,memw=0.4)")
+                                    "F, B, W, comm, mem, memw, tp (e.g. F=1,B=1,W=0.5,comm=0,mem=1,"
+                                    "memw=0.4,tp=0.1)")
             try:
                 numbers = [float(x) for x in re.split(r"/", raw.strip())]
             except ValueError:
@@ -119,7 +137,8 @@ class Costs:
         def fmt(v):
             return "/".join(f"{x:g}" for x in v) if isinstance(v, tuple) else f"{v:g}"
         text = f"F={fmt(self.f)},B={fmt(self.b)},W={fmt(self.w)},comm={fmt(self.comm)},mem={fmt(self.memory)}"
-        return text if self.memw is None else f"{text},memw={fmt(self.memw)}"
+        text = text if self.memw is None else f"{text},memw={fmt(self.memw)}"
+        return text if self.tp == 0.0 else f"{text},tp={fmt(self.tp)}"
 
 
 class Blocked(NamedTuple):

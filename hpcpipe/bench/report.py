@@ -105,55 +105,50 @@ def plot_step(step: dict, path: str) -> str:
     return path
 
 
-def plot_pipeline(pipe: dict, path: str) -> str:
-    """Left: tokens/s per schedule; right: measured against simulated bubble."""
+def _bars_and_pairs(path: str, names, bars, bar_axes, pairs, pair_axes) -> str:
+    """Left: one bar per name; right: two bars per name, side by side. *_axes: (y label,
+    title); pairs: ((label, values), (label, values))."""
     plt = _pyplot()
-    rows = pipe["rows"]
-    names = [r["schedule"] for r in rows]
-    xs = list(range(len(rows)))
+    xs = list(range(len(names)))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
-    left.bar(xs, [r["tokens_per_s"] for r in rows], color="tab:blue")
-    left.set_xticks(xs, names)
-    left.set_ylabel("tokens / s")
-    left.set_title(f"throughput, pp = {pipe.get('pp', '?')}, m = {pipe.get('microbatches', '?')}")
-    right.bar([x - 0.2 for x in xs], [100 * r["bubble_measured"] for r in rows], 0.4,
-              label="measured")
-    right.bar([x + 0.2 for x in xs], [100 * r["bubble_simulated"] for r in rows], 0.4,
-              label="simulated (measured F, B, W)")
-    right.set_xticks(xs, names)
-    right.set_ylabel("bubble, % of the step")
-    right.set_title("bubble")
+    left.bar(xs, bars, color="tab:blue")
+    left.set_xticks(xs, names, fontsize="small")
+    left.set_ylabel(bar_axes[0])
+    left.set_title(bar_axes[1])
+    for offset, (label, values) in zip((-0.2, 0.2), pairs):
+        right.bar([x + offset for x in xs], values, 0.4, label=label)
+    right.set_xticks(xs, names, fontsize="small")
+    right.set_ylabel(pair_axes[0])
+    right.set_title(pair_axes[1])
     right.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_pipeline(pipe: dict, path: str) -> str:
+    """Left: tokens/s per schedule; right: measured against simulated bubble."""
+    rows = pipe["rows"]
+    return _bars_and_pairs(
+        path, [r["schedule"] for r in rows], [r["tokens_per_s"] for r in rows],
+        ("tokens / s", f"throughput, pp = {pipe.get('pp', '?')}, "
+                       f"m = {pipe.get('microbatches', '?')}"),
+        (("measured", [100 * r["bubble_measured"] for r in rows]),
+         ("simulated (measured F, B, W)", [100 * r["bubble_simulated"] for r in rows])),
+        ("bubble, % of the step", "bubble"))
 
 
 def plot_tp(tp: dict, path: str) -> str:
     """Left: tokens/s per layout; right: bytes the busiest rank sent a step, measured
     against analytic."""
-    plt = _pyplot()
     rows = tp["rows"]
-    names = [r["layout"] for r in rows]
-    xs = list(range(len(rows)))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
-    left.bar(xs, [r["tokens_per_s"] for r in rows], color="tab:blue")
-    left.set_xticks(xs, names, fontsize="small")
-    left.set_ylabel("tokens / s")
-    left.set_title(f"throughput, {tp.get('config', '?')} on {tp.get('ranks', '?')} ranks")
-    right.bar([x - 0.2 for x in xs], [r["sent_bytes"] / 2**20 for r in rows], 0.4,
-              label="measured")
-    right.bar([x + 0.2 for x in xs], [r["analytic_bytes"] / 2**20 for r in rows], 0.4,
-              label="analytic")
-    right.set_xticks(xs, names, fontsize="small")
-    right.set_ylabel("MiB sent a step, busiest rank")
-    right.set_title("communication")
-    right.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _bars_and_pairs(
+        path, [r["layout"] for r in rows], [r["tokens_per_s"] for r in rows],
+        ("tokens / s", f"throughput, {tp.get('config', '?')} on {tp.get('ranks', '?')} ranks"),
+        (("measured", [r["sent_bytes"] / 2**20 for r in rows]),
+         ("analytic", [r["analytic_bytes"] / 2**20 for r in rows])),
+        ("MiB sent a step, busiest rank", "communication"))
 
 
 def plot_comm(comm: dict, path: str) -> str:

@@ -157,22 +157,7 @@ def collect(comm, run_dir: str, inventory: backend.GpuInventory) -> tuple[dict, 
     node.Free()
     node_rank = backend.node_local_rank(local_rank)
     facts["local rank"] = f"{node_rank} of {local_size} on this node"
-    if inventory.devices:
-        ordinal = backend.gpu_for_rank(node_rank, len(inventory.devices))
-        name, identity = inventory.devices[ordinal]
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        facts["GPUs visible"] = (f"{len(inventory.devices)}: "
-                                 + ", ".join(n for n, _ in inventory.devices)
-                                 + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible else ""))
-        facts["GPU for this rank"] = f"{ordinal} ({name}, {identity})"
-    else:
-        facts["GPUs visible"] = "none" + (f" ({inventory.problem})" if inventory.problem else "")
-        if inventory.cupy is None and shutil.which("nvidia-smi"):
-            problems.append("nvidia-smi is installed but CuPy is not: the run would use the "
-                            "CPU; install CuPy (pip install -e '.[gpu]')")
-        elif inventory.cupy is not None:
-            problems.append(f"CuPy {inventory.cupy} is installed but sees no GPU"
-                            + (f": {inventory.problem}" if inventory.problem else ""))
+    problems += gpu_facts(inventory, node_rank, facts)
 
     cores = backend.cpu_affinity() or set(range(os.cpu_count() or 1))
     granted = os.environ.get("SLURM_CPUS_PER_TASK")
@@ -198,6 +183,27 @@ def collect(comm, run_dir: str, inventory: backend.GpuInventory) -> tuple[dict, 
         facts["mpiexec"], mismatch = mpiexec_fact(facts["MPI library"])
         problems += mismatch
     return facts, problems
+
+
+def gpu_facts(inventory: backend.GpuInventory, node_rank: int, facts: dict) -> list[str]:
+    """Add the GPUs this rank sees, and the one it takes, to `facts`; the problems."""
+    if inventory.devices:
+        ordinal = backend.gpu_for_rank(node_rank, len(inventory.devices))
+        name, identity = inventory.devices[ordinal]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        facts["GPUs visible"] = (f"{len(inventory.devices)}: "
+                                 + ", ".join(n for n, _ in inventory.devices)
+                                 + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible else ""))
+        facts["GPU for this rank"] = f"{ordinal} ({name}, {identity})"
+        return []
+    facts["GPUs visible"] = "none" + (f" ({inventory.problem})" if inventory.problem else "")
+    if inventory.cupy is None and shutil.which("nvidia-smi"):
+        return ["nvidia-smi is installed but CuPy is not: the run would use the CPU; install "
+                "CuPy (pip install -e '.[gpu]')"]
+    if inventory.cupy is not None:
+        return [f"CuPy {inventory.cupy} is installed but sees no GPU"
+                + (f": {inventory.problem}" if inventory.problem else "")]
+    return []
 
 
 def _mpiexec() -> str | None:

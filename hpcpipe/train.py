@@ -142,6 +142,24 @@ def profiled_costs(trace, model, grid, steps, comm_s: float, stage_bytes: dict,
                  w=[merged[("W", s)] for s in stages], comm=comm_s, memory=memory, memw=memw)
 
 
+def describe_auto(cfg: Config, auto, costs: Costs, sim) -> tuple[str, dict]:
+    """The auto schedule's log line and its auto_schedule.json record: the measured costs
+    it was made from, its prediction and its memory."""
+    # With tensor shards the measured F and B hold their all-reduces (W has none).
+    shards = " (F, B with tp all-reduces)" if cfg.parallel.tp > 1 else ""
+    line = (f"auto schedule from measured costs (ms){shards} F {_ms(costs.f)} B "
+            f"{_ms(costs.b)} W {_ms(costs.w)} comm {costs.comm * 1e3:.2f}, M_W/M_B "
+            f"{_ratio(costs)}, memory limit {describe_limit(cfg)}: predicted "
+            f"{sim.makespan * 1e3:.1f} ms of compute and messages per step, simulated "
+            f"bubble {1 - max(sim.busy) / sim.makespan:.1%}")
+    limit, in_bytes = memory_limit(cfg)
+    return line, {"ops": auto.op_strings(), "predicted_s": sim.makespan, "f": costs.f,
+                  "b": costs.b, "w": costs.w, "comm": costs.comm, "memory": costs.memory,
+                  "memw": costs.memw, "tp": cfg.parallel.tp, "memory_limit": limit,
+                  "memory_in_bytes": in_bytes,
+                  "predicted_peaks": list(peak_activations(auto, costs))}
+
+
 def find_resume(cfg: Config, run_dir: str, resume, comm, log):
     """Which checkpoint to continue from (verified by the root), or (None, None).
 
@@ -381,19 +399,9 @@ class Trainer:
         self.rank.use_schedule(auto)
         sim = simulate(auto, costs)
         self.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
-        # With tensor shards the measured F and B hold their all-reduces (W has none).
-        shards = " (F, B with tp all-reduces)" if self.grid.tp > 1 else ""
-        self.log(f"auto schedule from measured costs (ms){shards} F {_ms(costs.f)} B "
-                 f"{_ms(costs.b)} W {_ms(costs.w)} comm {costs.comm * 1e3:.2f}, M_W/M_B "
-                 f"{_ratio(costs)}, memory limit {describe_limit(self.cfg)}: predicted "
-                 f"{sim.makespan * 1e3:.1f} ms of compute and messages per step, simulated "
-                 f"bubble {1 - max(sim.busy) / sim.makespan:.1%}")
-        self.run_dir.write_json("auto_schedule.json", {
-            "ops": auto.op_strings(), "predicted_s": sim.makespan, "f": costs.f,
-            "b": costs.b, "w": costs.w, "comm": costs.comm, "memory": costs.memory,
-            "memw": costs.memw, "tp": self.grid.tp, "memory_limit": memory_limit(self.cfg)[0],
-            "memory_in_bytes": memory_limit(self.cfg)[1],
-            "predicted_peaks": list(peak_activations(auto, costs))})
+        line, record = describe_auto(self.cfg, auto, costs, sim)
+        self.log(line)
+        self.run_dir.write_json("auto_schedule.json", record)
 
     def _evaluate(self, step: int):
         value = self.rank.evaluator().evaluate(validation_batches(self.tokens, self.cfg,

@@ -81,16 +81,35 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     prep = sub.add_parser(
-        "prepare", help="tokenize a corpus into an HDF5 token file",
-        description="Tokenize a corpus (byte-level, vocab 256) into an HDF5 file with train "
-                    "and val splits. `train` does this by itself on first use; run it by hand "
-                    "to prepare once on a login node or to use your own text.",
+        "prepare", help="tokenize a corpus, or convert llm.c / nanoGPT tokens, into an HDF5 "
+                        "token file",
+        description="Tokenize a corpus into an HDF5 file with train and val splits: bytes "
+                    "(vocab 256, the default) or GPT-2's BPE (--tokenizer gpt2, vocab 50257; "
+                    "needs tiktoken). `train` prepares byte tokens by itself on first use; run "
+                    "this by hand to prepare once on a login node, for your own text, or to "
+                    "convert llm.c shards or nanoGPT .bin files (--from; `train` also reads "
+                    "those directly as data.path).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  python -m hpcpipe prepare\n"
-               "  python -m hpcpipe prepare --corpus ~/books/ --out data/books.tokens.h5")
-    prep.add_argument("--corpus", default="stdlib",
+               "  python -m hpcpipe prepare --corpus ~/books/ --out data/books.tokens.h5\n"
+               "  python -m hpcpipe prepare --tokenizer gpt2 --tokenizer-file "
+               "r50k_base.tiktoken\n"
+               "  python -m hpcpipe prepare --from 'fineweb10B/fineweb_train_*.bin' "
+               "--out data/fineweb.tokens.h5\n\n"
+               "GPT-2's BPE ranks: --tokenizer-file FILE, or $HPCPIPE_TOKENIZER_FILE, else "
+               "tiktoken's cache or download;\nthe file is "
+               "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken")
+    prep.add_argument("--corpus", default=None,
                       help='"stdlib" (default: the Python standard library sources), a text '
                            "file, or a folder of text files")
+    prep.add_argument("--from", dest="source", metavar="TOKENS",
+                      help="convert token files instead: an llm.c shard or a glob of them "
+                           "(quoted), or a nanoGPT train.bin (val files found by name)")
+    prep.add_argument("--tokenizer", choices=("bytes", "gpt2"), default=None,
+                      help="bytes (default) or gpt2 (GPT-2's BPE through tiktoken)")
+    prep.add_argument("--tokenizer-file", metavar="FILE",
+                      help="GPT-2's BPE ranks in tiktoken's format (r50k_base.tiktoken), "
+                           "for machines without a network")
     prep.add_argument("--out", help="output file (default: data/<corpus name>.tokens.h5)")
     prep.add_argument("--val-fraction", type=number(0, 1), default=0.05,
                       help="share of tokens held out for validation (default 0.05)")
@@ -142,12 +161,24 @@ def cmd_train(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    from .data import default_token_path, prepare
+    from .data import convert, converted_path, default_token_path, prepare
+    from .errors import HpcpipeError
     from .files import claim_file
+    from .tokenizer import load
 
-    out = args.out or default_token_path(args.corpus)
+    if args.source is not None:
+        if args.corpus is not None or args.tokenizer is not None:
+            raise HpcpipeError("--from converts tokens as they are: give it without --corpus "
+                               "and --tokenizer")
+        out = args.out or converted_path(args.source)
+        claim_file(out, args.force, "--out", make_folder=True)
+        convert(args.source, out)
+        return 0
+    corpus, name = args.corpus or "stdlib", args.tokenizer or "bytes"
+    tokenizer = load(name, args.tokenizer_file)  # before claiming: a missing library
+    out = args.out or default_token_path(corpus, name)
     claim_file(out, args.force, "--out", make_folder=True)
-    prepare(args.corpus, out, args.val_fraction)
+    prepare(corpus, out, args.val_fraction, tokenizer=tokenizer)
     return 0
 
 

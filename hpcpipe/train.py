@@ -34,7 +34,7 @@ from .preemption import Preempted, PreemptionWatch
 from .rank import Rank
 from .rundir import RunDir
 from .schedules import Costs, ScheduleError, generate, peak_activations, simulate
-from .tokens import DataError, TokenFile, open_token_file
+from .tokens import DataError, TokenFile, is_prepared_by_hpcpipe, open_token_file
 from .transport import resolve_gpu_aware
 
 __all__ = ["train", "Trainer", "Summary", "Preempted"]
@@ -46,7 +46,7 @@ def open_tokens(cfg: Config, comm, log) -> TokenFile:
     path = cfg.data.path or default_token_path(cfg.data.corpus)
 
     def ensure():
-        if not os.path.exists(path):
+        if not os.path.exists(path) and is_prepared_by_hpcpipe(path):
             log(f"preparing {path} from corpus {cfg.data.corpus!r} (once; later runs reuse it)")
             prepare(cfg.data.corpus, path, cfg.data.val_fraction, log=log)
 

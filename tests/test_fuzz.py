@@ -1,5 +1,5 @@
 """Fuzzing every reader of outside files, and the command line: random and mutated
-configs, token files, manifests, `latest` pointers, metrics files, safetensors files and
+configs, token files (hpcpipe's HDF5, llm.c and nanoGPT shards), manifests, `latest` pointers, metrics files, safetensors files and
 arguments. Whatever comes in, a reader raises only its own user-facing error (or accepts
 the input); a command ends with status 0, 1 or 2, at most one `error:` line and no
 traceback; nothing hangs (each case runs under an alarm); and nothing outside a command's
@@ -32,6 +32,7 @@ from hpcpipe.tokens import DataError, open_token_file
 from hpcpipe.train import train
 
 from hostile import TINY, gpt2_tensors, small_config, snapshot
+from tokenfiles import gpt2_tokens, write_llmc, write_nanogpt
 
 CASES = 60  # mutated files per reader
 
@@ -159,6 +160,27 @@ def test_token_file_reader(tmp_path):
                     tokens.batch("val", 32, 0, 0, range(8))
                 finally:
                     tokens.close()
+            except DataError:
+                pass
+
+
+@pytest.mark.parametrize("kind", ["llm.c", "nanoGPT"])
+def test_llmc_and_nanogpt_readers(tmp_path, kind):
+    """Shards of either kind with mutated headers, lengths and tokens: read or refused."""
+    write = write_llmc if kind == "llm.c" else write_nanogpt
+    raw = {split: write(tmp_path / f"good_{split}.bin", gpt2_tokens(400, i)).read_bytes()
+           for i, split in enumerate(("train", "val"))}
+    for seed in range(CASES):
+        rng = random.Random(seed)
+        mutated = rng.choice(("train", "val"))
+        for split, data in raw.items():
+            (tmp_path / f"t_{split}.bin").write_bytes(
+                mutate_bytes(data, rng) if split == mutated else data)
+        with no_hang():
+            try:
+                tokens = open_token_file(str(tmp_path / "t_train.bin"))
+                tokens.batch("train", 32, 0, 0, range(8))
+                tokens.batch("val", 32, 0, 0, range(8))
             except DataError:
                 pass
 

@@ -3,14 +3,23 @@
 Each rank records events (F, B, W, BW ops; waits on receives; the optimizer) with
 timestamps from one monotonic clock. The root merges every rank's events into a Chrome
 trace JSON (one track per rank; open it in Perfetto or chrome://tracing) and can draw one
-step as a PNG like the schedule pictures.
+step as a PNG like the schedule pictures (the colours of schedules/draw.py).
+
+A run in pieces (pieces.py) keeps one trace.json: each piece appends its traced steps as
+a process of its own ("piece 2: steps 58–67"), after the pieces before it on the time
+axis; a resume from step k first drops the events of steps after k (`trim_trace_file`),
+which are run again.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field, fields
+
+from .files import write_text_atomic
+from .schema import Mismatch, parse_json
 
 COMPUTE = ("F", "B", "W", "BW")
 
@@ -49,6 +58,11 @@ class Trace:
 
     def step_events(self, step: int) -> list[Event]:
         return [e for e in self.events if e.step == step]
+
+    def forget(self, keep):
+        """Drop the events of every step `keep(step)` refuses: a long run holds only the
+        steps something still reads (those in flight, traced, or profiled)."""
+        self.events = [e for e in self.events if keep(e.step)]
 
 
 class Clock:
@@ -187,25 +201,90 @@ def op_times(events) -> dict[tuple[str, int], list[float]]:
     return out
 
 
-def chrome_trace(per_rank: list[list[tuple]], offsets: list[float]) -> dict:
+def chrome_trace(per_rank: list[list[tuple]], offsets: list[float], pid: int = 0,
+                 label: str = "", shift_us: float = 0.0) -> dict:
     """Chrome trace JSON from every rank's event tuples; `offsets` align the ranks' clocks
-    (each rank's origin relative to rank 0's)."""
+    (each rank's origin relative to rank 0's). pid, label: the process the events belong
+    to (a piece of the run); shift_us: added to every timestamp."""
     colours = {"F": "thread_state_running", "B": "rail_response", "W": "good",
                "BW": "rail_response", "wait": "grey", "optimizer": "yellow", "eval": "olive"}
-    events = []
+    events = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": label}}] \
+        if label else []
     for rank, (rows, offset) in enumerate(zip(per_rank, offsets)):
-        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank,
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": rank,
                        "args": {"name": f"rank {rank}"}})
         for name, kind, start, end, step in rows:
-            events.append({"name": name, "cat": kind, "ph": "X", "pid": 0, "tid": rank,
-                           "ts": (start + offset) * 1e6, "dur": max(0.0, end - start) * 1e6,
+            events.append({"name": name, "cat": kind, "ph": "X", "pid": pid, "tid": rank,
+                           "ts": (start + offset) * 1e6 + shift_us,
+                           "dur": max(0.0, end - start) * 1e6,
                            "cname": colours.get(kind, "generic_work"), "args": {"step": step}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def write_chrome_trace(path: str, per_rank, offsets):
-    with open(path, "w") as f:
-        json.dump(chrome_trace(per_rank, offsets), f)
+MAX_TRACE_BYTES = 1 << 30
+_GAP_US = 100_000.0  # between one piece's last event and the next piece's first
+
+
+def read_trace_file(path: str, log) -> list[dict]:
+    """The events of a run's trace.json, those that are not Chrome trace events of ours
+    dropped (it is read back, so it is read like a file from outside); [] when there is
+    none or it is unreadable (said through `log`)."""
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TRACE_BYTES + 1)
+        if len(data) > MAX_TRACE_BYTES:
+            raise Mismatch("", f"{len(data):,} bytes", f"over {MAX_TRACE_BYTES:,} bytes")
+        events = parse_json(data).get("traceEvents")
+        if not isinstance(events, list):
+            raise Mismatch("traceEvents", events, "must be a list of events")
+    except (OSError, ValueError, AttributeError) as e:
+        log(f"{path} is unreadable ({e}); the earlier pieces' traced steps are lost")
+        return []
+    return [e for e in events if _is_event(e)]
+
+
+def _is_event(e) -> bool:
+    if not isinstance(e, dict) or not isinstance(e.get("pid"), int):
+        return False
+    if e.get("ph") == "M":
+        return True
+    numbers = [e.get("ts"), e.get("dur")]
+    return (e.get("ph") == "X" and all(isinstance(x, (int, float)) for x in numbers)
+            and isinstance(e.get("args"), dict) and isinstance(e["args"].get("step"), int))
+
+
+def _steps_only(events: list[dict], up_to: int) -> list[dict]:
+    """The events of steps up to `up_to`, and the names of the processes that keep some."""
+    kept = [e for e in events if e["ph"] == "X" and e["args"]["step"] <= up_to]
+    pids = {e["pid"] for e in kept}
+    return [e for e in events if e["ph"] == "M" and e["pid"] in pids] + kept
+
+
+def trim_trace_file(path: str, up_to: int, log):
+    """Drop the events of steps after `up_to` from the run's trace.json (a resume runs
+    them again); a trace left without events is removed."""
+    if not os.path.exists(path):
+        return
+    events = _steps_only(read_trace_file(path, log), up_to)
+    if any(e["ph"] == "X" for e in events):
+        write_text_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    else:
+        os.remove(path)
+
+
+def append_piece(path: str, per_rank, offsets, label: str, log):
+    """Add one piece's events to the run's trace.json, as a process of its own after the
+    earlier pieces' events on the time axis."""
+    earlier = read_trace_file(path, log)
+    ends = [e["ts"] + e["dur"] for e in earlier if e["ph"] == "X"]
+    starts = [row[2] + off for rows, off in zip(per_rank, offsets) for row in rows]
+    shift = (max(ends) + _GAP_US if ends else 0.0) - min(starts, default=0.0) * 1e6
+    pid = 1 + max((e["pid"] for e in earlier), default=-1)
+    piece = chrome_trace(per_rank, offsets, pid=pid, label=label, shift_us=shift)
+    write_text_atomic(path, json.dumps({"traceEvents": earlier + piece["traceEvents"],
+                                        "displayTimeUnit": "ms"}))
 
 
 def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step: int,

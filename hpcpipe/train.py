@@ -28,11 +28,15 @@ from .config import Config, ConfigError, parse_bytes
 from .data import corpus_identity, default_token_path, prepare, token_file_identity
 from .errors import EXIT_PREEMPTED, every_rank_does, root_does
 from .evaluate import validation_batches
+from .flops import flops_per_token, startup_peak
 from .metrics import Metrics, Summary
 from .optim import learning_rate
 from .preemption import Preempted, PreemptionWatch
+from .pieces import FINISHED, PREEMPTED
 from .rank import Rank
+from .report import end_of_run
 from .rundir import RunDir
+from .runrecord import RunRecord
 from .schedules import Costs, ScheduleError, generate, peak_activations, simulate
 from .tokens import DataError, TokenFile, is_prepared_by_hpcpipe, open_token_file
 from .transport import resolve_gpu_aware
@@ -256,8 +260,14 @@ class Trainer:
         self.run_dir = open_run_dir(run_dir, cfg, comm, manifest["step"] if own else None,
                                     self.log)
         self.summary = Summary(run_dir=self.run_dir.path, schedule=parallel.schedule)
+        # MFU's two halves: the model's FLOPs per token, and every rank's matmul peak.
+        peak = comm.allreduce(startup_peak(self.be, train.dtype))
         self.metrics = Metrics(self.summary, self.run_dir, self.log, train.steps,
-                               train.log_every, cfg.tokens_per_step, comm.size)
+                               train.log_every, cfg.tokens_per_step, comm.size,
+                               flops_per_token(cfg.model, cfg.model.block_size), peak)
+        self.record = RunRecord(cfg, comm, self.run_dir, self.metrics, self.trace,
+                                self.start_step, self.grid.describe(), resume_path, self.log,
+                                self.started)
         self._describe()
         self.comm_s = 0.0
         if parallel.pp > 1 and parallel.schedule == "auto":
@@ -358,8 +368,12 @@ class Trainer:
 
     def _after_step(self, step: int):
         cfg, steps = self.cfg, self.cfg.train.steps
-        if cfg.parallel.schedule == "auto" and step == cfg.parallel.profile_steps < steps:
+        # Each piece profiles its own first steps (a resumed piece starts on ZB-H1 too).
+        profiled = self.start_step + cfg.parallel.profile_steps \
+            if cfg.parallel.schedule == "auto" else 0
+        if profiled and step == profiled < steps:
             self._reschedule(step)
+        self.record.forget_events(step, profiled)
         if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step != steps:
             self._settle()
             self._evaluate(step)
@@ -369,7 +383,7 @@ class Trainer:
     def _reschedule(self, step: int):
         """The auto schedule, from the costs measured over the steps so far."""
         # The first step pays for allocation and warm caches: profile the ones after.
-        steps = range(min(2, step), step + 1)
+        steps = range(min(self.start_step + 2, step), step + 1)
         # Rank 0's measurements decide for everyone; the scheduler is deterministic, so
         # every rank builds the same schedule from the same costs.
         costs = self.comm.bcast(profiled_costs(self.trace, self.rank.model, self.grid, steps,
@@ -409,6 +423,7 @@ class Trainer:
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path
         self.last_saved = step
+        self.record.checkpointed(step)
 
     def _preempted(self, step: int):
         """Save what there is to save (nothing before the first step: the initial weights
@@ -417,8 +432,7 @@ class Trainer:
         self._settle()
         if step > self.start_step and self.last_saved != step:
             self._save(step)
-        self.metrics.close()
-        self.run_dir.finish(self.summary)
+        self.record.end(step, PREEMPTED)
         saved = (f"checkpoint of step {step} written" if step > self.start_step else
                  f"nothing trained since step {step}, so nothing to save")
         self.log(f"preempted: {saved}; exiting with status {EXIT_PREEMPTED} (resume with "
@@ -429,16 +443,15 @@ class Trainer:
     def _finish(self) -> Summary:
         steps, summary = self.cfg.train.steps, self.summary
         self._settle()
-        if self.last_saved != steps and summary.steps:
+        trained = summary.steps > self.start_step  # (summary.steps counts earlier pieces)
+        if self.last_saved != steps and trained:
             self._save(steps)
-        if summary.steps or self.start_step < steps:
+        if trained or self.start_step < steps:
             self._evaluate(steps)
-        self.metrics.close()
         summary.device_memory = self.comm.allgather(self.be.memory_report())
-        write_traces(self.trace, self.comm, self.run_dir, self.cfg)
-        summary.total_s = time.perf_counter() - self.started
-        self.run_dir.finish(summary)
-        if not summary.steps:  # resumed at or past train.steps
+        self.record.end(max(summary.steps, self.start_step),
+                        FINISHED if trained else "nothing to train")
+        if not trained:  # resumed at or past train.steps
             self.log(f"done: nothing to train, the run is at step {self.start_step} of "
                      f"{steps} (raise train.steps to continue)")
             return summary
@@ -447,8 +460,8 @@ class Trainer:
 
     def _report(self):
         step = self.rank.step
-        for line in self.metrics.report(self.cfg.parallel, step.gradsync.bytes_reduced,
-                                        step.optimizer_state_bytes):
+        for line in end_of_run(self.metrics, self.cfg.parallel, step.gradsync.bytes_reduced,
+                               step.optimizer_state_bytes, self.record.piece.seconds):
             self.log(line)
 
 
@@ -461,24 +474,3 @@ def _ratio(costs: Costs) -> str:
 def _ms(values) -> str:
     values = values if isinstance(values, (list, tuple)) else [values]
     return "/".join(f"{v * 1e3:.1f}" for v in values)
-
-
-def write_traces(trace, comm, run: RunDir, cfg: Config):
-    """Merge every rank's events into trace.json (Chrome format) and draw one step."""
-    train, parallel = cfg.train, cfg.parallel
-    if not train.trace_steps:
-        return
-    keep = range(1, train.trace_steps + 1)
-    rows = [e.as_tuple() for e in trace.events if e.step in keep]
-    per_rank = comm.gather(rows, root=0)
-    if not run.enabled:
-        return
-    offsets = [0.0] * len(per_rank)
-    tracelib.write_chrome_trace(os.path.join(run.path, "trace.json"), per_rank, offsets)
-    last = min(train.trace_steps, train.steps)
-    try:
-        tracelib.draw_step(os.path.join(run.path, f"timeline-step{last}.png"), per_rank,
-                           offsets, last, title=f"{parallel.schedule}, pp {parallel.pp}, "
-                                                f"{parallel.microbatches} microbatches — step {last}")
-    except ImportError:  # matplotlib is optional; the JSON trace has everything
-        pass

@@ -28,6 +28,7 @@ examples:
   python -m hpcpipe train inputs/tiny.toml --resume       # continue from the latest checkpoint
   python -m hpcpipe ckpt ls runs/tiny
   python -m hpcpipe generate runs/tiny --prompt "def " --tokens 200
+  python -m hpcpipe plot runs/tiny                 # loss, tokens/s, bubble: runs/tiny/plot.png
   srun python -m mpi4py -m hpcpipe doctor runs/   # MPI, GPUs, threads, run dir: before a job
 
 Each command has its own --help. Runs write to runs/<config name>/ (config.toml,
@@ -120,12 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .ckpt_cli import register as register_ckpt
     from .doctor import register as register_doctor
     from .generate import register as register_generate
+    from .plot import register as register_plot
     from .schedules.cli import register as register_schedule
 
     register_schedule(sub)
     register_bench(sub)
     register_ckpt(sub)
     register_generate(sub)
+    register_plot(sub)
     register_doctor(sub)
     return parser
 

@@ -227,22 +227,22 @@ class Metrics:
         for r in records:
             step = r["step"]
             if "val_loss" in r:
-                self.summary.add_eval(step, _number(r["val_loss"]))
+                self.summary.add_eval(step, record_number(r["val_loss"]))
                 continue
-            step_s, tokens_per_s = _number(r.get("step_s")), _number(r.get("tokens_per_s"))
+            step_s, tokens_per_s = record_number(r.get("step_s")), record_number(r.get("tokens_per_s"))
             tokens = round(step_s * tokens_per_s) if math.isfinite(step_s * tokens_per_s) \
                 else self.tokens_per_step
-            self._count(step, _number(r.get("loss")), tokens,
+            self._count(step, record_number(r.get("loss")), tokens,
                         step_s if math.isfinite(step_s) else 0.0, r.get("skipped") is True,
                         r.get("redone") is True)
             peaks = r.get("peak_activation_bytes"), r.get("peak_activations")
-            if all(_numbers(p, len(self.peak_bytes)) for p in peaks):  # the same ranks
+            if all(record_numbers(p, len(self.peak_bytes)) for p in peaks):  # the same ranks
                 self._peaks(*peaks)
             p2p, dp = r.get("p2p_wait_s"), r.get("dp_wait_s")
-            waits = [a + b for a, b in zip(p2p, dp)] if _numbers(p2p, len(dp or ())) else None
-            split = StepSplit(step_s, _max(r.get("compute_s")), _max(waits),
-                              _max(r.get("optimizer_s")))
-            bubble = _number(r.get("bubble"))
+            waits = [a + b for a, b in zip(p2p, dp)] if record_numbers(p2p, len(dp or ())) else None
+            split = StepSplit(step_s, record_max(r.get("compute_s")), record_max(waits),
+                              record_max(r.get("optimizer_s")))
+            bubble = record_number(r.get("bubble"))
             if step > 1 and all(map(math.isfinite, (bubble, *vars(split).values()))):
                 self.bubbles.append(bubble)
                 self.splits.append(split)
@@ -261,21 +261,21 @@ class Metrics:
         return StepSplit(*(float(v) for v in values))
 
 
-def _number(value) -> float:
+def record_number(value) -> float:
     """A record's number (metrics.jsonl is read back after crashes and by hand: anything
     else counts as unknown)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     return float(value) if ok else math.nan
 
 
-def _numbers(values, length: int) -> bool:
+def record_numbers(values, length: int) -> bool:
     return isinstance(values, list) and len(values) == length and all(
-        math.isfinite(_number(v)) for v in values)
+        math.isfinite(record_number(v)) for v in values)
 
 
-def _max(values) -> float:
+def record_max(values) -> float:
     """The largest of a per-rank list (NaN when it is not one)."""
     if not isinstance(values, list) or not values:
         return math.nan
-    numbers = [_number(v) for v in values]
+    numbers = [record_number(v) for v in values]
     return max(numbers) if all(map(math.isfinite, numbers)) else math.nan

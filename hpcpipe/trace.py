@@ -18,6 +18,7 @@ import os
 import time
 from dataclasses import dataclass, field, fields
 
+from .colours import label_colour, legend_entries, op_colour
 from .files import write_text_atomic
 from .schema import Mismatch, parse_json
 
@@ -287,37 +288,50 @@ def append_piece(path: str, per_rank, offsets, label: str, log):
                                         "displayTimeUnit": "ms"}))
 
 
+def _chunk(name: str) -> int:
+    return int(name.split("@c")[1]) if "@c" in name else 0
+
+
 def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step: int,
               title: str = ""):
-    """A PNG of one step's measured timeline: one row per rank, ops coloured like the
-    schedule pictures (F blue, B orange, W green), waits hatched grey."""
+    """A PNG of one step's measured timeline: one row per rank, ops in the colours of the
+    schedule pictures (colours.py: F blue, B teal, W green, BW purple, each chunk of an
+    interleaved or V schedule a lighter shade), waits hatched grey, the optimizer mauve;
+    the legend beside the axes, over no bar."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    colours = {"F": "#4c78a8", "B": "#f58518", "BW": "#e45756", "W": "#54a24b",
-               "wait": "#dddddd", "optimizer": "#b279a2"}
     rows = [[e for e in events if e[4] == step] for events in per_rank]
     starts = [e[2] + off for events, off in zip(rows, offsets) for e in events]
     if not starts:
         return
     t0 = min(starts)
-    fig, ax = plt.subplots(figsize=(12, 0.6 * len(rows) + 1.2))
+    chunks = 1 + max((_chunk(e[0]) for events in rows for e in events), default=0)
+    kinds = [k for k in COMPUTE if any(e[1] == k for events in rows for e in events)]
+    others = [k for k in ("wait", "optimizer") if any(e[1] == k for events in rows for e in events)]
+    # Tall enough for the legend too: a column per kind, a row per chunk (and the others).
+    height = max(0.6 * len(rows) + 1.2, 0.3 * (chunks + len(others)) + 1.0)
+    fig, ax = plt.subplots(figsize=(12, height))
     for rank, (events, off) in enumerate(zip(rows, offsets)):
         for name, kind, start, end, _ in events:
             left, width = (start + off - t0) * 1e3, (end - start) * 1e3
-            ax.barh(rank, width, left=left, height=0.8, color=colours.get(kind, "#999999"),
+            chunk = _chunk(name)
+            ax.barh(rank, width, left=left, height=0.8, color=op_colour(kind, chunk, chunks),
                     edgecolor="white", linewidth=0.5, hatch="//" if kind == "wait" else None)
             if kind in COMPUTE and width > 0:
                 ax.text(left + width / 2, rank, name.split("@")[0][len(kind):], ha="center",
-                        va="center", fontsize=7, color="white")
+                        va="center", fontsize=7, color=label_colour(chunk, chunks))
     ax.set_yticks(range(len(rows)), [f"rank {r}" for r in range(len(rows))])
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.set_title(title or f"step {step}")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    ax.legend(handles, list(colours), ncol=len(colours), loc="upper right", fontsize=7)
+    handles = [Patch(color=c, label=label) for label, c in legend_entries(kinds, chunks)]
+    handles += [Patch(facecolor=op_colour(k), hatch="//" if k == "wait" else None, label=k)
+                for k in others]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

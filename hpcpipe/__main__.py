@@ -42,7 +42,13 @@ the key.
 
 The data file ([data] path, default data/<corpus>.tokens.h5) is prepared from [data]
 corpus on first use: "stdlib" (this Python's standard library sources, no download), a
-text file, or a folder of text files.
+text file, or a folder of text files. [data] path may also name llm.c .bin shards (a
+quoted glob) or a nanoGPT train.bin, read as they are (GPT-2 tokens: set
+model.vocab_size = 50257 or more).
+
+Progress lines average loss, tokens/s, ms/step and bubble over the steps since the last
+line; MFU counts 6N + 12·L·C·T FLOPs per token against the matmul peak each rank
+measured at start-up. `python -m hpcpipe plot RUN_DIR` draws the curves.
 
 Under MPI, start it as `mpiexec -n N python -m mpi4py -m hpcpipe train ...` with
 N = parallel.dp × parallel.pp: `-m mpi4py` makes an exception on one rank abort the whole

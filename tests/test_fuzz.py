@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from hpcpipe import checkpoint as ckpt
-from hpcpipe import config, data, safetensors
+from hpcpipe import config, data, safetensors, tokenizer
 from hpcpipe import manifest as manifests
 from hpcpipe.__main__ import main
 from hpcpipe.config import ConfigError
@@ -32,7 +32,7 @@ from hpcpipe.tokens import DataError, open_token_file
 from hpcpipe.train import train
 
 from hostile import TINY, gpt2_tensors, small_config, snapshot
-from tokenfiles import gpt2_tokens, write_llmc, write_nanogpt
+from tokenfiles import gpt2_tokens, write_llmc, write_nanogpt, write_tiktoken
 
 CASES = 60  # mutated files per reader
 
@@ -246,10 +246,11 @@ def test_metrics_reader(tmp_path):
 OPTIONS = ["--tokens", "--top-k", "--seed", "--temperature", "--prompt", "--prompt-ids",
            "--out", "--force", "--config", "--kind", "-p", "-m", "-v", "--cost",
            "--memory-limit", "--json", "--svg", "--save-csv", "--load-csv", "--corpus",
-           "--val-fraction"]
+           "--val-fraction", "--from", "--tokenizer", "--tokenizer-file"]
 VALUES = st.one_of(st.sampled_from(["-1", "0", "3", "nan", "inf", "1e999", "2" * 25, "",
                                     "1,x", "zb-v", "auto", "F=1,B=2", "F=x", "OUT", "a.h5",
-                                    "a.safetensors", ".", "..", "/", "\x7f"]),
+                                    "a.safetensors", ".", "..", "/", "\x7f", "gpt2",
+                                    "bytes", "ids", "BIN", "BPE", "*.bin"]),
                    st.text(max_size=12))
 
 
@@ -259,7 +260,8 @@ VALUES = st.one_of(st.sampled_from(["-1", "0", "3", "nan", "inf", "1e999", "2" *
 @given(command=st.sampled_from([["generate", "CKPT"], ["ckpt", "info", "CKPT"],
                                 ["ckpt", "ls", "CKPT"], ["ckpt", "export", "CKPT"],
                                 ["ckpt", "import-gpt2", "ST"], ["schedule"],
-                                ["prepare"], ["ckpt", "verify", "CKPT"]]),
+                                ["prepare"], ["ckpt", "verify", "CKPT"], ["plot", "RUN"],
+                                ["prepare", "--from", "BIN"]]),
        options=st.lists(st.tuples(st.sampled_from(OPTIONS), VALUES), max_size=5))
 def test_command_line(capsys, tmp_path_factory, checkpoint_dir, command, options):
     work = tmp_path_factory.mktemp("argv")
@@ -268,7 +270,14 @@ def test_command_line(capsys, tmp_path_factory, checkpoint_dir, command, options
     st_file = work / "w.safetensors"
     safetensors.save(str(st_file), gpt2_tensors(), {"n_head": "2"})
     (work / "corpus.txt").write_text("text\n" * 50)
-    swap = {"CKPT": str(ckpt_copy), "ST": str(st_file), "OUT": str(work / "out" / "o")}
+    for split in ("train", "val"):
+        write_nanogpt(work / f"{split}.bin", gpt2_tokens(300, 0))
+    run_copy = work / "run"
+    shutil.copytree(checkpoint_dir.parent.parent, run_copy,
+                    ignore=shutil.ignore_patterns("checkpoints"))
+    swap = {"CKPT": str(ckpt_copy), "ST": str(st_file), "OUT": str(work / "out" / "o"),
+            "BIN": str(work / "train.bin"), "RUN": str(run_copy),
+            "BPE": str(write_tiktoken(work / "small.tiktoken"))}
     argv = [swap.get(a, a) for a in command]
     for flag, value in options:
         if flag in ("-p", "-m", "-v") and re.fullmatch("[0-9]+", value) and int(value) > 8:
@@ -280,12 +289,19 @@ def test_command_line(capsys, tmp_path_factory, checkpoint_dir, command, options
         argv += ["--tokens", "2"] if command[0] == "generate" else []
     cwd = os.getcwd()
     os.chdir(work)
+    # GPT-2's BPE from a local file: never tiktoken's download (no network in tests).
+    previous = os.environ.get(tokenizer.FILE_ENV)
+    os.environ[tokenizer.FILE_ENV] = swap["BPE"]
     try:
         before = {p: v for p, v in snapshot(work).items() if not p.startswith(str(work / "out"))}
         ends_cleanly(capsys, argv)
         after = snapshot(work)
     finally:
         os.chdir(cwd)
+        if previous is None:
+            del os.environ[tokenizer.FILE_ENV]
+        else:
+            os.environ[tokenizer.FILE_ENV] = previous
     written = [p for p in set(after) ^ set(before) if not _is_output(p, argv, work)]
     changed = [p for p in before if p in after and before[p] != after[p]
                and not _is_output(p, argv, work)]
@@ -298,6 +314,8 @@ def _is_output(path: str, argv: list, work) -> bool:
                if a in ("--out", "--json", "--svg", "--save-csv", "--png")]
     if "prepare" in argv and "--out" not in argv:
         outputs.append(os.path.join(work, "data"))
+    if "plot" in argv and "--out" not in argv:  # RUN_DIR/plot.png, or plot.png for several
+        outputs += [os.path.join(work, "plot.png"), os.path.join(work, "run", "plot.png")]
     full = [os.path.abspath(os.path.join(work, o)) for o in outputs if o]
     return any(path == o or path.startswith(o.rstrip(os.sep) + os.sep) or
                os.path.dirname(o).startswith(path) for o in full)

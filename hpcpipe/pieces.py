@@ -22,6 +22,7 @@ from .schema import Int, ListOf, Mismatch, Number, Record, Text, parse_json
 
 MAX_SUMMARY_BYTES = 64 * 2**20
 RUNNING, FINISHED, PREEMPTED = "running", "finished", "preempted"
+IDLE = "nothing to train"  # resumed at or past train.steps
 # A piece whose last record still says "running" ended without writing its end: killed,
 # crashed, or its node lost.
 INTERRUPTED = "interrupted"

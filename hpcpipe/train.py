@@ -32,7 +32,7 @@ from .flops import flops_per_token, startup_peak
 from .metrics import Metrics, Summary
 from .optim import learning_rate
 from .preemption import Preempted, PreemptionWatch
-from .pieces import FINISHED, PREEMPTED
+from .pieces import FINISHED, IDLE, PREEMPTED
 from .rank import Rank
 from .report import end_of_run
 from .rundir import RunDir
@@ -259,15 +259,8 @@ class Trainer:
             self._resume(resume_path, manifest)
         self.run_dir = open_run_dir(run_dir, cfg, comm, manifest["step"] if own else None,
                                     self.log)
-        self.summary = Summary(run_dir=self.run_dir.path, schedule=parallel.schedule)
-        # MFU's two halves: the model's FLOPs per token, and every rank's matmul peak.
-        peak = comm.allreduce(startup_peak(self.be, train.dtype))
-        self.metrics = Metrics(self.summary, self.run_dir, self.log, train.steps,
-                               train.log_every, cfg.tokens_per_step, comm.size,
-                               flops_per_token(cfg.model, cfg.model.block_size), peak)
-        self.record = RunRecord(cfg, comm, self.run_dir, self.metrics, self.trace,
-                                self.start_step, self.grid.describe(), resume_path, self.log,
-                                self.started)
+        self.record = open_record(self, resume_path)
+        self.metrics, self.summary = self.record.metrics, self.record.metrics.summary
         self._describe()
         self.comm_s = 0.0
         if parallel.pp > 1 and parallel.schedule == "auto":
@@ -367,10 +360,9 @@ class Trainer:
             self.metrics.record(outcome)
 
     def _after_step(self, step: int):
-        cfg, steps = self.cfg, self.cfg.train.steps
+        cfg, steps, auto = self.cfg, self.cfg.train.steps, self.cfg.parallel.schedule == "auto"
         # Each piece profiles its own first steps (a resumed piece starts on ZB-H1 too).
-        profiled = self.start_step + cfg.parallel.profile_steps \
-            if cfg.parallel.schedule == "auto" else 0
+        profiled = self.start_step + cfg.parallel.profile_steps if auto else 0
         if profiled and step == profiled < steps:
             self._reschedule(step)
         self.record.forget_events(step, profiled)
@@ -449,8 +441,7 @@ class Trainer:
         if trained or self.start_step < steps:
             self._evaluate(steps)
         summary.device_memory = self.comm.allgather(self.be.memory_report())
-        self.record.end(max(summary.steps, self.start_step),
-                        FINISHED if trained else "nothing to train")
+        self.record.end(max(summary.steps, self.start_step), FINISHED if trained else IDLE)
         if not trained:  # resumed at or past train.steps
             self.log(f"done: nothing to train, the run is at step {self.start_step} of "
                      f"{steps} (raise train.steps to continue)")
@@ -463,6 +454,19 @@ class Trainer:
         for line in end_of_run(self.metrics, self.cfg.parallel, step.gradsync.bytes_reduced,
                                step.optimizer_state_bytes, self.record.piece.seconds):
             self.log(line)
+
+
+def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
+    """This piece's RunRecord, with the run's Summary and Metrics (see runrecord.py)."""
+    cfg, comm, train = trainer.cfg, trainer.comm, trainer.cfg.train
+    summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule)
+    # MFU's two halves: the model's FLOPs per token, and every rank's matmul peak.
+    peak = comm.allreduce(startup_peak(trainer.be, train.dtype))
+    metrics = Metrics(summary, trainer.run_dir, trainer.log, train.steps, train.log_every,
+                      cfg.tokens_per_step, comm.size,
+                      flops_per_token(cfg.model, cfg.model.block_size), peak)
+    return RunRecord(cfg, comm, trainer.run_dir, metrics, trainer.trace, trainer.start_step,
+                     trainer.grid.describe(), resume_path, trainer.log, trainer.started)
 
 
 def _ratio(costs: Costs) -> str:

@@ -33,7 +33,8 @@ _PIECE = Record({"first_step": Int(), "last_step": Int(), "seconds": Number(0),
                           "schedule": Text(max_len=64), "resumed_from": Text(),
                           "slurm_job": Text(max_len=64), "piece": Int(), "note": Text()},
                 extra=True)
-_SUMMARY = Record({"pieces": ListOf(_PIECE, max_len=1_000_000)}, extra=True)
+# (a summary.json of a version before pieces has none: its steps become one piece)
+_SUMMARY = Record({}, optional={"pieces": ListOf(_PIECE, max_len=1_000_000)}, extra=True)
 
 
 @dataclass
@@ -101,7 +102,7 @@ def _read(path: str, log) -> list[dict]:
             data = f.read(MAX_SUMMARY_BYTES + 1)
         if len(data) > MAX_SUMMARY_BYTES:
             raise Mismatch("", f"{len(data):,} bytes", f"over {MAX_SUMMARY_BYTES:,} bytes")
-        return _SUMMARY.check(parse_json(data))["pieces"]
+        return _SUMMARY.check(parse_json(data)).get("pieces", [])
     except (OSError, Mismatch, ValueError) as e:
         log(f"{path}: the record of the earlier pieces is unreadable ({e}); they are "
             f"recorded as one piece of unknown time")

@@ -141,3 +141,20 @@ def test_a_preempted_run_summarises_like_an_uninterrupted_one(tmp_path, stdlib_t
     assert traced_steps(run) == {0: {1, 2}, 1: {stopped + 1, stopped + 2}}
     if timelines(whole):  # matplotlib there: each piece drew its last traced step
         assert timelines(run) == {2, stopped + 2}
+
+
+def test_damaged_records_of_earlier_pieces_never_stop_a_resume(tmp_path, stdlib_tokens):
+    run, lines = tmp_path / "run", []
+    train(small(stdlib_tokens, "train.steps=2"), str(run), MPI.COMM_WORLD, out=lambda *_: None)
+    (run / "summary.json").write_text('{"pieces": [{"first_step": "one"}], "steps": NaN}')
+    (run / "trace.json").write_bytes(b"\xff not json")
+    with open(run / "metrics.jsonl", "a") as f:  # a line of the wrong types, and a torn one
+        f.write('{"step": 2, "loss": "x", "compute_s": "y", "val_loss": [1]}\n{"step": 2, "lo')
+    summary = train(small(stdlib_tokens, "train.steps=4"), str(run), MPI.COMM_WORLD,
+                    resume="", out=lines.append)
+    text = "\n".join(lines)
+    assert "summary.json: the record of the earlier pieces is unreadable" in text
+    assert "trace.json is unreadable" in text and "dropped 1 unreadable line" in text
+    assert summary.steps == 4 and [p["ended"] for p in summary.pieces] == ["unknown", "finished"]
+    assert summary.pieces[0]["first_step"] == 1 and summary.pieces[0]["last_step"] == 2
+    assert traced_steps(run) == {0: {3, 4}}

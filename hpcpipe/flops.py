@@ -6,7 +6,8 @@ is not known to hpcpipe (no table of devices), so it is measured: the best rate 
 square matmul through hpcpipe's own GEMM path in the run's dtype (`matmul_rate`) — the
 practical peak of this rank's device as this rank uses it (its threads, its share of a
 shared machine). `bench step` measures it over a long run; `train` once at start-up,
-briefly (`startup_peak`), so its MFU is an estimate against that measurement.
+within tens of milliseconds (`startup_peak`: growing sizes while they fit the budget),
+so its MFU is an estimate against that measurement.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import numpy as np
 from . import layers
 from .dtypes import compute_dtype
 
-# Start-up peak: big enough for BLAS's kernels to reach speed, small enough to cost tens
-# of milliseconds on one CPU core (512³: 0.27 GFLOP) and under a millisecond on a GPU.
-STARTUP_N = {False: 512, True: 4096}  # is_gpu → matmul size
+# The start-up peak: square matmuls of growing size, from SMALLEST, while the next size's
+# measurement fits in STARTUP_BUDGET_S — tens of milliseconds on one CPU core (512³ or
+# 1024³), up to LARGEST on a GPU, and a single small size on a slow device (16-bit on the
+# device stand-in), so that no start-up waits long for it.
+SMALLEST, LARGEST = 128, 8192
+STARTUP_BUDGET_S = 0.05
 
 
 def flop_params(cfg) -> int:
@@ -40,6 +44,11 @@ def flops_per_token(cfg, T: int) -> float:
 def matmul_rate(be, dtype, n: int, repeats: int = 3) -> float:
     """Best FLOP/s of an n×n×n matmul with this backend (the device's practical peak),
     through hpcpipe.layers.matmul: on the CPU its chunks on the rank's threads."""
+    return 2.0 * n**3 / _matmul_seconds(be, dtype, n, repeats)
+
+
+def _matmul_seconds(be, dtype, n: int, repeats: int) -> float:
+    """The best of `repeats` timings of an n×n×n matmul, after one to warm up."""
     rng = np.random.default_rng(0)
     dtype = compute_dtype(dtype)
     a = be.from_host(rng.standard_normal((n, n)).astype(dtype))
@@ -53,9 +62,17 @@ def matmul_rate(be, dtype, n: int, repeats: int = 3) -> float:
         layers.matmul(be, a, b, out)
         be.synchronize()
         best = min(best, time.perf_counter() - tick)
-    return 2.0 * n**3 / best
+    return best
 
 
-def startup_peak(be, dtype) -> float:
-    """This rank's practical peak FLOP/s, measured quickly at start-up (see the module)."""
-    return matmul_rate(be, dtype, STARTUP_N[bool(be.is_gpu)])
+def startup_peak(be, dtype, repeats: int = 2) -> float:
+    """This rank's practical peak FLOP/s, measured quickly at start-up: the best rate of
+    square matmuls of growing size within the budget (see STARTUP_BUDGET_S)."""
+    n, best = SMALLEST, 0.0
+    while True:
+        seconds = _matmul_seconds(be, dtype, n, repeats)
+        best = max(best, 2.0 * n**3 / seconds)
+        # the next size costs 8× as much per call, warm-up included
+        if n * 2 > LARGEST or 8 * seconds * (repeats + 1) > STARTUP_BUDGET_S:
+            return best
+        n *= 2

@@ -61,6 +61,8 @@ def register(subparsers):
                           "50257 or more, else ids), bytes, gpt2 (needs tiktoken) or ids")
     gen.add_argument("--tokenizer-file", metavar="FILE",
                      help="GPT-2's BPE ranks in tiktoken's format (r50k_base.tiktoken)")
+    gen.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                     help="where to compute: auto (the GPU when there is one), cpu or gpu")
     gen.set_defaults(func=cmd_generate)
     return gen
 
@@ -163,8 +165,9 @@ def sample(model, be, ids: list[int], args) -> list[int]:
     return list(ids) + list(sampler.tokens(ids, args.tokens))
 
 
-def load_model(path: str, manifest: dict):
-    """(model, backend) of a checkpoint, its memory checked before it is allocated."""
+def load_model(path: str, manifest: dict, device: str = "auto"):
+    """(model, backend) of a checkpoint on `device`, its memory checked before it is
+    allocated."""
     from . import backend
     from .budget import BudgetError, device_available, gib, require, run_need
     from .model import GPT, GPTConfig
@@ -176,7 +179,7 @@ def load_model(path: str, manifest: dict):
     # (its idle workers would spin on the cores between the many small products), and a
     # backend whose pool is this one thread.
     backend.limit_threads(1)
-    be = backend.select("auto")
+    be = backend.select(device)
     if be.is_gpu:
         free = device_available(be)
         if free is not None and need.total > free:
@@ -197,7 +200,7 @@ def cmd_generate(args) -> int:
     vocab_size = manifest["model"]["vocab_size"]
     tokenizer = choose_tokenizer(args, vocab_size)
     ids = prompt_ids(args, vocab_size, tokenizer)
-    model, be = load_model(path, manifest)
+    model, be = load_model(path, manifest, args.device)
     sampler = Sampler(model, be, args.temperature, args.top_k, args.seed)
     out = sys.stdout
     if tokenizer is None or args.prompt_ids is not None:

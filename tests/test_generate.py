@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+import devices
 from hpcpipe import GPT, GPTConfig, config, safetensors
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.__main__ import main
@@ -118,7 +119,7 @@ def test_gpt2_round_trip_text_in_and_out(capsys, monkeypatch, gpt2_folder):
     monkeypatch.setattr("sys.stdout", stdout)
     assert main(["generate", str(folder / "ckpt"), "--prompt", "def main", "--tokens", "12",
                  "--temperature", "0", "--tokenizer", "gpt2", "--tokenizer-file",
-                 str(bpe_file)]) == 0
+                 str(bpe_file), "--device", "cpu"]) == 0  # the reference below runs there
     text = stdout.getvalue()
     assert len(stdout.seen) >= 12 and stdout.seen == sorted(stdout.seen)  # as they came
     # The same tokens by hand: the weights as imported, greedy, through a full forward.
@@ -140,7 +141,7 @@ def test_gpt2_vocabularies_need_the_bpe_or_ids(capsys, monkeypatch, gpt2_folder)
                  "--tokens", "2"]) == 2
     assert "needs tiktoken: pip install 'hpcpipe[gpt2]'" in capsys.readouterr().err
     assert main(["generate", str(folder / "ckpt"), "--prompt-ids", "5,6", "--tokens", "3",
-                 "--temperature", "0"]) == 0
+                 "--temperature", "0", "--device", devices.name()]) == 0
     ids = capsys.readouterr().out.strip().split(",")
     assert ids[:2] == ["5", "6"] and len(ids) == 5
 

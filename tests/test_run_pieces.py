@@ -26,7 +26,8 @@ SMALL = ["model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_si
 
 
 def small(tokens, *extra):
-    return config.load("inputs/tiny.toml", SMALL + [f'data.path="{tokens}"', *extra])
+    return config.load("inputs/tiny.toml", SMALL + devices.overrides()
+                       + [f'data.path="{tokens}"', *extra])
 
 
 def traced_steps(run_dir) -> dict[int, set[int]]:

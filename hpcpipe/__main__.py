@@ -28,6 +28,7 @@ examples:
   python -m hpcpipe train inputs/tiny.toml --resume       # continue from the latest checkpoint
   python -m hpcpipe ckpt ls runs/tiny
   python -m hpcpipe generate runs/tiny --prompt "def " --tokens 200
+  python -m hpcpipe plot runs/tiny                 # loss, tokens/s, bubble: runs/tiny/plot.png
   srun python -m mpi4py -m hpcpipe doctor runs/   # MPI, GPUs, threads, run dir: before a job
 
 Each command has its own --help. Runs write to runs/<config name>/ (config.toml,
@@ -41,7 +42,13 @@ the key.
 
 The data file ([data] path, default data/<corpus>.tokens.h5) is prepared from [data]
 corpus on first use: "stdlib" (this Python's standard library sources, no download), a
-text file, or a folder of text files.
+text file, or a folder of text files. [data] path may also name llm.c .bin shards (a
+quoted glob) or a nanoGPT train.bin, read as they are (GPT-2 tokens: set
+model.vocab_size = 50257 or more).
+
+Progress lines average loss, tokens/s, ms/step and bubble over the steps since the last
+line; MFU counts 6N + 12·L·C·T FLOPs per token against the matmul peak each rank
+measured at start-up. `python -m hpcpipe plot RUN_DIR` draws the curves.
 
 Under MPI, start it as `mpiexec -n N python -m mpi4py -m hpcpipe train ...` with
 N = parallel.dp × parallel.pp: `-m mpi4py` makes an exception on one rank abort the whole
@@ -81,16 +88,35 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     prep = sub.add_parser(
-        "prepare", help="tokenize a corpus into an HDF5 token file",
-        description="Tokenize a corpus (byte-level, vocab 256) into an HDF5 file with train "
-                    "and val splits. `train` does this by itself on first use; run it by hand "
-                    "to prepare once on a login node or to use your own text.",
+        "prepare", help="tokenize a corpus, or convert llm.c / nanoGPT tokens, into an HDF5 "
+                        "token file",
+        description="Tokenize a corpus into an HDF5 file with train and val splits: bytes "
+                    "(vocab 256, the default) or GPT-2's BPE (--tokenizer gpt2, vocab 50257; "
+                    "needs tiktoken). `train` prepares byte tokens by itself on first use; run "
+                    "this by hand to prepare once on a login node, for your own text, or to "
+                    "convert llm.c shards or nanoGPT .bin files (--from; `train` also reads "
+                    "those directly as data.path).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  python -m hpcpipe prepare\n"
-               "  python -m hpcpipe prepare --corpus ~/books/ --out data/books.tokens.h5")
-    prep.add_argument("--corpus", default="stdlib",
+               "  python -m hpcpipe prepare --corpus ~/books/ --out data/books.tokens.h5\n"
+               "  python -m hpcpipe prepare --tokenizer gpt2 --tokenizer-file "
+               "r50k_base.tiktoken\n"
+               "  python -m hpcpipe prepare --from 'fineweb10B/fineweb_train_*.bin' "
+               "--out data/fineweb.tokens.h5\n\n"
+               "GPT-2's BPE ranks: --tokenizer-file FILE, or $HPCPIPE_TOKENIZER_FILE, else "
+               "tiktoken's cache or download;\nthe file is "
+               "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken")
+    prep.add_argument("--corpus", default=None,
                       help='"stdlib" (default: the Python standard library sources), a text '
                            "file, or a folder of text files")
+    prep.add_argument("--from", dest="source", metavar="TOKENS",
+                      help="convert token files instead: an llm.c shard or a glob of them "
+                           "(quoted), or a nanoGPT train.bin (val files found by name)")
+    prep.add_argument("--tokenizer", choices=("bytes", "gpt2"), default=None,
+                      help="bytes (default) or gpt2 (GPT-2's BPE through tiktoken)")
+    prep.add_argument("--tokenizer-file", metavar="FILE",
+                      help="GPT-2's BPE ranks in tiktoken's format (r50k_base.tiktoken), "
+                           "for machines without a network")
     prep.add_argument("--out", help="output file (default: data/<corpus name>.tokens.h5)")
     prep.add_argument("--val-fraction", type=number(0, 1), default=0.05,
                       help="share of tokens held out for validation (default 0.05)")
@@ -101,12 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .ckpt_cli import register as register_ckpt
     from .doctor import register as register_doctor
     from .generate import register as register_generate
+    from .plot import register as register_plot
     from .schedules.cli import register as register_schedule
 
     register_schedule(sub)
     register_bench(sub)
     register_ckpt(sub)
     register_generate(sub)
+    register_plot(sub)
     register_doctor(sub)
     return parser
 
@@ -142,12 +170,24 @@ def cmd_train(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    from .data import default_token_path, prepare
+    from .data import convert, converted_path, default_token_path, prepare
+    from .errors import HpcpipeError
     from .files import claim_file
+    from .tokenizer import load
 
-    out = args.out or default_token_path(args.corpus)
+    if args.source is not None:
+        if args.corpus is not None or args.tokenizer is not None:
+            raise HpcpipeError("--from converts tokens as they are: give it without --corpus "
+                               "and --tokenizer")
+        out = args.out or converted_path(args.source)
+        claim_file(out, args.force, "--out", make_folder=True)
+        convert(args.source, out)
+        return 0
+    corpus, name = args.corpus or "stdlib", args.tokenizer or "bytes"
+    tokenizer = load(name, args.tokenizer_file)  # before claiming: a missing library
+    out = args.out or default_token_path(corpus, name)
     claim_file(out, args.force, "--out", make_folder=True)
-    prepare(args.corpus, out, args.val_fraction)
+    prepare(corpus, out, args.val_fraction, tokenizer=tokenizer)
     return 0
 
 

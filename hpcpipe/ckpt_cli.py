@@ -9,6 +9,7 @@ is replaced only with --force; import-gpt2 replaces an existing checkpoint only 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import time
@@ -17,7 +18,8 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from .errors import HpcpipeError
-from .files import claim_file, claim_folder, write_atomic
+from .files import claim_file, claim_folder, write_atomic, write_text_atomic
+from .schema import Int, Mismatch, Record, parse_json
 
 EPILOG = """\
 examples:
@@ -33,6 +35,11 @@ A CHECKPOINT is a checkpoint folder, a checkpoints/ folder or a run directory (m
 its latest checkpoint)."""
 
 HF_PREFIX = "transformer."
+GPT2_VOCAB, GPT2_EOT = 50257, 50256
+MAX_HF_CONFIG = 1 << 20  # Hugging Face's GPT-2 config.json is under 1 KiB
+# What import-gpt2 takes from a config.json beside the weights: the head count, which the
+# tensors' shapes cannot tell.
+_HF_CONFIG = Record({"n_head": Int(1, 1 << 16)}, extra=True)
 
 
 def register(subparsers):
@@ -53,7 +60,9 @@ def register(subparsers):
     export = sub.add_parser("export", help="the weights as one .h5 or .safetensors file",
                             description="Consolidate a checkpoint's weights into one HDF5 "
                             "file (GPT-2 names) or a safetensors file with Hugging Face "
-                            "GPT-2's names, which import-gpt2 reads back.")
+                            "GPT-2's names, which import-gpt2 reads back; beside a "
+                            "safetensors file goes the config.json Hugging Face's GPT-2 "
+                            "loader needs (name the file DIR/model.safetensors and load DIR).")
     export.add_argument("checkpoint", metavar="CHECKPOINT")
     export.add_argument("--out", required=True, help="FILE.h5 or FILE.safetensors")
     export.add_argument("--force", action="store_true", help="replace an existing file")
@@ -69,7 +78,9 @@ def register(subparsers):
                      help="replace an existing checkpoint there (never other folders)")
     imp.add_argument("--config", default="inputs/gpt2-124m.toml",
                      help="config for the rest of the run (its [model] shape is taken from "
-                          "the file; n_head from here); default inputs/gpt2-124m.toml")
+                          "the file; n_head from the file's metadata, else a Hugging Face "
+                          "config.json beside it, else from here); default "
+                          "inputs/gpt2-124m.toml")
     imp.set_defaults(func=cmd_import)
 
     return parser
@@ -183,12 +194,30 @@ def gpt2_shape(tensors: dict, metadata: dict, n_head_default: int, source: str) 
     if not layers or layers != set(range(len(layers))):
         raise HpcpipeError(f"{source}: transformer blocks {sorted(layers)[:8]}: GPT-2 numbers "
                            f"its blocks h.0 to h.(n_layer - 1)")
-    text = metadata.get("n_head", str(n_head_default))
+    text = str(metadata.get("n_head", n_head_default))
     if not re.fullmatch(r"\d{1,6}", text) or int(text) < 1 or width % int(text):
         raise HpcpipeError(f"{source}: n_head = {text[:20]!r} (from the file's metadata or the "
                            f"config): must be a positive integer dividing n_embd = {width}")
     return {"vocab_size": vocab, "n_embd": width, "block_size": block,
             "n_layer": len(layers), "n_head": int(text)}
+
+
+def hf_config(model: dict, dtype: str) -> dict:
+    """The config.json a Hugging Face GPT-2 loader (`GPT2LMHeadModel.from_pretrained` on
+    the folder) needs beside model.safetensors: the shape, and hpcpipe's fixed choices —
+    tanh GELU ("gelu_new"), LayerNorm eps 1e-5, the head tied to wte, no dropout."""
+    gpt2_vocab = model["vocab_size"] >= GPT2_VOCAB
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+            "vocab_size": model["vocab_size"], "n_positions": model["block_size"],
+            "n_ctx": model["block_size"], "n_embd": model["n_embd"],
+            "n_layer": model["n_layer"], "n_head": model["n_head"], "n_inner": None,
+            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+            "initializer_range": 0.02, "scale_attn_weights": True,
+            "tie_word_embeddings": True, "use_cache": True, "torch_dtype": dtype,
+            # <|endoftext|> for a GPT-2 vocabulary; a byte-level model has no such token
+            "bos_token_id": GPT2_EOT if gpt2_vocab else None,
+            "eos_token_id": GPT2_EOT if gpt2_vocab else None}
 
 
 def cmd_export(args) -> int:
@@ -197,12 +226,20 @@ def cmd_export(args) -> int:
     if not args.out.endswith((".safetensors", ".h5", ".hdf5")):
         raise HpcpipeError(f"--out {args.out}: name it FILE.h5 or FILE.safetensors")
     claim_file(args.out, args.force)
+    config_json = os.path.join(os.path.dirname(args.out), "config.json")
+    if args.out.endswith(".safetensors"):
+        claim_file(config_json, args.force)
     path = _resolve(args.checkpoint)
     tensors, manifest = ckpt.read_weights(path)
     if args.out.endswith(".safetensors"):
         safetensors.save(args.out, to_hf_names(tensors),
                          {"format": "pt", "source": f"hpcpipe {path}", "step": manifest["step"],
                           "n_head": manifest["model"]["n_head"]})
+        dtype = str(next(iter(tensors.values())).dtype)
+        write_text_atomic(config_json, json.dumps(hf_config(manifest["model"], dtype),
+                                                  indent=2) + "\n")
+        print(f"wrote {config_json} (Hugging Face GPT-2 config: load the folder with "
+              f"GPT2LMHeadModel.from_pretrained when the weights are named model.safetensors)")
     else:
         import h5py
 
@@ -219,6 +256,25 @@ def cmd_export(args) -> int:
     return 0
 
 
+def hf_n_head(weights: str) -> int | None:
+    """n_head from the Hugging Face config.json beside a safetensors file, if there is
+    one (checked: strict JSON, at most 1 MiB, n_head a positive integer)."""
+    path = os.path.join(os.path.dirname(weights), "config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_HF_CONFIG + 1)
+    except OSError as e:
+        raise HpcpipeError(f"{path} cannot be read ({e.strerror or e})") from None
+    try:
+        if len(data) > MAX_HF_CONFIG:
+            raise Mismatch("", f"{len(data):,} bytes", f"larger than {MAX_HF_CONFIG} bytes")
+        return _HF_CONFIG.check(parse_json(data))["n_head"]
+    except (Mismatch, ValueError) as e:
+        raise HpcpipeError(f"{path} (the Hugging Face config beside {weights}): {e}") from None
+
+
 def cmd_import(args) -> int:
     import dataclasses
 
@@ -231,7 +287,8 @@ def cmd_import(args) -> int:
     require(sum(e.end - e.begin for e in entries), f"importing {args.file}")
     raw, metadata = safetensors.load(args.file)
     tensors = from_hf_names(raw, args.file)
-    shape = gpt2_shape(tensors, metadata, base.model.n_head, args.file)
+    n_head = hf_n_head(args.file)
+    shape = gpt2_shape(tensors, metadata, n_head or base.model.n_head, args.file)
     model = dataclasses.replace(base.model, **shape)
     cfg = config.validate(dataclasses.replace(base, model=model, source=args.config))
     ckpt.write_weights(args.out, cfg, tensors, step=0, source=args.file, force=args.force)

@@ -78,7 +78,9 @@ class DataSection:
     """[data]: where tokens come from."""
 
     corpus: str = "stdlib"  # "stdlib", a text file, or a folder of text files
-    path: str = ""  # the prepared HDF5 token file; "" means data/<corpus name>.tokens.h5
+    # the token file: hpcpipe's HDF5, llm.c .bin shards (a glob) or a nanoGPT train.bin;
+    # "" means data/<corpus name>.tokens.h5
+    path: str = ""
     val_fraction: float = 0.05
 
 

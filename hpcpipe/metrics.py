@@ -2,7 +2,14 @@
 
 `Metrics.record` takes every finished step (a step.StepOutcome, with post-validation one
 step late), writes its line of metrics.jsonl through the run directory, prints the
-progress line every `log_every` steps and keeps what the end-of-run summary reports.
+progress line every `log_every` steps — loss, tokens/s, ms/step, bubble and MFU averaged
+over the steps since the previous line, so that one noisy step does not stand for them —
+and keeps what the end-of-run summary reports. A resumed run first replays the records of
+its earlier pieces (`replay`), so that the summary covers the whole run.
+
+MFU: the model's training FLOPs per token (flops.py: 6N + 12·L·C·T) times tokens/s,
+divided by the sum over the ranks of each rank's matmul peak measured at start-up
+(flops.startup_peak) — the share of what these devices showed they can do.
 """
 
 from __future__ import annotations
@@ -35,16 +42,29 @@ class Summary:
     run_dir: str = ""
     evals: list = field(default_factory=list)
     device_memory: list = field(default_factory=list)  # per rank: the GPU pool's bytes
+    pieces: list = field(default_factory=list)  # each start of the run (pieces.Piece records)
+    flops_per_token: float = 0.0  # the model's training FLOPs per token (flops.py)
+    peak_flops: float = 0.0  # every rank's measured matmul peak, summed (0: not measured)
+    files: list = field(default_factory=list)  # what the run directory holds at the end
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.train_s if self.train_s else 0.0
+
+    @property
+    def mfu(self) -> float:
+        return mfu(self.tokens_per_s, self.flops_per_token, self.peak_flops)
 
     def add_eval(self, step: int, value: float):
         self.evals.append((step, value))
         if math.isnan(self.first_val_loss):
             self.first_val_loss = value
         self.final_val_loss = value
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation; NaN where the peak is unknown."""
+    return tokens_per_s * flops_per_token / peak_flops if peak_flops > 0 else math.nan
 
 
 def fmt_time(seconds: float) -> str:
@@ -56,6 +76,30 @@ def fmt_time(seconds: float) -> str:
 
 def fmt_rate(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
+
+
+@dataclass
+class Interval:
+    """The steps since the last progress line, averaged for the next one."""
+
+    steps: int = 0
+    losses: float = 0.0
+    finite: int = 0  # steps whose loss was finite (a skipped step's may not be)
+    tokens: int = 0
+    seconds: float = 0.0
+    bubbles: float = 0.0
+
+    def add(self, loss: float, tokens: int, seconds: float, bubble: float):
+        self.steps += 1
+        if math.isfinite(loss):
+            self.losses += loss
+            self.finite += 1
+        self.tokens, self.seconds = self.tokens + tokens, self.seconds + seconds
+        self.bubbles += bubble
+
+    @property
+    def loss(self) -> float:
+        return self.losses / self.finite if self.finite else math.nan
 
 
 @dataclass
@@ -71,12 +115,15 @@ class StepSplit:
 class Metrics:
     """The records of one run's steps (every rank keeps them; the root writes and prints).
 
-    run: the RunDir; log: prints from the root only; world_size: ranks in the job."""
+    run: the RunDir; log: prints from the root only; world_size: ranks in the job;
+    flops_per_token, peak_flops: MFU's two halves (see the module)."""
 
     def __init__(self, summary: Summary, run, log, steps: int, log_every: int,
-                 tokens_per_step: int, world_size: int):
+                 tokens_per_step: int, world_size: int, flops_per_token: float = 0.0,
+                 peak_flops: float = 0.0):
         self.summary, self.run, self.log = summary, run, log
         self.steps, self.log_every, self.tokens_per_step = steps, log_every, tokens_per_step
+        summary.flops_per_token, summary.peak_flops = flops_per_token, peak_flops
         self.peak_bytes = [0] * world_size
         self.peak_microbatches = [0.0] * world_size
         self.bubbles: list[float] = []
@@ -85,6 +132,8 @@ class Metrics:
         self.predicted_s: float | None = None  # the auto schedule's predicted step time
         self._started: dict = {}  # step → (seconds, learning rate), until its outcome
         self._ema = None
+        self._interval = Interval()
+        self.first_step = 1  # this piece's first step, which pays for allocation and caches
 
     def started(self, step: int, seconds: float, lr: float):
         """The step ran for `seconds` at learning rate `lr` (its outcome may come later)."""
@@ -93,31 +142,38 @@ class Metrics:
     def record(self, outcome):
         """Book-keeping of a finished step (with post-validation: one step late)."""
         step_s, lr = self._started.pop(outcome.step)
-        stats, summary = outcome.stats, self.summary
+        stats = outcome.stats
         if outcome.skipped:  # a non-finite gradient would poison the weights: no update
-            summary.skipped_steps += 1
             self.log(f"step {outcome.step}: non-finite loss or gradient (loss {outcome.loss}, "
                      f"norm {outcome.norm}); update skipped")
         self._track(outcome.step, step_s, stats)
-        summary.train_s += step_s
-        summary.tokens += self.tokens_per_step
-        summary.steps = outcome.step
-        summary.redone_steps += outcome.redone
-        if math.isnan(summary.first_loss):
-            summary.first_loss = outcome.loss
-        summary.final_loss = outcome.loss
+        self._count(outcome.step, outcome.loss, self.tokens_per_step, step_s,
+                    outcome.skipped, outcome.redone)
+        self._interval.add(outcome.loss, self.tokens_per_step, step_s, stats.bubble)
         self._ema = step_s if self._ema is None else 0.9 * self._ema + 0.1 * step_s
         self.run.record(**self._line(outcome, step_s, lr))
         step = outcome.step
         if step == 1 or step % self.log_every == 0 or step == self.steps:
-            self.log(self._progress(outcome, step_s, lr))
+            self.log(self._progress(outcome, lr))
+            self._interval = Interval()
+
+    def _count(self, step: int, loss: float, tokens: int, step_s: float, skipped=False,
+               redone=False):
+        """The summary's running totals: one step's share."""
+        summary = self.summary
+        summary.skipped_steps += bool(skipped)
+        summary.redone_steps += bool(redone)
+        summary.train_s += step_s
+        summary.tokens += tokens
+        summary.steps = step
+        if math.isnan(summary.first_loss):
+            summary.first_loss = loss
+        summary.final_loss = loss
 
     def _track(self, step: int, step_s: float, stats):
         """Peaks, bubbles and the time split, from every rank's statistics."""
-        for r, (nbytes, count) in enumerate(zip(stats.peak_bytes, stats.peak_microbatches)):
-            self.peak_bytes[r] = max(self.peak_bytes[r], nbytes)
-            self.peak_microbatches[r] = max(self.peak_microbatches[r], count)
-        if step > 1:  # the first step pays for allocation and warm caches
+        self._peaks(stats.peak_bytes, stats.peak_microbatches)
+        if step > self.first_step:  # the first step pays for allocation and warm caches
             self.bubbles.append(stats.bubble)
             self.splits.append(StepSplit(
                 step_s, max(stats.compute_s),
@@ -126,11 +182,19 @@ class Metrics:
         if self.predicted_s is not None:
             self.after_auto.append(step_s)
 
+    def _peaks(self, peak_bytes, peak_microbatches):
+        for r, (nbytes, count) in enumerate(zip(peak_bytes, peak_microbatches)):
+            self.peak_bytes[r] = max(self.peak_bytes[r], nbytes)
+            self.peak_microbatches[r] = max(self.peak_microbatches[r], count)
+
     def _line(self, outcome, step_s: float, lr: float) -> dict:
         """The step's line of metrics.jsonl."""
+        tokens_per_s = self.tokens_per_step / step_s
         line = dict(step=outcome.step, loss=outcome.loss, lr=lr, grad_norm=outcome.norm,
-                    tokens_per_s=self.tokens_per_step / step_s, step_s=step_s,
-                    **outcome.stats.record())
+                    tokens_per_s=tokens_per_s, step_s=step_s, **outcome.stats.record())
+        value = mfu(tokens_per_s, self.summary.flops_per_token, self.summary.peak_flops)
+        if math.isfinite(value):
+            line["mfu"] = value
         if outcome.skipped:
             line["skipped"] = True
         if outcome.redone:
@@ -139,21 +203,52 @@ class Metrics:
             line["loss_scale"] = outcome.loss_scale
         return line
 
-    def _progress(self, outcome, step_s: float, lr: float) -> str:
-        width = len(str(self.steps))
-        return (f"step {outcome.step:>{width}}/{self.steps} | loss {outcome.loss:.4f} | "
-                f"lr {lr:.2e} | norm {outcome.norm:.3f} | "
-                f"{fmt_rate(self.tokens_per_step / step_s)} tok/s | "
-                f"{step_s * 1e3:.1f} ms/step | bubble {outcome.stats.bubble:.1%} | "
-                f"ETA {fmt_time(self._ema * (self.steps - outcome.step))}")
+    def _progress(self, outcome, lr: float) -> str:
+        """The progress line: loss, tokens/s, ms/step, bubble and MFU averaged over the
+        steps since the last line; the learning rate and norm of this step."""
+        interval, width = self._interval, len(str(self.steps))
+        tokens_per_s = interval.tokens / interval.seconds
+        utilisation = mfu(tokens_per_s, self.summary.flops_per_token, self.summary.peak_flops)
+        return (f"step {outcome.step:>{width}}/{self.steps} | loss {interval.loss:.4f} | "
+                f"lr {lr:.2e} | norm {outcome.norm:.3f} | {fmt_rate(tokens_per_s)} tok/s"
+                + (f" | MFU {utilisation:.1%}" if math.isfinite(utilisation) else "")
+                + f" | {interval.seconds / interval.steps * 1e3:.1f} ms/step | bubble "
+                  f"{interval.bubbles / interval.steps:.1%} | "
+                  f"ETA {fmt_time(self._ema * (self.steps - outcome.step))}")
 
     def evaluated(self, step: int, value: float):
         self.summary.add_eval(step, value)
         self.run.record(step=step, val_loss=value)
         self.log(f"eval step {step:>{len(str(self.steps))}} | val loss {value:.4f}")
 
+    def replay(self, records: list[dict]):
+        """Count the records of the run's earlier pieces (metrics.jsonl lines up to the
+        resumed step, from RunDir) into the summary, as if this run had made them."""
+        for r in records:
+            step = r["step"]
+            if "val_loss" in r:
+                self.summary.add_eval(step, record_number(r["val_loss"]))
+                continue
+            step_s, tokens_per_s = record_number(r.get("step_s")), record_number(r.get("tokens_per_s"))
+            tokens = round(step_s * tokens_per_s) if math.isfinite(step_s * tokens_per_s) \
+                else self.tokens_per_step
+            self._count(step, record_number(r.get("loss")), tokens,
+                        step_s if math.isfinite(step_s) else 0.0, r.get("skipped") is True,
+                        r.get("redone") is True)
+            peaks = r.get("peak_activation_bytes"), r.get("peak_activations")
+            if all(record_numbers(p, len(self.peak_bytes)) for p in peaks):  # the same ranks
+                self._peaks(*peaks)
+            p2p, dp = r.get("p2p_wait_s"), r.get("dp_wait_s")
+            waits = [a + b for a, b in zip(p2p, dp)] if record_numbers(p2p, len(dp or ())) else None
+            split = StepSplit(step_s, record_max(r.get("compute_s")), record_max(waits),
+                              record_max(r.get("optimizer_s")))
+            bubble = record_number(r.get("bubble"))
+            if step > 1 and all(map(math.isfinite, (bubble, *vars(split).values()))):
+                self.bubbles.append(bubble)
+                self.splits.append(split)
+
     def close(self):
-        """Fill in the summary's aggregates."""
+        """Fill in the summary's aggregates (again at every summary written)."""
         self.summary.bubble = float(np.mean(self.bubbles)) if self.bubbles else math.nan
         self.summary.peak_activation_bytes = self.peak_bytes
         self.summary.peak_activations = self.peak_microbatches
@@ -165,46 +260,22 @@ class Metrics:
                                       s.optimizer_s] for s in self.splits]), axis=0)
         return StepSplit(*(float(v) for v in values))
 
-    def report(self, parallel, reduced_bytes: int, optimizer_bytes: int) -> list[str]:
-        """The end-of-run summary, as lines to print."""
-        summary = self.summary
-        lines = [f"done: {summary.steps} steps in {fmt_time(summary.total_s)} "
-                 f"({fmt_rate(summary.tokens_per_s)} tok/s while training, mean bubble "
-                 f"{summary.bubble:.1%}"
-                 + (f", {summary.skipped_steps} updates skipped" if summary.skipped_steps else "")
-                 + (f", {summary.redone_steps} optimistic updates redone"
-                    if summary.redone_steps else "") + ")"]
-        if self.predicted_s is not None and self.after_auto:
-            lines.append(f"  auto schedule: predicted {self.predicted_s * 1e3:.1f} ms/step of "
-                         f"pipeline work, measured {np.median(self.after_auto) * 1e3:.1f} "
-                         f"ms/step (median, with optimizer)")
-        split = self.median_split()
-        if split is not None:
-            lines.append(f"  step time {split.step_s * 1e3:.1f} ms (median): compute "
-                         f"{split.compute_s * 1e3:.1f} ms on the busiest rank, exposed "
-                         f"communication {split.communication_s * 1e3:.1f} ms, optimizer "
-                         f"{split.optimizer_s * 1e3:.1f} ms"
-                         + (f"; {reduced_bytes / 2**20:.1f} MiB of gradients reduced per "
-                            f"step and rank" if parallel.dp > 1 else ""))
-        if parallel.zero:
-            lines.append(f"  ZeRO-1: optimizer state {optimizer_bytes / 2**20:.2f} MiB on "
-                         f"rank 0 (1/{parallel.dp} of the stage's)")
-        lines.append(f"  train loss {summary.first_loss:.4f} → {summary.final_loss:.4f} | "
-                     f"val loss {summary.first_val_loss:.4f} → {summary.final_val_loss:.4f}")
-        lines.append("  peak activations per rank: "
-                     + ", ".join(f"{b / 2**20:.1f} MiB ({n:g} mb)"
-                                 for b, n in zip(self.peak_bytes, self.peak_microbatches)))
-        if any(summary.device_memory):
-            lines.append("  device memory per rank (held by the pool / its cap / the device): "
-                         + ", ".join(_memory(m) for m in summary.device_memory))
-        lines.append(f"  run directory: {summary.run_dir} (config.toml, metrics.jsonl, "
-                     f"summary.json, trace.json)")
-        return lines
+
+def record_number(value) -> float:
+    """A record's number (metrics.jsonl is read back after crashes and by hand: anything
+    else counts as unknown)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok else math.nan
 
 
-def _memory(report: dict | None) -> str:
-    if not report:
-        return "–"
-    gib = 2**30
-    cap = f"{report['limit'] / gib:.1f}" if report["limit"] else "no cap"
-    return f"{report['held'] / gib:.2f} / {cap} / {report['device'] / gib:.0f} GiB"
+def record_numbers(values, length: int) -> bool:
+    return isinstance(values, list) and len(values) == length and all(
+        math.isfinite(record_number(v)) for v in values)
+
+
+def record_max(values) -> float:
+    """The largest of a per-rank list (NaN when it is not one)."""
+    if not isinstance(values, list) or not values:
+        return math.nan
+    numbers = [record_number(v) for v in values]
+    return max(numbers) if all(map(math.isfinite, numbers)) else math.nan

@@ -325,6 +325,19 @@ class GPT:
         """Next-token logits (B, T, V) for token ids idx (B, T), forward only."""
         return self.stage.forward(0, self._as_tokens(idx), keep=False)
 
+    def new_cache(self, batch: int = 1):
+        """An empty key/value cache for `decode` of `batch` sequences (kvcache.py)."""
+        from .kvcache import KVCache
+
+        return KVCache(self.config, batch, self.stage.be, self.stage.dtype)
+
+    def decode(self, idx, cache, last_only: bool = False):
+        """Next-token logits of the new tokens idx (B, t) only, continuing the sequences
+        whose earlier keys and values `cache` holds: incremental generation."""
+        from .kvcache import decode
+
+        return decode(self.stage, self._as_tokens(idx), cache, last_only)
+
     def loss(self, idx, targets) -> float:
         """Mean cross-entropy of a batch, without computing gradients."""
         value = self.stage.forward(0, self._as_tokens(idx), self._as_tokens(targets),

@@ -28,13 +28,17 @@ from .config import Config, ConfigError, parse_bytes
 from .data import corpus_identity, default_token_path, prepare, token_file_identity
 from .errors import EXIT_PREEMPTED, every_rank_does, root_does
 from .evaluate import validation_batches
+from .flops import flops_per_token, startup_peak
 from .metrics import Metrics, Summary
 from .optim import learning_rate
 from .preemption import Preempted, PreemptionWatch
+from .pieces import FINISHED, IDLE, PREEMPTED
 from .rank import Rank
+from .report import end_of_run
 from .rundir import RunDir
+from .runrecord import RunRecord
 from .schedules import Costs, ScheduleError, generate, peak_activations, simulate
-from .tokens import DataError, TokenFile, open_token_file
+from .tokens import DataError, TokenFile, is_prepared_by_hpcpipe, open_token_file
 from .transport import resolve_gpu_aware
 
 __all__ = ["train", "Trainer", "Summary", "Preempted"]
@@ -46,7 +50,7 @@ def open_tokens(cfg: Config, comm, log) -> TokenFile:
     path = cfg.data.path or default_token_path(cfg.data.corpus)
 
     def ensure():
-        if not os.path.exists(path):
+        if not os.path.exists(path) and is_prepared_by_hpcpipe(path):
             log(f"preparing {path} from corpus {cfg.data.corpus!r} (once; later runs reuse it)")
             prepare(cfg.data.corpus, path, cfg.data.val_fraction, log=log)
 
@@ -273,9 +277,8 @@ class Trainer:
             self._resume(resume_path, manifest)
         self.run_dir = open_run_dir(run_dir, cfg, comm, manifest["step"] if own else None,
                                     self.log)
-        self.summary = Summary(run_dir=self.run_dir.path, schedule=parallel.schedule)
-        self.metrics = Metrics(self.summary, self.run_dir, self.log, train.steps,
-                               train.log_every, cfg.tokens_per_step, comm.size)
+        self.record = open_record(self, resume_path)
+        self.metrics, self.summary = self.record.metrics, self.record.metrics.summary
         self._describe()
         self.comm_s = 0.0
         if parallel.pp > 1 and parallel.schedule == "auto":
@@ -377,9 +380,12 @@ class Trainer:
             self.metrics.record(outcome)
 
     def _after_step(self, step: int):
-        cfg, steps = self.cfg, self.cfg.train.steps
-        if cfg.parallel.schedule == "auto" and step == cfg.parallel.profile_steps < steps:
+        cfg, steps, auto = self.cfg, self.cfg.train.steps, self.cfg.parallel.schedule == "auto"
+        # Each piece profiles its own first steps (a resumed piece starts on ZB-H1 too).
+        profiled = self.start_step + cfg.parallel.profile_steps if auto else 0
+        if profiled and step == profiled < steps:
             self._reschedule(step)
+        self.record.forget_events(step, profiled)
         if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step != steps:
             self._settle()
             self._evaluate(step)
@@ -389,7 +395,7 @@ class Trainer:
     def _reschedule(self, step: int):
         """The auto schedule, from the costs measured over the steps so far."""
         # The first step pays for allocation and warm caches: profile the ones after.
-        steps = range(min(2, step), step + 1)
+        steps = range(min(self.start_step + 2, step), step + 1)
         # Rank 0's measurements decide for everyone; the scheduler is deterministic, so
         # every rank builds the same schedule from the same costs.
         costs = self.comm.bcast(profiled_costs(self.trace, self.rank.model, self.grid, steps,
@@ -421,6 +427,7 @@ class Trainer:
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path
         self.last_saved = step
+        self.record.checkpointed(step)
 
     def _preempted(self, step: int):
         """Save what there is to save (nothing before the first step: the initial weights
@@ -429,8 +436,7 @@ class Trainer:
         self._settle()
         if step > self.start_step and self.last_saved != step:
             self._save(step)
-        self.metrics.close()
-        self.run_dir.finish(self.summary)
+        self.record.end(step, PREEMPTED)
         saved = (f"checkpoint of step {step} written" if step > self.start_step else
                  f"nothing trained since step {step}, so nothing to save")
         self.log(f"preempted: {saved}; exiting with status {EXIT_PREEMPTED} (resume with "
@@ -441,16 +447,14 @@ class Trainer:
     def _finish(self) -> Summary:
         steps, summary = self.cfg.train.steps, self.summary
         self._settle()
-        if self.last_saved != steps and summary.steps:
+        trained = summary.steps > self.start_step  # (summary.steps counts earlier pieces)
+        if self.last_saved != steps and trained:
             self._save(steps)
-        if summary.steps or self.start_step < steps:
+        if trained or self.start_step < steps:
             self._evaluate(steps)
-        self.metrics.close()
         summary.device_memory = self.comm.allgather(self.be.memory_report())
-        write_traces(self.trace, self.comm, self.run_dir, self.cfg)
-        summary.total_s = time.perf_counter() - self.started
-        self.run_dir.finish(summary)
-        if not summary.steps:  # resumed at or past train.steps
+        self.record.end(max(summary.steps, self.start_step), FINISHED if trained else IDLE)
+        if not trained:  # resumed at or past train.steps
             self.log(f"done: nothing to train, the run is at step {self.start_step} of "
                      f"{steps} (raise train.steps to continue)")
             return summary
@@ -459,9 +463,22 @@ class Trainer:
 
     def _report(self):
         step = self.rank.step
-        for line in self.metrics.report(self.cfg.parallel, step.gradsync.bytes_reduced,
-                                        step.optimizer_state_bytes):
+        for line in end_of_run(self.metrics, self.cfg.parallel, step.gradsync.bytes_reduced,
+                               step.optimizer_state_bytes, self.record.piece.seconds):
             self.log(line)
+
+
+def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
+    """This piece's RunRecord, with the run's Summary and Metrics (see runrecord.py)."""
+    cfg, comm, train = trainer.cfg, trainer.comm, trainer.cfg.train
+    summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule)
+    # MFU's two halves: the model's FLOPs per token, and every rank's matmul peak.
+    peak = comm.allreduce(startup_peak(trainer.be, train.dtype))
+    metrics = Metrics(summary, trainer.run_dir, trainer.log, train.steps, train.log_every,
+                      cfg.tokens_per_step, comm.size,
+                      flops_per_token(cfg.model, cfg.model.block_size), peak)
+    return RunRecord(cfg, comm, trainer.run_dir, metrics, trainer.trace, trainer.start_step,
+                     trainer.grid.describe(), resume_path, trainer.log, trainer.started)
 
 
 def _ratio(costs: Costs) -> str:
@@ -473,24 +490,3 @@ def _ratio(costs: Costs) -> str:
 def _ms(values) -> str:
     values = values if isinstance(values, (list, tuple)) else [values]
     return "/".join(f"{v * 1e3:.1f}" for v in values)
-
-
-def write_traces(trace, comm, run: RunDir, cfg: Config):
-    """Merge every rank's events into trace.json (Chrome format) and draw one step."""
-    train, parallel = cfg.train, cfg.parallel
-    if not train.trace_steps:
-        return
-    keep = range(1, train.trace_steps + 1)
-    rows = [e.as_tuple() for e in trace.events if e.step in keep]
-    per_rank = comm.gather(rows, root=0)
-    if not run.enabled:
-        return
-    offsets = [0.0] * len(per_rank)
-    tracelib.write_chrome_trace(os.path.join(run.path, "trace.json"), per_rank, offsets)
-    last = min(train.trace_steps, train.steps)
-    try:
-        tracelib.draw_step(os.path.join(run.path, f"timeline-step{last}.png"), per_rank,
-                           offsets, last, title=f"{parallel.schedule}, pp {parallel.pp}, "
-                                                f"{parallel.microbatches} microbatches — step {last}")
-    except ImportError:  # matplotlib is optional; the JSON trace has everything
-        pass

@@ -1,5 +1,5 @@
 """Fuzzing every reader of outside files, and the command line: random and mutated
-configs, token files, manifests, `latest` pointers, metrics files, safetensors files and
+configs, token files (hpcpipe's HDF5, llm.c and nanoGPT shards), manifests, `latest` pointers, metrics files, safetensors files and
 arguments. Whatever comes in, a reader raises only its own user-facing error (or accepts
 the input); a command ends with status 0, 1 or 2, at most one `error:` line and no
 traceback; nothing hangs (each case runs under an alarm); and nothing outside a command's
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from hpcpipe import checkpoint as ckpt
-from hpcpipe import config, data, safetensors
+from hpcpipe import config, data, safetensors, tokenizer
 from hpcpipe import manifest as manifests
 from hpcpipe.__main__ import main
 from hpcpipe.config import ConfigError
@@ -32,6 +32,7 @@ from hpcpipe.tokens import DataError, open_token_file
 from hpcpipe.train import train
 
 from hostile import TINY, gpt2_tensors, small_config, snapshot
+from tokenfiles import gpt2_tokens, write_llmc, write_nanogpt, write_tiktoken
 
 CASES = 60  # mutated files per reader
 
@@ -163,6 +164,27 @@ def test_token_file_reader(tmp_path):
                 pass
 
 
+@pytest.mark.parametrize("kind", ["llm.c", "nanoGPT"])
+def test_llmc_and_nanogpt_readers(tmp_path, kind):
+    """Shards of either kind with mutated headers, lengths and tokens: read or refused."""
+    write = write_llmc if kind == "llm.c" else write_nanogpt
+    raw = {split: write(tmp_path / f"good_{split}.bin", gpt2_tokens(400, i)).read_bytes()
+           for i, split in enumerate(("train", "val"))}
+    for seed in range(CASES):
+        rng = random.Random(seed)
+        mutated = rng.choice(("train", "val"))
+        for split, data in raw.items():
+            (tmp_path / f"t_{split}.bin").write_bytes(
+                mutate_bytes(data, rng) if split == mutated else data)
+        with no_hang():
+            try:
+                tokens = open_token_file(str(tmp_path / "t_train.bin"))
+                tokens.batch("train", 32, 0, 0, range(8))
+                tokens.batch("val", 32, 0, 0, range(8))
+            except DataError:
+                pass
+
+
 def test_safetensors_reader_and_import(capsys, tmp_path):
     good = tmp_path / "good.safetensors"
     safetensors.save(str(good), gpt2_tensors(), {"n_head": "2"})
@@ -224,10 +246,11 @@ def test_metrics_reader(tmp_path):
 OPTIONS = ["--tokens", "--top-k", "--seed", "--temperature", "--prompt", "--prompt-ids",
            "--out", "--force", "--config", "--kind", "-p", "-m", "-v", "--cost",
            "--memory-limit", "--json", "--svg", "--save-csv", "--load-csv", "--corpus",
-           "--val-fraction"]
+           "--val-fraction", "--from", "--tokenizer", "--tokenizer-file"]
 VALUES = st.one_of(st.sampled_from(["-1", "0", "3", "nan", "inf", "1e999", "2" * 25, "",
                                     "1,x", "zb-v", "auto", "F=1,B=2", "F=x", "OUT", "a.h5",
-                                    "a.safetensors", ".", "..", "/", "\x7f"]),
+                                    "a.safetensors", ".", "..", "/", "\x7f", "gpt2",
+                                    "bytes", "ids", "BIN", "BPE", "*.bin"]),
                    st.text(max_size=12))
 
 
@@ -237,7 +260,8 @@ VALUES = st.one_of(st.sampled_from(["-1", "0", "3", "nan", "inf", "1e999", "2" *
 @given(command=st.sampled_from([["generate", "CKPT"], ["ckpt", "info", "CKPT"],
                                 ["ckpt", "ls", "CKPT"], ["ckpt", "export", "CKPT"],
                                 ["ckpt", "import-gpt2", "ST"], ["schedule"],
-                                ["prepare"], ["ckpt", "verify", "CKPT"]]),
+                                ["prepare"], ["ckpt", "verify", "CKPT"], ["plot", "RUN"],
+                                ["prepare", "--from", "BIN"]]),
        options=st.lists(st.tuples(st.sampled_from(OPTIONS), VALUES), max_size=5))
 def test_command_line(capsys, tmp_path_factory, checkpoint_dir, command, options):
     work = tmp_path_factory.mktemp("argv")
@@ -246,7 +270,14 @@ def test_command_line(capsys, tmp_path_factory, checkpoint_dir, command, options
     st_file = work / "w.safetensors"
     safetensors.save(str(st_file), gpt2_tensors(), {"n_head": "2"})
     (work / "corpus.txt").write_text("text\n" * 50)
-    swap = {"CKPT": str(ckpt_copy), "ST": str(st_file), "OUT": str(work / "out" / "o")}
+    for split in ("train", "val"):
+        write_nanogpt(work / f"{split}.bin", gpt2_tokens(300, 0))
+    run_copy = work / "run"
+    shutil.copytree(checkpoint_dir.parent.parent, run_copy,
+                    ignore=shutil.ignore_patterns("checkpoints"))
+    swap = {"CKPT": str(ckpt_copy), "ST": str(st_file), "OUT": str(work / "out" / "o"),
+            "BIN": str(work / "train.bin"), "RUN": str(run_copy),
+            "BPE": str(write_tiktoken(work / "small.tiktoken"))}
     argv = [swap.get(a, a) for a in command]
     for flag, value in options:
         if flag in ("-p", "-m", "-v") and re.fullmatch("[0-9]+", value) and int(value) > 8:
@@ -258,12 +289,19 @@ def test_command_line(capsys, tmp_path_factory, checkpoint_dir, command, options
         argv += ["--tokens", "2"] if command[0] == "generate" else []
     cwd = os.getcwd()
     os.chdir(work)
+    # GPT-2's BPE from a local file: never tiktoken's download (no network in tests).
+    previous = os.environ.get(tokenizer.FILE_ENV)
+    os.environ[tokenizer.FILE_ENV] = swap["BPE"]
     try:
         before = {p: v for p, v in snapshot(work).items() if not p.startswith(str(work / "out"))}
         ends_cleanly(capsys, argv)
         after = snapshot(work)
     finally:
         os.chdir(cwd)
+        if previous is None:
+            del os.environ[tokenizer.FILE_ENV]
+        else:
+            os.environ[tokenizer.FILE_ENV] = previous
     written = [p for p in set(after) ^ set(before) if not _is_output(p, argv, work)]
     changed = [p for p in before if p in after and before[p] != after[p]
                and not _is_output(p, argv, work)]
@@ -276,6 +314,8 @@ def _is_output(path: str, argv: list, work) -> bool:
                if a in ("--out", "--json", "--svg", "--save-csv", "--png")]
     if "prepare" in argv and "--out" not in argv:
         outputs.append(os.path.join(work, "data"))
+    if "plot" in argv and "--out" not in argv:  # RUN_DIR/plot.png, or plot.png for several
+        outputs += [os.path.join(work, "plot.png"), os.path.join(work, "run", "plot.png")]
     full = [os.path.abspath(os.path.join(work, o)) for o in outputs if o]
     return any(path == o or path.startswith(o.rstrip(os.sep) + os.sep) or
                os.path.dirname(o).startswith(path) for o in full)

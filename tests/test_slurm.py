@@ -181,6 +181,13 @@ def test_preemptible_job_checkpoints_requeues_and_resumes(cluster, workdir, stdl
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_loss"] == reference["summary"]["final_loss"]
     assert summary["final_val_loss"] == reference["summary"]["final_val_loss"]
+    # The summary covers the whole run, both pieces, each with its span and its job.
+    for key in ("first_loss", "first_val_loss", "evals", "steps", "tokens"):
+        assert summary[key] == reference["summary"][key], key
+    assert [(p["first_step"], p["last_step"], p["ended"]) for p in summary["pieces"]] == \
+        [(1, step, "preempted"), (step + 1, STEPS, "finished")]
+    first, second = (p["slurm_job"] for p in summary["pieces"])
+    assert first.split()[0] == str(job) and second == f"{job} (restart 1)", summary["pieces"]
 
 
 def test_test_sbatch_runs_the_mpi_tests_inside_the_allocation(cluster, workdir):

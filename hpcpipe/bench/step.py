@@ -24,11 +24,13 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .. import __version__, backend, layers
+from .. import __version__, backend
 from ..arguments import integer
-from ..dtypes import DTYPES, compute_dtype
+from ..dtypes import DTYPES
 from ..errors import HpcpipeError
 from ..files import claim_file
+# flop_params stays importable from here: tests and scripts know it as bench's.
+from ..flops import flop_params, flops_per_token, matmul_rate  # noqa: F401
 from ..layers import attention, block, embedding, gelu, head, layernorm, linear, loss, mlp
 from ..model import GPTConfig, Stage
 from ..optim import AdamW, ParamShard
@@ -95,41 +97,8 @@ def add_parser(sub):
 
 # -- what a step costs ------------------------------------------------------------------------
 
-def flop_params(cfg: GPTConfig) -> int:
-    """N for the 6N rule: every parameter that takes part in a matmul — all but the position
-    embedding (a lookup); the tied `wte` counts once, as the head's weight."""
-    C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
-    per_block = 12 * C * C + 13 * C  # c_attn, c_proj, c_fc, mlp.c_proj with biases; 2 LNs
-    return V * C + L * per_block + 2 * C
-
-
-def flops_per_token(cfg: GPTConfig, T: int) -> float:
-    """Training FLOPs per token: 6N for the weights (forward 2N, B 2N, W 2N) plus
-    12·L·C·T for QK^T and AV at full length (PaLM's count, as nanoGPT's MFU)."""
-    return 6.0 * flop_params(cfg) + 12.0 * cfg.n_layer * cfg.n_embd * T
-
-
 def _sync(be):
     be.synchronize()
-
-
-def matmul_rate(be, dtype, n: int, repeats: int = 3) -> float:
-    """Best FLOP/s of an n×n×n matmul with this backend (the device's practical peak),
-    through hpcpipe.layers.matmul: on the CPU its chunks on the rank's threads."""
-    rng = np.random.default_rng(0)
-    dtype = compute_dtype(dtype)
-    a = be.from_host(rng.standard_normal((n, n)).astype(dtype))
-    b = be.from_host(rng.standard_normal((n, n)).astype(dtype))
-    out = be.xp.empty((n, n), dtype=dtype)
-    layers.matmul(be, a, b, out)  # warm-up: thread pool, kernels
-    _sync(be)
-    best = float("inf")
-    for _ in range(repeats):
-        tick = time.perf_counter()
-        layers.matmul(be, a, b, out)
-        _sync(be)
-        best = min(best, time.perf_counter() - tick)
-    return 2.0 * n**3 / best
 
 
 def torch_matmul_rate(torch, device, dtype, n: int, repeats: int = 3) -> float:

@@ -157,3 +157,38 @@ def backward(dout, cache, grads):
     dx = backward_input(dout, cache)
     backward_weight(dout, cache, grads)
     return dx
+
+
+def decode(x, params, n_head, keys, values, start, be=None):
+    """Incremental F for generation: attention of the next t positions [start, start + t)
+    of sequences whose earlier keys and values are cached, without recomputing them.
+
+    x (B, t, C); keys, values (B, NH, T_max, HS): this layer's cache, whose positions
+    [0, start) hold the keys and values of the tokens so far; the new positions' are
+    written into [start, start + t). Returns out (B, t, C). The same operations as
+    `forward` in the same order (q scaled before q k^T, softmax over each row's keys), so
+    the numbers are the full forward's to round-off. Nothing is kept for a backward pass.
+    """
+    be = backend_for(x, be)
+    xp = be.xp
+    B, t, C = x.shape
+    HS = C // n_head
+    stop = start + t
+    qkv, _ = linear.forward(x, scope(params, "c_attn."), be)  # (B, t, 3C)
+    storage = qkv.dtype
+    parts = qkv.astype(wide(storage), copy=False).reshape(B, t, 3, n_head, HS)
+    parts[:, :, 0] *= 1.0 / math.sqrt(HS)
+    q, k, v = (parts[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, NH, t, HS)
+    keys[:, :, start:stop] = k
+    values[:, :, start:stop] = v
+    s = xp.matmul(q, keys[:, :, :stop].transpose(0, 1, 3, 2))  # (B, NH, t, stop)
+    s[..., start:] += _causal_mask(be, t, s.dtype)  # new positions see only earlier ones
+    s -= s.max(axis=-1, keepdims=True)
+    xp.exp(s, out=s)
+    total = s.sum(axis=-1, keepdims=True)
+    xp.reciprocal(total, out=total)
+    s *= total
+    y = xp.matmul(s, values[:, :, :stop])  # (B, NH, t, HS)
+    y = y.transpose(0, 2, 1, 3).reshape(B, t, C).astype(storage, copy=False)
+    out, _ = linear.forward(y, scope(params, "c_proj."), be)
+    return out

@@ -53,3 +53,16 @@ def backward(dout, cache, grads):
     dx = backward_input(dout, cache)
     backward_weight(dout, cache, grads)
     return dx
+
+
+def decode(x, params, n_head, keys, values, start, be=None):
+    """Incremental F for generation (attention.decode): the block for positions
+    [start, start + t) given the cached keys and values of the earlier ones."""
+    be = backend_for(x, be)
+    a, _ = layernorm.forward(x, scope(params, "ln_1."), be)
+    x1 = attention.decode(a, scope(params, "attn."), n_head, keys, values, start, be)
+    x1 += x
+    b, _ = layernorm.forward(x1, scope(params, "ln_2."), be)
+    out, _ = mlp.forward(b, scope(params, "mlp."), be)
+    out += x1
+    return out

@@ -1,7 +1,10 @@
 """Pictures of a simulated schedule: an ASCII timeline, an SVG drawn by hand, a PNG through matplotlib.
 
 One row per rank, time to the right, ops labelled like "F3" (chunk c > 0: "F3@c1"), idle as dots.
-Colours follow the paper's figures: F blue, B teal, W green, BW purple; later chunks lighter.
+Colours are hpcpipe's one scheme (colours.py, shared with the measured timelines): F blue,
+B teal, W green, BW purple as in the paper's figures, each chunk of an interleaved or V
+schedule a lighter shade; the legend names every kind and chunk and sits beside the bars,
+never over them.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import math
 from fractions import Fraction
 from html import escape
 
+from ..colours import label_colour, legend_entries, op_colour
 from .ops import Kind
 from .simulator import SimResult
 
@@ -73,13 +77,9 @@ def report(result: SimResult) -> str:
     ])
 
 
-_COLOURS = {Kind.F: ("#1f5fa8", "#8fb3e0"), Kind.B: ("#1a8a8a", "#8fd3d3"),
-            Kind.W: ("#3d8b2f", "#a9d89c"), Kind.BW: ("#6b3fa0", "#c0a6e0")}
-
-
-def _colour(kind: Kind, chunk: int, chunks: int) -> str:
-    dark, light = _COLOURS[kind]
-    return dark if chunk % 2 == 0 else light
+def _kinds(schedule) -> list[str]:
+    """The kinds of op the schedule uses, in F, B, W, BW order."""
+    return [k.value for k in Kind if any(op.kind == k for ops in schedule.ranks for op in ops)]
 
 
 def svg(result: SimResult, unit: float = 40.0, row: float = 28.0) -> str:
@@ -93,6 +93,8 @@ def svg(result: SimResult, unit: float = 40.0, row: float = 28.0) -> str:
     left, top = 60.0, 30.0
     width = left + (t1 - t0) * scale + 20
     height = top + s.num_ranks * row + 40
+    legend = legend_entries(_kinds(s), s.chunks)
+    width = max(width, left + sum(40 + 7 * len(label) for label, _ in legend) + 20)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
            f'font-family="sans-serif" font-size="11">',
            f'<text x="{left}" y="18" font-size="13">{escape(s.kind)}: p={s.num_ranks}, '
@@ -105,8 +107,8 @@ def svg(result: SimResult, unit: float = 40.0, row: float = 28.0) -> str:
         for op, b, e in zip(ops, starts, ends):
             x = left + (b - t0) * scale
             w = (e - b) * scale
-            fill = _colour(op.kind, op.chunk, s.chunks)
-            text = "#ffffff" if op.chunk % 2 == 0 else "#000000"
+            fill = op_colour(op.kind.value, op.chunk, s.chunks)
+            text = label_colour(op.chunk, s.chunks)
             out.append(f'<rect x="{x:.1f}" y="{y + 1:.1f}" width="{w:.1f}" height="{row - 2:.1f}" '
                        f'fill="{fill}" stroke="#ffffff" stroke-width="1"><title>{escape(str(op))}'
                        f' {b:g}-{e:g}</title></rect>')
@@ -114,13 +116,10 @@ def svg(result: SimResult, unit: float = 40.0, row: float = 28.0) -> str:
                        f'fill="{text}">{op.microbatch}</text>')
     y = top + s.num_ranks * row + 20
     x = left
-    for kind in Kind:
-        if any(op.kind == kind for ops in s.ranks for op in ops):
-            out.append(f'<rect x="{x}" y="{y - 10}" width="14" height="12" '
-                       f'fill="{_COLOURS[kind][0]}"/><text x="{x + 18}" y="{y}">{kind.value}</text>')
-            x += 50
-    if s.chunks > 1:
-        out.append(f'<text x="{x}" y="{y}">(lighter: odd chunks)</text>')
+    for label, colour in legend:
+        out.append(f'<rect x="{x}" y="{y - 10}" width="14" height="12" fill="{colour}"/>'
+                   f'<text x="{x + 18}" y="{y}">{escape(label)}</text>')
+        x += 40 + 7 * len(label)
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -138,22 +137,28 @@ def png(result: SimResult, path: str, dpi: int = 120) -> None:
     s = result.schedule
     t0 = min((r[0] for r in result.start if r), default=0.0)
     t1 = max((r[-1] for r in result.end if r), default=1.0)
-    fig, ax = plt.subplots(figsize=(min(40, 2 + (t1 - t0) * 0.35), 0.5 + 0.45 * s.num_ranks))
+    legend = legend_entries(_kinds(s), s.chunks)
+    # Tall enough for the legend too: a column per kind, a row per chunk.
+    height = max(0.5 + 0.45 * s.num_ranks, 0.6 + 0.28 * s.chunks)
+    fig, ax = plt.subplots(figsize=(min(40, 2 + (t1 - t0) * 0.35), height))
     for r, (ops, starts, ends) in enumerate(zip(s.ranks, result.start, result.end)):
         for op, b, e in zip(ops, starts, ends):
-            ax.barh(r, e - b, left=b - t0, height=0.9, color=_colour(op.kind, op.chunk, s.chunks),
+            ax.barh(r, e - b, left=b - t0, height=0.9,
+                    color=op_colour(op.kind.value, op.chunk, s.chunks),
                     edgecolor="white", linewidth=0.8)
             ax.text(b - t0 + (e - b) / 2, r, str(op.microbatch), ha="center", va="center",
-                    fontsize=7, color="white" if op.chunk % 2 == 0 else "black")
+                    fontsize=7, color=label_colour(op.chunk, s.chunks))
     ax.set_yticks(range(s.num_ranks), [f"rank {r}" for r in range(s.num_ranks)])
     ax.invert_yaxis()
     ax.set_xlim(0, t1 - t0)
     ax.set_xlabel("time")
     ax.set_title(f"{s.kind}: p={s.num_ranks}, m={s.num_microbatches}, v={s.chunks}, "
                  f"bubble rate {result.bubble_rate:.3f}")
-    kinds = [k for k in Kind if any(op.kind == k for ops in s.ranks for op in ops)]
-    ax.legend(handles=[Patch(color=_COLOURS[k][0], label=k.value) for k in kinds],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    # Beside the axes, never over a bar: one entry per kind, and per chunk of a V or an
+    # interleaved schedule.
+    ax.legend(handles=[Patch(color=colour, label=label) for label, colour in legend],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
+              ncol=len(_kinds(s)) if s.chunks > 1 else 1)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)

@@ -94,7 +94,9 @@ class ParallelSection:
     sequence_parallel: bool = False  # with tp: LayerNorms and residuals split along T
     microbatches: int = 1  # per step and replica; with pp = 1 this is gradient accumulation
     schedule: str = "1f1b"
-    chunks: int = 0  # model chunks per rank; 0: the schedule's own (2 for interleaved, zb-v)
+    # model chunks per rank; 0: the schedule's own (2 for interleaved and zb-v, 1 for auto,
+    # which also takes 2: a V)
+    chunks: int = 0
     layers_per_stage: list[int] = field(default_factory=list)  # []: balanced by cost
     # auto schedule: activations a rank may hold — a number of microbatches (0: 2·pp) or a
     # size ("12GiB", "500MB"): bytes, measured per stage while profiling
@@ -366,6 +368,10 @@ def _check_chunks(source, parallel: ParallelSection):
     if schedule == "zb-v":
         _require(source, "parallel.chunks", chunks, chunks in (0, 2),
                  "zb-v runs exactly 2 chunks per rank (a V); allowed: 0 or 2")
+    elif schedule == "auto":
+        _require(source, "parallel.chunks", chunks, chunks in (0, 1, 2),
+                 "auto runs one chunk per rank (0 or 1) or a V of two (2, profiled on "
+                 "zb-v); allowed: 0, 1 or 2")
     elif schedule != "interleaved-1f1b":
         _require(source, "parallel.chunks", chunks, chunks in (0, 1),
                  f"{schedule} runs one chunk per rank; more chunks need "

@@ -55,6 +55,10 @@ class Rank:
 
     def use_schedule(self, schedule):
         """Run `schedule` from the next step on (same stages, microbatches and messages)."""
+        if dict(schedule.stage_of) != dict(self.runtime.schedule.stage_of):
+            raise ValueError(f"{schedule.kind} places model stages as "
+                             f"{dict(schedule.stage_of)}, but this rank's model is split as "
+                             f"{dict(self.runtime.schedule.stage_of)}")
         self.runtime = Runtime(schedule, self.grid.pp_rank, self.model.stages, self.p2p,
                                self.runtime.trace)
 

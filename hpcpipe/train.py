@@ -103,11 +103,12 @@ def describe_limit(cfg: Config) -> str:
 
 def build_schedule(cfg: Config, costs: Costs | None = None):
     """The config's schedule for pp ranks and `microbatches` microbatches. "auto" needs
-    measured costs: until it has them, it runs ZB-H1, whose split B/W gives every cost."""
+    measured costs: until it has them, it runs ZB-H1 (ZB-V for a V: parallel.chunks = 2),
+    whose split B/W gives every cost on the model stages auto will place."""
     parallel = cfg.parallel
     kind = parallel.schedule
     if kind == "auto" and costs is None:
-        kind = "zb-h1"
+        kind = "zb-v" if cfg.chunks == 2 else "zb-h1"
     try:
         # A step lasts about the schedule's makespan, not its longest per-rank span:
         # without post-validation every step ends in a synchronisation (the global norm,
@@ -140,8 +141,10 @@ def profiled_costs(trace, model, grid, steps, comm_s: float, stage_bytes: dict,
     stages = range(len(model.specs))
     if in_bytes:
         memory, memw = [float(held[s][0]) for s in stages], [float(held[s][1]) for s in stages]
-    else:
-        memory, memw = [1.0] * len(stages), [held[s][1] / held[s][0] for s in stages]
+    else:  # a microbatch's activations on a whole rank are 1, whatever its chunks
+        share = grid.pp / len(stages)
+        memory = [share] * len(stages)
+        memw = [share * held[s][1] / held[s][0] for s in stages]
     return Costs(f=[merged[("F", s)] for s in stages], b=[merged[("B", s)] for s in stages],
                  w=[merged[("W", s)] for s in stages], comm=comm_s, memory=memory, memw=memw)
 
@@ -159,7 +162,8 @@ def describe_auto(cfg: Config, auto, costs: Costs, sim) -> tuple[str, dict]:
     limit, in_bytes = memory_limit(cfg)
     return line, {"ops": auto.op_strings(), "predicted_s": sim.makespan, "f": costs.f,
                   "b": costs.b, "w": costs.w, "comm": costs.comm, "memory": costs.memory,
-                  "memw": costs.memw, "tp": cfg.parallel.tp, "memory_limit": limit,
+                  "memw": costs.memw, "tp": cfg.parallel.tp, "chunks": auto.chunks,
+                  "memory_limit": limit,
                   "memory_in_bytes": in_bytes,
                   "predicted_peaks": list(peak_activations(auto, costs))}
 
@@ -318,7 +322,8 @@ class Trainer:
             self.log("stages: " + " | ".join(f"{s.index}: {s.describe()}"
                                               for s in self.rank.model.specs))
         self.log(f"schedule: {parallel.schedule}"
-                 + (" (ZB-H1 while profiling costs)" if parallel.schedule == "auto" else "")
+                 + (f" ({schedule.kind.upper()} while profiling costs)"
+                    if parallel.schedule == "auto" else "")
                  + f", {parallel.pp} stage(s) × {schedule.chunks} chunk(s), "
                    f"{parallel.microbatches} microbatch(es)")
         tokens = self.tokens
@@ -381,7 +386,7 @@ class Trainer:
 
     def _after_step(self, step: int):
         cfg, steps, auto = self.cfg, self.cfg.train.steps, self.cfg.parallel.schedule == "auto"
-        # Each piece profiles its own first steps (a resumed piece starts on ZB-H1 too).
+        # Each piece profiles its own first steps (a resumed piece starts on ZB-H1 or ZB-V too).
         profiled = self.start_step + cfg.parallel.profile_steps if auto else 0
         if profiled and step == profiled < steps:
             self._reschedule(step)

@@ -129,6 +129,8 @@ def test_layers_per_stage_must_fit(tmp_path):
 def test_chunks_must_suit_the_schedule(tmp_path):
     _, msg = error_of(tmp_path, "[parallel]\nschedule = \"1f1b\"\nchunks = 2\n")
     assert "parallel.chunks = 2" in msg and "interleaved-1f1b" in msg
+    _, msg = error_of(tmp_path, "[parallel]\nschedule = \"auto\"\nchunks = 3\n")
+    assert "parallel.chunks = 3" in msg and "allowed: 0, 1 or 2" in msg
 
 
 def test_gpu_aware_setting(tmp_path):

@@ -24,7 +24,7 @@ def test_every_schedule_equals_one_process(world, ranks):
     simulator's peak; three clipped optimizer steps give bitwise the same weights."""
     report = world.run("pipeline_equivalence")
     assert not report.failures, report
-    assert f"pp={ranks}: checked 26 (schedule, microbatches) cases" in report.summary
+    assert f"pp={ranks}: checked 30 (schedule, microbatches) cases" in report.summary
 
 
 def sets(*items):
@@ -63,6 +63,30 @@ def test_auto_schedule_from_measured_costs(tmp_path, stdlib_tokens):
     assert "predicted" in proc.stdout and "measured" in proc.stdout
     chosen = json.loads((tmp_path / "run" / "auto_schedule.json").read_text())
     assert len(chosen["ops"]) == 2 and chosen["predicted_s"] > 0
+
+
+@pytest.mark.parametrize("limit", ["0", '"1MiB"'])
+def test_auto_schedule_in_a_v(tmp_path, stdlib_tokens, limit):
+    """parallel.chunks = 2: auto profiles on ZB-V (two chunks a rank), then places the
+    same model stages in a V under the limit — in microbatches (the default 2·pp, each
+    chunk holding half of a rank's share) or in bytes, where the runtime's measured peaks
+    equal the prediction."""
+    proc = run(train_cmd(tmp_path / "run", "train.steps=4", "parallel.pp=2",
+                         "parallel.microbatches=4", 'parallel.schedule="auto"',
+                         "parallel.chunks=2", "parallel.profile_steps=2",
+                         f"parallel.memory_limit={limit}", f'data.path="{stdlib_tokens}"'),
+               n=2)
+    assert proc.returncode == 0, proc.stderr
+    assert "schedule: auto (ZB-V while profiling costs), 2 stage(s) × 2 chunk(s)" in proc.stdout
+    chosen = json.loads((tmp_path / "run" / "auto_schedule.json").read_text())
+    assert chosen["chunks"] == 2 and len(chosen["f"]) == 4
+    if not chosen["memory_in_bytes"]:
+        assert chosen["memory"] == [0.5] * 4 and max(chosen["predicted_peaks"]) <= 4
+        return
+    assert max(chosen["predicted_peaks"]) <= 2**20
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    last = [r for r in records if "loss" in r][-1]  # a step of the auto schedule
+    assert last["peak_activation_bytes"] == [int(p) for p in chosen["predicted_peaks"]]
 
 
 @pytest.mark.parametrize("extra, n, message", [

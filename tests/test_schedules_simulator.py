@@ -178,3 +178,20 @@ def test_steady_period_of_repeated_steps():
         check(repeated(s, 3))
         r = simulate(s)
         assert r.longest_span - 1e-9 <= steady_period(s) <= r.makespan + 1e-9
+
+
+def test_per_rank_costs_spread_over_a_v():
+    """over_chunks: each model stage of a placement gets its rank's cost divided by the
+    chunks per rank; one chunk per rank leaves the costs as they were."""
+    from hpcpipe.schedules.ops import one_chunk_placement, v_placement
+
+    costs = Costs(f=[2.0, 4.0], b=[2.0, 6.0], w=1.0, comm=0.5, memory=[1.0, 1.0],
+                  memw=[0.5, 0.25])
+    v = costs.over_chunks(v_placement(2))  # rank 0: stages 0 and 3; rank 1: 1 and 2
+    assert v.f == (1.0, 2.0, 2.0, 1.0) and v.b == (1.0, 3.0, 3.0, 1.0)
+    assert v.w == (0.5,) * 4 and v.comm == 0.5
+    assert v.memory == (0.5,) * 4 and v.memw == (0.25, 0.125, 0.125, 0.25)
+    one = costs.over_chunks(one_chunk_placement(2))
+    assert (one.f, one.b, one.memw) == ((2.0, 4.0), (2.0, 6.0), (0.5, 0.25))
+    # A whole V costs what the rank's one chunk did.
+    assert sum(v.per_stage("f", 4, 2)) == sum(costs.per_stage("f", 2, 1))

@@ -24,7 +24,7 @@ from ..errors import HpcpipeError, every_rank_does
 from ..files import claim_file
 from ..rank import Rank
 from ..schedules import KINDS, Costs, ScheduleError, generate, peak_activations, simulate
-from ..schedules.ops import MAX_MICROBATCHES
+from ..schedules.ops import MAX_MICROBATCHES, one_chunk_placement, v_placement
 from ..train import profiled_costs
 from .common import write_json
 
@@ -157,8 +157,8 @@ def contenders(kinds, cfg, grid, be, world, costs, memory_limit, log) -> list[Co
     for kind in kinds:
         try:
             if kind == "auto":
-                schedule = generate("auto", pp, m, costs=costs,
-                                    memory_limit=memory_limit or 2 * pp, objective="makespan")
+                schedule = best_auto(pp, m, costs, memory_limit or 2 * pp,
+                                     cfg.model.n_layer // pp)
             else:
                 schedule = generate(kind, pp, m)
             entry = contender(kind, cfg, grid, be, schedule, world)
@@ -167,13 +167,29 @@ def contenders(kinds, cfg, grid, be, world, costs, memory_limit, log) -> list[Co
             continue
         # The simulator charges per model stage; chunked schedules split each rank's
         # measured stage cost evenly over its chunks.
-        v = schedule.chunks
-        per = lambda xs: [xs[schedule.rank_chunk_of(s)[0]] / v for s in range(schedule.num_stages)]
-        entry.sim = simulate(schedule, Costs(f=per(costs.f), b=per(costs.b), w=per(costs.w),
-                                             comm=costs.comm, memory=per(costs.memory),
-                                             memw=per(costs.memw)))
+        entry.sim = simulate(schedule, costs.over_chunks(schedule.stage_of))
         out.append(entry)
     return out
+
+
+def best_auto(pp: int, m: int, costs: Costs, memory_limit: float, max_chunks: int):
+    """auto with one chunk per rank and in a V (each rank's measured costs spread over its
+    two chunks), whichever simulates the shorter step: the bench builds every contender's
+    model from its schedule, so it can run either (a V needs 2·pp blocks)."""
+    best = None
+    for placement in (one_chunk_placement(pp), v_placement(pp))[:max_chunks]:
+        spread = costs.over_chunks(placement)
+        try:
+            schedule = generate("auto", pp, m, v=len(placement) // pp, costs=spread,
+                                memory_limit=memory_limit, objective="makespan")
+        except ScheduleError:
+            continue  # nothing fits the limit with this chunking
+        makespan = simulate(schedule, spread).makespan
+        if best is None or makespan < best[0]:
+            best = (makespan, schedule)
+    if best is None:
+        raise ScheduleError(f"auto: no schedule fits {memory_limit:g} microbatches")
+    return best[1]
 
 
 def result_rows(entries: list[Contender], tokens_per_step: int, pipe) -> list[dict]:
@@ -186,12 +202,14 @@ def result_rows(entries: list[Contender], tokens_per_step: int, pipe) -> list[di
         in_units = max(peak_activations(schedule, e.memory_costs(pipe, False)))
         step_s = float(np.median(e.times))
         tps = tokens_per_step / step_s
-        rows.append({"schedule": e.kind, "step_ms": step_s * 1e3, "tokens_per_s": tps,
+        rows.append({"schedule": e.kind, "chunks": schedule.chunks, "step_ms": step_s * 1e3,
+                     "tokens_per_s": tps,
                      "bubble_measured": float(np.median(e.bubbles)),
                      # Both over the step's makespan: the tied embedding's gradient sum
                      # ties the first stage's next step to the last stage, so steps
                      # barely overlap even with post-validation.
                      "bubble_simulated": 1 - max(e.sim.busy) / e.sim.makespan,
+                     "makespan_ms_simulated": e.sim.makespan * 1e3,
                      "peak_activation_bytes": int(e.peak_bytes),
                      # the simulator's two-level peak from this schedule's own measured
                      # M_B and M_W per stage: in bytes, and in microbatches (M_B = 1)
@@ -207,7 +225,10 @@ def print_rows(rows):
           "peak activations measured | simulated | vs 1F1B |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['schedule']} | {row['step_ms']:.1f} | {row['tokens_per_s']:,.0f} | "
+        v = row["chunks"]
+        name = f"{row['schedule']} ({v} chunks)" if row["schedule"] == "auto" and v > 1 else \
+            row["schedule"]
+        print(f"| {name} | {row['step_ms']:.1f} | {row['tokens_per_s']:,.0f} | "
               f"{row['bubble_measured']:.1%} | {row['bubble_simulated']:.1%} | "
               f"{row['peak_activation_bytes'] / 2**20:.2f} MiB | "
               f"{row['peak_activation_bytes_simulated'] / 2**20:.2f} MiB "

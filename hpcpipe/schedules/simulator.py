@@ -11,7 +11,7 @@ import math
 import re
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from .messages import BACKWARD, op_messages
 from .ops import Kind, Op, Schedule, ScheduleError
@@ -92,6 +92,21 @@ class Costs:
             values = tuple(a + t for a, t in zip(values, self._stage_values("tp", num_stages,
                                                                             chunks)))
         return values
+
+    def over_chunks(self, stage_of: Mapping[tuple[int, int], int]) -> Costs:
+        """Per-rank costs (one value for each of p ranks, or one number) spread over a
+        placement's model stages, {(rank, chunk): stage}: each stage gets its rank's value
+        divided by the chunks per rank, so that one chunk per rank and a V can be compared
+        from the costs measured on either (e.g. a profile taken with one chunk)."""
+        ranks = 1 + max(rank for rank, _ in stage_of)
+        chunks = len(stage_of) // ranks
+        rank_of = {stage: rank for (rank, _), stage in stage_of.items()}
+
+        def spread(name):
+            values = self._stage_values(name, ranks, 1)
+            return [values[rank_of[s]] / chunks for s in range(len(stage_of))]
+        return Costs(f=spread("f"), b=spread("b"), w=spread("w"), comm=self.comm,
+                     memory=spread("memory"), memw=spread("memw"), tp=spread("tp"))
 
     def _stage_values(self, name: str, num_stages: int, chunks: int) -> tuple[float, ...]:
         value = getattr(self, name)

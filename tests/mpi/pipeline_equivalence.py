@@ -30,12 +30,12 @@ from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate, peak_activa
 B = 2  # micro-batch size
 
 
-def make_cfg(kind, pp, m, layers_per_stage):
+def make_cfg(kind, pp, m, layers_per_stage, chunks=0):
     return config.from_dict({
         "model": {"n_layer": 8, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 19},
         "train": {"dtype": "float64", "micro_batch_size": B, "lr": 1e-2, "min_lr": 0.0,
                   "grad_clip": 0.05, "weight_decay": 0.1, "seed": 5},
-        "parallel": {"pp": pp, "microbatches": m, "schedule": kind,
+        "parallel": {"pp": pp, "microbatches": m, "schedule": kind, "chunks": chunks,
                      "layers_per_stage": layers_per_stage or []},
     }, source="equivalence test")
 
@@ -54,10 +54,15 @@ def batch(m):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def schedule_for(kind, p, m):
-    if kind == "auto":
-        return generate("auto", p, m, costs=Costs(f=1.0, b=1.0, w=0.7), memory_limit=2 * p)
+def schedule_for(kind, p, m, chunks=0):
+    if kind == "auto":  # one chunk per rank, or (chunks 2) a V
+        return generate("auto", p, m, v=chunks or 1, costs=Costs(f=1.0, b=1.0, w=0.7),
+                        memory_limit=2 * p)
     return generate(kind, p, m)
+
+
+# Every kind with its own chunks, and auto in a V (parallel.chunks = 2).
+CASES = [(kind, 0) for kind in KINDS] + [("auto", 2)]
 
 
 class Run:
@@ -108,14 +113,13 @@ def check(comm) -> mpibody.Report:
     """Every (schedule, microbatches) case as a pipeline over comm's ranks, then a few
     optimizer steps with the last one."""
     pp, failures, checked = comm.size, [], 0
-    stages_of = {"interleaved-1f1b": 2 * pp, "zb-v": 2 * pp}
-    for kind in KINDS:
+    for kind, chunks in CASES:
         for m in sorted({max(1, pp - 1), pp, 2 * pp + 1, 2 * pp}):
             try:
-                schedule = schedule_for(kind, pp, m)
+                schedule = schedule_for(kind, pp, m, chunks)
             except ScheduleError:
                 continue  # the family does not allow this m (e.g. interleaving needs m % p == 0)
-            cfg = make_cfg(kind, pp, m, uneven(stages_of.get(kind, pp)))
+            cfg = make_cfg(kind, pp, m, uneven(schedule.num_stages), chunks)
             failures += check_one_step(comm, cfg, schedule)
             checked += 1
             last = (cfg, schedule)

@@ -73,3 +73,14 @@ def test_no_parts_is_an_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit):
         report.main([str(tmp_path / "empty"), "--out", str(tmp_path / "out")])
+
+
+def test_pipeline_rows_show_peaks_and_a_v_and_older_results_still_render():
+    from hpcpipe.bench.report import pipeline_section
+
+    auto = {"schedule": "auto", "chunks": 2, "step_ms": 90.0, "tokens_per_s": 2300.0,
+            "bubble_measured": 0.02, "bubble_simulated": 0.04, "vs_1f1b": 1.1,
+            "peak_activation_bytes": 3 * 2**20, "peak_activation_bytes_simulated": 3 * 2**20}
+    lines = pipeline_section({**PIPELINE, "rows": PIPELINE["rows"] + [auto]})
+    assert "| auto (a V) | 90.0 | 2,300 | 2.0% | 4.0% | 3.00 MiB | 3.00 MiB | 1.100× |" in lines
+    assert any(line.startswith("| 1f1b |") and "| – | – |" in line for line in lines)

@@ -209,13 +209,23 @@ def pipeline_section(pipe: dict) -> list[str]:
            f"{pipe.get('layers')} layers, n_embd {pipe.get('n_embd')}, block {pipe.get('block')}, "
            f"{pipe.get('microbatches')} microbatches of {pipe.get('micro_batch_size')}; "
            f"{pipe.get('threads_per_rank')} thread(s) per rank; {pipe.get('backend', '')}.", "",
-           "| schedule | step ms | tokens/s | bubble measured | bubble simulated | vs 1F1B |",
-           "|---|---|---|---|---|---|"]
+           "| schedule | step ms | tokens/s | bubble measured | bubble simulated | peak "
+           "activations measured | simulated | vs 1F1B |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in pipe["rows"]:
-        out.append(f"| {r['schedule']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | "
+        # (results recorded before the peaks and chunks were measured lack them: "–")
+        chunks = r.get("chunks", 1)
+        name = f"{r['schedule']} (a V)" if r["schedule"] == "auto" and chunks == 2 else \
+            r["schedule"]
+        out.append(f"| {name} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | "
                    f"{r['bubble_measured']:.1%} | {r['bubble_simulated']:.1%} | "
-                   f"{r['vs_1f1b']:.3f}× |")
+                   f"{_mib(r.get('peak_activation_bytes'))} | "
+                   f"{_mib(r.get('peak_activation_bytes_simulated'))} | {r['vs_1f1b']:.3f}× |")
     return out
+
+
+def _mib(nbytes) -> str:
+    return "–" if nbytes is None else f"{nbytes / 2**20:.2f} MiB"
 
 
 def tp_section(tp: dict) -> list[str]:

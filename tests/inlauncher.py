@@ -3,7 +3,8 @@ pytest …`, with or without `-m mpi4py`): one pytest session per rank, which to
 each test once.
 
 - Every rank collects the same tests. Rank 0 runs them all; the other ranks only the MPI
-  tests (marked `mpi`, mpiworld.py): single-process tests run on rank 0 alone.
+  tests (marked `mpi`, mpiworld.py): single-process tests run on rank 0 alone, where MPI's
+  world is rank 0 by itself while they run (`world_of_one`).
 - Before each MPI test rank 0 announces it; the other ranks wait for that (mpicontrol.py:
   polling, so they leave their cores to rank 0 meanwhile) and check that it is the test
   they are at. The test runs in-process on a communicator of the first `ranks` ranks; the
@@ -21,6 +22,7 @@ each test once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -63,6 +65,21 @@ def launched_world():
             f"--mpi=pmi2; `python -m mpi4py -m hpcpipe doctor` under the same launcher says "
             f"more)")
     return MPI.COMM_WORLD
+
+
+@contextlib.contextmanager
+def world_of_one():
+    """A single-process test runs on rank 0 while the other ranks wait: for it, and for
+    the hpcpipe code it calls in-process (`train(cfg, dir, MPI.COMM_WORLD)`, a command's
+    `main([...])`), MPI's world is this process alone, as under plain pytest — a
+    collective on the real world would wait for ranks that never join it."""
+    from mpi4py import MPI
+
+    world, MPI.COMM_WORLD = MPI.COMM_WORLD, MPI.COMM_SELF
+    try:
+        yield
+    finally:
+        MPI.COMM_WORLD = world
 
 
 def configure(config) -> InLauncher | None:
@@ -133,8 +150,11 @@ class InLauncher:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item, nextitem):
         spec = mpiworld.spec(item)
-        if spec is None or spec.ranks > self.world.size or not self._meet(item):
-            return (yield)  # rank 0 alone, skipped everywhere, or the session is over
+        if spec is None:  # rank 0 alone, in a world of its own
+            with world_of_one():
+                return (yield)
+        if spec.ranks > self.world.size or not self._meet(item):
+            return (yield)  # skipped everywhere, or the session is over
         comm = self._communicator(spec.ranks)
         if comm is None:
             item.add_marker(pytest.mark.skip(

@@ -69,7 +69,7 @@ def launcher(n: int) -> list[str]:
     return cmd
 
 
-def _launcher_variable(name: str) -> bool:
+def launcher_variable(name: str) -> bool:
     if name in _LAUNCHER_NAMES or name.startswith(_LAUNCHER_MCA):
         return True
     return name.startswith(_LAUNCHER_PREFIXES) and not name.startswith(_USER_PREFIXES)
@@ -78,7 +78,7 @@ def _launcher_variable(name: str) -> bool:
 def job_env(extra: dict | None = None) -> dict[str, str]:
     """The environment of a job a test starts: this one's, without the variables of the MPI
     job this process may itself be a rank of, with the repository importable."""
-    env = {k: v for k, v in os.environ.items() if not _launcher_variable(k)}
+    env = {k: v for k, v in os.environ.items() if not launcher_variable(k)}
     env["PYTHONPATH"] = ROOT
     env.update(extra or {})
     return env

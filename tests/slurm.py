@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mpirun import launcher_variable
+
 COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel", "sinfo")
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "DEADLINE", "BOOT_FAIL", "PREEMPTED", "REQUEUE_HOLD", "SPECIAL_EXIT"}
@@ -124,8 +126,10 @@ class Cluster:
     # -- environment and commands -------------------------------------------------------------
     def env(self, **extra) -> dict[str, str]:
         """The environment for Slurm commands and the jobs they submit: this cluster's
-        SLURM_CONF, and no SLURM_* variables inherited from a job these tests may run in."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        SLURM_CONF, and no SLURM_* variables inherited from a job these tests may run in,
+        nor the MPI launcher's (pytest may itself be a rank of an MPI job)."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("SLURM_") and not launcher_variable(k)}
         env["SLURM_CONF"] = str(self.conf)
         env.update(extra)
         return env

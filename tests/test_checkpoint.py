@@ -27,7 +27,7 @@ def run_dir(tmp_path_factory, stdlib_tokens):
     cfg = config.load("inputs/tiny.toml", SMALL + [
         "train.steps=4", "checkpoint.every=1", "checkpoint.keep=2", "checkpoint.keep_every=2",
         f'data.path="{stdlib_tokens}"'])
-    train(cfg, str(path), MPI.COMM_WORLD, out=lambda *_: None)
+    train(cfg, str(path), MPI.COMM_SELF, out=lambda *_: None)
     return path
 
 
@@ -109,7 +109,7 @@ def test_another_model_shape(run_dir):
 def test_resume_continues_the_step_count(run_dir, stdlib_tokens, tmp_path):
     cfg = config.load("inputs/tiny.toml", SMALL + ["train.steps=6", f'data.path="{stdlib_tokens}"'])
     lines = []
-    summary = train(cfg, str(tmp_path / "next"), MPI.COMM_WORLD, out=lines.append,
+    summary = train(cfg, str(tmp_path / "next"), MPI.COMM_SELF, out=lines.append,
                     resume=str(run_dir))
     assert summary.steps == 6 and any("resumed from" in line for line in lines)
 

@@ -27,7 +27,7 @@ def run_dir(tmp_path_factory, stdlib_tokens):
     path = tmp_path_factory.mktemp("hostile") / "run"
     cfg = small_config("train.steps=2", "checkpoint.every=1", "checkpoint.keep=5",
                        f'data.path="{stdlib_tokens}"')
-    train(cfg, str(path), MPI.COMM_WORLD, out=lambda *_: None)
+    train(cfg, str(path), MPI.COMM_SELF, out=lambda *_: None)
     return path
 
 

@@ -132,3 +132,13 @@ def test_in_launcher_and_spawning_modes_agree_on_the_mpi_suite(tmp_path):
     assert got == {test: expected[test] for test in got}, (spawning.stdout[-3000:],
                                                            launched.stdout[-3000:])
     assert launched.returncode == spawning.returncode
+
+
+def test_a_single_process_test_sees_a_world_of_one():
+    """Under plain pytest trivially; under a launcher (rank 0 runs this alone while the
+    others wait) MPI's world is rank 0 by itself, so hpcpipe code called in-process with
+    MPI.COMM_WORLD never waits for ranks that are not there."""
+    from mpi4py import MPI
+
+    assert MPI.COMM_WORLD.size == 1 and MPI.COMM_WORLD.rank == 0
+    assert MPI.COMM_WORLD.allreduce(1) == 1

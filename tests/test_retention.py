@@ -19,7 +19,7 @@ from hostile import small_config
 def run(run_dir, tokens, *extra, resume=None):
     lines = []
     cfg = small_config(f'data.path="{tokens}"', *extra)
-    summary = train(cfg, str(run_dir), MPI.COMM_WORLD, out=lines.append, resume=resume)
+    summary = train(cfg, str(run_dir), MPI.COMM_SELF, out=lines.append, resume=resume)
     return summary, "\n".join(lines)
 
 

@@ -60,8 +60,8 @@ def test_resumes_continue_the_record_and_a_lost_step_is_forgotten(tmp_path, stdl
     run = tmp_path / "run"
     quiet = dict(out=lambda *_: None)
     every = ["checkpoint.every=2", "train.eval_every=2"]
-    train(small(stdlib_tokens, "train.steps=3", *every), str(run), MPI.COMM_WORLD, **quiet)
-    train(small(stdlib_tokens, "train.steps=6", *every), str(run), MPI.COMM_WORLD, resume="",
+    train(small(stdlib_tokens, "train.steps=3", *every), str(run), MPI.COMM_SELF, **quiet)
+    train(small(stdlib_tokens, "train.steps=6", *every), str(run), MPI.COMM_SELF, resume="",
           **quiet)
     summary = json.loads((run / "summary.json").read_text())
     steps, evals = records(run)
@@ -79,7 +79,7 @@ def test_resumes_continue_the_record_and_a_lost_step_is_forgotten(tmp_path, stdl
     os.remove(run / "checkpoints" / "step_00000006" / "manifest.json")
     os.remove(run / "checkpoints" / "latest")
     lines = []
-    train(small(stdlib_tokens, "train.steps=6", *every), str(run), MPI.COMM_WORLD, resume="",
+    train(small(stdlib_tokens, "train.steps=6", *every), str(run), MPI.COMM_SELF, resume="",
           out=lines.append)
     summary = json.loads((run / "summary.json").read_text())
     assert spans(summary) == [(1, 3, "finished"), (4, 4, "finished"), (5, 6, "finished")]
@@ -146,12 +146,12 @@ def test_a_preempted_run_summarises_like_an_uninterrupted_one(tmp_path, stdlib_t
 
 def test_damaged_records_of_earlier_pieces_never_stop_a_resume(tmp_path, stdlib_tokens):
     run, lines = tmp_path / "run", []
-    train(small(stdlib_tokens, "train.steps=2"), str(run), MPI.COMM_WORLD, out=lambda *_: None)
+    train(small(stdlib_tokens, "train.steps=2"), str(run), MPI.COMM_SELF, out=lambda *_: None)
     (run / "summary.json").write_text('{"pieces": [{"first_step": "one"}], "steps": NaN}')
     (run / "trace.json").write_bytes(b"\xff not json")
     with open(run / "metrics.jsonl", "a") as f:  # a line of the wrong types, and a torn one
         f.write('{"step": 2, "loss": "x", "compute_s": "y", "val_loss": [1]}\n{"step": 2, "lo')
-    summary = train(small(stdlib_tokens, "train.steps=4"), str(run), MPI.COMM_WORLD,
+    summary = train(small(stdlib_tokens, "train.steps=4"), str(run), MPI.COMM_SELF,
                     resume="", out=lines.append)
     text = "\n".join(lines)
     assert "summary.json: the record of the earlier pieces is unreadable" in text

@@ -13,7 +13,7 @@ import pytest
 from hpcpipe import checkpoint as ckpt
 
 from hostile import SMALL, TINY, sets
-from mpirun import ROOT, launcher
+from mpirun import ROOT, job_env, launcher
 
 # An evaluation of a few seconds, so that a signal sent as it starts lands inside it.
 LONG_EVAL = ["model.block_size=64", "model.n_embd=64", "train.micro_batch_size=4",
@@ -27,7 +27,7 @@ def start(run_dir, tokens, *extra, ranks=None, env=None):
         args = [*launcher(ranks), sys.executable, "-m", "mpi4py", *args[1:]]
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,
-                            env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})))
+                            env=job_env(env))
 
 
 def wait_for_line(proc, text, timeout=120) -> list[str]:

@@ -21,7 +21,7 @@ def test_short_run_on_stdlib_learns(tmp_path, stdlib_tokens):
         "train.steps=40", "train.eval_every=20", "train.warmup_steps=5",
         f'data.path="{stdlib_tokens}"'])
     lines = []
-    summary = train(cfg, str(tmp_path / "run"), MPI.COMM_WORLD, out=lines.append)
+    summary = train(cfg, str(tmp_path / "run"), MPI.COMM_SELF, out=lines.append)
     assert summary.first_val_loss > 5.0  # about ln(256) = 5.55 at the start
     assert summary.final_val_loss < summary.first_val_loss - 1.5
     assert summary.final_loss < summary.first_loss - 1.5
@@ -45,8 +45,8 @@ def test_short_run_on_stdlib_learns(tmp_path, stdlib_tokens):
 def test_runs_are_reproducible(tmp_path, stdlib_tokens):
     cfg = config.load("inputs/tiny.toml", SMALL + ["train.steps=3", "train.dtype=float64",
                                                    f'data.path="{stdlib_tokens}"'])
-    a = train(cfg, str(tmp_path / "a"), MPI.COMM_WORLD, out=lambda *_: None)
-    b = train(cfg, str(tmp_path / "b"), MPI.COMM_WORLD, out=lambda *_: None)
+    a = train(cfg, str(tmp_path / "a"), MPI.COMM_SELF, out=lambda *_: None)
+    b = train(cfg, str(tmp_path / "b"), MPI.COMM_SELF, out=lambda *_: None)
     assert a.final_loss == b.final_loss and a.final_val_loss == b.final_val_loss
 
 
@@ -55,10 +55,10 @@ def test_gradient_accumulation_trains_on_the_same_samples(tmp_path, stdlib_token
     base = SMALL + ["train.steps=2", "train.dtype=float64", f'data.path="{stdlib_tokens}"']
     one = train(config.load("inputs/tiny.toml", base + ["train.micro_batch_size=8",
                                                         "parallel.microbatches=1"]),
-                str(tmp_path / "one"), MPI.COMM_WORLD, out=lambda *_: None)
+                str(tmp_path / "one"), MPI.COMM_SELF, out=lambda *_: None)
     two = train(config.load("inputs/tiny.toml", base + ["train.micro_batch_size=4",
                                                         "parallel.microbatches=2"]),
-                str(tmp_path / "two"), MPI.COMM_WORLD, out=lambda *_: None)
+                str(tmp_path / "two"), MPI.COMM_SELF, out=lambda *_: None)
     assert math.isclose(one.final_loss, two.final_loss, rel_tol=1e-12)
     assert math.isclose(one.final_val_loss, two.final_val_loss, rel_tol=1e-12)
 
@@ -69,7 +69,7 @@ def test_block_size_larger_than_the_data(tmp_path):
     cfg = config.load("inputs/tiny.toml", [f'data.corpus="{src}"',
                                            f'data.path="{tmp_path / "small.h5"}"'])
     with pytest.raises(ConfigError, match="model.block_size = 128: larger than the data"):
-        train(cfg, str(tmp_path / "run"), MPI.COMM_WORLD, out=lambda *_: None)
+        train(cfg, str(tmp_path / "run"), MPI.COMM_SELF, out=lambda *_: None)
 
 
 def test_an_earlier_run_is_moved_aside_not_overwritten(tmp_path, stdlib_tokens):
@@ -77,7 +77,7 @@ def test_an_earlier_run_is_moved_aside_not_overwritten(tmp_path, stdlib_tokens):
                                                    f'data.path="{stdlib_tokens}"'])
     lines = []
     for _ in range(2):
-        train(cfg, str(tmp_path / "run"), MPI.COMM_WORLD, out=lines.append)
+        train(cfg, str(tmp_path / "run"), MPI.COMM_SELF, out=lines.append)
     [earlier] = [p for p in (tmp_path / "run").iterdir() if p.name.startswith("earlier-")]
     assert {"config.toml", "metrics.jsonl", "summary.json", "checkpoints"} <= \
         {p.name for p in earlier.iterdir()}

@@ -17,6 +17,7 @@ an allocation or open a file.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 
@@ -162,10 +163,7 @@ def _shard_size(name: str, shape, tp, file: str) -> int:
     if len(tp) != 2 or not 1 <= tp[0] <= max(shape, default=1) or not 0 <= tp[1] < tp[0]:
         raise CheckpointError(f"{file}: optimizer state of {name} names tensor shard {tp}, "
                               f"which the tensor's shape {list(shape)} does not have")
-    size = 1
-    for dim in shard_of(name, shape, tp[0], tp[1]).local_shape(shape):
-        size *= dim
-    return size
+    return math.prod(shard_of(name, shape, tp[0], tp[1]).local_shape(shape))
 
 
 def _listed(name: str, m: dict, file: str, what: str):

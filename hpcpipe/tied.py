@@ -96,10 +96,9 @@ class TiedEmbedding:
             return
         if emb is None and head is None:  # a middle stage holds no copy
             return
-        # Either way each of the two holders sends one wte-sized gradient a step.
-        self.bytes_sent += int((emb.grads["wte"] if emb is not None else head.head_grad).nbytes)
+        part = emb.grads["wte"] if emb is not None else head.head_grad
+        self.bytes_sent += int(part.nbytes)  # either way each holder sends one a step
         if not self._started:  # not exchanged early (host staging, or no hooks ran)
-            part = emb.grads["wte"] if emb is not None else head.head_grad
             total = self.transport.allreduce_sum(self.comm, part)
             if head is not None:
                 head.grads["wte"][...] = total

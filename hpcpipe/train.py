@@ -139,14 +139,25 @@ def profiled_costs(trace, model, grid, steps, comm_s: float, stage_bytes: dict,
         merged.update(part)
         held.update(memory)
     stages = range(len(model.specs))
-    if in_bytes:
-        memory, memw = [float(held[s][0]) for s in stages], [float(held[s][1]) for s in stages]
-    else:  # a microbatch's activations on a whole rank are 1, whatever its chunks
-        share = grid.pp / len(stages)
-        memory = [share] * len(stages)
-        memw = [share * held[s][1] / held[s][0] for s in stages]
+    memory = stage_memory(held, grid.pp, in_bytes)
     return Costs(f=[merged[("F", s)] for s in stages], b=[merged[("B", s)] for s in stages],
-                 w=[merged[("W", s)] for s in stages], comm=comm_s, memory=memory, memw=memw)
+                 w=[merged[("W", s)] for s in stages], comm=comm_s, memory=memory.memory,
+                 memw=memory.memw)
+
+
+def stage_memory(held: dict, ranks: int, in_bytes: bool) -> Costs:
+    """M_B and M_W of every model stage as a cost model's memory, from `held`: stage →
+    (bytes a microbatch holds after its F, after its B; 0 after a fused BW, which holds it
+    all until then). In bytes, or in microbatches: a microbatch's activations on a whole
+    rank are 1, whatever its chunks (each of v chunks holds 1/v)."""
+    stages = range(len(held))
+    after_b = [held[s][1] or held[s][0] for s in stages]
+    if in_bytes:
+        return Costs(memory=[float(held[s][0]) for s in stages],
+                     memw=[float(b) for b in after_b])
+    share = ranks / len(held)
+    return Costs(memory=[share] * len(held),
+                 memw=[share * b / held[s][0] for s, b in zip(stages, after_b)])
 
 
 def describe_auto(cfg: Config, auto, costs: Costs, sim) -> tuple[str, dict]:

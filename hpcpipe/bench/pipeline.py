@@ -25,8 +25,8 @@ from ..files import claim_file
 from ..rank import Rank
 from ..schedules import KINDS, Costs, ScheduleError, generate, peak_activations, simulate
 from ..schedules.ops import MAX_MICROBATCHES, one_chunk_placement, v_placement
-from ..train import profiled_costs
-from .common import write_json
+from ..train import profiled_costs, stage_memory
+from .common import schedule_label, write_json
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
 
@@ -107,17 +107,11 @@ class Contender:
 
     def memory_costs(self, pipe, in_bytes: bool) -> Costs:
         """The measured M_B and M_W of every model stage of this schedule (in bytes, or
-        in microbatches: M_B = 1) as a cost model's memory."""
+        in microbatches: a rank's share of one is 1) as a cost model's memory."""
         held = {}
         for part in pipe.allgather(self.stage_bytes):
             held.update(part)
-        stages = range(self.rank.schedule.num_stages)
-        if in_bytes:
-            return Costs(memory=[float(held[s][0]) for s in stages],
-                         memw=[float(held[s][1] or held[s][0]) for s in stages])
-        return Costs(memory=[1.0 / self.rank.schedule.chunks] * len(stages),
-                     memw=[(held[s][1] or held[s][0]) / held[s][0] / self.rank.schedule.chunks
-                           for s in stages])
+        return stage_memory(held, self.rank.schedule.num_ranks, in_bytes)
 
 
 def bench_config(args, pp: int):
@@ -225,10 +219,7 @@ def print_rows(rows):
           "peak activations measured | simulated | vs 1F1B |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        v = row["chunks"]
-        name = f"{row['schedule']} ({v} chunks)" if row["schedule"] == "auto" and v > 1 else \
-            row["schedule"]
-        print(f"| {name} | {row['step_ms']:.1f} | {row['tokens_per_s']:,.0f} | "
+        print(f"| {schedule_label(row)} | {row['step_ms']:.1f} | {row['tokens_per_s']:,.0f} | "
               f"{row['bubble_measured']:.1%} | {row['bubble_simulated']:.1%} | "
               f"{row['peak_activation_bytes'] / 2**20:.2f} MiB | "
               f"{row['peak_activation_bytes_simulated'] / 2**20:.2f} MiB "

@@ -20,7 +20,7 @@ import platform
 import time
 
 from .. import __version__
-from .common import machine_name
+from .common import machine_name, schedule_label
 
 # The simulated settings: (ranks, microbatches) × F:B:W, as `python -m hpcpipe.schedules.table`.
 SIM_SIZES = ((4, 8), (8, 24))
@@ -213,11 +213,8 @@ def pipeline_section(pipe: dict) -> list[str]:
            "activations measured | simulated | vs 1F1B |",
            "|---|---|---|---|---|---|---|---|"]
     for r in pipe["rows"]:
-        # (results recorded before the peaks and chunks were measured lack them: "–")
-        chunks = r.get("chunks", 1)
-        name = f"{r['schedule']} (a V)" if r["schedule"] == "auto" and chunks == 2 else \
-            r["schedule"]
-        out.append(f"| {name} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | "
+        # (results recorded before the peaks were measured lack them: "–")
+        out.append(f"| {schedule_label(r)} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | "
                    f"{r['bubble_measured']:.1%} | {r['bubble_simulated']:.1%} | "
                    f"{_mib(r.get('peak_activation_bytes'))} | "
                    f"{_mib(r.get('peak_activation_bytes_simulated'))} | {r['vs_1f1b']:.3f}× |")

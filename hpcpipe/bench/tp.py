@@ -36,6 +36,7 @@ from ..arguments import integer
 from ..budget import check_run
 from ..errors import HpcpipeError, every_rank_does
 from ..files import claim_file
+from ..model import param_layout
 from ..rank import Rank
 from ..schedules import generate
 from ..schedules.ops import MAX_MICROBATCHES
@@ -170,7 +171,7 @@ def rows(layouts, world, shape, args) -> list[dict]:
     from mpi4py import MPI
 
     tokens_per_step = args.microbatches * args.micro_batch_size * shape.block_size
-    whole = sum(x for _, x in shape_params(shape))
+    whole = sum(int(np.prod(dims)) for _, dims in param_layout(shape))
     out = []
     for layout in layouts:
         held = sum(int(v.size) for stage in layout.rank.model.stages.values()
@@ -187,12 +188,6 @@ def rows(layouts, world, shape, args) -> list[dict]:
     for row in out:
         row["vs_fastest"] = row["tokens_per_s"] / fastest
     return out
-
-
-def shape_params(shape):
-    from ..model import param_layout
-
-    return [(name, int(np.prod(dims))) for name, dims in param_layout(shape)]
 
 
 def print_rows(rows):

@@ -79,7 +79,7 @@ run: install
 # proves nothing). REQUIRE=mpi,slurm (pytest --require): a test that would skip for want of
 # an MPI launcher or of Slurm fails instead, so a broken CI machine cannot pass by skipping.
 # Two passes: the whole suite on the CPU, then the device tests (marked `device`) again
-# on the device stand-in (hpcpipe/devicesim.py), which refuses every implicit host/device
+# on the device stand-in (hpcpipe/device/standin.py), which refuses every implicit host/device
 # transfer and every device buffer handed to MPI, as CuPy and a non-CUDA-aware MPI would.
 PYTEST := $(PY) -m pytest $(if $(REQUIRE),--require=$(REQUIRE),)
 

@@ -17,7 +17,7 @@ __all__ = ["GPTConfig", "GPT", "__version__"]
 
 def __getattr__(name):
     if name in ("GPTConfig", "GPT"):
-        from . import model
+        from hpcpipe import model
 
         return getattr(model, name)
     raise AttributeError(f"module 'hpcpipe' has no attribute {name!r}")

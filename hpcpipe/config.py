@@ -19,31 +19,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backend import DEVICES
-from .dtypes import DTYPES
-from .errors import HpcpipeError
-from .gradsync import COMM_DTYPES
-from .grid import RANK_ORDERS
-from .model import GPTConfig
-from .schedules import KINDS as SCHEDULES
-from .schedules.ops import MAX_MICROBATCHES
-from .tensor_parallel import check_divisible
+from hpcpipe.device.backend import DEVICES
+from hpcpipe.device.dtypes import DTYPES
+from hpcpipe.model import GPTConfig
+from hpcpipe.model.sharding import check_divisible
+from hpcpipe.parallel.gradsync import COMM_DTYPES
+from hpcpipe.parallel.grid import RANK_ORDERS
+from hpcpipe.schedules import KINDS as SCHEDULES
+from hpcpipe.schedules.ops import MAX_MICROBATCHES
+from hpcpipe.util.errors import ConfigError, HpcpipeError  # noqa: F401 (ConfigError: re-exported)
+from hpcpipe.util.files import TooLarge, read_bounded
+from hpcpipe.util.schema import parse_bytes  # noqa: F401 (re-exported)
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text; anything bigger is not one
 INT_RANGE = (-2**63, 2**63 - 1)  # every integer is used as an int64 somewhere
 MAX_BUCKET_MB = float(1 << 20)  # 1 TiB: buckets past the model's size change nothing
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-class ConfigError(HpcpipeError, ValueError):
-    """A configuration the run cannot use; the message is meant for the user as is."""
-
-    def __init__(self, source: str, key: str, value, problem: str):
-        self.source, self.key, self.value, self.problem = source, key, value, problem
-        shown = repr(value)
-        if len(shown) > 80:  # a hostile value must not flood the one error line
-            shown = shown[:77] + "..."
-        super().__init__(f"{source}: {key} = {shown}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -102,7 +93,7 @@ class ParallelSection:
     # size ("12GiB", "500MB"): bytes, measured per stage while profiling
     memory_limit: float | str = 0.0
     profile_steps: int = 2  # auto schedule: steps measured before it is built
-    rank_order: str = "pp-inner"  # or "dp-inner" (see hpcpipe/grid.py)
+    rank_order: str = "pp-inner"  # or "dp-inner" (see hpcpipe/parallel/grid.py)
     gpu_aware_mpi: str | bool = "auto"  # hand device buffers to MPI: "auto", true or false
     bucket_mb: float = 25.0  # gradient all-reduce bucket size, MiB (PyTorch DDP's default)
     zero: int = 0  # 1: ZeRO stage 1, optimizer state sharded over the dp replicas
@@ -245,21 +236,6 @@ def _build_section(source, name, table) -> object:
 
 def _defaults(cls) -> dict:
     return {f.name: f.default for f in dataclasses.fields(cls)}
-
-
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: str) -> int | None:
-    """"12GiB", "500 MB", "1e9B" → bytes (a positive whole number), or None."""
-    import re
-
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]+)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        return None
-    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    return int(value) if math.isfinite(value) and value >= 1 else None
 
 
 def _require(source, key, value, ok, problem):
@@ -445,16 +421,16 @@ def from_dict(data: dict, source: str = "<dict>") -> Config:
 def _read_toml(path: str) -> dict:
     """The TOML file at `path` as a dict; every way it can fail is a ConfigError."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        raw = read_bounded(path, MAX_CONFIG_BYTES)
+    except TooLarge:
+        raise ConfigError(path, "file", path, f"is over {MAX_CONFIG_BYTES} bytes: not a config"
+                          ) from None
     except FileNotFoundError:
         raise ConfigError(path, "file", path, "no such config file") from None
     except IsADirectoryError:
         raise ConfigError(path, "file", path, "is a folder, not a TOML file") from None
     except OSError as e:
         raise ConfigError(path, "file", path, f"cannot be read: {e.strerror}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(path, "file", path, f"is over {MAX_CONFIG_BYTES} bytes: not a config")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -9,12 +9,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest
-
-import devices
-import inlauncher
-import mpirun
-import mpiworld
-import required
+from harness import devices, inlauncher, mpirun, mpiworld, required
 
 
 def pytest_addoption(parser):
@@ -37,7 +32,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     """Publish the device and the requirements for this process and every process a test
     starts; under an MPI launcher, switch to in-launcher mode."""
-    from hpcpipe import devicesim
+    from hpcpipe.device import standin
 
     config.addinivalue_line("markers", mpiworld.MARKER)
     config.addinivalue_line("markers", "needs(kind, missing): the test cannot run here "
@@ -49,9 +44,9 @@ def pytest_configure(config):
     choice = config.getoption("--device")
     os.environ[devices.ENV] = "cpu" if choice == "cpu" else "gpu"
     if choice == "standin":
-        os.environ[devicesim.FAKE_GPU_ENV] = "1"
+        os.environ[standin.FAKE_GPU_ENV] = "1"
     else:
-        os.environ.pop(devicesim.FAKE_GPU_ENV, None)
+        os.environ.pop(standin.FAKE_GPU_ENV, None)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -104,7 +99,7 @@ def be():
 @pytest.fixture(scope="session")
 def stdlib_tokens(tmp_path_factory):
     """The real default corpus (this Python's stdlib sources), prepared once per session."""
-    from hpcpipe import data
+    from hpcpipe.data import corpora as data
 
     path = str(tmp_path_factory.mktemp("data") / "stdlib.tokens.h5")
     data.prepare("stdlib", path, 0.05, log=lambda *_: None)
@@ -119,7 +114,7 @@ def site_venv(tmp_path_factory):
     import shutil
     import subprocess
 
-    import slurm
+    from harness import slurm
 
     if shutil.which("ompi_info") is None:
         required.missing("slurm", "Debian's Open MPI is not installed (apt-get install "

@@ -9,14 +9,16 @@ import shutil
 import tempfile
 import time
 
-from .. import backend, config
-from .. import checkpoint as ckpt
-from .. import grid as gridlib
-from ..budget import check_run
-from ..errors import every_rank_does
-from ..files import claim_file
-from ..rank import Rank
-from ..schedules import generate
+from hpcpipe import checkpoint as ckpt
+from hpcpipe import config
+from hpcpipe.device import backend
+from hpcpipe.device.budget import check_run
+from hpcpipe.parallel import grid as gridlib
+from hpcpipe.schedules import generate
+from hpcpipe.train.rank import Rank
+from hpcpipe.util.errors import every_rank_does
+from hpcpipe.util.files import claim_file
+
 from .common import write_json
 
 EPILOG = """\

@@ -18,16 +18,18 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .. import __version__, backend, config
-from .. import grid as gridlib
-from ..arguments import integer, number
-from ..budget import require
-from ..comm import FORWARD, PipeComm
-from ..errors import HpcpipeError, every_rank_does
-from ..files import claim_file
-from ..gradsync import BucketPlan, GradSync
-from ..model import FlatBuffer
-from ..transport import Transport, resolve_gpu_aware
+from hpcpipe import __version__, config
+from hpcpipe.device import backend
+from hpcpipe.device.budget import require
+from hpcpipe.model import FlatBuffer
+from hpcpipe.parallel import grid as gridlib
+from hpcpipe.parallel.gradsync import BucketPlan, GradSync
+from hpcpipe.parallel.pipeline.p2p import FORWARD, PipeComm
+from hpcpipe.parallel.transport import Transport, resolve_gpu_aware
+from hpcpipe.util.arguments import integer, number
+from hpcpipe.util.errors import HpcpipeError, every_rank_does
+from hpcpipe.util.files import claim_file
+
 from .common import write_json
 
 EPILOG = """\
@@ -222,8 +224,8 @@ def _print_table(rows, overlap, ranks: int):
 def measure_overlap(world, be, transport) -> dict:
     """How much of the gradient all-reduce a dp training step hides behind its W passes:
     the exposed wait at the end of the step against the same reduction run by itself."""
-    from ..rank import Rank
-    from ..schedules import generate
+    from hpcpipe.schedules import generate
+    from hpcpipe.train.rank import Rank
 
     dp = world.size
     cfg = config.from_dict({

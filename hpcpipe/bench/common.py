@@ -8,7 +8,7 @@ import platform
 import socket
 import time
 
-from ..files import write_text_atomic
+from hpcpipe.util.files import write_text_atomic
 
 
 def machine_name() -> str:

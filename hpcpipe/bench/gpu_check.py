@@ -118,7 +118,7 @@ def check_steps(python, args, env, logs, log) -> list[dict]:
     left = lambda share: max(10.0, (deadline - time.monotonic()) * share)
     results = [run_step("cuda-aware", [python, "-c",
                                        "from mpi4py import MPI\n"
-                                       "from hpcpipe.transport import query_gpu_aware_mpi\n"
+                                       "from hpcpipe.parallel.transport import query_gpu_aware_mpi\n"
                                        "print('CUDA-aware MPI:', query_gpu_aware_mpi())"],
                         left(0.05), env, logs)]
     log(f"  CUDA-aware MPI: {results[-1]['tail'].strip() or results[-1]['status']}")

@@ -14,18 +14,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import __version__, backend, config
-from .. import grid as gridlib
-from .. import trace as tracelib
-from ..arguments import integer, number
-from ..budget import check_run
-from ..comm import pipeline_message_time
-from ..errors import HpcpipeError, every_rank_does
-from ..files import claim_file
-from ..rank import Rank
-from ..schedules import KINDS, Costs, ScheduleError, generate, peak_activations, simulate
-from ..schedules.ops import MAX_MICROBATCHES, one_chunk_placement, v_placement
-from ..train import profiled_costs, stage_memory
+from hpcpipe import __version__, config
+from hpcpipe.device import backend
+from hpcpipe.device.budget import check_run
+from hpcpipe.parallel import grid as gridlib
+from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
+from hpcpipe.parallel.pipeline.planning import profiled_costs, stage_memory
+from hpcpipe.schedules import (
+    KINDS,
+    Costs,
+    ScheduleError,
+    generate,
+    peak_activations,
+    simulate,
+)
+from hpcpipe.schedules.ops import MAX_MICROBATCHES, one_chunk_placement, v_placement
+from hpcpipe.train.rank import Rank
+from hpcpipe.util import timeline
+from hpcpipe.util.arguments import integer, number
+from hpcpipe.util.errors import HpcpipeError, every_rank_does
+from hpcpipe.util.files import claim_file
+
 from .common import schedule_label, write_json
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
@@ -127,7 +136,7 @@ def bench_config(args, pp: int):
 
 
 def contender(kind, cfg, grid, be, schedule, world) -> Contender:
-    trace = tracelib.Trace(rank=world.rank)
+    trace = timeline.Trace(rank=world.rank)
     return Contender(kind, Rank.build(cfg, grid, be, schedule, trace), trace)
 
 

@@ -19,7 +19,8 @@ import os
 import platform
 import time
 
-from .. import __version__
+from hpcpipe import __version__
+
 from .common import machine_name, schedule_label
 
 # The simulated settings: (ranks, microbatches) × F:B:W, as `python -m hpcpipe.schedules.table`.
@@ -41,7 +42,7 @@ def load_parts(folder: str) -> dict:
 
 def simulations(sizes=SIM_SIZES, costs=SIM_COSTS) -> list[dict]:
     """Simulated bubble and peak activations of every schedule kind, no communication."""
-    from ..schedules import Costs, ScheduleError, generate, simulate
+    from hpcpipe.schedules import Costs, ScheduleError, generate, simulate
 
     rows = []
     for p, m in sizes:

@@ -24,16 +24,29 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .. import __version__, backend
-from ..arguments import integer
-from ..dtypes import DTYPES
-from ..errors import HpcpipeError
-from ..files import claim_file
+from hpcpipe import __version__
+from hpcpipe.device import backend
+from hpcpipe.device.dtypes import DTYPES
+from hpcpipe.model import GPTConfig, Stage
+
 # flop_params stays importable from here: tests and scripts know it as bench's.
-from ..flops import flop_params, flops_per_token, matmul_rate  # noqa: F401
-from ..layers import attention, block, embedding, gelu, head, layernorm, linear, loss, mlp
-from ..model import GPTConfig, Stage
-from ..optim import AdamW, ParamShard
+from hpcpipe.model.flops import flop_params, flops_per_token, matmul_rate  # noqa: F401
+from hpcpipe.model.layers import (
+    attention,
+    block,
+    embedding,
+    gelu,
+    head,
+    layernorm,
+    linear,
+    loss,
+    mlp,
+)
+from hpcpipe.optim.adamw import AdamW, ParamShard
+from hpcpipe.util.arguments import integer
+from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.files import claim_file
+
 from .common import write_json
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's

@@ -1,6 +1,6 @@
 """The reference GPT in PyTorch eager, for `bench step`: hpcpipe's model in `torch.nn`.
 
-The same architecture as hpcpipe.layers — pre-LayerNorm blocks (eps 1e-5), GPT-2's fused
+The same architecture as hpcpipe.model.layers — pre-LayerNorm blocks (eps 1e-5), GPT-2's fused
 qkv projection, causal attention scaled by 1/sqrt(HS), tanh-GELU, the head tied to `wte`,
 mean cross-entropy — written the way a PyTorch user would (nanoGPT's shape), with
 `scaled_dot_product_attention` for the attention core. Modules are named so that every
@@ -100,7 +100,7 @@ class TorchGPT(nn.Module):
 
 
 def adamw(model: TorchGPT, lr, beta1, beta2, eps, weight_decay):
-    """torch's AdamW over the model, weight decay on matrices only (as hpcpipe.optim),
+    """torch's AdamW over the model, weight decay on matrices only (as hpcpipe.optim.adamw),
     fused where this torch and device support it, else the foreach implementation."""
     decay = [p for p in model.parameters() if p.ndim == 2]
     rest = [p for p in model.parameters() if p.ndim != 2]

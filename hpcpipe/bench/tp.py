@@ -30,16 +30,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import __version__, backend, config
-from .. import grid as gridlib
-from ..arguments import integer
-from ..budget import check_run
-from ..errors import HpcpipeError, every_rank_does
-from ..files import claim_file
-from ..model import param_layout
-from ..rank import Rank
-from ..schedules import generate
-from ..schedules.ops import MAX_MICROBATCHES
+from hpcpipe import __version__, config
+from hpcpipe.device import backend
+from hpcpipe.device.budget import check_run
+from hpcpipe.model import param_layout
+from hpcpipe.parallel import grid as gridlib
+from hpcpipe.schedules import generate
+from hpcpipe.schedules.ops import MAX_MICROBATCHES
+from hpcpipe.train.rank import Rank
+from hpcpipe.util.arguments import integer
+from hpcpipe.util.errors import HpcpipeError, every_rank_does
+from hpcpipe.util.files import claim_file
+
 from .common import write_json
 from .step import CONFIGS
 

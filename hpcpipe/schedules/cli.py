@@ -137,7 +137,7 @@ def _fail(message: str) -> int:
 def _claim_outputs(args) -> None:
     """Every file this command will write, checked before any work (never one that exists
     unless --force)."""
-    from ..files import claim_file
+    from hpcpipe.util.files import claim_file
 
     for flag, path in (("--svg", args.svg), ("--png", args.png), ("--save-csv", args.save_csv)):
         if path:
@@ -185,7 +185,7 @@ def _bound(result, verdict, objective: str) -> tuple[float, bool]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import HpcpipeError
+    from hpcpipe.util.errors import HpcpipeError
 
     try:
         _claim_outputs(args)

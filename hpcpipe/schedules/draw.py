@@ -13,7 +13,8 @@ import math
 from fractions import Fraction
 from html import escape
 
-from ..colours import label_colour, legend_entries, op_colour
+from hpcpipe.util.colours import label_colour, legend_entries, op_colour
+
 from .ops import Kind
 from .simulator import SimResult
 

@@ -21,7 +21,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .ops import Op, Schedule, ScheduleError, make_schedule, one_chunk_placement, v_placement
+from .ops import (
+    Op,
+    Schedule,
+    ScheduleError,
+    make_schedule,
+    one_chunk_placement,
+    v_placement,
+)
 from .problem import EPS, Problem
 from .simulator import Costs, peak_activations, simulate, span_lower_bound
 

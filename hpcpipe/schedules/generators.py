@@ -7,8 +7,15 @@ gradients accumulate identically whatever the schedule.
 
 from __future__ import annotations
 
-from .ops import Kind, Op, Schedule, ScheduleError, make_schedule, one_chunk_placement
-from .ops import interleaved_placement
+from .ops import (
+    Kind,
+    Op,
+    Schedule,
+    ScheduleError,
+    interleaved_placement,
+    make_schedule,
+    one_chunk_placement,
+)
 
 F, B, W, BW = Kind.F, Kind.B, Kind.W, Kind.BW
 

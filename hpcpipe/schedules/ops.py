@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Iterable, Mapping, Sequence
 
-from ..errors import HpcpipeError
-
+from hpcpipe.util.errors import HpcpipeError
 
 # Every rank's op list names each microbatch's F, B and W, and the checker and simulator
 # walk them all: past this many microbatches a schedule alone takes minutes and gigabytes.

@@ -12,6 +12,7 @@ import csv
 import io
 import re
 
+from ..util.files import TooLarge, read_bounded
 from .ops import MAX_MICROBATCHES, Kind, Op, Schedule, ScheduleError, make_schedule
 
 _TO_TORCH = {Kind.F: "F", Kind.B: "I", Kind.W: "W", Kind.BW: "B"}
@@ -80,10 +81,10 @@ MAX_CSV_BYTES = 16 * 2**20
 
 def read_csv(path: str, kind: str = "csv") -> Schedule:
     """A schedule from a CSV file, which must be UTF-8 text of a sensible size."""
-    with open(path, "rb") as f:
-        raw = f.read(MAX_CSV_BYTES + 1)
-    if len(raw) > MAX_CSV_BYTES:
-        raise ScheduleError(f"{path}: over {MAX_CSV_BYTES} bytes: not a schedule CSV")
+    try:
+        raw = read_bounded(path, MAX_CSV_BYTES)
+    except TooLarge:
+        raise ScheduleError(f"{path}: over {MAX_CSV_BYTES} bytes: not a schedule CSV") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -1,4 +1,4 @@
-"""MPI tests broken on purpose, which tests/test_mpi_harness.py runs under an MPI launcher
+"""MPI tests broken on purpose, which tests/harness/test_mpi_harness.py runs under an MPI launcher
 and as plain pytest to watch the harness end them. Not collected by `pytest tests/` (the
 name does not match test_*.py); each is run by its node id."""
 

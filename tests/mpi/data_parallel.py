@@ -1,7 +1,7 @@
 """MPI worker body: data parallelism × pipeline against one process, same global batch.
 
-`check(comm)` (the contract is in tests/mpibody.py) uses all of comm's ranks;
-tests/test_data_parallel_mpi.py calls it in-process or runs it as
+`check(comm)` (the contract is in tests/harness/mpibody.py) uses all of comm's ranks;
+tests/parallel/test_data_parallel_mpi.py calls it in-process or runs it as
 `mpiexec -n 4 python -m mpi4py tests/mpi/data_parallel.py`. Every layout dp × pp = 4
 trains the same global batch (24 sequences a step, split into dp × microbatches × 2) for
 a few float64 steps with a clipping threshold that triggers on some steps. Checked on
@@ -21,13 +21,15 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import devices  # noqa: E402  (tests/devices.py: the test device)
-import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
+from harness import (
+    devices,  # noqa: E402  (tests/harness/devices.py: the test device)
+    mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
+)
 
 from hpcpipe import config
-from hpcpipe import grid as gridlib
-from hpcpipe.rank import Rank
+from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import generate
+from hpcpipe.train.rank import Rank
 
 B, GLOBAL_MICROBATCHES, STEPS = 2, 12, 4
 

@@ -1,7 +1,7 @@
-"""MPI worker: how a command ends when some or all of its ranks fail (hpcpipe/guard.py).
+"""MPI worker: how a command ends when some or all of its ranks fail (hpcpipe/cli/guard.py).
 
 Run as `mpiexec -n 2 python tests/mpi/failures.py CASE` — deliberately without
-`-m mpi4py`, as `srun python -m hpcpipe` would launch it; started by tests/test_guard.py.
+`-m mpi4py`, as `srun python -m hpcpipe` would launch it; started by tests/cli/test_guard.py.
 CASE:
   all    every rank raises the same user error: one `error:` line, every rank exits 2
   lone   only rank 1 raises a user error while rank 0 waits in a barrier for it: rank 1
@@ -11,8 +11,8 @@ CASE:
 
 import sys
 
-from hpcpipe.errors import HpcpipeError
-from hpcpipe.guard import Job, run
+from hpcpipe.cli.guard import Job, run
+from hpcpipe.util.errors import HpcpipeError
 
 
 def command(job, case):

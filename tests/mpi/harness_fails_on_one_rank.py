@@ -1,4 +1,4 @@
-"""MPI worker body for tests/test_mpi_harness.py, broken on purpose: rank 1 raises while
+"""MPI worker body for tests/harness/test_mpi_harness.py, broken on purpose: rank 1 raises while
 rank 0 returns a passing report. No collective follows, so every rank reaches the end of
 the test and the harness can fail it on all of them."""
 
@@ -6,7 +6,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
+from harness import mpibody  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
 
 
 def check(comm) -> mpibody.Report:

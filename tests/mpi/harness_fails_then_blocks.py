@@ -1,11 +1,11 @@
-"""MPI worker body for tests/test_mpi_harness.py, broken on purpose: rank 1 raises, and
+"""MPI worker body for tests/harness/test_mpi_harness.py, broken on purpose: rank 1 raises, and
 rank 0 waits in a barrier for it for ever — the classic MPI deadlock of a failed rank."""
 
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
+from harness import mpibody  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
 
 
 def check(comm) -> mpibody.Report:

@@ -1,10 +1,10 @@
-"""MPI worker body for tests/test_mpi_harness.py: passes on every rank, after one collective."""
+"""MPI worker body for tests/harness/test_mpi_harness.py: passes on every rank, after one collective."""
 
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
+from harness import mpibody  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
 
 
 def check(comm) -> mpibody.Report:

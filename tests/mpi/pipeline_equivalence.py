@@ -1,7 +1,7 @@
 """MPI worker body: every schedule on `pp` ranks against the single-process model.
 
-`check(comm)` (the contract is in tests/mpibody.py) runs the pipeline over all of comm's
-ranks, pp = comm.size; tests/test_pipeline_mpi.py calls it in-process or runs it as
+`check(comm)` (the contract is in tests/harness/mpibody.py) runs the pipeline over all of comm's
+ranks, pp = comm.size; tests/parallel/test_pipeline_mpi.py calls it in-process or runs it as
 `mpiexec -n PP python -m mpi4py tests/mpi/pipeline_equivalence.py`. For each schedule
 kind and microbatch count the kind allows (below, equal to and above pp), one float64
 step is run over the pipeline and compared, on rank 0, with (a) the same step on one
@@ -18,14 +18,16 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import devices  # noqa: E402  (tests/devices.py: the test device)
-import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
+from harness import (
+    devices,  # noqa: E402  (tests/harness/devices.py: the test device)
+    mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
+)
 
 from hpcpipe import config
-from hpcpipe import grid as gridlib
 from hpcpipe.model import GPT
-from hpcpipe.rank import Rank
+from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate, peak_activations
+from hpcpipe.train.rank import Rank
 
 B = 2  # micro-batch size
 

@@ -1,7 +1,7 @@
 """MPI worker body: optimizer post-validation against the synchronous optimizer.
 
-`check(comm)` (the contract is in tests/mpibody.py) needs 4 ranks;
-tests/test_post_validation_mpi.py calls it in-process or runs it as
+`check(comm)` (the contract is in tests/harness/mpibody.py) needs 4 ranks;
+tests/optim/test_post_validation_mpi.py calls it in-process or runs it as
 `mpiexec -n 4 python -m mpi4py tests/mpi/post_validation.py`. On dp = 2 × pp = 2 (with and
 without ZeRO-1), float64, a few steps each with: a clipping threshold so small that every
 step clips; one between the steps' norms, so some steps clip and some do not; and a NaN
@@ -17,13 +17,15 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import devices  # noqa: E402  (tests/devices.py: the test device)
-import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
+from harness import (
+    devices,  # noqa: E402  (tests/harness/devices.py: the test device)
+    mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
+)
 
 from hpcpipe import config
-from hpcpipe import grid as gridlib
-from hpcpipe.rank import Rank
+from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import generate
+from hpcpipe.train.rank import Rank
 
 B, M, STEPS = 2, 4, 6
 POISON_STEP, POISON_RANK = 3, 1  # rank 1: stage 1 of replica 0

@@ -1,6 +1,6 @@
 """MPI worker: 16-bit training on every layout against one process.
 
-`check(comm)` (the contract is in tests/mpibody.py) needs 4 ranks; tests/test_16bit_mpi.py
+`check(comm)` (the contract is in tests/harness/mpibody.py) needs 4 ranks; tests/train/test_16bit_mpi.py
 calls it in-process or runs it as `mpiexec -n 4 python -m mpi4py tests/mpi/sixteen_bit.py`. For bfloat16 and float16 (float32 master weights, gradients and
 optimizer state; a dynamic loss scale for float16), a few clipped steps of a learnable
 token stream:
@@ -19,13 +19,15 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import devices  # noqa: E402  (tests/devices.py: the test device)
-import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
+from harness import (
+    devices,  # noqa: E402  (tests/harness/devices.py: the test device)
+    mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
+)
 
 from hpcpipe import config
-from hpcpipe import grid as gridlib
-from hpcpipe.rank import Rank
+from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate
+from hpcpipe.train.rank import Rank
 
 B, M, STEPS, V = 2, 4, 5, 19
 TRACK = {"bfloat16": 0.03, "float16": 0.01}  # last loss against float32's, relative

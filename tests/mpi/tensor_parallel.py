@@ -1,7 +1,7 @@
 """MPI worker: tensor parallelism against the unsplit model.
 
-`check(comm)` (the contract is in tests/mpibody.py) runs on 4 or 8 ranks;
-tests/test_tensor_parallel_mpi.py calls it in-process or runs it as
+`check(comm)` (the contract is in tests/harness/mpibody.py) runs on 4 or 8 ranks;
+tests/parallel/test_tensor_parallel_mpi.py calls it in-process or runs it as
 `mpiexec -n 4 python -m mpi4py tests/mpi/tensor_parallel.py` (or -n 8). In float64:
 - layers (4 ranks): every tensor-parallel layer's F, B and W, on 2 and 4 shards, against
   the unsplit layer: outputs, input gradients and the weight gradients gathered into
@@ -24,18 +24,31 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import devices  # noqa: E402  (tests/devices.py: the test device)
-import mpibody  # noqa: E402  (tests/mpibody.py: the body's contract)
+from harness import (
+    devices,  # noqa: E402  (tests/harness/devices.py: the test device)
+    mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
+)
 
 from hpcpipe import checkpoint as ckpt
+from hpcpipe.checkpoint.save import _global_parameters as global_parameters
 from hpcpipe import config
-from hpcpipe import grid as gridlib
-from hpcpipe.layers import attention, block, embedding, head, linear, loss, mlp, scope
 from hpcpipe.model import GPTConfig, block_layout
-from hpcpipe.rank import Rank
+from hpcpipe.model.layers import (
+    attention,
+    block,
+    embedding,
+    head,
+    linear,
+    loss,
+    mlp,
+    scope,
+)
+from hpcpipe.model.sharding import shard_of
+from hpcpipe.parallel import grid as gridlib
+from hpcpipe.parallel.tensor import TensorParallel
+from hpcpipe.parallel.transport import Transport
 from hpcpipe.schedules import generate
-from hpcpipe.tensor_parallel import TensorParallel, shard_of
-from hpcpipe.transport import Transport
+from hpcpipe.train.rank import Rank
 
 B, T, C, NH, V = 2, 5, 8, 4, 16
 STEPS, GLOBAL_MB = 3, 4
@@ -203,7 +216,7 @@ def global_weights(rank):
     grid = rank.grid
     mine = {}
     if grid.dp_rank == 0:
-        mine = {name: host for name, _, host in ckpt._global_parameters(rank.model, grid)}
+        mine = {name: host for name, _, host in global_parameters(rank.model, grid)}
     parts = grid.world.gather(mine, root=0)
     if grid.world.rank != 0:
         return None

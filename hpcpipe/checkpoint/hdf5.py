@@ -1,0 +1,169 @@
+"""How a checkpoint's HDF5 files hold arrays: one fletcher32-checksummed dataset each
+(bfloat16 as uint16 with a `dtype` attribute, since h5py stores ml_dtypes' bfloat16 as an
+opaque type), and a reader that checks each file against the manifest before HDF5 opens
+it and reads tensors, or the elements of optimizer state a rank needs, from any layout."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+from hpcpipe.checkpoint.manifest import CheckpointError
+from hpcpipe.model.sharding import shard_of
+
+OPTIM_KINDS = ("exp_avg", "exp_avg_sq", "master")
+
+
+# What h5py raises on files it cannot make sense of (besides OSError for damaged chunks).
+H5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError)
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def store(group, name: str, array: np.ndarray, **attrs):
+    """One dataset with the fletcher32 checksum; bfloat16 goes in as uint16 + attribute."""
+    dtype = array.dtype.name
+    if dtype == "bfloat16":
+        array = array.view(np.uint16)
+    data = np.ascontiguousarray(array)
+    ds = group.create_dataset(name, data=data, fletcher32=data.size > 0,
+                              chunks=data.shape if data.size else None)
+    ds.attrs["dtype"] = dtype
+    for key, value in attrs.items():
+        ds.attrs[key] = value
+    return ds
+
+
+def read_dataset(ds, where: str) -> np.ndarray:
+    try:
+        data = ds[()]
+    except OSError as e:  # fletcher32 mismatch, truncated chunk
+        raise CheckpointError(f"{where}: dataset {ds.name} cannot be read ({e}); the file is "
+                              f"damaged") from None
+    if ds.attrs.get("dtype") == "bfloat16":
+        import ml_dtypes
+
+        data = data.view(ml_dtypes.bfloat16)
+    return data
+
+
+class Reader:
+    """Opens the checkpoint's files on demand and reads tensors or segments of them.
+
+    verified: the files were checked byte by byte already (a resume verifies on the root
+    first); otherwise each file's size and SHA-256 are checked before HDF5 opens it, so
+    a damaged file is named instead of reaching the HDF5 library."""
+
+    def __init__(self, path: str, manifest: dict, verified: bool = False):
+        self.path, self.manifest, self.files = path, manifest, {}
+        self.verified = verified
+
+    def file(self, name: str):
+        import h5py
+
+        if name not in self.files:
+            full = os.path.join(self.path, name)
+            if not os.path.isfile(full):
+                raise CheckpointError(f"{full}: missing (listed in the manifest)")
+            if not self.verified:
+                info = self.manifest["files"][name]
+                if os.path.getsize(full) != info["size"] or sha256(full) != info["sha256"]:
+                    raise CheckpointError(f"{full}: its size or SHA-256 differs from the "
+                                          f"manifest (damaged); see `hpcpipe ckpt verify`")
+            try:
+                self.files[name] = h5py.File(full, "r")
+            except H5_ERRORS as e:
+                raise CheckpointError(f"{full}: cannot be opened ({e})") from None
+        return self.files[name]
+
+    def tensor(self, name: str) -> np.ndarray:
+        info = self.manifest["tensors"].get(name)
+        if info is None:
+            raise CheckpointError(f"{self.path}: no parameter {name!r} in the checkpoint")
+        where = os.path.join(self.path, info["file"])
+        try:
+            dataset = self.file(info["file"])[name]
+        except KeyError:
+            raise CheckpointError(f"{where}: has no dataset {name!r} (the manifest lists "
+                                  f"it there)") from None
+        data = read_dataset(dataset, where)
+        floats = data.dtype.kind == "f" or data.dtype.name == "bfloat16"
+        if tuple(data.shape) != tuple(info["shape"]) or not floats:
+            raise CheckpointError(f"{where}: dataset {name} is {data.dtype} of shape "
+                                  f"{data.shape}; the manifest says floats of shape "
+                                  f"{tuple(info['shape'])}")
+        return data
+
+    def state(self, kind: str, name: str, where) -> np.ndarray | None:
+        """Elements of the flattened `kind` state of tensor `name`: [t0, t1) for `where` =
+        (t0, t1), or the global flat indices `where` (a tensor shard's elements); None
+        when the checkpoint has none."""
+        segments = self.manifest["pieces"].get(name)
+        if not segments:
+            return None
+        if isinstance(where, tuple) and not any("tp" in p for p in segments):
+            return self._range(kind, name, *where)
+        full = self._whole(kind, name)
+        if full is None:
+            return None
+        return full[where[0]:where[1]] if isinstance(where, tuple) else full[where]
+
+    def _range(self, kind: str, name: str, t0: int, t1: int) -> np.ndarray | None:
+        """Elements [t0, t1) from segments that are ranges of the flattened tensor."""
+        out, covered = None, 0
+        for p in self.manifest["pieces"][name]:
+            a, b = max(t0, p["start"]), min(t1, p["stop"])
+            if a >= b:
+                continue
+            data = self._segment_data(kind, name, p)
+            if data is None:
+                return None  # e.g. no master weights were saved (32-bit compute)
+            if out is None:
+                out = np.empty(t1 - t0, dtype=data.dtype)
+            out[a - t0:b - t0] = data[a - p["start"]:b - p["start"]]
+            covered += b - a
+        if covered != t1 - t0:
+            raise CheckpointError(f"{self.path}: optimizer state of {name} covers {covered} of "
+                                  f"the {t1 - t0} elements needed; a shard file is missing")
+        return out
+
+    def _whole(self, kind: str, name: str) -> np.ndarray | None:
+        """The whole flattened state, from segments of any layout (tensor shards included)."""
+        shape = tuple(self.manifest["tensors"][name]["shape"])
+        out, seen = None, np.zeros(int(np.prod(shape)), dtype=bool)
+        for p in self.manifest["pieces"][name]:
+            data = self._segment_data(kind, name, p)
+            if data is None:
+                return None
+            if "tp" in p:
+                index = shard_of(name, shape, *p["tp"]).global_indices(shape)
+                index = index[p["start"]:p["stop"]]
+            else:
+                index = np.arange(p["start"], p["stop"])
+            if out is None:
+                out = np.empty(seen.size, dtype=data.dtype)
+            out[index], seen[index] = data, True
+        if not seen.all():
+            raise CheckpointError(f"{self.path}: optimizer state of {name} covers "
+                                  f"{int(seen.sum())} of its {seen.size} elements; a shard "
+                                  f"file is missing")
+        return out
+
+    def _segment_data(self, kind: str, name: str, p: dict) -> np.ndarray | None:
+        group = self.file(p["file"])[kind]
+        key = f"{name}@{p['start']}"
+        if key not in group:
+            return None
+        return read_dataset(group[key], os.path.join(self.path, p["file"]))
+
+    def close(self):
+        for f in self.files.values():
+            f.close()

@@ -1,0 +1,221 @@
+"""A checkpoint's manifest: what it holds, and the checksum that covers the manifest itself.
+
+`manifest.json` records the step, the resolved config, the model shape, the layout that
+wrote it, the run it belongs to, and every file with its size and SHA-256. Beside it,
+`manifest.sha256` holds the manifest's own SHA-256 in `sha256sum` format, so that an edited
+or damaged manifest (a changed `step`, a changed file hash) is detected like a damaged
+shard; `sha256sum -c manifest.sha256` checks it by hand.
+
+`read` is the one validating reader of manifests: the size is bounded, the digest must
+match, the JSON must be strict (schema.parse_json), every field is checked against
+SCHEMA, and the parts must agree with each other (files referenced exist in `files`, the
+tensors are exactly the model's parameters with their shapes, optimizer segments lie inside
+their tensors, a folder named step_N holds step N) — all before any of it is used to size
+an allocation or open a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import time
+
+from hpcpipe.device.dtypes import DTYPES
+from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.files import NotAFile, TooLarge, read_bounded, write_text_atomic
+from hpcpipe.util.schema import (
+    Anything,
+    Int,
+    ListOf,
+    MapOf,
+    Mismatch,
+    Number,
+    Record,
+    Text,
+    parse_json,
+)
+
+FORMAT_VERSION = 2  # 2: manifest.sha256 beside the manifest, and the run it belongs to
+MANIFEST = "manifest.json"
+DIGEST = "manifest.sha256"
+MAX_BYTES = 64 * 2**20
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+
+_FILE = Text(pattern=r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a plain name inside the folder
+_RUN = Text(pattern=r"[0-9a-f]{32}")
+SCHEMA = Record({
+    "format_version": Int(FORMAT_VERSION, FORMAT_VERSION),
+    "step": Int(0),
+    "created": Number(0, 1e11),  # seconds since 1970
+    "config": Text(max_len=1 << 20),
+    "model": Record({key: Int(1) for key in MODEL_KEYS}),
+    "dtype": Text(choices=DTYPES),
+    "layout": Record({"dp": Int(1), "pp": Int(1), "chunks": Int(1), "schedule": Text(),
+                      "zero": Int(0, 1), "rank_order": Text(),
+                      "partition": ListOf(ListOf(Int(0)))}, optional={"tp": Int(1)}),
+    "adam_step": Int(0),
+    "state": Record({}, optional={"loss_scale": Number(0), "good_steps": Int(0),
+                                  "lr_step": Int(0), "data_step": Int(0), "seed": Int(0)},
+                    extra=True),
+    "files": MapOf(Record({"size": Int(0), "sha256": Text(pattern=r"[0-9a-f]{64}")}),
+                   key=_FILE),
+    "tensors": MapOf(Record({"file": _FILE, "shape": ListOf(Int(0), max_len=4)})),
+    # the optimizer state's segments (the key keeps the name of format 2: "pieces"); a segment
+    # of a tensor-parallel shard's part of the tensor names the shard: [tp, rank]
+    "pieces": MapOf(ListOf(Record({"file": _FILE, "start": Int(0), "stop": Int(0)},
+                                  optional={"tp": ListOf(Int(0), max_len=2)}))),
+}, optional={"run": _RUN, "source": Anything()})
+
+
+class CheckpointError(HpcpipeError):
+    """A checkpoint that cannot be used; the message names the file and what is wrong."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write(folder: str, text: str):
+    """The manifest and its digest, each written atomically (the digest second: a folder
+    with a manifest but no digest is incomplete, and is never renamed into place)."""
+    data = text.encode("utf-8")
+    write_text_atomic(os.path.join(folder, MANIFEST), text)
+    write_text_atomic(os.path.join(folder, DIGEST), f"{sha256_bytes(data)}  {MANIFEST}\n")
+
+
+def _read_bytes(file: str, limit: int) -> bytes:
+    try:
+        return read_bounded(file, limit)
+    except TooLarge as e:
+        raise CheckpointError(f"{file}: {e.size} bytes, more than any manifest ({limit}): "
+                              f"not a manifest") from None
+    except (FileNotFoundError, IsADirectoryError, NotAFile):
+        raise CheckpointError(f"{file}: missing (or not a file)") from None
+    except OSError as e:
+        raise CheckpointError(f"{file}: cannot be read ({e.strerror})") from None
+
+
+def _check_digest(path: str, data: bytes):
+    digest = os.path.join(path, DIGEST)
+    if not os.path.lexists(digest):
+        raise CheckpointError(f"{digest} is missing, so {MANIFEST} cannot be trusted (an "
+                              f"incomplete copy, or a checkpoint of an older hpcpipe)")
+    text = _read_bytes(digest, 4096).decode("ascii", errors="replace").split()
+    if not text or not re.fullmatch(r"[0-9a-f]{64}", text[0]):
+        raise CheckpointError(f"{digest}: not a SHA-256 line (damaged)")
+    if text[0] != sha256_bytes(data):
+        raise CheckpointError(f"{os.path.join(path, MANIFEST)}: its SHA-256 differs from "
+                              f"{DIGEST}: the manifest was edited or is damaged")
+
+
+def read(path: str) -> dict:
+    """The validated manifest of the checkpoint folder `path`."""
+    file = os.path.join(path, MANIFEST)
+    if not os.path.lexists(file):
+        raise CheckpointError(f"{path}: incomplete checkpoint: {MANIFEST} is missing")
+    data = _read_bytes(file, MAX_BYTES)
+    try:
+        manifest = parse_json(data)
+    except Mismatch as e:
+        raise CheckpointError(f"{file}: unreadable manifest: {e}") from None
+    if isinstance(manifest, dict) and manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{file}: format version {manifest.get('format_version')!r}, "
+                              f"this hpcpipe reads version {FORMAT_VERSION}")
+    _check_digest(path, data)
+    try:
+        manifest = SCHEMA.check(manifest)
+    except Mismatch as e:
+        raise CheckpointError(f"{file}: {e}") from None
+    _consistent(manifest, path, file)
+    return manifest
+
+
+def step_in_name(path: str) -> int | None:
+    """N for a folder named step_N, else None."""
+    match = re.fullmatch(r"step_(\d{1,19})", os.path.basename(os.path.normpath(path)))
+    return int(match.group(1)) if match else None
+
+
+def _consistent(m: dict, path: str, file: str):
+    """The manifest's parts agree with each other and with the folder's name."""
+    named = step_in_name(path)
+    if named is not None and named != m["step"]:
+        raise CheckpointError(f"{file}: step {m['step']}, but the folder is step {named}: the "
+                              f"manifest was edited or belongs elsewhere")
+    model = m["model"]
+    if model["n_embd"] % model["n_head"]:
+        raise CheckpointError(f"{file}: model.n_embd = {model['n_embd']} is not divisible by "
+                              f"model.n_head = {model['n_head']}")
+    for name, info in m["tensors"].items():
+        _listed(info["file"], m, file, f"tensor {name}")
+    _check_tensors(m, file)
+    for name, segments in m["pieces"].items():
+        if name not in m["tensors"]:
+            raise CheckpointError(f"{file}: optimizer state for {name!r}, which is not a tensor")
+        size = 1
+        for dim in m["tensors"][name]["shape"]:
+            size *= dim
+        for segment in segments:
+            _listed(segment["file"], m, file, f"optimizer state of {name}")
+            if "tp" in segment:
+                size = _shard_size(name, m["tensors"][name]["shape"], segment["tp"], file)
+            if not segment["start"] <= segment["stop"] <= size:
+                raise CheckpointError(f"{file}: optimizer state of {name} covers elements "
+                                      f"[{segment['start']}, {segment['stop']}) of a tensor of "
+                                      f"{size}")
+
+
+def _shard_size(name: str, shape, tp, file: str) -> int:
+    """Elements of tensor-parallel shard tp = [shards, rank] of a tensor."""
+    from hpcpipe.model.sharding import shard_of
+
+    if len(tp) != 2 or not 1 <= tp[0] <= max(shape, default=1) or not 0 <= tp[1] < tp[0]:
+        raise CheckpointError(f"{file}: optimizer state of {name} names tensor shard {tp}, "
+                              f"which the tensor's shape {list(shape)} does not have")
+    return math.prod(shard_of(name, shape, tp[0], tp[1]).local_shape(shape))
+
+
+def _listed(name: str, m: dict, file: str, what: str):
+    if name not in m["files"]:
+        raise CheckpointError(f"{file}: {what} is in {name!r}, which is not among its files")
+
+
+def _check_tensors(m: dict, file: str):
+    """Exactly the model's parameters, with its shapes (counted first: a hostile n_layer
+    must not make the expected layout itself huge)."""
+    from hpcpipe.model import GPTConfig, param_layout
+
+    model = m["model"]
+    expected_count = 12 * model["n_layer"] + 4  # blocks, wte, wpe, ln_f weight and bias
+    if len(m["tensors"]) != expected_count:
+        raise CheckpointError(f"{file}: {len(m['tensors'])} tensors, but a model of "
+                              f"{model['n_layer']} layers has {expected_count}")
+    for name, shape in param_layout(GPTConfig(**model)):
+        info = m["tensors"].get(name)
+        if info is None:
+            raise CheckpointError(f"{file}: parameter {name} is not listed")
+        if tuple(info["shape"]) != tuple(shape):
+            raise CheckpointError(f"{file}: parameter {name} has shape {info['shape']}, the "
+                                  f"model's is {list(shape)}")
+
+
+def build(cfg, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
+          segments: dict | None = None, adam_step: int = 0, state: dict | None = None,
+          run: str | None = None, source: str | None = None) -> dict:
+    """The manifest of a checkpoint folder — the one builder, for training checkpoints
+    and parameters-only ones alike: the step, the resolved config and the model shape it
+    was written for, the layout that wrote it, every file's size and SHA-256, where each
+    tensor is, the optimizer state's segments, the run it belongs to (rotation goes by it)."""
+    manifest = {"format_version": FORMAT_VERSION, "step": step, "created": time.time(),
+                "config": cfg.to_toml(),
+                "model": {k: getattr(cfg.model, k) for k in MODEL_KEYS},
+                "dtype": dtype, "layout": layout, "adam_step": adam_step,
+                "state": state or {}, "files": files, "tensors": tensors,
+                "pieces": segments or {}}
+    if run is not None:
+        manifest["run"] = run
+    if source is not None:
+        manifest["source"] = source
+    return manifest

@@ -1,0 +1,252 @@
+"""Writing a checkpoint: every rank its files, rank 0 the manifest, then the folder
+renamed into place, `latest` moved and older checkpoints of the same run rotated away.
+
+Every file goes through a temporary name → flush → fsync → rename → fsync of the folder
+(files.write_atomic), and a checkpoint is assembled in a hidden temporary folder that is
+renamed into place only once every file and the manifest are complete, so a crash or a
+kill at any moment leaves the previous checkpoint as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcpipe.checkpoint import manifest as manifests
+from hpcpipe.checkpoint.hdf5 import OPTIM_KINDS, sha256, store
+from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
+from hpcpipe.checkpoint.retention import (
+    point_latest,
+    remove_checkpoint,
+    retain,
+    root_of,
+    run_of,
+    step_name,
+)
+from hpcpipe.model.sharding import shard_of
+from hpcpipe.util.errors import root_does
+from hpcpipe.util.files import fsync_dir, write_atomic
+
+
+def new_run_id() -> str:
+    """A fresh run's identity, recorded in each of its checkpoints' manifests."""
+    return uuid.uuid4().hex
+
+
+def _skip_tied_copy(stage, name: str) -> bool:
+    """The head's copy of wte equals the embedding's (same gradient, same update)."""
+    return name == "wte" and not stage.embedding_part
+
+
+@dataclass
+class Saved:
+    path: str
+    seconds: float
+    bytes: int
+
+
+def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
+         keep_every: int = 0, run: str | None = None) -> Saved:
+    """Write a checkpoint of every rank's state at `step` (collective over the world);
+    `rank` is each process's Rank (rank.py); `run` the run's identity (new_run_id; None: a
+    run of its own), which rotation goes by.
+
+    state: the run's own numbers to restore (e.g. the loss-scaler's), stored in the
+    manifest. Returns where it went, how long it took and its size (on every rank)."""
+    world = rank.grid.world
+    run = run or new_run_id()
+    start = time.perf_counter()
+    root = root_of(run_dir)
+    final = os.path.join(root, step_name(step))
+    tmp_dir = os.path.join(root, f".{step_name(step)}.tmp")
+
+    def make_room():
+        os.makedirs(root, exist_ok=True)
+        if os.path.exists(tmp_dir):  # left by a save that was killed: never complete
+            shutil.rmtree(tmp_dir)
+        os.makedirs(tmp_dir)
+
+    root_does(world, make_room)
+    error, entries = None, []
+    try:
+        entries = _write_rank_files(rank, cfg, tmp_dir)
+    except OSError as e:
+        error = f"rank {world.rank}: writing the checkpoint failed: {e}"
+    errors = [e for e in world.allgather(error) if e]
+    if errors:
+        raise CheckpointError(errors[0] + " (the previous checkpoint is untouched)")
+    everything = world.gather(entries, root=0)
+
+    def commit():
+        manifest = _manifest(rank, cfg, step, state, sum(everything, []), run)
+        manifests.write(tmp_dir, json.dumps(manifest, indent=1))
+        _install(tmp_dir, final, run)
+        point_latest(root, final)
+        retain(root, run, step, keep, keep_every)
+
+    root_does(world, commit)
+    seconds = time.perf_counter() - start
+    nbytes = world.allreduce(sum(e["size"] for e in entries))
+    return Saved(final, seconds, nbytes)
+
+
+def _install(tmp_dir: str, final: str, run: str):
+    """Rename the finished folder into place. A checkpoint already there (the same step
+    saved again, e.g. by a resumed run) is replaced only if it is this run's; anything
+    else is moved aside under a name no listing takes for a checkpoint."""
+    root = os.path.dirname(final)
+    if os.path.lexists(final):
+        if os.path.isdir(final) and run_of(final) == run:
+            remove_checkpoint(final)
+        else:
+            aside = _free_name(f"{final}.other-run")
+            os.replace(final, aside)
+    os.replace(tmp_dir, final)
+    fsync_dir(root)
+
+
+def _free_name(base: str) -> str:
+    candidate, n = base, 1
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate
+
+
+def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str) -> dict:
+    """The manifest of a checkpoint from every rank's file entries."""
+    files, tensors, segments = {}, {}, {}
+    for entry in entries:
+        files[entry["file"]] = {"size": entry["size"], "sha256": entry["sha256"]}
+        for name, info in entry.get("tensors", {}).items():
+            tensors[name] = {"file": entry["file"], **info}
+        for name, ranges in entry.get("pieces", {}).items():
+            segments.setdefault(name, []).extend(_segment_entry(entry["file"], *r) for r in ranges)
+    grid, model = rank.grid, rank.model
+    layout = {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "chunks": len(model.stages),
+              "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
+              "rank_order": grid.rank_order,
+              "partition": [list(spec.layers) for spec in model.specs]}
+    return manifests.build(cfg, step, cfg.train.dtype, layout, files, tensors, segments,
+                           adam_step=rank.step.optimizer.t, state=state, run=run)
+
+
+def _segment_entry(file: str, start: int, stop: int, tp=None) -> dict:
+    """A manifest entry of optimizer state: elements [start, stop) of the flattened tensor,
+    or — `tp` = (shards, shard) — of that tensor-parallel shard's part of it."""
+    entry = {"file": file, "start": start, "stop": stop}
+    if tp is not None:
+        entry["tp"] = list(tp)
+    return entry
+
+
+def _injected_delay(folder: str):
+    """Fault injection for the tests: HPCPIPE_SAVE_DELAY="STEP:SECONDS" pauses every rank
+    in the middle of writing its shard of that step's checkpoint, so a test can kill a
+    rank while it writes. Unset in normal runs."""
+    spec = os.environ.get("HPCPIPE_SAVE_DELAY", "")
+    if ":" in spec and f".{step_name(int(spec.split(':')[0]))}.tmp" in folder:
+        time.sleep(float(spec.split(":")[1]))
+
+
+def _entry(folder: str, name: str, **extra) -> dict:
+    path = os.path.join(folder, name)
+    return {"file": name, "size": os.path.getsize(path), "sha256": sha256(path), **extra}
+
+
+def _write_rank_files(rank, cfg, folder: str) -> list[dict]:
+    """This rank's files; returns their manifest entries."""
+    grid, entries = rank.grid, []
+    if grid.dp_rank == 0:  # the first replica writes the parameters of its stages
+        tensors = _global_parameters(rank.model, grid)
+        if grid.tp_rank == 0:  # (its tensor shards gathered into whole tensors)
+            name = f"model-pp{grid.pp_rank:03d}.h5"
+            tensors = _write_parameters(tensors, os.path.join(folder, name), folder)
+            entries.append(_entry(folder, name, tensors=tensors))
+    if grid.dp_rank == 0 or cfg.parallel.zero:  # with ZeRO-1 every replica holds a shard
+        name = f"optim-r{grid.rank:05d}.h5"
+        segments = _write_optimizer(rank.step.optimizer, rank.model.backend,
+                                  os.path.join(folder, name), grid)
+        entries.append(_entry(folder, name, pieces=segments))
+    return entries
+
+
+def _global_parameters(model, grid) -> list:
+    """(name, model stage, global host array) of every parameter this rank's pipeline
+    stages hold — on tensor shard 0, with every shard's part in place (others: [])."""
+    out = []
+    for chunk, stage in model.in_model_order():
+        for name, value in stage.params.items():
+            if _skip_tied_copy(stage, name):
+                continue
+            host = model.backend.to_host(value)
+            shard = stage.shards[name]
+            if grid.tp > 1 and not shard.replicated:
+                parts = grid.tensor.gather(np.ascontiguousarray(host), root=0)
+                if grid.tp_rank != 0:
+                    continue
+                shape = stage.global_shapes[name]
+                host = np.empty(shape, dtype=host.dtype)
+                for r, part in enumerate(parts):
+                    shard_of(name, shape, grid.tp, r).put(host, part)
+            if grid.tp_rank == 0:
+                out.append((name, model.stage_index[chunk], host))
+    return out
+
+
+def _write_parameters(parameters, path: str, folder: str) -> dict:
+    """The parameters of a pipeline rank's stages, one dataset per GPT-2 name (global
+    shapes); `parameters` as `_global_parameters` gives them."""
+    import h5py
+
+    tensors = {}
+
+    def write(tmp):
+        with h5py.File(tmp, "w") as f:
+            for pname, stage_index, host in parameters:
+                store(f, pname, host, stage=stage_index)
+                tensors[pname] = {"shape": list(host.shape)}
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
+            f.flush()
+            _injected_delay(folder)
+
+    write_atomic(path, write)
+    return tensors
+
+
+def _write_optimizer(optimizer, be, path: str, grid) -> dict:
+    """The optimizer state of every shard, as segments of flattened tensors (of a tensor
+    shard's part of the tensor, for tensors split by tensor parallelism)."""
+    import h5py
+
+    segments = {}
+
+    def write(tmp):
+        with h5py.File(tmp, "w") as f:
+            groups = {kind: f.create_group(kind) for kind in OPTIM_KINDS}
+            for adam in optimizer.adams:
+                vectors = adam.state()
+                for segment in adam.shard.segments:
+                    if segment.name == "wte" and not adam.shard.owns_wte:
+                        continue
+                    whole = grid.tp == 1 or segment.name in adam.shard.copies
+                    if whole and grid.tp_rank > 0:
+                        continue  # every tensor shard holds it: shard 0 saves it
+                    key = f"{segment.name}@{segment.t0}"
+                    for kind, vec in vectors.items():
+                        store(groups[kind], key, be.to_host(vec[segment.v0:segment.v1]),
+                               start=segment.t0, stop=segment.t1, tensor=segment.name)
+                    segments.setdefault(segment.name, []).append(
+                        (segment.t0, segment.t1) if whole else
+                        (segment.t0, segment.t1, (grid.tp, grid.tp_rank)))
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["kind"] = "hpcpipe optimizer state (segments of flattened tensors)"
+
+    write_atomic(path, write)
+    return segments

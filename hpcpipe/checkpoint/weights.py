@@ -1,0 +1,106 @@
+"""Whole models in and out of checkpoints: every parameter by GPT-2 name (for export and
+generation), and parameters-only checkpoints (imported weights, no optimizer state)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from hpcpipe.checkpoint import manifest as manifests
+from hpcpipe.checkpoint.hdf5 import Reader, sha256, store
+from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
+from hpcpipe.checkpoint.manifest import read as read_manifest
+from hpcpipe.checkpoint.verify import is_checkpoint
+from hpcpipe.device.budget import require
+from hpcpipe.model.layout import GPTConfig, param_layout
+from hpcpipe.util.files import claim_folder, fsync_dir, write_atomic
+
+
+def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
+    """Every parameter of a checkpoint, by GPT-2 name (single process), and its manifest;
+    each file's SHA-256 is checked before it is read."""
+    manifest = read_manifest(path)
+    require(sum(info["size"] for name, info in manifest["files"].items()
+                if any(t["file"] == name for t in manifest["tensors"].values())),
+            f"the weights of {path}")
+    reader = Reader(path, manifest)
+    try:
+        return {name: reader.tensor(name) for name in manifest["tensors"]}, manifest
+    finally:
+        reader.close()
+
+
+def _check_import(cfg, tensors: dict, where: str) -> dict:
+    """The model's (name → shape) layout, once `tensors` match it exactly, as floats."""
+    gpt = GPTConfig(**{k: getattr(cfg.model, k) for k in manifests.MODEL_KEYS})
+    expected = dict(param_layout(gpt))
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        raise CheckpointError(f"{where}: tensors do not match the model "
+                              f"(missing {missing[:5]}, unexpected {extra[:5]})")
+    for name, shape in expected.items():
+        value = tensors[name]
+        if tuple(value.shape) != tuple(shape):
+            raise CheckpointError(f"{where}: {name} has shape {tuple(value.shape)}, the "
+                                  f"model needs {shape}")
+        if value.dtype.name not in ("float16", "bfloat16", "float32", "float64"):
+            raise CheckpointError(f"{where}: {name} holds {value.dtype}; weights are floats")
+        if not np.isfinite(value.astype(np.float32, copy=False)).all():
+            raise CheckpointError(f"{where}: {name} holds NaN or infinite values")
+    return expected
+
+
+def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
+                  source: str = "", force: bool = False) -> str:
+    """A parameters-only checkpoint (no optimizer state: training from it starts Adam
+    fresh) in folder `path`, e.g. for imported GPT-2 weights. Atomic like `save`; an
+    existing checkpoint there is replaced only with `force`, anything else never."""
+    expected = _check_import(cfg, tensors, source or path)
+    replace = claim_folder(path, is_checkpoint, force)
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    try:
+        _write_weights_into(tmp_dir, cfg, tensors, expected, step, source)
+        if replace:
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
+            os.replace(path, os.path.join(old, "checkpoint"))
+            os.replace(tmp_dir, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp_dir, path)  # onto nothing, or onto an empty folder
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)  # ours: made above
+        raise
+    fsync_dir(parent)
+    return path
+
+
+def _write_weights_into(folder: str, cfg, tensors: dict, expected: dict, step: int,
+                        source: str):
+    import h5py
+
+    name = "model-pp000.h5"
+
+    def write(tmp):
+        with h5py.File(tmp, "w") as f:
+            for tname in expected:
+                store(f, tname, np.asarray(tensors[tname]), stage=0)
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
+
+    file = os.path.join(folder, name)
+    write_atomic(file, write)
+    layout = {"dp": 1, "pp": 1, "chunks": 1, "schedule": "none", "zero": 0,
+              "rank_order": "pp-inner", "partition": [list(range(cfg.model.n_layer))]}
+    manifest = manifests.build(
+        cfg, step, str(np.asarray(tensors["wte"]).dtype), layout,
+        files={name: {"size": os.path.getsize(file), "sha256": sha256(file)}},
+        tensors={t: {"file": name, "shape": list(expected[t])} for t in expected},
+        source=source)
+    manifests.write(folder, json.dumps(manifest, indent=1))

@@ -1,0 +1,300 @@
+"""`python -m hpcpipe ckpt ls|info|verify|export|import-gpt2`: looking after checkpoints
+and moving weights in and out (`generate` lives in generate.py).
+
+Outputs are claimed before any work (files.claim_file / claim_folder): an existing file
+is replaced only with --force; import-gpt2 replaces an existing checkpoint only with
+--force and never a folder that is not a checkpoint, nor `.` or a folder above it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import time
+
+import numpy as np
+
+from hpcpipe import checkpoint as ckpt
+from hpcpipe.checkpoint.hdf5 import store
+from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.files import TooLarge, read_bounded, claim_file, claim_folder, write_atomic, write_text_atomic
+from hpcpipe.util.schema import Int, Mismatch, Record, parse_json
+
+EPILOG = """\
+examples:
+  python -m hpcpipe ckpt ls runs/tiny
+  python -m hpcpipe ckpt info runs/tiny                 # its latest checkpoint
+  python -m hpcpipe ckpt verify runs/tiny/checkpoints/step_00000500
+  python -m hpcpipe ckpt export runs/tiny --out tiny.safetensors
+  python -m hpcpipe ckpt import-gpt2 model.safetensors --out runs/gpt2/checkpoints/step_00000000
+  python -m hpcpipe train inputs/gpt2-124m.toml --set model.vocab_size=50257 \\
+      --resume runs/gpt2/checkpoints/step_00000000          # fine-tune GPT-2
+
+A CHECKPOINT is a checkpoint folder, a checkpoints/ folder or a run directory (meaning
+its latest checkpoint)."""
+
+HF_PREFIX = "transformer."
+GPT2_VOCAB, GPT2_EOT = 50257, 50256
+MAX_HF_CONFIG = 1 << 20  # Hugging Face's GPT-2 config.json is under 1 KiB
+# What import-gpt2 takes from a config.json beside the weights: the head count, which the
+# tensors' shapes cannot tell.
+_HF_CONFIG = Record({"n_head": Int(1, 1 << 16)}, extra=True)
+
+
+def register(subparsers):
+    parser = subparsers.add_parser(
+        "ckpt", help="list, inspect, verify, export and import checkpoints",
+        description="Look after hpcpipe's HDF5 checkpoints.", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="ckpt_command", metavar="ACTION", required=True)
+    ls = sub.add_parser("ls", help="list the checkpoints of a run")
+    ls.add_argument("where", metavar="RUN_DIR", help="a run directory or its checkpoints/")
+    ls.set_defaults(func=cmd_ls)
+    info = sub.add_parser("info", help="what a checkpoint holds")
+    info.add_argument("checkpoint", metavar="CHECKPOINT")
+    info.set_defaults(func=cmd_info)
+    verify = sub.add_parser("verify", help="check every file's size, SHA-256 and checksums")
+    verify.add_argument("checkpoint", metavar="CHECKPOINT")
+    verify.set_defaults(func=cmd_verify)
+    export = sub.add_parser("export", help="the weights as one .h5 or .safetensors file",
+                            description="Consolidate a checkpoint's weights into one HDF5 "
+                            "file (GPT-2 names) or a safetensors file with Hugging Face "
+                            "GPT-2's names, which import-gpt2 reads back; beside a "
+                            "safetensors file goes the config.json Hugging Face's GPT-2 "
+                            "loader needs (name the file DIR/model.safetensors and load DIR).")
+    export.add_argument("checkpoint", metavar="CHECKPOINT")
+    export.add_argument("--out", required=True, help="FILE.h5 or FILE.safetensors")
+    export.add_argument("--force", action="store_true", help="replace an existing file")
+    export.set_defaults(func=cmd_export)
+    imp = sub.add_parser("import-gpt2", help="a Hugging Face GPT-2 safetensors → checkpoint",
+                         description="Turn a GPT-2 safetensors file (Hugging Face names, with "
+                         "or without the 'transformer.' prefix) into an hpcpipe checkpoint "
+                         "at step 0 without optimizer state, ready to fine-tune.")
+    imp.add_argument("file", metavar="FILE.safetensors")
+    imp.add_argument("--out", required=True, help="the checkpoint folder to create (a new or "
+                     "empty folder)")
+    imp.add_argument("--force", action="store_true",
+                     help="replace an existing checkpoint there (never other folders)")
+    imp.add_argument("--config", default="inputs/gpt2-124m.toml",
+                     help="config for the rest of the run (its [model] shape is taken from "
+                          "the file; n_head from the file's metadata, else a Hugging Face "
+                          "config.json beside it, else from here); default "
+                          "inputs/gpt2-124m.toml")
+    imp.set_defaults(func=cmd_import)
+
+    return parser
+
+
+def _resolve(path: str) -> str:
+    return ckpt.resolve(path)
+
+
+def cmd_ls(args) -> int:
+    root = args.where
+    if os.path.isdir(ckpt.root_of(root)):
+        root = ckpt.root_of(root)
+    if not os.path.isdir(root):
+        raise ckpt.CheckpointError(f"{args.where}: neither a run directory nor a checkpoints/ "
+                                   f"folder")
+    latest = ckpt.latest(root, log=print)
+    found = ckpt.list_checkpoints(root)
+    print(f"{root}: {len(found)} checkpoint(s)")
+    for step, path in found:
+        size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(path)))
+        mark = "  <- latest" if latest and os.path.samefile(path, latest) else ""
+        print(f"  {os.path.basename(path)}  step {step:>8}  {size / 2**20:8.1f} MiB  {when}{mark}")
+    for entry in sorted(os.listdir(root)):
+        if ".tmp" in entry:
+            print(f"  {entry}  (incomplete: a save that did not finish; ignored)")
+    return 0
+
+
+def cmd_info(args) -> int:
+    path = _resolve(args.checkpoint)
+    m = ckpt.read_manifest(path)
+    lay, model = m["layout"], m["model"]
+    size = sum(f["size"] for f in m["files"].values())
+    print(f"{path}")
+    print(f"  step {m['step']}, written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m['created']))}")
+    print(f"  model: {model['n_layer']} layers, {model['n_head']} heads, n_embd {model['n_embd']}, "
+          f"block {model['block_size']}, vocab {model['vocab_size']}; {m['dtype']}")
+    print(f"  layout: dp {lay['dp']} × pp {lay['pp']} × tp {lay.get('tp', 1)} "
+          f"({lay['chunks']} chunk(s) per rank), "
+          f"schedule {lay['schedule']}, ZeRO {lay['zero']}")
+    print(f"  partition: {lay['partition']}")
+    params = sum(int(np.prod(t['shape'])) for t in m['tensors'].values())
+    print(f"  {len(m['tensors'])} tensors, {params:,} parameters; optimizer state for "
+          f"{len(m['pieces'])} tensors (Adam step {m['adam_step']})")
+    print(f"  {len(m['files'])} files, {size / 2**20:.1f} MiB: {', '.join(sorted(m['files']))}")
+    if m.get("state"):
+        print(f"  state: {m['state']}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    path = _resolve(args.checkpoint)
+    problems = ckpt.verify(path)
+    if problems:
+        for p in problems:
+            print(f"BAD  {p}")
+        return 1
+    m = ckpt.read_manifest(path)
+    print(f"OK   {path}: {len(m['files'])} files, sizes, SHA-256 and HDF5 checksums all match")
+    return 0
+
+
+def to_hf_names(tensors: dict) -> dict:
+    return {("wte.weight" if n == "wte" else "wpe.weight" if n == "wpe" else n): t
+            for n, t in tensors.items()}
+
+
+def from_hf_names(tensors: dict, source: str) -> dict:
+    """Hugging Face GPT-2 names → hpcpipe's (GPT-2's own): drop the prefix, the tied
+    lm_head (checked equal to wte) and the attention-mask buffers."""
+    out = {}
+    for name, value in tensors.items():
+        if name.startswith(HF_PREFIX):
+            name = name[len(HF_PREFIX):]
+        if name.endswith(".attn.bias") or name.endswith(".attn.masked_bias"):
+            continue  # the causal mask, a buffer, not a weight
+        if name == "lm_head.weight":
+            continue
+        name = {"wte.weight": "wte", "wpe.weight": "wpe"}.get(name, name)
+        if name in out:
+            raise HpcpipeError(f"{source}: {name} appears twice (with and without the "
+                               f"{HF_PREFIX!r} prefix)")
+        out[name] = value
+    head = tensors.get("lm_head.weight")
+    if head is not None and "wte" in out and not np.array_equal(head, out["wte"]):
+        raise HpcpipeError(f"{source}: lm_head.weight differs from wte.weight; hpcpipe's head "
+                           f"is tied to the embedding")
+    return out
+
+
+def gpt2_shape(tensors: dict, metadata: dict, n_head_default: int, source: str) -> dict:
+    """The model shape a GPT-2 state dict implies, every part of it checked."""
+    for name in ("wte", "wpe"):
+        if name not in tensors:
+            raise HpcpipeError(f"{source}: no {name}: not a GPT-2 state dict")
+        if tensors[name].ndim != 2 or 0 in tensors[name].shape:
+            raise HpcpipeError(f"{source}: {name} has shape {tensors[name].shape}; GPT-2's is "
+                               f"(rows, n_embd)")
+    (vocab, width), (block, width2) = tensors["wte"].shape, tensors["wpe"].shape
+    if width != width2:
+        raise HpcpipeError(f"{source}: wte is {width} wide but wpe {width2}")
+    layers = set()
+    for name in tensors:
+        match = re.match(r"h\.(\d{1,9})\.", name)
+        if name.startswith("h.") and not match:
+            raise HpcpipeError(f"{source}: {name}: not a GPT-2 block parameter (h.N....)")
+        if match:
+            layers.add(int(match.group(1)))
+    if not layers or layers != set(range(len(layers))):
+        raise HpcpipeError(f"{source}: transformer blocks {sorted(layers)[:8]}: GPT-2 numbers "
+                           f"its blocks h.0 to h.(n_layer - 1)")
+    text = str(metadata.get("n_head", n_head_default))
+    if not re.fullmatch(r"\d{1,6}", text) or int(text) < 1 or width % int(text):
+        raise HpcpipeError(f"{source}: n_head = {text[:20]!r} (from the file's metadata or the "
+                           f"config): must be a positive integer dividing n_embd = {width}")
+    return {"vocab_size": vocab, "n_embd": width, "block_size": block,
+            "n_layer": len(layers), "n_head": int(text)}
+
+
+def hf_config(model: dict, dtype: str) -> dict:
+    """The config.json a Hugging Face GPT-2 loader (`GPT2LMHeadModel.from_pretrained` on
+    the folder) needs beside model.safetensors: the shape, and hpcpipe's fixed choices —
+    tanh GELU ("gelu_new"), LayerNorm eps 1e-5, the head tied to wte, no dropout."""
+    gpt2_vocab = model["vocab_size"] >= GPT2_VOCAB
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+            "vocab_size": model["vocab_size"], "n_positions": model["block_size"],
+            "n_ctx": model["block_size"], "n_embd": model["n_embd"],
+            "n_layer": model["n_layer"], "n_head": model["n_head"], "n_inner": None,
+            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+            "initializer_range": 0.02, "scale_attn_weights": True,
+            "tie_word_embeddings": True, "use_cache": True, "torch_dtype": dtype,
+            # <|endoftext|> for a GPT-2 vocabulary; a byte-level model has no such token
+            "bos_token_id": GPT2_EOT if gpt2_vocab else None,
+            "eos_token_id": GPT2_EOT if gpt2_vocab else None}
+
+
+def cmd_export(args) -> int:
+    from hpcpipe.checkpoint import safetensors
+
+    if not args.out.endswith((".safetensors", ".h5", ".hdf5")):
+        raise HpcpipeError(f"--out {args.out}: name it FILE.h5 or FILE.safetensors")
+    claim_file(args.out, args.force)
+    config_json = os.path.join(os.path.dirname(args.out), "config.json")
+    if args.out.endswith(".safetensors"):
+        claim_file(config_json, args.force)
+    path = _resolve(args.checkpoint)
+    tensors, manifest = ckpt.read_weights(path)
+    if args.out.endswith(".safetensors"):
+        safetensors.save(args.out, to_hf_names(tensors),
+                         {"format": "pt", "source": f"hpcpipe {path}", "step": manifest["step"],
+                          "n_head": manifest["model"]["n_head"]})
+        dtype = str(next(iter(tensors.values())).dtype)
+        write_text_atomic(config_json, json.dumps(hf_config(manifest["model"], dtype),
+                                                  indent=2) + "\n")
+        print(f"wrote {config_json} (Hugging Face GPT-2 config: load the folder with "
+              f"GPT2LMHeadModel.from_pretrained when the weights are named model.safetensors)")
+    else:
+        import h5py
+
+        def write(tmp):
+            with h5py.File(tmp, "w") as f:
+                for name, value in tensors.items():
+                    store(f, name, value)
+                f.attrs["config"] = manifest["config"]
+                f.attrs["step"] = manifest["step"]
+
+        write_atomic(args.out, write)
+    size = os.path.getsize(args.out)
+    print(f"exported {len(tensors)} tensors of {path} to {args.out} ({size / 2**20:.1f} MiB)")
+    return 0
+
+
+def hf_n_head(weights: str) -> int | None:
+    """n_head from the Hugging Face config.json beside a safetensors file, if there is
+    one (checked: strict JSON, at most 1 MiB, n_head a positive integer)."""
+    path = os.path.join(os.path.dirname(weights), "config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        data = read_bounded(path, MAX_HF_CONFIG)
+    except TooLarge as e:
+        raise HpcpipeError(f"{path} (the Hugging Face config beside {weights}): "
+                           f"{e.size:,} bytes, larger than {MAX_HF_CONFIG} bytes") from None
+    except OSError as e:
+        raise HpcpipeError(f"{path} cannot be read ({e.strerror or e})") from None
+    try:
+        return _HF_CONFIG.check(parse_json(data))["n_head"]
+    except (Mismatch, ValueError) as e:
+        raise HpcpipeError(f"{path} (the Hugging Face config beside {weights}): {e}") from None
+
+
+def cmd_import(args) -> int:
+    import dataclasses
+
+    from hpcpipe import config
+    from hpcpipe.checkpoint import safetensors
+    from hpcpipe.device.budget import require
+
+    claim_folder(args.out, ckpt.is_checkpoint, args.force)  # before reading anything
+    base = config.load(args.config)
+    entries, _, _ = safetensors.read_header(args.file)
+    require(sum(e.end - e.begin for e in entries), f"importing {args.file}")
+    raw, metadata = safetensors.load(args.file)
+    tensors = from_hf_names(raw, args.file)
+    n_head = hf_n_head(args.file)
+    shape = gpt2_shape(tensors, metadata, n_head or base.model.n_head, args.file)
+    model = dataclasses.replace(base.model, **shape)
+    cfg = config.validate(dataclasses.replace(base, model=model, source=args.config))
+    ckpt.write_weights(args.out, cfg, tensors, step=0, source=args.file, force=args.force)
+    print(f"imported {len(tensors)} tensors from {args.file} into {args.out}: "
+          f"{model.n_layer} layers, n_embd {model.n_embd}, vocab {model.vocab_size}, "
+          f"block {model.block_size}, {model.n_head} heads")
+    return 0

@@ -1,0 +1,226 @@
+"""`python -m hpcpipe generate CHECKPOINT`: sample text (or token ids) from a checkpoint,
+printed as it comes.
+
+Every argument is checked as it is parsed (counts, a finite temperature, a seed that fits
+64 bits), the prompt before the model is built (token ids inside the vocabulary; a
+byte-level model takes any prompt, UTF-8 or not, as its bytes), and the model's memory
+before it is allocated.
+
+Text in and out goes through a tokenizer (tokenizer.py): bytes for a vocabulary of 256,
+GPT-2's BPE for one of 50257 or more (a padded GPT-2 vocabulary), token ids otherwise;
+`--tokenizer` chooses another. Each new token costs one incremental forward over the
+key/value cache (kvcache.py), not a forward over the whole context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+from hpcpipe import checkpoint as ckpt
+from hpcpipe.data.tokenizer import GPT2_FILE_URL, TextStream, Tokenizer, load
+from hpcpipe.util.arguments import integer, number
+from hpcpipe.util.errors import HpcpipeError
+
+MAX_TOKENS = 1 << 20
+GPT2_VOCAB = 50257
+EPILOG = f"""\
+examples:
+  python -m hpcpipe generate runs/tiny --prompt 'def main(' --tokens 200
+  python -m hpcpipe generate runs/gpt2 --prompt 'The meaning of life is' --top-k 40
+  python -m hpcpipe generate runs/gpt2 --prompt-ids 464,3290 --tokens 20 --top-k 40
+
+GPT-2's BPE needs tiktoken (pip install 'hpcpipe[gpt2]') and its ranks: --tokenizer-file
+FILE or $HPCPIPE_TOKENIZER_FILE (offline), else tiktoken downloads them once; the file is
+{GPT2_FILE_URL}"""
+
+
+def register(subparsers):
+    gen = subparsers.add_parser(
+        "generate", help="sample text from a checkpoint",
+        description="Sample from a trained model, printing each token as it comes. "
+                    "Byte-level models (vocab 256) and GPT-2 vocabularies (50257 or more) "
+                    "take and print text; other vocabularies, and --prompt-ids, token ids.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    gen.add_argument("checkpoint", metavar="CHECKPOINT")
+    gen.add_argument("--prompt", default=None, help="text to continue")
+    gen.add_argument("--prompt-ids", default=None,
+                     help="comma-separated token ids instead (any vocabulary; prints ids)")
+    gen.add_argument("--tokens", type=integer(0, MAX_TOKENS), default=200,
+                     help=f"tokens to generate, 0 to {MAX_TOKENS} (200)")
+    gen.add_argument("--temperature", type=number(0, 1e6), default=0.8,
+                     help="0: greedy (0.8)")
+    gen.add_argument("--top-k", type=integer(0), default=0,
+                     help="sample among the k likeliest (0: all)")
+    gen.add_argument("--seed", type=integer(0), default=0)
+    gen.add_argument("--tokenizer", choices=("auto", "bytes", "gpt2", "ids"), default="auto",
+                     help="how text becomes tokens: auto (bytes for vocab 256, gpt2 for "
+                          "50257 or more, else ids), bytes, gpt2 (needs tiktoken) or ids")
+    gen.add_argument("--tokenizer-file", metavar="FILE",
+                     help="GPT-2's BPE ranks in tiktoken's format (r50k_base.tiktoken)")
+    gen.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                     help="where to compute: auto (the GPU when there is one), cpu or gpu")
+    gen.set_defaults(func=cmd_generate)
+    return gen
+
+
+def choose_tokenizer(args, vocab_size: int) -> Tokenizer | None:
+    """The tokenizer text goes through, or None when the model takes and gives ids."""
+    name = args.tokenizer
+    if name == "auto":
+        name = ("bytes" if vocab_size == 256 else "gpt2" if vocab_size >= GPT2_VOCAB
+                else "ids")
+    if name == "ids" or (args.prompt_ids is not None and args.tokenizer == "auto"):
+        return None
+    tokenizer = load(name, args.tokenizer_file)
+    if tokenizer.vocab_size > vocab_size:
+        raise HpcpipeError(f"the {name} tokenizer has {tokenizer.vocab_size:,} tokens, more "
+                           f"than this model's vocabulary of {vocab_size:,}: choose another "
+                           f"--tokenizer")
+    return tokenizer
+
+
+def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None = None) -> list[int]:
+    """The prompt as token ids, checked against the vocabulary."""
+    if args.prompt is not None and args.prompt_ids is not None:
+        raise HpcpipeError("give --prompt or --prompt-ids, not both")
+    if args.prompt_ids is not None:
+        ids = []
+        for text in args.prompt_ids.split(","):
+            if not text.strip():
+                continue
+            try:
+                ids.append(int(text))
+            except ValueError:
+                raise HpcpipeError(f"--prompt-ids: {text.strip()[:20]!r} is not a token id "
+                                   f"(comma-separated integers)") from None
+        bad = [i for i in ids if not 0 <= i < vocab_size]
+        if bad:
+            raise HpcpipeError(f"--prompt-ids: {bad[0]} is outside the vocabulary: token ids "
+                               f"are 0..{vocab_size - 1}")
+    elif args.prompt is not None:
+        if tokenizer is None:
+            raise HpcpipeError(f"this model's vocabulary ({vocab_size}) is not bytes: give "
+                               f"--prompt-ids, or --tokenizer gpt2 for GPT-2's BPE")
+        ids = tokenizer.encode(os.fsencode(args.prompt))  # the command line's own bytes
+    else:
+        ids = []
+    if ids:
+        return ids
+    if tokenizer is not None and tokenizer.eot is not None:
+        return [tokenizer.eot]  # GPT-2 starts a document after <|endoftext|>
+    return [ord("\n")] if tokenizer is not None else [0]
+
+
+class Sampler:
+    """Next tokens from a model, one incremental forward each (kvcache.py).
+
+    The context is every token so far, up to block_size; a full cache restarts from the
+    last half of the context (absolute positions: sliding by one token would recompute
+    the whole window for every token)."""
+
+    def __init__(self, model, be, temperature: float, top_k: int, seed: int):
+        self.model, self.be = model, be
+        self.temperature, self.top_k = temperature, top_k
+        self.rng = np.random.default_rng(seed)
+
+    def choose(self, logits) -> int:
+        logits = self.be.to_host(logits).astype(np.float64)
+        if self.temperature <= 0:
+            return int(np.argmax(logits))
+        logits = logits / self.temperature
+        if self.top_k:
+            cut = np.sort(logits)[-min(self.top_k, logits.size)]
+            logits[logits < cut] = -np.inf
+        probs = np.exp(logits - logits.max())
+        return int(self.rng.choice(logits.size, p=probs / probs.sum()))
+
+    def tokens(self, ids: list[int], count: int):
+        """Yield `count` new tokens continuing `ids`."""
+        cache = self.model.new_cache(1)
+        history = list(ids)
+        logits = self._restart(cache, history[-cache.capacity:])
+        for n in range(count):
+            token = self.choose(logits[0, -1])
+            yield token
+            history.append(token)
+            if n + 1 == count:
+                return
+            if cache.length == cache.capacity:
+                logits = self._restart(cache, history[-max(1, cache.capacity // 2):])
+            else:
+                logits = self.model.decode(np.array([[token]]), cache, last_only=True)
+
+    def _restart(self, cache, context: list[int]):
+        cache.reset()
+        return self.model.decode(np.array([context]), cache, last_only=True)
+
+
+def sample(model, be, ids: list[int], args) -> list[int]:
+    """The prompt and `args.tokens` new tokens (no printing)."""
+    sampler = Sampler(model, be, args.temperature, args.top_k, args.seed)
+    return list(ids) + list(sampler.tokens(ids, args.tokens))
+
+
+def load_model(path: str, manifest: dict, device: str = "auto"):
+    """(model, backend) of a checkpoint on `device`, its memory checked before it is
+    allocated."""
+    from hpcpipe.device import backend
+    from hpcpipe.device.budget import (
+        BudgetError,
+        device_available,
+        gib,
+        require,
+        run_need,
+    )
+    from hpcpipe.model import GPT, GPTConfig
+
+    shape = GPTConfig(**manifest["model"])
+    dtype = "float32" if manifest["dtype"] in ("float16", "bfloat16") else manifest["dtype"]
+    need = run_need(shape, 1, dtype, optimizer=False)
+    # One token at a time is too little work to share between cores: BLAS on one thread
+    # (its idle workers would spin on the cores between the many small products), and a
+    # backend whose pool is this one thread.
+    backend.limit_threads(1)
+    be = backend.select(device)
+    if be.is_gpu:
+        free = device_available(be)
+        if free is not None and need.total > free:
+            raise BudgetError(f"{path}: sampling needs at least {gib(need.total)} on the GPU "
+                              f"({need.describe()}); {gib(free)} is free")
+    else:
+        require(need.total, f"sampling from {path} ({need.describe()})")
+    tensors, _ = ckpt.read_weights(path)
+    model = GPT(shape, dtype=dtype, be=be)
+    for name, value in tensors.items():
+        model.params[name][...] = be.xp.asarray(value.astype(dtype))
+    return model, be
+
+
+def cmd_generate(args) -> int:
+    path = ckpt.resolve(args.checkpoint)
+    manifest = ckpt.read_manifest(path)
+    vocab_size = manifest["model"]["vocab_size"]
+    tokenizer = choose_tokenizer(args, vocab_size)
+    ids = prompt_ids(args, vocab_size, tokenizer)
+    model, be = load_model(path, manifest, args.device)
+    sampler = Sampler(model, be, args.temperature, args.top_k, args.seed)
+    out = sys.stdout
+    if tokenizer is None or args.prompt_ids is not None:
+        out.write(",".join(str(i) for i in ids))
+        for token in sampler.tokens(ids, args.tokens):
+            out.write(f",{token}")
+            out.flush()
+    else:
+        text = TextStream(tokenizer)
+        out.write(text.push(ids))
+        for token in sampler.tokens(ids, args.tokens):
+            out.write(text.push([token]))
+            out.flush()
+        out.write(text.end())
+    out.write("\n")
+    out.flush()
+    return 0

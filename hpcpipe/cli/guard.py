@@ -1,0 +1,187 @@
+"""How every command ends: its own status, or one `error:` line and a non-zero status — and
+under MPI, every rank of the job ending together, whatever the launch line.
+
+A command reaches MPI through its `Job` (`job.world()`), which also keeps a duplicate of
+the world communicator that only failures use. When a command fails:
+
+- A user error — an HpcpipeError, an OSError (a full disk, a missing permission, a path
+  that is not there) or a MemoryError — prints `error: <message>` and returns 2.
+- Under MPI (more than one rank), the failing rank first waits up to `agree_s` seconds for
+  every other rank to fail as well: a non-blocking barrier on the failure communicator,
+  which nothing else uses, so it can never match another collective. When all ranks
+  arrive — the usual case, as every rank reads the same config and files — rank 0 prints
+  the message and every rank returns 2. When they do not, the failure is this rank's
+  alone and the others are blocked waiting for it: it prints its message, naming its
+  rank, and aborts the whole job (MPI_Abort).
+- Anything else is a bug: the traceback is printed, and with more than one rank the job
+  is aborted at once. `python -m mpi4py` would abort too, but `srun python -m hpcpipe`
+  (a common launch line) would otherwise leave the other ranks waiting until the job's
+  wall-clock limit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+from hpcpipe.util.errors import HpcpipeError
+
+EXIT_USER_ERROR = 2
+EXIT_BUG = 1
+# How long a failing rank waits for the others to fail too before it aborts the job; long
+# enough for ranks that started a little later to reach the same error on a busy node.
+AGREE_S = 10.0
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def _mpi():
+    """mpi4py.MPI if this process initialised MPI and has not finalised it, else None."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return mpi
+    return None
+
+
+def launch_rank() -> int:
+    """This process's rank: MPI's when initialised, else the launcher's variables."""
+    mpi = _mpi()
+    if mpi is not None:
+        return mpi.COMM_WORLD.rank
+    for var in _RANK_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def _agree_s_from_env() -> float:
+    """HPCPIPE_FAILURE_WAIT_S overrides AGREE_S (the tests of lone failures shorten it)."""
+    try:
+        value = float(os.environ.get("HPCPIPE_FAILURE_WAIT_S", AGREE_S))
+    except ValueError:
+        return AGREE_S
+    return value if 0 <= value <= 3600 else AGREE_S
+
+
+def user_message(error: BaseException) -> str:
+    """The one line a user error prints (after `error: `)."""
+    if isinstance(error, OSError) and not isinstance(error, HpcpipeError):
+        what = error.strerror or str(error) or type(error).__name__
+        names = [n for n in (error.filename, error.filename2) if n]
+        text = f"{': '.join(map(str, names))}: {what}" if names else what
+    elif isinstance(error, MemoryError):
+        text = f"out of memory: {error}" if str(error) else "out of memory"
+    else:
+        text = str(error) or type(error).__name__
+    return " ".join(text.split())  # one line, whatever the message held
+
+
+class Job:
+    """One command's view of the MPI job; `world()` is how a command gets COMM_WORLD."""
+
+    def __init__(self, agree_s: float | None = None):
+        self.agree_s = agree_s if agree_s is not None else _agree_s_from_env()
+        self.failures = None  # the failure-only duplicate of COMM_WORLD, once MPI runs
+        if _mpi() is not None:  # started under `python -m mpi4py`: every rank is here now
+            self._duplicate()
+
+    def world(self):
+        """MPI.COMM_WORLD, initialising MPI if needed. Every rank of a command calls this
+        at the same point, so the failure communicator is duplicated collectively."""
+        from mpi4py import MPI
+
+        self._duplicate()
+        return MPI.COMM_WORLD
+
+    def _duplicate(self):
+        mpi = _mpi()
+        if self.failures is None and mpi is not None and mpi.COMM_WORLD.size > 1:
+            self.failures = mpi.COMM_WORLD.Dup()
+
+    def release(self):
+        """Free the failure communicator (before an explicit MPI.Finalize)."""
+        if self.failures is not None and _mpi() is not None:
+            self.failures.Free()
+        self.failures = None
+
+    def _size(self) -> int:
+        mpi = _mpi()
+        return mpi.COMM_WORLD.size if mpi is not None else 1
+
+    def _all_failed(self) -> bool:
+        """Whether every rank reached its failure handler within `agree_s` seconds."""
+        if self.failures is None:
+            return False
+        request = self.failures.Ibarrier()
+        deadline = time.monotonic() + self.agree_s
+        while time.monotonic() < deadline:
+            if request.Test():
+                return True
+            time.sleep(0.005)
+        return False
+
+    def user_error(self, error: BaseException) -> int:
+        message = user_message(error)
+        if self._size() == 1:
+            if launch_rank() == 0:  # N separate processes (no MPI yet): one speaks
+                _say(f"error: {message}")
+            return EXIT_USER_ERROR
+        if self._all_failed():
+            if launch_rank() == 0:
+                _say(f"error: {message}")
+            return EXIT_USER_ERROR
+        _say(f"error: rank {launch_rank()}: {message}")
+        _abort(EXIT_USER_ERROR)
+        return EXIT_USER_ERROR  # not reached: Abort ends the process
+
+    def bug(self):
+        """An unexpected exception (called inside its `except` block)."""
+        if self._size() == 1:
+            raise  # the interpreter prints the traceback and exits with status 1
+        rank = launch_rank()
+        text = traceback.format_exc()
+        _say(f"rank {rank}: unexpected error; aborting every rank of the job\n{text}")
+        _abort(EXIT_BUG)
+
+
+def _say(text: str):
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr closed: the status still tells
+        pass
+
+
+def _abort(status: int):
+    sys.stdout.flush()
+    _mpi().COMM_WORLD.Abort(status)
+
+
+USER_ERRORS = (HpcpipeError, OSError, MemoryError)
+
+
+def run(command, job: Job) -> int:
+    """`command()` with every failure mapped as the module's docstring says."""
+    try:
+        return command()
+    except KeyboardInterrupt:
+        if launch_rank() == 0:
+            _say("interrupted")
+        return 130
+    except BrokenPipeError:  # `... | head` closed the pipe: nothing left to say
+        _quiet_stdout()
+        return 141
+    except USER_ERRORS as error:
+        return job.user_error(error)
+    except Exception:
+        job.bug()
+        return EXIT_BUG
+
+
+def _quiet_stdout():
+    """After a broken pipe, point stdout at /dev/null so exiting does not raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

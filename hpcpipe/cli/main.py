@@ -1,0 +1,211 @@
+"""The command line: `python -m hpcpipe train|prepare|schedule|bench ...`.
+
+Runs as a single process or as every rank of an MPI job (`mpiexec -n N python -m mpi4py
+-m hpcpipe ...`). Every command ends through guard.run: errors that are the user's to fix
+(a bad argument, config or file, a path it must not write) print one `error:` line from
+one rank and exit with status 2; anything else is a bug, which keeps its traceback and,
+under MPI, aborts every rank of the job whatever the launch line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from hpcpipe import __version__
+from hpcpipe.cli.guard import Job, run
+from hpcpipe.util.arguments import Parser, number
+from hpcpipe.util.errors import EXIT_PREEMPTED
+
+EPILOG = """\
+examples:
+  python -m hpcpipe train inputs/tiny.toml
+  python -m hpcpipe train inputs/tiny.toml --set train.steps=50 --set train.lr=1e-3
+  mpiexec -n 1 python -m mpi4py -m hpcpipe train inputs/tiny.toml --run-dir runs/try1
+  python -m hpcpipe prepare --corpus stdlib --out data/stdlib.tokens.h5
+  python -m hpcpipe schedule --kind zb-h1 --stages 4 --microbatches 8
+  python -m hpcpipe train inputs/tiny.toml --resume       # continue from the latest checkpoint
+  python -m hpcpipe ckpt ls runs/tiny
+  python -m hpcpipe generate runs/tiny --prompt "def " --tokens 200
+  python -m hpcpipe plot runs/tiny                 # loss, tokens/s, bubble: runs/tiny/plot.png
+  srun python -m mpi4py -m hpcpipe doctor runs/   # MPI, GPUs, threads, run dir: before a job
+
+Each command has its own --help. Runs write to runs/<config name>/ (config.toml,
+metrics.jsonl, summary.json)."""
+
+TRAIN_EPILOG = """\
+The config is a TOML file with sections [model], [train], [data], [parallel] and
+[checkpoint]; every key has a default (see hpcpipe/config.py and inputs/tiny.toml).
+Unknown keys, wrong types and impossible values stop the run before it starts, naming
+the key.
+
+The data file ([data] path, default data/<corpus>.tokens.h5) is prepared from [data]
+corpus on first use: "stdlib" (this Python's standard library sources, no download), a
+text file, or a folder of text files. [data] path may also name llm.c .bin shards (a
+quoted glob) or a nanoGPT train.bin, read as they are (GPT-2 tokens: set
+model.vocab_size = 50257 or more).
+
+Progress lines average loss, tokens/s, ms/step and bubble over the steps since the last
+line; MFU counts 6N + 12·L·C·T FLOPs per token against the matmul peak each rank
+measured at start-up. `python -m hpcpipe plot RUN_DIR` draws the curves.
+
+Under MPI, start it as `mpiexec -n N python -m mpi4py -m hpcpipe train ...` with
+N = parallel.dp × parallel.pp: `-m mpi4py` makes an exception on one rank abort the whole
+job instead of leaving the others waiting.
+
+Checkpoints go to RUN_DIR/checkpoints/ every [checkpoint] every steps and at the end.
+SIGTERM or SIGUSR1 makes every rank save one at the next step boundary and exit with
+status 75; `--resume` (or checkpoint.resume = "auto") continues, bitwise as if never
+stopped."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="python -m hpcpipe",
+        description="hpcpipe: pipeline-parallel GPT training over MPI, with hand-written "
+                    "layers and zero-bubble schedules.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"hpcpipe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    train = sub.add_parser(
+        "train", help="train a GPT from a TOML config",
+        description="Train a GPT from a TOML config, printing progress, validation loss and "
+                    "a summary; writes the run directory.",
+        epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_argument("config", metavar="CONFIG", help="TOML config, e.g. inputs/tiny.toml")
+    train.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="SECTION.KEY=VALUE",
+                       help="override one config value (repeatable), e.g. --set train.steps=50")
+    train.add_argument("--run-dir", metavar="DIR",
+                       help="where to write config.toml, metrics.jsonl and checkpoints/ "
+                            "(default: runs/<config file name without .toml>)")
+    train.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
+                       help="continue from the run directory's latest checkpoint, or from "
+                            "the checkpoint folder given (which may belong to another run "
+                            "and another dp × pp layout)")
+    train.set_defaults(func=cmd_train)
+
+    prep = sub.add_parser(
+        "prepare", help="tokenize a corpus, or convert llm.c / nanoGPT tokens, into an HDF5 "
+                        "token file",
+        description="Tokenize a corpus into an HDF5 file with train and val splits: bytes "
+                    "(vocab 256, the default) or GPT-2's BPE (--tokenizer gpt2, vocab 50257; "
+                    "needs tiktoken). `train` prepares byte tokens by itself on first use; run "
+                    "this by hand to prepare once on a login node, for your own text, or to "
+                    "convert llm.c shards or nanoGPT .bin files (--from; `train` also reads "
+                    "those directly as data.path).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  python -m hpcpipe prepare\n"
+               "  python -m hpcpipe prepare --corpus ~/books/ --out data/books.tokens.h5\n"
+               "  python -m hpcpipe prepare --tokenizer gpt2 --tokenizer-file "
+               "r50k_base.tiktoken\n"
+               "  python -m hpcpipe prepare --from 'fineweb10B/fineweb_train_*.bin' "
+               "--out data/fineweb.tokens.h5\n\n"
+               "GPT-2's BPE ranks: --tokenizer-file FILE, or $HPCPIPE_TOKENIZER_FILE, else "
+               "tiktoken's cache or download;\nthe file is "
+               "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken")
+    prep.add_argument("--corpus", default=None,
+                      help='"stdlib" (default: the Python standard library sources), a text '
+                           "file, or a folder of text files")
+    prep.add_argument("--from", dest="source", metavar="TOKENS",
+                      help="convert token files instead: an llm.c shard or a glob of them "
+                           "(quoted), or a nanoGPT train.bin (val files found by name)")
+    prep.add_argument("--tokenizer", choices=("bytes", "gpt2"), default=None,
+                      help="bytes (default) or gpt2 (GPT-2's BPE through tiktoken)")
+    prep.add_argument("--tokenizer-file", metavar="FILE",
+                      help="GPT-2's BPE ranks in tiktoken's format (r50k_base.tiktoken), "
+                           "for machines without a network")
+    prep.add_argument("--out", help="output file (default: data/<corpus name>.tokens.h5)")
+    prep.add_argument("--val-fraction", type=number(0, 1), default=0.05,
+                      help="share of tokens held out for validation (default 0.05)")
+    prep.add_argument("--force", action="store_true", help="overwrite an existing file")
+    prep.set_defaults(func=cmd_prepare)
+
+    from hpcpipe.bench import register as register_bench
+    from hpcpipe.cli.ckpt import register as register_ckpt
+    from hpcpipe.cli.doctor import register as register_doctor
+    from hpcpipe.cli.generate import register as register_generate
+    from hpcpipe.runs.plot import register as register_plot
+    from hpcpipe.schedules.cli import register as register_schedule
+
+    register_schedule(sub)
+    register_bench(sub)
+    register_ckpt(sub)
+    register_generate(sub)
+    register_plot(sub)
+    register_doctor(sub)
+    return parser
+
+
+def cmd_train(args) -> int:
+    from hpcpipe import config
+    from hpcpipe.train.preemption import PreemptionWatch
+    from hpcpipe.train.trainer import Preempted, train
+
+    comm = args.job.world()
+    # Signals are honoured from here on: one that arrives while the config loads, the data
+    # is prepared or the model is built stops the run at its first agreement point.
+    watch = PreemptionWatch(comm)
+    try:
+        cfg = config.load(args.config, args.overrides)
+        name = os.path.splitext(os.path.basename(args.config))[0] or "run"
+        run_dir = args.run_dir or os.path.join("runs", name)
+        train(cfg, run_dir, comm, out=lambda msg: print(msg, flush=True), resume=args.resume,
+              watch=watch)
+    except Preempted:
+        # Every rank arrives here together. Finalize first: under `python -m mpi4py` a
+        # non-zero exit calls MPI_Abort, which srun reports as 137 rather than 75, and the
+        # job script could not tell a preemption from a crash.
+        from mpi4py import MPI
+
+        watch.close()
+        args.job.release()
+        MPI.Finalize()
+        return EXIT_PREEMPTED
+    finally:
+        watch.close()
+    return 0
+
+
+def cmd_prepare(args) -> int:
+    from hpcpipe.data.corpora import (
+        convert,
+        converted_path,
+        default_token_path,
+        prepare,
+    )
+    from hpcpipe.data.tokenizer import load
+    from hpcpipe.util.errors import HpcpipeError
+    from hpcpipe.util.files import claim_file
+
+    if args.source is not None:
+        if args.corpus is not None or args.tokenizer is not None:
+            raise HpcpipeError("--from converts tokens as they are: give it without --corpus "
+                               "and --tokenizer")
+        out = args.out or converted_path(args.source)
+        claim_file(out, args.force, "--out", make_folder=True)
+        convert(args.source, out)
+        return 0
+    corpus, name = args.corpus or "stdlib", args.tokenizer or "bytes"
+    tokenizer = load(name, args.tokenizer_file)  # before claiming: a missing library
+    out = args.out or default_token_path(corpus, name)
+    claim_file(out, args.force, "--out", make_folder=True)
+    prepare(corpus, out, args.val_fraction, tokenizer=tokenizer)
+    return 0
+
+
+def main(argv=None) -> int:
+    job = Job()
+
+    def command() -> int:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        args.job = job
+        return args.func(args)
+
+    return run(command, job)
+

@@ -1,0 +1,204 @@
+"""Tokenizers: bytes (the default: vocab 256, nothing to download) and GPT-2's BPE, and
+text decoded from tokens as they come.
+
+GPT-2's BPE runs through tiktoken, an optional extra (`pip install 'hpcpipe[gpt2]'`).
+Its 50,256 merge ranks are a 1.6 MB file, `r50k_base.tiktoken` — GPT-2's vocabulary in
+tiktoken's format (base64 token and rank per line), which tiktoken also uses for its
+"gpt2" encoding. Where it comes from:
+
+    --tokenizer-file FILE, or HPCPIPE_TOKENIZER_FILE=FILE   a local copy (offline nodes):
+        curl -O https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken
+        (sha256 306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930)
+    neither                  tiktoken's own "gpt2" encoding: its cache (TIKTOKEN_CACHE_DIR),
+                             downloaded on first use where there is a network
+
+A local file is read by `read_tiktoken_file`, which checks every line before tiktoken
+sees it (the file comes from outside). Any file of that format works — GPT-2's
+pre-tokenizing pattern and `<|endoftext|>` after the last rank — which is how the tests
+build a small BPE without a network.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import codecs
+import hashlib
+import os
+
+import numpy as np
+
+from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.files import TooLarge, read_bounded
+
+TOKENIZERS = ("bytes", "gpt2")
+FILE_ENV = "HPCPIPE_TOKENIZER_FILE"
+GPT2_FILE_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
+GPT2_FILE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+# GPT-2's pre-tokenizer (tiktoken's r50k pattern: the original, written to run faster).
+GPT2_PATTERN = (r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|"""
+                r"""\s+(?!\S)|\s""")
+ENDOFTEXT = "<|endoftext|>"
+MAX_FILE_BYTES = 64 * 2**20  # GPT-4's ranks (cl100k) are 1.7 MB; anything this big is not ranks
+MAX_RANKS = 2**31 - 2
+INSTALL = "pip install 'hpcpipe[gpt2]' (or: pip install tiktoken)"
+_REPLACEMENT = "\ufffd".encode()
+
+
+class TokenizerError(HpcpipeError):
+    """A tokenizer that cannot be loaded; the message says how to get it."""
+
+
+class Tokenizer:
+    """Text ↔ token ids. `eot`: the id that separates documents (None: a newline does)."""
+
+    name: str
+    vocab_size: int
+    eot: int | None = None
+    source: str = ""
+
+    def encode(self, data: bytes) -> list[int]:
+        raise NotImplementedError
+
+    def token_bytes(self, token: int) -> bytes:
+        raise NotImplementedError
+
+    def decode(self, ids) -> str:
+        return b"".join(self.token_bytes(int(i)) for i in ids).decode("utf-8", "replace")
+
+
+class ByteTokenizer(Tokenizer):
+    """One token per byte: any input, UTF-8 or not, is its bytes."""
+
+    name, vocab_size, source = "bytes", 256, "bytes"
+
+    def encode(self, data: bytes) -> list[int]:
+        return list(data)
+
+    def encode_array(self, data: bytes) -> np.ndarray:
+        return np.frombuffer(data, dtype=np.uint8)
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token])
+
+
+class BPETokenizer(Tokenizer):
+    """GPT-2's byte-level BPE through a tiktoken Encoding."""
+
+    name = "gpt2"
+
+    def __init__(self, encoding, source: str):
+        self.encoding, self.source = encoding, source
+        self.vocab_size = encoding.n_vocab
+        self.eot = encoding.eot_token
+
+    def encode(self, data: bytes) -> list[int]:
+        return self.encoding.encode_ordinary(data.decode("utf-8", "replace"))
+
+    def encode_many(self, texts: list[bytes]) -> list[list[int]]:
+        return self.encoding.encode_ordinary_batch(
+            [t.decode("utf-8", "replace") for t in texts], num_threads=os.cpu_count() or 1)
+
+    def token_bytes(self, token: int) -> bytes:
+        try:
+            return self.encoding.decode_single_token_bytes(token)
+        except KeyError:  # an id of a padded vocabulary that no text maps to
+            return _REPLACEMENT
+
+
+def load(name: str, file: str | None = None) -> Tokenizer:
+    """The tokenizer called `name` ("bytes" or "gpt2"); `file`: GPT-2's ranks in tiktoken's
+    format (else HPCPIPE_TOKENIZER_FILE, else tiktoken's own "gpt2" encoding)."""
+    if name == "bytes":
+        return ByteTokenizer()
+    if name != "gpt2":
+        raise TokenizerError(f"unknown tokenizer {name!r}; known: {', '.join(TOKENIZERS)}")
+    tiktoken = _import_tiktoken()
+    file = file or os.environ.get(FILE_ENV) or None
+    if file:
+        ranks, digest = read_tiktoken_file(file)
+        encoding = tiktoken.Encoding("gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                                     special_tokens={ENDOFTEXT: len(ranks)})
+        kind = "GPT-2's ranks" if digest == GPT2_FILE_SHA256 else f"{len(ranks):,} ranks"
+        return BPETokenizer(encoding, f"{file} ({kind}, sha256 {digest[:12]})")
+    try:
+        encoding = tiktoken.get_encoding("gpt2")
+    except Exception as e:  # no network, a proxy, a damaged cache: all say the same here
+        raise TokenizerError(
+            f"GPT-2's BPE ranks could not be loaded through tiktoken ({type(e).__name__}: "
+            f"{str(e)[:200]}); offline, download {GPT2_FILE_URL} elsewhere and pass "
+            f"--tokenizer-file FILE or set {FILE_ENV}=FILE") from None
+    return BPETokenizer(encoding, "tiktoken's gpt2 encoding")
+
+
+def _import_tiktoken():
+    try:
+        import tiktoken
+    except ImportError:
+        raise TokenizerError(f"the GPT-2 tokenizer needs tiktoken: {INSTALL}") from None
+    return tiktoken
+
+
+def read_tiktoken_file(path: str) -> tuple[dict[bytes, int], str]:
+    """(token bytes → rank, the file's SHA-256) of a `.tiktoken` file: one `base64 rank`
+    per line, the ranks 0 to n − 1 each once, every single byte among the tokens (BPE
+    starts from bytes). Every line is checked; any fault is one TokenizerError naming the
+    file and the line."""
+    try:
+        data = read_bounded(path, MAX_FILE_BYTES)
+    except TooLarge as e:
+        raise TokenizerError(f"tokenizer file {path}: {e.size:,} bytes is too large for a "
+                             f"BPE rank file (at most {MAX_FILE_BYTES:,})") from None
+    except OSError as e:
+        raise TokenizerError(f"tokenizer file {path} cannot be read ({e.strerror or e}); "
+                             f"GPT-2's is {GPT2_FILE_URL}") from None
+    ranks: dict[bytes, int] = {}
+    for number, line in enumerate(data.splitlines(), 1):
+        if line.strip():
+            token, rank = _rank_line(path, number, line)
+            if token in ranks:
+                raise TokenizerError(f"tokenizer file {path}, line {number}: token {token!r} "
+                                     f"has a rank already")
+            ranks[token] = rank
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise TokenizerError(f"tokenizer file {path}: the ranks are not 0 to {len(ranks) - 1} "
+                             f"each once")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise TokenizerError(f"tokenizer file {path}: byte {missing[0]} has no token (a "
+                             f"byte-level BPE ranks all 256 bytes)")
+    return ranks, hashlib.sha256(data).hexdigest()
+
+
+def _rank_line(path: str, number: int, line: bytes) -> tuple[bytes, int]:
+    fields = line.split()
+    problem = None
+    if len(fields) != 2:
+        problem = "expected `base64-token rank`"
+    elif not fields[1].isdigit() or len(fields[1]) > 10 or int(fields[1]) > MAX_RANKS:
+        text = fields[1][:20].decode("ascii", "replace")
+        problem = f"rank {text!r} is not an integer from 0 to {MAX_RANKS}"
+    else:
+        try:
+            token = base64.b64decode(fields[0], validate=True)
+        except (binascii.Error, ValueError):
+            token = b""
+        if token:
+            return token, int(fields[1])
+        problem = "the token is not (non-empty) base64"
+    raise TokenizerError(f"tokenizer file {path}, line {number}: {problem}")
+
+
+class TextStream:
+    """Text of tokens as they come: the bytes of a character split over several tokens
+    are held back until it is complete (bytes that never form one print as U+FFFD)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def push(self, ids) -> str:
+        return self.decoder.decode(b"".join(self.tokenizer.token_bytes(int(i)) for i in ids))
+
+    def end(self) -> str:
+        return self.decoder.decode(b"", final=True)

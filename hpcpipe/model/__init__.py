@@ -1,0 +1,18 @@
+"""The model: GPT-2's parameters and layers, and the slices of it that stages hold.
+
+Owns: the parameter layout under GPT-2's names and its flat buffers (`layout`), the
+hand-written layers with their F, B and W (`layers/`), a stage — a contiguous slice of
+the model with its per-microbatch stash (`stage`) —, the whole model on one process
+(`gpt`, the public API), which part of a tensor a tensor-parallel shard holds
+(`sharding`), incremental decoding (`kvcache`) and the FLOPs of a step (`flops`).
+
+May import: `device`, `util`. Never MPI or `parallel`: a layer that needs a collective
+(tensor parallelism's sums, the sharded loss's max) calls the object it is given.
+"""
+
+from hpcpipe.model.gpt import GPT
+from hpcpipe.model.layout import FlatBuffer, GPTConfig, block_layout, param_layout
+from hpcpipe.model.stage import Stage, StageSpec
+
+__all__ = ["GPT", "GPTConfig", "FlatBuffer", "Stage", "StageSpec", "block_layout",
+           "param_layout"]

@@ -1,0 +1,120 @@
+"""The model's parameters: their GPT-2 names and shapes, their initial values, and the
+flat buffer that holds them with a named view per tensor.
+
+A checkpoint with these names is a GPT-2 checkpoint: `wte` (V, C), `wpe` (T, C), per block
+`h.{l}.ln_1.*`, `attn.c_attn` (C, 3C), `attn.c_proj` (C, C), `ln_2.*`, `mlp.c_fc` (C, 4C),
+`mlp.c_proj` (4C, C), then `ln_f.*`; weights are (in, out): y = x @ W + b.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The shape of a GPT-2-style model."""
+
+    vocab_size: int = 256
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
+            )
+
+
+def block_layout(cfg: GPTConfig, layer: int) -> list[tuple[str, tuple[int, ...]]]:
+    C, p = cfg.n_embd, f"h.{layer}."
+    return [
+        (p + "ln_1.weight", (C,)), (p + "ln_1.bias", (C,)),
+        (p + "attn.c_attn.weight", (C, 3 * C)), (p + "attn.c_attn.bias", (3 * C,)),
+        (p + "attn.c_proj.weight", (C, C)), (p + "attn.c_proj.bias", (C,)),
+        (p + "ln_2.weight", (C,)), (p + "ln_2.bias", (C,)),
+        (p + "mlp.c_fc.weight", (C, 4 * C)), (p + "mlp.c_fc.bias", (4 * C,)),
+        (p + "mlp.c_proj.weight", (4 * C, C)), (p + "mlp.c_proj.bias", (C,)),
+    ]  # fmt: skip
+
+
+def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=True):
+    """Ordered (name, shape) of the parameters a stage holds, in GPT-2's names.
+
+    The head is tied to `wte`: a stage with the head but not the embedding holds its own
+    copy of `wte` (the pipeline keeps the two copies equal).
+    """
+    layers = range(cfg.n_layer) if layers is None else layers
+    out = []
+    if embedding_part or head_part:
+        out.append(("wte", (cfg.vocab_size, cfg.n_embd)))
+    if embedding_part:
+        out.append(("wpe", (cfg.block_size, cfg.n_embd)))
+    for layer in layers:
+        out += block_layout(cfg, layer)
+    if head_part:
+        out += [("ln_f.weight", (cfg.n_embd,)), ("ln_f.bias", (cfg.n_embd,))]
+    return out
+
+
+def init_std(cfg: GPTConfig, name: str) -> float | None:
+    """GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2L);
+    None means a constant (LayerNorm weight 1, every bias and LayerNorm bias 0)."""
+    if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name == "ln_f.weight":
+        return None
+    if name.endswith(".bias"):
+        return None
+    if name == "wpe":
+        return 0.01
+    if name.endswith("c_proj.weight"):
+        return 0.02 / np.sqrt(2 * cfg.n_layer)
+    return 0.02
+
+
+def init_value(cfg: GPTConfig, name: str, shape, seed: int) -> np.ndarray:
+    """A parameter's initial value in float64 on the host.
+
+    Drawn from a generator keyed by (seed, name), so it is the same whichever stage, rank
+    or layout holds the parameter.
+    """
+    std = init_std(cfg, name)
+    if std is None:
+        fill = 1.0 if name.endswith("weight") else 0.0
+        return np.full(shape, fill)
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    return rng.standard_normal(shape) * std
+
+
+class FlatBuffer:
+    """One contiguous array with a named, shaped view per parameter."""
+
+    def __init__(self, layout, xp, dtype):
+        self.layout = list(layout)
+        self.offsets = {}
+        offset = 0
+        for name, shape in self.layout:
+            size = int(np.prod(shape))
+            self.offsets[name] = (offset, offset + size)
+            offset += size
+        self.data = xp.zeros(offset, dtype=dtype)
+        self.views = {
+            name: self.data[a:b].reshape(shape)
+            for (name, shape), (a, b) in zip(self.layout, self.offsets.values())
+        }
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)

@@ -1,0 +1,211 @@
+"""A stage: a contiguous slice of the model with its parameters, gradients and a stash
+per microbatch between its F, B and W passes.
+
+A stage holds optionally the embedding, blocks [first, last), optionally the final
+LayerNorm, the tied head and the loss — with its parameters and gradients in one flat
+buffer each (named views into it). The whole model on one process is simply the stage
+that holds everything; the pipeline builds one stage per pipeline rank (and per chunk)
+from the same code, which is why every layout computes the same numbers. The stash lets a
+W run after the F and B of later microbatches, as the zero-bubble schedules need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcpipe.device import backend
+from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype
+from hpcpipe.model.layers import block, embedding, head, layernorm, loss, scope
+from hpcpipe.model.layout import (
+    FlatBuffer,
+    GPTConfig,
+    block_layout,
+    init_value,
+    param_layout,
+)
+from hpcpipe.model.sharding import shard_of
+
+
+class Stage:
+    """A contiguous slice of the GPT with F, B and W passes per microbatch.
+
+    layers: the block indices this stage runs; embedding_part / head_part: whether it
+    starts with the embedding / ends with ln_f, the tied head and the loss. be: the
+    Backend it allocates and computes on (a one-thread CPU backend when not given). tp:
+    this stage's tensor-parallel shards (tensor_parallel.TensorParallel): the stage then
+    holds its shard of every split tensor, under the tensor's GPT-2 name.
+    """
+
+    def __init__(self, cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
+                 dtype="float32", seed=0, be=None, tp=None):
+        self.cfg = cfg
+        self.layers = list(range(cfg.n_layer) if layers is None else layers)
+        self.embedding_part = embedding_part
+        self.head_part = head_part
+        self.be = backend.cpu() if be is None else be
+        self.xp = self.be.xp
+        self.tp = tp
+        self.dtype = compute_dtype(dtype)
+        # Mixed precision: weight gradients of 16-bit compute accumulate in float32.
+        self.grad_dtype = accumulation_dtype(self.dtype)
+        shards, rank = (tp.size, tp.rank) if tp is not None else (1, 0)
+        self.global_shapes = dict(param_layout(cfg, self.layers, embedding_part, head_part))
+        self.shards = {name: shard_of(name, shape, shards, rank)
+                       for name, shape in self.global_shapes.items()}
+        layout = [(name, self.shards[name].local_shape(shape))
+                  for name, shape in self.global_shapes.items()]
+        self.param_buffer = FlatBuffer(layout, self.xp, self.dtype)
+        self.grad_buffer = FlatBuffer(layout, self.xp, self.grad_dtype)
+        self.params = self.param_buffer.views
+        self.grads = self.grad_buffer.views
+        # The head's share of d(wte) is kept apart and added once per step, after the
+        # embedding's, in the same order whichever stages hold the two (design contract).
+        self.head_grad = self.xp.zeros(self.params["wte"].shape, self.grad_dtype) \
+            if head_part else None
+        for name, shape in self.global_shapes.items():  # a shard of the global draw
+            value = self.shards[name].take(init_value(cfg, name, shape, seed))
+            self.params[name][...] = self.xp.asarray(value, dtype=self.dtype)
+        self._stash: dict[int, dict] = {}
+
+    # -- bookkeeping --------------------------------------------------------------------
+    def zero_grad(self):
+        self.grad_buffer.data[...] = 0
+        if self.head_grad is not None:
+            self.head_grad[...] = 0
+
+    def stash_bytes(self, mb: int | None = None) -> int:
+        """Bytes of activations currently held for pending B and W passes (of microbatch
+        `mb` alone, when given).
+
+        Caches hold many views (q, k, v of one qkv array; reshapes): each underlying
+        allocation counts once, and parameters, which caches also reference, not at all."""
+        be = self.be
+        params = be.allocation(self.param_buffer.data)[0]
+        sizes = {}
+
+        def walk(obj):
+            if isinstance(obj, dict):
+                for value in obj.values():
+                    walk(value)
+            elif hasattr(obj, "nbytes") and hasattr(obj, "shape"):
+                key, nbytes = be.allocation(obj)
+                if key != params:
+                    sizes[key] = nbytes
+
+        walk(self._stash if mb is None else self._stash.get(mb, {}))
+        return sum(sizes.values())
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Microbatches whose F has run and whose W has not."""
+        return sorted(self._stash)
+
+    # -- the three passes -----------------------------------------------------------------
+    def forward(self, mb: int, inp, targets=None, loss_scale: float = 1.0, keep=True):
+        """F: token ids (first stage) or activations (B, T, C) in; activations out, or the
+        loss (a 0-d array) on the stage with the head — its logits (B, T, V) when no
+        targets are given (generation; with keep=False only). keep=False evaluates
+        without stashing anything (validation)."""
+        cfg, P, be, tp = self.cfg, self.params, self.be, self.tp
+        caches = {}
+        x = inp
+        if self.embedding_part:
+            T = inp.shape[1]
+            if T > cfg.block_size:
+                raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
+            x, caches["embedding"] = embedding.forward(inp, P, be, tp)
+        for layer in self.layers:
+            x, caches[layer] = block.forward(x, scope(P, f"h.{layer}."), cfg.n_head, be, tp)
+        if self.head_part:
+            x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."), be, tp)
+            logits, caches["head"] = head.forward(x, P, be, tp)
+            if targets is None and not keep:
+                return logits  # (under tensor parallelism: this shard's columns)
+            if self.dtype.itemsize < 4:  # 16-bit compute: softmax and loss in float32
+                logits = logits.astype(np.float32)
+            x, caches["loss"] = loss.forward(logits, targets, be, tp)
+        if keep:
+            if mb in self._stash:
+                raise RuntimeError(f"microbatch {mb} already has a forward in flight")
+            self._stash[mb] = {"caches": caches, "d": {}, "loss_scale": loss_scale}
+        return x
+
+    def backward_input(self, mb: int, dy=None):
+        """B: gradient of the stage output in (None on the stage with the loss), gradient of
+        the stage input out (None on the first stage: token ids have none)."""
+        entry = self._stash[mb]
+        caches, d = entry["caches"], entry["d"]
+        if self.head_part:
+            dlogits = loss.backward_input(entry["loss_scale"], caches.pop("loss"))
+            dlogits = dlogits.astype(self.dtype, copy=False)
+            dx = head.backward_input(dlogits, caches["head"])
+            # The head's weight gradient is taken here, in B, not in W: it is the tied
+            # embedding's, which the first stage needs before its next step, and B's run
+            # early (also in microbatch order), so the first stage does not wait for the
+            # last stage's final W. It also frees the (B, T, V) logits gradient at once.
+            head.backward_weight(dlogits, caches.pop("head"), {"wte": self.head_grad})
+            dy = layernorm.backward_input(dx, caches["ln_f"])
+        for layer in reversed(self.layers):
+            d[layer] = dy
+            dy = block.backward_input(dy, caches[layer])
+        if self.embedding_part:
+            embedding.backward_input(dy, caches["embedding"])
+            d["embedding"] = dy
+            return None
+        return dy
+
+    def backward_weight(self, mb: int, after_layer=None):
+        """W: weight gradients of microbatch `mb`, added into the gradient buffer; frees the
+        microbatch's stash. `after_layer(names)`, when given, is told which gradient
+        tensors each layer has just finished (the data-parallel reduction starts buckets
+        from it during the step's last W)."""
+        entry = self._stash.pop(mb)
+        caches, d = entry["caches"], entry["d"]
+        G = self.grads
+        done = after_layer or (lambda names: None)
+        if self.head_part:  # (the head's own W ran in B; ln_f's was computed there)
+            layernorm.backward_weight(None, caches["ln_f"], scope(G, "ln_f."))
+            done(("ln_f.weight", "ln_f.bias"))
+        for layer in reversed(self.layers):
+            block.backward_weight(d[layer], caches[layer], scope(G, f"h.{layer}."))
+            done(tuple(name for name, _ in block_layout(self.cfg, layer)))
+        if self.embedding_part:
+            embedding.backward_weight(d["embedding"], caches["embedding"], G)
+            done(("wpe",))  # wte is finished only when the head's part is added
+
+    def backward(self, mb: int, dy=None, after_layer=None):
+        """BW: B and W fused, for schedules without the split."""
+        dx = self.backward_input(mb, dy)
+        self.backward_weight(mb, after_layer)
+        return dx
+
+    def add_head_grad(self, head_grad=None):
+        """Fold the tied head's gradient into d(wte), once per step, after every W.
+
+        On a single stage the head's own buffer is used; in a pipeline the first stage
+        passes the one received from the last stage."""
+        contribution = self.head_grad if head_grad is None else head_grad
+        self.grads["wte"] += contribution
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Which part of the model one pipeline stage holds."""
+
+    index: int
+    layers: tuple[int, ...]
+    embedding_part: bool
+    head_part: bool
+
+    def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None, tp=None) -> Stage:
+        return Stage(cfg, layers=self.layers, embedding_part=self.embedding_part,
+                     head_part=self.head_part, dtype=dtype, seed=seed, be=be, tp=tp)
+
+    def describe(self) -> str:
+        parts = (["embedding"] if self.embedding_part else []) + (
+            [f"blocks {self.layers[0]}–{self.layers[-1]}" if len(self.layers) > 1
+             else f"block {self.layers[0]}"] if self.layers else []) + (
+            ["head"] if self.head_part else [])
+        return " + ".join(parts)

@@ -1,0 +1,20 @@
+"""A finished optimizer step as every rank knows it: what the training step returns and
+what post-validation hands back once it has validated a step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class StepOutcome:
+    """A finished step, as every rank knows it."""
+
+    step: int
+    loss: float  # mean over the step's microbatches and replicas
+    norm: float  # global gradient norm before clipping (of the unscaled gradient)
+    skipped: bool  # non-finite loss or gradient: no update was made
+    result: object  # this rank's runtime StepResult (timings, peaks, losses)
+    stats: object = None  # trace.StepStats of every rank, when a trace was given
+    redone: bool = False  # post-validation: the optimistic update was rolled back and redone
+    loss_scale: float = 1.0

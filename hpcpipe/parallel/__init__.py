@@ -1,0 +1,8 @@
+"""Ranks working together: the dp × pp × tp grid and every communicator it owns (`grid`),
+how arrays meet MPI — directly or staged through pinned host memory (`transport`) —,
+tensor parallelism's collectives inside F and B (`tensor`), data parallelism's bucketed
+gradient reduction and ZeRO's all-gather (`gradsync`), and the pipeline (`pipeline/`).
+
+May import: `optim`, `model`, `device`, `schedules`, `util`, and MPI. Never `config`
+(a config arrives as an object), `data`, `checkpoint`, `runs`, `train`.
+"""

@@ -1,0 +1,86 @@
+"""This rank's share of the pipelined model: its stages, and what crosses them.
+
+A pipeline rank holds one stage per chunk (one for most schedules, two for ZB-V and
+interleaved 1F1B), placed by the schedule's map from (rank, chunk) to model stage. Across
+the stages travel the activations and their gradients (the runtime's messages), the tied
+embedding's gradient (tied.py) and the loss, which only the last stage computes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcpipe.model import param_layout
+from hpcpipe.parallel.pipeline.partition import partition
+from hpcpipe.parallel.pipeline.tied import TiedEmbedding
+from hpcpipe.parallel.tensor import TensorParallel
+
+
+class RankModel:
+    """The stages of pipeline rank `grid.pp_rank` under the placement of `schedule`."""
+
+    def __init__(self, cfg, grid, backend, schedule, transport):
+        self.grid, self.backend = grid, backend
+        self.config = cfg.model  # the GPT's shape
+        train = cfg.train
+        self.tp = TensorParallel(grid.tensor, transport, cfg.parallel.sequence_parallel) \
+            if grid.tp > 1 else None
+        self.specs = partition(self.config, schedule.num_stages,
+                               cfg.parallel.layers_per_stage or None)
+        self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]
+                            for chunk in range(schedule.chunks)}
+        self.stages = {chunk: self.specs[index].build(self.config, dtype=train.dtype,
+                                                      seed=train.seed, be=backend, tp=self.tp)
+                       for chunk, index in self.stage_index.items()}
+        self.owner = {stage: schedule.rank_chunk_of(stage)[0]
+                      for stage in range(schedule.num_stages)}
+        self.embedding_rank = self.owner[0]
+        self.head_rank = self.owner[schedule.num_stages - 1]
+        # The Grid's `ends` joins pipeline ranks 0 and pp - 1: where every placement puts them.
+        assert self.embedding_rank == 0 and self.head_rank in (0, grid.pp - 1)
+        self.tied = TiedEmbedding(self.stages, grid.ends, self.embedding_rank, self.head_rank,
+                                  transport)
+        self.order = {name: i for i, (name, _) in enumerate(param_layout(self.config))}
+
+    @property
+    def head_stage(self):
+        return self.tied.head
+
+    @property
+    def dtype(self):
+        return next(iter(self.stages.values())).dtype
+
+    def in_model_order(self) -> list:
+        """(chunk, stage) of this rank, first model stage first."""
+        return sorted(self.stages.items(), key=lambda kv: self.stage_index[kv[0]])
+
+    def unique_params(self) -> int:
+        """Parameters held on this rank, the head's copy of wte not counted again (and a
+        tensor every tensor-parallel shard holds, by shard 0 only)."""
+        total = 0
+        for stage in self.stages.values():
+            for name, view in stage.params.items():
+                copy = stage.shards[name].replicated and self.grid.tp_rank > 0 \
+                    and self.tp is not None
+                if not copy and not (name == "wte" and stage.head_part
+                                     and not stage.embedding_part):
+                    total += int(view.size)
+        return total
+
+    def zero_grad(self):
+        for stage in self.stages.values():
+            stage.zero_grad()
+
+    def sum_tied_grads(self):
+        """d(wte) = embedding part + head part, on both holders of a copy."""
+        self.tied.finish()
+
+    def mean_loss(self, losses: dict) -> float:
+        """The step's loss (mean over microbatches and replicas), known on every rank."""
+        value = None
+        if self.head_stage is not None:
+            value = float(np.mean([float(losses[mb]) for mb in sorted(losses)]))
+        value = self.grid.pipe.bcast(value, root=self.head_rank)
+        if self.grid.dp > 1:
+            value = sum(self.grid.data.allgather(value)) / self.grid.dp
+        return value

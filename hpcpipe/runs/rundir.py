@@ -1,0 +1,224 @@
+"""The run directory runs/<name>/: the resolved config, metrics.jsonl, summary.json,
+trace.json, timeline PNGs, auto_schedule.json and checkpoints/.
+
+Written by the root rank only. metrics.jsonl holds one JSON object per line: one per
+finished step and one per evaluation; json writes floats with repr(), which reads back to
+the identical float.
+
+Nothing of an earlier run is ever deleted or overwritten. A run that continues this run
+directory's own run (a resume from its checkpoints/: the next piece of the run, pieces.py)
+keeps everything up to the resumed step — its metrics lines (a crash may have left later
+lines, or half a line, which are dropped and written again), the record of the earlier
+pieces for summary.json, the traced steps in trace.json and their timeline PNGs — and
+drops only what describes the steps after it, which run again. Any other run moves the
+earlier run's files into `earlier-<time>/` first. A folder holding files under the run's
+names that hpcpipe did not write is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+
+from hpcpipe.runs import pieces
+from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.files import write_text_atomic
+from hpcpipe.runs.trace import trim_trace_file
+
+CONFIG, METRICS, SUMMARY, TRACE = "config.toml", "metrics.jsonl", "summary.json", "trace.json"
+# What a run writes into its directory, in the order the end-of-run summary names them
+# (timeline PNGs are matched by prefix; plot.png is `python -m hpcpipe plot`'s).
+RUN_FILES = (CONFIG, METRICS, SUMMARY, TRACE, "auto_schedule.json", "plot.png",
+             "checkpoints")
+_TIMELINE = "timeline-step"
+
+
+def timeline_name(step: int) -> str:
+    """The PNG of one traced step: named after the step it draws, which trace.json holds."""
+    return f"{_TIMELINE}{step}.png"
+
+
+def _timeline_step(name: str) -> int | None:
+    match = re.fullmatch(re.escape(_TIMELINE) + r"(\d{1,12})\.png", name)
+    return int(match.group(1)) if match else None
+_CONFIG_HEADER = "# resolved from"  # the first line of every config.toml a run writes
+
+
+class RunDirError(HpcpipeError):
+    """A run directory a run cannot use."""
+
+
+def _run_files(path: str) -> list[str]:
+    return sorted(name for name in os.listdir(path)
+                  if name in RUN_FILES or (name.startswith(_TIMELINE) and name.endswith(".png")))
+
+
+def _config_is_ours(path: str) -> bool:
+    """Whether `path` holds a config.toml a run wrote (it starts with _CONFIG_HEADER)."""
+    try:
+        with open(os.path.join(path, CONFIG), "rb") as f:
+            return f.read(len(_CONFIG_HEADER)).decode("utf-8", "replace") == _CONFIG_HEADER
+    except OSError:
+        return False
+
+
+def _checkpoints_are_ours(folder: str) -> bool:
+    """Whether a checkpoints/ folder holds only what hpcpipe puts there (checkpoints,
+    `latest`, temporary and set-aside checkpoint folders) — a run's or an import's."""
+    return os.path.isdir(folder) and all(
+        re.fullmatch(r"\.?step_\d+.*|latest", name) for name in os.listdir(folder))
+
+
+def _foreign(path: str, names: list[str]) -> list[str]:
+    """Which of the run's file names in `path` hpcpipe did not write."""
+    config_ours = _config_is_ours(path)
+    return [name for name in names if not (
+        _checkpoints_are_ours(os.path.join(path, name)) if name == "checkpoints"
+        else config_ours)]
+
+
+def set_aside_earlier_run(path: str) -> str | None:
+    """Move an earlier run's files out of the way, into `earlier-<time>/` beside them;
+    returns where they went (None: there was no earlier run)."""
+    names = _run_files(path)
+    if not names:
+        return None
+    foreign = _foreign(path, names)
+    if foreign:
+        raise RunDirError(f"run directory {path} holds {', '.join(foreign)}, which hpcpipe did "
+                          f"not write; choose another --run-dir")
+    when = max(os.path.getmtime(os.path.join(path, n)) for n in names)
+    base = os.path.join(path, "earlier-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(when)))
+    target, n = base, 1
+    while os.path.lexists(target):
+        n += 1
+        target = f"{base}-{n}"
+    os.makedirs(target)
+    for name in names:
+        os.replace(os.path.join(path, name), os.path.join(target, name))
+    return target
+
+
+def read_metrics(path: str, up_to: int) -> tuple[list[str], int]:
+    """(the lines of metrics.jsonl with step <= up_to, how many unreadable lines were
+    dropped: a crash can cut the last one short)."""
+    kept, dropped = [], 0
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"))
+                step = record.get("step") if isinstance(record, dict) else None
+            except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                step = None
+            if not isinstance(step, int) or isinstance(step, bool):
+                dropped += 1
+            elif step <= up_to:
+                kept.append(raw.decode("utf-8").rstrip("\n") + "\n")
+    return kept, dropped
+
+
+def _strict(value):
+    """`value` with every NaN or infinity as null (a loss never measured, a bubble of no
+    step): strict JSON, which every reader takes — and which the next piece reads back."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
+class RunDir:
+    """runs/<name>/ as the root writes it; on other ranks (`enabled` False) a no-op.
+
+    After opening, `records` holds the metrics lines kept from the earlier pieces (as
+    dicts) and `earlier_pieces` their record (pieces.read_earlier): a resumed run counts
+    them into its summary."""
+
+    def __init__(self, path: str, cfg, enabled: bool, resume_step: int | None = None,
+                 log=print):
+        """resume_step: continuing this run directory's own run from that step."""
+        self.path, self.enabled = path, enabled
+        self.metrics = None
+        self.records, self.earlier_pieces = [], []
+        if not enabled:
+            return
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise RunDirError(f"run directory {path} exists and is not a folder")
+        os.makedirs(path, exist_ok=True)
+        metrics = os.path.join(path, METRICS)
+        kept = []
+        if resume_step is not None:
+            kept = self._continue(resume_step, log)
+        else:
+            moved = set_aside_earlier_run(path)
+            if moved:
+                log(f"{path} held an earlier run: moved to {moved}/ (nothing was deleted)")
+        write_text_atomic(os.path.join(path, CONFIG), cfg.to_toml())
+        write_text_atomic(metrics, "".join(kept))
+        self.metrics = open(metrics, "a", buffering=1)
+
+    def _continue(self, step: int, log) -> list[str]:
+        """Keep what describes steps up to `step` (see the module); returns the metrics
+        lines to keep."""
+        metrics, kept = os.path.join(self.path, METRICS), []
+        if os.path.isfile(metrics):
+            kept, dropped = read_metrics(metrics, step)
+            if dropped:
+                log(f"{metrics}: dropped {dropped} unreadable line(s) (a crash cut the file "
+                    f"short); steps after {step} are written again")
+        self.records = [json.loads(line) for line in kept]
+        self.earlier_pieces = pieces.read_earlier(os.path.join(self.path, SUMMARY), step, log)
+        trim_trace_file(os.path.join(self.path, TRACE), step, log)
+        for name in os.listdir(self.path):
+            drawn = _timeline_step(name)
+            if drawn is not None and drawn > step:
+                os.remove(os.path.join(self.path, name))  # a step that runs again
+        return kept
+
+    def record(self, **fields):
+        if self.metrics:
+            self.metrics.write(json.dumps(fields) + "\n")
+
+    def write_json(self, name: str, obj):
+        if self.enabled:
+            write_text_atomic(os.path.join(self.path, name), json.dumps(obj))
+
+    def write_summary(self, summary):
+        """summary.json, as the run stands (written at checkpoints and at the end)."""
+        if self.enabled:
+            data = dict(summary.__dict__)
+            data["tokens_per_s"] = summary.tokens_per_s
+            data["mfu"] = summary.mfu
+            write_text_atomic(os.path.join(self.path, SUMMARY),
+                              json.dumps(_strict(data), indent=2, allow_nan=False) + "\n")
+
+    def listing(self) -> list[str]:
+        """What the run directory holds of the run's files, for the end-of-run summary:
+        its files, then checkpoints/ with each checkpoint (the latest marked)."""
+        from hpcpipe.checkpoint.retention import list_checkpoints, read_latest, root_of
+
+        if not self.enabled:
+            return []
+        names = set(_run_files(self.path))
+        files = [n for n in RUN_FILES if n in names and n != "checkpoints"]
+        files += sorted((n for n in names if _timeline_step(n) is not None),
+                        key=_timeline_step)
+        root = root_of(self.path)
+        found = [os.path.basename(p) for _, p in reversed(list_checkpoints(root))]
+        if found:
+            latest = os.path.basename(read_latest(root)[0] or "")
+            files.append("checkpoints/ (" + ", ".join(
+                name + (" latest" if name == latest else "") for name in found) + ")")
+        return files
+
+    def finish(self, summary):
+        if self.enabled:
+            self.metrics.close()
+            self.write_summary(summary)

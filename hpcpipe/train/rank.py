@@ -1,0 +1,74 @@
+"""Everything one rank trains with, wired together once.
+
+    transport ─┬─ p2p (PipeComm) ── runtime (Runtime: the schedule's op list)
+               └─ model (RankModel: stages, tied embedding) ── step (TrainStep)
+
+`Rank.build` is the one place that assembles these parts; the training loop, the
+pipeline benchmark and the tests all start from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpcpipe.parallel.pipeline.p2p import PipeComm
+from hpcpipe.parallel.pipeline.runtime import Runtime
+from hpcpipe.parallel.pipeline.stages import RankModel
+from hpcpipe.parallel.transport import Transport
+from hpcpipe.train.evaluate import Evaluator
+from hpcpipe.train.step import TrainStep
+
+
+@dataclass
+class Rank:
+    model: RankModel
+    transport: Transport
+    p2p: PipeComm
+    runtime: Runtime
+    step: TrainStep
+    grid: object
+
+    @classmethod
+    def build(cls, cfg, grid, be, schedule, trace=None, gpu_aware: bool = False) -> "Rank":
+        """The rank of `grid` under `schedule`, computing on backend `be`; `trace` (a
+        trace.Trace) records its events and step statistics; gpu_aware: hand device
+        buffers to MPI directly (see transport.py)."""
+        from hpcpipe.util.timeline import Trace
+
+        transport = Transport(be, gpu_aware)
+        model = RankModel(cfg, grid, be, schedule, transport)
+        # Activations between stages: (B, T, C), or T/tp of each sequence per shard under
+        # sequence parallelism.
+        T = cfg.model.block_size // (grid.tp if model.tp is not None and model.tp.sequence
+                                     else 1)
+        shape = (cfg.train.micro_batch_size, T, cfg.model.n_embd)
+        p2p = PipeComm(grid.pipe, transport, shape, model.dtype, schedule.num_microbatches,
+                       schedule.num_stages)
+        events = trace if trace is not None else Trace(rank=grid.rank, enabled=False)
+        runtime = Runtime(schedule, grid.pp_rank, model.stages, p2p, events)
+        step = TrainStep.build(cfg, model, grid, transport, trace)
+        return cls(model, transport, p2p, runtime, step, grid)
+
+    @property
+    def schedule(self):
+        return self.runtime.schedule
+
+    def use_schedule(self, schedule):
+        """Run `schedule` from the next step on (same stages, microbatches and messages)."""
+        if dict(schedule.stage_of) != dict(self.runtime.schedule.stage_of):
+            raise ValueError(f"{schedule.kind} places model stages as "
+                             f"{dict(schedule.stage_of)}, but this rank's model is split as "
+                             f"{dict(self.runtime.schedule.stage_of)}")
+        self.runtime = Runtime(schedule, self.grid.pp_rank, self.model.stages, self.p2p,
+                               self.runtime.trace)
+
+    def train_step(self, step: int, inputs, lr: float, max_norm: float):
+        """One optimizer step (see TrainStep.run): the StepOutcomes that became final."""
+        return self.step.run(self.runtime, step, inputs, lr, max_norm)
+
+    def flush(self):
+        """The pending post-validated step, settled (see TrainStep.flush)."""
+        return self.step.flush()
+
+    def evaluator(self) -> Evaluator:
+        return Evaluator(self.model, self.grid, self.p2p)

@@ -1,0 +1,45 @@
+"""Which checkpoint a run continues from, and which run it is: a resume names a
+checkpoint (or the run directory's latest), a damaged latest falls back to the previous
+good one of the same run, and a run keeps its identity only on its own checkpoints."""
+
+from __future__ import annotations
+
+from hpcpipe import checkpoint as ckpt
+from hpcpipe.util.errors import root_does
+
+
+def find_resume(cfg, run_dir: str, resume, comm, log):
+    """Which checkpoint to continue from (verified by the root), or (None, None).
+
+    resume: None (not asked: checkpoint.resume decides), "" (--resume: the run directory's
+    latest), or a path. A damaged latest checkpoint falls back to the previous good one."""
+    def decide():
+        own_root = ckpt.root_of(run_dir)
+        if resume:  # a checkpoint named by the user, perhaps of another run
+            return ckpt.find_usable(ckpt.resolve(resume, log), None, log)
+        found = ckpt.latest(own_root, log)
+        if found is None:
+            if resume == "":
+                raise ckpt.CheckpointError(f"--resume: no checkpoint in {own_root} to "
+                                           f"continue from")
+            if cfg.checkpoint.resume == "auto":
+                log(f"checkpoint.resume = \"auto\": no checkpoint in {own_root}, starting "
+                    f"fresh")
+            return None
+        if resume is None and cfg.checkpoint.resume != "auto":
+            return None
+        return ckpt.find_usable(found, own_root, log)
+
+    chosen = comm.bcast(root_does(comm, decide), root=0)
+    if chosen is None:
+        return None, None
+    path, manifest = chosen
+    ckpt.check_model(manifest, cfg, path)
+    return path, manifest
+
+
+def run_identity(comm, own_manifest: dict | None) -> str:
+    """This run's identity: the checkpoint's when continuing the run directory's own run,
+    else a new one (rotation deletes only checkpoints of the same run)."""
+    run = (own_manifest or {}).get("run") or ckpt.new_run_id()
+    return comm.bcast(run, root=0)

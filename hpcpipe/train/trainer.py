@@ -1,0 +1,328 @@
+"""The training loop: data → the schedule's F/B/W over the pipeline → tied-embedding sum
+→ global clipping → AdamW → metrics, traces and the run directory.
+
+Every rank runs the same `Trainer` (SPMD); a single process is the pipeline of one stage,
+so there is one code path. Only the root rank prints and writes shared files, so the
+output reads the same under mpiexec. The loop's phases have names:
+
+    set-up        the grid, the backend, the data, the schedule, the Rank, the resume
+    step          one optimizer step; its finished outcomes go to the Metrics
+    after a step  the auto schedule once costs are measured, evaluation, checkpoints,
+                  preemption
+    summary       the last checkpoint and evaluation, the traces, the summary
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from hpcpipe import __version__
+from hpcpipe.config import Config
+from hpcpipe.data.checks import open_tokens
+from hpcpipe.device import backend
+from hpcpipe.device.budget import check_run
+from hpcpipe.model.flops import flops_per_token, startup_peak
+from hpcpipe.optim.adamw import learning_rate
+from hpcpipe.parallel import grid as gridlib
+from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
+from hpcpipe.parallel.pipeline.planning import (
+    build_schedule,
+    describe_auto,
+    memory_limit,
+    profiled_costs,
+)
+from hpcpipe.parallel.transport import resolve_gpu_aware
+from hpcpipe.runs.metrics import Metrics, Summary
+from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED
+from hpcpipe.runs.record import RunRecord
+from hpcpipe.runs.report import end_of_run
+from hpcpipe.runs.rundir import RunDir
+from hpcpipe.schedules import Costs, simulate
+from hpcpipe.train.evaluate import validation_batches
+from hpcpipe.train.preemption import Preempted, PreemptionWatch
+from hpcpipe.train.rank import Rank
+from hpcpipe.train.resume import find_resume, run_identity
+from hpcpipe.util import timeline
+from hpcpipe.util.errors import EXIT_PREEMPTED, every_rank_does, root_does
+
+__all__ = ["train", "Trainer", "Summary", "Preempted"]
+
+
+def open_run_dir(path: str, cfg: Config, comm, resume_step: int | None, log) -> RunDir:
+    """The run directory, made (or checked, or an earlier run in it moved aside) by the
+    root; a failure there stops every rank."""
+    made = root_does(comm, lambda: RunDir(path, cfg, enabled=True, resume_step=resume_step,
+                                          log=log))
+    return made if comm.rank == 0 else RunDir(path, cfg, enabled=False)
+
+
+def train(cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None) -> Summary:
+    """Train `cfg` on this rank's share; returns the run's summary (on every rank).
+
+    resume: None, "" (the run directory's latest checkpoint) or a checkpoint path; see
+    `find_resume`. watch: the PreemptionWatch already listening (the command line starts
+    one before reading the config); None: one of its own. Raises Preempted after
+    checkpointing when a rank gets SIGTERM/SIGUSR1."""
+    return Trainer(cfg, run_dir, comm, out, resume, watch).run()
+
+
+class Trainer:
+    """One rank's training run; see the module's docstring for its phases."""
+
+    def __init__(self, cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None):
+        self.cfg, self.comm, self.out = cfg, comm, out
+        self.started = time.perf_counter()
+        self.start_step = 0
+        self.last_saved = None  # the step of the last checkpoint this run has
+        self.stage_bytes = {}  # model stage → (M_B, M_W) bytes, as last measured
+        self.own_watch = watch is None
+        self.watch = watch or PreemptionWatch(comm)  # signals count from here on
+        try:
+            self._setup(run_dir, resume)
+        except BaseException:
+            self._release()
+            raise
+
+    def log(self, msg: str = ""):
+        if self.comm.rank == 0:
+            self.out(msg)
+
+    def _release(self):
+        if self.own_watch:
+            self.watch.close()
+        if getattr(self, "tokens", None) is not None:
+            self.tokens.close()
+
+    # -- set-up ----------------------------------------------------------------------------
+    def _setup(self, run_dir: str, resume):
+        cfg, comm = self.cfg, self.comm
+        parallel, train = cfg.parallel, cfg.train
+        self.grid = gridlib.build(comm, parallel.dp, parallel.pp, parallel.rank_order,
+                                  source=cfg.source, tp=parallel.tp)
+        threads = backend.limit_threads(self.grid.local_size)
+        self.be = backend.select(train.device, self.grid.local_rank, peers=comm,
+                                 gpu_sharing=train.gpu_sharing, threads=threads)
+        self.be.limit_memory(train.device_memory)
+        # Everything that can refuse the run is checked before anything big is allocated.
+        every_rank_does(comm, lambda: check_run(cfg, self.be, self.grid.local_size))
+        schedule = build_schedule(cfg)
+        if parallel.schedule == "auto":
+            build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
+        gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be, self.log)
+        self.tokens = open_tokens(cfg, comm, self.log)
+        resume_path, manifest = find_resume(cfg, run_dir, resume, comm, self.log)
+        own = resume_path is not None and os.path.abspath(resume_path).startswith(
+            os.path.abspath(os.path.join(run_dir, "checkpoints")) + os.sep)
+        self.run_id = run_identity(comm, manifest if own else None)
+        self.trace = timeline.Trace(rank=comm.rank)
+        self.rank = Rank.build(cfg, self.grid, self.be, schedule, self.trace, gpu_aware)
+        if resume_path:
+            self._resume(resume_path, manifest)
+        self.run_dir = open_run_dir(run_dir, cfg, comm, manifest["step"] if own else None,
+                                    self.log)
+        self.record = open_record(self, resume_path)
+        self.metrics, self.summary = self.record.metrics, self.record.metrics.summary
+        self._describe()
+        self.comm_s = 0.0
+        if parallel.pp > 1 and parallel.schedule == "auto":
+            shape = (train.micro_batch_size, cfg.model.block_size, cfg.model.n_embd)
+            self.comm_s = pipeline_message_time(self.grid.pipe, shape, self.rank.model.dtype)
+
+    def _resume(self, path: str, manifest: dict):
+        from hpcpipe import checkpoint as ckpt
+
+        tick = time.perf_counter()
+        state = ckpt.load(self.rank, self.cfg, path, manifest)
+        self.start_step = state["step"]
+        own = self.run_id == manifest.get("run")
+        self.last_saved = self.start_step if own else None
+        self.rank.step.scaler.restore(state)
+        saved = manifest["layout"]
+        shards = f" × tp {saved['tp']}" if saved.get("tp", 1) > 1 else ""
+        self.log(f"resumed from {path} (step {self.start_step}, written with dp {saved['dp']} × "
+                 f"pp {saved['pp']}{shards}, {saved['schedule']}) in "
+                 f"{time.perf_counter() - tick:.2f} s")
+        if self.start_step >= self.cfg.train.steps:
+            self.log(f"the checkpoint is at step {self.start_step}, train.steps = "
+                     f"{self.cfg.train.steps}: nothing to do")
+
+    def _describe(self):
+        """The run's header: what runs where, on what data."""
+        cfg, model = self.cfg, self.cfg.model
+        parallel, train = cfg.parallel, cfg.train
+        schedule = self.rank.schedule
+        self.log(f"hpcpipe {__version__} | {self.grid.describe()} | {self.be.describe()}, "
+                 f"{self.be.threads} thread(s) per rank | {train.dtype}")
+        total_params = self.grid.replica.allreduce(self.rank.model.unique_params())
+        self.log(f"model: {model.n_layer} layers, {model.n_head} heads, n_embd {model.n_embd}, "
+                 f"block {model.block_size}, vocab {model.vocab_size} — "
+                 f"{total_params / 1e6:.2f}M parameters")
+        if parallel.pp > 1 or schedule.chunks > 1:
+            self.log("stages: " + " | ".join(f"{s.index}: {s.describe()}"
+                                              for s in self.rank.model.specs))
+        self.log(f"schedule: {parallel.schedule}"
+                 + (f" ({schedule.kind.upper()} while profiling costs)"
+                    if parallel.schedule == "auto" else "")
+                 + f", {parallel.pp} stage(s) × {schedule.chunks} chunk(s), "
+                   f"{parallel.microbatches} microbatch(es)")
+        tokens = self.tokens
+        self.log(f"data: {tokens.path} ({tokens.length('train'):,} train / "
+                 f"{tokens.length('val'):,} val tokens, {tokens.attrs.get('tokenizer')}) | "
+                 f"batch {parallel.microbatches} × {train.micro_batch_size} × "
+                 f"{model.block_size} = {cfg.tokens_per_step:,} tokens/step")
+        self.log(f"run directory: {self.run_dir.path} | {train.steps} steps, eval every "
+                 f"{train.eval_every or train.steps}")
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self) -> Summary:
+        train = self.cfg.train
+        try:
+            if self.start_step == 0:
+                self._evaluate(0)
+            if self.watch.agree():  # signalled during the set-up or the first evaluation
+                self._preempted(self.start_step)
+            self.comm.Barrier()
+            self.trace.origin = time.perf_counter()  # every rank's clock starts together
+            for step in range(self.start_step + 1, train.steps + 1):
+                self._step(step)
+                self._after_step(step)
+                if self.watch.stop_now():
+                    self._preempted(step)
+            return self._finish()
+        finally:
+            self._release()
+
+    def _inputs(self, step: int):
+        """inputs(mb) → (idx, targets) of microbatch mb of `step`, as device arrays."""
+        cfg, cache = self.cfg, {}
+        size, microbatches = cfg.train.micro_batch_size, cfg.parallel.microbatches
+
+        def inputs(mb):
+            if mb not in cache:
+                # Sample indices number the whole global batch (replicas × microbatches
+                # × sequences), so any split of it draws the same windows.
+                first = (self.grid.dp_rank * microbatches + mb) * size
+                batch = self.tokens.batch("train", cfg.model.block_size, cfg.train.seed,
+                                          step, range(first, first + size))
+                cache[mb] = self.be.from_host(batch.idx), self.be.from_host(batch.targets)
+            return cache[mb]
+        return inputs
+
+    def _step(self, step: int):
+        train = self.cfg.train
+        tick = time.perf_counter()
+        lr = learning_rate(step - 1, train.lr, train.min_lr, train.warmup_steps, train.steps)
+        finished = self.rank.train_step(step, self._inputs(step), lr, train.grad_clip)
+        self.metrics.started(step, time.perf_counter() - tick, lr)
+        for outcome in finished:
+            self.metrics.record(outcome)
+            self.stage_bytes = outcome.result.stage_bytes  # M_B, M_W, for the auto schedule
+
+    def _settle(self):
+        """Post-validation: validate the pending step before anything reads the weights."""
+        for outcome in self.rank.flush():
+            self.metrics.record(outcome)
+
+    def _after_step(self, step: int):
+        cfg, steps, auto = self.cfg, self.cfg.train.steps, self.cfg.parallel.schedule == "auto"
+        # Each piece profiles its own first steps (a resumed piece starts on ZB-H1 or ZB-V too).
+        profiled = self.start_step + cfg.parallel.profile_steps if auto else 0
+        if profiled and step == profiled < steps:
+            self._reschedule(step)
+        self.record.forget_events(step, profiled)
+        if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step != steps:
+            self._settle()
+            self._evaluate(step)
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step != steps:
+            self._save(step)
+
+    def _reschedule(self, step: int):
+        """The auto schedule, from the costs measured over the steps so far."""
+        # The first step pays for allocation and warm caches: profile the ones after.
+        steps = range(min(self.start_step + 2, step), step + 1)
+        # Rank 0's measurements decide for everyone; the scheduler is deterministic, so
+        # every rank builds the same schedule from the same costs.
+        costs = self.comm.bcast(profiled_costs(self.trace, self.rank.model, self.grid, steps,
+                                               self.comm_s, self.stage_bytes,
+                                               memory_limit(self.cfg)[1]), root=0)
+        auto = build_schedule(self.cfg, costs)
+        self.rank.use_schedule(auto)
+        sim = simulate(auto, costs)
+        self.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
+        line, record = describe_auto(self.cfg, auto, costs, sim)
+        self.log(line)
+        self.run_dir.write_json("auto_schedule.json", record)
+
+    def _evaluate(self, step: int):
+        value = self.rank.evaluator().evaluate(validation_batches(self.tokens, self.cfg,
+                                                                  self.be))
+        self.metrics.evaluated(step, value)
+
+    def _save(self, step: int):
+        from hpcpipe import checkpoint as ckpt
+
+        self._settle()
+        saved = ckpt.save(self.rank, self.cfg, step, self.run_dir.path,
+                          {**self.rank.step.scaler.state(), "lr_step": step,
+                           "data_step": step, "seed": self.cfg.train.seed},
+                          keep=self.cfg.checkpoint.keep, keep_every=self.cfg.checkpoint.keep_every,
+                          run=self.run_id)
+        self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
+                 f"{saved.seconds:.2f} s")
+        self.summary.checkpoint = saved.path
+        self.last_saved = step
+        self.record.checkpointed(step)
+
+    def _preempted(self, step: int):
+        """Save what there is to save (nothing before the first step: the initial weights
+        are a function of the seed; nothing new right after a resume or a save), then
+        stop every rank with Preempted."""
+        self._settle()
+        if step > self.start_step and self.last_saved != step:
+            self._save(step)
+        self.record.end(step, PREEMPTED)
+        saved = (f"checkpoint of step {step} written" if step > self.start_step else
+                 f"nothing trained since step {step}, so nothing to save")
+        self.log(f"preempted: {saved}; exiting with status {EXIT_PREEMPTED} (resume with "
+                 f"--resume, or checkpoint.resume = \"auto\")")
+        raise Preempted(f"stopped by a signal at step {step}")
+
+    # -- summary ---------------------------------------------------------------------------
+    def _finish(self) -> Summary:
+        steps, summary = self.cfg.train.steps, self.summary
+        self._settle()
+        trained = summary.steps > self.start_step  # (summary.steps counts earlier pieces)
+        if self.last_saved != steps and trained:
+            self._save(steps)
+        if trained or self.start_step < steps:
+            self._evaluate(steps)
+        summary.device_memory = self.comm.allgather(self.be.memory_report())
+        self.record.end(max(summary.steps, self.start_step), FINISHED if trained else IDLE)
+        if not trained:  # resumed at or past train.steps
+            self.log(f"done: nothing to train, the run is at step {self.start_step} of "
+                     f"{steps} (raise train.steps to continue)")
+            return summary
+        self._report()
+        return summary
+
+    def _report(self):
+        step = self.rank.step
+        for line in end_of_run(self.metrics, self.cfg.parallel, step.gradsync.bytes_reduced,
+                               step.optimizer_state_bytes, self.record.piece.seconds):
+            self.log(line)
+
+
+def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
+    """This piece's RunRecord, with the run's Summary and Metrics (see runrecord.py)."""
+    cfg, comm, train = trainer.cfg, trainer.comm, trainer.cfg.train
+    summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule)
+    # MFU's two halves: the model's FLOPs per token, and every rank's matmul peak.
+    peak = comm.allreduce(startup_peak(trainer.be, train.dtype))
+    metrics = Metrics(summary, trainer.run_dir, trainer.log, train.steps, train.log_every,
+                      cfg.tokens_per_step, comm.size,
+                      flops_per_token(cfg.model, cfg.model.block_size), peak)
+    return RunRecord(cfg, comm, trainer.run_dir, metrics, trainer.trace, trainer.start_step,
+                     trainer.grid.describe(), resume_path, trainer.log, trainer.started)
+
+

@@ -1,0 +1,163 @@
+"""Writing files so that a crash never leaves a half-written one under the final name, and
+never over something hpcpipe did not make.
+
+Every file hpcpipe writes for later use (checkpoints and their manifests, token files,
+the run directory's config and summary, benchmark results) goes through `write_atomic`:
+written under a temporary name in the same folder, flushed and fsynced, renamed into
+place, and the folder fsynced, so that after a crash or a kill the path holds either the
+previous file or the complete new one.
+
+A path a user names as a command's output is claimed first (`claim_file`,
+`claim_folder`): an existing file is replaced only with --force, a folder is never taken
+for a file, an existing folder that is not the kind the command makes is never replaced,
+and every refusal comes before anything is written, so it leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from hpcpipe.util.errors import HpcpipeError
+
+
+class OutputError(HpcpipeError):
+    """An output path a command must not or cannot write."""
+
+
+def fsync_dir(path: str):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, write) -> str:
+    """`write(tmp_path)` creates the file; it is then fsynced and renamed to `path`.
+
+    The temporary name is hidden and unique to this process, and removed if `write`
+    fails, so two writers never share one and a failure leaves nothing behind."""
+    folder, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{name}.tmp.{os.getpid()}")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    fsync_dir(folder)
+    return path
+
+
+def write_text_atomic(path: str, text: str) -> str:
+    """`write_atomic` of a text file (UTF-8)."""
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    return write_atomic(path, write)
+
+
+def claim_file(path: str, force: bool = False, flag: str = "--out",
+               make_folder: bool = False) -> str:
+    """Check `path` as a new output file before any work: refused when it is a folder, when
+    it exists (unless `force`), and when its folder is missing (unless `make_folder`, which
+    creates it) or not writable."""
+    name = f"{flag} {path}" if flag else path
+    if not path:
+        raise OutputError(f"{flag}: an empty path")
+    if os.path.isdir(path):
+        raise OutputError(f"{name}: is a folder; name a file")
+    if os.path.lexists(path) and not force:
+        raise OutputError(f"{name}: exists already; pass --force to replace it")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        if not make_folder or os.path.lexists(folder):
+            raise OutputError(f"{name}: the folder {folder} does not exist")
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"{name}: cannot create the folder {folder} ({e.strerror})") \
+                from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"{name}: cannot write in {folder} (permission denied)")
+    return path
+
+
+def _is_same_or_above(path: str, other: str) -> bool:
+    """Whether `path` is `other` or one of the folders above it."""
+    path, other = os.path.realpath(path), os.path.realpath(other)
+    return other == path or other.startswith(path.rstrip(os.sep) + os.sep)
+
+
+def claim_folder(path: str, is_ours, force: bool = False, flag: str = "--out") -> bool:
+    """Check `path` as a folder a command will create (by renaming a finished temporary
+    folder onto it). Returns whether a folder of ours is there to be replaced (only with
+    `force`). `is_ours(path)` tells whether an existing folder is the kind this command
+    makes; anything else that is not an empty folder is refused, whatever `force` says."""
+    name = f"{flag} {path}"
+    if not path:
+        raise OutputError(f"{flag}: an empty path")
+    if _is_same_or_above(path, os.getcwd()):
+        raise OutputError(f"{name}: is the current folder or one above it; name a new "
+                          f"folder")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise OutputError(f"{name}: exists and is not a folder")
+    if os.path.islink(path):
+        raise OutputError(f"{name}: is a symbolic link; name a new folder")
+    if os.path.isdir(path) and os.listdir(path):
+        if not is_ours(path):
+            raise OutputError(f"{name}: exists and holds files hpcpipe did not write; hpcpipe "
+                              f"never replaces them: name a new folder")
+        if not force:
+            raise OutputError(f"{name}: exists already; pass --force to replace it")
+        return True
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise OutputError(f"{name}: {parent} is not a folder")
+    probe = parent
+    while not os.path.isdir(probe):
+        probe = os.path.dirname(probe)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise OutputError(f"{name}: cannot write in {probe} (permission denied)")
+    return False
+
+
+class TooLarge(ValueError):
+    """A file over the size its reader accepts (what it should be is never this big)."""
+
+    def __init__(self, path: str, size: int, limit: int):
+        self.path, self.size, self.limit = path, size, limit
+        super().__init__(f"{path}: {size:,} bytes, more than {limit:,}")
+
+
+class NotAFile(OSError):
+    """A FIFO, device, socket or folder where a file should be: reading it could block
+    forever (and SIGTERM is a preemption signal, so not even `timeout` could end it)."""
+
+
+def read_bounded(path: str, limit: int, streams: bool = False) -> bytes:
+    """The bytes of the file at `path` — the one way hpcpipe reads a whole file from
+    outside. Refuses what is not a regular file (NotAFile; `streams`: a pipe with a writer,
+    as `<(cat f)` gives, is read too) and more than `limit` bytes (TooLarge), before
+    reading anything where the size is known; open's own OSErrors as they are."""
+    # O_NONBLOCK: opening a FIFO without a writer would block inside open itself.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(21, "Is a directory", path)
+        if not stat.S_ISREG(mode) and not (streams and stat.S_ISFIFO(mode)):
+            raise NotAFile(0, "not a regular file (a FIFO, device or socket)", path)
+        size = os.fstat(fd).st_size
+        if stat.S_ISREG(mode) and size > limit:
+            raise TooLarge(path, size, limit)
+        os.set_blocking(fd, True)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(path, len(data), limit)
+    return data

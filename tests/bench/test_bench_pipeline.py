@@ -1,0 +1,38 @@
+"""bench pipeline on 2 ranks: every schedule's measured peak activation bytes equal the
+simulator's from the measured M_B and M_W, and auto (one chunk or a V, whichever the
+measured costs favour) simulates no longer a step than any hand-made schedule that fits
+its limit."""
+
+import json
+
+from harness.mpirun import run
+
+from hpcpipe.bench.pipeline import best_auto
+from hpcpipe.schedules import Costs, generate, peak_activations, simulate
+
+
+def test_measured_peaks_equal_the_simulated_and_auto_is_never_worse(tmp_path):
+    out = tmp_path / "pipeline.json"
+    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "bench", "pipeline", "--layers", "4",
+                "--embd", "32", "--heads", "2", "--block", "16", "--micro-batch-size", "2",
+                "--steps", "2", "--rounds", "1", "--json", str(out)], n=2, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["schedule"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["1f1b", "zb-h1", "zb-h2", "zb-v", "auto"]
+    for name, row in rows.items():
+        assert row["peak_activation_bytes"] == row["peak_activation_bytes_simulated"], name
+    fitting = [r for r in rows.values() if r["schedule"] != "auto" and r["peak_activations"] <= 4]
+    best = min(r["makespan_ms_simulated"] for r in fitting)
+    assert rows["auto"]["makespan_ms_simulated"] <= best + 1e-6
+
+
+def test_auto_takes_a_v_where_it_simulates_shorter():
+    costs = Costs(f=[1.0, 1.0], b=[1.0, 1.0], w=[0.8, 0.8], comm=0.01, memory=[1.0, 1.0],
+                  memw=[0.4, 0.4])
+    v = best_auto(2, 4, costs, 4.0, max_chunks=2)
+    one = best_auto(2, 4, costs, 4.0, max_chunks=1)
+    assert (v.chunks, one.chunks) == (2, 1)
+    spread = costs.over_chunks(v.stage_of)
+    assert simulate(v, spread).makespan < simulate(one, costs).makespan
+    assert simulate(v, spread).makespan <= simulate(generate("zb-v", 2, 4), spread).makespan
+    assert max(peak_activations(v, spread)) <= 4.0

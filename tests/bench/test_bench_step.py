@@ -1,0 +1,75 @@
+"""bench step: its code paths in smoke mode (tiny shapes, one repetition), the FLOP count,
+and — where PyTorch is installed — that both models compute the same step."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hpcpipe.__main__ import main
+from hpcpipe.bench import step
+from hpcpipe.device import backend
+from hpcpipe.model import GPT, param_layout
+from hpcpipe.model.layers import attention, block, linear
+
+
+def test_flop_count_uses_every_matmul_parameter_once():
+    """N for 6N: every parameter but the position embedding (the tied wte counted once)."""
+    for cfg in (*step.CONFIGS.values(), step.SMOKE):
+        total = GPT(cfg, dtype="float32").num_params
+        assert step.flop_params(cfg) == total - cfg.block_size * cfg.n_embd
+        assert step.flops_per_token(cfg, cfg.block_size) == pytest.approx(
+            6 * step.flop_params(cfg) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size)
+
+
+def test_smoke_without_torch_writes_json_and_profile(tmp_path, capsys):
+    out = tmp_path / "step.json"
+    assert main(["bench", "step", "--smoke", "--no-torch", "--profile", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| smoke |" in text and "profile of hpcpipe" in text and "| attention |" in text
+    result = json.loads(out.read_text())
+    assert result["suite"] == "step" and result["peak_flops"] > 0
+    (row,) = result["rows"]
+    assert row["config"] == "smoke" and row["hpcpipe_tokens_per_s"] > 0 and row["mfu"] > 0
+    assert row["torch_tokens_per_s"] is None and row["ratio"] is None
+    assert {r["layer"] for r in row["profile_ms"]} >= {"attention", "linear", "adamw"}
+
+
+def test_profiler_puts_the_layers_back():
+    before = (attention.forward, block.backward_input, linear.backward_weight)
+    with step.layer_timers(backend.cpu(), {}):
+        assert attention.forward is not before[0]
+    assert (attention.forward, block.backward_input, linear.backward_weight) == before
+
+
+def test_losses_that_differ_stop_the_comparison():
+    step.check_same_loss("x", 5.0, 5.0 * (1 + 1e-6), "float32")
+    with pytest.raises(RuntimeError, match="losses differ"):
+        step.check_same_loss("x", 5.0, 5.01, "float32")
+
+
+def test_smoke_against_torch(tmp_path, capsys):
+    pytest.importorskip("torch")
+    out = tmp_path / "step.json"
+    assert main(["bench", "step", "--smoke", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["torch_tokens_per_s"] > 0 and row["ratio"] > 0
+    assert row["torch_loss0"] == pytest.approx(row["hpcpipe_loss0"], rel=1e-5)
+
+
+def test_first_step_is_the_same_in_torch_float64():
+    """Tiny config, float64: the same first loss, and after one AdamW step the same
+    weights, so the benchmark compares the same work (F, B, W and the optimizer)."""
+    torch = pytest.importorskip("torch")
+    cfg = step.CONFIGS["tiny"]
+    be = backend.cpu()
+    ours, theirs, loss, torch_loss = step.first_losses(cfg, be, "float64", 2, torch)
+    assert abs(loss - torch_loss) <= 1e-10 * abs(torch_loss)
+    mine = dict(theirs.model.named_parameters())
+    for name, _ in param_layout(cfg):
+        value = mine[name if name.endswith((".weight", ".bias")) else name + ".weight"]
+        value = value.detach().numpy()
+        if value.ndim == 2 and name not in ("wte", "wpe"):
+            value = value.T
+        np.testing.assert_allclose(ours.stage.params[name], value, rtol=1e-9, atol=1e-12,
+                                   err_msg=name)

@@ -1,0 +1,188 @@
+"""Checkpoints on one process: the format, every kind of damage and its message,
+retention, safetensors and the GPT-2 import/export round trip, generation."""
+
+import json
+import os
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcpipe import checkpoint as ckpt
+from hpcpipe import config
+from hpcpipe.__main__ import main
+from hpcpipe.checkpoint import manifest as manifests
+from hpcpipe.checkpoint import safetensors
+from hpcpipe.train.trainer import train
+
+SMALL = ["model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
+         "train.micro_batch_size=2", "parallel.microbatches=2", "train.eval_every=0",
+         "train.eval_batches=1", "train.trace_steps=0"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, stdlib_tokens):
+    """Four steps on one process, a checkpoint after each, the last 2 + every 2nd kept."""
+    path = tmp_path_factory.mktemp("ckpt") / "run"
+    cfg = config.load("inputs/tiny.toml", SMALL + [
+        "train.steps=4", "checkpoint.every=1", "checkpoint.keep=2", "checkpoint.keep_every=2",
+        f'data.path="{stdlib_tokens}"'])
+    train(cfg, str(path), MPI.COMM_SELF, out=lambda *_: None)
+    return path
+
+
+def copy(run_dir, tmp_path, step=4):
+    src = os.path.join(run_dir, "checkpoints", ckpt.step_name(step))
+    dst = tmp_path / ckpt.step_name(step)
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_layout_and_retention(run_dir):
+    root = os.path.join(run_dir, "checkpoints")
+    assert [s for s, _ in ckpt.list_checkpoints(root)] == [2, 3, 4]  # last 2, and every 2nd
+    assert open(os.path.join(root, "latest")).read().strip() == "step_00000004"
+    path = ckpt.latest(root)
+    manifest = ckpt.read_manifest(path)
+    assert manifest["step"] == 4 and manifest["layout"]["pp"] == 1
+    assert set(manifest["files"]) == {"model-pp000.h5", "optim-r00000.h5"}
+    assert ckpt.verify(path) == []
+    with h5py.File(os.path.join(path, "model-pp000.h5"), "r") as f:  # a GPT-2 state dict
+        assert f["h.1.attn.c_attn.weight"].shape == (32, 96) and f["wte"].shape == (256, 32)
+        assert f["wte"].fletcher32
+    with h5py.File(os.path.join(path, "optim-r00000.h5"), "r") as f:
+        assert set(f) == {"exp_avg", "exp_avg_sq", "master"}
+        assert f["exp_avg"]["wte@0"].attrs["stop"] == 256 * 32
+
+
+def test_truncated_file(run_dir, tmp_path):
+    path = copy(run_dir, tmp_path)
+    shard = path / "optim-r00000.h5"
+    shard.write_bytes(shard.read_bytes()[:5000])
+    [problem] = ckpt.verify(str(path))
+    assert str(shard) in problem and "truncated" in problem
+
+
+def test_flipped_byte(run_dir, tmp_path):
+    path = copy(run_dir, tmp_path)
+    shard = path / "model-pp000.h5"
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0x01
+    shard.write_bytes(bytes(data))
+    [problem] = ckpt.verify(str(path))
+    assert str(shard) in problem and "SHA-256" in problem
+
+
+def test_flipped_byte_inside_a_dataset_fails_its_checksum(run_dir, tmp_path):
+    """Even with the manifest's hash updated, fletcher32 catches a damaged chunk."""
+    path = copy(run_dir, tmp_path)
+    shard = path / "model-pp000.h5"
+    with h5py.File(shard, "r") as f:
+        offset = f["wte"].id.get_chunk_info(0).byte_offset
+    data = bytearray(shard.read_bytes())
+    data[offset + 10] ^= 0x40
+    shard.write_bytes(bytes(data))
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["model-pp000.h5"]["sha256"] = ckpt.sha256(str(shard))
+    manifests.write(str(path), json.dumps(manifest))  # its digest updated too
+    [problem] = ckpt.verify(str(path))
+    assert "wte" in problem and "damaged" in problem
+
+
+def test_missing_shard_and_missing_manifest(run_dir, tmp_path):
+    path = copy(run_dir, tmp_path)
+    os.remove(path / "optim-r00000.h5")
+    [problem] = ckpt.verify(str(path))
+    assert problem.endswith("optim-r00000.h5: missing")
+    os.remove(path / "manifest.json")
+    assert "manifest.json is missing" in ckpt.verify(str(path))[0]
+    assert ckpt.list_checkpoints(str(tmp_path)) == []  # never treated as complete
+
+
+def test_another_model_shape(run_dir):
+    manifest = ckpt.read_manifest(ckpt.latest(os.path.join(run_dir, "checkpoints")))
+    cfg = config.load("inputs/tiny.toml", SMALL + ["model.n_embd=64"])
+    with pytest.raises(ckpt.CheckpointError, match="model.n_embd = 32, but the config has 64"):
+        ckpt.check_model(manifest, cfg, "somewhere")
+
+
+def test_resume_continues_the_step_count(run_dir, stdlib_tokens, tmp_path):
+    cfg = config.load("inputs/tiny.toml", SMALL + ["train.steps=6", f'data.path="{stdlib_tokens}"'])
+    lines = []
+    summary = train(cfg, str(tmp_path / "next"), MPI.COMM_SELF, out=lines.append,
+                    resume=str(run_dir))
+    assert summary.steps == 6 and any("resumed from" in line for line in lines)
+
+
+def test_safetensors_round_trip(tmp_path):
+    tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
+               "b": np.array([1, -2], dtype=np.int64), "c": np.ones(3, np.float16)}
+    safetensors.save(str(tmp_path / "x.safetensors"), tensors, {"note": "hi"})
+    back, meta = safetensors.load(str(tmp_path / "x.safetensors"))
+    assert meta == {"note": "hi"}
+    for name, value in tensors.items():
+        assert back[name].dtype == value.dtype and np.array_equal(back[name], value)
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00")
+    with pytest.raises(safetensors.SafetensorsError, match="too short"):
+        safetensors.load(str(tmp_path / "bad.safetensors"))
+
+
+def test_import_gpt2_and_export_round_trip(tmp_path, capsys):
+    """A random file laid out like Hugging Face's GPT-2 (vocab 50257, block 1024, n_embd
+    768; one layer to keep the test small): prefix, tied lm_head and mask buffers too."""
+    rng = np.random.default_rng(0)
+    C, V, T = 768, 50257, 1024
+    shapes = {"wte.weight": (V, C), "wpe.weight": (T, C), "h.0.ln_1.weight": (C,),
+              "h.0.ln_1.bias": (C,), "h.0.attn.c_attn.weight": (C, 3 * C),
+              "h.0.attn.c_attn.bias": (3 * C,), "h.0.attn.c_proj.weight": (C, C),
+              "h.0.attn.c_proj.bias": (C,), "h.0.ln_2.weight": (C,), "h.0.ln_2.bias": (C,),
+              "h.0.mlp.c_fc.weight": (C, 4 * C), "h.0.mlp.c_fc.bias": (4 * C,),
+              "h.0.mlp.c_proj.weight": (4 * C, C), "h.0.mlp.c_proj.bias": (C,),
+              "ln_f.weight": (C,), "ln_f.bias": (C,)}
+    hf = {"transformer." + n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    hf["transformer.h.0.attn.bias"] = np.tril(np.ones((1, 1, T, T), np.float32))[..., :4, :4]
+    hf["lm_head.weight"] = hf["transformer.wte.weight"]
+    src = tmp_path / "gpt2.safetensors"
+    safetensors.save(str(src), hf)
+    out = tmp_path / "ckpt" / "step_00000000"
+    assert main(["ckpt", "import-gpt2", str(src), "--out", str(out)]) == 0
+    assert ckpt.verify(str(out)) == []
+    manifest = ckpt.read_manifest(str(out))
+    assert manifest["model"] == {"n_layer": 1, "n_head": 12, "n_embd": C, "block_size": T,
+                                 "vocab_size": V}
+    weights, _ = ckpt.read_weights(str(out))
+    assert np.array_equal(weights["h.0.attn.c_attn.weight"], hf["transformer.h.0.attn.c_attn.weight"])
+    back = tmp_path / "back.safetensors"
+    assert main(["ckpt", "export", str(out), "--out", str(back)]) == 0
+    exported, _ = safetensors.load(str(back))
+    assert set(exported) == set(shapes)
+    for name in shapes:
+        assert np.array_equal(exported[name], hf["transformer." + name]), name
+    again = tmp_path / "again" / "step_00000000"  # the export is accepted back
+    assert main(["ckpt", "import-gpt2", str(back), "--out", str(again)]) == 0
+
+
+def test_cli_ls_info_verify_export_and_generate(run_dir, tmp_path, capsys):
+    assert main(["ckpt", "ls", str(run_dir)]) == 0
+    listing = capsys.readouterr().out
+    assert "step_00000004" in listing and "<- latest" in listing
+    assert main(["ckpt", "info", str(run_dir)]) == 0
+    assert "dp 1 × pp 1" in capsys.readouterr().out
+    assert main(["ckpt", "verify", str(run_dir)]) == 0
+    assert capsys.readouterr().out.startswith("OK")
+    bad = copy(run_dir, tmp_path)
+    os.remove(bad / "model-pp000.h5")
+    assert main(["ckpt", "verify", str(bad)]) == 1
+    assert "missing" in capsys.readouterr().out
+    assert main(["ckpt", "export", str(run_dir), "--out", str(tmp_path / "w.h5")]) == 0
+    with h5py.File(tmp_path / "w.h5", "r") as f:
+        assert "h.0.mlp.c_fc.weight" in f
+    capsys.readouterr()
+    assert main(["generate", str(run_dir), "--prompt", "def ", "--tokens", "20",
+                 "--temperature", "0"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("def ") and len(text.encode()) >= 21
+    assert main(["ckpt", "info", str(tmp_path / "nowhere")]) == 2
+    assert "no checkpoint there" in capsys.readouterr().err

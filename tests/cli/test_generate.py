@@ -1,0 +1,179 @@
+"""Generation: the key/value cache against the full forward (float64), the sampler's
+window against a full re-run, speed, tokens printed as they come, and GPT-2 weights in
+(safetensors), text through the BPE, weights out with Hugging Face's config.json."""
+
+import io
+import json
+import time
+
+import numpy as np
+import pytest
+from harness import devices
+from harness.hostile import TINY, gpt2_tensors
+from harness.tokenfiles import write_tiktoken
+
+from hpcpipe import GPT, GPTConfig, config
+from hpcpipe import checkpoint as ckpt
+from hpcpipe.__main__ import main
+from hpcpipe.checkpoint import safetensors
+from hpcpipe.cli.generate import Sampler
+
+
+def perturbed(cfg, dtype="float64", seed=0):
+    """A model whose every weight is away from its initial constant (LayerNorms too)."""
+    model = GPT(cfg, dtype=dtype, seed=seed)
+    rng = np.random.default_rng(seed)
+    for value in model.params.values():
+        value += rng.standard_normal(value.shape) * 0.2
+    return model
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("steps", [[24], [1] * 24, [5, 1, 1, 3, 7, 1, 6]])
+def test_incremental_logits_equal_the_full_forward(be, steps):
+    cfg = GPTConfig(vocab_size=61, block_size=24, n_layer=3, n_head=4, n_embd=32)
+    model = GPT(cfg, dtype="float64", seed=1, be=be)
+    rng = np.random.default_rng(2)
+    for value in model.params.values():
+        value += be.from_host(rng.standard_normal(value.shape) * 0.2)
+    idx = rng.integers(0, 61, size=(3, 24))
+    full = be.to_host(model.logits(idx))
+    cache, start, parts = model.new_cache(3), 0, []
+    for t in steps:
+        parts.append(be.to_host(model.decode(idx[:, start:start + t], cache)))
+        start += t
+    np.testing.assert_allclose(np.concatenate(parts, axis=1), full, rtol=1e-12, atol=1e-12)
+    last = model.new_cache(3)
+    np.testing.assert_allclose(be.to_host(model.decode(idx, last, last_only=True)),
+                               full[:, -1:], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="exceed block_size"):
+        model.decode(idx[:, :1], cache)
+
+
+def rerun(model, ids, count, block):
+    """Greedy tokens by a full forward per token over the sampler's context: all tokens
+    since the last restart, which keeps the last half of a full block."""
+    out, context = list(ids), list(ids[-block:])
+    for _ in range(count):
+        token = int(np.argmax(model.logits(np.array([context]))[0, -1]))
+        out.append(token)
+        context = context + [token] if len(context) < block else out[-(block // 2):]
+    return out[len(ids):]
+
+
+def test_the_sampler_past_block_size_equals_a_full_rerun():
+    cfg = GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    model = perturbed(cfg)
+    ids = [3, 1, 4, 1, 5]
+    sampler = Sampler(model, model.stage.be, temperature=0, top_k=0, seed=0)
+    assert list(sampler.tokens(ids, 45)) == rerun(model, ids, 45, cfg.block_size)
+
+
+def test_200_tokens_of_the_tiny_model_in_under_a_second():
+    model = GPT(config.load(TINY).model)  # inputs/tiny.toml's shape, float32
+    sampler = Sampler(model, model.stage.be, temperature=0.8, top_k=0, seed=0)
+    best = float("inf")
+    for _ in range(2):  # the better of two: the machine is shared
+        tick = time.perf_counter()
+        tokens = list(sampler.tokens([10], 200))
+        best = min(best, time.perf_counter() - tick)
+    assert len(tokens) == 200 and best < 1.0, best
+
+
+class Flushes(io.StringIO):
+    """stdout that remembers how much text there was at each flush."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def flush(self):
+        self.seen.append(len(self.getvalue()))
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    """A random GPT-2-shaped model as Hugging Face ships one (model.safetensors with
+    `transformer.` names and a config.json), over a small BPE's vocabulary, imported."""
+    folder = tmp_path_factory.mktemp("gpt2")
+    bpe = write_tiktoken(folder / "small.tiktoken")
+    tensors = gpt2_tensors(C=16, V=263, T=32, layers=2, seed=5)
+    for name, value in tensors.items():
+        value *= 0.3 if value.ndim == 2 else 1.0
+    (folder / "hf").mkdir()
+    safetensors.save(str(folder / "hf" / "model.safetensors"), tensors, {"format": "pt"})
+    (folder / "hf" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_head": 2}))
+    assert main(["ckpt", "import-gpt2", str(folder / "hf" / "model.safetensors"), "--out",
+                 str(folder / "ckpt"), "--config", TINY]) == 0
+    return folder, bpe, tensors
+
+
+def test_gpt2_round_trip_text_in_and_out(capsys, monkeypatch, gpt2_folder):
+    pytest.importorskip("tiktoken", reason="GPT-2's BPE needs tiktoken")
+    from hpcpipe.data import tokenizer as tk
+
+    folder, bpe_file, tensors = gpt2_folder
+    # n_head from the config.json beside the file (TINY, the fallback, has 4)
+    assert ckpt.read_manifest(str(folder / "ckpt"))["model"]["n_head"] == 2
+    stdout = Flushes()
+    monkeypatch.setattr("sys.stdout", stdout)
+    assert main(["generate", str(folder / "ckpt"), "--prompt", "def main", "--tokens", "12",
+                 "--temperature", "0", "--tokenizer", "gpt2", "--tokenizer-file",
+                 str(bpe_file), "--device", "cpu"]) == 0  # the reference below runs there
+    text = stdout.getvalue()
+    assert len(stdout.seen) >= 12 and stdout.seen == sorted(stdout.seen)  # as they came
+    # The same tokens by hand: the weights as imported, greedy, through a full forward.
+    bpe = tk.load("gpt2", str(bpe_file))
+    model = GPT(GPTConfig(vocab_size=263, block_size=32, n_layer=2, n_head=2, n_embd=16))
+    for name, value in tensors.items():
+        short = name.removeprefix("transformer.")
+        model.params[{"wte.weight": "wte", "wpe.weight": "wpe"}.get(short, short)][...] = value
+    prompt = bpe.encode(b"def main")
+    assert prompt == [257, 258, 260]
+    expected = rerun(model, prompt, 12, 32)
+    assert text == bpe.decode(prompt + expected) + "\n"
+
+
+def test_gpt2_vocabularies_need_the_bpe_or_ids(capsys, monkeypatch, gpt2_folder):
+    folder, _, _ = gpt2_folder
+    monkeypatch.setitem(__import__("sys").modules, "tiktoken", None)
+    assert main(["generate", str(folder / "ckpt"), "--prompt", "x", "--tokenizer", "gpt2",
+                 "--tokens", "2"]) == 2
+    assert "needs tiktoken: pip install 'hpcpipe[gpt2]'" in capsys.readouterr().err
+    assert main(["generate", str(folder / "ckpt"), "--prompt-ids", "5,6", "--tokens", "3",
+                 "--temperature", "0", "--device", devices.name()]) == 0
+    ids = capsys.readouterr().out.strip().split(",")
+    assert ids[:2] == ["5", "6"] and len(ids) == 5
+
+
+def test_export_writes_the_config_hugging_face_loads(capsys, gpt2_folder, tmp_path):
+    folder, _, tensors = gpt2_folder
+    out = tmp_path / "hf" / "model.safetensors"
+    out.parent.mkdir()
+    assert main(["ckpt", "export", str(folder / "ckpt"), "--out", str(out)]) == 0
+    written = json.loads((out.parent / "config.json").read_text())
+    assert written["architectures"] == ["GPT2LMHeadModel"] and written["model_type"] == "gpt2"
+    assert {k: written[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer",
+                                    "n_head")} == dict(vocab_size=263, n_positions=32,
+                                                       n_embd=16, n_layer=2, n_head=2)
+    assert written["activation_function"] == "gelu_new" and written["tie_word_embeddings"]
+    assert written["layer_norm_epsilon"] == 1e-5 and written["eos_token_id"] is None
+    back, _ = safetensors.load(str(out))
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(back[name.removeprefix("transformer.")], value)
+    # The config is an output too: never replaced without --force.
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text("{}")
+    assert main(["ckpt", "export", str(folder / "ckpt"), "--out",
+                 str(tmp_path / "other" / "model.safetensors")]) == 2
+    assert "config.json" in capsys.readouterr().err
+    assert not (tmp_path / "other" / "model.safetensors").exists()
+
+
+def test_a_broken_config_beside_the_weights_is_one_error(capsys, tmp_path):
+    safetensors.save(str(tmp_path / "model.safetensors"), gpt2_tensors(), {"format": "pt"})
+    (tmp_path / "config.json").write_text('{"n_head": 3, "n_head": 2}')
+    assert main(["ckpt", "import-gpt2", str(tmp_path / "model.safetensors"), "--out",
+                 str(tmp_path / "ckpt")]) == 2
+    err = capsys.readouterr().err
+    assert "config.json (the Hugging Face config beside" in err and "n_head" in err

@@ -1,0 +1,70 @@
+"""How commands end (hpcpipe/cli/guard.py): one `error:` line and status 2 for a user's mistake,
+and under MPI every rank ending together — launched without `-m mpi4py` too."""
+
+import errno
+import time
+
+import pytest
+from harness.mpirun import run as launch
+
+from hpcpipe.cli.guard import Job, run, user_message
+from hpcpipe.util.errors import HpcpipeError
+
+
+def error_lines(text):
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+def test_every_kind_of_user_error_is_one_line(capsys):
+    job = Job()
+    failures = [HpcpipeError("a bad\nconfig"), FileNotFoundError(errno.ENOENT, "No such file",
+                                                                 "data/x.h5"),
+                MemoryError("Unable to allocate 8 TiB"), PermissionError(errno.EACCES,
+                                                                         "Permission denied")]
+    for failure in failures:
+        def command():
+            raise failure
+
+        assert run(command, job) == 2
+    err = capsys.readouterr().err
+    assert error_lines(err) == err.splitlines() == [
+        "error: a bad config", "error: data/x.h5: No such file",
+        "error: out of memory: Unable to allocate 8 TiB", "error: Permission denied"]
+
+
+def test_a_bug_keeps_its_traceback_on_one_process():
+    with pytest.raises(ZeroDivisionError):
+        run(lambda: 1 / 0, Job())
+
+
+def test_user_message_of_an_os_error_names_both_paths():
+    error = OSError(errno.EXDEV, "Invalid cross-device link", "a", None, "b")
+    assert user_message(error) == "a: b: Invalid cross-device link"
+
+
+@pytest.mark.parametrize("case, status, line", [
+    ("all", 2, "error: every rank sees this"),
+    ("lone", 2, "error: rank 1: only rank 1 sees this"),
+    ("bug", 1, None),
+])
+def test_mpi_job_ends_together_without_mpi4py_launcher(case, status, line):
+    """`mpiexec -n 2 python script` (no `-m mpi4py`): rank 0 would wait in a barrier
+    forever for rank 1; rank 1's failure ends the whole job within seconds."""
+    started = time.monotonic()
+    proc = launch(["tests/mpi/failures.py", case], n=2, timeout=60,
+                  env={"HPCPIPE_FAILURE_WAIT_S": "2"})
+    assert proc.returncode == status, proc.stderr
+    assert time.monotonic() - started < 30
+    if line:
+        assert error_lines(proc.stderr) == [line] and "Traceback" not in proc.stderr
+    else:
+        assert proc.stderr.count("Traceback") == 1 and "ZeroDivisionError" in proc.stderr
+        assert not error_lines(proc.stderr)
+
+
+def test_train_without_mpi4py_launcher_stops_every_rank_with_one_line(tmp_path):
+    proc = launch(["-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+                   str(tmp_path / "r")], n=2, timeout=120)
+    assert proc.returncode == 2
+    assert len(error_lines(proc.stderr)) == 1 and "launched with 2 MPI ranks" in proc.stderr
+    assert "Traceback" not in proc.stderr

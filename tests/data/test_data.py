@@ -1,0 +1,93 @@
+"""Corpora → HDF5 token files → deterministic windows."""
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcpipe.data import corpora as data
+from hpcpipe.data.corpora import DataError
+from hpcpipe.data.tokens import open_token_file
+
+
+@pytest.fixture
+def text_folder(tmp_path):
+    folder = tmp_path / "corpus"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text("hello world\n" * 200)
+    (folder / "sub" / "b.md").write_text("# notes\n" + "éàü some unicode\n" * 100)
+    (folder / "blob.bin").write_bytes(b"\x00\x01\x02" * 50)  # binary: skipped
+    (folder / ".hidden").write_text("not part of the corpus")
+    return folder
+
+
+def test_prepare_folder(tmp_path, text_folder):
+    out = str(tmp_path / "t.h5")
+    attrs = data.prepare(str(text_folder), out, val_fraction=0.1, log=lambda *_: None)
+    assert attrs["files"] == 2 and attrs["tokenizer"] == "bytes" and attrs["vocab_size"] == 256
+    with h5py.File(out, "r") as f:
+        train, val = f["train"][:], f["val"][:]
+        assert f.attrs["source"] == str(text_folder.resolve())
+        assert f["train"].fletcher32  # corruption is detected on read
+    total = len("hello world\n" * 200) + len(("# notes\n" + "éàü some unicode\n" * 100).encode()) + 2
+    assert len(train) + len(val) == total == attrs["tokens"]
+    assert abs(len(val) - 0.1 * total) <= 1
+    assert b"hidden" not in bytes(np.concatenate([train, val]))
+
+
+def test_prepare_single_file_and_decode(tmp_path):
+    src = tmp_path / "story.txt"
+    src.write_text("once upon a time " * 100)
+    out = str(tmp_path / "story.h5")
+    data.prepare(str(src), out, val_fraction=0.5, log=lambda *_: None)
+    tokens = open_token_file(out)
+    text = data.decode(np.concatenate([tokens.splits["train"][:], tokens.splits["val"][:]]))
+    assert text == "once upon a time " * 100 + "\n"
+
+
+def test_stdlib_corpus_is_real_python_source():
+    source, files = data.corpus_files("stdlib")
+    assert "standard library" in source and len(files) > 500
+    assert all(f.suffix == ".py" and "site-packages" not in f.parts for f in files)
+    assert any(f.name == "argparse.py" for f in files)
+
+
+def test_empty_or_missing_corpus(tmp_path):
+    with pytest.raises(DataError, match="neither"):
+        data.corpus_files(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no text files"):
+        data.prepare(str(tmp_path / "empty"), str(tmp_path / "x.h5"), log=lambda *_: None)
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_windows_are_deterministic_and_independent_of_the_split(tmp_path, text_folder):
+    out = str(tmp_path / "t.h5")
+    data.prepare(str(text_folder), out, log=lambda *_: None)
+    tokens = open_token_file(out)
+    whole = tokens.batch("train", 16, seed=3, step=7, indices=range(8))
+    halves = [tokens.batch("train", 16, seed=3, step=7, indices=range(k, k + 4)) for k in (0, 4)]
+    np.testing.assert_array_equal(whole.idx, np.concatenate([h.idx for h in halves]))
+    np.testing.assert_array_equal(whole.targets[:, :-1], whole.idx[:, 1:])  # shifted by one
+    other_step = tokens.batch("train", 16, seed=3, step=8, indices=range(8))
+    other_seed = tokens.batch("train", 16, seed=4, step=7, indices=range(8))
+    assert not np.array_equal(whole.idx, other_step.idx)
+    assert not np.array_equal(whole.idx, other_seed.idx)
+    assert whole.idx.dtype == np.int64 and whole.idx.shape == (8, 16)
+
+
+def test_missing_and_corrupted_token_files(tmp_path, text_folder):
+    with pytest.raises(DataError, match="does not exist"):
+        open_token_file(str(tmp_path / "none.h5"))
+    out = tmp_path / "t.h5"
+    data.prepare(str(text_folder), str(out), log=lambda *_: None)
+    truncated = tmp_path / "truncated.h5"
+    truncated.write_bytes(out.read_bytes()[:1000])
+    with pytest.raises(DataError, match="not a readable HDF5 file"):
+        open_token_file(str(truncated))
+
+
+def test_block_size_too_large_for_the_split(tmp_path, text_folder):
+    out = str(tmp_path / "t.h5")
+    data.prepare(str(text_folder), out, val_fraction=0.01, log=lambda *_: None)
+    with pytest.raises(DataError, match="too few for block_size"):
+        open_token_file(out).batch("val", 500, 0, 0, range(2))

@@ -1,0 +1,48 @@
+"""The memory check before a run: a lower bound (it must never refuse a run that fits),
+and a refusal that says how much is needed and how much there is."""
+
+from types import SimpleNamespace
+
+import pytest
+from harness.hostile import small_config
+from mpi4py import MPI
+
+from hpcpipe.device import budget
+from hpcpipe.train.trainer import train
+
+
+def fake_gpu(free: int):
+    runtime = SimpleNamespace(memGetInfo=lambda: (free, 2 * free))
+    return SimpleNamespace(is_gpu=True, xp=SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+
+
+def test_the_estimate_stays_below_what_a_run_really_holds(tmp_path, stdlib_tokens):
+    for extra in ([], ["parallel.microbatches=1", "train.micro_batch_size=4"]):
+        cfg = small_config("train.steps=2", f'data.path="{stdlib_tokens}"', *extra)
+        summary = train(cfg, str(tmp_path / "run"), MPI.COMM_SELF, out=lambda *_: None)
+        need = budget.run_need(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype)
+        per_microbatch = summary.peak_activation_bytes[0] / summary.peak_activations[0]
+        assert 0 < need.activations <= per_microbatch
+
+
+def test_a_model_that_cannot_fit_on_the_gpu():
+    cfg = small_config("model.n_layer=2000", "model.n_embd=1024", "model.n_head=8")
+    need = budget.run_need(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype)
+    with pytest.raises(budget.BudgetError) as info:
+        budget.check_run(cfg, fake_gpu(need.total - 1))
+    message = str(info.value)
+    assert "does not fit in memory" in message and "free on its GPU" in message
+    assert f"at least {budget.gib(need.total)}" in message
+    budget.check_run(cfg, fake_gpu(need.total))  # exactly enough: accepted
+
+
+def test_ranks_on_one_node_share_its_memory(monkeypatch):
+    real = budget.host_available()
+    assert real is None or real > 0
+    cfg = small_config()
+    need = budget.run_need(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype).total
+    monkeypatch.setattr(budget, "host_available", lambda: 3 * need)
+    cpu = SimpleNamespace(is_gpu=False)
+    budget.check_run(cfg, cpu, ranks_on_node=3)
+    with pytest.raises(budget.BudgetError, match="for its 4 ranks"):
+        budget.check_run(cfg, cpu, ranks_on_node=4)

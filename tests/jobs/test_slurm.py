@@ -1,0 +1,207 @@
+"""The job scripts in jobs/, submitted to a real single-node Slurm that these tests start
+themselves (tests/harness/slurm.py): the one-node script on 2 CPU ranks; a wrong rank count
+stopping with one message; the multi-node script (on the one node there is); the same
+training through Debian's Open MPI in a venv made by `make install MPI=site`; and the
+preemptible script stopped by USR1, requeued and resumed to exactly the numbers of the
+uninterrupted run; and jobs/test.sbatch running MPI tests inside the allocation.
+
+Every training job trains the same small 2-stage pipeline (a few seconds), so all of them
+must reproduce the reference run's losses bitwise: the MPI library, a preemption and a
+resume change nothing."""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from harness import slurm
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+JOBS = ROOT / "jobs"
+UNAVAILABLE = slurm.unavailable()
+STEPS = 150
+
+pytestmark = [pytest.mark.slurm, pytest.mark.needs("slurm", UNAVAILABLE)]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # A site whose default is pmix, as with a site Open MPI: the scripts must pick pmi2 for
+    # the mpich wheel themselves. Without a usable pmix, no default at all.
+    c = slurm.Cluster(mpi_default="pmix" if slurm.pmix_usable() else "none")
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        c.remove()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("jobs")
+
+
+def overrides(tokens) -> list[str]:
+    """A 2-layer model as a 2-stage pipeline (PP=2 in the job's environment), ~20 ms a step."""
+    sets = ["model.n_layer=2", "model.n_embd=64", "model.n_head=2", "model.block_size=64",
+            "train.micro_batch_size=8", f"train.steps={STEPS}", "train.warmup_steps=10",
+            "train.eval_every=50", "train.eval_batches=1", "train.log_every=25",
+            "train.trace_steps=0", "parallel.microbatches=2", 'parallel.schedule="1f1b"',
+            f'data.path="{tokens}"']
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+def submit(cluster, script, workdir, name, tokens, venv=None, extra_env=None, options=()):
+    """sbatch one of jobs/ from the repository root on 2 CPU ranks; returns (job id, run dir,
+    output file)."""
+    run_dir = workdir / name
+    out = workdir / f"{name}.out"
+    env = cluster.env(**{"VENV": str(venv or sys.prefix), "RUN_DIR": str(run_dir), "PP": "2",
+                         **(extra_env or {})})
+    job = cluster.submit(
+        script, "inputs/tiny.toml", *overrides(tokens), cwd=ROOT, env=env,
+        options=["--job-name", name, "--output", str(out), "--ntasks-per-node=2",
+                 "--cpus-per-task=1", "--gpus-per-node=0", "--time=10", *options])
+    return job, run_dir, out
+
+
+def finished(cluster, job, out, timeout=180) -> dict:
+    record = cluster.wait(job, timeout)
+    text = out.read_text() if out.exists() else "(no output)"
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", \
+        f"job {job}: {record['JobState']} {record['ExitCode']}\n{text[-4000:]}"
+    return record
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, workdir, stdlib_tokens):
+    """jobs/train.sbatch run to the end: the numbers every other job must reproduce."""
+    started = time.monotonic()
+    job, run_dir, out = submit(cluster, JOBS / "train.sbatch", workdir, "reference",
+                               stdlib_tokens, extra_env={"DOCTOR": "1"})
+    finished(cluster, job, out)
+    return {"run_dir": run_dir, "out": out.read_text(), "seconds": time.monotonic() - started,
+            "metrics": slurm.metrics(run_dir),
+            "summary": json.loads((run_dir / "summary.json").read_text())}
+
+
+def test_train_sbatch_on_two_cpu_ranks(reference):
+    losses, val = reference["metrics"]
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert sorted(val) == [0, 50, 100, 150]
+    assert val[STEPS] < val[0] - 1.0  # it learned
+    assert reference["summary"]["final_val_loss"] == val[STEPS]
+    out = reference["out"]
+    # The script picked srun's pmi2 for the mpich wheel, PP=2 became a 2-stage pipeline,
+    # and each rank sized its threads to the one core Slurm gave it.
+    assert "libmpi.so.12 (srun --mpi=pmi2)" in out
+    assert "2 ranks = dp 1 × pp 2" in out
+    assert "1 thread(s) per rank" in out
+    # DOCTOR=1: one report for both ranks, run as the training will be.
+    assert out.count("hpcpipe doctor: 2 ranks on 1 node") == 1
+    assert "launched by     srun (--mpi=pmi2)" in out and "no problems found" in out, out
+    assert (reference["run_dir"] / "checkpoints" / "latest").exists()
+
+
+def test_wrong_rank_count_stops_with_one_message(cluster, workdir, stdlib_tokens):
+    """2 ranks for a 1-rank config (no PP): every rank fails alike, one prints, srun ends."""
+    job, _, out = submit(cluster, JOBS / "train.sbatch", workdir, "layout", stdlib_tokens,
+                         extra_env={"PP": ""})
+    record = cluster.wait(job, 120)
+    text = out.read_text()
+    assert record["JobState"] == "FAILED", text
+    ours = [line for line in text.splitlines() if line.startswith("error: ")]  # not srun's
+    assert len(ours) == 1 and "launched with 2 MPI ranks" in ours[0], text
+    assert "Traceback" not in text
+
+
+def test_tensor_shards_from_tp(cluster, workdir, stdlib_tokens, reference):
+    """TP=2 (no PP): the 2 tasks become 2 tensor shards of one stage, and train like the
+    2-stage pipeline up to the shards' summation order."""
+    job, run_dir, out = submit(cluster, JOBS / "train.sbatch", workdir, "tensor",
+                               stdlib_tokens, extra_env={"PP": "", "TP": "2"})
+    finished(cluster, job, out)
+    text = out.read_text()
+    assert "2 ranks (pp 1 × tp 2 × dp 1)" in text and "2 ranks = dp 1 × pp 1 × tp 2" in text
+    (losses, val), (ref_losses, ref_val) = slurm.metrics(run_dir), reference["metrics"]
+    assert losses.keys() == ref_losses.keys() and val.keys() == ref_val.keys()
+    for step, loss in ref_losses.items():
+        assert losses[step] == pytest.approx(loss, rel=1e-3), step
+
+
+def test_multinode_script_on_one_node(cluster, workdir, stdlib_tokens, reference):
+    """Only one node here: the script's own lines (layout, MPI type, launch) still run."""
+    job, run_dir, out = submit(cluster, JOBS / "train-multinode.sbatch", workdir, "multinode",
+                               stdlib_tokens, options=["--nodes=1"])
+    finished(cluster, job, out)
+    assert "on 1 node(s) " in out.read_text()
+    assert slurm.metrics(run_dir) == reference["metrics"]
+
+
+def test_site_open_mpi_reproduces_the_reference(cluster, workdir, stdlib_tokens, site_venv,
+                                                reference):
+    job, run_dir, out = submit(cluster, JOBS / "train.sbatch", workdir, "openmpi",
+                               stdlib_tokens, venv=site_venv,
+                               extra_env={"OMPI_ALLOW_RUN_AS_ROOT": "1",
+                                          "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    finished(cluster, job, out)
+    text = out.read_text()
+    assert "libmpi.so.40" in text and "srun --mpi=default" in text  # the site's pmix
+    assert slurm.metrics(run_dir) == reference["metrics"]
+
+
+def test_preemptible_job_checkpoints_requeues_and_resumes(cluster, workdir, stdlib_tokens,
+                                                          reference):
+    job, run_dir, out = submit(cluster, JOBS / "train-preemptible.sbatch", workdir, "preempt",
+                               stdlib_tokens)
+
+    def trained_some_steps(_):
+        path = run_dir / "metrics.jsonl"
+        return path.exists() and len(path.read_text().splitlines()) >= 10
+
+    running = cluster.wait(job, 120, until=trained_some_steps)
+    assert running["JobState"] == "RUNNING", out.read_text() if out.exists() else running
+    # `--signal=USR1@…` sends USR1 to the ranks before the time limit; --full sends it to
+    # the batch shell as well, which must survive it (bash dies of an untrapped USR1).
+    cluster.signal(job, "USR1", full=True)
+    record = finished(cluster, job, out, timeout=240)
+
+    text = out.read_text()
+    assert record["Restarts"] == "1", text
+    assert "(start 1)" in text and "(start 2)" in text, text
+    assert f"requeueing job {job}" in text, text
+    stopped = [line for line in text.splitlines() if line.startswith("resumed from")]
+    assert len(stopped) == 1, text
+    step = int(stopped[0].split("step_")[1][:8])
+    assert 0 < step < STEPS, stopped[0]  # it stopped mid-run, not at the end
+    assert slurm.metrics(run_dir) == reference["metrics"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_loss"] == reference["summary"]["final_loss"]
+    assert summary["final_val_loss"] == reference["summary"]["final_val_loss"]
+    # The summary covers the whole run, both pieces, each with its span and its job.
+    for key in ("first_loss", "first_val_loss", "evals", "steps", "tokens"):
+        assert summary[key] == reference["summary"][key], key
+    assert [(p["first_step"], p["last_step"], p["ended"]) for p in summary["pieces"]] == \
+        [(1, step, "preempted"), (step + 1, STEPS, "finished")]
+    first, second = (p["slurm_job"] for p in summary["pieces"])
+    assert first.split()[0] == str(job) and second == f"{job} (restart 1)", summary["pieces"]
+
+
+def test_test_sbatch_runs_the_mpi_tests_inside_the_allocation(cluster, workdir):
+    """jobs/test.sbatch on 2 tasks: the pipeline's MPI tests in-process across the tasks
+    (those of 3 and 4 ranks skipped, saying so), then its tests that start training jobs,
+    each as an srun step of the allocation."""
+    out, logs = workdir / "tests.out", workdir / "ranks"
+    env = cluster.env(VENV=sys.prefix, TESTS="tests/parallel/test_pipeline_mpi.py", RANK_LOGS=str(logs))
+    job = cluster.submit(JOBS / "test.sbatch", "-k", "equal or bad", cwd=ROOT, env=env,
+                         options=["--job-name", "tests", "--output", str(out),
+                                  "--ntasks-per-node=2", "--cpus-per-task=1", "--time=10"])
+    finished(cluster, job, out, timeout=300)
+    first, second = out.read_text().split("== 2.")
+    assert "MPI: in-launcher mode, 2 ranks" in first, first
+    assert "1 passed, 2 skipped" in first and "needs 3 MPI ranks, launched with 2" in first
+    assert "1 passed, 2 skipped" in (logs / "rank-1.log").read_text()  # rank 1 ran it too
+    assert "MPI: spawning mode" in second and "`srun --kill-on-bad-exit=1" in second, second
+    assert "3 passed" in second  # the bad layouts, each a job step stopping with one message

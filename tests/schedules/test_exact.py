@@ -1,0 +1,124 @@
+"""The exact mode: its optimum matches a brute force over every valid order, it proves small
+cases and the paper's rows, and it says what to install when OR-Tools is missing."""
+
+import functools
+import itertools
+import sys
+
+import pytest
+
+from hpcpipe.schedules import (
+    Costs,
+    ScheduleError,
+    check,
+    generate,
+    peak_activations,
+    simulate,
+)
+from hpcpipe.schedules.exact import certify, certify_search, warmup_bound
+from hpcpipe.schedules.ops import Kind, Op, make_schedule, one_chunk_placement
+from hpcpipe.schedules.problem import Problem
+
+pytest.importorskip("ortools", reason="the exact mode's tests need the test extra (ortools)")
+
+
+def rank_orders(m: int):
+    """Every order of one stage's F, B, W for m microbatches with B after its F, W after its
+    B and W's in microbatch order (the checker's rule); F's and B's in any order."""
+    ops = [Op(k, x) for x in range(m) for k in (Kind.F, Kind.B, Kind.W)]
+
+    def extend(done, left):
+        if not left:
+            yield list(done)
+            return
+        for op in sorted(left):
+            if op.kind == Kind.B and Op(Kind.F, op.microbatch) in left:
+                continue
+            if op.kind == Kind.W and (Op(Kind.B, op.microbatch) in left
+                                      or any(o.kind == Kind.W and o.microbatch < op.microbatch for o in left)):
+                continue
+            yield from extend(done + [op], left - {op})
+
+    return list(extend([], frozenset(ops)))
+
+
+@functools.lru_cache(maxsize=None)
+def brute_force(p: int, m: int, costs: Costs, limit: float) -> dict[str, float]:
+    """The best longest span and the best makespan over every valid order that fits."""
+    best = {"span": float("inf"), "makespan": float("inf")}
+    orders = rank_orders(m)
+    for ranks in itertools.product(orders, repeat=p):
+        s = make_schedule("brute", p, m, 1, ranks, one_chunk_placement(p))
+        if max(peak_activations(s, costs)) > limit + 1e-9:
+            continue
+        try:
+            r = simulate(s, costs)
+        except ScheduleError:  # deadlocks
+            continue
+        best["span"] = min(best["span"], r.longest_span)
+        best["makespan"] = min(best["makespan"], r.makespan)
+    return best
+
+
+@pytest.mark.parametrize("p, m, costs, limit", [
+    (2, 2, Costs(1, 1, 1), 2),
+    (2, 2, Costs(1, 2, 0.5, comm=0.25, memw=0.5), 1.5),
+    (3, 2, Costs(1, 1, 0.5, memw=0.5), 1.5),
+    (3, 2, Costs(1, 1.5, 1, comm=0.5), 2),
+    (2, 3, Costs(f=(1, 2), b=(2, 1), w=(0.5, 1.5), memory=(1, 1), memw=(0.25, 0.75)), 2.5),
+])
+@pytest.mark.parametrize("objective", ["span", "makespan"])
+def test_exact_matches_brute_force(p, m, costs, limit, objective):
+    want = brute_force(p, m, costs, limit)[objective]
+    got = certify(p, m, costs, limit, objective, chunks=1, time_limit=30)
+    check(got.schedule)
+    assert got.optimal and got.status == "OPTIMAL"
+    assert got.value == pytest.approx(want)
+    assert got.lower_bound == pytest.approx(want)
+    assert max(peak_activations(got.schedule, costs)) <= limit + 1e-9
+
+
+@pytest.mark.parametrize("p, m, costs, limit", [
+    (4, 12, Costs(1, 1, 0.5), 4),
+    (4, 12, Costs(1, 1.2, 0.6, comm=0.05, memw=0.4), 6),
+    (3, 9, Costs(1.2, 1, 0.7, comm=0.1, memw=0.43), 3),
+])
+def test_small_cases_come_back_proven_optimal(p, m, costs, limit):
+    verdict = certify_search(p, m, costs, limit, chunks=1, time_limit=60)
+    assert verdict.optimal
+    result = simulate(verdict.best, costs)
+    assert result.longest_span == pytest.approx(verdict.lower_bound)
+    assert verdict.heuristic_value >= verdict.lower_bound - 1e-9
+
+
+def test_a_v_shaped_case_is_proven_too():
+    verdict = certify_search(2, 4, Costs(1, 1, 1), 2, chunks=2, time_limit=60)
+    assert verdict.optimal and verdict.best.chunks == 2
+    assert verdict.lower_bound == 12  # ZB-V: no bubble
+
+
+def test_the_paper_row_at_2p_is_proven_optimal():
+    # 6.2B, p = 8, m = 24 (Table 9) at 2p M_B: auto's schedule is optimal, and proven so.
+    costs = Costs(29.718, 29.444, 19.927, comm=0.527, memw=0.43)
+    verdict = certify_search(8, 24, costs, 16, chunks=1, time_limit=60)
+    assert verdict.optimal and verdict.gap == pytest.approx(0, abs=1e-9)
+
+
+def test_warmup_bound_is_what_memory_forces():
+    # F=B=1, no comm, p=4: rank 0's first B can start 7 after its first F starts; with room
+    # for 2 microbatches it runs 2 F's, so it idles at least 5.
+    problem = Problem.build(4, 8, Costs(1, 1, 1), one_chunk_placement(4), 2)
+    assert warmup_bound(problem) == 24 + 5
+    s = generate("auto", 4, 8, v=1, memory_limit=2)
+    assert simulate(s).longest_span >= 29
+
+
+def test_infeasible_limit_is_reported():
+    with pytest.raises(ScheduleError, match="below one microbatch"):
+        certify(2, 2, Costs(), 0.5)
+
+
+def test_missing_ortools_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
+    with pytest.raises(ScheduleError, match=r"hpcpipe\[exact\]"):
+        certify(2, 2, Costs(), 2)

@@ -1,0 +1,68 @@
+"""The package's architecture, held by tests: the import contract (import-linter's, in
+pyproject.toml: each layer imports only those below it; the model, the device layer, the
+schedules and the utilities never touch MPI), a top level of a few modules, a purpose
+docstring on every module, functions and classes that fit on a screen, and tests that
+mirror the subpackages."""
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "hpcpipe")
+TESTS = os.path.join(ROOT, "tests")
+# Folders of tests/ that are not a subpackage's: the harness, the MPI worker bodies, the
+# job scripts' tests (jobs/ is not Python) and the hostile-input suites that cross all.
+NOT_SUBPACKAGES = {"harness", "mpi", "jobs", "reliability", "__pycache__"}
+
+
+def modules():
+    for folder, _, files in os.walk(PACKAGE):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                yield os.path.relpath(path, ROOT), ast.parse(open(path).read())
+
+
+def test_the_import_contract_holds():
+    lint = shutil.which("lint-imports", path=os.path.dirname(sys.executable))
+    assert lint, "import-linter is part of the test extra: pip install -e '.[test]'"
+    proc = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout
+
+
+def test_a_top_level_of_few_modules():
+    top = sorted(f for f in os.listdir(PACKAGE) if f.endswith(".py"))
+    assert top == ["__init__.py", "__main__.py", "config.py"]
+
+
+@pytest.mark.parametrize("path,tree", list(modules()), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_module_says_what_it_is_for(path, tree):
+    assert ast.get_docstring(tree), f"{path} has no docstring"
+
+
+def test_functions_and_classes_fit_on_a_screen():
+    too_long = []
+    for path, tree in modules():
+        for node in ast.walk(tree):
+            limit = {ast.FunctionDef: 80, ast.AsyncFunctionDef: 80, ast.ClassDef: 250}.get(
+                type(node))
+            if limit and node.end_lineno - node.lineno + 1 > limit:
+                too_long.append(f"{path}:{node.lineno} {node.name} "
+                                f"({node.end_lineno - node.lineno + 1} lines, limit {limit})")
+    assert not too_long, too_long
+
+
+def test_tests_mirror_the_subpackages():
+    subpackages = {name for name in os.listdir(PACKAGE)
+                   if os.path.isfile(os.path.join(PACKAGE, name, "__init__.py"))}
+    folders = {name for name in os.listdir(TESTS) if os.path.isdir(os.path.join(TESTS, name))}
+    assert folders - NOT_SUBPACKAGES <= subpackages, folders - NOT_SUBPACKAGES - subpackages
+    untested = subpackages - folders
+    assert not untested, f"subpackages without a tests/ folder: {sorted(untested)}"

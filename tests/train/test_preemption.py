@@ -1,0 +1,93 @@
+"""Preemption signals honoured whenever they arrive: during the step-0 evaluation (before
+any step: nothing to save) and in the middle of a checkpoint (it completes, then the run
+checkpoints and stops) — always exit status 75, never a lost signal or a killed run."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from harness.hostile import SMALL, TINY, sets
+from harness.mpirun import ROOT, job_env, launcher
+
+from hpcpipe import checkpoint as ckpt
+
+# An evaluation of a few seconds, so that a signal sent as it starts lands inside it.
+LONG_EVAL = ["model.block_size=64", "model.n_embd=64", "train.micro_batch_size=4",
+             "train.eval_batches=600"]
+
+
+def start(run_dir, tokens, *extra, ranks=None, env=None):
+    args = [sys.executable, "-m", "hpcpipe", "train", TINY, "--run-dir", str(run_dir),
+            *sets(SMALL + [f'data.path="{tokens}"', *extra])]
+    if ranks:
+        args = [*launcher(ranks), sys.executable, "-m", "mpi4py", *args[1:]]
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            env=job_env(env))
+
+
+def wait_for_line(proc, text, timeout=120) -> list[str]:
+    """Read stdout until a line holding `text` (the job must still run)."""
+    lines, deadline = [], time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return lines
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail(f"no line with {text!r}: {''.join(lines)}{proc.stderr.read()}")
+
+
+def finish(proc, timeout=120):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the job did not stop")
+    return out, err
+
+
+def rank_pids(run_dir):
+    """The rank processes of the job writing `run_dir` (not the launcher)."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines()
+            if f"--run-dir {run_dir}" in line and "mpiexec" not in line
+            and "hpcpipe train" in line and line.split()[1].endswith("python")]
+
+
+@pytest.mark.parametrize("sig, ranks", [(signal.SIGTERM, None), (signal.SIGUSR1, 2)])
+def test_signal_during_the_first_evaluation(tmp_path, stdlib_tokens, sig, ranks):
+    extra = LONG_EVAL + ["train.steps=50"] + (["parallel.pp=2"] if ranks else [])
+    proc = start(tmp_path / "run", stdlib_tokens, *extra, ranks=ranks)
+    wait_for_line(proc, "run directory:")  # the header's last line: evaluation 0 is next
+    pids = rank_pids(tmp_path / "run") if ranks else [proc.pid]
+    assert len(pids) == (ranks or 1)
+    os.kill(pids[-1], sig)  # with 2 ranks, only the last one hears it
+    out, err = finish(proc)
+    assert proc.returncode == 75, err
+    assert "preempted: nothing trained since step 0" in out and "step 1/" not in out
+    assert ckpt.list_checkpoints(str(tmp_path / "run" / "checkpoints")) == []
+    assert "Traceback" not in err
+
+
+def test_signal_during_a_save(tmp_path, stdlib_tokens):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, stdlib_tokens, "train.steps=50", "checkpoint.every=2",
+                 env={"HPCPIPE_SAVE_DELAY": "2:3"})
+    partial = run_dir / "checkpoints" / ".step_00000002.tmp"
+    deadline = time.time() + 120
+    while not (partial.exists() and any(partial.iterdir())):
+        assert time.time() < deadline and proc.poll() is None, "the save never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = finish(proc)
+    assert proc.returncode == 75, err
+    root = str(run_dir / "checkpoints")
+    assert [s for s, _ in ckpt.list_checkpoints(root)] == [2, 3]  # the save finished, then
+    assert ckpt.latest(root).endswith("step_00000003")            # the next boundary's
+    assert ckpt.verify(ckpt.latest(root)) == [] and "preempted: checkpoint of step 3" in out

@@ -6,9 +6,10 @@ Contenders, for each placement the caller allows (one chunk per rank, or two in 
     grid of choices, then a local search over its per-stage warm-up counts;
   - the event-driven list scheduler (`greedy.py`) under a few policies;
   - every hand-made schedule of an allowed placement that fits the limit (gpipe, 1f1b,
-    zb-h1, zb-h2; zb-v in a V), so auto is never worse than any of them. interleaved-1f1b
-    is not one: its looped placement puts other stages on a rank than a V, and a runtime
-    whose model is split in a V could not run it.
+    zb-h1, zb-h2; zb-v, v-half, v-min and dualpipev in a V; interleaved-1f1b where the
+    placement is auto's to choose), so auto is never worse than any of them. A caller that
+    fixes two chunks gets a V only: interleaved-1f1b's looped placement puts other stages on
+    a rank, and a runtime whose model is already split in a V could not run it.
 How much of the optional search runs is fixed by the problem's size, never by a clock, so
 the same inputs always give the same schedule.
 """
@@ -57,6 +58,9 @@ class Search:
     limit: float
     objective: str
     chunk_counts: tuple[int, ...]
+    # The placement is auto's to choose (chunks=CHOOSE): a looped one (interleaved-1f1b's)
+    # may win too.
+    looped: bool = False
 
     def problem(self, chunks: int) -> Problem:
         placement = one_chunk_placement(self.p) if chunks == 1 else v_placement(self.p)
@@ -107,11 +111,12 @@ def _chunk_counts(p: int, costs: Costs, chunks: int | None) -> tuple[int, ...]:
 
 
 def _hand_made(p: int, m: int, chunks: int) -> Iterator[Schedule]:
-    from .generators import gpipe, one_f_one_b, zb_h1, zb_h2, zb_v
+    from .controllable import v_half, v_min
+    from .generators import dualpipev, gpipe, one_f_one_b, zb_h1, zb_h2, zb_v
     if chunks == 1:
         yield from (one_f_one_b(p, m), zb_h1(p, m), zb_h2(p, m), gpipe(p, m))
     else:
-        yield zb_v(p, m)
+        yield from (zb_v(p, m), v_half(p, m), v_min(p, m), dualpipev(p, m))
 
 
 def _knob_grid(ops: int) -> list[Knobs]:
@@ -204,10 +209,13 @@ def _greedy_contenders(search: Search, chunks: int) -> Iterator[Contender]:
 
 
 def _hand_made_contenders(search: Search) -> Iterator[Contender]:
-    for chunks in search.chunk_counts:
-        for schedule in _hand_made(search.p, search.m, chunks):
-            if search.fits(schedule):
-                yield Contender(schedule.kind, schedule, search.score_schedule(schedule), True)
+    from .generators import interleaved_1f1b
+    rivals = [s for chunks in search.chunk_counts for s in _hand_made(search.p, search.m, chunks)]
+    if search.looped and search.m % search.p == 0:
+        rivals.append(interleaved_1f1b(search.p, search.m, 2))
+    for schedule in rivals:
+        if search.fits(schedule):
+            yield Contender(schedule.kind, schedule, search.score_schedule(schedule), True)
 
 
 def lower_bound(search: Search) -> float:
@@ -278,7 +286,8 @@ def make_search(p: int, m: int, costs: Costs | None, memory_limit: float | None,
         raise ScheduleError(f"auto: memory limit {memory_limit:g} is below one microbatch's "
                             f"activations ({per_mb:g}); allowed: >= {per_mb:g}, e.g. "
                             f"{p * per_mb:g} (1F1B's memory) or {2 * p * per_mb:g}")
-    return Search(p, m, costs, float(memory_limit), objective, counts)
+    return Search(p, m, costs, float(memory_limit), objective, counts,
+                  looped=chunks == CHOOSE and 2 in counts)
 
 
 def search(p: int, m: int, costs: Costs | None = None, memory_limit: float | None = None,

@@ -7,7 +7,8 @@ Contenders, for each placement the caller allows (one chunk per rank, or two in 
   - the event-driven list scheduler (`greedy.py`) under a few policies;
   - every hand-made schedule of an allowed placement that fits the limit (gpipe, 1f1b,
     zb-h1, zb-h2; zb-v, v-half, v-min and dualpipev in a V; interleaved-1f1b where the
-    placement is auto's to choose), so auto is never worse than any of them. A caller that
+    placement is auto's to choose), so auto is never worse than any of them (v-half and
+    v-min up to LARGE ops: past it their construction alone takes seconds). A caller that
     fixes two chunks gets a V only: interleaved-1f1b's looped placement puts other stages on
     a rank, and a runtime whose model is already split in a V could not run it.
 How much of the optional search runs is fixed by the problem's size, never by a clock, so
@@ -115,8 +116,12 @@ def _hand_made(p: int, m: int, chunks: int) -> Iterator[Schedule]:
     from .generators import dualpipev, gpipe, one_f_one_b, zb_h1, zb_h2, zb_v
     if chunks == 1:
         yield from (one_f_one_b(p, m), zb_h1(p, m), zb_h2(p, m), gpipe(p, m))
-    else:
-        yield from (zb_v(p, m), v_half(p, m), v_min(p, m), dualpipev(p, m))
+        return
+    yield from (zb_v(p, m), dualpipev(p, m))
+    # The building blocks' squeeze grows with the square of the ops (seconds past LARGE,
+    # where the runtime would wait for it): there the list scheduler stands in for them.
+    if 6 * p * m <= LARGE:
+        yield from (v_half(p, m), v_min(p, m))
 
 
 def _knob_grid(ops: int) -> list[Knobs]:

@@ -25,6 +25,7 @@ from .generators import one_f_one_b
 from .greedy import Policy, greedy
 from .heuristic import Knobs, Stuck, build
 from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
+from .recompute import NONE, Recompute
 from .problem import EPS, Built, Problem
 from .simulator import Costs, SimResult, op_duration, peak_activations, replay, simulate
 
@@ -230,28 +231,47 @@ def lower_bound(search: Search) -> float:
     return round(max(problem.work(r) for r in range(search.p)), 9)
 
 
-class Tally:
-    """The best contender so far (a hand-made one on a tie: simpler to read), and whether
-    it has reached the score nothing can beat."""
+@dataclass(frozen=True)
+class Point:
+    """One contender auto weighed, for the Pareto front: its score (span or makespan), its
+    peak activations per rank and the recompute plan it ran under."""
 
-    def __init__(self, floor: float):
+    label: str
+    plan: str
+    score: float
+    peak: float
+
+
+class Tally:
+    """The best contender so far (a hand-made one on a tie: simpler to read), whether it
+    has reached the score nothing can beat, and, when asked, every contender it was offered."""
+
+    def __init__(self, floor: float, record: bool = False):
         self.floor, self.best = floor, None
+        self.seen: list[Point] | None = [] if record else None
+        self.plan, self.costs = "none", None  # the recompute plan being searched
+        self.best_plan, self.best_costs = "none", None
 
     def offer(self, contender: Contender) -> None:
+        if self.seen is not None:
+            peak = max(peak_activations(contender.schedule, self.costs))
+            self.seen.append(Point(contender.label, self.plan, contender.score, peak))
         if self.best is None or ((contender.score, not contender.hand_made)
                                  < (self.best.score, not self.best.hand_made)):
-            self.best = contender
+            self.best, self.best_plan, self.best_costs = contender, self.plan, self.costs
 
     def done(self) -> bool:
         return self.best is not None and self.best.score <= self.floor + EPS
 
 
-def best_contender(search: Search) -> Contender:
+def best_contender(search: Search, tally: Tally | None = None) -> Contender:
     """Weigh the contenders cheapest-first, stopping once one reaches the lower bound:
     the round builder's grid, the list scheduler's policies, the hand-made schedules, and
     last the local search, only when a round build is still the best (elsewhere it rarely
-    closes the gap and it is the dearest part)."""
-    tally = Tally(lower_bound(search) if search.objective == "span" else 0.0)
+    closes the gap and it is the dearest part). A `tally` given carries the best of
+    earlier searches (other recompute plans) and records what is weighed."""
+    tally = tally or Tally(lower_bound(search) if search.objective == "span" else 0.0)
+    tally.costs = search.costs
     rounds, problem = [], None
     if 1 in search.chunk_counts:  # the round order suits one chunk; a V would serialise
         problem = search.problem(1)
@@ -326,3 +346,72 @@ def auto(p: int, m: int, costs: Costs | None = None, memory_limit: float | None 
     # No final simulation: a caller that wants the timings simulates (or calls `search`).
     return best_contender(make_search(p, m, costs, memory_limit, objective, chunks)
                           ).schedule.with_kind("auto")
+
+
+def _prefixes(p: int) -> list[int]:
+    """How many leading ranks a plan recomputes on: 1, 2, 4, ... and all p. The first ranks
+    hold the most microbatches in flight, so they are the ones where recomputing pays."""
+    return sorted({min(2 ** i, p) for i in range(p.bit_length() + 1)})
+
+
+def recompute_plans(p: int, chunks: int, costs: Costs, choices: tuple[Recompute, ...]
+                    ) -> Iterator[tuple[str, Costs]]:
+    """(label, costs) per plan: the costs as given, then each choice on ranks 0..k-1."""
+    yield "as given" if costs.recomputes() else "none", costs
+    placement = one_chunk_placement(p) if chunks == 1 else v_placement(p)
+    rank_of = {stage: rank for (rank, _), stage in placement.items()}
+    for choice in choices:
+        for k in _prefixes(p):
+            plan = tuple(choice if rank_of[s] < k else NONE for s in range(p * chunks))
+            where = "every rank" if k == p else f"ranks 0-{k - 1}" if k > 1 else "rank 0"
+            yield f"{choice} on {where}", costs.with_recompute(plan)
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """What `explore` found: the winner, the costs with the recompute plan it needs, and
+    the Pareto front of everything weighed (score against peak activations)."""
+
+    label: str
+    schedule: Schedule
+    costs: Costs
+    plan: str
+    front: tuple[Point, ...]
+    useful: float  # the busiest rank's work without recomputation: a bubble counts the rest
+
+
+def pareto(points: list[Point]) -> tuple[Point, ...]:
+    """The points no other beats on both score and peak, by increasing peak."""
+    front: list[Point] = []
+    for point in sorted(points, key=lambda q: (round(q.peak, 9), q.score)):
+        if not front or point.score < front[-1].score - EPS:
+            front.append(point)
+    return tuple(front)
+
+
+def explore(p: int, m: int, costs: Costs | None = None, memory_limit: float | None = None,
+            objective: str = "span", chunks: int | None = None,
+            recompute: tuple[Recompute, ...] = ()) -> Exploration:
+    """auto over placements and recompute plans together: every plan of `recompute_plans`
+    (the `recompute` choices on the first 1, 2, 4 ... p ranks) is searched like `auto` on
+    each allowed placement, and the best under the limit wins, its recompute time counted
+    (B lasts it). Returns the winner, its plan and the Pareto front it saw."""
+    base = make_search(p, m, costs, memory_limit, objective, chunks)
+    tally = Tally(lower_bound(base) if objective == "span" else 0.0, record=True)
+    for count in base.chunk_counts:
+        for plan, plan_costs in recompute_plans(p, count, base.costs, tuple(recompute)):
+            one = replace(base, costs=plan_costs, chunk_counts=(count,),
+                          looped=base.looped and count == 2)
+            tally.plan = plan
+            try:
+                best_contender(one, tally)
+            except ScheduleError:
+                continue  # nothing fits under this plan
+            if tally.done():
+                break
+    if tally.best is None:
+        raise ScheduleError(f"auto: nothing fits memory limit {base.limit:g} with p={p}, "
+                            f"m={m}" + (", even recomputing" if recompute else ""))
+    useful = max(base.problem(base.chunk_counts[0]).work(r) for r in range(p))
+    return Exploration(tally.best.label, tally.best.schedule.with_kind("auto"),
+                       tally.best_costs, tally.best_plan, pareto(tally.seen), useful)

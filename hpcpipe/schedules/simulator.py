@@ -193,6 +193,7 @@ class Costs:
         if not self.recomputes():
             return text
         choices = self.recompute if isinstance(self.recompute, tuple) else (self.recompute,)
+        choices = choices[:1] if len(set(choices)) == 1 else choices  # one for every stage
         return f"{text},recompute={'/'.join(str(x) for x in choices)}"
 
 

@@ -214,8 +214,9 @@ def _zb_v_below_threshold(p: int, m: int, built: Schedule) -> Schedule:
 
 def _dualpipev_steps(p: int, m: int, r: int) -> list[tuple[str, int | None]]:
     """Rank r's DualPipeV steps as (what, chunk): "F", "BW" (full backward), "B" (input
-    backward, its W queued), "W" (the oldest queued W, whatever its chunk), "FB" (F of one chunk overlapped with
-    the full backward of the other, run here as F then BW). DeepSeek's eight phases:"""
+    backward, its W queued), "W" (the oldest queued W, whatever its chunk), "FB" (F of one
+    chunk overlapped with the full backward of the other, run here as F then BW), in
+    DeepSeek's eight phases."""
     steps: list[tuple[str, int | None]] = [("F", 0)] * (2 * (p - r - 1))          # 1: nF0
     steps += [("F", 0), ("F", 1)] * (r + 1)                                 # 2: nF0F1
     steps += [("B", 1), ("W", None), ("F", 1)] * (p - r - 1)                   # 3: nB1W1F1

@@ -1,4 +1,4 @@
-"""Activation recomputation as data on the cost model: what a stage keeps from F to B, what B re-runs.
+"""Activation recomputation as data on the cost model: what a stage keeps, what its B re-runs.
 
 When the recompute runs (the choice hpcpipe models): at the start of B. B first re-runs the
 parts of the forward it dropped, then computes the input gradient; what W needs (M_W, the

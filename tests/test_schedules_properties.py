@@ -14,7 +14,8 @@ costs = st.builds(Costs, f=times, b=times, w=times, comm=st.sampled_from([0.0, 0
 
 
 @SETTINGS
-@given(sizes, st.sampled_from(["gpipe", "1f1b", "zb-h1", "zb-h2", "zb-v", "interleaved-1f1b"]),
+@given(sizes, st.sampled_from(["gpipe", "1f1b", "zb-h1", "zb-h2", "zb-v", "interleaved-1f1b",
+                               "v-half", "v-min", "dualpipev"]),
        st.integers(1, 3), costs)
 def test_every_generator_passes_the_checker_and_respects_the_bound(size, kind, v, c):
     p, m = size

@@ -32,13 +32,15 @@ def paper_bubble(kind: str, p: int, m: int, c: Costs, v: int = 2) -> float | Non
 
 def paper_peak(kind: str, p: int, m: int, v: int = 2) -> str:
     return {"gpipe": f"m = {m}", "1f1b": f"p = {p}", "zb-h1": f"p = {p}", "zb-h2": f"2p-1 = {2 * p - 1}",
-            "zb-v": f"p = {p}",
+            "zb-v": f"p = {p}", "v-half": f"(p+2)/2 = {(p + 2) // 2}",
+            "v-min": f"(p+4)/3 = {(p + 4) // 3}", "dualpipev": f"p+1/2 = {p + 0.5:g}",
             "interleaved-1f1b": f"> p ({(2 * (p - 1) + (v - 1) * p + 1) / v:g} in Megatron's order)",
             }.get(kind, "limit")
 
 
 def rows(p: int, m: int, costs: Costs):
-    cases = [(k, None) for k in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v")]
+    cases = [(k, None) for k in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
+                                 "v-half", "v-min", "dualpipev")]
     cases += [("auto", p), ("auto", 2 * p)]
     for kind, limit in cases:
         schedule = generate(kind, p, m, costs=costs, memory_limit=limit)

@@ -1,21 +1,24 @@
 """Pipeline schedules as data: generators, a checker, a simulator, the auto-scheduler and pictures.
 
-    from hpcpipe.schedules import generate, check, simulate, Costs
+    from hpcpipe.schedules import generate, check, simulate, Costs, explore, RECOMPUTE
     s = generate("zb-h1", p=4, m=8)
     check(s)                                   # raises ScheduleError naming rank, op and rule
     r = simulate(s, Costs(f=1, b=1, w=0.5))    # makespan, span, busy, bubble_rate, peaks, times
+    e = explore(8, 32, Costs(f=1, b=1, w=1, memw=0.43), memory_limit=4, chunks=0,
+                recompute=(RECOMPUTE["selective"],))  # e.schedule under e.costs; e.front
 
 No MPI and no numerical stack here: the runtime executes what these functions produce.
 """
 
 from __future__ import annotations
 
-from .auto import auto
+from .auto import auto, explore
 from .checker import check
 from .controllable import v_half, v_min
 from .generators import dualpipev, gpipe, interleaved_1f1b, one_f_one_b, zb_h1, zb_h2, zb_v
 from .messages import Message, OpMessages, messages
 from .ops import Kind, Op, Schedule, ScheduleError
+from .recompute import PRESETS as RECOMPUTE, Recompute
 from .simulator import Costs, SimResult, peak_activations, simulate, span_lower_bound
 
 KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min",
@@ -68,4 +71,5 @@ def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | Non
 __all__ = ["Op", "Kind", "Schedule", "ScheduleError", "Costs", "SimResult", "KINDS", "generate",
            "check", "simulate", "messages", "Message", "OpMessages", "peak_activations",
            "span_lower_bound", "auto", "gpipe", "one_f_one_b", "interleaved_1f1b", "zb_h1",
-           "zb_h2", "zb_v", "v_half", "v_min", "dualpipev", "V_KINDS"]
+           "zb_h2", "zb_v", "v_half", "v_min", "dualpipev", "V_KINDS", "explore", "Recompute",
+           "RECOMPUTE"]

@@ -13,6 +13,10 @@ Contenders, for each placement the caller allows (one chunk per rank, or two in 
     a rank, and a runtime whose model is already split in a V could not run it.
 How much of the optional search runs is fixed by the problem's size, never by a clock, so
 the same inputs always give the same schedule.
+
+`explore` runs that search once per recompute plan (recompute.py: a choice on the first
+1, 2, 4 ... p ranks) and placement, keeps the best under the limit with the recompute time
+counted, and reports the Pareto front of score against peak activations it saw.
 """
 
 from __future__ import annotations

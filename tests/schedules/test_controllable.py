@@ -145,3 +145,14 @@ def test_csv_reads_overlapped_pairs_as_f_then_b():
     assert [str(op) for op in from_csv(text).ranks[0][2:4]] == ["F2", "BW0@c1"]
     with pytest.raises(ScheduleError, match="OVERLAP_F_B pairs"):
         from_csv("(0F0;3B0;0F1)OVERLAP_F_B\n")
+
+
+@pytest.mark.parametrize("kind", ["v-half", "v-min", "dualpipev"])
+def test_training_config_takes_the_v_kinds(kind):
+    # parallel.schedule reads the kind list from the schedules package; a V has 2 chunks.
+    from hpcpipe.config import ConfigError, from_dict
+
+    cfg = from_dict({"model": {"n_layer": 4}, "parallel": {"pp": 2, "schedule": kind}})
+    assert cfg.chunks == 2
+    with pytest.raises(ConfigError, match="exactly 2 chunks"):
+        from_dict({"model": {"n_layer": 4}, "parallel": {"pp": 2, "schedule": kind, "chunks": 1}})

@@ -300,7 +300,10 @@ def best_contender(search: Search, tally: Tally | None = None) -> Contender:
 
 
 def make_search(p: int, m: int, costs: Costs | None, memory_limit: float | None,
-                objective: str, chunks: int | None) -> Search:
+                objective: str, chunks: int | None, recomputing: bool = False) -> Search:
+    """The search's inputs, checked. A limit below one microbatch (a rank's whole share of
+    layers) leaves nothing to run -- unless `recomputing`, where a V's rank may hold less
+    than a whole microbatch: then the floor is one chunk's M_B, which its B rebuilds."""
     costs = costs or Costs()
     if objective not in OBJECTIVES:
         raise ScheduleError(f"auto: objective {objective!r} unknown; allowed: "
@@ -311,6 +314,8 @@ def make_search(p: int, m: int, costs: Costs | None, memory_limit: float | None,
     per_mb = max(max(costs.per_stage("memory", p * v, v)) * v for v in counts[:1])
     if memory_limit is None:  # 2p, as training's default (parallel.memory_limit = 0)
         memory_limit = 2 * p * per_mb
+    if recomputing:
+        per_mb = min(max(costs.per_stage("memory", p * v, v)) for v in counts)
     if not memory_limit >= per_mb - EPS:
         raise ScheduleError(f"auto: memory limit {memory_limit:g} is below one microbatch's "
                             f"activations ({per_mb:g}); allowed: >= {per_mb:g}, e.g. "
@@ -400,7 +405,7 @@ def explore(p: int, m: int, costs: Costs | None = None, memory_limit: float | No
     (the `recompute` choices on the first 1, 2, 4 ... p ranks) is searched like `auto` on
     each allowed placement, and the best under the limit wins, its recompute time counted
     (B lasts it). Returns the winner, its plan and the Pareto front it saw."""
-    base = make_search(p, m, costs, memory_limit, objective, chunks)
+    base = make_search(p, m, costs, memory_limit, objective, chunks, bool(recompute))
     tally = Tally(lower_bound(base) if objective == "span" else 0.0, record=True)
     for count in base.chunk_counts:
         for plan, plan_costs in recompute_plans(p, count, base.costs, tuple(recompute)):

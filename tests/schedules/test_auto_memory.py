@@ -5,8 +5,10 @@ import argparse
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from hpcpipe.schedules import Costs, check, cli, generate, simulate
+from hpcpipe.schedules import Costs, ScheduleError, check, cli, generate, simulate
 from hpcpipe.schedules.auto import Point, explore, pareto, recompute_plans
 from hpcpipe.schedules.recompute import PRESETS
 from hpcpipe.schedules.table import render_goals
@@ -89,3 +91,30 @@ def test_memory_goals_table():
     text = render_goals([(2, 4)])
     rows = [line for line in text.splitlines() if line.startswith("| equal | 2 | 4 |")]
     assert len(rows) == 5 and "v-half" in rows[0]
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 4), st.integers(1, 8),
+       st.tuples(*[st.sampled_from([0.5, 1.0, 1.5, 3.0])] * 3), st.sampled_from([1.0, 0.43]),
+       st.floats(0.3, 1.5), st.sampled_from([0, 1, None]))
+def test_explore_under_the_exact_model(p, m, times, memw, factor, chunks):
+    """The searches bound recomputation's memory from above (problem.py); what explore
+    returns must fit under the exact model and never lose to the plan without recompute."""
+    costs = Costs(*times, memw=memw)
+    # Below one microbatch only a V that recomputes can run (its B rebuilds one chunk's M_B).
+    limit = max(0.7 if chunks == 0 else 1.0, round(factor * p, 2))
+    try:
+        plain = explore(p, m, costs, limit, "span", chunks)
+    except ScheduleError:
+        plain = None
+    try:
+        found = explore(p, m, costs, limit, "span", chunks, CHOICES)
+    except ScheduleError as e:
+        assert plain is None and "nothing fits" in str(e)  # "none" is one of the plans
+        return
+    check(found.schedule)
+    result = simulate(found.schedule, found.costs)
+    assert max(result.peak_activations) <= limit + 1e-9
+    if plain is not None:
+        assert result.longest_span <= simulate(plain.schedule, costs).longest_span + 1e-9

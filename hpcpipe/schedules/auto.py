@@ -400,17 +400,18 @@ def pareto(points: list[Point]) -> tuple[Point, ...]:
 
 def explore(p: int, m: int, costs: Costs | None = None, memory_limit: float | None = None,
             objective: str = "span", chunks: int | None = None,
-            recompute: tuple[Recompute, ...] = ()) -> Exploration:
+            recompute: tuple[Recompute, ...] = (), looped: bool = True) -> Exploration:
     """auto over placements and recompute plans together: every plan of `recompute_plans`
     (the `recompute` choices on the first 1, 2, 4 ... p ranks) is searched like `auto` on
     each allowed placement, and the best under the limit wins, its recompute time counted
-    (B lasts it). Returns the winner, its plan and the Pareto front it saw."""
+    (B lasts it). Returns the winner, its plan and the Pareto front it saw. `looped=False`
+    keeps to one chunk and the V even where the placement is auto's to choose."""
     base = make_search(p, m, costs, memory_limit, objective, chunks, bool(recompute))
     tally = Tally(lower_bound(base) if objective == "span" else 0.0, record=True)
     for count in base.chunk_counts:
         for plan, plan_costs in recompute_plans(p, count, base.costs, tuple(recompute)):
             one = replace(base, costs=plan_costs, chunk_counts=(count,),
-                          looped=base.looped and count == 2)
+                          looped=looped and base.looped and count == 2)
             tally.plan = plan
             try:
                 best_contender(one, tally)

@@ -108,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what auto and --exact minimise: the longest per-rank span "
                         "(default, the paper's) or the makespan")
     parser.add_argument("--exact", action="store_true",
-                        help="auto only: also run the certified search and prove a lower bound")
+                        help="auto only: also run the certified search and prove a lower bound "
+                        "(over --recompute's plans too)")
     parser.add_argument("--time-limit", type=_limit, default=60.0, metavar="S",
                         help="seconds for --exact (default 60)")
     parser.add_argument("--memory-limit", type=_limit, metavar="X",
@@ -176,23 +177,25 @@ def _build(args: argparse.Namespace):
     if args.exact:
         if args.kind != "auto":
             raise ScheduleError("--exact searches for the best schedule: use it with --kind auto")
-        if args.recompute or args.cost.recomputes():
-            raise ScheduleError("--exact does not model recomputation yet: its memory "
-                                "constraints hold M_B from F to B whole; drop --recompute")
         from .exact import certify_search
         verdict = certify_search(args.stages, args.microbatches, args.cost, args.memory_limit,
-                                 args.objective, _chunks(args), args.time_limit)
+                                 args.objective, _chunks(args), args.time_limit,
+                                 recompute=_recompute_choices(args))
+        args.cost = verdict.best_costs or args.cost  # the plan the best schedule runs under
         return verdict.best, verdict, None
     if args.recompute or args.pareto:
         from .auto import explore
-        from .recompute import parse
-        choices = tuple(parse(x) for x in (args.recompute or "").split(",") if x.strip())
         found = explore(args.stages, args.microbatches, args.cost, args.memory_limit,
-                        args.objective, _chunks(args), choices)
+                        args.objective, _chunks(args), _recompute_choices(args))
         args.cost = found.costs  # the plan the schedule was chosen under: simulate with it
         return found.schedule, None, found
     return generate(args.kind, args.stages, args.microbatches, _chunks(args), args.cost,
                     args.memory_limit, args.objective), None, None
+
+
+def _recompute_choices(args: argparse.Namespace) -> tuple:
+    from .recompute import parse
+    return tuple(parse(x) for x in (args.recompute or "").split(",") if x.strip())
 
 
 def _chunks(args: argparse.Namespace) -> int | None:

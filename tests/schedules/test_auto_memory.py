@@ -82,8 +82,6 @@ def test_cli_pareto_and_recompute(capsys):
     assert max(data["peak_activations"]) <= 2
     assert run(argv) == 0
     assert "pareto front" in capsys.readouterr().out
-    assert run(argv + ["--exact"]) == 2
-    assert "does not model recomputation" in capsys.readouterr().err
     assert run(["--kind", "1f1b", "-p", "2", "-m", "2", "--pareto"]) == 2
 
 
@@ -118,3 +116,27 @@ def test_explore_under_the_exact_model(p, m, times, memw, factor, chunks):
     assert max(result.peak_activations) <= limit + 1e-9
     if plain is not None:
         assert result.longest_span <= simulate(plain.schedule, costs).longest_span + 1e-9
+
+
+def test_exact_proves_the_best_recompute_plan(capsys):
+    pytest.importorskip("ortools", reason="the exact mode needs the test extra (ortools)")
+    argv = ["--kind", "auto", "-p", "2", "-m", "4", "--chunks", "1", "--memory-limit", "1.5",
+            "--cost", "F=1,B=1,W=1,memw=0.43", "--recompute", "selective", "--exact",
+            "--time-limit", "30", "--json"]
+    assert run(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    runs = data["exact"]["runs"]
+    assert [r["recompute"] for r in runs] == ["none", "selective on rank 0",
+                                              "selective on every rank"]
+    assert all(r["status"] == "OPTIMAL" for r in runs)
+    assert max(data["peak_activations"]) <= 1.5
+    # the best over the plans, proven: no plan's schedule under the limit is shorter
+    assert data["optimal"] and max(data["span"]) == pytest.approx(data["lower_bound"])
+    without = json.loads(_run_json(capsys, argv[:-6] + ["--exact", "--time-limit", "30",
+                                                        "--json"]))
+    assert data["lower_bound"] < without["lower_bound"]  # recomputing pays here
+
+
+def _run_json(capsys, argv):
+    assert run(argv) == 0
+    return capsys.readouterr().out

@@ -156,3 +156,13 @@ def test_training_config_takes_the_v_kinds(kind):
     assert cfg.chunks == 2
     with pytest.raises(ConfigError, match="exactly 2 chunks"):
         from_dict({"model": {"n_layer": 4}, "parallel": {"pp": 2, "schedule": kind, "chunks": 1}})
+
+
+@pytest.mark.parametrize("kind", ["v-half", "v-min", "dualpipev"])
+def test_pictures(kind):
+    from hpcpipe.schedules.draw import svg
+
+    schedule = generate(kind, 2, 4)
+    picture = svg(simulate(schedule))
+    ops = sum(len(row) for row in schedule.ranks)
+    assert f"{kind}: p=2, m=4, v=2" in picture and picture.count("<rect") > ops

@@ -28,7 +28,6 @@ V-Min, p=2, m=4, F=B=W=1 per stage (one column = one chunk op of 1/2; peak 2 on 
 
 from __future__ import annotations
 
-
 from .ops import Kind, Op, Schedule, ScheduleError, make_schedule, v_placement
 
 F, B, W = Kind.F, Kind.B, Kind.W

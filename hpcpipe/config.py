@@ -26,6 +26,7 @@ from hpcpipe.model.sharding import check_divisible
 from hpcpipe.parallel.gradsync import COMM_DTYPES
 from hpcpipe.parallel.grid import RANK_ORDERS
 from hpcpipe.schedules import KINDS as SCHEDULES
+from hpcpipe.schedules import V_KINDS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
 from hpcpipe.util.errors import ConfigError, HpcpipeError  # noqa: F401 (ConfigError: re-exported)
 from hpcpipe.util.files import TooLarge, read_bounded
@@ -125,7 +126,7 @@ class Config:
         p = self.parallel
         if p.chunks:
             return p.chunks
-        return 2 if p.schedule in ("interleaved-1f1b", "zb-v") else 1
+        return 2 if p.schedule == "interleaved-1f1b" or p.schedule in V_KINDS else 1
 
     @property
     def tokens_per_step(self) -> int:
@@ -341,9 +342,9 @@ def _check_chunks(source, parallel: ParallelSection):
     chunks, schedule = parallel.chunks, parallel.schedule
     _require(source, "parallel.chunks", chunks, chunks >= 0,
              "must be 0 (the schedule's own) or a positive count")
-    if schedule == "zb-v":
+    if schedule in V_KINDS:
         _require(source, "parallel.chunks", chunks, chunks in (0, 2),
-                 "zb-v runs exactly 2 chunks per rank (a V); allowed: 0 or 2")
+                 f"{schedule} runs exactly 2 chunks per rank (a V); allowed: 0 or 2")
     elif schedule == "auto":
         _require(source, "parallel.chunks", chunks, chunks in (0, 1, 2),
                  "auto runs one chunk per rank (0 or 1) or a V of two (2, profiled on "

@@ -1,25 +1,33 @@
 """Pipeline schedules as data: generators, a checker, a simulator, the auto-scheduler and pictures.
 
-    from hpcpipe.schedules import generate, check, simulate, Costs
+    from hpcpipe.schedules import generate, check, simulate, Costs, explore, RECOMPUTE
     s = generate("zb-h1", p=4, m=8)
     check(s)                                   # raises ScheduleError naming rank, op and rule
     r = simulate(s, Costs(f=1, b=1, w=0.5))    # makespan, span, busy, bubble_rate, peaks, times
+    e = explore(8, 32, Costs(f=1, b=1, w=1, memw=0.43), memory_limit=4, chunks=0,
+                recompute=(RECOMPUTE["selective"],))  # e.schedule under e.costs; e.front
 
 No MPI and no numerical stack here: the runtime executes what these functions produce.
 """
 
 from __future__ import annotations
 
-from .auto import auto
+from .auto import auto, explore
 from .checker import check
-from .generators import gpipe, interleaved_1f1b, one_f_one_b, zb_h1, zb_h2, zb_v
+from .controllable import v_half, v_min
+from .generators import dualpipev, gpipe, interleaved_1f1b, one_f_one_b, zb_h1, zb_h2, zb_v
 from .messages import Message, OpMessages, messages
 from .ops import Kind, Op, Schedule, ScheduleError
+from .recompute import PRESETS as RECOMPUTE, Recompute
 from .simulator import Costs, SimResult, peak_activations, simulate, span_lower_bound
 
-KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
+KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min",
+         "dualpipev", "auto")
+# The kinds that place two stages per rank in a V (rank 0 holds the first and the last stage).
+V_KINDS = ("zb-v", "v-half", "v-min", "dualpipev")
 
 _ONE_CHUNK = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2}
+_V = {"zb-v": zb_v, "v-half": v_half, "v-min": v_min, "dualpipev": dualpipev}
 
 
 def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | None = None,
@@ -39,16 +47,17 @@ def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | Non
             raise ScheduleError(f"{kind}: {name} must be a positive integer (got {value!r})")
     if kind == "interleaved-1f1b":
         schedule = interleaved_1f1b(p, m, 2 if v is None else v)
-    elif kind == "zb-v":
+    elif kind in V_KINDS:
         if v not in (None, 2):
-            raise ScheduleError(f"zb-v has exactly 2 chunks per rank (got v={v})")
-        schedule = zb_v(p, m)
+            raise ScheduleError(f"{kind} has exactly 2 chunks per rank, in a V (got v={v})")
+        schedule = _V[kind](p, m)
     elif kind == "auto":
         return auto(p, m, costs, memory_limit, objective, chunks=v)
     else:
         if v not in (None, 1):
             raise ScheduleError(f"{kind} has one chunk per rank (got v={v}); chunks are for "
-                                "interleaved-1f1b (any v >= 1), zb-v (v = 2) and auto (1, 2, "
+                                "interleaved-1f1b (any v >= 1), the V's (v = 2: "
+                                f"{', '.join(V_KINDS)}) and auto (1, 2, "
                                 "or 0 to choose)")
         schedule = _ONE_CHUNK[kind](p, m)
     if memory_limit is not None:
@@ -62,4 +71,5 @@ def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | Non
 __all__ = ["Op", "Kind", "Schedule", "ScheduleError", "Costs", "SimResult", "KINDS", "generate",
            "check", "simulate", "messages", "Message", "OpMessages", "peak_activations",
            "span_lower_bound", "auto", "gpipe", "one_f_one_b", "interleaved_1f1b", "zb_h1",
-           "zb_h2", "zb_v"]
+           "zb_h2", "zb_v", "v_half", "v_min", "dualpipev", "V_KINDS", "explore", "Recompute",
+           "RECOMPUTE"]

@@ -6,11 +6,17 @@ Contenders, for each placement the caller allows (one chunk per rank, or two in 
     grid of choices, then a local search over its per-stage warm-up counts;
   - the event-driven list scheduler (`greedy.py`) under a few policies;
   - every hand-made schedule of an allowed placement that fits the limit (gpipe, 1f1b,
-    zb-h1, zb-h2; zb-v in a V), so auto is never worse than any of them. interleaved-1f1b
-    is not one: its looped placement puts other stages on a rank than a V, and a runtime
-    whose model is split in a V could not run it.
+    zb-h1, zb-h2; zb-v, v-half, v-min and dualpipev in a V; interleaved-1f1b where the
+    placement is auto's to choose), so auto is never worse than any of them (v-half and
+    v-min up to LARGE ops: past it their construction alone takes seconds). A caller that
+    fixes two chunks gets a V only: interleaved-1f1b's looped placement puts other stages on
+    a rank, and a runtime whose model is already split in a V could not run it.
 How much of the optional search runs is fixed by the problem's size, never by a clock, so
 the same inputs always give the same schedule.
+
+`explore` runs that search once per recompute plan (recompute.py: a choice on the first
+1, 2, 4 ... p ranks) and placement, keeps the best under the limit with the recompute time
+counted, and reports the Pareto front of score against peak activations it saw.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from .generators import one_f_one_b
 from .greedy import Policy, greedy
 from .heuristic import Knobs, Stuck, build
 from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
+from .recompute import NONE, Recompute
 from .problem import EPS, Built, Problem
 from .simulator import Costs, SimResult, op_duration, peak_activations, replay, simulate
 
@@ -57,6 +64,9 @@ class Search:
     limit: float
     objective: str
     chunk_counts: tuple[int, ...]
+    # The placement is auto's to choose (chunks=CHOOSE): a looped one (interleaved-1f1b's)
+    # may win too.
+    looped: bool = False
 
     def problem(self, chunks: int) -> Problem:
         placement = one_chunk_placement(self.p) if chunks == 1 else v_placement(self.p)
@@ -107,11 +117,16 @@ def _chunk_counts(p: int, costs: Costs, chunks: int | None) -> tuple[int, ...]:
 
 
 def _hand_made(p: int, m: int, chunks: int) -> Iterator[Schedule]:
-    from .generators import gpipe, one_f_one_b, zb_h1, zb_h2, zb_v
+    from .controllable import v_half, v_min
+    from .generators import dualpipev, gpipe, one_f_one_b, zb_h1, zb_h2, zb_v
     if chunks == 1:
         yield from (one_f_one_b(p, m), zb_h1(p, m), zb_h2(p, m), gpipe(p, m))
-    else:
-        yield zb_v(p, m)
+        return
+    yield from (zb_v(p, m), dualpipev(p, m))
+    # The building blocks' squeeze grows with the square of the ops (seconds past LARGE,
+    # where the runtime would wait for it): there the list scheduler stands in for them.
+    if 6 * p * m <= LARGE:
+        yield from (v_half(p, m), v_min(p, m))
 
 
 def _knob_grid(ops: int) -> list[Knobs]:
@@ -204,10 +219,13 @@ def _greedy_contenders(search: Search, chunks: int) -> Iterator[Contender]:
 
 
 def _hand_made_contenders(search: Search) -> Iterator[Contender]:
-    for chunks in search.chunk_counts:
-        for schedule in _hand_made(search.p, search.m, chunks):
-            if search.fits(schedule):
-                yield Contender(schedule.kind, schedule, search.score_schedule(schedule), True)
+    from .generators import interleaved_1f1b
+    rivals = [s for chunks in search.chunk_counts for s in _hand_made(search.p, search.m, chunks)]
+    if search.looped and search.m % search.p == 0:
+        rivals.append(interleaved_1f1b(search.p, search.m, 2))
+    for schedule in rivals:
+        if search.fits(schedule):
+            yield Contender(schedule.kind, schedule, search.score_schedule(schedule), True)
 
 
 def lower_bound(search: Search) -> float:
@@ -217,28 +235,47 @@ def lower_bound(search: Search) -> float:
     return round(max(problem.work(r) for r in range(search.p)), 9)
 
 
-class Tally:
-    """The best contender so far (a hand-made one on a tie: simpler to read), and whether
-    it has reached the score nothing can beat."""
+@dataclass(frozen=True)
+class Point:
+    """One contender auto weighed, for the Pareto front: its score (span or makespan), its
+    peak activations per rank and the recompute plan it ran under."""
 
-    def __init__(self, floor: float):
+    label: str
+    plan: str
+    score: float
+    peak: float
+
+
+class Tally:
+    """The best contender so far (a hand-made one on a tie: simpler to read), whether it
+    has reached the score nothing can beat, and, when asked, every contender it was offered."""
+
+    def __init__(self, floor: float, record: bool = False):
         self.floor, self.best = floor, None
+        self.seen: list[Point] | None = [] if record else None
+        self.plan, self.costs = "none", None  # the recompute plan being searched
+        self.best_plan, self.best_costs = "none", None
 
     def offer(self, contender: Contender) -> None:
+        if self.seen is not None:
+            peak = max(peak_activations(contender.schedule, self.costs))
+            self.seen.append(Point(contender.label, self.plan, contender.score, peak))
         if self.best is None or ((contender.score, not contender.hand_made)
                                  < (self.best.score, not self.best.hand_made)):
-            self.best = contender
+            self.best, self.best_plan, self.best_costs = contender, self.plan, self.costs
 
     def done(self) -> bool:
         return self.best is not None and self.best.score <= self.floor + EPS
 
 
-def best_contender(search: Search) -> Contender:
+def best_contender(search: Search, tally: Tally | None = None) -> Contender:
     """Weigh the contenders cheapest-first, stopping once one reaches the lower bound:
     the round builder's grid, the list scheduler's policies, the hand-made schedules, and
     last the local search, only when a round build is still the best (elsewhere it rarely
-    closes the gap and it is the dearest part)."""
-    tally = Tally(lower_bound(search) if search.objective == "span" else 0.0)
+    closes the gap and it is the dearest part). A `tally` given carries the best of
+    earlier searches (other recompute plans) and records what is weighed."""
+    tally = tally or Tally(lower_bound(search) if search.objective == "span" else 0.0)
+    tally.costs = search.costs
     rounds, problem = [], None
     if 1 in search.chunk_counts:  # the round order suits one chunk; a V would serialise
         problem = search.problem(1)
@@ -263,7 +300,10 @@ def best_contender(search: Search) -> Contender:
 
 
 def make_search(p: int, m: int, costs: Costs | None, memory_limit: float | None,
-                objective: str, chunks: int | None) -> Search:
+                objective: str, chunks: int | None, recomputing: bool = False) -> Search:
+    """The search's inputs, checked. A limit below one microbatch (a rank's whole share of
+    layers) leaves nothing to run -- unless `recomputing`, where a V's rank may hold less
+    than a whole microbatch: then the floor is one chunk's M_B, which its B rebuilds."""
     costs = costs or Costs()
     if objective not in OBJECTIVES:
         raise ScheduleError(f"auto: objective {objective!r} unknown; allowed: "
@@ -274,11 +314,14 @@ def make_search(p: int, m: int, costs: Costs | None, memory_limit: float | None,
     per_mb = max(max(costs.per_stage("memory", p * v, v)) * v for v in counts[:1])
     if memory_limit is None:  # 2p, as training's default (parallel.memory_limit = 0)
         memory_limit = 2 * p * per_mb
+    if recomputing:
+        per_mb = min(max(costs.per_stage("memory", p * v, v)) for v in counts)
     if not memory_limit >= per_mb - EPS:
         raise ScheduleError(f"auto: memory limit {memory_limit:g} is below one microbatch's "
                             f"activations ({per_mb:g}); allowed: >= {per_mb:g}, e.g. "
                             f"{p * per_mb:g} (1F1B's memory) or {2 * p * per_mb:g}")
-    return Search(p, m, costs, float(memory_limit), objective, counts)
+    return Search(p, m, costs, float(memory_limit), objective, counts,
+                  looped=chunks == CHOOSE and 2 in counts)
 
 
 def search(p: int, m: int, costs: Costs | None = None, memory_limit: float | None = None,
@@ -312,3 +355,73 @@ def auto(p: int, m: int, costs: Costs | None = None, memory_limit: float | None 
     # No final simulation: a caller that wants the timings simulates (or calls `search`).
     return best_contender(make_search(p, m, costs, memory_limit, objective, chunks)
                           ).schedule.with_kind("auto")
+
+
+def _prefixes(p: int) -> list[int]:
+    """How many leading ranks a plan recomputes on: 1, 2, 4, ... and all p. The first ranks
+    hold the most microbatches in flight, so they are the ones where recomputing pays."""
+    return sorted({min(2 ** i, p) for i in range(p.bit_length() + 1)})
+
+
+def recompute_plans(p: int, chunks: int, costs: Costs, choices: tuple[Recompute, ...]
+                    ) -> Iterator[tuple[str, Costs]]:
+    """(label, costs) per plan: the costs as given, then each choice on ranks 0..k-1."""
+    yield "as given" if costs.recomputes() else "none", costs
+    placement = one_chunk_placement(p) if chunks == 1 else v_placement(p)
+    rank_of = {stage: rank for (rank, _), stage in placement.items()}
+    for choice in choices:
+        for k in _prefixes(p):
+            plan = tuple(choice if rank_of[s] < k else NONE for s in range(p * chunks))
+            where = "every rank" if k == p else f"ranks 0-{k - 1}" if k > 1 else "rank 0"
+            yield f"{choice} on {where}", costs.with_recompute(plan)
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """What `explore` found: the winner, the costs with the recompute plan it needs, and
+    the Pareto front of everything weighed (score against peak activations)."""
+
+    label: str
+    schedule: Schedule
+    costs: Costs
+    plan: str
+    front: tuple[Point, ...]
+    useful: float  # the busiest rank's work without recomputation: a bubble counts the rest
+
+
+def pareto(points: list[Point]) -> tuple[Point, ...]:
+    """The points no other beats on both score and peak, by increasing peak."""
+    front: list[Point] = []
+    for point in sorted(points, key=lambda q: (round(q.peak, 9), q.score)):
+        if not front or point.score < front[-1].score - EPS:
+            front.append(point)
+    return tuple(front)
+
+
+def explore(p: int, m: int, costs: Costs | None = None, memory_limit: float | None = None,
+            objective: str = "span", chunks: int | None = None,
+            recompute: tuple[Recompute, ...] = (), looped: bool = True) -> Exploration:
+    """auto over placements and recompute plans together: every plan of `recompute_plans`
+    (the `recompute` choices on the first 1, 2, 4 ... p ranks) is searched like `auto` on
+    each allowed placement, and the best under the limit wins, its recompute time counted
+    (B lasts it). Returns the winner, its plan and the Pareto front it saw. `looped=False`
+    keeps to one chunk and the V even where the placement is auto's to choose."""
+    base = make_search(p, m, costs, memory_limit, objective, chunks, bool(recompute))
+    tally = Tally(lower_bound(base) if objective == "span" else 0.0, record=True)
+    for count in base.chunk_counts:
+        for plan, plan_costs in recompute_plans(p, count, base.costs, tuple(recompute)):
+            one = replace(base, costs=plan_costs, chunk_counts=(count,),
+                          looped=looped and base.looped and count == 2)
+            tally.plan = plan
+            try:
+                best_contender(one, tally)
+            except ScheduleError:
+                continue  # nothing fits under this plan
+            if tally.done():
+                break
+    if tally.best is None:
+        raise ScheduleError(f"auto: nothing fits memory limit {base.limit:g} with p={p}, "
+                            f"m={m}" + (", even recomputing" if recompute else ""))
+    useful = max(base.problem(base.chunk_counts[0]).work(r) for r in range(p))
+    return Exploration(tally.best.label, tally.best.schedule.with_kind("auto"),
+                       tally.best_costs, tally.best_plan, pareto(tally.seen), useful)

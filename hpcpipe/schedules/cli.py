@@ -23,9 +23,12 @@ rank), dots = idle. Then makespan, bubble rate = 1 - max busy / longest span, an
 activation memory per rank (microbatches held between F and W, a chunk counting 1/v).
 
 Kinds: gpipe, 1f1b (PipeDream-flush), interleaved-1f1b (--chunks V, m a multiple of p),
-zb-h1 and zb-h2 (zero-bubble, handcrafted), zb-v (2 chunks in a V), auto (the zero-bubble
-scheduler under --memory-limit, default 2p as in training; 1 or 2 chunks per rank, or
---chunks to fix it). --exact adds the certified search (needs OR-Tools, the `exact` extra):
+zb-h1 and zb-h2 (zero-bubble, handcrafted), zb-v (2 chunks in a V), v-half and v-min (V's at
+about 1/2 and 1/3 of 1F1B's activations), dualpipev (DeepSeek's, 2 chunks in a V), auto (the
+zero-bubble scheduler under --memory-limit, default 2p as in training; 1 or 2 chunks per rank,
+or --chunks to fix it; --recompute lets it recompute activations per stage, --pareto prints
+the bubble-against-memory front it saw). --exact adds the certified search (needs OR-Tools,
+the `exact` extra):
 the best schedule it finds, a proven lower bound and whether the schedule meets it."""
 
 EPILOG = """\
@@ -41,12 +44,16 @@ examples:
   python -m hpcpipe schedule --kind zb-h2 --stages 4 --microbatches 8 --save-csv zbh2.csv
   python -m hpcpipe schedule --load-csv zbh2.csv --cost F=1,B=1.2,W=0.6,comm=0.05
   python -m hpcpipe schedule --kind auto -p 4 -m 8 --cost F=0.5,B=0.5,W=0.5,tp=0.15
+  python -m hpcpipe schedule --kind v-half -p 4 -m 8
+  python -m hpcpipe schedule --kind auto -p 8 -m 32 --memory-limit 4 --recompute selective,full \
+      --cost F=29.718,B=29.444,W=19.927,comm=0.527,memw=0.43 --pareto
 
 costs: F, B, W are the times of one microbatch over a rank's whole share of layers (a chunk of
 a v-chunk schedule takes 1/v of it); give per-stage values with '/', e.g. F=1.3/1/1/1.4;
 comm is the time of one message between ranks; mem the activation memory of a microbatch
 held from its F to its B (M_B), memw what it still holds from its B to its W (M_W, default
-mem); tp, with tensor parallelism, the time of the shards' all-reduces inside one F and
+mem); recompute=none|selective|full|KEEP:TIME per stage ('/'-separated) keeps KEEP of mem
+from F to B and re-runs TIME of F at the start of B; tp, with tensor parallelism, the time of the shards' all-reduces inside one F and
 alike one B (F, B, W then being one shard's compute): an F lasts F + tp, a B B + tp, a W
 only W, which changes the best order. --json adds lower_bound (no schedule of these ops, or with --exact none under the
 limit, has a shorter longest span; the makespan with --objective makespan) and optimal
@@ -101,12 +108,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what auto and --exact minimise: the longest per-rank span "
                         "(default, the paper's) or the makespan")
     parser.add_argument("--exact", action="store_true",
-                        help="auto only: also run the certified search and prove a lower bound")
+                        help="auto only: also run the certified search and prove a lower bound "
+                        "(over --recompute's plans too)")
     parser.add_argument("--time-limit", type=_limit, default=60.0, metavar="S",
                         help="seconds for --exact (default 60)")
     parser.add_argument("--memory-limit", type=_limit, metavar="X",
                         help="activation memory per rank, in microbatches (auto: default 2P, as "
                              "training's parallel.memory_limit = 0)")
+    parser.add_argument("--recompute", metavar="CHOICES",
+                        help="auto only: recompute choices it may place on the first ranks, "
+                        "comma separated (selective, full or KEEP:TIME), searched with the order")
+    parser.add_argument("--pareto", action="store_true",
+                        help="auto only: print the front of bubble against peak activations "
+                        "auto saw (with --json: a \"pareto\" list)")
     parser.add_argument("--load-csv", metavar="FILE",
                         help="read a PyTorch compute-only schedule CSV instead of generating one")
     parser.add_argument("--save-csv", metavar="FILE",
@@ -145,9 +159,10 @@ def _claim_outputs(args) -> None:
 
 
 def _build(args: argparse.Namespace):
-    """The schedule to show and, with --exact, the certified search's verdict."""
+    """The schedule to show, with --exact the certified search's verdict, with --recompute
+    or --pareto auto's exploration (its plan and front)."""
     if args.load_csv:
-        return read_csv(args.load_csv), None
+        return read_csv(args.load_csv), None, None
     missing = [flag for flag, value in (("--kind", args.kind), ("--stages", args.stages),
                                         ("--microbatches", args.microbatches)) if value is None]
     if missing:
@@ -156,15 +171,31 @@ def _build(args: argparse.Namespace):
     if ops > MAX_OPS:
         raise ScheduleError(f"{args.stages} stages × {args.microbatches} microbatches × "
                             f"{args.chunks or 2} chunks: over {MAX_OPS} ops, too many to build")
+    if (args.recompute or args.pareto) and args.kind != "auto":
+        raise ScheduleError("--recompute and --pareto steer auto's search: use them with "
+                            "--kind auto (give a fixed plan to any kind as --cost ...,recompute=)")
     if args.exact:
         if args.kind != "auto":
             raise ScheduleError("--exact searches for the best schedule: use it with --kind auto")
         from .exact import certify_search
         verdict = certify_search(args.stages, args.microbatches, args.cost, args.memory_limit,
-                                 args.objective, _chunks(args), args.time_limit)
-        return verdict.best, verdict
+                                 args.objective, _chunks(args), args.time_limit,
+                                 recompute=_recompute_choices(args))
+        args.cost = verdict.best_costs or args.cost  # the plan the best schedule runs under
+        return verdict.best, verdict, None
+    if args.recompute or args.pareto:
+        from .auto import explore
+        found = explore(args.stages, args.microbatches, args.cost, args.memory_limit,
+                        args.objective, _chunks(args), _recompute_choices(args))
+        args.cost = found.costs  # the plan the schedule was chosen under: simulate with it
+        return found.schedule, None, found
     return generate(args.kind, args.stages, args.microbatches, _chunks(args), args.cost,
-                    args.memory_limit, args.objective), None
+                    args.memory_limit, args.objective), None, None
+
+
+def _recompute_choices(args: argparse.Namespace) -> tuple:
+    from .recompute import parse
+    return tuple(parse(x) for x in (args.recompute or "").split(",") if x.strip())
 
 
 def _chunks(args: argparse.Namespace) -> int | None:
@@ -184,12 +215,32 @@ def _bound(result, verdict, objective: str) -> tuple[float, bool]:
     return bound, value <= bound + 1e-9 * max(1.0, bound)
 
 
+def _point(found, point) -> dict:
+    """One front point for the JSON; the bubble counts recompute time as lost."""
+    return {"label": point.label, "recompute": point.plan, "score": round(point.score, 9),
+            "bubble_rate": round(1 - found.useful / point.score, 6) if point.score else 0.0,
+            "peak_activations": round(point.peak, 6)}
+
+
+def pareto_text(found) -> str:
+    """auto's choice and the front it saw, as a table."""
+    out = [f"auto chose {found.label}, recompute: {found.plan}",
+           "pareto front (bubble counts recompute time as lost):",
+           "| peak activations | bubble rate | score | contender | recompute |",
+           "|---|---|---|---|---|"]
+    for q in found.front:
+        point = _point(found, q)
+        out.append(f"| {point['peak_activations']:g} | {point['bubble_rate']:.4f} | "
+                   f"{q.score:g} | {q.label} | {q.plan} |")
+    return "\n".join(out)
+
+
 def run(args: argparse.Namespace) -> int:
     from hpcpipe.util.errors import HpcpipeError
 
     try:
         _claim_outputs(args)
-        schedule, verdict = _build(args)
+        schedule, verdict, found = _build(args)
         check(schedule)
         result = simulate(schedule, args.cost)
         bound, optimal = _bound(result, verdict, args.objective)
@@ -199,6 +250,9 @@ def run(args: argparse.Namespace) -> int:
             summary = {**result.summary(), "lower_bound": round(bound, 9), "optimal": optimal}
             if verdict is not None:
                 summary["exact"] = verdict.summary()
+            if found is not None:
+                summary["recompute"] = found.plan
+                summary["pareto"] = [_point(found, q) for q in found.front]
             print(json.dumps(summary))
         elif args.svg:
             with open(args.svg, "w") as f:
@@ -211,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
             print(report(result))
             what = "longest span" if args.objective == "span" else "makespan"
             print(f"lower bound on the {what}: {bound:g} ({'optimal' if optimal else 'not proven optimal'})")
+            if found is not None:
+                print(pareto_text(found))
             if verdict is not None:
                 print(f"exact mode: heuristic {verdict.heuristic_value:g}, gap to the bound "
                       f"{100 * verdict.gap:.3f}% ("

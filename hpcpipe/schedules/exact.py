@@ -5,7 +5,8 @@ The model, per model stage s and microbatch x: intervals F, B, W with the stage'
 F waits for the previous stage's F plus a message, B for the next stage's B (the last stage
 for its own F) and its own F, W for its own B; one rank runs one op at a time; and each
 rank's activation memory (M_B taken as an F starts, traded for M_W as its B ends, freed as
-its W ends) stays within the limit. Each stage runs its F's, B's and W's in microbatch
+its W ends) stays within the limit -- with recomputation, keep·M_B at F, the rest rebuilt as
+B starts (recompute.py), a reservoir per rank. Each stage runs its F's, B's and W's in microbatch
 order: microbatches are identical, so relabelling any schedule's k-th F, B and W of every
 stage as microbatch k gives one as short that keeps every dependency and every memory level,
 and the runtime needs W's in that order anyway. The auto scheduler's schedule is the hint.
@@ -124,6 +125,9 @@ class ExactModel:
 
     def _memory(self) -> None:
         pb = self.pb
+        if pb.recomputes:
+            self._memory_recomputing()
+            return
         mem = _scaled(pb.mem, MEMORY_SCALE, math.floor)
         memw = _scaled(pb.memw, MEMORY_SCALE, math.floor)
         limit = int(math.ceil(pb.limit * MEMORY_SCALE - EPS))
@@ -138,6 +142,24 @@ class ExactModel:
                     times += [self.ops[("F", s, x)][0], self.ops[("B", s, x)][1],
                               self.ops[("W", s, x)][1]]
                     changes += [mem[s], memw[s] - mem[s], -memw[s]]
+            self.model.AddReservoirConstraint(times, changes, 0, limit)
+
+    def _memory_recomputing(self) -> None:
+        """With recomputation, as the simulator counts it (recompute.py): keep·M_B taken as
+        an F starts, the rest rebuilt as its B starts, M_B traded for M_W as the B ends, M_W
+        freed as its W ends -- a reservoir per rank, since a B now raises memory too."""
+        pb = self.pb
+        kept, full, memw = (_scaled(v, MEMORY_SCALE, math.floor)
+                            for v in (pb.kept, pb.full, pb.memw))
+        rebuilt = [a - k for a, k in zip(full, kept)]  # rounded so that a W ends at zero
+        limit = int(math.ceil(pb.exact_limit * MEMORY_SCALE - EPS))
+        for r in range(pb.p):
+            times, changes = [], []
+            for s in pb.stages_of(r):
+                for x in range(pb.m):
+                    b_start, b_end = self.ops[("B", s, x)][:2]
+                    times += [self.ops[("F", s, x)][0], b_start, b_end, self.ops[("W", s, x)][1]]
+                    changes += [kept[s], rebuilt[s], memw[s] - full[s], -memw[s]]
             self.model.AddReservoirConstraint(times, changes, 0, limit)
 
     def _memory_one_stage(self, s: int, mem: int, memw: int, limit: int) -> None:
@@ -230,10 +252,12 @@ def warmup_bound(problem: Problem) -> float:
     its work plus that idle time."""
     pb = problem
     S, bound, trip = pb.num_stages, 0.0, 0.0
+    # Recomputing, a microbatch holds only keep·M_B from F to B, under the caller's limit.
+    mem, limit = (pb.kept, pb.exact_limit) if pb.recomputes else (pb.mem, pb.limit)
     for s in range(S - 1, -1, -1):
         if s < S - 1:
             trip += pb.f[s + 1] + pb.b[s + 1] + 2 * pb.hop(s, s + 1)
-        room = pb.m if pb.mem[s] <= 0 else min(pb.m, int(pb.limit / pb.mem[s] + EPS))
+        room = pb.m if mem[s] <= 0 else min(pb.m, int(limit / mem[s] + EPS))
         idle = max(0.0, pb.f[s] + trip - room * pb.f[s])
         bound = max(bound, pb.work(pb.rank_of[s]) + idle)
     return bound
@@ -249,7 +273,8 @@ def certify(p: int, m: int, costs: Costs, memory_limit: float, objective: str = 
     cp_model = _cp_model()
     placement = one_chunk_placement(p) if chunks == 1 else v_placement(p)
     problem = Problem.build(p, m, costs, placement, memory_limit)
-    problem.check_fits()
+    if not problem.recomputes:  # the searches' bound would refuse what recomputing allows
+        problem.check_fits()
     model = ExactModel(problem, objective)
     if hint is not None and hint.chunks == chunks:
         model.hint(hint, costs)
@@ -298,6 +323,8 @@ class Verdict:
     best_value: float
     lower_bound: float
     optimal: bool
+    best_costs: Costs | None = None  # with the recompute plan `best` runs under
+    plans: tuple[str, ...] = ()      # each certified run's recompute plan
 
     @property
     def gap(self) -> float:
@@ -309,37 +336,47 @@ class Verdict:
                 "gap": round(self.gap, 9),
                 "runs": [{"chunks": c.schedule.chunks if c.schedule else None,
                           "status": c.status, "value": c.value, "lower_bound": round(c.lower_bound, 9),
-                          "optimal": c.optimal, "seconds": round(c.seconds, 3)}
-                         for c in self.certified]}
+                          "optimal": c.optimal, "seconds": round(c.seconds, 3),
+                          **({"recompute": plan} if plan else {})}
+                         for c, plan in zip(self.certified, self.plans or [None] * len(
+                             self.certified))]}
 
 
 def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | None,
                    objective: str = "span", chunks: int | None = 0,
-                   time_limit: float = 60.0, workers: int = 2) -> Verdict:
-    """auto's schedule, then the certified search for each chunk count auto may use
-    (`time_limit` shared among them); the bound holds for every schedule under the limit
-    with those chunk counts."""
-    from .auto import best_contender, make_search
+                   time_limit: float = 60.0, workers: int = 2,
+                   recompute: tuple = ()) -> Verdict:
+    """auto's schedule, then the certified search for each chunk count auto may use and,
+    with `recompute` choices, each recompute plan auto weighs (`auto.recompute_plans`;
+    `time_limit` shared among the runs); the bound holds for every schedule under the limit
+    with those chunk counts and plans."""
+    from .auto import explore, make_search, recompute_plans
 
-    search = make_search(p, m, costs, memory_limit, objective, chunks)
-    heuristic = best_contender(search).schedule.with_kind("auto")
-    heuristic_value = _value(heuristic, search.costs, objective)
-    runs = []
-    for count in search.chunk_counts:
-        hint = heuristic if heuristic.chunks == count else None
+    search = make_search(p, m, costs, memory_limit, objective, chunks, bool(recompute))
+    # Only the placements the exact model certifies (one chunk, a V): a looped winner would
+    # be measured against a bound that does not cover it.
+    found = explore(p, m, search.costs, search.limit, objective, chunks, recompute, looped=False)
+    heuristic, heuristic_value = found.schedule, _value(found.schedule, found.costs, objective)
+    plans = [(count, label, plan_costs) for count in search.chunk_counts
+             for label, plan_costs in recompute_plans(p, count, search.costs, tuple(recompute))]
+    runs, labels, best = [], [], (heuristic, heuristic_value, found.costs)
+    for count, label, plan_costs in plans:
+        hint = heuristic if heuristic.chunks == count and label == found.plan else None
         try:
-            runs.append(certify(p, m, search.costs, search.limit, objective, count, hint,
-                                time_limit / len(search.chunk_counts), workers))
+            run = certify(p, m, plan_costs, search.limit, objective, count, hint,
+                          time_limit / len(plans), workers)
         except ScheduleError as e:
             if "proven by the exact mode" not in str(e) and "below one microbatch" not in str(e):
                 raise
-    best, best_value = heuristic, heuristic_value
-    for run in runs:
-        if run.schedule is not None and run.value < best_value - EPS:
-            best, best_value = run.schedule.with_kind("auto"), run.value
+            continue
+        runs.append(run)
+        labels.append(label)
+        if run.schedule is not None and run.value < best[1] - EPS:
+            best = (run.schedule.with_kind("auto"), run.value, plan_costs)
     bound = min((run.lower_bound for run in runs), default=0.0)
-    optimal = best_value <= bound + 1e-6 * max(1.0, bound)
-    return Verdict(heuristic, heuristic_value, tuple(runs), best, best_value, bound, optimal)
+    optimal = best[1] <= bound + 1e-6 * max(1.0, bound)
+    return Verdict(heuristic, heuristic_value, tuple(runs), best[0], best[1], bound, optimal,
+                   best[2], tuple(labels))
 
 
 def _value(schedule: Schedule, costs: Costs, objective: str) -> float:

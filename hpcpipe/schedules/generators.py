@@ -7,6 +7,8 @@ gradients accumulate identically whatever the schedule.
 
 from __future__ import annotations
 
+from collections import deque
+
 from .ops import (
     Kind,
     Op,
@@ -15,6 +17,7 @@ from .ops import (
     interleaved_placement,
     make_schedule,
     one_chunk_placement,
+    v_placement,
 )
 
 F, B, W, BW = Kind.F, Kind.B, Kind.W, Kind.BW
@@ -215,3 +218,83 @@ def _zb_v_below_threshold(p: int, m: int, built: Schedule) -> Schedule:
         if other.longest_span < best_span - 1e-9:
             best, best_span = other.schedule, other.longest_span
     return best
+
+
+def _dualpipev_steps(p: int, m: int, r: int) -> list[tuple[str, int | None]]:
+    """Rank r's DualPipeV steps as (what, chunk): "F", "BW" (full backward), "B" (input
+    backward, its W queued), "W" (the oldest queued W, whatever its chunk), "FB" (F of one
+    chunk overlapped with the full backward of the other, run here as F then BW), in
+    DeepSeek's eight phases."""
+    steps: list[tuple[str, int | None]] = [("F", 0)] * (2 * (p - r - 1))          # 1: nF0
+    steps += [("F", 0), ("F", 1)] * (r + 1)                                 # 2: nF0F1
+    steps += [("B", 1), ("W", None), ("F", 1)] * (p - r - 1)                   # 3: nB1W1F1
+    steps += [("FB", 0), ("FB", 1)] * (m - 2 * p + r + 1)                   # 4: nF0B1F1B0
+    steps += [("BW", 1), ("FB", 1)] * (p - r - 1)                           # 5: nB1F1B0
+    half = (r + 1) // 2
+    for i in range(r + 1):                                                  # 6: nB1B0
+        # From the middle on these backwards split off their W's, queued for phases 7 and 8
+        # (an odd rank splits its middle chunk-1 backward too).
+        split = i > half or (i == half and r % 2 == 1)
+        steps += [("B" if split else "BW", 1), ("B" if i >= half else "BW", 0)]
+    steps += [("W", None), ("B", 0)] * (p - r - 1)                          # 7: nWB0
+    return steps + [("W", None)] * (r + 1)                                   # 8: nW
+
+
+def dualpipev(p: int, m: int) -> Schedule:
+    """DualPipeV (DeepSeek; PyTorch's ScheduleDualPipeV): two chunks per rank in a V (as zb-v),
+    mostly fused backwards (BW), each steady step one chunk's F overlapped with the other's BW.
+
+    Rank r of p (F0 = F on chunk 0, B1 = BW on chunk 1, I/W = split backward), m >= 2p:
+
+      1  2(p-1-r) x F0              warm-up down the V
+      2  (r+1) x (F0 F1)
+      3  (p-1-r) x (I1 W1 F1)        the W's run at once: they fill the wait for F1's input
+      4  (m-2p+r+1) x (F0&B1, F1&B0) overlapped pairs (here: the F, then the BW)
+      5  (p-1-r) x (B1, F1&B0)
+      6  (r+1) x (B1 B0)             the second half as I, their W's queued
+      7  (p-1-r) x (W I0)
+      8  (r+1) x W                   the queued W's, oldest first
+
+    Peak 2p+1 chunk-microbatches (p + 1/2 stages) on every rank for m >= 4p; bubble
+    (p/2 - 1)(F&B + B - 3W) in DeepSeek's terms.
+    Overlapping F&B on two streams of a GPU hides one op's communication behind the other's
+    compute and fills the units one op leaves idle; this replay runs them one after the other.
+    """
+    _need(p, m, "dualpipev")
+    # DualPipeV's phases need m >= 2p (PyTorch refuses fewer); below, as for zb-v, the
+    # order for 2p is run with the missing microbatches left out.
+    n = max(m, 2 * p)
+    ranks = [[op for op in dualpipev_rank(p, n, r)[0] if op.microbatch < m] for r in range(p)]
+    return make_schedule("dualpipev", p, m, 2, ranks, v_placement(p))
+
+
+def dualpipev_rank(p: int, m: int, r: int) -> tuple[list[Op], list[int]]:
+    """Rank r's DualPipeV ops and the positions of the F's that DualPipeV overlaps with the
+    BW right after them (PyTorch's OVERLAP_F_B; a replay that starts such a pair only once
+    both inputs are there gives PyTorch's timings, see tests/schedules)."""
+    count: dict[tuple[str, int], int] = {}
+    queued: deque = deque()
+    ops: list[Op] = []
+    pairs: list[int] = []
+
+    def take(what: str, chunk: int) -> int:
+        x = count.get((what, chunk), 0)
+        count[(what, chunk)] = x + 1
+        return x
+
+    for what, chunk in _dualpipev_steps(p, m, r):
+        if what == "FB":
+            pairs.append(len(ops))
+            ops.append(Op(F, take("F", chunk), chunk))
+            what, chunk = "BW", 1 - chunk
+        if what == "F":
+            ops.append(Op(F, take("F", chunk), chunk))
+        elif what in ("B", "BW"):
+            x = take("B", chunk)
+            ops.append(Op(B if what == "B" else BW, x, chunk))
+            if what == "B":
+                queued.append((x, chunk))  # its W runs at the next "W" step
+        else:
+            x, chunk = queued.popleft()
+            ops.append(Op(W, x, chunk))
+    return ops, pairs

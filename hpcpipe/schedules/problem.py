@@ -31,15 +31,41 @@ class Problem:
     memw: tuple[float, ...]
     comm: float
     limit: float
+    # With recomputation (else empty): per stage keep·M_B, the part B rebuilds (M_B - keep·M_B),
+    # M_B itself, and the caller's limit; mem and limit above are the searches' bound.
+    kept: tuple[float, ...] = ()
+    rebuilt: tuple[float, ...] = ()
+    full: tuple[float, ...] = ()
+    exact_limit: float = 0.0
+
+    @property
+    def recomputes(self) -> bool:
+        return any(x > 0 for x in self.rebuilt)
 
     @classmethod
     def build(cls, p: int, m: int, costs: Costs, placement: Mapping[tuple[int, int], int],
               limit: float) -> "Problem":
+        """The searches' view of `costs`. With recomputation, B lasts its recompute longer
+        and the memory is bounded from above in the searches' two-level model (only an F
+        raises it): an F takes max(keep·M_B, M_W) -- what the microbatch holds before and
+        after its B -- and the limit leaves room for one B's rebuild. Auto then checks the
+        exact peak (`simulate`) of what they build."""
+        from .simulator import backward_times
+
         chunks = len(placement) // p
         S = p * chunks
-        per = {n: costs.per_stage(n, S, chunks) for n in ("f", "b", "w", "memory", "memw")}
-        return cls(p, m, chunks, dict(placement), per["f"], per["b"], per["w"], per["memory"],
-                   per["memw"], float(costs.comm), float(limit))
+        per = {n: costs.per_stage(n, S, chunks) for n in ("f", "w", "memory", "memw")}
+        mem, b = per["memory"], backward_times(costs, S, chunks)
+        choice = costs.recompute_per_stage(S)
+        held = tuple(max(x * c.keep, w) for x, c, w in zip(mem, choice, per["memw"]))
+        rebuild = max((x * (1 - c.keep) for x, c in zip(mem, choice)), default=0.0)
+        if not costs.recomputes():
+            return cls(p, m, chunks, dict(placement), per["f"], b, per["w"], mem, per["memw"],
+                       float(costs.comm), float(limit))
+        kept = tuple(x * c.keep for x, c in zip(mem, choice))
+        return cls(p, m, chunks, dict(placement), per["f"], b, per["w"], held, per["memw"],
+                   float(costs.comm), float(limit) - rebuild, kept,
+                   tuple(x - k for x, k in zip(mem, kept)), mem, float(limit))
 
     @property
     def num_stages(self) -> int:

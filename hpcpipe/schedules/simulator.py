@@ -13,8 +13,10 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple, Sequence
 
+from . import recompute as rc
 from .messages import BACKWARD, op_messages
 from .ops import Kind, Op, Schedule, ScheduleError
+from .recompute import Recompute
 
 Number = float | int
 
@@ -39,6 +41,10 @@ class Costs:
     Memory has the zero-bubble paper's two levels: a microbatch holds `memory` (M_B) from its
     F to its B, then only `memw` (M_W, what the weight GEMMs still need) until its W. `memw`
     defaults to `memory`: the whole microbatch is held until W, as before the split existed.
+
+    `recompute`, one `Recompute` or one per model stage: a stage that recomputes holds only
+    keep·M_B from F to B, rebuilds M_B at the start of B, which lasts time·F longer, and
+    keeps M_W until W (see `recompute.py`). Default: none anywhere.
     """
 
     f: Number | Sequence[Number] = 1.0
@@ -48,8 +54,13 @@ class Costs:
     memory: Number | Sequence[Number] = 1.0
     memw: Number | Sequence[Number] | None = None
     tp: Number | Sequence[Number] = 0.0
+    recompute: Recompute | Sequence[Recompute] = rc.NONE
 
     def __post_init__(self):
+        if not isinstance(self.recompute, Recompute):
+            object.__setattr__(self, "recompute", tuple(self.recompute))
+            if not all(isinstance(x, Recompute) for x in self.recompute):
+                raise ScheduleError("cost recompute takes Recompute choices (see recompute.py)")
         for name in ("f", "b", "w", "memory", "memw", "tp"):
             value = getattr(self, name)
             if value is None:
@@ -93,6 +104,23 @@ class Costs:
                                                                             chunks)))
         return values
 
+    def recompute_per_stage(self, num_stages: int) -> tuple[Recompute, ...]:
+        """Each model stage's recompute choice (one choice applies to every stage)."""
+        if isinstance(self.recompute, Recompute):
+            return (self.recompute,) * num_stages
+        if len(self.recompute) != num_stages:
+            raise ScheduleError(f"cost recompute has {len(self.recompute)} values; give one "
+                                f"choice or one per model stage ({num_stages})")
+        return self.recompute
+
+    def recomputes(self) -> bool:
+        choices = (self.recompute,) if isinstance(self.recompute, Recompute) else self.recompute
+        return any(x.recomputes for x in choices)
+
+    def with_recompute(self, choice: Recompute | Sequence[Recompute]) -> Costs:
+        from dataclasses import replace
+        return replace(self, recompute=choice)
+
     def over_chunks(self, stage_of: Mapping[tuple[int, int], int]) -> Costs:
         """Per-rank costs (one value for each of p ranks, or one number) spread over a
         placement's model stages, {(rank, chunk): stage}: each stage gets its rank's value
@@ -105,8 +133,12 @@ class Costs:
         def spread(name):
             values = self._stage_values(name, ranks, 1)
             return [values[rank_of[s]] / chunks for s in range(len(stage_of))]
+        choice = self.recompute
+        if not isinstance(choice, Recompute):  # one per rank: each of its stages takes it
+            choice = [choice[rank_of[s]] for s in range(len(stage_of))]
         return Costs(f=spread("f"), b=spread("b"), w=spread("w"), comm=self.comm,
-                     memory=spread("memory"), memw=spread("memw"), tp=spread("tp"))
+                     memory=spread("memory"), memw=spread("memw"), tp=spread("tp"),
+                     recompute=choice)
 
     def _stage_values(self, name: str, num_stages: int, chunks: int) -> tuple[float, ...]:
         value = getattr(self, name)
@@ -119,26 +151,25 @@ class Costs:
                                 f"per model stage ({num_stages} = ranks x chunks)")
         return tuple(value)
 
-    def is_uniform(self) -> bool:
-        return all(isinstance(getattr(self, n), (int, float, type(None)))
-                   or len(set(getattr(self, n))) == 1
-                   for n in ("f", "b", "w", "memory", "memw", "tp"))
-
     @classmethod
     def parse(cls, text: str) -> "Costs":
-        """Read "F=1,B=1,W=0.5,comm=0.05,mem=1,memw=0.43,tp=0.1"; per-stage values separated
-        by '/': F=1.2/1/1/1.3."""
+        """Read "F=1,B=1,W=0.5,comm=0.05,mem=1,memw=0.43,tp=0.1,recompute=selective"; per-stage
+        values separated by '/': F=1.2/1/1/1.3, recompute=full/none/none/none."""
         names = {"f": "f", "b": "b", "w": "w", "comm": "comm", "c": "comm",
                  "mem": "memory", "memory": "memory", "m": "memory", "memw": "memw",
-                 "mem_w": "memw", "tp": "tp"}
+                 "mem_w": "memw", "tp": "tp", "recompute": "recompute"}
         values: dict[str, object] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, raw = item.partition("=")
             name = names.get(key.strip().lower())
             if not sep or name is None:
                 raise ScheduleError(f"cannot read cost {item!r}: expected KEY=VALUE with KEY one of "
-                                    "F, B, W, comm, mem, memw, tp (e.g. F=1,B=1,W=0.5,comm=0,mem=1,"
-                                    "memw=0.4,tp=0.1)")
+                                    "F, B, W, comm, mem, memw, tp, recompute (e.g. F=1,B=1,W=0.5,"
+                                    "comm=0,mem=1,memw=0.4,tp=0.1,recompute=selective)")
+            if name == "recompute":
+                choices = tuple(rc.parse(x) for x in raw.split("/"))
+                values[name] = choices[0] if len(choices) == 1 else choices
+                continue
             try:
                 numbers = [float(x) for x in re.split(r"/", raw.strip())]
             except ValueError:
@@ -153,7 +184,12 @@ class Costs:
             return "/".join(f"{x:g}" for x in v) if isinstance(v, tuple) else f"{v:g}"
         text = f"F={fmt(self.f)},B={fmt(self.b)},W={fmt(self.w)},comm={fmt(self.comm)},mem={fmt(self.memory)}"
         text = text if self.memw is None else f"{text},memw={fmt(self.memw)}"
-        return text if self.tp == 0.0 else f"{text},tp={fmt(self.tp)}"
+        text = text if self.tp == 0.0 else f"{text},tp={fmt(self.tp)}"
+        if not self.recomputes():
+            return text
+        choices = self.recompute if isinstance(self.recompute, tuple) else (self.recompute,)
+        choices = choices[:1] if len(set(choices)) == 1 else choices  # one for every stage
+        return f"{text},recompute={'/'.join(str(x) for x in choices)}"
 
 
 class Blocked(NamedTuple):
@@ -193,7 +229,6 @@ def dependencies(schedule: Schedule, rank: int, op: Op) -> list[tuple[tuple, boo
     return deps
 
 
-_KIND_INDEX = {"F": 0, "B": 1, "W": 2}
 _KIND_NAME = ("F", "B", "W")
 
 
@@ -342,6 +377,7 @@ def _tidy(x: float) -> float:
 def op_duration(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float]:
     S, v = schedule.num_stages, schedule.chunks
     tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
+    tb = backward_times(costs, S, v)
 
     def duration(op: Op, stage: int) -> float:
         if op.kind == Kind.F:
@@ -354,24 +390,34 @@ def op_duration(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float]:
     return duration
 
 
+def backward_times(costs: Costs, num_stages: int, chunks: int) -> tuple[float, ...]:
+    """Each stage's B: its input gradient plus the recompute that runs at its start."""
+    tf, tb = costs.per_stage("f", num_stages, chunks), costs.per_stage("b", num_stages, chunks)
+    choice = costs.recompute_per_stage(num_stages)
+    return tuple(b + c.time * f for f, b, c in zip(tf, tb, choice))
+
+
 def memory_deltas(schedule: Schedule, costs: Costs | None = None
                   ) -> Callable[[Op, int], tuple[float, float]]:
     """`deltas(op, stage)` -> (while it runs, after it ends): the change of the rank's
     activation memory that `op` brings, in the two-level model: F takes M_B as it starts;
     B keeps M_B while it runs, then leaves M_W; W frees M_W at its end; a fused BW frees M_B
-    at its end."""
+    at its end. A stage that recomputes takes only keep·M_B at F and rebuilds the rest while
+    its B (or BW) runs."""
     costs = costs or Costs()
     mem = costs.per_stage("memory", schedule.num_stages, schedule.chunks)
     memw = costs.per_stage("memw", schedule.num_stages, schedule.chunks)
+    kept = [m * c.keep for m, c in zip(mem, costs.recompute_per_stage(schedule.num_stages))]
 
     def deltas(op: Op, stage: int) -> tuple[float, float]:
         if op.kind == Kind.F:
-            return mem[stage], mem[stage]
+            return kept[stage], kept[stage]
+        rebuilt = mem[stage] - kept[stage]
         if op.kind == Kind.B:
-            return 0.0, memw[stage] - mem[stage]
+            return rebuilt, memw[stage] - kept[stage]
         if op.kind == Kind.W:
             return 0.0, -memw[stage]
-        return 0.0, -mem[stage]
+        return rebuilt, -kept[stage]
     return deltas
 
 
@@ -431,6 +477,7 @@ def span_lower_bound(schedule: Schedule, costs: Costs | None = None) -> float:
     costs = costs or Costs()
     S, v = schedule.num_stages, schedule.chunks
     tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
+    tb = backward_times(costs, S, v)
     m = schedule.num_microbatches
     rank_of = [schedule.rank_chunk_of(s)[0] for s in range(S)]
     # trip[s]: from the end of F on stage s until B on stage s may start.

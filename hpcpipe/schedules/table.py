@@ -4,6 +4,7 @@
     python -m hpcpipe.schedules.table --paper    # the paper's Table 5 rows next to hpcpipe's rates
     python -m hpcpipe.schedules.table --paper --exact 60   # and the certified bounds, 60 s a run
     python -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
+    python -m hpcpipe.schedules.table --memory-goals      # auto below 1F1B's memory (issue 26)
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ def paper_bubble(kind: str, p: int, m: int, c: Costs, v: int = 2) -> float | Non
 
 def paper_peak(kind: str, p: int, m: int, v: int = 2) -> str:
     return {"gpipe": f"m = {m}", "1f1b": f"p = {p}", "zb-h1": f"p = {p}", "zb-h2": f"2p-1 = {2 * p - 1}",
-            "zb-v": f"p = {p}",
+            "zb-v": f"p = {p}", "v-half": f"(p+2)/2 = {(p + 2) // 2}",
+            "v-min": f"(p+4)/3 = {(p + 4) // 3}", "dualpipev": f"p+1/2 = {p + 0.5:g}",
             "interleaved-1f1b": f"> p ({(2 * (p - 1) + (v - 1) * p + 1) / v:g} in Megatron's order)",
             }.get(kind, "limit")
 
 
 def rows(p: int, m: int, costs: Costs):
-    cases = [(k, None) for k in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v")]
+    cases = [(k, None) for k in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
+                                 "v-half", "v-min", "dualpipev")]
     cases += [("auto", p), ("auto", 2 * p)]
     for kind, limit in cases:
         schedule = generate(kind, p, m, costs=costs, memory_limit=limit)
@@ -181,18 +184,79 @@ def sweep_memory(path: str, steps: int = 15) -> None:
     plt.close(fig)
 
 
+SIX_B = PaperRow("6.2B", 8, 24, 29.718, 29.444, 19.927, 0.527, 0.43, {})
+
+
+def goal_rows(p: int, m: int, costs: Costs, objective: str = "span"):
+    """Per memory target, the reference schedule's bubble and peak, auto's without and with
+    recomputation (selective or full on the first ranks), each bubble counting recompute
+    time as lost: 1 - the busiest rank's useful work / the objective's value."""
+    from .auto import explore
+    from .recompute import PRESETS
+
+    refs = {kind: simulate(generate(kind, p, m), costs) for kind in ("v-half", "v-min", "1f1b")}
+    peak = {kind: max(r.peak_activations) for kind, r in refs.items()}
+    targets = [("V-Half's peak", peak["v-half"], "v-half"), ("1/2 of 1F1B", p / 2, "v-half"),
+               ("V-Min's peak", peak["v-min"], "v-min"), ("1/3 of 1F1B", p / 3, "v-min"),
+               ("1F1B's", float(p), "1f1b")]
+    for name, limit, kind in targets:
+        ref = refs[kind]
+        value = ref.longest_span if objective == "span" else ref.makespan
+        cells = []
+        for choices in ((), (PRESETS["selective"], PRESETS["full"])):
+            try:
+                found = explore(p, m, costs, limit, objective, 0, choices)
+            except ScheduleError:
+                cells.append(None)
+                continue
+            result = simulate(found.schedule, found.costs)
+            got = result.longest_span if objective == "span" else result.makespan
+            cells.append((1 - found.useful / got, max(result.peak_activations), found.label,
+                          found.plan))
+        work = max(ref.busy)
+        yield name, limit, kind, 1 - work / value, peak[kind], cells
+
+
+def render_goals(sizes, objective: str = "span") -> str:
+    def cell(c):
+        return "does not fit" if c is None else f"{c[0]:.4f} at {c[1]:.3g} ({c[2]}; {c[3]})"
+    out = [f"bubble = 1 - busiest rank's work without recompute / {objective}; peaks in "
+           "stage-microbatches (M_B = 1)",
+           "| costs | p | m | memory limit | reference: bubble at peak | auto | "
+           "auto, recompute allowed |", "|---|---|---|---|---|---|---|"]
+    # Equal times with M_W = M_B (anchors.md's figures) and with the paper's M_W = 0.43 M_B:
+    # recomputing cannot lower what W holds, so it pays only where M_W < M_B.
+    for label, costs in (("equal", Costs(1, 1, 1)), ("equal, M_W .43", Costs(1, 1, 1, memw=0.43)),
+                         ("6.2B", SIX_B.costs)):
+        for p, m in sizes:
+            for name, limit, kind, bubble, peak, (plain, recomputing) in goal_rows(
+                    p, m, costs, objective):
+                out.append(f"| {label} | {p} | {m} | {name} = {limit:.3g} | {kind} {bubble:.4f} at "
+                           f"{peak:g} | {cell(plain)} | {cell(recomputing)} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcpipe.schedules.table",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="4x8,8x24", help="PxM pairs, comma separated")
+    parser.add_argument("--sizes", default="4x8,8x24", help="PxM pairs, comma separated "
+                        "(--memory-goals: e.g. 4x8,4x16,8x16,8x32)")
     parser.add_argument("--paper", action="store_true",
                         help="the paper's Table 5 rows (its Table 9 costs) next to hpcpipe's rates")
     parser.add_argument("--exact", type=float, metavar="SECONDS",
                         help="with --paper: also the certified search's bounds, SECONDS a run")
+    parser.add_argument("--memory-goals", action="store_true",
+                        help="auto at V-Half's, V-Min's and 1F1B's memory and at 1/2 and 1/3 of "
+                        "1F1B's, with and without recomputation (equal and 6.2B costs)")
+    parser.add_argument("--objective", choices=("span", "makespan"), default="span",
+                        help="with --memory-goals: what auto minimises and the bubble divides by")
     parser.add_argument("--sweep-memory", metavar="PNG",
                         help="plot the bubble rate against the memory limit on the paper's rows")
     args = parser.parse_args(argv)
-    if args.sweep_memory:
+    if args.memory_goals:
+        sizes = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
+        print(render_goals(sizes, args.objective))
+    elif args.sweep_memory:
         sweep_memory(args.sweep_memory)
         print(f"wrote {args.sweep_memory}")
     elif args.paper:

@@ -4,6 +4,12 @@ One row per rank; each cell one action `[stage][type][microbatch]`: F forward, I
 (our B), W backward-weight (our W), B full backward (our BW); empty cells are idle slots.
 Stages are global model stages, so the (rank, chunk) -> stage map is read off the rows: a rank's
 chunks are its stages in increasing order (PyTorch's looped and V placements both read right).
+
+DualPipeV's overlapped pair `(0F3;7B1)OVERLAP_F_B` is read as its F, then its B, on one stream:
+the runtime has one. Run on two CUDA streams, the pair would overlap one op's messages (and, with
+MoE, its all-to-all) with the other's compute and fill the units one kernel leaves idle; PyTorch's
+runtime also receives both inputs before the pair starts, which one stream does not need (each op
+waits only for its own input). The writer writes the two ops as two cells.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from .ops import MAX_MICROBATCHES, Kind, Op, Schedule, ScheduleError, make_sched
 _TO_TORCH = {Kind.F: "F", Kind.B: "I", Kind.W: "W", Kind.BW: "B"}
 _FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
 _ACTION = re.compile(r"^([0-9]{1,6})([A-Z_]+?)([0-9]{0,9})$")
+_OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
 
 
 def to_csv(schedule: Schedule) -> str:
@@ -26,6 +33,18 @@ def to_csv(schedule: Schedule) -> str:
     for r, ops in enumerate(schedule.ranks):
         writer.writerow([f"{schedule.stage(r, op)}{_TO_TORCH[op.kind]}{op.microbatch}" for op in ops])
     return out.getvalue()
+
+
+def _action(r: int, cell: str) -> tuple[int, Kind, int]:
+    """One compute action: (stage, kind, microbatch)."""
+    match = _ACTION.match(cell)
+    if match is None or match.group(2) not in _FROM_TORCH or not match.group(3):
+        raise ScheduleError(
+            f"rank {r}: cannot read action {cell!r}; a compute-only schedule uses "
+            "[stage][F|I|W|B][microbatch], e.g. 0F1, 1I0, 1W0, 2B3, or DualPipeV's "
+            "(0F3;7B1)OVERLAP_F_B (communication actions like SEND_F are derived here, not read)")
+    stage, letter, microbatch = match.groups()
+    return int(stage), _FROM_TORCH[letter], int(microbatch)
 
 
 def from_csv(text: str, kind: str = "csv") -> Schedule:
@@ -42,14 +61,12 @@ def from_csv(text: str, kind: str = "csv") -> Schedule:
             cell = cell.strip()
             if not cell:
                 continue  # an idle slot
-            match = _ACTION.match(cell)
-            if match is None or match.group(2) not in _FROM_TORCH or not match.group(3):
-                raise ScheduleError(
-                    f"rank {r}: cannot read action {cell!r}; a compute-only schedule uses "
-                    "[stage][F|I|W|B][microbatch], e.g. 0F1, 1I0, 1W0, 2B3 (communication actions "
-                    "like SEND_F are derived here, not read)")
-            stage, letter, microbatch = match.groups()
-            actions.append((int(stage), _FROM_TORCH[letter], int(microbatch)))
+            pair = _OVERLAP.match(cell)
+            parts = pair.group(1).split(";") if pair else [cell]
+            if pair and len(parts) != 2:
+                raise ScheduleError(f"rank {r}: cannot read {cell!r}: OVERLAP_F_B pairs one "
+                                    "forward and one backward, e.g. (0F3;7B1)OVERLAP_F_B")
+            actions += [_action(r, part.strip()) for part in parts]
         parsed.append(actions)
     if not any(parsed):
         raise ScheduleError("the CSV holds no actions")

@@ -1,6 +1,6 @@
 """Property tests over random p <= 16, m <= 64 and random costs (hypothesis)."""
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hpcpipe.schedules import (
@@ -21,7 +21,8 @@ costs = st.builds(Costs, f=times, b=times, w=times, comm=st.sampled_from([0.0, 0
 
 
 @SETTINGS
-@given(sizes, st.sampled_from(["gpipe", "1f1b", "zb-h1", "zb-h2", "zb-v", "interleaved-1f1b"]),
+@given(sizes, st.sampled_from(["gpipe", "1f1b", "zb-h1", "zb-h2", "zb-v", "interleaved-1f1b",
+                               "v-half", "v-min", "dualpipev"]),
        st.integers(1, 3), costs)
 def test_every_generator_passes_the_checker_and_respects_the_bound(size, kind, v, c):
     p, m = size
@@ -35,9 +36,16 @@ def test_every_generator_passes_the_checker_and_respects_the_bound(size, kind, v
     assert result.bubble_rate >= 1 - max(result.busy) / bound - 1e-9
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized: the same draws on every run, so a case auto loses fails every run (and is
+# fixed) instead of now and then; the examples pin the cases found so far.
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.tuples(st.integers(1, 12), st.integers(1, 40)), costs, st.floats(0.5, 3.0),
        st.sampled_from([None, 1.0, 0.5, 0.37]), st.sampled_from([0, None]))
+# issue 26: interleaved-1f1b's 10.0 beat auto's 10.5 (F-heavy costs, limit p).
+@example((2, 2), Costs(3, 0.5, 0.5), 1.0, None, 0)
+@example((4, 8), Costs(1, 1, 1), 0.75, None, 0)  # v-half fits 3 = 0.75 p
+@example((4, 8), Costs(1, 1, 1), 0.5, None, 0)   # v-min fits 2
 def test_auto_is_valid_fits_memory_and_beats_every_fitting_hand_made(size, c, factor, ratio, chunks):
     p, m = size
     c = Costs(c.f, c.b, c.w, comm=c.comm, memw=ratio)
@@ -49,7 +57,7 @@ def test_auto_is_valid_fits_memory_and_beats_every_fitting_hand_made(size, c, fa
     assert max(got.span) >= span_lower_bound(schedule, c) - 1e-9
     rivals = [generate(kind, p, m) for kind in HAND_MADE]
     if chunks == 0:  # auto may take a V: the two-chunk hand-made ones are rivals too
-        rivals += [generate("zb-v", p, m)]
+        rivals += [generate(kind, p, m) for kind in ("zb-v", "v-half", "v-min", "dualpipev")]
         rivals += [generate("interleaved-1f1b", p, m, v=2)] if m % p == 0 else []
     for other in rivals:
         if max(peak_activations(other, c)) <= limit + 1e-9:

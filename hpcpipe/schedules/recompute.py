@@ -1,0 +1,86 @@
+"""Activation recomputation as data on the cost model: what a stage keeps, what its B re-runs.
+
+When the recompute runs (the choice hpcpipe models): at the start of B. B first re-runs the
+parts of the forward it dropped, then computes the input gradient; what W needs (M_W, the
+inputs of the weight GEMMs) is then kept from B to W, as without recomputation. So a stage
+that recomputes holds
+
+    F -> B    keep · M_B          instead of M_B: the saving
+    during B  M_B again           the rebuilt tensors, for the length of one B
+    B -> W    M_W                 unchanged: the split backward still needs the GEMM inputs
+
+and its B lasts B + time · F. Rebuilding at W instead would free M_W as well, but W would
+then re-run what B already rebuilt (twice the recompute) and W, the schedule's filler, would
+grow; B's rebuild costs time on the critical path only where B is on it, and auto decides
+per stage where that pays (more microbatches in flight for a smaller bubble).
+
+Presets from Korthikanti et al. 2022 ("Reducing activation recomputation in large
+transformer models"): one layer holds s·b·h·(34 + 5·a·s/h) bytes in 16 bits (the zero-bubble
+paper's M_B), of which the attention core (scores, softmax, its dropout) is the 5·a·s/h part
+and the GELU output 8 of the 34; the layer's forward costs 24·s·b·h² + 4·s²·b·h FLOPs, the
+attention core 4·s²·b·h of them. `selective` drops the attention core and the GELU output
+(the GELU is recomputed from its input, nearly free); `full` keeps only the layer's input
+(2 of the bytes) and re-runs the whole forward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """One stage's choice: `keep` is the part of M_B held from F to B, `time` the part of
+    the stage's F that B re-runs first."""
+
+    name: str
+    keep: float = 1.0
+    time: float = 0.0
+
+    def __post_init__(self):
+        from .ops import ScheduleError
+        if not (0.0 < self.keep <= 1.0) or not (math.isfinite(self.time) and self.time >= 0):
+            raise ScheduleError(f"recompute {self.name!r}: keep must be in (0, 1] and time >= 0 "
+                                f"(got keep={self.keep}, time={self.time})")
+
+    def __str__(self) -> str:
+        return self.name if PRESETS.get(self.name) == self else f"{self.keep:g}:{self.time:g}"
+
+    @property
+    def recomputes(self) -> bool:
+        return self.keep < 1.0
+
+
+NONE = Recompute("none")
+
+
+def presets(hidden: int, seq: int, heads: int) -> dict[str, Recompute]:
+    """The choices for a GPT layer of width `hidden`, sequence `seq`, `heads` heads."""
+    attention = 5 * heads * seq / hidden          # bytes per s·b·h of the attention core
+    total = 34 + attention
+    core_time = 4 * seq / (24 * hidden + 4 * seq)  # the attention core's part of F
+    return {"none": NONE,
+            "selective": Recompute("selective", keep=(34 - 8) / total, time=core_time),
+            "full": Recompute("full", keep=2 / total, time=1.0)}
+
+
+# The zero-bubble paper's 6.2B model (h 4096, 32 heads, s 1024): selective keeps 0.351 of M_B
+# and re-runs 4 % of F; full keeps 0.027 and re-runs all of it (M_W / M_B = 0.43 there).
+PRESETS = presets(4096, 1024, 32)
+
+
+def parse(text: str) -> Recompute:
+    """"none", "selective", "full" (the PRESETS), or "KEEP:TIME", e.g. "0.35:0.04"."""
+    from .ops import ScheduleError
+    text = text.strip().lower()
+    if text in PRESETS:
+        return PRESETS[text]
+    keep, sep, time = text.partition(":")
+    try:
+        if sep:
+            return Recompute(f"{float(keep):g}:{float(time):g}", float(keep), float(time))
+    except ValueError:
+        pass
+    raise ScheduleError(f"cannot read recompute {text!r}: expected none, selective, full or "
+                        "KEEP:TIME (e.g. 0.35:0.04: keep 35 % of M_B, re-run 4 % of F)")

@@ -1,0 +1,57 @@
+"""Recomputation in the cost model: what F keeps, what B rebuilds and how long B takes."""
+
+import pytest
+
+from hpcpipe.schedules import Costs, ScheduleError, generate, peak_activations, simulate
+from hpcpipe.schedules.ops import make_schedule, one_chunk_placement, ops_from_strings
+from hpcpipe.schedules.recompute import PRESETS, Recompute, parse, presets
+
+HALF = Recompute("0.3:0.5", keep=0.3, time=0.5)
+
+
+def one_rank(row: str, m: int = 3):
+    return make_schedule("hand", 1, m, 1, ops_from_strings([row]), one_chunk_placement(1))
+
+
+def test_f_keeps_a_part_b_rebuilds_it_w_keeps_m_w():
+    # held: F0 .3, F1 .6, B0 runs at .6 + .7 = 1.3 (peak), leaves .6 - .3 + .4 = .7, F2 1,
+    # W0 .6, B1 1.3 while it runs, .7 after, W1 .3, B2 1, .4, W2 0.
+    s = one_rank("F0 F1 B0 F2 W0 B1 W1 B2 W2")
+    assert peak_activations(s, Costs(memory=1, memw=0.4, recompute=HALF)) == (1.3,)
+    assert peak_activations(s, Costs(memory=1, memw=0.4)) == (2.4,)
+    fused = one_rank("F0 F1 F2 BW0 BW1 BW2")
+    assert peak_activations(fused, Costs(memory=1, recompute=HALF)) == (1.6,)
+
+
+def test_b_pays_the_recompute():
+    s = one_rank("F0 B0 W0", m=1)
+    result = simulate(s, Costs(f=2, b=1, w=1, recompute=HALF))
+    assert result.end[0] == (2, 4, 5)  # B = 1 + 0.5 x 2
+
+
+def test_per_stage_choice_and_spelling():
+    c = Costs.parse("F=1,B=1,W=0.5,mem=1,memw=0.43,recompute=full/none/0.5:0.1/selective")
+    assert c.recompute_per_stage(4) == (PRESETS["full"], PRESETS["none"],
+                                        Recompute("0.5:0.1", 0.5, 0.1), PRESETS["selective"])
+    assert Costs.parse(str(c)) == c
+    assert "recompute" not in str(Costs())
+    with pytest.raises(ScheduleError, match="one per model stage"):
+        simulate(generate("1f1b", 2, 2), c)
+    with pytest.raises(ScheduleError, match="KEEP:TIME"):
+        parse("half")
+
+
+def test_presets_follow_korthikanti():
+    six = presets(4096, 1024, 32)  # 34 + 5as/h = 74 bytes per s.b.h
+    assert six["selective"].keep == pytest.approx(26 / 74)
+    assert six["selective"].time == pytest.approx(0.04)
+    assert six["full"].keep == pytest.approx(2 / 74) and six["full"].time == 1.0
+
+
+def test_recompute_lowers_one_f_one_b_peak_by_what_it_keeps():
+    s = generate("1f1b", 4, 8)
+    plain = peak_activations(s, Costs())
+    full = peak_activations(s, Costs(recompute=PRESETS["full"]))
+    # rank 0 holds 4 microbatches; with full recompute 4 x keep, plus one rebuilt in its B
+    assert plain[0] == 4
+    assert full[0] == pytest.approx(3 * PRESETS["full"].keep + 1)

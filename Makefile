@@ -108,6 +108,7 @@ bench: install
 	  echo "== bench $$suite ($$(( $$(date +%s) - start )) s so far)"; \
 	  case $$suite in \
 	    step) $(BENCH_ENV) $(PY) -m hpcpipe bench step --json $(PARTS)/step.json ;; \
+	    gpu_model) $(PY) -m hpcpipe bench gpu-model --json $(PARTS)/gpu_model.json ;; \
 	    pipeline|tp|comm) $(BENCH_MPI) $$suite --json $(PARTS)/$$suite.json ;; \
 	    ckpt) $(BENCH_ENV) $(PY) -m hpcpipe bench ckpt $(CONFIG) --json $(PARTS)/ckpt.json ;; \
 	    *) echo "make bench: no launch line for suite '$$suite'; skipped" ;; \

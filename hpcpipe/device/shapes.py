@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..dtypes import is_16bit
+from . import cupy_api
 
 INEXACT_UFUNCS = frozenset(("true_divide", "divide", "sqrt", "exp", "log", "tanh", "sin",
                             "cos", "exp2", "log2", "log1p", "expm1", "power"))
@@ -666,6 +667,8 @@ class ShapeDevice(types.ModuleType):
         return self.reduce("sum", a, axis, dtype, out, keepdims)
 
     def __getattr__(self, name):
+        if name not in cupy_api.NAMES:
+            raise AttributeError(f"CuPy 14.2 has no cupy.{name}")
         target = getattr(np, name)
         if isinstance(target, np.ufunc):
             def call(*operands, out=None, dtype=None, **kwargs):

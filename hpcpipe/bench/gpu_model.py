@@ -91,6 +91,7 @@ def print_table(result, out=print):
     out(f"\nGPU step predicted on {result['rates']['name']} ({result['rates']['source']}): "
         f"{setup['model']}, batch {setup['batch']} × {setup['block_size']} in "
         f"{setup['microbatches']} microbatch(es), {setup['dtype']}, {setup['tokens']} tokens")
+    out("")
     out("| part | phase | kernels | non-GEMM GB | GEMM TFLOP | host syncs | GPU ms |")
     out("|---|---|---|---|---|---|---|")
     for name, phases in _rows(result, "parts", PART_ORDER):
@@ -119,6 +120,7 @@ def print_table(result, out=print):
 
 def print_layers(result, out=print):
     out("\nby layer (self: a block's GEMMs count under linear), kernels / non-GEMM GB:")
+    out("")
     out("| layer | F | B | W |")
     out("|---|---|---|---|")
     for name, phases in _rows(result, "layers", ()):

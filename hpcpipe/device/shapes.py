@@ -456,9 +456,9 @@ class ShapeDevice(types.ModuleType):
     # -- elementwise kernels -----------------------------------------------------------
     def ufunc(self, name, operands, out=None, dtype=None):
         """One elementwise kernel over `operands` (device arrays and Python scalars)."""
-        arrays = [self._check(x, "an operand") for x in operands if isinstance(x, ShapeArray)]
         for x in operands:
             self._check(x, "an operand")
+        arrays = [x for x in operands if isinstance(x, ShapeArray)]
         scalars = [x for x in operands if not isinstance(x, ShapeArray)]
         shape = np.broadcast_shapes(*(a.shape for a in arrays))
         computed = result_dtype(name, arrays, scalars, dtype)
@@ -511,9 +511,10 @@ class ShapeDevice(types.ModuleType):
 
     # -- indexing ----------------------------------------------------------------------
     def _index(self, index):
-        """(NumPy index, index arrays' bytes, advanced?, all index arrays real?) for a device index: real index
-        arrays give their values, integer ghosts zeros of their shape (the result's shape
-        is the same); a boolean mask needs its values (its count sizes the result)."""
+        """(NumPy index, index arrays' bytes, advanced?, index arrays all real?) for a
+        device index: real index arrays give their values, integer ghosts zeros of their
+        shape (the result's shape is the same); a boolean mask needs its values (its
+        count sizes the result)."""
         items = index if isinstance(index, tuple) else (index,)
         out, nbytes, advanced, real = [], 0, False, True
         for item in items:

@@ -27,7 +27,9 @@ CuPy 14.2's launch rules, as recorded here (see ../shared/docs/gpu-kernels.md):
   copy; ≥ 3-D bfloat16 raises TypeError (CuPy routes it to an integer kernel); fp32
   batched GEMMs never use TF32, 2-D ones do when `tf32` is set (CUPY_TF32=1);
 - `flatnonzero`, boolean-mask indexing, `float()`/`int()`/`bool()` and `.get()` wait for
-  the device: host synchronisations.
+  the device: host synchronisations;
+- a `RawModule` kernel launch (a fused kernel) is one kernel whose traffic is what the
+  kernel declares (`declare_traffic`), or by default every array argument moved once.
 """
 
 from __future__ import annotations
@@ -352,6 +354,14 @@ class ShapeDevice(types.ModuleType):
                 memGetInfo=lambda: (1 << 40, 1 << 40)),
             get_current_stream=lambda: stream)
         self.get_default_memory_pool = lambda: pool
+        # kernel name -> args -> (bytes read, bytes written): what a fused kernel declares
+        self.traffic: dict = {}
+        self.RawModule = _raw_module_factory(self)
+
+    def declare_traffic(self, kernel: str, traffic):
+        """A fused kernel's traffic, `traffic(args) -> (bytes read, bytes written)`, for
+        the launches of RawModule function `kernel` (the kernels package declares it)."""
+        self.traffic[kernel] = traffic
 
     # -- arrays ------------------------------------------------------------------------
     def _fresh(self, shape, dtype, values=None, strides=None):
@@ -683,6 +693,36 @@ class ShapeDevice(types.ModuleType):
         if isinstance(target, type) or not callable(target):
             return target  # dtypes (float32, ...) and constants (inf, pi, ...)
         raise AttributeError(f"the shape-only device does not model xp.{name}")
+
+
+class _RawModule:
+    """`cupy.RawModule(code=..., options=...)` on the shape-only device: nothing is
+    compiled; each launch of one of its functions is logged as one fused kernel."""
+
+    def __init__(self, device, code=None, options=(), name_expressions=None, **kwargs):
+        self._device = device
+
+    def get_function(self, name):
+        return _RawKernel(self._device, name)
+
+
+class _RawKernel:
+    def __init__(self, device, name):
+        self._device, self.name = device, name
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        declared = self._device.traffic.get(self.name)
+        if declared is not None:
+            reads, writes = declared(args)
+        else:  # a fused kernel touches each operand once; which are outputs is unknown
+            reads, writes = sum(a.nbytes for a in args if isinstance(a, ShapeArray)), 0
+        self._device.kernel_log.launch("fused", self.name, reads, writes)
+
+
+def _raw_module_factory(device):
+    def RawModule(code=None, options=(), name_expressions=None, **kwargs):  # noqa: N802
+        return _RawModule(device, code, options, name_expressions, **kwargs)
+    return RawModule
 
 
 def device(tf32: bool = False) -> ShapeDevice:

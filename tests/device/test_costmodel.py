@@ -146,6 +146,19 @@ def test_a_fused_kernel_registers_as_one_launch_with_its_traffic():
         1500 / rates.elementwise_bytes_per_s + rates.kernel_s)
 
 
+def test_a_rawmodule_launch_is_one_fused_kernel_with_its_declared_traffic():
+    device, _ = on_shapes()
+    x, y = device.empty((4, 8), np.float32), device.empty((4, 8), np.float32)
+    module = device.RawModule(code="extern \"C\" __global__ void ln(...) {}",
+                              options=("-std=c++17",))
+    module.get_function("ln")((4,), (128,), (x, y, np.int32(8)))
+    device.declare_traffic("ln", lambda args: (args[0].nbytes, args[1].nbytes))
+    module.get_function("ln")((4,), (128,), (x, y, np.int32(8)))
+    assert [(k.kind, k.name, k.reads, k.writes) for k in device.kernel_log.kernels] == [
+        ("fused", "ln", 256, 0),  # undeclared: every array argument moved once
+        ("fused", "ln", 128, 128)]
+
+
 def test_calibration_replaces_the_rates_it_measured(tmp_path):
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps({"elementwise_bytes_per_s": 1.5e12,

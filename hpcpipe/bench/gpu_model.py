@@ -68,6 +68,9 @@ def predict(args) -> dict:
     log = costmodel.count_step(cfg, idx, targets, args.microbatches, args.dtype, args.tf32)
     tokens = args.batch * cfg.block_size
     cost = costmodel.summarise(log, rates, tokens, args.microbatches)
+    if rates.torch_tokens_per_s and (args.model, args.batch, args.dtype) == (
+            "gpt2", 16, "bfloat16"):  # the one setup PyTorch's figure is for
+        cost["vs_torch_eager"] = cost["predicted_tokens_per_s"] / rates.torch_tokens_per_s
     setup = {"model": args.model, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
              "n_head": cfg.n_head, "block_size": cfg.block_size,
              "vocab_size": cfg.vocab_size, "batch": args.batch,

@@ -280,8 +280,6 @@ def summarise(log: shapes.Log, rates: GpuRates, tokens: int, microbatches: int =
         "layers": [{"layer": lay, "phase": ph, **t.as_dict()}
                    for (lay, ph), t in by_layer.items()],
     }
-    if rates.torch_tokens_per_s:
-        result["vs_torch_eager"] = result["predicted_tokens_per_s"] / rates.torch_tokens_per_s
     return result
 
 

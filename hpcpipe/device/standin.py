@@ -9,7 +9,14 @@ It behaves like a device array library where it matters:
   as a buffer (as CuPy's arrays with an MPI that is not CUDA-aware must never be);
 - host/device copies (`asarray` of a host array, `.get()`, `.set()`, `float(a)`) and
   stream synchronisations are explicit and counted (`device.counts`);
-- it reports one device, "GPU 0", and events that time on the host clock.
+- it reports one device, "GPU 0", and events that time on the host clock;
+- it is as strict as CuPy 14.2 where CuPy is stricter than NumPy: only the functions and
+  ufunc methods CuPy has (device/cupy_api.py), `get(out=)` and `set()` only between
+  arrays of one dtype and shape (`set` into a contiguous array), 16-bit floats combined
+  with Python scalars staying 16-bit (NEP 50: NumPy with ml_dtypes widens bfloat16 to
+  float32), a >= 3-D bfloat16 matmul refused with CuPy's TypeError, and events that are
+  not done until the device is synchronised (so a buffer reused before its copy is
+  known done shows as a bug).
 
 backend.select() returns it for device "gpu" (and "auto") when HPCPIPE_FAKE_GPU=1 is set:
 the tests' `--device standin` mode. It checks the discipline, not the numbers: the
@@ -23,6 +30,8 @@ import types
 from collections import Counter
 
 import numpy as np
+
+from hpcpipe.device import cupy_api
 
 FAKE_GPU_ENV = "HPCPIPE_FAKE_GPU"
 
@@ -66,6 +75,9 @@ class DeviceArray:
             return self._a.copy()
         if not isinstance(out, np.ndarray):
             _refuse("get(out=...) into something that is not a host array")
+        if out.dtype != self.dtype or out.shape != self.shape:
+            raise ValueError(f"get(out=...): CuPy needs the same dtype and shape, got "
+                             f"{out.dtype} {out.shape} for {self.dtype} {self.shape}")
         out[...] = self._a
         return out
 
@@ -73,6 +85,13 @@ class DeviceArray:
         """Host → device (counted)."""
         if isinstance(host, DeviceArray):
             _refuse("set() from a device array")
+        host = np.asarray(host)
+        if host.dtype != self.dtype:
+            raise TypeError(f"set(): CuPy cannot set a {self.dtype} array from {host.dtype}")
+        if host.shape != self.shape:
+            raise ValueError(f"set(): shape {host.shape} into {self.shape}")
+        if not self._a.flags.c_contiguous:
+            raise RuntimeError("set(): CuPy cannot set a non-contiguous array")
         self._device.count("host_to_device")
         self._a[...] = host
 
@@ -144,9 +163,33 @@ _METHODS = frozenset((
     "cumsum", "any", "all", "nonzero", "take", "repeat", "clip", "dot"))
 
 
+def _weak_scalars(arrays, operands):
+    """Python scalars beside a 16-bit float array, as 0-d arrays of its dtype: CuPy 14
+    follows NEP 50 (bfloat16 ∘ 1.5 stays bfloat16, the scalar rounded to it), where NumPy
+    with ml_dtypes' bfloat16 computes in float32."""
+    floats = [a.dtype for a in arrays if isinstance(a, np.ndarray) and a.dtype.kind in "fV"
+              and a.dtype.itemsize == 2]
+    if not floats or any(isinstance(a, np.ndarray) and a.dtype.itemsize > 2
+                         and a.dtype.kind in "fc" for a in arrays):
+        return operands
+    return type(operands)(np.asarray(x, dtype=floats[0])
+                          if isinstance(x, (int, float)) and not isinstance(x, bool) else x
+                          for x in operands)
+
+
+def _check_matmul(a, b):
+    """CuPy 14.2 routes a >= 3-D bfloat16 matmul to an integer kernel, which fails."""
+    if (a.ndim > 2 or b.ndim > 2) and "bfloat16" in (str(a.dtype), str(b.dtype)):
+        raise TypeError("data type 'E' not understood (CuPy 14.2: matmul of >= 3-D "
+                        "bfloat16 arrays)")
+
+
 def _operator(name, in_place: bool):
     def op(self, *others):
         args = self._device.unwrap(others, "an operand")
+        if "matmul" in name:
+            _check_matmul(self._a, *args)
+        args = _weak_scalars((self._a, *args), args)
         result = getattr(self._a, name)(*args)
         if result is NotImplemented:
             return result
@@ -170,25 +213,42 @@ class _Stream:
 
     def synchronize(self):
         self._device.count("synchronize")
+        self._device.complete_events()
 
 
 class _Event:
-    """A CUDA event timed on the host clock (work is already done when recorded)."""
+    """A CUDA event timed on the host clock. As on a GPU, it is not done when recorded:
+    only once it, or the device, is synchronised (the stand-in never finishes work on
+    its own, so code that polls `done` without ever waiting shows its bug)."""
 
     def __init__(self, device=None, **kwargs):
-        self._device, self.time = device, None
+        self._device, self.time, self._done = device, None, False
 
     def record(self, stream=None):
-        self.time = time.perf_counter()
+        self.time, self._done = time.perf_counter(), False
         if self._device is not None:
             self._device.count("event_record")
+            self._device.pending_events.append(self)
 
     def synchronize(self):
-        pass
+        if self._device is not None:
+            self._device.complete_events(upto=self)
+        self._done = True
+
+    def query(self) -> bool:
+        return self._done
 
     @property
     def done(self) -> bool:
-        return True
+        return self._done
+
+
+def _elapsed_ms(start: _Event, end: _Event) -> float:
+    """Milliseconds between two events, both done (CUDA says cudaErrorNotReady else)."""
+    if not (start.done and end.done):
+        raise RuntimeError("get_elapsed_time of an event not yet done (cudaErrorNotReady): "
+                           "synchronise first")
+    return (end.time - start.time) * 1e3
 
 
 class _MemoryPool:
@@ -212,7 +272,8 @@ class _MemoryPool:
 
 
 class _Ufunc:
-    """A device ufunc: NumPy's, on unwrapped device arrays (no reduceat: CuPy has none)."""
+    """A device ufunc: NumPy's, on unwrapped device arrays, with only the methods CuPy
+    14.2 implements for it (cupy_api: reduce, accumulate, reduceat, at)."""
 
     def __init__(self, device, ufunc):
         self._device, self._ufunc = device, ufunc
@@ -221,18 +282,52 @@ class _Ufunc:
     def __call__(self, *args, **kwargs):
         device = self._device
         out = kwargs.get("out")
-        result = self._ufunc(*device.unwrap(args, "an operand"),
-                             **device.unwrap(kwargs, "an operand"))
+        operands = device.unwrap(args, "an operand")
+        if self.__name__ == "matmul":
+            _check_matmul(*operands[:2])
+        operands = _weak_scalars(operands, operands)
+        result = self._ufunc(*operands, **device.unwrap(kwargs, "an operand"))
         return out if out is not None else device.wrap(result)
 
+    def _method(self, method: str, allowed, *args, **kwargs):
+        if self.__name__ not in allowed:
+            raise NotImplementedError(f"`cupy.{self.__name__}.{method}` is not supported in "
+                                      f"CuPy 14.2 (the device stand-in refuses it too)")
+        if not args:
+            return None
+        device = self._device
+        return device.wrap(getattr(self._ufunc, method)(*device.unwrap(args, "an operand"),
+                                                        **device.unwrap(kwargs, "an operand")))
+
     def reduce(self, *args, **kwargs):
-        return self._device.wrap(self._ufunc.reduce(*self._device.unwrap(args, "an operand"),
-                                                    **self._device.unwrap(kwargs, "an operand")))
+        return self._method("reduce", cupy_api.REDUCE, *args, **kwargs)
+
+    def accumulate(self, *args, **kwargs):
+        return self._method("accumulate", cupy_api.ACCUMULATE, *args, **kwargs)
+
+    def reduceat(self, array, indices, axis=0, dtype=None, out=None):
+        """CuPy's add.reduceat: differences of one prefix sum, acc[stop] - acc[start]
+        (not NumPy's sum of each run on its own: other rounding, errors that grow along
+        the array)."""
+        self._method("reduceat", cupy_api.REDUCEAT)  # refuses all but add
+        device = self._device
+        a, starts = device.unwrap(array, "an operand"), device.unwrap(indices, "an index")
+        stops = np.append(starts, a.shape[axis])
+        acc = np.cumsum(a, axis=axis, dtype=dtype)
+        acc = np.concatenate([np.zeros_like(acc.take([0], axis)), acc], axis)
+        empty = (stops[:-1] >= stops[1:]).reshape(-1, *([1] * (a.ndim - axis - 1)))
+        result = np.where(empty, a.take(stops[:-1], axis),
+                          acc.take(stops[1:], axis) - acc.take(stops[:-1], axis))
+        if out is None:
+            return device.wrap(result)
+        out._a[...] = result
+        return out
 
     def at(self, a, indices, values=None):
-        device = self._device
-        self._ufunc.at(device.unwrap(a, "an operand"), device.unwrap(indices, "an index"),
-                       device.unwrap(values, "an operand"))
+        self._method("at", cupy_api.AT, a, indices, values)
+
+    def outer(self, a, b, **kwargs):
+        return self._method("outer", {self.__name__}, a, b, **kwargs)
 
 
 # Functions that make device arrays from host data: the explicit host → device copies.
@@ -247,6 +342,7 @@ class SimDevice(types.ModuleType):
     def __init__(self):
         super().__init__("hpcpipe.device.standin")
         self.counts: Counter = Counter()
+        self.pending_events: list = []  # recorded, not yet known done
         stream = _Stream(self)
         pool = _MemoryPool()
         properties = {"name": b"hpcpipe device stand-in", "uuid": b"",
@@ -258,12 +354,21 @@ class SimDevice(types.ModuleType):
             Device=lambda i=0: types.SimpleNamespace(id=0, use=lambda: None,
                                                      synchronize=stream.synchronize),
             runtime=runtime, get_current_stream=lambda: stream,
-            Event=lambda **kw: _Event(self, **kw),
-            get_elapsed_time=lambda a, b: (b.time - a.time) * 1e3)
+            Event=lambda **kw: _Event(self, **kw), get_elapsed_time=_elapsed_ms)
         self.get_default_memory_pool = lambda: pool
 
     def count(self, what: str):
         self.counts[what] += 1
+
+    def complete_events(self, upto=None):
+        """Mark recorded events done: all of them (a stream or device synchronisation),
+        or those recorded up to `upto` (one stream runs in order)."""
+        pending = self.pending_events
+        cut = len(pending) if upto is None else (pending.index(upto) + 1 if upto in pending
+                                                 else 0)
+        done, self.pending_events = pending[:cut], pending[cut:]
+        for event in done:
+            event._done = True
 
     def wrap(self, value):
         if isinstance(value, np.ndarray):
@@ -293,6 +398,9 @@ class SimDevice(types.ModuleType):
         return a.get() if isinstance(a, DeviceArray) else np.asarray(a)
 
     def __getattr__(self, name):
+        if name not in cupy_api.NAMES:
+            raise AttributeError(f"CuPy 14.2 has no cupy.{name}: the device stand-in offers "
+                                 f"only what CuPy does")
         target = getattr(np, name)
         if isinstance(target, np.ufunc):
             return _Ufunc(self, target)

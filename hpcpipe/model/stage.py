@@ -48,6 +48,8 @@ class Stage:
         self.xp = self.be.xp
         self.tp = tp
         self.dtype = compute_dtype(dtype)
+        if self.dtype.itemsize == 2:  # a CuPy without CUDA's headers fails here, saying so
+            backend.require_16bit_kernels(self.be, self.dtype)
         # Mixed precision: weight gradients of 16-bit compute accumulate in float32.
         self.grad_dtype = accumulation_dtype(self.dtype)
         shards, rank = (tp.size, tp.rank) if tp is not None else (1, 0)

@@ -35,6 +35,16 @@ def test_smoke_without_torch_writes_json_and_profile(tmp_path, capsys):
     assert {r["layer"] for r in row["profile_ms"]} >= {"attention", "linear", "adamw"}
 
 
+def test_tokens_from_real_text_reach_the_step(tmp_path):
+    out = tmp_path / "step.json"
+    assert main(["bench", "step", "--smoke", "--no-torch", "--tokens", "corpus",
+                 "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["tokens"] == "corpus"
+    idx, _ = step.make_batch(step.SMOKE, 2, tokens="corpus")
+    assert np.bincount(idx.ravel()).max() > 2  # text repeats its bytes; uniform draws rarely
+
+
 def test_profiler_puts_the_layers_back():
     before = (attention.forward, block.backward_input, linear.backward_weight)
     with step.layer_timers(backend.cpu(), {}):

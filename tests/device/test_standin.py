@@ -203,8 +203,7 @@ def test_the_stand_in_counts_explicit_transfers_and_reports_one_device():
     a.get(out=host)
     device.cuda.get_current_stream().synchronize()
     assert device.counts == {"host_to_device": 1, "device_to_host": 2, "synchronize": 1}
-    assert device.cuda.runtime.getDeviceCount() == 1
-    assert not hasattr(device, "add") or not hasattr(device.add, "reduceat")  # as CuPy
+    assert device.cuda.runtime.getDeviceCount() == 1  # (its CuPy strictness: tests/device/)
 
 
 def test_fake_gpu_selects_the_stand_in(monkeypatch):

@@ -28,7 +28,10 @@ def test_16_bit_on_every_layout_equals_one_process(world):
     report = world.run("sixteen_bit")
     assert not report.failures, report
     for dtype in ("bfloat16", "float16"):
-        assert f"{dtype}: 20 pipeline layouts bitwise equal to one process" in report.summary
+        lines = [line for line in report.summary if line.startswith(f"{dtype}: ") and
+                 "pipeline layouts" in line]
+        checked, possible = (int(w) for w in lines[0].split()[1:4:2])
+        assert checked == possible >= 20, lines  # every kind that builds on pp 2, 3 and 4
 
 
 def train(run_dir, tokens, n, dtype, *extra, resume=None):

@@ -1,0 +1,298 @@
+"""A GPU cost model that runs on a CPU: the GPU code path's kernels, counted on the
+shape-only device (shapes.py), priced at a named GPU's rates.
+
+    log = count_step(GPTConfig(...), batch=16, microbatches=1, dtype="bfloat16")
+    cost = summarise(log, GPUS["h200"])   # launches, bytes, FLOPs, syncs, seconds
+
+Every launch is attributed to (part, layer, phase): the part is the outermost layer
+running (blocks, embedding, ln_f, head, loss) or the step's own work (zero_grad,
+tied_wte, optimizer); the layer the innermost (self attribution: a block's linear GEMMs
+count under linear); the phase F, B or W (the optimizer's is "step").
+
+Time, per kernel: a GEMM takes FLOPs / the GEMM rate of its precision, any other kernel
+bytes moved / the effective elementwise bandwidth; each also costs `kernel_s` of GPU time.
+The host issues launches at `host_launch_s` each and runs ahead of the GPU until it must
+wait (a host synchronisation), so the step is cut at its syncs and each piece takes the
+longer of its GPU time and its host time. A fused kernel is registered as one `Kernel`
+with its declared traffic (`register_fused`), so "after" numbers come from the same
+model once kernels replace the unfused passes.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from hpcpipe.device.backend import Backend
+from hpcpipe.model.layers import (attention, block, embedding, gelu, head, layernorm, linear, loss, mlp)
+from hpcpipe.device import shapes
+
+PHASES = {"forward": "F", "backward_input": "B", "backward_weight": "W"}
+LAYERS = {"embedding": embedding, "block": block, "layernorm": layernorm,
+          "attention": attention, "linear": linear, "mlp": mlp, "gelu": gelu,
+          "head": head, "loss": loss}
+# The part a launch belongs to, by the outermost layer running (a top-level LayerNorm is
+# ln_f: the blocks' own run inside a block).
+PARTS = {"block": "blocks", "layernorm": "ln_f"}
+PRECISIONS = ("bf16", "bf16_unaligned", "fp16", "fp16_unaligned", "tf32", "fp32",
+              "fp32_batched", "fp64")
+
+
+@dataclass(frozen=True)
+class GpuRates:
+    """What a GPU sustains, per kind of work (a device run calibrates them: `calibrate`).
+
+    elementwise_bytes_per_s: unfused elementwise, reduction and copy kernels (effective,
+    not peak). gemm_flops_per_s: cuBLAS by precision. kernel_s: GPU time per kernel
+    beyond its traffic (launch latency, tails). host_launch_s: host time per CuPy call.
+    sync_s: one host wait for the device. torch_tokens_per_s: PyTorch eager on the same
+    GPU for GPT-2 124M, bf16, batch 16 × 1024 (the reference the prediction is read
+    against; None when not measured)."""
+
+    name: str
+    elementwise_bytes_per_s: float
+    gemm_flops_per_s: dict
+    kernel_s: float
+    host_launch_s: float
+    sync_s: float
+    torch_tokens_per_s: float | None = None
+    source: str = ""
+
+
+# Rates from ../shared/docs/gpu-kernels.md: HBM3e 4.8 TB/s peak, ~3.0 effective for
+# unfused passes; cuBLAS bf16 600 TFLOP/s (450 with an odd leading dimension such as the
+# vocabulary's 50257); fp32 SIMT 45 (batched 40: CuPy's batched path never uses TF32);
+# TF32 300; ~3 µs of GPU time per kernel; 10-40 µs of host time per CuPy call (20 taken).
+GPUS = {
+    "h200": GpuRates(
+        name="NVIDIA H200", elementwise_bytes_per_s=3.0e12,
+        gemm_flops_per_s={"bf16": 600e12, "bf16_unaligned": 450e12, "fp16": 600e12,
+                          "fp16_unaligned": 450e12, "tf32": 300e12, "fp32": 45e12,
+                          "fp32_batched": 40e12, "fp64": 50e12},
+        kernel_s=3e-6, host_launch_s=20e-6, sync_s=10e-6, torch_tokens_per_s=380e3,
+        source="stated rates (gpu-kernels.md), not yet calibrated on this code"),
+}
+
+
+def calibrate(rates: GpuRates, path: str) -> GpuRates:
+    """`rates` with what a calibration JSON (gpu_check's smoke writes one) measured:
+    {"elementwise_bytes_per_s": .., "gemm_flops_per_s": {"bf16": .., ...},
+    "kernel_s": .., "host_launch_s": .., "sync_s": .., "torch_tokens_per_s": ..}; keys
+    it lacks keep their stated values."""
+    with open(path) as f:
+        measured = json.load(f)
+    known = {"elementwise_bytes_per_s", "kernel_s", "host_launch_s", "sync_s",
+             "torch_tokens_per_s"}
+    changes = {k: float(v) for k, v in measured.items() if k in known and v is not None}
+    gemm = {**rates.gemm_flops_per_s, **{k: float(v) for k, v in
+                                        measured.get("gemm_flops_per_s", {}).items()}}
+    return replace(rates, gemm_flops_per_s=gemm, source=f"calibrated from {path}",
+                   **changes)
+
+
+# -- attribution ------------------------------------------------------------------------
+
+@contextmanager
+def attributed(log: shapes.Log, base: tuple):
+    """Label every launch inside with (part, layer, phase), by swapping the layer
+    modules' F, B and W functions for wrappers (the layers call each other through their
+    modules); restored on exit. `base` labels launches outside any layer."""
+    stack = []
+
+    def wrap(layer, phase, fn):
+        def wrapper(*args, **kwargs):
+            stack.append((layer, PHASES[phase]))
+            outer = stack[0][0]
+            log.label = (PARTS.get(outer, outer), layer, PHASES[phase])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                stack.pop()
+                if stack:
+                    inner = stack[-1]
+                    log.label = (PARTS.get(stack[0][0], stack[0][0]), *inner)
+                else:
+                    log.label = base
+        return wrapper
+
+    saved = [(module, phase, getattr(module, phase))
+             for module in LAYERS.values() for phase in PHASES]
+    log.label = base
+    for (module, phase, fn), layer in zip(saved, [n for n in LAYERS for _ in PHASES]):
+        setattr(module, phase, wrap(layer, phase, fn))
+    try:
+        yield
+    finally:
+        for module, phase, fn in saved:
+            setattr(module, phase, fn)
+
+
+@contextmanager
+def labelled(log: shapes.Log, label: tuple):
+    """Launches inside belong to `label` (the step's own work: zero_grad, optimizer)."""
+    log.label = label
+    try:
+        yield
+    finally:
+        log.label = ()
+
+
+def register_fused(log: shapes.Log, name: str, reads: int, writes: int, flops: int = 0,
+                   precision: str = ""):
+    """A fused kernel (a RawModule launch): one kernel with its declared traffic."""
+    kind = "gemm" if flops and precision else "fused"
+    log.launch(kind, name, reads, writes, flops, precision)
+
+
+# -- pricing ----------------------------------------------------------------------------
+
+def kernel_seconds(k: shapes.Kernel, rates: GpuRates) -> float:
+    """GPU time of one kernel: its FLOPs or its bytes at the rate of its kind, plus the
+    per-kernel cost."""
+    if k.kind == "gemm":
+        return k.flops / rates.gemm_flops_per_s[k.precision] + rates.kernel_s
+    return (k.reads + k.writes) / rates.elementwise_bytes_per_s + rates.kernel_s
+
+
+@dataclass
+class Tally:
+    """Launches, bytes, FLOPs and GPU seconds of a group of kernels."""
+
+    launches: int = 0
+    non_gemm_bytes: int = 0
+    gemm_bytes: int = 0
+    gemm_flops: dict = field(default_factory=dict)
+    gpu_s: float = 0.0
+    host_syncs: int = 0
+
+    def add(self, k: shapes.Kernel, seconds: float):
+        self.launches += 1
+        self.gpu_s += seconds
+        if k.kind == "gemm":
+            self.gemm_bytes += k.reads + k.writes
+            self.gemm_flops[k.precision] = self.gemm_flops.get(k.precision, 0) + k.flops
+        else:
+            self.non_gemm_bytes += k.reads + k.writes
+
+    def as_dict(self) -> dict:
+        return {"launches": self.launches, "non_gemm_bytes": self.non_gemm_bytes,
+                "gemm_bytes": self.gemm_bytes, "gemm_flops": dict(self.gemm_flops),
+                "gpu_s": self.gpu_s, "host_syncs": self.host_syncs}
+
+
+def timeline_seconds(log: shapes.Log, rates: GpuRates) -> tuple[float, float, float]:
+    """(step seconds, GPU seconds, host seconds): the host issues launches ahead of the
+    GPU until a synchronisation makes it wait, so each stretch between syncs takes the
+    longer of its GPU and host time, and every sync adds its latency."""
+    cuts = [before for _, before in log.syncs] + [len(log.kernels)]
+    total = gpu = host = 0.0
+    start = 0
+    for stop in cuts:
+        piece = log.kernels[start:stop]
+        g = sum(kernel_seconds(k, rates) for k in piece)
+        h = len(piece) * rates.host_launch_s
+        total += max(g, h)
+        gpu, host, start = gpu + g, host + h, stop
+    return total + len(log.syncs) * rates.sync_s, gpu, host
+
+
+# -- counting a step --------------------------------------------------------------------
+
+def count_step(cfg, idx, targets, microbatches: int = 1, dtype: str = "bfloat16",
+               tf32: bool = False) -> shapes.Log:
+    """The kernels of one training step on one stage holding the whole model: zero_grad,
+    F, B and W of each microbatch (idx, targets: (batch, T) host token arrays, cut into
+    `microbatches` equal parts), the tied head's gradient folded in, AdamW — what
+    `bench step` times. A first step warms up (constants, workspaces) uncounted. The
+    loss's `float()` and the final synchronisation are the caller's, not counted."""
+    from hpcpipe.model import Stage  # (model imports the layers; imported here, when used)
+    from hpcpipe.optim.adamw import AdamW, ParamShard
+
+    device = shapes.device(tf32)
+    be = Backend(xp=device, name="simgpu", device_id=0)
+    stage = Stage(cfg, dtype=dtype, seed=0, be=be)
+    opt = AdamW(ParamShard(stage.param_buffer), be, beta1=0.9, beta2=0.95, eps=1e-8,
+                weight_decay=0.1)
+    batch = idx.shape[0]
+    if batch % microbatches:
+        raise ValueError(f"batch {batch} does not split into {microbatches} microbatches")
+    size = batch // microbatches
+    parts = [(be.from_host(idx[i:i + size]), be.from_host(targets[i:i + size]))
+             for i in range(0, batch, size)]
+    for _warm_up_then_counted in range(2):
+        device.kernel_log.clear()
+        _one_step(stage, opt, parts, device.kernel_log)
+    return device.kernel_log
+
+
+def _one_step(stage, opt, parts, log):
+    with labelled(log, ("zero_grad", "zero_grad", "step")):
+        stage.zero_grad()
+    for mb, (x, y) in enumerate(parts):
+        # Outside the layers, the stage itself copies the logits to float32 and dlogits
+        # back (16-bit compute): the loss's share.
+        with attributed(log, ("loss", "stage", "F")):
+            stage.forward(mb, x, y, loss_scale=1.0 / len(parts))
+        with attributed(log, ("loss", "stage", "B")):
+            stage.backward_input(mb)
+        with attributed(log, ("loss", "stage", "W")):
+            stage.backward_weight(mb)
+    with labelled(log, ("tied_wte", "head", "W")):
+        stage.add_head_grad()
+    with labelled(log, ("optimizer", "adamw", "step")):
+        opt.step(stage.grad_buffer.data, 3e-3)
+
+
+# -- the summary ------------------------------------------------------------------------
+
+def summarise(log: shapes.Log, rates: GpuRates, tokens: int, microbatches: int = 1) -> dict:
+    """The step's totals and its tallies by (part, phase) and (layer, phase), priced at
+    `rates`; also what CUDA-graph capture of the stage's F, B and W would leave (one
+    graph launch per phase and microbatch instead of a launch per kernel — possible only
+    where no host synchronisation happens inside)."""
+    total, by_part, by_layer = Tally(), {}, {}
+    for k in log.kernels:
+        seconds = kernel_seconds(k, rates)
+        part, layer, phase = k.label
+        total.add(k, seconds)
+        by_part.setdefault((part, phase), Tally()).add(k, seconds)
+        by_layer.setdefault((layer, phase), Tally()).add(k, seconds)
+    for (part, layer, phase), _ in log.syncs:
+        total.host_syncs += 1
+        by_part.setdefault((part, phase), Tally()).host_syncs += 1
+        by_layer.setdefault((layer, phase), Tally()).host_syncs += 1
+    step_s, gpu_s, host_s = timeline_seconds(log, rates)
+    result = {
+        "launches": total.launches, "non_gemm_bytes": total.non_gemm_bytes,
+        "gemm_bytes": total.gemm_bytes, "host_syncs": total.host_syncs,
+        "gemm_flops": {p: total.gemm_flops.get(p, 0) for p in PRECISIONS
+                       if total.gemm_flops.get(p)},
+        "predicted_step_s": step_s, "gpu_s": gpu_s, "host_s": host_s,
+        "bound": "launches (host)" if host_s > gpu_s else "GPU",
+        "predicted_tokens_per_s": tokens / step_s,
+        "host_to_device_bytes": log.host_to_device,
+        "device_to_host_bytes": log.device_to_host,
+        "cuda_graphs": _graph_estimate(log, rates, microbatches),
+        "parts": [{"part": p, "phase": ph, **t.as_dict()} for (p, ph), t in by_part.items()],
+        "layers": [{"layer": lay, "phase": ph, **t.as_dict()}
+                   for (lay, ph), t in by_layer.items()],
+    }
+    return result
+
+
+def _graph_estimate(log, rates, microbatches: int) -> dict:
+    """The step if each microbatch's F, B and W of the stage ran as one captured CUDA
+    graph each: the GPU time stays, the host's launches inside the graphs collapse to
+    one per graph. Capture fails on a host synchronisation inside (they are listed)."""
+    outside = sum(1 for k in log.kernels if k.label[2] not in PHASES.values())
+    graphs = len(PHASES) * microbatches
+    gpu = sum(kernel_seconds(k, rates) for k in log.kernels)
+    host = (outside + graphs) * rates.host_launch_s
+    blockers = sorted({f"{part}/{layer} {phase}" for (part, layer, phase), _ in log.syncs
+                       if phase in PHASES.values()})
+    return {"graphs": graphs, "host_s": host, "gpu_s": gpu,
+            "predicted_step_s": max(gpu, host) + len(log.syncs) * rates.sync_s,
+            "capturable": not blockers, "blocked_by": blockers}

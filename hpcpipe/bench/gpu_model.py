@@ -1,0 +1,144 @@
+"""bench gpu-model: the GPU step predicted on a CPU — hpcpipe's GPU code path run on the
+shape-only device, every kernel counted as CuPy 14.2 launches it, priced at a GPU's
+rates (hpcpipe/bench/costmodel.py). A prediction, not a measurement: a device run
+(`make gpu-check`) measures the rates and writes a calibration file for --calibration.
+
+The JSON's top level holds the whole step's `launches`, `non_gemm_bytes`, `host_syncs`,
+`gemm_flops` (by precision) and `predicted_step_s`; `parts` and `layers` hold the same
+per (part or layer, phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from hpcpipe.util.arguments import integer
+from hpcpipe.device.dtypes import DTYPES
+from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.files import claim_file
+from hpcpipe.bench import costmodel
+from . import batches
+from .common import write_json
+from .step import CONFIGS, SMOKE
+
+EPILOG = """\
+examples:
+  python -m hpcpipe bench gpu-model                       # GPT-2 124M, batch 16 × 1024, bf16, H200
+  python -m hpcpipe bench gpu-model --microbatches 16     # 1-sequence microbatches (a pipeline's)
+  python -m hpcpipe bench gpu-model --tokens corpus --json gpu-model.json
+  python -m hpcpipe bench gpu-model --calibration bench/results/…-calibration.json"""
+
+PART_ORDER = ("zero_grad", "embedding", "blocks", "ln_f", "head", "loss", "tied_wte",
+              "optimizer")
+
+
+def add_parser(sub):
+    p = sub.add_parser("gpu-model", help="the GPU step predicted from counted kernels",
+                       description=__doc__, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=[*CONFIGS, "smoke"], default="gpt2",
+                   help="model shape (default gpt2: GPT-2 124M)")
+    p.add_argument("--batch", type=integer(1, 4096), default=16, help="sequences per step (16)")
+    p.add_argument("--microbatches", type=integer(1, 4096), default=1,
+                   help="microbatches the batch is cut into (1); F, B and W run per microbatch")
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype (bfloat16)")
+    p.add_argument("--tf32", action="store_true", help="2-D float32 GEMMs on TF32 (CUPY_TF32=1)")
+    p.add_argument("--tokens", choices=batches.TOKENS, default="uniform",
+                   help="how the tokens are drawn (uniform); the embedding gradient's rounds "
+                        "depend on them")
+    p.add_argument("--gpu", choices=sorted(costmodel.GPUS), default="h200")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="measured rates (JSON, from make gpu-check) replacing the stated ones")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
+    p.set_defaults(func=run_gpu_model)
+    return p
+
+
+def predict(args) -> dict:
+    """Count the step and price it; the result dict the table and the JSON show."""
+    cfg = SMOKE if args.model == "smoke" else CONFIGS[args.model]
+    if args.batch % args.microbatches:
+        raise HpcpipeError(f"bench gpu-model: --batch {args.batch} does not split into "
+                           f"--microbatches {args.microbatches}")
+    rates = costmodel.GPUS[args.gpu]
+    if args.calibration:
+        rates = costmodel.calibrate(rates, args.calibration)
+    idx, targets = batches.batch(args.tokens, cfg.vocab_size, args.batch, cfg.block_size)
+    log = costmodel.count_step(cfg, idx, targets, args.microbatches, args.dtype, args.tf32)
+    tokens = args.batch * cfg.block_size
+    cost = costmodel.summarise(log, rates, tokens, args.microbatches)
+    if rates.torch_tokens_per_s and (args.model, args.batch, args.dtype) == (
+            "gpt2", 16, "bfloat16"):  # the one setup PyTorch's figure is for
+        cost["vs_torch_eager"] = cost["predicted_tokens_per_s"] / rates.torch_tokens_per_s
+    setup = {"model": args.model, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
+             "n_head": cfg.n_head, "block_size": cfg.block_size,
+             "vocab_size": cfg.vocab_size, "batch": args.batch,
+             "microbatches": args.microbatches, "dtype": args.dtype, "tf32": args.tf32,
+             "tokens": args.tokens, "gpu": args.gpu}
+    return {"suite": "gpu_model", **cost, "setup": setup,
+            "rates": {**vars(rates)}, "counted_on": "shape-only device (CuPy 14.2 rules)"}
+
+
+def _rows(result, key, order):
+    """(name, {phase: tally}) in table order."""
+    rows = {}
+    for r in result[key]:
+        rows.setdefault(r[key[:-1]], {})[r["phase"]] = r
+    names = [n for n in order if n in rows] + sorted(n for n in rows if n not in order)
+    return [(n, rows[n]) for n in names]
+
+
+def print_table(result, out=print):
+    setup, n_layer = result["setup"], result["setup"]["n_layer"]
+    out(f"\nGPU step predicted on {result['rates']['name']} ({result['rates']['source']}): "
+        f"{setup['model']}, batch {setup['batch']} × {setup['block_size']} in "
+        f"{setup['microbatches']} microbatch(es), {setup['dtype']}, {setup['tokens']} tokens")
+    out("")
+    out("| part | phase | kernels | non-GEMM GB | GEMM TFLOP | host syncs | GPU ms |")
+    out("|---|---|---|---|---|---|---|")
+    for name, phases in _rows(result, "parts", PART_ORDER):
+        for phase, t in phases.items():
+            label = f"{name} (per block: {t['launches'] / n_layer:.0f} kernels)" \
+                if name == "blocks" else name
+            out(f"| {label} | {phase} | {t['launches']:,} | {t['non_gemm_bytes'] / 1e9:.1f} | "
+                f"{sum(t['gemm_flops'].values()) / 1e12:.2f} | {t['host_syncs']} | "
+                f"{t['gpu_s'] * 1e3:.1f} |")
+    flops = ", ".join(f"{p} {v / 1e12:.2f}" for p, v in result["gemm_flops"].items())
+    out(f"| **step** | | **{result['launches']:,}** | **{result['non_gemm_bytes'] / 1e9:.1f}** | "
+        f"{sum(result['gemm_flops'].values()) / 1e12:.2f} | {result['host_syncs']} | "
+        f"{result['gpu_s'] * 1e3:.1f} |")
+    out(f"GEMM TFLOP by precision: {flops}")
+    vs = result.get("vs_torch_eager")
+    out(f"predicted step: {result['predicted_step_s'] * 1e3:.1f} ms "
+        f"({result['bound']}-bound: GPU {result['gpu_s'] * 1e3:.1f} ms, host launches "
+        f"{result['host_s'] * 1e3:.1f} ms) ≈ {result['predicted_tokens_per_s']:,.0f} tokens/s"
+        + (f" ≈ {vs:.2f}× PyTorch eager" if vs else ""))
+    g = result["cuda_graphs"]
+    out(f"with the stage's F, B, W captured as CUDA graphs ({g['graphs']} graphs): "
+        f"{g['predicted_step_s'] * 1e3:.1f} ms"
+        + ("" if g["capturable"] else
+           f" — not capturable today: host syncs inside ({', '.join(g['blocked_by'])})"))
+
+
+def print_layers(result, out=print):
+    out("\nby layer (self: a block's GEMMs count under linear), kernels / non-GEMM GB:")
+    out("")
+    out("| layer | F | B | W |")
+    out("|---|---|---|---|")
+    for name, phases in _rows(result, "layers", ()):
+        cells = [f"{phases[ph]['launches']:,} / {phases[ph]['non_gemm_bytes'] / 1e9:.1f}"
+                 if ph in phases else "" for ph in ("F", "B", "W")]
+        if any(cells):
+            out(f"| {name} | {' | '.join(cells)} |")
+
+
+def run_gpu_model(args) -> int:
+    if args.json:
+        claim_file(args.json, args.force, "--json", make_folder=True)
+    result = predict(args)
+    print_table(result)
+    print_layers(result)
+    if args.json:
+        print(f"\nwrote {write_json(args.json, result)}")
+    return 0

@@ -3,7 +3,8 @@
 //
 // Storage dtype S and its compute dtype Acc<S>: bf16 and float32 compute in float32
 // (as the NumPy layers' `wide` does), float64 in float64 (the finite-difference tests).
-#pragma once
+#ifndef HPCPIPE_COMMON_CUH
+#define HPCPIPE_COMMON_CUH
 #include <cuda_bf16.h>
 
 typedef __nv_bfloat16 bf16;
@@ -75,3 +76,5 @@ template <int THREADS, typename A> __device__ __forceinline__ A block_max(A v, A
     v = lane < THREADS / WARP ? scratch[lane] : scratch[0];
     return warp_max(v);
 }
+
+#endif  // HPCPIPE_COMMON_CUH

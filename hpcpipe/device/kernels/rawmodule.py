@@ -55,7 +55,10 @@ class RawFunction:
         raise TypeError(f"{where}: {type(arg).__name__}; pass a device array or a NumPy "
                         f"scalar of the parameter's width (np.int32, np.float32, ...)")
 
-    def __call__(self, grid, block, args, *, shared_mem=0, stream=None):
+    def __call__(self, grid, block, args, *, shared_mem=0, enable_cooperative_groups=False):
+        if enable_cooperative_groups:
+            raise ValueError(f"{self.name}: cooperative launches are not supported by the "
+                             f"host build")
         if shared_mem:
             raise ValueError(f"{self.name}: dynamic shared memory is not supported by the "
                              f"host build (the kernels declare theirs statically)")

@@ -243,6 +243,9 @@ def case_cross_entropy(k, xp, name, B=2, T=5, V=300, pad=20, scale=0.5):
     losses_, dlogits_ = xp.empty(N, dtype=A), xp.empty((B, T, Vp), dtype=S)
     k_cross_entropy.fused(k, losses_, dlogits_, logits_, targets_, V, scale / N)
     d = host(dlogits_)
+    in_place_ = device(xp, logits)
+    k_cross_entropy.fused(k, losses_, in_place_, in_place_, targets_, V, scale / N)
+    assert np.array_equal(host(in_place_).view(np.uint8), d.view(np.uint8)), "in place"
     assert np.all(d[..., V:].astype(np.float64) == 0), "padding columns get dlogits 0"
     assert_close(d[..., :V], want_d, name, "dlogits")
     assert_close(host(losses_).mean(), want_loss, name, "loss", loose=2)

@@ -73,9 +73,11 @@ __device__ void cross_entropy_fused(typename Acc<S>::type* losses, S* dlogits, c
     const long long n = blockIdx.x;
     const S* row = logits + n * Vp;
     const long long target = targets[n];
+    // Read before row_stats' barriers: once past them other threads may overwrite the
+    // target's logit with its gradient (dlogits may be logits).
+    const A target_logit = threadIdx.x == 0 ? to_acc(row[target]) : (A)0;
     const RowStats<A> stats = row_stats(row, V);
-    if (threadIdx.x == 0)
-        losses[n] = log_acc(stats.total) + stats.top - to_acc(row[target]);
+    if (threadIdx.x == 0) losses[n] = log_acc(stats.total) + stats.top - target_logit;
     write_dlogits(dlogits + n * Vp, row, V, Vp, target, stats, dscale);
 }
 

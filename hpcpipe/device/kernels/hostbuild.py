@@ -40,7 +40,8 @@ class HostBuildError(RuntimeError):
 
 
 def compiler() -> str | None:
-    return os.environ.get(CXX_ENV) or shutil.which("g++")
+    """The host C++ compiler ($HPCPIPE_CXX, or g++ on the PATH), if it is there."""
+    return shutil.which(os.environ.get(CXX_ENV) or "g++")
 
 
 @functools.cache

@@ -142,8 +142,15 @@ inline void run_block(Block& b, dim3 block_dim) {
         f.wait = Wait::Run;
         f.phase = 0;
     }
-    for (;;) {
-        for (unsigned t = 0; t < threads; ++t) {
+    // Passes alternate between running the fibers first to last and last to first, and
+    // neighbouring blocks start the other way round, so that two threads racing between
+    // the same pair of barriers (one writing what the other reads) run in both orders in
+    // some block: such a race then shows up as a wrong number on the CPU, as it might on
+    // a GPU. (Deterministic: the same orders on every run.)
+    const unsigned parity = blockIdx.x + blockIdx.y + blockIdx.z;
+    for (unsigned pass = 0;; ++pass) {
+        for (unsigned i = 0; i < threads; ++i) {
+            const unsigned t = (pass + parity) % 2 ? threads - 1 - i : i;
             Fiber& f = b.fibers[t];
             if (f.wait != Wait::Run) continue;
             threadIdx = dim3(t % block_dim.x, t / block_dim.x % block_dim.y,

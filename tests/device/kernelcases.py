@@ -12,6 +12,7 @@ float32 round-off, bfloat16 within one rounding of each output.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import sys
 import types
@@ -34,8 +35,9 @@ from hpcpipe.device.kernels import layernorm as k_layernorm
 from hpcpipe.device.kernels.rawmodule import RawModule
 
 try:  # the layout the lead is moving to (hpcpipe/model/layers, hpcpipe/device/standin)
-    from hpcpipe.device import standin as devicesim
     from hpcpipe.model.layers import attention, embedding, gelu, layernorm, loss
+
+    from hpcpipe.device import standin as devicesim
 except ImportError:
     from hpcpipe import devicesim
     from hpcpipe.layers import attention, embedding, gelu, layernorm, loss
@@ -359,7 +361,7 @@ def case_gradnorm(k, xp, name):
     sizes = [1, 0, 17000, 300]  # the long one wraps the grid-stride loop (64 × 256)
     grad, _ = stored(rng.standard_normal(sum(sizes)), name)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    want = [np.sum(np.square(grad[a:b], dtype=np.float64)) for a, b in zip(offsets, offsets[1:])]
+    want = [np.sum(np.square(grad[a:b], dtype=np.float64)) for a, b in itertools.pairwise(offsets)]
     grad_, offsets_ = device(xp, grad), device(xp, offsets)
     sums_ = xp.empty(len(sizes), dtype=np.float64)
     partials_ = xp.empty(k_gradnorm.partials_shape(len(sizes)), dtype=np.float64)

@@ -16,10 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import kernelcases
 import numpy as np
 import pytest
 
-import kernelcases
 from hpcpipe.device.kernels import SOURCES, Kernels, compilecheck, hostbuild, source_text
 from hpcpipe.device.kernels import gelu as k_gelu
 from hpcpipe.device.kernels import layernorm as k_layernorm
@@ -111,27 +111,34 @@ def test_sanitizer_catches_an_out_of_bounds_write():
     """The sanitized build is not a no-op: a kernel writing one past its array fails."""
     code = ('extern "C" __global__ void __launch_bounds__(32) past(float* out, int n) {\n'
             '    out[threadIdx.x + (threadIdx.x == 31 ? 1 : 0)] = 1.0f; }\n')
-    script = ("import numpy as np, sys\n"
-              "sys.path.insert(0, %r)\n"
-              "import kernelcases\n"
-              "from hpcpipe.device.kernels.rawmodule import RawModule\n"
-              "xp = kernelcases.devicesim.device()\n"
-              "out = xp.zeros(32, dtype=np.float32)\n"
-              "RawModule(code=%r, sanitize=True).get_function('past')((1,), (32,), "
-              "(out, np.int32(32)))\n" % (str(Path(kernelcases.__file__).parent), code))
+    script = _launch_script(code, "past", "xp.zeros(32, dtype=np.float32), np.int32(32)",
+                            sanitize=True)
     done = _sanitized([sys.executable, "-c", script])
     assert done.returncode != 0 and "heap-buffer-overflow" in done.stderr, done.stderr[-3000:]
 
 
+def _launch_script(code: str, kernel: str, args: str, sanitize: bool = False) -> str:
+    """Python that launches `kernel` of `code` once, one block of 32, through the double."""
+    return "\n".join([
+        "import numpy as np, sys",
+        f"sys.path.insert(0, {str(Path(kernelcases.__file__).parent)!r})",
+        "import kernelcases",
+        "from hpcpipe.device.kernels.rawmodule import RawModule",
+        "xp = kernelcases.devicesim.device()",
+        (f"RawModule(code={code!r}, sanitize={sanitize}).get_function({kernel!r})"
+         f"((1,), (32,), ({args}))"), ""])
+
+
 def _sanitized(command):
     runtime = subprocess.run([hostbuild.compiler(), "-print-file-name=libasan.so"],
-                             capture_output=True, text=True).stdout.strip()
+                             capture_output=True, text=True, check=True).stdout.strip()
     env = dict(os.environ, LD_PRELOAD=runtime,
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=0",
                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
                PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                            os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600,
+                          check=False)
 
 
 # -- the RawModule double -----------------------------------------------------------------
@@ -204,14 +211,9 @@ def test_a_deadlocked_barrier_is_reported_not_hung():
             '    if (threadIdx.x < 16) v = __shfl_xor_sync(0xffffffffu, v, 1);\n'
             '    __syncthreads();\n'
             '    out[threadIdx.x] = v; }\n')
-    script = ("import numpy as np, sys\nsys.path.insert(0, %r)\nimport kernelcases\n"
-              "from hpcpipe.device.kernels.rawmodule import RawModule\n"
-              "xp = kernelcases.devicesim.device()\n"
-              "RawModule(code=%r).get_function('split')((1,), (32,), "
-              "(xp.zeros(32, dtype=np.float32),))\n"
-              % (str(Path(kernelcases.__file__).parent), code))
+    script = _launch_script(code, "split", "xp.zeros(32, dtype=np.float32),")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, PYTHONPATH=str(
+                          timeout=300, check=False, env=dict(os.environ, PYTHONPATH=str(
                               Path(__file__).resolve().parents[2])))
     assert done.returncode != 0 and "cannot proceed" in done.stderr, done.stderr[-2000:]
 

@@ -151,7 +151,7 @@ class Kernels:
         self._modules: dict = {}
 
     @classmethod
-    def for_library(cls, xp) -> "Kernels":
+    def for_library(cls, xp) -> Kernels:
         """CuPy's RawModule for CuPy, the host-build double for anything else (the device
         stand-in)."""
         if hasattr(xp, "RawModule"):

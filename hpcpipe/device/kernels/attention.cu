@@ -71,7 +71,8 @@ __device__ __forceinline__ void load_tile(A* tile, const S* base, int t0, int ro
                                           long long row_stride, int HS, A scale) {
     for (int e = threadIdx.x; e < rows * HS; e += ATT_THREADS) {
         const int j = e / HS, d = e % HS;
-        tile[j * ATT_MAX_HS + d] = t0 + j < T ? to_acc(base[(t0 + j) * row_stride + d]) * scale : (A)0;
+        tile[j * ATT_MAX_HS + d] =
+            t0 + j < T ? to_acc(base[(t0 + j) * row_stride + d]) * scale : (A)0;
     }
 }
 
@@ -105,8 +106,10 @@ __device__ void attention_forward(S* y, typename Acc<S>::type* lse, const S* qkv
             total = total * shrink + p;
             const int lane = threadIdx.x % WARP;
 #pragma unroll
-            for (int k = 0; k < ATT_LANE_DIMS; ++k)
-                acc[k] = acc[k] * shrink + p * (lane + k * WARP < HS ? values[j * ATT_MAX_HS + lane + k * WARP] : (A)0);
+            for (int k = 0; k < ATT_LANE_DIMS; ++k) {
+                const int d = lane + k * WARP;
+                acc[k] = acc[k] * shrink + p * (d < HS ? values[j * ATT_MAX_HS + d] : (A)0);
+            }
             top = new_top;
         }
     }
@@ -225,16 +228,16 @@ __device__ void attention_backward_dkv(S* dqkv, const S* dy, const S* qkv,
 }
 
 #define ATTENTION_KERNELS(S, A, suffix)                                                     \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS) attention_forward_##suffix(   \
-        S* y, A* lse, const S* qkv, int T, int NH, int HS) {                                \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS)               \
+        attention_forward_##suffix(S* y, A* lse, const S* qkv, int T, int NH, int HS) {     \
         attention_forward<S>(y, lse, qkv, T, NH, HS);                                       \
     }                                                                                       \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS)                               \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS)               \
         attention_backward_dq_##suffix(S* dqkv, A* dd, const S* dy, const S* y,             \
                                        const S* qkv, const A* lse, int T, int NH, int HS) { \
         attention_backward_dq<S>(dqkv, dd, dy, y, qkv, lse, T, NH, HS);                     \
     }                                                                                       \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS)                               \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS)               \
         attention_backward_dkv_##suffix(S* dqkv, const S* dy, const S* qkv, const A* lse,   \
                                         const A* dd, int T, int NH, int HS) {               \
         attention_backward_dkv<S>(dqkv, dy, qkv, lse, dd, T, NH, HS);                       \

@@ -90,7 +90,7 @@ def with_nvcc(name: str, arch: str = ARCH, code: str | None = None) -> dict[str,
         source.write_text(source_text(name) if code is None else code)
         done = subprocess.run([compiler, f"-arch={arch}", "-cubin", "-Xptxas", "-v",
                                *options(name), "-o", str(Path(work) / f"{name}.cubin"),
-                               str(source)], capture_output=True, text=True)
+                               str(source)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise CompileError(f"nvcc {name}.cu:\n{done.stderr}")
     return parse_ptxas(done.stderr)

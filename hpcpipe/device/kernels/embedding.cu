@@ -24,7 +24,8 @@ __device__ void embedding_backward_wte(G* dwte, const S* dx, const long long* id
     const long long token = idx[order[p]];
     if (c >= C || (p > 0 && idx[order[p - 1]] == token) || token < 0 || token >= V) return;
     G sum = to_acc(dx[order[p] * C + c]);
-    for (long long q = p + 1; q < N && idx[order[q]] == token; ++q) sum += to_acc(dx[order[q] * C + c]);
+    for (long long q = p + 1; q < N && idx[order[q]] == token; ++q)
+        sum += to_acc(dx[order[q] * C + c]);
     dwte[token * C + c] += sum;
 }
 

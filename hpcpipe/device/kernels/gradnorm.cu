@@ -32,7 +32,8 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCKS)
     grad_sumsq_finish(double* sums, const double* partials) {
     __shared__ double scratch[WARP];
     const int k = blockIdx.x;
-    const double total = block_sum<NORM_BLOCKS>(partials[(long long)k * NORM_BLOCKS + threadIdx.x], scratch);
+    const double total =
+        block_sum<NORM_BLOCKS>(partials[(long long)k * NORM_BLOCKS + threadIdx.x], scratch);
     if (threadIdx.x == 0) sums[k] = total;
 }
 

@@ -3,8 +3,9 @@
 #   make run                 set up .venv, then train inputs/tiny.toml on the stdlib corpus
 #                            as a pipeline of NP stages, one MPI rank (and core) each
 #   make test                set up .venv, then run the whole test suite (and its device
-#                            tests again on the device stand-in); REQUIRE=mpi,slurm makes
-#                            a missing MPI launcher or Slurm fail the tests it skips (CI)
+#                            tests again on the device stand-in); REQUIRE=mpi,slurm,cuda
+#                            makes a missing MPI launcher, Slurm or CUDA toolchain (nvcc,
+#                            NVRTC, the kernels' headers) fail the tests it skips (CI)
 #   make bench               add the bench extra (PyTorch, matplotlib), run every benchmark
 #                            suite and write bench/results/<machine>-<date>.{json,md,png}
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)

@@ -1,5 +1,6 @@
-"""What a test run may not do without: `pytest --require mpi,slurm` (CI's choice) turns the
-skip of a test whose MPI launcher or Slurm is missing into a failure, so that a broken
+"""What a test run may not do without: `pytest --require mpi,slurm,cuda` (CI's choice)
+turns the skip of a test whose MPI launcher, Slurm or CUDA toolchain (nvcc, NVRTC, the
+CUDA headers for the kernels' host build) is missing into a failure, so that a broken
 install cannot pass by skipping.
 
 conftest.py publishes the choice in the environment (as devices.py does the device), so
@@ -11,7 +12,7 @@ import os
 import pytest
 
 ENV = "HPCPIPE_TEST_REQUIRE"  # comma-separated kinds, as given to --require
-KINDS = ("mpi", "slurm")
+KINDS = ("mpi", "slurm", "cuda")
 
 
 def parse(text: str) -> tuple[str, ...]:

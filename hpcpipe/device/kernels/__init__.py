@@ -1,0 +1,171 @@
+"""Fused CUDA kernels for the GPU path: the `.cu` sources, and the loader that makes them
+launchable through a `RawModule` — CuPy's on a GPU, `rawmodule.RawModule` (the host build
+of the same source) on the device stand-in.
+
+    kernels = Kernels.for_library(xp)          # once per backend
+    layernorm.forward(kernels, y, mean, rstd, x, weight, bias, residual=r, xsum=x1)
+
+Each family has a module of launch functions, one per kernel, taking CuPy-like arrays
+(outputs first, then inputs, then optional ones; C-contiguous; any of float32, float64,
+bfloat16 where the storage dtype S is free, A = float32 for 16-bit and float32 storage,
+float64 for float64). None of them synchronises or copies: they only launch.
+
+  layernorm (layernorm.cu), N rows of C channels, x (..., C):
+    forward(k, y, mean, rstd, x, weight, bias, residual=None, xsum=None)
+        xsum = x + residual (rounded to S) when residual is given, y = LN(xsum or x);
+        y, xsum (N, C) S; mean, rstd (N,) A; weight, bias (C,) S. Grid (N), block 256.
+    backward(k, dx, dy, x, mean, rstd, weight, dresidual=None)
+        dx = LN'(dy) (+ dresidual); x is F's normalised input (xsum with a residual);
+        dx may be dresidual. Grid (N), block 256.
+    backward_weight(k, dweight, dbias, partials, dy, x, mean, rstd)
+        dweight, dbias (C,) A accumulated (+=); partials (LN_CHUNKS, 2, C) A, a
+        workspace (`partials_shape`). Two launches: grid (ceil(C/256), 32), then (ceil(C/256)).
+        Run it before `backward` if dx is dy.
+  gelu (gelu.cu), n elements:
+    forward(k, y, x);  backward(k, dx, dy, x)    dx may be dy. Grid (ceil(n/256)), 256.
+  attention (attention.cu), B, T, NH, HS (a multiple of 32, at most 128):
+    forward(k, y, lse, qkv, n_head)              qkv (B, T, 3C) S as c_attn writes it;
+        y (B, T, C) S; lse (B, NH, T) A.
+    backward(k, dqkv, dd, dy, y, qkv, lse, n_head)   dqkv (B, T, 3C) S; dd (B, NH, T) A a
+        workspace; two launches (dq, then dk and dv). Grid (ceil(T/8), NH, B), block 256.
+  cross_entropy (cross_entropy.cu), N rows, V columns held here in rows of stride Vp:
+    fused(k, losses, dlogits, logits, targets, vocab, dscale)
+        losses (N,) A; dlogits, logits (N, Vp) S (dlogits may be logits); targets (N,)
+        int64; vocab: the real V (columns [V, Vp) are padding: masked, dlogits 0);
+        dscale = scale / N. Grid (N), block 256.
+    partials(k, out, logits, targets, vocab, first, shard)  out (shards, N, 3) A: this
+        vocabulary shard's (max, sum exp, target logit) rows; all-gather them, then
+    backward(k, losses, dlogits, logits, targets, gathered, vocab, first, dscale).
+  embedding (embedding.cu):
+    backward_wte(k, dwte, dx, idx, order)        idx (B, T) int64 (a vocabulary shard's
+        local ids; ones outside [0, V) are skipped); order (B·T,) int64 =
+        xp.argsort(idx.reshape(-1), kind="stable"); dwte (V, C) G (+=). Grid (B·T, ceil(C/128)).
+    backward_wpe(k, dwpe, dx)                    dwpe (>= T, C) G (+= rows [0, T)).
+  adamw (adamw.cu):
+    step(k, master, m, v, grad, mask, copy, t, lr, beta1, beta2, eps, weight_decay,
+         grad_scale)                             all (n,) float32 (or float64), copy (n,)
+        bfloat16 or None; t the step count after this one (Adam's bias correction).
+  gradnorm (gradnorm.cu):
+    sums_of_squares(k, sums, partials, grad, offsets)   sums (K,) float64 for the pieces
+        grad[offsets[i]:offsets[i+1]]; partials (K, 64) float64 a workspace; one `get()`
+        of sums brings every piece's sum home.
+
+Determinism: no kernel uses atomics; every sum runs in an order fixed by the code (warp
+butterflies, fixed chunk counts), never by the device's size or timing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+FOLDER = Path(__file__).resolve().parent
+DTYPES = ("bf16", "f32", "f64")  # kernel-name suffixes of the storage dtypes
+COMMON_OPTIONS = ("--std=c++17",)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One `.cu` file: the kernels it defines (extern "C" names) and the options it needs
+    beyond COMMON_OPTIONS."""
+
+    name: str
+    kernels: tuple[str, ...]
+    options: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> Path:
+        return FOLDER / f"{self.name}.cu"
+
+
+def _typed(*stems: str, dtypes=DTYPES) -> tuple[str, ...]:
+    return tuple(f"{stem}_{d}" for stem in stems for d in dtypes)
+
+
+SOURCES = {s.name: s for s in (
+    Source("layernorm", _typed("layernorm_forward", "layernorm_backward",
+                               "layernorm_weight_partials")
+           + _typed("layernorm_weight_finish", dtypes=("f32", "f64"))),
+    Source("gelu", _typed("gelu_forward", "gelu_backward")),
+    Source("attention", _typed("attention_forward", "attention_backward_dq",
+                               "attention_backward_dkv")),
+    Source("cross_entropy", _typed("cross_entropy_fused", "cross_entropy_partials",
+                                   "cross_entropy_backward")),
+    Source("embedding", _typed("embedding_backward_wte", "embedding_backward_wpe")),
+    # No contracted multiply-adds: the update's bits are NumPy's (see adamw.cu).
+    Source("adamw", ("adamw_f32", "adamw_f64"), ("--fmad=false",)),
+    Source("gradnorm", _typed("grad_sumsq_partials") + ("grad_sumsq_finish",)),
+)}
+
+_INCLUDE = re.compile(r'^#include "([\w.]+)"\s*$', re.MULTILINE)
+
+
+def source_text(name: str) -> str:
+    """The code of SOURCES[name] with its local includes ("common.cuh") inlined, as one
+    string: what RawModule compiles. (CuPy's compile cache keys on the code string, so a
+    header passed by -I could change without recompiling; inlined it cannot.)"""
+    seen: set[str] = set()
+
+    def expand(path: Path) -> str:
+        def include(match):
+            header = match.group(1)
+            if header in seen:
+                return ""
+            seen.add(header)
+            return expand(FOLDER / header)
+        return _INCLUDE.sub(include, path.read_text())
+
+    return expand(SOURCES[name].path)
+
+
+def options(name: str) -> tuple[str, ...]:
+    return COMMON_OPTIONS + SOURCES[name].options
+
+
+def constant(name: str, macro: str) -> int:
+    """An integer `#define` of a source (block sizes, chunk counts): one number, one place."""
+    match = re.search(rf"^#define {macro} (\d+)\b", source_text(name), re.MULTILINE)
+    if match is None:
+        raise KeyError(f"{SOURCES[name].path.name} defines no integer {macro}")
+    return int(match.group(1))
+
+
+def suffix(dtype) -> str:
+    """The kernel-name suffix of a storage dtype."""
+    names = {"bfloat16": "bf16", "float32": "f32", "float64": "f64"}
+    name = getattr(dtype, "name", str(dtype))
+    if name not in names:
+        raise TypeError(f"no kernel for dtype {name}; the kernels take "
+                        f"{', '.join(names)}")
+    return names[name]
+
+
+class Kernels:
+    """The kernels of one array library, each source compiled once, on first use.
+
+    raw_module: a class with CuPy's `RawModule(code=..., options=...)` interface."""
+
+    def __init__(self, raw_module):
+        self._raw_module = raw_module
+        self._modules: dict = {}
+
+    @classmethod
+    def for_library(cls, xp) -> Kernels:
+        """CuPy's RawModule for CuPy, the host-build double for anything else (the device
+        stand-in)."""
+        if hasattr(xp, "RawModule"):
+            return cls(xp.RawModule)
+        from .rawmodule import RawModule
+        return cls(RawModule)
+
+    def module(self, name: str):
+        if name not in self._modules:
+            self._modules[name] = self._raw_module(code=source_text(name),
+                                                   options=options(name))
+        return self._modules[name]
+
+    def function(self, source: str, kernel: str):
+        if kernel not in SOURCES[source].kernels:
+            raise KeyError(f"{source}.cu has no kernel {kernel}")
+        return self.module(source).get_function(kernel)

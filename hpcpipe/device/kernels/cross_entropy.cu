@@ -1,0 +1,149 @@
+// Cross-entropy from logits, fused with its gradient: each row's maximum and sum of
+// exponentials are taken in one online pass over the logits as stored (bf16 stays bf16 in
+// memory, arithmetic in float), and the same block then writes the row's dlogits
+// (softmax - onehot) · dscale — the full probabilities never exist. The formulas are
+// hpcpipe/layers/loss.py's: loss_row = log(sum exp(x - max)) + max - x[target].
+//
+// A vocabulary shard (tensor parallelism) holds columns [v0, v0 + V): it writes its
+// partials (max, sum exp(x - max), the target's logit or 0), the shards all-gather them,
+// and each finishes its own columns from everybody's, combined in shard order (the same
+// bits on every shard). One shard alone uses the fused kernel, which reads the row once
+// from memory (the second read, for dlogits, is the block's own recent row, from cache).
+//
+// Shapes: N rows (B·T), V columns held here, Vp >= V the row stride (padded vocabulary:
+// columns [V, Vp) are excluded from the softmax and get dlogits 0), shards; A = Acc<S>.
+//   logits, dlogits (N, Vp) S   dlogits may be logits itself (each element is read first)
+//   targets (N,) int64          ids in the full vocabulary
+//   losses (N,) A               per row; the loss is their mean
+//   partials (shards, N, 3) A   this shard's block: [shard][row] = (max, sum, target logit)
+// dscale: scale / N_total, the factor on (softmax - onehot) (gradient accumulation's 1/k).
+// Launch: grid (N), block CE_THREADS.
+#include "common.cuh"
+
+#define CE_THREADS 256
+
+template <typename A> struct RowStats {
+    A top, total;  // total = sum of exp(x - top)
+};
+
+template <typename S>
+__device__ __forceinline__ RowStats<typename Acc<S>::type> row_stats(const S* row, int V) {
+    typedef typename Acc<S>::type A;
+    __shared__ A scratch[WARP];
+    A top = -HP_INFINITY, total = 0;
+    for (int c = threadIdx.x; c < V; c += CE_THREADS) {  // online: one read of each logit
+        const A x = to_acc(row[c]);
+        if (x > top) {
+            total = total * exp_acc(top - x) + (A)1;
+            top = x;
+        } else {
+            total += exp_acc(x - top);
+        }
+    }
+    RowStats<A> stats;
+    stats.top = block_max<CE_THREADS>(top, scratch);
+    // A thread that saw no column has top -inf and total 0: it adds nothing.
+    const A mine = total == (A)0 ? (A)0 : total * exp_acc(top - stats.top);
+    stats.total = block_sum<CE_THREADS>(mine, scratch);
+    return stats;
+}
+
+template <typename S>
+__device__ __forceinline__ void write_dlogits(S* drow, const S* row, int V, int Vp,
+                                              long long local_target,
+                                              RowStats<typename Acc<S>::type> stats,
+                                              typename Acc<S>::type dscale) {
+    typedef typename Acc<S>::type A;
+    for (int c = threadIdx.x; c < Vp; c += CE_THREADS) {
+        A g = 0;
+        if (c < V) {
+            g = exp_acc(to_acc(row[c]) - stats.top) / stats.total;
+            if (c == local_target) g -= (A)1;
+            g *= dscale;
+        }
+        drow[c] = from_acc<S>(g);
+    }
+}
+
+template <typename S>
+__device__ void cross_entropy_fused(typename Acc<S>::type* losses, S* dlogits, const S* logits,
+                                    const long long* targets, int V, int Vp,
+                                    typename Acc<S>::type dscale) {
+    typedef typename Acc<S>::type A;
+    const long long n = blockIdx.x;
+    const S* row = logits + n * Vp;
+    const long long target = targets[n];
+    // Read before row_stats' barriers: once past them other threads may overwrite the
+    // target's logit with its gradient (dlogits may be logits).
+    const A target_logit = threadIdx.x == 0 ? to_acc(row[target]) : (A)0;
+    const RowStats<A> stats = row_stats(row, V);
+    if (threadIdx.x == 0) losses[n] = log_acc(stats.total) + stats.top - target_logit;
+    write_dlogits(dlogits + n * Vp, row, V, Vp, target, stats, dscale);
+}
+
+template <typename S>
+__device__ void cross_entropy_partials(typename Acc<S>::type* partials, const S* logits,
+                                       const long long* targets, int N, int V, int Vp,
+                                       long long v0, int shard) {
+    typedef typename Acc<S>::type A;
+    const long long n = blockIdx.x;
+    const S* row = logits + n * Vp;
+    const RowStats<A> stats = row_stats(row, V);
+    if (threadIdx.x == 0) {
+        const long long local = targets[n] - v0;
+        A* out = partials + ((long long)shard * N + n) * 3;
+        out[0] = stats.top;
+        out[1] = stats.total;
+        out[2] = local >= 0 && local < V ? to_acc(row[local]) : (A)0;
+    }
+}
+
+// From all shards' partials (shards, N, 3): this shard's losses and dlogits.
+template <typename S>
+__device__ void cross_entropy_backward(typename Acc<S>::type* losses, S* dlogits,
+                                       const S* logits, const long long* targets,
+                                       const typename Acc<S>::type* partials, int shards, int N,
+                                       int V, int Vp, long long v0, typename Acc<S>::type dscale) {
+    typedef typename Acc<S>::type A;
+    const long long n = blockIdx.x;
+    RowStats<A> stats;
+    stats.top = -HP_INFINITY;
+    for (int k = 0; k < shards; ++k) {
+        const A top = partials[((long long)k * N + n) * 3];
+        stats.top = top > stats.top ? top : stats.top;
+    }
+    stats.total = 0;
+    A target_logit = 0;  // held by exactly one shard; the others add exact zeros
+    for (int k = 0; k < shards; ++k) {  // in shard order: every shard gets the same bits
+        const A* p = partials + ((long long)k * N + n) * 3;
+        if (p[1] != (A)0) stats.total += p[1] * exp_acc(p[0] - stats.top);
+        target_logit += p[2];
+    }
+    if (threadIdx.x == 0) losses[n] = log_acc(stats.total) + stats.top - target_logit;
+    write_dlogits(dlogits + n * Vp, logits + n * Vp, V, Vp, targets[n] - v0, stats, dscale);
+}
+
+#define CROSS_ENTROPY_KERNELS(S, A, suffix)                                                  \
+    extern "C" __global__ void __launch_bounds__(CE_THREADS) cross_entropy_fused_##suffix(   \
+        A* losses, S* dlogits, const S* logits, const long long* targets, int V, int Vp,     \
+        A dscale) {                                                                          \
+        cross_entropy_fused<S>(losses, dlogits, logits, targets, V, Vp, dscale);             \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(CE_THREADS)                                 \
+        cross_entropy_partials_##suffix(A* partials, const S* logits,                        \
+                                        const long long* targets, int N, int V, int Vp,      \
+                                        long long v0, int shard) {                           \
+        cross_entropy_partials<S>(partials, logits, targets, N, V, Vp, v0, shard);           \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(CE_THREADS)                                 \
+        cross_entropy_backward_##suffix(A* losses, S* dlogits, const S* logits,              \
+                                        const long long* targets, const A* partials,         \
+                                        int shards, int N, int V, int Vp, long long v0,      \
+                                        A dscale) {                                          \
+        cross_entropy_backward<S>(losses, dlogits, logits, targets, partials, shards, N, V,  \
+                                  Vp, v0, dscale);                                           \
+    }
+
+CROSS_ENTROPY_KERNELS(bf16, float, bf16)
+CROSS_ENTROPY_KERNELS(float, float, f32)
+CROSS_ENTROPY_KERNELS(double, double, f64)

@@ -1,0 +1,390 @@
+"""Each fused kernel against hpcpipe's NumPy layers, on small shapes, through the
+RawModule double on device stand-in arrays: plain functions, so that test_kernels.py runs
+them under pytest and, in a subprocess with the sanitizer runtime preloaded, runs them
+them again on the AddressSanitizer build (`python kernelcases.py --sanitize`).
+
+Each case takes (kernels, xp, dtype name) and raises AssertionError on a mismatch. The
+reference is always the NumPy layer in float64 on the inputs as stored (rounded to the
+dtype first), so what is compared is the kernel's own error: float64 tight, float32 to
+float32 round-off, bfloat16 within one rounding of each output.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import sys
+import types
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from hpcpipe.device.kernels import Kernels
+from hpcpipe.device.kernels import adamw as k_adamw
+from hpcpipe.device.kernels import attention as k_attention
+from hpcpipe.device.kernels import cross_entropy as k_cross_entropy
+from hpcpipe.device.kernels import embedding as k_embedding
+from hpcpipe.device.kernels import gelu as k_gelu
+from hpcpipe.device.kernels import gradnorm as k_gradnorm
+from hpcpipe.device.kernels import layernorm as k_layernorm
+from hpcpipe.device.kernels.rawmodule import RawModule
+
+from hpcpipe.device import standin as devicesim
+from hpcpipe.model.layers import attention, embedding, gelu, layernorm, loss
+from hpcpipe.optim.adamw import AdamW, ParamShard
+
+DTYPES = ("float64", "float32", "bfloat16")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def storage(name: str) -> np.dtype:
+    return BF16 if name == "bfloat16" else np.dtype(name)
+
+
+def accumulation(name: str) -> np.dtype:
+    return np.dtype(np.float64 if name == "float64" else np.float32)
+
+
+def stored(a, name):
+    """`a` rounded to the storage dtype, and that value in float64 (the reference's input)."""
+    s = np.asarray(a).astype(storage(name))
+    return s, s.astype(np.float64)
+
+
+def assert_close(got, want, name: str, what: str, loose: float = 1.0):
+    """Within the dtype's error for one rounding of each output (bf16: one ulp of the
+    value), plus round-off of the compute dtype relative to the largest value; `loose`
+    widens the compute part for long sums."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    scale = float(np.max(np.abs(want))) or 1.0
+    relative, absolute = {"float64": (1e-12, 1e-12), "float32": (2e-6, 2e-6),
+                          "bfloat16": (2.0 ** -8, 2e-5)}[name]
+    bound = relative * np.abs(want) + absolute * loose * scale
+    worst = np.max(np.abs(got - want) - bound)
+    assert worst <= 0, (f"{what} ({name}): off by {np.max(np.abs(got - want)):.3g}, "
+                        f"bound {np.max(bound):.3g} at the worst element")
+
+
+def device(xp, a):
+    return xp.asarray(np.ascontiguousarray(a))
+
+
+def host(a):
+    return a.get()
+
+
+# -- layernorm ----------------------------------------------------------------------------
+
+def case_layernorm(k, xp, name, B=3, T=5, C=80):
+    """F with the residual add, B with the residual gradient, W accumulated."""
+    rng = np.random.default_rng(1)
+    S, A = storage(name), accumulation(name)
+    x, _ = stored(rng.standard_normal((B, T, C)), name)
+    r, _ = stored(rng.standard_normal((B, T, C)) * 0.5, name)
+    w, w64 = stored(1 + 0.1 * rng.standard_normal(C), name)
+    b, b64 = stored(0.1 * rng.standard_normal(C), name)
+    dy, dy64 = stored(rng.standard_normal((B, T, C)), name)
+    dres, dres64 = stored(rng.standard_normal((B, T, C)), name)
+    xsum_want = (x + r).astype(S)  # the block's `x1 += x`, in the storage dtype
+    want_y, cache = layernorm.forward(xsum_want.astype(np.float64), {"weight": w64, "bias": b64})
+    want_dx = layernorm.backward_input(dy64, cache) + dres64
+    want_dw, want_db = cache["dparams"]
+
+    N = B * T
+    dx_, r_, w_, b_ = (device(xp, a) for a in (x, r, w, b))
+    y_, xsum_ = xp.empty((B, T, C), dtype=S), xp.empty((B, T, C), dtype=S)
+    mean_, rstd_ = xp.empty(N, dtype=A), xp.empty(N, dtype=A)
+    k_layernorm.forward(k, y_, mean_, rstd_, dx_, w_, b_, residual=r_, xsum=xsum_)
+    assert np.array_equal(host(xsum_).view(np.uint8), xsum_want.view(np.uint8)), "xsum"
+    assert_close(host(y_), want_y, name, "layernorm y")
+
+    dy_, dres_ = device(xp, dy), device(xp, dres)
+    start = rng.standard_normal((2, C)).astype(A)  # gradients accumulate onto these
+    dw_, db_ = device(xp, start[0]), device(xp, start[1])
+    partials_ = xp.empty(k_layernorm.partials_shape(C), dtype=A)
+    k_layernorm.backward_weight(k, dw_, db_, partials_, dy_, xsum_, mean_, rstd_)
+    k_layernorm.backward(k, dres_, dy_, xsum_, mean_, rstd_, w_, dresidual=dres_)  # in place
+    assert_close(host(dres_), want_dx, name, "layernorm dx")
+    assert_close(host(dw_), start[0] + want_dw, name, "layernorm dweight", loose=4)
+    assert_close(host(db_), start[1] + want_db, name, "layernorm dbias", loose=4)
+
+    # Without a residual: y of x itself.
+    want_plain, _ = layernorm.forward(x.astype(np.float64), {"weight": w64, "bias": b64})
+    k_layernorm.forward(k, y_, mean_, rstd_, dx_, w_, b_)
+    assert_close(host(y_), want_plain, name, "layernorm y without residual")
+
+
+# -- gelu ---------------------------------------------------------------------------------
+
+def case_gelu(k, xp, name, shape=(3, 7, 50)):
+    rng = np.random.default_rng(2)
+    x, x64 = stored(rng.standard_normal(shape) * 3, name)
+    x.reshape(-1)[:4] = np.array([-60.0, 60.0, 0.0, -1e-3]).astype(x.dtype)  # the cap, 0
+    x64 = x.astype(np.float64)
+    dy, dy64 = stored(rng.standard_normal(shape), name)
+    want_y, cache = gelu.forward(x64)
+    want_dx = gelu.backward_input(dy64, cache)
+    x_, dy_ = device(xp, x), device(xp, dy)
+    y_ = xp.empty(shape, dtype=x.dtype)
+    k_gelu.forward(k, y_, x_)
+    assert_close(host(y_), want_y, name, "gelu y")
+    k_gelu.backward(k, dy_, dy_, x_)  # in place, as B may run it
+    assert_close(host(dy_), want_dx, name, "gelu dx")
+
+
+# -- attention ----------------------------------------------------------------------------
+
+def attention_core(qkv, n_head, dy, stored_y=None):
+    """softmax(q k^T / sqrt(HS) + mask) v and its gradients, float64, written out in full:
+    the reference for rounded inputs (checked against the layer by case_attention_layer).
+    stored_y: y as F stored it (rounded), from which B takes dy_i · y_i, as the kernel
+    (and any flash attention) does; None: from the exact probabilities."""
+    B, T, C3 = qkv.shape
+    HS = C3 // 3 // n_head
+    parts = qkv.reshape(B, T, 3, n_head, HS).transpose(2, 0, 3, 1, 4)  # (3, B, NH, T, HS)
+    q, kk, v = parts[0] / math.sqrt(HS), parts[1], parts[2]
+    s = q @ kk.transpose(0, 1, 3, 2) + np.triu(np.full((T, T), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    y = p @ v  # (B, NH, T, HS)
+    g = dy.reshape(B, T, n_head, HS).transpose(0, 2, 1, 3)
+    dp = g @ v.transpose(0, 1, 3, 2)
+    if stored_y is None:
+        d = (dp * p).sum(-1, keepdims=True)
+    else:
+        d = (g * stored_y.reshape(B, T, n_head, HS).transpose(0, 2, 1, 3)).sum(-1, keepdims=True)
+    ds = p * (dp - d)
+    grads = np.stack([ds @ kk / math.sqrt(HS), ds.transpose(0, 1, 3, 2) @ q,
+                      p.transpose(0, 1, 3, 2) @ g])  # (3, B, NH, T, HS)
+    lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+    return (y.transpose(0, 2, 1, 3).reshape(B, T, -1), lse,
+            grads.transpose(1, 3, 0, 2, 4).reshape(B, T, C3))
+
+
+def _attention_kernels(k, xp, qkv, dy, n_head, name):
+    B, T, C3 = qkv.shape
+    S, A = storage(name), accumulation(name)
+    qkv_, dy_ = device(xp, qkv), device(xp, dy)
+    y_, lse_ = xp.empty((B, T, C3 // 3), dtype=S), xp.empty((B, n_head, T), dtype=A)
+    k_attention.forward(k, y_, lse_, qkv_, n_head)
+    dqkv_, dd_ = xp.empty((B, T, C3), dtype=S), xp.empty((B, n_head, T), dtype=A)
+    k_attention.backward(k, dqkv_, dd_, dy_, y_, qkv_, lse_, n_head)
+    return host(y_), host(lse_), host(dqkv_)
+
+
+def case_attention_layer(k, xp, name="float64", B=2, T=37, n_head=2, HS=32):
+    """The float64 kernels against attention.py itself: c_proj the identity, so the
+    layer's output is the core's y and its cache's dqkv the core's gradient."""
+    rng = np.random.default_rng(3)
+    C = n_head * HS
+    x = rng.standard_normal((B, T, C))
+    params = {"c_attn.weight": rng.standard_normal((C, 3 * C)) / math.sqrt(C),
+              "c_attn.bias": 0.1 * rng.standard_normal(3 * C),
+              "c_proj.weight": np.eye(C), "c_proj.bias": np.zeros(C)}
+    out, cache = attention.forward(x, params, n_head)
+    dout = rng.standard_normal((B, T, C))
+    attention.backward_input(dout, cache)
+    qkv = x @ params["c_attn.weight"] + params["c_attn.bias"]
+    y, lse, dqkv = _attention_kernels(k, xp, qkv, dout, n_head, name)
+    assert_close(y, out, name, "attention y vs the layer")
+    assert_close(dqkv, cache["dqkv"], name, "attention dqkv vs the layer")
+    ref_y, ref_lse, ref_dqkv = attention_core(qkv, n_head, dout)
+    assert_close(ref_y, out, "float64", "the written-out core vs the layer")
+    assert_close(ref_dqkv, cache["dqkv"], "float64", "the written-out core's gradient")
+    assert_close(lse, ref_lse, name, "attention lse")
+
+
+def case_attention(k, xp, name, B=1, T=41, n_head=2, HS=64):
+    """Every dtype against the written-out core on the rounded inputs; T not a multiple
+    of any tile; B twice, bit for bit."""
+    rng = np.random.default_rng(4)
+    C = n_head * HS
+    qkv, qkv64 = stored(rng.standard_normal((B, T, 3 * C)), name)
+    dy, dy64 = stored(rng.standard_normal((B, T, C)), name)
+    ref_y, ref_lse, _ = attention_core(qkv64, n_head, dy64)
+    y, lse, dqkv = _attention_kernels(k, xp, qkv, dy, n_head, name)
+    ref_dqkv = attention_core(qkv64, n_head, dy64, stored_y=y.astype(np.float64))[2]
+    assert_close(y, ref_y, name, "attention y", loose=2)
+    assert_close(lse, ref_lse, name, "attention lse")
+    assert_close(dqkv, ref_dqkv, name, "attention dqkv", loose=4)
+    again = _attention_kernels(k, xp, qkv, dy, n_head, name)[2]
+    assert np.array_equal(dqkv.view(np.uint8), again.view(np.uint8)), "attention B repeats"
+
+
+# -- cross-entropy ------------------------------------------------------------------------
+
+def case_cross_entropy(k, xp, name, B=2, T=5, V=300, pad=20, scale=0.5):
+    """Fused, and as two vocabulary shards through partials; padding columns hold huge
+    values that must not count."""
+    rng = np.random.default_rng(5)
+    S, A = storage(name), accumulation(name)
+    N, Vp = B * T, V + pad
+    full = rng.standard_normal((B, T, Vp)) * 3
+    full[..., V:] = 1e4  # padding: would dominate the softmax if it leaked in
+    logits, logits64 = stored(full, name)
+    targets = rng.integers(0, V, size=(B, T)).astype(np.int64)
+    targets[0, 0] = V - 1  # the last real column
+    want_loss, cache = loss.forward(logits64[..., :V].copy(), targets)
+    want_d = loss.backward_input(scale, cache)
+
+    logits_, targets_ = device(xp, logits), device(xp, targets)
+    losses_, dlogits_ = xp.empty(N, dtype=A), xp.empty((B, T, Vp), dtype=S)
+    k_cross_entropy.fused(k, losses_, dlogits_, logits_, targets_, V, scale / N)
+    d = host(dlogits_)
+    in_place_ = device(xp, logits)
+    k_cross_entropy.fused(k, losses_, in_place_, in_place_, targets_, V, scale / N)
+    assert np.array_equal(host(in_place_).view(np.uint8), d.view(np.uint8)), "in place"
+    assert np.all(d[..., V:].astype(np.float64) == 0), "padding columns get dlogits 0"
+    assert_close(d[..., :V], want_d, name, "dlogits")
+    assert_close(host(losses_).mean(), want_loss, name, "loss", loose=2)
+
+    # Two vocabulary shards (columns [0, half) and [half, V)), each padded to its own
+    # stride, their partials all-gathered into one (2, N, 3) array.
+    half = V // 2
+    shards = [(0, logits[..., :half]), (half, np.concatenate(
+        [logits[..., half:V], logits[..., V:]], axis=-1))]
+    gathered_ = xp.empty((2, N, 3), dtype=A)
+    for rank, (first, part) in enumerate(shards):
+        k_cross_entropy.partials(k, gathered_, device(xp, part), targets_,
+                                 part.shape[-1] - (pad if rank else 0), first, rank)
+    losses_by_shard = []
+    for rank, (first, part) in enumerate(shards):
+        width = part.shape[-1] - (pad if rank else 0)
+        part_ = device(xp, part)
+        shard_losses_ = xp.empty(N, dtype=A)
+        k_cross_entropy.backward(k, shard_losses_, part_, part_, targets_, gathered_, width,
+                                 first, scale / N)  # dlogits in place of the logits
+        got = host(part_)
+        assert_close(got[..., :width], want_d[..., first:first + width], name,
+                     f"shard {rank} dlogits")
+        assert np.all(got[..., width:].astype(np.float64) == 0), "shard padding"
+        losses_by_shard.append(host(shard_losses_))
+    assert np.array_equal(losses_by_shard[0], losses_by_shard[1]), "shards agree bit for bit"
+    assert_close(losses_by_shard[0].mean(), want_loss, name, "sharded loss", loose=2)
+
+
+# -- embedding ----------------------------------------------------------------------------
+
+def case_embedding(k, xp, name, B=3, T=16, C=40, V=11):
+    """Bit for bit the layer's device path (each token's rows added in batch order, by
+    `_run_sums`), and the CPU path's reduceat to round-off, on skewed tokens (one token
+    in half the positions) and a token that never occurs; out-of-shard ids are skipped."""
+    rng = np.random.default_rng(6)
+    G = accumulation(name)
+    idx = np.where(rng.random((B, T)) < 0.5, 3, rng.integers(0, V - 1, (B, T))).astype(np.int64)
+    dx, _ = stored(rng.standard_normal((B, T, C)), name)
+    start_wte = rng.standard_normal((V, C)).astype(G)
+    start_wpe = rng.standard_normal((T + 4, C)).astype(G)
+    cpu = {"wte": start_wte.copy(), "wpe": start_wpe.copy()}
+    embedding.backward_weight(dx, {"idx": idx}, cpu)
+    idx_, dx_ = device(xp, idx), device(xp, dx)
+    on_device = {"wte": device(xp, start_wte), "wpe": device(xp, start_wpe)}
+    embedding.backward_weight(dx_, {"idx": idx_}, on_device)
+    want_wte, want_wpe = host(on_device["wte"]), host(on_device["wpe"])
+
+    order_ = xp.argsort(idx_.reshape(-1), kind="stable")
+    dwte_, dwpe_ = device(xp, start_wte), device(xp, start_wpe)
+    k_embedding.backward_wte(k, dwte_, dx_, idx_, order_)
+    k_embedding.backward_wpe(k, dwpe_, dx_)
+    assert np.array_equal(host(dwte_), want_wte), "wte gradient, bit for bit"
+    assert np.array_equal(host(dwpe_), want_wpe), "wpe gradient, bit for bit"
+    assert_close(host(dwte_), cpu["wte"], "float64" if name == "float64" else "float32",
+                 "wte gradient vs reduceat")
+
+    # A vocabulary shard holding rows [5, 11): local ids, the others out of range.
+    local_ = device(xp, idx - 5)
+    shard_ = device(xp, start_wte[5:])
+    k_embedding.backward_wte(k, shard_, dx_, local_, xp.argsort(local_.reshape(-1),
+                                                                kind="stable"))
+    assert np.array_equal(host(shard_), want_wte[5:]), "a shard's rows"
+
+
+# -- AdamW --------------------------------------------------------------------------------
+
+def case_adamw(k, xp, name):
+    """Three steps, bit for bit optim.AdamW's master weights and 16-bit copy (float32
+    masters with a bfloat16 copy, or float64 masters)."""
+    if name == "float32":
+        return  # float32 masters are covered by the bfloat16 case (they carry the copy)
+    rng = np.random.default_rng(7)
+    compute = BF16 if name == "bfloat16" else np.dtype(np.float64)
+    layout = [("w", (6, 9)), ("b", (13,))]
+    n = 54 + 13
+    buffer = types.SimpleNamespace(layout=layout, offsets={"w": (0, 54), "b": (54, n)},
+                                   size=n, data=rng.standard_normal(n).astype(compute))
+    shard = ParamShard(buffer)
+    reference = AdamW(shard, _cpu_backend(), beta1=0.9, beta2=0.95, eps=1e-8,
+                      weight_decay=0.1)
+    M = shard.master.dtype
+    master_, m_, v_ = device(xp, shard.master), xp.zeros(n, dtype=M), xp.zeros(n, dtype=M)
+    mask_ = device(xp, reference.decay_mask)
+    copy_ = xp.empty(n, dtype=BF16) if shard.has_master else None
+    for t, (lr, grad_scale) in enumerate([(1e-3, 1.0), (3e-3, 0.5), (2e-3, 1.0)], start=1):
+        grad = rng.standard_normal(n).astype(M)
+        reference.step(grad, lr, grad_scale)
+        k_adamw.step(k, master_, m_, v_, device(xp, grad), mask_, copy_, t, lr, 0.9, 0.95,
+                     1e-8, 0.1, grad_scale)
+    assert np.array_equal(host(master_), shard.master), "master weights, bit for bit"
+    assert np.array_equal(host(m_), reference.m) and np.array_equal(host(v_), reference.v)
+    if copy_ is not None:
+        assert np.array_equal(host(copy_).view(np.uint16), shard.params.view(np.uint16))
+
+
+@functools.cache
+def _cpu_backend():
+    from hpcpipe.device.backend import cpu
+
+    return cpu()
+
+
+# -- gradient norm ------------------------------------------------------------------------
+
+def case_gradnorm(k, xp, name):
+    """Per-piece float64 sums of squares (norm.py's), with one transfer for all."""
+    rng = np.random.default_rng(8)
+    sizes = [1, 0, 17000, 300]  # the long one wraps the grid-stride loop (64 × 256)
+    grad, _ = stored(rng.standard_normal(sum(sizes)), name)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    want = [np.sum(np.square(grad[a:b], dtype=np.float64)) for a, b in itertools.pairwise(offsets)]
+    grad_, offsets_ = device(xp, grad), device(xp, offsets)
+    sums_ = xp.empty(len(sizes), dtype=np.float64)
+    partials_ = xp.empty(k_gradnorm.partials_shape(len(sizes)), dtype=np.float64)
+    before = dict(xp.counts)
+    k_gradnorm.sums_of_squares(k, sums_, partials_, grad_, offsets_)
+    assert dict(xp.counts) == before, "launches move nothing between host and device"
+    got = host(sums_)
+    assert xp.counts["device_to_host"] == before.get("device_to_host", 0) + 1
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=0)
+    k_gradnorm.sums_of_squares(k, sums_, partials_, grad_, offsets_)
+    assert np.array_equal(host(sums_), got), "the same bits again"
+
+
+CASES = (case_layernorm, case_gelu, case_attention, case_cross_entropy, case_embedding,
+         case_adamw, case_gradnorm)
+
+
+def kernels(sanitize: bool = False) -> Kernels:
+    return Kernels(functools.partial(RawModule, sanitize=sanitize))
+
+
+# Under the sanitizers (several times slower) every kernel runs once in bfloat16, the
+# dtype training uses, and attention also in float64, whose shared tiles are shaped
+# differently (16 rows, not 32).
+SANITIZED = tuple((case, "bfloat16") for case in CASES) + ((case_attention, "float64"),)
+
+
+def run(sanitize: bool, cases=SANITIZED) -> None:
+    k, xp = kernels(sanitize), devicesim.device()
+    for case, name in cases:
+        case(k, xp, name)
+        print(f"ok {case.__name__} {name}", flush=True)
+
+
+if __name__ == "__main__":
+    run(sanitize="--sanitize" in sys.argv)

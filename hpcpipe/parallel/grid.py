@@ -1,8 +1,13 @@
 """The process grid: MPI ranks arranged as dp data-parallel replicas × pp pipeline stages
 × tp tensor-parallel shards (3D parallelism).
 
-Built once from the world communicator and passed around as a frozen value: no module
-holds a communicator of its own.
+Built once from the world communicator and passed around as a frozen value: the Grid is
+the one owner of every communicator training uses (pipe, data, tensor, replica, local, and
+`ends` for the tied embedding); no module holds a communicator of its own. The one
+exception is the failure communicator of cli/guard.py — a duplicate of COMM_WORLD made
+before any Grid exists, so that an error on one rank can end every rank at any moment,
+the Grid's own construction included. (The diagnostic commands, `doctor` and `bench
+comm`, split what they measure for themselves.)
 
 The tp shards of a stage are always the innermost, consecutive ranks: their all-reduces
 run inside every F and B, so they belong on one node's fastest links. Rank order

@@ -103,15 +103,21 @@ class BucketPlan:
         """What the optimizer updates, in the order `GradSync.gradients` lists them."""
         if not self.zero:
             return [ParamShard(stage.param_buffer, owns_wte=stage.embedding_part,
-                               copies=_copies(stage))
+                               copies=_copies(stage), exact=_exact(stage))
                     for stage in self.stages.values()]
         shards = []
         for bucket in self.buckets:
             stage = self.stages[bucket.chunk]
             a, b = bucket.shard
             shards.append(ParamShard(stage.param_buffer, bucket.lo + a, bucket.lo + b,
-                                     owns_wte=stage.embedding_part, copies=_copies(stage)))
+                                     owns_wte=stage.embedding_part, copies=_copies(stage),
+                                     exact=_exact(stage)))
         return shards
+
+
+def _exact(stage):
+    """The stage's float32 initial values, where it keeps them (16-bit compute)."""
+    return getattr(stage, "exact_init", None)
 
 
 def _copies(stage) -> frozenset:

@@ -49,6 +49,8 @@ class TrainStep:
         gradsync = GradSync(plan, grid.data, transport, parallel.grad_comm_dtype)
         gather = ParamGather(plan, grid.data, transport) if zero else None
         shards = plan.param_shards()
+        for stage in model.stages.values():  # the masters hold the exact initial values now
+            stage.release_exact_init()
         optimizer = Optimizer(shards, model.backend, beta1=train.beta1, beta2=train.beta2,
                               eps=train.eps, weight_decay=train.weight_decay)
         # With ZeRO-1 every rank holds other shards; otherwise, after the reduction, every

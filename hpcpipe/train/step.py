@@ -93,7 +93,12 @@ class TrainStep:
         post-validation the previous one (see `_speculate`)."""
         if self.validator is not None:
             return self._speculate(runtime, step, inputs, lr, max_norm)
-        result = self.gradients(runtime, step, inputs)
+        return [self._synchronous(runtime, step, self.gradients(runtime, step, inputs), lr,
+                                  max_norm)]
+
+    def _synchronous(self, runtime, step, result, lr, max_norm) -> StepOutcome:
+        """The update of a step whose gradient is reduced: the global norm, clipping and
+        AdamW, everything known before the weights move."""
         unscale = self.grad_scale(runtime.schedule.num_microbatches).unscale
         loss = self.model.mean_loss(result.losses)
         norm = self.grad_norm() * unscale
@@ -105,7 +110,7 @@ class TrainStep:
         self.scaler.update(not skipped)
         stats = step_stats(self.trace, step, result, self.grid.world,
                            **self._reduction_stats()) if self.trace else None
-        return [StepOutcome(step, loss, norm, skipped, result, stats, loss_scale=scale)]
+        return StepOutcome(step, loss, norm, skipped, result, stats, loss_scale=scale)
 
     def _update(self, lr: float, coefficient: float):
         self.optimizer.step(self.gradsync.gradients(), lr, coefficient)
@@ -127,6 +132,10 @@ class TrainStep:
             finished.append(outcome)
             if changed:  # this step used wrong weights (or an outdated loss scale)
                 result = self.gradients(runtime, step, inputs)
+        if self.validator.must_wait(max_norm):  # clipping fires: a guess would be redone
+            outcome = self._synchronous(runtime, step, result, lr, max_norm)
+            self.validator.settled(outcome.norm, max_norm)
+            return finished + [outcome]
         head = self.model.head_stage is not None
         loss = float(np.mean([float(result.losses[mb]) for mb in sorted(result.losses)])) \
             if head else None
@@ -141,6 +150,29 @@ class TrainStep:
         if self.validator is None or self.validator.pending is None:
             return []
         return [self.validator.resolve()[0]]
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the step's own state: the loss scaler's, and whether
+        post-validation's last settled step was clipped (so that a resumed run waits, or
+        guesses, exactly where the uninterrupted one did: a redone step differs from a
+        synchronous one by round-off)."""
+        clipping = self.validator is not None and self.validator.clipping
+        return {**self.scaler.state(), "clipping": int(clipping)}
+
+    def restore(self, state: dict):
+        self.scaler.restore(state)
+        if self.validator is not None:
+            self.validator.clipping = bool(state.get("clipping", 0))
+
+    @property
+    def post_validation_note(self) -> str | None:
+        """The one line a run prints when post-validation steps synchronously at times."""
+        v = self.validator
+        if v is None or not v.guesses_clipping:
+            return None
+        return (f"post-validation: each rank sees a part of the gradient norm ({v.norm.group.size}"
+                " ranks hold parts), so while clipping fires a guessed step would be redone:"
+                " the steps after a clipped one wait for the global norm")
 
     # -- measurements ----------------------------------------------------------------------
     def timed(self, step: int, work):

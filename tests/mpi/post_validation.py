@@ -4,7 +4,8 @@
 tests/optim/test_post_validation_mpi.py calls it in-process or runs it as
 `mpiexec -n 4 python -m mpi4py tests/mpi/post_validation.py`. On dp = 2 × pp = 2 (with and
 without ZeRO-1), float64, a few steps each with: a clipping threshold so small that every
-step clips; one between the steps' norms, so some steps clip and some do not; and a NaN
+step clips (post-validation then waits for the global norm: bitwise the synchronous run,
+nothing redone); one between the steps' norms, so some steps clip and some do not; and a NaN
 injected into one weight gradient of one stage of one replica at one step (that step is
 skipped, the run goes on).
 Losses, norms, skipped steps and final weights must equal the synchronous run's to
@@ -122,9 +123,17 @@ def check(comm) -> mpibody.Report:
             report.append(f"{name}: skipped {skipped}, {redone} redone updates (all ranks)")
             if poison and skipped != [POISON_STEP]:
                 failures.append(f"{name}: expected only step {POISON_STEP} skipped, got {skipped}")
-            if label == "clip every step" and not redone:
-                failures.append(f"{name}: clipping every step never needed a redo: the "
-                                f"optimistic path was not exercised")
+            if label == "clip every step":  # waits for the norm: the synchronous bits
+                if redone:
+                    failures.append(f"{name}: {redone} redone updates while clipping fired "
+                                    "on every step (post-validation should wait)")
+                if [o.loss for o in sync] != [o.loss for o in post] or comm.rank == 0 and any(
+                        not np.array_equal(part_post[k], w) for part_sync, part_post
+                        in zip(w_sync, w_post) for k, w in part_sync.items()):
+                    failures.append(f"{name}: not bitwise the synchronous optimizer's")
+            if label == "clip some steps" and not redone:
+                failures.append(f"{name}: no guessed step was redone: the optimistic path's "
+                                f"fix-up was not exercised")
     return mpibody.Report.agreed(comm, report, failures)
 
 

@@ -53,7 +53,7 @@ SCHEMA = Record({
     "model": Record({key: Int(1) for key in MODEL_KEYS}),
     "dtype": Text(choices=DTYPES),
     "layout": Record({"dp": Int(1), "pp": Int(1), "chunks": Int(1), "schedule": Text(),
-                      "zero": Int(0, 1), "rank_order": Text(),
+                      "zero": Int(0, 2), "rank_order": Text(),
                       "partition": ListOf(ListOf(Int(0)))}, optional={"tp": Int(1)}),
     "adam_step": Int(0),
     "state": Record({}, optional={"loss_scale": Number(0), "good_steps": Int(0),

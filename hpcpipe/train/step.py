@@ -31,8 +31,9 @@ class TrainStep:
     (the auto schedule, once costs are measured) changes nothing here."""
 
     def __init__(self, model, grid, gradsync, gather, optimizer, norm, scaler, trace=None,
-                 post_validation: bool = False):
+                 post_validation: bool = False, zero: int = 0):
         self.model, self.grid, self.gradsync, self.gather = model, grid, gradsync, gather
+        self.zero = zero  # the ZeRO stage in effect (0 over a single replica)
         self.optimizer, self.norm, self.scaler, self.trace = optimizer, norm, scaler, trace
         self.validator = PostValidator(optimizer, norm, gather, scaler, grid.world,
                                        self.timed) if post_validation else None
@@ -42,10 +43,12 @@ class TrainStep:
         """The reduction, optimizer and norm for `model` under the config's [parallel] and
         [train] settings."""
         parallel, train = cfg.parallel, cfg.train
-        # ZeRO-1 over a single replica shards nothing (a job resumed on fewer ranks).
-        zero = bool(parallel.zero) and grid.dp > 1
+        # ZeRO over a single replica shards nothing (a job resumed on fewer ranks). ZeRO-1
+        # and ZeRO-2 reduce-scatter the same buckets into the same shards; ZeRO-2 then
+        # frees the accumulation buffer until the next step.
+        zero = parallel.zero if grid.dp > 1 else 0
         plan = BucketPlan(model.stages, int(parallel.bucket_mb * 2**20), grid.dp,
-                          grid.dp_rank, zero)
+                          grid.dp_rank, bool(zero))
         gradsync = GradSync(plan, grid.data, transport, parallel.grad_comm_dtype)
         gather = ParamGather(plan, grid.data, transport) if zero else None
         shards = plan.param_shards()
@@ -58,7 +61,7 @@ class TrainStep:
         group = grid.world if zero else (grid.replica or grid.pipe)
         norm = GradNorm(shards, model.order, group, model.backend.xp, grid.tp_rank)
         return cls(model, grid, gradsync, gather, optimizer, norm,
-                   LossScaler.for_config(train), trace, train.post_validation)
+                   LossScaler.for_config(train), trace, train.post_validation, zero)
 
     def grad_scale(self, microbatches: int) -> GradScale:
         return GradScale(microbatches, self.grid.dp, self.scaler.scale)
@@ -81,6 +84,9 @@ class TrainStep:
                                   on_op_done=op_done)
         model.sum_tied_grads()
         gradsync.wait()
+        if self.zero >= 2:  # this replica's shards are fresh arrays: the buffer can go
+            for stage in model.stages.values():
+                stage.drop_grads()
         return result
 
     def grad_norm(self) -> float:
@@ -195,3 +201,17 @@ class TrainStep:
     @property
     def optimizer_state_bytes(self) -> int:
         return self.optimizer.state_bytes
+
+    def resident_bytes(self) -> dict:
+        """What this rank holds between steps for its parameters, by kind: the weights in
+        the compute dtype, the gradient (its accumulation buffers and the tied head's
+        share; with ZeRO its reduced shards), float32 master weights and Adam's moments."""
+        stages = self.model.stages.values()
+        shards = self.gradsync.gradients() if self.gradsync.plan.zero else []
+        return {"params": sum(s.param_buffer.nbytes for s in stages),
+                "grads": sum(s.grad_buffer.nbytes + (0 if s.head_grad is None else
+                                                     int(s.head_grad.nbytes)) for s in stages)
+                + sum(int(g.nbytes) for g in shards if g is not None),
+                "master": sum(int(sh.master.nbytes) for sh in self.optimizer.shards
+                              if sh.has_master),
+                "moments": self.optimizer.state_bytes}

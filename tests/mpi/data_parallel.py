@@ -129,8 +129,8 @@ def check(comm) -> mpibody.Report:
         if not abs(bf16[0][-1] - fp32[0][-1]) < 0.02 * fp32[0][-1]:
             failures.append(f"bf16 gradient communication: loss {bf16[0][-1]} vs "
                             f"float32 {fp32[0][-1]}")
-    summary = [f"world {n}: layouts {sorted(results)}; ZeRO-1, ZeRO-2 and bf16 checked on "
-               f"dp = {zdp}"]
+    summary = [(f"world {n}: layouts {sorted(results)}; ZeRO-1, ZeRO-2 and bf16 checked on "
+                f"dp = {zdp}")]
     if comm.rank == 0:
         summary.append("bytes per parameter between steps, rank 0, bfloat16: " + ", ".join(
             f"ZeRO-{z} {sum(kinds.values()) / params:.2f}"

@@ -11,7 +11,7 @@ rank 0:
 - ZeRO-1 equal to plain all-reduce to 1e-12, with the optimizer state per rank divided by dp
   (dp = 2, or 3 to cover a dp that is no power of two);
 - ZeRO-2 bitwise equal to ZeRO-1 (the same reduce-scatter, shards and updates), in float64
-  and in bfloat16 compute, and under bfloat16 holding at most 2 + 16/dp bytes per
+  (also under ZB-V's two chunks per rank) and in bfloat16 compute, and under bfloat16 holding at most 2 + 16/dp bytes per
   parameter between steps (weights, gradient shard, master and moments), ZeRO-0's 16;
 - bfloat16 gradient communication close to float32 (loss within 2 %).
 The report fails when anything did not match.
@@ -117,6 +117,7 @@ def check(comm) -> mpibody.Report:
                                 dtype="float32"))
     fp32 = train(comm, make_cfg(zdp, n // zdp, "zb-h1", dtype="float32"))
     zero2 = train(comm, make_cfg(zdp, n // zdp, "zb-h1", zero=2))
+    zero2_v = train(comm, make_cfg(zdp, n // zdp, "zb-v", zero=2))  # two chunks per rank
     sixteen = {z: train(comm, make_cfg(zdp, n // zdp, "zb-h1", zero=z, dtype="bfloat16"))
                for z in (0, 1, 2)}
     state_bytes = comm.gather((zero_plain[2], zero[2]), root=0)
@@ -126,6 +127,9 @@ def check(comm) -> mpibody.Report:
         failures += compare_layouts(ref, results)
         failures += compare_zero(zero_plain, zero, state_bytes, zdp)
         failures += compare_zero2(zero, zero2, sixteen, resident, zdp)
+        if zero2_v[0] != zero[0] or any(not np.array_equal(zero2_v[1][k], w)
+                                        for k, w in zero[1].items()):
+            failures.append("ZeRO-2 under zb-v (two chunks per rank) not bitwise ZeRO-1")
         if not abs(bf16[0][-1] - fp32[0][-1]) < 0.02 * fp32[0][-1]:
             failures.append(f"bf16 gradient communication: loss {bf16[0][-1]} vs "
                             f"float32 {fp32[0][-1]}")

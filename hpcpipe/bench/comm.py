@@ -139,7 +139,9 @@ def run_comm(args) -> int:
         if stages:
             _print_zero(stages, world.size)
         if args.json:
-            print(f"\nwrote {write_json(args.json, {'suite': 'comm', 'ranks': world.size, 'rows': rows, 'overlap': overlap, 'zero': stages})}")
+            result = {"suite": "comm", "ranks": world.size, "rows": rows, "overlap": overlap,
+                      "zero": stages}
+            print(f"\nwrote {write_json(args.json, result)}")
     return 0
 
 

@@ -11,8 +11,9 @@ rank 0:
 - ZeRO-1 equal to plain all-reduce to 1e-12, with the optimizer state per rank divided by dp
   (dp = 2, or 3 to cover a dp that is no power of two);
 - ZeRO-2 bitwise equal to ZeRO-1 (the same reduce-scatter, shards and updates), in float64
-  (also under ZB-V's two chunks per rank) and in bfloat16 compute, and under bfloat16 holding at most 2 + 16/dp bytes per
-  parameter between steps (weights, gradient shard, master and moments), ZeRO-0's 16;
+  (also under ZB-V's two chunks per rank) and in bfloat16 compute, and under bfloat16
+  holding at most 2 + 16/dp bytes per parameter between steps (weights, gradient shard,
+  master and moments) where ZeRO-0 holds 18;
 - bfloat16 gradient communication close to float32 (loss within 2 %).
 The report fails when anything did not match.
 """

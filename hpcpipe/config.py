@@ -97,7 +97,12 @@ class ParallelSection:
     rank_order: str = "pp-inner"  # or "dp-inner" (see hpcpipe/parallel/grid.py)
     gpu_aware_mpi: str | bool = "auto"  # hand device buffers to MPI: "auto", true or false
     bucket_mb: float = 25.0  # gradient all-reduce bucket size, MiB (PyTorch DDP's default)
-    zero: int = 0  # 1: ZeRO stage 1, optimizer state sharded over the dp replicas
+    # -- ZeRO (issue 29) --------------------------------------------------------------
+    # 1: optimizer state (and 16-bit master weights) sharded over the dp replicas;
+    # 2: also the fp32 gradient between steps (the accumulation buffer lives from a step's
+    #    first W to its reduce-scatter; each replica keeps its shard). 3 and PowerSGD are
+    #    not built: refused here.
+    zero: int = 0
     grad_comm_dtype: str = "auto"  # gradients travel as: "auto" (as accumulated), float32, bfloat16
 
 
@@ -320,8 +325,9 @@ def _check_parallel(source, parallel: ParallelSection):
     _require(source, "parallel.bucket_mb", parallel.bucket_mb,
              0 < parallel.bucket_mb <= MAX_BUCKET_MB,
              f"must be positive and at most {MAX_BUCKET_MB:g} (MiB)")
-    _require(source, "parallel.zero", parallel.zero, parallel.zero in (0, 1),
-             "allowed: 0 (off) or 1 (optimizer state sharded over the dp replicas)")
+    _require(source, "parallel.zero", parallel.zero, parallel.zero in (0, 1, 2),
+             "allowed: 0 (off), 1 (optimizer state sharded over the dp replicas) or 2 (and "
+             "the gradients); ZeRO-3 is not available")
     _one_of(source, "parallel.grad_comm_dtype", parallel.grad_comm_dtype, COMM_DTYPES)
     _check_chunks(source, parallel)
     limit = parallel.memory_limit

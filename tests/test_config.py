@@ -105,8 +105,9 @@ def test_min_lr_above_lr(tmp_path):
 def test_data_parallel_settings(tmp_path):
     _, msg = error_of(tmp_path, "[parallel]\ndp = 0\n")
     assert "parallel.dp = 0" in msg and "at least 1" in msg
-    _, msg = error_of(tmp_path, "[parallel]\nzero = 2\n")
-    assert "parallel.zero = 2" in msg and "allowed: 0 (off) or 1" in msg
+    _, msg = error_of(tmp_path, "[parallel]\nzero = 3\n")
+    assert "parallel.zero = 3" in msg and "allowed: 0 (off), 1" in msg
+    assert "ZeRO-3 is not available" in msg
     _, msg = error_of(tmp_path, '[parallel]\ngrad_comm_dtype = "float16"\n')
     assert "allowed: auto, float32, bfloat16" in msg
 

@@ -132,10 +132,16 @@ def run_comm(args) -> int:
             f"{row['allreduce_raw_gbs']:6.2f} GB/s")
     rows = world.bcast(rows if is_root else None, root=0)
     overlap = None if args.skip_overlap else measure_overlap(world, be, transport)
+    stages = None if args.skip_overlap else [measure_overlap(world, be, transport, zero)
+                                             for zero in ZERO_STAGES]
     if is_root:
         _print_table(rows, overlap, world.size)
+        if stages:
+            _print_zero(stages, world.size)
         if args.json:
-            print(f"\nwrote {write_json(args.json, {'suite': 'comm', 'ranks': world.size, 'rows': rows, 'overlap': overlap})}")
+            result = {"suite": "comm", "ranks": world.size, "rows": rows, "overlap": overlap,
+                      "zero": stages}
+            print(f"\nwrote {write_json(args.json, result)}")
     return 0
 
 
@@ -221,9 +227,37 @@ def _print_table(rows, overlap, ranks: int):
               f"exposed after the W passes: {overlap['hidden_fraction']:.0%} hidden")
 
 
-def measure_overlap(world, be, transport) -> dict:
+ZERO_STAGES = (0, 1, 2)  # parallel.zero values bench comm compares
+
+
+def _print_zero(stages, ranks: int):
+    print(f"\nper ZeRO stage, the same dp = {ranks} step (bytes each rank sends per step on a "
+          "ring: all-reduce 2(d-1)/d, reduce-scatter and all-gather (d-1)/d of the buffer):")
+    print("| ZeRO | MiB sent per step | exposed comm ms | step ms | "
+          "bytes per parameter between steps |")
+    print("|---|---|---|---|---|")
+    for z in stages:
+        print(f"| {z['zero']} | {z['sent_bytes'] / 2**20:.2f} | {z['exposed_ms']:.1f} | "
+              f"{z['step_ms']:.1f} | {z['bytes_per_param']:.2f} |")
+
+
+def _sent_bytes(step, dp: int) -> int:
+    """Bytes a rank sends in one step's gradient reduction (and ZeRO's all-gather) with
+    ring algorithms."""
+    plan, sync = step.gradsync.plan, step.gradsync
+    grads = sum(b.padded if plan.zero else b.size for b in plan.buckets) \
+        * sync.comm_dtype.itemsize
+    if not plan.zero:
+        return 2 * (dp - 1) * grads // dp
+    item = next(iter(plan.stages.values())).param_buffer.data.itemsize
+    params = sum(b.padded for b in plan.buckets) * item
+    return (dp - 1) * (grads + params) // dp
+
+
+def measure_overlap(world, be, transport, zero: int = 0) -> dict:
     """How much of the gradient all-reduce a dp training step hides behind its W passes:
-    the exposed wait at the end of the step against the same reduction run by itself."""
+    the exposed wait at the end of the step against the same reduction run by itself;
+    with `zero`, that ZeRO stage's step, its bytes sent and held."""
     from hpcpipe.schedules import generate
     from hpcpipe.train.rank import Rank
 
@@ -231,7 +265,7 @@ def measure_overlap(world, be, transport) -> dict:
     cfg = config.from_dict({
         "model": {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 64, "vocab_size": 256},
         "train": {"micro_batch_size": 2, "dtype": "float32"},
-        "parallel": {"dp": dp, "pp": 1, "microbatches": 2, "bucket_mb": 1.0},
+        "parallel": {"dp": dp, "pp": 1, "microbatches": 2, "bucket_mb": 1.0, "zero": zero},
     }, source="bench comm")
     grid = gridlib.build(world, dp, 1, source="bench comm")
     rank = Rank.build(cfg, grid, be, generate("1f1b", 1, 2), gpu_aware=not transport.staged)
@@ -240,17 +274,22 @@ def measure_overlap(world, be, transport) -> dict:
     batches = [(be.from_host(tokens[i * 2:(i + 1) * 2, :-1]),
                 be.from_host(tokens[i * 2:(i + 1) * 2, 1:])) for i in range(2)]
     sync = rank.step.gradsync
-    exposed = []
+    exposed, steps = [], []
     for step in range(6):
         world.Barrier()
+        start = time.perf_counter()
         rank.train_step(step + 1, batches.__getitem__, 1e-4, 1.0)
+        steps.append(world.allreduce(time.perf_counter() - start, op=_mpi_max()))
         if step >= 2:
             # The last rank to finish its W's waits only for what is left of the
             # reduction; the others' longer waits are that rank's lateness, not
             # communication.
             exposed.append(world.allreduce(sync.wait_s, op=_mpi_min()))
+    held = sum(rank.step.resident_bytes().values())
+    params = sum(stage.param_buffer.size for stage in rank.model.stages.values())
     alone = []
     for _ in range(5):
+        rank.model.zero_grad()  # ZeRO-2 dropped the buffer the reduction reads
         sync.reset()
         world.Barrier()
         start = time.perf_counter()
@@ -260,7 +299,9 @@ def measure_overlap(world, be, transport) -> dict:
     blocking, hidden = float(np.median(alone)), float(np.median(exposed))
     return {"blocking_ms": blocking * 1e3, "exposed_ms": hidden * 1e3,
             "hidden_fraction": max(0.0, 1.0 - hidden / blocking) if blocking > 0 else 0.0,
-            "gradient_bytes": sync.bytes_reduced}
+            "gradient_bytes": sync.bytes_reduced, "zero": zero,
+            "sent_bytes": _sent_bytes(rank.step, dp), "step_ms": float(np.median(steps[2:])) * 1e3,
+            "bytes_per_param": world.allreduce(held, op=_mpi_max()) / params}
 
 
 def _mpi_max():

@@ -73,6 +73,9 @@ def add_parser(sub):
     pipe.add_argument("--synchronous", action="store_true",
                       help="without optimizer post-validation: every step ends in a "
                            "synchronisation (default: optimizer post-validation)")
+    pipe.add_argument("--grad-clip", type=number(0, 1e9), default=0.0,
+                      help="clip gradients to this norm (default 0: off); the results count "
+                           "the optimistic updates post-validation redid")
     pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     pipe.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     pipe.set_defaults(func=run_pipeline)
@@ -92,6 +95,8 @@ class Contender:
     peak_bytes: int = 0
     stage_bytes: dict = field(default_factory=dict)  # this rank's stage → (M_B, M_W)
     step: int = 0
+    max_norm: float = 0.0  # --grad-clip
+    redone: int = 0  # post-validation's optimistic updates undone and redone (recorded steps)
 
     def run_steps(self, world, inputs, count: int, record: bool = True):
         """`count` consecutive steps; their mean time is the step period (steps overlap
@@ -103,13 +108,14 @@ class Contender:
         tick = time.perf_counter()
         for _ in range(count):
             self.step += 1
-            finished += self.rank.train_step(self.step, inputs, 1e-4, 0.0)
+            finished += self.rank.train_step(self.step, inputs, 1e-4, self.max_norm)
         finished += self.rank.flush()
         elapsed = world.allreduce(time.perf_counter() - tick, op=MPI.MAX) / count
         for outcome in finished:
             self.stage_bytes = outcome.result.stage_bytes
         if record:
             self.times.append(elapsed)
+            self.redone += sum(outcome.redone for outcome in finished)
             for outcome in finished:
                 self.bubbles.append(outcome.stats.bubble)
                 self.peak_bytes = max(self.peak_bytes, max(outcome.stats.peak_bytes))
@@ -127,17 +133,19 @@ def bench_config(args, pp: int):
     return config.from_dict({
         "model": {"n_layer": args.layers, "n_head": args.heads, "n_embd": args.embd,
                   "block_size": args.block, "vocab_size": 256},
-        # Overlapping steps need post-validation; no clipping, so that no optimistic
-        # update is ever redone and every schedule does the same work.
+        # Overlapping steps need post-validation; no clipping by default, so that every
+        # schedule does the same work (--grad-clip measures post-validation while it fires).
         "train": {"micro_batch_size": args.micro_batch_size, "dtype": "float32",
-                  "device": "auto", "post_validation": not args.synchronous, "grad_clip": 0.0},
+                  "device": "auto", "post_validation": not args.synchronous,
+                  "grad_clip": args.grad_clip},
         "parallel": {"pp": pp, "microbatches": args.microbatches, "schedule": "1f1b"},
     }, source="bench pipeline")
 
 
 def contender(kind, cfg, grid, be, schedule, world) -> Contender:
     trace = timeline.Trace(rank=world.rank)
-    return Contender(kind, Rank.build(cfg, grid, be, schedule, trace), trace)
+    return Contender(kind, Rank.build(cfg, grid, be, schedule, trace), trace,
+                     max_norm=cfg.train.grad_clip)
 
 
 def measure_costs(cfg, grid, be, world, inputs, shape) -> Costs:
@@ -218,7 +226,9 @@ def result_rows(entries: list[Contender], tokens_per_step: int, pipe) -> list[di
                      # M_B and M_W per stage: in bytes, and in microbatches (M_B = 1)
                      "peak_activation_bytes_simulated": int(in_bytes),
                      "peak_activations": in_units,
-                     "vs_1f1b": tps / base_tps})
+                     "vs_1f1b": tps / base_tps,
+                     # the rank that redid most (a step's wrong guess is per rank)
+                     "redone_steps": max(pipe.allgather(e.redone))})
     return rows
 
 
@@ -265,6 +275,7 @@ def run_pipeline(args) -> int:
     log(f"model: {args.layers} layers, n_embd {C}, block {T}; {m} microbatches of {B} "
         f"sequences ({m * B * T:,} tokens/step); {args.rounds} rounds × {args.steps} steps; "
         + ("optimizer post-validation" if not args.synchronous else "synchronous optimizer")
+        + (f", gradients clipped to {args.grad_clip:g}" if args.grad_clip else "")
         + "; bubbles over each step's makespan")
     tokens = np.random.default_rng(0).integers(0, 256, (m * B, T + 1))
     # Each microbatch its own arrays, as training's: a stash then holds its own inputs.
@@ -289,8 +300,11 @@ def run_pipeline(args) -> int:
     rows = result_rows(entries, m * B * T, grid.pipe)
     if world.rank == 0:
         print_rows(rows)
+        if args.grad_clip and not args.synchronous:
+            print("optimistic updates redone (of the recorded steps): " + ", ".join(
+                f"{schedule_label(row)} {row['redone_steps']}" for row in rows))
         result = {"suite": "pipeline", "version": __version__, "pp": pp, "microbatches": m,
-                  "post_validation": not args.synchronous,
+                  "post_validation": not args.synchronous, "grad_clip": args.grad_clip,
                   "micro_batch_size": B, "block": T, "n_embd": C, "layers": args.layers,
                   "backend": be.describe(), "threads_per_rank": threads,
                   "costs_ms": {"f": [x * 1e3 for x in costs.f], "b": [x * 1e3 for x in costs.b],

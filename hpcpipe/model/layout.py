@@ -105,16 +105,25 @@ class FlatBuffer:
             size = int(np.prod(shape))
             self.offsets[name] = (offset, offset + size)
             offset += size
-        self.data = xp.zeros(offset, dtype=dtype)
+        self.length, self.dtype = offset, np.dtype(dtype)
+        self.allocate(xp)
+
+    def allocate(self, xp):
+        """A zeroed array and its views (again, after `release`)."""
+        self.data = xp.zeros(self.length, dtype=self.dtype)
         self.views = {
             name: self.data[a:b].reshape(shape)
             for (name, shape), (a, b) in zip(self.layout, self.offsets.values())
         }
 
+    def release(self):
+        """Drop the array and its views (the layout stays): `allocate` brings them back."""
+        self.data, self.views = None, {}
+
     @property
     def size(self) -> int:
-        return int(self.data.size)
+        return self.length
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.nbytes)
+        return 0 if self.data is None else int(self.data.nbytes)

@@ -66,13 +66,37 @@ class Stage:
         # embedding's, in the same order whichever stages hold the two (design contract).
         self.head_grad = self.xp.zeros(self.params["wte"].shape, self.grad_dtype) \
             if head_part else None
+        # Under 16-bit compute the float32 master weights must start from the exact draw,
+        # not from its 16-bit rounding (which loses a fifth of the first update on a third
+        # of the weights): the draw is kept in float32 until the optimizer takes it.
+        self.exact_init = FlatBuffer(layout, self.xp, self.grad_dtype) \
+            if self.grad_dtype != self.dtype else None
         for name, shape in self.global_shapes.items():  # a shard of the global draw
             value = self.shards[name].take(init_value(cfg, name, shape, seed))
             self.params[name][...] = self.xp.asarray(value, dtype=self.dtype)
+            if self.exact_init is not None:
+                self.exact_init.views[name][...] = self.xp.asarray(value, dtype=self.grad_dtype)
         self._stash: dict[int, dict] = {}
 
     # -- bookkeeping --------------------------------------------------------------------
+    def drop_grads(self):
+        """Free the gradient accumulation buffer until the next step's `zero_grad`: with
+        ZeRO-2 a replica keeps only its reduced shard of it between steps."""
+        self.grad_buffer.release()
+        self.grads = None
+        self.head_grad = None  # zero_grad brings it back on the head stage
+
+    def release_exact_init(self):
+        """Drop the float32 initial values once the optimizer's masters are built from
+        them (or loaded from a checkpoint): they are a transient copy of the weights."""
+        self.exact_init = None
+
     def zero_grad(self):
+        if self.grad_buffer.data is None:  # dropped after the last step (ZeRO-2)
+            self.grad_buffer.allocate(self.xp)
+            self.grads = self.grad_buffer.views
+            if self.head_part:
+                self.head_grad = self.xp.zeros(self.params["wte"].shape, self.grad_dtype)
         self.grad_buffer.data[...] = 0
         if self.head_grad is not None:
             self.head_grad[...] = 0

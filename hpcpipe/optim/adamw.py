@@ -74,16 +74,22 @@ class ParamShard:
     holds (a bucket shard may cut tensors). owns_wte: False on the head's copy of the tied
     embedding, whose state mirrors the embedding stage's (not saved, not counted twice).
     copies: the tensors that every tensor-parallel shard holds whole (counted once, by
-    shard 0, in the gradient norm).
+    shard 0, in the gradient norm). exact: the buffer's initial values in float32, laid
+    out like it (Stage.exact_init), that a 16-bit shard's master starts from; without it
+    the master is the 16-bit parameters widened (a resumed run loads its masters anyway).
     """
 
     def __init__(self, buffer, lo: int = 0, hi: int | None = None, owns_wte: bool = True,
-                 copies: frozenset = frozenset()):
+                 copies: frozenset = frozenset(), exact=None):
         hi = buffer.size if hi is None else hi
         self.lo, self.hi, self.owns_wte, self.copies = lo, hi, owns_wte, copies
         self.params = buffer.data[lo:hi]
-        self.master = self.params.astype(np.float32) if is_16bit(self.params.dtype) \
-            else self.params
+        if not is_16bit(self.params.dtype):
+            self.master = self.params
+        elif exact is not None:
+            self.master = exact.data[lo:hi].astype(np.float32)  # a copy: exact is dropped
+        else:
+            self.master = self.params.astype(np.float32)
         self.segments = []
         for name, shape in buffer.layout:
             a, b = buffer.offsets[name]

@@ -10,6 +10,14 @@ learns it from the same reduction, inverts that update in place (AdamW run backw
 copy of the state kept), redoes it from the saved gradient, and runs the step again on the
 right weights: the numbers are those of the synchronous optimizer, and an ordinary step
 pays nothing but a gradient copy.
+
+While clipping fires, guessing is a loss wherever the norm is split over several ranks
+(pp, tp or ZeRO): each rank's own norm is below the global one, so every clipped guess
+would be undone, redone and the next step run twice. Clipping comes in runs of steps (the
+early steps of training, a loss spike), so `must_wait` predicts it from the last settled
+step: after a clipped step the next one waits for the global norm and steps
+synchronously — the synchronous optimizer's very bits —, and the first unclipped step
+turns the guessing back on. Only the first clipped step of a run is guessed and redone.
 """
 
 from __future__ import annotations
@@ -72,6 +80,22 @@ class PostValidator:
         self.optimizer, self.norm, self.gather = optimizer, norm, gather
         self.scaler, self.world, self.timed = scaler, world, timed
         self.pending: Pending | None = None
+        # The last settled step was clipped (every rank agrees); a run starts as if so, since
+        # training starts with its largest gradients.
+        self.clipping = True
+
+    @property
+    def guesses_clipping(self) -> bool:
+        """Whether this rank's own norm can differ from the global one (it is a part)."""
+        return self.norm.group.size > 1
+
+    def must_wait(self, max_norm: float) -> bool:
+        """Whether the coming step should wait for the global norm (see the docstring)."""
+        return max_norm > 0 and self.clipping and self.guesses_clipping
+
+    def settled(self, norm: float, max_norm: float):
+        """Record a step's global norm once every rank knows it."""
+        self.clipping = max_norm > 0 and math.isfinite(norm) and norm > max_norm
 
     def update(self, step: int, lr: float, max_norm: float, unscale: float, grads, result,
                loss: float | None, stats):
@@ -126,6 +150,7 @@ class PostValidator:
             if not skipped:
                 self.optimizer.step(p.grads, p.lr, right)
         self.scaler.update(not skipped)
+        self.settled(norm, p.max_norm)
         outcome = StepOutcome(p.step, loss, norm, skipped, p.result,
                               combine(stats) if p.traced else None, redone=redone,
                               loss_scale=p.loss_scale)

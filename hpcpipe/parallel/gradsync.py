@@ -1,4 +1,4 @@
-"""Gradient synchronisation across data-parallel replicas: buckets, overlap, ZeRO-1.
+"""Gradient synchronisation across data-parallel replicas: buckets, overlap, ZeRO-1 and -2.
 
 A stage's flat gradient buffer is cut into buckets of whole tensors (about
 `bucket_bytes` each, like PyTorch DDP), walking the layout backwards because the W
@@ -12,7 +12,9 @@ the schedule, so every schedule reduces the same buckets the same way.
   over the replicas is part of the step's one gradient scale (scaling.py).
 - ZeRO-1: Ireduce_scatter instead — each replica receives the summed gradient of its own
   shard of every bucket, updates only that shard (its optimizer state is 1/dp of the
-  whole), and the updated weights are all-gathered back (`ParamGather`).
+  whole), and the updated weights are all-gathered back (`ParamGather`). ZeRO-2 is the
+  same reduction; the step (train/step.py) then frees the accumulation buffer, since the
+  shards this class hands out are arrays of their own.
 - `comm_dtype`: gradients travel in the buffer's dtype, float32, or bfloat16 (half the
   bytes; summed in bfloat16 by a user-defined MPI op, as NCCL does).
 
@@ -103,15 +105,21 @@ class BucketPlan:
         """What the optimizer updates, in the order `GradSync.gradients` lists them."""
         if not self.zero:
             return [ParamShard(stage.param_buffer, owns_wte=stage.embedding_part,
-                               copies=_copies(stage))
+                               copies=_copies(stage), exact=_exact(stage))
                     for stage in self.stages.values()]
         shards = []
         for bucket in self.buckets:
             stage = self.stages[bucket.chunk]
             a, b = bucket.shard
             shards.append(ParamShard(stage.param_buffer, bucket.lo + a, bucket.lo + b,
-                                     owns_wte=stage.embedding_part, copies=_copies(stage)))
+                                     owns_wte=stage.embedding_part, copies=_copies(stage),
+                                     exact=_exact(stage)))
         return shards
+
+
+def _exact(stage):
+    """The stage's float32 initial values, where it keeps them (16-bit compute)."""
+    return getattr(stage, "exact_init", None)
 
 
 def _copies(stage) -> frozenset:

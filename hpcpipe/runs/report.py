@@ -34,8 +34,8 @@ def end_of_run(metrics: Metrics, parallel, reduced_bytes: int, optimizer_bytes: 
                      f"{summary.peak_flops / 1e9:,.1f} GFLOP/s, the ranks' matmul peaks "
                      f"measured at start-up")
     if parallel.zero:
-        lines.append(f"  ZeRO-1: optimizer state {optimizer_bytes / 2**20:.2f} MiB on "
-                     f"rank 0 (1/{parallel.dp} of the stage's)")
+        lines.append(f"  ZeRO-{parallel.zero}: optimizer state {optimizer_bytes / 2**20:.2f} "
+                     f"MiB on rank 0 (1/{parallel.dp} of the stage's)")
     lines.append(f"  train loss {summary.first_loss:.4f} → {summary.final_loss:.4f} | "
                  f"val loss {summary.first_val_loss:.4f} → {summary.final_val_loss:.4f}")
     lines.append("  peak activations per rank: "

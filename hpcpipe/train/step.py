@@ -31,8 +31,9 @@ class TrainStep:
     (the auto schedule, once costs are measured) changes nothing here."""
 
     def __init__(self, model, grid, gradsync, gather, optimizer, norm, scaler, trace=None,
-                 post_validation: bool = False):
+                 post_validation: bool = False, zero: int = 0):
         self.model, self.grid, self.gradsync, self.gather = model, grid, gradsync, gather
+        self.zero = zero  # the ZeRO stage in effect (0 over a single replica)
         self.optimizer, self.norm, self.scaler, self.trace = optimizer, norm, scaler, trace
         self.validator = PostValidator(optimizer, norm, gather, scaler, grid.world,
                                        self.timed) if post_validation else None
@@ -42,13 +43,17 @@ class TrainStep:
         """The reduction, optimizer and norm for `model` under the config's [parallel] and
         [train] settings."""
         parallel, train = cfg.parallel, cfg.train
-        # ZeRO-1 over a single replica shards nothing (a job resumed on fewer ranks).
-        zero = bool(parallel.zero) and grid.dp > 1
+        # ZeRO over a single replica shards nothing (a job resumed on fewer ranks). ZeRO-1
+        # and ZeRO-2 reduce-scatter the same buckets into the same shards; ZeRO-2 then
+        # frees the accumulation buffer until the next step.
+        zero = parallel.zero if grid.dp > 1 else 0
         plan = BucketPlan(model.stages, int(parallel.bucket_mb * 2**20), grid.dp,
-                          grid.dp_rank, zero)
+                          grid.dp_rank, bool(zero))
         gradsync = GradSync(plan, grid.data, transport, parallel.grad_comm_dtype)
         gather = ParamGather(plan, grid.data, transport) if zero else None
         shards = plan.param_shards()
+        for stage in model.stages.values():  # the masters hold the exact initial values now
+            stage.release_exact_init()
         optimizer = Optimizer(shards, model.backend, beta1=train.beta1, beta2=train.beta2,
                               eps=train.eps, weight_decay=train.weight_decay)
         # With ZeRO-1 every rank holds other shards; otherwise, after the reduction, every
@@ -56,7 +61,7 @@ class TrainStep:
         group = grid.world if zero else (grid.replica or grid.pipe)
         norm = GradNorm(shards, model.order, group, model.backend.xp, grid.tp_rank)
         return cls(model, grid, gradsync, gather, optimizer, norm,
-                   LossScaler.for_config(train), trace, train.post_validation)
+                   LossScaler.for_config(train), trace, train.post_validation, zero)
 
     def grad_scale(self, microbatches: int) -> GradScale:
         return GradScale(microbatches, self.grid.dp, self.scaler.scale)
@@ -79,6 +84,9 @@ class TrainStep:
                                   on_op_done=op_done)
         model.sum_tied_grads()
         gradsync.wait()
+        if self.zero >= 2:  # this replica's shards are fresh arrays: the buffer can go
+            for stage in model.stages.values():
+                stage.drop_grads()
         return result
 
     def grad_norm(self) -> float:
@@ -91,7 +99,12 @@ class TrainStep:
         post-validation the previous one (see `_speculate`)."""
         if self.validator is not None:
             return self._speculate(runtime, step, inputs, lr, max_norm)
-        result = self.gradients(runtime, step, inputs)
+        return [self._synchronous(runtime, step, self.gradients(runtime, step, inputs), lr,
+                                  max_norm)]
+
+    def _synchronous(self, runtime, step, result, lr, max_norm) -> StepOutcome:
+        """The update of a step whose gradient is reduced: the global norm, clipping and
+        AdamW, everything known before the weights move."""
         unscale = self.grad_scale(runtime.schedule.num_microbatches).unscale
         loss = self.model.mean_loss(result.losses)
         norm = self.grad_norm() * unscale
@@ -103,7 +116,7 @@ class TrainStep:
         self.scaler.update(not skipped)
         stats = step_stats(self.trace, step, result, self.grid.world,
                            **self._reduction_stats()) if self.trace else None
-        return [StepOutcome(step, loss, norm, skipped, result, stats, loss_scale=scale)]
+        return StepOutcome(step, loss, norm, skipped, result, stats, loss_scale=scale)
 
     def _update(self, lr: float, coefficient: float):
         self.optimizer.step(self.gradsync.gradients(), lr, coefficient)
@@ -125,6 +138,10 @@ class TrainStep:
             finished.append(outcome)
             if changed:  # this step used wrong weights (or an outdated loss scale)
                 result = self.gradients(runtime, step, inputs)
+        if self.validator.must_wait(max_norm):  # clipping fires: a guess would be redone
+            outcome = self._synchronous(runtime, step, result, lr, max_norm)
+            self.validator.settled(outcome.norm, max_norm)
+            return finished + [outcome]
         head = self.model.head_stage is not None
         loss = float(np.mean([float(result.losses[mb]) for mb in sorted(result.losses)])) \
             if head else None
@@ -139,6 +156,29 @@ class TrainStep:
         if self.validator is None or self.validator.pending is None:
             return []
         return [self.validator.resolve()[0]]
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the step's own state: the loss scaler's, and whether
+        post-validation's last settled step was clipped (so that a resumed run waits, or
+        guesses, exactly where the uninterrupted one did: a redone step differs from a
+        synchronous one by round-off)."""
+        clipping = self.validator is not None and self.validator.clipping
+        return {**self.scaler.state(), "clipping": int(clipping)}
+
+    def restore(self, state: dict):
+        self.scaler.restore(state)
+        if self.validator is not None:
+            self.validator.clipping = bool(state.get("clipping", 0))
+
+    @property
+    def post_validation_note(self) -> str | None:
+        """The one line a run prints when post-validation steps synchronously at times."""
+        v = self.validator
+        if v is None or not v.guesses_clipping:
+            return None
+        return (f"post-validation: each rank sees a part of the gradient norm ({v.norm.group.size}"
+                " ranks hold parts), so while clipping fires a guessed step would be redone:"
+                " the steps after a clipped one wait for the global norm")
 
     # -- measurements ----------------------------------------------------------------------
     def timed(self, step: int, work):
@@ -161,3 +201,17 @@ class TrainStep:
     @property
     def optimizer_state_bytes(self) -> int:
         return self.optimizer.state_bytes
+
+    def resident_bytes(self) -> dict:
+        """What this rank holds between steps for its parameters, by kind: the weights in
+        the compute dtype, the gradient (its accumulation buffers and the tied head's
+        share; with ZeRO its reduced shards), float32 master weights and Adam's moments."""
+        stages = self.model.stages.values()
+        shards = self.gradsync.gradients() if self.gradsync.plan.zero else []
+        return {"params": sum(s.param_buffer.nbytes for s in stages),
+                "grads": sum(s.grad_buffer.nbytes + (0 if s.head_grad is None else
+                                                     int(s.head_grad.nbytes)) for s in stages)
+                + sum(int(g.nbytes) for g in shards if g is not None),
+                "master": sum(int(sh.master.nbytes) for sh in self.optimizer.shards
+                              if sh.has_master),
+                "moments": self.optimizer.state_bytes}

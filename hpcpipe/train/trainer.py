@@ -137,7 +137,7 @@ class Trainer:
         self.start_step = state["step"]
         own = self.run_id == manifest.get("run")
         self.last_saved = self.start_step if own else None
-        self.rank.step.scaler.restore(state)
+        self.rank.step.restore(state)
         saved = manifest["layout"]
         shards = f" × tp {saved['tp']}" if saved.get("tp", 1) > 1 else ""
         self.log(f"resumed from {path} (step {self.start_step}, written with dp {saved['dp']} × "
@@ -173,6 +173,9 @@ class Trainer:
                  f"{model.block_size} = {cfg.tokens_per_step:,} tokens/step")
         self.log(f"run directory: {self.run_dir.path} | {train.steps} steps, eval every "
                  f"{train.eval_every or train.steps}")
+        note = self.rank.step.post_validation_note
+        if note and train.grad_clip > 0:
+            self.log(note)
 
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> Summary:
@@ -264,7 +267,7 @@ class Trainer:
 
         self._settle()
         saved = ckpt.save(self.rank, self.cfg, step, self.run_dir.path,
-                          {**self.rank.step.scaler.state(), "lr_step": step,
+                          {**self.rank.step.state(), "lr_step": step,
                            "data_step": step, "seed": self.cfg.train.seed},
                           keep=self.cfg.checkpoint.keep, keep_every=self.cfg.checkpoint.keep_every,
                           run=self.run_id)

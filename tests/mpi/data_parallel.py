@@ -10,6 +10,10 @@ rank 0:
 - bitwise equal across schedules for a fixed (dp, pp), and with dp = 2 across pp too;
 - ZeRO-1 equal to plain all-reduce to 1e-12, with the optimizer state per rank divided by dp
   (dp = 2, or 3 to cover a dp that is no power of two);
+- ZeRO-2 bitwise equal to ZeRO-1 (the same reduce-scatter, shards and updates), in float64
+  (also under ZB-V's two chunks per rank) and in bfloat16 compute, and under bfloat16
+  holding at most 2 + 16/dp bytes per parameter between steps (weights, gradient shard,
+  master and moments) where ZeRO-0 holds 18;
 - bfloat16 gradient communication close to float32 (loss within 2 %).
 The report fails when anything did not match.
 """
@@ -83,7 +87,9 @@ def train(comm, cfg):
         weights = {}
         for part in parts:
             weights.update(part)
-    return losses, weights, rank.step.optimizer_state_bytes
+    resident = rank.step.resident_bytes()
+    params = sum(stage.param_buffer.size for stage in model.stages.values())
+    return losses, weights, rank.step.optimizer_state_bytes, (resident, params)
 
 
 def close(a, b, tol=1e-12):
@@ -111,15 +117,29 @@ def check(comm) -> mpibody.Report:
     bf16 = train(comm, make_cfg(zdp, n // zdp, "zb-h1", comm_dtype="bfloat16",
                                 dtype="float32"))
     fp32 = train(comm, make_cfg(zdp, n // zdp, "zb-h1", dtype="float32"))
+    zero2 = train(comm, make_cfg(zdp, n // zdp, "zb-h1", zero=2))
+    zero2_v = train(comm, make_cfg(zdp, n // zdp, "zb-v", zero=2))  # two chunks per rank
+    sixteen = {z: train(comm, make_cfg(zdp, n // zdp, "zb-h1", zero=z, dtype="bfloat16"))
+               for z in (0, 1, 2)}
     state_bytes = comm.gather((zero_plain[2], zero[2]), root=0)
+    resident = comm.gather({z: sixteen[z][3] for z in sixteen}, root=0)
     failures = []
     if comm.rank == 0:
         failures += compare_layouts(ref, results)
         failures += compare_zero(zero_plain, zero, state_bytes, zdp)
+        failures += compare_zero2(zero, zero2, sixteen, resident, zdp)
+        if zero2_v[0] != zero[0] or any(not np.array_equal(zero2_v[1][k], w)
+                                        for k, w in zero[1].items()):
+            failures.append("ZeRO-2 under zb-v (two chunks per rank) not bitwise ZeRO-1")
         if not abs(bf16[0][-1] - fp32[0][-1]) < 0.02 * fp32[0][-1]:
             failures.append(f"bf16 gradient communication: loss {bf16[0][-1]} vs "
                             f"float32 {fp32[0][-1]}")
-    summary = [f"world {n}: layouts {sorted(results)}; ZeRO-1 and bf16 checked on dp = {zdp}"]
+    summary = [(f"world {n}: layouts {sorted(results)}; ZeRO-1, ZeRO-2 and bf16 checked on "
+                f"dp = {zdp}")]
+    if comm.rank == 0:
+        summary.append("bytes per parameter between steps, rank 0, bfloat16: " + ", ".join(
+            f"ZeRO-{z} {sum(kinds.values()) / params:.2f}"
+            for z, (kinds, params) in resident[0].items()))
     return mpibody.Report.agreed(comm, summary, failures)
 
 
@@ -128,8 +148,8 @@ def compare_layouts(ref, results) -> list[str]:
     layout, and across pp as well for dp ≤ 2, where an all-reduce of two values is a + b
     whatever the algorithm."""
     failures = []
-    ref_losses, ref_weights, _ = ref
-    for key, (losses, weights, _) in results.items():
+    ref_losses, ref_weights = ref[:2]
+    for key, (losses, weights, *_) in results.items():
         for step, (a, b) in enumerate(zip(losses, ref_losses)):
             if not close(a, b):
                 failures.append(f"{key}: step {step + 1} loss {a!r} vs one process {b!r}")
@@ -141,10 +161,28 @@ def compare_layouts(ref, results) -> list[str]:
     for (dp, pp, kind), result in results.items():
         groups.setdefault(dp if dp <= 2 else (dp, pp), []).append(((dp, pp, kind), result))
     for members in groups.values():
-        (key0, (l0, w0, _)), rest = members[0], members[1:]
-        for key, (losses, weights, _) in rest:
+        (key0, (l0, w0, *_)), rest = members[0], members[1:]
+        for key, (losses, weights, *_) in rest:
             if losses != l0 or any(not np.array_equal(weights[k], w0[k]) for k in w0):
                 failures.append(f"{key} not bitwise equal to {key0}")
+    return failures
+
+
+def compare_zero2(zero1, zero2, sixteen, resident, zdp) -> list[str]:
+    """ZeRO-2 bitwise ZeRO-1 (float64 and bfloat16); bfloat16 ZeRO-2 within 1e-2 of ZeRO-0's
+    loss (their norms add different float64 partial sums) and at most 2 + 16/dp bytes per
+    parameter per rank between steps (+ bucket rounding)."""
+    failures = []
+    for label, a, b in (("float64", zero1, zero2), ("bfloat16", sixteen[1], sixteen[2])):
+        if a[0] != b[0] or any(not np.array_equal(a[1][k], b[1][k]) for k in a[1]):
+            failures.append(f"ZeRO-2 ({label}) not bitwise equal to ZeRO-1")
+    if not abs(sixteen[2][0][-1] - sixteen[0][0][-1]) <= 1e-2 * sixteen[0][0][-1]:
+        failures.append(f"ZeRO-2 bfloat16 loss {sixteen[2][0][-1]} vs ZeRO-0 {sixteen[0][0][-1]}")
+    for rank, by_zero in enumerate(resident):
+        per_param = {z: sum(kinds.values()) / params for z, (kinds, params) in by_zero.items()}
+        if not per_param[2] <= 2 + 16 / zdp + 0.05 or not per_param[0] >= 16:
+            failures.append(f"rank {rank}: bytes per parameter between steps {per_param} "
+                            f"(ZeRO-2 should be at most 2 + 16/{zdp})")
     return failures
 
 

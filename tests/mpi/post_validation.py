@@ -3,8 +3,9 @@
 `check(comm)` (the contract is in tests/harness/mpibody.py) needs 4 ranks;
 tests/optim/test_post_validation_mpi.py calls it in-process or runs it as
 `mpiexec -n 4 python -m mpi4py tests/mpi/post_validation.py`. On dp = 2 × pp = 2 (with and
-without ZeRO-1), float64, a few steps each with: a clipping threshold so small that every
-step clips; one between the steps' norms, so some steps clip and some do not; and a NaN
+without ZeRO-1 and ZeRO-2), float64, a few steps each with: a clipping threshold so small that every
+step clips (post-validation then waits for the global norm: bitwise the synchronous run,
+nothing redone); one between the steps' norms, so some steps clip and some do not; and a NaN
 injected into one weight gradient of one stage of one replica at one step (that step is
 skipped, the run goes on).
 Losses, norms, skipped steps and final weights must equal the synchronous run's to
@@ -89,9 +90,9 @@ def train(comm, cfg, poison=False):
 
 
 def check(comm) -> mpibody.Report:
-    """The three cases, without and with ZeRO-1, against the synchronous optimizer."""
+    """The three cases, without ZeRO, with ZeRO-1 and ZeRO-2, against the synchronous optimizer."""
     failures, report = [], []
-    for zero in (0, 1):
+    for zero in (0, 1, 2):
         sync_norms = [o.norm for o in train(comm, make_cfg(False, 1e9, zero))[0]]
         middle = float(np.median(sync_norms))
         for label, clip, poison in (("clip every step", 1e-3, False),
@@ -122,9 +123,17 @@ def check(comm) -> mpibody.Report:
             report.append(f"{name}: skipped {skipped}, {redone} redone updates (all ranks)")
             if poison and skipped != [POISON_STEP]:
                 failures.append(f"{name}: expected only step {POISON_STEP} skipped, got {skipped}")
-            if label == "clip every step" and not redone:
-                failures.append(f"{name}: clipping every step never needed a redo: the "
-                                f"optimistic path was not exercised")
+            if label == "clip every step":  # waits for the norm: the synchronous bits
+                if redone:
+                    failures.append(f"{name}: {redone} redone updates while clipping fired "
+                                    "on every step (post-validation should wait)")
+                if [o.loss for o in sync] != [o.loss for o in post] or comm.rank == 0 and any(
+                        not np.array_equal(part_post[k], w) for part_sync, part_post
+                        in zip(w_sync, w_post) for k, w in part_sync.items()):
+                    failures.append(f"{name}: not bitwise the synchronous optimizer's")
+            if label == "clip some steps" and not redone:
+                failures.append(f"{name}: no guessed step was redone: the optimistic path's "
+                                f"fix-up was not exercised")
     return mpibody.Report.agreed(comm, report, failures)
 
 

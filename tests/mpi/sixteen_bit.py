@@ -6,7 +6,7 @@ optimizer state; a dynamic loss scale for float16), a few clipped steps of a lea
 token stream:
 - on pp = 2, 3 and 4 ranks, every schedule the microbatch count allows: losses and
   weights bitwise equal to one process (16-bit messages travel as 16-bit words);
-- dp 2 × pp 2 with ZB-H1 and 1F1B (bitwise equal to each other), with ZeRO-1, with
+- dp 2 × pp 2 with ZB-H1 and 1F1B (bitwise equal to each other), with ZeRO-1, ZeRO-2, with
   post-validation and with bfloat16 gradient messages: losses within 1 % of plain dp;
 - every run tracks float32's losses: the last loss within TRACK of float32's.
 The report fails when any rank found a mismatch.
@@ -125,6 +125,7 @@ def check_data_parallel(world, dtype, reference32, failures):
     runs = {}
     for label, kind, extra in (("zb-h1", "zb-h1", {}), ("1f1b", "1f1b", {}),
                                ("zero", "zb-h1", {"zero": 1}),
+                               ("zero2", "zb-h1", {"zero": 2}),
                                ("bf16 messages", "zb-h1", {"grad_comm_dtype": "bfloat16"})):
         runs[label] = train(world, make_cfg(dtype, 2, 2, kind, **extra), generate(kind, 2, 2))
     runs["post-validation"] = train(world, make_cfg(dtype, 2, 2, "zb-h1",

@@ -84,3 +84,28 @@ def test_a_loss_scale_does_not_change_float64_training():
     _, plain = run("float64", steps=4)
     _, scaled = run("float64", steps=4, loss_scale=1024.0)
     assert plain == scaled
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_master_weights_start_from_the_exact_initial_values(dtype):
+    """The float32 masters hold float32(the float64 draw), not the 16-bit weights widened
+    (which would drop the rounding error into the first update); the transient float32 copy
+    is released once the optimizer holds it."""
+    from hpcpipe.model.layout import init_value
+
+    cfg = config.from_dict({
+        "model": {"n_layer": 1, "n_head": 2, "n_embd": 8, "block_size": 4, "vocab_size": 11},
+        "train": {"dtype": dtype, "seed": 5}, "parallel": {"microbatches": 1},
+    }, source="master weights test")
+    rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), backend.select("cpu"),
+                      generate("1f1b", 1, 1))
+    stage = rank.model.stages[0]
+    [shard] = rank.step.optimizer.shards
+    assert stage.exact_init is None
+    rounded = 0
+    for name, shape in stage.param_buffer.layout:
+        a, b = stage.param_buffer.offsets[name]
+        exact = init_value(stage.cfg, name, shape, 5).astype(np.float32).ravel()
+        assert np.array_equal(shard.master[a:b], exact), name
+        rounded += int(np.sum(stage.param_buffer.data[a:b].astype(np.float32) != exact))
+    assert rounded > 0  # the 16-bit weights are the rounding the masters must not start from

@@ -10,7 +10,7 @@ from hpcpipe.data.tokens import DataError, TokenFile, is_prepared_by_hpcpipe, op
 from hpcpipe.util.errors import ConfigError, every_rank_does, root_does
 
 
-def open_tokens(cfg: Config, comm, log) -> TokenFile:
+def open_tokens(cfg, comm, log) -> TokenFile:
     """The token file of the config, prepared by rank 0 first if it does not exist yet,
     and checked against the config: its corpus, its vocabulary, its length."""
     path = cfg.data.path or default_token_path(cfg.data.corpus)
@@ -30,7 +30,7 @@ def open_tokens(cfg: Config, comm, log) -> TokenFile:
     return tokens
 
 
-def _check_tokens(cfg: Config, tokens: TokenFile):
+def _check_tokens(cfg, tokens: TokenFile):
     path, model = tokens.path, cfg.model
     # The corpus decides which file a run trains on when the path is derived from it, or
     # when the config names a corpus of its own (not the default) beside a path.

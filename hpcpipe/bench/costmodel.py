@@ -24,7 +24,6 @@ import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 
 from hpcpipe.device.backend import Backend
 from hpcpipe.model.layers import (attention, block, embedding, gelu, head, layernorm, linear, loss, mlp)

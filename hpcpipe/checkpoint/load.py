@@ -3,7 +3,6 @@ optimizer state its stages and shards hold, whatever layout wrote them."""
 
 from __future__ import annotations
 
-import numpy as np
 
 from hpcpipe.checkpoint.hdf5 import H5_ERRORS, Reader
 from hpcpipe.checkpoint.manifest import CheckpointError

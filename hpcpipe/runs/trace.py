@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 from hpcpipe.util.colours import label_colour, legend_entries, op_colour
 from hpcpipe.util.files import read_bounded, write_text_atomic

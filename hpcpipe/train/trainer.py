@@ -173,6 +173,8 @@ class Trainer:
                  f"{model.block_size} = {cfg.tokens_per_step:,} tokens/step")
         self.log(f"run directory: {self.run_dir.path} | {train.steps} steps, eval every "
                  f"{train.eval_every or train.steps}")
+        if train.local_steps:
+            self.log(describe_local_sgd(train))
 
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> Summary:
@@ -311,6 +313,30 @@ class Trainer:
         for line in end_of_run(self.metrics, self.cfg.parallel, step.gradsync.bytes_reduced,
                                step.optimizer_state_bytes, self.record.piece.seconds):
             self.log(line)
+        if step.outer is not None:
+            self.log(local_sgd_line(step, self.summary.steps - self.start_step))
+
+
+def describe_local_sgd(train) -> str:
+    return (f"local SGD: {train.local_steps} inner steps per replica between outer steps "
+            f"({train.outer_optimizer}, lr {train.outer_lr:g}"
+            + (f", momentum {train.outer_momentum:g}" if train.outer_optimizer == "nesterov"
+               else "")
+            + f"), parameter deltas sent as {train.outer_comm_dtype}")
+
+
+def local_sgd_line(step, steps: int) -> str:
+    """Local SGD's bytes across replicas on this rank, against what synchronous data
+    parallelism would have reduced (the gradient every step)."""
+    outer = step.outer
+    grads = step.gradsync.gradients()
+    sync = sum(int(g.size) for g in grads) * grads[0].dtype.itemsize if grads else 0
+    sent = outer.bytes_reduced / max(1, steps)
+    saving = f", {sync / sent:.0f}× fewer" if sent else ""
+    return (f"  local SGD: {outer.steps_taken} outer steps (every {outer.every}); "
+            f"{sent / 2**20:.3f} MiB of parameter deltas per step and rank on average, "
+            f"against {sync / 2**20:.3f} MiB of gradients synchronously{saving}; outer "
+            f"state {outer.state_bytes / 2**20:.2f} MiB")
 
 
 def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:

@@ -71,7 +71,7 @@ class TrainSection:
     outer_optimizer: str = "average"  # "average" (plain) or "nesterov" (DiLoCo)
     outer_lr: float = 1.0  # outer step size; 1 with "average": the replicas' mean
     outer_momentum: float = 0.9  # "nesterov" only
-    outer_comm_dtype: str = "float32"  # the deltas travel as "float32" or "bfloat16"
+    outer_comm_dtype: str = "auto"  # deltas travel as "auto" (the master's), float32, bfloat16
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ replica takes H inner AdamW steps on its own gradient (its own moments too), dri
 away from the others. Every H steps they meet once (`OuterStep`):
 
     Δ_r = θ_anchor − θ_r                       each replica's pseudo-gradient (float32 master)
-    Δ   = (Σ_r Δ_r) / dp                       one all-reduce of every shard, in float32 or bf16
+    Δ   = (Σ_r Δ_r) / dp                       one all-reduce of every shard (bf16 allowed)
     average:   θ = θ_anchor − lr · Δ            (lr = 1: the replicas' mean, as local SGD)
     nesterov:  u = μ·u + Δ;  θ = θ_anchor − lr · (Δ + μ·u)     (DiLoCo's outer SGD-Nesterov)
     θ_anchor = θ                               on every replica alike
@@ -24,7 +24,7 @@ from __future__ import annotations
 from hpcpipe.device.dtypes import compute_dtype
 
 OUTER_OPTIMIZERS = ("average", "nesterov")
-OUTER_COMM_DTYPES = ("float32", "bfloat16")
+OUTER_COMM_DTYPES = ("auto", "float32", "bfloat16")  # auto: the master weights' dtype
 
 
 class OuterStep:
@@ -32,13 +32,16 @@ class OuterStep:
     `every` inner steps across `comm` (grid.data) of `dp` replicas through `transport`."""
 
     def __init__(self, shards, comm, transport, dp: int, every: int, kind: str = "average",
-                 lr: float = 1.0, momentum: float = 0.9, comm_dtype: str = "float32"):
+                 lr: float = 1.0, momentum: float = 0.9, comm_dtype: str = "auto"):
         if kind not in OUTER_OPTIMIZERS:
             raise ValueError(f"outer optimizer {kind!r}; allowed: {', '.join(OUTER_OPTIMIZERS)}")
         self.shards, self.comm, self.transport = shards, comm, transport
         self.dp, self.every, self.kind = dp, every, kind
         self.lr, self.momentum = float(lr), float(momentum)
-        self.comm_dtype = compute_dtype(comm_dtype)
+        if comm_dtype != "auto":
+            self.comm_dtype = compute_dtype(comm_dtype)
+        else:  # the weights the outer step works on: float32 masters under 16-bit compute
+            self.comm_dtype = shards[0].master.dtype if shards else compute_dtype("float32")
         self.anchor = [s.master.copy() for s in shards]  # θ at the last outer step
         self.velocity = [_zeros_like(s.master) for s in shards] if kind == "nesterov" else []
         self.bytes_reduced = 0  # bytes this rank sent into outer all-reduces, this piece

@@ -322,7 +322,9 @@ def describe_local_sgd(train) -> str:
             f"({train.outer_optimizer}, lr {train.outer_lr:g}"
             + (f", momentum {train.outer_momentum:g}" if train.outer_optimizer == "nesterov"
                else "")
-            + f"), parameter deltas sent as {train.outer_comm_dtype}")
+            + "), parameter deltas sent as " + (train.outer_comm_dtype
+                                                if train.outer_comm_dtype != "auto" else
+                                                "the master weights' dtype"))
 
 
 def local_sgd_line(step, steps: int) -> str:

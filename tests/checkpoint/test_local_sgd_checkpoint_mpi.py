@@ -62,6 +62,15 @@ def test_local_sgd_resumes_bitwise_mid_round_and_refuses_another_layout(tmp_path
     for name, w in expected.items():
         assert np.array_equal(actual[name], w), name
 
+    # Switching modes: local → synchronous from the first replica's state, and back
+    # (a synchronous checkpoint starts a fresh round: the anchor is its weights).
+    proc = train(tmp_path / "sync", stdlib_tokens, 2, *layout(1, 2), "train.local_steps=0",
+                 resume=start)
+    assert proc.returncode == 0, proc.stderr
+    proc = train(tmp_path / "local-again", stdlib_tokens, 2, *layout(2, 1), "train.steps=8",
+                 resume=tmp_path / "sync" / "checkpoints" / "step_00000006")
+    assert proc.returncode == 0 and "local SGD: 1 outer steps" in proc.stdout, proc.stderr
+
     proc = train(tmp_path / "reshard", stdlib_tokens, 2, *layout(1, 2), resume=start)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode != 0 and len(errors) == 1, proc.stderr

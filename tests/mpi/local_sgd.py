@@ -9,7 +9,8 @@ dp = 1 Ranks, no local SGD) and an outer step written here in NumPy. Checked:
 - bitwise equal across pp and schedules at dp = 2 (the contract: numbers do not depend on
   the pipeline);
 - no gradient bytes reduced on any step, and the outer all-reduce's bytes are exactly the
-  shard once per outer step, halved by bfloat16; bfloat16 deltas within 2 % in loss.
+  shard once per outer step, halved by bfloat16; bfloat16 deltas within 2 % in loss, and
+  bfloat16 compute (float32 masters, float32 deltas) within 2 % as well.
 """
 
 import os
@@ -149,11 +150,16 @@ def check(comm) -> mpibody.Report:
 
 
 def compare_bf16(comm, n) -> list[str]:
-    """bfloat16 deltas: half the outer bytes, the loss within 2 % of float32 deltas."""
+    """bfloat16 deltas: half the outer bytes, the loss within 2 % of float32 deltas; and
+    bfloat16 compute (the outer step on the float32 masters) within 2 % too."""
     key = (2, n // 2)
     f32 = train(comm, make_cfg(*key, dtype="float32"))
     b16 = train(comm, make_cfg(*key, comm_dtype="bfloat16", dtype="float32"))
+    compute16 = train(comm, make_cfg(*key, dtype="bfloat16"))
     failures = []
+    if compute16[3] != f32[3] or not abs(compute16[0][-1] - f32[0][-1]) < 0.02 * f32[0][-1]:
+        failures.append(f"bfloat16 compute: {compute16[3]} outer bytes (float32: {f32[3]}), "
+                        f"loss {compute16[0][-1]} vs float32 {f32[0][-1]}")
     if b16[3] * 2 != f32[3]:
         failures.append(f"bfloat16 deltas sent {b16[3]} bytes, float32 {f32[3]}")
     if not abs(b16[0][-1] - f32[0][-1]) < 0.02 * f32[0][-1]:

@@ -89,20 +89,21 @@ def reference(dp):
     be = devices.select()
     ranks = [Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be,
                         generate("1f1b", 1, microbatches)) for _ in range(dp)]
-    buffers = [r.model.stages[0].param_buffer.data for r in ranks]
-    anchor, velocity = buffers[0].copy(), np.zeros_like(buffers[0])
+    buffers = [r.model.stages[0].param_buffer.data for r in ranks]  # device arrays
+    anchor = be.to_host(buffers[0]).copy()  # the outer step runs on the host, in NumPy
+    velocity = np.zeros_like(anchor)
     losses = []
     for step in range(1, STEPS + 1):
         outs = [r.train_step(step, replica_inputs(be, step, d, microbatches), cfg.train.lr,
                              cfg.train.grad_clip)[0] for d, r in enumerate(ranks)]
         losses.append(sum(o.loss for o in outs) / dp)
         if step % H == 0:
-            delta = sum(anchor - b for b in buffers) / dp
+            delta = sum(anchor - be.to_host(b) for b in buffers) / dp
             velocity = MOMENTUM * velocity + delta
             anchor = anchor - OUTER_LR * (delta + MOMENTUM * velocity)
             for b in buffers:
-                b[...] = anchor
-    return losses, [b.copy() for b in buffers]
+                b[...] = be.from_host(anchor)
+    return losses, [be.to_host(b).copy() for b in buffers]
 
 
 def close(a, b, tol=1e-12):

@@ -25,6 +25,7 @@ from hpcpipe.model import GPTConfig
 from hpcpipe.model.sharding import check_divisible
 from hpcpipe.parallel.gradsync import COMM_DTYPES
 from hpcpipe.parallel.grid import RANK_ORDERS
+from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_OPTIMIZERS
 from hpcpipe.schedules import KINDS as SCHEDULES
 from hpcpipe.schedules import V_KINDS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
@@ -63,6 +64,15 @@ class TrainSection:
     trace_steps: int = 10  # steps 1..N go to trace.json and a timeline PNG; 0: none
     post_validation: bool = False  # step without waiting for the global norm; fix up later
     loss_scale: float = 0.0  # 0: dynamic for float16, none otherwise; > 0: a fixed scale
+    # -- local SGD / DiLoCo across the dp replicas (hpcpipe/parallel/outer.py) --
+    # 0: synchronous data parallelism (the gradient all-reduced every step). H >= 1: each
+    # replica takes H inner AdamW steps on its own gradient, then the replicas average
+    # their parameter deltas (one all-reduce) and the outer optimizer steps.
+    local_steps: int = 0
+    outer_optimizer: str = "average"  # "average" (plain) or "nesterov" (DiLoCo)
+    outer_lr: float = 1.0  # outer step size; 1 with "average": the replicas' mean
+    outer_momentum: float = 0.9  # "nesterov" only
+    outer_comm_dtype: str = "auto"  # deltas travel as "auto" (the master's), float32, bfloat16
 
 
 @dataclass(frozen=True)
@@ -299,6 +309,38 @@ def _check_train(source, train: TrainSection):
              "memory pool may hold")
     _one_of(source, "train.dtype", train.dtype, DTYPES)
     _one_of(source, "train.device", train.device, DEVICES)
+    _check_outer(source, train)
+
+
+def _check_outer(source, train: TrainSection):
+    """The local-SGD keys on their own (`_check_local_layout`: with the rest)."""
+    _at_least(source, "train", train, ("local_steps",), 0)
+    _one_of(source, "train.outer_optimizer", train.outer_optimizer, OUTER_OPTIMIZERS)
+    _one_of(source, "train.outer_comm_dtype", train.outer_comm_dtype, OUTER_COMM_DTYPES)
+    _require(source, "train.outer_lr", train.outer_lr, 0 < train.outer_lr <= 2,
+             "must be in (0, 2] (1 with outer_optimizer = \"average\" is the replicas' mean)")
+    _require(source, "train.outer_momentum", train.outer_momentum,
+             0 <= train.outer_momentum < 1, "must be in [0, 1)")
+
+
+def _check_local_layout(source, cfg: "Config"):
+    """What local SGD cannot run with: refused here, each with one message."""
+    train, parallel = cfg.train, cfg.parallel
+    if not train.local_steps:
+        return
+    why = None
+    if parallel.zero:
+        why = ("ZeRO shards the optimizer state over the dp replicas, but under local SGD "
+               "every replica steps on its own gradient with its own state; set "
+               "parallel.zero = 0")
+    elif train.post_validation:
+        why = ("post-validation settles each step with a verdict of the whole world, but "
+               "local SGD's replicas step apart; set train.post_validation = false")
+    elif train.dtype == "float16" and train.loss_scale == 0:
+        why = ("float16's dynamic loss scale would drift apart on the replicas between "
+               "outer steps; use dtype bfloat16 or a fixed train.loss_scale")
+    if why:
+        raise ConfigError(source, "train.local_steps", train.local_steps, why)
 
 
 def _check_data(source, data: DataSection):
@@ -396,6 +438,7 @@ def validate(cfg: Config) -> Config:
     _check_parallel(source, cfg.parallel)
     _check_checkpoint(source, cfg.checkpoint)
     _check_layout(source, cfg)
+    _check_local_layout(source, cfg)
     return cfg
 
 

@@ -159,3 +159,26 @@ def test_bad_override_syntax(tmp_path):
 def test_override_of_unknown_key(tmp_path):
     path, msg = error_of(tmp_path, "", overrides=["train.stpes=3"])
     assert "train.stpes" in msg and "unknown key" in msg and "(with --set)" in msg
+
+
+def test_local_sgd_keys_and_the_layouts_it_refuses(tmp_path):
+    """train.local_steps is off by default; its keys are checked, and each combination it
+    cannot run with is refused with one message naming the key to change."""
+    assert Config().train.local_steps == 0
+    cfg = config.from_dict({"train": {"local_steps": 16, "outer_optimizer": "nesterov",
+                                      "outer_lr": 0.7, "outer_comm_dtype": "bfloat16"},
+                            "parallel": {"dp": 2, "pp": 2, "tp": 2}})
+    assert cfg.train.local_steps == 16
+    for text, words in [
+            ("[train]\nlocal_steps = -1\n", "must be 0 or more"),
+            ('[train]\nlocal_steps = 4\nouter_optimizer = "adam"\n', "allowed: average, nesterov"),
+            ("[train]\nlocal_steps = 4\nouter_lr = 0\n", "must be in (0, 2]"),
+            ("[train]\nlocal_steps = 4\nouter_momentum = 1\n", "must be in [0, 1)"),
+            ('[train]\nouter_comm_dtype = "float16"\n', "allowed: auto, float32, bfloat16"),
+            ("[train]\nlocal_steps = 4\n[parallel]\nzero = 1\n", "set parallel.zero = 0"),
+            ("[train]\nlocal_steps = 4\npost_validation = true\n",
+             "set train.post_validation = false"),
+            ('[train]\nlocal_steps = 4\ndtype = "float16"\n', "a fixed train.loss_scale")]:
+        _, msg = error_of(tmp_path, text)
+        assert words in msg, (text, msg)
+    config.from_dict({"train": {"local_steps": 4, "dtype": "float16", "loss_scale": 1024.0}})

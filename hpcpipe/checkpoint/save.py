@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcpipe.checkpoint import local
 from hpcpipe.checkpoint import manifest as manifests
 from hpcpipe.checkpoint.hdf5 import OPTIM_KINDS, sha256, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
@@ -131,7 +132,8 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str) 
     layout = {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "chunks": len(model.stages),
               "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
               "rank_order": grid.rank_order,
-              "partition": [list(spec.layers) for spec in model.specs]}
+              "partition": [list(spec.layers) for spec in model.specs],
+              "local_steps": cfg.train.local_steps}
     return manifests.build(cfg, step, cfg.train.dtype, layout, files, tensors, segments,
                            adam_step=rank.step.optimizer.t, state=state, run=run)
 
@@ -173,6 +175,8 @@ def _write_rank_files(rank, cfg, folder: str) -> list[dict]:
         segments = _write_optimizer(rank.step.optimizer, rank.model.backend,
                                   os.path.join(folder, name), grid)
         entries.append(_entry(folder, name, pieces=segments))
+    if rank.step.outer is not None:  # local SGD: every replica's own state, and the outer's
+        entries.append(_entry(folder, local.write(rank, folder)))
     return entries
 
 

@@ -5,7 +5,9 @@
       → AdamW with clipping (optim.py), skipped when the gradient is not finite
 
 With post-validation the last two become an optimistic update validated one step later
-(post_validation.py), so that steps need not wait for each other. The gradient's one
+(post_validation.py), so that steps need not wait for each other. With local SGD
+(train.local_steps = H) there is no data-parallel reduction: each replica steps on its
+own gradient and every H steps the outer step (outer.py) averages the replicas' weights. The gradient's one
 scale (scaling.py) enters at the runtime's loss gradient and at the optimizer's update.
 """
 
@@ -21,6 +23,7 @@ from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.optim.post_validation import PostValidator
 from hpcpipe.optim.scaling import GradScale, LossScaler
 from hpcpipe.parallel.gradsync import BucketPlan, GradSync, ParamGather
+from hpcpipe.parallel.outer import OuterStep
 from hpcpipe.util.timeline import local_row, step_stats
 
 
@@ -31,10 +34,15 @@ class TrainStep:
     (the auto schedule, once costs are measured) changes nothing here."""
 
     def __init__(self, model, grid, gradsync, gather, optimizer, norm, scaler, trace=None,
-                 post_validation: bool = False, zero: int = 0):
+                 post_validation: bool = False, zero: int = 0,
+                 outer: OuterStep | None = None):
         self.model, self.grid, self.gradsync, self.gather = model, grid, gradsync, gather
         self.zero = zero  # the ZeRO stage in effect (0 over a single replica)
         self.optimizer, self.norm, self.scaler, self.trace = optimizer, norm, scaler, trace
+        self.outer = outer
+        self._outer_bytes = 0  # bytes of the outer all-reduce in the step just run
+        # The replicas a step's gradient is the mean over: one of its own under local SGD.
+        self.replicas = 1 if outer is not None else grid.dp
         self.validator = PostValidator(optimizer, norm, gather, scaler, grid.world,
                                        self.timed) if post_validation else None
 
@@ -47,8 +55,10 @@ class TrainStep:
         # and ZeRO-2 reduce-scatter the same buckets into the same shards; ZeRO-2 then
         # frees the accumulation buffer until the next step.
         zero = parallel.zero if grid.dp > 1 else 0
-        plan = BucketPlan(model.stages, int(parallel.bucket_mb * 2**20), grid.dp,
-                          grid.dp_rank, bool(zero))
+        local = train.local_steps > 0
+        # Local SGD: the reduction is planned over one replica, so it reduces nothing.
+        plan = BucketPlan(model.stages, int(parallel.bucket_mb * 2**20),
+                          1 if local else grid.dp, 0 if local else grid.dp_rank, bool(zero))
         gradsync = GradSync(plan, grid.data, transport, parallel.grad_comm_dtype)
         gather = ParamGather(plan, grid.data, transport) if zero else None
         shards = plan.param_shards()
@@ -60,11 +70,14 @@ class TrainStep:
         # replica holds the same gradient and the pipeline's ranks cover the model.
         group = grid.world if zero else (grid.replica or grid.pipe)
         norm = GradNorm(shards, model.order, group, model.backend.xp, grid.tp_rank)
+        outer = OuterStep(shards, grid.data, transport, grid.dp, train.local_steps,
+                          train.outer_optimizer, train.outer_lr, train.outer_momentum,
+                          train.outer_comm_dtype) if local else None
         return cls(model, grid, gradsync, gather, optimizer, norm,
-                   LossScaler.for_config(train), trace, train.post_validation, zero)
+                   LossScaler.for_config(train), trace, train.post_validation, zero, outer)
 
     def grad_scale(self, microbatches: int) -> GradScale:
-        return GradScale(microbatches, self.grid.dp, self.scaler.scale)
+        return GradScale(microbatches, self.replicas, self.scaler.scale)
 
     # -- the gradient ----------------------------------------------------------------------
     def gradients(self, runtime, step: int, inputs):
@@ -112,6 +125,10 @@ class TrainStep:
         if not skipped:
             coefficient = clip_coefficient(norm, max_norm) * unscale
             self.timed(step, lambda: self._update(lr, coefficient))
+        outer_bytes = self.outer.bytes_reduced if self.outer is not None else 0
+        if self.outer is not None and self.outer.due(step):
+            self.timed(step, self.outer)  # a round ends, whether or not this step updated
+        self._outer_bytes = (self.outer.bytes_reduced - outer_bytes) if self.outer else 0
         scale = self.scaler.scale
         self.scaler.update(not skipped)
         stats = step_stats(self.trace, step, result, self.grid.world,
@@ -191,7 +208,8 @@ class TrainStep:
             trace.add("optimizer", "optimizer", start, trace.now(), step)
 
     def _reduction_stats(self) -> dict:
-        return dict(dp_wait_s=self.gradsync.wait_s, allreduce_bytes=self.gradsync.bytes_reduced)
+        return dict(dp_wait_s=self.gradsync.wait_s,
+                    allreduce_bytes=self.gradsync.bytes_reduced + self._outer_bytes)
 
     def _rank_step(self, step, result):
         if not self.trace:

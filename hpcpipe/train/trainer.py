@@ -173,9 +173,8 @@ class Trainer:
                  f"{model.block_size} = {cfg.tokens_per_step:,} tokens/step")
         self.log(f"run directory: {self.run_dir.path} | {train.steps} steps, eval every "
                  f"{train.eval_every or train.steps}")
-        note = self.rank.step.post_validation_note
-        if note and train.grad_clip > 0:
-            self.log(note)
+        for line in mode_notes(train, self.rank.step):
+            self.log(line)
 
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> Summary:
@@ -314,6 +313,39 @@ class Trainer:
         for line in end_of_run(self.metrics, self.cfg.parallel, step.gradsync.bytes_reduced,
                                step.optimizer_state_bytes, self.record.piece.seconds):
             self.log(line)
+        if step.outer is not None:
+            self.log(local_sgd_line(step, self.summary.steps - self.start_step))
+
+
+def describe_local_sgd(train) -> str:
+    return (f"local SGD: {train.local_steps} inner steps per replica between outer steps "
+            f"({train.outer_optimizer}, lr {train.outer_lr:g}"
+            + (f", momentum {train.outer_momentum:g}" if train.outer_optimizer == "nesterov"
+               else "")
+            + "), parameter deltas sent as " + (train.outer_comm_dtype
+                                                if train.outer_comm_dtype != "auto" else
+                                                "the master weights' dtype"))
+
+
+def local_sgd_line(step, steps: int) -> str:
+    """Local SGD's bytes across replicas on this rank, against what synchronous data
+    parallelism would have reduced (the gradient every step)."""
+    outer = step.outer
+    grads = step.gradsync.gradients()
+    sync = sum(int(g.size) for g in grads) * grads[0].dtype.itemsize if grads else 0
+    sent = outer.bytes_reduced / max(1, steps)
+    saving = f", {sync / sent:.0f}× fewer" if sent else ""
+    return (f"  local SGD: {outer.steps_taken} outer steps (every {outer.every}); "
+            f"{sent / 2**20:.3f} MiB of parameter deltas per step and rank on average, "
+            f"against {sync / 2**20:.3f} MiB of gradients synchronously{saving}; outer "
+            f"state {outer.state_bytes / 2**20:.2f} MiB")
+
+
+def mode_notes(train, step) -> list[str]:
+    """The header's lines on how steps are validated and replicas kept in step."""
+    note = step.post_validation_note
+    return ([note] if note and train.grad_clip > 0 else []) + (
+        [describe_local_sgd(train)] if train.local_steps else [])
 
 
 def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:

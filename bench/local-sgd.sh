@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Local SGD / DiLoCo against synchronous data parallelism on the same tokens: dp 2, the
+# stdlib corpus, 300 steps of inputs/tiny.toml (2 microbatches of 4 sequences per replica
+# and step). Writes runs/{sync-dp2,localsgd-h16,diloco-h16,localsgd-h16-bf16} and overlays
+# their curves in bench/results/local-sgd.png. The README's "Asynchronous training" figures
+# come from here. Measurements, not tests: run it on an otherwise idle machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+launch=(mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml
+        --set parallel.dp=2 --set parallel.microbatches=2 --set parallel.schedule=1f1b
+        --set train.steps=300 --set train.eval_every=50 --set train.trace_steps=0
+        --set train.log_every=50)
+"${launch[@]}" --run-dir runs/sync-dp2
+"${launch[@]}" --set train.local_steps=16 --run-dir runs/localsgd-h16
+"${launch[@]}" --set train.local_steps=16 --set train.outer_optimizer=nesterov \
+    --set train.outer_lr=0.7 --set train.outer_momentum=0.9 --run-dir runs/diloco-h16
+"${launch[@]}" --set train.local_steps=16 --set train.outer_comm_dtype=bfloat16 \
+    --run-dir runs/localsgd-h16-bf16
+python -m hpcpipe plot runs/sync-dp2 runs/localsgd-h16 runs/diloco-h16 runs/localsgd-h16-bf16 \
+    --out bench/results/local-sgd.png --force

@@ -1,0 +1,122 @@
+"""Local SGD and DiLoCo across the data-parallel replicas: the outer step.
+
+With `train.local_steps = H` the replicas skip the gradient all-reduce: each pipeline
+replica takes H inner AdamW steps on its own gradient (its own moments too), drifting
+away from the others. Every H steps they meet once (`OuterStep`):
+
+    Δ_r = θ_anchor − θ_r                       each replica's pseudo-gradient (float32 master)
+    Δ   = (Σ_r Δ_r) / dp                       one all-reduce of every shard (bf16 allowed)
+    average:   θ = θ_anchor − lr · Δ            (lr = 1: the replicas' mean, as local SGD)
+    nesterov:  u = μ·u + Δ;  θ = θ_anchor − lr · (Δ + μ·u)     (DiLoCo's outer SGD-Nesterov)
+    θ_anchor = θ                               on every replica alike
+
+Staleness: a replica's gradient never sees the other replicas' last ≤ H − 1 updates.
+Memory: the anchor, and with Nesterov the momentum, one float32 copy each of the shard.
+Bytes: every H steps the whole parameter shard once, instead of the gradient every step.
+
+Every rank works on its own shards only (its stages, its tensor-parallel part), over its
+stage's data-parallel communicator; the head's copy of the tied embedding gets the same
+deltas as the embedding's, so both copies stay equal.
+"""
+
+from __future__ import annotations
+
+from hpcpipe.device.dtypes import compute_dtype
+
+OUTER_OPTIMIZERS = ("average", "nesterov")
+OUTER_COMM_DTYPES = ("auto", "float32", "bfloat16")  # auto: the master weights' dtype
+
+
+class OuterStep:
+    """The outer optimizer over one rank's optimizer shards (`ParamShard`s), met every
+    `every` inner steps across `comm` (grid.data) of `dp` replicas through `transport`."""
+
+    def __init__(self, shards, comm, transport, dp: int, every: int, kind: str = "average",
+                 lr: float = 1.0, momentum: float = 0.9, comm_dtype: str = "auto"):
+        if kind not in OUTER_OPTIMIZERS:
+            raise ValueError(f"outer optimizer {kind!r}; allowed: {', '.join(OUTER_OPTIMIZERS)}")
+        self.shards, self.comm, self.transport = shards, comm, transport
+        self.dp, self.every, self.kind = dp, every, kind
+        self.lr, self.momentum = float(lr), float(momentum)
+        if comm_dtype != "auto":
+            self.comm_dtype = compute_dtype(comm_dtype)
+        else:  # the weights the outer step works on: float32 masters under 16-bit compute
+            self.comm_dtype = shards[0].master.dtype if shards else compute_dtype("float32")
+        self.anchor = [s.master.copy() for s in shards]  # θ at the last outer step
+        self.velocity = [_zeros_like(s.master) for s in shards] if kind == "nesterov" else []
+        self.bytes_reduced = 0  # bytes this rank sent into outer all-reduces, this piece
+        self.steps_taken = 0
+
+    def due(self, step: int) -> bool:
+        """Whether inner step `step` (counted from 1) closes a round."""
+        return step % self.every == 0
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.anchor + self.velocity)
+
+    def __call__(self):
+        """The outer step (a collective of the data-parallel group)."""
+        deltas = self._mean_delta()
+        for i, (shard, delta) in enumerate(zip(self.shards, deltas)):
+            if self.kind == "nesterov":
+                v = self.velocity[i]
+                v *= self.momentum
+                v += delta
+                delta = delta + self.momentum * v
+            if self.lr != 1.0:
+                delta *= self.lr
+            shard.master[...] = self.anchor[i] - delta
+            self.anchor[i][...] = shard.master
+            shard.push()
+        self.steps_taken += 1
+
+    def _mean_delta(self) -> list:
+        """(anchor − θ) of every shard, averaged over the replicas with one all-reduce."""
+        deltas = [a - s.master for a, s in zip(self.anchor, self.shards)]  # fresh arrays
+        if self.dp == 1:
+            return deltas
+        from mpi4py import MPI
+
+        t = self.transport
+        sizes = [d.size for d in deltas]
+        buffer = t.empty(sum(sizes), self.comm_dtype)
+        at = 0
+        for d in deltas:
+            t.fill(buffer[at:at + d.size], d)
+            at += d.size
+        t.ready()
+        self.comm.Allreduce(MPI.IN_PLACE, t.wire(buffer), op=t.sum_op(self.comm_dtype))
+        self.bytes_reduced += int(buffer.nbytes)
+        at = 0
+        for d in deltas:
+            t.to_device(buffer[at:at + d.size], out=d)
+            at += d.size
+        t.ready()
+        t.release(buffer)
+        # Dividing by a power of two is exact; otherwise this is the mean's one rounding.
+        return [d / d.dtype.type(self.dp) for d in deltas]
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def state(self) -> dict:
+        """Views of what the outer optimizer keeps, by the name a checkpoint stores it
+        under: per shard i, "anchor/i" and (Nesterov) "velocity/i"."""
+        out = {f"anchor/{i}": a for i, a in enumerate(self.anchor)}
+        out.update({f"velocity/{i}": v for i, v in enumerate(self.velocity)})
+        return out
+
+    def restart_from_weights(self):
+        """A fresh round from the weights the shards hold now (a checkpoint without outer
+        state: the anchor is those weights, the momentum zero)."""
+        for a, s in zip(self.anchor, self.shards):
+            a[...] = s.master
+        for v in self.velocity:
+            v[...] = 0
+
+
+
+def _zeros_like(array):
+    """Zeros of `array`'s shape, dtype and device (NumPy or CuPy alike)."""
+    out = array.copy()
+    out[...] = 0
+    return out

@@ -1,0 +1,178 @@
+"""MPI worker body: local SGD / DiLoCo (train.local_steps) against one process.
+
+`check(comm)` (contract: tests/harness/mpibody.py); tests/parallel/test_local_sgd_mpi.py
+runs it on 2 and 4 ranks. Every layout trains the same global batch for STEPS float64
+steps with local_steps = H and the Nesterov outer step, so the run ends mid-round (the
+replicas differ). The reference is one process holding `dp` independent replicas (plain
+dp = 1 Ranks, no local SGD) and an outer step written here in NumPy. Checked:
+- losses equal the reference's to 1e-12, and (pp = 1, tp = 1) every replica's weights;
+- bitwise equal across pp and schedules at dp = 2 (the contract: numbers do not depend on
+  the pipeline);
+- no gradient bytes reduced on any step, and the outer all-reduce's bytes are exactly the
+  shard once per outer step, halved by bfloat16; bfloat16 deltas within 2 % in loss, and
+  bfloat16 compute (float32 masters, float32 deltas) within 2 % as well.
+"""
+
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import (
+    devices,  # noqa: E402  (tests/harness/devices.py: the test device)
+    mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
+)
+
+from hpcpipe import config
+from hpcpipe.parallel import grid as gridlib
+from hpcpipe.schedules import generate
+from hpcpipe.train.rank import Rank
+
+B, GLOBAL_MICROBATCHES, STEPS, H = 2, 8, 5, 2
+OUTER_LR, MOMENTUM = 0.7, 0.9
+
+
+def make_cfg(dp, pp, tp=1, kind="1f1b", local=H, comm_dtype="auto", dtype="float64",
+             microbatches=None, loss_scale=0.0):
+    return config.from_dict({
+        "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
+        "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
+                  "grad_clip": 1.2, "weight_decay": 0.1, "seed": 3, "local_steps": local,
+                  "outer_optimizer": "nesterov", "outer_lr": OUTER_LR,
+                  "outer_momentum": MOMENTUM, "outer_comm_dtype": comm_dtype,
+                  "loss_scale": loss_scale},
+        "parallel": {"dp": dp, "pp": pp, "tp": tp, "schedule": kind,
+                     "microbatches": microbatches or GLOBAL_MICROBATCHES // dp},
+    }, source="local-SGD test")
+
+
+def global_batch(step):
+    rng = np.random.default_rng(200 + step)
+    tokens = rng.integers(0, 20, (GLOBAL_MICROBATCHES * B, 7))
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def replica_inputs(be, step, replica, microbatches):
+    idx, targets = global_batch(step)
+    first = replica * microbatches
+
+    def inputs(mb):
+        rows = slice((first + mb) * B, (first + mb + 1) * B)
+        return be.from_host(idx[rows]), be.from_host(targets[rows])
+    return inputs
+
+
+def train(comm, cfg):
+    """STEPS steps of cfg over `comm`. Returns (losses, this rank's flat weights per chunk,
+    gradient bytes reduced per step, outer bytes, shard elements of this rank)."""
+    p = cfg.parallel
+    grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
+    be = devices.select()
+    rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches,
+                                              v=cfg.chunks))
+    losses, grad_bytes = [], []
+    for step in range(1, STEPS + 1):
+        inputs = replica_inputs(be, step, grid.dp_rank, p.microbatches)
+        [out] = rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip)
+        losses.append(out.loss)
+        grad_bytes.append(rank.step.gradsync.bytes_reduced)
+    flat = [be.to_host(s.param_buffer.data).copy() for s in rank.model.stages.values()]
+    outer = rank.step.outer
+    return losses, flat, grad_bytes, outer.bytes_reduced, sum(s.size for s in outer.shards)
+
+
+def reference(dp):
+    """dp replicas in one process, each a plain Rank of its own, met by a NumPy outer step."""
+    microbatches = GLOBAL_MICROBATCHES // dp
+    cfg = make_cfg(1, 1, local=0, microbatches=microbatches)
+    be = devices.select()
+    ranks = [Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be,
+                        generate("1f1b", 1, microbatches)) for _ in range(dp)]
+    buffers = [r.model.stages[0].param_buffer.data for r in ranks]  # device arrays
+    anchor = be.to_host(buffers[0]).copy()  # the outer step runs on the host, in NumPy
+    velocity = np.zeros_like(anchor)
+    losses = []
+    for step in range(1, STEPS + 1):
+        outs = [r.train_step(step, replica_inputs(be, step, d, microbatches), cfg.train.lr,
+                             cfg.train.grad_clip)[0] for d, r in enumerate(ranks)]
+        losses.append(sum(o.loss for o in outs) / dp)
+        if step % H == 0:
+            delta = sum(anchor - be.to_host(b) for b in buffers) / dp
+            velocity = MOMENTUM * velocity + delta
+            anchor = anchor - OUTER_LR * (delta + MOMENTUM * velocity)
+            for b in buffers:
+                b[...] = be.from_host(anchor)
+    return losses, [be.to_host(b).copy() for b in buffers]
+
+
+def close(a, b, tol=1e-12):
+    return abs(a - b) <= tol * max(abs(a), abs(b))
+
+
+def layouts(n):
+    """(dp, pp, tp, schedule) for a world of n ranks."""
+    if n == 2:
+        return [(2, 1, 1, "1f1b"), (2, 1, 1, "zb-h1")]
+    return [(2, 2, 1, "1f1b"), (2, 2, 1, "zb-v"), (2, 1, 2, "1f1b"), (4, 1, 1, "1f1b")]
+
+
+def check(comm) -> mpibody.Report:
+    n, failures = comm.size, []
+    results = {key: train(comm, make_cfg(*key)) for key in layouts(n)}
+    dps = sorted({key[0] for key in results})
+    refs = {dp: reference(dp) for dp in [1, *dps]} if comm.rank == 0 else {}
+    if comm.rank == 0:  # one replica: the outer step alone (a look-ahead), no all-reduce
+        solo = train(MPI.COMM_SELF, make_cfg(1, 1))
+        failures += [f"dp 1: step {s + 1} loss {a!r} vs the reference {b!r}"
+                     for s, (a, b) in enumerate(zip(solo[0], refs[1][0])) if not close(a, b)]
+    for key, (losses, flat, grad_bytes, outer_bytes, elements) in results.items():
+        dp, pp, tp, _ = key
+        if any(grad_bytes):
+            failures.append(f"{key}: gradient bytes reduced in inner steps: {grad_bytes}")
+        if outer_bytes != (STEPS // H) * elements * 8:
+            failures.append(f"{key}: outer all-reduce sent {outer_bytes} bytes, expected "
+                            f"{STEPS // H} × {elements} float64 elements")
+        replicas = comm.gather(flat if pp == 1 and tp == 1 else None, root=0)
+        if comm.rank == 0:
+            ref_losses, ref_weights = refs[dp]
+            failures += [f"{key}: step {s + 1} loss {a!r} vs one process {b!r}"
+                         for s, (a, b) in enumerate(zip(losses, ref_losses)) if not close(a, b)]
+            for d, weights in enumerate(replicas):
+                if weights is not None and not np.allclose(weights[0], ref_weights[d],
+                                                           rtol=0, atol=1e-12):
+                    failures.append(f"{key}: replica {d}'s weights differ from one process")
+    if comm.rank == 0:
+        by_dp = {}
+        for key, result in results.items():
+            by_dp.setdefault(key[0] if key[2] == 1 else key, []).append((key, result[0]))
+        for members in by_dp.values():
+            failures += [f"{k} not bitwise equal to {members[0][0]}" for k, l in members[1:]
+                         if l != members[0][1]]
+    failures += compare_bf16(comm, n)
+    summary = [f"world {n}: local SGD layouts {sorted(results)}"]
+    return mpibody.Report.agreed(comm, summary, failures)
+
+
+def compare_bf16(comm, n) -> list[str]:
+    """bfloat16 deltas: half the outer bytes, the loss within 2 % of float32 deltas; and
+    bfloat16 compute (the outer step on the float32 masters) within 2 % too."""
+    key = (2, n // 2)
+    f32 = train(comm, make_cfg(*key, dtype="float32"))
+    b16 = train(comm, make_cfg(*key, comm_dtype="bfloat16", dtype="float32"))
+    failures = []
+    for dtype, scale in (("bfloat16", 0.0), ("float16", 1024.0)):  # float16: a fixed scale
+        half = train(comm, make_cfg(*key, dtype=dtype, loss_scale=scale))
+        if half[3] != f32[3] or not abs(half[0][-1] - f32[0][-1]) < 0.02 * f32[0][-1]:
+            failures.append(f"{dtype} compute: {half[3]} outer bytes (float32: {f32[3]}), "
+                            f"loss {half[0][-1]} vs float32 {f32[0][-1]}")
+    if b16[3] * 2 != f32[3]:
+        failures.append(f"bfloat16 deltas sent {b16[3]} bytes, float32 {f32[3]}")
+    if not abs(b16[0][-1] - f32[0][-1]) < 0.02 * f32[0][-1]:
+        failures.append(f"bfloat16 deltas: loss {b16[0][-1]} vs float32 {f32[0][-1]}")
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(mpibody.main(check))

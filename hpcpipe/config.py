@@ -35,6 +35,7 @@ MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text; anything bigger is not
 INT_RANGE = (-2**63, 2**63 - 1)  # every integer is used as an int64 somewhere
 MAX_BUCKET_MB = float(1 << 20)  # 1 TiB: buckets past the model's size change nothing
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+AUTO_DP = "auto"  # parallel.dp's other spelling of 0: the launch decides
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,12 @@ class TrainSection:
     trace_steps: int = 10  # steps 1..N go to trace.json and a timeline PNG; 0: none
     post_validation: bool = False  # step without waiting for the global norm; fix up later
     loss_scale: float = 0.0  # 0: dynamic for float16, none otherwise; > 0: a fixed scale
+    # -- the global batch, whatever the launch (issue 27) --
+    # Sequences per optimizer step over all replicas, as Megatron's --global-batch-size:
+    # each replica then runs global_batch_size / (dp × micro_batch_size) microbatches and
+    # parallel.microbatches is derived (see `for_world`). 0: parallel.microbatches as given,
+    # so the global batch is dp × microbatches × micro_batch_size.
+    global_batch_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,8 @@ class DataSection:
 class ParallelSection:
     """[parallel]: how ranks share the work."""
 
-    dp: int = 1
+    # data-parallel replicas; 0 or "auto": whatever the launch gives, world ÷ (pp × tp)
+    dp: int | str = 1
     pp: int = 1
     tp: int = 1  # tensor-parallel shards of every stage (heads, MLP width, vocabulary)
     sequence_parallel: bool = False  # with tp: LayerNorms and residuals split along T
@@ -108,6 +116,11 @@ class CheckpointSection:
     keep: int = 2  # keep the last N checkpoints ...
     keep_every: int = 0  # ... and every checkpoint whose step is a multiple of this (0: none)
     resume: str = "never"  # "auto": continue from the run directory's latest when it has one
+    # -- time-based checkpoints (issue 27) --
+    # also save when this many minutes have passed since the last save (the ranks agree at a
+    # step boundary); 0: only `every` and the end. The default keeps a long run from
+    # losing more than half an hour to a crash.
+    every_minutes: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -267,7 +280,8 @@ def _check_model(source, model: dict):
 def _check_train(source, train: TrainSection):
     _at_least(source, "train", train, ("steps", "micro_batch_size", "eval_batches",
                                        "log_every"), 1)
-    _at_least(source, "train", train, ("warmup_steps", "eval_every", "seed", "trace_steps"), 0)
+    _at_least(source, "train", train, ("warmup_steps", "eval_every", "seed", "trace_steps",
+                                       "global_batch_size"), 0)
     lr = train.lr
     _require(source, "train.lr", lr, math.isfinite(lr) and lr > 0, "must be a positive number")
     _require(source, "train.min_lr", train.min_lr,
@@ -303,14 +317,17 @@ def _check_data(source, data: DataSection):
 
 
 def _check_checkpoint(source, checkpoint: CheckpointSection):
-    _at_least(source, "checkpoint", checkpoint, ("every", "keep_every"), 0)
+    _at_least(source, "checkpoint", checkpoint, ("every", "keep_every", "every_minutes"), 0)
     _at_least(source, "checkpoint", checkpoint, ("keep",), 1)
     _one_of(source, "checkpoint.resume", checkpoint.resume, ("never", "auto"))
 
 
 def _check_parallel(source, parallel: ParallelSection):
     """The [parallel] values on their own (see `_check_layout` for how they fit the model)."""
-    _at_least(source, "parallel", parallel, ("microbatches", "dp", "pp", "tp"), 1)
+    dp = parallel.dp
+    _require(source, "parallel.dp", dp, dp == AUTO_DP or (isinstance(dp, int) and dp >= 0),
+             'must be a replica count, or 0 or "auto" for world ÷ (pp × tp)')
+    _at_least(source, "parallel", parallel, ("microbatches", "pp", "tp"), 1)
     _require(source, "parallel.microbatches", parallel.microbatches,
              parallel.microbatches <= MAX_MICROBATCHES,
              f"must be at most {MAX_MICROBATCHES} (every rank's schedule lists each "
@@ -381,7 +398,8 @@ def _check_layout(source, cfg: Config):
 
 
 def validate(cfg: Config) -> Config:
-    """Value checks that the types alone do not catch."""
+    """Value checks that the types alone do not catch; `parallel.dp = "auto"` comes back
+    as 0, its one spelling from here on."""
     source = cfg.source
     _check_model(source, dataclasses.asdict(cfg.model))
     _check_train(source, cfg.train)
@@ -389,7 +407,43 @@ def validate(cfg: Config) -> Config:
     _check_parallel(source, cfg.parallel)
     _check_checkpoint(source, cfg.checkpoint)
     _check_layout(source, cfg)
+    if cfg.parallel.dp == AUTO_DP:
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=0))
     return cfg
+
+
+def for_world(cfg: Config, world: int) -> Config:
+    """`cfg` on a launch of `world` ranks: parallel.dp = 0 becomes world ÷ (pp × tp), and a
+    train.global_batch_size fixes parallel.microbatches (per replica) at
+    global_batch_size ÷ (dp × micro_batch_size). A count that does not divide is a
+    ConfigError naming the numbers; a config that asks for a dp the world does not have is
+    left for the grid to refuse (it names the launch line to use)."""
+    parallel, train, source = cfg.parallel, cfg.train, cfg.source
+    shards = parallel.pp * parallel.tp
+    dp = parallel.dp
+    if dp == 0:
+        _require(source, "parallel.dp", "auto", world % shards == 0,
+                 f"takes the launch's {world} ranks ÷ (parallel.pp × parallel.tp = "
+                 f"{parallel.pp} × {parallel.tp} = {shards}), which does not divide; launch "
+                 f"a multiple of {shards} ranks")
+        dp = world // shards
+    microbatches = parallel.microbatches
+    if train.global_batch_size:
+        per_step = dp * train.micro_batch_size
+        _require(source, "train.global_batch_size", train.global_batch_size,
+                 train.global_batch_size % per_step == 0,
+                 f"must be a multiple of dp × micro_batch_size = {dp} × "
+                 f"{train.micro_batch_size} = {per_step} (each replica runs whole "
+                 f"microbatches); e.g. {per_step * max(1, round(train.global_batch_size / per_step))}")
+        microbatches = train.global_batch_size // per_step
+        _require(source, "train.global_batch_size", train.global_batch_size,
+                 microbatches <= MAX_MICROBATCHES,
+                 f"gives {microbatches} microbatches per replica, over {MAX_MICROBATCHES}; "
+                 f"raise train.micro_batch_size")
+    if (dp, microbatches) == (parallel.dp, parallel.microbatches):
+        return cfg
+    resolved = dataclasses.replace(parallel, dp=dp, microbatches=microbatches)
+    return validate(dataclasses.replace(cfg, parallel=resolved))
 
 
 def parse_override(text: str) -> tuple[str, str, object]:

@@ -103,12 +103,35 @@ def test_min_lr_above_lr(tmp_path):
 
 
 def test_data_parallel_settings(tmp_path):
-    _, msg = error_of(tmp_path, "[parallel]\ndp = 0\n")
-    assert "parallel.dp = 0" in msg and "at least 1" in msg
+    _, msg = error_of(tmp_path, "[parallel]\ndp = -1\n")
+    assert "parallel.dp = -1" in msg and '0 or "auto"' in msg
+    _, msg = error_of(tmp_path, '[parallel]\ndp = "four"\n')
+    assert "parallel.dp = 'four'" in msg
     _, msg = error_of(tmp_path, "[parallel]\nzero = 2\n")
     assert "parallel.zero = 2" in msg and "allowed: 0 (off) or 1" in msg
     _, msg = error_of(tmp_path, '[parallel]\ngrad_comm_dtype = "float16"\n')
     assert "allowed: auto, float32, bfloat16" in msg
+
+
+def test_dp_auto_takes_the_world_and_keeps_the_global_batch(tmp_path):
+    # dp = "auto" (or 0) is world ÷ (pp × tp); global_batch_size fixes the step's batch
+    # whatever dp comes out, as Megatron's --global-batch-size does.
+    text = ('[model]\nn_layer = 4\n[train]\nmicro_batch_size = 2\nglobal_batch_size = 16\n'
+            '[parallel]\ndp = "auto"\npp = 2\ntp = 2\n')
+    cfg = config.load(write(tmp_path, text))
+    assert cfg.parallel.dp == 0 and config.load(write(tmp_path, cfg.to_toml())) == cfg
+    for world, dp, microbatches in ((4, 1, 8), (8, 2, 4), (16, 4, 2)):
+        resolved = config.for_world(cfg, world)
+        assert (resolved.parallel.dp, resolved.parallel.microbatches) == (dp, microbatches)
+        assert resolved.tokens_per_step == 16 * cfg.model.block_size
+    fixed = config.for_world(config.load(write(tmp_path, "[parallel]\ndp = 2\n")), 5)
+    assert fixed.parallel.dp == 2  # a count the world lacks is the grid's to refuse
+    with pytest.raises(ConfigError) as info:
+        config.for_world(cfg, 6)
+    assert "6 ranks" in str(info.value) and "2 × 2 = 4" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        config.for_world(cfg, 12)  # dp 3: 16 sequences do not split into 3 × 2
+    assert "train.global_batch_size = 16" in str(info.value) and "3 × 2 = 6" in str(info.value)
 
 
 def test_more_stages_than_layers(tmp_path):

@@ -18,7 +18,7 @@ import os
 import time
 
 from hpcpipe import __version__
-from hpcpipe.config import Config
+from hpcpipe.config import Config, for_world
 from hpcpipe.data.checks import open_tokens
 from hpcpipe.device import backend
 from hpcpipe.device.budget import check_run
@@ -40,11 +40,11 @@ from hpcpipe.runs.report import end_of_run
 from hpcpipe.runs.rundir import RunDir
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.train.evaluate import validation_batches
-from hpcpipe.train.preemption import Preempted, PreemptionWatch
+from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
 from hpcpipe.train.resume import find_resume, run_identity
 from hpcpipe.util import timeline
-from hpcpipe.util.errors import EXIT_PREEMPTED, every_rank_does, root_does
+from hpcpipe.util.errors import every_rank_does, root_does
 
 __all__ = ["train", "Trainer", "Summary", "Preempted"]
 
@@ -96,7 +96,10 @@ class Trainer:
 
     # -- set-up ----------------------------------------------------------------------------
     def _setup(self, run_dir: str, resume):
-        cfg, comm = self.cfg, self.comm
+        # dp = "auto" and a global batch size become counts here, where the world is known;
+        # everything after (the run directory's config.toml included) sees the counts.
+        self.cfg = cfg = for_world(self.cfg, self.comm.size)  # the same on every rank
+        comm = self.comm
         parallel, train = cfg.parallel, cfg.train
         self.grid = gridlib.build(comm, parallel.dp, parallel.pp, parallel.rank_order,
                                   source=cfg.source, tp=parallel.tp)
@@ -180,15 +183,20 @@ class Trainer:
         try:
             if self.start_step == 0:
                 self._evaluate(0)
-            if self.watch.agree():  # signalled during the set-up or the first evaluation
-                self._preempted(self.start_step)
+            stop = self.watch.agree()  # signalled during the set-up or the first evaluation
+            if stop:
+                self._preempted(self.start_step, stop)
             self.comm.Barrier()
             self.trace.origin = time.perf_counter()  # every rank's clock starts together
+            self.watch.checkpoint_every(self.cfg.checkpoint.every_minutes * 60)
             for step in range(self.start_step + 1, train.steps + 1):
                 self._step(step)
                 self._after_step(step)
-                if self.watch.stop_now():
-                    self._preempted(step)
+                verdict = self.watch.at_boundary()
+                if verdict.stop:
+                    self._preempted(step, verdict.stop)
+                if verdict.save_due and self.last_saved != step and step != train.steps:
+                    self._save(step)
             return self._finish()
         finally:
             self._release()
@@ -272,21 +280,23 @@ class Trainer:
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path
         self.last_saved = step
+        self.watch.saved()
         self.record.checkpointed(step)
 
-    def _preempted(self, step: int):
+    def _preempted(self, step: int, code: int):
         """Save what there is to save (nothing before the first step: the initial weights
         are a function of the seed; nothing new right after a resume or a save), then
-        stop every rank with Preempted."""
+        stop every rank with Preempted (code: the signal's, PREEMPT or INTERRUPT)."""
         self._settle()
         if step > self.start_step and self.last_saved != step:
             self._save(step)
         self.record.end(step, PREEMPTED)
         saved = (f"checkpoint of step {step} written" if step > self.start_step else
                  f"nothing trained since step {step}, so nothing to save")
-        self.log(f"preempted: {saved}; exiting with status {EXIT_PREEMPTED} (resume with "
+        what, status = ("interrupted" if code == INTERRUPT else "preempted"), exit_status(code)
+        self.log(f"{what}: {saved}; exiting with status {status} (resume with "
                  f"--resume, or checkpoint.resume = \"auto\")")
-        raise Preempted(f"stopped by a signal at step {step}")
+        raise Preempted(f"stopped by a signal at step {step}", status)
 
     # -- summary ---------------------------------------------------------------------------
     def _finish(self) -> Summary:

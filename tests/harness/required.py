@@ -1,6 +1,7 @@
-"""What a test run may not do without: `pytest --require mpi,slurm` (CI's choice) turns the
-skip of a test whose MPI launcher or Slurm is missing into a failure, so that a broken
-install cannot pass by skipping.
+"""What a test run may not do without: `pytest --require mpi,slurm,hf` (CI's choice) turns
+the skip of a test whose MPI launcher, Slurm or Hugging Face clients (`transformers` with
+torch, and `safetensors`: the real readers of what `ckpt export` writes) are missing into
+a failure, so that a broken install cannot pass by skipping.
 
 conftest.py publishes the choice in the environment (as devices.py does the device), so
 that helpers without a pytest config (mpirun.py) and the pytest runs a test starts see it.
@@ -11,7 +12,7 @@ import os
 import pytest
 
 ENV = "HPCPIPE_TEST_REQUIRE"  # comma-separated kinds, as given to --require
-KINDS = ("mpi", "slurm")
+KINDS = ("mpi", "slurm", "hf")
 
 
 def parse(text: str) -> tuple[str, ...]:

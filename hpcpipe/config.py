@@ -270,7 +270,7 @@ def _one_of(source, key: str, value, allowed):
 
 def _check_model(source, model: dict):
     _at_least(source, "model", model, ("n_layer", "n_head", "n_embd", "block_size",
-                                       "vocab_size"), 1)
+                                       "vocab_size", "vocab_multiple"), 1)
     n_embd, n_head = model["n_embd"], model["n_head"]
     _require(source, "model.n_embd", n_embd, n_embd % n_head == 0,
              f"must be divisible by model.n_head = {n_head} (each head gets n_embd/n_head "
@@ -377,7 +377,7 @@ def _check_layout(source, cfg: Config):
     for key, value, problem in check_divisible(cfg.model, parallel.tp):
         raise ConfigError(source, f"model.{key}", value,
                           f"{problem}; choose a parallel.tp that divides n_head, vocab_size "
-                          f"and 4 × n_embd")
+                          f"(padded to model.vocab_multiple) and 4 × n_embd")
     stages = parallel.pp * cfg.chunks
     counts = parallel.layers_per_stage
     if counts:

@@ -3,6 +3,7 @@ that the message names the file, the key, the value and what is allowed."""
 
 import textwrap
 
+import numpy as np
 import pytest
 
 from hpcpipe import config
@@ -27,6 +28,26 @@ def test_shipped_configs_load():
     assert tiny.model.n_layer == 4 and tiny.data.corpus == "stdlib"
     gpt2 = config.load("inputs/gpt2-124m.toml")
     assert (gpt2.model.n_layer, gpt2.model.n_embd, gpt2.model.block_size) == (12, 768, 1024)
+
+
+def test_gpt2_small_is_gpt2_small_on_any_launch():
+    from hpcpipe.model import param_layout
+    from hpcpipe.schedules import check, generate
+
+    gpt2 = config.load("inputs/gpt2-124m.toml")
+    model = gpt2.model
+    assert (model.vocab_size, model.padded_vocab) == (50257, 50304)
+    params = sum(int(np.prod(shape)) for _, shape in param_layout(model))
+    assert params == 124_439_808 + 47 * 768  # GPT-2 small's, plus the masked padding rows
+    for world in (1, 2, 4, 8):  # the README's sbatch line on a node of any of these
+        resolved = config.for_world(gpt2, world)
+        assert resolved.parallel.dp == world and resolved.tokens_per_step == 64 * 1024
+    zb = config.load("inputs/gpt2-124m-zb-8gpu.toml")
+    node = config.for_world(zb, 8)
+    p, m = node.parallel.pp, node.parallel.microbatches
+    assert (node.parallel.dp, p, node.parallel.schedule, m) == (2, 4, "zb-v", 8) and m >= 2 * p
+    assert node.checkpoint.every > 0 and node.checkpoint.every_minutes > 0
+    check(generate("zb-v", p, m))
 
 
 def test_defaults_fill_missing_keys(tmp_path):

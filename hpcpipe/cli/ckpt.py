@@ -150,9 +150,20 @@ def cmd_verify(args) -> int:
     return 0
 
 
-def to_hf_names(tensors: dict) -> dict:
-    return {("wte.weight" if n == "wte" else "wpe.weight" if n == "wpe" else n): t
-            for n, t in tensors.items()}
+def to_hf_names(tensors: dict, vocab_size: int) -> dict:
+    """hpcpipe's names → Hugging Face GPT-2's, wte without its padding rows (Hugging Face's
+    vocabulary is the real one: vocab_size rows)."""
+    return {("wte.weight" if n == "wte" else "wpe.weight" if n == "wpe" else n):
+            (t[:vocab_size] if n == "wte" else t) for n, t in tensors.items()}
+
+
+def pad_vocabulary(tensors: dict, model) -> dict:
+    """`tensors` with wte grown by zero rows to the model's padded vocabulary."""
+    wte = tensors["wte"]
+    if model.padded_vocab == wte.shape[0]:
+        return tensors
+    rows = np.zeros((model.padded_vocab - wte.shape[0], wte.shape[1]), wte.dtype)
+    return {**tensors, "wte": np.concatenate([wte, rows])}
 
 
 def from_hf_names(tensors: dict, source: str) -> dict:
@@ -243,7 +254,7 @@ def cmd_export(args) -> int:
     path = _resolve(args.checkpoint)
     tensors, manifest = ckpt.read_weights(path)
     if args.out.endswith(".safetensors"):
-        named = to_hf_names(tensors)
+        named = to_hf_names(tensors, manifest["model"]["vocab_size"])
         files = huggingface.output_files(args.out, named, args.max_shard_size)
         for file in files if len(files) > 1 else []:
             claim_file(file, args.force)  # the shards and the index are outputs too
@@ -325,6 +336,7 @@ def cmd_import(args) -> int:
     shape = import_shape(tensors, metadata, weights, base)
     base = base or config.from_dict({}, "<defaults>")
     model = dataclasses.replace(base.model, **shape)
+    tensors = pad_vocabulary(tensors, model)  # --config's model.vocab_multiple, if any
     cfg = config.validate(dataclasses.replace(base, model=model, source=args.config
                                               or weights))
     ckpt.write_weights(args.out, cfg, tensors, step=0, source=weights, force=args.force)

@@ -71,7 +71,8 @@ class Trainer:
     """One rank's training run; see the module's docstring for its phases."""
 
     def __init__(self, cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None):
-        self.cfg, self.comm, self.out = cfg, comm, out
+        # dp = "auto" and train.global_batch_size become counts once the world is known
+        self.cfg, self.comm, self.out = for_world(cfg, comm.size), comm, out
         self.started = time.perf_counter()
         self.start_step = 0
         self.last_saved = None  # the step of the last checkpoint this run has
@@ -96,10 +97,7 @@ class Trainer:
 
     # -- set-up ----------------------------------------------------------------------------
     def _setup(self, run_dir: str, resume):
-        # dp = "auto" and a global batch size become counts here, where the world is known;
-        # everything after (the run directory's config.toml included) sees the counts.
-        self.cfg = cfg = for_world(self.cfg, self.comm.size)  # the same on every rank
-        comm = self.comm
+        cfg, comm = self.cfg, self.comm
         parallel, train = cfg.parallel, cfg.train
         self.grid = gridlib.build(comm, parallel.dp, parallel.pp, parallel.rank_order,
                                   source=cfg.source, tp=parallel.tp)
@@ -183,8 +181,7 @@ class Trainer:
         try:
             if self.start_step == 0:
                 self._evaluate(0)
-            stop = self.watch.agree()  # signalled during the set-up or the first evaluation
-            if stop:
+            if stop := self.watch.agree():  # signalled in the set-up or the first evaluation
                 self._preempted(self.start_step, stop)
             self.comm.Barrier()
             self.trace.origin = time.perf_counter()  # every rank's clock starts together
@@ -192,11 +189,11 @@ class Trainer:
             for step in range(self.start_step + 1, train.steps + 1):
                 self._step(step)
                 self._after_step(step)
-                verdict = self.watch.at_boundary()
+                verdict = self.watch.at_boundary()  # after its saves: a signal in one counts
                 if verdict.stop:
                     self._preempted(step, verdict.stop)
                 if verdict.save_due and self.last_saved != step and step != train.steps:
-                    self._save(step)
+                    self._save(step)  # checkpoint.every_minutes
             return self._finish()
         finally:
             self._release()
@@ -284,9 +281,8 @@ class Trainer:
         self.record.checkpointed(step)
 
     def _preempted(self, step: int, code: int):
-        """Save what there is to save (nothing before the first step: the initial weights
-        are a function of the seed; nothing new right after a resume or a save), then
-        stop every rank with Preempted (code: the signal's, PREEMPT or INTERRUPT)."""
+        """Save what there is (nothing before the first step: the initial weights are the
+        seed's; nothing new after a resume or a save), then stop with Preempted."""
         self._settle()
         if step > self.start_step and self.last_saved != step:
             self._save(step)

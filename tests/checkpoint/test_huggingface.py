@@ -47,13 +47,12 @@ def hf_logits(model) -> np.ndarray:
 
 
 def hpcpipe_logits(checkpoint) -> np.ndarray:
+    """The logits of the real vocabulary (a padded model's padding columns are -inf)."""
     tensors, manifest = ckpt.read_weights(str(checkpoint))
-    shape = {k: manifest["model"][k] for k in ("vocab_size", "block_size", "n_layer",
-                                               "n_head", "n_embd")}
-    model = GPT(GPTConfig(**shape))
+    model = GPT(GPTConfig(**manifest["model"]))
     for name, value in tensors.items():
         model.params[name][...] = value
-    return np.asarray(model.logits(IDS))
+    return np.asarray(model.logits(IDS))[..., :manifest["model"]["vocab_size"]]
 
 
 @pytest.mark.parametrize("shards", [None, "20KB"])
@@ -74,8 +73,14 @@ def test_exports_past_a_size_are_shards_transformers_loads(tmp_path):
     import safetensors.numpy
 
     save_pretrained(tmp_path / "hf")
+    # Imported into a padded vocabulary (263 → 320 rows), as inputs/gpt2-124m.toml pads
+    # GPT-2's: the export is the real vocabulary again.
+    padded = tmp_path / "padded.toml"
+    padded.write_text("[model]\nvocab_multiple = 64\n")
     assert main(["ckpt", "import-gpt2", str(tmp_path / "hf"), "--out",
-                 str(tmp_path / "ckpt")]) == 0
+                 str(tmp_path / "ckpt"), "--config", str(padded)]) == 0
+    tensors, _ = ckpt.read_weights(str(tmp_path / "ckpt"))
+    assert tensors["wte"].shape == (320, 16) and not tensors["wte"][263:].any()
     out = tmp_path / "out"
     out.mkdir()
     assert main(["ckpt", "export", str(tmp_path / "ckpt"), "--out",
@@ -94,7 +99,7 @@ def test_exports_past_a_size_are_shards_transformers_loads(tmp_path):
                                rtol=0, atol=1e-4)
     # and the shards come back in: the same weights
     assert main(["ckpt", "import-gpt2", str(out / "model.safetensors.index.json"), "--out",
-                 str(tmp_path / "again")]) == 0
+                 str(tmp_path / "again"), "--config", str(padded)]) == 0
     np.testing.assert_array_equal(hpcpipe_logits(tmp_path / "again"),
                                   hpcpipe_logits(tmp_path / "ckpt"))
 

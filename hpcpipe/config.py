@@ -7,6 +7,8 @@ unknown section or key, a wrong type, an integer beyond 64 bits, a number that i
 finite, an impossible value — is a ConfigError that names the file, the key, the value
 and what is allowed, before any work starts. The allowed values of a key come from
 the module that implements them (schedules.KINDS, backend.DEVICES, dtypes.DTYPES, ...).
+What only the launch can decide — `parallel.dp = "auto"` and the microbatches a
+`train.global_batch_size` implies — `for_world` resolves once the world's size is known.
 """
 
 from __future__ import annotations
@@ -91,7 +93,9 @@ class ParallelSection:
     pp: int = 1
     tp: int = 1  # tensor-parallel shards of every stage (heads, MLP width, vocabulary)
     sequence_parallel: bool = False  # with tp: LayerNorms and residuals split along T
-    microbatches: int = 1  # per step and replica; with pp = 1 this is gradient accumulation
+    # per step and replica; with pp = 1 this is gradient accumulation. Derived (for_world)
+    # when train.global_batch_size is set.
+    microbatches: int = 1
     schedule: str = "1f1b"
     # model chunks per rank; 0: the schedule's own (2 for interleaved and zb-v, 1 for auto,
     # which also takes 2: a V)

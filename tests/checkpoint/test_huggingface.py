@@ -8,8 +8,8 @@ import json
 
 import numpy as np
 import pytest
-
 from harness import required
+
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.__main__ import main
 from hpcpipe.model import GPT, GPTConfig

@@ -118,6 +118,6 @@ def test_a_second_ctrl_c_stops_at_once_without_waiting_for_the_save(tmp_path, st
     proc.send_signal(signal.SIGINT)  # the first: save at the next boundary...
     time.sleep(0.2)
     proc.send_signal(signal.SIGINT)  # ...the second: stop now
-    out, err = finish(proc, timeout=300)
+    _, err = finish(proc, timeout=300)
     assert proc.returncode == 130 and "interrupted" in err, err
     assert ckpt.list_checkpoints(str(run_dir / "checkpoints")) == []  # the save was abandoned

@@ -7,6 +7,8 @@ unknown section or key, a wrong type, an integer beyond 64 bits, a number that i
 finite, an impossible value — is a ConfigError that names the file, the key, the value
 and what is allowed, before any work starts. The allowed values of a key come from
 the module that implements them (schedules.KINDS, backend.DEVICES, dtypes.DTYPES, ...).
+What only the launch can decide — `parallel.dp = "auto"` and the microbatches a
+`train.global_batch_size` implies — `for_world` resolves once the world's size is known.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text; anything bigger is not
 INT_RANGE = (-2**63, 2**63 - 1)  # every integer is used as an int64 somewhere
 MAX_BUCKET_MB = float(1 << 20)  # 1 TiB: buckets past the model's size change nothing
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+AUTO_DP = "auto"  # parallel.dp's other spelling of 0: the launch decides
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,12 @@ class TrainSection:
     outer_lr: float = 1.0  # outer step size; 1 with "average": the replicas' mean
     outer_momentum: float = 0.9  # "nesterov" only
     outer_comm_dtype: str = "auto"  # deltas travel as "auto" (the master's), float32, bfloat16
+    # -- the global batch, whatever the launch (issue 27) --
+    # Sequences per optimizer step over all replicas, as Megatron's --global-batch-size:
+    # each replica then runs global_batch_size / (dp × micro_batch_size) microbatches and
+    # parallel.microbatches is derived (see `for_world`). 0: parallel.microbatches as given,
+    # so the global batch is dp × microbatches × micro_batch_size.
+    global_batch_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,11 +99,14 @@ class DataSection:
 class ParallelSection:
     """[parallel]: how ranks share the work."""
 
-    dp: int = 1
+    # data-parallel replicas; 0 or "auto": whatever the launch gives, world ÷ (pp × tp)
+    dp: int | str = 1
     pp: int = 1
     tp: int = 1  # tensor-parallel shards of every stage (heads, MLP width, vocabulary)
     sequence_parallel: bool = False  # with tp: LayerNorms and residuals split along T
-    microbatches: int = 1  # per step and replica; with pp = 1 this is gradient accumulation
+    # per step and replica; with pp = 1 this is gradient accumulation. Derived (for_world)
+    # when train.global_batch_size is set.
+    microbatches: int = 1
     schedule: str = "1f1b"
     # model chunks per rank; 0: the schedule's own (2 for interleaved and zb-v, 1 for auto,
     # which also takes 2: a V)
@@ -124,6 +136,11 @@ class CheckpointSection:
     keep: int = 2  # keep the last N checkpoints ...
     keep_every: int = 0  # ... and every checkpoint whose step is a multiple of this (0: none)
     resume: str = "never"  # "auto": continue from the run directory's latest when it has one
+    # -- time-based checkpoints (issue 27) --
+    # also save when this many minutes have passed since the last save (the ranks agree at a
+    # step boundary); 0: only `every` and the end. The default keeps a long run from
+    # losing more than half an hour to a crash.
+    every_minutes: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -273,7 +290,7 @@ def _one_of(source, key: str, value, allowed):
 
 def _check_model(source, model: dict):
     _at_least(source, "model", model, ("n_layer", "n_head", "n_embd", "block_size",
-                                       "vocab_size"), 1)
+                                       "vocab_size", "vocab_multiple"), 1)
     n_embd, n_head = model["n_embd"], model["n_head"]
     _require(source, "model.n_embd", n_embd, n_embd % n_head == 0,
              f"must be divisible by model.n_head = {n_head} (each head gets n_embd/n_head "
@@ -283,7 +300,8 @@ def _check_model(source, model: dict):
 def _check_train(source, train: TrainSection):
     _at_least(source, "train", train, ("steps", "micro_batch_size", "eval_batches",
                                        "log_every"), 1)
-    _at_least(source, "train", train, ("warmup_steps", "eval_every", "seed", "trace_steps"), 0)
+    _at_least(source, "train", train, ("warmup_steps", "eval_every", "seed", "trace_steps",
+                                       "global_batch_size"), 0)
     lr = train.lr
     _require(source, "train.lr", lr, math.isfinite(lr) and lr > 0, "must be a positive number")
     _require(source, "train.min_lr", train.min_lr,
@@ -351,14 +369,17 @@ def _check_data(source, data: DataSection):
 
 
 def _check_checkpoint(source, checkpoint: CheckpointSection):
-    _at_least(source, "checkpoint", checkpoint, ("every", "keep_every"), 0)
+    _at_least(source, "checkpoint", checkpoint, ("every", "keep_every", "every_minutes"), 0)
     _at_least(source, "checkpoint", checkpoint, ("keep",), 1)
     _one_of(source, "checkpoint.resume", checkpoint.resume, ("never", "auto"))
 
 
 def _check_parallel(source, parallel: ParallelSection):
     """The [parallel] values on their own (see `_check_layout` for how they fit the model)."""
-    _at_least(source, "parallel", parallel, ("microbatches", "dp", "pp", "tp"), 1)
+    dp = parallel.dp
+    _require(source, "parallel.dp", dp, dp == AUTO_DP or (isinstance(dp, int) and dp >= 0),
+             'must be a replica count, or 0 or "auto" for world ÷ (pp × tp)')
+    _at_least(source, "parallel", parallel, ("microbatches", "pp", "tp"), 1)
     _require(source, "parallel.microbatches", parallel.microbatches,
              parallel.microbatches <= MAX_MICROBATCHES,
              f"must be at most {MAX_MICROBATCHES} (every rank's schedule lists each "
@@ -409,7 +430,7 @@ def _check_layout(source, cfg: Config):
     for key, value, problem in check_divisible(cfg.model, parallel.tp):
         raise ConfigError(source, f"model.{key}", value,
                           f"{problem}; choose a parallel.tp that divides n_head, vocab_size "
-                          f"and 4 × n_embd")
+                          f"(padded to model.vocab_multiple) and 4 × n_embd")
     stages = parallel.pp * cfg.chunks
     counts = parallel.layers_per_stage
     if counts:
@@ -430,7 +451,8 @@ def _check_layout(source, cfg: Config):
 
 
 def validate(cfg: Config) -> Config:
-    """Value checks that the types alone do not catch."""
+    """Value checks that the types alone do not catch; `parallel.dp = "auto"` comes back
+    as 0, its one spelling from here on."""
     source = cfg.source
     _check_model(source, dataclasses.asdict(cfg.model))
     _check_train(source, cfg.train)
@@ -439,7 +461,43 @@ def validate(cfg: Config) -> Config:
     _check_checkpoint(source, cfg.checkpoint)
     _check_layout(source, cfg)
     _check_local_layout(source, cfg)
+    if cfg.parallel.dp == AUTO_DP:
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=0))
     return cfg
+
+
+def for_world(cfg: Config, world: int) -> Config:
+    """`cfg` on a launch of `world` ranks: parallel.dp = 0 becomes world ÷ (pp × tp), and a
+    train.global_batch_size fixes parallel.microbatches (per replica) at
+    global_batch_size ÷ (dp × micro_batch_size). A count that does not divide is a
+    ConfigError naming the numbers; a config that asks for a dp the world does not have is
+    left for the grid to refuse (it names the launch line to use)."""
+    parallel, train, source = cfg.parallel, cfg.train, cfg.source
+    shards = parallel.pp * parallel.tp
+    dp = parallel.dp
+    if dp == 0:
+        _require(source, "parallel.dp", "auto", world % shards == 0,
+                 f"takes the launch's {world} ranks ÷ (parallel.pp × parallel.tp = "
+                 f"{parallel.pp} × {parallel.tp} = {shards}), which does not divide; launch "
+                 f"a multiple of {shards} ranks")
+        dp = world // shards
+    microbatches = parallel.microbatches
+    if train.global_batch_size:
+        per_step = dp * train.micro_batch_size
+        _require(source, "train.global_batch_size", train.global_batch_size,
+                 train.global_batch_size % per_step == 0,
+                 f"must be a multiple of dp × micro_batch_size = {dp} × "
+                 f"{train.micro_batch_size} = {per_step} (each replica runs whole "
+                 f"microbatches); e.g. {per_step * max(1, round(train.global_batch_size / per_step))}")
+        microbatches = train.global_batch_size // per_step
+        _require(source, "train.global_batch_size", train.global_batch_size,
+                 microbatches <= MAX_MICROBATCHES,
+                 f"gives {microbatches} microbatches per replica, over {MAX_MICROBATCHES}; "
+                 f"raise train.micro_batch_size")
+    if (dp, microbatches) == (parallel.dp, parallel.microbatches):
+        return cfg
+    resolved = dataclasses.replace(parallel, dp=dp, microbatches=microbatches)
+    return validate(dataclasses.replace(cfg, parallel=resolved))
 
 
 def parse_override(text: str) -> tuple[str, str, object]:

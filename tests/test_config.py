@@ -3,6 +3,7 @@ that the message names the file, the key, the value and what is allowed."""
 
 import textwrap
 
+import numpy as np
 import pytest
 
 from hpcpipe import config
@@ -27,6 +28,26 @@ def test_shipped_configs_load():
     assert tiny.model.n_layer == 4 and tiny.data.corpus == "stdlib"
     gpt2 = config.load("inputs/gpt2-124m.toml")
     assert (gpt2.model.n_layer, gpt2.model.n_embd, gpt2.model.block_size) == (12, 768, 1024)
+
+
+def test_gpt2_small_is_gpt2_small_on_any_launch():
+    from hpcpipe.model import param_layout
+    from hpcpipe.schedules import check, generate
+
+    gpt2 = config.load("inputs/gpt2-124m.toml")
+    model = gpt2.model
+    assert (model.vocab_size, model.padded_vocab) == (50257, 50304)
+    params = sum(int(np.prod(shape)) for _, shape in param_layout(model))
+    assert params == 124_439_808 + 47 * 768  # GPT-2 small's, plus the masked padding rows
+    for world in (1, 2, 4, 8):  # the README's sbatch line on a node of any of these
+        resolved = config.for_world(gpt2, world)
+        assert resolved.parallel.dp == world and resolved.tokens_per_step == 64 * 1024
+    zb = config.load("inputs/gpt2-124m-zb-8gpu.toml")
+    node = config.for_world(zb, 8)
+    p, m = node.parallel.pp, node.parallel.microbatches
+    assert (node.parallel.dp, p, node.parallel.schedule, m) == (2, 4, "zb-v", 8) and m >= 2 * p
+    assert node.checkpoint.every > 0 and node.checkpoint.every_minutes > 0
+    check(generate("zb-v", p, m))
 
 
 def test_defaults_fill_missing_keys(tmp_path):
@@ -103,13 +124,36 @@ def test_min_lr_above_lr(tmp_path):
 
 
 def test_data_parallel_settings(tmp_path):
-    _, msg = error_of(tmp_path, "[parallel]\ndp = 0\n")
-    assert "parallel.dp = 0" in msg and "at least 1" in msg
+    _, msg = error_of(tmp_path, "[parallel]\ndp = -1\n")
+    assert "parallel.dp = -1" in msg and '0 or "auto"' in msg
+    _, msg = error_of(tmp_path, '[parallel]\ndp = "four"\n')
+    assert "parallel.dp = 'four'" in msg
     _, msg = error_of(tmp_path, "[parallel]\nzero = 3\n")
     assert "parallel.zero = 3" in msg and "allowed: 0 (off), 1" in msg
     assert "ZeRO-3 is not available" in msg
     _, msg = error_of(tmp_path, '[parallel]\ngrad_comm_dtype = "float16"\n')
     assert "allowed: auto, float32, bfloat16" in msg
+
+
+def test_dp_auto_takes_the_world_and_keeps_the_global_batch(tmp_path):
+    # dp = "auto" (or 0) is world ÷ (pp × tp); global_batch_size fixes the step's batch
+    # whatever dp comes out, as Megatron's --global-batch-size does.
+    text = ('[model]\nn_layer = 4\n[train]\nmicro_batch_size = 2\nglobal_batch_size = 16\n'
+            '[parallel]\ndp = "auto"\npp = 2\ntp = 2\n')
+    cfg = config.load(write(tmp_path, text))
+    assert cfg.parallel.dp == 0 and config.load(write(tmp_path, cfg.to_toml())) == cfg
+    for world, dp, microbatches in ((4, 1, 8), (8, 2, 4), (16, 4, 2)):
+        resolved = config.for_world(cfg, world)
+        assert (resolved.parallel.dp, resolved.parallel.microbatches) == (dp, microbatches)
+        assert resolved.tokens_per_step == 16 * cfg.model.block_size
+    fixed = config.for_world(config.load(write(tmp_path, "[parallel]\ndp = 2\n")), 5)
+    assert fixed.parallel.dp == 2  # a count the world lacks is the grid's to refuse
+    with pytest.raises(ConfigError) as info:
+        config.for_world(cfg, 6)
+    assert "6 ranks" in str(info.value) and "2 × 2 = 4" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        config.for_world(cfg, 12)  # dp 3: 16 sequences do not split into 3 × 2
+    assert "train.global_batch_size = 16" in str(info.value) and "3 × 2 = 6" in str(info.value)
 
 
 def test_more_stages_than_layers(tmp_path):

@@ -46,7 +46,7 @@ def run_ckpt(args) -> int:
     world = args.job.world()
     if args.json:
         claim_file(args.json, args.force, "--json", make_folder=True)
-    cfg = config.load(args.config, args.overrides)
+    cfg = config.for_world(config.load(args.config, args.overrides), world.size)
     parallel, train = cfg.parallel, cfg.train
     grid = gridlib.build(world, parallel.dp, parallel.pp, parallel.rank_order, source=cfg.source)
     be = backend.select(train.device, grid.local_rank)

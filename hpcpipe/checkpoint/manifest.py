@@ -50,7 +50,8 @@ SCHEMA = Record({
     "step": Int(0),
     "created": Number(0, 1e11),  # seconds since 1970
     "config": Text(max_len=1 << 20),
-    "model": Record({key: Int(1) for key in MODEL_KEYS}),
+    "model": Record({key: Int(1) for key in MODEL_KEYS},
+                    optional={"vocab_multiple": Int(1, 1 << 20)}),
     "dtype": Text(choices=DTYPES),
     "layout": Record({"dp": Int(1), "pp": Int(1), "chunks": Int(1), "schedule": Text(),
                       "zero": Int(0, 2), "rank_order": Text(),
@@ -203,6 +204,15 @@ def _check_tensors(m: dict, file: str):
                                   f"model's is {list(shape)}")
 
 
+def model_record(model) -> dict:
+    """The manifest's "model": the shape, and the vocabulary padding where there is some
+    (absent means none, as in checkpoints written before padding existed)."""
+    record = {k: getattr(model, k) for k in MODEL_KEYS}
+    if model.vocab_multiple != 1:
+        record["vocab_multiple"] = model.vocab_multiple
+    return record
+
+
 def build(cfg, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
           segments: dict | None = None, adam_step: int = 0, state: dict | None = None,
           run: str | None = None, source: str | None = None) -> dict:
@@ -212,7 +222,7 @@ def build(cfg, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
     tensor is, the optimizer state's segments, the run it belongs to (rotation goes by it)."""
     manifest = {"format_version": FORMAT_VERSION, "step": step, "created": time.time(),
                 "config": cfg.to_toml(),
-                "model": {k: getattr(cfg.model, k) for k in MODEL_KEYS},
+                "model": model_record(cfg.model),
                 "dtype": dtype, "layout": layout, "adam_step": adam_step,
                 "state": state or {}, "files": files, "tensors": tensors,
                 "pieces": segments or {}}

@@ -70,7 +70,7 @@ def _file_problem(file: str, info: dict) -> str | None:
 
 def check_model(manifest: dict, cfg, where: str):
     """The checkpoint's model shape must be the config's."""
-    saved = manifest["model"]
+    saved = {"vocab_multiple": 1, **manifest["model"]}  # absent: written unpadded
     for key, value in saved.items():
         mine = getattr(cfg.model, key)
         if mine != value:

@@ -36,7 +36,7 @@ def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
 
 def _check_import(cfg, tensors: dict, where: str) -> dict:
     """The model's (name → shape) layout, once `tensors` match it exactly, as floats."""
-    gpt = GPTConfig(**{k: getattr(cfg.model, k) for k in manifests.MODEL_KEYS})
+    gpt = GPTConfig(**manifests.model_record(cfg.model))
     expected = dict(param_layout(gpt))
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))

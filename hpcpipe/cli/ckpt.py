@@ -17,10 +17,11 @@ import time
 import numpy as np
 
 from hpcpipe import checkpoint as ckpt
+from hpcpipe.checkpoint import huggingface
 from hpcpipe.checkpoint.hdf5 import store
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import TooLarge, read_bounded, claim_file, claim_folder, write_atomic, write_text_atomic
-from hpcpipe.util.schema import Int, Mismatch, Record, parse_json
+from hpcpipe.util.files import claim_file, claim_folder, write_atomic, write_text_atomic
+from hpcpipe.util.schema import parse_bytes
 
 EPILOG = """\
 examples:
@@ -37,10 +38,6 @@ its latest checkpoint)."""
 
 HF_PREFIX = "transformer."
 GPT2_VOCAB, GPT2_EOT = 50257, 50256
-MAX_HF_CONFIG = 1 << 20  # Hugging Face's GPT-2 config.json is under 1 KiB
-# What import-gpt2 takes from a config.json beside the weights: the head count, which the
-# tensors' shapes cannot tell.
-_HF_CONFIG = Record({"n_head": Int(1, 1 << 16)}, extra=True)
 
 
 def register(subparsers):
@@ -67,21 +64,28 @@ def register(subparsers):
     export.add_argument("checkpoint", metavar="CHECKPOINT")
     export.add_argument("--out", required=True, help="FILE.h5 or FILE.safetensors")
     export.add_argument("--force", action="store_true", help="replace an existing file")
+    export.add_argument("--max-shard-size", type=shard_size, default=huggingface.SHARD_SIZE,
+                        metavar="SIZE",
+                        help="safetensors: past this size the weights go to shards "
+                             "model-0000i-of-0000n.safetensors with model.safetensors."
+                             "index.json beside --out, as save_pretrained writes them "
+                             "(default 5GB, transformers' own)")
     export.set_defaults(func=cmd_export)
     imp = sub.add_parser("import-gpt2", help="a Hugging Face GPT-2 safetensors → checkpoint",
                          description="Turn a GPT-2 safetensors file (Hugging Face names, with "
                          "or without the 'transformer.' prefix) into an hpcpipe checkpoint "
                          "at step 0 without optimizer state, ready to fine-tune.")
-    imp.add_argument("file", metavar="FILE.safetensors")
+    imp.add_argument("file", metavar="WEIGHTS",
+                     help="a .safetensors file, a model.safetensors.index.json of shards, or "
+                          "a Hugging Face model folder holding either")
     imp.add_argument("--out", required=True, help="the checkpoint folder to create (a new or "
                      "empty folder)")
     imp.add_argument("--force", action="store_true",
                      help="replace an existing checkpoint there (never other folders)")
-    imp.add_argument("--config", default="inputs/gpt2-124m.toml",
-                     help="config for the rest of the run (its [model] shape is taken from "
-                          "the file; n_head from the file's metadata, else a Hugging Face "
-                          "config.json beside it, else from here); default "
-                          "inputs/gpt2-124m.toml")
+    imp.add_argument("--config", default=None,
+                     help="config for the rest of the run ([train], [parallel], ...); the "
+                          "model is the weights' and their config.json's (n_head from "
+                          "there, else the file's metadata, else this config's)")
     imp.set_defaults(func=cmd_import)
 
     return parser
@@ -146,9 +150,20 @@ def cmd_verify(args) -> int:
     return 0
 
 
-def to_hf_names(tensors: dict) -> dict:
-    return {("wte.weight" if n == "wte" else "wpe.weight" if n == "wpe" else n): t
-            for n, t in tensors.items()}
+def to_hf_names(tensors: dict, vocab_size: int) -> dict:
+    """hpcpipe's names → Hugging Face GPT-2's, wte without its padding rows (Hugging Face's
+    vocabulary is the real one: vocab_size rows)."""
+    return {("wte.weight" if n == "wte" else "wpe.weight" if n == "wpe" else n):
+            (t[:vocab_size] if n == "wte" else t) for n, t in tensors.items()}
+
+
+def pad_vocabulary(tensors: dict, model) -> dict:
+    """`tensors` with wte grown by zero rows to the model's padded vocabulary."""
+    wte = tensors["wte"]
+    if model.padded_vocab == wte.shape[0]:
+        return tensors
+    rows = np.zeros((model.padded_vocab - wte.shape[0], wte.shape[1]), wte.dtype)
+    return {**tensors, "wte": np.concatenate([wte, rows])}
 
 
 def from_hf_names(tensors: dict, source: str) -> dict:
@@ -221,9 +236,15 @@ def hf_config(model: dict, dtype: str) -> dict:
             "eos_token_id": GPT2_EOT if gpt2_vocab else None}
 
 
-def cmd_export(args) -> int:
-    from hpcpipe.checkpoint import safetensors
+def shard_size(text: str) -> int:
+    """--max-shard-size: "5GB", "200MB", "1e6B" (decimal units as transformers', or MiB/GiB)."""
+    size = parse_bytes(text)
+    if size is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size such as 5GB or 200MB")
+    return size
 
+
+def cmd_export(args) -> int:
     if not args.out.endswith((".safetensors", ".h5", ".hdf5")):
         raise HpcpipeError(f"--out {args.out}: name it FILE.h5 or FILE.safetensors")
     claim_file(args.out, args.force)
@@ -233,9 +254,16 @@ def cmd_export(args) -> int:
     path = _resolve(args.checkpoint)
     tensors, manifest = ckpt.read_weights(path)
     if args.out.endswith(".safetensors"):
-        safetensors.save(args.out, to_hf_names(tensors),
-                         {"format": "pt", "source": f"hpcpipe {path}", "step": manifest["step"],
-                          "n_head": manifest["model"]["n_head"]})
+        named = to_hf_names(tensors, manifest["model"]["vocab_size"])
+        files = huggingface.output_files(args.out, named, args.max_shard_size)
+        for file in files if len(files) > 1 else []:
+            claim_file(file, args.force)  # the shards and the index are outputs too
+        huggingface.save_weights(args.out, named, {
+            "format": "pt", "source": f"hpcpipe {path}", "step": manifest["step"],
+            "n_head": manifest["model"]["n_head"]}, args.max_shard_size)
+        if len(files) > 1:
+            print(f"wrote {len(files) - 1} shards of at most {args.max_shard_size:,} bytes "
+                  f"and {files[-1]} (instead of {args.out})")
         dtype = str(next(iter(tensors.values())).dtype)
         write_text_atomic(config_json, json.dumps(hf_config(manifest["model"], dtype),
                                                   indent=2) + "\n")
@@ -252,48 +280,66 @@ def cmd_export(args) -> int:
                 f.attrs["step"] = manifest["step"]
 
         write_atomic(args.out, write)
-    size = os.path.getsize(args.out)
+    size = sum(value.nbytes for value in tensors.values())
     print(f"exported {len(tensors)} tensors of {path} to {args.out} ({size / 2**20:.1f} MiB)")
     return 0
 
 
-def hf_n_head(weights: str) -> int | None:
-    """n_head from the Hugging Face config.json beside a safetensors file, if there is
-    one (checked: strict JSON, at most 1 MiB, n_head a positive integer)."""
-    path = os.path.join(os.path.dirname(weights), "config.json")
+def declared_architecture(weights: str) -> tuple[dict, set] | None:
+    """(the model shape the config.json beside `weights` declares, the fields it leaves
+    to Hugging Face's defaults), None when there is none; every field that changes what
+    the model computes is checked (huggingface.architecture)."""
+    path = os.path.join(os.path.dirname(weights) or ".", huggingface.CONFIG)
     if not os.path.isfile(path):
         return None
-    try:
-        data = read_bounded(path, MAX_HF_CONFIG)
-    except TooLarge as e:
-        raise HpcpipeError(f"{path} (the Hugging Face config beside {weights}): "
-                           f"{e.size:,} bytes, larger than {MAX_HF_CONFIG} bytes") from None
-    except OSError as e:
-        raise HpcpipeError(f"{path} cannot be read ({e.strerror or e})") from None
-    try:
-        return _HF_CONFIG.check(parse_json(data))["n_head"]
-    except (Mismatch, ValueError) as e:
-        raise HpcpipeError(f"{path} (the Hugging Face config beside {weights}): {e}") from None
+    what = f"the Hugging Face config beside {weights}"
+    return huggingface.architecture(huggingface.read_json(path, what), f"{path} ({what})")
+
+
+_HF_FIELD = {"block_size": "n_positions"}  # hpcpipe's name → config.json's where they differ
+
+
+def import_shape(tensors: dict, metadata: dict, weights: str, base) -> dict:
+    """The model shape of an import: the tensors' shapes, which the config.json beside
+    them must declare too; n_head (which no shape tells) from that config.json, else the
+    file's metadata (hpcpipe's exports), else --config."""
+    declared, defaulted = declared_architecture(weights) or (None, set())
+    if declared is None and "n_head" not in metadata and base is None:
+        raise HpcpipeError(f"{weights}: no {huggingface.CONFIG} beside it and no n_head in "
+                           f"its metadata, so its head count is unknown; put the model's "
+                           f"config.json beside it (or give --config with model.n_head)")
+    if declared is not None:
+        metadata = {**metadata, "n_head": str(declared["n_head"])}
+    shape = gpt2_shape(tensors, metadata, base.model.n_head if base else 0, weights)
+    for key, value in (declared or {}).items():
+        if shape[key] != value:
+            default = " (Hugging Face's default: the file leaves it out)" \
+                if key in defaulted else ""
+            raise HpcpipeError(f"{os.path.join(os.path.dirname(weights) or '.', 'config.json')}"
+                               f": {_HF_FIELD.get(key, key)} = {value}{default}, but the "
+                               f"weights have {shape[key]}")
+    return shape
 
 
 def cmd_import(args) -> int:
     import dataclasses
 
     from hpcpipe import config
-    from hpcpipe.checkpoint import safetensors
     from hpcpipe.device.budget import require
 
     claim_folder(args.out, ckpt.is_checkpoint, args.force)  # before reading anything
-    base = config.load(args.config)
-    entries, _, _ = safetensors.read_header(args.file)
-    require(sum(e.end - e.begin for e in entries), f"importing {args.file}")
-    raw, metadata = safetensors.load(args.file)
-    tensors = from_hf_names(raw, args.file)
-    n_head = hf_n_head(args.file)
-    shape = gpt2_shape(tensors, metadata, n_head or base.model.n_head, args.file)
+    base = config.load(args.config) if args.config else None
+    weights = huggingface.named_file(args.file)
+    require(huggingface.total_bytes(args.file), f"importing {args.file}")
+    raw, metadata = huggingface.load_weights(args.file)
+    tensors = from_hf_names(raw, weights)
+    shape = import_shape(tensors, metadata, weights, base)
+    base = base or config.from_dict({}, "<defaults>")
     model = dataclasses.replace(base.model, **shape)
-    cfg = config.validate(dataclasses.replace(base, model=model, source=args.config))
-    ckpt.write_weights(args.out, cfg, tensors, step=0, source=args.file, force=args.force)
+    tensors = pad_vocabulary(tensors, model)  # --config's model.vocab_multiple, if any
+    cfg = config.validate(dataclasses.replace(base, model=model, source=args.config
+                                              or weights))
+    ckpt.write_weights(args.out, cfg, tensors, step=0, source=weights, force=args.force)
     print(f"imported {len(tensors)} tensors from {args.file} into {args.out}: "
           f"{model.n_layer} layers, n_embd {model.n_embd}, vocab {model.vocab_size}, "
           f"block {model.block_size}, {model.n_head} heads")

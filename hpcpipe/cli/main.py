@@ -15,7 +15,6 @@ import os
 from hpcpipe import __version__
 from hpcpipe.cli.guard import Job, run
 from hpcpipe.util.arguments import Parser, number
-from hpcpipe.util.errors import EXIT_PREEMPTED
 
 EPILOG = """\
 examples:
@@ -50,13 +49,14 @@ line; MFU counts 6N + 12·L·C·T FLOPs per token against the matmul peak each r
 measured at start-up. `python -m hpcpipe plot RUN_DIR` draws the curves.
 
 Under MPI, start it as `mpiexec -n N python -m mpi4py -m hpcpipe train ...` with
-N = parallel.dp × parallel.pp: `-m mpi4py` makes an exception on one rank abort the whole
-job instead of leaving the others waiting.
+N = dp × pp × tp (parallel.dp = "auto" takes N / (pp × tp)): `-m mpi4py` makes an
+exception on one rank abort the whole job instead of leaving the others waiting.
 
-Checkpoints go to RUN_DIR/checkpoints/ every [checkpoint] every steps and at the end.
-SIGTERM or SIGUSR1 makes every rank save one at the next step boundary and exit with
-status 75; `--resume` (or checkpoint.resume = "auto") continues, bitwise as if never
-stopped."""
+Checkpoints go to RUN_DIR/checkpoints/ every [checkpoint] every steps, every
+checkpoint.every_minutes (default 30) and at the end. SIGTERM or SIGUSR1 makes every rank
+save one at the next step boundary and exit with status 75; the first Ctrl-C (SIGINT)
+does the same and exits with 130, a second one stops at once. `--resume` (or
+checkpoint.resume = "auto") continues, bitwise as if never stopped."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,7 +153,7 @@ def cmd_train(args) -> int:
         run_dir = args.run_dir or os.path.join("runs", name)
         train(cfg, run_dir, comm, out=lambda msg: print(msg, flush=True), resume=args.resume,
               watch=watch)
-    except Preempted:
+    except Preempted as stopped:
         # Every rank arrives here together. Finalize first: under `python -m mpi4py` a
         # non-zero exit calls MPI_Abort, which srun reports as 137 rather than 75, and the
         # job script could not tell a preemption from a crash.
@@ -162,7 +162,7 @@ def cmd_train(args) -> int:
         watch.close()
         args.job.release()
         MPI.Finalize()
-        return EXIT_PREEMPTED
+        return stopped.status
     finally:
         watch.close()
     return 0

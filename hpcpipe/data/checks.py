@@ -3,6 +3,8 @@ it) and checked against the config — its corpus, its vocabulary, its length.""
 
 from __future__ import annotations
 
+import difflib
+import glob
 import os
 
 from hpcpipe.data.corpora import corpus_identity, default_token_path, prepare, token_file_identity
@@ -10,15 +12,45 @@ from hpcpipe.data.tokens import DataError, TokenFile, is_prepared_by_hpcpipe, op
 from hpcpipe.util.errors import ConfigError, every_rank_does, root_does
 
 
+def asks_to_prepare(data) -> bool:
+    """Whether a [data] section asks `train` to prepare its token file when it is missing.
+
+    It does when the file is the one hpcpipe names after the corpus (data.path unset, or
+    set to that very name: data/stdlib.tokens.h5 for the default corpus), or when it names
+    a corpus of its own (not the default) to tokenize into data.path. Any other named path
+    is a file the user means to read, and one that is not there is an error: a typo must
+    never become a freshly prepared standard library."""
+    derived = default_token_path(data.corpus)
+    return (not data.path or os.path.normpath(data.path) == os.path.normpath(derived)
+            or data.corpus != "stdlib")
+
+
+def missing_path_error(cfg, path: str) -> DataError:
+    """data.path names nothing: say so, with the closest name that exists beside it."""
+    folder, name = os.path.split(path)
+    where = f"{cfg.source}: data.path = {path!r}"
+    if folder and not os.path.isdir(folder):
+        return DataError(f"{where}: no such folder {folder}")
+    names = [n for n in os.listdir(folder or ".") if not n.startswith(".")]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = (f"did you mean {os.path.join(folder, close[0])}?" if close else
+            f"prepare it with `python -m hpcpipe prepare --corpus ... --out {path}`")
+    return DataError(f"{where}: no such file; {hint}")
+
+
 def open_tokens(cfg, comm, log) -> TokenFile:
-    """The token file of the config, prepared by rank 0 first if it does not exist yet,
-    and checked against the config: its corpus, its vocabulary, its length."""
+    """The token file of the config, prepared by rank 0 first if it does not exist yet and
+    the config asks for that (`asks_to_prepare`), and checked against the config: its
+    corpus, its vocabulary, its length."""
     path = cfg.data.path or default_token_path(cfg.data.corpus)
 
     def ensure():
-        if not os.path.exists(path) and is_prepared_by_hpcpipe(path):
-            log(f"preparing {path} from corpus {cfg.data.corpus!r} (once; later runs reuse it)")
-            prepare(cfg.data.corpus, path, cfg.data.val_fraction, log=log)
+        if os.path.exists(path) or glob.has_magic(path):
+            return  # a glob's reader says what it matched
+        if not (is_prepared_by_hpcpipe(path) and asks_to_prepare(cfg.data)):
+            raise missing_path_error(cfg, path)  # another project's .bin is never prepared
+        log(f"preparing {path} from corpus {cfg.data.corpus!r} (once; later runs reuse it)")
+        prepare(cfg.data.corpus, path, cfg.data.val_fraction, log=log)
 
     root_does(comm, ensure)
     tokens = every_rank_does(comm, lambda: open_token_file(path))

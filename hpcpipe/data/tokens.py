@@ -203,6 +203,10 @@ LLMC_HEADER_BYTES = 4 * LLMC_HEADER_WORDS
 # magic → (version, token dtype, vocabulary, tokenizer)
 LLMC_FORMATS = {20240520: (1, np.dtype("<u2"), GPT2_VOCAB, "gpt2"),
                 20240801: (7, np.dtype("<u4"), 128256, "llama3")}
+# llm.c's evaluation files (dev/data/data_common.py write_evalfile: HellaSwag, MMLU) share
+# the 256-word header under this magic, with the example count and the longest example's
+# size in words 2 and 3, then examples of their own layout: never tokens to train on.
+LLMC_EVAL_MAGIC = 20240522
 MAX_SHARDS = 100_000  # a glob matching more is a mistake (fineweb 100B has 1,030 shards)
 # A split's name in a shard's file name, as a word (fineweb_val_000000.bin, train.bin).
 _SPLIT_WORD = {split: re.compile(rf"(?<![a-z]){split}(?![a-z])") for split in SPLITS}
@@ -244,13 +248,18 @@ def _llmc_header(path: str) -> np.ndarray | None:
     if len(head) < LLMC_HEADER_BYTES:
         return None
     words = np.frombuffer(head, dtype="<i4")
-    return words if int(words[0]) in LLMC_FORMATS or not words[3:].any() else None
+    laid_out = int(words[0]) in (*LLMC_FORMATS, LLMC_EVAL_MAGIC) or not words[3:].any()
+    return words if laid_out else None
 
 
 def _llmc_shard(path: str, words: np.ndarray, size: int) -> tuple[Shard, int, str]:
     """(the shard, its vocabulary, its tokenizer), every header word checked against the
     file's size before anything is read."""
     magic, version, count = (int(w) for w in words[:3])
+    if magic == LLMC_EVAL_MAGIC:
+        raise DataError(f"{path} is an llm.c evaluation file (magic {magic}: {count} "
+                        f"multiple-choice examples, as dev/data/hellaswag.py writes), not "
+                        f"training tokens; name the tokens' shards (magic 20240520) instead")
     if magic not in LLMC_FORMATS:
         raise DataError(f"llm.c shard {path}: magic {magic}, expected "
                         f"{' or '.join(str(m) for m in LLMC_FORMATS)} (GPT-2 or Llama 3 "

@@ -18,6 +18,7 @@ Shapes: idx (B, t) token ids; keys, values (L, B, NH, T, HS) with T = block_size
 from __future__ import annotations
 
 from hpcpipe.model.layers import block, head, layernorm, scope, wide
+from hpcpipe.model.layout import padding_mask
 
 
 class KVCache:
@@ -58,5 +59,5 @@ def decode(stage, idx, cache: KVCache, last_only: bool = False):
     if last_only:
         x = x[:, -1:]
     x, _ = layernorm.forward(x, scope(P, "ln_f."), be)
-    logits, _ = head.forward(x, P, be)
+    logits, _ = head.forward(x, P, be, vocab=padding_mask(cfg))
     return logits

@@ -23,9 +23,21 @@ class GPTConfig:
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
+    # -- vocabulary padding (issue 27) --
+    # wte's rows are vocab_size rounded up to a multiple of this (GPT-2's 50257 → 50304
+    # with 64 or 128), for GEMM-friendly head shapes and tensor shards that divide; the
+    # padding rows are masked out of the logits (head.py), so they are never predicted,
+    # never change the loss and get no gradient. 1: no padding.
+    vocab_multiple: int = 1
+
+    @property
+    def padded_vocab(self) -> int:
+        """wte's rows: vocab_size rounded up to a multiple of vocab_multiple."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd",
+                     "vocab_multiple"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
@@ -33,6 +45,11 @@ class GPTConfig:
             raise ValueError(
                 f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
             )
+
+
+def padding_mask(cfg: GPTConfig) -> int | None:
+    """The vocabulary the head masks wte's padding rows beyond (None: there are none)."""
+    return cfg.vocab_size if cfg.padded_vocab > cfg.vocab_size else None
 
 
 def block_layout(cfg: GPTConfig, layer: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -56,7 +73,7 @@ def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=Tru
     layers = range(cfg.n_layer) if layers is None else layers
     out = []
     if embedding_part or head_part:
-        out.append(("wte", (cfg.vocab_size, cfg.n_embd)))
+        out.append(("wte", (cfg.padded_vocab, cfg.n_embd)))
     if embedding_part:
         out.append(("wpe", (cfg.block_size, cfg.n_embd)))
     for layer in layers:

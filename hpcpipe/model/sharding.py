@@ -92,7 +92,7 @@ def check_divisible(model, tp: int) -> list[tuple[str, int, str]]:
     """(key, value, problem) for each part of the model that tp shards cannot split."""
     problems = []
     for key, value, what in (("n_head", model.n_head, "attention heads"),
-                             ("vocab_size", model.vocab_size, "vocabulary rows"),
+                             ("vocab_size", model.padded_vocab, "vocabulary rows"),
                              ("n_embd", 4 * model.n_embd, "MLP hidden width (4 × n_embd)")):
         if value % tp:
             problems.append((key, getattr(model, key),

@@ -23,6 +23,7 @@ from hpcpipe.model.layout import (
     GPTConfig,
     block_layout,
     init_value,
+    padding_mask,
     param_layout,
 )
 from hpcpipe.model.sharding import shard_of
@@ -146,7 +147,7 @@ class Stage:
             x, caches[layer] = block.forward(x, scope(P, f"h.{layer}."), cfg.n_head, be, tp)
         if self.head_part:
             x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."), be, tp)
-            logits, caches["head"] = head.forward(x, P, be, tp)
+            logits, caches["head"] = head.forward(x, P, be, tp, padding_mask(cfg))
             if targets is None and not keep:
                 return logits  # (under tensor parallelism: this shard's columns)
             if self.dtype.itemsize < 4:  # 16-bit compute: softmax and loss in float32

@@ -12,7 +12,8 @@ lines, or half a line, which are dropped and written again), the record of the e
 pieces for summary.json, the traced steps in trace.json and their timeline PNGs — and
 drops only what describes the steps after it, which run again. Any other run moves the
 earlier run's files into `earlier-<time>/` first. A folder holding files under the run's
-names that hpcpipe did not write is refused.
+names that hpcpipe did not write is refused, and so is a non-empty folder that holds no
+run at all (a corpus, a home folder): a run's files never mix with someone else's.
 """
 
 from __future__ import annotations
@@ -78,6 +79,24 @@ def _foreign(path: str, names: list[str]) -> list[str]:
     return [name for name in names if not (
         _checkpoints_are_ours(os.path.join(path, name)) if name == "checkpoints"
         else config_ours)]
+
+
+def holds_a_run(path: str) -> bool:
+    """Whether the folder `path` is empty or holds an hpcpipe run: some of a run's files
+    or an `earlier-<time>/` folder it set aside. Names starting with a dot (a file
+    system's or an editor's) count for neither."""
+    names = [n for n in os.listdir(path) if not n.startswith(".")]
+    return not names or bool(_run_files(path)) or any(
+        n.startswith("earlier-") and os.path.isdir(os.path.join(path, n)) for n in names)
+
+
+def refuse_foreign_folder(path: str):
+    """A run never mixes its files into a folder of someone else's (a corpus, a home)."""
+    if not holds_a_run(path):
+        shown = sorted(n for n in os.listdir(path) if not n.startswith("."))
+        more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
+        raise RunDirError(f"run directory {path} is not empty ({', '.join(shown[:3])}{more}) "
+                          f"and holds no hpcpipe run; choose a new or empty --run-dir")
 
 
 def set_aside_earlier_run(path: str) -> str | None:
@@ -157,6 +176,7 @@ class RunDir:
         if resume_step is not None:
             kept = self._continue(resume_step, log)
         else:
+            refuse_foreign_folder(path)
             moved = set_aside_earlier_run(path)
             if moved:
                 log(f"{path} held an earlier run: moved to {moved}/ (nothing was deleted)")

@@ -1,74 +1,135 @@
-"""Preemption: SIGTERM or SIGUSR1 makes every rank save a checkpoint and stop together.
+"""What the ranks agree on at a step boundary: a signal to stop (SIGTERM or SIGUSR1: save
+and exit 75 for the job script to requeue; SIGINT, Ctrl-C: save and exit 130), and whether
+the clock says a time-based checkpoint is due (`checkpoint.every_minutes`).
 
 A signal only sets a flag (never interrupting a save). The handlers are installed before
 the config is even read and stay until the run has ended, so a signal is never lost,
-whenever it comes: during the set-up, the step-0 evaluation, a step or a save. The ranks
-agree whether any of them was signalled at fixed points: after the set-up and step-0
-evaluation (`agree`, blocking), and at each step boundary through a non-blocking
-all-reduce started one step earlier so that it adds no synchronisation (`stop_now`). The
-run then saves a checkpoint if it trained since its last one and exits with status 75
-(errors.EXIT_PREEMPTED), which the job scripts requeue on.
+whenever it comes: during the set-up, the step-0 evaluation, a step or a save. A second
+SIGINT is the way out of a run that will not wait: it raises KeyboardInterrupt at once,
+as Python's default handler does (a save in progress is abandoned, which its
+write-then-rename leaves harmless). The ranks agree at fixed points: after the set-up and
+step-0 evaluation (`agree`, blocking), and at each step boundary through a non-blocking
+all-reduce started one step earlier so that it adds no synchronisation (`at_boundary`).
+Every rank's clock votes: a checkpoint is due when any rank's says so, and since the
+verdict is one all-reduce, every rank saves at the same step.
 """
 
 from __future__ import annotations
 
 import signal
+import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.errors import EXIT_PREEMPTED, HpcpipeError
+
+EXIT_INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+PREEMPT, INTERRUPT = 1, 2  # what a signal asks for; the larger wins when both arrive
+SIGNAL, DUE = 0, 1  # the two words the ranks reduce with MAX
 
 
 class Preempted(HpcpipeError):
-    """The run stopped on SIGTERM/SIGUSR1 after saving a checkpoint (exit status 75)."""
+    """The run stopped on a signal after saving a checkpoint; `status` is its exit status
+    (75 for SIGTERM/SIGUSR1, 130 for SIGINT)."""
+
+    def __init__(self, message: str, status: int = EXIT_PREEMPTED):
+        super().__init__(message)
+        self.status = status
+
+
+def exit_status(code: int) -> int:
+    """The exit status of a run stopped by signal `code` (PREEMPT or INTERRUPT)."""
+    return EXIT_INTERRUPTED if code == INTERRUPT else EXIT_PREEMPTED
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What every rank agreed on at one step boundary."""
+
+    stop: int  # 0, PREEMPT or INTERRUPT
+    save_due: bool  # some rank's clock says a time-based checkpoint is due
 
 
 class PreemptionWatch:
-    """The signal handlers of one run, and the ranks' agreement on whether to stop."""
+    """The signal handlers of one run, the checkpoint clock, and the ranks' agreement."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
-    def __init__(self, comm):
-        self.comm, self.flag, self.request = comm, np.zeros(1, np.int32), None
-        self.seen = np.zeros(1, np.int32)
+    def __init__(self, comm, every_s: float = 0.0):
+        self.comm, self.request = comm, None
+        self.flag = np.zeros(2, np.int32)  # [SIGNAL, DUE] as this rank sees them
+        self.seen = np.zeros(2, np.int32)  # the all-reduce in flight
+        self.every_s = every_s  # 0: no time-based checkpoints
+        self.last_save = time.monotonic()
+        # Saves so far: a vote names the save it asks for, so that a vote still in flight
+        # when that save happens does not ask for another.
+        self.saves = 0
         self.previous = {}
-        for sig in self.SIGNALS:
+        handlers = {sig: self._preempt for sig in self.SIGNALS}
+        handlers[signal.SIGINT] = self._interrupt
+        for sig, handler in handlers.items():
             try:
-                self.previous[sig] = signal.signal(sig, self._handler)
+                self.previous[sig] = signal.signal(sig, handler)
             except ValueError:  # not the main thread (an embedding application): no handler
                 pass
 
-    def _handler(self, signum, frame):
-        self.flag[0] = 1
+    def _preempt(self, signum, frame):
+        self.flag[SIGNAL] = max(self.flag[SIGNAL], PREEMPT)
+
+    def _interrupt(self, signum, frame):
+        if self.flag[SIGNAL] == INTERRUPT:
+            raise KeyboardInterrupt  # the second Ctrl-C: stop now, unsaved
+        self.flag[SIGNAL] = INTERRUPT
+
+    def checkpoint_every(self, seconds: float):
+        """Vote for a checkpoint once `seconds` have passed since the last one (0: never)."""
+        self.every_s = seconds
+        self.saved()
+
+    def saved(self):
+        """A checkpoint was just written (by every rank): the clock starts again."""
+        self.last_save = time.monotonic()
+        self.saves += 1
+        self.flag[DUE] = 0
 
     @property
     def signalled(self) -> bool:
         """Whether this rank has been signalled (no agreement)."""
-        return bool(self.flag[0])
+        return bool(self.flag[SIGNAL])
 
-    def agree(self) -> bool:
-        """Whether any rank has been signalled by now (blocking; collective)."""
+    def _vote(self):
+        if self.every_s and time.monotonic() - self.last_save >= self.every_s:
+            self.flag[DUE] = self.saves + 1
+
+    def agree(self) -> int:
+        """The stop code (0, PREEMPT, INTERRUPT) any rank has by now (blocking; collective)."""
         from mpi4py import MPI
 
         if self.request is not None:  # settle the check started at the last step boundary
             self.request.Wait()
             self.request = None
-            self.flag[0] = max(self.flag[0], self.seen[0])
+            self.flag[SIGNAL] = max(self.flag[SIGNAL], self.seen[SIGNAL])
         total = np.zeros(1, np.int32)
-        self.comm.Allreduce(self.flag, total, op=MPI.MAX)
-        return bool(total[0])
+        self.comm.Allreduce(self.flag[:1].copy(), total, op=MPI.MAX)
+        return int(total[0])
+
+    def at_boundary(self) -> Verdict:
+        """What the ranks had agreed by the time each started the previous check."""
+        from mpi4py import MPI
+
+        verdict = Verdict(0, False)
+        if self.request is not None:
+            self.request.Wait()
+            verdict = Verdict(int(self.seen[SIGNAL]), int(self.seen[DUE]) > self.saves)
+        self._vote()
+        self.seen[...] = self.flag
+        self.request = self.comm.Iallreduce(MPI.IN_PLACE, self.seen, op=MPI.MAX)
+        return verdict
 
     def stop_now(self) -> bool:
         """Whether any rank was signalled by the time it started the previous check."""
-        from mpi4py import MPI
-
-        stop = False
-        if self.request is not None:
-            self.request.Wait()
-            stop = bool(self.seen[0])
-        self.seen[...] = self.flag
-        self.request = self.comm.Iallreduce(MPI.IN_PLACE, self.seen, op=MPI.MAX)
-        return stop
+        return bool(self.at_boundary().stop)
 
     def close(self):
         """Finish the pending check and restore the previous handlers (idempotent)."""

@@ -18,7 +18,7 @@ import os
 import time
 
 from hpcpipe import __version__
-from hpcpipe.config import Config
+from hpcpipe.config import Config, for_world
 from hpcpipe.data.checks import open_tokens
 from hpcpipe.device import backend
 from hpcpipe.device.budget import check_run
@@ -40,11 +40,11 @@ from hpcpipe.runs.report import end_of_run
 from hpcpipe.runs.rundir import RunDir
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.train.evaluate import validation_batches
-from hpcpipe.train.preemption import Preempted, PreemptionWatch
+from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
 from hpcpipe.train.resume import find_resume, run_identity
 from hpcpipe.util import timeline
-from hpcpipe.util.errors import EXIT_PREEMPTED, every_rank_does, root_does
+from hpcpipe.util.errors import every_rank_does, root_does
 
 __all__ = ["train", "Trainer", "Summary", "Preempted"]
 
@@ -71,7 +71,8 @@ class Trainer:
     """One rank's training run; see the module's docstring for its phases."""
 
     def __init__(self, cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None):
-        self.cfg, self.comm, self.out = cfg, comm, out
+        # dp = "auto" and train.global_batch_size become counts once the world is known
+        self.cfg, self.comm, self.out = for_world(cfg, comm.size), comm, out
         self.started = time.perf_counter()
         self.start_step = 0
         self.last_saved = None  # the step of the last checkpoint this run has
@@ -149,31 +150,7 @@ class Trainer:
 
     def _describe(self):
         """The run's header: what runs where, on what data."""
-        cfg, model = self.cfg, self.cfg.model
-        parallel, train = cfg.parallel, cfg.train
-        schedule = self.rank.schedule
-        self.log(f"hpcpipe {__version__} | {self.grid.describe()} | {self.be.describe()}, "
-                 f"{self.be.threads} thread(s) per rank | {train.dtype}")
-        total_params = self.grid.replica.allreduce(self.rank.model.unique_params())
-        self.log(f"model: {model.n_layer} layers, {model.n_head} heads, n_embd {model.n_embd}, "
-                 f"block {model.block_size}, vocab {model.vocab_size} — "
-                 f"{total_params / 1e6:.2f}M parameters")
-        if parallel.pp > 1 or schedule.chunks > 1:
-            self.log("stages: " + " | ".join(f"{s.index}: {s.describe()}"
-                                              for s in self.rank.model.specs))
-        self.log(f"schedule: {parallel.schedule}"
-                 + (f" ({schedule.kind.upper()} while profiling costs)"
-                    if parallel.schedule == "auto" else "")
-                 + f", {parallel.pp} stage(s) × {schedule.chunks} chunk(s), "
-                   f"{parallel.microbatches} microbatch(es)")
-        tokens = self.tokens
-        self.log(f"data: {tokens.path} ({tokens.length('train'):,} train / "
-                 f"{tokens.length('val'):,} val tokens, {tokens.attrs.get('tokenizer')}) | "
-                 f"batch {parallel.microbatches} × {train.micro_batch_size} × "
-                 f"{model.block_size} = {cfg.tokens_per_step:,} tokens/step")
-        self.log(f"run directory: {self.run_dir.path} | {train.steps} steps, eval every "
-                 f"{train.eval_every or train.steps}")
-        for line in mode_notes(train, self.rank.step):
+        for line in header(self):
             self.log(line)
 
     # -- the loop --------------------------------------------------------------------------
@@ -182,15 +159,19 @@ class Trainer:
         try:
             if self.start_step == 0:
                 self._evaluate(0)
-            if self.watch.agree():  # signalled during the set-up or the first evaluation
-                self._preempted(self.start_step)
+            if stop := self.watch.agree():  # signalled in the set-up or the first evaluation
+                self._preempted(self.start_step, stop)
             self.comm.Barrier()
             self.trace.origin = time.perf_counter()  # every rank's clock starts together
+            self.watch.checkpoint_every(self.cfg.checkpoint.every_minutes * 60)
             for step in range(self.start_step + 1, train.steps + 1):
                 self._step(step)
                 self._after_step(step)
-                if self.watch.stop_now():
-                    self._preempted(step)
+                verdict = self.watch.at_boundary()  # after its saves: a signal in one counts
+                if verdict.stop:
+                    self._preempted(step, verdict.stop)
+                if verdict.save_due and self.last_saved != step and step != train.steps:
+                    self._save(step)  # checkpoint.every_minutes
             return self._finish()
         finally:
             self._release()
@@ -274,21 +255,22 @@ class Trainer:
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path
         self.last_saved = step
+        self.watch.saved()
         self.record.checkpointed(step)
 
-    def _preempted(self, step: int):
-        """Save what there is to save (nothing before the first step: the initial weights
-        are a function of the seed; nothing new right after a resume or a save), then
-        stop every rank with Preempted."""
+    def _preempted(self, step: int, code: int):
+        """Save what there is (nothing before the first step: the initial weights are the
+        seed's; nothing new after a resume or a save), then stop with Preempted."""
         self._settle()
         if step > self.start_step and self.last_saved != step:
             self._save(step)
         self.record.end(step, PREEMPTED)
         saved = (f"checkpoint of step {step} written" if step > self.start_step else
                  f"nothing trained since step {step}, so nothing to save")
-        self.log(f"preempted: {saved}; exiting with status {EXIT_PREEMPTED} (resume with "
+        what, status = ("interrupted" if code == INTERRUPT else "preempted"), exit_status(code)
+        self.log(f"{what}: {saved}; exiting with status {status} (resume with "
                  f"--resume, or checkpoint.resume = \"auto\")")
-        raise Preempted(f"stopped by a signal at step {step}")
+        raise Preempted(f"stopped by a signal at step {step}", status)
 
     # -- summary ---------------------------------------------------------------------------
     def _finish(self) -> Summary:
@@ -339,6 +321,37 @@ def local_sgd_line(step, steps: int) -> str:
             f"{sent / 2**20:.3f} MiB of parameter deltas per step and rank on average, "
             f"against {sync / 2**20:.3f} MiB of gradients synchronously{saving}; outer "
             f"state {outer.state_bytes / 2**20:.2f} MiB")
+
+
+def header(trainer) -> list[str]:
+    """The run's header lines: what runs where, on what data (rank 0 prints them)."""
+    lines = []
+    cfg, model = trainer.cfg, trainer.cfg.model
+    parallel, train = cfg.parallel, cfg.train
+    schedule = trainer.rank.schedule
+    lines.append(f"hpcpipe {__version__} | {trainer.grid.describe()} | {trainer.be.describe()}, "
+                 f"{trainer.be.threads} thread(s) per rank | {train.dtype}")
+    total_params = trainer.grid.replica.allreduce(trainer.rank.model.unique_params())
+    lines.append(f"model: {model.n_layer} layers, {model.n_head} heads, n_embd {model.n_embd}, "
+                 f"block {model.block_size}, vocab {model.vocab_size} — "
+                 f"{total_params / 1e6:.2f}M parameters")
+    if parallel.pp > 1 or schedule.chunks > 1:
+        lines.append("stages: " + " | ".join(f"{s.index}: {s.describe()}"
+                                              for s in trainer.rank.model.specs))
+    lines.append(f"schedule: {parallel.schedule}"
+                 + (f" ({schedule.kind.upper()} while profiling costs)"
+                    if parallel.schedule == "auto" else "")
+                 + f", {parallel.pp} stage(s) × {schedule.chunks} chunk(s), "
+                   f"{parallel.microbatches} microbatch(es)")
+    tokens = trainer.tokens
+    lines.append(f"data: {tokens.path} ({tokens.length('train'):,} train / "
+                 f"{tokens.length('val'):,} val tokens, {tokens.attrs.get('tokenizer')}) | "
+                 f"batch {parallel.microbatches} × {train.micro_batch_size} × "
+                 f"{model.block_size} = {cfg.tokens_per_step:,} tokens/step")
+    lines.append(f"run directory: {trainer.run_dir.path} | {train.steps} steps, eval every "
+                 f"{train.eval_every or train.steps}")
+    lines += mode_notes(train, trainer.rank.step)
+    return lines
 
 
 def mode_notes(train, step) -> list[str]:

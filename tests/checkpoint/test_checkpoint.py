@@ -144,8 +144,11 @@ def test_import_gpt2_and_export_round_trip(tmp_path, capsys):
     hf = {"transformer." + n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
     hf["transformer.h.0.attn.bias"] = np.tril(np.ones((1, 1, T, T), np.float32))[..., :4, :4]
     hf["lm_head.weight"] = hf["transformer.wte.weight"]
-    src = tmp_path / "gpt2.safetensors"
+    (tmp_path / "hf").mkdir()
+    src = tmp_path / "hf" / "gpt2.safetensors"
     safetensors.save(str(src), hf)
+    # GPT-2's own config.json but for the layer count: the rest are transformers' defaults
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "gpt2", "n_layer": 1}')
     out = tmp_path / "ckpt" / "step_00000000"
     assert main(["ckpt", "import-gpt2", str(src), "--out", str(out)]) == 0
     assert ckpt.verify(str(out)) == []

@@ -102,7 +102,9 @@ def gpt2_folder(tmp_path_factory):
         value *= 0.3 if value.ndim == 2 else 1.0
     (folder / "hf").mkdir()
     safetensors.save(str(folder / "hf" / "model.safetensors"), tensors, {"format": "pt"})
-    (folder / "hf" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_head": 2}))
+    (folder / "hf" / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "n_head": 2, "n_embd": 16, "n_layer": 2, "n_positions": 32,
+        "vocab_size": 263}))
     assert main(["ckpt", "import-gpt2", str(folder / "hf" / "model.safetensors"), "--out",
                  str(folder / "ckpt"), "--config", TINY]) == 0
     return folder, bpe, tensors

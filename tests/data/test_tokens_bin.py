@@ -15,7 +15,13 @@ from hpcpipe.__main__ import main
 from hpcpipe.data.tokens import DataError, open_token_file
 
 from harness.mpirun import ROOT, job_env
-from harness.tokenfiles import gpt2_tokens, llmc_bytes, write_llmc, write_nanogpt
+from harness.tokenfiles import (
+    gpt2_tokens,
+    llmc_bytes,
+    write_llmc,
+    write_llmc_evalfile,
+    write_nanogpt,
+)
 
 
 @pytest.fixture
@@ -101,6 +107,16 @@ def test_odd_sizes_mixed_kinds_and_ids_beyond_the_vocabulary(tmp_path):
     tokens = open_token_file(str(tmp_path / "train.bin"))
     with pytest.raises(DataError, match="token id 50257, outside its vocabulary of 50257"):
         tokens.batch("train", 16, 0, 1, range(2))
+
+
+def test_llmc_evaluation_files_are_refused_by_their_magic(tmp_path):
+    # HellaSwag's file: its header words 2 and 3 are counts, not zeros, so only the magic
+    # tells it from nanoGPT's raw uint16 tokens (which it would be read as otherwise).
+    write_nanogpt(tmp_path / "train.bin", gpt2_tokens(600, 4))
+    write_llmc_evalfile(tmp_path / "val.bin", [[1, 2, 3, 4], [5, 6]])  # beside it by mistake
+    with pytest.raises(DataError, match=r"val.bin is an llm.c evaluation file \(magic "
+                                        r"20240522: 2 multiple-choice examples"):
+        open_token_file(str(tmp_path / "train.bin"))
 
 
 def test_a_shard_cut_short_after_opening(llmc):

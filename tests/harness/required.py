@@ -1,7 +1,8 @@
-"""What a test run may not do without: `pytest --require mpi,slurm,cuda` (CI's choice)
-turns the skip of a test whose MPI launcher, Slurm or CUDA toolchain (nvcc, NVRTC, the
-CUDA headers for the kernels' host build) is missing into a failure, so that a broken
-install cannot pass by skipping.
+"""What a test run may not do without: `pytest --require mpi,slurm,cuda,hf` (CI's
+choice) turns the skip of a test whose MPI launcher, Slurm, CUDA toolchain (nvcc, NVRTC,
+the CUDA headers for the kernels' host build) or Hugging Face clients (`transformers` with
+torch, and `safetensors`: the real readers of what `ckpt export` writes) are missing into
+a failure, so that a broken install cannot pass by skipping.
 
 conftest.py publishes the choice in the environment (as devices.py does the device), so
 that helpers without a pytest config (mpirun.py) and the pytest runs a test starts see it.
@@ -12,7 +13,7 @@ import os
 import pytest
 
 ENV = "HPCPIPE_TEST_REQUIRE"  # comma-separated kinds, as given to --require
-KINDS = ("mpi", "slurm", "cuda")
+KINDS = ("mpi", "slurm", "cuda", "hf")
 
 
 def parse(text: str) -> tuple[str, ...]:

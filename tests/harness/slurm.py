@@ -115,10 +115,14 @@ class Cluster:
     `debug`. Its own munged socket and ports, so a Slurm or munged already running on the
     machine is neither used nor disturbed."""
 
-    def __init__(self, mpi_default: str = "none"):
+    def __init__(self, mpi_default: str = "none", cpus: int | None = None):
+        """cpus: the CPUs the node claims (None: the machine's). More than the machine has
+        lets a job ask for a GPU node's task count (the README's 8 ranks) on a small
+        machine, the tasks time-sharing its cores (slurmd told to trust the config)."""
         # Short path: Unix socket paths (munge's, slurmd's step sockets) stop at 108 bytes.
         self.root = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
         self.mpi_default = mpi_default
+        self.cpus = cpus
         self.conf = self.root / "etc" / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket.2"
         self.procs: dict[str, subprocess.Popen] = {}
@@ -153,7 +157,13 @@ class Cluster:
     # -- start and stop --------------------------------------------------------------------
     def _write_conf(self):
         host, hardware = node_hardware()
-        self.conf.write_text(self.settings(host, "127.0.0.1")
+        extra = ""
+        if self.cpus:
+            memory = re.search(r"RealMemory=\d+", hardware).group(0)
+            hardware = (f"CPUs={self.cpus} Boards=1 SocketsPerBoard=1 "
+                        f"CoresPerSocket={self.cpus} ThreadsPerCore=1 {memory}")
+            extra = "SlurmdParameters=config_overrides\n"
+        self.conf.write_text(self.settings(host, "127.0.0.1") + extra
                              + f"NodeName={host} {hardware} NodeAddr=127.0.0.1 State=UNKNOWN\n"
                              + PARTITION)
 

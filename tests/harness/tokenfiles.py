@@ -40,3 +40,16 @@ def write_tiktoken(path, merges=(b"de", b"def", b" m", b"ai", b"ain", b"\n\n")):
     path.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n"
                             for rank, t in enumerate(tokens)))
     return path
+
+
+def write_llmc_evalfile(path, examples):
+    """An llm.c evaluation file as dev/data/data_common.py's write_evalfile writes one: the
+    256-word header (magic 20240522, version 1, examples, longest example in bytes), then
+    each example as uint16 words opened by 2**16 - 1."""
+    stream = []
+    for words in examples:
+        stream += [2**16 - 1, 2 * (len(words) + 2), *words]
+    header = np.zeros(256, dtype="<i4")
+    header[:4] = 20240522, 1, len(examples), max(2 * (len(w) + 2) for w in examples)
+    path.write_bytes(header.tobytes() + np.asarray(stream, dtype="<u2").tobytes())
+    return path

@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.needs("slurm", UNAVAILABLE)]
 def cluster():
     # A site whose default is pmix, as with a site Open MPI: the scripts must pick pmi2 for
     # the mpich wheel themselves. Without a usable pmix, no default at all.
-    c = slurm.Cluster(mpi_default="pmix" if slurm.pmix_usable() else "none")
+    # 8 CPUs claimed whatever the machine has: the README's 8-GPU line asks for 8 tasks.
+    c = slurm.Cluster(mpi_default="pmix" if slurm.pmix_usable() else "none", cpus=8)
     try:
         c.start()
         yield c
@@ -205,3 +206,61 @@ def test_test_sbatch_runs_the_mpi_tests_inside_the_allocation(cluster, workdir):
     assert "1 passed, 2 skipped" in (logs / "rank-1.log").read_text()  # rank 1 ran it too
     assert "MPI: spawning mode" in second and "`srun --kill-on-bad-exit=1" in second, second
     assert "3 passed" in second  # the bad layouts, each a job step stopping with one message
+
+
+def readme_sbatch_lines() -> list[list[str]]:
+    """The `sbatch [options] jobs/train.sbatch inputs/...` lines of the README and of
+    jobs/README.md, as arguments (comments dropped): what a new user types first."""
+    import shlex
+
+    lines = []
+    for doc in (ROOT / "README.md", JOBS / "README.md"):
+        for line in doc.read_text().splitlines():
+            if line.startswith("sbatch ") and " jobs/train.sbatch inputs/" in line:
+                words = shlex.split(line, comments=True)
+                if words not in lines:
+                    lines.append(words)
+    return lines
+
+
+# What makes a README line small enough for 2 CPU cores, appended after the line's own
+# arguments (the job script passes them to `train`): the config's parallel layout, dp
+# "auto" and its global batch rule stay as they are.
+SCALED_DOWN = {
+    "gpt2-124m.toml": ["model.n_layer=2", "model.n_embd=32", "model.n_head=2",
+                       "model.block_size=32", "train.micro_batch_size=1",
+                       "train.global_batch_size=8"],
+    "gpt2-124m-zb-8gpu.toml": ["model.n_layer=8", "model.n_embd=16", "model.n_head=2",
+                               "model.block_size=16", "train.micro_batch_size=1",
+                               "train.global_batch_size=16"],
+}
+
+
+def test_the_readmes_sbatch_lines_run(cluster, workdir, stdlib_tokens):
+    """Each line as written — its sbatch options, the script's own task count (a node's
+    GPUs) otherwise — on CPU ranks time-sharing the cores (no GPUs: --gpus-per-node=0),
+    all submitted at once: one step each."""
+    lines = readme_sbatch_lines()
+    at = [words.index("jobs/train.sbatch") for words in lines]
+    configs = [Path(words[i + 1]).name for words, i in zip(lines, at)]
+    assert {"gpt2-124m.toml", "gpt2-124m-zb-8gpu.toml"} <= set(configs), lines
+    jobs = []
+    for n, (words, i, name) in enumerate(zip(lines, at, configs)):
+        options = [w for w in words[1:i] if not w.startswith("--gpus-per-node")]
+        tasks = next((int(w.split("=")[1]) for w in options
+                      if w.startswith("--ntasks-per-node=")), 4)  # train.sbatch's default
+        sets = SCALED_DOWN[name] + ["train.steps=1", "train.eval_batches=1",
+                                    "train.trace_steps=0", 'train.device="cpu"',
+                                    f'data.path="{stdlib_tokens}"']
+        run_dir, out = workdir / f"readme-{n}", workdir / f"readme-{n}.out"
+        job = cluster.submit(
+            JOBS / "train.sbatch", *words[i + 1:], *(a for s in sets for a in ("--set", s)),
+            cwd=ROOT, env=cluster.env(VENV=sys.prefix, RUN_DIR=str(run_dir)),
+            options=["--job-name", f"readme-{n}", "--output", str(out), "--cpus-per-task=1",
+                     "--overcommit", "--time=10", *options, "--gpus-per-node=0"])
+        jobs.append((job, out, run_dir, tasks, tasks // (4 if "zb" in name else 1)))
+    for job, out, run_dir, tasks, dp in jobs:
+        finished(cluster, job, out, timeout=400)
+        text = out.read_text()
+        assert f"{tasks} ranks = dp {dp} × pp {tasks // dp}" in text, text
+        assert "vocab 50257" in text and list(slurm.metrics(run_dir)[0]) == [1], text

@@ -91,3 +91,33 @@ def test_signal_during_a_save(tmp_path, stdlib_tokens):
     assert [s for s, _ in ckpt.list_checkpoints(root)] == [2, 3]  # the save finished, then
     assert ckpt.latest(root).endswith("step_00000003")            # the next boundary's
     assert ckpt.verify(ckpt.latest(root)) == [] and "preempted: checkpoint of step 3" in out
+
+
+def test_ctrl_c_saves_at_the_next_step_and_exits_130(tmp_path, stdlib_tokens):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, stdlib_tokens, "train.steps=100000")  # would run for hours
+    wait_for_line(proc, " 3/100000 |")
+    proc.send_signal(signal.SIGINT)
+    out, err = finish(proc)
+    assert proc.returncode == 130, err
+    assert "interrupted: checkpoint of step" in out and "Traceback" not in err
+    latest = ckpt.latest(str(run_dir / "checkpoints"))
+    assert latest is not None and ckpt.verify(latest) == []
+    assert f"step {ckpt.read_manifest(latest)['step']}" in out.splitlines()[-1]
+
+
+def test_a_second_ctrl_c_stops_at_once_without_waiting_for_the_save(tmp_path, stdlib_tokens):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, stdlib_tokens, "train.steps=50", "checkpoint.every=2",
+                 env={"HPCPIPE_SAVE_DELAY": "2:600"})  # a save that would take 10 minutes
+    partial = run_dir / "checkpoints" / ".step_00000002.tmp"
+    deadline = time.time() + 120
+    while not (partial.exists() and any(partial.iterdir())):
+        assert time.time() < deadline and proc.poll() is None, "the save never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # the first: save at the next boundary...
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # ...the second: stop now
+    _, err = finish(proc, timeout=300)
+    assert proc.returncode == 130 and "interrupted" in err, err
+    assert ckpt.list_checkpoints(str(run_dir / "checkpoints")) == []  # the save was abandoned

@@ -29,7 +29,19 @@ def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
             f"the weights of {path}")
     reader = Reader(path, manifest)
     try:
+        # Every file opened before any is read: an open file outlives its removal, so a
+        # rotation that deletes the checkpoint after this point cannot hurt the read.
+        for name in {t["file"] for t in manifest["tensors"].values()}:
+            reader.file(name)
         return {name: reader.tensor(name) for name in manifest["tensors"]}, manifest
+    except (CheckpointError, OSError):
+        if not os.path.isfile(os.path.join(path, manifests.MANIFEST)):
+            raise CheckpointError(
+                f"{path}: the checkpoint was removed while it was being read (a run still "
+                f"writing this run directory deleted it as it rotated its checkpoints: "
+                f"checkpoint.keep); export again, naming the run directory for its latest "
+                f"checkpoint") from None
+        raise
     finally:
         reader.close()
 

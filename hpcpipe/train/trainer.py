@@ -36,6 +36,7 @@ from hpcpipe.parallel.transport import resolve_gpu_aware
 from hpcpipe.runs.metrics import Metrics, Summary
 from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED
 from hpcpipe.runs.record import RunRecord
+from hpcpipe.runs.lock import RunLock
 from hpcpipe.runs.report import end_of_run
 from hpcpipe.runs.rundir import RunDir
 from hpcpipe.schedules import Costs, simulate
@@ -78,6 +79,7 @@ class Trainer:
         self.stage_bytes = {}  # model stage → (M_B, M_W) bytes, as last measured
         self.own_watch = watch is None
         self.watch = watch or PreemptionWatch(comm)  # signals count from here on
+        self.lock = None
         try:
             self._setup(run_dir, resume)
         except BaseException:
@@ -91,6 +93,8 @@ class Trainer:
     def _release(self):
         if self.own_watch:
             self.watch.close()
+        if self.lock is not None:
+            self.lock.release()
         if getattr(self, "tokens", None) is not None:
             self.tokens.close()
 
@@ -98,6 +102,8 @@ class Trainer:
     def _setup(self, run_dir: str, resume):
         cfg, comm = self.cfg, self.comm
         parallel, train = cfg.parallel, cfg.train
+        # Before anything reads or writes the run directory: one run in it at a time.
+        self.lock = root_does(comm, lambda: RunLock.acquire(run_dir))
         self.grid = gridlib.build(comm, parallel.dp, parallel.pp, parallel.rank_order,
                                   source=cfg.source, tp=parallel.tp)
         threads = backend.limit_threads(self.grid.local_size)

@@ -51,10 +51,10 @@ class Saved:
 
 
 def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
-         keep_every: int = 0, run: str | None = None) -> Saved:
+         keep_every: int = 0, run: str | None = None, data: dict | None = None) -> Saved:
     """Write a checkpoint of every rank's state at `step` (collective over the world);
     `rank` is each process's Rank (rank.py); `run` the run's identity (new_run_id; None: a
-    run of its own), which rotation goes by.
+    run of its own), which rotation goes by; `data` the training data's fingerprint.
 
     state: the run's own numbers to restore (e.g. the loss-scaler's), stored in the
     manifest. Returns where it went, how long it took and its size (on every rank)."""
@@ -83,7 +83,7 @@ def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
     everything = world.gather(entries, root=0)
 
     def commit():
-        manifest = _manifest(rank, cfg, step, state, sum(everything, []), run)
+        manifest = _manifest(rank, cfg, step, state, sum(everything, []), run, data)
         manifests.write(tmp_dir, json.dumps(manifest, indent=1))
         _install(tmp_dir, final, run)
         point_latest(root, final)
@@ -118,7 +118,8 @@ def _free_name(base: str) -> str:
     return candidate
 
 
-def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str) -> dict:
+def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str,
+              data: dict | None) -> dict:
     """The manifest of a checkpoint from every rank's file entries."""
     files, tensors, segments = {}, {}, {}
     for entry in entries:
@@ -133,7 +134,7 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str) 
               "rank_order": grid.rank_order,
               "partition": [list(spec.layers) for spec in model.specs]}
     return manifests.build(cfg, step, cfg.train.dtype, layout, files, tensors, segments,
-                           adam_step=rank.step.optimizer.t, state=state, run=run)
+                           adam_step=rank.step.optimizer.t, state=state, run=run, data=data)
 
 
 def _segment_entry(file: str, start: int, stop: int, tp=None) -> dict:

@@ -1,11 +1,13 @@
 """The training data of a run: its token file opened (prepared first where hpcpipe makes
-it) and checked against the config — its corpus, its vocabulary, its length."""
+it) and checked against the config — its corpus, its vocabulary, its length — and its
+fingerprint."""
 
 from __future__ import annotations
 
 import os
 
 from hpcpipe.data.corpora import corpus_identity, default_token_path, prepare, token_file_identity
+from hpcpipe.data.fingerprint import fingerprint
 from hpcpipe.data.tokens import DataError, TokenFile, is_prepared_by_hpcpipe, open_token_file
 from hpcpipe.util.errors import ConfigError, every_rank_does, root_does
 
@@ -16,7 +18,11 @@ def open_tokens(cfg: Config, comm, log) -> TokenFile:
     path = cfg.data.path or default_token_path(cfg.data.corpus)
 
     def ensure():
-        if not os.path.exists(path) and is_prepared_by_hpcpipe(path):
+        if os.path.islink(path) and not os.path.exists(path):
+            raise DataError(f"data.path {path} is a symbolic link to "
+                            f"{os.readlink(path)}, which does not exist (a dataset not "
+                            f"mounted?); hpcpipe never prepares a token file over a link")
+        if not os.path.lexists(path) and is_prepared_by_hpcpipe(path):
             log(f"preparing {path} from corpus {cfg.data.corpus!r} (once; later runs reuse it)")
             prepare(cfg.data.corpus, path, cfg.data.val_fraction, log=log)
 
@@ -49,3 +55,9 @@ def _check_tokens(cfg: Config, tokens: TokenFile):
         raise ConfigError(cfg.source, "model.block_size", model.block_size,
                           f"larger than the data: the smaller split of {path} has {shortest} "
                           f"tokens; use a block_size below {shortest - 1} or a bigger corpus")
+
+
+def fingerprint_of(tokens: TokenFile, comm) -> dict:
+    """The training data's fingerprint (fingerprint.py), taken by the root, on every rank."""
+    return comm.bcast(root_does(comm, lambda: fingerprint(tokens.path, tokens.files())),
+                      root=0)

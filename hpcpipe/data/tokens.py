@@ -67,6 +67,10 @@ class TokenFile:
     def length(self, split: str) -> int:
         return self.lengths[split]
 
+    def files(self) -> list[str]:
+        """Every file the tokens come from (what the run's data fingerprint covers)."""
+        return [self.path]
+
     def _read(self, split: str, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) of a split, as stored (raises DataError when damaged)."""
         raise NotImplementedError
@@ -375,6 +379,9 @@ class BinTokens(TokenFile):
                                 f"at least 2")
         self.attrs = {"vocab_size": self.vocab_size, "tokenizer": tokenizer, "format": kind,
                       "source": pattern, "shards": {s: len(v) for s, v in self.splits.items()}}
+
+    def files(self) -> list[str]:
+        return [shard.path for shards in self.splits.values() for shard in shards]
 
     def _read(self, split: str, start: int, stop: int) -> np.ndarray:
         shards, starts = self.splits[split], self.starts[split]

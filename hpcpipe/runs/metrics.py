@@ -46,6 +46,7 @@ class Summary:
     flops_per_token: float = 0.0  # the model's training FLOPs per token (flops.py)
     peak_flops: float = 0.0  # every rank's measured matmul peak, summed (0: not measured)
     files: list = field(default_factory=list)  # what the run directory holds at the end
+    data: dict = field(default_factory=dict)  # the training data's fingerprint (fingerprint.py)
 
     @property
     def tokens_per_s(self) -> float:

@@ -49,7 +49,7 @@ class RunLock:
         self.fd, self.path, self.made_folder = fd, path, made_folder
 
     @classmethod
-    def acquire(cls, run_dir: str) -> "RunLock":
+    def acquire(cls, run_dir: str) -> RunLock:
         """Take the run directory's lock (creating the folder if need be), or raise
         RunDirBusy naming the holder. Never waits."""
         if os.path.lexists(run_dir) and not os.path.isdir(run_dir):

@@ -6,19 +6,9 @@ from __future__ import annotations
 
 import os
 
-from hpcpipe.data.corpora import (
-    corpus_identity,
-    default_token_path,
-    prepare,
-    token_file_identity,
-)
+from hpcpipe.data.corpora import corpus_identity, default_token_path, prepare, token_file_identity
 from hpcpipe.data.fingerprint import fingerprint
-from hpcpipe.data.tokens import (
-    DataError,
-    TokenFile,
-    is_prepared_by_hpcpipe,
-    open_token_file,
-)
+from hpcpipe.data.tokens import DataError, TokenFile, is_prepared_by_hpcpipe, open_token_file
 from hpcpipe.util.errors import ConfigError, every_rank_does, root_does
 
 

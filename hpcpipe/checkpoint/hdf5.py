@@ -12,6 +12,7 @@ import numpy as np
 
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.model.sharding import shard_of
+from hpcpipe.util.files import open_regular
 
 OPTIM_KINDS = ("exp_avg", "exp_avg_sq", "master")
 
@@ -22,7 +23,7 @@ H5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError)
 
 def sha256(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()

@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+from hpcpipe.util.files import read_bounded, write_text_atomic
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NEEDED = ("cupy", "mpi4py", "h5py", "ml_dtypes", "numpy", "pytest", "threadpoolctl")
 STEP_DTYPES = (("float32", []), ("tf32", ["--tf32"]), ("bfloat16", ["--dtype", "bfloat16"]))
@@ -145,16 +147,16 @@ def step_rows(results) -> list[dict]:
     rows = []
     for r in results:
         if r.get("json") and os.path.exists(r["json"]):
-            with open(r["json"]) as f:
-                rows += [{**row, "label": r["step"][5:]} for row in json.load(f)["rows"]]
+            data = json.loads(read_bounded(r["json"], 64 * 2**20))  # never a FIFO
+            rows += [{**row, "label": r["step"][5:]} for row in data["rows"]]
     return rows
 
 
 def write_report(out, machine, gpu, how, results, rows) -> str:
     stem = os.path.join(out, f"{machine}-{time.strftime('%Y-%m-%d')}-gpu-check")
-    with open(stem + ".json", "w") as f:
-        json.dump({"machine": machine, "gpu": gpu, "python": how, "steps": results,
-                   "step_rows": rows}, f, indent=2)
+    write_text_atomic(stem + ".json", json.dumps({"machine": machine, "gpu": gpu,
+                                                  "python": how, "steps": results,
+                                                  "step_rows": rows}, indent=2))
     lines = [f"# gpu-check on {machine}", "", f"GPU: {gpu}", f"Python: {how}", "",
              "| step | status | seconds |", "|---|---|---|"]
     lines += [f"| {r['step']} | {r['status']} | {r['seconds']} |" for r in results]
@@ -163,8 +165,7 @@ def write_report(out, machine, gpu, how, results, rows) -> str:
         torch = row.get("torch_tokens_per_s")
         lines.append(f"| {row['config']} {row['label']} | {row['hpcpipe_tokens_per_s']:,.0f} | "
                      + (f"{torch:,.0f} | {row['ratio']:.2f}× |" if torch else "– | – |"))
-    with open(stem + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text_atomic(stem + ".md", "\n".join(lines) + "\n")
     return stem
 
 

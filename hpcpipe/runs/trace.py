@@ -17,7 +17,7 @@ import os
 import time
 
 from hpcpipe.util.colours import label_colour, legend_entries, op_colour
-from hpcpipe.util.files import read_bounded, write_text_atomic
+from hpcpipe.util.files import read_bounded, write_figure, write_text_atomic
 from hpcpipe.util.schema import Mismatch, parse_json
 from hpcpipe.util.timeline import COMPUTE
 
@@ -150,5 +150,5 @@ def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step
                 for k in others]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(path, fig)
     plt.close(fig)

@@ -12,7 +12,7 @@ import csv
 import io
 import re
 
-from ..util.files import TooLarge, read_bounded
+from ..util.files import TooLarge, read_bounded, write_text_atomic
 from .ops import MAX_MICROBATCHES, Kind, Op, Schedule, ScheduleError, make_schedule
 
 _TO_TORCH = {Kind.F: "F", Kind.B: "I", Kind.W: "W", Kind.BW: "B"}
@@ -72,8 +72,7 @@ def from_csv(text: str, kind: str = "csv") -> Schedule:
 
 
 def write_csv(schedule: Schedule, path: str) -> None:
-    with open(path, "w", newline="") as f:
-        f.write(to_csv(schedule))
+    write_text_atomic(path, to_csv(schedule))
 
 
 MAX_CSV_BYTES = 16 * 2**20

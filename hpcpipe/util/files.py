@@ -1,11 +1,13 @@
 """Writing files so that a crash never leaves a half-written one under the final name, and
 never over something hpcpipe did not make.
 
-Every file hpcpipe writes for later use (checkpoints and their manifests, token files,
-the run directory's config and summary, benchmark results) goes through `write_atomic`:
+Every file hpcpipe writes (checkpoints and their manifests, token files, the run
+directory's config and summary, pictures, schedules, benchmark results) goes through
+`write_atomic` (`write_figure` for a picture, `write_text_atomic` for text):
 written under a temporary name in the same folder, flushed and fsynced, renamed into
 place, and the folder fsynced, so that after a crash or a kill the path holds either the
-previous file or the complete new one.
+previous file or the complete new one — and a symbolic link at the path is replaced by
+the file, never followed to overwrite its target.
 
 A path a user names as a command's output is claimed first (`claim_file`,
 `claim_folder`): an existing file is replaced only with --force, a folder is never taken
@@ -41,6 +43,8 @@ def write_atomic(path: str, write) -> str:
     folder, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(folder, f".{name}.tmp.{os.getpid()}")
     try:
+        if os.path.lexists(tmp):  # never write through whatever sits under our name
+            os.unlink(tmp)
         write(tmp)
         with open(tmp, "rb+") as f:
             f.flush()
@@ -51,6 +55,13 @@ def write_atomic(path: str, write) -> str:
             os.unlink(tmp)
     fsync_dir(folder)
     return path
+
+
+def write_figure(path: str, fig, dpi: int = 110) -> str:
+    """`write_atomic` of a matplotlib figure, in the format of `path`'s suffix (the
+    temporary name has none). A symlink at `path` is replaced, never written through."""
+    fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt))
 
 
 def write_text_atomic(path: str, text: str) -> str:

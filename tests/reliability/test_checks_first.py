@@ -4,9 +4,10 @@ resumed stays resumable whatever a hand or a tool did to its records."""
 
 import json
 
+from reliability.test_no_hang import _train
+
 from hpcpipe.__main__ import main
 from hpcpipe.runs.rundir import line_fits, read_metrics
-from reliability.test_no_hang import _train
 
 
 def test_a_metrics_line_with_a_field_of_the_wrong_type_never_blocks_a_resume(

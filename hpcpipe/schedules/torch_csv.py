@@ -28,9 +28,30 @@ def to_csv(schedule: Schedule) -> str:
     return out.getvalue()
 
 
+# Cheap limits, checked while the rows are read and before any is parsed: a CSV of a
+# million rows must be refused at once, not after a minute of building its schedule.
+MAX_RANKS = 4096  # as `schedule --stages`
+MAX_ACTIONS = 3 << 22  # F, B and W of `schedule`'s MAX_OPS
+
+
+def _rows(text: str) -> list[list[str]]:
+    rows, ranks, cells = [], 0, 0
+    for row in csv.reader(io.StringIO(text)):
+        rows.append(row)
+        ranks += any(cell.strip() for cell in row)
+        cells += len(row)
+        if ranks > MAX_RANKS:
+            raise ScheduleError(f"more than {MAX_RANKS} rows of actions: a schedule has one row "
+                                f"per rank, at most {MAX_RANKS} ranks")
+        if cells > MAX_ACTIONS:
+            raise ScheduleError(f"more than {MAX_ACTIONS:,} cells: more actions than any "
+                                f"schedule hpcpipe builds")
+    return rows
+
+
 def from_csv(text: str, kind: str = "csv") -> Schedule:
     """Parse a compute-only CSV into a Schedule (check() it before use)."""
-    rows = [row for row in csv.reader(io.StringIO(text))]
+    rows = _rows(text)
     while rows and not any(cell.strip() for cell in rows[-1]):
         rows.pop()
     if not rows:
@@ -90,5 +111,7 @@ def read_csv(path: str, kind: str = "csv") -> Schedule:
         raise ScheduleError(f"{path}: not UTF-8 text (byte {e.start})") from None
     try:
         return from_csv(text, kind)
+    except ScheduleError as e:
+        raise ScheduleError(f"{path}: {e}") from None
     except csv.Error as e:
         raise ScheduleError(f"{path}: not a CSV file ({e})") from None

@@ -11,12 +11,12 @@ import sys
 import pytest
 from harness.hostile import ends_with_one_error
 from harness.mpirun import ROOT, job_env
+from reliability.test_no_hang import _train
 
 from hpcpipe.__main__ import main
 from hpcpipe.runs import trace
 from hpcpipe.schedules.exact import MAX_MODEL_BYTES, check_size, model_bytes
 from hpcpipe.schedules.ops import ScheduleError
-from reliability.test_no_hang import _train
 
 pytest.importorskip("ortools")
 

@@ -7,10 +7,10 @@ import os
 
 import pytest
 from harness.hostile import ends_with_one_error
+from reliability.test_no_hang import finished  # noqa: F401 (a fixture)
 
 from hpcpipe.__main__ import main
 from hpcpipe.util.files import write_figure, write_text_atomic
-from reliability.test_no_hang import finished  # noqa: F401 (a fixture)
 
 
 def _link_to_precious(tmp_path, name):

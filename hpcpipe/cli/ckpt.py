@@ -19,7 +19,7 @@ import numpy as np
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.checkpoint.hdf5 import store
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import TooLarge, read_bounded, claim_file, claim_folder, write_atomic, write_text_atomic
+from hpcpipe.util.files import TooLarge, read_bounded, claim_file, claim_folder, write_buffered, write_text_atomic
 from hpcpipe.util.schema import Int, Mismatch, Record, parse_json
 
 EPILOG = """\
@@ -244,14 +244,14 @@ def cmd_export(args) -> int:
     else:
         import h5py
 
-        def write(tmp):
-            with h5py.File(tmp, "w") as f:
+        def write(buffer):
+            with h5py.File(buffer, "w") as f:
                 for name, value in tensors.items():
                     store(f, name, value)
                 f.attrs["config"] = manifest["config"]
                 f.attrs["step"] = manifest["step"]
 
-        write_atomic(args.out, write)
+        write_buffered(args.out, write)
     size = os.path.getsize(args.out)
     print(f"exported {len(tensors)} tensors of {path} to {args.out} ({size / 2**20:.1f} MiB)")
     return 0

@@ -17,6 +17,8 @@ and every refusal comes before anything is written, so it leaves nothing behind.
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import stat
 
@@ -55,6 +57,41 @@ def write_atomic(path: str, write) -> str:
             os.unlink(tmp)
     fsync_dir(folder)
     return path
+
+
+def free_bytes(folder: str) -> int:
+    """What an unprivileged writer may still put on `folder`'s file system."""
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
+def write_buffered(path: str, build) -> int:
+    """`build(buffer)` fills an in-memory file (an `io.BytesIO`: HDF5 through
+    `h5py.File(buffer, "w")`), which is then written by `write_atomic` with plain writes;
+    returns its size. A library that meets a full disk mid-file (HDF5 prints a traceback per
+    open object and may crash the process at exit) never sees one: the disk's error is one
+    OSError from a plain write — and a file that cannot fit is refused before any of it is
+    written."""
+    buffer = io.BytesIO()
+    build(buffer)
+    data = buffer.getbuffer()
+    folder = os.path.dirname(os.path.abspath(path))
+    free = free_bytes(folder)
+    if len(data) > free:
+        raise OSError(errno.ENOSPC, f"no space left on device: {len(data):,} bytes to write, "
+                                    f"{free:,} free", path)
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    try:
+        write_atomic(path, write)
+    except OSError as e:
+        if e.filename is None:  # a plain write's error names no file: name the output
+            raise OSError(e.errno, e.strerror, path) from None
+        raise
+    return len(data)
 
 
 def write_figure(path: str, fig, dpi: int = 110) -> str:

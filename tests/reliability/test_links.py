@@ -7,7 +7,6 @@ import os
 
 import pytest
 from harness.hostile import ends_with_one_error
-from reliability.test_no_hang import finished  # noqa: F401 (a fixture)
 
 from hpcpipe.__main__ import main
 from hpcpipe.util.files import write_figure, write_text_atomic
@@ -37,7 +36,7 @@ def test_schedule_outputs_replace_a_link_never_its_target(capsys, tmp_path, flag
     _replaced(precious, link)
 
 
-def test_plot_force_replaces_a_link_never_its_target(capsys, finished, tmp_path):  # noqa: F811
+def test_plot_force_replaces_a_link_never_its_target(capsys, finished, tmp_path):
     precious, link = _link_to_precious(tmp_path, "plot.png")
     assert main(["plot", str(finished), "--out", str(link), "--force"]) == 0
     _replaced(precious, link)

@@ -79,15 +79,13 @@ def test_one_process_cannot_hold_it_twice_and_a_refused_set_up_leaves_no_folder(
     RunLock.acquire(str(tmp_path / "new")).release()  # free again
 
 
-def test_export_of_a_checkpoint_rotated_away_meanwhile_says_so(capsys, tmp_path,
-                                                               stdlib_tokens, monkeypatch):
+def test_export_of_a_checkpoint_rotated_away_meanwhile_says_so(capsys, tmp_path, finished,
+                                                               monkeypatch):
     import shutil
 
     from hpcpipe.checkpoint import step_name, weights
 
-    run_dir = tmp_path / "run"
-    assert main(_train_args(run_dir, stdlib_tokens, "train.steps=1")) == 0
-    step = run_dir / "checkpoints" / step_name(1)
+    step = finished / "checkpoints" / step_name(1)
     read_manifest = weights.read_manifest
 
     def then_rotated(path):  # rotation deletes it between the manifest and the files

@@ -101,6 +101,8 @@ def run_step(name, cmd, timeout, env, logs) -> dict:
     """One step as a subprocess under `timeout`; its output goes to logs/<name>.log."""
     start = time.perf_counter()
     path = os.path.join(logs, f"{name}.log")
+    if os.path.islink(path):  # a log streams as it is written: replace a link, never follow it
+        os.unlink(path)
     with open(path, "w") as out:
         try:
             proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,

@@ -33,10 +33,10 @@ from hpcpipe.parallel.pipeline.planning import (
     profiled_costs,
 )
 from hpcpipe.parallel.transport import resolve_gpu_aware
+from hpcpipe.runs.lock import RunLock
 from hpcpipe.runs.metrics import Metrics, Summary
 from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED
 from hpcpipe.runs.record import RunRecord
-from hpcpipe.runs.lock import RunLock
 from hpcpipe.runs.report import end_of_run
 from hpcpipe.runs.rundir import RunDir
 from hpcpipe.schedules import Costs, simulate

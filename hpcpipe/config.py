@@ -93,6 +93,10 @@ class DataSection:
     # "" means data/<corpus name>.tokens.h5
     path: str = ""
     val_fraction: float = 0.05
+    # -- reliability (issue 28) --
+    # resume this run onto training data other than its checkpoint's (their fingerprints,
+    # recorded in every manifest, differ); false: such a resume is refused
+    allow_changed: bool = False
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ import subprocess
 import sys
 import time
 
+from hpcpipe.util.files import read_bounded, write_text_atomic
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NEEDED = ("cupy", "mpi4py", "h5py", "ml_dtypes", "numpy", "pytest", "threadpoolctl")
 # Seconds per step (the smoke's minute, then the bf16 step and the cost model); the
@@ -123,6 +125,8 @@ def run_step(name, cmd, timeout, env, logs) -> dict:
     """One step as a subprocess under `timeout`; its output goes to logs/<name>.log."""
     start = time.perf_counter()
     path = os.path.join(logs, f"{name}.log")
+    if os.path.islink(path):  # a log streams as it is written: replace a link, never follow it
+        os.unlink(path)
     with open(path, "w") as out:
         try:
             proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -194,8 +198,8 @@ def step_rows(folder, results) -> list[dict]:
     for r in results:
         path = os.path.join(folder, r.get("json", ""))
         if r.get("json") and os.path.exists(path):
-            with open(path) as f:
-                rows += [{**row, "label": r["step"][5:]} for row in json.load(f)["rows"]]
+            data = json.loads(read_bounded(path, 64 * 2**20))  # never a FIFO
+            rows += [{**row, "label": r["step"][5:]} for row in data["rows"]]
     return rows
 
 
@@ -203,8 +207,7 @@ def _prediction(folder) -> dict | None:
     path = os.path.join(folder, "gpu-model.json")
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        model = json.load(f)
+    model = json.loads(read_bounded(path, 64 * 2**20))
     return {k: model[k] for k in ("launches", "non_gemm_bytes", "host_syncs", "gemm_flops",
                                   "predicted_step_s")}
 
@@ -212,9 +215,9 @@ def _prediction(folder) -> dict | None:
 def write_report(folder, machine, gpu, how, results, rows) -> str:
     """report.json and report.md in `folder`; returns the Markdown's path."""
     predicted = _prediction(folder)
-    with open(os.path.join(folder, "report.json"), "w") as f:
-        json.dump({"machine": machine, "gpu": gpu, "python": how, "steps": results,
-                   "step_rows": rows, "predicted": predicted}, f, indent=2)
+    write_text_atomic(os.path.join(folder, "report.json"), json.dumps(
+        {"machine": machine, "gpu": gpu, "python": how, "steps": results,
+         "step_rows": rows, "predicted": predicted}, indent=2))
     lines = [f"# gpu-check on {machine}", "", f"GPU: {gpu}", f"Python: {how}", "",
              "| step | status | seconds |", "|---|---|---|"]
     lines += [f"| {r['step']} | {r['status']} | {r['seconds']} |" for r in results]
@@ -231,8 +234,7 @@ def write_report(folder, machine, gpu, how, results, rows) -> str:
                       f"{predicted['non_gemm_bytes'] / 1e9:.1f} GB outside the GEMMs, "
                       f"{predicted['host_syncs']} host syncs"]
     path = os.path.join(folder, "report.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 

@@ -20,6 +20,7 @@ import platform
 import time
 
 from hpcpipe import __version__
+from hpcpipe.util.files import read_bounded, write_figure, write_text_atomic
 
 from .common import machine_name, schedule_label
 
@@ -29,12 +30,14 @@ SIM_COSTS = ((1.0, 1.0, 1.0), (1.0, 1.0, 0.5))
 SIM_KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
 
 
+MAX_PART_BYTES = 64 * 2**20  # one suite's results: a few hundred rows
+
+
 def load_parts(folder: str) -> dict:
     """{suite name: its JSON object} for every *.json in `folder` that names a suite."""
     parts = {}
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
-        with open(path) as f:
-            data = json.load(f)
+        data = json.loads(read_bounded(path, MAX_PART_BYTES))  # never a FIFO, never huge
         if isinstance(data, dict) and "suite" in data:
             parts[data["suite"]] = data
     return parts
@@ -101,7 +104,7 @@ def plot_step(step: dict, path: str) -> str:
     ax.margins(y=0.15)
     ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(path, fig)
     plt.close(fig)
     return path
 
@@ -123,7 +126,7 @@ def _bars_and_pairs(path: str, names, bars, bar_axes, pairs, pair_axes) -> str:
     right.set_title(pair_axes[1])
     right.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(path, fig)
     plt.close(fig)
     return path
 
@@ -169,7 +172,7 @@ def plot_comm(comm: dict, path: str) -> str:
     ax.set_title(f"bandwidth, {comm.get('ranks', '?')} ranks")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(path, fig)
     plt.close(fig)
     return path
 
@@ -325,10 +328,8 @@ def write(results: dict, out_dir: str, make_plots: bool = True) -> dict:
             if name in suites and suites[name].get("rows"):
                 plots[name] = maker(suites[name], f"{stem}-{name}.png")
     paths = {"json": f"{stem}.json", "summary": f"{stem}.md", **plots}
-    with open(paths["json"], "w") as f:
-        json.dump(results, f, indent=1)
-    with open(paths["summary"], "w") as f:
-        f.write(summary(results, plots))
+    write_text_atomic(paths["json"], json.dumps(results, indent=1))
+    write_text_atomic(paths["summary"], summary(results, plots))
     return paths
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.model.sharding import shard_of
+from hpcpipe.util.files import open_regular
 
 OPTIM_KINDS = ("exp_avg", "exp_avg_sq", "master")
 
@@ -22,7 +23,7 @@ H5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError)
 
 def sha256(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -55,6 +56,18 @@ def read_dataset(ds, where: str) -> np.ndarray:
     return data
 
 
+def _check_holds(f, name: str, full: str):
+    """A checkpoint file records its own name (which says which rank's shard it is); a
+    file under another's name — swapped between ranks, copied over — is refused."""
+    recorded = f.attrs.get("file")
+    if isinstance(recorded, bytes):
+        recorded = recorded.decode("utf-8", "replace")
+    if recorded is not None and recorded != name:
+        f.close()
+        raise CheckpointError(f"{full}: holds {str(recorded)[:80]!r}, written for another "
+                              f"rank (files swapped or copied over)")
+
+
 class Reader:
     """Opens the checkpoint's files on demand and reads tensors or segments of them.
 
@@ -82,6 +95,7 @@ class Reader:
                 self.files[name] = h5py.File(full, "r")
             except H5_ERRORS as e:
                 raise CheckpointError(f"{full}: cannot be opened ({e})") from None
+            _check_holds(self.files[name], name, full)
         return self.files[name]
 
     def tensor(self, name: str) -> np.ndarray:
@@ -159,10 +173,21 @@ class Reader:
 
     def _segment_data(self, kind: str, name: str, p: dict) -> np.ndarray | None:
         group = self.file(p["file"])[kind]
-        key = f"{name}@{p['start']}"
+        key, where = f"{name}@{p['start']}", os.path.join(self.path, p["file"])
         if key not in group:
-            return None
-        return read_dataset(group[key], os.path.join(self.path, p["file"]))
+            if kind == "master":
+                return None  # a 32-bit run keeps none: its weights are the master copy
+            # Adam's moments listed in the manifest but not there: an error, never a
+            # silent restart of Adam from zero.
+            raise CheckpointError(f"{where}: has no {kind}/{key} dataset (the manifest lists "
+                                  f"this optimizer state there); the file is damaged")
+        dataset = group[key]
+        recorded = dataset.attrs.get("tp")
+        if "tp" in p and recorded is not None and [int(v) for v in recorded] != p["tp"]:
+            raise CheckpointError(f"{where}: {kind}/{key} is tensor shard {int(recorded[1])} "
+                                  f"of {int(recorded[0])}, the manifest says shard "
+                                  f"{p['tp'][1]}: shard files swapped between ranks")
+        return read_dataset(dataset, where)
 
     def close(self):
         for f in self.files.values():

@@ -69,7 +69,10 @@ SCHEMA = Record({
     # of a tensor-parallel shard's part of the tensor names the shard: [tp, rank]
     "pieces": MapOf(ListOf(Record({"file": _FILE, "start": Int(0), "stop": Int(0)},
                                   optional={"tp": ListOf(Int(0), max_len=2)}))),
-}, optional={"run": _RUN, "source": Anything()})
+}, optional={"run": _RUN, "source": Anything(),
+             # the training data's fingerprint (data/fingerprint.py): a resume checks it
+             "data": Record({"name": Text(max_len=4096), "files": Int(0), "bytes": Int(0),
+                             "sha256": Text(pattern=r"[0-9a-f]{64}")})})
 
 
 class CheckpointError(HpcpipeError):
@@ -215,7 +218,7 @@ def model_record(model) -> dict:
 
 def build(cfg, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
           segments: dict | None = None, adam_step: int = 0, state: dict | None = None,
-          run: str | None = None, source: str | None = None) -> dict:
+          run: str | None = None, source: str | None = None, data: dict | None = None) -> dict:
     """The manifest of a checkpoint folder — the one builder, for training checkpoints
     and parameters-only ones alike: the step, the resolved config and the model shape it
     was written for, the layout that wrote it, every file's size and SHA-256, where each
@@ -230,4 +233,6 @@ def build(cfg, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
         manifest["run"] = run
     if source is not None:
         manifest["source"] = source
+    if data is not None:
+        manifest["data"] = data
     return manifest

@@ -27,7 +27,7 @@ import shutil
 
 from hpcpipe.checkpoint import manifest as manifests
 from hpcpipe.checkpoint.manifest import MANIFEST, CheckpointError
-from hpcpipe.util.files import write_text_atomic
+from hpcpipe.util.files import open_regular, write_text_atomic
 
 LATEST = "latest"
 _NAME = re.compile(r"step_(\d{8,19})")
@@ -62,7 +62,7 @@ def read_latest(root: str) -> tuple[str | None, str | None]:
     if os.path.islink(pointer) or not os.path.isfile(pointer):
         return None, f"{pointer} is not a plain file"
     try:
-        with open(pointer, "rb") as f:
+        with open_regular(pointer) as f:
             raw = f.read(65)
     except OSError as e:
         return None, f"{pointer} cannot be read ({e.strerror})"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import write_atomic
+from hpcpipe.util.files import open_regular, write_atomic
 from hpcpipe.util.schema import Int, ListOf, MapOf, Mismatch, Record, Text, parse_json
 
 _DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
@@ -95,8 +95,8 @@ def _check_tiling(path: str, entries: list[Entry], data_bytes: int):
 def read_header(path: str) -> tuple[list[Entry], dict, int]:
     """(tensors, the __metadata__ strings, where the data starts) of a safetensors file,
     every field checked; nothing of the data is read."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # never a FIFO or device: they could block forever
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) != 8:
             raise SafetensorsError(f"{path}: {size} bytes, too short to be a safetensors file")
@@ -125,7 +125,7 @@ def load(path: str) -> tuple[dict[str, np.ndarray], dict]:
     """(tensors by name, the header's __metadata__) of a .safetensors file."""
     entries, metadata, start = read_header(path)
     tensors = {}
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for entry in entries:
             f.seek(start + entry.begin)
             raw = bytearray(entry.end - entry.begin)  # sized by the checked header

@@ -1,8 +1,10 @@
 """Writing a checkpoint: every rank its files, rank 0 the manifest, then the folder
 renamed into place, `latest` moved and older checkpoints of the same run rotated away.
 
-Every file goes through a temporary name → flush → fsync → rename → fsync of the folder
-(files.write_atomic), and a checkpoint is assembled in a hidden temporary folder that is
+Every file is built in memory first and then written through a temporary name → flush →
+fsync → rename → fsync of the folder (files.write_buffered), so a full disk is one OSError
+from a plain write (or refused before writing, when the free space is already too
+little), never HDF5 failing mid-file; and a checkpoint is assembled in a hidden temporary folder that is
 renamed into place only once every file and the manifest are complete, so a crash or a
 kill at any moment leaves the previous checkpoint as it was."""
 
@@ -31,7 +33,7 @@ from hpcpipe.checkpoint.retention import (
 )
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.util.errors import root_does
-from hpcpipe.util.files import fsync_dir, write_atomic
+from hpcpipe.util.files import fsync_dir, write_buffered
 
 
 def new_run_id() -> str:
@@ -52,10 +54,10 @@ class Saved:
 
 
 def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
-         keep_every: int = 0, run: str | None = None) -> Saved:
+         keep_every: int = 0, run: str | None = None, data: dict | None = None) -> Saved:
     """Write a checkpoint of every rank's state at `step` (collective over the world);
     `rank` is each process's Rank (rank.py); `run` the run's identity (new_run_id; None: a
-    run of its own), which rotation goes by.
+    run of its own), which rotation goes by; `data` the training data's fingerprint.
 
     state: the run's own numbers to restore (e.g. the loss-scaler's), stored in the
     manifest. Returns where it went, how long it took and its size (on every rank)."""
@@ -79,12 +81,13 @@ def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
     except OSError as e:
         error = f"rank {world.rank}: writing the checkpoint failed: {e}"
     errors = [e for e in world.allgather(error) if e]
-    if errors:
+    if errors:  # what was written is of no use, and on a full disk it is in the way
+        root_does(world, lambda: shutil.rmtree(tmp_dir, ignore_errors=True))
         raise CheckpointError(errors[0] + " (the previous checkpoint is untouched)")
     everything = world.gather(entries, root=0)
 
     def commit():
-        manifest = _manifest(rank, cfg, step, state, sum(everything, []), run)
+        manifest = _manifest(rank, cfg, step, state, sum(everything, []), run, data)
         manifests.write(tmp_dir, json.dumps(manifest, indent=1))
         _install(tmp_dir, final, run)
         point_latest(root, final)
@@ -119,7 +122,8 @@ def _free_name(base: str) -> str:
     return candidate
 
 
-def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str) -> dict:
+def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str,
+              data: dict | None) -> dict:
     """The manifest of a checkpoint from every rank's file entries."""
     files, tensors, segments = {}, {}, {}
     for entry in entries:
@@ -135,7 +139,7 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str) 
               "partition": [list(spec.layers) for spec in model.specs],
               "local_steps": cfg.train.local_steps}
     return manifests.build(cfg, step, cfg.train.dtype, layout, files, tensors, segments,
-                           adam_step=rank.step.optimizer.t, state=state, run=run)
+                           adam_step=rank.step.optimizer.t, state=state, run=run, data=data)
 
 
 def _segment_entry(file: str, start: int, stop: int, tp=None) -> dict:
@@ -149,8 +153,9 @@ def _segment_entry(file: str, start: int, stop: int, tp=None) -> dict:
 
 def _injected_delay(folder: str):
     """Fault injection for the tests: HPCPIPE_SAVE_DELAY="STEP:SECONDS" pauses every rank
-    in the middle of writing its shard of that step's checkpoint, so a test can kill a
-    rank while it writes. Unset in normal runs."""
+    in the middle of writing its shard of that step's checkpoint (its parameters written,
+    its optimizer state not yet), so a test can kill a rank while it writes. Unset in
+    normal runs."""
     spec = os.environ.get("HPCPIPE_SAVE_DELAY", "")
     if ":" in spec and f".{step_name(int(spec.split(':')[0]))}.tmp" in folder:
         time.sleep(float(spec.split(":")[1]))
@@ -210,17 +215,17 @@ def _write_parameters(parameters, path: str, folder: str) -> dict:
 
     tensors = {}
 
-    def write(tmp):
-        with h5py.File(tmp, "w") as f:
+    def write(buffer):
+        with h5py.File(buffer, "w") as f:
             for pname, stage_index, host in parameters:
                 store(f, pname, host, stage=stage_index)
                 tensors[pname] = {"shape": list(host.shape)}
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
-            f.flush()
-            _injected_delay(folder)
+            f.attrs["file"] = os.path.basename(path)  # what it holds, checked on load
 
-    write_atomic(path, write)
+    write_buffered(path, write)
+    _injected_delay(folder)  # the parameters on disk, the checkpoint not yet complete
     return tensors
 
 
@@ -231,8 +236,8 @@ def _write_optimizer(optimizer, be, path: str, grid) -> dict:
 
     segments = {}
 
-    def write(tmp):
-        with h5py.File(tmp, "w") as f:
+    def write(buffer):
+        with h5py.File(buffer, "w") as f:
             groups = {kind: f.create_group(kind) for kind in OPTIM_KINDS}
             for adam in optimizer.adams:
                 vectors = adam.state()
@@ -243,14 +248,19 @@ def _write_optimizer(optimizer, be, path: str, grid) -> dict:
                     if whole and grid.tp_rank > 0:
                         continue  # every tensor shard holds it: shard 0 saves it
                     key = f"{segment.name}@{segment.t0}"
+                    shard = {} if whole else {"tp": [grid.tp, grid.tp_rank]}
                     for kind, vec in vectors.items():
                         store(groups[kind], key, be.to_host(vec[segment.v0:segment.v1]),
-                               start=segment.t0, stop=segment.t1, tensor=segment.name)
+                               start=segment.t0, stop=segment.t1, tensor=segment.name, **shard)
                     segments.setdefault(segment.name, []).append(
                         (segment.t0, segment.t1) if whole else
                         (segment.t0, segment.t1, (grid.tp, grid.tp_rank)))
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe optimizer state (segments of flattened tensors)"
+            # Which shard this is (checked on load: files swapped between ranks are refused).
+            f.attrs["file"] = os.path.basename(path)
+            f.attrs["rank"] = [grid.dp_rank, grid.pp_rank, grid.tp_rank]
+            f.attrs["layout"] = [grid.dp, grid.pp, grid.tp]
 
-    write_atomic(path, write)
+    write_buffered(path, write)
     return segments

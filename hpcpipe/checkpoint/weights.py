@@ -17,7 +17,7 @@ from hpcpipe.checkpoint.manifest import read as read_manifest
 from hpcpipe.checkpoint.verify import is_checkpoint
 from hpcpipe.device.budget import require
 from hpcpipe.model.layout import GPTConfig, param_layout
-from hpcpipe.util.files import claim_folder, fsync_dir, write_atomic
+from hpcpipe.util.files import claim_folder, fsync_dir, write_buffered
 
 
 def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
@@ -29,7 +29,19 @@ def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
             f"the weights of {path}")
     reader = Reader(path, manifest)
     try:
+        # Every file opened before any is read: an open file outlives its removal, so a
+        # rotation that deletes the checkpoint after this point cannot hurt the read.
+        for name in {t["file"] for t in manifest["tensors"].values()}:
+            reader.file(name)
         return {name: reader.tensor(name) for name in manifest["tensors"]}, manifest
+    except (CheckpointError, OSError):
+        if not os.path.isfile(os.path.join(path, manifests.MANIFEST)):
+            raise CheckpointError(
+                f"{path}: the checkpoint was removed while it was being read (a run still "
+                f"writing this run directory deleted it as it rotated its checkpoints: "
+                f"checkpoint.keep); export again, naming the run directory for its latest "
+                f"checkpoint") from None
+        raise
     finally:
         reader.close()
 
@@ -87,15 +99,16 @@ def _write_weights_into(folder: str, cfg, tensors: dict, expected: dict, step: i
 
     name = "model-pp000.h5"
 
-    def write(tmp):
-        with h5py.File(tmp, "w") as f:
+    def write(buffer):
+        with h5py.File(buffer, "w") as f:
             for tname in expected:
                 store(f, tname, np.asarray(tensors[tname]), stage=0)
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
+            f.attrs["file"] = name  # what it holds, checked on load
 
     file = os.path.join(folder, name)
-    write_atomic(file, write)
+    write_buffered(file, write)
     layout = {"dp": 1, "pp": 1, "chunks": 1, "schedule": "none", "zero": 0,
               "rank_order": "pp-inner", "partition": [list(range(cfg.model.n_layer))]}
     manifest = manifests.build(

@@ -20,8 +20,9 @@ from hpcpipe import checkpoint as ckpt
 from hpcpipe.checkpoint import huggingface
 from hpcpipe.checkpoint.hdf5 import store
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import claim_file, claim_folder, write_atomic, write_text_atomic
-from hpcpipe.util.schema import parse_bytes
+from hpcpipe.util.files import (TooLarge, claim_file, claim_folder, read_bounded, write_atomic,
+                                write_buffered, write_text_atomic)
+from hpcpipe.util.schema import Int, Mismatch, Record, parse_bytes, parse_json
 
 EPILOG = """\
 examples:
@@ -272,14 +273,14 @@ def cmd_export(args) -> int:
     else:
         import h5py
 
-        def write(tmp):
-            with h5py.File(tmp, "w") as f:
+        def write(buffer):
+            with h5py.File(buffer, "w") as f:
                 for name, value in tensors.items():
                     store(f, name, value)
                 f.attrs["config"] = manifest["config"]
                 f.attrs["step"] = manifest["step"]
 
-        write_atomic(args.out, write)
+        write_buffered(args.out, write)
     size = sum(value.nbytes for value in tensors.values())
     print(f"exported {len(tensors)} tensors of {path} to {args.out} ({size / 2**20:.1f} MiB)")
     return 0

@@ -22,6 +22,7 @@ import tempfile
 from hpcpipe import __version__
 from hpcpipe.device import backend
 from hpcpipe.parallel import grid
+from hpcpipe.util.arguments import integer
 
 EPILOG = """\
 examples:
@@ -50,10 +51,10 @@ def register(subparsers):
     doctor.add_argument("run_dir", nargs="?", default="runs", metavar="RUN_DIR",
                         help="the run directory to check, or the folder that will hold it "
                              "(default: runs)")
-    doctor.add_argument("--pp", type=int, metavar="N",
+    doctor.add_argument("--pp", type=integer(1), metavar="N",
                         help="pipeline stages the job will use (parallel.pp); with --tp, "
                              "checks the layout against the ranks and their nodes")
-    doctor.add_argument("--tp", type=int, metavar="N",
+    doctor.add_argument("--tp", type=integer(1), metavar="N",
                         help="tensor shards per stage (parallel.tp): each stage's shards "
                              "should share a node, as their all-reduces run in every layer")
     doctor.add_argument("--rank-order", default="pp-inner", choices=grid.RANK_ORDERS,

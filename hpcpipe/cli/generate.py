@@ -51,8 +51,8 @@ def register(subparsers):
                      help="comma-separated token ids instead (any vocabulary; prints ids)")
     gen.add_argument("--tokens", type=integer(0, MAX_TOKENS), default=200,
                      help=f"tokens to generate, 0 to {MAX_TOKENS} (200)")
-    gen.add_argument("--temperature", type=number(0, 1e6), default=0.8,
-                     help="0: greedy (0.8)")
+    gen.add_argument("--temperature", type=temperature, default=0.8,
+                     help=f"0: greedy, else {MIN_TEMPERATURE:g} to 1e6 (0.8)")
     gen.add_argument("--top-k", type=integer(0), default=0,
                      help="sample among the k likeliest (0: all)")
     gen.add_argument("--seed", type=integer(0), default=0)
@@ -65,6 +65,20 @@ def register(subparsers):
                      help="where to compute: auto (the GPU when there is one), cpu or gpu")
     gen.set_defaults(func=cmd_generate)
     return gen
+
+
+# Below it, logits / temperature overflow (a denormal temperature makes every logit
+# infinite, the probabilities NaN): 0 is the greedy choice such a temperature means.
+MIN_TEMPERATURE = 1e-6
+
+
+def temperature(text: str) -> float:
+    """An argument type: 0 (greedy) or a temperature from MIN_TEMPERATURE to 1e6."""
+    value = number(0, 1e6)(text)
+    if 0 < value < MIN_TEMPERATURE:
+        raise argparse.ArgumentTypeError(f"expected 0 (greedy) or at least "
+                                         f"{MIN_TEMPERATURE:g}, got {text}")
+    return value
 
 
 def choose_tokenizer(args, vocab_size: int) -> Tokenizer | None:
@@ -80,6 +94,13 @@ def choose_tokenizer(args, vocab_size: int) -> Tokenizer | None:
         raise HpcpipeError(f"the {name} tokenizer has {tokenizer.vocab_size:,} tokens, more "
                            f"than this model's vocabulary of {vocab_size:,}: choose another "
                            f"--tokenizer")
+    if tokenizer.vocab_size < vocab_size and name != "gpt2":
+        # The model could emit an id the tokenizer cannot write as text, mid-output. (GPT-2's
+        # BPE beside a padded vocabulary, nanoGPT's 50304, samples only its own ids.)
+        raise HpcpipeError(f"this model's vocabulary has {vocab_size:,} tokens; the {name} "
+                           f"tokenizer writes only {tokenizer.vocab_size:,} of them as text: "
+                           f"use --tokenizer ids (or the tokenizer the model was trained "
+                           f"with)")
     return tokenizer
 
 
@@ -122,13 +143,16 @@ class Sampler:
     last half of the context (absolute positions: sliding by one token would recompute
     the whole window for every token)."""
 
-    def __init__(self, model, be, temperature: float, top_k: int, seed: int):
+    def __init__(self, model, be, temperature: float, top_k: int, seed: int,
+                 decodable: int | None = None):
+        """decodable: sample only ids below it (those the tokenizer can write)."""
         self.model, self.be = model, be
         self.temperature, self.top_k = temperature, top_k
+        self.decodable = decodable
         self.rng = np.random.default_rng(seed)
 
     def choose(self, logits) -> int:
-        logits = self.be.to_host(logits).astype(np.float64)
+        logits = self.be.to_host(logits).astype(np.float64)[:self.decodable]
         if self.temperature <= 0:
             return int(np.argmax(logits))
         logits = logits / self.temperature
@@ -207,7 +231,8 @@ def cmd_generate(args) -> int:
     tokenizer = choose_tokenizer(args, vocab_size)
     ids = prompt_ids(args, vocab_size, tokenizer)
     model, be = load_model(path, manifest, args.device)
-    sampler = Sampler(model, be, args.temperature, args.top_k, args.seed)
+    sampler = Sampler(model, be, args.temperature, args.top_k, args.seed,
+                      tokenizer.vocab_size if tokenizer is not None else None)
     out = sys.stdout
     if tokenizer is None or args.prompt_ids is not None:
         out.write(",".join(str(i) for i in ids))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 
 from hpcpipe import __version__
 from hpcpipe.cli.guard import Job, run
@@ -196,6 +197,9 @@ def cmd_prepare(args) -> int:
 
 
 def main(argv=None) -> int:
+    # A file-size limit (ulimit -f) must end a write with EFBIG, one error line, like a full
+    # disk — not kill the process with SIGXFSZ halfway through a checkpoint.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     job = Job()
 
     def command() -> int:

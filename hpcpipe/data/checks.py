@@ -1,5 +1,6 @@
 """The training data of a run: its token file opened (prepared first where hpcpipe makes
-it) and checked against the config — its corpus, its vocabulary, its length."""
+it) and checked against the config — its corpus, its vocabulary, its length — and its
+fingerprint."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import glob
 import os
 
 from hpcpipe.data.corpora import corpus_identity, default_token_path, prepare, token_file_identity
+from hpcpipe.data.fingerprint import fingerprint
 from hpcpipe.data.tokens import DataError, TokenFile, is_prepared_by_hpcpipe, open_token_file
 from hpcpipe.util.errors import ConfigError, every_rank_does, root_does
 
@@ -45,6 +47,10 @@ def open_tokens(cfg, comm, log) -> TokenFile:
     path = cfg.data.path or default_token_path(cfg.data.corpus)
 
     def ensure():
+        if os.path.islink(path) and not os.path.exists(path):
+            raise DataError(f"data.path {path} is a symbolic link to "
+                            f"{os.readlink(path)}, which does not exist (a dataset not "
+                            f"mounted?); hpcpipe never prepares a token file over a link")
         if os.path.exists(path) or glob.has_magic(path):
             return  # a glob's reader says what it matched
         if not (is_prepared_by_hpcpipe(path) and asks_to_prepare(cfg.data)):
@@ -81,3 +87,9 @@ def _check_tokens(cfg, tokens: TokenFile):
         raise ConfigError(cfg.source, "model.block_size", model.block_size,
                           f"larger than the data: the smaller split of {path} has {shortest} "
                           f"tokens; use a block_size below {shortest - 1} or a bigger corpus")
+
+
+def fingerprint_of(tokens: TokenFile, comm) -> dict:
+    """The training data's fingerprint (fingerprint.py), taken by the root, on every rank."""
+    return comm.bcast(root_does(comm, lambda: fingerprint(tokens.path, tokens.files())),
+                      root=0)

@@ -11,6 +11,7 @@ Reading token files is tokens.py's.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcpipe.util.files import write_atomic
+from hpcpipe.util.files import free_bytes, write_atomic, write_buffered
 from hpcpipe.data.tokenizer import ByteTokenizer, Tokenizer
 from hpcpipe.data.tokens import SPLITS, DataError, open_token_file
 
@@ -176,14 +177,14 @@ def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print,
         attrs["tokenizer_source"] = tokenizer.source
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
 
-    def write(tmp):
-        with h5py.File(tmp, "w", libver=_LIBVER) as f:
+    def write(buffer):
+        with h5py.File(buffer, "w", libver=_LIBVER) as f:
             for name, part in (("train", tokens[:-n_val]), ("val", tokens[-n_val:])):
                 f.create_dataset(name, data=part, chunks=(min(_CHUNK, len(part)),),
                                  fletcher32=True)
             f.attrs.update(attrs)
 
-    write_atomic(out, write)
+    write_buffered(out, write)  # a full disk: one OSError, never HDF5 failing mid-file
     log(f"prepared {out}: {used} files, {len(tokens):,} {tokenizer.name} tokens "
         f"({len(tokens) - n_val:,} train, {n_val:,} val) from {source} "
         f"in {time.perf_counter() - started:.1f} s")
@@ -205,7 +206,14 @@ def convert(source: str, out: str, log=print) -> dict:
                  "identity": corpus_identity(source), "tokenizer": tokens.tokenizer,
                  "vocab_size": tokens.vocab_size, "tokens": sum(tokens.lengths.values()),
                  "converted_from": str(tokens.attrs.get("format", "hdf5"))}
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        folder = os.path.dirname(os.path.abspath(out))
+        os.makedirs(folder, exist_ok=True)
+        # Copied through HDF5 in blocks (a corpus may not fit in memory): what it needs is
+        # checked first, so a full disk is refused before HDF5 writes anything.
+        need = attrs["tokens"] * dtype.itemsize
+        if need > free_bytes(folder):
+            raise OSError(errno.ENOSPC, f"no space left on device: about {need:,} bytes to "
+                                        f"write, {free_bytes(folder):,} free", out)
 
         def write(tmp):
             with h5py.File(tmp, "w", libver=_LIBVER) as f:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.files import check_regular, open_regular
 from hpcpipe.util.schema import Int, Mismatch, Record, Text
 
 SPLITS = ("train", "val")
@@ -66,6 +67,10 @@ class TokenFile:
 
     def length(self, split: str) -> int:
         return self.lengths[split]
+
+    def files(self) -> list[str]:
+        """Every file the tokens come from (what the run's data fingerprint covers)."""
+        return [self.path]
 
     def _read(self, split: str, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) of a split, as stored (raises DataError when damaged)."""
@@ -133,6 +138,7 @@ class HDF5Tokens(TokenFile):
 
         self.path = path
         try:
+            check_regular(path)  # HDF5 opens by name and would block on a FIFO
             self.file = h5py.File(path, "r")
         except H5_ERRORS as e:
             raise DataError(f"token file {path} is not a readable HDF5 file ({e}); prepare "
@@ -226,7 +232,7 @@ class Shard:
         opened (changed or damaged since) is a DataError, never a short window."""
         size = count * self.dtype.itemsize
         try:
-            with open(self.path, "rb") as f:
+            with open_regular(self.path) as f:  # a FIFO swapped in since must not block
                 f.seek(self.offset + first * self.dtype.itemsize)
                 data = f.read(size)
         except OSError as e:
@@ -241,7 +247,7 @@ def _llmc_header(path: str) -> np.ndarray | None:
     """The 256 header words when `path` is laid out like an llm.c shard (a known magic, or
     words 3-255 zero as llm.c writes them), else None: a nanoGPT file."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(LLMC_HEADER_BYTES)
     except OSError as e:
         raise DataError(f"token file {path} cannot be read ({e.strerror or e})") from None
@@ -385,6 +391,9 @@ class BinTokens(TokenFile):
         self.attrs = {"vocab_size": self.vocab_size, "tokenizer": tokenizer, "format": kind,
                       "source": pattern, "shards": {s: len(v) for s, v in self.splits.items()}}
 
+    def files(self) -> list[str]:
+        return [shard.path for shards in self.splits.values() for shard in shards]
+
     def _read(self, split: str, start: int, stop: int) -> np.ndarray:
         shards, starts = self.splits[split], self.starts[split]
         parts = []
@@ -428,7 +437,7 @@ def open_token_file(path: str) -> TokenFile:
 
 def _starts_with(path: str, magic: bytes) -> bool:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return f.read(len(magic)) == magic
     except OSError:
         return False

@@ -19,7 +19,8 @@ import os
 from dataclasses import dataclass
 
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
-from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.errors import ConfigError, HpcpipeError
+from hpcpipe.util.schema import parse_bytes
 
 GiB = 2**30
 
@@ -140,10 +141,40 @@ def device_available(be) -> int | None:
         return None
 
 
+def one_microbatch_bytes(model, batch: int, dtype: str, pp: int = 1, tp: int = 1) -> int:
+    """A lower bound of one microbatch's activations on the busiest of pp × tp ranks: what
+    every schedule holds at least once (the same per-block figures as run_need)."""
+    V, T, C, L, H = (model.vocab_size, model.block_size, model.n_embd, model.n_layer,
+                     model.n_head)
+    item = compute_dtype(dtype).itemsize
+    wide = max(item, 4)
+    per_block = 8 * batch * T * C * item + batch * H * T * T * item // 2
+    acts = L * per_block + batch * T * C * item + batch * T * V * wide
+    return max(-(-acts // (pp * tp)), batch * T * V * wide // tp)
+
+
+def check_memory_limit(cfg):
+    """A byte memory limit for the auto schedule below one microbatch's activations can
+    never be met: refused now, not after the profiling steps and a checkpoint."""
+    parallel = cfg.parallel
+    if parallel.schedule != "auto" or not isinstance(parallel.memory_limit, str):
+        return
+    limit = parse_bytes(parallel.memory_limit)
+    least = one_microbatch_bytes(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype,
+                                 parallel.pp, parallel.tp)
+    if limit is not None and limit < least:
+        raise ConfigError(cfg.source, "parallel.memory_limit", parallel.memory_limit,
+                          f"below one microbatch's activations on the busiest rank (at least "
+                          f"{least / 2**20:.2f} MiB), which every schedule holds; raise it, "
+                          f"or make train.micro_batch_size smaller")
+
+
 def check_run(cfg, be, ranks_on_node: int = 1):
     """Refuse, before anything is allocated, a training run whose busiest rank cannot fit
-    (on its GPU, or with its node's share of host memory)."""
+    (on its GPU, or with its node's share of host memory) or whose memory limit cannot be
+    met."""
     parallel = cfg.parallel
+    check_memory_limit(cfg)
     need = run_need(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype, parallel.pp,
                     parallel.dp, bool(parallel.zero))
     if be.is_gpu:

@@ -26,6 +26,7 @@ class Summary:
 
     steps: int = 0
     skipped_steps: int = 0
+    zero_gradient_steps: int = 0  # finite, all-zero gradients at a positive lr: nothing learnt
     redone_steps: int = 0  # post-validation: optimistic updates rolled back and redone
     first_loss: float = math.nan
     final_loss: float = math.nan
@@ -46,6 +47,7 @@ class Summary:
     flops_per_token: float = 0.0  # the model's training FLOPs per token (flops.py)
     peak_flops: float = 0.0  # every rank's measured matmul peak, summed (0: not measured)
     files: list = field(default_factory=list)  # what the run directory holds at the end
+    data: dict = field(default_factory=dict)  # the training data's fingerprint (fingerprint.py)
 
     @property
     def tokens_per_s(self) -> float:
@@ -146,6 +148,8 @@ class Metrics:
         if outcome.skipped:  # a non-finite gradient would poison the weights: no update
             self.log(f"step {outcome.step}: non-finite loss or gradient (loss {outcome.loss}, "
                      f"norm {outcome.norm}); update skipped")
+        elif outcome.norm == 0.0 and lr > 0:
+            self._zero_gradient(outcome)
         self._track(outcome.step, step_s, stats)
         self._count(outcome.step, outcome.loss, self.tokens_per_step, step_s,
                     outcome.skipped, outcome.redone)
@@ -181,6 +185,19 @@ class Metrics:
                 max(stats.optimizer_s)))
         if self.predicted_s is not None:
             self.after_auto.append(step_s)
+
+    def _zero_gradient(self, outcome):
+        """A step whose every gradient is exactly zero at a positive learning rate learns
+        nothing — said like an overflow (the first time, then at each progress line)."""
+        self.summary.zero_gradient_steps += 1
+        if self.summary.zero_gradient_steps > 1 and outcome.step % self.log_every:
+            return
+        why = (f"in 16 bits with loss scale {outcome.loss_scale:g} they underflow: raise "
+               f"train.loss_scale, or set it to 0 for dynamic scaling"
+               if outcome.loss_scale != 1.0 else
+               "the loss does not depend on the weights, or the gradients underflow")
+        self.log(f"step {outcome.step}: every gradient is zero, so the weights learnt nothing "
+                 f"({why}); {self.summary.zero_gradient_steps} such step(s) so far")
 
     def _peaks(self, peak_bytes, peak_microbatches):
         for r, (nbytes, count) in enumerate(zip(peak_bytes, peak_microbatches)):

@@ -22,7 +22,7 @@ import numpy as np
 
 from hpcpipe.util.colours import OPS, OTHER
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import claim_file
+from hpcpipe.util.files import claim_file, open_regular, write_figure
 from hpcpipe.runs.metrics import record_max, record_number
 from hpcpipe.runs.rundir import CONFIG, METRICS, read_metrics
 
@@ -88,7 +88,7 @@ def label(run_dir: str) -> str:
     """The run's folder name and, from its config.toml, its schedule and layout."""
     name = os.path.basename(os.path.normpath(run_dir))
     try:
-        with open(os.path.join(run_dir, CONFIG), "rb") as f:
+        with open_regular(os.path.join(run_dir, CONFIG)) as f:
             parallel = tomllib.load(f).get("parallel", {})
         return (f"{name}: {parallel['schedule']}, dp {parallel['dp']} × pp "
                 f"{parallel['pp']}")
@@ -137,7 +137,7 @@ def draw(runs: list[Series], out: str):
     fig.legend(*loss.get_legend_handles_labels(), loc="lower center",
                ncol=min(3, len(runs)), fontsize=9)
     fig.tight_layout(rect=(0, 0.04 + 0.03 * ((len(runs) - 1) // 3), 1, 1))
-    fig.savefig(out, dpi=110)
+    write_figure(out, fig)
     plt.close(fig)
 
 

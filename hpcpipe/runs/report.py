@@ -16,6 +16,9 @@ def end_of_run(metrics: Metrics, parallel, reduced_bytes: int, optimizer_bytes: 
     whole run's)."""
     summary = metrics.summary
     lines = [_done(summary, piece_s)]
+    if summary.zero_gradient_steps:
+        lines.append(f"  warning: {summary.zero_gradient_steps} of {summary.steps} step(s) had "
+                     f"an all-zero gradient: the weights did not learn from them")
     if metrics.predicted_s is not None and metrics.after_auto:
         lines.append(f"  auto schedule: predicted {metrics.predicted_s * 1e3:.1f} ms/step of "
                      f"pipeline work, measured {np.median(metrics.after_auto) * 1e3:.1f} "

@@ -26,7 +26,7 @@ import time
 
 from hpcpipe.runs import pieces
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import write_text_atomic
+from hpcpipe.util.files import open_regular, write_text_atomic
 from hpcpipe.runs.trace import trim_trace_file
 
 CONFIG, METRICS, SUMMARY, TRACE = "config.toml", "metrics.jsonl", "summary.json", "trace.json"
@@ -60,7 +60,7 @@ def _run_files(path: str) -> list[str]:
 def _config_is_ours(path: str) -> bool:
     """Whether `path` holds a config.toml a run wrote (it starts with _CONFIG_HEADER)."""
     try:
-        with open(os.path.join(path, CONFIG), "rb") as f:
+        with open_regular(os.path.join(path, CONFIG)) as f:
             return f.read(len(_CONFIG_HEADER)).decode("utf-8", "replace") == _CONFIG_HEADER
     except OSError:
         return False
@@ -121,22 +121,61 @@ def set_aside_earlier_run(path: str) -> str | None:
     return target
 
 
+# What each field of a metrics.jsonl line is, as metrics.py writes it: a line read back
+# (a resume, `plot`) is kept only when every field it has fits, so a hand-edited or foreign
+# value is dropped with the line, never met later by code that trusts it.
+_NUMBERS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_s", "bubble", "bubble_span",
+            "mfu", "val_loss")
+_PER_RANK = ("bubble_per_rank", "compute_s", "p2p_wait_s", "dp_wait_s", "optimizer_s",
+             "peak_activation_bytes", "peak_activations", "allreduce_bytes")
+_FLAGS = ("skipped", "redone")
+MAX_LINE = 1 << 20  # a line holds a few numbers per rank: a longer one is not a run's
+
+
+def _is_number(value) -> bool:  # NaN and infinities included: json writes them for a bad step
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def line_fits(record) -> bool:
+    """Whether a decoded metrics.jsonl line is one a run writes (extra fields allowed)."""
+    if not isinstance(record, dict):
+        return False
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**63:
+        return False
+    return (all(_is_number(record[k]) for k in _NUMBERS if k in record)
+            and all(isinstance(record[k], list) and all(map(_is_number, record[k]))
+                    for k in _PER_RANK if k in record)
+            and all(isinstance(record[k], bool) for k in _FLAGS if k in record))
+
+
+def _lines(f):
+    """The file's lines, each at most MAX_LINE bytes; None for a longer one (skipped)."""
+    while raw := f.readline(MAX_LINE + 1):
+        if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):
+                raw = f.readline(MAX_LINE + 1)
+            yield None
+        else:
+            yield raw
+
+
 def read_metrics(path: str, up_to: int) -> tuple[list[str], int]:
     """(the lines of metrics.jsonl with step <= up_to, how many unreadable lines were
-    dropped: a crash can cut the last one short)."""
+    dropped: a crash can cut the last one short; an edit can leave a field of the wrong
+    type, or a line without end)."""
     kept, dropped = [], 0
-    with open(path, "rb") as f:
-        for raw in f:
-            if not raw.strip():
+    with open_regular(path) as f:  # a FIFO in its place must not block the resume
+        for raw in _lines(f):
+            if raw is not None and not raw.strip():
                 continue
             try:
-                record = json.loads(raw.decode("utf-8"))
-                step = record.get("step") if isinstance(record, dict) else None
+                record = json.loads(raw.decode("utf-8")) if raw is not None else None
             except ValueError:  # JSONDecodeError, UnicodeDecodeError
-                step = None
-            if not isinstance(step, int) or isinstance(step, bool):
+                record = None
+            if not line_fits(record):
                 dropped += 1
-            elif step <= up_to:
+            elif record["step"] <= up_to:
                 kept.append(raw.decode("utf-8").rstrip("\n") + "\n")
     return kept, dropped
 
@@ -188,7 +227,7 @@ class RunDir:
         """Keep what describes steps up to `step` (see the module); returns the metrics
         lines to keep."""
         metrics, kept = os.path.join(self.path, METRICS), []
-        if os.path.isfile(metrics):
+        if os.path.lexists(metrics):  # a FIFO or folder there is refused, never replaced
             kept, dropped = read_metrics(metrics, step)
             if dropped:
                 log(f"{metrics}: dropped {dropped} unreadable line(s) (a crash cut the file "

@@ -16,7 +16,7 @@ import json
 import os
 
 from hpcpipe.util.colours import label_colour, legend_entries, op_colour
-from hpcpipe.util.files import read_bounded, write_text_atomic
+from hpcpipe.util.files import read_bounded, write_figure, write_text_atomic
 from hpcpipe.util.schema import Mismatch, parse_json
 from hpcpipe.util.timeline import COMPUTE
 
@@ -41,7 +41,10 @@ def chrome_trace(per_rank: list[list[tuple]], offsets: list[float], pid: int = 0
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-MAX_TRACE_BYTES = 1 << 30
+# trace.json is read back at every resume (twice: trimmed at the start, appended to at the
+# end), so it is kept small enough to parse in about a second: a piece that would take it
+# past this limit drops the oldest pieces' events first (said through `log`).
+MAX_TRACE_BYTES = 64 << 20
 _GAP_US = 100_000.0  # between one piece's last event and the next piece's first
 
 
@@ -100,8 +103,23 @@ def append_piece(path: str, per_rank, offsets, label: str, log):
     shift = (max(ends) + _GAP_US if ends else 0.0) - min(starts, default=0.0) * 1e6
     pid = 1 + max((e["pid"] for e in earlier), default=-1)
     piece = chrome_trace(per_rank, offsets, pid=pid, label=label, shift_us=shift)
-    write_text_atomic(path, json.dumps({"traceEvents": earlier + piece["traceEvents"],
-                                        "displayTimeUnit": "ms"}))
+    write_text_atomic(path, _within_limit(earlier, piece["traceEvents"], path, log))
+
+
+def _within_limit(earlier: list[dict], events: list[dict], path: str, log) -> str:
+    """trace.json's text with this piece's `events` after the `earlier` pieces' — as many
+    of those as keep it within MAX_TRACE_BYTES, the newest kept."""
+    pids, dropped = sorted({e["pid"] for e in earlier}), 0
+    while True:
+        text = json.dumps({"traceEvents": earlier + events, "displayTimeUnit": "ms"})
+        if len(text) <= MAX_TRACE_BYTES or dropped == len(pids):
+            break
+        earlier = [e for e in earlier if e["pid"] != pids[dropped]]
+        dropped += 1
+    if dropped:
+        log(f"{path}: the traced steps of the {dropped} oldest piece(s) dropped to keep it "
+            f"within {MAX_TRACE_BYTES >> 20} MiB (it is read back at every resume)")
+    return text
 
 
 def _chunk(name: str) -> int:
@@ -149,5 +167,5 @@ def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step
                 for k in others]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(path, fig)
     plt.close(fig)

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from hpcpipe.util.files import write_text_atomic
+
 from . import KINDS, Costs, ScheduleError, check, generate, simulate, span_lower_bound
 from .draw import png, report, svg
 from .ops import MAX_MICROBATCHES
@@ -255,8 +257,7 @@ def run(args: argparse.Namespace) -> int:
                 summary["pareto"] = [_point(found, q) for q in found.front]
             print(json.dumps(summary))
         elif args.svg:
-            with open(args.svg, "w") as f:
-                f.write(svg(result))
+            write_text_atomic(args.svg, svg(result))
             print(f"wrote {args.svg} (bubble rate {result.bubble_rate:.4f})")
         elif args.png:
             png(result, args.png)

@@ -14,6 +14,7 @@ from fractions import Fraction
 from html import escape
 
 from hpcpipe.util.colours import label_colour, legend_entries, op_colour
+from hpcpipe.util.files import write_figure
 
 from .ops import Kind
 from .simulator import SimResult
@@ -161,5 +162,5 @@ def png(result: SimResult, path: str, dpi: int = 120) -> None:
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
               ncol=len(_kinds(s)) if s.chunks > 1 else 1)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    write_figure(path, fig, dpi)
     plt.close(fig)

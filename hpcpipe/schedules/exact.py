@@ -37,6 +37,36 @@ INSTALL_HINT = ("the exact mode needs OR-Tools' CP-SAT solver: pip install 'hpcp
                 "(or pip install ortools)")
 TIME_SCALE = 1000   # solver time units per cost unit (the paper's costs have 3 decimals)
 MEMORY_SCALE = 1000
+# The model's size is bounded before it is built: --time-limit starts only once the model is
+# there, and CP-SAT's model and presolve grow with it. Measured here (OR-Tools 9.x): about
+# 1.2 kB per (F, W) implication of a one-stage rank, 650 bytes per pair of a V's reservoir
+# (6m events per rank); p 16 × m 64 in a V took 1.6 GB, p 64 × m 256 would take tens of GB
+# and the OOM killer. The solver's own search is capped by SOLVER_MEMORY_MB.
+_BYTES_PER_TERM = {1: 1200, 2: 650}
+MAX_MODEL_BYTES = 2 * 2**30
+SOLVER_MEMORY_MB = 2048
+
+
+def model_bytes(p: int, m: int, chunks: int) -> int:
+    """About how much memory the exact model of p ranks × m microbatches takes."""
+    terms = p * m * (m + 1) // 2 if chunks == 1 else p * (6 * m) ** 2
+    return terms * _BYTES_PER_TERM[min(chunks, 2)]
+
+
+def check_size(p: int, m: int, chunk_counts) -> None:
+    """Refuse, before anything is built, a model above MAX_MODEL_BYTES, naming the largest
+    microbatch count that fits at this p."""
+    for chunks in chunk_counts:
+        need = model_bytes(p, m, chunks)
+        if need > MAX_MODEL_BYTES:
+            largest = max((n for n in range(1, m) if model_bytes(p, n, chunks) <= MAX_MODEL_BYTES),
+                          default=0)
+            other = " (or --chunks 1, a smaller model)" if chunks > 1 else ""
+            raise ScheduleError(
+                f"--exact: p {p} × m {m} with {chunks} chunk(s) per rank needs a model of about "
+                f"{need / 2**30:.1f} GB, built before the time limit starts; the exact mode "
+                f"builds at most {MAX_MODEL_BYTES / 2**30:.0f} GB: at p {p}, m {largest} at "
+                f"most" + other)
 
 
 def _cp_model():
@@ -280,6 +310,7 @@ def certify(p: int, m: int, costs: Costs, memory_limit: float, objective: str = 
         model.hint(hint, costs)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
+    solver.parameters.max_memory_in_mb = SOLVER_MEMORY_MB
     solver.parameters.num_workers = max(1, int(workers))
     started = time.perf_counter()
     status = solver.Solve(model.model)
@@ -353,6 +384,7 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
     from .auto import explore, make_search, recompute_plans
 
     search = make_search(p, m, costs, memory_limit, objective, chunks, bool(recompute))
+    check_size(p, m, search.chunk_counts)
     # Only the placements the exact model certifies (one chunk, a V): a looped winner would
     # be measured against a bound that does not cover it.
     found = explore(p, m, search.costs, search.limit, objective, chunks, recompute, looped=False)

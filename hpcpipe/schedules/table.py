@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from hpcpipe.util.files import write_figure
+
 from . import Costs, ScheduleError, generate, simulate
 
 
@@ -180,7 +182,7 @@ def sweep_memory(path: str, steps: int = 15) -> None:
     axes[0].set_ylabel("bubble rate")
     axes[-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(path, fig)
     plt.close(fig)
 
 

@@ -18,7 +18,7 @@ import csv
 import io
 import re
 
-from ..util.files import TooLarge, read_bounded
+from ..util.files import TooLarge, read_bounded, write_text_atomic
 from .ops import MAX_MICROBATCHES, Kind, Op, Schedule, ScheduleError, make_schedule
 
 _TO_TORCH = {Kind.F: "F", Kind.B: "I", Kind.W: "W", Kind.BW: "B"}
@@ -47,9 +47,30 @@ def _action(r: int, cell: str) -> tuple[int, Kind, int]:
     return int(stage), _FROM_TORCH[letter], int(microbatch)
 
 
+# Cheap limits, checked while the rows are read and before any is parsed: a CSV of a
+# million rows must be refused at once, not after a minute of building its schedule.
+MAX_RANKS = 4096  # as `schedule --stages`
+MAX_ACTIONS = 3 << 22  # F, B and W of `schedule`'s MAX_OPS
+
+
+def _rows(text: str) -> list[list[str]]:
+    rows, ranks, cells = [], 0, 0
+    for row in csv.reader(io.StringIO(text)):
+        rows.append(row)
+        ranks += any(cell.strip() for cell in row)
+        cells += len(row)
+        if ranks > MAX_RANKS:
+            raise ScheduleError(f"more than {MAX_RANKS} rows of actions: a schedule has one row "
+                                f"per rank, at most {MAX_RANKS} ranks")
+        if cells > MAX_ACTIONS:
+            raise ScheduleError(f"more than {MAX_ACTIONS:,} cells: more actions than any "
+                                f"schedule hpcpipe builds")
+    return rows
+
+
 def from_csv(text: str, kind: str = "csv") -> Schedule:
     """Parse a compute-only CSV into a Schedule (check() it before use)."""
-    rows = [row for row in csv.reader(io.StringIO(text))]
+    rows = _rows(text)
     while rows and not any(cell.strip() for cell in rows[-1]):
         rows.pop()
     if not rows:
@@ -89,8 +110,7 @@ def from_csv(text: str, kind: str = "csv") -> Schedule:
 
 
 def write_csv(schedule: Schedule, path: str) -> None:
-    with open(path, "w", newline="") as f:
-        f.write(to_csv(schedule))
+    write_text_atomic(path, to_csv(schedule))
 
 
 MAX_CSV_BYTES = 16 * 2**20
@@ -108,5 +128,7 @@ def read_csv(path: str, kind: str = "csv") -> Schedule:
         raise ScheduleError(f"{path}: not UTF-8 text (byte {e.start})") from None
     try:
         return from_csv(text, kind)
+    except ScheduleError as e:
+        raise ScheduleError(f"{path}: {e}") from None
     except csv.Error as e:
         raise ScheduleError(f"{path}: not a CSV file ({e})") from None

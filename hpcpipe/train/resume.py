@@ -5,6 +5,8 @@ good one of the same run, and a run keeps its identity only on its own checkpoin
 from __future__ import annotations
 
 from hpcpipe import checkpoint as ckpt
+from hpcpipe.data.fingerprint import describe, same_data
+from hpcpipe.data.tokens import DataError
 from hpcpipe.util.errors import root_does
 
 
@@ -43,3 +45,22 @@ def run_identity(comm, own_manifest: dict | None) -> str:
     else a new one (rotation deletes only checkpoints of the same run)."""
     run = (own_manifest or {}).get("run") or ckpt.new_run_id()
     return comm.bcast(run, root=0)
+
+
+def check_same_data(manifest: dict, data: dict, own: bool, allowed: bool, path: str, log):
+    """A run continues on the data it was trained on: its own checkpoint onto other data
+    (a token file replaced between pieces, a glob matching other shards) is refused unless
+    data.allow_changed; another run's checkpoint (fine-tuning) is only said."""
+    recorded = manifest.get("data")
+    if recorded is None:
+        log(f"{path}: the checkpoint does not record its training data (written before "
+            f"hpcpipe did); resuming without checking it")
+        return
+    if same_data(recorded, data):
+        return
+    what = (f"the training data differ from the checkpoint's: it was trained on "
+            f"{describe(recorded)}; data.path is now {describe(data)}")
+    if own and not allowed:
+        raise DataError(f"{path}: {what}. Resume onto other data only on purpose: --set "
+                        f"data.allow_changed=true")
+    log(f"{path}: {what}" + (" (data.allow_changed = true)" if own else ""))

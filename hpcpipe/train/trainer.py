@@ -19,7 +19,7 @@ import time
 
 from hpcpipe import __version__
 from hpcpipe.config import Config, for_world
-from hpcpipe.data.checks import open_tokens
+from hpcpipe.data.checks import fingerprint_of, open_tokens
 from hpcpipe.device import backend
 from hpcpipe.device.budget import check_run
 from hpcpipe.model.flops import flops_per_token, startup_peak
@@ -33,6 +33,7 @@ from hpcpipe.parallel.pipeline.planning import (
     profiled_costs,
 )
 from hpcpipe.parallel.transport import resolve_gpu_aware
+from hpcpipe.runs.lock import RunLock
 from hpcpipe.runs.metrics import Metrics, Summary
 from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED
 from hpcpipe.runs.record import RunRecord
@@ -42,7 +43,7 @@ from hpcpipe.schedules import Costs, simulate
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
-from hpcpipe.train.resume import find_resume, run_identity
+from hpcpipe.train.resume import check_same_data, find_resume, run_identity
 from hpcpipe.util import timeline
 from hpcpipe.util.errors import every_rank_does, root_does
 
@@ -92,6 +93,8 @@ class Trainer:
     def _release(self):
         if self.own_watch:
             self.watch.close()
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
         if getattr(self, "tokens", None) is not None:
             self.tokens.close()
 
@@ -99,6 +102,8 @@ class Trainer:
     def _setup(self, run_dir: str, resume):
         cfg, comm = self.cfg, self.comm
         parallel, train = cfg.parallel, cfg.train
+        # Before anything reads or writes the run directory: one run in it at a time.
+        self.lock = root_does(comm, lambda: RunLock.acquire(run_dir))
         self.grid = gridlib.build(comm, parallel.dp, parallel.pp, parallel.rank_order,
                                   source=cfg.source, tp=parallel.tp)
         threads = backend.limit_threads(self.grid.local_size)
@@ -112,6 +117,7 @@ class Trainer:
             build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
         gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be, self.log)
         self.tokens = open_tokens(cfg, comm, self.log)
+        self.data = fingerprint_of(self.tokens, comm)  # for the manifests, summary, resume
         resume_path, manifest = find_resume(cfg, run_dir, resume, comm, self.log)
         own = resume_path is not None and os.path.abspath(resume_path).startswith(
             os.path.abspath(os.path.join(run_dir, "checkpoints")) + os.sep)
@@ -134,9 +140,10 @@ class Trainer:
         from hpcpipe import checkpoint as ckpt
 
         tick = time.perf_counter()
+        own = self.run_id == manifest.get("run")
+        check_same_data(manifest, self.data, own, self.cfg.data.allow_changed, path, self.log)
         state = ckpt.load(self.rank, self.cfg, path, manifest)
         self.start_step = state["step"]
-        own = self.run_id == manifest.get("run")
         self.last_saved = self.start_step if own else None
         self.rank.step.restore(state)
         saved = manifest["layout"]
@@ -250,7 +257,7 @@ class Trainer:
                           {**self.rank.step.state(), "lr_step": step,
                            "data_step": step, "seed": self.cfg.train.seed},
                           keep=self.cfg.checkpoint.keep, keep_every=self.cfg.checkpoint.keep_every,
-                          run=self.run_id)
+                          run=self.run_id, data=self.data)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path
@@ -364,7 +371,8 @@ def mode_notes(train, step) -> list[str]:
 def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
     """This piece's RunRecord, with the run's Summary and Metrics (see runrecord.py)."""
     cfg, comm, train = trainer.cfg, trainer.comm, trainer.cfg.train
-    summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule)
+    summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule,
+                      data=trainer.data)
     # MFU's two halves: the model's FLOPs per token, and every rank's matmul peak.
     peak = comm.allreduce(startup_peak(trainer.be, train.dtype))
     metrics = Metrics(summary, trainer.run_dir, trainer.log, train.steps, train.log_every,

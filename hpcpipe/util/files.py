@@ -1,11 +1,13 @@
 """Writing files so that a crash never leaves a half-written one under the final name, and
 never over something hpcpipe did not make.
 
-Every file hpcpipe writes for later use (checkpoints and their manifests, token files,
-the run directory's config and summary, benchmark results) goes through `write_atomic`:
+Every file hpcpipe writes (checkpoints and their manifests, token files, the run
+directory's config and summary, pictures, schedules, benchmark results) goes through
+`write_atomic` (`write_figure` for a picture, `write_text_atomic` for text):
 written under a temporary name in the same folder, flushed and fsynced, renamed into
 place, and the folder fsynced, so that after a crash or a kill the path holds either the
-previous file or the complete new one.
+previous file or the complete new one — and a symbolic link at the path is replaced by
+the file, never followed to overwrite its target.
 
 A path a user names as a command's output is claimed first (`claim_file`,
 `claim_folder`): an existing file is replaced only with --force, a folder is never taken
@@ -15,6 +17,8 @@ and every refusal comes before anything is written, so it leaves nothing behind.
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import stat
 
@@ -41,6 +45,8 @@ def write_atomic(path: str, write) -> str:
     folder, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(folder, f".{name}.tmp.{os.getpid()}")
     try:
+        if os.path.lexists(tmp):  # never write through whatever sits under our name
+            os.unlink(tmp)
         write(tmp)
         with open(tmp, "rb+") as f:
             f.flush()
@@ -51,6 +57,48 @@ def write_atomic(path: str, write) -> str:
             os.unlink(tmp)
     fsync_dir(folder)
     return path
+
+
+def free_bytes(folder: str) -> int:
+    """What an unprivileged writer may still put on `folder`'s file system."""
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
+def write_buffered(path: str, build) -> int:
+    """`build(buffer)` fills an in-memory file (an `io.BytesIO`: HDF5 through
+    `h5py.File(buffer, "w")`), which is then written by `write_atomic` with plain writes;
+    returns its size. A library that meets a full disk mid-file (HDF5 prints a traceback per
+    open object and may crash the process at exit) never sees one: the disk's error is one
+    OSError from a plain write — and a file that cannot fit is refused before any of it is
+    written."""
+    buffer = io.BytesIO()
+    build(buffer)
+    data = buffer.getbuffer()
+    folder = os.path.dirname(os.path.abspath(path))
+    free = free_bytes(folder)
+    if len(data) > free:
+        raise OSError(errno.ENOSPC, f"no space left on device: {len(data):,} bytes to write, "
+                                    f"{free:,} free", path)
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    try:
+        write_atomic(path, write)
+    except OSError as e:
+        if e.filename is None:  # a plain write's error names no file: name the output
+            raise OSError(e.errno, e.strerror, path) from None
+        raise
+    return len(data)
+
+
+def write_figure(path: str, fig, dpi: int = 110) -> str:
+    """`write_atomic` of a matplotlib figure, in the format of `path`'s suffix (the
+    temporary name has none). A symlink at `path` is replaced, never written through."""
+    fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt))
 
 
 def write_text_atomic(path: str, text: str) -> str:
@@ -140,23 +188,42 @@ class NotAFile(OSError):
     forever (and SIGTERM is a preemption signal, so not even `timeout` could end it)."""
 
 
-def read_bounded(path: str, limit: int, streams: bool = False) -> bytes:
-    """The bytes of the file at `path` — the one way hpcpipe reads a whole file from
-    outside. Refuses what is not a regular file (NotAFile; `streams`: a pipe with a writer,
-    as `<(cat f)` gives, is read too) and more than `limit` bytes (TooLarge), before
-    reading anything where the size is known; open's own OSErrors as they are."""
+def open_regular(path: str, streams: bool = False):
+    """The file at `path`, opened for reading in binary — the one way hpcpipe opens a file
+    from outside (read_bounded reads a whole one through it; token shards, checkpoint files,
+    metrics.jsonl are read through it in parts). Refuses what is not a regular file
+    (NotAFile; `streams`: a pipe with a writer, as `<(cat f)` gives, is allowed); open's
+    own OSErrors as they are."""
     # O_NONBLOCK: opening a FIFO without a writer would block inside open itself.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as f:
+    try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(21, "Is a directory", path)
         if not stat.S_ISREG(mode) and not (streams and stat.S_ISFIFO(mode)):
             raise NotAFile(0, "not a regular file (a FIFO, device or socket)", path)
-        size = os.fstat(fd).st_size
-        if stat.S_ISREG(mode) and size > limit:
-            raise TooLarge(path, size, limit)
         os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def check_regular(path: str):
+    """Refuse (NotAFile) what is not a regular file before a library that opens files by
+    name (HDF5, TOML) is given `path`, so that it can never block on a FIFO or device."""
+    open_regular(path).close()
+
+
+def read_bounded(path: str, limit: int, streams: bool = False) -> bytes:
+    """The bytes of the file at `path` — the one way hpcpipe reads a whole file from
+    outside. Refuses what is not a regular file (NotAFile; `streams`: a pipe with a writer,
+    as `<(cat f)` gives, is read too) and more than `limit` bytes (TooLarge), before
+    reading anything where the size is known; open's own OSErrors as they are."""
+    with open_regular(path, streams) as f:
+        st = os.fstat(f.fileno())
+        if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+            raise TooLarge(path, st.st_size, limit)
         data = f.read(limit + 1)
     if len(data) > limit:
         raise TooLarge(path, len(data), limit)

@@ -27,6 +27,12 @@ def sets(items):
     return sum((["--set", s] for s in items), [])
 
 
+def train_args(run_dir, tokens, *extra) -> list[str]:
+    """`train` of the small model on `tokens` into `run_dir`, with `extra` overrides."""
+    return ["train", TINY, "--run-dir", str(run_dir),
+            *sets(SMALL + [f'data.path="{tokens}"', *extra])]
+
+
 def ends_with_one_error(capsys, argv, status=2) -> str:
     """Run `python -m hpcpipe ARGV` in this process; it must return `status` with exactly
     one `error:` line on stderr and no traceback. Returns that line."""

@@ -155,7 +155,8 @@ def test_damaged_records_of_earlier_pieces_never_stop_a_resume(tmp_path, stdlib_
                     resume="", out=lines.append)
     text = "\n".join(lines)
     assert "summary.json: the record of the earlier pieces is unreadable" in text
-    assert "trace.json is unreadable" in text and "dropped 1 unreadable line" in text
+    # both lines dropped: the torn one, and the one of the wrong types (checked up front)
+    assert "trace.json is unreadable" in text and "dropped 2 unreadable line" in text
     assert summary.steps == 4 and [p["ended"] for p in summary.pieces] == ["unknown", "finished"]
     assert summary.pieces[0]["first_step"] == 1 and summary.pieces[0]["last_step"] == 2
     assert traced_steps(run) == {0: {3, 4}}

@@ -1,0 +1,91 @@
+"""Full disks (issue 28): a checkpoint save or a `prepare` that runs out of space — a real
+full file system (a 1 MiB tmpfs, where mounting is allowed) or a file-size limit (ulimit
+-f: EFBIG, with SIGXFSZ ignored) — ends in one `error:` line and status 2, never a
+traceback or a crash, with the last good checkpoint intact and nothing half-written left."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from harness.hostile import SMALL, TINY, sets
+from harness.mpirun import ROOT, job_env
+
+# `python -m hpcpipe ARGS` with a file-size limit set once MPI is up (MPI's own shared-memory
+# files are larger than the limit: set before, it would stop MPI_Init instead).
+_LIMITED = """import resource, sys
+from mpi4py import MPI
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+from hpcpipe.__main__ import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _hpcpipe(args, file_limit=None):
+    command = (["-c", _LIMITED, str(file_limit)] if file_limit else ["-m", "hpcpipe"]) + args
+    return subprocess.run([sys.executable, *command], cwd=ROOT, env=job_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _one_error(done) -> str:
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1, (done.returncode, done.stderr[-3000:])
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    return errors[0]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB file system of its own (skipped where mounting is not allowed)."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root); the ulimit -f tests still run")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def _train(run_dir, tokens, *extra):
+    return ["train", TINY, "--run-dir", str(run_dir),
+            *sets(SMALL + [f'data.path="{tokens}"', "train.steps=6", "checkpoint.every=1",
+                           "checkpoint.keep=5", *extra])]
+
+
+def test_a_full_disk_during_a_checkpoint(small_disk, stdlib_tokens):
+    run_dir = small_disk / "run"
+    line = _one_error(_hpcpipe(_train(run_dir, stdlib_tokens)))
+    assert "writing the checkpoint failed" in line and "no space left on device" in line
+    assert "the previous checkpoint is untouched" in line
+    checkpoints = run_dir / "checkpoints"
+    latest = (checkpoints / "latest").read_text().strip()
+    assert not [n for n in os.listdir(checkpoints) if n.endswith(".tmp")]
+    verified = _hpcpipe(["ckpt", "verify", str(checkpoints / latest)])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_file_size_limit_during_a_checkpoint(tmp_path, stdlib_tokens):
+    run_dir = tmp_path / "run"
+    line = _one_error(_hpcpipe(_train(run_dir, stdlib_tokens), file_limit=200_000))
+    assert "writing the checkpoint failed" in line and "File too large" in line
+    assert not [n for n in os.listdir(run_dir / "checkpoints") if n.startswith(".")]
+
+
+@pytest.mark.parametrize("limited", ["disk", "ulimit"])
+def test_prepare_onto_a_full_disk(request, tmp_path, limited):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"all work and no play makes jack a dull boy\n" * 40_000)  # 1.7 MB
+    if limited == "disk":
+        out = request.getfixturevalue("small_disk") / "tokens.h5"
+        done = _hpcpipe(["prepare", "--corpus", str(corpus), "--out", str(out)])
+    else:
+        out = tmp_path / "tokens.h5"
+        done = _hpcpipe(["prepare", "--corpus", str(corpus), "--out", str(out)],
+                        file_limit=500_000)
+    line = _one_error(done)
+    assert str(out) in line
+    assert not os.listdir(out.parent) or os.listdir(out.parent) == ["corpus.txt"]

@@ -22,7 +22,8 @@ from hpcpipe.config import Config
 from hpcpipe.data.checks import open_tokens
 from hpcpipe.device import backend
 from hpcpipe.device.budget import check_run
-from hpcpipe.model.flops import flops_per_token, startup_peak
+from hpcpipe.device.memory import MemoryGauge
+from hpcpipe.model.flops import device_peak, flops_per_token, peak_source
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
@@ -173,6 +174,8 @@ class Trainer:
                  f"{model.block_size} = {cfg.tokens_per_step:,} tokens/step")
         self.log(f"run directory: {self.run_dir.path} | {train.steps} steps, eval every "
                  f"{train.eval_every or train.steps}")
+        self.log(f"MFU against {self.summary.peak_flops / 1e12:.3g} TFLOP/s: "
+                 f"{self.summary.peak_source}")
 
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> Summary:
@@ -317,11 +320,14 @@ def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
     """This piece's RunRecord, with the run's Summary and Metrics (see runrecord.py)."""
     cfg, comm, train = trainer.cfg, trainer.comm, trainer.cfg.train
     summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule)
-    # MFU's two halves: the model's FLOPs per token, and every rank's matmul peak.
-    peak = comm.allreduce(startup_peak(trainer.be, train.dtype))
+    # MFU's two halves: the model's FLOPs per token, and every rank's peak (nominal where
+    # the device is known, else measured: flops.device_peak).
+    peak, source = device_peak(trainer.be, train.dtype)
+    summary.peak_source = peak_source(comm.allgather(source))
     metrics = Metrics(summary, trainer.run_dir, trainer.log, train.steps, train.log_every,
                       cfg.tokens_per_step, comm.size,
-                      flops_per_token(cfg.model, cfg.model.block_size), peak)
+                      flops_per_token(cfg.model, cfg.model.block_size), comm.allreduce(peak),
+                      memory=MemoryGauge(trainer.be))
     return RunRecord(cfg, comm, trainer.run_dir, metrics, trainer.trace, trainer.start_step,
                      trainer.grid.describe(), resume_path, trainer.log, trainer.started)
 

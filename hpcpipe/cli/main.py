@@ -124,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from hpcpipe.bench import register as register_bench
     from hpcpipe.cli.ckpt import register as register_ckpt
+    from hpcpipe.cli.config_reference import register as register_config
     from hpcpipe.cli.doctor import register as register_doctor
     from hpcpipe.cli.generate import register as register_generate
     from hpcpipe.runs.plot import register as register_plot
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_generate(sub)
     register_plot(sub)
     register_doctor(sub)
+    register_config(sub)
     return parser
 
 

@@ -22,6 +22,26 @@ from hpcpipe.util.schema import Mismatch, parse_json
 from hpcpipe.util.timeline import COMPUTE
 
 
+def trace_window(value: int | str, start_step: int) -> range:
+    """The steps a piece traces, from `train.trace_steps`: N (an integer) is the piece's
+    first N steps (start_step + 1 ... start_step + N; 0: none); "A:B" is the steps
+    A ≤ step < B of the run, as a Python slice ("1000:1010": ten steps, 1000 to 1009),
+    of which a piece traces those it runs. ValueError names what is wrong."""
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must be 0 or more")
+        return range(start_step + 1, start_step + value + 1)
+    first, sep, stop = value.partition(":")
+    try:
+        first, stop = int(first), int(stop)
+    except ValueError:
+        first = stop = None
+    if not sep or first is None or not 1 <= first < stop:
+        raise ValueError('must be a step count (10) or a window "A:B" of steps A ≤ step < B '
+                         'with 1 ≤ A < B, e.g. "1000:1010"')
+    return range(max(first, start_step + 1), stop)
+
+
 def chrome_trace(per_rank: list[list[tuple]], offsets: list[float], pid: int = 0,
                  label: str = "", shift_us: float = 0.0) -> dict:
     """Chrome trace JSON from every rank's event tuples; `offsets` align the ranks' clocks

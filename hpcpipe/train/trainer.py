@@ -39,6 +39,7 @@ from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED
 from hpcpipe.runs.record import RunRecord
 from hpcpipe.runs.report import end_of_run
 from hpcpipe.runs.rundir import RunDir
+from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import Preempted, PreemptionWatch
@@ -92,6 +93,8 @@ class Trainer:
     def _release(self):
         if self.own_watch:
             self.watch.close()
+        for writer in getattr(getattr(self, "metrics", None), "writers", ()):
+            writer.close()
         if getattr(self, "tokens", None) is not None:
             self.tokens.close()
 
@@ -233,6 +236,7 @@ class Trainer:
         profiled = self.start_step + cfg.parallel.profile_steps if auto else 0
         if profiled and step == profiled < steps:
             self._reschedule(step)
+        self.record.stepped(step)
         self.record.forget_events(step, profiled)
         if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step != steps:
             self._settle()
@@ -327,8 +331,16 @@ def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
     metrics = Metrics(summary, trainer.run_dir, trainer.log, train.steps, train.log_every,
                       cfg.tokens_per_step, comm.size,
                       flops_per_token(cfg.model, cfg.model.block_size), comm.allreduce(peak),
-                      memory=MemoryGauge(trainer.be))
+                      memory=MemoryGauge(trainer.be), writers=open_writers(trainer))
     return RunRecord(cfg, comm, trainer.run_dir, metrics, trainer.trace, trainer.start_step,
                      trainer.grid.describe(), resume_path, trainer.log, trainer.started)
 
 
+def open_writers(trainer: Trainer) -> list:
+    """More sinks of each step's record (TensorBoard's, with train.tensorboard): the
+    root's; a missing writer package stops every rank with the same message."""
+    cfg, comm = trainer.cfg, trainer.comm
+    if not cfg.train.tensorboard:
+        return []
+    writer = root_does(comm, lambda: TensorBoard(trainer.run_dir.path, trainer.start_step))
+    return [writer] if comm.rank == 0 else []

@@ -110,6 +110,7 @@ bench: install
 	    step) $(BENCH_ENV) $(PY) -m hpcpipe bench step --json $(PARTS)/step.json ;; \
 	    pipeline|tp|comm) $(BENCH_MPI) $$suite --json $(PARTS)/$$suite.json ;; \
 	    ckpt) $(BENCH_ENV) $(PY) -m hpcpipe bench ckpt $(CONFIG) --json $(PARTS)/ckpt.json ;; \
+	    generate) $(BENCH_ENV) $(PY) -m hpcpipe bench generate $(CONFIG) --json $(PARTS)/generate.json ;; \
 	    *) echo "make bench: no launch line for suite '$$suite'; skipped" ;; \
 	  esac || exit $$?; \
 	done; \

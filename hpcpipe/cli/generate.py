@@ -44,7 +44,8 @@ def register(subparsers):
                     "Byte-level models (vocab 256) and GPT-2 vocabularies (50257 or more) "
                     "take and print text; other vocabularies, and --prompt-ids, token ids.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    gen.add_argument("checkpoint", metavar="CHECKPOINT")
+    gen.add_argument("checkpoint", metavar="CHECKPOINT",
+                     help="a checkpoint folder, or a run directory for its latest")
     gen.add_argument("--prompt", default=None, help="text to continue")
     gen.add_argument("--prompt-ids", default=None,
                      help="comma-separated token ids instead (any vocabulary; prints ids)")

@@ -168,7 +168,8 @@ def register(subparsers):
                     "the step-time split. Several runs are overlaid, e.g. to compare "
                     "schedules. Needs matplotlib (pip install 'hpcpipe[plot]').",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                      help="run directories (each with metrics.jsonl) to draw, together")
     plot.add_argument("--out", help="the PNG to write (default: RUN_DIR/plot.png for one "
                                     "run, plot.png here for several)")
     plot.add_argument("--force", action="store_true", help="replace an existing file")

@@ -67,3 +67,20 @@ def test_config_list_on_the_command_line():
     proc = subprocess.run([sys.executable, "-m", "hpcpipe", "config", "inputs/tiny.toml",
                            "--set", "train.steps=7"], capture_output=True, text=True, check=True)
     assert config.from_dict(tomllib.loads(proc.stdout)).train.steps == 7
+
+
+def _parsers(parser, path=()):
+    """(command words, parser) of every command and subcommand under `parser`."""
+    yield path, parser
+    for action in parser._actions:
+        if action.__class__.__name__ == "_SubParsersAction":
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, path + (name,))
+
+
+def test_every_positional_argument_says_what_it_is():
+    missing = [" ".join(path) + f" {a.metavar or a.dest}"
+               for path, parser in _parsers(build_parser()) for a in parser._actions
+               if not a.option_strings and a.__class__.__name__ != "_SubParsersAction"
+               and not a.help]
+    assert missing == []

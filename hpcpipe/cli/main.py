@@ -29,6 +29,8 @@ examples:
   python -m hpcpipe generate runs/tiny --prompt "def " --tokens 200
   python -m hpcpipe plot runs/tiny                 # loss, tokens/s, bubble: runs/tiny/plot.png
   srun python -m mpi4py -m hpcpipe doctor runs/   # MPI, GPUs, threads, run dir: before a job
+  python -m hpcpipe config --list                  # every config key: type, default, meaning
+  python -m hpcpipe bench step                     # speed: also bench pipeline|tp|comm|ckpt|generate
 
 Each command has its own --help. Runs write to runs/<config name>/ (config.toml,
 metrics.jsonl, summary.json)."""
@@ -45,9 +47,12 @@ text file, or a folder of text files. [data] path may also name llm.c .bin shard
 quoted glob) or a nanoGPT train.bin, read as they are (GPT-2 tokens: set
 model.vocab_size = 50257 or more).
 
-Progress lines average loss, tokens/s, ms/step and bubble over the steps since the last
-line; MFU counts 6N + 12·L·C·T FLOPs per token against the matmul peak each rank
-measured at start-up. `python -m hpcpipe plot RUN_DIR` draws the curves.
+Progress lines start with the wall-clock time, average loss, tokens/s, ms/step and
+bubble over the steps since the last line, and end with the root's memory (GPU pool or
+RSS, now and peak); MFU counts 6N + 12·L·C·T FLOPs per token against each GPU's nominal
+peak (the CPU's: the matmul peak measured at start-up, said so). `python -m hpcpipe plot
+RUN_DIR` draws the curves; train.tensorboard = true writes TensorBoard event files too.
+Every key: `python -m hpcpipe config --list`.
 
 Under MPI, start it as `mpiexec -n N python -m mpi4py -m hpcpipe train ...` with
 N = dp × pp × tp (parallel.dp = "auto" takes N / (pp × tp)): `-m mpi4py` makes an
@@ -125,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from hpcpipe.bench import register as register_bench
     from hpcpipe.cli.ckpt import register as register_ckpt
+    from hpcpipe.cli.config_reference import register as register_config
     from hpcpipe.cli.doctor import register as register_doctor
     from hpcpipe.cli.generate import register as register_generate
     from hpcpipe.runs.plot import register as register_plot
@@ -136,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_generate(sub)
     register_plot(sub)
     register_doctor(sub)
+    register_config(sub)
     return parser
 
 

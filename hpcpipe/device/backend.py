@@ -139,12 +139,18 @@ class Backend:
         """The pool slot of the calling thread inside `for_each`, else None."""
         return None if self.is_gpu else self.pool.slot()
 
+    def device_name(self) -> str:
+        """The GPU's name as CUDA gives it ("NVIDIA H200"); "CPU" on the CPU."""
+        if not self.is_gpu:
+            return "CPU"
+        name = self.xp.cuda.runtime.getDeviceProperties(self.device_id)["name"]
+        return name.decode() if isinstance(name, bytes) else name
+
     def describe(self) -> str:
         if self.is_gpu:
-            props = self.xp.cuda.runtime.getDeviceProperties(self.device_id)
-            name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
             library = "cupy" if self.name == "cupy" else "device stand-in"
-            return f"{library} {self.xp.__version__} on GPU {self.device_id} ({name})"
+            return (f"{library} {self.xp.__version__} on GPU {self.device_id} "
+                    f"({self.device_name()})")
         return f"numpy {np.__version__} on CPU"
 
 

@@ -1,13 +1,16 @@
 """What a training step costs in FLOPs, and what the device can do: the two halves of MFU.
 
 MFU (model FLOPs utilisation) = achieved model FLOP/s ÷ the device's peak. The model's
-FLOPs per token are counted as nanoGPT and PaLM count them (`flops_per_token`); the peak
-is not known to hpcpipe (no table of devices), so it is measured: the best rate of a
-square matmul through hpcpipe's own GEMM path in the run's dtype (`matmul_rate`) — the
-practical peak of this rank's device as this rank uses it (its threads, its share of a
-shared machine). `bench step` measures it over a long run; `train` once at start-up,
-within tens of milliseconds (`startup_peak`: growing sizes while they fit the budget),
-so its MFU is an estimate against that measurement.
+FLOPs per token are counted as nanoGPT and PaLM count them (`flops_per_token`). The peak
+is the device's nominal one where hpcpipe's table knows it (device/peaks.py: a GPU's
+datasheet figure for the run's format), so that MFU compares runs; elsewhere (every CPU,
+an unlisted GPU) it is measured — the best rate of a square matmul through hpcpipe's own
+GEMM path in the run's dtype (`matmul_rate`), the practical peak of this rank's device
+as this rank uses it (its threads, its share of a shared machine) — and every report says
+which (`device_peak`). `bench step` measures it over a long run; `train` once at start-up,
+within tens of milliseconds (`startup_peak`: growing sizes while they fit the budget).
+A measured peak moves with the machine's load, so an MFU against it compares nothing
+across runs: read tokens/s there.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 import numpy as np
 
 from hpcpipe.device.dtypes import compute_dtype
+from hpcpipe.device.peaks import nominal_peak
 from hpcpipe.model import layers
 
 # The start-up peak: square matmuls of growing size, from SMALLEST, while the next size's
@@ -76,3 +80,21 @@ def startup_peak(be, dtype, repeats: int = 2) -> float:
         if n * 2 > LARGEST or 8 * seconds * (repeats + 1) > STARTUP_BUDGET_S:
             return best
         n *= 2
+
+
+def device_peak(be, dtype: str) -> tuple[float, str]:
+    """(FLOP/s, where it comes from) of this rank's device computing in `dtype`: the
+    nominal peak where the table has one, else the one measured now (see the module)."""
+    nominal = nominal_peak(be.device_name(), dtype) if be.is_gpu else None
+    if nominal is not None:
+        return nominal.flops, nominal.describe()
+    return startup_peak(be, dtype), f"{be.device_name()} {dtype} matmul peak measured at start-up"
+
+
+def peak_source(sources: list[str]) -> str:
+    """Every rank's `device_peak` source in a few words: 'the sum of 4 ranks' H200 bf16
+    989 TFLOP/s dense (nominal)'."""
+    distinct = sorted(set(sources))
+    if len(sources) == 1:
+        return distinct[0]
+    return f"the sum of {len(sources)} ranks' " + "; ".join(distinct)

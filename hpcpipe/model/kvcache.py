@@ -9,7 +9,7 @@ operations as their `forward`, so the logits are the full forward's to round-off
 (tests/cli/test_generate.py checks it in float64).
 
 Positions are absolute (GPT-2's learned `wpe`): a context longer than block_size cannot
-slide by one token without recomputing everything, so `generate.Sampler` restarts the
+slide by one token without recomputing everything, so `sampler.Sampler` restarts the
 cache from the last half of the context when it is full.
 
 Shapes: idx (B, t) token ids; keys, values (L, B, NH, T, HS) with T = block_size.

@@ -18,11 +18,11 @@ import numpy as np
 class GPTConfig:
     """The shape of a GPT-2-style model."""
 
-    vocab_size: int = 256
-    block_size: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
+    vocab_size: int = 256  # tokens (256: bytes; GPT-2's BPE: 50257, or more for padding)
+    block_size: int = 128  # sequence length T (and positions of wpe)
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads (n_embd / n_head channels each)
+    n_embd: int = 128  # channels C of the residual stream
     # -- vocabulary padding (issue 27) --
     # wte's rows are vocab_size rounded up to a multiple of this (GPT-2's 50257 → 50304
     # with 64 or 128), for GEMM-friendly head shapes and tensor shards that divide; the

@@ -8,13 +8,19 @@ and keeps what the end-of-run summary reports. A resumed run first replays the r
 its earlier pieces (`replay`), so that the summary covers the whole run.
 
 MFU: the model's training FLOPs per token (flops.py: 6N + 12·L·C·T) times tokens/s,
-divided by the sum over the ranks of each rank's matmul peak measured at start-up
-(flops.startup_peak) — the share of what these devices showed they can do.
+divided by the sum over the ranks of each rank's peak (flops.device_peak): a GPU's
+nominal datasheet figure where hpcpipe knows the device, so that runs compare; the
+matmul peak measured at start-up elsewhere (every CPU), which the summary says.
+
+Each progress line starts with the wall-clock time and ends with the root rank's memory
+(device/memory.py: the GPU pool, or the process's RSS on the CPU, now and at most, as a
+share of the device's), so that a log read later says when and how full.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,7 +51,8 @@ class Summary:
     device_memory: list = field(default_factory=list)  # per rank: the GPU pool's bytes
     pieces: list = field(default_factory=list)  # each start of the run (pieces.Piece records)
     flops_per_token: float = 0.0  # the model's training FLOPs per token (flops.py)
-    peak_flops: float = 0.0  # every rank's measured matmul peak, summed (0: not measured)
+    peak_flops: float = 0.0  # every rank's peak FLOP/s, summed (0: not known)
+    peak_source: str = ""  # where the peak comes from (flops.device_peak), for the reports
     files: list = field(default_factory=list)  # what the run directory holds at the end
     data: dict = field(default_factory=dict)  # the training data's fingerprint (fingerprint.py)
 
@@ -118,14 +125,19 @@ class Metrics:
     """The records of one run's steps (every rank keeps them; the root writes and prints).
 
     run: the RunDir; log: prints from the root only; world_size: ranks in the job;
-    flops_per_token, peak_flops: MFU's two halves (see the module)."""
+    flops_per_token, peak_flops: MFU's two halves (see the module); memory: a
+    device.memory.MemoryGauge (None: no memory in the lines); clock: the wall-clock time
+    as the lines print it; writers: more sinks of each step's line (TensorBoard's)."""
 
     def __init__(self, summary: Summary, run, log, steps: int, log_every: int,
                  tokens_per_step: int, world_size: int, flops_per_token: float = 0.0,
-                 peak_flops: float = 0.0):
+                 peak_flops: float = 0.0, memory=None, clock=None, writers=()):
         self.summary, self.run, self.log = summary, run, log
         self.steps, self.log_every, self.tokens_per_step = steps, log_every, tokens_per_step
         summary.flops_per_token, summary.peak_flops = flops_per_token, peak_flops
+        self.memory = memory
+        self.clock = clock or (lambda: time.strftime("%Y-%m-%d %H:%M:%S"))
+        self.writers = list(writers)
         self.peak_bytes = [0] * world_size
         self.peak_microbatches = [0.0] * world_size
         self.bubbles: list[float] = []
@@ -155,10 +167,14 @@ class Metrics:
                     outcome.skipped, outcome.redone)
         self._interval.add(outcome.loss, self.tokens_per_step, step_s, stats.bubble)
         self._ema = step_s if self._ema is None else 0.9 * self._ema + 0.1 * step_s
-        self.run.record(**self._line(outcome, step_s, lr))
+        use = self.memory.sample() if self.memory is not None else None
+        line = self._line(outcome, step_s, lr, use)
+        self.run.record(**line)
+        for writer in self.writers:
+            writer.step(line)
         step = outcome.step
         if step == 1 or step % self.log_every == 0 or step == self.steps:
-            self.log(self._progress(outcome, lr))
+            self.log(self._progress(outcome, lr, use))
             self._interval = Interval()
 
     def _count(self, step: int, loss: float, tokens: int, step_s: float, skipped=False,
@@ -204,11 +220,13 @@ class Metrics:
             self.peak_bytes[r] = max(self.peak_bytes[r], nbytes)
             self.peak_microbatches[r] = max(self.peak_microbatches[r], count)
 
-    def _line(self, outcome, step_s: float, lr: float) -> dict:
+    def _line(self, outcome, step_s: float, lr: float, use=None) -> dict:
         """The step's line of metrics.jsonl."""
         tokens_per_s = self.tokens_per_step / step_s
         line = dict(step=outcome.step, loss=outcome.loss, lr=lr, grad_norm=outcome.norm,
                     tokens_per_s=tokens_per_s, step_s=step_s, **outcome.stats.record())
+        if use is not None:
+            line.update(use.record())
         value = mfu(tokens_per_s, self.summary.flops_per_token, self.summary.peak_flops)
         if math.isfinite(value):
             line["mfu"] = value
@@ -220,23 +238,29 @@ class Metrics:
             line["loss_scale"] = outcome.loss_scale
         return line
 
-    def _progress(self, outcome, lr: float) -> str:
-        """The progress line: loss, tokens/s, ms/step, bubble and MFU averaged over the
-        steps since the last line; the learning rate and norm of this step."""
+    def _progress(self, outcome, lr: float, use=None) -> str:
+        """The progress line: the time; loss, tokens/s, ms/step, bubble and MFU averaged
+        over the steps since the last line; the learning rate and norm of this step; the
+        memory now and at most."""
         interval, width = self._interval, len(str(self.steps))
         tokens_per_s = interval.tokens / interval.seconds
         utilisation = mfu(tokens_per_s, self.summary.flops_per_token, self.summary.peak_flops)
-        return (f"step {outcome.step:>{width}}/{self.steps} | loss {interval.loss:.4f} | "
+        return (f"{self.clock()} step {outcome.step:>{width}}/{self.steps} | "
+                f"loss {interval.loss:.4f} | "
                 f"lr {lr:.2e} | norm {outcome.norm:.3f} | {fmt_rate(tokens_per_s)} tok/s"
                 + (f" | MFU {utilisation:.1%}" if math.isfinite(utilisation) else "")
                 + f" | {interval.seconds / interval.steps * 1e3:.1f} ms/step | bubble "
                   f"{interval.bubbles / interval.steps:.1%} | "
-                  f"ETA {fmt_time(self._ema * (self.steps - outcome.step))}")
+                  f"ETA {fmt_time(self._ema * (self.steps - outcome.step))}"
+                + (f" | {use.describe()}" if use is not None else ""))
 
     def evaluated(self, step: int, value: float):
         self.summary.add_eval(step, value)
         self.run.record(step=step, val_loss=value)
-        self.log(f"eval step {step:>{len(str(self.steps))}} | val loss {value:.4f}")
+        for writer in self.writers:
+            writer.evaluated(step, value)
+        self.log(f"{self.clock()} eval step {step:>{len(str(self.steps))}} | "
+                 f"val loss {value:.4f}")
 
     def replay(self, records: list[dict]):
         """Count the records of the run's earlier pieces (metrics.jsonl lines up to the

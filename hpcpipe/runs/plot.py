@@ -122,11 +122,24 @@ def draw(runs: list[Series], out: str):
         loss.plot(run.steps, run.loss, color=colour, alpha=0.25, linewidth=0.7)
         loss.plot(run.steps, smooth(run.loss, window), color=colour, label=run.label)
         if run.val_steps:
-            loss.plot(run.val_steps, run.val_loss, "o--", color=colour, markersize=4)
+            # Points, not a line: evaluations are sparse, and a line from step 0's loss
+            # to the next evaluation's drew a validation curve far above the training
+            # one over steps where nothing was measured.
+            loss.plot(run.val_steps, run.val_loss, linestyle="none", marker="D",
+                      markersize=5, markerfacecolor=colour, markeredgecolor="black",
+                      markeredgewidth=0.6)
         rate.plot(run.steps, smooth(run.tokens_per_s, window), color=colour)
         bubble.plot(run.steps, smooth(run.bubble, window), color=colour)
     _split(split, runs, colours)
-    loss.set_title("loss (train: faint each step, solid a moving mean; dots: validation)")
+    loss.set_title("loss (train: faint each step, solid a moving mean; ◆ validation)")
+    if any(run.val_steps for run in runs):
+        from matplotlib.lines import Line2D
+
+        loss.legend(handles=[Line2D([], [], color="grey", label="train (moving mean)"),
+                             Line2D([], [], linestyle="none", marker="D", markersize=5,
+                                    markerfacecolor="grey", markeredgecolor="black",
+                                    label="validation (each evaluation)")],
+                    loc="upper right", fontsize=8)
     rate.set_title("tokens/s (moving mean)")
     bubble.set_title("measured bubble, % (moving mean)")
     split.set_title("step time, ms (moving mean)")
@@ -168,7 +181,8 @@ def register(subparsers):
                     "the step-time split. Several runs are overlaid, e.g. to compare "
                     "schedules. Needs matplotlib (pip install 'hpcpipe[plot]').",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                      help="run directories (each with metrics.jsonl) to draw, together")
     plot.add_argument("--out", help="the PNG to write (default: RUN_DIR/plot.png for one "
                                     "run, plot.png here for several)")
     plot.add_argument("--force", action="store_true", help="replace an existing file")

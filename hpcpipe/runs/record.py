@@ -3,10 +3,12 @@ earlier pieces' records in, this piece's span, trace.json and the timeline PNGs,
 list of files for the end-of-run summary.
 
 Every rank keeps a `RunRecord` (the summary is returned on every rank); the root reads
-the earlier pieces' records and writes the files. Each piece traces its own first
-`train.trace_steps` steps (a resumed piece never runs steps 1..N) and appends them to
-trace.json; its timeline PNG is named after the step it draws, so every PNG shows a step
-trace.json holds.
+the earlier pieces' records and writes the files. Each piece traces the steps
+`train.trace_steps` names (trace.trace_window: its own first N, or a window "A:B" of the
+run) and appends them to trace.json as soon as the window closes — a long run's picture
+of step 1009 is there at step 1009, not at the end — or, when the piece ends inside the
+window, at its end; the timeline PNG is named after the step it draws, so every PNG shows
+a step trace.json holds.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class RunRecord:
         self.earlier = comm.bcast(run_dir.earlier_pieces if comm.rank == 0 else None, root=0)
         self.piece = Piece.start(len(self.earlier) + 1, start_step, layout.split(";")[0],
                                  cfg.parallel.schedule, resumed_from)
-        self.traced = range(start_step + 1, start_step + cfg.train.trace_steps + 1)
+        self.traced = tracelib.trace_window(cfg.train.trace_steps, start_step)
+        self.traces_written = False
         metrics.first_step = start_step + 1
         self._carry_over()
         self.update(start_step)
@@ -68,9 +71,15 @@ class RunRecord:
     def forget_events(self, step: int, profiled: int):
         """Let the trace drop what nothing reads any more (steps before `step` - 1 that are
         neither traced nor still to be profiled for the auto schedule)."""
-        keep_profile = step < profiled
-        self.trace.forget(lambda s: s >= step - 1 or s in self.traced
+        keep_profile, keep_traced = step < profiled, not self.traces_written
+        self.trace.forget(lambda s: s >= step - 1 or (keep_traced and s in self.traced)
                           or (keep_profile and s <= profiled))
+
+    def stepped(self, step: int):
+        """After every step, on every rank: when `step` closes the traced window, its
+        steps go to trace.json and the PNG now (a collective)."""
+        if self.traced and step == self.traced.stop - 1:
+            self._write_traces(step)
 
     def end(self, step: int, ended: str = FINISHED):
         """The piece ends at `step`: its traced steps into trace.json (a collective), the
@@ -85,8 +94,9 @@ class RunRecord:
     def _write_traces(self, last: int):
         """Every rank's events of this piece's traced steps, merged into trace.json, and
         the timeline PNG of the last of them (step `last`)."""
-        if not self.traced or last < self.traced.start:
+        if not self.traced or last < self.traced.start or self.traces_written:
             return
+        self.traces_written = True
         rows = [e.as_tuple() for e in self.trace.events if e.step in self.traced]
         per_rank = self.comm.gather(rows, root=0)
         if not self.run_dir.enabled:

@@ -33,7 +33,7 @@ CONFIG, METRICS, SUMMARY, TRACE = "config.toml", "metrics.jsonl", "summary.json"
 # What a run writes into its directory, in the order the end-of-run summary names them
 # (timeline PNGs are matched by prefix; plot.png is `python -m hpcpipe plot`'s).
 RUN_FILES = (CONFIG, METRICS, SUMMARY, TRACE, "auto_schedule.json", "plot.png",
-             "checkpoints")
+             "tensorboard", "checkpoints")
 _TIMELINE = "timeline-step"
 
 

@@ -21,6 +21,26 @@ from hpcpipe.util.schema import Mismatch, parse_json
 from hpcpipe.util.timeline import COMPUTE
 
 
+def trace_window(value: int | str, start_step: int) -> range:
+    """The steps a piece traces, from `train.trace_steps`: N (an integer) is the piece's
+    first N steps (start_step + 1 ... start_step + N; 0: none); "A:B" is the steps
+    A ≤ step < B of the run, as a Python slice ("1000:1010": ten steps, 1000 to 1009),
+    of which a piece traces those it runs. ValueError names what is wrong."""
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must be 0 or more")
+        return range(start_step + 1, start_step + value + 1)
+    first, sep, stop = value.partition(":")
+    try:
+        first, stop = int(first), int(stop)
+    except ValueError:
+        first = stop = None
+    if not sep or first is None or not 1 <= first < stop:
+        raise ValueError('must be a step count (10) or a window "A:B" of steps A ≤ step < B '
+                         'with 1 ≤ A < B, e.g. "1000:1010"')
+    return range(max(first, start_step + 1), stop)
+
+
 def chrome_trace(per_rank: list[list[tuple]], offsets: list[float], pid: int = 0,
                  label: str = "", shift_us: float = 0.0) -> dict:
     """Chrome trace JSON from every rank's event tuples; `offsets` align the ranks' clocks
@@ -126,12 +146,43 @@ def _chunk(name: str) -> int:
     return int(name.split("@c")[1]) if "@c" in name else 0
 
 
+def gaps(spans: list[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
+    """The stretches of [start, end] that no span covers: where a rank's row would be
+    blank. They are drawn and labelled, since a blank reads as "nothing happened" while the
+    rank was in fact busy with what no event records (sends, the data-parallel gradient
+    reduction, Python between ops) or done with its step before the others."""
+    out, at = [], start
+    for left, right in sorted(spans):
+        if left > at:
+            out.append((at, left))
+        at = max(at, right)
+    if end > at:
+        out.append((at, end))
+    return out
+
+
+def _label(ax, left: float, width: float, rank: int, text: str, colour: str, span: float,
+           backed: bool = False):
+    """A bar's label, where the bar is wide enough to hold it (~1.2% of the axis a letter);
+    `backed`: on a white patch, to be read over a hatch."""
+    if width >= 0.012 * span * max(2, len(text)):
+        box = dict(facecolor="white", edgecolor="none", pad=0.6) if backed else None
+        ax.text(left + width / 2, rank, text, ha="center", va="center", fontsize=7,
+                color=colour, bbox=box)
+
+
+GAP = "idle / untracked"  # the legend's name for a gap (see `gaps`)
+
+
 def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step: int,
-              title: str = ""):
+              title: str = "") -> list[str]:
     """A PNG of one step's measured timeline: one row per rank, ops in the colours of the
     schedule pictures (colours.py: F blue, B teal, W green, BW purple, each chunk of an
-    interleaved or V schedule a lighter shade), waits hatched grey, the optimizer mauve;
-    the legend beside the axes, over no bar."""
+    interleaved or V schedule a lighter shade) and labelled with their kind and microbatch
+    (F3, B3, W3: B and W told apart without colour), receive waits hatched grey and
+    labelled, the optimizer mauve, and every gap between them dotted and labelled, so that
+    no stretch of a row is blank; the legend beside the axes, over no bar. Returns the
+    labels written on the bars, row by row (none when there is nothing to draw)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -141,13 +192,15 @@ def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step
     rows = [[e for e in events if e[4] == step] for events in per_rank]
     starts = [e[2] + off for events, off in zip(rows, offsets) for e in events]
     if not starts:
-        return
+        return []
     t0 = min(starts)
+    t1 = max(e[3] + off for events, off in zip(rows, offsets) for e in events)
+    span = (t1 - t0) * 1e3
     chunks = 1 + max((_chunk(e[0]) for events in rows for e in events), default=0)
     kinds = [k for k in COMPUTE if any(e[1] == k for events in rows for e in events)]
     others = [k for k in ("wait", "optimizer") if any(e[1] == k for events in rows for e in events)]
     # Tall enough for the legend too: a column per kind, a row per chunk (and the others).
-    height = max(0.6 * len(rows) + 1.2, 0.3 * (chunks + len(others)) + 1.0)
+    height = max(0.6 * len(rows) + 1.2, 0.3 * (chunks + len(others) + 1) + 1.0)
     fig, ax = plt.subplots(figsize=(12, height))
     for rank, (events, off) in enumerate(zip(rows, offsets)):
         for name, kind, start, end, _ in events:
@@ -156,16 +209,28 @@ def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step
             ax.barh(rank, width, left=left, height=0.8, color=op_colour(kind, chunk, chunks),
                     edgecolor="white", linewidth=0.5, hatch="//" if kind == "wait" else None)
             if kind in COMPUTE and width > 0:
-                ax.text(left + width / 2, rank, name.split("@")[0][len(kind):], ha="center",
-                        va="center", fontsize=7, color=label_colour(chunk, chunks))
+                _label(ax, left, width, rank, name.split("@")[0], label_colour(chunk, chunks),
+                       span)
+            elif kind == "wait":
+                _label(ax, left, width, rank, "wait", "#404040", span, backed=True)
+        spans = [((e[2] + off - t0) * 1e3, (e[3] + off - t0) * 1e3) for e in events]
+        for left, right in gaps(spans, 0.0, span):
+            ax.barh(rank, right - left, left=left, height=0.8, color="white",
+                    edgecolor="#9a9a9a", linewidth=0.5, hatch="..")
+            _label(ax, left, right - left, rank, "idle", "#505050", span, backed=True)
     ax.set_yticks(range(len(rows)), [f"rank {r}" for r in range(len(rows))])
     ax.invert_yaxis()
+    ax.set_xlim(0, span)
     ax.set_xlabel("ms")
     ax.set_title(title or f"step {step}")
     handles = [Patch(color=c, label=label) for label, c in legend_entries(kinds, chunks)]
-    handles += [Patch(facecolor=op_colour(k), hatch="//" if k == "wait" else None, label=k)
-                for k in others]
+    handles += [Patch(facecolor=op_colour(k), hatch="//" if k == "wait" else None,
+                      label="wait (on a receive)" if k == "wait" else k) for k in others]
+    handles.append(Patch(facecolor="white", edgecolor="#9a9a9a", hatch="..",
+                         label=f"{GAP}\n(sends, dp reduction,\nhost work, step done)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()
     write_figure(path, fig)
+    labels = [t.get_text() for t in ax.texts]
     plt.close(fig)
+    return labels

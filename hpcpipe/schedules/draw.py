@@ -148,8 +148,10 @@ def png(result: SimResult, path: str, dpi: int = 120) -> None:
             ax.barh(r, e - b, left=b - t0, height=0.9,
                     color=op_colour(op.kind.value, op.chunk, s.chunks),
                     edgecolor="white", linewidth=0.8)
-            ax.text(b - t0 + (e - b) / 2, r, str(op.microbatch), ha="center", va="center",
-                    fontsize=7, color=label_colour(op.chunk, s.chunks))
+            # kind and microbatch ("B3", "W3"): B and W are told apart without colour
+            ax.text(b - t0 + (e - b) / 2, r, f"{op.kind.value}{op.microbatch}",
+                    ha="center", va="center", fontsize=6 if e - b < 1.5 else 7,
+                    color=label_colour(op.chunk, s.chunks))
     ax.set_yticks(range(s.num_ranks), [f"rank {r}" for r in range(s.num_ranks)])
     ax.invert_yaxis()
     ax.set_xlim(0, t1 - t0)

@@ -22,7 +22,8 @@ from hpcpipe.config import Config, for_world
 from hpcpipe.data.checks import fingerprint_of, open_tokens
 from hpcpipe.device import backend
 from hpcpipe.device.budget import check_run
-from hpcpipe.model.flops import flops_per_token, startup_peak
+from hpcpipe.device.memory import MemoryGauge
+from hpcpipe.model.flops import device_peak, flops_per_token, peak_source
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
@@ -39,6 +40,7 @@ from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED
 from hpcpipe.runs.record import RunRecord
 from hpcpipe.runs.report import end_of_run
 from hpcpipe.runs.rundir import RunDir
+from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
@@ -95,6 +97,8 @@ class Trainer:
             self.watch.close()
         if getattr(self, "lock", None) is not None:
             self.lock.release()
+        for writer in getattr(getattr(self, "metrics", None), "writers", ()):
+            writer.close()
         if getattr(self, "tokens", None) is not None:
             self.tokens.close()
 
@@ -220,6 +224,7 @@ class Trainer:
         profiled = self.start_step + cfg.parallel.profile_steps if auto else 0
         if profiled and step == profiled < steps:
             self._reschedule(step)
+        self.record.stepped(step)
         self.record.forget_events(step, profiled)
         if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step != steps:
             self._settle()
@@ -357,6 +362,8 @@ def header(trainer) -> list[str]:
                  f"{model.block_size} = {cfg.tokens_per_step:,} tokens/step")
     lines.append(f"run directory: {trainer.run_dir.path} | {train.steps} steps, eval every "
                  f"{train.eval_every or train.steps}")
+    lines.append(f"MFU against {trainer.summary.peak_flops / 1e12:.3g} TFLOP/s: "
+                 f"{trainer.summary.peak_source}")
     lines += mode_notes(train, trainer.rank.step)
     return lines
 
@@ -373,12 +380,23 @@ def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
     cfg, comm, train = trainer.cfg, trainer.comm, trainer.cfg.train
     summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule,
                       data=trainer.data)
-    # MFU's two halves: the model's FLOPs per token, and every rank's matmul peak.
-    peak = comm.allreduce(startup_peak(trainer.be, train.dtype))
+    # MFU's two halves: the model's FLOPs per token, and every rank's peak (nominal where
+    # the device is known, else measured: flops.device_peak).
+    peak, source = device_peak(trainer.be, train.dtype)
+    summary.peak_source = peak_source(comm.allgather(source))
     metrics = Metrics(summary, trainer.run_dir, trainer.log, train.steps, train.log_every,
                       cfg.tokens_per_step, comm.size,
-                      flops_per_token(cfg.model, cfg.model.block_size), peak)
+                      flops_per_token(cfg.model, cfg.model.block_size), comm.allreduce(peak),
+                      memory=MemoryGauge(trainer.be), writers=open_writers(trainer))
     return RunRecord(cfg, comm, trainer.run_dir, metrics, trainer.trace, trainer.start_step,
                      trainer.grid.describe(), resume_path, trainer.log, trainer.started)
 
 
+def open_writers(trainer: Trainer) -> list:
+    """More sinks of each step's record (TensorBoard's, with train.tensorboard): the
+    root's; a missing writer package stops every rank with the same message."""
+    cfg, comm = trainer.cfg, trainer.comm
+    if not cfg.train.tensorboard:
+        return []
+    writer = root_does(comm, lambda: TensorBoard(trainer.run_dir.path, trainer.start_step))
+    return [writer] if comm.rank == 0 else []

@@ -172,7 +172,10 @@ def test_cli_ls_info_verify_export_and_generate(run_dir, tmp_path, capsys):
     listing = capsys.readouterr().out
     assert "step_00000004" in listing and "<- latest" in listing
     assert main(["ckpt", "info", str(run_dir)]) == 0
-    assert "dp 1 × pp 1" in capsys.readouterr().out
+    info = capsys.readouterr().out
+    assert "dp 1 × pp 1" in info and "  partition: stage 0: blocks 0–1\n" in info
+    assert "  state: loss_scale 1.0, good_steps 0, lr_step 4, data_step 4, seed 0\n" in info
+    assert "{" not in info and "[" not in info  # words, not Python's dicts and lists
     assert main(["ckpt", "verify", str(run_dir)]) == 0
     assert capsys.readouterr().out.startswith("OK")
     bad = copy(run_dir, tmp_path)
@@ -182,6 +185,9 @@ def test_cli_ls_info_verify_export_and_generate(run_dir, tmp_path, capsys):
     assert main(["ckpt", "export", str(run_dir), "--out", str(tmp_path / "w.h5")]) == 0
     with h5py.File(tmp_path / "w.h5", "r") as f:
         assert "h.0.mlp.c_fc.weight" in f
+    hf = tmp_path / "new" / "gpt2" / "model.safetensors"  # folders made, as prepare makes them
+    assert main(["ckpt", "export", str(run_dir), "--out", str(hf)]) == 0
+    assert sorted(p.name for p in hf.parent.iterdir()) == ["config.json", "model.safetensors"]
     capsys.readouterr()
     assert main(["generate", str(run_dir), "--prompt", "def ", "--tokens", "20",
                  "--temperature", "0"]) == 0

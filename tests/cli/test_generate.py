@@ -1,10 +1,10 @@
 """Generation: the key/value cache against the full forward (float64), the sampler's
-window against a full re-run, speed, tokens printed as they come, and GPT-2 weights in
-(safetensors), text through the BPE, weights out with Hugging Face's config.json."""
+window against a full re-run, tokens printed as they come, and GPT-2 weights in
+(safetensors), text through the BPE, weights out with Hugging Face's config.json. How fast
+it samples is measured by `bench generate`, never asserted here."""
 
 import io
 import json
-import time
 
 import numpy as np
 import pytest
@@ -67,17 +67,6 @@ def test_the_sampler_past_block_size_equals_a_full_rerun():
     ids = [3, 1, 4, 1, 5]
     sampler = Sampler(model, model.stage.be, temperature=0, top_k=0, seed=0)
     assert list(sampler.tokens(ids, 45)) == rerun(model, ids, 45, cfg.block_size)
-
-
-def test_200_tokens_of_the_tiny_model_in_under_a_second():
-    model = GPT(config.load(TINY).model)  # inputs/tiny.toml's shape, float32
-    sampler = Sampler(model, model.stage.be, temperature=0.8, top_k=0, seed=0)
-    best = float("inf")
-    for _ in range(2):  # the better of two: the machine is shared
-        tick = time.perf_counter()
-        tokens = list(sampler.tokens([10], 200))
-        best = min(best, time.perf_counter() - tick)
-    assert len(tokens) == 200 and best < 1.0, best
 
 
 class Flushes(io.StringIO):

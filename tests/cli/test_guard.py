@@ -2,7 +2,6 @@
 and under MPI every rank ending together — launched without `-m mpi4py` too."""
 
 import errno
-import time
 
 import pytest
 from harness.mpirun import run as launch
@@ -50,11 +49,11 @@ def test_user_message_of_an_os_error_names_both_paths():
 def test_mpi_job_ends_together_without_mpi4py_launcher(case, status, line):
     """`mpiexec -n 2 python script` (no `-m mpi4py`): rank 0 would wait in a barrier
     forever for rank 1; rank 1's failure ends the whole job within seconds."""
-    started = time.monotonic()
+    # A job that hung would run into the launch's timeout (an error): ending with the
+    # status below is the proof, with no wall-clock assertion to flake on a busy machine.
     proc = launch(["tests/mpi/failures.py", case], n=2, timeout=60,
                   env={"HPCPIPE_FAILURE_WAIT_S": "2"})
     assert proc.returncode == status, proc.stderr
-    assert time.monotonic() - started < 30
     if line:
         assert error_lines(proc.stderr) == [line] and "Traceback" not in proc.stderr
     else:

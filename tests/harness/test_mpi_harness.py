@@ -6,7 +6,6 @@ suite in both modes, which must agree.
 Each case is a pytest of its own started through the test launcher (mpirun.py), so that
 a harness that hangs fails here at a timeout instead of hanging this session."""
 
-import time
 import xml.etree.ElementTree as ElementTree
 
 import pytest
@@ -43,10 +42,11 @@ def test_a_failing_rank_fails_the_test_on_every_rank(tmp_path, mpi4py):
 def test_a_failed_rank_whose_partner_blocks_ends_the_job(tmp_path):
     """Rank 1 raises while rank 0 waits in a barrier for it: after --mpi-grace the job
     is aborted, rank 1 saying why, instead of hanging."""
-    started = time.monotonic()
+    # (A job that hung would run into under_launcher's timeout, an error; the messages
+    # below prove that the grace ended it, with no wall-clock assertion to flake.)
     proc = under_launcher(tmp_path, "test_fails_then_blocks", "test_passes",
                           options=["--mpi-grace", "2"])
-    assert proc.returncode != 0 and time.monotonic() - started < 60, proc.stdout
+    assert proc.returncode != 0, proc.stdout
     assert ("[rank 1 of 2] tests/harness/broken.py::test_fails_then_blocks failed here in "
             "call, and rank 0, which waits for every rank of the test, did not decide "
             "within 2 s") in proc.stderr, proc.stderr
@@ -57,9 +57,8 @@ def test_a_failed_rank_whose_partner_blocks_ends_the_job(tmp_path):
 def test_a_hanging_rank_is_caught_by_the_timeout(tmp_path):
     """Rank 1 waits for a message nobody sends: at the test's timeout (3 s) every rank
     says where it is and the job is aborted."""
-    started = time.monotonic()
     proc = under_launcher(tmp_path, "test_hangs", "test_passes")
-    assert proc.returncode != 0 and time.monotonic() - started < 60, proc.stdout
+    assert proc.returncode != 0, proc.stdout
     assert ("[rank 1 of 2] tests/harness/broken.py::test_hangs still runs after its timeout "
             "of 3 s: aborting the MPI job") in proc.stderr, proc.stderr
     assert "comm.recv(source=0, tag=77)  # never sent" in proc.stderr  # where rank 1 is

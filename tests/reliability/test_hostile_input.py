@@ -219,8 +219,11 @@ def test_export_and_prepare_outputs(capsys, run_dir, tmp_path):
     export = ["ckpt", "export", str(run_dir), "--out"]
     assert "exists already; pass --force" in ends_with_one_error(capsys, export + [str(afile)])
     assert afile.read_text() == "mine"
-    missing = tmp_path / "no" / "such" / "w.safetensors"
-    assert "does not exist" in ends_with_one_error(capsys, export + [str(missing)])
+    # A missing folder is made, as prepare makes it (issue 27); one under a file cannot be.
+    missing = tmp_path / "no" / "such" / "w.h5"
+    assert main(export + [str(missing)]) == 0 and missing.is_file()
+    assert "cannot create the folder" in ends_with_one_error(
+        capsys, export + [str(afile / "sub" / "w.h5")])
     assert "name it FILE.h5" in ends_with_one_error(capsys, export + [str(tmp_path / "w.txt")])
     assert main(export + [str(afile), "--force"]) == 0
     corpus = tmp_path / "c.txt"

@@ -73,3 +73,20 @@ def test_without_matplotlib_one_line_says_how_to_get_it(capsys, tmp_path, monkey
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert main(["plot", str(fake_run(tmp_path / "a", "1f1b"))]) == 2
     assert "pip install 'hpcpipe[plot]'" in capsys.readouterr().err
+
+
+def test_validation_is_points_with_a_legend_not_a_line_across_unmeasured_steps(
+        tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from hpcpipe.runs.plot import draw
+
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    draw([read_series(str(fake_run(tmp_path / "a", "zb-h1")))], str(tmp_path / "p.png"))
+    loss = figures[0].axes[0]
+    (val,) = [line for line in loss.lines if list(line.get_xdata()) == [0, 30]]
+    assert val.get_linestyle() == "None" and val.get_marker() == "D"
+    legend = [t.get_text() for t in loss.get_legend().get_texts()]
+    assert legend == ["train (moving mean)", "validation (each evaluation)"]

@@ -23,6 +23,7 @@ from hpcpipe.device.backend import DEVICES
 from hpcpipe.device.dtypes import DTYPES
 from hpcpipe.model import GPTConfig
 from hpcpipe.model.sharding import check_divisible
+from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.parallel.gradsync import COMM_DTYPES
 from hpcpipe.parallel.grid import RANK_ORDERS
 from hpcpipe.schedules import KINDS as SCHEDULES
@@ -63,6 +64,12 @@ class TrainSection:
     trace_steps: int = 10  # steps 1..N go to trace.json and a timeline PNG; 0: none
     post_validation: bool = False  # step without waiting for the global norm; fix up later
     loss_scale: float = 0.0  # 0: dynamic for float16, none otherwise; > 0: a fixed scale
+    # -- activation recomputation (issue 26) ---------------------------------------------
+    # What each stage keeps from F to B, rebuilt at the start of B (the bits never change):
+    # "none"; "selective" (all but the attention matrices and the GELU's output);
+    # "full" (only the stage's input). One for every stage, or one per model stage,
+    # "/"-separated: "full/selective/none/none" (pp × chunks of them).
+    recompute: str = "none"
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,13 @@ class Config:
         if p.chunks:
             return p.chunks
         return 2 if p.schedule == "interleaved-1f1b" or p.schedule in V_KINDS else 1
+
+    @property
+    def recompute(self) -> tuple[str, ...]:
+        """train.recompute per model stage (pp × chunks of them)."""
+        choices = tuple(x.strip() for x in self.train.recompute.split("/"))
+        stages = self.parallel.pp * self.chunks
+        return choices * stages if len(choices) == 1 else choices
 
     @property
     def tokens_per_step(self) -> int:
@@ -370,6 +384,11 @@ def _check_layout(source, cfg: Config):
         _require(source, "parallel.layers_per_stage", counts,
                  all(c >= 1 for c in counts) and sum(counts) == n_layer,
                  f"counts must be at least 1 and sum to model.n_layer = {n_layer}")
+    choices = cfg.train.recompute.split("/")
+    _require(source, "train.recompute", cfg.train.recompute,
+             all(x.strip() in RECOMPUTE for x in choices) and len(choices) in (1, stages),
+             f"allowed: {', '.join(RECOMPUTE)}, for every stage or one per model stage "
+             f"('/'-separated, {stages} = pp × chunks of them)")
     if parallel.sequence_parallel and parallel.tp > 1:
         _require(source, "model.block_size", cfg.model.block_size,
                  cfg.model.block_size % parallel.tp == 0,

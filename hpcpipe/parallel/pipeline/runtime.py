@@ -32,6 +32,9 @@ class StepResult:
     # model stage → (bytes one microbatch holds after its F, after its B): the zero-bubble
     # paper's M_B (F to B) and M_W (B to W, what the weight gradients still need)
     stage_bytes: dict = field(default_factory=dict)
+    # model stage → bytes one microbatch holds once its B has rebuilt what recomputation
+    # dropped (M_B again, while B runs); only stages that recompute
+    rebuilt_bytes: dict = field(default_factory=dict)
     start: float = 0.0
     end: float = 0.0
 
@@ -154,6 +157,8 @@ class Runtime:
                 return None
             return out
         if op.kind in (Kind.B, Kind.BW):
+            if stage.rebuild(mb):  # recomputation: the peak is while B runs
+                self._account_rebuilt(op, result)
             out = stage.backward_input(mb, received)
             if op.kind == Kind.BW:
                 stage.backward_weight(mb, hook)
@@ -187,6 +192,13 @@ class Runtime:
             held = self.stages[op.chunk].stash_bytes(op.microbatch)
             result.stage_bytes[stage] = ((max(after_f, held), after_b) if op.kind == Kind.F
                                          else (after_f, max(after_b, held)))
+
+    def _account_rebuilt(self, op, result: StepResult):
+        """The peak while a recomputing B runs: everything held, its microbatch rebuilt."""
+        result.peak_bytes = max(result.peak_bytes, self._held()[1])
+        stage = self.schedule.stage_of[(self.rank, op.chunk)]
+        held = self.stages[op.chunk].stash_bytes(op.microbatch)
+        result.rebuilt_bytes[stage] = max(result.rebuilt_bytes.get(stage, 0), held)
 
     @staticmethod
     def _hook(on_layer_done, op, last_mb):

@@ -29,8 +29,10 @@ class RankModel:
                                cfg.parallel.layers_per_stage or None)
         self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]
                             for chunk in range(schedule.chunks)}
+        recompute = cfg.recompute  # per model stage
         self.stages = {chunk: self.specs[index].build(self.config, dtype=train.dtype,
-                                                      seed=train.seed, be=backend, tp=self.tp)
+                                                      seed=train.seed, be=backend, tp=self.tp,
+                                                      recompute=recompute[index])
                        for chunk, index in self.stage_index.items()}
         self.owner = {stage: schedule.rank_chunk_of(stage)[0]
                       for stage in range(schedule.num_stages)}

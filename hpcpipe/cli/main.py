@@ -126,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     from hpcpipe.cli.ckpt import register as register_ckpt
     from hpcpipe.cli.doctor import register as register_doctor
     from hpcpipe.cli.generate import register as register_generate
+    from hpcpipe.cli.plan import register as register_plan
     from hpcpipe.runs.plot import register as register_plot
     from hpcpipe.schedules.cli import register as register_schedule
 
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_generate(sub)
     register_plot(sub)
     register_doctor(sub)
+    register_plan(sub, train)  # also train's --dry-run
     return parser
 
 
@@ -144,6 +146,12 @@ def cmd_train(args) -> int:
     from hpcpipe.train.trainer import Preempted, train
 
     comm = args.job.world()
+    if args.dry_run:  # every rank plans (the same numbers); one prints
+        from hpcpipe.cli.plan import run as run_plan
+
+        return run_plan(args.config, args.overrides, args.json if comm.rank == 0 else None,
+                        args.ranks_per_node or comm.size,
+                        out=print if comm.rank == 0 else (lambda text: None))
     # Signals are honoured from here on: one that arrives while the config loads, the data
     # is prepared or the model is built stops the run at its first agreement point.
     watch = PreemptionWatch(comm)

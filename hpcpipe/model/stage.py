@@ -27,7 +27,6 @@ from hpcpipe.model.layout import (
 )
 from hpcpipe.model.sharding import shard_of
 
-
 # What a stage keeps from F to B (schedules/recompute.py models each in bytes and time):
 # "none" every cache; "selective" all but the attention matrices and the GELU's output and
 # derivative (its input instead), rebuilt at the start of B; "full" only the stage's input

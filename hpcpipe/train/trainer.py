@@ -21,7 +21,6 @@ from hpcpipe import __version__
 from hpcpipe.config import Config
 from hpcpipe.data.checks import open_tokens
 from hpcpipe.device import backend
-from hpcpipe.device.budget import check_run
 from hpcpipe.model.flops import flops_per_token, startup_peak
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
@@ -105,7 +104,8 @@ class Trainer:
                                  gpu_sharing=train.gpu_sharing, threads=threads)
         self.be.limit_memory(train.device_memory)
         # Everything that can refuse the run is checked before anything big is allocated.
-        every_rank_does(comm, lambda: check_run(cfg, self.be, self.grid.local_size))
+        # The memory plan (the schedule's simulated peak, recomputation included) decides.
+        every_rank_does(comm, lambda: memplan.check(cfg, self.be, self.grid.local_size))
         schedule = build_schedule(cfg)
         if parallel.schedule == "auto":
             build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all

@@ -68,15 +68,27 @@ def plan(cfg) -> list[RankPlan]:
     return plans
 
 
-def activation_peaks(cfg, schedule, specs) -> list[float]:
-    """The simulated peak activation bytes per rank (auto: at least its memory limit)."""
+def stage_memories(cfg, specs) -> list:
+    """model/memory.py's StageMemory of every model stage under cfg."""
     tp, batch, dtype = cfg.parallel.tp, cfg.train.micro_batch_size, cfg.train.dtype
-    memory = [stage_memory(cfg.model, spec, batch, dtype, choice, tp)
-              for spec, choice in zip(specs, cfg.recompute)]
+    return [stage_memory(cfg.model, spec, batch, dtype, choice, tp)
+            for spec, choice in zip(specs, cfg.recompute)]
+
+
+def simulated_peaks(cfg, schedule, specs) -> tuple[float, ...]:
+    """Per rank, the simulator's peak activation bytes for `schedule` with the analytic
+    M_B, M_W and recompute fractions of every stage."""
+    memory = stage_memories(cfg, specs)
     costs = Costs(memory=[float(m.full) for m in memory],
                   memw=[float(m.after_b) for m in memory],
                   recompute=[Recompute(f"keep {m.keep:.3f}", keep=m.keep) for m in memory])
-    peaks = list(peak_activations(schedule, costs))
+    return peak_activations(schedule, costs)
+
+
+def activation_peaks(cfg, schedule, specs) -> list[float]:
+    """The planned peak activation bytes per rank (auto: at least its memory limit)."""
+    peaks = list(simulated_peaks(cfg, schedule, specs))
+    memory = stage_memories(cfg, specs)
     if cfg.parallel.schedule == "auto":
         limit, in_bytes = memory_limit(cfg)
         for rank in range(len(peaks)):

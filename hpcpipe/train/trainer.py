@@ -38,6 +38,7 @@ from hpcpipe.runs.record import RunRecord
 from hpcpipe.runs.report import end_of_run
 from hpcpipe.runs.rundir import RunDir
 from hpcpipe.schedules import Costs, simulate
+from hpcpipe.train import memplan
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import Preempted, PreemptionWatch
 from hpcpipe.train.rank import Rank

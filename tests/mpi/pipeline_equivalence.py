@@ -28,6 +28,7 @@ from hpcpipe.model import GPT
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate, peak_activations
 from hpcpipe.schedules.recompute import Recompute
+from hpcpipe.train.memplan import simulated_peaks
 from hpcpipe.train.rank import Rank
 
 B = 2  # micro-batch size
@@ -173,6 +174,13 @@ def check_one_step(comm, cfg, schedule) -> list[str]:
     if result.peak_bytes != expected:
         failures.append(f"{kind} m={m} rank {run.grid.pp_rank}: peak {result.peak_bytes} "
                         f"bytes, simulator says {expected} from M_B/M_W {measured}")
+    # The plan before launch (analytic bytes, no measurement): the same peak, to the token
+    # ids' few bytes per microbatch.
+    planned = simulated_peaks(cfg, schedule, run.model.specs)[run.grid.pp_rank]
+    if abs(result.peak_bytes - planned) > 0.01 * planned:
+        failures.append(f"{kind} m={m} rank {run.grid.pp_rank} recompute "
+                        f"{cfg.train.recompute}: peak {result.peak_bytes} bytes, the plan "
+                        f"says {planned}")
     if comm.rank != 0:
         return failures
     # (a) one process, same runtime, 1F1B: bitwise.

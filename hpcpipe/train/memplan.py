@@ -23,7 +23,7 @@ from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
 from hpcpipe.model import param_layout
 from hpcpipe.model.memory import stage_memory
 from hpcpipe.model.sharding import shard_of
-from hpcpipe.parallel.pipeline.partition import partition
+from hpcpipe.parallel.pipeline.partition import imbalance, partition
 from hpcpipe.parallel.pipeline.planning import build_schedule, memory_limit
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, peak_activations
 from hpcpipe.schedules.recompute import Recompute
@@ -147,6 +147,10 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int) -> str:
                  p.workspaces, p.total_bytes]
         lines.append(f"| {p.rank} | {','.join(map(str, p.stages))} | "
                      + " | ".join(_size(c) for c in cells) + " |")
+    specs = partition(cfg.model, cfg.parallel.pp * cfg.chunks,
+                      cfg.parallel.layers_per_stage or None)
+    lines.append(f"blocks per model stage {[len(s.layers) for s in specs]}: the slowest "
+                 f"stage {imbalance(cfg.model, specs):.1%} above the mean (analytic costs)")
     if have is None:
         lines.append("device memory: unknown here (checked again on each rank at launch)")
     else:

@@ -36,6 +36,7 @@ from hpcpipe.util.errors import HpcpipeError, every_rank_does
 from hpcpipe.util.files import claim_file
 
 from .common import schedule_label, write_json
+from .memory import memory_rows, print_memory
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
 
@@ -73,6 +74,9 @@ def add_parser(sub):
     pipe.add_argument("--synchronous", action="store_true",
                       help="without optimizer post-validation: every step ends in a "
                            "synchronisation (default: optimizer post-validation)")
+    pipe.add_argument("--memory", action="store_true",
+                      help="only the memory table: peak activations measured and planned per "
+                           "schedule and recompute choice (no timings: any ranks per core)")
     pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     pipe.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     pipe.set_defaults(func=run_pipeline)
@@ -271,6 +275,16 @@ def run_pipeline(args) -> int:
     data = [(be.from_host(tokens[i * B:(i + 1) * B, :-1].copy()),
              be.from_host(tokens[i * B:(i + 1) * B, 1:].copy())) for i in range(m)]
     inputs = data.__getitem__
+    if args.memory:
+        rows = memory_rows(kinds, cfg, grid, be, world, inputs, log)
+        if world.rank == 0:
+            print_memory(rows)
+            if args.json:
+                shape = {"pp": pp, "microbatches": m, "micro_batch_size": B, "block": T,
+                         "n_embd": C, "layers": args.layers, "heads": args.heads}
+                result = {"suite": "pipeline-memory", **shape, "rows": rows}
+                print(f"\nwrote {write_json(args.json, result)}")
+        return 0
     costs = measure_costs(cfg, grid, be, world, inputs, (B, T, C))
     log("measured per stage (ms): F " + "/".join(f"{x * 1e3:.2f}" for x in costs.f)
         + "  B " + "/".join(f"{x * 1e3:.2f}" for x in costs.b)

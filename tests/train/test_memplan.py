@@ -80,3 +80,16 @@ def test_a_run_that_cannot_fit_is_refused_with_a_change(tmp_path):
     record = json.loads((tmp_path / "plan.json").read_text())
     assert [r["rank"] for r in record["ranks"]] == [0, 1]
     assert all(r["total_bytes"] >= r["peak_activation_bytes"] > 0 for r in record["ranks"])
+
+
+def test_the_pareto_front_trades_bubble_for_memory():
+    """bench pipeline --memory's front on the tiny model's analytic costs: more memory never
+    costs bubble, and below 1F1B's peak only recomputation fits."""
+    from hpcpipe.bench.memory import pareto_front
+
+    cfg = tiny('parallel.schedule="1f1b"')
+    points = pareto_front(cfg, 2, 4)
+    by_limit = sorted(points, key=lambda p: p["limit_vs_1f1b"])
+    bubbles = [p["bubble_rate"] for p in by_limit]
+    assert bubbles == sorted(bubbles, reverse=True) and bubbles[-1] < 0.01
+    assert all(p["recompute"] != "none" for p in by_limit if p["limit_vs_1f1b"] < 1)

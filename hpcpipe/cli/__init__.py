@@ -1,6 +1,7 @@
 """The command line: `python -m hpcpipe ...` (`main`), how every command ends — one error
 line from one rank, the whole job together (`guard`) —, and the commands that are not a
-subsystem's own: `ckpt`, `generate`, `doctor` (`train` is the trainer's, `schedule` the
+subsystem's own: `ckpt`, `generate`, `doctor`, `plan` (the memory plan, also `train
+--dry-run`) (`train` is the trainer's, `schedule` the
 schedules', `bench` the benchmarks', `plot` the run directory's).
 
 May import: anything in hpcpipe but `bench`.

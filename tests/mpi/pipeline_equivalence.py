@@ -160,13 +160,12 @@ def check_one_step(comm, cfg, schedule) -> list[str]:
                         f"{predicted}")
     # In bytes, with two levels: each stage's measured M_B (after F) and M_W (after B) in
     # the simulator give the peak the runtime measured.
-    measured, rebuilt = {}, {}
-    for part, again in run.grid.pipe.allgather((result.stage_bytes, result.rebuilt_bytes)):
+    measured = {}
+    for part in run.grid.pipe.allgather(result.stage_bytes):
         measured.update(part)
-        rebuilt.update(again)
     stages = range(schedule.num_stages)
     # A stage that recomputes holds keep·M_B after F and M_B again while its B runs.
-    full = [float(rebuilt.get(s, measured[s][0])) for s in stages]
+    full = [float(measured[s][2] or measured[s][0]) for s in stages]
     costs = Costs(memory=full, memw=[float(measured[s][1]) for s in stages],
                   recompute=[Recompute(f"s{s}", keep=measured[s][0] / full[s])
                              for s in stages])

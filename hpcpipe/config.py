@@ -68,7 +68,8 @@ class TrainSection:
     # What each stage keeps from F to B, rebuilt at the start of B (the bits never change):
     # "none"; "selective" (all but the attention matrices and the GELU's output);
     # "full" (only the stage's input). One for every stage, or one per model stage,
-    # "/"-separated: "full/selective/none/none" (pp × chunks of them).
+    # "/"-separated: "full/selective/none/none" (pp × chunks of them); or, with
+    # parallel.schedule = "auto", "auto": chosen per stage with the schedule once profiled.
     recompute: str = "none"
 
 
@@ -139,6 +140,8 @@ class Config:
     def recompute(self) -> tuple[str, ...]:
         """train.recompute per model stage (pp × chunks of them)."""
         choices = tuple(x.strip() for x in self.train.recompute.split("/"))
+        if choices == ("auto",):  # none until the auto schedule chooses
+            choices = ("none",)
         stages = self.parallel.pp * self.chunks
         return choices * stages if len(choices) == 1 else choices
 
@@ -385,9 +388,14 @@ def _check_layout(source, cfg: Config):
                  all(c >= 1 for c in counts) and sum(counts) == n_layer,
                  f"counts must be at least 1 and sum to model.n_layer = {n_layer}")
     choices = cfg.train.recompute.split("/")
+    if cfg.train.recompute.strip() == "auto":
+        _require(source, "train.recompute", cfg.train.recompute, parallel.schedule == "auto",
+                 'is chosen with the schedule: "auto" needs parallel.schedule = "auto"; '
+                 f"otherwise allowed: {', '.join(RECOMPUTE)}")
+        choices = ["none"]
     _require(source, "train.recompute", cfg.train.recompute,
              all(x.strip() in RECOMPUTE for x in choices) and len(choices) in (1, stages),
-             f"allowed: {', '.join(RECOMPUTE)}, for every stage or one per model stage "
+             f"allowed: {', '.join(RECOMPUTE)} (or auto), for every stage or one per model stage "
              f"('/'-separated, {stages} = pp × chunks of them)")
     if parallel.sequence_parallel and parallel.tp > 1:
         _require(source, "model.block_size", cfg.model.block_size,

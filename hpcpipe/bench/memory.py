@@ -68,21 +68,13 @@ def pareto_front(cfg, pp: int, m: int) -> list[dict]:
     from hpcpipe.parallel.pipeline.partition import partition, stage_costs
     from hpcpipe.schedules import Costs
     from hpcpipe.schedules.auto import explore
-    from hpcpipe.schedules.recompute import Recompute
 
     specs = partition(cfg.model, pp)
     emb, block, head = stage_costs(cfg.model)
     work = [(len(s.layers) * block + (emb if s.embedding_part else 0)
              + (head if s.head_part else 0)) / 3 / block for s in specs]
     none = memplan.stage_memories(cfg, specs)
-    T, C = cfg.model.block_size, cfg.model.n_embd
-    core = 4 * T * C / (24 * C * C + 4 * T * C)
-    choices = []
-    for name, time in (("selective", core), ("full", 1.0)):
-        kept = memplan.stage_memories(replace(cfg, train=replace(cfg.train, recompute=name)),
-                                      specs)
-        keep = max(k.kept / k.full for k in kept)  # one choice for every stage: the largest
-        choices.append(Recompute(name, keep=keep, time=time))
+    choices = memplan.recompute_choices(cfg, specs)
     costs = Costs(f=work, b=work, w=work, memory=[float(x.full) for x in none],
                   memw=[float(x.after_b) for x in none])
     one_f_one_b = max(peak_activations(generate("1f1b", pp, m), costs))

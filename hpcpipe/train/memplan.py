@@ -85,6 +85,33 @@ def simulated_peaks(cfg, schedule, specs) -> tuple[float, ...]:
     return peak_activations(schedule, costs)
 
 
+def recompute_choices(cfg, specs) -> tuple[Recompute, ...]:
+    """selective and full as the cost model's choices for this model: keep from the
+    analytic bytes (the largest share over the stages), time the share of F each re-runs
+    (the attention core's 4·T·C of a block's 24·C² + 4·T·C flops, or all of F)."""
+    T, C = cfg.model.block_size, cfg.model.n_embd
+    core = 4 * T * C / (24 * C * C + 4 * T * C)
+    choices = []
+    for name, time in (("selective", core), ("full", 1.0)):
+        kept = stage_memories(replace(cfg, train=replace(cfg.train, recompute=name)), specs)
+        choices.append(Recompute(name, keep=max(k.keep for k in kept), time=time))
+    return tuple(choices)
+
+
+def auto_recompute(cfg, costs: Costs, specs):
+    """train.recompute = "auto": auto's schedule and recomputation per stage chosen
+    together from the measured `costs` under parallel.memory_limit (schedules' explore);
+    (schedule, the costs with the plan, the choice per model stage)."""
+    from hpcpipe.schedules.auto import explore
+
+    p = cfg.parallel
+    found = explore(p.pp, p.microbatches, costs, memory_limit(cfg)[0], objective="makespan",
+                    chunks=cfg.chunks, recompute=recompute_choices(cfg, specs))
+    plan = found.costs.recompute_per_stage(len(specs))
+    return found.schedule, found.costs, tuple(c.name if c.recomputes else "none"
+                                              for c in plan)
+
+
 def activation_peaks(cfg, schedule, specs) -> list[float]:
     """The planned peak activation bytes per rank (auto: at least its memory limit)."""
     peaks = list(simulated_peaks(cfg, schedule, specs))

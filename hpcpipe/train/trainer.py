@@ -247,7 +247,12 @@ class Trainer:
         costs = self.comm.bcast(profiled_costs(self.trace, self.rank.model, self.grid, steps,
                                                self.comm_s, self.stage_bytes,
                                                memory_limit(self.cfg)[1]), root=0)
-        auto = build_schedule(self.cfg, costs)
+        if self.cfg.train.recompute == "auto":  # the schedule and recomputation together
+            auto, costs, plan = memplan.auto_recompute(self.cfg, costs, self.rank.model.specs)
+            self.rank.model.use_recompute(plan)
+            self.log(f"auto recompute per model stage: {'/'.join(plan)}")
+        else:
+            auto = build_schedule(self.cfg, costs)
         self.rank.use_schedule(auto)
         sim = simulate(auto, costs)
         self.metrics.predicted_s = sim.makespan  # a step lasts about the makespan

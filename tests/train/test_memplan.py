@@ -93,3 +93,50 @@ def test_the_pareto_front_trades_bubble_for_memory():
     bubbles = [p["bubble_rate"] for p in by_limit]
     assert bubbles == sorted(bubbles, reverse=True) and bubbles[-1] < 0.01
     assert all(p["recompute"] != "none" for p in by_limit if p["limit_vs_1f1b"] < 1)
+
+
+@pytest.mark.device
+def test_auto_chooses_recomputation_with_its_schedule(tmp_path, stdlib_tokens):
+    """train.recompute = "auto" under a limit below 1F1B's memory (one chunk per rank):
+    auto's search places recomputation on the first stage once costs are measured."""
+    small = ["model.n_embd=32", "model.n_head=2", "model.block_size=32",
+             "train.micro_batch_size=2", "parallel.pp=2", "parallel.microbatches=4"]
+    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+                str(tmp_path / "run"), *sets(*small, *devices.train_sets()[1::2],
+                                             'parallel.schedule="auto"', "train.steps=4",
+                                             "parallel.profile_steps=2", "train.trace_steps=0",
+                                             "train.eval_batches=1",
+                                             'train.recompute="auto"',
+                                             'parallel.memory_limit="0.4MiB"',
+                                             f'data.path="{stdlib_tokens}"')], n=2)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if "auto recompute per model stage" in x)
+    assert all(c in ("none", "selective", "full") for c in line.split(": ")[-1].split("/"))
+
+
+def test_auto_recompute_is_never_worse_and_fits():
+    """Equal costs, a byte limit of 0.8 × 1F1B's peak: the plan it returns fits the limit
+    and simulates no slower than auto without recomputation."""
+    from hpcpipe.parallel.pipeline.partition import partition
+    from hpcpipe.schedules import Costs, generate, peak_activations, simulate
+
+    cfg = tiny('parallel.schedule="auto"')
+    specs = partition(cfg.model, 2)
+    memory = memplan.stage_memories(cfg, specs)
+    costs = Costs(f=1.0, b=1.0, w=1.0, memory=[float(m.full) for m in memory],
+                  memw=[float(m.after_b) for m in memory])
+    limit = int(0.8 * max(peak_activations(generate("1f1b", 2, 4), costs)))
+    cfg = tiny('parallel.schedule="auto"', 'train.recompute="auto"',
+               f'parallel.memory_limit="{limit}B"')
+    schedule, planned, plan = memplan.auto_recompute(cfg, costs, specs)
+    assert all(c in ("none", "selective", "full") for c in plan) and len(plan) == 2
+    assert max(peak_activations(schedule, planned)) <= limit
+    plain = generate("auto", 2, 4, costs=costs, memory_limit=limit, objective="makespan")
+    assert simulate(schedule, planned).makespan <= simulate(plain, costs).makespan + 1e-9
+
+
+def test_auto_recompute_needs_the_auto_schedule():
+    with pytest.raises(config.ConfigError, match='needs parallel.schedule = "auto"'):
+        tiny('parallel.schedule="1f1b"', 'train.recompute="auto"')
+    with pytest.raises(config.ConfigError, match="train.recompute"):
+        tiny('train.recompute="sometimes"')

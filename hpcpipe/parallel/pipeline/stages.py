@@ -69,6 +69,13 @@ class RankModel:
                     total += int(view.size)
         return total
 
+    def use_recompute(self, plan):
+        """Recompute `plan[stage]` on each model stage from the next step on (between steps
+        no stash is held, so nothing built under the old choice is left)."""
+        for chunk, stage in self.stages.items():
+            assert not stage.in_flight, "recomputation changes only between steps"
+            stage.recompute = plan[self.stage_index[chunk]]
+
     def zero_grad(self):
         for stage in self.stages.values():
             stage.zero_grad()

@@ -129,7 +129,8 @@ class Stage:
             entry = {"caches": caches, "d": {}, "loss_scale": loss_scale}
             if self.recompute == "full":  # a copy: a received input is reused after F
                 entry["caches"] = None
-                entry["replay"] = (inp.copy(), None if targets is None else targets.copy())
+                kept = targets.copy() if targets is not None and self.head_part else None
+                entry["replay"] = (inp.copy(), kept)  # (only the head's loss reads targets)
             self._stash[mb] = entry
         return x
 

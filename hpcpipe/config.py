@@ -145,6 +145,17 @@ class Config:
         stages = self.parallel.pp * self.chunks
         return choices * stages if len(choices) == 1 else choices
 
+    def recompute_for(self, stages: int) -> tuple[str, ...]:
+        """train.recompute for a schedule of `stages` model stages (a benchmark may run a
+        schedule with chunks of its own): one choice spreads over any number."""
+        choices = self.recompute
+        if len(choices) == stages:
+            return choices
+        if len(set(choices)) == 1:
+            return choices[:1] * stages
+        raise ConfigError(self.source, "train.recompute", self.train.recompute,
+                          f"gives {len(choices)} choices for {stages} model stages")
+
     @property
     def tokens_per_step(self) -> int:
         p, t = self.parallel, self.train

@@ -11,7 +11,8 @@ compare). Per block, with N = B·T tokens, s the storage itemsize and w the comp
             (N, 3C)·w, the matrix (B, NH, T, T)·w, c_proj's input (N, C)·s      MLP: its
             input (N, C)·s, GELU's derivative and output (N, 4C)·s each
     B → W   the GEMMs' inputs (C, C, C, 4C)·N·s and output gradients (dqkv 3C, dx₁ C,
-            dout C, dh 4C)·N·s, the LayerNorms' four weight-gradient vectors (C)·w
+            dout C, dh 4C)·N·s (the LayerNorms' weight gradients, 4·C a block, taken in B
+            and held as a pair, are not counted: nor does the stash's measure)
 
 `selective` keeps GELU's input (N, 4C)·s instead of its derivative and output and drops the
 attention matrix; `full` keeps the stage's input only. Either rebuilds, at the start of B,
@@ -59,7 +60,7 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = 
         + N * C * s // tp
     mlp = N * C * s + 8 * N * C * s // tp
     block = norms + attention + mlp
-    block_w = 4 * N * C * s + 12 * N * C * s // tp + 4 * C * w  # (dout, dx₁ whole)
+    block_w = 4 * N * C * s + 12 * N * C * s // tp  # (dout, dx₁ whole)
     full = layers * block
     after_b = layers * block_w
     if spec.embedding_part:
@@ -67,7 +68,6 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = 
         after_b += N * TOKEN_BYTES + N * C * s  # the ids, and d(embedding output)
     if spec.head_part:
         full += N * C * s + N * w + N * C * s + N * (V // tp) * w + N * TOKEN_BYTES
-        after_b += 2 * C * w  # ln_f's weight gradients (the head's own W ran in B)
     if recompute == "none":
         kept = full
     elif recompute == "selective":

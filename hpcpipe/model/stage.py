@@ -98,8 +98,8 @@ class Stage:
         sizes = {}
 
         def walk(obj):
-            if isinstance(obj, (dict, tuple)):
-                for value in (obj.values() if isinstance(obj, dict) else obj):
+            if isinstance(obj, dict):
+                for value in obj.values():
                     walk(value)
             elif hasattr(obj, "nbytes") and hasattr(obj, "shape"):
                 key, nbytes = be.allocation(obj)
@@ -130,7 +130,8 @@ class Stage:
             if self.recompute == "full":  # a copy: a received input is reused after F
                 entry["caches"] = None
                 kept = targets.copy() if targets is not None and self.head_part else None
-                entry["replay"] = (inp.copy(), kept)  # (only the head's loss reads targets)
+                # (only the head's loss reads targets)
+                entry["replay"] = {"input": inp.copy(), "targets": kept}
             self._stash[mb] = entry
         return x
 
@@ -145,7 +146,8 @@ class Stage:
             return False
         entry["rebuilt"] = True
         if self.recompute == "full":
-            inp, targets = entry.pop("replay")
+            replay = entry.pop("replay")
+            inp, targets = replay["input"], replay["targets"]
             entry["caches"] = self._forward(inp, targets, True, False)[1]
         else:
             for layer in self.layers:

@@ -72,7 +72,7 @@ def stage_memories(cfg, specs) -> list:
     """model/memory.py's StageMemory of every model stage under cfg."""
     tp, batch, dtype = cfg.parallel.tp, cfg.train.micro_batch_size, cfg.train.dtype
     return [stage_memory(cfg.model, spec, batch, dtype, choice, tp)
-            for spec, choice in zip(specs, cfg.recompute)]
+            for spec, choice in zip(specs, cfg.recompute_for(len(specs)), strict=True)]
 
 
 def simulated_peaks(cfg, schedule, specs) -> tuple[float, ...]:

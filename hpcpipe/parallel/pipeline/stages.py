@@ -29,7 +29,7 @@ class RankModel:
                                cfg.parallel.layers_per_stage or None)
         self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]
                             for chunk in range(schedule.chunks)}
-        recompute = cfg.recompute  # per model stage
+        recompute = cfg.recompute_for(schedule.num_stages)  # per model stage
         self.stages = {chunk: self.specs[index].build(self.config, dtype=train.dtype,
                                                       seed=train.seed, be=backend, tp=self.tp,
                                                       recompute=recompute[index])

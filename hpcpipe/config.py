@@ -25,6 +25,7 @@ from hpcpipe.device.backend import DEVICES
 from hpcpipe.device.dtypes import DTYPES
 from hpcpipe.model import GPTConfig
 from hpcpipe.model.sharding import check_divisible
+from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.parallel.gradsync import COMM_DTYPES
 from hpcpipe.parallel.grid import RANK_ORDERS
 from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_OPTIMIZERS
@@ -88,6 +89,13 @@ class TrainSection:
     # -- logging (issue 27) ----------------------------------------------------------------
     # TensorBoard event files under RUN_DIR/tensorboard/ (needs tensorboardX or PyTorch)
     tensorboard: bool = False
+    # -- activation recomputation (issue 26) ---------------------------------------------
+    # What each stage keeps from F to B, rebuilt at the start of B (the bits never change):
+    # "none"; "selective" (all but the attention matrices and the GELU's output);
+    # "full" (only the stage's input). One for every stage, or one per model stage,
+    # "/"-separated: "full/selective/none/none" (pp × chunks of them); or, with
+    # parallel.schedule = "auto", "auto": chosen per stage with the schedule once profiled.
+    recompute: str = "none"
 
 
 @dataclass(frozen=True)
@@ -170,6 +178,26 @@ class Config:
         if p.chunks:
             return p.chunks
         return 2 if p.schedule == "interleaved-1f1b" or p.schedule in V_KINDS else 1
+
+    @property
+    def recompute(self) -> tuple[str, ...]:
+        """train.recompute per model stage (pp × chunks of them)."""
+        choices = tuple(x.strip() for x in self.train.recompute.split("/"))
+        if choices == ("auto",):  # none until the auto schedule chooses
+            choices = ("none",)
+        stages = self.parallel.pp * self.chunks
+        return choices * stages if len(choices) == 1 else choices
+
+    def recompute_for(self, stages: int) -> tuple[str, ...]:
+        """train.recompute for a schedule of `stages` model stages (a benchmark may run a
+        schedule with chunks of its own): one choice spreads over any number."""
+        choices = self.recompute
+        if len(choices) == stages:
+            return choices
+        if len(set(choices)) == 1:
+            return choices[:1] * stages
+        raise ConfigError(self.source, "train.recompute", self.train.recompute,
+                          f"gives {len(choices)} choices for {stages} model stages")
 
     @property
     def tokens_per_step(self) -> int:
@@ -454,6 +482,16 @@ def _check_layout(source, cfg: Config):
         _require(source, "parallel.layers_per_stage", counts,
                  all(c >= 1 for c in counts) and sum(counts) == n_layer,
                  f"counts must be at least 1 and sum to model.n_layer = {n_layer}")
+    choices = cfg.train.recompute.split("/")
+    if cfg.train.recompute.strip() == "auto":
+        _require(source, "train.recompute", cfg.train.recompute, parallel.schedule == "auto",
+                 'is chosen with the schedule: "auto" needs parallel.schedule = "auto"; '
+                 f"otherwise allowed: {', '.join(RECOMPUTE)}")
+        choices = ["none"]
+    _require(source, "train.recompute", cfg.train.recompute,
+             all(x.strip() in RECOMPUTE for x in choices) and len(choices) in (1, stages),
+             f"allowed: {', '.join(RECOMPUTE)} (or auto), for every stage or one per model stage "
+             f"('/'-separated, {stages} = pp × chunks of them)")
     if parallel.sequence_parallel and parallel.tp > 1:
         _require(source, "model.block_size", cfg.model.block_size,
                  cfg.model.block_size % parallel.tp == 0,

@@ -36,6 +36,7 @@ from hpcpipe.util.errors import HpcpipeError, every_rank_does
 from hpcpipe.util.files import claim_file
 
 from .common import schedule_label, write_json
+from .memory import memory_rows, pareto_front, plot_front, print_front, print_memory
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
 
@@ -76,6 +77,12 @@ def add_parser(sub):
     pipe.add_argument("--grad-clip", type=number(0, 1e9), default=0.0,
                       help="clip gradients to this norm (default 0: off); the results count "
                            "the optimistic updates post-validation redid")
+    pipe.add_argument("--memory", action="store_true",
+                      help="only the memory table: peak activations measured and planned per "
+                           "schedule and recompute choice (no timings: any ranks per core)")
+    pipe.add_argument("--pareto", metavar="PNG",
+                      help="with --memory: also plot auto's bubble against peak memory "
+                           "(recomputation a choice) on the model's analytic costs")
     pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     pipe.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     pipe.set_defaults(func=run_pipeline)
@@ -245,6 +252,27 @@ def print_rows(rows):
               f"({row['peak_activations']:.2f} mb) | {row['vs_1f1b']:.3f}× |")
 
 
+def memory_suite(args, kinds, cfg, grid, be, world, inputs, log) -> int:
+    """`--memory`: peak activations measured and planned per schedule and recompute
+    choice, and auto's Pareto front; no timings."""
+    pp, m = world.size, args.microbatches
+    B, T, C = args.micro_batch_size, args.block, args.embd
+    rows = memory_rows(kinds, cfg, grid, be, world, inputs, log)
+    front = pareto_front(cfg, pp, m)
+    if world.rank == 0:
+        print_memory(rows)
+        print_front(front)
+        if args.pareto:
+            plot_front({f"{args.layers} layers, n_embd {C}, pp {pp}": front}, args.pareto)
+        if args.json:
+            shape = {"pp": pp, "microbatches": m, "micro_batch_size": B, "block": T,
+                     "n_embd": C, "layers": args.layers, "heads": args.heads}
+            result = {"suite": "pipeline-memory", **shape, "rows": rows,
+                      "pareto": front}
+            print(f"\nwrote {write_json(args.json, result)}")
+    return 0
+
+
 def run_pipeline(args) -> int:
     world = args.job.world()
     pp = world.size
@@ -282,6 +310,8 @@ def run_pipeline(args) -> int:
     data = [(be.from_host(tokens[i * B:(i + 1) * B, :-1].copy()),
              be.from_host(tokens[i * B:(i + 1) * B, 1:].copy())) for i in range(m)]
     inputs = data.__getitem__
+    if args.memory:
+        return memory_suite(args, kinds, cfg, grid, be, world, inputs, log)
     costs = measure_costs(cfg, grid, be, world, inputs, (B, T, C))
     log("measured per stage (ms): F " + "/".join(f"{x * 1e3:.2f}" for x in costs.f)
         + "  B " + "/".join(f"{x * 1e3:.2f}" for x in costs.b)

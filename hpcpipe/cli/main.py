@@ -65,6 +65,29 @@ does the same and exits with 130, a second one stops at once. `--resume` (or
 checkpoint.resume = "auto") continues, bitwise as if never stopped."""
 
 
+def register_commands(sub, train):
+    """Every command that is another subsystem's own: each registers its parser. Imported
+    here, when the parser is built, so `python -m hpcpipe schedule ...` never loads the
+    numerical stack."""
+    from hpcpipe.bench import register as register_bench
+    from hpcpipe.cli.ckpt import register as register_ckpt
+    from hpcpipe.cli.config_reference import register as register_config
+    from hpcpipe.cli.doctor import register as register_doctor
+    from hpcpipe.cli.generate import register as register_generate
+    from hpcpipe.cli.plan import register as register_plan
+    from hpcpipe.runs.plot import register as register_plot
+    from hpcpipe.schedules.cli import register as register_schedule
+
+    register_schedule(sub)
+    register_bench(sub)
+    register_ckpt(sub)
+    register_generate(sub)
+    register_plot(sub)
+    register_doctor(sub)
+    register_config(sub)
+    register_plan(sub, train)  # also train's --dry-run
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="python -m hpcpipe",
@@ -128,21 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--force", action="store_true", help="overwrite an existing file")
     prep.set_defaults(func=cmd_prepare)
 
-    from hpcpipe.bench import register as register_bench
-    from hpcpipe.cli.ckpt import register as register_ckpt
-    from hpcpipe.cli.config_reference import register as register_config
-    from hpcpipe.cli.doctor import register as register_doctor
-    from hpcpipe.cli.generate import register as register_generate
-    from hpcpipe.runs.plot import register as register_plot
-    from hpcpipe.schedules.cli import register as register_schedule
-
-    register_schedule(sub)
-    register_bench(sub)
-    register_ckpt(sub)
-    register_generate(sub)
-    register_plot(sub)
-    register_doctor(sub)
-    register_config(sub)
+    register_commands(sub, train)
     return parser
 
 
@@ -152,6 +161,12 @@ def cmd_train(args) -> int:
     from hpcpipe.train.trainer import Preempted, train
 
     comm = args.job.world()
+    if args.dry_run:  # every rank plans (the same numbers); one prints
+        from hpcpipe.cli.plan import run as run_plan
+
+        return run_plan(args.config, args.overrides, args.json if comm.rank == 0 else None,
+                        args.ranks_per_node or comm.size,
+                        out=print if comm.rank == 0 else (lambda text: None))
     # Signals are honoured from here on: one that arrives while the config loads, the data
     # is prepared or the model is built stops the run at its first agreement point.
     watch = PreemptionWatch(comm)

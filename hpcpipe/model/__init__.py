@@ -4,8 +4,9 @@ Owns: the parameter layout under GPT-2's names and its flat buffers (`layout`), 
 hand-written layers with their F, B and W (`layers/`), a stage — a contiguous slice of
 the model with its per-microbatch stash (`stage`) —, the whole model on one process
 (`gpt`, the public API), which part of a tensor a tensor-parallel shard holds
-(`sharding`), incremental decoding (`kvcache`) and sampling with it (`sampler`), and the
-FLOPs of a step (`flops`).
+(`sharding`), incremental decoding (`kvcache`) and sampling with it (`sampler`), the
+FLOPs of a step (`flops`) and the activation bytes a stage holds per microbatch, with
+recomputation (`memory`).
 
 May import: `device`, `util`. Never MPI or `parallel`: a layer that needs a collective
 (tensor parallelism's sums, the sharded loss's max) calls the object it is given.

@@ -28,6 +28,12 @@ from hpcpipe.model.layout import (
 )
 from hpcpipe.model.sharding import shard_of
 
+# What a stage keeps from F to B (schedules/recompute.py models each in bytes and time):
+# "none" every cache; "selective" all but the attention matrices and the GELU's output and
+# derivative (its input instead), rebuilt at the start of B; "full" only the stage's input
+# (and targets), F replayed at the start of B.
+RECOMPUTE = ("none", "selective", "full")
+
 
 class Stage:
     """A contiguous slice of the GPT with F, B and W passes per microbatch.
@@ -36,12 +42,16 @@ class Stage:
     starts with the embedding / ends with ln_f, the tied head and the loss. be: the
     Backend it allocates and computes on (a one-thread CPU backend when not given). tp:
     this stage's tensor-parallel shards (tensor_parallel.TensorParallel): the stage then
-    holds its shard of every split tensor, under the tensor's GPT-2 name.
+    holds its shard of every split tensor, under the tensor's GPT-2 name. recompute: what
+    the stash keeps from F to B (RECOMPUTE); the numbers are the same bits whichever.
     """
 
     def __init__(self, cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
-                 dtype="float32", seed=0, be=None, tp=None):
+                 dtype="float32", seed=0, be=None, tp=None, recompute="none"):
+        if recompute not in RECOMPUTE:
+            raise ValueError(f"recompute {recompute!r}: allowed {', '.join(RECOMPUTE)}")
         self.cfg = cfg
+        self.recompute = recompute
         self.layers = list(range(cfg.n_layer) if layers is None else layers)
         self.embedding_part = embedding_part
         self.head_part = head_part
@@ -134,7 +144,43 @@ class Stage:
         """F: token ids (first stage) or activations (B, T, C) in; activations out, or the
         loss (a 0-d array) on the stage with the head — its logits (B, T, V) when no
         targets are given (generation; with keep=False only). keep=False evaluates
-        without stashing anything (validation)."""
+        without stashing anything (validation). What the stash keeps follows
+        `self.recompute` (RECOMPUTE)."""
+        selective = keep and self.recompute == "selective"
+        x, caches = self._forward(inp, targets, keep, selective)
+        if keep:
+            if mb in self._stash:
+                raise RuntimeError(f"microbatch {mb} already has a forward in flight")
+            entry = {"caches": caches, "d": {}, "loss_scale": loss_scale}
+            if self.recompute == "full":  # a copy: a received input is reused after F
+                entry["caches"] = None
+                kept = targets.copy() if targets is not None and self.head_part else None
+                # (only the head's loss reads targets)
+                entry["replay"] = {"input": inp.copy(), "targets": kept}
+            self._stash[mb] = entry
+        return x
+
+    def rebuild(self, mb: int) -> bool:
+        """Start of B under recomputation: what F dropped for microbatch `mb`, rebuilt by
+        replaying F's own operations on the same inputs (bit for bit F's); held through
+        B, and what W needs of it (M_W) until W, as the cost model (schedules/recompute.py)
+        assumes. B calls it; the runtime calls it first to measure M_B while B runs.
+        Whether anything was rebuilt (once per microbatch)."""
+        entry = self._stash[mb]
+        if self.recompute == "none" or entry.get("rebuilt"):
+            return False
+        entry["rebuilt"] = True
+        if self.recompute == "full":
+            replay = entry.pop("replay")
+            inp, targets = replay["input"], replay["targets"]
+            entry["caches"] = self._forward(inp, targets, True, False)[1]
+        else:
+            for layer in self.layers:
+                block.rebuild(entry["caches"][layer])
+        return True
+
+    def _forward(self, inp, targets, keep: bool, selective: bool):
+        """(output, caches) of F: the stage's layers in order."""
         cfg, P, be, tp = self.cfg, self.params, self.be, self.tp
         caches = {}
         x = inp
@@ -144,24 +190,22 @@ class Stage:
                 raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
             x, caches["embedding"] = embedding.forward(inp, P, be, tp)
         for layer in self.layers:
-            x, caches[layer] = block.forward(x, scope(P, f"h.{layer}."), cfg.n_head, be, tp)
+            x, caches[layer] = block.forward(x, scope(P, f"h.{layer}."), cfg.n_head, be, tp,
+                                             selective)
         if self.head_part:
             x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."), be, tp)
             logits, caches["head"] = head.forward(x, P, be, tp, padding_mask(cfg))
             if targets is None and not keep:
-                return logits  # (under tensor parallelism: this shard's columns)
+                return logits, None  # (under tensor parallelism: this shard's columns)
             if self.dtype.itemsize < 4:  # 16-bit compute: softmax and loss in float32
                 logits = logits.astype(np.float32)
             x, caches["loss"] = loss.forward(logits, targets, be, tp)
-        if keep:
-            if mb in self._stash:
-                raise RuntimeError(f"microbatch {mb} already has a forward in flight")
-            self._stash[mb] = {"caches": caches, "d": {}, "loss_scale": loss_scale}
-        return x
+        return x, caches
 
     def backward_input(self, mb: int, dy=None):
         """B: gradient of the stage output in (None on the stage with the loss), gradient of
         the stage input out (None on the first stage: token ids have none)."""
+        self.rebuild(mb)
         entry = self._stash[mb]
         caches, d = entry["caches"], entry["d"]
         if self.head_part:
@@ -226,9 +270,11 @@ class StageSpec:
     embedding_part: bool
     head_part: bool
 
-    def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None, tp=None) -> Stage:
+    def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None, tp=None,
+              recompute="none") -> Stage:
         return Stage(cfg, layers=self.layers, embedding_part=self.embedding_part,
-                     head_part=self.head_part, dtype=dtype, seed=seed, be=be, tp=tp)
+                     head_part=self.head_part, dtype=dtype, seed=seed, be=be, tp=tp,
+                     recompute=recompute)
 
     def describe(self) -> str:
         parts = (["embedding"] if self.embedding_part else []) + (

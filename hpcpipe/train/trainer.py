@@ -21,7 +21,6 @@ from hpcpipe import __version__
 from hpcpipe.config import Config, for_world
 from hpcpipe.data.checks import fingerprint_of, open_tokens
 from hpcpipe.device import backend
-from hpcpipe.device.budget import check_run
 from hpcpipe.device.memory import MemoryGauge
 from hpcpipe.model.flops import device_peak, flops_per_token, peak_source
 from hpcpipe.optim.adamw import learning_rate
@@ -42,6 +41,7 @@ from hpcpipe.runs.report import end_of_run
 from hpcpipe.runs.rundir import RunDir
 from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
+from hpcpipe.train import memplan
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
@@ -115,7 +115,8 @@ class Trainer:
                                  gpu_sharing=train.gpu_sharing, threads=threads)
         self.be.limit_memory(train.device_memory)
         # Everything that can refuse the run is checked before anything big is allocated.
-        every_rank_does(comm, lambda: check_run(cfg, self.be, self.grid.local_size))
+        # The memory plan (the schedule's simulated peak, recomputation included) decides.
+        every_rank_does(comm, lambda: memplan.check(cfg, self.be, self.grid.local_size))
         schedule = build_schedule(cfg)
         if parallel.schedule == "auto":
             build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
@@ -241,7 +242,12 @@ class Trainer:
         costs = self.comm.bcast(profiled_costs(self.trace, self.rank.model, self.grid, steps,
                                                self.comm_s, self.stage_bytes,
                                                memory_limit(self.cfg)[1]), root=0)
-        auto = build_schedule(self.cfg, costs)
+        if self.cfg.train.recompute == "auto":  # the schedule and recomputation together
+            auto, costs, plan = memplan.auto_recompute(self.cfg, costs, self.rank.model.specs)
+            self.rank.model.use_recompute(plan)
+            self.log(f"auto recompute per model stage: {'/'.join(plan)}")
+        else:
+            auto = build_schedule(self.cfg, costs)
         self.rank.use_schedule(auto)
         sim = simulate(auto, costs)
         self.metrics.predicted_s = sim.makespan  # a step lasts about the makespan

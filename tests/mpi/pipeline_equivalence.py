@@ -27,16 +27,19 @@ from hpcpipe import config
 from hpcpipe.model import GPT
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate, peak_activations
+from hpcpipe.schedules.recompute import Recompute
+from hpcpipe.train.memplan import simulated_peaks
 from hpcpipe.train.rank import Rank
 
 B = 2  # micro-batch size
 
 
-def make_cfg(kind, pp, m, layers_per_stage, chunks=0):
+def make_cfg(kind, pp, m, layers_per_stage, chunks=0, recompute="none"):
     return config.from_dict({
         "model": {"n_layer": 8, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 19},
         "train": {"dtype": "float64", "micro_batch_size": B, "lr": 1e-2, "min_lr": 0.0,
-                  "grad_clip": 0.05, "weight_decay": 0.1, "seed": 5},
+                  "grad_clip": 0.05, "weight_decay": 0.1, "seed": 5,
+                  "recompute": recompute},
         "parallel": {"pp": pp, "microbatches": m, "schedule": kind, "chunks": chunks,
                      "layers_per_stage": layers_per_stage or []},
     }, source="equivalence test")
@@ -65,6 +68,16 @@ def schedule_for(kind, p, m, chunks=0):
 
 # Every kind with its own chunks, and auto in a V (parallel.chunks = 2).
 CASES = [(kind, 0) for kind in KINDS] + [("auto", 2)]
+# Recomputation must not change a bit: the cases take these in turn (each kind meets
+# several; "mixed" is one choice per model stage), against a reference without any.
+RECOMPUTE = ("none", "selective", "full", "mixed")
+
+
+def recompute_for(turn: int, stages: int) -> str:
+    choice = RECOMPUTE[turn % len(RECOMPUTE)]
+    if choice != "mixed":
+        return choice
+    return "/".join(("full", "selective", "none")[s % 3] for s in range(stages))
 
 
 class Run:
@@ -121,7 +134,8 @@ def check(comm) -> mpibody.Report:
                 schedule = schedule_for(kind, pp, m, chunks)
             except ScheduleError:
                 continue  # the family does not allow this m (e.g. interleaving needs m % p == 0)
-            cfg = make_cfg(kind, pp, m, uneven(schedule.num_stages), chunks)
+            recompute = recompute_for(checked, schedule.num_stages)
+            cfg = make_cfg(kind, pp, m, uneven(schedule.num_stages), chunks, recompute)
             failures += check_one_step(comm, cfg, schedule)
             checked += 1
             last = (cfg, schedule)
@@ -150,12 +164,22 @@ def check_one_step(comm, cfg, schedule) -> list[str]:
     for part in run.grid.pipe.allgather(result.stage_bytes):
         measured.update(part)
     stages = range(schedule.num_stages)
-    costs = Costs(memory=[float(measured[s][0]) for s in stages],
-                  memw=[float(measured[s][1]) for s in stages])
+    # A stage that recomputes holds keep·M_B after F and M_B again while its B runs.
+    full = [float(measured[s][2] or measured[s][0]) for s in stages]
+    costs = Costs(memory=full, memw=[float(measured[s][1]) for s in stages],
+                  recompute=[Recompute(f"s{s}", keep=measured[s][0] / full[s])
+                             for s in stages])
     expected = peak_activations(schedule, costs)[run.grid.pp_rank]
     if result.peak_bytes != expected:
         failures.append(f"{kind} m={m} rank {run.grid.pp_rank}: peak {result.peak_bytes} "
                         f"bytes, simulator says {expected} from M_B/M_W {measured}")
+    # The plan before launch (analytic bytes, no measurement): the same peak, to the token
+    # ids' few bytes per microbatch.
+    planned = simulated_peaks(cfg, schedule, run.model.specs)[run.grid.pp_rank]
+    if abs(result.peak_bytes - planned) > 0.01 * planned:
+        failures.append(f"{kind} m={m} rank {run.grid.pp_rank} recompute "
+                        f"{cfg.train.recompute}: peak {result.peak_bytes} bytes, the plan "
+                        f"says {planned}")
     if comm.rank != 0:
         return failures
     # (a) one process, same runtime, 1F1B: bitwise.
@@ -163,11 +187,13 @@ def check_one_step(comm, cfg, schedule) -> list[str]:
     ref_loss, ref_norm, _ = ref.step(idx, targets)
     ref_grads = ref.gathered("grads")
     if loss != ref_loss or norm != ref_norm:
-        failures.append(f"{kind} pp={pp} m={m}: loss/norm {loss!r}/{norm!r} differ "
+        failures.append(f"{kind} pp={pp} m={m} recompute {cfg.train.recompute}: loss/norm "
+                        f"{loss!r}/{norm!r} differ "
                         f"bitwise from one process {ref_loss!r}/{ref_norm!r}")
     for name, g in ref_grads.items():
         if not np.array_equal(grads[name], g):
-            failures.append(f"{kind} pp={pp} m={m}: d{name} not bitwise equal to "
+            failures.append(f"{kind} pp={pp} m={m} recompute {cfg.train.recompute}: d{name} "
+                            f"not bitwise equal to "
                             f"one process (max diff {np.abs(grads[name] - g).max():g})")
     # (b) the plain model on the whole batch: equal to float64 round-off.
     gpt = GPT(cfg.model, dtype="float64", seed=cfg.train.seed)
@@ -201,8 +227,11 @@ def check_optimizer_steps(comm, cfg, schedule) -> list[str]:
 
 
 def reference_cfg(cfg):
-    """cfg on one process: the same model, batch and training, with 1F1B."""
-    return config.from_dict({**_as_dict(cfg), "parallel": {
+    """cfg on one process: the same model, batch and training, with 1F1B and no
+    recomputation."""
+    plain = _as_dict(cfg)
+    plain["train"] = {**plain["train"], "recompute": "none"}
+    return config.from_dict({**plain, "parallel": {
         "pp": 1, "microbatches": cfg.parallel.microbatches, "schedule": "1f1b"}},
         source="reference")
 

@@ -131,10 +131,15 @@ def check_data_parallel(world, dtype, reference32, failures):
     runs["post-validation"] = train(world, make_cfg(dtype, 2, 2, "zb-h1",
                                                     train={"post_validation": True}),
                                     generate("zb-h1", 2, 2))
+    for choice in ("selective", "full/none"):  # recomputation: not a bit of difference
+        runs[f"recompute {choice}"] = train(world, make_cfg(dtype, 2, 2, "zb-h1",
+                                                            train={"recompute": choice}),
+                                            generate("zb-h1", 2, 2))
     if world.rank != 0:
         return
-    if not same(runs["zb-h1"], runs["1f1b"]):
-        failures.append(f"{dtype} dp 2 × pp 2: zb-h1 and 1f1b differ")
+    for label in ("1f1b", "recompute selective", "recompute full/none"):
+        if not same(runs["zb-h1"], runs[label]):
+            failures.append(f"{dtype} dp 2 × pp 2: zb-h1 and {label} differ")
     plain = runs["zb-h1"][0]
     for label, (losses, _) in runs.items():
         if max(abs(a - b) / b for a, b in zip(losses, plain)) > 0.01:

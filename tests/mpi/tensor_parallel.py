@@ -175,7 +175,7 @@ def check_sequence_parallel_block(comm, be, params, x, dy, failures):
 # -- layouts ----------------------------------------------------------------------------------
 
 def make_cfg(dp, pp, tp, kind, **extra):
-    train = {k: extra.pop(k) for k in ("post_validation", "dtype") if k in extra}
+    train = {k: extra.pop(k) for k in ("post_validation", "dtype", "recompute") if k in extra}
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": NH, "n_embd": C, "block_size": 8, "vocab_size": V},
         "train": {"dtype": "float64", "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
@@ -244,19 +244,27 @@ def check_layouts(world, failures, report):
         results = {kind: train(world, make_cfg(dp, pp, tp, kind)) for kind in kinds}
         extras = {"ZeRO-1": dict(zero=1), "ZeRO-2": dict(zero=2),
                   "post-validation": dict(post_validation=True),
-                  "sequence parallel": dict(sequence_parallel=True)}
+                  "sequence parallel": dict(sequence_parallel=True),
+                  # recomputation replays F's tensor-parallel sums in B: the same bits
+                  "selective recompute": dict(recompute="selective"),
+                  "full recompute": dict(recompute="full"),
+                  "sequence parallel, full recompute": dict(sequence_parallel=True,
+                                                            recompute="full")}
         for label, extra in extras.items():
             if dp > 1 or not label.startswith("ZeRO"):
                 results[label] = train(world, make_cfg(dp, pp, tp, "zb-h1", **extra))
         if world.rank != 0:
             continue
-        first = results[kinds[0]]
+        bitwise = {kind: kinds[0] for kind in kinds} | {
+            "selective recompute": kinds[0], "full recompute": kinds[0],
+            "sequence parallel, full recompute": "sequence parallel"}
         for label, result in results.items():
             compare(f"dp {dp} × pp {pp} × tp {tp} {label}", result, ref, failures)
-            if label in kinds and (result[0] != first[0] or any(
-                    not np.array_equal(result[1][k], first[1][k]) for k in first[1])):
+            first = results[bitwise.get(label, label)]
+            if result[0] != first[0] or any(
+                    not np.array_equal(result[1][k], first[1][k]) for k in first[1]):
                 failures.append(f"dp {dp} × pp {pp} × tp {tp}: {label} not bitwise "
-                                f"{kinds[0]}")
+                                f"{bitwise[label]}")
         report.append(f"dp {dp} × pp {pp} × tp {tp}: {', '.join(results)}")
 
 

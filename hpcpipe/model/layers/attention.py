@@ -79,6 +79,20 @@ def forward(x, params, n_head, be=None, tp=None):
     att = xp.empty((B, n_head, T, T), dtype=qkv.dtype)
     y = xp.empty((B, T, n_head, HS), dtype=qkv.dtype)  # heads side by side: (B, T, C)
     yh = y.transpose(0, 2, 1, 3)  # (B, NH, T, HS) view
+    _core(be, q, k, v, att, yh)
+    y = y.reshape(B, T, n_head * HS).astype(storage, copy=False)
+    out, c_proj = linear.forward(y, scope(params, "c_proj."), be, tp, "rows")
+    cache = {"c_attn": c_attn, "c_proj": c_proj, "q": q, "k": k, "v": v, "att": att,
+             "n_head": n_head, "scale": scale, "be": be}
+    return out, cache
+
+
+def _core(be, q, k, v, att, yh=None):
+    """att = softmax(q k^T + mask) into `att` (B, NH, T, T), tile by tile, and y = att v
+    into `yh` (B, NH, T, HS) unless None. The same operations on the same shapes whether
+    F runs it or B replays it for recomputation (`rebuild_core`), so the bits agree."""
+    xp = be.xp
+    B, NH, T, _ = q.shape
     tiles = _tiles(be, T)
 
     def sequences(g, slot):
@@ -92,14 +106,24 @@ def forward(x, params, n_head, be=None, tp=None):
             total = s.sum(axis=-1, keepdims=True)
             xp.reciprocal(total, out=total)
             s *= total
-            xp.matmul(s, v[g, :, :i1], out=yh[g, :, i0:i1])
+            if yh is not None:
+                xp.matmul(s, v[g, :, :i1], out=yh[g, :, i0:i1])
 
-    be.for_each(_groups(be, B, n_head, tiles, T, att.itemsize), sequences)
-    y = y.reshape(B, T, n_head * HS).astype(storage, copy=False)
-    out, c_proj = linear.forward(y, scope(params, "c_proj."), be, tp, "rows")
-    cache = {"c_attn": c_attn, "c_proj": c_proj, "q": q, "k": k, "v": v, "att": att,
-             "n_head": n_head, "scale": scale, "be": be}
-    return out, cache
+    be.for_each(_groups(be, B, NH, tiles, T, att.itemsize), sequences)
+
+
+def drop_core(cache):
+    """Selective recomputation: forget the attention matrix (B, NH, T, T) after F; B
+    rebuilds it from q and k first (`rebuild_core`)."""
+    del cache["att"]
+
+
+def rebuild_core(cache):
+    """The attention matrix again, bit for bit F's (q and k are still in the cache)."""
+    q, k = cache["q"], cache["k"]
+    B, NH, T, _ = q.shape
+    cache["att"] = cache["be"].xp.empty((B, NH, T, T), dtype=q.dtype)
+    _core(cache["be"], q, k, cache["v"], cache["att"])
 
 
 def backward_input(dout, cache):

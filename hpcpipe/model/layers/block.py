@@ -16,18 +16,28 @@ message buffer that the runtime reuses after F.
 from . import attention, backend_for, layernorm, mlp, scope
 
 
-def forward(x, params, n_head, be=None, tp=None):
+def forward(x, params, n_head, be=None, tp=None, selective=False):
     """tp: the stage's tensor-parallel shards (attention by heads, the MLP by width; the
     LayerNorms and residuals replicated, or with sequence parallelism split along the
-    sequence)."""
+    sequence). selective: recompute the attention matrix and the GELU at the start of B
+    (Korthikanti et al.'s selective recomputation; `rebuild`)."""
     be = backend_for(x, be)
     a, ln_1 = layernorm.forward(x, scope(params, "ln_1."), be, tp)
     x1, attn = attention.forward(a, scope(params, "attn."), n_head, be, tp)
+    if selective:
+        attention.drop_core(attn)
     x1 += x
     b, ln_2 = layernorm.forward(x1, scope(params, "ln_2."), be, tp)
-    out, ff = mlp.forward(b, scope(params, "mlp."), be, tp)
+    out, ff = mlp.forward(b, scope(params, "mlp."), be, tp, recompute_gelu=selective)
     out += x1
     return out, {"ln_1": ln_1, "attn": attn, "ln_2": ln_2, "mlp": ff}
+
+
+def rebuild(cache):
+    """What selective recomputation dropped after F, rebuilt (bit for bit) before B."""
+    if "att" not in cache["attn"]:
+        attention.rebuild_core(cache["attn"])
+    mlp.rebuild(cache["mlp"])
 
 
 def backward_input(dout, cache):

@@ -6,13 +6,26 @@ Weights: c_fc.weight (C, 4C), c_fc.bias (4C), c_proj.weight (4C, C), c_proj.bias
 from . import backend_for, gelu, linear, scope
 
 
-def forward(x, params, be=None, tp=None):
-    """tp: the stage's tensor-parallel shards (each holds 4C/tp of the hidden width)."""
+def forward(x, params, be=None, tp=None, recompute_gelu=False):
+    """tp: the stage's tensor-parallel shards (each holds 4C/tp of the hidden width).
+    recompute_gelu: keep GELU's input instead of its output and derivative (one (B, T, 4C)
+    array instead of two); B rebuilds them first (`rebuild`)."""
     be = backend_for(x, be)
     h, c_fc = linear.forward(x, scope(params, "c_fc."), be, tp, "columns")  # (B, T, 4C/tp)
     a, act = gelu.forward(h, be=be)  # (B, T, 4C/tp)
     out, c_proj = linear.forward(a, scope(params, "c_proj."), be, tp, "rows")  # (B, T, C)
+    if recompute_gelu:
+        del c_proj["x"]
+        return out, {"c_fc": c_fc, "h": h, "c_proj": c_proj}
     return out, {"c_fc": c_fc, "gelu": act, "c_proj": c_proj}
+
+
+def rebuild(cache):
+    """GELU's output (c_proj's input, which W needs too) and derivative from its kept
+    input: the same `gelu.forward` on the same array, so F's bits."""
+    if "h" in cache:
+        h = cache.pop("h")
+        cache["c_proj"]["x"], cache["gelu"] = gelu.forward(h, be=cache["c_fc"]["be"])
 
 
 def backward_input(dout, cache):

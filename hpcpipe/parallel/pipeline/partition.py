@@ -7,18 +7,41 @@ from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.stage import StageSpec
 
 
-def stage_costs(cfg: GPTConfig) -> tuple[float, float, float]:
-    """Estimated training FLOPs per token of (embedding, one block, head + loss).
+# Elementwise passes are memory-bound: a core streams an element through one pass in about
+# the time it runs this many float32 GEMM flops (~50 GFLOP/s against ~3 G elements/s).
+ELEMENTWISE_FLOPS = 16.0
 
-    A block's four matmuls do 24·C² forward and twice that backward (72·C²), attention
-    4·T·C forward (QK^T and AV at full length: the causal mask does not shorten the
-    matmuls), 12·T·C in all; the tied head does 6·V·C plus the softmax. The embedding is a gather and a scatter-add.
+
+def stage_costs(cfg: GPTConfig) -> tuple[float, float, float]:
+    """Estimated training cost per token of (embedding, one block, head + loss), in GEMM
+    flops (elementwise passes weighted by ELEMENTWISE_FLOPS).
+
+    A block's four matmuls do 24·C² forward and twice that backward (72·C²); attention's
+    two products 4·T·C forward at full length, of which the causal tiles compute about
+    half, 12·T·C·causal in all; its softmax, GELU and LayerNorms stream about 10·H·T·causal,
+    20·4C and 2·10·C elements. The tied head's GEMMs are 6·V·C (its weight gradient runs in
+    B), and its softmax and loss stream about 8 passes over the V logits (max, subtract,
+    exp, sum, divide; the gradient's subtract and scale; a float32 copy): at V = 50257,
+    C = 768 the head costs as much as ~5 blocks (V / 12C of one). The embedding is a gather and a
+    scatter-add.
     """
-    C, T, V = cfg.n_embd, cfg.block_size, cfg.vocab_size
-    block = 24.0 * C * C * 3 + 12.0 * T * C
-    head = 6.0 * V * C + 10.0 * V
-    embedding = 4.0 * C
+    C, T, V, H = cfg.n_embd, cfg.block_size, cfg.vocab_size, cfg.n_head
+    tiles = -(-T // 64)  # the attention's query tiles on a CPU (layers/attention.py)
+    causal = (tiles + 1) / (2 * tiles)
+    streamed = 10.0 * H * T * causal + 20.0 * 4 * C + 2 * 10.0 * C
+    block = 72.0 * C * C + 12.0 * T * C * causal + ELEMENTWISE_FLOPS * streamed
+    head = 6.0 * V * C + ELEMENTWISE_FLOPS * (8.0 * V + 10.0 * C)
+    embedding = ELEMENTWISE_FLOPS * 4.0 * C
     return embedding, block, head
+
+
+def imbalance(cfg: GPTConfig, specs) -> float:
+    """How much slower the slowest stage is than the mean under `stage_costs`
+    (0.05: 5 %)."""
+    emb, blk, head = stage_costs(cfg)
+    costs = [len(s.layers) * blk + (emb if s.embedding_part else 0.0)
+             + (head if s.head_part else 0.0) for s in specs]
+    return max(costs) / (sum(costs) / len(costs)) - 1.0
 
 
 class PartitionError(ValueError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcpipe.schedules import Costs, ScheduleError, generate, peak_activations
+from hpcpipe.schedules.recompute import NONE, Recompute
 from hpcpipe.util import timeline
 from hpcpipe.util.errors import ConfigError
 from hpcpipe.util.schema import parse_bytes
@@ -71,22 +72,27 @@ def profiled_costs(trace, model, grid, steps, comm_s: float, stage_bytes: dict,
     memory = stage_memory(held, grid.pp, in_bytes)
     return Costs(f=[merged[("F", s)] for s in stages], b=[merged[("B", s)] for s in stages],
                  w=[merged[("W", s)] for s in stages], comm=comm_s, memory=memory.memory,
-                 memw=memory.memw)
+                 memw=memory.memw, recompute=memory.recompute)
 
 
 def stage_memory(held: dict, ranks: int, in_bytes: bool) -> Costs:
     """M_B and M_W of every model stage as a cost model's memory, from `held`: stage →
-    (bytes a microbatch holds after its F, after its B; 0 after a fused BW, which holds it
-    all until then). In bytes, or in microbatches: a microbatch's activations on a whole
-    rank are 1, whatever its chunks (each of v chunks holds 1/v)."""
+    (bytes a microbatch holds after its F, after its B — 0 after a fused BW, which holds it
+    all until then —, and while a recomputing B runs, 0 without recomputation). A stage
+    that recomputes gets its measured keep as a Recompute of no extra time (its measured B
+    already holds the rebuild). In bytes, or in microbatches: a microbatch's activations on
+    a whole rank are 1, whatever its chunks (each of v chunks holds 1/v)."""
     stages = range(len(held))
-    after_b = [held[s][1] or held[s][0] for s in stages]
+    full = [float(held[s][2] if len(held[s]) > 2 and held[s][2] else held[s][0])
+            for s in stages]
+    after_b = [float(held[s][1] or full[s]) for s in stages]
+    keep = [Recompute(f"measured {held[s][0] / full[s]:.3f}", keep=held[s][0] / full[s])
+            if held[s][0] < full[s] else NONE for s in stages]
     if in_bytes:
-        return Costs(memory=[float(held[s][0]) for s in stages],
-                     memw=[float(b) for b in after_b])
+        return Costs(memory=full, memw=after_b, recompute=keep)
     share = ranks / len(held)
     return Costs(memory=[share] * len(held),
-                 memw=[share * b / held[s][0] for s, b in zip(stages, after_b)])
+                 memw=[share * b / f for f, b in zip(full, after_b)], recompute=keep)
 
 
 def describe_auto(cfg, auto, costs: Costs, sim) -> tuple[str, dict]:

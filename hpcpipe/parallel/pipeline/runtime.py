@@ -29,8 +29,10 @@ class StepResult:
     losses: dict = field(default_factory=dict)  # microbatch → loss (0-d array), last stage only
     peak_microbatches: float = 0.0  # most activations held, in microbatches of this rank's share
     peak_bytes: int = 0  # most activation bytes held by the stash
-    # model stage → (bytes one microbatch holds after its F, after its B): the zero-bubble
-    # paper's M_B (F to B) and M_W (B to W, what the weight gradients still need)
+    # model stage → (bytes one microbatch holds after its F, after its B, while a
+    # recomputing B runs — 0 without recomputation): the zero-bubble paper's M_B (F to B;
+    # with recomputation the part kept, the third the whole) and M_W (B to W, what the
+    # weight gradients still need)
     stage_bytes: dict = field(default_factory=dict)
     start: float = 0.0
     end: float = 0.0
@@ -154,6 +156,8 @@ class Runtime:
                 return None
             return out
         if op.kind in (Kind.B, Kind.BW):
+            if stage.rebuild(mb):  # recomputation: the peak is while B runs
+                self._account_rebuilt(op, result)
             out = stage.backward_input(mb, received)
             if op.kind == Kind.BW:
                 stage.backward_weight(mb, hook)
@@ -183,10 +187,19 @@ class Runtime:
         result.peak_bytes = max(result.peak_bytes, nbytes)
         if op.kind in (Kind.F, Kind.B):
             stage = self.schedule.stage_of[(self.rank, op.chunk)]
-            after_f, after_b = result.stage_bytes.get(stage, (0, 0))
+            after_f, after_b, rebuilt = result.stage_bytes.get(stage, (0, 0, 0))
             held = self.stages[op.chunk].stash_bytes(op.microbatch)
-            result.stage_bytes[stage] = ((max(after_f, held), after_b) if op.kind == Kind.F
-                                         else (after_f, max(after_b, held)))
+            result.stage_bytes[stage] = ((max(after_f, held), after_b, rebuilt)
+                                         if op.kind == Kind.F else
+                                         (after_f, max(after_b, held), rebuilt))
+
+    def _account_rebuilt(self, op, result: StepResult):
+        """The peak while a recomputing B runs: everything held, its microbatch rebuilt."""
+        result.peak_bytes = max(result.peak_bytes, self._held()[1])
+        stage = self.schedule.stage_of[(self.rank, op.chunk)]
+        held = self.stages[op.chunk].stash_bytes(op.microbatch)
+        after_f, after_b, rebuilt = result.stage_bytes.get(stage, (0, 0, 0))
+        result.stage_bytes[stage] = (after_f, after_b, max(rebuilt, held))
 
     @staticmethod
     def _hook(on_layer_done, op, last_mb):

@@ -29,8 +29,10 @@ class RankModel:
                                cfg.parallel.layers_per_stage or None)
         self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]
                             for chunk in range(schedule.chunks)}
+        recompute = cfg.recompute_for(schedule.num_stages)  # per model stage
         self.stages = {chunk: self.specs[index].build(self.config, dtype=train.dtype,
-                                                      seed=train.seed, be=backend, tp=self.tp)
+                                                      seed=train.seed, be=backend, tp=self.tp,
+                                                      recompute=recompute[index])
                        for chunk, index in self.stage_index.items()}
         self.owner = {stage: schedule.rank_chunk_of(stage)[0]
                       for stage in range(schedule.num_stages)}
@@ -66,6 +68,13 @@ class RankModel:
                                      and not stage.embedding_part):
                     total += int(view.size)
         return total
+
+    def use_recompute(self, plan):
+        """Recompute `plan[stage]` on each model stage from the next step on (between steps
+        no stash is held, so nothing built under the old choice is left)."""
+        for chunk, stage in self.stages.items():
+            assert not stage.in_flight, "recomputation changes only between steps"
+            stage.recompute = plan[self.stage_index[chunk]]
 
     def zero_grad(self):
         for stage in self.stages.values():

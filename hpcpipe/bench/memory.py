@@ -1,0 +1,122 @@
+"""bench pipeline --memory: the peak activation bytes each schedule and recompute choice
+holds, measured over one step and planned before launch (train/memplan.py: the model's
+analytic M_B and M_W in the simulator), side by side; and the Pareto front of bubble
+against peak memory that the auto scheduler sees with recomputation as a choice.
+
+Memory needs no core per rank, so pp 4 on 2 cores is fine here (timings are not taken)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hpcpipe.model.stage import RECOMPUTE
+from hpcpipe.schedules import ScheduleError, generate, peak_activations
+from hpcpipe.train import memplan
+from hpcpipe.train.rank import Rank
+from hpcpipe.util import timeline
+
+
+def memory_rows(kinds, cfg, grid, be, world, inputs, log) -> list[dict]:
+    """Per (schedule, recompute choice): the largest peak any rank measured in one step,
+    and the plan's, in bytes."""
+    pp, m = grid.pp, cfg.parallel.microbatches
+    rows = []
+    for kind in kinds:
+        if kind == "auto":  # built from measured costs: the plan bounds it by its limit
+            continue
+        try:
+            schedule = generate(kind, pp, m)
+        except ScheduleError as e:
+            log(f"memory: skipping {kind}: {e}")
+            continue
+        for choice in RECOMPUTE:
+            run_cfg = replace(cfg, train=replace(cfg.train, recompute=choice),
+                              parallel=replace(cfg.parallel, schedule=kind, chunks=0))
+            try:
+                rank = Rank.build(run_cfg, grid, be, schedule, timeline.Trace(world.rank))
+            except ValueError as e:  # e.g. more stages than blocks
+                log(f"memory: skipping {kind}: {e}")
+                break
+            outcomes = rank.train_step(1, inputs, 1e-4, 0.0) + rank.flush()
+            measured = max(max(o.stats.peak_bytes) for o in outcomes)
+            planned = max(memplan.simulated_peaks(run_cfg, schedule, rank.model.specs))
+            rows.append({"schedule": kind, "recompute": choice,
+                         "peak_activation_bytes": int(measured),
+                         "peak_activation_bytes_planned": int(planned),
+                         "measured_over_planned": measured / planned})
+    return rows
+
+
+def print_memory(rows):
+    print()
+    print("| schedule | recompute | peak activations measured | planned | measured / "
+          "planned |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['schedule']} | {row['recompute']} | "
+              f"{row['peak_activation_bytes'] / 2**20:.2f} MiB | "
+              f"{row['peak_activation_bytes_planned'] / 2**20:.2f} MiB | "
+              f"{row['measured_over_planned']:.3f} |")
+
+
+def pareto_front(cfg, pp: int, m: int) -> list[dict]:
+    """auto's Pareto front (bubble, recompute time counted as lost, against peak bytes)
+    on the model's analytic costs: F, B and W of a stage each its share of stage_costs
+    (the split halves of a GEMM's backward cost what its forward does), memory the
+    analytic M_B and M_W, and per stage the choice of selective or full recomputation
+    (keep from the bytes, time from the attention core's share of F, or all of it)."""
+    from hpcpipe.parallel.pipeline.partition import partition, stage_costs
+    from hpcpipe.schedules import Costs
+    from hpcpipe.schedules.auto import explore
+
+    specs = partition(cfg.model, pp)
+    emb, block, head = stage_costs(cfg.model)
+    work = [(len(s.layers) * block + (emb if s.embedding_part else 0)
+             + (head if s.head_part else 0)) / 3 / block for s in specs]
+    none = memplan.stage_memories(cfg, specs)
+    choices = memplan.recompute_choices(cfg, specs)
+    costs = Costs(f=work, b=work, w=work, memory=[float(x.full) for x in none],
+                  memw=[float(x.after_b) for x in none])
+    one_f_one_b = max(peak_activations(generate("1f1b", pp, m), costs))
+    points = []
+    for share in (0.2, 0.25, 0.33, 0.4, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0):
+        try:
+            found = explore(pp, m, costs, memory_limit=share * one_f_one_b,
+                            recompute=tuple(choices))
+        except ScheduleError:
+            continue  # nothing fits this limit, even recomputing
+        fits = [q for q in found.front if q.peak <= share * one_f_one_b * (1 + 1e-9)]
+        best = min(fits, key=lambda q: q.score)
+        points.append({"limit_vs_1f1b": share, "label": best.label, "recompute": best.plan,
+                       "peak_activation_bytes": best.peak,
+                       "bubble_rate": max(0.0, 1 - found.useful / best.score)})
+    return points
+
+
+def print_front(points):
+    print()
+    print("| memory limit (× 1F1B's peak) | auto's peak activations | bubble | recompute |")
+    print("|---|---|---|---|")
+    for p in points:
+        print(f"| {p['limit_vs_1f1b']:g} | {p['peak_activation_bytes'] / 2**20:.2f} MiB | "
+              f"{p['bubble_rate']:.1%} | {p['recompute']} |")
+
+
+def plot_front(fronts: dict, path: str):
+    """Bubble against peak activation bytes, one line per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, front in fronts.items():
+        points = sorted((p["peak_activation_bytes"] / 2**20, p["bubble_rate"]) for p in front)
+        ax.plot(*zip(*points), marker="o", drawstyle="steps-post", label=name)
+    ax.set_xlabel("peak activations per rank (MiB)")
+    ax.set_ylabel("bubble (recompute time counted as lost)")
+    ax.set_title("auto's Pareto front, recomputation as a choice")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

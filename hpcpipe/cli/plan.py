@@ -1,0 +1,81 @@
+"""`python -m hpcpipe plan CONFIG` (and `train CONFIG --dry-run`, the same code): the memory
+plan of a run before launch — per pipeline rank parameters, gradients, optimizer state, the
+schedule's simulated peak activations, workspaces and the memory there is — refused with
+the smallest change that would fit when it does not."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+EPILOG = """examples:
+  python -m hpcpipe plan inputs/gpt2-124m.toml --set parallel.pp=2 --set train.device=cpu
+  python -m hpcpipe plan inputs/tiny.toml --set parallel.pp=2 --set train.recompute=full \\
+      --json plan.json
+  mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml --set parallel.pp=2 --dry-run
+
+On CPUs the ranks of a job share this node's memory (--ranks-per-node, default every rank
+of the layout); on a GPU each rank has its device's. The JSON holds, per pipeline rank,
+peak_activation_bytes (what summary.json reports after a run) and total_bytes."""
+
+
+def register(sub, train):
+    """The `plan` command, and `train`'s --dry-run (with the same options)."""
+    train.add_argument("--dry-run", action="store_true",
+                       help="print the memory plan (python -m hpcpipe plan) and stop")
+    add_options(train)
+    parser = sub.add_parser(
+        "plan", help="the memory plan of a run before launch (train --dry-run)",
+        description=__doc__.split("\n\n")[0], epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", metavar="CONFIG", help="TOML config, e.g. inputs/tiny.toml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE", help="override one config value")
+    add_options(parser)
+    parser.set_defaults(func=lambda args: run(args.config, args.overrides, args.json,
+                                              args.ranks_per_node))
+
+
+def add_options(parser):
+    parser.add_argument("--json", metavar="FILE",
+                        help="write the plan per pipeline rank (peak_activation_bytes, "
+                             "total_bytes, ...) to FILE")
+    parser.add_argument("--ranks-per-node", type=int, default=0, metavar="N",
+                        help="ranks sharing this node's host memory (default: all of the "
+                             "layout's; a GPU rank has its own device)")
+
+
+def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print) -> int:
+    """Print the plan (and write its JSON); raise BudgetError when it does not fit."""
+    from hpcpipe import config
+    from hpcpipe.train import memplan
+
+    cfg = config.load(path, overrides)
+    p = cfg.parallel
+    ranks = ranks_per_node or p.dp * p.pp * p.tp
+    plans = memplan.plan(cfg)
+    have, sharing = memplan.room(_gpu_backend(cfg), ranks)
+    out(memplan.describe(cfg, plans, have, sharing))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"config": cfg.source, "schedule": p.schedule,
+                       "recompute": list(cfg.recompute), "available_bytes": have,
+                       "ranks_sharing": sharing, "ranks": [r.record() for r in plans]},
+                      f, indent=1)
+    memplan.check(cfg, _gpu_backend(cfg), ranks, plans)
+    out("fits.")
+    return 0
+
+
+def _gpu_backend(cfg):
+    """This machine's GPU backend when the run would use one, else None (host memory)."""
+    if cfg.train.device == "cpu":
+        return None
+    from hpcpipe.device import backend
+    from hpcpipe.util.errors import HpcpipeError
+
+    try:
+        be = backend.select(cfg.train.device, 0)
+    except HpcpipeError:  # no GPU here: the plan counts host memory, the launch checks again
+        return None
+    return be if be.is_gpu else None

@@ -1,0 +1,280 @@
+"""The memory plan before launch: what each pipeline rank will hold, by what holds it, with
+the schedule's simulated activation peak — and, for a run that will not fit, the smallest
+change that would.
+
+Activations come from the model's analytic bytes per microbatch (model/memory.py: M_B
+kept from F to B, M_B again while a recomputing B runs, M_W from B to W) fed to the
+simulator's `peak_activations` for the config's schedule: the quantity the runtime
+measures after a run (summary.json's `peak_activation_bytes`). The auto schedule is built
+only after profiling, under `parallel.memory_limit`: its plan is the larger of the schedule
+it starts with and that limit. Parameters, gradients and optimizer state are counted
+tensor by tensor (a tensor-parallel shard's own part); workspaces are an estimate of the
+largest temporaries (the logits, the attention backward's scores, the weight-gradient
+products, the messages in flight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from hpcpipe.config import validate
+from hpcpipe.device.budget import BudgetError, check_memory_limit, device_available, host_available
+from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
+from hpcpipe.model import param_layout
+from hpcpipe.model.memory import stage_memory
+from hpcpipe.model.sharding import shard_of
+from hpcpipe.parallel.pipeline.partition import imbalance, partition
+from hpcpipe.parallel.pipeline.planning import build_schedule, memory_limit
+from hpcpipe.schedules import KINDS, Costs, ScheduleError, peak_activations
+from hpcpipe.schedules.recompute import Recompute
+from hpcpipe.util.errors import ConfigError
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """Bytes one pipeline rank needs, by what holds them."""
+
+    rank: int
+    stages: tuple[int, ...]
+    parameters: int
+    gradients: int
+    optimizer: int
+    peak_activation_bytes: int
+    workspaces: int
+
+    @property
+    def total_bytes(self) -> int:
+        return (self.parameters + self.gradients + self.optimizer
+                + self.peak_activation_bytes + self.workspaces)
+
+    def record(self) -> dict:
+        return {**asdict(self), "total_bytes": self.total_bytes}
+
+
+def plan(cfg) -> list[RankPlan]:
+    """Per pipeline rank, its memory under cfg (every data-parallel replica and tensor
+    shard alike)."""
+    schedule = build_schedule(cfg)
+    specs = partition(cfg.model, schedule.num_stages, cfg.parallel.layers_per_stage or None)
+    peaks = activation_peaks(cfg, schedule, specs)
+    plans = []
+    for rank in range(cfg.parallel.pp):
+        stages = tuple(schedule.stage_of[(rank, c)] for c in range(schedule.chunks))
+        params, grads, optimizer = _weights(cfg, [specs[s] for s in stages])
+        plans.append(RankPlan(rank, stages, params, grads, optimizer, int(peaks[rank]),
+                              _workspaces(cfg, [specs[s] for s in stages])))
+    return plans
+
+
+def stage_memories(cfg, specs) -> list:
+    """model/memory.py's StageMemory of every model stage under cfg."""
+    tp, batch, dtype = cfg.parallel.tp, cfg.train.micro_batch_size, cfg.train.dtype
+    return [stage_memory(cfg.model, spec, batch, dtype, choice, tp)
+            for spec, choice in zip(specs, cfg.recompute_for(len(specs)), strict=True)]
+
+
+def simulated_peaks(cfg, schedule, specs) -> tuple[float, ...]:
+    """Per rank, the simulator's peak activation bytes for `schedule` with the analytic
+    M_B, M_W and recompute fractions of every stage."""
+    memory = stage_memories(cfg, specs)
+    costs = Costs(memory=[float(m.full) for m in memory],
+                  memw=[float(m.after_b) for m in memory],
+                  recompute=[Recompute(f"keep {m.keep:.3f}", keep=m.keep) for m in memory])
+    return peak_activations(schedule, costs)
+
+
+def recompute_choices(cfg, specs) -> tuple[Recompute, ...]:
+    """selective and full as the cost model's choices for this model: keep from the
+    analytic bytes (the largest share over the stages), time the share of F each re-runs
+    (the attention core's 4·T·C of a block's 24·C² + 4·T·C flops, or all of F)."""
+    T, C = cfg.model.block_size, cfg.model.n_embd
+    core = 4 * T * C / (24 * C * C + 4 * T * C)
+    choices = []
+    for name, time in (("selective", core), ("full", 1.0)):
+        kept = stage_memories(replace(cfg, train=replace(cfg.train, recompute=name)), specs)
+        choices.append(Recompute(name, keep=max(k.keep for k in kept), time=time))
+    return tuple(choices)
+
+
+def auto_recompute(cfg, costs: Costs, specs):
+    """train.recompute = "auto": auto's schedule and recomputation per stage chosen
+    together from the measured `costs` under parallel.memory_limit (schedules' explore);
+    (schedule, the costs with the plan, the choice per model stage)."""
+    from hpcpipe.schedules.auto import explore
+
+    p = cfg.parallel
+    found = explore(p.pp, p.microbatches, costs, memory_limit(cfg)[0], objective="makespan",
+                    chunks=cfg.chunks, recompute=recompute_choices(cfg, specs))
+    plan = found.costs.recompute_per_stage(len(specs))
+    return found.schedule, found.costs, tuple(c.name if c.recomputes else "none"
+                                              for c in plan)
+
+
+def activation_peaks(cfg, schedule, specs) -> list[float]:
+    """The planned peak activation bytes per rank (auto: at least its memory limit)."""
+    peaks = list(simulated_peaks(cfg, schedule, specs))
+    memory = stage_memories(cfg, specs)
+    if cfg.parallel.schedule == "auto":
+        limit, in_bytes = memory_limit(cfg)
+        for rank in range(len(peaks)):
+            held = sum(memory[schedule.stage_of[(rank, c)]].full
+                       for c in range(schedule.chunks)) / schedule.chunks
+            peaks[rank] = max(peaks[rank], limit if in_bytes else limit * held)
+    return peaks
+
+
+def _weights(cfg, specs) -> tuple[int, int, int]:
+    """Parameter, gradient and optimizer-state bytes of one rank's stages."""
+    dtype = compute_dtype(cfg.train.dtype)
+    acc = accumulation_dtype(dtype).itemsize
+    tp = cfg.parallel.tp
+    count = head = 0
+    for spec in specs:
+        for name, shape in param_layout(cfg.model, spec.layers, spec.embedding_part,
+                                        spec.head_part):
+            size = 1
+            for n in shard_of(name, shape, tp, 0).local_shape(shape):
+                size *= n
+            count += size
+            head += size if name == "wte" and spec.head_part else 0
+    master = 4 if is_16bit(dtype) else 0
+    share = cfg.parallel.dp if cfg.parallel.zero else 1
+    # The head keeps its share of d(wte) apart until the step's end (stage.py).
+    return count * dtype.itemsize, (count + head) * acc, count * (2 * acc + master) // share
+
+
+def _workspaces(cfg, specs) -> int:
+    """The largest temporaries besides the stash: (an estimate) the logits of one
+    microbatch and their float32 copy, the attention backward's scores per thread, the
+    weight-gradient product of the largest GEMM, and a few activation messages."""
+    m, tp = cfg.model, cfg.parallel.tp
+    s = compute_dtype(cfg.train.dtype).itemsize
+    w, acc = max(s, 4), accumulation_dtype(compute_dtype(cfg.train.dtype)).itemsize
+    N = cfg.train.micro_batch_size * m.block_size
+    total = 4 * N * m.n_embd * s + 4 * m.n_embd * m.n_embd * acc // tp
+    total += cfg.train.micro_batch_size * (m.n_head // tp) * m.block_size ** 2 * w
+    if any(spec.head_part for spec in specs):
+        total += N * (m.vocab_size // tp) * (s + w) + m.vocab_size * m.n_embd * acc // tp
+    return total
+
+
+def describe(cfg, plans, have: int | None, ranks_on_node: int) -> str:
+    """The plan as a table, one line per pipeline rank, and the memory there is."""
+    title = (f"memory plan for {cfg.source}: schedule {cfg.parallel.schedule}, pp "
+             f"{cfg.parallel.pp} × dp {cfg.parallel.dp} × tp {cfg.parallel.tp}, "
+             f"{cfg.parallel.microbatches} microbatches of {cfg.train.micro_batch_size}, "
+             f"{cfg.train.dtype}, recompute {cfg.train.recompute}")
+    lines = [title,
+             ("| rank | stages | parameters | gradients | optimizer | peak activations | "
+              "workspaces | total |"), "|---|---|---|---|---|---|---|---|"]
+    for p in plans:
+        cells = [p.parameters, p.gradients, p.optimizer, p.peak_activation_bytes,
+                 p.workspaces, p.total_bytes]
+        lines.append(f"| {p.rank} | {','.join(map(str, p.stages))} | "
+                     + " | ".join(_size(c) for c in cells) + " |")
+    specs = partition(cfg.model, cfg.parallel.pp * cfg.chunks,
+                      cfg.parallel.layers_per_stage or None)
+    lines.append(f"blocks per model stage {[len(s.layers) for s in specs]}: the slowest "
+                 f"stage {imbalance(cfg.model, specs):.1%} above the mean (analytic costs)")
+    if have is None:
+        lines.append("device memory: unknown here (checked again on each rank at launch)")
+    else:
+        lines.append(f"device memory: {_size(have)} for {ranks_on_node} rank(s) "
+                     f"({_size(have // max(ranks_on_node, 1))} each)")
+    return "\n".join(lines)
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / MiB:.1f} MiB"
+
+
+def needed(plans, ranks_on_node: int, replicas: int = 1) -> int:
+    """Bytes the ranks sharing a node's memory need: every rank of the layout when they all
+    share it (each pipeline rank's plan for each of its `replicas`, dp × tp), else the
+    busiest rank's for each of them."""
+    if ranks_on_node >= len(plans) * replicas:
+        return sum(p.total_bytes for p in plans) * replicas
+    return max(p.total_bytes for p in plans) * ranks_on_node
+
+
+def smallest_change(cfg, have: int, ranks_on_node: int) -> str | None:
+    """The first of these that fits, as a --set line: more recomputation, another schedule
+    (lowest peak first), a smaller micro-batch, more stages (pp doubled, on as many more
+    ranks). None when none does."""
+    for choice in ("selective", "full"):
+        if _fits_with(cfg, have, ranks_on_node, train={"recompute": choice}):
+            return f"--set train.recompute={choice}"
+    schedules = []
+    for kind in KINDS:
+        if kind != cfg.parallel.schedule and kind != "auto":
+            candidate = _changed(cfg, parallel={"schedule": kind, "chunks": 0})
+            if candidate is not None:
+                need = needed(plan(candidate), ranks_on_node, _replicas(candidate))
+                schedules.append((need, kind))
+    for need, kind in sorted(schedules):
+        if need <= have:
+            return f"--set parallel.schedule={kind}"
+    size = cfg.train.micro_batch_size // 2
+    while size >= 1:
+        if _fits_with(cfg, have, ranks_on_node, train={"micro_batch_size": size}):
+            return f"--set train.micro_batch_size={size}"
+        size //= 2
+    pp = cfg.parallel.pp * 2
+    while pp * cfg.chunks <= cfg.model.n_layer:
+        if _fits_with(cfg, have, ranks_on_node, parallel={"pp": pp, "layers_per_stage": []}):
+            return f"--set parallel.pp={pp} (on {pp * cfg.parallel.dp * cfg.parallel.tp} ranks)"
+        pp *= 2
+    return None
+
+
+def _replicas(cfg) -> int:
+    return cfg.parallel.dp * cfg.parallel.tp
+
+
+def _changed(cfg, train=None, parallel=None):
+    """cfg with the changes, or None when they do not make a valid run."""
+    try:
+        new = validate(replace(cfg, train=replace(cfg.train, **(train or {})),
+                               parallel=replace(cfg.parallel, **(parallel or {}))))
+        plan(new)
+        return new
+    except (ConfigError, ScheduleError, ValueError):
+        return None
+
+
+def _fits_with(cfg, have, ranks_on_node, **changes) -> bool:
+    candidate = _changed(cfg, **changes)
+    return candidate is not None and needed(plan(candidate), ranks_on_node,
+                                            _replicas(candidate)) <= have
+
+
+def room(be, ranks_on_node: int) -> tuple[int | None, int]:
+    """(bytes there are, ranks sharing them): this rank's GPU to itself, or the node's host
+    memory for its ranks."""
+    if be is not None and be.is_gpu:
+        return device_available(be), 1
+    return host_available(), ranks_on_node
+
+
+def check(cfg, be=None, ranks_on_node: int = 1, plans=None):
+    """Refuse, before any work, a run whose plan does not fit; name the smallest change
+    that would. A byte memory limit below one microbatch is refused first."""
+    check_memory_limit(cfg)
+    plans = plan(cfg) if plans is None else plans
+    have, sharing = room(be, ranks_on_node)
+    need = needed(plans, sharing, _replicas(cfg))
+    if have is None or need <= have:
+        return plans
+    change = smallest_change(cfg, have, sharing)
+    busiest = max(plans, key=lambda p: p.total_bytes)
+    raise BudgetError(
+        f"{cfg.source}: the run does not fit in memory: {_size(need)} needed by {sharing} "
+        f"rank(s) and {_size(have)} there; the busiest, pipeline rank {busiest.rank}, holds "
+        f"{_size(busiest.total_bytes)} of which {_size(busiest.peak_activation_bytes)} "
+        f"activations at the peak of schedule {cfg.parallel.schedule} (recompute "
+        f"{cfg.train.recompute}; `python -m hpcpipe plan` shows it all). "
+        + (f"The smallest change that fits: {change}" if change else
+           "No single change fits (more recomputation, another schedule, a smaller "
+           "micro-batch or more stages): make the model smaller or use more nodes"))

@@ -1,0 +1,47 @@
+"""The analytic activation bytes (model/memory.py) against what a stage's stash holds:
+after F, while a recomputing B runs, and after B, for every recompute choice and dtype."""
+
+import numpy as np
+import pytest
+
+from hpcpipe.model.layout import GPTConfig
+from hpcpipe.model.memory import stage_memory
+from hpcpipe.model.stage import RECOMPUTE, StageSpec
+
+CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd=32)
+B = 2
+SPECS = [StageSpec(0, (0, 1, 2), True, True), StageSpec(0, (0,), True, False),
+         StageSpec(1, (1,), False, False), StageSpec(2, (2,), False, True)]
+
+
+def measured(spec, dtype, recompute):
+    """(after F, after the rebuild at B's start, after B) bytes of one microbatch."""
+    stage = spec.build(CFG, dtype=dtype, recompute=recompute)
+    tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (B, CFG.block_size + 1))
+    inp = tokens[:, :-1] if spec.embedding_part else np.ones((B, 16, 32), stage.dtype)
+    stage.forward(0, inp, tokens[:, 1:] if spec.head_part else None)
+    after_f = stage.stash_bytes(0)
+    stage.rebuild(0)
+    during_b = stage.stash_bytes(0)
+    stage.backward_input(0, None if spec.head_part else np.ones((B, 16, 32), stage.dtype))
+    return after_f, during_b, stage.stash_bytes(0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("recompute", RECOMPUTE)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.describe())
+def test_analytic_bytes_equal_the_stash(spec, dtype, recompute):
+    """To the token ids' 16 bytes (the stash counts a strided view of targets as its own
+    copy, the plan as one array)."""
+    plan = stage_memory(CFG, spec, B, dtype, recompute)
+    for got, want in zip(measured(spec, dtype, recompute), (plan.kept, plan.full,
+                                                            plan.after_b)):
+        assert abs(got - want) <= 16, (got, want)
+
+
+def test_recompute_keeps_less_and_rebuilds_all():
+    spec = SPECS[2]
+    none, selective, full = (stage_memory(CFG, spec, B, "float32", r) for r in RECOMPUTE)
+    assert none.full == selective.full == full.full and none.keep == 1.0
+    assert full.kept < selective.kept < none.kept
+    assert none.after_b == selective.after_b == full.after_b

@@ -1,0 +1,142 @@
+"""The memory plan before launch (train/memplan.py, `python -m hpcpipe plan`, `train
+--dry-run`): the peaks it plans are the ones a run measures, and a run that cannot fit is
+refused before any work with the smallest change that would."""
+
+import json
+
+import pytest
+from harness import devices
+from harness.mpirun import run
+
+from hpcpipe import config
+from hpcpipe.cli.plan import run as plan_cli
+from hpcpipe.device.budget import BudgetError
+from hpcpipe.train import memplan
+
+TINY = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
+        "train.micro_batch_size=2", "train.eval_batches=1", "train.log_every=1",
+        "parallel.pp=2", "parallel.microbatches=4"]
+
+
+def sets(*items):
+    return [word for item in items for word in ("--set", item)]
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("schedule, recompute", [("zb-h2", "none"), ("1f1b", "full"),
+                                                 ("zb-v", "selective")])
+def test_measured_peaks_within_ten_percent_of_the_plan(tmp_path, stdlib_tokens, schedule,
+                                                       recompute):
+    extra = [f'parallel.schedule="{schedule}"', f'train.recompute="{recompute}"',
+             f'data.path="{stdlib_tokens}"', "train.steps=2", "train.trace_steps=0"]
+    plan_json = tmp_path / "plan.json"
+    dry = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--dry-run",
+               "--json", str(plan_json), *sets(*TINY, *extra)], n=2)
+    assert dry.returncode == 0 and "peak activations" in dry.stdout, dry.stderr
+    assert not (tmp_path / "run").exists()  # a dry run does no work
+    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+                str(tmp_path / "run"), *sets(*TINY, *devices.train_sets()[1::2], *extra)],
+               n=2)
+    assert proc.returncode == 0, proc.stderr
+    measured = json.loads((tmp_path / "run" / "summary.json").read_text())
+    planned = [r["peak_activation_bytes"] for r in json.loads(plan_json.read_text())["ranks"]]
+    for got, want in zip(measured["peak_activation_bytes"], planned, strict=True):
+        assert abs(got - want) <= 0.1 * want, (measured["peak_activation_bytes"], planned)
+
+
+def tiny(*extra):
+    return config.load("inputs/tiny.toml", [*TINY, *extra])
+
+
+def test_recompute_lowers_the_planned_peak_and_the_total_adds_up():
+    plain = memplan.plan(tiny('parallel.schedule="1f1b"'))
+    full = memplan.plan(tiny('parallel.schedule="1f1b"', 'train.recompute="full"'))
+    # 1F1B's first rank holds two microbatches, of which full recomputation keeps only
+    # the inputs; its last rank holds one, rebuilt whole while its B runs: no saving there.
+    assert full[0].peak_activation_bytes < plain[0].peak_activation_bytes / 1.9
+    assert full[1].peak_activation_bytes == plain[1].peak_activation_bytes
+    for a, b in zip(plain, full):
+        assert a.parameters == b.parameters and a.record()["total_bytes"] == a.total_bytes
+
+
+def test_the_smallest_change_that_fits_is_named():
+    """More recomputation first; where no recomputation fits, the next kind of change."""
+    cfg = tiny('parallel.schedule="zb-h2"')
+    selective = memplan.needed(memplan.plan(tiny('parallel.schedule="zb-h2"',
+                                                 'train.recompute="selective"')), 2)
+    assert memplan.smallest_change(cfg, selective, 2) == "--set train.recompute=selective"
+    full = memplan.needed(memplan.plan(tiny('parallel.schedule="zb-h2"',
+                                            'train.recompute="full"')), 2)
+    assert memplan.smallest_change(cfg, full, 2) == "--set train.recompute=full"
+    assert not memplan.smallest_change(cfg, full - 1, 2).startswith("--set train.recompute")
+
+
+def test_a_run_that_cannot_fit_is_refused_with_a_change(tmp_path):
+    with pytest.raises(BudgetError, match="smallest change that fits: --set") as err:
+        plan_cli("inputs/tiny.toml", [*TINY, "train.micro_batch_size=65536",
+                                      "model.block_size=1024", 'train.device="cpu"'],
+                 tmp_path / "plan.json", out=lambda text: None)
+    assert "the busiest, pipeline rank" in str(err.value)
+    record = json.loads((tmp_path / "plan.json").read_text())
+    assert [r["rank"] for r in record["ranks"]] == [0, 1]
+    assert all(r["total_bytes"] >= r["peak_activation_bytes"] > 0 for r in record["ranks"])
+
+
+def test_the_pareto_front_trades_bubble_for_memory():
+    """bench pipeline --memory's front on the tiny model's analytic costs: more memory never
+    costs bubble, and below 1F1B's peak only recomputation fits."""
+    from hpcpipe.bench.memory import pareto_front
+
+    cfg = tiny('parallel.schedule="1f1b"')
+    points = pareto_front(cfg, 2, 4)
+    by_limit = sorted(points, key=lambda p: p["limit_vs_1f1b"])
+    bubbles = [p["bubble_rate"] for p in by_limit]
+    assert bubbles == sorted(bubbles, reverse=True) and bubbles[-1] < 0.01
+    assert all(p["recompute"] != "none" for p in by_limit if p["limit_vs_1f1b"] < 1)
+
+
+@pytest.mark.device
+def test_auto_chooses_recomputation_with_its_schedule(tmp_path, stdlib_tokens):
+    """train.recompute = "auto" under a limit below 1F1B's memory (one chunk per rank):
+    auto's search places recomputation on the first stage once costs are measured."""
+    small = ["model.n_embd=32", "model.n_head=2", "model.block_size=32",
+             "train.micro_batch_size=2", "parallel.pp=2", "parallel.microbatches=4"]
+    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+                str(tmp_path / "run"), *sets(*small, *devices.train_sets()[1::2],
+                                             'parallel.schedule="auto"', "train.steps=4",
+                                             "parallel.profile_steps=2", "train.trace_steps=0",
+                                             "train.eval_batches=1",
+                                             'train.recompute="auto"',
+                                             'parallel.memory_limit="0.4MiB"',
+                                             f'data.path="{stdlib_tokens}"')], n=2)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if "auto recompute per model stage" in x)
+    assert all(c in ("none", "selective", "full") for c in line.split(": ")[-1].split("/"))
+
+
+def test_auto_recompute_is_never_worse_and_fits():
+    """Equal costs, a byte limit of 0.8 × 1F1B's peak: the plan it returns fits the limit
+    and simulates no slower than auto without recomputation."""
+    from hpcpipe.parallel.pipeline.partition import partition
+    from hpcpipe.schedules import Costs, generate, peak_activations, simulate
+
+    cfg = tiny('parallel.schedule="auto"')
+    specs = partition(cfg.model, 2)
+    memory = memplan.stage_memories(cfg, specs)
+    costs = Costs(f=1.0, b=1.0, w=1.0, memory=[float(m.full) for m in memory],
+                  memw=[float(m.after_b) for m in memory])
+    limit = int(0.8 * max(peak_activations(generate("1f1b", 2, 4), costs)))
+    cfg = tiny('parallel.schedule="auto"', 'train.recompute="auto"',
+               f'parallel.memory_limit="{limit}B"')
+    schedule, planned, plan = memplan.auto_recompute(cfg, costs, specs)
+    assert all(c in ("none", "selective", "full") for c in plan) and len(plan) == 2
+    assert max(peak_activations(schedule, planned)) <= limit
+    plain = generate("auto", 2, 4, costs=costs, memory_limit=limit, objective="makespan")
+    assert simulate(schedule, planned).makespan <= simulate(plain, costs).makespan + 1e-9
+
+
+def test_auto_recompute_needs_the_auto_schedule():
+    with pytest.raises(config.ConfigError, match='needs parallel.schedule = "auto"'):
+        tiny('parallel.schedule="1f1b"', 'train.recompute="auto"')
+    with pytest.raises(config.ConfigError, match="train.recompute"):
+        tiny('train.recompute="sometimes"')

@@ -66,3 +66,14 @@ def test_tests_mirror_the_subpackages():
     assert folders - NOT_SUBPACKAGES <= subpackages, folders - NOT_SUBPACKAGES - subpackages
     untested = subpackages - folders
     assert not untested, f"subpackages without a tests/ folder: {sorted(untested)}"
+
+
+def test_test_files_have_unique_names():
+    """pytest imports test files by their base name (no __init__.py in tests/ folders):
+    two of one name would stop the collection."""
+    seen = {}
+    for folder, _, files in os.walk(TESTS):
+        for name in files:
+            if name.startswith("test_") and name.endswith(".py"):
+                seen.setdefault(name, []).append(os.path.relpath(folder, TESTS))
+    assert not {n: w for n, w in seen.items() if len(w) > 1}

@@ -9,7 +9,7 @@ the logits (the loss never gathers them: loss.py); B's partial input gradients a
 over the shards.
 """
 
-from . import backend_for, matmul
+from . import backend_for, matmul, matmul_accumulate
 
 
 def forward(x, params, be=None, tp=None):
@@ -34,9 +34,8 @@ def backward_input(dlogits, cache):
 def backward_weight(dlogits, cache, grads):
     be, x = cache["be"], cache["x"]
     V, C = dlogits.shape[-1], x.shape[-1]
-    dwte = be.scratch.workspace("head.dwte", (V, C), grads["wte"].dtype)
-    matmul(be, dlogits.reshape(-1, V).T, x.reshape(-1, C), dwte)
-    grads["wte"] += dwte
+    matmul_accumulate(be, dlogits.reshape(-1, V).T, x.reshape(-1, C), grads["wte"],
+                      "head.dwte")
 
 
 def backward(dlogits, cache, grads):

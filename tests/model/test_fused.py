@@ -178,3 +178,30 @@ def test_the_fused_adamw_step_is_the_unfused_one_bitwise(dtype, monkeypatch):
                                                stage.param_buffer.data)])
     for what, a, b in zip(("master", "m", "v", "params"), *states):
         np.testing.assert_array_equal(a, b, err_msg=what)
+
+
+@pytest.mark.device
+def test_the_gradient_norm_on_the_device_is_one_transfer_and_numpys_to_round_off():
+    from hpcpipe.model import GPTConfig, Stage
+    from hpcpipe.optim.norm import GradNorm
+
+    class Alone:  # a group of one rank
+        @staticmethod
+        def allgather(value):
+            return [value]
+
+    cfg = GPTConfig(vocab_size=11, block_size=4, n_layer=2, n_head=2, n_embd=8)
+    norms = []
+    for be in (None, device()):
+        stage = Stage(cfg, dtype="float32", seed=0, be=be)
+        shard = ParamShard(stage.param_buffer)
+        g = np.random.default_rng(2).standard_normal(stage.grad_buffer.size)
+        grad = g.astype(np.float32) if be is None else be.from_host(g.astype(np.float32))
+        order = {name: i for i, (name, _) in enumerate(stage.param_buffer.layout)}
+        norm = GradNorm([shard], order, Alone, stage.xp)
+        before = dict(be.xp.counts) if be is not None else {}
+        norms.append(norm.global_norm([grad]))
+        if be is not None:
+            gets = be.xp.counts["device_to_host"] - before.get("device_to_host", 0)
+            assert norm.kernels is not None and gets == 1
+    assert norms[1] == pytest.approx(norms[0], rel=1e-12)

@@ -190,3 +190,10 @@ def for_backend(be) -> Kernels | None:
         return (Kernels.for_library(be.xp),)
 
     return be.scratch.constant(("kernels",), build)[0]
+
+
+def check_on_device(xp) -> list[dict]:
+    """Each fused kernel against NumPy float64 on device library `xp` (ondevice.py):
+    `make gpu-check`'s smoke runs it on the GPU."""
+    from .ondevice import check_on_device as run
+    return run(xp)

@@ -12,7 +12,16 @@ import pytest
 from hpcpipe.device import standin
 from hpcpipe.device.backend import Backend
 from hpcpipe.device.kernels import hostbuild
-from hpcpipe.model.layers import attention, block, embedding, gelu, head, layernorm, loss, mlp
+from hpcpipe.model.layers import (
+    attention,
+    block,
+    embedding,
+    gelu,
+    head,
+    layernorm,
+    loss,
+    mlp,
+)
 from hpcpipe.optim.adamw import AdamW, ParamShard
 
 pytestmark = pytest.mark.needs("cuda", hostbuild.missing())

@@ -11,12 +11,21 @@ max_error is relative to the reference's largest magnitude; ok when under TOLERA
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 
-from . import Kernels
-from . import adamw, attention, cross_entropy, embedding, gelu, gradnorm, layernorm
+from . import (
+    Kernels,
+    adamw,
+    attention,
+    cross_entropy,
+    embedding,
+    gelu,
+    gradnorm,
+    layernorm,
+)
 
 TOLERANCE = 1e-5
 N, C = 48, 256  # rows and channels of the LayerNorm, GELU and loss checks
@@ -31,7 +40,7 @@ def _error(got, want) -> float:
 def _layernorm(k, xp, rng):
     x, dy = rng.standard_normal((N, C)), rng.standard_normal((N, C))
     w, b = rng.standard_normal(C), rng.standard_normal(C)
-    put = lambda a: xp.asarray(a.astype(np.float32))  # noqa: E731
+    put = lambda a: xp.asarray(a.astype(np.float32))
     y, dx = xp.empty((N, C), np.float32), xp.empty((N, C), np.float32)
     mean, rstd = xp.empty(N, np.float32), xp.empty(N, np.float32)
     dev = [put(a) for a in (x, w, b, dy)]
@@ -48,7 +57,7 @@ def _layernorm(k, xp, rng):
 
 def _gelu(k, xp, rng):
     x, dy = rng.standard_normal(N * C) * 3, rng.standard_normal(N * C)
-    put = lambda a: xp.asarray(a.astype(np.float32))  # noqa: E731
+    put = lambda a: xp.asarray(a.astype(np.float32))
     y, dx = xp.empty(N * C, np.float32), xp.empty(N * C, np.float32)
     gelu.forward(k, y, put(x))
     gelu.backward(k, dx, put(dy), put(x))
@@ -118,7 +127,7 @@ def _gradnorm(k, xp, rng):
     gradnorm.sums_of_squares(k, sums, partials, xp.asarray(g.astype(np.float32)),
                              xp.asarray(offsets))
     g32 = g.astype(np.float32).astype(np.float64)
-    want = [np.sum(g32[a:b] ** 2) for a, b in zip(offsets[:-1], offsets[1:])]
+    want = [np.sum(g32[a:b] ** 2) for a, b in itertools.pairwise(offsets)]
     return [("gradnorm.sums_of_squares", _error(sums.get(), want))]
 
 

@@ -59,13 +59,17 @@ def layernorm_forward(k, be, x, params):
                                 "weight": params["weight"], "be": be, "kernels": k}
 
 
-def layernorm_backward_input(dy, cache):
-    """dx = LayerNorm's input gradient; keeps dy for W (the weight gradients are
-    accumulated straight into the gradient buffer there, in one pass over dy and x)."""
-    k, x = cache["kernels"], cache["x"]
-    dy2 = _owned(cache["be"].xp, dy.reshape(x.shape))
-    dx = cache["be"].xp.empty_like(x)
-    k_layernorm.backward(k, dx, dy2, x, cache["mean"], cache["rstd"], cache.pop("weight"))
+def layernorm_backward_input(dy, cache, dresidual=None):
+    """dx = LayerNorm's input gradient (+ dresidual, in the same kernel); keeps dy for W
+    (the weight gradients are accumulated straight into the gradient buffer there, in
+    one pass over dy and x)."""
+    k, x, xp = cache["kernels"], cache["x"], cache["be"].xp
+    dy2 = _owned(xp, dy.reshape(x.shape))
+    dx = xp.empty_like(x)
+    if dresidual is not None:
+        dresidual = _owned(xp, dresidual.reshape(x.shape))
+    k_layernorm.backward(k, dx, dy2, x, cache["mean"], cache["rstd"], cache.pop("weight"),
+                         dresidual)
     cache["dy"] = dy2
     return dx.reshape(dy.shape)
 

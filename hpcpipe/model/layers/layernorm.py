@@ -79,9 +79,18 @@ def _planes(be, name: str, like):
     return scratch[0], scratch[1]
 
 
-def backward_input(dy, cache):
+def backward_input(dy, cache, dresidual=None):
+    """dx = LayerNorm's input gradient of dy, plus `dresidual` (the residual branch's
+    gradient, when given: on a device one kernel adds it before its one rounding)."""
     if "kernels" in cache:
-        return fused.layernorm_backward_input(dy, cache)
+        return fused.layernorm_backward_input(dy, cache, dresidual)
+    dx = _backward_input(dy, cache)
+    if dresidual is not None:
+        dx += dresidual
+    return dx
+
+
+def _backward_input(dy, cache):
     be = cache["be"]
     xp = be.xp
     xhat, rstd = cache["xhat"], cache["rstd"]

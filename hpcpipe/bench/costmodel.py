@@ -150,10 +150,14 @@ def register_fused(log: shapes.Log, name: str, reads: int, writes: int, flops: i
 
 def kernel_seconds(k: shapes.Kernel, rates: GpuRates) -> float:
     """GPU time of one kernel: its FLOPs or its bytes at the rate of its kind, plus the
-    per-kernel cost."""
+    per-kernel cost. A fused kernel that declares FLOPs (flash attention's scalar
+    products) takes the longer of its traffic and its arithmetic at `precision`'s rate."""
     if k.kind == "gemm":
         return k.flops / rates.gemm_flops_per_s[k.precision] + rates.kernel_s
-    return (k.reads + k.writes) / rates.elementwise_bytes_per_s + rates.kernel_s
+    traffic = (k.reads + k.writes) / rates.elementwise_bytes_per_s
+    if k.flops:
+        traffic = max(traffic, k.flops / rates.gemm_flops_per_s[k.precision])
+    return traffic + rates.kernel_s
 
 
 @dataclass
@@ -201,17 +205,18 @@ def timeline_seconds(log: shapes.Log, rates: GpuRates) -> tuple[float, float, fl
 # -- counting a step --------------------------------------------------------------------
 
 def count_step(cfg, idx, targets, microbatches: int = 1, dtype: str = "bfloat16",
-               tf32: bool = False) -> shapes.Log:
+               tf32: bool = False, fused: bool = True) -> shapes.Log:
     """The kernels of one training step on one stage holding the whole model: zero_grad,
     F, B and W of each microbatch (idx, targets: (batch, T) host token arrays, cut into
     `microbatches` equal parts), the tied head's gradient folded in, AdamW — what
     `bench step` times. A first step warms up (constants, workspaces) uncounted. The
-    loss's `float()` and the final synchronisation are the caller's, not counted."""
+    loss's `float()` and the final synchronisation are the caller's, not counted.
+    fused=False: CuPy's unfused operations instead of the fused kernels (the "before")."""
     from hpcpipe.model import Stage  # (model imports the layers; imported here, when used)
     from hpcpipe.optim.adamw import AdamW, ParamShard
 
     device = shapes.device(tf32)
-    be = Backend(xp=device, name="simgpu", device_id=0)
+    be = Backend(xp=device, name="simgpu", device_id=0, fused=fused)
     stage = Stage(cfg, dtype=dtype, seed=0, be=be)
     opt = AdamW(ParamShard(stage.param_buffer), be, beta1=0.9, beta2=0.95, eps=1e-8,
                 weight_decay=0.1)

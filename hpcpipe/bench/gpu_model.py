@@ -25,6 +25,7 @@ EPILOG = """\
 examples:
   python -m hpcpipe bench gpu-model                       # GPT-2 124M, batch 16 × 1024, bf16, H200
   python -m hpcpipe bench gpu-model --microbatches 16     # 1-sequence microbatches (a pipeline's)
+  python -m hpcpipe bench gpu-model --unfused             # without the fused kernels (before)
   python -m hpcpipe bench gpu-model --tokens corpus --json gpu-model.json
   python -m hpcpipe bench gpu-model --calibration bench/results/…-calibration.json"""
 
@@ -46,6 +47,8 @@ def add_parser(sub):
     p.add_argument("--tokens", choices=batches.TOKENS, default="uniform",
                    help="how the tokens are drawn (uniform); the embedding gradient's rounds "
                         "depend on them")
+    p.add_argument("--unfused", action="store_true",
+                   help="CuPy's unfused operations, without the fused kernels (the before)")
     p.add_argument("--gpu", choices=sorted(costmodel.GPUS), default="h200")
     p.add_argument("--calibration", metavar="FILE",
                    help="measured rates (JSON, from make gpu-check) replacing the stated ones")
@@ -65,7 +68,8 @@ def predict(args) -> dict:
     if args.calibration:
         rates = costmodel.calibrate(rates, args.calibration)
     idx, targets = batches.batch(args.tokens, cfg.vocab_size, args.batch, cfg.block_size)
-    log = costmodel.count_step(cfg, idx, targets, args.microbatches, args.dtype, args.tf32)
+    log = costmodel.count_step(cfg, idx, targets, args.microbatches, args.dtype, args.tf32,
+                               fused=not args.unfused)
     tokens = args.batch * cfg.block_size
     cost = costmodel.summarise(log, rates, tokens, args.microbatches)
     if rates.torch_tokens_per_s and (args.model, args.batch, args.dtype) == (
@@ -75,7 +79,7 @@ def predict(args) -> dict:
              "n_head": cfg.n_head, "block_size": cfg.block_size,
              "vocab_size": cfg.vocab_size, "batch": args.batch,
              "microbatches": args.microbatches, "dtype": args.dtype, "tf32": args.tf32,
-             "tokens": args.tokens, "gpu": args.gpu}
+             "tokens": args.tokens, "gpu": args.gpu, "fused": not args.unfused}
     return {"suite": "gpu_model", **cost, "setup": setup,
             "rates": {**vars(rates)}, "counted_on": "shape-only device (CuPy 14.2 rules)"}
 

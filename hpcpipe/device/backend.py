@@ -42,6 +42,9 @@ class Backend:
     device_id: int | None  # CUDA device ordinal for cupy, None for numpy
     pool: ThreadPool = field(default_factory=ThreadPool)  # the CPU's threads (GPU: unused)
     scratch: Scratch = None  # workspaces and constants of this backend
+    # A device runs the fused kernels (device/kernels); False keeps CuPy's unfused
+    # operations (the cost model's "before", and a way round a kernel in doubt).
+    fused: bool = True
 
     def __post_init__(self):
         if self.scratch is None:

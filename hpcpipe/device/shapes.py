@@ -64,7 +64,9 @@ class ShapeDeviceError(TypeError):
 class Kernel:
     """One launch: what it is, the bytes it moves, its FLOPs (GEMMs) and where it ran.
 
-    kind: elementwise | reduction | copy | fill | gather | scatter | scan | sort | gemm.
+    kind: elementwise | reduction | copy | fill | gather | scatter | scan | sort | gemm |
+    fused (a RawModule kernel; its flops, when it declares any, are arithmetic off the
+    tensor cores, at the rate of `precision`).
     precision (GEMMs): bf16 | bf16_unaligned | fp16 | tf32 | fp32 | fp32_batched | fp64.
     label: the (part, layer, phase) the recorder was in (costmodel.py sets it)."""
 
@@ -490,6 +492,17 @@ class _Gemms:
         return out
 
 
+    def gemm_accumulate(self, a, b, out):
+        """cuBLAS gemmEx with 16-bit operands, a float32 output and beta = 1
+        (device/gemm.py): one tensor-core GEMM reading a, b and out, writing out."""
+        for x in (a, b, out):
+            self._check(x, "an operand")
+        (M, K), N = a.shape, b.shape[1]
+        self.kernel_log.launch("gemm", "gemmEx", a.nbytes + b.nbytes + out.nbytes,
+                               out.nbytes, 2 * M * N * K,
+                               self._precision(a.dtype, False, (M, N, K)))
+
+
 class ShapeDevice(_Allocations, _Gemms, types.ModuleType):
     """The shape-only `xp`. tf32: 2-D float32 GEMMs on TF32 tensor cores (CUPY_TF32=1)."""
 
@@ -521,8 +534,10 @@ class ShapeDevice(_Allocations, _Gemms, types.ModuleType):
         self.RawModule = _raw_module_factory(self)
 
     def declare_traffic(self, kernel: str, traffic):
-        """A fused kernel's traffic, `traffic(args) -> (bytes read, bytes written)`, for
-        the launches of RawModule function `kernel` (the kernels package declares it)."""
+        """A fused kernel's traffic, `traffic(args) -> (bytes read, bytes written)` or
+        `(bytes read, bytes written, flops, precision)` for one that computes enough to
+        matter, for the launches of RawModule function `kernel` (the kernels package
+        declares it: kernels/traffic.py)."""
         self.traffic[kernel] = traffic
 
 
@@ -732,11 +747,14 @@ class _RawKernel:
 
     def __call__(self, grid, block, args, shared_mem=0, stream=None):
         declared = self._device.traffic.get(self.name)
-        if declared is not None:
-            reads, writes = declared(args)
+        flops, precision = 0, ""
+        if declared is not None:  # (reads, writes) or (reads, writes, flops, precision)
+            reads, writes, *arithmetic = declared(args)
+            if arithmetic:
+                flops, precision = arithmetic
         else:  # a fused kernel touches each operand once; which are outputs is unknown
             reads, writes = sum(a.nbytes for a in args if isinstance(a, ShapeArray)), 0
-        self._device.kernel_log.launch("fused", self.name, reads, writes)
+        self._device.kernel_log.launch("fused", self.name, reads, writes, flops, precision)
 
 
 def _raw_module_factory(device):

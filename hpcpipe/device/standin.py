@@ -397,6 +397,14 @@ class SimDevice(types.ModuleType):
     def asnumpy(self, a):
         return a.get() if isinstance(a, DeviceArray) else np.asarray(a)
 
+    def gemm_accumulate(self, a, b, out):
+        """cuBLAS gemmEx with 16-bit operands, a float32 output and beta = 1
+        (device/gemm.py checks the operands): out += a @ b, the product of the operands
+        widened to float32 (exact) in NumPy's float32 GEMM, then added — what the unfused
+        path computed, so the stand-in's numbers stay the same."""
+        a32, b32 = (self.unwrap(x, "a GEMM operand").astype(np.float32) for x in (a, b))
+        self.unwrap(out, "the GEMM output")[...] += np.matmul(a32, b32)
+
     def __getattr__(self, name):
         if name not in cupy_api.NAMES:
             raise AttributeError(f"CuPy 14.2 has no cupy.{name}: the device stand-in offers "

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from hpcpipe.device import backend
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype
 from hpcpipe.model.layers import block, embedding, head, layernorm, loss, scope
@@ -197,8 +195,9 @@ class Stage:
             logits, caches["head"] = head.forward(x, P, be, tp, padding_mask(cfg))
             if targets is None and not keep:
                 return logits, None  # (under tensor parallelism: this shard's columns)
-            if self.dtype.itemsize < 4:  # 16-bit compute: softmax and loss in float32
-                logits = logits.astype(np.float32)
+            wanted = loss.logits_dtype(be, self.dtype, tp)  # 16-bit: float32 unless fused
+            if logits.dtype != wanted:
+                logits = logits.astype(wanted)
             x, caches["loss"] = loss.forward(logits, targets, be, tp)
         return x, caches
 

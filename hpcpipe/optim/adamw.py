@@ -9,8 +9,11 @@ the stage's gradient buffer in place, ZeRO-1 delivers a fresh shard each step.
 
 The update runs block by block over the shard, every operation in place or into two
 block-sized scratch arrays, so the four state arrays are read and written once per step
-instead of once per operation. Weight decay is decoupled (AdamW) and applies to matrices
-only, through a 0/1 mask laid out like the shard.
+instead of once per operation. On a device the whole update is one fused kernel
+(kernels/adamw.cu: the same operations in the same order and rounding, so the same
+bits), which also writes the bfloat16 copy the model computes with. Weight decay is
+decoupled (AdamW) and applies to matrices only, through a 0/1 mask laid out like the
+shard.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcpipe.device import kernels as device_kernels
 from hpcpipe.device.dtypes import is_16bit
+from hpcpipe.device.kernels import adamw as adamw_kernel
+from hpcpipe.device.kernels.arrays import is_contiguous
 
 
 def learning_rate(step: int, lr: float, min_lr: float, warmup_steps: int, total_steps: int) -> float:
@@ -158,8 +164,30 @@ class AdamW:
         shard), multiplied by `grad_scale` first (clipping and unscaling) without modifying
         `grad`; the compute-dtype parameters follow."""
         self.t += 1
+        if self._fused_step(grad, float(lr), float(grad_scale)):
+            return
         self._update(grad, float(lr), float(grad_scale))
         self.shard.push()
+
+    def _fused_step(self, grad, lr: float, grad_scale: float) -> bool:
+        """The update and the push as one kernel, on a device whose kernels take these
+        arrays (float32 or float64 masters, a gradient of their dtype, a bfloat16 copy or
+        none); False where the unfused passes must run."""
+        kernels = device_kernels.for_backend(self.be)
+        shard, master = self.shard, self.shard.master
+        if (kernels is None or master.dtype.name not in ("float32", "float64")
+                or grad.dtype != master.dtype or grad.shape != master.shape
+                or not is_contiguous(grad)):
+            return False
+        copy = None
+        if shard.has_master:
+            if shard.params.dtype.name != "bfloat16" or not is_contiguous(shard.params):
+                return False  # (float16 copies: the unfused update and push)
+            copy = shard.params
+        adamw_kernel.step(kernels, master, self.m, self.v, grad, self.decay_mask, copy,
+                          self.t, lr, self.beta1, self.beta2, self.eps, self.weight_decay,
+                          grad_scale)
+        return True
 
     def _update(self, grad, lr: float, grad_scale: float):
         xp, be = self.be.xp, self.be

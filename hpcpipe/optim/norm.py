@@ -14,6 +14,9 @@ import math
 
 import numpy as np
 
+from hpcpipe.device.kernels import Kernels, gradnorm, hostbuild
+from hpcpipe.device.kernels.arrays import is_contiguous
+
 
 class GradNorm:
     """Sums of squares of the gradients this rank's optimizer shards hold.
@@ -26,23 +29,51 @@ class GradNorm:
     def __init__(self, shards, order: dict, group, xp, tp_rank: int = 0):
         self.shards, self.order, self.group, self.xp = shards, order, group, xp
         self.tp_rank = tp_rank
+        # The device's kernels (compiled on first use); None on the CPU and on a
+        # stand-in that cannot build them (hostbuild.missing()).
+        runnable = xp is not np and (hasattr(xp, "RawModule") or not hostbuild.missing())
+        self.kernels = Kernels.for_library(xp) if runnable else None
 
     def segments(self, grads) -> list[tuple[tuple, float]]:
         """((model order, tensor shard, first element), float64 sum of squares) of every
-        segment this rank counts; `grads[i]` is shard i's gradient."""
+        segment this rank counts; `grads[i]` is shard i's gradient. On a device every
+        segment of a shard is summed by one kernel pair and the sums come home in one
+        transfer (kernels/gradnorm.cu), not one host sync per tensor."""
         xp, out = self.xp, []
         for shard, grad in zip(self.shards, grads):
-            for segment in shard.segments:
+            on_device = self._device_sums(shard, grad)
+            for i, segment in enumerate(shard.segments):
                 if segment.name == "wte" and not shard.owns_wte:
                     continue
                 if segment.name in shard.copies and self.tp_rank > 0:
                     continue
-                part = grad[segment.v0:segment.v1]
-                if segment.t1 - segment.t0 == part.size == int(np.prod(segment.shape)):
-                    part = part.reshape(segment.shape)  # a whole tensor: summed as one
-                out.append(((self.order[segment.name], self.tp_rank, segment.t0),
-                            float(xp.sum(xp.square(part, dtype=np.float64)))))
+                if on_device is not None:
+                    value = float(on_device[i])
+                else:
+                    part = grad[segment.v0:segment.v1]
+                    if segment.t1 - segment.t0 == part.size == int(np.prod(segment.shape)):
+                        part = part.reshape(segment.shape)  # a whole tensor: summed as one
+                    value = float(xp.sum(xp.square(part, dtype=np.float64)))
+                out.append(((self.order[segment.name], self.tp_rank, segment.t0), value))
         return out
+
+    def _device_sums(self, shard, grad) -> np.ndarray | None:
+        """Every segment's float64 sum of squares on the host, from one launch pair and
+        one `get()`; None on the CPU, or where the kernels cannot take this gradient."""
+        kernels = self.kernels
+        segments = shard.segments
+        if (kernels is None or not segments or grad.ndim != 1
+                or grad.dtype.name not in ("bfloat16", "float32", "float64")
+                or not is_contiguous(grad)):
+            return None
+        bounds = np.array([s.v0 for s in segments] + [segments[-1].v1], dtype=np.int64)
+        if np.any(bounds[1:-1] != np.array([s.v1 for s in segments[:-1]], dtype=np.int64)):
+            return None  # (a shard's segments tile it; anything else is summed unfused)
+        xp = self.xp
+        sums = xp.empty(len(segments), dtype=np.float64)
+        partials = xp.empty(gradnorm.partials_shape(len(segments)), dtype=np.float64)
+        gradnorm.sums_of_squares(kernels, sums, partials, grad, xp.asarray(bounds))
+        return sums.get()
 
     def local(self, grads) -> tuple[float, bool]:
         """This rank's sum of squares, and whether it is not finite."""

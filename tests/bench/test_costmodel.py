@@ -18,9 +18,11 @@ from harness.mpirun import run
 SMALL = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16)
 
 
-def on_shapes(tf32=False):
+def on_shapes(tf32=False, fused=False):
+    """The shape-only device; by default without the fused kernels: CuPy's own launch
+    rules, which the hand counts below check."""
     device = shapes.device(tf32)
-    return device, Backend(xp=device, name="simgpu", device_id=0)
+    return device, Backend(xp=device, name="simgpu", device_id=0, fused=fused)
 
 
 def kernels(device):
@@ -121,9 +123,11 @@ def test_the_embedding_gradient_waits_once_per_round_of_its_most_frequent_token(
 
 def test_a_step_counts_every_part_and_scales_with_microbatches():
     idx, targets = batches.batch("uniform", SMALL.vocab_size, 4, SMALL.block_size)
-    one = costmodel.summarise(costmodel.count_step(SMALL, idx, targets, 1, "float32"),
+    one = costmodel.summarise(costmodel.count_step(SMALL, idx, targets, 1, "float32",
+                                                   fused=False),
                               costmodel.GPUS["h200"], 4 * SMALL.block_size)
-    four = costmodel.summarise(costmodel.count_step(SMALL, idx, targets, 4, "float32"),
+    four = costmodel.summarise(costmodel.count_step(SMALL, idx, targets, 4, "float32",
+                                                    fused=False),
                                costmodel.GPUS["h200"], 4 * SMALL.block_size, 4)
     parts = {(p["part"], p["phase"]): p for p in one["parts"]}
     assert {p for p, _ in parts} >= {"zero_grad", "embedding", "blocks", "ln_f", "head",
@@ -209,3 +213,36 @@ def test_an_in_place_operator_on_a_slice_is_one_kernel():
     b = device.empty((4, 8), np.float32)
     a[:, 1] = b  # another array: a copy
     assert [k.name for k in device.kernel_log.kernels] == ["multiply", "copy"]
+
+
+FLASH = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=64)  # HS 32
+
+
+def test_the_fused_step_has_no_host_sync_no_fp32_gemm_and_fewer_launches():
+    idx, targets = batches.batch("uniform", FLASH.vocab_size, 4, FLASH.block_size)
+    rates, tokens = costmodel.GPUS["h200"], 4 * FLASH.block_size
+    fused = costmodel.summarise(costmodel.count_step(FLASH, idx, targets), rates, tokens)
+    unfused = costmodel.summarise(costmodel.count_step(FLASH, idx, targets, fused=False),
+                                  rates, tokens)
+    assert fused["host_syncs"] == 0 < unfused["host_syncs"]
+    assert set(fused["gemm_flops"]) <= {"bf16", "bf16_unaligned"}
+    assert "fp32_batched" in unfused["gemm_flops"]
+    assert fused["launches"] < unfused["launches"] / 3
+    assert fused["non_gemm_bytes"] < unfused["non_gemm_bytes"]
+    optimizer = [p for p in fused["parts"] if p["part"] == "optimizer"]
+    assert [p["launches"] for p in optimizer] == [1]  # AdamW: one kernel
+
+
+def test_every_fused_launch_has_declared_traffic_and_attention_its_flops():
+    idx, targets = batches.batch("uniform", FLASH.vocab_size, 4, FLASH.block_size)
+    log = costmodel.count_step(FLASH, idx, targets)
+    fused = [k for k in log.kernels if k.kind == "fused"]
+    assert fused and all(k.writes > 0 for k in fused)  # the default declares no writes
+    B, T, NH, HS = 4, FLASH.block_size, FLASH.n_head, FLASH.n_embd // FLASH.n_head
+    pairs = B * NH * T * (T + 1) // 2
+    forward = [k for k in fused if k.name == "attention_forward_bf16"]
+    assert len(forward) == FLASH.n_layer
+    assert (forward[0].flops, forward[0].precision) == (4 * HS * pairs, "fp32")
+    k = forward[0]
+    assert costmodel.kernel_seconds(k, costmodel.GPUS["h200"]) == pytest.approx(
+        max((k.reads + k.writes) / 3.0e12, k.flops / 45e12) + 3e-6)

@@ -154,6 +154,9 @@ class Kernels:
     def for_library(cls, xp) -> Kernels:
         """CuPy's RawModule for CuPy, the host-build double for anything else (the device
         stand-in)."""
+        if hasattr(xp, "declare_traffic"):  # a library that counts launches (shapes.py)
+            from .traffic import declare
+            declare(xp)
         if hasattr(xp, "RawModule"):
             return cls(xp.RawModule)
         from .rawmodule import RawModule
@@ -169,3 +172,28 @@ class Kernels:
         if kernel not in SOURCES[source].kernels:
             raise KeyError(f"{source}.cu has no kernel {kernel}")
         return self.module(source).get_function(kernel)
+
+
+def for_backend(be) -> Kernels | None:
+    """The kernels of a Backend's library, built once per backend (kept in its scratch);
+    None where the fused path does not run: on the CPU (NumPy runs its own passes), on a
+    backend made with fused=False, and on
+    the device stand-in where the host build cannot (no g++ or CUDA headers:
+    hostbuild.missing() says which). The shape-only device and CuPy always have them."""
+    if not be.is_gpu or not getattr(be, "fused", True):
+        return None
+
+    def build():
+        from . import hostbuild
+        if not hasattr(be.xp, "RawModule") and hostbuild.missing():
+            return (None,)
+        return (Kernels.for_library(be.xp),)
+
+    return be.scratch.constant(("kernels",), build)[0]
+
+
+def check_on_device(xp) -> list[dict]:
+    """Each fused kernel against NumPy float64 on device library `xp` (ondevice.py):
+    `make gpu-check`'s smoke runs it on the GPU."""
+    from .ondevice import check_on_device as run
+    return run(xp)

@@ -45,6 +45,7 @@ on one core or many.
 
 import numpy as np
 
+from hpcpipe.device import gemm
 from hpcpipe.device.backend import Backend
 from hpcpipe.device.dtypes import is_16bit
 
@@ -210,6 +211,22 @@ def _gpu_matmul(be: Backend, a, b, out, bias):
     xp.matmul(a, b, out=out)
     if bias is not None:
         out += bias
+
+
+def matmul_accumulate(be: Backend, a, b, out, workspace: str):
+    """out += a @ b for 2-D operands: the weight gradients, added into the gradient
+    buffer. On a device, 16-bit operands into a float32 `out` are one cuBLAS gemmEx with
+    beta = 1 (tensor cores, fp32 accumulation, no widened copies, no separate add:
+    device/gemm.py); otherwise the product goes through workspace `workspace` and is
+    added after (`matmul`'s rules, the CPU's bits; also a device backend made with
+    fused=False, the cost model's "before")."""
+    if (be.is_gpu and be.fused and is_16bit(a.dtype) and a.dtype == b.dtype
+            and np.dtype(out.dtype) == np.float32):
+        gemm.accumulate(be.xp, a, b, out)
+        return
+    product = be.scratch.workspace(workspace, out.shape, out.dtype)
+    matmul(be, a, b, product)
+    out += product
 
 
 def column_sums(be: Backend, x, out):

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from . import backend_for, linear, row_blocks, scope, wide
+from . import backend_for, fused, linear, row_blocks, scope, wide
 
 # Query rows per tile on the CPU: small enough that a tile's scores (NH · QUERY_TILE · T)
 # stay in cache, large enough to keep the matmuls efficient.
@@ -68,6 +68,12 @@ def forward(x, params, n_head, be=None, tp=None):
         n_head //= tp.size
     qkv, c_attn = linear.forward(x, scope(params, "c_attn."), be, tp,
                                  "columns")  # (B, T, 3·NH·HS), ours
+    kernels = fused.kernels(be)
+    if kernels is not None and fused.takes(qkv) and fused.attention_fits(qkv, n_head):
+        y, core = fused.attention_forward(kernels, be, qkv, n_head)  # no T×T matrix
+        out, c_proj = linear.forward(y, scope(params, "c_proj."), be, tp, "rows")
+        return out, {"c_attn": c_attn, "c_proj": c_proj, "core": core, "n_head": n_head,
+                     "be": be, "kernels": kernels}
     B, T = qkv.shape[:2]  # (under sequence parallelism x held T/tp of each sequence)
     storage = qkv.dtype
     qkv = qkv.astype(wide(storage), copy=False)  # 16-bit: the core runs in float32
@@ -127,6 +133,11 @@ def rebuild_core(cache):
 
 
 def backward_input(dout, cache):
+    if "core" in cache:  # the device path: the flash kernels (fused.py)
+        dy = linear.backward_input(dout, cache["c_proj"])  # (B, T, C)
+        cache["dqkv"] = fused.attention_backward(cache["kernels"], cache["be"], dy,
+                                                 cache.pop("core"), cache["n_head"])
+        return linear.backward_input(cache["dqkv"], cache["c_attn"])
     q, k, v, att = cache.pop("q"), cache.pop("k"), cache.pop("v"), cache.pop("att")
     be = cache["be"]
     xp = be.xp

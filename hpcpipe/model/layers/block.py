@@ -42,11 +42,9 @@ def rebuild(cache):
 
 def backward_input(dout, cache):
     db = mlp.backward_input(dout, cache["mlp"])  # the residual passes dout to the MLP
-    dx1 = layernorm.backward_input(db, cache["ln_2"])
-    dx1 += dout
+    dx1 = layernorm.backward_input(db, cache["ln_2"], dresidual=dout)  # + the residual's
     da = attention.backward_input(dx1, cache["attn"])
-    dx = layernorm.backward_input(da, cache["ln_1"])
-    dx += dx1
+    dx = layernorm.backward_input(da, cache["ln_1"], dresidual=dx1)
     cache["d"] = {"mlp": dout, "attn": dx1}  # (the LayerNorms took theirs in B)
     return dx
 

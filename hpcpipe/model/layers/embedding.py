@@ -10,7 +10,7 @@ comes from exactly one shard, so the sum is that row, exactly.
 
 import numpy as np
 
-from . import backend_for
+from . import backend_for, fused
 
 
 def forward(idx, params, be=None, tp=None):
@@ -53,6 +53,11 @@ def backward_weight(dx, cache, grads):
     whose order on a GPU changes from run to run."""
     dx = cache.pop("dx", dx)  # (sequence parallelism: the gathered one)
     be = backend_for(dx, cache.get("be"))  # (a cache made by hand holds only idx)
+    kernels = fused.kernels(be)
+    if kernels is not None and fused.takes(dx) and fused.takes(grads["wte"]):
+        fused.embedding_backward_weight(kernels, be, dx, cache["idx"], grads,
+                                        cache.get("elsewhere"))
+        return
     xp = be.xp
     idx = cache["idx"]
     B, T, C = dx.shape

@@ -18,7 +18,7 @@ with t = tanh u, since 1 - t² = 4 h (1 - h).
 
 import math
 
-from . import backend_for, row_blocks, wide, widen
+from . import backend_for, fused, row_blocks, wide, widen
 
 _K = math.sqrt(2.0 / math.pi)
 _A = 0.044715
@@ -26,6 +26,9 @@ _A = 0.044715
 
 def forward(x, params=None, be=None):
     be = backend_for(x, be)
+    kernels = fused.kernels(be)
+    if kernels is not None and fused.takes(x):
+        return fused.gelu_forward(kernels, be, x)
     xp = be.xp
     D = x.shape[-1]
     x2 = x.reshape(-1, D)  # (N, D)
@@ -66,6 +69,8 @@ def forward(x, params=None, be=None):
 
 
 def backward_input(dy, cache):
+    if "kernels" in cache:
+        return fused.gelu_backward_input(dy, cache)
     dydx = cache.pop("dydx")  # only B needs it, and only once: the gradient goes in place
     be = cache["be"]
     d2, dy2 = dydx.reshape(-1, dydx.shape[-1]), dy.reshape(-1, dy.shape[-1])

@@ -13,7 +13,7 @@ Padded vocabulary (`vocab`, below wte's rows): the logits of the padding rows ar
 gradient (softmax − onehot) of exactly 0 for them, in W as in B.
 """
 
-from . import backend_for, matmul
+from . import backend_for, matmul, matmul_accumulate
 
 
 def forward(x, params, be=None, tp=None, vocab=None):
@@ -42,9 +42,8 @@ def backward_input(dlogits, cache):
 def backward_weight(dlogits, cache, grads):
     be, x = cache["be"], cache["x"]
     V, C = dlogits.shape[-1], x.shape[-1]
-    dwte = be.scratch.workspace("head.dwte", (V, C), grads["wte"].dtype)
-    matmul(be, dlogits.reshape(-1, V).T, x.reshape(-1, C), dwte)
-    grads["wte"] += dwte
+    matmul_accumulate(be, dlogits.reshape(-1, V).T, x.reshape(-1, C), grads["wte"],
+                      "head.dwte")
 
 
 def backward(dlogits, cache, grads):

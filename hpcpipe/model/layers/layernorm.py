@@ -12,7 +12,7 @@ each row's number independent of the rows around it).
 
 import numpy as np
 
-from . import backend_for, column_sums, row_blocks, wide, widen
+from . import backend_for, column_sums, fused, row_blocks, wide, widen
 
 EPS = 1e-5
 
@@ -36,6 +36,9 @@ def forward(x, params, be=None, tp=None):
     """tp: under sequence parallelism x holds T/tp of each sequence, and the weight
     gradients B takes are this shard's part, summed over the shards in B."""
     be = backend_for(x, be)
+    kernels = fused.kernels(be) if tp is None or not tp.sequence else None
+    if kernels is not None and fused.takes(x):
+        return fused.layernorm_forward(kernels, be, x, params)
     xp = be.xp
     C = x.shape[-1]
     x2 = x.reshape(-1, C)  # (N, C)
@@ -76,7 +79,18 @@ def _planes(be, name: str, like):
     return scratch[0], scratch[1]
 
 
-def backward_input(dy, cache):
+def backward_input(dy, cache, dresidual=None):
+    """dx = LayerNorm's input gradient of dy, plus `dresidual` (the residual branch's
+    gradient, when given: on a device one kernel adds it before its one rounding)."""
+    if "kernels" in cache:
+        return fused.layernorm_backward_input(dy, cache, dresidual)
+    dx = _backward_input(dy, cache)
+    if dresidual is not None:
+        dx += dresidual
+    return dx
+
+
+def _backward_input(dy, cache):
     be = cache["be"]
     xp = be.xp
     xhat, rstd = cache["xhat"], cache["rstd"]
@@ -142,7 +156,10 @@ def _weight_gradients(be, dy2, xhat, tp=None):
 
 
 def backward_weight(dy, cache, grads):
-    """W: add the weight gradients B computed (see `backward_input`); `dy` is not needed."""
+    """W: add the weight gradients B computed (see `backward_input`); `dy` is not needed.
+    (The device path computes them here, from the dy B kept: fused.py.)"""
+    if "kernels" in cache:
+        return fused.layernorm_backward_weight(cache, grads)
     dweight, dbias = cache.pop("dparams")
     grads["weight"] += dweight
     grads["bias"] += dbias

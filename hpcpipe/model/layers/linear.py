@@ -18,7 +18,7 @@ row-parallel one scatters its summed output (and gathers B's output gradient, wh
 then reuses).
 """
 
-from . import backend_for, column_sums, matmul
+from . import backend_for, column_sums, matmul, matmul_accumulate
 
 
 def forward(x, params, be=None, tp=None, split=None):
@@ -54,9 +54,7 @@ def backward_weight(dy, cache, grads):
     be, x = cache["be"], cache["x"]
     x2 = x.reshape(-1, x.shape[-1])  # (N, IN)
     dy2 = dy.reshape(-1, dy.shape[-1])  # (N, OUT)
-    dw = be.scratch.workspace("linear.dw", grads["weight"].shape, grads["weight"].dtype)
-    matmul(be, x2.T, dy2, dw)
-    grads["weight"] += dw
+    matmul_accumulate(be, x2.T, dy2, grads["weight"], "linear.dw")
     column_sums(be, dy2, grads["bias"])
 
 

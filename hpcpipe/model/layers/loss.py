@@ -11,13 +11,34 @@ logits are never gathered. The shards agree on each row's maximum, then sum thei
 exponentials and the target's logit (held by exactly one shard) in one all-reduce.
 """
 
-from . import backend_for
+import numpy as np
+
+from hpcpipe.device.dtypes import is_16bit
+
+from . import backend_for, fused
+
+
+def logits_dtype(be, dtype, tp=None) -> np.dtype:
+    """The dtype F takes its logits in, for a model computing in `dtype`: 16-bit logits
+    are widened to float32 first on the NumPy path; the fused kernel reads them as they
+    are (and writes the gradient in their dtype)."""
+    dtype = np.dtype(dtype)
+    if not is_16bit(dtype) or (_fused(be, tp) and dtype.name in fused.KERNEL_DTYPES):
+        return dtype
+    return np.dtype(np.float32)
+
+
+def _fused(be, tp):
+    return fused.kernels(be) if tp is None or tp.size == 1 else None
 
 
 def forward(logits, targets, be=None, tp=None):
     be = backend_for(logits, be)
     if tp is not None and tp.size > 1:
         return _vocabulary_parallel(logits, targets, be, tp)
+    kernels = _fused(be, tp)
+    if kernels is not None and fused.takes(logits):
+        return fused.loss_forward(kernels, be, logits, targets)
     xp = be.xp
     V = logits.shape[-1]
     x = logits.reshape(-1, V)  # (N, V)
@@ -61,6 +82,8 @@ def _vocabulary_parallel(logits, targets, be, tp):
 
 def backward_input(scale, cache):
     """d(mean loss)/d logits = (softmax - onehot) / N, times `scale`."""
+    if "dlogits" in cache:  # the device path made it in F (fused.py)
+        return fused.loss_backward_input(scale, cache)
     xp = cache["be"].xp
     dlogits = cache.pop("probs")  # the cache's softmax becomes the gradient, in place
     targets = cache.pop("targets")

@@ -1,0 +1,145 @@
+"""Each fused kernel on small float32 inputs against a NumPy float64 reference, on any
+device library (CuPy on a GPU; the stand-in runs the host builds): what `make
+gpu-check`'s smoke calls through `check_on_device(xp)`. Shapes are small, so the whole
+check takes the kernels' first compiles and well under a second of device time.
+
+    [{"kernel": "layernorm.forward", "max_error": 3e-7, "ok": True}, ...]
+
+max_error is relative to the reference's largest magnitude; ok when under TOLERANCE
+(float32 arithmetic, sums of a few hundred terms).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from . import (
+    Kernels,
+    adamw,
+    attention,
+    cross_entropy,
+    embedding,
+    gelu,
+    gradnorm,
+    layernorm,
+)
+
+TOLERANCE = 1e-5
+N, C = 48, 256  # rows and channels of the LayerNorm, GELU and loss checks
+B, T, NH, HS = 2, 40, 2, 32  # attention
+
+
+def _error(got, want) -> float:
+    want = np.asarray(want, np.float64)
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(1e-30, np.abs(want).max()))
+
+
+def _layernorm(k, xp, rng):
+    x, dy = rng.standard_normal((N, C)), rng.standard_normal((N, C))
+    w, b = rng.standard_normal(C), rng.standard_normal(C)
+    put = lambda a: xp.asarray(a.astype(np.float32))
+    y, dx = xp.empty((N, C), np.float32), xp.empty((N, C), np.float32)
+    mean, rstd = xp.empty(N, np.float32), xp.empty(N, np.float32)
+    dev = [put(a) for a in (x, w, b, dy)]
+    layernorm.forward(k, y, mean, rstd, dev[0], dev[1], dev[2])
+    layernorm.backward(k, dx, dev[3], dev[0], mean, rstd, dev[1])
+    mu, r = x.mean(1, keepdims=True), 1 / np.sqrt(x.var(1, keepdims=True) + 1e-5)
+    xhat = (x - mu) * r
+    dxhat = dy * w
+    want_dx = r * (dxhat - dxhat.mean(1, keepdims=True)
+                   - xhat * (dxhat * xhat).mean(1, keepdims=True))
+    return [("layernorm.forward", _error(y.get(), xhat * w + b)),
+            ("layernorm.backward", _error(dx.get(), want_dx))]
+
+
+def _gelu(k, xp, rng):
+    x, dy = rng.standard_normal(N * C) * 3, rng.standard_normal(N * C)
+    put = lambda a: xp.asarray(a.astype(np.float32))
+    y, dx = xp.empty(N * C, np.float32), xp.empty(N * C, np.float32)
+    gelu.forward(k, y, put(x))
+    gelu.backward(k, dx, put(dy), put(x))
+    u = math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)
+    du = math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x ** 2)
+    want_dx = dy * (0.5 * (1 + np.tanh(u)) + 0.5 * x * (1 - np.tanh(u) ** 2) * du)
+    return [("gelu.forward", _error(y.get(), 0.5 * x * (1 + np.tanh(u)))),
+            ("gelu.backward", _error(dx.get(), want_dx))]
+
+
+def _attention(k, xp, rng):
+    qkv = rng.standard_normal((B, T, 3, NH, HS))
+    y = xp.empty((B, T, NH * HS), np.float32)
+    lse = xp.empty((B, NH, T), np.float32)
+    attention.forward(k, y, lse, xp.asarray(qkv.reshape(B, T, -1).astype(np.float32)), NH)
+    q, key, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, NH, T, HS)
+    s = q @ key.transpose(0, 1, 3, 2) / math.sqrt(HS)
+    s[..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] = -np.inf
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ v
+    return [("attention.forward",
+             _error(y.get(), want.transpose(0, 2, 1, 3).reshape(B, T, NH * HS)))]
+
+
+def _cross_entropy(k, xp, rng):
+    logits, targets = rng.standard_normal((N, C)) * 2, rng.integers(0, C, N)
+    losses, dlogits = xp.empty(N, np.float32), xp.empty((N, C), np.float32)
+    cross_entropy.fused(k, losses, dlogits, xp.asarray(logits.astype(np.float32)),
+                        xp.asarray(targets.astype(np.int64)), C, 1.0 / N)
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    want_loss = -np.log(p[np.arange(N), targets])
+    p[np.arange(N), targets] -= 1
+    return [("cross_entropy.loss", _error(losses.get(), want_loss)),
+            ("cross_entropy.dlogits", _error(dlogits.get(), p / N))]
+
+
+def _embedding(k, xp, rng):
+    idx, dx = rng.integers(0, 7, (B, T)), rng.standard_normal((B, T, C))
+    dwte, dwpe = xp.zeros((7, C), np.float32), xp.zeros((T, C), np.float32)
+    on = xp.asarray(idx.astype(np.int64))
+    embedding.backward_wte(k, dwte, xp.asarray(dx.astype(np.float32)), on,
+                           xp.argsort(on.reshape(-1), kind="stable"))
+    embedding.backward_wpe(k, dwpe, xp.asarray(dx.astype(np.float32)))
+    want = np.zeros((7, C))
+    np.add.at(want, idx.reshape(-1), dx.reshape(-1, C))
+    return [("embedding.wte", _error(dwte.get(), want)),
+            ("embedding.wpe", _error(dwpe.get(), dx.sum(0)))]
+
+
+def _adamw(k, xp, rng):
+    p, g, mask = rng.standard_normal(N * C), rng.standard_normal(N * C), rng.random(N * C) < 0.5
+    dev = [xp.asarray(a.astype(np.float32)) for a in (p, np.zeros(N * C), np.zeros(N * C), g,
+                                                       mask)]
+    lr, b1, b2, eps, wd = 1e-2, 0.9, 0.95, 1e-8, 0.1
+    adamw.step(k, dev[0], dev[1], dev[2], dev[3], dev[4], None, 1, lr, b1, b2, eps, wd)
+    m, v = (1 - b1) * g, (1 - b2) * g * g
+    want = p - lr * wd * mask * p - m / (np.sqrt(v / (1 - b2)) + eps) * lr / (1 - b1)
+    return [("adamw.step", _error(dev[0].get(), want))]
+
+
+def _gradnorm(k, xp, rng):
+    g = rng.standard_normal(N * C)
+    offsets = np.array([0, 100, 5000, N * C], dtype=np.int64)
+    sums = xp.empty(3, np.float64)
+    partials = xp.empty(gradnorm.partials_shape(3), np.float64)
+    gradnorm.sums_of_squares(k, sums, partials, xp.asarray(g.astype(np.float32)),
+                             xp.asarray(offsets))
+    g32 = g.astype(np.float32).astype(np.float64)
+    want = [np.sum(g32[a:b] ** 2) for a, b in itertools.pairwise(offsets)]
+    return [("gradnorm.sums_of_squares", _error(sums.get(), want))]
+
+
+CHECKS = (_layernorm, _gelu, _attention, _cross_entropy, _embedding, _adamw, _gradnorm)
+
+
+def check_on_device(xp, kernels: Kernels | None = None) -> list[dict]:
+    """Every check on device library `xp` (one seed: the same inputs each run)."""
+    k = kernels if kernels is not None else Kernels.for_library(xp)
+    rng = np.random.default_rng(25)
+    results = []
+    for check in CHECKS:
+        for name, error in check(k, xp, rng):
+            results.append({"kernel": name, "max_error": error, "ok": error < TOLERANCE})
+    return results

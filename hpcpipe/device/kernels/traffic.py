@@ -1,0 +1,163 @@
+"""The memory traffic each fused kernel moves, for the shape-only device's cost model:
+`declare(xp)` registers `traffic(args) -> (bytes read, bytes written)` per kernel with a
+library that counts launches (`xp.declare_traffic`, device/shapes.py).
+
+What counts is DRAM traffic, the arguments in the order the launch functions pass them.
+Stated assumptions, to be checked against a profiler on a GPU:
+- a row a block reads twice (LayerNorm's statistics, then its normalisation: 768
+  channels) is read from DRAM once; the second read hits L1/L2;
+- flash attention re-reads a head's keys and values for every block of query rows;
+  those re-reads hit L2 (one head's K and V are T·HS·2·2 = 256 KiB at T 1024, HS 64)
+  and count once; the query rows, the outputs and the log-sum-exps once each. Its
+  arithmetic is scalar (attention.cu: no tensor cores), so it also declares its FLOPs,
+  priced at the fp32 SIMT rate: per (query, key) pair on or below the diagonal, 2·HS
+  each for q·k and p·v in F; B recomputes the scores in both kernels, 6·HS in dq
+  (s, dy·v, ds·k) and 8·HS in dk/dv (s, dy·v, p·dy, ds·q);
+- cross-entropy reads a row of logits twice (the online max and sum, then the
+  gradient): a 50257-wide bf16 row is 100 KB, past L1, so both reads count;
+- the embedding gradient reads and writes each token's gradient row; how many rows are
+  touched depends on the tokens, counted as min(positions, vocabulary) (an upper bound).
+"""
+
+from __future__ import annotations
+
+from . import SOURCES
+
+
+def _nbytes(a) -> int:
+    return int(getattr(a, "nbytes", 0)) if hasattr(a, "shape") else 0
+
+
+def _sum(*arrays) -> int:
+    return sum(_nbytes(a) for a in arrays)
+
+
+def _layernorm_forward(args):
+    y, xsum, mean, rstd, x, residual, weight, bias, _ = args
+    return _sum(x, residual, weight, bias), _sum(y, xsum, mean, rstd)
+
+
+def _layernorm_backward(args):
+    dx, dresidual, dy, x, mean, rstd, weight, _ = args
+    return _sum(dresidual, dy, x, mean, rstd, weight), _sum(dx)
+
+
+def _layernorm_partials(args):
+    partials, dy, x, mean, rstd, _, _ = args
+    return _sum(dy, x, mean, rstd), _sum(partials)
+
+
+def _layernorm_finish(args):
+    dweight, dbias, partials, _ = args
+    return _sum(dweight, dbias, partials), _sum(dweight, dbias)
+
+
+def _gelu_forward(args):
+    y, x, _ = args
+    return _sum(x), _sum(y)
+
+
+def _gelu_backward(args):
+    dx, dy, x, _ = args
+    return _sum(dy, x), _sum(dx)
+
+
+def _attention_flops(args, per_pair: int) -> int:
+    """FLOPs of a kernel doing `per_pair`·HS per causal (query, key) pair."""
+    T, NH, HS = (int(a) for a in args[-3:])
+    batch = _nbytes(args[-4]) // (T * NH * _itemsize(args[-4]))  # lse (B, NH, T)
+    return per_pair * HS * batch * NH * T * (T + 1) // 2
+
+
+def _itemsize(a) -> int:
+    return int(a.itemsize)
+
+
+def _attention_forward(args):
+    y, lse, qkv = args[:3]
+    return _sum(qkv), _sum(y, lse), _attention_flops((*args[:2], *args[3:]), 4), "fp32"
+
+
+def _attention_dq(args):
+    dqkv, dd, dy, y, qkv, lse = args[:6]
+    return (_sum(dy, y, qkv, lse), _nbytes(dqkv) // 3 + _sum(dd),
+            _attention_flops((lse, *args[6:]), 6), "fp32")
+
+
+def _attention_dkv(args):
+    dqkv, dy, qkv, lse, dd = args[:5]
+    return (_sum(dy, qkv, lse, dd), 2 * _nbytes(dqkv) // 3,
+            _attention_flops((lse, *args[5:]), 8), "fp32")
+
+
+def _cross_entropy_fused(args):
+    losses, dlogits, logits, targets = args[:4]
+    return 2 * _nbytes(logits) + _sum(targets), _sum(losses, dlogits)
+
+
+def _cross_entropy_partials(args):
+    out, logits, targets = args[:3]
+    rows = logits.shape[0] if len(logits.shape) == 2 else _nbytes(targets) // 8
+    return _sum(logits, targets), rows * 3 * out.itemsize
+
+
+def _cross_entropy_backward(args):
+    losses, dlogits, logits, targets, gathered = args[:5]
+    return 2 * _nbytes(logits) + _sum(targets, gathered), _sum(losses, dlogits)
+
+
+def _embedding_wte(args):
+    dwte, dx, idx, order = args[:4]
+    positions, channels = _nbytes(idx) // idx.itemsize, dwte.shape[1]
+    touched = min(positions, dwte.shape[0]) * channels * dwte.itemsize
+    return _sum(dx, idx, order) + touched, touched
+
+
+def _embedding_wpe(args):
+    dwpe, dx, _, T, C = args
+    rows = int(T) * int(C) * dwpe.itemsize
+    return _sum(dx) + rows, rows
+
+
+def _adamw(args):
+    master, m, v, copy, grad, mask = args[:6]
+    return _sum(master, m, v, grad, mask), _sum(master, m, v, copy)
+
+
+def _sumsq_partials(args):
+    partials, grad, offsets = args
+    return _sum(grad, offsets), _sum(partials)
+
+
+def _sumsq_finish(args):
+    sums, partials = args
+    return _sum(partials), _sum(sums)
+
+
+_BY_STEM = {
+    "layernorm_forward": _layernorm_forward, "layernorm_backward": _layernorm_backward,
+    "layernorm_weight_partials": _layernorm_partials,
+    "layernorm_weight_finish": _layernorm_finish,
+    "gelu_forward": _gelu_forward, "gelu_backward": _gelu_backward,
+    "attention_forward": _attention_forward, "attention_backward_dq": _attention_dq,
+    "attention_backward_dkv": _attention_dkv,
+    "cross_entropy_fused": _cross_entropy_fused,
+    "cross_entropy_partials": _cross_entropy_partials,
+    "cross_entropy_backward": _cross_entropy_backward,
+    "embedding_backward_wte": _embedding_wte, "embedding_backward_wpe": _embedding_wpe,
+    "adamw": _adamw, "grad_sumsq_partials": _sumsq_partials,
+    "grad_sumsq_finish": _sumsq_finish,
+}
+
+
+def traffic_of(kernel: str):
+    """The traffic function of a kernel name (its dtype suffix dropped)."""
+    stem = kernel if kernel in _BY_STEM else kernel.rsplit("_", 1)[0]
+    return _BY_STEM[stem]
+
+
+def declare(xp) -> None:
+    """Register every kernel's traffic with `xp` (a library with `declare_traffic`)."""
+    for source in SOURCES.values():
+        for kernel in source.kernels:
+            xp.declare_traffic(kernel, traffic_of(kernel))

@@ -1,0 +1,179 @@
+"""The layers' device path through the fused kernels (hpcpipe/device/kernels): what each
+layer runs instead of its NumPy passes when its backend is a device — CuPy, the device
+stand-in (the kernels' host builds, through the RawModule double) or the shape-only
+device (counted, not run). The CPU path never comes here.
+
+Each function keeps its layer's F / B / W contract; what F stashes differs from the
+NumPy path where the kernels need other things: LayerNorm keeps its input with the row
+means and reciprocal deviations (not the normalised input), attention its qkv, output
+and row log-sum-exps (no T×T matrix), GELU its input (not the derivative), the loss its
+logits gradient, made in F by the one kernel that also makes the loss.
+
+Shapes as in the layers: B batch, T time, C channels, NH heads, V vocabulary; S the
+storage dtype, A its accumulation dtype (float32, or float64 for float64).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcpipe.device.kernels import Kernels, cross_entropy, embedding, for_backend
+from hpcpipe.device.kernels import attention as k_attention
+from hpcpipe.device.kernels import gelu as k_gelu
+from hpcpipe.device.kernels import layernorm as k_layernorm
+from hpcpipe.device.kernels.arrays import accumulation, is_contiguous
+
+KERNEL_DTYPES = ("bfloat16", "float32", "float64")
+
+
+def kernels(be) -> Kernels | None:
+    """The fused kernels of `be`, or None where the layers run their NumPy passes (see
+    hpcpipe.device.kernels.for_backend)."""
+    return for_backend(be)
+
+
+def takes(*arrays) -> bool:
+    """Whether the kernels have a build for these arrays' dtype (bfloat16, float32,
+    float64: float16 runs the NumPy passes)."""
+    return all(np.dtype(a.dtype).name in KERNEL_DTYPES for a in arrays)
+
+
+def _owned(xp, a):
+    """`a` as a C-contiguous array; a copy when it is not one already."""
+    return a if is_contiguous(a) else xp.ascontiguousarray(a)
+
+
+# -- LayerNorm ------------------------------------------------------------------------------
+
+def layernorm_forward(k, be, x, params):
+    """y = LayerNorm(x); the cache keeps a copy of x (the caller may reuse its input
+    buffer after F: a received message) with the row statistics. x (B, T, C) S."""
+    xp = be.xp
+    C = x.shape[-1]
+    x2 = x.reshape(-1, C).copy()  # (N, C): owned, C-contiguous
+    A = accumulation(x2.dtype)
+    y = xp.empty_like(x2)
+    mean, rstd = xp.empty(x2.shape[0], dtype=A), xp.empty(x2.shape[0], dtype=A)
+    k_layernorm.forward(k, y, mean, rstd, x2, params["weight"], params["bias"])
+    return y.reshape(x.shape), {"x": x2, "mean": mean, "rstd": rstd,
+                                "weight": params["weight"], "be": be, "kernels": k}
+
+
+def layernorm_backward_input(dy, cache, dresidual=None):
+    """dx = LayerNorm's input gradient (+ dresidual, in the same kernel); keeps dy for W
+    (the weight gradients are accumulated straight into the gradient buffer there, in
+    one pass over dy and x)."""
+    k, x, xp = cache["kernels"], cache["x"], cache["be"].xp
+    dy2 = _owned(xp, dy.reshape(x.shape))
+    dx = xp.empty_like(x)
+    if dresidual is not None:
+        dresidual = _owned(xp, dresidual.reshape(x.shape))
+    k_layernorm.backward(k, dx, dy2, x, cache["mean"], cache["rstd"], cache.pop("weight"),
+                         dresidual)
+    cache["dy"] = dy2
+    return dx.reshape(dy.shape)
+
+
+def layernorm_backward_weight(cache, grads):
+    """grads += d weight, d bias (A: the buffer's dtype), from B's dy and F's x."""
+    x, dy = cache.pop("x"), cache.pop("dy")
+    mean, rstd = cache.pop("mean"), cache.pop("rstd")
+    A = accumulation(x.dtype)
+    partials = cache["be"].scratch.workspace("fused.ln.partials",
+                                             k_layernorm.partials_shape(x.shape[1]), A)
+    dweight, dbias = grads["weight"], grads["bias"]
+    if dweight.dtype != A or not (is_contiguous(dweight) and is_contiguous(dbias)):
+        raise TypeError(f"LayerNorm gradients of {x.dtype} accumulate in {A}, "
+                        f"contiguous; got {dweight.dtype}")
+    k_layernorm.backward_weight(cache["kernels"], dweight, dbias, partials, dy, x, mean,
+                                rstd)
+
+
+# -- GELU -------------------------------------------------------------------------------------
+
+def gelu_forward(k, be, x):
+    """y = gelu(x); the cache keeps x (B recomputes the derivative from it)."""
+    x = _owned(be.xp, x)
+    y = be.xp.empty_like(x)
+    k_gelu.forward(k, y, x)
+    return y, {"x": x, "be": be, "kernels": k}
+
+
+def gelu_backward_input(dy, cache):
+    """dx = dy · gelu'(x), written over dy (a fresh gradient no cache holds)."""
+    x = cache.pop("x")
+    dy = _owned(cache["be"].xp, dy)
+    k_gelu.backward(cache["kernels"], dy, dy, x)
+    return dy
+
+
+# -- attention's core -------------------------------------------------------------------------
+
+def attention_fits(qkv, n_head: int) -> bool:
+    """Whether the flash kernel takes this head size (a multiple of 32, at most 128)."""
+    HS = qkv.shape[-1] // (3 * n_head)
+    return HS % 32 == 0 and HS <= k_attention.MAX_HEAD and qkv.shape[-1] % (3 * n_head) == 0
+
+
+def attention_forward(k, be, qkv, n_head: int):
+    """y (B, T, C) S = causal softmax attention of qkv (B, T, 3C) S, heads side by side;
+    lse (B, NH, T) A, the row log-sum-exps B needs. No T×T tensor is made."""
+    xp = be.xp
+    qkv = _owned(xp, qkv)
+    B, T, width = qkv.shape
+    y = xp.empty((B, T, width // 3), dtype=qkv.dtype)
+    lse = xp.empty((B, n_head, T), dtype=accumulation(qkv.dtype))
+    k_attention.forward(k, y, lse, qkv, n_head)
+    return y, {"qkv": qkv, "y": y, "lse": lse}
+
+
+def attention_backward(k, be, dy, core, n_head: int):
+    """dqkv (B, T, 3C) S from dy (B, T, C) and F's `core` (popped: B is its last use)."""
+    xp = be.xp
+    qkv, y, lse = core["qkv"], core["y"], core["lse"]
+    dy = _owned(xp, dy)
+    dqkv = xp.empty_like(qkv)
+    dd = be.scratch.workspace("fused.attention.dd", lse.shape, lse.dtype)
+    k_attention.backward(k, dqkv, dd, dy, y, qkv, lse, n_head)
+    return dqkv
+
+
+# -- the loss ---------------------------------------------------------------------------------
+
+def loss_forward(k, be, logits, targets):
+    """The mean cross-entropy (a 0-d device array) and, from the same kernel, the
+    gradient of the mean loss, (softmax - onehot) / N, written over the logits (B, T, V)
+    S: they are the head's fresh output, used by nothing after the loss."""
+    xp = be.xp
+    V = logits.shape[-1]
+    x = _owned(xp, logits.reshape(-1, V))  # (N, V)
+    N = x.shape[0]
+    flat = _owned(xp, targets.reshape(-1)).astype(np.int64, copy=False)
+    losses = xp.empty(N, dtype=accumulation(x.dtype))
+    cross_entropy.fused(k, losses, x, x, flat, V, 1.0 / N)
+    return losses.mean(), {"dlogits": x.reshape(logits.shape), "be": be}
+
+
+def loss_backward_input(scale, cache):
+    """`scale` · F's gradient: in place, one pass, only when scale is not 1."""
+    dlogits = cache.pop("dlogits")
+    if scale != 1.0:
+        dlogits *= scale
+    return dlogits
+
+
+# -- the embedding's weight gradients -------------------------------------------------------
+
+def embedding_backward_weight(k, be, dx, idx, grads, elsewhere=None):
+    """grads["wte"][v] += the sum, in batch order, of dx's rows at token v's positions
+    (a segmented sum over the stably sorted tokens: one round, no host sync, no
+    atomics); grads["wpe"][:T] += dx summed over the batch. idx (B, T) this shard's
+    local ids; `elsewhere` (B, T) bool marks tokens another vocabulary shard holds."""
+    xp = be.xp
+    dx = _owned(xp, dx)
+    idx = _owned(xp, idx).astype(np.int64, copy=False)
+    if elsewhere is not None:  # ids outside [0, V) are skipped by the kernel
+        idx = xp.where(elsewhere, -1, idx)
+    order = xp.argsort(idx.reshape(-1), kind="stable")
+    embedding.backward_wte(k, grads["wte"], dx, idx, order)
+    embedding.backward_wpe(k, grads["wpe"], dx)

@@ -211,6 +211,21 @@ def local_rank_from_env() -> int | None:
     return None
 
 
+FUSED_ENV = "HPCPIPE_FUSED"  # "1" or "0": the fused kernels on or off, whatever the device
+
+
+def fused_by_default(name: str) -> bool:
+    """Whether a device backend runs the fused kernels. CuPy does. The stand-in runs CuPy's
+    unfused operations by default: there a kernel is its host build, every CUDA thread a
+    fiber — exact, and tested on the small shapes of tests/model/test_fused.py and
+    tests/device/test_kernels.py, but far too slow for the whole training runs of the device
+    pass. HPCPIPE_FUSED=1 (or 0) decides for either."""
+    chosen = os.environ.get(FUSED_ENV, "")
+    if chosen in ("0", "1"):
+        return chosen == "1"
+    return name == "cupy"
+
+
 def node_local_rank(split_rank: int) -> int:
     """This rank's index among the ranks on its node: the launcher's own variable when it
     sets one (srun, mpiexec of Open MPI, MPICH or MVAPICH), else `split_rank`, the rank in
@@ -346,7 +361,8 @@ def select(device: str = "auto", local_rank: int = 0, *, peers=None,
             device_id = gpu_for_rank(node_local_rank(local_rank), count)
             library.cuda.Device(device_id).use()
             name = "cupy" if library.__name__ == "cupy" else "simgpu"
-            chosen = Backend(xp=library, name=name, device_id=device_id)
+            chosen = Backend(xp=library, name=name, device_id=device_id,
+                             fused=fused_by_default(name))
             binding = (_hostname(), _device_identity(library, device_id))
     if peers is not None:
         # Every rank takes part (CPU ranks too) and judges the same gathered list, so all

@@ -83,7 +83,11 @@ def test_validation_is_points_with_a_legend_not_a_line_across_unmeasured_steps(
     from hpcpipe.runs.plot import draw
 
     figures = []
-    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    def savefig(fig, path, *args, **kwargs):  # keep the figure; leave a file to rename
+        figures.append(fig)
+        open(path, "wb").close()
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
     draw([read_series(str(fake_run(tmp_path / "a", "zb-h1")))], str(tmp_path / "p.png"))
     loss = figures[0].axes[0]
     (val,) = [line for line in loss.lines if list(line.get_xdata()) == [0, 30]]

@@ -66,7 +66,8 @@ def test_the_measured_timeline_uses_the_same_colours(monkeypatch, tmp_path):
                                                    1))
     labels = _legend_clear_of_bars(figure)
     assert labels == [f"{k} chunk {c}" for k in ("F", "B", "W") for c in (0, 1)] + \
-        ["wait", "optimizer"]
+        ["wait (on a receive)", "optimizer",
+         "idle / untracked\n(sends, dp reduction,\nhost work, step done)"]
     from matplotlib.colors import to_rgb
 
     fills = [p.get_facecolor()[:3] for p in figure.axes[0].patches]

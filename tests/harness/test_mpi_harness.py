@@ -111,9 +111,15 @@ def outcomes(junit_xml) -> dict[str, str]:
 
 
 def test_in_launcher_and_spawning_modes_agree_on_the_mpi_suite(tmp_path):
-    """Every MPI test (marked mpi) passes or fails alike run in-process across 4 launched
-    ranks (those of 2 and 3 ranks on a sub-communicator) and as jobs of their own."""
-    args = ["-m", "pytest", "-q", *QUIET, "-m", "mpi", "tests"]
+    """The layouts' MPI tests (marked mpi) pass or fail alike run in-process across 4
+    launched ranks (those of 2 and 3 ranks on a sub-communicator) and as jobs of their own."""
+    # The layouts' MPI tests (pipeline, data and tensor parallelism, post-validation):
+    # enough of every kind of body and rank count to show the modes agree, without
+    # running the whole MPI suite twice more.
+    args = ["-m", "pytest", "-q", *QUIET, "-m", "mpi", "tests/parallel/test_pipeline_mpi.py",
+            "tests/parallel/test_data_parallel_mpi.py",
+            "tests/parallel/test_tensor_parallel_mpi.py",
+            "tests/optim/test_post_validation_mpi.py"]
     spawning = run([*args, f"--junitxml={tmp_path}/spawning.xml"], timeout=600)
     launched = run([*args, f"--junitxml={tmp_path}/in-launcher.xml",
                     "--mpi-rank-logs", str(tmp_path)], n=4, timeout=600)

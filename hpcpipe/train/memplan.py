@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from hpcpipe.config import validate
-from hpcpipe.device.budget import BudgetError, check_memory_limit, device_available, host_available
+from hpcpipe.device.budget import (BudgetError, check_memory_limit, check_run, device_available,
+                                   host_available)
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
 from hpcpipe.model import param_layout
 from hpcpipe.model.memory import stage_memory
@@ -262,6 +263,8 @@ def check(cfg, be=None, ranks_on_node: int = 1, plans=None):
     """Refuse, before any work, a run whose plan does not fit; name the smallest change
     that would. A byte memory limit below one microbatch is refused first."""
     check_memory_limit(cfg)
+    if be is not None:  # the cheap lower bound first: a hopeless model is refused at once,
+        check_run(cfg, be, ranks_on_node)  # before its plan is simulated
     plans = plan(cfg) if plans is None else plans
     have, sharing = room(be, ranks_on_node)
     need = needed(plans, sharing, _replicas(cfg))

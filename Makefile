@@ -134,6 +134,7 @@ docs: install
 	    --png docs/$$kind-p4-m8.png --force || exit $$?; \
 	done
 	$(PY) -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
+	$(PY) -m hpcpipe.bench.memory --pareto docs/pareto-memory-pp2.png
 
 # The GPU check needs no venv of its own where the machine's Python has CuPy, mpi4py, h5py
 # and pytest (it builds .venv-gpu otherwise, and only where a package index answers); see

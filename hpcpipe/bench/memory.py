@@ -3,17 +3,25 @@ holds, measured over one step and planned before launch (train/memplan.py: the m
 analytic M_B and M_W in the simulator), side by side; and the Pareto front of bubble
 against peak memory that the auto scheduler sees with recomputation as a choice.
 
-Memory needs no core per rank, so pp 4 on 2 cores is fine here (timings are not taken)."""
+Memory needs no core per rank, so pp 4 on 2 cores is fine here (timings are not taken).
+The README's Pareto picture needs no MPI at all (the front is analytic):
+
+    python -m hpcpipe.bench.memory --pareto docs/pareto-memory-pp2.png
+"""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
+
+from hpcpipe import config
 
 from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.schedules import ScheduleError, generate, peak_activations
 from hpcpipe.train import memplan
 from hpcpipe.train.rank import Rank
 from hpcpipe.util import timeline
+from hpcpipe.util.files import write_figure
 
 
 def memory_rows(kinds, cfg, grid, be, world, inputs, log) -> list[dict]:
@@ -118,5 +126,40 @@ def plot_front(fronts: dict, path: str):
     ax.set_title("auto's Pareto front, recomputation as a choice")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(path, fig)
     plt.close(fig)
+
+
+# The README's two models (its memory table's shapes): name -> layers, n_embd, heads, block.
+README_MODELS = {"tiny": (4, 128, 4, 128), "medium": (6, 384, 6, 256)}
+
+
+def front_config(layers: int, embd: int, heads: int, block: int, pp: int, m: int):
+    """The config `bench pipeline --memory` builds for a shape (micro-batches of 4)."""
+    return config.from_dict({
+        "model": {"n_layer": layers, "n_head": heads, "n_embd": embd, "block_size": block,
+                  "vocab_size": 256},
+        "train": {"micro_batch_size": 4, "dtype": "float32", "device": "cpu"},
+        "parallel": {"pp": pp, "microbatches": m, "schedule": "1f1b"},
+    }, source="bench memory")
+
+
+def main(argv=None) -> int:
+    """Draw the README's Pareto picture: both models at pp 2, 4 microbatches."""
+    parser = argparse.ArgumentParser(prog="python -m hpcpipe.bench.memory",
+                                     description=main.__doc__)
+    parser.add_argument("--pareto", metavar="PNG", required=True, help="the picture to write")
+    parser.add_argument("--pp", type=int, default=2, help="pipeline stages (2)")
+    parser.add_argument("--microbatches", type=int, default=4, help="microbatches (4)")
+    args = parser.parse_args(argv)
+    fronts = {}
+    for name, shape in README_MODELS.items():
+        cfg = front_config(*shape, args.pp, args.microbatches)
+        fronts[f"{name}, pp {args.pp}"] = pareto_front(cfg, args.pp, args.microbatches)
+    plot_front(fronts, args.pareto)
+    print(f"wrote {args.pareto}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

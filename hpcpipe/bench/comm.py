@@ -187,7 +187,6 @@ def _p2p(pair, transport, nbytes: int, repeats: int) -> dict:
 def _allreduce(dgrid, transport, nbytes: int, repeats: int, bucket_mb: float) -> dict:
     """Bus bandwidth of GradSync's buckets over a one-tensor "stage" against one
     Allreduce of the same bytes."""
-    from mpi4py import MPI
 
     n, world = nbytes // 4, dgrid.world
     grads = FlatBuffer([("h.0.mlp.c_fc.weight", (n,))], transport.backend.xp, np.float32)

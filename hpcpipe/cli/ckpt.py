@@ -20,9 +20,8 @@ from hpcpipe import checkpoint as ckpt
 from hpcpipe.checkpoint import huggingface
 from hpcpipe.checkpoint.hdf5 import store
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import (TooLarge, claim_file, claim_folder, read_bounded, write_atomic,
-                                write_buffered, write_text_atomic)
-from hpcpipe.util.schema import Int, Mismatch, Record, parse_bytes, parse_json
+from hpcpipe.util.files import (claim_file, claim_folder, write_buffered, write_text_atomic)
+from hpcpipe.util.schema import parse_bytes
 
 EPILOG = """\
 examples:

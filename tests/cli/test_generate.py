@@ -12,7 +12,7 @@ from harness import devices
 from harness.hostile import TINY, gpt2_tensors
 from harness.tokenfiles import write_tiktoken
 
-from hpcpipe import GPT, GPTConfig, config
+from hpcpipe import GPT, GPTConfig
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.__main__ import main
 from hpcpipe.checkpoint import safetensors

@@ -10,7 +10,6 @@ import pytest
 
 from hpcpipe.device import backend
 from hpcpipe.device.backend import BackendError
-from hpcpipe.parallel import grid as gridlib
 
 
 @pytest.fixture(autouse=True)

@@ -38,7 +38,6 @@ from hpcpipe.model.layers import (
     block,
     embedding,
     head,
-    linear,
     loss,
     mlp,
     scope,

@@ -12,7 +12,7 @@ from hpcpipe.schedules import (
     peak_activations,
     simulate,
 )
-from hpcpipe.schedules.auto import SEARCH_BUDGET, search
+from hpcpipe.schedules.auto import SEARCH_BUDGET
 from hpcpipe.schedules.greedy import Policy, greedy
 from hpcpipe.schedules.heuristic import Knobs, build
 from hpcpipe.schedules.ops import one_chunk_placement, v_placement

@@ -23,6 +23,7 @@ from hpcpipe.util.schema import Int, ListOf, Mismatch, Number, Record, Text, par
 
 MAX_SUMMARY_BYTES = 64 * 2**20
 RUNNING, FINISHED, PREEMPTED = "running", "finished", "preempted"
+STOPPED = "stopped by Ctrl-C"  # SIGINT: saved at a step boundary, as a preemption is
 IDLE = "nothing to train"  # resumed at or past train.steps
 # A piece whose last record still says "running" ended without writing its end: killed,
 # crashed, or its node lost.

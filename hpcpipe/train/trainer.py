@@ -35,7 +35,7 @@ from hpcpipe.parallel.pipeline.planning import (
 from hpcpipe.parallel.transport import resolve_gpu_aware
 from hpcpipe.runs.lock import RunLock
 from hpcpipe.runs.metrics import Metrics, Summary
-from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED
+from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED, STOPPED
 from hpcpipe.runs.record import RunRecord
 from hpcpipe.runs.report import end_of_run
 from hpcpipe.runs.rundir import RunDir
@@ -282,7 +282,7 @@ class Trainer:
         self._settle()
         if step > self.start_step and self.last_saved != step:
             self._save(step)
-        self.record.end(step, PREEMPTED)
+        self.record.end(step, STOPPED if code == INTERRUPT else PREEMPTED)
         saved = (f"checkpoint of step {step} written" if step > self.start_step else
                  f"nothing trained since step {step}, so nothing to save")
         what, status = ("interrupted" if code == INTERRUPT else "preempted"), exit_status(code)

@@ -2,6 +2,7 @@
 any step: nothing to save) and in the middle of a checkpoint (it completes, then the run
 checkpoints and stops) — always exit status 75, never a lost signal or a killed run."""
 
+import json
 import os
 import signal
 import subprocess
@@ -104,6 +105,8 @@ def test_ctrl_c_saves_at_the_next_step_and_exits_130(tmp_path, stdlib_tokens):
     latest = ckpt.latest(str(run_dir / "checkpoints"))
     assert latest is not None and ckpt.verify(latest) == []
     assert f"step {ckpt.read_manifest(latest)['step']}" in out.splitlines()[-1]
+    pieces = json.loads((run_dir / "summary.json").read_text())["pieces"]
+    assert [p["ended"] for p in pieces] == ["stopped by Ctrl-C"]  # not "preempted"
 
 
 def test_a_second_ctrl_c_stops_at_once_without_waiting_for_the_save(tmp_path, stdlib_tokens):

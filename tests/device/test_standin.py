@@ -9,6 +9,7 @@ device buffer. On a GPU the numbers agree to float64 round-off."""
 import numpy as np
 import pytest
 from harness.layer_shapes import ATTENTION, BLOCK, LAYERNORM, LINEAR, MLP
+from harness.layerpass import passes
 from mpi4py import MPI
 
 from hpcpipe import config
@@ -37,19 +38,6 @@ LAYERS = {  # (module, parameter shapes, extra forward arguments, output channel
     "gelu": (gelu, {}, (), C), "attention": (attention, ATTENTION, (NH,), C),
     "mlp": (mlp, MLP, (), C), "block": (block, BLOCK, (NH,), C),
 }
-
-
-def passes(module, be, x, params, extra, dy):
-    """F, B and W of a layer on backend `be` (None: NumPy, a one-thread CPU backend);
-    the results on the host."""
-    put = (lambda a: a) if be is None else be.from_host
-    host = (lambda a: a) if be is None else be.to_host
-    on = {k: put(v) for k, v in params.items()}
-    grads = {k: put(np.zeros_like(v)) for k, v in params.items()}
-    y, cache = module.forward(put(x), on, *extra, **({} if be is None else {"be": be}))
-    dx = module.backward_input(put(dy), cache)
-    module.backward_weight(put(dy), cache, grads)
-    return host(y), host(dx), {k: host(g) for k, g in grads.items()}
 
 
 def assert_close(got, expected, what):

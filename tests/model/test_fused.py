@@ -8,6 +8,8 @@ cannot run (no g++ or CUDA headers) unless --require cuda."""
 import ml_dtypes
 import numpy as np
 import pytest
+from harness.layer_shapes import shapes
+from harness.layerpass import passes
 
 from hpcpipe.device import standin
 from hpcpipe.device.backend import Backend
@@ -28,15 +30,9 @@ pytestmark = pytest.mark.needs("cuda", hostbuild.missing())
 
 B, T, C, NH, V = 2, 5, 64, 2, 11  # head size 32: the flash kernel's smallest
 RTOL = 1e-12
-LAYERNORM = {"weight": (C,), "bias": (C,)}
-ATTENTION = {"c_attn.weight": (C, 3 * C), "c_attn.bias": (3 * C,),
-             "c_proj.weight": (C, C), "c_proj.bias": (C,)}
-MLP = {"c_fc.weight": (C, 4 * C), "c_fc.bias": (4 * C,),
-       "c_proj.weight": (4 * C, C), "c_proj.bias": (C,)}
-BLOCK = {**{"ln_1." + k: v for k, v in LAYERNORM.items()},
-         **{"attn." + k: v for k, v in ATTENTION.items()},
-         **{"ln_2." + k: v for k, v in LAYERNORM.items()},
-         **{"mlp." + k: v for k, v in MLP.items()}}
+SHAPES = shapes(C)
+LAYERNORM, ATTENTION, MLP, BLOCK = (SHAPES[k] for k in ("layernorm", "attention", "mlp",
+                                                     "block"))
 LAYERS = {"layernorm": (layernorm, LAYERNORM, ()), "gelu": (gelu, {}, ()),
           "attention": (attention, ATTENTION, (NH,)), "mlp": (mlp, MLP, ()),
           "block": (block, BLOCK, (NH,))}
@@ -44,22 +40,6 @@ LAYERS = {"layernorm": (layernorm, LAYERNORM, ()), "gelu": (gelu, {}, ()),
 
 def device():
     return Backend(xp=standin.device(), name="simgpu", device_id=0)
-
-
-def passes(module, be, x, params, extra, dy, dtype=np.float64):
-    """F, B and W on `be` (None: NumPy); results on the host in float64. Parameters and
-    activations in `dtype`, gradients in its accumulation dtype."""
-    grad_dtype = np.float32 if dtype != np.float64 else np.float64
-    put = (lambda a, d=dtype: np.asarray(a, d)) if be is None else (
-        lambda a, d=dtype: be.from_host(np.asarray(a, d)))
-    host = (lambda a: np.asarray(a, np.float64)) if be is None else (
-        lambda a: be.to_host(a).astype(np.float64))
-    on = {k: put(v) for k, v in params.items()}
-    grads = {k: put(np.zeros(v.shape), grad_dtype) for k, v in params.items()}
-    y, cache = module.forward(put(x), on, *extra, **({} if be is None else {"be": be}))
-    dx = module.backward_input(put(dy), cache)
-    module.backward_weight(put(dy), cache, grads)
-    return host(y), host(dx), {k: host(g) for k, g in grads.items()}
 
 
 def draw(rng, shapes, scale=0.5):

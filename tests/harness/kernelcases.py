@@ -167,6 +167,27 @@ def attention_core(qkv, n_head, dy, stored_y=None):
             grads.transpose(1, 3, 0, 2, 4).reshape(B, T, C3))
 
 
+def attention_core_tc(qkv, n_head, dy, stored_y):
+    """attention_core as the tensor-core kernels round it: the probabilities P and the
+    score gradients dS rounded to bfloat16 before their products (the rest float64)."""
+    B, T, C3 = qkv.shape
+    HS = C3 // 3 // n_head
+    bf16 = lambda a: a.astype(BF16).astype(np.float64)  # noqa: E731
+    parts = qkv.reshape(B, T, 3, n_head, HS).transpose(2, 0, 3, 1, 4)
+    q, kk, v = parts[0], parts[1], parts[2]
+    s = q @ kk.transpose(0, 1, 3, 2) / math.sqrt(HS) + np.triu(np.full((T, T), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    y = bf16(p) @ v
+    g = dy.reshape(B, T, n_head, HS).transpose(0, 2, 1, 3)
+    d = (g * stored_y.reshape(B, T, n_head, HS).transpose(0, 2, 1, 3)).sum(-1, keepdims=True)
+    ds = bf16(p * (g @ v.transpose(0, 1, 3, 2) - d))
+    grads = np.stack([ds @ kk / math.sqrt(HS), ds.transpose(0, 1, 3, 2) @ q / math.sqrt(HS),
+                      bf16(p).transpose(0, 1, 3, 2) @ g])
+    return y.transpose(0, 2, 1, 3).reshape(B, T, -1), grads.transpose(1, 3, 0, 2, 4).reshape(
+        B, T, C3)
+
+
 def _attention_kernels(k, xp, qkv, dy, n_head, name):
     B, T, C3 = qkv.shape
     S, A = storage(name), accumulation(name)
@@ -202,8 +223,10 @@ def case_attention_layer(k, xp, name="float64", B=2, T=37, n_head=2, HS=32):
 
 def case_attention(k, xp, name, B=1, T=41, n_head=2, HS=64):
     """Every dtype against the written-out core on the rounded inputs; T not a multiple
-    of any tile; B twice, bit for bit."""
+    of any tile; B twice, bit for bit. (bfloat16 at a head size of 96: the scalar
+    kernel's; 64 would go to the tensor cores, case_attention_tensor_cores.)"""
     rng = np.random.default_rng(4)
+    HS = 96 if k_attention.tensor_cores(storage(name), HS) else HS
     C = n_head * HS
     qkv, qkv64 = stored(rng.standard_normal((B, T, 3 * C)), name)
     dy, dy64 = stored(rng.standard_normal((B, T, C)), name)
@@ -215,6 +238,30 @@ def case_attention(k, xp, name, B=1, T=41, n_head=2, HS=64):
     assert_close(dqkv, ref_dqkv, name, "attention dqkv", loose=4)
     again = _attention_kernels(k, xp, qkv, dy, n_head, name)[2]
     assert np.array_equal(dqkv.view(np.uint8), again.view(np.uint8)), "attention B repeats"
+
+
+def case_attention_tensor_cores(k, xp, name="bfloat16"):
+    """bfloat16 at head sizes 16 to 64 runs attention_tc.cu (WMMA; on the host, shim.h's
+    whole-tile emulation of it): against the core with P and dS rounded as the kernels
+    round them, within one bfloat16 rounding of each output; T past one block of rows
+    and not a multiple of a tile; B twice, bit for bit; and against the plain float64
+    core within the rounding of P (so that a kernel and its model cannot err together)."""
+    assert k_attention.tensor_cores(BF16, 64) and not k_attention.tensor_cores(BF16, 80)
+    rng = np.random.default_rng(7)
+    for B, T, n_head, HS in ((1, 70, 2, 64), (2, 5, 1, 16), (1, 33, 1, 48), (1, 17, 3, 32)):
+        C = n_head * HS
+        qkv, qkv64 = stored(rng.standard_normal((B, T, 3 * C)), name)
+        dy, dy64 = stored(rng.standard_normal((B, T, C)), name)
+        y, lse, dqkv = _attention_kernels(k, xp, qkv, dy, n_head, name)
+        shape = f"B {B}, T {T}, {n_head} × {HS}"
+        want_y, want_dqkv = attention_core_tc(qkv64, n_head, dy64, y.astype(np.float64))
+        assert_close(y, want_y, name, f"tensor-core attention y ({shape})", loose=2)
+        assert_close(dqkv, want_dqkv, name, f"tensor-core attention dqkv ({shape})", loose=4)
+        ref_y, ref_lse, _ = attention_core(qkv64, n_head, dy64)
+        assert_close(lse, ref_lse, name, f"tensor-core attention lse ({shape})")
+        assert np.max(np.abs(y - ref_y)) <= 2.0 ** -7 * np.max(np.abs(ref_y)), shape
+        again = _attention_kernels(k, xp, qkv, dy, n_head, name)[2]
+        assert np.array_equal(dqkv.view(np.uint8), again.view(np.uint8)), shape
 
 
 # -- cross-entropy ------------------------------------------------------------------------
@@ -375,8 +422,10 @@ def kernels(sanitize: bool = False) -> Kernels:
 
 # Under the sanitizers (several times slower) every kernel runs once in bfloat16, the
 # dtype training uses, and attention also in float64, whose shared tiles are shaped
-# differently (16 rows, not 32).
-SANITIZED = tuple((case, "bfloat16") for case in CASES) + ((case_attention, "float64"),)
+# differently (16 rows, not 32), and on the tensor cores.
+SANITIZED = tuple((case, "bfloat16") for case in CASES) + ((case_attention, "float64"),
+                                                          (case_attention_tensor_cores,
+                                                           "bfloat16"))
 
 
 def run(sanitize: bool, cases=SANITIZED) -> None:

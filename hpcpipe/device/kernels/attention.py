@@ -1,5 +1,6 @@
-"""Launches of attention.cu: causal flash-style attention F, and B as a dq kernel then a
-dk/dv kernel (shapes in the package docstring)."""
+"""Launches of attention.cu (and, for bfloat16 with a head size of 16 to 64, of
+attention_tc.cu on tensor cores): causal flash-style attention F, and B as a dq kernel
+then a dk/dv kernel (shapes in the package docstring)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from .arrays import accumulation, blocks, check, int32
 ROWS = constant("attention", "ATT_ROWS")
 MAX_HEAD = constant("attention", "ATT_MAX_HS")
 THREADS = ROWS * 32
+TC_WARPS = constant("attention_tc", "TC_WARPS")
+TC_ROWS, TC_THREADS = TC_WARPS * 16, TC_WARPS * 32  # 16 rows per warp
+TC_MAX_HEAD = constant("attention_tc", "TC_MAX_HS")
 
 
 def _shape(qkv, n_head: int) -> tuple[int, int, int, int]:
@@ -17,13 +21,25 @@ def _shape(qkv, n_head: int) -> tuple[int, int, int, int]:
     if width % (3 * n_head):
         raise ValueError(f"qkv width {width} is not 3 × {n_head} heads")
     HS = width // (3 * n_head)
-    if HS % 32 or HS > MAX_HEAD:
-        raise ValueError(f"head size {HS}: the kernels take multiples of 32 up to {MAX_HEAD}")
+    if not (HS % 32 == 0 and HS <= MAX_HEAD or tensor_cores(qkv.dtype, HS)):
+        raise ValueError(f"head size {HS}: the kernels take multiples of 32 up to {MAX_HEAD} "
+                         f"(bfloat16: also multiples of 16 up to {TC_MAX_HEAD})")
     return B, T, n_head, HS
 
 
-def _grid(B, T, NH):
-    return (blocks(T, ROWS), NH, B)
+def tensor_cores(dtype, head_size: int) -> bool:
+    """Whether attention_tc.cu runs this: bfloat16, a head size of 16, 32, 48 or 64."""
+    return (getattr(dtype, "name", str(dtype)) == "bfloat16" and head_size % 16 == 0
+            and 0 < head_size <= TC_MAX_HEAD)
+
+
+def _launch(k: Kernels, stem: str, qkv, B, T, NH, HS, args):
+    if tensor_cores(qkv.dtype, HS):
+        k.function("attention_tc", f"attention_tc_{stem}_hs{HS}")(
+            (blocks(T, TC_ROWS), NH, B), (TC_THREADS,), (*args, int32(T), int32(NH)))
+    else:
+        k.function("attention", f"attention_{stem}_{suffix(qkv.dtype)}")(
+            (blocks(T, ROWS), NH, B), (THREADS,), (*args, int32(T), int32(NH), int32(HS)))
 
 
 def forward(k: Kernels, y, lse, qkv, n_head: int):
@@ -33,8 +49,7 @@ def forward(k: Kernels, y, lse, qkv, n_head: int):
     S = qkv.dtype
     check("qkv", qkv, qkv.shape), check("y", y, (B, T, NH * HS), S)
     check("lse", lse, (B, NH, T), accumulation(S))
-    k.function("attention", f"attention_forward_{suffix(S)}")(
-        _grid(B, T, NH), (THREADS,), (y, lse, qkv, int32(T), int32(NH), int32(HS)))
+    _launch(k, "forward", qkv, B, T, NH, HS, (y, lse, qkv))
 
 
 def backward(k: Kernels, dqkv, dd, dy, y, qkv, lse, n_head: int):
@@ -45,8 +60,5 @@ def backward(k: Kernels, dqkv, dd, dy, y, qkv, lse, n_head: int):
     check("qkv", qkv, qkv.shape), check("dqkv", dqkv, qkv.shape, S)
     check("dy", dy, (B, T, NH * HS), S), check("y", y, (B, T, NH * HS), S)
     check("lse", lse, (B, NH, T), A), check("dd", dd, (B, NH, T), A)
-    sizes = (int32(T), int32(NH), int32(HS))
-    k.function("attention", f"attention_backward_dq_{suffix(S)}")(
-        _grid(B, T, NH), (THREADS,), (dqkv, dd, dy, y, qkv, lse, *sizes))
-    k.function("attention", f"attention_backward_dkv_{suffix(S)}")(
-        _grid(B, T, NH), (THREADS,), (dqkv, dy, qkv, lse, dd, *sizes))
+    _launch(k, "backward_dq", qkv, B, T, NH, HS, (dqkv, dd, dy, y, qkv, lse))
+    _launch(k, "backward_dkv", qkv, B, T, NH, HS, (dqkv, dy, qkv, lse, dd))

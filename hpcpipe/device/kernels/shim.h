@@ -16,8 +16,17 @@
 // skipping a shuffle its warp takes, a thread leaving before a __syncthreads its block
 // still reaches) is reported and aborts, where threads would hang.
 //
-// Not here: tensor-core intrinsics, a memory model (races are compute-sanitizer's on a
-// GPU), speed. The kernels use none of the first on this path.
+// Tensor cores through the WMMA API (nvcuda::wmma, <mma.h>): the same calls, computed by
+// each lane on the whole tile (every lane's fragment holds all of it; a GPU spreads it over
+// the lanes in an unspecified order, which a kernel must not rely on -- so kernels here
+// only fill, load, multiply and store fragments, never touch their elements). Each call
+// is warp-collective as on a GPU: it waits for the warp's live lanes first; a store
+// writes a lane's share of the elements only, so a lane reading a stored tile without a
+// __syncwarp() first reads stale values, as it may on a GPU. Products of 16-bit operands
+// are summed in float, k in order.
+//
+// Not here: the other tensor-core intrinsics (mma.sync PTX, ldmatrix, cp.async), a
+// memory model (races are compute-sanitizer's on a GPU), speed.
 #pragma once
 
 #include <cuda_bf16.h>  // its host conversions; also dim3
@@ -267,6 +276,96 @@ template <typename T> T __shfl_down_sync(unsigned, T value, unsigned delta, int 
 template <typename T> T __shfl_sync(unsigned, T value, int source, int = hp::kWarp) {
     return hp::exchange(value, source & (hp::kWarp - 1));
 }
+
+
+// -- nvcuda::wmma on the host (see the top of this file) ------------------------------------
+namespace nvcuda {
+namespace wmma {
+
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K> struct tile_shape;
+template <int M, int N, int K> struct tile_shape<matrix_a, M, N, K> {
+    static constexpr int rows = M, cols = K;
+};
+template <int M, int N, int K> struct tile_shape<matrix_b, M, N, K> {
+    static constexpr int rows = K, cols = N;
+};
+template <int M, int N, int K> struct tile_shape<accumulator, M, N, K> {
+    static constexpr int rows = M, cols = N;
+};
+
+// The whole tile, row by row, whatever the layout it was loaded from.
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+    static constexpr int rows = tile_shape<Use, M, N, K>::rows;
+    static constexpr int cols = tile_shape<Use, M, N, K>::cols;
+    static constexpr int num_elements = rows * cols;
+    T x[num_elements];
+};
+
+template <typename Use, int M, int N, int K, typename T, typename L, typename V>
+inline void fill_fragment(fragment<Use, M, N, K, T, L>& f, const V& value) {
+    __syncwarp();
+    for (int e = 0; e < f.num_elements; ++e) f.x[e] = T(value);
+}
+
+template <typename Use, int M, int N, int K, typename T, typename L>
+inline void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm) {
+    static_assert(std::is_same_v<L, row_major> || std::is_same_v<L, col_major>,
+                  "an operand fragment names its layout");
+    __syncwarp();
+    for (int r = 0; r < f.rows; ++r)
+        for (int c = 0; c < f.cols; ++c)
+            f.x[r * f.cols + c] = std::is_same_v<L, row_major> ? p[r * ldm + c] : p[c * ldm + r];
+}
+
+template <int M, int N, int K, typename T>
+inline void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ldm,
+                             layout_t layout) {
+    __syncwarp();
+    for (int r = 0; r < M; ++r)
+        for (int c = 0; c < N; ++c)
+            f.x[r * N + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
+}
+
+template <int M, int N, int K, typename T>
+inline void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm,
+                              layout_t layout) {
+    __syncwarp();
+    for (int e = hp::lane(); e < M * N; e += hp::kWarp) {  // this lane's share
+        const int r = e / N, c = e % N;
+        (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[e];
+    }
+}
+
+inline float operand(float v) { return v; }
+inline float operand(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <int M, int N, int K, typename T, typename LA, typename LB, typename C>
+inline void mma_sync(fragment<accumulator, M, N, K, C>& d,
+                     const fragment<matrix_a, M, N, K, T, LA>& a,
+                     const fragment<matrix_b, M, N, K, T, LB>& b,
+                     const fragment<accumulator, M, N, K, C>& c) {
+    __syncwarp();
+    C out[M * N];
+    for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) {
+            C sum = c.x[i * N + j];
+            for (int k = 0; k < K; ++k)
+                sum += C(operand(a.x[i * K + k])) * C(operand(b.x[k * N + j]));
+            out[i * N + j] = sum;
+        }
+    std::memcpy(d.x, out, sizeof(out));
+}
+
+}  // namespace wmma
+}  // namespace nvcuda
 
 namespace hp {
 template <typename... P> std::tuple<P...> parameters(void (*)(P...));

@@ -110,9 +110,13 @@ def gelu_backward_input(dy, cache):
 # -- attention's core -------------------------------------------------------------------------
 
 def attention_fits(qkv, n_head: int) -> bool:
-    """Whether the flash kernel takes this head size (a multiple of 32, at most 128)."""
+    """Whether the flash kernels take this head size: a multiple of 32 up to 128, or in
+    bfloat16 also of 16 up to 64 (the tensor-core kernels)."""
+    if qkv.shape[-1] % (3 * n_head):
+        return False
     HS = qkv.shape[-1] // (3 * n_head)
-    return HS % 32 == 0 and HS <= k_attention.MAX_HEAD and qkv.shape[-1] % (3 * n_head) == 0
+    return (HS % 32 == 0 and HS <= k_attention.MAX_HEAD) or k_attention.tensor_cores(
+        qkv.dtype, HS)
 
 
 def attention_forward(k, be, qkv, n_head: int):

@@ -36,8 +36,8 @@ LAYERS = {"embedding": embedding, "block": block, "layernorm": layernorm,
 # The part a launch belongs to, by the outermost layer running (a top-level LayerNorm is
 # ln_f: the blocks' own run inside a block).
 PARTS = {"block": "blocks", "layernorm": "ln_f"}
-PRECISIONS = ("bf16", "bf16_unaligned", "fp16", "fp16_unaligned", "tf32", "fp32",
-              "fp32_batched", "fp64")
+PRECISIONS = ("bf16", "bf16_unaligned", "bf16_wmma", "fp16", "fp16_unaligned", "tf32",
+              "fp32", "fp32_batched", "fp64")
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,14 @@ class GpuRates:
 # unfused passes; cuBLAS bf16 600 TFLOP/s (450 with an odd leading dimension such as the
 # vocabulary's 50257); fp32 SIMT 45 (batched 40: CuPy's batched path never uses TF32);
 # TF32 300; ~3 µs of GPU time per kernel; 10-40 µs of host time per CuPy call (20 taken).
+# bf16_wmma, attention_tc.cu's products: 120, a third of the ~350 TFLOP/s FlashAttention-2
+# reaches forward on an H100 with the same mma.sync instructions, for a kernel without
+# its software pipelining (cp.async, ldmatrix, register-resident softmax).
 GPUS = {
     "h200": GpuRates(
         name="NVIDIA H200", elementwise_bytes_per_s=3.0e12,
-        gemm_flops_per_s={"bf16": 600e12, "bf16_unaligned": 450e12, "fp16": 600e12,
+        gemm_flops_per_s={"bf16": 600e12, "bf16_unaligned": 450e12, "bf16_wmma": 120e12,
+                          "fp16": 600e12,
                           "fp16_unaligned": 450e12, "tf32": 300e12, "fp32": 45e12,
                           "fp32_batched": 40e12, "fp64": 50e12},
         kernel_s=3e-6, host_launch_s=20e-6, sync_s=10e-6, torch_tokens_per_s=380e3,

@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from hpcpipe.device.kernels import traffic
+
 from hpcpipe.device.backend import Backend
 from hpcpipe.bench import batches
 from hpcpipe.bench import costmodel
@@ -239,10 +241,20 @@ def test_every_fused_launch_has_declared_traffic_and_attention_its_flops():
     fused = [k for k in log.kernels if k.kind == "fused"]
     assert fused and all(k.writes > 0 for k in fused)  # the default declares no writes
     B, T, NH, HS = 4, FLASH.block_size, FLASH.n_head, FLASH.n_embd // FLASH.n_head
-    pairs = B * NH * T * (T + 1) // 2
-    forward = [k for k in fused if k.name == "attention_forward_bf16"]
+    # bfloat16 at head size 32: the tensor-core kernels, one 16 × 32 tile per head at T 8,
+    # q·k twice and p·v in F (2·HS FLOPs per pair each), at the WMMA rate
+    forward = [k for k in fused if k.name == "attention_tc_forward_hs32"]
     assert len(forward) == FLASH.n_layer
-    assert (forward[0].flops, forward[0].precision) == (4 * HS * pairs, "fp32")
+    assert (forward[0].flops, forward[0].precision) == (6 * HS * B * NH * 16 * 32,
+                                                        "bf16_wmma")
     k = forward[0]
     assert costmodel.kernel_seconds(k, costmodel.GPUS["h200"]) == pytest.approx(
-        max((k.reads + k.writes) / 3.0e12, k.flops / 45e12) + 3e-6)
+        max((k.reads + k.writes) / 3.0e12, k.flops / 120e12) + 3e-6)
+
+
+def test_the_tensor_core_tiles_are_the_ones_the_kernels_multiply():
+    """F and dq: a warp's key tiles up to its last row; dkv: its block's query tiles from
+    its first row on. T 70: warps at rows 0, 16, 32, 48 (block 0) and 64 (block 1)."""
+    assert traffic._tc_tiles(70, keys=False) == 1 + 1 + 2 + 2 + 3
+    assert traffic._tc_tiles(70, keys=True) == 3 + 3 + 2 + 2 + 1
+    assert traffic._tc_tiles(8, keys=False) == traffic._tc_tiles(8, keys=True) == 1

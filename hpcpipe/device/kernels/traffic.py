@@ -12,7 +12,10 @@ Stated assumptions, to be checked against a profiler on a GPU:
   arithmetic is scalar (attention.cu: no tensor cores), so it also declares its FLOPs,
   priced at the fp32 SIMT rate: per (query, key) pair on or below the diagonal, 2·HS
   each for q·k and p·v in F; B recomputes the scores in both kernels, 6·HS in dq
-  (s, dy·v, ds·k) and 8·HS in dk/dv (s, dy·v, p·dy, ds·q);
+  (s, dy·v, ds·k) and 8·HS in dk/dv (s, dy·v, p·dy, ds·q). The tensor-core kernels
+  (attention_tc.cu, bfloat16) do the same products as WMMA multiply-adds, priced at the
+  "bf16_wmma" rate, plus one more q·k in F (its softmax takes two passes): 6·HS in F;
+  a diagonal tile's products above the diagonal count too (a tile is 16 × 32);
 - cross-entropy reads a row of logits twice (the online max and sum, then the
   gradient): a 50257-wide bf16 row is 100 KB, past L1, so both reads count;
 - the embedding gradient reads and writes each token's gradient row; how many rows are
@@ -90,6 +93,51 @@ def _attention_dkv(args):
             _attention_flops((lse, *args[5:]), 8), "fp32")
 
 
+def _tc_tiles(T: int, keys: bool) -> int:
+    """The 16 × 32 tiles attention_tc.cu multiplies for one head: per warp of 16 rows,
+    the tiles of the other side it does not skip (F and dq: key tiles up to its last
+    row; dkv: query tiles from its block's first row that reach its first row)."""
+    rows, tile, block = 16, 32, 64
+    count = 0
+    for row0 in range(0, T, rows):
+        if keys:  # dkv: query tiles t0 = first, first + 32, ... < T with t0 + 31 >= row0
+            first = row0 // block * block
+            count += sum(1 for t0 in range(first, T, tile) if t0 + tile - 1 >= row0)
+        else:
+            count += len(range(0, min(row0 + rows - 1, T - 1) + 1, tile))
+    return count
+
+
+def _tc_flops(lse, T, NH, per_pair: int, keys: bool = False) -> int:
+    """FLOPs of a tensor-core kernel doing `per_pair` per (query, key) pair of every
+    tile it multiplies, whole (the pairs above the diagonal in it too)."""
+    T, NH = int(T), int(NH)
+    batch = _nbytes(lse) // (T * NH * _itemsize(lse))
+    return per_pair * batch * NH * 16 * 32 * _tc_tiles(T, keys)
+
+
+def _tc_head(qkv, NH) -> int:
+    return int(qkv.shape[-1]) // (3 * int(NH))
+
+
+def _tc_forward(args):
+    y, lse, qkv, T, NH = args
+    return (_sum(qkv), _sum(y, lse), _tc_flops(lse, T, NH, 6 * _tc_head(qkv, NH)),
+            "bf16_wmma")
+
+
+def _tc_dq(args):
+    dqkv, dd, dy, y, qkv, lse, T, NH = args
+    return (_sum(dy, y, qkv, lse), _nbytes(dqkv) // 3 + _sum(dd),
+            _tc_flops(lse, T, NH, 6 * _tc_head(qkv, NH)), "bf16_wmma")
+
+
+def _tc_dkv(args):
+    dqkv, dy, qkv, lse, dd, T, NH = args
+    return (_sum(dy, qkv, lse, dd), 2 * _nbytes(dqkv) // 3,
+            _tc_flops(lse, T, NH, 8 * _tc_head(qkv, NH), keys=True), "bf16_wmma")
+
+
 def _cross_entropy_fused(args):
     losses, dlogits, logits, targets = args[:4]
     return 2 * _nbytes(logits) + _sum(targets), _sum(losses, dlogits)
@@ -141,6 +189,8 @@ _BY_STEM = {
     "gelu_forward": _gelu_forward, "gelu_backward": _gelu_backward,
     "attention_forward": _attention_forward, "attention_backward_dq": _attention_dq,
     "attention_backward_dkv": _attention_dkv,
+    "attention_tc_forward": _tc_forward, "attention_tc_backward_dq": _tc_dq,
+    "attention_tc_backward_dkv": _tc_dkv,
     "cross_entropy_fused": _cross_entropy_fused,
     "cross_entropy_partials": _cross_entropy_partials,
     "cross_entropy_backward": _cross_entropy_backward,

@@ -1,5 +1,6 @@
 """check_on_device, the smoke's per-kernel check, run on the stand-in (the kernels' host
-builds): every kernel within float32 round-off of its NumPy float64 reference, and a
+builds): every kernel within float32 round-off of its NumPy float64 reference (the
+bfloat16 tensor-core attention within bfloat16's), and a
 kernel that computes something else is reported, not hidden."""
 
 import pytest
@@ -13,10 +14,13 @@ pytestmark = pytest.mark.needs("cuda", hostbuild.missing())
 def test_every_kernel_matches_numpy_on_the_stand_in():
     results = kernels.check_on_device(standin.device())
     assert {r["kernel"].split(".")[0] for r in results} == {
-        "layernorm", "gelu", "attention", "cross_entropy", "embedding", "adamw", "gradnorm"}
+        "layernorm", "gelu", "attention", "attention_tc", "cross_entropy", "embedding",
+        "adamw", "gradnorm"}
     bad = [r for r in results if not r["ok"]]
     assert not bad, bad
-    assert all(0 <= r["max_error"] < ondevice.TOLERANCE for r in results)
+    # bfloat16's tensor-core attention within its own bound, the float32 kernels' tight
+    assert all(0 <= r["max_error"] < (ondevice.TENSOR_CORE_TOLERANCE if "_tc" in r["kernel"]
+                                      else ondevice.TOLERANCE) for r in results)
 
 
 def test_a_wrong_kernel_is_reported(monkeypatch):

@@ -14,7 +14,8 @@ import math
 
 import numpy as np
 
-from hpcpipe.device.kernels import Kernels, gradnorm, hostbuild
+from hpcpipe.device import kernels as device_kernels
+from hpcpipe.device.kernels import gradnorm
 from hpcpipe.device.kernels.arrays import is_contiguous
 
 
@@ -26,13 +27,13 @@ class GradNorm:
     ZeRO-1 (after the reduction every replica holds the same gradient), the whole world
     with it (each replica holds other shards). tp_rank: this rank's tensor shard."""
 
-    def __init__(self, shards, order: dict, group, xp, tp_rank: int = 0):
-        self.shards, self.order, self.group, self.xp = shards, order, group, xp
+    def __init__(self, shards, order: dict, group, be, tp_rank: int = 0):
+        self.shards, self.order, self.group, self.xp = shards, order, group, be.xp
         self.tp_rank = tp_rank
-        # The device's kernels (compiled on first use); None on the CPU and on a
-        # stand-in that cannot build them (hostbuild.missing()).
-        runnable = xp is not np and (hasattr(xp, "RawModule") or not hostbuild.missing())
-        self.kernels = Kernels.for_library(xp) if runnable else None
+        # The device's kernels, as the backend's other fused passes take them: None on
+        # the CPU, on a backend without the fused path (the stand-in's default: there a
+        # launch is a host build of fibers, a second a step) or one that cannot build them.
+        self.kernels = device_kernels.for_backend(be)
 
     def segments(self, grads) -> list[tuple[tuple, float]]:
         """((model order, tensor shard, first element), float64 sum of squares) of every

@@ -69,7 +69,7 @@ class TrainStep:
         # With ZeRO-1 every rank holds other shards; otherwise, after the reduction, every
         # replica holds the same gradient and the pipeline's ranks cover the model.
         group = grid.world if zero else (grid.replica or grid.pipe)
-        norm = GradNorm(shards, model.order, group, model.backend.xp, grid.tp_rank)
+        norm = GradNorm(shards, model.order, group, model.backend, grid.tp_rank)
         outer = OuterStep(shards, grid.data, transport, grid.dp, train.local_steps,
                           train.outer_optimizer, train.outer_lr, train.outer_momentum,
                           train.outer_comm_dtype) if local else None

@@ -187,7 +187,7 @@ def test_the_gradient_norm_on_the_device_is_one_transfer_and_numpys_to_round_off
         g = np.random.default_rng(2).standard_normal(stage.grad_buffer.size)
         grad = g.astype(np.float32) if be is None else be.from_host(g.astype(np.float32))
         order = {name: i for i, (name, _) in enumerate(stage.param_buffer.layout)}
-        norm = GradNorm([shard], order, Alone, stage.xp)
+        norm = GradNorm([shard], order, Alone, stage.be)
         before = dict(be.xp.counts) if be is not None else {}
         norms.append(norm.global_norm([grad]))
         if be is not None:

@@ -93,14 +93,14 @@ def test_the_norm_counts_every_parameter_once_whatever_the_shards():
     buf = buffer()
     order = {name: i for i, (name, _) in enumerate(LAYOUT)}
     grad = np.random.default_rng(2).standard_normal(buf.size)
-    whole = GradNorm([ParamShard(buf)], order, MPI.COMM_SELF, np)
+    whole = GradNorm([ParamShard(buf)], order, MPI.COMM_SELF, backend.cpu())
     cut = GradNorm([ParamShard(buf, 0, 4), ParamShard(buf, 4, buf.size)], order,
-                   MPI.COMM_SELF, np)
+                   MPI.COMM_SELF, backend.cpu())
     expected = float(np.linalg.norm(grad))
     assert whole.global_norm([grad]) == pytest.approx(expected, rel=1e-15)
     assert cut.global_norm([grad[:4], grad[4:]]) == pytest.approx(expected, rel=1e-15)
     # The head's copy of the tied embedding is not counted again.
-    copy = GradNorm([ParamShard(buf, owns_wte=False)], order, MPI.COMM_SELF, np)
+    copy = GradNorm([ParamShard(buf, owns_wte=False)], order, MPI.COMM_SELF, backend.cpu())
     assert copy.global_norm([grad]) == pytest.approx(float(np.linalg.norm(grad[6:])))
     assert copy.local([grad * np.inf]) == (math.inf, True)
 
@@ -110,7 +110,7 @@ def test_the_norm_counts_every_parameter_once_whatever_the_shards():
 def validator(buf, clip_log):
     opt = Optimizer([ParamShard(buf)], backend.cpu(), weight_decay=0.0)
     order = {name: i for i, (name, _) in enumerate(LAYOUT)}
-    norm = GradNorm(opt.shards, order, MPI.COMM_SELF, np)
+    norm = GradNorm(opt.shards, order, MPI.COMM_SELF, backend.cpu())
     return PostValidator(opt, norm, None, LossScaler(), MPI.COMM_SELF,
                          lambda step, work: (clip_log.append(step), work()))
 

@@ -35,3 +35,24 @@ def overrides() -> list[str]:
 def train_sets() -> list[str]:
     """`--set` arguments that put a `python -m hpcpipe train` run on the test device."""
     return sum((["--set", item] for item in overrides()), [])
+
+
+# On the stand-in the layout matrices run one schedule of each shape: one chunk per rank
+# (1f1b), looped chunks (interleaved-1f1b), B split from W (zb-h1) and a V (zb-v). What
+# the stand-in checks -- no implicit host/device transfer, no device buffer handed to MPI
+# -- follows the kind of placement and of backward, not the order of the ops, which the
+# CPU pass proves bitwise for every kind; and its 16-bit arithmetic is ml_dtypes' NumPy,
+# 10-30 times slower than float32, so every kind there took minutes of the suite.
+STANDIN_KINDS = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
+
+
+def on_standin() -> bool:
+    from hpcpipe.device import standin
+
+    return name() == "gpu" and os.environ.get(standin.FAKE_GPU_ENV) == "1"
+
+
+def schedule_kinds(kinds) -> tuple:
+    """The schedule kinds a layout matrix runs here: every one, or on the stand-in
+    STANDIN_KINDS (see above)."""
+    return tuple(k for k in kinds if k in STANDIN_KINDS) if on_standin() else tuple(kinds)

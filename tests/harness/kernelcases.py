@@ -240,7 +240,10 @@ def case_attention(k, xp, name, B=1, T=41, n_head=2, HS=64):
     assert np.array_equal(dqkv.view(np.uint8), again.view(np.uint8)), "attention B repeats"
 
 
-def case_attention_tensor_cores(k, xp, name="bfloat16"):
+TC_SHAPES = ((1, 70, 2, 64), (2, 5, 1, 16), (1, 33, 1, 48), (1, 17, 3, 32))  # B, T, NH, HS
+
+
+def case_attention_tensor_cores(k, xp, name="bfloat16", shapes=TC_SHAPES):
     """bfloat16 at head sizes 16 to 64 runs attention_tc.cu (WMMA; on the host, shim.h's
     whole-tile emulation of it): against the core with P and dS rounded as the kernels
     round them, within one bfloat16 rounding of each output; T past one block of rows
@@ -248,7 +251,7 @@ def case_attention_tensor_cores(k, xp, name="bfloat16"):
     core within the rounding of P (so that a kernel and its model cannot err together)."""
     assert k_attention.tensor_cores(BF16, 64) and not k_attention.tensor_cores(BF16, 80)
     rng = np.random.default_rng(7)
-    for B, T, n_head, HS in ((1, 70, 2, 64), (2, 5, 1, 16), (1, 33, 1, 48), (1, 17, 3, 32)):
+    for B, T, n_head, HS in shapes:
         C = n_head * HS
         qkv, qkv64 = stored(rng.standard_normal((B, T, 3 * C)), name)
         dy, dy64 = stored(rng.standard_normal((B, T, C)), name)
@@ -417,15 +420,23 @@ CASES = (case_layernorm, case_gelu, case_attention, case_cross_entropy, case_emb
 
 
 def kernels(sanitize: bool = False) -> Kernels:
+    """Kernels on the host builds, every source compiled first, on every core at once."""
+    from hpcpipe.device.kernels import SOURCES, hostbuild, source_text
+
+    hostbuild.build_all((source_text(name) for name in SOURCES), sanitize)
     return Kernels(functools.partial(RawModule, sanitize=sanitize))
 
 
 # Under the sanitizers (several times slower) every kernel runs once in bfloat16, the
 # dtype training uses, and attention also in float64, whose shared tiles are shaped
 # differently (16 rows, not 32), and on the tensor cores.
-SANITIZED = tuple((case, "bfloat16") for case in CASES) + ((case_attention, "float64"),
-                                                          (case_attention_tensor_cores,
-                                                           "bfloat16"))
+def case_attention_tensor_cores_two_shapes(k, xp, name="bfloat16"):
+    """Under the sanitizers: past one block of rows at GPT-2's head size, and the smallest."""
+    case_attention_tensor_cores(k, xp, name, TC_SHAPES[:2])
+
+
+SANITIZED = tuple((case, "bfloat16") for case in CASES) + (
+    (case_attention, "float64"), (case_attention_tensor_cores_two_shapes, "bfloat16"))
 
 
 def run(sanitize: bool, cases=SANITIZED) -> None:

@@ -66,8 +66,9 @@ def schedule_for(kind, p, m, chunks=0):
     return generate(kind, p, m)
 
 
-# Every kind with its own chunks, and auto in a V (parallel.chunks = 2).
-CASES = [(kind, 0) for kind in KINDS] + [("auto", 2)]
+# Every kind with its own chunks, and auto in a V (parallel.chunks = 2); on the stand-in
+# one kind of each shape (devices.schedule_kinds).
+CASES = [(kind, 0) for kind in devices.schedule_kinds(KINDS)] + [("auto", 2)]
 # Recomputation must not change a bit: the cases take these in turn (each kind meets
 # several; "mixed" is one choice per model stage), against a reference without any.
 RECOMPUTE = ("none", "selective", "full", "mixed")

@@ -23,7 +23,8 @@ def test_every_schedule_equals_one_process(world, ranks):
     simulator's peak; three clipped optimizer steps give bitwise the same weights."""
     report = world.run("pipeline_equivalence")
     assert not report.failures, report
-    assert f"pp={ranks}: checked 42 (schedule, microbatches) cases" in report.summary
+    cases = 18 if devices.on_standin() else 42  # (the stand-in: one kind of each shape)
+    assert f"pp={ranks}: checked {cases} (schedule, microbatches) cases" in report.summary
 
 
 def sets(*items):

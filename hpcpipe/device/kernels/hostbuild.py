@@ -149,3 +149,17 @@ def build(code: str, sanitize: bool = False) -> Library:
         os.replace(Path(work) / "names.json", names)
         os.replace(built, library)  # last: a library in place means a complete build
     return Library(library, kernels)
+
+
+def build_all(codes, sanitize: bool = False, workers: int | None = None) -> list[Library]:
+    """`build` of every code at once, `workers` compilers at a time (default: the cores
+    this process may use): the first use of every kernel family (a test session, the
+    sanitizer run) compiles in parallel instead of one g++ after another. Builds of one
+    code in two processes are safe: each works in its own folder, the last rename wins."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    codes = list(codes)
+    workers = workers or max(1, len(os.sched_getaffinity(0)))
+    with ThreadPoolExecutor(max_workers=min(workers, len(codes) or 1)) as pool:
+        return list(pool.map(lambda code: build(code, sanitize), codes))
+

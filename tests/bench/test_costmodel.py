@@ -240,7 +240,7 @@ def test_every_fused_launch_has_declared_traffic_and_attention_its_flops():
     log = costmodel.count_step(FLASH, idx, targets)
     fused = [k for k in log.kernels if k.kind == "fused"]
     assert fused and all(k.writes > 0 for k in fused)  # the default declares no writes
-    B, T, NH, HS = 4, FLASH.block_size, FLASH.n_head, FLASH.n_embd // FLASH.n_head
+    B, NH, HS = 4, FLASH.n_head, FLASH.n_embd // FLASH.n_head  # T 8: one tile
     # bfloat16 at head size 32: the tensor-core kernels, one 16 × 32 tile per head at T 8,
     # q·k twice and p·v in F (2·HS FLOPs per pair each), at the WMMA rate
     forward = [k for k in fused if k.name == "attention_tc_forward_hs32"]

@@ -136,6 +136,17 @@ def case_gelu(k, xp, name, shape=(3, 7, 50)):
     assert_close(host(y_), want_y, name, "gelu y")
     k_gelu.backward(k, dy_, dy_, x_)  # in place, as B may run it
     assert_close(host(dy_), want_dx, name, "gelu dx")
+    # With c_fc's bias: x + bias rounded to the storage dtype once, written over x, then
+    # GELU of that -- bitwise the two separate passes (`x += bias`, then GELU).
+    bias, _ = stored(rng.standard_normal(shape[-1]), name)
+    summed = (x.astype(accumulation(name)) + bias.astype(accumulation(name))).astype(x.dtype)
+    separate = xp.empty(shape, dtype=x.dtype)
+    k_gelu.forward(k, separate, device(xp, summed))
+    x_, y_ = device(xp, x), xp.empty(shape, dtype=x.dtype)
+    k_gelu.bias_forward(k, y_, x_, device(xp, bias))
+    assert np.array_equal(host(x_).view(np.uint8), summed.view(np.uint8)), "gelu bias: x + b"
+    assert np.array_equal(host(y_).view(np.uint8), host(separate).view(np.uint8)), \
+        "gelu bias: y is not GELU(x + b)"
 
 
 # -- attention ----------------------------------------------------------------------------

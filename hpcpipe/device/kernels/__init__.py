@@ -23,6 +23,7 @@ float64 for float64). None of them synchronises or copies: they only launch.
         Run it before `backward` if dx is dy.
   gelu (gelu.cu), n elements:
     forward(k, y, x);  backward(k, dx, dy, x)    dx may be dy. Grid (ceil(n/256)), 256.
+    bias_forward(k, y, x, bias)                  x += bias (D,) in place, then y = gelu(x).
   attention (attention.cu), B, T, NH, HS (a multiple of 32, at most 128):
     forward(k, y, lse, qkv, n_head)              qkv (B, T, 3C) S as c_attn writes it;
         y (B, T, C) S; lse (B, NH, T) A.
@@ -90,7 +91,7 @@ SOURCES = {s.name: s for s in (
     Source("layernorm", _typed("layernorm_forward", "layernorm_backward",
                                "layernorm_weight_partials")
            + _typed("layernorm_weight_finish", dtypes=("f32", "f64"))),
-    Source("gelu", _typed("gelu_forward", "gelu_backward")),
+    Source("gelu", _typed("gelu_forward", "gelu_bias_forward", "gelu_backward")),
     Source("attention", _typed("attention_forward", "attention_backward_dq",
                                "attention_backward_dkv")),
     # bfloat16 on tensor cores (WMMA), one set per head size of 16 to 64 channels

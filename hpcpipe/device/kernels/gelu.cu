@@ -3,8 +3,13 @@
 // dy/dx = h (1 + 2K x (1 + 3A x²) (1 - h)). F keeps nothing: B recomputes dy/dx from x,
 // one read of x and dy instead of storing the derivative.
 //
+// The bias variant takes c_fc's GEMM output without its bias: x += bias (rounded to S,
+// as a separate `x += bias` rounds it) is written back over x, the stash B reads, and y
+// is the GELU of that: one pass where the bias add and GELU were two.
+//
 // Shapes: n elements of any (..., D) array, contiguous; S storage, computed in Acc<S>.
 //   x, y, dy, dx (n,) S    (dx may be dy: each element is read before it is written)
+//   bias (D,) S            (the bias variant: element i adds bias[i % D])
 // Launch: grid (ceil(n / GELU_THREADS)) or fewer (a grid-stride loop), block GELU_THREADS.
 #include "common.cuh"
 
@@ -36,6 +41,18 @@ template <typename S> __device__ void gelu_forward(S* y, const S* x, long long n
     }
 }
 
+template <typename S>
+__device__ void gelu_bias_forward(S* y, S* x, const S* bias, long long n, int D) {
+    typedef typename Acc<S>::type A;
+    const long long stride = (long long)gridDim.x * GELU_THREADS;
+    for (long long i = (long long)blockIdx.x * GELU_THREADS + threadIdx.x; i < n; i += stride) {
+        const S biased = from_acc<S>(to_acc(x[i]) + to_acc(bias[i % D]));
+        x[i] = biased;
+        const A v = to_acc(biased);
+        y[i] = from_acc<S>(v * gelu_terms(v).h);
+    }
+}
+
 template <typename S> __device__ void gelu_backward(S* dx, const S* dy, const S* x, long long n) {
     typedef typename Acc<S>::type A;
     const long long stride = (long long)gridDim.x * GELU_THREADS;
@@ -53,6 +70,10 @@ template <typename S> __device__ void gelu_backward(S* dx, const S* dy, const S*
     extern "C" __global__ void __launch_bounds__(GELU_THREADS)                              \
         gelu_forward_##suffix(S* y, const S* x, long long n) {                              \
         gelu_forward<S>(y, x, n);                                                           \
+    }                                                                                       \
+    extern "C" __global__ void __launch_bounds__(GELU_THREADS)                              \
+        gelu_bias_forward_##suffix(S* y, S* x, const S* bias, long long n, int D) {         \
+        gelu_bias_forward<S>(y, x, bias, n, D);                                             \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(GELU_THREADS)                              \
         gelu_backward_##suffix(S* dx, const S* dy, const S* x, long long n) {               \

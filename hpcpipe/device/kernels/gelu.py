@@ -1,11 +1,12 @@
-"""Launches of gelu.cu: GELU (tanh approximation) F, and B recomputing dy/dx from x."""
+"""Launches of gelu.cu: GELU (tanh approximation) F, F with the preceding bias add, and B
+recomputing dy/dx from x."""
 
 from __future__ import annotations
 
 import math
 
 from . import Kernels, constant, suffix
-from .arrays import blocks, check, int64
+from .arrays import blocks, check, int32, int64
 
 THREADS = constant("gelu", "GELU_THREADS")
 
@@ -16,6 +17,16 @@ def forward(k: Kernels, y, x):
     n = math.prod(x.shape)
     k.function("gelu", f"gelu_forward_{suffix(x.dtype)}")(
         (blocks(n, THREADS),), (THREADS,), (y, x, int64(n)))
+
+
+def bias_forward(k: Kernels, y, x, bias):
+    """x += bias (broadcast over the last axis, rounded to x's dtype) in place, then
+    y = gelu(x): c_fc's bias add and GELU in one pass."""
+    check("y", y, x.shape, x.dtype), check("x", x, x.shape)
+    check("bias", bias, (x.shape[-1],), x.dtype)
+    n = math.prod(x.shape)
+    k.function("gelu", f"gelu_bias_forward_{suffix(x.dtype)}")(
+        (blocks(n, THREADS),), (THREADS,), (y, x, bias, int64(n), int32(x.shape[-1])))
 
 
 def backward(k: Kernels, dx, dy, x):

@@ -60,6 +60,11 @@ def _gelu_forward(args):
     return _sum(x), _sum(y)
 
 
+def _gelu_bias_forward(args):
+    y, x, bias, _, _ = args
+    return _sum(x, bias), _sum(x, y)
+
+
 def _gelu_backward(args):
     dx, dy, x, _ = args
     return _sum(dy, x), _sum(dx)
@@ -186,7 +191,8 @@ _BY_STEM = {
     "layernorm_forward": _layernorm_forward, "layernorm_backward": _layernorm_backward,
     "layernorm_weight_partials": _layernorm_partials,
     "layernorm_weight_finish": _layernorm_finish,
-    "gelu_forward": _gelu_forward, "gelu_backward": _gelu_backward,
+    "gelu_forward": _gelu_forward, "gelu_bias_forward": _gelu_bias_forward,
+    "gelu_backward": _gelu_backward,
     "attention_forward": _attention_forward, "attention_backward_dq": _attention_dq,
     "attention_backward_dkv": _attention_dkv,
     "attention_tc_forward": _tc_forward, "attention_tc_backward_dq": _tc_dq,

@@ -91,12 +91,22 @@ def layernorm_backward_weight(cache, grads):
 
 # -- GELU -------------------------------------------------------------------------------------
 
-def gelu_forward(k, be, x):
-    """y = gelu(x); the cache keeps x (B recomputes the derivative from it)."""
+def gelu_forward(k, be, x, bias=None):
+    """y = gelu(x), or with `bias` (D,) gelu(x + bias), the sum written over x in the same
+    kernel (x is then the caller's own GEMM output); the cache keeps x (B recomputes the
+    derivative from it)."""
     x = _owned(be.xp, x)
     y = be.xp.empty_like(x)
-    k_gelu.forward(k, y, x)
+    if bias is None:
+        k_gelu.forward(k, y, x)
+    else:
+        k_gelu.bias_forward(k, y, x, _owned(be.xp, bias))
     return y, {"x": x, "be": be, "kernels": k}
+
+
+def gelu_takes_bias(be, weight) -> bool:
+    """Whether c_fc's bias can wait for the GELU kernel: the fused path, a kernel dtype."""
+    return kernels(be) is not None and takes(weight)
 
 
 def gelu_backward_input(dy, cache):

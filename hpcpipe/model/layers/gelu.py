@@ -24,11 +24,16 @@ _K = math.sqrt(2.0 / math.pi)
 _A = 0.044715
 
 
-def forward(x, params=None, be=None):
+def forward(x, params=None, be=None, bias=None):
+    """bias: the preceding linear layer's, left for this layer to add (only on the fused
+    path, `fused.gelu_takes_bias`): x is then that layer's own output, overwritten with
+    x + bias."""
     be = backend_for(x, be)
     kernels = fused.kernels(be)
     if kernels is not None and fused.takes(x):
-        return fused.gelu_forward(kernels, be, x)
+        return fused.gelu_forward(kernels, be, x, bias)
+    if bias is not None:
+        raise ValueError("gelu: a deferred bias needs the fused path (fused.gelu_takes_bias)")
     xp = be.xp
     D = x.shape[-1]
     x2 = x.reshape(-1, D)  # (N, D)

@@ -21,9 +21,13 @@ then reuses).
 from . import backend_for, column_sums, matmul, matmul_accumulate
 
 
-def forward(x, params, be=None, tp=None, split=None):
+def forward(x, params, be=None, tp=None, split=None, add_bias=True):
+    """add_bias=False: y = x @ W only, the caller adds the bias (the fused GELU after
+    c_fc); never with split "rows", whose bias follows the shards' sum."""
     be = backend_for(x, be)
     weight, bias = params["weight"], params["bias"]  # (IN, OUT), (OUT,)
+    if not add_bias:
+        bias = None
     split = split if tp is not None and tp.size > 1 else None
     if split == "columns" and tp.sequence:
         x = tp.gather_sequence(x)  # the whole sequence, which W needs too

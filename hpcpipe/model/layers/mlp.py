@@ -3,7 +3,7 @@
 Weights: c_fc.weight (C, 4C), c_fc.bias (4C), c_proj.weight (4C, C), c_proj.bias (C).
 """
 
-from . import backend_for, gelu, linear, scope
+from . import backend_for, fused, gelu, linear, scope
 
 
 def forward(x, params, be=None, tp=None, recompute_gelu=False):
@@ -11,8 +11,11 @@ def forward(x, params, be=None, tp=None, recompute_gelu=False):
     recompute_gelu: keep GELU's input instead of its output and derivative (one (B, T, 4C)
     array instead of two); B rebuilds them first (`rebuild`)."""
     be = backend_for(x, be)
-    h, c_fc = linear.forward(x, scope(params, "c_fc."), be, tp, "columns")  # (B, T, 4C/tp)
-    a, act = gelu.forward(h, be=be)  # (B, T, 4C/tp)
+    fc = scope(params, "c_fc.")
+    # On the fused path c_fc's bias is added by the GELU kernel, in the same pass.
+    late = fused.gelu_takes_bias(be, fc["weight"])
+    h, c_fc = linear.forward(x, fc, be, tp, "columns", add_bias=not late)  # (B, T, 4C/tp)
+    a, act = gelu.forward(h, be=be, bias=fc["bias"] if late else None)  # (B, T, 4C/tp)
     out, c_proj = linear.forward(a, scope(params, "c_proj."), be, tp, "rows")  # (B, T, C)
     if recompute_gelu:
         del c_proj["x"]

@@ -1,7 +1,10 @@
-"""One layer's F, B and W on a backend, for the tests that hold a device path against
-NumPy (the device stand-in's, the fused kernels')."""
+"""A layer's F, B and W on a backend, and the model's two ends (embedding, head, loss),
+for the tests that hold a device path against NumPy (the device stand-in's, the fused
+kernels')."""
 
 import numpy as np
+
+from hpcpipe.model.layers import embedding, head, loss
 
 
 def passes(module, be, x, params, extra, dy, dtype=np.float64):
@@ -27,3 +30,21 @@ def passes(module, be, x, params, extra, dy, dtype=np.float64):
     dx = module.backward_input(put(dy), cache)
     module.backward_weight(put(dy), cache, grads)
     return host(y), host(dx), {k: host(g) for k, g in grads.items()}
+
+
+def ends_passes(be, idx, targets, tables, scale=0.5):
+    """The embedding, the tied head and the loss, F and B/W, on backend `be` (None:
+    NumPy): (loss, dlogits, dwte, dwpe) on the host. `tables`: {"wte", "wpe"} arrays."""
+    put = (lambda a: a) if be is None else be.from_host
+    host = (lambda a: a) if be is None else be.to_host
+    kw = {} if be is None else {"be": be}
+    params = {k: put(v) for k, v in tables.items()}
+    grads = {k: put(np.zeros_like(v)) for k, v in tables.items()}
+    x, e_cache = embedding.forward(put(idx), params, **kw)
+    logits, h_cache = head.forward(x, params, **kw)
+    value, l_cache = loss.forward(logits, put(targets), **kw)
+    dlogits = loss.backward_input(scale, l_cache)
+    dx = head.backward_input(dlogits, h_cache)
+    head.backward_weight(dlogits, h_cache, grads)
+    embedding.backward_weight(dx, e_cache, grads)
+    return float(value), host(dlogits), host(grads["wte"]), host(grads["wpe"])

@@ -29,6 +29,7 @@ from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.parallel.gradsync import COMM_DTYPES
 from hpcpipe.parallel.grid import RANK_ORDERS
 from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_OPTIMIZERS
+from hpcpipe.parallel.powersgd import COMPRESSIONS
 from hpcpipe.runs.trace import trace_window
 from hpcpipe.schedules import KINDS as SCHEDULES
 from hpcpipe.schedules import V_KINDS
@@ -141,10 +142,17 @@ class ParallelSection:
     # -- ZeRO (issue 29) --------------------------------------------------------------
     # 1: optimizer state (and 16-bit master weights) sharded over the dp replicas;
     # 2: also the fp32 gradient between steps (the accumulation buffer lives from a step's
-    #    first W to its reduce-scatter; each replica keeps its shard). 3 and PowerSGD are
-    #    not built: refused here.
+    #    first W to its reduce-scatter; each replica keeps its shard). 3 is not built:
+    #    refused here.
     zero: int = 0
     grad_comm_dtype: str = "auto"  # gradients travel as: "auto" (as accumulated), float32, bfloat16
+    # "none", or "powersgd": each weight matrix's gradient crosses the replicas as two
+    # rank-`powersgd_rank` factors, with error feedback (hpcpipe/parallel/powersgd.py)
+    grad_compression: str = "none"
+    powersgd_rank: int = 4  # the factors' rank r: r·(n + m) numbers for an n × m matrix
+    powersgd_warmup: int = 0  # the first steps all-reduce uncompressed (PyTorch: 1000)
+    # compress only matrices that shrink at least this much (PyTorch's min_compression_rate)
+    powersgd_min_gain: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -400,8 +408,23 @@ def _check_local_layout(source, cfg: "Config"):
     elif train.dtype == "float16" and train.loss_scale == 0:
         why = ("float16's dynamic loss scale would drift apart on the replicas between "
                "outer steps; use dtype bfloat16 or a fixed train.loss_scale")
+    elif parallel.grad_compression != "none":
+        why = ("local SGD sends no gradients between the replicas (only the outer step's "
+               "weights, see train.outer_comm_dtype): set parallel.grad_compression = "
+               "\"none\"")
     if why:
         raise ConfigError(source, "train.local_steps", train.local_steps, why)
+
+
+def _check_compression(source, cfg: "Config"):
+    """What PowerSGD cannot run with: refused here, with one message."""
+    train, parallel = cfg.train, cfg.parallel
+    if parallel.grad_compression == "powersgd" and train.dtype == "float16" \
+            and train.loss_scale == 0:
+        raise ConfigError(source, "parallel.grad_compression", parallel.grad_compression,
+                          "PowerSGD's error feedback carries gradients from step to step in "
+                          "the loss scale's units, which float16's dynamic loss scale changes; "
+                          "use dtype bfloat16 or a fixed train.loss_scale")
 
 
 def _check_data(source, data: DataSection):
@@ -435,6 +458,9 @@ def _check_parallel(source, parallel: ParallelSection):
              "allowed: 0 (off), 1 (optimizer state sharded over the dp replicas) or 2 (and "
              "the gradients); ZeRO-3 is not available")
     _one_of(source, "parallel.grad_comm_dtype", parallel.grad_comm_dtype, COMM_DTYPES)
+    _one_of(source, "parallel.grad_compression", parallel.grad_compression, COMPRESSIONS)
+    _at_least(source, "parallel", parallel, ("powersgd_rank",), 1)
+    _at_least(source, "parallel", parallel, ("powersgd_warmup", "powersgd_min_gain"), 0)
     _check_chunks(source, parallel)
     limit = parallel.memory_limit
     _require(source, "parallel.memory_limit", limit,
@@ -514,6 +540,7 @@ def validate(cfg: Config) -> Config:
     _check_checkpoint(source, cfg.checkpoint)
     _check_layout(source, cfg)
     _check_local_layout(source, cfg)
+    _check_compression(source, cfg)
     if cfg.parallel.dp == AUTO_DP:
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=0))
     return cfg

@@ -226,3 +226,27 @@ def test_local_sgd_keys_and_the_layouts_it_refuses(tmp_path):
         _, msg = error_of(tmp_path, text)
         assert words in msg, (text, msg)
     config.from_dict({"train": {"local_steps": 4, "dtype": "float16", "loss_scale": 1024.0}})
+
+
+def test_powersgd_keys_and_what_it_refuses(tmp_path):
+    """parallel.grad_compression is off by default; PowerSGD's keys are checked, it runs
+    with ZeRO-1/2, tp, post-validation and bfloat16, and what it cannot run with (local SGD,
+    float16's dynamic loss scale) is refused with one message naming the key to change."""
+    assert Config().parallel.grad_compression == "none"
+    cfg = config.from_dict({"train": {"dtype": "bfloat16", "post_validation": True},
+                            "parallel": {"dp": 2, "pp": 2, "tp": 2, "zero": 2,
+                                         "grad_compression": "powersgd", "powersgd_rank": 2,
+                                         "grad_comm_dtype": "bfloat16"}})
+    assert (cfg.parallel.powersgd_rank, cfg.parallel.powersgd_min_gain) == (2, 2.0)
+    for text, words in [
+            ('[parallel]\ngrad_compression = "1bit"\n', "allowed: none, powersgd"),
+            ("[parallel]\npowersgd_rank = 0\n", "must be at least 1"),
+            ("[parallel]\npowersgd_warmup = -1\n", "must be 0 or more"),
+            ('[train]\nlocal_steps = 4\n[parallel]\ngrad_compression = "powersgd"\n',
+             'set parallel.grad_compression = "none"'),
+            ('[train]\ndtype = "float16"\n[parallel]\ngrad_compression = "powersgd"\n',
+             "a fixed train.loss_scale")]:
+        _, msg = error_of(tmp_path, text)
+        assert words in msg, (text, msg)
+    config.from_dict({"train": {"dtype": "float16", "loss_scale": 1024.0},
+                      "parallel": {"grad_compression": "powersgd"}})

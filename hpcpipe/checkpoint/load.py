@@ -4,7 +4,7 @@ optimizer state its stages and shards hold, whatever layout wrote them."""
 from __future__ import annotations
 
 
-from hpcpipe.checkpoint import local
+from hpcpipe.checkpoint import compression, local
 from hpcpipe.checkpoint.hdf5 import H5_ERRORS, Reader
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.verify import check_model
@@ -22,6 +22,7 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
         _load_optimizer(rank.step.optimizer, rank.model, reader, manifest)
         if rank.step.outer is not None:
             local.load(rank, path, manifest)
+        compression.load(rank, path, manifest)
     except CheckpointError as e:
         error = str(e)
     except H5_ERRORS as e:

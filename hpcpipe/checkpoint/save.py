@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcpipe.checkpoint import local
+from hpcpipe.checkpoint import compression, local
 from hpcpipe.checkpoint import manifest as manifests
 from hpcpipe.checkpoint.hdf5 import OPTIM_KINDS, sha256, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
@@ -137,7 +137,8 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str,
               "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
               "rank_order": grid.rank_order,
               "partition": [list(spec.layers) for spec in model.specs],
-              "local_steps": cfg.train.local_steps}
+              "local_steps": cfg.train.local_steps,
+              "powersgd_rank": compression.layout_of(rank)["powersgd_rank"]}
     return manifests.build(cfg, step, cfg.train.dtype, layout, files, tensors, segments,
                            adam_step=rank.step.optimizer.t, state=state, run=run, data=data)
 
@@ -182,6 +183,9 @@ def _write_rank_files(rank, cfg, folder: str) -> list[dict]:
         entries.append(_entry(folder, name, pieces=segments))
     if rank.step.outer is not None:  # local SGD: every replica's own state, and the outer's
         entries.append(_entry(folder, local.write(rank, folder)))
+    written = compression.write(rank, folder)  # PowerSGD: every replica's error feedback
+    if written is not None:
+        entries.append(_entry(folder, written))
     return entries
 
 

@@ -17,6 +17,11 @@ the schedule, so every schedule reduces the same buckets the same way.
   shards this class hands out are arrays of their own.
 - `comm_dtype`: gradients travel in the buffer's dtype, float32, or bfloat16 (half the
   bytes; summed in bfloat16 by a user-defined MPI op, as NCCL does).
+- PowerSGD (`compressor`, powersgd.py): each compressible matrix is a bucket of its own,
+  marked `compressed`, that no bucket reduction touches; after the other buckets are posted,
+  `wait` replaces those matrices' gradients by the replicas' rank-r sum (two small
+  all-reduces for all of them together), so every replica holds the same approximation and
+  ZeRO's shards of it are plain slices. Their factors are not overlapped with the W passes.
 
 The tied embedding `wte` is its own bucket, reduced after the pipeline has summed its two
 parts (embedding + head), so both holders reduce identical values.
@@ -45,15 +50,18 @@ class Bucket:
     names: tuple
     shard: tuple
     padded: int
+    compressed: bool = False  # a matrix PowerSGD reduces (powersgd.py), not MPI here
 
     @property
     def size(self) -> int:
         return self.hi - self.lo
 
 
-def make_buckets(layout, offsets, bucket_bytes: int, itemsize: int, exclude=("wte",)):
+def make_buckets(layout, offsets, bucket_bytes: int, itemsize: int, exclude=("wte",),
+                 alone=frozenset()):
     """Whole-tensor buckets from the end of the layout to its start, each closed once it
-    holds at least `bucket_bytes`; tensors in `exclude` get a bucket of their own."""
+    holds at least `bucket_bytes`; tensors in `exclude` get a bucket of their own at the
+    end, those in `alone` one of their own in place (a bucket is a contiguous range)."""
     buckets, current = [], []
     limit = max(1, bucket_bytes // itemsize)
 
@@ -66,6 +74,11 @@ def make_buckets(layout, offsets, bucket_bytes: int, itemsize: int, exclude=("wt
 
     for name, _ in reversed(layout):
         if name in exclude:
+            continue
+        if name in alone:
+            close()
+            current.append(name)
+            close()
             continue
         current.append(name)
         a = min(offsets[n][0] for n in current)
@@ -85,21 +98,24 @@ class BucketPlan:
     its optimizer updates: with ZeRO-1 this replica's share of every bucket, otherwise
     each stage's whole buffer."""
 
-    def __init__(self, stages: dict, bucket_bytes: int, dp: int, dp_rank: int, zero: bool):
+    def __init__(self, stages: dict, bucket_bytes: int, dp: int, dp_rank: int, zero: bool,
+                 compressed: frozenset = frozenset()):
         self.stages, self.dp, self.zero = stages, dp, bool(zero)
         self.buckets: list[Bucket] = []
         self.of: dict = {}  # (chunk, tensor name) → index of its bucket
         for chunk, stage in stages.items():
             buf = stage.grad_buffer
+            alone = frozenset(name for c, name in compressed if c == chunk)
             for lo, hi, names in make_buckets(buf.layout, buf.offsets, bucket_bytes,
-                                              buf.data.itemsize):
+                                              buf.data.itemsize, alone=alone):
                 size = hi - lo
                 k = -(-size // dp)  # ceil: every replica's block has k elements
                 shard = (min(dp_rank * k, size), min((dp_rank + 1) * k, size)) if zero \
                     else (0, size)
                 for name in names:
                     self.of[(chunk, name)] = len(self.buckets)
-                self.buckets.append(Bucket(chunk, lo, hi, names, shard, k * dp))
+                self.buckets.append(Bucket(chunk, lo, hi, names, shard, k * dp,
+                                           names[0] in alone))
 
     def param_shards(self) -> list[ParamShard]:
         """What the optimizer updates, in the order `GradSync.gradients` lists them."""
@@ -140,18 +156,23 @@ class _InFlight:
     request: object = None  # the MPI reduction, once `copied` is done
     send: object = None  # the communication buffers, kept while in flight
     recv: object = None
+    compressed: bool = False  # reduced by PowerSGD in `wait`, never posted here
 
 
 class GradSync:
     """The data-parallel reduction of one pipeline rank's buckets, one step at a time.
 
     comm: the data-parallel communicator (grid.data); transport: how gradients meet MPI
-    (transport.py); comm_dtype: one of COMM_DTYPES."""
+    (transport.py); comm_dtype: one of COMM_DTYPES; compressor: the PowerSGD of the plan's
+    `compressed` buckets (powersgd.py), or None."""
 
-    def __init__(self, plan: BucketPlan, comm, transport, comm_dtype: str = "auto"):
+    def __init__(self, plan: BucketPlan, comm, transport, comm_dtype: str = "auto",
+                 compressor=None):
         from mpi4py import MPI
 
         self.MPI, self.plan, self.comm, self.transport = MPI, plan, comm, transport
+        self.compressor = compressor
+        self.step = 0
         self.dp = plan.dp
         grad_dtype = next(iter(plan.stages.values())).grad_buffer.data.dtype
         self.comm_dtype = grad_dtype if comm_dtype == "auto" else compute_dtype(comm_dtype)
@@ -164,10 +185,14 @@ class GradSync:
         return self.plan.stages[bucket.chunk].grad_buffer.data[bucket.lo:bucket.hi]
 
     # -- per step -------------------------------------------------------------------------
-    def reset(self):
+    def reset(self, step: int = 0):
+        """Start step `step` (what PowerSGD's warm-up and its repeats go by)."""
         self._flight = [_InFlight(set(b.names)) for b in self.plan.buckets]
         self.bytes_reduced = 0
         self.wait_s = 0.0
+        self.step = step
+        if self.compressor is not None:
+            self.compressor.begin(step)
 
     def layer_done(self, chunk: int, names):
         """Called during a stage's final W after each layer: launch the buckets it closed."""
@@ -188,7 +213,7 @@ class GradSync:
         advances a non-blocking collective only inside MPI calls, so the runtime calls
         this between ops and between layers of the W passes."""
         for i, flight in enumerate(self._flight):
-            if flight.launched and flight.request is None and (
+            if flight.launched and flight.request is None and not flight.compressed and (
                     flight.copied is None or flight.copied.done):
                 self._start(i)
         pending = [f.request for f in self._flight if f.request is not None]
@@ -210,9 +235,12 @@ class GradSync:
         — without waiting for the device: the reduction starts once the copy is done
         (`progress`, `wait`), so a W hook never stalls the device."""
         bucket, flight, t = self.plan.buckets[i], self._flight[i], self.transport
+        flight.launched = True
+        if bucket.compressed:
+            flight.compressed = True
+            return
         grads = self._grads(bucket)
         self.bytes_reduced += bucket.size * self.comm_dtype.itemsize
-        flight.launched = True
         if self.plan.zero:
             flight.send = t.empty(bucket.padded, self.comm_dtype)
             flight.send[bucket.size:] = 0
@@ -246,14 +274,22 @@ class GradSync:
         self.launch_rest()
         start = time.perf_counter()
         for i, flight in enumerate(self._flight):
-            if flight.request is None:  # its copy was still queued on the device
+            if flight.request is None and not flight.compressed:  # its copy was queued
                 flight.copied.synchronize()
                 self._start(i)
-        self.MPI.Request.Waitall([f.request for f in self._flight])
+        if self.compressor is not None:  # while the buckets' reductions are in flight
+            self.compressor.reduce(self.step)
+            self.bytes_reduced += self.compressor.bytes_reduced
+        self.MPI.Request.Waitall([f.request for f in self._flight if not f.compressed])
         self.wait_s += time.perf_counter() - start
         t = self.transport
         for i, (bucket, flight) in enumerate(zip(self.plan.buckets, self._flight)):
             grads = self._grads(bucket)
+            if flight.compressed:  # every replica holds the same sum: a slice is its shard
+                if self.plan.zero:
+                    a, b = bucket.shard
+                    self._shards[i] = grads[a:b].copy()
+                continue
             if self.plan.zero:
                 a, b = bucket.shard
                 shard = t.to_device(flight.recv[:b - a])

@@ -4,7 +4,8 @@
       → the data-parallel reduction (gradsync.py) → the global norm (norm.py)
       → AdamW with clipping (optim.py), skipped when the gradient is not finite
 
-With post-validation the last two become an optimistic update validated one step later
+With `parallel.grad_compression = "powersgd"` the reduction sends the matrices as
+low-rank factors (powersgd.py). With post-validation the last two become an optimistic update validated one step later
 (post_validation.py), so that steps need not wait for each other. With local SGD
 (train.local_steps = H) there is no data-parallel reduction: each replica steps on its
 own gradient and every H steps the outer step (outer.py) averages the replicas' weights. The gradient's one
@@ -24,6 +25,7 @@ from hpcpipe.optim.post_validation import PostValidator
 from hpcpipe.optim.scaling import GradScale, LossScaler
 from hpcpipe.parallel.gradsync import BucketPlan, GradSync, ParamGather
 from hpcpipe.parallel.outer import OuterStep
+from hpcpipe.parallel.powersgd import PowerSGD
 from hpcpipe.util.timeline import local_row, step_stats
 
 
@@ -57,9 +59,11 @@ class TrainStep:
         zero = parallel.zero if grid.dp > 1 else 0
         local = train.local_steps > 0
         # Local SGD: the reduction is planned over one replica, so it reduces nothing.
+        compressor = PowerSGD.for_config(cfg, model, grid, transport) if not local else None
         plan = BucketPlan(model.stages, int(parallel.bucket_mb * 2**20),
-                          1 if local else grid.dp, 0 if local else grid.dp_rank, bool(zero))
-        gradsync = GradSync(plan, grid.data, transport, parallel.grad_comm_dtype)
+                          1 if local else grid.dp, 0 if local else grid.dp_rank, bool(zero),
+                          compressor.keys if compressor else frozenset())
+        gradsync = GradSync(plan, grid.data, transport, parallel.grad_comm_dtype, compressor)
         gather = ParamGather(plan, grid.data, transport) if zero else None
         shards = plan.param_shards()
         for stage in model.stages.values():  # the masters hold the exact initial values now
@@ -86,7 +90,7 @@ class TrainStep:
         model, gradsync = self.model, self.gradsync
         model.tied.begin_step()
         model.zero_grad()
-        gradsync.reset()
+        gradsync.reset(step)
 
         def op_done(chunk, kind, last_microbatch):
             model.tied.op_done(model.stages[chunk], kind, last_microbatch)

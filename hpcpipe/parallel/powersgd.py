@@ -1,0 +1,231 @@
+"""PowerSGD (Vogels, Karimireddy & Jaggi, 2019): low-rank gradient compression with error
+feedback, across the data-parallel replicas.
+
+A weight matrix's gradient G (n × m: this replica's sum over its microbatches) travels as
+two thin factors of rank r instead of n·m numbers:
+
+    M = G + E               this replica's gradient plus what earlier steps did not send
+    P = Σ_replicas M Q      all-reduce 1: n·r numbers (Q: m × r, last step's: warm start,
+                            orthonormalised, a column it lost refilled from the first Q)
+    P̂ = orthonormalise(P)   Gram–Schmidt, identical on every replica (same P, same code)
+    Q = Σ_replicas Mᵀ P̂     all-reduce 2: m·r numbers, kept for the next step
+    Ĝ = P̂ Qᵀ                the replicas' summed gradient, to rank r (= P̂ P̂ᵀ Σ M)
+    E = M − Ĝ / dp          each replica's share of what did not get across
+
+Σ E over the replicas is Σ M − Ĝ: nothing is dropped, only delayed (error feedback). The
+sum, not the mean, as everywhere in gradsync.py: the 1/dp is in the step's gradient scale.
+Vectors (biases, LayerNorms) and matrices too small to gain 2× (r(n + m) > n·m / 2, PyTorch's
+`min_compression_rate`) travel uncompressed in the usual buckets. Each tensor-parallel shard
+compresses its own part of a matrix over its own data-parallel group.
+
+The first `warmup` steps all-reduce the matrices uncompressed (PyTorch's
+`start_powerSGD_iter`: the early gradients change too fast for a warm-started rank-r
+basis). A step whose gradient is not finite on some replica makes P not finite on every
+replica alike: E and Q stay as they were (the optimizer skips that step). Post-validation
+may compute a step's gradient twice (on corrected weights): `begin` then restores the state
+the first attempt started from.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcpipe.device.dtypes import compute_dtype
+
+COMPRESSIONS = ("none", "powersgd")
+# A Gram–Schmidt column left with less than this many machine epsilons of its length is
+# taken for dependent on the earlier ones (round-off, not a direction of the gradient).
+DEPENDENT = 1000
+
+
+def compressible(shape, rank: int, min_gain: float = 2.0) -> bool:
+    """Whether a tensor of `shape` is a matrix that gains at least `min_gain`× from
+    rank-`rank` factors."""
+    return len(shape) == 2 and min_gain * rank * (shape[0] + shape[1]) <= shape[0] * shape[1]
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One compressed gradient: elements [lo, hi) of chunk `chunk`'s gradient buffer, an
+    n × m matrix."""
+
+    chunk: int
+    name: str
+    lo: int
+    hi: int
+    shape: tuple
+
+    @property
+    def key(self) -> str:
+        return f"{self.chunk}/{self.name}"
+
+
+def matrices(stages: dict, rank: int, min_gain: float = 2.0) -> list[Matrix]:
+    """The compressible tensors of a rank's stages (chunk → Stage), in layout order."""
+    out = []
+    for chunk, stage in stages.items():
+        buf = stage.grad_buffer
+        for name, shape in buf.layout:
+            if compressible(shape, rank, min_gain):
+                lo, hi = buf.offsets[name]
+                out.append(Matrix(chunk, name, lo, hi, tuple(int(n) for n in shape)))
+    return out
+
+
+def initial_q(name: str, m: int, rank: int, dtype):
+    """Q before the first step: Gaussian, seeded by the tensor's name, so every replica
+    (and the head's copy of the tied embedding) starts from the same one."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    return rng.standard_normal((m, rank)).astype(dtype)
+
+
+def orthonormalise(p, xp):
+    """P's columns made orthonormal in place: classical Gram–Schmidt applied twice ("twice
+    is enough"), with matrix products only (no QR: the same few operations on every
+    backend, and no host synchronisation). A column (numerically) in the span of the earlier
+    ones becomes zero, so P̂ P̂ᵀ stays a projection when P has fewer independent columns
+    than the rank — a matrix smaller than r, or a zero gradient."""
+    info = np.finfo(p.dtype)
+    for j in range(p.shape[1]):
+        col = p[:, j:j + 1]
+        before = xp.sqrt(xp.sum(col * col))
+        for _ in range(2 if j else 0):
+            col -= p[:, :j] @ (p[:, :j].T @ col)
+        after = xp.sqrt(xp.sum(col * col))
+        kept = after > DEPENDENT * info.eps * before
+        col *= xp.where(kept, 1 / xp.maximum(after, info.tiny), 0)
+    return p
+
+
+class PowerSGD:
+    """The compressed matrices of one pipeline rank, their error feedback and warm-started
+    Q: see the module's docstring.
+
+    backend: the rank's; transport and comm: as gradsync's (comm: the data-parallel group);
+    comm_dtype: what the factors travel as; snapshots: keep each step's starting state so
+    that the same step may be run again (post-validation)."""
+
+    def __init__(self, stages: dict, backend, transport, comm, rank: int, comm_dtype,
+                 warmup: int = 0, snapshots: bool = False, min_gain: float = 2.0):
+        self.stages, self.backend, self.transport, self.comm = stages, backend, transport, comm
+        self.rank, self.warmup, self.dp = rank, warmup, comm.Get_size()
+        self.comm_dtype = np.dtype(comm_dtype)
+        self.matrices = matrices(stages, rank, min_gain)
+        self.dtype = next(iter(stages.values())).grad_buffer.dtype if stages else np.float32
+        xp = backend.xp
+        self.error = {m.key: xp.zeros(m.shape, self.dtype) for m in self.matrices}
+        self._initial = {m.key: backend.from_host(initial_q(m.name, m.shape[1], rank,
+                                                             self.dtype))
+                         for m in self.matrices}
+        self.q = {key: q.copy() for key, q in self._initial.items()}
+        self.snapshots = snapshots
+        self._started = None  # (step, copies of error and q) with snapshots
+        self.bytes_reduced = 0
+
+    @classmethod
+    def for_config(cls, cfg, model, grid, transport) -> "PowerSGD | None":
+        """The compressor a config asks for over `grid`'s replicas (None: no compression,
+        or a single replica, where there is nothing to send)."""
+        parallel = cfg.parallel
+        if parallel.grad_compression != "powersgd" or grid.dp == 1:
+            return None
+        dtype = next(iter(model.stages.values())).grad_buffer.dtype
+        comm_dtype = dtype if parallel.grad_comm_dtype == "auto" else \
+            compute_dtype(parallel.grad_comm_dtype)
+        return cls(model.stages, model.backend, transport, grid.data, parallel.powersgd_rank,
+                   comm_dtype, parallel.powersgd_warmup, snapshots=cfg.train.post_validation,
+                   min_gain=parallel.powersgd_min_gain)
+
+    @property
+    def keys(self) -> frozenset:
+        """(chunk, name) of every compressed tensor."""
+        return frozenset((m.chunk, m.name) for m in self.matrices)
+
+    def factor_elements(self) -> int:
+        """What one compressed step sends: the P and Q of every matrix."""
+        return sum(self.rank * (n + m) for n, m in (x.shape for x in self.matrices))
+
+    def begin(self, step: int):
+        """Start `step`: with snapshots, remember the state it starts from, or — the same
+        step again — go back to it."""
+        self.bytes_reduced = 0
+        if not self.snapshots:
+            return
+        if self._started is not None and self._started[0] == step:
+            error, q = self._started[1]
+            for key in self.error:
+                self.error[key][...] = error[key]
+                self.q[key][...] = q[key]
+            return
+        self._started = (step, ({k: v.copy() for k, v in self.error.items()},
+                                {k: v.copy() for k, v in self.q.items()}))
+
+    def _grad(self, m: Matrix):
+        return self.stages[m.chunk].grad_buffer.data[m.lo:m.hi].reshape(m.shape)
+
+    def reduce(self, step: int):
+        """Replace every compressed matrix's gradient with the replicas' sum: exact during
+        the warm-up, else its rank-r approximation (a collective of the data-parallel
+        group: two all-reduces)."""
+        if not self.matrices or self.dp == 1:
+            return
+        if step <= self.warmup:
+            for m in self.matrices:
+                self._allreduce(self._grad(m))
+            return
+        with np.errstate(invalid="ignore", over="ignore"):  # a non-finite step: see above
+            self._compress()
+
+    def _compress(self):
+        """The rank-r reduction of every matrix (the module's docstring, line by line)."""
+        xp = self.backend.xp
+        ps = self._factors([m.shape[0] for m in self.matrices])
+        for m, p in zip(self.matrices, ps[1]):
+            grad = self._grad(m)
+            grad += self.error[m.key]  # M = G + E, in place
+            p[...] = grad @ self._revived(m)
+        self._allreduce(ps[0])
+        qs = self._factors([m.shape[1] for m in self.matrices])
+        for m, p, q in zip(self.matrices, ps[1], qs[1]):
+            orthonormalise(p, xp)
+            q[...] = self._grad(m).T @ p
+        self._allreduce(qs[0])
+        finite = xp.all(xp.isfinite(qs[0]))  # stays on the device: no synchronisation
+        for m, p, q in zip(self.matrices, ps[1], qs[1]):
+            grad, approx = self._grad(m), p @ q.T
+            self.error[m.key][...] = xp.where(finite, grad - approx / self.dp, self.error[m.key])
+            self.q[m.key][...] = xp.where(finite, q, self.q[m.key])
+            grad[...] = approx
+
+    def _revived(self, m: Matrix):
+        """Last step's Q with every column that died (zero, or dependent on the others:
+        a gradient of lower rank than r made it so) replaced by its initial one. Without
+        this a rank lost once is lost for good: P = M Q inherits Q's zero columns, and the
+        next Q P̂'s. The same on every replica (Q is)."""
+        xp, q, fresh = self.backend.xp, self.q[m.key], self._initial[m.key]
+        norms = xp.sqrt(xp.sum(q * q, axis=0, keepdims=True))
+        alive = norms > DEPENDENT * np.finfo(q.dtype).eps * xp.max(norms)
+        return orthonormalise(xp.where(alive, q, fresh), xp)
+
+    def _factors(self, rows: list[int]):
+        """One flat buffer for a factor of every matrix, and its (rows × rank) views."""
+        flat = self.backend.xp.empty(sum(rows) * self.rank, self.dtype)
+        views, at = [], 0
+        for n in rows:
+            views.append(flat[at:at + n * self.rank].reshape(n, self.rank))
+            at += n * self.rank
+        return flat, views
+
+    def _allreduce(self, array):
+        """Sum `array` over the replicas in place, travelling as the comm dtype."""
+        t = self.transport
+        self.bytes_reduced += array.size * self.comm_dtype.itemsize
+        if self.comm_dtype == array.dtype:
+            t.allreduce_sum(self.comm, array.reshape(-1))
+            return
+        wire = array.astype(self.comm_dtype)
+        t.allreduce_sum(self.comm, wire.reshape(-1))
+        array[...] = wire.astype(array.dtype)

@@ -85,17 +85,24 @@ run: install
 # pytest exits 5 when it collected no test at all: say so, and fail (an empty suite
 # proves nothing). REQUIRE=mpi,slurm (pytest --require): a test that would skip for want of
 # an MPI launcher or of Slurm fails instead, so a broken CI machine cannot pass by skipping.
-# Two passes: the whole suite on the CPU, then the device tests (marked `device`) again
-# on the device stand-in (hpcpipe/device/standin.py), which refuses every implicit host/device
-# transfer and every device buffer handed to MPI, as CuPy and a non-CUDA-aware MPI would.
+# The whole suite on the CPU in two parts — the tests of one process two at a time
+# (pytest-xdist: on 2 cores one of them would leave a core idle), then those marked
+# `serial` at collection (MPI jobs, Slurm, parallel compilers: tests/conftest.py) one at a
+# time —, then the device tests (marked `device`) again on the device stand-in
+# (hpcpipe/device/standin.py), which refuses every implicit host/device transfer and every
+# device buffer handed to MPI, as CuPy and a non-CUDA-aware MPI would.
 PYTEST := $(PY) -m pytest $(if $(REQUIRE),--require=$(REQUIRE),)
+WORKERS ?= 2
 
+# A pass that selects nothing (ARGS naming one file) is no failure; all three empty is.
 test: install
-	@PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTEST) $(ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
-	[ $$rc -ne 0 ] && exit $$rc; \
-	echo "== the device tests again, on the device stand-in"; \
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PYTEST) -m device --device standin $(ARGS)
+	@export PATH="$(abspath $(VENV))/bin:$$PATH"; ran=0; \
+	pass() { echo "== $$1"; shift; $(PYTEST) "$$@" $(ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then return 0; fi; ran=1; return $$rc; }; \
+	pass "the tests of one process, $(WORKERS) at a time" -n $(WORKERS) -m "not serial" && \
+	pass "the tests that use every core, one at a time" -m serial && \
+	pass "the device tests again, on the device stand-in" -m device --device standin || exit $$?; \
+	if [ $$ran -eq 0 ]; then echo "make test: pytest collected no tests" >&2; exit 5; fi
 
 # Every suite in hpcpipe.bench.SUITES that this target knows how to launch (step on all
 # cores in one process; the MPI suites on BENCH_NP ranks, one core each), then the report:

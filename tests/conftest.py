@@ -35,6 +35,8 @@ def pytest_configure(config):
     from hpcpipe.device import standin
 
     config.addinivalue_line("markers", mpiworld.MARKER)
+    config.addinivalue_line("markers", f"{SERIAL}: starts processes across the cores (set "
+                                       "at collection); `make test` runs these one at a time")
     config.addinivalue_line("markers", "needs(kind, missing): the test cannot run here "
                                        "when `missing` (a reason) is not None: skipped, or "
                                        "failed under --require KIND")
@@ -49,8 +51,35 @@ def pytest_configure(config):
         os.environ.pop(standin.FAKE_GPU_ENV, None)
 
 
+# Tests that start processes of their own across the cores (MPI jobs, Slurm, parallel
+# compilers): `make test` runs them one at a time, and every other test two at a time
+# (pytest-xdist), since on 2 cores a test of one process leaves a core idle.
+SERIAL = "serial"
+SERIAL_MARKS = ("mpi", "slurm", "multinode")
+SERIAL_FOLDERS = ("harness", "jobs")
+SERIAL_FILES = ("test_kernels.py", "test_gpu_check.py")  # compile with every core
+
+
+def _serial(item) -> bool:
+    """Whether `item` uses more than one core: a marker above, a folder or file above, or
+    a module that launches MPI jobs through harness.mpirun."""
+    if any(item.get_closest_marker(m) for m in SERIAL_MARKS):
+        return True
+    path = item.path
+    if path.parent.name in SERIAL_FOLDERS or path.name in SERIAL_FILES:
+        return True
+    module = getattr(item, "module", None)
+    return any(v is mpirun or getattr(v, "__module__", None) == mpirun.__name__
+               for v in vars(module).values()) if module is not None else False
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """Off the CPU, only the tests that exercise the device run."""
+    """Mark the tests that use several cores `serial`; off the CPU, only the tests that
+    exercise the device run."""
+    for item in items:
+        if _serial(item):
+            item.add_marker(SERIAL)
     if config.getoption("--device") == "cpu":
         return
     skip = pytest.mark.skip(reason=f"not a device test (--device "

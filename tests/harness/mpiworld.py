@@ -45,9 +45,22 @@ def spec(item) -> Spec | None:
     return Spec(ranks, float(mark.kwargs.get("timeout", DEFAULT_TIMEOUT)))
 
 
+STANDIN_MAX_RANKS = 4
+
+
 def sizes(*counts: int, timeout: float = DEFAULT_TIMEOUT) -> list:
     """Parameters for `@pytest.mark.parametrize("ranks", sizes(2, 3, 4))`: one test per
-    rank count, each marked mpi(ranks=count)."""
+    rank count, each marked mpi(ranks=count).
+
+    On the device stand-in (`--device standin`) only the largest count up to 4: the
+    stand-in proves the device code's discipline (no implicit transfer, no device buffer
+    handed to MPI), which the smaller worlds run through the same code — their layouts
+    (dp = 3, 8 tensor shards) are proved on the CPU pass; each count is a job of its own,
+    with every rank's start-up, on 2 cores."""
+    from hpcpipe.device import standin
+
+    if os.environ.get(standin.FAKE_GPU_ENV) == "1":
+        counts = (max(n for n in counts if n <= STANDIN_MAX_RANKS),)
     return [pytest.param(n, marks=pytest.mark.mpi(ranks=n, timeout=timeout), id=str(n))
             for n in counts]
 

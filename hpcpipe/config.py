@@ -142,8 +142,9 @@ class ParallelSection:
     # -- ZeRO (issue 29) --------------------------------------------------------------
     # 1: optimizer state (and 16-bit master weights) sharded over the dp replicas;
     # 2: also the fp32 gradient between steps (the accumulation buffer lives from a step's
-    #    first W to its reduce-scatter; each replica keeps its shard). 3 is not built:
-    #    refused here.
+    #    first W to its reduce-scatter; each replica keeps its shard);
+    # 3: also the weights between steps (all-gathered once per step before its first F,
+    #    kept until its last W, freed after)
     zero: int = 0
     grad_comm_dtype: str = "auto"  # gradients travel as: "auto" (as accumulated), float32, bfloat16
     # "none", or "powersgd": each weight matrix's gradient crosses the replicas as two
@@ -454,9 +455,9 @@ def _check_parallel(source, parallel: ParallelSection):
     _require(source, "parallel.bucket_mb", parallel.bucket_mb,
              0 < parallel.bucket_mb <= MAX_BUCKET_MB,
              f"must be positive and at most {MAX_BUCKET_MB:g} (MiB)")
-    _require(source, "parallel.zero", parallel.zero, parallel.zero in (0, 1, 2),
-             "allowed: 0 (off), 1 (optimizer state sharded over the dp replicas) or 2 (and "
-             "the gradients); ZeRO-3 is not available")
+    _require(source, "parallel.zero", parallel.zero, parallel.zero in (0, 1, 2, 3),
+             "allowed: 0 (off), 1 (optimizer state sharded over the dp replicas), 2 (and "
+             "the gradients) or 3 (and the weights between steps)")
     _one_of(source, "parallel.grad_comm_dtype", parallel.grad_comm_dtype, COMM_DTYPES)
     _one_of(source, "parallel.grad_compression", parallel.grad_compression, COMPRESSIONS)
     _at_least(source, "parallel", parallel, ("powersgd_rank",), 1)

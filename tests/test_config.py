@@ -128,9 +128,10 @@ def test_data_parallel_settings(tmp_path):
     assert "parallel.dp = -1" in msg and '0 or "auto"' in msg
     _, msg = error_of(tmp_path, '[parallel]\ndp = "four"\n')
     assert "parallel.dp = 'four'" in msg
-    _, msg = error_of(tmp_path, "[parallel]\nzero = 3\n")
-    assert "parallel.zero = 3" in msg and "allowed: 0 (off), 1" in msg
-    assert "ZeRO-3 is not available" in msg
+    _, msg = error_of(tmp_path, "[parallel]\nzero = 4\n")
+    assert "parallel.zero = 4" in msg and "allowed: 0 (off), 1" in msg
+    assert "or 3 (and the weights between steps)" in msg
+    assert config.from_dict({"parallel": {"dp": 2, "zero": 3}}).parallel.zero == 3
     _, msg = error_of(tmp_path, '[parallel]\ngrad_comm_dtype = "float16"\n')
     assert "allowed: auto, float32, bfloat16" in msg
 

@@ -132,8 +132,9 @@ def run_comm(args) -> int:
             f"{row['allreduce_raw_gbs']:6.2f} GB/s")
     rows = world.bcast(rows if is_root else None, root=0)
     overlap = None if args.skip_overlap else measure_overlap(world, be, transport)
-    stages = None if args.skip_overlap else [measure_overlap(world, be, transport, zero)
-                                             for zero in ZERO_STAGES]
+    stages = None if args.skip_overlap else [
+        measure_overlap(world, be, transport, zero, compression)
+        for compression in COMPRESSIONS for zero in ZERO_STAGES]
     if is_root:
         _print_table(rows, overlap, world.size)
         if stages:
@@ -226,37 +227,43 @@ def _print_table(rows, overlap, ranks: int):
               f"exposed after the W passes: {overlap['hidden_fraction']:.0%} hidden")
 
 
-ZERO_STAGES = (0, 1, 2)  # parallel.zero values bench comm compares
+ZERO_STAGES = (0, 1, 2)  # parallel.zero values bench comm compares ...
+COMPRESSIONS = ("none", "powersgd")  # ... without and with PowerSGD (rank POWERSGD_RANK)
+POWERSGD_RANK = 4
 
 
 def _print_zero(stages, ranks: int):
-    print(f"\nper ZeRO stage, the same dp = {ranks} step (bytes each rank sends per step on a "
-          "ring: all-reduce 2(d-1)/d, reduce-scatter and all-gather (d-1)/d of the buffer):")
-    print("| ZeRO | MiB sent per step | exposed comm ms | step ms | "
+    print(f"\nper ZeRO stage and compression, the same dp = {ranks} step (bytes each rank "
+          "sends per step on a ring: all-reduce 2(d-1)/d, reduce-scatter and all-gather "
+          f"(d-1)/d of the buffer; PowerSGD at rank {POWERSGD_RANK}):")
+    print("| ZeRO | gradients | MiB sent per step | exposed comm ms | step ms | "
           "bytes per parameter between steps |")
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for z in stages:
-        print(f"| {z['zero']} | {z['sent_bytes'] / 2**20:.2f} | {z['exposed_ms']:.1f} | "
-              f"{z['step_ms']:.1f} | {z['bytes_per_param']:.2f} |")
+        print(f"| {z['zero']} | {z['compression']} | {z['sent_bytes'] / 2**20:.3f} | "
+              f"{z['exposed_ms']:.1f} | {z['step_ms']:.1f} | {z['bytes_per_param']:.2f} |")
 
 
 def _sent_bytes(step, dp: int) -> int:
     """Bytes a rank sends in one step's gradient reduction (and ZeRO's all-gather) with
-    ring algorithms."""
+    ring algorithms; PowerSGD's matrices as their two factors, all-reduced."""
     plan, sync = step.gradsync.plan, step.gradsync
-    grads = sum(b.padded if plan.zero else b.size for b in plan.buckets) \
-        * sync.comm_dtype.itemsize
+    plain = [b for b in plan.buckets if not b.compressed]
+    grads = sum(b.padded if plan.zero else b.size for b in plain) * sync.comm_dtype.itemsize
+    factors = 0 if sync.compressor is None else \
+        sync.compressor.factor_elements() * sync.compressor.comm_dtype.itemsize
+    reduced = 2 * (dp - 1) * factors // dp
     if not plan.zero:
-        return 2 * (dp - 1) * grads // dp
+        return 2 * (dp - 1) * grads // dp + reduced
     item = next(iter(plan.stages.values())).param_buffer.data.itemsize
     params = sum(b.padded for b in plan.buckets) * item
-    return (dp - 1) * (grads + params) // dp
+    return (dp - 1) * (grads + params) // dp + reduced
 
 
-def measure_overlap(world, be, transport, zero: int = 0) -> dict:
+def measure_overlap(world, be, transport, zero: int = 0, compression: str = "none") -> dict:
     """How much of the gradient all-reduce a dp training step hides behind its W passes:
     the exposed wait at the end of the step against the same reduction run by itself;
-    with `zero`, that ZeRO stage's step, its bytes sent and held."""
+    with `zero` and `compression`, that step's bytes sent and held."""
     from hpcpipe.schedules import generate
     from hpcpipe.train.rank import Rank
 
@@ -264,7 +271,8 @@ def measure_overlap(world, be, transport, zero: int = 0) -> dict:
     cfg = config.from_dict({
         "model": {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 64, "vocab_size": 256},
         "train": {"micro_batch_size": 2, "dtype": "float32"},
-        "parallel": {"dp": dp, "pp": 1, "microbatches": 2, "bucket_mb": 1.0, "zero": zero},
+        "parallel": {"dp": dp, "pp": 1, "microbatches": 2, "bucket_mb": 1.0, "zero": zero,
+                     "grad_compression": compression, "powersgd_rank": POWERSGD_RANK},
     }, source="bench comm")
     grid = gridlib.build(world, dp, 1, source="bench comm")
     rank = Rank.build(cfg, grid, be, generate("1f1b", 1, 2), gpu_aware=not transport.staged)
@@ -289,7 +297,7 @@ def measure_overlap(world, be, transport, zero: int = 0) -> dict:
     alone = []
     for _ in range(5):
         rank.model.zero_grad()  # ZeRO-2 dropped the buffer the reduction reads
-        sync.reset()
+        sync.reset(step=7)  # a step after any PowerSGD warm-up
         world.Barrier()
         start = time.perf_counter()
         sync.launch_rest()
@@ -298,7 +306,7 @@ def measure_overlap(world, be, transport, zero: int = 0) -> dict:
     blocking, hidden = float(np.median(alone)), float(np.median(exposed))
     return {"blocking_ms": blocking * 1e3, "exposed_ms": hidden * 1e3,
             "hidden_fraction": max(0.0, 1.0 - hidden / blocking) if blocking > 0 else 0.0,
-            "gradient_bytes": sync.bytes_reduced, "zero": zero,
+            "gradient_bytes": sync.bytes_reduced, "zero": zero, "compression": compression,
             "sent_bytes": _sent_bytes(rank.step, dp), "step_ms": float(np.median(steps[2:])) * 1e3,
             "bytes_per_param": world.allreduce(held, op=_mpi_max()) / params}
 

@@ -18,6 +18,7 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
     error = None
     try:
         check_model(manifest, cfg, path)
+        rank.step.materialize()  # ZeRO-3: a buffer to load the weights into
         _load_parameters(rank.model, reader, path)
         _load_optimizer(rank.step.optimizer, rank.model, reader, manifest)
         if rank.step.outer is not None:
@@ -59,6 +60,7 @@ def _load_optimizer(optimizer, model, reader, manifest: dict):
              for stage in model.stages.values() for name in stage.params}
     for adam in optimizer.adams:
         shard = adam.shard
+        shard.refresh()  # ZeRO-3: its own copy of the weights just loaded
         for segment in shard.segments:
             split, shape = specs[segment.name]
             where = (segment.t0, segment.t1) if split.replicated else \

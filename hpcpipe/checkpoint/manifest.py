@@ -54,7 +54,7 @@ SCHEMA = Record({
                     optional={"vocab_multiple": Int(1, 1 << 20)}),
     "dtype": Text(choices=DTYPES),
     "layout": Record({"dp": Int(1), "pp": Int(1), "chunks": Int(1), "schedule": Text(),
-                      "zero": Int(0, 2), "rank_order": Text(),
+                      "zero": Int(0, 3), "rank_order": Text(),
                       "partition": ListOf(ListOf(Int(0)))},
                      optional={"tp": Int(1), "local_steps": Int(0),
                                "powersgd_rank": Int(0)}),

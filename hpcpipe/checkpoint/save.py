@@ -64,6 +64,7 @@ def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
     world = rank.grid.world
     run = run or new_run_id()
     start = time.perf_counter()
+    rank.step.materialize()  # ZeRO-3: the first replica writes whole tensors
     root = root_of(run_dir)
     final = os.path.join(root, step_name(step))
     tmp_dir = os.path.join(root, f".{step_name(step)}.tmp")

@@ -95,6 +95,19 @@ class Stage:
         self.grads = None
         self.head_grad = None  # zero_grad brings it back on the head stage
 
+    def drop_params(self):
+        """Free the parameter buffer until `restore_params`: with ZeRO-3 a replica keeps
+        only its shard of the weights between steps (the optimizer's ParamShards)."""
+        self.param_buffer.release()
+        self.params = None
+
+    def restore_params(self):
+        """The parameter buffer back (its values are for the caller to fill: ZeRO-3's
+        all-gather); a no-op while it is there."""
+        if self.param_buffer.data is None:
+            self.param_buffer.allocate(self.xp)
+            self.params = self.param_buffer.views
+
     def release_exact_init(self):
         """Drop the float32 initial values once the optimizer's masters are built from
         them (or loaded from a checkpoint): they are a transient copy of the weights."""
@@ -117,7 +130,8 @@ class Stage:
         Caches hold many views (q, k, v of one qkv array; reshapes): each underlying
         allocation counts once, and parameters, which caches also reference, not at all."""
         be = self.be
-        params = be.allocation(self.param_buffer.data)[0]
+        params = be.allocation(self.param_buffer.data)[0] \
+            if self.param_buffer.data is not None else None
         sizes = {}
 
         def walk(obj):

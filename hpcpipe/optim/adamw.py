@@ -86,10 +86,13 @@ class ParamShard:
     """
 
     def __init__(self, buffer, lo: int = 0, hi: int | None = None, owns_wte: bool = True,
-                 copies: frozenset = frozenset(), exact=None):
+                 copies: frozenset = frozenset(), exact=None, own: bool = False):
         hi = buffer.size if hi is None else hi
         self.lo, self.hi, self.owns_wte, self.copies = lo, hi, owns_wte, copies
-        self.params = buffer.data[lo:hi]
+        # ZeRO-3 (`own`): the shard's parameters are an array of its own, so that the
+        # stage's buffer can be freed between steps (gradsync.ParamGather rebuilds it).
+        self.own, self._buffer = own, buffer
+        self.params = buffer.data[lo:hi].copy() if own else buffer.data[lo:hi]
         if not is_16bit(self.params.dtype):
             self.master = self.params
         elif exact is not None:
@@ -110,6 +113,12 @@ class ParamShard:
     @property
     def has_master(self) -> bool:
         return self.master is not self.params
+
+    def refresh(self):
+        """Take the shard's parameters from the stage's buffer again (after a checkpoint
+        was loaded into the buffer): a no-op where they are a view of it."""
+        if self.own:
+            self.params[...] = self._buffer.data[self.lo:self.hi]
 
     def push(self):
         """Round the updated master weights into the compute dtype."""

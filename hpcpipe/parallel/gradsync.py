@@ -98,9 +98,10 @@ class BucketPlan:
     its optimizer updates: with ZeRO-1 this replica's share of every bucket, otherwise
     each stage's whole buffer."""
 
-    def __init__(self, stages: dict, bucket_bytes: int, dp: int, dp_rank: int, zero: bool,
+    def __init__(self, stages: dict, bucket_bytes: int, dp: int, dp_rank: int, zero: int,
                  compressed: frozenset = frozenset()):
         self.stages, self.dp, self.zero = stages, dp, bool(zero)
+        self.stage = int(zero)  # ZeRO-3: the parameter shards are arrays of their own
         self.buckets: list[Bucket] = []
         self.of: dict = {}  # (chunk, tensor name) → index of its bucket
         for chunk, stage in stages.items():
@@ -129,7 +130,7 @@ class BucketPlan:
             a, b = bucket.shard
             shards.append(ParamShard(stage.param_buffer, bucket.lo + a, bucket.lo + b,
                                      owns_wte=stage.embedding_part, copies=_copies(stage),
-                                     exact=_exact(stage)))
+                                     exact=_exact(stage), own=self.stage >= 3))
         return shards
 
 
@@ -310,10 +311,14 @@ class GradSync:
 
 class ParamGather:
     """ZeRO-1's second half: after every replica updated its shards, each gets everyone's
-    new weights (an all-gather per bucket). A collective of the data-parallel group."""
+    new weights (an all-gather per bucket). A collective of the data-parallel group.
 
-    def __init__(self, plan: BucketPlan, comm, transport):
-        self.plan, self.comm, self.transport = plan, comm, transport
+    shards: the optimizer's (BucketPlan.param_shards), what each replica sends. Under
+    ZeRO-3 they are arrays of their own and the stages' buffers are freed between steps:
+    the gather allocates them again first (TrainStep calls it before a step's first F)."""
+
+    def __init__(self, plan: BucketPlan, comm, transport, shards: list):
+        self.plan, self.comm, self.transport, self.shards = plan, comm, transport, shards
 
     def __call__(self):
         from mpi4py import MPI
@@ -321,14 +326,16 @@ class ParamGather:
         plan, t = self.plan, self.transport
         if plan.dp == 1:
             return
+        for stage in plan.stages.values():
+            stage.restore_params()
         requests, buffers = [], []
-        for bucket in plan.buckets:
+        for bucket, shard in zip(plan.buckets, self.shards):
             params = plan.stages[bucket.chunk].param_buffer.data
             a, b = bucket.shard
             k = bucket.padded // plan.dp
             send = t.empty(k, params.dtype)
             send[b - a:] = 0
-            t.fill(send[:b - a], params[bucket.lo + a:bucket.lo + b])
+            t.fill(send[:b - a], shard.params)
             recv = t.empty(bucket.padded, params.dtype)
             buffers.append((send, recv))
         t.ready()

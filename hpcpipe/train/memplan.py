@@ -175,6 +175,16 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int) -> str:
                  p.workspaces, p.total_bytes]
         lines.append(f"| {p.rank} | {','.join(map(str, p.stages))} | "
                      + " | ".join(_size(c) for c in cells) + " |")
+    busiest = max(plans, key=lambda p: p.parameters)
+    between = between_steps(cfg, busiest)
+    held = f"between steps on rank {busiest.rank} (weights, gradient, master, moments)"
+    if cfg.parallel.dp > 1:
+        lines.append(f"{held}, dp {cfg.parallel.dp}: " + ", ".join(
+            f"ZeRO-{z} {_size(b)}" + (" (this config)" if z == cfg.parallel.zero else "")
+            for z, b in between.items()))
+    else:  # dp 1, or "auto" (the launch decides)
+        lines.append(f"{held}: {_size(between[0])} for one replica (ZeRO's shards need dp "
+                     f"> 1; each stage divides what it shards by dp)")
     specs = partition(cfg.model, cfg.parallel.pp * cfg.chunks,
                       cfg.parallel.layers_per_stage or None)
     lines.append(f"blocks per model stage {[len(s.layers) for s in specs]}: the slowest "
@@ -185,6 +195,21 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int) -> str:
         lines.append(f"device memory: {_size(have)} for {ranks_on_node} rank(s) "
                      f"({_size(have // max(ranks_on_node, 1))} each)")
     return "\n".join(lines)
+
+
+def between_steps(cfg, p: RankPlan) -> dict:
+    """ZeRO stage → the bytes rank plan `p` holds between steps for its parameters: ZeRO-1
+    shards the optimizer state (master and moments) over dp, ZeRO-2 the gradient too (the
+    head's share of d(wte) goes with it), ZeRO-3 the weights as well. During a step the
+    plan's figures hold whatever the stage: the whole weights and gradient are back."""
+    d = max(1, cfg.parallel.dp)
+    count = p.parameters // compute_dtype(cfg.train.dtype).itemsize
+    acc = accumulation_dtype(compute_dtype(cfg.train.dtype)).itemsize
+    state = p.optimizer * (d if cfg.parallel.zero else 1)  # unsharded master + moments
+    return {0: p.parameters + p.gradients + state,
+            1: p.parameters + p.gradients + state // d,
+            2: p.parameters + (count * acc + state) // d,
+            3: (p.parameters + count * acc + state) // d}
 
 
 def _size(nbytes: float) -> str:

@@ -71,4 +71,7 @@ class Rank:
         return self.step.flush()
 
     def evaluator(self) -> Evaluator:
+        """The validation loss's forward passes, on the whole weights (ZeRO-3 gathers
+        them: call it on every rank)."""
+        self.step.materialize()
         return Evaluator(self.model, self.grid, self.p2p)

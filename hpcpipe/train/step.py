@@ -45,7 +45,9 @@ class TrainStep:
         self._outer_bytes = 0  # bytes of the outer all-reduce in the step just run
         # The replicas a step's gradient is the mean over: one of its own under local SGD.
         self.replicas = 1 if outer is not None else grid.dp
-        self.validator = PostValidator(optimizer, norm, gather, scaler, grid.world,
+        # ZeRO-3 gathers the weights before a step's first F instead of after the update.
+        share = gather if zero < 3 else None
+        self.validator = PostValidator(optimizer, norm, share, scaler, grid.world,
                                        self.timed) if post_validation else None
 
     @classmethod
@@ -53,19 +55,20 @@ class TrainStep:
         """The reduction, optimizer and norm for `model` under the config's [parallel] and
         [train] settings."""
         parallel, train = cfg.parallel, cfg.train
-        # ZeRO over a single replica shards nothing (a job resumed on fewer ranks). ZeRO-1
-        # and ZeRO-2 reduce-scatter the same buckets into the same shards; ZeRO-2 then
-        # frees the accumulation buffer until the next step.
+        # ZeRO over a single replica shards nothing (a job resumed on fewer ranks). ZeRO-1,
+        # 2 and 3 reduce-scatter the same buckets into the same shards; ZeRO-2 then frees
+        # the accumulation buffer until the next step, ZeRO-3 the weights too (each
+        # replica keeps its shard: they are all-gathered once per step, before its first F).
         zero = parallel.zero if grid.dp > 1 else 0
         local = train.local_steps > 0
         # Local SGD: the reduction is planned over one replica, so it reduces nothing.
         compressor = PowerSGD.for_config(cfg, model, grid, transport) if not local else None
         plan = BucketPlan(model.stages, int(parallel.bucket_mb * 2**20),
-                          1 if local else grid.dp, 0 if local else grid.dp_rank, bool(zero),
+                          1 if local else grid.dp, 0 if local else grid.dp_rank, zero,
                           compressor.keys if compressor else frozenset())
         gradsync = GradSync(plan, grid.data, transport, parallel.grad_comm_dtype, compressor)
-        gather = ParamGather(plan, grid.data, transport) if zero else None
         shards = plan.param_shards()
+        gather = ParamGather(plan, grid.data, transport, shards) if zero else None
         for stage in model.stages.values():  # the masters hold the exact initial values now
             stage.release_exact_init()
         optimizer = Optimizer(shards, model.backend, beta1=train.beta1, beta2=train.beta2,
@@ -88,6 +91,7 @@ class TrainStep:
         """The step's gradient: the schedule, the tied sum, the replicas' sum. Returns the
         runtime's StepResult."""
         model, gradsync = self.model, self.gradsync
+        self.materialize()  # ZeRO-3: the weights, once for the whole step
         model.tied.begin_step()
         model.zero_grad()
         gradsync.reset(step)
@@ -104,7 +108,17 @@ class TrainStep:
         if self.zero >= 2:  # this replica's shards are fresh arrays: the buffer can go
             for stage in model.stages.values():
                 stage.drop_grads()
+        if self.zero >= 3:  # the last W is done: until the next step, the shards suffice
+            for stage in model.stages.values():
+                stage.drop_params()
         return result
+
+    def materialize(self):
+        """ZeRO-3: every stage's whole weights from the replicas' shards (a collective of
+        the data-parallel group), for a step, an evaluation or a checkpoint — whatever
+        reads them. A no-op under the other stages, whose weights are always there."""
+        if self.zero >= 3:
+            self.gather()
 
     def grad_norm(self) -> float:
         """The global norm of the reduced gradient, unscaled (a collective)."""
@@ -141,7 +155,7 @@ class TrainStep:
 
     def _update(self, lr: float, coefficient: float):
         self.optimizer.step(self.gradsync.gradients(), lr, coefficient)
-        if self.gather is not None:
+        if self.gather is not None and self.zero < 3:
             self.gather()
 
     def _speculate(self, runtime, step, inputs, lr, max_norm) -> list[StepOutcome]:
@@ -230,7 +244,8 @@ class TrainStep:
         share; with ZeRO its reduced shards), float32 master weights and Adam's moments."""
         stages = self.model.stages.values()
         shards = self.gradsync.gradients() if self.gradsync.plan.zero else []
-        return {"params": sum(s.param_buffer.nbytes for s in stages),
+        own = sum(int(sh.params.nbytes) for sh in self.optimizer.shards if sh.own)
+        return {"params": sum(s.param_buffer.nbytes for s in stages) + own,
                 "grads": sum(s.grad_buffer.nbytes + (0 if s.head_grad is None else
                                                      int(s.head_grad.nbytes)) for s in stages)
                 + sum(int(g.nbytes) for g in shards if g is not None),

@@ -8,9 +8,9 @@ pytestmark = pytest.mark.device
 
 @pytest.mark.mpi(ranks=2)
 def test_checkpoints_resume_under_any_zero_stage_and_layout(world):
-    """Every writer of ZeRO 0/1/2 on dp 2 and dp 1 × pp 2 resumed by every reader: bitwise
+    """Every writer of ZeRO 0/1/2/3 on dp 2 and dp 1 × pp 2 resumed by every reader: bitwise
     with the same stage and layout, 1e-12 otherwise (float64, clipped); bitwise across ZeRO
     stages in bfloat16 without clipping; post-validation under ZeRO-2 bitwise."""
     report = world.run("zero_checkpoints")
     assert not report.failures, report
-    assert report.summary == ["23 resumes across ZeRO 0/1/2 and dp 2 × pp 1 / dp 1 × pp 2"]
+    assert report.summary == ["34 resumes across ZeRO 0/1/2/3 and dp 2 × pp 1 / dp 1 × pp 2"]

@@ -14,6 +14,8 @@ rank 0:
   (also under ZB-V's two chunks per rank) and in bfloat16 compute, and under bfloat16
   holding at most 2 + 16/dp bytes per parameter between steps (weights, gradient shard,
   master and moments) where ZeRO-0 holds 18;
+- ZeRO-3 (the weights gathered before each step's first F, freed after its last W)
+  bitwise equal to ZeRO-1 too (float64 under ZB-H1 and ZB-V, bfloat16), holding 18/dp;
 - bfloat16 gradient communication close to float32 (loss within 2 %).
 The report fails when anything did not match.
 """
@@ -75,6 +77,8 @@ def train(comm, cfg):
 
         [out] = rank.train_step(step + 1, inputs, cfg.train.lr, cfg.train.grad_clip)
         losses.append(out.loss)
+    resident = rank.step.resident_bytes()  # between steps: under ZeRO-3, weight shards only
+    rank.step.materialize()  # ZeRO-3: the whole weights, to read them
     mine = {}
     if grid.dp_rank == 0:
         for stage in model.stages.values():
@@ -87,7 +91,6 @@ def train(comm, cfg):
         weights = {}
         for part in parts:
             weights.update(part)
-    resident = rank.step.resident_bytes()
     params = sum(stage.param_buffer.size for stage in model.stages.values())
     return losses, weights, rank.step.optimizer_state_bytes, (resident, params)
 
@@ -119,8 +122,10 @@ def check(comm) -> mpibody.Report:
     fp32 = train(comm, make_cfg(zdp, n // zdp, "zb-h1", dtype="float32"))
     zero2 = train(comm, make_cfg(zdp, n // zdp, "zb-h1", zero=2))
     zero2_v = train(comm, make_cfg(zdp, n // zdp, "zb-v", zero=2))  # two chunks per rank
+    zero3 = {kind: train(comm, make_cfg(zdp, n // zdp, kind, zero=3))
+             for kind in ("zb-h1", "zb-v")}
     sixteen = {z: train(comm, make_cfg(zdp, n // zdp, "zb-h1", zero=z, dtype="bfloat16"))
-               for z in (0, 1, 2)}
+               for z in (0, 1, 2, 3)}
     state_bytes = comm.gather((zero_plain[2], zero[2]), root=0)
     resident = comm.gather({z: sixteen[z][3] for z in sixteen}, root=0)
     failures = []
@@ -131,6 +136,10 @@ def check(comm) -> mpibody.Report:
         if zero2_v[0] != zero[0] or any(not np.array_equal(zero2_v[1][k], w)
                                         for k, w in zero[1].items()):
             failures.append("ZeRO-2 under zb-v (two chunks per rank) not bitwise ZeRO-1")
+        for kind, run in zero3.items():
+            if run[0] != zero[0] or any(not np.array_equal(run[1][k], w)
+                                        for k, w in zero[1].items()):
+                failures.append(f"ZeRO-3 under {kind} not bitwise ZeRO-1")
         if not abs(bf16[0][-1] - fp32[0][-1]) < 0.02 * fp32[0][-1]:
             failures.append(f"bf16 gradient communication: loss {bf16[0][-1]} vs "
                             f"float32 {fp32[0][-1]}")
@@ -169,20 +178,24 @@ def compare_layouts(ref, results) -> list[str]:
 
 
 def compare_zero2(zero1, zero2, sixteen, resident, zdp) -> list[str]:
-    """ZeRO-2 bitwise ZeRO-1 (float64 and bfloat16); bfloat16 ZeRO-2 within 1e-2 of ZeRO-0's
-    loss (their norms add different float64 partial sums) and at most 2 + 16/dp bytes per
-    parameter per rank between steps (+ bucket rounding)."""
+    """ZeRO-2 bitwise ZeRO-1 (float64 and bfloat16), and ZeRO-3 (bfloat16) too; bfloat16
+    ZeRO-2 within 1e-2 of ZeRO-0's loss (their norms add different float64 partial sums);
+    per parameter per rank between steps (+ bucket rounding) at most 2 + 16/dp bytes under
+    ZeRO-2 and 18/dp under ZeRO-3."""
     failures = []
-    for label, a, b in (("float64", zero1, zero2), ("bfloat16", sixteen[1], sixteen[2])):
+    for label, a, b in (("ZeRO-2 float64", zero1, zero2),
+                        ("ZeRO-2 bfloat16", sixteen[1], sixteen[2]),
+                        ("ZeRO-3 bfloat16", sixteen[1], sixteen[3])):
         if a[0] != b[0] or any(not np.array_equal(a[1][k], b[1][k]) for k in a[1]):
-            failures.append(f"ZeRO-2 ({label}) not bitwise equal to ZeRO-1")
+            failures.append(f"{label} not bitwise equal to ZeRO-1")
     if not abs(sixteen[2][0][-1] - sixteen[0][0][-1]) <= 1e-2 * sixteen[0][0][-1]:
         failures.append(f"ZeRO-2 bfloat16 loss {sixteen[2][0][-1]} vs ZeRO-0 {sixteen[0][0][-1]}")
     for rank, by_zero in enumerate(resident):
         per_param = {z: sum(kinds.values()) / params for z, (kinds, params) in by_zero.items()}
-        if not per_param[2] <= 2 + 16 / zdp + 0.05 or not per_param[0] >= 16:
+        if not per_param[2] <= 2 + 16 / zdp + 0.05 or not per_param[0] >= 16 \
+                or not per_param[3] <= 18 / zdp + 0.05:
             failures.append(f"rank {rank}: bytes per parameter between steps {per_param} "
-                            f"(ZeRO-2 should be at most 2 + 16/{zdp})")
+                            f"(ZeRO-2 should be at most 2 + 16/{zdp}, ZeRO-3 18/{zdp})")
     return failures
 
 

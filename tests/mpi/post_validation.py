@@ -3,7 +3,7 @@
 `check(comm)` (the contract is in tests/harness/mpibody.py) needs 4 ranks;
 tests/optim/test_post_validation_mpi.py calls it in-process or runs it as
 `mpiexec -n 4 python -m mpi4py tests/mpi/post_validation.py`. On dp = 2 × pp = 2 (with and
-without ZeRO-1 and ZeRO-2), float64, a few steps each with: a clipping threshold so small that every
+without ZeRO-1, ZeRO-2 and ZeRO-3), float64, a few steps each with: a clipping threshold so small that every
 step clips (post-validation then waits for the global norm: bitwise the synchronous run,
 nothing redone); one between the steps' norms, so some steps clip and some do not; and a NaN
 injected into one weight gradient of one stage of one replica at one step (that step is
@@ -82,6 +82,7 @@ def train(comm, cfg, poison=False):
 
         outcomes += rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip)
     outcomes += rank.flush()
+    rank.step.materialize()  # ZeRO-3: the whole weights, to read them
     weights = {}
     for stage in model.stages.values():
         for name, value in stage.params.items():
@@ -90,9 +91,9 @@ def train(comm, cfg, poison=False):
 
 
 def check(comm) -> mpibody.Report:
-    """The three cases, without ZeRO, with ZeRO-1 and ZeRO-2, against the synchronous optimizer."""
+    """The three cases, without ZeRO, with ZeRO-1, ZeRO-2 and ZeRO-3, against the synchronous optimizer."""
     failures, report = [], []
-    for zero in (0, 1, 2):
+    for zero in (0, 1, 2, 3):
         sync_norms = [o.norm for o in train(comm, make_cfg(False, 1e9, zero))[0]]
         middle = float(np.median(sync_norms))
         for label, clip, poison in (("clip every step", 1e-3, False),

@@ -6,7 +6,7 @@ optimizer state; a dynamic loss scale for float16), a few clipped steps of a lea
 token stream:
 - on pp = 2, 3 and 4 ranks, every schedule the microbatch count allows: losses and
   weights bitwise equal to one process (16-bit messages travel as 16-bit words);
-- dp 2 × pp 2 with ZB-H1 and 1F1B (bitwise equal to each other), with ZeRO-1, ZeRO-2, with
+- dp 2 × pp 2 with ZB-H1 and 1F1B (bitwise equal to each other), with ZeRO-1, ZeRO-2, ZeRO-3, with
   post-validation and with bfloat16 gradient messages: losses within 1 % of plain dp;
 - every run tracks float32's losses: the last loss within TRACK of float32's.
 The report fails when any rank found a mismatch.
@@ -74,6 +74,7 @@ def train(comm, cfg, schedule):
 
         losses += [o.loss for o in rank.train_step(step, inputs, 2e-2, 1.0)]
     losses += [o.loss for o in rank.flush()]
+    rank.step.materialize()  # ZeRO-3: the whole weights, to read them
     mine = {}
     if grid.dp_rank == 0:
         for stage in rank.model.stages.values():
@@ -126,6 +127,7 @@ def check_data_parallel(world, dtype, reference32, failures):
     for label, kind, extra in (("zb-h1", "zb-h1", {}), ("1f1b", "1f1b", {}),
                                ("zero", "zb-h1", {"zero": 1}),
                                ("zero2", "zb-h1", {"zero": 2}),
+                               ("zero3", "zb-h1", {"zero": 3}),
                                ("bf16 messages", "zb-h1", {"grad_comm_dtype": "bfloat16"})):
         runs[label] = train(world, make_cfg(dtype, 2, 2, kind, **extra), generate(kind, 2, 2))
     runs["post-validation"] = train(world, make_cfg(dtype, 2, 2, "zb-h1",

@@ -8,7 +8,7 @@ tests/parallel/test_tensor_parallel_mpi.py calls it in-process or runs it as
   their global tensors, to 1e-12;
 - layouts: every layout of the world (tp 4; tp 2 × pp 2; tp 2 × dp 2 on 4 ranks; the
   2 × 2 × 2 on 8) trains like one process — losses and weights to 1e-12 after clipped
-  steps — bitwise alike across schedules for a fixed layout; with ZeRO-1, ZeRO-2 and with
+  steps — bitwise alike across schedules for a fixed layout; with ZeRO-1, ZeRO-2, ZeRO-3 and with
   post-validation too;
 - checkpoints (4 ranks): saved at tp 2, resumed at tp 1, saved, resumed at tp 4: the
   losses of one uninterrupted process, to 1e-12.
@@ -213,6 +213,7 @@ def train(comm, cfg, rank=None, first_step=1, steps=STEPS):
 
 def global_weights(rank):
     grid = rank.grid
+    rank.step.materialize()  # ZeRO-3: the whole weights, to read them
     mine = {}
     if grid.dp_rank == 0:
         mine = {name: host for name, _, host in global_parameters(rank.model, grid)}
@@ -241,7 +242,7 @@ def check_layouts(world, failures, report):
     for dp, pp, tp in layouts:
         kinds = ("1f1b", "zb-h1", "zb-v", "interleaved-1f1b") if pp > 1 else ("1f1b", "zb-h1")
         results = {kind: train(world, make_cfg(dp, pp, tp, kind)) for kind in kinds}
-        extras = {"ZeRO-1": dict(zero=1), "ZeRO-2": dict(zero=2),
+        extras = {"ZeRO-1": dict(zero=1), "ZeRO-2": dict(zero=2), "ZeRO-3": dict(zero=3),
                   "post-validation": dict(post_validation=True),
                   "sequence parallel": dict(sequence_parallel=True),
                   # recomputation replays F's tensor-parallel sums in B: the same bits

@@ -4,13 +4,13 @@
 tests/checkpoint/test_zero_checkpoints_mpi.py calls it in-process or runs it as
 `mpiexec -n 2 python -m mpi4py tests/mpi/zero_checkpoints.py`. A tiny model trains
 STEPS steps uninterrupted, and SAVE steps then a checkpoint then the rest, on dp 2 × pp 1
-with ZeRO 0, 1, 2 and on dp 1 × pp 2; every writer's checkpoint is resumed by every
+with ZeRO 0, 1, 2, 3 and on dp 1 × pp 2; every writer's checkpoint is resumed by every
 reader. Checked:
 - float64 with clipping: a reader with the writer's layout and ZeRO stage continues
   bitwise; with another ZeRO stage or layout to 1e-12 of the reader's uninterrupted run
   (ZeRO's norm adds float64 partial sums cut at other places: round-off in the
   clipping coefficient);
-- bfloat16 compute without clipping on dp 2: ZeRO 0, 1 and 2 do the same arithmetic (the
+- bfloat16 compute without clipping on dp 2: ZeRO 0, 1, 2 and 3 do the same arithmetic (the
   sum of two replicas is a + b whichever collective), so every resume across them is
   bitwise — the float32 master weights and moments travel through the checkpoint;
 - post-validation under ZeRO-2 resumes bitwise (its clipping state is in the checkpoint).
@@ -81,6 +81,7 @@ def train(comm, cfg, steps, save_to=None, resume=None):
             losses[out.step] = out.loss
     for out in rank.flush():
         losses[out.step] = out.loss
+    rank.step.materialize()  # ZeRO-3: the whole weights, to read (or save) them
     if save_to is not None:
         saved = ckpt.save(rank, cfg, steps, save_to, {**rank.step.state(), "lr_step": steps})
         return losses, saved.path
@@ -119,14 +120,14 @@ def differ(a, b, exact: bool) -> str | None:
 def check(comm) -> mpibody.Report:
     folder = comm.bcast(tempfile.mkdtemp(prefix="hpcpipe-zero-") if comm.rank == 0 else None)
     cases = []  # (label, writer cfg, reader cfg, bitwise?)
-    layouts = {f"dp2 zero{z}": make_cfg(2, 1, z) for z in (0, 1, 2)}
+    layouts = {f"dp2 zero{z}": make_cfg(2, 1, z) for z in (0, 1, 2, 3)}
     layouts["dp1 pp2"] = make_cfg(1, 2, 0)
     for w, wcfg in layouts.items():
         for r, rcfg in layouts.items():
             cases.append((f"float64 {w} → {r}", wcfg, rcfg, w == r))
-    sixteen = {z: make_cfg(2, 1, z, dtype="bfloat16", clip=0.0) for z in (0, 1, 2)}
-    for w in (0, 2):
-        for r in (0, 1, 2):
+    sixteen = {z: make_cfg(2, 1, z, dtype="bfloat16", clip=0.0) for z in (0, 1, 2, 3)}
+    for w in (0, 3):
+        for r in (0, 1, 2, 3):
             cases.append((f"bfloat16 dp2 zero{w} → zero{r}", sixteen[w], sixteen[r], True))
     pv = make_cfg(2, 1, 2, post_validation=True)
     cases.append(("post-validation zero2 → zero2", pv, pv, True))
@@ -143,7 +144,7 @@ def check(comm) -> mpibody.Report:
                 failures.append(f"{label} ({'bitwise' if exact else '1e-12'}): {why}")
     if comm.rank == 0:
         shutil.rmtree(folder, ignore_errors=True)
-    summary = [f"{len(cases)} resumes across ZeRO 0/1/2 and dp 2 × pp 1 / dp 1 × pp 2"]
+    summary = [f"{len(cases)} resumes across ZeRO 0/1/2/3 and dp 2 × pp 1 / dp 1 × pp 2"]
     return mpibody.Report.agreed(comm, summary, failures)
 
 

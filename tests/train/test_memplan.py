@@ -140,3 +140,19 @@ def test_auto_recompute_needs_the_auto_schedule():
         tiny('parallel.schedule="1f1b"', 'train.recompute="auto"')
     with pytest.raises(config.ConfigError, match="train.recompute"):
         tiny('train.recompute="sometimes"')
+
+
+def test_the_plan_shows_what_each_zero_stage_holds_between_steps():
+    """ZeRO-1 divides master and moments by dp, ZeRO-2 the gradient too, ZeRO-3 the weights
+    as well (bfloat16: 18, 6 + 12/d, 2 + 16/d, 18/d bytes per parameter, the head's share
+    of d(wte) aside); the plan prints each for the config's dp."""
+    cfg = tiny('parallel.dp=4', 'train.dtype="bfloat16"', 'parallel.zero=1')
+    plans = memplan.plan(cfg)
+    between = memplan.between_steps(cfg, plans[0])
+    count = plans[0].parameters // 2
+    assert between[3] == (2 + 4 + 12) * count // 4
+    assert between[2] == 2 * count + (4 + 12) * count // 4
+    assert between[1] == plans[0].parameters + plans[0].gradients + 12 * count // 4
+    assert between[0] == plans[0].parameters + plans[0].gradients + 12 * count
+    text = memplan.describe(cfg, plans, None, 1)
+    assert "ZeRO-1 " in text and "(this config)" in text and "ZeRO-3 " in text

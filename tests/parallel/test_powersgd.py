@@ -1,0 +1,50 @@
+"""PowerSGD's pieces on one process (the collective parts: tests/mpi/powersgd.py): which
+tensors it compresses, the Gram–Schmidt it orthonormalises with, and the bytes it saves."""
+
+import numpy as np
+import pytest
+
+from hpcpipe.bench.step import CONFIGS
+from hpcpipe.model.layout import param_layout
+from hpcpipe.parallel.powersgd import compressible, initial_q, orthonormalise
+
+
+def test_only_matrices_that_gain_are_compressed():
+    """Vectors never; a matrix only when r(n + m) is at most n·m / min_gain."""
+    assert not compressible((384,), 4)
+    assert compressible((384, 1152), 4)
+    assert not compressible((8, 8), 4) and compressible((8, 8), 2)  # 2·2·16 = 64 ≤ 64
+    assert compressible((8, 8), 8, min_gain=0)
+
+
+def test_orthonormalise_gives_orthonormal_columns_and_zeroes_dependent_ones():
+    rng = np.random.default_rng(0)
+    p = rng.standard_normal((50, 4))
+    q = orthonormalise(p.copy(), np)
+    assert np.abs(q.T @ q - np.eye(4)).max() < 1e-14
+    # The same span: the projection onto q reproduces p.
+    assert np.abs(q @ (q.T @ p) - p).max() < 1e-13
+    dependent = np.column_stack([p[:, 0], 2 * p[:, 0], p[:, 1], np.zeros(50)])
+    q = orthonormalise(dependent, np)
+    assert np.isfinite(q).all()
+    assert np.abs(q[:, 1]).max() == 0 and np.abs(q[:, 3]).max() == 0
+    assert np.abs(q[:, [0, 2]].T @ q[:, [0, 2]] - np.eye(2)).max() < 1e-14
+    assert not orthonormalise(np.zeros((5, 3)), np).any()
+
+
+def test_every_replica_starts_from_the_same_q():
+    a, b = initial_q("h.0.mlp.c_fc.weight", 512, 4, np.float32), \
+        initial_q("h.0.mlp.c_fc.weight", 512, 4, np.float32)
+    assert np.array_equal(a, b) and not np.array_equal(a, initial_q("wte", 512, 4, np.float32))
+
+
+@pytest.mark.parametrize("name, at_least", [("medium", 4), ("tiny", 4)])
+def test_rank_4_sends_at_least_4x_fewer_bytes_than_float32(name, at_least):
+    """The issue's goal at the medium model (10.7M parameters), rank 4: the factors of
+    every matrix plus the uncompressed vectors against the whole float32 gradient."""
+    cfg = CONFIGS[name]
+    layout = param_layout(cfg)
+    total = sum(int(np.prod(shape)) for _, shape in layout)
+    sent = sum(4 * (shape[0] + shape[1]) if compressible(shape, 4) else int(np.prod(shape))
+               for _, shape in layout)
+    assert total / sent >= at_least, (name, total, sent)

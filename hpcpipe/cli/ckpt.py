@@ -132,7 +132,10 @@ def cmd_info(args) -> int:
           f"block {model['block_size']}, vocab {model['vocab_size']}; {m['dtype']}")
     print(f"  layout: dp {lay['dp']} × pp {lay['pp']} × tp {lay.get('tp', 1)} "
           f"({lay['chunks']} chunk(s) per rank), "
-          f"schedule {lay['schedule']}, ZeRO {lay['zero']}")
+          f"schedule {lay['schedule']}, ZeRO {lay['zero']}"
+          + (f", PowerSGD rank {lay['powersgd_rank']} (each replica's error feedback kept)"
+             if lay.get("powersgd_rank") else "")
+          + (f", local SGD H = {lay['local_steps']}" if lay.get("local_steps") else ""))
     print(f"  partition: {partition_words(lay['partition'])}")
     params = sum(int(np.prod(t['shape'])) for t in m['tensors'].values())
     print(f"  {len(m['tensors'])} tensors, {params:,} parameters; optimizer state for "

@@ -73,7 +73,8 @@ def plan(cfg) -> list[RankPlan]:
 
 def _compression(cfg, specs) -> int:
     """PowerSGD's state on one rank: every compressed matrix's error feedback (its size, in
-    the gradient's dtype) and its Q (m × r), plus the first Q kept to refill it."""
+    the gradient's dtype) and its Q (m × r), plus the first Q kept to refill it; twice
+    that under post-validation (each step's starting copy)."""
     from hpcpipe.parallel.powersgd import compressible
 
     p = cfg.parallel
@@ -86,7 +87,8 @@ def _compression(cfg, specs) -> int:
             local = shard_of(name, shape, p.tp, 0).local_shape(shape)
             if compressible(local, p.powersgd_rank, p.powersgd_min_gain):
                 total += (local[0] * local[1] + 2 * local[1] * p.powersgd_rank) * acc
-    return total
+    # Post-validation may run a step twice: E and Q are copied at each step's start.
+    return total * 2 if cfg.train.post_validation else total
 
 
 def stage_memories(cfg, specs) -> list:

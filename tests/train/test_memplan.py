@@ -170,3 +170,10 @@ def test_the_plan_counts_powersgds_error_feedback():
     assert b.compression >= 4 * block * plain.model.n_layer // 2  # rank 0 of pp 2
     assert memplan.between_steps(psgd, b)[3] == memplan.between_steps(plain, a)[3] + b.compression
     assert "PowerSGD's E and Q" in memplan.describe(psgd, memplan.plan(psgd), None, 1)
+
+
+def test_post_validation_doubles_powersgds_state_in_the_plan():
+    """A step post-validation redoes starts again from a copy of E and Q."""
+    on = ['parallel.dp=2', 'parallel.grad_compression="powersgd"']
+    once = memplan.plan(tiny(*on))[0].compression
+    assert memplan.plan(tiny(*on, "train.post_validation=true"))[0].compression == 2 * once

@@ -139,7 +139,10 @@ def _k_order_strides(shape, strides, itemsize):
 
 
 def _same_view(x: np.ndarray, y: np.ndarray) -> bool:
-    """The same memory seen the same way (pointer, shape, strides)."""
+    """The same memory seen the same way (pointer, shape, strides) — for two views of
+    one allocation only: a ghost's pointer is its one-element buffer's plus the view's
+    offset, so ghosts of two allocations can meet at one address by chance (a copy that
+    went uncounted once in a few runs)."""
     return (x.__array_interface__["data"][0] == y.__array_interface__["data"][0]
             and x.shape == y.shape and x.strides == y.strides)
 
@@ -650,7 +653,7 @@ class ShapeDevice(_Allocations, _Gemms, types.ModuleType):
             target = a._v[index]
             if is_array and np.broadcast_shapes(value.shape, target.shape) != target.shape:
                 raise ValueError(f"cannot assign {value.shape} into {target.shape}")
-            if is_array and _same_view(value._v, target):
+            if is_array and value._alloc == a._alloc and _same_view(value._v, target):
                 return  # `a[i] += v` assigns a[i] onto itself: CuPy skips that copy
             if real:
                 target[...] = value._v if is_array else value

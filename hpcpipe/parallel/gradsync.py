@@ -188,7 +188,8 @@ class GradSync:
     # -- per step -------------------------------------------------------------------------
     def reset(self, step: int = 0):
         """Start step `step` (what PowerSGD's warm-up and its repeats go by)."""
-        self._flight = [_InFlight(set(b.names)) for b in self.plan.buckets]
+        self._flight = [_InFlight(set(b.names), compressed=b.compressed)
+                        for b in self.plan.buckets]
         self.bytes_reduced = 0
         self.wait_s = 0.0
         self.step = step
@@ -237,8 +238,7 @@ class GradSync:
         (`progress`, `wait`), so a W hook never stalls the device."""
         bucket, flight, t = self.plan.buckets[i], self._flight[i], self.transport
         flight.launched = True
-        if bucket.compressed:
-            flight.compressed = True
+        if flight.compressed:
             return
         grads = self._grads(bucket)
         self.bytes_reduced += bucket.size * self.comm_dtype.itemsize

@@ -71,35 +71,48 @@ def global_batch(step):
     return tokens[:, :-1], tokens[:, 1:]
 
 
+def build(comm, cfg):
+    """The Rank of cfg's layout over `comm`, on the test device."""
+    p = cfg.parallel
+    grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
+    return Rank.build(cfg, grid, devices.select(), generate(p.schedule, p.pp, p.microbatches))
+
+
+def run_steps(rank, cfg, first, last, sent=None) -> dict:
+    """Steps first..last of cfg on the global batches (this replica's share): the loss of
+    each step that became final; with `sent`, each step's bytes reduced appended to it."""
+    be, losses = rank.model.backend, {}
+    start = rank.grid.dp_rank * cfg.parallel.microbatches
+    for step in range(first, last + 1):
+        idx, targets = global_batch(step - 1)
+
+        def inputs(mb):
+            rows = slice((start + mb) * B, (start + mb + 1) * B)
+            return be.from_host(idx[rows]), be.from_host(targets[rows])
+
+        for out in rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip):
+            losses[out.step] = out.loss
+        if sent is not None:
+            sent.append(rank.step.gradsync.bytes_reduced)
+    return losses
+
+
 def train(comm, cfg):
     """STEPS steps of cfg over `comm`: (losses, weights on comm rank 0, bytes reduced per
     step on this rank, the uncompressed bytes the rank's stages would send)."""
-    p = cfg.parallel
-    grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
-    be = devices.select()
-    rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches))
-    losses, sent = [], []
-    for step in range(STEPS):
-        idx, targets = global_batch(step)
-        first = grid.dp_rank * p.microbatches
-
-        def inputs(mb):
-            rows = slice((first + mb) * B, (first + mb + 1) * B)
-            return be.from_host(idx[rows]), be.from_host(targets[rows])
-
-        losses += [out.loss for out in rank.train_step(step + 1, inputs, cfg.train.lr,
-                                                        cfg.train.grad_clip)]
-        sent.append(rank.step.gradsync.bytes_reduced)
-    losses += [out.loss for out in rank.step.flush()]
+    rank, sent = build(comm, cfg), []
+    losses = run_steps(rank, cfg, 1, STEPS, sent)
+    losses.update((out.step, out.loss) for out in rank.step.flush())
     rank.step.materialize()  # ZeRO-3: the whole weights, to read them
-    return losses, gather_weights(comm, grid, rank), sent, expected_bytes(rank)
+    return ([losses[s] for s in sorted(losses)], gather_weights(comm, rank), sent,
+            expected_bytes(rank))
 
 
-def gather_weights(comm, grid, rank):
+def gather_weights(comm, rank):
     """Every global tensor, on comm rank 0 (tensor shards gathered along their split)."""
     from hpcpipe.model.sharding import shard_of
 
-    mine = {}
+    grid, mine = rank.grid, {}
     for stage in rank.model.stages.values():
         for name, value in stage.params.items():
             if name == "wte" and not stage.embedding_part:
@@ -322,31 +335,18 @@ def run_from(comm, cfg, steps, save_to=None, resume=None):
     """Steps up to `steps` of cfg (from a checkpoint when `resume`), saving at the end when
     `save_to`: (losses by step, weights on comm rank 0, the error feedback's moments,
     the checkpoint's path or None)."""
-    p = cfg.parallel
-    grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
-    be = devices.select()
-    rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches))
-    first, losses = 1, {}
+    rank, first = build(comm, cfg), 1
     if resume is not None:
         state = ckpt.load(rank, cfg, resume, ckpt.read_manifest(resume))
         rank.step.restore(state)
         first = state["step"] + 1
     moments = error_moments(comm, rank)  # what was loaded (or zero)
-    for step in range(first, steps + 1):
-        idx, targets = global_batch(step - 1)
-        start = grid.dp_rank * p.microbatches
-
-        def inputs(mb):
-            rows = slice((start + mb) * B, (start + mb + 1) * B)
-            return be.from_host(idx[rows]), be.from_host(targets[rows])
-
-        for out in rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip):
-            losses[out.step] = out.loss
+    losses = run_steps(rank, cfg, first, steps)
     path = None
     if save_to is not None:
         moments = error_moments(comm, rank)
         path = ckpt.save(rank, cfg, steps, save_to, {**rank.step.state(), "lr_step": steps}).path
-    return losses, gather_weights(comm, grid, rank), moments, path
+    return losses, gather_weights(comm, rank), moments, path
 
 
 def error_moments(comm, rank):

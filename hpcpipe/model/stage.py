@@ -202,11 +202,15 @@ class Stage:
             if T > cfg.block_size:
                 raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
             x, caches["embedding"] = embedding.forward(inp, P, be, tp)
+        # The embedding's and each block's outputs are fresh arrays the next layer may keep
+        # as they are; a received input is a message buffer the runtime reuses after F.
+        owned = self.embedding_part
         for layer in self.layers:
             x, caches[layer] = block.forward(x, scope(P, f"h.{layer}."), cfg.n_head, be, tp,
-                                             selective)
+                                             selective, owned)
+            owned = True
         if self.head_part:
-            x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."), be, tp)
+            x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."), be, tp, owned=owned)
             logits, caches["head"] = head.forward(x, P, be, tp, padding_mask(cfg))
             if targets is None and not keep:
                 return logits, None  # (under tensor parallelism: this shard's columns)

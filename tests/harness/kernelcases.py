@@ -32,6 +32,7 @@ from hpcpipe.device.kernels import embedding as k_embedding
 from hpcpipe.device.kernels import gelu as k_gelu
 from hpcpipe.device.kernels import gradnorm as k_gradnorm
 from hpcpipe.device.kernels import layernorm as k_layernorm
+from hpcpipe.device.kernels import residual as k_residual
 from hpcpipe.device.kernels.rawmodule import RawModule
 
 from hpcpipe.device import standin as devicesim
@@ -119,6 +120,21 @@ def case_layernorm(k, xp, name, B=3, T=5, C=80):
     k_layernorm.forward(k, y_, mean_, rstd_, dx_, w_, b_)
     assert_close(host(y_), want_plain, name, "layernorm y without residual")
 
+    # With the projection's bias too: bitwise `x += xbias`, then the residual add, then
+    # LN of that sum (the three passes the block made before).
+    xb, _ = stored(rng.standard_normal(C), name)
+    A_ = accumulation(name)
+    biased = (x.astype(A_) + xb.astype(A_)).astype(S)
+    summed = (biased.astype(A_) + r.astype(A_)).astype(S)
+    k_layernorm.forward(k, y_, mean_, rstd_, device(xp, summed), w_, b_)
+    separate = host(y_).copy()
+    k_layernorm.forward(k, y_, mean_, rstd_, dx_, w_, b_, residual=r_, xsum=xsum_,
+                        xbias=device(xp, xb))
+    assert np.array_equal(host(xsum_).view(np.uint8), summed.view(np.uint8)), \
+        "layernorm xsum with xbias"
+    assert np.array_equal(host(y_).view(np.uint8), separate.view(np.uint8)), \
+        "layernorm y with xbias is not LN((x + xbias) + residual)"
+
 
 # -- gelu ---------------------------------------------------------------------------------
 
@@ -147,6 +163,26 @@ def case_gelu(k, xp, name, shape=(3, 7, 50)):
     assert np.array_equal(host(x_).view(np.uint8), summed.view(np.uint8)), "gelu bias: x + b"
     assert np.array_equal(host(y_).view(np.uint8), host(separate).view(np.uint8)), \
         "gelu bias: y is not GELU(x + b)"
+
+
+def case_residual(k, xp, name, shape=(3, 7, 50)):
+    """The block's last add: (y + bias) + residual in place, bitwise the two adds."""
+    rng = np.random.default_rng(8)
+    A = accumulation(name)
+    y, _ = stored(rng.standard_normal(shape), name)
+    r, _ = stored(rng.standard_normal(shape) * 4, name)
+    bias, _ = stored(rng.standard_normal(shape[-1]), name)
+    want = ((y.astype(A) + bias.astype(A)).astype(y.dtype).astype(A) + r.astype(A)).astype(
+        y.dtype)
+    y_ = device(xp, y)
+    k_residual.bias_residual(k, y_, device(xp, bias), device(xp, r))
+    assert np.array_equal(host(y_).view(np.uint8), want.view(np.uint8)), "bias_residual"
+    try:
+        k_residual.bias_residual(k, y_, device(xp, bias[:-1]), device(xp, r))
+    except ValueError as e:
+        assert "bias" in str(e), e
+    else:
+        raise AssertionError("a bias of the wrong width was launched")
 
 
 # -- attention ----------------------------------------------------------------------------
@@ -199,15 +235,29 @@ def attention_core_tc(qkv, n_head, dy, stored_y):
         B, T, C3)
 
 
-def _attention_kernels(k, xp, qkv, dy, n_head, name):
+def _attention_kernels(k, xp, qkv, dy, n_head, name, bias=None):
     B, T, C3 = qkv.shape
     S, A = storage(name), accumulation(name)
     qkv_, dy_ = device(xp, qkv), device(xp, dy)
+    bias_ = None if bias is None else device(xp, bias)
     y_, lse_ = xp.empty((B, T, C3 // 3), dtype=S), xp.empty((B, n_head, T), dtype=A)
-    k_attention.forward(k, y_, lse_, qkv_, n_head)
+    k_attention.forward(k, y_, lse_, qkv_, n_head, bias_)
     dqkv_, dd_ = xp.empty((B, T, C3), dtype=S), xp.empty((B, n_head, T), dtype=A)
-    k_attention.backward(k, dqkv_, dd_, dy_, y_, qkv_, lse_, n_head)
+    k_attention.backward(k, dqkv_, dd_, dy_, y_, qkv_, lse_, n_head, bias_)
     return host(y_), host(lse_), host(dqkv_)
+
+
+def _bias_taken_as_read(k, xp, qkv, dy, n_head, name, rng, outputs, what):
+    """The kernels given c_attn's bias, on qkv without it, are bitwise the kernels on
+    `qkv += bias` (rounded to the storage dtype): `outputs` (y, lse, dqkv) of the latter."""
+    A = accumulation(name)
+    bias, _ = stored(rng.standard_normal(qkv.shape[-1]), name)
+    unbiased = (qkv.astype(A) - bias.astype(A)).astype(qkv.dtype)
+    summed = (unbiased.astype(A) + bias.astype(A)).astype(qkv.dtype)
+    want = _attention_kernels(k, xp, summed, dy, n_head, name)
+    got = _attention_kernels(k, xp, unbiased, dy, n_head, name, bias)
+    for label, g, w in zip(("y", "lse", "dqkv"), got, want):
+        assert np.array_equal(g.view(np.uint8), w.view(np.uint8)), f"{what}: {label} with bias"
 
 
 def case_attention_layer(k, xp, name="float64", B=2, T=37, n_head=2, HS=32):
@@ -249,6 +299,7 @@ def case_attention(k, xp, name, B=1, T=41, n_head=2, HS=64):
     assert_close(dqkv, ref_dqkv, name, "attention dqkv", loose=4)
     again = _attention_kernels(k, xp, qkv, dy, n_head, name)[2]
     assert np.array_equal(dqkv.view(np.uint8), again.view(np.uint8)), "attention B repeats"
+    _bias_taken_as_read(k, xp, qkv, dy, n_head, name, rng, (y, lse, dqkv), "attention")
 
 
 TC_SHAPES = ((1, 70, 2, 64), (2, 5, 1, 16), (1, 33, 1, 48), (1, 17, 3, 32))  # B, T, NH, HS
@@ -276,6 +327,8 @@ def case_attention_tensor_cores(k, xp, name="bfloat16", shapes=TC_SHAPES):
         assert np.max(np.abs(y - ref_y)) <= 2.0 ** -7 * np.max(np.abs(ref_y)), shape
         again = _attention_kernels(k, xp, qkv, dy, n_head, name)[2]
         assert np.array_equal(dqkv.view(np.uint8), again.view(np.uint8)), shape
+        _bias_taken_as_read(k, xp, qkv, dy, n_head, name, rng, (y, lse, dqkv),
+                            f"tensor-core attention ({shape})")
 
 
 # -- cross-entropy ------------------------------------------------------------------------
@@ -426,7 +479,7 @@ def case_gradnorm(k, xp, name):
     assert np.array_equal(host(sums_), got), "the same bits again"
 
 
-CASES = (case_layernorm, case_gelu, case_attention, case_cross_entropy, case_embedding,
+CASES = (case_layernorm, case_gelu, case_residual, case_attention, case_cross_entropy, case_embedding,
          case_adamw, case_gradnorm)
 
 

@@ -11,8 +11,9 @@ bfloat16 where the storage dtype S is free, A = float32 for 16-bit and float32 s
 float64 for float64). None of them synchronises or copies: they only launch.
 
   layernorm (layernorm.cu), N rows of C channels, x (..., C):
-    forward(k, y, mean, rstd, x, weight, bias, residual=None, xsum=None)
+    forward(k, y, mean, rstd, x, weight, bias, residual=None, xsum=None, xbias=None)
         xsum = x + residual (rounded to S) when residual is given, y = LN(xsum or x);
+        with xbias (C,) S too, xsum = (x + xbias) + residual, each add rounded;
         y, xsum (N, C) S; mean, rstd (N,) A; weight, bias (C,) S. Grid (N), block 256.
     backward(k, dx, dy, x, mean, rstd, weight, dresidual=None)
         dx = LN'(dy) (+ dresidual); x is F's normalised input (xsum with a residual);
@@ -24,6 +25,9 @@ float64 for float64). None of them synchronises or copies: they only launch.
   gelu (gelu.cu), n elements:
     forward(k, y, x);  backward(k, dx, dy, x)    dx may be dy. Grid (ceil(n/256)), 256.
     bias_forward(k, y, x, bias)                  x += bias (D,) in place, then y = gelu(x).
+  residual (residual.cu), n elements of (..., D):
+    bias_residual(k, y, bias, residual)          y = (y + bias) + residual in place, each
+        add rounded to S; bias (D,). Grid (ceil(n/256)), block 256.
   attention (attention.cu), B, T, NH, HS (a multiple of 32, at most 128):
     forward(k, y, lse, qkv, n_head)              qkv (B, T, 3C) S as c_attn writes it;
         y (B, T, C) S; lse (B, NH, T) A.
@@ -92,6 +96,7 @@ SOURCES = {s.name: s for s in (
                                "layernorm_weight_partials")
            + _typed("layernorm_weight_finish", dtypes=("f32", "f64"))),
     Source("gelu", _typed("gelu_forward", "gelu_bias_forward", "gelu_backward")),
+    Source("residual", _typed("bias_residual")),
     Source("attention", _typed("attention_forward", "attention_backward_dq",
                                "attention_backward_dkv")),
     # bfloat16 on tensor cores (WMMA), one set per head size of 16 to 64 channels

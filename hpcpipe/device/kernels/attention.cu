@@ -10,6 +10,8 @@
 // Shapes: B batch, T time, NH heads, HS head size (a multiple of 32, at most 128),
 // C = NH·HS; S storage; A = Acc<S>.
 //   qkv (B, T, 3, NH, HS) S   c_attn's output as it lies: q, k, v side by side per token
+//   bias (3, NH, HS) S        c_attn's bias, added to each element read (rounded to S as
+//                             `qkv += bias` rounds); null when qkv has it. B gets it too.
 //   y, dy (B, T, NH, HS) S    = (B, T, C): the layout c_proj reads and its B writes
 //   lse (B, NH, T) A          log-sum-exp of each query row's scores (F → B)
 //   dd (B, NH, T) A           dy_i · y_i per row (written by the dq kernel, read by dkv)
@@ -37,12 +39,13 @@ __device__ __forceinline__ long long qkv_at(int b, int t, int part, int h, int T
 
 // One row's channels, lane l holding l, l + 32, ... (zeros past HS).
 template <typename S, typename A>
-__device__ __forceinline__ void load_row(A (&out)[ATT_LANE_DIMS], const S* row, int HS, A scale) {
+__device__ __forceinline__ void load_row(A (&out)[ATT_LANE_DIMS], const S* row, int HS, A scale,
+                                         const S* bias = nullptr) {
     const int lane = threadIdx.x % WARP;
 #pragma unroll
     for (int k = 0; k < ATT_LANE_DIMS; ++k) {
         const int d = lane + k * WARP;
-        out[k] = d < HS ? to_acc(row[d]) * scale : (A)0;
+        out[k] = d < HS ? to_acc(plus_bias(row[d], bias, d)) * scale : (A)0;
     }
 }
 
@@ -68,17 +71,19 @@ __device__ __forceinline__ A lane_dot(const A (&a)[ATT_LANE_DIMS], const A (&b)[
 // T), scaled; the whole block takes part.
 template <typename S, typename A>
 __device__ __forceinline__ void load_tile(A* tile, const S* base, int t0, int rows, int T,
-                                          long long row_stride, int HS, A scale) {
+                                          long long row_stride, int HS, A scale,
+                                          const S* bias = nullptr) {
     for (int e = threadIdx.x; e < rows * HS; e += ATT_THREADS) {
         const int j = e / HS, d = e % HS;
         tile[j * ATT_MAX_HS + d] =
-            t0 + j < T ? to_acc(base[(t0 + j) * row_stride + d]) * scale : (A)0;
+            t0 + j < T ? to_acc(plus_bias(base[(t0 + j) * row_stride + d], bias, d)) * scale
+                       : (A)0;
     }
 }
 
 template <typename S>
-__device__ void attention_forward(S* y, typename Acc<S>::type* lse, const S* qkv, int T,
-                                  int NH, int HS) {
+__device__ void attention_forward(S* y, typename Acc<S>::type* lse, const S* qkv,
+                                  const S* bias, int T, int NH, int HS) {
     typedef typename Acc<S>::type A;
     const int TILE = Tile<A>::rows;
     __shared__ A keys[Tile<A>::rows * ATT_MAX_HS], values[Tile<A>::rows * ATT_MAX_HS];
@@ -89,14 +94,17 @@ __device__ void attention_forward(S* y, typename Acc<S>::type* lse, const S* qkv
     const long long stride = 3LL * NH * HS;  // between tokens in qkv
     const A scale = (A)(1.0 / sqrt((double)HS));
     A q[ATT_LANE_DIMS], acc[ATT_LANE_DIMS];
-    load_row(q, qkv + qkv_at(b, active ? i : 0, 0, h, T, NH, HS), HS, scale);
+    load_row(q, qkv + qkv_at(b, active ? i : 0, 0, h, T, NH, HS), HS, scale,
+             qkv_bias(bias, 0, h, NH, HS));
 #pragma unroll
     for (int k = 0; k < ATT_LANE_DIMS; ++k) acc[k] = 0;
     A top = -HP_INFINITY, total = 0;
     for (int t0 = 0; t0 <= last; t0 += TILE) {  // tiles past the block's last row: skipped
         __syncthreads();  // the previous tile is no longer read
-        load_tile(keys, qkv + qkv_at(b, 0, 1, h, T, NH, HS), t0, TILE, T, stride, HS, (A)1);
-        load_tile(values, qkv + qkv_at(b, 0, 2, h, T, NH, HS), t0, TILE, T, stride, HS, (A)1);
+        load_tile(keys, qkv + qkv_at(b, 0, 1, h, T, NH, HS), t0, TILE, T, stride, HS, (A)1,
+                  qkv_bias(bias, 1, h, NH, HS));
+        load_tile(values, qkv + qkv_at(b, 0, 2, h, T, NH, HS), t0, TILE, T, stride, HS, (A)1,
+                  qkv_bias(bias, 2, h, NH, HS));
         __syncthreads();
         const int seen = active ? (i - t0 + 1 < TILE ? i - t0 + 1 : TILE) : 0;  // keys <= i
         for (int j = 0; j < seen; ++j) {
@@ -125,7 +133,7 @@ __device__ void attention_forward(S* y, typename Acc<S>::type* lse, const S* qkv
 // dq for each query row i, and dd_i = dy_i · y_i, which the dkv kernel needs.
 template <typename S>
 __device__ void attention_backward_dq(S* dqkv, typename Acc<S>::type* dd, const S* dy,
-                                      const S* y, const S* qkv,
+                                      const S* y, const S* qkv, const S* bias,
                                       const typename Acc<S>::type* lse, int T, int NH, int HS) {
     typedef typename Acc<S>::type A;
     const int TILE = Tile<A>::rows;
@@ -139,7 +147,7 @@ __device__ void attention_backward_dq(S* dqkv, typename Acc<S>::type* dd, const 
     const A scale = (A)(1.0 / sqrt((double)HS));
     const long long at = ((long long)b * T + row) * NH * HS + (long long)h * HS;  // in y, dy
     A q[ATT_LANE_DIMS], g[ATT_LANE_DIMS], o[ATT_LANE_DIMS], dq[ATT_LANE_DIMS];
-    load_row(q, qkv + qkv_at(b, row, 0, h, T, NH, HS), HS, scale);
+    load_row(q, qkv + qkv_at(b, row, 0, h, T, NH, HS), HS, scale, qkv_bias(bias, 0, h, NH, HS));
     load_row(g, dy + at, HS, (A)1);
     load_row(o, y + at, HS, (A)1);
     const A d_i = lane_dot(g, o);
@@ -148,8 +156,10 @@ __device__ void attention_backward_dq(S* dqkv, typename Acc<S>::type* dd, const 
     for (int k = 0; k < ATT_LANE_DIMS; ++k) dq[k] = 0;
     for (int t0 = 0; t0 <= last; t0 += TILE) {
         __syncthreads();
-        load_tile(keys, qkv + qkv_at(b, 0, 1, h, T, NH, HS), t0, TILE, T, stride, HS, (A)1);
-        load_tile(values, qkv + qkv_at(b, 0, 2, h, T, NH, HS), t0, TILE, T, stride, HS, (A)1);
+        load_tile(keys, qkv + qkv_at(b, 0, 1, h, T, NH, HS), t0, TILE, T, stride, HS, (A)1,
+                  qkv_bias(bias, 1, h, NH, HS));
+        load_tile(values, qkv + qkv_at(b, 0, 2, h, T, NH, HS), t0, TILE, T, stride, HS, (A)1,
+                  qkv_bias(bias, 2, h, NH, HS));
         __syncthreads();
         const int seen = active ? (i - t0 + 1 < TILE ? i - t0 + 1 : TILE) : 0;
         for (int j = 0; j < seen; ++j) {
@@ -170,7 +180,7 @@ __device__ void attention_backward_dq(S* dqkv, typename Acc<S>::type* dd, const 
 
 // dk and dv for each key row j, from the query rows i >= j.
 template <typename S>
-__device__ void attention_backward_dkv(S* dqkv, const S* dy, const S* qkv,
+__device__ void attention_backward_dkv(S* dqkv, const S* dy, const S* qkv, const S* bias,
                                        const typename Acc<S>::type* lse,
                                        const typename Acc<S>::type* dd, int T, int NH, int HS) {
     typedef typename Acc<S>::type A;
@@ -184,8 +194,8 @@ __device__ void attention_backward_dkv(S* dqkv, const S* dy, const S* qkv,
     const long long stride = 3LL * NH * HS, y_stride = (long long)NH * HS;
     const A scale = (A)(1.0 / sqrt((double)HS));
     A k_j[ATT_LANE_DIMS], v_j[ATT_LANE_DIMS], dk[ATT_LANE_DIMS], dv[ATT_LANE_DIMS];
-    load_row(k_j, qkv + qkv_at(b, row, 1, h, T, NH, HS), HS, (A)1);
-    load_row(v_j, qkv + qkv_at(b, row, 2, h, T, NH, HS), HS, (A)1);
+    load_row(k_j, qkv + qkv_at(b, row, 1, h, T, NH, HS), HS, (A)1, qkv_bias(bias, 1, h, NH, HS));
+    load_row(v_j, qkv + qkv_at(b, row, 2, h, T, NH, HS), HS, (A)1, qkv_bias(bias, 2, h, NH, HS));
 #pragma unroll
     for (int k = 0; k < ATT_LANE_DIMS; ++k) dk[k] = dv[k] = 0;
     const A* stats = lse + ((long long)b * NH + h) * T;
@@ -193,7 +203,8 @@ __device__ void attention_backward_dkv(S* dqkv, const S* dy, const S* qkv,
     // Query tiles from the one holding the block's first key: those before see none of it.
     for (int t0 = first / TILE * TILE; t0 < T; t0 += TILE) {
         __syncthreads();
-        load_tile(queries, qkv + qkv_at(b, 0, 0, h, T, NH, HS), t0, TILE, T, stride, HS, scale);
+        load_tile(queries, qkv + qkv_at(b, 0, 0, h, T, NH, HS), t0, TILE, T, stride, HS, scale,
+                  qkv_bias(bias, 0, h, NH, HS));
         load_tile(grads, dy + (long long)b * T * y_stride + (long long)h * HS, t0, TILE, T,
                   y_stride, HS, (A)1);
         for (int e = threadIdx.x; e < TILE; e += ATT_THREADS) {
@@ -229,18 +240,20 @@ __device__ void attention_backward_dkv(S* dqkv, const S* dy, const S* qkv,
 
 #define ATTENTION_KERNELS(S, A, suffix)                                                     \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS)               \
-        attention_forward_##suffix(S* y, A* lse, const S* qkv, int T, int NH, int HS) {     \
-        attention_forward<S>(y, lse, qkv, T, NH, HS);                                       \
+        attention_forward_##suffix(S* y, A* lse, const S* qkv, const S* bias, int T, int NH, \
+                                   int HS) {                                                \
+        attention_forward<S>(y, lse, qkv, bias, T, NH, HS);                                 \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS)               \
         attention_backward_dq_##suffix(S* dqkv, A* dd, const S* dy, const S* y,             \
-                                       const S* qkv, const A* lse, int T, int NH, int HS) { \
-        attention_backward_dq<S>(dqkv, dd, dy, y, qkv, lse, T, NH, HS);                     \
+                                       const S* qkv, const S* bias, const A* lse, int T,    \
+                                       int NH, int HS) {                                    \
+        attention_backward_dq<S>(dqkv, dd, dy, y, qkv, bias, lse, T, NH, HS);               \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS)               \
-        attention_backward_dkv_##suffix(S* dqkv, const S* dy, const S* qkv, const A* lse,   \
-                                        const A* dd, int T, int NH, int HS) {               \
-        attention_backward_dkv<S>(dqkv, dy, qkv, lse, dd, T, NH, HS);                       \
+        attention_backward_dkv_##suffix(S* dqkv, const S* dy, const S* qkv, const S* bias,  \
+                                        const A* lse, const A* dd, int T, int NH, int HS) { \
+        attention_backward_dkv<S>(dqkv, dy, qkv, bias, lse, dd, T, NH, HS);                 \
     }
 
 ATTENTION_KERNELS(bf16, float, bf16)

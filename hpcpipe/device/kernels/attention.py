@@ -5,7 +5,7 @@ then a dk/dv kernel (shapes in the package docstring)."""
 from __future__ import annotations
 
 from . import Kernels, constant, suffix
-from .arrays import accumulation, blocks, check, int32
+from .arrays import NULL, accumulation, blocks, check, int32
 
 ROWS = constant("attention", "ATT_ROWS")
 MAX_HEAD = constant("attention", "ATT_MAX_HS")
@@ -42,23 +42,34 @@ def _launch(k: Kernels, stem: str, qkv, B, T, NH, HS, args):
             (blocks(T, ROWS), NH, B), (THREADS,), (*args, int32(T), int32(NH), int32(HS)))
 
 
-def forward(k: Kernels, y, lse, qkv, n_head: int):
+def _bias(bias, qkv):
+    """The kernels' bias argument: c_attn's bias (3C,), or a null pointer."""
+    if bias is None:
+        return NULL
+    check("bias", bias, (qkv.shape[-1],), qkv.dtype)
+    return bias
+
+
+def forward(k: Kernels, y, lse, qkv, n_head: int, bias=None):
     """y = softmax(q k^T / sqrt(HS) + causal mask) v, heads side by side (B, T, C); lse
-    (B, NH, T) in A, the row log-sum-exps B needs."""
+    (B, NH, T) in A, the row log-sum-exps B needs. bias (3C,): c_attn's bias, which the
+    kernels add to qkv as they read it (rounded as `qkv += bias` rounds); pass the same to
+    `backward`."""
     B, T, NH, HS = _shape(qkv, n_head)
     S = qkv.dtype
     check("qkv", qkv, qkv.shape), check("y", y, (B, T, NH * HS), S)
     check("lse", lse, (B, NH, T), accumulation(S))
-    _launch(k, "forward", qkv, B, T, NH, HS, (y, lse, qkv))
+    _launch(k, "forward", qkv, B, T, NH, HS, (y, lse, qkv, _bias(bias, qkv)))
 
 
-def backward(k: Kernels, dqkv, dd, dy, y, qkv, lse, n_head: int):
+def backward(k: Kernels, dqkv, dd, dy, y, qkv, lse, n_head: int, bias=None):
     """dqkv (B, T, 3C), laid out like qkv, from dy (B, T, C); y and lse are F's; dd
-    (B, NH, T) in A is a workspace (dy_i · y_i per row)."""
+    (B, NH, T) in A is a workspace (dy_i · y_i per row); bias as F's."""
     B, T, NH, HS = _shape(qkv, n_head)
     S, A = qkv.dtype, accumulation(qkv.dtype)
     check("qkv", qkv, qkv.shape), check("dqkv", dqkv, qkv.shape, S)
     check("dy", dy, (B, T, NH * HS), S), check("y", y, (B, T, NH * HS), S)
     check("lse", lse, (B, NH, T), A), check("dd", dd, (B, NH, T), A)
-    _launch(k, "backward_dq", qkv, B, T, NH, HS, (dqkv, dd, dy, y, qkv, lse))
-    _launch(k, "backward_dkv", qkv, B, T, NH, HS, (dqkv, dy, qkv, lse, dd))
+    b = _bias(bias, qkv)
+    _launch(k, "backward_dq", qkv, B, T, NH, HS, (dqkv, dd, dy, y, qkv, b, lse))
+    _launch(k, "backward_dkv", qkv, B, T, NH, HS, (dqkv, dy, qkv, b, lse, dd))

@@ -21,9 +21,10 @@
 // flash attention does), q·k is taken unscaled and the scale 1/sqrt(HS) applied to the
 // float scores and to dq and dk at the end. Sums run in a fixed order: bitwise repeatable.
 //
-// Shapes as attention.cu: qkv (B, T, 3, NH, HS), y, dy (B, T, NH, HS), lse, dd (B, NH, T)
-// float; HS a multiple of 16, at most TC_MAX_HS. Launch: grid (ceil(T / TC_ROWS), NH, B),
-// block TC_THREADS; the dkv kernel after the dq kernel (it reads dd).
+// Shapes as attention.cu: qkv (B, T, 3, NH, HS), bias (3, NH, HS) or null (as there: added
+// to each element loaded, rounded), y, dy (B, T, NH, HS), lse, dd (B, NH, T) float; HS a
+// multiple of 16, at most TC_MAX_HS. Launch: grid (ceil(T / TC_ROWS), NH, B), block
+// TC_THREADS; the dkv kernel after the dq kernel (it reads dd).
 #include "common.cuh"
 #ifndef HPCPIPE_HOST_BUILD
 #include <mma.h>
@@ -34,6 +35,10 @@
 #define TC_ROWS (TC_WARPS * 16)  // a block's own rows: 16 per warp
 #define TC_TILE 32               // rows of the other side per shared tile
 #define TC_MAX_HS 64
+// Two blocks per SM at least (a register cap of 256, no tighter): with the maximum block
+// size alone, ptxas (CUDA 13.0) squeezed the forward at head size 64 into 80 registers
+// and spilled once the bias loads came in; told this, it takes 116 and spills nothing.
+#define TC_MIN_BLOCKS 2
 
 typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, bf16,
                                nvcuda::wmma::row_major> FragA;
@@ -52,10 +57,12 @@ __device__ __forceinline__ long long tc_at(int b, int t, int part, int h, int T,
 // Rows [t0, t0 + rows) of `base` (row stride `stride`) into `dst` (row stride HS), zeros
 // past T; threads `first`, `first` + 1, ... `first` + `count` - 1 share the copy.
 __device__ __forceinline__ void tc_load(bf16* dst, const bf16* base, int t0, int rows, int T,
-                                        long long stride, int HS, int me, int count) {
+                                        long long stride, int HS, int me, int count,
+                                        const bf16* bias = nullptr) {
     for (int e = me; e < rows * HS; e += count) {
         const int j = e / HS, d = e % HS;
-        dst[e] = t0 + j < T ? base[(long long)(t0 + j) * stride + d] : __float2bfloat16(0.0f);
+        dst[e] = t0 + j < T ? plus_bias(base[(long long)(t0 + j) * stride + d], bias, d)
+                            : __float2bfloat16(0.0f);
     }
 }
 
@@ -130,7 +137,8 @@ __device__ __forceinline__ float pair_sum(float v) {  // a + b == b + a: both la
 }
 
 template <int NF>
-__device__ void tc_forward(bf16* y, float* lse, const bf16* qkv, int T, int NH) {
+__device__ void tc_forward(bf16* y, float* lse, const bf16* qkv, const bf16* bias, int T,
+                           int NH) {
     const int HS = NF * 16;
     alignas(32) __shared__ bf16 keys[TC_TILE * TC_MAX_HS], values[TC_TILE * TC_MAX_HS];
     alignas(32) __shared__ bf16 queries[TC_WARPS][16 * TC_MAX_HS];
@@ -145,12 +153,14 @@ __device__ void tc_forward(bf16* y, float* lse, const bf16* qkv, int T, int NH) 
     const int i = row0 + at.row;
     float* s = scores[warp];
     tc_load(queries[warp], qkv + tc_at(b, 0, 0, h, T, NH, HS), row0, 16, T, stride, HS, lane,
-            WARP);
+            WARP,
+            qkv_bias(bias, 0, h, NH, HS));
     float top = -HP_INFINITY, total = 0.0f;
     for (int t0 = 0; t0 <= last; t0 += TC_TILE) {  // pass 1: each row's maximum and sum
         __syncthreads();
         tc_load(keys, qkv + tc_at(b, 0, 1, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
-                threadIdx.x, TC_THREADS);
+                threadIdx.x, TC_THREADS,
+            qkv_bias(bias, 1, h, NH, HS));
         __syncthreads();
         if (row0 >= T || t0 > row0 + 15) continue;  // the whole warp: no key seen
         scores_of<NF>(s, queries[warp], keys);
@@ -183,9 +193,11 @@ __device__ void tc_forward(bf16* y, float* lse, const bf16* qkv, int T, int NH) 
     for (int t0 = 0; t0 <= last; t0 += TC_TILE) {  // pass 2: y = P V
         __syncthreads();
         tc_load(keys, qkv + tc_at(b, 0, 1, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
-                threadIdx.x, TC_THREADS);
+                threadIdx.x, TC_THREADS,
+            qkv_bias(bias, 1, h, NH, HS));
         tc_load(values, qkv + tc_at(b, 0, 2, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
-                threadIdx.x, TC_THREADS);
+                threadIdx.x, TC_THREADS,
+            qkv_bias(bias, 2, h, NH, HS));
         __syncthreads();
         if (row0 >= T || t0 > row0 + 15) continue;
         scores_of<NF>(s, queries[warp], keys);
@@ -208,7 +220,8 @@ __device__ void tc_forward(bf16* y, float* lse, const bf16* qkv, int T, int NH) 
 // dq for each query row i, and dd_i = dy_i · y_i, which the dkv kernel needs.
 template <int NF>
 __device__ void tc_backward_dq(bf16* dqkv, float* dd, const bf16* dy, const bf16* y,
-                               const bf16* qkv, const float* lse, int T, int NH) {
+                               const bf16* qkv, const bf16* bias, const float* lse, int T,
+                               int NH) {
     const int HS = NF * 16;
     alignas(32) __shared__ bf16 keys[TC_TILE * TC_MAX_HS], values[TC_TILE * TC_MAX_HS];
     alignas(32) __shared__ bf16 queries[TC_WARPS][16 * TC_MAX_HS];
@@ -225,7 +238,8 @@ __device__ void tc_backward_dq(bf16* dqkv, float* dd, const bf16* dy, const bf16
     float* s = scores[warp];
     const long long head = (long long)b * T * y_stride + (long long)h * HS;  // row 0 in y, dy
     tc_load(queries[warp], qkv + tc_at(b, 0, 0, h, T, NH, HS), row0, 16, T, stride, HS, lane,
-            WARP);
+            WARP,
+            qkv_bias(bias, 0, h, NH, HS));
     tc_load(grads[warp], dy + head, row0, 16, T, y_stride, HS, lane, WARP);
     float d_i = 0.0f, lse_i = 0.0f;  // each lane of the pair sums half of the channels
     if (i < T) {
@@ -240,9 +254,11 @@ __device__ void tc_backward_dq(bf16* dqkv, float* dd, const bf16* dy, const bf16
     for (int t0 = 0; t0 <= last; t0 += TC_TILE) {
         __syncthreads();
         tc_load(keys, qkv + tc_at(b, 0, 1, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
-                threadIdx.x, TC_THREADS);
+                threadIdx.x, TC_THREADS,
+            qkv_bias(bias, 1, h, NH, HS));
         tc_load(values, qkv + tc_at(b, 0, 2, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
-                threadIdx.x, TC_THREADS);
+                threadIdx.x, TC_THREADS,
+            qkv_bias(bias, 2, h, NH, HS));
         __syncthreads();
         if (row0 >= T || t0 > row0 + 15) continue;
         scores_of<NF>(s, queries[warp], keys);
@@ -271,8 +287,8 @@ __device__ void tc_backward_dq(bf16* dqkv, float* dd, const bf16* dy, const bf16
 
 // dk and dv for each key row j, from the query rows i >= j.
 template <int NF>
-__device__ void tc_backward_dkv(bf16* dqkv, const bf16* dy, const bf16* qkv, const float* lse,
-                                const float* dd, int T, int NH) {
+__device__ void tc_backward_dkv(bf16* dqkv, const bf16* dy, const bf16* qkv, const bf16* bias,
+                                const float* lse, const float* dd, int T, int NH) {
     const int HS = NF * 16;
     alignas(32) __shared__ bf16 queries[TC_TILE * TC_MAX_HS], grads[TC_TILE * TC_MAX_HS];
     alignas(32) __shared__ bf16 keys[TC_WARPS][16 * TC_MAX_HS];
@@ -287,9 +303,11 @@ __device__ void tc_backward_dkv(bf16* dqkv, const bf16* dy, const bf16* qkv, con
     const Place at;
     const int j = row0 + at.row;  // this lane's key row
     float* s = scores[warp];
-    tc_load(keys[warp], qkv + tc_at(b, 0, 1, h, T, NH, HS), row0, 16, T, stride, HS, lane, WARP);
+    tc_load(keys[warp], qkv + tc_at(b, 0, 1, h, T, NH, HS), row0, 16, T, stride, HS, lane, WARP,
+            qkv_bias(bias, 1, h, NH, HS));
     tc_load(values[warp], qkv + tc_at(b, 0, 2, h, T, NH, HS), row0, 16, T, stride, HS, lane,
-            WARP);
+            WARP,
+            qkv_bias(bias, 2, h, NH, HS));
     const float* stats = lse + ((long long)b * NH + h) * T;
     const float* dstats = dd + ((long long)b * NH + h) * T;
     FragC dk[NF], dv[NF];
@@ -302,7 +320,8 @@ __device__ void tc_backward_dkv(bf16* dqkv, const bf16* dy, const bf16* qkv, con
     for (int t0 = first; t0 < T; t0 += TC_TILE) {
         __syncthreads();
         tc_load(queries, qkv + tc_at(b, 0, 0, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
-                threadIdx.x, TC_THREADS);
+                threadIdx.x, TC_THREADS,
+            qkv_bias(bias, 0, h, NH, HS));
         tc_load(grads, dy + (long long)b * T * y_stride + (long long)h * HS, t0, TC_TILE, T,
                 y_stride, HS, threadIdx.x, TC_THREADS);
         for (int e = threadIdx.x; e < TC_TILE; e += TC_THREADS) {
@@ -339,19 +358,22 @@ __device__ void tc_backward_dkv(bf16* dqkv, const bf16* dy, const bf16* qkv, con
 
 // One set per head size the tensor-core path takes: NF fragments of 16 channels.
 #define TC_ATTENTION_KERNELS(NF, HS)                                                           \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS)                                 \
-        attention_tc_forward_hs##HS(bf16* y, float* lse, const bf16* qkv, int T, int NH) {   \
-        tc_forward<NF>(y, lse, qkv, T, NH);                                                  \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)                                 \
+        attention_tc_forward_hs##HS(bf16* y, float* lse, const bf16* qkv, const bf16* bias,  \
+                                    int T, int NH) {                                         \
+        tc_forward<NF>(y, lse, qkv, bias, T, NH);                                            \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS)                                 \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)                                 \
         attention_tc_backward_dq_hs##HS(bf16* dqkv, float* dd, const bf16* dy, const bf16* y, \
-                                        const bf16* qkv, const float* lse, int T, int NH) {  \
-        tc_backward_dq<NF>(dqkv, dd, dy, y, qkv, lse, T, NH);                                \
+                                        const bf16* qkv, const bf16* bias, const float* lse, \
+                                        int T, int NH) {                                     \
+        tc_backward_dq<NF>(dqkv, dd, dy, y, qkv, bias, lse, T, NH);                          \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS)                                 \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)                                 \
         attention_tc_backward_dkv_hs##HS(bf16* dqkv, const bf16* dy, const bf16* qkv,        \
-                                         const float* lse, const float* dd, int T, int NH) { \
-        tc_backward_dkv<NF>(dqkv, dy, qkv, lse, dd, T, NH);                                  \
+                                         const bf16* bias, const float* lse, const float* dd, \
+                                         int T, int NH) {                                    \
+        tc_backward_dkv<NF>(dqkv, dy, qkv, bias, lse, dd, T, NH);                            \
     }
 
 TC_ATTENTION_KERNELS(1, 16)

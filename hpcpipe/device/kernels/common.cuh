@@ -31,6 +31,20 @@ __device__ __forceinline__ double sqrt_acc(double v) { return sqrt(v); }
 
 #define WARP 32
 
+// v + bias[d] rounded to S, the bits a separate `x += bias` pass leaves; v when bias is
+// null (the input has its bias already).
+template <typename S>
+__device__ __forceinline__ S plus_bias(S v, const S* bias, int d) {
+    return bias ? from_acc<S>(to_acc(v) + to_acc(bias[d])) : v;
+}
+
+// c_attn's bias for part (0 q, 1 k, 2 v) of head h, laid out (3, NH, HS) like a token's
+// qkv; null when qkv has its bias already.
+template <typename S>
+__device__ __forceinline__ const S* qkv_bias(const S* bias, int part, int h, int NH, int HS) {
+    return bias ? bias + ((long long)part * NH + h) * HS : nullptr;
+}
+
 // +inf without math.h, which NVRTC lacks.
 #ifdef HPCPIPE_HOST_BUILD
 #define HP_INFINITY INFINITY

@@ -4,6 +4,8 @@
 //
 // Shapes: N rows (B·T tokens), C channels, P = LN_CHUNKS row chunks; S storage, A = Acc<S>.
 //   x, residual, xsum, y (N, C) S       F: xsum = x + residual (rounded to S), y = LN(xsum)
+//   xbias (C,) S, optional with residual  F: xsum = (x + xbias) + residual, rounded after each
+//                                         add: the projection's bias, bit for bit `y += b`
 //   dy, dresidual, dx (N, C) S          B: dx = LN'(dy) + dresidual (dx may be dresidual or dy)
 //   weight, bias (C,) S; mean, rstd (N,) A (F writes them for B; no normalised copy kept)
 //   partials (P, 2, C) A; dweight, dbias (C,) A, accumulated (+=), as the W contract wants
@@ -17,21 +19,24 @@
 
 template <typename S>
 __device__ void layernorm_forward(S* y, S* xsum, typename Acc<S>::type* mean,
-                                  typename Acc<S>::type* rstd, const S* x, const S* residual,
-                                  const S* weight, const S* bias, int C) {
+                                  typename Acc<S>::type* rstd, const S* x, const S* xbias,
+                                  const S* residual, const S* weight, const S* bias, int C) {
     typedef typename Acc<S>::type A;
     __shared__ A scratch[WARP];
     const long long row = blockIdx.x;
     const S* xr = x + row * C;
     // With a residual, the normalised row is the sum as stored (rounded to S once), the
     // number the NumPy block's `x1 += x` keeps; each thread rereads only what it wrote.
+    // With xbias too, the GEMM output's bias is added first and rounded, as `y += bias`
+    // before `x1 += x` rounds it: the same bits as the three separate passes.
     const S* in = xr;
     A total = 0;
     if (residual) {
         S* out = xsum + row * C;
         const S* rr = residual + row * C;
         for (int c = threadIdx.x; c < C; c += LN_THREADS) {
-            out[c] = from_acc<S>(to_acc(xr[c]) + to_acc(rr[c]));
+            const S v = xbias ? from_acc<S>(to_acc(xr[c]) + to_acc(xbias[c])) : xr[c];
+            out[c] = from_acc<S>(to_acc(v) + to_acc(rr[c]));
             total += to_acc(out[c]);
         }
         in = out;
@@ -121,9 +126,9 @@ __device__ void layernorm_weight_finish(A* dweight, A* dbias, const A* partials,
 
 #define LAYERNORM_KERNELS(S, A, suffix)                                                    \
     extern "C" __global__ void __launch_bounds__(LN_THREADS) layernorm_forward_##suffix(   \
-        S* y, S* xsum, A* mean, A* rstd, const S* x, const S* residual, const S* weight,   \
-        const S* bias, int C) {                                                            \
-        layernorm_forward<S>(y, xsum, mean, rstd, x, residual, weight, bias, C);           \
+        S* y, S* xsum, A* mean, A* rstd, const S* x, const S* xbias, const S* residual,    \
+        const S* weight, const S* bias, int C) {                                           \
+        layernorm_forward<S>(y, xsum, mean, rstd, x, xbias, residual, weight, bias, C);    \
     }                                                                                      \
     extern "C" __global__ void __launch_bounds__(LN_THREADS) layernorm_backward_##suffix(  \
         S* dx, const S* dresidual, const S* dy, const S* x, const A* mean, const A* rstd,  \

@@ -15,10 +15,12 @@ def partials_shape(C: int) -> tuple[int, int, int]:
     return (CHUNKS, 2, C)
 
 
-def forward(k: Kernels, y, mean, rstd, x, weight, bias, residual=None, xsum=None):
+def forward(k: Kernels, y, mean, rstd, x, weight, bias, residual=None, xsum=None,
+            xbias=None):
     """y = LayerNorm(x + residual) (or of x alone); the sum, rounded to x's dtype, goes to
-    xsum, which B then takes as its x. Shapes: x, residual, xsum, y (..., C); mean, rstd
-    (N,) in A; weight, bias (C,)."""
+    xsum, which B then takes as its x. With `xbias` (C,) too, xsum = (x + xbias) +
+    residual rounded after each add (the GEMM output's bias, as `x += xbias` would).
+    Shapes: x, residual, xsum, y (..., C); mean, rstd (N,) in A; weight, bias (C,)."""
     N, C = rows(x)
     S, A = x.dtype, accumulation(x.dtype)
     for name, a in (("x", x), ("y", y)) + ((("residual", residual), ("xsum", xsum))
@@ -26,12 +28,17 @@ def forward(k: Kernels, y, mean, rstd, x, weight, bias, residual=None, xsum=None
         check(name, a, x.shape, S)
     if (residual is None) != (xsum is None):
         raise ValueError("residual and xsum go together")
+    if xbias is not None:
+        if residual is None:
+            raise ValueError("xbias goes with a residual")
+        check("xbias", xbias, (C,), S)
     check("weight", weight, (C,), S), check("bias", bias, (C,), S)
     check("mean", mean, (N,), A), check("rstd", rstd, (N,), A)
     k.function("layernorm", f"layernorm_forward_{suffix(S)}")(
         (N,), (THREADS,),
         (y, NULL if xsum is None else xsum, mean, rstd, x,
-         NULL if residual is None else residual, weight, bias, int32(C)))
+         NULL if xbias is None else xbias, NULL if residual is None else residual, weight,
+         bias, int32(C)))
 
 
 def backward(k: Kernels, dx, dy, x, mean, rstd, weight, dresidual=None):

@@ -28,7 +28,8 @@ from . import SOURCES
 
 
 def _nbytes(a) -> int:
-    return int(getattr(a, "nbytes", 0)) if hasattr(a, "shape") else 0
+    """An array argument's bytes; 0 for a scalar (a size, or NULL: an absent array)."""
+    return int(a.nbytes) if getattr(a, "shape", ()) != () else 0
 
 
 def _sum(*arrays) -> int:
@@ -36,8 +37,8 @@ def _sum(*arrays) -> int:
 
 
 def _layernorm_forward(args):
-    y, xsum, mean, rstd, x, residual, weight, bias, _ = args
-    return _sum(x, residual, weight, bias), _sum(y, xsum, mean, rstd)
+    y, xsum, mean, rstd, x, xbias, residual, weight, bias, _ = args
+    return _sum(x, xbias, residual, weight, bias), _sum(y, xsum, mean, rstd)
 
 
 def _layernorm_backward(args):
@@ -82,20 +83,20 @@ def _itemsize(a) -> int:
 
 
 def _attention_forward(args):
-    y, lse, qkv = args[:3]
-    return _sum(qkv), _sum(y, lse), _attention_flops((*args[:2], *args[3:]), 4), "fp32"
+    y, lse, qkv, bias = args[:4]
+    return _sum(qkv, bias), _sum(y, lse), _attention_flops((lse, *args[4:]), 4), "fp32"
 
 
 def _attention_dq(args):
-    dqkv, dd, dy, y, qkv, lse = args[:6]
-    return (_sum(dy, y, qkv, lse), _nbytes(dqkv) // 3 + _sum(dd),
-            _attention_flops((lse, *args[6:]), 6), "fp32")
+    dqkv, dd, dy, y, qkv, bias, lse = args[:7]
+    return (_sum(dy, y, qkv, bias, lse), _nbytes(dqkv) // 3 + _sum(dd),
+            _attention_flops((lse, *args[7:]), 6), "fp32")
 
 
 def _attention_dkv(args):
-    dqkv, dy, qkv, lse, dd = args[:5]
-    return (_sum(dy, qkv, lse, dd), 2 * _nbytes(dqkv) // 3,
-            _attention_flops((lse, *args[5:]), 8), "fp32")
+    dqkv, dy, qkv, bias, lse, dd = args[:6]
+    return (_sum(dy, qkv, bias, lse, dd), 2 * _nbytes(dqkv) // 3,
+            _attention_flops((lse, *args[6:]), 8), "fp32")
 
 
 def _tc_tiles(T: int, keys: bool) -> int:
@@ -126,20 +127,20 @@ def _tc_head(qkv, NH) -> int:
 
 
 def _tc_forward(args):
-    y, lse, qkv, T, NH = args
-    return (_sum(qkv), _sum(y, lse), _tc_flops(lse, T, NH, 6 * _tc_head(qkv, NH)),
+    y, lse, qkv, bias, T, NH = args
+    return (_sum(qkv, bias), _sum(y, lse), _tc_flops(lse, T, NH, 6 * _tc_head(qkv, NH)),
             "bf16_wmma")
 
 
 def _tc_dq(args):
-    dqkv, dd, dy, y, qkv, lse, T, NH = args
-    return (_sum(dy, y, qkv, lse), _nbytes(dqkv) // 3 + _sum(dd),
+    dqkv, dd, dy, y, qkv, bias, lse, T, NH = args
+    return (_sum(dy, y, qkv, bias, lse), _nbytes(dqkv) // 3 + _sum(dd),
             _tc_flops(lse, T, NH, 6 * _tc_head(qkv, NH)), "bf16_wmma")
 
 
 def _tc_dkv(args):
-    dqkv, dy, qkv, lse, dd, T, NH = args
-    return (_sum(dy, qkv, lse, dd), 2 * _nbytes(dqkv) // 3,
+    dqkv, dy, qkv, bias, lse, dd, T, NH = args
+    return (_sum(dy, qkv, bias, lse, dd), 2 * _nbytes(dqkv) // 3,
             _tc_flops(lse, T, NH, 8 * _tc_head(qkv, NH), keys=True), "bf16_wmma")
 
 
@@ -177,6 +178,11 @@ def _adamw(args):
     return _sum(master, m, v, grad, mask), _sum(master, m, v, copy)
 
 
+def _bias_residual(args):
+    y, bias, residual = args[:3]
+    return _sum(y, bias, residual), _sum(y)
+
+
 def _sumsq_partials(args):
     partials, grad, offsets = args
     return _sum(grad, offsets), _sum(partials)
@@ -192,7 +198,7 @@ _BY_STEM = {
     "layernorm_weight_partials": _layernorm_partials,
     "layernorm_weight_finish": _layernorm_finish,
     "gelu_forward": _gelu_forward, "gelu_bias_forward": _gelu_bias_forward,
-    "gelu_backward": _gelu_backward,
+    "gelu_backward": _gelu_backward, "bias_residual": _bias_residual,
     "attention_forward": _attention_forward, "attention_backward_dq": _attention_dq,
     "attention_backward_dkv": _attention_dkv,
     "attention_tc_forward": _tc_forward, "attention_tc_backward_dq": _tc_dq,

@@ -57,23 +57,28 @@ def _causal_mask(be, n, dtype):
     return be.scratch.constant(("attention.causal", n, np.dtype(dtype).str), build)
 
 
-def forward(x, params, n_head, be=None, tp=None):
+def forward(x, params, n_head, be=None, tp=None, proj_bias=True):
     """n_head: the model's heads; under tensor parallelism (`tp`) this shard runs
-    n_head / tp of them."""
+    n_head / tp of them. proj_bias=False: the output without c_proj's bias, which the
+    caller adds (with the residual, block.py)."""
     be = backend_for(x, be)
     xp = be.xp
     C = x.shape[-1]
     HS = C // n_head
     if tp is not None:
         n_head //= tp.size
+    if fused.attention_takes(be, params["c_attn.weight"], n_head):
+        # The flash kernels: no T×T matrix; c_attn's bias added as they read qkv.
+        qkv, c_attn = linear.forward(x, scope(params, "c_attn."), be, tp, "columns",
+                                     add_bias=False)  # (B, T, 3·NH·HS), ours
+        y, core = fused.attention_forward(fused.kernels(be), be, qkv, n_head,
+                                          params["c_attn.bias"])
+        out, c_proj = linear.forward(y, scope(params, "c_proj."), be, tp, "rows",
+                                     add_bias=proj_bias)
+        return out, {"c_attn": c_attn, "c_proj": c_proj, "core": core, "n_head": n_head,
+                     "be": be, "kernels": fused.kernels(be)}
     qkv, c_attn = linear.forward(x, scope(params, "c_attn."), be, tp,
                                  "columns")  # (B, T, 3·NH·HS), ours
-    kernels = fused.kernels(be)
-    if kernels is not None and fused.takes(qkv) and fused.attention_fits(qkv, n_head):
-        y, core = fused.attention_forward(kernels, be, qkv, n_head)  # no T×T matrix
-        out, c_proj = linear.forward(y, scope(params, "c_proj."), be, tp, "rows")
-        return out, {"c_attn": c_attn, "c_proj": c_proj, "core": core, "n_head": n_head,
-                     "be": be, "kernels": kernels}
     B, T = qkv.shape[:2]  # (under sequence parallelism x held T/tp of each sequence)
     storage = qkv.dtype
     qkv = qkv.astype(wide(storage), copy=False)  # 16-bit: the core runs in float32
@@ -87,7 +92,8 @@ def forward(x, params, n_head, be=None, tp=None):
     yh = y.transpose(0, 2, 1, 3)  # (B, NH, T, HS) view
     _core(be, q, k, v, att, yh)
     y = y.reshape(B, T, n_head * HS).astype(storage, copy=False)
-    out, c_proj = linear.forward(y, scope(params, "c_proj."), be, tp, "rows")
+    out, c_proj = linear.forward(y, scope(params, "c_proj."), be, tp, "rows",
+                                 add_bias=proj_bias)
     cache = {"c_attn": c_attn, "c_proj": c_proj, "q": q, "k": k, "v": v, "att": att,
              "n_head": n_head, "scale": scale, "be": be}
     return out, cache

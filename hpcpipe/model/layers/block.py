@@ -13,23 +13,34 @@ arrays that no cache holds. The block's input is only read: it may be a received
 message buffer that the runtime reuses after F.
 """
 
-from . import attention, backend_for, layernorm, mlp, scope
+from . import attention, backend_for, fused, layernorm, mlp, scope
 
 
-def forward(x, params, n_head, be=None, tp=None, selective=False):
+def forward(x, params, n_head, be=None, tp=None, selective=False, owned=False):
     """tp: the stage's tensor-parallel shards (attention by heads, the MLP by width; the
     LayerNorms and residuals replicated, or with sequence parallelism split along the
     sequence). selective: recompute the attention matrix and the GELU at the start of B
-    (Korthikanti et al.'s selective recomputation; `rebuild`)."""
+    (Korthikanti et al.'s selective recomputation; `rebuild`). owned: x is a fresh array
+    nothing writes again (an earlier block's output), which ln_1 may keep uncopied.
+
+    On the fused path the two projections leave their biases to the residual adds: ln_2
+    adds attn.c_proj's bias and x in its own kernel, one kernel adds mlp.c_proj's and x1,
+    each add rounded as the separate passes round — the same bits, fewer passes."""
     be = backend_for(x, be)
-    a, ln_1 = layernorm.forward(x, scope(params, "ln_1."), be, tp)
-    x1, attn = attention.forward(a, scope(params, "attn."), n_head, be, tp)
+    late = layernorm.fuses_residual(be, tp, x.dtype)
+    a, ln_1 = layernorm.forward(x, scope(params, "ln_1."), be, tp, owned=owned)
+    y, attn = attention.forward(a, scope(params, "attn."), n_head, be, tp,
+                                proj_bias=not late)
     if selective:
         attention.drop_core(attn)
-    x1 += x
-    b, ln_2 = layernorm.forward(x1, scope(params, "ln_2."), be, tp)
-    out, ff = mlp.forward(b, scope(params, "mlp."), be, tp, recompute_gelu=selective)
-    out += x1
+    x1, b, ln_2 = layernorm.forward_residual(
+        y, params["attn.c_proj.bias"] if late else None, x, scope(params, "ln_2."), be, tp)
+    out, ff = mlp.forward(b, scope(params, "mlp."), be, tp, recompute_gelu=selective,
+                          proj_bias=not late)
+    if late:
+        fused.bias_residual(fused.kernels(be), be, out, params["mlp.c_proj.bias"], x1)
+    else:
+        out += x1
     return out, {"ln_1": ln_1, "attn": attn, "ln_2": ln_2, "mlp": ff}
 
 

@@ -21,6 +21,7 @@ from hpcpipe.device.kernels import Kernels, cross_entropy, embedding, for_backen
 from hpcpipe.device.kernels import attention as k_attention
 from hpcpipe.device.kernels import gelu as k_gelu
 from hpcpipe.device.kernels import layernorm as k_layernorm
+from hpcpipe.device.kernels import residual as k_residual
 from hpcpipe.device.kernels.arrays import accumulation, is_contiguous
 
 KERNEL_DTYPES = ("bfloat16", "float32", "float64")
@@ -45,18 +46,49 @@ def _owned(xp, a):
 
 # -- LayerNorm ------------------------------------------------------------------------------
 
-def layernorm_forward(k, be, x, params):
-    """y = LayerNorm(x); the cache keeps a copy of x (the caller may reuse its input
-    buffer after F: a received message) with the row statistics. x (B, T, C) S."""
+def layernorm_forward(k, be, x, params, owned=False):
+    """y = LayerNorm(x); the cache keeps x with the row statistics — a copy unless
+    `owned` (x is a fresh array of the caller's that nothing writes again: a block's
+    output, not a received message buffer the runtime reuses after F). x (B, T, C) S."""
     xp = be.xp
     C = x.shape[-1]
-    x2 = x.reshape(-1, C).copy()  # (N, C): owned, C-contiguous
+    x2 = _owned(xp, x.reshape(-1, C)) if owned else x.reshape(-1, C).copy()  # (N, C)
     A = accumulation(x2.dtype)
     y = xp.empty_like(x2)
     mean, rstd = xp.empty(x2.shape[0], dtype=A), xp.empty(x2.shape[0], dtype=A)
     k_layernorm.forward(k, y, mean, rstd, x2, params["weight"], params["bias"])
-    return y.reshape(x.shape), {"x": x2, "mean": mean, "rstd": rstd,
-                                "weight": params["weight"], "be": be, "kernels": k}
+    return y.reshape(x.shape), _ln_cache(x2, mean, rstd, params, be, k)
+
+
+def layernorm_forward_residual(k, be, y, ybias, residual, params):
+    """x1 = (y + ybias) + residual and LayerNorm(x1) in one kernel, each add rounded as
+    the separate passes round (ybias None: y has its bias). y is a fresh GEMM output that
+    nothing else holds: x1 is written over it and is what the cache keeps (no copy).
+    Returns (x1, LayerNorm(x1), cache); shapes (B, T, C) S."""
+    xp = be.xp
+    C = y.shape[-1]
+    x1 = _owned(xp, y.reshape(-1, C))
+    r2 = _owned(xp, residual.reshape(-1, C))
+    A = accumulation(x1.dtype)
+    out = xp.empty_like(x1)
+    mean, rstd = xp.empty(x1.shape[0], dtype=A), xp.empty(x1.shape[0], dtype=A)
+    k_layernorm.forward(k, out, mean, rstd, x1, params["weight"], params["bias"],
+                        residual=r2, xsum=x1,
+                        xbias=None if ybias is None else _owned(xp, ybias))
+    return (x1.reshape(y.shape), out.reshape(y.shape),
+            _ln_cache(x1, mean, rstd, params, be, k))
+
+
+def _ln_cache(x2, mean, rstd, params, be, k) -> dict:
+    return {"x": x2, "mean": mean, "rstd": rstd, "weight": params["weight"], "be": be,
+            "kernels": k}
+
+
+def bias_residual(k, be, y, bias, residual):
+    """y = (y + bias) + residual in place, one pass (y a fresh GEMM output)."""
+    xp = be.xp
+    k_residual.bias_residual(k, y, _owned(xp, bias), _owned(xp, residual.reshape(y.shape)))
+    return y
 
 
 def layernorm_backward_input(dy, cache, dresidual=None):
@@ -119,26 +151,32 @@ def gelu_backward_input(dy, cache):
 
 # -- attention's core -------------------------------------------------------------------------
 
-def attention_fits(qkv, n_head: int) -> bool:
-    """Whether the flash kernels take this head size: a multiple of 32 up to 128, or in
-    bfloat16 also of 16 up to 64 (the tensor-core kernels)."""
-    if qkv.shape[-1] % (3 * n_head):
+def attention_takes(be, weight, n_head: int) -> bool:
+    """Whether the flash kernels run the core of an attention whose c_attn has this
+    weight (C, 3C) — and so take its bias, as they read qkv: c_attn's GEMM then leaves
+    the bias out, and no pass adds it."""
+    width = weight.shape[-1]
+    if kernels(be) is None or not takes(weight) or width % (3 * n_head):
         return False
-    HS = qkv.shape[-1] // (3 * n_head)
+    HS = width // (3 * n_head)
     return (HS % 32 == 0 and HS <= k_attention.MAX_HEAD) or k_attention.tensor_cores(
-        qkv.dtype, HS)
+        weight.dtype, HS)
 
 
-def attention_forward(k, be, qkv, n_head: int):
+def attention_forward(k, be, qkv, n_head: int, bias=None):
     """y (B, T, C) S = causal softmax attention of qkv (B, T, 3C) S, heads side by side;
-    lse (B, NH, T) A, the row log-sum-exps B needs. No T×T tensor is made."""
+    lse (B, NH, T) A, the row log-sum-exps B needs. No T×T tensor is made. bias (3C,):
+    c_attn's, when qkv is the GEMM's output without it (the kernels add it as they read,
+    in F and again in B; the cache keeps qkv without it)."""
     xp = be.xp
     qkv = _owned(xp, qkv)
     B, T, width = qkv.shape
     y = xp.empty((B, T, width // 3), dtype=qkv.dtype)
     lse = xp.empty((B, n_head, T), dtype=accumulation(qkv.dtype))
-    k_attention.forward(k, y, lse, qkv, n_head)
-    return y, {"qkv": qkv, "y": y, "lse": lse}
+    if bias is not None:
+        bias = _owned(xp, bias)
+    k_attention.forward(k, y, lse, qkv, n_head, bias)
+    return y, {"qkv": qkv, "y": y, "lse": lse, "bias": bias}
 
 
 def attention_backward(k, be, dy, core, n_head: int):
@@ -148,7 +186,7 @@ def attention_backward(k, be, dy, core, n_head: int):
     dy = _owned(xp, dy)
     dqkv = xp.empty_like(qkv)
     dd = be.scratch.workspace("fused.attention.dd", lse.shape, lse.dtype)
-    k_attention.backward(k, dqkv, dd, dy, y, qkv, lse, n_head)
+    k_attention.backward(k, dqkv, dd, dy, y, qkv, lse, n_head, core.get("bias"))
     return dqkv
 
 

@@ -32,13 +32,26 @@ def _row_dots(be, a, b, out):
     return out
 
 
-def forward(x, params, be=None, tp=None):
+def _kernels(be, tp):
+    """The fused kernels where this LayerNorm runs them (not under sequence parallelism,
+    whose weight gradients are summed over the shards in B)."""
+    return fused.kernels(be) if tp is None or not tp.sequence else None
+
+
+def fuses_residual(be, tp, dtype) -> bool:
+    """Whether `forward_residual` is one kernel here, so that the projection before it
+    may leave its bias to it (the fused path, a kernel dtype)."""
+    return _kernels(be, tp) is not None and np.dtype(dtype).name in fused.KERNEL_DTYPES
+
+
+def forward(x, params, be=None, tp=None, owned=False):
     """tp: under sequence parallelism x holds T/tp of each sequence, and the weight
-    gradients B takes are this shard's part, summed over the shards in B."""
+    gradients B takes are this shard's part, summed over the shards in B. owned: x is a
+    fresh array that nothing writes again (the device path then keeps it, not a copy)."""
     be = backend_for(x, be)
-    kernels = fused.kernels(be) if tp is None or not tp.sequence else None
+    kernels = _kernels(be, tp)
     if kernels is not None and fused.takes(x):
-        return fused.layernorm_forward(kernels, be, x, params)
+        return fused.layernorm_forward(kernels, be, x, params, owned)
     xp = be.xp
     C = x.shape[-1]
     x2 = x.reshape(-1, C)  # (N, C)
@@ -71,6 +84,22 @@ def forward(x, params, be=None, tp=None):
     be.for_each(row_blocks(be, x2.shape[0], C * x2.itemsize), block)
     return y.reshape(x.shape), {"xhat": xhat, "rstd": rstd, "weight": params["weight"],
                                 "be": be, "tp": tp}
+
+
+def forward_residual(y, ybias, residual, params, be=None, tp=None):
+    """The pre-LN block's residual add and the LayerNorm after it: x1 = (y + ybias) +
+    residual, then LayerNorm(x1); returns (x1, LayerNorm(x1), cache). y is a fresh
+    projection output (x1 is written over it); ybias its bias, or None when y has it. On
+    the fused path one kernel, rounding each add as the separate passes do."""
+    be = backend_for(y, be)
+    kernels = _kernels(be, tp)
+    if kernels is not None and fused.takes(y):
+        return fused.layernorm_forward_residual(kernels, be, y, ybias, residual, params)
+    if ybias is not None:
+        y += ybias
+    y += residual
+    out, cache = forward(y, params, be, tp, owned=True)
+    return y, out, cache
 
 
 def _planes(be, name: str, like):

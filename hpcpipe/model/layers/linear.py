@@ -23,7 +23,8 @@ from . import backend_for, column_sums, matmul, matmul_accumulate
 
 def forward(x, params, be=None, tp=None, split=None, add_bias=True):
     """add_bias=False: y = x @ W only, the caller adds the bias (the fused GELU after
-    c_fc); never with split "rows", whose bias follows the shards' sum."""
+    c_fc, the fused residual add after c_proj; with split "rows" after the shards' sum,
+    where it would come anyway)."""
     be = backend_for(x, be)
     weight, bias = params["weight"], params["bias"]  # (IN, OUT), (OUT,)
     if not add_bias:
@@ -36,7 +37,8 @@ def forward(x, params, be=None, tp=None, split=None, add_bias=True):
     if split == "rows":
         y = matmul(be, x2, weight).reshape(*lead, weight.shape[1])  # this shard's part
         y = tp.scatter_sequence(y) if tp.sequence else tp.all_reduce(y)
-        y += bias
+        if bias is not None:
+            y += bias
     else:
         y = matmul(be, x2, weight, bias=bias).reshape(*lead, weight.shape[1])  # ours
     return y, {"x": x, "weight": weight, "be": be, "tp": tp, "split": split}

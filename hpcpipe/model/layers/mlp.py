@@ -6,17 +6,19 @@ Weights: c_fc.weight (C, 4C), c_fc.bias (4C), c_proj.weight (4C, C), c_proj.bias
 from . import backend_for, fused, gelu, linear, scope
 
 
-def forward(x, params, be=None, tp=None, recompute_gelu=False):
+def forward(x, params, be=None, tp=None, recompute_gelu=False, proj_bias=True):
     """tp: the stage's tensor-parallel shards (each holds 4C/tp of the hidden width).
     recompute_gelu: keep GELU's input instead of its output and derivative (one (B, T, 4C)
-    array instead of two); B rebuilds them first (`rebuild`)."""
+    array instead of two); B rebuilds them first (`rebuild`). proj_bias=False: the output
+    without c_proj's bias, which the caller adds (with the residual, block.py)."""
     be = backend_for(x, be)
     fc = scope(params, "c_fc.")
     # On the fused path c_fc's bias is added by the GELU kernel, in the same pass.
     late = fused.gelu_takes_bias(be, fc["weight"])
     h, c_fc = linear.forward(x, fc, be, tp, "columns", add_bias=not late)  # (B, T, 4C/tp)
     a, act = gelu.forward(h, be=be, bias=fc["bias"] if late else None)  # (B, T, 4C/tp)
-    out, c_proj = linear.forward(a, scope(params, "c_proj."), be, tp, "rows")  # (B, T, C)
+    out, c_proj = linear.forward(a, scope(params, "c_proj."), be, tp, "rows",
+                                 add_bias=proj_bias)  # (B, T, C)
     if recompute_gelu:
         del c_proj["x"]
         return out, {"c_fc": c_fc, "h": h, "c_proj": c_proj}

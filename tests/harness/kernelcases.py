@@ -152,17 +152,36 @@ def case_gelu(k, xp, name, shape=(3, 7, 50)):
     assert_close(host(y_), want_y, name, "gelu y")
     k_gelu.backward(k, dy_, dy_, x_)  # in place, as B may run it
     assert_close(host(dy_), want_dx, name, "gelu dx")
-    # With c_fc's bias: x + bias rounded to the storage dtype once, written over x, then
-    # GELU of that -- bitwise the two separate passes (`x += bias`, then GELU).
+    # With c_fc's bias, added as the kernels read x (x + bias rounded to the storage dtype
+    # once; x itself untouched): bitwise the separate passes (`x += bias`, then GELU F and
+    # B); B's chunked column sums of dx add up to its column sums, in float64 within
+    # round-off of the accumulation dtype.
     bias, _ = stored(rng.standard_normal(shape[-1]), name)
-    summed = (x.astype(accumulation(name)) + bias.astype(accumulation(name))).astype(x.dtype)
-    separate = xp.empty(shape, dtype=x.dtype)
+    A = accumulation(name)
+    summed = (x.astype(A) + bias.astype(A)).astype(x.dtype)
+    separate, dsep = xp.empty(shape, dtype=x.dtype), device(xp, dy)
     k_gelu.forward(k, separate, device(xp, summed))
-    x_, y_ = device(xp, x), xp.empty(shape, dtype=x.dtype)
-    k_gelu.bias_forward(k, y_, x_, device(xp, bias))
-    assert np.array_equal(host(x_).view(np.uint8), summed.view(np.uint8)), "gelu bias: x + b"
+    k_gelu.backward(k, dsep, dsep, device(xp, summed))
+    x_, y_, bias_ = device(xp, x), xp.empty(shape, dtype=x.dtype), device(xp, bias)
+    k_gelu.bias_forward(k, y_, x_, bias_)
+    assert np.array_equal(host(x_).view(np.uint8), x.view(np.uint8)), "gelu bias: x is read"
     assert np.array_equal(host(y_).view(np.uint8), host(separate).view(np.uint8)), \
         "gelu bias: y is not GELU(x + b)"
+    D = shape[-1]
+    dx_, partials_ = device(xp, dy), xp.empty(k_gelu.partials_shape(D), dtype=A)
+    k_gelu.bias_backward(k, dx_, partials_, dx_, x_, bias_)  # in place, as B runs it
+    assert np.array_equal(host(dx_).view(np.uint8), host(dsep).view(np.uint8)), \
+        "gelu bias: dx is not dy · GELU'(x + b)"
+    start = rng.standard_normal(D).astype(A)
+    dbias_ = device(xp, start)
+    k_gelu.bias_finish(k, dbias_, partials_)
+    want = start + host(dsep).astype(np.float64).reshape(-1, D).sum(axis=0)
+    assert_close(host(dbias_), want, name if name != "bfloat16" else "float32",
+                 "gelu bias gradient", loose=8)
+    again = xp.empty(k_gelu.partials_shape(D), dtype=A)
+    k_gelu.bias_backward(k, device(xp, dy), again, device(xp, dy), x_, bias_)
+    assert np.array_equal(host(again).view(np.uint8), host(partials_).view(np.uint8)), \
+        "gelu bias: the same sums again"
 
 
 def case_residual(k, xp, name, shape=(3, 7, 50)):
@@ -214,18 +233,36 @@ def attention_core(qkv, n_head, dy, stored_y=None):
             grads.transpose(1, 3, 0, 2, 4).reshape(B, T, C3))
 
 
+def _online_y(s, v, bf16, tile=32):
+    """F's output as attention_tc.cu makes it: per tile of `tile` keys the running row
+    maximum m and sum l, y rescaled by exp(m_old - m_new), then y += bf16(exp(s - m)) v;
+    y / l at the end. s (B, NH, T, T) scaled and masked scores, v (B, NH, T, HS)."""
+    top = np.full(s.shape[:-1] + (1,), -np.inf)
+    total, acc = np.zeros_like(top), np.zeros(s.shape[:-1] + v.shape[-1:])
+    for t0 in range(0, s.shape[-1], tile):
+        st = s[..., t0:t0 + tile]
+        new = np.maximum(top, st.max(-1, keepdims=True))  # finite: key 0 is in tile 0
+        shrink = np.exp(top - new)
+        p = np.exp(st - new)
+        total = total * shrink + p.sum(-1, keepdims=True)
+        acc = acc * shrink + bf16(p) @ v[..., t0:t0 + tile, :]
+        top = new
+    return acc / total
+
+
 def attention_core_tc(qkv, n_head, dy, stored_y):
-    """attention_core as the tensor-core kernels round it: the probabilities P and the
-    score gradients dS rounded to bfloat16 before their products (the rest float64)."""
+    """attention_core as the tensor-core kernels round it: the probabilities P (in F
+    unnormalised, tile by tile: `_online_y`) and the score gradients dS rounded to
+    bfloat16 before their products (the rest float64)."""
     B, T, C3 = qkv.shape
     HS = C3 // 3 // n_head
     bf16 = lambda a: a.astype(BF16).astype(np.float64)  # noqa: E731
     parts = qkv.reshape(B, T, 3, n_head, HS).transpose(2, 0, 3, 1, 4)
     q, kk, v = parts[0], parts[1], parts[2]
     s = q @ kk.transpose(0, 1, 3, 2) / math.sqrt(HS) + np.triu(np.full((T, T), -np.inf), 1)
+    y = _online_y(s, v, bf16, k_attention.TC_TILE)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    y = bf16(p) @ v
     g = dy.reshape(B, T, n_head, HS).transpose(0, 2, 1, 3)
     d = (g * stored_y.reshape(B, T, n_head, HS).transpose(0, 2, 1, 3)).sum(-1, keepdims=True)
     ds = bf16(p * (g @ v.transpose(0, 1, 3, 2) - d))

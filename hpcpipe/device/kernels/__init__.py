@@ -24,7 +24,10 @@ float64 for float64). None of them synchronises or copies: they only launch.
         Run it before `backward` if dx is dy.
   gelu (gelu.cu), n elements:
     forward(k, y, x);  backward(k, dx, dy, x)    dx may be dy. Grid (ceil(n/256)), 256.
-    bias_forward(k, y, x, bias)                  x += bias (D,) in place, then y = gelu(x).
+    bias_forward(k, y, x, bias)                  y = gelu(x + bias (D,)); x only read.
+    bias_backward(k, dx, partials, dy, x, bias)  dx = dy·gelu'(x + bias), and partials
+        (GELU_CHUNKS, D) A of dx's column sums. Grid (ceil(D/256), 32), block 256.
+    bias_finish(k, dbias, partials)              dbias (D,) A += the chunks, in order.
   residual (residual.cu), n elements of (..., D):
     bias_residual(k, y, bias, residual)          y = (y + bias) + residual in place, each
         add rounded to S; bias (D,). Grid (ceil(n/256)), block 256.
@@ -95,7 +98,9 @@ SOURCES = {s.name: s for s in (
     Source("layernorm", _typed("layernorm_forward", "layernorm_backward",
                                "layernorm_weight_partials")
            + _typed("layernorm_weight_finish", dtypes=("f32", "f64"))),
-    Source("gelu", _typed("gelu_forward", "gelu_bias_forward", "gelu_backward")),
+    Source("gelu", _typed("gelu_forward", "gelu_bias_forward", "gelu_backward",
+                          "gelu_bias_backward")
+           + _typed("gelu_bias_finish", dtypes=("f32", "f64"))),
     Source("residual", _typed("bias_residual")),
     Source("attention", _typed("attention_forward", "attention_backward_dq",
                                "attention_backward_dkv")),

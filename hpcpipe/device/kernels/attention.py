@@ -13,6 +13,7 @@ THREADS = ROWS * 32
 TC_WARPS = constant("attention_tc", "TC_WARPS")
 TC_ROWS, TC_THREADS = TC_WARPS * 16, TC_WARPS * 32  # 16 rows per warp
 TC_MAX_HEAD = constant("attention_tc", "TC_MAX_HS")
+TC_TILE = constant("attention_tc", "TC_TILE")  # keys per shared tile (F's online softmax)
 
 
 def _shape(qkv, n_head: int) -> tuple[int, int, int, int]:

@@ -12,13 +12,14 @@
 // tile), fragments only filled, loaded, multiplied and stored: which lane holds which
 // element of a fragment is the GPU's business (shim.h computes whole tiles per lane).
 //
-// F takes the softmax in two passes over the keys (the row maximum and sum, then the
-// normalised probabilities times V), so the output accumulates in fragments with no
-// rescaling, which would need the fragments' element layout; the first pass costs one
-// more Q K^T, on tensor cores the cheapest product there is.
+// F takes the softmax online, in one pass over the keys (FlashAttention-2's): per tile,
+// each row's running maximum m and sum l, P = exp(s - m) unnormalised, y += P V, and
+// y = y / l at the end. When a tile moves some row's maximum, the accumulator is first
+// rescaled by exp(m_old - m_new) per row — through shared memory, a fragment at a time
+// (tc_scale_rows), since which lane holds which element of a fragment is not ours to know.
 //
-// Rounding: P and dS are rounded to bfloat16 before their products (as every bfloat16
-// flash attention does), q·k is taken unscaled and the scale 1/sqrt(HS) applied to the
+// Rounding: P (unnormalised in F, normalised by the log-sum-exp in B) and dS are rounded
+// to bfloat16 before their products (as every bfloat16 flash attention does), q·k is taken unscaled and the scale 1/sqrt(HS) applied to the
 // float scores and to dq and dk at the end. Sums run in a fixed order: bitwise repeatable.
 //
 // Shapes as attention.cu: qkv (B, T, 3, NH, HS), bias (3, NH, HS) or null (as there: added
@@ -100,11 +101,13 @@ __device__ __forceinline__ void accumulate(FragC (&acc)[NF], const bf16* p, cons
     }
 }
 
-// The warp's 16 rows of acc, times `scale`, into rows [row0, row0 + 16) of `out` (row
-// stride `stride`, columns from 0), those below T; `scratch` holds 16 × 16 floats.
+// The warp's 16 rows of acc, times `scale` (and row r times row_scale[r], shared, when
+// given), into rows [row0, row0 + 16) of `out` (row stride `stride`, columns from 0),
+// those below T; `scratch` holds 16 × 16 floats.
 template <int NF>
 __device__ __forceinline__ void tc_store(bf16* out, long long stride, const FragC (&acc)[NF],
-                                         float* scratch, int row0, int T, float scale) {
+                                         float* scratch, int row0, int T, float scale,
+                                         const float* row_scale = nullptr) {
     const int lane = threadIdx.x % WARP;
 #pragma unroll
     for (int f = 0; f < NF; ++f) {
@@ -114,8 +117,8 @@ __device__ __forceinline__ void tc_store(bf16* out, long long stride, const Frag
         for (int e = lane; e < 256; e += WARP) {
             const int r = e / 16, c = e % 16;
             if (row0 + r < T)
-                out[(long long)(row0 + r) * stride + f * 16 + c] =
-                    __float2bfloat16(scratch[e] * scale);
+                out[(long long)(row0 + r) * stride + f * 16 + c] = __float2bfloat16(
+                    scratch[e] * scale * (row_scale ? row_scale[r] : 1.0f));
         }
     }
 }
@@ -136,6 +139,24 @@ __device__ __forceinline__ float pair_sum(float v) {  // a + b == b + a: both la
     return v + __shfl_xor_sync(0xffffffffu, v, 1);
 }
 
+// The warp's 16 rows of acc, row r times row_scale[r] (shared, 16 floats), in place:
+// each fragment through `scratch` (16 × 16 floats), whose element layout the fragment's
+// is not (that is the GPU's business): stored, its rows scaled, loaded back.
+template <int NF>
+__device__ __forceinline__ void tc_scale_rows(FragC (&acc)[NF], const float* row_scale,
+                                              float* scratch) {
+    const int lane = threadIdx.x % WARP;
+#pragma unroll
+    for (int f = 0; f < NF; ++f) {
+        __syncwarp();
+        nvcuda::wmma::store_matrix_sync(scratch, acc[f], 16, nvcuda::wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += WARP) scratch[e] *= row_scale[e / 16];
+        __syncwarp();
+        nvcuda::wmma::load_matrix_sync(acc[f], scratch, 16, nvcuda::wmma::mem_row_major);
+    }
+}
+
 template <int NF>
 __device__ void tc_forward(bf16* y, float* lse, const bf16* qkv, const bf16* bias, int T,
                            int NH) {
@@ -144,6 +165,7 @@ __device__ void tc_forward(bf16* y, float* lse, const bf16* qkv, const bf16* bia
     alignas(32) __shared__ bf16 queries[TC_WARPS][16 * TC_MAX_HS];
     alignas(32) __shared__ float scores[TC_WARPS][16 * TC_TILE];
     alignas(32) __shared__ bf16 probs[TC_WARPS][16 * TC_TILE];
+    __shared__ float factors[TC_WARPS][16];  // per row: the rescale, then 1 / the sum
     const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int first = blockIdx.x * TC_ROWS, row0 = first + warp * 16;
     const int last = first + TC_ROWS < T ? first + TC_ROWS - 1 : T - 1;
@@ -152,15 +174,19 @@ __device__ void tc_forward(bf16* y, float* lse, const bf16* qkv, const bf16* bia
     const Place at;
     const int i = row0 + at.row;
     float* s = scores[warp];
+    float* factor = factors[warp];
     tc_load(queries[warp], qkv + tc_at(b, 0, 0, h, T, NH, HS), row0, 16, T, stride, HS, lane,
-            WARP,
-            qkv_bias(bias, 0, h, NH, HS));
+            WARP, qkv_bias(bias, 0, h, NH, HS));
     float top = -HP_INFINITY, total = 0.0f;
-    for (int t0 = 0; t0 <= last; t0 += TC_TILE) {  // pass 1: each row's maximum and sum
+    FragC acc[NF];
+#pragma unroll
+    for (int f = 0; f < NF; ++f) nvcuda::wmma::fill_fragment(acc[f], 0.0f);
+    for (int t0 = 0; t0 <= last; t0 += TC_TILE) {
         __syncthreads();
         tc_load(keys, qkv + tc_at(b, 0, 1, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
-                threadIdx.x, TC_THREADS,
-            qkv_bias(bias, 1, h, NH, HS));
+                threadIdx.x, TC_THREADS, qkv_bias(bias, 1, h, NH, HS));
+        tc_load(values, qkv + tc_at(b, 0, 2, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
+                threadIdx.x, TC_THREADS, qkv_bias(bias, 2, h, NH, HS));
         __syncthreads();
         if (row0 >= T || t0 > row0 + 15) continue;  // the whole warp: no key seen
         scores_of<NF>(s, queries[warp], keys);
@@ -175,45 +201,31 @@ __device__ void tc_forward(bf16* y, float* lse, const bf16* qkv, const bf16* bia
         const float new_top = most > top ? most : top;
         float sum = 0.0f;
         for (int c = 0; c < 16; ++c) {
-            const int j = t0 + at.col0 + c;
-            if (j <= i && i < T)
-                sum += exp_acc(s[at.row * TC_TILE + at.col0 + c] * scale - new_top);
+            const int j = t0 + at.col0 + c, e = at.row * TC_TILE + at.col0 + c;
+            const float p = j <= i && i < T ? exp_acc(s[e] * scale - new_top) : 0.0f;
+            probs[warp][e] = __float2bfloat16(p);
+            sum += p;
         }
         sum = pair_sum(sum);
+        float shrink = 1.0f;  // a row with no key yet (past T) keeps its zeros as they are
         if (new_top > -HP_INFINITY) {
-            total = total * exp_acc(top - new_top) + sum;
+            shrink = exp_acc(top - new_top);  // 0 at the first key: acc is still 0
+            total = total * shrink + sum;
             top = new_top;
         }
-        __syncwarp();  // the scores are read before the next tile's overwrite them
-    }
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    FragC acc[NF];
-#pragma unroll
-    for (int f = 0; f < NF; ++f) nvcuda::wmma::fill_fragment(acc[f], 0.0f);
-    for (int t0 = 0; t0 <= last; t0 += TC_TILE) {  // pass 2: y = P V
-        __syncthreads();
-        tc_load(keys, qkv + tc_at(b, 0, 1, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
-                threadIdx.x, TC_THREADS,
-            qkv_bias(bias, 1, h, NH, HS));
-        tc_load(values, qkv + tc_at(b, 0, 2, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
-                threadIdx.x, TC_THREADS,
-            qkv_bias(bias, 2, h, NH, HS));
-        __syncthreads();
-        if (row0 >= T || t0 > row0 + 15) continue;
-        scores_of<NF>(s, queries[warp], keys);
-        __syncwarp();
-        for (int c = 0; c < 16; ++c) {
-            const int j = t0 + at.col0 + c, e = at.row * TC_TILE + at.col0 + c;
-            const float p = j <= i && i < T ? exp_acc(s[e] * scale - top) * inv : 0.0f;
-            probs[warp][e] = __float2bfloat16(p);
-        }
-        __syncwarp();
+        if (at.col0 == 0) factor[at.row] = shrink;
+        __syncwarp();  // the probabilities and factors are written; the scores read
+        bool moved = false;  // the same answer in every lane: one branch for the warp
+        for (int r = 0; r < 16; ++r) moved |= factor[r] != 1.0f;
+        if (moved && t0 > 0) tc_scale_rows<NF>(acc, factor, s);  // (at 0 acc is all zeros)
         accumulate<NF>(acc, probs[warp], values);
         __syncwarp();
     }
     if (row0 >= T) return;  // no barrier follows
+    __syncwarp();
+    if (at.col0 == 0) factor[at.row] = total > 0.0f ? 1.0f / total : 0.0f;
     tc_store<NF>(y + ((long long)b * T) * NH * HS + (long long)h * HS, (long long)NH * HS, acc,
-                 s, row0, T, 1.0f);
+                 s, row0, T, 1.0f, factor);
     if (at.col0 == 0 && i < T) lse[((long long)b * NH + h) * T + i] = top + log_acc(total);
 }
 

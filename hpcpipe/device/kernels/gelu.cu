@@ -3,17 +3,22 @@
 // dy/dx = h (1 + 2K x (1 + 3A x²) (1 - h)). F keeps nothing: B recomputes dy/dx from x,
 // one read of x and dy instead of storing the derivative.
 //
-// The bias variant takes c_fc's GEMM output without its bias: x += bias (rounded to S,
-// as a separate `x += bias` rounds it) is written back over x, the stash B reads, and y
-// is the GELU of that: one pass where the bias add and GELU were two.
+// The bias variants take c_fc's GEMM output without its bias, x, and add it as they read
+// (x + bias rounded to S, as a separate `x += bias` rounds it): F writes only y, x stays
+// as the GEMM left it and is B's stash; B adds the bias again and also sums its output
+// dx down each column — c_fc's bias gradient — over GELU_CHUNKS fixed chunks of rows,
+// which W then adds up in chunk order (gelu_bias_finish): no pass of its own over dx.
 //
-// Shapes: n elements of any (..., D) array, contiguous; S storage, computed in Acc<S>.
+// Shapes: n = N·D elements of any (..., D) array, contiguous; S storage, A = Acc<S>.
 //   x, y, dy, dx (n,) S    (dx may be dy: each element is read before it is written)
-//   bias (D,) S            (the bias variant: element i adds bias[i % D])
-// Launch: grid (ceil(n / GELU_THREADS)) or fewer (a grid-stride loop), block GELU_THREADS.
+//   bias (D,) S            (the bias variants: element i adds bias[i % D])
+//   partials (GELU_CHUNKS, D) A; dbias (D,) A, accumulated (+=)
+// Launch: grid (ceil(n / GELU_THREADS)) or fewer (a grid-stride loop), block GELU_THREADS;
+//   the bias B grid (ceil(D / GELU_THREADS), GELU_CHUNKS), its finish (ceil(D / GELU_THREADS)).
 #include "common.cuh"
 
 #define GELU_THREADS 256
+#define GELU_CHUNKS 32  // fixed, never the device's size: the sums' order is the code's
 #define GELU_K 0.7978845608028654  // sqrt(2 / pi)
 #define GELU_A 0.044715
 
@@ -42,44 +47,88 @@ template <typename S> __device__ void gelu_forward(S* y, const S* x, long long n
 }
 
 template <typename S>
-__device__ void gelu_bias_forward(S* y, S* x, const S* bias, long long n, int D) {
+__device__ void gelu_bias_forward(S* y, const S* x, const S* bias, long long n, int D) {
     typedef typename Acc<S>::type A;
     const long long stride = (long long)gridDim.x * GELU_THREADS;
     for (long long i = (long long)blockIdx.x * GELU_THREADS + threadIdx.x; i < n; i += stride) {
-        const S biased = from_acc<S>(to_acc(x[i]) + to_acc(bias[i % D]));
-        x[i] = biased;
-        const A v = to_acc(biased);
+        const A v = to_acc(from_acc<S>(to_acc(x[i]) + to_acc(bias[i % D])));
         y[i] = from_acc<S>(v * gelu_terms(v).h);
     }
 }
 
-template <typename S> __device__ void gelu_backward(S* dx, const S* dy, const S* x, long long n) {
-    typedef typename Acc<S>::type A;
-    const long long stride = (long long)gridDim.x * GELU_THREADS;
-    for (long long i = (long long)blockIdx.x * GELU_THREADS + threadIdx.x; i < n; i += stride) {
-        const A v = to_acc(x[i]);
-        const GeluTerms<A> t = gelu_terms(v);
-        A g = t.sq * (A)(6.0 * GELU_K * GELU_A) + (A)(2.0 * GELU_K);
-        g *= v;  // 2K x (1 + 3A x²)
-        g = (g * ((A)1 - t.h) + (A)1) * t.h;
-        dx[i] = from_acc<S>(to_acc(dy[i]) * g);
-    }
+// dy/dx at v: h (1 + 2K v (1 + 3A v²) (1 - h)).
+template <typename A> __device__ __forceinline__ A gelu_slope(A v) {
+    const GeluTerms<A> t = gelu_terms(v);
+    A g = t.sq * (A)(6.0 * GELU_K * GELU_A) + (A)(2.0 * GELU_K);
+    g *= v;  // 2K x (1 + 3A x²)
+    return (g * ((A)1 - t.h) + (A)1) * t.h;
 }
 
-#define GELU_KERNELS(S, suffix)                                                             \
+template <typename S> __device__ void gelu_backward(S* dx, const S* dy, const S* x, long long n) {
+    const long long stride = (long long)gridDim.x * GELU_THREADS;
+    for (long long i = (long long)blockIdx.x * GELU_THREADS + threadIdx.x; i < n; i += stride)
+        dx[i] = from_acc<S>(to_acc(dy[i]) * gelu_slope(to_acc(x[i])));
+}
+
+// Column c of chunk p: dx = dy · gelu'(x + bias) down rows [first, last), and their sum
+// (of dx as stored) into partials[p][c]. Threads take consecutive columns: each row's
+// reads are coalesced.
+template <typename S>
+__device__ void gelu_bias_backward(S* dx, typename Acc<S>::type* partials, const S* dy,
+                                   const S* x, const S* bias, int N, int D) {
+    typedef typename Acc<S>::type A;
+    const int c = blockIdx.x * GELU_THREADS + threadIdx.x, p = blockIdx.y;
+    const int rows = (N + GELU_CHUNKS - 1) / GELU_CHUNKS;
+    const int first = p * rows, last = first + rows < N ? first + rows : N;
+    if (c >= D) return;  // no barrier follows
+    const A b = to_acc(bias[c]);
+    A sum = 0;
+    for (long long n = first; n < last; ++n) {
+        const long long i = n * D + c;
+        const A v = to_acc(from_acc<S>(to_acc(x[i]) + b));  // x + bias as F rounded it
+        const S out = from_acc<S>(to_acc(dy[i]) * gelu_slope(v));
+        dx[i] = out;
+        sum += to_acc(out);
+    }
+    partials[(long long)p * D + c] = sum;
+}
+
+template <typename A> __device__ void gelu_bias_finish(A* dbias, const A* partials, int D) {
+    const int c = blockIdx.x * GELU_THREADS + threadIdx.x;
+    if (c >= D) return;
+    A total = 0;
+    for (int p = 0; p < GELU_CHUNKS; ++p) total += partials[(long long)p * D + c];  // in order
+    dbias[c] += total;
+}
+
+#define GELU_KERNELS(S, A, suffix)                                                             \
     extern "C" __global__ void __launch_bounds__(GELU_THREADS)                              \
         gelu_forward_##suffix(S* y, const S* x, long long n) {                              \
         gelu_forward<S>(y, x, n);                                                           \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(GELU_THREADS)                              \
-        gelu_bias_forward_##suffix(S* y, S* x, const S* bias, long long n, int D) {         \
+        gelu_bias_forward_##suffix(S* y, const S* x, const S* bias, long long n, int D) {   \
         gelu_bias_forward<S>(y, x, bias, n, D);                                             \
+    }                                                                                       \
+    extern "C" __global__ void __launch_bounds__(GELU_THREADS)                              \
+        gelu_bias_backward_##suffix(S* dx, A* partials, const S* dy, const S* x,            \
+                                    const S* bias, int N, int D) {                          \
+        gelu_bias_backward<S>(dx, partials, dy, x, bias, N, D);                             \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(GELU_THREADS)                              \
         gelu_backward_##suffix(S* dx, const S* dy, const S* x, long long n) {               \
         gelu_backward<S>(dx, dy, x, n);                                                     \
     }
 
-GELU_KERNELS(bf16, bf16)
-GELU_KERNELS(float, f32)
-GELU_KERNELS(double, f64)
+GELU_KERNELS(bf16, float, bf16)
+GELU_KERNELS(float, float, f32)
+GELU_KERNELS(double, double, f64)
+
+extern "C" __global__ void __launch_bounds__(GELU_THREADS)
+    gelu_bias_finish_f32(float* dbias, const float* partials, int D) {
+    gelu_bias_finish<float>(dbias, partials, D);
+}
+extern "C" __global__ void __launch_bounds__(GELU_THREADS)
+    gelu_bias_finish_f64(double* dbias, const double* partials, int D) {
+    gelu_bias_finish<double>(dbias, partials, D);
+}

@@ -14,8 +14,10 @@ Stated assumptions, to be checked against a profiler on a GPU:
   each for q·k and p·v in F; B recomputes the scores in both kernels, 6·HS in dq
   (s, dy·v, ds·k) and 8·HS in dk/dv (s, dy·v, p·dy, ds·q). The tensor-core kernels
   (attention_tc.cu, bfloat16) do the same products as WMMA multiply-adds, priced at the
-  "bf16_wmma" rate, plus one more q·k in F (its softmax takes two passes): 6·HS in F;
-  a diagonal tile's products above the diagonal count too (a tile is 16 × 32);
+  "bf16_wmma" rate: 4·HS in F (one pass, the softmax online), 6·HS in dq, 8·HS in dkv;
+  a diagonal tile's products above the diagonal count too (a tile is 16 × 32). F's
+  rescaling of its accumulator, through shared memory in the tiles where a row's
+  maximum moves, is taken to hide under that rate (it moves no DRAM bytes);
 - cross-entropy reads a row of logits twice (the online max and sum, then the
   gradient): a 50257-wide bf16 row is 100 KB, past L1, so both reads count;
 - the embedding gradient reads and writes each token's gradient row; how many rows are
@@ -63,7 +65,17 @@ def _gelu_forward(args):
 
 def _gelu_bias_forward(args):
     y, x, bias, _, _ = args
-    return _sum(x, bias), _sum(x, y)
+    return _sum(x, bias), _sum(y)
+
+
+def _gelu_bias_backward(args):
+    dx, partials, dy, x, bias, _, _ = args
+    return _sum(dy, x, bias), _sum(dx, partials)
+
+
+def _gelu_bias_finish(args):
+    dbias, partials, _ = args
+    return _sum(dbias, partials), _sum(dbias)
 
 
 def _gelu_backward(args):
@@ -128,7 +140,7 @@ def _tc_head(qkv, NH) -> int:
 
 def _tc_forward(args):
     y, lse, qkv, bias, T, NH = args
-    return (_sum(qkv, bias), _sum(y, lse), _tc_flops(lse, T, NH, 6 * _tc_head(qkv, NH)),
+    return (_sum(qkv, bias), _sum(y, lse), _tc_flops(lse, T, NH, 4 * _tc_head(qkv, NH)),
             "bf16_wmma")
 
 
@@ -198,7 +210,8 @@ _BY_STEM = {
     "layernorm_weight_partials": _layernorm_partials,
     "layernorm_weight_finish": _layernorm_finish,
     "gelu_forward": _gelu_forward, "gelu_bias_forward": _gelu_bias_forward,
-    "gelu_backward": _gelu_backward, "bias_residual": _bias_residual,
+    "gelu_backward": _gelu_backward, "gelu_bias_backward": _gelu_bias_backward,
+    "gelu_bias_finish": _gelu_bias_finish, "bias_residual": _bias_residual,
     "attention_forward": _attention_forward, "attention_backward_dq": _attention_dq,
     "attention_backward_dkv": _attention_dkv,
     "attention_tc_forward": _tc_forward, "attention_tc_backward_dq": _tc_dq,

@@ -124,16 +124,17 @@ def layernorm_backward_weight(cache, grads):
 # -- GELU -------------------------------------------------------------------------------------
 
 def gelu_forward(k, be, x, bias=None):
-    """y = gelu(x), or with `bias` (D,) gelu(x + bias), the sum written over x in the same
-    kernel (x is then the caller's own GEMM output); the cache keeps x (B recomputes the
-    derivative from it)."""
+    """y = gelu(x), or with `bias` (D,) gelu(x + bias), the sum made as the kernel reads x
+    (x is then the caller's own GEMM output, left as it is); the cache keeps x and the
+    bias (B recomputes the derivative from them)."""
     x = _owned(be.xp, x)
     y = be.xp.empty_like(x)
     if bias is None:
         k_gelu.forward(k, y, x)
     else:
-        k_gelu.bias_forward(k, y, x, _owned(be.xp, bias))
-    return y, {"x": x, "be": be, "kernels": k}
+        bias = _owned(be.xp, bias)
+        k_gelu.bias_forward(k, y, x, bias)
+    return y, {"x": x, "bias": bias, "be": be, "kernels": k}
 
 
 def gelu_takes_bias(be, weight) -> bool:
@@ -142,11 +143,26 @@ def gelu_takes_bias(be, weight) -> bool:
 
 
 def gelu_backward_input(dy, cache):
-    """dx = dy · gelu'(x), written over dy (a fresh gradient no cache holds)."""
-    x = cache.pop("x")
-    dy = _owned(cache["be"].xp, dy)
-    k_gelu.backward(cache["kernels"], dy, dy, x)
+    """dx = dy · gelu'(x), written over dy (a fresh gradient no cache holds). With F's
+    bias, the same kernel also sums dx down the columns in fixed chunks: the cache's
+    "bias_sums", the bias gradient in pieces for W (`gelu_bias_gradient`)."""
+    x, bias, xp = cache.pop("x"), cache.pop("bias"), cache["be"].xp
+    dy = _owned(xp, dy)
+    if bias is None:
+        k_gelu.backward(cache["kernels"], dy, dy, x)
+        return dy
+    partials = xp.empty(k_gelu.partials_shape(x.shape[-1]), dtype=accumulation(x.dtype))
+    k_gelu.bias_backward(cache["kernels"], dy, partials, dy, x, bias)
+    cache["bias_sums"] = partials  # one microbatch's: it lives until that W
     return dy
+
+
+def gelu_bias_gradient(k, sums, dbias):
+    """dbias (D,) A += the bias sums B's GELU kernel made, in chunk order."""
+    if dbias.dtype != sums.dtype or not is_contiguous(dbias):
+        raise TypeError(f"the bias gradient accumulates in {sums.dtype}, contiguous; got "
+                        f"{dbias.dtype}")
+    k_gelu.bias_finish(k, dbias, sums)
 
 
 # -- attention's core -------------------------------------------------------------------------

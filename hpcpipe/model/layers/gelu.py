@@ -26,8 +26,8 @@ _A = 0.044715
 
 def forward(x, params=None, be=None, bias=None):
     """bias: the preceding linear layer's, left for this layer to add (only on the fused
-    path, `fused.gelu_takes_bias`): x is then that layer's own output, overwritten with
-    x + bias."""
+    path, `fused.gelu_takes_bias`): x is then that layer's output without it, which F
+    and B read and add the bias to; B also sums the bias gradient (`bias_sums`)."""
     be = backend_for(x, be)
     kernels = fused.kernels(be)
     if kernels is not None and fused.takes(x):

@@ -55,13 +55,16 @@ def backward_input(dy, cache):
     return dx
 
 
-def backward_weight(dy, cache, grads):
+def backward_weight(dy, cache, grads, bias=True):
+    """bias=False: the caller adds the bias gradient (c_fc's: the fused GELU summed it in
+    B, as it made dy)."""
     dy = cache.pop("dy", dy)  # (sequence parallelism: the gathered one)
     be, x = cache["be"], cache["x"]
     x2 = x.reshape(-1, x.shape[-1])  # (N, IN)
     dy2 = dy.reshape(-1, dy.shape[-1])  # (N, OUT)
     matmul_accumulate(be, x2.T, dy2, grads["weight"], "linear.dw")
-    column_sums(be, dy2, grads["bias"])
+    if bias:
+        column_sums(be, dy2, grads["bias"])
 
 
 def backward(dy, cache, grads):

@@ -21,28 +21,36 @@ def forward(x, params, be=None, tp=None, recompute_gelu=False, proj_bias=True):
                                  add_bias=proj_bias)  # (B, T, C)
     if recompute_gelu:
         del c_proj["x"]
-        return out, {"c_fc": c_fc, "h": h, "c_proj": c_proj}
+        return out, {"c_fc": c_fc, "h": h, "bias": fc["bias"] if late else None,
+                     "c_proj": c_proj}
     return out, {"c_fc": c_fc, "gelu": act, "c_proj": c_proj}
 
 
 def rebuild(cache):
     """GELU's output (c_proj's input, which W needs too) and derivative from its kept
-    input: the same `gelu.forward` on the same array, so F's bits."""
+    input: the same `gelu.forward` on the same array (and bias), so F's bits."""
     if "h" in cache:
         h = cache.pop("h")
-        cache["c_proj"]["x"], cache["gelu"] = gelu.forward(h, be=cache["c_fc"]["be"])
+        cache["c_proj"]["x"], cache["gelu"] = gelu.forward(h, be=cache["c_fc"]["be"],
+                                                           bias=cache.pop("bias"))
 
 
 def backward_input(dout, cache):
     da = linear.backward_input(dout, cache["c_proj"])  # (B, T, 4C)
-    dh = gelu.backward_input(da, cache.pop("gelu"))
+    act = cache.pop("gelu")
+    dh = gelu.backward_input(da, act)
+    if "bias_sums" in act:  # the fused GELU summed c_fc's bias gradient as it made dh
+        cache["fc_bias_sums"] = act["bias_sums"]
     cache["dh"] = dh  # what W of c_fc needs
     return linear.backward_input(dh, cache["c_fc"])
 
 
 def backward_weight(dout, cache, grads):
     linear.backward_weight(dout, cache["c_proj"], scope(grads, "c_proj."))
-    linear.backward_weight(cache.pop("dh"), cache["c_fc"], scope(grads, "c_fc."))
+    sums, fc = cache.pop("fc_bias_sums", None), scope(grads, "c_fc.")
+    linear.backward_weight(cache.pop("dh"), cache["c_fc"], fc, bias=sums is None)
+    if sums is not None:
+        fused.gelu_bias_gradient(fused.kernels(cache["c_fc"]["be"]), sums, fc["bias"])
 
 
 def backward(dout, cache, grads):

@@ -115,6 +115,29 @@ def case_layernorm(k, xp, name, B=3, T=5, C=80):
     assert_close(host(dw_), start[0] + want_dw, name, "layernorm dweight", loose=4)
     assert_close(host(db_), start[1] + want_db, name, "layernorm dbias", loose=4)
 
+    # B in row blocks: the same dx bits, and the weight gradients (and dx's column sums)
+    # from its pieces. T·B = 15 rows: one block of 16, part of it past N.
+    dres_ = device(xp, dres)
+    rows_dx = xp.empty((B, T, C), dtype=S)
+    pieces = xp.empty(k_layernorm.row_partials_shape(N, C, True), dtype=A)
+    k_layernorm.backward_rows(k, rows_dx, pieces, dy_, xsum_, mean_, rstd_, w_, dres_)
+    k_layernorm.backward(k, dres_, dy_, xsum_, mean_, rstd_, w_, dresidual=dres_)
+    assert np.array_equal(host(rows_dx).view(np.uint8), host(dres_).view(np.uint8)), \
+        "layernorm backward_rows dx"
+    dw_, db_, ds_ = (device(xp, start[i % 2]) for i in range(3))
+    k_layernorm.finish(k, dw_, db_, pieces, dsum=ds_)
+    assert_close(host(dw_), start[0] + want_dw, name, "layernorm rows dweight", loose=4)
+    assert_close(host(db_), start[1] + want_db, name, "layernorm rows dbias", loose=4)
+    want_ds = start[0] + host(rows_dx).astype(np.float64).reshape(N, C).sum(axis=0)
+    assert_close(host(ds_), want_ds, name if name != "bfloat16" else "float32",
+                 "layernorm rows dx sums", loose=8)
+    try:
+        k_layernorm.finish(k, dw_, db_, pieces)
+    except ValueError as e:
+        assert "dsum" in str(e), e
+    else:
+        raise AssertionError("three sums finished without dsum")
+
     # Without a residual: y of x itself.
     want_plain, _ = layernorm.forward(x.astype(np.float64), {"weight": w64, "bias": b64})
     k_layernorm.forward(k, y_, mean_, rstd_, dx_, w_, b_)

@@ -62,6 +62,32 @@ def test_every_layer_through_the_kernels_equals_numpy_in_float64(name):
 
 
 @pytest.mark.device
+@pytest.mark.parametrize("width", [C, 1040])
+def test_a_layernorm_wider_than_the_row_block_kernel_takes_the_row_kernels(width):
+    """ln_2 asked for dx's column sums: at 64 channels B makes them (and the weight
+    gradients' pieces: W keeps neither dy nor x), at 1040 (past LN_COLS · 256) the row
+    kernel runs, W sums from dy and x, and says it made no column sums."""
+    rng = np.random.default_rng(6)
+    params = {"weight": 1 + 0.1 * rng.standard_normal(width), "bias": rng.standard_normal(width)}
+    x, dy = rng.standard_normal((B, T, width)), rng.standard_normal((B, T, width))
+    _, ref = layernorm.forward(x, params)
+    want_dx = layernorm.backward_input(dy, ref)
+    be = device()
+    _, cache = layernorm.forward(be.from_host(x), {k: be.from_host(v) for k, v in
+                                                   params.items()}, be)
+    dx = layernorm.backward_input(be.from_host(dy), cache, dx_sums=True)
+    assert ("partials" in cache) == (width == C) and ("x" in cache) == (width != C)
+    grads = {k: be.xp.zeros(width) for k in ("weight", "bias", "sums")}
+    summed = layernorm.backward_weight(None, cache, grads, dsum=grads["sums"])
+    assert summed == (width == C)
+    np.testing.assert_allclose(be.to_host(dx), want_dx, rtol=RTOL, atol=RTOL)
+    for key, want in zip(("weight", "bias"), ref["dparams"]):
+        np.testing.assert_allclose(be.to_host(grads[key]), want, rtol=RTOL, atol=RTOL)
+    want_sums = want_dx.reshape(-1, width).sum(axis=0) if summed else np.zeros(width)
+    np.testing.assert_allclose(be.to_host(grads["sums"]), want_sums, rtol=RTOL, atol=RTOL)
+
+
+@pytest.mark.device
 def test_the_fused_path_keeps_no_t_by_t_matrix_and_no_normalised_input():
     rng = np.random.default_rng(4)
     be = device()

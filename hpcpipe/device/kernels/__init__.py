@@ -22,6 +22,11 @@ float64 for float64). None of them synchronises or copies: they only launch.
         dweight, dbias (C,) A accumulated (+=); partials (LN_CHUNKS, 2, C) A, a
         workspace (`partials_shape`). Two launches: grid (ceil(C/256), 32), then (ceil(C/256)).
         Run it before `backward` if dx is dy.
+    backward_rows(k, dx, partials, dy, x, mean, rstd, weight, dresidual=None)
+        backward's dx, in blocks of 16 rows that also write partials (P, K, C) A: the
+        column sums of dy·xhat, dy (and with K = 3 of dx) — `row_partials_shape`; C at
+        most 1024. Grid (ceil(N/16)), block 256. Then
+    finish(k, dweight, dbias, partials, dsum=None)   (+= the sums over P, in order).
   gelu (gelu.cu), n elements:
     forward(k, y, x);  backward(k, dx, dy, x)    dx may be dy. Grid (ceil(n/256)), 256.
     bias_forward(k, y, x, bias)                  y = gelu(x + bias (D,)); x only read.
@@ -96,7 +101,7 @@ def _typed(*stems: str, dtypes=DTYPES) -> tuple[str, ...]:
 
 SOURCES = {s.name: s for s in (
     Source("layernorm", _typed("layernorm_forward", "layernorm_backward",
-                               "layernorm_weight_partials")
+                               "layernorm_backward_rows", "layernorm_weight_partials")
            + _typed("layernorm_weight_finish", dtypes=("f32", "f64"))),
     Source("gelu", _typed("gelu_forward", "gelu_bias_forward", "gelu_backward",
                           "gelu_bias_backward")

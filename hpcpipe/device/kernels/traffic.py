@@ -53,9 +53,14 @@ def _layernorm_partials(args):
     return _sum(dy, x, mean, rstd), _sum(partials)
 
 
+def _layernorm_rows(args):
+    dx, partials, dresidual, dy, x, mean, rstd, weight = args[:8]
+    return _sum(dresidual, dy, x, mean, rstd, weight), _sum(dx, partials)
+
+
 def _layernorm_finish(args):
-    dweight, dbias, partials, _ = args
-    return _sum(dweight, dbias, partials), _sum(dweight, dbias)
+    dweight, dbias, dsum, partials = args[:4]
+    return _sum(dweight, dbias, dsum, partials), _sum(dweight, dbias, dsum)
 
 
 def _gelu_forward(args):
@@ -208,6 +213,7 @@ def _sumsq_finish(args):
 _BY_STEM = {
     "layernorm_forward": _layernorm_forward, "layernorm_backward": _layernorm_backward,
     "layernorm_weight_partials": _layernorm_partials,
+    "layernorm_backward_rows": _layernorm_rows,
     "layernorm_weight_finish": _layernorm_finish,
     "gelu_forward": _gelu_forward, "gelu_bias_forward": _gelu_bias_forward,
     "gelu_backward": _gelu_backward, "gelu_bias_backward": _gelu_bias_backward,

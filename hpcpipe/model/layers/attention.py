@@ -189,8 +189,10 @@ def backward_input(dout, cache):
     return linear.backward_input(dqkv, cache["c_attn"])
 
 
-def backward_weight(dout, cache, grads):
-    linear.backward_weight(dout, cache["c_proj"], scope(grads, "c_proj."))
+def backward_weight(dout, cache, grads, proj_bias=True):
+    """proj_bias=False: c_proj's bias gradient was added by the caller (block.py: ln_2's
+    kernel summed it in B)."""
+    linear.backward_weight(dout, cache["c_proj"], scope(grads, "c_proj."), bias=proj_bias)
     linear.backward_weight(cache.pop("dqkv"), cache["c_attn"], scope(grads, "c_attn."))
 
 

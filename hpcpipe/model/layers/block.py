@@ -53,7 +53,9 @@ def rebuild(cache):
 
 def backward_input(dout, cache):
     db = mlp.backward_input(dout, cache["mlp"])  # the residual passes dout to the MLP
-    dx1 = layernorm.backward_input(db, cache["ln_2"], dresidual=dout)  # + the residual's
+    # (+ the residual's; on the fused path ln_2's kernel also sums dx1's columns, which
+    # are attn.c_proj's bias gradient: W takes them from there)
+    dx1 = layernorm.backward_input(db, cache["ln_2"], dresidual=dout, dx_sums=True)
     da = attention.backward_input(dx1, cache["attn"])
     dx = layernorm.backward_input(da, cache["ln_1"], dresidual=dx1)
     cache["d"] = {"mlp": dout, "attn": dx1}  # (the LayerNorms took theirs in B)
@@ -63,8 +65,10 @@ def backward_input(dout, cache):
 def backward_weight(dout, cache, grads):
     d = cache.pop("d")
     mlp.backward_weight(d["mlp"], cache["mlp"], scope(grads, "mlp."))
-    layernorm.backward_weight(None, cache["ln_2"], scope(grads, "ln_2."))
-    attention.backward_weight(d["attn"], cache["attn"], scope(grads, "attn."))
+    summed = layernorm.backward_weight(None, cache["ln_2"], scope(grads, "ln_2."),
+                                       dsum=grads["attn.c_proj.bias"])
+    attention.backward_weight(d["attn"], cache["attn"], scope(grads, "attn."),
+                              proj_bias=not summed)
     layernorm.backward_weight(None, cache["ln_1"], scope(grads, "ln_1."))
 
 

@@ -91,34 +91,58 @@ def bias_residual(k, be, y, bias, residual):
     return y
 
 
-def layernorm_backward_input(dy, cache, dresidual=None):
-    """dx = LayerNorm's input gradient (+ dresidual, in the same kernel); keeps dy for W
-    (the weight gradients are accumulated straight into the gradient buffer there, in
-    one pass over dy and x)."""
+def layernorm_backward_input(dy, cache, dresidual=None, dx_sums=False):
+    """dx = LayerNorm's input gradient (+ dresidual, in the same kernel). Where the row-
+    block kernel takes the width, it also sums the weight gradients' pieces (and with
+    `dx_sums` dx's column sums), so the cache keeps those for W, not dy and x; otherwise
+    it keeps dy (W then makes the weight gradients in one pass over dy and x)."""
     k, x, xp = cache["kernels"], cache["x"], cache["be"].xp
     dy2 = _owned(xp, dy.reshape(x.shape))
     dx = xp.empty_like(x)
     if dresidual is not None:
         dresidual = _owned(xp, dresidual.reshape(x.shape))
-    k_layernorm.backward(k, dx, dy2, x, cache["mean"], cache["rstd"], cache.pop("weight"),
-                         dresidual)
-    cache["dy"] = dy2
+    weight = cache.pop("weight")
+    N, C = x.shape
+    if k_layernorm.takes_rows(C):
+        partials = xp.empty(k_layernorm.row_partials_shape(N, C, dx_sums),
+                            dtype=accumulation(x.dtype))
+        k_layernorm.backward_rows(k, dx, partials, dy2, x, cache.pop("mean"),
+                                  cache.pop("rstd"), weight, dresidual)
+        del cache["x"]  # W needs neither x nor dy now: only the pieces
+        cache["partials"] = partials
+    else:
+        k_layernorm.backward(k, dx, dy2, x, cache["mean"], cache["rstd"], weight, dresidual)
+        cache["dy"] = dy2
     return dx.reshape(dy.shape)
 
 
-def layernorm_backward_weight(cache, grads):
-    """grads += d weight, d bias (A: the buffer's dtype), from B's dy and F's x."""
+def layernorm_backward_weight(cache, grads, dsum=None) -> bool:
+    """grads += d weight, d bias (A: the buffer's dtype), from B's pieces or from B's dy
+    and F's x; `dsum` (C,) A += dx's column sums where B made them. Whether it did."""
+    dweight, dbias = grads["weight"], grads["bias"]
+    A = dweight.dtype
+    if not (is_contiguous(dweight) and is_contiguous(dbias)):
+        raise TypeError("LayerNorm gradients accumulate into contiguous buffers")
+    if "partials" in cache:
+        partials = cache.pop("partials")
+        if A != partials.dtype:
+            raise TypeError(f"LayerNorm gradients accumulate in {partials.dtype}, got {A}")
+        summed = partials.shape[1] == 3 and dsum is not None
+        if partials.shape[1] == 3 and not summed:
+            raise ValueError("B summed dx for a projection's bias: W must take it (dsum)")
+        k_layernorm.finish(cache["kernels"], dweight, dbias, partials,
+                           dsum if summed else None)
+        return summed
     x, dy = cache.pop("x"), cache.pop("dy")
     mean, rstd = cache.pop("mean"), cache.pop("rstd")
-    A = accumulation(x.dtype)
+    if dweight.dtype != accumulation(x.dtype):
+        raise TypeError(f"LayerNorm gradients of {x.dtype} accumulate in "
+                        f"{accumulation(x.dtype)}, contiguous; got {dweight.dtype}")
     partials = cache["be"].scratch.workspace("fused.ln.partials",
                                              k_layernorm.partials_shape(x.shape[1]), A)
-    dweight, dbias = grads["weight"], grads["bias"]
-    if dweight.dtype != A or not (is_contiguous(dweight) and is_contiguous(dbias)):
-        raise TypeError(f"LayerNorm gradients of {x.dtype} accumulate in {A}, "
-                        f"contiguous; got {dweight.dtype}")
     k_layernorm.backward_weight(cache["kernels"], dweight, dbias, partials, dy, x, mean,
                                 rstd)
+    return False
 
 
 # -- GELU -------------------------------------------------------------------------------------

@@ -108,11 +108,13 @@ def _planes(be, name: str, like):
     return scratch[0], scratch[1]
 
 
-def backward_input(dy, cache, dresidual=None):
+def backward_input(dy, cache, dresidual=None, dx_sums=False):
     """dx = LayerNorm's input gradient of dy, plus `dresidual` (the residual branch's
-    gradient, when given: on a device one kernel adds it before its one rounding)."""
+    gradient, when given: on a device one kernel adds it before its one rounding).
+    dx_sums: the caller's W will want dx's column sums (the bias gradient of the
+    projection dx flows into); the fused kernel may make them here (`backward_weight`)."""
     if "kernels" in cache:
-        return fused.layernorm_backward_input(dy, cache, dresidual)
+        return fused.layernorm_backward_input(dy, cache, dresidual, dx_sums)
     dx = _backward_input(dy, cache)
     if dresidual is not None:
         dx += dresidual
@@ -184,14 +186,17 @@ def _weight_gradients(be, dy2, xhat, tp=None):
     return dweight, dbias
 
 
-def backward_weight(dy, cache, grads):
+def backward_weight(dy, cache, grads, dsum=None) -> bool:
     """W: add the weight gradients B computed (see `backward_input`); `dy` is not needed.
-    (The device path computes them here, from the dy B kept: fused.py.)"""
+    (The device path adds them from B's pieces, or makes them from the dy B kept:
+    fused.py.) dsum: where B summed dx's columns (`dx_sums`), they are added into it;
+    whether they were (otherwise the caller sums them itself)."""
     if "kernels" in cache:
-        return fused.layernorm_backward_weight(cache, grads)
+        return fused.layernorm_backward_weight(cache, grads, dsum)
     dweight, dbias = cache.pop("dparams")
     grads["weight"] += dweight
     grads["bias"] += dbias
+    return False
 
 
 def backward(dy, cache, grads):

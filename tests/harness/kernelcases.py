@@ -362,6 +362,24 @@ def case_attention(k, xp, name, B=1, T=41, n_head=2, HS=64):
     _bias_taken_as_read(k, xp, qkv, dy, n_head, name, rng, (y, lse, dqkv), "attention")
 
 
+def _bias_summed_in_b(k, xp, qkv, dy, n_head, dqkv, shape):
+    """The tensor-core B asked for c_attn's bias gradient: the same dqkv bits, and its
+    pieces add up (bias_finish, onto a start) to dqkv's column sums as stored."""
+    B, T, C3 = qkv.shape
+    qkv_, dy_ = device(xp, qkv), device(xp, dy)
+    y_, lse_ = xp.empty((B, T, C3 // 3), dtype=BF16), xp.empty((B, n_head, T), np.float32)
+    k_attention.forward(k, y_, lse_, qkv_, n_head)
+    dqkv_, dd_ = xp.empty((B, T, C3), dtype=BF16), xp.empty((B, n_head, T), np.float32)
+    sums_ = xp.empty(k_attention.bias_sums_shape(qkv_), dtype=np.float32)
+    k_attention.backward(k, dqkv_, dd_, dy_, y_, qkv_, lse_, n_head, bias_sums=sums_)
+    assert np.array_equal(host(dqkv_).view(np.uint8), dqkv.view(np.uint8)), shape
+    start = np.linspace(-1, 1, C3).astype(np.float32)
+    dbias_ = device(xp, start)
+    k_attention.bias_finish(k, dbias_, sums_)
+    want = start + dqkv.astype(np.float64).reshape(-1, C3).sum(axis=0)
+    assert_close(host(dbias_), want, "float32", f"c_attn bias gradient ({shape})", loose=8)
+
+
 TC_SHAPES = ((1, 70, 2, 64), (2, 5, 1, 16), (1, 33, 1, 48), (1, 17, 3, 32))  # B, T, NH, HS
 
 
@@ -389,6 +407,7 @@ def case_attention_tensor_cores(k, xp, name="bfloat16", shapes=TC_SHAPES):
         assert np.array_equal(dqkv.view(np.uint8), again.view(np.uint8)), shape
         _bias_taken_as_read(k, xp, qkv, dy, n_head, name, rng, (y, lse, dqkv),
                             f"tensor-core attention ({shape})")
+        _bias_summed_in_b(k, xp, qkv, dy, n_head, dqkv, shape)
 
 
 # -- cross-entropy ------------------------------------------------------------------------

@@ -43,7 +43,9 @@ float64 for float64). None of them synchronises or copies: they only launch.
         workspace; two launches (dq, then dk and dv). Grid (ceil(T/8), NH, B), block 256.
     On bfloat16 with a head size of 16, 32, 48 or 64 the same two calls run
     attention_tc.cu on tensor cores instead (P and dS rounded to bfloat16 before their
-    products); grid (ceil(T/64), NH, B), block 128.
+    products); grid (ceil(T/64), NH, B), block 128. There B may also sum c_attn's bias
+    gradient (backward(..., bias_sums=) into (B·ceil(T/64), 3C) float32), added up by
+    bias_finish(k, dbias, bias_sums) (+=, in order).
   cross_entropy (cross_entropy.cu), N rows, V columns held here in rows of stride Vp:
     fused(k, losses, dlogits, logits, targets, vocab, dscale)
         losses (N,) A; dlogits, logits (N, Vp) S (dlogits may be logits); targets (N,)
@@ -111,7 +113,8 @@ SOURCES = {s.name: s for s in (
                                "attention_backward_dkv")),
     # bfloat16 on tensor cores (WMMA), one set per head size of 16 to 64 channels
     Source("attention_tc", tuple(f"attention_tc_{stem}_hs{hs}" for stem in (
-        "forward", "backward_dq", "backward_dkv") for hs in (16, 32, 48, 64))),
+        "forward", "backward_dq", "backward_dkv") for hs in (16, 32, 48, 64))
+           + ("attention_tc_bias_finish",)),
     Source("cross_entropy", _typed("cross_entropy_fused", "cross_entropy_partials",
                                    "cross_entropy_backward")),
     Source("embedding", _typed("embedding_backward_wte", "embedding_backward_wpe")),

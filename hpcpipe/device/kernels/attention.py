@@ -63,14 +63,41 @@ def forward(k: Kernels, y, lse, qkv, n_head: int, bias=None):
     _launch(k, "forward", qkv, B, T, NH, HS, (y, lse, qkv, _bias(bias, qkv)))
 
 
-def backward(k: Kernels, dqkv, dd, dy, y, qkv, lse, n_head: int, bias=None):
+def bias_sums_shape(qkv) -> tuple[int, int]:
+    """The partials `backward` sums c_attn's bias gradient into on the tensor cores: one
+    row of 3C per block of TC_ROWS query (and key) rows of each sequence."""
+    B, T, width = qkv.shape
+    return (B * blocks(T, TC_ROWS), width)
+
+
+def backward(k: Kernels, dqkv, dd, dy, y, qkv, lse, n_head: int, bias=None, bias_sums=None):
     """dqkv (B, T, 3C), laid out like qkv, from dy (B, T, C); y and lse are F's; dd
-    (B, NH, T) in A is a workspace (dy_i · y_i per row); bias as F's."""
+    (B, NH, T) in A is a workspace (dy_i · y_i per row); bias as F's. bias_sums
+    (`bias_sums_shape`, float32; the tensor-core kernels only): each block's column sums
+    of dqkv as stored — c_attn's bias gradient in pieces, for `bias_finish`."""
     B, T, NH, HS = _shape(qkv, n_head)
     S, A = qkv.dtype, accumulation(qkv.dtype)
     check("qkv", qkv, qkv.shape), check("dqkv", dqkv, qkv.shape, S)
     check("dy", dy, (B, T, NH * HS), S), check("y", y, (B, T, NH * HS), S)
     check("lse", lse, (B, NH, T), A), check("dd", dd, (B, NH, T), A)
     b = _bias(bias, qkv)
-    _launch(k, "backward_dq", qkv, B, T, NH, HS, (dqkv, dd, dy, y, qkv, b, lse))
-    _launch(k, "backward_dkv", qkv, B, T, NH, HS, (dqkv, dy, qkv, b, lse, dd))
+    if not tensor_cores(S, HS):
+        if bias_sums is not None:
+            raise ValueError("bias_sums: only the tensor-core kernels sum the bias gradient")
+        _launch(k, "backward_dq", qkv, B, T, NH, HS, (dqkv, dd, dy, y, qkv, b, lse))
+        _launch(k, "backward_dkv", qkv, B, T, NH, HS, (dqkv, dy, qkv, b, lse, dd))
+        return
+    sums = NULL
+    if bias_sums is not None:
+        check("bias_sums", bias_sums, bias_sums_shape(qkv), A)
+        sums = bias_sums
+    _launch(k, "backward_dq", qkv, B, T, NH, HS, (dqkv, dd, sums, dy, y, qkv, b, lse))
+    _launch(k, "backward_dkv", qkv, B, T, NH, HS, (dqkv, sums, dy, qkv, b, lse, dd))
+
+
+def bias_finish(k: Kernels, dbias, bias_sums):
+    """dbias (3C,) float32 += bias_sums (P, 3C) summed over P in order."""
+    P, D = bias_sums.shape
+    check("bias_sums", bias_sums, (P, D)), check("dbias", dbias, (D,), bias_sums.dtype)
+    k.function("attention_tc", "attention_tc_bias_finish")(
+        (blocks(D, TC_THREADS),), (TC_THREADS,), (dbias, bias_sums, int32(P), int32(D)))

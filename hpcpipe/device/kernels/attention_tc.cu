@@ -104,22 +104,48 @@ __device__ __forceinline__ void accumulate(FragC (&acc)[NF], const bf16* p, cons
 // The warp's 16 rows of acc, times `scale` (and row r times row_scale[r], shared, when
 // given), into rows [row0, row0 + 16) of `out` (row stride `stride`, columns from 0),
 // those below T; `scratch` holds 16 × 16 floats.
+// With `sums` (shared, HS floats), sums[c] = the column sums of the rows as stored.
 template <int NF>
 __device__ __forceinline__ void tc_store(bf16* out, long long stride, const FragC (&acc)[NF],
                                          float* scratch, int row0, int T, float scale,
-                                         const float* row_scale = nullptr) {
+                                         const float* row_scale = nullptr,
+                                         float* sums = nullptr) {
     const int lane = threadIdx.x % WARP;
 #pragma unroll
     for (int f = 0; f < NF; ++f) {
         __syncwarp();  // the previous fragment's values are written out
         nvcuda::wmma::store_matrix_sync(scratch, acc[f], 16, nvcuda::wmma::mem_row_major);
         __syncwarp();
+        float column = 0.0f;  // lane l: column l % 16, rows l / 16, l / 16 + 2, ... in order
         for (int e = lane; e < 256; e += WARP) {
             const int r = e / 16, c = e % 16;
-            if (row0 + r < T)
-                out[(long long)(row0 + r) * stride + f * 16 + c] = __float2bfloat16(
+            if (row0 + r < T) {
+                const bf16 v = __float2bfloat16(
                     scratch[e] * scale * (row_scale ? row_scale[r] : 1.0f));
+                out[(long long)(row0 + r) * stride + f * 16 + c] = v;
+                column += to_acc(v);
+            }
         }
+        if (sums) {  // the even rows' lane, then the odd rows' (a + b == b + a: both agree)
+            column += __shfl_xor_sync(0xffffffffu, column, 16);
+            if (lane < 16) sums[f * 16 + lane] = column;
+        }
+    }
+}
+
+// The block's column sums of one part of dqkv into its row of `partials` (gridDim.x · B
+// rows of 3·NH·HS floats, laid out like a token's qkv): each warp's `sums` (HS floats;
+// zeros for a warp past T), added in warp order. Every thread of the block calls it.
+template <int NF>
+__device__ __forceinline__ void tc_block_sums(float* partials, const float (*sums)[TC_MAX_HS],
+                                              int part, int b, int h, int NH) {
+    const int HS = NF * 16;
+    __syncthreads();
+    if (threadIdx.x < HS) {
+        float total = 0.0f;
+        for (int w = 0; w < TC_WARPS; ++w) total += sums[w][threadIdx.x];
+        const long long row = (long long)b * gridDim.x + blockIdx.x;
+        partials[(row * 3 + part) * NH * HS + (long long)h * HS + threadIdx.x] = total;
     }
 }
 
@@ -231,9 +257,9 @@ __device__ void tc_forward(bf16* y, float* lse, const bf16* qkv, const bf16* bia
 
 // dq for each query row i, and dd_i = dy_i · y_i, which the dkv kernel needs.
 template <int NF>
-__device__ void tc_backward_dq(bf16* dqkv, float* dd, const bf16* dy, const bf16* y,
-                               const bf16* qkv, const bf16* bias, const float* lse, int T,
-                               int NH) {
+__device__ void tc_backward_dq(bf16* dqkv, float* dd, float* bias_sums, const bf16* dy,
+                               const bf16* y, const bf16* qkv, const bf16* bias,
+                               const float* lse, int T, int NH) {
     const int HS = NF * 16;
     alignas(32) __shared__ bf16 keys[TC_TILE * TC_MAX_HS], values[TC_TILE * TC_MAX_HS];
     alignas(32) __shared__ bf16 queries[TC_WARPS][16 * TC_MAX_HS];
@@ -250,8 +276,7 @@ __device__ void tc_backward_dq(bf16* dqkv, float* dd, const bf16* dy, const bf16
     float* s = scores[warp];
     const long long head = (long long)b * T * y_stride + (long long)h * HS;  // row 0 in y, dy
     tc_load(queries[warp], qkv + tc_at(b, 0, 0, h, T, NH, HS), row0, 16, T, stride, HS, lane,
-            WARP,
-            qkv_bias(bias, 0, h, NH, HS));
+            WARP, qkv_bias(bias, 0, h, NH, HS));
     tc_load(grads[warp], dy + head, row0, 16, T, y_stride, HS, lane, WARP);
     float d_i = 0.0f, lse_i = 0.0f;  // each lane of the pair sums half of the channels
     if (i < T) {
@@ -266,11 +291,9 @@ __device__ void tc_backward_dq(bf16* dqkv, float* dd, const bf16* dy, const bf16
     for (int t0 = 0; t0 <= last; t0 += TC_TILE) {
         __syncthreads();
         tc_load(keys, qkv + tc_at(b, 0, 1, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
-                threadIdx.x, TC_THREADS,
-            qkv_bias(bias, 1, h, NH, HS));
+                threadIdx.x, TC_THREADS, qkv_bias(bias, 1, h, NH, HS));
         tc_load(values, qkv + tc_at(b, 0, 2, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
-                threadIdx.x, TC_THREADS,
-            qkv_bias(bias, 2, h, NH, HS));
+                threadIdx.x, TC_THREADS, qkv_bias(bias, 2, h, NH, HS));
         __syncthreads();
         if (row0 >= T || t0 > row0 + 15) continue;
         scores_of<NF>(s, queries[warp], keys);
@@ -292,15 +315,22 @@ __device__ void tc_backward_dq(bf16* dqkv, float* dd, const bf16* dy, const bf16
         accumulate<NF>(dq, dscores[warp], keys);
         __syncwarp();
     }
-    if (row0 >= T) return;
-    tc_store<NF>(dqkv + tc_at(b, 0, 0, h, T, NH, HS), stride, dq, s, row0, T, scale);
-    if (at.col0 == 0 && i < T) dd[((long long)b * NH + h) * T + i] = d_i;
+    __shared__ float sums[TC_WARPS][TC_MAX_HS];
+    if (row0 < T) {
+        tc_store<NF>(dqkv + tc_at(b, 0, 0, h, T, NH, HS), stride, dq, s, row0, T, scale,
+                     nullptr, sums[warp]);
+        if (at.col0 == 0 && i < T) dd[((long long)b * NH + h) * T + i] = d_i;
+    } else {
+        for (int d = lane; d < HS; d += WARP) sums[warp][d] = 0.0f;
+    }
+    if (bias_sums) tc_block_sums<NF>(bias_sums, sums, 0, b, h, NH);  // the same in every thread
 }
 
 // dk and dv for each key row j, from the query rows i >= j.
 template <int NF>
-__device__ void tc_backward_dkv(bf16* dqkv, const bf16* dy, const bf16* qkv, const bf16* bias,
-                                const float* lse, const float* dd, int T, int NH) {
+__device__ void tc_backward_dkv(bf16* dqkv, float* bias_sums, const bf16* dy, const bf16* qkv,
+                                const bf16* bias, const float* lse, const float* dd, int T,
+                                int NH) {
     const int HS = NF * 16;
     alignas(32) __shared__ bf16 queries[TC_TILE * TC_MAX_HS], grads[TC_TILE * TC_MAX_HS];
     alignas(32) __shared__ bf16 keys[TC_WARPS][16 * TC_MAX_HS];
@@ -318,8 +348,7 @@ __device__ void tc_backward_dkv(bf16* dqkv, const bf16* dy, const bf16* qkv, con
     tc_load(keys[warp], qkv + tc_at(b, 0, 1, h, T, NH, HS), row0, 16, T, stride, HS, lane, WARP,
             qkv_bias(bias, 1, h, NH, HS));
     tc_load(values[warp], qkv + tc_at(b, 0, 2, h, T, NH, HS), row0, 16, T, stride, HS, lane,
-            WARP,
-            qkv_bias(bias, 2, h, NH, HS));
+            WARP, qkv_bias(bias, 2, h, NH, HS));
     const float* stats = lse + ((long long)b * NH + h) * T;
     const float* dstats = dd + ((long long)b * NH + h) * T;
     FragC dk[NF], dv[NF];
@@ -332,8 +361,7 @@ __device__ void tc_backward_dkv(bf16* dqkv, const bf16* dy, const bf16* qkv, con
     for (int t0 = first; t0 < T; t0 += TC_TILE) {
         __syncthreads();
         tc_load(queries, qkv + tc_at(b, 0, 0, h, T, NH, HS), t0, TC_TILE, T, stride, HS,
-                threadIdx.x, TC_THREADS,
-            qkv_bias(bias, 0, h, NH, HS));
+                threadIdx.x, TC_THREADS, qkv_bias(bias, 0, h, NH, HS));
         tc_load(grads, dy + (long long)b * T * y_stride + (long long)h * HS, t0, TC_TILE, T,
                 y_stride, HS, threadIdx.x, TC_THREADS);
         for (int e = threadIdx.x; e < TC_TILE; e += TC_THREADS) {
@@ -363,9 +391,28 @@ __device__ void tc_backward_dkv(bf16* dqkv, const bf16* dy, const bf16* qkv, con
         accumulate<NF>(dk, probs[warp], queries);  // dk += dS^T Q (scaled at the end)
         __syncwarp();
     }
-    if (row0 >= T) return;
-    tc_store<NF>(dqkv + tc_at(b, 0, 1, h, T, NH, HS), stride, dk, s, row0, T, scale);
-    tc_store<NF>(dqkv + tc_at(b, 0, 2, h, T, NH, HS), stride, dv, s, row0, T, 1.0f);
+    __shared__ float sums[2][TC_WARPS][TC_MAX_HS];  // dk's, dv's
+    if (row0 < T) {
+        tc_store<NF>(dqkv + tc_at(b, 0, 1, h, T, NH, HS), stride, dk, s, row0, T, scale,
+                     nullptr, sums[0][warp]);
+        tc_store<NF>(dqkv + tc_at(b, 0, 2, h, T, NH, HS), stride, dv, s, row0, T, 1.0f,
+                     nullptr, sums[1][warp]);
+    } else {
+        for (int d = lane; d < HS; d += WARP) sums[0][warp][d] = sums[1][warp][d] = 0.0f;
+    }
+    if (bias_sums) {  // the same in every thread
+        tc_block_sums<NF>(bias_sums, sums[0], 1, b, h, NH);
+        tc_block_sums<NF>(bias_sums, sums[1], 2, b, h, NH);
+    }
+}
+
+// dbias (3·NH·HS,) += partials (P, 3·NH·HS) summed over P in order: c_attn's bias gradient.
+__device__ void tc_bias_finish(float* dbias, const float* partials, int P, int D) {
+    const int c = blockIdx.x * TC_THREADS + threadIdx.x;
+    if (c >= D) return;
+    float total = 0.0f;
+    for (int p = 0; p < P; ++p) total += partials[(long long)p * D + c];
+    dbias[c] += total;
 }
 
 // One set per head size the tensor-core path takes: NF fragments of 16 channels.
@@ -376,19 +423,24 @@ __device__ void tc_backward_dkv(bf16* dqkv, const bf16* dy, const bf16* qkv, con
         tc_forward<NF>(y, lse, qkv, bias, T, NH);                                            \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)                                 \
-        attention_tc_backward_dq_hs##HS(bf16* dqkv, float* dd, const bf16* dy, const bf16* y, \
-                                        const bf16* qkv, const bf16* bias, const float* lse, \
-                                        int T, int NH) {                                     \
-        tc_backward_dq<NF>(dqkv, dd, dy, y, qkv, bias, lse, T, NH);                          \
+        attention_tc_backward_dq_hs##HS(bf16* dqkv, float* dd, float* bias_sums,             \
+                                        const bf16* dy, const bf16* y, const bf16* qkv,      \
+                                        const bf16* bias, const float* lse, int T, int NH) { \
+        tc_backward_dq<NF>(dqkv, dd, bias_sums, dy, y, qkv, bias, lse, T, NH);               \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)                                 \
-        attention_tc_backward_dkv_hs##HS(bf16* dqkv, const bf16* dy, const bf16* qkv,        \
-                                         const bf16* bias, const float* lse, const float* dd, \
-                                         int T, int NH) {                                    \
-        tc_backward_dkv<NF>(dqkv, dy, qkv, bias, lse, dd, T, NH);                            \
+        attention_tc_backward_dkv_hs##HS(bf16* dqkv, float* bias_sums, const bf16* dy,       \
+                                         const bf16* qkv, const bf16* bias, const float* lse, \
+                                         const float* dd, int T, int NH) {                   \
+        tc_backward_dkv<NF>(dqkv, bias_sums, dy, qkv, bias, lse, dd, T, NH);                 \
     }
 
 TC_ATTENTION_KERNELS(1, 16)
 TC_ATTENTION_KERNELS(2, 32)
 TC_ATTENTION_KERNELS(3, 48)
 TC_ATTENTION_KERNELS(4, 64)
+
+extern "C" __global__ void __launch_bounds__(TC_THREADS)
+    attention_tc_bias_finish(float* dbias, const float* partials, int P, int D) {
+    tc_bias_finish(dbias, partials, P, D);
+}

@@ -150,15 +150,20 @@ def _tc_forward(args):
 
 
 def _tc_dq(args):
-    dqkv, dd, dy, y, qkv, bias, lse, T, NH = args
-    return (_sum(dy, y, qkv, bias, lse), _nbytes(dqkv) // 3 + _sum(dd),
+    dqkv, dd, sums, dy, y, qkv, bias, lse, T, NH = args
+    return (_sum(dy, y, qkv, bias, lse), _nbytes(dqkv) // 3 + _sum(dd) + _nbytes(sums) // 3,
             _tc_flops(lse, T, NH, 6 * _tc_head(qkv, NH)), "bf16_wmma")
 
 
 def _tc_dkv(args):
-    dqkv, dy, qkv, bias, lse, dd, T, NH = args
-    return (_sum(dy, qkv, bias, lse, dd), 2 * _nbytes(dqkv) // 3,
+    dqkv, sums, dy, qkv, bias, lse, dd, T, NH = args
+    return (_sum(dy, qkv, bias, lse, dd), 2 * (_nbytes(dqkv) + _nbytes(sums)) // 3,
             _tc_flops(lse, T, NH, 8 * _tc_head(qkv, NH), keys=True), "bf16_wmma")
+
+
+def _tc_bias_finish(args):
+    dbias, sums = args[:2]
+    return _sum(dbias, sums), _sum(dbias)
 
 
 def _cross_entropy_fused(args):
@@ -221,7 +226,7 @@ _BY_STEM = {
     "attention_forward": _attention_forward, "attention_backward_dq": _attention_dq,
     "attention_backward_dkv": _attention_dkv,
     "attention_tc_forward": _tc_forward, "attention_tc_backward_dq": _tc_dq,
-    "attention_tc_backward_dkv": _tc_dkv,
+    "attention_tc_backward_dkv": _tc_dkv, "attention_tc_bias_finish": _tc_bias_finish,
     "cross_entropy_fused": _cross_entropy_fused,
     "cross_entropy_partials": _cross_entropy_partials,
     "cross_entropy_backward": _cross_entropy_backward,

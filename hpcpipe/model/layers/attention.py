@@ -141,8 +141,10 @@ def rebuild_core(cache):
 def backward_input(dout, cache):
     if "core" in cache:  # the device path: the flash kernels (fused.py)
         dy = linear.backward_input(dout, cache["c_proj"])  # (B, T, C)
-        cache["dqkv"] = fused.attention_backward(cache["kernels"], cache["be"], dy,
-                                                 cache.pop("core"), cache["n_head"])
+        cache["dqkv"], sums = fused.attention_backward(cache["kernels"], cache["be"], dy,
+                                                       cache.pop("core"), cache["n_head"])
+        if sums is not None:  # c_attn's bias gradient, summed as the kernels wrote dqkv
+            cache["bias_sums"] = sums
         return linear.backward_input(cache["dqkv"], cache["c_attn"])
     q, k, v, att = cache.pop("q"), cache.pop("k"), cache.pop("v"), cache.pop("att")
     be = cache["be"]
@@ -193,7 +195,10 @@ def backward_weight(dout, cache, grads, proj_bias=True):
     """proj_bias=False: c_proj's bias gradient was added by the caller (block.py: ln_2's
     kernel summed it in B)."""
     linear.backward_weight(dout, cache["c_proj"], scope(grads, "c_proj."), bias=proj_bias)
-    linear.backward_weight(cache.pop("dqkv"), cache["c_attn"], scope(grads, "c_attn."))
+    sums, qkv = cache.pop("bias_sums", None), scope(grads, "c_attn.")
+    linear.backward_weight(cache.pop("dqkv"), cache["c_attn"], qkv, bias=sums is None)
+    if sums is not None:
+        fused.attention_bias_gradient(cache["kernels"], sums, qkv["bias"])
 
 
 def backward(dout, cache, grads):

@@ -220,14 +220,27 @@ def attention_forward(k, be, qkv, n_head: int, bias=None):
 
 
 def attention_backward(k, be, dy, core, n_head: int):
-    """dqkv (B, T, 3C) S from dy (B, T, C) and F's `core` (popped: B is its last use)."""
+    """dqkv (B, T, 3C) S from dy (B, T, C) and F's `core` (popped: B is its last use);
+    with it, on the tensor cores, the pieces of c_attn's bias gradient the kernels summed
+    as they wrote dqkv (`attention_bias_gradient` adds them in W), else None."""
     xp = be.xp
     qkv, y, lse = core["qkv"], core["y"], core["lse"]
     dy = _owned(xp, dy)
     dqkv = xp.empty_like(qkv)
     dd = be.scratch.workspace("fused.attention.dd", lse.shape, lse.dtype)
-    k_attention.backward(k, dqkv, dd, dy, y, qkv, lse, n_head, core.get("bias"))
-    return dqkv
+    sums = None
+    if k_attention.tensor_cores(qkv.dtype, qkv.shape[-1] // (3 * n_head)):
+        sums = xp.empty(k_attention.bias_sums_shape(qkv), dtype=lse.dtype)
+    k_attention.backward(k, dqkv, dd, dy, y, qkv, lse, n_head, core.get("bias"), sums)
+    return dqkv, sums
+
+
+def attention_bias_gradient(k, sums, dbias):
+    """dbias (3C,) float32 += the column sums of dqkv B's tensor-core kernels made."""
+    if dbias.dtype != sums.dtype or not is_contiguous(dbias):
+        raise TypeError(f"c_attn's bias gradient accumulates in {sums.dtype}, contiguous; "
+                        f"got {dbias.dtype}")
+    k_attention.bias_finish(k, dbias, sums)
 
 
 # -- the loss ---------------------------------------------------------------------------------

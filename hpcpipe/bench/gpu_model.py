@@ -11,6 +11,7 @@ per (part or layer, phase).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from hpcpipe.util.arguments import integer
 from hpcpipe.device.dtypes import DTYPES
@@ -26,6 +27,7 @@ examples:
   python -m hpcpipe bench gpu-model                       # GPT-2 124M, batch 16 × 1024, bf16, H200
   python -m hpcpipe bench gpu-model --microbatches 16     # 1-sequence microbatches (a pipeline's)
   python -m hpcpipe bench gpu-model --unfused             # without the fused kernels (before)
+  python -m hpcpipe bench gpu-model --vocab-multiple 128  # 50304 rows, as inputs/gpt2-124m.toml
   python -m hpcpipe bench gpu-model --tokens corpus --json gpu-model.json
   python -m hpcpipe bench gpu-model --calibration bench/results/…-calibration.json"""
 
@@ -40,6 +42,10 @@ def add_parser(sub):
     p.add_argument("--model", choices=[*CONFIGS, "smoke"], default="gpt2",
                    help="model shape (default gpt2: GPT-2 124M)")
     p.add_argument("--batch", type=integer(1, 4096), default=16, help="sequences per step (16)")
+    p.add_argument("--vocab-multiple", type=integer(1, 4096), default=1, metavar="N",
+                   help="pad the vocabulary's rows to a multiple of N, the padding masked "
+                        "(model.vocab_multiple; 128 is inputs/gpt2-124m.toml's: 50257 -> "
+                        "50304, the head's GEMMs aligned). Default 1: PyTorch's setup")
     p.add_argument("--microbatches", type=integer(1, 4096), default=1,
                    help="microbatches the batch is cut into (1); F, B and W run per microbatch")
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype (bfloat16)")
@@ -61,6 +67,7 @@ def add_parser(sub):
 def predict(args) -> dict:
     """Count the step and price it; the result dict the table and the JSON show."""
     cfg = SMOKE if args.model == "smoke" else CONFIGS[args.model]
+    cfg = replace(cfg, vocab_multiple=args.vocab_multiple)
     if args.batch % args.microbatches:
         raise HpcpipeError(f"bench gpu-model: --batch {args.batch} does not split into "
                            f"--microbatches {args.microbatches}")
@@ -72,12 +79,14 @@ def predict(args) -> dict:
                                fused=not args.unfused)
     tokens = args.batch * cfg.block_size
     cost = costmodel.summarise(log, rates, tokens, args.microbatches)
-    if rates.torch_tokens_per_s and (args.model, args.batch, args.dtype) == (
-            "gpt2", 16, "bfloat16"):  # the one setup PyTorch's figure is for
+    if rates.torch_tokens_per_s and (args.model, args.batch, args.dtype,
+                                     args.vocab_multiple) == ("gpt2", 16, "bfloat16", 1):
+        # the one setup PyTorch's figure is for (its vocabulary unpadded)
         cost["vs_torch_eager"] = cost["predicted_tokens_per_s"] / rates.torch_tokens_per_s
     setup = {"model": args.model, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
              "n_head": cfg.n_head, "block_size": cfg.block_size,
-             "vocab_size": cfg.vocab_size, "batch": args.batch,
+             "vocab_size": cfg.vocab_size, "padded_vocab": cfg.padded_vocab,
+             "batch": args.batch,
              "microbatches": args.microbatches, "dtype": args.dtype, "tf32": args.tf32,
              "tokens": args.tokens, "gpu": args.gpu, "fused": not args.unfused}
     return {"suite": "gpu_model", **cost, "setup": setup,
@@ -97,7 +106,9 @@ def print_table(result, out=print):
     setup, n_layer = result["setup"], result["setup"]["n_layer"]
     out(f"\nGPU step predicted on {result['rates']['name']} ({result['rates']['source']}): "
         f"{setup['model']}, batch {setup['batch']} × {setup['block_size']} in "
-        f"{setup['microbatches']} microbatch(es), {setup['dtype']}, {setup['tokens']} tokens")
+        f"{setup['microbatches']} microbatch(es), {setup['dtype']}, {setup['tokens']} tokens"
+        + (f", vocabulary {setup['vocab_size']} padded to {setup['padded_vocab']}"
+           if setup.get("padded_vocab", setup["vocab_size"]) != setup["vocab_size"] else ""))
     out("")
     out("| part | phase | kernels | non-GEMM GB | GEMM TFLOP | host syncs | GPU ms |")
     out("|---|---|---|---|---|---|---|")

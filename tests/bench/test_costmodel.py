@@ -2,6 +2,7 @@
 them (checked against hand counts for a few layers), the step's totals and the JSON of
 `bench gpu-model`."""
 
+import argparse
 import json
 
 import numpy as np
@@ -11,7 +12,7 @@ from hpcpipe.device.kernels import traffic
 
 from hpcpipe.device.backend import Backend
 from hpcpipe.bench import batches
-from hpcpipe.bench import costmodel
+from hpcpipe.bench import costmodel, gpu_model
 from hpcpipe.device import shapes
 from hpcpipe.model.layers import embedding, layernorm, linear
 from hpcpipe.model import GPTConfig
@@ -203,6 +204,20 @@ def test_bench_gpu_model_prints_the_table_and_writes_the_json(tmp_path):
     assert result["setup"]["microbatches"] == 2 and result["setup"]["gpu"] == "h200"
     assert {"part", "phase", "launches", "non_gemm_bytes", "gemm_flops", "host_syncs",
             "gpu_s"} <= set(result["parts"][0])
+
+
+def test_a_padded_vocabulary_aligns_the_head_and_leaves_the_eager_ratio_out():
+    """`--vocab-multiple`: the head's GEMMs on the aligned rate, the padding rows counted;
+    no ratio to PyTorch's figure, which is for the unpadded vocabulary."""
+    args = argparse.Namespace(model="gpt2", batch=1, microbatches=1, dtype="bfloat16",
+                              tf32=False, tokens="uniform", unfused=False, gpu="h200",
+                              calibration=None, vocab_multiple=128)
+    padded = gpu_model.predict(args)
+    plain = gpu_model.predict(argparse.Namespace(**{**vars(args), "vocab_multiple": 1}))
+    assert padded["setup"]["padded_vocab"] == 50304 and plain["setup"]["padded_vocab"] == 50257
+    assert "bf16_unaligned" in plain["gemm_flops"] and set(padded["gemm_flops"]) == {"bf16"}
+    assert padded["gpu_s"] < plain["gpu_s"]  # (one sequence: the launches bound the step)
+    assert "vs_torch_eager" not in padded
 
 
 def test_an_in_place_operator_on_a_slice_is_one_kernel():

@@ -26,6 +26,7 @@ from . import (
     gelu,
     gradnorm,
     layernorm,
+    residual,
 )
 
 TOLERANCE = 1e-5
@@ -52,8 +53,28 @@ def _layernorm(k, xp, rng):
     dxhat = dy * w
     want_dx = r * (dxhat - dxhat.mean(1, keepdims=True)
                    - xhat * (dxhat * xhat).mean(1, keepdims=True))
-    return [("layernorm.forward", _error(y.get(), xhat * w + b)),
-            ("layernorm.backward", _error(dx.get(), want_dx))]
+    plain = _error(y.get(), xhat * w + b)
+    # B in row blocks, with the weight gradients' and dx's column sums
+    rows_dx = xp.empty((N, C), np.float32)
+    pieces = xp.empty(layernorm.row_partials_shape(N, C, True), np.float32)
+    layernorm.backward_rows(k, rows_dx, pieces, dev[3], dev[0], mean, rstd, dev[1])
+    sums = [xp.zeros(C, np.float32) for _ in range(3)]
+    layernorm.finish(k, *sums[:2], pieces, dsum=sums[2])
+    want_sums = ((dy * xhat).sum(0), dy.sum(0), want_dx.sum(0))
+    # F with the projection's bias and the residual: LN((x + xbias) + residual)
+    xbias, res = rng.standard_normal(C), rng.standard_normal((N, C))
+    xsum = xp.empty((N, C), np.float32)
+    layernorm.forward(k, y, mean, rstd, dev[0], dev[1], dev[2], residual=put(res), xsum=xsum,
+                      xbias=put(xbias))
+    x1 = x + xbias + res
+    mu1, r1 = x1.mean(1, keepdims=True), 1 / np.sqrt(x1.var(1, keepdims=True) + 1e-5)
+    return [("layernorm.forward", plain),
+            ("layernorm.forward_xsum", _error(xsum.get(), x1)),
+            ("layernorm.forward_residual", _error(y.get(), (x1 - mu1) * r1 * w + b)),
+            ("layernorm.backward", _error(dx.get(), want_dx)),
+            ("layernorm.backward_rows", _error(rows_dx.get(), want_dx))] + [
+        (f"layernorm.finish_{name}", _error(got.get(), want))
+        for name, got, want in zip(("dweight", "dbias", "dsum"), sums, want_sums)]
 
 
 def _gelu(k, xp, rng):
@@ -65,8 +86,32 @@ def _gelu(k, xp, rng):
     u = math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)
     du = math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x ** 2)
     want_dx = dy * (0.5 * (1 + np.tanh(u)) + 0.5 * x * (1 - np.tanh(u) ** 2) * du)
+    # with c_fc's bias added as the kernels read x; B's column sums of dx
+    bias = rng.standard_normal(C)
+    xb = (x.reshape(N, C) + bias).reshape(-1)
+    ub = math.sqrt(2 / math.pi) * (xb + 0.044715 * xb ** 3)
+    dub = math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * xb ** 2)
+    want_dxb = dy * (0.5 * (1 + np.tanh(ub)) + 0.5 * xb * (1 - np.tanh(ub) ** 2) * dub)
+    yb, dxb = xp.empty((N, C), np.float32), xp.empty((N, C), np.float32)
+    pieces = xp.empty(gelu.partials_shape(C), np.float32)
+    dbias = xp.zeros(C, np.float32)
+    x2, b2 = put(x).reshape(N, C), put(bias)
+    gelu.bias_forward(k, yb, x2, b2)
+    gelu.bias_backward(k, dxb, pieces, put(dy).reshape(N, C), x2, b2)
+    gelu.bias_finish(k, dbias, pieces)
     return [("gelu.forward", _error(y.get(), 0.5 * x * (1 + np.tanh(u)))),
-            ("gelu.backward", _error(dx.get(), want_dx))]
+            ("gelu.backward", _error(dx.get(), want_dx)),
+            ("gelu.bias_forward", _error(yb.get().reshape(-1), 0.5 * xb * (1 + np.tanh(ub)))),
+            ("gelu.bias_backward", _error(dxb.get().reshape(-1), want_dxb)),
+            ("gelu.bias_finish", _error(dbias.get(), want_dxb.reshape(N, C).sum(0)))]
+
+
+def _residual(k, xp, rng):
+    y, bias, res = rng.standard_normal((N, C)), rng.standard_normal(C), rng.standard_normal((N, C))
+    out = xp.asarray(y.astype(np.float32))
+    residual.bias_residual(k, out, xp.asarray(bias.astype(np.float32)),
+                           xp.asarray(res.astype(np.float32)))
+    return [("residual.bias_residual", _error(out.get(), y + bias + res))]
 
 
 def _attention(k, xp, rng):
@@ -113,14 +158,23 @@ def _attention_tensor_cores(k, xp, rng):
     Bt, Tt, NHt, HSt = 1, 80, 2, 64
     qkv = rng.standard_normal((Bt, Tt, 3, NHt, HSt)).astype(bf16)
     dy = rng.standard_normal((Bt, Tt, NHt * HSt)).astype(bf16)
+    bias = rng.standard_normal(3 * NHt * HSt).astype(bf16)  # c_attn's, added as read
     qkv_ = xp.asarray(qkv.reshape(Bt, Tt, -1))
     y, lse = xp.empty((Bt, Tt, NHt * HSt), bf16), xp.empty((Bt, NHt, Tt), np.float32)
     dqkv, dd = xp.empty((Bt, Tt, 3 * NHt * HSt), bf16), xp.empty((Bt, NHt, Tt), np.float32)
-    attention.forward(k, y, lse, qkv_, NHt)
-    attention.backward(k, dqkv, dd, xp.asarray(dy), y, qkv_, lse, NHt)
-    want_y, want_dqkv = _core(qkv.astype(np.float64), dy.astype(np.float64), HSt)
+    sums = xp.empty(attention.bias_sums_shape(qkv_), np.float32)
+    dbias = xp.zeros(3 * NHt * HSt, np.float32)
+    attention.forward(k, y, lse, qkv_, NHt, xp.asarray(bias))
+    attention.backward(k, dqkv, dd, xp.asarray(dy), y, qkv_, lse, NHt, xp.asarray(bias), sums)
+    attention.bias_finish(k, dbias, sums)
+    biased = (qkv.reshape(Bt, Tt, -1).astype(np.float32) + bias.astype(np.float32)).astype(bf16)
+    want_y, want_dqkv = _core(biased.astype(np.float64).reshape(qkv.shape),
+                              dy.astype(np.float64), HSt)
+    got = dqkv.get().astype(np.float64)
     return [("attention_tc.forward", _error(y.get(), want_y), TENSOR_CORE_TOLERANCE),
-            ("attention_tc.backward", _error(dqkv.get(), want_dqkv), TENSOR_CORE_TOLERANCE)]
+            ("attention_tc.backward", _error(got, want_dqkv), TENSOR_CORE_TOLERANCE),
+            ("attention_tc.bias_sums", _error(dbias.get(), got.reshape(-1, got.shape[-1])
+                                              .sum(0)))]
 
 
 def _cross_entropy(k, xp, rng):
@@ -172,7 +226,7 @@ def _gradnorm(k, xp, rng):
     return [("gradnorm.sums_of_squares", _error(sums.get(), want))]
 
 
-CHECKS = (_layernorm, _gelu, _attention, _attention_tensor_cores, _cross_entropy, _embedding,
+CHECKS = (_layernorm, _gelu, _residual, _attention, _attention_tensor_cores, _cross_entropy, _embedding,
           _adamw, _gradnorm)
 
 

@@ -5,9 +5,12 @@ device (counted, not run). The CPU path never comes here.
 
 Each function keeps its layer's F / B / W contract; what F stashes differs from the
 NumPy path where the kernels need other things: LayerNorm keeps its input with the row
-means and reciprocal deviations (not the normalised input), attention its qkv, output
-and row log-sum-exps (no T×T matrix), GELU its input (not the derivative), the loss its
-logits gradient, made in F by the one kernel that also makes the loss.
+means and reciprocal deviations (not the normalised input), attention its qkv (without
+c_attn's bias, which the kernels add as they read), output and row log-sum-exps (no T×T
+matrix), GELU its input (without c_fc's bias; not the derivative), the loss its logits
+gradient, made in F by the one kernel that also makes the loss. What B hands W differs
+too: LayerNorm's and the biases' gradients leave B as pieces the kernels summed while
+writing their outputs (W adds them up in a fixed order), not as the arrays to sum.
 
 Shapes as in the layers: B batch, T time, C channels, NH heads, V vocabulary; S the
 storage dtype, A its accumulation dtype (float32, or float64 for float64).

@@ -22,10 +22,17 @@ def _shape(qkv, n_head: int) -> tuple[int, int, int, int]:
     if width % (3 * n_head):
         raise ValueError(f"qkv width {width} is not 3 × {n_head} heads")
     HS = width // (3 * n_head)
-    if not (HS % 32 == 0 and HS <= MAX_HEAD or tensor_cores(qkv.dtype, HS)):
+    if not takes_head(qkv.dtype, HS):
         raise ValueError(f"head size {HS}: the kernels take multiples of 32 up to {MAX_HEAD} "
                          f"(bfloat16: also multiples of 16 up to {TC_MAX_HEAD})")
     return B, T, n_head, HS
+
+
+def takes_head(dtype, head_size: int) -> bool:
+    """Whether some kernel here runs this head size: the scalar kernels' multiples of 32
+    up to ATT_MAX_HS, or the tensor cores' (`tensor_cores`)."""
+    return (head_size % 32 == 0 and head_size <= MAX_HEAD
+            or tensor_cores(dtype, head_size))
 
 
 def tensor_cores(dtype, head_size: int) -> bool:

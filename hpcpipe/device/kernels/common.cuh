@@ -52,6 +52,16 @@ __device__ __forceinline__ const S* qkv_bias(const S* bias, int part, int h, int
 #define HP_INFINITY __int_as_float(0x7f800000)
 #endif
 
+// Column c of pieces partials[p · stride + c], p = 0 .. P - 1, added in that order: a
+// column sum that a kernel made in fixed chunks of rows, finished in an order fixed by
+// the code (the same bits on every run).
+template <typename A>
+__device__ __forceinline__ A chunks_sum(const A* partials, int P, long long stride, int c) {
+    A total = 0;
+    for (int p = 0; p < P; ++p) total += partials[p * stride + c];
+    return total;
+}
+
 // Sum over a warp by a butterfly: every lane ends with the same total, added in the same
 // order on every run.
 template <typename A> __device__ __forceinline__ A warp_sum(A v) {

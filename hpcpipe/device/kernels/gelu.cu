@@ -96,9 +96,7 @@ __device__ void gelu_bias_backward(S* dx, typename Acc<S>::type* partials, const
 template <typename A> __device__ void gelu_bias_finish(A* dbias, const A* partials, int D) {
     const int c = blockIdx.x * GELU_THREADS + threadIdx.x;
     if (c >= D) return;
-    A total = 0;
-    for (int p = 0; p < GELU_CHUNKS; ++p) total += partials[(long long)p * D + c];  // in order
-    dbias[c] += total;
+    dbias[c] += chunks_sum(partials, GELU_CHUNKS, D, c);
 }
 
 #define GELU_KERNELS(S, A, suffix)                                                             \

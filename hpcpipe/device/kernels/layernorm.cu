@@ -192,16 +192,10 @@ __device__ void layernorm_weight_finish(A* dweight, A* dbias, A* dsum, const A* 
                                         int P, int K, int C) {
     const int c = blockIdx.x * LN_THREADS + threadIdx.x;
     if (c >= C) return;
-    A dw = 0, db = 0, ds = 0;
-    for (int p = 0; p < P; ++p) {  // in chunk order: the same bits every run
-        const A* piece = partials + (long long)p * K * C;
-        dw += piece[c];
-        db += piece[C + c];
-        if (K == 3) ds += piece[2 * C + c];
-    }
-    dweight[c] += dw;
-    dbias[c] += db;
-    if (K == 3) dsum[c] += ds;
+    const long long stride = (long long)K * C;  // between one chunk's pieces and the next's
+    dweight[c] += chunks_sum(partials, P, stride, c);
+    dbias[c] += chunks_sum(partials + C, P, stride, c);
+    if (K == 3) dsum[c] += chunks_sum(partials + 2 * C, P, stride, c);
 }
 
 #define LAYERNORM_KERNELS(S, A, suffix)                                                    \

@@ -19,8 +19,9 @@
 // (tc_scale_rows), since which lane holds which element of a fragment is not ours to know.
 //
 // Rounding: P (unnormalised in F, normalised by the log-sum-exp in B) and dS are rounded
-// to bfloat16 before their products (as every bfloat16 flash attention does), q·k is taken unscaled and the scale 1/sqrt(HS) applied to the
-// float scores and to dq and dk at the end. Sums run in a fixed order: bitwise repeatable.
+// to bfloat16 before their products (as every bfloat16 flash attention does), q·k is
+// taken unscaled and the scale 1/sqrt(HS) applied to the float scores and to dq and dk
+// at the end. Sums run in a fixed order: bitwise repeatable.
 //
 // Shapes as attention.cu: qkv (B, T, 3, NH, HS), bias (3, NH, HS) or null (as there: added
 // to each element loaded, rounded), y, dy (B, T, NH, HS), lse, dd (B, NH, T) float; HS a
@@ -316,12 +317,13 @@ __device__ void tc_backward_dq(bf16* dqkv, float* dd, float* bias_sums, const bf
         __syncwarp();
     }
     __shared__ float sums[TC_WARPS][TC_MAX_HS];
+    float* mine = bias_sums ? sums[warp] : nullptr;  // column sums only when asked for
     if (row0 < T) {
         tc_store<NF>(dqkv + tc_at(b, 0, 0, h, T, NH, HS), stride, dq, s, row0, T, scale,
-                     nullptr, sums[warp]);
+                     nullptr, mine);
         if (at.col0 == 0 && i < T) dd[((long long)b * NH + h) * T + i] = d_i;
-    } else {
-        for (int d = lane; d < HS; d += WARP) sums[warp][d] = 0.0f;
+    } else if (mine) {
+        for (int d = lane; d < HS; d += WARP) mine[d] = 0.0f;
     }
     if (bias_sums) tc_block_sums<NF>(bias_sums, sums, 0, b, h, NH);  // the same in every thread
 }
@@ -392,13 +394,15 @@ __device__ void tc_backward_dkv(bf16* dqkv, float* bias_sums, const bf16* dy, co
         __syncwarp();
     }
     __shared__ float sums[2][TC_WARPS][TC_MAX_HS];  // dk's, dv's
+    float* mine_k = bias_sums ? sums[0][warp] : nullptr;  // column sums only when asked for
+    float* mine_v = bias_sums ? sums[1][warp] : nullptr;
     if (row0 < T) {
         tc_store<NF>(dqkv + tc_at(b, 0, 1, h, T, NH, HS), stride, dk, s, row0, T, scale,
-                     nullptr, sums[0][warp]);
+                     nullptr, mine_k);
         tc_store<NF>(dqkv + tc_at(b, 0, 2, h, T, NH, HS), stride, dv, s, row0, T, 1.0f,
-                     nullptr, sums[1][warp]);
-    } else {
-        for (int d = lane; d < HS; d += WARP) sums[0][warp][d] = sums[1][warp][d] = 0.0f;
+                     nullptr, mine_v);
+    } else if (bias_sums) {
+        for (int d = lane; d < HS; d += WARP) mine_k[d] = mine_v[d] = 0.0f;
     }
     if (bias_sums) {  // the same in every thread
         tc_block_sums<NF>(bias_sums, sums[0], 1, b, h, NH);
@@ -410,25 +414,23 @@ __device__ void tc_backward_dkv(bf16* dqkv, float* bias_sums, const bf16* dy, co
 __device__ void tc_bias_finish(float* dbias, const float* partials, int P, int D) {
     const int c = blockIdx.x * TC_THREADS + threadIdx.x;
     if (c >= D) return;
-    float total = 0.0f;
-    for (int p = 0; p < P; ++p) total += partials[(long long)p * D + c];
-    dbias[c] += total;
+    dbias[c] += chunks_sum(partials, P, D, c);
 }
 
 // One set per head size the tensor-core path takes: NF fragments of 16 channels.
 #define TC_ATTENTION_KERNELS(NF, HS)                                                           \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)                                 \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)                  \
         attention_tc_forward_hs##HS(bf16* y, float* lse, const bf16* qkv, const bf16* bias,  \
                                     int T, int NH) {                                         \
         tc_forward<NF>(y, lse, qkv, bias, T, NH);                                            \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)                                 \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)                  \
         attention_tc_backward_dq_hs##HS(bf16* dqkv, float* dd, float* bias_sums,             \
                                         const bf16* dy, const bf16* y, const bf16* qkv,      \
                                         const bf16* bias, const float* lse, int T, int NH) { \
         tc_backward_dq<NF>(dqkv, dd, bias_sums, dy, y, qkv, bias, lse, T, NH);               \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)                                 \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS)                  \
         attention_tc_backward_dkv_hs##HS(bf16* dqkv, float* bias_sums, const bf16* dy,       \
                                          const bf16* qkv, const bf16* bias, const float* lse, \
                                          const float* dd, int T, int NH) {                   \

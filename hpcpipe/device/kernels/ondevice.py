@@ -39,6 +39,12 @@ def _error(got, want) -> float:
     return float(np.abs(np.asarray(got, np.float64) - want).max() / max(1e-30, np.abs(want).max()))
 
 
+def _normalised(x):
+    """LayerNorm's x̂ and 1/σ of each row, float64."""
+    mu, r = x.mean(1, keepdims=True), 1 / np.sqrt(x.var(1, keepdims=True) + 1e-5)
+    return (x - mu) * r, r
+
+
 def _layernorm(k, xp, rng):
     x, dy = rng.standard_normal((N, C)), rng.standard_normal((N, C))
     w, b = rng.standard_normal(C), rng.standard_normal(C)
@@ -48,8 +54,7 @@ def _layernorm(k, xp, rng):
     dev = [put(a) for a in (x, w, b, dy)]
     layernorm.forward(k, y, mean, rstd, dev[0], dev[1], dev[2])
     layernorm.backward(k, dx, dev[3], dev[0], mean, rstd, dev[1])
-    mu, r = x.mean(1, keepdims=True), 1 / np.sqrt(x.var(1, keepdims=True) + 1e-5)
-    xhat = (x - mu) * r
+    xhat, r = _normalised(x)
     dxhat = dy * w
     want_dx = r * (dxhat - dxhat.mean(1, keepdims=True)
                    - xhat * (dxhat * xhat).mean(1, keepdims=True))
@@ -67,14 +72,21 @@ def _layernorm(k, xp, rng):
     layernorm.forward(k, y, mean, rstd, dev[0], dev[1], dev[2], residual=put(res), xsum=xsum,
                       xbias=put(xbias))
     x1 = x + xbias + res
-    mu1, r1 = x1.mean(1, keepdims=True), 1 / np.sqrt(x1.var(1, keepdims=True) + 1e-5)
     return [("layernorm.forward", plain),
             ("layernorm.forward_xsum", _error(xsum.get(), x1)),
-            ("layernorm.forward_residual", _error(y.get(), (x1 - mu1) * r1 * w + b)),
+            ("layernorm.forward_residual", _error(y.get(), _normalised(x1)[0] * w + b)),
             ("layernorm.backward", _error(dx.get(), want_dx)),
             ("layernorm.backward_rows", _error(rows_dx.get(), want_dx))] + [
         (f"layernorm.finish_{name}", _error(got.get(), want))
         for name, got, want in zip(("dweight", "dbias", "dsum"), sums, want_sums)]
+
+
+def _gelu_reference(x, dy):
+    """GELU's y and dy · gelu'(x), tanh form, float64."""
+    u = math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)
+    du = math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x ** 2)
+    t = np.tanh(u)
+    return 0.5 * x * (1 + t), dy * (0.5 * (1 + t) + 0.5 * x * (1 - t ** 2) * du)
 
 
 def _gelu(k, xp, rng):
@@ -83,15 +95,10 @@ def _gelu(k, xp, rng):
     y, dx = xp.empty(N * C, np.float32), xp.empty(N * C, np.float32)
     gelu.forward(k, y, put(x))
     gelu.backward(k, dx, put(dy), put(x))
-    u = math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)
-    du = math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x ** 2)
-    want_dx = dy * (0.5 * (1 + np.tanh(u)) + 0.5 * x * (1 - np.tanh(u) ** 2) * du)
+    want_y, want_dx = _gelu_reference(x, dy)
     # with c_fc's bias added as the kernels read x; B's column sums of dx
     bias = rng.standard_normal(C)
-    xb = (x.reshape(N, C) + bias).reshape(-1)
-    ub = math.sqrt(2 / math.pi) * (xb + 0.044715 * xb ** 3)
-    dub = math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * xb ** 2)
-    want_dxb = dy * (0.5 * (1 + np.tanh(ub)) + 0.5 * xb * (1 - np.tanh(ub) ** 2) * dub)
+    want_yb, want_dxb = _gelu_reference((x.reshape(N, C) + bias).reshape(-1), dy)
     yb, dxb = xp.empty((N, C), np.float32), xp.empty((N, C), np.float32)
     pieces = xp.empty(gelu.partials_shape(C), np.float32)
     dbias = xp.zeros(C, np.float32)
@@ -99,9 +106,9 @@ def _gelu(k, xp, rng):
     gelu.bias_forward(k, yb, x2, b2)
     gelu.bias_backward(k, dxb, pieces, put(dy).reshape(N, C), x2, b2)
     gelu.bias_finish(k, dbias, pieces)
-    return [("gelu.forward", _error(y.get(), 0.5 * x * (1 + np.tanh(u)))),
+    return [("gelu.forward", _error(y.get(), want_y)),
             ("gelu.backward", _error(dx.get(), want_dx)),
-            ("gelu.bias_forward", _error(yb.get().reshape(-1), 0.5 * xb * (1 + np.tanh(ub)))),
+            ("gelu.bias_forward", _error(yb.get().reshape(-1), want_yb)),
             ("gelu.bias_backward", _error(dxb.get().reshape(-1), want_dxb)),
             ("gelu.bias_finish", _error(dbias.get(), want_dxb.reshape(N, C).sum(0)))]
 
@@ -226,8 +233,8 @@ def _gradnorm(k, xp, rng):
     return [("gradnorm.sums_of_squares", _error(sums.get(), want))]
 
 
-CHECKS = (_layernorm, _gelu, _residual, _attention, _attention_tensor_cores, _cross_entropy, _embedding,
-          _adamw, _gradnorm)
+CHECKS = (_layernorm, _gelu, _residual, _attention, _attention_tensor_cores, _cross_entropy,
+          _embedding, _adamw, _gradnorm)
 
 
 def check_on_device(xp, kernels: Kernels | None = None) -> list[dict]:

@@ -130,8 +130,8 @@ def layernorm_backward_weight(cache, grads, dsum=None) -> bool:
         partials = cache.pop("partials")
         if A != partials.dtype:
             raise TypeError(f"LayerNorm gradients accumulate in {partials.dtype}, got {A}")
-        summed = partials.shape[1] == 3 and dsum is not None
-        if partials.shape[1] == 3 and not summed:
+        summed = partials.shape[1] == 3  # B summed dx's columns too
+        if summed and dsum is None:
             raise ValueError("B summed dx for a projection's bias: W must take it (dsum)")
         k_layernorm.finish(cache["kernels"], dweight, dbias, partials,
                            dsum if summed else None)
@@ -184,11 +184,15 @@ def gelu_backward_input(dy, cache):
     return dy
 
 
+def _takes_sums(dbias, sums, what: str):
+    """A gradient buffer that B's pieces `sums` can be added into: their dtype, contiguous."""
+    if dbias.dtype != sums.dtype or not is_contiguous(dbias):
+        raise TypeError(f"{what} accumulates in {sums.dtype}, contiguous; got {dbias.dtype}")
+
+
 def gelu_bias_gradient(k, sums, dbias):
     """dbias (D,) A += the bias sums B's GELU kernel made, in chunk order."""
-    if dbias.dtype != sums.dtype or not is_contiguous(dbias):
-        raise TypeError(f"the bias gradient accumulates in {sums.dtype}, contiguous; got "
-                        f"{dbias.dtype}")
+    _takes_sums(dbias, sums, "the bias gradient")
     k_gelu.bias_finish(k, dbias, sums)
 
 
@@ -201,9 +205,7 @@ def attention_takes(be, weight, n_head: int) -> bool:
     width = weight.shape[-1]
     if kernels(be) is None or not takes(weight) or width % (3 * n_head):
         return False
-    HS = width // (3 * n_head)
-    return (HS % 32 == 0 and HS <= k_attention.MAX_HEAD) or k_attention.tensor_cores(
-        weight.dtype, HS)
+    return k_attention.takes_head(weight.dtype, width // (3 * n_head))
 
 
 def attention_forward(k, be, qkv, n_head: int, bias=None):
@@ -240,9 +242,7 @@ def attention_backward(k, be, dy, core, n_head: int):
 
 def attention_bias_gradient(k, sums, dbias):
     """dbias (3C,) float32 += the column sums of dqkv B's tensor-core kernels made."""
-    if dbias.dtype != sums.dtype or not is_contiguous(dbias):
-        raise TypeError(f"c_attn's bias gradient accumulates in {sums.dtype}, contiguous; "
-                        f"got {dbias.dtype}")
+    _takes_sums(dbias, sums, "c_attn's bias gradient")
     k_attention.bias_finish(k, dbias, sums)
 
 

@@ -330,6 +330,17 @@ class _Ufunc:
         return self._method("outer", {self.__name__}, a, b, **kwargs)
 
 
+# Operands that pass through unwrap() as they are (checked by exact type, before the rest).
+_PLAIN = frozenset((int, float, bool, str, type, type(None), type(Ellipsis)))
+
+
+_BOUNDS = frozenset((int, type(None)))
+
+
+def _plain_slice(s: slice) -> bool:
+    return type(s.start) in _BOUNDS and type(s.stop) in _BOUNDS and type(s.step) in _BOUNDS
+
+
 # Functions that make device arrays from host data: the explicit host → device copies.
 _FROM_HOST = ("asarray", "array", "ascontiguousarray")
 
@@ -371,17 +382,42 @@ class SimDevice(types.ModuleType):
             event._done = True
 
     def wrap(self, value):
-        if isinstance(value, np.ndarray):
+        kind = type(value)
+        if kind is np.ndarray:
             return DeviceArray(value, self)
         if isinstance(value, np.generic):  # a reduction's scalar stays on the device
             return DeviceArray(np.asarray(value), self)
         if isinstance(value, tuple):
-            return tuple(self.wrap(v) for v in value)
+            return tuple([self.wrap(v) for v in value])
+        if isinstance(value, np.ndarray):
+            return DeviceArray(value, self)
         return value
 
     def unwrap(self, value, what: str):
         """The NumPy arrays behind device arrays; a host array here is an implicit
         transfer, which a device library refuses."""
+        kind = type(value)
+        # The common cases first, by exact type (this runs for every operand of every
+        # operation: the stand-in's own cost was most of a device test's time).
+        if kind is DeviceArray:
+            return value._a
+        if kind in _PLAIN:
+            return value
+        if kind is tuple or kind is list:
+            items = []
+            for v in value:
+                item = type(v)
+                if item is DeviceArray:
+                    items.append(v._a)
+                elif item in _PLAIN or (item is slice and _plain_slice(v)):
+                    items.append(v)
+                else:
+                    items.append(self.unwrap(v, what))
+            return kind(items)
+        if kind is slice and _plain_slice(value):
+            return value
+        if kind is dict:
+            return {k: self.unwrap(v, what) for k, v in value.items()}
         if isinstance(value, DeviceArray):
             return value._a
         if isinstance(value, np.ndarray):
@@ -411,12 +447,16 @@ class SimDevice(types.ModuleType):
                                  f"only what CuPy does")
         target = getattr(np, name)
         if isinstance(target, np.ufunc):
-            return _Ufunc(self, target)
-        if isinstance(target, type) or not callable(target):
-            return target  # dtypes (float32, ...) and constants (inf, pi, ...)
-        if name in _FROM_HOST:
-            return self._from_host(target)
-        return self._function(target)
+            found = _Ufunc(self, target)
+        elif isinstance(target, type) or not callable(target):
+            found = target  # dtypes (float32, ...) and constants (inf, pi, ...)
+        elif name in _FROM_HOST:
+            found = self._from_host(target)
+        else:
+            found = self._function(target)
+        # Kept as an attribute: the next `xp.name` finds it without coming here again.
+        setattr(self, name, found)
+        return found
 
     def _from_host(self, function):
         def from_host(data, *args, **kwargs):

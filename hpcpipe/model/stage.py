@@ -134,17 +134,16 @@ class Stage:
         params = be.allocation(self.param_buffer.data)[0] \
             if self.param_buffer.data is not None else None
         sizes = {}
-
-        def walk(obj):
+        # A loop over a stack rather than recursion: it runs after every op of every step.
+        pending = [self._stash if mb is None else self._stash.get(mb, {})]
+        while pending:
+            obj = pending.pop()
             if isinstance(obj, dict):
-                for value in obj.values():
-                    walk(value)
+                pending.extend(obj.values())
             elif hasattr(obj, "nbytes") and hasattr(obj, "shape"):
                 key, nbytes = be.allocation(obj)
                 if key != params:
                     sizes[key] = nbytes
-
-        walk(self._stash if mb is None else self._stash.get(mb, {}))
         return sum(sizes.values())
 
     @property

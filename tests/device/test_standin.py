@@ -159,6 +159,13 @@ def test_the_stand_in_refuses_what_a_device_library_refuses():
         "an MPI buffer": lambda: MPI.COMM_SELF.Allreduce(MPI.IN_PLACE, a),
         "a memoryview": lambda: memoryview(a),
         "DLPack": lambda: a.__dlpack__(),
+        # The same inside the containers an operation's arguments come in (unwrap's
+        # fast paths for tuples, lists, dicts and slices must not let one through).
+        "a host array in a tuple": lambda: device.concatenate((a, np.ones(4))),
+        "a host array in a list": lambda: device.stack([a, np.ones(4)]),
+        "a host array as a keyword": lambda: device.add(a, 1.0, out=np.ones(4)),
+        "a host index in a tuple": lambda: a[(np.array([0, 1]),)],
+        "a host bound in a slice": lambda: a[np.int64(1):np.ones(1, dtype=np.int64)],
     }
     for what, attempt in refused.items():
         with pytest.raises((TypeError, AttributeError)):

@@ -14,6 +14,7 @@ makes that a failure (CI).
 import os
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 from harness import kernelcases
@@ -38,18 +39,50 @@ def kernels():
 
 # -- compiled for the GPU -----------------------------------------------------------------
 
+def _attempt(compile_one, name):
+    try:
+        return compile_one(name)
+    except compilecheck.CompileError as error:
+        return error
+
+
+def _compile_all(compile_one, pool_kind) -> dict:
+    """Every source compiled at once, one compilation per core (each compiler runs on one:
+    one after another they took 35 s of CI's 2 cores): name → the result, or the
+    CompileError, which that source's test raises."""
+    with pool_kind(max_workers=os.cpu_count() or 1) as pool:
+        return dict(zip(SOURCES, pool.map(_attempt, [compile_one] * len(SOURCES), SOURCES)))
+
+
+@pytest.fixture(scope="module")
+def nvcc_builds():
+    return _compile_all(compilecheck.with_nvcc, ThreadPoolExecutor)  # nvcc: subprocesses
+
+
+@pytest.fixture(scope="module")
+def nvrtc_builds():
+    # NVRTC compiles in this process, holding the GIL: a process each.
+    return _compile_all(compilecheck.with_nvrtc, ProcessPoolExecutor)
+
+
+def _built(result):
+    if isinstance(result, compilecheck.CompileError):
+        raise result
+    return result
+
+
 @pytest.mark.needs("cuda", NVCC_MISSING)
 @pytest.mark.parametrize("name", SOURCES)
-def test_compiles_with_nvcc_without_spills(name):
-    usage = compilecheck.with_nvcc(name)
+def test_compiles_with_nvcc_without_spills(name, nvcc_builds):
+    usage = _built(nvcc_builds[name])
     assert set(usage) == set(SOURCES[name].kernels), "the registry lists the file's kernels"
     assert not [u for u in usage.values() if u.spills], compilecheck.table(usage)
 
 
 @pytest.mark.needs("cuda", NVRTC_MISSING)
 @pytest.mark.parametrize("name", SOURCES)
-def test_compiles_with_nvrtc_without_spills(name):
-    cubin, usage = compilecheck.with_nvrtc(name)
+def test_compiles_with_nvrtc_without_spills(name, nvrtc_builds):
+    cubin, usage = _built(nvrtc_builds[name])
     assert cubin[:4] == b"\x7fELF", "NVRTC returned a cubin"
     assert set(usage) == set(SOURCES[name].kernels)
     assert not [u for u in usage.values() if u.spills], compilecheck.table(usage)

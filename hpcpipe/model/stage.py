@@ -25,6 +25,7 @@ from hpcpipe.model.layout import (
     param_layout,
 )
 from hpcpipe.model.sharding import shard_of
+from hpcpipe.model.stashbytes import StashBytes
 
 # What a stage keeps from F to B (schedules/recompute.py models each in bytes and time):
 # "none" every cache; "selective" all but the attention matrices and the GELU's output and
@@ -86,6 +87,7 @@ class Stage:
             if self.exact_init is not None:
                 self.exact_init.views[name][...] = self.xp.asarray(value, dtype=self.grad_dtype)
         self._stash: dict[int, dict] = {}
+        self._stash_bytes = StashBytes(self.be)
 
     # -- bookkeeping --------------------------------------------------------------------
     def drop_grads(self):
@@ -126,25 +128,10 @@ class Stage:
 
     def stash_bytes(self, mb: int | None = None) -> int:
         """Bytes of activations currently held for pending B and W passes (of microbatch
-        `mb` alone, when given).
-
-        Caches hold many views (q, k, v of one qkv array; reshapes): each underlying
-        allocation counts once, and parameters, which caches also reference, not at all."""
-        be = self.be
-        params = be.allocation(self.param_buffer.data)[0] \
+        `mb` alone, when given): each allocation once, parameters not (stashbytes.py)."""
+        params = self.be.allocation(self.param_buffer.data)[0] \
             if self.param_buffer.data is not None else None
-        sizes = {}
-        # A loop over a stack rather than recursion: it runs after every op of every step.
-        pending = [self._stash if mb is None else self._stash.get(mb, {})]
-        while pending:
-            obj = pending.pop()
-            if isinstance(obj, dict):
-                pending.extend(obj.values())
-            elif hasattr(obj, "nbytes") and hasattr(obj, "shape"):
-                key, nbytes = be.allocation(obj)
-                if key != params:
-                    sizes[key] = nbytes
-        return sum(sizes.values())
+        return self._stash_bytes.count(self._stash, params, mb)
 
     @property
     def in_flight(self) -> list[int]:
@@ -163,6 +150,7 @@ class Stage:
         if keep:
             if mb in self._stash:
                 raise RuntimeError(f"microbatch {mb} already has a forward in flight")
+            self._stash_bytes.touched(mb)
             entry = {"caches": caches, "d": {}, "loss_scale": loss_scale}
             if self.recompute == "full":  # a copy: a received input is reused after F
                 entry["caches"] = None
@@ -181,6 +169,7 @@ class Stage:
         entry = self._stash[mb]
         if self.recompute == "none" or entry.get("rebuilt"):
             return False
+        self._stash_bytes.touched(mb)
         entry["rebuilt"] = True
         if self.recompute == "full":
             replay = entry.pop("replay")
@@ -223,6 +212,7 @@ class Stage:
         """B: gradient of the stage output in (None on the stage with the loss), gradient of
         the stage input out (None on the first stage: token ids have none)."""
         self.rebuild(mb)
+        self._stash_bytes.touched(mb)
         entry = self._stash[mb]
         caches, d = entry["caches"], entry["d"]
         if self.head_part:
@@ -249,6 +239,7 @@ class Stage:
         microbatch's stash. `after_layer(names)`, when given, is told which gradient
         tensors each layer has just finished (the data-parallel reduction starts buckets
         from it during the step's last W)."""
+        self._stash_bytes.touched(mb)
         entry = self._stash.pop(mb)
         caches, d = entry["caches"], entry["d"]
         G = self.grads

@@ -2,7 +2,8 @@
 # Local SGD / DiLoCo against synchronous data parallelism on the same tokens: dp 2, the
 # stdlib corpus, 300 steps of inputs/tiny.toml (2 microbatches of 4 sequences per replica
 # and step). Writes runs/{sync-dp2,localsgd-h16,diloco-h16,localsgd-h16-bf16} and overlays
-# their curves in bench/results/local-sgd.png. The README's "Asynchronous training" figures
+# their curves in bench/results/local-sgd.png; then plain averaging at H = 8, 4 and 1
+# (runs/localsgd-h8, -h4, -h1: where the gap to synchronous dp comes from). The README's "Asynchronous training" figures
 # come from here. Measurements, not tests: run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,3 +19,6 @@ launch=(mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml
     --run-dir runs/localsgd-h16-bf16
 python -m hpcpipe plot runs/sync-dp2 runs/localsgd-h16 runs/diloco-h16 runs/localsgd-h16-bf16 \
     --out bench/results/local-sgd.png --force
+for H in 8 4 1; do
+    "${launch[@]}" --set train.local_steps=${H} --run-dir runs/localsgd-h${H}
+done

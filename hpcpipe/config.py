@@ -43,6 +43,7 @@ INT_RANGE = (-2**63, 2**63 - 1)  # every integer is used as an int64 somewhere
 MAX_BUCKET_MB = float(1 << 20)  # 1 TiB: buckets past the model's size change nothing
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 AUTO_DP = "auto"  # parallel.dp's other spelling of 0: the launch decides
+AUTO_PARTITION = "auto"  # parallel.layers_per_stage's other spelling of []: by cost
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,9 @@ class ParallelSection:
     # model chunks per rank; 0: the schedule's own (2 for interleaved and zb-v, 1 for auto,
     # which also takes 2: a V)
     chunks: int = 0
-    # transformer blocks of each model stage (pp × chunks counts); []: balanced by cost
-    layers_per_stage: list[int] = field(default_factory=list)
+    # transformer blocks of each model stage (pp × chunks counts); [] or "auto": balanced
+    # by cost
+    layers_per_stage: list[int] | str = field(default_factory=list)
     # auto schedule: activations a rank may hold — a number of microbatches (0: 2·pp) or a
     # size ("12GiB", "500MB"): bytes, measured per stage while profiling
     memory_limit: float | str = 0.0
@@ -262,6 +264,10 @@ def _coerce(source, key, value, expected):
             raise ConfigError(source, key, value, f"must be {_type_name(expected)}") from None
     if typing.get_args(expected):  # a union such as str | bool: the first type that fits
         for option in typing.get_args(expected):
+            if typing.get_origin(option) is list:  # (list[int] | str: a list, or a word)
+                if isinstance(value, list):
+                    return _coerce(source, key, value, option)
+                continue
             if isinstance(value, option) and not (option is not bool
                                                    and isinstance(value, bool)):
                 return value
@@ -446,6 +452,10 @@ def _check_parallel(source, parallel: ParallelSection):
     dp = parallel.dp
     _require(source, "parallel.dp", dp, dp == AUTO_DP or (isinstance(dp, int) and dp >= 0),
              'must be a replica count, or 0 or "auto" for world ÷ (pp × tp)')
+    counts = parallel.layers_per_stage
+    _require(source, "parallel.layers_per_stage", counts,
+             isinstance(counts, list) or counts == AUTO_PARTITION,
+             'must be a block count per model stage, or [] or "auto" to balance them by cost')
     _at_least(source, "parallel", parallel, ("microbatches", "pp", "tp"), 1)
     _require(source, "parallel.microbatches", parallel.microbatches,
              parallel.microbatches <= MAX_MICROBATCHES,
@@ -532,12 +542,15 @@ def _check_layout(source, cfg: Config):
 
 def validate(cfg: Config) -> Config:
     """Value checks that the types alone do not catch; `parallel.dp = "auto"` comes back
-    as 0, its one spelling from here on."""
+    as 0 and `parallel.layers_per_stage = "auto"` as [], their one spellings from here on."""
     source = cfg.source
     _check_model(source, dataclasses.asdict(cfg.model))
     _check_train(source, cfg.train)
     _check_data(source, cfg.data)
     _check_parallel(source, cfg.parallel)
+    if cfg.parallel.layers_per_stage == AUTO_PARTITION:  # [] from here on
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
+                                                                    layers_per_stage=[]))
     _check_checkpoint(source, cfg.checkpoint)
     _check_layout(source, cfg)
     _check_local_layout(source, cfg)

@@ -157,6 +157,20 @@ def test_dp_auto_takes_the_world_and_keeps_the_global_batch(tmp_path):
     assert "train.global_batch_size = 16" in str(info.value) and "3 × 2 = 6" in str(info.value)
 
 
+def test_layers_per_stage_auto_is_the_balanced_partition(tmp_path):
+    # "auto" is [] (the blocks placed by cost), as the config is read and written back.
+    text = '[model]\nn_layer = 6\n[parallel]\npp = 2\nlayers_per_stage = "auto"\n'
+    cfg = config.load(write(tmp_path, text))
+    assert cfg.parallel.layers_per_stage == []
+    assert config.load(write(tmp_path, cfg.to_toml())) == cfg
+    assert config.from_dict({"parallel": {"layers_per_stage": [3, 3], "pp": 2},
+                             "model": {"n_layer": 6}}).parallel.layers_per_stage == [3, 3]
+    _, msg = error_of(tmp_path, '[parallel]\nlayers_per_stage = "even"\n')
+    assert "parallel.layers_per_stage = 'even'" in msg and '[] or "auto"' in msg
+    _, msg = error_of(tmp_path, "[parallel]\nlayers_per_stage = [1.5]\n")
+    assert "must be a list of integers" in msg
+
+
 def test_more_stages_than_layers(tmp_path):
     _, msg = error_of(tmp_path, "[model]\nn_layer = 3\n[parallel]\npp = 2\nschedule = \"zb-v\"\n")
     assert "parallel.pp = 2" in msg and "4 model stages" in msg and "n_layer = 3" in msg

@@ -281,7 +281,8 @@ def smallest_change(cfg, have: int, ranks_on_node: int) -> str | None:
 
 
 def _replicas(cfg) -> int:
-    return cfg.parallel.dp * cfg.parallel.tp
+    # dp = 0 ("auto") before a launch resolves it: one replica (0 would need no bytes).
+    return max(cfg.parallel.dp, 1) * cfg.parallel.tp
 
 
 def _changed(cfg, train=None, parallel=None):

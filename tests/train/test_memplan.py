@@ -82,6 +82,19 @@ def test_a_run_that_cannot_fit_is_refused_with_a_change(tmp_path):
     assert all(r["total_bytes"] >= r["peak_activation_bytes"] > 0 for r in record["ranks"])
 
 
+def test_dp_from_the_launch_counts_one_replica_not_none(tmp_path):
+    """plan with parallel.dp = "auto" has no launch to ask: it counts one replica's ranks
+    sharing the node, so a run too big for it is refused, not passed with 0 ranks."""
+    lines = []
+    plan_cli("inputs/tiny.toml", [*TINY, "parallel.pp=2", 'parallel.dp="auto"',
+                                  'train.device="cpu"'], out=lines.append)
+    assert "for 2 rank(s)" in lines[0] and "for 0 rank(s)" not in lines[0]
+    with pytest.raises(BudgetError, match="smallest change that fits"):
+        plan_cli("inputs/tiny.toml", [*TINY, "parallel.dp=0", "train.micro_batch_size=65536",
+                                      "model.block_size=1024", 'train.device="cpu"'],
+                 out=lambda text: None)
+
+
 def test_the_pareto_front_trades_bubble_for_memory():
     """bench pipeline --memory's front on the tiny model's analytic costs: more memory never
     costs bubble, and below 1F1B's peak only recomputation fits."""

@@ -157,7 +157,7 @@ def analytic(layout: Layout, shape, m: int, B: int, itemsize: int, params: int) 
     if layout.tp > 1:
         t = layout.tp
         return {"bytes": m * (4 * shape.n_layer + 2) * bsh * 2 * (t - 1) // t,
-                "what": f"m·(4L+2) all-reduces of b·s·h, ring 2(t−1)/t"}
+                "what": "m·(4L+2) all-reduces of b·s·h, ring 2(t−1)/t"}
     if layout.pp > 1:
         boundaries = 1 if layout.pp == 2 else 2  # a middle stage sends both ways
         tied = shape.vocab_size * shape.n_embd * itemsize

@@ -175,9 +175,9 @@ def test_llmc_and_nanogpt_readers(tmp_path, kind):
     for seed in range(CASES):
         rng = random.Random(seed)
         mutated = rng.choice(("train", "val"))
-        for split, data in raw.items():
+        for split, content in raw.items():
             (tmp_path / f"t_{split}.bin").write_bytes(
-                mutate_bytes(data, rng) if split == mutated else data)
+                mutate_bytes(content, rng) if split == mutated else content)
         with no_hang():
             try:
                 tokens = open_token_file(str(tmp_path / "t_train.bin"))

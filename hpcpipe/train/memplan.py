@@ -208,16 +208,39 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int) -> str:
     else:  # dp 1, or "auto" (the launch decides)
         lines.append(f"{held}: {_size(between[0])} for one replica (ZeRO's shards need dp "
                      f"> 1; each stage divides what it shards by dp)")
-    specs = partition(cfg.model, cfg.parallel.pp * cfg.chunks,
-                      cfg.parallel.layers_per_stage or None)
-    lines.append(f"blocks per model stage {[len(s.layers) for s in specs]}: the slowest "
-                 f"stage {imbalance(cfg.model, specs):.1%} above the mean (analytic costs)")
+    lines.append(balance(cfg))
     if have is None:
         lines.append("device memory: unknown here (checked again on each rank at launch)")
     else:
         lines.append(f"device memory: {_size(have)} for {ranks_on_node} rank(s) "
                      f"({_size(have // max(ranks_on_node, 1))} each)")
     return "\n".join(lines)
+
+
+def balance(cfg, worth: float = 0.05) -> str:
+    """The plan's line on stage balance: the blocks per model stage and how much slower the
+    slowest stage is than the mean (analytic costs); past `worth`, what would do better —
+    the balanced split for counts given by hand, else the pipeline depths whose whole-block
+    splits are more even."""
+    model, stages, given = cfg.model, cfg.parallel.pp * cfg.chunks, cfg.parallel.layers_per_stage
+    specs = partition(model, stages, given or None)
+    worst = imbalance(model, specs)
+    line = (f"blocks per model stage {[len(s.layers) for s in specs]}: the slowest stage "
+            f"{worst:.1%} above the mean (analytic costs)")
+    if worst <= worth:
+        return line
+    if given:
+        auto = partition(model, stages)
+        better = imbalance(model, auto)
+        if better < worst:
+            return line + (f'; parallel.layers_per_stage = "auto" gives '
+                           f"{[len(s.layers) for s in auto]}, {better:.1%}")
+        return line
+    others = {pp: imbalance(model, partition(model, pp * cfg.chunks)) for pp in range(2, 9)
+              if pp != cfg.parallel.pp and pp * cfg.chunks <= model.n_layer}
+    depths = [f"pp {pp} {x:.1%}" for pp, x in others.items() if x < worst]
+    return line + (f"; whole blocks split more evenly at {', '.join(depths)}" if depths else
+                   "; a more even split needs a stage boundary inside a block")
 
 
 def between_steps(cfg, p: RankPlan) -> dict:

@@ -26,6 +26,7 @@ from hpcpipe.model.flops import device_peak, flops_per_token, peak_source
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
+from hpcpipe.parallel.pipeline.partition import measured_balance
 from hpcpipe.parallel.pipeline.planning import (
     build_schedule,
     describe_auto,
@@ -242,6 +243,8 @@ class Trainer:
         costs = self.comm.bcast(profiled_costs(self.trace, self.rank.model, self.grid, steps,
                                                self.comm_s, self.stage_bytes,
                                                memory_limit(self.cfg)[1]), root=0)
+        self.log(measured_balance(self.cfg.model, self.rank.model.specs,
+                                  [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)]))
         if self.cfg.train.recompute == "auto":  # the schedule and recomputation together
             auto, costs, plan = memplan.auto_recompute(self.cfg, costs, self.rank.model.specs)
             self.rank.model.use_recompute(plan)

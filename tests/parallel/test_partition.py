@@ -3,7 +3,13 @@ softmax count, so the stage holding them gets fewer blocks; the imbalance is rep
 
 from hpcpipe.bench.step import CONFIGS
 from hpcpipe.model.layout import GPTConfig
-from hpcpipe.parallel.pipeline.partition import imbalance, partition, stage_costs
+from hpcpipe.parallel.pipeline.partition import (
+    fitted_costs,
+    imbalance,
+    measured_balance,
+    partition,
+    stage_costs,
+)
 
 GPT2 = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
 
@@ -28,3 +34,23 @@ def test_whole_blocks_bound_the_balance_at_pp_4():
     specs = partition(CONFIGS["medium"], 4)
     assert sorted(len(s.layers) for s in specs) == [1, 1, 2, 2]
     assert 0.3 < imbalance(CONFIGS["medium"], specs) < 0.35
+
+
+def test_measured_costs_are_fitted_and_give_the_split_they_balance():
+    """Six blocks on two stages, measured: 3 ms for three blocks and 5 ms for three and the
+    head — a block 1 ms, the head 2 ms — so [4, 2] (4 ms each) balances them; analytic
+    costs, which price this head at a sixth of a block, kept [3, 3]."""
+    cfg = GPTConfig(vocab_size=256, block_size=128, n_layer=6, n_head=4, n_embd=128)
+    specs = partition(cfg, 2)
+    assert [len(s.layers) for s in specs] == [3, 3]
+    emb, block, head = fitted_costs(cfg, specs, [3e-3, 5e-3])
+    assert abs(block - 1e-3) < 1e-5 and abs(head - 2e-3) < 2e-5 and 0 < emb < 1e-5
+    line = measured_balance(cfg, specs, [3e-3, 5e-3])
+    assert line.startswith("stage balance measured (F + B + W of a microbatch, ms 3.0/5.0): "
+                           "the slowest stage 25.0% above the mean")
+    assert line.endswith("parallel.layers_per_stage = [4, 2] would be 0.0%")
+    # Balanced already, or nothing to fit (one stage holds everything): no suggestion.
+    assert measured_balance(cfg, specs, [4e-3, 4.1e-3]).endswith("1.2% above the mean")
+    one = partition(cfg, 1)
+    assert fitted_costs(cfg, one, [8e-3]) is None
+    assert measured_balance(cfg, one, [8e-3]).endswith("0.0% above the mean")

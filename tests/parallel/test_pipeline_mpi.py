@@ -61,6 +61,8 @@ def test_auto_schedule_from_measured_costs(tmp_path, stdlib_tokens):
     assert proc.returncode == 0, proc.stderr
     assert "auto schedule from measured costs" in proc.stdout
     assert "predicted" in proc.stdout and "measured" in proc.stdout
+    # The profiled costs also say how even the stages are (and, past 5 %, a better split).
+    assert "stage balance measured (F + B + W of a microbatch, ms " in proc.stdout
     chosen = json.loads((tmp_path / "run" / "auto_schedule.json").read_text())
     assert len(chosen["ops"]) == 2 and chosen["predicted_s"] > 0
 

@@ -35,27 +35,65 @@ def stage_costs(cfg: GPTConfig) -> tuple[float, float, float]:
     return embedding, block, head
 
 
-def imbalance(cfg: GPTConfig, specs) -> float:
-    """How much slower the slowest stage is than the mean under `stage_costs`
-    (0.05: 5 %)."""
-    emb, blk, head = stage_costs(cfg)
-    costs = [len(s.layers) * blk + (emb if s.embedding_part else 0.0)
-             + (head if s.head_part else 0.0) for s in specs]
-    return max(costs) / (sum(costs) / len(costs)) - 1.0
+def imbalance(cfg: GPTConfig, specs, costs=None) -> float:
+    """How much slower the slowest stage is than the mean under `costs` ((embedding, one
+    block, head + loss), default `stage_costs`; 0.05: 5 %)."""
+    emb, blk, head = stage_costs(cfg) if costs is None else costs
+    per_stage = [len(s.layers) * blk + (emb if s.embedding_part else 0.0)
+                 + (head if s.head_part else 0.0) for s in specs]
+    return max(per_stage) / (sum(per_stage) / len(per_stage)) - 1.0
+
+
+def fitted_costs(cfg: GPTConfig, specs, measured) -> tuple[float, float, float] | None:
+    """(embedding, one block, head + loss) fitted to `measured` seconds per model stage (a
+    microbatch's F + B + W): a block's cost from the stages without the head, the head's
+    from what its stage takes beyond its blocks; the embedding keeps its analytic share of
+    a block (a gather: too small to measure apart). None when every stage has the head."""
+    emb_a, blk_a, _ = stage_costs(cfg)
+    share = emb_a / blk_a
+    plain = [(c, len(s.layers) + (share if s.embedding_part else 0.0))
+             for s, c in zip(specs, measured) if not s.head_part]
+    if not plain:
+        return None
+    blk = sum(c for c, _ in plain) / sum(n for _, n in plain)
+    (last, cost), = [(s, c) for s, c in zip(specs, measured) if s.head_part]
+    own = len(last.layers) + (share if last.embedding_part else 0.0)
+    return share * blk, blk, max(0.0, cost - own * blk)
+
+
+def measured_balance(cfg: GPTConfig, specs, measured, worth: float = 0.05) -> str:
+    """The log line on stage balance from measured seconds per model stage: how much the
+    slowest is above the mean and, past `worth`, the split those costs would balance
+    better (parallel.layers_per_stage for the next launch)."""
+    worst = max(measured) / (sum(measured) / len(measured)) - 1.0
+    line = (f"stage balance measured (F + B + W of a microbatch, ms "
+            f"{'/'.join(f'{c * 1e3:.1f}' for c in measured)}): the slowest stage "
+            f"{worst:.1%} above the mean")
+    fitted = fitted_costs(cfg, specs, measured)
+    if fitted is None or worst <= worth:
+        return line
+    better = partition(cfg, len(specs), costs=fitted)
+    counts = [len(s.layers) for s in better]
+    predicted = imbalance(cfg, better, fitted)
+    if counts != [len(s.layers) for s in specs] and predicted < worst:
+        line += (f"; from these costs parallel.layers_per_stage = {counts} would be "
+                 f"{predicted:.1%}")
+    return line
 
 
 class PartitionError(ValueError):
     """A split of the layers into stages that cannot work."""
 
 
-def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None) -> list[StageSpec]:
+def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
+              costs=None) -> list[StageSpec]:
     """Contiguous slices of the blocks for `num_stages` stages: the embedding goes to the
     first stage, ln_f + head + loss to the last.
 
     Given `layers_per_stage` (one count per stage, summing to n_layer), that split is used;
-    otherwise the split that minimises the most expensive stage under `stage_costs`, which
-    gives the head's stage fewer blocks when the vocabulary is large. Every stage holds at
-    least one block.
+    otherwise the split that minimises the most expensive stage under `costs` (default
+    `stage_costs`), which gives the head's stage fewer blocks when the vocabulary is large.
+    Every stage holds at least one block.
     """
     L = cfg.n_layer
     if num_stages < 1:
@@ -73,7 +111,7 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None) -> list[St
             raise PartitionError(f"{num_stages} pipeline stages but only {L} transformer blocks: "
                                  f"every stage needs at least one block (use fewer stages or "
                                  f"chunks, or more layers)")
-        counts = _balanced_counts(cfg, num_stages)
+        counts = _balanced_counts(cfg, num_stages, costs)
     specs, first = [], 0
     for s, count in enumerate(counts):
         specs.append(StageSpec(index=s, layers=tuple(range(first, first + count)),
@@ -82,10 +120,10 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None) -> list[St
     return specs
 
 
-def _balanced_counts(cfg: GPTConfig, S: int) -> list[int]:
+def _balanced_counts(cfg: GPTConfig, S: int, costs=None) -> list[int]:
     """Minimise the largest stage cost over contiguous splits (dynamic programme, exact)."""
     L = cfg.n_layer
-    emb, blk, head = stage_costs(cfg)
+    emb, blk, head = stage_costs(cfg) if costs is None else costs
 
     def cost(s, count):
         return count * blk + (emb if s == 0 else 0.0) + (head if s == S - 1 else 0.0)

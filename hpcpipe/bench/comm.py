@@ -11,7 +11,9 @@ Transport, as training's messages are: such an MPI handed a device buffer crashe
 
 Then one small dp training step (4 layers × 256 wide, float32) under every ZeRO stage,
 uncompressed and with PowerSGD at rank 4: the bytes each rank sends per step, the
-exposed wait, the step time and the bytes it holds per parameter between steps.
+exposed wait, the step time and the bytes it holds per parameter between steps. Last, the
+same step synchronous against local SGD (H 8), alternated in one run: step time,
+tokens/s and bytes sent per step.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def add_parser(sub):
     parser.add_argument("--repeats", type=integer(0, 10**6), default=0,
                         help="timed repetitions per size (default: by size, 3 to 50)")
     parser.add_argument("--skip-overlap", action="store_true",
-                        help="skip the training-step overlap measurement")
+                        help="skip the training-step measurements (overlap, ZeRO, local SGD)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--force", action="store_true",
                         help="replace the --json file if it exists")
@@ -144,13 +146,15 @@ def run_comm(args) -> int:
     stages = None if args.skip_overlap else [
         measure_overlap(world, be, transport, zero, compression)
         for compression in COMPRESSIONS for zero in ZERO_STAGES]
+    local_sgd = None if args.skip_overlap else measure_local(world, be, transport)
     if is_root:
         _print_table(rows, overlap, world.size)
         if stages:
             _print_zero(stages, world.size)
+            _print_local(local_sgd, world.size)
         if args.json:
             result = {"suite": "comm", "ranks": world.size, "rows": rows, "overlap": overlap,
-                      "zero": stages}
+                      "zero": stages, "local_sgd": local_sgd}
             print(f"\nwrote {write_json(args.json, result)}")
     return 0
 
@@ -273,28 +277,16 @@ def measure_overlap(world, be, transport, zero: int = 0, compression: str = "non
     """How much of the gradient all-reduce a dp training step hides behind its W passes:
     the exposed wait at the end of the step against the same reduction run by itself;
     with `zero` and `compression`, that step's bytes sent and held."""
-    from hpcpipe.schedules import generate
-    from hpcpipe.train.rank import Rank
-
     dp = world.size
-    cfg = config.from_dict({
-        "model": {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 64, "vocab_size": 256},
-        "train": {"micro_batch_size": 2, "dtype": "float32"},
-        "parallel": {"dp": dp, "pp": 1, "microbatches": 2, "bucket_mb": 1.0, "zero": zero,
-                     "grad_compression": compression, "powersgd_rank": POWERSGD_RANK},
-    }, source="bench comm")
-    grid = gridlib.build(world, dp, 1, source="bench comm")
-    rank = Rank.build(cfg, grid, be, generate("1f1b", 1, 2), gpu_aware=not transport.staged)
-    rng = np.random.default_rng(world.rank)
-    tokens = rng.integers(0, 256, (4, 65))
-    batches = [(be.from_host(tokens[i * 2:(i + 1) * 2, :-1]),
-                be.from_host(tokens[i * 2:(i + 1) * 2, 1:])) for i in range(2)]
+    rank, batches = _dp_step(world, be, transport,
+                             parallel={"zero": zero, "grad_compression": compression,
+                                       "powersgd_rank": POWERSGD_RANK})
     sync = rank.step.gradsync
     exposed, steps = [], []
     for step in range(6):
         world.Barrier()
         start = time.perf_counter()
-        rank.train_step(step + 1, batches.__getitem__, 1e-4, 1.0)
+        rank.train_step(step + 1, batches, 1e-4, 1.0)
         steps.append(world.allreduce(time.perf_counter() - start, op=_mpi_max()))
         if step >= 2:
             # The last rank to finish its W's waits only for what is left of the
@@ -318,6 +310,76 @@ def measure_overlap(world, be, transport, zero: int = 0, compression: str = "non
             "gradient_bytes": sync.bytes_reduced, "zero": zero, "compression": compression,
             "sent_bytes": _sent_bytes(rank.step, dp), "step_ms": float(np.median(steps[2:])) * 1e3,
             "bytes_per_param": world.allreduce(held, op=_mpi_max()) / params}
+
+
+STEP_SEQUENCES, STEP_BLOCK = 4, 64  # the step's sequences per rank (2 × 2) and their length
+
+
+def _dp_step(world, be, transport, train=None, parallel=None):
+    """The small dp training step this benchmark measures (4 layers × 256 wide, float32, 2
+    microbatches of 2 sequences per rank, 1F1B on one stage), with the config's `train` and
+    `parallel` changes: (its Rank, its microbatches as `inputs`)."""
+    from hpcpipe.schedules import generate
+    from hpcpipe.train.rank import Rank
+
+    cfg = config.from_dict({
+        "model": {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": STEP_BLOCK,
+                  "vocab_size": 256},
+        "train": {"micro_batch_size": 2, "dtype": "float32", **(train or {})},
+        "parallel": {"dp": world.size, "pp": 1, "microbatches": 2, "bucket_mb": 1.0,
+                     **(parallel or {})},
+    }, source="bench comm")
+    grid = gridlib.build(world, world.size, 1, source="bench comm")
+    rank = Rank.build(cfg, grid, be, generate("1f1b", 1, 2), gpu_aware=not transport.staged)
+    tokens = np.random.default_rng(world.rank).integers(0, 256, (STEP_SEQUENCES, STEP_BLOCK + 1))
+    batches = [(be.from_host(tokens[i * 2:(i + 1) * 2, :-1]),
+                be.from_host(tokens[i * 2:(i + 1) * 2, 1:])) for i in range(2)]
+    return rank, batches.__getitem__
+
+
+LOCAL_STEPS = 8  # H of the local-SGD comparison: inner steps between the replicas' meetings
+LOCAL_ROUNDS = 3  # meetings timed, after one round that warms up
+
+
+def measure_local(world, be, transport, local_steps: int = LOCAL_STEPS,
+                  rounds: int = LOCAL_ROUNDS) -> list[dict]:
+    """Synchronous dp against local SGD (train.local_steps = H, plain averaging) on the
+    same model and batches, stepped alternately in one run — a step of each in turn, so
+    both see the same machine: per mode the mean step time over whole rounds (a
+    meeting's all-reduce included), tokens/s, and the bytes a rank sends per step on a
+    ring (2(d−1)/d of the gradient every step, or of the parameter deltas every H)."""
+    modes = {"synchronous": _dp_step(world, be, transport),
+             f"local SGD, H {local_steps}": _dp_step(world, be, transport,
+                                                     train={"local_steps": local_steps})}
+    times = {name: [] for name in modes}
+    for step in range(1, (rounds + 1) * local_steps + 1):
+        for name, (rank, inputs) in modes.items():
+            world.Barrier()
+            start = time.perf_counter()
+            rank.train_step(step, inputs, 1e-4, 1.0)
+            if step > local_steps:  # the first round warms up
+                times[name].append(world.allreduce(time.perf_counter() - start, op=_mpi_max()))
+    d, steps = world.size, rounds * local_steps
+    tokens = d * STEP_SEQUENCES * STEP_BLOCK
+    out = []
+    for name, (rank, _) in modes.items():
+        outer = rank.step.outer
+        sent = (_sent_bytes(rank.step, d) if outer is None else
+                2 * (d - 1) * outer.bytes_reduced // d // ((rounds + 1) * local_steps))
+        seconds = float(np.mean(times[name]))
+        out.append({"mode": name, "step_ms": seconds * 1e3, "tokens_per_s": tokens / seconds,
+                    "sent_bytes": sent, "steps": steps})
+    return out
+
+
+def _print_local(modes, ranks: int):
+    print(f"\nsynchronous dp against local SGD, dp = {ranks}, the same step alternated "
+          f"({modes[0]['steps']} steps each, mean with the meetings):")
+    print("| mode | step ms | tokens/s | MiB sent per step |")
+    print("|---|---|---|---|")
+    for m in modes:
+        print(f"| {m['mode']} | {m['step_ms']:.1f} | {m['tokens_per_s']:.0f} | "
+              f"{m['sent_bytes'] / 2**20:.3f} |")
 
 
 def _mpi_max():

@@ -151,6 +151,7 @@ def run_comm(args) -> int:
         _print_table(rows, overlap, world.size)
         if stages:
             _print_zero(stages, world.size)
+        if local_sgd:
             _print_local(local_sgd, world.size)
         if args.json:
             result = {"suite": "comm", "ranks": world.size, "rows": rows, "overlap": overlap,

@@ -52,9 +52,7 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
 
     cfg = config.load(path, overrides)
     p = cfg.parallel
-    # dp = "auto" (0) is the launch's to decide: one replica's ranks are counted, not none
-    # (which made every plan "fit").
-    ranks = ranks_per_node or max(p.dp, 1) * p.pp * p.tp
+    ranks = ranks_per_node or memplan.replicas(cfg) * p.pp  # dp "auto": one replica
     plans = memplan.plan(cfg)
     have, sharing = memplan.room(_gpu_backend(cfg), ranks)
     out(memplan.describe(cfg, plans, have, sharing))

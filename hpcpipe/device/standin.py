@@ -416,8 +416,6 @@ class SimDevice(types.ModuleType):
             return kind(items)
         if kind is slice and _plain_slice(value):
             return value
-        if kind is dict:
-            return {k: self.unwrap(v, what) for k, v in value.items()}
         if isinstance(value, DeviceArray):
             return value._a
         if isinstance(value, np.ndarray):

@@ -285,7 +285,7 @@ def smallest_change(cfg, have: int, ranks_on_node: int) -> str | None:
         if kind != cfg.parallel.schedule and kind != "auto":
             candidate = _changed(cfg, parallel={"schedule": kind, "chunks": 0})
             if candidate is not None:
-                need = needed(plan(candidate), ranks_on_node, _replicas(candidate))
+                need = needed(plan(candidate), ranks_on_node, replicas(candidate))
                 schedules.append((need, kind))
     for need, kind in sorted(schedules):
         if need <= have:
@@ -303,8 +303,9 @@ def smallest_change(cfg, have: int, ranks_on_node: int) -> str | None:
     return None
 
 
-def _replicas(cfg) -> int:
-    # dp = 0 ("auto") before a launch resolves it: one replica (0 would need no bytes).
+def replicas(cfg) -> int:
+    """The copies of each pipeline rank's plan, dp × tp; dp = 0 ("auto", before a launch
+    resolves it) counts one replica (0 would need no bytes, and every plan would fit)."""
     return max(cfg.parallel.dp, 1) * cfg.parallel.tp
 
 
@@ -322,7 +323,7 @@ def _changed(cfg, train=None, parallel=None):
 def _fits_with(cfg, have, ranks_on_node, **changes) -> bool:
     candidate = _changed(cfg, **changes)
     return candidate is not None and needed(plan(candidate), ranks_on_node,
-                                            _replicas(candidate)) <= have
+                                            replicas(candidate)) <= have
 
 
 def room(be, ranks_on_node: int) -> tuple[int | None, int]:
@@ -341,7 +342,7 @@ def check(cfg, be=None, ranks_on_node: int = 1, plans=None):
         check_run(cfg, be, ranks_on_node)  # before its plan is simulated
     plans = plan(cfg) if plans is None else plans
     have, sharing = room(be, ranks_on_node)
-    need = needed(plans, sharing, _replicas(cfg))
+    need = needed(plans, sharing, replicas(cfg))
     if have is None or need <= have:
         return plans
     change = smallest_change(cfg, have, sharing)

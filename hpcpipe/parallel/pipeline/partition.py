@@ -39,8 +39,12 @@ def imbalance(cfg: GPTConfig, specs, costs=None) -> float:
     """How much slower the slowest stage is than the mean under `costs` ((embedding, one
     block, head + loss), default `stage_costs`; 0.05: 5 %)."""
     emb, blk, head = stage_costs(cfg) if costs is None else costs
-    per_stage = [len(s.layers) * blk + (emb if s.embedding_part else 0.0)
-                 + (head if s.head_part else 0.0) for s in specs]
+    return _above_mean([len(s.layers) * blk + (emb if s.embedding_part else 0.0)
+                        + (head if s.head_part else 0.0) for s in specs])
+
+
+def _above_mean(per_stage) -> float:
+    """How much the largest of `per_stage` is above their mean (0.05: 5 %)."""
     return max(per_stage) / (sum(per_stage) / len(per_stage)) - 1.0
 
 
@@ -65,7 +69,7 @@ def measured_balance(cfg: GPTConfig, specs, measured, worth: float = 0.05) -> st
     """The log line on stage balance from measured seconds per model stage: how much the
     slowest is above the mean and, past `worth`, the split those costs would balance
     better (parallel.layers_per_stage for the next launch)."""
-    worst = max(measured) / (sum(measured) / len(measured)) - 1.0
+    worst = _above_mean(measured)
     line = (f"stage balance measured (F + B + W of a microbatch, ms "
             f"{'/'.join(f'{c * 1e3:.1f}' for c in measured)}): the slowest stage "
             f"{worst:.1%} above the mean")

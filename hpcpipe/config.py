@@ -33,6 +33,7 @@ from hpcpipe.parallel.powersgd import COMPRESSIONS
 from hpcpipe.runs.trace import trace_window
 from hpcpipe.schedules import KINDS as SCHEDULES
 from hpcpipe.schedules import V_KINDS
+from hpcpipe.schedules.asynchronous import KIND as ASYNC_KIND
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
 from hpcpipe.util.errors import ConfigError, HpcpipeError  # noqa: F401 (ConfigError: re-exported)
 from hpcpipe.util.files import TooLarge, read_bounded
@@ -461,6 +462,11 @@ def _check_parallel(source, parallel: ParallelSection):
              parallel.microbatches <= MAX_MICROBATCHES,
              f"must be at most {MAX_MICROBATCHES} (every rank's schedule lists each "
              f"microbatch's F, B and W); for more accumulation raise train.micro_batch_size")
+    _require(source, "parallel.schedule", parallel.schedule,
+             parallel.schedule != ASYNC_KIND,
+             "the asynchronous pipeline is built as a schedule (`hpcpipe schedule --kind "
+             f"{ASYNC_KIND}` proves and simulates it) but the runtime cannot train with it "
+             "yet; train with 1f1b (the same order, flushed each step) or a zero-bubble kind")
     _one_of(source, "parallel.schedule", parallel.schedule, SCHEDULES)
     _require(source, "parallel.bucket_mb", parallel.bucket_mb,
              0 < parallel.bucket_mb <= MAX_BUCKET_MB,

@@ -8,8 +8,8 @@ import sys
 
 from hpcpipe.util.files import write_text_atomic
 
-from . import KINDS, Costs, ScheduleError, check, generate, simulate, span_lower_bound
-from .draw import png, report, svg
+from . import KINDS, Costs, ScheduleError, asynchronous, check, generate, simulate, span_lower_bound
+from .draw import ascii_timeline, png, report, svg
 from .ops import MAX_MICROBATCHES
 from .torch_csv import read_csv, write_csv
 
@@ -31,7 +31,14 @@ zero-bubble scheduler under --memory-limit, default 2p as in training; 1 or 2 ch
 or --chunks to fix it; --recompute lets it recompute activations per stage, --pareto prints
 the bubble-against-memory front it saw). --exact adds the certified search (needs OR-Tools,
 the `exact` extra):
-the best schedule it finds, a proven lower bound and whether the schedule meets it."""
+the best schedule it finds, a proven lower bound and whether the schedule meets it.
+
+pipedream-2bw is asynchronous: no flush between steps, two weight versions per stage, each
+step computing on the weights one update older than synchronous training would. It shows
+--steps steps of the endless stream (F9 = microbatch 9 of the stream, step 9 // M), proves
+the version rule (step s − 2's gradient known on every stage before step s starts: M ≥ P − 1)
+and gives the steady-state step time and bubble, the activations held, the weight versions
+and gradient buffers per rank."""
 
 EPILOG = """\
 examples:
@@ -47,6 +54,7 @@ examples:
   python -m hpcpipe schedule --load-csv zbh2.csv --cost F=1,B=1.2,W=0.6,comm=0.05
   python -m hpcpipe schedule --kind auto -p 4 -m 8 --cost F=0.5,B=0.5,W=0.5,tp=0.15
   python -m hpcpipe schedule --kind v-half -p 4 -m 8
+  python -m hpcpipe schedule --kind pipedream-2bw -p 4 -m 4 --cost F=1,B=1,W=1,comm=0.05
   python -m hpcpipe schedule --kind auto -p 8 -m 32 --memory-limit 4 --recompute selective,full \
       --cost F=29.718,B=29.444,W=19.927,comm=0.527,memw=0.43 --pareto
 
@@ -95,11 +103,15 @@ def _limit(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kind", choices=KINDS, help="schedule family (required unless --load-csv)")
+    parser.add_argument("--kind", choices=KINDS + (asynchronous.KIND,),
+                        help="schedule family (required unless --load-csv)")
     parser.add_argument("--stages", "-p", type=_positive(MAX_STAGES), metavar="P",
                         help="pipeline ranks")
     parser.add_argument("--microbatches", "-m", type=_positive(MAX_MICROBATCHES), metavar="M",
                         help="microbatches per step")
+    parser.add_argument("--steps", type=_positive(64), metavar="K",
+                        help="pipedream-2bw only: steps of the stream to show (default: those "
+                        "that fill the pipeline, then 3)")
     parser.add_argument("--chunks", "-v", type=_positive(MAX_CHUNKS), metavar="V",
                         help="model chunks per rank (interleaved-1f1b: any, default 2; zb-v: 2; "
                         "auto: 1 or 2, default its choice)")
@@ -242,6 +254,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         _claim_outputs(args)
+        if args.kind == asynchronous.KIND and not args.load_csv:
+            return _run_stream(args)
+        if args.steps is not None:
+            raise ScheduleError("--steps is for --kind pipedream-2bw, whose stream has no "
+                                "end; a synchronous schedule is one step")
         schedule, verdict, found = _build(args)
         check(schedule)
         result = simulate(schedule, args.cost)
@@ -278,6 +295,61 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         return _fail(f"{e.filename}: {e.strerror}" if e.filename else str(e))
     return 0
+
+
+def _run_stream(args: argparse.Namespace) -> int:
+    """`--kind pipedream-2bw`: the stream, proven, replayed and reported (module
+    asynchronous); the flushing 1F1B of the same p and m for comparison."""
+    missing = [flag for flag, value in (("--stages", args.stages),
+                                        ("--microbatches", args.microbatches)) if value is None]
+    if missing:
+        raise ScheduleError(f"missing {', '.join(missing)}")
+    for flag, value in (("--chunks", args.chunks not in (None, 1)), ("--exact", args.exact),
+                        ("--recompute", args.recompute), ("--pareto", args.pareto),
+                        ("--memory-limit", args.memory_limit), ("--save-csv", args.save_csv)):
+        if value:
+            raise ScheduleError(f"{flag} does not apply to pipedream-2bw (one chunk per rank, "
+                                "a fixed 1F1B stream; PyTorch's CSV holds one flushed step)")
+    if args.stages * args.microbatches * (args.steps or 8) > MAX_OPS:
+        raise ScheduleError(f"{args.stages} stages × {args.microbatches} microbatches: too "
+                            "many ops to build")
+    stream = asynchronous.pipedream_2bw(args.stages, args.microbatches, args.steps)
+    result = asynchronous.simulate_stream(stream, args.cost)  # checks the stream first
+    flushed = simulate(generate("1f1b", args.stages, args.microbatches), args.cost)
+    timeline = simulate(stream.schedule, args.cost)
+    if args.json:
+        print(json.dumps({**result.summary(), "bubble_rate_1f1b": round(flushed.bubble_rate, 9),
+                          "ops": stream.schedule.op_strings()}))
+    elif args.svg or args.png:
+        if args.svg:
+            write_text_atomic(args.svg, svg(timeline))
+        else:
+            png(timeline, args.png)
+        print(f"wrote {args.svg or args.png} ({stream.steps} steps; steady-state bubble rate "
+              f"{result.bubble_rate:.4f})")
+    else:
+        print(stream_text(result, flushed.bubble_rate, ascii_timeline(timeline)))
+    return 0
+
+
+def stream_text(result, flushed_bubble: float, timeline: str) -> str:
+    """The stream's report: its timeline, then what `asynchronous` proved and measured."""
+    stream, memory = result.stream, result.memory
+    p, m = stream.schedule.num_ranks, stream.per_step
+    busiest = max(result.busy_per_step)
+    return "\n".join([
+        timeline, "",
+        f"kind {asynchronous.KIND}  stages {p}  microbatches {m} a step  steps shown "
+        f"{stream.steps} (microbatch x belongs to step x // {m})  costs {result.costs}",
+        f"delay: {asynchronous.DELAY} step — step s computes, F and B alike, on the weights "
+        "after s − 1 updates (synchronous training: s)",
+        f"steady state: a step every {result.period:g}, busiest rank {busiest:g}: bubble rate "
+        f"{result.bubble_rate:.4f} (1f1b with a flush: {flushed_bubble:.4f})",
+        "peak activations per rank: " + " ".join(f"{x:g}" for x in memory.activations),
+        "weight versions per rank: " + " ".join(map(str, memory.weight_versions))
+        + "; gradient buffers per rank: " + " ".join(map(str, memory.grad_buffers)),
+        f"version rule holds: step s − 2's gradient is known on every stage before step s "
+        f"starts (m = {m} ≥ p − 1 = {p - 1})"])
 
 
 def main(argv=None) -> int:

@@ -88,6 +88,9 @@ class Stage:
                 self.exact_init.views[name][...] = self.xp.asarray(value, dtype=self.grad_dtype)
         self._stash: dict[int, dict] = {}
         self._stash_bytes = StashBytes(self.be)
+        # Asynchronous pipelining's weight versions (model/versions.py), which the compute
+        # uses instead of param_buffer (then the optimizer's): none otherwise.
+        self.weight_versions: tuple = ()
 
     # -- bookkeeping --------------------------------------------------------------------
     def drop_grads(self):
@@ -129,8 +132,8 @@ class Stage:
     def stash_bytes(self, mb: int | None = None) -> int:
         """Bytes of activations currently held for pending B and W passes (of microbatch
         `mb` alone, when given): each allocation once, parameters not (stashbytes.py)."""
-        params = self.be.allocation(self.param_buffer.data)[0] \
-            if self.param_buffer.data is not None else None
+        buffers = [self.param_buffer] + list(self.weight_versions)
+        params = frozenset(self.be.allocation(b.data)[0] for b in buffers if b.data is not None)
         return self._stash_bytes.count(self._stash, params, mb)
 
     @property

@@ -16,11 +16,11 @@ class StashBytes:
     def __init__(self, be):
         self.be = be
         self._held: dict[int, dict] = {}  # microbatch → {allocation: bytes}
-        self._params = None  # the parameter allocation the counts left out
+        self._params = frozenset()  # the parameter allocations the counts left out
 
-    def count(self, stash: dict, params, mb: int | None = None) -> int:
+    def count(self, stash: dict, params: frozenset, mb: int | None = None) -> int:
         """Bytes of `stash` (microbatch → entry), or of microbatch `mb`'s entry alone;
-        `params` is the parameter buffer's allocation key (None when dropped)."""
+        `params` holds the allocation keys of the parameter buffers (none when dropped)."""
         if params != self._params:  # (ZeRO-3 brings the weights back elsewhere)
             self._held, self._params = {}, params
         sizes = {}
@@ -44,6 +44,6 @@ class StashBytes:
                 pending.extend(obj.values())
             elif hasattr(obj, "nbytes") and hasattr(obj, "shape"):
                 key, nbytes = self.be.allocation(obj)
-                if key != params:
+                if key not in params:
                     sizes[key] = nbytes
         return sizes

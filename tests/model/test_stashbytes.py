@@ -15,7 +15,7 @@ B = 2
 
 def fresh(stage, mb=None) -> int:
     """What a count without anything kept says."""
-    params = stage.be.allocation(stage.param_buffer.data)[0]
+    params = frozenset([stage.be.allocation(stage.param_buffer.data)[0]])
     return StashBytes(stage.be).count(stage._stash, params, mb)
 
 

@@ -31,9 +31,11 @@ from hpcpipe.parallel.grid import RANK_ORDERS
 from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_OPTIMIZERS
 from hpcpipe.parallel.powersgd import COMPRESSIONS
 from hpcpipe.runs.trace import trace_window
-from hpcpipe.schedules import KINDS as SCHEDULES
-from hpcpipe.schedules import V_KINDS
+from hpcpipe.schedules import KINDS, V_KINDS
 from hpcpipe.schedules.asynchronous import KIND as ASYNC_KIND
+
+# The synchronous kinds, then the asynchronous pipeline (PipeDream-2BW: no flush).
+SCHEDULES = KINDS + (ASYNC_KIND,)
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
 from hpcpipe.util.errors import ConfigError, HpcpipeError  # noqa: F401 (ConfigError: re-exported)
 from hpcpipe.util.files import TooLarge, read_bounded
@@ -424,6 +426,31 @@ def _check_local_layout(source, cfg: "Config"):
         raise ConfigError(source, "train.local_steps", train.local_steps, why)
 
 
+def _check_asynchronous(source, cfg: "Config"):
+    """What the asynchronous pipeline (PipeDream-2BW) cannot run with: refused here, each
+    with one message."""
+    train, parallel = cfg.train, cfg.parallel
+    if parallel.schedule != ASYNC_KIND:
+        return
+    why = None
+    if parallel.zero:
+        why = "its updates land one step late on each stage apart; set parallel.zero = 0"
+    elif train.post_validation:
+        why = ("it never waits for a step's update (each lands one step late): "
+               "post-validation has nothing to speculate on; set train.post_validation = false")
+    elif train.local_steps:
+        why = "it steps every replica together; set train.local_steps = 0"
+    elif parallel.grad_compression != "none":
+        why = "set parallel.grad_compression = \"none\" (PowerSGD is for synchronous steps)"
+    elif train.dtype == "float16" and train.loss_scale == 0:
+        why = ("float16's dynamic loss scale would change between a step's forwards and its "
+               "update; use dtype bfloat16 or a fixed train.loss_scale")
+    elif parallel.tp > 1:
+        why = "tensor parallelism inside its stages is not built; set parallel.tp = 1"
+    if why:
+        raise ConfigError(source, "parallel.schedule", parallel.schedule, why)
+
+
 def _check_compression(source, cfg: "Config"):
     """What PowerSGD cannot run with: refused here, with one message."""
     train, parallel = cfg.train, cfg.parallel
@@ -462,11 +489,6 @@ def _check_parallel(source, parallel: ParallelSection):
              parallel.microbatches <= MAX_MICROBATCHES,
              f"must be at most {MAX_MICROBATCHES} (every rank's schedule lists each "
              f"microbatch's F, B and W); for more accumulation raise train.micro_batch_size")
-    _require(source, "parallel.schedule", parallel.schedule,
-             parallel.schedule != ASYNC_KIND,
-             "the asynchronous pipeline is built as a schedule (`hpcpipe schedule --kind "
-             f"{ASYNC_KIND}` proves and simulates it) but the runtime cannot train with it "
-             "yet; train with 1f1b (the same order, flushed each step) or a zero-bubble kind")
     _one_of(source, "parallel.schedule", parallel.schedule, SCHEDULES)
     _require(source, "parallel.bucket_mb", parallel.bucket_mb,
              0 < parallel.bucket_mb <= MAX_BUCKET_MB,
@@ -560,6 +582,7 @@ def validate(cfg: Config) -> Config:
     _check_checkpoint(source, cfg.checkpoint)
     _check_layout(source, cfg)
     _check_local_layout(source, cfg)
+    _check_asynchronous(source, cfg)
     _check_compression(source, cfg)
     if cfg.parallel.dp == AUTO_DP:
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=0))

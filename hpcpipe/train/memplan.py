@@ -26,7 +26,7 @@ from hpcpipe.model.memory import stage_memory
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.parallel.pipeline.partition import imbalance, partition
 from hpcpipe.parallel.pipeline.planning import build_schedule, memory_limit
-from hpcpipe.schedules import KINDS, Costs, ScheduleError, peak_activations
+from hpcpipe.schedules import KINDS, Costs, ScheduleError, asynchronous, peak_activations
 from hpcpipe.schedules.recompute import Recompute
 from hpcpipe.util.errors import ConfigError
 
@@ -65,6 +65,10 @@ def plan(cfg) -> list[RankPlan]:
     for rank in range(cfg.parallel.pp):
         stages = tuple(schedule.stage_of[(rank, c)] for c in range(schedule.chunks))
         params, grads, optimizer = _weights(cfg, [specs[s] for s in stages])
+        if cfg.parallel.schedule == asynchronous.KIND:
+            # Two weight versions beside the optimizer's copy; the finished step's
+            # gradient set aside while the next one accumulates (train/delayed.py).
+            params, grads = 3 * params, 2 * grads
         plans.append(RankPlan(rank, stages, params, grads, optimizer, int(peaks[rank]),
                               _workspaces(cfg, [specs[s] for s in stages]),
                               _compression(cfg, [specs[s] for s in stages])))

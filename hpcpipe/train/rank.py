@@ -13,9 +13,12 @@ from dataclasses import dataclass
 
 from hpcpipe.parallel.pipeline.p2p import PipeComm
 from hpcpipe.parallel.pipeline.runtime import Runtime
+from hpcpipe.parallel.pipeline.stream import StreamRuntime
+from hpcpipe.schedules import asynchronous
 from hpcpipe.parallel.pipeline.stages import RankModel
 from hpcpipe.parallel.transport import Transport
 from hpcpipe.train.evaluate import Evaluator
+from hpcpipe.train.delayed import DelayedStep
 from hpcpipe.train.step import TrainStep
 
 
@@ -45,6 +48,13 @@ class Rank:
         p2p = PipeComm(grid.pipe, transport, shape, model.dtype, schedule.num_microbatches,
                        schedule.num_stages)
         events = trace if trace is not None else Trace(rank=grid.rank, enabled=False)
+        if schedule.kind == asynchronous.KIND:  # no flush: the stream, one step late
+            step = DelayedStep.build(cfg, model, grid, transport, trace)
+            stream = asynchronous.Stream(schedule, cfg.parallel.microbatches,
+                                         schedule.num_microbatches // cfg.parallel.microbatches)
+            runtime = StreamRuntime(stream, grid.pp_rank, model.stages, step.versions, p2p,
+                                    events)
+            return cls(model, transport, p2p, runtime, step, grid)
         runtime = Runtime(schedule, grid.pp_rank, model.stages, p2p, events)
         step = TrainStep.build(cfg, model, grid, transport, trace)
         return cls(model, transport, p2p, runtime, step, grid)

@@ -6,6 +6,7 @@ import argparse
 import itertools
 import json
 import random
+import re
 
 import pytest
 
@@ -183,8 +184,34 @@ def test_steps_are_only_for_the_stream(capsys):
     assert "--steps is for --kind pipedream-2bw" in capsys.readouterr().err
 
 
-def test_training_with_it_is_refused_up_front(tmp_path):
+@pytest.mark.parametrize("extra, message", [
+    ("[parallel]\nzero = 1\ndp = 2", "set parallel.zero = 0"),
+    ("[train]\npost_validation = true", "set train.post_validation = false"),
+    ("[train]\nlocal_steps = 4", "set train.local_steps = 0"),
+    ('[parallel]\ngrad_compression = "powersgd"\ndp = 2', "PowerSGD is for synchronous"),
+    ('[train]\ndtype = "float16"', "float16's dynamic loss scale"),
+    ("[parallel]\ntp = 2", "set parallel.tp = 1"),
+])
+def test_what_it_does_not_compose_with_is_refused_up_front(tmp_path, extra, message):
     config = tmp_path / "c.toml"
-    config.write_text('[parallel]\nschedule = "pipedream-2bw"\n')
-    with pytest.raises(ConfigError, match="the runtime cannot train with it yet"):
+    section, _, rest = extra.partition("\n")  # (one [parallel] table either way)
+    config.write_text(f"{section}\n{rest}\n" + ("" if section == "[parallel]" else
+                                                "[parallel]\n") + 'schedule = "pipedream-2bw"\n')
+    with pytest.raises(ConfigError, match=r"parallel.schedule = 'pipedream-2bw': .*"
+                                          + re.escape(message)):
         load(str(config))
+
+
+def test_too_few_microbatches_for_the_depth_are_refused_before_launch(tmp_path):
+    from hpcpipe.parallel.pipeline.planning import build_schedule
+
+    config = tmp_path / "c.toml"
+    config.write_text('[parallel]\nschedule = "pipedream-2bw"\npp = 4\nmicrobatches = 2\n')
+    cfg = load(str(config))
+    with pytest.raises(ConfigError, match="needs m ≥ 3 microbatches, got 2"):
+        build_schedule(cfg)
+    assert build_schedule(load(str(config), ["parallel.microbatches=3"])).kind == bw2.KIND
+    chunks = tmp_path / "chunks.toml"
+    chunks.write_text('[parallel]\nschedule = "pipedream-2bw"\nchunks = 2\n')
+    with pytest.raises(ConfigError, match="pipedream-2bw runs one chunk per rank"):
+        load(str(chunks))

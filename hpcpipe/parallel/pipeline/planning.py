@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcpipe.schedules import Costs, ScheduleError, generate, peak_activations
+from hpcpipe.schedules import Costs, ScheduleError, asynchronous, generate, peak_activations
 from hpcpipe.schedules.recompute import NONE, Recompute
 from hpcpipe.util import timeline
 from hpcpipe.util.errors import ConfigError
@@ -37,6 +37,13 @@ def build_schedule(cfg, costs: Costs | None = None):
     whose split B/W gives every cost on the model stages auto will place."""
     parallel = cfg.parallel
     kind = parallel.schedule
+    if kind == asynchronous.KIND:  # the checked stream; the runtime cuts it into steps
+        try:
+            stream = asynchronous.pipedream_2bw(parallel.pp, parallel.microbatches)
+            asynchronous.check_stream(stream)  # m ≥ pp − 1, said in one message
+            return stream.schedule
+        except ScheduleError as e:
+            raise ConfigError(cfg.source, "parallel.schedule", kind, str(e)) from None
     if kind == "auto" and costs is None:
         kind = "zb-v" if cfg.chunks == 2 else "zb-h1"
     try:

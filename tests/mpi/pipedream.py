@@ -1,0 +1,191 @@
+"""MPI worker body: the asynchronous pipeline (parallel.schedule = "pipedream-2bw")
+against one process.
+
+`check(comm)` (contract: tests/harness/mpibody.py); tests/parallel/test_pipedream_mpi.py
+runs it on 2 and 4 ranks. Every layout trains the same global batch for STEPS float64
+steps. The reference is written here from the definition, on a plain synchronous Rank of
+one process: step s takes its gradient on the weights after s − 1 updates (max(0, s − 1)),
+the update applies it, clipped, to the newest weights. Checked:
+- losses and norms equal the reference's to 1e-12, and the weights after the last update;
+- every pp, dp and recomputation bitwise equal to the others of its dp (the numbers do not
+  depend on the pipeline), and a run drained in the middle (as an evaluation or a
+  checkpoint does) bitwise equal to one that is not;
+- each outcome reported once, in step order, and the stage computing on the newest
+  weights after the last flush;
+- bfloat16 compute (float32 masters) at pp = world bitwise equal to one process.
+"""
+
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import (
+    devices,  # noqa: E402  (tests/harness/devices.py: the test device)
+    mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
+)
+
+from hpcpipe import config
+from hpcpipe.optim.adamw import clip_coefficient
+from hpcpipe.parallel import grid as gridlib
+from hpcpipe.parallel.pipeline.planning import build_schedule
+from hpcpipe.schedules import generate
+from hpcpipe.train.rank import Rank
+
+B, GLOBAL_MICROBATCHES, STEPS = 2, 8, 7
+
+
+def make_cfg(dp, pp, kind="pipedream-2bw", recompute="none", dtype="float64"):
+    return config.from_dict({
+        "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
+        "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
+                  "grad_clip": 0.9, "weight_decay": 0.1, "seed": 3, "recompute": recompute},
+        "parallel": {"dp": dp, "pp": pp, "schedule": kind,
+                     "microbatches": GLOBAL_MICROBATCHES // dp},
+    }, source="2BW test")
+
+
+def global_batch(step):
+    rng = np.random.default_rng(300 + step)
+    tokens = rng.integers(0, 20, (GLOBAL_MICROBATCHES * B, 7))
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def replica_inputs(be, step, replica, microbatches):
+    idx, targets = global_batch(step)
+    first = replica * microbatches
+
+    def inputs(mb):
+        rows = slice((first + mb) * B, (first + mb + 1) * B)
+        return be.from_host(idx[rows]), be.from_host(targets[rows])
+    return inputs
+
+
+def lr_of(step):
+    return 3e-2 * (1 + 0.1 * step)  # a different rate each step: a late update shows
+
+
+def train(comm, cfg, drain_at=()):
+    """STEPS steps of cfg over `comm`, flushed after the steps in `drain_at` and at the
+    end. Returns ({step: (loss, norm)}, the order outcomes came in, this rank's weights
+    per chunk, whether the stages then compute on the optimizer's weights)."""
+    p = cfg.parallel
+    grid = gridlib.build(comm, p.dp, p.pp)
+    be = devices.select()
+    rank = Rank.build(cfg, grid, be, build_schedule(cfg))
+    seen, order = {}, []
+    for step in range(1, STEPS + 1):
+        inputs = replica_inputs(be, step, grid.dp_rank, p.microbatches)
+        outcomes = rank.train_step(step, inputs, lr_of(step), cfg.train.grad_clip)
+        if step in drain_at:
+            outcomes += rank.flush()
+        for out in outcomes:
+            order.append(out.step)
+            seen[out.step] = (out.loss, out.norm)
+    for out in rank.flush():
+        order.append(out.step)
+        seen[out.step] = (out.loss, out.norm)
+    stages = rank.model.stages.values()
+    named = {name: be.to_host(value).copy() for s in stages
+             for name, value in s.param_buffer.views.items()
+             if not (name == "wte" and not s.embedding_part)}  # (the head's copy)
+    newest = all(s.params["wpe" if s.embedding_part else next(iter(s.params))]
+                 is s.param_buffer.views["wpe" if s.embedding_part else next(iter(s.params))]
+                 for s in stages)
+    return seen, order, named, newest
+
+
+def reference():
+    """One process, synchronous machinery, the delay written out: step s's gradient on
+    version max(0, s − 1), applied to the newest weights."""
+    cfg = make_cfg(1, 1, kind="1f1b")
+    be = devices.select()
+    rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be,
+                      generate("1f1b", 1, GLOBAL_MICROBATCHES))
+    step_, buffer = rank.step, rank.model.stages[0].param_buffer.data
+    versions = [buffer.copy()]  # versions[j]: the weights after j updates
+    seen = {}
+    for step in range(1, STEPS + 1):
+        s = step - 1
+        buffer[...] = versions[max(0, s - 1)]  # (float64: the master is this buffer)
+        result = step_.gradients(rank.runtime, step, replica_inputs(be, step, 0,
+                                                                    GLOBAL_MICROBATCHES))
+        unscale = step_.grad_scale(GLOBAL_MICROBATCHES).unscale
+        norm = step_.grad_norm() * unscale
+        seen[step] = (rank.model.mean_loss(result.losses), norm)
+        buffer[...] = versions[-1]
+        step_._update(lr_of(step), clip_coefficient(norm, cfg.train.grad_clip) * unscale)
+        versions.append(buffer.copy())
+    buffer[...] = versions[-1]
+    views = rank.model.stages[0].param_buffer.views
+    return seen, {name: be.to_host(value).copy() for name, value in views.items()}
+
+
+def close(a, b, tol=1e-12):
+    return abs(a - b) <= tol * max(abs(a), abs(b))
+
+
+def layouts(n):
+    """(dp, pp, recompute) for a world of n ranks."""
+    if n == 2:
+        return [(1, 2, "none"), (1, 2, "full"), (2, 1, "none")]
+    return [(1, 4, "none"), (1, 4, "selective"), (2, 2, "none"), (2, 2, "full"),
+            (4, 1, "none")]
+
+
+def check(comm) -> mpibody.Report:
+    n, failures = comm.size, []
+    results = {key: train(comm, make_cfg(key[0], key[1], recompute=key[2]))
+               for key in layouts(n)}
+    deepest = max(results, key=lambda key: key[1])
+    drained = train(comm, make_cfg(deepest[0], deepest[1]), drain_at=(2, 5))
+    half = train(comm, make_cfg(1, n, dtype="bfloat16"))  # float32 masters, 16-bit copies
+    if comm.rank == 0:
+        ref_seen, ref_weights = reference()
+        solo = train(MPI.COMM_SELF, make_cfg(1, 1))
+        results_here = {(1, 1, "none"): solo, **results}
+    weights = {}
+    for key, (seen, order, named, newest) in results.items():
+        failures += [] if newest else [f"{key}: not on the newest weights after flush"]
+        parts = comm.gather(named if comm.rank < key[1] else {}, root=0)
+        weights[key] = {k: v for part in (parts or []) for k, v in part.items()}
+        if comm.rank == 0 and order != list(range(1, STEPS + 1)):
+            failures.append(f"{key}: outcomes came as steps {order}")
+    if comm.rank == 0:
+        weights[(1, 1, "none")] = solo[2]
+        half_solo = train(MPI.COMM_SELF, make_cfg(1, 1, dtype="bfloat16"))
+        if half[0] != half_solo[0] or any(not np.isfinite(loss) for loss, _ in half[0].values()):
+            failures.append(f"bfloat16 at pp {n}: {half[0]} vs one process {half_solo[0]}")
+        failures += _against_reference(results_here, ref_seen, ref_weights, drained, weights)
+    summary = [f"world {n}: pipedream-2bw layouts {sorted(results)}, drained at steps 2, 5, "
+               f"bfloat16 at pp {n}"]
+    return mpibody.Report.agreed(comm, summary, failures)
+
+
+def _against_reference(results, ref_seen, ref_weights, drained, weights) -> list[str]:
+    failures = []
+    for key, (seen, _, _, _) in results.items():
+        for step, (loss, norm) in sorted(ref_seen.items()):
+            got = seen.get(step)
+            if got is None or not (close(got[0], loss) and close(got[1], norm)):
+                failures.append(f"{key}: step {step} (loss, norm) {got} vs the reference "
+                                f"{(loss, norm)}")
+        if sorted(weights[key]) != sorted(ref_weights):
+            failures.append(f"{key}: holds tensors {sorted(weights[key])}")
+            continue
+        worst = max(float(np.max(np.abs(weights[key][k] - v))) for k, v in ref_weights.items())
+        if worst > 1e-12:
+            failures.append(f"{key}: the weights after the last update differ from the "
+                            f"reference by {worst:.3g}")
+        same_dp = [k for k in results if k[0] == key[0]]
+        if seen != results[same_dp[0]][0]:
+            failures.append(f"{key}: not bitwise equal to {same_dp[0]}")
+    if drained[0] != results[max(results, key=lambda key: key[1])][0]:
+        failures.append("drained at steps 2 and 5: not bitwise equal to the run without")
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(mpibody.main(check))

@@ -4,7 +4,7 @@ optimizer state its stages and shards hold, whatever layout wrote them."""
 from __future__ import annotations
 
 
-from hpcpipe.checkpoint import compression, local
+from hpcpipe.checkpoint import compression, local, versions
 from hpcpipe.checkpoint.hdf5 import H5_ERRORS, Reader
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.verify import check_model
@@ -24,6 +24,8 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
         if rank.step.outer is not None:
             local.load(rank, path, manifest)
         compression.load(rank, path, manifest)
+        if versions.applies(rank):
+            versions.load(rank, path, manifest)
     except CheckpointError as e:
         error = str(e)
     except H5_ERRORS as e:

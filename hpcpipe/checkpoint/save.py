@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcpipe.checkpoint import compression, local
+from hpcpipe.checkpoint import compression, local, versions
 from hpcpipe.checkpoint import manifest as manifests
 from hpcpipe.checkpoint.hdf5 import OPTIM_KINDS, sha256, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
@@ -184,6 +184,10 @@ def _write_rank_files(rank, cfg, folder: str) -> list[dict]:
         entries.append(_entry(folder, name, pieces=segments))
     if rank.step.outer is not None:  # local SGD: every replica's own state, and the outer's
         entries.append(_entry(folder, local.write(rank, folder)))
+    if versions.applies(rank):  # the asynchronous pipeline: the version before the newest
+        written = versions.write(rank, folder)
+        if written is not None:
+            entries.append(_entry(folder, written))
     written = compression.write(rank, folder)  # PowerSGD: every replica's error feedback
     if written is not None:
         entries.append(_entry(folder, written))

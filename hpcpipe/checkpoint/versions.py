@@ -1,0 +1,92 @@
+"""The asynchronous pipeline's second weight version in a checkpoint.
+
+Under `parallel.schedule = "pipedream-2bw"` a stage holds two weight versions; after the
+drain before a save (train/delayed.py) they are the newest, which the usual files keep
+(the optimizer's weights: any layout, and synchronous training, loads them), and the one
+before it, which the next step computes on. On top of the usual files the first replica
+writes, per pipeline rank,
+
+    versions-pp003.h5      previous/<chunk>   the version before the newest, flat, in the
+                                              compute dtype, laid out like the stage's
+                                              parameter buffer
+
+so it resumes the stream bitwise under the same pipeline layout (pp, tp, chunks,
+partition; any dp: the replicas hold the same versions); another pipeline layout is
+refused with one message. A checkpoint without the file (synchronous training, an imported
+model, or one saved before the first update) starts the stream afresh on its weights.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hpcpipe.checkpoint.hdf5 import read_dataset, store
+from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
+from hpcpipe.util.files import write_atomic
+
+LAYOUT_KEYS = ("pp", "tp", "chunks", "partition")
+
+
+def file_name(pp_rank: int) -> str:
+    return f"versions-pp{pp_rank:03d}.h5"
+
+
+def applies(rank) -> bool:
+    """Whether this run keeps weight versions (the asynchronous pipeline)."""
+    return getattr(rank.step, "versions", None) is not None
+
+
+def write(rank, folder: str) -> str | None:
+    """The first replica's versions file of this pipeline rank in `folder` (its name), or
+    None where none is written (another replica, or nothing before the newest yet)."""
+    import h5py
+
+    versions = rank.step.versions
+    if rank.grid.dp_rank != 0 or rank.grid.tp_rank != 0 or \
+            min(v.newest for v in versions.values()) == 0:
+        return None
+    be, name = rank.model.backend, file_name(rank.grid.pp_rank)
+
+    def body(tmp):
+        with h5py.File(tmp, "w") as f:
+            for chunk, v in versions.items():
+                store(f, f"previous/{chunk}", be.to_host(v.previous()), newest=v.newest)
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["kind"] = "hpcpipe weight version before the newest (flat, per chunk)"
+
+    write_atomic(os.path.join(folder, name), body)
+    return name
+
+
+def load(rank, path: str, manifest: dict):
+    """Hand the previous version to the step (`rank.step.loaded_previous`: chunk → flat
+    array), from this pipeline rank's file when the checkpoint has one."""
+    rank.step.loaded_previous = None
+    if file_name(0) not in manifest.get("files", {}):
+        return
+    saved, grid = manifest["layout"], rank.grid
+    mine = {"pp": grid.pp, "tp": grid.tp, "chunks": len(rank.model.stages),
+            "partition": [list(spec.layers) for spec in rank.model.specs]}
+    differs = [k for k in LAYOUT_KEYS if saved.get(k) != mine[k]]
+    if differs:
+        raise CheckpointError(
+            f"{path}: holds the asynchronous pipeline's second weight version per pipeline "
+            f"rank for {', '.join(f'{k} = {saved.get(k)}' for k in differs)}, but this run "
+            f"has {', '.join(f'{k} = {mine[k]}' for k in differs)}; resume it under that "
+            f"pipeline layout, or with another schedule (from the newest weights)")
+    full = os.path.join(path, file_name(grid.pp_rank))
+    import h5py
+
+    xp, out = rank.model.backend.xp, {}
+    with h5py.File(full, "r") as f:
+        for chunk, stage in rank.model.stages.items():
+            key = f"previous/{chunk}"
+            if key not in f:
+                raise CheckpointError(f"{full}: has no dataset {key!r}")
+            data = read_dataset(f[key], full)
+            if data.shape != tuple(stage.param_buffer.data.shape):
+                raise CheckpointError(f"{full}: {key} holds {data.shape[0]} elements, this "
+                                      f"stage's buffer {stage.param_buffer.data.shape[0]}")
+            out[chunk] = (int(f[key].attrs["newest"]),
+                          xp.asarray(data.astype(stage.param_buffer.data.dtype, copy=False)))
+    rank.step.loaded_previous = out

@@ -1,0 +1,77 @@
+"""The asynchronous pipeline's checkpoints (checkpoint/versions.py) under MPI: a run
+resumed from a checkpoint equals the uninterrupted one bitwise, under another dp too;
+another pipeline layout is refused with one message; another schedule resumes from the
+newest weights. Every case is a real `mpiexec` job of `python -m hpcpipe train`."""
+
+import os
+
+import numpy as np
+import pytest
+from test_checkpoint_mpi import losses, train, weights
+
+from hpcpipe import checkpoint as ckpt
+
+pytestmark = pytest.mark.device
+
+
+def layout(dp, pp, schedule="pipedream-2bw"):
+    return [f"parallel.dp={dp}", f"parallel.pp={pp}", f"parallel.microbatches={8 // dp}",
+            f'parallel.schedule="{schedule}"']
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, stdlib_tokens):
+    """7 uninterrupted steps at pp 2, saving at step 4 (two versions held by then)."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    proc = train(run_dir, stdlib_tokens, 2, *layout(1, 2), "train.steps=7",
+                 "checkpoint.every=4")
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
+def start(reference):
+    return os.path.join(reference, "checkpoints", ckpt.step_name(4))
+
+
+def test_a_resumed_stream_equals_the_uninterrupted_one(tmp_path, stdlib_tokens, reference):
+    folder = start(reference)
+    assert {"versions-pp000.h5", "versions-pp001.h5"} <= set(os.listdir(folder))
+    proc = train(tmp_path / "run", stdlib_tokens, 2, *layout(1, 2), "train.steps=7",
+                 resume=folder)
+    assert proc.returncode == 0, proc.stderr
+    ref, got = losses(reference), losses(tmp_path / "run")
+    assert [got[s] for s in (5, 6, 7)] == [ref[s] for s in (5, 6, 7)]
+    expected, actual = weights(reference, 7), weights(tmp_path / "run", 7)
+    for name, w in expected.items():
+        assert np.array_equal(actual[name], w), name
+
+
+def test_another_dp_resumes_the_stream_to_round_off(tmp_path, stdlib_tokens, reference):
+    proc = train(tmp_path / "run", stdlib_tokens, 4, *layout(2, 2), "train.steps=7",
+                 resume=start(reference))
+    assert proc.returncode == 0, proc.stderr
+    ref, got = losses(reference), losses(tmp_path / "run")
+    for s in (5, 6, 7):
+        assert got[s] == pytest.approx(ref[s], rel=1e-12)
+
+
+def test_another_pipeline_layout_is_refused_with_one_message(tmp_path, stdlib_tokens,
+                                                             reference):
+    proc = train(tmp_path / "run", stdlib_tokens, 1, *layout(1, 1), "train.steps=7",
+                 resume=start(reference))
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "second weight version" in line]
+    assert len(lines) == 1 and "pp = 2" in lines[0] and "pp = 1" in lines[0], proc.stderr
+
+
+def test_another_schedule_resumes_from_the_newest_weights(tmp_path, stdlib_tokens,
+                                                         reference):
+    proc = train(tmp_path / "run", stdlib_tokens, 2, *layout(1, 2, "1f1b"), "train.steps=5",
+                 resume=start(reference))
+    assert proc.returncode == 0, proc.stderr
+    assert "resumed from" in proc.stdout and "pipedream-2bw" in proc.stdout
+    # ... and the stream starts afresh from a synchronous checkpoint, on its weights.
+    again = train(tmp_path / "again", stdlib_tokens, 2, *layout(1, 2), "train.steps=6",
+                  resume=os.path.join(tmp_path / "run", "checkpoints", ckpt.step_name(5)))
+    assert again.returncode == 0, again.stderr
+    assert set(losses(tmp_path / "again")) == {6}

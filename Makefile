@@ -144,6 +144,8 @@ docs: install
 	  $(PY) -m hpcpipe schedule --kind $$kind --stages 4 --microbatches 8 \
 	    --png docs/$$kind-p4-m8.png --force || exit $$?; \
 	done
+	$(PY) -m hpcpipe schedule --kind pipedream-2bw --stages 4 --microbatches 4 --steps 4 \
+	  --png docs/pipedream-2bw-p4-m4.png --force
 	$(PY) -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
 	$(PY) -m hpcpipe.bench.memory --pareto docs/pareto-memory-pp2.png
 

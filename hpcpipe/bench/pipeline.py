@@ -9,8 +9,10 @@ run, peak activation bytes, and throughput relative to 1F1B.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -19,7 +21,7 @@ from hpcpipe.device import backend
 from hpcpipe.device.budget import check_run
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
-from hpcpipe.parallel.pipeline.planning import profiled_costs, stage_memory
+from hpcpipe.parallel.pipeline.planning import build_schedule, profiled_costs, stage_memory
 from hpcpipe.schedules import (
     KINDS,
     Costs,
@@ -28,6 +30,7 @@ from hpcpipe.schedules import (
     peak_activations,
     simulate,
 )
+from hpcpipe.schedules import asynchronous
 from hpcpipe.schedules.ops import MAX_MICROBATCHES, one_chunk_placement, v_placement
 from hpcpipe.train.rank import Rank
 from hpcpipe.util import timeline
@@ -38,7 +41,7 @@ from hpcpipe.util.files import claim_file
 from .common import schedule_label, write_json
 from .memory import memory_rows, pareto_front, plot_front, print_front, print_memory
 
-PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto")
+PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto", "pipedream-2bw")
 
 EPILOG = """\
 examples:
@@ -174,6 +177,9 @@ def contenders(kinds, cfg, grid, be, world, costs, memory_limit, log) -> list[Co
     out = []
     for kind in kinds:
         try:
+            if kind == asynchronous.KIND:
+                out.append(stream_contender(cfg, grid, be, world, costs))
+                continue
             if kind == "auto":
                 schedule = best_auto(pp, m, costs, memory_limit or 2 * pp,
                                      cfg.model.n_layer // pp)
@@ -188,6 +194,21 @@ def contenders(kinds, cfg, grid, be, world, costs, memory_limit, log) -> list[Co
         entry.sim = simulate(schedule, costs.over_chunks(schedule.stage_of))
         out.append(entry)
     return out
+
+
+def stream_contender(cfg, grid, be, world, costs: Costs) -> Contender:
+    """PipeDream-2BW: its own optimizer step (never post-validation: it waits for no
+    update), and as its prediction the stream's steady state, a step period (a flushed
+    schedule's is its makespan)."""
+    stream_cfg = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, post_validation=False),
+        parallel=dataclasses.replace(cfg.parallel, schedule=asynchronous.KIND))
+    entry = contender(asynchronous.KIND, stream_cfg, grid, be, build_schedule(stream_cfg),
+                      world)
+    steady = asynchronous.simulate_stream(
+        asynchronous.pipedream_2bw(grid.pp, cfg.parallel.microbatches), costs)
+    entry.sim = SimpleNamespace(busy=steady.busy_per_step, makespan=steady.period)
+    return entry
 
 
 def best_auto(pp: int, m: int, costs: Costs, memory_limit: float, max_chunks: int):
@@ -284,10 +305,11 @@ def run_pipeline(args) -> int:
             print(msg, flush=True)
 
     kinds = [k.strip() for k in args.schedules.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in KINDS]
+    known = KINDS + (asynchronous.KIND,)
+    unknown = [k for k in kinds if k not in known]
     if unknown or not kinds:
         raise HpcpipeError(f"bench pipeline: --schedules {args.schedules!r}: unknown kind "
-                           f"{(unknown or [''])[0]!r}; choose from {', '.join(KINDS)}")
+                           f"{(unknown or [''])[0]!r}; choose from {', '.join(known)}")
     cfg = bench_config(args, pp)
     grid = gridlib.build(world, 1, pp, source="bench pipeline")
     threads = backend.limit_threads(grid.local_size)
@@ -304,7 +326,8 @@ def run_pipeline(args) -> int:
         f"sequences ({m * B * T:,} tokens/step); {args.rounds} rounds × {args.steps} steps; "
         + ("optimizer post-validation" if not args.synchronous else "synchronous optimizer")
         + (f", gradients clipped to {args.grad_clip:g}" if args.grad_clip else "")
-        + "; bubbles over each step's makespan")
+        + "; bubbles over each step's makespan (pipedream-2bw's, which has no flush, over "
+          "each rank's period)")
     tokens = np.random.default_rng(0).integers(0, 256, (m * B, T + 1))
     # Each microbatch its own arrays, as training's: a stash then holds its own inputs.
     data = [(be.from_host(tokens[i * B:(i + 1) * B, :-1].copy()),

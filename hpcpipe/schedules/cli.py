@@ -324,7 +324,9 @@ def _run_stream(args: argparse.Namespace) -> int:
         if args.svg:
             write_text_atomic(args.svg, svg(timeline))
         else:
-            png(timeline, args.png)
+            png(timeline, args.png, title=f"{asynchronous.KIND}: p={args.stages}, m="
+                f"{args.microbatches} a step, {stream.steps} steps of the stream; steady-"
+                f"state bubble rate {result.bubble_rate:.3f}")
         print(f"wrote {args.svg or args.png} ({stream.steps} steps; steady-state bubble rate "
               f"{result.bubble_rate:.4f})")
     else:

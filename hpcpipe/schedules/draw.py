@@ -126,8 +126,9 @@ def svg(result: SimResult, unit: float = 40.0, row: float = 28.0) -> str:
     return "\n".join(out) + "\n"
 
 
-def png(result: SimResult, path: str, dpi: int = 120) -> None:
-    """Draw the timeline to a PNG with matplotlib (imported only here)."""
+def png(result: SimResult, path: str, dpi: int = 120, title: str | None = None) -> None:
+    """Draw the timeline to a PNG with matplotlib (imported only here); `title` replaces
+    the schedule's (kind, p, m, v and its bubble rate)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -156,8 +157,8 @@ def png(result: SimResult, path: str, dpi: int = 120) -> None:
     ax.invert_yaxis()
     ax.set_xlim(0, t1 - t0)
     ax.set_xlabel("time")
-    ax.set_title(f"{s.kind}: p={s.num_ranks}, m={s.num_microbatches}, v={s.chunks}, "
-                 f"bubble rate {result.bubble_rate:.3f}")
+    ax.set_title(title or f"{s.kind}: p={s.num_ranks}, m={s.num_microbatches}, "
+                 f"v={s.chunks}, bubble rate {result.bubble_rate:.3f}")
     # Beside the axes, never over a bar: one entry per kind, and per chunk of a V or an
     # interleaved schedule.
     ax.legend(handles=[Patch(color=colour, label=label) for label, colour in legend],

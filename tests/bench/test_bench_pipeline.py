@@ -1,7 +1,8 @@
 """bench pipeline on 2 ranks: every schedule's measured peak activation bytes equal the
-simulator's from the measured M_B and M_W, and auto (one chunk or a V, whichever the
+simulator's from the measured M_B and M_W, auto (one chunk or a V, whichever the
 measured costs favour) simulates no longer a step than any hand-made schedule that fits
-its limit."""
+its limit, and the asynchronous pipeline runs beside them with its steady state as the
+prediction."""
 
 import json
 
@@ -18,10 +19,16 @@ def test_measured_peaks_equal_the_simulated_and_auto_is_never_worse(tmp_path):
                 "--steps", "2", "--rounds", "1", "--json", str(out)], n=2, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["schedule"]: r for r in json.loads(out.read_text())["rows"]}
-    assert list(rows) == ["1f1b", "zb-h1", "zb-h2", "zb-v", "auto"]
+    assert list(rows) == ["1f1b", "zb-h1", "zb-h2", "zb-v", "auto", "pipedream-2bw"]
     for name, row in rows.items():
         assert row["peak_activation_bytes"] == row["peak_activation_bytes_simulated"], name
-    fitting = [r for r in rows.values() if r["schedule"] != "auto" and r["peak_activations"] <= 4]
+    # The stream's prediction is its steady state: 1F1B's activations, 1F1B's work in a
+    # step, and no more idle than the message times leave (they are all a 2BW step waits).
+    stream, flushed = rows["pipedream-2bw"], rows["1f1b"]
+    assert stream["peak_activations"] == flushed["peak_activations"]
+    assert stream["bubble_simulated"] < flushed["bubble_simulated"]
+    fitting = [r for r in rows.values() if r["schedule"] not in ("auto", "pipedream-2bw")
+               and r["peak_activations"] <= 4]
     best = min(r["makespan_ms_simulated"] for r in fitting)
     assert rows["auto"]["makespan_ms_simulated"] <= best + 1e-6
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 
+from hpcpipe.checkpoint import local
 from hpcpipe.checkpoint.hdf5 import read_dataset, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
 from hpcpipe.util.files import write_atomic
@@ -64,9 +65,7 @@ def load(rank, path: str, manifest: dict):
     rank.step.loaded_previous = None
     if file_name(0) not in manifest.get("files", {}):
         return
-    saved, grid = manifest["layout"], rank.grid
-    mine = {"pp": grid.pp, "tp": grid.tp, "chunks": len(rank.model.stages),
-            "partition": [list(spec.layers) for spec in rank.model.specs]}
+    saved, grid, mine = manifest["layout"], rank.grid, local.layout_of(rank)
     differs = [k for k in LAYOUT_KEYS if saved.get(k) != mine[k]]
     if differs:
         raise CheckpointError(

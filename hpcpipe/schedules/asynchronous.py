@@ -147,6 +147,11 @@ def _known_everywhere(clocks, bounds, step: int, rank: int, index: int) -> bool:
 def check_stream(stream: Stream) -> None:
     """Raise ScheduleError, naming the rank, the op and the rule, unless the stream is sound
     (see the module's docstring); return None when it is."""
+    _proven(stream)
+
+
+def _proven(stream: Stream):
+    """check_stream's proof; returns what it was made of, (vector clocks, step bounds)."""
     check(stream.schedule)
     clocks, bounds = _vector_clocks(stream.schedule), _step_bounds(stream)
     m, p = stream.per_step, stream.schedule.num_ranks
@@ -162,6 +167,7 @@ def check_stream(stream: Stream) -> None:
                     f"{s - 2}'s last backward there) does not happen before it: with p = {p} "
                     f"stages a step needs m ≥ {p - 1} microbatches, got {m} "
                     f"(rule: {RULE_VERSIONS})")
+    return clocks, bounds
 
 
 @dataclass(frozen=True)
@@ -176,8 +182,7 @@ class StreamMemory:
 
 def stream_memory(stream: Stream, costs: Costs | None = None) -> StreamMemory:
     """What a rank holds: see the module's docstring. Checks the stream first."""
-    check_stream(stream)
-    clocks, bounds = _vector_clocks(stream.schedule), _step_bounds(stream)
+    clocks, bounds = _proven(stream)
     buffers = []
     for r in range(stream.schedule.num_ranks):
         need = 1

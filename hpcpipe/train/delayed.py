@@ -58,7 +58,7 @@ class DelayedStep(TrainStep):
         from mpi4py import MPI
 
         super().__init__(*args, **kwargs)
-        self.MPI, self.transport_, self.runtime, self.per_step = MPI, None, None, None
+        self.MPI, self.transport, self.runtime, self.per_step = MPI, None, None, None
         self.versions = {c: WeightVersions(s) for c, s in self.model.stages.items()}
         # The reductions' own communicator: the ranks start them at different points
         # relative to the world's other collectives (the stop vote at every step boundary),
@@ -76,7 +76,7 @@ class DelayedStep(TrainStep):
     @classmethod
     def build(cls, cfg, model, grid, transport, trace=None) -> "DelayedStep":
         step = super().build(cfg, model, grid, transport, trace)
-        step.transport_, step.per_step = transport, cfg.parallel.microbatches
+        step.transport, step.per_step = transport, cfg.parallel.microbatches
         return step
 
     # -- the world's vector ----------------------------------------------------------------
@@ -109,7 +109,7 @@ class DelayedStep(TrainStep):
         """This rank's last backward of stream step k has run: set the gradient aside,
         sum it over the replicas and the tied embedding's holders, start the world's
         reduction of its norms and loss (see the module's docstring)."""
-        model, grid, transport = self.model, self.grid, self.transport_
+        model, grid, transport = self.model, self.grid, self.transport
         (stage,) = model.stages.values()  # (one chunk per rank: the stream is 1F1B's)
         grads = [stage.grad_buffer.data.copy()]
         head = stage.head_grad.copy() if stage.head_grad is not None else None
@@ -134,7 +134,7 @@ class DelayedStep(TrainStep):
         if "wte" in stage.grad_buffer.offsets:
             a, b = stage.grad_buffer.offsets["wte"]
             wte = grad[a:b].reshape(stage.params["wte"].shape)
-        comm, transport = self.model.tied.comm, self.transport_
+        comm, transport = self.model.tied.comm, self.transport
         wire = transport.wire
         if stage.embedding_part and stage.head_part:
             wte += head  # one rank holds both
@@ -160,11 +160,11 @@ class DelayedStep(TrainStep):
         pending, grid = self.pending.pop(k), self.grid
         pending.request.Wait()
         self.MPI.Request.Waitall(pending.tied)
-        if self.transport_.staged and pending.keep:
-            self.transport_.release(pending.keep[0])  # (a pinned copy from `outgoing`)
+        if self.transport.staged and pending.keep:
+            self.transport.release(pending.keep[0])  # (a pinned copy from `outgoing`)
         if pending.tied_sum is not None:  # the head's copy takes the sum
-            self.transport_.to_device(pending.tied_sum, out=pending.keep[1])
-            self.transport_.release(pending.tied_sum)
+            self.transport.to_device(pending.tied_sum, out=pending.keep[1])
+            self.transport.release(pending.tied_sum)
         total, base = pending.total, len(self._slots)
         squares = 0.0
         for value in total[:base]:  # (slots in model order: the bits of GradNorm's sum)

@@ -55,11 +55,6 @@ class StreamRuntime(Runtime):
             out.append(last[len(head):])
         return out
 
-    @property
-    def running(self) -> bool:
-        """Whether microbatches are in flight (a period ran and no drain since)."""
-        return self._origin is not None
-
     def run_period(self, step: int, inputs, loss_scale: float, on_step_done,
                    label: int) -> StepResult:
         """Step `step` of the stream (0-based): its period, traced as training step

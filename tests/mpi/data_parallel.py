@@ -28,6 +28,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (
+    batches,  # noqa: E402  (tests/harness/batches.py: a replica's share of a batch)
     devices,  # noqa: E402  (tests/harness/devices.py: the test device)
     mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
 )
@@ -68,13 +69,8 @@ def train(comm, cfg):
     model = rank.model
     losses = []
     for step in range(STEPS):
-        idx, targets = global_batch(step)
-        first = grid.dp_rank * p.microbatches
-
-        def inputs(mb):
-            rows = slice((first + mb) * B, (first + mb + 1) * B)
-            return be.from_host(idx[rows]), be.from_host(targets[rows])
-
+        inputs = batches.replica_inputs(be, global_batch(step), grid.dp_rank,
+                                        p.microbatches, B)
         [out] = rank.train_step(step + 1, inputs, cfg.train.lr, cfg.train.grad_clip)
         losses.append(out.loss)
     resident = rank.step.resident_bytes()  # between steps: under ZeRO-3, weight shards only

@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (
+    batches,  # noqa: E402  (tests/harness/batches.py: a replica's share of a batch)
     devices,  # noqa: E402  (tests/harness/devices.py: the test device)
     mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
 )
@@ -55,13 +56,7 @@ def global_batch(step):
 
 
 def replica_inputs(be, step, replica, microbatches):
-    idx, targets = global_batch(step)
-    first = replica * microbatches
-
-    def inputs(mb):
-        rows = slice((first + mb) * B, (first + mb + 1) * B)
-        return be.from_host(idx[rows]), be.from_host(targets[rows])
-    return inputs
+    return batches.replica_inputs(be, global_batch(step), replica, microbatches, B)
 
 
 def train(comm, cfg):

@@ -31,6 +31,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (
+    batches,  # noqa: E402  (tests/harness/batches.py: a replica's share of a batch)
     devices,  # noqa: E402  (tests/harness/devices.py: the test device)
     mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
 )
@@ -82,14 +83,9 @@ def run_steps(rank, cfg, first, last, sent=None) -> dict:
     """Steps first..last of cfg on the global batches (this replica's share): the loss of
     each step that became final; with `sent`, each step's bytes reduced appended to it."""
     be, losses = rank.model.backend, {}
-    start = rank.grid.dp_rank * cfg.parallel.microbatches
     for step in range(first, last + 1):
-        idx, targets = global_batch(step - 1)
-
-        def inputs(mb):
-            rows = slice((start + mb) * B, (start + mb + 1) * B)
-            return be.from_host(idx[rows]), be.from_host(targets[rows])
-
+        inputs = batches.replica_inputs(be, global_batch(step - 1), rank.grid.dp_rank,
+                                        cfg.parallel.microbatches, B)
         for out in rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip):
             losses[out.step] = out.loss
         if sent is not None:

@@ -32,6 +32,7 @@ from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_OPTIMIZERS
 from hpcpipe.parallel.powersgd import COMPRESSIONS
 from hpcpipe.runs.trace import trace_window
 from hpcpipe.schedules import KINDS, V_KINDS
+from hpcpipe.optim.delay import KINDS as DELAY_CORRECTIONS
 from hpcpipe.schedules.asynchronous import KIND as ASYNC_KIND
 
 # The synchronous kinds, then the asynchronous pipeline (PipeDream-2BW: no flush).
@@ -101,6 +102,12 @@ class TrainSection:
     # "/"-separated: "full/selective/none/none" (pp × chunks of them); or, with
     # parallel.schedule = "auto", "auto": chosen per stage with the schedule once profiled.
     recompute: str = "none"
+    # -- the asynchronous pipeline (parallel.schedule = "pipedream-2bw", issue 30) --------
+    # "secant": each update, taken one step late, is corrected to first order for the
+    # weights having moved since its gradient (a per-coordinate curvature from consecutive
+    # gradients, hpcpipe/optim/delay.py; five more master-sized buffers); "none": as is
+    delay_correction: str = "none"
+    delay_correction_decay: float = 0.98  # the curvature estimate's running-mean decay
 
 
 @dataclass(frozen=True)
@@ -388,6 +395,9 @@ def _check_train(source, train: TrainSection):
              "memory pool may hold")
     _one_of(source, "train.dtype", train.dtype, DTYPES)
     _one_of(source, "train.device", train.device, DEVICES)
+    _one_of(source, "train.delay_correction", train.delay_correction, DELAY_CORRECTIONS)
+    _require(source, "train.delay_correction_decay", train.delay_correction_decay,
+             0 <= train.delay_correction_decay < 1, "must be in [0, 1)")
     _check_outer(source, train)
 
 
@@ -431,6 +441,11 @@ def _check_asynchronous(source, cfg: "Config"):
     with one message."""
     train, parallel = cfg.train, cfg.parallel
     if parallel.schedule != ASYNC_KIND:
+        if train.delay_correction != "none":
+            raise ConfigError(source, "train.delay_correction", train.delay_correction,
+                              f"corrects the update of parallel.schedule = \"{ASYNC_KIND}\", "
+                              f"which lands one step late; schedule {parallel.schedule!r} "
+                              f"updates on time: set train.delay_correction = \"none\"")
         return
     why = None
     if parallel.zero:

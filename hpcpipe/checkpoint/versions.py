@@ -10,15 +10,22 @@ writes, per pipeline rank,
                                               compute dtype, laid out like the stage's
                                               parameter buffer
 
+                           correction/<shard>/<name>   under train.delay_correction =
+                                              "secant": its state (optim/delay.py), in
+                                              the master's dtype; `correction_primed`
+
 so it resumes the stream bitwise under the same pipeline layout (pp, tp, chunks,
 partition; any dp: the replicas hold the same versions); another pipeline layout is
-refused with one message. A checkpoint without the file (synchronous training, an imported
+refused with one message. A file without the correction's state (saved without it) starts
+the correction afresh. A checkpoint without the file (synchronous training, an imported
 model, or one saved before the first update) starts the stream afresh on its weights.
 """
 
 from __future__ import annotations
 
 import os
+
+import numpy as np
 
 from hpcpipe.checkpoint import local
 from hpcpipe.checkpoint.hdf5 import read_dataset, store
@@ -52,6 +59,11 @@ def write(rank, folder: str) -> str | None:
         with h5py.File(tmp, "w") as f:
             for chunk, v in versions.items():
                 store(f, f"previous/{chunk}", be.to_host(v.previous()), newest=v.newest)
+            correction = rank.step.correction
+            if correction is not None:
+                for key, array in correction.arrays().items():
+                    store(f, f"correction/{key}", be.to_host(array))
+                f.attrs["correction_primed"] = np.array(correction.primed(), dtype=np.int8)
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe weight version before the newest (flat, per chunk)"
 
@@ -62,7 +74,7 @@ def write(rank, folder: str) -> str | None:
 def load(rank, path: str, manifest: dict):
     """Hand the previous version to the step (`rank.step.loaded_previous`: chunk → flat
     array), from this pipeline rank's file when the checkpoint has one."""
-    rank.step.loaded_previous = None
+    rank.step.loaded_previous = rank.step.loaded_correction = None
     if file_name(0) not in manifest.get("files", {}):
         return
     saved, grid, mine = manifest["layout"], rank.grid, local.layout_of(rank)
@@ -88,4 +100,26 @@ def load(rank, path: str, manifest: dict):
                                       f"stage's buffer {stage.param_buffer.data.shape[0]}")
             out[chunk] = (int(f[key].attrs["newest"]),
                           xp.asarray(data.astype(stage.param_buffer.data.dtype, copy=False)))
+        if rank.step.correction is not None and "correction" in f:
+            rank.step.loaded_correction = _correction(f, full, rank.step.correction)
     rank.step.loaded_previous = out
+
+
+def _correction(f, full: str, correction) -> tuple[dict, list]:
+    """The delay correction's arrays and flags from an open versions file, checked
+    against the run's (a file saved without the correction: the caller starts it afresh)."""
+    arrays = {}
+    for key, mine in correction.arrays().items():
+        name = f"correction/{key}"
+        if name not in f:
+            raise CheckpointError(f"{full}: has no dataset {name!r}")
+        data = read_dataset(f[name], full)
+        if data.shape != tuple(mine.shape):
+            raise CheckpointError(f"{full}: {name} holds {data.shape} elements, this "
+                                  f"run's {tuple(mine.shape)}")
+        arrays[key] = data.astype(mine.dtype, copy=False)
+    primed = np.asarray(f.attrs.get("correction_primed", []))
+    if primed.shape != (len(correction.primed()),):
+        raise CheckpointError(f"{full}: attribute correction_primed holds {primed.shape} "
+                              f"flags, this run has {len(correction.primed())} shards")
+    return arrays, [bool(x) for x in primed]

@@ -32,6 +32,7 @@ import numpy as np
 
 from hpcpipe.model.versions import WeightVersions
 from hpcpipe.optim.adamw import clip_coefficient
+from hpcpipe.optim.delay import SecantCorrection
 from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.train.step import TrainStep
 from hpcpipe.util.timeline import RankStep, combine, local_row
@@ -72,11 +73,15 @@ class DelayedStep(TrainStep):
         self.finished: list[tuple] = []  # applied, waiting for their timings
         self.last = None  # the stream step whose period ran last
         self._slots = self._norm_slots()
+        self.correction = None  # train.delay_correction = "secant": optim/delay.py
 
     @classmethod
     def build(cls, cfg, model, grid, transport, trace=None) -> "DelayedStep":
         step = super().build(cfg, model, grid, transport, trace)
         step.transport, step.per_step = transport, cfg.parallel.microbatches
+        if cfg.train.delay_correction == "secant":
+            step.correction = SecantCorrection(step.optimizer, model.backend,
+                                               cfg.train.delay_correction_decay)
         return step
 
     # -- the world's vector ----------------------------------------------------------------
@@ -177,13 +182,26 @@ class DelayedStep(TrainStep):
         label = k + self.origin + 1
         if not skipped:
             coefficient = clip_coefficient(norm, max_norm) * unscale
-            self.timed(label, lambda: self.optimizer.step(pending.grads, lr, coefficient))
+            self.timed(label, lambda: self._corrected_step(pending.grads, lr, coefficient))
+        elif self.correction is not None:
+            self.correction.skipped()
         for versions in self.versions.values():
             versions.publish(k + 1)  # (a skipped update: version k + 1 is version k)
         rows = total[base + grid.dp:].reshape(grid.world.size, RankStep.SIZE)
         done = [self._outcome(self.finished.pop(), rows)] if self.finished else []
         self.finished.append((k, loss, norm, skipped))
         return done
+
+    def _corrected_step(self, grads, lr: float, coefficient: float):
+        """AdamW on `grads` (clipped and unscaled by `coefficient`, the raw gradient's),
+        corrected for the delay first where train.delay_correction asks."""
+        if self.correction is None:
+            self.optimizer.step(grads, lr, coefficient)
+            return
+        grads = self.correction.correct(grads)
+        self.correction.begin()
+        self.optimizer.step(grads, lr, coefficient)
+        self.correction.end()
 
     def _outcome(self, finished: tuple, rows) -> StepOutcome:
         k, loss, norm, skipped = finished
@@ -251,8 +269,14 @@ class DelayedStep(TrainStep):
             for chunk, versions in self.versions.items():
                 newest, previous = loaded[chunk]
                 versions.restore(newest, previous)
+            if self.correction is not None:  # (saved without one: it starts afresh)
+                self.correction.reset()
+                if getattr(self, "loaded_correction", None) is not None:
+                    self.correction.load(*self.loaded_correction)
         else:
             self.origin = int(state["step"])
             for versions in self.versions.values():
                 versions.restore(0)
-        self.loaded_previous = None
+            if self.correction is not None:
+                self.correction.reset()
+        self.loaded_previous = self.loaded_correction = None

@@ -68,6 +68,8 @@ def plan(cfg) -> list[RankPlan]:
         if cfg.parallel.schedule == asynchronous.KIND:
             # Two weight versions beside the optimizer's copy; the finished step's
             # gradient set aside while the next one accumulates (train/delayed.py).
+            if cfg.train.delay_correction == "secant":  # five buffers of the master's
+                optimizer += 5 * _master_bytes(cfg, params)  # size (optim/delay.py)
             params, grads = 3 * params, 2 * grads
         plans.append(RankPlan(rank, stages, params, grads, optimizer, int(peaks[rank]),
                               _workspaces(cfg, [specs[s] for s in stages]),
@@ -170,6 +172,13 @@ def _weights(cfg, specs) -> tuple[int, int, int]:
     share = cfg.parallel.dp if cfg.parallel.zero else 1
     # The head keeps its share of d(wte) apart until the step's end (stage.py).
     return count * dtype.itemsize, (count + head) * acc, count * (2 * acc + master) // share
+
+
+def _master_bytes(cfg, param_bytes: int) -> int:
+    """Bytes of the optimizer's master copy of `param_bytes` of parameters (float32 for
+    16-bit ones, else the parameters' own dtype)."""
+    dtype = compute_dtype(cfg.train.dtype)
+    return param_bytes // dtype.itemsize * accumulation_dtype(dtype).itemsize
 
 
 def _workspaces(cfg, specs) -> int:

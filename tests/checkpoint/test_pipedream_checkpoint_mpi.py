@@ -1,5 +1,6 @@
 """The asynchronous pipeline's checkpoints (checkpoint/versions.py) under MPI: a run
-resumed from a checkpoint equals the uninterrupted one bitwise, under another dp too;
+resumed from a checkpoint equals the uninterrupted one bitwise (with the secant delay
+correction too, whose state the versions file keeps), under another dp to round-off;
 another pipeline layout is refused with one message; another schedule resumes from the
 newest weights. Every case is a real `mpiexec` job of `python -m hpcpipe train`."""
 
@@ -29,6 +30,19 @@ def reference(tmp_path_factory, stdlib_tokens):
     return run_dir
 
 
+SECANT = ('train.delay_correction="secant"', "train.delay_correction_decay=0.5")
+
+
+@pytest.fixture(scope="module")
+def corrected(tmp_path_factory, stdlib_tokens):
+    """The same with train.delay_correction = "secant"."""
+    run_dir = tmp_path_factory.mktemp("corrected")
+    proc = train(run_dir, stdlib_tokens, 2, *layout(1, 2), *SECANT, "train.steps=7",
+                 "checkpoint.every=4")
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
 def start(reference):
     return os.path.join(reference, "checkpoints", ckpt.step_name(4))
 
@@ -44,6 +58,24 @@ def test_a_resumed_stream_equals_the_uninterrupted_one(tmp_path, stdlib_tokens, 
     expected, actual = weights(reference, 7), weights(tmp_path / "run", 7)
     for name, w in expected.items():
         assert np.array_equal(actual[name], w), name
+
+
+def test_a_corrected_stream_resumes_bitwise(tmp_path, stdlib_tokens, corrected, reference):
+    import h5py
+
+    folder = start(corrected)
+    with h5py.File(os.path.join(folder, "versions-pp001.h5"), "r") as f:
+        assert list(f.attrs["correction_primed"]) == [1] and f["correction/0/num"].size > 0
+    proc = train(tmp_path / "run", stdlib_tokens, 2, *layout(1, 2), *SECANT, "train.steps=7",
+                 resume=folder)
+    assert proc.returncode == 0, proc.stderr
+    ref, got = losses(corrected), losses(tmp_path / "run")
+    assert [got[s] for s in (5, 6, 7)] == [ref[s] for s in (5, 6, 7)]
+    expected, actual = weights(corrected, 7), weights(tmp_path / "run", 7)
+    for name, w in expected.items():
+        assert np.array_equal(actual[name], w), name
+    assert any(not np.array_equal(w, weights(reference, 7)[name])
+               for name, w in expected.items())  # (the correction changed the run)
 
 
 def test_another_dp_resumes_the_stream_to_round_off(tmp_path, stdlib_tokens, reference):

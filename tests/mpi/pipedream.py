@@ -12,7 +12,11 @@ the update applies it, clipped, to the newest weights. Checked:
   checkpoint does) bitwise equal to one that is not;
 - each outcome reported once, in step order, and the stage computing on the newest
   weights after the last flush;
-- bfloat16 compute (float32 masters) at pp = world bitwise equal to one process.
+- bfloat16 compute (float32 masters) at pp = world bitwise equal to one process;
+- train.delay_correction = "secant" at pp = world and at dp 2 equal to the reference with
+  the correction written out here too (optim/delay.py's formula), to 1e-12 — and that
+  reference measurably not the uncorrected one (the weights to 1e-10: its curvature is a
+  ratio of gradient differences, which round-off in another summation order shows).
 """
 
 import os
@@ -38,11 +42,16 @@ from hpcpipe.train.rank import Rank
 B, GLOBAL_MICROBATCHES, STEPS = 2, 8, 7
 
 
-def make_cfg(dp, pp, kind="pipedream-2bw", recompute="none", dtype="float64"):
+DECAY = 0.8  # the correction's running means: short, so that 7 steps show them
+
+
+def make_cfg(dp, pp, kind="pipedream-2bw", recompute="none", dtype="float64",
+             correction="none"):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
         "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
-                  "grad_clip": 0.9, "weight_decay": 0.1, "seed": 3, "recompute": recompute},
+                  "grad_clip": 0.9, "weight_decay": 0.1, "seed": 3, "recompute": recompute,
+                  "delay_correction": correction, "delay_correction_decay": DECAY},
         "parallel": {"dp": dp, "pp": pp, "schedule": kind,
                      "microbatches": GLOBAL_MICROBATCHES // dp},
     }, source="2BW test")
@@ -92,10 +101,33 @@ def train(comm, cfg, drain_at=()):
     return seen, order, named, newest
 
 
-def reference():
+class _Secant:
+    """The delay correction from its definition: update k steps on G_k + h ⊙ (W_k −
+    W_{k−1}), h = max(num, 0) / den, the running means of (G_k − G_{k−1}) ⊙ (W_{k−1} −
+    W_{k−2}) and of (W_{k−1} − W_{k−2})², both 0 before there is a pair."""
+
+    def __init__(self):
+        self.num = self.den = self.previous = 0.0
+
+    def corrected(self, grad, versions):
+        w = [versions[max(0, len(versions) - 1 - i)] for i in range(3)]  # W_k, W_k-1, ...
+        if len(versions) >= 2:  # G_{k−1} exists
+            moved = w[1] - w[2]
+            self.num = DECAY * self.num + (1 - DECAY) * (grad - self.previous) * moved
+            self.den = DECAY * self.den + (1 - DECAY) * moved * moved
+        self.previous = grad.copy()
+        den = self.den + np.zeros_like(grad)
+        moved = den > 0
+        h = np.zeros_like(grad)
+        h[moved] = np.maximum(self.num + h, 0)[moved] / den[moved]
+        return grad + h * (w[0] - w[1])
+
+
+def reference(correction="none"):
     """One process, synchronous machinery, the delay written out: step s's gradient on
-    version max(0, s − 1), applied to the newest weights."""
+    version max(0, s − 1), applied to the newest weights (corrected, with `correction`)."""
     cfg = make_cfg(1, 1, kind="1f1b")
+    secant = _Secant() if correction == "secant" else None
     be = devices.select()
     rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be,
                       generate("1f1b", 1, GLOBAL_MICROBATCHES))
@@ -111,6 +143,10 @@ def reference():
         norm = step_.grad_norm() * unscale
         seen[step] = (rank.model.mean_loss(result.losses), norm)
         buffer[...] = versions[-1]
+        if secant is not None:
+            host = [be.to_host(v).copy() for v in versions[-3:]]  # (on the host: here
+            for grad in step_.gradsync.gradients():  # the formula, not the device's)
+                grad[...] = be.xp.asarray(secant.corrected(be.to_host(grad).copy(), host))
         step_._update(lr_of(step), clip_coefficient(norm, cfg.train.grad_clip) * unscale)
         versions.append(buffer.copy())
     buffer[...] = versions[-1]
@@ -137,6 +173,8 @@ def check(comm) -> mpibody.Report:
     deepest = max(results, key=lambda key: key[1])
     drained = train(comm, make_cfg(deepest[0], deepest[1]), drain_at=(2, 5))
     half = train(comm, make_cfg(1, n, dtype="bfloat16"))  # float32 masters, 16-bit copies
+    corrected = {key: train(comm, make_cfg(key[0], key[1], correction="secant"))
+                 for key in ((1, n, "none"), (2, n // 2, "none"))}
     if comm.rank == 0:
         ref_seen, ref_weights = reference()
         solo = train(MPI.COMM_SELF, make_cfg(1, 1))
@@ -154,12 +192,33 @@ def check(comm) -> mpibody.Report:
         if half[0] != half_solo[0] or any(not np.isfinite(loss) for loss, _ in half[0].values()):
             failures.append(f"bfloat16 at pp {n}: {half[0]} vs one process {half_solo[0]}")
         failures += _against_reference(results_here, ref_seen, ref_weights, drained, weights)
+    failures += _corrected(comm, corrected, ref_weights if comm.rank == 0 else None)
     summary = [f"world {n}: pipedream-2bw layouts {sorted(results)}, drained at steps 2, 5, "
-               f"bfloat16 at pp {n}"]
+               f"bfloat16 at pp {n}, the secant delay correction at {sorted(corrected)}"]
     return mpibody.Report.agreed(comm, summary, failures)
 
 
-def _against_reference(results, ref_seen, ref_weights, drained, weights) -> list[str]:
+def _corrected(comm, corrected, plain_weights) -> list[str]:
+    """The corrected runs against the corrected reference (rank 0's verdict)."""
+    weights = {}
+    for key, (_, _, named, _) in corrected.items():
+        parts = comm.gather(named if comm.rank < key[1] else {}, root=0)
+        weights[key] = {k: v for part in (parts or []) for k, v in part.items()}
+    if comm.rank != 0:
+        return []
+    ref_seen, ref_weights = reference("secant")
+    moved = max(float(np.max(np.abs(ref_weights[k] - v))) for k, v in plain_weights.items())
+    failures = [] if moved > 1e-6 else [
+        f"the corrected reference is within {moved:.3g} of the uncorrected: the test "
+        f"would not see the correction"]
+    runs = {key: (result, weights[key]) for key, result in corrected.items()}
+    return failures + _against_reference({k: r for k, (r, _) in runs.items()}, ref_seen,
+                                         ref_weights, None,
+                                         {k: w for k, (_, w) in runs.items()}, weight_tol=1e-10)
+
+
+def _against_reference(results, ref_seen, ref_weights, drained, weights,
+                       weight_tol=1e-12) -> list[str]:
     failures = []
     for key, (seen, _, _, _) in results.items():
         for step, (loss, norm) in sorted(ref_seen.items()):
@@ -171,13 +230,13 @@ def _against_reference(results, ref_seen, ref_weights, drained, weights) -> list
             failures.append(f"{key}: holds tensors {sorted(weights[key])}")
             continue
         worst = max(float(np.max(np.abs(weights[key][k] - v))) for k, v in ref_weights.items())
-        if worst > 1e-12:
+        if worst > weight_tol:
             failures.append(f"{key}: the weights after the last update differ from the "
                             f"reference by {worst:.3g}")
         same_dp = [k for k in results if k[0] == key[0]]
         if seen != results[same_dp[0]][0]:
             failures.append(f"{key}: not bitwise equal to {same_dp[0]}")
-    if drained[0] != results[max(results, key=lambda key: key[1])][0]:
+    if drained is not None and drained[0] != results[max(results, key=lambda key: key[1])][0]:
         failures.append("drained at steps 2 and 5: not bitwise equal to the run without")
     return failures
 

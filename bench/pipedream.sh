@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The asynchronous pipeline (PipeDream-2BW) against 1F1B on the same tokens: pp 2, the
-# stdlib corpus, 300 steps of inputs/tiny.toml (4 microbatches of 4 sequences a step).
-# Writes runs/1f1b-pp2 and runs/2bw-pp2 and overlays their curves in
+# stdlib corpus, 300 steps of inputs/tiny.toml (4 microbatches of 4 sequences a step), and
+# 2BW again with the secant delay correction (train.delay_correction, optim/delay.py).
+# Writes runs/1f1b-pp2, runs/2bw-pp2 and runs/2bw-secant-pp2 and overlays their curves in
 # bench/results/pipedream.png. The README's "asynchronous pipeline" figures come from
 # here. Measurements, not tests: run it on an otherwise idle machine.
 set -euo pipefail
@@ -11,4 +12,6 @@ launch=(mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml
         --set train.trace_steps=0 --set train.log_every=50)
 "${launch[@]}" --set parallel.schedule=1f1b --run-dir runs/1f1b-pp2
 "${launch[@]}" --set parallel.schedule=pipedream-2bw --run-dir runs/2bw-pp2
-python -m hpcpipe plot runs/1f1b-pp2 runs/2bw-pp2 --out bench/results/pipedream.png --force
+"${launch[@]}" --set parallel.schedule=pipedream-2bw --set train.delay_correction=secant \
+    --run-dir runs/2bw-secant-pp2
+python -m hpcpipe plot runs/1f1b-pp2 runs/2bw-pp2 runs/2bw-secant-pp2 --out bench/results/pipedream.png --force

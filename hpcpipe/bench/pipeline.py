@@ -42,6 +42,8 @@ from .common import schedule_label, write_json
 from .memory import memory_rows, pareto_front, plot_front, print_front, print_memory
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto", "pipedream-2bw")
+# 2BW with train.delay_correction = "secant" (optim/delay.py): what the correction costs
+SECANT_KIND = asynchronous.KIND + "+secant"
 
 EPILOG = """\
 examples:
@@ -177,8 +179,8 @@ def contenders(kinds, cfg, grid, be, world, costs, memory_limit, log) -> list[Co
     out = []
     for kind in kinds:
         try:
-            if kind == asynchronous.KIND:
-                out.append(stream_contender(cfg, grid, be, world, costs))
+            if kind in (asynchronous.KIND, SECANT_KIND):
+                out.append(stream_contender(cfg, grid, be, world, costs, kind))
                 continue
             if kind == "auto":
                 schedule = best_auto(pp, m, costs, memory_limit or 2 * pp,
@@ -196,14 +198,16 @@ def contenders(kinds, cfg, grid, be, world, costs, memory_limit, log) -> list[Co
     return out
 
 
-def stream_contender(cfg, grid, be, world, costs: Costs) -> Contender:
-    """PipeDream-2BW: its own optimizer step (never post-validation: it waits for no
-    update), and as its prediction the stream's steady state, a step period (a flushed
-    schedule's is its makespan)."""
+def stream_contender(cfg, grid, be, world, costs: Costs, kind=asynchronous.KIND) -> Contender:
+    """PipeDream-2BW (`kind` SECANT_KIND: with the delay correction): its own optimizer
+    step (never post-validation: it waits for no update), and as its prediction the
+    stream's steady state, a step period (a flushed schedule's is its makespan)."""
+    correction = "secant" if kind == SECANT_KIND else "none"
     stream_cfg = dataclasses.replace(
-        cfg, train=dataclasses.replace(cfg.train, post_validation=False),
+        cfg, train=dataclasses.replace(cfg.train, post_validation=False,
+                                       delay_correction=correction),
         parallel=dataclasses.replace(cfg.parallel, schedule=asynchronous.KIND))
-    entry = contender(asynchronous.KIND, stream_cfg, grid, be, build_schedule(stream_cfg),
+    entry = contender(kind, stream_cfg, grid, be, build_schedule(stream_cfg),
                       world)
     steady = asynchronous.simulate_stream(
         asynchronous.pipedream_2bw(grid.pp, cfg.parallel.microbatches), costs)
@@ -305,7 +309,7 @@ def run_pipeline(args) -> int:
             print(msg, flush=True)
 
     kinds = [k.strip() for k in args.schedules.split(",") if k.strip()]
-    known = KINDS + (asynchronous.KIND,)
+    known = KINDS + (asynchronous.KIND, SECANT_KIND)
     unknown = [k for k in kinds if k not in known]
     if unknown or not kinds:
         raise HpcpipeError(f"bench pipeline: --schedules {args.schedules!r}: unknown kind "

@@ -14,7 +14,9 @@ that needs it, step k + 2's. In between, each rank runs its own part without wai
                                   in its slot), the step's loss and the ranks' timings
     the start of step k + 2       that all-reduce is waited for — the stream's version rule
                                   proves every rank started it earlier —, then clipping and
-                                  AdamW; the new weights become version k + 1
+                                  AdamW (on the gradient corrected for the delay, where
+                                  train.delay_correction asks: optim/delay.py); the new
+                                  weights become version k + 1
 
 The numbers do not depend on the pipeline: every pp equals one process bitwise. A step's
 outcome is reported when its update is applied, its timings (gathered with the next

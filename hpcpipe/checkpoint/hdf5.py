@@ -56,6 +56,18 @@ def read_dataset(ds, where: str) -> np.ndarray:
     return data
 
 
+def read_flat(f, key: str, where: str, like, whose: str) -> np.ndarray:
+    """Dataset `key` of the open file `f` (at `where`), which must hold as many elements as
+    `like` (a flat array): one message naming `whose` it should have matched otherwise."""
+    if key not in f:
+        raise CheckpointError(f"{where}: has no dataset {key!r}")
+    data = read_dataset(f[key], where)
+    if data.shape != tuple(like.shape):
+        raise CheckpointError(f"{where}: {key} holds {data.shape[0]} elements, {whose} "
+                              f"{like.shape[0]}")
+    return data
+
+
 def _check_holds(f, name: str, full: str):
     """A checkpoint file records its own name (which says which rank's shard it is); a
     file under another's name — swapped between ranks, copied over — is refused."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from hpcpipe.checkpoint.hdf5 import read_dataset, store
+from hpcpipe.checkpoint.hdf5 import read_flat, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
 from hpcpipe.util.files import write_atomic
 
@@ -77,15 +77,22 @@ def load(rank, path: str, manifest: dict):
     if not saved.get("local_steps", 0):
         step.outer.restart_from_weights()
         return
-    mine = layout_of(rank)
-    differs = [k for k in LAYOUT_KEYS if saved.get(k) != mine[k]]
+    require_layout(path, saved, layout_of(rank), LAYOUT_KEYS,
+                   "local-SGD state per replica and rank",
+                   "resume it under the layout that wrote it (or with train.local_steps = 0, "
+                   "from the first replica's weights)")
+    _read(rank, os.path.join(path, file_name(rank.grid.rank)))
+
+
+def require_layout(path: str, saved: dict, mine: dict, keys, holds: str, advice: str):
+    """Refuse, with one message, a checkpoint at `path` whose per-rank files (`holds`)
+    were written under another layout: `saved` and `mine` differ in one of `keys`."""
+    differs = [k for k in keys if saved.get(k) != mine[k]]
     if differs:
         raise CheckpointError(
-            f"{path}: holds local-SGD state per replica and rank for "
+            f"{path}: holds {holds} for "
             f"{', '.join(f'{k} = {saved.get(k)}' for k in differs)}, but this run has "
-            f"{', '.join(f'{k} = {mine[k]}' for k in differs)}; resume it under the layout "
-            f"that wrote it (or with train.local_steps = 0, from the first replica's weights)")
-    _read(rank, os.path.join(path, file_name(rank.grid.rank)))
+            f"{', '.join(f'{k} = {mine[k]}' for k in differs)}; {advice}")
 
 
 def _read(rank, full: str):
@@ -99,12 +106,7 @@ def _read(rank, full: str):
             if key not in f and key.startswith("velocity/"):
                 array[...] = 0  # written under plain averaging: Nesterov starts at rest
                 continue
-            if key not in f:
-                raise CheckpointError(f"{full}: has no dataset {key!r}")
-            data = read_dataset(f[key], full)
-            if data.shape != tuple(array.shape):
-                raise CheckpointError(f"{full}: {key} holds {data.shape[0]} elements, this "
-                                      f"rank's shard {array.shape[0]}")
+            data = read_flat(f, key, full, array, "this rank's shard")
             array[...] = xp.asarray(data.astype(array.dtype, copy=False))
     for adam in rank.step.optimizer.adams:
         adam.shard.push()

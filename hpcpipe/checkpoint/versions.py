@@ -28,7 +28,7 @@ import os
 import numpy as np
 
 from hpcpipe.checkpoint import local
-from hpcpipe.checkpoint.hdf5 import read_dataset, store
+from hpcpipe.checkpoint.hdf5 import read_flat, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
 from hpcpipe.util.files import write_atomic
 
@@ -77,27 +77,18 @@ def load(rank, path: str, manifest: dict):
     rank.step.loaded_previous = rank.step.loaded_correction = None
     if file_name(0) not in manifest.get("files", {}):
         return
-    saved, grid, mine = manifest["layout"], rank.grid, local.layout_of(rank)
-    differs = [k for k in LAYOUT_KEYS if saved.get(k) != mine[k]]
-    if differs:
-        raise CheckpointError(
-            f"{path}: holds the asynchronous pipeline's second weight version per pipeline "
-            f"rank for {', '.join(f'{k} = {saved.get(k)}' for k in differs)}, but this run "
-            f"has {', '.join(f'{k} = {mine[k]}' for k in differs)}; resume it under that "
-            f"pipeline layout, or with another schedule (from the newest weights)")
-    full = os.path.join(path, file_name(grid.pp_rank))
+    local.require_layout(path, manifest["layout"], local.layout_of(rank), LAYOUT_KEYS,
+                         "the asynchronous pipeline's second weight version per pipeline rank",
+                         "resume it under that pipeline layout, or with another schedule "
+                         "(from the newest weights)")
+    full = os.path.join(path, file_name(rank.grid.pp_rank))
     import h5py
 
     xp, out = rank.model.backend.xp, {}
     with h5py.File(full, "r") as f:
         for chunk, stage in rank.model.stages.items():
             key = f"previous/{chunk}"
-            if key not in f:
-                raise CheckpointError(f"{full}: has no dataset {key!r}")
-            data = read_dataset(f[key], full)
-            if data.shape != tuple(stage.param_buffer.data.shape):
-                raise CheckpointError(f"{full}: {key} holds {data.shape[0]} elements, this "
-                                      f"stage's buffer {stage.param_buffer.data.shape[0]}")
+            data = read_flat(f, key, full, stage.param_buffer.data, "this stage's buffer")
             out[chunk] = (int(f[key].attrs["newest"]),
                           xp.asarray(data.astype(stage.param_buffer.data.dtype, copy=False)))
         if rank.step.correction is not None and "correction" in f:
@@ -110,13 +101,7 @@ def _correction(f, full: str, correction) -> tuple[dict, list]:
     against the run's (a file saved without the correction: the caller starts it afresh)."""
     arrays = {}
     for key, mine in correction.arrays().items():
-        name = f"correction/{key}"
-        if name not in f:
-            raise CheckpointError(f"{full}: has no dataset {name!r}")
-        data = read_dataset(f[name], full)
-        if data.shape != tuple(mine.shape):
-            raise CheckpointError(f"{full}: {name} holds {data.shape} elements, this "
-                                  f"run's {tuple(mine.shape)}")
+        data = read_flat(f, f"correction/{key}", full, mine, "this run's")
         arrays[key] = data.astype(mine.dtype, copy=False)
     primed = np.asarray(f.attrs.get("correction_primed", []))
     if primed.shape != (len(correction.primed()),):

@@ -60,10 +60,6 @@ class SecantCorrection:
                                      for _ in _ShardState.NAMES))
                        for shard in optimizer.shards]
 
-    @property
-    def state_bytes(self) -> int:
-        return sum(int(getattr(s, n).nbytes) for s in self.states for n in _ShardState.NAMES)
-
     def correct(self, grads) -> list:
         """grads[i]: shard i's gradient G_k (in the master's dtype: modified in place; else
         a corrected copy in that dtype). Updates the curvature estimate with G_k."""

@@ -47,17 +47,24 @@ def start(reference):
     return os.path.join(reference, "checkpoints", ckpt.step_name(4))
 
 
+def assert_resumed_bitwise(uninterrupted, resumed) -> dict:
+    """Steps 5–7's losses and the weights after step 7 of the run resumed at step 4 equal
+    the uninterrupted run's bitwise; returns the latter's weights."""
+    ref, got = losses(uninterrupted), losses(resumed)
+    assert [got[s] for s in (5, 6, 7)] == [ref[s] for s in (5, 6, 7)]
+    expected, actual = weights(uninterrupted, 7), weights(resumed, 7)
+    for name, w in expected.items():
+        assert np.array_equal(actual[name], w), name
+    return expected
+
+
 def test_a_resumed_stream_equals_the_uninterrupted_one(tmp_path, stdlib_tokens, reference):
     folder = start(reference)
     assert {"versions-pp000.h5", "versions-pp001.h5"} <= set(os.listdir(folder))
     proc = train(tmp_path / "run", stdlib_tokens, 2, *layout(1, 2), "train.steps=7",
                  resume=folder)
     assert proc.returncode == 0, proc.stderr
-    ref, got = losses(reference), losses(tmp_path / "run")
-    assert [got[s] for s in (5, 6, 7)] == [ref[s] for s in (5, 6, 7)]
-    expected, actual = weights(reference, 7), weights(tmp_path / "run", 7)
-    for name, w in expected.items():
-        assert np.array_equal(actual[name], w), name
+    assert_resumed_bitwise(reference, tmp_path / "run")
 
 
 def test_a_corrected_stream_resumes_bitwise(tmp_path, stdlib_tokens, corrected, reference):
@@ -69,11 +76,7 @@ def test_a_corrected_stream_resumes_bitwise(tmp_path, stdlib_tokens, corrected, 
     proc = train(tmp_path / "run", stdlib_tokens, 2, *layout(1, 2), *SECANT, "train.steps=7",
                  resume=folder)
     assert proc.returncode == 0, proc.stderr
-    ref, got = losses(corrected), losses(tmp_path / "run")
-    assert [got[s] for s in (5, 6, 7)] == [ref[s] for s in (5, 6, 7)]
-    expected, actual = weights(corrected, 7), weights(tmp_path / "run", 7)
-    for name, w in expected.items():
-        assert np.array_equal(actual[name], w), name
+    expected = assert_resumed_bitwise(corrected, tmp_path / "run")
     assert any(not np.array_equal(w, weights(reference, 7)[name])
                for name, w in expected.items())  # (the correction changed the run)
 

@@ -116,10 +116,10 @@ class _Secant:
             self.num = DECAY * self.num + (1 - DECAY) * (grad - self.previous) * moved
             self.den = DECAY * self.den + (1 - DECAY) * moved * moved
         self.previous = grad.copy()
-        den = self.den + np.zeros_like(grad)
+        num, den = self.num + np.zeros_like(grad), self.den + np.zeros_like(grad)
         moved = den > 0
         h = np.zeros_like(grad)
-        h[moved] = np.maximum(self.num + h, 0)[moved] / den[moved]
+        h[moved] = np.maximum(num, 0)[moved] / den[moved]
         return grad + h * (w[0] - w[1])
 
 

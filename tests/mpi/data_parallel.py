@@ -100,6 +100,7 @@ def check(comm) -> mpibody.Report:
     process; compared on rank 0."""
     n = comm.size
     ref = train(MPI.COMM_SELF, make_cfg(1, 1, "1f1b")) if comm.rank == 0 else None
+    mpibody.settle(comm)  # the others wait for rank 0's reference asleep
     layouts = [(dp, n // dp) for dp in (1, 2, 3, 4) if n % dp == 0 and n // dp <= 4]
     kinds = ("1f1b", "zb-h1", "zb-v", "interleaved-1f1b")
     results = {}

@@ -179,6 +179,7 @@ def check(comm) -> mpibody.Report:
         ref_seen, ref_weights = reference()
         solo = train(MPI.COMM_SELF, make_cfg(1, 1))
         results_here = {(1, 1, "none"): solo, **results}
+    mpibody.settle(comm)  # the others wait for rank 0's references asleep
     weights = {}
     for key, (seen, order, named, newest) in results.items():
         failures += [] if newest else [f"{key}: not on the newest weights after flush"]
@@ -192,6 +193,7 @@ def check(comm) -> mpibody.Report:
         if half[0] != half_solo[0] or any(not np.isfinite(loss) for loss, _ in half[0].values()):
             failures.append(f"bfloat16 at pp {n}: {half[0]} vs one process {half_solo[0]}")
         failures += _against_reference(results_here, ref_seen, ref_weights, drained, weights)
+    mpibody.settle(comm)
     failures += _corrected(comm, corrected, ref_weights if comm.rank == 0 else None)
     summary = [f"world {n}: pipedream-2bw layouts {sorted(results)}, drained at steps 2, 5, "
                f"bfloat16 at pp {n}, the secant delay correction at {sorted(corrected)}"]

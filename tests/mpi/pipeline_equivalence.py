@@ -137,9 +137,11 @@ def check(comm) -> mpibody.Report:
                 continue  # the family does not allow this m (e.g. interleaving needs m % p == 0)
             recompute = recompute_for(checked, schedule.num_stages)
             cfg = make_cfg(kind, pp, m, uneven(schedule.num_stages), chunks, recompute)
+            mpibody.settle(comm)  # while rank 0 checks the last case against one process
             failures += check_one_step(comm, cfg, schedule)
             checked += 1
             last = (cfg, schedule)
+    mpibody.settle(comm)
     failures += check_optimizer_steps(comm, *last)
     summary = [f"pp={pp}: checked {checked} (schedule, microbatches) cases"]
     return mpibody.Report.agreed(comm, summary, failures)

@@ -272,6 +272,7 @@ def bitwise(label, run, ref) -> list[str]:
 def training_checks(comm) -> tuple[list[str], list[str]]:
     n = comm.size
     ref = train(MPI.COMM_SELF, make_cfg(1, 1)) if comm.rank == 0 else None
+    mpibody.settle(comm)  # the others wait for rank 0's reference asleep
     full = {}
     layouts = [(2, n // 2, 1, kind) for kind in ("1f1b", "zb-h1", "zb-v")]
     if n == 4:

@@ -100,6 +100,7 @@ def check_pipelines(world, dtype, ref, failures):
     (layouts checked, layouts there are)."""
     checked = possible = 0
     for pp in (2, 3, 4):
+        mpibody.settle(world)  # the ranks outside the last split wait for it asleep
         comm = world.Split(0 if world.rank < pp else MPI.UNDEFINED, key=world.rank)
         for kind in devices.schedule_kinds(KINDS):
             try:
@@ -164,6 +165,7 @@ def check(world) -> mpibody.Report:
                 failures.append(f"{dtype}: does not learn ({ref[0]})")
             report.append(f"{dtype}: losses {['%.4f' % x for x in ref[0]]}, float32 "
                           f"{['%.4f' % x for x in ref32[0]]}")
+        mpibody.settle(world)  # the others wait for rank 0's references asleep
         checked, possible = check_pipelines(world, dtype, ref, failures)
         check_data_parallel(world, dtype, world.bcast(ref32[0] if ref32 else None, root=0),
                             failures)

@@ -129,6 +129,7 @@ def check_layers(world, failures):
     idx, targets = rng.integers(0, V, (B, T)), rng.integers(0, V, (B, T))
     x, dy = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
     for shards in (2, 4):
+        mpibody.settle(world)  # the ranks outside the last split wait for it asleep
         comm = world.Split(0 if world.rank < shards else MPI.UNDEFINED, key=world.rank)
         if comm == MPI.COMM_NULL:
             continue
@@ -137,6 +138,7 @@ def check_layers(world, failures):
         for kind, params in cases.items():
             inp = idx if kind == "embedding" else x
             ref = run_layer(kind, params, inp, dy, None, be, targets) if comm.rank == 0 else None
+            mpibody.settle(comm)
             got = run_layer(kind, params, inp, dy, tp, be, targets)
             grads = gathered(comm, params, got[2])
             if comm.rank != 0:
@@ -238,6 +240,7 @@ def compare(label, got, ref, failures):
 def check_layouts(world, failures, report):
     n = world.size
     ref = train(MPI.COMM_SELF, make_cfg(1, 1, 1, "1f1b")) if world.rank == 0 else None
+    mpibody.settle(world)  # the others wait for rank 0's reference asleep
     layouts = [(1, 1, 4), (1, 2, 2), (2, 1, 2)] if n == 4 else [(2, 2, 2)]
     for dp, pp, tp in layouts:
         kinds = ("1f1b", "zb-h1", "zb-v", "interleaved-1f1b") if pp > 1 else ("1f1b", "zb-h1")
@@ -274,6 +277,7 @@ def check_reshard(world, failures, report):
     """tp 2 → 1 → 4, two steps each, against one process."""
     folder = world.bcast(tempfile.mkdtemp(prefix="hpcpipe-tp-") if world.rank == 0 else None)
     ref = train(MPI.COMM_SELF, make_cfg(1, 1, 1, "1f1b"), steps=6) if world.rank == 0 else None
+    mpibody.settle(world)
     losses = []
     pair = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, key=world.rank)
     path = None
@@ -283,6 +287,7 @@ def check_reshard(world, failures, report):
         losses += got[0]
         path = ckpt.save(got[2], cfg, 2, os.path.join(folder, "tp2"), {}).path
         pair.Free()
+    mpibody.settle(world)  # ranks 2 and 3 wait for the pair asleep
     path = world.bcast(path)
     if world.rank == 0:
         cfg = make_cfg(1, 1, 1, "1f1b")
@@ -291,6 +296,7 @@ def check_reshard(world, failures, report):
         ckpt.load(rank, cfg, path, ckpt.read_manifest(path))
         losses += train(MPI.COMM_SELF, cfg, rank, first_step=3, steps=2)[0]
         path = ckpt.save(rank, cfg, 4, os.path.join(folder, "tp1"), {}).path
+    mpibody.settle(world)
     path = world.bcast(path)
     cfg = make_cfg(1, 1, 4, "1f1b")
     rank = Rank.build(cfg, gridlib.build(world, 1, 1, tp=4), devices.select(),
@@ -309,6 +315,7 @@ def check_16_bit(world, failures, report):
     """bfloat16 on tp 2 × pp 2: bitwise alike across schedules, near float32's losses."""
     ref = train(MPI.COMM_SELF, make_cfg(1, 1, 1, "1f1b", dtype="float32")) \
         if world.rank == 0 else None
+    mpibody.settle(world)
     runs = [train(world, make_cfg(1, 2, 2, kind, dtype="bfloat16")) for kind in ("1f1b",
                                                                               "zb-h1")]
     if world.rank == 0:

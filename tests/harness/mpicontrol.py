@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import time
 
+from harness import mpibody
+
 ANNOUNCE, VERDICT, DECISION = 1, 2, 3  # message tags
 POLL_S = 0.005
 
@@ -79,6 +81,4 @@ class Control:
 
     def barrier(self):
         """Every rank, polled: the last meeting before the ranks exit."""
-        request = self.comm.Ibarrier()
-        while not request.Test():
-            time.sleep(POLL_S)
+        mpibody.settle(self.comm, POLL_S)

@@ -36,7 +36,8 @@ def pytest_configure(config):
 
     config.addinivalue_line("markers", mpiworld.MARKER)
     config.addinivalue_line("markers", f"{SERIAL}: starts processes across the cores (set "
-                                       "at collection); `make test` runs these one at a time")
+                                       "at collection, or by hand); `make test` runs these "
+                                       "one at a time")
     config.addinivalue_line("markers", "needs(kind, missing): the test cannot run here "
                                        "when `missing` (a reason) is not None: skipped, or "
                                        "failed under --require KIND")
@@ -57,7 +58,8 @@ def pytest_configure(config):
 SERIAL = "serial"
 SERIAL_MARKS = ("mpi", "slurm", "multinode")
 SERIAL_FOLDERS = ("harness", "jobs")
-SERIAL_FILES = ("test_kernels.py", "test_gpu_check.py")  # compile with every core
+SERIAL_FILES = ("test_gpu_check.py",)  # compiles with every core
+# (test_kernels.py marks its own: the tests that compile every source at once.)
 
 
 def _serial(item) -> bool:

@@ -146,13 +146,11 @@ def test_tensor_core_attention_matches_its_rounding_and_the_core(kernels):
 @host_build
 def test_under_address_and_undefined_behaviour_sanitizers():
     """The cases again on the -fsanitize=address,undefined build (kernelcases.SANITIZED):
-    built once on every core, in this process, then run as two processes of half the
-    cases each (one process took 40 s of one core)."""
-    # Built here, outside the sanitizers' preloaded runtime: inherited by every compiler it
-    # started, it halved their speed (32 s of 2 cores, 16 s without). Only built: this
-    # process has no sanitizer runtime to load the libraries with.
-    hostbuild.build_all((source_text(name) for name in SOURCES), sanitize=True)
+    built once on every core, then run as two processes of half the cases each (one
+    process took 40 s of one core)."""
     script = [sys.executable, str(Path(kernelcases.__file__)), "--sanitize"]
+    built = _sanitized([*script, "--build-only"])
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-6000:]
     parts = [_sanitized([*script, "--part", f"{k}/2"], wait=False) for k in range(2)]
     outputs = [p.communicate(timeout=600) for p in parts]
     for proc, (out, err) in zip(parts, outputs):
@@ -165,7 +163,6 @@ def test_sanitizer_catches_an_out_of_bounds_write():
     """The sanitized build is not a no-op: a kernel writing one past its array fails."""
     code = ('extern "C" __global__ void __launch_bounds__(32) past(float* out, int n) {\n'
             '    out[threadIdx.x + (threadIdx.x == 31 ? 1 : 0)] = 1.0f; }\n')
-    hostbuild.build(code, sanitize=True)  # compiled outside the preloaded runtime, as above
     script = _launch_script(code, "past", "xp.zeros(32, dtype=np.float32), np.int32(32)",
                             sanitize=True)
     done = _sanitized([sys.executable, "-c", script])
@@ -330,6 +327,22 @@ def test_host_builds_are_cached_by_source(tmp_path, monkeypatch):
     assert hostbuild.build(code).path == first.path  # no second compile
     assert set(first.kernels) == set(SOURCES["gelu"].kernels)
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".so"]
+
+
+@host_build
+def test_the_compiler_does_not_inherit_a_preloaded_library(tmp_path, monkeypatch):
+    """A sanitized run preloads the sanitizers' runtime (LD_PRELOAD); the compilers a build
+    starts must not inherit it (it halved their speed)."""
+    seen = tmp_path / "seen"
+    fake = tmp_path / "fake-cxx"
+    fake.write_text(f'#!/bin/sh\necho "[$LD_PRELOAD]" >> {seen}\nexit 1\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv(hostbuild.CXX_ENV, str(fake))
+    monkeypatch.setenv(hostbuild.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("LD_PRELOAD", "libnot-for-compilers.so")
+    with pytest.raises(hostbuild.HostBuildError):
+        hostbuild.build(source_text("gelu"))
+    assert seen.read_text().splitlines() == ["[]", "[]"]  # --version, then the build
 
 
 def test_kernels_pick_the_double_for_the_standin():

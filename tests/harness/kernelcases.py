@@ -607,9 +607,11 @@ def run(sanitize: bool, cases=SANITIZED) -> None:
 
 
 if __name__ == "__main__":
-    # python kernelcases.py [--sanitize] [--part K/N]
+    # python kernelcases.py [--sanitize] [--build-only | --part K/N]
     sanitize = "--sanitize" in sys.argv
-    if "--part" in sys.argv:
+    if "--build-only" in sys.argv:
+        kernels(sanitize)
+    elif "--part" in sys.argv:
         k, n = map(int, sys.argv[sys.argv.index("--part") + 1].split("/"))
         run(sanitize, part(SANITIZED, k, n))
     else:

@@ -81,13 +81,22 @@ def cache_folder() -> Path:
     return path
 
 
+def _compiler_env() -> dict[str, str]:
+    """This process's environment without LD_PRELOAD, for the compiler: a sanitized run
+    preloads the sanitizers' runtime (RawModule(sanitize=True)), and a compiler that
+    inherits it runs at half speed (9 sources: 32 s of 2 cores, 16 s without)."""
+    return {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
+
+
 @functools.cache
 def _compiler_version(cxx: str) -> str:
-    return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
+    return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False,
+                          env=_compiler_env()).stdout
 
 
 def _run(command: list[str]) -> str:
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, check=False,
+                          env=_compiler_env())
     if done.returncode != 0:
         raise HostBuildError(f"{' '.join(command)}\n{done.stderr}")
     return done.stdout

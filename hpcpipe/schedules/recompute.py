@@ -84,3 +84,79 @@ def parse(text: str) -> Recompute:
         pass
     raise ScheduleError(f"cannot read recompute {text!r}: expected none, selective, full or "
                         "KEEP:TIME (e.g. 0.35:0.04: keep 35 % of M_B, re-run 4 % of F)")
+
+
+# -- per microbatch: an analysis, not a runtime choice --------------------------------------
+# The runtime (and `Costs`) take one choice per stage. Whether choosing per microbatch would
+# reach what per stage cannot -- the zero-bubble paper's costs at 1F1B's memory -- is asked
+# by `fewest_recomputed` and `bubble_recomputing` (`python -m hpcpipe.schedules.table
+# --per-microbatch`); the answer (README, "Recomputation and the Pareto front") is that it
+# roughly halves the bubble on some rows and reaches 1 % on none, so it is not built.
+
+def fewest_recomputed(schedule, costs, limit: float, choice: Recompute
+                      ) -> frozenset[tuple[int, int]] | None:
+    """(stage, microbatch) pairs to recompute with `choice` so that every rank's peak
+    activations (simulator.memory_deltas's two-level model, per microbatch) stay within
+    `limit`; None where recomputing every microbatch would not do. Memory depends on each
+    rank's op order alone, so ranks are settled one at a time: at the first op that goes
+    over, the microbatch held from F to B whose B is furthest ahead is recomputed (it frees
+    the most op slots), until the rank fits."""
+    from .ops import Kind
+    S, v = schedule.num_stages, schedule.chunks
+    mem, memw = costs.per_stage("memory", S, v), costs.per_stage("memw", S, v)
+    chosen: set[tuple[int, int]] = set()
+    for r, ops in enumerate(schedule.ranks):
+        keys = [(schedule.stage(r, op), op.microbatch) for op in ops]
+        b_at = {key: i for i, (op, key) in enumerate(zip(ops, keys))
+                if op.kind in (Kind.B, Kind.BW)}
+        while (over := _first_over(ops, keys, mem, memw, limit, chosen, choice.keep)) is not None:
+            at, held = over
+            candidates = [key for key in held if key not in chosen]
+            if not candidates or not choice.recomputes:
+                return None
+            chosen.add(max(candidates, key=lambda key: b_at.get(key, len(ops))))
+    return frozenset(chosen)
+
+
+def _first_over(ops, keys, mem, memw, limit, chosen, keep):
+    """(index, microbatches held from F to B there) of rank's first op over `limit`; None."""
+    from .ops import Kind
+    held, live = 0.0, set()
+    for i, (op, key) in enumerate(zip(ops, keys)):
+        s, ours = key[0], key in chosen
+        kept = mem[s] * (keep if ours else 1.0)
+        if op.kind is Kind.F:
+            held += kept
+            live.add(key)
+            if held > limit + 1e-9:
+                return i, live
+        elif op.kind is Kind.W:
+            held -= memw[s]
+        else:  # B or BW: the rebuild is held while it runs
+            if held + mem[s] - kept > limit + 1e-9:
+                return i, live
+            held += (memw[s] if op.kind is Kind.B else 0.0) - kept
+            live.discard(key)
+    return None
+
+
+def bubble_recomputing(schedule, costs, recomputed, choice: Recompute) -> float:
+    """The bubble of `schedule` when the (stage, microbatch) pairs `recomputed` re-run
+    choice.time of their F at the start of their B, counted as lost: 1 − the busiest rank's
+    work without recomputation / the longest span."""
+    from .ops import Kind
+    from .simulator import replay
+    S, v = schedule.num_stages, schedule.chunks
+    tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
+
+    def duration(op, s):
+        extra = choice.time * tf[s] if (s, op.microbatch) in recomputed else 0.0
+        return {Kind.F: tf[s], Kind.B: tb[s] + extra, Kind.W: tw[s]}.get(op.kind,
+                                                                          tb[s] + tw[s] + extra)
+    run = replay(schedule, duration, costs.comm)
+    span = max(ends[-1] - starts[0] for starts, ends in zip(run.start, run.end) if starts)
+    m = schedule.num_microbatches
+    work = max(m * sum(tf[s] + tb[s] + tw[s] for s in
+                       (schedule.stage_of[(r, c)] for c in range(v)))
+               for r in range(schedule.num_ranks))
+    return 1.0 - work / span

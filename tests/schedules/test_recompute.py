@@ -4,7 +4,9 @@ import pytest
 
 from hpcpipe.schedules import Costs, ScheduleError, generate, peak_activations, simulate
 from hpcpipe.schedules.ops import make_schedule, one_chunk_placement, ops_from_strings
-from hpcpipe.schedules.recompute import PRESETS, Recompute, parse, presets
+from hpcpipe.schedules.recompute import (PRESETS, Recompute, bubble_recomputing,
+                                         fewest_recomputed, parse, presets)
+from hpcpipe.schedules.table import per_microbatch_row, render_per_microbatch
 
 HALF = Recompute("0.3:0.5", keep=0.3, time=0.5)
 
@@ -55,3 +57,49 @@ def test_recompute_lowers_one_f_one_b_peak_by_what_it_keeps():
     # rank 0 holds 4 microbatches; with full recompute 4 x keep, plus one rebuilt in its B
     assert plain[0] == 4
     assert full[0] == pytest.approx(3 * PRESETS["full"].keep + 1)
+
+
+# -- per microbatch (an analysis: recompute.fewest_recomputed) ------------------------------
+
+SIX_B = Costs(29.718, 29.444, 19.927, 0.527, memw=0.43)
+
+
+def test_fewest_recomputed_by_hand():
+    # 1F1B's order on one rank, M_W = 0.4, keep 0.3: F0 F1 hold 2; under limit 1.8 the
+    # microbatch whose B comes last (1: B1 after B0) is recomputed: F1 brings 1.3, B0
+    # leaves .7, W0 .3, B1 rebuilds .7 on top of it: 1.0.
+    s = one_rank("F0 F1 B0 W0 B1 W1 F2 B2 W2")
+    costs = Costs(memory=1, memw=0.4)
+    assert fewest_recomputed(s, costs, 2, HALF) == frozenset()
+    assert fewest_recomputed(s, costs, 1.8, HALF) == {(0, 1)}
+    # Under 1.0 both of F0 and F1 must recompute, and then B0's rebuild (.7) on top of their
+    # .6 goes over: nothing fits.
+    assert fewest_recomputed(s, costs, 1.0, HALF) is None
+    assert fewest_recomputed(s, costs, 1.0, PRESETS["none"]) is None
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "zb-h2", "zb-v", "v-half"])
+def test_per_microbatch_agrees_with_the_simulator_per_stage(kind):
+    selective = PRESETS["selective"]
+    s = generate(kind, 4, 8)
+    everything = frozenset((stage, x) for stage in range(s.num_stages) for x in range(8))
+    plain = max(peak_activations(s, SIX_B))
+    recomputing = max(peak_activations(s, SIX_B.with_recompute(selective)))
+    # Recomputing every microbatch is the per-stage choice: the simulator's peak is exactly
+    # the limit that needs all of what fewest_recomputed may choose, and no lower one fits.
+    assert fewest_recomputed(s, SIX_B, plain, selective) == frozenset()
+    chosen = fewest_recomputed(s, SIX_B, recomputing, selective)
+    assert chosen is not None and chosen <= everything and len(chosen) < len(everything)
+    assert fewest_recomputed(s, SIX_B, recomputing - 1e-3, selective) is None
+    # And the bubbles: nothing recomputed is simulate's; everything is the per-stage plan's.
+    useful = max(simulate(s, SIX_B).busy)
+    assert bubble_recomputing(s, SIX_B, frozenset(), selective) == pytest.approx(
+        simulate(s, SIX_B).bubble_rate, abs=1e-12)
+    assert bubble_recomputing(s, SIX_B, everything, selective) == pytest.approx(
+        1 - useful / simulate(s, SIX_B.with_recompute(selective)).longest_span, abs=1e-12)
+
+
+def test_per_microbatch_table():
+    (stage_bubble, _), (bubble, limit, chunks, pairs) = per_microbatch_row(2, 4, SIX_B, steps=3)
+    assert 0 <= bubble <= stage_bubble + 1e-12 and limit in (2, 2.1, 2.2) and chunks in (1, 2)
+    assert "| 2 | 4 |" in render_per_microbatch([(2, 4)])

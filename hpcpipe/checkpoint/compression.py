@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from hpcpipe.checkpoint.hdf5 import read_dataset, store
+from hpcpipe.checkpoint.hdf5 import dataset, member, read_dataset, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.util.files import write_atomic
@@ -121,15 +121,14 @@ def _index(opened: dict, path: str) -> dict:
         where = os.path.join(path, fname)
         try:
             dp_rank = int(f.attrs["rank"][0])
-            errors, qs = f["error"], f["q"]
         except KeyError:
-            raise CheckpointError(f"{where}: not a PowerSGD state file (no rank, error "
-                                  f"or q)") from None
+            raise CheckpointError(f"{where}: not a PowerSGD state file (no rank)") from None
+        errors = member(f, "error", where)  # hard links only: never another file's
         for tensor in errors:
-            recorded = errors[tensor].attrs.get("tp")
+            error, q = dataset(f, f"error/{tensor}", where), dataset(f, f"q/{tensor}", where)
+            recorded = error.attrs.get("tp")
             tp = None if recorded is None else [int(v) for v in recorded]
-            index.setdefault(tensor, []).append((dp_rank, tp, where, errors[tensor],
-                                                 qs[tensor]))
+            index.setdefault(tensor, []).append((dp_rank, tp, where, error, q))
     return index
 
 

@@ -1,7 +1,9 @@
 """How a checkpoint's HDF5 files hold arrays: one fletcher32-checksummed dataset each
 (bfloat16 as uint16 with a `dtype` attribute, since h5py stores ml_dtypes' bfloat16 as an
 opaque type), and a reader that checks each file against the manifest before HDF5 opens
-it and reads tensors, or the elements of optimizer state a rank needs, from any layout."""
+it and reads tensors, or the elements of optimizer state a rank needs, from any layout —
+only datasets the file itself holds (reached by hard links, their bytes stored in the
+file), each checked for shape and type before it is read."""
 
 from __future__ import annotations
 
@@ -43,40 +45,104 @@ def store(group, name: str, array: np.ndarray, **attrs):
     return ds
 
 
+def member(f, key: str, where: str):
+    """The object at path `key` of an open file, reached by hard links only: a soft or
+    external link could lead to another file, and a checkpoint never reads outside its
+    folder."""
+    import h5py
+
+    node = f
+    for part in key.split("/"):
+        link = node.get(part, getlink=True) if isinstance(node, h5py.Group) else None
+        if link is None:
+            raise CheckpointError(f"{where}: has no dataset {key!r}")
+        if not isinstance(link, h5py.HardLink):
+            raise CheckpointError(f"{where}: {key} is an HDF5 {type(link).__name__} (to "
+                                  f"another place or file); a checkpoint holds its own data")
+        node = node[part]
+    return node
+
+
+def dataset(f, key: str, where: str):
+    """The dataset at path `key` of an open file (see `member`)."""
+    import h5py
+
+    ds = member(f, key, where)
+    if not isinstance(ds, h5py.Dataset):
+        raise CheckpointError(f"{where}: {key} is an HDF5 {type(ds).__name__}, not a dataset")
+    return ds
+
+
+def _check_stored(ds, where: str):
+    """Only bytes the file itself stores are read: HDF5 can map a dataset onto other files
+    (external storage, a virtual dataset) and declare one far larger than what it stores
+    (chunks never written read as the fill value), which would be read, or allocated,
+    unchecked. hpcpipe writes every dataset whole and uncompressed."""
+    if ds.is_virtual or ds.external:
+        raise CheckpointError(f"{where}: dataset {ds.name} keeps its data in other files; a "
+                              f"checkpoint's datasets hold their own bytes")
+    stored = ds.id.get_storage_size()
+    if stored < ds.nbytes or ds.nbytes > ds.file.id.get_filesize():
+        raise CheckpointError(f"{where}: dataset {ds.name} declares {ds.nbytes:,} bytes but "
+                              f"the file stores {stored:,} of them (never written, or not a "
+                              f"file hpcpipe wrote)")
+
+
+def text_attr(obj, key: str, where: str) -> str | None:
+    """A string attribute (None when absent); another type is refused, naming it."""
+    value = obj.attrs.get(key)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if value is not None and not isinstance(value, str):
+        raise CheckpointError(f"{where}: {obj.name} has attribute {key} = {str(value)[:40]}, "
+                              f"not a string")
+    return value
+
+
+def is_bfloat16(ds, where: str) -> bool:
+    return text_attr(ds, "dtype", where) == "bfloat16" and ds.dtype == np.uint16
+
+
 def read_dataset(ds, where: str) -> np.ndarray:
+    _check_stored(ds, where)
     try:
         data = ds[()]
     except OSError as e:  # fletcher32 mismatch, truncated chunk
         raise CheckpointError(f"{where}: dataset {ds.name} cannot be read ({e}); the file is "
                               f"damaged") from None
-    if ds.attrs.get("dtype") == "bfloat16":
+    if is_bfloat16(ds, where):
         import ml_dtypes
 
         data = data.view(ml_dtypes.bfloat16)
     return data
 
 
+def _floats(ds, where: str) -> bool:
+    return ds.dtype.kind == "f" or is_bfloat16(ds, where)
+
+
 def read_flat(f, key: str, where: str, like, whose: str) -> np.ndarray:
-    """Dataset `key` of the open file `f` (at `where`), which must hold as many elements as
-    `like` (a flat array): one message naming `whose` it should have matched otherwise."""
-    if key not in f:
-        raise CheckpointError(f"{where}: has no dataset {key!r}")
-    data = read_dataset(f[key], where)
-    if data.shape != tuple(like.shape):
-        raise CheckpointError(f"{where}: {key} holds {data.shape[0]} elements, {whose} "
-                              f"{like.shape[0]}")
-    return data
+    """Dataset `key` of the open file `f` (at `where`), which must hold as many floats as
+    `like` (a flat array): one message naming `whose` it should have matched otherwise
+    (checked before anything is read)."""
+    ds = dataset(f, key, where)
+    if ds.shape != tuple(like.shape) or not _floats(ds, where):
+        raise CheckpointError(f"{where}: {key} holds {ds.dtype} of shape {ds.shape}, {whose} "
+                              f"{like.shape[0]} floats")
+    return read_dataset(ds, where)
 
 
 def _check_holds(f, name: str, full: str):
     """A checkpoint file records its own name (which says which rank's shard it is); a
     file under another's name — swapped between ranks, copied over — is refused."""
-    recorded = f.attrs.get("file")
-    if isinstance(recorded, bytes):
-        recorded = recorded.decode("utf-8", "replace")
+    try:
+        recorded = text_attr(f, "file", full)
+    except CheckpointError:
+        f.close()
+        raise
     if recorded is not None and recorded != name:
         f.close()
-        raise CheckpointError(f"{full}: holds {str(recorded)[:80]!r}, written for another "
+        raise CheckpointError(f"{full}: holds {recorded[:80]!r}, written for another "
                               f"rank (files swapped or copied over)")
 
 
@@ -115,18 +181,12 @@ class Reader:
         if info is None:
             raise CheckpointError(f"{self.path}: no parameter {name!r} in the checkpoint")
         where = os.path.join(self.path, info["file"])
-        try:
-            dataset = self.file(info["file"])[name]
-        except KeyError:
-            raise CheckpointError(f"{where}: has no dataset {name!r} (the manifest lists "
-                                  f"it there)") from None
-        data = read_dataset(dataset, where)
-        floats = data.dtype.kind == "f" or data.dtype.name == "bfloat16"
-        if tuple(data.shape) != tuple(info["shape"]) or not floats:
-            raise CheckpointError(f"{where}: dataset {name} is {data.dtype} of shape "
-                                  f"{data.shape}; the manifest says floats of shape "
+        ds = dataset(self.file(info["file"]), name, where)
+        if tuple(ds.shape) != tuple(info["shape"]) or not _floats(ds, where):
+            raise CheckpointError(f"{where}: dataset {name} is {ds.dtype} of shape "
+                                  f"{ds.shape}; the manifest says floats of shape "
                                   f"{tuple(info['shape'])}")
-        return data
+        return read_dataset(ds, where)
 
     def state(self, kind: str, name: str, where) -> np.ndarray | None:
         """Elements of the flattened `kind` state of tensor `name`: [t0, t1) for `where` =
@@ -134,6 +194,9 @@ class Reader:
         when the checkpoint has none."""
         segments = self.manifest["pieces"].get(name)
         if not segments:
+            if self.manifest["pieces"]:  # never a silent restart of Adam for one tensor
+                raise CheckpointError(f"{self.path}: the manifest lists optimizer state for "
+                                      f"other tensors but none for {name} (damaged)")
             return None
         if isinstance(where, tuple) and not any("tp" in p for p in segments):
             return self._range(kind, name, *where)
@@ -184,22 +247,25 @@ class Reader:
         return out
 
     def _segment_data(self, kind: str, name: str, p: dict) -> np.ndarray | None:
-        group = self.file(p["file"])[kind]
-        key, where = f"{name}@{p['start']}", os.path.join(self.path, p["file"])
-        if key not in group:
+        where = os.path.join(self.path, p["file"])
+        group, key = member(self.file(p["file"]), kind, where), f"{name}@{p['start']}"
+        if group.get(key, getlink=True) is None:
             if kind == "master":
                 return None  # a 32-bit run keeps none: its weights are the master copy
             # Adam's moments listed in the manifest but not there: an error, never a
             # silent restart of Adam from zero.
             raise CheckpointError(f"{where}: has no {kind}/{key} dataset (the manifest lists "
                                   f"this optimizer state there); the file is damaged")
-        dataset = group[key]
-        recorded = dataset.attrs.get("tp")
+        ds = dataset(group, key, where)
+        if ds.shape != (p["stop"] - p["start"],) or not _floats(ds, where):
+            raise CheckpointError(f"{where}: {kind}/{key} is {ds.dtype} of shape {ds.shape}; "
+                                  f"the manifest says {p['stop'] - p['start']} floats")
+        recorded = ds.attrs.get("tp")
         if "tp" in p and recorded is not None and [int(v) for v in recorded] != p["tp"]:
             raise CheckpointError(f"{where}: {kind}/{key} is tensor shard {int(recorded[1])} "
                                   f"of {int(recorded[0])}, the manifest says shard "
                                   f"{p['tp'][1]}: shard files swapped between ranks")
-        return read_dataset(dataset, where)
+        return read_dataset(ds, where)
 
     def close(self):
         for f in self.files.values():

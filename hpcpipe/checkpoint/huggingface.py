@@ -116,7 +116,8 @@ def _weight_map(index_path: str) -> dict[str, str]:
             isinstance(v, str) for v in weight_map.values()):
         raise HuggingFaceError(f"{index_path}: no weight_map of tensor names to shard files")
     for name in set(weight_map.values()):
-        if os.path.basename(name) != name or not name.endswith(".safetensors"):
+        if os.path.basename(name) != name or "\x00" in name or \
+                not name.endswith(".safetensors"):
             raise HuggingFaceError(f"{index_path}: shard {name[:80]!r}: a shard is a "
                                    f".safetensors file beside the index")
     return weight_map

@@ -14,6 +14,7 @@ file, the tensor and the field.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -22,7 +23,16 @@ import numpy as np
 
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import open_regular, write_atomic
-from hpcpipe.util.schema import Int, ListOf, MapOf, Mismatch, Record, Text, parse_json
+from hpcpipe.util.schema import (
+    INT64_MAX,
+    Int,
+    ListOf,
+    MapOf,
+    Mismatch,
+    Record,
+    Text,
+    parse_json,
+)
 
 _DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
            "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
@@ -74,6 +84,11 @@ def _entry(path: str, name: str, info) -> Entry:
         raise SafetensorsError(
             f"{path}: tensor {name!r}: data_offsets [{begin}, {end}] hold {end - begin} bytes, "
             f"but shape {info['shape']} of {info['dtype']} needs {count * dtype.itemsize}")
+    # NumPy sizes an array by every dimension but the zeros, so an empty tensor's other
+    # dimensions must still fit in an array (a claimed [0, 2**62, 2**62] holds no bytes).
+    if math.prod(max(dim, 1) for dim in info["shape"]) * dtype.itemsize > INT64_MAX:
+        raise SafetensorsError(f"{path}: tensor {name!r}: shape {info['shape']} is larger "
+                               f"than any array can be")
     return Entry(name, dtype, tuple(info["shape"]), begin, end)
 
 

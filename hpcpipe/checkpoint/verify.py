@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from hpcpipe.checkpoint.hdf5 import H5_ERRORS, read_dataset, sha256
+from hpcpipe.checkpoint.hdf5 import H5_ERRORS, member, read_dataset, sha256
 from hpcpipe.checkpoint.manifest import MANIFEST, CheckpointError, step_in_name
 from hpcpipe.checkpoint.manifest import read as read_manifest
 from hpcpipe.checkpoint.retention import latest, list_checkpoints, root_of, run_of
@@ -54,12 +54,16 @@ def _file_problem(file: str, info: dict) -> str | None:
         return f"{file}: SHA-256 differs from the manifest (corrupted)"
 
     def read_all(name, obj):
-        if isinstance(obj, h5py.Dataset):
+        if isinstance(obj, h5py.Group):
+            for key in obj:  # the visit follows hard links only: the others are refused
+                member(obj, key, file)
+        elif isinstance(obj, h5py.Dataset):
             read_dataset(obj, file)  # raises on a fletcher32 mismatch
         return None  # (a value would stop the visit)
 
     try:
         with h5py.File(file, "r") as f:
+            read_all("/", f)
             f.visititems(read_all)
     except CheckpointError as e:
         return str(e)

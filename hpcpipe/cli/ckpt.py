@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import time
@@ -137,7 +138,7 @@ def cmd_info(args) -> int:
              if lay.get("powersgd_rank") else "")
           + (f", local SGD H = {lay['local_steps']}" if lay.get("local_steps") else ""))
     print(f"  partition: {partition_words(lay['partition'])}")
-    params = sum(int(np.prod(t['shape'])) for t in m['tensors'].values())
+    params = sum(math.prod(t['shape']) for t in m['tensors'].values())  # never overflows
     print(f"  {len(m['tensors'])} tensors, {params:,} parameters; optimizer state for "
           f"{len(m['pieces'])} tensors (Adam step {m['adam_step']})")
     print(f"  {len(m['files'])} files, {size / 2**20:.1f} MiB: {', '.join(sorted(m['files']))}")
@@ -309,7 +310,7 @@ def declared_architecture(weights: str) -> tuple[dict, set] | None:
     to Hugging Face's defaults), None when there is none; every field that changes what
     the model computes is checked (huggingface.architecture)."""
     path = os.path.join(os.path.dirname(weights) or ".", huggingface.CONFIG)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):  # one that is there but not a file is an error, not absent
         return None
     what = f"the Hugging Face config beside {weights}"
     return huggingface.architecture(huggingface.read_json(path, what), f"{path} ({what})")

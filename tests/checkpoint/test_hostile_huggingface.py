@@ -1,0 +1,54 @@
+"""Hugging Face folders that import-gpt2 must refuse with one readable error: an empty
+tensor whose other dimensions no array can have, an index naming a shard with a NUL
+byte, a config.json that is there but is not a file (never silently taken as absent)."""
+
+import json
+import os
+
+import pytest
+from harness.hostile import ends_with_one_error, gpt2_tensors, raw_safetensors
+
+from hpcpipe.checkpoint import huggingface, safetensors
+
+
+def _import(folder, tmp_path) -> list[str]:
+    return ["ckpt", "import-gpt2", str(folder), "--out", str(tmp_path / "ckpt")]
+
+
+@pytest.mark.parametrize("shape", [[0, 2**62, 2**62], [0, 2**40, 2**40, 2**40]])
+def test_an_empty_tensor_of_impossible_dimensions_is_one_error(capsys, tmp_path, shape):
+    """It holds no bytes, so the byte ranges agree; NumPy still refuses its shape."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / huggingface.WEIGHTS).write_bytes(raw_safetensors(
+        {"wte.weight": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}))
+    line = ends_with_one_error(capsys, _import(tmp_path / "hf", tmp_path))
+    assert "tensor 'wte.weight'" in line and "larger than any array" in line
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_an_index_naming_a_shard_with_a_nul_byte_is_one_error(capsys, tmp_path):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    tensors = gpt2_tensors()
+    safetensors.save(str(hf / "model-00001-of-00001.safetensors"), tensors, {"n_head": "2"})
+    weight_map = dict.fromkeys(tensors, "model-00001-of-00001.safetensors")
+    weight_map["transformer.wte.weight"] = "model\x00.safetensors"
+    (hf / huggingface.INDEX).write_text(json.dumps({"weight_map": weight_map}))
+    line = ends_with_one_error(capsys, _import(hf, tmp_path))
+    assert huggingface.INDEX in line and "a shard is a .safetensors file beside the index" in line
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_config_json_that_is_not_a_file_is_an_error_not_absent(capsys, tmp_path, kind):
+    """The weights' own metadata says n_head; a config.json beside them that cannot be read
+    is still refused, never skipped as if the folder had none."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    safetensors.save(str(hf / huggingface.WEIGHTS), gpt2_tensors(), {"n_head": "2"})
+    if kind == "folder":
+        (hf / huggingface.CONFIG).mkdir()
+    else:
+        os.mkfifo(hf / huggingface.CONFIG)
+    line = ends_with_one_error(capsys, _import(hf, tmp_path))
+    assert f"{huggingface.CONFIG} cannot be read" in line
+    assert not (tmp_path / "ckpt").exists()

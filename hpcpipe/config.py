@@ -14,6 +14,7 @@ What only the launch can decide — `parallel.dp = "auto"` and the microbatches 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import tomllib
 import typing
@@ -48,6 +49,9 @@ MAX_BUCKET_MB = float(1 << 20)  # 1 TiB: buckets past the model's size change no
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 AUTO_DP = "auto"  # parallel.dp's other spelling of 0: the launch decides
 AUTO_PARTITION = "auto"  # parallel.layers_per_stage's other spelling of []: by cost
+# Ten times the deepest GPTs trained: the balanced split of blocks over stages (and its
+# re-planning for the smallest change that fits) takes time that grows as n_layer² or more.
+MAX_LAYERS = 1024
 
 
 @dataclass(frozen=True)
@@ -324,11 +328,19 @@ def _build_section(source, name, table) -> object:
     for key, value in table.items():
         if key not in hints:
             raise ConfigError(source, f"{name}.{key}", value,
-                              f"unknown key in [{name}]; known keys: {', '.join(known)}")
+                              f"unknown key in [{name}]{_closest(key, known, name + '.')}; "
+                              f"known keys: {', '.join(known)}")
         values[key] = _coerce(source, f"{name}.{key}", value, hints[key])
     if cls is GPTConfig:  # it checks itself too, without naming the file
         _check_model(source, {**_defaults(cls), **values})
     return cls(**values)
+
+
+def _closest(word: str, known, prefix: str = "") -> str:
+    """' (did you mean X?)' for the known name nearest a misspelt one, else ''."""
+    by_case = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(word.lower(), list(by_case), n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{by_case[close[0]]}?)" if close else ""
 
 
 def _defaults(cls) -> dict:
@@ -355,6 +367,9 @@ def _one_of(source, key: str, value, allowed):
 def _check_model(source, model: dict):
     _at_least(source, "model", model, ("n_layer", "n_head", "n_embd", "block_size",
                                        "vocab_size", "vocab_multiple"), 1)
+    _require(source, "model.n_layer", model["n_layer"], model["n_layer"] <= MAX_LAYERS,
+             f"must be at most {MAX_LAYERS} transformer blocks (ten times the deepest GPTs; "
+             f"planning the stages' split takes time that grows as n_layer²)")
     n_embd, n_head = model["n_embd"], model["n_head"]
     _require(source, "model.n_embd", n_embd, n_embd % n_head == 0,
              f"must be divisible by model.n_head = {n_head} (each head gets n_embd/n_head "
@@ -641,15 +656,18 @@ def for_world(cfg: Config, world: int) -> Config:
 def parse_override(text: str) -> tuple[str, str, object]:
     """'section.key=value' → (section, key, value); the value is read as TOML (numbers,
     true/false, quoted strings) and as a bare string when it is not valid TOML."""
-    if "=" not in text or "." not in text.split("=", 1)[0]:
+    dotted, _, raw = text.partition("=")
+    section, _, key = (part.strip() for part in dotted.partition("."))
+    if "=" not in text or not section or not key:
         raise ConfigError("--set", text, text, "expected section.key=value, e.g. train.steps=50")
-    dotted, raw = text.split("=", 1)
-    section, key = dotted.strip().split(".", 1)
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        parsed = tomllib.loads(f"v = {raw}")
     except (tomllib.TOMLDecodeError, RecursionError):
-        value = raw.strip()
-    return section.strip(), key.strip(), value
+        return section, key, raw.strip()
+    if list(parsed) != ["v"]:  # "2\nlr = 5" would set train.steps and drop the rest
+        raise ConfigError("--set", f"{section}.{key}", raw,
+                          "must be one value on one line (one --set per key)")
+    return section, key, parsed["v"]
 
 
 def from_dict(data: dict, source: str = "<dict>") -> Config:
@@ -657,7 +675,8 @@ def from_dict(data: dict, source: str = "<dict>") -> Config:
     for name, table in data.items():
         if name not in SECTIONS:
             raise ConfigError(source, name, table if not isinstance(table, dict) else "[...]",
-                              f"unknown section; known sections: {', '.join(SECTIONS)}")
+                              f"unknown section{_closest(name, SECTIONS)}; known sections: "
+                              f"{', '.join(SECTIONS)}")
         if not isinstance(table, dict):
             raise ConfigError(source, name, table, f"must be a [{name}] table")
         sections[name] = _build_section(source, name, table)
@@ -682,6 +701,9 @@ def _read_toml(path: str) -> dict:
     except UnicodeDecodeError as e:
         raise ConfigError(path, "file", path, f"not UTF-8 text (byte {e.start} is "
                                               f"0x{raw[e.start]:02x}); TOML is UTF-8") from None
+    if text.startswith("\ufeff"):  # invisible in an editor, and tomllib's error names none
+        raise ConfigError(path, "file", path, "starts with a byte-order mark (U+FEFF), which "
+                                              "TOML does not allow; save it as UTF-8 without BOM")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -698,7 +720,8 @@ def load(path: str, overrides: typing.Sequence[str] = ()) -> Config:
         section, key, value = parse_override(text)
         if section not in SECTIONS:
             raise ConfigError("--set", section, value,
-                              f"unknown section; known sections: {', '.join(SECTIONS)}")
+                              f"unknown section{_closest(section, SECTIONS)}; known sections: "
+                              f"{', '.join(SECTIONS)}")
         table = data.setdefault(section, {})
         if not isinstance(table, dict):
             raise ConfigError(path, section, table, f"must be a [{section}] table (so that "

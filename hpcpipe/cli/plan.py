@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from hpcpipe.util.arguments import integer
+
 EPILOG = """examples:
   python -m hpcpipe plan inputs/gpt2-124m.toml --set parallel.pp=2 --set train.device=cpu
   python -m hpcpipe plan inputs/tiny.toml --set parallel.pp=2 --set train.recompute=full \\
@@ -40,7 +42,7 @@ def add_options(parser):
     parser.add_argument("--json", metavar="FILE",
                         help="write the plan per pipeline rank (peak_activation_bytes, "
                              "total_bytes, ...) to FILE")
-    parser.add_argument("--ranks-per-node", type=int, default=0, metavar="N",
+    parser.add_argument("--ranks-per-node", type=integer(0), default=0, metavar="N",
                         help="ranks sharing this node's host memory (default: all of the "
                              "layout's; a GPU rank has its own device)")
 

@@ -15,6 +15,10 @@ from .torch_csv import read_csv, write_csv
 
 MAX_STAGES, MAX_CHUNKS = 4096, 64
 MAX_OPS = 1 << 22  # stages × microbatches × chunks: what builds and simulates in seconds
+# Costs and limits are in any unit, but within these the simulated times (sums of up to
+# MAX_OPS costs) and the memory limit over the smallest activation stay finite floats.
+MIN_COST, MAX_COST = 1e-12, 1e12
+COST_FIELDS = ("f", "b", "w", "comm", "memory", "memw", "tp")
 
 DESCRIPTION = """\
 Build a pipeline schedule, prove it correct (every microbatch gets one F, B and W per stage,
@@ -86,10 +90,23 @@ def _positive(limit: int):
 
 
 def _costs(text: str) -> Costs:
+    keys = [item.partition("=")[0].strip() for item in text.split(",") if item.strip()]
+    lower = [k.lower() for k in keys]
+    repeated = [k for i, k in enumerate(keys) if lower[i] in lower[:i]]
+    if repeated:  # Costs.parse would keep the last one, silently
+        raise argparse.ArgumentTypeError(f"cost {repeated[0]} is given more than once; give "
+                                         "each key once")
     try:
-        return Costs.parse(text)
+        costs = Costs.parse(text)
     except ScheduleError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    for name in COST_FIELDS:
+        value = getattr(costs, name)
+        for x in value if isinstance(value, tuple) else (value,):
+            if x is not None and x != 0 and not MIN_COST <= x <= MAX_COST:
+                raise argparse.ArgumentTypeError(
+                    f"cost {name}={x:g}: allowed 0 or {MIN_COST:g} to {MAX_COST:g}")
+    return costs
 
 
 def _limit(text: str) -> float:
@@ -97,8 +114,9 @@ def _limit(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    if not 0 < value <= MAX_COST:  # (nan and inf too)
+        raise argparse.ArgumentTypeError(f"expected a positive number of at most "
+                                         f"{MAX_COST:g}, got {text}")
     return value
 
 
@@ -176,6 +194,7 @@ def _build(args: argparse.Namespace):
     """The schedule to show, with --exact the certified search's verdict, with --recompute
     or --pareto auto's exploration (its plan and front)."""
     if args.load_csv:
+        _only_with_generated(args)
         return read_csv(args.load_csv), None, None
     missing = [flag for flag, value in (("--kind", args.kind), ("--stages", args.stages),
                                         ("--microbatches", args.microbatches)) if value is None]
@@ -205,6 +224,17 @@ def _build(args: argparse.Namespace):
         return found.schedule, None, found
     return generate(args.kind, args.stages, args.microbatches, _chunks(args), args.cost,
                     args.memory_limit, args.objective), None, None
+
+
+def _only_with_generated(args: argparse.Namespace) -> None:
+    """Refuse what --load-csv would silently ignore: the file is the whole schedule."""
+    for flag, value in (("--kind", args.kind), ("--stages", args.stages),
+                        ("--microbatches", args.microbatches), ("--chunks", args.chunks),
+                        ("--memory-limit", args.memory_limit), ("--exact", args.exact),
+                        ("--recompute", args.recompute), ("--pareto", args.pareto)):
+        if value not in (None, False):
+            raise ScheduleError(f"{flag} builds a schedule; --load-csv reads one (the file "
+                                "gives the stages, microbatches and chunks): give one or the other")
 
 
 def _recompute_choices(args: argparse.Namespace) -> tuple:

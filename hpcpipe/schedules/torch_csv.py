@@ -54,17 +54,23 @@ MAX_ACTIONS = 3 << 22  # F, B and W of `schedule`'s MAX_OPS
 
 
 def _rows(text: str) -> list[list[str]]:
-    rows, ranks, cells = [], 0, 0
+    """The rows up to the last one with an action, each a rank (a blank one between them an
+    idle rank). Blank rows are counted, not kept, until an action follows them: a file of
+    blank lines must cost no memory."""
+    rows, blank, cells = [], 0, 0
     for row in csv.reader(io.StringIO(text)):
-        rows.append(row)
-        ranks += any(cell.strip() for cell in row)
         cells += len(row)
-        if ranks > MAX_RANKS:
-            raise ScheduleError(f"more than {MAX_RANKS} rows of actions: a schedule has one row "
-                                f"per rank, at most {MAX_RANKS} ranks")
         if cells > MAX_ACTIONS:
             raise ScheduleError(f"more than {MAX_ACTIONS:,} cells: more actions than any "
                                 f"schedule hpcpipe builds")
+        if not any(cell.strip() for cell in row):
+            blank += 1
+            continue
+        if len(rows) + blank >= MAX_RANKS:
+            raise ScheduleError(f"more than {MAX_RANKS} rows of actions: a schedule has one row "
+                                f"per rank, at most {MAX_RANKS} ranks")
+        rows += [[] for _ in range(blank)] + [row]
+        blank = 0
     return rows
 
 

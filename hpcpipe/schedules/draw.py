@@ -53,6 +53,9 @@ def ascii_timeline(result: SimResult) -> str:
         for label, s, e in zip(ops, starts, ends):
             a = int(round((s - t0) / step))
             b = max(a + 1, int(round((e - t0) / step)))
+            # An op shorter than a column may round onto the last one (or, costing
+            # nothing, past the end): the line grows to hold it.
+            cells.extend("." for _ in range(a + 1 - len(cells)))
             cells[a] = label
             for k in range(a + 1, min(b, columns)):
                 cells[k] = "-"  # the op continues

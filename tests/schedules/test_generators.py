@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpcpipe.schedules import KINDS, Kind, ScheduleError, check, generate, simulate
+from hpcpipe.schedules import KINDS, Costs, Kind, ScheduleError, check, generate, simulate
 from hpcpipe.schedules.draw import ascii_timeline
 
 # Read each as the paper's figures: one row per rank, one column per time unit of F.
@@ -108,3 +108,14 @@ def test_hand_made_kind_over_memory_limit_is_refused():
     with pytest.raises(ScheduleError, match="over the memory limit 4"):
         generate("zb-h2", 4, 8, memory_limit=4)
     generate("zb-h1", 4, 8, memory_limit=4)
+
+
+@pytest.mark.parametrize("kind, costs, chunks", [
+    ("1f1b", Costs(1000, 1.001, 1), None),   # a short op rounds onto the last column
+    ("1f1b", Costs(0, 0, 0), None),          # every op costs nothing: past the end
+    ("interleaved-1f1b", Costs(), 64),
+])
+def test_ascii_timeline_holds_every_op(kind, costs, chunks):
+    schedule = generate(kind, 4, 8, v=chunks) if chunks else generate(kind, 4, 8)
+    lines = ascii_timeline(simulate(schedule, costs)).splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"rank {r}" for r in range(4)]

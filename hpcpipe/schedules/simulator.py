@@ -166,6 +166,8 @@ class Costs:
                 raise ScheduleError(f"cannot read cost {item!r}: expected KEY=VALUE with KEY one of "
                                     "F, B, W, comm, mem, memw, tp, recompute (e.g. F=1,B=1,W=0.5,"
                                     "comm=0,mem=1,memw=0.4,tp=0.1,recompute=selective)")
+            if name in values:  # (under any of its spellings: mem, m, memory) the last would win
+                raise ScheduleError(f"cost {key.strip()}: {name} is given more than once")
             if name == "recompute":
                 choices = tuple(rc.parse(x) for x in raw.split("/"))
                 values[name] = choices[0] if len(choices) == 1 else choices

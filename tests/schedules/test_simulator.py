@@ -139,6 +139,9 @@ def test_costs_parse():
     for bad in ("X=1", "F=abc", "F", "comm=1/2", "F=-1"):
         with pytest.raises(ScheduleError):
             Costs.parse(bad)
+    for twice in ("F=1,f=2", "mem=1,m=2", "memory=1,mem=2", "comm=1,c=0"):
+        with pytest.raises(ScheduleError, match="more than once"):
+            Costs.parse(twice)
 
 
 def test_tensor_parallel_all_reduces_lengthen_f_and_b_but_not_w():

@@ -5,6 +5,7 @@ fingerprint."""
 from __future__ import annotations
 
 import difflib
+import errno
 import glob
 import os
 
@@ -40,6 +41,16 @@ def missing_path_error(cfg, path: str) -> DataError:
     return DataError(f"{where}: no such file; {hint}")
 
 
+def _unfollowable(path: str) -> str:
+    """Why the symbolic link `path` leads nowhere: a loop of links, or a missing target."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "leads back to itself (a loop of symbolic links)"
+    return "does not exist (a dataset not mounted?)"
+
+
 def open_tokens(cfg, comm, log) -> TokenFile:
     """The token file of the config, prepared by rank 0 first if it does not exist yet and
     the config asks for that (`asks_to_prepare`), and checked against the config: its
@@ -49,8 +60,8 @@ def open_tokens(cfg, comm, log) -> TokenFile:
     def ensure():
         if os.path.islink(path) and not os.path.exists(path):
             raise DataError(f"data.path {path} is a symbolic link to "
-                            f"{os.readlink(path)}, which does not exist (a dataset not "
-                            f"mounted?); hpcpipe never prepares a token file over a link")
+                            f"{os.readlink(path)}, which {_unfollowable(path)}; hpcpipe "
+                            f"never prepares a token file over a link")
         if os.path.exists(path) or glob.has_magic(path):
             return  # a glob's reader says what it matched
         if not (is_prepared_by_hpcpipe(path) and asks_to_prepare(cfg.data)):

@@ -152,6 +152,9 @@ def read_tiktoken_file(path: str) -> tuple[dict[bytes, int], str]:
     except OSError as e:
         raise TokenizerError(f"tokenizer file {path} cannot be read ({e.strerror or e}); "
                              f"GPT-2's is {GPT2_FILE_URL}") from None
+    if data.startswith(codecs.BOM_UTF8):  # an editor's mark, which no base64 token holds
+        raise TokenizerError(f"tokenizer file {path} starts with a UTF-8 byte-order mark; "
+                             f"a rank file is plain ASCII: save it without one")
     ranks: dict[bytes, int] = {}
     for number, line in enumerate(data.splitlines(), 1):
         if line.strip():

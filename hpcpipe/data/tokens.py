@@ -37,6 +37,9 @@ from hpcpipe.util.schema import Int, Mismatch, Record, Text
 SPLITS = ("train", "val")
 _TRAIN_STREAM, _VAL_STREAM = 0, 1  # separate random streams for training and validation
 MAX_VOCAB = 2**31 - 1  # token ids become int64 arrays and index embedding rows
+# Every window read decompresses whole chunks: hpcpipe writes 64 Ki tokens (at most 256 KiB),
+# h5py's own choice is at most 1 MiB; a bigger one is a small file that costs gigabytes a read.
+MAX_CHUNK_BYTES = 64 * 2**20
 # What h5py raises on files it cannot make sense of (besides OSError for damaged chunks).
 H5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError)
 
@@ -100,8 +103,9 @@ class TokenFile:
         token id is checked against the vocabulary."""
         starts = self.window_starts(split, block_size, seed, step, indices)
         rows = np.stack([self._read(split, int(s), int(s) + block_size + 1)
-                         for s in starts]).astype(np.int64)
-        self._check_ids(split, rows)
+                         for s in starts])
+        self._check_ids(split, rows)  # as stored: uint64 ids past 2**63 would turn negative
+        rows = rows.astype(np.int64)
         return Batch(idx=rows[:, :-1], targets=rows[:, 1:])
 
     def read(self, split: str, start: int, stop: int) -> np.ndarray:
@@ -169,10 +173,18 @@ class HDF5Tokens(TokenFile):
         import h5py
 
         try:
-            ds = self.file.get(name)
+            # The link first: following an external one, HDF5 opens another file by name
+            # (a FIFO there blocks forever); a soft one may lead through an external one.
+            link = self.file.get(name, getlink=True)
+            ds = self.file.get(name) if isinstance(link, h5py.HardLink) else link
         except H5_ERRORS as e:
             raise DataError(f"token file {self.path}: the {name} split cannot be read ({e})") \
                 from None
+        if isinstance(link, (h5py.SoftLink, h5py.ExternalLink)):
+            target = (f"{link.filename}:{link.path}" if isinstance(link, h5py.ExternalLink)
+                      else link.path)
+            raise DataError(f"token file {self.path}: the {name} split is a link to "
+                            f"{target[:200]!r}; token ids must be stored in the file itself")
         if not isinstance(ds, h5py.Dataset):
             raise DataError(f"token file {self.path} has no {name} dataset (incomplete, or "
                             f"not a token file)")
@@ -182,7 +194,37 @@ class HDF5Tokens(TokenFile):
         if ds.shape[0] < 2:
             raise DataError(f"token file {self.path}: the {name} split has {ds.shape[0]} "
                             f"token(s); it needs at least 2")
+        self._check_stored(name, ds)
         return ds
+
+    def _check_stored(self, name: str, ds):
+        """Refuse a split whose ids are not all in this file: kept in other files (a
+        virtual dataset, external storage: any file the maker named, /etc/passwd or a FIFO,
+        read as tokens; a missing one silently reads as zeros), never written (HDF5 reads an
+        unwritten chunk as the fill value, without complaint), or in chunks too big to read."""
+        try:
+            elsewhere = ("a virtual dataset of other files" if ds.is_virtual else
+                         f"stored in the external file {ds.external[0][0][:200]!r}"
+                         if ds.external else None)
+            chunk = ds.chunks[0] if ds.chunks else 0
+            stored = ds.id.get_num_chunks() if chunk else ds.id.get_storage_size()
+        except H5_ERRORS as e:
+            raise DataError(f"token file {self.path}: the {name} split's storage cannot be "
+                            f"read ({e})") from None
+        if elsewhere:
+            raise DataError(f"token file {self.path}: the {name} split is {elsewhere}; token "
+                            f"ids must be stored in the file itself")
+        n, size = ds.shape[0], ds.dtype.itemsize
+        unit, expected = ("chunks", -(-n // chunk)) if chunk else ("bytes", n * size)
+        if stored < expected:
+            raise DataError(f"token file {self.path}: the {name} split declares {n:,} tokens, "
+                            f"but only {stored:,} of its {expected:,} {unit} are stored (the "
+                            f"rest would read as HDF5's fill value, not tokens): incomplete or "
+                            f"damaged; prepare it again")
+        if chunk * size > MAX_CHUNK_BYTES:
+            raise DataError(f"token file {self.path}: the {name} split's chunks hold "
+                            f"{chunk * size:,} bytes, at most {MAX_CHUNK_BYTES:,} (every window "
+                            f"read decompresses a whole chunk); prepare it again")
 
     def _read(self, split: str, start: int, stop: int) -> np.ndarray:
         try:
@@ -245,12 +287,16 @@ class Shard:
 
 def _llmc_header(path: str) -> np.ndarray | None:
     """The 256 header words when `path` is laid out like an llm.c shard (a known magic, or
-    words 3-255 zero as llm.c writes them), else None: a nanoGPT file."""
+    words 3-255 zero as llm.c writes them), else None: a nanoGPT file. An HDF5 file is
+    refused: its bytes (a byte-level token file's text above all) pass for uint16 ids."""
     try:
         with open_regular(path) as f:
             head = f.read(LLMC_HEADER_BYTES)
     except OSError as e:
         raise DataError(f"token file {path} cannot be read ({e.strerror or e})") from None
+    if head.startswith(_HDF5_SIGNATURE):
+        raise DataError(f"token file {path} is an HDF5 file (as `prepare` writes), not llm.c "
+                        f"or nanoGPT tokens; name it .h5 to read it as one")
     if len(head) < LLMC_HEADER_BYTES:
         return None
     words = np.frombuffer(head, dtype="<i4")

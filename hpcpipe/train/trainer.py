@@ -369,8 +369,8 @@ def header(trainer) -> list[str]:
                  f"{tokens.length('val'):,} val tokens, {tokens.attrs.get('tokenizer')}) | "
                  f"batch {parallel.microbatches} × {train.micro_batch_size} × "
                  f"{model.block_size} = {cfg.tokens_per_step:,} tokens/step")
-    lines.append(f"run directory: {trainer.run_dir.path} | {train.steps} steps, eval every "
-                 f"{train.eval_every or train.steps}")
+    lines.append(f"run directory: {trainer.run_dir.path} | {train.steps} steps, "
+                 + (f"eval every {train.eval_every}" if train.eval_every else "eval at the end"))
     lines.append(f"MFU against {trainer.summary.peak_flops / 1e12:.3g} TFLOP/s: "
                  f"{trainer.summary.peak_source}")
     lines += mode_notes(train, trainer.rank.step)

@@ -3,7 +3,9 @@
 opaque type), and a reader that checks each file against the manifest before HDF5 opens
 it and reads tensors, or the elements of optimizer state a rank needs, from any layout —
 only datasets the file itself holds (reached by hard links, their bytes stored in the
-file), each checked for shape and type before it is read."""
+file), each checked for shape and type before it is read, and weights and optimizer
+state for values no checkpoint of hpcpipe's holds (NaN, infinities, negative second
+moments) once read."""
 
 from __future__ import annotations
 
@@ -117,6 +119,26 @@ def read_dataset(ds, where: str) -> np.ndarray:
     return data
 
 
+def check_values(data: np.ndarray, where: str, what: str, second_moment: bool = False):
+    """Refuse weights or optimizer state that are not finite, and second moments below
+    zero, naming `what` and how many elements. hpcpipe never saves such values — a step
+    whose gradient is not finite is skipped (train/step.py, optim/post_validation.py) and
+    Adam's exp_avg_sq is an average of squares — so they come from a damaged or edited
+    file, and would turn every later step (or an exported model) into NaN."""
+    bad = data.size - int(np.count_nonzero(np.isfinite(data)))
+    if bad:
+        raise CheckpointError(f"{where}: {what} holds {bad:,} NaN or infinite value(s) of "
+                              f"{data.size:,}; hpcpipe never saves such values (a step whose "
+                              f"gradient is not finite is skipped): the file is damaged or "
+                              f"was edited")
+    negative = int(np.count_nonzero(data < 0)) if second_moment else 0
+    if negative:
+        raise CheckpointError(f"{where}: {what} holds {negative:,} negative value(s) of "
+                              f"{data.size:,}; a second moment (an average of squares) "
+                              f"never is: the file is damaged or was edited")
+    return data
+
+
 def _floats(ds, where: str) -> bool:
     return ds.dtype.kind == "f" or is_bfloat16(ds, where)
 
@@ -186,7 +208,7 @@ class Reader:
             raise CheckpointError(f"{where}: dataset {name} is {ds.dtype} of shape "
                                   f"{ds.shape}; the manifest says floats of shape "
                                   f"{tuple(info['shape'])}")
-        return read_dataset(ds, where)
+        return check_values(read_dataset(ds, where), where, f"tensor {name}")
 
     def state(self, kind: str, name: str, where) -> np.ndarray | None:
         """Elements of the flattened `kind` state of tensor `name`: [t0, t1) for `where` =
@@ -265,7 +287,8 @@ class Reader:
             raise CheckpointError(f"{where}: {kind}/{key} is tensor shard {int(recorded[1])} "
                                   f"of {int(recorded[0])}, the manifest says shard "
                                   f"{p['tp'][1]}: shard files swapped between ranks")
-        return read_dataset(ds, where)
+        return check_values(read_dataset(ds, where), where, f"{kind}/{key}",
+                            second_moment=kind == "exp_avg_sq")
 
     def close(self):
         for f in self.files.values():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from hpcpipe.checkpoint.hdf5 import read_flat, store
+from hpcpipe.checkpoint.hdf5 import check_values, read_flat, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
 from hpcpipe.util.files import write_atomic
 
@@ -106,7 +106,8 @@ def _read(rank, full: str):
             if key not in f and key.startswith("velocity/"):
                 array[...] = 0  # written under plain averaging: Nesterov starts at rest
                 continue
-            data = read_flat(f, key, full, array, "this rank's shard")
+            data = check_values(read_flat(f, key, full, array, "this rank's shard"), full,
+                                key, second_moment=key.startswith("exp_avg_sq/"))
             array[...] = xp.asarray(data.astype(array.dtype, copy=False))
     for adam in rank.step.optimizer.adams:
         adam.shard.push()

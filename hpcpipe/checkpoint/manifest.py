@@ -43,11 +43,18 @@ DIGEST = "manifest.sha256"
 MAX_BYTES = 64 * 2**20
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 
+# Counters a run keeps counting (steps, Adam's step, the loss scaler's good steps): bounded
+# far below int64's 2**63 - 1, so that a run resumed at the bound still has ~2**63 steps of
+# room before its next checkpoint's counters overflow (a counter at 2**63 - 1 would resume,
+# train, and fail only when that checkpoint is written). 2**53 — 285 years at a million
+# steps a second — is also the largest integer every JSON reader (a float64) holds exactly.
+MAX_COUNT = 2**53
+_COUNT = Int(0, MAX_COUNT)
 _FILE = Text(pattern=r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a plain name inside the folder
 _RUN = Text(pattern=r"[0-9a-f]{32}")
 SCHEMA = Record({
     "format_version": Int(FORMAT_VERSION, FORMAT_VERSION),
-    "step": Int(0),
+    "step": _COUNT,
     "created": Number(0, 1e11),  # seconds since 1970
     "config": Text(max_len=1 << 20),
     "model": Record({key: Int(1) for key in MODEL_KEYS},
@@ -58,11 +65,11 @@ SCHEMA = Record({
                       "partition": ListOf(ListOf(Int(0)))},
                      optional={"tp": Int(1), "local_steps": Int(0),
                                "powersgd_rank": Int(0)}),
-    "adam_step": Int(0),
-    "state": Record({}, optional={"loss_scale": Number(0), "good_steps": Int(0),
-                                  "lr_step": Int(0), "data_step": Int(0), "seed": Int(0),
-                                  "clipping": Int(0, 1), "stream_origin": Int(0),
-                                  "stream_newest": Int(0)},
+    "adam_step": _COUNT,
+    "state": Record({}, optional={"loss_scale": Number(0), "good_steps": _COUNT,
+                                  "lr_step": _COUNT, "data_step": _COUNT, "seed": Int(0),
+                                  "clipping": Int(0, 1), "stream_origin": _COUNT,
+                                  "stream_newest": _COUNT},
                     extra=True),
     "files": MapOf(Record({"size": Int(0), "sha256": Text(pattern=r"[0-9a-f]{64}")}),
                    key=_FILE),

@@ -28,7 +28,7 @@ import os
 import numpy as np
 
 from hpcpipe.checkpoint import local
-from hpcpipe.checkpoint.hdf5 import read_flat, store
+from hpcpipe.checkpoint.hdf5 import check_values, read_flat, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
 from hpcpipe.util.files import write_atomic
 
@@ -88,7 +88,8 @@ def load(rank, path: str, manifest: dict):
     with h5py.File(full, "r") as f:
         for chunk, stage in rank.model.stages.items():
             key = f"previous/{chunk}"
-            data = read_flat(f, key, full, stage.param_buffer.data, "this stage's buffer")
+            data = check_values(read_flat(f, key, full, stage.param_buffer.data,
+                                          "this stage's buffer"), full, key)
             out[chunk] = (int(f[key].attrs["newest"]),
                           xp.asarray(data.astype(stage.param_buffer.data.dtype, copy=False)))
         if rank.step.correction is not None and "correction" in f:

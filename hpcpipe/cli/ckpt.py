@@ -103,6 +103,8 @@ def _resolve(path: str) -> str:
 
 def cmd_ls(args) -> int:
     root = args.where
+    if os.path.islink(ckpt.root_of(root)) and not os.path.exists(ckpt.root_of(root)):
+        raise ckpt.CheckpointError(f"{ckpt.root_of(root)}: {_broken(ckpt.root_of(root))}")
     if os.path.isdir(ckpt.root_of(root)):
         root = ckpt.root_of(root)
     if not os.path.isdir(root):
@@ -112,14 +114,52 @@ def cmd_ls(args) -> int:
     found = ckpt.list_checkpoints(root)
     print(f"{root}: {len(found)} checkpoint(s)")
     for step, path in found:
-        size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(path)))
-        mark = "  <- latest" if latest and os.path.samefile(path, latest) else ""
-        print(f"  {os.path.basename(path)}  step {step:>8}  {size / 2**20:8.1f} MiB  {when}{mark}")
+        for line in _listing(step, path, latest):
+            print(line)
     for entry in sorted(os.listdir(root)):
         if ".tmp" in entry:
             print(f"  {entry}  (incomplete: a save that did not finish; ignored)")
+        elif not os.path.exists(os.path.join(root, entry)):  # a link to nothing
+            print(f"  {entry}  ({_broken(os.path.join(root, entry))}; ignored)")
     return 0
+
+
+def _listing(step: int, path: str, latest: str | None) -> list[str]:
+    """A checkpoint's line in `ckpt ls`, and one more per entry in it that cannot be
+    counted (a link to nothing, ...): an ls lists what it can and names the rest, rather
+    than failing on one entry."""
+    name = os.path.basename(path)
+    try:
+        size, broken = _contents(path)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(path)))
+        mark = "  <- latest" if latest and os.path.samefile(path, latest) else ""
+    except OSError as e:  # e.g. rotated away by a run still writing this directory
+        return [f"  {name}  step {step:>8}  (cannot be read: {e.strerror})"]
+    return [f"  {name}  step {step:>8}  {size / 2**20:8.1f} MiB  {when}{mark}"] + \
+        [f"      {entry}: {why}; not counted" for entry, why in broken]
+
+
+def _contents(path: str) -> tuple[int, list[tuple[str, str]]]:
+    """(bytes of the files in the folder `path`, [(entry, what is wrong)] for those whose
+    size cannot be had)."""
+    size, broken = 0, []
+    for entry in sorted(os.listdir(path)):
+        full = os.path.join(path, entry)
+        try:
+            size += os.path.getsize(full)
+        except OSError as e:
+            broken.append((entry, _broken(full) if os.path.islink(full) else e.strerror))
+    return size, broken
+
+
+def _broken(link: str) -> str:
+    """What is wrong with a symbolic link that leads nowhere, in words."""
+    try:
+        target = os.readlink(link)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    text = repr(target) if len(target) <= 80 else repr(target[:77] + "...")
+    return f"a link to {text}, which leads nowhere"
 
 
 def cmd_info(args) -> int:

@@ -1,0 +1,237 @@
+"""More checkpoints edited or damaged by someone else (the manifest re-signed to match, as
+test_hostile_hdf5's `resign` does): a link to nothing inside a checkpoint or its
+checkpoints/ folder (`ckpt ls` lists the rest and names it), counters such as adam_step
+at 2**63 - 1 (refused when the manifest is read, before a resume trains), and weights or
+Adam moments that are NaN, infinite or — for the second moment — negative (refused by
+export and resume, naming the file and tensor). Each is one readable error or a listing,
+never a traceback, and the checkpoint is left as it was."""
+
+import os
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+from harness.hostile import ends_with_one_error, small_config, snapshot, train_args
+from mpi4py import MPI
+from test_hostile_hdf5 import MODEL, OPTIM, resign
+
+from hpcpipe import checkpoint as ckpt
+from hpcpipe.__main__ import main
+from hpcpipe.checkpoint.hdf5 import Reader, read_dataset, store
+from hpcpipe.checkpoint.manifest import MANIFEST, MAX_COUNT
+from hpcpipe.train.trainer import train
+
+TENSOR = "h.0.attn.c_attn.weight"
+
+
+def trained(tmp_path_factory, tokens, *extra, steps=1):
+    """A small model's checkpoint after `steps` steps (with `extra` overrides)."""
+    run = tmp_path_factory.mktemp("followup") / "run"
+    cfg = small_config(f"train.steps={steps}", f'data.path="{tokens}"', *extra)
+    train(cfg, str(run), MPI.COMM_SELF, out=lambda *_: None)
+    return run / "checkpoints" / ckpt.step_name(steps)
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory, stdlib_tokens):
+    return trained(tmp_path_factory, stdlib_tokens)
+
+
+def copied(checkpoint, tmp_path):
+    """A run directory holding a copy of `checkpoint` (its folder: run / CKPT)."""
+    shutil.copytree(checkpoint, tmp_path / "run" / "checkpoints" / checkpoint.name)
+    return tmp_path / "run"
+
+
+@pytest.fixture
+def run(original, tmp_path):
+    return copied(original, tmp_path)
+
+
+CKPT = os.path.join("checkpoints", ckpt.step_name(1))
+
+
+def poison(file, key, values, where=slice(0, 3)):
+    """Dataset `key` of the HDF5 file with elements `where` of its flat data set to
+    `values`, stored as hpcpipe stores it (checksum, attributes kept)."""
+    with h5py.File(file, "a") as f:
+        old, attrs = read_dataset(f[key], str(file)), dict(f[key].attrs)  # bfloat16 too
+        del f[key]
+        data = old.reshape(-1).copy()
+        data[where] = values
+        store(f, key, data.reshape(old.shape), **{k: v for k, v in attrs.items()
+                                                   if k != "dtype"})
+
+
+# -- ckpt ls: a link to nothing ----------------------------------------------------------
+
+def test_ls_lists_a_checkpoint_holding_a_link_to_nothing_and_names_it(capsys, run):
+    os.symlink("/nonexistent/model-pp001.h5", run / CKPT / "model-pp001.h5")
+    assert main(["ckpt", "ls", str(run)]) == 0
+    out = capsys.readouterr().out
+    [line] = [line for line in out.splitlines() if "<- latest" in line]
+    assert line.split()[0] == ckpt.step_name(1) and "MiB" in line
+    assert "model-pp001.h5: a link to '/nonexistent/model-pp001.h5', which leads " \
+           "nowhere; not counted" in out
+
+
+def test_ls_names_a_link_to_nothing_in_the_checkpoints_folder(capsys, run):
+    os.symlink("/nonexistent", run / "checkpoints" / ckpt.step_name(7))
+    assert main(["ckpt", "ls", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "1 checkpoint(s)" in out and "<- latest" in out
+    assert f"  {ckpt.step_name(7)}  (a link to '/nonexistent', which leads nowhere; " \
+           f"ignored)" in out
+
+
+def test_ls_of_a_run_whose_checkpoints_folder_is_a_link_to_nothing_is_one_error(
+        capsys, tmp_path):
+    (tmp_path / "run").mkdir()
+    os.symlink(tmp_path / "gone", tmp_path / "run" / "checkpoints")
+    line = ends_with_one_error(capsys, ["ckpt", "ls", str(tmp_path / "run")])
+    assert "checkpoints: a link to" in line and "which leads nowhere" in line
+
+
+# -- counters near 2**63 -----------------------------------------------------------------
+
+def _set(field, value):
+    def edit(m):
+        part, key = (m["state"], field[6:]) if field.startswith("state.") else (m, field)
+        part[key] = value
+    return edit
+
+
+COUNTERS = ["step", "adam_step", "state.good_steps", "state.lr_step", "state.data_step"]
+
+
+def at_step(run, step: int):
+    """The checkpoint renamed for `step` (a folder's name must match its manifest's)."""
+    folder = run / "checkpoints" / ckpt.step_name(step)
+    os.replace(run / CKPT, folder)
+    return folder
+
+
+@pytest.mark.parametrize("field", COUNTERS)
+def test_a_counter_past_what_any_run_reaches_is_refused_naming_it(run, field):
+    folder = at_step(run, 2**63 - 1) if field == "step" else run / CKPT
+    resign(folder, _set(field, 2**63 - 1))
+    with pytest.raises(ckpt.CheckpointError, match=rf"{MANIFEST}: {field} = "
+                       rf"9223372036854775807: must be an integer from 0 to {MAX_COUNT}"):
+        ckpt.read_manifest(str(folder))
+
+
+@pytest.mark.parametrize("field", COUNTERS)
+def test_a_counter_at_the_bound_is_still_accepted(run, field):
+    folder = at_step(run, MAX_COUNT) if field == "step" else run / CKPT
+    resign(folder, _set(field, MAX_COUNT))
+    assert ckpt.read_manifest(str(folder))
+
+
+def test_a_resume_from_adam_step_2_63_refuses_before_training(capsys, run, tmp_path,
+                                                                stdlib_tokens):
+    """It used to resume, train, and fail at the end when the next checkpoint's adam_step
+    no longer fitted the manifest."""
+    resign(run / CKPT, _set("adam_step", 2**63 - 1))
+    before = snapshot(run)
+    line = ends_with_one_error(capsys, train_args(tmp_path / "next", stdlib_tokens,
+                                                  "train.steps=3")
+                               + ["--resume", str(run / CKPT)])
+    assert "adam_step = 9223372036854775807" in line
+    assert snapshot(run) == before
+    assert not (tmp_path / "next" / "checkpoints").exists()
+
+
+# -- NaN, infinities, negative second moments ---------------------------------------------
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_export_refuses_weights_that_are_not_finite(capsys, run, tmp_path, value):
+    poison(run / CKPT / MODEL, TENSOR, value)
+    resign(run / CKPT)
+    out = tmp_path / "hf" / "model.safetensors"
+    line = ends_with_one_error(capsys, ["ckpt", "export", str(run), "--out", str(out)])
+    assert MODEL in line and f"tensor {TENSOR} holds 3 NaN or infinite value(s)" in line
+    assert not out.exists() and not (tmp_path / "hf" / "config.json").exists()
+
+
+def resume(capsys, folder, tmp_path, tokens, *extra) -> str:
+    """The error line of a resume from the checkpoint `folder` (which must stay as it was)."""
+    before = snapshot(folder)
+    line = ends_with_one_error(capsys, train_args(tmp_path / "next", tokens,
+                                                  "train.steps=4", *extra)
+                               + ["--resume", str(folder)])
+    assert snapshot(folder) == before
+    return line
+
+
+def segment(folder, kind="exp_avg_sq") -> str:
+    with h5py.File(folder / OPTIM, "r") as f:
+        return f"{kind}/{min(f[kind])}"
+
+
+@pytest.mark.parametrize("kind, value, words", [
+    ("exp_avg", np.nan, "3 NaN or infinite"), ("exp_avg_sq", np.inf, "3 NaN or infinite"),
+    ("exp_avg_sq", -1.0, "3 negative value(s)")])
+def test_a_resume_refuses_adam_moments_that_cannot_be(capsys, run, tmp_path, stdlib_tokens,
+                                                      kind, value, words):
+    key = segment(run / CKPT, kind)
+    poison(run / CKPT / OPTIM, key, value)
+    resign(run / CKPT)
+    line = resume(capsys, run / CKPT, tmp_path, stdlib_tokens)
+    assert OPTIM in line and f"{key} holds {words}" in line
+
+
+def test_a_negative_zero_second_moment_is_not_negative(run):
+    key = segment(run / CKPT)
+    poison(run / CKPT / OPTIM, key, -0.0)
+    resign(run / CKPT)
+    name, start = key.split("/")[1].split("@")
+    manifest = ckpt.read_manifest(str(run / CKPT))
+    piece = next(p for p in manifest["pieces"][name] if p["start"] == int(start))
+    reader = Reader(str(run / CKPT), manifest)
+    try:
+        assert reader.state("exp_avg_sq", name, (piece["start"], piece["stop"]))[0] == 0
+    finally:
+        reader.close()
+
+
+def test_a_resume_refuses_weights_that_are_not_finite(capsys, run, tmp_path, stdlib_tokens):
+    poison(run / CKPT / MODEL, TENSOR, np.nan, slice(5, 6))
+    resign(run / CKPT)
+    line = resume(capsys, run / CKPT, tmp_path, stdlib_tokens)
+    assert MODEL in line and f"tensor {TENSOR} holds 1 NaN or infinite value(s)" in line
+
+
+BF16 = ('train.dtype="bfloat16"',)
+
+
+@pytest.mark.parametrize("extra, file, key, value, words", [
+    (("train.local_steps=2",), "local-r00000.h5", "exp_avg_sq/0", -2.0, "negative"),
+    (("train.local_steps=2",), "local-r00000.h5", "weights/0", np.nan, "NaN or infinite"),
+    (('parallel.schedule="pipedream-2bw"',), "versions-pp000.h5", "previous/0", np.inf,
+     "NaN or infinite"),
+    (BF16, OPTIM, "master", np.nan, "NaN or infinite"),
+    (BF16, MODEL, TENSOR, np.inf, "NaN or infinite")])
+def test_other_state_a_resume_reads_is_checked_too(capsys, tmp_path_factory, tmp_path,
+                                                  stdlib_tokens, extra, file, key, value,
+                                                  words):
+    """Local SGD's per-replica weights and moments, the asynchronous pipeline's previous
+    weight version, a 16-bit run's bfloat16 weights and float32 master copy."""
+    folder = copied(trained(tmp_path_factory, stdlib_tokens, *extra, steps=2), tmp_path) \
+        / "checkpoints" / ckpt.step_name(2)
+    key = segment(folder, key) if key == "master" else key
+    poison(folder / file, key, value)
+    resign(folder)
+    line = resume(capsys, folder, tmp_path, stdlib_tokens, *extra)
+    assert file in line and f"{key} holds 3 {words}" in line
+
+
+def test_export_refuses_bfloat16_weights_that_are_not_finite(capsys, tmp_path_factory,
+                                                             tmp_path, stdlib_tokens):
+    folder = copied(trained(tmp_path_factory, stdlib_tokens, *BF16), tmp_path) / CKPT
+    poison(folder / MODEL, "wpe", np.nan, slice(0, 2))
+    resign(folder)
+    line = ends_with_one_error(capsys, ["ckpt", "export", str(folder), "--out",
+                                        str(tmp_path / "out.h5")])
+    assert MODEL in line and "tensor wpe holds 2 NaN or infinite value(s)" in line
+    assert not (tmp_path / "out.h5").exists()

@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--tokenizer-file", metavar="FILE",
                       help="GPT-2's BPE ranks in tiktoken's format (r50k_base.tiktoken), "
                            "for machines without a network")
-    prep.add_argument("--out", help="output file (default: data/<corpus name>.tokens.h5)")
+    prep.add_argument("--out", help="output HDF5 file (default: data/<corpus name>.tokens.h5; "
+                                    "never .bin, which hpcpipe reads as llm.c / nanoGPT tokens)")
     prep.add_argument("--val-fraction", type=number(0, 1), default=0.05,
                       help="share of tokens held out for validation (default 0.05)")
     prep.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -207,6 +208,7 @@ def cmd_prepare(args) -> int:
         prepare,
     )
     from hpcpipe.data.tokenizer import load
+    from hpcpipe.data.tokens import check_hdf5_name
     from hpcpipe.util.errors import HpcpipeError
     from hpcpipe.util.files import claim_file
 
@@ -215,12 +217,14 @@ def cmd_prepare(args) -> int:
             raise HpcpipeError("--from converts tokens as they are: give it without --corpus "
                                "and --tokenizer")
         out = args.out or converted_path(args.source)
+        check_hdf5_name(out)  # before claiming, which may create its folder
         claim_file(out, args.force, "--out", make_folder=True)
         convert(args.source, out)
         return 0
     corpus, name = args.corpus or "stdlib", args.tokenizer or "bytes"
-    tokenizer = load(name, args.tokenizer_file)  # before claiming: a missing library
     out = args.out or default_token_path(corpus, name)
+    check_hdf5_name(out)
+    tokenizer = load(name, args.tokenizer_file)  # before claiming: a missing library
     claim_file(out, args.force, "--out", make_folder=True)
     prepare(corpus, out, args.val_fraction, tokenizer=tokenizer)
     return 0

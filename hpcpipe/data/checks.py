@@ -11,7 +11,13 @@ import os
 
 from hpcpipe.data.corpora import corpus_identity, default_token_path, prepare, token_file_identity
 from hpcpipe.data.fingerprint import fingerprint
-from hpcpipe.data.tokens import DataError, TokenFile, is_prepared_by_hpcpipe, open_token_file
+from hpcpipe.data.tokens import (
+    DataError,
+    TokenFile,
+    is_prepared_by_hpcpipe,
+    open_token_file,
+    reader_by_name,
+)
 from hpcpipe.util.errors import ConfigError, every_rank_does, root_does
 
 
@@ -37,8 +43,17 @@ def missing_path_error(cfg, path: str) -> DataError:
     names = [n for n in os.listdir(folder or ".") if not n.startswith(".")]
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     hint = (f"did you mean {os.path.join(folder, close[0])}?" if close else
-            f"prepare it with `python -m hpcpipe prepare --corpus ... --out {path}`")
+            f"prepare it with `python -m hpcpipe prepare --corpus ... --out {path}`"
+            if is_prepared_by_hpcpipe(path) else _never_prepared(path))
     return DataError(f"{where}: no such file; {hint}")
+
+
+def _never_prepared(path: str) -> str:
+    # `prepare --out` refuses such a name (tokens.check_hdf5_name): point at one it takes.
+    root, suffix = os.path.splitext(path)
+    return (f"a {suffix} file is read as {reader_by_name(path).kind}, never prepared: check "
+            f"the path, or prepare tokens with `python -m hpcpipe prepare --corpus ... --out "
+            f"{root}.h5` and set data.path to that")
 
 
 def _unfollowable(path: str) -> str:

@@ -40,6 +40,9 @@ MAX_VOCAB = 2**31 - 1  # token ids become int64 arrays and index embedding rows
 # Every window read decompresses whole chunks: hpcpipe writes 64 Ki tokens (at most 256 KiB),
 # h5py's own choice is at most 1 MiB; a bigger one is a small file that costs gigabytes a read.
 MAX_CHUNK_BYTES = 64 * 2**20
+# An attribute hpcpipe reads is one number or a short text; the bound keeps a file's
+# attribute from costing memory up to the file's size before its value can be checked.
+MAX_ATTR_BYTES = 2**20
 # What h5py raises on files it cannot make sense of (besides OSError for damaged chunks).
 H5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError)
 
@@ -63,6 +66,7 @@ class TokenFile:
     vocab_size: int
     attrs: dict
     lengths: dict  # split → number of tokens
+    kind = "token files"  # what a file of the reader's suffix is read as (READERS)
 
     @property
     def tokenizer(self) -> str:
@@ -137,6 +141,8 @@ class HDF5Tokens(TokenFile):
     token ids (fletcher32-checksummed chunks) and the vocabulary, tokenizer and corpus
     recorded as attributes. Read window by window, never loaded whole."""
 
+    kind = "hpcpipe's HDF5 tokens"
+
     def __init__(self, path: str):
         import h5py
 
@@ -145,11 +151,9 @@ class HDF5Tokens(TokenFile):
             check_regular(path)  # HDF5 opens by name and would block on a FIFO
             self.file = h5py.File(path, "r")
         except H5_ERRORS as e:
-            raise DataError(f"token file {path} is not a readable HDF5 file ({e}); prepare "
-                            f"it again (`python -m hpcpipe prepare --force --out {path}`)") \
-                from None
+            raise _unreadable(path, e) from None
         try:
-            self.splits = {name: self._dataset(name) for name in SPLITS}
+            self.splits = self._splits()
             self.attrs = _HDF5_ATTRS.check(self._attributes(), "attribute")
         except (DataError, Mismatch) as e:
             self.file.close()
@@ -158,9 +162,25 @@ class HDF5Tokens(TokenFile):
         self.vocab_size = self.attrs["vocab_size"]
         self.lengths = {name: int(ds.shape[0]) for name, ds in self.splits.items()}
 
-    def _attributes(self) -> dict:
+    def _splits(self) -> dict:
+        splits = {name: self._dataset(name) for name in SPLITS}
         try:
-            attrs = dict(self.file.attrs)
+            same = splits["train"].id == splits["val"].id  # HDF5's object identity
+        except H5_ERRORS as e:
+            raise DataError(f"token file {self.path}: its splits cannot be told apart ({e})") \
+                from None
+        if same:  # hard links: one dataset under both names
+            raise DataError(f"token file {self.path}: its train and val splits are the same "
+                            f"dataset (hard links to one HDF5 object), so validation would "
+                            f"run on the training data; prepare it again")
+        return splits
+
+    def _attributes(self) -> dict:
+        """The attributes hpcpipe uses (_HDF5_ATTRS) and no other: dict(file.attrs) would
+        read every one, each as big as the file may be."""
+        names = {**_HDF5_ATTRS.required, **_HDF5_ATTRS.optional}
+        try:
+            attrs = {name: self._attribute(name) for name in names if name in self.file.attrs}
         except H5_ERRORS as e:
             raise DataError(f"token file {self.path}: its attributes cannot be read ({e})") \
                 from None
@@ -168,6 +188,23 @@ class HDF5Tokens(TokenFile):
             raise DataError(f"token file {self.path} lacks its vocab_size attribute, so its "
                             f"token ids cannot be checked; prepare it again")
         return attrs
+
+    def _attribute(self, name: str):
+        """One attribute's value, its type, shape and stored size checked before it is
+        read: one integer or string of at most MAX_ATTR_BYTES. (A variable-length string
+        stores only a reference here; its text is bounded by _HDF5_ATTRS once read.)"""
+        import h5py
+
+        attr = self.file.attrs.get_id(name)
+        dtype = attr.dtype  # an empty one (no value) has no storage size to ask for
+        if attr.shape != () or not (dtype.kind in "iu" or h5py.check_string_dtype(dtype)):
+            what = f"{dtype} of shape {attr.shape}"
+        elif (size := attr.get_storage_size()) > MAX_ATTR_BYTES:
+            what = f"{size:,} bytes"
+        else:
+            return self.file.attrs[name]
+        raise DataError(f"token file {self.path}: its {name} attribute is {what}; hpcpipe "
+                        f"reads one integer or text of at most {MAX_ATTR_BYTES:,} bytes there")
 
     def _dataset(self, name: str):
         import h5py
@@ -414,6 +451,8 @@ class BinTokens(TokenFile):
     next). Every header is checked against its file's size on opening; windows are read
     with plain reads, never a whole file."""
 
+    kind = "llm.c or nanoGPT tokens"
+
     def __init__(self, pattern: str):
         self.path = pattern
         self.splits: dict[str, list[Shard]] = {}
@@ -455,16 +494,34 @@ READERS = {".h5": HDF5Tokens, ".hdf5": HDF5Tokens, ".bin": BinTokens}
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
+def reader_by_name(path: str):
+    """The reader READERS names for the suffix of `path`; None: an HDF5 file is still read
+    by its signature."""
+    return READERS.get(os.path.splitext(path)[1].lower())
+
+
 def is_prepared_by_hpcpipe(path: str) -> bool:
     """Whether `path` names a token file of hpcpipe's own (which `train` may prepare),
     rather than another project's `.bin` shards or a glob of them (read as they are)."""
-    return os.path.splitext(path)[1].lower() != ".bin" and not glob.has_magic(path)
+    return reader_by_name(path) in (None, HDF5Tokens) and not glob.has_magic(path)
+
+
+def check_hdf5_name(path: str, flag: str = "--out"):
+    """Refuse `path` as the name of an HDF5 token file to write (`prepare`) when
+    open_token_file would read a file of that name as another format: it could never be
+    trained on."""
+    reader = reader_by_name(path)
+    if reader not in (None, HDF5Tokens):
+        root, suffix = os.path.splitext(path)
+        raise DataError(f"{flag} {path}: hpcpipe reads a {suffix} file as {reader.kind}, "
+                        f"not as the HDF5 file `prepare` writes; name it .h5 ({flag} "
+                        f"{root}.h5)")
 
 
 def open_token_file(path: str) -> TokenFile:
     """The token file at `path`, through the reader of its format (checked on opening).
     `.bin` files (llm.c, nanoGPT) may be a glob of shards."""
-    if os.path.splitext(path)[1].lower() == ".bin":
+    if reader_by_name(path) is BinTokens:
         return BinTokens(path)
     if not os.path.exists(path):
         raise DataError(f"token file {path} does not exist (run `python -m hpcpipe "
@@ -481,9 +538,24 @@ def open_token_file(path: str) -> TokenFile:
     return reader(path)
 
 
-def _starts_with(path: str, magic: bytes) -> bool:
+def _starts_with(path: str, magic: bytes) -> bool | None:
+    """Whether the file starts with `magic`; None: it cannot be read."""
     try:
         with open_regular(path) as f:
             return f.read(len(magic)) == magic
     except OSError:
-        return False
+        return None
+
+
+def _unreadable(path: str, e: Exception) -> DataError:
+    """HDF5 cannot open `path`. The advice must not overwrite a user's file: `--force`
+    only for one that starts as HDF5 files do (a damaged token file); anything else (an
+    llm.c shard, any file saved as .h5) is left alone and tokens go to a new path."""
+    signed = _starts_with(path, _HDF5_SIGNATURE)
+    advice = ("" if signed is None else
+              f"; it is damaged: if `prepare` wrote it, prepare it again (`python -m hpcpipe "
+              f"prepare --force --out {path}`)" if signed else
+              "; it is not an HDF5 file at all (llm.c and nanoGPT tokens are read under a "
+              ".bin name): prepare tokens into a new file (`python -m hpcpipe prepare --out "
+              "NEW.h5`) rather than over this one")
+    return DataError(f"token file {path} is not a readable HDF5 file ({e}){advice}")

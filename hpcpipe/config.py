@@ -52,6 +52,9 @@ AUTO_PARTITION = "auto"  # parallel.layers_per_stage's other spelling of []: by 
 # Ten times the deepest GPTs trained: the balanced split of blocks over stages (and its
 # re-planning for the smallest change that fits) takes time that grows as n_layer² or more.
 MAX_LAYERS = 1024
+# A checkpoint's manifest holds its counters up to 2**53 (checkpoint/manifest.py MAX_COUNT,
+# what every JSON reader holds exactly): a run configured past it would fail at that save.
+MAX_STEPS = 2**53
 
 
 @dataclass(frozen=True)
@@ -381,6 +384,8 @@ def _check_train(source, train: TrainSection):
                                        "log_every"), 1)
     _at_least(source, "train", train, ("warmup_steps", "eval_every", "seed",
                                        "global_batch_size"), 0)
+    _require(source, "train.steps", train.steps, train.steps <= MAX_STEPS,
+             f"must be at most 2**53 = {MAX_STEPS:,} (what a checkpoint's manifest counts)")
     try:
         trace_window(train.trace_steps, 0)
     except ValueError as e:

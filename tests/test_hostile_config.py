@@ -68,3 +68,14 @@ def test_an_empty_run_dir_is_refused(capsys, tmp_path, monkeypatch):
     assert main(["train", "c.toml", "--run-dir", ""]) == 2
     assert "--run-dir" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [tmp_path / "c.toml"]
+
+
+def test_more_steps_than_a_checkpoint_can_count_are_refused(tmp_path):
+    """A manifest counts steps up to 2**53 (checkpoint/manifest.py): a run configured past
+    it would train and then fail at its first save beyond."""
+    from hpcpipe.checkpoint.manifest import MAX_COUNT
+
+    assert config.MAX_STEPS == MAX_COUNT
+    msg = error_of(tmp_path, "", overrides=[f"train.steps={2**53 + 1}"])
+    assert "train.steps" in msg and "at most 2**53" in msg
+    assert config.load(str(tmp_path / "run.toml"), [f"train.steps={2**53}"]).train.steps == 2**53

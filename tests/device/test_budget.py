@@ -26,7 +26,7 @@ def test_the_estimate_stays_below_what_a_run_really_holds(tmp_path, stdlib_token
 
 
 def test_a_model_that_cannot_fit_on_the_gpu():
-    cfg = small_config("model.n_layer=2000", "model.n_embd=1024", "model.n_head=8")
+    cfg = small_config("model.n_layer=1000", "model.n_embd=2048", "model.n_head=8")
     need = budget.run_need(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype)
     with pytest.raises(budget.BudgetError) as info:
         budget.check_run(cfg, fake_gpu(need.total - 1))

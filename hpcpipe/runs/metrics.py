@@ -271,8 +271,8 @@ class Metrics:
                 self.summary.add_eval(step, record_number(r["val_loss"]))
                 continue
             step_s, tokens_per_s = record_number(r.get("step_s")), record_number(r.get("tokens_per_s"))
-            tokens = round(step_s * tokens_per_s) if math.isfinite(step_s * tokens_per_s) \
-                else self.tokens_per_step
+            tokens = round(step_s * tokens_per_s) \
+                if 0 <= step_s * tokens_per_s <= MAX_STEP_TOKENS else self.tokens_per_step
             self._count(step, record_number(r.get("loss")), tokens,
                         step_s if math.isfinite(step_s) else 0.0, r.get("skipped") is True,
                         r.get("redone") is True)
@@ -300,6 +300,12 @@ class Metrics:
         values = np.median(np.array([[s.step_s, s.compute_s, s.communication_s,
                                       s.optimizer_s] for s in self.splits]), axis=0)
         return StepSplit(*(float(v) for v in values))
+
+
+# A step's tokens, as a line read back gives them (step_s × tokens_per_s): more than this is
+# an edited line's, and summed into the run's tokens it could pass any float (the summary's
+# tokens/s could then not be computed).
+MAX_STEP_TOKENS = 2**53
 
 
 def record_number(value) -> float:

@@ -22,6 +22,9 @@ from hpcpipe.util.files import read_bounded
 from hpcpipe.util.schema import Int, ListOf, Mismatch, Number, Record, Text, parse_json
 
 MAX_SUMMARY_BYTES = 64 * 2**20
+# A piece's wall time: at most 31 years. The run's total sums every piece (up to 1,000,000
+# of them), and a sum that overflowed to infinity would stop the end-of-run report.
+MAX_PIECE_SECONDS = 1e9
 RUNNING, FINISHED, PREEMPTED = "running", "finished", "preempted"
 STOPPED = "stopped by Ctrl-C"  # SIGINT: saved at a step boundary, as a preemption is
 IDLE = "nothing to train"  # resumed at or past train.steps
@@ -29,7 +32,8 @@ IDLE = "nothing to train"  # resumed at or past train.steps
 # crashed, or its node lost.
 INTERRUPTED = "interrupted"
 
-_PIECE = Record({"first_step": Int(), "last_step": Int(), "seconds": Number(0),
+_PIECE = Record({"first_step": Int(), "last_step": Int(),
+                 "seconds": Number(0, MAX_PIECE_SECONDS),
                  "ended": Text(max_len=200)},
                 optional={"started": Text(max_len=64), "layout": Text(max_len=400),
                           "schedule": Text(max_len=64), "resumed_from": Text(),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import numpy as np
 
 from hpcpipe.util.colours import OPS, OTHER
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import claim_file, open_regular, write_figure
+from hpcpipe.util.files import claim_file, read_bounded, write_figure
 from hpcpipe.runs.metrics import record_max, record_number
 from hpcpipe.runs.rundir import CONFIG, METRICS, read_metrics
 
@@ -30,6 +31,9 @@ EPILOG = """\
 examples:
   python -m hpcpipe plot runs/tiny                      # writes runs/tiny/plot.png
   python -m hpcpipe plot runs/1f1b runs/zb-v --out schedules.png"""
+# What `train` reads of a config (config.MAX_CONFIG_BYTES: a page of text); the label reads
+# no more of config.toml, so a huge file there is never read whole for it.
+MAX_CONFIG_BYTES = 1 << 20
 _SPLIT = (("compute_ms", "compute (busiest rank)", "-"),
           ("comm_ms", "exposed communication", "--"),
           ("optimizer_ms", "optimizer", ":"))
@@ -54,7 +58,7 @@ class Series:
 def read_series(run_dir: str) -> Series:
     """The curves of the run in `run_dir`, from its metrics.jsonl."""
     path = os.path.join(run_dir, METRICS)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):  # one that is a folder or FIFO: read_metrics says so
         raise HpcpipeError(f"{run_dir}: no {METRICS} here; give a run directory (where "
                            f"`train` wrote config.toml and metrics.jsonl)")
     lines, _ = read_metrics(path, up_to=2**63 - 1)
@@ -63,7 +67,7 @@ def read_series(run_dir: str) -> Series:
         r = json.loads(line)
         if "val_loss" in r:
             series.val_steps.append(r["step"])
-            series.val_loss.append(record_number(r["val_loss"]))
+            series.val_loss.append(_drawable(record_number(r["val_loss"])))
         elif "loss" in r:
             _add_step(series, r)
     if not series.steps:
@@ -71,29 +75,45 @@ def read_series(run_dir: str) -> Series:
     return series
 
 
+# matplotlib cannot scale an axis to values near the largest float (its tick arithmetic
+# overflows and raises): such a value, in a line read back, is drawn as not measured.
+_DRAWABLE = 1e300
+
+
+def _drawable(value: float) -> float:
+    return value if abs(value) <= _DRAWABLE else math.nan
+
+
 def _add_step(series: Series, r: dict):
     p2p, dp = r.get("p2p_wait_s"), r.get("dp_wait_s")
     waits = [record_number(a) + record_number(b) for a, b in zip(p2p, dp)] \
         if isinstance(p2p, list) and isinstance(dp, list) and len(p2p) == len(dp) else None
     series.steps.append(r["step"])
-    series.loss.append(record_number(r.get("loss")))
-    series.tokens_per_s.append(record_number(r.get("tokens_per_s")))
-    series.bubble.append(100 * record_number(r.get("bubble")))
-    series.compute_ms.append(1e3 * record_max(r.get("compute_s")))
-    series.comm_ms.append(1e3 * record_max(waits))
-    series.optimizer_ms.append(1e3 * record_max(r.get("optimizer_s")))
+    for name, value in (("loss", record_number(r.get("loss"))),
+                        ("tokens_per_s", record_number(r.get("tokens_per_s"))),
+                        ("bubble", 100 * record_number(r.get("bubble"))),
+                        ("compute_ms", 1e3 * record_max(r.get("compute_s"))),
+                        ("comm_ms", 1e3 * record_max(waits)),
+                        ("optimizer_ms", 1e3 * record_max(r.get("optimizer_s")))):
+        getattr(series, name).append(_drawable(value))
 
 
 def label(run_dir: str) -> str:
     """The run's folder name and, from its config.toml, its schedule and layout."""
     name = os.path.basename(os.path.normpath(run_dir))
     try:
-        with open_regular(os.path.join(run_dir, CONFIG)) as f:
-            parallel = tomllib.load(f).get("parallel", {})
-        return (f"{name}: {parallel['schedule']}, dp {parallel['dp']} × pp "
-                f"{parallel['pp']}")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return name  # no config, or not ours: the name alone
+        text = read_bounded(os.path.join(run_dir, CONFIG), MAX_CONFIG_BYTES).decode("utf-8")
+        parallel = tomllib.loads(text).get("parallel", {})
+        schedule, dp, pp = (_short(parallel[k]) for k in ("schedule", "dp", "pp"))
+        return f"{name}: {schedule}, dp {dp} × pp {pp}"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return name  # no config, or not ours (nested past tomllib's stack): the name alone
+
+
+def _short(value) -> str:
+    """A config value for the label, on one line and short (an edited one may be neither)."""
+    text = " ".join(str(value).split())
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def smooth(values, window: int) -> np.ndarray:

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import stat
 import time
 
 from hpcpipe.runs import pieces
@@ -109,7 +110,9 @@ def set_aside_earlier_run(path: str) -> str | None:
     if foreign:
         raise RunDirError(f"run directory {path} holds {', '.join(foreign)}, which hpcpipe did "
                           f"not write; choose another --run-dir")
-    when = max(os.path.getmtime(os.path.join(path, n)) for n in names)
+    # lstat: a symbolic link among them is moved like a file, and one whose target is gone
+    # must not stop the run.
+    when = max(os.lstat(os.path.join(path, n)).st_mtime for n in names)
     base = os.path.join(path, "earlier-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(when)))
     target, n = base, 1
     while os.path.lexists(target):
@@ -133,7 +136,11 @@ MAX_LINE = 1 << 20  # a line holds a few numbers per rank: a longer one is not a
 
 
 def _is_number(value) -> bool:  # NaN and infinities included: json writes them for a bad step
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, float):
+        return True
+    # A run's integers (bytes, counts) fit 64 bits; a longer one would not even convert to
+    # a float where the summary or `plot` reads it.
+    return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63
 
 
 def line_fits(record) -> bool:
@@ -160,22 +167,34 @@ def _lines(f):
             yield raw
 
 
+def _decode(raw: bytes | None):
+    """A line's JSON value; None for a line that is not JSON."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError; a line of
+        return None                       # brackets nested deeper than the parser's stack
+
+
 def read_metrics(path: str, up_to: int) -> tuple[list[str], int]:
     """(the lines of metrics.jsonl with step <= up_to, how many unreadable lines were
     dropped: a crash can cut the last one short; an edit can leave a field of the wrong
-    type, or a line without end)."""
+    type, a line without end, or a step again or out of order)."""
     kept, dropped = [], 0
+    last = {False: -1, True: -1}  # the last step read, of training lines and of evaluations
     with open_regular(path) as f:  # a FIFO in its place must not block the resume
         for raw in _lines(f):
             if raw is not None and not raw.strip():
                 continue
-            try:
-                record = json.loads(raw.decode("utf-8")) if raw is not None else None
-            except ValueError:  # JSONDecodeError, UnicodeDecodeError
-                record = None
-            if not line_fits(record):
+            record = _decode(raw)
+            # A run writes one line per step and one per evaluation, in step order: a step
+            # again (a file pasted onto itself) would count twice into the summary.
+            if not line_fits(record) or record["step"] <= last["val_loss" in record]:
                 dropped += 1
-            elif record["step"] <= up_to:
+                continue
+            last["val_loss" in record] = record["step"]
+            if record["step"] <= up_to:
                 kept.append(raw.decode("utf-8").rstrip("\n") + "\n")
     return kept, dropped
 
@@ -226,12 +245,13 @@ class RunDir:
     def _continue(self, step: int, log) -> list[str]:
         """Keep what describes steps up to `step` (see the module); returns the metrics
         lines to keep."""
+        self._refuse_folders()
         metrics, kept = os.path.join(self.path, METRICS), []
         if os.path.lexists(metrics):  # a FIFO or folder there is refused, never replaced
             kept, dropped = read_metrics(metrics, step)
             if dropped:
-                log(f"{metrics}: dropped {dropped} unreadable line(s) (a crash cut the file "
-                    f"short); steps after {step} are written again")
+                log(f"{metrics}: dropped {dropped} unreadable line(s) (cut short by a crash, "
+                    f"or not as a run writes them); steps after {step} are written again")
         self.records = [json.loads(line) for line in kept]
         self.earlier_pieces = pieces.read_earlier(os.path.join(self.path, SUMMARY), step, log)
         trim_trace_file(os.path.join(self.path, TRACE), step, log)
@@ -240,6 +260,17 @@ class RunDir:
             if drawn is not None and drawn > step:
                 os.remove(os.path.join(self.path, name))  # a step that runs again
         return kept
+
+    def _refuse_folders(self):
+        """A folder under the name of a file the run writes is refused before anything is
+        read or written: the file's first write (a summary at the first checkpoint, after
+        the steps before it) would fail on it, and a run never deletes what it did not
+        write. (A symbolic link is fine: it is replaced, never followed.)"""
+        for name in _run_files(self.path):
+            if name not in ("checkpoints", "tensorboard", "plot.png") and stat.S_ISDIR(
+                    os.lstat(os.path.join(self.path, name)).st_mode):
+                raise RunDirError(f"run directory {self.path}: {name} is a folder, where the "
+                                  f"run writes a file; move it out of the way")
 
     def record(self, **fields):
         if self.metrics:

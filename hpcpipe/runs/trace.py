@@ -85,13 +85,23 @@ def read_trace_file(path: str, log) -> list[dict]:
     return [e for e in events if _is_event(e)]
 
 
+# A trace's times are microseconds since the clock's origin, pieces one after another: a
+# time beyond this (31,000 years) is not ours, and adding the next piece after it would
+# overflow (an integer past any float) or write Infinity, which no JSON reader takes.
+_MAX_US = 1e18
+
+
+def _is_time(x) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool)
+            and -_MAX_US <= x <= _MAX_US)
+
+
 def _is_event(e) -> bool:
     if not isinstance(e, dict) or not isinstance(e.get("pid"), int):
         return False
     if e.get("ph") == "M":
         return True
-    numbers = [e.get("ts"), e.get("dur")]
-    return (e.get("ph") == "X" and all(isinstance(x, (int, float)) for x in numbers)
+    return (e.get("ph") == "X" and _is_time(e.get("ts")) and _is_time(e.get("dur"))
             and isinstance(e.get("args"), dict) and isinstance(e["args"].get("step"), int))
 
 

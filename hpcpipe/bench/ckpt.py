@@ -17,7 +17,7 @@ from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import generate
 from hpcpipe.train.rank import Rank
 from hpcpipe.util.errors import every_rank_does
-from hpcpipe.util.files import claim_file
+from hpcpipe.util.files import claim_file, claim_folder
 
 from .common import write_json
 
@@ -36,7 +36,8 @@ def add_parser(sub):
                         help="the config whose model (and dp × pp layout) is saved and loaded")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--dir", help="where to write (default: a temporary folder, removed)")
+    parser.add_argument("--dir", help="where to write: a new or empty folder, kept (default: a "
+                                      "temporary folder, removed)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     parser.set_defaults(func=run_ckpt)
@@ -45,8 +46,10 @@ def add_parser(sub):
 
 def run_ckpt(args) -> int:
     world = args.job.world()
-    if args.json:
+    if args.json is not None:  # (an empty path is refused, never taken for no --json)
         claim_file(args.json, args.force, "--json", make_folder=True)
+    if args.dir is not None:  # a run directory's own checkpoints/latest would be replaced
+        claim_folder(args.dir, is_ours=lambda path: False, flag="--dir")
     cfg = config.for_world(config.load(args.config, args.overrides), world.size)
     parallel, train = cfg.parallel, cfg.train
     grid = gridlib.build(world, parallel.dp, parallel.pp, parallel.rank_order, source=cfg.source)

@@ -98,7 +98,7 @@ def run_comm(args) -> int:
 
     world = args.job.world()
     is_root = world.rank == 0
-    if args.json:
+    if args.json is not None:  # (an empty path is refused, never taken for no --json)
         claim_file(args.json, args.force, "--json", make_folder=True)
     if args.min_kb * 2**10 > args.max_mb * 2**20:
         raise HpcpipeError(f"bench comm: --min-kb {args.min_kb:g} is above --max-mb "

@@ -22,6 +22,40 @@ def write_json(path: str, result: dict) -> str:
     return write_text_atomic(path, json.dumps(result, indent=2))
 
 
+def require_tokens(rows: int, columns: int, what: str, ranks_on_node: int = 1):
+    """Refuse, before it is drawn, a benchmark's batch of int64 tokens that cannot fit in
+    host memory with its inputs and targets cut from it (three copies on each of the node's
+    ranks): counts within each argument's range can still multiply to terabytes."""
+    from hpcpipe.device.budget import require
+
+    require(3 * rows * columns * 8 * ranks_on_node,
+            f"{what}: {rows:,} sequences of {columns - 1:,} tokens a step")
+
+
+def require_model(shape, batch: int, dtype: str, be, what: str, copies: int = 1,
+                  optimizer: bool = True):
+    """Refuse, before it is built, a model (with `copies` alive at once: hpcpipe's and
+    PyTorch's) whose step with `batch` sequences (without `optimizer`: its sampling) cannot
+    fit on `be`'s device or host."""
+    from hpcpipe.device.budget import (
+        BudgetError,
+        device_available,
+        gib,
+        require,
+        run_need,
+    )
+
+    need = run_need(shape, batch, dtype, optimizer=optimizer)
+    total = need.total * copies
+    detail = need.describe() if copies == 1 else f"{copies} models, each {need.describe()}"
+    if not be.is_gpu:
+        return require(total, f"{what} ({detail})")
+    free = device_available(be)
+    if free is not None and total > free:
+        raise BudgetError(f"{what} needs at least {gib(total)} on the GPU ({detail}); "
+                          f"{gib(free)} is free")
+
+
 def schedule_label(row: dict) -> str:
     """A bench pipeline row's schedule, saying when auto took a V (rows recorded before
     auto could lack "chunks"): for its printed table and the report's."""

@@ -18,7 +18,7 @@ from hpcpipe.model.sampler import Sampler
 from hpcpipe.util.arguments import integer
 from hpcpipe.util.files import claim_file
 
-from .common import write_json
+from .common import require_model, write_json
 
 EPILOG = """\
 examples:
@@ -59,11 +59,13 @@ def tokens_per_second(sampler: Sampler, count: int, repeats: int) -> list[float]
 
 
 def run_generate(args) -> int:
-    if args.json:
+    if args.json is not None:  # (an empty path is refused, never taken for no --json)
         claim_file(args.json, args.force, "--json", make_folder=True)
     cfg = config.load(args.config, args.overrides)
     backend.limit_threads(1)  # as `generate` runs: a token's products are too small to share
     be = backend.select(cfg.train.device, 0)
+    require_model(cfg.model, 1, cfg.train.dtype, be, f"bench generate: {args.config}",
+                  optimizer=False)  # as `generate` checks a checkpoint's model
     model = GPT(cfg.model, dtype=cfg.train.dtype, be=be)
     sampler = Sampler(model, be, temperature=0.8, top_k=0, seed=0)
     rates = tokens_per_second(sampler, args.tokens, args.repeats)

@@ -149,7 +149,7 @@ def print_layers(result, out=print):
 
 
 def run_gpu_model(args) -> int:
-    if args.json:
+    if args.json is not None:  # (an empty path is refused, never taken for no --json)
         claim_file(args.json, args.force, "--json", make_folder=True)
     result = predict(args)
     print_table(result)

@@ -36,9 +36,9 @@ from hpcpipe.train.rank import Rank
 from hpcpipe.util import timeline
 from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
-from hpcpipe.util.files import claim_file
+from hpcpipe.util.files import claim_figure, claim_file
 
-from .common import schedule_label, write_json
+from .common import require_tokens, schedule_label, write_json
 from .memory import memory_rows, pareto_front, plot_front, print_front, print_memory
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto", "pipedream-2bw")
@@ -89,7 +89,8 @@ def add_parser(sub):
                       help="with --memory: also plot auto's bubble against peak memory "
                            "(recomputation a choice) on the model's analytic costs")
     pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    pipe.add_argument("--force", action="store_true", help="replace the --json file if it exists")
+    pipe.add_argument("--force", action="store_true",
+                      help="replace the --json and --pareto files if they exist")
     pipe.set_defaults(func=run_pipeline)
     return pipe
 
@@ -301,8 +302,13 @@ def memory_suite(args, kinds, cfg, grid, be, world, inputs, log) -> int:
 def run_pipeline(args) -> int:
     world = args.job.world()
     pp = world.size
-    if args.json:
+    if args.json is not None:  # (an empty path is refused, never taken for no --json)
         claim_file(args.json, args.force, "--json", make_folder=True)
+    if args.pareto is not None:
+        if not args.memory:  # it would be silently skipped: no picture where one was asked
+            raise HpcpipeError("bench pipeline: --pareto draws the --memory suite's front: "
+                               "give --memory too")
+        claim_figure(args.pareto, args.force, "--pareto", make_folder=True)
 
     def log(msg):
         if world.rank == 0:
@@ -332,6 +338,8 @@ def run_pipeline(args) -> int:
         + (f", gradients clipped to {args.grad_clip:g}" if args.grad_clip else "")
         + "; bubbles over each step's makespan (pipedream-2bw's, which has no flush, over "
           "each rank's period)")
+    every_rank_does(world, lambda: require_tokens(m * B, T + 1, "bench pipeline",
+                                                  grid.local_size))
     tokens = np.random.default_rng(0).integers(0, 256, (m * B, T + 1))
     # Each microbatch its own arrays, as training's: a stash then holds its own inputs.
     data = [(be.from_host(tokens[i * B:(i + 1) * B, :-1].copy()),

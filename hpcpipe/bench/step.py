@@ -48,7 +48,7 @@ from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_file
 
 from . import batches
-from .common import write_json
+from .common import require_model, write_json
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
@@ -497,10 +497,13 @@ def run_step(args) -> int:
     def log(msg):
         print(msg, flush=True)
 
-    if args.json:
+    if args.json is not None:  # (an empty path is refused, never taken for no --json)
         claim_file(args.json, args.force, "--json", make_folder=True)
     be, torch, device = _setup(args, log)
     configs, batch, warmup, repeats, peak_n = _plan(args, be)
+    for name, cfg in configs.items():  # every config before the first is measured
+        require_model(cfg, batch, args.dtype, be, f"bench step: {name} with --batch {batch}",
+                      copies=1 if torch is None else 2)
     machine = _header(be, torch, device, log)
     # The device's practical peak: the best matmul rate seen before and after every config
     # (a shared machine is rarely quiet for the whole run).

@@ -42,7 +42,7 @@ from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
 from hpcpipe.util.files import claim_file
 
-from .common import write_json
+from .common import require_tokens, write_json
 from .step import CONFIGS
 
 EPILOG = """\
@@ -204,9 +204,19 @@ def print_rows(rows):
               f"{r['analytic']} |")
 
 
+def _ranks_on_node(world) -> int:
+    from mpi4py import MPI
+
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+    try:
+        return node.size
+    finally:
+        node.Free()
+
+
 def run_tp(args) -> int:
     world = args.job.world()
-    if args.json:
+    if args.json is not None:  # (an empty path is refused, never taken for no --json)
         claim_file(args.json, args.force, "--json", make_folder=True)
     shape = CONFIGS[args.config]
     if args.layers:
@@ -221,9 +231,11 @@ def run_tp(args) -> int:
 
     threads, cores = None, backend.cpu_count()
     layouts = layouts_for(world.size)
+    sequences, local = args.microbatches * args.micro_batch_size, _ranks_on_node(world)
+    every_rank_does(world, lambda: require_tokens(sequences, shape.block_size + 1, "bench tp",
+                                                  local))  # every rank draws the whole batch
     rng = np.random.default_rng(0)
-    tokens = rng.integers(0, shape.vocab_size,
-                          (args.microbatches * args.micro_batch_size, shape.block_size + 1))
+    tokens = rng.integers(0, shape.vocab_size, (sequences, shape.block_size + 1))
 
     def be_for(grid):
         nonlocal threads

@@ -123,6 +123,9 @@ def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None = None) -> lis
             raise HpcpipeError(f"--prompt-ids: {bad[0]} is outside the vocabulary: token ids "
                                f"are 0..{vocab_size - 1}")
     elif args.prompt is not None:
+        if tokenizer is None and args.tokenizer == "ids":  # the vocabulary may be bytes
+            raise HpcpipeError("--tokenizer ids takes token ids: give --prompt-ids instead "
+                               "of --prompt (or another --tokenizer for text)")
         if tokenizer is None:
             raise HpcpipeError(f"this model's vocabulary ({vocab_size}) is not bytes: give "
                                f"--prompt-ids, or --tokenizer gpt2 for GPT-2's BPE")

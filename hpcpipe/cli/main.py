@@ -169,13 +169,17 @@ def cmd_train(args) -> int:
     from hpcpipe.train.preemption import PreemptionWatch
     from hpcpipe.train.trainer import Preempted, train
 
+    if not args.dry_run:
+        _refuse_plan_options(args)
     comm = args.job.world()
-    if args.dry_run:  # every rank plans (the same numbers); one prints
+    if args.dry_run:  # every rank plans (the same numbers); one prints and writes
+        from hpcpipe.cli.plan import claim_on_root
         from hpcpipe.cli.plan import run as run_plan
 
+        claim_on_root(comm, args.json, args.force)
         return run_plan(args.config, args.overrides, args.json if comm.rank == 0 else None,
                         args.ranks_per_node or comm.size,
-                        out=print if comm.rank == 0 else (lambda text: None))
+                        out=print if comm.rank == 0 else (lambda text: None), force=args.force)
     # Signals are honoured from here on: one that arrives while the config loads, the data
     # is prepared or the model is built stops the run at its first agreement point.
     watch = PreemptionWatch(comm)
@@ -198,6 +202,18 @@ def cmd_train(args) -> int:
     finally:
         watch.close()
     return 0
+
+
+def _refuse_plan_options(args):
+    """--dry-run's options do nothing in a real run: refused, never silently ignored (a
+    plan.json the user expects would not be written)."""
+    from hpcpipe.util.errors import HpcpipeError
+
+    for flag, given in (("--json", args.json is not None), ("--force", args.force),
+                        ("--ranks-per-node", args.ranks_per_node != 0)):
+        if given:
+            raise HpcpipeError(f"{flag} is an option of --dry-run (the memory plan); give "
+                               f"--dry-run too, or leave {flag} out")
 
 
 def cmd_prepare(args) -> int:

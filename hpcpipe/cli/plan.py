@@ -9,6 +9,7 @@ import argparse
 import json
 
 from hpcpipe.util.arguments import integer
+from hpcpipe.util.files import claim_file, write_text_atomic
 
 EPILOG = """examples:
   python -m hpcpipe plan inputs/gpt2-124m.toml --set parallel.pp=2 --set train.device=cpu
@@ -35,38 +36,61 @@ def register(sub, train):
                         metavar="SECTION.KEY=VALUE", help="override one config value")
     add_options(parser)
     parser.set_defaults(func=lambda args: run(args.config, args.overrides, args.json,
-                                              args.ranks_per_node))
+                                              args.ranks_per_node, force=args.force))
 
 
 def add_options(parser):
     parser.add_argument("--json", metavar="FILE",
                         help="write the plan per pipeline rank (peak_activation_bytes, "
                              "total_bytes, ...) to FILE")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the --json file if it exists")
     parser.add_argument("--ranks-per-node", type=integer(0), default=0, metavar="N",
                         help="ranks sharing this node's host memory (default: all of the "
                              "layout's; a GPU rank has its own device)")
 
 
-def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print) -> int:
+def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print,
+        force: bool = False) -> int:
     """Print the plan (and write its JSON); raise BudgetError when it does not fit."""
     from hpcpipe import config
     from hpcpipe.train import memplan
 
+    if json_path is not None:  # before any work; never over a file unless --force
+        claim_file(json_path, force, "--json")
     cfg = config.load(path, overrides)
     p = cfg.parallel
     ranks = ranks_per_node or memplan.replicas(cfg) * p.pp  # dp "auto": one replica
     plans = memplan.plan(cfg)
     have, sharing = memplan.room(_gpu_backend(cfg), ranks)
     out(memplan.describe(cfg, plans, have, sharing))
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump({"config": cfg.source, "schedule": p.schedule,
-                       "recompute": list(cfg.recompute), "available_bytes": have,
-                       "ranks_sharing": sharing, "ranks": [r.record() for r in plans]},
-                      f, indent=1)
+    if json_path is not None:  # written before the check: a refused plan too
+        write_text_atomic(json_path, json.dumps(
+            {"config": cfg.source, "schedule": p.schedule, "recompute": list(cfg.recompute),
+             "available_bytes": have, "ranks_sharing": sharing,
+             "ranks": [r.record() for r in plans]}, indent=1))
     memplan.check(cfg, _gpu_backend(cfg), ranks, plans)
     out("fits.")
     return 0
+
+
+def claim_on_root(comm, json_path, force: bool):
+    """`train --dry-run` under MPI: rank 0 claims the --json file (it alone writes it) and
+    every rank ends with its refusal — ranks that each looked for themselves could see the
+    file rank 0 has just written, and end alone."""
+    from hpcpipe.util.files import OutputError
+
+    if json_path is None:  # (the same on every rank: their command lines are one)
+        return
+    refusal = None
+    if comm.rank == 0:
+        try:
+            claim_file(json_path, force, "--json")
+        except OutputError as e:
+            refusal = str(e)
+    refusal = comm.bcast(refusal, root=0)
+    if refusal is not None:
+        raise OutputError(refusal)
 
 
 def _gpu_backend(cfg):

@@ -182,12 +182,22 @@ def _fail(message: str) -> int:
 
 def _claim_outputs(args) -> None:
     """Every file this command will write, checked before any work (never one that exists
-    unless --force)."""
-    from hpcpipe.util.files import claim_file
+    unless --force, never two outputs in one file: the second would replace the first)."""
+    import os
 
+    from hpcpipe.util.files import OutputError, claim_figure, claim_file
+
+    claimed = {}
     for flag, path in (("--svg", args.svg), ("--png", args.png), ("--save-csv", args.save_csv)):
-        if path:
+        if path is None:  # (an empty path is refused, never taken for no option)
+            continue
+        if flag == "--png":
+            claim_figure(path, args.force, flag)
+        else:
             claim_file(path, args.force, flag)
+        same = claimed.setdefault(os.path.realpath(path), flag)
+        if same != flag:
+            raise OutputError(f"{same} and {flag} name the same file {path}: give each its own")
 
 
 def _build(args: argparse.Namespace):

@@ -94,6 +94,12 @@ def write_buffered(path: str, build) -> int:
     return len(data)
 
 
+# The suffixes matplotlib writes a picture as (Pillow, which it needs, gives JPEG, TIFF and
+# WebP); write_figure writes a name without one as a PNG.
+FIGURE_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff",
+                  "webp")
+
+
 def write_figure(path: str, fig, dpi: int = 110) -> str:
     """`write_atomic` of a matplotlib figure, in the format of `path`'s suffix (the
     temporary name has none). A symlink at `path` is replaced, never written through."""
@@ -134,6 +140,17 @@ def claim_file(path: str, force: bool = False, flag: str = "--out",
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputError(f"{name}: cannot write in {folder} (permission denied)")
     return path
+
+
+def claim_figure(path: str, force: bool = False, flag: str = "--png",
+                 make_folder: bool = False) -> str:
+    """`claim_file` of a picture's path, whose suffix must name a format write_figure can
+    write: after the work, matplotlib's refusal would be a traceback, and the work lost."""
+    suffix = os.path.splitext(path)[1].lstrip(".").lower()
+    if suffix and suffix not in FIGURE_FORMATS:
+        raise OutputError(f"{flag} {path}: .{suffix} is not a picture format; name a .png "
+                          f"file (or {', '.join('.' + f for f in FIGURE_FORMATS[1:])})")
+    return claim_file(path, force, flag, make_folder)
 
 
 def _is_same_or_above(path: str, other: str) -> bool:

@@ -25,7 +25,6 @@ from hpcpipe.checkpoint.hdf5 import OPTIM_KINDS, sha256, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
 from hpcpipe.checkpoint.retention import (
     point_latest,
-    remove_checkpoint,
     retain,
     root_of,
     run_of,
@@ -33,7 +32,7 @@ from hpcpipe.checkpoint.retention import (
 )
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.util.errors import root_does
-from hpcpipe.util.files import fsync_dir, write_buffered
+from hpcpipe.util.files import exchange, fsync_dir, write_buffered
 
 
 def new_run_id() -> str:
@@ -103,16 +102,30 @@ def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
 def _install(tmp_dir: str, final: str, run: str):
     """Rename the finished folder into place. A checkpoint already there (the same step
     saved again, e.g. by a resumed run) is replaced only if it is this run's; anything
-    else is moved aside under a name no listing takes for a checkpoint."""
+    else is moved aside under a name no listing takes for a checkpoint.
+
+    The replaced checkpoint may be the one `latest` names (a run resumed from an earlier
+    step of its own saving the step it had reached), so it is deleted only once the new
+    one is in its place: the two folders are swapped in one atomic step where the system
+    can (files.exchange), else the old one is renamed aside just before the new one goes
+    in — never deleted first, which left `latest` naming nothing if killed meanwhile."""
     root = os.path.dirname(final)
+    replaced = None
     if os.path.lexists(final):
-        if os.path.isdir(final) and run_of(final) == run:
-            remove_checkpoint(final)
+        if os.path.isdir(final) and not os.path.islink(final) and run_of(final) == run:
+            if exchange(tmp_dir, final):  # the new one at `final`, the old one at tmp_dir
+                fsync_dir(root)
+                shutil.rmtree(tmp_dir, ignore_errors=True)
+                return
+            replaced = _free_name(os.path.join(root, f".{os.path.basename(final)}.replaced"))
+            os.replace(final, replaced)
         else:
             aside = _free_name(f"{final}.other-run")
             os.replace(final, aside)
     os.replace(tmp_dir, final)
     fsync_dir(root)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
 
 
 def _free_name(base: str) -> str:

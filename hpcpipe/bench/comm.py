@@ -116,9 +116,7 @@ def run_comm(args) -> int:
 
     # One core per rank, as bench pipeline: BLAS threads of two ranks on two cores would
     # time each other's spinning (steps 2 s instead of 0.15 s), not the step.
-    local = world.Split_type(MPI.COMM_TYPE_SHARED)
-    threads = backend.limit_threads(local.size)
-    local.Free()
+    threads = backend.limit_threads(gridlib.node_size(world))
     be = backend.select("auto", 0, threads=threads)
     transport = Transport(be, resolve_gpu_aware("auto", be))
     log(f"hpcpipe {__version__} bench comm | {world.size} ranks | {be.describe()}"

@@ -204,16 +204,6 @@ def print_rows(rows):
               f"{r['analytic']} |")
 
 
-def _ranks_on_node(world) -> int:
-    from mpi4py import MPI
-
-    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
-    try:
-        return node.size
-    finally:
-        node.Free()
-
-
 def run_tp(args) -> int:
     world = args.job.world()
     if args.json is not None:  # (an empty path is refused, never taken for no --json)
@@ -231,7 +221,7 @@ def run_tp(args) -> int:
 
     threads, cores = None, backend.cpu_count()
     layouts = layouts_for(world.size)
-    sequences, local = args.microbatches * args.micro_batch_size, _ranks_on_node(world)
+    sequences, local = args.microbatches * args.micro_batch_size, gridlib.node_size(world)
     every_rank_does(world, lambda: require_tokens(sequences, shape.block_size + 1, "bench tp",
                                                   local))  # every rank draws the whole batch
     rng = np.random.default_rng(0)

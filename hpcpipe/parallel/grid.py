@@ -75,6 +75,18 @@ class Grid:
                 f"{self.local_size} on this node")
 
 
+def node_size(world) -> int:
+    """How many ranks of `world` share this node (as `build`'s `local` counts them), for
+    what must be known before a grid is built: threads per rank, host memory per rank."""
+    from mpi4py import MPI
+
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+    try:
+        return node.size
+    finally:
+        node.Free()
+
+
 def world_rank(dp_rank: int, pp_rank: int, tp_rank: int, dp: int, pp: int, tp: int,
                rank_order: str = "pp-inner") -> int:
     """The world rank at grid coordinates (dp_rank, pp_rank, tp_rank): the arrangement

@@ -90,13 +90,7 @@ def _positive(limit: int):
 
 
 def _costs(text: str) -> Costs:
-    keys = [item.partition("=")[0].strip() for item in text.split(",") if item.strip()]
-    lower = [k.lower() for k in keys]
-    repeated = [k for i, k in enumerate(keys) if lower[i] in lower[:i]]
-    if repeated:  # Costs.parse would keep the last one, silently
-        raise argparse.ArgumentTypeError(f"cost {repeated[0]} is given more than once; give "
-                                         "each key once")
-    try:
+    try:  # (a key given twice, under any spelling, is Costs.parse's to refuse)
         costs = Costs.parse(text)
     except ScheduleError as e:
         raise argparse.ArgumentTypeError(str(e)) from None

@@ -22,7 +22,7 @@ import tempfile
 from hpcpipe import __version__
 from hpcpipe.device import backend
 from hpcpipe.parallel import grid
-from hpcpipe.util.arguments import integer
+from hpcpipe.util.arguments import integer, path
 
 EPILOG = """\
 examples:
@@ -48,7 +48,8 @@ def register(subparsers):
                     "it the way the job will run (under mpiexec or srun) to see what each "
                     "rank gets; exits 1 when it finds a problem.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    doctor.add_argument("run_dir", nargs="?", default="runs", metavar="RUN_DIR", type=_run_dir,
+    doctor.add_argument("run_dir", nargs="?", default="runs", metavar="RUN_DIR",
+                        type=path("name the run directory, or leave RUN_DIR out for runs"),
                         help="the run directory to check, or the folder that will hold it "
                              "(default: runs)")
     doctor.add_argument("--pp", type=integer(1), metavar="N",
@@ -60,14 +61,6 @@ def register(subparsers):
     doctor.add_argument("--rank-order", default="pp-inner", choices=grid.RANK_ORDERS,
                         help="parallel.rank_order of the job (default: pp-inner)")
     doctor.set_defaults(func=cmd_doctor)
-
-
-def _run_dir(text: str) -> str:
-    # An empty path would be judged as the current folder, and reported under no name.
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path; name the run directory, or leave "
-                                         "RUN_DIR out for runs")
-    return text
 
 
 # -- facts ------------------------------------------------------------------------------------

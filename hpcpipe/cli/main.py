@@ -15,7 +15,7 @@ import signal
 
 from hpcpipe import __version__
 from hpcpipe.cli.guard import Job, run
-from hpcpipe.util.arguments import Parser, number
+from hpcpipe.util.arguments import Parser, number, path
 
 EPILOG = """\
 examples:
@@ -106,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="SECTION.KEY=VALUE",
                        help="override one config value (repeatable), e.g. --set train.steps=50")
-    train.add_argument("--run-dir", metavar="DIR", type=_folder,
+    train.add_argument("--run-dir", metavar="DIR",
+                       type=path("name a folder, or leave --run-dir out for runs/<config "
+                                 "file name>"),
                        help="where to write config.toml, metrics.jsonl and checkpoints/ "
                             "(default: runs/<config file name without .toml>)")
     train.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
@@ -154,14 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_commands(sub, train)
     return parser
-
-
-def _folder(text: str) -> str:
-    # An empty --run-dir would otherwise fall back to runs/<config name>: not what was asked.
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path; name a folder, or leave --run-dir "
-                                         "out for runs/<config file name>")
-    return text
 
 
 def cmd_train(args) -> int:

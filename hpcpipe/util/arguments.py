@@ -39,6 +39,19 @@ def integer(lo: int = 0, hi: int = INT64_MAX):
     return parse
 
 
+def path(advice: str):
+    """An argument type: a path that is not empty — an empty one would otherwise be taken
+    for the option left out (its default) or for the current folder; `advice` says what
+    to give instead."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"an empty path; {advice}")
+        return text
+
+    parse.__name__ = "path"
+    return parse
+
+
 def number(lo: float = -math.inf, hi: float = math.inf):
     """An argument type: a finite number in [lo, hi]."""
     def parse(text: str) -> float:

@@ -145,14 +145,14 @@ def bubble_recomputing(schedule, costs, recomputed, choice: Recompute) -> float:
     choice.time of their F at the start of their B, counted as lost: 1 − the busiest rank's
     work without recomputation / the longest span."""
     from .ops import Kind
-    from .simulator import replay
+    from .simulator import op_duration, replay
     S, v = schedule.num_stages, schedule.chunks
     tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
+    plain = op_duration(schedule, costs)
 
-    def duration(op, s):
-        extra = choice.time * tf[s] if (s, op.microbatch) in recomputed else 0.0
-        return {Kind.F: tf[s], Kind.B: tb[s] + extra, Kind.W: tw[s]}.get(op.kind,
-                                                                          tb[s] + tw[s] + extra)
+    def duration(op, s):  # the simulator's, a recomputing B (or BW) longer by its rebuild
+        rebuilds = op.kind in (Kind.B, Kind.BW) and (s, op.microbatch) in recomputed
+        return plain(op, s) + (choice.time * tf[s] if rebuilds else 0.0)
     run = replay(schedule, duration, costs.comm)
     span = max(ends[-1] - starts[0] for starts, ends in zip(run.start, run.end) if starts)
     m = schedule.num_microbatches

@@ -86,12 +86,51 @@ def parse(text: str) -> Recompute:
                         "KEEP:TIME (e.g. 0.35:0.04: keep 35 % of M_B, re-run 4 % of F)")
 
 
-# -- per microbatch: an analysis, not a runtime choice --------------------------------------
-# The runtime (and `Costs`) take one choice per stage. Whether choosing per microbatch would
-# reach what per stage cannot -- the zero-bubble paper's costs at 1F1B's memory -- is asked
-# by `fewest_recomputed` and `bubble_recomputing` (`python -m hpcpipe.schedules.table
-# --per-microbatch`); the answer (README, "Recomputation and the Pareto front") is that it
-# roughly halves the bubble on some rows and reaches 1 % on none, so it is not built.
+# -- per microbatch ---------------------------------------------------------------------
+# A stage's choice need not cover all its microbatches: the ones held longest from F to B
+# (a V's chunk-0 warm-up, the first ranks') are what fill memory, and each recomputed one
+# costs its B `time`·F. `PerMicrobatch` names the (stage, microbatch) pairs that recompute;
+# the cost model, the simulator and the runtime take it wherever they take a choice per stage.
+# The exact mode (exact.py) chooses the pairs with the order; `fewest_recomputed` brings an
+# order built for a looser limit back under a tighter one.
+
+@dataclass(frozen=True)
+class PerMicrobatch:
+    """Recomputation per (model stage, microbatch): `choice` (one, or one per model stage)
+    for the pairs in `pairs`, none for every other microbatch."""
+
+    choice: Recompute | tuple[Recompute, ...]
+    pairs: frozenset[tuple[int, int]]
+
+    def __post_init__(self):
+        from .ops import ScheduleError
+        pairs = frozenset((int(s), int(x)) for s, x in self.pairs)
+        if any(s < 0 or x < 0 for s, x in pairs):
+            raise ScheduleError("recompute per microbatch: stages and microbatches count from 0")
+        object.__setattr__(self, "pairs", pairs)
+        if not isinstance(self.choice, Recompute):
+            object.__setattr__(self, "choice", tuple(self.choice))
+            if any(s >= len(self.choice) for s, _ in pairs):
+                raise ScheduleError("recompute per microbatch names a stage with no choice")
+        if any(not self.choice_of(s).recomputes for s, _ in pairs):
+            raise ScheduleError("recompute per microbatch needs a choice that drops something "
+                                f"(got {self.choice_of(min(pairs)[0])})")
+
+    def choice_of(self, stage: int) -> Recompute:
+        return self.choice if isinstance(self.choice, Recompute) else self.choice[stage]
+
+    def of(self, stage: int, microbatch: int) -> Recompute:
+        return self.choice_of(stage) if (stage, microbatch) in self.pairs else NONE
+
+    def on_stage(self, stage: int) -> frozenset[int]:
+        """The microbatches `stage` recomputes."""
+        return frozenset(x for s, x in self.pairs if s == stage)
+
+    def __str__(self) -> str:
+        names = {c.name for c in ((self.choice,) if isinstance(self.choice, Recompute)
+                                  else self.choice) if c.recomputes}
+        return f"{'/'.join(sorted(names)) or 'none'} on {len(self.pairs)} (stage, microbatch) pairs"
+
 
 def fewest_recomputed(schedule, costs, limit: float, choice: Recompute
                       ) -> frozenset[tuple[int, int]] | None:
@@ -144,19 +183,13 @@ def bubble_recomputing(schedule, costs, recomputed, choice: Recompute) -> float:
     """The bubble of `schedule` when the (stage, microbatch) pairs `recomputed` re-run
     choice.time of their F at the start of their B, counted as lost: 1 − the busiest rank's
     work without recomputation / the longest span."""
-    from .ops import Kind
-    from .simulator import op_duration, replay
-    S, v = schedule.num_stages, schedule.chunks
-    tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
-    plain = op_duration(schedule, costs)
+    from dataclasses import replace
 
-    def duration(op, s):  # the simulator's, a recomputing B (or BW) longer by its rebuild
-        rebuilds = op.kind in (Kind.B, Kind.BW) and (s, op.microbatch) in recomputed
-        return plain(op, s) + (choice.time * tf[s] if rebuilds else 0.0)
-    run = replay(schedule, duration, costs.comm)
-    span = max(ends[-1] - starts[0] for starts, ends in zip(run.start, run.end) if starts)
-    m = schedule.num_microbatches
+    from .simulator import simulate
+    result = simulate(schedule, replace(costs, recompute=PerMicrobatch(choice, recomputed)))
+    S, v, m = schedule.num_stages, schedule.chunks, schedule.num_microbatches
+    tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
     work = max(m * sum(tf[s] + tb[s] + tw[s] for s in
                        (schedule.stage_of[(r, c)] for c in range(v)))
                for r in range(schedule.num_ranks))
-    return 1.0 - work / span
+    return 1.0 - work / result.longest_span

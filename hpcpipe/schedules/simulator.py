@@ -16,7 +16,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 from . import recompute as rc
 from .messages import BACKWARD, op_messages
 from .ops import Kind, Op, Schedule, ScheduleError
-from .recompute import Recompute
+from .recompute import PerMicrobatch, Recompute
 
 Number = float | int
 
@@ -42,7 +42,8 @@ class Costs:
     F to its B, then only `memw` (M_W, what the weight GEMMs still need) until its W. `memw`
     defaults to `memory`: the whole microbatch is held until W, as before the split existed.
 
-    `recompute`, one `Recompute` or one per model stage: a stage that recomputes holds only
+    `recompute`, one `Recompute`, one per model stage, or a `PerMicrobatch` plan naming the
+    (stage, microbatch) pairs that recompute: a microbatch that recomputes holds only
     keep·M_B from F to B, rebuilds M_B at the start of B, which lasts time·F longer, and
     keeps M_W until W (see `recompute.py`). Default: none anywhere.
     """
@@ -54,10 +55,10 @@ class Costs:
     memory: Number | Sequence[Number] = 1.0
     memw: Number | Sequence[Number] | None = None
     tp: Number | Sequence[Number] = 0.0
-    recompute: Recompute | Sequence[Recompute] = rc.NONE
+    recompute: Recompute | Sequence[Recompute] | PerMicrobatch = rc.NONE
 
     def __post_init__(self):
-        if not isinstance(self.recompute, Recompute):
+        if not isinstance(self.recompute, (Recompute, PerMicrobatch)):
             object.__setattr__(self, "recompute", tuple(self.recompute))
             if not all(isinstance(x, Recompute) for x in self.recompute):
                 raise ScheduleError("cost recompute takes Recompute choices (see recompute.py)")
@@ -106,6 +107,9 @@ class Costs:
 
     def recompute_per_stage(self, num_stages: int) -> tuple[Recompute, ...]:
         """Each model stage's recompute choice (one choice applies to every stage)."""
+        if isinstance(self.recompute, PerMicrobatch):
+            raise ScheduleError("a per-microbatch recompute plan has no one choice per stage: "
+                                "ask recompute_of(stages)(stage, microbatch)")
         if isinstance(self.recompute, Recompute):
             return (self.recompute,) * num_stages
         if len(self.recompute) != num_stages:
@@ -113,11 +117,24 @@ class Costs:
                                 f"choice or one per model stage ({num_stages})")
         return self.recompute
 
+    def recompute_of(self, num_stages: int) -> Callable[[int, int], Recompute]:
+        """`choice(stage, microbatch)`: what that microbatch recomputes on that stage."""
+        if isinstance(self.recompute, PerMicrobatch):
+            plan = self.recompute
+            if any(s >= num_stages for s, _ in plan.pairs):
+                raise ScheduleError(f"recompute per microbatch names stages past the last "
+                                    f"({num_stages - 1})")
+            return plan.of
+        per_stage = self.recompute_per_stage(num_stages)
+        return lambda stage, microbatch: per_stage[stage]
+
     def recomputes(self) -> bool:
+        if isinstance(self.recompute, PerMicrobatch):
+            return bool(self.recompute.pairs)
         choices = (self.recompute,) if isinstance(self.recompute, Recompute) else self.recompute
         return any(x.recomputes for x in choices)
 
-    def with_recompute(self, choice: Recompute | Sequence[Recompute]) -> Costs:
+    def with_recompute(self, choice: Recompute | Sequence[Recompute] | PerMicrobatch) -> Costs:
         from dataclasses import replace
         return replace(self, recompute=choice)
 
@@ -134,6 +151,9 @@ class Costs:
             values = self._stage_values(name, ranks, 1)
             return [values[rank_of[s]] / chunks for s in range(len(stage_of))]
         choice = self.recompute
+        if isinstance(choice, PerMicrobatch):
+            raise ScheduleError("per-rank costs take one recompute choice per rank, not a "
+                                "per-microbatch plan (its pairs name model stages)")
         if not isinstance(choice, Recompute):  # one per rank: each of its stages takes it
             choice = [choice[rank_of[s]] for s in range(len(stage_of))]
         return Costs(f=spread("f"), b=spread("b"), w=spread("w"), comm=self.comm,
@@ -189,6 +209,8 @@ class Costs:
         text = text if self.tp == 0.0 else f"{text},tp={fmt(self.tp)}"
         if not self.recomputes():
             return text
+        if isinstance(self.recompute, PerMicrobatch):  # an output of the searches, not an input
+            return f"{text},recompute={self.recompute}"
         choices = self.recompute if isinstance(self.recompute, tuple) else (self.recompute,)
         choices = choices[:1] if len(set(choices)) == 1 else choices  # one for every stage
         return f"{text},recompute={'/'.join(str(x) for x in choices)}"
@@ -379,22 +401,31 @@ def _tidy(x: float) -> float:
 def op_duration(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float]:
     S, v = schedule.num_stages, schedule.chunks
     tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
-    tb = backward_times(costs, S, v)
+    if isinstance(costs.recompute, PerMicrobatch):
+        choice = costs.recompute_of(S)
+        rebuild = lambda op, stage: choice(stage, op.microbatch).time * tf[stage]  # noqa: E731
+    else:
+        tb = backward_times(costs, S, v)
+        rebuild = lambda op, stage: 0.0  # noqa: E731  (already in tb)
 
     def duration(op: Op, stage: int) -> float:
         if op.kind == Kind.F:
             return tf[stage]
         if op.kind == Kind.B:
-            return tb[stage]
+            return tb[stage] + rebuild(op, stage)
         if op.kind == Kind.W:
             return tw[stage]
-        return tb[stage] + tw[stage]
+        return tb[stage] + rebuild(op, stage) + tw[stage]
     return duration
 
 
 def backward_times(costs: Costs, num_stages: int, chunks: int) -> tuple[float, ...]:
-    """Each stage's B: its input gradient plus the recompute that runs at its start."""
+    """Each stage's B: its input gradient plus the recompute that runs at its start (with
+    a per-microbatch plan, the B of a microbatch that does not recompute: what every
+    microbatch's B takes at least)."""
     tf, tb = costs.per_stage("f", num_stages, chunks), costs.per_stage("b", num_stages, chunks)
+    if isinstance(costs.recompute, PerMicrobatch):
+        return tb
     choice = costs.recompute_per_stage(num_stages)
     return tuple(b + c.time * f for f, b, c in zip(tf, tb, choice))
 
@@ -404,22 +435,23 @@ def memory_deltas(schedule: Schedule, costs: Costs | None = None
     """`deltas(op, stage)` -> (while it runs, after it ends): the change of the rank's
     activation memory that `op` brings, in the two-level model: F takes M_B as it starts;
     B keeps M_B while it runs, then leaves M_W; W frees M_W at its end; a fused BW frees M_B
-    at its end. A stage that recomputes takes only keep·M_B at F and rebuilds the rest while
-    its B (or BW) runs."""
+    at its end. A microbatch that recomputes takes only keep·M_B at F and rebuilds the rest
+    while its B (or BW) runs."""
     costs = costs or Costs()
     mem = costs.per_stage("memory", schedule.num_stages, schedule.chunks)
     memw = costs.per_stage("memw", schedule.num_stages, schedule.chunks)
-    kept = [m * c.keep for m, c in zip(mem, costs.recompute_per_stage(schedule.num_stages))]
+    choice = costs.recompute_of(schedule.num_stages)
 
     def deltas(op: Op, stage: int) -> tuple[float, float]:
+        kept = mem[stage] * choice(stage, op.microbatch).keep
         if op.kind == Kind.F:
-            return kept[stage], kept[stage]
-        rebuilt = mem[stage] - kept[stage]
+            return kept, kept
+        rebuilt = mem[stage] - kept
         if op.kind == Kind.B:
-            return rebuilt, memw[stage] - kept[stage]
+            return rebuilt, memw[stage] - kept
         if op.kind == Kind.W:
             return 0.0, -memw[stage]
-        return rebuilt, -kept[stage]
+        return rebuilt, -kept
     return deltas
 
 

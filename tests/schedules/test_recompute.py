@@ -4,8 +4,8 @@ import pytest
 
 from hpcpipe.schedules import Costs, ScheduleError, generate, peak_activations, simulate
 from hpcpipe.schedules.ops import make_schedule, one_chunk_placement, ops_from_strings
-from hpcpipe.schedules.recompute import (PRESETS, Recompute, bubble_recomputing,
-                                         fewest_recomputed, parse, presets)
+from hpcpipe.schedules.recompute import (PRESETS, PerMicrobatch, Recompute,
+                                         bubble_recomputing, fewest_recomputed, parse, presets)
 from hpcpipe.schedules.table import per_microbatch_row, render_per_microbatch
 
 HALF = Recompute("0.3:0.5", keep=0.3, time=0.5)
@@ -59,7 +59,50 @@ def test_recompute_lowers_one_f_one_b_peak_by_what_it_keeps():
     assert full[0] == pytest.approx(3 * PRESETS["full"].keep + 1)
 
 
-# -- per microbatch (an analysis: recompute.fewest_recomputed) ------------------------------
+# -- per microbatch -------------------------------------------------------------------------
+
+def test_a_per_microbatch_plan_recomputes_only_its_pairs():
+    # Only microbatch 1 recomputes: F0 1, F1 .3 (1.3), B0 rebuilds nothing and leaves .7,
+    # F2 1.7, W0 1.3, B1 rebuilds .7 while it runs (2.0, the peak), leaves 1.4, W1 1.0,
+    # B2 1.0, W2 0 -- and only B1 takes the rebuild's 0.5 x F.
+    s = one_rank("F0 F1 B0 F2 W0 B1 W1 B2 W2")
+    plan = PerMicrobatch(HALF, {(0, 1)})
+    costs = Costs(f=2, b=1, w=1, memory=1, memw=0.4, recompute=plan)
+    assert peak_activations(s, costs) == (2.0,)
+    durations = [e - b for b, e in zip(*(x[0] for x in (simulate(s, costs).start,
+                                                          simulate(s, costs).end)))]
+    assert durations == [2, 2, 1, 2, 1, 2, 1, 1, 1]
+    assert str(plan) == "0.3:0.5 on 1 (stage, microbatch) pairs" and plan.on_stage(0) == {1}
+    # Every microbatch in the plan is the per-stage choice.
+    everything = PerMicrobatch(HALF, {(0, x) for x in range(3)})
+    assert simulate(s, costs.with_recompute(everything)).end == simulate(
+        s, costs.with_recompute(HALF)).end
+    assert peak_activations(s, costs.with_recompute(everything)) == peak_activations(
+        s, costs.with_recompute(HALF))
+
+
+def test_per_microbatch_plans_name_real_stages_and_choices():
+    with pytest.raises(ScheduleError, match="drops something"):
+        PerMicrobatch(PRESETS["none"], {(0, 0)})
+    with pytest.raises(ScheduleError, match="count from 0"):
+        PerMicrobatch(HALF, {(-1, 0)})
+    with pytest.raises(ScheduleError, match="no choice"):
+        PerMicrobatch((HALF,), {(1, 0)})
+    costs = Costs(recompute=PerMicrobatch(HALF, {(4, 0)}))
+    with pytest.raises(ScheduleError, match="past the last"):
+        simulate(generate("1f1b", 2, 2), costs)
+    with pytest.raises(ScheduleError, match="no one choice per stage"):
+        costs.recompute_per_stage(2)
+    with pytest.raises(ScheduleError, match="per-microbatch plan"):
+        costs.over_chunks({(0, 0): 0, (1, 0): 1})
+    # One choice per stage: stage 1 recomputes fully, stage 0 keeps a third.
+    per_stage = PerMicrobatch((Recompute("a", 1 / 3, 0.1), PRESETS["full"]), {(0, 0), (1, 1)})
+    assert per_stage.of(0, 0).keep == pytest.approx(1 / 3) and per_stage.of(1, 1).time == 1.0
+    assert per_stage.of(1, 0) == PRESETS["none"]
+    assert "on 2 (stage, microbatch) pairs" in str(Costs(recompute=per_stage))
+
+
+# -- fewest_recomputed: an order built for a looser limit, brought under a tighter one ------
 
 SIX_B = Costs(29.718, 29.444, 19.927, 0.527, memw=0.43)
 

@@ -263,6 +263,32 @@ def _bound(result, verdict, objective: str) -> tuple[float, bool]:
     return bound, value <= bound + 1e-9 * max(1.0, bound)
 
 
+def _plan_json(costs) -> dict:
+    """The recompute plan the shown schedule runs under, for the JSON: per microbatch, its
+    (stage, microbatch) pairs too."""
+    from .recompute import PerMicrobatch
+    if not costs.recomputes():
+        return {"recompute": "none"}
+    plan = costs.recompute
+    if isinstance(plan, PerMicrobatch):
+        return {"recompute": str(plan), "recompute_pairs": sorted(map(list, plan.pairs))}
+    return {"recompute": "/".join(map(str, plan)) if isinstance(plan, tuple) else str(plan)}
+
+
+def _plan_text(plan, schedule) -> str:
+    """A per-microbatch plan as each stage's microbatches; any other plan as it reads."""
+    from .recompute import PerMicrobatch
+    if not isinstance(plan, PerMicrobatch):
+        return "/".join(map(str, plan)) if isinstance(plan, tuple) else str(plan)
+    stages = []
+    for stage in range(schedule.num_stages):
+        chosen = sorted(plan.on_stage(stage))
+        rank, chunk = schedule.rank_chunk_of(stage)
+        where = f"stage {stage} (rank {rank}{f', chunk {chunk}' if schedule.chunks > 1 else ''})"
+        stages.append(f"  {where}: " + (" ".join(map(str, chosen)) if chosen else "none"))
+    return f"{plan}; microbatches recomputing per stage:\n" + "\n".join(stages)
+
+
 def _point(found, point) -> dict:
     """One front point for the JSON; the bubble counts recompute time as lost."""
     return {"label": point.label, "recompute": point.plan, "score": round(point.score, 9),
@@ -303,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
             summary = {**result.summary(), "lower_bound": round(bound, 9), "optimal": optimal}
             if verdict is not None:
                 summary["exact"] = verdict.summary()
+                summary.update(_plan_json(args.cost))
             if found is not None:
                 summary["recompute"] = found.plan
                 summary["pareto"] = [_point(found, q) for q in found.front]
@@ -324,6 +351,8 @@ def run(args: argparse.Namespace) -> int:
                       f"{100 * verdict.gap:.3f}% ("
                       + ", ".join(f"{c.status.lower()} in {c.seconds:.1f} s" for c in verdict.certified)
                       + ")")
+                if args.cost.recomputes():
+                    print(f"recompute: {_plan_text(args.cost.recompute, schedule)}")
     except (HpcpipeError, RuntimeError) as e:
         return _fail(str(e))
     except OSError as e:

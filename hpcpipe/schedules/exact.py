@@ -11,6 +11,13 @@ order: microbatches are identical, so relabelling any schedule's k-th F, B and W
 stage as microbatch k gives one as short that keeps every dependency and every memory level,
 and the runtime needs W's in that order anyway. The auto scheduler's schedule is the hint.
 
+Recomputation per microbatch (`per_microbatch`, a choice): a boolean per (stage, microbatch)
+says whether it recomputes; its B lasts the rebuild longer, and the part of M_B it drops is
+taken as its B starts instead of as its F starts -- one event whose time the boolean moves,
+so the reservoir keeps fixed levels. The bound then holds for every plan of that choice,
+none and every per-stage plan included, over the schedules whose stages run their F's and
+B's in microbatch order (microbatches that recompute differently are no longer alike).
+
 Times and memory are scaled to integers; where a cost has more decimals than the scale keeps,
 the model rounds durations and memory down and the limit up, so it relaxes the problem and
 its bound stays a true lower bound. The schedule found is replayed by the simulator under
@@ -31,6 +38,7 @@ from .ops import (
     v_placement,
 )
 from .problem import EPS, Problem
+from .recompute import PerMicrobatch, Recompute
 from .simulator import Costs, peak_activations, simulate, span_lower_bound
 
 INSTALL_HINT = ("the exact mode needs OR-Tools' CP-SAT solver: pip install 'hpcpipe[exact]' "
@@ -78,6 +86,21 @@ def _cp_model():
 
 
 @dataclass(frozen=True)
+class PerChoice:
+    """A recompute choice every (stage, microbatch) may take or not, in a problem's units:
+    per stage the rebuild's time and the part of M_B kept."""
+
+    choice: Recompute
+    time: tuple[float, ...]
+    kept: tuple[float, ...]
+
+    @classmethod
+    def of(cls, choice: Recompute, problem: Problem) -> "PerChoice":
+        return cls(choice, tuple(choice.time * f for f in problem.f),
+                   tuple(choice.keep * x for x in problem.mem))
+
+
+@dataclass(frozen=True)
 class Certified:
     """What the exact mode proves: `schedule` scores `value` (longest span or makespan, by the
     simulator), no schedule under the same limit scores below `lower_bound`, and `optimal`
@@ -89,6 +112,7 @@ class Certified:
     optimal: bool
     status: str
     seconds: float
+    costs: Costs | None = None  # with the recompute plan `schedule` runs under (per microbatch)
 
 
 def _scaled(values, scale: float, rounding) -> list[int]:
@@ -98,20 +122,28 @@ def _scaled(values, scale: float, rounding) -> list[int]:
 class ExactModel:
     """The constraint program for one problem and objective (see the module docstring)."""
 
-    def __init__(self, problem: Problem, objective: str):
+    def __init__(self, problem: Problem, objective: str, per_microbatch: "PerChoice | None" = None):
         cp_model = _cp_model()
-        self.pb, self.objective = problem, objective
+        self.pb, self.objective, self.per_microbatch = problem, objective, per_microbatch
         self.model = cp_model.CpModel()
         pb, S, m = problem, problem.num_stages, problem.m
         self.f, self.b, self.w = (_scaled(d, TIME_SCALE, math.floor) for d in (pb.f, pb.b, pb.w))
+        rebuild = (_scaled(per_microbatch.time, TIME_SCALE, math.floor) if per_microbatch
+                   else [0] * S)
+        self.rebuild = rebuild
         self.comm = int(math.floor(pb.comm * TIME_SCALE + EPS))
-        horizon = sum(m * (self.f[s] + self.b[s] + self.w[s]) for s in range(S)) + 2 * S * m * self.comm
+        horizon = (sum(m * (self.f[s] + self.b[s] + rebuild[s] + self.w[s]) for s in range(S))
+                   + 2 * S * m * self.comm)
         self.horizon = horizon
         self.ops = {}  # (kind, stage, microbatch) -> (start, end, interval)
+        self.recomputes = {}  # (stage, microbatch) -> its boolean (per_microbatch only)
         for s in range(S):
             for x in range(m):
                 for kind, duration in (("F", self.f[s]), ("B", self.b[s]), ("W", self.w[s])):
-                    self.ops[(kind, s, x)] = self._interval(f"{kind}{x}s{s}", duration)
+                    if kind == "B" and per_microbatch is not None:
+                        self.ops[(kind, s, x)] = self._recomputing_b(s, x, rebuild[s])
+                    else:
+                        self.ops[(kind, s, x)] = self._interval(f"{kind}{x}s{s}", duration)
         self._dependencies()
         self._one_op_at_a_time()
         self._memory()
@@ -121,6 +153,16 @@ class ExactModel:
         start = self.model.NewIntVar(0, self.horizon, f"start_{name}")
         end = self.model.NewIntVar(0, self.horizon, f"end_{name}")
         return start, end, self.model.NewIntervalVar(start, duration, end, name)
+
+    def _recomputing_b(self, s: int, x: int, rebuild: int):
+        """B x of stage s, `rebuild` longer where its boolean says it recomputes."""
+        chosen = self.model.NewBoolVar(f"recompute{x}s{s}")
+        self.recomputes[(s, x)] = chosen
+        start = self.model.NewIntVar(0, self.horizon, f"start_B{x}s{s}")
+        end = self.model.NewIntVar(0, self.horizon, f"end_B{x}s{s}")
+        size = self.model.NewIntVar(self.b[s], self.b[s] + rebuild, f"size_B{x}s{s}")
+        self.model.Add(size == self.b[s] + rebuild * chosen)
+        return start, end, self.model.NewIntervalVar(start, size, end, f"B{x}s{s}")
 
     def _after(self, later: tuple, earlier: tuple, gap: int = 0) -> None:
         self.model.Add(self.ops[later][0] >= self.ops[earlier][1] + gap)
@@ -155,6 +197,9 @@ class ExactModel:
 
     def _memory(self) -> None:
         pb = self.pb
+        if self.per_microbatch is not None:
+            self._memory_per_microbatch()
+            return
         if pb.recomputes:
             self._memory_recomputing()
             return
@@ -190,6 +235,28 @@ class ExactModel:
                     b_start, b_end = self.ops[("B", s, x)][:2]
                     times += [self.ops[("F", s, x)][0], b_start, b_end, self.ops[("W", s, x)][1]]
                     changes += [kept[s], rebuilt[s], memw[s] - full[s], -memw[s]]
+            self.model.AddReservoirConstraint(times, changes, 0, limit)
+
+    def _memory_per_microbatch(self) -> None:
+        """keep·M_B taken as an F starts; the rest as that F starts too, or, where the
+        microbatch recomputes, as its B starts (the rebuild); M_B traded for M_W as the B
+        ends, M_W freed as its W ends. One event's time is the boolean's to move."""
+        pb, choice = self.pb, self.per_microbatch
+        full, memw = (_scaled(v, MEMORY_SCALE, math.floor) for v in (pb.mem, pb.memw))
+        kept = _scaled(choice.kept, MEMORY_SCALE, math.floor)
+        limit = int(math.ceil(pb.limit * MEMORY_SCALE - EPS))
+        for r in range(pb.p):
+            times, changes = [], []
+            for s in pb.stages_of(r):
+                for x in range(pb.m):
+                    f_start = self.ops[("F", s, x)][0]
+                    b_start, b_end = self.ops[("B", s, x)][:2]
+                    dropped = self.model.NewIntVar(0, self.horizon, f"dropped{x}s{s}")
+                    chosen = self.recomputes[(s, x)]
+                    self.model.Add(dropped == b_start).OnlyEnforceIf(chosen)
+                    self.model.Add(dropped == f_start).OnlyEnforceIf(chosen.Not())
+                    times += [f_start, dropped, b_end, self.ops[("W", s, x)][1]]
+                    changes += [kept[s], full[s] - kept[s], memw[s] - full[s], -memw[s]]
             self.model.AddReservoirConstraint(times, changes, 0, limit)
 
     def _memory_one_stage(self, s: int, mem: int, memw: int, limit: int) -> None:
@@ -229,8 +296,12 @@ class ExactModel:
         self.model.Minimize(self.value)
 
     def hint(self, schedule: Schedule, costs: Costs) -> None:
-        """Start the search from `schedule`'s replayed times (scaled like the model)."""
+        """Start the search from `schedule`'s replayed times (scaled like the model) and,
+        per microbatch, from the recompute plan of `costs`."""
         result = simulate(schedule, costs)
+        choice = costs.recompute_of(self.pb.num_stages)
+        for (s, x), chosen in self.recomputes.items():
+            self.model.AddHint(chosen, int(choice(s, x).recomputes))
         t0 = min(row[0] for row in result.start if row)
         scaled = {}
         for r, ops in enumerate(schedule.ranks):
@@ -239,6 +310,8 @@ class ExactModel:
                 if key in self.ops:
                     begin = int(round((start - t0) * TIME_SCALE))
                     duration = {"F": self.f, "B": self.b, "W": self.w}[key[0]][key[1]]
+                    if key[0] == "B" and self.recomputes and choice(key[1], key[2]).recomputes:
+                        duration += self.rebuild[key[1]]
                     scaled[key] = (begin, begin + duration)
         # A complete hint (ends and the objective too) is one CP-SAT can take as it is.
         for key, (begin, end) in scaled.items():
@@ -263,18 +336,28 @@ class ExactModel:
         ranks = [[entry[-1] for entry in sorted(row)] for row in rows]
         return make_schedule("exact", pb.p, pb.m, pb.chunks, ranks, pb.placement)
 
+    def plan_from(self, solver) -> PerMicrobatch | None:
+        """The recompute pairs the solver chose (per_microbatch only)."""
+        if self.per_microbatch is None:
+            return None
+        return PerMicrobatch(self.per_microbatch.choice,
+                             frozenset(key for key, chosen in self.recomputes.items()
+                                       if solver.Value(chosen)))
 
-def _analytic_bound(schedule: Schedule, costs: Costs, problem: Problem) -> float:
+
+def _analytic_bound(schedule: Schedule, costs: Costs, problem: Problem,
+                    per_microbatch: PerChoice | None = None) -> float:
     """Bounds from the costs alone, valid for the longest span and so for the makespan: the
     busiest rank's work and one microbatch's round trip (`span_lower_bound`), and, with one
-    chunk per rank, the warm-up that memory cuts short (`warmup_bound`)."""
+    chunk per rank, the warm-up that memory cuts short (`warmup_bound`). `costs` without
+    recomputation where `per_microbatch` lets any microbatch recompute: no B is shorter."""
     bound = span_lower_bound(schedule, costs)
     if problem.chunks == 1:
-        bound = max(bound, warmup_bound(problem))
+        bound = max(bound, warmup_bound(problem, per_microbatch))
     return bound
 
 
-def warmup_bound(problem: Problem) -> float:
+def warmup_bound(problem: Problem, per_microbatch: PerChoice | None = None) -> float:
     """With one stage per rank, rank r can run only forwards until its first B's input comes
     back: that takes the round trip R_r = F_r + sum over later stages s of (F_s + B_s) plus
     the messages, from its first op on. It holds at most floor(limit / M_B) microbatches
@@ -284,6 +367,8 @@ def warmup_bound(problem: Problem) -> float:
     S, bound, trip = pb.num_stages, 0.0, 0.0
     # Recomputing, a microbatch holds only keep·M_B from F to B, under the caller's limit.
     mem, limit = (pb.kept, pb.exact_limit) if pb.recomputes else (pb.mem, pb.limit)
+    if per_microbatch is not None:  # any microbatch may hold only its kept part
+        mem = per_microbatch.kept
     for s in range(S - 1, -1, -1):
         if s < S - 1:
             trip += pb.f[s + 1] + pb.b[s + 1] + 2 * pb.hop(s, s + 1)
@@ -295,19 +380,26 @@ def warmup_bound(problem: Problem) -> float:
 
 def certify(p: int, m: int, costs: Costs, memory_limit: float, objective: str = "span",
             chunks: int = 1, hint: Schedule | None = None, time_limit: float = 60.0,
-            workers: int = 2) -> Certified:
+            workers: int = 2, per_microbatch: Recompute | None = None,
+            hint_costs: Costs | None = None) -> Certified:
     """Search for the best `chunks`-per-rank schedule (1, or 2 in a V) under `memory_limit`
-    for `time_limit` seconds; prove what can be proven (see `Certified`)."""
+    for `time_limit` seconds; prove what can be proven (see `Certified`). `per_microbatch`:
+    a recompute choice each (stage, microbatch) takes or not, chosen with the order (`costs`
+    then without recomputation; `hint_costs`, the hint's own plan)."""
     import time
 
     cp_model = _cp_model()
+    if per_microbatch is not None and costs.recomputes():
+        raise ScheduleError("recompute per microbatch chooses the plan: give costs without one")
     placement = one_chunk_placement(p) if chunks == 1 else v_placement(p)
     problem = Problem.build(p, m, costs, placement, memory_limit)
-    if not problem.recomputes:  # the searches' bound would refuse what recomputing allows
+    choice = PerChoice.of(per_microbatch, problem) if per_microbatch is not None else None
+    if not problem.recomputes and choice is None:  # the searches' bound would refuse what recomputing allows
         problem.check_fits()
-    model = ExactModel(problem, objective)
+    model = ExactModel(problem, objective, choice)
+    hint_costs = hint_costs or costs
     if hint is not None and hint.chunks == chunks:
-        model.hint(hint, costs)
+        model.hint(hint, hint_costs)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.max_memory_in_mb = SOLVER_MEMORY_MB
@@ -316,30 +408,33 @@ def certify(p: int, m: int, costs: Costs, memory_limit: float, objective: str = 
     status = solver.Solve(model.model)
     seconds = time.perf_counter() - started
     name = solver.StatusName(status)
-    template = hint if hint is not None and hint.chunks == chunks else None
+    template = (hint, hint_costs) if hint is not None and hint.chunks == chunks else None
     bound = solver.BestObjectiveBound() / TIME_SCALE if name in ("OPTIMAL", "FEASIBLE") else 0.0
-    schedule = value = None
+    schedule = value = found_costs = None
     if name in ("OPTIMAL", "FEASIBLE"):
         found = model.schedule_from(solver)
-        template = found
+        plan = model.plan_from(solver)
+        plan_costs = costs if plan is None else costs.with_recompute(plan)
+        template = (found, plan_costs)
         # A relaxed (rounded) memory model may admit a schedule the real limit does not.
-        if max(peak_activations(found, costs)) <= memory_limit + EPS:
-            schedule = found
-            result = simulate(schedule, costs)
-            value = result.longest_span if objective == "span" else result.makespan
+        if max(peak_activations(found, plan_costs)) <= memory_limit + EPS:
+            schedule, found_costs = found, plan_costs
+            value = _value(schedule, plan_costs, objective)
     elif name == "INFEASIBLE":
         raise ScheduleError(f"no schedule with {chunks} chunk(s) per rank fits memory limit "
                             f"{memory_limit:g} (proven by the exact mode)")
-    fits = template is not None and max(peak_activations(template, costs)) <= memory_limit + EPS
+    fits = template is not None and max(peak_activations(*template)) <= memory_limit + EPS
     if schedule is None and fits:
         # The solver found nothing in time: the hint is still a schedule that fits.
-        schedule = template
-        result = simulate(schedule, costs)
-        value = result.longest_span if objective == "span" else result.makespan
-    if template is not None:
-        bound = max(bound, _analytic_bound(template, costs, problem))
+        schedule, found_costs = template
+        value = _value(schedule, found_costs, objective)
+    # The analytic bounds need only the placement: any schedule of it will do.
+    shape = template[0] if template is not None else _any_schedule(p, m, chunks)
+    plain = costs if choice is not None or template is None else template[1]
+    bound = max(bound, _analytic_bound(shape, plain, problem, choice))
     optimal = value is not None and value <= bound + 1e-6 * max(1.0, bound)
-    return Certified(schedule, value, bound, optimal, name, seconds)
+    return Certified(schedule, value, bound, optimal, name, seconds,
+                     found_costs if choice is not None else None)
 
 
 @dataclass(frozen=True)
@@ -378,9 +473,13 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
                    time_limit: float = 60.0, workers: int = 2,
                    recompute: tuple = ()) -> Verdict:
     """auto's schedule, then the certified search for each chunk count auto may use and,
-    with `recompute` choices, each recompute plan auto weighs (`auto.recompute_plans`;
-    `time_limit` shared among the runs); the bound holds for every schedule under the limit
-    with those chunk counts and plans."""
+    with `recompute` choices, each choice per microbatch (the pairs chosen with the order:
+    this covers every per-stage plan auto weighs) -- or, where the costs carry a plan of
+    their own, each plan auto weighs (`auto.recompute_plans`); `time_limit` shared among
+    the runs. The bound holds for every schedule under the limit with those chunk counts
+    and plans."""
+    import time
+
     from .auto import explore, make_search, recompute_plans
 
     search = make_search(p, m, costs, memory_limit, objective, chunks, bool(recompute))
@@ -389,26 +488,60 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
     # be measured against a bound that does not cover it.
     found = explore(p, m, search.costs, search.limit, objective, chunks, recompute, looped=False)
     heuristic, heuristic_value = found.schedule, _value(found.schedule, found.costs, objective)
-    plans = [(count, label, plan_costs) for count in search.chunk_counts
-             for label, plan_costs in recompute_plans(p, count, search.costs, tuple(recompute))]
+    if recompute and not search.costs.recomputes():
+        plans = [(count, f"{choice} per microbatch", search.costs, choice)
+                 for count in search.chunk_counts for choice in recompute]
+    else:
+        plans = [(count, label, plan_costs, None) for count in search.chunk_counts
+                 for label, plan_costs in recompute_plans(p, count, search.costs,
+                                                          tuple(recompute))]
     runs, labels, best = [], [], (heuristic, heuristic_value, found.costs)
-    for count, label, plan_costs in plans:
-        hint = heuristic if heuristic.chunks == count and label == found.plan else None
+    # A per-microbatch run starts from auto's best on its own placement: without a hint
+    # CP-SAT rarely finds a first schedule of a model this size.
+    per_count = {count: found if count == heuristic.chunks else
+                 explore(p, m, search.costs, search.limit, objective, count, recompute,
+                         looped=False)
+                 for count in search.chunk_counts} if plans and plans[0][3] else {}
+    deadline = time.perf_counter() + time_limit
+    for i, (count, label, plan_costs, choice) in enumerate(plans):
+        # What a run proves early (one chunk often is) is left to the runs after it.
+        share = max(0.0, deadline - time.perf_counter()) / (len(plans) - i)
+        start = per_count.get(count, found)
+        hint = start.schedule if start.schedule.chunks == count and (
+            label == found.plan if choice is None else _plan_uses(start.costs, choice)) else None
         try:
             run = certify(p, m, plan_costs, search.limit, objective, count, hint,
-                          time_limit / len(plans), workers)
+                          share, workers, choice, start.costs)
         except ScheduleError as e:
             if "proven by the exact mode" not in str(e) and "below one microbatch" not in str(e):
                 raise
             continue
         runs.append(run)
-        labels.append(label)
+        run_costs = run.costs or plan_costs
+        labels.append(label if choice is None else str(run_costs.recompute)
+                      if run_costs.recomputes() else "none")
         if run.schedule is not None and run.value < best[1] - EPS:
-            best = (run.schedule.with_kind("auto"), run.value, plan_costs)
+            best = (run.schedule.with_kind("auto"), run.value, run_costs)
     bound = min((run.lower_bound for run in runs), default=0.0)
     optimal = best[1] <= bound + 1e-6 * max(1.0, bound)
     return Verdict(heuristic, heuristic_value, tuple(runs), best[0], best[1], bound, optimal,
                    best[2], tuple(labels))
+
+
+def _any_schedule(p: int, m: int, chunks: int) -> Schedule:
+    from .generators import generate
+    return generate("1f1b", p, m) if chunks == 1 else generate("zb-v", p, m)
+
+
+def _plan_uses(costs: Costs, choice: Recompute) -> bool:
+    """Whether every stage of `costs`' plan recomputes with `choice` or not at all: a hint
+    the per-microbatch run of `choice` can take as it is."""
+    if not costs.recomputes():
+        return True
+    if isinstance(costs.recompute, PerMicrobatch):
+        return costs.recompute.choice == choice
+    plan = costs.recompute if isinstance(costs.recompute, tuple) else (costs.recompute,)
+    return all(x == choice or not x.recomputes for x in plan)
 
 
 def _value(schedule: Schedule, costs: Costs, objective: str) -> float:

@@ -18,6 +18,7 @@ from hpcpipe.schedules import (
 from hpcpipe.schedules.exact import certify, certify_search, warmup_bound
 from hpcpipe.schedules.ops import Kind, Op, make_schedule, one_chunk_placement
 from hpcpipe.schedules.problem import Problem
+from hpcpipe.schedules.recompute import PerMicrobatch, Recompute
 
 pytest.importorskip("ortools", reason="the exact mode's tests need the test extra (ortools)")
 
@@ -122,3 +123,73 @@ def test_missing_ortools_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
     with pytest.raises(ScheduleError, match=r"hpcpipe\[exact\]"):
         certify(2, 2, Costs(), 2)
+
+
+# -- recomputation chosen per microbatch ----------------------------------------------------
+
+HALF = Recompute("0.3:0.2", keep=0.3, time=0.2)
+
+
+def in_microbatch_order(ops) -> bool:
+    """F's and B's each in microbatch order (what the per-microbatch model covers)."""
+    return all([o.microbatch for o in ops if o.kind == kind] == sorted(
+        o.microbatch for o in ops if o.kind == kind) for kind in (Kind.F, Kind.B))
+
+
+def brute_force_per_microbatch(p: int, m: int, costs: Costs, limit: float, choice) -> float:
+    """The best longest span over every order (F's and B's in microbatch order) and every
+    set of (stage, microbatch) pairs that recompute with `choice`."""
+    orders = [o for o in rank_orders(m) if in_microbatch_order(o)]
+    pairs = [(s, x) for s in range(p) for x in range(m)]
+    best = float("inf")
+    for ranks in itertools.product(orders, repeat=p):
+        s = make_schedule("brute", p, m, 1, ranks, one_chunk_placement(p))
+        for n in range(len(pairs) + 1):
+            for chosen in itertools.combinations(pairs, n):
+                plan = costs.with_recompute(PerMicrobatch(choice, frozenset(chosen)))
+                if max(peak_activations(s, plan)) > limit + 1e-9:
+                    continue
+                try:
+                    best = min(best, simulate(s, plan).longest_span)
+                except ScheduleError:
+                    break  # the order deadlocks whatever recomputes
+    return best
+
+
+@pytest.mark.parametrize("costs, limit", [
+    (Costs(1, 1, 1, memw=0.4), 1.2),
+    (Costs(1, 1.5, 0.5, comm=0.25, memw=0.5), 1.4),
+])
+def test_per_microbatch_matches_brute_force(costs, limit):
+    want = brute_force_per_microbatch(2, 2, costs, limit, HALF)
+    got = certify(2, 2, costs, limit, chunks=1, time_limit=30, per_microbatch=HALF)
+    check(got.schedule)
+    assert got.optimal and got.value == pytest.approx(want)
+    assert max(peak_activations(got.schedule, got.costs)) <= limit + 1e-9
+    assert simulate(got.schedule, got.costs).longest_span == pytest.approx(got.value)
+
+
+def test_per_microbatch_beats_every_per_stage_plan():
+    # p 2, m 3, limit 1.5: the best per-stage plan (none, rank 0 or both recomputing every
+    # microbatch) needs 10.6; recomputing two chosen microbatches, 10.4, proven.
+    from hpcpipe.schedules.auto import recompute_plans
+    costs = Costs(1, 1, 1, memw=0.4)
+    per_stage = min(certify(2, 3, plan, 1.5, chunks=1, time_limit=30).value
+                    for _, plan in recompute_plans(2, 1, costs, (HALF,)))
+    got = certify(2, 3, costs, 1.5, chunks=1, time_limit=30, per_microbatch=HALF)
+    assert per_stage == pytest.approx(10.6) and got.optimal
+    assert got.value == pytest.approx(10.4) and len(got.costs.recompute.pairs) == 2
+
+
+def test_certify_search_per_microbatch_covers_the_per_stage_plans():
+    costs = Costs(1, 1, 1, memw=0.4)
+    verdict = certify_search(2, 3, costs, 1.5, chunks=1, time_limit=30, recompute=(HALF,))
+    assert verdict.optimal and verdict.best_value == pytest.approx(10.4)
+    assert isinstance(verdict.best_costs.recompute, PerMicrobatch)
+    assert verdict.plans == ("0.3:0.2 on 2 (stage, microbatch) pairs",)
+    assert verdict.heuristic_value >= verdict.best_value
+
+
+def test_per_microbatch_needs_plain_costs():
+    with pytest.raises(ScheduleError, match="without one"):
+        certify(2, 2, Costs(recompute=HALF), 2, per_microbatch=HALF)

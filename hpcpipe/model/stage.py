@@ -42,7 +42,9 @@ class Stage:
     Backend it allocates and computes on (a one-thread CPU backend when not given). tp:
     this stage's tensor-parallel shards (tensor_parallel.TensorParallel): the stage then
     holds its shard of every split tensor, under the tensor's GPT-2 name. recompute: what
-    the stash keeps from F to B (RECOMPUTE); the numbers are the same bits whichever.
+    the stash keeps from F to B (RECOMPUTE), for every microbatch or, where
+    `recompute_microbatches` names some, for those alone (the rest keep everything); the
+    numbers are the same bits whichever.
     """
 
     def __init__(self, cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
@@ -51,6 +53,9 @@ class Stage:
             raise ValueError(f"recompute {recompute!r}: allowed {', '.join(RECOMPUTE)}")
         self.cfg = cfg
         self.recompute = recompute
+        # A per-microbatch plan (schedules/recompute.py, PerMicrobatch): the microbatches
+        # of a step that recompute; None: all of them.
+        self.recompute_microbatches: frozenset[int] | None = None
         self.layers = list(range(cfg.n_layer) if layers is None else layers)
         self.embedding_part = embedding_part
         self.head_part = head_part
@@ -141,21 +146,26 @@ class Stage:
         """Microbatches whose F has run and whose W has not."""
         return sorted(self._stash)
 
+    def recompute_mode(self, mb: int) -> str:
+        """What microbatch `mb` keeps from F to B (RECOMPUTE)."""
+        chosen = self.recompute_microbatches
+        return self.recompute if chosen is None or mb in chosen else "none"
+
     # -- the three passes -----------------------------------------------------------------
     def forward(self, mb: int, inp, targets=None, loss_scale: float = 1.0, keep=True):
         """F: token ids (first stage) or activations (B, T, C) in; activations out, or the
         loss (a 0-d array) on the stage with the head — its logits (B, T, V) when no
         targets are given (generation; with keep=False only). keep=False evaluates
         without stashing anything (validation). What the stash keeps follows
-        `self.recompute` (RECOMPUTE)."""
-        selective = keep and self.recompute == "selective"
-        x, caches = self._forward(inp, targets, keep, selective)
+        `recompute_mode(mb)` (RECOMPUTE)."""
+        mode = self.recompute_mode(mb) if keep else "none"
+        x, caches = self._forward(inp, targets, keep, mode == "selective")
         if keep:
             if mb in self._stash:
                 raise RuntimeError(f"microbatch {mb} already has a forward in flight")
             self._stash_bytes.touched(mb)
-            entry = {"caches": caches, "d": {}, "loss_scale": loss_scale}
-            if self.recompute == "full":  # a copy: a received input is reused after F
+            entry = {"caches": caches, "d": {}, "loss_scale": loss_scale, "recompute": mode}
+            if mode == "full":  # a copy: a received input is reused after F
                 entry["caches"] = None
                 kept = targets.copy() if targets is not None and self.head_part else None
                 # (only the head's loss reads targets)
@@ -170,11 +180,11 @@ class Stage:
         assumes. B calls it; the runtime calls it first to measure M_B while B runs.
         Whether anything was rebuilt (once per microbatch)."""
         entry = self._stash[mb]
-        if self.recompute == "none" or entry.get("rebuilt"):
+        if entry["recompute"] == "none" or entry.get("rebuilt"):
             return False
         self._stash_bytes.touched(mb)
         entry["rebuilt"] = True
-        if self.recompute == "full":
+        if entry["recompute"] == "full":
             replay = entry.pop("replay")
             inp, targets = replay["input"], replay["targets"]
             entry["caches"] = self._forward(inp, targets, True, False)[1]

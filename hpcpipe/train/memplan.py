@@ -27,7 +27,7 @@ from hpcpipe.model.sharding import shard_of
 from hpcpipe.parallel.pipeline.partition import imbalance, partition
 from hpcpipe.parallel.pipeline.planning import build_schedule, memory_limit
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, asynchronous, peak_activations
-from hpcpipe.schedules.recompute import Recompute
+from hpcpipe.schedules.recompute import NONE, PerMicrobatch, Recompute
 from hpcpipe.util.errors import ConfigError
 
 MiB = 2**20
@@ -104,13 +104,25 @@ def stage_memories(cfg, specs) -> list:
             for spec, choice in zip(specs, cfg.recompute_for(len(specs)), strict=True)]
 
 
-def simulated_peaks(cfg, schedule, specs) -> tuple[float, ...]:
+def simulated_peaks(cfg, schedule, specs, plan=None) -> tuple[float, ...]:
     """Per rank, the simulator's peak activation bytes for `schedule` with the analytic
-    M_B, M_W and recompute fractions of every stage."""
+    M_B, M_W and recompute fractions of every stage. `plan`: per model stage (choice, the
+    microbatches that take it) -- a per-microbatch plan (RankModel.use_recompute's) in
+    place of train.recompute's."""
     memory = stage_memories(cfg, specs)
+    keep = [Recompute(f"keep {m.keep:.3f}", keep=m.keep) for m in memory]
+    recompute = keep
+    if plan is not None:
+        modes = [choice for choice, _ in plan]
+        chosen = [stage_memory(cfg.model, spec, cfg.train.micro_batch_size, cfg.train.dtype,
+                               mode, cfg.parallel.tp) for spec, mode in zip(specs, modes)]
+        recompute = PerMicrobatch(
+            tuple(Recompute(f"keep {m.keep:.3f}", keep=m.keep) if mode != "none" else NONE
+                  for m, mode in zip(chosen, modes)),
+            frozenset((s, x) for s, (mode, only) in enumerate(plan) if mode != "none"
+                      for x in only))
     costs = Costs(memory=[float(m.full) for m in memory],
-                  memw=[float(m.after_b) for m in memory],
-                  recompute=[Recompute(f"keep {m.keep:.3f}", keep=m.keep) for m in memory])
+                  memw=[float(m.after_b) for m in memory], recompute=recompute)
     return peak_activations(schedule, costs)
 
 

@@ -70,27 +70,40 @@ def schedule_for(kind, p, m, chunks=0):
 # one kind of each shape (devices.schedule_kinds).
 CASES = [(kind, 0) for kind in devices.schedule_kinds(KINDS)] + [("auto", 2)]
 # Recomputation must not change a bit: the cases take these in turn (each kind meets
-# several; "mixed" is one choice per model stage), against a reference without any.
-RECOMPUTE = ("none", "selective", "full", "mixed")
+# several; "mixed" is one choice per model stage, "per microbatch" a plan naming the
+# (stage, microbatch) pairs that recompute), against a reference without any.
+RECOMPUTE = ("none", "selective", "full", "mixed", "per microbatch")
 
 
 def recompute_for(turn: int, stages: int) -> str:
     choice = RECOMPUTE[turn % len(RECOMPUTE)]
-    if choice != "mixed":
-        return choice
-    return "/".join(("full", "selective", "none")[s % 3] for s in range(stages))
+    if choice == "mixed":
+        return "/".join(("full", "selective", "none")[s % 3] for s in range(stages))
+    return "none" if choice == "per microbatch" else choice
+
+
+def per_microbatch_plan(turn: int, stages: int, m: int):
+    """For the per-microbatch turn: stage s recomputes (selective on even stages, full on
+    odd) the microbatches x with s + x odd, the others keep everything; else None."""
+    if RECOMPUTE[turn % len(RECOMPUTE)] != "per microbatch":
+        return None
+    return tuple((("selective", "full")[s % 2], frozenset(x for x in range(m) if (s + x) % 2))
+                 for s in range(stages))
 
 
 class Run:
     """One pipeline (over `comm`) of the given schedule; everything a step needs."""
 
-    def __init__(self, comm, cfg, schedule):
+    def __init__(self, comm, cfg, schedule, plan=None):
         self.grid = gridlib.build(comm, 1, comm.size)
         self.be = devices.select()
         self.schedule = schedule
         self.rank = Rank.build(cfg, self.grid, self.be, schedule)
         self.model = self.rank.model
         self.cfg = cfg
+        self.plan = plan
+        if plan is not None:
+            self.model.use_recompute(plan)
 
     def step(self, idx, targets, lr=None):
         m = self.schedule.num_microbatches
@@ -136,9 +149,10 @@ def check(comm) -> mpibody.Report:
             except ScheduleError:
                 continue  # the family does not allow this m (e.g. interleaving needs m % p == 0)
             recompute = recompute_for(checked, schedule.num_stages)
+            plan = per_microbatch_plan(checked, schedule.num_stages, m)
             cfg = make_cfg(kind, pp, m, uneven(schedule.num_stages), chunks, recompute)
             mpibody.settle(comm)  # while rank 0 checks the last case against one process
-            failures += check_one_step(comm, cfg, schedule)
+            failures += check_one_step(comm, cfg, schedule, plan)
             checked += 1
             last = (cfg, schedule)
     mpibody.settle(comm)
@@ -147,13 +161,15 @@ def check(comm) -> mpibody.Report:
     return mpibody.Report.agreed(comm, summary, failures)
 
 
-def check_one_step(comm, cfg, schedule) -> list[str]:
+def check_one_step(comm, cfg, schedule, plan=None) -> list[str]:
     """One float64 step of gradients: held microbatches against the simulator (every rank);
-    on rank 0, against one process (bitwise) and the whole-batch model (to 1e-12)."""
+    on rank 0, against one process (bitwise) and the whole-batch model (to 1e-12).
+    `plan`: a per-microbatch recompute plan (RankModel.use_recompute's) instead of cfg's."""
     failures = []
     kind, m, pp = cfg.parallel.schedule, cfg.parallel.microbatches, comm.size
+    what = "per microbatch" if plan is not None else cfg.train.recompute
     idx, targets = batch(m)
-    run = Run(comm, cfg, schedule)
+    run = Run(comm, cfg, schedule, plan)
     loss, norm, result = run.step(idx, targets)
     grads = run.gathered("grads")
     predicted = peak_activations(schedule)[run.grid.pp_rank]
@@ -168,20 +184,21 @@ def check_one_step(comm, cfg, schedule) -> list[str]:
         measured.update(part)
     stages = range(schedule.num_stages)
     # A stage that recomputes holds keep·M_B after F and M_B again while its B runs.
+    # (Per microbatch a stage's after-F bytes mix both: the analytic plan below checks it.)
     full = [float(measured[s][2] or measured[s][0]) for s in stages]
     costs = Costs(memory=full, memw=[float(measured[s][1]) for s in stages],
                   recompute=[Recompute(f"s{s}", keep=measured[s][0] / full[s])
                              for s in stages])
     expected = peak_activations(schedule, costs)[run.grid.pp_rank]
-    if result.peak_bytes != expected:
+    if plan is None and result.peak_bytes != expected:
         failures.append(f"{kind} m={m} rank {run.grid.pp_rank}: peak {result.peak_bytes} "
                         f"bytes, simulator says {expected} from M_B/M_W {measured}")
     # The plan before launch (analytic bytes, no measurement): the same peak, to the token
     # ids' few bytes per microbatch.
-    planned = simulated_peaks(cfg, schedule, run.model.specs)[run.grid.pp_rank]
+    planned = simulated_peaks(cfg, schedule, run.model.specs, plan)[run.grid.pp_rank]
     if abs(result.peak_bytes - planned) > 0.01 * planned:
         failures.append(f"{kind} m={m} rank {run.grid.pp_rank} recompute "
-                        f"{cfg.train.recompute}: peak {result.peak_bytes} bytes, the plan "
+                        f"{what}: peak {result.peak_bytes} bytes, the plan "
                         f"says {planned}")
     if comm.rank != 0:
         return failures
@@ -190,12 +207,12 @@ def check_one_step(comm, cfg, schedule) -> list[str]:
     ref_loss, ref_norm, _ = ref.step(idx, targets)
     ref_grads = ref.gathered("grads")
     if loss != ref_loss or norm != ref_norm:
-        failures.append(f"{kind} pp={pp} m={m} recompute {cfg.train.recompute}: loss/norm "
+        failures.append(f"{kind} pp={pp} m={m} recompute {what}: loss/norm "
                         f"{loss!r}/{norm!r} differ "
                         f"bitwise from one process {ref_loss!r}/{ref_norm!r}")
     for name, g in ref_grads.items():
         if not np.array_equal(grads[name], g):
-            failures.append(f"{kind} pp={pp} m={m} recompute {cfg.train.recompute}: d{name} "
+            failures.append(f"{kind} pp={pp} m={m} recompute {what}: d{name} "
                             f"not bitwise equal to "
                             f"one process (max diff {np.abs(grads[name] - g).max():g})")
     # (b) the plain model on the whole batch: equal to float64 round-off.

@@ -71,10 +71,15 @@ class RankModel:
 
     def use_recompute(self, plan):
         """Recompute `plan[stage]` on each model stage from the next step on (between steps
-        no stash is held, so nothing built under the old choice is left)."""
+        no stash is held, so nothing built under the old choice is left): a choice for
+        every microbatch ("selective"), or (choice, the microbatches that take it) for a
+        per-microbatch plan."""
         for chunk, stage in self.stages.items():
             assert not stage.in_flight, "recomputation changes only between steps"
-            stage.recompute = plan[self.stage_index[chunk]]
+            choice = plan[self.stage_index[chunk]]
+            mode, only = (choice, None) if isinstance(choice, str) else choice
+            stage.recompute = mode
+            stage.recompute_microbatches = None if only is None else frozenset(only)
 
     def zero_grad(self):
         for stage in self.stages.values():

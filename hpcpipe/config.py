@@ -38,7 +38,7 @@ from hpcpipe.schedules.asynchronous import KIND as ASYNC_KIND
 
 # The synchronous kinds, then the asynchronous pipeline (PipeDream-2BW: no flush).
 SCHEDULES = KINDS + (ASYNC_KIND,)
-from hpcpipe.schedules.ops import MAX_MICROBATCHES
+from hpcpipe.schedules.ops import MAX_MICROBATCHES, ScheduleError
 from hpcpipe.util.errors import ConfigError, HpcpipeError  # noqa: F401 (ConfigError: re-exported)
 from hpcpipe.util.files import TooLarge, read_bounded
 from hpcpipe.util.schema import parse_bytes  # noqa: F401 (re-exported)
@@ -55,6 +55,9 @@ MAX_LAYERS = 1024
 # A checkpoint's manifest holds its counters up to 2**53 (checkpoint/manifest.py MAX_COUNT,
 # what every JSON reader holds exactly): a run configured past it would fail at that save.
 MAX_STEPS = 2**53
+# The certified search runs once, after profiling, while the other ranks wait: an hour is
+# more than any schedule it can still improve needs (README, "Certified search").
+MAX_EXACT_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,11 @@ class ParallelSection:
     # size ("12GiB", "500MB"): bytes, measured per stage while profiling
     memory_limit: float | str = 0.0
     profile_steps: int = 2  # auto schedule: steps measured before it is built
+    # auto schedule: seconds the certified search (OR-Tools CP-SAT, pip install
+    # 'hpcpipe[exact]') may take on the first rank once profiled, to improve on auto's
+    # schedule and, with train.recompute = "auto", to choose recomputation per microbatch
+    # with the order; 0: off
+    exact_seconds: float = 0.0
     rank_order: str = "pp-inner"  # or "dp-inner" (see hpcpipe/parallel/grid.py)
     gpu_aware_mpi: str | bool = "auto"  # hand device buffers to MPI: "auto", true or false
     bucket_mb: float = 25.0  # gradient all-reduce bucket size, MiB (PyTorch DDP's default)
@@ -544,10 +552,34 @@ def _check_parallel(source, parallel: ParallelSection):
              'activations on a rank\'s whole share of layers are the least any schedule '
              'holds), or a size such as "12GiB" or "500MB"')
     _at_least(source, "parallel", parallel, ("profile_steps",), 1)
+    _check_exact(source, parallel)
     _one_of(source, "parallel.rank_order", parallel.rank_order, RANK_ORDERS)
     _require(source, "parallel.gpu_aware_mpi", parallel.gpu_aware_mpi,
              isinstance(parallel.gpu_aware_mpi, bool) or parallel.gpu_aware_mpi == "auto",
              'allowed: "auto", true, false')
+
+
+def _check_exact(source, parallel: ParallelSection):
+    """parallel.exact_seconds: auto's, bounded, with the solver there and a model it builds."""
+    seconds = parallel.exact_seconds
+    _require(source, "parallel.exact_seconds", seconds, 0 <= seconds <= MAX_EXACT_SECONDS,
+             f"must be 0 (off) or seconds up to {MAX_EXACT_SECONDS:g}")
+    if not seconds:
+        return
+    _require(source, "parallel.exact_seconds", seconds, parallel.schedule == "auto",
+             "the certified search improves the auto schedule: it needs parallel.schedule = "
+             '"auto"')
+    import importlib.util
+    _require(source, "parallel.exact_seconds", seconds,  # (CP-SAT is imported only here)
+             importlib.util.find_spec("ortools") is not None,
+             "the certified search needs OR-Tools' CP-SAT solver: pip install "
+             "'hpcpipe[exact]' (or pip install ortools), or set it to 0")
+    from hpcpipe.schedules.exact import check_size
+    try:  # (train.recompute = "auto" makes it a per-microbatch model: see _check_layout)
+        check_size(parallel.pp, parallel.microbatches, (parallel.chunks or 1,),
+                   what="the certified search")
+    except ScheduleError as e:
+        raise ConfigError(source, "parallel.exact_seconds", seconds, str(e)) from None
 
 
 def _check_chunks(source, parallel: ParallelSection):
@@ -588,6 +620,14 @@ def _check_layout(source, cfg: Config):
                  'is chosen with the schedule: "auto" needs parallel.schedule = "auto"; '
                  f"otherwise allowed: {', '.join(RECOMPUTE)}")
         choices = ["none"]
+        if parallel.exact_seconds:  # then chosen per microbatch: a larger model
+            from hpcpipe.schedules.exact import check_size
+            try:
+                check_size(parallel.pp, parallel.microbatches, (parallel.chunks or 1,), True,
+                           'the certified search with train.recompute = "auto"')
+            except ScheduleError as e:
+                raise ConfigError(source, "parallel.exact_seconds", parallel.exact_seconds,
+                                  str(e)) from None
     _require(source, "train.recompute", cfg.train.recompute,
              all(x.strip() in RECOMPUTE for x in choices) and len(choices) in (1, stages),
              f"allowed: {', '.join(RECOMPUTE)} (or auto), for every stage or one per model stage "

@@ -148,9 +148,54 @@ def auto_recompute(cfg, costs: Costs, specs):
     p = cfg.parallel
     found = explore(p.pp, p.microbatches, costs, memory_limit(cfg)[0], objective="makespan",
                     chunks=cfg.chunks, recompute=recompute_choices(cfg, specs))
-    plan = found.costs.recompute_per_stage(len(specs))
-    return found.schedule, found.costs, tuple(c.name if c.recomputes else "none"
-                                              for c in plan)
+    return found.schedule, found.costs, stage_plan(found.costs.recompute, len(specs))
+
+
+def certified(cfg, costs: Costs, specs, workers: int):
+    """parallel.exact_seconds: the certified search (schedules/exact.py) from the measured
+    `costs` under parallel.memory_limit -- with train.recompute = "auto", recomputation
+    chosen per microbatch with the order. (schedule, the costs with its plan, the plan per
+    model stage for RankModel.use_recompute or None, the verdict)."""
+    from hpcpipe.schedules.exact import certify_search
+
+    p = cfg.parallel
+    choices = recompute_choices(cfg, specs) if cfg.train.recompute == "auto" else ()
+    verdict = certify_search(p.pp, p.microbatches, costs, memory_limit(cfg)[0],
+                             objective="makespan", chunks=cfg.chunks,
+                             time_limit=p.exact_seconds, workers=workers, recompute=choices)
+    best_costs = verdict.best_costs or costs
+    plan = None
+    if choices:
+        plan = stage_plan(best_costs.recompute, len(specs))
+    return verdict.best, best_costs, plan, verdict
+
+
+def stage_plan(recompute, stages: int) -> tuple:
+    """The cost model's recompute plan as RankModel.use_recompute takes it: per model stage
+    a choice's name, or (name, the microbatches that take it) for a per-microbatch plan."""
+    if isinstance(recompute, PerMicrobatch):
+        return tuple((recompute.choice_of(s).name, recompute.on_stage(s))
+                     if recompute.on_stage(s) else "none" for s in range(stages))
+    choices = (recompute,) * stages if isinstance(recompute, Recompute) else recompute
+    return tuple(c.name if c.recomputes else "none" for c in choices)
+
+
+def describe_plan(plan) -> str:
+    """`stage_plan`'s plan for the log: "selective/none", or per microbatch
+    "selective@0,2,5/none" (the microbatches that recompute on each stage)."""
+    return "/".join(x if isinstance(x, str) else f"{x[0]}@{','.join(map(str, sorted(x[1])))}"
+                    for x in plan)
+
+
+def solver_workers() -> int:
+    """The certified search's threads: the cores this rank may use, at most 8 (CP-SAT's
+    portfolio gains little past that)."""
+    import os
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # (not Linux)
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
 
 
 def activation_peaks(cfg, schedule, specs) -> list[float]:

@@ -42,6 +42,7 @@ from hpcpipe.runs.report import end_of_run
 from hpcpipe.runs.rundir import RunDir
 from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
+from hpcpipe.schedules.ops import make_schedule, ops_from_strings
 from hpcpipe.train import memplan
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
@@ -245,18 +246,42 @@ class Trainer:
                                                memory_limit(self.cfg)[1]), root=0)
         self.log(measured_balance(self.cfg.model, self.rank.model.specs,
                                   [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)]))
-        if self.cfg.train.recompute == "auto":  # the schedule and recomputation together
+        plan = None
+        if self.cfg.parallel.exact_seconds:  # the certified search, on the first rank
+            auto, costs, plan = self._certified(costs)
+        elif self.cfg.train.recompute == "auto":  # the schedule and recomputation together
             auto, costs, plan = memplan.auto_recompute(self.cfg, costs, self.rank.model.specs)
-            self.rank.model.use_recompute(plan)
-            self.log(f"auto recompute per model stage: {'/'.join(plan)}")
         else:
             auto = build_schedule(self.cfg, costs)
+        if plan is not None:
+            self.rank.model.use_recompute(plan)
+            self.log(f"auto recompute per model stage: {memplan.describe_plan(plan)}")
         self.rank.use_schedule(auto)
         sim = simulate(auto, costs)
         self.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
         line, record = describe_auto(self.cfg, auto, costs, sim)
         self.log(line)
         self.run_dir.write_json("auto_schedule.json", record)
+
+    def _certified(self, costs: Costs):
+        """parallel.exact_seconds: rank 0 runs the certified search (CP-SAT's runs differ
+        from machine to machine, so the others take its result, not their own)."""
+        specs, seconds = self.rank.model.specs, self.cfg.parallel.exact_seconds
+        self.log(f"certified search for up to {seconds:g} s on the first rank "
+                 f"(parallel.exact_seconds)")
+
+        def search():
+            schedule, found, plan, verdict = memplan.certified(self.cfg, costs, specs,
+                                                               memplan.solver_workers())
+            self.log(f"certified search: {verdict.best_value * 1e3:.1f} ms a step against "
+                     f"auto's {verdict.heuristic_value * 1e3:.1f} ms, no schedule under the "
+                     f"limit below {verdict.lower_bound * 1e3:.1f} ms"
+                     + (" (proven optimal)" if verdict.optimal else ""))
+            return schedule.op_strings(), found, plan
+        rows, found, plan = self.comm.bcast(root_does(self.comm, search), root=0)
+        now = self.rank.schedule  # the same placement: only the order changes
+        return make_schedule("auto", now.num_ranks, now.num_microbatches, now.chunks,
+                             ops_from_strings(rows), now.stage_of), found, plan
 
     def _evaluate(self, step: int):
         value = self.rank.evaluator().evaluate(validation_batches(self.tokens, self.cfg,

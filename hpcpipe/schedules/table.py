@@ -270,19 +270,45 @@ def per_microbatch_row(p: int, m: int, costs: Costs, steps: int = 25):
     return per_stage, best
 
 
-def render_per_microbatch(sizes) -> str:
+def certified_row(p: int, m: int, costs: Costs, seconds: float):
+    """At 1F1B's memory (p): the certified search with selective recomputation chosen per
+    (stage, microbatch) with the order, one chunk and a V, `seconds` in all. (bubble with
+    the recompute time counted as lost, pairs recomputed of all, chunks, the runs' states)."""
+    from .exact import certify_search
+    from .recompute import PRESETS, PerMicrobatch
+    verdict = certify_search(p, m, costs, p, "span", 0, seconds,
+                             recompute=(PRESETS["selective"],))
+    result = simulate(verdict.best, verdict.best_costs)
+    S = verdict.best.num_stages
+    tf, tb, tw = (costs.per_stage(n, S, verdict.best.chunks) for n in ("f", "b", "w"))
+    useful = max(m * sum(tf[s] + tb[s] + tw[s] for s in range(S)
+                         if verdict.best.rank_chunk_of(s)[0] == r) for r in range(p))
+    plan = verdict.best_costs.recompute
+    pairs = len(plan.pairs) if isinstance(plan, PerMicrobatch) else None
+    states = ", ".join(f"{c.status.lower()}" for c in verdict.certified)
+    return 1 - useful / result.longest_span, pairs, verdict.best.chunks, states
+
+
+def render_per_microbatch(sizes, exact: float | None = None) -> str:
     out = ["6.2B's costs (the zero-bubble paper's Table 9), memory limit p (1F1B's); bubble = "
            "1 - busiest rank's work without recompute / longest span",
            "| p | m | per stage (auto, explore) | per microbatch (selective) | its order: auto "
-           "at limit, chunks | pairs recomputed |", "|---|---|---|---|---|---|"]
+           "at limit, chunks | pairs recomputed |"
+           + (f" certified, per microbatch ({exact:g} s) |" if exact else ""),
+           "|---|---|---|---|---|---|" + ("---|" if exact else "")]
     for p, m in sizes:
         (stage_bubble, plan), best = per_microbatch_row(p, m, SIX_B.costs)
+        tail = ""
+        if exact:
+            bubble, pairs, chunks, states = certified_row(p, m, SIX_B.costs, exact)
+            what = f"{pairs} of {p * chunks * m} pairs" if pairs is not None else "per stage"
+            tail = f" {bubble:.4f} ({what}, {chunks} chunk(s); {states}) |"
         if best is None:
-            out.append(f"| {p} | {m} | {stage_bubble:.4f} ({plan}) | does not fit | | |")
+            out.append(f"| {p} | {m} | {stage_bubble:.4f} ({plan}) | does not fit | | |" + tail)
             continue
         bubble, limit, chunks, pairs = best
         out.append(f"| {p} | {m} | {stage_bubble:.4f} ({plan}) | {bubble:.4f} | {limit:.3g}, "
-                   f"{chunks} | {pairs} of {p * chunks * m} |")
+                   f"{chunks} | {pairs} of {p * chunks * m} |" + tail)
     return "\n".join(out)
 
 
@@ -294,13 +320,15 @@ def main(argv=None) -> int:
     parser.add_argument("--paper", action="store_true",
                         help="the paper's Table 5 rows (its Table 9 costs) next to hpcpipe's rates")
     parser.add_argument("--exact", type=float, metavar="SECONDS",
-                        help="with --paper: also the certified search's bounds, SECONDS a run")
+                        help="with --paper: also the certified search's bounds, SECONDS a run; "
+                        "with --per-microbatch: the certified search choosing the pairs, "
+                        "SECONDS a row")
     parser.add_argument("--memory-goals", action="store_true",
                         help="auto at V-Half's, V-Min's and 1F1B's memory and at 1/2 and 1/3 of "
                         "1F1B's, with and without recomputation (equal and 6.2B costs)")
     parser.add_argument("--per-microbatch", action="store_true",
                         help="at 1F1B's memory on 6.2B's costs: recomputation chosen per stage "
-                        "against per microbatch (an analysis: training chooses per stage)")
+                        "against per microbatch")
     parser.add_argument("--objective", choices=("span", "makespan"), default="span",
                         help="with --memory-goals: what auto minimises and the bubble divides by")
     parser.add_argument("--sweep-memory", metavar="PNG",
@@ -308,7 +336,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.per_microbatch:
         sizes = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
-        print(render_per_microbatch(sizes))
+        print(render_per_microbatch(sizes, args.exact))
     elif args.memory_goals:
         sizes = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
         print(render_goals(sizes, args.objective))

@@ -6,7 +6,7 @@ from hpcpipe.schedules import Costs, ScheduleError, generate, peak_activations, 
 from hpcpipe.schedules.ops import make_schedule, one_chunk_placement, ops_from_strings
 from hpcpipe.schedules.recompute import (PRESETS, PerMicrobatch, Recompute,
                                          bubble_recomputing, fewest_recomputed, parse, presets)
-from hpcpipe.schedules.table import per_microbatch_row, render_per_microbatch
+from hpcpipe.schedules.table import certified_row, per_microbatch_row, render_per_microbatch
 
 HALF = Recompute("0.3:0.5", keep=0.3, time=0.5)
 
@@ -146,3 +146,13 @@ def test_per_microbatch_table():
     (stage_bubble, _), (bubble, limit, chunks, pairs) = per_microbatch_row(2, 4, SIX_B, steps=3)
     assert 0 <= bubble <= stage_bubble + 1e-12 and limit in (2, 2.1, 2.2) and chunks in (1, 2)
     assert "| 2 | 4 |" in render_per_microbatch([(2, 4)])
+
+
+def test_per_microbatch_table_with_the_certified_search():
+    pytest.importorskip("ortools", reason="the exact mode needs the test extra (ortools)")
+    certified, pairs, chunks, states = certified_row(2, 4, SIX_B, 3)
+    (stage_bubble, _), _ = per_microbatch_row(2, 4, SIX_B, steps=3)
+    # It starts from auto's best, so it is never worse than recomputing per stage.
+    assert 0 <= certified <= stage_bubble + 1e-9 and chunks in (1, 2)
+    assert pairs is None or 0 <= pairs <= 2 * chunks * 4
+    assert "certified, per microbatch (3 s)" in render_per_microbatch([(2, 4)], exact=3)

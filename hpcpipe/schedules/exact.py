@@ -55,23 +55,28 @@ MAX_MODEL_BYTES = 2 * 2**30
 SOLVER_MEMORY_MB = 2048
 
 
-def model_bytes(p: int, m: int, chunks: int) -> int:
-    """About how much memory the exact model of p ranks × m microbatches takes."""
+def model_bytes(p: int, m: int, chunks: int, per_microbatch: bool = False) -> int:
+    """About how much memory the exact model of p ranks × m microbatches takes (choosing
+    recomputation per microbatch: a reservoir of four events per op triple, as a V's)."""
+    if per_microbatch:
+        return p * (4 * chunks * m) ** 2 * _BYTES_PER_TERM[2]
     terms = p * m * (m + 1) // 2 if chunks == 1 else p * (6 * m) ** 2
     return terms * _BYTES_PER_TERM[min(chunks, 2)]
 
 
-def check_size(p: int, m: int, chunk_counts) -> None:
+def check_size(p: int, m: int, chunk_counts, per_microbatch: bool = False,
+               what: str = "--exact") -> None:
     """Refuse, before anything is built, a model above MAX_MODEL_BYTES, naming the largest
     microbatch count that fits at this p."""
     for chunks in chunk_counts:
-        need = model_bytes(p, m, chunks)
+        need = model_bytes(p, m, chunks, per_microbatch)
         if need > MAX_MODEL_BYTES:
-            largest = max((n for n in range(1, m) if model_bytes(p, n, chunks) <= MAX_MODEL_BYTES),
+            largest = max((n for n in range(1, m)
+                           if model_bytes(p, n, chunks, per_microbatch) <= MAX_MODEL_BYTES),
                           default=0)
-            other = " (or --chunks 1, a smaller model)" if chunks > 1 else ""
+            other = " (or --chunks 1, a smaller model)" if chunks > 1 and what == "--exact" else ""
             raise ScheduleError(
-                f"--exact: p {p} × m {m} with {chunks} chunk(s) per rank needs a model of about "
+                f"{what}: p {p} × m {m} with {chunks} chunk(s) per rank needs a model of about "
                 f"{need / 2**30:.1f} GB, built before the time limit starts; the exact mode "
                 f"builds at most {MAX_MODEL_BYTES / 2**30:.0f} GB: at p {p}, m {largest} at "
                 f"most" + other)
@@ -483,12 +488,13 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
     from .auto import explore, make_search, recompute_plans
 
     search = make_search(p, m, costs, memory_limit, objective, chunks, bool(recompute))
-    check_size(p, m, search.chunk_counts)
+    per_microbatch = bool(recompute) and not search.costs.recomputes()
+    check_size(p, m, search.chunk_counts, per_microbatch)
     # Only the placements the exact model certifies (one chunk, a V): a looped winner would
     # be measured against a bound that does not cover it.
     found = explore(p, m, search.costs, search.limit, objective, chunks, recompute, looped=False)
     heuristic, heuristic_value = found.schedule, _value(found.schedule, found.costs, objective)
-    if recompute and not search.costs.recomputes():
+    if per_microbatch:
         plans = [(count, f"{choice} per microbatch", search.costs, choice)
                  for count in search.chunk_counts for choice in recompute]
     else:
@@ -529,8 +535,8 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
 
 
 def _any_schedule(p: int, m: int, chunks: int) -> Schedule:
-    from .generators import generate
-    return generate("1f1b", p, m) if chunks == 1 else generate("zb-v", p, m)
+    from .generators import one_f_one_b, zb_v
+    return one_f_one_b(p, m) if chunks == 1 else zb_v(p, m)
 
 
 def _plan_uses(costs: Costs, choice: Recompute) -> bool:

@@ -246,13 +246,7 @@ class Trainer:
                                                memory_limit(self.cfg)[1]), root=0)
         self.log(measured_balance(self.cfg.model, self.rank.model.specs,
                                   [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)]))
-        plan = None
-        if self.cfg.parallel.exact_seconds:  # the certified search, on the first rank
-            auto, costs, plan = self._certified(costs)
-        elif self.cfg.train.recompute == "auto":  # the schedule and recomputation together
-            auto, costs, plan = memplan.auto_recompute(self.cfg, costs, self.rank.model.specs)
-        else:
-            auto = build_schedule(self.cfg, costs)
+        auto, costs, plan = chosen_schedule(self, costs)
         if plan is not None:
             self.rank.model.use_recompute(plan)
             self.log(f"auto recompute per model stage: {memplan.describe_plan(plan)}")
@@ -262,26 +256,6 @@ class Trainer:
         line, record = describe_auto(self.cfg, auto, costs, sim)
         self.log(line)
         self.run_dir.write_json("auto_schedule.json", record)
-
-    def _certified(self, costs: Costs):
-        """parallel.exact_seconds: rank 0 runs the certified search (CP-SAT's runs differ
-        from machine to machine, so the others take its result, not their own)."""
-        specs, seconds = self.rank.model.specs, self.cfg.parallel.exact_seconds
-        self.log(f"certified search for up to {seconds:g} s on the first rank "
-                 f"(parallel.exact_seconds)")
-
-        def search():
-            schedule, found, plan, verdict = memplan.certified(self.cfg, costs, specs,
-                                                               memplan.solver_workers())
-            self.log(f"certified search: {verdict.best_value * 1e3:.1f} ms a step against "
-                     f"auto's {verdict.heuristic_value * 1e3:.1f} ms, no schedule under the "
-                     f"limit below {verdict.lower_bound * 1e3:.1f} ms"
-                     + (" (proven optimal)" if verdict.optimal else ""))
-            return schedule.op_strings(), found, plan
-        rows, found, plan = self.comm.bcast(root_does(self.comm, search), root=0)
-        now = self.rank.schedule  # the same placement: only the order changes
-        return make_schedule("auto", now.num_ranks, now.num_microbatches, now.chunks,
-                             ops_from_strings(rows), now.stage_of), found, plan
 
     def _evaluate(self, step: int):
         value = self.rank.evaluator().evaluate(validation_batches(self.tokens, self.cfg,
@@ -343,6 +317,37 @@ class Trainer:
             self.log(line)
         if step.outer is not None:
             self.log(local_sgd_line(step, self.summary.steps - self.start_step))
+
+
+def chosen_schedule(trainer: Trainer, costs: Costs):
+    """The auto schedule on the measured costs, the costs it was found with (recomputation
+    chosen) and the recomputation plan per model stage (None: the config's)."""
+    if trainer.cfg.parallel.exact_seconds:  # the certified search, on the first rank
+        return certified_schedule(trainer, costs)
+    if trainer.cfg.train.recompute == "auto":  # the schedule and recomputation together
+        return memplan.auto_recompute(trainer.cfg, costs, trainer.rank.model.specs)
+    return build_schedule(trainer.cfg, costs), costs, None
+
+
+def certified_schedule(trainer: Trainer, costs: Costs):
+    """parallel.exact_seconds: rank 0 runs the certified search (CP-SAT's runs differ
+    from machine to machine, so the others take its result, not their own)."""
+    specs, seconds = trainer.rank.model.specs, trainer.cfg.parallel.exact_seconds
+    trainer.log(f"certified search for up to {seconds:g} s on the first rank "
+                f"(parallel.exact_seconds)")
+
+    def search():
+        schedule, found, plan, verdict = memplan.certified(trainer.cfg, costs, specs,
+                                                           memplan.solver_workers())
+        trainer.log(f"certified search: {verdict.best_value * 1e3:.1f} ms a step against "
+                    f"auto's {verdict.heuristic_value * 1e3:.1f} ms, no schedule under the "
+                    f"limit below {verdict.lower_bound * 1e3:.1f} ms"
+                    + (" (proven optimal)" if verdict.optimal else ""))
+        return schedule.op_strings(), found, plan
+    rows, found, plan = trainer.comm.bcast(root_does(trainer.comm, search), root=0)
+    now = trainer.rank.schedule  # the same placement: only the order changes
+    return make_schedule("auto", now.num_ranks, now.num_microbatches, now.chunks,
+                         ops_from_strings(rows), now.stage_of), found, plan
 
 
 def describe_local_sgd(train) -> str:

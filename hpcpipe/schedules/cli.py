@@ -53,6 +53,8 @@ examples:
   python -m hpcpipe schedule --kind auto -p 8 -m 24 --chunks 1 --memory-limit 16 \
       --cost F=29.718,B=29.444,W=19.927,comm=0.527,mem=1,memw=0.43 --json
   python -m hpcpipe schedule --kind auto -p 4 -m 12 --cost F=1,B=1,W=0.5 --exact --json
+  python -m hpcpipe schedule --kind auto -p 8 -m 32 --memory-limit 8 --recompute selective \
+      --cost F=29.718,B=29.444,W=19.927,comm=0.527,memw=0.43 --exact --time-limit 300 --polish 300
   python -m hpcpipe schedule --kind zb-v --stages 4 --microbatches 8 --svg zbv.svg
   python -m hpcpipe schedule --kind zb-h2 --stages 4 --microbatches 8 --save-csv zbh2.csv
   python -m hpcpipe schedule --load-csv zbh2.csv --cost F=1,B=1.2,W=0.6,comm=0.05
@@ -138,6 +140,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(over --recompute's plans too)")
     parser.add_argument("--time-limit", type=_limit, default=60.0, metavar="S",
                         help="seconds for --exact (default 60)")
+    parser.add_argument("--polish", type=_limit, default=0.0, metavar="S",
+                        help="with --exact, where the best is not proven optimal: S more seconds "
+                        "re-solving the tail of its order (ops before a cut fixed, the cut moved "
+                        "by what each round finds); the bound stays the search's")
     parser.add_argument("--memory-limit", type=_limit, metavar="X",
                         help="activation memory per rank, in microbatches (auto: default 2P, as "
                              "training's parallel.memory_limit = 0)")
@@ -211,13 +217,18 @@ def _build(args: argparse.Namespace):
     if (args.recompute or args.pareto) and args.kind != "auto":
         raise ScheduleError("--recompute and --pareto steer auto's search: use them with "
                             "--kind auto (give a fixed plan to any kind as --cost ...,recompute=)")
+    if args.polish and not args.exact:
+        raise ScheduleError("--polish improves the certified search's schedule: give --exact")
     if args.exact:
         if args.kind != "auto":
             raise ScheduleError("--exact searches for the best schedule: use it with --kind auto")
         from .exact import certify_search
+        from .polish import polish_verdict
         verdict = certify_search(args.stages, args.microbatches, args.cost, args.memory_limit,
                                  args.objective, _chunks(args), args.time_limit,
                                  recompute=_recompute_choices(args))
+        verdict, _ = polish_verdict(verdict, args.cost, _recompute_choices(args), args.polish,
+                                    args.objective)
         args.cost = verdict.best_costs or args.cost  # the plan the best schedule runs under
         return verdict.best, verdict, None
     if args.recompute or args.pareto:
@@ -235,6 +246,7 @@ def _only_with_generated(args: argparse.Namespace) -> None:
     for flag, value in (("--kind", args.kind), ("--stages", args.stages),
                         ("--microbatches", args.microbatches), ("--chunks", args.chunks),
                         ("--memory-limit", args.memory_limit), ("--exact", args.exact),
+                        ("--polish", args.polish),
                         ("--recompute", args.recompute), ("--pareto", args.pareto)):
         if value not in (None, False):
             raise ScheduleError(f"{flag} builds a schedule; --load-csv reads one (the file "

@@ -303,21 +303,10 @@ class ExactModel:
     def hint(self, schedule: Schedule, costs: Costs) -> None:
         """Start the search from `schedule`'s replayed times (scaled like the model) and,
         per microbatch, from the recompute plan of `costs`."""
-        result = simulate(schedule, costs)
         choice = costs.recompute_of(self.pb.num_stages)
         for (s, x), chosen in self.recomputes.items():
             self.model.AddHint(chosen, int(choice(s, x).recomputes))
-        t0 = min(row[0] for row in result.start if row)
-        scaled = {}
-        for r, ops in enumerate(schedule.ranks):
-            for op, start in zip(ops, result.start[r]):
-                key = (op.kind.value, schedule.stage(r, op), op.microbatch)
-                if key in self.ops:
-                    begin = int(round((start - t0) * TIME_SCALE))
-                    duration = {"F": self.f, "B": self.b, "W": self.w}[key[0]][key[1]]
-                    if key[0] == "B" and self.recomputes and choice(key[1], key[2]).recomputes:
-                        duration += self.rebuild[key[1]]
-                    scaled[key] = (begin, begin + duration)
+        scaled = self.scaled_times(schedule, costs)
         # A complete hint (ends and the objective too) is one CP-SAT can take as it is.
         for key, (begin, end) in scaled.items():
             self.model.AddHint(self.ops[key][0], begin)
@@ -329,6 +318,30 @@ class ExactModel:
             value = (max(lasts[r] - firsts[r] for r in firsts) if self.objective == "span"
                      else max(lasts.values()))
             self.model.AddHint(self.value, value)
+
+    def scaled_times(self, schedule: Schedule, costs: Costs) -> dict:
+        """(kind, stage, microbatch) -> (start, end) of `schedule` under `costs`' plan, in the
+        model's units from its first start: replayed with the model's own rounded durations,
+        so that these are times the model admits (scaling the real replay's times instead
+        can leave an op one unit before what it waits for)."""
+        plan = costs.recompute_of(self.pb.num_stages)
+        S = self.pb.num_stages
+        unit = Costs(f=tuple(self.f), b=tuple(self.b), w=tuple(self.w), comm=self.comm)
+        if self.recomputes:  # each B that recomputes lasts the model's rebuild longer
+            keep = self.per_microbatch.choice.keep
+            rebuilds = tuple(Recompute(f"stage {s}", keep, self.rebuild[s] / self.f[s]
+                                       if self.f[s] else 0.0) for s in range(S))
+            pairs = {(s, x) for s in range(S) for x in range(self.pb.m) if plan(s, x).recomputes}
+            unit = unit.with_recompute(PerMicrobatch(rebuilds, pairs))
+        result = simulate(schedule, unit)
+        t0 = min(row[0] for row in result.start if row)
+        times = {}
+        for r, ops in enumerate(schedule.ranks):
+            for op, start, end in zip(ops, result.start[r], result.end[r]):
+                key = (op.kind.value, schedule.stage(r, op), op.microbatch)
+                if key in self.ops:  # (a fused BW is no op of the model's)
+                    times[key] = (int(round(start - t0)), int(round(end - t0)))
+        return times
 
     def schedule_from(self, solver) -> Schedule:
         """Each rank's ops in the order of the solver's start times."""
@@ -457,6 +470,7 @@ class Verdict:
     optimal: bool
     best_costs: Costs | None = None  # with the recompute plan `best` runs under
     plans: tuple[str, ...] = ()      # each certified run's recompute plan
+    memory_limit: float = 0.0        # the limit searched under (auto's default resolved)
 
     @property
     def gap(self) -> float:
@@ -532,7 +546,7 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
     bound = min((run.lower_bound for run in runs), default=0.0)
     optimal = best[1] <= bound + 1e-6 * max(1.0, bound)
     return Verdict(heuristic, heuristic_value, tuple(runs), best[0], best[1], bound, optimal,
-                   best[2], tuple(labels))
+                   best[2], tuple(labels), search.limit)
 
 
 def fewest_pairs(schedule: Schedule, costs: Costs, plan: PerMicrobatch,

@@ -6,6 +6,7 @@
     python -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
     python -m hpcpipe.schedules.table --memory-goals      # auto below 1F1B's memory (issue 26)
     python -m hpcpipe.schedules.table --per-microbatch --sizes 4x8,4x16,8x16,8x32
+    python -m hpcpipe.schedules.table --per-microbatch --sizes 8x32 --exact 300 --polish 300
 """
 
 from __future__ import annotations
@@ -270,14 +271,17 @@ def per_microbatch_row(p: int, m: int, costs: Costs, steps: int = 25):
     return per_stage, best
 
 
-def certified_row(p: int, m: int, costs: Costs, seconds: float):
+def certified_row(p: int, m: int, costs: Costs, seconds: float, polish: float = 0.0):
     """At 1F1B's memory (p): the certified search with selective recomputation chosen per
-    (stage, microbatch) with the order, one chunk and a V, `seconds` in all. (bubble with
-    the recompute time counted as lost, pairs recomputed of all, chunks, the runs' states)."""
+    (stage, microbatch) with the order, one chunk and a V, `seconds` in all, its best then
+    polished for `polish` seconds. (bubble with the recompute time counted as lost, pairs
+    recomputed of all, chunks, the runs' states)."""
     from .exact import certify_search
+    from .polish import polish_verdict
     from .recompute import PRESETS, PerMicrobatch
-    verdict = certify_search(p, m, costs, p, "span", 0, seconds,
-                             recompute=(PRESETS["selective"],))
+    choices = (PRESETS["selective"],)
+    verdict = certify_search(p, m, costs, p, "span", 0, seconds, recompute=choices)
+    verdict, _ = polish_verdict(verdict, costs, choices, polish)
     result = simulate(verdict.best, verdict.best_costs)
     S = verdict.best.num_stages
     tf, tb, tw = (costs.per_stage(n, S, verdict.best.chunks) for n in ("f", "b", "w"))
@@ -289,18 +293,19 @@ def certified_row(p: int, m: int, costs: Costs, seconds: float):
     return 1 - useful / result.longest_span, pairs, verdict.best.chunks, states
 
 
-def render_per_microbatch(sizes, exact: float | None = None) -> str:
+def render_per_microbatch(sizes, exact: float | None = None, polish: float = 0.0) -> str:
     out = ["6.2B's costs (the zero-bubble paper's Table 9), memory limit p (1F1B's); bubble = "
            "1 - busiest rank's work without recompute / longest span",
            "| p | m | per stage (auto, explore) | per microbatch (selective) | its order: auto "
            "at limit, chunks | pairs recomputed |"
-           + (f" certified, per microbatch ({exact:g} s) |" if exact else ""),
+           + (f" certified, per microbatch ({exact:g} s"
+              + (f", polished {polish:g} s" if polish else "") + ") |" if exact else ""),
            "|---|---|---|---|---|---|" + ("---|" if exact else "")]
     for p, m in sizes:
         (stage_bubble, plan), best = per_microbatch_row(p, m, SIX_B.costs)
         tail = ""
         if exact:
-            bubble, pairs, chunks, states = certified_row(p, m, SIX_B.costs, exact)
+            bubble, pairs, chunks, states = certified_row(p, m, SIX_B.costs, exact, polish)
             what = f"{pairs} of {p * chunks * m} pairs" if pairs is not None else "per stage"
             tail = f" {bubble:.4f} ({what}, {chunks} chunk(s); {states}) |"
         if best is None:
@@ -323,6 +328,9 @@ def main(argv=None) -> int:
                         help="with --paper: also the certified search's bounds, SECONDS a run; "
                         "with --per-microbatch: the certified search choosing the pairs, "
                         "SECONDS a row")
+    parser.add_argument("--polish", type=float, default=0.0, metavar="SECONDS",
+                        help="with --per-microbatch --exact: SECONDS more a row re-solving the "
+                        "tail of the search's best order (schedules/polish.py)")
     parser.add_argument("--memory-goals", action="store_true",
                         help="auto at V-Half's, V-Min's and 1F1B's memory and at 1/2 and 1/3 of "
                         "1F1B's, with and without recomputation (equal and 6.2B costs)")
@@ -336,7 +344,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.per_microbatch:
         sizes = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
-        print(render_per_microbatch(sizes, args.exact))
+        print(render_per_microbatch(sizes, args.exact, args.polish))
     elif args.memory_goals:
         sizes = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
         print(render_goals(sizes, args.objective))

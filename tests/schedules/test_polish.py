@@ -1,0 +1,108 @@
+"""Polishing a schedule's tail (schedules/polish.py): never worse than what it starts from,
+better where the tail has room, within the memory limit under the real costs, and refused
+where the exact model does not cover the schedule."""
+
+import json
+
+import pytest
+
+from hpcpipe.schedules import Costs, ScheduleError, check, generate, peak_activations, simulate
+from hpcpipe.schedules.recompute import PRESETS, PerMicrobatch
+
+pytest.importorskip("ortools", reason="polishing needs the test extra (ortools)")
+
+from hpcpipe.schedules.exact import certify, certify_search  # noqa: E402
+from hpcpipe.schedules.polish import polish, polish_verdict  # noqa: E402
+
+SIX_B = Costs(29.718, 29.444, 19.927, comm=0.527, memw=0.43)  # the paper's Table 9, 6.2B
+SELECTIVE = PRESETS["selective"]
+
+
+def _valid(schedule, costs, limit):
+    check(schedule)
+    assert max(peak_activations(schedule, costs)) <= limit + 1e-9
+
+
+def test_zb_v_tail_at_1f1b_memory_gets_shorter():
+    # p 4, m 8, limit 4 (1F1B's): ZB-V's span is 669.969; re-solving the last 30 % of it
+    # (ops before the cut fixed) finds 661.1965, and proves nothing shorter in that tail.
+    start = generate("zb-v", 4, 8)
+    got = polish(start, SIX_B, 4, fraction=0.3, seconds=60, rounds=1)
+    assert simulate(start, SIX_B).longest_span == pytest.approx(669.969)
+    assert got.rounds[0].status == "OPTIMAL" and got.rounds[0].fraction == 0.3
+    assert 0 < got.rounds[0].fixed < 4 * 2 * 8 * 3
+    assert got.value == pytest.approx(661.1965)
+    assert simulate(got.schedule, got.costs).longest_span == pytest.approx(got.value)
+    _valid(got.schedule, got.costs, 4)
+    assert got.schedule.kind == "zb-v" and not got.costs.recomputes()
+
+
+def test_per_microbatch_tail_recomputes_only_what_it_needs():
+    start = generate("zb-v", 4, 8)
+    got = polish(start, SIX_B, 4, choice=SELECTIVE, fraction=0.3, seconds=60, rounds=1)
+    assert got.value <= 661.1965 + 1e-6  # recomputing none is one of its choices
+    _valid(got.schedule, got.costs, 4)
+    plan = got.costs.recompute
+    if got.costs.recomputes():
+        assert isinstance(plan, PerMicrobatch)
+        for pair in plan.pairs:  # every pair kept is needed by the order (exact.fewest_pairs)
+            fewer = SIX_B.with_recompute(PerMicrobatch(plan.choice, plan.pairs - {pair}))
+            assert (max(peak_activations(got.schedule, fewer)) > 4 + 1e-9
+                    or simulate(got.schedule, fewer).longest_span > got.value + 1e-9)
+
+
+def test_an_optimal_schedule_stays_as_it_is():
+    costs = Costs(1, 1, 1, memw=0.4)
+    best = certify(2, 3, costs, 1.5, chunks=1, time_limit=30, per_microbatch=SELECTIVE)
+    assert best.optimal
+    got = polish(best.schedule, best.costs, 1.5, choice=SELECTIVE, fraction=0.5, seconds=20,
+                 rounds=2)
+    assert got.value == pytest.approx(best.value)
+    assert [r.status for r in got.rounds] == ["OPTIMAL", "OPTIMAL"]
+    assert got.rounds[1].fraction == pytest.approx(0.75)  # nothing better: it looked wider
+
+
+def test_polish_verdict_keeps_the_bound_and_improves_the_best():
+    # A V at p 4, m 8 under 1F1B's memory: two seconds of certified search leave auto's
+    # schedule unproven; polishing it keeps the search's bound and does not lengthen it.
+    verdict = certify_search(4, 8, SIX_B, 4, chunks=2, time_limit=2)
+    polished, done = polish_verdict(verdict, SIX_B, (), 10)
+    assert polished.lower_bound == verdict.lower_bound
+    assert polished.best_value <= verdict.best_value + 1e-9
+    assert done is not None and len(done.rounds) >= 1
+    _valid(polished.best, polished.best_costs, 4)
+    assert simulate(polished.best, polished.best_costs).longest_span == pytest.approx(
+        polished.best_value)
+    if polished.best_value < verdict.best_value:
+        assert polished.best.kind == "auto"
+
+
+def test_polish_verdict_leaves_a_proven_best_alone():
+    verdict = certify_search(2, 4, Costs(1, 1, 1), 2, chunks=2, time_limit=60)
+    assert verdict.optimal
+    assert polish_verdict(verdict, Costs(1, 1, 1), (), 30) == (verdict, None)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: polish(generate("interleaved-1f1b", 2, 4, 2), Costs(), 4), "placement"),
+    (lambda: polish(generate("1f1b", 2, 4), Costs(), 2, fraction=0), "fraction"),
+    (lambda: polish(generate("1f1b", 2, 4),
+                    Costs().with_recompute(PerMicrobatch(SELECTIVE, {(0, 1)})), 2), "its choice"),
+    (lambda: polish(generate("1f1b", 2, 4), Costs(recompute=PRESETS["full"]), 2,
+                    choice=SELECTIVE), "per microbatch"),
+])
+def test_what_the_model_does_not_cover_is_refused(call, message):
+    with pytest.raises(ScheduleError, match=message):
+        call()
+
+
+def test_command_line_polishes_after_the_search(capsys):
+    from hpcpipe.schedules.cli import main
+    assert main(["--kind", "1f1b", "-p", "2", "-m", "4", "--polish", "5"]) == 2
+    assert "--polish" in capsys.readouterr().err
+    assert main(["--kind", "auto", "-p", "4", "-m", "8", "--memory-limit", "4", "--chunks", "2",
+                 "--cost", "F=29.718,B=29.444,W=19.927,comm=0.527,memw=0.43", "--exact",
+                 "--time-limit", "2", "--polish", "10", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    span = max(summary["span"])
+    assert span < summary["exact"]["heuristic_value"] and summary["lower_bound"] <= span

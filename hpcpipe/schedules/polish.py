@@ -64,10 +64,11 @@ def polish(schedule: Schedule, costs: Costs, memory_limit: float, objective: str
         share = max(0.0, deadline - time.perf_counter()) / (rounds - i)
         found, status, fixed, spent = _round(problem, per, memory_limit, current, fraction,
                                              objective, share, workers)
-        if found is not None and found[2] < current[2] - EPS * max(1.0, current[2]):
+        improved = found is not None and found[2] < current[2] - EPS * max(1.0, current[2])
+        if improved:
             current = found
         done.append(Round(fraction, fixed, status, spent, current[2]))
-        if status == "OPTIMAL" and found is None or found is not None and found[2] >= current[2]:
+        if status == "OPTIMAL" and not improved:
             fraction = min(1.0, fraction * WIDEN)   # nothing better in this tail: look wider
         elif status not in ("OPTIMAL", "FEASIBLE"):
             fraction /= WIDEN                       # no answer in time: a smaller tail

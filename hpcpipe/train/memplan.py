@@ -156,13 +156,22 @@ def certified(cfg, costs: Costs, specs, workers: int):
     `costs` under parallel.memory_limit -- with train.recompute = "auto", recomputation
     chosen per microbatch with the order. (schedule, the costs with its plan, the plan per
     model stage for RankModel.use_recompute or None, the verdict)."""
+    import time
+
     from hpcpipe.schedules.exact import certify_search
+    from hpcpipe.schedules.polish import polish_verdict
 
     p = cfg.parallel
     choices = recompute_choices(cfg, specs) if cfg.train.recompute == "auto" else ()
+    deadline = time.perf_counter() + p.exact_seconds
+    # Half for the search; past a few stages its model is too big to improve much on
+    # auto's order, and the rest does more re-solving the tail of its best.
     verdict = certify_search(p.pp, p.microbatches, costs, memory_limit(cfg)[0],
                              objective="makespan", chunks=cfg.chunks,
-                             time_limit=p.exact_seconds, workers=workers, recompute=choices)
+                             time_limit=p.exact_seconds / 2, workers=workers,
+                             recompute=choices)
+    verdict, _ = polish_verdict(verdict, costs, choices, deadline - time.perf_counter(),
+                                "makespan", workers=workers)
     best_costs = verdict.best_costs or costs
     plan = None
     if choices:

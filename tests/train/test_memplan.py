@@ -199,6 +199,32 @@ def test_certified_per_microbatch_fits_and_is_no_slower_than_per_stage():
     assert memplan.describe_plan(plan).count("/") == 1
 
 
+def test_the_certified_search_leaves_half_its_time_to_polishing(monkeypatch):
+    """pp 4 in a V at 1F1B's memory is not proven in two seconds: the search takes half of
+    parallel.exact_seconds, the polish what is left, and the schedule it returns fits."""
+    pytest.importorskip("ortools", reason="the certified search needs the test extra (ortools)")
+    from hpcpipe.parallel.pipeline.partition import partition
+    from hpcpipe.schedules import Costs, peak_activations, simulate
+    from hpcpipe.schedules import polish as polishing
+
+    calls = []
+    real = polishing.polish_verdict
+
+    def spy(verdict, costs, choices, seconds, *args, **kwargs):
+        calls.append((verdict.optimal, seconds))
+        return real(verdict, costs, choices, seconds, *args, **kwargs)
+    monkeypatch.setattr(polishing, "polish_verdict", spy)
+    cfg = tiny('parallel.schedule="auto"', "parallel.pp=4", "parallel.chunks=2",
+               "parallel.microbatches=8", "parallel.memory_limit=4", "parallel.exact_seconds=4",
+               "model.n_layer=8")
+    specs = partition(cfg.model, 8)
+    costs = Costs(29.718, 29.444, 19.927, comm=0.527, memw=0.43)
+    schedule, planned, _, verdict = memplan.certified(cfg, costs, specs, workers=2)
+    assert calls and calls[0][0] is False and 0.5 < calls[0][1] <= 2.5
+    assert max(peak_activations(schedule, planned)) <= 4 + 1e-9
+    assert simulate(schedule, planned).makespan <= verdict.heuristic_value + 1e-9
+
+
 def test_the_certified_search_is_refused_up_front(monkeypatch):
     with pytest.raises(config.ConfigError, match='needs parallel.schedule = "auto"'):
         tiny('parallel.schedule="1f1b"', "parallel.exact_seconds=5")

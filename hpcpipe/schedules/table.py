@@ -275,7 +275,8 @@ def certified_row(p: int, m: int, costs: Costs, seconds: float, polish: float = 
     """At 1F1B's memory (p): the certified search with selective recomputation chosen per
     (stage, microbatch) with the order, one chunk and a V, `seconds` in all, its best then
     polished for `polish` seconds. (bubble with the recompute time counted as lost, pairs
-    recomputed of all, chunks, the runs' states)."""
+    recomputed of all, chunks, the runs' states, the bubble at the proven bound: no
+    schedule of one chunk or a V, recomputing any pairs, has less)."""
     from .exact import certify_search
     from .polish import polish_verdict
     from .recompute import PRESETS, PerMicrobatch
@@ -290,7 +291,8 @@ def certified_row(p: int, m: int, costs: Costs, seconds: float, polish: float = 
     plan = verdict.best_costs.recompute
     pairs = len(plan.pairs) if isinstance(plan, PerMicrobatch) else None
     states = ", ".join(f"{c.status.lower()}" for c in verdict.certified)
-    return 1 - useful / result.longest_span, pairs, verdict.best.chunks, states
+    return (1 - useful / result.longest_span, pairs, verdict.best.chunks, states,
+            1 - useful / verdict.lower_bound)
 
 
 def render_per_microbatch(sizes, exact: float | None = None, polish: float = 0.0) -> str:
@@ -299,15 +301,17 @@ def render_per_microbatch(sizes, exact: float | None = None, polish: float = 0.0
            "| p | m | per stage (auto, explore) | per microbatch (selective) | its order: auto "
            "at limit, chunks | pairs recomputed |"
            + (f" certified, per microbatch ({exact:g} s"
-              + (f", polished {polish:g} s" if polish else "") + ") |" if exact else ""),
-           "|---|---|---|---|---|---|" + ("---|" if exact else "")]
+              + (f", polished {polish:g} s" if polish else "") + ") | at its proven bound |"
+              if exact else ""),
+           "|---|---|---|---|---|---|" + ("---|---|" if exact else "")]
     for p, m in sizes:
         (stage_bubble, plan), best = per_microbatch_row(p, m, SIX_B.costs)
         tail = ""
         if exact:
-            bubble, pairs, chunks, states = certified_row(p, m, SIX_B.costs, exact, polish)
+            bubble, pairs, chunks, states, floor = certified_row(p, m, SIX_B.costs, exact,
+                                                                 polish)
             what = f"{pairs} of {p * chunks * m} pairs" if pairs is not None else "per stage"
-            tail = f" {bubble:.4f} ({what}, {chunks} chunk(s); {states}) |"
+            tail = f" {bubble:.4f} ({what}, {chunks} chunk(s); {states}) | {floor:.4f} |"
         if best is None:
             out.append(f"| {p} | {m} | {stage_bubble:.4f} ({plan}) | does not fit | | |" + tail)
             continue

@@ -1,15 +1,15 @@
 """Polishing a schedule's tail with the certified model (a large-neighbourhood search).
 
-At p 8, m 32 the exact model of a whole step (exact.py) is too big for CP-SAT to improve on
-auto's order in minutes: it spends them on the first microbatches, where auto is already
-good, while the bubble left at 1F1B's memory sits in the cool-down, where the last W's
-wait on memory. A round here fixes every op that starts before a cut at its replayed time
-(and, per microbatch, the recompute choice of every B fixed), leaving a model of the last
+At p 8 the exact model of a whole step (exact.py) is too big for CP-SAT to improve much on
+auto's order in minutes: presolve alone expands each rank's memory reservoir into
+thousands of precedence booleans (about 9,000 at p 4, m 8 in a V). A round here fixes
+every op that starts before a cut at its replayed time (and, per microbatch, the recompute
+choice of every B fixed), which presolve turns into constants, leaving a model of the last
 `fraction` of the span that the solver does search well, and keeps its answer only where
 the simulator's replay under the real costs is shorter and within the limit. A round whose
-tail is proven optimal widens the next. The result is a schedule, not a proof: the bound is
-the certified search's (or the critical path's).
-"""
+tail is proven to hold nothing better widens the next; one that finds nothing in time
+narrows it. The result is a schedule, not a proof: the bound is the certified search's (or
+the critical path's)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from dataclasses import dataclass
 
 from hpcpipe.util.files import write_figure
@@ -305,6 +307,7 @@ def render_per_microbatch(sizes, exact: float | None = None, polish: float = 0.0
               if exact else ""),
            "|---|---|---|---|---|---|" + ("---|---|" if exact else "")]
     for p, m in sizes:
+        started = time.perf_counter()
         (stage_bubble, plan), best = per_microbatch_row(p, m, SIX_B.costs)
         tail = ""
         if exact:
@@ -312,6 +315,9 @@ def render_per_microbatch(sizes, exact: float | None = None, polish: float = 0.0
                                                                  polish)
             what = f"{pairs} of {p * chunks * m} pairs" if pairs is not None else "per stage"
             tail = f" {bubble:.4f} ({what}, {chunks} chunk(s); {states}) | {floor:.4f} |"
+        # (rows with --exact take minutes each: say where it is)
+        print(f"p {p}, m {m}: {time.perf_counter() - started:.0f} s", file=sys.stderr,
+              flush=True)
         if best is None:
             out.append(f"| {p} | {m} | {stage_bubble:.4f} ({plan}) | does not fit | | |" + tail)
             continue

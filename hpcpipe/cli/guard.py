@@ -33,6 +33,8 @@ EXIT_BUG = 1
 # How long a failing rank waits for the others to fail too before it aborts the job; long
 # enough for ranks that started a little later to reach the same error on a busy node.
 AGREE_S = 10.0
+# How long a rank about to abort the job leaves the launcher to forward its last words.
+FORWARD_S = 1.0
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 
@@ -154,6 +156,10 @@ def _say(text: str):
 
 def _abort(status: int):
     sys.stdout.flush()
+    # The launcher reads this rank's stderr through a pipe; MPI_Abort can tear the job down
+    # before it has forwarded what was just written (seen: an empty stderr from MPICH's
+    # hydra on a busy machine, the traceback lost). A moment for it costs the job nothing.
+    time.sleep(FORWARD_S)
     _mpi().COMM_WORLD.Abort(status)
 
 

@@ -102,7 +102,7 @@ def test_command_line_polishes_after_the_search(capsys):
     assert "--polish" in capsys.readouterr().err
     assert main(["--kind", "auto", "-p", "4", "-m", "8", "--memory-limit", "4", "--chunks", "2",
                  "--cost", "F=29.718,B=29.444,W=19.927,comm=0.527,memw=0.43", "--exact",
-                 "--time-limit", "2", "--polish", "10", "--json"]) == 0
+                 "--time-limit", "2", "--polish", "30", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     span = max(summary["span"])
     assert span < summary["exact"]["heuristic_value"] and summary["lower_bound"] <= span

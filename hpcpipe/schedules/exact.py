@@ -300,9 +300,10 @@ class ExactModel:
                 self.model.Add(self.value >= (last - first if self.objective == "span" else last))
         self.model.Minimize(self.value)
 
-    def hint(self, schedule: Schedule, costs: Costs) -> None:
+    def hint(self, schedule: Schedule, costs: Costs) -> dict:
         """Start the search from `schedule`'s replayed times (scaled like the model) and,
-        per microbatch, from the recompute plan of `costs`."""
+        per microbatch, from the recompute plan of `costs`; returns those times
+        (`scaled_times`)."""
         choice = costs.recompute_of(self.pb.num_stages)
         for (s, x), chosen in self.recomputes.items():
             self.model.AddHint(chosen, int(choice(s, x).recomputes))
@@ -318,6 +319,7 @@ class ExactModel:
             value = (max(lasts[r] - firsts[r] for r in firsts) if self.objective == "span"
                      else max(lasts.values()))
             self.model.AddHint(self.value, value)
+        return scaled
 
     def scaled_times(self, schedule: Schedule, costs: Costs) -> dict:
         """(kind, stage, microbatch) -> (start, end) of `schedule` under `costs`' plan, in the

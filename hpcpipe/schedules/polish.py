@@ -107,8 +107,7 @@ def _round(problem: Problem, choice: Recompute | None, limit: float, current: tu
     schedule, costs, _ = current
     per = PerChoice.of(choice, problem) if choice is not None else None
     model = ExactModel(problem, objective, per)
-    model.hint(schedule, costs)
-    times = model.scaled_times(schedule, costs)
+    times = model.hint(schedule, costs)
     cut = (1 - fraction) * max(end for _, end in times.values())
     plan = costs.recompute_of(problem.num_stages)
     fixed = 0

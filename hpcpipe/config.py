@@ -33,6 +33,7 @@ from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_OPTIMIZERS
 from hpcpipe.parallel.powersgd import COMPRESSIONS
 from hpcpipe.runs.trace import trace_window
 from hpcpipe.schedules import KINDS, V_KINDS
+from hpcpipe.optim.adamw import OPTIMIZERS
 from hpcpipe.optim.delay import KINDS as DELAY_CORRECTIONS
 from hpcpipe.schedules.asynchronous import KIND as ASYNC_KIND
 
@@ -70,6 +71,12 @@ class TrainSection:
     min_lr: float = 3e-4  # where the cosine decay ends, at the last step
     warmup_steps: int = 30  # linear warm-up from 0 to lr
     weight_decay: float = 0.1  # AdamW's decoupled decay, on matrices only (not biases, LNs)
+    # "adamw"; "muon": the blocks' weight matrices step along their Nesterov momentum
+    # orthogonalized (Newton–Schulz), the embeddings, biases and LayerNorms with AdamW
+    # (hpcpipe/optim/muon.py; lr and weight_decay carry over). Needs whole matrices on a
+    # rank: not with ZeRO or tensor parallelism, nor post-validation
+    optimizer: str = "adamw"
+    muon_momentum: float = 0.95  # Muon's momentum (Nesterov)
     grad_clip: float = 1.0  # 0 turns clipping off
     beta1: float = 0.9  # AdamW's first-moment decay
     beta2: float = 0.95  # AdamW's second-moment decay
@@ -115,7 +122,10 @@ class TrainSection:
     # -- the asynchronous pipeline (parallel.schedule = "pipedream-2bw", issue 30) --------
     # "secant": each update, taken one step late, is corrected to first order for the
     # weights having moved since its gradient (a per-coordinate curvature from consecutive
-    # gradients, hpcpipe/optim/delay.py; five more master-sized buffers); "none": as is
+    # gradients, hpcpipe/optim/delay.py; five more master-sized buffers); "extrapolate":
+    # the stream computes on each version moved one more update ahead, W + (W − W_prev),
+    # so a gradient is taken about where it lands (one more buffer; with Muon the best
+    # measured); "none": as is
     delay_correction: str = "none"
     delay_correction_decay: float = 0.98  # the curvature estimate's running-mean decay
 
@@ -424,6 +434,9 @@ def _check_train(source, train: TrainSection):
              "memory pool may hold")
     _one_of(source, "train.dtype", train.dtype, DTYPES)
     _one_of(source, "train.device", train.device, DEVICES)
+    _one_of(source, "train.optimizer", train.optimizer, OPTIMIZERS)
+    _require(source, "train.muon_momentum", train.muon_momentum,
+             0 <= train.muon_momentum < 1, "must be in [0, 1)")
     _one_of(source, "train.delay_correction", train.delay_correction, DELAY_CORRECTIONS)
     _require(source, "train.delay_correction_decay", train.delay_correction_decay,
              0 <= train.delay_correction_decay < 1, "must be in [0, 1)")
@@ -463,6 +476,26 @@ def _check_local_layout(source, cfg: "Config"):
                "\"none\"")
     if why:
         raise ConfigError(source, "train.local_steps", train.local_steps, why)
+
+
+def _check_optimizer(source, cfg: "Config"):
+    """What Muon cannot run with (it orthogonalizes whole matrices, and its step is not
+    inverted): refused here, with one message."""
+    train, parallel = cfg.train, cfg.parallel
+    if train.optimizer != "muon":
+        return
+    why = None
+    if parallel.zero and parallel.dp != 1:
+        why = ("ZeRO splits the weight matrices into flat shards over the dp replicas, and "
+               "Muon orthogonalizes whole matrices; set parallel.zero = 0")
+    elif parallel.tp > 1:
+        why = ("tensor parallelism splits the weight matrices by rows or columns, and Muon "
+               "orthogonalizes whole matrices; set parallel.tp = 1")
+    elif train.post_validation:
+        why = ("post-validation inverts a step that a later verdict rejects, and Muon's step "
+               "is not inverted; set train.post_validation = false")
+    if why:
+        raise ConfigError(source, "train.optimizer", train.optimizer, why)
 
 
 def _check_asynchronous(source, cfg: "Config"):
@@ -658,6 +691,7 @@ def validate(cfg: Config) -> Config:
     _check_checkpoint(source, cfg.checkpoint)
     _check_layout(source, cfg)
     _check_local_layout(source, cfg)
+    _check_optimizer(source, cfg)
     _check_asynchronous(source, cfg)
     _check_compression(source, cfg)
     if cfg.parallel.dp == AUTO_DP:

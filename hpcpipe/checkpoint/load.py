@@ -18,6 +18,7 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
     error = None
     try:
         check_model(manifest, cfg, path)
+        _check_optimizer(rank.step.optimizer, manifest, path)
         rank.step.materialize()  # ZeRO-3: a buffer to load the weights into
         _load_parameters(rank.model, reader, path)
         _load_optimizer(rank.step.optimizer, rank.model, reader, manifest)
@@ -38,6 +39,18 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
     state = dict(manifest.get("state", {}))
     state["step"] = int(manifest["step"])
     return state
+
+
+def _check_optimizer(optimizer, manifest: dict, path: str):
+    """AdamW's first moment and Muon's momentum share a slot, at different scales: state
+    saved by one optimizer is refused by the other (checkpoints from before Muon: AdamW)."""
+    saved = manifest.get("state", {}).get("optimizer", "adamw")
+    if manifest["pieces"] and saved != optimizer.kind:
+        raise CheckpointError(
+            f"{path}: optimizer state of train.optimizer = \"{saved}\", this run's is "
+            f"\"{optimizer.kind}\" (the moments would be misread): resume with --set "
+            f"train.optimizer={saved}, or export the weights (hpcpipe ckpt export) and "
+            f"import them (hpcpipe ckpt import-gpt2) to start the optimizer afresh")
 
 
 def _load_parameters(model, reader, path: str):

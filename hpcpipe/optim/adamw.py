@@ -111,6 +111,11 @@ class ParamShard:
         return self.hi - self.lo
 
     @property
+    def buffer(self):
+        """The stage's FlatBuffer this shard is a slice of."""
+        return self._buffer
+
+    @property
     def has_master(self) -> bool:
         return self.master is not self.params
 
@@ -266,13 +271,24 @@ class AdamW:
         self.shard.push()
 
 
+OPTIMIZERS = ("adamw", "muon")
+
+
 class Optimizer:
-    """AdamW on every shard this rank updates, one AdamW each, with shared settings."""
+    """AdamW (or Muon: optim/muon.py) on every shard this rank updates, one each, with
+    shared settings."""
 
     def __init__(self, shards: list[ParamShard], be, beta1=0.9, beta2=0.95, eps=1e-8,
-                 weight_decay=0.1):
-        self.shards = shards
-        self.adams = [AdamW(shard, be, beta1, beta2, eps, weight_decay) for shard in shards]
+                 weight_decay=0.1, kind: str = "adamw", muon_momentum: float = 0.95):
+        self.shards, self.kind = shards, kind
+        if kind == "muon":
+            from hpcpipe.optim.muon import Muon
+
+            self.adams = [Muon(shard, be, muon_momentum, beta1, beta2, eps, weight_decay)
+                          for shard in shards]
+        else:
+            self.adams = [AdamW(shard, be, beta1, beta2, eps, weight_decay)
+                          for shard in shards]
 
     @property
     def t(self) -> int:

@@ -72,7 +72,8 @@ class TrainStep:
         for stage in model.stages.values():  # the masters hold the exact initial values now
             stage.release_exact_init()
         optimizer = Optimizer(shards, model.backend, beta1=train.beta1, beta2=train.beta2,
-                              eps=train.eps, weight_decay=train.weight_decay)
+                              eps=train.eps, weight_decay=train.weight_decay,
+                              kind=train.optimizer, muon_momentum=train.muon_momentum)
         # With ZeRO-1 every rank holds other shards; otherwise, after the reduction, every
         # replica holds the same gradient and the pipeline's ranks cover the model.
         group = grid.world if zero else (grid.replica or grid.pipe)
@@ -196,9 +197,10 @@ class TrainStep:
         """What a checkpoint keeps of the step's own state: the loss scaler's, and whether
         post-validation's last settled step was clipped (so that a resumed run waits, or
         guesses, exactly where the uninterrupted one did: a redone step differs from a
-        synchronous one by round-off)."""
+        synchronous one by round-off), and which optimizer's state the checkpoint holds."""
         clipping = self.validator is not None and self.validator.clipping
-        return {**self.scaler.state(), "clipping": int(clipping)}
+        return {**self.scaler.state(), "clipping": int(clipping),
+                "optimizer": self.optimizer.kind}
 
     def restore(self, state: dict):
         self.scaler.restore(state)

@@ -92,6 +92,24 @@ def test_resume_with_another_dp_equals_to_round_off(tmp_path, stdlib_tokens, ref
         assert np.allclose(actual[name], w, rtol=1e-10, atol=1e-13), name
 
 
+def test_muon_resumes_bitwise_under_another_pipeline(tmp_path, stdlib_tokens):
+    """Muon's momentum is saved in AdamW's first-moment slot, by tensor: a pp 2 run's
+    checkpoint resumes in one process, bitwise."""
+    muon = 'train.optimizer="muon"'
+    proc = train(tmp_path / "ref", stdlib_tokens, 2, *layout(1, 2, "zb-h1"), muon,
+                 "train.steps=6", "checkpoint.every=3")
+    assert proc.returncode == 0, proc.stderr
+    start = os.path.join(tmp_path / "ref", "checkpoints", "step_00000003")
+    proc = train(tmp_path / "run", stdlib_tokens, 1, *layout(1, 1, "1f1b"), muon,
+                 "train.steps=6", resume=start)
+    assert proc.returncode == 0, proc.stderr
+    ref, got = losses(tmp_path / "ref"), losses(tmp_path / "run")
+    assert [got[s] for s in (4, 5, 6)] == [ref[s] for s in (4, 5, 6)]
+    expected, actual = weights(tmp_path / "ref", 6), weights(tmp_path / "run", 6)
+    for name, w in expected.items():
+        assert np.array_equal(actual[name], w), name
+
+
 def test_same_run_directory_resume_appends_metrics(tmp_path, stdlib_tokens):
     run_dir = tmp_path / "run"
     proc = train(run_dir, stdlib_tokens, 2, *layout(1, 2, "zb-h1"), "train.steps=4",

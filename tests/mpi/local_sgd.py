@@ -36,14 +36,14 @@ OUTER_LR, MOMENTUM = 0.7, 0.9
 
 
 def make_cfg(dp, pp, tp=1, kind="1f1b", local=H, comm_dtype="auto", dtype="float64",
-             microbatches=None, loss_scale=0.0):
+             microbatches=None, loss_scale=0.0, optimizer="adamw"):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
         "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
                   "grad_clip": 1.2, "weight_decay": 0.1, "seed": 3, "local_steps": local,
                   "outer_optimizer": "nesterov", "outer_lr": OUTER_LR,
                   "outer_momentum": MOMENTUM, "outer_comm_dtype": comm_dtype,
-                  "loss_scale": loss_scale},
+                  "loss_scale": loss_scale, "optimizer": optimizer},
         "parallel": {"dp": dp, "pp": pp, "tp": tp, "schedule": kind,
                      "microbatches": microbatches or GLOBAL_MICROBATCHES // dp},
     }, source="local-SGD test")
@@ -78,10 +78,10 @@ def train(comm, cfg):
     return losses, flat, grad_bytes, outer.bytes_reduced, sum(s.size for s in outer.shards)
 
 
-def reference(dp):
+def reference(dp, optimizer="adamw"):
     """dp replicas in one process, each a plain Rank of its own, met by a NumPy outer step."""
     microbatches = GLOBAL_MICROBATCHES // dp
-    cfg = make_cfg(1, 1, local=0, microbatches=microbatches)
+    cfg = make_cfg(1, 1, local=0, microbatches=microbatches, optimizer=optimizer)
     be = devices.select()
     ranks = [Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be,
                         generate("1f1b", 1, microbatches)) for _ in range(dp)]
@@ -147,8 +147,24 @@ def check(comm) -> mpibody.Report:
             failures += [f"{k} not bitwise equal to {members[0][0]}" for k, l in members[1:]
                          if l != members[0][1]]
     failures += compare_bf16(comm, n)
-    summary = [f"world {n}: local SGD layouts {sorted(results)}"]
+    failures += compare_muon(comm, n)
+    summary = [f"world {n}: local SGD layouts {sorted(results)}, Muon inner steps at "
+               f"dp 2 × pp {n // 2}"]
     return mpibody.Report.agreed(comm, summary, failures)
+
+
+def compare_muon(comm, n) -> list[str]:
+    """Muon as the inner optimizer at dp 2 × pp n/2: the losses of one process's replicas
+    (to 1e-12), and measurably not AdamW's."""
+    losses = train(comm, make_cfg(2, n // 2, optimizer="muon"))[0]
+    if comm.rank != 0:
+        return []
+    ref, adam = reference(2, "muon")[0], reference(2)[0]
+    failures = [f"Muon inner steps: step {s + 1} loss {a!r} vs one process {b!r}"
+                for s, (a, b) in enumerate(zip(losses, ref)) if not close(a, b)]
+    if abs(ref[-1] - adam[-1]) < 1e-6:
+        failures.append(f"Muon's losses are AdamW's: {ref} vs {adam}")
+    return failures
 
 
 def compare_bf16(comm, n) -> list[str]:

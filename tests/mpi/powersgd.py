@@ -51,7 +51,7 @@ LOW = {"powersgd_rank": 1}
 
 
 def make_cfg(dp, pp, tp=1, kind="1f1b", zero=0, dtype="float64", compression=None,
-             post_validation=False, comm_dtype="auto", clip=1.2):
+             post_validation=False, comm_dtype="auto", clip=1.2, optimizer="adamw"):
     parallel = {"dp": dp, "pp": pp, "tp": tp, "schedule": kind, "zero": zero,
                 "microbatches": GLOBAL_MICROBATCHES // dp, "bucket_mb": 0.002,
                 "grad_comm_dtype": comm_dtype}
@@ -61,7 +61,7 @@ def make_cfg(dp, pp, tp=1, kind="1f1b", zero=0, dtype="float64", compression=Non
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
         "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
                   "grad_clip": clip, "weight_decay": 0.1, "seed": 3,
-                  "post_validation": post_validation},
+                  "post_validation": post_validation, "optimizer": optimizer},
         "parallel": parallel,
     }, source="PowerSGD test")
 
@@ -272,6 +272,8 @@ def bitwise(label, run, ref) -> list[str]:
 def training_checks(comm) -> tuple[list[str], list[str]]:
     n = comm.size
     ref = train(MPI.COMM_SELF, make_cfg(1, 1)) if comm.rank == 0 else None
+    muon_ref = train(MPI.COMM_SELF, make_cfg(1, 1, optimizer="muon")) if comm.rank == 0 \
+        else None
     mpibody.settle(comm)  # the others wait for rank 0's reference asleep
     full = {}
     layouts = [(2, n // 2, 1, kind) for kind in ("1f1b", "zb-h1", "zb-v")]
@@ -282,6 +284,7 @@ def training_checks(comm) -> tuple[list[str], list[str]]:
     for zero in (1, 2, 3):
         full[(2, n // 2, 1, f"zb-h1 ZeRO-{zero}")] = train(
             comm, make_cfg(2, n // 2, 1, "zb-h1", zero=zero, compression=FULL))
+    muon = train(comm, make_cfg(2, n // 2, 1, "zb-h1", compression=FULL, optimizer="muon"))
     low = {kind: train(comm, make_cfg(2, n // 2, 1, kind, compression=LOW))
            for kind in ("1f1b", "zb-h1", "zb-v")}
     low_pp1 = train(comm, make_cfg(2, 1, n // 2, "1f1b", compression=LOW)) if n == 4 else None
@@ -298,6 +301,7 @@ def training_checks(comm) -> tuple[list[str], list[str]]:
     if comm.rank == 0:
         for key, run in full.items():
             failures += compare(f"full rank {key}", run, ref, 1e-10)
+        failures += compare("full rank with Muon", muon, muon_ref, 1e-10)
         for kind in ("zb-h1", "zb-v"):
             failures += bitwise(f"rank 1 {kind} against 1f1b", low[kind], low["1f1b"])
         failures += bitwise("rank 1 ZeRO-2 against ZeRO-1", zero[2], zero[1])
@@ -318,8 +322,8 @@ def training_checks(comm) -> tuple[list[str], list[str]]:
                                                             low["1f1b"][0][-1], 0.05):
         failures.append(f"rank 1 under tp 2 (each shard compresses its part): loss "
                         f"{low_pp1[0][-1]} vs tp 1's {low['1f1b'][0][-1]}")
-    summary = [f"world {n}: PowerSGD full rank on {sorted(full)}; rank 1 schedules, ZeRO, "
-               f"post-validation and bfloat16 checked"]
+    summary = [f"world {n}: PowerSGD full rank on {sorted(full)} and with Muon; rank 1 "
+               f"schedules, ZeRO, post-validation and bfloat16 checked"]
     return failures, summary
 
 

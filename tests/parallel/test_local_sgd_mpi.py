@@ -13,7 +13,8 @@ def test_local_sgd_layouts_equal_one_process(world, ranks):
     Nesterov outer step every 2 of 5 steps: losses and weights equal one process's replicas
     to 1e-12, bitwise across schedules; no gradient bytes in inner steps, the outer bytes
     exact, bfloat16 deltas half of them and within 2 % in loss, bfloat16 and float16
-    (fixed scale) compute within 2 %, and dp = 1 (the outer step alone) as the reference."""
+    (fixed scale) compute within 2 %, and dp = 1 (the outer step alone) as the reference;
+    Muon as the inner optimizer at dp 2 × pp world/2 equal to one process's replicas."""
     report = world.run("local_sgd")
     assert not report.failures, report
     assert any(line.startswith(f"world {ranks}: local SGD") for line in report.summary), report

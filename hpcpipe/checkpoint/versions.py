@@ -10,14 +10,15 @@ writes, per pipeline rank,
                                               compute dtype, laid out like the stage's
                                               parameter buffer
 
-                           correction/<shard>/<name>   under train.delay_correction =
-                                              "secant": its state (optim/delay.py), in
-                                              the master's dtype; `correction_primed`
+                           correction/<shard>/<name>   under train.delay_correction:
+                                              its state (optim/delay.py), in the
+                                              master's dtype; `correction_primed`,
+                                              `correction_kind` ("secant" if absent)
 
 so it resumes the stream bitwise under the same pipeline layout (pp, tp, chunks,
 partition; any dp: the replicas hold the same versions); another pipeline layout is
-refused with one message. A file without the correction's state (saved without it) starts
-the correction afresh. A checkpoint without the file (synchronous training, an imported
+refused with one message. A file without this run's correction's state (saved without it, or
+with the other one) starts the correction afresh. A checkpoint without the file (synchronous training, an imported
 model, or one saved before the first update) starts the stream afresh on its weights.
 """
 
@@ -64,6 +65,7 @@ def write(rank, folder: str) -> str | None:
                 for key, array in correction.arrays().items():
                     store(f, f"correction/{key}", be.to_host(array))
                 f.attrs["correction_primed"] = np.array(correction.primed(), dtype=np.int8)
+                f.attrs["correction_kind"] = correction.KIND
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe weight version before the newest (flat, per chunk)"
 
@@ -92,7 +94,10 @@ def load(rank, path: str, manifest: dict):
                                           "this stage's buffer"), full, key)
             out[chunk] = (int(f[key].attrs["newest"]),
                           xp.asarray(data.astype(stage.param_buffer.data.dtype, copy=False)))
-        if rank.step.correction is not None and "correction" in f:
+        correction = rank.step.correction
+        # (files from before "extrapolate" hold the secant's state and no kind)
+        if correction is not None and "correction" in f and \
+                str(f.attrs.get("correction_kind", "secant")) == correction.KIND:
             rank.step.loaded_correction = _correction(f, full, rank.step.correction)
     rank.step.loaded_previous = out
 

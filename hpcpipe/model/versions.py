@@ -37,10 +37,13 @@ class WeightVersions:
                                f"{self.held}): the stream broke its version rule")
         self.stage.params = self.copies[copy].views
 
-    def publish(self, version: int):
-        """The optimizer's weights (just updated) become `version`, in copy version % 2."""
+    def publish(self, version: int, weights=None):
+        """The optimizer's weights (just updated) become `version`, in copy version % 2 —
+        or `weights` (flat, laid out like the buffer: the extrapolated ones of
+        optim/delay.py's Extrapolation), rounded into the compute dtype."""
         copy = version % 2
-        self.copies[copy].data[...] = self.stage.param_buffer.data
+        source = self.stage.param_buffer.data if weights is None else weights
+        self.copies[copy].data[...] = source
         self.held[copy] = version
 
     def restore(self, newest: int, previous=None):

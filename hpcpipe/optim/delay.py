@@ -1,4 +1,6 @@
-"""A correction for the asynchronous pipeline's one-step-late update (PipeDream-2BW).
+"""Corrections for the asynchronous pipeline's one-step-late update (PipeDream-2BW):
+the secant correction of the gradient (`SecantCorrection`, below) and the extrapolation of
+the weights the stream computes on (`Extrapolation`, at the end).
 
 Update k applies step k's gradient G_k, taken on the weights W_{k−1}, to W_k; synchronous
 training would have applied g(W_k). To first order g(W_k) = G_k + H D_k, where the
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KINDS = ("none", "secant")
+KINDS = ("none", "secant", "extrapolate")
 
 
 @dataclass
@@ -53,6 +55,8 @@ class SecantCorrection:
     """The correction for the optimizer `optimizer`'s shards (see the module docstring).
     Per update: `correct(grads)` (returns what the optimizer should step on), then
     `begin()`, the optimizer's step, `end()`; or `skipped()` for an update not applied."""
+
+    KIND = "secant"
 
     def __init__(self, optimizer, be, decay: float):
         self.optimizer, self.xp, self.decay = optimizer, be.xp, float(decay)
@@ -129,3 +133,59 @@ class SecantCorrection:
             for name in _ShardState.NAMES:
                 getattr(state, name)[...] = 0
             state.primed = False
+
+
+class Extrapolation:
+    """`train.delay_correction = "extrapolate"`: the stream computes on weights one update
+    ahead, so that a gradient lands where it was taken, to first order.
+
+    Step k + 2 computes on version k + 1 and its update is applied to W_{k+2}: one update
+    late. Published as Ŵ_{k+1} = W_{k+1} + D_{k+1} instead — D_{k+1} = W_{k+1} − W_k, the
+    update just applied — the version is a prediction of W_{k+2}, off only by the change
+    between consecutive updates, which momentum keeps small. Equivalently (the weights
+    the optimizer holds are the same), every update is applied once more, one step later,
+    and taken back: error feedback on the delay (Zmushko et al., 2026, whose remedy for the
+    delay is this with Muon). The optimizer, evaluation and checkpoints keep the plain W;
+    the gradient is not changed. Cost: one master-sized buffer per shard (D), one
+    elementwise pass per update; no communication."""
+
+    KIND = "extrapolate"
+
+    def __init__(self, optimizer, be):
+        self.optimizer, self.xp = optimizer, be.xp
+        self.steps = [self.xp.zeros_like(shard.master) for shard in optimizer.shards]
+
+    def correct(self, grads) -> list:
+        return grads
+
+    def begin(self):
+        for step, shard in zip(self.steps, self.optimizer.shards):
+            step[...] = shard.master
+
+    def end(self):
+        for step, shard in zip(self.steps, self.optimizer.shards):
+            self.xp.subtract(shard.master, step, out=step)
+
+    def skipped(self):
+        """An update not applied: the weights did not move, nothing to extrapolate."""
+        for step in self.steps:
+            step[...] = 0
+
+    def ahead(self, shard_index: int):
+        """Shard i's weights to publish: W + D, in the master's dtype (a new array)."""
+        return self.optimizer.shards[shard_index].master + self.steps[shard_index]
+
+    # -- checkpoints (as SecantCorrection's) -----------------------------------------------
+    def arrays(self) -> dict:
+        return {f"{i}/step": step for i, step in enumerate(self.steps)}
+
+    def primed(self) -> list[bool]:
+        return [True for _ in self.steps]
+
+    def load(self, arrays: dict, primed: list[bool]):
+        for i, step in enumerate(self.steps):
+            step[...] = self.xp.asarray(arrays[f"{i}/step"])
+
+    def reset(self):
+        for step in self.steps:
+            step[...] = 0

@@ -34,10 +34,25 @@ import numpy as np
 
 from hpcpipe.model.versions import WeightVersions
 from hpcpipe.optim.adamw import clip_coefficient
-from hpcpipe.optim.delay import SecantCorrection
+from hpcpipe.optim.delay import Extrapolation, SecantCorrection
 from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.train.step import TrainStep
 from hpcpipe.util.timeline import RankStep, combine, local_row
+
+
+def _whole_shards(model, optimizer) -> dict:
+    """Chunk → the optimizer shard that is its stage's whole buffer (the stream refuses
+    ZeRO and tp: one shard per stage), for the extrapolated versions."""
+    found = {}
+    for chunk, stage in model.stages.items():
+        for i, shard in enumerate(optimizer.shards):
+            if shard.buffer is stage.param_buffer and shard.lo == 0 and \
+                    shard.hi == stage.param_buffer.data.size:
+                found[chunk] = i
+        if chunk not in found:
+            raise RuntimeError(f"chunk {chunk}: no optimizer shard holds its whole buffer, "
+                               f"which delay_correction = \"extrapolate\" needs")
+    return found
 
 
 @dataclass
@@ -75,7 +90,8 @@ class DelayedStep(TrainStep):
         self.finished: list[tuple] = []  # applied, waiting for their timings
         self.last = None  # the stream step whose period ran last
         self._slots = self._norm_slots()
-        self.correction = None  # train.delay_correction = "secant": optim/delay.py
+        self.correction = None  # train.delay_correction: optim/delay.py
+        self.shard_of = {}  # chunk → its optimizer shard ("extrapolate")
 
     @classmethod
     def build(cls, cfg, model, grid, transport, trace=None) -> "DelayedStep":
@@ -84,7 +100,18 @@ class DelayedStep(TrainStep):
         if cfg.train.delay_correction == "secant":
             step.correction = SecantCorrection(step.optimizer, model.backend,
                                                cfg.train.delay_correction_decay)
+        elif cfg.train.delay_correction == "extrapolate":
+            step.correction = Extrapolation(step.optimizer, model.backend)
+            step.shard_of = _whole_shards(model, step.optimizer)
         return step
+
+    def _publish(self, version: int):
+        """The optimizer's weights become `version` on every chunk (extrapolated one
+        update ahead under delay_correction = "extrapolate")."""
+        extrapolate = isinstance(self.correction, Extrapolation)
+        for chunk, versions in self.versions.items():
+            ahead = self.correction.ahead(self.shard_of[chunk]) if extrapolate else None
+            versions.publish(version, ahead)
 
     # -- the world's vector ----------------------------------------------------------------
     def _norm_slots(self) -> dict:
@@ -187,8 +214,7 @@ class DelayedStep(TrainStep):
             self.timed(label, lambda: self._corrected_step(pending.grads, lr, coefficient))
         elif self.correction is not None:
             self.correction.skipped()
-        for versions in self.versions.values():
-            versions.publish(k + 1)  # (a skipped update: version k + 1 is version k)
+        self._publish(k + 1)  # (a skipped update: version k + 1 is version k)
         rows = total[base + grid.dp:].reshape(grid.world.size, RankStep.SIZE)
         done = [self._outcome(self.finished.pop(), rows)] if self.finished else []
         self.finished.append((k, loss, norm, skipped))
@@ -275,6 +301,8 @@ class DelayedStep(TrainStep):
                 self.correction.reset()
                 if getattr(self, "loaded_correction", None) is not None:
                     self.correction.load(*self.loaded_correction)
+                if isinstance(self.correction, Extrapolation):  # the newest as published
+                    self._publish(min(v.newest for v in self.versions.values()))
         else:
             self.origin = int(state["step"])
             for versions in self.versions.values():

@@ -68,8 +68,8 @@ def plan(cfg) -> list[RankPlan]:
         if cfg.parallel.schedule == asynchronous.KIND:
             # Two weight versions beside the optimizer's copy; the finished step's
             # gradient set aside while the next one accumulates (train/delayed.py).
-            if cfg.train.delay_correction == "secant":  # five buffers of the master's
-                optimizer += 5 * _master_bytes(cfg, params)  # size (optim/delay.py)
+            buffers = {"secant": 5, "extrapolate": 1}.get(cfg.train.delay_correction, 0)
+            optimizer += buffers * _master_bytes(cfg, params)  # (master-sized: optim/delay.py)
             params, grads = 3 * params, 2 * grads
         plans.append(RankPlan(rank, stages, params, grads, optimizer, int(peaks[rank]),
                               _workspaces(cfg, [specs[s] for s in stages]),

@@ -1,6 +1,7 @@
 """The asynchronous pipeline's checkpoints (checkpoint/versions.py) under MPI: a run
 resumed from a checkpoint equals the uninterrupted one bitwise (with the secant delay
-correction too, whose state the versions file keeps), under another dp to round-off;
+correction too, whose state the versions file keeps, and Muon with extrapolated
+versions), under another dp to round-off; another optimizer is refused with one message;
 another pipeline layout is refused with one message; another schedule resumes from the
 newest weights. Every case is a real `mpiexec` job of `python -m hpcpipe train`."""
 
@@ -38,6 +39,19 @@ def corrected(tmp_path_factory, stdlib_tokens):
     """The same with train.delay_correction = "secant"."""
     run_dir = tmp_path_factory.mktemp("corrected")
     proc = train(run_dir, stdlib_tokens, 2, *layout(1, 2), *SECANT, "train.steps=7",
+                 "checkpoint.every=4")
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
+MUON = ('train.delay_correction="extrapolate"', 'train.optimizer="muon"')
+
+
+@pytest.fixture(scope="module")
+def muon(tmp_path_factory, stdlib_tokens):
+    """The same with Muon and train.delay_correction = "extrapolate"."""
+    run_dir = tmp_path_factory.mktemp("muon")
+    proc = train(run_dir, stdlib_tokens, 2, *layout(1, 2), *MUON, "train.steps=7",
                  "checkpoint.every=4")
     assert proc.returncode == 0, proc.stderr
     return run_dir
@@ -110,3 +124,26 @@ def test_another_schedule_resumes_from_the_newest_weights(tmp_path, stdlib_token
                   resume=os.path.join(tmp_path / "run", "checkpoints", ckpt.step_name(5)))
     assert again.returncode == 0, again.stderr
     assert set(losses(tmp_path / "again")) == {6}
+
+
+def test_muon_with_extrapolated_versions_resumes_bitwise(tmp_path, stdlib_tokens, muon,
+                                                         reference):
+    import h5py
+
+    folder = start(muon)
+    with h5py.File(os.path.join(folder, "versions-pp000.h5"), "r") as f:
+        assert f.attrs["correction_kind"] == "extrapolate" and f["correction/0/step"].size
+    proc = train(tmp_path / "run", stdlib_tokens, 2, *layout(1, 2), *MUON, "train.steps=7",
+                 resume=folder)
+    assert proc.returncode == 0, proc.stderr
+    expected = assert_resumed_bitwise(muon, tmp_path / "run")
+    assert any(not np.array_equal(w, weights(reference, 7)[name])
+               for name, w in expected.items())
+
+
+def test_another_optimizer_is_refused_with_one_message(tmp_path, stdlib_tokens, reference):
+    proc = train(tmp_path / "run", stdlib_tokens, 2, *layout(1, 2), 'train.optimizer="muon"',
+                 "train.steps=7", resume=start(reference))
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "train.optimizer" in line]
+    assert len(lines) == 1 and '"adamw"' in lines[0] and '"muon"' in lines[0], proc.stderr

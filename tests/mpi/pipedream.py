@@ -12,11 +12,16 @@ the update applies it, clipped, to the newest weights. Checked:
   checkpoint does) bitwise equal to one that is not;
 - each outcome reported once, in step order, and the stage computing on the newest
   weights after the last flush;
-- bfloat16 compute (float32 masters) at pp = world bitwise equal to one process;
+- bfloat16 compute (float32 masters) at pp = world bitwise equal to one process, with
+  AdamW and with Muon and extrapolated versions;
 - train.delay_correction = "secant" at pp = world and at dp 2 equal to the reference with
   the correction written out here too (optim/delay.py's formula), to 1e-12 — and that
   reference measurably not the uncorrected one (the weights to 1e-10: its curvature is a
-  ratio of gradient differences, which round-off in another summation order shows).
+  ratio of gradient differences, which round-off in another summation order shows);
+- train.optimizer = "muon" with train.delay_correction = "extrapolate" (versions published
+  one update ahead) at pp = world and at dp 2 with full recomputation, drained at step 3,
+  equal to the reference computing on the extrapolated versions (weights to 1e-10), and
+  that reference measurably not Muon's uncorrected one.
 """
 
 import os
@@ -46,12 +51,13 @@ DECAY = 0.8  # the correction's running means: short, so that 7 steps show them
 
 
 def make_cfg(dp, pp, kind="pipedream-2bw", recompute="none", dtype="float64",
-             correction="none"):
+             correction="none", optimizer="adamw"):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
         "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
                   "grad_clip": 0.9, "weight_decay": 0.1, "seed": 3, "recompute": recompute,
-                  "delay_correction": correction, "delay_correction_decay": DECAY},
+                  "delay_correction": correction, "delay_correction_decay": DECAY,
+                  "optimizer": optimizer},
         "parallel": {"dp": dp, "pp": pp, "schedule": kind,
                      "microbatches": GLOBAL_MICROBATCHES // dp},
     }, source="2BW test")
@@ -123,10 +129,18 @@ class _Secant:
         return grad + h * (w[0] - w[1])
 
 
-def reference(correction="none"):
+def published(versions, j, correction):
+    """The weights version j is computed on: W_j, or under "extrapolate" W_j + (W_j −
+    W_{j−1}) (one update ahead; version 0 as it is)."""
+    if correction != "extrapolate" or j == 0:
+        return versions[j]
+    return versions[j] + (versions[j] - versions[j - 1])
+
+
+def reference(correction="none", optimizer="adamw"):
     """One process, synchronous machinery, the delay written out: step s's gradient on
     version max(0, s − 1), applied to the newest weights (corrected, with `correction`)."""
-    cfg = make_cfg(1, 1, kind="1f1b")
+    cfg = make_cfg(1, 1, kind="1f1b", optimizer=optimizer)
     secant = _Secant() if correction == "secant" else None
     be = devices.select()
     rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be,
@@ -136,7 +150,8 @@ def reference(correction="none"):
     seen = {}
     for step in range(1, STEPS + 1):
         s = step - 1
-        buffer[...] = versions[max(0, s - 1)]  # (float64: the master is this buffer)
+        buffer[...] = published(versions, max(0, s - 1), correction)  # (float64: the
+        # master is this buffer)
         result = step_.gradients(rank.runtime, step, replica_inputs(be, step, 0,
                                                                     GLOBAL_MICROBATCHES))
         unscale = step_.grad_scale(GLOBAL_MICROBATCHES).unscale
@@ -173,8 +188,13 @@ def check(comm) -> mpibody.Report:
     deepest = max(results, key=lambda key: key[1])
     drained = train(comm, make_cfg(deepest[0], deepest[1]), drain_at=(2, 5))
     half = train(comm, make_cfg(1, n, dtype="bfloat16"))  # float32 masters, 16-bit copies
+    half_muon = train(comm, make_cfg(1, n, dtype="bfloat16", correction="extrapolate",
+                                     optimizer="muon"))
     corrected = {key: train(comm, make_cfg(key[0], key[1], correction="secant"))
                  for key in ((1, n, "none"), (2, n // 2, "none"))}
+    muon = {key: train(comm, make_cfg(key[0], key[1], correction="extrapolate",
+                                      optimizer="muon"), drain_at=(3,))
+            for key in ((1, n, "none"), (2, n // 2, "full"))}
     if comm.rank == 0:
         ref_seen, ref_weights = reference()
         solo = train(MPI.COMM_SELF, make_cfg(1, 1))
@@ -192,23 +212,35 @@ def check(comm) -> mpibody.Report:
         half_solo = train(MPI.COMM_SELF, make_cfg(1, 1, dtype="bfloat16"))
         if half[0] != half_solo[0] or any(not np.isfinite(loss) for loss, _ in half[0].values()):
             failures.append(f"bfloat16 at pp {n}: {half[0]} vs one process {half_solo[0]}")
+        solo_muon = train(MPI.COMM_SELF, make_cfg(1, 1, dtype="bfloat16",
+                                                  correction="extrapolate", optimizer="muon"))
+        if half_muon[0] != solo_muon[0]:
+            failures.append(f"bfloat16, Muon, extrapolated, at pp {n}: {half_muon[0]} vs one "
+                            f"process {solo_muon[0]}")
         failures += _against_reference(results_here, ref_seen, ref_weights, drained, weights)
     mpibody.settle(comm)
     failures += _corrected(comm, corrected, ref_weights if comm.rank == 0 else None)
+    mpibody.settle(comm)
+    failures += _corrected(comm, muon, None, ("extrapolate", "muon"))
     summary = [f"world {n}: pipedream-2bw layouts {sorted(results)}, drained at steps 2, 5, "
-               f"bfloat16 at pp {n}, the secant delay correction at {sorted(corrected)}"]
+               f"bfloat16 at pp {n}, the secant delay correction at {sorted(corrected)}, "
+               f"Muon with extrapolated versions at {sorted(muon)}"]
     return mpibody.Report.agreed(comm, summary, failures)
 
 
-def _corrected(comm, corrected, plain_weights) -> list[str]:
-    """The corrected runs against the corrected reference (rank 0's verdict)."""
+def _corrected(comm, corrected, plain_weights, how=("secant", "adamw")) -> list[str]:
+    """The corrected runs against the corrected reference (rank 0's verdict); `how`:
+    (correction, optimizer). Without `plain_weights`, the uncorrected reference with the
+    same optimizer is what the correction must move away from."""
     weights = {}
     for key, (_, _, named, _) in corrected.items():
         parts = comm.gather(named if comm.rank < key[1] else {}, root=0)
         weights[key] = {k: v for part in (parts or []) for k, v in part.items()}
     if comm.rank != 0:
         return []
-    ref_seen, ref_weights = reference("secant")
+    ref_seen, ref_weights = reference(*how)
+    if plain_weights is None:
+        plain_weights = reference("none", how[1])[1]
     moved = max(float(np.max(np.abs(ref_weights[k] - v))) for k, v in plain_weights.items())
     failures = [] if moved > 1e-6 else [
         f"the corrected reference is within {moved:.3g} of the uncorrected: the test "

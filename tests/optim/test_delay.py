@@ -1,13 +1,14 @@
-"""The asynchronous pipeline's delay correction (hpcpipe/optim/delay.py) on its own: exact
-on a diagonal quadratic, floored where the curvature is negative, restarted across a
-skipped update, its state a checkpoint's, and the stability it gives back to momentum."""
+"""The asynchronous pipeline's delay corrections (hpcpipe/optim/delay.py) on their own: the
+secant exact on a diagonal quadratic, floored where the curvature is negative, restarted
+across a skipped update, its state a checkpoint's, and the stability it gives back to
+momentum; the extrapolation one update ahead, its state, and what the plan counts."""
 
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from hpcpipe.optim.delay import SecantCorrection
+from hpcpipe.optim.delay import Extrapolation, SecantCorrection
 
 NP = SimpleNamespace(xp=np)
 
@@ -153,7 +154,30 @@ def test_the_plan_counts_its_five_master_sized_buffers(dtype):
         return [(p.optimizer, p.parameters) for p in memplan.plan(cfg)]
 
     itemsize = 2 if dtype == "bfloat16" else 4
-    for (plain, params), (corrected, same) in zip(optimizer_bytes("none"),
-                                                  optimizer_bytes("secant")):
-        count = params // 3 // itemsize  # (three weight copies: two versions, the newest)
-        assert same == params and corrected - plain == 5 * count * 4  # float32 masters
+    for kind, buffers in (("secant", 5), ("extrapolate", 1)):
+        for (plain, params), (corrected, same) in zip(optimizer_bytes("none"),
+                                                      optimizer_bytes(kind)):
+            count = params // 3 // itemsize  # (three weight copies: two versions, newest)
+            assert same == params and corrected - plain == buffers * count * 4  # (float32)
+
+
+def test_extrapolation_publishes_one_update_ahead():
+    """ahead() = W_{k+1} + (W_{k+1} − W_k) after an update; the gradient passes unchanged;
+    a skipped update extrapolates nothing; the state round-trips through arrays/load."""
+    w = np.array([1.0, -2.0, 0.5])
+    correction = Extrapolation(shards_of(w), NP)
+    np.testing.assert_array_equal(correction.ahead(0), w)  # nothing applied yet
+    g = np.array([0.1, 0.2, 0.3])
+    assert correction.correct([g])[0] is g
+    correction.begin()
+    w -= 0.5 * g  # the optimizer's step
+    correction.end()
+    np.testing.assert_allclose(correction.ahead(0), w - 0.5 * g, rtol=0, atol=1e-15)
+    twin_w = w.copy()
+    twin = Extrapolation(shards_of(twin_w), NP)
+    twin.load({k: v.copy() for k, v in correction.arrays().items()}, correction.primed())
+    np.testing.assert_array_equal(twin.ahead(0), correction.ahead(0))
+    correction.skipped()
+    np.testing.assert_array_equal(correction.ahead(0), w)
+    twin.reset()
+    np.testing.assert_array_equal(twin.ahead(0), twin_w)

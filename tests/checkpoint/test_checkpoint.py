@@ -174,7 +174,8 @@ def test_cli_ls_info_verify_export_and_generate(run_dir, tmp_path, capsys):
     assert main(["ckpt", "info", str(run_dir)]) == 0
     info = capsys.readouterr().out
     assert "dp 1 × pp 1" in info and "  partition: stage 0: blocks 0–1\n" in info
-    assert "  state: loss_scale 1.0, good_steps 0, clipping 0, lr_step 4, data_step 4, seed 0\n" in info
+    assert ("  state: loss_scale 1.0, good_steps 0, clipping 0, optimizer adamw, lr_step 4, "
+            "data_step 4, seed 0\n") in info
     assert "{" not in info and "[" not in info  # words, not Python's dicts and lists
     assert main(["ckpt", "verify", str(run_dir)]) == 0
     assert capsys.readouterr().out.startswith("OK")

@@ -3,8 +3,9 @@
 # stdlib corpus, 300 steps of inputs/tiny.toml (2 microbatches of 4 sequences per replica
 # and step). Writes runs/{sync-dp2,localsgd-h16,diloco-h16,localsgd-h16-bf16} and overlays
 # their curves in bench/results/local-sgd.png; then plain averaging at H = 8, 4 and 1
-# (runs/localsgd-h8, -h4, -h1: where the gap to synchronous dp comes from). The README's "Asynchronous training" figures
-# come from here. Measurements, not tests: run it on an otherwise idle machine.
+# (runs/localsgd-h8, -h4, -h1: where the gap to synchronous dp comes from); then the three
+# with Muon (bench/results/local-sgd-muon.png). The README's "Asynchronous training"
+# figures come from here. Measurements, not tests: run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 launch=(mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml
@@ -22,3 +23,12 @@ python -m hpcpipe plot runs/sync-dp2 runs/localsgd-h16 runs/diloco-h16 runs/loca
 for H in 8 4 1; do
     "${launch[@]}" --set train.local_steps=${H} --run-dir runs/localsgd-h${H}
 done
+# With Muon (train.optimizer, optim/muon.py) as the optimizer everywhere: synchronous dp 2,
+# local SGD and DiLoCo at H = 16 (runs/sync-dp2-muon, localsgd-h16-muon, diloco-h16-muon).
+muon=(--set train.optimizer=muon)
+"${launch[@]}" "${muon[@]}" --run-dir runs/sync-dp2-muon
+"${launch[@]}" "${muon[@]}" --set train.local_steps=16 --run-dir runs/localsgd-h16-muon
+"${launch[@]}" "${muon[@]}" --set train.local_steps=16 --set train.outer_optimizer=nesterov \
+    --set train.outer_lr=0.7 --set train.outer_momentum=0.9 --run-dir runs/diloco-h16-muon
+python -m hpcpipe plot runs/sync-dp2 runs/sync-dp2-muon runs/localsgd-h16-muon \
+    runs/diloco-h16-muon --out bench/results/local-sgd-muon.png --force

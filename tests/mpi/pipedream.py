@@ -21,7 +21,8 @@ the update applies it, clipped, to the newest weights. Checked:
 - train.optimizer = "muon" with train.delay_correction = "extrapolate" (versions published
   one update ahead) at pp = world and at dp 2 with full recomputation, drained at step 3,
   equal to the reference computing on the extrapolated versions (weights to 1e-10), and
-  that reference measurably not Muon's uncorrected one.
+  that reference measurably not Muon's uncorrected one; AdamW with extrapolated versions
+  at dp 2 the same way.
 """
 
 import os
@@ -195,6 +196,8 @@ def check(comm) -> mpibody.Report:
     muon = {key: train(comm, make_cfg(key[0], key[1], correction="extrapolate",
                                       optimizer="muon"), drain_at=(3,))
             for key in ((1, n, "none"), (2, n // 2, "full"))}
+    extrapolated = {(2, n // 2, "none"): train(comm, make_cfg(2, n // 2,
+                                                               correction="extrapolate"))}
     if comm.rank == 0:
         ref_seen, ref_weights = reference()
         solo = train(MPI.COMM_SELF, make_cfg(1, 1))
@@ -222,9 +225,12 @@ def check(comm) -> mpibody.Report:
     failures += _corrected(comm, corrected, ref_weights if comm.rank == 0 else None)
     mpibody.settle(comm)
     failures += _corrected(comm, muon, None, ("extrapolate", "muon"))
+    mpibody.settle(comm)
+    failures += _corrected(comm, extrapolated, None, ("extrapolate", "adamw"))
     summary = [f"world {n}: pipedream-2bw layouts {sorted(results)}, drained at steps 2, 5, "
                f"bfloat16 at pp {n}, the secant delay correction at {sorted(corrected)}, "
-               f"Muon with extrapolated versions at {sorted(muon)}"]
+               f"Muon with extrapolated versions at {sorted(muon)}, AdamW with them at "
+               f"{sorted(extrapolated)}"]
     return mpibody.Report.agreed(comm, summary, failures)
 
 

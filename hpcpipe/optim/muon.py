@@ -30,6 +30,9 @@ from __future__ import annotations
 
 import math
 
+from hpcpipe.device import kernels as device_kernels
+from hpcpipe.device.kernels import adamw as adamw_kernel
+from hpcpipe.device.kernels.arrays import is_contiguous
 from hpcpipe.optim.adamw import AdamW, ParamShard
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -80,6 +83,7 @@ class Muon(AdamW):
             at = seg.v1
         if at < n:
             edges.append((at, n))
+        self._ranges = edges
         block = n if self.be.is_gpu else min(n, self.BLOCK)
         self._blocks = [slice(i, min(hi, i + block)) for lo, hi in edges
                         for i in range(lo, hi, max(1, block))]
@@ -87,10 +91,28 @@ class Muon(AdamW):
 
     def step(self, grad, lr: float, grad_scale: float = 1.0):
         self.t += 1
-        self._update(grad, float(lr), float(grad_scale))  # AdamW, outside the matrices
+        if not self._fused_adam(grad, float(lr), float(grad_scale)):
+            self._update(grad, float(lr), float(grad_scale))  # AdamW, outside the matrices
         for seg in self.matrices:
             self._matrix_step(seg, grad, float(lr), float(grad_scale))
         self.shard.push()
+
+    def _fused_adam(self, grad, lr: float, grad_scale: float) -> bool:
+        """AdamW outside the matrices as one fused kernel per contiguous range, on a device
+        whose kernels take these arrays (AdamW._fused_step's conditions; the 16-bit copy
+        is left to the push after the matrices); False where the unfused passes must run."""
+        kernels = device_kernels.for_backend(self.be)
+        master = self.shard.master
+        if (kernels is None or master.dtype.name not in ("float32", "float64")
+                or grad.dtype != master.dtype or grad.shape != master.shape
+                or not is_contiguous(grad)):
+            return False
+        for lo, hi in self._ranges:
+            span = slice(lo, hi)
+            adamw_kernel.step(kernels, master[span], self.m[span], self.v[span], grad[span],
+                              self.decay_mask[span], None, self.t, lr, self.beta1,
+                              self.beta2, self.eps, self.weight_decay, grad_scale)
+        return True
 
     def _matrix_step(self, seg, grad, lr: float, grad_scale: float):
         xp, span, mu = self.be.xp, slice(seg.v0, seg.v1), self.momentum

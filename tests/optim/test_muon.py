@@ -114,11 +114,20 @@ def test_a_checkpoint_of_the_other_optimizer_is_refused():
     _check_optimizer(Opt(), {"pieces": {}, "state": {}}, "ckpt")  # weights only: any
 
 
-def test_the_device_path_on_the_stand_in_equals_numpy_without_copies():
+def test_the_device_path_on_the_stand_in_equals_numpy_without_copies(monkeypatch):
     """The step on hpcpipe/device/standin.py's CuPy-like arrays (what a GPU runs) gives
-    NumPy's numbers and copies nothing between host and device."""
+    NumPy's numbers and copies nothing between host and device; where the fused kernels
+    build, AdamW's part is one fused kernel per range between the matrices."""
+    from hpcpipe.device import kernels as device_kernels
     from hpcpipe.device import standin
     from hpcpipe.device.backend import Backend
+    from hpcpipe.optim import muon
+
+    fused = []
+    real = muon.adamw_kernel.step
+    monkeypatch.setattr(muon.adamw_kernel, "step",
+                        lambda k, master, *a, **kw: fused.append(master.shape[0])
+                        or real(k, master, *a, **kw))
 
     xp = standin.device()
     rng = np.random.default_rng(2)
@@ -136,3 +145,5 @@ def test_the_device_path_on_the_stand_in_equals_numpy_without_copies():
         on_host.step(g.astype(np.float32), lr, 0.5)
     assert dict(xp.counts) == before
     np.testing.assert_array_equal(device.data.get(), host.data)
+    if device_kernels.for_backend(on_device.be) is not None:  # (wte, then c_fc's bias)
+        assert fused == [20, 6, 20, 6]

@@ -17,9 +17,10 @@ writes, per pipeline rank,
 
 so it resumes the stream bitwise under the same pipeline layout (pp, tp, chunks,
 partition; any dp: the replicas hold the same versions); another pipeline layout is
-refused with one message. A file without this run's correction's state (saved without it, or
-with the other one) starts the correction afresh. A checkpoint without the file (synchronous training, an imported
-model, or one saved before the first update) starts the stream afresh on its weights.
+refused with one message. A file without this run's correction's state (saved without
+it, or with the other one) starts the correction afresh. A checkpoint without the file
+(synchronous training, an imported model, or one saved before the first update) starts
+the stream afresh on its weights.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def load(rank, path: str, manifest: dict):
         # (files from before "extrapolate" hold the secant's state and no kind)
         if correction is not None and "correction" in f and \
                 str(f.attrs.get("correction_kind", "secant")) == correction.KIND:
-            rank.step.loaded_correction = _correction(f, full, rank.step.correction)
+            rank.step.loaded_correction = _correction(f, full, correction)
     rank.step.loaded_previous = out
 
 

@@ -183,16 +183,25 @@ class AdamW:
         self._update(grad, float(lr), float(grad_scale))
         self.shard.push()
 
-    def _fused_step(self, grad, lr: float, grad_scale: float) -> bool:
-        """The update and the push as one kernel, on a device whose kernels take these
-        arrays (float32 or float64 masters, a gradient of their dtype, a bfloat16 copy or
-        none); False where the unfused passes must run."""
+    def _kernels_for(self, grad):
+        """The device's fused kernels where they take the master and `grad` (float32 or
+        float64 masters, a contiguous gradient of their dtype and shape); else None."""
         kernels = device_kernels.for_backend(self.be)
-        shard, master = self.shard, self.shard.master
+        master = self.shard.master
         if (kernels is None or master.dtype.name not in ("float32", "float64")
                 or grad.dtype != master.dtype or grad.shape != master.shape
                 or not is_contiguous(grad)):
+            return None
+        return kernels
+
+    def _fused_step(self, grad, lr: float, grad_scale: float) -> bool:
+        """The update and the push as one kernel, on a device whose kernels take these
+        arrays (`_kernels_for`, and a bfloat16 copy or none); False where the unfused
+        passes must run."""
+        kernels = self._kernels_for(grad)
+        if kernels is None:
             return False
+        shard, master = self.shard, self.shard.master
         copy = None
         if shard.has_master:
             if shard.params.dtype.name != "bfloat16" or not is_contiguous(shard.params):

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import math
 
-from hpcpipe.device import kernels as device_kernels
 from hpcpipe.device.kernels import adamw as adamw_kernel
-from hpcpipe.device.kernels.arrays import is_contiguous
 from hpcpipe.optim.adamw import AdamW, ParamShard
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -99,14 +97,12 @@ class Muon(AdamW):
 
     def _fused_adam(self, grad, lr: float, grad_scale: float) -> bool:
         """AdamW outside the matrices as one fused kernel per contiguous range, on a device
-        whose kernels take these arrays (AdamW._fused_step's conditions; the 16-bit copy
-        is left to the push after the matrices); False where the unfused passes must run."""
-        kernels = device_kernels.for_backend(self.be)
-        master = self.shard.master
-        if (kernels is None or master.dtype.name not in ("float32", "float64")
-                or grad.dtype != master.dtype or grad.shape != master.shape
-                or not is_contiguous(grad)):
+        whose kernels take these arrays (`AdamW._kernels_for`; the 16-bit copy is left to
+        the push after the matrices); False where the unfused passes must run."""
+        kernels = self._kernels_for(grad)
+        if kernels is None:
             return False
+        master = self.shard.master
         for lo, hi in self._ranges:
             span = slice(lo, hi)
             adamw_kernel.step(kernels, master[span], self.m[span], self.v[span], grad[span],

@@ -21,14 +21,19 @@ def layout(dp, pp, schedule="pipedream-2bw"):
             f'parallel.schedule="{schedule}"']
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, stdlib_tokens):
-    """7 uninterrupted steps at pp 2, saving at step 4 (two versions held by then)."""
-    run_dir = tmp_path_factory.mktemp("reference")
-    proc = train(run_dir, stdlib_tokens, 2, *layout(1, 2), "train.steps=7",
+def saved_stream(tmp_path_factory, tokens, name, *extra):
+    """7 uninterrupted steps at pp 2 with `extra`, saving at step 4 (two versions held by
+    then): the run directory."""
+    run_dir = tmp_path_factory.mktemp(name)
+    proc = train(run_dir, tokens, 2, *layout(1, 2), *extra, "train.steps=7",
                  "checkpoint.every=4")
     assert proc.returncode == 0, proc.stderr
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, stdlib_tokens):
+    return saved_stream(tmp_path_factory, stdlib_tokens, "reference")
 
 
 SECANT = ('train.delay_correction="secant"', "train.delay_correction_decay=0.5")
@@ -37,11 +42,7 @@ SECANT = ('train.delay_correction="secant"', "train.delay_correction_decay=0.5")
 @pytest.fixture(scope="module")
 def corrected(tmp_path_factory, stdlib_tokens):
     """The same with train.delay_correction = "secant"."""
-    run_dir = tmp_path_factory.mktemp("corrected")
-    proc = train(run_dir, stdlib_tokens, 2, *layout(1, 2), *SECANT, "train.steps=7",
-                 "checkpoint.every=4")
-    assert proc.returncode == 0, proc.stderr
-    return run_dir
+    return saved_stream(tmp_path_factory, stdlib_tokens, "corrected", *SECANT)
 
 
 MUON = ('train.delay_correction="extrapolate"', 'train.optimizer="muon"')
@@ -50,11 +51,7 @@ MUON = ('train.delay_correction="extrapolate"', 'train.optimizer="muon"')
 @pytest.fixture(scope="module")
 def muon(tmp_path_factory, stdlib_tokens):
     """The same with Muon and train.delay_correction = "extrapolate"."""
-    run_dir = tmp_path_factory.mktemp("muon")
-    proc = train(run_dir, stdlib_tokens, 2, *layout(1, 2), *MUON, "train.steps=7",
-                 "checkpoint.every=4")
-    assert proc.returncode == 0, proc.stderr
-    return run_dir
+    return saved_stream(tmp_path_factory, stdlib_tokens, "muon", *MUON)
 
 
 def start(reference):

@@ -2,8 +2,10 @@
 # The asynchronous modes against synchronous training over 1,000 steps instead of 300:
 # whether their gaps close with more steps (more outer steps for DiLoCo's momentum, more
 # updates for the delay correction's curvature). The same launches as bench/pipedream.sh
-# (pp 2) and bench/local-sgd.sh (dp 2) with train.steps = 1000; writes runs/long-*.
-# The README's "longer runs" figures come from here. Measurements, not tests.
+# (pp 2) and bench/local-sgd.sh (dp 2) with train.steps = 1000; writes runs/long-*; then
+# the three modes with Muon, each at four learning rates around its best (runs/long-muon-*).
+# The README's "longer runs" and "Muon over 1,000 steps" figures come from here (about two
+# and a half hours on 2 cores). Measurements, not tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 common=(mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml
@@ -20,3 +22,22 @@ dp=("${common[@]}" --set parallel.dp=2 --set parallel.microbatches=2
 "${dp[@]}" --set train.local_steps=16 --run-dir runs/long-localsgd-h16
 "${dp[@]}" --set train.local_steps=16 --set train.outer_optimizer=nesterov \
     --set train.outer_lr=0.7 --set train.outer_momentum=0.9 --run-dir runs/long-diloco-h16
+# With Muon (train.optimizer = "muon") each mode at a few learning rates around its best
+# (lr, and min_lr = lr/10), over the same 1,000 steps: synchronous training and 2BW with
+# extrapolated versions in one process (1F1B at pp 2 and synchronous dp 2 equal it; 2BW's
+# delayed update is the same at every pp), local SGD at dp 2. Writes runs/long-muon-*.
+one=(python -m hpcpipe train inputs/tiny.toml --set train.steps=1000 --set train.eval_every=250
+     --set train.trace_steps=0 --set train.log_every=250 --set train.optimizer=muon)
+for lr in 6e-3 9e-3 1.2e-2 2.4e-2; do
+    "${one[@]}" --set train.lr=$lr --set train.min_lr=$(python -c "print($lr / 10)") \
+        --run-dir runs/long-muon-sync-$lr
+done
+for lr in 3e-3 6e-3 9e-3 1.2e-2; do
+    "${one[@]}" --set train.lr=$lr --set train.min_lr=$(python -c "print($lr / 10)") \
+        --set parallel.schedule=pipedream-2bw --set train.delay_correction=extrapolate \
+        --run-dir runs/long-muon-2bw-extrapolate-$lr
+done
+for lr in 6e-3 9e-3 1.2e-2 2.4e-2; do
+    "${dp[@]}" --set train.optimizer=muon --set train.local_steps=16 --set train.lr=$lr \
+        --set train.min_lr=$(python -c "print($lr / 10)") --run-dir runs/long-muon-localsgd-h16-$lr
+done

@@ -3,8 +3,9 @@
 # whether their gaps close with more steps (more outer steps for DiLoCo's momentum, more
 # updates for the delay correction's curvature). The same launches as bench/pipedream.sh
 # (pp 2) and bench/local-sgd.sh (dp 2) with train.steps = 1000; writes runs/long-*; then
-# the three modes with Muon, each at four learning rates around its best (runs/long-muon-*).
-# The README's "longer runs" and "Muon over 1,000 steps" figures come from here (about two
+# the three modes with Muon, each at four learning rates around its best (runs/long-muon-*),
+# and synchronous training and 2BW with Muon over 2,000 steps (runs/long2k-muon-*).
+# The README's "longer runs" and "Muon over 1,000 steps" figures come from here (about three
 # and a half hours on 2 cores). Measurements, not tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,4 +41,17 @@ done
 for lr in 6e-3 9e-3 1.2e-2 2.4e-2; do
     "${dp[@]}" --set train.optimizer=muon --set train.local_steps=16 --set train.lr=$lr \
         --set train.min_lr=$(python -c "print($lr / 10)") --run-dir runs/long-muon-localsgd-h16-$lr
+done
+# And over 2,000 steps: synchronous training at four rates around its best over 1,000, and
+# 2BW with extrapolated versions at two around its own (runs/long2k-muon-*).
+two=(python -m hpcpipe train inputs/tiny.toml --set train.steps=2000 --set train.eval_every=500
+     --set train.trace_steps=0 --set train.log_every=500 --set train.optimizer=muon)
+for lr in 4.5e-3 6e-3 9e-3 1.2e-2; do
+    "${two[@]}" --set train.lr=$lr --set train.min_lr=$(python -c "print($lr / 10)") \
+        --run-dir runs/long2k-muon-sync-$lr
+done
+for lr in 4.5e-3 6e-3; do
+    "${two[@]}" --set train.lr=$lr --set train.min_lr=$(python -c "print($lr / 10)") \
+        --set parallel.schedule=pipedream-2bw --set train.delay_correction=extrapolate \
+        --run-dir runs/long2k-muon-2bw-extrapolate-$lr
 done

@@ -24,19 +24,25 @@ dp=("${common[@]}" --set parallel.dp=2 --set parallel.microbatches=2
 "${dp[@]}" --set train.local_steps=16 --set train.outer_optimizer=nesterov \
     --set train.outer_lr=0.7 --set train.outer_momentum=0.9 --run-dir runs/long-diloco-h16
 # With Muon (train.optimizer = "muon") each mode at a few learning rates around its best
-# (lr, and min_lr = lr/10), over the same 1,000 steps: synchronous training and 2BW with
-# extrapolated versions in one process (1F1B at pp 2 and synchronous dp 2 equal it; 2BW's
-# delayed update is the same at every pp), local SGD at dp 2. Writes runs/long-muon-*.
-one=(python -m hpcpipe train inputs/tiny.toml --set train.steps=1000 --set train.eval_every=250
-     --set train.trace_steps=0 --set train.log_every=250 --set train.optimizer=muon)
+# (lr, and min_lr = lr/10): synchronous training and 2BW with extrapolated versions in one
+# process (1F1B at pp 2 and synchronous dp 2 equal it; 2BW's delayed update is the same at
+# every pp), local SGD at dp 2.
+# muon STEPS LR RUN-DIR [ARG...]: tiny with Muon in one process, evaluated four times.
+muon() {
+    local steps=$1 lr=$2 dir=$3
+    shift 3
+    python -m hpcpipe train inputs/tiny.toml --set train.steps="$steps" \
+        --set train.eval_every=$((steps / 4)) --set train.log_every=$((steps / 4)) \
+        --set train.trace_steps=0 --set train.optimizer=muon --set train.lr="$lr" \
+        --set train.min_lr="$(python -c "print($lr / 10)")" --run-dir "$dir" "$@"
+}
+twobw=(--set parallel.schedule=pipedream-2bw --set train.delay_correction=extrapolate)
+# Over the same 1,000 steps (runs/long-muon-*).
 for lr in 6e-3 9e-3 1.2e-2 2.4e-2; do
-    "${one[@]}" --set train.lr=$lr --set train.min_lr=$(python -c "print($lr / 10)") \
-        --run-dir runs/long-muon-sync-$lr
+    muon 1000 $lr runs/long-muon-sync-$lr
 done
 for lr in 3e-3 6e-3 9e-3 1.2e-2; do
-    "${one[@]}" --set train.lr=$lr --set train.min_lr=$(python -c "print($lr / 10)") \
-        --set parallel.schedule=pipedream-2bw --set train.delay_correction=extrapolate \
-        --run-dir runs/long-muon-2bw-extrapolate-$lr
+    muon 1000 $lr runs/long-muon-2bw-extrapolate-$lr "${twobw[@]}"
 done
 for lr in 6e-3 9e-3 1.2e-2 2.4e-2; do
     "${dp[@]}" --set train.optimizer=muon --set train.local_steps=16 --set train.lr=$lr \
@@ -44,14 +50,9 @@ for lr in 6e-3 9e-3 1.2e-2 2.4e-2; do
 done
 # And over 2,000 steps: synchronous training at four rates around its best over 1,000, and
 # 2BW with extrapolated versions at two around its own (runs/long2k-muon-*).
-two=(python -m hpcpipe train inputs/tiny.toml --set train.steps=2000 --set train.eval_every=500
-     --set train.trace_steps=0 --set train.log_every=500 --set train.optimizer=muon)
 for lr in 4.5e-3 6e-3 9e-3 1.2e-2; do
-    "${two[@]}" --set train.lr=$lr --set train.min_lr=$(python -c "print($lr / 10)") \
-        --run-dir runs/long2k-muon-sync-$lr
+    muon 2000 $lr runs/long2k-muon-sync-$lr
 done
 for lr in 4.5e-3 6e-3; do
-    "${two[@]}" --set train.lr=$lr --set train.min_lr=$(python -c "print($lr / 10)") \
-        --set parallel.schedule=pipedream-2bw --set train.delay_correction=extrapolate \
-        --run-dir runs/long2k-muon-2bw-extrapolate-$lr
+    muon 2000 $lr runs/long2k-muon-2bw-extrapolate-$lr "${twobw[@]}"
 done

@@ -29,7 +29,7 @@ from hpcpipe.model.sharding import check_divisible
 from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.parallel.gradsync import COMM_DTYPES
 from hpcpipe.parallel.grid import RANK_ORDERS
-from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_OPTIMIZERS
+from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_MOMENTS, OUTER_OPTIMIZERS
 from hpcpipe.parallel.powersgd import COMPRESSIONS
 from hpcpipe.runs.trace import trace_window
 from hpcpipe.schedules import KINDS, V_KINDS
@@ -103,6 +103,7 @@ class TrainSection:
     outer_lr: float = 1.0  # outer step size; 1 with "average": the replicas' mean
     outer_momentum: float = 0.9  # "nesterov" only
     outer_comm_dtype: str = "auto"  # deltas travel as "auto" (the master's), float32, bfloat16
+    outer_moments: str = "local"  # inner moments at an outer step: kept "local" or "average"d
     # -- the global batch, whatever the launch (issue 27) --
     # Sequences per optimizer step over all replicas, as Megatron's --global-batch-size:
     # each replica then runs global_batch_size / (dp × micro_batch_size) microbatches and
@@ -448,6 +449,7 @@ def _check_outer(source, train: TrainSection):
     _at_least(source, "train", train, ("local_steps",), 0)
     _one_of(source, "train.outer_optimizer", train.outer_optimizer, OUTER_OPTIMIZERS)
     _one_of(source, "train.outer_comm_dtype", train.outer_comm_dtype, OUTER_COMM_DTYPES)
+    _one_of(source, "train.outer_moments", train.outer_moments, OUTER_MOMENTS)
     _require(source, "train.outer_lr", train.outer_lr, 0 < train.outer_lr <= 2,
              "must be in (0, 2] (1 with outer_optimizer = \"average\" is the replicas' mean)")
     _require(source, "train.outer_momentum", train.outer_momentum,

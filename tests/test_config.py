@@ -225,7 +225,8 @@ def test_local_sgd_keys_and_the_layouts_it_refuses(tmp_path):
     cannot run with is refused with one message naming the key to change."""
     assert Config().train.local_steps == 0
     cfg = config.from_dict({"train": {"local_steps": 16, "outer_optimizer": "nesterov",
-                                      "outer_lr": 0.7, "outer_comm_dtype": "bfloat16"},
+                                      "outer_lr": 0.7, "outer_comm_dtype": "bfloat16",
+                                      "outer_moments": "average"},
                             "parallel": {"dp": 2, "pp": 2, "tp": 2}})
     assert cfg.train.local_steps == 16
     for text, words in [
@@ -234,6 +235,7 @@ def test_local_sgd_keys_and_the_layouts_it_refuses(tmp_path):
             ("[train]\nlocal_steps = 4\nouter_lr = 0\n", "must be in (0, 2]"),
             ("[train]\nlocal_steps = 4\nouter_momentum = 1\n", "must be in [0, 1)"),
             ('[train]\nouter_comm_dtype = "float16"\n', "allowed: auto, float32, bfloat16"),
+            ('[train]\nouter_moments = "sum"\n', "allowed: local, average"),
             ("[train]\nlocal_steps = 4\n[parallel]\nzero = 1\n", "set parallel.zero = 0"),
             ("[train]\nlocal_steps = 4\npost_validation = true\n",
              "set train.post_validation = false"),

@@ -173,6 +173,13 @@ class AdamW:
             vectors["master"] = self.shard.master
         return vectors
 
+    def moments(self) -> list:
+        """Views of every moment this AdamW steps with (local SGD's `outer_moments =
+        "average"` averages them across the replicas): both, since a first moment
+        averaged over a second one kept local steps far where only the other replica
+        saw the gradient (measured: loss spikes)."""
+        return [self.m, self.v]
+
     def step(self, grad, lr: float, grad_scale: float = 1.0):
         """One update with learning rate `lr` from gradient `grad` (laid out like the
         shard), multiplied by `grad_scale` first (clipping and unscaling) without modifying
@@ -307,6 +314,10 @@ class Optimizer:
     def t(self, value: int):
         for adam in self.adams:
             adam.t = value
+
+    def moments(self) -> list[list]:
+        """Per shard, views of the moments its optimizer steps with (`AdamW.moments`)."""
+        return [adam.moments() for adam in self.adams]
 
     @property
     def state_bytes(self) -> int:

@@ -87,6 +87,14 @@ class Muon(AdamW):
                         for i in range(lo, hi, max(1, block))]
         self._block_size = max([s.stop - s.start for s in self._blocks], default=1)
 
+    def moments(self) -> list:
+        """Views of every moment this Muon steps with: the matrices' momentum (its second
+        moment is never read there), AdamW's two moments elsewhere."""
+        views = [self.m[seg.v0:seg.v1] for seg in self.matrices]
+        for lo, hi in self._ranges:
+            views += [self.m[lo:hi], self.v[lo:hi]]
+        return views
+
     def step(self, grad, lr: float, grad_scale: float = 1.0):
         self.t += 1
         if not self._fused_adam(grad, float(lr), float(grad_scale)):

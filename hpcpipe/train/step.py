@@ -78,9 +78,11 @@ class TrainStep:
         # replica holds the same gradient and the pipeline's ranks cover the model.
         group = grid.world if zero else (grid.replica or grid.pipe)
         norm = GradNorm(shards, model.order, group, model.backend, grid.tp_rank)
+        moments = ([m for views in optimizer.moments() for m in views]
+                   if train.outer_moments == "average" else [])
         outer = OuterStep(shards, grid.data, transport, grid.dp, train.local_steps,
                           train.outer_optimizer, train.outer_lr, train.outer_momentum,
-                          train.outer_comm_dtype) if local else None
+                          train.outer_comm_dtype, moments) if local else None
         return cls(model, grid, gradsync, gather, optimizer, norm,
                    LossScaler.for_config(train), trace, train.post_validation, zero, outer)
 

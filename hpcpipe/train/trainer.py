@@ -355,9 +355,10 @@ def describe_local_sgd(train) -> str:
             f"({train.outer_optimizer}, lr {train.outer_lr:g}"
             + (f", momentum {train.outer_momentum:g}" if train.outer_optimizer == "nesterov"
                else "")
-            + "), parameter deltas sent as " + (train.outer_comm_dtype
-                                                if train.outer_comm_dtype != "auto" else
-                                                "the master weights' dtype"))
+            + "), parameter deltas" + (" and the optimizer's moments averaged"
+                                       if train.outer_moments == "average" else "")
+            + " sent as " + (train.outer_comm_dtype if train.outer_comm_dtype != "auto"
+                             else "the master weights' dtype"))
 
 
 def local_sgd_line(step, steps: int) -> str:
@@ -369,7 +370,8 @@ def local_sgd_line(step, steps: int) -> str:
     sent = outer.bytes_reduced / max(1, steps)
     saving = f", {sync / sent:.0f}× fewer" if sent else ""
     return (f"  local SGD: {outer.steps_taken} outer steps (every {outer.every}); "
-            f"{sent / 2**20:.3f} MiB of parameter deltas per step and rank on average, "
+            f"{sent / 2**20:.3f} MiB of parameter deltas"
+            + (" and moments" if outer.moments else "") + " per step and rank on average, "
             f"against {sync / 2**20:.3f} MiB of gradients synchronously{saving}; outer "
             f"state {outer.state_bytes / 2**20:.2f} MiB")
 

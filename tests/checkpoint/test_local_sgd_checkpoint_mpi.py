@@ -18,8 +18,10 @@ SMALL = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_si
          'train.dtype="float64"', "train.micro_batch_size=2", "train.eval_every=0",
          "train.eval_batches=1", "train.log_every=1", "train.trace_steps=0",
          "train.grad_clip=0.5", "checkpoint.keep=5", "train.steps=6",
-         # an outer step every 2: the checkpoint at step 3 is mid-round, after one
-         "train.local_steps=2", 'train.outer_optimizer="nesterov"', "train.outer_lr=0.7"]
+         # an outer step every 2: the checkpoint at step 3 is mid-round, after one (which
+         # averaged the replicas' moments: the checkpoint holds the moments it changed)
+         "train.local_steps=2", 'train.outer_optimizer="nesterov"', "train.outer_lr=0.7",
+         'train.outer_moments="average"']
 
 
 def train(run_dir, tokens, n, *extra, resume=None):

@@ -10,7 +10,10 @@ dp = 1 Ranks, no local SGD) and an outer step written here in NumPy. Checked:
   the pipeline);
 - no gradient bytes reduced on any step, and the outer all-reduce's bytes are exactly the
   shard once per outer step, halved by bfloat16; bfloat16 deltas within 2 % in loss, and
-  bfloat16 compute (float32 masters, float32 deltas) within 2 % as well.
+  bfloat16 compute (float32 masters, float32 deltas) within 2 % as well;
+- outer_moments = "average" (AdamW and Muon): the reference averages its replicas' moments
+  at each outer step too; losses to 1e-12, the bytes the shard and the moments once per
+  outer step, and the losses measurably not those of local moments.
 """
 
 import os
@@ -36,14 +39,15 @@ OUTER_LR, MOMENTUM = 0.7, 0.9
 
 
 def make_cfg(dp, pp, tp=1, kind="1f1b", local=H, comm_dtype="auto", dtype="float64",
-             microbatches=None, loss_scale=0.0, optimizer="adamw"):
+             microbatches=None, loss_scale=0.0, optimizer="adamw", moments="local"):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
         "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
                   "grad_clip": 1.2, "weight_decay": 0.1, "seed": 3, "local_steps": local,
                   "outer_optimizer": "nesterov", "outer_lr": OUTER_LR,
                   "outer_momentum": MOMENTUM, "outer_comm_dtype": comm_dtype,
-                  "loss_scale": loss_scale, "optimizer": optimizer},
+                  "loss_scale": loss_scale, "optimizer": optimizer,
+                  "outer_moments": moments},
         "parallel": {"dp": dp, "pp": pp, "tp": tp, "schedule": kind,
                      "microbatches": microbatches or GLOBAL_MICROBATCHES // dp},
     }, source="local-SGD test")
@@ -61,7 +65,8 @@ def replica_inputs(be, step, replica, microbatches):
 
 def train(comm, cfg):
     """STEPS steps of cfg over `comm`. Returns (losses, this rank's flat weights per chunk,
-    gradient bytes reduced per step, outer bytes, shard elements of this rank)."""
+    gradient bytes reduced per step, outer bytes, shard elements of this rank, moment
+    elements it averages)."""
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
     be = devices.select()
@@ -75,11 +80,13 @@ def train(comm, cfg):
         grad_bytes.append(rank.step.gradsync.bytes_reduced)
     flat = [be.to_host(s.param_buffer.data).copy() for s in rank.model.stages.values()]
     outer = rank.step.outer
-    return losses, flat, grad_bytes, outer.bytes_reduced, sum(s.size for s in outer.shards)
+    return (losses, flat, grad_bytes, outer.bytes_reduced, sum(s.size for s in outer.shards),
+            sum(int(m.size) for m in outer.moments))
 
 
-def reference(dp, optimizer="adamw"):
-    """dp replicas in one process, each a plain Rank of its own, met by a NumPy outer step."""
+def reference(dp, optimizer="adamw", moments="local"):
+    """dp replicas in one process, each a plain Rank of its own, met by a NumPy outer step
+    (which, with moments = "average", sets every replica's optimizer moments to their mean)."""
     microbatches = GLOBAL_MICROBATCHES // dp
     cfg = make_cfg(1, 1, local=0, microbatches=microbatches, optimizer=optimizer)
     be = devices.select()
@@ -99,7 +106,18 @@ def reference(dp, optimizer="adamw"):
             anchor = anchor - OUTER_LR * (delta + MOMENTUM * velocity)
             for b in buffers:
                 b[...] = be.from_host(anchor)
+            if moments == "average":
+                average_moments(be, [r.step.optimizer.moments() for r in ranks])
     return losses, [be.to_host(b).copy() for b in buffers]
+
+
+def average_moments(be, replicas):
+    """Every replica's moment views (per shard, per view) set to the replicas' mean."""
+    for shard_views in zip(*replicas):
+        for views in zip(*shard_views):
+            mean = sum(be.to_host(v) for v in views) / len(views)
+            for v in views:
+                v[...] = be.from_host(mean)
 
 
 def close(a, b, tol=1e-12):
@@ -123,7 +141,7 @@ def check(comm) -> mpibody.Report:
         failures += [f"dp 1: step {s + 1} loss {a!r} vs the reference {b!r}"
                      for s, (a, b) in enumerate(zip(solo[0], refs[1][0])) if not close(a, b)]
     mpibody.settle(comm)  # the others wait for rank 0's references asleep
-    for key, (losses, flat, grad_bytes, outer_bytes, elements) in results.items():
+    for key, (losses, flat, grad_bytes, outer_bytes, elements, _) in results.items():
         dp, pp, tp, _ = key
         if any(grad_bytes):
             failures.append(f"{key}: gradient bytes reduced in inner steps: {grad_bytes}")
@@ -148,6 +166,7 @@ def check(comm) -> mpibody.Report:
                          if l != members[0][1]]
     failures += compare_bf16(comm, n)
     failures += compare_muon(comm, n)
+    failures += compare_moments(comm, n)
     summary = [f"world {n}: local SGD layouts {sorted(results)}, Muon inner steps at "
                f"dp 2 × pp {n // 2}"]
     return mpibody.Report.agreed(comm, summary, failures)
@@ -164,6 +183,34 @@ def compare_muon(comm, n) -> list[str]:
                 for s, (a, b) in enumerate(zip(losses, ref)) if not close(a, b)]
     if abs(ref[-1] - adam[-1]) < 1e-6:
         failures.append(f"Muon's losses are AdamW's: {ref} vs {adam}")
+    return failures
+
+
+def compare_moments(comm, n) -> list[str]:
+    """outer_moments = "average" with AdamW and with Muon at dp 2 × pp n/2 (and AdamW at
+    dp 2 × tp 2): one process's losses (to 1e-12), the deltas and the moments sent once
+    per outer step, and losses that differ from local moments'."""
+    runs = [("adamw", n // 2, 1), ("muon", n // 2, 1)] + ([("adamw", 1, 2)] if n == 4 else [])
+    failures, results = [], {}
+    for optimizer, pp, tp in runs:
+        label = f"{optimizer} at dp 2 × pp {pp} × tp {tp}, moments averaged"
+        results[label] = optimizer, train(comm, make_cfg(2, pp, tp, optimizer=optimizer,
+                                                         moments="average"))
+    refs = {o: (reference(2, o, "average")[0], reference(2, o)[0])
+            for o in ("adamw", "muon")} if comm.rank == 0 else {}
+    mpibody.settle(comm)
+    for label, (optimizer, (losses, _, _, outer_bytes, elements, moments)) in results.items():
+        if outer_bytes != (STEPS // H) * (elements + moments) * 8 or not moments:
+            failures.append(f"{label}: the outer all-reduce sent {outer_bytes} bytes, "
+                            f"expected {STEPS // H} × ({elements} + {moments}) float64 "
+                            f"elements")
+        if comm.rank != 0:
+            continue
+        ref, local = refs[optimizer]
+        failures += [f"{label}: step {s + 1} loss {a!r} vs one process {b!r}"
+                     for s, (a, b) in enumerate(zip(losses, ref)) if not close(a, b)]
+        if abs(ref[-1] - local[-1]) < 1e-9:
+            failures.append(f"{label}: the same losses as local moments: {ref}")
     return failures
 
 

@@ -355,10 +355,10 @@ def describe_local_sgd(train) -> str:
             f"({train.outer_optimizer}, lr {train.outer_lr:g}"
             + (f", momentum {train.outer_momentum:g}" if train.outer_optimizer == "nesterov"
                else "")
-            + "), parameter deltas" + (" and the optimizer's moments averaged"
-                                       if train.outer_moments == "average" else "")
-            + " sent as " + (train.outer_comm_dtype if train.outer_comm_dtype != "auto"
-                             else "the master weights' dtype"))
+            + "), averaging parameter deltas" + (" and the inner optimizer's moments"
+                                                 if train.outer_moments == "average" else "")
+            + ", sent as " + (train.outer_comm_dtype if train.outer_comm_dtype != "auto"
+                              else "the master weights' dtype"))
 
 
 def local_sgd_line(step, steps: int) -> str:
@@ -368,7 +368,8 @@ def local_sgd_line(step, steps: int) -> str:
     grads = step.gradsync.gradients()
     sync = sum(int(g.size) for g in grads) * grads[0].dtype.itemsize if grads else 0
     sent = outer.bytes_reduced / max(1, steps)
-    saving = f", {sync / sent:.0f}× fewer" if sent else ""
+    ratio = sync / sent if sent else 0.0
+    saving = f", {ratio:.{1 if ratio < 10 else 0}f}× fewer" if sent else ""
     return (f"  local SGD: {outer.steps_taken} outer steps (every {outer.every}); "
             f"{sent / 2**20:.3f} MiB of parameter deltas"
             + (" and moments" if outer.moments else "") + " per step and rank on average, "

@@ -4,9 +4,10 @@
 # updates for the delay correction's curvature). The same launches as bench/pipedream.sh
 # (pp 2) and bench/local-sgd.sh (dp 2) with train.steps = 1000; writes runs/long-*; then
 # the three modes with Muon, each at four learning rates around its best (runs/long-muon-*),
-# and synchronous training and 2BW with Muon over 2,000 steps (runs/long2k-muon-*).
-# The README's "longer runs" and "Muon over 1,000 steps" figures come from here (about three
-# and a half hours on 2 cores). Measurements, not tests.
+# and synchronous training, 2BW and local SGD (moments local and averaged) with Muon over
+# 2,000 steps (runs/long2k-muon-*).
+# The README's "longer runs" and "Muon over 1,000 and 2,000 steps" figures come from here
+# (about four and a half hours on 2 cores). Measurements, not tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 common=(mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml
@@ -55,4 +56,19 @@ for lr in 4.5e-3 6e-3 9e-3 1.2e-2; do
 done
 for lr in 4.5e-3 6e-3; do
     muon 2000 $lr runs/long2k-muon-2bw-extrapolate-$lr "${twobw[@]}"
+done
+# Local SGD at H 16 with Muon over the same 2,000 steps, the replicas' moments kept local
+# and averaged at every outer step (train.outer_moments).
+lsgd2k() {
+    local lr=$1 dir=$2
+    shift 2
+    "${dp[@]}" --set train.steps=2000 --set train.eval_every=500 --set train.log_every=500 \
+        --set train.optimizer=muon --set train.local_steps=16 --set train.lr="$lr" \
+        --set train.min_lr="$(python -c "print($lr / 10)")" --run-dir "$dir" "$@"
+}
+for lr in 6e-3 9e-3; do
+    lsgd2k $lr runs/long2k-muon-localsgd-h16-$lr
+done
+for lr in 4.5e-3 6e-3 9e-3; do
+    lsgd2k $lr runs/long2k-muon-localsgd-h16-moments-$lr --set train.outer_moments=average
 done

@@ -4,7 +4,9 @@
 # and step). Writes runs/{sync-dp2,localsgd-h16,diloco-h16,localsgd-h16-bf16} and overlays
 # their curves in bench/results/local-sgd.png; then plain averaging at H = 8, 4 and 1
 # (runs/localsgd-h8, -h4, -h1: where the gap to synchronous dp comes from); then the three
-# with Muon (bench/results/local-sgd-muon.png). The README's "Asynchronous training"
+# with Muon (bench/results/local-sgd-muon.png); then local SGD at H 16 with the inner
+# optimizer's moments averaged at every outer step (runs/localsgd-h16-moments*). The
+# README's "Asynchronous training"
 # figures come from here. Measurements, not tests: run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,3 +34,14 @@ muon=(--set train.optimizer=muon)
     --set train.outer_lr=0.7 --set train.outer_momentum=0.9 --run-dir runs/diloco-h16-muon
 python -m hpcpipe plot runs/sync-dp2 runs/sync-dp2-muon runs/localsgd-h16-muon \
     runs/diloco-h16-muon --out bench/results/local-sgd-muon.png --force
+# The inner optimizer's moments averaged at every outer step too (train.outer_moments):
+# with AdamW at the config's rate, with Muon around its best rate (lr, min_lr = lr/10),
+# and with bfloat16 deltas and moments at that best.
+moments=(--set train.local_steps=16 --set train.outer_moments=average)
+"${launch[@]}" "${moments[@]}" --run-dir runs/localsgd-h16-moments
+for lr in 1.8e-2 2.4e-2 3.2e-2; do
+    "${launch[@]}" "${muon[@]}" "${moments[@]}" --set train.lr=$lr \
+        --set train.min_lr=$(python -c "print($lr / 10)") --run-dir runs/localsgd-h16-moments-muon-$lr
+done
+"${launch[@]}" "${muon[@]}" "${moments[@]}" --set train.lr=2.4e-2 --set train.min_lr=2.4e-3 \
+    --set train.outer_comm_dtype=bfloat16 --run-dir runs/localsgd-h16-moments-muon-bf16-2.4e-2

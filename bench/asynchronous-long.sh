@@ -49,6 +49,11 @@ for lr in 6e-3 9e-3 1.2e-2 2.4e-2; do
     "${dp[@]}" --set train.optimizer=muon --set train.local_steps=16 --set train.lr=$lr \
         --set train.min_lr=$(python -c "print($lr / 10)") --run-dir runs/long-muon-localsgd-h16-$lr
 done
+for lr in 6e-3 9e-3 1.2e-2; do  # the replicas' moments averaged at every outer step too
+    "${dp[@]}" --set train.optimizer=muon --set train.local_steps=16 --set train.lr=$lr \
+        --set train.min_lr=$(python -c "print($lr / 10)") --set train.outer_moments=average \
+        --run-dir runs/long-muon-localsgd-h16-moments-$lr
+done
 # And over 2,000 steps: synchronous training at four rates around its best over 1,000, and
 # 2BW with extrapolated versions at two around its own (runs/long2k-muon-*).
 for lr in 4.5e-3 6e-3 9e-3 1.2e-2; do

@@ -70,7 +70,7 @@ class OuterStep:
 
     def __call__(self):
         """The outer step (a collective of the data-parallel group)."""
-        deltas = self._mean(self.moments)
+        deltas = self._mean()
         for i, (shard, delta) in enumerate(zip(self.shards, deltas)):
             if self.kind == "nesterov":
                 v = self.velocity[i]
@@ -84,15 +84,16 @@ class OuterStep:
             shard.push()
         self.steps_taken += 1
 
-    def _mean(self, moments) -> list:
+    def _mean(self) -> list:
         """(anchor − θ) of every shard, averaged over the replicas with one all-reduce that
-        averages `moments` (views, overwritten with their mean) as well."""
+        averages `self.moments` (views, overwritten with their mean) as well."""
         deltas = [a - s.master for a, s in zip(self.anchor, self.shards)]  # fresh arrays
         if self.dp == 1:
             return deltas
         from mpi4py import MPI
 
-        t, parts = self.transport, deltas + moments
+        t, moments = self.transport, self.moments
+        parts = deltas + moments
         buffer = t.empty(sum(int(d.size) for d in parts), self.comm_dtype)
         at = 0
         for d in parts:

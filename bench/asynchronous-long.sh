@@ -37,7 +37,17 @@ muon() {
         --set train.trace_steps=0 --set train.optimizer=muon --set train.lr="$lr" \
         --set train.min_lr="$(python -c "print($lr / 10)")" --run-dir "$dir" "$@"
 }
+# localsgd STEPS LR RUN-DIR [ARG...]: local SGD at H 16 with Muon at dp 2, evaluated four times.
+localsgd() {
+    local steps=$1 lr=$2 dir=$3
+    shift 3
+    "${dp[@]}" --set train.steps="$steps" --set train.eval_every=$((steps / 4)) \
+        --set train.log_every=$((steps / 4)) --set train.optimizer=muon \
+        --set train.local_steps=16 --set train.lr="$lr" \
+        --set train.min_lr="$(python -c "print($lr / 10)")" --run-dir "$dir" "$@"
+}
 twobw=(--set parallel.schedule=pipedream-2bw --set train.delay_correction=extrapolate)
+moments=(--set train.outer_moments=average)  # the replicas' moments averaged too
 # Over the same 1,000 steps (runs/long-muon-*).
 for lr in 6e-3 9e-3 1.2e-2 2.4e-2; do
     muon 1000 $lr runs/long-muon-sync-$lr
@@ -46,13 +56,10 @@ for lr in 3e-3 6e-3 9e-3 1.2e-2; do
     muon 1000 $lr runs/long-muon-2bw-extrapolate-$lr "${twobw[@]}"
 done
 for lr in 6e-3 9e-3 1.2e-2 2.4e-2; do
-    "${dp[@]}" --set train.optimizer=muon --set train.local_steps=16 --set train.lr=$lr \
-        --set train.min_lr=$(python -c "print($lr / 10)") --run-dir runs/long-muon-localsgd-h16-$lr
+    localsgd 1000 $lr runs/long-muon-localsgd-h16-$lr
 done
-for lr in 6e-3 9e-3 1.2e-2; do  # the replicas' moments averaged at every outer step too
-    "${dp[@]}" --set train.optimizer=muon --set train.local_steps=16 --set train.lr=$lr \
-        --set train.min_lr=$(python -c "print($lr / 10)") --set train.outer_moments=average \
-        --run-dir runs/long-muon-localsgd-h16-moments-$lr
+for lr in 6e-3 9e-3 1.2e-2; do
+    localsgd 1000 $lr runs/long-muon-localsgd-h16-moments-$lr "${moments[@]}"
 done
 # And over 2,000 steps: synchronous training at four rates around its best over 1,000, and
 # 2BW with extrapolated versions at two around its own (runs/long2k-muon-*).
@@ -64,16 +71,9 @@ for lr in 4.5e-3 6e-3; do
 done
 # Local SGD at H 16 with Muon over the same 2,000 steps, the replicas' moments kept local
 # and averaged at every outer step (train.outer_moments).
-lsgd2k() {
-    local lr=$1 dir=$2
-    shift 2
-    "${dp[@]}" --set train.steps=2000 --set train.eval_every=500 --set train.log_every=500 \
-        --set train.optimizer=muon --set train.local_steps=16 --set train.lr="$lr" \
-        --set train.min_lr="$(python -c "print($lr / 10)")" --run-dir "$dir" "$@"
-}
 for lr in 6e-3 9e-3; do
-    lsgd2k $lr runs/long2k-muon-localsgd-h16-$lr
+    localsgd 2000 $lr runs/long2k-muon-localsgd-h16-$lr
 done
 for lr in 4.5e-3 6e-3 9e-3; do
-    lsgd2k $lr runs/long2k-muon-localsgd-h16-moments-$lr --set train.outer_moments=average
+    localsgd 2000 $lr runs/long2k-muon-localsgd-h16-moments-$lr "${moments[@]}"
 done

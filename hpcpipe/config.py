@@ -96,8 +96,8 @@ class TrainSection:
     loss_scale: float = 0.0  # 0: dynamic for float16, none otherwise; > 0: a fixed scale
     # -- local SGD / DiLoCo across the dp replicas (hpcpipe/parallel/outer.py) --
     # 0: synchronous data parallelism (the gradient all-reduced every step). H >= 1: each
-    # replica takes H inner AdamW steps on its own gradient, then the replicas average
-    # their parameter deltas (one all-reduce) and the outer optimizer steps.
+    # replica takes H inner optimizer steps (AdamW or Muon) on its own gradient, then the
+    # replicas average their parameter deltas (one all-reduce) and the outer optimizer steps.
     local_steps: int = 0
     outer_optimizer: str = "average"  # "average" (plain) or "nesterov" (DiLoCo)
     outer_lr: float = 1.0  # outer step size; 1 with "average": the replicas' mean

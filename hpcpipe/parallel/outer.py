@@ -1,8 +1,8 @@
 """Local SGD and DiLoCo across the data-parallel replicas: the outer step.
 
 With `train.local_steps = H` the replicas skip the gradient all-reduce: each pipeline
-replica takes H inner AdamW steps on its own gradient (its own moments too), drifting
-away from the others. Every H steps they meet once (`OuterStep`):
+replica takes H inner steps of its optimizer (AdamW or Muon) on its own gradient (its own
+moments too), drifting away from the others. Every H steps they meet once (`OuterStep`):
 
     Δ_r = θ_anchor − θ_r                       each replica's pseudo-gradient (float32 master)
     Δ   = (Σ_r Δ_r) / dp                       one all-reduce of every shard (bf16 allowed)

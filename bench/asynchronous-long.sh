@@ -25,8 +25,9 @@ dp=("${common[@]}" --set parallel.dp=2 --set parallel.microbatches=2
     --set parallel.schedule=1f1b)
 "${dp[@]}" --run-dir runs/long-sync-dp2
 "${dp[@]}" --set train.local_steps=16 --run-dir runs/long-localsgd-h16
-"${dp[@]}" --set train.local_steps=16 --set train.outer_optimizer=nesterov \
-    --set train.outer_lr=0.7 --set train.outer_momentum=0.9 --run-dir runs/long-diloco-h16
+# DiLoCo's published outer step (Nesterov, lr 0.7, momentum 0.9).
+diloco=(--set train.outer_optimizer=nesterov --set train.outer_lr=0.7 --set train.outer_momentum=0.9)
+"${dp[@]}" --set train.local_steps=16 "${diloco[@]}" --run-dir runs/long-diloco-h16
 # With Muon (train.optimizer = "muon") each mode at a few learning rates around its best
 # (lr, and min_lr = lr/10): synchronous training and 2BW with extrapolated versions in one
 # process (1F1B at pp 2 and synchronous dp 2 equal it; 2BW's delayed update is the same at
@@ -92,8 +93,7 @@ done
 for lr in 4.5e-3 6e-3 9e-3; do
     localsgd 4000 $lr runs/long4k-muon-localsgd-h16-$lr "${every[@]}"
 done
-localsgd 4000 6e-3 runs/long4k-muon-diloco-h16-6e-3 "${every[@]}" \
-    --set train.outer_optimizer=nesterov --set train.outer_lr=0.7 --set train.outer_momentum=0.9
+localsgd 4000 6e-3 runs/long4k-muon-diloco-h16-6e-3 "${every[@]}" "${diloco[@]}"
 for lr in 4.5e-3 6e-3 9e-3; do
     muon 4000 $lr runs/long4k-muon-2bw-extrapolate-$lr "${twobw[@]}" "${every[@]}"
 done

@@ -5,6 +5,7 @@
     python -m hpcpipe.schedules.table --paper --exact 60   # and the certified bounds, 60 s a run
     python -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
     python -m hpcpipe.schedules.table --memory-goals      # auto below 1F1B's memory (issue 26)
+    python -m hpcpipe.schedules.table --memory-goals --sizes 4x8 --exact 60 --polish 200
     python -m hpcpipe.schedules.table --per-microbatch --sizes 4x8,4x16,8x16,8x32
     python -m hpcpipe.schedules.table --per-microbatch --sizes 8x32 --exact 300 --polish 300
 """
@@ -223,13 +224,21 @@ def goal_rows(p: int, m: int, costs: Costs, objective: str = "span"):
         yield name, limit, kind, 1 - work / value, peak[kind], cells
 
 
-def render_goals(sizes, objective: str = "span") -> str:
+def render_goals(sizes, objective: str = "span", exact: float | None = None,
+                 polish: float = 0.0) -> str:
+    """The memory-goals table; with `exact` seconds, the ⅓ target gets the certified search
+    too (selective or full recomputation chosen per microbatch with the order, its best
+    polished for `polish` seconds) where auto's per-stage plans fall short of V-Min."""
+    from .recompute import PRESETS
+
     def cell(c):
         return "does not fit" if c is None else f"{c[0]:.4f} at {c[1]:.3g} ({c[2]}; {c[3]})"
+    head = "| costs | p | m | memory limit | reference: bubble at peak | auto | " \
+           "auto, recompute allowed |"
+    if exact:
+        head += f" certified, per microbatch ({exact:g} s, polished {polish:g} s) |"
     out = [f"bubble = 1 - busiest rank's work without recompute / {objective}; peaks in "
-           "stage-microbatches (M_B = 1)",
-           "| costs | p | m | memory limit | reference: bubble at peak | auto | "
-           "auto, recompute allowed |", "|---|---|---|---|---|---|---|"]
+           "stage-microbatches (M_B = 1)", head, "|---" * (head.count("|") - 1) + "|"]
     # Equal times with M_W = M_B (anchors.md's figures) and with the paper's M_W = 0.43 M_B:
     # recomputing cannot lower what W holds, so it pays only where M_W < M_B.
     for label, costs in (("equal", Costs(1, 1, 1)), ("equal, M_W .43", Costs(1, 1, 1, memw=0.43)),
@@ -237,9 +246,31 @@ def render_goals(sizes, objective: str = "span") -> str:
         for p, m in sizes:
             for name, limit, kind, bubble, peak, (plain, recomputing) in goal_rows(
                     p, m, costs, objective):
-                out.append(f"| {label} | {p} | {m} | {name} = {limit:.3g} | {kind} {bubble:.4f} at "
-                           f"{peak:g} | {cell(plain)} | {cell(recomputing)} |")
+                line = (f"| {label} | {p} | {m} | {name} = {limit:.3g} | {kind} {bubble:.4f} at "
+                        f"{peak:g} | {cell(plain)} | {cell(recomputing)} |")
+                behind = recomputing is None or recomputing[0] > bubble + 1e-12
+                if exact and name == "1/3 of 1F1B" and not behind:
+                    line += " not run: auto's at or below |"
+                elif exact and name == "1/3 of 1F1B":
+                    line += f" {_certified_cell(p, m, costs, limit, exact, polish, objective)} |"
+                    print(f"{label}, p {p}, m {m}: {line.split('|')[-2].strip()}",
+                          file=sys.stderr, flush=True)  # (minutes a row: say where it is)
+                elif exact:
+                    line += " |"
+                out.append(line)
     return "\n".join(out)
+
+
+def _certified_cell(p, m, costs, limit, seconds, polish, objective) -> str:
+    from .recompute import PRESETS
+    try:
+        got, pairs, chunks, _, _, top = certified_goal(
+            p, m, costs, limit, (PRESETS["selective"], PRESETS["full"]), seconds, polish,
+            objective)
+    except ScheduleError:
+        return "does not fit"
+    return (f"{got:.4f} at {top:.3g} ({chunks} chunk(s), "
+            f"{'per stage' if pairs is None else f'{pairs} pairs'})")
 
 
 def per_microbatch_row(p: int, m: int, costs: Costs, steps: int = 25):
@@ -279,13 +310,24 @@ def certified_row(p: int, m: int, costs: Costs, seconds: float, polish: float = 
     polished for `polish` seconds. (bubble with the recompute time counted as lost, pairs
     recomputed of all, chunks, the runs' states, the bubble at the proven bound: no
     schedule of one chunk or a V, recomputing any pairs, has less)."""
+    from .recompute import PRESETS
+    return certified_goal(p, m, costs, p, (PRESETS["selective"],), seconds, polish)[:5]
+
+
+def certified_goal(p: int, m: int, costs: Costs, limit: float, choices: tuple,
+                   seconds: float, polish: float = 0.0, objective: str = "span"):
+    """The certified search under `limit` with each of `choices` taken per (stage,
+    microbatch) with the order, one chunk and a V, `seconds` in all, its best then polished
+    for `polish` seconds: (bubble with the recompute time counted as lost, pairs recomputed
+    or None for a per-stage plan, chunks, the runs' states, the bubble at the proven
+    bound, the peak)."""
     from .exact import certify_search
     from .polish import polish_verdict
-    from .recompute import PRESETS, PerMicrobatch
-    choices = (PRESETS["selective"],)
-    verdict = certify_search(p, m, costs, p, "span", 0, seconds, recompute=choices)
-    verdict, _ = polish_verdict(verdict, costs, choices, polish)
+    from .recompute import PerMicrobatch
+    verdict = certify_search(p, m, costs, limit, objective, 0, seconds, recompute=choices)
+    verdict, _ = polish_verdict(verdict, costs, choices, polish, objective)
     result = simulate(verdict.best, verdict.best_costs)
+    value = result.longest_span if objective == "span" else result.makespan
     S = verdict.best.num_stages
     tf, tb, tw = (costs.per_stage(n, S, verdict.best.chunks) for n in ("f", "b", "w"))
     useful = max(m * sum(tf[s] + tb[s] + tw[s] for s in range(S)
@@ -293,8 +335,8 @@ def certified_row(p: int, m: int, costs: Costs, seconds: float, polish: float = 
     plan = verdict.best_costs.recompute
     pairs = len(plan.pairs) if isinstance(plan, PerMicrobatch) else None
     states = ", ".join(f"{c.status.lower()}" for c in verdict.certified)
-    return (1 - useful / result.longest_span, pairs, verdict.best.chunks, states,
-            1 - useful / verdict.lower_bound)
+    return (1 - useful / value, pairs, verdict.best.chunks, states,
+            1 - useful / verdict.lower_bound, max(result.peak_activations))
 
 
 def render_per_microbatch(sizes, exact: float | None = None, polish: float = 0.0) -> str:
@@ -337,10 +379,12 @@ def main(argv=None) -> int:
     parser.add_argument("--exact", type=float, metavar="SECONDS",
                         help="with --paper: also the certified search's bounds, SECONDS a run; "
                         "with --per-microbatch: the certified search choosing the pairs, "
-                        "SECONDS a row")
+                        "SECONDS a row; with --memory-goals: the same at 1/3 of 1F1B's "
+                        "memory (selective or full per microbatch), SECONDS a row")
     parser.add_argument("--polish", type=float, default=0.0, metavar="SECONDS",
-                        help="with --per-microbatch --exact: SECONDS more a row re-solving the "
-                        "tail of the search's best order (schedules/polish.py)")
+                        help="with --exact (--per-microbatch or --memory-goals): SECONDS more a "
+                        "row re-solving the tail of the search's best order "
+                        "(schedules/polish.py)")
     parser.add_argument("--memory-goals", action="store_true",
                         help="auto at V-Half's, V-Min's and 1F1B's memory and at 1/2 and 1/3 of "
                         "1F1B's, with and without recomputation (equal and 6.2B costs)")
@@ -357,7 +401,7 @@ def main(argv=None) -> int:
         print(render_per_microbatch(sizes, args.exact, args.polish))
     elif args.memory_goals:
         sizes = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
-        print(render_goals(sizes, args.objective))
+        print(render_goals(sizes, args.objective, args.exact, args.polish))
     elif args.sweep_memory:
         sweep_memory(args.sweep_memory)
         print(f"wrote {args.sweep_memory}")

@@ -143,3 +143,14 @@ def test_exact_proves_the_best_recompute_plan(capsys):
 def _run_json(capsys, argv):
     assert run(argv) == 0
     return capsys.readouterr().out
+
+
+def test_memory_goals_table_with_the_certified_search():
+    pytest.importorskip("ortools", reason="the exact mode needs the test extra (ortools)")
+    text = render_goals([(3, 6)], exact=2, polish=1)
+    assert "certified, per microbatch (2 s, polished 1 s) |" in text
+    rows = [line for line in text.splitlines() if line.startswith("| equal, M_W .43 | 3 | 6 |")]
+    third, = [row for row in rows if "1/3 of 1F1B" in row]
+    bubble, peak = third.split("|")[-2].split()[:3:2]  # "0.3208 at 0.93 (2 chunk(s), ...)"
+    assert 0 <= float(bubble) < 1 and float(peak) <= 1 + 1e-9 and "chunk(s)" in third
+    assert all(row.count("|") == third.count("|") for row in rows)

@@ -218,3 +218,24 @@ def test_certify_search_per_microbatch_covers_the_per_stage_plans():
 def test_per_microbatch_needs_plain_costs():
     with pytest.raises(ScheduleError, match="without one"):
         certify(2, 2, Costs(recompute=HALF), 2, per_microbatch=HALF)
+
+
+def test_hand_made_orders_start_the_per_microbatch_search():
+    """Below 1F1B's memory, V-Min's order with the fewest microbatches recomputed is often
+    a better start than auto's own (memory goals, README): each hint is a correct schedule
+    under the limit, and the search never returns worse than the best of them."""
+    from hpcpipe.schedules import RECOMPUTE
+    from hpcpipe.schedules.exact import hand_made_hints
+
+    costs, selective, limit = Costs(1, 1, 1, memw=0.43), RECOMPUTE["selective"], 1.5
+    hints = hand_made_hints(4, 8, costs, limit, 2, selective)
+    assert [s.kind for s, _ in hints][:1] == ["v-min"]
+    for schedule, plan_costs in hints:
+        check(schedule)
+        assert isinstance(plan_costs.recompute, PerMicrobatch)
+        assert max(peak_activations(schedule, plan_costs)) <= limit + 1e-9
+    best = min(simulate(s, c).longest_span for s, c in hints)
+    verdict = certify_search(4, 8, costs, limit, chunks=2, time_limit=4, recompute=(selective,))
+    assert verdict.best_value <= best + 1e-9
+    assert max(peak_activations(verdict.best, verdict.best_costs)) <= limit + 1e-9
+    assert hand_made_hints(4, 8, Costs(1, 1, 1), 1.0, 1, selective) == []  # M_W = M_B: nothing fits

@@ -536,9 +536,9 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
         hint_costs = start.costs
         if choice is not None:
             hint, hint_costs = _best_hint(
-                [(hint, hint_costs)] if hint is not None else [],
-                hand_made_hints(p, m, search.costs, search.limit, count, choice),
-                memory_limit=search.limit, objective=objective)
+                ([(hint, hint_costs)] if hint is not None else [])
+                + hand_made_hints(p, m, search.costs, search.limit, count, choice),
+                search.limit, objective)
         try:
             run = certify(p, m, plan_costs, search.limit, objective, count, hint,
                           share, workers, choice, hint_costs)
@@ -575,8 +575,6 @@ def fewest_pairs(schedule: Schedule, costs: Costs, plan: PerMicrobatch,
     return best
 
 
-
-
 def hand_made_hints(p: int, m: int, costs: Costs, memory_limit: float, chunks: int,
                     choice: Recompute) -> list[tuple[Schedule, Costs]]:
     """The hand-made schedules of the placement, each brought under `memory_limit` by
@@ -597,10 +595,10 @@ def hand_made_hints(p: int, m: int, costs: Costs, memory_limit: float, chunks: i
     return hints
 
 
-def _best_hint(*groups, memory_limit: float, objective: str):
-    """The shortest of the (schedule, costs) candidates that fits; (None, None) if none."""
-    fitting = [(_value(s, c, objective), i, s, c) for i, (s, c) in
-               enumerate(x for group in groups for x in group)
+def _best_hint(candidates, memory_limit: float, objective: str):
+    """The shortest of the (schedule, costs) candidates that fits, the first of equals;
+    (None, None) if none fits."""
+    fitting = [(_value(s, c, objective), i, s, c) for i, (s, c) in enumerate(candidates)
                if max(peak_activations(s, c)) <= memory_limit + EPS]
     if not fitting:
         return None, None

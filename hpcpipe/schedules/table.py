@@ -5,7 +5,7 @@
     python -m hpcpipe.schedules.table --paper --exact 60   # and the certified bounds, 60 s a run
     python -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
     python -m hpcpipe.schedules.table --memory-goals      # auto below 1F1B's memory (issue 26)
-    python -m hpcpipe.schedules.table --memory-goals --sizes 4x8 --exact 60 --polish 200
+    python -m hpcpipe.schedules.table --memory-goals --sizes 4x8 --exact 60 --polish 240
     python -m hpcpipe.schedules.table --per-microbatch --sizes 4x8,4x16,8x16,8x32
     python -m hpcpipe.schedules.table --per-microbatch --sizes 8x32 --exact 300 --polish 300
 """
@@ -229,8 +229,6 @@ def render_goals(sizes, objective: str = "span", exact: float | None = None,
     """The memory-goals table; with `exact` seconds, the ⅓ target gets the certified search
     too (selective or full recomputation chosen per microbatch with the order, its best
     polished for `polish` seconds) where auto's per-stage plans fall short of V-Min."""
-    from .recompute import PRESETS
-
     def cell(c):
         return "does not fit" if c is None else f"{c[0]:.4f} at {c[1]:.3g} ({c[2]}; {c[3]})"
     head = "| costs | p | m | memory limit | reference: bubble at peak | auto | " \

@@ -598,11 +598,11 @@ def hand_made_hints(p: int, m: int, costs: Costs, memory_limit: float, chunks: i
 def _best_hint(candidates, memory_limit: float, objective: str):
     """The shortest of the (schedule, costs) candidates that fits, the first of equals;
     (None, None) if none fits."""
-    fitting = [(_value(s, c, objective), i, s, c) for i, (s, c) in enumerate(candidates)
+    fitting = [(_value(s, c, objective), s, c) for s, c in candidates
                if max(peak_activations(s, c)) <= memory_limit + EPS]
     if not fitting:
         return None, None
-    _, _, schedule, costs = min(fitting, key=lambda t: (t[0], t[1]))
+    _, schedule, costs = min(fitting, key=lambda t: t[0])  # min keeps the first of equals
     return schedule, costs
 
 

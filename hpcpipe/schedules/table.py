@@ -324,8 +324,7 @@ def certified_goal(p: int, m: int, costs: Costs, limit: float, choices: tuple,
     from .recompute import PerMicrobatch
     verdict = certify_search(p, m, costs, limit, objective, 0, seconds, recompute=choices)
     verdict, _ = polish_verdict(verdict, costs, choices, polish, objective)
-    result = simulate(verdict.best, verdict.best_costs)
-    value = result.longest_span if objective == "span" else result.makespan
+    peak = max(simulate(verdict.best, verdict.best_costs).peak_activations)
     S = verdict.best.num_stages
     tf, tb, tw = (costs.per_stage(n, S, verdict.best.chunks) for n in ("f", "b", "w"))
     useful = max(m * sum(tf[s] + tb[s] + tw[s] for s in range(S)
@@ -333,8 +332,8 @@ def certified_goal(p: int, m: int, costs: Costs, limit: float, choices: tuple,
     plan = verdict.best_costs.recompute
     pairs = len(plan.pairs) if isinstance(plan, PerMicrobatch) else None
     states = ", ".join(f"{c.status.lower()}" for c in verdict.certified)
-    return (1 - useful / value, pairs, verdict.best.chunks, states,
-            1 - useful / verdict.lower_bound, max(result.peak_activations))
+    return (1 - useful / verdict.best_value, pairs, verdict.best.chunks, states,
+            1 - useful / verdict.lower_bound, peak)
 
 
 def render_per_microbatch(sizes, exact: float | None = None, polish: float = 0.0) -> str:

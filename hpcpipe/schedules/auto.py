@@ -31,7 +31,8 @@ from .heuristic import Knobs, Stuck, build
 from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
 from .recompute import NONE, Recompute
 from .problem import EPS, Built, Problem
-from .simulator import Costs, SimResult, op_duration, peak_activations, replay, simulate
+from .simulator import (Costs, SimResult, op_duration, op_lead, peak_activations, replay,
+                        simulate)
 
 OBJECTIVES = ("span", "makespan")
 CHUNK_CHOICES = (1, 2)
@@ -77,7 +78,8 @@ class Search:
 
     def score_schedule(self, schedule: Schedule) -> float:
         # The replay alone: a full simulate() would also count memory, already checked.
-        run = replay(schedule, op_duration(schedule, self.costs), self.costs.comm)
+        run = replay(schedule, op_duration(schedule, self.costs), self.costs.comm,
+                     op_lead(schedule, self.costs))
         rows = [(starts[0], ends[-1]) for starts, ends in zip(run.start, run.end) if starts]
         if self.objective == "span":
             return round(max(end - begin for begin, end in rows), 9)

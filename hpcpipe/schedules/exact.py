@@ -3,7 +3,8 @@ CP-SAT), with a proven lower bound on what any schedule can reach.
 
 The model, per model stage s and microbatch x: intervals F, B, W with the stage's durations;
 F waits for the previous stage's F plus a message, B for the next stage's B (the last stage
-for its own F) and its own F, W for its own B; one rank runs one op at a time; and each
+for its own F) and its own F -- a B that recomputes starts up to its rebuild before that
+gradient, the rebuild needing only its own F --, W for its own B; one rank runs one op at a time; and each
 rank's activation memory (M_B taken as an F starts, traded for M_W as its B ends, freed as
 its W ends) stays within the limit -- with recomputation, keep·M_B at F, the rest rebuilt as
 B starts (recompute.py), a reservoir per rank. Each stage runs its F's, B's and W's in microbatch
@@ -136,6 +137,13 @@ class ExactModel:
         rebuild = (_scaled(per_microbatch.time, TIME_SCALE, math.floor) if per_microbatch
                    else [0] * S)
         self.rebuild = rebuild
+        # How long before its gradient a B may start (its rebuild needs only its own F),
+        # rounded up -- a looser constraint, so the bound stays a lower bound -- and at most
+        # the B: per stage where a plan of the problem's own recomputes, else where the
+        # microbatch's boolean says it does.
+        leads = per_microbatch.time if per_microbatch else [pb.lead_of(s) for s in range(S)]
+        self.lead = [min(b + r, int(math.ceil(v * TIME_SCALE - EPS)))
+                     for b, r, v in zip(self.b, rebuild, leads)]
         self.comm = int(math.floor(pb.comm * TIME_SCALE + EPS))
         horizon = (sum(m * (self.f[s] + self.b[s] + rebuild[s] + self.w[s]) for s in range(S))
                    + 2 * S * m * self.comm)
@@ -172,6 +180,17 @@ class ExactModel:
     def _after(self, later: tuple, earlier: tuple, gap: int = 0) -> None:
         self.model.Add(self.ops[later][0] >= self.ops[earlier][1] + gap)
 
+    def _after_gradient(self, s: int, x: int, hop: int) -> None:
+        """B x of stage s starts at most its rebuild before its gradient (B x of s + 1, and
+        the message) is there: the rebuild needs only its own F."""
+        start, gradient = self.ops[("B", s, x)][0], self.ops[("B", s + 1, x)][1] + hop
+        if not self.lead[s]:
+            self.model.Add(start >= gradient)
+        elif self.per_microbatch is None:
+            self.model.Add(start + self.lead[s] >= gradient)
+        else:
+            self.model.Add(start + self.lead[s] * self.recomputes[(s, x)] >= gradient)
+
     def _dependencies(self) -> None:
         pb, S = self.pb, self.pb.num_stages
         hop = [[self.comm if pb.rank_of[a] != pb.rank_of[c] else 0 for c in range(S)]
@@ -181,7 +200,7 @@ class ExactModel:
                 if s > 0:
                     self._after(("F", s, x), ("F", s - 1, x), hop[s - 1][s])
                 if s < S - 1:
-                    self._after(("B", s, x), ("B", s + 1, x), hop[s + 1][s])
+                    self._after_gradient(s, x, hop[s + 1][s])
                 self._after(("B", s, x), ("F", s, x))
                 self._after(("W", s, x), ("B", s, x))
                 if x > 0:  # microbatch order on every stage (see the module docstring)
@@ -382,7 +401,10 @@ def warmup_bound(problem: Problem, per_microbatch: PerChoice | None = None) -> f
     back: that takes the round trip R_r = F_r + sum over later stages s of (F_s + B_s) plus
     the messages, from its first op on. It holds at most floor(limit / M_B) microbatches
     between F and B, so it idles at least R_r - that many forwards, and its span is at least
-    its work plus that idle time."""
+    its work plus that idle time -- less its first B's rebuild, which needs only its own F
+    and may fill it (and each later stage's B counts in the trip without its rebuild). A
+    microbatch `per_microbatch` lets recompute adds its rebuild to the work it takes from
+    the idle time: the bound counts neither."""
     pb = problem
     S, bound, trip = pb.num_stages, 0.0, 0.0
     # Recomputing, a microbatch holds only keep·M_B from F to B, under the caller's limit.
@@ -390,10 +412,13 @@ def warmup_bound(problem: Problem, per_microbatch: PerChoice | None = None) -> f
     if per_microbatch is not None:  # any microbatch may hold only its kept part
         mem = per_microbatch.kept
     for s in range(S - 1, -1, -1):
+        # (The last stage's B waits for no gradient: its rebuild is on the path.)
+        early = pb.lead_of(s) if s < S - 1 else 0.0
         if s < S - 1:
-            trip += pb.f[s + 1] + pb.b[s + 1] + 2 * pb.hop(s, s + 1)
+            later = pb.lead_of(s + 1) if s + 1 < S - 1 else 0.0
+            trip += pb.f[s + 1] + pb.b[s + 1] - later + 2 * pb.hop(s, s + 1)
         room = pb.m if mem[s] <= 0 else min(pb.m, int(limit / mem[s] + EPS))
-        idle = max(0.0, pb.f[s] + trip - room * pb.f[s])
+        idle = max(0.0, pb.f[s] + trip - room * pb.f[s] - early)
         bound = max(bound, pb.work(pb.rank_of[s]) + idle)
     return bound
 

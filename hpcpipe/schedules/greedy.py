@@ -136,6 +136,7 @@ class ListScheduler:
             if s == pb.num_stages - 1:
                 return Arrival(rank.free, True)
             made, other, duration = self.b_end[s + 1][x], s + 1, pb.b[s + 1]
+            early = pb.lead_of(s)  # a rebuild needs only the own F: it may run before
         else:
             x = rank.next_f[chunk]
             if x >= pb.m:
@@ -143,10 +144,12 @@ class ListScheduler:
             if s == 0:
                 return Arrival(rank.free, True)
             made, other, duration = self.f_end[s - 1][x], s - 1, pb.f[s - 1]
+            early = 0.0
         if made is not None:
-            return Arrival(made + pb.hop(other, s), True)
+            return Arrival(made + pb.hop(other, s) - early, True)
         producer = self.ranks[pb.rank_of[other]]
-        return Arrival(max(producer.free, rank.free) + duration + pb.hop(other, s), False)
+        return Arrival(max(producer.free, rank.free) + duration + pb.hop(other, s) - early,
+                       False)
 
     def candidates(self, r: int, now: float) -> tuple[list[Candidate], float | None, bool]:
         """The F's and B's rank r could start, the soonest any input may come, and whether

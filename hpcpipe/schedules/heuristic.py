@@ -89,7 +89,9 @@ class Builder:
         own = st.f_end[x]
         if stage == pb.num_stages - 1:
             return own
-        return max(own, self.stages[stage + 1].b_end[x] + pb.hop(stage + 1, stage))
+        # A rebuild (recomputation) needs only the own F: it may run before the gradient.
+        gradient = self.stages[stage + 1].b_end[x] + pb.hop(stage + 1, stage)
+        return max(own, gradient - pb.lead_of(stage))
 
     def _run(self, rank: RankState, op: Op, start: float, duration: float) -> float:
         if rank.first is None:
@@ -172,7 +174,7 @@ class Builder:
             if s == S - 1:
                 back = self.stages[s].f_end[0] + pb.b[s]
                 continue
-            comes = back + pb.hop(s + 1, s)
+            comes = back + pb.hop(s + 1, s) - pb.lead_of(s)  # (its rebuild may run before)
             clock, held = rank.clock, rank.held
             while self.stages[s].next_f + extra[s] < pb.m and held + pb.mem[s] <= pb.limit + EPS:
                 over = clock + pb.f[s] > comes if self.knobs.overfill_warmup else clock >= comes

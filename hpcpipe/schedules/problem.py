@@ -37,6 +37,9 @@ class Problem:
     rebuilt: tuple[float, ...] = ()
     full: tuple[float, ...] = ()
     exact_limit: float = 0.0
+    # Per stage, the part of b that is the rebuild: it needs only the stage's own F, so a
+    # B may start that long before its gradient arrives (simulator.op_lead); () for none.
+    lead: tuple[float, ...] = ()
 
     @property
     def recomputes(self) -> bool:
@@ -65,7 +68,8 @@ class Problem:
         kept = tuple(x * c.keep for x, c in zip(mem, choice))
         return cls(p, m, chunks, dict(placement), per["f"], b, per["w"], held, per["memw"],
                    float(costs.comm), float(limit) - rebuild, kept,
-                   tuple(x - k for x, k in zip(mem, kept)), mem, float(limit))
+                   tuple(x - k for x, k in zip(mem, kept)), mem, float(limit),
+                   tuple(c.time * f for f, c in zip(per["f"], choice)))
 
     @property
     def num_stages(self) -> int:
@@ -87,6 +91,10 @@ class Problem:
 
     def stages_of(self, rank: int) -> tuple[int, ...]:
         return tuple(self.placement[(rank, c)] for c in range(self.chunks))
+
+    def lead_of(self, stage: int) -> float:
+        """How long before its gradient arrives a B of `stage` may start (its rebuild)."""
+        return self.lead[stage] if self.lead else 0.0
 
     def hop(self, a: int, b: int) -> float:
         """Message time from stage a to stage b: nothing when one rank holds both."""

@@ -9,10 +9,16 @@ that recomputes holds
     during B  M_B again           the rebuilt tensors, for the length of one B
     B -> W    M_W                 unchanged: the split backward still needs the GEMM inputs
 
-and its B lasts B + time · F. Rebuilding at W instead would free M_W as well, but W would
-then re-run what B already rebuilt (twice the recompute) and W, the schedule's filler, would
-grow; B's rebuild costs time on the critical path only where B is on it, and auto decides
-per stage where that pays (more microbatches in flight for a smaller bubble).
+and its B lasts B + time · F. The rebuild needs only the stage's own F, not the gradient B
+waits for, so it runs while the rank waits: the runtime rebuilds before it waits for the
+gradient's message, and the simulator, the searches and the exact model let a B start up to
+its rebuild's length before its gradient arrives (`simulator.op_lead`). Nothing else runs on
+the rank in between, so the memory held at each op -- the peaks -- is the same as a rebuild
+after the wait; only the time changes: the rebuild fills a bubble where B waits and costs
+time only where it does not (a rank already busy). Rebuilding at W instead would free M_W as
+well, but W would then re-run what B already rebuilt (twice the recompute) and W, the
+schedule's filler, would grow; auto decides per stage where recomputing pays (more
+microbatches in flight for a smaller bubble).
 
 Presets from Korthikanti et al. 2022 ("Reducing activation recomputation in large
 transformer models"): one layer holds s·b·h·(34 + 5·a·s/h) bytes in 16 bits (the zero-bubble

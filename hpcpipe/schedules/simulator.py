@@ -44,8 +44,10 @@ class Costs:
 
     `recompute`, one `Recompute`, one per model stage, or a `PerMicrobatch` plan naming the
     (stage, microbatch) pairs that recompute: a microbatch that recomputes holds only
-    keep·M_B from F to B, rebuilds M_B at the start of B, which lasts time·F longer, and
-    keeps M_W until W (see `recompute.py`). Default: none anywhere.
+    keep·M_B from F to B, rebuilds M_B at the start of B, which lasts time·F longer -- a
+    rebuild that needs only the stage's own F, so it runs while the rank waits for the
+    gradient (`op_lead`) -- and keeps M_W until W (see `recompute.py`). Default: none
+    anywhere.
     """
 
     f: Number | Sequence[Number] = 1.0
@@ -295,15 +297,20 @@ def _unpack(key: int, S: int) -> tuple:
     return (_KIND_NAME[kind], microbatch, stage)
 
 
-def replay(schedule: Schedule, duration: Callable[[Op, int], float], comm: float) -> Replay:
-    """Run every rank's list in order under the runtime's rules; `duration(op, stage)`."""
+def replay(schedule: Schedule, duration: Callable[[Op, int], float], comm: float,
+           lead: Callable[[Op, int], float] | None = None) -> Replay:
+    """Run every rank's list in order under the runtime's rules; `duration(op, stage)`.
+    `lead(op, stage)`: how much of a B (or BW) needs only its own F -- the rebuild of a
+    microbatch that recomputes (`op_lead`) -- so that it may start that much before its
+    gradient arrives, as the runtime rebuilds while it waits for the gradient."""
     p = schedule.num_ranks
     where: dict[int, int] = {}
-    plan = []  # per rank: list of (op, own key, deps, duration)
+    plan = []  # per rank: list of (op, own key, deps, duration, lead)
     for r, row in enumerate(_fast_dependencies(schedule)):
         for op, s, key, deps in row:
             where.setdefault(key, r)
-        plan.append([(op, key, deps, duration(op, s)) for op, s, key, deps in row])
+        plan.append([(op, key, deps, duration(op, s), lead(op, s) if lead else 0.0)
+                     for op, s, key, deps in row])
     start = [[math.nan] * len(row) for row in plan]
     end = [[math.nan] * len(row) for row in plan]
     done: dict[int, float] = {}
@@ -317,7 +324,7 @@ def replay(schedule: Schedule, duration: Callable[[Op, int], float], comm: float
         stuck.pop(r, None)
         row = plan[r]
         while pos[r] < len(row):
-            op, key, deps, dt = row[pos[r]]
+            op, key, deps, dt, early = row[pos[r]]
             t = free[r]
             missing = None
             for dep, remote in deps:
@@ -325,7 +332,10 @@ def replay(schedule: Schedule, duration: Callable[[Op, int], float], comm: float
                 if ready is None:
                     missing = (dep, remote)
                     break
-                t = max(t, ready + comm if remote else ready)
+                ready = ready + comm if remote else ready
+                if early and dep % 3 == 1:  # a B's gradient (a W's own B has no lead)
+                    ready -= early
+                t = max(t, ready)
             if missing is not None:
                 waiting[missing[0]].append(r)
                 stuck[r] = missing
@@ -419,6 +429,22 @@ def op_duration(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float]:
     return duration
 
 
+def op_lead(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float] | None:
+    """`lead(op, stage)` for `replay`: the rebuild of a B (or BW) whose microbatch
+    recomputes, which needs only the stage's own F and so runs while the rank waits for
+    the gradient (the runtime rebuilds before it waits); None without recomputation."""
+    if not costs.recomputes():
+        return None
+    tf = costs.per_stage("f", schedule.num_stages, schedule.chunks)
+    choice = costs.recompute_of(schedule.num_stages)
+
+    def lead(op: Op, stage: int) -> float:
+        if op.kind not in (Kind.B, Kind.BW):
+            return 0.0
+        return choice(stage, op.microbatch).time * tf[stage]
+    return lead
+
+
 def backward_times(costs: Costs, num_stages: int, chunks: int) -> tuple[float, ...]:
     """Each stage's B: its input gradient plus the recompute that runs at its start (with
     a per-microbatch plan, the B of a microbatch that does not recompute: what every
@@ -474,7 +500,7 @@ def peak_activations(schedule: Schedule, costs: Costs | None = None) -> tuple[fl
 def simulate(schedule: Schedule, costs: Costs | None = None) -> SimResult:
     """Replay `schedule` under `costs` (default: F=B=W=1, comm=0). The schedule must be valid."""
     costs = costs or Costs()
-    run = replay(schedule, op_duration(schedule, costs), costs.comm)
+    run = replay(schedule, op_duration(schedule, costs), costs.comm, op_lead(schedule, costs))
     if run.blocked:
         b = run.blocked[0]
         raise ScheduleError(f"rank {b.rank}: {b.op} can never run (rule: no deadlock); "
@@ -506,24 +532,29 @@ def span_lower_bound(schedule: Schedule, costs: Costs | None = None) -> float:
     A rank must do all its work (busy time). Also, every B/W on rank r waits for a round trip:
     the rank's first op starts at t0; any B of stage s on r needs its F on r (after t0), the F's
     of all later stages, the B's of all later stages and the messages in between; after that
-    comes all of r's B and W work.
+    comes all of r's B and W work. A rebuild (recomputation) needs only its own F, so the
+    trip counts each later B without it and the tail without the longest of r's.
     """
     costs = costs or Costs()
     S, v = schedule.num_stages, schedule.chunks
     tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
     tb = backward_times(costs, S, v)
+    # A per-microbatch plan's backward_times are already without the rebuild; the last
+    # stage's B waits for no gradient, so its rebuild is on every path through it.
+    early = ([0.0] * S if isinstance(costs.recompute, PerMicrobatch) else
+             [c.time * f for f, c in zip(tf, costs.recompute_per_stage(S))][:-1] + [0.0])
     m = schedule.num_microbatches
     rank_of = [schedule.rank_chunk_of(s)[0] for s in range(S)]
-    # trip[s]: from the end of F on stage s until B on stage s may start.
+    # trip[s]: from the end of F on stage s until B on stage s may start its backward part.
     trip = [0.0] * S
     for s in range(S - 2, -1, -1):
         hop = costs.comm if rank_of[s] != rank_of[s + 1] else 0.0
-        trip[s] = trip[s + 1] + tf[s + 1] + tb[s + 1] + 2 * hop
+        trip[s] = trip[s + 1] + tf[s + 1] + tb[s + 1] - early[s + 1] + 2 * hop
     bound = 0.0
     for r in range(schedule.num_ranks):
         stages = [schedule.stage_of[(r, c)] for c in range(v)]
         work = m * sum(tf[s] + tb[s] + tw[s] for s in stages)
-        tail = m * sum(tb[s] + tw[s] for s in stages)
+        tail = m * sum(tb[s] + tw[s] for s in stages) - max(early[s] for s in stages)
         bound = max(bound, work, min(tf[s] + trip[s] for s in stages) + tail)
     return bound
 
@@ -548,7 +579,8 @@ def steady_period(schedule: Schedule, costs: Costs | None = None, steps: int = 4
     costs = costs or Costs()
     if steps < 3:
         raise ScheduleError("steady_period needs at least 3 repetitions")
-    run = replay(repeated(schedule, steps), op_duration(schedule, costs), costs.comm)
+    run = replay(repeated(schedule, steps), op_duration(schedule, costs), costs.comm,
+                 op_lead(schedule, costs))
     if run.blocked:
         raise ScheduleError("the repeated schedule deadlocks; run check() on the schedule")
     def step_end(k):

@@ -17,6 +17,7 @@ from hpcpipe.schedules.greedy import Policy, greedy
 from hpcpipe.schedules.heuristic import Knobs, build
 from hpcpipe.schedules.ops import one_chunk_placement, v_placement
 from hpcpipe.schedules.problem import Problem
+from hpcpipe.schedules.recompute import NONE, Recompute
 
 HAND_MADE = ("gpipe", "1f1b", "zb-h1", "zb-h2")
 COSTS = [Costs(), Costs(1, 1, 0.5), Costs(1, 1.2, 0.6, comm=0.05), Costs(1, 2, 0.5), Costs(1, 1, 2),
@@ -57,9 +58,12 @@ RECIPES = [(Policy(4, "fit"), ONE), (Policy(4, "eager", 1.0), ONE), (Policy(8, "
            (Knobs(), ONE), (Knobs(True, True, False), ONE), (Knobs(False, False, True, (1, 0, 0, 0)), ONE)]
 
 
+@pytest.mark.parametrize("recompute", [NONE, Recompute("0.5:0.3", 0.5, 0.3)],
+                         ids=["none", "recomputing"])
 @pytest.mark.parametrize("recipe, placement", RECIPES, ids=lambda x: str(x)[:40])
-def test_builder_clocks_match_the_simulator(recipe, placement):
-    costs = Costs(1, 1.3, 0.4, comm=0.1, memw=0.3)
+def test_builder_clocks_match_the_simulator(recipe, placement, recompute):
+    # Recomputing, a B may start its rebuild before its gradient: the builders' clocks too.
+    costs = Costs(1, 1.3, 0.4, comm=0.1, memw=0.3, recompute=recompute)
     limit = recipe.limit if isinstance(recipe, Policy) else 6
     problem = Problem.build(4, 10, costs, placement, limit)
     built = greedy(problem, recipe) if isinstance(recipe, Policy) else build(problem, recipe)

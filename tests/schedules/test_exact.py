@@ -170,16 +170,16 @@ def test_per_microbatch_matches_brute_force(costs, limit):
 
 
 def test_per_microbatch_beats_every_per_stage_plan():
-    # p 2, m 3, limit 1.5: the best per-stage plan (none, rank 0 or both recomputing every
-    # microbatch) needs 10.6; recomputing two chosen microbatches, 10.4, proven.
+    # p 2, m 3, limit 2: the best per-stage plan (none, rank 0 or both recomputing every
+    # microbatch) needs 9.6; recomputing two chosen microbatches, 9.4, proven.
     from hpcpipe.schedules.auto import recompute_plans
     costs = Costs(1, 1, 1, memw=0.4)
-    per_stage = min(certify(2, 3, plan, 1.5, chunks=1, time_limit=30).value
+    per_stage = min(certify(2, 3, plan, 2.0, chunks=1, time_limit=30).value
                     for _, plan in recompute_plans(2, 1, costs, (HALF,)))
-    got = certify(2, 3, costs, 1.5, chunks=1, time_limit=30, per_microbatch=HALF)
-    assert per_stage == pytest.approx(10.6) and got.optimal
-    assert got.value == pytest.approx(10.4) and 2 <= len(got.costs.recompute.pairs) < 6
-    _assert_every_pair_needed(got.schedule, got.costs, 1.5)
+    got = certify(2, 3, costs, 2.0, chunks=1, time_limit=30, per_microbatch=HALF)
+    assert per_stage == pytest.approx(9.6) and got.optimal
+    assert got.value == pytest.approx(9.4) and 2 <= len(got.costs.recompute.pairs) < 6
+    _assert_every_pair_needed(got.schedule, got.costs, 2.0)
 
 
 def _assert_every_pair_needed(schedule, costs, limit):
@@ -207,11 +207,11 @@ def test_fewest_pairs_drops_what_the_order_does_not_need():
 
 def test_certify_search_per_microbatch_covers_the_per_stage_plans():
     costs = Costs(1, 1, 1, memw=0.4)
-    verdict = certify_search(2, 3, costs, 1.5, chunks=1, time_limit=30, recompute=(HALF,))
-    assert verdict.optimal and verdict.best_value == pytest.approx(10.4)
+    verdict = certify_search(2, 3, costs, 2.0, chunks=1, time_limit=30, recompute=(HALF,))
+    assert verdict.optimal and verdict.best_value == pytest.approx(9.4)
     assert isinstance(verdict.best_costs.recompute, PerMicrobatch)
     assert verdict.plans[0] in (f"0.3:0.2 on {n} (stage, microbatch) pairs" for n in (2, 3, 4))
-    _assert_every_pair_needed(verdict.best, verdict.best_costs, 1.5)
+    _assert_every_pair_needed(verdict.best, verdict.best_costs, 2.0)
     assert verdict.heuristic_value >= verdict.best_value
 
 

@@ -11,6 +11,7 @@ from hpcpipe.schedules import (
     simulate,
     span_lower_bound,
 )
+from hpcpipe.schedules.recompute import PRESETS, Recompute
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 HAND_MADE = ("gpipe", "1f1b", "zb-h1", "zb-h2")
@@ -18,12 +19,16 @@ HAND_MADE = ("gpipe", "1f1b", "zb-h1", "zb-h2")
 sizes = st.tuples(st.integers(1, 16), st.integers(1, 64))
 times = st.floats(0.1, 3.0, allow_nan=False).map(lambda x: round(x, 2))
 costs = st.builds(Costs, f=times, b=times, w=times, comm=st.sampled_from([0.0, 0.02, 0.1, 0.5]))
+# A recompute plan: its rebuilds may run before their gradients, and the bound must allow it.
+recomputing = st.builds(Costs, f=times, b=times, w=times, comm=st.sampled_from([0.0, 0.1, 0.5]),
+                        recompute=st.sampled_from([PRESETS["selective"], PRESETS["full"],
+                                                   Recompute("0.3:2", 0.3, 2.0)]))
 
 
 @SETTINGS
 @given(sizes, st.sampled_from(["gpipe", "1f1b", "zb-h1", "zb-h2", "zb-v", "interleaved-1f1b",
                                "v-half", "v-min", "dualpipev"]),
-       st.integers(1, 3), costs)
+       st.integers(1, 3), costs | recomputing)
 def test_every_generator_passes_the_checker_and_respects_the_bound(size, kind, v, c):
     p, m = size
     if kind == "interleaved-1f1b":

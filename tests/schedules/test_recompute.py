@@ -31,6 +31,21 @@ def test_b_pays_the_recompute():
     assert result.end[0] == (2, 4, 5)  # B = 1 + 0.5 x 2
 
 
+def test_the_rebuild_runs_while_b_waits_for_its_gradient():
+    # ZB-H1, p 2, m 1, stage 0 recomputing in full: its B's gradient comes at 3 (stage 1's
+    # F then B), and the rebuild (one F) needs only stage 0's own F, so B starts at 2.
+    s = generate("zb-h1", 2, 1)
+    result = simulate(s, Costs(recompute=(PRESETS["full"], PRESETS["none"])))
+    assert result.start == ((0, 2, 4), (1, 2, 3)) and result.end == ((1, 4, 5), (2, 3, 4))
+    assert result.busy == (4, 3) and result.span == (5, 3)
+    # The last stage's B waits for no gradient: its rebuild follows its own F.
+    result = simulate(s, Costs(recompute=(PRESETS["none"], PRESETS["full"])))
+    assert result.end == ((1, 5, 6), (2, 4, 5))
+    # Where B does not wait, the rebuild costs its whole length.
+    result = simulate(one_rank("F0 B0 W0", m=1), Costs(recompute=PRESETS["full"]))
+    assert result.end[0] == (1, 3, 4)
+
+
 def test_per_stage_choice_and_spelling():
     c = Costs.parse("F=1,B=1,W=0.5,mem=1,memw=0.43,recompute=full/none/0.5:0.1/selective")
     assert c.recompute_per_stage(4) == (PRESETS["full"], PRESETS["none"],

@@ -47,7 +47,8 @@ def chrome_trace(per_rank: list[list[tuple]], offsets: list[float], pid: int = 0
     (each rank's origin relative to rank 0's). pid, label: the process the events belong
     to (a piece of the run); shift_us: added to every timestamp."""
     colours = {"F": "thread_state_running", "B": "rail_response", "W": "good",
-               "BW": "rail_response", "wait": "grey", "optimizer": "yellow", "eval": "olive"}
+               "BW": "rail_response", "R": "rail_load", "wait": "grey", "optimizer": "yellow",
+               "eval": "olive"}
     events = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": label}}] \
         if label else []
     for rank, (rows, offset) in enumerate(zip(per_rank, offsets)):
@@ -187,8 +188,8 @@ GAP = "idle / untracked"  # the legend's name for a gap (see `gaps`)
 def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step: int,
               title: str = "") -> list[str]:
     """A PNG of one step's measured timeline: one row per rank, ops in the colours of the
-    schedule pictures (colours.py: F blue, B teal, W green, BW purple, each chunk of an
-    interleaved or V schedule a lighter shade) and labelled with their kind and microbatch
+    schedule pictures (colours.py: F blue, B teal, W green, BW purple, a recomputing B's
+    rebuild (R) ochre, each chunk of an interleaved or V schedule a lighter shade) and labelled with their kind and microbatch
     (F3, B3, W3: B and W told apart without colour), receive waits hatched grey and
     labelled, the optimizer mauve, and every gap between them dotted and labelled, so that
     no stretch of a row is blank; the legend beside the axes, over no bar. Returns the

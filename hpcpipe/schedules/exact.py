@@ -28,7 +28,7 @@ the real costs, and called optimal only when that replay meets the bound.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .ops import (
     Op,
@@ -354,6 +354,8 @@ class ExactModel:
                                        if self.f[s] else 0.0) for s in range(S))
             pairs = {(s, x) for s in range(S) for x in range(self.pb.m) if plan(s, x).recomputes}
             unit = unit.with_recompute(PerMicrobatch(rebuilds, pairs))
+        elif any(self.lead):  # a per-stage plan: B holds its rebuild, which may run early
+            unit = self._leading(unit)
         result = simulate(schedule, unit)
         t0 = min(row[0] for row in result.start if row)
         times = {}
@@ -363,6 +365,16 @@ class ExactModel:
                 if key in self.ops:  # (a fused BW is no op of the model's)
                     times[key] = (int(round(start - t0)), int(round(end - t0)))
         return times
+
+    def _leading(self, unit: Costs) -> Costs:
+        """`unit` (the model's durations) replaying each B's lead as the model has it: B
+        less its lead, plus a rebuild of the lead's length on every microbatch."""
+        S = self.pb.num_stages
+        rebuilds = tuple(Recompute(f"stage {s}", 0.5, lead / f if f else 0.0)
+                         for s, (lead, f) in enumerate(zip(self.lead, self.f)))
+        pairs = {(s, x) for s in range(S) if self.lead[s] for x in range(self.pb.m)}
+        plain = tuple(b - lead for b, lead in zip(self.b, self.lead))
+        return replace(unit, b=plain).with_recompute(PerMicrobatch(rebuilds, pairs))
 
     def schedule_from(self, solver) -> Schedule:
         """Each rank's ops in the order of the solver's start times."""

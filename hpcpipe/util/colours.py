@@ -2,7 +2,7 @@
 (schedules/draw.py), the measured timeline of a run (trace.draw_step) and `plot`.
 
 Ops follow the zero-bubble paper's figures: F blue, B teal, W green, BW (B and W fused)
-purple. The chunks of an interleaved or V schedule are shades of their op's colour, from
+purple; a recomputing B's rebuild, measured apart (R), ochre. The chunks of an interleaved or V schedule are shades of their op's colour, from
 dark (chunk 0) to light (the last chunk), with the label in white or black to stay
 readable. Everything else a timeline shows (waits, the optimizer) is in greys and mauve,
 so that it never reads as an op.
@@ -11,7 +11,8 @@ so that it never reads as an op.
 from __future__ import annotations
 
 OPS = {"F": ("#1f5fa8", "#a9c6ea"), "B": ("#1a8a8a", "#9edcdc"),
-       "W": ("#3d8b2f", "#b7e0ab"), "BW": ("#6b3fa0", "#cdb8e8")}  # (chunk 0, last chunk)
+       "W": ("#3d8b2f", "#b7e0ab"), "BW": ("#6b3fa0", "#cdb8e8"),
+       "R": ("#8a6a12", "#e6d49a")}  # (chunk 0, last chunk); R: a recomputing B's rebuild
 OTHER = {"wait": "#d9d9d9", "optimizer": "#b279a2", "eval": "#8c8c8c"}
 UNKNOWN = "#999999"
 
@@ -27,7 +28,7 @@ def _shade(chunk: int, chunks: int) -> float:
 
 
 def op_colour(kind: str, chunk: int = 0, chunks: int = 1) -> str:
-    """The fill of an op (kind F, B, W or BW) of `chunk` in a schedule of `chunks`."""
+    """The fill of an op (kind F, B, W, BW or R) of `chunk` in a schedule of `chunks`."""
     if kind not in OPS:
         return OTHER.get(kind, UNKNOWN)
     dark, light = OPS[kind]

@@ -1,8 +1,8 @@
 """What a rank did and when: timeline events, the per-step statistics every rank shares,
 and the device clock that times ops without synchronising.
 
-Each rank records events (F, B, W, BW ops; waits on receives; the optimizer) with
-timestamps from one monotonic clock; the statistics of a step (compute, waits, bubble)
+Each rank records events (F, B, W, BW ops; rebuilds; waits on receives; the optimizer)
+with timestamps from one monotonic clock; the statistics of a step (compute, waits, bubble)
 are computed from them and gathered into one record. Writing them as a Chrome trace and
 drawing them is the run directory's business (runs/trace.py); these types are used by
 the pipeline runtime, the optimizer's post-validation and the training step alike.
@@ -15,13 +15,14 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-COMPUTE = ("F", "B", "W", "BW")
+# R: a recomputing B's rebuild, run (and timed) before the B waits for its gradient.
+COMPUTE = ("F", "B", "W", "BW", "R")
 
 
 @dataclass
 class Event:
     name: str  # "F3", "W3@c1", "wait", "optimizer", ...
-    kind: str  # F | B | W | BW | wait | optimizer | eval
+    kind: str  # F | B | W | BW | R (a rebuild) | wait | optimizer | eval
     start: float  # seconds since the trace's origin
     end: float
     step: int
@@ -94,7 +95,7 @@ class StepStats:
     bubble: float  # 1 − (busiest rank's compute) ÷ (first op to last op over all ranks)
     bubble_span: float  # 1 − (busiest rank's compute) ÷ (longest first-to-last op of a rank)
     bubble_per_rank: list  # each rank's idle fraction of the step (as for `bubble`)
-    compute_s: list  # time in F, B, W, BW ops
+    compute_s: list  # time in F, B, W, BW ops and rebuilds
     p2p_wait_s: list  # time blocked on pipeline receives
     dp_wait_s: list  # time blocked on the data-parallel gradient reduction
     optimizer_s: list

@@ -67,6 +67,9 @@ def brute_force(p: int, m: int, costs: Costs, limit: float) -> dict[str, float]:
     (3, 2, Costs(1, 1, 0.5, memw=0.5), 1.5),
     (3, 2, Costs(1, 1.5, 1, comm=0.5), 2),
     (2, 3, Costs(f=(1, 2), b=(2, 1), w=(0.5, 1.5), memory=(1, 1), memw=(0.25, 0.75)), 2.5),
+    # Per-stage recomputation: a B's rebuild may run before its gradient comes.
+    (2, 2, Costs(1, 1, 1, recompute=(Recompute("0.3:0.5", 0.3, 0.5), Recompute("none"))), 1.5),
+    (2, 3, Costs(1, 1, 0.5, comm=0.25, memw=0.4, recompute=Recompute("0.4:1", 0.4, 1.0)), 1.6),
 ])
 @pytest.mark.parametrize("objective", ["span", "makespan"])
 def test_exact_matches_brute_force(p, m, costs, limit, objective):

@@ -76,24 +76,31 @@ def profiled_costs(trace, model, grid, steps, comm_s: float, stage_bytes: dict,
         merged.update(part)
         held.update(memory)
     stages = range(len(model.specs))
-    memory = stage_memory(held, grid.pp, in_bytes)
+    # A recomputing B's rebuild is timed apart (runtime: "R", run before B waits for its
+    # gradient): the cost model's recompute time, a fraction of the stage's F.
+    rebuild = {s: merged[("R", s)] / merged[("F", s)] for s in stages
+               if ("R", s) in merged and merged[("F", s)] > 0}
+    memory = stage_memory(held, grid.pp, in_bytes, rebuild)
     return Costs(f=[merged[("F", s)] for s in stages], b=[merged[("B", s)] for s in stages],
                  w=[merged[("W", s)] for s in stages], comm=comm_s, memory=memory.memory,
                  memw=memory.memw, recompute=memory.recompute)
 
 
-def stage_memory(held: dict, ranks: int, in_bytes: bool) -> Costs:
+def stage_memory(held: dict, ranks: int, in_bytes: bool, rebuild: dict | None = None) -> Costs:
     """M_B and M_W of every model stage as a cost model's memory, from `held`: stage →
     (bytes a microbatch holds after its F, after its B — 0 after a fused BW, which holds it
     all until then —, and while a recomputing B runs, 0 without recomputation). A stage
-    that recomputes gets its measured keep as a Recompute of no extra time (its measured B
-    already holds the rebuild). In bytes, or in microbatches: a microbatch's activations on
-    a whole rank are 1, whatever its chunks (each of v chunks holds 1/v)."""
+    that recomputes gets its measured keep as a Recompute whose time is `rebuild`'s (stage
+    → its measured rebuild ÷ its F; the measured B is B alone). In bytes, or in
+    microbatches: a microbatch's activations on a whole rank are 1, whatever its chunks
+    (each of v chunks holds 1/v)."""
     stages = range(len(held))
+    rebuild = rebuild or {}
     full = [float(held[s][2] if len(held[s]) > 2 and held[s][2] else held[s][0])
             for s in stages]
     after_b = [float(held[s][1] or full[s]) for s in stages]
-    keep = [Recompute(f"measured {held[s][0] / full[s]:.3f}", keep=held[s][0] / full[s])
+    keep = [Recompute(f"measured {held[s][0] / full[s]:.3f}", keep=held[s][0] / full[s],
+                      time=rebuild.get(s, 0.0))
             if held[s][0] < full[s] else NONE for s in stages]
     if in_bytes:
         return Costs(memory=full, memw=after_b, recompute=keep)

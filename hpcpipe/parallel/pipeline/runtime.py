@@ -77,18 +77,19 @@ class Runtime:
         clock.begin()
         result = StepResult(start=trace.now())
         flight = _InFlight()
-        timed = []  # (op, start stamp, end stamp): read once the device is done
+        timed = []  # (name, kind, start stamp, end stamp): read once the device is done
         for i in range(min(LOOKAHEAD, len(self.plan))):
             self._post(flight, i)
         for i, item in enumerate(self.plan):
             op = item.op
             try:
                 self._post(flight, i + LOOKAHEAD)
+                self._rebuild(op, result, timed)
                 received = self._receive(flight, i, item, step)
                 start = clock.stamp()
                 hook = self._hook(on_layer_done, op, last_mb)
                 out = self._compute(item, received, inputs, loss_scale, hook, flight, result)
-                timed.append((op, start, clock.stamp()))
+                timed.append((str(op), op.kind.value, start, clock.stamp()))
                 self._send(item, out, flight)
                 self.p2p.progress()
                 if on_op_done is not None:
@@ -100,9 +101,9 @@ class Runtime:
                 self._account(op, result)
         self.p2p.finish()
         self.p2p.backend.synchronize()  # the step's one wait for the device
-        for op, start, end in timed:
-            trace.add(str(op), op.kind.value, trace.at(clock.seconds(start)),
-                      trace.at(clock.seconds(end)), step)
+        for name, kind, start, end in timed:
+            trace.add(name, kind, trace.at(clock.seconds(start)), trace.at(clock.seconds(end)),
+                      step)
         result.end = trace.now()
         return result
 
@@ -123,6 +124,18 @@ class Runtime:
             flight.posted[i] = [self.p2p.post_recv(msg.direction, msg.peer, msg.microbatch,
                                                    msg.stage)
                                 for msg in self.plan[i].recvs if not msg.local]
+
+    def _rebuild(self, op, result: StepResult, timed: list):
+        """Recomputation: a B's rebuild needs only its own F, so it runs before the wait for
+        the gradient and fills it (the cost model's simulator.op_lead). Timed as its own
+        op, "R": the profile's B is then B alone, and the rebuild's time a fraction of F."""
+        if op.kind not in (Kind.B, Kind.BW):
+            return
+        start = self.clock.stamp()
+        if self.stages[op.chunk].rebuild(op.microbatch):
+            timed.append((f"R{op.microbatch}" + (f"@c{op.chunk}" if op.chunk else ""), "R",
+                          start, self.clock.stamp()))
+            self._account_rebuilt(op, result)
 
     def _receive(self, flight: _InFlight, i: int, item, step: int):
         """The op's input: from another rank (posted earlier) or handed over in memory;
@@ -155,9 +168,7 @@ class Runtime:
                 result.losses[mb] = out
                 return None
             return out
-        if op.kind in (Kind.B, Kind.BW):
-            if stage.rebuild(mb):  # recomputation: the peak is while B runs
-                self._account_rebuilt(op, result)
+        if op.kind in (Kind.B, Kind.BW):  # (rebuilt already, if it recomputes: _rebuild)
             out = stage.backward_input(mb, received)
             if op.kind == Kind.BW:
                 stage.backward_weight(mb, hook)

@@ -114,7 +114,8 @@ class TrainSection:
     # TensorBoard event files under RUN_DIR/tensorboard/ (needs tensorboardX or PyTorch)
     tensorboard: bool = False
     # -- activation recomputation (issue 26) ---------------------------------------------
-    # What each stage keeps from F to B, rebuilt at the start of B (the bits never change):
+    # What each stage keeps from F to B, rebuilt by B before it waits for its gradient (the
+    # bits never change):
     # "none"; "selective" (all but the attention matrices and the GELU's output);
     # "full" (only the stage's input). One for every stage, or one per model stage,
     # "/"-separated: "full/selective/none/none" (pp × chunks of them); or, with

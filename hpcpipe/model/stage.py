@@ -30,7 +30,8 @@ from hpcpipe.model.stashbytes import StashBytes
 # What a stage keeps from F to B (schedules/recompute.py models each in bytes and time):
 # "none" every cache; "selective" all but the attention matrices and the GELU's output and
 # derivative (its input instead), rebuilt at the start of B; "full" only the stage's input
-# (and targets), F replayed at the start of B.
+# (and targets), F replayed at the start of B. (The runtime rebuilds before B waits for its
+# gradient: the rebuild needs only this stage's own inputs.)
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -177,7 +178,8 @@ class Stage:
         """Start of B under recomputation: what F dropped for microbatch `mb`, rebuilt by
         replaying F's own operations on the same inputs (bit for bit F's); held through
         B, and what W needs of it (M_W) until W, as the cost model (schedules/recompute.py)
-        assumes. B calls it; the runtime calls it first to measure M_B while B runs.
+        assumes. B calls it; the runtime calls it first, before B waits for its gradient
+        (the rebuild fills that wait), and measures M_B while B runs.
         Whether anything was rebuilt (once per microbatch)."""
         entry = self._stash[mb]
         if entry["recompute"] == "none" or entry.get("rebuilt"):

@@ -69,7 +69,7 @@ a v-chunk schedule takes 1/v of it); give per-stage values with '/', e.g. F=1.3/
 comm is the time of one message between ranks; mem the activation memory of a microbatch
 held from its F to its B (M_B), memw what it still holds from its B to its W (M_W, default
 mem); recompute=none|selective|full|KEEP:TIME per stage ('/'-separated) keeps KEEP of mem
-from F to B and re-runs TIME of F at the start of B; tp, with tensor parallelism, the time of the shards' all-reduces inside one F and
+from F to B and re-runs TIME of F at the start of B (before B waits for its gradient); tp, with tensor parallelism, the time of the shards' all-reduces inside one F and
 alike one B (F, B, W then being one shard's compute): an F lasts F + tp, a B B + tp, a W
 only W, which changes the best order. --json adds lower_bound (no schedule of these ops, or with --exact none under the
 limit, has a shorter longest span; the makespan with --objective makespan) and optimal

@@ -1,9 +1,9 @@
 """Activation recomputation as data on the cost model: what a stage keeps, what its B re-runs.
 
-When the recompute runs (the choice hpcpipe models): at the start of B. B first re-runs the
-parts of the forward it dropped, then computes the input gradient; what W needs (M_W, the
-inputs of the weight GEMMs) is then kept from B to W, as without recomputation. So a stage
-that recomputes holds
+When the recompute runs (the choice hpcpipe models): at the start of B, before B waits for
+its gradient (below). B first re-runs the parts of the forward it dropped, then computes the
+input gradient; what W needs (M_W, the inputs of the weight GEMMs) is then kept from B to W,
+as without recomputation. So a stage that recomputes holds
 
     F -> B    keep · M_B          instead of M_B: the saving
     during B  M_B again           the rebuilt tensors, for the length of one B

@@ -189,10 +189,10 @@ def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step
               title: str = "") -> list[str]:
     """A PNG of one step's measured timeline: one row per rank, ops in the colours of the
     schedule pictures (colours.py: F blue, B teal, W green, BW purple, a recomputing B's
-    rebuild (R) ochre, each chunk of an interleaved or V schedule a lighter shade) and labelled with their kind and microbatch
-    (F3, B3, W3: B and W told apart without colour), receive waits hatched grey and
-    labelled, the optimizer mauve, and every gap between them dotted and labelled, so that
-    no stretch of a row is blank; the legend beside the axes, over no bar. Returns the
+    rebuild (R) ochre, each chunk of an interleaved or V schedule a lighter shade) and
+    labelled with their kind and microbatch (F3, R3, B3, W3: B and W told apart without
+    colour), receive waits hatched grey and labelled, the optimizer mauve, and every gap
+    between them dotted and labelled, so that no stretch of a row is blank; the legend beside the axes, over no bar. Returns the
     labels written on the bars, row by row (none when there is nothing to draw)."""
     import matplotlib
 

@@ -4,11 +4,11 @@ CP-SAT), with a proven lower bound on what any schedule can reach.
 The model, per model stage s and microbatch x: intervals F, B, W with the stage's durations;
 F waits for the previous stage's F plus a message, B for the next stage's B (the last stage
 for its own F) and its own F -- a B that recomputes starts up to its rebuild before that
-gradient, the rebuild needing only its own F --, W for its own B; one rank runs one op at a time; and each
-rank's activation memory (M_B taken as an F starts, traded for M_W as its B ends, freed as
-its W ends) stays within the limit -- with recomputation, keep·M_B at F, the rest rebuilt as
-B starts (recompute.py), a reservoir per rank. Each stage runs its F's, B's and W's in microbatch
-order: microbatches are identical, so relabelling any schedule's k-th F, B and W of every
+gradient, the rebuild needing only its own F --, W for its own B; one rank runs one op at a
+time; and each rank's activation memory (M_B taken as an F starts, traded for M_W as its B
+ends, freed as its W ends) stays within the limit -- with recomputation, keep·M_B at F, the
+rest rebuilt as B starts (recompute.py), a reservoir per rank. Each stage runs its F's, B's
+and W's in microbatch order: microbatches are identical, so relabelling any schedule's k-th F, B and W of every
 stage as microbatch k gives one as short that keeps every dependency and every memory level,
 and the runtime needs W's in that order anyway. The auto scheduler's schedule is the hint.
 

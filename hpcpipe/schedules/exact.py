@@ -8,9 +8,9 @@ gradient, the rebuild needing only its own F --, W for its own B; one rank runs 
 time; and each rank's activation memory (M_B taken as an F starts, traded for M_W as its B
 ends, freed as its W ends) stays within the limit -- with recomputation, keep·M_B at F, the
 rest rebuilt as B starts (recompute.py), a reservoir per rank. Each stage runs its F's, B's
-and W's in microbatch order: microbatches are identical, so relabelling any schedule's k-th F, B and W of every
-stage as microbatch k gives one as short that keeps every dependency and every memory level,
-and the runtime needs W's in that order anyway. The auto scheduler's schedule is the hint.
+and W's in microbatch order: microbatches are identical, so relabelling any schedule's k-th
+F, B and W of every stage as microbatch k gives one as short that keeps every dependency and
+every memory level, and the runtime needs W's in that order anyway. The auto scheduler's schedule is the hint.
 
 Recomputation per microbatch (`per_microbatch`, a choice): a boolean per (stage, microbatch)
 says whether it recomputes; its B lasts the rebuild longer, and the part of M_B it drops is

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from .checker import check
 from .generators import _one_f_one_b_rank
 from .ops import Kind, Op, Schedule, ScheduleError, make_schedule, one_chunk_placement
-from .simulator import Costs, dependencies, op_duration, peak_activations, replay
+from .simulator import Costs, dependencies, op_duration, op_lead, peak_activations, replay
 
 KIND = "pipedream-2bw"
 DELAY = 1  # steps between the weights a gradient is taken on and those it is applied to
@@ -242,7 +242,8 @@ def simulate_stream(stream: Stream, costs: Costs | None = None) -> StreamResult:
     memory = stream_memory(stream, costs)
     schedule = stream.schedule
     duration = op_duration(schedule, costs)
-    run = replay(schedule, duration, costs.comm)
+    # (A recomputing BW rebuilds while it waits for its gradient, as in the runtime.)
+    run = replay(schedule, duration, costs.comm, op_lead(schedule, costs))
     starts, busy = [], []
     for r, ops in enumerate(schedule.ranks):
         firsts = {}

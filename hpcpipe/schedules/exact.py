@@ -345,18 +345,7 @@ class ExactModel:
         model's units from its first start: replayed with the model's own rounded durations,
         so that these are times the model admits (scaling the real replay's times instead
         can leave an op one unit before what it waits for)."""
-        plan = costs.recompute_of(self.pb.num_stages)
-        S = self.pb.num_stages
-        unit = Costs(f=tuple(self.f), b=tuple(self.b), w=tuple(self.w), comm=self.comm)
-        if self.recomputes:  # each B that recomputes lasts the model's rebuild longer
-            keep = self.per_microbatch.choice.keep
-            rebuilds = tuple(Recompute(f"stage {s}", keep, self.rebuild[s] / self.f[s]
-                                       if self.f[s] else 0.0) for s in range(S))
-            pairs = {(s, x) for s in range(S) for x in range(self.pb.m) if plan(s, x).recomputes}
-            unit = unit.with_recompute(PerMicrobatch(rebuilds, pairs))
-        elif any(self.lead):  # a per-stage plan: B holds its rebuild, which may run early
-            unit = self._leading(unit)
-        result = simulate(schedule, unit)
+        result = simulate(schedule, _unit_costs(self, costs))
         t0 = min(row[0] for row in result.start if row)
         times = {}
         for r, ops in enumerate(schedule.ranks):
@@ -365,16 +354,6 @@ class ExactModel:
                 if key in self.ops:  # (a fused BW is no op of the model's)
                     times[key] = (int(round(start - t0)), int(round(end - t0)))
         return times
-
-    def _leading(self, unit: Costs) -> Costs:
-        """`unit` (the model's durations) replaying each B's lead as the model has it: B
-        less its lead, plus a rebuild of the lead's length on every microbatch."""
-        S = self.pb.num_stages
-        rebuilds = tuple(Recompute(f"stage {s}", 0.5, lead / f if f else 0.0)
-                         for s, (lead, f) in enumerate(zip(self.lead, self.f)))
-        pairs = {(s, x) for s in range(S) if self.lead[s] for x in range(self.pb.m)}
-        plain = tuple(b - lead for b, lead in zip(self.b, self.lead))
-        return replace(unit, b=plain).with_recompute(PerMicrobatch(rebuilds, pairs))
 
     def schedule_from(self, solver) -> Schedule:
         """Each rank's ops in the order of the solver's start times."""
@@ -394,6 +373,29 @@ class ExactModel:
         return PerMicrobatch(self.per_microbatch.choice,
                              frozenset(key for key, chosen in self.recomputes.items()
                                        if solver.Value(chosen)))
+
+
+def _unit_costs(model: ExactModel, costs: Costs) -> Costs:
+    """The model's own rounded durations, as costs that replay `costs`' plan: per
+    microbatch, each B that recomputes lasts the model's rebuild longer; a per-stage plan's
+    B (its rebuild inside) replays its lead as the model has it -- B less the lead, plus a
+    rebuild of the lead's length that may run before the gradient."""
+    S, m = model.pb.num_stages, model.pb.m
+    unit = Costs(f=tuple(model.f), b=tuple(model.b), w=tuple(model.w), comm=model.comm)
+    if model.recomputes:
+        plan = costs.recompute_of(S)
+        keep = model.per_microbatch.choice.keep
+        rebuilds = tuple(Recompute(f"stage {s}", keep, r / f if f else 0.0)
+                         for s, (r, f) in enumerate(zip(model.rebuild, model.f)))
+        pairs = {(s, x) for s in range(S) for x in range(m) if plan(s, x).recomputes}
+        return unit.with_recompute(PerMicrobatch(rebuilds, pairs))
+    if not any(model.lead):
+        return unit
+    rebuilds = tuple(Recompute(f"stage {s}", 0.5, lead / f if f else 0.0)
+                     for s, (lead, f) in enumerate(zip(model.lead, model.f)))
+    pairs = {(s, x) for s in range(S) if model.lead[s] for x in range(m)}
+    plain = tuple(b - lead for b, lead in zip(model.b, model.lead))
+    return replace(unit, b=plain).with_recompute(PerMicrobatch(rebuilds, pairs))
 
 
 def _analytic_bound(schedule: Schedule, costs: Costs, problem: Problem,

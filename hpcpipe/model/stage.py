@@ -174,6 +174,11 @@ class Stage:
             self._stash[mb] = entry
         return x
 
+    def needs_rebuild(self, mb: int) -> bool:
+        """Whether microbatch `mb` recomputes here and is not rebuilt yet."""
+        entry = self._stash[mb]
+        return entry["recompute"] != "none" and not entry.get("rebuilt")
+
     def rebuild(self, mb: int) -> bool:
         """Start of B under recomputation: what F dropped for microbatch `mb`, rebuilt by
         replaying F's own operations on the same inputs (bit for bit F's); held through
@@ -181,9 +186,9 @@ class Stage:
         assumes. B calls it; the runtime calls it first, before B waits for its gradient
         (the rebuild fills that wait), and measures M_B while B runs.
         Whether anything was rebuilt (once per microbatch)."""
-        entry = self._stash[mb]
-        if entry["recompute"] == "none" or entry.get("rebuilt"):
+        if not self.needs_rebuild(mb):
             return False
+        entry = self._stash[mb]
         self._stash_bytes.touched(mb)
         entry["rebuilt"] = True
         if entry["recompute"] == "full":

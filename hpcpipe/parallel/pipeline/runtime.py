@@ -129,13 +129,14 @@ class Runtime:
         """Recomputation: a B's rebuild needs only its own F, so it runs before the wait for
         the gradient and fills it (the cost model's simulator.op_lead). Timed as its own
         op, "R": the profile's B is then B alone, and the rebuild's time a fraction of F."""
-        if op.kind not in (Kind.B, Kind.BW):
-            return
+        stage = self.stages[op.chunk]
+        if op.kind not in (Kind.B, Kind.BW) or not stage.needs_rebuild(op.microbatch):
+            return  # (no stamp: on a device each is an event recorded in the stream)
         start = self.clock.stamp()
-        if self.stages[op.chunk].rebuild(op.microbatch):
-            timed.append((f"R{op.microbatch}" + (f"@c{op.chunk}" if op.chunk else ""), "R",
-                          start, self.clock.stamp()))
-            self._account_rebuilt(op, result)
+        stage.rebuild(op.microbatch)
+        timed.append((f"R{op.microbatch}" + (f"@c{op.chunk}" if op.chunk else ""), "R", start,
+                      self.clock.stamp()))
+        self._account_rebuilt(op, result)
 
     def _receive(self, flight: _InFlight, i: int, item, step: int):
         """The op's input: from another rank (posted earlier) or handed over in memory;

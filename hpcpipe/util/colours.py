@@ -42,8 +42,10 @@ def label_colour(chunk: int = 0, chunks: int = 1) -> str:
 
 def legend_entries(kinds, chunks: int = 1) -> list[tuple[str, str]]:
     """(label, colour) for a legend: each kind, and each chunk apart when there are
-    several ("F chunk 0", "F chunk 1", ...)."""
+    several ("F chunk 0", "F chunk 1", ...); a rebuild says what it is ("R (rebuild)")."""
+    def name(kind):
+        return "R (rebuild)" if kind == "R" else kind
     if chunks <= 1:
-        return [(kind, op_colour(kind)) for kind in kinds]
-    return [(f"{kind} chunk {c}", op_colour(kind, c, chunks)) for kind in kinds
+        return [(name(kind), op_colour(kind)) for kind in kinds]
+    return [(f"{name(kind)} chunk {c}", op_colour(kind, c, chunks)) for kind in kinds
             for c in range(chunks)]

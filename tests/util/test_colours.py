@@ -17,6 +17,8 @@ def test_chunks_are_shades_from_dark_to_light():
     assert colours.label_colour(0, 4) == "#ffffff" and colours.label_colour(3, 4) == "#000000"
     assert [label for label, _ in colours.legend_entries(["F", "B"], 2)] == \
         ["F chunk 0", "F chunk 1", "B chunk 0", "B chunk 1"]
+    # A measured timeline's rebuilds (the runtime's R events) get their own colour and name.
+    assert colours.legend_entries(["R"]) == [("R (rebuild)", colours.OPS["R"][0])]
 
 
 def test_the_svg_of_a_v_tells_its_chunks_apart():

@@ -176,15 +176,13 @@ class Stage:
 
     def needs_rebuild(self, mb: int) -> bool:
         """Whether microbatch `mb` recomputes here and is not rebuilt yet."""
-        entry = self._stash[mb]
-        return entry["recompute"] != "none" and not entry.get("rebuilt")
+        return self._stash[mb]["recompute"] != "none" and not self._stash[mb].get("rebuilt")
 
     def rebuild(self, mb: int) -> bool:
         """Start of B under recomputation: what F dropped for microbatch `mb`, rebuilt by
-        replaying F's own operations on the same inputs (bit for bit F's); held through
-        B, and what W needs of it (M_W) until W, as the cost model (schedules/recompute.py)
-        assumes. B calls it; the runtime calls it first, before B waits for its gradient
-        (the rebuild fills that wait), and measures M_B while B runs.
+        replaying F's own operations on the same inputs (bit for bit F's); held through B,
+        and what W needs of it (M_W) until W, as schedules/recompute.py assumes. B calls it;
+        the runtime first, before B waits for its gradient (the rebuild fills that wait).
         Whether anything was rebuilt (once per microbatch)."""
         if not self.needs_rebuild(mb):
             return False

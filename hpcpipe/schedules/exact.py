@@ -426,13 +426,10 @@ def warmup_bound(problem: Problem, per_microbatch: PerChoice | None = None) -> f
     if per_microbatch is not None:  # any microbatch may hold only its kept part
         mem = per_microbatch.kept
     for s in range(S - 1, -1, -1):
-        # (The last stage's B waits for no gradient: its rebuild is on the path.)
-        early = pb.lead_of(s) if s < S - 1 else 0.0
         if s < S - 1:
-            later = pb.lead_of(s + 1) if s + 1 < S - 1 else 0.0
-            trip += pb.f[s + 1] + pb.b[s + 1] - later + 2 * pb.hop(s, s + 1)
+            trip += pb.f[s + 1] + pb.b[s + 1] - pb.lead_of(s + 1) + 2 * pb.hop(s, s + 1)
         room = pb.m if mem[s] <= 0 else min(pb.m, int(limit / mem[s] + EPS))
-        idle = max(0.0, pb.f[s] + trip - room * pb.f[s] - early)
+        idle = max(0.0, pb.f[s] + trip - room * pb.f[s] - pb.lead_of(s))
         bound = max(bound, pb.work(pb.rank_of[s]) + idle)
     return bound
 

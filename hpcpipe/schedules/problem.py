@@ -38,7 +38,8 @@ class Problem:
     full: tuple[float, ...] = ()
     exact_limit: float = 0.0
     # Per stage, the part of b that is the rebuild: it needs only the stage's own F, so a
-    # B may start that long before its gradient arrives (simulator.op_lead); () for none.
+    # B may start that long before its gradient arrives (simulator.op_lead); 0 on the last
+    # stage, whose B waits for no gradient (its rebuild is on every path); () for none.
     lead: tuple[float, ...] = ()
 
     @property
@@ -69,7 +70,7 @@ class Problem:
         return cls(p, m, chunks, dict(placement), per["f"], b, per["w"], held, per["memw"],
                    float(costs.comm), float(limit) - rebuild, kept,
                    tuple(x - k for x, k in zip(mem, kept)), mem, float(limit),
-                   tuple(c.time * f for f, c in zip(per["f"], choice)))
+                   tuple(c.time * f for f, c in zip(per["f"][:-1], choice)) + (0.0,))
 
     @property
     def num_stages(self) -> int:

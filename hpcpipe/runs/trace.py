@@ -192,8 +192,9 @@ def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step
     rebuild (R) ochre, each chunk of an interleaved or V schedule a lighter shade) and
     labelled with their kind and microbatch (F3, R3, B3, W3: B and W told apart without
     colour), receive waits hatched grey and labelled, the optimizer mauve, and every gap
-    between them dotted and labelled, so that no stretch of a row is blank; the legend beside the axes, over no bar. Returns the
-    labels written on the bars, row by row (none when there is nothing to draw)."""
+    between them dotted and labelled, so that no stretch of a row is blank; the legend
+    beside the axes, over no bar. Returns the labels written on the bars, row by row (none
+    when there is nothing to draw)."""
     import matplotlib
 
     matplotlib.use("Agg")

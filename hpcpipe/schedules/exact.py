@@ -10,7 +10,8 @@ ends, freed as its W ends) stays within the limit -- with recomputation, keep·M
 rest rebuilt as B starts (recompute.py), a reservoir per rank. Each stage runs its F's, B's
 and W's in microbatch order: microbatches are identical, so relabelling any schedule's k-th
 F, B and W of every stage as microbatch k gives one as short that keeps every dependency and
-every memory level, and the runtime needs W's in that order anyway. The auto scheduler's schedule is the hint.
+every memory level, and the runtime needs W's in that order anyway. The auto scheduler's
+schedule is the hint.
 
 Recomputation per microbatch (`per_microbatch`, a choice): a boolean per (stage, microbatch)
 says whether it recomputes; its B lasts the rebuild longer, and the part of M_B it drops is
@@ -391,6 +392,7 @@ def _unit_costs(model: ExactModel, costs: Costs) -> Costs:
         return unit.with_recompute(PerMicrobatch(rebuilds, pairs))
     if not any(model.lead):
         return unit
+    # (keep 0.5: any value below 1 recomputes; a replay for times reads only `time`.)
     rebuilds = tuple(Recompute(f"stage {s}", 0.5, lead / f if f else 0.0)
                      for s, (lead, f) in enumerate(zip(model.lead, model.f)))
     pairs = {(s, x) for s in range(S) if model.lead[s] for x in range(m)}

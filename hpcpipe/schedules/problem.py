@@ -54,7 +54,7 @@ class Problem:
         raises it): an F takes max(keep·M_B, M_W) -- what the microbatch holds before and
         after its B -- and the limit leaves room for one B's rebuild. Auto then checks the
         exact peak (`simulate`) of what they build."""
-        from .simulator import backward_times
+        from .simulator import backward_times, stage_leads
 
         chunks = len(placement) // p
         S = p * chunks
@@ -70,7 +70,7 @@ class Problem:
         return cls(p, m, chunks, dict(placement), per["f"], b, per["w"], held, per["memw"],
                    float(costs.comm), float(limit) - rebuild, kept,
                    tuple(x - k for x, k in zip(mem, kept)), mem, float(limit),
-                   tuple(c.time * f for f, c in zip(per["f"][:-1], choice)) + (0.0,))
+                   stage_leads(costs, S, chunks))
 
     @property
     def num_stages(self) -> int:

@@ -445,6 +445,18 @@ def op_lead(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float] | No
     return lead
 
 
+def stage_leads(costs: Costs, num_stages: int, chunks: int) -> tuple[float, ...]:
+    """Per stage, how long before its gradient a B of a per-stage plan may start: its
+    rebuild (`op_lead`), 0 on the last stage, whose B waits for no gradient (its rebuild is
+    on every path through it). All 0 for a per-microbatch plan, whose `backward_times` are
+    already without the rebuild."""
+    if isinstance(costs.recompute, PerMicrobatch):
+        return (0.0,) * num_stages
+    tf = costs.per_stage("f", num_stages, chunks)
+    choice = costs.recompute_per_stage(num_stages)
+    return tuple(c.time * f for f, c in zip(tf[:-1], choice)) + (0.0,)
+
+
 def backward_times(costs: Costs, num_stages: int, chunks: int) -> tuple[float, ...]:
     """Each stage's B: its input gradient plus the recompute that runs at its start (with
     a per-microbatch plan, the B of a microbatch that does not recompute: what every
@@ -539,10 +551,7 @@ def span_lower_bound(schedule: Schedule, costs: Costs | None = None) -> float:
     S, v = schedule.num_stages, schedule.chunks
     tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
     tb = backward_times(costs, S, v)
-    # A per-microbatch plan's backward_times are already without the rebuild; the last
-    # stage's B waits for no gradient, so its rebuild is on every path through it.
-    early = ([0.0] * S if isinstance(costs.recompute, PerMicrobatch) else
-             [c.time * f for f, c in zip(tf, costs.recompute_per_stage(S))][:-1] + [0.0])
+    early = stage_leads(costs, S, v)
     m = schedule.num_microbatches
     rank_of = [schedule.rank_chunk_of(s)[0] for s in range(S)]
     # trip[s]: from the end of F on stage s until B on stage s may start its backward part.

@@ -429,20 +429,27 @@ def op_duration(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float]:
     return duration
 
 
-def op_lead(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float] | None:
-    """`lead(op, stage)` for `replay`: the rebuild of a B (or BW) whose microbatch
-    recomputes, which needs only the stage's own F and so runs while the rank waits for
-    the gradient (the runtime rebuilds before it waits); None without recomputation."""
+def rebuild_times(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float]:
+    """`rebuild(op, stage)`: how long the rebuild at the start of a B (or BW) lasts --
+    time·F of its stage where its microbatch recomputes there -- 0 for any other op."""
     if not costs.recomputes():
-        return None
+        return lambda op, stage: 0.0
     tf = costs.per_stage("f", schedule.num_stages, schedule.chunks)
     choice = costs.recompute_of(schedule.num_stages)
 
-    def lead(op: Op, stage: int) -> float:
+    def rebuild(op: Op, stage: int) -> float:
         if op.kind not in (Kind.B, Kind.BW):
             return 0.0
         return choice(stage, op.microbatch).time * tf[stage]
-    return lead
+    return rebuild
+
+
+def op_lead(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float] | None:
+    """`lead(op, stage)` for `replay`: the rebuild of a B (or BW) whose microbatch
+    recomputes (`rebuild_times`), which needs only the stage's own F and so runs while the
+    rank waits for the gradient (the runtime rebuilds before it waits); None without
+    recomputation."""
+    return rebuild_times(schedule, costs) if costs.recomputes() else None
 
 
 def stage_leads(costs: Costs, num_stages: int, chunks: int) -> tuple[float, ...]:

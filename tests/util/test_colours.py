@@ -77,3 +77,31 @@ def test_the_measured_timeline_uses_the_same_colours(monkeypatch, tmp_path):
         for chunk in (0, 1):  # the colours of schedules/draw.py, shade for shade
             wanted = to_rgb(colours.op_colour(kind, chunk, 2))
             assert any(max(abs(a - b) for a, b in zip(f, wanted)) < 1e-6 for f in fills)
+
+
+def _recomputing():
+    """ZB-H1, p 2, m 2, where stage 0 recomputes microbatch 1 in full (rebuild = one F)."""
+    from hpcpipe.schedules.recompute import PRESETS, PerMicrobatch
+    costs = Costs(recompute=PerMicrobatch(PRESETS["full"], {(0, 1)}))
+    return simulate(generate("zb-h1", 2, 2), costs)
+
+
+def test_a_rebuild_is_drawn_apart_from_its_b_as_the_runtime_traces_it(monkeypatch, tmp_path):
+    result = _recomputing()
+    rank0 = {str(op): (kind, b, e) for kind, op, b, e in draw.pieces(result)[0] if kind == "R"}
+    [(kind, start, end)] = rank0.values()
+    # Rank 0's B1 starts with the rebuild (1 = stage 0's F), the rest is B itself.
+    b1 = [i for i, op in enumerate(result.schedule.ranks[0]) if str(op) == "B1"][0]
+    assert (start, end) == (result.start[0][b1], result.start[0][b1] + 1.0)
+    assert "R1" in draw.ascii_timeline(result).splitlines()[0]
+    picture = draw.svg(result)
+    assert f'fill="{colours.op_colour("R")}"' in picture and ">R (rebuild)</text>" in picture
+    assert "<title>R1 " in picture
+    figure = _drawn(monkeypatch, lambda: draw.png(result, str(tmp_path / "r.png")))
+    assert _legend_clear_of_bars(figure) == ["F", "B", "W", "R (rebuild)"]
+
+
+def test_no_rebuild_is_drawn_without_recomputation():
+    result = simulate(generate("zb-h1", 2, 2), Costs())
+    assert all(kind != "R" for row in draw.pieces(result) for kind, _, _, _ in row)
+    assert "R (rebuild)" not in draw.svg(result)

@@ -151,6 +151,8 @@ docs: install
 	done
 	$(PY) -m hpcpipe schedule --kind pipedream-2bw --stages 4 --microbatches 4 --steps 4 \
 	  --png docs/pipedream-2bw-p4-m4.png --force
+	$(PY) -m hpcpipe schedule --kind zb-h1 -p 4 -m 8 --force \
+	  --cost F=1,B=1,W=1,recompute=full/full/none/none --png docs/zb-h1-full-recompute-p4-m8.png
 	$(PY) -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
 	$(PY) -m hpcpipe.bench.memory --pareto docs/pareto-memory-pp2.png
 

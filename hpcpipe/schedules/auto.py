@@ -141,6 +141,9 @@ def _knob_grid(ops: int) -> list[Knobs]:
 def _policies(limit: float, ops: int, chunks: int, hand_made_fits: bool) -> list[Policy]:
     depths = (0.0, 1.0) if chunks == 1 else (0.0,)  # a depth cap can stall a V (see Policy)
     every = [Policy(limit, fill, depth) for fill, depth in product(("fit", "eager"), depths)]
+    if chunks > 1:  # waiting for the way back up pays only in a V (see Policy.patience)
+        every += [Policy(limit, fill, patience=x) for x, fill in product((0.25, 0.5),
+                                                                         ("fit", "eager"))]
     if ops <= SMALL:
         return every
     if chunks > 1 and ops > LARGE:
@@ -216,7 +219,9 @@ def _greedy_contenders(search: Search, chunks: int) -> Iterator[Contender]:
             built = greedy(problem, policy)
         except ScheduleError:
             continue
-        yield Contender(f"greedy(fill={policy.fill}, depth={policy.depth:g}, chunks={chunks})",
+        wait = f", patience={policy.patience:g}" if policy.patience else ""
+        yield Contender(f"greedy(fill={policy.fill}, depth={policy.depth:g}{wait}, "
+                        f"chunks={chunks})",
                         built.schedule, search.score_built(built), False)
 
 

@@ -32,12 +32,19 @@ class Policy:
       B's through (ZB-H1's trick). One chunk per rank only: in a V the cap can leave a rank
       waiting for a chunk-1 input that needs a chunk-0 forward it may not run, and it stalls.
     alternate: when an F and a B are both ready, take the kind not taken last.
+    patience: 0, or wait for an op of a chunk further along the pipeline whose input is on
+      its way (its producer has started) when it would start less than patience x the
+      length of the op the rank would run instead after that op's start. In a V the chunk-1
+      forward a rank would otherwise queue behind a chunk-0 one is the first microbatch's
+      way back up: each rank that delays it by an F delays every rank above it, and rank 0,
+      out of chunk-0 forwards, waits for all of it.
     """
 
     limit: float
     fill: str = "fit"
     depth: float = 0.0
     alternate: bool = True
+    patience: float = 0.0
 
 
 class Arrival(NamedTuple):
@@ -223,11 +230,23 @@ class ListScheduler:
         rank.held += pb.mem[s]
         return s + 1
 
+    def choose(self, r: int, ready: list[Candidate]) -> Candidate | None:
+        """The candidate to run next: the soonest, or with `patience` one of a later chunk
+        arriving soon enough after it (see Policy)."""
+        best = min(ready) if ready else None
+        if best is None or not self.policy.patience:
+            return best
+        stage = self.ranks[r].stages[best.chunk]
+        length = self.pb.f[stage] if best.kind == Kind.F else self.pb.b[stage]
+        soon = [c for c in ready if c.preference < best.preference
+                and c.start < best.start + self.policy.patience * length - EPS]
+        return min(soon) if soon else best
+
     def step(self, r: int, now: float) -> None:
         """Rank r is free (or was woken) at `now`: run one op, or sleep until it can."""
         rank = self.ranks[r]
         ready, soonest, memory_full = self.candidates(r, now)
-        best = min(ready) if ready else None
+        best = self.choose(r, ready)
         if self.should_run_w(r, best, soonest, memory_full):
             self.run_w(r)
             self.queue.push(r, max(now, rank.free))

@@ -55,6 +55,7 @@ def test_each_builder_alone_reaches_zero_bubble_at_2p():
 ONE, V = one_chunk_placement(4), v_placement(4)
 RECIPES = [(Policy(4, "fit"), ONE), (Policy(4, "eager", 1.0), ONE), (Policy(8, "fit", 0, False), ONE),
            (Policy(4, "fit"), V), (Policy(8, "eager"), V), (Policy(8, "fit", 0, False), V),
+           (Policy(4, "fit", patience=0.5), V), (Policy(8, "eager", patience=0.25), V),
            (Knobs(), ONE), (Knobs(True, True, False), ONE), (Knobs(False, False, True, (1, 0, 0, 0)), ONE)]
 
 
@@ -72,6 +73,30 @@ def test_builder_clocks_match_the_simulator(recipe, placement, recompute):
     assert built.span == pytest.approx(result.span)
     assert built.makespan == pytest.approx(result.makespan)
     assert max(result.peak_activations) <= limit + 1e-9
+
+
+ONE_POINT_FIVE_B = Costs(18.522, 18.086, 9.337, comm=0.601, memw=0.37)
+
+
+def test_patience_keeps_the_way_back_up_of_a_v_clear():
+    # The paper's 1.5B costs, p 4, m 4, in a V: the greedy rank that starts a chunk-0 F
+    # while the first microbatch's chunk-1 F is on its way delays it, and every rank above
+    # it after; waiting for it (it comes within a quarter of an F) shortens the step.
+    problem = Problem.build(4, 4, ONE_POINT_FIVE_B, V, 4)
+    eager, patient = (greedy(problem, Policy(4, "fit", patience=x)) for x in (0.0, 0.25))
+    for built in (eager, patient):
+        check(built.schedule)
+    waits = simulate(patient.schedule, ONE_POINT_FIVE_B)
+    assert waits.longest_span < 0.97 * simulate(eager.schedule, ONE_POINT_FIVE_B).longest_span
+    # The first microbatch's chunk-1 forwards run back to back down the ranks
+    # (stage 4 on rank 3 up to stage 7 on rank 0), a message apart.
+    ranks, starts = patient.schedule.ranks, waits.start
+    way_up = [starts[r][[str(op) for op in ranks[r]].index("F0@c1")] for r in (3, 2, 1, 0)]
+    f = 18.522 / 2
+    assert all(b - a == pytest.approx(f + 0.601) for a, b in zip(way_up, way_up[1:]))
+    # auto weighs these policies for a V, so it gets there too.
+    chosen = generate("auto", 4, 4, costs=ONE_POINT_FIVE_B, memory_limit=4, v=2)
+    assert simulate(chosen, ONE_POINT_FIVE_B).longest_span <= waits.longest_span + 1e-9
 
 
 @pytest.mark.parametrize("costs, limit", [(Costs(1, 1, 0.5), 64), (Costs(1, 1, 0.5), 32),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from hpcpipe.util.files import write_figure
 
-from . import Costs, ScheduleError, generate, simulate
+from . import Costs, Schedule, ScheduleError, generate, simulate
 
 
 def paper_bubble(kind: str, p: int, m: int, c: Costs, v: int = 2) -> float | None:
@@ -286,19 +286,22 @@ def per_microbatch_row(p: int, m: int, costs: Costs, steps: int = 25):
     per_stage = (1 - found.useful / simulate(found.schedule, found.costs).longest_span,
                  found.plan)
     best = None
-    for i in range(steps):
-        limit = p * (1 + 0.05 * i)
-        for chunks in (1, 2):
+    # Per-stage's own order too: its plan, where selective, is one of the per-microbatch plans.
+    orders = [(p, found.schedule)] + [(p * (1 + 0.05 * i), chunks) for i in range(steps)
+                                      for chunks in (1, 2)]
+    for limit, order in orders:
+        schedule, chunks = (order, order.chunks) if isinstance(order, Schedule) else (None, order)
+        if schedule is None:
             try:
                 schedule = search(p, m, costs, limit, "span", chunks)[1]
             except ScheduleError:
                 continue
-            chosen = fewest_recomputed(schedule, costs, p, selective)
-            if chosen is None:
-                continue
-            bubble = bubble_recomputing(schedule, costs, chosen, selective)
-            if best is None or bubble < best[0] - 1e-12:
-                best = (bubble, limit, chunks, len(chosen))
+        chosen = fewest_recomputed(schedule, costs, p, selective)
+        if chosen is None:
+            continue
+        bubble = bubble_recomputing(schedule, costs, chosen, selective)
+        if best is None or bubble < best[0] - 1e-12:
+            best = (bubble, limit, chunks, len(chosen))
     return per_stage, best
 
 

@@ -142,8 +142,8 @@ class ListScheduler:
                 return None
             if s == pb.num_stages - 1:
                 return Arrival(rank.free, True)
-            made, other, duration = self.b_end[s + 1][x], s + 1, pb.b[s + 1]
-            early = pb.lead_of(s)  # a rebuild needs only the own F: it may run before
+            made, other, duration = self.b_end[s + 1][x], s + 1, self.b_length(s + 1, x)
+            early = self.b_lead(s, x)  # a rebuild needs only the own F: it may run before
         else:
             x = rank.next_f[chunk]
             if x >= pb.m:
@@ -168,13 +168,16 @@ class ListScheduler:
                 got = self.arrival(r, c, kind)
                 if got is None:
                     continue
+                s = rank.stages[c]
                 if kind == Kind.F:
-                    s = rank.stages[c]
-                    if rank.held + pb.mem[s] + self.reserve[s] > pb.limit + EPS:
+                    if self.f_held(r, s) is None:
                         memory_full = True
                         continue
                     if rank.in_flight() >= rank.depth:
                         continue
+                elif not self.b_fits(r, s, rank.next_b[c]):
+                    memory_full = True
+                    continue
                 soonest = got.time if soonest is None else min(soonest, got.time)
                 if got.exact:
                     prefers_b = not (self.policy.alternate and rank.last_fb == Kind.B)
@@ -195,6 +198,32 @@ class ListScheduler:
         upcoming = best.start if best is not None else soonest
         _, chunk = rank.held_w[0]
         return upcoming is None or upcoming >= rank.free + self.pb.w[rank.stages[chunk]] - EPS
+
+    # -- what an F holds and a B takes: the hooks ondemand.py's scheduler changes ---------
+
+    def f_held(self, r: int, s: int) -> float | None:
+        """What rank r's next F of stage s would hold until its B; None: it does not fit."""
+        pb = self.pb
+        fits = self.ranks[r].held + pb.mem[s] + self.reserve[s] <= pb.limit + EPS
+        return pb.mem[s] if fits else None
+
+    def b_fits(self, r: int, s: int, x: int) -> bool:
+        """Whether the B of microbatch x on stage s has the memory it takes while it runs."""
+        return True
+
+    def b_length(self, s: int, x: int) -> float:
+        return self.pb.b[s]
+
+    def b_lead(self, s: int, x: int) -> float:
+        """How long before its gradient the B may start (its rebuild)."""
+        return self.pb.lead_of(s)
+
+    def kept(self, s: int, x: int) -> float:
+        """What the F of microbatch x on stage s holds until its B."""
+        return self.pb.mem[s]
+
+    def forward_ran(self, s: int, x: int, held: float) -> None:
+        """Told of each F as it is placed, with what it holds."""
 
     def _record(self, rank: RankState, op: Op, start: float, duration: float) -> float:
         rank.ops.append(op)
@@ -220,14 +249,17 @@ class ListScheduler:
         if best.kind == Kind.B:
             x = rank.next_b[c]
             rank.next_b[c] += 1
-            self.b_end[s][x] = self._record(rank, Op(Kind.B, x, c), best.start, pb.b[s])
-            rank.held += pb.memw[s] - pb.mem[s]
+            self.b_end[s][x] = self._record(rank, Op(Kind.B, x, c), best.start,
+                                            self.b_length(s, x))
+            rank.held += pb.memw[s] - self.kept(s, x)
             rank.held_w.append((x, c))
             return s - 1
         x = rank.next_f[c]
+        held = self.f_held(r, s)
         rank.next_f[c] += 1
         self.f_end[s][x] = self._record(rank, Op(Kind.F, x, c), best.start, pb.f[s])
-        rank.held += pb.mem[s]
+        rank.held += held
+        self.forward_ran(s, x, held)
         return s + 1
 
     def choose(self, r: int, ready: list[Candidate]) -> Candidate | None:

@@ -39,6 +39,7 @@ from .ops import (
     one_chunk_placement,
     v_placement,
 )
+from .ondemand import orders as on_demand_orders
 from .problem import EPS, Problem
 from .recompute import PerMicrobatch, Recompute
 from .simulator import Costs, peak_activations, simulate, span_lower_bound
@@ -575,7 +576,8 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
         if choice is not None:
             hint, hint_costs = _best_hint(
                 ([(hint, hint_costs)] if hint is not None else [])
-                + hand_made_hints(p, m, search.costs, search.limit, count, choice),
+                + hand_made_hints(p, m, search.costs, search.limit, count, choice)
+                + on_demand_orders(p, m, search.costs, search.limit, count, choice),
                 search.limit, objective)
         try:
             run = certify(p, m, plan_costs, search.limit, objective, count, hint,

@@ -305,6 +305,23 @@ def per_microbatch_row(p: int, m: int, costs: Costs, steps: int = 25):
     return per_stage, best
 
 
+def on_demand_row(p: int, m: int, costs: Costs):
+    """At 1F1B's memory (p): the best schedule of the list scheduler choosing selective
+    recomputation per microbatch as it goes (`ondemand.py`), one chunk and a V, the
+    recompute time counted as lost: (bubble, chunks, pairs recomputed), or None."""
+    from .ondemand import orders
+    from .recompute import PRESETS, bubble_recomputing
+
+    selective, best = PRESETS["selective"], None
+    for chunks in (1, 2):
+        for schedule, plan_costs in orders(p, m, costs, p, chunks, selective):
+            pairs = plan_costs.recompute.pairs if plan_costs.recomputes() else frozenset()
+            bubble = bubble_recomputing(schedule, costs, pairs, selective)
+            if best is None or bubble < best[0] - 1e-12:
+                best = (bubble, chunks, len(pairs))
+    return best
+
+
 def certified_row(p: int, m: int, costs: Costs, seconds: float, polish: float = 0.0):
     """At 1F1B's memory (p): the certified search with selective recomputation chosen per
     (stage, microbatch) with the order, one chunk and a V, `seconds` in all, its best then
@@ -343,25 +360,28 @@ def render_per_microbatch(sizes, exact: float | None = None, polish: float = 0.0
     out = ["6.2B's costs (the zero-bubble paper's Table 9), memory limit p (1F1B's); bubble = "
            "1 - busiest rank's work without recompute / longest span",
            "| p | m | per stage (auto, explore) | per microbatch (selective) | its order: auto "
-           "at limit, chunks | pairs recomputed |"
+           "at limit, chunks | pairs recomputed | on demand (selective): chunks, pairs |"
            + (f" certified, per microbatch ({exact:g} s"
               + (f", polished {polish:g} s" if polish else "") + ") | at its proven bound |"
               if exact else ""),
-           "|---|---|---|---|---|---|" + ("---|---|" if exact else "")]
+           "|---|---|---|---|---|---|---|" + ("---|---|" if exact else "")]
     for p, m in sizes:
         started = time.perf_counter()
         (stage_bubble, plan), best = per_microbatch_row(p, m, SIX_B.costs)
-        tail = ""
+        demand = on_demand_row(p, m, SIX_B.costs)
+        tail = (f" {demand[0]:.4f} ({demand[1]}, {demand[2]} of {p * demand[1] * m}) |"
+                if demand else " does not fit |")
         if exact:
             bubble, pairs, chunks, states, floor = certified_row(p, m, SIX_B.costs, exact,
                                                                  polish)
             what = f"{pairs} of {p * chunks * m} pairs" if pairs is not None else "per stage"
-            tail = f" {bubble:.4f} ({what}, {chunks} chunk(s); {states}) | {floor:.4f} |"
+            tail += f" {bubble:.4f} ({what}, {chunks} chunk(s); {states}) | {floor:.4f} |"
         # (rows with --exact take minutes each: say where it is)
         print(f"p {p}, m {m}: {time.perf_counter() - started:.0f} s", file=sys.stderr,
               flush=True)
         if best is None:
-            out.append(f"| {p} | {m} | {stage_bubble:.4f} ({plan}) | does not fit | | |" + tail)
+            out.append(f"| {p} | {m} | {stage_bubble:.4f} ({plan}) | does not fit | | |"
+                       + tail)
             continue
         bubble, limit, chunks, pairs = best
         out.append(f"| {p} | {m} | {stage_bubble:.4f} ({plan}) | {bubble:.4f} | {limit:.3g}, "

@@ -225,6 +225,9 @@ class ListScheduler:
     def forward_ran(self, s: int, x: int, held: float) -> None:
         """Told of each F as it is placed, with what it holds."""
 
+    def backward_ran(self, s: int, x: int) -> None:
+        """Told of each B as it is placed."""
+
     def _record(self, rank: RankState, op: Op, start: float, duration: float) -> float:
         rank.ops.append(op)
         rank.first = start if rank.first is None else rank.first
@@ -253,6 +256,7 @@ class ListScheduler:
                                             self.b_length(s, x))
             rank.held += pb.memw[s] - self.kept(s, x)
             rank.held_w.append((x, c))
+            self.backward_ran(s, x)
             return s - 1
         x = rank.next_f[c]
         held = self.f_held(r, s)

@@ -30,10 +30,14 @@ from .problem import EPS, Problem
 from .recompute import PerMicrobatch, Recompute
 from .simulator import Costs, peak_activations
 
-# The grid `orders` tries: with and without waiting for a V's way back up (greedy.Policy),
-# and the memory an F that could run whole leaves free (in microbatches of a rank's share).
-PATIENCE = (0.0, 0.25)
-SLACK = (0.0, 0.5, 1.0, 2.0)
+# The grid `orders` tries, the settings that won most often first: the list scheduler's
+# fill and alternation, waiting for a V's way back up or not (greedy.Policy), the memory an
+# F that could run whole leaves free (in microbatches of a rank's share), room for the later
+# chunks' rebuilds or not. It stops once BUDGET op placements are spent (a tenth of a second
+# to a few seconds in CPython): the certified search runs it before its clock starts.
+GRID = tuple(product(("eager", "fit"), (True, False), (0.25, 0.0), (1.0, 0.0, 2.0, 0.5),
+                     (False, True)))
+BUDGET = 100_000
 
 
 class OnDemand(ListScheduler):
@@ -47,6 +51,7 @@ class OnDemand(ListScheduler):
         # (slack in microbatches of a rank's whole share of layers: all its chunks' M_B)
         self.choice, self.slack = choice, slack * max(problem.mem) * problem.chunks
         self.pairs: set[tuple[int, int]] = set()
+        self.rebuilding = [0] * problem.num_stages  # per stage: recomputing, B not yet run
         super().__init__(problem, policy)
         # Room for one F of each later chunk, each of which may recompute.
         pb = problem
@@ -71,14 +76,14 @@ class OnDemand(ListScheduler):
         every W is run? Else, holding F's only, it would stall."""
         pb, rank, rebuilt = self.pb, self.ranks[r], 1 - self.choice.keep
         waiting = sum(pb.memw[rank.stages[c]] for _, c in rank.held_w)
-        spikes = [pb.mem[t] * rebuilt for c, t in enumerate(rank.stages)
-                  for x in range(rank.next_b[c], rank.next_f[c]) if (t, x) in self.pairs]
-        later = self.reserve[s] if self.later_rebuilds else 0.0
-        if self.later_rebuilds:
-            spikes += [pb.mem[t] * rebuilt for t in rank.stages if t > s]
+        spikes = [pb.mem[t] * rebuilt for t in rank.stages if self.rebuilding[t]]
         if held < pb.mem[s]:
             spikes.append(pb.mem[s] - held)
-        return rank.held - waiting + held + later + max(spikes, default=0.0) <= pb.limit + EPS
+        after = rank.held - waiting + held
+        if self.later_rebuilds:
+            after += self.reserve[s]
+            spikes += [pb.mem[t] * rebuilt for t in rank.stages if t > s]
+        return after + max(spikes, default=0.0) <= pb.limit + EPS
 
     def b_fits(self, r: int, s: int, x: int) -> bool:
         return self.ranks[r].held + self.pb.mem[s] - self.kept(s, x) <= self.pb.limit + EPS
@@ -95,6 +100,11 @@ class OnDemand(ListScheduler):
     def forward_ran(self, s: int, x: int, held: float) -> None:
         if held < self.pb.mem[s]:
             self.pairs.add((s, x))
+            self.rebuilding[s] += 1
+
+    def backward_ran(self, s: int, x: int) -> None:
+        if (s, x) in self.pairs:
+            self.rebuilding[s] -= 1
 
 
 def on_demand(p: int, m: int, costs: Costs, memory_limit: float, chunks: int,
@@ -111,12 +121,10 @@ def on_demand(p: int, m: int, costs: Costs, memory_limit: float, chunks: int,
 
 def orders(p: int, m: int, costs: Costs, memory_limit: float, chunks: int,
            choice: Recompute) -> list[tuple[Schedule, Costs]]:
-    """Every on-demand schedule of the grid (fill, alternation, patience, slack, room for
-    the later chunks' rebuilds) that fits `memory_limit` (checked by `peak_activations`),
-    with its costs and plan."""
-    found = []
-    for fill, alternate, patience, slack, later in product(("fit", "eager"), (True, False),
-                                                           PATIENCE, SLACK, (True, False)):
+    """Every on-demand schedule of the GRID (as much of it as BUDGET allows) that fits
+    `memory_limit` (checked by `peak_activations`), with its costs and plan."""
+    found, ops = [], 3 * m * p * chunks
+    for fill, alternate, patience, slack, later in GRID[:max(1, BUDGET // ops)]:
         policy = Policy(memory_limit, fill, 0.0, alternate, patience)
         try:
             schedule, plan_costs = on_demand(p, m, costs, memory_limit, chunks, choice,

@@ -383,6 +383,20 @@ def recompute_plans(p: int, chunks: int, costs: Costs, choices: tuple[Recompute,
             yield f"{choice} on {where}", costs.with_recompute(plan)
 
 
+def _on_demand_contenders(base: Search, chunks: int, recompute: tuple[Recompute, ...],
+                          tally: Tally) -> None:
+    """Offer `tally` the on-demand schedules (ondemand.py) of each recompute choice."""
+    from .ondemand import orders
+
+    for choice in (c for c in recompute if c.recomputes):
+        for schedule, plan_costs in orders(base.p, base.m, base.costs, base.limit, chunks,
+                                           choice):
+            tally.plan, tally.costs = str(plan_costs.recompute), plan_costs
+            score = replace(base, costs=plan_costs).score_schedule(schedule)
+            tally.offer(Contender(f"on demand({choice}, chunks={chunks})", schedule, score,
+                                  False))
+
+
 @dataclass(frozen=True)
 class Exploration:
     """What `explore` found: the winner, the costs with the recompute plan it needs, and
@@ -407,12 +421,15 @@ def pareto(points: list[Point]) -> tuple[Point, ...]:
 
 def explore(p: int, m: int, costs: Costs | None = None, memory_limit: float | None = None,
             objective: str = "span", chunks: int | None = None,
-            recompute: tuple[Recompute, ...] = (), looped: bool = True) -> Exploration:
+            recompute: tuple[Recompute, ...] = (), looped: bool = True,
+            per_microbatch: bool = True) -> Exploration:
     """auto over placements and recompute plans together: every plan of `recompute_plans`
     (the `recompute` choices on the first 1, 2, 4 ... p ranks) is searched like `auto` on
-    each allowed placement, and the best under the limit wins, its recompute time counted
-    (B lasts it). Returns the winner, its plan and the Pareto front it saw. `looped=False`
-    keeps to one chunk and the V even where the placement is auto's to choose."""
+    each allowed placement, and -- with `per_microbatch` -- the list scheduler that chooses
+    each choice per microbatch as it goes (`ondemand.py`); the best under the limit wins,
+    its recompute time counted (B lasts it). Returns the winner, its plan and the Pareto
+    front it saw. `looped=False` keeps to one chunk and the V even where the placement is
+    auto's to choose."""
     base = make_search(p, m, costs, memory_limit, objective, chunks, bool(recompute))
     tally = Tally(lower_bound(base) if objective == "span" else 0.0, record=True)
     for count in base.chunk_counts:
@@ -426,6 +443,8 @@ def explore(p: int, m: int, costs: Costs | None = None, memory_limit: float | No
                 continue  # nothing fits under this plan
             if tally.done():
                 break
+        if per_microbatch and not base.costs.recomputes() and not tally.done():
+            _on_demand_contenders(base, count, recompute, tally)
     if tally.best is None:
         raise ScheduleError(f"auto: nothing fits memory limit {base.limit:g} with p={p}, "
                             f"m={m}" + (", even recomputing" if recompute else ""))

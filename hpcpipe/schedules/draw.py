@@ -34,8 +34,12 @@ def _grid(result: SimResult) -> float:
     step = Fraction(0)
     for t in times:
         step = _fraction_gcd(step, Fraction(t).limit_denominator(1000))
-    step = float(step) if step else 1.0
     span = (max(times) - min(times)) if times else 0.0
+    # Times of many unrelated fractions (rebuilds of a per-microbatch plan) share only a
+    # step too fine to be a float: then columns of span / MAX_COLUMNS.
+    step = float(step) if step else 1.0
+    if step <= 0.0:
+        step = span / MAX_COLUMNS
     while span / step > MAX_COLUMNS:
         step *= 2
     return step

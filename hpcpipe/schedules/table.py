@@ -282,7 +282,7 @@ def per_microbatch_row(p: int, m: int, costs: Costs, steps: int = 25):
     from .recompute import PRESETS, bubble_recomputing, fewest_recomputed
 
     selective = PRESETS["selective"]
-    found = explore(p, m, costs, p, "span", 0, (selective, PRESETS["full"]))
+    found = explore(p, m, costs, p, "span", 0, (selective, PRESETS["full"]), per_microbatch=False)
     per_stage = (1 - found.useful / simulate(found.schedule, found.costs).longest_span,
                  found.plan)
     best = None

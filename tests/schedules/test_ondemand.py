@@ -59,3 +59,37 @@ def test_at_1f1b_memory_it_beats_every_per_stage_plan_at_p8_m32():
     best = min(bubble_recomputing(s, SIX_B, c.recompute.pairs, SELECTIVE)
                for s, c in orders(8, 32, SIX_B, 8, 2, SELECTIVE) if c.recomputes())
     assert best < 0.025
+
+
+def test_explore_weighs_it_and_training_takes_its_plan():
+    # p 4, m 16 at 1F1B's memory: selective on every rank is the best per-stage plan
+    # (0.0252); chosen per microbatch as it builds, 0.0159 (the rebuilds counted as lost).
+    from hpcpipe.schedules.auto import explore
+    from hpcpipe.schedules.recompute import PerMicrobatch
+    from hpcpipe.train.memplan import stage_plan
+
+    choices = (SELECTIVE, PRESETS["full"])
+    per_stage = explore(4, 16, SIX_B, 4, chunks=0, recompute=choices, per_microbatch=False)
+    found = explore(4, 16, SIX_B, 4, chunks=0, recompute=choices)
+    assert isinstance(found.costs.recompute, PerMicrobatch)
+    assert found.label.startswith("on demand(selective")
+    assert found.plan == str(found.costs.recompute)
+    useful = found.useful
+    bubble = 1 - useful / simulate(found.schedule, found.costs).longest_span
+    assert bubble < 0.8 * (1 - useful / simulate(per_stage.schedule,
+                                                 per_stage.costs).longest_span)
+    assert max(simulate(found.schedule, found.costs).peak_activations) <= 4 + 1e-9
+    # The plan as the runtime takes it: per stage, the microbatches that recompute.
+    plan = stage_plan(found.costs.recompute, 8)
+    assert any(not isinstance(x, str) and x[0] == "selective" for x in plan)
+
+
+def test_a_per_microbatch_plan_draws_as_text():
+    # Rebuilds of many lengths share no float-sized time step: the columns fall back to
+    # span / MAX_COLUMNS instead of dividing by zero.
+    from hpcpipe.schedules.draw import MAX_COLUMNS, ascii_timeline
+    schedule, costs = next((s, c) for s, c in orders(8, 32, SIX_B, 8, 2, SELECTIVE)
+                           if c.recomputes())
+    lines = ascii_timeline(simulate(schedule, costs)).splitlines()
+    assert len(lines) == 8 and "R" in "".join(lines)
+    assert max(len(line) for line in lines) < 8 * (MAX_COLUMNS + 2)

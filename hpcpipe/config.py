@@ -119,7 +119,8 @@ class TrainSection:
     # "none"; "selective" (all but the attention matrices and the GELU's output);
     # "full" (only the stage's input). One for every stage, or one per model stage,
     # "/"-separated: "full/selective/none/none" (pp × chunks of them); or, with
-    # parallel.schedule = "auto", "auto": chosen per stage with the schedule once profiled.
+    # parallel.schedule = "auto", "auto": chosen with the schedule once profiled, per stage
+    # or, where that wins, per microbatch as the list scheduler builds the order.
     recompute: str = "none"
     # -- the asynchronous pipeline (parallel.schedule = "pipedream-2bw", issue 30) --------
     # "secant": each update, taken one step late, is corrected to first order for the

@@ -343,6 +343,7 @@ def run(args: argparse.Namespace) -> int:
                 summary["exact"] = verdict.summary()
                 summary.update(_plan_json(args.cost))
             if found is not None:
+                summary.update(_plan_json(args.cost))  # (with the pairs of an on-demand plan)
                 summary["recompute"] = found.plan
                 summary["pareto"] = [_point(found, q) for q in found.front]
             print(json.dumps(summary))

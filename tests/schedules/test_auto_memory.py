@@ -85,6 +85,19 @@ def test_cli_pareto_and_recompute(capsys):
     assert run(["--kind", "1f1b", "-p", "2", "-m", "2", "--pareto"]) == 2
 
 
+def test_cli_names_the_pairs_of_an_on_demand_plan(capsys):
+    # p 4, m 16 at 1F1B's memory: recomputing per microbatch as it builds wins (see
+    # test_ondemand.py); the JSON says which pairs, as the certified search's does.
+    assert run(["--kind", "auto", "-p", "4", "-m", "16", "--memory-limit", "4",
+                "--cost", "F=29.718,B=29.444,W=19.927,comm=0.527,memw=0.43",
+                "--recompute", "selective", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    pairs = {tuple(x) for x in data["recompute_pairs"]}
+    assert data["recompute"] == f"selective on {len(pairs)} (stage, microbatch) pairs"
+    assert all(0 <= s < 8 and 0 <= x < 16 for s, x in pairs)
+    assert max(data["peak_activations"]) <= 4
+
+
 def test_memory_goals_table():
     text = render_goals([(2, 4)])
     rows = [line for line in text.splitlines() if line.startswith("| equal | 2 | 4 |")]

@@ -635,9 +635,9 @@ def _per_microbatch_starts(p, m, search, count, choice, auto_start, objective) -
     """Where a per-microbatch run starts: the best of auto's per-stage order and the
     hand-made ones (each with the fewest pairs recomputed), and -- where better still --
     the best on-demand order (ondemand.py) as a second run. Two runs, for CP-SAT keeps to
-    the neighbourhood of its hint: from the on-demand order it gets furthest at p 8, from
-    the others at p 4 (6.2B's costs, 1F1B's memory, m 16: 1.1 % from the first, 0.4 %
-    from the others)."""
+    the neighbourhood of its hint: on 6.2B's costs at 1F1B's memory, from the on-demand
+    order it got to 1.3 % at p 8, m 16 where the others' start gave 4.2 %, and at p 4,
+    m 16 a start from ZB-V once gave 0.4 % where the on-demand one gave 1.1 %."""
     hint, hint_costs = auto_start[0]
     classic = _best_hint(([(hint, hint_costs)] if hint is not None else [])
                          + hand_made_hints(p, m, search.costs, search.limit, count, choice),

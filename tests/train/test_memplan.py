@@ -126,7 +126,9 @@ def test_the_pareto_front_trades_bubble_for_memory():
 @pytest.mark.device
 def test_auto_chooses_recomputation_with_its_schedule(tmp_path, stdlib_tokens):
     """train.recompute = "auto" under a limit below 1F1B's memory (one chunk per rank):
-    auto's search places recomputation on the first stage once costs are measured."""
+    auto's search places recomputation once costs are measured -- per stage, or per
+    microbatch where its on-demand schedules win -- and the steps after profiling hold no
+    more than the limit."""
     small = ["model.n_embd=32", "model.n_head=2", "model.block_size=32",
              "train.micro_batch_size=2", "parallel.pp=2", "parallel.microbatches=4"]
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
@@ -139,7 +141,14 @@ def test_auto_chooses_recomputation_with_its_schedule(tmp_path, stdlib_tokens):
                                              f'data.path="{stdlib_tokens}"')], n=2)
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if "auto recompute per model stage" in x)
-    assert all(c in ("none", "selective", "full") for c in line.split(": ")[-1].split("/"))
+    plan = [stage.partition("@") for stage in line.split(": ")[-1].split("/")]
+    assert all(choice in ("none", "selective", "full") for choice, _, _ in plan)
+    assert any(choice != "none" for choice, _, _ in plan)
+    assert all(0 <= int(x) < 4 for _, _, taken in plan for x in filter(None, taken.split(",")))
+    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    after = [max(r["peak_activation_bytes"]) for r in steps if r.get("step", 0) > 2
+             and "peak_activation_bytes" in r]
+    assert after and max(after) <= 1.01 * 0.4 * 2**20  # (the token ids the plan leaves out)
 
 
 @pytest.mark.device

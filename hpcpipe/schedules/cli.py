@@ -149,7 +149,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "training's parallel.memory_limit = 0)")
     parser.add_argument("--recompute", metavar="CHOICES",
                         help="auto only: recompute choices it may place on the first ranks, "
-                        "comma separated (selective, full or KEEP:TIME), searched with the order")
+                        "or per microbatch as it builds the order (on demand), comma "
+                        "separated (selective, full or KEEP:TIME), searched with the order")
     parser.add_argument("--pareto", action="store_true",
                         help="auto only: print the front of bubble against peak activations "
                         "auto saw (with --json: a \"pareto\" list)")

@@ -113,9 +113,9 @@ def report(result: SimResult) -> str:
     ])
 
 
-def _kinds(result: SimResult) -> list[str]:
-    """The kinds drawn, in F, B, W, BW order, then R where a B rebuilds."""
-    drawn = {kind for row in pieces(result) for kind, _, _, _ in row}
+def _kinds(rows) -> list[str]:
+    """The kinds `pieces` drew, in F, B, W, BW order, then R where a B rebuilds."""
+    drawn = {kind for row in rows for kind, _, _, _ in row}
     return [k.value for k in Kind if k.value in drawn] + (["R"] if "R" in drawn else [])
 
 
@@ -130,13 +130,14 @@ def svg(result: SimResult, unit: float = 40.0, row: float = 28.0) -> str:
     left, top = 60.0, 30.0
     width = left + (t1 - t0) * scale + 20
     height = top + s.num_ranks * row + 40
-    legend = legend_entries(_kinds(result), s.chunks)
+    rows = pieces(result)
+    legend = legend_entries(_kinds(rows), s.chunks)
     width = max(width, left + sum(40 + 7 * len(label) for label, _ in legend) + 20)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
            f'font-family="sans-serif" font-size="11">',
            f'<text x="{left}" y="18" font-size="13">{escape(s.kind)}: p={s.num_ranks}, '
            f'm={s.num_microbatches}, v={s.chunks}, bubble {result.bubble_rate:.3f}</text>']
-    for r, ops in enumerate(pieces(result)):
+    for r, ops in enumerate(rows):
         y = top + r * row
         out.append(f'<text x="6" y="{y + row * 0.65:.1f}">rank {r}</text>')
         out.append(f'<rect x="{left}" y="{y + 1:.1f}" width="{(t1 - t0) * scale:.1f}" '
@@ -175,11 +176,13 @@ def png(result: SimResult, path: str, dpi: int = 120, title: str | None = None) 
     s = result.schedule
     t0 = min((r[0] for r in result.start if r), default=0.0)
     t1 = max((r[-1] for r in result.end if r), default=1.0)
-    legend = legend_entries(_kinds(result), s.chunks)
+    rows = pieces(result)
+    kinds = _kinds(rows)
+    legend = legend_entries(kinds, s.chunks)
     # Tall enough for the legend too: a column per kind, a row per chunk.
     height = max(0.5 + 0.45 * s.num_ranks, 0.6 + 0.28 * s.chunks)
     fig, ax = plt.subplots(figsize=(min(40, 2 + (t1 - t0) * 0.35), height))
-    for r, ops in enumerate(pieces(result)):
+    for r, ops in enumerate(rows):
         for kind, op, b, e in ops:
             ax.barh(r, e - b, left=b - t0, height=0.9, color=op_colour(kind, op.chunk, s.chunks),
                     edgecolor="white", linewidth=0.8)
@@ -199,7 +202,7 @@ def png(result: SimResult, path: str, dpi: int = 120, title: str | None = None) 
     # interleaved schedule.
     ax.legend(handles=[Patch(color=colour, label=label) for label, colour in legend],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
-              ncol=len(_kinds(result)) if s.chunks > 1 else 1)
+              ncol=len(kinds) if s.chunks > 1 else 1)
     fig.tight_layout()
     write_figure(path, fig, dpi)
     plt.close(fig)

@@ -571,9 +571,8 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
         start = per_count.get(count, found)
         hint = start.schedule if start.schedule.chunks == count and (
             label == found.plan if choice is None else _plan_uses(start.costs, choice)) else None
-        starts = [(hint, start.costs)]
-        if choice is not None:
-            starts = _per_microbatch_starts(p, m, search, count, choice, starts, objective)
+        starts = [(hint, start.costs)] if choice is None else _per_microbatch_starts(
+            p, m, search, count, choice, hint, start.costs, objective)
         for hint, hint_costs in starts:
             try:
                 run = certify(p, m, plan_costs, search.limit, objective, count, hint,
@@ -631,14 +630,14 @@ def hand_made_hints(p: int, m: int, costs: Costs, memory_limit: float, chunks: i
     return hints
 
 
-def _per_microbatch_starts(p, m, search, count, choice, auto_start, objective) -> list:
+def _per_microbatch_starts(p, m, search, count, choice, hint, hint_costs, objective) -> list:
     """Where a per-microbatch run starts: the best of auto's per-stage order and the
     hand-made ones (each with the fewest pairs recomputed), and -- where better still --
     the best on-demand order (ondemand.py) as a second run. Two runs, for CP-SAT keeps to
     the neighbourhood of its hint: on 6.2B's costs at 1F1B's memory, from the on-demand
     order it got to 1.3 % at p 8, m 16 where the others' start gave 4.2 %, and at p 4,
-    m 16 a start from ZB-V once gave 0.4 % where the on-demand one gave 1.1 %."""
-    hint, hint_costs = auto_start[0]
+    m 16 a start from ZB-V once gave 0.4 % where the on-demand one gave 1.1 %. `hint`
+    (None where auto's placement or plan differs) is auto's per-stage order."""
     classic = _best_hint(([(hint, hint_costs)] if hint is not None else [])
                          + hand_made_hints(p, m, search.costs, search.limit, count, choice),
                          search.limit, objective)

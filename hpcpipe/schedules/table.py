@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from hpcpipe.util.files import write_figure
 
-from . import Costs, Schedule, ScheduleError, generate, simulate
+from . import Costs, ScheduleError, generate, simulate
 
 
 def paper_bubble(kind: str, p: int, m: int, c: Costs, v: int = 2) -> float | None:
@@ -285,17 +285,22 @@ def per_microbatch_row(p: int, m: int, costs: Costs, steps: int = 25):
     found = explore(p, m, costs, p, "span", 0, (selective, PRESETS["full"]), per_microbatch=False)
     per_stage = (1 - found.useful / simulate(found.schedule, found.costs).longest_span,
                  found.plan)
+
+    def orders():
+        """(limit, schedule): per-stage's own order -- its plan, where selective, is one of
+        the per-microbatch plans -- then auto's at each looser limit, one chunk and a V."""
+        yield p, found.schedule
+        for limit in (p * (1 + 0.05 * i) for i in range(steps)):
+            for chunks in (1, 2):
+                try:
+                    schedule = search(p, m, costs, limit, "span", chunks)[1]
+                except ScheduleError:
+                    continue
+                yield limit, schedule
+
     best = None
-    # Per-stage's own order too: its plan, where selective, is one of the per-microbatch plans.
-    orders = [(p, found.schedule)] + [(p * (1 + 0.05 * i), chunks) for i in range(steps)
-                                      for chunks in (1, 2)]
-    for limit, order in orders:
-        schedule, chunks = (order, order.chunks) if isinstance(order, Schedule) else (None, order)
-        if schedule is None:
-            try:
-                schedule = search(p, m, costs, limit, "span", chunks)[1]
-            except ScheduleError:
-                continue
+    for limit, schedule in orders():
+        chunks = schedule.chunks
         chosen = fewest_recomputed(schedule, costs, p, selective)
         if chosen is None:
             continue

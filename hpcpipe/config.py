@@ -174,8 +174,8 @@ class ParallelSection:
     # auto schedule: seconds the certified search (OR-Tools CP-SAT, pip install
     # 'hpcpipe[exact]') may take on the first rank once profiled, to improve on auto's
     # schedule and, with train.recompute = "auto", to choose recomputation per microbatch
-    # with the order (half for the search, the rest polishing the tail of its best where
-    # not proven optimal); 0: off
+    # with the order (half for the search, the rest polishing its best window by window
+    # where not proven optimal); 0: off
     exact_seconds: float = 0.0
     rank_order: str = "pp-inner"  # or "dp-inner" (see hpcpipe/parallel/grid.py)
     gpu_aware_mpi: str | bool = "auto"  # hand device buffers to MPI: "auto", true or false

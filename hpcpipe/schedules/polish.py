@@ -1,15 +1,19 @@
-"""Polishing a schedule's tail with the certified model (a large-neighbourhood search).
+"""Polishing a schedule with the certified model, one window of its span at a time (a
+large-neighbourhood search).
 
 At p 8 the exact model of a whole step (exact.py) is too big for CP-SAT to improve much on
 auto's order in minutes: presolve alone expands each rank's memory reservoir into
-thousands of precedence booleans (about 9,000 at p 4, m 8 in a V). A round here fixes
-every op that starts before a cut at its replayed time (and, per microbatch, the recompute
-choice of every B fixed), which presolve turns into constants, leaving a model of the last
-`fraction` of the span that the solver does search well, and keeps its answer only where
-the simulator's replay under the real costs is shorter and within the limit. A round whose
-tail is proven to hold nothing better widens the next; one that finds nothing in time
-narrows it. The result is a schedule, not a proof: the bound is the certified search's (or
-the critical path's)."""
+thousands of precedence booleans (about 9,000 at p 4, m 8 in a V). A round here re-solves
+one window of the span: every op that starts before the window is fixed at its replayed
+time (and, per microbatch, its B's recompute choice), which presolve turns into constants;
+every op that starts after it keeps its place in its rank's order (and its choice) but may
+move in time; the ops inside are free. The solver searches that much smaller model well,
+and its answer is kept only where the simulator's replay under the real costs is shorter
+and within the limit. A sweep slides the window from the tail, where only the prefix is
+fixed and it is cheapest, to the head, by half its width: the warm-up, where memory binds,
+is reached as well as the cool-down. A sweep that finds nothing better with every window
+proven widens the next; a window with no answer in time narrows the rest. The result is a
+schedule, not a proof: the bound is the certified search's (or the critical path's)."""
 
 from __future__ import annotations
 
@@ -19,22 +23,30 @@ from dataclasses import dataclass
 from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
 from .problem import EPS, Problem
 from .recompute import NONE, PerMicrobatch, Recompute
-from .simulator import Costs, peak_activations, simulate
+from .simulator import Costs, peak_activations
 
-WIDEN = 1.5   # a tail proven optimal: the next round re-solves this much more of the span
-ROUNDS = 4    # rounds per polish; one that finishes early leaves its time to the next
+WIDEN = 1.5   # a sweep proven to hold nothing better: the next one's windows are this much wider
+ROUNDS = 12   # windows the time is shared among (two sweeps at the default width); more follow
+              # while time is left
 
 
 @dataclass(frozen=True)
 class Round:
-    """One round: the share of the span re-solved, ops fixed, the solver's state, seconds,
-    and the value after it (the round's own where it was better, else the one kept)."""
+    """One round: the window re-solved (from `start` to `end`, shares of the span), the ops
+    fixed before it and kept in order after it, the solver's state, seconds, and the value
+    after it (the round's own where it was better, else the one kept)."""
 
-    fraction: float
+    start: float
+    end: float
     fixed: int
+    ordered: int
     status: str
     seconds: float
     value: float
+
+    @property
+    def fraction(self) -> float:
+        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -45,12 +57,25 @@ class Polished:
     rounds: tuple[Round, ...]
 
 
+def sweep(width: float) -> list[tuple[float, float]]:
+    """The windows of one sweep, tail first, each half a width ahead of the last."""
+    width, windows, end = min(1.0, width), [], 1.0
+    while True:
+        start = max(0.0, end - width)
+        windows.append((start, end))
+        if start <= 0.0:
+            return windows
+        end -= width / 2
+
+
 def polish(schedule: Schedule, costs: Costs, memory_limit: float, objective: str = "span",
            choice: Recompute | None = None, fraction: float = 0.3, seconds: float = 120.0,
-           rounds: int = ROUNDS, workers: int = 2) -> Polished:
-    """Re-solve the tail of `schedule` (running under `costs`, its plan included) `rounds`
-    times, `seconds` shared among them; with `choice`, every (stage, microbatch) of the tail
-    may recompute with it or not."""
+           rounds: int = ROUNDS, workers: int = 2, most: int | None = None) -> Polished:
+    """Re-solve windows of `schedule`'s span (running under `costs`, its plan included),
+    each `fraction` of it wide to start with, for `seconds`: each of the first `rounds`
+    gets an equal share of the time left, later ones (where those finish early) the rest;
+    at most `most` rounds (None: while there is time). With `choice`, every (stage,
+    microbatch) in a window may recompute with it or not."""
     from .exact import _value
 
     if not 0 < fraction <= 1 or rounds < 1:
@@ -59,19 +84,29 @@ def polish(schedule: Schedule, costs: Costs, memory_limit: float, objective: str
     problem = Problem.build(schedule.num_ranks, schedule.num_microbatches, plain,
                             _placement(schedule), memory_limit)
     current = (schedule, costs, _value(schedule, costs, objective))
-    done, deadline = [], time.perf_counter() + seconds
-    for i in range(rounds):
-        share = max(0.0, deadline - time.perf_counter()) / (rounds - i)
-        found, status, fixed, spent = _round(problem, per, memory_limit, current, fraction,
-                                             objective, share, workers)
+    done, deadline, windows, proven = [], time.perf_counter() + seconds, [], True
+    for i in range(most if most is not None else 1 << 30):
+        if not windows:
+            if done and proven:
+                fraction = min(1.0, fraction * WIDEN)  # nothing better anywhere: look wider
+            windows, proven = sweep(fraction), True
+        window = windows.pop(0)
+        left = deadline - time.perf_counter()
+        if left <= 0.1 and done:
+            break  # the time is spent (building the models counts: solves share what is left)
+        share = max(0.0, left) / max(1, rounds - i)
+        found, status, fixed, ordered, spent = _round(problem, per, memory_limit, current,
+                                                      window, objective, share, workers)
         improved = found is not None and found[2] < current[2] - EPS * max(1.0, current[2])
         if improved:
             current = found
-        done.append(Round(fraction, fixed, status, spent, current[2]))
-        if status == "OPTIMAL" and not improved:
-            fraction = min(1.0, fraction * WIDEN)   # nothing better in this tail: look wider
-        elif status not in ("OPTIMAL", "FEASIBLE"):
-            fraction /= WIDEN                       # no answer in time: a smaller tail
+        proven = proven and status == "OPTIMAL" and not improved
+        done.append(Round(*window, fixed, ordered, status, spent, current[2]))
+        if status not in ("OPTIMAL", "FEASIBLE") and fraction > 0.05:
+            fraction /= WIDEN                     # no answer in time: smaller windows
+            windows = [w for w in sweep(fraction) if w[1] <= window[0] + fraction / 2]
+        if window == (0.0, 1.0) and status == "OPTIMAL":
+            break  # the whole span re-solved to optimality: nothing is left to find
     return Polished(current[0].with_kind(schedule.kind), current[1], current[2], tuple(done))
 
 
@@ -99,42 +134,53 @@ def _placement(schedule: Schedule):
 
 
 def _round(problem: Problem, choice: Recompute | None, limit: float, current: tuple,
-           fraction: float, objective: str, seconds: float, workers: int):
-    """One re-solve of the tail: (the better (schedule, costs, value) or None, the solver's
-    state, ops fixed, seconds)."""
+           window: tuple[float, float], objective: str, seconds: float, workers: int):
+    """One re-solve of a window of the span: (the better (schedule, costs, value) or None,
+    the solver's state, ops fixed before it, ops kept in order after it, seconds)."""
     from .exact import ExactModel, PerChoice, _cp_model, _value, fewest_pairs
 
     schedule, costs, _ = current
     per = PerChoice.of(choice, problem) if choice is not None else None
     model = ExactModel(problem, objective, per)
     times = model.hint(schedule, costs)
-    cut = (1 - fraction) * max(end for _, end in times.values())
+    span = max(end for _, end in times.values())
+    cut, after = window[0] * span, window[1] * span if window[1] < 1.0 else None
     plan = costs.recompute_of(problem.num_stages)
-    fixed = 0
+    fixed, rows = 0, [[] for _ in range(problem.p)]
     for key, (begin, _) in times.items():
         # The times are the model's own replay (exact.ExactModel.scaled_times): fixed, the
-        # prefix is constants that presolve removes, leaving a model of the tail alone.
+        # prefix is constants that presolve removes; after the window only the order stays.
         if begin < cut:
             model.model.Add(model.ops[key][0] == begin)
-            if key[0] == "B" and per is not None:
-                model.model.Add(model.recomputes[key[1:]] == int(plan(*key[1:]).recomputes))
             fixed += 1
+        elif after is not None and begin >= after:
+            rows[problem.rank_of[key[1]]].append((begin, key))
+        else:
+            continue
+        if key[0] == "B" and per is not None:
+            model.model.Add(model.recomputes[key[1:]] == int(plan(*key[1:]).recomputes))
+    for row in rows:
+        row.sort()
+        for (_, earlier), (_, later) in zip(row, row[1:]):
+            model.model.Add(model.ops[later][0] >= model.ops[earlier][1])
     solver = _cp_model().CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, seconds)
     solver.parameters.num_workers = max(1, int(workers))
     started = time.perf_counter()
     status = solver.StatusName(solver.Solve(model.model))
     spent = time.perf_counter() - started
+    ordered = sum(map(len, rows))
     if status not in ("OPTIMAL", "FEASIBLE"):
-        return None, status, fixed, spent
+        return None, status, fixed, ordered, spent
     found = model.schedule_from(solver)
     pairs = model.plan_from(solver)
     plain = costs if per is None else costs.with_recompute(NONE)
     found_costs = (plain if pairs is None else
                    fewest_pairs(found, plain, pairs, limit, objective))
     if max(peak_activations(found, found_costs)) > limit + EPS:
-        return None, status, fixed, spent  # the model's rounding let it past the real limit
-    return (found, found_costs, _value(found, found_costs, objective)), status, fixed, spent
+        return None, status, fixed, ordered, spent  # rounding let it past the real limit
+    return ((found, found_costs, _value(found, found_costs, objective)), status, fixed,
+            ordered, spent)
 
 
 def polish_verdict(verdict, costs: Costs | None, recompute: tuple, seconds: float,

@@ -408,7 +408,7 @@ def main(argv=None) -> int:
                         "memory (selective or full per microbatch), SECONDS a row")
     parser.add_argument("--polish", type=float, default=0.0, metavar="SECONDS",
                         help="with --exact (--per-microbatch or --memory-goals): SECONDS more a "
-                        "row re-solving the tail of the search's best order "
+                        "row re-solving the search's best order window by window "
                         "(schedules/polish.py)")
     parser.add_argument("--memory-goals", action="store_true",
                         help="auto at V-Half's, V-Min's and 1F1B's memory and at 1/2 and 1/3 of "

@@ -165,7 +165,7 @@ def certified(cfg, costs: Costs, specs, workers: int):
     choices = recompute_choices(cfg, specs) if cfg.train.recompute == "auto" else ()
     deadline = time.perf_counter() + p.exact_seconds
     # Half for the search; past a few stages its model is too big to improve much on
-    # auto's order, and the rest does more re-solving the tail of its best.
+    # auto's order, and the rest does more re-solving its best a window at a time.
     verdict = certify_search(p.pp, p.microbatches, costs, memory_limit(cfg)[0],
                              objective="makespan", chunks=cfg.chunks,
                              time_limit=p.exact_seconds / 2, workers=workers,

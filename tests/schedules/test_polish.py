@@ -1,6 +1,7 @@
-"""Polishing a schedule's tail (schedules/polish.py): never worse than what it starts from,
-better where the tail has room, within the memory limit under the real costs, and refused
-where the exact model does not cover the schedule."""
+"""Polishing a schedule window by window (schedules/polish.py): never worse than what it
+starts from, better where a window has room, the ops before a window fixed and those after
+it kept in order, within the memory limit under the real costs, and refused where the exact
+model does not cover the schedule."""
 
 import json
 
@@ -12,7 +13,7 @@ from hpcpipe.schedules.recompute import PRESETS, PerMicrobatch
 pytest.importorskip("ortools", reason="polishing needs the test extra (ortools)")
 
 from hpcpipe.schedules.exact import certify, certify_search  # noqa: E402
-from hpcpipe.schedules.polish import polish, polish_verdict  # noqa: E402
+from hpcpipe.schedules.polish import polish, polish_verdict, sweep  # noqa: E402
 
 SIX_B = Costs(29.718, 29.444, 19.927, comm=0.527, memw=0.43)  # the paper's Table 9, 6.2B
 SELECTIVE = PRESETS["selective"]
@@ -27,10 +28,11 @@ def test_zb_v_tail_at_1f1b_memory_gets_shorter():
     # p 4, m 8, limit 4 (1F1B's): ZB-V's span is 669.969; re-solving the last 30 % of it
     # (ops before the cut fixed) finds 661.1965, and proves nothing shorter in that tail.
     start = generate("zb-v", 4, 8)
-    got = polish(start, SIX_B, 4, fraction=0.3, seconds=60, rounds=1)
+    got = polish(start, SIX_B, 4, fraction=0.3, seconds=60, rounds=1, most=1)
     assert simulate(start, SIX_B).longest_span == pytest.approx(669.969)
-    assert got.rounds[0].status == "OPTIMAL" and got.rounds[0].fraction == 0.3
-    assert 0 < got.rounds[0].fixed < 4 * 2 * 8 * 3
+    first = got.rounds[0]
+    assert first.status == "OPTIMAL" and (first.start, first.end) == pytest.approx((0.7, 1.0))
+    assert 0 < first.fixed < 4 * 2 * 8 * 3 and first.ordered == 0  # the tail: none after it
     assert got.value == pytest.approx(661.1965)
     assert simulate(got.schedule, got.costs).longest_span == pytest.approx(got.value)
     _valid(got.schedule, got.costs, 4)
@@ -39,7 +41,7 @@ def test_zb_v_tail_at_1f1b_memory_gets_shorter():
 
 def test_per_microbatch_tail_recomputes_only_what_it_needs():
     start = generate("zb-v", 4, 8)
-    got = polish(start, SIX_B, 4, choice=SELECTIVE, fraction=0.3, seconds=60, rounds=1)
+    got = polish(start, SIX_B, 4, choice=SELECTIVE, fraction=0.3, seconds=60, rounds=1, most=1)
     assert got.value <= 661.1965 + 1e-6  # recomputing none is one of its choices
     _valid(got.schedule, got.costs, 4)
     plan = got.costs.recompute
@@ -56,10 +58,37 @@ def test_an_optimal_schedule_stays_as_it_is():
     best = certify(2, 3, costs, 1.5, chunks=1, time_limit=30, per_microbatch=SELECTIVE)
     assert best.optimal
     got = polish(best.schedule, best.costs, 1.5, choice=SELECTIVE, fraction=0.5, seconds=20,
-                 rounds=2)
+                 rounds=2, most=2)
     assert got.value == pytest.approx(best.value)
     assert [r.status for r in got.rounds] == ["OPTIMAL", "OPTIMAL"]
-    assert got.rounds[1].fraction == pytest.approx(0.75)  # nothing better: it looked wider
+    # the second window half a width nearer the head: ops before it fixed, after it in order
+    assert (got.rounds[1].start, got.rounds[1].end) == pytest.approx((0.25, 0.75))
+    assert got.rounds[1].ordered > 0
+
+
+def test_sweeps_go_from_the_tail_to_the_head_by_half_a_width():
+    assert sweep(0.5) == [(0.5, 1.0), (0.25, 0.75), (0.0, 0.5)]  # (exact in binary)
+    assert sweep(1.0) == [(0.0, 1.0)] and sweep(3.0) == [(0.0, 1.0)]
+    windows = sweep(0.3)
+    assert windows[0] == pytest.approx((0.7, 1.0)) and windows[-1][0] == 0.0
+    assert all(b[0] < a[0] < b[1] for a, b in zip(windows, windows[1:]))  # they overlap
+
+
+def test_a_whole_sweep_reaches_the_warm_up_and_never_lengthens():
+    # On-demand's order at 1F1B's memory, p 4, m 8, recomputing per microbatch: each
+    # window's answer is kept only where the replay is shorter and within the limit, so the
+    # values never rise; the head's window (nothing before it fixed) is reached.
+    from hpcpipe.schedules.ondemand import orders
+    schedule, costs = min(orders(4, 8, SIX_B, 4, 2, SELECTIVE),
+                          key=lambda found: simulate(*found).longest_span)
+    start = simulate(schedule, costs).longest_span
+    got = polish(schedule, costs, 4, choice=SELECTIVE, fraction=0.5, seconds=15, rounds=3,
+                 most=3)
+    values = [start] + [r.value for r in got.rounds]
+    assert all(b <= a + 1e-9 for a, b in zip(values, values[1:]))
+    assert got.rounds[-1].start == 0.0 and got.rounds[-1].fixed == 0
+    assert got.value == pytest.approx(simulate(got.schedule, got.costs).longest_span)
+    _valid(got.schedule, got.costs, 4)
 
 
 def test_polish_verdict_keeps_the_bound_and_improves_the_best():
@@ -102,7 +131,7 @@ def test_command_line_polishes_after_the_search(capsys):
     assert "--polish" in capsys.readouterr().err
     assert main(["--kind", "auto", "-p", "4", "-m", "8", "--memory-limit", "4", "--chunks", "2",
                  "--cost", "F=29.718,B=29.444,W=19.927,comm=0.527,memw=0.43", "--exact",
-                 "--time-limit", "2", "--polish", "30", "--json"]) == 0
+                 "--time-limit", "2", "--polish", "10", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     span = max(summary["span"])
     assert span < summary["exact"]["heuristic_value"] and summary["lower_bound"] <= span

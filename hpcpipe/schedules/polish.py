@@ -17,15 +17,20 @@ schedule, not a proof: the bound is the certified search's (or the critical path
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
+from .exact import MEMORY_SCALE, ExactModel, _scaled
 from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
 from .problem import EPS, Problem
 from .recompute import NONE, PerMicrobatch, Recompute
 from .simulator import Costs, peak_activations
 
 WIDEN = 1.5   # a sweep proven to hold nothing better: the next one's windows are this much wider
+# Past this many (stage, microbatch) pairs a round builds the window's own memory model
+# (WindowModel, reduced): p 8, m 32 in a V; up to it the whole step's (p 8, m 16 in a V).
+WHOLE_MEMORY_PAIRS = 256
 ROUNDS = 12   # windows the time is shared among (two sweeps at the default width); more follow
               # while time is left
 
@@ -61,7 +66,7 @@ def sweep(width: float) -> list[tuple[float, float]]:
     """The windows of one sweep, tail first, each half a width ahead of the last."""
     width, windows, end = min(1.0, width), [], 1.0
     while True:
-        start = max(0.0, end - width)
+        start = end - width if end - width > 1e-9 else 0.0  # (no rounding residue at the head)
         windows.append((start, end))
         if start <= 0.0:
             return windows
@@ -137,39 +142,23 @@ def _round(problem: Problem, choice: Recompute | None, limit: float, current: tu
            window: tuple[float, float], objective: str, seconds: float, workers: int):
     """One re-solve of a window of the span: (the better (schedule, costs, value) or None,
     the solver's state, ops fixed before it, ops kept in order after it, seconds)."""
-    from .exact import ExactModel, PerChoice, _cp_model, _value, fewest_pairs
+    from .exact import PerChoice, _cp_model, _value, fewest_pairs
 
     schedule, costs, _ = current
     per = PerChoice.of(choice, problem) if choice is not None else None
-    model = ExactModel(problem, objective, per)
+    model = WindowModel(problem, objective, per,
+                        reduced=problem.num_stages * problem.m > WHOLE_MEMORY_PAIRS)
     times = model.hint(schedule, costs)
     span = max(end for _, end in times.values())
-    cut, after = window[0] * span, window[1] * span if window[1] < 1.0 else None
-    plan = costs.recompute_of(problem.num_stages)
-    fixed, rows = 0, [[] for _ in range(problem.p)]
-    for key, (begin, _) in times.items():
-        # The times are the model's own replay (exact.ExactModel.scaled_times): fixed, the
-        # prefix is constants that presolve removes; after the window only the order stays.
-        if begin < cut:
-            model.model.Add(model.ops[key][0] == begin)
-            fixed += 1
-        elif after is not None and begin >= after:
-            rows[problem.rank_of[key[1]]].append((begin, key))
-        else:
-            continue
-        if key[0] == "B" and per is not None:
-            model.model.Add(model.recomputes[key[1:]] == int(plan(*key[1:]).recomputes))
-    for row in rows:
-        row.sort()
-        for (_, earlier), (_, later) in zip(row, row[1:]):
-            model.model.Add(model.ops[later][0] >= model.ops[earlier][1])
+    fixed, ordered = model.restrict(times, window[0] * span,
+                                    window[1] * span if window[1] < 1.0 else None,
+                                    costs.recompute_of(problem.num_stages))
     solver = _cp_model().CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, seconds)
     solver.parameters.num_workers = max(1, int(workers))
     started = time.perf_counter()
     status = solver.StatusName(solver.Solve(model.model))
     spent = time.perf_counter() - started
-    ordered = sum(map(len, rows))
     if status not in ("OPTIMAL", "FEASIBLE"):
         return None, status, fixed, ordered, spent
     found = model.schedule_from(solver)
@@ -181,6 +170,121 @@ def _round(problem: Problem, choice: Recompute | None, limit: float, current: tu
         return None, status, fixed, ordered, spent  # rounding let it past the real limit
     return ((found, found_costs, _value(found, found_costs, objective)), status, fixed,
             ordered, spent)
+
+
+class WindowModel(ExactModel):
+    """The exact model of one window of a schedule's span: the ops before the window
+    fixed at their times, those after it in their order (free in time), those inside
+    free. `reduced`: each rank's ops also keep their split into those three runs, so
+    its memory before the window is a constant and after it is what the schedule had
+    (the same ops in the same order from the same level), and only the window's events
+    need a reservoir -- presolve expands a whole step's reservoirs into booleans for
+    every pair of events (at p 8, m 32 in a V it took 24 s a round, and most rounds
+    ended with no answer). A smaller neighbourhood: a window op may no longer fill a
+    gap before the window's first op on its rank."""
+
+    def __init__(self, problem: Problem, objective: str, per_microbatch, reduced: bool):
+        self.reduced = reduced
+        super().__init__(problem, objective, per_microbatch)
+
+    def _memory(self) -> None:
+        if not self.reduced:  # (reduced: in `restrict`, which events count is the window's)
+            super()._memory()
+
+    def restrict(self, times: dict, cut: float, after: float | None, plan) -> tuple:
+        """Split the ops at `cut` and `after` (None: no ops after the window) by their
+        start in `times`, tie each B outside the window to `plan`'s choice, keep the
+        three runs apart on every rank and bound the window's memory. Returns (ops
+        fixed, ops kept in order)."""
+        self.plan = plan
+        region = {key: ("before" if begin < cut else
+                        "after" if after is not None and begin >= after else "window")
+                  for key, (begin, _) in times.items()}
+        runs = {name: [[] for _ in range(self.pb.p)] for name in ("before", "window", "after")}
+        for key in sorted(times, key=lambda key: times[key]):
+            runs[region[key]][self.pb.rank_of[key[1]]].append(key)
+            if region[key] == "before":
+                self.model.Add(self.ops[key][0] == times[key][0])
+            if key[0] == "B" and region[key] != "window" and self.per_microbatch:
+                self.model.Add(self.recomputes[key[1:]] == int(plan(*key[1:]).recomputes))
+        for r in range(self.pb.p):
+            if not self.reduced:
+                self._in_order(runs["after"][r])
+                continue
+            self._apart(r, times, *(runs[name][r] for name in ("before", "window", "after")))
+            self._window_memory(r, region, times)
+        return (sum(map(len, runs["before"])), sum(map(len, runs["after"])))
+
+    def _apart(self, r: int, times: dict, before: list, window: list, after: list) -> None:
+        """Rank r's window ops after its last op before the window, its ops after the
+        window in their order and after every window op."""
+        floor = max((times[key][1] for key in before), default=0)
+        for key in window:
+            self.model.Add(self.ops[key][0] >= floor)
+            if after:
+                self.model.Add(self.ops[after[0]][0] >= self.ops[key][1])
+        self._in_order(after)
+
+    def _in_order(self, keys: list) -> None:
+        for earlier, later in zip(keys, keys[1:]):
+            self.model.Add(self.ops[later][0] >= self.ops[earlier][1])
+
+    def _window_memory(self, r: int, region: dict, times: dict) -> None:
+        """Rank r's memory over the window's events, from the level its ops before the
+        window leave (as the simulator counts it, recompute.py)."""
+        level, when, changes = 0, [], []
+        for s in self.pb.stages_of(r):
+            for x in range(self.pb.m):
+                for where, at, change in self._pair_events(s, x, region, times):
+                    if where == "before":
+                        level += change
+                    elif where == "window":
+                        when.append(at)
+                        changes.append(change)
+        if when:
+            self.model.AddReservoirConstraint(when + [0], changes + [level], 0,
+                                              self._memory_limit())
+
+    def _memory_limit(self) -> int:
+        limit = self.pb.exact_limit if self.pb.recomputes else self.pb.limit
+        return _scaled([limit], MEMORY_SCALE, math.ceil)[0]
+
+    def _pair_events(self, s: int, x: int, region: dict, times: dict):
+        """(region, time, change) of each memory event of microbatch x on stage s: F
+        takes what it keeps, the dropped part comes back at F or at B (the rebuild), B
+        trades M_B for M_W as it ends, W frees M_W."""
+        pb, per, ops = self.pb, self.per_microbatch, self.ops
+        f, b, w = (("F", s, x), ("B", s, x), ("W", s, x))
+        memw = _scaled([pb.memw[s]], MEMORY_SCALE, math.floor)[0]
+        if per is not None:
+            full, kept = (_scaled([v], MEMORY_SCALE, math.floor)[0]
+                          for v in (pb.mem[s], per.kept[s]))
+        elif pb.recomputes:
+            full, kept = (_scaled([v], MEMORY_SCALE, math.floor)[0]
+                          for v in (pb.full[s], pb.kept[s]))
+        else:
+            full = kept = _scaled([pb.mem[s]], MEMORY_SCALE, math.floor)[0]
+        yield region[f], ops[f][0], kept
+        if full > kept:
+            yield self._dropped(s, x, region, times)[:2] + (full - kept,)
+        yield region[b], ops[b][1], memw - full
+        yield region[w], ops[w][1], -memw
+
+    def _dropped(self, s: int, x: int, region: dict, times: dict) -> tuple:
+        """(region, time) of the event that brings back what F dropped: at B where it
+        recomputes, else as F starts -- a variable only where B is in the window."""
+        f, b = ("F", s, x), ("B", s, x)
+        if self.per_microbatch is None:
+            return region[b], self.ops[b][0]
+        if region[b] != "window":
+            ours = b if self.plan(s, x).recomputes else f
+            return region[ours], self.ops[ours][0]
+        dropped = self.model.NewIntVar(0, self.horizon, f"dropped{x}s{s}")
+        chosen = self.recomputes[(s, x)]
+        self.model.Add(dropped == self.ops[b][0]).OnlyEnforceIf(chosen)
+        self.model.Add(dropped == self.ops[f][0]).OnlyEnforceIf(chosen.Not())
+        return "window", dropped
+
 
 
 def polish_verdict(verdict, costs: Costs | None, recompute: tuple, seconds: float,

@@ -135,3 +135,24 @@ def test_command_line_polishes_after_the_search(capsys):
     summary = json.loads(capsys.readouterr().out)
     span = max(summary["span"])
     assert span < summary["exact"]["heuristic_value"] and summary["lower_bound"] <= span
+
+
+@pytest.mark.parametrize("costs, choice", [
+    (SIX_B, SELECTIVE),                                   # per microbatch
+    (SIX_B.with_recompute(SELECTIVE), None),              # a per-stage plan
+    (SIX_B, None),                                        # none
+])
+def test_the_window_s_own_memory_model_keeps_the_limit(monkeypatch, costs, choice):
+    # Past WHOLE_MEMORY_PAIRS a round bounds only the window's memory (the rest is the
+    # schedule's own, in the same order from the same level): forced here at p 4, m 8, the
+    # rounds never lengthen the schedule and what they keep fits under the real costs.
+    from hpcpipe.schedules import polish as polishing
+    monkeypatch.setattr(polishing, "WHOLE_MEMORY_PAIRS", 0)
+    start = generate("zb-v", 4, 8)
+    limit = max(peak_activations(start, costs))
+    got = polish(start, costs, limit, choice=choice, fraction=0.5, seconds=12, rounds=3,
+                 most=3)
+    values = [simulate(start, costs).longest_span] + [r.value for r in got.rounds]
+    assert all(b <= a + 1e-9 for a, b in zip(values, values[1:]))
+    assert any(r.fixed and r.ordered for r in got.rounds)  # a window in the middle
+    _valid(got.schedule, got.costs, limit)

@@ -275,13 +275,8 @@ class ExactModel:
             times, changes = [], []
             for s in pb.stages_of(r):
                 for x in range(pb.m):
-                    f_start = self.ops[("F", s, x)][0]
-                    b_start, b_end = self.ops[("B", s, x)][:2]
-                    dropped = self.model.NewIntVar(0, self.horizon, f"dropped{x}s{s}")
-                    chosen = self.recomputes[(s, x)]
-                    self.model.Add(dropped == b_start).OnlyEnforceIf(chosen)
-                    self.model.Add(dropped == f_start).OnlyEnforceIf(chosen.Not())
-                    times += [f_start, dropped, b_end, self.ops[("W", s, x)][1]]
+                    f_start, b_end = self.ops[("F", s, x)][0], self.ops[("B", s, x)][1]
+                    times += [f_start, _dropped_at(self, s, x), b_end, self.ops[("W", s, x)][1]]
                     changes += [kept[s], full[s] - kept[s], memw[s] - full[s], -memw[s]]
             self.model.AddReservoirConstraint(times, changes, 0, limit)
 
@@ -375,6 +370,16 @@ class ExactModel:
         return PerMicrobatch(self.per_microbatch.choice,
                              frozenset(key for key, chosen in self.recomputes.items()
                                        if solver.Value(chosen)))
+
+
+def _dropped_at(model: ExactModel, s: int, x: int):
+    """When what F x of stage s dropped comes back (per microbatch): as its B starts where
+    the microbatch's boolean says it recomputes, else as its F starts."""
+    dropped = model.model.NewIntVar(0, model.horizon, f"dropped{x}s{s}")
+    chosen = model.recomputes[(s, x)]
+    model.model.Add(dropped == model.ops[("B", s, x)][0]).OnlyEnforceIf(chosen)
+    model.model.Add(dropped == model.ops[("F", s, x)][0]).OnlyEnforceIf(chosen.Not())
+    return dropped
 
 
 def _unit_costs(model: ExactModel, costs: Costs) -> Costs:

@@ -21,7 +21,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from .exact import MEMORY_SCALE, ExactModel, _scaled
+from .exact import MEMORY_SCALE, ExactModel, _dropped_at, _scaled
 from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
 from .problem import EPS, Problem
 from .recompute import NONE, PerMicrobatch, Recompute
@@ -212,7 +212,7 @@ class WindowModel(ExactModel):
                 self._in_order(runs["after"][r])
                 continue
             self._apart(r, times, *(runs[name][r] for name in ("before", "window", "after")))
-            self._window_memory(r, region, times)
+            self._window_memory(r, region)
         return (sum(map(len, runs["before"])), sum(map(len, runs["after"])))
 
     def _apart(self, r: int, times: dict, before: list, window: list, after: list) -> None:
@@ -229,13 +229,13 @@ class WindowModel(ExactModel):
         for earlier, later in zip(keys, keys[1:]):
             self.model.Add(self.ops[later][0] >= self.ops[earlier][1])
 
-    def _window_memory(self, r: int, region: dict, times: dict) -> None:
+    def _window_memory(self, r: int, region: dict) -> None:
         """Rank r's memory over the window's events, from the level its ops before the
         window leave (as the simulator counts it, recompute.py)."""
         level, when, changes = 0, [], []
         for s in self.pb.stages_of(r):
             for x in range(self.pb.m):
-                for where, at, change in self._pair_events(s, x, region, times):
+                for where, at, change in self._pair_events(s, x, region):
                     if where == "before":
                         level += change
                     elif where == "window":
@@ -249,7 +249,7 @@ class WindowModel(ExactModel):
         limit = self.pb.exact_limit if self.pb.recomputes else self.pb.limit
         return _scaled([limit], MEMORY_SCALE, math.ceil)[0]
 
-    def _pair_events(self, s: int, x: int, region: dict, times: dict):
+    def _pair_events(self, s: int, x: int, region: dict):
         """(region, time, change) of each memory event of microbatch x on stage s: F
         takes what it keeps, the dropped part comes back at F or at B (the rebuild), B
         trades M_B for M_W as it ends, W frees M_W."""
@@ -266,11 +266,11 @@ class WindowModel(ExactModel):
             full = kept = _scaled([pb.mem[s]], MEMORY_SCALE, math.floor)[0]
         yield region[f], ops[f][0], kept
         if full > kept:
-            yield self._dropped(s, x, region, times)[:2] + (full - kept,)
+            yield self._dropped(s, x, region) + (full - kept,)
         yield region[b], ops[b][1], memw - full
         yield region[w], ops[w][1], -memw
 
-    def _dropped(self, s: int, x: int, region: dict, times: dict) -> tuple:
+    def _dropped(self, s: int, x: int, region: dict) -> tuple:
         """(region, time) of the event that brings back what F dropped: at B where it
         recomputes, else as F starts -- a variable only where B is in the window."""
         f, b = ("F", s, x), ("B", s, x)
@@ -279,11 +279,7 @@ class WindowModel(ExactModel):
         if region[b] != "window":
             ours = b if self.plan(s, x).recomputes else f
             return region[ours], self.ops[ours][0]
-        dropped = self.model.NewIntVar(0, self.horizon, f"dropped{x}s{s}")
-        chosen = self.recomputes[(s, x)]
-        self.model.Add(dropped == self.ops[b][0]).OnlyEnforceIf(chosen)
-        self.model.Add(dropped == self.ops[f][0]).OnlyEnforceIf(chosen.Not())
-        return "window", dropped
+        return "window", _dropped_at(self, s, x)
 
 
 

@@ -13,7 +13,8 @@ from hpcpipe.schedules.recompute import PRESETS, PerMicrobatch
 pytest.importorskip("ortools", reason="polishing needs the test extra (ortools)")
 
 from hpcpipe.schedules.exact import certify, certify_search  # noqa: E402
-from hpcpipe.schedules.polish import polish, polish_verdict, sweep  # noqa: E402
+from hpcpipe.schedules.polish import (  # noqa: E402
+    by_idle, idle_time, polish, polish_verdict, sweep)
 
 SIX_B = Costs(29.718, 29.444, 19.927, comm=0.527, memw=0.43)  # the paper's Table 9, 6.2B
 SELECTIVE = PRESETS["selective"]
@@ -74,19 +75,36 @@ def test_sweeps_go_from_the_tail_to_the_head_by_half_a_width():
     assert all(b[0] < a[0] < b[1] for a, b in zip(windows, windows[1:]))  # they overlap
 
 
-def test_a_whole_sweep_reaches_the_warm_up_and_never_lengthens():
+def _on_demand_p4_m8():
+    from hpcpipe.schedules.ondemand import orders
+    return min(orders(4, 8, SIX_B, 4, 2, SELECTIVE),
+               key=lambda found: simulate(*found).longest_span)
+
+
+def test_windows_go_where_the_ranks_wait():
+    # ZB-V at 1F1B's memory waits in its cool-down, on-demand's V in its warm-up (at the
+    # turn, where memory binds): each sweep starts where the idle time is.
+    assert by_idle(sweep(0.3), idle_time(generate("zb-v", 4, 8), SIX_B))[0] == \
+        pytest.approx((0.7, 1.0))
+    idle = idle_time(*_on_demand_p4_m8())
+    assert idle and all(0 <= a < b <= 1 for a, b in idle)
+    assert sum(b - a for a, b in idle if b <= 0.3) > 0.5 * sum(b - a for a, b in idle)
+    assert by_idle(sweep(0.5), idle) == [(0.0, 0.5), (0.5, 1.0), (0.25, 0.75)]
+    assert by_idle(sweep(0.5), []) == sweep(0.5)  # no waits: tail first, as swept
+
+
+def test_a_sweep_starts_at_the_warm_up_and_never_lengthens():
     # On-demand's order at 1F1B's memory, p 4, m 8, recomputing per microbatch: each
     # window's answer is kept only where the replay is shorter and within the limit, so the
-    # values never rise; the head's window (nothing before it fixed) is reached.
-    from hpcpipe.schedules.ondemand import orders
-    schedule, costs = min(orders(4, 8, SIX_B, 4, 2, SELECTIVE),
-                          key=lambda found: simulate(*found).longest_span)
+    # values never rise; the head's window (nothing before it fixed), where it waits, is
+    # the first.
+    schedule, costs = _on_demand_p4_m8()
     start = simulate(schedule, costs).longest_span
     got = polish(schedule, costs, 4, choice=SELECTIVE, fraction=0.5, seconds=15, rounds=3,
                  most=3)
     values = [start] + [r.value for r in got.rounds]
     assert all(b <= a + 1e-9 for a, b in zip(values, values[1:]))
-    assert got.rounds[-1].start == 0.0 and got.rounds[-1].fixed == 0
+    assert got.rounds[0].start == 0.0 and got.rounds[0].fixed == 0
     assert got.value == pytest.approx(simulate(got.schedule, got.costs).longest_span)
     _valid(got.schedule, got.costs, 4)
 

@@ -142,8 +142,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds for --exact (default 60)")
     parser.add_argument("--polish", type=_limit, default=0.0, metavar="S",
                         help="with --exact, where the best is not proven optimal: S more seconds "
-                        "re-solving its order a window of the span at a time, where the ranks wait "
-                        "first (ops before the window fixed, those after it kept in order); "
+                        "re-solving its order a window of the span at a time, from the tail or, "
+                        "past 256 (stage, microbatch) pairs, where the ranks wait (ops before "
+                        "the window fixed, those after it kept in order); "
                         "the bound stays the search's")
     parser.add_argument("--memory-limit", type=_limit, metavar="X",
                         help="activation memory per rank, in microbatches (auto: default 2P, as "

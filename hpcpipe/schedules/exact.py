@@ -222,63 +222,52 @@ class ExactModel:
                                      if self.pb.rank_of[s] == r])
 
     def _memory(self) -> None:
-        pb = self.pb
-        if self.per_microbatch is not None:
-            self._memory_per_microbatch()
-            return
-        if pb.recomputes:
-            self._memory_recomputing()
-            return
-        mem = _scaled(pb.mem, MEMORY_SCALE, math.floor)
-        memw = _scaled(pb.memw, MEMORY_SCALE, math.floor)
-        limit = int(math.ceil(pb.limit * MEMORY_SCALE - EPS))
+        """Each rank's activation memory under the limit, as the simulator counts it
+        (recompute.py): a reservoir over its pairs' events, since with recomputation a B
+        raises memory too -- or, on a rank holding one stage that does not recompute,
+        implications (`_memory_one_stage`)."""
+        pb, limit = self.pb, self._memory_limit()
         for r in range(pb.p):
             stages = pb.stages_of(r)
-            if len(stages) == 1:
-                self._memory_one_stage(stages[0], mem[stages[0]], memw[stages[0]], limit)
+            if len(stages) == 1 and self.per_microbatch is None and not pb.recomputes:
+                _, full, memw = self._pair_sizes(stages[0])
+                self._memory_one_stage(stages[0], full, memw, limit)
                 continue
-            times, changes = [], []
-            for s in stages:
-                for x in range(pb.m):
-                    times += [self.ops[("F", s, x)][0], self.ops[("B", s, x)][1],
-                              self.ops[("W", s, x)][1]]
-                    changes += [mem[s], memw[s] - mem[s], -memw[s]]
-            self.model.AddReservoirConstraint(times, changes, 0, limit)
+            events = [event[1:] for s in stages for x in range(pb.m)
+                      for event in self._pair_events(s, x)]
+            self.model.AddReservoirConstraint([at for at, _ in events],
+                                              [change for _, change in events], 0, limit)
 
-    def _memory_recomputing(self) -> None:
-        """With recomputation, as the simulator counts it (recompute.py): keep·M_B taken as
-        an F starts, the rest rebuilt as its B starts, M_B traded for M_W as the B ends, M_W
-        freed as its W ends -- a reservoir per rank, since a B now raises memory too."""
-        pb = self.pb
-        kept, full, memw = (_scaled(v, MEMORY_SCALE, math.floor)
-                            for v in (pb.kept, pb.full, pb.memw))
-        rebuilt = [a - k for a, k in zip(full, kept)]  # rounded so that a W ends at zero
-        limit = int(math.ceil(pb.exact_limit * MEMORY_SCALE - EPS))
-        for r in range(pb.p):
-            times, changes = [], []
-            for s in pb.stages_of(r):
-                for x in range(pb.m):
-                    b_start, b_end = self.ops[("B", s, x)][:2]
-                    times += [self.ops[("F", s, x)][0], b_start, b_end, self.ops[("W", s, x)][1]]
-                    changes += [kept[s], rebuilt[s], memw[s] - full[s], -memw[s]]
-            self.model.AddReservoirConstraint(times, changes, 0, limit)
+    def _memory_limit(self) -> int:
+        limit = self.pb.exact_limit if self.pb.recomputes else self.pb.limit
+        return _scaled([limit], MEMORY_SCALE, math.ceil)[0]
 
-    def _memory_per_microbatch(self) -> None:
-        """keep·M_B taken as an F starts; the rest as that F starts too, or, where the
-        microbatch recomputes, as its B starts (the rebuild); M_B traded for M_W as the B
-        ends, M_W freed as its W ends. One event's time is the boolean's to move."""
-        pb, choice = self.pb, self.per_microbatch
-        full, memw = (_scaled(v, MEMORY_SCALE, math.floor) for v in (pb.mem, pb.memw))
-        kept = _scaled(choice.kept, MEMORY_SCALE, math.floor)
-        limit = int(math.ceil(pb.limit * MEMORY_SCALE - EPS))
-        for r in range(pb.p):
-            times, changes = [], []
-            for s in pb.stages_of(r):
-                for x in range(pb.m):
-                    f_start, b_end = self.ops[("F", s, x)][0], self.ops[("B", s, x)][1]
-                    times += [f_start, _dropped_at(self, s, x), b_end, self.ops[("W", s, x)][1]]
-                    changes += [kept[s], full[s] - kept[s], memw[s] - full[s], -memw[s]]
-            self.model.AddReservoirConstraint(times, changes, 0, limit)
+    def _pair_sizes(self, s: int) -> tuple[int, ...]:
+        """(what an F keeps, the whole M_B, M_W) of stage s, scaled: per microbatch the
+        choice's keep, per stage the problem's own plan's, else all of M_B."""
+        pb, per = self.pb, self.per_microbatch
+        kept, full = ((per.kept[s], pb.mem[s]) if per is not None else
+                      (pb.kept[s], pb.full[s]) if pb.recomputes else (pb.mem[s], pb.mem[s]))
+        return tuple(_scaled((kept, full, pb.memw[s]), MEMORY_SCALE, math.floor))
+
+    def _pair_events(self, s: int, x: int):
+        """(op, time, change) of each memory event of microbatch x on stage s: F takes what
+        it keeps as it starts, the dropped part comes back at F or at B (the rebuild), B
+        trades M_B for M_W as it ends, W frees M_W as it ends."""
+        kept, full, memw = self._pair_sizes(s)
+        f, b, w = (("F", s, x), ("B", s, x), ("W", s, x))
+        yield f, self.ops[f][0], kept
+        if full > kept:
+            yield self._dropped(s, x) + (full - kept,)
+        yield b, self.ops[b][1], memw - full
+        yield w, self.ops[w][1], -memw
+
+    def _dropped(self, s: int, x: int) -> tuple:
+        """(op, time) of the event that brings back what F x of stage s dropped: its B's
+        start per stage; per microbatch a variable, the B's start where the microbatch's
+        boolean says it recomputes, else the F's."""
+        b = ("B", s, x)
+        return b, (self.ops[b][0] if self.per_microbatch is None else _dropped_at(self, s, x))
 
     def _memory_one_stage(self, s: int, mem: int, memw: int, limit: int) -> None:
         """The memory limit of a rank holding one stage, as implications CP-SAT propagates far

@@ -10,21 +10,20 @@ every op that starts after it keeps its place in its rank's order (and its choic
 move in time; the ops inside are free. The solver searches that much smaller model well,
 and its answer is kept only where the simulator's replay under the real costs is shorter
 and within the limit. A sweep covers the span with windows overlapping by half their
-width (10 % of the span to start with) and takes them in the order of the idle time they
-hold, most first, again after each improvement: a V at 1F1B's memory waits at its turn, in
-the warm-up, where memory binds. At p 8, m 32 in 300 s from on demand's 1.43 %, sweeps of
-30 % windows from the tail left 1.28 % (no window proven in its 25 s); 10 % windows taken
-where the waits are, 0.84 % (the first three proven in 36 s). A sweep that finds nothing better with every window proven
-widens the next; a window with no answer in time narrows the rest. The result is a
+width, from the tail to the head, or, where a round bounds only its window's memory (past
+WHOLE_MEMORY_PAIRS), narrower and where the ranks wait, most idle first (see Sweeps): a
+V at 1F1B's memory waits at its turn, in the warm-up, where memory binds. A sweep that
+finds nothing better with every window proven widens the next; a window with no answer
+in time narrows the rest. The result is a
 schedule, not a proof: the bound is the certified search's (or the critical path's)."""
 
 from __future__ import annotations
 
-import math
+import itertools
 import time
 from dataclasses import dataclass
 
-from .exact import MEMORY_SCALE, ExactModel, _dropped_at, _scaled
+from .exact import ExactModel, _dropped_at
 from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
 from .problem import EPS, Problem
 from .recompute import NONE, PerMicrobatch, Recompute
@@ -34,8 +33,30 @@ WIDEN = 1.5   # a sweep proven to hold nothing better: the next one's windows ar
 # Past this many (stage, microbatch) pairs a round builds the window's own memory model
 # (WindowModel, reduced): p 8, m 32 in a V; up to it the whole step's (p 8, m 16 in a V).
 WHOLE_MEMORY_PAIRS = 256
-ROUNDS = 12   # windows the time is shared among (two sweeps at the default width); more follow
-              # while time is left
+ROUNDS = 12   # windows the time is shared among (two sweeps at the whole step's width); more
+              # follow while time is left
+
+
+@dataclass(frozen=True)
+class Sweeps:
+    """How a polish covers the span: its windows' width to start with, and whether a sweep
+    takes them where the ranks wait (most idle first, again after each improvement, and a
+    late round gets no more than its share) or from the tail to the head."""
+
+    width: float
+    where_waiting: bool
+
+
+# With the whole step's memory model every round pays presolve of each rank's whole
+# reservoir (about 20 s at p 8, m 16 in a V, even for a window it proves at once), so the
+# rounds are few and wide and go from the tail, where most ops are fixed and a round is
+# cheapest. With the window's own (past WHOLE_MEMORY_PAIRS) a round costs little, narrow
+# windows prove in seconds, and the head's is as cheap as any: at p 8, m 32 on 6.2B's
+# costs, 300 s from on demand's 1.43 % gave 1.28 % with 30 % windows from the tail (none
+# proven in its 25 s) and 0.84 % with 10 % windows where the waits are (at a V's turn, in
+# the warm-up, where memory binds).
+WHOLE_STEP = Sweeps(width=0.3, where_waiting=False)
+WINDOW_ONLY = Sweeps(width=0.1, where_waiting=True)
 
 
 @dataclass(frozen=True)
@@ -77,44 +98,53 @@ def sweep(width: float) -> list[tuple[float, float]]:
 
 
 def polish(schedule: Schedule, costs: Costs, memory_limit: float, objective: str = "span",
-           choice: Recompute | None = None, fraction: float = 0.1, seconds: float = 120.0,
-           rounds: int = ROUNDS, workers: int = 2, most: int | None = None) -> Polished:
+           choice: Recompute | None = None, fraction: float | None = None,
+           seconds: float = 120.0, rounds: int = ROUNDS, workers: int = 2,
+           most: int | None = None) -> Polished:
     """Re-solve windows of `schedule`'s span (running under `costs`, its plan included),
-    each `fraction` of it wide to start with, for `seconds`: each of the first `rounds`
-    gets an equal share of the time left, later ones (where those finish early) at most
-    `seconds / rounds` each, so that no one window takes all the rest; at most `most`
-    rounds (None: while there is time). With `choice`, every (stage, microbatch) in a
-    window may recompute with it or not."""
+    each `fraction` of it wide to start with (None: its Sweeps' width), for `seconds`: each
+    of the first `rounds` gets an equal share of the time left, later ones (where those
+    finish early) the rest -- where the ranks wait, at most `seconds / rounds` each; at
+    most `most` rounds (None: while there is time). With `choice`, every (stage,
+    microbatch) in a window may recompute with it or not."""
     from .exact import _value
 
-    if not 0 < fraction <= 1 or rounds < 1:
-        raise ScheduleError("polish: fraction in (0, 1], at least one round")
     plain, per = _problem_costs(costs, choice)
     problem = Problem.build(schedule.num_ranks, schedule.num_microbatches, plain,
                             _placement(schedule), memory_limit)
+    reduced = problem.num_stages * problem.m > WHOLE_MEMORY_PAIRS
+    how = WINDOW_ONLY if reduced else WHOLE_STEP
+    fraction = how.width if fraction is None else fraction
+    if not 0 < fraction <= 1 or rounds < 1:
+        raise ScheduleError("polish: fraction in (0, 1], at least one round")
     current = (schedule, costs, _value(schedule, costs, objective))
+    order = ((lambda windows: by_idle(windows, idle_time(*current[:2])))
+             if how.where_waiting else (lambda windows: windows))
     done, deadline, windows, proven = [], time.perf_counter() + seconds, [], True
-    for i in range(most if most is not None else 1 << 30):
+    for i in itertools.count() if most is None else range(most):
         if not windows:
             if done and proven:
                 fraction = min(1.0, fraction * WIDEN)  # nothing better anywhere: look wider
-            windows, proven = by_idle(sweep(fraction), idle_time(*current[:2])), True
+            windows, proven = order(sweep(fraction)), True
         window = windows.pop(0)
         left = deadline - time.perf_counter()
         if left <= 0.1 and done:
             break  # the time is spent (building the models counts: solves share what is left)
-        share = max(0.0, left) / (rounds - i) if i < rounds else min(left, seconds / rounds)
+        share = (max(0.0, left) / (rounds - i) if i < rounds else
+                 min(left, seconds / rounds) if how.where_waiting else left)
         found, status, fixed, ordered, spent = _round(problem, per, memory_limit, current,
-                                                      window, objective, share, workers)
+                                                      window, objective, share, workers,
+                                                      reduced)
         improved = found is not None and found[2] < current[2] - EPS * max(1.0, current[2])
         if improved:
             current = found
-            windows = by_idle(windows, idle_time(*current[:2]))  # the waits have moved
+            windows = order(windows)  # (where the ranks wait: the waits have moved)
         proven = proven and status == "OPTIMAL" and not improved
         done.append(Round(*window, fixed, ordered, status, spent, current[2]))
         if status not in ("OPTIMAL", "FEASIBLE") and fraction > 0.05:
             fraction /= WIDEN                     # no answer in time: smaller windows
-            windows = by_idle(sweep(fraction), idle_time(*current[:2]))
+            windows = order([w for w in sweep(fraction) if how.where_waiting
+                             or w[1] <= window[0] + fraction / 2])  # (from the tail: on)
         if window == (0.0, 1.0) and status == "OPTIMAL":
             break  # the whole span re-solved to optimality: nothing is left to find
     return Polished(current[0].with_kind(schedule.kind), current[1], current[2], tuple(done))
@@ -161,15 +191,15 @@ def _placement(schedule: Schedule):
 
 
 def _round(problem: Problem, choice: Recompute | None, limit: float, current: tuple,
-           window: tuple[float, float], objective: str, seconds: float, workers: int):
+           window: tuple[float, float], objective: str, seconds: float, workers: int,
+           reduced: bool):
     """One re-solve of a window of the span: (the better (schedule, costs, value) or None,
     the solver's state, ops fixed before it, ops kept in order after it, seconds)."""
     from .exact import PerChoice, _cp_model, _value, fewest_pairs
 
     schedule, costs, _ = current
     per = PerChoice.of(choice, problem) if choice is not None else None
-    model = WindowModel(problem, objective, per,
-                        reduced=problem.num_stages * problem.m > WHOLE_MEMORY_PAIRS)
+    model = WindowModel(problem, objective, per, reduced)
     times = model.hint(schedule, costs)
     span = max(end for _, end in times.values())
     fixed, ordered = model.restrict(times, window[0] * span,
@@ -222,6 +252,7 @@ class WindowModel(ExactModel):
         region = {key: ("before" if begin < cut else
                         "after" if after is not None and begin >= after else "window")
                   for key, (begin, _) in times.items()}
+        self.region = region  # (which op's event counts where: _window_memory, _dropped)
         runs = {name: [[] for _ in range(self.pb.p)] for name in ("before", "window", "after")}
         for key in sorted(times, key=lambda key: times[key]):
             runs[region[key]][self.pb.rank_of[key[1]]].append(key)
@@ -257,52 +288,28 @@ class WindowModel(ExactModel):
         level, when, changes = 0, [], []
         for s in self.pb.stages_of(r):
             for x in range(self.pb.m):
-                for where, at, change in self._pair_events(s, x, region):
-                    if where == "before":
+                for op, at, change in self._pair_events(s, x):
+                    if region[op] == "before":
                         level += change
-                    elif where == "window":
+                    elif region[op] == "window":
                         when.append(at)
                         changes.append(change)
         if when:
             self.model.AddReservoirConstraint(when + [0], changes + [level], 0,
                                               self._memory_limit())
 
-    def _memory_limit(self) -> int:
-        limit = self.pb.exact_limit if self.pb.recomputes else self.pb.limit
-        return _scaled([limit], MEMORY_SCALE, math.ceil)[0]
-
-    def _pair_events(self, s: int, x: int, region: dict):
-        """(region, time, change) of each memory event of microbatch x on stage s: F
-        takes what it keeps, the dropped part comes back at F or at B (the rebuild), B
-        trades M_B for M_W as it ends, W frees M_W."""
-        pb, per, ops = self.pb, self.per_microbatch, self.ops
-        f, b, w = (("F", s, x), ("B", s, x), ("W", s, x))
-        memw = _scaled([pb.memw[s]], MEMORY_SCALE, math.floor)[0]
-        if per is not None:
-            full, kept = (_scaled([v], MEMORY_SCALE, math.floor)[0]
-                          for v in (pb.mem[s], per.kept[s]))
-        elif pb.recomputes:
-            full, kept = (_scaled([v], MEMORY_SCALE, math.floor)[0]
-                          for v in (pb.full[s], pb.kept[s]))
-        else:
-            full = kept = _scaled([pb.mem[s]], MEMORY_SCALE, math.floor)[0]
-        yield region[f], ops[f][0], kept
-        if full > kept:
-            yield self._dropped(s, x, region) + (full - kept,)
-        yield region[b], ops[b][1], memw - full
-        yield region[w], ops[w][1], -memw
-
-    def _dropped(self, s: int, x: int, region: dict) -> tuple:
-        """(region, time) of the event that brings back what F dropped: at B where it
-        recomputes, else as F starts -- a variable only where B is in the window."""
+    def _dropped(self, s: int, x: int) -> tuple:
+        """(op, time) of the event that brings back what F dropped: a variable only where a
+        per-microbatch choice is free, in the window; elsewhere the B where it recomputes
+        (the plan's choice, fixed outside the window), else the F. (Not reduced: the whole
+        step's model, as built before `restrict` splits the ops.)"""
         f, b = ("F", s, x), ("B", s, x)
-        if self.per_microbatch is None:
-            return region[b], self.ops[b][0]
-        if region[b] != "window":
+        if self.per_microbatch is None or not self.reduced:
+            return super()._dropped(s, x)
+        if self.region[b] != "window":
             ours = b if self.plan(s, x).recomputes else f
-            return region[ours], self.ops[ours][0]
-        return "window", _dropped_at(self, s, x)
-
+            return ours, self.ops[ours][0]
+        return b, _dropped_at(self, s, x)
 
 
 def polish_verdict(verdict, costs: Costs | None, recompute: tuple, seconds: float,

@@ -93,19 +93,36 @@ def test_windows_go_where_the_ranks_wait():
     assert by_idle(sweep(0.5), []) == sweep(0.5)  # no waits: tail first, as swept
 
 
-def test_a_sweep_starts_at_the_warm_up_and_never_lengthens():
-    # On-demand's order at 1F1B's memory, p 4, m 8, recomputing per microbatch: each
-    # window's answer is kept only where the replay is shorter and within the limit, so the
-    # values never rise; the head's window (nothing before it fixed), where it waits, is
-    # the first.
+def test_a_whole_sweep_reaches_the_warm_up_and_never_lengthens():
+    # On-demand's order at 1F1B's memory, p 4, m 8, recomputing per microbatch, with the
+    # whole step's memory model (WHOLE_STEP: from the tail): each window's answer is kept
+    # only where the replay is shorter and within the limit, so the values never rise; the
+    # head's window (nothing before it fixed) is reached.
     schedule, costs = _on_demand_p4_m8()
     start = simulate(schedule, costs).longest_span
     got = polish(schedule, costs, 4, choice=SELECTIVE, fraction=0.5, seconds=15, rounds=3,
                  most=3)
     values = [start] + [r.value for r in got.rounds]
     assert all(b <= a + 1e-9 for a, b in zip(values, values[1:]))
-    assert got.rounds[0].start == 0.0 and got.rounds[0].fixed == 0
+    assert (got.rounds[0].start, got.rounds[0].end) == (0.5, 1.0)
+    assert got.rounds[-1].start == 0.0 and got.rounds[-1].fixed == 0
     assert got.value == pytest.approx(simulate(got.schedule, got.costs).longest_span)
+    _valid(got.schedule, got.costs, 4)
+
+
+def test_with_the_window_s_own_model_the_polish_starts_where_the_ranks_wait(monkeypatch):
+    # Past WHOLE_MEMORY_PAIRS (forced here) the windows are narrow (WINDOW_ONLY's width)
+    # and taken where the idle is: on-demand's V waits at its turn, in the warm-up.
+    from hpcpipe.schedules import polish as polishing
+    monkeypatch.setattr(polishing, "WHOLE_MEMORY_PAIRS", 0)
+    schedule, costs = _on_demand_p4_m8()
+    start = simulate(schedule, costs).longest_span
+    got = polish(schedule, costs, 4, choice=SELECTIVE, seconds=12, rounds=3, most=3)
+    first = got.rounds[0]
+    assert first.fraction == pytest.approx(polishing.WINDOW_ONLY.width)
+    assert first.end <= 0.3 and first.start < 0.2  # where on-demand's V waits (above)
+    values = [start] + [r.value for r in got.rounds]
+    assert all(b <= a + 1e-9 for a, b in zip(values, values[1:]))
     _valid(got.schedule, got.costs, 4)
 
 

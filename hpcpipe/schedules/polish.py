@@ -118,6 +118,7 @@ def polish(schedule: Schedule, costs: Costs, memory_limit: float, objective: str
     if not 0 < fraction <= 1 or rounds < 1:
         raise ScheduleError("polish: fraction in (0, 1], at least one round")
     current = (schedule, costs, _value(schedule, costs, objective))
+    # (the idle is the schedule's as the windows are ordered: `current` as it is then)
     order = ((lambda windows: by_idle(windows, idle_time(*current[:2])))
              if how.where_waiting else (lambda windows: windows))
     done, deadline, windows, proven = [], time.perf_counter() + seconds, [], True
@@ -143,8 +144,8 @@ def polish(schedule: Schedule, costs: Costs, memory_limit: float, objective: str
         done.append(Round(*window, fixed, ordered, status, spent, current[2]))
         if status not in ("OPTIMAL", "FEASIBLE") and fraction > 0.05:
             fraction /= WIDEN                     # no answer in time: smaller windows
-            windows = order([w for w in sweep(fraction) if how.where_waiting
-                             or w[1] <= window[0] + fraction / 2])  # (from the tail: on)
+            windows = order([w for w in sweep(fraction) if how.where_waiting  # (tail first:
+                             or w[1] <= window[0] + fraction / 2])  # on towards the head)
         if window == (0.0, 1.0) and status == "OPTIMAL":
             break  # the whole span re-solved to optimality: nothing is left to find
     return Polished(current[0].with_kind(schedule.kind), current[1], current[2], tuple(done))

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .exact import ExactModel, _dropped_at
+from .exact import (ExactModel, PerChoice, _cp_model, _dropped_at, _plan_uses, _value,
+                    fewest_pairs)
 from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
 from .problem import EPS, Problem
 from .recompute import NONE, PerMicrobatch, Recompute
@@ -107,8 +108,6 @@ def polish(schedule: Schedule, costs: Costs, memory_limit: float, objective: str
     finish early) the rest -- where the ranks wait, at most `seconds / rounds` each; at
     most `most` rounds (None: while there is time). With `choice`, every (stage,
     microbatch) in a window may recompute with it or not."""
-    from .exact import _value
-
     plain, per = _problem_costs(costs, choice)
     problem = Problem.build(schedule.num_ranks, schedule.num_microbatches, plain,
                             _placement(schedule), memory_limit)
@@ -171,7 +170,6 @@ def by_idle(windows: list[tuple[float, float]], idle: list[tuple[float, float]])
 def _problem_costs(costs: Costs, choice: Recompute | None):
     """(the costs the model is built from, the per-microbatch choice or None): per
     microbatch the model takes costs without a plan and a choice each pair may take."""
-    from .exact import _plan_uses
     if choice is None:
         if isinstance(costs.recompute, PerMicrobatch):
             raise ScheduleError("polish: a per-microbatch plan needs its choice")
@@ -196,8 +194,6 @@ def _round(problem: Problem, choice: Recompute | None, limit: float, current: tu
            reduced: bool):
     """One re-solve of a window of the span: (the better (schedule, costs, value) or None,
     the solver's state, ops fixed before it, ops kept in order after it, seconds)."""
-    from .exact import PerChoice, _cp_model, _value, fewest_pairs
-
     schedule, costs, _ = current
     per = PerChoice.of(choice, problem) if choice is not None else None
     model = WindowModel(problem, objective, per, reduced)
@@ -266,7 +262,7 @@ class WindowModel(ExactModel):
                 self._in_order(runs["after"][r])
                 continue
             self._apart(r, times, *(runs[name][r] for name in ("before", "window", "after")))
-            self._window_memory(r, region)
+            self._window_memory(r)
         return (sum(map(len, runs["before"])), sum(map(len, runs["after"])))
 
     def _apart(self, r: int, times: dict, before: list, window: list, after: list) -> None:
@@ -283,16 +279,16 @@ class WindowModel(ExactModel):
         for earlier, later in zip(keys, keys[1:]):
             self.model.Add(self.ops[later][0] >= self.ops[earlier][1])
 
-    def _window_memory(self, r: int, region: dict) -> None:
+    def _window_memory(self, r: int) -> None:
         """Rank r's memory over the window's events, from the level its ops before the
         window leave (as the simulator counts it, recompute.py)."""
         level, when, changes = 0, [], []
         for s in self.pb.stages_of(r):
             for x in range(self.pb.m):
                 for op, at, change in self._pair_events(s, x):
-                    if region[op] == "before":
+                    if self.region[op] == "before":
                         level += change
-                    elif region[op] == "window":
+                    elif self.region[op] == "window":
                         when.append(at)
                         changes.append(change)
         if when:
@@ -320,10 +316,6 @@ def polish_verdict(verdict, costs: Costs | None, recompute: tuple, seconds: floa
     optimal where the polished schedule now meets it -- and the polish (None where the best
     was optimal). As in the search, `recompute` choices over costs without a plan of their
     own are taken per microbatch."""
-    from dataclasses import replace
-
-    from .exact import _plan_uses
-
     if verdict.optimal or seconds <= 0:
         return verdict, None
     best = verdict.best_costs

@@ -64,8 +64,22 @@ def block_layout(cfg: GPTConfig, layer: int) -> list[tuple[str, tuple[int, ...]]
     ]  # fmt: skip
 
 
-def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=True):
-    """Ordered (name, shape) of the parameters a stage holds, in GPT-2's names.
+# A block's halves (a stage boundary at the seam, model/units.py): ln_1 and the attention,
+# ln_2 and the MLP — the first and the last six of block_layout's tensors.
+HALF_TENSORS = 6
+
+
+def half_layout(cfg: GPTConfig, layer: int, half: str) -> list[tuple[str, tuple[int, ...]]]:
+    """The tensors of block `layer`'s "attn" half (ln_1, attn) or "mlp" half (ln_2, mlp)."""
+    whole = block_layout(cfg, layer)
+    return whole[:HALF_TENSORS] if half == "attn" else whole[HALF_TENSORS:]
+
+
+def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
+                 mlp_of=None, attention_of=None):
+    """Ordered (name, shape) of the parameters a stage holds, in GPT-2's names: mlp_of /
+    attention_of, when given, the block whose MLP half starts the stage / whose attention
+    half ends it.
 
     The head is tied to `wte`: a stage with the head but not the embedding holds its own
     copy of `wte` (the pipeline keeps the two copies equal).
@@ -76,8 +90,12 @@ def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=Tru
         out.append(("wte", (cfg.padded_vocab, cfg.n_embd)))
     if embedding_part:
         out.append(("wpe", (cfg.block_size, cfg.n_embd)))
+    if mlp_of is not None:
+        out += half_layout(cfg, mlp_of, "mlp")
     for layer in layers:
         out += block_layout(cfg, layer)
+    if attention_of is not None:
+        out += half_layout(cfg, attention_of, "attn")
     if head_part:
         out += [("ln_f.weight", (cfg.n_embd,)), ("ln_f.bias", (cfg.n_embd,))]
     return out

@@ -14,6 +14,9 @@ compare). Per block, with N = B·T tokens, s the storage itemsize and w the comp
             dout C, dh 4C)·N·s (the LayerNorms' weight gradients, 4·C a block, taken in B
             and held as a pair, are not counted: nor does the stash's measure)
 
+A stage that starts or ends at a block's seam (model/units.py) holds half a block there:
+ln_1 and the attention's share, or ln_2 and the MLP's.
+
 `selective` keeps GELU's input (N, 4C)·s instead of its derivative and output and drops the
 attention matrix; `full` keeps the stage's input only. Either rebuilds, at the start of B,
 exactly F's M_B (which is held while B runs), and leaves M_W as without recomputation.
@@ -48,21 +51,25 @@ class StageMemory:
 
 def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = "none",
                  tp: int = 1) -> StageMemory:
-    """M_B and M_W of the stage `spec` (a StageSpec: its blocks, embedding and head parts)
+    """M_B and M_W of the stage `spec` (a StageSpec: its blocks, halves, embedding and head)
     for micro-batches of `batch` sequences of cfg.block_size tokens."""
     s = compute_dtype(dtype).itemsize
     w = max(s, 4)
     N, C, T, H, V = batch * cfg.block_size, cfg.n_embd, cfg.block_size, cfg.n_head, \
         cfg.vocab_size
-    layers = len(spec.layers)
-    norms = 2 * N * C * s + 2 * N * w  # ln_1, ln_2: x̂ and 1/σ
-    attention = N * C * s + 3 * N * C * w // tp + batch * (H // tp) * T * T * w \
-        + N * C * s // tp
-    mlp = N * C * s + 8 * N * C * s // tp
-    block = norms + attention + mlp
-    block_w = 4 * N * C * s + 12 * N * C * s // tp  # (dout, dx₁ whole)
-    full = layers * block
-    after_b = layers * block_w
+    # Whole blocks, and the halves at a seam (model/units.py) each with its LayerNorm.
+    attentions = len(spec.layers) + (spec.attention_of is not None)
+    mlps = len(spec.layers) + (spec.mlp_of is not None)
+    norm = N * C * s + N * w  # x̂ and 1/σ
+    matrix = batch * (H // tp) * T * T * w
+    attention = norm + N * C * s + 3 * N * C * w // tp + matrix + N * C * s // tp
+    mlp = norm + N * C * s + 8 * N * C * s // tp
+    # B → W: the GEMMs' inputs and output gradients — attention: its input, c_proj's input,
+    # dqkv, dx₁; MLP: its input, GELU's output, dout, dh (dx₁ and dout whole)
+    attention_w = 2 * N * C * s + 4 * N * C * s // tp
+    mlp_w = 2 * N * C * s + 8 * N * C * s // tp
+    full = attentions * attention + mlps * mlp
+    after_b = attentions * attention_w + mlps * mlp_w
     if spec.embedding_part:
         full += N * TOKEN_BYTES
         after_b += N * TOKEN_BYTES + N * C * s  # the ids, and d(embedding output)
@@ -71,7 +78,7 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = 
     if recompute == "none":
         kept = full
     elif recompute == "selective":
-        kept = full - layers * (batch * (H // tp) * T * T * w + 4 * N * C * s // tp)
+        kept = full - attentions * matrix - mlps * 4 * N * C * s // tp
     elif recompute == "full":
         kept = (N * TOKEN_BYTES if spec.embedding_part else N * C * s) \
             + (N * TOKEN_BYTES if spec.head_part else 0)

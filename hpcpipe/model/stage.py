@@ -1,8 +1,8 @@
 """A stage: a contiguous slice of the model with its parameters, gradients and a stash
 per microbatch between its F, B and W passes.
 
-A stage holds optionally the embedding, blocks [first, last), optionally the final
-LayerNorm, the tied head and the loss — with its parameters and gradients in one flat
+A stage holds optionally the embedding, blocks [first, last) (and possibly half a block at
+either end: model/units.py), optionally the final LayerNorm, the tied head and the loss — with its parameters and gradients in one flat
 buffer each (named views into it). The whole model on one process is simply the stage
 that holds everything; the pipeline builds one stage per pipeline rank (and per chunk)
 from the same code, which is why every layout computes the same numbers. The stash lets a
@@ -16,16 +16,10 @@ from dataclasses import dataclass
 from hpcpipe.device import backend
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype
 from hpcpipe.model.layers import block, embedding, head, layernorm, loss, scope
-from hpcpipe.model.layout import (
-    FlatBuffer,
-    GPTConfig,
-    block_layout,
-    init_value,
-    padding_mask,
-    param_layout,
-)
+from hpcpipe.model.layout import FlatBuffer, GPTConfig, init_value, padding_mask, param_layout
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.model.stashbytes import StashBytes
+from hpcpipe.model.units import stage_units
 
 # What a stage keeps from F to B (schedules/recompute.py models each in bytes and time):
 # "none" every cache; "selective" all but the attention matrices and the GELU's output and
@@ -38,8 +32,9 @@ RECOMPUTE = ("none", "selective", "full")
 class Stage:
     """A contiguous slice of the GPT with F, B and W passes per microbatch.
 
-    layers: the block indices this stage runs; embedding_part / head_part: whether it
-    starts with the embedding / ends with ln_f, the tied head and the loss. be: the
+    layers: the blocks it runs whole; mlp_of / attention_of: the block whose MLP half starts
+    it / whose attention half ends it, or None (model/units.py); embedding_part / head_part:
+    whether it starts with the embedding / ends with ln_f, the tied head and the loss. be: the
     Backend it allocates and computes on (a one-thread CPU backend when not given). tp:
     this stage's tensor-parallel shards (tensor_parallel.TensorParallel): the stage then
     holds its shard of every split tensor, under the tensor's GPT-2 name. recompute: what
@@ -49,7 +44,8 @@ class Stage:
     """
 
     def __init__(self, cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
-                 dtype="float32", seed=0, be=None, tp=None, recompute="none"):
+                 dtype="float32", seed=0, be=None, tp=None, recompute="none",
+                 mlp_of=None, attention_of=None):
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute {recompute!r}: allowed {', '.join(RECOMPUTE)}")
         self.cfg = cfg
@@ -58,6 +54,7 @@ class Stage:
         # of a step that recompute; None: all of them.
         self.recompute_microbatches: frozenset[int] | None = None
         self.layers = list(range(cfg.n_layer) if layers is None else layers)
+        self.units = stage_units(self.layers, mlp_of, attention_of)
         self.embedding_part = embedding_part
         self.head_part = head_part
         self.be = backend.cpu() if be is None else be
@@ -69,7 +66,8 @@ class Stage:
         # Mixed precision: weight gradients of 16-bit compute accumulate in float32.
         self.grad_dtype = accumulation_dtype(self.dtype)
         shards, rank = (tp.size, tp.rank) if tp is not None else (1, 0)
-        self.global_shapes = dict(param_layout(cfg, self.layers, embedding_part, head_part))
+        self.global_shapes = dict(param_layout(cfg, self.layers, embedding_part, head_part,
+                                               mlp_of, attention_of))
         self.shards = {name: shard_of(name, shape, shards, rank)
                        for name, shape in self.global_shapes.items()}
         layout = [(name, self.shards[name].local_shape(shape))
@@ -100,15 +98,15 @@ class Stage:
 
     # -- bookkeeping --------------------------------------------------------------------
     def drop_grads(self):
-        """Free the gradient accumulation buffer until the next step's `zero_grad`: with
-        ZeRO-2 a replica keeps only its reduced shard of it between steps."""
+        """Free the gradient buffer until the next `zero_grad` (ZeRO-2: a replica keeps only
+        its reduced shard of it between steps)."""
         self.grad_buffer.release()
         self.grads = None
         self.head_grad = None  # zero_grad brings it back on the head stage
 
     def drop_params(self):
-        """Free the parameter buffer until `restore_params`: with ZeRO-3 a replica keeps
-        only its shard of the weights between steps (the optimizer's ParamShards)."""
+        """Free the parameter buffer until `restore_params` (ZeRO-3: a replica keeps only
+        its shard of the weights between steps, the optimizer's ParamShards)."""
         self.param_buffer.release()
         self.params = None
 
@@ -120,8 +118,7 @@ class Stage:
             self.params = self.param_buffer.views
 
     def release_exact_init(self):
-        """Drop the float32 initial values once the optimizer's masters are built from
-        them (or loaded from a checkpoint): they are a transient copy of the weights."""
+        """Drop the float32 initial values (a transient copy) once the masters are built."""
         self.exact_init = None
 
     def zero_grad(self):
@@ -136,8 +133,8 @@ class Stage:
             self.head_grad[...] = 0
 
     def stash_bytes(self, mb: int | None = None) -> int:
-        """Bytes of activations currently held for pending B and W passes (of microbatch
-        `mb` alone, when given): each allocation once, parameters not (stashbytes.py)."""
+        """Activation bytes held for pending B and W passes (of microbatch `mb` alone, when
+        given): each allocation once, parameters not (stashbytes.py)."""
         buffers = [self.param_buffer] + list(self.weight_versions)
         params = frozenset(self.be.allocation(b.data)[0] for b in buffers if b.data is not None)
         return self._stash_bytes.count(self._stash, params, mb)
@@ -174,8 +171,7 @@ class Stage:
             self._stash[mb] = entry
         return x
 
-    def needs_rebuild(self, mb: int) -> bool:
-        """Whether microbatch `mb` recomputes here and is not rebuilt yet."""
+    def needs_rebuild(self, mb: int) -> bool:  # (recomputes here, and not rebuilt yet)
         return self._stash[mb]["recompute"] != "none" and not self._stash[mb].get("rebuilt")
 
     def rebuild(self, mb: int) -> bool:
@@ -194,8 +190,8 @@ class Stage:
             inp, targets = replay["input"], replay["targets"]
             entry["caches"] = self._forward(inp, targets, True, False)[1]
         else:
-            for layer in self.layers:
-                block.rebuild(entry["caches"][layer])
+            for unit in self.units:
+                block.rebuild(entry["caches"][unit.key])
         return True
 
     def _forward(self, inp, targets, keep: bool, selective: bool):
@@ -208,12 +204,11 @@ class Stage:
             if T > cfg.block_size:
                 raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
             x, caches["embedding"] = embedding.forward(inp, P, be, tp)
-        # The embedding's and each block's outputs are fresh arrays the next layer may keep
+        # The embedding's and each unit's outputs are fresh arrays the next layer may keep
         # as they are; a received input is a message buffer the runtime reuses after F.
         owned = self.embedding_part
-        for layer in self.layers:
-            x, caches[layer] = block.forward(x, scope(P, f"h.{layer}."), cfg.n_head, be, tp,
-                                             selective, owned)
+        for unit in self.units:
+            x, caches[unit.key] = unit.forward(x, P, cfg.n_head, be, tp, selective, owned)
             owned = True
         if self.head_part:
             x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."), be, tp, owned=owned)
@@ -239,13 +234,12 @@ class Stage:
             dx = head.backward_input(dlogits, caches["head"])
             # The head's weight gradient is taken here, in B, not in W: it is the tied
             # embedding's, which the first stage needs before its next step, and B's run
-            # early (also in microbatch order), so the first stage does not wait for the
-            # last stage's final W. It also frees the (B, T, V) logits gradient at once.
+            # early (in microbatch order too): no wait for the last stage's final W. It
+            # also frees the (B, T, V) logits gradient at once.
             head.backward_weight(dlogits, caches.pop("head"), {"wte": self.head_grad})
             dy = layernorm.backward_input(dx, caches["ln_f"])
-        for layer in reversed(self.layers):
-            d[layer] = dy
-            dy = block.backward_input(dy, caches[layer])
+        for unit in reversed(self.units):
+            dy = unit.backward_input(dy, caches[unit.key])
         if self.embedding_part:
             embedding.backward_input(dy, caches["embedding"])
             d["embedding"] = dy
@@ -265,9 +259,9 @@ class Stage:
         if self.head_part:  # (the head's own W ran in B; ln_f's was computed there)
             layernorm.backward_weight(None, caches["ln_f"], scope(G, "ln_f."))
             done(("ln_f.weight", "ln_f.bias"))
-        for layer in reversed(self.layers):
-            block.backward_weight(d[layer], caches[layer], scope(G, f"h.{layer}."))
-            done(tuple(name for name, _ in block_layout(self.cfg, layer)))
+        for unit in reversed(self.units):
+            unit.backward_weight(caches[unit.key], G)
+            done(tuple(name for name, _ in unit.layout(self.cfg)))
         if self.embedding_part:
             embedding.backward_weight(d["embedding"], caches["embedding"], G)
             done(("wpe",))  # wte is finished only when the head's part is added
@@ -289,22 +283,46 @@ class Stage:
 
 @dataclass(frozen=True)
 class StageSpec:
-    """Which part of the model one pipeline stage holds."""
+    """Which part of the model one pipeline stage holds: the embedding, block `mlp_of`'s
+    MLP half, the whole `layers`, block `attention_of`'s attention half, the head (each
+    optional; model/units.py)."""
 
     index: int
     layers: tuple[int, ...]
     embedding_part: bool
     head_part: bool
+    mlp_of: int | None = None
+    attention_of: int | None = None
+
+    @property
+    def blocks(self) -> float:
+        """How many blocks it holds, a half counting 0.5 (parallel.layers_per_stage's
+        number for it)."""
+        halves = (self.mlp_of is not None) + (self.attention_of is not None)
+        return len(self.layers) + 0.5 * halves
+
+    def param_layout(self, cfg: GPTConfig):
+        """(name, shape) of the tensors the stage holds (layout.param_layout)."""
+        return param_layout(cfg, self.layers, self.embedding_part, self.head_part,
+                            self.mlp_of, self.attention_of)
 
     def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None, tp=None,
               recompute="none") -> Stage:
         return Stage(cfg, layers=self.layers, embedding_part=self.embedding_part,
                      head_part=self.head_part, dtype=dtype, seed=seed, be=be, tp=tp,
-                     recompute=recompute)
+                     recompute=recompute, mlp_of=self.mlp_of, attention_of=self.attention_of)
 
     def describe(self) -> str:
         parts = (["embedding"] if self.embedding_part else []) + (
+            [f"block {self.mlp_of}'s MLP"] if self.mlp_of is not None else []) + (
             [f"blocks {self.layers[0]}–{self.layers[-1]}" if len(self.layers) > 1
              else f"block {self.layers[0]}"] if self.layers else []) + (
-            ["head"] if self.head_part else [])
+            [f"block {self.attention_of}'s attention"] if self.attention_of is not None
+            else []) + (["head"] if self.head_part else [])
         return " + ".join(parts)
+
+
+def seams(specs) -> list[int] | None:
+    """The blocks a stage edge cuts at their seam (a checkpoint's layout records them beside
+    the whole blocks per stage), or None: none."""
+    return sorted(s.attention_of for s in specs if s.attention_of is not None) or None

@@ -11,7 +11,11 @@ from hpcpipe.model.stage import RECOMPUTE, StageSpec
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd=32)
 B = 2
 SPECS = [StageSpec(0, (0, 1, 2), True, True), StageSpec(0, (0,), True, False),
-         StageSpec(1, (1,), False, False), StageSpec(2, (2,), False, True)]
+         StageSpec(1, (1,), False, False), StageSpec(2, (2,), False, True),
+         # halves at a seam (model/units.py)
+         StageSpec(0, (0,), True, False, attention_of=1),
+         StageSpec(1, (), False, False, mlp_of=1, attention_of=2),
+         StageSpec(2, (), False, True, mlp_of=2), StageSpec(1, (), False, False, mlp_of=0)]
 
 
 def measured(spec, dtype, recompute):

@@ -21,8 +21,10 @@ def fresh(stage, mb=None) -> int:
 
 @pytest.mark.parametrize("recompute", RECOMPUTE)
 @pytest.mark.parametrize("head", [True, False])
-def test_kept_counts_equal_fresh_ones_after_every_pass(recompute, head):
-    spec = StageSpec(0, (0, 1), True, head)
+@pytest.mark.parametrize("seam", [False, True])
+def test_kept_counts_equal_fresh_ones_after_every_pass(recompute, head, seam):
+    spec = StageSpec(0, (0,), True, head, attention_of=1) if seam and not head \
+        else StageSpec(0, (0, 1), True, head)
     stage = spec.build(CFG, dtype="float64", recompute=recompute)
     tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (B, CFG.block_size + 1))
     dy = None if head else np.ones((B, CFG.block_size, CFG.n_embd))

@@ -1,0 +1,69 @@
+"""Stages that start or end at a block's seam (model/units.py): a chain of them computes
+the whole model's F, B and W bit for bit, with every recompute choice, and holds the
+tensors of its halves only."""
+
+import numpy as np
+import pytest
+
+from hpcpipe.model.layout import GPTConfig, block_layout
+from hpcpipe.model.stage import RECOMPUTE, Stage, StageSpec
+from hpcpipe.parallel.pipeline.partition import partition
+
+CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd=32)
+B = 2
+
+
+def run(stages, tokens, order):
+    """Losses and weight gradients of stages in model order, microbatches F then B then W
+    in `order` (a pipeline would interleave them: each stage's passes are its own)."""
+    losses = {}
+    for mb in order:
+        x = tokens[mb][:, :-1]
+        for stage in stages:
+            x = stage.forward(mb, x, tokens[mb][:, 1:] if stage.head_part else None)
+        losses[mb] = x
+    for mb in order:
+        dy = None
+        for stage in reversed(stages):
+            stage.rebuild(mb)
+            dy = stage.backward_input(mb, dy)
+    for mb in order:
+        for stage in stages:
+            stage.backward_weight(mb)
+    # The tied head's d(wte) into the embedding's (the pipeline sends it: tied.py).
+    stages[0].add_head_grad(None if len(stages) == 1 else stages[-1].head_grad)
+    grads = {}
+    for stage in stages:
+        for name, g in stage.grads.items():
+            if name != "wte" or stage.embedding_part:
+                grads[name] = g.copy()
+    return losses, grads
+
+
+@pytest.mark.parametrize("recompute", RECOMPUTE)
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+@pytest.mark.parametrize("counts", [[1.5, 1.5], [1, 0.5, 1.5], [0.5, 0.5, 2]],
+                         ids=str)
+def test_a_chain_cut_at_seams_equals_the_whole_model_bitwise(counts, dtype, recompute):
+    rng = np.random.default_rng(1)
+    tokens = [rng.integers(0, CFG.vocab_size, (B, CFG.block_size + 1)) for _ in range(3)]
+    whole = Stage(CFG, dtype=dtype, recompute=recompute)
+    chain = [spec.build(CFG, dtype=dtype, recompute=recompute)
+             for spec in partition(CFG, len(counts), counts)]
+    want_losses, want = run([whole], tokens, [0, 1, 2])
+    got_losses, got = run(chain, tokens, [0, 1, 2])
+    for mb in want_losses:
+        assert np.array_equal(got_losses[mb], want_losses[mb])
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert np.array_equal(got[name], want[name]), name
+
+
+def test_a_seam_stage_holds_its_halves_tensors_only():
+    spec = partition(CFG, 3, [1, 0.5, 1.5])[1]
+    assert (spec.mlp_of, spec.layers, spec.attention_of) == (None, (), 1)
+    stage = spec.build(CFG)
+    names = [name for name, _ in block_layout(CFG, 1)]
+    assert list(stage.params) == names[:6]  # ln_1 and the attention of block 1
+    last = partition(CFG, 3, [1, 0.5, 1.5])[2].build(CFG)
+    assert list(last.params)[1:7] == names[6:]  # (after wte) ln_2 and the MLP of block 1

@@ -164,9 +164,9 @@ class ParallelSection:
     # model chunks per rank; 0: the schedule's own (2 for interleaved and zb-v, 1 for auto,
     # which also takes 2: a V)
     chunks: int = 0
-    # transformer blocks of each model stage (pp × chunks counts); [] or "auto": balanced
-    # by cost
-    layers_per_stage: list[int] | str = field(default_factory=list)
+    # transformer blocks of each model stage (pp × chunks counts; 0.5: a stage edge at a
+    # block's seam, between attention and MLP); [] or "auto": balanced by cost
+    layers_per_stage: list[float] | str = field(default_factory=list)
     # auto schedule: activations a rank may hold — a number of microbatches (0: 2·pp) or a
     # size ("12GiB", "500MB"): bytes, measured per stage while profiling
     memory_limit: float | str = 0.0
@@ -650,8 +650,10 @@ def _check_layout(source, cfg: Config):
         _require(source, "parallel.layers_per_stage", counts, len(counts) == stages,
                  f"needs one block count per model stage: {stages} = pp × chunks")
         _require(source, "parallel.layers_per_stage", counts,
-                 all(c >= 1 for c in counts) and sum(counts) == n_layer,
-                 f"counts must be at least 1 and sum to model.n_layer = {n_layer}")
+                 all(c >= 0.5 and c * 2 == int(c * 2) for c in counts)
+                 and sum(counts) == n_layer,
+                 f"counts must be whole or half blocks (0.5: a stage edge between a block's "
+                 f"attention and its MLP), at least 0.5, summing to model.n_layer = {n_layer}")
     choices = cfg.train.recompute.split("/")
     if cfg.train.recompute.strip() == "auto":
         _require(source, "train.recompute", cfg.train.recompute, parallel.schedule == "auto",
@@ -676,9 +678,9 @@ def _check_layout(source, cfg: Config):
                  f"sequence parallelism splits each sequence among parallel.tp = "
                  f"{parallel.tp} shards: block_size must be a multiple of it")
     if not counts:
-        _require(source, "parallel.pp", parallel.pp, stages <= n_layer,
+        _require(source, "parallel.pp", parallel.pp, stages <= 2 * n_layer,
                  f"{stages} model stages (pp × chunks) but model.n_layer = {n_layer}: every "
-                 f"stage needs at least one transformer block")
+                 f"stage needs at least half a transformer block")
 
 
 def validate(cfg: Config) -> Config:
@@ -689,9 +691,13 @@ def validate(cfg: Config) -> Config:
     _check_train(source, cfg.train)
     _check_data(source, cfg.data)
     _check_parallel(source, cfg.parallel)
-    if cfg.parallel.layers_per_stage == AUTO_PARTITION:  # [] from here on
-        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
-                                                                    layers_per_stage=[]))
+    counts = cfg.parallel.layers_per_stage
+    if counts == AUTO_PARTITION:  # [] from here on
+        counts = []
+    else:  # whole blocks as integers, halves as 1.5: the resolved config.toml's spelling
+        counts = [int(c) if float(c).is_integer() else c for c in counts]
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
+                                                                layers_per_stage=counts))
     _check_checkpoint(source, cfg.checkpoint)
     _check_layout(source, cfg)
     _check_local_layout(source, cfg)

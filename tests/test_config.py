@@ -167,23 +167,33 @@ def test_layers_per_stage_auto_is_the_balanced_partition(tmp_path):
                              "model": {"n_layer": 6}}).parallel.layers_per_stage == [3, 3]
     _, msg = error_of(tmp_path, '[parallel]\nlayers_per_stage = "even"\n')
     assert "parallel.layers_per_stage = 'even'" in msg and '[] or "auto"' in msg
-    _, msg = error_of(tmp_path, "[parallel]\nlayers_per_stage = [1.5]\n")
-    assert "must be a list of integers" in msg
+    _, msg = error_of(tmp_path, "[parallel]\nlayers_per_stage = [1.25]\n")
+    assert "whole or half blocks" in msg
+    # Halves (a stage edge at a block's seam) are kept; whole counts read back as integers.
+    cfg = config.from_dict({"parallel": {"layers_per_stage": [1.5, 2.0, 2.5], "pp": 3},
+                            "model": {"n_layer": 6}})
+    assert cfg.parallel.layers_per_stage == [1.5, 2, 2.5]
+    again = config.load(write(tmp_path, cfg.to_toml())).parallel.layers_per_stage
+    assert again == [1.5, 2, 2.5] and isinstance(again[1], int)
 
 
 def test_more_stages_than_layers(tmp_path):
-    _, msg = error_of(tmp_path, "[model]\nn_layer = 3\n[parallel]\npp = 2\nschedule = \"zb-v\"\n")
-    assert "parallel.pp = 2" in msg and "4 model stages" in msg and "n_layer = 3" in msg
+    # Four model stages on three blocks: halves (a stage edge at a block's seam) fit them.
+    text = "[model]\nn_layer = 3\n[parallel]\npp = 2\nschedule = \"zb-v\"\n"
+    assert config.load(write(tmp_path, text)).parallel.pp == 2
+    _, msg = error_of(tmp_path, "[model]\nn_layer = 1\n[parallel]\npp = 2\nschedule = \"zb-v\"\n")
+    assert "parallel.pp = 2" in msg and "4 model stages" in msg and "n_layer = 1" in msg
+    assert "half a transformer block" in msg
 
 
 def test_layers_per_stage_must_fit(tmp_path):
     _, msg = error_of(tmp_path, "[model]\nn_layer = 4\n[parallel]\npp = 2\n"
                                 "layers_per_stage = [1, 2]\n")
-    assert "parallel.layers_per_stage = [1, 2]" in msg and "sum to model.n_layer = 4" in msg
+    assert "parallel.layers_per_stage = [1, 2]" in msg and "summing to model.n_layer = 4" in msg
     _, msg = error_of(tmp_path, "[parallel]\npp = 2\nlayers_per_stage = [4]\n")
     assert "one block count per model stage: 2" in msg
     _, msg = error_of(tmp_path, "[parallel]\nlayers_per_stage = [1, \"x\"]\n")
-    assert "must be a list of integers" in msg
+    assert "must be a list of numbers" in msg
 
 
 def test_chunks_must_suit_the_schedule(tmp_path):

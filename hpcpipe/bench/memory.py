@@ -73,14 +73,13 @@ def pareto_front(cfg, pp: int, m: int) -> list[dict]:
     (the split halves of a GEMM's backward cost what its forward does), memory the
     analytic M_B and M_W, and per stage the choice of selective or full recomputation
     (keep from the bytes, time from the attention core's share of F, or all of it)."""
-    from hpcpipe.parallel.pipeline.partition import partition, stage_costs
+    from hpcpipe.parallel.pipeline.partition import partition, stage_cost, stage_costs
     from hpcpipe.schedules import Costs
     from hpcpipe.schedules.auto import explore
 
     specs = partition(cfg.model, pp)
-    emb, block, head = stage_costs(cfg.model)
-    work = [(len(s.layers) * block + (emb if s.embedding_part else 0)
-             + (head if s.head_part else 0)) / 3 / block for s in specs]
+    block = stage_costs(cfg.model)[1]
+    work = [stage_cost(cfg.model, s) / 3 / block for s in specs]
     none = memplan.stage_memories(cfg, specs)
     choices = memplan.recompute_choices(cfg, specs)
     costs = Costs(f=work, b=work, w=work, memory=[float(x.full) for x in none],

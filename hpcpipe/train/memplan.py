@@ -21,10 +21,9 @@ from hpcpipe.config import validate
 from hpcpipe.device.budget import (BudgetError, check_memory_limit, check_run, device_available,
                                    host_available)
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
-from hpcpipe.model import param_layout
 from hpcpipe.model.memory import stage_memory
 from hpcpipe.model.sharding import shard_of
-from hpcpipe.parallel.pipeline.partition import imbalance, partition
+from hpcpipe.parallel.pipeline.partition import WORTH, counts_text, imbalance, partition
 from hpcpipe.parallel.pipeline.planning import build_schedule, memory_limit
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, asynchronous, peak_activations
 from hpcpipe.schedules.recompute import NONE, PerMicrobatch, Recompute
@@ -88,8 +87,7 @@ def _compression(cfg, specs) -> int:
         return 0
     acc, total = accumulation_dtype(compute_dtype(cfg.train.dtype)).itemsize, 0
     for spec in specs:
-        for name, shape in param_layout(cfg.model, spec.layers, spec.embedding_part,
-                                        spec.head_part):
+        for name, shape in spec.param_layout(cfg.model):
             local = shard_of(name, shape, p.tp, 0).local_shape(shape)
             if compressible(local, p.powersgd_rank, p.powersgd_min_gain):
                 total += (local[0] * local[1] + 2 * local[1] * p.powersgd_rank) * acc
@@ -227,8 +225,7 @@ def _weights(cfg, specs) -> tuple[int, int, int]:
     tp = cfg.parallel.tp
     count = head = 0
     for spec in specs:
-        for name, shape in param_layout(cfg.model, spec.layers, spec.embedding_part,
-                                        spec.head_part):
+        for name, shape in spec.param_layout(cfg.model):
             size = 1
             for n in shard_of(name, shape, tp, 0).local_shape(shape):
                 size *= n
@@ -296,15 +293,15 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int) -> str:
     return "\n".join(lines)
 
 
-def balance(cfg, worth: float = 0.05) -> str:
+def balance(cfg, worth: float = WORTH) -> str:
     """The plan's line on stage balance: the blocks per model stage and how much slower the
     slowest stage is than the mean (analytic costs); past `worth`, what would do better —
-    the balanced split for counts given by hand, else the pipeline depths whose whole-block
-    splits are more even."""
+    the balanced split for counts given by hand, else the pipeline depths whose splits are
+    more even."""
     model, stages, given = cfg.model, cfg.parallel.pp * cfg.chunks, cfg.parallel.layers_per_stage
     specs = partition(model, stages, given or None)
     worst = imbalance(model, specs)
-    line = (f"blocks per model stage {[len(s.layers) for s in specs]}: the slowest stage "
+    line = (f"blocks per model stage {counts_text(specs)}: the slowest stage "
             f"{worst:.1%} above the mean (analytic costs)")
     if worst <= worth:
         return line
@@ -313,13 +310,13 @@ def balance(cfg, worth: float = 0.05) -> str:
         better = imbalance(model, auto)
         if better < worst:
             return line + (f'; parallel.layers_per_stage = "auto" gives '
-                           f"{[len(s.layers) for s in auto]}, {better:.1%}")
+                           f"{counts_text(auto)}, {better:.1%}")
         return line
     others = {pp: imbalance(model, partition(model, pp * cfg.chunks)) for pp in range(2, 9)
-              if pp != cfg.parallel.pp and pp * cfg.chunks <= model.n_layer}
+              if pp != cfg.parallel.pp and pp * cfg.chunks <= 2 * model.n_layer}
     depths = [f"pp {pp} {x:.1%}" for pp, x in others.items() if x < worst]
-    return line + (f"; whole blocks split more evenly at {', '.join(depths)}" if depths else
-                   "; a more even split needs a stage boundary inside a block")
+    return line + (f"; the blocks split more evenly at {', '.join(depths)}" if depths else
+                   "; a more even split needs finer cuts than a block's seam")
 
 
 def between_steps(cfg, p: RankPlan) -> dict:
@@ -375,7 +372,7 @@ def smallest_change(cfg, have: int, ranks_on_node: int) -> str | None:
             return f"--set train.micro_batch_size={size}"
         size //= 2
     pp = cfg.parallel.pp * 2
-    while pp * cfg.chunks <= cfg.model.n_layer:
+    while pp * cfg.chunks <= 2 * cfg.model.n_layer:  # (half a block a stage at least)
         if _fits_with(cfg, have, ranks_on_node, parallel={"pp": pp, "layers_per_stage": []}):
             return f"--set parallel.pp={pp} (on {pp * cfg.parallel.dp * cfg.parallel.tp} ranks)"
         pp *= 2

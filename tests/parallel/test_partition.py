@@ -1,9 +1,14 @@
 """Balanced stages (parallel/pipeline/partition.py): the head's vocabulary-sized GEMMs and
 softmax count, so the stage holding them gets fewer blocks; the imbalance is reported."""
 
+import pytest
+
 from hpcpipe.bench.step import CONFIGS
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.parallel.pipeline.partition import (
+    PartitionError,
+    attention_share,
+    counts_text,
     fitted_costs,
     imbalance,
     measured_balance,
@@ -28,12 +33,33 @@ def test_imbalance_of_the_bench_models_at_pp_2():
         assert 0 < imbalance(CONFIGS[name], specs) < 0.05, name
 
 
-def test_whole_blocks_bound_the_balance_at_pp_4():
-    """Six blocks on four stages: two stages hold two, so the slowest is a third above the
-    mean whatever the costs (a split inside a block would be needed)."""
-    specs = partition(CONFIGS["medium"], 4)
-    assert sorted(len(s.layers) for s in specs) == [1, 1, 2, 2]
-    assert 0.3 < imbalance(CONFIGS["medium"], specs) < 0.35
+def test_seams_halve_the_step_where_whole_blocks_balance_badly():
+    """Six blocks on four stages: in whole blocks two stages hold two, a third above the
+    mean whatever the costs; cut at blocks' seams each holds 1.5 (11.3 %: the attention
+    half costs 37 % of a block, the MLP 63 %, so 1.5 blocks are not equal either way)."""
+    cfg = CONFIGS["medium"]
+    specs = partition(cfg, 4)
+    assert counts_text(specs) == "[1.5, 1.5, 1.5, 1.5]"
+    assert [(s.mlp_of, s.layers, s.attention_of) for s in specs] == [
+        (None, (0,), 1), (1, (2,), None), (None, (3,), 4), (4, (5,), None)]
+    assert 0.11 < imbalance(cfg, specs) < 0.115
+    whole = partition(cfg, 4, [1, 2, 2, 1])
+    assert 0.3 < imbalance(cfg, whole) < 0.35
+    assert 0.36 < attention_share(cfg) < 0.38
+
+
+def test_whole_blocks_stay_where_they_balance_within_5_percent():
+    """A seam is taken only past WORTH (tiny and medium at pp 2 keep [2, 2] and [3, 3],
+    whatever halves would shave), or where there are more stages than blocks."""
+    for name in ("tiny", "medium"):
+        specs = partition(CONFIGS[name], 2)
+        assert all(s.mlp_of is None and s.attention_of is None for s in specs)
+    specs = partition(CONFIGS["tiny"], 8)  # four blocks on eight stages: a half each
+    assert counts_text(specs) == "[0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]"
+    with pytest.raises(PartitionError, match="at least half a block"):
+        partition(CONFIGS["tiny"], 9)
+    with pytest.raises(PartitionError, match="whole or half blocks"):
+        partition(CONFIGS["tiny"], 2, [1.25, 2.75])
 
 
 def test_measured_costs_are_fitted_and_give_the_split_they_balance():

@@ -97,12 +97,18 @@ def test_dp_from_the_launch_counts_one_replica_not_none(tmp_path):
 
 def test_the_plan_says_what_balances_the_stages_better():
     """Past 5 % above the mean the balance line names what does better: the balanced split
-    for counts given by hand, else the depths whose whole-block splits are more even
-    (medium at pp 4: 6 blocks on 4 stages, 32 %)."""
+    for counts given by hand, else the depths whose splits are more even (medium at pp 4:
+    six blocks on four stages as 1.5 each, cut at blocks' seams, 11.3 %; 32 % in whole
+    blocks)."""
     medium = ["model.n_layer=6", "model.n_embd=384", "model.n_head=6", "model.block_size=256"]
     line = memplan.balance(config.load("inputs/tiny.toml", [*medium, "parallel.pp=4"]))
-    assert line.startswith("blocks per model stage [1, 2, 2, 1]: the slowest stage 32.0%")
+    assert line.startswith("blocks per model stage [1.5, 1.5, 1.5, 1.5]: the slowest stage "
+                           "11.3%")
     assert "more evenly at pp 2 0.9%, pp 3 1.8%, pp 6 4.6%" in line
+    line = memplan.balance(config.load("inputs/tiny.toml", [
+        *medium, "parallel.pp=4", "parallel.layers_per_stage=[1, 2, 2, 1]"]))
+    assert line.endswith('parallel.layers_per_stage = "auto" gives [1.5, 1.5, 1.5, 1.5], '
+                         '11.3%')
     line = memplan.balance(config.load("inputs/tiny.toml", ["parallel.pp=2",
                                                             "parallel.layers_per_stage=[3, 1]"]))
     assert line.endswith('parallel.layers_per_stage = "auto" gives [2, 2], 3.6%')

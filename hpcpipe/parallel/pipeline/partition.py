@@ -1,5 +1,11 @@
 """Which blocks each pipeline stage holds: contiguous slices, the embedding on the first
-stage and ln_f + head + loss on the last, balanced by estimated cost or given by hand."""
+stage and ln_f + head + loss on the last, balanced by estimated cost or given by hand.
+
+A slice may start or end at a block's seam, between its attention and its MLP (half a
+block: model/units.py). Given by hand, counts of 0.5 say where; balanced by cost, halves
+are taken only where whole blocks leave the slowest stage more than WORTH above the mean
+(or there are more stages than blocks): a seam is one more boundary inside the model, and
+the whole-block split that balanced well before stays what it was."""
 
 from __future__ import annotations
 
@@ -10,6 +16,10 @@ from hpcpipe.model.stage import StageSpec
 # Elementwise passes are memory-bound: a core streams an element through one pass in about
 # the time it runs this many float32 GEMM flops (~50 GFLOP/s against ~3 G elements/s).
 ELEMENTWISE_FLOPS = 16.0
+
+# How far above the mean the slowest stage may be before a better split is worth the
+# trouble: the seams inside blocks, or a new launch with the split measured costs suggest.
+WORTH = 0.05
 
 
 def stage_costs(cfg: GPTConfig) -> tuple[float, float, float]:
@@ -35,12 +45,40 @@ def stage_costs(cfg: GPTConfig) -> tuple[float, float, float]:
     return embedding, block, head
 
 
-def imbalance(cfg: GPTConfig, specs, costs=None) -> float:
-    """How much slower the slowest stage is than the mean under `costs` ((embedding, one
-    block, head + loss), default `stage_costs`; 0.05: 5 %)."""
+def attention_share(cfg: GPTConfig) -> float:
+    """The attention half's share of a block's cost in `stage_costs` (ln_1, its GEMMs 24·C²,
+    the core and softmax); the MLP half (ln_2, 48·C², GELU) is the rest."""
+    C, T, H = cfg.n_embd, cfg.block_size, cfg.n_head
+    tiles = -(-T // 64)
+    causal = (tiles + 1) / (2 * tiles)
+    attention = 24.0 * C * C + 12.0 * T * C * causal \
+        + ELEMENTWISE_FLOPS * (10.0 * H * T * causal + 10.0 * C)
+    return attention / stage_costs(cfg)[1]
+
+
+def _in_blocks(spec, share: float) -> float:
+    """A stage's blocks weighted by cost: a whole block 1, its halves `share` and 1 − share."""
+    return len(spec.layers) + (share if spec.attention_of is not None else 0.0) \
+        + (1.0 - share if spec.mlp_of is not None else 0.0)
+
+
+def stage_cost(cfg: GPTConfig, spec, costs=None) -> float:
+    """A stage's cost under `costs` ((embedding, one block, head + loss), default
+    `stage_costs`), halves at seams priced by `attention_share`."""
     emb, blk, head = stage_costs(cfg) if costs is None else costs
-    return _above_mean([len(s.layers) * blk + (emb if s.embedding_part else 0.0)
-                        + (head if s.head_part else 0.0) for s in specs])
+    return _in_blocks(spec, attention_share(cfg)) * blk \
+        + (emb if spec.embedding_part else 0.0) + (head if spec.head_part else 0.0)
+
+
+def imbalance(cfg: GPTConfig, specs, costs=None) -> float:
+    """How much slower the slowest stage is than the mean under `costs` (`stage_cost`'s;
+    0.05: 5 %)."""
+    return _above_mean([stage_cost(cfg, s, costs) for s in specs])
+
+
+def counts_text(specs) -> str:
+    """The specs' blocks as parallel.layers_per_stage spells them: "[1.5, 1.5, 2, 1]"."""
+    return "[" + ", ".join(f"{s.blocks:g}" for s in specs) + "]"
 
 
 def _above_mean(per_stage) -> float:
@@ -54,18 +92,18 @@ def fitted_costs(cfg: GPTConfig, specs, measured) -> tuple[float, float, float] 
     from what its stage takes beyond its blocks; the embedding keeps its analytic share of
     a block (a gather: too small to measure apart). None when every stage has the head."""
     emb_a, blk_a, _ = stage_costs(cfg)
-    share = emb_a / blk_a
-    plain = [(c, len(s.layers) + (share if s.embedding_part else 0.0))
+    share, halves = emb_a / blk_a, attention_share(cfg)
+    plain = [(c, _in_blocks(s, halves) + (share if s.embedding_part else 0.0))
              for s, c in zip(specs, measured) if not s.head_part]
     if not plain:
         return None
     blk = sum(c for c, _ in plain) / sum(n for _, n in plain)
     (last, cost), = [(s, c) for s, c in zip(specs, measured) if s.head_part]
-    own = len(last.layers) + (share if last.embedding_part else 0.0)
+    own = _in_blocks(last, halves) + (share if last.embedding_part else 0.0)
     return share * blk, blk, max(0.0, cost - own * blk)
 
 
-def measured_balance(cfg: GPTConfig, specs, measured, worth: float = 0.05) -> str:
+def measured_balance(cfg: GPTConfig, specs, measured, worth: float = WORTH) -> str:
     """The log line on stage balance from measured seconds per model stage: how much the
     slowest is above the mean and, past `worth`, the split those costs would balance
     better (parallel.layers_per_stage for the next launch)."""
@@ -77,11 +115,10 @@ def measured_balance(cfg: GPTConfig, specs, measured, worth: float = 0.05) -> st
     if fitted is None or worst <= worth:
         return line
     better = partition(cfg, len(specs), costs=fitted)
-    counts = [len(s.layers) for s in better]
     predicted = imbalance(cfg, better, fitted)
-    if counts != [len(s.layers) for s in specs] and predicted < worst:
-        line += (f"; from these costs parallel.layers_per_stage = {counts} would be "
-                 f"{predicted:.1%}")
+    if better != specs and predicted < worst:
+        line += (f"; from these costs parallel.layers_per_stage = {counts_text(better)} "
+                 f"would be {predicted:.1%}")
     return line
 
 
@@ -94,45 +131,85 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
     """Contiguous slices of the blocks for `num_stages` stages: the embedding goes to the
     first stage, ln_f + head + loss to the last.
 
-    Given `layers_per_stage` (one count per stage, summing to n_layer), that split is used;
-    otherwise the split that minimises the most expensive stage under `costs` (default
-    `stage_costs`), which gives the head's stage fewer blocks when the vocabulary is large.
-    Every stage holds at least one block.
+    Given `layers_per_stage` (one count per stage, multiples of 0.5 summing to n_layer: a
+    half is a slice edge at a block's seam), that split is used; otherwise the split that
+    minimises the most expensive stage under `costs` (default `stage_costs`), which gives
+    the head's stage fewer blocks when the vocabulary is large — in whole blocks, or with
+    seams where whole blocks leave the slowest stage more than WORTH above the mean.
+    Every stage holds at least half a block.
     """
     L = cfg.n_layer
     if num_stages < 1:
         raise PartitionError(f"need at least one stage, got {num_stages}")
     if layers_per_stage is not None:
-        counts = list(layers_per_stage)
-        if len(counts) != num_stages:
-            raise PartitionError(f"parallel.layers_per_stage has {len(counts)} entries for "
-                                 f"{num_stages} stages; give one count per stage")
-        if any(c < 1 for c in counts) or sum(counts) != L:
-            raise PartitionError(f"parallel.layers_per_stage = {counts} must be positive counts "
-                                 f"summing to model.n_layer = {L}")
+        halves = _given_halves(list(layers_per_stage), num_stages, L)
     else:
-        if num_stages > L:
-            raise PartitionError(f"{num_stages} pipeline stages but only {L} transformer blocks: "
-                                 f"every stage needs at least one block (use fewer stages or "
-                                 f"chunks, or more layers)")
-        counts = _balanced_counts(cfg, num_stages, costs)
-    specs, first = [], 0
-    for s, count in enumerate(counts):
-        specs.append(StageSpec(index=s, layers=tuple(range(first, first + count)),
-                               embedding_part=s == 0, head_part=s == num_stages - 1))
-        first += count
+        if num_stages > 2 * L:
+            raise PartitionError(f"{num_stages} pipeline stages but only {L} transformer "
+                                 f"blocks: every stage needs at least half a block (use "
+                                 f"fewer stages or chunks, or more layers)")
+        halves = _balanced_halves(cfg, num_stages, costs)
+    return _specs(halves, L)
+
+
+def _given_halves(counts, S: int, L: int) -> list[int]:
+    """Half blocks per stage from counts given by hand, checked."""
+    if len(counts) != S:
+        raise PartitionError(f"parallel.layers_per_stage has {len(counts)} entries for "
+                             f"{S} stages; give one count per stage")
+    if any(c < 0.5 or 2 * c != int(2 * c) for c in counts) or sum(counts) != L:
+        raise PartitionError(f"parallel.layers_per_stage = {counts} must be whole or half "
+                             f"blocks (at least 0.5) summing to model.n_layer = {L}")
+    return [int(2 * c) for c in counts]
+
+
+def _balanced_halves(cfg: GPTConfig, S: int, costs=None) -> list[int]:
+    """Half blocks per stage: whole blocks unless they balance worse than WORTH and halves
+    do better (or there are more stages than blocks)."""
+    emb, blk, head = stage_costs(cfg) if costs is None else costs
+    L, share = cfg.n_layer, attention_share(cfg)
+    whole = None
+    if S <= L:
+        whole = [2 * n for n in _balanced_counts([blk] * L, S, emb, head)]
+        if imbalance(cfg, _specs(whole, L), costs) <= WORTH:
+            return whole
+    halves = _balanced_counts([share * blk, (1.0 - share) * blk] * L, S, emb, head)
+    if whole is not None and imbalance(cfg, _specs(halves, L), costs) \
+            >= imbalance(cfg, _specs(whole, L), costs):
+        return whole
+    return halves
+
+
+def _specs(halves, L: int) -> list[StageSpec]:
+    """StageSpecs from half blocks per stage: a stage over half positions [p, q) (2l is
+    block l's attention half, 2l + 1 its MLP half) starts with block p // 2's MLP half when
+    p is odd and ends with block q // 2's attention half when q is odd."""
+    specs, p = [], 0
+    for s, count in enumerate(halves):
+        q = p + count
+        specs.append(StageSpec(index=s, layers=tuple(range((p + 1) // 2, q // 2)),
+                               embedding_part=s == 0, head_part=s == len(halves) - 1,
+                               mlp_of=p // 2 if p % 2 else None,
+                               attention_of=q // 2 if q % 2 else None))
+        p = q
+    assert p == 2 * L
     return specs
 
 
-def _balanced_counts(cfg: GPTConfig, S: int, costs=None) -> list[int]:
-    """Minimise the largest stage cost over contiguous splits (dynamic programme, exact)."""
-    L = cfg.n_layer
-    emb, blk, head = stage_costs(cfg) if costs is None else costs
+def _balanced_counts(units, S: int, emb: float, head: float) -> list[int]:
+    """Units (their costs in model order) per stage, contiguous, each stage at least one,
+    minimising the largest stage cost (dynamic programme, exact); the first stage also
+    costs `emb`, the last `head`."""
+    L = len(units)
+    prefix = [0.0]
+    for c in units:
+        prefix.append(prefix[-1] + c)
 
-    def cost(s, count):
-        return count * blk + (emb if s == 0 else 0.0) + (head if s == S - 1 else 0.0)
+    def cost(s, start, stop):
+        return prefix[stop] - prefix[start] + (emb if s == 0 else 0.0) \
+            + (head if s == S - 1 else 0.0)
 
-    # best[s][l]: (max cost, counts) for the first s stages covering the first l blocks.
+    # best[s][l]: (max cost, counts) for the first s stages covering the first l units.
     INF = float("inf")
     best = [[(INF, None)] * (L + 1) for _ in range(S + 1)]
     best[0][0] = (0.0, [])
@@ -142,8 +219,8 @@ def _balanced_counts(cfg: GPTConfig, S: int, costs=None) -> list[int]:
                 prev, counts = best[s - 1][l - count]
                 if counts is None:
                     continue
-                value = max(prev, cost(s - 1, count))
-                # Ties go to the split that puts more blocks early: the deterministic choice.
+                value = max(prev, cost(s - 1, l - count, l))
+                # Ties go to the split that puts more units early: the deterministic choice.
                 if value < best[s][l][0] - 1e-9 * value:
                     best[s][l] = (value, counts + [count])
     return best[S][L][1]

@@ -45,11 +45,16 @@ def make_cfg(kind, pp, m, layers_per_stage, chunks=0, recompute="none"):
     }, source="equivalence test")
 
 
-def uneven(stages):
-    """An uneven split of 8 blocks: the heaviest stage in the middle."""
+def uneven(stages, seams=False):
+    """An uneven split of 8 blocks: the heaviest stage in the middle; with `seams`, half a
+    block moved across every other stage edge (model/units.py: stage edges inside blocks)."""
     counts = [1] * stages
     for i in range(8 - stages):
         counts[(stages // 2 + i) % stages] += 1
+    if seams:
+        for i in range(0, stages - 1, 2):
+            counts[i] -= 0.5
+            counts[i + 1] += 0.5
     return counts
 
 
@@ -150,7 +155,8 @@ def check(comm) -> mpibody.Report:
                 continue  # the family does not allow this m (e.g. interleaving needs m % p == 0)
             recompute = recompute_for(checked, schedule.num_stages)
             plan = per_microbatch_plan(checked, schedule.num_stages, m)
-            cfg = make_cfg(kind, pp, m, uneven(schedule.num_stages), chunks, recompute)
+            counts = uneven(schedule.num_stages, seams=checked % 2 == 1)
+            cfg = make_cfg(kind, pp, m, counts, chunks, recompute)
             mpibody.settle(comm)  # while rank 0 checks the last case against one process
             failures += check_one_step(comm, cfg, schedule, plan)
             checked += 1

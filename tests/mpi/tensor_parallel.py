@@ -253,6 +253,10 @@ def check_layouts(world, failures, report):
                   "full recompute": dict(recompute="full"),
                   "sequence parallel, full recompute": dict(sequence_parallel=True,
                                                             recompute="full")}
+        if pp > 1:  # stage edges at blocks' seams (model/units.py): the same bits
+            extras["seams"] = dict(layers_per_stage=[1.5, 2.5])
+            extras["seams, sequence parallel, selective recompute"] = dict(
+                layers_per_stage=[0.5, 3.5], sequence_parallel=True, recompute="selective")
         for label, extra in extras.items():
             if dp > 1 or not label.startswith("ZeRO"):
                 results[label] = train(world, make_cfg(dp, pp, tp, "zb-h1", **extra))
@@ -260,7 +264,8 @@ def check_layouts(world, failures, report):
             continue
         bitwise = {kind: kinds[0] for kind in kinds} | {
             "selective recompute": kinds[0], "full recompute": kinds[0],
-            "sequence parallel, full recompute": "sequence parallel"}
+            "sequence parallel, full recompute": "sequence parallel", "seams": kinds[0],
+            "seams, sequence parallel, selective recompute": "sequence parallel"}
         for label, result in results.items():
             compare(f"dp {dp} × pp {pp} × tp {tp} {label}", result, ref, failures)
             first = results[bitwise.get(label, label)]

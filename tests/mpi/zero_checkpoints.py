@@ -39,14 +39,15 @@ from hpcpipe.train.rank import Rank
 B, GLOBAL_MICROBATCHES, STEPS, SAVE = 2, 4, 4, 2
 
 
-def make_cfg(dp, pp, zero, dtype="float64", clip=0.05, post_validation=False):
+def make_cfg(dp, pp, zero, dtype="float64", clip=0.05, post_validation=False, counts=()):
     return config.from_dict({
         "model": {"n_layer": 2, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 19},
         "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
                   "grad_clip": clip, "weight_decay": 0.1, "seed": 4,
                   "post_validation": post_validation},
         "parallel": {"dp": dp, "pp": pp, "microbatches": GLOBAL_MICROBATCHES // dp,
-                     "schedule": "1f1b", "zero": zero, "bucket_mb": 0.001},
+                     "schedule": "1f1b", "zero": zero, "bucket_mb": 0.001,
+                     "layers_per_stage": list(counts)},
     }, source="ZeRO checkpoint test")
 
 
@@ -122,6 +123,7 @@ def check(comm) -> mpibody.Report:
     cases = []  # (label, writer cfg, reader cfg, bitwise?)
     layouts = {f"dp2 zero{z}": make_cfg(2, 1, z) for z in (0, 1, 2, 3)}
     layouts["dp1 pp2"] = make_cfg(1, 2, 0)
+    layouts["dp1 pp2 seam"] = make_cfg(1, 2, 0, counts=(0.5, 1.5))  # (model/units.py)
     for w, wcfg in layouts.items():
         for r, rcfg in layouts.items():
             cases.append((f"float64 {w} → {r}", wcfg, rcfg, w == r))
@@ -144,7 +146,8 @@ def check(comm) -> mpibody.Report:
                 failures.append(f"{label} ({'bitwise' if exact else '1e-12'}): {why}")
     if comm.rank == 0:
         shutil.rmtree(folder, ignore_errors=True)
-    summary = [f"{len(cases)} resumes across ZeRO 0/1/2/3 and dp 2 × pp 1 / dp 1 × pp 2"]
+    summary = [f"{len(cases)} resumes across ZeRO 0/1/2/3 and dp 2 × pp 1 / dp 1 × pp 2 "
+               f"(whole blocks, or a stage edge at a block's seam)"]
     return mpibody.Report.agreed(comm, summary, failures)
 
 

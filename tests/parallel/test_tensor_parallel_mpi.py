@@ -16,7 +16,7 @@ def test_every_layout_equals_one_process(world, ranks):
     """4 ranks: per-layer F/B/W on 2 and 4 shards; tp 4, tp 2 × pp 2, tp 2 × dp 2 (with
     ZeRO-1, ZeRO-2, ZeRO-3 and post-validation) to 1e-12 of one process, bitwise across schedules;
     tp 2 → 1 → 4 through checkpoints; bfloat16; sequence parallelism on every layout and
-    on one block. 8 ranks: dp 2 × pp 2 × tp 2. (A worker body, tests/mpi/tensor_parallel.py,
+    on one block; at pp 2 stage edges at blocks' seams too. 8 ranks: dp 2 × pp 2 × tp 2. (A worker body, tests/mpi/tensor_parallel.py,
     on the `world`'s ranks.)"""
     report = world.run("tensor_parallel")
     assert not report.failures, report
@@ -28,6 +28,8 @@ def test_every_layout_equals_one_process(world, ranks):
     summary = "\n".join(report.summary)
     for line in expected:
         assert line in summary, summary
+    # stage edges at blocks' seams, bitwise the whole blocks' (model/units.py)
+    assert "seams, seams, sequence parallel, selective recompute" in summary, summary
 
 
 SMALL = ["model.n_layer=2", "model.n_embd=32", "model.n_head=4", "model.block_size=32",

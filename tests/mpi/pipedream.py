@@ -52,7 +52,7 @@ DECAY = 0.8  # the correction's running means: short, so that 7 steps show them
 
 
 def make_cfg(dp, pp, kind="pipedream-2bw", recompute="none", dtype="float64",
-             correction="none", optimizer="adamw"):
+             correction="none", optimizer="adamw", counts=()):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
         "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
@@ -60,7 +60,7 @@ def make_cfg(dp, pp, kind="pipedream-2bw", recompute="none", dtype="float64",
                   "delay_correction": correction, "delay_correction_decay": DECAY,
                   "optimizer": optimizer},
         "parallel": {"dp": dp, "pp": pp, "schedule": kind,
-                     "microbatches": GLOBAL_MICROBATCHES // dp},
+                     "microbatches": GLOBAL_MICROBATCHES // dp, "layers_per_stage": list(counts)},
     }, source="2BW test")
 
 
@@ -188,7 +188,9 @@ def check(comm) -> mpibody.Report:
                for key in layouts(n)}
     deepest = max(results, key=lambda key: key[1])
     drained = train(comm, make_cfg(deepest[0], deepest[1]), drain_at=(2, 5))
-    half = train(comm, make_cfg(1, n, dtype="bfloat16"))  # float32 masters, 16-bit copies
+    # float32 masters, 16-bit copies; stage edges at blocks' seams (model/units.py)
+    seams = [1.5, 2.5] if n == 2 else [0.5, 1.5, 1, 1]
+    half = train(comm, make_cfg(1, n, dtype="bfloat16", counts=seams))
     half_muon = train(comm, make_cfg(1, n, dtype="bfloat16", correction="extrapolate",
                                      optimizer="muon"))
     corrected = {key: train(comm, make_cfg(key[0], key[1], correction="secant"))
@@ -228,7 +230,7 @@ def check(comm) -> mpibody.Report:
     mpibody.settle(comm)
     failures += _corrected(comm, extrapolated, None, ("extrapolate", "adamw"))
     summary = [f"world {n}: pipedream-2bw layouts {sorted(results)}, drained at steps 2, 5, "
-               f"bfloat16 at pp {n}, the secant delay correction at {sorted(corrected)}, "
+               f"bfloat16 at pp {n} cut at seams, the secant delay correction at {sorted(corrected)}, "
                f"Muon with extrapolated versions at {sorted(muon)}, AdamW with them at "
                f"{sorted(extrapolated)}"]
     return mpibody.Report.agreed(comm, summary, failures)

@@ -23,7 +23,13 @@ from hpcpipe.device.budget import (BudgetError, check_memory_limit, check_run, d
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
 from hpcpipe.model.memory import stage_memory
 from hpcpipe.model.sharding import shard_of
-from hpcpipe.parallel.pipeline.partition import WORTH, counts_text, imbalance, partition
+from hpcpipe.parallel.pipeline.partition import (
+    WORTH,
+    counts_text,
+    imbalance,
+    partition,
+    simulated_step,
+)
 from hpcpipe.parallel.pipeline.planning import build_schedule, memory_limit
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, asynchronous, peak_activations
 from hpcpipe.schedules.recompute import NONE, PerMicrobatch, Recompute
@@ -58,7 +64,8 @@ def plan(cfg) -> list[RankPlan]:
     """Per pipeline rank, its memory under cfg (every data-parallel replica and tensor
     shard alike)."""
     schedule = build_schedule(cfg)
-    specs = partition(cfg.model, schedule.num_stages, cfg.parallel.layers_per_stage or None)
+    specs = partition(cfg.model, schedule.num_stages, cfg.parallel.layers_per_stage or None,
+                      schedule=schedule)
     peaks = activation_peaks(cfg, schedule, specs)
     plans = []
     for rank in range(cfg.parallel.pp):
@@ -295,28 +302,53 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int) -> str:
 
 def balance(cfg, worth: float = WORTH) -> str:
     """The plan's line on stage balance: the blocks per model stage and how much slower the
-    slowest stage is than the mean (analytic costs); past `worth`, what would do better —
-    the balanced split for counts given by hand, else the pipeline depths whose splits are
-    more even."""
-    model, stages, given = cfg.model, cfg.parallel.pp * cfg.chunks, cfg.parallel.layers_per_stage
-    specs = partition(model, stages, given or None)
-    worst = imbalance(model, specs)
-    line = (f"blocks per model stage {counts_text(specs)}: the slowest stage "
-            f"{worst:.1%} above the mean (analytic costs)")
+    slowest stage (the slowest rank, where a rank holds several) is than the mean
+    (analytic costs); past `worth`, what would do better — the balanced split for counts
+    given by hand, else the pipeline depths that split more evenly."""
+    given = cfg.parallel.layers_per_stage
+    worst, specs, schedule = _balance_at(cfg, cfg.parallel.pp, given or None)
+    what = "stage" if schedule.chunks == 1 else f"rank ({schedule.chunks} stages each)"
+    line = (f"blocks per model stage {counts_text(specs)}: the slowest {what} "
+            f"{worst:.1%} above the mean (analytic costs)") + _placed(cfg, specs, schedule)
     if worst <= worth:
         return line
     if given:
-        auto = partition(model, stages)
-        better = imbalance(model, auto)
+        better, auto, _ = _balance_at(cfg, cfg.parallel.pp)
         if better < worst:
             return line + (f'; parallel.layers_per_stage = "auto" gives '
                            f"{counts_text(auto)}, {better:.1%}")
         return line
-    others = {pp: imbalance(model, partition(model, pp * cfg.chunks)) for pp in range(2, 9)
-              if pp != cfg.parallel.pp and pp * cfg.chunks <= 2 * model.n_layer}
+    others = {}
+    for pp in range(2, 9):
+        if pp != cfg.parallel.pp and pp * cfg.chunks <= 2 * cfg.model.n_layer:
+            try:
+                others[pp] = _balance_at(cfg, pp)[0]
+            except ConfigError:  # (a schedule this depth does not allow)
+                continue
     depths = [f"pp {pp} {x:.1%}" for pp, x in others.items() if x < worst]
     return line + (f"; the blocks split more evenly at {', '.join(depths)}" if depths else
                    "; a more even split needs finer cuts than a block's seam")
+
+
+def _placed(cfg, specs, schedule) -> str:
+    """Where the split was improved for a multi-stage placement, what the per-stage balanced
+    one would cost on the simulated step (partition.for_placement)."""
+    per_stage = partition(cfg.model, schedule.num_stages)
+    if schedule.chunks == 1 or per_stage == specs or cfg.parallel.layers_per_stage:
+        return ""
+    halves = [[round(2 * s.blocks) for s in split] for split in (specs, per_stage)]
+    steps = [simulated_step(cfg.model, h, schedule) for h in halves]
+    return (f"; the per-stage split {counts_text(per_stage)} would simulate a step "
+            f"{steps[1] / steps[0] - 1:.1%} longer")
+
+
+def _balance_at(cfg, pp: int, given=None):
+    """(imbalance, specs, schedule) of cfg's model at pipeline depth `pp`, the schedule its
+    launch runs (planning.build_schedule)."""
+    at = replace(cfg, parallel=replace(cfg.parallel, pp=pp))
+    schedule = build_schedule(at)
+    specs = partition(cfg.model, schedule.num_stages, given, schedule=schedule)
+    return imbalance(cfg.model, specs, schedule=schedule), specs, schedule
 
 
 def between_steps(cfg, p: RankPlan) -> dict:

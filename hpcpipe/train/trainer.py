@@ -245,7 +245,8 @@ class Trainer:
                                                self.comm_s, self.stage_bytes,
                                                memory_limit(self.cfg)[1]), root=0)
         self.log(measured_balance(self.cfg.model, self.rank.model.specs,
-                                  [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)]))
+                                  [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)],
+                                  schedule=self.rank.schedule))
         auto, costs, plan = chosen_schedule(self, costs)
         if plan is not None:
             self.rank.model.use_recompute(plan)

@@ -114,6 +114,13 @@ def test_the_plan_says_what_balances_the_stages_better():
     assert line.endswith('parallel.layers_per_stage = "auto" gives [2, 2], 3.6%')
     line = memplan.balance(config.load("inputs/tiny.toml", ["parallel.pp=2"]))
     assert line.endswith("3.6% above the mean (analytic costs)")  # nothing to suggest
+    # A V: ranks, and what the per-stage split would cost (partition.for_placement)
+    line = memplan.balance(config.load("inputs/tiny.toml", [
+        *medium, "parallel.pp=4", 'parallel.schedule="zb-v"', "parallel.microbatches=8"]))
+    assert line.startswith("blocks per model stage [0.5, 1, 1, 0.5, 1, 0.5, 0.5, 1]: the "
+                           "slowest rank (2 stages each) 7.6% above the mean")
+    assert "the per-stage split [0.5, 1, 1, 1, 1, 0.5, 0.5, 0.5] would simulate a step " \
+           "18.5% longer" in line
 
 
 def test_the_pareto_front_trades_bubble_for_memory():

@@ -5,12 +5,17 @@ A slice may start or end at a block's seam, between its attention and its MLP (h
 block: model/units.py). Given by hand, counts of 0.5 say where; balanced by cost, halves
 are taken only where whole blocks leave the slowest stage more than WORTH above the mean
 (or there are more stages than blocks): a seam is one more boundary inside the model, and
-the whole-block split that balanced well before stays what it was."""
+the whole-block split that balanced well before stays what it was.
+
+Where a rank holds several stages (interleaved, the V's), equal stages are not what a rank
+waits on — a V puts the embedding's stage and the head's on rank 0 — so the split is then
+improved on the schedule's simulated step (`for_placement`)."""
 
 from __future__ import annotations
 
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.stage import StageSpec
+from hpcpipe.schedules import Costs, simulate
 
 
 # Elementwise passes are memory-bound: a core streams an element through one pass in about
@@ -20,6 +25,9 @@ ELEMENTWISE_FLOPS = 16.0
 # How far above the mean the slowest stage may be before a better split is worth the
 # trouble: the seams inside blocks, or a new launch with the split measured costs suggest.
 WORTH = 0.05
+# How much shorter the simulated step must get for a multi-stage placement to leave the
+# per-stage split (smaller gains are within what the analytic costs can tell apart).
+GAIN = 0.01
 
 
 def stage_costs(cfg: GPTConfig) -> tuple[float, float, float]:
@@ -70,10 +78,22 @@ def stage_cost(cfg: GPTConfig, spec, costs=None) -> float:
         + (emb if spec.embedding_part else 0.0) + (head if spec.head_part else 0.0)
 
 
-def imbalance(cfg: GPTConfig, specs, costs=None) -> float:
+def imbalance(cfg: GPTConfig, specs, costs=None, schedule=None) -> float:
     """How much slower the slowest stage is than the mean under `costs` (`stage_cost`'s;
-    0.05: 5 %)."""
-    return _above_mean([stage_cost(cfg, s, costs) for s in specs])
+    0.05: 5 %) — or the slowest rank, summing its stages, where `schedule` places several
+    on each."""
+    return _above_mean(_per_rank([stage_cost(cfg, s, costs) for s in specs], schedule))
+
+
+def _per_rank(per_stage, schedule=None) -> list[float]:
+    """Each rank's sum of its stages' `per_stage` under `schedule`'s placement (per stage
+    as they are without one, or with one stage per rank)."""
+    if schedule is None or schedule.chunks == 1:
+        return list(per_stage)
+    per_rank = [0.0] * (max(rank for rank, _ in schedule.stage_of) + 1)
+    for (rank, _), stage in schedule.stage_of.items():
+        per_rank[rank] += per_stage[stage]
+    return per_rank
 
 
 def counts_text(specs) -> str:
@@ -103,19 +123,22 @@ def fitted_costs(cfg: GPTConfig, specs, measured) -> tuple[float, float, float] 
     return share * blk, blk, max(0.0, cost - own * blk)
 
 
-def measured_balance(cfg: GPTConfig, specs, measured, worth: float = WORTH) -> str:
+def measured_balance(cfg: GPTConfig, specs, measured, worth: float = WORTH,
+                     schedule=None) -> str:
     """The log line on stage balance from measured seconds per model stage: how much the
-    slowest is above the mean and, past `worth`, the split those costs would balance
-    better (parallel.layers_per_stage for the next launch)."""
-    worst = _above_mean(measured)
+    slowest stage (rank, where `schedule` places several on each) is above the mean and,
+    past `worth`, the split those costs would balance better (parallel.layers_per_stage
+    for the next launch)."""
+    worst = _above_mean(_per_rank(measured, schedule))
+    what = "stage" if schedule is None or schedule.chunks == 1 else "rank"
     line = (f"stage balance measured (F + B + W of a microbatch, ms "
-            f"{'/'.join(f'{c * 1e3:.1f}' for c in measured)}): the slowest stage "
+            f"{'/'.join(f'{c * 1e3:.1f}' for c in measured)}): the slowest {what} "
             f"{worst:.1%} above the mean")
     fitted = fitted_costs(cfg, specs, measured)
     if fitted is None or worst <= worth:
         return line
-    better = partition(cfg, len(specs), costs=fitted)
-    predicted = imbalance(cfg, better, fitted)
+    better = partition(cfg, len(specs), costs=fitted, schedule=schedule)
+    predicted = imbalance(cfg, better, fitted, schedule)
     if better != specs and predicted < worst:
         line += (f"; from these costs parallel.layers_per_stage = {counts_text(better)} "
                  f"would be {predicted:.1%}")
@@ -127,7 +150,7 @@ class PartitionError(ValueError):
 
 
 def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
-              costs=None) -> list[StageSpec]:
+              costs=None, schedule=None) -> list[StageSpec]:
     """Contiguous slices of the blocks for `num_stages` stages: the embedding goes to the
     first stage, ln_f + head + loss to the last.
 
@@ -135,8 +158,9 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
     half is a slice edge at a block's seam), that split is used; otherwise the split that
     minimises the most expensive stage under `costs` (default `stage_costs`), which gives
     the head's stage fewer blocks when the vocabulary is large — in whole blocks, or with
-    seams where whole blocks leave the slowest stage more than WORTH above the mean.
-    Every stage holds at least half a block.
+    seams where whole blocks leave the slowest stage more than WORTH above the mean; for a
+    `schedule` that places several stages on a rank, then improved on its simulated step
+    (`for_placement`). Every stage holds at least half a block.
     """
     L = cfg.n_layer
     if num_stages < 1:
@@ -149,7 +173,40 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
                                  f"blocks: every stage needs at least half a block (use "
                                  f"fewer stages or chunks, or more layers)")
         halves = _balanced_halves(cfg, num_stages, costs)
+        if schedule is not None and schedule.chunks > 1:
+            halves = for_placement(cfg, halves, schedule, costs)
     return _specs(halves, L)
+
+
+def simulated_step(cfg: GPTConfig, halves, schedule, costs=None) -> float:
+    """The makespan of `schedule` (in blocks' F + B + W) when its stages hold `halves` half
+    blocks each: a stage's F, B and W a third of `stage_cost` each (the split halves of a
+    GEMM's backward cost what its forward does)."""
+    blk = (stage_costs(cfg) if costs is None else costs)[1]
+    work = [stage_cost(cfg, s, costs) / blk / 3 for s in _specs(halves, cfg.n_layer)]
+    return simulate(schedule, Costs(f=work, b=work, w=work)).makespan
+
+
+def for_placement(cfg: GPTConfig, halves, schedule, costs=None) -> list[int]:
+    """`halves` improved for a schedule with several stages per rank: stage edges move half
+    a block or a whole one at a time while the simulated step gets shorter (first
+    improvement, edges in order: deterministic on every rank); kept when it is GAIN
+    shorter than `halves`' step, else `halves` as they were."""
+    start = simulated_step(cfg, halves, schedule, costs)
+    best, best_step, improved = list(halves), start, True
+    while improved:
+        improved = False
+        for edge in range(len(best) - 1):
+            for move in (-2, -1, 1, 2):
+                trial = list(best)
+                trial[edge] += move
+                trial[edge + 1] -= move
+                if min(trial[edge], trial[edge + 1]) < 1:
+                    continue
+                step = simulated_step(cfg, trial, schedule, costs)
+                if step < best_step * (1 - 1e-9):
+                    best, best_step, improved = trial, step, True
+    return best if best_step <= start * (1 - GAIN) else list(halves)
 
 
 def _given_halves(counts, S: int, L: int) -> list[int]:

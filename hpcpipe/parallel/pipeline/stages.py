@@ -26,7 +26,7 @@ class RankModel:
         self.tp = TensorParallel(grid.tensor, transport, cfg.parallel.sequence_parallel) \
             if grid.tp > 1 else None
         self.specs = partition(self.config, schedule.num_stages,
-                               cfg.parallel.layers_per_stage or None)
+                               cfg.parallel.layers_per_stage or None, schedule=schedule)
         self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]
                             for chunk in range(schedule.chunks)}
         recompute = cfg.recompute_for(schedule.num_stages)  # per model stage

@@ -3,7 +3,9 @@
 in one run, so the ratios compare like with like on a noisy machine. For each: median
 step time, tokens/s, the measured bubble (defined as the simulator defines it), the
 bubble the simulator predicts from the F, B, W and message times measured in this same
-run, peak activation bytes, and throughput relative to 1F1B.
+run, peak activation bytes, and throughput relative to 1F1B. With --splits, each schedule
+runs under each split of the blocks into stages (parallel.layers_per_stage; "auto" the
+balanced one), in the same round-robin.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hpcpipe.device import backend
 from hpcpipe.device.budget import check_run
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
+from hpcpipe.parallel.pipeline.partition import counts_text
 from hpcpipe.parallel.pipeline.planning import build_schedule, profiled_costs, stage_memory
 from hpcpipe.schedules import (
     KINDS,
@@ -49,6 +52,8 @@ EPILOG = """\
 examples:
   mpiexec -n 2 python -m mpi4py -m hpcpipe bench pipeline
   mpiexec -n 4 python -m mpi4py -m hpcpipe bench pipeline --microbatches 8 --json out.json
+  mpiexec -n 2 python -m mpi4py -m hpcpipe bench pipeline --schedules zb-v --layers 6 \
+      --embd 384 --block 256 --vocab 2048 --splits "1,2,2,1;auto"
 
 Give each rank its own core: with more ranks than cores the ranks take turns and the
 timings measure nothing. On machines that set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, unset
@@ -70,6 +75,13 @@ def add_parser(sub):
     pipe.add_argument("--heads", type=integer(1, 1024), default=4, help="n_head (4)")
     pipe.add_argument("--block", type=integer(1, 1 << 16), default=128,
                       help="sequence length (128)")
+    pipe.add_argument("--vocab", type=integer(256, 1 << 20), default=256,
+                      help="vocabulary size (256: the bytes; larger heads weigh on the "
+                           "last stage)")
+    pipe.add_argument("--splits", type=splits, default=[[]], metavar="SPLITS",
+                      help='";"-separated blocks per model stage to compare, each '
+                           '"auto" (the balanced split, the default) or counts such as '
+                           '"1.5,0.5,2.5,1.5" (halves: a stage edge at a block\'s seam)')
     pipe.add_argument("--steps", type=integer(1, 10**6), default=5,
                       help="measured steps per round (5)")
     pipe.add_argument("--rounds", type=integer(1, 10**6), default=4,
@@ -95,6 +107,19 @@ def add_parser(sub):
     return pipe
 
 
+def splits(text: str) -> list[list[float]]:
+    """--splits: a list of layers_per_stage values ([] for "auto")."""
+    out = []
+    for part in text.split(";"):
+        part = part.strip()
+        try:
+            out.append([] if part == "auto" else [float(x) for x in part.split(",")])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r}: give \"auto\" or comma-separated "
+                                             f"block counts such as 1.5,2.5") from None
+    return out
+
+
 @dataclass
 class Contender:
     """One schedule under test, with a rank of its own and what it measured."""
@@ -102,6 +127,7 @@ class Contender:
     kind: str
     rank: Rank
     trace: object
+    split: str = ""  # --splits: its blocks per model stage, as layers_per_stage spells them
     sim: object = None  # the simulator's prediction from the measured costs
     times: list = field(default_factory=list)  # step periods, one per round
     bubbles: list = field(default_factory=list)
@@ -145,7 +171,7 @@ class Contender:
 def bench_config(args, pp: int):
     return config.from_dict({
         "model": {"n_layer": args.layers, "n_head": args.heads, "n_embd": args.embd,
-                  "block_size": args.block, "vocab_size": 256},
+                  "block_size": args.block, "vocab_size": args.vocab},
         # Overlapping steps need post-validation; no clipping by default, so that every
         # schedule does the same work (--grad-clip measures post-validation while it fires).
         "train": {"micro_batch_size": args.micro_batch_size, "dtype": "float32",
@@ -157,7 +183,8 @@ def bench_config(args, pp: int):
 
 def contender(kind, cfg, grid, be, schedule, world) -> Contender:
     trace = timeline.Trace(rank=world.rank)
-    return Contender(kind, Rank.build(cfg, grid, be, schedule, trace), trace,
+    rank = Rank.build(cfg, grid, be, schedule, trace)
+    return Contender(kind, rank, trace, split=counts_text(rank.model.specs),
                      max_norm=cfg.train.grad_clip)
 
 
@@ -174,29 +201,41 @@ def measure_costs(cfg, grid, be, world, inputs, shape) -> Costs:
                                       profile.stage_bytes), root=0)
 
 
-def contenders(kinds, cfg, grid, be, world, costs, memory_limit, log) -> list[Contender]:
-    """A Contender per schedule that can run here, each with its simulated prediction."""
-    pp, m = grid.pp, cfg.parallel.microbatches
+def contenders(kinds, cfg, grid, be, world, costs, memory_limit, log,
+               split_list=([],)) -> list[Contender]:
+    """A Contender per schedule (and split of the blocks) that can run here, each with its
+    simulated prediction."""
     out = []
     for kind in kinds:
-        try:
-            if kind in (asynchronous.KIND, SECANT_KIND):
-                out.append(stream_contender(cfg, grid, be, world, costs, kind))
-                continue
-            if kind == "auto":
-                schedule = best_auto(pp, m, costs, memory_limit or 2 * pp,
-                                     cfg.model.n_layer // pp)
-            else:
-                schedule = generate(kind, pp, m)
-            entry = contender(kind, cfg, grid, be, schedule, world)
-        except (ScheduleError, ValueError) as e:  # e.g. more stages than layers for zb-v
-            log(f"skipping {kind}: {e}")
-            continue
-        # The simulator charges per model stage; chunked schedules split each rank's
-        # measured stage cost evenly over its chunks.
-        entry.sim = simulate(schedule, costs.over_chunks(schedule.stage_of))
-        out.append(entry)
+        for split in split_list:
+            with_split = dataclasses.replace(cfg, parallel=dataclasses.replace(
+                cfg.parallel, layers_per_stage=list(split)))
+            entry = _contender_of(kind, with_split, grid, be, world, costs, memory_limit, log)
+            if entry is not None:
+                out.append(entry)
     return out
+
+
+def _contender_of(kind, cfg, grid, be, world, costs, memory_limit, log):
+    """`contenders`' one: None (said in the log) where it cannot run here."""
+    pp, m = grid.pp, cfg.parallel.microbatches
+    try:
+        if kind in (asynchronous.KIND, SECANT_KIND):
+            return stream_contender(cfg, grid, be, world, costs, kind)
+        if kind == "auto":
+            schedule = best_auto(pp, m, costs, memory_limit or 2 * pp,
+                                 cfg.model.n_layer // pp)
+        else:
+            schedule = generate(kind, pp, m)
+        entry = contender(kind, cfg, grid, be, schedule, world)
+    except (ScheduleError, ValueError) as e:  # e.g. more stages than layers for zb-v
+        given = cfg.parallel.layers_per_stage
+        log(f"skipping {kind}{f' {given}' if given else ''}: {e}")
+        return None
+    # The simulator charges per model stage; chunked schedules split each rank's
+    # measured stage cost evenly over its chunks.
+    entry.sim = simulate(schedule, costs.over_chunks(schedule.stage_of))
+    return entry
 
 
 def stream_contender(cfg, grid, be, world, costs: Costs, kind=asynchronous.KIND) -> Contender:
@@ -246,7 +285,8 @@ def result_rows(entries: list[Contender], tokens_per_step: int, pipe) -> list[di
         in_units = max(peak_activations(schedule, e.memory_costs(pipe, False)))
         step_s = float(np.median(e.times))
         tps = tokens_per_step / step_s
-        rows.append({"schedule": e.kind, "chunks": schedule.chunks, "step_ms": step_s * 1e3,
+        rows.append({"schedule": e.kind, "chunks": schedule.chunks, "split": e.split,
+                     "step_ms": step_s * 1e3,
                      "tokens_per_s": tps,
                      "bubble_measured": float(np.median(e.bubbles)),
                      # Both over the step's makespan: the tied embedding's gradient sum
@@ -265,13 +305,16 @@ def result_rows(entries: list[Contender], tokens_per_step: int, pipe) -> list[di
     return rows
 
 
-def print_rows(rows):
+def print_rows(rows, splits=False):
+    """The table; `splits`: with each row's blocks per model stage (--splits)."""
     print()
-    print("| schedule | step ms | tokens/s | bubble measured | bubble simulated | "
-          "peak activations measured | simulated | vs 1F1B |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| schedule | " + ("blocks per stage | " if splits else "") + "step ms | tokens/s | "
+          "bubble measured | bubble simulated | peak activations measured | simulated | "
+          "vs 1F1B |")
+    print("|---|" + ("---|" if splits else "") + "---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {schedule_label(row)} | {row['step_ms']:.1f} | {row['tokens_per_s']:,.0f} | "
+        print(f"| {schedule_label(row)} | " + (f"{row['split']} | " if splits else "")
+              + f"{row['step_ms']:.1f} | {row['tokens_per_s']:,.0f} | "
               f"{row['bubble_measured']:.1%} | {row['bubble_simulated']:.1%} | "
               f"{row['peak_activation_bytes'] / 2**20:.2f} MiB | "
               f"{row['peak_activation_bytes_simulated'] / 2**20:.2f} MiB "
@@ -352,7 +395,8 @@ def run_pipeline(args) -> int:
         + "  B " + "/".join(f"{x * 1e3:.2f}" for x in costs.b)
         + "  W " + "/".join(f"{x * 1e3:.2f}" for x in costs.w)
         + f"  message {costs.comm * 1e3:.3f}")
-    entries = contenders(kinds, cfg, grid, be, world, costs, args.memory_limit, log)
+    entries = contenders(kinds, cfg, grid, be, world, costs, args.memory_limit, log,
+                         args.splits)
     if not entries:
         raise HpcpipeError(f"bench pipeline: none of --schedules {args.schedules} can run "
                            f"on {pp} rank(s) with these settings (see the lines above)")
@@ -364,14 +408,14 @@ def run_pipeline(args) -> int:
         log(f"round {r + 1}/{args.rounds} done")
     rows = result_rows(entries, m * B * T, grid.pipe)
     if world.rank == 0:
-        print_rows(rows)
+        print_rows(rows, splits=len(args.splits) > 1)
         if args.grad_clip and not args.synchronous:
             print("optimistic updates redone (of the recorded steps): " + ", ".join(
                 f"{schedule_label(row)} {row['redone_steps']}" for row in rows))
         result = {"suite": "pipeline", "version": __version__, "pp": pp, "microbatches": m,
                   "post_validation": not args.synchronous, "grad_clip": args.grad_clip,
                   "micro_batch_size": B, "block": T, "n_embd": C, "layers": args.layers,
-                  "backend": be.describe(), "threads_per_rank": threads,
+                  "vocab": args.vocab, "backend": be.describe(), "threads_per_rank": threads,
                   "costs_ms": {"f": [x * 1e3 for x in costs.f], "b": [x * 1e3 for x in costs.b],
                                "w": [x * 1e3 for x in costs.w], "comm": costs.comm * 1e3},
                   "rows": rows}

@@ -50,8 +50,8 @@ class Recompute:
             raise ScheduleError(f"recompute {self.name!r}: keep must be in (0, 1] and time >= 0 "
                                 f"(got keep={self.keep}, time={self.time})")
 
-    def __str__(self) -> str:
-        return self.name if PRESETS.get(self.name) == self else f"{self.keep:g}:{self.time:g}"
+    def __str__(self) -> str:  # (a choice parsed from "keep:time" is named so)
+        return self.name
 
     @property
     def recomputes(self) -> bool:

@@ -173,7 +173,8 @@ def cmd_train(args) -> int:
         claim_on_root(comm, args.json, args.force)
         return run_plan(args.config, args.overrides, args.json if comm.rank == 0 else None,
                         args.ranks_per_node or comm.size,
-                        out=print if comm.rank == 0 else (lambda text: None), force=args.force)
+                        out=print if comm.rank == 0 else (lambda text: None), force=args.force,
+                        world=comm.size)
     # Signals are honoured from here on: one that arrives while the config loads, the data
     # is prepared or the model is built stops the run at its first agreement point.
     watch = PreemptionWatch(comm)

@@ -35,8 +35,13 @@ def register(sub, train):
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one config value")
     add_options(parser)
+    parser.add_argument("--world", type=integer(1), default=0, metavar="N",
+                        help="ranks the launch will have, which resolve parallel.dp = "
+                             '"auto" and the microbatches train.global_batch_size gives '
+                             "(default: pp × tp × dp, one replica for dp auto)")
     parser.set_defaults(func=lambda args: run(args.config, args.overrides, args.json,
-                                              args.ranks_per_node, force=args.force))
+                                              args.ranks_per_node, force=args.force,
+                                              world=args.world))
 
 
 def add_options(parser):
@@ -51,14 +56,17 @@ def add_options(parser):
 
 
 def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print,
-        force: bool = False) -> int:
-    """Print the plan (and write its JSON); raise BudgetError when it does not fit."""
+        force: bool = False, world: int = 0) -> int:
+    """Print the plan (and write its JSON); raise BudgetError when it does not fit. `world`:
+    the launch's ranks (0: pp × tp × dp, one replica for dp auto), as train resolves them."""
     from hpcpipe import config
     from hpcpipe.train import memplan
 
     if json_path is not None:  # before any work; never over a file unless --force
         claim_file(json_path, force, "--json")
     cfg = config.load(path, overrides)
+    p = cfg.parallel
+    cfg = config.for_world(cfg, world or p.pp * p.tp * max(p.dp, 1))
     p = cfg.parallel
     ranks = ranks_per_node or memplan.replicas(cfg) * p.pp  # dp "auto": one replica
     plans = memplan.plan(cfg)

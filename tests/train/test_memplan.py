@@ -12,6 +12,7 @@ from hpcpipe import config
 from hpcpipe.cli.plan import run as plan_cli
 from hpcpipe.device.budget import BudgetError
 from hpcpipe.train import memplan
+from hpcpipe.util.errors import ConfigError
 
 TINY = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
         "train.micro_batch_size=2", "train.eval_batches=1", "train.log_every=1",
@@ -93,6 +94,21 @@ def test_dp_from_the_launch_counts_one_replica_not_none(tmp_path):
         plan_cli("inputs/tiny.toml", [*TINY, "parallel.dp=0", "train.micro_batch_size=65536",
                                       "model.block_size=1024", 'train.device="cpu"'],
                  out=lambda text: None)
+
+
+def test_the_plan_resolves_the_launch_as_train_does():
+    """train.global_batch_size fixes the microbatches per replica from dp, which the launch
+    gives (plan --world, train --dry-run's own world): the plan's schedule and peaks are
+    the run's, not one microbatch's."""
+    sets = [*TINY, "parallel.pp=2", 'parallel.dp="auto"', "train.global_batch_size=16",
+            "train.micro_batch_size=2", 'parallel.schedule="zb-h2"', 'train.device="cpu"']
+    default, wide = [], []
+    plan_cli("inputs/tiny.toml", sets, out=default.append)
+    plan_cli("inputs/tiny.toml", sets, out=wide.append, world=4)
+    assert "pp 2 × dp 1 × tp 1, 8 microbatches of 2" in default[0]
+    assert "pp 2 × dp 2 × tp 1, 4 microbatches of 2" in wide[0]
+    with pytest.raises(ConfigError, match="launch a multiple of 2 ranks"):
+        plan_cli("inputs/tiny.toml", sets, out=lambda text: None, world=3)
 
 
 def test_the_plan_says_what_balances_the_stages_better():

@@ -2,11 +2,12 @@
 per microbatch between its F, B and W passes.
 
 A stage holds optionally the embedding, blocks [first, last) (and possibly half a block at
-either end: model/units.py), optionally the final LayerNorm, the tied head and the loss — with its parameters and gradients in one flat
-buffer each (named views into it). The whole model on one process is simply the stage
-that holds everything; the pipeline builds one stage per pipeline rank (and per chunk)
-from the same code, which is why every layout computes the same numbers. The stash lets a
-W run after the F and B of later microbatches, as the zero-bubble schedules need.
+either end: model/units.py), optionally the final LayerNorm, the tied head and the loss —
+with its parameters and gradients in one flat buffer each (named views into it). The
+whole model on one process is simply the stage that holds everything; the pipeline builds
+one stage per pipeline rank (and per chunk) from the same code, which is why every layout
+computes the same numbers. The stash lets a W run after the F and B of later
+microbatches, as the zero-bubble schedules need.
 """
 
 from __future__ import annotations

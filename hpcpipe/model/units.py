@@ -5,9 +5,12 @@ A stage boundary may fall inside block l, at its seam x1 = x + attn(ln_1(x)): th
 stream, the same (B, T, C) array as between two blocks, so the pipeline's messages do not
 change. The stage before the seam ends with l's attention half, the stage after it starts
 with l's MLP half (block.py's forward_attention and forward_mlp, the unfused whole block's
-operations: the same bits). Halves are finer steps to balance stages with — six blocks on
-four stages as 1.5 each — at the price of one more stage boundary inside the model
-(parallel/pipeline/partition.py takes them only where whole blocks balance badly).
+operations: the same bits). On the fused kernels one number differs, to round-off:
+attn.c_proj's bias gradient, which the whole block sums inside ln_2's kernel and a seam,
+whose ln_2 is on the next stage, with a reduction of its own (tests/model/test_units.py).
+Halves are finer steps to balance stages with — six blocks on four stages as 1.5 each —
+at the price of one more stage boundary inside the model (parallel/pipeline/partition.py
+takes them only where whole blocks balance badly).
 """
 
 from __future__ import annotations

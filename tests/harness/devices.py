@@ -52,6 +52,16 @@ def on_standin() -> bool:
     return name() == "gpu" and os.environ.get(standin.FAKE_GPU_ENV) == "1"
 
 
+def fused() -> bool:
+    """Whether the layers run the fused kernels here: on a GPU, and on the stand-in with
+    HPCPIPE_FUSED=1 (backend.fused_by_default). There a stage edge at a block's seam sums
+    attn.c_proj's bias gradient with another reduction than ln_2's kernel (model/units.py):
+    equal to round-off, not bit for bit, to whole blocks."""
+    from hpcpipe.device.backend import fused_by_default
+
+    return name() == "gpu" and fused_by_default("standin" if on_standin() else "cupy")
+
+
 def schedule_kinds(kinds) -> tuple:
     """The schedule kinds a layout matrix runs here: every one, or on the stand-in
     STANDIN_KINDS (see above)."""

@@ -5,6 +5,10 @@ tensors of its halves only."""
 import numpy as np
 import pytest
 
+from hpcpipe.device import standin
+from hpcpipe.device.backend import Backend
+from hpcpipe.device.kernels import hostbuild
+from hpcpipe.model.layers import fused
 from hpcpipe.model.layout import GPTConfig, block_layout
 from hpcpipe.model.stage import RECOMPUTE, Stage, StageSpec
 from hpcpipe.parallel.pipeline.partition import partition
@@ -67,3 +71,28 @@ def test_a_seam_stage_holds_its_halves_tensors_only():
     assert list(stage.params) == names[:6]  # ln_1 and the attention of block 1
     last = partition(CFG, 3, [1, 0.5, 1.5])[2].build(CFG)
     assert list(last.params)[1:7] == names[6:]  # (after wte) ln_2 and the MLP of block 1
+
+
+@pytest.mark.needs("cuda", hostbuild.missing())
+def test_on_the_fused_kernels_a_seam_differs_only_in_one_bias_gradient():
+    """On the fused path (a GPU; here the stand-in's host build) the whole block adds
+    attn.c_proj's bias and x in ln_2's kernel and sums that bias's gradient there; a seam
+    adds them as separate passes (the same bits) but sums the gradient with another
+    reduction: every number bitwise the whole model's but that one, within 1e-12."""
+    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=64)
+    be = Backend(xp=standin.device(), name="simgpu", device_id=0)
+    assert fused.kernels(be) is not None
+    rng = np.random.default_rng(2)
+    tokens = [be.from_host(rng.integers(0, cfg.vocab_size, (B, cfg.block_size + 1)))]
+    whole = Stage(cfg, dtype="float64", be=be)
+    chain = [spec.build(cfg, dtype="float64", be=be)
+             for spec in partition(cfg, 2, [0.5, 1.5])]
+    want_losses, want = run([whole], tokens, [0])
+    got_losses, got = run(chain, tokens, [0])
+    assert np.array_equal(be.to_host(got_losses[0]), be.to_host(want_losses[0]))
+    for name in want:
+        g, w = be.to_host(got[name]), be.to_host(want[name])
+        if name == "h.0.attn.c_proj.bias":
+            assert np.allclose(g, w, rtol=1e-12, atol=0)
+        else:
+            assert np.array_equal(g, w), name

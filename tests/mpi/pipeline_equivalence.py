@@ -208,18 +208,20 @@ def check_one_step(comm, cfg, schedule, plan=None) -> list[str]:
                         f"says {planned}")
     if comm.rank != 0:
         return failures
-    # (a) one process, same runtime, 1F1B: bitwise.
+    # (a) one process, same runtime, 1F1B: bitwise (at seams on the fused kernels, to
+    # round-off: devices.fused).
     ref = Run(MPI.COMM_SELF, reference_cfg(cfg), generate("1f1b", 1, m))
     ref_loss, ref_norm, _ = ref.step(idx, targets)
     ref_grads = ref.gathered("grads")
-    if loss != ref_loss or norm != ref_norm:
+    same = alike(cfg)
+    if not (same(loss, ref_loss) and same(norm, ref_norm)):
         failures.append(f"{kind} pp={pp} m={m} recompute {what}: loss/norm "
                         f"{loss!r}/{norm!r} differ "
-                        f"bitwise from one process {ref_loss!r}/{ref_norm!r}")
+                        f"from one process {ref_loss!r}/{ref_norm!r}")
     for name, g in ref_grads.items():
-        if not np.array_equal(grads[name], g):
+        if not same(grads[name], g):
             failures.append(f"{kind} pp={pp} m={m} recompute {what}: d{name} "
-                            f"not bitwise equal to "
+                            f"not equal to "
                             f"one process (max diff {np.abs(grads[name] - g).max():g})")
     # (b) the plain model on the whole batch: equal to float64 round-off.
     gpt = GPT(cfg.model, dtype="float64", seed=cfg.train.seed)
@@ -247,9 +249,20 @@ def check_optimizer_steps(comm, cfg, schedule) -> list[str]:
     for step in range(3):
         idx, targets = batch(m + 10 * step)
         ref.step(idx, targets, lr=1e-2)
+    same = alike(cfg)
     return [f"after 3 steps of {kind} on pp={comm.size}: {name} differs from one process"
             for name, w in ref.gathered("params").items()
-            if not np.array_equal(weights[name], w)]
+            if not same(weights[name], w)]
+
+
+def alike(cfg):
+    """How a pipeline's numbers must equal one process's: bitwise — but to float64
+    round-off where a stage edge falls at a block's seam on the fused kernels, which sum
+    attn.c_proj's bias gradient there with another reduction (devices.fused)."""
+    seams = any(c != int(c) for c in cfg.parallel.layers_per_stage)
+    if seams and devices.fused():
+        return lambda a, b: np.allclose(a, b, rtol=1e-12, atol=1e-300)
+    return lambda a, b: np.array_equal(a, b)
 
 
 def reference_cfg(cfg):

@@ -269,6 +269,8 @@ def check_layouts(world, failures, report):
         for label, result in results.items():
             compare(f"dp {dp} × pp {pp} × tp {tp} {label}", result, ref, failures)
             first = results[bitwise.get(label, label)]
+            if label.startswith("seams") and devices.fused():
+                continue  # (to round-off there, which compare checked: devices.fused)
             if result[0] != first[0] or any(
                     not np.array_equal(result[1][k], first[1][k]) for k in first[1]):
                 failures.append(f"dp {dp} × pp {pp} × tp {tp}: {label} not bitwise "

@@ -4,11 +4,11 @@
     out = x1 + mlp(ln_2(x1))
 
 Shapes: x, x1, out (B, T, C). A pipeline stage boundary may also fall at the seam, x1:
-`forward_attention` and `forward_mlp` run the two halves on their own (and their B, W and
-rebuild below), the same operations as the whole block's unfused path, so the same bits. Weights: ln_1.*, attn.*, ln_2.*, mlp.* (GPT-2 names,
-without the `h.{l}.` prefix). B stashes the output gradient of each sublayer with weight
-GEMMs, which is what that sublayer's W multiplies with (the LayerNorms take their small
-weight gradients in B).
+`forward_attention` and `forward_mlp` run the two halves on their own (with their B and
+W below), the whole block's unfused operations (model/units.py). Weights: ln_1.*, attn.*,
+ln_2.*, mlp.* (GPT-2 names, without the `h.{l}.` prefix). B stashes the output gradient of
+each sublayer with weight GEMMs, which is what that sublayer's W multiplies with (the
+LayerNorms take their small weight gradients in B).
 
 The residual sums are added into the sublayers' results in place: those are fresh
 arrays that no cache holds. The block's input is only read: it may be a received
@@ -83,9 +83,9 @@ def backward(dout, cache, grads):
 
 
 # -- the two halves, for a stage boundary at the seam x1 (model/units.py) ------------------
-# The residual adds and c_proj's bias gradient run as separate passes (the fused kernel that
-# adds attn.c_proj's bias and x in ln_2 needs both halves on one stage), as the unfused
-# whole block does them.
+# The residual adds and attn.c_proj's bias gradient run as the unfused whole block runs them
+# (the fused kernel that adds that bias and x in ln_2, and sums its gradient, needs both
+# halves on one stage).
 
 def forward_attention(x, params, n_head, be=None, tp=None, selective=False, owned=False):
     """x1 = x + attn(ln_1(x)) and its cache ({"ln_1", "attn"})."""

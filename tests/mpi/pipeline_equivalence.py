@@ -32,11 +32,15 @@ from hpcpipe.train.memplan import simulated_peaks
 from hpcpipe.train.rank import Rank
 
 B = 2  # micro-batch size
+# Sequence length: 6, but 32 on the fused kernels, whose bias-gradient pieces (32 chunks
+# of 4C, made in B for W) would outweigh a 12-token microbatch's activations — M_W > M_B,
+# which the cost model refuses — where a real microbatch's dwarf them.
+T = 32 if devices.fused() else 6
 
 
 def make_cfg(kind, pp, m, layers_per_stage, chunks=0, recompute="none"):
     return config.from_dict({
-        "model": {"n_layer": 8, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 19},
+        "model": {"n_layer": 8, "n_head": 2, "n_embd": 8, "block_size": T, "vocab_size": 19},
         "train": {"dtype": "float64", "micro_batch_size": B, "lr": 1e-2, "min_lr": 0.0,
                   "grad_clip": 0.05, "weight_decay": 0.1, "seed": 5,
                   "recompute": recompute},
@@ -60,7 +64,7 @@ def uneven(stages, seams=False):
 
 def batch(m):
     rng = np.random.default_rng(m)
-    tokens = rng.integers(0, 19, (m * B, 7))
+    tokens = rng.integers(0, 19, (m * B, T + 1))
     return tokens[:, :-1], tokens[:, 1:]
 
 

@@ -4,7 +4,12 @@ the cost model auto is rebuilt from once F, B, W and the rebuilds are measured."
 import pytest
 
 from hpcpipe import config
-from hpcpipe.parallel.pipeline.planning import describe_limit, memory_limit, profiled_costs
+from hpcpipe.parallel.pipeline.planning import (
+    describe_limit,
+    memory_limit,
+    profiled_costs,
+    stage_memory,
+)
 from hpcpipe.util.timeline import Trace
 
 
@@ -45,3 +50,11 @@ def test_the_measured_rebuild_is_the_recompute_time():
     assert costs.f == (2.0, 1.0) and costs.b == (3.0, 2.0) and costs.w == (1.0, 1.0)
     first, second = costs.recompute
     assert (first.keep, first.time) == (0.3, 0.25) and not second.recomputes
+
+
+def test_what_w_holds_is_taken_at_most_what_b_held():
+    """A microbatch of a few dozen tokens on the fused kernels can hold more after B (the
+    bias-gradient pieces W sums) than after F; the cost model takes M_B there, not a
+    refusal of the run."""
+    costs = stage_memory({0: (1000, 1500), 1: (1000, 400)}, 2, True)
+    assert list(costs.memw) == [1000.0, 400.0] and list(costs.memory) == [1000.0, 1000.0]

@@ -98,7 +98,9 @@ def stage_memory(held: dict, ranks: int, in_bytes: bool, rebuild: dict | None = 
     rebuild = rebuild or {}
     full = [float(held[s][2] if len(held[s]) > 2 and held[s][2] else held[s][0])
             for s in stages]
-    after_b = [float(held[s][1] or full[s]) for s in stages]
+    # (On the fused kernels B makes bias-gradient pieces for W, a few rows of C: past M_B
+    # only for microbatches of a few dozen tokens, where the model then takes M_B.)
+    after_b = [min(float(held[s][1] or full[s]), full[s]) for s in stages]
     keep = [Recompute(f"measured {held[s][0] / full[s]:.3f}", keep=held[s][0] / full[s],
                       time=rebuild.get(s, 0.0))
             if held[s][0] < full[s] else NONE for s in stages]

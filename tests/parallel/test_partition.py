@@ -117,3 +117,14 @@ def test_measured_balance_of_a_v_counts_ranks():
     # (1 + 2), rank 1 the middle two (2 + 1): even.
     line = measured_balance(cfg, specs, [1e-3, 2e-3, 1e-3, 2e-3], schedule=schedule)
     assert line.endswith("the slowest rank 0.0% above the mean")
+
+
+def test_sliding_a_stage_gets_past_what_one_edge_cannot():
+    """GPT-2 under DualPipeV at pp 4: no single edge move shortens the per-stage split's
+    simulated step; sliding a stage (both its edges) does, by 5 %."""
+    schedule = generate("dualpipev", 4, 8)
+    per_stage = [round(2 * s.blocks) for s in partition(GPT2, 8)]
+    placed = [round(2 * s.blocks) for s in partition(GPT2, 8, schedule=schedule)]
+    assert placed != per_stage
+    assert simulated_step(GPT2, placed, schedule) < 0.955 * simulated_step(GPT2, per_stage,
+                                                                            schedule)

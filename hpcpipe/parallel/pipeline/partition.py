@@ -188,25 +188,38 @@ def simulated_step(cfg: GPTConfig, halves, schedule, costs=None) -> float:
 
 
 def for_placement(cfg: GPTConfig, halves, schedule, costs=None) -> list[int]:
-    """`halves` improved for a schedule with several stages per rank: stage edges move half
-    a block or a whole one at a time while the simulated step gets shorter (first
-    improvement, edges in order: deterministic on every rank); kept when it is GAIN
-    shorter than `halves`' step, else `halves` as they were."""
+    """`halves` improved for a schedule with several stages per rank: while the simulated
+    step gets shorter, a stage edge moves by half a block or a whole one, or a stage slides
+    so (both its edges: a lone edge move that would lengthen the step on the way there is
+    what leaves a local search stuck, GPT-2 under DualPipeV at pp 4). First improvement,
+    moves in order: deterministic on every rank. Kept when GAIN shorter than `halves`'
+    step, else `halves` as they were."""
     start = simulated_step(cfg, halves, schedule, costs)
     best, best_step, improved = list(halves), start, True
     while improved:
         improved = False
-        for edge in range(len(best) - 1):
-            for move in (-2, -1, 1, 2):
-                trial = list(best)
+        for edges, move in _moves(len(best)):
+            trial = list(best)
+            for edge in edges:
                 trial[edge] += move
                 trial[edge + 1] -= move
-                if min(trial[edge], trial[edge + 1]) < 1:
-                    continue
-                step = simulated_step(cfg, trial, schedule, costs)
-                if step < best_step * (1 - 1e-9):
-                    best, best_step, improved = trial, step, True
+            if min(trial) < 1:
+                continue
+            step = simulated_step(cfg, trial, schedule, costs)
+            if step < best_step * (1 - 1e-9):
+                best, best_step, improved = trial, step, True
     return best if best_step <= start * (1 - GAIN) else list(halves)
+
+
+def _moves(stages: int):
+    """`for_placement`'s moves, (edges, half blocks): each edge alone, then each stage but
+    the ends slid (its two edges together), by ±1 and ±2 halves."""
+    for edge in range(stages - 1):
+        for move in (-2, -1, 1, 2):
+            yield (edge,), move
+    for edge in range(stages - 2):
+        for move in (-2, -1, 1, 2):
+            yield (edge, edge + 1), move
 
 
 def _given_halves(counts, S: int, L: int) -> list[int]:

@@ -204,9 +204,10 @@ def check_one_step(comm, cfg, schedule, plan=None) -> list[str]:
         failures.append(f"{kind} m={m} rank {run.grid.pp_rank}: peak {result.peak_bytes} "
                         f"bytes, simulator says {expected} from M_B/M_W {measured}")
     # The plan before launch (analytic bytes, no measurement): the same peak, to the token
-    # ids' few bytes per microbatch.
+    # ids' few bytes per microbatch — of the NumPy passes' caches, which model/memory.py
+    # counts; the fused kernels keep others (no attention matrix; LayerNorm's pieces).
     planned = simulated_peaks(cfg, schedule, run.model.specs, plan)[run.grid.pp_rank]
-    if abs(result.peak_bytes - planned) > 0.01 * planned:
+    if not devices.fused() and abs(result.peak_bytes - planned) > 0.01 * planned:
         failures.append(f"{kind} m={m} rank {run.grid.pp_rank} recompute "
                         f"{what}: peak {result.peak_bytes} bytes, the plan "
                         f"says {planned}")
@@ -264,8 +265,9 @@ def alike(cfg):
     round-off where a stage edge falls at a block's seam on the fused kernels, which sum
     attn.c_proj's bias gradient there with another reduction (devices.fused)."""
     seams = any(c != int(c) for c in cfg.parallel.layers_per_stage)
-    if seams and devices.fused():
-        return lambda a, b: np.allclose(a, b, rtol=1e-12, atol=1e-300)
+    if seams and devices.fused():  # (relative to the tensor's largest entry: a bias near 0)
+        return lambda a, b: np.abs(np.asarray(a) - b).max() <= 1e-12 * max(np.abs(b).max(),
+                                                                          1e-300)
     return lambda a, b: np.array_equal(a, b)
 
 

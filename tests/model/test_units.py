@@ -96,3 +96,26 @@ def test_on_the_fused_kernels_a_seam_differs_only_in_one_bias_gradient():
             assert np.allclose(g, w, rtol=1e-12, atol=0)
         else:
             assert np.array_equal(g, w), name
+
+
+@pytest.mark.needs("cuda", hostbuild.missing())
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_recomputation_on_the_fused_kernels_changes_no_bit(recompute):
+    """On the fused path the flash kernels keep no attention matrix: selective drops and
+    rebuilds GELU's output only (it once failed there looking for the matrix), full replays
+    F; either gives bitwise the stage without recomputation, seams included."""
+    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=64)
+    be = Backend(xp=standin.device(), name="simgpu", device_id=0)
+    rng = np.random.default_rng(3)
+    tokens = [be.from_host(rng.integers(0, cfg.vocab_size, (B, cfg.block_size + 1)))
+              for _ in range(2)]
+    results = []
+    for mode in ("none", recompute):
+        chain = [spec.build(cfg, dtype="float32", be=be, recompute=mode)
+                 for spec in partition(cfg, 2, [1.5, 0.5])]
+        results.append(run(chain, tokens, [0, 1]))
+    (want_losses, want), (got_losses, got) = results
+    for mb in want_losses:
+        assert np.array_equal(be.to_host(got_losses[mb]), be.to_host(want_losses[mb]))
+    for name in want:
+        assert np.array_equal(be.to_host(got[name]), be.to_host(want[name])), name

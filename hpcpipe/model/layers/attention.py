@@ -126,12 +126,21 @@ def _core(be, q, k, v, att, yh=None):
 
 def drop_core(cache):
     """Selective recomputation: forget the attention matrix (B, NH, T, T) after F; B
-    rebuilds it from q and k first (`rebuild_core`)."""
-    del cache["att"]
+    rebuilds it from q and k first (`rebuild_core`). The flash kernels keep none (their B
+    recomputes the scores anyway): nothing to drop, nor to rebuild, there."""
+    if "att" in cache:
+        del cache["att"]
+        cache["dropped"] = True
+
+
+def dropped(cache) -> bool:
+    """Whether `drop_core` forgot the matrix (and `rebuild_core` has not made it again)."""
+    return bool(cache.get("dropped"))
 
 
 def rebuild_core(cache):
     """The attention matrix again, bit for bit F's (q and k are still in the cache)."""
+    del cache["dropped"]
     q, k = cache["q"], cache["k"]
     B, NH, T, _ = q.shape
     cache["att"] = cache["be"].xp.empty((B, NH, T, T), dtype=q.dtype)

@@ -49,7 +49,7 @@ def forward(x, params, n_head, be=None, tp=None, selective=False, owned=False):
 def rebuild(cache):
     """What selective recomputation dropped after F, rebuilt (bit for bit) before B (of a
     whole block, or of either half)."""
-    if "attn" in cache and "att" not in cache["attn"]:
+    if "attn" in cache and attention.dropped(cache["attn"]):
         attention.rebuild_core(cache["attn"])
     if "mlp" in cache:
         mlp.rebuild(cache["mlp"])

@@ -82,8 +82,7 @@ def pareto_front(cfg, pp: int, m: int) -> list[dict]:
     work = [stage_cost(cfg.model, s) / 3 / block for s in specs]
     none = memplan.stage_memories(cfg, specs)
     choices = memplan.recompute_choices(cfg, specs)
-    costs = Costs(f=work, b=work, w=work, memory=[float(x.full) for x in none],
-                  memw=[float(x.after_b) for x in none])
+    costs = Costs(f=work, b=work, w=work, **memplan.memory_levels(none))
     one_f_one_b = max(peak_activations(generate("1f1b", pp, m), costs))
     points = []
     for share in (0.2, 0.25, 0.33, 0.4, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0):

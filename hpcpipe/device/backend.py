@@ -287,6 +287,17 @@ def _gpu_count(library) -> int:
         return 0
 
 
+def runs_kernels(device: str) -> bool:
+    """Whether `select(device)` here would give a backend that runs the fused kernels (a
+    GPU, fused by default): the memory plan counts their caches, not the NumPy passes'."""
+    if device == "cpu":
+        return False
+    library = _gpu_library()
+    if _gpu_count(library) == 0:
+        return False
+    return fused_by_default("cupy" if library.__name__ == "cupy" else "simgpu")
+
+
 def _device_identity(cupy, ordinal: int) -> str:
     """A name for the physical device that is the same in every process that sees it (the
     ordinal is not: it depends on CUDA_VISIBLE_DEVICES). The PCI address, plus the UUID

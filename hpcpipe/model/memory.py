@@ -29,6 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpcpipe.device.dtypes import compute_dtype
+from hpcpipe.device.kernels import attention as k_attention
+from hpcpipe.device.kernels import gelu as k_gelu
+from hpcpipe.device.kernels import layernorm as k_layernorm
+from hpcpipe.model.layers.fused import KERNEL_DTYPES
 from hpcpipe.model.layout import GPTConfig
 
 TOKEN_BYTES = 8  # token ids and targets are int64 (data/tokens.py)
@@ -50,38 +54,80 @@ class StageMemory:
 
 
 def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = "none",
-                 tp: int = 1) -> StageMemory:
+                 tp: int = 1, kernels: bool = False, sequence: bool = False) -> StageMemory:
     """M_B and M_W of the stage `spec` (a StageSpec: its blocks, halves, embedding and head)
-    for micro-batches of `batch` sequences of cfg.block_size tokens."""
+    for micro-batches of `batch` sequences of cfg.block_size tokens. kernels: the layers
+    run the fused kernels (a GPU: device/backend.runs_kernels), whose caches are others
+    (`_kernel_sizes`); sequence: under sequence parallelism (its LayerNorms run NumPy's)."""
     s = compute_dtype(dtype).itemsize
-    w = max(s, 4)
-    N, C, T, H, V = batch * cfg.block_size, cfg.n_embd, cfg.block_size, cfg.n_head, \
-        cfg.vocab_size
+    N, C = batch * cfg.block_size, cfg.n_embd
+    on_kernels = kernels and compute_dtype(dtype).name in KERNEL_DTYPES
+    z = (_kernel_sizes if on_kernels else _numpy_sizes)(cfg, batch, compute_dtype(dtype), tp,
+                                                        sequence)
     # Whole blocks, and the halves at a seam (model/units.py) each with its LayerNorm.
     attentions = len(spec.layers) + (spec.attention_of is not None)
     mlps = len(spec.layers) + (spec.mlp_of is not None)
-    norm = N * C * s + N * w  # x̂ and 1/σ
-    matrix = batch * (H // tp) * T * T * w
-    attention = norm + N * C * s + 3 * N * C * w // tp + matrix + N * C * s // tp
-    mlp = norm + N * C * s + 8 * N * C * s // tp
-    # B → W: the GEMMs' inputs and output gradients — attention: its input, c_proj's input,
-    # dqkv, dx₁; MLP: its input, GELU's output, dout, dh (dx₁ and dout whole)
-    attention_w = 2 * N * C * s + 4 * N * C * s // tp
-    mlp_w = 2 * N * C * s + 8 * N * C * s // tp
-    full = attentions * attention + mlps * mlp
-    after_b = attentions * attention_w + mlps * mlp_w
+    full = (attentions + mlps) * z["ln"] + attentions * z["attention"] + mlps * z["mlp"]
+    after_b = attentions * (z["attention_w"] + z["ln_w"]) + mlps * (z["mlp_w"] + z["ln_w"]) \
+        + len(spec.layers) * z["summed"]  # (a whole block's ln_2 sums attn.c_proj's bias)
     if spec.embedding_part:
         full += N * TOKEN_BYTES
         after_b += N * TOKEN_BYTES + N * C * s  # the ids, and d(embedding output)
     if spec.head_part:
-        full += N * C * s + N * w + N * C * s + N * (V // tp) * w + N * TOKEN_BYTES
+        full += z["ln"] + z["head"]
+        after_b += z["ln_w"]
     if recompute == "none":
         kept = full
     elif recompute == "selective":
-        kept = full - attentions * matrix - mlps * 4 * N * C * s // tp
+        kept = full - attentions * z["matrix"] - mlps * 4 * N * C * s // tp
     elif recompute == "full":
         kept = (N * TOKEN_BYTES if spec.embedding_part else N * C * s) \
             + (N * TOKEN_BYTES if spec.head_part else 0)
     else:
         raise ValueError(f"recompute {recompute!r}: allowed none, selective, full")
     return StageMemory(kept=kept, full=full, after_b=after_b)
+
+
+def _numpy_sizes(cfg: GPTConfig, batch: int, dtype, tp: int, sequence: bool) -> dict:
+    """Bytes of the NumPy passes' caches per LayerNorm, attention, MLP and head (the
+    module docstring's counts); `_w`: what is left after B for W."""
+    s, w = dtype.itemsize, max(dtype.itemsize, 4)
+    N, C, T, H, V = batch * cfg.block_size, cfg.n_embd, cfg.block_size, cfg.n_head, \
+        cfg.vocab_size
+    matrix = batch * (H // tp) * T * T * w
+    return {"ln": N * C * s + N * w, "ln_w": 0, "summed": 0, "matrix": matrix,
+            "attention": N * C * s + 3 * N * C * w // tp + matrix + N * C * s // tp,
+            # B → W: the GEMMs' inputs and output gradients — attention: its input,
+            # c_proj's input, dqkv, dx₁; MLP: its input, GELU's output, dout, dh
+            "attention_w": 2 * N * C * s + 4 * N * C * s // tp,
+            "mlp": N * C * s + 8 * N * C * s // tp,
+            "mlp_w": 2 * N * C * s + 8 * N * C * s // tp,
+            "head": N * C * s + N * (V // tp) * w + N * TOKEN_BYTES}
+
+
+def _kernel_sizes(cfg: GPTConfig, batch: int, dtype, tp: int, sequence: bool) -> dict:
+    """`_numpy_sizes` on the fused kernels: a LayerNorm keeps x and both row statistics,
+    and after B only its weight gradients' pieces (and, in a whole block, ln_2's sums of
+    attn.c_proj's bias gradient); the flash attention keeps qkv, y and the row log-sum-
+    exps (no T × T matrix; selective has none to drop), after B dqkv and on the tensor
+    cores its bias-gradient pieces; the GELU's bias-gradient pieces; the loss keeps its
+    gradient in the logits' dtype (one shard: tp 1)."""
+    z = _numpy_sizes(cfg, batch, dtype, tp, sequence)
+    s, w = dtype.itemsize, max(dtype.itemsize, 4)
+    N, C, T, H, V = batch * cfg.block_size, cfg.n_embd, cfg.block_size, cfg.n_head, \
+        cfg.vocab_size
+    if not sequence:
+        z["ln"] = N * C * s + 2 * N * w
+        pieces = -(-N // k_layernorm.ROWS) * C * w
+        z["ln_w"], z["summed"] = (2 * pieces, pieces) if k_layernorm.takes_rows(C) \
+            else (2 * N * C * s + 2 * N * w, 0)
+    head_size = C // H
+    if k_attention.takes_head(dtype, head_size):
+        z["matrix"] = 0
+        z["attention"] = N * C * s + 4 * N * C * s // tp + batch * (H // tp) * T * w
+        if k_attention.tensor_cores(dtype, head_size):
+            z["attention_w"] += batch * -(-T // k_attention.TC_ROWS) * (3 * C // tp) * w
+    z["mlp_w"] += k_gelu.CHUNKS * (4 * C // tp) * w
+    if tp == 1:
+        z["head"] = N * C * s + N * V * s
+    return z

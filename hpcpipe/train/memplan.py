@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from hpcpipe.config import validate
+from hpcpipe.device.backend import runs_kernels
 from hpcpipe.device.budget import (BudgetError, check_memory_limit, check_run, device_available,
                                    host_available)
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
@@ -104,9 +105,16 @@ def _compression(cfg, specs) -> int:
 
 def stage_memories(cfg, specs) -> list:
     """model/memory.py's StageMemory of every model stage under cfg."""
-    tp, batch, dtype = cfg.parallel.tp, cfg.train.micro_batch_size, cfg.train.dtype
-    return [stage_memory(cfg.model, spec, batch, dtype, choice, tp)
+    return [_stage_memory(cfg, spec, choice)
             for spec, choice in zip(specs, cfg.recompute_for(len(specs)), strict=True)]
+
+
+def _stage_memory(cfg, spec, choice):
+    """One stage's StageMemory with `choice` of recomputation, on the path the run's device
+    takes (the fused kernels' caches on a GPU: backend.runs_kernels)."""
+    return stage_memory(cfg.model, spec, cfg.train.micro_batch_size, cfg.train.dtype, choice,
+                        cfg.parallel.tp, kernels=runs_kernels(cfg.train.device),
+                        sequence=cfg.parallel.sequence_parallel)
 
 
 def simulated_peaks(cfg, schedule, specs, plan=None) -> tuple[float, ...]:
@@ -119,16 +127,24 @@ def simulated_peaks(cfg, schedule, specs, plan=None) -> tuple[float, ...]:
     recompute = keep
     if plan is not None:
         modes = [choice for choice, _ in plan]
-        chosen = [stage_memory(cfg.model, spec, cfg.train.micro_batch_size, cfg.train.dtype,
-                               mode, cfg.parallel.tp) for spec, mode in zip(specs, modes)]
+        chosen = [_stage_memory(cfg, spec, mode) for spec, mode in zip(specs, modes)]
         recompute = PerMicrobatch(
             tuple(Recompute(f"keep {m.keep:.3f}", keep=m.keep) if mode != "none" else NONE
                   for m, mode in zip(chosen, modes)),
             frozenset((s, x) for s, (mode, only) in enumerate(plan) if mode != "none"
                       for x in only))
-    costs = Costs(memory=[float(m.full) for m in memory],
-                  memw=[float(m.after_b) for m in memory], recompute=recompute)
+    costs = Costs(**memory_levels(memory), recompute=recompute)
     return peak_activations(schedule, costs)
+
+
+def memory_levels(memory) -> dict:
+    """StageMemory's M_B and M_W as the cost model's `memory` and `memw`. On the fused
+    kernels in 16-bit a B adds more for W (its output gradients) than F kept (no attention
+    matrix, 16-bit qkv), where the schedulers take it that only an F raises a rank's
+    memory: M_B counts then what W will hold, from F on — the plan may run a little high,
+    never low."""
+    return {"memory": [float(max(m.full, m.after_b)) for m in memory],
+            "memw": [float(m.after_b) for m in memory]}
 
 
 def recompute_choices(cfg, specs) -> tuple[Recompute, ...]:

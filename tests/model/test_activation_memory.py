@@ -4,6 +4,9 @@ after F, while a recomputing B runs, and after B, for every recompute choice and
 import numpy as np
 import pytest
 
+from hpcpipe.device import standin
+from hpcpipe.device.backend import Backend
+from hpcpipe.device.kernels import hostbuild
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.memory import stage_memory
 from hpcpipe.model.stage import RECOMPUTE, StageSpec
@@ -18,16 +21,24 @@ SPECS = [StageSpec(0, (0, 1, 2), True, True), StageSpec(0, (0,), True, False),
          StageSpec(2, (), False, True, mlp_of=2), StageSpec(1, (), False, False, mlp_of=0)]
 
 
-def measured(spec, dtype, recompute):
+# On the fused kernels: a head size the flash kernels take (32), C within the LayerNorm
+# row kernel's width.
+KERNEL_CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd=64)
+
+
+def measured(spec, dtype, recompute, cfg=CFG, be=None):
     """(after F, after the rebuild at B's start, after B) bytes of one microbatch."""
-    stage = spec.build(CFG, dtype=dtype, recompute=recompute)
-    tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (B, CFG.block_size + 1))
-    inp = tokens[:, :-1] if spec.embedding_part else np.ones((B, 16, 32), stage.dtype)
+    stage = spec.build(cfg, dtype=dtype, recompute=recompute, be=be)
+    host = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, cfg.block_size + 1))
+    xp = stage.xp
+    tokens = xp.asarray(host) if be is not None else host
+    shape = (B, cfg.block_size, cfg.n_embd)
+    inp = tokens[:, :-1] if spec.embedding_part else xp.ones(shape, stage.dtype)
     stage.forward(0, inp, tokens[:, 1:] if spec.head_part else None)
     after_f = stage.stash_bytes(0)
     stage.rebuild(0)
     during_b = stage.stash_bytes(0)
-    stage.backward_input(0, None if spec.head_part else np.ones((B, 16, 32), stage.dtype))
+    stage.backward_input(0, None if spec.head_part else xp.ones(shape, stage.dtype))
     return after_f, during_b, stage.stash_bytes(0)
 
 
@@ -49,3 +60,20 @@ def test_recompute_keeps_less_and_rebuilds_all():
     assert none.full == selective.full == full.full and none.keep == 1.0
     assert full.kept < selective.kept < none.kept
     assert none.after_b == selective.after_b == full.after_b
+
+
+@pytest.mark.needs("cuda", hostbuild.missing())
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("recompute", RECOMPUTE)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.describe())
+def test_analytic_bytes_on_the_fused_kernels_equal_the_stash(spec, dtype, recompute):
+    """The same on the fused kernels (a GPU's path; here the stand-in's host build), whose
+    caches are others: no attention matrix, the LayerNorms' and biases' gradient pieces
+    (to the token ids' 16 bytes, as above)."""
+    be = Backend(xp=standin.device(), name="simgpu", device_id=0)
+    plan = stage_memory(KERNEL_CFG, spec, B, dtype, recompute, kernels=True)
+    for got, want in zip(measured(spec, dtype, recompute, KERNEL_CFG, be),
+                         (plan.kept, plan.full, plan.after_b)):
+        assert abs(got - want) <= 16, (got, want)
+    numpy_plan = stage_memory(KERNEL_CFG, spec, B, dtype, recompute)
+    assert plan != numpy_plan

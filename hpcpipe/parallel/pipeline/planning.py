@@ -98,12 +98,14 @@ def stage_memory(held: dict, ranks: int, in_bytes: bool, rebuild: dict | None = 
     rebuild = rebuild or {}
     full = [float(held[s][2] if len(held[s]) > 2 and held[s][2] else held[s][0])
             for s in stages]
-    # (On the fused kernels B makes bias-gradient pieces for W, a few rows of C: past M_B
-    # only for microbatches of a few dozen tokens, where the model then takes M_B.)
-    after_b = [min(float(held[s][1] or full[s]), full[s]) for s in stages]
+    after_b = [float(held[s][1] or full[s]) for s in stages]
     keep = [Recompute(f"measured {held[s][0] / full[s]:.3f}", keep=held[s][0] / full[s],
                       time=rebuild.get(s, 0.0))
             if held[s][0] < full[s] else NONE for s in stages]
+    # On the fused kernels a B may add more for W than F kept (16-bit, or microbatches of a
+    # few dozen tokens); the schedulers take it that only an F raises memory: M_B counts
+    # then what W will hold, from F on (as memplan.memory_levels).
+    full = [max(f, b) for f, b in zip(full, after_b)]
     if in_bytes:
         return Costs(memory=full, memw=after_b, recompute=keep)
     share = ranks / len(held)

@@ -15,7 +15,9 @@ compare). Per block, with N = B·T tokens, s the storage itemsize and w the comp
             and held as a pair, are not counted: nor does the stash's measure)
 
 A stage that starts or ends at a block's seam (model/units.py) holds half a block there:
-ln_1 and the attention's share, or ln_2 and the MLP's.
+ln_1 and the attention's share, or ln_2 and the MLP's. On the fused kernels (a GPU) the
+caches are others (`_kernel_sizes`), equal to the stash there too (the tests run them on
+the stand-in's host build).
 
 `selective` keeps GELU's input (N, 4C)·s instead of its derivative and output and drops the
 attention matrix; `full` keeps the stage's input only. Either rebuilds, at the start of B,

@@ -73,13 +73,12 @@ def pareto_front(cfg, pp: int, m: int) -> list[dict]:
     (the split halves of a GEMM's backward cost what its forward does), memory the
     analytic M_B and M_W, and per stage the choice of selective or full recomputation
     (keep from the bytes, time from the attention core's share of F, or all of it)."""
-    from hpcpipe.parallel.pipeline.partition import partition, stage_cost, stage_costs
+    from hpcpipe.parallel.pipeline.partition import partition, stage_work
     from hpcpipe.schedules import Costs
     from hpcpipe.schedules.auto import explore
 
     specs = partition(cfg.model, pp)
-    block = stage_costs(cfg.model)[1]
-    work = [stage_cost(cfg.model, s) / 3 / block for s in specs]
+    work = stage_work(cfg.model, specs)
     none = memplan.stage_memories(cfg, specs)
     choices = memplan.recompute_choices(cfg, specs)
     costs = Costs(f=work, b=work, w=work, **memplan.memory_levels(none))

@@ -31,7 +31,7 @@ from hpcpipe.parallel.pipeline.partition import (
     partition,
     simulated_step,
 )
-from hpcpipe.parallel.pipeline.planning import build_schedule, memory_limit
+from hpcpipe.parallel.pipeline.planning import build_schedule, held_from_f, memory_limit
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, asynchronous, peak_activations
 from hpcpipe.schedules.recompute import NONE, PerMicrobatch, Recompute
 from hpcpipe.util.errors import ConfigError
@@ -138,13 +138,11 @@ def simulated_peaks(cfg, schedule, specs, plan=None) -> tuple[float, ...]:
 
 
 def memory_levels(memory) -> dict:
-    """StageMemory's M_B and M_W as the cost model's `memory` and `memw`. On the fused
-    kernels in 16-bit a B adds more for W (its output gradients) than F kept (no attention
-    matrix, 16-bit qkv), where the schedulers take it that only an F raises a rank's
-    memory: M_B counts then what W will hold, from F on — the plan may run a little high,
-    never low."""
-    return {"memory": [float(max(m.full, m.after_b)) for m in memory],
-            "memw": [float(m.after_b) for m in memory]}
+    """StageMemory's M_B and M_W as the cost model's `memory` and `memw` (M_B as
+    planning.held_from_f takes it: on the fused kernels in 16-bit a B adds more for W than
+    F kept)."""
+    after_b = [float(m.after_b) for m in memory]
+    return {"memory": held_from_f([m.full for m in memory], after_b), "memw": after_b}
 
 
 def recompute_choices(cfg, specs) -> tuple[Recompute, ...]:

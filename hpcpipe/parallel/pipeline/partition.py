@@ -178,12 +178,17 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
     return _specs(halves, L)
 
 
-def simulated_step(cfg: GPTConfig, halves, schedule, costs=None) -> float:
-    """The makespan of `schedule` (in blocks' F + B + W) when its stages hold `halves` half
-    blocks each: a stage's F, B and W a third of `stage_cost` each (the split halves of a
-    GEMM's backward cost what its forward does)."""
+def stage_work(cfg: GPTConfig, specs, costs=None) -> list[float]:
+    """Each stage's F, B and W, in blocks' F + B + W: a third of `stage_cost` each (the
+    split halves of a GEMM's backward cost what its forward does)."""
     blk = (stage_costs(cfg) if costs is None else costs)[1]
-    work = [stage_cost(cfg, s, costs) / blk / 3 for s in _specs(halves, cfg.n_layer)]
+    return [stage_cost(cfg, s, costs) / blk / 3 for s in specs]
+
+
+def simulated_step(cfg: GPTConfig, halves, schedule, costs=None) -> float:
+    """The makespan of `schedule` (`stage_work`'s units) when its stages hold `halves`
+    half blocks each."""
+    work = stage_work(cfg, _specs(halves, cfg.n_layer), costs)
     return simulate(schedule, Costs(f=work, b=work, w=work)).makespan
 
 

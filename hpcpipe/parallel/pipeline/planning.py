@@ -102,15 +102,21 @@ def stage_memory(held: dict, ranks: int, in_bytes: bool, rebuild: dict | None = 
     keep = [Recompute(f"measured {held[s][0] / full[s]:.3f}", keep=held[s][0] / full[s],
                       time=rebuild.get(s, 0.0))
             if held[s][0] < full[s] else NONE for s in stages]
-    # On the fused kernels a B may add more for W than F kept (16-bit, or microbatches of a
-    # few dozen tokens); the schedulers take it that only an F raises memory: M_B counts
-    # then what W will hold, from F on (as memplan.memory_levels).
-    full = [max(f, b) for f, b in zip(full, after_b)]
+    full = held_from_f(full, after_b)
     if in_bytes:
         return Costs(memory=full, memw=after_b, recompute=keep)
     share = ranks / len(held)
     return Costs(memory=[share] * len(held),
                  memw=[share * b / f for f, b in zip(full, after_b)], recompute=keep)
+
+
+def held_from_f(full, after_b) -> list[float]:
+    """M_B as the cost model takes it, from each stage's bytes after F (`full`) and after B
+    (`after_b`, M_W). On the fused kernels a B may add more for W than F kept (16-bit, or
+    microbatches of a few dozen tokens), where the schedulers take it that only an F
+    raises a rank's memory: M_B counts then what W will hold, from F on — high by that
+    margin, never low."""
+    return [float(max(f, b)) for f, b in zip(full, after_b)]
 
 
 def describe_auto(cfg, auto, costs: Costs, sim) -> tuple[str, dict]:

@@ -174,7 +174,7 @@ def cmd_train(args) -> int:
         return run_plan(args.config, args.overrides, args.json if comm.rank == 0 else None,
                         args.ranks_per_node or comm.size,
                         out=print if comm.rank == 0 else (lambda text: None), force=args.force,
-                        world=comm.size)
+                        world=comm.size, gpu_memory=args.gpu_memory)
     # Signals are honoured from here on: one that arrives while the config loads, the data
     # is prepared or the model is built stops the run at its first agreement point.
     watch = PreemptionWatch(comm)
@@ -205,7 +205,8 @@ def _refuse_plan_options(args):
     from hpcpipe.util.errors import HpcpipeError
 
     for flag, given in (("--json", args.json is not None), ("--force", args.force),
-                        ("--ranks-per-node", args.ranks_per_node != 0)):
+                        ("--ranks-per-node", args.ranks_per_node != 0),
+                        ("--gpu-memory", args.gpu_memory is not None)):
         if given:
             raise HpcpipeError(f"{flag} is an option of --dry-run (the memory plan); give "
                                f"--dry-run too, or leave {flag} out")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hpcpipe.util.arguments import integer
+from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.files import claim_file, write_text_atomic
 
 EPILOG = """examples:
@@ -17,9 +17,16 @@ EPILOG = """examples:
       --json plan.json
   mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml --set parallel.pp=2 --dry-run
 
+  python -m hpcpipe plan inputs/gpt2-124m-zb-8gpu.toml --world 8 --gpu-memory 80
+
 On CPUs the ranks of a job share this node's memory (--ranks-per-node, default every rank
-of the layout); on a GPU each rank has its device's. The JSON holds, per pipeline rank,
-peak_activation_bytes (what summary.json reports after a run) and total_bytes."""
+of the layout); on a GPU each rank has its device's. A GPU run (train.device = "gpu")
+planned where there is no GPU, such as a cluster's login node, is planned for the GPU it
+will have — the fused kernels' activations — and its fit checked against --gpu-memory
+(each rank's GPU, in GiB: 80 for an H100 80GB, 141 for an H200); without it the plan
+prints the figures and each rank checks its own GPU at launch. The JSON holds, per
+pipeline rank, peak_activation_bytes (what summary.json reports after a run) and
+total_bytes."""
 
 
 def register(sub, train):
@@ -41,7 +48,7 @@ def register(sub, train):
                              "(default: pp × tp × dp, one replica for dp auto)")
     parser.set_defaults(func=lambda args: run(args.config, args.overrides, args.json,
                                               args.ranks_per_node, force=args.force,
-                                              world=args.world))
+                                              world=args.world, gpu_memory=args.gpu_memory))
 
 
 def add_options(parser):
@@ -53,12 +60,16 @@ def add_options(parser):
     parser.add_argument("--ranks-per-node", type=integer(0), default=0, metavar="N",
                         help="ranks sharing this node's host memory (default: all of the "
                              "layout's; a GPU rank has its own device)")
+    parser.add_argument("--gpu-memory", type=number(1, 65536), default=None, metavar="GIB",
+                        help="each rank's GPU memory in GiB (80 for an H100 80GB): the fit "
+                             "of a GPU run planned where its GPU is not, or is another")
 
 
 def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print,
-        force: bool = False, world: int = 0) -> int:
+        force: bool = False, world: int = 0, gpu_memory: float | None = None) -> int:
     """Print the plan (and write its JSON); raise BudgetError when it does not fit. `world`:
-    the launch's ranks (0: pp × tp × dp, one replica for dp auto), as train resolves them."""
+    the launch's ranks (0: pp × tp × dp, one replica for dp auto), as train resolves them;
+    `gpu_memory`: each rank's GPU in GiB, in place of this machine's (--gpu-memory)."""
     from hpcpipe import config
     from hpcpipe.train import memplan
 
@@ -70,15 +81,18 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
     p = cfg.parallel
     ranks = ranks_per_node or memplan.replicas(cfg) * p.pp  # dp "auto": one replica
     plans = memplan.plan(cfg)
-    have, sharing = memplan.room(_gpu_backend(cfg), ranks)
-    out(memplan.describe(cfg, plans, have, sharing))
+    be = _gpu_backend(cfg)
+    have, sharing = _room(cfg, be, ranks, gpu_memory)
+    out(memplan.describe(cfg, plans, have, sharing, gpu=be is not None or gpu_memory
+                         is not None or cfg.train.device == "gpu"))
     if json_path is not None:  # written before the check: a refused plan too
         write_text_atomic(json_path, json.dumps(
             {"config": cfg.source, "schedule": p.schedule, "recompute": list(cfg.recompute),
              "available_bytes": have, "ranks_sharing": sharing,
              "ranks": [r.record() for r in plans]}, indent=1))
-    memplan.check(cfg, _gpu_backend(cfg), ranks, plans)
-    out("fits.")
+    memplan.check(cfg, be if gpu_memory is None else None, ranks, plans, there=(have, sharing))
+    out("fits." if have is not None else "the fit is checked at launch (no GPU here: "
+        "--gpu-memory GIB checks it now).")
     return 0
 
 
@@ -99,6 +113,25 @@ def claim_on_root(comm, json_path, force: bool):
     refusal = comm.bcast(refusal, root=0)
     if refusal is not None:
         raise OutputError(refusal)
+
+
+def _room(cfg, be, ranks: int, gpu_memory: float | None) -> tuple[int | None, int]:
+    """(bytes there are, ranks sharing them) for the plan: --gpu-memory's GPU where given;
+    a GPU run planned where there is none (a login node): unknown, each rank has its own
+    GPU; else this machine's (memplan.room)."""
+    if gpu_memory is not None:
+        if be is None and cfg.train.device != "gpu":
+            from hpcpipe.util.errors import HpcpipeError
+
+            raise HpcpipeError(f'--gpu-memory plans a GPU run, and train.device = '
+                               f'"{cfg.train.device}" runs on the CPU here: give --set '
+                               f'train.device=gpu too')
+        return int(gpu_memory * 2**30), 1
+    if be is None and cfg.train.device == "gpu":
+        return None, 1
+    from hpcpipe.train import memplan
+
+    return memplan.room(be, ranks)
 
 
 def _gpu_backend(cfg):

@@ -288,13 +288,15 @@ def _gpu_count(library) -> int:
 
 
 def runs_kernels(device: str) -> bool:
-    """Whether `select(device)` here would give a backend that runs the fused kernels (a
-    GPU, fused by default): the memory plan counts their caches, not the NumPy passes'."""
+    """Whether the run's backend for `device` runs the fused kernels (a GPU, fused by
+    default): the memory plan counts their caches, not the NumPy passes'. Where there is
+    no GPU, "gpu" is planned for the GPU the run will have (CuPy's, planned on a login
+    node), "auto" for this machine's CPU."""
     if device == "cpu":
         return False
     library = _gpu_library()
     if _gpu_count(library) == 0:
-        return False
+        return device == "gpu" and fused_by_default("cupy")
     return fused_by_default("cupy" if library.__name__ == "cupy" else "simgpu")
 
 

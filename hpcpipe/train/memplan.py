@@ -280,8 +280,9 @@ def _workspaces(cfg, specs) -> int:
     return total
 
 
-def describe(cfg, plans, have: int | None, ranks_on_node: int) -> str:
-    """The plan as a table, one line per pipeline rank, and the memory there is."""
+def describe(cfg, plans, have: int | None, ranks_on_node: int, gpu: bool = False) -> str:
+    """The plan as a table, one line per pipeline rank, and the memory there is (`gpu`:
+    each rank's GPU's, unknown where `have` is None)."""
     title = (f"memory plan for {cfg.source}: schedule {cfg.parallel.schedule}, pp "
              f"{cfg.parallel.pp} × dp {cfg.parallel.dp} × tp {cfg.parallel.tp}, "
              f"{cfg.parallel.microbatches} microbatches of {cfg.train.micro_batch_size}, "
@@ -306,8 +307,13 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int) -> str:
         lines.append(f"{held}: {_size(between[0])} for one replica (ZeRO's shards need dp "
                      f"> 1; each stage divides what it shards by dp)")
     lines.append(balance(cfg))
-    if have is None:
+    if have is None and gpu:
+        lines.append("GPU memory: no GPU here (--gpu-memory GIB checks the fit; each rank "
+                     "checks its own GPU at launch)")
+    elif have is None:
         lines.append("device memory: unknown here (checked again on each rank at launch)")
+    elif gpu:
+        lines.append(f"GPU memory: {_size(have)} a rank")
     else:
         lines.append(f"device memory: {_size(have)} for {ranks_on_node} rank(s) "
                      f"({_size(have // max(ranks_on_node, 1))} each)")
@@ -456,14 +462,16 @@ def room(be, ranks_on_node: int) -> tuple[int | None, int]:
     return host_available(), ranks_on_node
 
 
-def check(cfg, be=None, ranks_on_node: int = 1, plans=None):
+def check(cfg, be=None, ranks_on_node: int = 1, plans=None, there=None):
     """Refuse, before any work, a run whose plan does not fit; name the smallest change
-    that would. A byte memory limit below one microbatch is refused first."""
+    that would. A byte memory limit below one microbatch is refused first. `there`: (bytes
+    there are, ranks sharing them) where the caller knows them (the plan's --gpu-memory),
+    else this machine's."""
     check_memory_limit(cfg)
     if be is not None:  # the cheap lower bound first: a hopeless model is refused at once,
         check_run(cfg, be, ranks_on_node)  # before its plan is simulated
     plans = plan(cfg) if plans is None else plans
-    have, sharing = room(be, ranks_on_node)
+    have, sharing = room(be, ranks_on_node) if there is None else there
     need = needed(plans, sharing, replicas(cfg))
     if have is None or need <= have:
         return plans

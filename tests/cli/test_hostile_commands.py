@@ -51,7 +51,7 @@ def test_the_plan_refuses_an_empty_json_path(capsys, config):
 def test_dry_run_options_without_dry_run_are_refused(capsys, tmp_path):
     # (a config that does not exist: without the check, the refusal would be about it)
     for extra in (["--json", str(tmp_path / "plan.json")], ["--ranks-per-node", "2"],
-                  ["--force"]):
+                  ["--force"], ["--gpu-memory", "80"]):
         line = ends_with_one_error(capsys, ["train", str(tmp_path / "none.toml"), *extra])
         assert f"{extra[0]} is an option of --dry-run" in line
     assert not (tmp_path / "plan.json").exists()

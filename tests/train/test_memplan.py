@@ -12,7 +12,7 @@ from hpcpipe import config
 from hpcpipe.cli.plan import run as plan_cli
 from hpcpipe.device.budget import BudgetError
 from hpcpipe.train import memplan
-from hpcpipe.util.errors import ConfigError
+from hpcpipe.util.errors import ConfigError, HpcpipeError
 
 TINY = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
         "train.micro_batch_size=2", "train.eval_batches=1", "train.log_every=1",
@@ -109,6 +109,36 @@ def test_the_plan_resolves_the_launch_as_train_does():
     assert "pp 2 × dp 2 × tp 1, 4 microbatches of 2" in wide[0]
     with pytest.raises(ConfigError, match="launch a multiple of 2 ranks"):
         plan_cli("inputs/tiny.toml", sets, out=lambda text: None, world=3)
+
+
+def test_a_gpu_run_planned_on_a_login_node_is_planned_for_its_gpu(monkeypatch):
+    """Where there is no GPU (a cluster's login node) a train.device = "gpu" run is planned
+    for the GPU it will have: the fused kernels' activations (model/memory.py), each rank
+    its own GPU — never this host's memory, which refused the 8-GPU example here before.
+    --gpu-memory checks the fit there; without it the launch does."""
+    from hpcpipe.device import backend
+
+    monkeypatch.setattr(backend, "_gpu_library", lambda: None)
+    monkeypatch.delenv("HPCPIPE_FUSED", raising=False)
+    assert backend.runs_kernels("gpu") and not backend.runs_kernels("auto")
+    gpu = [*TINY, 'train.device="gpu"', 'train.dtype="bfloat16"', "train.micro_batch_size=64",
+           "model.block_size=512"]
+    lines = []
+    plan_cli("inputs/tiny.toml", gpu, out=lines.append)
+    assert "GPU memory: no GPU here" in lines[0] and "checked at launch" in lines[-1]
+    cfg = config.load("inputs/tiny.toml", gpu)
+    kernels = [p.peak_activation_bytes for p in memplan.plan(cfg)]
+    monkeypatch.setenv("HPCPIPE_FUSED", "0")  # the NumPy passes' caches: a T × T matrix more
+    assert all(k < n for k, n in zip(kernels, [p.peak_activation_bytes
+                                               for p in memplan.plan(cfg)]))
+    monkeypatch.delenv("HPCPIPE_FUSED")
+    plan_cli("inputs/tiny.toml", gpu, out=lines.append, gpu_memory=80)
+    assert "GPU memory: 80.00 GiB a rank" in lines[-2] and lines[-1] == "fits."
+    with pytest.raises(BudgetError, match="smallest change that fits"):
+        plan_cli("inputs/tiny.toml", gpu, out=lambda text: None, gpu_memory=1.0 / 64)
+    with pytest.raises(HpcpipeError, match="--gpu-memory plans a GPU run"):
+        plan_cli("inputs/tiny.toml", [*TINY, 'train.device="cpu"'], out=lambda text: None,
+                 gpu_memory=80)
 
 
 def test_the_plan_says_what_balances_the_stages_better():

@@ -18,6 +18,7 @@ from hpcpipe.device.dtypes import DTYPES
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_file
 from hpcpipe.bench import costmodel
+from hpcpipe.device.rates import GPUS, calibrate
 from . import batches
 from .common import write_json
 from .step import CONFIGS, SMOKE
@@ -55,7 +56,7 @@ def add_parser(sub):
                         "depend on them")
     p.add_argument("--unfused", action="store_true",
                    help="CuPy's unfused operations, without the fused kernels (the before)")
-    p.add_argument("--gpu", choices=sorted(costmodel.GPUS), default="h200")
+    p.add_argument("--gpu", choices=sorted(GPUS), default="h200")
     p.add_argument("--calibration", metavar="FILE",
                    help="measured rates (JSON, from make gpu-check) replacing the stated ones")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -71,9 +72,9 @@ def predict(args) -> dict:
     if args.batch % args.microbatches:
         raise HpcpipeError(f"bench gpu-model: --batch {args.batch} does not split into "
                            f"--microbatches {args.microbatches}")
-    rates = costmodel.GPUS[args.gpu]
+    rates = GPUS[args.gpu]
     if args.calibration:
-        rates = costmodel.calibrate(rates, args.calibration)
+        rates = calibrate(rates, args.calibration)
     idx, targets = batches.batch(args.tokens, cfg.vocab_size, args.batch, cfg.block_size)
     log = costmodel.count_step(cfg, idx, targets, args.microbatches, args.dtype, args.tf32,
                                fused=not args.unfused)

@@ -14,6 +14,7 @@ from hpcpipe.device.backend import Backend
 from hpcpipe.bench import batches
 from hpcpipe.bench import costmodel, gpu_model
 from hpcpipe.device import shapes
+from hpcpipe.device.rates import GPUS, calibrate, kernel_seconds
 from hpcpipe.model.layers import embedding, layernorm, linear
 from hpcpipe.model import GPTConfig
 from harness.mpirun import run
@@ -128,10 +129,10 @@ def test_a_step_counts_every_part_and_scales_with_microbatches():
     idx, targets = batches.batch("uniform", SMALL.vocab_size, 4, SMALL.block_size)
     one = costmodel.summarise(costmodel.count_step(SMALL, idx, targets, 1, "float32",
                                                    fused=False),
-                              costmodel.GPUS["h200"], 4 * SMALL.block_size)
+                              GPUS["h200"], 4 * SMALL.block_size)
     four = costmodel.summarise(costmodel.count_step(SMALL, idx, targets, 4, "float32",
                                                     fused=False),
-                               costmodel.GPUS["h200"], 4 * SMALL.block_size, 4)
+                               GPUS["h200"], 4 * SMALL.block_size, 4)
     parts = {(p["part"], p["phase"]): p for p in one["parts"]}
     assert {p for p, _ in parts} >= {"zero_grad", "embedding", "blocks", "ln_f", "head",
                                      "loss", "tied_wte", "optimizer"}
@@ -149,8 +150,8 @@ def test_a_fused_kernel_registers_as_one_launch_with_its_traffic():
     costmodel.register_fused(device.kernel_log, "layernorm_forward", 1000, 500)
     (k,) = device.kernel_log.kernels
     assert (k.kind, k.reads, k.writes) == ("fused", 1000, 500)
-    rates = costmodel.GPUS["h200"]
-    assert costmodel.kernel_seconds(k, rates) == pytest.approx(
+    rates = GPUS["h200"]
+    assert kernel_seconds(k, rates) == pytest.approx(
         1500 / rates.elementwise_bytes_per_s + rates.kernel_s)
 
 
@@ -171,11 +172,11 @@ def test_calibration_replaces_the_rates_it_measured(tmp_path):
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps({"elementwise_bytes_per_s": 1.5e12,
                                 "gemm_flops_per_s": {"bf16": 700e12}}))
-    rates = costmodel.calibrate(costmodel.GPUS["h200"], str(path))
+    rates = calibrate(GPUS["h200"], str(path))
     assert rates.elementwise_bytes_per_s == 1.5e12
     assert rates.gemm_flops_per_s["bf16"] == 700e12
-    assert rates.gemm_flops_per_s["fp32"] == costmodel.GPUS["h200"].gemm_flops_per_s["fp32"]
-    assert rates.kernel_s == costmodel.GPUS["h200"].kernel_s
+    assert rates.gemm_flops_per_s["fp32"] == GPUS["h200"].gemm_flops_per_s["fp32"]
+    assert rates.kernel_s == GPUS["h200"].kernel_s
 
 
 def test_real_text_and_zipf_repeat_tokens_that_uniform_draws_do_not():
@@ -241,7 +242,7 @@ FLASH = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=64)  
 
 def test_the_fused_step_has_no_host_sync_no_fp32_gemm_and_fewer_launches():
     idx, targets = batches.batch("uniform", FLASH.vocab_size, 4, FLASH.block_size)
-    rates, tokens = costmodel.GPUS["h200"], 4 * FLASH.block_size
+    rates, tokens = GPUS["h200"], 4 * FLASH.block_size
     fused = costmodel.summarise(costmodel.count_step(FLASH, idx, targets), rates, tokens)
     unfused = costmodel.summarise(costmodel.count_step(FLASH, idx, targets, fused=False),
                                   rates, tokens)
@@ -267,7 +268,7 @@ def test_every_fused_launch_has_declared_traffic_and_attention_its_flops():
     assert (forward[0].flops, forward[0].precision) == (4 * HS * B * NH * 16 * 32,
                                                         "bf16_wmma")
     k = forward[0]
-    assert costmodel.kernel_seconds(k, costmodel.GPUS["h200"]) == pytest.approx(
+    assert kernel_seconds(k, GPUS["h200"]) == pytest.approx(
         max((k.reads + k.writes) / 3.0e12, k.flops / 120e12) + 3e-6)
 
 

@@ -1,7 +1,7 @@
 """Issue 25's goals for the fused GPU step, on the cost model's counts (numbers, not
 timings): GPT-2 124M, batch 16 × 1024, bfloat16, as `python -m hpcpipe bench gpu-model`
 counts it on the shape-only device — a fusion undone shows here, in launches and bytes,
-without a GPU. The predicted step is priced at the stated H200 rates (costmodel.GPUS), so
+without a GPU. The predicted step is priced at the stated H200 rates (device/rates.py, GPUS), so
 it moves only when the counts or those stated rates do."""
 
 import argparse

@@ -71,6 +71,7 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
     the launch's ranks (0: pp × tp × dp, one replica for dp auto), as train resolves them;
     `gpu_memory`: each rank's GPU in GiB, in place of this machine's (--gpu-memory)."""
     from hpcpipe import config
+    from hpcpipe.parallel.pipeline.planning import stage_costs
     from hpcpipe.train import memplan
 
     if json_path is not None:  # before any work; never over a file unless --force
@@ -80,11 +81,12 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
     cfg = config.for_world(cfg, world or p.pp * p.tp * max(p.dp, 1))
     p = cfg.parallel
     ranks = ranks_per_node or memplan.replicas(cfg) * p.pp  # dp "auto": one replica
-    plans = memplan.plan(cfg)
+    costs = stage_costs(cfg)  # (a GPU run's are counted: once)
+    plans = memplan.plan(cfg, costs)
     be = _gpu_backend(cfg)
     have, sharing = _room(cfg, be, ranks, gpu_memory)
     out(memplan.describe(cfg, plans, have, sharing, gpu=be is not None or gpu_memory
-                         is not None or cfg.train.device == "gpu"))
+                         is not None or cfg.train.device == "gpu", costs=costs))
     if json_path is not None:  # written before the check: a refused plan too
         write_text_atomic(json_path, json.dumps(
             {"config": cfg.source, "schedule": p.schedule, "recompute": list(cfg.recompute),

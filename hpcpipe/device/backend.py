@@ -287,16 +287,24 @@ def _gpu_count(library) -> int:
         return 0
 
 
+def runs_on_gpu(device: str) -> bool:
+    """Whether a run with train.device = `device` computes on a GPU: "gpu" always (planned
+    where there is none, too: a login node), "auto" where there is one here."""
+    if device == "cpu":
+        return False
+    return device == "gpu" or _gpu_count(_gpu_library()) > 0
+
+
 def runs_kernels(device: str) -> bool:
     """Whether the run's backend for `device` runs the fused kernels (a GPU, fused by
     default): the memory plan counts their caches, not the NumPy passes'. Where there is
-    no GPU, "gpu" is planned for the GPU the run will have (CuPy's, planned on a login
-    node), "auto" for this machine's CPU."""
-    if device == "cpu":
+    no GPU, "gpu" is planned for the GPU the run will have (CuPy's), "auto" for this
+    machine's CPU."""
+    if not runs_on_gpu(device):
         return False
     library = _gpu_library()
     if _gpu_count(library) == 0:
-        return device == "gpu" and fused_by_default("cupy")
+        return fused_by_default("cupy")
     return fused_by_default("cupy" if library.__name__ == "cupy" else "simgpu")
 
 

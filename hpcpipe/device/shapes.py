@@ -401,9 +401,14 @@ class _Allocations:
     def asarray(self, data, dtype=None, order=None):
         if isinstance(data, ShapeArray):
             return data if dtype is None else self.astype(data, dtype, copy=False)
-        host = np.asarray(data, dtype=dtype)
+        host = np.asarray(data)
+        dtype = host.dtype if dtype is None else np.dtype(dtype)
+        if not _carries_values(dtype):  # a ghost: its values never converted (GPT-2's wte
+            self.kernel_log.host_to_device += host.size * dtype.itemsize  # to bf16: 1 s)
+            return self._fresh(host.shape, dtype)
+        host = host.astype(dtype, copy=False)
         self.kernel_log.host_to_device += host.nbytes
-        return self._fresh(host.shape, host.dtype, host if _carries_values(host.dtype) else None)
+        return self._fresh(host.shape, host.dtype, host)
 
     def ascontiguousarray(self, a, dtype=None):
         a = self.asarray(a, dtype)

@@ -41,12 +41,13 @@ class Stage:
     holds its shard of every split tensor, under the tensor's GPT-2 name. recompute: what
     the stash keeps from F to B (RECOMPUTE), for every microbatch or, where
     `recompute_microbatches` names some, for those alone (the rest keep everything); the
-    numbers are the same bits whichever.
+    numbers are the same bits whichever. draw=False: the weights left zero, for a stage whose
+    kernels are only counted (model/costs.py).
     """
 
     def __init__(self, cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
                  dtype="float32", seed=0, be=None, tp=None, recompute="none",
-                 mlp_of=None, attention_of=None):
+                 mlp_of=None, attention_of=None, draw=True):
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute {recompute!r}: allowed {', '.join(RECOMPUTE)}")
         self.cfg = cfg
@@ -86,11 +87,8 @@ class Stage:
         # of the weights): the draw is kept in float32 until the optimizer takes it.
         self.exact_init = FlatBuffer(layout, self.xp, self.grad_dtype) \
             if self.grad_dtype != self.dtype else None
-        for name, shape in self.global_shapes.items():  # a shard of the global draw
-            value = self.shards[name].take(init_value(cfg, name, shape, seed))
-            self.params[name][...] = self.xp.asarray(value, dtype=self.dtype)
-            if self.exact_init is not None:
-                self.exact_init.views[name][...] = self.xp.asarray(value, dtype=self.grad_dtype)
+        if draw:
+            _draw(self, seed)
         self._stash: dict[int, dict] = {}
         self._stash_bytes = StashBytes(self.be)
         # Asynchronous pipelining's weight versions (model/versions.py), which the compute
@@ -280,6 +278,17 @@ class Stage:
         passes the one received from the last stage."""
         contribution = self.head_grad if head_grad is None else head_grad
         self.grads["wte"] += contribution
+
+
+def _draw(stage: Stage, seed: int):
+    """The stage's weights, each tensor a shard of the global draw (`init_value`). Stages
+    whose kernels are only counted on the shape-only device (model/costs.py) skip it:
+    GPT-2's draw would take seconds there for values never read."""
+    for name, shape in stage.global_shapes.items():
+        value = stage.shards[name].take(init_value(stage.cfg, name, shape, seed))
+        stage.params[name][...] = stage.xp.asarray(value, dtype=stage.dtype)
+        if stage.exact_init is not None:
+            stage.exact_init.views[name][...] = stage.xp.asarray(value, dtype=stage.grad_dtype)
 
 
 @dataclass(frozen=True)

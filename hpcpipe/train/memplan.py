@@ -31,7 +31,7 @@ from hpcpipe.parallel.pipeline.partition import (
     partition,
     simulated_step,
 )
-from hpcpipe.parallel.pipeline.planning import build_schedule, held_from_f, memory_limit
+from hpcpipe.parallel.pipeline.planning import build_schedule, held_from_f, memory_limit, stage_costs
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, asynchronous, peak_activations
 from hpcpipe.schedules.recompute import NONE, PerMicrobatch, Recompute
 from hpcpipe.util.errors import ConfigError
@@ -61,12 +61,13 @@ class RankPlan:
         return {**asdict(self), "total_bytes": self.total_bytes}
 
 
-def plan(cfg) -> list[RankPlan]:
+def plan(cfg, costs=None) -> list[RankPlan]:
     """Per pipeline rank, its memory under cfg (every data-parallel replica and tensor
-    shard alike)."""
+    shard alike); `costs`: what its stages are balanced by (default planning.stage_costs,
+    as the launch)."""
     schedule = build_schedule(cfg)
     specs = partition(cfg.model, schedule.num_stages, cfg.parallel.layers_per_stage or None,
-                      schedule=schedule)
+                      costs=stage_costs(cfg) if costs is None else costs, schedule=schedule)
     peaks = activation_peaks(cfg, schedule, specs)
     plans = []
     for rank in range(cfg.parallel.pp):
@@ -280,9 +281,10 @@ def _workspaces(cfg, specs) -> int:
     return total
 
 
-def describe(cfg, plans, have: int | None, ranks_on_node: int, gpu: bool = False) -> str:
+def describe(cfg, plans, have: int | None, ranks_on_node: int, gpu: bool = False,
+             costs=None) -> str:
     """The plan as a table, one line per pipeline rank, and the memory there is (`gpu`:
-    each rank's GPU's, unknown where `have` is None)."""
+    each rank's GPU's, unknown where `have` is None); `costs` as `plan`'s."""
     title = (f"memory plan for {cfg.source}: schedule {cfg.parallel.schedule}, pp "
              f"{cfg.parallel.pp} × dp {cfg.parallel.dp} × tp {cfg.parallel.tp}, "
              f"{cfg.parallel.microbatches} microbatches of {cfg.train.micro_batch_size}, "
@@ -306,7 +308,7 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int, gpu: bool = False
     else:  # dp 1, or "auto" (the launch decides)
         lines.append(f"{held}: {_size(between[0])} for one replica (ZeRO's shards need dp "
                      f"> 1; each stage divides what it shards by dp)")
-    lines.append(balance(cfg))
+    lines.append(balance(cfg, costs=costs))
     if have is None and gpu:
         lines.append("GPU memory: no GPU here (--gpu-memory GIB checks the fit; each rank "
                      "checks its own GPU at launch)")
@@ -320,20 +322,22 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int, gpu: bool = False
     return "\n".join(lines)
 
 
-def balance(cfg, worth: float = WORTH) -> str:
+def balance(cfg, worth: float = WORTH, costs=None) -> str:
     """The plan's line on stage balance: the blocks per model stage and how much slower the
-    slowest stage (the slowest rank, where a rank holds several) is than the mean
-    (analytic costs); past `worth`, what would do better — the balanced split for counts
+    slowest stage (the slowest rank, where a rank holds several) is than the mean under
+    `costs` (default the run's, planning.stage_costs: the CPU's analytic ones or a GPU's
+    modelled ones); past `worth`, what would do better — the balanced split for counts
     given by hand, else the pipeline depths that split more evenly."""
-    given = cfg.parallel.layers_per_stage
-    worst, specs, schedule = _balance_at(cfg, cfg.parallel.pp, given or None)
+    given, costs = cfg.parallel.layers_per_stage, stage_costs(cfg) if costs is None else costs
+    worst, specs, schedule = _balance_at(cfg, cfg.parallel.pp, costs, given or None)
     what = "stage" if schedule.chunks == 1 else f"rank ({schedule.chunks} stages each)"
     line = (f"blocks per model stage {counts_text(specs)}: the slowest {what} "
-            f"{worst:.1%} above the mean (analytic costs)") + _placed(cfg, specs, schedule)
+            f"{worst:.1%} above the mean ({costs.source})") \
+        + _placed(cfg, specs, schedule, costs)
     if worst <= worth:
         return line
     if given:
-        better, auto, _ = _balance_at(cfg, cfg.parallel.pp)
+        better, auto, _ = _balance_at(cfg, cfg.parallel.pp, costs)
         if better < worst:
             return line + (f'; parallel.layers_per_stage = "auto" gives '
                            f"{counts_text(auto)}, {better:.1%}")
@@ -342,7 +346,7 @@ def balance(cfg, worth: float = WORTH) -> str:
     for pp in range(2, 9):
         if pp != cfg.parallel.pp and pp * cfg.chunks <= 2 * cfg.model.n_layer:
             try:
-                others[pp] = _balance_at(cfg, pp)[0]
+                others[pp] = _balance_at(cfg, pp, costs)[0]
             except ConfigError:  # (a schedule this depth does not allow)
                 continue
     depths = [f"pp {pp} {x:.1%}" for pp, x in others.items() if x < worst]
@@ -350,25 +354,25 @@ def balance(cfg, worth: float = WORTH) -> str:
                    "; a more even split needs finer cuts than a block's seam")
 
 
-def _placed(cfg, specs, schedule) -> str:
+def _placed(cfg, specs, schedule, costs) -> str:
     """Where the split was improved for a multi-stage placement, what the per-stage balanced
     one would cost on the simulated step (partition.for_placement)."""
-    per_stage = partition(cfg.model, schedule.num_stages)
+    per_stage = partition(cfg.model, schedule.num_stages, costs=costs)
     if schedule.chunks == 1 or per_stage == specs or cfg.parallel.layers_per_stage:
         return ""
     halves = [[round(2 * s.blocks) for s in split] for split in (specs, per_stage)]
-    steps = [simulated_step(cfg.model, h, schedule) for h in halves]
+    steps = [simulated_step(cfg.model, h, schedule, costs) for h in halves]
     return (f"; the per-stage split {counts_text(per_stage)} would simulate a step "
             f"{steps[1] / steps[0] - 1:.1%} longer")
 
 
-def _balance_at(cfg, pp: int, given=None):
-    """(imbalance, specs, schedule) of cfg's model at pipeline depth `pp`, the schedule its
-    launch runs (planning.build_schedule)."""
+def _balance_at(cfg, pp: int, costs, given=None):
+    """(imbalance, specs, schedule) of cfg's model at pipeline depth `pp` under `costs`, the
+    schedule its launch runs (planning.build_schedule)."""
     at = replace(cfg, parallel=replace(cfg.parallel, pp=pp))
     schedule = build_schedule(at)
-    specs = partition(cfg.model, schedule.num_stages, given, schedule=schedule)
-    return imbalance(cfg.model, specs, schedule=schedule), specs, schedule
+    specs = partition(cfg.model, schedule.num_stages, given, costs=costs, schedule=schedule)
+    return imbalance(cfg.model, specs, costs, schedule), specs, schedule
 
 
 def between_steps(cfg, p: RankPlan) -> dict:
@@ -462,15 +466,15 @@ def room(be, ranks_on_node: int) -> tuple[int | None, int]:
     return host_available(), ranks_on_node
 
 
-def check(cfg, be=None, ranks_on_node: int = 1, plans=None, there=None):
+def check(cfg, be=None, ranks_on_node: int = 1, plans=None, there=None, costs=None):
     """Refuse, before any work, a run whose plan does not fit; name the smallest change
     that would. A byte memory limit below one microbatch is refused first. `there`: (bytes
     there are, ranks sharing them) where the caller knows them (the plan's --gpu-memory),
-    else this machine's."""
+    else this machine's. `costs`: as `plan`'s."""
     check_memory_limit(cfg)
     if be is not None:  # the cheap lower bound first: a hopeless model is refused at once,
         check_run(cfg, be, ranks_on_node)  # before its plan is simulated
-    plans = plan(cfg) if plans is None else plans
+    plans = plan(cfg, costs) if plans is None else plans
     have, sharing = room(be, ranks_on_node) if there is None else there
     need = needed(plans, sharing, replicas(cfg))
     if have is None or need <= have:

@@ -32,14 +32,16 @@ class Rank:
     grid: object
 
     @classmethod
-    def build(cls, cfg, grid, be, schedule, trace=None, gpu_aware: bool = False) -> "Rank":
+    def build(cls, cfg, grid, be, schedule, trace=None, gpu_aware: bool = False,
+              costs=None) -> "Rank":
         """The rank of `grid` under `schedule`, computing on backend `be`; `trace` (a
         trace.Trace) records its events and step statistics; gpu_aware: hand device
-        buffers to MPI directly (see transport.py)."""
+        buffers to MPI directly (see transport.py); costs: what the stages are balanced by
+        (default planning.stage_costs)."""
         from hpcpipe.util.timeline import Trace
 
         transport = Transport(be, gpu_aware)
-        model = RankModel(cfg, grid, be, schedule, transport)
+        model = RankModel(cfg, grid, be, schedule, transport, costs)
         # Activations between stages: (B, T, C), or T/tp of each sequence per shard under
         # sequence parallelism.
         T = cfg.model.block_size // (grid.tp if model.tp is not None and model.tp.sequence

@@ -32,6 +32,7 @@ from hpcpipe.parallel.pipeline.planning import (
     describe_auto,
     memory_limit,
     profiled_costs,
+    stage_costs,
 )
 from hpcpipe.parallel.transport import resolve_gpu_aware
 from hpcpipe.runs.lock import RunLock
@@ -118,7 +119,9 @@ class Trainer:
         self.be.limit_memory(train.device_memory)
         # Everything that can refuse the run is checked before anything big is allocated.
         # The memory plan (the schedule's simulated peak, recomputation included) decides.
-        every_rank_does(comm, lambda: memplan.check(cfg, self.be, self.grid.local_size))
+        costs = stage_costs(cfg)  # what the stages are balanced by (a GPU's: counted once)
+        every_rank_does(comm, lambda: memplan.check(cfg, self.be, self.grid.local_size,
+                                                    costs=costs))
         schedule = build_schedule(cfg)
         if parallel.schedule == "auto":
             build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
@@ -130,7 +133,8 @@ class Trainer:
             os.path.abspath(os.path.join(run_dir, "checkpoints")) + os.sep)
         self.run_id = run_identity(comm, manifest if own else None)
         self.trace = timeline.Trace(rank=comm.rank)
-        self.rank = Rank.build(cfg, self.grid, self.be, schedule, self.trace, gpu_aware)
+        self.rank = Rank.build(cfg, self.grid, self.be, schedule, self.trace, gpu_aware,
+                               costs)
         if resume_path:
             self._resume(resume_path, manifest)
         self.run_dir = open_run_dir(run_dir, cfg, comm, manifest["step"] if own else None,
@@ -246,7 +250,7 @@ class Trainer:
                                                memory_limit(self.cfg)[1]), root=0)
         self.log(measured_balance(self.cfg.model, self.rank.model.specs,
                                   [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)],
-                                  schedule=self.rank.schedule))
+                                  schedule=self.rank.schedule, base=self.rank.model.costs))
         auto, costs, plan = chosen_schedule(self, costs)
         if plan is not None:
             self.rank.model.use_recompute(plan)

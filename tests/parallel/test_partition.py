@@ -4,17 +4,16 @@ softmax count, so the stage holding them gets fewer blocks; the imbalance is rep
 import pytest
 
 from hpcpipe.bench.step import CONFIGS
+from hpcpipe.model.costs import analytic
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.parallel.pipeline.partition import (
     PartitionError,
-    attention_share,
     counts_text,
     fitted_costs,
     imbalance,
     measured_balance,
     partition,
     simulated_step,
-    stage_costs,
 )
 from hpcpipe.schedules import generate
 
@@ -22,8 +21,8 @@ GPT2 = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_emb
 
 
 def test_a_large_vocabulary_gives_the_head_stage_fewer_blocks():
-    _, block, head = stage_costs(GPT2)
-    assert 4 < head / block < 6  # V / 12C of a block's GEMMs, and the softmax
+    costs = analytic(GPT2)
+    assert 4 < costs.head / costs.block < 6  # V / 12C of a block's GEMMs, and the softmax
     assert [len(s.layers) for s in partition(GPT2, 2)] == [8, 4]
     assert imbalance(GPT2, partition(GPT2, 2)) < 0.05
 
@@ -47,7 +46,7 @@ def test_seams_halve_the_step_where_whole_blocks_balance_badly():
     assert 0.11 < imbalance(cfg, specs) < 0.115
     whole = partition(cfg, 4, [1, 2, 2, 1])
     assert 0.3 < imbalance(cfg, whole) < 0.35
-    assert 0.36 < attention_share(cfg) < 0.38
+    assert 0.36 < analytic(cfg).attention < 0.38
 
 
 def test_whole_blocks_stay_where_they_balance_within_5_percent():
@@ -71,8 +70,9 @@ def test_measured_costs_are_fitted_and_give_the_split_they_balance():
     cfg = GPTConfig(vocab_size=256, block_size=128, n_layer=6, n_head=4, n_embd=128)
     specs = partition(cfg, 2)
     assert [len(s.layers) for s in specs] == [3, 3]
-    emb, block, head = fitted_costs(cfg, specs, [3e-3, 5e-3])
-    assert abs(block - 1e-3) < 1e-5 and abs(head - 2e-3) < 2e-5 and 0 < emb < 1e-5
+    fitted = fitted_costs(cfg, specs, [3e-3, 5e-3])
+    assert abs(fitted.block - 1e-3) < 1e-5 and abs(fitted.head - 2e-3) < 2e-5
+    assert 0 < fitted.embedding < 1e-5 and fitted.attention == analytic(cfg).attention
     line = measured_balance(cfg, specs, [3e-3, 5e-3])
     assert line.startswith("stage balance measured (F + B + W of a microbatch, ms 3.0/5.0): "
                            "the slowest stage 25.0% above the mean")

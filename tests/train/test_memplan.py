@@ -126,6 +126,7 @@ def test_a_gpu_run_planned_on_a_login_node_is_planned_for_its_gpu(monkeypatch):
     lines = []
     plan_cli("inputs/tiny.toml", gpu, out=lines.append)
     assert "GPU memory: no GPU here" in lines[0] and "checked at launch" in lines[-1]
+    assert "above the mean (NVIDIA H200 modelled costs)" in lines[0]  # (model/costs.py)
     cfg = config.load("inputs/tiny.toml", gpu)
     kernels = [p.peak_activation_bytes for p in memplan.plan(cfg)]
     monkeypatch.setenv("HPCPIPE_FUSED", "0")  # the NumPy passes' caches: a T × T matrix more

@@ -13,14 +13,11 @@ improved on the schedule's simulated step (`for_placement`)."""
 
 from __future__ import annotations
 
+from hpcpipe.model.costs import StageCosts, analytic
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.stage import StageSpec
 from hpcpipe.schedules import Costs, simulate
 
-
-# Elementwise passes are memory-bound: a core streams an element through one pass in about
-# the time it runs this many float32 GEMM flops (~50 GFLOP/s against ~3 G elements/s).
-ELEMENTWISE_FLOPS = 16.0
 
 # How far above the mean the slowest stage may be before a better split is worth the
 # trouble: the seams inside blocks, or a new launch with the split measured costs suggest.
@@ -30,52 +27,18 @@ WORTH = 0.05
 GAIN = 0.01
 
 
-def stage_costs(cfg: GPTConfig) -> tuple[float, float, float]:
-    """Estimated training cost per token of (embedding, one block, head + loss), in GEMM
-    flops (elementwise passes weighted by ELEMENTWISE_FLOPS).
-
-    A block's four matmuls do 24·C² forward and twice that backward (72·C²); attention's
-    two products 4·T·C forward at full length, of which the causal tiles compute about
-    half, 12·T·C·causal in all; its softmax, GELU and LayerNorms stream about 10·H·T·causal,
-    20·4C and 2·10·C elements. The tied head's GEMMs are 6·V·C (its weight gradient runs in
-    B), and its softmax and loss stream about 8 passes over the V logits (max, subtract,
-    exp, sum, divide; the gradient's subtract and scale; a float32 copy): at V = 50257,
-    C = 768 the head costs as much as ~5 blocks (V / 12C of one). The embedding is a gather and a
-    scatter-add.
-    """
-    C, T, V, H = cfg.n_embd, cfg.block_size, cfg.vocab_size, cfg.n_head
-    tiles = -(-T // 64)  # the attention's query tiles on a CPU (layers/attention.py)
-    causal = (tiles + 1) / (2 * tiles)
-    streamed = 10.0 * H * T * causal + 20.0 * 4 * C + 2 * 10.0 * C
-    block = 72.0 * C * C + 12.0 * T * C * causal + ELEMENTWISE_FLOPS * streamed
-    head = 6.0 * V * C + ELEMENTWISE_FLOPS * (8.0 * V + 10.0 * C)
-    embedding = ELEMENTWISE_FLOPS * 4.0 * C
-    return embedding, block, head
-
-
-def attention_share(cfg: GPTConfig) -> float:
-    """The attention half's share of a block's cost in `stage_costs` (ln_1, its GEMMs 24·C²,
-    the core and softmax); the MLP half (ln_2, 48·C², GELU) is the rest."""
-    C, T, H = cfg.n_embd, cfg.block_size, cfg.n_head
-    tiles = -(-T // 64)
-    causal = (tiles + 1) / (2 * tiles)
-    attention = 24.0 * C * C + 12.0 * T * C * causal \
-        + ELEMENTWISE_FLOPS * (10.0 * H * T * causal + 10.0 * C)
-    return attention / stage_costs(cfg)[1]
-
-
 def _in_blocks(spec, share: float) -> float:
     """A stage's blocks weighted by cost: a whole block 1, its halves `share` and 1 − share."""
     return len(spec.layers) + (share if spec.attention_of is not None else 0.0) \
         + (1.0 - share if spec.mlp_of is not None else 0.0)
 
 
-def stage_cost(cfg: GPTConfig, spec, costs=None) -> float:
-    """A stage's cost under `costs` ((embedding, one block, head + loss), default
-    `stage_costs`), halves at seams priced by `attention_share`."""
-    emb, blk, head = stage_costs(cfg) if costs is None else costs
-    return _in_blocks(spec, attention_share(cfg)) * blk \
-        + (emb if spec.embedding_part else 0.0) + (head if spec.head_part else 0.0)
+def stage_cost(cfg: GPTConfig, spec, costs: StageCosts | None = None) -> float:
+    """A stage's cost under `costs` (model/costs.py; default the CPU's `analytic`), halves
+    at seams priced by their share of a block."""
+    c = analytic(cfg) if costs is None else costs
+    return _in_blocks(spec, c.attention) * c.block \
+        + (c.embedding if spec.embedding_part else 0.0) + (c.head if spec.head_part else 0.0)
 
 
 def imbalance(cfg: GPTConfig, specs, costs=None, schedule=None) -> float:
@@ -106,13 +69,15 @@ def _above_mean(per_stage) -> float:
     return max(per_stage) / (sum(per_stage) / len(per_stage)) - 1.0
 
 
-def fitted_costs(cfg: GPTConfig, specs, measured) -> tuple[float, float, float] | None:
-    """(embedding, one block, head + loss) fitted to `measured` seconds per model stage (a
-    microbatch's F + B + W): a block's cost from the stages without the head, the head's
-    from what its stage takes beyond its blocks; the embedding keeps its analytic share of
-    a block (a gather: too small to measure apart). None when every stage has the head."""
-    emb_a, blk_a, _ = stage_costs(cfg)
-    share, halves = emb_a / blk_a, attention_share(cfg)
+def fitted_costs(cfg: GPTConfig, specs, measured,
+                 base: StageCosts | None = None) -> StageCosts | None:
+    """The costs fitted to `measured` seconds per model stage (a microbatch's F + B + W): a
+    block's from the stages without the head, the head's from what its stage takes beyond
+    its blocks; the embedding's share of a block and the halves' keep `base`'s (the costs
+    the split was made with; default the CPU's `analytic`): too small, or never apart, to
+    measure. None when every stage has the head."""
+    base = analytic(cfg) if base is None else base
+    share, halves = base.embedding / base.block, base.attention
     plain = [(c, _in_blocks(s, halves) + (share if s.embedding_part else 0.0))
              for s, c in zip(specs, measured) if not s.head_part]
     if not plain:
@@ -120,21 +85,21 @@ def fitted_costs(cfg: GPTConfig, specs, measured) -> tuple[float, float, float] 
     blk = sum(c for c, _ in plain) / sum(n for _, n in plain)
     (last, cost), = [(s, c) for s, c in zip(specs, measured) if s.head_part]
     own = _in_blocks(last, halves) + (share if last.embedding_part else 0.0)
-    return share * blk, blk, max(0.0, cost - own * blk)
+    return StageCosts(share * blk, blk, max(0.0, cost - own * blk), halves, "measured costs")
 
 
 def measured_balance(cfg: GPTConfig, specs, measured, worth: float = WORTH,
-                     schedule=None) -> str:
+                     schedule=None, base: StageCosts | None = None) -> str:
     """The log line on stage balance from measured seconds per model stage: how much the
     slowest stage (rank, where `schedule` places several on each) is above the mean and,
     past `worth`, the split those costs would balance better (parallel.layers_per_stage
-    for the next launch)."""
+    for the next launch). `base`: the costs the split was made with (`fitted_costs`)."""
     worst = _above_mean(_per_rank(measured, schedule))
     what = "stage" if schedule is None or schedule.chunks == 1 else "rank"
     line = (f"stage balance measured (F + B + W of a microbatch, ms "
             f"{'/'.join(f'{c * 1e3:.1f}' for c in measured)}): the slowest {what} "
             f"{worst:.1%} above the mean")
-    fitted = fitted_costs(cfg, specs, measured)
+    fitted = fitted_costs(cfg, specs, measured, base)
     if fitted is None or worst <= worth:
         return line
     better = partition(cfg, len(specs), costs=fitted, schedule=schedule)
@@ -156,7 +121,8 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
 
     Given `layers_per_stage` (one count per stage, multiples of 0.5 summing to n_layer: a
     half is a slice edge at a block's seam), that split is used; otherwise the split that
-    minimises the most expensive stage under `costs` (default `stage_costs`), which gives
+    minimises the most expensive stage under `costs` (model/costs.py; default the CPU's
+    `analytic`, the run's own from parallel/pipeline/planning.stage_costs), which gives
     the head's stage fewer blocks when the vocabulary is large — in whole blocks, or with
     seams where whole blocks leave the slowest stage more than WORTH above the mean; for a
     `schedule` that places several stages on a rank, then improved on its simulated step
@@ -181,7 +147,7 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
 def stage_work(cfg: GPTConfig, specs, costs=None) -> list[float]:
     """Each stage's F, B and W, in blocks' F + B + W: a third of `stage_cost` each (the
     split halves of a GEMM's backward cost what its forward does)."""
-    blk = (stage_costs(cfg) if costs is None else costs)[1]
+    blk = (analytic(cfg) if costs is None else costs).block
     return [stage_cost(cfg, s, costs) / blk / 3 for s in specs]
 
 
@@ -241,8 +207,8 @@ def _given_halves(counts, S: int, L: int) -> list[int]:
 def _balanced_halves(cfg: GPTConfig, S: int, costs=None) -> list[int]:
     """Half blocks per stage: whole blocks unless they balance worse than WORTH and halves
     do better (or there are more stages than blocks)."""
-    emb, blk, head = stage_costs(cfg) if costs is None else costs
-    L, share = cfg.n_layer, attention_share(cfg)
+    c = analytic(cfg) if costs is None else costs
+    emb, blk, head, share, L = c.embedding, c.block, c.head, c.attention, cfg.n_layer
     whole = None
     if S <= L:
         whole = [2 * n for n in _balanced_counts([blk] * L, S, emb, head)]

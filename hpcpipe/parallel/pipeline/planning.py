@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcpipe.device.backend import runs_kernels, runs_on_gpu
+from hpcpipe.model.costs import StageCosts, analytic, on_gpu
 from hpcpipe.schedules import Costs, ScheduleError, asynchronous, generate, peak_activations
 from hpcpipe.schedules.recompute import NONE, Recompute
 from hpcpipe.util import timeline
@@ -29,6 +31,18 @@ def describe_limit(cfg) -> str:
     if not in_bytes:
         return f"{limit:g} microbatches"
     return f"{limit / 2**30:.2f} GiB" if limit >= 2**30 else f"{limit / 2**20:.1f} MiB"
+
+
+def stage_costs(cfg) -> StageCosts:
+    """What the run's stages are balanced by (model/costs.py): on a GPU — train.device
+    "gpu", or "auto" where there is one — its code path counted for the run's microbatch
+    and dtype and priced at the H200's stated rates (the only GPU the model knows; the
+    ratios between parts are what a split uses); else the CPU's analytic estimate."""
+    device = cfg.train.device
+    if runs_on_gpu(device):
+        return on_gpu(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype,
+                      fused=runs_kernels(device))
+    return analytic(cfg.model)
 
 
 def build_schedule(cfg, costs: Costs | None = None):

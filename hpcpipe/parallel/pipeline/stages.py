@@ -12,6 +12,7 @@ import numpy as np
 
 from hpcpipe.model import param_layout
 from hpcpipe.parallel.pipeline.partition import partition
+from hpcpipe.parallel.pipeline.planning import stage_costs
 from hpcpipe.parallel.pipeline.tied import TiedEmbedding
 from hpcpipe.parallel.tensor import TensorParallel
 
@@ -19,14 +20,18 @@ from hpcpipe.parallel.tensor import TensorParallel
 class RankModel:
     """The stages of pipeline rank `grid.pp_rank` under the placement of `schedule`."""
 
-    def __init__(self, cfg, grid, backend, schedule, transport):
+    def __init__(self, cfg, grid, backend, schedule, transport, costs=None):
         self.grid, self.backend = grid, backend
         self.config = cfg.model  # the GPT's shape
         train = cfg.train
         self.tp = TensorParallel(grid.tensor, transport, cfg.parallel.sequence_parallel) \
             if grid.tp > 1 else None
+        # What the blocks are balanced by: the run's device's costs (planning.stage_costs),
+        # kept for the log's measured balance after profiling.
+        self.costs = stage_costs(cfg) if costs is None else costs
         self.specs = partition(self.config, schedule.num_stages,
-                               cfg.parallel.layers_per_stage or None, schedule=schedule)
+                               cfg.parallel.layers_per_stage or None, costs=self.costs,
+                               schedule=schedule)
         self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]
                             for chunk in range(schedule.chunks)}
         recompute = cfg.recompute_for(schedule.num_stages)  # per model stage

@@ -71,9 +71,9 @@ def pareto_front(cfg, pp: int, m: int) -> list[dict]:
     """auto's Pareto front (bubble, recompute time counted as lost, against peak bytes)
     on the model's analytic costs: F, B and W of a stage each its share of the CPU's
     analytic costs (model/costs.py; the split halves of a GEMM's backward cost what its
-    forward does), memory the
-    analytic M_B and M_W, and per stage the choice of selective or full recomputation
-    (keep from the bytes, time from the attention core's share of F, or all of it)."""
+    forward does), memory the analytic M_B and M_W, and per stage the choice of selective
+    or full recomputation (keep from the bytes, time from the attention core's share of
+    F, or all of it)."""
     from hpcpipe.parallel.pipeline.partition import partition, stage_work
     from hpcpipe.schedules import Costs
     from hpcpipe.schedules.auto import explore

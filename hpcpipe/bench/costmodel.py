@@ -1,8 +1,8 @@
 """A GPU cost model that runs on a CPU: the GPU code path's kernels, counted on the
-shape-only device (shapes.py), priced at a named GPU's rates.
+shape-only device (shapes.py), priced at a named GPU's rates (device/rates.py: GPUS).
 
     log = count_step(GPTConfig(...), batch=16, microbatches=1, dtype="bfloat16")
-    cost = summarise(log, GPUS["h200"])   # (device/rates.py)   # launches, bytes, FLOPs, syncs, seconds
+    cost = summarise(log, GPUS["h200"])   # launches, bytes, FLOPs, syncs, seconds
 
 Every launch is attributed to (part, layer, phase): the part is the outermost layer
 running (blocks, embedding, ln_f, head, loss) or the step's own work (zero_grad,

@@ -16,8 +16,7 @@ EPILOG = """examples:
   python -m hpcpipe plan inputs/tiny.toml --set parallel.pp=2 --set train.recompute=full \\
       --json plan.json
   mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml --set parallel.pp=2 --dry-run
-
-  python -m hpcpipe plan inputs/gpt2-124m-zb-8gpu.toml --world 8 --gpu-memory 80
+  python -m hpcpipe plan inputs/gpt2-124m-zb-8gpu.toml --world 8 --gpu-memory 80   # a login node
 
 On CPUs the ranks of a job share this node's memory (--ranks-per-node, default every rank
 of the layout); on a GPU each rank has its device's. A GPU run (train.device = "gpu")

@@ -403,8 +403,8 @@ class _Allocations:
             return data if dtype is None else self.astype(data, dtype, copy=False)
         host = np.asarray(data)
         dtype = host.dtype if dtype is None else np.dtype(dtype)
-        if not _carries_values(dtype):  # a ghost: its values never converted (GPT-2's wte
-            self.kernel_log.host_to_device += host.size * dtype.itemsize  # to bf16: 1 s)
+        if not _carries_values(dtype):  # a ghost: never converted (GPT-2's wte to bf16: 1 s)
+            self.kernel_log.host_to_device += host.size * dtype.itemsize
             return self._fresh(host.shape, dtype)
         host = host.astype(dtype, copy=False)
         self.kernel_log.host_to_device += host.nbytes

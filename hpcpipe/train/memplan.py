@@ -31,7 +31,12 @@ from hpcpipe.parallel.pipeline.partition import (
     partition,
     simulated_step,
 )
-from hpcpipe.parallel.pipeline.planning import build_schedule, held_from_f, memory_limit, stage_costs
+from hpcpipe.parallel.pipeline.planning import (
+    build_schedule,
+    held_from_f,
+    memory_limit,
+    stage_costs,
+)
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, asynchronous, peak_activations
 from hpcpipe.schedules.recompute import NONE, PerMicrobatch, Recompute
 from hpcpipe.util.errors import ConfigError

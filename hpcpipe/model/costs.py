@@ -102,7 +102,10 @@ def _seconds(cfg, batch, dtype, rates, fused, layers, embedding_part=False, head
     stage = Stage(cfg, layers=layers, embedding_part=embedding_part, head_part=head_part,
                   dtype=dtype, be=be, mlp_of=mlp_of, attention_of=attention_of, draw=False)
     T, C = cfg.block_size, cfg.n_embd
-    tokens = be.from_host(np.zeros((batch, T), dtype=np.int32))
+    # Every id in turn, as uniform text spreads them: the unfused embedding gradient runs a
+    # round per repeat of its commonest token (layers/embedding.py), 512 for all zeros.
+    ids = np.arange(batch * T, dtype=np.int32).reshape(batch, T) % cfg.vocab_size
+    tokens = be.from_host(ids)
     inp = tokens if embedding_part else be.xp.zeros((batch, T, C), dtype=stage.dtype)
     dy = None if head_part else be.xp.zeros((batch, T, C), dtype=stage.dtype)
     for _warm_up_then_counted in range(2):

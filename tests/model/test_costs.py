@@ -68,3 +68,15 @@ def test_the_run_takes_its_devices_costs(monkeypatch):
     cfg = config.load("inputs/tiny.toml", [*sets, 'train.device="gpu"',
                                            'train.dtype="bfloat16"'])
     assert planning.stage_costs(cfg) == costs.on_gpu(cfg.model, 4, "bfloat16")
+
+
+def test_the_counted_tokens_are_spread_as_text_spreads_them():
+    """The unfused embedding gradient adds a round of kernels per repeat of the commonest
+    token: counted on one token repeated, tiny's embedding priced at 30 blocks and split
+    six blocks as [0.5, 5.5]; on every id in turn it is a fraction of a block."""
+    tiny = GPTConfig(n_layer=6, n_head=4, n_embd=128, block_size=128, vocab_size=256)
+    for fused in (True, False):
+        c = costs.on_gpu(tiny, 4, "float32", fused=fused)
+        assert c.embedding < 0.5 * c.block and c.head < c.block, (fused, c)
+    assert counts_text(partition(tiny, 2, costs=costs.on_gpu(tiny, 4, "float32",
+                                                             fused=False))) == "[3, 3]"

@@ -10,10 +10,12 @@ Two estimates, one per kind of device, since the same model weighs differently o
 - `on_gpu`, for a GPU: the GPU code path itself — a stage of one block, with and without
   the embedding and the head, and each half, runs F, B and W on the shape-only device
   (device/shapes.py), every kernel counted as CuPy launches it, priced at a GPU's rates
-  (device/rates.py): the model `bench gpu-model` predicts a whole step with. There the
-  fused loss streams the logits once and a GEMM runs 50 times a CPU core's rate against
-  the bandwidth: GPT-2 124M's head costs about 3 blocks on an H200 where the CPU estimate
-  says 5, and the split a CPU would balance leaves a GPU's stages uneven.
+  (device/rates.py): the model `bench gpu-model` predicts a whole step with. There a
+  block's LayerNorms, GELU, residual passes and attention kernel weigh more against its
+  GEMMs than on a CPU (over half of GPT-2's block time), while the head is nearly all GEMM
+  (its fused loss streams the logits once): GPT-2 124M's head costs about 3 blocks on an
+  H200 where the CPU estimate says 5, and the split a CPU would balance leaves a GPU's
+  stages uneven.
 
 Either is per microbatch and relative: only ratios between parts matter to a split.
 """

@@ -91,6 +91,9 @@ class Source:
     name: str
     kernels: tuple[str, ...]
     options: tuple[str, ...] = ()
+    # CUDA headers it includes beyond NVRTC's own (cuda_bf16.h comes with CuPy's setup):
+    # their folder is passed with -I where CuPy's lacks them (`options`).
+    headers: tuple[str, ...] = ()
 
     @property
     def path(self) -> Path:
@@ -114,7 +117,7 @@ SOURCES = {s.name: s for s in (
     # bfloat16 on tensor cores (WMMA), one set per head size of 16 to 64 channels
     Source("attention_tc", tuple(f"attention_tc_{stem}_hs{hs}" for stem in (
         "forward", "backward_dq", "backward_dkv") for hs in (16, 32, 48, 64))
-           + ("attention_tc_bias_finish",)),
+           + ("attention_tc_bias_finish",), headers=("mma.h", "crt/mma.h")),
     Source("cross_entropy", _typed("cross_entropy_fused", "cross_entropy_partials",
                                    "cross_entropy_backward")),
     Source("embedding", _typed("embedding_backward_wte", "embedding_backward_wpe")),
@@ -145,7 +148,17 @@ def source_text(name: str) -> str:
 
 
 def options(name: str) -> tuple[str, ...]:
-    return COMMON_OPTIONS + SOURCES[name].options
+    """NVRTC's options for SOURCES[name]: with -I the first CUDA include folder that holds
+    the headers it needs. (The H200 image's CUDA 13 wheel, which CuPy takes its headers
+    from, has mma.h but not the crt/mma.h it includes: attention_tc failed to compile
+    there; its toolkit's folder has both.)"""
+    source = SOURCES[name]
+    if not source.headers:
+        return COMMON_OPTIONS + source.options
+    from .hostbuild import cuda_include
+
+    folder = cuda_include(source.headers)
+    return COMMON_OPTIONS + source.options + ((f"-I{folder}",) if folder else ())
 
 
 def constant(name: str, macro: str) -> int:

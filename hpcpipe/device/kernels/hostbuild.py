@@ -48,7 +48,8 @@ def compiler() -> str | None:
 def cuda_include(headers=("cuda_bf16.h", "crt/host_defines.h", "nv/target")) -> Path | None:
     """A folder holding `headers`: the NVIDIA wheels' (nvidia-cuda-runtime has
     cuda_bf16.h, nvidia-cuda-crt the crt/ headers a host compiler needs beside it, where
-    NVRTC has its own, nvidia-cuda-cccl nv/target), CUDA_HOME's or /usr/local/cuda's."""
+    NVRTC has its own, nvidia-cuda-cccl nv/target), CUDA_HOME's, /usr/local/cuda's or a
+    versioned toolkit's (/usr/local/cuda-13.0, newest first)."""
     candidates = []
     try:
         import nvidia  # namespace package of NVIDIA's wheels
@@ -60,6 +61,7 @@ def cuda_include(headers=("cuda_bf16.h", "crt/host_defines.h", "nv/target")) -> 
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if home:
             candidates.append(Path(home) / "include")
+    candidates += sorted(Path("/usr/local").glob("cuda-*/include"), reverse=True)  # versioned
     return next((c for c in candidates if all((c / h).is_file() for h in headers)), None)
 
 

@@ -64,17 +64,6 @@ def block_layout(cfg: GPTConfig, layer: int) -> list[tuple[str, tuple[int, ...]]
     ]  # fmt: skip
 
 
-# A block's halves (a stage boundary at the seam, model/units.py): ln_1 and the attention,
-# ln_2 and the MLP — the first and the last six of block_layout's tensors.
-HALF_TENSORS = 6
-
-
-def half_layout(cfg: GPTConfig, layer: int, half: str) -> list[tuple[str, tuple[int, ...]]]:
-    """The tensors of block `layer`'s "attn" half (ln_1, attn) or "mlp" half (ln_2, mlp)."""
-    whole = block_layout(cfg, layer)
-    return whole[:HALF_TENSORS] if half == "attn" else whole[HALF_TENSORS:]
-
-
 def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
                  mlp_of=None, attention_of=None):
     """Ordered (name, shape) of the parameters a stage holds, in GPT-2's names: mlp_of /
@@ -90,12 +79,12 @@ def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=Tru
         out.append(("wte", (cfg.padded_vocab, cfg.n_embd)))
     if embedding_part:
         out.append(("wpe", (cfg.block_size, cfg.n_embd)))
-    if mlp_of is not None:
-        out += half_layout(cfg, mlp_of, "mlp")
+    if mlp_of is not None:  # ln_2 and the MLP: the last six of the block's tensors
+        out += block_layout(cfg, mlp_of)[6:]
     for layer in layers:
         out += block_layout(cfg, layer)
-    if attention_of is not None:
-        out += half_layout(cfg, attention_of, "attn")
+    if attention_of is not None:  # ln_1 and the attention: the first six
+        out += block_layout(cfg, attention_of)[:6]
     if head_part:
         out += [("ln_f.weight", (cfg.n_embd,)), ("ln_f.bias", (cfg.n_embd,))]
     return out

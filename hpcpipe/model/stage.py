@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from hpcpipe.device import backend
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype
-from hpcpipe.model.layers import block, embedding, head, layernorm, loss, scope
+from hpcpipe.model.layers import embedding, head, layernorm, loss, scope
 from hpcpipe.model.layout import FlatBuffer, GPTConfig, init_value, padding_mask, param_layout
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.model.stashbytes import StashBytes
@@ -190,7 +190,7 @@ class Stage:
             entry["caches"] = self._forward(inp, targets, True, False)[1]
         else:
             for unit in self.units:
-                block.rebuild(entry["caches"][unit.key])
+                unit.rebuild(entry["caches"][unit.key])
         return True
 
     def _forward(self, inp, targets, keep: bool, selective: bool):

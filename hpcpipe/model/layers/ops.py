@@ -1,0 +1,153 @@
+"""A block as six operations, for stages that hold part of one (model/units.py).
+
+    op  F                                   hands on (residual, inner)
+    0   a = ln_1(x); qkv = c_attn(a)        (x, qkv)        (B, T, C), (B, T, 3C)
+    1   y = attention core(qkv)             (x, y)          (B, T, C), (B, T, C)
+    2   x1 = x + attn.c_proj(y)             x1              the seam
+    3   b = ln_2(x1); h = c_fc(b)           (x1, h)         (B, T, C), (B, T, 4C)
+    4   g = gelu(h)                         (x1, g)         (B, T, C), (B, T, 4C)
+    5   out = x1 + mlp.c_proj(g)            out
+
+A stage edge may fall after any of them: what crosses it is the residual stream and,
+inside a sublayer, the tensor that sublayer's next operation reads (B: their gradients).
+A run of operations [first, stop) computes exactly what the whole block's unfused path
+computes — the same layer functions in the same order — so a chain of runs gives the
+whole model's bits. The fused kernels take a bias that the op before them would add
+(c_attn's in the flash attention, c_fc's in the GELU kernel) only when that op is in the
+same run; a run that starts after it gets its output with the bias added, the same
+numbers to round-off. Under selective recomputation the core drops its attention
+matrix and the GELU keeps its input instead of its output and derivative (rebuilt at
+the start of B, `rebuild`); a run that starts with mlp.c_proj keeps the GELU output it
+received (nothing there could rebuild it).
+
+Caches are per op (a dict op → dict); B hands each op's output gradient on as the pair
+(residual's, inner's) and keeps what that op's W multiplies with.
+"""
+
+from __future__ import annotations
+
+from . import attention, backend_for, fused, gelu, layernorm, linear, scope
+
+NAMES = ("ln_1+c_attn", "attention core", "attn.c_proj", "ln_2+c_fc", "gelu", "mlp.c_proj")
+SEAM = 3  # the op after which the residual stream alone crosses: x1
+COUNT = len(NAMES)
+
+# The tensors each op's W updates (without the block's `h.{l}.` prefix).
+TENSORS = (("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias"), (),
+           ("attn.c_proj.weight", "attn.c_proj.bias"),
+           ("ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias"), (),
+           ("mlp.c_proj.weight", "mlp.c_proj.bias"))
+
+
+def inner(op: int) -> bool:
+    """Whether a stage edge after `op` carries an inner tensor beside the residual."""
+    return op % SEAM != SEAM - 1
+
+
+def forward(first, stop, x, params, n_head, be=None, tp=None, selective=False,
+            owned=False):
+    """F of ops [first, stop): x the residual (first 0 or SEAM) or (residual, inner);
+    returns the same for after `stop - 1`, and the caches. params: the block's. owned:
+    the residual is a fresh array nothing writes again (layernorm may keep it)."""
+    r, z = x if isinstance(x, tuple) else (x, None)
+    be = backend_for(r, be)
+    heads = n_head // tp.size if tp is not None else n_head
+    caches = {}
+    for op in range(first, stop):
+        if op in (0, 3):  # (the next op here may take this op's bias: `late`)
+            z, caches[op] = _norm_project(op, r, params, heads, be, tp,
+                                          owned or op > first, op + 1 < stop)
+        elif op == 1:
+            bias = params["attn.c_attn.bias"] if caches.get(0, {}).get("late") else None
+            z, caches[op] = attention.core_forward(
+                z, heads, be, attention.flash_kernels(be, z, heads), bias)
+            if selective:
+                attention.drop_core(caches[op])
+        elif op == 4:
+            bias = params["mlp.c_fc.bias"] if caches.get(3, {}).get("late") else None
+            h = z
+            z, act = gelu.forward(h, be=be, bias=bias)
+            # Selective: the input (and a bias the kernel adds) instead of the output
+            # and derivative.
+            caches[op] = {"h": h, "bias": bias, "be": be} if selective else {"gelu": act}
+        else:
+            prefix = "attn.c_proj." if op == 2 else "mlp.c_proj."
+            out, caches[op] = linear.forward(z, scope(params, prefix), be, tp, "rows")
+            out += r
+            r, z = out, None
+    if selective and 4 in caches and 5 in caches:
+        del caches[5]["x"]  # the GELU's output too: rebuilt with it
+    return (r if z is None else (r, z)), caches
+
+
+def _norm_project(op, r, params, heads, be, tp, owned, late):
+    """Op 0 or 3: LayerNorm of the residual, then the sublayer's column-parallel
+    projection; `late`: the next op is in the same run, and a fused kernel there may add
+    this projection's bias (the flash attention, the GELU)."""
+    norm, prefix = ("ln_1.", "attn.c_attn.") if op == 0 else ("ln_2.", "mlp.c_fc.")
+    a, ln = layernorm.forward(r, scope(params, norm), be, tp, owned=owned)
+    weight = params[prefix + "weight"]
+    if op == 0:
+        late = late and attention.flash_kernels(be, weight, heads) is not None
+    else:
+        late = late and fused.gelu_takes_bias(be, weight)
+    z, proj = linear.forward(a, scope(params, prefix), be, tp, "columns", add_bias=not late)
+    return z, {"ln": ln, "proj": proj, "late": late}
+
+
+def rebuild(caches):
+    """What selective recomputation dropped, rebuilt bit for bit before B."""
+    if 1 in caches and attention.dropped(caches[1]):
+        attention.rebuild_core(caches[1])
+    if 4 in caches and "h" in caches[4]:
+        kept = caches[4]
+        out, act = gelu.forward(kept["h"], be=kept["be"], bias=kept["bias"])
+        caches[4] = {"gelu": act}
+        if 5 in caches:
+            caches[5]["x"] = out
+
+
+def backward_input(first, stop, dy, caches):
+    """B of ops [first, stop): dy the gradient of their output (as F returned it);
+    returns that of their input. Each op keeps the gradient its W multiplies with."""
+    dr, dz = dy if isinstance(dy, tuple) else (dy, None)
+    for op in reversed(range(first, stop)):
+        cache = caches[op]
+        if op in (2, 5):
+            cache["d"] = dr
+            dz = linear.backward_input(dr, cache)
+        elif op == 4:
+            act = cache["gelu"]
+            dz = gelu.backward_input(dz, act)
+            if "bias_sums" in act:  # the fused GELU summed c_fc's bias gradient
+                caches[3]["bias_sums"] = act["bias_sums"]
+        elif op == 1:
+            dz = attention.core_backward(dz, cache)
+            if "bias_sums" in cache and 0 in caches:
+                caches[0]["bias_sums"] = cache.pop("bias_sums")
+        else:
+            cache["d"] = dz
+            da = linear.backward_input(dz, cache["proj"])
+            dr = layernorm.backward_input(da, cache["ln"], dresidual=dr)
+            dz = None
+    return dr if dz is None else (dr, dz)
+
+
+def backward_weight(first, stop, caches, grads):
+    """W of ops [first, stop): their weight gradients added into `grads` (the block's)."""
+    for op in reversed(range(first, stop)):
+        cache = caches[op]
+        if op in (2, 5):
+            prefix = "attn.c_proj." if op == 2 else "mlp.c_proj."
+            linear.backward_weight(cache.pop("d"), cache, scope(grads, prefix))
+        elif op in (0, 3):
+            norm, prefix = ("ln_1.", "attn.c_attn.") if op == 0 else ("ln_2.", "mlp.c_fc.")
+            sums, mine = cache.pop("bias_sums", None), scope(grads, prefix)
+            linear.backward_weight(cache.pop("d"), cache["proj"], mine, bias=sums is None)
+            if sums is not None and op == 0:
+                fused.attention_bias_gradient(fused.kernels(cache["proj"]["be"]), sums,
+                                              mine["bias"])
+            elif sums is not None:
+                fused.gelu_bias_gradient(fused.kernels(cache["proj"]["be"]), sums,
+                                         mine["bias"])
+            layernorm.backward_weight(None, cache["ln"], scope(grads, norm))

@@ -649,11 +649,15 @@ def _check_layout(source, cfg: Config):
     if counts:
         _require(source, "parallel.layers_per_stage", counts, len(counts) == stages,
                  f"needs one block count per model stage: {stages} = pp × chunks")
+        sixths = [round(6 * c) for c in counts]
         _require(source, "parallel.layers_per_stage", counts,
-                 all(c >= 0.5 and c * 2 == int(c * 2) for c in counts)
-                 and sum(counts) == n_layer,
-                 f"counts must be whole or half blocks (0.5: a stage edge between a block's "
-                 f"attention and its MLP), at least 0.5, summing to model.n_layer = {n_layer}")
+                 all(abs(6 * c - n) <= 0.01 and n >= 1 for c, n in zip(counts, sixths))
+                 and sum(sixths) == 6 * n_layer,
+                 f"counts must be whole blocks, halves (0.5: a stage edge between a block's "
+                 f"attention and its MLP) or sixths (a stage edge after one of a block's "
+                 f"six operations: 1/6 after ln_1 + c_attn, 2/6 after the attention core, "
+                 f"4/6 after ln_2 + c_fc, 5/6 after the GELU; written to four places, "
+                 f"1.1667), at least 1/6, summing to model.n_layer = {n_layer}")
     choices = cfg.train.recompute.split("/")
     if cfg.train.recompute.strip() == "auto":
         _require(source, "train.recompute", cfg.train.recompute, parallel.schedule == "auto",

@@ -168,7 +168,7 @@ def test_layers_per_stage_auto_is_the_balanced_partition(tmp_path):
     _, msg = error_of(tmp_path, '[parallel]\nlayers_per_stage = "even"\n')
     assert "parallel.layers_per_stage = 'even'" in msg and '[] or "auto"' in msg
     _, msg = error_of(tmp_path, "[parallel]\nlayers_per_stage = [1.25]\n")
-    assert "whole or half blocks" in msg
+    assert "whole blocks, halves (0.5" in msg and "or sixths" in msg
     # Halves (a stage edge at a block's seam) are kept; whole counts read back as integers.
     cfg = config.from_dict({"parallel": {"layers_per_stage": [1.5, 2.0, 2.5], "pp": 3},
                             "model": {"n_layer": 6}})

@@ -81,7 +81,8 @@ def add_parser(sub):
     pipe.add_argument("--splits", type=splits, default=[[]], metavar="SPLITS",
                       help='";"-separated blocks per model stage to compare, each '
                            '"auto" (the balanced split, the default) or counts such as '
-                           '"1.5,0.5,2.5,1.5" (halves: a stage edge at a block\'s seam)')
+                           '"1.5,0.5,2.5,1.5" (halves: a stage edge at a block\'s seam; '
+                           'sixths such as 1.1667: after one of its six operations)')
     pipe.add_argument("--steps", type=integer(1, 10**6), default=5,
                       help="measured steps per round (5)")
     pipe.add_argument("--rounds", type=integer(1, 10**6), default=4,

@@ -25,11 +25,11 @@ import numpy as np
 from hpcpipe.checkpoint.hdf5 import dataset, member, read_dataset, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
 from hpcpipe.model.sharding import shard_of
-from hpcpipe.model.stage import seams
+from hpcpipe.model.stage import cuts, seams
 from hpcpipe.util.files import write_atomic
 
 PREFIX = "powersgd-r"
-LAYOUT_KEYS = ("dp", "pp", "tp", "chunks", "partition", "seams", "rank_order",
+LAYOUT_KEYS = ("dp", "pp", "tp", "chunks", "partition", "seams", "cuts", "rank_order",
                "powersgd_rank")
 
 
@@ -80,7 +80,8 @@ def layout_of(rank) -> dict:
     grid, compressor = rank.grid, rank.step.gradsync.compressor
     return {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "chunks": len(rank.model.stages),
             "partition": [list(spec.layers) for spec in rank.model.specs],
-            "seams": seams(rank.model.specs), "rank_order": grid.rank_order,
+            "seams": seams(rank.model.specs), "cuts": cuts(rank.model.specs),
+            "rank_order": grid.rank_order,
             "powersgd_rank": compressor.rank if compressor is not None else 0}
 
 

@@ -32,7 +32,7 @@ from hpcpipe.checkpoint.retention import (
 )
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.util.errors import root_does
-from hpcpipe.model.stage import seams
+from hpcpipe.model.stage import cuts, seams
 from hpcpipe.util.files import exchange, fsync_dir, write_buffered
 
 
@@ -156,6 +156,8 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str,
               "powersgd_rank": compression.layout_of(rank)["powersgd_rank"]}
     if seams(model.specs):  # (absent where every stage edge falls between blocks)
         layout["seams"] = seams(model.specs)
+    if cuts(model.specs):  # (absent where none falls inside a sublayer)
+        layout["cuts"] = cuts(model.specs)
     return manifests.build(cfg, step, cfg.train.dtype, layout, files, tensors, segments,
                            adam_step=rank.step.optimizer.t, state=state, run=run, data=data)
 

@@ -64,11 +64,26 @@ def block_layout(cfg: GPTConfig, layer: int) -> list[tuple[str, tuple[int, ...]]
     ]  # fmt: skip
 
 
+# The tensors of each of a block's six operations (layers/ops.py), without `h.{l}.`: a
+# stage that holds some of them holds these.
+OP_TENSORS = (("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias"), (),
+              ("attn.c_proj.weight", "attn.c_proj.bias"),
+              ("ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias"), (),
+              ("mlp.c_proj.weight", "mlp.c_proj.bias"))
+
+
+def ops_layout(cfg: GPTConfig, layer: int, first: int = 0, stop: int = len(OP_TENSORS)):
+    """(name, shape) of the tensors block `layer`'s operations [first, stop) use, in the
+    block's order."""
+    mine = {f"h.{layer}.{name}" for op in range(first, stop) for name in OP_TENSORS[op]}
+    return [(name, shape) for name, shape in block_layout(cfg, layer) if name in mine]
+
+
 def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
-                 mlp_of=None, attention_of=None):
-    """Ordered (name, shape) of the parameters a stage holds, in GPT-2's names: mlp_of /
-    attention_of, when given, the block whose MLP half starts the stage / whose attention
-    half ends it.
+                 lead=None, tail=None):
+    """Ordered (name, shape) of the parameters a stage holds, in GPT-2's names: lead /
+    tail, when given, (block, op): the stage starts with that block's operations [op, 6)
+    / ends with its [0, op) — both in one block: its [lead op, tail op) alone.
 
     The head is tied to `wte`: a stage with the head but not the embedding holds its own
     copy of `wte` (the pipeline keeps the two copies equal).
@@ -79,12 +94,16 @@ def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=Tru
         out.append(("wte", (cfg.padded_vocab, cfg.n_embd)))
     if embedding_part:
         out.append(("wpe", (cfg.block_size, cfg.n_embd)))
-    if mlp_of is not None:  # ln_2 and the MLP: the last six of the block's tensors
-        out += block_layout(cfg, mlp_of)[6:]
-    for layer in layers:
-        out += block_layout(cfg, layer)
-    if attention_of is not None:  # ln_1 and the attention: the first six
-        out += block_layout(cfg, attention_of)[:6]
+    count = len(OP_TENSORS)
+    if lead is not None and tail is not None and lead[0] == tail[0]:
+        out += ops_layout(cfg, lead[0], lead[1], tail[1])
+    else:
+        if lead is not None:
+            out += ops_layout(cfg, lead[0], lead[1], count)
+        for layer in layers:
+            out += block_layout(cfg, layer)
+        if tail is not None:
+            out += ops_layout(cfg, tail[0], 0, tail[1])
     if head_part:
         out += [("ln_f.weight", (cfg.n_embd,)), ("ln_f.bias", (cfg.n_embd,))]
     return out

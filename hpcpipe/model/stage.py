@@ -1,8 +1,8 @@
 """A stage: a contiguous slice of the model with its parameters, gradients and a stash
 per microbatch between its F, B and W passes.
 
-A stage holds optionally the embedding, blocks [first, last) (and possibly half a block at
-either end: model/units.py), optionally the final LayerNorm, the tied head and the loss —
+A stage holds optionally the embedding, blocks [first, last) (and possibly part of a block
+at either end: model/units.py), optionally the final LayerNorm, the tied head and the loss —
 with its parameters and gradients in one flat buffer each (named views into it). The
 whole model on one process is simply the stage that holds everything; the pipeline builds
 one stage per pipeline rank (and per chunk) from the same code, which is why every layout
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from hpcpipe.device import backend
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype
-from hpcpipe.model.layers import embedding, head, layernorm, loss, scope
+from hpcpipe.model.layers import embedding, head, layernorm, loss, ops, scope
 from hpcpipe.model.layout import FlatBuffer, GPTConfig, init_value, padding_mask, param_layout
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.model.stashbytes import StashBytes
@@ -33,8 +33,9 @@ RECOMPUTE = ("none", "selective", "full")
 class Stage:
     """A contiguous slice of the GPT with F, B and W passes per microbatch.
 
-    layers: the blocks it runs whole; mlp_of / attention_of: the block whose MLP half starts
-    it / whose attention half ends it, or None (model/units.py); embedding_part / head_part:
+    layers: the blocks it runs whole; lead / tail: (block, op) or None, the stage starts
+    with that block's operations [op, 6) / ends with its [0, op) (model/units.py: op 3 is
+    the seam, a half block); embedding_part / head_part:
     whether it starts with the embedding / ends with ln_f, the tied head and the loss. be: the
     Backend it allocates and computes on (a one-thread CPU backend when not given). tp:
     this stage's tensor-parallel shards (tensor_parallel.TensorParallel): the stage then
@@ -47,7 +48,7 @@ class Stage:
 
     def __init__(self, cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
                  dtype="float32", seed=0, be=None, tp=None, recompute="none",
-                 mlp_of=None, attention_of=None, draw=True):
+                 lead=None, tail=None, draw=True):
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute {recompute!r}: allowed {', '.join(RECOMPUTE)}")
         self.cfg = cfg
@@ -56,7 +57,7 @@ class Stage:
         # of a step that recompute; None: all of them.
         self.recompute_microbatches: frozenset[int] | None = None
         self.layers = list(range(cfg.n_layer) if layers is None else layers)
-        self.units = stage_units(self.layers, mlp_of, attention_of)
+        self.units = stage_units(self.layers, lead, tail)
         self.embedding_part = embedding_part
         self.head_part = head_part
         self.be = backend.cpu() if be is None else be
@@ -69,7 +70,7 @@ class Stage:
         self.grad_dtype = accumulation_dtype(self.dtype)
         shards, rank = (tp.size, tp.rank) if tp is not None else (1, 0)
         self.global_shapes = dict(param_layout(cfg, self.layers, embedding_part, head_part,
-                                               mlp_of, attention_of))
+                                               lead, tail))
         self.shards = {name: shard_of(name, shape, shards, rank)
                        for name, shape in self.global_shapes.items()}
         layout = [(name, self.shards[name].local_shape(shape))
@@ -150,7 +151,9 @@ class Stage:
 
     # -- the three passes -----------------------------------------------------------------
     def forward(self, mb: int, inp, targets=None, loss_scale: float = 1.0, keep=True):
-        """F: token ids (first stage) or activations (B, T, C) in; activations out, or the
+        """F: token ids (first stage) or activations (B, T, C) in — with a sublayer's
+        tensor beside them, a pair, where the stage starts inside one (layers/ops.py) —
+        activations out (a pair likewise where it ends inside one), or the
         loss (a 0-d array) on the stage with the head — its logits (B, T, V) when no
         targets are given (generation; with keep=False only). keep=False evaluates
         without stashing anything (validation). What the stash keeps follows
@@ -162,11 +165,9 @@ class Stage:
                 raise RuntimeError(f"microbatch {mb} already has a forward in flight")
             self._stash_bytes.touched(mb)
             entry = {"caches": caches, "d": {}, "loss_scale": loss_scale, "recompute": mode}
-            if mode == "full":  # a copy: a received input is reused after F
+            if mode == "full":
                 entry["caches"] = None
-                kept = targets.copy() if targets is not None and self.head_part else None
-                # (only the head's loss reads targets)
-                entry["replay"] = {"input": inp.copy(), "targets": kept}
+                entry["replay"] = _replay(inp, targets if self.head_part else None)
             self._stash[mb] = entry
         return x
 
@@ -280,6 +281,16 @@ class Stage:
         self.grads["wte"] += contribution
 
 
+def _replay(inp, targets) -> dict:
+    """What full recomputation keeps of F: copies of its input, an array or a pair (a
+    received one is reused after F), and of the targets where the head's loss reads them."""
+    if isinstance(inp, tuple):  # (the stash's count walks dicts, not pairs)
+        kept = tuple(a.copy() for a in inp)
+        return {"input": kept, "parts": dict(enumerate(kept)),
+                "targets": None if targets is None else targets.copy()}
+    return {"input": inp.copy(), "targets": None if targets is None else targets.copy()}
+
+
 def _draw(stage: Stage, seed: int):
     """The stage's weights, each tensor a shard of the global draw (`init_value`). Stages
     whose kernels are only counted on the shape-only device (model/costs.py) skip it:
@@ -293,46 +304,60 @@ def _draw(stage: Stage, seed: int):
 
 @dataclass(frozen=True)
 class StageSpec:
-    """Which part of the model one pipeline stage holds: the embedding, block `mlp_of`'s
-    MLP half, the whole `layers`, block `attention_of`'s attention half, the head (each
-    optional; model/units.py)."""
+    """Which part of the model one pipeline stage holds: the embedding, the end of block
+    `lead`[0] (its operations from `lead`[1] on), the whole `layers`, the start of block
+    `tail`[0] (its operations before `tail`[1]), the head (each optional; both ends in one
+    block: the operations between; model/units.py). A stage edge at op 3 is a block's
+    seam, between its attention half and its MLP half."""
 
     index: int
     layers: tuple[int, ...]
     embedding_part: bool
     head_part: bool
-    mlp_of: int | None = None
-    attention_of: int | None = None
+    lead: tuple[int, int] | None = None
+    tail: tuple[int, int] | None = None
+
+    @property
+    def units(self):
+        """Its blocks and parts of blocks, in model order (units.Unit)."""
+        return stage_units(self.layers, self.lead, self.tail)
 
     @property
     def blocks(self) -> float:
-        """How many blocks it holds, a half counting 0.5 (parallel.layers_per_stage's
-        number for it)."""
-        halves = (self.mlp_of is not None) + (self.attention_of is not None)
-        return len(self.layers) + 0.5 * halves
+        """How many blocks it holds, a part of one counted by its operations (a half
+        0.5: parallel.layers_per_stage's number for it)."""
+        return sum((u.stop - u.first) / ops.COUNT for u in self.units)
 
     def param_layout(self, cfg: GPTConfig):
         """(name, shape) of the tensors the stage holds (layout.param_layout)."""
         return param_layout(cfg, self.layers, self.embedding_part, self.head_part,
-                            self.mlp_of, self.attention_of)
+                            self.lead, self.tail)
 
     def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None, tp=None,
               recompute="none") -> Stage:
         return Stage(cfg, layers=self.layers, embedding_part=self.embedding_part,
                      head_part=self.head_part, dtype=dtype, seed=seed, be=be, tp=tp,
-                     recompute=recompute, mlp_of=self.mlp_of, attention_of=self.attention_of)
+                     recompute=recompute, lead=self.lead, tail=self.tail)
 
     def describe(self) -> str:
-        parts = (["embedding"] if self.embedding_part else []) + (
-            [f"block {self.mlp_of}'s MLP"] if self.mlp_of is not None else []) + (
-            [f"blocks {self.layers[0]}–{self.layers[-1]}" if len(self.layers) > 1
-             else f"block {self.layers[0]}"] if self.layers else []) + (
-            [f"block {self.attention_of}'s attention"] if self.attention_of is not None
-            else []) + (["head"] if self.head_part else [])
+        whole = [f"blocks {self.layers[0]}–{self.layers[-1]}" if len(self.layers) > 1
+                 else f"block {self.layers[0]}"] if self.layers else []
+        ends = [u.describe() for u in self.units if not u.whole]
+        lead = ends[:1] if self.lead is not None else []
+        parts = (["embedding"] if self.embedding_part else []) + lead + whole \
+            + ends[len(lead):] + (["head"] if self.head_part else [])
         return " + ".join(parts)
 
 
 def seams(specs) -> list[int] | None:
     """The blocks a stage edge cuts at their seam (a checkpoint's layout records them beside
     the whole blocks per stage), or None: none."""
-    return sorted(s.attention_of for s in specs if s.attention_of is not None) or None
+    return sorted(s.tail[0] for s in specs
+                  if s.tail is not None and s.tail[1] == ops.SEAM) or None
+
+
+def cuts(specs) -> list[list[int]] | None:
+    """[block, op] of every stage edge inside a block's sublayer (after op 0, 1, 3 or 4:
+    layers/ops.py), or None: none (a checkpoint's layout records them beside the seams)."""
+    return sorted(list(s.tail) for s in specs
+                  if s.tail is not None and s.tail[1] != ops.SEAM) or None

@@ -1,16 +1,19 @@
 """What a stage runs between its embedding and its head: whole blocks, and at either end
-possibly half of one.
+possibly part of one — some of its six operations (layers/ops.py).
 
-A stage boundary may fall inside block l, at its seam x1 = x + attn(ln_1(x)): the residual
+A stage boundary may fall inside block l at its seam x1 = x + attn(ln_1(x)): the residual
 stream, the same (B, T, C) array as between two blocks, so the pipeline's messages do not
 change. The stage before the seam ends with l's attention half, the stage after it starts
-with l's MLP half (layers/ops.py's operations [0, 3) and [3, 6), the unfused whole
-block's: the same bits). On the fused kernels one number differs, to round-off:
-attn.c_proj's bias gradient, which the whole block sums inside ln_2's kernel and a seam,
-whose ln_2 is on the next stage, with a reduction of its own (tests/model/test_units.py).
-Halves are finer steps to balance stages with — six blocks on four stages as 1.5 each —
-at the price of one more stage boundary inside the model (parallel/pipeline/partition.py
-takes them only where whole blocks balance badly).
+with l's MLP half (operations [0, 3) and [3, 6), the unfused whole block's: the same
+bits). On the fused kernels one number differs, to round-off: attn.c_proj's bias
+gradient, which the whole block sums inside ln_2's kernel and a seam, whose ln_2 is on the
+next stage, with a reduction of its own (tests/model/test_units.py). A boundary after any
+other operation falls inside a sublayer: the message carries the residual and that
+sublayer's tensor (qkv, the core's output, the MLP's hidden layer before or after the
+GELU), a pair that parallel/pipeline/p2p.py packs into one buffer. Parts of blocks are
+finer steps to balance stages with — six blocks on four stages as 1.5 each — at the
+price of one more stage boundary inside the model (parallel/pipeline/partition.py takes
+them only where coarser ones balance badly).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpcpipe.model.layers import block, ops, scope
-from hpcpipe.model.layout import GPTConfig, block_layout
+from hpcpipe.model.layout import GPTConfig, ops_layout
 
 
 @dataclass(frozen=True)
@@ -39,12 +42,20 @@ class Unit:
         """The unit's entry in a stage's caches: a whole block's is its index."""
         return self.layer if self.whole else (self.layer, self.first, self.stop)
 
+    def describe(self) -> str:
+        """For the plan: "block 3", "block 3's attention", "block 3's MLP", or its
+        operations by name."""
+        if self.whole:
+            return f"block {self.layer}"
+        if (self.first, self.stop) in ((0, ops.SEAM), (ops.SEAM, ops.COUNT)):
+            half = "attention" if self.first == 0 else "MLP"
+            return f"block {self.layer}'s {half}"
+        names = ops.NAMES[self.first:self.stop]
+        return f"block {self.layer}'s {names[0]}" + (f"…{names[-1]}" if len(names) > 1 else "")
+
     def layout(self, cfg: GPTConfig):
         """(name, shape) of the tensors its operations use, in the block's order."""
-        mine = {f"h.{self.layer}.{name}" for op in range(self.first, self.stop)
-                for name in ops.TENSORS[op]}
-        return [(name, shape) for name, shape in block_layout(cfg, self.layer)
-                if name in mine]
+        return ops_layout(cfg, self.layer, self.first, self.stop)
 
     def forward(self, x, params, n_head, be, tp, selective, owned):
         """(output, cache) of the unit's F; `params` the stage's (model-wide names)."""
@@ -74,9 +85,12 @@ class Unit:
             ops.backward_weight(self.first, self.stop, cache, mine)
 
 
-def stage_units(layers, mlp_of=None, attention_of=None) -> list[Unit]:
-    """A stage's units in model order: block `mlp_of`'s MLP half, the whole `layers`, block
-    `attention_of`'s attention half (either half None: none)."""
-    return ([Unit(mlp_of, ops.SEAM)] if mlp_of is not None else []) \
+def stage_units(layers, lead=None, tail=None) -> list[Unit]:
+    """A stage's units in model order: lead / tail (block, op) or None, as
+    layout.param_layout's — block lead's ops [op, 6), the whole `layers`, block tail's
+    ops [0, op); both in one block: its ops [lead op, tail op)."""
+    if lead is not None and tail is not None and lead[0] == tail[0]:
+        return [Unit(lead[0], lead[1], tail[1])]
+    return ([Unit(lead[0], lead[1])] if lead is not None else []) \
         + [Unit(layer) for layer in layers] \
-        + ([Unit(attention_of, 0, ops.SEAM)] if attention_of is not None else [])
+        + ([Unit(tail[0], 0, tail[1])] if tail is not None else [])

@@ -138,7 +138,8 @@ def simulated_peaks(cfg, schedule, specs, plan=None) -> tuple[float, ...]:
             tuple(Recompute(f"keep {m.keep:.3f}", keep=m.keep) if mode != "none" else NONE
                   for m, mode in zip(chosen, modes)),
             frozenset((s, x) for s, (mode, only) in enumerate(plan) if mode != "none"
-                      for x in only))
+                      for x in only),
+            rest=tuple(k if k.keep < 1 else NONE for k in keep))
     costs = Costs(**memory_levels(memory), recompute=recompute)
     return peak_activations(schedule, costs)
 
@@ -365,8 +366,8 @@ def _placed(cfg, specs, schedule, costs) -> str:
     per_stage = partition(cfg.model, schedule.num_stages, costs=costs)
     if schedule.chunks == 1 or per_stage == specs or cfg.parallel.layers_per_stage:
         return ""
-    halves = [[round(2 * s.blocks) for s in split] for split in (specs, per_stage)]
-    steps = [simulated_step(cfg.model, h, schedule, costs) for h in halves]
+    parts = [[round(6 * s.blocks) for s in split] for split in (specs, per_stage)]
+    steps = [simulated_step(cfg.model, p, schedule, costs) for p in parts]
     return (f"; the per-stage split {counts_text(per_stage)} would simulate a step "
             f"{steps[1] / steps[0] - 1:.1%} longer")
 

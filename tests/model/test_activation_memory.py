@@ -7,6 +7,7 @@ import pytest
 from hpcpipe.device import standin
 from hpcpipe.device.backend import Backend
 from hpcpipe.device.kernels import hostbuild
+from hpcpipe.model.layers import ops
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.memory import stage_memory
 from hpcpipe.model.stage import RECOMPUTE, StageSpec
@@ -16,9 +17,15 @@ B = 2
 SPECS = [StageSpec(0, (0, 1, 2), True, True), StageSpec(0, (0,), True, False),
          StageSpec(1, (1,), False, False), StageSpec(2, (2,), False, True),
          # halves at a seam (model/units.py)
-         StageSpec(0, (0,), True, False, attention_of=1),
-         StageSpec(1, (), False, False, mlp_of=1, attention_of=2),
-         StageSpec(2, (), False, True, mlp_of=2), StageSpec(1, (), False, False, mlp_of=0)]
+         StageSpec(0, (0,), True, False, tail=(1, 3)),
+         StageSpec(1, (), False, False, lead=(1, 3), tail=(2, 3)),
+         StageSpec(2, (), False, True, lead=(2, 3)), StageSpec(1, (), False, False, lead=(0, 3)),
+         # edges inside a sublayer (layers/ops.py): a pair crosses them
+         StageSpec(0, (0,), True, False, tail=(1, 1)),
+         StageSpec(1, (), False, False, lead=(1, 1), tail=(1, 2)),
+         StageSpec(1, (), False, False, lead=(1, 2), tail=(2, 4)),
+         StageSpec(1, (), False, False, lead=(0, 4), tail=(1, 5)),
+         StageSpec(2, (2,), False, True, lead=(1, 5))]
 
 
 # On the fused kernels: a head size the flash kernels take (32), C within the LayerNorm
@@ -27,19 +34,29 @@ KERNEL_CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd
 
 
 def measured(spec, dtype, recompute, cfg=CFG, be=None):
-    """(after F, after the rebuild at B's start, after B) bytes of one microbatch."""
+    """(after F, B's peak, after B) bytes of one microbatch: B's peak is after the rebuild
+    at its start, or after it where it leaves more for W than F kept (model/memory.py)."""
     stage = spec.build(cfg, dtype=dtype, recompute=recompute, be=be)
     host = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, cfg.block_size + 1))
     xp = stage.xp
     tokens = xp.asarray(host) if be is not None else host
-    shape = (B, cfg.block_size, cfg.n_embd)
-    inp = tokens[:, :-1] if spec.embedding_part else xp.ones(shape, stage.dtype)
+
+    def edge(unit, end):  # what crosses the stage edge at this end of the run
+        at = (unit.stop if end else unit.first) - 1
+        ones = lambda width: xp.ones((B, cfg.block_size, width), stage.dtype)  # noqa: E731
+        inner = 0 <= at and not (end and unit.stop == ops.COUNT) and ops.inner(at)
+        return (ones(cfg.n_embd), ones(ops.inner_width(at, cfg.n_embd))) if inner \
+            else ones(cfg.n_embd)
+
+    units = spec.units
+    inp = tokens[:, :-1] if spec.embedding_part else edge(units[0], False)
     stage.forward(0, inp, tokens[:, 1:] if spec.head_part else None)
     after_f = stage.stash_bytes(0)
     stage.rebuild(0)
     during_b = stage.stash_bytes(0)
-    stage.backward_input(0, None if spec.head_part else xp.ones(shape, stage.dtype))
-    return after_f, during_b, stage.stash_bytes(0)
+    stage.backward_input(0, None if spec.head_part else edge(units[-1], True))
+    after_b = stage.stash_bytes(0)
+    return after_f, max(during_b, after_b), after_b
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])

@@ -127,6 +127,12 @@ def check(comm) -> mpibody.Report:
     for w, wcfg in layouts.items():
         for r, rcfg in layouts.items():
             cases.append((f"float64 {w} → {r}", wcfg, rcfg, w == r))
+    # A stage edge inside a sublayer, after block 0's c_fc (layers/ops.py): to and from it.
+    inside = make_cfg(1, 2, 0, counts=(4 / 6, 8 / 6))
+    cases.append(("float64 dp1 pp2 after c_fc → itself", inside, inside, True))
+    for other in ("dp2 zero1", "dp1 pp2 seam"):
+        cases.append((f"float64 dp1 pp2 after c_fc → {other}", inside, layouts[other], False))
+        cases.append((f"float64 {other} → dp1 pp2 after c_fc", layouts[other], inside, False))
     sixteen = {z: make_cfg(2, 1, z, dtype="bfloat16", clip=0.0) for z in (0, 1, 2, 3)}
     for w in (0, 3):
         for r in (0, 1, 2, 3):
@@ -147,7 +153,7 @@ def check(comm) -> mpibody.Report:
     if comm.rank == 0:
         shutil.rmtree(folder, ignore_errors=True)
     summary = [f"{len(cases)} resumes across ZeRO 0/1/2/3 and dp 2 × pp 1 / dp 1 × pp 2 "
-               f"(whole blocks, or a stage edge at a block's seam)"]
+               f"(whole blocks, or a stage edge at a block's seam or inside a sublayer)"]
     return mpibody.Report.agreed(comm, summary, failures)
 
 

@@ -26,22 +26,26 @@ Caches are per op (a dict op → dict); B hands each op's output gradient on as 
 
 from __future__ import annotations
 
+from hpcpipe.model.layout import OP_TENSORS
+
 from . import attention, backend_for, fused, gelu, layernorm, linear, scope
 
 NAMES = ("ln_1+c_attn", "attention core", "attn.c_proj", "ln_2+c_fc", "gelu", "mlp.c_proj")
 SEAM = 3  # the op after which the residual stream alone crosses: x1
 COUNT = len(NAMES)
 
-# The tensors each op's W updates (without the block's `h.{l}.` prefix).
-TENSORS = (("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias"), (),
-           ("attn.c_proj.weight", "attn.c_proj.bias"),
-           ("ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias"), (),
-           ("mlp.c_proj.weight", "mlp.c_proj.bias"))
+TENSORS = OP_TENSORS  # what each op's W updates (model/layout.py)
 
 
 def inner(op: int) -> bool:
     """Whether a stage edge after `op` carries an inner tensor beside the residual."""
     return op % SEAM != SEAM - 1
+
+
+def inner_width(op: int, C: int) -> int:
+    """The width of the tensor a stage edge after `op` carries beside the residual (of
+    the whole model: a tensor-parallel shard holds 1/tp of it): qkv, y, h, gelu(h)."""
+    return {0: 3 * C, 1: C, 3: 4 * C, 4: 4 * C}[op]
 
 
 def forward(first, stop, x, params, n_head, be=None, tp=None, selective=False,
@@ -50,6 +54,8 @@ def forward(first, stop, x, params, n_head, be=None, tp=None, selective=False,
     returns the same for after `stop - 1`, and the caches. params: the block's. owned:
     the residual is a fresh array nothing writes again (layernorm may keep it)."""
     r, z = x if isinstance(x, tuple) else (x, None)
+    if z is not None and not owned:  # a message's views: the runtime reuses its buffer,
+        r, z = r.copy(), z.copy()  # the core scales q in place, and caches keep both
     be = backend_for(r, be)
     heads = n_head // tp.size if tp is not None else n_head
     caches = {}
@@ -111,6 +117,8 @@ def backward_input(first, stop, dy, caches):
     """B of ops [first, stop): dy the gradient of their output (as F returned it);
     returns that of their input. Each op keeps the gradient its W multiplies with."""
     dr, dz = dy if isinstance(dy, tuple) else (dy, None)
+    if dz is not None:  # (a message: the fused GELU writes its gradient over its input)
+        dz = dz.copy()
     for op in reversed(range(first, stop)):
         cache = caches[op]
         if op in (2, 5):
@@ -123,8 +131,9 @@ def backward_input(first, stop, dy, caches):
                 caches[3]["bias_sums"] = act["bias_sums"]
         elif op == 1:
             dz = attention.core_backward(dz, cache)
-            if "bias_sums" in cache and 0 in caches:
-                caches[0]["bias_sums"] = cache.pop("bias_sums")
+            pieces = cache.pop("bias_sums", None)  # (c_attn's bias gradient, for its W)
+            if pieces is not None and 0 in caches and caches[0]["late"]:
+                caches[0]["bias_sums"] = pieces
         else:
             cache["d"] = dz
             da = linear.backward_input(dz, cache["proj"])

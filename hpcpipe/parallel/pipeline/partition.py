@@ -1,11 +1,14 @@
 """Which blocks each pipeline stage holds: contiguous slices, the embedding on the first
 stage and ln_f + head + loss on the last, balanced by estimated cost or given by hand.
 
-A slice may start or end at a block's seam, between its attention and its MLP (half a
-block: model/units.py). Given by hand, counts of 0.5 say where; balanced by cost, halves
-are taken only where whole blocks leave the slowest stage more than WORTH above the mean
-(or there are more stages than blocks): a seam is one more boundary inside the model, and
-the whole-block split that balanced well before stays what it was.
+A slice may start or end inside a block, after any of its six operations (model/units.py,
+layers/ops.py): at its seam, between its attention and its MLP (half a block), or inside a
+sublayer, where the messages carry the sublayer's tensor beside the residual. Positions
+are counted in operations, a sixth of a block each. Given by hand, counts of 0.5 or 1/6
+say where; balanced by cost, halves are taken only where whole blocks leave the slowest
+stage more than WORTH above the mean (or there are more stages than blocks), and single
+operations only where halves do too: each is one more boundary inside the model, and the
+split that balanced well before stays what it was.
 
 Where a rank holds several stages (interleaved, the V's), equal stages are not what a rank
 waits on — a V puts the embedding's stage and the head's on rank 0 — so the split is then
@@ -25,19 +28,25 @@ WORTH = 0.05
 # How much shorter the simulated step must get for a multi-stage placement to leave the
 # per-stage split (smaller gains are within what the analytic costs can tell apart).
 GAIN = 0.01
+# How far from a multiple of 1/6 a count given by hand may be (7/6 printed as 1.16667).
+SIXTH_SLACK = 0.01
 
 
-def _in_blocks(spec, share: float) -> float:
-    """A stage's blocks weighted by cost: a whole block 1, its halves `share` and 1 − share."""
-    return len(spec.layers) + (share if spec.attention_of is not None else 0.0) \
-        + (1.0 - share if spec.mlp_of is not None else 0.0)
+OPS = 6  # a block's operations (layers/ops.py): positions per block
+HALF = OPS // 2
+
+
+def _in_blocks(spec, shares) -> float:
+    """A stage's blocks weighted by cost: a whole block 1, a run of its operations the
+    sum of their `shares` of it (StageCosts.ops)."""
+    return sum(sum(shares[u.first:u.stop]) for u in spec.units)
 
 
 def stage_cost(cfg: GPTConfig, spec, costs: StageCosts | None = None) -> float:
-    """A stage's cost under `costs` (model/costs.py; default the CPU's `analytic`), halves
-    at seams priced by their share of a block."""
+    """A stage's cost under `costs` (model/costs.py; default the CPU's `analytic`), parts
+    of blocks priced by their operations' shares of one."""
     c = analytic(cfg) if costs is None else costs
-    return _in_blocks(spec, c.attention) * c.block \
+    return _in_blocks(spec, c.ops) * c.block \
         + (c.embedding if spec.embedding_part else 0.0) + (c.head if spec.head_part else 0.0)
 
 
@@ -61,7 +70,7 @@ def _per_rank(per_stage, schedule=None) -> list[float]:
 
 def counts_text(specs) -> str:
     """The specs' blocks as parallel.layers_per_stage spells them: "[1.5, 1.5, 2, 1]"."""
-    return "[" + ", ".join(f"{s.blocks:g}" for s in specs) + "]"
+    return "[" + ", ".join(f"{round(s.blocks, 4):g}" for s in specs) + "]"
 
 
 def _above_mean(per_stage) -> float:
@@ -73,19 +82,20 @@ def fitted_costs(cfg: GPTConfig, specs, measured,
                  base: StageCosts | None = None) -> StageCosts | None:
     """The costs fitted to `measured` seconds per model stage (a microbatch's F + B + W): a
     block's from the stages without the head, the head's from what its stage takes beyond
-    its blocks; the embedding's share of a block and the halves' keep `base`'s (the costs
+    its blocks; the embedding's share of a block and the operations' keep `base`'s (the costs
     the split was made with; default the CPU's `analytic`): too small, or never apart, to
     measure. None when every stage has the head."""
     base = analytic(cfg) if base is None else base
-    share, halves = base.embedding / base.block, base.attention
-    plain = [(c, _in_blocks(s, halves) + (share if s.embedding_part else 0.0))
+    share, parts = base.embedding / base.block, base.ops
+    plain = [(c, _in_blocks(s, parts) + (share if s.embedding_part else 0.0))
              for s, c in zip(specs, measured) if not s.head_part]
     if not plain:
         return None
     blk = sum(c for c, _ in plain) / sum(n for _, n in plain)
     (last, cost), = [(s, c) for s, c in zip(specs, measured) if s.head_part]
-    own = _in_blocks(last, halves) + (share if last.embedding_part else 0.0)
-    return StageCosts(share * blk, blk, max(0.0, cost - own * blk), halves, "measured costs")
+    own = _in_blocks(last, parts) + (share if last.embedding_part else 0.0)
+    return StageCosts(share * blk, blk, max(0.0, cost - own * blk), base.attention,
+                      "measured costs", base.ops)
 
 
 def measured_balance(cfg: GPTConfig, specs, measured, worth: float = WORTH,
@@ -119,8 +129,9 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
     """Contiguous slices of the blocks for `num_stages` stages: the embedding goes to the
     first stage, ln_f + head + loss to the last.
 
-    Given `layers_per_stage` (one count per stage, multiples of 0.5 summing to n_layer: a
-    half is a slice edge at a block's seam), that split is used; otherwise the split that
+    Given `layers_per_stage` (one count per stage, multiples of 1/6 summing to n_layer: a
+    half is a slice edge at a block's seam, another sixth one after that operation of a
+    block), that split is used; otherwise the split that
     minimises the most expensive stage under `costs` (model/costs.py; default the CPU's
     `analytic`, the run's own from parallel/pipeline/planning.stage_costs), which gives
     the head's stage fewer blocks when the vocabulary is large — in whole blocks, or with
@@ -132,16 +143,16 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
     if num_stages < 1:
         raise PartitionError(f"need at least one stage, got {num_stages}")
     if layers_per_stage is not None:
-        halves = _given_halves(list(layers_per_stage), num_stages, L)
+        parts = _given_parts(list(layers_per_stage), num_stages, L)
     else:
         if num_stages > 2 * L:
             raise PartitionError(f"{num_stages} pipeline stages but only {L} transformer "
                                  f"blocks: every stage needs at least half a block (use "
                                  f"fewer stages or chunks, or more layers)")
-        halves = _balanced_halves(cfg, num_stages, costs)
+        parts = _balanced_parts(cfg, num_stages, costs)
         if schedule is not None and schedule.chunks > 1:
-            halves = for_placement(cfg, halves, schedule, costs)
-    return _specs(halves, L)
+            parts = for_placement(cfg, parts, schedule, costs)
+    return _specs(parts, L)
 
 
 def stage_work(cfg: GPTConfig, specs, costs=None) -> list[float]:
@@ -151,89 +162,107 @@ def stage_work(cfg: GPTConfig, specs, costs=None) -> list[float]:
     return [stage_cost(cfg, s, costs) / blk / 3 for s in specs]
 
 
-def simulated_step(cfg: GPTConfig, halves, schedule, costs=None) -> float:
-    """The makespan of `schedule` (`stage_work`'s units) when its stages hold `halves`
-    half blocks each."""
-    work = stage_work(cfg, _specs(halves, cfg.n_layer), costs)
+def simulated_step(cfg: GPTConfig, parts, schedule, costs=None) -> float:
+    """The makespan of `schedule` (`stage_work`'s units) when its stages hold `parts`
+    operations (sixths of a block) each."""
+    work = stage_work(cfg, _specs(parts, cfg.n_layer), costs)
     return simulate(schedule, Costs(f=work, b=work, w=work)).makespan
 
 
-def for_placement(cfg: GPTConfig, halves, schedule, costs=None) -> list[int]:
-    """`halves` improved for a schedule with several stages per rank: while the simulated
+def for_placement(cfg: GPTConfig, parts, schedule, costs=None) -> list[int]:
+    """`parts` improved for a schedule with several stages per rank: while the simulated
     step gets shorter, a stage edge moves by half a block or a whole one, or a stage slides
     so (both its edges: a lone edge move that would lengthen the step on the way there is
-    what leaves a local search stuck, GPT-2 under DualPipeV at pp 4). First improvement,
-    moves in order: deterministic on every rank. Kept when GAIN shorter than `halves`'
-    step, else `halves` as they were."""
-    start = simulated_step(cfg, halves, schedule, costs)
-    best, best_step, improved = list(halves), start, True
+    what leaves a local search stuck, GPT-2 under DualPipeV at pp 4) — and where the
+    slowest rank is still more than WORTH above the mean, then by one or two operations.
+    First improvement, moves in order: deterministic on every rank. Kept when GAIN shorter
+    than `parts`' step, else `parts` as they were."""
+    start = simulated_step(cfg, parts, schedule, costs)
+    best, best_step = _descend(cfg, list(parts), start, schedule, costs, (HALF, OPS))
+    if imbalance(cfg, _specs(best, cfg.n_layer), costs, schedule) > WORTH:
+        best, best_step = _descend(cfg, best, best_step, schedule, costs, (1, 2))
+    return best if best_step <= start * (1 - GAIN) else list(parts)
+
+
+def _descend(cfg, best, best_step, schedule, costs, sizes):
+    """First-improvement descent over `_moves` of these sizes (operations)."""
+    improved = True
     while improved:
         improved = False
-        for edges, move in _moves(len(best)):
+        for edges, move in _moves(len(best), sizes):
             trial = list(best)
             for edge in edges:
                 trial[edge] += move
                 trial[edge + 1] -= move
-            if min(trial) < 1:
+            if min(trial) < (1 if sizes[0] < HALF else HALF):
                 continue
             step = simulated_step(cfg, trial, schedule, costs)
             if step < best_step * (1 - 1e-9):
                 best, best_step, improved = trial, step, True
-    return best if best_step <= start * (1 - GAIN) else list(halves)
+    return best, best_step
 
 
-def _moves(stages: int):
-    """`for_placement`'s moves, (edges, half blocks): each edge alone, then each stage but
-    the ends slid (its two edges together), by ±1 and ±2 halves."""
+def _moves(stages: int, sizes):
+    """`for_placement`'s moves, (edges, operations): each edge alone, then each stage but
+    the ends slid (its two edges together), by ± each of `sizes`."""
+    steps = [sign * size for size in sizes for sign in (-1, 1)]
+    steps.sort(key=lambda m: (abs(m), m))
     for edge in range(stages - 1):
-        for move in (-2, -1, 1, 2):
+        for move in steps:
             yield (edge,), move
     for edge in range(stages - 2):
-        for move in (-2, -1, 1, 2):
+        for move in steps:
             yield (edge, edge + 1), move
 
 
-def _given_halves(counts, S: int, L: int) -> list[int]:
-    """Half blocks per stage from counts given by hand, checked."""
+def _given_parts(counts, S: int, L: int) -> list[int]:
+    """Operations per stage from counts given by hand, checked."""
     if len(counts) != S:
         raise PartitionError(f"parallel.layers_per_stage has {len(counts)} entries for "
                              f"{S} stages; give one count per stage")
-    if any(c < 0.5 or 2 * c != int(2 * c) for c in counts) or sum(counts) != L:
-        raise PartitionError(f"parallel.layers_per_stage = {counts} must be whole or half "
-                             f"blocks (at least 0.5) summing to model.n_layer = {L}")
-    return [int(2 * c) for c in counts]
+    parts = [round(OPS * c) for c in counts]
+    if any(abs(OPS * c - p) > SIXTH_SLACK or p < 1 for c, p in zip(counts, parts)) \
+            or sum(parts) != OPS * L:
+        raise PartitionError(f"parallel.layers_per_stage = {counts} must be whole blocks, "
+                             f"halves or sixths (at least 1/6) summing to model.n_layer = {L}")
+    return parts
 
 
-def _balanced_halves(cfg: GPTConfig, S: int, costs=None) -> list[int]:
-    """Half blocks per stage: whole blocks unless they balance worse than WORTH and halves
-    do better (or there are more stages than blocks)."""
+def _balanced_parts(cfg: GPTConfig, S: int, costs=None) -> list[int]:
+    """Operations per stage: whole blocks unless they balance worse than WORTH and halves
+    do better (or there are more stages than blocks); halves unless they balance worse
+    than WORTH and single operations do better."""
     c = analytic(cfg) if costs is None else costs
-    emb, blk, head, share, L = c.embedding, c.block, c.head, c.attention, cfg.n_layer
-    whole = None
-    if S <= L:
-        whole = [2 * n for n in _balanced_counts([blk] * L, S, emb, head)]
-        if imbalance(cfg, _specs(whole, L), costs) <= WORTH:
-            return whole
-    halves = _balanced_counts([share * blk, (1.0 - share) * blk] * L, S, emb, head)
-    if whole is not None and imbalance(cfg, _specs(halves, L), costs) \
-            >= imbalance(cfg, _specs(whole, L), costs):
-        return whole
-    return halves
+    emb, blk, head, L = c.embedding, c.block, c.head, cfg.n_layer
+    best = None
+    for size in (OPS, HALF, 1):
+        if size == OPS and S > L:
+            continue
+        units = [blk * sum(c.ops[o:o + size]) for o in range(0, OPS, size)] * L
+        parts = [size * n for n in _balanced_counts(units, S, emb, head)]
+        # (an edge inside a sublayer sends more: worth it only GAIN better)
+        if best is not None and imbalance(cfg, _specs(parts, L), costs) \
+                >= imbalance(cfg, _specs(best, L), costs) - (GAIN if size == 1 else 0.0):
+            return best
+        best = parts
+        if imbalance(cfg, _specs(best, L), costs) <= WORTH:
+            return best
+    return best
 
 
-def _specs(halves, L: int) -> list[StageSpec]:
-    """StageSpecs from half blocks per stage: a stage over half positions [p, q) (2l is
-    block l's attention half, 2l + 1 its MLP half) starts with block p // 2's MLP half when
-    p is odd and ends with block q // 2's attention half when q is odd."""
+def _specs(parts, L: int) -> list[StageSpec]:
+    """StageSpecs from operations per stage: a stage over positions [p, q) (6l + o is
+    block l's operation o) starts inside block p // 6 when p is not a multiple of 6 and
+    ends inside block q // 6 likewise."""
     specs, p = [], 0
-    for s, count in enumerate(halves):
+    for s, count in enumerate(parts):
         q = p + count
-        specs.append(StageSpec(index=s, layers=tuple(range((p + 1) // 2, q // 2)),
-                               embedding_part=s == 0, head_part=s == len(halves) - 1,
-                               mlp_of=p // 2 if p % 2 else None,
-                               attention_of=q // 2 if q % 2 else None))
+        specs.append(StageSpec(index=s, layers=tuple(range(-(-p // OPS), q // OPS)),
+                               embedding_part=s == 0, head_part=s == len(parts) - 1,
+                               lead=(p // OPS, p % OPS) if p % OPS else None,
+                               tail=(q // OPS, q % OPS) if q % OPS else None))
         p = q
-    assert p == 2 * L
+    assert p == OPS * L
     return specs
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcpipe.model import param_layout
+from hpcpipe.model.layers import ops
 from hpcpipe.parallel.pipeline.partition import partition
 from hpcpipe.parallel.pipeline.planning import stage_costs
 from hpcpipe.parallel.pipeline.tied import TiedEmbedding
@@ -48,6 +49,16 @@ class RankModel:
         self.tied = TiedEmbedding(self.stages, grid.ends, self.embedding_rank, self.head_rank,
                                   transport)
         self.order = {name: i for i, (name, _) in enumerate(param_layout(self.config))}
+
+    def inner_messages(self, batch: int) -> dict:
+        """Stage edge s (between stages s and s + 1) → the shape of the sublayer's tensor
+        its messages carry beside the residual, for edges inside a sublayer (layers/
+        ops.py): the whole sequence, this shard's width."""
+        shards = self.tp.size if self.tp is not None else 1
+        C, T = self.config.n_embd, self.config.block_size
+        return {s: (batch, T, ops.inner_width(spec.tail[1] - 1, C) // shards)
+                for s, spec in enumerate(self.specs)
+                if spec.tail is not None and ops.inner(spec.tail[1] - 1)}
 
     @property
     def head_stage(self):

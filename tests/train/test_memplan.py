@@ -171,8 +171,10 @@ def test_the_plan_says_what_balances_the_stages_better():
                            "above the mean")
     line = memplan.balance(config.load("inputs/tiny.toml", [
         "parallel.pp=4", 'parallel.schedule="zb-v"', "parallel.microbatches=8"]))
+    assert line.startswith("blocks per model stage [0.5, 0.5, 0.5, 0.1667, 0.8333, 0.5, 0.5, "
+                           "0.5]: the slowest rank (2 stages each) 11.7% above the mean")
     assert "the per-stage split [0.5, 0.5, 0.6667, 0.5, 0.6667, 0.6667, 0.3333, 0.1667] " \
-           "would simulate a step 14.3% longer" in line
+           "would simulate a step 5.4% longer" in line
 
 
 def test_the_pareto_front_trades_bubble_for_memory():
@@ -211,7 +213,13 @@ def test_auto_chooses_recomputation_with_its_schedule(tmp_path, stdlib_tokens):
     line = next(x for x in proc.stdout.splitlines() if "auto recompute per model stage" in x)
     plan = [stage.partition("@") for stage in line.split(": ")[-1].split("/")]
     assert all(choice in ("none", "selective", "full") for choice, _, _ in plan)
-    assert any(choice != "none" for choice, _, _ in plan)
+    # Recomputation wins here on an idle machine (full on stage 0); on a loaded one the
+    # measured rebuilds can cost more than the bubble of a schedule that holds one
+    # microbatch at a time, which fits this limit (one microbatch's M_B) without any: then
+    # the schedule must say so.
+    if all(choice == "none" for choice, _, _ in plan):
+        chosen = json.loads((tmp_path / "run" / "auto_schedule.json").read_text())
+        assert max(chosen["predicted_peaks"]) <= 0.4 * 2**20
     assert all(0 <= int(x) < 4 for _, _, taken in plan for x in filter(None, taken.split(",")))
     steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     after = [max(r["peak_activation_bytes"]) for r in steps if r.get("step", 0) > 2

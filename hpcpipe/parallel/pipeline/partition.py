@@ -19,7 +19,7 @@ from __future__ import annotations
 from hpcpipe.model.costs import StageCosts, analytic
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.stage import StageSpec
-from hpcpipe.schedules import Costs, simulate
+from hpcpipe.schedules import Costs, peak_activations, simulate
 
 
 # How far above the mean the slowest stage may be before a better split is worth the
@@ -149,9 +149,10 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
             raise PartitionError(f"{num_stages} pipeline stages but only {L} transformer "
                                  f"blocks: every stage needs at least half a block (use "
                                  f"fewer stages or chunks, or more layers)")
-        parts = _balanced_parts(cfg, num_stages, costs)
         if schedule is not None and schedule.chunks > 1:
-            parts = for_placement(cfg, parts, schedule, costs)
+            parts = _placed(cfg, num_stages, schedule, costs)
+        else:
+            parts = _balanced_parts(cfg, num_stages, costs)
     return _specs(parts, L)
 
 
@@ -169,23 +170,46 @@ def simulated_step(cfg: GPTConfig, parts, schedule, costs=None) -> float:
     return simulate(schedule, Costs(f=work, b=work, w=work)).makespan
 
 
-def for_placement(cfg: GPTConfig, parts, schedule, costs=None) -> list[int]:
+def _placed(cfg: GPTConfig, S: int, schedule, costs=None) -> list[int]:
+    """The split for a placement of several stages a rank: `for_placement` from the
+    per-stage split in halves; and from the one in operations (where they differ), taken
+    instead when its step is GAIN shorter and no rank's simulated peak of activations
+    (`_peak`) grows — the V's are chosen for their memory."""
+    coarse = for_placement(cfg, _balanced_parts(cfg, S, costs, HALF), schedule, costs)
+    start = _balanced_parts(cfg, S, costs)
+    ceiling = _peak(coarse, schedule)
+    if start == coarse or _peak(start, schedule) > ceiling:
+        return coarse
+    fine = for_placement(cfg, start, schedule, costs, ceiling)
+    if simulated_step(cfg, fine, schedule, costs) \
+            < simulated_step(cfg, coarse, schedule, costs) * (1 - GAIN):
+        return fine
+    return coarse
+
+
+def for_placement(cfg: GPTConfig, parts, schedule, costs=None, ceiling=None) -> list[int]:
     """`parts` improved for a schedule with several stages per rank: while the simulated
     step gets shorter, a stage edge moves by half a block or a whole one, or a stage slides
     so (both its edges: a lone edge move that would lengthen the step on the way there is
     what leaves a local search stuck, GPT-2 under DualPipeV at pp 4) — and where the
-    slowest rank is still more than WORTH above the mean, then by one or two operations.
+    slowest rank is still more than WORTH above the mean, then by one or two operations
+    as long as no rank's simulated peak of activations grows (nor, with a `ceiling`, any
+    move past it).
     First improvement, moves in order: deterministic on every rank. Kept when GAIN shorter
     than `parts`' step, else `parts` as they were."""
     start = simulated_step(cfg, parts, schedule, costs)
-    best, best_step = _descend(cfg, list(parts), start, schedule, costs, (HALF, OPS))
+    best, best_step = _descend(cfg, list(parts), start, schedule, costs, (HALF, OPS),
+                               ceiling)
     if imbalance(cfg, _specs(best, cfg.n_layer), costs, schedule) > WORTH:
-        best, best_step = _descend(cfg, best, best_step, schedule, costs, (1, 2))
+        best, best_step = _descend(cfg, best, best_step, schedule, costs, (1, 2),
+                                   _peak(best, schedule) if ceiling is None else ceiling)
     return best if best_step <= start * (1 - GAIN) else list(parts)
 
 
-def _descend(cfg, best, best_step, schedule, costs, sizes):
-    """First-improvement descent over `_moves` of these sizes (operations)."""
+def _descend(cfg, best, best_step, schedule, costs, sizes, ceiling=None):
+    """First-improvement descent over `_moves` of these sizes (operations); with a
+    `ceiling`, only to splits whose simulated peak of activations (`_peak`) stays within
+    it: the V's are chosen for their memory."""
     improved = True
     while improved:
         improved = False
@@ -197,16 +221,22 @@ def _descend(cfg, best, best_step, schedule, costs, sizes):
             if min(trial) < (1 if sizes[0] < HALF else HALF):
                 continue
             step = simulated_step(cfg, trial, schedule, costs)
-            if step < best_step * (1 - 1e-9):
+            if step < best_step * (1 - 1e-9) and (
+                    ceiling is None or _peak(trial, schedule) <= ceiling):
                 best, best_step, improved = trial, step, True
     return best, best_step
+
+
+def _peak(parts, schedule) -> float:
+    """The largest rank's simulated peak of activations, a stage's microbatch counted by
+    the operations it holds (M_B, and M_W as much)."""
+    return max(peak_activations(schedule, Costs(memory=[float(p) for p in parts])))
 
 
 def _moves(stages: int, sizes):
     """`for_placement`'s moves, (edges, operations): each edge alone, then each stage but
     the ends slid (its two edges together), by ± each of `sizes`."""
-    steps = [sign * size for size in sizes for sign in (-1, 1)]
-    steps.sort(key=lambda m: (abs(m), m))
+    steps = sorted(sign * size for size in sizes for sign in (-1, 1))  # -2, -1, 1, 2
     for edge in range(stages - 1):
         for move in steps:
             yield (edge,), move
@@ -228,14 +258,14 @@ def _given_parts(counts, S: int, L: int) -> list[int]:
     return parts
 
 
-def _balanced_parts(cfg: GPTConfig, S: int, costs=None) -> list[int]:
+def _balanced_parts(cfg: GPTConfig, S: int, costs=None, finest: int = 1) -> list[int]:
     """Operations per stage: whole blocks unless they balance worse than WORTH and halves
     do better (or there are more stages than blocks); halves unless they balance worse
-    than WORTH and single operations do better."""
+    than WORTH and single operations do better (`finest`: HALF, no finer)."""
     c = analytic(cfg) if costs is None else costs
     emb, blk, head, L = c.embedding, c.block, c.head, cfg.n_layer
     best = None
-    for size in (OPS, HALF, 1):
+    for size in (s for s in (OPS, HALF, 1) if s >= finest):
         if size == OPS and S > L:
             continue
         units = [blk * sum(c.ops[o:o + size]) for o in range(0, OPS, size)] * L

@@ -135,7 +135,8 @@ def _seconds(cfg, batch, dtype, rates, fused, layers, embedding_part=False, head
 
     def edge(at):  # what crosses a stage edge after operation `at` of a block
         zeros = lambda width: be.xp.zeros((batch, T, width), dtype=stage.dtype)  # noqa: E731
-        return (zeros(C), zeros(ops.inner_width(at, C))) if ops.inner(at) else zeros(C)
+        width = ops.inner_width(at, C)
+        return (zeros(C), zeros(width)) if width else zeros(C)
 
     inp = tokens if embedding_part else edge(lead[1] - 1 if lead else 2)
     dy = None if head_part else edge(tail[1] - 1 if tail else 2)

@@ -79,11 +79,23 @@ def ops_layout(cfg: GPTConfig, layer: int, first: int = 0, stop: int = len(OP_TE
     return [(name, shape) for name, shape in block_layout(cfg, layer) if name in mine]
 
 
+def op_runs(layers, lead=None, tail=None) -> list[tuple[int, int, int]]:
+    """(block, first op, stop op) of each run of operations a stage holds, in model order:
+    lead / tail (block, op) or None — block lead's ops [op, 6), the whole `layers`, block
+    tail's ops [0, op); both in one block: its ops [lead op, tail op) alone."""
+    count = len(OP_TENSORS)
+    if lead is not None and tail is not None and lead[0] == tail[0]:
+        return [(lead[0], lead[1], tail[1])]
+    return ([(lead[0], lead[1], count)] if lead is not None else []) \
+        + [(layer, 0, count) for layer in layers] \
+        + ([(tail[0], 0, tail[1])] if tail is not None else [])
+
+
 def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
                  lead=None, tail=None):
     """Ordered (name, shape) of the parameters a stage holds, in GPT-2's names: lead /
     tail, when given, (block, op): the stage starts with that block's operations [op, 6)
-    / ends with its [0, op) — both in one block: its [lead op, tail op) alone.
+    / ends with its [0, op) (`op_runs`).
 
     The head is tied to `wte`: a stage with the head but not the embedding holds its own
     copy of `wte` (the pipeline keeps the two copies equal).
@@ -94,16 +106,8 @@ def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=Tru
         out.append(("wte", (cfg.padded_vocab, cfg.n_embd)))
     if embedding_part:
         out.append(("wpe", (cfg.block_size, cfg.n_embd)))
-    count = len(OP_TENSORS)
-    if lead is not None and tail is not None and lead[0] == tail[0]:
-        out += ops_layout(cfg, lead[0], lead[1], tail[1])
-    else:
-        if lead is not None:
-            out += ops_layout(cfg, lead[0], lead[1], count)
-        for layer in layers:
-            out += block_layout(cfg, layer)
-        if tail is not None:
-            out += ops_layout(cfg, tail[0], 0, tail[1])
+    for layer, first, stop in op_runs(layers, lead, tail):
+        out += ops_layout(cfg, layer, first, stop)
     if head_part:
         out += [("ln_f.weight", (cfg.n_embd,)), ("ln_f.bias", (cfg.n_embd,))]
     return out

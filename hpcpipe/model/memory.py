@@ -17,9 +17,9 @@ compare). Per block, with N = B·T tokens, s the storage itemsize and w the comp
 A stage that starts or ends inside a block (model/units.py) holds what the caches of its
 operations there hold (`_op_bytes`: at a seam, ln_1 and the attention's share, or ln_2 and
 the MLP's); one that ends inside a sublayer keeps, from B to W, the gradient it receives
-there — which can be more than F kept: M_B is then the bytes after B, F keeping a part. On the fused kernels (a GPU) the
-caches are others (`_kernel_sizes`), equal to the stash there too (the tests run them on
-the stand-in's host build).
+there — which can be more than F kept: M_B is then the bytes after B, F keeping a part.
+On the fused kernels (a GPU) the caches are others (`_kernel_sizes`), equal to the stash
+there too (the tests run them on the stand-in's host build).
 
 `selective` keeps GELU's input (N, 4C)·s instead of its derivative and output and drops the
 attention matrix; `full` keeps the stage's input only. Either rebuilds, at the start of B,
@@ -86,7 +86,7 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = 
     elif recompute == "full":  # the input: ids, or the residual (and a sublayer's tensor)
         first = spec.units[0] if spec.units else None
         inner = ops.inner_width(first.first - 1, C) * N * s // tp \
-            if first is not None and first.first and ops.inner(first.first - 1) else 0
+            if first is not None and first.first else 0
         kept = (N * TOKEN_BYTES if spec.embedding_part else N * C * s + inner) \
             + (N * TOKEN_BYTES if spec.head_part else 0)
     else:

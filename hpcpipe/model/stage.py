@@ -284,11 +284,12 @@ class Stage:
 def _replay(inp, targets) -> dict:
     """What full recomputation keeps of F: copies of its input, an array or a pair (a
     received one is reused after F), and of the targets where the head's loss reads them."""
-    if isinstance(inp, tuple):  # (the stash's count walks dicts, not pairs)
-        kept = tuple(a.copy() for a in inp)
-        return {"input": kept, "parts": dict(enumerate(kept)),
-                "targets": None if targets is None else targets.copy()}
-    return {"input": inp.copy(), "targets": None if targets is None else targets.copy()}
+    pair = isinstance(inp, tuple)
+    kept = tuple(a.copy() for a in inp) if pair else inp.copy()
+    replay = {"input": kept, "targets": None if targets is None else targets.copy()}
+    if pair:  # (the stash's count walks dicts, not pairs)
+        replay["parts"] = dict(enumerate(kept))
+    return replay
 
 
 def _draw(stage: Stage, seed: int):

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpcpipe.model.layers import block, ops, scope
-from hpcpipe.model.layout import GPTConfig, ops_layout
+from hpcpipe.model.layout import GPTConfig, op_runs, ops_layout
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,5 @@ class Unit:
 
 def stage_units(layers, lead=None, tail=None) -> list[Unit]:
     """A stage's units in model order: lead / tail (block, op) or None, as
-    layout.param_layout's — block lead's ops [op, 6), the whole `layers`, block tail's
-    ops [0, op); both in one block: its ops [lead op, tail op)."""
-    if lead is not None and tail is not None and lead[0] == tail[0]:
-        return [Unit(lead[0], lead[1], tail[1])]
-    return ([Unit(lead[0], lead[1])] if lead is not None else []) \
-        + [Unit(layer) for layer in layers] \
-        + ([Unit(tail[0], 0, tail[1])] if tail is not None else [])
+    layout.op_runs takes them."""
+    return [Unit(*run) for run in op_runs(layers, lead, tail)]

@@ -37,15 +37,16 @@ COUNT = len(NAMES)
 TENSORS = OP_TENSORS  # what each op's W updates (model/layout.py)
 
 
-def inner(op: int) -> bool:
-    """Whether a stage edge after `op` carries an inner tensor beside the residual."""
-    return op % SEAM != SEAM - 1
-
-
 def inner_width(op: int, C: int) -> int:
     """The width of the tensor a stage edge after `op` carries beside the residual (of
-    the whole model: a tensor-parallel shard holds 1/tp of it): qkv, y, h, gelu(h)."""
-    return {0: 3 * C, 1: C, 3: 4 * C, 4: 4 * C}[op]
+    the whole model: a tensor-parallel shard holds 1/tp of it): qkv, y, h, gelu(h); 0
+    after attn.c_proj and mlp.c_proj (the seam, a block's end), where it alone crosses."""
+    return {0: 3 * C, 1: C, 3: 4 * C, 4: 4 * C}.get(op, 0)
+
+
+def inner(op: int) -> bool:
+    """Whether a stage edge after `op` carries an inner tensor beside the residual."""
+    return inner_width(op, 1) > 0
 
 
 def forward(first, stop, x, params, n_head, be=None, tp=None, selective=False,

@@ -17,6 +17,7 @@ improved on the schedule's simulated step (`for_placement`)."""
 from __future__ import annotations
 
 from hpcpipe.model.costs import StageCosts, analytic
+from hpcpipe.model.layers import ops
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.stage import StageSpec
 from hpcpipe.schedules import Costs, peak_activations, simulate
@@ -32,8 +33,8 @@ GAIN = 0.01
 SIXTH_SLACK = 0.01
 
 
-OPS = 6  # a block's operations (layers/ops.py): positions per block
-HALF = OPS // 2
+OPS = ops.COUNT  # a block's operations (layers/ops.py): positions per block
+HALF = ops.SEAM  # the seam: half a block
 
 
 def _in_blocks(spec, shares) -> float:

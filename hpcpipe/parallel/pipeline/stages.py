@@ -56,9 +56,9 @@ class RankModel:
         ops.py): the whole sequence, this shard's width."""
         shards = self.tp.size if self.tp is not None else 1
         C, T = self.config.n_embd, self.config.block_size
-        return {s: (batch, T, ops.inner_width(spec.tail[1] - 1, C) // shards)
-                for s, spec in enumerate(self.specs)
-                if spec.tail is not None and ops.inner(spec.tail[1] - 1)}
+        widths = {s: ops.inner_width(spec.tail[1] - 1, C) for s, spec in enumerate(self.specs)
+                  if spec.tail is not None}
+        return {s: (batch, T, width // shards) for s, width in widths.items() if width}
 
     @property
     def head_stage(self):

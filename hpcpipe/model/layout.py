@@ -72,23 +72,57 @@ OP_TENSORS = (("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bi
               ("mlp.c_proj.weight", "mlp.c_proj.bias"))
 
 
-def ops_layout(cfg: GPTConfig, layer: int, first: int = 0, stop: int = len(OP_TENSORS)):
+def ops_layout(cfg: GPTConfig, layer: int, first: int = 0, stop: int = len(OP_TENSORS),
+               part=None):
     """(name, shape) of the tensors block `layer`'s operations [first, stop) use, in the
-    block's order."""
-    mine = {f"h.{layer}.{name}" for op in range(first, stop) for name in OP_TENSORS[op]}
+    block's order (global shapes). part (a, b): groups [a, b) of the sublayer's width
+    (b None: to its end; layers/ops.py) — the LayerNorm only with the first group, the
+    projection's bias only with the last."""
+    mine = {f"h.{layer}.{name}" for op in range(first, stop) for name in OP_TENSORS[op]
+            if part is None or not ((name.startswith("ln_") and part[0] > 0)
+                                    or (name.endswith("c_proj.bias") and part[1] is not None))}
     return [(name, shape) for name, shape in block_layout(cfg, layer) if name in mine]
 
 
-def op_runs(layers, lead=None, tail=None) -> list[tuple[int, int, int]]:
-    """(block, first op, stop op) of each run of operations a stage holds, in model order:
-    lead / tail (block, op) or None — block lead's ops [op, 6), the whole `layers`, block
-    tail's ops [0, op); both in one block: its ops [lead op, tail op) alone."""
-    count = len(OP_TENSORS)
+def op_runs(layers, lead=None, tail=None) -> list[tuple[int, int, int, tuple | None]]:
+    """(block, first op, stop op, part) of each run of operations a stage holds, in model
+    order. lead / tail: None, (block, op) or (block, op, group) — the stage starts inside
+    that block after its operations [0, op) / ends there with them; with a group, the
+    edge falls across the width of the sublayer starting at op (0 or 3), after that many
+    of its groups (layers/ops.py `groups`), and the run there holds part (a, b) of them
+    (b None: to the end). Both in one block: what lies between."""
     if lead is not None and tail is not None and lead[0] == tail[0]:
-        return [(lead[0], lead[1], tail[1])]
-    return ([(lead[0], lead[1], count)] if lead is not None else []) \
-        + [(layer, 0, count) for layer in layers] \
-        + ([(tail[0], 0, tail[1])] if tail is not None else [])
+        return _within(lead[0], lead[1:], tail[1:])
+    return (_within(lead[0], lead[1:], None) if lead is not None else []) \
+        + [(layer, 0, len(OP_TENSORS), None) for layer in layers] \
+        + (_within(tail[0], None, tail[1:]) if tail is not None else [])
+
+
+def _within(block: int, start, stop) -> list:
+    """`op_runs` inside one block, from edge `start` to edge `stop` ((op,) or (op, group);
+    None: the block's beginning / end)."""
+    first, last, runs, ending = 0, len(OP_TENSORS), [], None
+    for one, other in ((start, stop), (stop, start)):  # (3: a sublayer's operations)
+        if one is not None and len(one) == 2 and other is not None and len(other) == 1 \
+                and one[0] < other[0] < one[0] + 3:
+            raise ValueError(f"block {block}: a stage edge after operation {other[0]} falls "
+                             f"inside a sublayer split across its width by another")
+    if start is not None:
+        first = start[0]
+        if len(start) == 2:  # from a group of the sublayer at `first` on
+            end = stop[1] if stop is not None and len(stop) == 2 and stop[0] == first \
+                else None
+            runs.append((block, first, first + 3, (start[1], end)))
+            if end is not None:
+                return runs
+            first += 3
+    if stop is not None:
+        last = stop[0]
+        if len(stop) == 2:  # up to a group of the sublayer at `last`
+            ending = (block, last, last + 3, (0, stop[1]))
+    if first < last:
+        runs.append((block, first, last, None))
+    return runs + ([ending] if ending is not None else [])
 
 
 def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
@@ -106,8 +140,8 @@ def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=Tru
         out.append(("wte", (cfg.padded_vocab, cfg.n_embd)))
     if embedding_part:
         out.append(("wpe", (cfg.block_size, cfg.n_embd)))
-    for layer, first, stop in op_runs(layers, lead, tail):
-        out += ops_layout(cfg, layer, first, stop)
+    for layer, first, stop, part in op_runs(layers, lead, tail):
+        out += ops_layout(cfg, layer, first, stop, part)
     if head_part:
         out += [("ln_f.weight", (cfg.n_embd,)), ("ln_f.bias", (cfg.n_embd,))]
     return out

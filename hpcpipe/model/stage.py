@@ -20,7 +20,7 @@ from hpcpipe.model.layers import embedding, head, layernorm, loss, ops, scope
 from hpcpipe.model.layout import FlatBuffer, GPTConfig, init_value, padding_mask, param_layout
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.model.stashbytes import StashBytes
-from hpcpipe.model.units import stage_units
+from hpcpipe.model.units import part_shards, stage_units
 
 # What a stage keeps from F to B (schedules/recompute.py models each in bytes and time):
 # "none" every cache; "selective" all but the attention matrices and the GELU's output and
@@ -73,6 +73,7 @@ class Stage:
                                                lead, tail))
         self.shards = {name: shard_of(name, shape, shards, rank)
                        for name, shape in self.global_shapes.items()}
+        self.shards.update(part_shards(cfg, self.units, shards))
         layout = [(name, self.shards[name].local_shape(shape))
                   for name, shape in self.global_shapes.items()]
         self.param_buffer = FlatBuffer(layout, self.xp, self.dtype)

@@ -10,8 +10,14 @@ gradient, which the whole block sums inside ln_2's kernel and a seam, whose ln_2
 next stage, with a reduction of its own (tests/model/test_units.py). A boundary after any
 other operation falls inside a sublayer: the message carries the residual and that
 sublayer's tensor (qkv, the core's output, the MLP's hidden layer before or after the
-GELU), a pair that parallel/pipeline/p2p.py packs into one buffer. Parts of blocks are
-finer steps to balance stages with — six blocks on four stages as 1.5 each — at the
+GELU), a pair that parallel/pipeline/p2p.py packs into one buffer. A boundary may also
+fall across a sublayer's width, the way tensor parallelism splits it: the stage before
+runs the sublayer's LayerNorm and its first heads (or groups of the MLP's hidden
+columns), the stage after the rest, and the message carries the residual with the first
+stage's share added and the LayerNorm's output (B: the residual's gradient and the later
+parts' share of the LayerNorm output's) — an edge anywhere in the sublayer's cost at the
+price of bits: the projections' partial sums are added in another order (round-off).
+Parts of blocks are finer steps to balance stages with — six blocks on four stages as 1.5 each — at the
 price of one more stage boundary inside the model (parallel/pipeline/partition.py takes
 them only where coarser ones balance badly).
 """
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 
 from hpcpipe.model.layers import block, ops, scope
 from hpcpipe.model.layout import GPTConfig, op_runs, ops_layout
+from hpcpipe.model.sharding import part_of
 
 
 @dataclass(frozen=True)
@@ -32,21 +39,28 @@ class Unit:
     layer: int
     first: int = 0
     stop: int = ops.COUNT
+    # (a, b): a sublayer's groups [a, b) of its width (b None: to its end), where a stage
+    # edge falls across it (layers/ops.py `groups`); None: the operations whole.
+    part: tuple | None = None
 
     @property
     def whole(self) -> bool:
-        return (self.first, self.stop) == (0, ops.COUNT)
+        return (self.first, self.stop) == (0, ops.COUNT) and self.part is None
 
     @property
     def key(self):
         """The unit's entry in a stage's caches: a whole block's is its index."""
-        return self.layer if self.whole else (self.layer, self.first, self.stop)
+        return self.layer if self.whole else (self.layer, self.first, self.stop, self.part)
 
     def describe(self) -> str:
         """For the plan: "block 3", "block 3's attention", "block 3's MLP", or its
         operations by name."""
         if self.whole:
             return f"block {self.layer}"
+        if self.part is not None:
+            what = "heads" if self.first == 0 else "MLP groups"
+            a, b = self.part
+            return f"block {self.layer}'s {what} {a}–{'' if b is None else b - 1}"
         if (self.first, self.stop) in ((0, ops.SEAM), (ops.SEAM, ops.COUNT)):
             half = "attention" if self.first == 0 else "MLP"
             return f"block {self.layer}'s {half}"
@@ -55,14 +69,15 @@ class Unit:
 
     def layout(self, cfg: GPTConfig):
         """(name, shape) of the tensors its operations use, in the block's order."""
-        return ops_layout(cfg, self.layer, self.first, self.stop)
+        return ops_layout(cfg, self.layer, self.first, self.stop, self.part)
 
     def forward(self, x, params, n_head, be, tp, selective, owned):
         """(output, cache) of the unit's F; `params` the stage's (model-wide names)."""
         mine = scope(params, f"h.{self.layer}.")
         if self.whole:
             return block.forward(x, mine, n_head, be, tp, selective, owned)
-        return ops.forward(self.first, self.stop, x, mine, n_head, be, tp, selective, owned)
+        return ops.forward(self.first, self.stop, x, mine, n_head, be, tp, selective, owned,
+                           self.part)
 
     def rebuild(self, cache):
         """Before B: what selective recomputation dropped after F."""
@@ -86,6 +101,24 @@ class Unit:
 
 
 def stage_units(layers, lead=None, tail=None) -> list[Unit]:
-    """A stage's units in model order: lead / tail (block, op) or None, as
-    layout.op_runs takes them."""
+    """A stage's units in model order: lead / tail (block, op), (block, op, group) or
+    None, as layout.op_runs takes them."""
     return [Unit(*run) for run in op_runs(layers, lead, tail)]
+
+
+def part_shards(cfg: GPTConfig, units, tp: int = 1) -> dict:
+    """Tensor name → the part (sharding.Shard) of it that `units` hold, for the tensors of
+    units with part of a sublayer's width (whole tensors are not listed). Such a stage
+    cannot be split by tensor parallelism as well (`tp` > 1: ValueError)."""
+    out = {}
+    for unit in units:
+        if unit.part is None:
+            continue
+        if tp > 1:
+            raise ValueError(f"{unit.describe()}: a stage edge across a sublayer's width "
+                             f"and tensor parallelism (tp = {tp}) cannot be combined")
+        count = ops.groups(unit.first, cfg.n_head)
+        a, b = unit.part
+        for name, shape in unit.layout(cfg):
+            out[name] = part_of(name, shape, (a, count if b is None else b), count)
+    return out

@@ -49,21 +49,36 @@ def inner(op: int) -> bool:
     return inner_width(op, 1) > 0
 
 
+def groups(first: int, n_head: int) -> int:
+    """The groups of width a sublayer (starting at op `first`: 0 or SEAM) is split in
+    where a stage edge falls across it: the attention's heads; the MLP's hidden width in
+    groups of a head's n_embd / n_head columns, 4·n_head of them."""
+    return n_head if first == 0 else 4 * n_head
+
+
 def forward(first, stop, x, params, n_head, be=None, tp=None, selective=False,
-            owned=False):
+            owned=False, part=None):
     """F of ops [first, stop): x the residual (first 0 or SEAM) or (residual, inner);
     returns the same for after `stop - 1`, and the caches. params: the block's. owned:
-    the residual is a fresh array nothing writes again (layernorm may keep it)."""
+    the residual is a fresh array nothing writes again (layernorm may keep it). part:
+    (a, b), the run is one sublayer's groups [a, b) of its width (`groups`; b None: to
+    its end; params hold those columns): a > 0 takes (residual, its LayerNorm's output) and runs no
+    LayerNorm, b short of the width adds no projection bias and hands on (residual +
+    these groups' share, the LayerNorm's output): the next stage adds the rest."""
     r, z = x if isinstance(x, tuple) else (x, None)
     if z is not None and not owned:  # a message's views: the runtime reuses its buffer,
         r, z = r.copy(), z.copy()  # the core scales q in place, and caches keep both
     be = backend_for(r, be)
     heads = n_head // tp.size if tp is not None else n_head
-    caches = {}
+    ends = part is None or part[1] is None  # (adds the sublayer's bias)
+    if part is not None and first == 0:
+        heads = (n_head if ends else part[1]) - part[0]
+    normed, caches = None, {}
     for op in range(first, stop):
         if op in (0, 3):  # (the next op here may take this op's bias: `late`)
-            z, caches[op] = _norm_project(op, r, params, heads, be, tp,
-                                          owned or op > first, op + 1 < stop)
+            given = z if part is not None and part[0] > 0 else None
+            normed, z, caches[op] = _norm_project(op, r, params, heads, be, tp,
+                                                  owned or op > first, op + 1 < stop, given)
         elif op == 1:
             bias = params["attn.c_attn.bias"] if caches.get(0, {}).get("late") else None
             z, caches[op] = attention.core_forward(
@@ -79,27 +94,32 @@ def forward(first, stop, x, params, n_head, be=None, tp=None, selective=False,
             caches[op] = {"h": h, "bias": bias, "be": be} if selective else {"gelu": act}
         else:
             prefix = "attn.c_proj." if op == 2 else "mlp.c_proj."
-            out, caches[op] = linear.forward(z, scope(params, prefix), be, tp, "rows")
+            out, caches[op] = linear.forward(z, scope(params, prefix), be, tp, "rows",
+                                             add_bias=ends)
+            caches[op]["biased"] = ends
             out += r
-            r, z = out, None
+            r, z = out, (None if ends else normed)
     if selective and 4 in caches and 5 in caches:
         del caches[5]["x"]  # the GELU's output too: rebuilt with it
     return (r if z is None else (r, z)), caches
 
 
-def _norm_project(op, r, params, heads, be, tp, owned, late):
-    """Op 0 or 3: LayerNorm of the residual, then the sublayer's column-parallel
+def _norm_project(op, r, params, heads, be, tp, owned, late, normed=None):
+    """Op 0 or 3: LayerNorm of the residual (or `normed`, its output given: a part of
+    the sublayer's width after the first), then the sublayer's column-parallel
     projection; `late`: the next op is in the same run, and a fused kernel there may add
-    this projection's bias (the flash attention, the GELU)."""
+    this projection's bias (the flash attention, the GELU). Returns (the LayerNorm's
+    output, the projection's, the cache)."""
     norm, prefix = ("ln_1.", "attn.c_attn.") if op == 0 else ("ln_2.", "mlp.c_fc.")
-    a, ln = layernorm.forward(r, scope(params, norm), be, tp, owned=owned)
+    a, ln = (normed, None) if normed is not None else \
+        layernorm.forward(r, scope(params, norm), be, tp, owned=owned)
     weight = params[prefix + "weight"]
     if op == 0:
         late = late and attention.flash_kernels(be, weight, heads) is not None
     else:
         late = late and fused.gelu_takes_bias(be, weight)
     z, proj = linear.forward(a, scope(params, prefix), be, tp, "columns", add_bias=not late)
-    return z, {"ln": ln, "proj": proj, "late": late}
+    return a, z, {"ln": ln, "proj": proj, "late": late}
 
 
 def rebuild(caches):
@@ -116,13 +136,19 @@ def rebuild(caches):
 
 def backward_input(first, stop, dy, caches):
     """B of ops [first, stop): dy the gradient of their output (as F returned it);
-    returns that of their input. Each op keeps the gradient its W multiplies with."""
+    returns that of their input. Each op keeps the gradient its W multiplies with. A
+    part of a sublayer's width (`forward`'s part) ending short of it receives, beside the
+    residual's, the gradient of the LayerNorm's output from the parts after it, and adds
+    its own; one starting after the first group hands that sum on instead of running the
+    LayerNorm's B."""
     dr, dz = dy if isinstance(dy, tuple) else (dy, None)
     if dz is not None:  # (a message: the fused GELU writes its gradient over its input)
         dz = dz.copy()
+    later = None
     for op in reversed(range(first, stop)):
         cache = caches[op]
         if op in (2, 5):
+            later = dz  # (a part's: the later parts' gradient of the LayerNorm's output)
             cache["d"] = dr
             dz = linear.backward_input(dr, cache)
         elif op == 4:
@@ -138,6 +164,11 @@ def backward_input(first, stop, dy, caches):
         else:
             cache["d"] = dz
             da = linear.backward_input(dz, cache["proj"])
+            if later is not None:
+                da += later
+            if cache["ln"] is None:  # a part after the first: its stage edge's inner
+                dz = da
+                continue
             dr = layernorm.backward_input(da, cache["ln"], dresidual=dr)
             dz = None
     return dr if dz is None else (dr, dz)
@@ -149,7 +180,8 @@ def backward_weight(first, stop, caches, grads):
         cache = caches[op]
         if op in (2, 5):
             prefix = "attn.c_proj." if op == 2 else "mlp.c_proj."
-            linear.backward_weight(cache.pop("d"), cache, scope(grads, prefix))
+            linear.backward_weight(cache.pop("d"), cache, scope(grads, prefix),
+                                   bias=cache["biased"])
         elif op in (0, 3):
             norm, prefix = ("ln_1.", "attn.c_attn.") if op == 0 else ("ln_2.", "mlp.c_fc.")
             sums, mine = cache.pop("bias_sums", None), scope(grads, prefix)
@@ -160,4 +192,5 @@ def backward_weight(first, stop, caches, grads):
             elif sums is not None:
                 fused.gelu_bias_gradient(fused.kernels(cache["proj"]["be"]), sums,
                                          mine["bias"])
-            layernorm.backward_weight(None, cache["ln"], scope(grads, norm))
+            if cache["ln"] is not None:
+                layernorm.backward_weight(None, cache["ln"], scope(grads, norm))

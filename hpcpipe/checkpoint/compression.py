@@ -22,9 +22,8 @@ import os
 
 import numpy as np
 
-from hpcpipe.checkpoint.hdf5 import dataset, member, read_dataset, store
+from hpcpipe.checkpoint.hdf5 import dataset, member, piece_shard, read_dataset, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
-from hpcpipe.model.sharding import shard_of
 from hpcpipe.model.stage import cuts, seams
 from hpcpipe.util.files import write_atomic
 
@@ -63,9 +62,8 @@ def write(rank, folder: str) -> str | None:
     def body(tmp):
         with h5py.File(tmp, "w") as f:
             for tensor, stage, key in _tensors(rank):
-                whole = stage.shards[tensor].replicated or grid.tp == 1
-                extra = {} if whole else {"tp": [grid.tp, grid.tp_rank]}
-                store(f, f"error/{tensor}", be.to_host(compressor.error[key]), **extra)
+                store(f, f"error/{tensor}", be.to_host(compressor.error[key]),
+                      **(_part(stage, tensor, grid) or {}))
                 store(f, f"q/{tensor}", be.to_host(compressor.q[key]))
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe PowerSGD state of one rank (error feedback, Q)"
@@ -74,6 +72,16 @@ def write(rank, folder: str) -> str | None:
 
     write_atomic(os.path.join(folder, name), body)
     return name
+
+
+def _part(stage, tensor: str, grid) -> dict | None:
+    """Which part of `tensor` this rank's error feedback is of: {"tp": [shards, shard]},
+    {"part": [a, b, groups]} (a stage's across a sublayer's width), None: all of it."""
+    if tensor in stage.parts:
+        return {"part": list(stage.parts[tensor])}
+    if stage.shards[tensor].replicated or grid.tp == 1:
+        return None
+    return {"tp": [grid.tp, grid.tp_rank]}
 
 
 def layout_of(rank) -> dict:
@@ -118,7 +126,7 @@ def load(rank, path: str, manifest: dict):
 
 
 def _index(opened: dict, path: str) -> dict:
-    """tensor name → [(dp rank, tp shard [tp, rank] or None, file, its error, its q)]."""
+    """tensor name → [(dp rank, its part (`_part`) or None, file, its error, its q)]."""
     index = {}
     for fname, f in opened.items():
         where = os.path.join(path, fname)
@@ -129,9 +137,9 @@ def _index(opened: dict, path: str) -> dict:
         errors = member(f, "error", where)  # hard links only: never another file's
         for tensor in errors:
             error, q = dataset(f, f"error/{tensor}", where), dataset(f, f"q/{tensor}", where)
-            recorded = error.attrs.get("tp")
-            tp = None if recorded is None else [int(v) for v in recorded]
-            index.setdefault(tensor, []).append((dp_rank, tp, where, error, q))
+            part = {k: [int(v) for v in error.attrs[k]] for k in ("tp", "part")
+                    if k in error.attrs}
+            index.setdefault(tensor, []).append((dp_rank, part or None, where, error, q))
     return index
 
 
@@ -145,18 +153,17 @@ def _entries(index, tensor: str, path: str):
 
 def _own(index, tensor: str, grid, stage, path: str):
     """This rank's error and Q as written under the same layout."""
-    shard = None if stage.shards[tensor].replicated or grid.tp == 1 else \
-        [grid.tp, grid.tp_rank]
+    shard = _part(stage, tensor, grid)
     for dp_rank, tp, where, error, q in _entries(index, tensor, path):
         if dp_rank == grid.dp_rank and tp == shard:
             return _read(error, where, stage.grads[tensor].shape), read_dataset(q, where)
     raise CheckpointError(f"{path}: no PowerSGD state of {tensor} for replica "
-                          f"{grid.dp_rank}" + (f", tensor shard {grid.tp_rank}" if shard else ""))
+                          f"{grid.dp_rank}" + (f", part {shard}" if shard else ""))
 
 
 def _resharded(index, tensor: str, stage, grid, path: str):
     """ΣE over the replicas that wrote the checkpoint, this rank's share: its tensor
-    shard's part, divided by the new dp."""
+    shard's part (or its stage's across a sublayer's width), divided by the new dp."""
     shape = tuple(stage.global_shapes[tensor])
     total = np.zeros(shape)
     seen = {}
@@ -165,7 +172,7 @@ def _resharded(index, tensor: str, stage, grid, path: str):
             total += _read(error, where, shape)
             seen[dp_rank] = seen.get(dp_rank, 0) + int(np.prod(shape))
         else:
-            part = shard_of(tensor, shape, *tp)
+            part = piece_shard(tensor, shape, tp)
             piece = np.zeros(shape)
             data = read_dataset(error, where)
             part.put(piece, data)

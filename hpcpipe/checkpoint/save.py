@@ -146,7 +146,8 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str,
         for name, info in entry.get("tensors", {}).items():
             tensors[name] = {"file": entry["file"], **info}
         for name, ranges in entry.get("pieces", {}).items():
-            segments.setdefault(name, []).extend(_segment_entry(entry["file"], *r) for r in ranges)
+            segments.setdefault(name, []).extend(_segment_entry(entry["file"], *r)
+                                                 for r in ranges)
     grid, model = rank.grid, rank.model
     layout = {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "chunks": len(model.stages),
               "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
@@ -162,13 +163,11 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str,
                            adam_step=rank.step.optimizer.t, state=state, run=run, data=data)
 
 
-def _segment_entry(file: str, start: int, stop: int, tp=None) -> dict:
+def _segment_entry(file: str, start: int, stop: int, shard=None) -> dict:
     """A manifest entry of optimizer state: elements [start, stop) of the flattened tensor,
-    or — `tp` = (shards, shard) — of that tensor-parallel shard's part of it."""
-    entry = {"file": file, "start": start, "stop": stop}
-    if tp is not None:
-        entry["tp"] = list(tp)
-    return entry
+    or of a part of it — `shard` {"tp": [shards, shard]} a tensor-parallel shard's,
+    {"part": [a, b, groups]} a stage's across a sublayer's width (model/units.py)."""
+    return {"file": file, "start": start, "stop": stop, **(shard or {})}
 
 
 def _injected_delay(folder: str):
@@ -197,8 +196,8 @@ def _write_rank_files(rank, cfg, folder: str) -> list[dict]:
             entries.append(_entry(folder, name, tensors=tensors))
     if grid.dp_rank == 0 or cfg.parallel.zero:  # with ZeRO-1 every replica holds a shard
         name = f"optim-r{grid.rank:05d}.h5"
-        segments = _write_optimizer(rank.step.optimizer, rank.model.backend,
-                                  os.path.join(folder, name), grid)
+        segments = _write_optimizer(rank.step.optimizer, rank.model,
+                                    os.path.join(folder, name), grid)
         entries.append(_entry(folder, name, pieces=segments))
     if rank.step.outer is not None:  # local SGD: every replica's own state, and the outer's
         entries.append(_entry(folder, local.write(rank, folder)))
@@ -214,11 +213,12 @@ def _write_rank_files(rank, cfg, folder: str) -> list[dict]:
 
 def _global_parameters(model, grid) -> list:
     """(name, model stage, global host array) of every parameter this rank's pipeline
-    stages hold — on tensor shard 0, with every shard's part in place (others: [])."""
+    stages hold — on tensor shard 0, with every shard's part in place (others: []); a
+    tensor split across pipeline stages by width on the stage with its first part."""
     out = []
     for chunk, stage in model.in_model_order():
         for name, value in stage.params.items():
-            if _skip_tied_copy(stage, name):
+            if _skip_tied_copy(stage, name) or name in stage.parts:
                 continue
             host = model.backend.to_host(value)
             shard = stage.shards[name]
@@ -232,7 +232,26 @@ def _global_parameters(model, grid) -> list:
                     shard_of(name, shape, grid.tp, r).put(host, part)
             if grid.tp_rank == 0:
                 out.append((name, model.stage_index[chunk], host))
-    return out
+    return out + _joined_parts(model, grid)
+
+
+def _joined_parts(model, grid) -> list:
+    """`_global_parameters`' entries of the tensors split by width across pipeline stages
+    (model/units.py): every rank's parts gathered over the pipeline, each tensor whole on
+    the rank that holds its first part (it writes it)."""
+    if not any(len(edge) > 2 for edge in cuts(model.specs) or ()):
+        return []  # (every pipeline rank knows: no collective)
+    mine = [(name, model.stage_index[chunk], stage.global_shapes[name],
+             stage.shards[name], model.backend.to_host(stage.params[name]))
+            for chunk, stage in model.in_model_order() for name in stage.parts]
+    first = {(name, model.stage_index[chunk]) for chunk, stage in model.stages.items()
+             for name, (a, _, _) in stage.parts.items() if a == 0}
+    wholes = {}
+    for name, _, shape, shard, host in (p for parts in grid.pipe.allgather(mine)
+                                        for p in parts):
+        shard.put(wholes.setdefault(name, np.empty(shape, host.dtype)), host)
+    return [(name, index, wholes[name]) for name, index, _, _, _ in mine
+            if (name, index) in first]
 
 
 def _write_parameters(parameters, path: str, folder: str) -> dict:
@@ -256,12 +275,15 @@ def _write_parameters(parameters, path: str, folder: str) -> dict:
     return tensors
 
 
-def _write_optimizer(optimizer, be, path: str, grid) -> dict:
+def _write_optimizer(optimizer, model, path: str, grid) -> dict:
     """The optimizer state of every shard, as segments of flattened tensors (of a tensor
-    shard's part of the tensor, for tensors split by tensor parallelism)."""
+    shard's part of the tensor, for tensors split by tensor parallelism; of a stage's,
+    for those split across stages by width)."""
     import h5py
 
-    segments = {}
+    be, segments = model.backend, {}
+    parts = {name: list(groups) for stage in model.stages.values()
+             for name, groups in stage.parts.items()}
 
     def write(buffer):
         with h5py.File(buffer, "w") as f:
@@ -276,12 +298,13 @@ def _write_optimizer(optimizer, be, path: str, grid) -> dict:
                         continue  # every tensor shard holds it: shard 0 saves it
                     key = f"{segment.name}@{segment.t0}"
                     shard = {} if whole else {"tp": [grid.tp, grid.tp_rank]}
+                    if segment.name in parts:
+                        shard = {"part": parts[segment.name]}
                     for kind, vec in vectors.items():
                         store(groups[kind], key, be.to_host(vec[segment.v0:segment.v1]),
                                start=segment.t0, stop=segment.t1, tensor=segment.name, **shard)
                     segments.setdefault(segment.name, []).append(
-                        (segment.t0, segment.t1) if whole else
-                        (segment.t0, segment.t1, (grid.tp, grid.tp_rank)))
+                        (segment.t0, segment.t1, shard))
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe optimizer state (segments of flattened tensors)"
             # Which shard this is (checked on load: files swapped between ranks are refused).

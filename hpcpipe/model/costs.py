@@ -133,13 +133,13 @@ def _seconds(cfg, batch, dtype, rates, fused, layers, embedding_part=False, head
     ids = np.arange(batch * T, dtype=np.int32).reshape(batch, T) % cfg.vocab_size
     tokens = be.from_host(ids)
 
-    def edge(at):  # what crosses a stage edge after operation `at` of a block
+    def edge(at):  # what crosses stage edge `at` ((block, op[, group]))
         zeros = lambda width: be.xp.zeros((batch, T, width), dtype=stage.dtype)  # noqa: E731
-        width = ops.inner_width(at, C)
+        width = ops.carried(at, C)
         return (zeros(C), zeros(width)) if width else zeros(C)
 
-    inp = tokens if embedding_part else edge(lead[1] - 1 if lead else 2)
-    dy = None if head_part else edge(tail[1] - 1 if tail else 2)
+    inp = tokens if embedding_part else edge(lead if lead else (0, 3))
+    dy = None if head_part else edge(tail if tail else (0, 3))
     for _warm_up_then_counted in range(2):
         device.kernel_log.clear()
         stage.forward(0, inp, tokens if head_part else None)

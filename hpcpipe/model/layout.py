@@ -86,11 +86,11 @@ def ops_layout(cfg: GPTConfig, layer: int, first: int = 0, stop: int = len(OP_TE
 
 def op_runs(layers, lead=None, tail=None) -> list[tuple[int, int, int, tuple | None]]:
     """(block, first op, stop op, part) of each run of operations a stage holds, in model
-    order. lead / tail: None, (block, op) or (block, op, group) — the stage starts inside
-    that block after its operations [0, op) / ends there with them; with a group, the
-    edge falls across the width of the sublayer starting at op (0 or 3), after that many
-    of its groups (layers/ops.py `groups`), and the run there holds part (a, b) of them
-    (b None: to the end). Both in one block: what lies between."""
+    order. lead / tail: None, (block, op) or (block, op, group, groups) — the stage starts
+    inside that block after its operations [0, op) / ends there with them; with a group,
+    the edge falls across the width of the sublayer starting at op (0 or 3), after that
+    many of its `groups` (layers/ops.py), and the run there holds part (a, b) of them (b
+    None: to the end). Both in one block: what lies between."""
     if lead is not None and tail is not None and lead[0] == tail[0]:
         return _within(lead[0], lead[1:], tail[1:])
     return (_within(lead[0], lead[1:], None) if lead is not None else []) \
@@ -99,18 +99,18 @@ def op_runs(layers, lead=None, tail=None) -> list[tuple[int, int, int, tuple | N
 
 
 def _within(block: int, start, stop) -> list:
-    """`op_runs` inside one block, from edge `start` to edge `stop` ((op,) or (op, group);
-    None: the block's beginning / end)."""
+    """`op_runs` inside one block, from edge `start` to edge `stop` ((op,) or (op, group,
+    groups); None: the block's beginning / end)."""
     first, last, runs, ending = 0, len(OP_TENSORS), [], None
     for one, other in ((start, stop), (stop, start)):  # (3: a sublayer's operations)
-        if one is not None and len(one) == 2 and other is not None and len(other) == 1 \
+        if one is not None and len(one) > 1 and other is not None and len(other) == 1 \
                 and one[0] < other[0] < one[0] + 3:
             raise ValueError(f"block {block}: a stage edge after operation {other[0]} falls "
                              f"inside a sublayer split across its width by another")
     if start is not None:
         first = start[0]
-        if len(start) == 2:  # from a group of the sublayer at `first` on
-            end = stop[1] if stop is not None and len(stop) == 2 and stop[0] == first \
+        if len(start) > 1:  # from a group of the sublayer at `first` on
+            end = stop[1] if stop is not None and len(stop) > 1 and stop[0] == first \
                 else None
             runs.append((block, first, first + 3, (start[1], end)))
             if end is not None:
@@ -118,7 +118,7 @@ def _within(block: int, start, stop) -> list:
             first += 3
     if stop is not None:
         last = stop[0]
-        if len(stop) == 2:  # up to a group of the sublayer at `last`
+        if len(stop) > 1:  # up to a group of the sublayer at `last`
             ending = (block, last, last + 3, (0, stop[1]))
     if first < last:
         runs.append((block, first, last, None))

@@ -31,6 +31,7 @@ the vocabulary are split; LayerNorms and residuals are whole on every shard.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 from hpcpipe.device.dtypes import compute_dtype
 from hpcpipe.device.kernels import attention as k_attention
@@ -67,11 +68,14 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = 
     s = compute_dtype(dtype).itemsize
     N, C = batch * cfg.block_size, cfg.n_embd
     on_kernels = kernels and compute_dtype(dtype).name in KERNEL_DTYPES
-    z = (_kernel_sizes if on_kernels else _numpy_sizes)(cfg, batch, compute_dtype(dtype), tp,
-                                                        sequence)
+    sizes = _kernel_sizes if on_kernels else _numpy_sizes
+    z = sizes(cfg, batch, compute_dtype(dtype), tp, sequence)
     full = after_b = dropped = 0
     for unit in spec.units:  # whole blocks, and the parts of blocks at either end
-        f, a, d = _unit_bytes(unit, z, N, C, s, tp)
+        share = tp if unit.part is None else _part_share(cfg, unit)
+        mine = z if unit.part is None else sizes(cfg, batch, compute_dtype(dtype), share,
+                                                 sequence)
+        f, a, d = _unit_bytes(unit, mine, N, C, s, share)
         full, after_b, dropped = full + f, after_b + a, dropped + d
     if spec.embedding_part:
         full += N * TOKEN_BYTES
@@ -85,8 +89,9 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = 
         kept = full - dropped
     elif recompute == "full":  # the input: ids, or the residual (and a sublayer's tensor)
         first = spec.units[0] if spec.units else None
-        inner = ops.inner_width(first.first - 1, C) * N * s // tp \
-            if first is not None and first.first else 0
+        starts = first is not None and (first.first or (first.part or (0,))[0])
+        inner = (C if first.part else ops.inner_width(first.first - 1, C)) * N * s // tp \
+            if starts else 0
         kept = (N * TOKEN_BYTES if spec.embedding_part else N * C * s + inner) \
             + (N * TOKEN_BYTES if spec.head_part else 0)
     else:
@@ -116,18 +121,30 @@ def _unit_bytes(unit, z: dict, N: int, C: int, s: int, tp: int) -> tuple[int, in
     return full, after, dropped
 
 
-def _op_bytes(op: int, unit, z: dict, x: int, tp: int) -> tuple[int, int]:
+def _part_share(cfg: GPTConfig, unit) -> Fraction:
+    """A unit with part of a sublayer's width (groups [a, b)) holds what a tensor shard of
+    that share would: the sizes' divisor, tp = groups / (b - a)."""
+    count = ops.groups(unit.first, cfg.n_head)
+    a, b = unit.part
+    return Fraction(count, (count if b is None else b) - a)
+
+
+def _op_bytes(op: int, unit, z: dict, x: int, tp) -> tuple[int, int]:
     """(F → B, B → W) bytes of operation `op` in `unit`'s run, x the bytes of one (N, C)
     array: ops 0 and 3 hold their LayerNorm's and their GEMM's input, after B also its
     output gradient (dqkv, dh) and the bias-gradient pieces of a fused kernel after them
     in the run; the core the rest of the attention's (its output y too on the flash
     kernels, which the projection then shares); the projections their input and after B
-    with the residual's gradient; the GELU its derivative, or its input on the kernels."""
+    with the residual's gradient; the GELU its derivative, or its input on the kernels. A
+    part of a sublayer's width after its first group runs no LayerNorm (tp: the part's
+    share, `_part_share`)."""
     in_run = lambda o: unit.first <= o < unit.stop  # noqa: E731
     if op in (0, 3):
         sums = z["attention_sums"] if op == 0 else z["gelu_sums"]
         taken = sums if in_run(op + 1) else 0
-        return z["ln"] + x, z["ln_w"] + x + (3 if op == 0 else 4) * x // tp + taken
+        normed = unit.part is None or unit.part[0] == 0
+        ln, ln_w = (z["ln"], z["ln_w"]) if normed else (0, 0)
+        return ln + x, ln_w + x + (3 if op == 0 else 4) * x // tp + taken
     if op == 1:
         return z["attention"] - x - (0 if z["core_keeps_y"] else x // tp), 0
     if op == 2:

@@ -18,9 +18,9 @@ from hpcpipe.device import backend
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype
 from hpcpipe.model.layers import embedding, head, layernorm, loss, ops, scope
 from hpcpipe.model.layout import FlatBuffer, GPTConfig, init_value, padding_mask, param_layout
-from hpcpipe.model.sharding import shard_of
+from hpcpipe.model.sharding import part_of, shard_of
 from hpcpipe.model.stashbytes import StashBytes
-from hpcpipe.model.units import part_shards, stage_units
+from hpcpipe.model.units import part_groups, position, stage_units
 
 # What a stage keeps from F to B (schedules/recompute.py models each in bytes and time):
 # "none" every cache; "selective" all but the attention matrices and the GELU's output and
@@ -68,12 +68,10 @@ class Stage:
             backend.require_16bit_kernels(self.be, self.dtype)
         # Mixed precision: weight gradients of 16-bit compute accumulate in float32.
         self.grad_dtype = accumulation_dtype(self.dtype)
-        shards, rank = (tp.size, tp.rank) if tp is not None else (1, 0)
         self.global_shapes = dict(param_layout(cfg, self.layers, embedding_part, head_part,
                                                lead, tail))
-        self.shards = {name: shard_of(name, shape, shards, rank)
-                       for name, shape in self.global_shapes.items()}
-        self.shards.update(part_shards(cfg, self.units, shards))
+        # Tensors split across stages by width (model/units.py): name → (a, b, groups).
+        self.shards, self.parts = _shards(cfg, self.global_shapes, self.units, tp)
         layout = [(name, self.shards[name].local_shape(shape))
                   for name, shape in self.global_shapes.items()]
         self.param_buffer = FlatBuffer(layout, self.xp, self.dtype)
@@ -293,6 +291,17 @@ def _replay(inp, targets) -> dict:
     return replay
 
 
+def _shards(cfg: GPTConfig, global_shapes: dict, units, tp):
+    """name → the Shard of each tensor a stage holds (its tensor shard's part, or its part
+    across a sublayer's width), and name → (a, b, groups) of the latter."""
+    shards, rank = (tp.size, tp.rank) if tp is not None else (1, 0)
+    out = {name: shard_of(name, shape, shards, rank) for name, shape in global_shapes.items()}
+    parts = part_groups(cfg, units, shards)
+    out.update({name: part_of(name, global_shapes[name], (a, b), count)
+                for name, (a, b, count) in parts.items()})
+    return out, parts
+
+
 def _draw(stage: Stage, seed: int):
     """The stage's weights, each tensor a shard of the global draw (`init_value`). Stages
     whose kernels are only counted on the shape-only device (model/costs.py) skip it:
@@ -310,14 +319,15 @@ class StageSpec:
     `lead`[0] (its operations from `lead`[1] on), the whole `layers`, the start of block
     `tail`[0] (its operations before `tail`[1]), the head (each optional; both ends in one
     block: the operations between; model/units.py). A stage edge at op 3 is a block's
-    seam, between its attention half and its MLP half."""
+    seam, between its attention half and its MLP half; (block, op, group, groups) one
+    across the width of the sublayer starting at op."""
 
     index: int
     layers: tuple[int, ...]
     embedding_part: bool
     head_part: bool
-    lead: tuple[int, int] | None = None
-    tail: tuple[int, int] | None = None
+    lead: tuple | None = None  # (block, op) or (block, op, group, groups): units.position
+    tail: tuple | None = None
 
     @property
     def units(self):
@@ -325,15 +335,28 @@ class StageSpec:
         return stage_units(self.layers, self.lead, self.tail)
 
     @property
-    def blocks(self) -> float:
-        """How many blocks it holds, a part of one counted by its operations (a half
-        0.5: parallel.layers_per_stage's number for it)."""
-        return sum((u.stop - u.first) / ops.COUNT for u in self.units)
+    def blocks(self):
+        """How many blocks it holds (a Fraction), a part of one counted by where its edges
+        fall (units.position: a half 1/2, an operation 1/6): parallel.layers_per_stage's
+        number for it."""
+        start = position(self.lead) if self.lead is not None else \
+            (self.layers[0] if self.layers else self.tail[0])
+        end = position(self.tail) if self.tail is not None else \
+            (self.layers[-1] + 1 if self.layers else self.lead[0] + 1)
+        return end - start
 
     def param_layout(self, cfg: GPTConfig):
         """(name, shape) of the tensors the stage holds (layout.param_layout)."""
         return param_layout(cfg, self.layers, self.embedding_part, self.head_part,
                             self.lead, self.tail)
+
+    def local_layout(self, cfg: GPTConfig, tp: int = 1, rank: int = 0):
+        """(name, shape) of the tensors as the stage holds them: tensor shard `rank` of
+        `tp`'s part of each, or its part across a sublayer's width (units.part_groups)."""
+        parts = part_groups(cfg, self.units, tp)
+        return [(name, (part_of(name, shape, parts[name][:2], parts[name][2])
+                        if name in parts else shard_of(name, shape, tp, rank))
+                 .local_shape(shape)) for name, shape in self.param_layout(cfg)]
 
     def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None, tp=None,
               recompute="none") -> Stage:
@@ -342,24 +365,30 @@ class StageSpec:
                      recompute=recompute, lead=self.lead, tail=self.tail)
 
     def describe(self) -> str:
-        whole = [f"blocks {self.layers[0]}–{self.layers[-1]}" if len(self.layers) > 1
-                 else f"block {self.layers[0]}"] if self.layers else []
-        ends = [u.describe() for u in self.units if not u.whole]
-        lead = ends[:1] if self.lead is not None else []
-        parts = (["embedding"] if self.embedding_part else []) + lead + whole \
-            + ends[len(lead):] + (["head"] if self.head_part else [])
-        return " + ".join(parts)
+        parts, whole = ["embedding"] if self.embedding_part else [], []
+        for unit in self.units + [None]:
+            if unit is not None and unit.whole:
+                whole.append(unit.layer)
+                continue
+            if whole:
+                parts.append(f"blocks {whole[0]}–{whole[-1]}" if len(whole) > 1
+                             else f"block {whole[0]}")
+                whole = []
+            if unit is not None:
+                parts.append(unit.describe())
+        return " + ".join(parts + (["head"] if self.head_part else []))
 
 
 def seams(specs) -> list[int] | None:
     """The blocks a stage edge cuts at their seam (a checkpoint's layout records them beside
     the whole blocks per stage), or None: none."""
     return sorted(s.tail[0] for s in specs
-                  if s.tail is not None and s.tail[1] == ops.SEAM) or None
+                  if s.tail is not None and tuple(s.tail[1:]) == (ops.SEAM,)) or None
 
 
 def cuts(specs) -> list[list[int]] | None:
     """[block, op] of every stage edge inside a block's sublayer (after op 0, 1, 3 or 4:
-    layers/ops.py), or None: none (a checkpoint's layout records them beside the seams)."""
+    layers/ops.py), [block, op, group, groups] of one across its width, or None: none (a
+    checkpoint's layout records them beside the seams)."""
     return sorted(list(s.tail) for s in specs
-                  if s.tail is not None and s.tail[1] != ops.SEAM) or None
+                  if s.tail is not None and tuple(s.tail[1:]) != (ops.SEAM,)) or None

@@ -25,6 +25,7 @@ them only where coarser ones balance badly).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 from hpcpipe.model.layers import block, ops, scope
 from hpcpipe.model.layout import GPTConfig, op_runs, ops_layout
@@ -57,10 +58,12 @@ class Unit:
         operations by name."""
         if self.whole:
             return f"block {self.layer}"
-        if self.part is not None:
-            what = "heads" if self.first == 0 else "MLP groups"
+        if self.part is not None:  # "heads 0–2", "MLP groups 5–" (to the last)
+            what = "head" if self.first == 0 else "MLP group"
             a, b = self.part
-            return f"block {self.layer}'s {what} {a}–{'' if b is None else b - 1}"
+            if b == a + 1:
+                return f"block {self.layer}'s {what} {a}"
+            return f"block {self.layer}'s {what}s {a}–{'' if b is None else b - 1}"
         if (self.first, self.stop) in ((0, ops.SEAM), (ops.SEAM, ops.COUNT)):
             half = "attention" if self.first == 0 else "MLP"
             return f"block {self.layer}'s {half}"
@@ -101,15 +104,17 @@ class Unit:
 
 
 def stage_units(layers, lead=None, tail=None) -> list[Unit]:
-    """A stage's units in model order: lead / tail (block, op), (block, op, group) or
-    None, as layout.op_runs takes them."""
+    """A stage's units in model order: lead / tail (block, op), (block, op, group, groups)
+    or None, as layout.op_runs takes them."""
     return [Unit(*run) for run in op_runs(layers, lead, tail)]
 
 
-def part_shards(cfg: GPTConfig, units, tp: int = 1) -> dict:
-    """Tensor name → the part (sharding.Shard) of it that `units` hold, for the tensors of
-    units with part of a sublayer's width (whole tensors are not listed). Such a stage
-    cannot be split by tensor parallelism as well (`tp` > 1: ValueError)."""
+def part_groups(cfg: GPTConfig, units, tp: int = 1) -> dict:
+    """Tensor name → (a, b, groups) for the tensors of `units` that hold part of a
+    sublayer's width: its groups [a, b) of `groups` (sharding.part_of gives the Shard;
+    the whole tensors such a unit holds, its LayerNorm's or the projection's bias, are
+    not listed). Such a stage cannot be split by tensor parallelism
+    as well (`tp` > 1: ValueError)."""
     out = {}
     for unit in units:
         if unit.part is None:
@@ -119,6 +124,19 @@ def part_shards(cfg: GPTConfig, units, tp: int = 1) -> dict:
                              f"and tensor parallelism (tp = {tp}) cannot be combined")
         count = ops.groups(unit.first, cfg.n_head)
         a, b = unit.part
+        b = count if b is None else b
         for name, shape in unit.layout(cfg):
-            out[name] = part_of(name, shape, (a, count if b is None else b), count)
+            if not part_of(name, shape, (a, b), count).replicated:
+                out[name] = (a, b, count)
     return out
+
+
+def position(edge) -> Fraction:
+    """Where stage edge `edge` falls in the model, in blocks: (l, op) after operation op
+    of block l, l + op/6 (op 3 the seam, l + 1/2); (l, 0, g, H) across its attention after
+    g of H heads, l + g/(2H); (l, 3, g, K) across its MLP after g of K groups of columns,
+    l + 1/2 + g/(2K)."""
+    if len(edge) == 2:
+        return edge[0] + Fraction(edge[1], ops.COUNT)
+    block, op, g, count = edge
+    return block + Fraction(op, ops.COUNT) + Fraction(g, 2 * count)

@@ -23,15 +23,16 @@ from hpcpipe.device.budget import (BudgetError, check_memory_limit, check_run, d
                                    host_available)
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
 from hpcpipe.model.memory import stage_memory
-from hpcpipe.model.sharding import shard_of
 from hpcpipe.parallel.pipeline.partition import (
+    GAIN,
     WORTH,
     counts_text,
     imbalance,
     partition,
-    simulated_step,
+    step_of,
 )
 from hpcpipe.parallel.pipeline.planning import (
+    across_widths,
     build_schedule,
     held_from_f,
     memory_limit,
@@ -72,7 +73,8 @@ def plan(cfg, costs=None) -> list[RankPlan]:
     as the launch)."""
     schedule = build_schedule(cfg)
     specs = partition(cfg.model, schedule.num_stages, cfg.parallel.layers_per_stage or None,
-                      costs=stage_costs(cfg) if costs is None else costs, schedule=schedule)
+                      costs=stage_costs(cfg) if costs is None else costs, schedule=schedule,
+                      widths=across_widths(cfg))
     peaks = activation_peaks(cfg, schedule, specs)
     plans = []
     for rank in range(cfg.parallel.pp):
@@ -101,8 +103,7 @@ def _compression(cfg, specs) -> int:
         return 0
     acc, total = accumulation_dtype(compute_dtype(cfg.train.dtype)).itemsize, 0
     for spec in specs:
-        for name, shape in spec.param_layout(cfg.model):
-            local = shard_of(name, shape, p.tp, 0).local_shape(shape)
+        for name, local in spec.local_layout(cfg.model, p.tp):
             if compressible(local, p.powersgd_rank, p.powersgd_min_gain):
                 total += (local[0] * local[1] + 2 * local[1] * p.powersgd_rank) * acc
     # Post-validation may run a step twice: E and Q are copied at each step's start.
@@ -253,9 +254,9 @@ def _weights(cfg, specs) -> tuple[int, int, int]:
     tp = cfg.parallel.tp
     count = head = 0
     for spec in specs:
-        for name, shape in spec.param_layout(cfg.model):
+        for name, local in spec.local_layout(cfg.model, tp):
             size = 1
-            for n in shard_of(name, shape, tp, 0).local_shape(shape):
+            for n in local:
                 size *= n
             count += size
             head += size if name == "wte" and spec.head_part else 0
@@ -348,6 +349,7 @@ def balance(cfg, worth: float = WORTH, costs=None) -> str:
             return line + (f'; parallel.layers_per_stage = "auto" gives '
                            f"{counts_text(auto)}, {better:.1%}")
         return line
+    line += _widths_hint(cfg, specs, schedule, costs, worst)
     others = {}
     for pp in range(2, 9):
         if pp != cfg.parallel.pp and pp * cfg.chunks <= 2 * cfg.model.n_layer:
@@ -357,17 +359,34 @@ def balance(cfg, worth: float = WORTH, costs=None) -> str:
                 continue
     depths = [f"pp {pp} {x:.1%}" for pp, x in others.items() if x < worst]
     return line + (f"; the blocks split more evenly at {', '.join(depths)}" if depths else
-                   "; a more even split needs finer cuts than a block's seam")
+                   "; a more even split needs finer stage edges than a sublayer's heads or "
+                   "groups of columns")
+
+
+def _widths_hint(cfg, specs, schedule, costs, worst: float) -> str:
+    """Where stage edges across a sublayer's width would balance a split of one stage a
+    rank better and the run could take them but does not ask (parallel.split_widths),
+    what they would give."""
+    p = cfg.parallel
+    if across_widths(cfg) or schedule.chunks > 1 or p.tp > 1 or cfg.train.optimizer == "muon":
+        return ""
+    finer = partition(cfg.model, schedule.num_stages, costs=costs, widths=True)
+    better = imbalance(cfg.model, finer, costs)
+    if finer == specs or better >= worst - GAIN:
+        return ""
+    return (f"; parallel.split_widths = true gives {counts_text(finer)}, {better:.1%} "
+            f"(edges across sublayers' widths: the numbers then other layouts' to "
+            f"round-off, not bitwise)")
 
 
 def _placed(cfg, specs, schedule, costs) -> str:
     """Where the split was improved for a multi-stage placement, what the per-stage balanced
     one would cost on the simulated step (partition.for_placement)."""
-    per_stage = partition(cfg.model, schedule.num_stages, costs=costs)
+    per_stage = partition(cfg.model, schedule.num_stages, costs=costs,
+                          widths=across_widths(cfg))
     if schedule.chunks == 1 or per_stage == specs or cfg.parallel.layers_per_stage:
         return ""
-    parts = [[round(6 * s.blocks) for s in split] for split in (specs, per_stage)]
-    steps = [simulated_step(cfg.model, p, schedule, costs) for p in parts]
+    steps = [step_of(cfg.model, split, schedule, costs) for split in (specs, per_stage)]
     return (f"; the per-stage split {counts_text(per_stage)} would simulate a step "
             f"{steps[1] / steps[0] - 1:.1%} longer")
 
@@ -377,7 +396,8 @@ def _balance_at(cfg, pp: int, costs, given=None):
     schedule its launch runs (planning.build_schedule)."""
     at = replace(cfg, parallel=replace(cfg.parallel, pp=pp))
     schedule = build_schedule(at)
-    specs = partition(cfg.model, schedule.num_stages, given, costs=costs, schedule=schedule)
+    specs = partition(cfg.model, schedule.num_stages, given, costs=costs, schedule=schedule,
+                      widths=across_widths(cfg))
     return imbalance(cfg.model, specs, costs, schedule), specs, schedule
 
 

@@ -25,7 +25,12 @@ SPECS = [StageSpec(0, (0, 1, 2), True, True), StageSpec(0, (0,), True, False),
          StageSpec(1, (), False, False, lead=(1, 1), tail=(1, 2)),
          StageSpec(1, (), False, False, lead=(1, 2), tail=(2, 4)),
          StageSpec(1, (), False, False, lead=(0, 4), tail=(1, 5)),
-         StageSpec(2, (2,), False, True, lead=(1, 5))]
+         StageSpec(2, (2,), False, True, lead=(1, 5)),
+         # edges across a sublayer's width (model/units.py)
+         StageSpec(0, (0,), True, False, tail=(1, 0, 1, 2)),
+         StageSpec(1, (), False, False, lead=(1, 0, 1, 2), tail=(1, 3, 3, 8)),
+         StageSpec(1, (), False, False, lead=(1, 3, 3, 8), tail=(1, 3, 6, 8)),
+         StageSpec(2, (2,), False, True, lead=(1, 3, 6, 8))]
 
 
 # On the fused kernels: a head size the flash kernels take (32), C within the LayerNorm
@@ -41,20 +46,17 @@ def measured(spec, dtype, recompute, cfg=CFG, be=None):
     xp = stage.xp
     tokens = xp.asarray(host) if be is not None else host
 
-    def edge(unit, end):  # what crosses the stage edge at this end of the run
-        at = (unit.stop if end else unit.first) - 1
+    def edge(at):  # what crosses the stage edge `at` (the spec's lead or tail)
         ones = lambda width: xp.ones((B, cfg.block_size, width), stage.dtype)  # noqa: E731
-        inner = 0 <= at and not (end and unit.stop == ops.COUNT) and ops.inner(at)
-        return (ones(cfg.n_embd), ones(ops.inner_width(at, cfg.n_embd))) if inner \
-            else ones(cfg.n_embd)
+        inner = at is not None and ops.carried(at, cfg.n_embd)
+        return (ones(cfg.n_embd), ones(inner)) if inner else ones(cfg.n_embd)
 
-    units = spec.units
-    inp = tokens[:, :-1] if spec.embedding_part else edge(units[0], False)
+    inp = tokens[:, :-1] if spec.embedding_part else edge(spec.lead)
     stage.forward(0, inp, tokens[:, 1:] if spec.head_part else None)
     after_f = stage.stash_bytes(0)
     stage.rebuild(0)
     during_b = stage.stash_bytes(0)
-    stage.backward_input(0, None if spec.head_part else edge(units[-1], True))
+    stage.backward_input(0, None if spec.head_part else edge(spec.tail))
     after_b = stage.stash_bytes(0)
     return after_f, max(during_b, after_b), after_b
 

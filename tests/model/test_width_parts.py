@@ -7,6 +7,9 @@ of the split tensors, and the parts make up the whole."""
 import numpy as np
 import pytest
 
+from hpcpipe.device import standin
+from hpcpipe.device.backend import Backend
+from hpcpipe.device.kernels import hostbuild
 from hpcpipe.model.layers import ops
 from hpcpipe.model.layout import GPTConfig, op_runs
 from hpcpipe.model.stage import Stage
@@ -15,19 +18,20 @@ CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=4, n_embd=32)
 B = 2
 
 
-def _stages(edges, dtype, recompute="none"):
-    """One stage per piece of block 0 between `edges` (each (0, op) or (0, op, group))."""
+def _stages(edges, dtype, recompute="none", be=None, cfg=CFG):
+    """One stage per piece of block 0 between `edges` (each (0, op) or (0, op, group,
+    groups))."""
     bounds = [None, *edges, None]
-    return [Stage(CFG, layers=() if (lead or tail) else (0,), embedding_part=False,
-                  head_part=False, dtype=dtype, recompute=recompute, lead=lead, tail=tail)
-            for lead, tail in zip(bounds, bounds[1:])]
+    return [Stage(cfg, layers=() if (lead or tail) else (0,), embedding_part=False,
+                  head_part=False, dtype=dtype, recompute=recompute, lead=lead, tail=tail,
+                  be=be) for lead, tail in zip(bounds, bounds[1:])]
 
 
 def _own(state):
     return tuple(a.copy() for a in state) if isinstance(state, tuple) else state.copy()
 
 
-def _run(stages, x, dy):
+def _run(stages, x, dy, be=None):
     """F through the stages, then B back and W: (output, input gradient, global grads)."""
     state = x
     for stage in stages:
@@ -42,21 +46,24 @@ def _run(stages, x, dy):
             shape = stage.global_shapes[name]
             whole = grads.setdefault(name, np.zeros(shape))
             part = np.zeros(shape)
-            stage.shards[name].put(part, g)
+            stage.shards[name].put(part, g if be is None else be.to_host(g))
             assert not np.any(whole[part != 0]), f"{name} held by two stages"
             whole += part
     return out, d, grads
 
 
-def _inputs(dtype, seed=0):
+def _inputs(dtype, seed=0, cfg=CFG):
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((B, CFG.block_size, CFG.n_embd)).astype(dtype)
+    x = rng.standard_normal((B, cfg.block_size, cfg.n_embd)).astype(dtype)
     return x, rng.standard_normal(x.shape).astype(dtype)
 
 
-EDGES = [[(0, 0, 1)], [(0, 0, 3)], [(0, 3, 5)], [(0, 3, 15)], [(0, 0, 2), (0, 3, 8)],
-         [(0, 3, 2), (0, 3, 9)], [(0, 0, 1), (0, 0, 3)], [(0, 1), (0, 3, 4)],
-         [(0, 0, 2), (0, 5)], [(0, 0, 1), (0, 0, 2), (0, 3), (0, 3, 1), (0, 3, 14)]]
+# (0, op, group, groups): across block 0's attention (op 0, 4 heads) or its MLP (op 3,
+# 16 groups of columns)
+EDGES = [[(0, 0, 1, 4)], [(0, 0, 3, 4)], [(0, 3, 5, 16)], [(0, 3, 15, 16)],
+         [(0, 0, 2, 4), (0, 3, 8, 16)], [(0, 3, 2, 16), (0, 3, 9, 16)],
+         [(0, 0, 1, 4), (0, 0, 3, 4)], [(0, 1), (0, 3, 4, 16)], [(0, 0, 2, 4), (0, 5)],
+         [(0, 0, 1, 4), (0, 0, 2, 4), (0, 3), (0, 3, 1, 16), (0, 3, 14, 16)]]
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
@@ -75,7 +82,7 @@ def test_parts_of_a_sublayer_chained_equal_the_whole_block(recompute):
 def test_in_bfloat16_parts_stay_within_its_rounding():
     x, dy = _inputs("float32")
     want = _run(_stages([], "bfloat16"), x, dy)
-    got = _run(_stages([(0, 0, 2), (0, 3, 7)], "bfloat16"), x, dy)
+    got = _run(_stages([(0, 0, 2, 4), (0, 3, 7, 16)], "bfloat16"), x, dy)
     for g, w in zip(got[:2], want[:2]):
         g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
         assert np.abs(g - w).max() <= 0.02 * np.abs(w).max()
@@ -83,7 +90,7 @@ def test_in_bfloat16_parts_stay_within_its_rounding():
 
 def test_each_stage_holds_its_part_of_the_split_tensors():
     C, H = CFG.n_embd, CFG.n_head
-    first, second = _stages([(0, 0, 1)], "float64")
+    first, second = _stages([(0, 0, 1, 4)], "float64")
     shapes = {name: v.shape for name, v in first.params.items()}
     assert shapes == {"h.0.ln_1.weight": (C,), "h.0.ln_1.bias": (C,),
                       "h.0.attn.c_attn.weight": (C, 3 * C // H),
@@ -97,13 +104,30 @@ def test_each_stage_holds_its_part_of_the_split_tensors():
 
 def test_the_edge_carries_the_residual_and_the_layernorms_output():
     x, _ = _inputs("float64")
-    first, _ = _stages([(0, 3, 5)], "float64")
+    first, _ = _stages([(0, 3, 5, 16)], "float64")
     residual, normed = first.forward(0, x)
     assert residual.shape == normed.shape == x.shape
 
 
 def test_an_edge_inside_a_width_split_sublayer_is_refused():
     with pytest.raises(ValueError, match="width"):
-        op_runs((), (0, 0, 1), (0, 1))
+        op_runs((), (0, 0, 1, 4), (0, 1))
     with pytest.raises(ValueError, match="width"):
-        op_runs((), (0, 4), (0, 3, 2))
+        op_runs((), (0, 4), (0, 3, 2, 16))
+
+
+@pytest.mark.needs("cuda", hostbuild.missing())
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_on_the_fused_kernels_parts_equal_the_whole_block(recompute):
+    """The same on the fused kernels (the stand-in's host build): the flash attention runs
+    a part's heads, the GELU kernel its columns, each adding its part of the bias."""
+    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=64)
+    be = Backend(xp=standin.device(), name="simgpu", device_id=0)  # (head size 32: flash)
+    x, dy = (be.from_host(a) for a in _inputs("float64", cfg=cfg))
+    want = _run(_stages([], "float64", be=be, cfg=cfg), x, dy, be)
+    for edges in ([(0, 0, 1, 2)], [(0, 3, 3, 8)], [(0, 0, 1, 2), (0, 3, 5, 8)]):
+        got = _run(_stages(edges, "float64", recompute, be, cfg), x, dy, be)
+        for g, w in zip(got[:2], want[:2]):
+            assert np.allclose(be.to_host(g), be.to_host(w), rtol=1e-12, atol=1e-13), edges
+        for name, w in want[2].items():
+            assert np.allclose(got[2][name], w, rtol=1e-12, atol=1e-12), (edges, name)

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (
     devices,  # noqa: E402  (tests/harness/devices.py: the test device)
     mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
+    parts,  # noqa: E402  (tests/harness/parts.py: tensors split across stages, whole)
 )
 
 from hpcpipe import config
@@ -50,15 +51,18 @@ def make_cfg(kind, pp, m, layers_per_stage, chunks=0, recompute="none"):
 
 
 def uneven(stages, turn=0):
-    """An uneven split of 8 blocks: the heaviest stage in the middle; on turn 1 (of three)
+    """An uneven split of 8 blocks: the heaviest stage in the middle; on turn 1 (of four)
     half a block moved across every other stage edge (stage edges at blocks' seams), on
     turn 2 one, two, four or five sixths (edges after c_attn, the core, c_fc, the GELU:
-    messages with the sublayer's tensor beside the residual; model/units.py)."""
+    messages with the sublayer's tensor beside the residual; model/units.py), on turn 3
+    edges across a sublayer's width (after the first of the 2 heads, or 1, 4 or 7 of the
+    MLP's 8 groups of columns: parallel/pipeline/edges.py)."""
     counts = [1] * stages
     for i in range(8 - stages):
         counts[(stages // 2 + i) % stages] += 1
     for n, i in enumerate(range(0, stages - 1, 2)):
-        moved = {0: 0, 1: 3, 2: (1, 2, 4, 5)[n % 4]}[turn % 3] / 6
+        moved = {0: 0, 1: 3 / 6, 2: (1, 2, 4, 5)[n % 4] / 6,
+                 3: (0.75, 0.25, 0.4375, 0.0625)[n % 4]}[turn % 4]
         counts[i] -= moved
         counts[i + 1] += moved
     return counts
@@ -132,21 +136,11 @@ class Run:
         return out.loss, out.norm, out.result
 
     def gathered(self, what):
-        """name → array over the whole pipeline, on pipeline rank 0 (wte: the embedding's)."""
-        mine = {}
-        for stage in self.model.stages.values():
-            views = stage.grads if what == "grads" else stage.params
-            for name, value in views.items():
-                if name == "wte" and not stage.embedding_part:
-                    continue
-                mine[name] = self.be.to_host(value).copy()
-        parts = self.grid.pipe.gather(mine, root=0)
-        if self.grid.pipe.rank != 0:
-            return None
-        out = {}
-        for part in parts:
-            out.update(part)
-        return out
+        """name → array over the whole pipeline, on pipeline rank 0 (wte: the embedding's;
+        a tensor split across stages by width put together from their parts)."""
+        gathered = self.grid.pipe.gather(parts.entries(self.model.stages.values(), self.be,
+                                                       what), root=0)
+        return parts.whole(gathered) if self.grid.pipe.rank == 0 else None
 
 
 def check(comm) -> mpibody.Report:
@@ -212,7 +206,7 @@ def check_one_step(comm, cfg, schedule, plan=None) -> list[str]:
     planned = simulated_peaks(cfg, schedule, run.model.specs, plan)[run.grid.pp_rank]
     if abs(result.peak_bytes - planned) > 0.01 * planned:
         failures.append(f"{kind} m={m} rank {run.grid.pp_rank} recompute "
-                        f"{what}: peak {result.peak_bytes} bytes, the plan "
+                        f"{what} {cfg.parallel.layers_per_stage}: peak {result.peak_bytes} bytes, the plan "
                         f"says {planned}")
     if comm.rank != 0:
         return failures
@@ -266,9 +260,13 @@ def check_optimizer_steps(comm, cfg, schedule) -> list[str]:
 def alike(cfg):
     """How a pipeline's numbers must equal one process's: bitwise — but to float64
     round-off where a stage edge falls at a block's seam on the fused kernels, which sum
-    attn.c_proj's bias gradient there with another reduction (devices.fused)."""
-    seams = any(c != int(c) for c in cfg.parallel.layers_per_stage)
-    if seams and devices.fused():  # (relative to the tensor's largest entry: a bias near 0)
+    attn.c_proj's bias gradient there with another reduction (devices.fused), and where
+    one falls across a sublayer's width (its projections' partial sums added in another
+    order)."""
+    counts = cfg.parallel.layers_per_stage
+    seams = any(c != int(c) for c in counts)
+    widths = any(abs(6 * c - round(6 * c)) > 1e-9 for c in counts)
+    if (seams and devices.fused()) or widths:  # (relative to the largest entry: a bias near 0)
         return lambda a, b: np.abs(np.asarray(a) - b).max() <= 1e-12 * max(np.abs(b).max(),
                                                                           1e-300)
     return lambda a, b: np.array_equal(a, b)

@@ -1,13 +1,18 @@
 """Balanced stages (parallel/pipeline/partition.py): the head's vocabulary-sized GEMMs and
 softmax count, so the stage holding them gets fewer blocks; the imbalance is reported."""
 
+from fractions import Fraction
+
 import pytest
 
 from hpcpipe.bench.step import CONFIGS
 from hpcpipe.model.costs import analytic
 from hpcpipe.model.layout import GPTConfig
+from hpcpipe.parallel.pipeline import edges
 from hpcpipe.parallel.pipeline.partition import (
     PartitionError,
+    _balanced_parts,
+    _specs,
     counts_text,
     fitted_costs,
     imbalance,
@@ -34,24 +39,44 @@ def test_imbalance_of_the_bench_models_at_pp_2():
         assert 0 < imbalance(CONFIGS[name], specs) < 0.05, name
 
 
-def test_seams_then_operations_where_whole_blocks_balance_badly():
+def test_seams_then_operations_then_widths_where_whole_blocks_balance_badly():
     """Six blocks on four stages: in whole blocks two stages hold two, a third above the
     mean whatever the costs; cut at blocks' seams each holds 1.5 (11.3 %: the attention
     half costs 37 % of a block, the MLP 63 %, so 1.5 blocks are not equal either way);
-    with an edge after block 4's c_fc (a sublayer's tensor crosses it) 10.1 %."""
+    with an edge after block 4's c_fc (a sublayer's tensor crosses it) 10.1 %; asked to
+    (parallel.split_widths), with edges across the MLPs' width, after 5 and 6 of their 24
+    groups of columns, 0.9 %."""
     cfg = CONFIGS["medium"]
     seams = partition(cfg, 4, [1.5, 1.5, 1.5, 1.5])
     assert [(s.lead, s.layers, s.tail) for s in seams] == [
         (None, (0,), (1, 3)), ((1, 3), (2,), None), (None, (3,), (4, 3)), ((4, 3), (5,), None)]
     assert 0.11 < imbalance(cfg, seams) < 0.115
-    specs = partition(cfg, 4)
-    assert counts_text(specs) == "[1.5, 1.5, 1.6667, 1.3333]"
-    assert (specs[2].tail, specs[3].lead) == ((4, 4), (4, 4))
-    assert 0.1 < imbalance(cfg, specs) < 0.102
+    ops_only = _specs(_balanced_parts(cfg, 4), cfg.n_layer)
+    assert counts_text(ops_only) == "[1.5, 1.5, 1.6667, 1.3333]"
+    assert (ops_only[2].tail, ops_only[3].lead) == ((4, 4), (4, 4))
+    assert 0.1 < imbalance(cfg, ops_only) < 0.102
+    specs = partition(cfg, 4, widths=True)  # (parallel.split_widths)
+    assert [(s.lead, s.layers, s.tail) for s in specs] == [
+        (None, (0,), (1, 3, 5, 24)), ((1, 3, 5, 24), (2,), None),
+        (None, (3,), (4, 3, 6, 24)), ((4, 3, 6, 24), (5,), None)]
+    assert imbalance(cfg, specs) < 0.01
+    assert partition(cfg, 4) == ops_only  # (by default: bitwise any layout's numbers)
     whole = partition(cfg, 4, [1, 2, 2, 1])
     assert 0.3 < imbalance(cfg, whole) < 0.35
     assert 0.36 < analytic(cfg).attention < 0.38
     assert abs(sum(analytic(cfg).ops[:3]) - analytic(cfg).attention) < 1e-12
+
+
+def test_counts_across_widths_read_back_to_the_same_split():
+    """What the plan prints as parallel.layers_per_stage gives the same stages back (a
+    count whose edge is neither an operation's nor across a width is refused: above)."""
+    for name, pp in (("medium", 4), ("tiny", 4), ("tiny", 8)):
+        cfg = CONFIGS[name]
+        auto = partition(cfg, pp, widths=True)
+        counts = [float(c) for c in counts_text(auto)[1:-1].split(", ")]
+        assert partition(cfg, pp, counts) == auto, name
+    assert edges.edge_at(Fraction(1, 4), 4) == (0, 0, 2, 4)  # after 2 of 4 heads
+    assert edges.width_groups(0, 6) == [1, 3, 5]  # (2/6 and 4/6 of the heads: sixths)
 
 
 def test_whole_blocks_stay_where_they_balance_within_5_percent():
@@ -61,14 +86,18 @@ def test_whole_blocks_stay_where_they_balance_within_5_percent():
     for name in ("tiny", "medium"):
         specs = partition(CONFIGS[name], 2)
         assert all(s.lead is None and s.tail is None for s in specs)
-    specs = partition(CONFIGS["tiny"], 8)  # four blocks on eight stages: parts of one each
-    assert counts_text(specs) == "[0.5, 0.5, 0.6667, 0.5, 0.6667, 0.6667, 0.3333, 0.1667]"
-    assert imbalance(CONFIGS["tiny"], specs) < \
-        imbalance(CONFIGS["tiny"], partition(CONFIGS["tiny"], 8, [0.5] * 8)) - 0.01
+    tiny = CONFIGS["tiny"]
+    ops_only = _specs(_balanced_parts(tiny, 8), tiny.n_layer)  # four blocks on eight stages
+    assert counts_text(ops_only) == "[0.5, 0.5, 0.6667, 0.5, 0.6667, 0.6667, 0.3333, 0.1667]"
+    assert imbalance(tiny, ops_only) < imbalance(tiny, partition(tiny, 8, [0.5] * 8)) - 0.01
+    assert partition(tiny, 8) == ops_only
+    specs = partition(tiny, 8, widths=True)  # finer still: across the sublayers' widths
+    assert counts_text(specs) == "[0.625, 0.5, 0.5625, 0.4375, 0.5625, 0.4375, 0.5625, 0.3125]"
+    assert imbalance(tiny, specs) < imbalance(tiny, ops_only) - 0.15
     with pytest.raises(PartitionError, match="at least half a block"):
-        partition(CONFIGS["tiny"], 9)
+        partition(tiny, 9)
     with pytest.raises(PartitionError, match="whole blocks, halves or sixths"):
-        partition(CONFIGS["tiny"], 2, [1.25, 2.75])
+        partition(tiny, 2, [1.3, 2.7])
     given = partition(CONFIGS["tiny"], 2, [1.1667, 2.8333])  # 7/6 as four places write it
     assert [(s.tail, s.lead) for s in given] == [((1, 1), None), (None, (1, 1))]
 
@@ -133,7 +162,7 @@ def test_sliding_a_stage_gets_past_what_one_edge_cannot():
     """GPT-2 under DualPipeV at pp 4: no single edge move shortens the per-stage split's
     simulated step; sliding a stage (both its edges) does, by 5 %."""
     schedule = generate("dualpipev", 4, 8)
-    per_stage = [round(6 * s.blocks) for s in partition(GPT2, 8)]
+    per_stage = _balanced_parts(GPT2, 8)
     placed = [round(6 * s.blocks) for s in partition(GPT2, 8, schedule=schedule)]
     assert placed != per_stage
     assert simulated_step(GPT2, placed, schedule) < 0.955 * simulated_step(GPT2, per_stage,

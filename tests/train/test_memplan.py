@@ -154,6 +154,14 @@ def test_the_plan_says_what_balances_the_stages_better():
     assert line.startswith("blocks per model stage [1.5, 1.5, 1.6667, 1.3333]: the slowest "
                            "stage 10.1%")
     assert "more evenly at pp 2 0.9%, pp 3 1.8%, pp 5 10.0%, pp 6 4.6%" in line
+    # ... and stage edges across a sublayer's width, where the run does not ask for them
+    assert "; parallel.split_widths = true gives [1.60417, 1.39583, 1.625, 1.375], 0.9% " \
+           "(edges across sublayers' widths: the numbers then other layouts' to " \
+           "round-off, not bitwise)" in line
+    line = memplan.balance(config.load("inputs/tiny.toml", [
+        *medium, "parallel.pp=4", "parallel.split_widths=true"]))
+    assert line == ("blocks per model stage [1.60417, 1.39583, 1.625, 1.375]: the slowest "
+                    "stage 0.9% above the mean (analytic costs)")
     line = memplan.balance(config.load("inputs/tiny.toml", [
         *medium, "parallel.pp=4", "parallel.layers_per_stage=[1, 2, 2, 1]"]))
     assert line.endswith('parallel.layers_per_stage = "auto" gives [1.5, 1.5, 1.6667, '

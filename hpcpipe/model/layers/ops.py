@@ -44,6 +44,13 @@ def inner_width(op: int, C: int) -> int:
     return {0: 3 * C, 1: C, 3: 4 * C, 4: 4 * C}.get(op, 0)
 
 
+def carried(edge, C: int) -> int:
+    """The width of the tensor beside the residual at a stage edge (block, op) (see
+    `inner_width`) or (block, op, group, groups) across a sublayer's width: its
+    LayerNorm's output, C."""
+    return C if len(edge) > 2 else inner_width(edge[1] - 1, C)
+
+
 def inner(op: int) -> bool:
     """Whether a stage edge after `op` carries an inner tensor beside the residual."""
     return inner_width(op, 1) > 0
@@ -144,6 +151,8 @@ def backward_input(first, stop, dy, caches):
     dr, dz = dy if isinstance(dy, tuple) else (dy, None)
     if dz is not None:  # (a message: the fused GELU writes its gradient over its input)
         dz = dz.copy()
+        if stop - 1 in (2, 5):  # (W keeps the residual's: not a view of the whole message)
+            dr = dr.copy()
     later = None
     for op in reversed(range(first, stop)):
         cache = caches[op]

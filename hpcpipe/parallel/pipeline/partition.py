@@ -3,24 +3,30 @@ stage and ln_f + head + loss on the last, balanced by estimated cost or given by
 
 A slice may start or end inside a block, after any of its six operations (model/units.py,
 layers/ops.py): at its seam, between its attention and its MLP (half a block), or inside a
-sublayer, where the messages carry the sublayer's tensor beside the residual. Positions
-are counted in operations, a sixth of a block each. Given by hand, counts of 0.5 or 1/6
-say where; balanced by cost, halves are taken only where whole blocks leave the slowest
-stage more than WORTH above the mean (or there are more stages than blocks), and single
-operations only where halves do too: each is one more boundary inside the model, and the
-split that balanced well before stays what it was.
+sublayer, where the messages carry the sublayer's tensor beside the residual — or across
+a sublayer's width, after some of its heads or groups of MLP columns, where they carry its
+LayerNorm's output (edges.py says where each falls, in blocks). Balanced by cost, halves
+are taken only where whole blocks leave the slowest stage more than WORTH above the mean
+(or there are more stages than blocks), single operations only where halves do too, and
+edges across widths only where operations do too (and the run allows them): each is one
+more boundary inside the model, the last at the price of bits (round-off), and the split
+that balanced well before stays what it was.
 
 Where a rank holds several stages (interleaved, the V's), equal stages are not what a rank
 waits on — a V puts the embedding's stage and the head's on rank 0 — so the split is then
-improved on the schedule's simulated step (`for_placement`)."""
+improved on the schedule's simulated step (`for_placement`), in operations."""
 
 from __future__ import annotations
+
+from fractions import Fraction
 
 from hpcpipe.model.costs import StageCosts, analytic
 from hpcpipe.model.layers import ops
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.stage import StageSpec
 from hpcpipe.schedules import Costs, peak_activations, simulate
+
+from . import edges
 
 
 # How far above the mean the slowest stage may be before a better split is worth the
@@ -29,25 +35,31 @@ WORTH = 0.05
 # How much shorter the simulated step must get for a multi-stage placement to leave the
 # per-stage split (smaller gains are within what the analytic costs can tell apart).
 GAIN = 0.01
-# How far from a multiple of 1/6 a count given by hand may be (7/6 printed as 1.16667).
-SIXTH_SLACK = 0.01
 
 
 OPS = ops.COUNT  # a block's operations (layers/ops.py): positions per block
 HALF = ops.SEAM  # the seam: half a block
 
 
-def _in_blocks(spec, shares) -> float:
+def _in_blocks(spec, shares, n_head: int) -> float:
     """A stage's blocks weighted by cost: a whole block 1, a run of its operations the
-    sum of their `shares` of it (StageCosts.ops)."""
-    return sum(sum(shares[u.first:u.stop]) for u in spec.units)
+    sum of their `shares` of it (StageCosts.ops), a part of a sublayer's width its
+    share of the sublayer's (groups cost alike)."""
+    total = 0.0
+    for u in spec.units:
+        share = sum(shares[u.first:u.stop])
+        if u.part is not None:
+            count = ops.groups(u.first, n_head)
+            share *= ((count if u.part[1] is None else u.part[1]) - u.part[0]) / count
+        total += share
+    return total
 
 
 def stage_cost(cfg: GPTConfig, spec, costs: StageCosts | None = None) -> float:
     """A stage's cost under `costs` (model/costs.py; default the CPU's `analytic`), parts
     of blocks priced by their operations' shares of one."""
     c = analytic(cfg) if costs is None else costs
-    return _in_blocks(spec, c.ops) * c.block \
+    return _in_blocks(spec, c.ops, cfg.n_head) * c.block \
         + (c.embedding if spec.embedding_part else 0.0) + (c.head if spec.head_part else 0.0)
 
 
@@ -71,7 +83,7 @@ def _per_rank(per_stage, schedule=None) -> list[float]:
 
 def counts_text(specs) -> str:
     """The specs' blocks as parallel.layers_per_stage spells them: "[1.5, 1.5, 2, 1]"."""
-    return "[" + ", ".join(f"{round(s.blocks, 4):g}" for s in specs) + "]"
+    return edges.text(s.blocks for s in specs)
 
 
 def _above_mean(per_stage) -> float:
@@ -88,23 +100,25 @@ def fitted_costs(cfg: GPTConfig, specs, measured,
     measure. None when every stage has the head."""
     base = analytic(cfg) if base is None else base
     share, parts = base.embedding / base.block, base.ops
-    plain = [(c, _in_blocks(s, parts) + (share if s.embedding_part else 0.0))
+    plain = [(c, _in_blocks(s, parts, cfg.n_head) + (share if s.embedding_part else 0.0))
              for s, c in zip(specs, measured) if not s.head_part]
     if not plain:
         return None
     blk = sum(c for c, _ in plain) / sum(n for _, n in plain)
     (last, cost), = [(s, c) for s, c in zip(specs, measured) if s.head_part]
-    own = _in_blocks(last, parts) + (share if last.embedding_part else 0.0)
+    own = _in_blocks(last, parts, cfg.n_head) + (share if last.embedding_part else 0.0)
     return StageCosts(share * blk, blk, max(0.0, cost - own * blk), base.attention,
                       "measured costs", base.ops)
 
 
 def measured_balance(cfg: GPTConfig, specs, measured, worth: float = WORTH,
-                     schedule=None, base: StageCosts | None = None) -> str:
+                     schedule=None, base: StageCosts | None = None,
+                     widths: bool = False) -> str:
     """The log line on stage balance from measured seconds per model stage: how much the
     slowest stage (rank, where `schedule` places several on each) is above the mean and,
     past `worth`, the split those costs would balance better (parallel.layers_per_stage
-    for the next launch). `base`: the costs the split was made with (`fitted_costs`)."""
+    for the next launch). `base`: the costs the split was made with (`fitted_costs`);
+    widths: `partition`'s."""
     worst = _above_mean(_per_rank(measured, schedule))
     what = "stage" if schedule is None or schedule.chunks == 1 else "rank"
     line = (f"stage balance measured (F + B + W of a microbatch, ms "
@@ -113,7 +127,7 @@ def measured_balance(cfg: GPTConfig, specs, measured, worth: float = WORTH,
     fitted = fitted_costs(cfg, specs, measured, base)
     if fitted is None or worst <= worth:
         return line
-    better = partition(cfg, len(specs), costs=fitted, schedule=schedule)
+    better = partition(cfg, len(specs), costs=fitted, schedule=schedule, widths=widths)
     predicted = imbalance(cfg, better, fitted, schedule)
     if better != specs and predicted < worst:
         line += (f"; from these costs parallel.layers_per_stage = {counts_text(better)} "
@@ -126,35 +140,40 @@ class PartitionError(ValueError):
 
 
 def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
-              costs=None, schedule=None) -> list[StageSpec]:
+              costs=None, schedule=None, widths: bool = False) -> list[StageSpec]:
     """Contiguous slices of the blocks for `num_stages` stages: the embedding goes to the
     first stage, ln_f + head + loss to the last.
 
-    Given `layers_per_stage` (one count per stage, multiples of 1/6 summing to n_layer: a
-    half is a slice edge at a block's seam, another sixth one after that operation of a
-    block), that split is used; otherwise the split that
-    minimises the most expensive stage under `costs` (model/costs.py; default the CPU's
+    Given `layers_per_stage` (one count per stage summing to n_layer, whose edges fall
+    between blocks, after a block's operations — halves or sixths — or across a
+    sublayer's width: edges.py), that split is used; otherwise the split that minimises
+    the most expensive stage under `costs` (model/costs.py; default the CPU's
     `analytic`, the run's own from parallel/pipeline/planning.stage_costs), which gives
-    the head's stage fewer blocks when the vocabulary is large — in whole blocks, or with
-    seams where whole blocks leave the slowest stage more than WORTH above the mean; for a
-    `schedule` that places several stages on a rank, then improved on its simulated step
-    (`for_placement`). Every stage holds at least half a block.
-    """
+    the head's stage fewer blocks when the vocabulary is large — in whole blocks, or
+    finer where whole blocks leave the slowest stage more than WORTH above the mean
+    (`_balanced_parts`; with `widths`, down to heads and groups of columns:
+    `_across_widths`, where parallel.split_widths asks: planning.across_widths); for a
+    `schedule` that places
+    several stages on a rank, then improved on its simulated step (`for_placement`).
+    Every stage holds at least half a block."""
     L = cfg.n_layer
     if num_stages < 1:
         raise PartitionError(f"need at least one stage, got {num_stages}")
     if layers_per_stage is not None:
-        parts = _given_parts(list(layers_per_stage), num_stages, L)
-    else:
-        if num_stages > 2 * L:
-            raise PartitionError(f"{num_stages} pipeline stages but only {L} transformer "
-                                 f"blocks: every stage needs at least half a block (use "
-                                 f"fewer stages or chunks, or more layers)")
-        if schedule is not None and schedule.chunks > 1:
-            parts = _placed(cfg, num_stages, schedule, costs)
-        else:
-            parts = _balanced_parts(cfg, num_stages, costs)
-    return _specs(parts, L)
+        return _given(cfg, list(layers_per_stage), num_stages)
+    if num_stages > 2 * L:
+        raise PartitionError(f"{num_stages} pipeline stages but only {L} transformer "
+                             f"blocks: every stage needs at least half a block (use "
+                             f"fewer stages or chunks, or more layers)")
+    if schedule is not None and schedule.chunks > 1:
+        return _specs(_placed(cfg, num_stages, schedule, costs), L)
+    specs = _specs(_balanced_parts(cfg, num_stages, costs), L)
+    worst = imbalance(cfg, specs, costs)
+    if widths and worst > WORTH:
+        finer = _across_widths(cfg, num_stages, costs)
+        if imbalance(cfg, finer, costs) < worst - GAIN:
+            return finer
+    return specs
 
 
 def stage_work(cfg: GPTConfig, specs, costs=None) -> list[float]:
@@ -167,7 +186,12 @@ def stage_work(cfg: GPTConfig, specs, costs=None) -> list[float]:
 def simulated_step(cfg: GPTConfig, parts, schedule, costs=None) -> float:
     """The makespan of `schedule` (`stage_work`'s units) when its stages hold `parts`
     operations (sixths of a block) each."""
-    work = stage_work(cfg, _specs(parts, cfg.n_layer), costs)
+    return step_of(cfg, _specs(parts, cfg.n_layer), schedule, costs)
+
+
+def step_of(cfg: GPTConfig, specs, schedule, costs=None) -> float:
+    """The makespan of `schedule` (`stage_work`'s units) over the stages `specs`."""
+    work = stage_work(cfg, specs, costs)
     return simulate(schedule, Costs(f=work, b=work, w=work)).makespan
 
 
@@ -246,17 +270,47 @@ def _moves(stages: int, sizes):
             yield (edge, edge + 1), move
 
 
-def _given_parts(counts, S: int, L: int) -> list[int]:
-    """Operations per stage from counts given by hand, checked."""
+def _given(cfg: GPTConfig, counts, S: int) -> list[StageSpec]:
+    """The stages of counts given by hand, checked (edges.decode; where edges across a
+    width cannot be, config.py says why, and a Stage refuses tensor shards of them)."""
     if len(counts) != S:
         raise PartitionError(f"parallel.layers_per_stage has {len(counts)} entries for "
                              f"{S} stages; give one count per stage")
-    parts = [round(OPS * c) for c in counts]
-    if any(abs(OPS * c - p) > SIXTH_SLACK or p < 1 for c, p in zip(counts, parts)) \
-            or sum(parts) != OPS * L:
-        raise PartitionError(f"parallel.layers_per_stage = {counts} must be whole blocks, "
-                             f"halves or sixths (at least 1/6) summing to model.n_layer = {L}")
-    return parts
+    try:
+        specs = specs_at(edges.decode(counts, cfg.n_layer, cfg.n_head), cfg.n_head)
+    except edges.EdgeError as e:
+        raise PartitionError(f"parallel.layers_per_stage = {counts}: {e}: {RULE} summing "
+                             f"to model.n_layer = {cfg.n_layer}") from None
+    return specs
+
+
+# What counts given by hand may spell (edges.py), for the messages that refuse others.
+RULE = ("every stage edge falls between blocks, at a block's operations (whole blocks, "
+        "halves or sixths: 1/6 after ln_1 + c_attn, 2/6 after the attention core, 4/6 "
+        "after ln_2 + c_fc, 5/6 after the GELU) or across a sublayer's width (g/(2·n_head) "
+        "into a block after g heads, 1/2 + g/(8·n_head) after g of its MLP's 4·n_head "
+        "groups of columns), each stage holding something")
+
+
+def _across_widths(cfg: GPTConfig, S: int, costs=None) -> list[StageSpec]:
+    """The balanced split whose edges may also fall across a sublayer's width, after any
+    of its heads or groups of columns (edges.width_groups), which cost alike: the
+    dynamic programme over a block's pieces between those edges and its seam."""
+    c = analytic(cfg) if costs is None else costs
+    half = Fraction(1, 2)
+    marks = [Fraction(0)] + [x for x in edges.inside(cfg.n_head)
+                             if x == half or (x * OPS).denominator != 1] + [Fraction(1)]
+    shares = (sum(c.ops[:HALF]), sum(c.ops[HALF:]))  # per half a block of position
+    pieces = [(a, b) for a, b in zip(marks, marks[1:])]
+    units = [c.block * float(2 * (b - a)) * shares[a >= half] for a, b in pieces] \
+        * cfg.n_layer
+    counts = _balanced_counts(units, S, c.embedding, c.head)
+    ends = [b for layer in range(cfg.n_layer) for _, b in pieces]
+    positions, total = [Fraction(0)], 0
+    for n in counts:
+        total += n
+        positions.append((total - 1) // len(pieces) + ends[total - 1])
+    return specs_at(positions, cfg.n_head)
 
 
 def _balanced_parts(cfg: GPTConfig, S: int, costs=None, finest: int = 1) -> list[int]:
@@ -282,18 +336,24 @@ def _balanced_parts(cfg: GPTConfig, S: int, costs=None, finest: int = 1) -> list
 
 
 def _specs(parts, L: int) -> list[StageSpec]:
-    """StageSpecs from operations per stage: a stage over positions [p, q) (6l + o is
-    block l's operation o) starts inside block p // 6 when p is not a multiple of 6 and
-    ends inside block q // 6 likewise."""
-    specs, p = [], 0
-    for s, count in enumerate(parts):
-        q = p + count
-        specs.append(StageSpec(index=s, layers=tuple(range(-(-p // OPS), q // OPS)),
-                               embedding_part=s == 0, head_part=s == len(parts) - 1,
-                               lead=(p // OPS, p % OPS) if p % OPS else None,
-                               tail=(q // OPS, q % OPS) if q % OPS else None))
-        p = q
-    assert p == OPS * L
+    """StageSpecs from operations per stage (sixths of a block each)."""
+    positions = [Fraction(0)]
+    for count in parts:
+        positions.append(positions[-1] + Fraction(count, OPS))
+    assert positions[-1] == L
+    return specs_at(positions, 1)
+
+
+def specs_at(positions, n_head: int) -> list[StageSpec]:
+    """StageSpecs of the stages between consecutive edge `positions` (exact, in blocks;
+    edges.edge_at): a stage over [p, q) holds blocks ceil(p) to floor(q) whole, and starts
+    (ends) inside the block p (q) falls in."""
+    specs, last = [], len(positions) - 2
+    for s, (p, q) in enumerate(zip(positions, positions[1:])):
+        lead, tail = edges.edge_at(p, n_head), edges.edge_at(q, n_head)
+        layers = tuple(range(-(-p.numerator // p.denominator), q.numerator // q.denominator))
+        specs.append(StageSpec(index=s, layers=layers, embedding_part=s == 0,
+                               head_part=s == last, lead=lead, tail=tail))
     return specs
 
 

@@ -33,6 +33,15 @@ def describe_limit(cfg) -> str:
     return f"{limit / 2**30:.2f} GiB" if limit >= 2**30 else f"{limit / 2**20:.1f} MiB"
 
 
+def across_widths(cfg) -> bool:
+    """Whether the balanced split may put stage edges across a sublayer's width
+    (parallel/pipeline/partition.py): where parallel.split_widths asks for it (the
+    numbers are then other layouts' to round-off, not bitwise; config.py refuses it
+    under tensor parallelism, which splits the widths itself, and Muon, which
+    orthogonalizes whole matrices)."""
+    return bool(cfg.parallel.split_widths) and cfg.parallel.tp == 1
+
+
 def stage_costs(cfg) -> StageCosts:
     """What the run's stages are balanced by (model/costs.py): on a GPU — train.device
     "gpu", or "auto" where there is one — its code path counted for the run's microbatch

@@ -13,7 +13,7 @@ import numpy as np
 from hpcpipe.model import param_layout
 from hpcpipe.model.layers import ops
 from hpcpipe.parallel.pipeline.partition import partition
-from hpcpipe.parallel.pipeline.planning import stage_costs
+from hpcpipe.parallel.pipeline.planning import across_widths, stage_costs
 from hpcpipe.parallel.pipeline.tied import TiedEmbedding
 from hpcpipe.parallel.tensor import TensorParallel
 
@@ -32,7 +32,7 @@ class RankModel:
         self.costs = stage_costs(cfg) if costs is None else costs
         self.specs = partition(self.config, schedule.num_stages,
                                cfg.parallel.layers_per_stage or None, costs=self.costs,
-                               schedule=schedule)
+                               schedule=schedule, widths=across_widths(cfg))
         self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]
                             for chunk in range(schedule.chunks)}
         recompute = cfg.recompute_for(schedule.num_stages)  # per model stage
@@ -56,7 +56,7 @@ class RankModel:
         ops.py): the whole sequence, this shard's width."""
         shards = self.tp.size if self.tp is not None else 1
         C, T = self.config.n_embd, self.config.block_size
-        widths = {s: ops.inner_width(spec.tail[1] - 1, C) for s, spec in enumerate(self.specs)
+        widths = {s: ops.carried(spec.tail, C) for s, spec in enumerate(self.specs)
                   if spec.tail is not None}
         return {s: (batch, T, width // shards) for s, width in widths.items() if width}
 

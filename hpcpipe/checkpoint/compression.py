@@ -172,9 +172,9 @@ def _resharded(index, tensor: str, stage, grid, path: str):
             total += _read(error, where, shape)
             seen[dp_rank] = seen.get(dp_rank, 0) + int(np.prod(shape))
         else:
-            part = piece_shard(tensor, shape, tp)
+            part = _recorded_part(tensor, shape, tp, where)
             piece = np.zeros(shape)
-            data = read_dataset(error, where)
+            data = _read(error, where, part.local_shape(shape))
             part.put(piece, data)
             total += piece
             seen[dp_rank] = seen.get(dp_rank, 0) + data.size
@@ -183,6 +183,19 @@ def _resharded(index, tensor: str, stage, grid, path: str):
                               f"{sorted(seen.values())} of its {int(np.prod(shape))} elements "
                               f"per replica; a powersgd-r*.h5 file is missing")
     return stage.shards[tensor].take(total) / grid.dp
+
+
+def _recorded_part(tensor: str, shape, recorded: dict, where: str):
+    """The Shard a file says its error feedback of `tensor` is ("tp": [shards, shard] or
+    "part": [a, b, groups]), checked: a file from elsewhere names only parts that exist."""
+    values = next(iter(recorded.values()))
+    ok = len(values) == 2 and 1 <= values[0] <= max(shape) and 0 <= values[1] < values[0] \
+        if "tp" in recorded else \
+        len(values) == 3 and 0 <= values[0] < values[1] <= values[2] <= max(shape)
+    if not ok or len(recorded) != 1:
+        raise CheckpointError(f"{where}: error/{tensor} says it is part {recorded} of a "
+                              f"tensor of shape {list(shape)}, which has no such part")
+    return piece_shard(tensor, shape, recorded)
 
 
 def _read(dataset, where: str, shape) -> np.ndarray:

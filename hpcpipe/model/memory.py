@@ -88,10 +88,7 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = 
     elif recompute == "selective":
         kept = full - dropped
     elif recompute == "full":  # the input: ids, or the residual (and a sublayer's tensor)
-        first = spec.units[0] if spec.units else None
-        starts = first is not None and (first.first or (first.part or (0,))[0])
-        inner = (C if first.part else ops.inner_width(first.first - 1, C)) * N * s // tp \
-            if starts else 0
+        inner = ops.carried(spec.lead, C) * N * s // tp if spec.lead is not None else 0
         kept = (N * TOKEN_BYTES if spec.embedding_part else N * C * s + inner) \
             + (N * TOKEN_BYTES if spec.head_part else 0)
     else:

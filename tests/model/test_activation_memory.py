@@ -30,6 +30,7 @@ SPECS = [StageSpec(0, (0, 1, 2), True, True), StageSpec(0, (0,), True, False),
          StageSpec(0, (0,), True, False, tail=(1, 0, 1, 2)),
          StageSpec(1, (), False, False, lead=(1, 0, 1, 2), tail=(1, 3, 3, 8)),
          StageSpec(1, (), False, False, lead=(1, 3, 3, 8), tail=(1, 3, 6, 8)),
+         StageSpec(1, (), False, False, lead=(1, 3), tail=(1, 3, 3, 8)),
          StageSpec(2, (2,), False, True, lead=(1, 3, 6, 8))]
 
 

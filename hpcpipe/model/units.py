@@ -17,9 +17,9 @@ columns), the stage after the rest, and the message carries the residual with th
 stage's share added and the LayerNorm's output (B: the residual's gradient and the later
 parts' share of the LayerNorm output's) — an edge anywhere in the sublayer's cost at the
 price of bits: the projections' partial sums are added in another order (round-off).
-Parts of blocks are finer steps to balance stages with — six blocks on four stages as 1.5 each — at the
-price of one more stage boundary inside the model (parallel/pipeline/partition.py takes
-them only where coarser ones balance badly).
+Parts of blocks are finer steps to balance stages with — six blocks on four stages as 1.5
+each — at the price of one more stage boundary inside the model (parallel/pipeline/
+partition.py takes them only where coarser ones balance badly).
 """
 
 from __future__ import annotations

@@ -205,9 +205,9 @@ def check_one_step(comm, cfg, schedule, plan=None) -> list[str]:
     # ids' few bytes per microbatch (on the fused kernels, of their caches).
     planned = simulated_peaks(cfg, schedule, run.model.specs, plan)[run.grid.pp_rank]
     if abs(result.peak_bytes - planned) > 0.01 * planned:
-        failures.append(f"{kind} m={m} rank {run.grid.pp_rank} recompute "
-                        f"{what} {cfg.parallel.layers_per_stage}: peak {result.peak_bytes} bytes, the plan "
-                        f"says {planned}")
+        failures.append(f"{kind} m={m} rank {run.grid.pp_rank} recompute {what} "
+                        f"{cfg.parallel.layers_per_stage}: peak {result.peak_bytes} bytes, "
+                        f"the plan says {planned}")
     if comm.rank != 0:
         return failures
     # (a) one process, same runtime, 1F1B: bitwise (at seams on the fused kernels, to

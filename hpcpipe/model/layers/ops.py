@@ -69,9 +69,10 @@ def forward(first, stop, x, params, n_head, be=None, tp=None, selective=False,
     returns the same for after `stop - 1`, and the caches. params: the block's. owned:
     the residual is a fresh array nothing writes again (layernorm may keep it). part:
     (a, b), the run is one sublayer's groups [a, b) of its width (`groups`; b None: to
-    its end; params hold those columns): a > 0 takes (residual, its LayerNorm's output) and runs no
-    LayerNorm, b short of the width adds no projection bias and hands on (residual +
-    these groups' share, the LayerNorm's output): the next stage adds the rest."""
+    its end; params hold those columns): a > 0 takes (residual, its LayerNorm's output)
+    and runs no LayerNorm, b short of the width adds no projection bias and hands on
+    (residual + these groups' share, the LayerNorm's output): the next stage adds the
+    rest."""
     r, z = x if isinstance(x, tuple) else (x, None)
     if z is not None and not owned:  # a message's views: the runtime reuses its buffer,
         r, z = r.copy(), z.copy()  # the core scales q in place, and caches keep both

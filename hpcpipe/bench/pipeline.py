@@ -219,17 +219,20 @@ def contenders(kinds, cfg, grid, be, world, costs, memory_limit, log,
 def split_costs(splits, cfg, grid, be, world, inputs, shape, log) -> dict:
     """split tuple → the Costs its contenders simulate and auto plans with: F, B and W
     measured on its own stages where it gives one per rank (a split of one chunk a rank),
-    else those of the balanced split's."""
-    balanced = measure_costs(cfg, grid, be, world, inputs, shape)
-    out, shown = {}, {(): balanced}
+    else those of the balanced split's (measured only where some split needs them)."""
+    out = {}
     for split in splits:
-        out[tuple(split)] = balanced
         if len(split) == grid.pp:
             try:
-                out[tuple(split)] = shown[tuple(split)] = measure_costs(
-                    with_split(cfg, split), grid, be, world, inputs, shape)
+                out[tuple(split)] = measure_costs(with_split(cfg, split), grid, be, world,
+                                                  inputs, shape)
             except ValueError:  # (no split of these blocks: its contenders say why)
                 continue
+    shown = dict(out)
+    rest = [tuple(split) for split in splits if tuple(split) not in out]
+    if rest:
+        shown[()] = measure_costs(cfg, grid, be, world, inputs, shape)
+        out.update({split: shown[()] for split in rest})
     for split, c in shown.items():
         log(f"measured per stage{f' of {list(split)}' if split else ''} (ms): F "
             + "/".join(f"{x * 1e3:.2f}" for x in c.f) + "  B "

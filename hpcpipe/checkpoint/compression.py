@@ -22,8 +22,15 @@ import os
 
 import numpy as np
 
-from hpcpipe.checkpoint.hdf5 import dataset, member, piece_shard, read_dataset, store
-from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
+from hpcpipe.checkpoint.hdf5 import (
+    dataset,
+    member,
+    part_record,
+    piece_shard,
+    read_dataset,
+    store,
+)
+from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError, part_size
 from hpcpipe.model.stage import cuts, seams
 from hpcpipe.util.files import write_atomic
 
@@ -63,7 +70,7 @@ def write(rank, folder: str) -> str | None:
         with h5py.File(tmp, "w") as f:
             for tensor, stage, key in _tensors(rank):
                 store(f, f"error/{tensor}", be.to_host(compressor.error[key]),
-                      **(_part(stage, tensor, grid) or {}))
+                      **(part_record(stage, tensor, grid) or {}))
                 store(f, f"q/{tensor}", be.to_host(compressor.q[key]))
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe PowerSGD state of one rank (error feedback, Q)"
@@ -72,16 +79,6 @@ def write(rank, folder: str) -> str | None:
 
     write_atomic(os.path.join(folder, name), body)
     return name
-
-
-def _part(stage, tensor: str, grid) -> dict | None:
-    """Which part of `tensor` this rank's error feedback is of: {"tp": [shards, shard]},
-    {"part": [a, b, groups]} (a stage's across a sublayer's width), None: all of it."""
-    if tensor in stage.parts:
-        return {"part": list(stage.parts[tensor])}
-    if stage.shards[tensor].replicated or grid.tp == 1:
-        return None
-    return {"tp": [grid.tp, grid.tp_rank]}
 
 
 def layout_of(rank) -> dict:
@@ -126,7 +123,8 @@ def load(rank, path: str, manifest: dict):
 
 
 def _index(opened: dict, path: str) -> dict:
-    """tensor name → [(dp rank, its part (`_part`) or None, file, its error, its q)]."""
+    """tensor name → [(dp rank, its part (hdf5.part_record's) or None, file, its error,
+    its q)]."""
     index = {}
     for fname, f in opened.items():
         where = os.path.join(path, fname)
@@ -153,7 +151,7 @@ def _entries(index, tensor: str, path: str):
 
 def _own(index, tensor: str, grid, stage, path: str):
     """This rank's error and Q as written under the same layout."""
-    shard = _part(stage, tensor, grid)
+    shard = part_record(stage, tensor, grid)
     for dp_rank, tp, where, error, q in _entries(index, tensor, path):
         if dp_rank == grid.dp_rank and tp == shard:
             return _read(error, where, stage.grads[tensor].shape), read_dataset(q, where)
@@ -172,7 +170,7 @@ def _resharded(index, tensor: str, stage, grid, path: str):
             total += _read(error, where, shape)
             seen[dp_rank] = seen.get(dp_rank, 0) + int(np.prod(shape))
         else:
-            part = _recorded_part(tensor, shape, tp, where)
+            part = _recorded_part(tensor, shape, tp, stage.cfg.n_head, where)
             piece = np.zeros(shape)
             data = _read(error, where, part.local_shape(shape))
             part.put(piece, data)
@@ -185,16 +183,17 @@ def _resharded(index, tensor: str, stage, grid, path: str):
     return stage.shards[tensor].take(total) / grid.dp
 
 
-def _recorded_part(tensor: str, shape, recorded: dict, where: str):
+def _recorded_part(tensor: str, shape, recorded: dict, n_head: int, where: str):
     """The Shard a file says its error feedback of `tensor` is ("tp": [shards, shard] or
-    "part": [a, b, groups]), checked: a file from elsewhere names only parts that exist."""
-    values = next(iter(recorded.values()))
-    ok = len(values) == 2 and 1 <= values[0] <= max(shape) and 0 <= values[1] < values[0] \
-        if "tp" in recorded else \
-        len(values) == 3 and 0 <= values[0] < values[1] <= values[2] <= max(shape)
-    if not ok or len(recorded) != 1:
+    "part": [a, b, groups]), checked as the manifest's optimizer segments are
+    (manifest.part_size): a file from elsewhere names only parts that exist."""
+    try:
+        if len(recorded) != 1:
+            raise CheckpointError("one part")
+        part_size(tensor, shape, recorded, n_head, where)
+    except CheckpointError:
         raise CheckpointError(f"{where}: error/{tensor} says it is part {recorded} of a "
-                              f"tensor of shape {list(shape)}, which has no such part")
+                              f"tensor of shape {list(shape)}, which has no such part") from None
     return piece_shard(tensor, shape, recorded)
 
 

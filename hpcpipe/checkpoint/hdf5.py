@@ -25,6 +25,18 @@ OPTIM_KINDS = ("exp_avg", "exp_avg_sq", "master")
 H5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError)
 
 
+def part_record(stage, name: str, grid) -> dict | None:
+    """Which part of tensor `name` this rank's state of it is, as a checkpoint records it
+    (`piece_shard` reads it back): {"part": [a, b, groups]} a stage's across a sublayer's
+    width, {"tp": [shards, shard]} a tensor-parallel shard's, None all of it (a tensor
+    every shard holds whole, or no tensor parallelism)."""
+    if name in stage.parts:
+        return {"part": list(stage.parts[name])}
+    if grid.tp == 1 or stage.shards[name].replicated:
+        return None
+    return {"tp": [grid.tp, grid.tp_rank]}
+
+
 def piece_shard(name: str, shape, piece: dict):
     """The part of tensor `name` (global `shape`) a segment of optimizer state is of: a
     tensor-parallel shard's ("tp": [shards, shard]) or a pipeline stage's across a

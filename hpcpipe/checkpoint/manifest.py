@@ -178,15 +178,22 @@ def _consistent(m: dict, path: str, file: str):
             size *= dim
         for segment in segments:
             _listed(segment["file"], m, file, f"optimizer state of {name}")
-            if "tp" in segment:
-                size = _shard_size(name, m["tensors"][name]["shape"], segment["tp"], file)
-            if "part" in segment:
-                size = _part_size(name, m["tensors"][name]["shape"], segment["part"],
-                                  model["n_head"], file)
+            if "tp" in segment or "part" in segment:
+                size = part_size(name, m["tensors"][name]["shape"], segment, model["n_head"],
+                                 file)
             if not segment["start"] <= segment["stop"] <= size:
                 raise CheckpointError(f"{file}: optimizer state of {name} covers elements "
                                       f"[{segment['start']}, {segment['stop']}) of a tensor of "
                                       f"{size}")
+
+
+def part_size(name: str, shape, record: dict, n_head: int, file: str) -> int:
+    """Elements of the part of a tensor (global `shape`) a record names — {"tp": [shards,
+    rank]} or {"part": [a, b, groups]} (hdf5.part_record) — checked to be one the tensor
+    of a model of `n_head` heads has (CheckpointError naming `file`)."""
+    if "part" in record:
+        return _part_size(name, shape, record["part"], n_head, file)
+    return _shard_size(name, shape, record["tp"], file)
 
 
 def _shard_size(name: str, shape, tp, file: str) -> int:
@@ -204,6 +211,9 @@ def _part_size(name: str, shape, part, n_head: int, file: str) -> int:
     sublayer's width (model/units.py): groups its attention's heads or 4 × as many."""
     from hpcpipe.model.sharding import part_of
 
+    if len(part) != 3:
+        raise CheckpointError(f"{file}: optimizer state of {name} names part {part} of a "
+                              f"sublayer's width: [a, b, groups] are three numbers")
     a, b, count = part
     if count not in (n_head, 4 * n_head) or not 0 <= a < b <= count or "." not in name \
             or len(shape) not in (1, 2):

@@ -21,7 +21,7 @@ import numpy as np
 
 from hpcpipe.checkpoint import compression, local, versions
 from hpcpipe.checkpoint import manifest as manifests
-from hpcpipe.checkpoint.hdf5 import OPTIM_KINDS, sha256, store
+from hpcpipe.checkpoint.hdf5 import OPTIM_KINDS, part_record, sha256, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
 from hpcpipe.checkpoint.retention import (
     point_latest,
@@ -242,16 +242,14 @@ def _joined_parts(model, grid) -> list:
     if not any(len(edge) > 2 for edge in cuts(model.specs) or ()):
         return []  # (every pipeline rank knows: no collective)
     mine = [(name, model.stage_index[chunk], stage.global_shapes[name],
-             stage.shards[name], model.backend.to_host(stage.params[name]))
-            for chunk, stage in model.in_model_order() for name in stage.parts]
-    first = {(name, model.stage_index[chunk]) for chunk, stage in model.stages.items()
-             for name, (a, _, _) in stage.parts.items() if a == 0}
+             stage.shards[name], model.backend.to_host(stage.params[name]), a == 0)
+            for chunk, stage in model.in_model_order()
+            for name, (a, _, _) in stage.parts.items()]
     wholes = {}
-    for name, _, shape, shard, host in (p for parts in grid.pipe.allgather(mine)
-                                        for p in parts):
+    for name, _, shape, shard, host, _ in (p for parts in grid.pipe.allgather(mine)
+                                           for p in parts):
         shard.put(wholes.setdefault(name, np.empty(shape, host.dtype)), host)
-    return [(name, index, wholes[name]) for name, index, _, _, _ in mine
-            if (name, index) in first]
+    return [(name, index, wholes[name]) for name, index, _, _, _, first in mine if first]
 
 
 def _write_parameters(parameters, path: str, folder: str) -> dict:
@@ -282,8 +280,7 @@ def _write_optimizer(optimizer, model, path: str, grid) -> dict:
     import h5py
 
     be, segments = model.backend, {}
-    parts = {name: list(groups) for stage in model.stages.values()
-             for name, groups in stage.parts.items()}
+    stage_of = {name: stage for stage in model.stages.values() for name in stage.global_shapes}
 
     def write(buffer):
         with h5py.File(buffer, "w") as f:
@@ -293,13 +290,10 @@ def _write_optimizer(optimizer, model, path: str, grid) -> dict:
                 for segment in adam.shard.segments:
                     if segment.name == "wte" and not adam.shard.owns_wte:
                         continue
-                    whole = grid.tp == 1 or segment.name in adam.shard.copies
-                    if whole and grid.tp_rank > 0:
+                    shard = part_record(stage_of[segment.name], segment.name, grid)
+                    if shard is None and grid.tp_rank > 0:
                         continue  # every tensor shard holds it: shard 0 saves it
-                    key = f"{segment.name}@{segment.t0}"
-                    shard = {} if whole else {"tp": [grid.tp, grid.tp_rank]}
-                    if segment.name in parts:
-                        shard = {"part": parts[segment.name]}
+                    shard, key = shard or {}, f"{segment.name}@{segment.t0}"
                     for kind, vec in vectors.items():
                         store(groups[kind], key, be.to_host(vec[segment.v0:segment.v1]),
                                start=segment.t0, stop=segment.t1, tensor=segment.name, **shard)

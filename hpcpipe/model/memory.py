@@ -121,9 +121,8 @@ def _unit_bytes(unit, z: dict, N: int, C: int, s: int, tp: int) -> tuple[int, in
 def _part_share(cfg: GPTConfig, unit) -> Fraction:
     """A unit with part of a sublayer's width (groups [a, b)) holds what a tensor shard of
     that share would: the sizes' divisor, tp = groups / (b - a)."""
-    count = ops.groups(unit.first, cfg.n_head)
-    a, b = unit.part
-    return Fraction(count, (count if b is None else b) - a)
+    a, b, count = ops.span(unit.first, unit.part, cfg.n_head)
+    return Fraction(count, b - a)
 
 
 def _op_bytes(op: int, unit, z: dict, x: int, tp) -> tuple[int, int]:

@@ -71,7 +71,8 @@ class Stage:
         self.global_shapes = dict(param_layout(cfg, self.layers, embedding_part, head_part,
                                                lead, tail))
         # Tensors split across stages by width (model/units.py): name → (a, b, groups).
-        self.shards, self.parts = _shards(cfg, self.global_shapes, self.units, tp)
+        self.shards, self.parts = _shards(cfg, self.global_shapes, self.units,
+                                          *((tp.size, tp.rank) if tp is not None else ()))
         layout = [(name, self.shards[name].local_shape(shape))
                   for name, shape in self.global_shapes.items()]
         self.param_buffer = FlatBuffer(layout, self.xp, self.dtype)
@@ -291,10 +292,10 @@ def _replay(inp, targets) -> dict:
     return replay
 
 
-def _shards(cfg: GPTConfig, global_shapes: dict, units, tp):
-    """name → the Shard of each tensor a stage holds (its tensor shard's part, or its part
-    across a sublayer's width), and name → (a, b, groups) of the latter."""
-    shards, rank = (tp.size, tp.rank) if tp is not None else (1, 0)
+def _shards(cfg: GPTConfig, global_shapes: dict, units, shards: int = 1, rank: int = 0):
+    """name → the Shard of each tensor a stage holds (tensor shard `rank` of `shards`'
+    part, or its part across a sublayer's width), and name → (a, b, groups) of the
+    latter."""
     out = {name: shard_of(name, shape, shards, rank) for name, shape in global_shapes.items()}
     parts = part_groups(cfg, units, shards)
     out.update({name: part_of(name, global_shapes[name], (a, b), count)
@@ -353,10 +354,9 @@ class StageSpec:
     def local_layout(self, cfg: GPTConfig, tp: int = 1, rank: int = 0):
         """(name, shape) of the tensors as the stage holds them: tensor shard `rank` of
         `tp`'s part of each, or its part across a sublayer's width (units.part_groups)."""
-        parts = part_groups(cfg, self.units, tp)
-        return [(name, (part_of(name, shape, parts[name][:2], parts[name][2])
-                        if name in parts else shard_of(name, shape, tp, rank))
-                 .local_shape(shape)) for name, shape in self.param_layout(cfg)]
+        layout = self.param_layout(cfg)
+        shards, _ = _shards(cfg, dict(layout), self.units, tp, rank)
+        return [(name, shards[name].local_shape(shape)) for name, shape in layout]
 
     def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None, tp=None,
               recompute="none") -> Stage:

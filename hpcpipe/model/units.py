@@ -122,9 +122,7 @@ def part_groups(cfg: GPTConfig, units, tp: int = 1) -> dict:
         if tp > 1:
             raise ValueError(f"{unit.describe()}: a stage edge across a sublayer's width "
                              f"and tensor parallelism (tp = {tp}) cannot be combined")
-        count = ops.groups(unit.first, cfg.n_head)
-        a, b = unit.part
-        b = count if b is None else b
+        a, b, count = ops.span(unit.first, unit.part, cfg.n_head)
         for name, shape in unit.layout(cfg):
             if not part_of(name, shape, (a, b), count).replicated:
                 out[name] = (a, b, count)

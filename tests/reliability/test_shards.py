@@ -96,6 +96,6 @@ def test_a_stage_part_the_model_lacks_is_refused(tmp_path, stdlib_tokens):
     from hpcpipe.checkpoint.compression import _recorded_part
 
     with pytest.raises(ckpt.CheckpointError, match="has no such part"):
-        _recorded_part("h.0.mlp.c_fc.weight", (16, 64), {"part": [0, 9, 8]}, "f.h5")
-    assert _recorded_part("h.0.mlp.c_fc.weight", (16, 64), {"part": [2, 8, 8]},
+        _recorded_part("h.0.mlp.c_fc.weight", (16, 64), {"part": [0, 9, 8]}, 2, "f.h5")
+    assert _recorded_part("h.0.mlp.c_fc.weight", (16, 64), {"part": [2, 8, 8]}, 2,
                           "f.h5").local_shape((16, 64)) == (16, 48)

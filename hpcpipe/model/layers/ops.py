@@ -63,6 +63,13 @@ def groups(first: int, n_head: int) -> int:
     return n_head if first == 0 else 4 * n_head
 
 
+def span(first: int, part, n_head: int) -> tuple[int, int, int]:
+    """(a, b, groups) of a run's part (a, b) of the sublayer starting at op `first`, its
+    end b None (the sublayer's last group) resolved."""
+    count = groups(first, n_head)
+    return part[0], count if part[1] is None else part[1], count
+
+
 def forward(first, stop, x, params, n_head, be=None, tp=None, selective=False,
             owned=False, part=None):
     """F of ops [first, stop): x the residual (first 0 or SEAM) or (residual, inner);
@@ -80,7 +87,8 @@ def forward(first, stop, x, params, n_head, be=None, tp=None, selective=False,
     heads = n_head // tp.size if tp is not None else n_head
     ends = part is None or part[1] is None  # (adds the sublayer's bias)
     if part is not None and first == 0:
-        heads = (n_head if ends else part[1]) - part[0]
+        a, b, _ = span(first, part, n_head)
+        heads = b - a
     normed, caches = None, {}
     for op in range(first, stop):
         if op in (0, 3):  # (the next op here may take this op's bias: `late`)

@@ -49,8 +49,8 @@ def _in_blocks(spec, shares, n_head: int) -> float:
     for u in spec.units:
         share = sum(shares[u.first:u.stop])
         if u.part is not None:
-            count = ops.groups(u.first, n_head)
-            share *= ((count if u.part[1] is None else u.part[1]) - u.part[0]) / count
+            a, b, count = ops.span(u.first, u.part, n_head)
+            share *= (b - a) / count
         total += share
     return total
 

@@ -169,9 +169,10 @@ class ParallelSection:
     # block's seam, between attention and MLP; sixths after its operations, finer across a
     # sublayer's width: README, Balanced stages); [] or "auto": balanced by cost
     layers_per_stage: list[float] | str = field(default_factory=list)
-    # let the balanced split put stage edges across a sublayer's width (some heads or MLP
-    # columns on each side) where whole operations leave a stage over 5 % above the mean:
-    # the numbers then equal other layouts' to round-off, not bitwise (partial sums)
+    # let the balanced split put stage edges across a sublayer's width (some heads, MLP
+    # columns or heads' q, k and v on each side) where whole operations leave a stage over
+    # 5 % above the mean: the numbers then equal other layouts' to round-off, not bitwise
+    # (partial sums)
     split_widths: bool = False
     # auto schedule: activations a rank may hold — a number of microbatches (0: 2·pp) or a
     # size ("12GiB", "500MB"): bytes, measured per stage while profiling

@@ -59,7 +59,8 @@ class Unit:
         if self.whole:
             return f"block {self.layer}"
         if self.part is not None:  # "heads 0–2", "MLP groups 5–" (to the last)
-            what = "head" if self.first == 0 else "MLP group"
+            what = {(0, 3): "head", (0, 1): "c_attn of head"}.get((self.first, self.stop),
+                                                                  "MLP group")
             a, b = self.part
             if b == a + 1:
                 return f"block {self.layer}'s {what} {a}"
@@ -133,8 +134,10 @@ def position(edge) -> Fraction:
     """Where stage edge `edge` falls in the model, in blocks: (l, op) after operation op
     of block l, l + op/6 (op 3 the seam, l + 1/2); (l, 0, g, H) across its attention after
     g of H heads, l + g/(2H); (l, 3, g, K) across its MLP after g of K groups of columns,
-    l + 1/2 + g/(2K)."""
+    l + 1/2 + g/(2K); (l, 1, g, H) across ln_1 + c_attn alone after g heads' q, k and v,
+    l + g/(6H): each run split in proportion to its operations' sixths."""
     if len(edge) == 2:
         return edge[0] + Fraction(edge[1], ops.COUNT)
     block, op, g, count = edge
-    return block + Fraction(op, ops.COUNT) + Fraction(g, 2 * count)
+    first, stop = ops.split_run(op)
+    return block + Fraction(first, ops.COUNT) + Fraction(g * (stop - first), ops.COUNT * count)

@@ -31,7 +31,13 @@ SPECS = [StageSpec(0, (0, 1, 2), True, True), StageSpec(0, (0,), True, False),
          StageSpec(1, (), False, False, lead=(1, 0, 1, 2), tail=(1, 3, 3, 8)),
          StageSpec(1, (), False, False, lead=(1, 3, 3, 8), tail=(1, 3, 6, 8)),
          StageSpec(1, (), False, False, lead=(1, 3), tail=(1, 3, 3, 8)),
-         StageSpec(2, (2,), False, True, lead=(1, 3, 6, 8))]
+         StageSpec(2, (2,), False, True, lead=(1, 3, 6, 8)),
+         # after a head's q, k and v (layers/ops.py QKV): its LayerNorm's output and those
+         # cross
+         StageSpec(0, (0,), True, False, tail=(1, 1, 1, 2)),
+         StageSpec(1, (), False, False, lead=(1, 1, 1, 2), tail=(1, 2)),
+         StageSpec(1, (), False, False, lead=(0, 1, 1, 2), tail=(1, 3, 3, 8)),
+         StageSpec(2, (2,), False, True, lead=(1, 1, 1, 2))]
 
 
 # On the fused kernels: a head size the flash kernels take (32), C within the LayerNorm

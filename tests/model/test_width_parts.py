@@ -63,7 +63,10 @@ def _inputs(dtype, seed=0, cfg=CFG):
 EDGES = [[(0, 0, 1, 4)], [(0, 0, 3, 4)], [(0, 3, 5, 16)], [(0, 3, 15, 16)],
          [(0, 0, 2, 4), (0, 3, 8, 16)], [(0, 3, 2, 16), (0, 3, 9, 16)],
          [(0, 0, 1, 4), (0, 0, 3, 4)], [(0, 1), (0, 3, 4, 16)], [(0, 0, 2, 4), (0, 5)],
-         [(0, 0, 1, 4), (0, 0, 2, 4), (0, 3), (0, 3, 1, 16), (0, 3, 14, 16)]]
+         [(0, 0, 1, 4), (0, 0, 2, 4), (0, 3), (0, 3, 1, 16), (0, 3, 14, 16)],
+         # (0, QKV, group, 4): across ln_1 + c_attn alone, after a head's q, k and v
+         [(0, ops.QKV, 1, 4)], [(0, ops.QKV, 2, 4), (0, 2)], [(0, ops.QKV, 1, 4), (0, 1)],
+         [(0, ops.QKV, 2, 4), (0, 3, 5, 16)], [(0, ops.QKV, 1, 4), (0, 5)]]
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
@@ -102,6 +105,27 @@ def test_each_stage_holds_its_part_of_the_split_tensors():
     assert ops.groups(0, H) == H and ops.groups(ops.SEAM, H) == 4 * H
 
 
+def test_after_some_heads_q_k_and_v_the_stages_hold_their_columns_of_c_attn():
+    C, H = CFG.n_embd, CFG.n_head
+    first, second = _stages([(0, ops.QKV, 1, 4)], "float64")
+    assert {name: v.shape for name, v in first.params.items()} == {
+        "h.0.ln_1.weight": (C,), "h.0.ln_1.bias": (C,),
+        "h.0.attn.c_attn.weight": (C, 3 * C // H), "h.0.attn.c_attn.bias": (3 * C // H,)}
+    assert second.params["h.0.attn.c_attn.weight"].shape == (C, 3 * (C - C // H))
+    assert second.params["h.0.attn.c_proj.weight"].shape == (C, C)  # the rest whole
+    x, _ = _inputs("float64")
+    residual, inner = first.forward(0, x)  # ln_1's output, then head 0's q, k and v
+    assert inner.shape == x.shape[:2] + (ops.carried((0, ops.QKV, 1, 4), C),)
+    _, qkv = _stages([(0, 1)], "float64")[0].forward(0, x)  # (every head's, after c_attn)
+    head0 = qkv.reshape(*x.shape[:2], 3, C)[..., :C // H].reshape(*x.shape[:2], -1)
+    assert np.allclose(inner[..., C:], head0, rtol=1e-14, atol=1e-14)
+    assert np.array_equal(residual, x)
+    with pytest.raises(ValueError, match="q, k and v"):
+        op_runs((), (0, ops.QKV, 1, 4), (0, ops.QKV, 2, 4))
+    with pytest.raises(ValueError, match="q, k and v"):
+        op_runs((), (0, 0, 1, 4), (0, ops.QKV, 2, 4))
+
+
 def test_the_edge_carries_the_residual_and_the_layernorms_output():
     x, _ = _inputs("float64")
     first, _ = _stages([(0, 3, 5, 16)], "float64")
@@ -125,7 +149,8 @@ def test_on_the_fused_kernels_parts_equal_the_whole_block(recompute):
     be = Backend(xp=standin.device(), name="simgpu", device_id=0)  # (head size 32: flash)
     x, dy = (be.from_host(a) for a in _inputs("float64", cfg=cfg))
     want = _run(_stages([], "float64", be=be, cfg=cfg), x, dy, be)
-    for edges in ([(0, 0, 1, 2)], [(0, 3, 3, 8)], [(0, 0, 1, 2), (0, 3, 5, 8)]):
+    for edges in ([(0, 0, 1, 2)], [(0, 3, 3, 8)], [(0, 0, 1, 2), (0, 3, 5, 8)],
+                  [(0, ops.QKV, 1, 2)], [(0, ops.QKV, 1, 2), (0, 2)]):
         got = _run(_stages(edges, "float64", recompute, be, cfg), x, dy, be)
         for g, w in zip(got[:2], want[:2]):
             assert np.allclose(be.to_host(g), be.to_host(w), rtol=1e-12, atol=1e-13), edges

@@ -56,13 +56,14 @@ def uneven(stages, turn=0):
     turn 2 one, two, four or five sixths (edges after c_attn, the core, c_fc, the GELU:
     messages with the sublayer's tensor beside the residual; model/units.py), on turn 3
     edges across a sublayer's width (after the first of the 2 heads, or 1, 4 or 7 of the
-    MLP's 8 groups of columns: parallel/pipeline/edges.py)."""
+    MLP's 8 groups of columns: parallel/pipeline/edges.py) — every other time the first
+    edge after the first head's q, k and v alone instead (ln_1 + c_attn's width)."""
     counts = [1] * stages
     for i in range(8 - stages):
         counts[(stages // 2 + i) % stages] += 1
     for n, i in enumerate(range(0, stages - 1, 2)):
         moved = {0: 0, 1: 3 / 6, 2: (1, 2, 4, 5)[n % 4] / 6,
-                 3: (0.75, 0.25, 0.4375, 0.0625)[n % 4]}[turn % 4]
+                 3: ((0.75, 11 / 12)[turn // 4 % 2], 0.25, 0.4375, 0.0625)[n % 4]}[turn % 4]
         counts[i] -= moved
         counts[i + 1] += moved
     return counts

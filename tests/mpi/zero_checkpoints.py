@@ -133,9 +133,11 @@ def check(comm) -> mpibody.Report:
         cases.append((f"float64 dp1 pp2 after c_fc → {other}", inside, layouts[other], False))
         cases.append((f"float64 {other} → dp1 pp2 after c_fc", layouts[other], inside, False))
     # Stage edges across a sublayer's width (parallel/pipeline/edges.py): after the first
-    # of block 0's 2 heads, after 1 of block 1's 8 groups of MLP columns — each tensor
-    # split there saved whole, its optimizer state in parts.
-    for label, counts in (("heads", (0.25, 1.75)), ("MLP columns", (1.5625, 0.4375))):
+    # of block 0's 2 heads, after 1 of block 1's 8 groups of MLP columns, after block 1's
+    # first head's q, k and v — each tensor split there saved whole, its optimizer state
+    # in parts.
+    for label, counts in (("heads", (0.25, 1.75)), ("MLP columns", (1.5625, 0.4375)),
+                          ("q, k, v", (13 / 12, 11 / 12))):
         across = make_cfg(1, 2, 0, counts=counts)
         cases.append((f"float64 dp1 pp2 across {label} → itself", across, across, True))
         for other in ("dp2 zero3", "dp1 pp2 after c_fc"):

@@ -10,6 +10,11 @@
 
 A stage edge may fall after any of them: what crosses it is the residual stream and,
 inside a sublayer, the tensor that sublayer's next operation reads (B: their gradients).
+Across a width (`part`), a run is split by heads or groups of columns: a whole
+sublayer's (the first part hands on its share of the projection added to the residual,
+and the LayerNorm's output), or op 0's alone (QKV: the first part hands on the
+LayerNorm's output and its heads' q, k and v; B hands back their gradients and the later
+heads' share of the LayerNorm output's).
 A run of operations [first, stop) computes exactly what the whole block's unfused path
 computes — the same layer functions in the same order — so a chain of runs gives the
 whole model's bits. The fused kernels take a bias that the op before them would add
@@ -26,7 +31,7 @@ Caches are per op (a dict op → dict); B hands each op's output gradient on as 
 
 from __future__ import annotations
 
-from hpcpipe.model.layout import OP_TENSORS
+from hpcpipe.model.layout import OP_TENSORS, QKV, split_run  # noqa: F401 (re-exported)
 
 from . import attention, backend_for, fused, gelu, layernorm, linear, scope
 
@@ -46,9 +51,13 @@ def inner_width(op: int, C: int) -> int:
 
 def carried(edge, C: int) -> int:
     """The width of the tensor beside the residual at a stage edge (block, op) (see
-    `inner_width`) or (block, op, group, groups) across a sublayer's width: its
-    LayerNorm's output, C."""
-    return C if len(edge) > 2 else inner_width(edge[1] - 1, C)
+    `inner_width`) or (block, op, group, groups) across a width: its LayerNorm's output,
+    C — and across ln_1 + c_attn alone (op QKV) the q, k and v of the heads before it."""
+    if len(edge) == 2:
+        return inner_width(edge[1] - 1, C)
+    return C + (3 * C * edge[2] // edge[3] if edge[1] == QKV else 0)
+
+
 
 
 def inner(op: int) -> bool:
@@ -89,7 +98,9 @@ def forward(first, stop, x, params, n_head, be=None, tp=None, selective=False,
     if part is not None and first == 0:
         a, b, _ = span(first, part, n_head)
         heads = b - a
-    normed, caches = None, {}
+    normed, caches, earlier = None, {}, None
+    if part is not None and stop == QKV and part[0] > 0:  # (ln_1's output, earlier q, k, v)
+        z, earlier = z[..., :r.shape[-1]].copy(), z[..., r.shape[-1]:]
     for op in range(first, stop):
         if op in (0, 3):  # (the next op here may take this op's bias: `late`)
             given = z if part is not None and part[0] > 0 else None
@@ -115,9 +126,34 @@ def forward(first, stop, x, params, n_head, be=None, tp=None, selective=False,
             caches[op]["biased"] = ends
             out += r
             r, z = out, (None if ends else normed)
+    if part is not None and stop == QKV:
+        z = _qkv_on(be, normed, z, earlier)
+        caches[0]["qkv"] = "before" if earlier is None else earlier.shape[-1] // 3
     if selective and 4 in caches and 5 in caches:
         del caches[5]["x"]  # the GELU's output too: rebuilt with it
     return (r if z is None else (r, z)), caches
+
+
+def _qkv_on(be, normed, mine, earlier):
+    """What a part of ln_1 + c_attn's width hands on: the first, its LayerNorm's output
+    and its heads' q, k, v side by side (the stage after runs the rest from them); the
+    last, the whole qkv — the earlier heads' and its own in c_attn's order (every head's
+    q, then k, then v)."""
+    xp = be.xp
+    if earlier is None:
+        return xp.concatenate([normed, mine], axis=-1)
+    lead = mine.shape[:-1]
+    return xp.concatenate([earlier.reshape(*lead, 3, -1), mine.reshape(*lead, 3, -1)],
+                          axis=-1).reshape(*lead, -1)
+
+
+def _qkv_split(dqkv, received: int):
+    """The last part of ln_1 + c_attn's width: (its heads' share of the gradient of qkv,
+    the earlier heads' to hand back), each (B, T, 3·its columns) in c_attn's order."""
+    lead = dqkv.shape[:-1]
+    sections = dqkv.reshape(*lead, 3, -1)
+    return (sections[..., received:].copy().reshape(*lead, -1),
+            sections[..., :received].copy().reshape(*lead, -1))
 
 
 def _norm_project(op, r, params, heads, be, tp, owned, late, normed=None):
@@ -158,11 +194,13 @@ def backward_input(first, stop, dy, caches):
     its own; one starting after the first group hands that sum on instead of running the
     LayerNorm's B."""
     dr, dz = dy if isinstance(dy, tuple) else (dy, None)
+    later, handed, qkv = None, None, caches[0].get("qkv") if stop == QKV else None
+    if qkv == "before":  # (the later heads' share of ln_1's output's gradient; q, k, v's)
+        later, dz = dz[..., :dr.shape[-1]], dz[..., dr.shape[-1]:]
     if dz is not None:  # (a message: the fused GELU writes its gradient over its input)
         dz = dz.copy()
         if stop - 1 in (2, 5):  # (W keeps the residual's: not a view of the whole message)
             dr = dr.copy()
-    later = None
     for op in reversed(range(first, stop)):
         cache = caches[op]
         if op in (2, 5):
@@ -180,12 +218,15 @@ def backward_input(first, stop, dy, caches):
             if pieces is not None and 0 in caches and caches[0]["late"]:
                 caches[0]["bias_sums"] = pieces
         else:
+            if qkv not in (None, "before"):  # (the earlier heads' q, k, v's: handed back)
+                dz, handed = _qkv_split(dz, qkv)
             cache["d"] = dz
             da = linear.backward_input(dz, cache["proj"])
             if later is not None:
                 da += later
             if cache["ln"] is None:  # a part after the first: its stage edge's inner
-                dz = da
+                dz = da if handed is None else \
+                    cache["proj"]["be"].xp.concatenate([da, handed], axis=-1)
                 continue
             dr = layernorm.backward_input(da, cache["ln"], dresidual=dr)
             dz = None

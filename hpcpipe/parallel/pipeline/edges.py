@@ -7,10 +7,13 @@ edges; model/units.position):
     (l, 0, g, H)     across block l's attention, after g of its H heads: l + g/(2H)
     (l, 3, g, 4H)    across block l's MLP, after g of its 4H groups of a head's width of
                      columns: l + 1/2 + g/(8H)
+    (l, 1, g, H)     across block l's ln_1 + c_attn alone, after g of its H heads' q, k
+                     and v: l + g/(6H)
 
 Read back, a position on a sixth is an operation's edge; so a split across a width whose
 position would be one (g a third of the groups) is never made (`width_groups` leaves it
-out: the operation's edge there costs the same). Exact fractions inside; printed to six
+out: the operation's edge there costs the same), and one across ln_1 + c_attn after a
+multiple of three heads, whose position is an attention head's edge, neither. Exact fractions inside; printed to six
 places, and a count given by hand is matched to the nearest edge it is close to.
 """
 
@@ -29,10 +32,14 @@ class EdgeError(ValueError):
     """Counts whose positions are no stage edge."""
 
 
-def width_groups(first: int, n_head: int) -> list[int]:
-    """The groups g (0 < g < count) of the sublayer starting at op `first` (0 or 3) after
-    which an edge may fall across its width: all but those whose position is a sixth."""
-    count = ops.groups(first, n_head)
+def width_groups(op: int, n_head: int) -> list[int]:
+    """The groups g (0 < g < count) of the run `ops.split_run(op)` (op 0 or 3 a
+    sublayer, QKV ln_1 + c_attn) after which an edge may fall across its width: all but
+    those whose position another edge has — a sixth, an operation's; across ln_1 +
+    c_attn, every third, an attention head's."""
+    count = ops.groups(ops.split_run(op)[0], n_head)
+    if op == ops.QKV:
+        return [g for g in range(1, count) if g % 3]
     return [g for g in range(1, count) if (3 * g) % count]
 
 
@@ -45,12 +52,13 @@ def edge_at(x: Fraction, n_head: int):
         return None
     if (frac * ops.COUNT).denominator == 1:
         return (block, int(frac * ops.COUNT))
-    op = 0 if frac < Fraction(1, 2) else ops.SEAM
-    count = ops.groups(op, n_head)
-    g = (frac - Fraction(op, ops.COUNT)) * 2 * count
-    if g.denominator != 1 or int(g) not in width_groups(op, n_head):
-        raise EdgeError(f"position {float(x):g} is no stage edge")
-    return (block, op, int(g), count)
+    for op in ((0, ops.QKV) if frac < Fraction(1, 2) else (ops.SEAM,)):
+        first, stop = ops.split_run(op)
+        count = ops.groups(first, n_head)
+        g = (frac - Fraction(first, ops.COUNT)) * ops.COUNT * count / (stop - first)
+        if g.denominator == 1 and int(g) in width_groups(op, n_head):
+            return (block, op, int(g), count)
+    raise EdgeError(f"position {float(x):g} is no stage edge")
 
 
 def inside(n_head: int, widths: bool = True) -> list[Fraction]:
@@ -58,8 +66,8 @@ def inside(n_head: int, widths: bool = True) -> list[Fraction]:
     with `widths`, those across the sublayers' widths."""
     out = {Fraction(k, ops.COUNT) for k in range(1, ops.COUNT)}
     if widths:
-        out |= {position((0, op, g, ops.groups(op, n_head))) for op in (0, ops.SEAM)
-                for g in width_groups(op, n_head)}
+        out |= {position((0, op, g, ops.groups(ops.split_run(op)[0], n_head)))
+                for op in (0, ops.QKV, ops.SEAM) for g in width_groups(op, n_head)}
     return sorted(out)
 
 

@@ -5,12 +5,14 @@ A slice may start or end inside a block, after any of its six operations (model/
 layers/ops.py): at its seam, between its attention and its MLP (half a block), or inside a
 sublayer, where the messages carry the sublayer's tensor beside the residual — or across
 a sublayer's width, after some of its heads or groups of MLP columns, where they carry its
-LayerNorm's output (edges.py says where each falls, in blocks). Balanced by cost, halves
-are taken only where whole blocks leave the slowest stage more than WORTH above the mean
-(or there are more stages than blocks), single operations only where halves do too, and
-edges across widths only where operations do too (and the run allows them): each is one
-more boundary inside the model, the last at the price of bits (round-off), and the split
-that balanced well before stays what it was.
+LayerNorm's output, or across ln_1 + c_attn's alone, after some heads' q, k and v, which
+they carry too (edges.py says where each falls, in blocks). Balanced by cost, halves are
+taken only where whole blocks leave the slowest stage more than WORTH above the mean (or
+there are more stages than blocks), single operations only where halves do too, edges
+across widths only where operations do too (and the run allows them), and across q, k and
+v only where heads and groups do too: each is one more boundary inside the model, the
+last two at the price of bits (round-off), and the split that balanced well before stays
+what it was.
 
 Where a rank holds several stages (interleaved, the V's), equal stages are not what a rank
 waits on — a V puts the embedding's stage and the head's on rank 0 — so the split is then
@@ -22,7 +24,7 @@ from fractions import Fraction
 
 from hpcpipe.model.costs import StageCosts, analytic
 from hpcpipe.model.layers import ops
-from hpcpipe.model.layout import GPTConfig
+from hpcpipe.model.layout import GPTConfig, op_runs
 from hpcpipe.model.stage import StageSpec
 from hpcpipe.schedules import Costs, peak_activations, simulate
 
@@ -151,10 +153,10 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
     `analytic`, the run's own from parallel/pipeline/planning.stage_costs), which gives
     the head's stage fewer blocks when the vocabulary is large — in whole blocks, or
     finer where whole blocks leave the slowest stage more than WORTH above the mean
-    (`_balanced_parts`; with `widths`, down to heads and groups of columns:
-    `_across_widths`, where parallel.split_widths asks: planning.across_widths); for a
-    `schedule` that places
-    several stages on a rank, then improved on its simulated step (`for_placement`).
+    (`_balanced_parts`; with `widths`, down to heads and groups of columns, then heads'
+    q, k and v: `_across_widths`, where parallel.split_widths asks:
+    planning.across_widths); for a `schedule` that places several stages on a rank,
+    then improved on its simulated step (`for_placement`).
     Every stage holds at least half a block."""
     L = cfg.n_layer
     if num_stages < 1:
@@ -168,11 +170,15 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
     if schedule is not None and schedule.chunks > 1:
         return _specs(_placed(cfg, num_stages, schedule, costs), L)
     specs = _specs(_balanced_parts(cfg, num_stages, costs), L)
-    worst = imbalance(cfg, specs, costs)
-    if widths and worst > WORTH:
-        finer = _across_widths(cfg, num_stages, costs)
+    for qkv in (False, True) if widths else ():  # (heads and groups; then q, k, v too)
+        worst = imbalance(cfg, specs, costs)
+        if worst <= WORTH:
+            break
+        ceiling = max(stage_cost(cfg, s, costs) for s in specs) / \
+            (analytic(cfg) if costs is None else costs).block
+        finer = _across_widths(cfg, num_stages, costs, qkv, ceiling)
         if imbalance(cfg, finer, costs) < worst - GAIN:
-            return finer
+            specs = finer
     return specs
 
 
@@ -292,25 +298,83 @@ RULE = ("every stage edge falls between blocks, at a block's operations (whole b
         "groups of columns), each stage holding something")
 
 
-def _across_widths(cfg: GPTConfig, S: int, costs=None) -> list[StageSpec]:
+def _across_widths(cfg: GPTConfig, S: int, costs=None, qkv: bool = False,
+                    ceiling: float | None = None) -> list[StageSpec]:
     """The balanced split whose edges may also fall across a sublayer's width, after any
-    of its heads or groups of columns (edges.width_groups), which cost alike: the
-    dynamic programme over a block's pieces between those edges and its seam."""
+    of its heads or groups of columns, or with `qkv` after some heads' q, k and v alone
+    (edges.width_groups; parts of a run cost alike): a dynamic programme over those
+    edges and the seams (`_width_marks`), exact, no stage above `ceiling` (in blocks, a
+    split known to exist) considered."""
     c = analytic(cfg) if costs is None else costs
-    half = Fraction(1, 2)
-    marks = [Fraction(0)] + [x for x in edges.inside(cfg.n_head)
-                             if x == half or (x * OPS).denominator != 1] + [Fraction(1)]
-    shares = (sum(c.ops[:HALF]), sum(c.ops[HALF:]))  # per half a block of position
-    pieces = [(a, b) for a, b in zip(marks, marks[1:])]
-    units = [c.block * float(2 * (b - a)) * shares[a >= half] for a, b in pieces] \
-        * cfg.n_layer
-    counts = _balanced_counts(units, S, c.embedding, c.head)
-    ends = [b for layer in range(cfg.n_layer) for _, b in pieces]
-    positions, total = [Fraction(0)], 0
-    for n in counts:
-        total += n
-        positions.append((total - 1) // len(pieces) + ends[total - 1])
-    return specs_at(positions, cfg.n_head)
+    marks = _width_marks(cfg, c, qkv)
+    ends = _balanced_edges(marks, S, c.embedding / c.block, c.head / c.block, cfg.n_head,
+                           float("inf") if ceiling is None else ceiling)
+    return specs_at([marks[i][0] for i in ends], cfg.n_head)
+
+
+def _width_marks(cfg: GPTConfig, c: StageCosts, qkv: bool) -> list[tuple]:
+    """(position, its edge, cost before it in blocks) of each edge `_across_widths` may
+    take, in model order: blocks' ends, seams, heads, groups of MLP columns and, with
+    `qkv`, heads' q, k and v (edges.py); no other operation's edge (they send more)."""
+    half, H = Fraction(1, 2), cfg.n_head
+    inside = [(x, edges.edge_at(x, H)) for x in edges.inside(H)]
+    inside = [(x, e) for x, e in inside
+              if x == half or (len(e) > 2 and (qkv or e[1] != ops.QKV))]
+    marks = []
+    for layer in range(cfg.n_layer):
+        marks.append((Fraction(layer), None, float(layer)))
+        marks += [(layer + x, (layer, *e[1:]), layer + _cost_before(e, c.ops))
+                  for x, e in inside]
+    return marks + [(Fraction(cfg.n_layer), None, float(cfg.n_layer))]
+
+
+def _cost_before(edge, shares) -> float:
+    """The share of its block before a stage edge inside it (`_in_blocks`' costs)."""
+    if len(edge) == 2:
+        return sum(shares[:edge[1]])
+    first, stop = ops.split_run(edge[1])
+    return sum(shares[:first]) + sum(shares[first:stop]) * edge[2] / edge[3]
+
+
+def _bounds_a_stage(lead, tail) -> bool:
+    """Whether a stage can run from edge `lead` to edge `tail` (layout.op_runs)."""
+    if lead is None or tail is None or lead[0] != tail[0]:
+        return True
+    try:
+        op_runs((), lead, tail)
+    except ValueError:
+        return False
+    return True
+
+
+def _balanced_edges(marks, S: int, emb: float, head: float, n_head: int,
+                    ceiling: float) -> list[int]:
+    """Indices into `marks` ((position, edge, cost before it)) of the S + 1 edges,
+    first and last included, minimising the largest stage cost (the first stage also
+    costs `emb`, the last `head`); stages above `ceiling` are not tried (a mark's cost
+    may run back within a block, from one kind of edge to another, never by a block)."""
+    N, INF = len(marks), float("inf")
+    cost = [m[2] for m in marks]
+    best = [[(INF, -1)] * N for _ in range(S + 1)]
+    best[0][0] = (0.0, -1)
+    for s in range(1, S + 1):
+        extra = (emb if s == 1 else 0.0) + (head if s == S else 0.0)
+        for j in (range(1, N - 1) if s < S else (N - 1,)):
+            here = best[s][j][0]
+            for i in range(j - 1, -1, -1):
+                work = cost[j] - cost[i] + extra
+                if work > ceiling + 1.0:
+                    break
+                prev = best[s - 1][i][0]
+                value = max(prev, work)
+                # Ties go to the split that puts more early: the deterministic choice.
+                if value < here - 1e-9 * value and _bounds_a_stage(marks[i][1], marks[j][1]):
+                    here, best[s][j] = value, (value, i)
+    out, j = [N - 1], N - 1
+    for s in range(S, 0, -1):
+        j = best[s][j][1]
+        out.append(j)
+    return out[::-1]
 
 
 def _balanced_parts(cfg: GPTConfig, S: int, costs=None, finest: int = 1) -> list[int]:

@@ -115,17 +115,19 @@ def check_pipelines(world, dtype, ref, failures):
 
 
 def check_widths(world, dtype, ref, failures):
-    """pp 2 with the stage edge across block 4's heads (parallel/pipeline/edges.py): the
-    16-bit numbers to round-off, so the losses within 1 % of one process's, learning."""
+    """pp 2 with the stage edge across block 4's heads, or after its first head's q, k and
+    v (parallel/pipeline/edges.py): the 16-bit numbers to round-off, so the losses within
+    1 % of one process's, learning."""
     mpibody.settle(world)
     comm = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, key=world.rank)
     if comm == MPI.COMM_NULL:
         return
-    cfg = make_cfg(dtype, pp=2, layers_per_stage=[4.25, 3.75])
-    losses, _ = train(comm, cfg, generate("1f1b", 2, M))
-    if comm.rank == 0 and not all(abs(a - b) <= 0.01 * b for a, b in zip(losses, ref[0])):
-        failures.append(f"{dtype} pp=2 across block 4's heads: losses {losses} vs one "
-                        f"process {ref[0]}")
+    for what, counts in (("heads", [4.25, 3.75]), ("q, k, v", [4 + 1 / 12, 4 - 1 / 12])):
+        cfg = make_cfg(dtype, pp=2, layers_per_stage=counts)
+        losses, _ = train(comm, cfg, generate("1f1b", 2, M))
+        if comm.rank == 0 and not all(abs(a - b) <= 0.01 * b for a, b in zip(losses, ref[0])):
+            failures.append(f"{dtype} pp=2 across block 4's {what}: losses {losses} vs one "
+                            f"process {ref[0]}")
     comm.Free()
 
 

@@ -58,8 +58,6 @@ def carried(edge, C: int) -> int:
     return C + (3 * C * edge[2] // edge[3] if edge[1] == QKV else 0)
 
 
-
-
 def inner(op: int) -> bool:
     """Whether a stage edge after `op` carries an inner tensor beside the residual."""
     return inner_width(op, 1) > 0

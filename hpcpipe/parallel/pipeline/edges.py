@@ -13,8 +13,9 @@ edges; model/units.position):
 Read back, a position on a sixth is an operation's edge; so a split across a width whose
 position would be one (g a third of the groups) is never made (`width_groups` leaves it
 out: the operation's edge there costs the same), and one across ln_1 + c_attn after a
-multiple of three heads, whose position is an attention head's edge, neither. Exact fractions inside; printed to six
-places, and a count given by hand is matched to the nearest edge it is close to.
+multiple of three heads, whose position is an attention head's edge, neither. Exact
+fractions inside; printed to six places, and a count given by hand is matched to the
+nearest edge it is close to.
 """
 
 from __future__ import annotations

@@ -295,7 +295,8 @@ RULE = ("every stage edge falls between blocks, at a block's operations (whole b
         "halves or sixths: 1/6 after ln_1 + c_attn, 2/6 after the attention core, 4/6 "
         "after ln_2 + c_fc, 5/6 after the GELU) or across a sublayer's width (g/(2·n_head) "
         "into a block after g heads, 1/2 + g/(8·n_head) after g of its MLP's 4·n_head "
-        "groups of columns), each stage holding something")
+        "groups of columns, g/(6·n_head) after g heads' q, k and v), each stage holding "
+        "something")
 
 
 def _across_widths(cfg: GPTConfig, S: int, costs=None, qkv: bool = False,

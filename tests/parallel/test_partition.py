@@ -231,3 +231,20 @@ def test_in_a_v_even_ranks_are_not_what_the_step_needs():
     assert 0.11 < imbalance(cfg, partition(cfg, 8, schedule=schedule), schedule=schedule) < 0.12
     assert simulated_step(cfg, even, schedule) > 0.995 * simulated_step(cfg, taken, schedule)
     assert peak(even) > 1.15 * peak(taken) and peak(taken) <= peak([3] * 8)
+
+
+def test_every_split_across_widths_is_one_the_stages_can_run():
+    """The widths' DP mixes kinds of edge whose costs interleave inside a block (heads',
+    q, k and v's, operations'): whatever it picks bounds stages that layout.op_runs takes
+    and reads back from its printed counts, for every small shape."""
+    for n_head in (1, 2, 3, 4, 6):
+        for n_layer in (1, 2, 3):
+            for vocab in (64, 4096):
+                cfg = GPTConfig(vocab_size=vocab, block_size=32, n_layer=n_layer,
+                                n_head=n_head, n_embd=8 * n_head)
+                for S in range(2, 2 * n_layer + 1):
+                    for qkv in (False, True):
+                        specs = _across_widths(cfg, S, qkv=qkv)
+                        assert all(s.units for s in specs), (cfg, S, qkv)
+                        counts = [float(c) for c in counts_text(specs)[1:-1].split(", ")]
+                        assert partition(cfg, S, counts) == specs, (cfg, S, qkv)

@@ -178,6 +178,13 @@ def test_layers_per_stage_auto_is_the_balanced_partition(tmp_path):
     assert "Muon orthogonalizes whole matrices" in msg
     _, msg = error_of(tmp_path, "[parallel]\npp = 2\ntp = 2\nsplit_widths = true\n")
     assert "parallel.split_widths" in msg and "tensor parallelism (parallel.tp = 2)" in msg
+    # A V's turn (model stages pp - 1 and pp on one rank): no edge across a width there
+    for v in ('schedule = "zb-v"', 'schedule = "auto"\nchunks = 2'):
+        _, msg = error_of(tmp_path, f"[parallel]\npp = 2\n{v}\n"
+                                    "layers_per_stage = [1, 1.125, 0.875, 1]\n")
+        assert "between model stages 1 and 2, which the V places on one rank" in msg, v
+    assert config.from_dict({"parallel": {"pp": 2, "schedule": "zb-v", "layers_per_stage": [
+        1.125, 0.875, 1, 1]}}).parallel.layers_per_stage == [1.125, 0.875, 1, 1]
     # Halves (a stage edge at a block's seam) are kept; whole counts read back as integers.
     cfg = config.from_dict({"parallel": {"layers_per_stage": [1.5, 2.0, 2.5], "pp": 3},
                             "model": {"n_layer": 6}})

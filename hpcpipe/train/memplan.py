@@ -364,19 +364,23 @@ def balance(cfg, worth: float = WORTH, costs=None) -> str:
 
 
 def _widths_hint(cfg, specs, schedule, costs, worst: float) -> str:
-    """Where stage edges across a sublayer's width would balance a split of one stage a
-    rank better and the run could take them but does not ask (parallel.split_widths),
-    what they would give."""
+    """Where stage edges across a sublayer's width would balance the split better (of one
+    stage a rank; of a placement of several, shorten its simulated step) and the run
+    could take them but does not ask (parallel.split_widths), what they would give."""
     p = cfg.parallel
-    if across_widths(cfg) or schedule.chunks > 1 or p.tp > 1 or cfg.train.optimizer == "muon":
+    if across_widths(cfg) or p.tp > 1 or cfg.train.optimizer == "muon":
         return ""
-    finer = partition(cfg.model, schedule.num_stages, costs=costs, widths=True)
-    better = imbalance(cfg.model, finer, costs)
-    if finer == specs or better >= worst - GAIN:
+    placed = schedule if schedule.chunks > 1 else None
+    finer = partition(cfg.model, schedule.num_stages, costs=costs, schedule=placed,
+                      widths=True)
+    better = imbalance(cfg.model, finer, costs, placed)
+    if finer == specs or (placed is None and better >= worst - GAIN):
         return ""
-    return (f"; parallel.split_widths = true gives {counts_text(finer)}, {better:.1%} "
-            f"(edges across sublayers' widths: the numbers then other layouts' to "
-            f"round-off, not bitwise)")
+    steps = [step_of(cfg.model, split, schedule, costs) for split in (specs, finer)]
+    shorter = f", a step {1 - steps[1] / steps[0]:.1%} shorter" if placed else ""
+    return (f"; parallel.split_widths = true gives {counts_text(finer)}, {better:.1%}"
+            f"{shorter} (edges across sublayers' widths: the numbers then other layouts' "
+            f"to round-off, not bitwise)")
 
 
 def _placed(cfg, specs, schedule, costs) -> str:

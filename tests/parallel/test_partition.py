@@ -15,13 +15,17 @@ from hpcpipe.parallel.pipeline.partition import (
     PartitionError,
     _across_widths,
     _balanced_parts,
+    _held,
+    _peak,
     _specs,
     counts_text,
     fitted_costs,
     imbalance,
     measured_balance,
+    one_rank_edges,
     partition,
     simulated_step,
+    step_of,
 )
 from hpcpipe.schedules import generate
 
@@ -174,6 +178,38 @@ def test_a_v_placement_is_split_for_its_ranks_on_the_simulated_step():
     # at pp 2 the V keeps its seams: [1.5, 1.5, 1.5, 1.5], within 1 %
     v2 = generate("zb-v", 2, 4)
     assert counts_text(partition(cfg, 4, schedule=v2)) == "[1.5, 1.5, 1.5, 1.5]"
+
+
+def test_a_v_placement_moves_its_edges_across_widths_where_the_run_asks():
+    """With parallel.split_widths a V's edges move along every edge position, heads' and
+    groups' included: medium under V-Min at pp 4, whose ranks stay 7.6 % apart in
+    operations, gets 2.6 % and a simulated step 2.6 % shorter, no rank's simulated peak of
+    activations higher; its stages all run. Where the step gains under GAIN (tiny's V's,
+    whose rank 0 cannot shed work without another rank holding more): as it was."""
+    cfg = CONFIGS["medium"]
+    schedule = generate("v-min", 4, 8)
+    ops_only = partition(cfg, 8, schedule=schedule)
+    assert 0.075 < imbalance(cfg, ops_only, schedule=schedule) < 0.077
+    specs = partition(cfg, 8, schedule=schedule, widths=True)
+    assert counts_text(specs) == "[0.833333, 0.854167, 0.833333, 0.979167, 0.4375, " \
+                                 "0.8125, 0.583333, 0.666667]"
+    assert imbalance(cfg, specs, schedule=schedule) < 0.03
+    assert step_of(cfg, specs, schedule) < 0.98 * step_of(cfg, ops_only, schedule)
+    assert _peak(_held(specs), schedule) <= _peak(_held(ops_only), schedule)
+    assert all(s.units for s in specs)
+    assert any(s.tail and len(s.tail) > 2 for s in specs)
+    # Never across a width at the V's turn, where one rank holds both stages
+    assert one_rank_edges(schedule) == [3] and len(specs[3].tail) == 2
+    for kind in ("zb-v", "v-half", "dualpipev"):
+        v = generate(kind, 4, 8)
+        turn = partition(cfg, 8, schedule=v, widths=True)[3].tail
+        assert turn is None or len(turn) == 2, kind
+    with pytest.raises(PartitionError, match="stages 3 and 4, which one rank holds both"):
+        partition(cfg, 8, [0.75, 0.75, 0.75, 0.833333, 0.666667, 0.75, 0.75, 0.75],
+                  schedule=schedule)
+    assert one_rank_edges(generate("interleaved-1f1b", 4, 8)) == []
+    tiny, zbv = CONFIGS["tiny"], generate("zb-v", 4, 8)
+    assert partition(tiny, 8, schedule=zbv, widths=True) == partition(tiny, 8, schedule=zbv)
 
 
 def test_measured_balance_of_a_v_counts_ranks():

@@ -183,6 +183,13 @@ def test_the_plan_says_what_balances_the_stages_better():
                            "0.5]: the slowest rank (2 stages each) 11.7% above the mean")
     assert "the per-stage split [0.5, 0.5, 0.6667, 0.5, 0.6667, 0.6667, 0.3333, 0.1667] " \
            "would simulate a step 5.4% longer" in line
+    assert "split_widths" not in line  # (no shorter step that way: partition)
+    # ... and for a V, what edges across widths would give (medium under V-Min)
+    line = memplan.balance(config.load("inputs/tiny.toml", [
+        *medium, "parallel.pp=4", 'parallel.schedule="v-min"', "parallel.microbatches=8"]))
+    assert "7.6% above the mean" in line and "; parallel.split_widths = true gives " \
+        "[0.833333, 0.854167, 0.833333, 0.979167, 0.4375, 0.8125, 0.583333, 0.666667], " \
+        "2.6%, a step 2.6% shorter (edges across" in line
 
 
 def test_the_pareto_front_trades_bubble_for_memory():

@@ -162,13 +162,21 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
     if num_stages < 1:
         raise PartitionError(f"need at least one stage, got {num_stages}")
     if layers_per_stage is not None:
-        return _given(cfg, list(layers_per_stage), num_stages)
+        specs = _given(cfg, list(layers_per_stage), num_stages)
+        for s in one_rank_edges(schedule):
+            if specs[s].tail is not None and len(specs[s].tail) > 2:
+                raise PartitionError(
+                    f"parallel.layers_per_stage = {list(layers_per_stage)}: the stage edge "
+                    f"between model stages {s} and {s + 1}, which one rank holds both of, "
+                    f"falls across a sublayer's width; {ONE_RANK}")
+        return specs
     if num_stages > 2 * L:
         raise PartitionError(f"{num_stages} pipeline stages but only {L} transformer "
                              f"blocks: every stage needs at least half a block (use "
                              f"fewer stages or chunks, or more layers)")
     if schedule is not None and schedule.chunks > 1:
-        return _specs(_placed(cfg, num_stages, schedule, costs), L)
+        specs = _specs(_placed(cfg, num_stages, schedule, costs), L)
+        return _placed_across_widths(cfg, specs, schedule, costs) if widths else specs
     specs = _specs(_balanced_parts(cfg, num_stages, costs), L)
     for qkv in (False, True) if widths else ():  # (heads and groups; then q, k, v too)
         worst = imbalance(cfg, specs, costs)
@@ -256,6 +264,77 @@ def _descend(cfg, best, best_step, schedule, costs, sizes, ceiling=None):
                     ceiling is None or _peak(trial, schedule) <= ceiling):
                 best, best_step, improved = trial, step, True
     return best, best_step
+
+
+def _placed_across_widths(cfg: GPTConfig, specs, schedule, costs=None) -> list[StageSpec]:
+    """A placement's split (`_placed`) improved with edges across widths: `for_placement`'s
+    descent again, each edge (or a stage's two) moved one or two places along every edge
+    position there is (edges.inside: operations', heads', groups of MLP columns', heads'
+    q, k and v's), to splits whose stages can run and whose simulated peak of activations
+    (`_peak`, in operations held) grows on no rank. Taken when GAIN shorter."""
+    grid = [layer + x for layer in range(cfg.n_layer)
+            for x in [Fraction(0)] + edges.inside(cfg.n_head)][1:]
+    at, turns = {x: i for i, x in enumerate(grid)}, one_rank_edges(schedule)
+    cuts = [at[x] for x in _positions(specs)[1:-1]]
+    ceiling, start = _peak(_held(specs), schedule), step_of(cfg, specs, schedule, costs)
+    best, best_step, improved = specs, start, True
+    while improved:
+        improved = False
+        for moved, move in _moves(len(specs), (1, 2)):
+            trial = list(cuts)
+            for edge in moved:
+                trial[edge] += move
+            finer = _runnable(cfg, grid, trial, turns)
+            if finer is None or _peak(_held(finer), schedule) > ceiling:
+                continue
+            step = step_of(cfg, finer, schedule, costs)
+            if step < best_step * (1 - 1e-9):
+                cuts, best, best_step, improved = trial, finer, step, True
+    return best if best_step <= start * (1 - GAIN) else specs
+
+
+# Why no edge across a width falls between two stages of one rank (a V's turn): both
+# parts of its tensors would be that rank's, which its optimizer and checkpoint hold
+# under one name; nor would it balance anything (the rank runs both).
+ONE_RANK = "there an edge falls at a block's operations (sixths) or between blocks"
+
+
+def one_rank_edges(schedule) -> list[int]:
+    """The stage edges s (between model stages s and s + 1) of `schedule`'s placement
+    where one rank holds both stages (a V's turn); [] for none or no schedule."""
+    if schedule is None or schedule.chunks == 1:
+        return []
+    rank = {stage: r for (r, _), stage in schedule.stage_of.items()}
+    return [s for s in range(len(rank) - 1) if rank[s] == rank[s + 1]]
+
+
+def _positions(specs) -> list[Fraction]:
+    """The edge positions (exact, in blocks) of consecutive `specs`, 0 to n_layer."""
+    out = [Fraction(0)]
+    for s in specs:
+        out.append(out[-1] + Fraction(s.blocks))
+    return out
+
+
+def _held(specs) -> list[float]:
+    """Each stage's operations held (a sixth of a block each; parts of widths pro rata):
+    what `_peak` counts activations in."""
+    return [float(s.blocks) * OPS for s in specs]
+
+
+def _runnable(cfg: GPTConfig, grid, cuts, turns=()):
+    """The stages between the `grid` positions at `cuts` (indices), or None where they do
+    not increase, a stage could not run (two edges in one block that no run of
+    operations joins: layout.op_runs) or an edge across a width falls at one of `turns`
+    (`one_rank_edges`)."""
+    if cuts[0] < 0 or cuts[-1] >= len(grid) or any(a >= b for a, b in zip(cuts, cuts[1:])):
+        return None
+    positions = [Fraction(0)] + [grid[i] for i in cuts] + [Fraction(cfg.n_layer)]
+    specs = specs_at(positions, cfg.n_head)
+    if not all(_bounds_a_stage(s.lead, s.tail) for s in specs) \
+            or any(len(specs[s].tail) > 2 for s in turns if specs[s].tail is not None):
+        return None
+    return specs
 
 
 def _peak(parts, schedule) -> float:

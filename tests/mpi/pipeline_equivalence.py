@@ -27,6 +27,7 @@ from harness import (
 from hpcpipe import config
 from hpcpipe.model import GPT
 from hpcpipe.parallel import grid as gridlib
+from hpcpipe.parallel.pipeline.partition import one_rank_edges
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate, peak_activations
 from hpcpipe.schedules.recompute import Recompute
 from hpcpipe.train.memplan import simulated_peaks
@@ -50,20 +51,23 @@ def make_cfg(kind, pp, m, layers_per_stage, chunks=0, recompute="none"):
     }, source="equivalence test")
 
 
-def uneven(stages, turn=0):
+def uneven(stages, turn=0, one_rank=()):
     """An uneven split of 8 blocks: the heaviest stage in the middle; on turn 1 (of four)
     half a block moved across every other stage edge (stage edges at blocks' seams), on
     turn 2 one, two, four or five sixths (edges after c_attn, the core, c_fc, the GELU:
     messages with the sublayer's tensor beside the residual; model/units.py), on turn 3
     edges across a sublayer's width (after the first of the 2 heads, or 1, 4 or 7 of the
     MLP's 8 groups of columns: parallel/pipeline/edges.py) — every other time the first
-    edge after the first head's q, k and v alone instead (ln_1 + c_attn's width)."""
+    edge after the first head's q, k and v alone instead (ln_1 + c_attn's width); an edge
+    between two stages of one rank (`one_rank`: a V's turn) at a seam instead."""
     counts = [1] * stages
     for i in range(8 - stages):
         counts[(stages // 2 + i) % stages] += 1
     for n, i in enumerate(range(0, stages - 1, 2)):
         moved = {0: 0, 1: 3 / 6, 2: (1, 2, 4, 5)[n % 4] / 6,
                  3: ((0.75, 11 / 12)[turn // 4 % 2], 0.25, 0.4375, 0.0625)[n % 4]}[turn % 4]
+        if i in one_rank and turn % 4 == 3:  # (no edge across a width there: partition)
+            moved = 3 / 6
         counts[i] -= moved
         counts[i + 1] += moved
     return counts
@@ -156,7 +160,7 @@ def check(comm) -> mpibody.Report:
                 continue  # the family does not allow this m (e.g. interleaving needs m % p == 0)
             recompute = recompute_for(checked, schedule.num_stages)
             plan = per_microbatch_plan(checked, schedule.num_stages, m)
-            counts = uneven(schedule.num_stages, checked)
+            counts = uneven(schedule.num_stages, checked, one_rank_edges(schedule))
             cfg = make_cfg(kind, pp, m, counts, chunks, recompute)
             mpibody.settle(comm)  # while rank 0 checks the last case against one process
             failures += check_one_step(comm, cfg, schedule, plan)

@@ -661,14 +661,14 @@ def _check_chunks(source, parallel: ParallelSection):
                  f"schedule = \"interleaved-1f1b\"; allowed: 0 or 1")
 
 
-def _check_turn(source, cfg: Config):
+def _check_turn(source, cfg: Config, at):
     """A V places model stages pp - 1 and pp on one rank (its turn): the stage edge between
-    them may not fall across a sublayer's width (partition.ONE_RANK)."""
+    them (of the edge positions `at`) may not fall across a sublayer's width
+    (partition.ONE_RANK)."""
     parallel = cfg.parallel
     if cfg.chunks != 2 or not (parallel.schedule in V_KINDS or parallel.schedule == "auto"):
         return
     turn = parallel.pp - 1
-    at = edges.decode(parallel.layers_per_stage, cfg.model.n_layer, cfg.model.n_head)
     edge = edges.edge_at(at[turn + 1], cfg.model.n_head)
     _require(source, "parallel.layers_per_stage", parallel.layers_per_stage,
              edge is None or len(edge) == 2,
@@ -689,7 +689,7 @@ def _check_layout(source, cfg: Config):
         _require(source, "parallel.layers_per_stage", counts, len(counts) == stages,
                  f"needs one block count per model stage: {stages} = pp × chunks")
         try:
-            edges.decode(counts, n_layer, cfg.model.n_head)
+            at = edges.decode(counts, n_layer, cfg.model.n_head)
         except edges.EdgeError as e:
             raise ConfigError(source, "parallel.layers_per_stage", counts,
                               f"{e}: {partition.RULE} summing to model.n_layer = "
@@ -699,7 +699,7 @@ def _check_layout(source, cfg: Config):
                  f"puts a stage edge across a sublayer's width, which tensor parallelism "
                  f"(parallel.tp = {parallel.tp}) splits itself: use edges at a block's "
                  f"operations (sixths)")
-        _check_turn(source, cfg)
+        _check_turn(source, cfg, at)
     _require(source, "parallel.split_widths", parallel.split_widths,
              not parallel.split_widths or parallel.tp == 1,
              f"stage edges across a sublayer's width cannot be combined with tensor "

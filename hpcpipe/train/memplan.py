@@ -376,8 +376,10 @@ def _widths_hint(cfg, specs, schedule, costs, worst: float) -> str:
     better = imbalance(cfg.model, finer, costs, placed)
     if finer == specs or (placed is None and better >= worst - GAIN):
         return ""
-    steps = [step_of(cfg.model, split, schedule, costs) for split in (specs, finer)]
-    shorter = f", a step {1 - steps[1] / steps[0]:.1%} shorter" if placed else ""
+    shorter = ""
+    if placed is not None:  # (a placement's split is chosen on its step)
+        before, after = (step_of(cfg.model, split, schedule, costs) for split in (specs, finer))
+        shorter = f", a step {1 - after / before:.1%} shorter"
     return (f"; parallel.split_widths = true gives {counts_text(finer)}, {better:.1%}"
             f"{shorter} (edges across sublayers' widths: the numbers then other layouts' "
             f"to round-off, not bitwise)")

@@ -72,17 +72,23 @@ def inside(n_head: int, widths: bool = True) -> list[Fraction]:
     return sorted(out)
 
 
+def grid(n_layer: int, n_head: int) -> list[Fraction]:
+    """Every position a stage edge may have in a model of n_layer blocks, in order, 0 and
+    n_layer included."""
+    return [Fraction(b) + c for b in range(n_layer)
+            for c in [Fraction(0)] + inside(n_head)] + [Fraction(n_layer)]
+
+
 def decode(counts, n_layer: int, n_head: int) -> list[Fraction]:
     """The edge positions (exact, 0 to n_layer) of counts per stage given by hand, each
     running sum matched to the nearest edge: a sixth within SIXTH_SLACK, a split across a
     width within a fifth of the finest spacing. EdgeError where one is no edge or leaves
     a stage empty."""
-    grid = [Fraction(b) + c for b in range(n_layer) for c in [Fraction(0)] + inside(n_head)]
-    grid.append(Fraction(n_layer))
+    positions = grid(n_layer, n_head)
     out, total = [Fraction(0)], 0.0
     for count in counts:
         total += float(count)
-        nearest = min(grid, key=lambda x: abs(float(x) - total))
+        nearest = min(positions, key=lambda x: abs(float(x) - total))
         slack = SIXTH_SLACK if (nearest * ops.COUNT).denominator == 1 else 1 / (40 * n_head)
         if abs(float(nearest) - total) > slack or nearest <= out[-1]:
             raise EdgeError(f"a stage edge at {total:g} blocks")

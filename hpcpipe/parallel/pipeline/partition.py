@@ -163,12 +163,12 @@ def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
         raise PartitionError(f"need at least one stage, got {num_stages}")
     if layers_per_stage is not None:
         specs = _given(cfg, list(layers_per_stage), num_stages)
-        for s in one_rank_edges(schedule):
-            if specs[s].tail is not None and len(specs[s].tail) > 2:
-                raise PartitionError(
-                    f"parallel.layers_per_stage = {list(layers_per_stage)}: the stage edge "
-                    f"between model stages {s} and {s + 1}, which one rank holds both of, "
-                    f"falls across a sublayer's width; {ONE_RANK}")
+        s = _across_a_turn(specs, one_rank_edges(schedule))
+        if s is not None:
+            raise PartitionError(
+                f"parallel.layers_per_stage = {list(layers_per_stage)}: the stage edge "
+                f"between model stages {s} and {s + 1}, which one rank holds both of, "
+                f"falls across a sublayer's width; {ONE_RANK}")
         return specs
     if num_stages > 2 * L:
         raise PartitionError(f"{num_stages} pipeline stages but only {L} transformer "
@@ -237,60 +237,74 @@ def for_placement(cfg: GPTConfig, parts, schedule, costs=None, ceiling=None) -> 
     First improvement, moves in order: deterministic on every rank. Kept when GAIN shorter
     than `parts`' step, else `parts` as they were."""
     start = simulated_step(cfg, parts, schedule, costs)
-    best, best_step = _descend(cfg, list(parts), start, schedule, costs, (HALF, OPS),
-                               ceiling)
+    best, best_step = _descend_parts(cfg, list(parts), start, schedule, costs, (HALF, OPS),
+                                     ceiling)
     if imbalance(cfg, _specs(best, cfg.n_layer), costs, schedule) > WORTH:
-        best, best_step = _descend(cfg, best, best_step, schedule, costs, (1, 2),
-                                   _peak(best, schedule) if ceiling is None else ceiling)
+        best, best_step = _descend_parts(
+            cfg, best, best_step, schedule, costs, (1, 2),
+            _peak(best, schedule) if ceiling is None else ceiling)
     return best if best_step <= start * (1 - GAIN) else list(parts)
 
 
-def _descend(cfg, best, best_step, schedule, costs, sizes, ceiling=None):
-    """First-improvement descent over `_moves` of these sizes (operations); with a
-    `ceiling`, only to splits whose simulated peak of activations (`_peak`) stays within
-    it: the V's are chosen for their memory."""
+def _descend_parts(cfg, parts, step, schedule, costs, sizes, ceiling=None):
+    """`_descend` over a split in operations per stage (moves of these sizes; every stage
+    keeps one, or half a block where the moves are halves); with a `ceiling`, only to
+    splits whose simulated peak of activations (`_peak`) stays within it: the V's are
+    chosen for their memory."""
+    total, smallest = sum(parts), (1 if sizes[0] < HALF else HALF)
+
+    def parts_of(cuts):
+        return [b - a for a, b in zip([0, *cuts], [*cuts, total])]
+
+    def trial_step(cuts):
+        trial = parts_of(cuts)
+        return None if min(trial) < smallest else simulated_step(cfg, trial, schedule, costs)
+
+    cuts, step = _descend(_positions_of(parts)[1:-1], step, sizes, trial_step,
+                          lambda cuts: ceiling is None
+                          or _peak(parts_of(cuts), schedule) <= ceiling)
+    return parts_of(cuts), step
+
+
+def _descend(cuts, step, sizes, trial_step, allowed):
+    """First-improvement descent of a split's inner stage edges `cuts` (in the units moves
+    count in) over `_moves` of these sizes: `trial_step(trial)` the simulated step of a
+    moved split (None: no such split), `allowed(trial)` asked of one that is shorter."""
     improved = True
     while improved:
         improved = False
-        for edges, move in _moves(len(best), sizes):
-            trial = list(best)
-            for edge in edges:
-                trial[edge] += move
-                trial[edge + 1] -= move
-            if min(trial) < (1 if sizes[0] < HALF else HALF):
-                continue
-            step = simulated_step(cfg, trial, schedule, costs)
-            if step < best_step * (1 - 1e-9) and (
-                    ceiling is None or _peak(trial, schedule) <= ceiling):
-                best, best_step, improved = trial, step, True
-    return best, best_step
-
-
-def _placed_across_widths(cfg: GPTConfig, specs, schedule, costs=None) -> list[StageSpec]:
-    """A placement's split (`_placed`) improved with edges across widths: `for_placement`'s
-    descent again, each edge (or a stage's two) moved one or two places along every edge
-    position there is (edges.inside: operations', heads', groups of MLP columns', heads'
-    q, k and v's), to splits whose stages can run and whose simulated peak of activations
-    (`_peak`, in operations held) grows on no rank. Taken when GAIN shorter."""
-    grid = [layer + x for layer in range(cfg.n_layer)
-            for x in [Fraction(0)] + edges.inside(cfg.n_head)][1:]
-    at, turns = {x: i for i, x in enumerate(grid)}, one_rank_edges(schedule)
-    cuts = [at[x] for x in _positions(specs)[1:-1]]
-    ceiling, start = _peak(_held(specs), schedule), step_of(cfg, specs, schedule, costs)
-    best, best_step, improved = specs, start, True
-    while improved:
-        improved = False
-        for moved, move in _moves(len(specs), (1, 2)):
+        for moved, move in _moves(len(cuts) + 1, sizes):
             trial = list(cuts)
             for edge in moved:
                 trial[edge] += move
-            finer = _runnable(cfg, grid, trial, turns)
-            if finer is None or _peak(_held(finer), schedule) > ceiling:
-                continue
-            step = step_of(cfg, finer, schedule, costs)
-            if step < best_step * (1 - 1e-9):
-                cuts, best, best_step, improved = trial, finer, step, True
-    return best if best_step <= start * (1 - GAIN) else specs
+            got = trial_step(trial)
+            if got is not None and got < step * (1 - 1e-9) and allowed(trial):
+                cuts, step, improved = trial, got, True
+    return cuts, step
+
+
+def _placed_across_widths(cfg: GPTConfig, specs, schedule, costs=None) -> list[StageSpec]:
+    """A placement's split (`_placed`) improved with edges across widths: `_descend`
+    again, each edge (or a stage's two) moved one or two places along every edge position
+    there is (edges.grid: operations', heads', groups of MLP columns', heads' q, k and
+    v's), to splits whose stages can run and whose simulated peak of activations (`_peak`,
+    in operations held) grows on no rank. Taken when GAIN shorter."""
+    grid = edges.grid(cfg.n_layer, cfg.n_head)[1:-1]
+    at, turns = {x: i for i, x in enumerate(grid)}, one_rank_edges(schedule)
+    ceiling, start = _peak(_held(specs), schedule), step_of(cfg, specs, schedule, costs)
+
+    def trial_step(cuts):
+        finer = _runnable(cfg, grid, cuts, turns)
+        return None if finer is None else step_of(cfg, finer, schedule, costs)
+
+    def fits(cuts):  # (no rank's simulated peak of activations grows)
+        return _peak(_held(_runnable(cfg, grid, cuts, turns)), schedule) <= ceiling
+
+    cuts, best_step = _descend([at[x] for x in _positions(specs)[1:-1]], start, (1, 2),
+                               trial_step, fits)
+    if best_step > start * (1 - GAIN):
+        return specs
+    return _runnable(cfg, grid, cuts, turns)
 
 
 # Why no edge across a width falls between two stages of one rank (a V's turn): both
@@ -310,9 +324,15 @@ def one_rank_edges(schedule) -> list[int]:
 
 def _positions(specs) -> list[Fraction]:
     """The edge positions (exact, in blocks) of consecutive `specs`, 0 to n_layer."""
-    out = [Fraction(0)]
-    for s in specs:
-        out.append(out[-1] + Fraction(s.blocks))
+    return _positions_of(Fraction(s.blocks) for s in specs)
+
+
+def _positions_of(counts) -> list:
+    """The running sums of `counts` from 0 (an int: parts in operations stay ints): where
+    consecutive stages of them start and the last ends."""
+    out = [0]
+    for count in counts:
+        out.append(out[-1] + count)
     return out
 
 
@@ -332,9 +352,16 @@ def _runnable(cfg: GPTConfig, grid, cuts, turns=()):
     positions = [Fraction(0)] + [grid[i] for i in cuts] + [Fraction(cfg.n_layer)]
     specs = specs_at(positions, cfg.n_head)
     if not all(_bounds_a_stage(s.lead, s.tail) for s in specs) \
-            or any(len(specs[s].tail) > 2 for s in turns if specs[s].tail is not None):
+            or _across_a_turn(specs, turns) is not None:
         return None
     return specs
+
+
+def _across_a_turn(specs, turns):
+    """The first of the stage edges `turns` (`one_rank_edges`) that falls across a width
+    in `specs`, or None."""
+    return next((s for s in turns if specs[s].tail is not None and len(specs[s].tail) > 2),
+                None)
 
 
 def _peak(parts, schedule) -> float:
@@ -481,9 +508,7 @@ def _balanced_parts(cfg: GPTConfig, S: int, costs=None, finest: int = 1) -> list
 
 def _specs(parts, L: int) -> list[StageSpec]:
     """StageSpecs from operations per stage (sixths of a block each)."""
-    positions = [Fraction(0)]
-    for count in parts:
-        positions.append(positions[-1] + Fraction(count, OPS))
+    positions = _positions_of(Fraction(count, OPS) for count in parts)
     assert positions[-1] == L
     return specs_at(positions, 1)
 

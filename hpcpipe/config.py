@@ -30,7 +30,6 @@ from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.parallel.gradsync import COMM_DTYPES
 from hpcpipe.parallel.grid import RANK_ORDERS
 from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_MOMENTS, OUTER_OPTIMIZERS
-from hpcpipe.parallel.pipeline import edges, partition
 from hpcpipe.parallel.powersgd import COMPRESSIONS
 from hpcpipe.runs.trace import trace_window
 from hpcpipe.schedules import KINDS, V_KINDS
@@ -166,14 +165,8 @@ class ParallelSection:
     # which also takes 2: a V)
     chunks: int = 0
     # transformer blocks of each model stage (pp × chunks counts; 0.5: a stage edge at a
-    # block's seam, between attention and MLP; sixths after its operations, finer across a
-    # sublayer's width: README, Balanced stages); [] or "auto": balanced by cost
+    # block's seam, between attention and MLP); [] or "auto": balanced by cost
     layers_per_stage: list[float] | str = field(default_factory=list)
-    # let the balanced split put stage edges across a sublayer's width (some heads, MLP
-    # columns or heads' q, k and v on each side) where whole operations leave a stage over
-    # 5 % above the mean: the numbers then equal other layouts' to round-off, not bitwise
-    # (partial sums)
-    split_widths: bool = False
     # auto schedule: activations a rank may hold — a number of microbatches (0: 2·pp) or a
     # size ("12GiB", "500MB"): bytes, measured per stage while profiling
     memory_limit: float | str = 0.0
@@ -489,19 +482,6 @@ def _check_local_layout(source, cfg: "Config"):
         raise ConfigError(source, "train.local_steps", train.local_steps, why)
 
 
-def _across_widths(cfg: "Config") -> bool:
-    """Whether parallel.layers_per_stage puts a stage edge across a sublayer's width
-    (parallel/pipeline/edges.py; counts that are no edges at all: False, refused by the
-    layout's check)."""
-    counts = cfg.parallel.layers_per_stage
-    try:
-        return bool(counts) and any(
-            (x * 6).denominator != 1
-            for x in edges.decode(counts, cfg.model.n_layer, cfg.model.n_head))
-    except edges.EdgeError:
-        return False
-
-
 def _check_optimizer(source, cfg: "Config"):
     """What Muon cannot run with (it orthogonalizes whole matrices, and its step is not
     inverted): refused here, with one message."""
@@ -518,10 +498,6 @@ def _check_optimizer(source, cfg: "Config"):
     elif train.post_validation:
         why = ("post-validation inverts a step that a later verdict rejects, and Muon's step "
                "is not inverted; set train.post_validation = false")
-    elif _across_widths(cfg) or parallel.split_widths:
-        why = ("stage edges across a sublayer's width (parallel.layers_per_stage or "
-               "parallel.split_widths) split its weight matrices between two stages, and "
-               "Muon orthogonalizes whole matrices; use edges at a block's operations")
     if why:
         raise ConfigError(source, "train.optimizer", train.optimizer, why)
 
@@ -661,21 +637,6 @@ def _check_chunks(source, parallel: ParallelSection):
                  f"schedule = \"interleaved-1f1b\"; allowed: 0 or 1")
 
 
-def _check_turn(source, cfg: Config, at):
-    """A V places model stages pp - 1 and pp on one rank (its turn): the stage edge between
-    them (of the edge positions `at`) may not fall across a sublayer's width
-    (partition.ONE_RANK)."""
-    parallel = cfg.parallel
-    if cfg.chunks != 2 or not (parallel.schedule in V_KINDS or parallel.schedule == "auto"):
-        return
-    turn = parallel.pp - 1
-    edge = edges.edge_at(at[turn + 1], cfg.model.n_head)
-    _require(source, "parallel.layers_per_stage", parallel.layers_per_stage,
-             edge is None or len(edge) == 2,
-             f"puts the stage edge between model stages {turn} and {turn + 1}, which the V "
-             f"places on one rank, across a sublayer's width; {partition.ONE_RANK}")
-
-
 def _check_layout(source, cfg: Config):
     """How [parallel]'s stages and tensor shards fit the model."""
     parallel, n_layer = cfg.parallel, cfg.model.n_layer
@@ -688,22 +649,11 @@ def _check_layout(source, cfg: Config):
     if counts:
         _require(source, "parallel.layers_per_stage", counts, len(counts) == stages,
                  f"needs one block count per model stage: {stages} = pp × chunks")
-        try:
-            at = edges.decode(counts, n_layer, cfg.model.n_head)
-        except edges.EdgeError as e:
-            raise ConfigError(source, "parallel.layers_per_stage", counts,
-                              f"{e}: {partition.RULE} summing to model.n_layer = "
-                              f"{n_layer}") from None
         _require(source, "parallel.layers_per_stage", counts,
-                 not _across_widths(cfg) or parallel.tp == 1,
-                 f"puts a stage edge across a sublayer's width, which tensor parallelism "
-                 f"(parallel.tp = {parallel.tp}) splits itself: use edges at a block's "
-                 f"operations (sixths)")
-        _check_turn(source, cfg, at)
-    _require(source, "parallel.split_widths", parallel.split_widths,
-             not parallel.split_widths or parallel.tp == 1,
-             f"stage edges across a sublayer's width cannot be combined with tensor "
-             f"parallelism (parallel.tp = {parallel.tp}), which splits the widths itself")
+                 all(c >= 0.5 and c * 2 == int(c * 2) for c in counts)
+                 and sum(counts) == n_layer,
+                 f"counts must be whole or half blocks (0.5: a stage edge between a block's "
+                 f"attention and its MLP), at least 0.5, summing to model.n_layer = {n_layer}")
     choices = cfg.train.recompute.split("/")
     if cfg.train.recompute.strip() == "auto":
         _require(source, "train.recompute", cfg.train.recompute, parallel.schedule == "auto",

@@ -168,23 +168,7 @@ def test_layers_per_stage_auto_is_the_balanced_partition(tmp_path):
     _, msg = error_of(tmp_path, '[parallel]\nlayers_per_stage = "even"\n')
     assert "parallel.layers_per_stage = 'even'" in msg and '[] or "auto"' in msg
     _, msg = error_of(tmp_path, "[parallel]\nlayers_per_stage = [1.25]\n")
-    assert "the counts sum to 1.25" in msg and "whole blocks, halves or sixths" in msg
-    _, msg = error_of(tmp_path, "[parallel]\npp = 2\nlayers_per_stage = [1.3, 2.7]\n")
-    assert "a stage edge at 1.3 blocks" in msg and "across a sublayer's width" in msg
-    _, msg = error_of(tmp_path, "[parallel]\npp = 2\ntp = 2\nlayers_per_stage = [1.25, 2.75]\n")
-    assert "tensor parallelism (parallel.tp = 2)" in msg
-    _, msg = error_of(tmp_path, '[train]\noptimizer = "muon"\n[parallel]\npp = 2\n'
-                                "layers_per_stage = [1.25, 2.75]\n")
-    assert "Muon orthogonalizes whole matrices" in msg
-    _, msg = error_of(tmp_path, "[parallel]\npp = 2\ntp = 2\nsplit_widths = true\n")
-    assert "parallel.split_widths" in msg and "tensor parallelism (parallel.tp = 2)" in msg
-    # A V's turn (model stages pp - 1 and pp on one rank): no edge across a width there
-    for v in ('schedule = "zb-v"', 'schedule = "auto"\nchunks = 2'):
-        _, msg = error_of(tmp_path, f"[parallel]\npp = 2\n{v}\n"
-                                    "layers_per_stage = [1, 1.125, 0.875, 1]\n")
-        assert "between model stages 1 and 2, which the V places on one rank" in msg, v
-    assert config.from_dict({"parallel": {"pp": 2, "schedule": "zb-v", "layers_per_stage": [
-        1.125, 0.875, 1, 1]}}).parallel.layers_per_stage == [1.125, 0.875, 1, 1]
+    assert "whole or half blocks" in msg
     # Halves (a stage edge at a block's seam) are kept; whole counts read back as integers.
     cfg = config.from_dict({"parallel": {"layers_per_stage": [1.5, 2.0, 2.5], "pp": 3},
                             "model": {"n_layer": 6}})

@@ -81,8 +81,7 @@ def add_parser(sub):
     pipe.add_argument("--splits", type=splits, default=[[]], metavar="SPLITS",
                       help='";"-separated blocks per model stage to compare, each '
                            '"auto" (the balanced split, the default) or counts such as '
-                           '"1.5,0.5,2.5,1.5" (halves: a stage edge at a block\'s seam; '
-                           'sixths such as 1.1667: after one of its six operations)')
+                           '"1.5,0.5,2.5,1.5" (halves: a stage edge at a block\'s seam)')
     pipe.add_argument("--steps", type=integer(1, 10**6), default=5,
                       help="measured steps per round (5)")
     pipe.add_argument("--rounds", type=integer(1, 10**6), default=4,
@@ -205,52 +204,16 @@ def measure_costs(cfg, grid, be, world, inputs, shape) -> Costs:
 def contenders(kinds, cfg, grid, be, world, costs, memory_limit, log,
                split_list=([],)) -> list[Contender]:
     """A Contender per schedule (and split of the blocks) that can run here, each with its
-    simulated prediction from its split's measured `costs` (split tuple → Costs)."""
+    simulated prediction."""
     out = []
     for kind in kinds:
         for split in split_list:
-            entry = _contender_of(kind, with_split(cfg, split), grid, be, world,
-                                  costs[tuple(split)], memory_limit, log)
+            with_split = dataclasses.replace(cfg, parallel=dataclasses.replace(
+                cfg.parallel, layers_per_stage=list(split)))
+            entry = _contender_of(kind, with_split, grid, be, world, costs, memory_limit, log)
             if entry is not None:
                 out.append(entry)
     return out
-
-
-def split_costs(splits, cfg, grid, be, world, inputs, shape, log) -> dict:
-    """split tuple → the Costs its contenders simulate and auto plans with: F, B and W
-    measured on its own stages where it gives one per rank (a split of one chunk a rank),
-    else those of the balanced split's (measured only where some split needs them)."""
-    out = {}
-    for split in splits:
-        if len(split) == grid.pp:
-            try:
-                out[tuple(split)] = measure_costs(with_split(cfg, split), grid, be, world,
-                                                  inputs, shape)
-            except ValueError:  # (no split of these blocks: its contenders say why)
-                continue
-    shown = dict(out)
-    rest = [tuple(split) for split in splits if tuple(split) not in out]
-    if rest:
-        shown[()] = measure_costs(cfg, grid, be, world, inputs, shape)
-        out.update({split: shown[()] for split in rest})
-    for split, c in shown.items():
-        log(f"measured per stage{f' of {list(split)}' if split else ''} (ms): F "
-            + "/".join(f"{x * 1e3:.2f}" for x in c.f) + "  B "
-            + "/".join(f"{x * 1e3:.2f}" for x in c.b) + "  W "
-            + "/".join(f"{x * 1e3:.2f}" for x in c.w) + f"  message {c.comm * 1e3:.3f}")
-    return out
-
-
-def _in_ms(costs) -> dict:
-    """Measured Costs for the JSON: F, B, W per stage and a message, in ms."""
-    return {"f": [x * 1e3 for x in costs.f], "b": [x * 1e3 for x in costs.b],
-            "w": [x * 1e3 for x in costs.w], "comm": costs.comm * 1e3}
-
-
-def with_split(cfg, split):
-    """cfg with parallel.layers_per_stage = split ([]: the balanced one)."""
-    return dataclasses.replace(cfg, parallel=dataclasses.replace(
-        cfg.parallel, layers_per_stage=list(split)))
 
 
 def _contender_of(kind, cfg, grid, be, world, costs, memory_limit, log):
@@ -427,7 +390,11 @@ def run_pipeline(args) -> int:
     inputs = data.__getitem__
     if args.memory:
         return memory_suite(args, kinds, cfg, grid, be, world, inputs, log)
-    costs = split_costs(args.splits, cfg, grid, be, world, inputs, (B, T, C), log)
+    costs = measure_costs(cfg, grid, be, world, inputs, (B, T, C))
+    log("measured per stage (ms): F " + "/".join(f"{x * 1e3:.2f}" for x in costs.f)
+        + "  B " + "/".join(f"{x * 1e3:.2f}" for x in costs.b)
+        + "  W " + "/".join(f"{x * 1e3:.2f}" for x in costs.w)
+        + f"  message {costs.comm * 1e3:.3f}")
     entries = contenders(kinds, cfg, grid, be, world, costs, args.memory_limit, log,
                          args.splits)
     if not entries:
@@ -449,11 +416,9 @@ def run_pipeline(args) -> int:
                   "post_validation": not args.synchronous, "grad_clip": args.grad_clip,
                   "micro_batch_size": B, "block": T, "n_embd": C, "layers": args.layers,
                   "vocab": args.vocab, "backend": be.describe(), "threads_per_rank": threads,
-                  # (the first split's; with --splits each one's in "split_costs_ms")
-                  "costs_ms": _in_ms(costs[tuple(args.splits[0])]), "rows": rows}
-        if len(args.splits) > 1:
-            result["split_costs_ms"] = [{"split": list(split), **_in_ms(costs[tuple(split)])}
-                                        for split in args.splits]
+                  "costs_ms": {"f": [x * 1e3 for x in costs.f], "b": [x * 1e3 for x in costs.b],
+                               "w": [x * 1e3 for x in costs.w], "comm": costs.comm * 1e3},
+                  "rows": rows}
         if args.json:
             print(f"\nwrote {write_json(args.json, result)}")
     return 0

@@ -22,20 +22,14 @@ import os
 
 import numpy as np
 
-from hpcpipe.checkpoint.hdf5 import (
-    dataset,
-    member,
-    part_record,
-    piece_shard,
-    read_dataset,
-    store,
-)
-from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError, part_size
-from hpcpipe.model.stage import cuts, seams
+from hpcpipe.checkpoint.hdf5 import dataset, member, read_dataset, store
+from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
+from hpcpipe.model.sharding import shard_of
+from hpcpipe.model.stage import seams
 from hpcpipe.util.files import write_atomic
 
 PREFIX = "powersgd-r"
-LAYOUT_KEYS = ("dp", "pp", "tp", "chunks", "partition", "seams", "cuts", "rank_order",
+LAYOUT_KEYS = ("dp", "pp", "tp", "chunks", "partition", "seams", "rank_order",
                "powersgd_rank")
 
 
@@ -69,8 +63,9 @@ def write(rank, folder: str) -> str | None:
     def body(tmp):
         with h5py.File(tmp, "w") as f:
             for tensor, stage, key in _tensors(rank):
-                store(f, f"error/{tensor}", be.to_host(compressor.error[key]),
-                      **(part_record(stage, tensor, grid) or {}))
+                whole = stage.shards[tensor].replicated or grid.tp == 1
+                extra = {} if whole else {"tp": [grid.tp, grid.tp_rank]}
+                store(f, f"error/{tensor}", be.to_host(compressor.error[key]), **extra)
                 store(f, f"q/{tensor}", be.to_host(compressor.q[key]))
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe PowerSGD state of one rank (error feedback, Q)"
@@ -85,8 +80,7 @@ def layout_of(rank) -> dict:
     grid, compressor = rank.grid, rank.step.gradsync.compressor
     return {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "chunks": len(rank.model.stages),
             "partition": [list(spec.layers) for spec in rank.model.specs],
-            "seams": seams(rank.model.specs), "cuts": cuts(rank.model.specs),
-            "rank_order": grid.rank_order,
+            "seams": seams(rank.model.specs), "rank_order": grid.rank_order,
             "powersgd_rank": compressor.rank if compressor is not None else 0}
 
 
@@ -123,8 +117,7 @@ def load(rank, path: str, manifest: dict):
 
 
 def _index(opened: dict, path: str) -> dict:
-    """tensor name → [(dp rank, its part (hdf5.part_record's) or None, file, its error,
-    its q)]."""
+    """tensor name → [(dp rank, tp shard [tp, rank] or None, file, its error, its q)]."""
     index = {}
     for fname, f in opened.items():
         where = os.path.join(path, fname)
@@ -135,9 +128,9 @@ def _index(opened: dict, path: str) -> dict:
         errors = member(f, "error", where)  # hard links only: never another file's
         for tensor in errors:
             error, q = dataset(f, f"error/{tensor}", where), dataset(f, f"q/{tensor}", where)
-            part = {k: [int(v) for v in error.attrs[k]] for k in ("tp", "part")
-                    if k in error.attrs}
-            index.setdefault(tensor, []).append((dp_rank, part or None, where, error, q))
+            recorded = error.attrs.get("tp")
+            tp = None if recorded is None else [int(v) for v in recorded]
+            index.setdefault(tensor, []).append((dp_rank, tp, where, error, q))
     return index
 
 
@@ -151,17 +144,18 @@ def _entries(index, tensor: str, path: str):
 
 def _own(index, tensor: str, grid, stage, path: str):
     """This rank's error and Q as written under the same layout."""
-    shard = part_record(stage, tensor, grid)
+    shard = None if stage.shards[tensor].replicated or grid.tp == 1 else \
+        [grid.tp, grid.tp_rank]
     for dp_rank, tp, where, error, q in _entries(index, tensor, path):
         if dp_rank == grid.dp_rank and tp == shard:
             return _read(error, where, stage.grads[tensor].shape), read_dataset(q, where)
     raise CheckpointError(f"{path}: no PowerSGD state of {tensor} for replica "
-                          f"{grid.dp_rank}" + (f", part {shard}" if shard else ""))
+                          f"{grid.dp_rank}" + (f", tensor shard {grid.tp_rank}" if shard else ""))
 
 
 def _resharded(index, tensor: str, stage, grid, path: str):
     """ΣE over the replicas that wrote the checkpoint, this rank's share: its tensor
-    shard's part (or its stage's across a sublayer's width), divided by the new dp."""
+    shard's part, divided by the new dp."""
     shape = tuple(stage.global_shapes[tensor])
     total = np.zeros(shape)
     seen = {}
@@ -170,9 +164,9 @@ def _resharded(index, tensor: str, stage, grid, path: str):
             total += _read(error, where, shape)
             seen[dp_rank] = seen.get(dp_rank, 0) + int(np.prod(shape))
         else:
-            part = _recorded_part(tensor, shape, tp, stage.cfg.n_head, where)
+            part = shard_of(tensor, shape, *tp)
             piece = np.zeros(shape)
-            data = _read(error, where, part.local_shape(shape))
+            data = read_dataset(error, where)
             part.put(piece, data)
             total += piece
             seen[dp_rank] = seen.get(dp_rank, 0) + data.size
@@ -181,20 +175,6 @@ def _resharded(index, tensor: str, stage, grid, path: str):
                               f"{sorted(seen.values())} of its {int(np.prod(shape))} elements "
                               f"per replica; a powersgd-r*.h5 file is missing")
     return stage.shards[tensor].take(total) / grid.dp
-
-
-def _recorded_part(tensor: str, shape, recorded: dict, n_head: int, where: str):
-    """The Shard a file says its error feedback of `tensor` is ("tp": [shards, shard] or
-    "part": [a, b, groups]), checked as the manifest's optimizer segments are
-    (manifest.part_size): a file from elsewhere names only parts that exist."""
-    try:
-        if len(recorded) != 1:
-            raise CheckpointError("one part")
-        part_size(tensor, shape, recorded, n_head, where)
-    except CheckpointError:
-        raise CheckpointError(f"{where}: error/{tensor} says it is part {recorded} of a "
-                              f"tensor of shape {list(shape)}, which has no such part") from None
-    return piece_shard(tensor, shape, recorded)
 
 
 def _read(dataset, where: str, shape) -> np.ndarray:

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from hpcpipe.checkpoint.manifest import CheckpointError
-from hpcpipe.model.sharding import part_of, shard_of
+from hpcpipe.model.sharding import shard_of
 from hpcpipe.util.files import open_regular
 
 OPTIM_KINDS = ("exp_avg", "exp_avg_sq", "master")
@@ -23,28 +23,6 @@ OPTIM_KINDS = ("exp_avg", "exp_avg_sq", "master")
 
 # What h5py raises on files it cannot make sense of (besides OSError for damaged chunks).
 H5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError)
-
-
-def part_record(stage, name: str, grid) -> dict | None:
-    """Which part of tensor `name` this rank's state of it is, as a checkpoint records it
-    (`piece_shard` reads it back): {"part": [a, b, groups]} a stage's across a sublayer's
-    width, {"tp": [shards, shard]} a tensor-parallel shard's, None all of it (a tensor
-    every shard holds whole, or no tensor parallelism)."""
-    if name in stage.parts:
-        return {"part": list(stage.parts[name])}
-    if grid.tp == 1 or stage.shards[name].replicated:
-        return None
-    return {"tp": [grid.tp, grid.tp_rank]}
-
-
-def piece_shard(name: str, shape, piece: dict):
-    """The part of tensor `name` (global `shape`) a segment of optimizer state is of: a
-    tensor-parallel shard's ("tp": [shards, shard]) or a pipeline stage's across a
-    sublayer's width ("part": [a, b, groups]); checked by checkpoint/manifest.py."""
-    if "part" in piece:
-        a, b, count = piece["part"]
-        return part_of(name, shape, (a, b), count)
-    return shard_of(name, shape, *piece["tp"])
 
 
 def sha256(path: str) -> str:
@@ -242,7 +220,7 @@ class Reader:
                 raise CheckpointError(f"{self.path}: the manifest lists optimizer state for "
                                       f"other tensors but none for {name} (damaged)")
             return None
-        if isinstance(where, tuple) and not any("tp" in p or "part" in p for p in segments):
+        if isinstance(where, tuple) and not any("tp" in p for p in segments):
             return self._range(kind, name, *where)
         full = self._whole(kind, name)
         if full is None:
@@ -276,8 +254,8 @@ class Reader:
             data = self._segment_data(kind, name, p)
             if data is None:
                 return None
-            if "tp" in p or "part" in p:  # (a tensor shard's part, or a stage's)
-                index = piece_shard(name, shape, p).global_indices(shape)
+            if "tp" in p:
+                index = shard_of(name, shape, *p["tp"]).global_indices(shape)
                 index = index[p["start"]:p["stop"]]
             else:
                 index = np.arange(p["start"], p["stop"])

@@ -23,10 +23,10 @@ import os
 
 from hpcpipe.checkpoint.hdf5 import check_values, read_flat, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
-from hpcpipe.model.stage import cuts, seams
+from hpcpipe.model.stage import seams
 from hpcpipe.util.files import write_atomic
 
-LAYOUT_KEYS = ("dp", "pp", "tp", "chunks", "partition", "seams", "cuts", "rank_order")
+LAYOUT_KEYS = ("dp", "pp", "tp", "chunks", "partition", "seams", "rank_order")
 
 
 def file_name(world_rank: int) -> str:
@@ -66,8 +66,7 @@ def layout_of(rank) -> dict:
     grid = rank.grid
     return {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "chunks": len(rank.model.stages),
             "partition": [list(spec.layers) for spec in rank.model.specs],
-            "seams": seams(rank.model.specs), "cuts": cuts(rank.model.specs),
-            "rank_order": grid.rank_order}
+            "seams": seams(rank.model.specs), "rank_order": grid.rank_order}
 
 
 def load(rank, path: str, manifest: dict):

@@ -64,8 +64,7 @@ SCHEMA = Record({
                       "zero": Int(0, 3), "rank_order": Text(),
                       "partition": ListOf(ListOf(Int(0)))},
                      optional={"tp": Int(1), "local_steps": Int(0),
-                               "powersgd_rank": Int(0), "seams": ListOf(Int(0)),
-                               "cuts": ListOf(ListOf(Int(0), 2, 4))}),
+                               "powersgd_rank": Int(0), "seams": ListOf(Int(0))}),
     "adam_step": _COUNT,
     "state": Record({}, optional={"loss_scale": Number(0), "good_steps": _COUNT,
                                   "lr_step": _COUNT, "data_step": _COUNT, "seed": Int(0),
@@ -77,11 +76,9 @@ SCHEMA = Record({
                    key=_FILE),
     "tensors": MapOf(Record({"file": _FILE, "shape": ListOf(Int(0), max_len=4)})),
     # the optimizer state's segments (the key keeps the name of format 2: "pieces"); a segment
-    # of a tensor-parallel shard's part of the tensor names the shard: [tp, rank]; of a
-    # pipeline stage's part across a sublayer's width, its groups: [a, b, groups]
+    # of a tensor-parallel shard's part of the tensor names the shard: [tp, rank]
     "pieces": MapOf(ListOf(Record({"file": _FILE, "start": Int(0), "stop": Int(0)},
-                                  optional={"tp": ListOf(Int(0), max_len=2),
-                                            "part": ListOf(Int(0), 3, 3)}))),
+                                  optional={"tp": ListOf(Int(0), max_len=2)}))),
 }, optional={"run": _RUN, "source": Anything(),
              # the training data's fingerprint (data/fingerprint.py): a resume checks it
              "data": Record({"name": Text(max_len=4096), "files": Int(0), "bytes": Int(0),
@@ -178,22 +175,12 @@ def _consistent(m: dict, path: str, file: str):
             size *= dim
         for segment in segments:
             _listed(segment["file"], m, file, f"optimizer state of {name}")
-            if "tp" in segment or "part" in segment:
-                size = part_size(name, m["tensors"][name]["shape"], segment, model["n_head"],
-                                 file)
+            if "tp" in segment:
+                size = _shard_size(name, m["tensors"][name]["shape"], segment["tp"], file)
             if not segment["start"] <= segment["stop"] <= size:
                 raise CheckpointError(f"{file}: optimizer state of {name} covers elements "
                                       f"[{segment['start']}, {segment['stop']}) of a tensor of "
                                       f"{size}")
-
-
-def part_size(name: str, shape, record: dict, n_head: int, file: str) -> int:
-    """Elements of the part of a tensor (global `shape`) a record names — {"tp": [shards,
-    rank]} or {"part": [a, b, groups]} (hdf5.part_record) — checked to be one the tensor
-    of a model of `n_head` heads has (CheckpointError naming `file`)."""
-    if "part" in record:
-        return _part_size(name, shape, record["part"], n_head, file)
-    return _shard_size(name, shape, record["tp"], file)
 
 
 def _shard_size(name: str, shape, tp, file: str) -> int:
@@ -204,23 +191,6 @@ def _shard_size(name: str, shape, tp, file: str) -> int:
         raise CheckpointError(f"{file}: optimizer state of {name} names tensor shard {tp}, "
                               f"which the tensor's shape {list(shape)} does not have")
     return math.prod(shard_of(name, shape, tp[0], tp[1]).local_shape(shape))
-
-
-def _part_size(name: str, shape, part, n_head: int, file: str) -> int:
-    """Elements of a pipeline stage's part [a, b, groups] of a tensor split across its
-    sublayer's width (model/units.py): groups its attention's heads or 4 × as many."""
-    from hpcpipe.model.sharding import part_of
-
-    if len(part) != 3:
-        raise CheckpointError(f"{file}: optimizer state of {name} names part {part} of a "
-                              f"sublayer's width: [a, b, groups] are three numbers")
-    a, b, count = part
-    if count not in (n_head, 4 * n_head) or not 0 <= a < b <= count or "." not in name \
-            or len(shape) not in (1, 2):
-        raise CheckpointError(f"{file}: optimizer state of {name} names part {part} of a "
-                              f"sublayer's width, which a model of {n_head} heads and the "
-                              f"tensor's shape {list(shape)} do not have")
-    return math.prod(part_of(name, shape, (a, b), count).local_shape(shape))
 
 
 def _listed(name: str, m: dict, file: str, what: str):

@@ -21,7 +21,7 @@ import numpy as np
 
 from hpcpipe.checkpoint import compression, local, versions
 from hpcpipe.checkpoint import manifest as manifests
-from hpcpipe.checkpoint.hdf5 import OPTIM_KINDS, part_record, sha256, store
+from hpcpipe.checkpoint.hdf5 import OPTIM_KINDS, sha256, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
 from hpcpipe.checkpoint.retention import (
     point_latest,
@@ -32,7 +32,7 @@ from hpcpipe.checkpoint.retention import (
 )
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.util.errors import root_does
-from hpcpipe.model.stage import cuts, seams
+from hpcpipe.model.stage import seams
 from hpcpipe.util.files import exchange, fsync_dir, write_buffered
 
 
@@ -146,8 +146,7 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str,
         for name, info in entry.get("tensors", {}).items():
             tensors[name] = {"file": entry["file"], **info}
         for name, ranges in entry.get("pieces", {}).items():
-            segments.setdefault(name, []).extend(_segment_entry(entry["file"], *r)
-                                                 for r in ranges)
+            segments.setdefault(name, []).extend(_segment_entry(entry["file"], *r) for r in ranges)
     grid, model = rank.grid, rank.model
     layout = {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "chunks": len(model.stages),
               "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
@@ -157,17 +156,17 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str,
               "powersgd_rank": compression.layout_of(rank)["powersgd_rank"]}
     if seams(model.specs):  # (absent where every stage edge falls between blocks)
         layout["seams"] = seams(model.specs)
-    if cuts(model.specs):  # (absent where none falls inside a sublayer)
-        layout["cuts"] = cuts(model.specs)
     return manifests.build(cfg, step, cfg.train.dtype, layout, files, tensors, segments,
                            adam_step=rank.step.optimizer.t, state=state, run=run, data=data)
 
 
-def _segment_entry(file: str, start: int, stop: int, shard=None) -> dict:
+def _segment_entry(file: str, start: int, stop: int, tp=None) -> dict:
     """A manifest entry of optimizer state: elements [start, stop) of the flattened tensor,
-    or of a part of it — `shard` {"tp": [shards, shard]} a tensor-parallel shard's,
-    {"part": [a, b, groups]} a stage's across a sublayer's width (model/units.py)."""
-    return {"file": file, "start": start, "stop": stop, **(shard or {})}
+    or — `tp` = (shards, shard) — of that tensor-parallel shard's part of it."""
+    entry = {"file": file, "start": start, "stop": stop}
+    if tp is not None:
+        entry["tp"] = list(tp)
+    return entry
 
 
 def _injected_delay(folder: str):
@@ -196,8 +195,8 @@ def _write_rank_files(rank, cfg, folder: str) -> list[dict]:
             entries.append(_entry(folder, name, tensors=tensors))
     if grid.dp_rank == 0 or cfg.parallel.zero:  # with ZeRO-1 every replica holds a shard
         name = f"optim-r{grid.rank:05d}.h5"
-        segments = _write_optimizer(rank.step.optimizer, rank.model,
-                                    os.path.join(folder, name), grid)
+        segments = _write_optimizer(rank.step.optimizer, rank.model.backend,
+                                  os.path.join(folder, name), grid)
         entries.append(_entry(folder, name, pieces=segments))
     if rank.step.outer is not None:  # local SGD: every replica's own state, and the outer's
         entries.append(_entry(folder, local.write(rank, folder)))
@@ -213,12 +212,11 @@ def _write_rank_files(rank, cfg, folder: str) -> list[dict]:
 
 def _global_parameters(model, grid) -> list:
     """(name, model stage, global host array) of every parameter this rank's pipeline
-    stages hold — on tensor shard 0, with every shard's part in place (others: []); a
-    tensor split across pipeline stages by width on the stage with its first part."""
+    stages hold — on tensor shard 0, with every shard's part in place (others: [])."""
     out = []
     for chunk, stage in model.in_model_order():
         for name, value in stage.params.items():
-            if _skip_tied_copy(stage, name) or name in stage.parts:
+            if _skip_tied_copy(stage, name):
                 continue
             host = model.backend.to_host(value)
             shard = stage.shards[name]
@@ -232,24 +230,7 @@ def _global_parameters(model, grid) -> list:
                     shard_of(name, shape, grid.tp, r).put(host, part)
             if grid.tp_rank == 0:
                 out.append((name, model.stage_index[chunk], host))
-    return out + _joined_parts(model, grid)
-
-
-def _joined_parts(model, grid) -> list:
-    """`_global_parameters`' entries of the tensors split by width across pipeline stages
-    (model/units.py): every rank's parts gathered over the pipeline, each tensor whole on
-    the rank that holds its first part (it writes it)."""
-    if not any(len(edge) > 2 for edge in cuts(model.specs) or ()):
-        return []  # (every pipeline rank knows: no collective)
-    mine = [(name, model.stage_index[chunk], stage.global_shapes[name],
-             stage.shards[name], model.backend.to_host(stage.params[name]), a == 0)
-            for chunk, stage in model.in_model_order()
-            for name, (a, _, _) in stage.parts.items()]
-    wholes = {}
-    for name, _, shape, shard, host, _ in (p for parts in grid.pipe.allgather(mine)
-                                           for p in parts):
-        shard.put(wholes.setdefault(name, np.empty(shape, host.dtype)), host)
-    return [(name, index, wholes[name]) for name, index, _, _, _, first in mine if first]
+    return out
 
 
 def _write_parameters(parameters, path: str, folder: str) -> dict:
@@ -273,14 +254,12 @@ def _write_parameters(parameters, path: str, folder: str) -> dict:
     return tensors
 
 
-def _write_optimizer(optimizer, model, path: str, grid) -> dict:
+def _write_optimizer(optimizer, be, path: str, grid) -> dict:
     """The optimizer state of every shard, as segments of flattened tensors (of a tensor
-    shard's part of the tensor, for tensors split by tensor parallelism; of a stage's,
-    for those split across stages by width)."""
+    shard's part of the tensor, for tensors split by tensor parallelism)."""
     import h5py
 
-    be, segments = model.backend, {}
-    stage_of = {name: stage for stage in model.stages.values() for name in stage.global_shapes}
+    segments = {}
 
     def write(buffer):
         with h5py.File(buffer, "w") as f:
@@ -290,15 +269,17 @@ def _write_optimizer(optimizer, model, path: str, grid) -> dict:
                 for segment in adam.shard.segments:
                     if segment.name == "wte" and not adam.shard.owns_wte:
                         continue
-                    shard = part_record(stage_of[segment.name], segment.name, grid)
-                    if shard is None and grid.tp_rank > 0:
+                    whole = grid.tp == 1 or segment.name in adam.shard.copies
+                    if whole and grid.tp_rank > 0:
                         continue  # every tensor shard holds it: shard 0 saves it
-                    shard, key = shard or {}, f"{segment.name}@{segment.t0}"
+                    key = f"{segment.name}@{segment.t0}"
+                    shard = {} if whole else {"tp": [grid.tp, grid.tp_rank]}
                     for kind, vec in vectors.items():
                         store(groups[kind], key, be.to_host(vec[segment.v0:segment.v1]),
                                start=segment.t0, stop=segment.t1, tensor=segment.name, **shard)
                     segments.setdefault(segment.name, []).append(
-                        (segment.t0, segment.t1, shard))
+                        (segment.t0, segment.t1) if whole else
+                        (segment.t0, segment.t1, (grid.tp, grid.tp_rank)))
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["kind"] = "hpcpipe optimizer state (segments of flattened tensors)"
             # Which shard this is (checked on load: files swapped between ranks are refused).

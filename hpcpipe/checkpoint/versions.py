@@ -34,7 +34,7 @@ from hpcpipe.checkpoint.hdf5 import check_values, read_flat, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
 from hpcpipe.util.files import write_atomic
 
-LAYOUT_KEYS = ("pp", "tp", "chunks", "partition", "seams", "cuts")
+LAYOUT_KEYS = ("pp", "tp", "chunks", "partition", "seams")
 
 
 def file_name(pp_rank: int) -> str:

@@ -40,15 +40,6 @@ class StageCosts:
     head: float
     attention: float
     source: str = "analytic costs"  # what the plan and the log say they come from
-    # Each of a block's six operations' share of it (layers/ops.py; the first three sum to
-    # `attention`), for stage edges inside a sublayer. Empty: the halves' shares split
-    # evenly among their operations.
-    ops: tuple = ()
-
-    def __post_init__(self):
-        if not self.ops:
-            a, m = self.attention / 3, (1.0 - self.attention) / 3
-            object.__setattr__(self, "ops", (a, a, a, m, m, m))
 
 
 def analytic(cfg) -> StageCosts:
@@ -74,15 +65,7 @@ def analytic(cfg) -> StageCosts:
         + ELEMENTWISE_FLOPS * (10.0 * H * T * causal + 10.0 * C)
     head = 6.0 * V * C + ELEMENTWISE_FLOPS * (8.0 * V + 10.0 * C)
     embedding = ELEMENTWISE_FLOPS * 4.0 * C
-    E = ELEMENTWISE_FLOPS
-    ops = (18.0 * C * C + E * 10.0 * C,  # ln_1 + c_attn
-           12.0 * T * C * causal + E * 10.0 * H * T * causal,  # the core and its softmax
-           6.0 * C * C,  # attn.c_proj
-           24.0 * C * C + E * 10.0 * C,  # ln_2 + c_fc
-           E * 80.0 * C,  # the GELU
-           24.0 * C * C)  # mlp.c_proj
-    return StageCosts(embedding, block, head, attention / block,
-                      ops=tuple(o / block for o in ops))
+    return StageCosts(embedding, block, head, attention / block)
 
 
 def on_gpu(cfg, batch: int, dtype: str = "bfloat16", rates=None,
@@ -98,20 +81,14 @@ def on_gpu(cfg, batch: int, dtype: str = "bfloat16", rates=None,
     block = _seconds(cfg, batch, dtype, rates, fused, layers=(0,))
     embedding = _seconds(cfg, batch, dtype, rates, fused, layers=(0,), embedding_part=True)
     head = _seconds(cfg, batch, dtype, rates, fused, layers=(0,), head_part=True)
-    halves = [_seconds(cfg, batch, dtype, rates, fused, layers=(), lead=lead, tail=tail)
-              for lead, tail in ((None, (0, 3)), ((0, 3), None))]
-    share = halves[0] / sum(halves)
-    # Each operation alone, its share of its half's (a run of them fuses some passes).
-    one = [_seconds(cfg, batch, dtype, rates, fused, layers=(), lead=(0, o) if o else None,
-                    tail=(0, o + 1)) for o in range(6)]
-    ops = tuple(part * one[o] / sum(one[3 * h:3 * h + 3])
-                for h, part in enumerate((share, 1.0 - share)) for o in range(3 * h, 3 * h + 3))
+    attention = _seconds(cfg, batch, dtype, rates, fused, layers=(), attention_of=0)
+    mlp = _seconds(cfg, batch, dtype, rates, fused, layers=(), mlp_of=0)
     return StageCosts(max(embedding - block, 0.0), block, max(head - block, 0.0),
-                      share, source=f"{rates.name} modelled costs", ops=ops)
+                      attention / (attention + mlp), source=f"{rates.name} modelled costs")
 
 
 def _seconds(cfg, batch, dtype, rates, fused, layers, embedding_part=False, head_part=False,
-             lead=None, tail=None) -> float:
+             mlp_of=None, attention_of=None) -> float:
     """One microbatch's F, B and W of a stage holding these parts, on the shape-only device,
     priced (device/rates.timeline_seconds: the longer of GPU and host time). A first pass
     warms up uncounted (constants, workspaces)."""
@@ -120,26 +97,19 @@ def _seconds(cfg, batch, dtype, rates, fused, layers, embedding_part=False, head
     from hpcpipe.device import shapes
     from hpcpipe.device.backend import Backend
     from hpcpipe.device.rates import timeline_seconds
-    from hpcpipe.model.layers import ops
     from hpcpipe.model.stage import Stage
 
     device = shapes.device()
     be = Backend(xp=device, name="simgpu", device_id=0, fused=fused)
     stage = Stage(cfg, layers=layers, embedding_part=embedding_part, head_part=head_part,
-                  dtype=dtype, be=be, lead=lead, tail=tail, draw=False)
+                  dtype=dtype, be=be, mlp_of=mlp_of, attention_of=attention_of, draw=False)
     T, C = cfg.block_size, cfg.n_embd
     # Every id in turn, as uniform text spreads them: the unfused embedding gradient runs a
     # round per repeat of its commonest token (layers/embedding.py), 512 for all zeros.
     ids = np.arange(batch * T, dtype=np.int32).reshape(batch, T) % cfg.vocab_size
     tokens = be.from_host(ids)
-
-    def edge(at):  # what crosses stage edge `at` ((block, op[, group]))
-        zeros = lambda width: be.xp.zeros((batch, T, width), dtype=stage.dtype)  # noqa: E731
-        width = ops.carried(at, C)
-        return (zeros(C), zeros(width)) if width else zeros(C)
-
-    inp = tokens if embedding_part else edge(lead if lead else (0, 3))
-    dy = None if head_part else edge(tail if tail else (0, 3))
+    inp = tokens if embedding_part else be.xp.zeros((batch, T, C), dtype=stage.dtype)
+    dy = None if head_part else be.xp.zeros((batch, T, C), dtype=stage.dtype)
     for _warm_up_then_counted in range(2):
         device.kernel_log.clear()
         stage.forward(0, inp, tokens if head_part else None)

@@ -74,23 +74,9 @@ def shard_of(name: str, shape, tp: int, rank: int) -> Shard:
     holds."""
     if tp == 1:
         return Shard()
+    part = lambda n: (rank * n // tp, (rank + 1) * n // tp)
     if name == "wte":
-        return Shard(0, ((rank * shape[0] // tp, (rank + 1) * shape[0] // tp),))
-    return _split(name, shape, rank, rank + 1, tp)
-
-
-def part_of(name: str, shape, part, count: int) -> Shard:
-    """Which part of block tensor `name` (global `shape`) a pipeline stage holds that runs
-    groups part = (a, b) of the `count` its sublayer's width splits in (layers/ops.py's
-    `groups`: heads, or a head's width of the MLP's hidden layer) — tensor parallelism's
-    split, the stage's groups for a shard's range: the whole of what else it uses (its
-    LayerNorm, the projection's bias, when it holds them)."""
-    return _split(name, shape, part[0], part[1], count)
-
-
-def _split(name: str, shape, lo: int, hi: int, count: int) -> Shard:
-    """The parts [lo/count, hi/count) of a block tensor's split dimension (Megatron's)."""
-    part = lambda n: (lo * n // count, hi * n // count)  # noqa: E731
+        return Shard(0, (part(shape[0]),))
     if name.endswith("attn.c_attn.weight") or name.endswith("attn.c_attn.bias"):
         C = shape[-1] // 3
         a, b = part(C)

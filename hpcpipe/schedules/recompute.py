@@ -103,13 +103,10 @@ def parse(text: str) -> Recompute:
 @dataclass(frozen=True)
 class PerMicrobatch:
     """Recomputation per (model stage, microbatch): `choice` (one, or one per model stage)
-    for the pairs in `pairs`, none for every other microbatch — or, per model stage,
-    `rest`'s (a stage whose B leaves more for W than F kept keeps a part of M_B without
-    recomputing: model/memory.py)."""
+    for the pairs in `pairs`, none for every other microbatch."""
 
     choice: Recompute | tuple[Recompute, ...]
     pairs: frozenset[tuple[int, int]]
-    rest: tuple[Recompute, ...] = ()
 
     def __post_init__(self):
         from .ops import ScheduleError
@@ -129,9 +126,7 @@ class PerMicrobatch:
         return self.choice if isinstance(self.choice, Recompute) else self.choice[stage]
 
     def of(self, stage: int, microbatch: int) -> Recompute:
-        if (stage, microbatch) in self.pairs:
-            return self.choice_of(stage)
-        return self.rest[stage] if stage < len(self.rest) else NONE
+        return self.choice_of(stage) if (stage, microbatch) in self.pairs else NONE
 
     def on_stage(self, stage: int) -> frozenset[int]:
         """The microbatches `stage` recomputes."""

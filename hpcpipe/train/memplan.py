@@ -23,16 +23,15 @@ from hpcpipe.device.budget import (BudgetError, check_memory_limit, check_run, d
                                    host_available)
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
 from hpcpipe.model.memory import stage_memory
+from hpcpipe.model.sharding import shard_of
 from hpcpipe.parallel.pipeline.partition import (
-    GAIN,
     WORTH,
     counts_text,
     imbalance,
     partition,
-    step_of,
+    simulated_step,
 )
 from hpcpipe.parallel.pipeline.planning import (
-    across_widths,
     build_schedule,
     held_from_f,
     memory_limit,
@@ -73,8 +72,7 @@ def plan(cfg, costs=None) -> list[RankPlan]:
     as the launch)."""
     schedule = build_schedule(cfg)
     specs = partition(cfg.model, schedule.num_stages, cfg.parallel.layers_per_stage or None,
-                      costs=stage_costs(cfg) if costs is None else costs, schedule=schedule,
-                      widths=across_widths(cfg))
+                      costs=stage_costs(cfg) if costs is None else costs, schedule=schedule)
     peaks = activation_peaks(cfg, schedule, specs)
     plans = []
     for rank in range(cfg.parallel.pp):
@@ -103,7 +101,8 @@ def _compression(cfg, specs) -> int:
         return 0
     acc, total = accumulation_dtype(compute_dtype(cfg.train.dtype)).itemsize, 0
     for spec in specs:
-        for name, local in spec.local_layout(cfg.model, p.tp):
+        for name, shape in spec.param_layout(cfg.model):
+            local = shard_of(name, shape, p.tp, 0).local_shape(shape)
             if compressible(local, p.powersgd_rank, p.powersgd_min_gain):
                 total += (local[0] * local[1] + 2 * local[1] * p.powersgd_rank) * acc
     # Post-validation may run a step twice: E and Q are copied at each step's start.
@@ -139,8 +138,7 @@ def simulated_peaks(cfg, schedule, specs, plan=None) -> tuple[float, ...]:
             tuple(Recompute(f"keep {m.keep:.3f}", keep=m.keep) if mode != "none" else NONE
                   for m, mode in zip(chosen, modes)),
             frozenset((s, x) for s, (mode, only) in enumerate(plan) if mode != "none"
-                      for x in only),
-            rest=tuple(k if k.keep < 1 else NONE for k in keep))
+                      for x in only))
     costs = Costs(**memory_levels(memory), recompute=recompute)
     return peak_activations(schedule, costs)
 
@@ -254,9 +252,9 @@ def _weights(cfg, specs) -> tuple[int, int, int]:
     tp = cfg.parallel.tp
     count = head = 0
     for spec in specs:
-        for name, local in spec.local_layout(cfg.model, tp):
+        for name, shape in spec.param_layout(cfg.model):
             size = 1
-            for n in local:
+            for n in shard_of(name, shape, tp, 0).local_shape(shape):
                 size *= n
             count += size
             head += size if name == "wte" and spec.head_part else 0
@@ -349,7 +347,6 @@ def balance(cfg, worth: float = WORTH, costs=None) -> str:
             return line + (f'; parallel.layers_per_stage = "auto" gives '
                            f"{counts_text(auto)}, {better:.1%}")
         return line
-    line += _widths_hint(cfg, specs, schedule, costs, worst)
     others = {}
     for pp in range(2, 9):
         if pp != cfg.parallel.pp and pp * cfg.chunks <= 2 * cfg.model.n_layer:
@@ -359,40 +356,17 @@ def balance(cfg, worth: float = WORTH, costs=None) -> str:
                 continue
     depths = [f"pp {pp} {x:.1%}" for pp, x in others.items() if x < worst]
     return line + (f"; the blocks split more evenly at {', '.join(depths)}" if depths else
-                   "; a more even split needs finer stage edges than a sublayer's heads or "
-                   "groups of columns")
-
-
-def _widths_hint(cfg, specs, schedule, costs, worst: float) -> str:
-    """Where stage edges across a sublayer's width would balance the split better (of one
-    stage a rank; of a placement of several, shorten its simulated step) and the run
-    could take them but does not ask (parallel.split_widths), what they would give."""
-    p = cfg.parallel
-    if across_widths(cfg) or p.tp > 1 or cfg.train.optimizer == "muon":
-        return ""
-    placed = schedule if schedule.chunks > 1 else None
-    finer = partition(cfg.model, schedule.num_stages, costs=costs, schedule=placed,
-                      widths=True)
-    better = imbalance(cfg.model, finer, costs, placed)
-    if finer == specs or (placed is None and better >= worst - GAIN):
-        return ""
-    shorter = ""
-    if placed is not None:  # (a placement's split is chosen on its step)
-        before, after = (step_of(cfg.model, split, schedule, costs) for split in (specs, finer))
-        shorter = f", a step {1 - after / before:.1%} shorter"
-    return (f"; parallel.split_widths = true gives {counts_text(finer)}, {better:.1%}"
-            f"{shorter} (edges across sublayers' widths: the numbers then other layouts' "
-            f"to round-off, not bitwise)")
+                   "; a more even split needs finer cuts than a block's seam")
 
 
 def _placed(cfg, specs, schedule, costs) -> str:
     """Where the split was improved for a multi-stage placement, what the per-stage balanced
     one would cost on the simulated step (partition.for_placement)."""
-    per_stage = partition(cfg.model, schedule.num_stages, costs=costs,
-                          widths=across_widths(cfg))
+    per_stage = partition(cfg.model, schedule.num_stages, costs=costs)
     if schedule.chunks == 1 or per_stage == specs or cfg.parallel.layers_per_stage:
         return ""
-    steps = [step_of(cfg.model, split, schedule, costs) for split in (specs, per_stage)]
+    halves = [[round(2 * s.blocks) for s in split] for split in (specs, per_stage)]
+    steps = [simulated_step(cfg.model, h, schedule, costs) for h in halves]
     return (f"; the per-stage split {counts_text(per_stage)} would simulate a step "
             f"{steps[1] / steps[0] - 1:.1%} longer")
 
@@ -402,8 +376,7 @@ def _balance_at(cfg, pp: int, costs, given=None):
     schedule its launch runs (planning.build_schedule)."""
     at = replace(cfg, parallel=replace(cfg.parallel, pp=pp))
     schedule = build_schedule(at)
-    specs = partition(cfg.model, schedule.num_stages, given, costs=costs, schedule=schedule,
-                      widths=across_widths(cfg))
+    specs = partition(cfg.model, schedule.num_stages, given, costs=costs, schedule=schedule)
     return imbalance(cfg.model, specs, costs, schedule), specs, schedule
 
 

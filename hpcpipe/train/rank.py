@@ -48,7 +48,7 @@ class Rank:
                                      else 1)
         shape = (cfg.train.micro_batch_size, T, cfg.model.n_embd)
         p2p = PipeComm(grid.pipe, transport, shape, model.dtype, schedule.num_microbatches,
-                       schedule.num_stages, model.inner_messages(cfg.train.micro_batch_size))
+                       schedule.num_stages)
         events = trace if trace is not None else Trace(rank=grid.rank, enabled=False)
         if schedule.kind == asynchronous.KIND:  # no flush: the stream, one step late
             step = DelayedStep.build(cfg, model, grid, transport, trace)

@@ -28,7 +28,6 @@ from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
 from hpcpipe.parallel.pipeline.partition import measured_balance
 from hpcpipe.parallel.pipeline.planning import (
-    across_widths,
     build_schedule,
     describe_auto,
     memory_limit,
@@ -251,8 +250,7 @@ class Trainer:
                                                memory_limit(self.cfg)[1]), root=0)
         self.log(measured_balance(self.cfg.model, self.rank.model.specs,
                                   [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)],
-                                  schedule=self.rank.schedule, base=self.rank.model.costs,
-                                  widths=across_widths(self.cfg)))
+                                  schedule=self.rank.schedule, base=self.rank.model.costs))
         auto, costs, plan = chosen_schedule(self, costs)
         if plan is not None:
             self.rank.model.use_recompute(plan)

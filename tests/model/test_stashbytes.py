@@ -23,7 +23,7 @@ def fresh(stage, mb=None) -> int:
 @pytest.mark.parametrize("head", [True, False])
 @pytest.mark.parametrize("seam", [False, True])
 def test_kept_counts_equal_fresh_ones_after_every_pass(recompute, head, seam):
-    spec = StageSpec(0, (0,), True, head, tail=(1, 3)) if seam and not head \
+    spec = StageSpec(0, (0,), True, head, attention_of=1) if seam and not head \
         else StageSpec(0, (0, 1), True, head)
     stage = spec.build(CFG, dtype="float64", recompute=recompute)
     tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (B, CFG.block_size + 1))

@@ -21,13 +21,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (
     devices,  # noqa: E402  (tests/harness/devices.py: the test device)
     mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
-    parts,  # noqa: E402  (tests/harness/parts.py: tensors split across stages, whole)
 )
 
 from hpcpipe import config
 from hpcpipe.model import GPT
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.parallel.pipeline.partition import one_rank_edges
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate, peak_activations
 from hpcpipe.schedules.recompute import Recompute
 from hpcpipe.train.memplan import simulated_peaks
@@ -51,25 +49,16 @@ def make_cfg(kind, pp, m, layers_per_stage, chunks=0, recompute="none"):
     }, source="equivalence test")
 
 
-def uneven(stages, turn=0, one_rank=()):
-    """An uneven split of 8 blocks: the heaviest stage in the middle; on turn 1 (of four)
-    half a block moved across every other stage edge (stage edges at blocks' seams), on
-    turn 2 one, two, four or five sixths (edges after c_attn, the core, c_fc, the GELU:
-    messages with the sublayer's tensor beside the residual; model/units.py), on turn 3
-    edges across a sublayer's width (after the first of the 2 heads, or 1, 4 or 7 of the
-    MLP's 8 groups of columns: parallel/pipeline/edges.py) — every other time the first
-    edge after the first head's q, k and v alone instead (ln_1 + c_attn's width); an edge
-    between two stages of one rank (`one_rank`: a V's turn) at a seam instead."""
+def uneven(stages, seams=False):
+    """An uneven split of 8 blocks: the heaviest stage in the middle; with `seams`, half a
+    block moved across every other stage edge (model/units.py: stage edges inside blocks)."""
     counts = [1] * stages
     for i in range(8 - stages):
         counts[(stages // 2 + i) % stages] += 1
-    for n, i in enumerate(range(0, stages - 1, 2)):
-        moved = {0: 0, 1: 3 / 6, 2: (1, 2, 4, 5)[n % 4] / 6,
-                 3: ((0.75, 11 / 12)[turn // 4 % 2], 0.25, 0.4375, 0.0625)[n % 4]}[turn % 4]
-        if i in one_rank and turn % 4 == 3:  # (no edge across a width there: partition)
-            moved = 3 / 6
-        counts[i] -= moved
-        counts[i + 1] += moved
+    if seams:
+        for i in range(0, stages - 1, 2):
+            counts[i] -= 0.5
+            counts[i + 1] += 0.5
     return counts
 
 
@@ -141,11 +130,21 @@ class Run:
         return out.loss, out.norm, out.result
 
     def gathered(self, what):
-        """name → array over the whole pipeline, on pipeline rank 0 (wte: the embedding's;
-        a tensor split across stages by width put together from their parts)."""
-        gathered = self.grid.pipe.gather(parts.entries(self.model.stages.values(), self.be,
-                                                       what), root=0)
-        return parts.whole(gathered) if self.grid.pipe.rank == 0 else None
+        """name → array over the whole pipeline, on pipeline rank 0 (wte: the embedding's)."""
+        mine = {}
+        for stage in self.model.stages.values():
+            views = stage.grads if what == "grads" else stage.params
+            for name, value in views.items():
+                if name == "wte" and not stage.embedding_part:
+                    continue
+                mine[name] = self.be.to_host(value).copy()
+        parts = self.grid.pipe.gather(mine, root=0)
+        if self.grid.pipe.rank != 0:
+            return None
+        out = {}
+        for part in parts:
+            out.update(part)
+        return out
 
 
 def check(comm) -> mpibody.Report:
@@ -160,7 +159,7 @@ def check(comm) -> mpibody.Report:
                 continue  # the family does not allow this m (e.g. interleaving needs m % p == 0)
             recompute = recompute_for(checked, schedule.num_stages)
             plan = per_microbatch_plan(checked, schedule.num_stages, m)
-            counts = uneven(schedule.num_stages, checked, one_rank_edges(schedule))
+            counts = uneven(schedule.num_stages, seams=checked % 2 == 1)
             cfg = make_cfg(kind, pp, m, counts, chunks, recompute)
             mpibody.settle(comm)  # while rank 0 checks the last case against one process
             failures += check_one_step(comm, cfg, schedule, plan)
@@ -196,9 +195,7 @@ def check_one_step(comm, cfg, schedule, plan=None) -> list[str]:
     stages = range(schedule.num_stages)
     # A stage that recomputes holds keep·M_B after F and M_B again while its B runs.
     # (Per microbatch a stage's after-F bytes mix both: the analytic plan below checks it.)
-    # Where B leaves more for W than F kept (a stage ending inside a sublayer keeps the
-    # gradient it receives there), B's peak is that (model/memory.py takes it so too).
-    full = [float(max(measured[s][2] or measured[s][0], measured[s][1])) for s in stages]
+    full = [float(measured[s][2] or measured[s][0]) for s in stages]
     costs = Costs(memory=full, memw=[float(measured[s][1]) for s in stages],
                   recompute=[Recompute(f"s{s}", keep=measured[s][0] / full[s])
                              for s in stages])
@@ -210,9 +207,9 @@ def check_one_step(comm, cfg, schedule, plan=None) -> list[str]:
     # ids' few bytes per microbatch (on the fused kernels, of their caches).
     planned = simulated_peaks(cfg, schedule, run.model.specs, plan)[run.grid.pp_rank]
     if abs(result.peak_bytes - planned) > 0.01 * planned:
-        failures.append(f"{kind} m={m} rank {run.grid.pp_rank} recompute {what} "
-                        f"{cfg.parallel.layers_per_stage}: peak {result.peak_bytes} bytes, "
-                        f"the plan says {planned}")
+        failures.append(f"{kind} m={m} rank {run.grid.pp_rank} recompute "
+                        f"{what}: peak {result.peak_bytes} bytes, the plan "
+                        f"says {planned}")
     if comm.rank != 0:
         return failures
     # (a) one process, same runtime, 1F1B: bitwise (at seams on the fused kernels, to
@@ -265,13 +262,9 @@ def check_optimizer_steps(comm, cfg, schedule) -> list[str]:
 def alike(cfg):
     """How a pipeline's numbers must equal one process's: bitwise — but to float64
     round-off where a stage edge falls at a block's seam on the fused kernels, which sum
-    attn.c_proj's bias gradient there with another reduction (devices.fused), and where
-    one falls across a sublayer's width (its projections' partial sums added in another
-    order)."""
-    counts = cfg.parallel.layers_per_stage
-    seams = any(c != int(c) for c in counts)
-    widths = any(abs(6 * c - round(6 * c)) > 1e-9 for c in counts)
-    if (seams and devices.fused()) or widths:  # (relative to the largest entry: a bias near 0)
+    attn.c_proj's bias gradient there with another reduction (devices.fused)."""
+    seams = any(c != int(c) for c in cfg.parallel.layers_per_stage)
+    if seams and devices.fused():  # (relative to the tensor's largest entry: a bias near 0)
         return lambda a, b: np.abs(np.asarray(a) - b).max() <= 1e-12 * max(np.abs(b).max(),
                                                                           1e-300)
     return lambda a, b: np.array_equal(a, b)

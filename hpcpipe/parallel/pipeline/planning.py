@@ -33,15 +33,6 @@ def describe_limit(cfg) -> str:
     return f"{limit / 2**30:.2f} GiB" if limit >= 2**30 else f"{limit / 2**20:.1f} MiB"
 
 
-def across_widths(cfg) -> bool:
-    """Whether the balanced split may put stage edges across a sublayer's width
-    (parallel/pipeline/partition.py): where parallel.split_widths asks for it (the
-    numbers are then other layouts' to round-off, not bitwise; config.py refuses it
-    under tensor parallelism, which splits the widths itself, and Muon, which
-    orthogonalizes whole matrices)."""
-    return bool(cfg.parallel.split_widths) and cfg.parallel.tp == 1
-
-
 def stage_costs(cfg) -> StageCosts:
     """What the run's stages are balanced by (model/costs.py): on a GPU — train.device
     "gpu", or "auto" where there is one — its code path counted for the run's microbatch
@@ -122,12 +113,10 @@ def stage_memory(held: dict, ranks: int, in_bytes: bool, rebuild: dict | None = 
     full = [float(held[s][2] if len(held[s]) > 2 and held[s][2] else held[s][0])
             for s in stages]
     after_b = [float(held[s][1] or full[s]) for s in stages]
-    # Where a B leaves more for W than F kept (`held_from_f`), B's peak is what it leaves,
-    # and F keeps a part of that: the same two levels as a recomputing stage's.
-    full = held_from_f(full, after_b)
     keep = [Recompute(f"measured {held[s][0] / full[s]:.3f}", keep=held[s][0] / full[s],
                       time=rebuild.get(s, 0.0))
             if held[s][0] < full[s] else NONE for s in stages]
+    full = held_from_f(full, after_b)
     if in_bytes:
         return Costs(memory=full, memw=after_b, recompute=keep)
     share = ranks / len(held)
@@ -137,10 +126,10 @@ def stage_memory(held: dict, ranks: int, in_bytes: bool, rebuild: dict | None = 
 
 def held_from_f(full, after_b) -> list[float]:
     """M_B as the cost model takes it, from each stage's bytes after F (`full`) and after B
-    (`after_b`, M_W). A B may add more for W than F kept (on the fused kernels in 16-bit,
-    or with microbatches of a few dozen tokens; a stage that ends inside a sublayer keeps
-    the gradient it receives there): B's peak is then after it, and M_B that (F keeping
-    a part of it, as under recomputation)."""
+    (`after_b`, M_W). On the fused kernels a B may add more for W than F kept (16-bit, or
+    microbatches of a few dozen tokens), where the schedulers take it that only an F
+    raises a rank's memory: M_B counts then what W will hold, from F on — high by that
+    margin, never low."""
     return [float(max(f, b)) for f, b in zip(full, after_b)]
 
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from hpcpipe.model import param_layout
-from hpcpipe.model.layers import ops
 from hpcpipe.parallel.pipeline.partition import partition
-from hpcpipe.parallel.pipeline.planning import across_widths, stage_costs
+from hpcpipe.parallel.pipeline.planning import stage_costs
 from hpcpipe.parallel.pipeline.tied import TiedEmbedding
 from hpcpipe.parallel.tensor import TensorParallel
 
@@ -32,7 +31,7 @@ class RankModel:
         self.costs = stage_costs(cfg) if costs is None else costs
         self.specs = partition(self.config, schedule.num_stages,
                                cfg.parallel.layers_per_stage or None, costs=self.costs,
-                               schedule=schedule, widths=across_widths(cfg))
+                               schedule=schedule)
         self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]
                             for chunk in range(schedule.chunks)}
         recompute = cfg.recompute_for(schedule.num_stages)  # per model stage
@@ -49,16 +48,6 @@ class RankModel:
         self.tied = TiedEmbedding(self.stages, grid.ends, self.embedding_rank, self.head_rank,
                                   transport)
         self.order = {name: i for i, (name, _) in enumerate(param_layout(self.config))}
-
-    def inner_messages(self, batch: int) -> dict:
-        """Stage edge s (between stages s and s + 1) → the shape of the sublayer's tensor
-        its messages carry beside the residual, for edges inside a sublayer (layers/
-        ops.py): the whole sequence, this shard's width."""
-        shards = self.tp.size if self.tp is not None else 1
-        C, T = self.config.n_embd, self.config.block_size
-        widths = {s: ops.carried(spec.tail, C) for s, spec in enumerate(self.specs)
-                  if spec.tail is not None}
-        return {s: (batch, T, width // shards) for s, width in widths.items() if width}
 
     @property
     def head_stage(self):

@@ -36,6 +36,7 @@ from hpcpipe.device.kernels import gelu as k_gelu
 from hpcpipe.device.kernels import layernorm as k_layernorm
 from hpcpipe.model.layers.fused import KERNEL_DTYPES
 from hpcpipe.model.layout import GPTConfig
+from hpcpipe.schedules.recompute import Mode
 
 TOKEN_BYTES = 8  # token ids and targets are int64 (data/tokens.py)
 
@@ -55,7 +56,7 @@ class StageMemory:
         return self.kept / self.full if self.full else 1.0
 
 
-def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = "none",
+def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: Mode = Mode.NONE,
                  tp: int = 1, kernels: bool = False, sequence: bool = False) -> StageMemory:
     """M_B and M_W of the stage `spec` (a StageSpec: its blocks, halves, embedding and head)
     for micro-batches of `batch` sequences of cfg.block_size tokens. kernels: the layers
@@ -78,15 +79,12 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = 
     if spec.head_part:
         full += z["ln"] + z["head"]
         after_b += z["ln_w"]
-    if recompute == "none":
-        kept = full
-    elif recompute == "selective":
+    kept = full  # (recompute: the Mode every microbatch of the stage runs with)
+    if recompute.drops_core:
         kept = full - attentions * z["matrix"] - mlps * 4 * N * C * s // tp
-    elif recompute == "full":
+    elif recompute.replays:
         kept = (N * TOKEN_BYTES if spec.embedding_part else N * C * s) \
             + (N * TOKEN_BYTES if spec.head_part else 0)
-    else:
-        raise ValueError(f"recompute {recompute!r}: allowed none, selective, full")
     return StageMemory(kept=kept, full=full, after_b=after_b)
 
 

@@ -21,13 +21,14 @@ from hpcpipe.model.layout import FlatBuffer, GPTConfig, init_value, padding_mask
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.model.stashbytes import StashBytes
 from hpcpipe.model.units import stage_units
+from hpcpipe.schedules.recompute import Mode, StageRecompute
 
-# What a stage keeps from F to B (schedules/recompute.py models each in bytes and time):
-# "none" every cache; "selective" all but the attention matrices and the GELU's output and
-# derivative (its input instead), rebuilt at the start of B; "full" only the stage's input
-# (and targets), F replayed at the start of B. (The runtime rebuilds before B waits for its
-# gradient: the rebuild needs only this stage's own inputs.)
-RECOMPUTE = ("none", "selective", "full")
+# What a stage keeps from F to B is a StageRecompute (schedules/recompute.py: its Mode per
+# microbatch, which the cost model prices in bytes and time): every cache; all but the
+# attention matrices and the GELU's output and derivative (its input instead), rebuilt at
+# the start of B; or only the stage's input (and targets), F replayed at the start of B.
+# (The runtime rebuilds before B waits for its gradient: the rebuild needs only this
+# stage's own inputs.)
 
 
 class Stage:
@@ -39,22 +40,17 @@ class Stage:
     Backend it allocates and computes on (a one-thread CPU backend when not given). tp:
     this stage's tensor-parallel shards (tensor_parallel.TensorParallel): the stage then
     holds its shard of every split tensor, under the tensor's GPT-2 name. recompute: what
-    the stash keeps from F to B (RECOMPUTE), for every microbatch or, where
-    `recompute_microbatches` names some, for those alone (the rest keep everything); the
-    numbers are the same bits whichever. draw=False: the weights left zero, for a stage whose
+    the stash keeps from F to B (a StageRecompute: for every microbatch, or for those it
+    names); the numbers are the same bits whichever. draw=False: the weights left zero, for a stage whose
     kernels are only counted (model/costs.py).
     """
 
     def __init__(self, cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
-                 dtype="float32", seed=0, be=None, tp=None, recompute="none",
-                 mlp_of=None, attention_of=None, draw=True):
-        if recompute not in RECOMPUTE:
-            raise ValueError(f"recompute {recompute!r}: allowed {', '.join(RECOMPUTE)}")
+                 dtype="float32", seed=0, be=None, tp=None,
+                 recompute: StageRecompute = StageRecompute(), mlp_of=None, attention_of=None,
+                 draw=True):
         self.cfg = cfg
         self.recompute = recompute
-        # A per-microbatch plan (schedules/recompute.py, PerMicrobatch): the microbatches
-        # of a step that recompute; None: all of them.
-        self.recompute_microbatches: frozenset[int] | None = None
         self.layers = list(range(cfg.n_layer) if layers is None else layers)
         self.units = stage_units(self.layers, mlp_of, attention_of)
         self.embedding_part = embedding_part
@@ -143,26 +139,21 @@ class Stage:
         """Microbatches whose F has run and whose W has not."""
         return sorted(self._stash)
 
-    def recompute_mode(self, mb: int) -> str:
-        """What microbatch `mb` keeps from F to B (RECOMPUTE)."""
-        chosen = self.recompute_microbatches
-        return self.recompute if chosen is None or mb in chosen else "none"
-
     # -- the three passes -----------------------------------------------------------------
     def forward(self, mb: int, inp, targets=None, loss_scale: float = 1.0, keep=True):
         """F: token ids (first stage) or activations (B, T, C) in; activations out, or the
         loss (a 0-d array) on the stage with the head — its logits (B, T, V) when no
         targets are given (generation; with keep=False only). keep=False evaluates
         without stashing anything (validation). What the stash keeps follows
-        `recompute_mode(mb)` (RECOMPUTE)."""
-        mode = self.recompute_mode(mb) if keep else "none"
-        x, caches = self._forward(inp, targets, keep, mode == "selective")
+        `recompute.at(mb)`."""
+        mode = self.recompute.at(mb) if keep else Mode.NONE
+        x, caches = self._forward(inp, targets, keep, mode.drops_core)
         if keep:
             if mb in self._stash:
                 raise RuntimeError(f"microbatch {mb} already has a forward in flight")
             self._stash_bytes.touched(mb)
             entry = {"caches": caches, "d": {}, "loss_scale": loss_scale, "recompute": mode}
-            if mode == "full":  # a copy: a received input is reused after F
+            if mode.replays:  # a copy: a received input is reused after F
                 entry["caches"] = None
                 kept = targets.copy() if targets is not None and self.head_part else None
                 # (only the head's loss reads targets)
@@ -171,7 +162,7 @@ class Stage:
         return x
 
     def needs_rebuild(self, mb: int) -> bool:  # (recomputes here, and not rebuilt yet)
-        return self._stash[mb]["recompute"] != "none" and not self._stash[mb].get("rebuilt")
+        return self._stash[mb]["recompute"].rebuilds and not self._stash[mb].get("rebuilt")
 
     def rebuild(self, mb: int) -> bool:
         """Start of B under recomputation: what F dropped for microbatch `mb`, rebuilt by
@@ -184,7 +175,7 @@ class Stage:
         entry = self._stash[mb]
         self._stash_bytes.touched(mb)
         entry["rebuilt"] = True
-        if entry["recompute"] == "full":
+        if entry["recompute"].replays:
             replay = entry.pop("replay")
             inp, targets = replay["input"], replay["targets"]
             entry["caches"] = self._forward(inp, targets, True, False)[1]
@@ -306,8 +297,7 @@ class StageSpec:
 
     @property
     def blocks(self) -> float:
-        """How many blocks it holds, a half counting 0.5 (parallel.layers_per_stage's
-        number for it)."""
+        """How many blocks it holds, a half counting 0.5."""
         halves = (self.mlp_of is not None) + (self.attention_of is not None)
         return len(self.layers) + 0.5 * halves
 
@@ -317,7 +307,7 @@ class StageSpec:
                             self.mlp_of, self.attention_of)
 
     def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None, tp=None,
-              recompute="none") -> Stage:
+              recompute: StageRecompute = StageRecompute()) -> Stage:
         return Stage(cfg, layers=self.layers, embedding_part=self.embedding_part,
                      head_part=self.head_part, dtype=dtype, seed=seed, be=be, tp=tp,
                      recompute=recompute, mlp_of=self.mlp_of, attention_of=self.attention_of)

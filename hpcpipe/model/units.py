@@ -9,7 +9,7 @@ operations: the same bits). On the fused kernels one number differs, to round-of
 attn.c_proj's bias gradient, which the whole block sums inside ln_2's kernel and a seam,
 whose ln_2 is on the next stage, with a reduction of its own (tests/model/test_units.py).
 Halves are finer steps to balance stages with — six blocks on four stages as 1.5 each —
-at the price of one more stage boundary inside the model (parallel/pipeline/partition.py
+at the price of one more stage boundary inside the model (plan/balance.py
 takes them only where whole blocks balance badly).
 """
 

@@ -22,19 +22,16 @@ from hpcpipe.config import Config, for_world
 from hpcpipe.data.checks import fingerprint_of, open_tokens
 from hpcpipe.device import backend
 from hpcpipe.device.memory import MemoryGauge
-from hpcpipe.model.flops import device_peak, flops_per_token, peak_source
+from hpcpipe.model.flops import device_peak, device_rates, flops_per_token, peak_source
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
-from hpcpipe.parallel.pipeline.partition import measured_balance
-from hpcpipe.parallel.pipeline.planning import (
-    build_schedule,
-    describe_auto,
-    memory_limit,
-    profiled_costs,
-    stage_costs,
-)
 from hpcpipe.parallel.transport import resolve_gpu_aware
+from hpcpipe.plan import build as build_plan
+from hpcpipe.plan import memory as planned_memory
+from hpcpipe.plan import recompute as recomputation
+from hpcpipe.plan.balance import measured_balance, stage_costs
+from hpcpipe.plan.schedule import build_schedule, describe_auto, memory_limit, profiled_costs
 from hpcpipe.runs.lock import RunLock
 from hpcpipe.runs.metrics import Metrics, Summary
 from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED, STOPPED
@@ -44,7 +41,6 @@ from hpcpipe.runs.rundir import RunDir
 from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.schedules.ops import make_schedule, ops_from_strings
-from hpcpipe.train import memplan
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
@@ -117,13 +113,15 @@ class Trainer:
         self.be = backend.select(train.device, self.grid.local_rank, peers=comm,
                                  gpu_sharing=train.gpu_sharing, threads=threads)
         self.be.limit_memory(train.device_memory)
-        # Everything that can refuse the run is checked before anything big is allocated.
-        # The memory plan (the schedule's simulated peak, recomputation included) decides.
-        costs = stage_costs(cfg)  # what the stages are balanced by (a GPU's: counted once)
-        every_rank_does(comm, lambda: memplan.check(cfg, self.be, self.grid.local_size,
-                                                    costs=costs))
-        schedule = build_schedule(cfg)
-        if parallel.schedule == "auto":
+        # Everything that can refuse the run is checked before anything big is allocated:
+        # the plan's memory decides. Its stages are balanced by the device's costs, a GPU's
+        # at the rates rank 0 measures now (every rank must split alike).
+        rates = comm.bcast(device_rates(self.be, train.dtype) if self.be.is_gpu
+                           and comm.rank == 0 else None)
+        plan = every_rank_does(comm, lambda: build_plan(cfg, stage_costs(cfg, rates)))
+        every_rank_does(comm, lambda: planned_memory.check(cfg, plan, self.be,
+                                                           self.grid.local_size))
+        if plan.measured:
             build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
         gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be, self.log)
         self.tokens = open_tokens(cfg, comm, self.log)
@@ -133,8 +131,7 @@ class Trainer:
             os.path.abspath(os.path.join(run_dir, "checkpoints")) + os.sep)
         self.run_id = run_identity(comm, manifest if own else None)
         self.trace = timeline.Trace(rank=comm.rank)
-        self.rank = Rank.build(cfg, self.grid, self.be, schedule, self.trace, gpu_aware,
-                               costs)
+        self.rank = Rank.build(cfg, self.grid, self.be, plan, self.trace, gpu_aware)
         if resume_path:
             self._resume(resume_path, manifest)
         self.run_dir = open_run_dir(run_dir, cfg, comm, manifest["step"] if own else None,
@@ -143,7 +140,7 @@ class Trainer:
         self.metrics, self.summary = self.record.metrics, self.record.metrics.summary
         self._describe()
         self.comm_s = 0.0
-        if parallel.pp > 1 and parallel.schedule == "auto":
+        if parallel.pp > 1 and plan.measured:
             shape = (train.micro_batch_size, cfg.model.block_size, cfg.model.n_embd)
             self.comm_s = pipeline_message_time(self.grid.pipe, shape, self.rank.model.dtype)
 
@@ -226,7 +223,7 @@ class Trainer:
             self.metrics.record(outcome)
 
     def _after_step(self, step: int):
-        cfg, steps, auto = self.cfg, self.cfg.train.steps, self.cfg.parallel.schedule == "auto"
+        cfg, steps, auto = self.cfg, self.cfg.train.steps, self.rank.plan.measured
         # Each piece profiles its own first steps (a resumed piece starts on ZB-H1 or ZB-V too).
         profiled = self.start_step + cfg.parallel.profile_steps if auto else 0
         if profiled and step == profiled < steps:
@@ -248,14 +245,14 @@ class Trainer:
         costs = self.comm.bcast(profiled_costs(self.trace, self.rank.model, self.grid, steps,
                                                self.comm_s, self.stage_bytes,
                                                memory_limit(self.cfg)[1]), root=0)
-        self.log(measured_balance(self.cfg.model, self.rank.model.specs,
+        plan = self.rank.plan
+        self.log(measured_balance(self.cfg.model, plan.specs,
                                   [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)],
-                                  schedule=self.rank.schedule, base=self.rank.model.costs))
-        auto, costs, plan = chosen_schedule(self, costs)
-        if plan is not None:
-            self.rank.model.use_recompute(plan)
-            self.log(f"auto recompute per model stage: {memplan.describe_plan(plan)}")
-        self.rank.use_schedule(auto)
+                                  schedule=plan.schedule, base=plan.costs))
+        auto, costs, chosen = chosen_schedule(self, costs)
+        if chosen is not None:
+            self.log(f"auto recompute per model stage: {'/'.join(map(str, chosen))}")
+        self.rank.use_plan(plan.rebuilt(self.cfg, auto, chosen))
         sim = simulate(auto, costs)
         self.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
         line, record = describe_auto(self.cfg, auto, costs, sim)
@@ -326,33 +323,38 @@ class Trainer:
 
 def chosen_schedule(trainer: Trainer, costs: Costs):
     """The auto schedule on the measured costs, the costs it was found with (recomputation
-    chosen) and the recomputation plan per model stage (None: the config's)."""
-    if trainer.cfg.parallel.exact_seconds:  # the certified search, on the first rank
-        return certified_schedule(trainer, costs)
-    if trainer.cfg.train.recompute == "auto":  # the schedule and recomputation together
-        return memplan.auto_recompute(trainer.cfg, costs, trainer.rank.model.specs)
-    return build_schedule(trainer.cfg, costs), costs, None
+    chosen) and the recomputation per model stage (None: the config's)."""
+    cfg, plan = trainer.cfg, trainer.rank.plan
+    choices = ()
+    if recomputation.chosen_with_schedule(cfg):
+        choices = recomputation.choices(cfg, plan.specs, lambda mode: planned_memory
+                                        .stage_memories(cfg, plan.specs, mode))
+    if cfg.parallel.exact_seconds:  # the certified search, on the first rank
+        return certified_schedule(trainer, costs, choices)
+    if choices:  # the schedule and recomputation together
+        return recomputation.auto(cfg, costs, choices)
+    return build_schedule(cfg, costs), costs, None
 
 
-def certified_schedule(trainer: Trainer, costs: Costs):
+def certified_schedule(trainer: Trainer, costs: Costs, choices):
     """parallel.exact_seconds: rank 0 runs the certified search (CP-SAT's runs differ
     from machine to machine, so the others take its result, not their own)."""
-    specs, seconds = trainer.rank.model.specs, trainer.cfg.parallel.exact_seconds
+    seconds = trainer.cfg.parallel.exact_seconds
     trainer.log(f"certified search for up to {seconds:g} s on the first rank "
                 f"(parallel.exact_seconds)")
 
     def search():
-        schedule, found, plan, verdict = memplan.certified(trainer.cfg, costs, specs,
-                                                           memplan.solver_workers())
+        schedule, found, chosen, verdict = recomputation.certified(
+            trainer.cfg, costs, choices, recomputation.solver_workers())
         trainer.log(f"certified search: {verdict.best_value * 1e3:.1f} ms a step against "
                     f"auto's {verdict.heuristic_value * 1e3:.1f} ms, no schedule under the "
                     f"limit below {verdict.lower_bound * 1e3:.1f} ms"
                     + (" (proven optimal)" if verdict.optimal else ""))
-        return schedule.op_strings(), found, plan
-    rows, found, plan = trainer.comm.bcast(root_does(trainer.comm, search), root=0)
+        return schedule.op_strings(), found, chosen
+    rows, found, chosen = trainer.comm.bcast(root_does(trainer.comm, search), root=0)
     now = trainer.rank.schedule  # the same placement: only the order changes
     return make_schedule("auto", now.num_ranks, now.num_microbatches, now.chunks,
-                         ops_from_strings(rows), now.stage_of), found, plan
+                         ops_from_strings(rows), now.stage_of), found, chosen
 
 
 def describe_local_sgd(train) -> str:
@@ -384,7 +386,7 @@ def local_sgd_line(step, steps: int) -> str:
 
 def header(trainer) -> list[str]:
     """The run's header lines: what runs where, on what data (rank 0 prints them)."""
-    lines = []
+    lines = list(trainer.cfg.notes)  # keys an older config named, where they live now
     cfg, model = trainer.cfg, trainer.cfg.model
     parallel, train = cfg.parallel, cfg.train
     schedule = trainer.rank.schedule
@@ -395,11 +397,10 @@ def header(trainer) -> list[str]:
                  f"block {model.block_size}, vocab {model.vocab_size} — "
                  f"{total_params / 1e6:.2f}M parameters")
     if parallel.pp > 1 or schedule.chunks > 1:
-        lines.append("stages: " + " | ".join(f"{s.index}: {s.describe()}"
-                                              for s in trainer.rank.model.specs))
+        lines.append(trainer.rank.plan.describe_layout())
     lines.append(f"schedule: {parallel.schedule}"
                  + (f" ({schedule.kind.upper()} while profiling costs)"
-                    if parallel.schedule == "auto" else "")
+                    if trainer.rank.plan.measured else "")
                  + f", {parallel.pp} stage(s) × {schedule.chunks} chunk(s), "
                    f"{parallel.microbatches} microbatch(es)")
     tokens = trainer.tokens

@@ -9,7 +9,8 @@ from hpcpipe.device.backend import Backend
 from hpcpipe.device.kernels import hostbuild
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.memory import stage_memory
-from hpcpipe.model.stage import RECOMPUTE, StageSpec
+from hpcpipe.model.stage import StageSpec
+from hpcpipe.schedules.recompute import Mode, StageRecompute
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd=32)
 B = 2
@@ -28,7 +29,7 @@ KERNEL_CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd
 
 def measured(spec, dtype, recompute, cfg=CFG, be=None):
     """(after F, after the rebuild at B's start, after B) bytes of one microbatch."""
-    stage = spec.build(cfg, dtype=dtype, recompute=recompute, be=be)
+    stage = spec.build(cfg, dtype=dtype, recompute=StageRecompute(recompute), be=be)
     host = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, cfg.block_size + 1))
     xp = stage.xp
     tokens = xp.asarray(host) if be is not None else host
@@ -43,7 +44,7 @@ def measured(spec, dtype, recompute, cfg=CFG, be=None):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
-@pytest.mark.parametrize("recompute", RECOMPUTE)
+@pytest.mark.parametrize("recompute", list(Mode))
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.describe())
 def test_analytic_bytes_equal_the_stash(spec, dtype, recompute):
     """To the token ids' 16 bytes (the stash counts a strided view of targets as its own
@@ -56,7 +57,7 @@ def test_analytic_bytes_equal_the_stash(spec, dtype, recompute):
 
 def test_recompute_keeps_less_and_rebuilds_all():
     spec = SPECS[2]
-    none, selective, full = (stage_memory(CFG, spec, B, "float32", r) for r in RECOMPUTE)
+    none, selective, full = (stage_memory(CFG, spec, B, "float32", r) for r in Mode)
     assert none.full == selective.full == full.full and none.keep == 1.0
     assert full.kept < selective.kept < none.kept
     assert none.after_b == selective.after_b == full.after_b
@@ -64,7 +65,7 @@ def test_recompute_keeps_less_and_rebuilds_all():
 
 @pytest.mark.needs("cuda", hostbuild.missing())
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("recompute", RECOMPUTE)
+@pytest.mark.parametrize("recompute", list(Mode))
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.describe())
 def test_analytic_bytes_on_the_fused_kernels_equal_the_stash(spec, dtype, recompute):
     """The same on the fused kernels (a GPU's path; here the stand-in's host build), whose

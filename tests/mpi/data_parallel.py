@@ -35,7 +35,7 @@ from harness import (
 
 from hpcpipe import config
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.schedules import generate
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train.rank import Rank
 
 B, GLOBAL_MICROBATCHES, STEPS = 2, 12, 4
@@ -64,8 +64,7 @@ def train(comm, cfg):
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp)
     be = devices.select()
-    schedule = generate(p.schedule, p.pp, p.microbatches)
-    rank = Rank.build(cfg, grid, be, schedule)
+    rank = Rank.build(cfg, grid, be, build_plan(cfg))
     model = rank.model
     losses = []
     for step in range(STEPS):

@@ -30,6 +30,8 @@ from harness import (
 )
 
 from hpcpipe import config
+from hpcpipe.model.split import from_counts
+from hpcpipe.plan import build as build_plan
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import generate
 from hpcpipe.train.rank import Rank
@@ -51,7 +53,7 @@ def make_cfg(dp, pp, tp=1, kind="1f1b", local=H, comm_dtype="auto", dtype="float
                   "outer_moments": moments},
         "parallel": {"dp": dp, "pp": pp, "tp": tp, "schedule": kind,
                      "microbatches": microbatches or GLOBAL_MICROBATCHES // dp,
-                     "layers_per_stage": list(split)},
+                     "layout": from_counts(split) if split else ""},
     }, source="local-SGD test")
 
 
@@ -72,8 +74,7 @@ def train(comm, cfg):
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
     be = devices.select()
-    rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches,
-                                              v=cfg.chunks))
+    rank = Rank.build(cfg, grid, be, build_plan(cfg))
     losses, grad_bytes = [], []
     for step in range(1, STEPS + 1):
         inputs = replica_inputs(be, step, grid.dp_rank, p.microbatches)
@@ -93,7 +94,8 @@ def reference(dp, optimizer="adamw", moments="local"):
     cfg = make_cfg(1, 1, local=0, microbatches=microbatches, optimizer=optimizer)
     be = devices.select()
     ranks = [Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be,
-                        generate("1f1b", 1, microbatches)) for _ in range(dp)]
+                        build_plan(cfg, schedule=generate("1f1b", 1, microbatches)))
+             for _ in range(dp)]
     buffers = [r.model.stages[0].param_buffer.data for r in ranks]  # device arrays
     anchor = be.to_host(buffers[0]).copy()  # the outer step runs on the host, in NumPy
     velocity = np.zeros_like(anchor)

@@ -39,9 +39,10 @@ from harness import (
 )
 
 from hpcpipe import config
+from hpcpipe.model.split import from_counts
+from hpcpipe.plan import build as build_plan
 from hpcpipe.optim.adamw import clip_coefficient
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.parallel.pipeline.planning import build_schedule
 from hpcpipe.schedules import generate
 from hpcpipe.train.rank import Rank
 
@@ -60,7 +61,7 @@ def make_cfg(dp, pp, kind="pipedream-2bw", recompute="none", dtype="float64",
                   "delay_correction": correction, "delay_correction_decay": DECAY,
                   "optimizer": optimizer},
         "parallel": {"dp": dp, "pp": pp, "schedule": kind,
-                     "microbatches": GLOBAL_MICROBATCHES // dp, "layers_per_stage": list(counts)},
+                     "microbatches": GLOBAL_MICROBATCHES // dp, "layout": from_counts(counts) if counts else ""},
     }, source="2BW test")
 
 
@@ -85,7 +86,7 @@ def train(comm, cfg, drain_at=()):
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp)
     be = devices.select()
-    rank = Rank.build(cfg, grid, be, build_schedule(cfg))
+    rank = Rank.build(cfg, grid, be, build_plan(cfg))
     seen, order = {}, []
     for step in range(1, STEPS + 1):
         inputs = replica_inputs(be, step, grid.dp_rank, p.microbatches)
@@ -145,7 +146,7 @@ def reference(correction="none", optimizer="adamw"):
     secant = _Secant() if correction == "secant" else None
     be = devices.select()
     rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be,
-                      generate("1f1b", 1, GLOBAL_MICROBATCHES))
+                      build_plan(cfg, schedule=generate("1f1b", 1, GLOBAL_MICROBATCHES)))
     step_, buffer = rank.step, rank.model.stages[0].param_buffer.data
     versions = [buffer.copy()]  # versions[j]: the weights after j updates
     seen = {}

@@ -25,7 +25,7 @@ from harness import (
 
 from hpcpipe import config
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.schedules import generate
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train.rank import Rank
 
 B, M, STEPS = 2, 4, 6
@@ -53,8 +53,7 @@ def train(comm, cfg, poison=False):
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp)
     be = devices.select()
-    schedule = generate(p.schedule, p.pp, p.microbatches)
-    rank = Rank.build(cfg, grid, be, schedule)
+    rank = Rank.build(cfg, grid, be, build_plan(cfg))
     model = rank.model
     current = {"step": 0}
     if poison and comm.rank == POISON_RANK:

@@ -42,7 +42,7 @@ from hpcpipe.model.layout import FlatBuffer
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.powersgd import PowerSGD
 from hpcpipe.parallel.transport import Transport
-from hpcpipe.schedules import generate
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train.rank import Rank
 
 B, GLOBAL_MICROBATCHES, STEPS = 2, 8, 4
@@ -76,7 +76,7 @@ def build(comm, cfg):
     """The Rank of cfg's layout over `comm`, on the test device."""
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
-    return Rank.build(cfg, grid, devices.select(), generate(p.schedule, p.pp, p.microbatches))
+    return Rank.build(cfg, grid, devices.select(), build_plan(cfg))
 
 
 def run_steps(rank, cfg, first, last, sent=None) -> dict:

@@ -27,6 +27,7 @@ from harness import (
 from hpcpipe import config
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train.rank import Rank
 
 B, M, STEPS, V = 2, 4, 5, 19
@@ -62,7 +63,7 @@ def train(comm, cfg, schedule):
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp)
     be = devices.select()
-    rank = Rank.build(cfg, grid, be, schedule)
+    rank = Rank.build(cfg, grid, be, build_plan(cfg, schedule=schedule))
     losses = []
     for step in range(1, STEPS + 1):
         idx, targets = batch(step, p.dp)

@@ -32,6 +32,7 @@ from harness import (
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.checkpoint.save import _global_parameters as global_parameters
 from hpcpipe import config
+from hpcpipe.plan import build as build_plan
 from hpcpipe.model import GPTConfig, block_layout
 from hpcpipe.model.layers import (
     attention,
@@ -198,7 +199,7 @@ def train(comm, cfg, rank=None, first_step=1, steps=STEPS):
     be = devices.select()
     if rank is None:
         grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
-        rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches))
+        rank = Rank.build(cfg, grid, be, build_plan(cfg))
     grid, losses = rank.grid, []
     for step in range(first_step, first_step + steps):
         idx, targets = batch(step)
@@ -254,9 +255,9 @@ def check_layouts(world, failures, report):
                   "sequence parallel, full recompute": dict(sequence_parallel=True,
                                                             recompute="full")}
         if pp > 1:  # stage edges at blocks' seams (model/units.py): the same bits
-            extras["seams"] = dict(layers_per_stage=[1.5, 2.5])
+            extras["seams"] = dict(layout="E t t.attn | .mlp t t L")
             extras["seams, sequence parallel, selective recompute"] = dict(
-                layers_per_stage=[0.5, 3.5], sequence_parallel=True, recompute="selective")
+                layout="E t.attn | .mlp t t t L", sequence_parallel=True, recompute="selective")
         for label, extra in extras.items():
             if dp > 1 or not label.startswith("ZeRO"):
                 results[label] = train(world, make_cfg(dp, pp, tp, "zb-h1", **extra))
@@ -299,7 +300,7 @@ def check_reshard(world, failures, report):
     if world.rank == 0:
         cfg = make_cfg(1, 1, 1, "1f1b")
         rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), devices.select(),
-                          generate("1f1b", 1, GLOBAL_MB))
+                          build_plan(cfg, schedule=generate("1f1b", 1, GLOBAL_MB)))
         ckpt.load(rank, cfg, path, ckpt.read_manifest(path))
         losses += train(MPI.COMM_SELF, cfg, rank, first_step=3, steps=2)[0]
         path = ckpt.save(rank, cfg, 4, os.path.join(folder, "tp1"), {}).path
@@ -307,7 +308,7 @@ def check_reshard(world, failures, report):
     path = world.bcast(path)
     cfg = make_cfg(1, 1, 4, "1f1b")
     rank = Rank.build(cfg, gridlib.build(world, 1, 1, tp=4), devices.select(),
-                      generate("1f1b", 1, GLOBAL_MB))
+                      build_plan(cfg, schedule=generate("1f1b", 1, GLOBAL_MB)))
     ckpt.load(rank, cfg, path, ckpt.read_manifest(path))
     losses += train(world, cfg, rank, first_step=5, steps=2)[0]
     world.barrier()  # every rank has read the checkpoints before they go

@@ -32,8 +32,9 @@ from harness import (
 
 from hpcpipe import checkpoint as ckpt
 from hpcpipe import config
+from hpcpipe.model.split import from_counts
+from hpcpipe.plan import build as build_plan
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.schedules import generate
 from hpcpipe.train.rank import Rank
 
 B, GLOBAL_MICROBATCHES, STEPS, SAVE = 2, 4, 4, 2
@@ -47,7 +48,7 @@ def make_cfg(dp, pp, zero, dtype="float64", clip=0.05, post_validation=False, co
                   "post_validation": post_validation},
         "parallel": {"dp": dp, "pp": pp, "microbatches": GLOBAL_MICROBATCHES // dp,
                      "schedule": "1f1b", "zero": zero, "bucket_mb": 0.001,
-                     "layers_per_stage": list(counts)},
+                     "layout": from_counts(counts) if counts else ""},
     }, source="ZeRO checkpoint test")
 
 
@@ -63,7 +64,7 @@ def train(comm, cfg, steps, save_to=None, resume=None):
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp)
     be = devices.select()
-    rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches))
+    rank = Rank.build(cfg, grid, be, build_plan(cfg))
     first = 1
     if resume is not None:
         state = ckpt.load(rank, cfg, resume, ckpt.read_manifest(resume))

@@ -4,7 +4,7 @@ the cost model auto is rebuilt from once F, B, W and the rebuilds are measured."
 import pytest
 
 from hpcpipe import config
-from hpcpipe.parallel.pipeline.planning import (
+from hpcpipe.plan.schedule import (
     describe_limit,
     memory_limit,
     profiled_costs,

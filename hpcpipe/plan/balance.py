@@ -1,11 +1,12 @@
-"""Which blocks each pipeline stage holds: contiguous slices, the embedding on the first
-stage and ln_f + head + loss on the last, balanced by estimated cost or given by hand.
+"""The automatic stage layout: contiguous slices of the blocks, the embedding on the first
+stage and ln_f + head + loss on the last, balanced by what each part costs on the run's
+device (`stage_costs`: model/costs.py) — weighing the embedding and the head.
 
 A slice may start or end at a block's seam, between its attention and its MLP (half a
-block: model/units.py). Given by hand, counts of 0.5 say where; balanced by cost, halves
-are taken only where whole blocks leave the slowest stage more than WORTH above the mean
-(or there are more stages than blocks): a seam is one more boundary inside the model, and
-the whole-block split that balanced well before stays what it was.
+block: model/units.py, written `t.attn | .mlp` in a layout, model/split.py). Halves are
+taken only where whole blocks leave the slowest stage more than WORTH above the mean (or
+there are more stages than blocks): a seam is one more boundary inside the model, and the
+whole-block split that balanced well before stays what it was.
 
 Where a rank holds several stages (interleaved, the V's), equal stages are not what a rank
 waits on — a V puts the embedding's stage and the head's on rank 0 — so the split is then
@@ -13,10 +14,14 @@ improved on the schedule's simulated step (`for_placement`)."""
 
 from __future__ import annotations
 
-from hpcpipe.model.costs import StageCosts, analytic
+from hpcpipe.device.backend import runs_kernels, runs_on_gpu
+from hpcpipe.device.peaks import nominal_peak
+from hpcpipe.model import split
+from hpcpipe.model.costs import StageCosts, analytic, on_device
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.stage import StageSpec
 from hpcpipe.schedules import Costs, simulate
+from hpcpipe.util.errors import ConfigError
 
 
 # How far above the mean the slowest stage may be before a better split is worth the
@@ -25,6 +30,26 @@ WORTH = 0.05
 # How much shorter the simulated step must get for a multi-stage placement to leave the
 # per-stage split (smaller gains are within what the analytic costs can tell apart).
 GAIN = 0.01
+# Where a GPU run is planned without its GPU (a login node): an H100 SXM's datasheet, its
+# GEMM rate from device/peaks.py and its HBM3's 3.35 TB/s.
+DATASHEET_GPU, DATASHEET_BYTES_PER_S = "H100", 3.35e12
+
+
+def stage_costs(cfg, rates: tuple[float, float] | None = None) -> StageCosts:
+    """What the run's stages are balanced by (model/costs.py): on a GPU — train.device
+    "gpu", or "auto" where there is one — flops and bytes at `rates` (GEMM flop/s, bytes/s:
+    measured on the run's GPU, model/flops.device_rates), or at an H100's datasheet rates
+    where none is given; else the CPU's analytic estimate."""
+    device, dtype = cfg.train.device, cfg.train.dtype
+    if not runs_on_gpu(device):
+        return analytic(cfg.model)
+    source = "measured GPU rates"
+    if rates is None:
+        rates = (nominal_peak(DATASHEET_GPU, dtype).flops, DATASHEET_BYTES_PER_S)
+        source = f"{DATASHEET_GPU} datasheet rates"
+    return on_device(cfg.model, dtype, *rates, fused=runs_kernels(device),
+                     source=f"{source}: {rates[0] / 1e12:.0f} TFLOP/s, "
+                            f"{rates[1] / 1e12:.2f} TB/s")
 
 
 def _in_blocks(spec, share: float) -> float:
@@ -59,11 +84,6 @@ def _per_rank(per_stage, schedule=None) -> list[float]:
     return per_rank
 
 
-def counts_text(specs) -> str:
-    """The specs' blocks as parallel.layers_per_stage spells them: "[1.5, 1.5, 2, 1]"."""
-    return "[" + ", ".join(f"{s.blocks:g}" for s in specs) + "]"
-
-
 def _above_mean(per_stage) -> float:
     """How much the largest of `per_stage` is above their mean (0.05: 5 %)."""
     return max(per_stage) / (sum(per_stage) / len(per_stage)) - 1.0
@@ -92,8 +112,8 @@ def measured_balance(cfg: GPTConfig, specs, measured, worth: float = WORTH,
                      schedule=None, base: StageCosts | None = None) -> str:
     """The log line on stage balance from measured seconds per model stage: how much the
     slowest stage (rank, where `schedule` places several on each) is above the mean and,
-    past `worth`, the split those costs would balance better (parallel.layers_per_stage
-    for the next launch). `base`: the costs the split was made with (`fitted_costs`)."""
+    past `worth`, the split those costs would balance better (parallel.layout for the next
+    launch). `base`: the costs the split was made with (`fitted_costs`)."""
     worst = _above_mean(_per_rank(measured, schedule))
     what = "stage" if schedule is None or schedule.chunks == 1 else "rank"
     line = (f"stage balance measured (F + B + W of a microbatch, ms "
@@ -105,8 +125,8 @@ def measured_balance(cfg: GPTConfig, specs, measured, worth: float = WORTH,
     better = partition(cfg, len(specs), costs=fitted, schedule=schedule)
     predicted = imbalance(cfg, better, fitted, schedule)
     if better != specs and predicted < worst:
-        line += (f"; from these costs parallel.layers_per_stage = {counts_text(better)} "
-                 f"would be {predicted:.1%}")
+        line += (f'; from these costs parallel.layout = "{split.text(better)}" would be '
+                 f"{predicted:.1%}")
     return line
 
 
@@ -114,33 +134,24 @@ class PartitionError(ValueError):
     """A split of the layers into stages that cannot work."""
 
 
-def partition(cfg: GPTConfig, num_stages: int, layers_per_stage=None,
-              costs=None, schedule=None) -> list[StageSpec]:
-    """Contiguous slices of the blocks for `num_stages` stages: the embedding goes to the
-    first stage, ln_f + head + loss to the last.
-
-    Given `layers_per_stage` (one count per stage, multiples of 0.5 summing to n_layer: a
-    half is a slice edge at a block's seam), that split is used; otherwise the split that
-    minimises the most expensive stage under `costs` (model/costs.py; default the CPU's
-    `analytic`, the run's own from parallel/pipeline/planning.stage_costs), which gives
-    the head's stage fewer blocks when the vocabulary is large — in whole blocks, or with
-    seams where whole blocks leave the slowest stage more than WORTH above the mean; for a
-    `schedule` that places several stages on a rank, then improved on its simulated step
-    (`for_placement`). Every stage holds at least half a block.
-    """
+def partition(cfg: GPTConfig, num_stages: int, costs=None, schedule=None) -> list[StageSpec]:
+    """Contiguous slices of the blocks for `num_stages` stages, the embedding on the first
+    and ln_f + head + loss on the last, minimising the most expensive stage under `costs`
+    (model/costs.py; default the CPU's `analytic`, the run's own from `stage_costs`),
+    which gives the head's stage fewer blocks when the vocabulary is large — in whole
+    blocks, or with seams where whole blocks leave the slowest stage more than WORTH above
+    the mean; for a `schedule` that places several stages on a rank, then improved on its
+    simulated step (`for_placement`). Every stage holds at least half a block."""
     L = cfg.n_layer
     if num_stages < 1:
         raise PartitionError(f"need at least one stage, got {num_stages}")
-    if layers_per_stage is not None:
-        halves = _given_halves(list(layers_per_stage), num_stages, L)
-    else:
-        if num_stages > 2 * L:
-            raise PartitionError(f"{num_stages} pipeline stages but only {L} transformer "
-                                 f"blocks: every stage needs at least half a block (use "
-                                 f"fewer stages or chunks, or more layers)")
-        halves = _balanced_halves(cfg, num_stages, costs)
-        if schedule is not None and schedule.chunks > 1:
-            halves = for_placement(cfg, halves, schedule, costs)
+    if num_stages > 2 * L:
+        raise PartitionError(f"{num_stages} pipeline stages but only {L} transformer "
+                             f"blocks: every stage needs at least half a block (use "
+                             f"fewer stages or chunks, or more layers)")
+    halves = _balanced_halves(cfg, num_stages, costs)
+    if schedule is not None and schedule.chunks > 1:
+        halves = for_placement(cfg, halves, schedule, costs)
     return _specs(halves, L)
 
 
@@ -191,17 +202,6 @@ def _moves(stages: int):
     for edge in range(stages - 2):
         for move in (-2, -1, 1, 2):
             yield (edge, edge + 1), move
-
-
-def _given_halves(counts, S: int, L: int) -> list[int]:
-    """Half blocks per stage from counts given by hand, checked."""
-    if len(counts) != S:
-        raise PartitionError(f"parallel.layers_per_stage has {len(counts)} entries for "
-                             f"{S} stages; give one count per stage")
-    if any(c < 0.5 or 2 * c != int(2 * c) for c in counts) or sum(counts) != L:
-        raise PartitionError(f"parallel.layers_per_stage = {counts} must be whole or half "
-                             f"blocks (at least 0.5) summing to model.n_layer = {L}")
-    return [int(2 * c) for c in counts]
 
 
 def _balanced_halves(cfg: GPTConfig, S: int, costs=None) -> list[int]:
@@ -265,3 +265,57 @@ def _balanced_counts(units, S: int, emb: float, head: float) -> list[int]:
                 if value < best[s][l][0] - 1e-9 * value:
                     best[s][l] = (value, counts + [count])
     return best[S][L][1]
+
+
+def describe_balance(cfg, plan, worth: float = WORTH) -> str:
+    """The plan's line on stage balance: how much slower the slowest stage (the slowest
+    rank, where a rank holds several) is than the mean under the plan's costs; past
+    `worth`, what would do better — the balanced layout for one given by hand, else the
+    pipeline depths that split more evenly."""
+    costs, specs, schedule = plan.costs, list(plan.specs), plan.schedule
+    worst = imbalance(cfg.model, specs, costs, schedule)
+    what = "stage" if schedule.chunks == 1 else f"rank ({schedule.chunks} stages each)"
+    line = (f"balance: the slowest {what} {worst:.1%} above the mean ({costs.source})"
+            + ("" if plan.given else _placed(cfg, specs, schedule, costs)))
+    if worst <= worth:
+        return line
+    if plan.given:
+        auto = partition(cfg.model, schedule.num_stages, costs, schedule)
+        better = imbalance(cfg.model, auto, costs, schedule)
+        if better < worst:
+            return line + f'; parallel.layout = "auto" gives "{split.text(auto)}", {better:.1%}'
+        return line
+    others = {}
+    for pp in range(2, 9):
+        if pp != cfg.parallel.pp and pp * schedule.chunks <= 2 * cfg.model.n_layer:
+            try:
+                others[pp] = _balance_at(cfg, pp, costs)
+            except (ConfigError, PartitionError):  # (a schedule this depth does not allow)
+                continue
+    depths = [f"pp {pp} {x:.1%}" for pp, x in others.items() if x < worst]
+    return line + (f"; the blocks split more evenly at {', '.join(depths)}" if depths else
+                   "; a more even split needs finer cuts than a block's seam")
+
+
+def _placed(cfg, specs, schedule, costs) -> str:
+    """Where the split was improved for a multi-stage placement, what the per-stage balanced
+    one would cost on the simulated step (`for_placement`)."""
+    per_stage = partition(cfg.model, schedule.num_stages, costs=costs)
+    if schedule.chunks == 1 or per_stage == specs:
+        return ""
+    halves = [[round(2 * s.blocks) for s in layout] for layout in (specs, per_stage)]
+    steps = [simulated_step(cfg.model, h, schedule, costs) for h in halves]
+    return (f'; the per-stage layout "{split.text(per_stage)}" would simulate a step '
+            f"{steps[1] / steps[0] - 1:.1%} longer")
+
+
+def _balance_at(cfg, pp: int, costs) -> float:
+    """The imbalance of cfg's model balanced at pipeline depth `pp` under `costs`, with the
+    schedule its launch runs (schedule.build_schedule)."""
+    from dataclasses import replace
+
+    from .schedule import build_schedule
+
+    schedule = build_schedule(replace(cfg, parallel=replace(cfg.parallel, pp=pp)))
+    specs = partition(cfg.model, schedule.num_stages, costs, schedule)
+    return imbalance(cfg.model, specs, costs, schedule)

@@ -1,5 +1,5 @@
-"""The memory plan before launch: what each pipeline rank will hold, by what holds it, with
-the schedule's simulated activation peak — and, for a run that will not fit, the smallest
+"""The plan's memory: what each pipeline rank will hold, by what holds it, with the
+schedule's simulated activation peak — and, for a run that will not fit, the smallest
 change that would.
 
 Activations come from the model's analytic bytes per microbatch (model/memory.py: M_B
@@ -17,29 +17,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from hpcpipe.config import validate
 from hpcpipe.device.backend import runs_kernels
 from hpcpipe.device.budget import (BudgetError, check_memory_limit, check_run, device_available,
                                    host_available)
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
 from hpcpipe.model.memory import stage_memory
 from hpcpipe.model.sharding import shard_of
-from hpcpipe.parallel.pipeline.partition import (
-    WORTH,
-    counts_text,
-    imbalance,
-    partition,
-    simulated_step,
-)
-from hpcpipe.parallel.pipeline.planning import (
-    build_schedule,
-    held_from_f,
-    memory_limit,
-    stage_costs,
-)
-from hpcpipe.schedules import KINDS, Costs, ScheduleError, asynchronous, peak_activations
-from hpcpipe.schedules.recompute import NONE, PerMicrobatch, Recompute
+from hpcpipe.schedules import KINDS, Costs, ScheduleError, flushes, from_costs, peak_activations
+from hpcpipe.schedules import chunks as chunks_of
+from hpcpipe.schedules.recompute import Mode
 from hpcpipe.util.errors import ConfigError
+
+from . import recompute as recomputation
+from .schedule import held_from_f, memory_limit
 
 MiB = 2**20
 
@@ -66,19 +56,15 @@ class RankPlan:
         return {**asdict(self), "total_bytes": self.total_bytes}
 
 
-def plan(cfg, costs=None) -> list[RankPlan]:
+def rank_plans(cfg, schedule, specs, recompute) -> tuple[RankPlan, ...]:
     """Per pipeline rank, its memory under cfg (every data-parallel replica and tensor
-    shard alike); `costs`: what its stages are balanced by (default planning.stage_costs,
-    as the launch)."""
-    schedule = build_schedule(cfg)
-    specs = partition(cfg.model, schedule.num_stages, cfg.parallel.layers_per_stage or None,
-                      costs=stage_costs(cfg) if costs is None else costs, schedule=schedule)
-    peaks = activation_peaks(cfg, schedule, specs)
+    shard alike) with `schedule`, the stages `specs` and their `recompute` (the plan's)."""
+    peaks = activation_peaks(cfg, schedule, specs, recompute)
     plans = []
     for rank in range(cfg.parallel.pp):
         stages = tuple(schedule.stage_of[(rank, c)] for c in range(schedule.chunks))
         params, grads, optimizer = _weights(cfg, [specs[s] for s in stages])
-        if cfg.parallel.schedule == asynchronous.KIND:
+        if not flushes(cfg.parallel.schedule):
             # Two weight versions beside the optimizer's copy; the finished step's
             # gradient set aside while the next one accumulates (train/delayed.py).
             buffers = {"secant": 5, "extrapolate": 1}.get(cfg.train.delay_correction, 0)
@@ -87,7 +73,7 @@ def plan(cfg, costs=None) -> list[RankPlan]:
         plans.append(RankPlan(rank, stages, params, grads, optimizer, int(peaks[rank]),
                               _workspaces(cfg, [specs[s] for s in stages]),
                               _compression(cfg, [specs[s] for s in stages])))
-    return plans
+    return tuple(plans)
 
 
 def _compression(cfg, specs) -> int:
@@ -109,134 +95,38 @@ def _compression(cfg, specs) -> int:
     return total * 2 if cfg.train.post_validation else total
 
 
-def stage_memories(cfg, specs) -> list:
-    """model/memory.py's StageMemory of every model stage under cfg."""
-    return [_stage_memory(cfg, spec, choice)
-            for spec, choice in zip(specs, cfg.recompute_for(len(specs)), strict=True)]
+def stage_memories(cfg, specs, mode) -> list:
+    """model/memory.py's StageMemory of every model stage under cfg, each microbatch
+    recomputing with `mode`, on the path the run's device takes (the fused kernels' caches
+    on a GPU: backend.runs_kernels)."""
+    return [stage_memory(cfg.model, spec, cfg.train.micro_batch_size, cfg.train.dtype, mode,
+                         cfg.parallel.tp, kernels=runs_kernels(cfg.train.device),
+                         sequence=cfg.parallel.sequence_parallel) for spec in specs]
 
 
-def _stage_memory(cfg, spec, choice):
-    """One stage's StageMemory with `choice` of recomputation, on the path the run's device
-    takes (the fused kernels' caches on a GPU: backend.runs_kernels)."""
-    return stage_memory(cfg.model, spec, cfg.train.micro_batch_size, cfg.train.dtype, choice,
-                        cfg.parallel.tp, kernels=runs_kernels(cfg.train.device),
-                        sequence=cfg.parallel.sequence_parallel)
-
-
-def simulated_peaks(cfg, schedule, specs, plan=None) -> tuple[float, ...]:
+def simulated_peaks(cfg, schedule, specs, recompute) -> tuple[float, ...]:
     """Per rank, the simulator's peak activation bytes for `schedule` with the analytic
-    M_B, M_W and recompute fractions of every stage. `plan`: per model stage (choice, the
-    microbatches that take it) -- a per-microbatch plan (RankModel.use_recompute's) in
-    place of train.recompute's."""
-    memory = stage_memories(cfg, specs)
-    keep = [Recompute(f"keep {m.keep:.3f}", keep=m.keep) for m in memory]
-    recompute = keep
-    if plan is not None:
-        modes = [choice for choice, _ in plan]
-        chosen = [_stage_memory(cfg, spec, mode) for spec, mode in zip(specs, modes)]
-        recompute = PerMicrobatch(
-            tuple(Recompute(f"keep {m.keep:.3f}", keep=m.keep) if mode != "none" else NONE
-                  for m, mode in zip(chosen, modes)),
-            frozenset((s, x) for s, (mode, only) in enumerate(plan) if mode != "none"
-                      for x in only))
-    costs = Costs(**memory_levels(memory), recompute=recompute)
-    return peak_activations(schedule, costs)
+    M_B, M_W and the share of M_B `recompute` (a StageRecompute per model stage, per
+    microbatch where it names some) keeps."""
+    memory = stage_memories(cfg, specs, Mode.NONE)
+    priced = recomputation.priced(recompute, lambda mode: stage_memories(cfg, specs, mode),
+                                  schedule.num_microbatches)
+    return peak_activations(schedule, Costs(**memory_levels(memory), recompute=priced))
 
 
 def memory_levels(memory) -> dict:
     """StageMemory's M_B and M_W as the cost model's `memory` and `memw` (M_B as
-    planning.held_from_f takes it: on the fused kernels in 16-bit a B adds more for W than
-    F kept)."""
+    plan/schedule.held_from_f takes it: on the fused kernels in 16-bit a B adds more for W
+    than F kept)."""
     after_b = [float(m.after_b) for m in memory]
     return {"memory": held_from_f([m.full for m in memory], after_b), "memw": after_b}
 
 
-def recompute_choices(cfg, specs) -> tuple[Recompute, ...]:
-    """selective and full as the cost model's choices for this model: keep from the
-    analytic bytes (the largest share over the stages), time the share of F each re-runs
-    (the attention core's 4·T·C of a block's 24·C² + 4·T·C flops, or all of F)."""
-    T, C = cfg.model.block_size, cfg.model.n_embd
-    core = 4 * T * C / (24 * C * C + 4 * T * C)
-    choices = []
-    for name, time in (("selective", core), ("full", 1.0)):
-        kept = stage_memories(replace(cfg, train=replace(cfg.train, recompute=name)), specs)
-        choices.append(Recompute(name, keep=max(k.keep for k in kept), time=time))
-    return tuple(choices)
-
-
-def auto_recompute(cfg, costs: Costs, specs):
-    """train.recompute = "auto": auto's schedule and recomputation per stage chosen
-    together from the measured `costs` under parallel.memory_limit (schedules' explore);
-    (schedule, the costs with the plan, the choice per model stage)."""
-    from hpcpipe.schedules.auto import explore
-
-    p = cfg.parallel
-    found = explore(p.pp, p.microbatches, costs, memory_limit(cfg)[0], objective="makespan",
-                    chunks=cfg.chunks, recompute=recompute_choices(cfg, specs))
-    return found.schedule, found.costs, stage_plan(found.costs.recompute, len(specs))
-
-
-def certified(cfg, costs: Costs, specs, workers: int):
-    """parallel.exact_seconds: the certified search (schedules/exact.py) from the measured
-    `costs` under parallel.memory_limit -- with train.recompute = "auto", recomputation
-    chosen per microbatch with the order. (schedule, the costs with its plan, the plan per
-    model stage for RankModel.use_recompute or None, the verdict)."""
-    import time
-
-    from hpcpipe.schedules.exact import certify_search
-    from hpcpipe.schedules.polish import polish_verdict
-
-    p = cfg.parallel
-    choices = recompute_choices(cfg, specs) if cfg.train.recompute == "auto" else ()
-    deadline = time.perf_counter() + p.exact_seconds
-    # Half for the search; past a few stages its model is too big to improve much on
-    # auto's order, and the rest does more re-solving its best a window at a time.
-    verdict = certify_search(p.pp, p.microbatches, costs, memory_limit(cfg)[0],
-                             objective="makespan", chunks=cfg.chunks,
-                             time_limit=p.exact_seconds / 2, workers=workers,
-                             recompute=choices)
-    verdict, _ = polish_verdict(verdict, costs, choices, deadline - time.perf_counter(),
-                                "makespan", workers=workers)
-    best_costs = verdict.best_costs or costs
-    plan = None
-    if choices:
-        plan = stage_plan(best_costs.recompute, len(specs))
-    return verdict.best, best_costs, plan, verdict
-
-
-def stage_plan(recompute, stages: int) -> tuple:
-    """The cost model's recompute plan as RankModel.use_recompute takes it: per model stage
-    a choice's name, or (name, the microbatches that take it) for a per-microbatch plan."""
-    if isinstance(recompute, PerMicrobatch):
-        return tuple((recompute.choice_of(s).name, recompute.on_stage(s))
-                     if recompute.on_stage(s) else "none" for s in range(stages))
-    choices = (recompute,) * stages if isinstance(recompute, Recompute) else recompute
-    return tuple(c.name if c.recomputes else "none" for c in choices)
-
-
-def describe_plan(plan) -> str:
-    """`stage_plan`'s plan for the log: "selective/none", or per microbatch
-    "selective@0,2,5/none" (the microbatches that recompute on each stage)."""
-    return "/".join(x if isinstance(x, str) else f"{x[0]}@{','.join(map(str, sorted(x[1])))}"
-                    for x in plan)
-
-
-def solver_workers() -> int:
-    """The certified search's threads: the cores this rank may use, at most 8 (CP-SAT's
-    portfolio gains little past that)."""
-    import os
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # (not Linux)
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
-
-
-def activation_peaks(cfg, schedule, specs) -> list[float]:
+def activation_peaks(cfg, schedule, specs, recompute) -> list[float]:
     """The planned peak activation bytes per rank (auto: at least its memory limit)."""
-    peaks = list(simulated_peaks(cfg, schedule, specs))
-    memory = stage_memories(cfg, specs)
-    if cfg.parallel.schedule == "auto":
+    peaks = list(simulated_peaks(cfg, schedule, specs, recompute))
+    if from_costs(cfg.parallel.schedule):
+        memory = stage_memories(cfg, specs, Mode.NONE)
         limit, in_bytes = memory_limit(cfg)
         for rank in range(len(peaks)):
             held = sum(memory[schedule.stage_of[(rank, c)]].full
@@ -286,10 +176,11 @@ def _workspaces(cfg, specs) -> int:
     return total
 
 
-def describe(cfg, plans, have: int | None, ranks_on_node: int, gpu: bool = False,
-             costs=None) -> str:
-    """The plan as a table, one line per pipeline rank, and the memory there is (`gpu`:
-    each rank's GPU's, unknown where `have` is None); `costs` as `plan`'s."""
+def describe(cfg, plan, have: int | None, ranks_on_node: int, gpu: bool = False) -> str:
+    """The plan as a table, one line per pipeline rank, its layout and balance, and the
+    memory there is (`gpu`: each rank's GPU's, unknown where `have` is None)."""
+    from .balance import describe_balance
+
     title = (f"memory plan for {cfg.source}: schedule {cfg.parallel.schedule}, pp "
              f"{cfg.parallel.pp} × dp {cfg.parallel.dp} × tp {cfg.parallel.tp}, "
              f"{cfg.parallel.microbatches} microbatches of {cfg.train.micro_batch_size}, "
@@ -297,12 +188,12 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int, gpu: bool = False
     lines = [title,
              ("| rank | stages | parameters | gradients | optimizer | peak activations | "
               "workspaces | total |"), "|---|---|---|---|---|---|---|---|"]
-    for p in plans:
+    for p in plan.ranks:
         cells = [p.parameters, p.gradients, p.optimizer + p.compression, p.peak_activation_bytes,
                  p.workspaces, p.total_bytes]
         lines.append(f"| {p.rank} | {','.join(map(str, p.stages))} | "
                      + " | ".join(_size(c) for c in cells) + " |")
-    busiest = max(plans, key=lambda p: p.parameters)
+    busiest = max(plan.ranks, key=lambda p: p.parameters)
     between = between_steps(cfg, busiest)
     extra = ", PowerSGD's E and Q (in the optimizer column)" if busiest.compression else ""
     held = f"between steps on rank {busiest.rank} (weights, gradient, master, moments{extra})"
@@ -313,7 +204,7 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int, gpu: bool = False
     else:  # dp 1, or "auto" (the launch decides)
         lines.append(f"{held}: {_size(between[0])} for one replica (ZeRO's shards need dp "
                      f"> 1; each stage divides what it shards by dp)")
-    lines.append(balance(cfg, costs=costs))
+    lines += [plan.describe_layout(), describe_balance(cfg, plan)]
     if have is None and gpu:
         lines.append("GPU memory: no GPU here (--gpu-memory GIB checks the fit; each rank "
                      "checks its own GPU at launch)")
@@ -325,59 +216,6 @@ def describe(cfg, plans, have: int | None, ranks_on_node: int, gpu: bool = False
         lines.append(f"device memory: {_size(have)} for {ranks_on_node} rank(s) "
                      f"({_size(have // max(ranks_on_node, 1))} each)")
     return "\n".join(lines)
-
-
-def balance(cfg, worth: float = WORTH, costs=None) -> str:
-    """The plan's line on stage balance: the blocks per model stage and how much slower the
-    slowest stage (the slowest rank, where a rank holds several) is than the mean under
-    `costs` (default the run's, planning.stage_costs: the CPU's analytic ones or a GPU's
-    modelled ones); past `worth`, what would do better — the balanced split for counts
-    given by hand, else the pipeline depths that split more evenly."""
-    given, costs = cfg.parallel.layers_per_stage, stage_costs(cfg) if costs is None else costs
-    worst, specs, schedule = _balance_at(cfg, cfg.parallel.pp, costs, given or None)
-    what = "stage" if schedule.chunks == 1 else f"rank ({schedule.chunks} stages each)"
-    line = (f"blocks per model stage {counts_text(specs)}: the slowest {what} "
-            f"{worst:.1%} above the mean ({costs.source})") \
-        + _placed(cfg, specs, schedule, costs)
-    if worst <= worth:
-        return line
-    if given:
-        better, auto, _ = _balance_at(cfg, cfg.parallel.pp, costs)
-        if better < worst:
-            return line + (f'; parallel.layers_per_stage = "auto" gives '
-                           f"{counts_text(auto)}, {better:.1%}")
-        return line
-    others = {}
-    for pp in range(2, 9):
-        if pp != cfg.parallel.pp and pp * cfg.chunks <= 2 * cfg.model.n_layer:
-            try:
-                others[pp] = _balance_at(cfg, pp, costs)[0]
-            except ConfigError:  # (a schedule this depth does not allow)
-                continue
-    depths = [f"pp {pp} {x:.1%}" for pp, x in others.items() if x < worst]
-    return line + (f"; the blocks split more evenly at {', '.join(depths)}" if depths else
-                   "; a more even split needs finer cuts than a block's seam")
-
-
-def _placed(cfg, specs, schedule, costs) -> str:
-    """Where the split was improved for a multi-stage placement, what the per-stage balanced
-    one would cost on the simulated step (partition.for_placement)."""
-    per_stage = partition(cfg.model, schedule.num_stages, costs=costs)
-    if schedule.chunks == 1 or per_stage == specs or cfg.parallel.layers_per_stage:
-        return ""
-    halves = [[round(2 * s.blocks) for s in split] for split in (specs, per_stage)]
-    steps = [simulated_step(cfg.model, h, schedule, costs) for h in halves]
-    return (f"; the per-stage split {counts_text(per_stage)} would simulate a step "
-            f"{steps[1] / steps[0] - 1:.1%} longer")
-
-
-def _balance_at(cfg, pp: int, costs, given=None):
-    """(imbalance, specs, schedule) of cfg's model at pipeline depth `pp` under `costs`, the
-    schedule its launch runs (planning.build_schedule)."""
-    at = replace(cfg, parallel=replace(cfg.parallel, pp=pp))
-    schedule = build_schedule(at)
-    specs = partition(cfg.model, schedule.num_stages, given, costs=costs, schedule=schedule)
-    return imbalance(cfg.model, specs, costs, schedule), specs, schedule
 
 
 def between_steps(cfg, p: RankPlan) -> dict:
@@ -413,17 +251,17 @@ def needed(plans, ranks_on_node: int, replicas: int = 1) -> int:
 def smallest_change(cfg, have: int, ranks_on_node: int) -> str | None:
     """The first of these that fits, as a --set line: more recomputation, another schedule
     (lowest peak first), a smaller micro-batch, more stages (pp doubled, on as many more
-    ranks). None when none does."""
+    ranks, balanced anew). None when none does."""
     for choice in ("selective", "full"):
         if _fits_with(cfg, have, ranks_on_node, train={"recompute": choice}):
             return f"--set train.recompute={choice}"
     schedules = []
     for kind in KINDS:
-        if kind != cfg.parallel.schedule and kind != "auto":
-            candidate = _changed(cfg, parallel={"schedule": kind, "chunks": 0})
+        if kind != cfg.parallel.schedule and not from_costs(kind):
+            candidate = _changed(cfg, parallel={"schedule": kind, "chunks": 0, "layout": ""})
             if candidate is not None:
-                need = needed(plan(candidate), ranks_on_node, replicas(candidate))
-                schedules.append((need, kind))
+                schedules.append((needed(candidate[1].ranks, ranks_on_node,
+                                         replicas(candidate[0])), kind))
     for need, kind in sorted(schedules):
         if need <= have:
             return f"--set parallel.schedule={kind}"
@@ -432,9 +270,9 @@ def smallest_change(cfg, have: int, ranks_on_node: int) -> str | None:
         if _fits_with(cfg, have, ranks_on_node, train={"micro_batch_size": size}):
             return f"--set train.micro_batch_size={size}"
         size //= 2
-    pp = cfg.parallel.pp * 2
-    while pp * cfg.chunks <= 2 * cfg.model.n_layer:  # (half a block a stage at least)
-        if _fits_with(cfg, have, ranks_on_node, parallel={"pp": pp, "layers_per_stage": []}):
+    pp, chunks = cfg.parallel.pp * 2, chunks_of(cfg.parallel.schedule, cfg.parallel.chunks)
+    while pp * chunks <= 2 * cfg.model.n_layer:  # (half a block a stage at least)
+        if _fits_with(cfg, have, ranks_on_node, parallel={"pp": pp, "layout": ""}):
             return f"--set parallel.pp={pp} (on {pp * cfg.parallel.dp * cfg.parallel.tp} ranks)"
         pp *= 2
     return None
@@ -447,20 +285,22 @@ def replicas(cfg) -> int:
 
 
 def _changed(cfg, train=None, parallel=None):
-    """cfg with the changes, or None when they do not make a valid run."""
+    """(cfg with the changes, its plan), or None when they do not make a valid run."""
+    from hpcpipe.config import validate
+    from hpcpipe.plan import build
+
     try:
         new = validate(replace(cfg, train=replace(cfg.train, **(train or {})),
                                parallel=replace(cfg.parallel, **(parallel or {}))))
-        plan(new)
-        return new
+        return new, build(new)
     except (ConfigError, ScheduleError, ValueError):
         return None
 
 
 def _fits_with(cfg, have, ranks_on_node, **changes) -> bool:
     candidate = _changed(cfg, **changes)
-    return candidate is not None and needed(plan(candidate), ranks_on_node,
-                                            replicas(candidate)) <= have
+    return candidate is not None and needed(candidate[1].ranks, ranks_on_node,
+                                            replicas(candidate[0])) <= have
 
 
 def room(be, ranks_on_node: int) -> tuple[int | None, int]:
@@ -471,21 +311,20 @@ def room(be, ranks_on_node: int) -> tuple[int | None, int]:
     return host_available(), ranks_on_node
 
 
-def check(cfg, be=None, ranks_on_node: int = 1, plans=None, there=None, costs=None):
+def check(cfg, plan, be=None, ranks_on_node: int = 1, there=None):
     """Refuse, before any work, a run whose plan does not fit; name the smallest change
     that would. A byte memory limit below one microbatch is refused first. `there`: (bytes
     there are, ranks sharing them) where the caller knows them (the plan's --gpu-memory),
-    else this machine's. `costs`: as `plan`'s."""
+    else this machine's."""
     check_memory_limit(cfg)
     if be is not None:  # the cheap lower bound first: a hopeless model is refused at once,
         check_run(cfg, be, ranks_on_node)  # before its plan is simulated
-    plans = plan(cfg, costs) if plans is None else plans
     have, sharing = room(be, ranks_on_node) if there is None else there
-    need = needed(plans, sharing, replicas(cfg))
+    need = needed(plan.ranks, sharing, replicas(cfg))
     if have is None or need <= have:
-        return plans
+        return
     change = smallest_change(cfg, have, sharing)
-    busiest = max(plans, key=lambda p: p.total_bytes)
+    busiest = max(plan.ranks, key=lambda p: p.total_bytes)
     raise BudgetError(
         f"{cfg.source}: the run does not fit in memory: {_size(need)} needed by {sharing} "
         f"rank(s) and {_size(have)} there; the busiest, pipeline rank {busiest.rank}, holds "

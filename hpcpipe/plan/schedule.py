@@ -1,5 +1,6 @@
-"""Planning a run's pipeline schedule: the config's schedule, auto's memory limit, and
-the cost model auto is rebuilt from once F, B, W and message times have been measured.
+"""A run's pipeline schedule: the config's kind (auto's profiling one until costs are
+measured), auto's memory limit, and the cost model auto is rebuilt from once F, B, W and
+message times have been measured.
 
 Used by training and by `bench pipeline` alike, so both plan the same schedule from the
 same measurements."""
@@ -8,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcpipe.device.backend import runs_kernels, runs_on_gpu
-from hpcpipe.model.costs import StageCosts, analytic, on_gpu
-from hpcpipe.schedules import Costs, ScheduleError, asynchronous, generate, peak_activations
+from hpcpipe.schedules import Costs, ScheduleError, from_costs, generate, peak_activations
+from hpcpipe.schedules import chunks as chunks_of
+from hpcpipe.schedules.kinds import profiled_on
 from hpcpipe.schedules.recompute import NONE, Recompute
 from hpcpipe.util import timeline
 from hpcpipe.util.errors import ConfigError
@@ -33,40 +34,22 @@ def describe_limit(cfg) -> str:
     return f"{limit / 2**30:.2f} GiB" if limit >= 2**30 else f"{limit / 2**20:.1f} MiB"
 
 
-def stage_costs(cfg) -> StageCosts:
-    """What the run's stages are balanced by (model/costs.py): on a GPU — train.device
-    "gpu", or "auto" where there is one — its code path counted for the run's microbatch
-    and dtype and priced at the H200's stated rates (the only GPU the model knows; the
-    ratios between parts are what a split uses); else the CPU's analytic estimate."""
-    device = cfg.train.device
-    if runs_on_gpu(device):
-        return on_gpu(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype,
-                      fused=runs_kernels(device))
-    return analytic(cfg.model)
-
-
 def build_schedule(cfg, costs: Costs | None = None):
     """The config's schedule for pp ranks and `microbatches` microbatches. "auto" needs
     measured costs: until it has them, it runs ZB-H1 (ZB-V for a V: parallel.chunks = 2),
-    whose split B/W gives every cost on the model stages auto will place."""
+    whose split B/W gives every cost on the model stages auto will place. PipeDream-2BW's
+    is its checked stream (the runtime cuts it into steps)."""
     parallel = cfg.parallel
-    kind = parallel.schedule
-    if kind == asynchronous.KIND:  # the checked stream; the runtime cuts it into steps
-        try:
-            stream = asynchronous.pipedream_2bw(parallel.pp, parallel.microbatches)
-            asynchronous.check_stream(stream)  # m ≥ pp − 1, said in one message
-            return stream.schedule
-        except ScheduleError as e:
-            raise ConfigError(cfg.source, "parallel.schedule", kind, str(e)) from None
-    if kind == "auto" and costs is None:
-        kind = "zb-v" if cfg.chunks == 2 else "zb-h1"
+    kind, chunks = parallel.schedule, chunks_of(parallel.schedule, parallel.chunks)
+    measured = from_costs(kind) and costs is not None
     try:
         # A step lasts about the schedule's makespan, not its longest per-rank span:
         # without post-validation every step ends in a synchronisation (the global norm,
         # then the optimizer); with it, the tied embedding's gradient sum still ties the
         # first stage's next step to the last stage (measured: steps barely overlap).
-        return generate(kind, parallel.pp, parallel.microbatches, v=cfg.chunks, costs=costs,
-                        memory_limit=memory_limit(cfg)[0] if kind == "auto" else None,
+        return generate(kind if measured else profiled_on(kind, parallel.chunks),
+                        parallel.pp, parallel.microbatches, v=chunks, costs=costs,
+                        memory_limit=memory_limit(cfg)[0] if measured else None,
                         objective="makespan")
     except ScheduleError as e:
         raise ConfigError(cfg.source, "parallel.schedule", parallel.schedule,

@@ -82,3 +82,12 @@ def changed_length(manifest: dict, steps: int, path: str) -> str | None:
     return (f"{path}: train.steps = {steps}, where the run that wrote it had {saved}: the "
             f"learning rate now decays to step {steps}, so the steps from here differ from "
             f"that run's")
+
+
+def resume_notes(manifest: dict, start: int, steps: int, path: str) -> list[str]:
+    """What a resume from step `start` of the checkpoint at `path` says about the run's
+    length: another train.steps than its run's (changed_length), nothing left to train."""
+    notes = [line for line in [changed_length(manifest, steps, path)] if line is not None]
+    if start >= steps:
+        notes.append(f"the checkpoint is at step {start}, train.steps = {steps}: nothing to do")
+    return notes

@@ -4,7 +4,7 @@ train.steps, so the run from there is another run's (hpcpipe/train/resume.py).""
 from dataclasses import replace
 
 from hpcpipe import config
-from hpcpipe.train.resume import changed_length
+from hpcpipe.train.resume import changed_length, resume_notes
 
 
 def manifest_of(steps: int) -> dict:
@@ -22,3 +22,11 @@ def test_a_resume_to_another_length_says_what_changes():
 def test_a_resume_to_the_same_length_says_nothing():
     assert changed_length(manifest_of(300), 300, "ckpt") is None
     assert changed_length({"config": "not = [toml"}, 300, "ckpt") is None
+
+
+def test_the_notes_of_a_resume_say_the_length_and_whether_anything_is_left():
+    assert resume_notes(manifest_of(300), 120, 300, "ckpt") == []
+    longer = resume_notes(manifest_of(300), 300, 500, "ckpt")
+    assert len(longer) == 1 and "train.steps = 500" in longer[0]
+    assert resume_notes(manifest_of(300), 300, 300, "ckpt") == [
+        "the checkpoint is at step 300, train.steps = 300: nothing to do"]

@@ -219,8 +219,9 @@ def architecture() -> str:
     out += ["```", ""]
     for contract in contracts["contracts"]:
         if contract["type"] == "forbidden":
-            out.append(f"- {contract['name']}: {', '.join(contract['source_modules'])} "
-                       f"never import {', '.join(contract['forbidden_modules'])}.")
+            out.append(f"- {contract['name']}: no import of "
+                       f"{', '.join(contract['forbidden_modules'])} from "
+                       f"{', '.join(contract['source_modules'])}.")
     out.append("")
     package = ROOT / "hpcpipe"
     for folder in sorted(p for p in package.iterdir() if (p / "__init__.py").exists()):

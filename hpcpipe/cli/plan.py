@@ -117,10 +117,25 @@ def wrapped(text: str, width: int = WIDTH) -> str:
     for line in text.splitlines():
         if line.startswith("|") or len(line) <= width:
             lines.append(line)
+        elif line.startswith("layout "):  # folded between stages, each stage whole
+            lines += _between_stages(line, width)
         else:
             lines += textwrap.wrap(line, width, subsequent_indent="  ",
                                    break_on_hyphens=False)
     return "\n".join(lines)
+
+
+def _between_stages(line: str, width: int) -> list[str]:
+    """A layout line folded before a stage's `|`, continuations indented two spaces."""
+    out, stages = [], line.split(" | ")
+    current = stages[0]
+    for stage in stages[1:]:
+        if len(current) + 3 + len(stage) > width:
+            out.append(current)
+            current = "  | " + stage
+        else:
+            current += " | " + stage
+    return out + [current]
 
 
 def claim_on_root(comm, json_path, force: bool):

@@ -7,8 +7,7 @@ memory-bound passes stream (elementwise, reductions, copies). What they cost dep
 the device, since the same model weighs differently on each:
 
 - `analytic`, for a CPU: flops, every streamed element weighted as ELEMENTWISE_FLOPS of
-  them. Measured CPU stages' shares of F + B + W are within half a point of it (README,
-  *Balanced stages*).
+  them (docs/guides/stage-layouts.md).
 - `on_device`, for a GPU: flops at the device's GEMM rate and bytes at its bandwidth —
   the rates measured on the run's GPU at launch (model/flops.py `device_rates`), or a
   datasheet's where the plan is made without one. There the GEMMs run far above the

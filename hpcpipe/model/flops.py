@@ -82,7 +82,7 @@ def startup_peak(be, dtype, repeats: int = 2) -> float:
         n *= 2
 
 
-def copy_rate(be, nbytes: int = 128 << 20, repeats: int = 3) -> float:
+def copy_rate(be, nbytes: int = 64 << 20, repeats: int = 3) -> float:
     """Best bytes/s (read and written) of a device-to-device copy of `nbytes`, after one to
     warm up: the bandwidth a memory-bound pass streams at."""
     a = be.xp.zeros(nbytes // 4, dtype=np.float32)

@@ -71,3 +71,14 @@ def test_the_run_takes_its_devices_costs(monkeypatch):
     assert measured.head / measured.block == pytest.approx(
         costs.on_device(cfg.model, "bfloat16", H100_BF16, H100_BYTES).head
         / costs.on_device(cfg.model, "bfloat16", H100_BF16, H100_BYTES).block)
+
+
+def test_the_device_rates_are_measured_in_a_moment():
+    """model/flops.device_rates: what a GPU run's rank 0 measures at launch (a square
+    matmul in the run's dtype, a device copy) — here on the CPU, where both are real."""
+    from hpcpipe.device import backend
+    from hpcpipe.model import flops
+
+    be = backend.cpu()
+    gemm, stream = flops.startup_peak(be, "float32"), flops.copy_rate(be, 4 << 20)
+    assert 0 < gemm < float("inf") and 0 < stream < float("inf")  # (a loaded core: slow)

@@ -10,9 +10,9 @@ from hpcpipe.device.backend import Backend
 from hpcpipe.device.kernels import hostbuild
 from hpcpipe.model.layers import fused
 from hpcpipe.model.layout import GPTConfig, block_layout
-from hpcpipe.model.stage import Stage, StageSpec
-from hpcpipe.schedules.recompute import Mode, StageRecompute
 from hpcpipe.model.split import parse
+from hpcpipe.model.stage import Stage
+from hpcpipe.schedules.recompute import Mode, StageRecompute
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd=32)
 B = 2

@@ -36,7 +36,7 @@ from hpcpipe.optim.adamw import OPTIMIZERS
 from hpcpipe.optim.delay import KINDS as DELAY_CORRECTIONS
 from hpcpipe.schedules.kinds import ASYNCHRONOUS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES, ScheduleError
-from hpcpipe.schedules.recompute import AUTO as AUTO_RECOMPUTE, parse_stages
+from hpcpipe.schedules.recompute import chosen_with_schedule, parse_stages
 from hpcpipe.util.errors import ConfigError, HpcpipeError  # noqa: F401 (ConfigError: re-exported)
 from hpcpipe.util.files import TooLarge, read_bounded
 from hpcpipe.util.schema import parse_bytes  # noqa: F401 (re-exported)
@@ -612,7 +612,7 @@ def _check_layout(source, cfg: Config):
         _require(source, "parallel.layout", parallel.layout, len(given) == stages,
                  f"has {len(given)} stages, and the schedule runs {stages} model stages "
                  f"(pp × chunks)")
-    if cfg.train.recompute.strip().lower() == AUTO_RECOMPUTE:
+    if chosen_with_schedule(cfg.train.recompute):
         _require(source, "train.recompute", cfg.train.recompute,
                  from_costs(parallel.schedule),
                  'is chosen with the schedule: "auto" needs parallel.schedule = "auto"; '

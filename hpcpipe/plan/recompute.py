@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 
 from hpcpipe.schedules import Costs, ScheduleError
-from hpcpipe.schedules.recompute import (AUTO, Mode, PerMicrobatch, Recompute, StageRecompute,
+from hpcpipe.schedules.recompute import (Mode, PerMicrobatch, Recompute, StageRecompute,
                                          parse_stages)
+from hpcpipe.schedules.recompute import chosen_with_schedule as chosen_later
 from hpcpipe.util.errors import ConfigError
 
 from . import schedule as planned
@@ -30,7 +31,7 @@ def parse(cfg, stages: int) -> tuple[StageRecompute, ...]:
 
 def chosen_with_schedule(cfg) -> bool:
     """Whether train.recompute = "auto": chosen with auto's schedule once profiled."""
-    return cfg.train.recompute.strip().lower() == AUTO
+    return chosen_later(cfg.train.recompute)
 
 
 def choices(cfg, specs, memory_of) -> tuple[Recompute, ...]:

@@ -64,6 +64,11 @@ class Mode(enum.Enum):
 AUTO = "auto"  # train.recompute's word for "chosen with the auto schedule"
 
 
+def chosen_with_schedule(text: str) -> bool:
+    """Whether train.recompute `text` leaves the choice to the auto schedule."""
+    return text.strip().lower() == AUTO
+
+
 @dataclass(frozen=True)
 class StageRecompute:
     """One model stage's recomputation in a run's plan: `mode` for the microbatches in
@@ -90,7 +95,7 @@ def parse_stages(text: str, stages: int) -> tuple[StageRecompute, ...]:
     chooses. ScheduleError saying what is allowed otherwise."""
     from .ops import ScheduleError
     words = [w.strip().lower() for w in text.split("/")]
-    if words == [AUTO]:
+    if chosen_with_schedule(text):
         words = [Mode.NONE.value]
     allowed = {m.value: m for m in Mode}
     if any(w not in allowed for w in words) or len(words) not in (1, stages):

@@ -48,21 +48,13 @@ def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | Non
         stream = asynchronous.pipedream_2bw(p, m)
         asynchronous.check_stream(stream)  # m ≥ p − 1, said in one message
         return stream.schedule
-    if kind == "interleaved-1f1b":
-        schedule = interleaved_1f1b(p, m, 2 if v is None else v)
-    elif kind in V_KINDS:
-        if v not in (None, 2):
-            raise ScheduleError(f"{kind} has exactly 2 chunks per rank, in a V (got v={v})")
-        schedule = _V[kind](p, m)
-    elif kind == "auto":
+    if kind == "auto":
         return auto(p, m, costs, memory_limit, objective, chunks=v)
+    check_chunks(kind, v or 0)  # (the one rule: kinds.py)
+    if kind == "interleaved-1f1b":
+        schedule = interleaved_1f1b(p, m, chunks(kind, v or 0))
     else:
-        if v not in (None, 1):
-            raise ScheduleError(f"{kind} has one chunk per rank (got v={v}); chunks are for "
-                                "interleaved-1f1b (any v >= 1), the V's (v = 2: "
-                                f"{', '.join(V_KINDS)}) and auto (1, 2, "
-                                "or 0 to choose)")
-        schedule = _ONE_CHUNK[kind](p, m)
+        schedule = (_V if kind in V_KINDS else _ONE_CHUNK)[kind](p, m)
     if memory_limit is not None:
         peak = max(peak_activations(schedule, costs))
         if peak > memory_limit + 1e-9:

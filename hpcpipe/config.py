@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import math
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ import numpy as np
 from hpcpipe.device.backend import DEVICES
 from hpcpipe.device.dtypes import DTYPES
 from hpcpipe.model import GPTConfig
+from hpcpipe.model.layout import ARCHS, family_problem
 from hpcpipe.model.sharding import check_divisible
 from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.parallel.gradsync import COMM_DTYPES
@@ -406,6 +408,9 @@ def _check_model(source, model: dict):
     _require(source, "model.n_embd", n_embd, n_embd % n_head == 0,
              f"must be divisible by model.n_head = {n_head} (each head gets n_embd/n_head "
              f"channels); e.g. {n_head * max(1, round(n_embd / n_head))}")
+    problem = family_problem(types.SimpleNamespace(**model))
+    if problem is not None:
+        raise ConfigError(source, f"model.{problem[0]}", problem[1], problem[2])
 
 
 def _check_train(source, train: TrainSection):

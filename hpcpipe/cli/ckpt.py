@@ -89,6 +89,12 @@ def register(subparsers):
                              "index.json beside --out, as save_pretrained writes them "
                              "(default 5GB, transformers' own)")
     export.set_defaults(func=cmd_export)
+    _register_imports(sub)
+    return parser
+
+
+def _register_imports(sub):
+    """import-hf (and its old name import-gpt2), import-gguf."""
     for name in ("import-hf", "import-gpt2"):
         imp = sub.add_parser(
             name, help="a Hugging Face folder (GPT-2 or Llama) → checkpoint"
@@ -133,8 +139,6 @@ def register(subparsers):
                       help="import the weights alone, for a tokenizer hpcpipe cannot write "
                            "as a tokenizer.json (generate then takes --prompt-ids)")
     gguf.set_defaults(func=cmd_import_gguf)
-
-    return parser
 
 
 def _resolve(path: str) -> str:
@@ -478,7 +482,7 @@ def cmd_import(args) -> int:
     base = config.load(args.config) if args.config else None
     weights = huggingface.named_file(args.file)
     folder = os.path.dirname(weights) or "."
-    declared = _config_json(folder)
+    declared = _config_json(folder, weights)
     kind = (declared or {}).get("model_type", "gpt2")
     if kind not in ("gpt2", *hf_llama.MODEL_TYPES):
         raise HpcpipeError(f"{os.path.join(folder, huggingface.CONFIG)}: model_type = "
@@ -504,12 +508,12 @@ def cmd_import(args) -> int:
     return 0
 
 
-def _config_json(folder: str) -> dict | None:
-    """The folder's config.json (bounded, strict), or None when there is none."""
+def _config_json(folder: str, weights: str) -> dict | None:
+    """The config.json beside `weights` (bounded, strict), or None when there is none."""
     path = os.path.join(folder, huggingface.CONFIG)
     if not os.path.lexists(path):  # one that is there but not a file is an error, not absent
         return None
-    data = huggingface.read_json(path, "the Hugging Face config")
+    data = huggingface.read_json(path, f"the Hugging Face config beside {weights}")
     if not isinstance(data, dict):
         raise HpcpipeError(f"{path}: a JSON {type(data).__name__}, not a config object")
     return data

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from harness import hfllama
 from harness.hostile import ends_with_one_error
+from harness.tokenfiles import write_tokenizer_json
 
 import hpcpipe
 from hpcpipe import LlamaConfig
@@ -30,22 +31,7 @@ def save_pretrained(folder, cfg=SHAPE, max_shard_size=None, **config):
 
 
 def write_tokenizer(folder, vocab: int = 259):
-    """A byte-level BPE tokenizer.json of `vocab` tokens (the tokenizers package's own
-    format), as a model folder carries one."""
-    from harness.ggufmodel import byte_vocabulary
-
-    tokens, merges, _ = byte_vocabulary(vocab)
-    data = {"version": "1.0", "added_tokens": [
-        {"id": 0, "content": tokens[0], "single_word": False, "lstrip": False,
-         "rstrip": False, "normalized": False, "special": True}],
-        "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False,
-                                              "trim_offsets": True, "use_regex": True},
-        "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                    "use_regex": True},
-        "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(tokens)},
-                  "merges": merges}}
-    (folder / "tokenizer.json").write_text(json.dumps(data))
+    write_tokenizer_json(folder / "tokenizer.json", vocab)
 
 
 @pytest.mark.parametrize("tied, shards", [(True, None), (False, "20KB")],

@@ -764,6 +764,18 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def require_gpt2_stages(cfg: Config) -> Config:
+    """`cfg`, whose model the pipeline's stages can run: those (train, plan, the benchmarks
+    that build them) compute GPT-2's layers, so a Llama is refused here with one message
+    rather than run as a GPT-2 of its shape. (A Llama runs in one process meanwhile —
+    hpcpipe.Llama — and imports, exports and generates.)"""
+    _require(cfg.source, "model.arch", cfg.model.arch, cfg.model.arch == "gpt2",
+             "the pipeline's stages (train, plan, bench) run GPT-2 only so far; a Llama "
+             "runs in one process through hpcpipe.Llama, and ckpt import-hf / import-gguf "
+             "/ export and generate take it (docs/guides/llama.md)")
+    return cfg
+
+
 def for_world(cfg: Config, world: int) -> Config:
     """`cfg` on a launch of `world` ranks: parallel.dp = 0 becomes world ÷ (pp × tp), and a
     train.global_batch_size fixes parallel.microbatches (per replica) at

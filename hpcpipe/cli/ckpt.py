@@ -213,8 +213,19 @@ def cmd_info(args) -> int:
     size = sum(f["size"] for f in m["files"].values())
     print(f"{path}")
     print(f"  step {m['step']}, written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m['created']))}")
-    print(f"  model: {model['n_layer']} layers, {model['n_head']} heads, n_embd {model['n_embd']}, "
-          f"block {model['block_size']}, vocab {model['vocab_size']}; {m['dtype']}")
+    family = ""
+    if model.get("arch", "gpt2") != "gpt2":
+        family = (f"{model['arch']}, ")
+        heads = f"{model['n_head']} heads ({model['n_kv_head'] or model['n_head']} key/value)"
+        extra = (f", MLP {model['intermediate_size'] or 4 * model['n_embd']} wide, rope_theta "
+                 f"{model['rope_theta']:g}, " + ("tied head" if model["tie_word_embeddings"]
+                                                  else "untied head"))
+    else:
+        heads, extra = f"{model['n_head']} heads", ""
+    print(f"  model: {family}{model['n_layer']} layers, {heads}, n_embd {model['n_embd']}, "
+          f"block {model['block_size']}, vocab {model['vocab_size']}{extra}; {m['dtype']}")
+    if m.get("tokenizer"):
+        print(f"  tokenizer: {m['tokenizer']['file']}")
     print(f"  layout: dp {lay['dp']} × pp {lay['pp']} × tp {lay.get('tp', 1)} "
           f"({lay['chunks']} chunk(s) per rank), "
           f"schedule {lay['schedule']}, ZeRO {lay['zero']}"
@@ -530,9 +541,20 @@ def _folder_tokenizer(folder: str, vocab_size: int) -> bytes | None:
 
 def checked_tokenizer(path: str, vocab_size: int) -> bytes:
     """The bytes of the tokenizer.json at `path` once the tokenizers package has read it
-    and its vocabulary fits the model's."""
-    from hpcpipe.data.tokenizer import load_tokenizer_json
+    and its vocabulary fits the model's. Without the package (GPT-2 needs none) the file
+    is kept unread, bounded, and checked where it is used."""
+    from hpcpipe.data.tokenizer import MAX_FILE_BYTES, TokenizerError, load_tokenizer_json
+    from hpcpipe.util.files import read_bounded
 
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        print(f"note: {path} is kept as it is (the tokenizers package, which reads it, is "
+              f"not installed)")
+        try:
+            return read_bounded(path, MAX_FILE_BYTES)
+        except (OSError, ValueError) as e:
+            raise TokenizerError(f"tokenizer file {path} cannot be read ({e})") from None
     tokenizer = load_tokenizer_json(path)
     if tokenizer.vocab_size > vocab_size:
         raise HpcpipeError(f"{path}: {tokenizer.vocab_size:,} tokens, more than the model's "

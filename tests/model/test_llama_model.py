@@ -124,3 +124,32 @@ def test_tied_head_gradient_is_the_embedding_s_and_the_head_s():
     np.testing.assert_allclose(grads["model.embed_tokens.weight"],
                                parts["model.embed_tokens.weight"] + parts["lm_head.weight"],
                                rtol=0, atol=1e-15)
+
+
+def test_adamw_over_the_flat_buffers_lowers_a_llama_s_loss():
+    """The groundwork the training loop needs, in one process: F, B and W into the flat
+    gradient buffer, the tied head's share added, AdamW over the flat parameter buffer."""
+    from hpcpipe.optim.adamw import AdamW, ParamShard
+
+    cfg = CONFIGS["gqa-tied"]
+    model = Llama(cfg, dtype="float32", seed=0)
+    stage = model.stage
+    optimizer = AdamW(ParamShard(stage.param_buffer), stage.be, weight_decay=0.0)
+    ids = np.tile(np.arange(cfg.block_size + 1) % 7, (4, 1))  # a pattern to learn
+    losses = []
+    for step in range(12):
+        stage.zero_grad()
+        losses.append(model.accumulate(0, ids[:, :-1], ids[:, 1:]))
+        stage.add_head_grad()
+        optimizer.step(stage.grad_buffer.data, lr=1e-2)
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_the_pipeline_s_stages_refuse_a_llama_config_with_one_message(capsys, tmp_path):
+    from harness.hostile import TINY, ends_with_one_error
+
+    for argv in (["train", TINY, "--run-dir", str(tmp_path / "run")],
+                 ["train", TINY, "--dry-run"], ["plan", TINY]):
+        line = ends_with_one_error(capsys, [*argv, "--set", 'model.arch="llama"'])
+        assert "model.arch = 'llama'" in line and "hpcpipe.Llama" in line, line
+    assert not (tmp_path / "run").exists()

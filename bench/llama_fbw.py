@@ -3,7 +3,7 @@
 alternately (which goes first swaps every repetition), medians reported.
 
     python bench/llama_fbw.py                       # every core this process may use
-    python bench/llama_fbw.py --threads 2 --repeats 20
+    python bench/llama_fbw.py --repeats 20 --batch 4
 
 The number to read is the ratio (torch's time / hpcpipe's: above 1, hpcpipe is faster), on
 a quiet machine. Both must compute the same loss first. Until `bench step` takes the Llama
@@ -13,7 +13,6 @@ family (with the pipeline's stages), this is its measurement; it needs the bench
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
@@ -22,7 +21,9 @@ import numpy as np
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--threads", type=int, default=0,
+                        help="hpcpipe's pool (default: the cores this process may use); "
+                             "PyTorch runs at its best count up to it (bench step's rule)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
@@ -31,14 +32,15 @@ def main() -> int:
     import transformers
 
     from hpcpipe import Llama, LlamaConfig
+    from hpcpipe.bench.step import best_torch_threads
     from hpcpipe.device import backend
 
     # SmolLM2's head size (64) and grouping (3 query heads per key/value head), small.
     cfg = LlamaConfig(vocab_size=256, block_size=256, n_layer=6, n_head=6, n_kv_head=2,
                       n_embd=384, intermediate_size=1024, rope_theta=100000.0)
-    backend.limit_threads(1)  # BLAS on one thread: hpcpipe's pool spreads the work
-    be = backend.cpu(args.threads)
-    torch.set_num_threads(args.threads)
+    threads = backend.limit_threads(1)  # BLAS on one thread: hpcpipe's pool spreads the work
+    threads = args.threads or threads
+    be = backend.cpu(threads)
     model = Llama(cfg, dtype="float32", seed=0, be=be)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.ffn_width,
@@ -64,10 +66,11 @@ def main() -> int:
         value = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size),
                                                   ty.reshape(-1))
         value.backward()
-        return float(value)
+        return value.item()
 
     first = ours(), theirs()
     assert abs(first[0] - first[1]) < 1e-4 * abs(first[1]), first
+    best, _ = best_torch_threads(torch, theirs, threads, x.size)
     times = {"hpcpipe": [], "torch": []}
     for r in range(args.repeats + 2):
         order = [("hpcpipe", ours), ("torch", theirs)]
@@ -78,8 +81,9 @@ def main() -> int:
                 times[name].append(time.perf_counter() - start)
     mine, peer = statistics.median(times["hpcpipe"]), statistics.median(times["torch"])
     print(f"F+B+W of a {model.num_params / 1e6:.1f}M-parameter Llama, batch {args.batch} × "
-          f"{cfg.block_size}, {args.threads} thread(s): hpcpipe {mine * 1e3:.0f} ms, torch "
-          f"{peer * 1e3:.0f} ms (medians of {args.repeats}); torch / hpcpipe = "
+          f"{cfg.block_size}: hpcpipe {mine * 1e3:.0f} ms ({threads} threads), torch "
+          f"{peer * 1e3:.0f} ms ({best} threads, its best) (medians of {args.repeats}); "
+          f"torch / hpcpipe = "
           f"{peer / mine:.2f}")
     return 0
 

@@ -33,7 +33,8 @@ def test_the_passes_run_in_order_and_each_is_checked():
 
 def test_a_given_layout_is_the_plans_and_a_v_prints_its_placement():
     plan = build(tiny("parallel.pp=2", 'parallel.schedule="zb-v"',
-                      'parallel.layout="E t | t | t | t L"', 'train.recompute="full/none/none/selective"'))
+                      'parallel.layout="E t | t | t | t L"',
+                      'train.recompute="full/none/none/selective"'))
     assert plan.given and plan.layout == "E t | t | t | t L"
     assert plan.describe_layout() == ('layout "E t | t | t | t L" (given), model stages in '
                                       'order on ranks 0 1 1 0')

@@ -13,7 +13,7 @@ from hpcpipe import config
 from hpcpipe.cli.plan import run as plan_cli
 from hpcpipe.device.budget import BudgetError
 from hpcpipe.plan import build
-from hpcpipe.plan import memory as planned
+from hpcpipe.plan import memory as plan_memory
 from hpcpipe.plan import recompute as recomputation
 from hpcpipe.plan.balance import describe_balance, partition
 from hpcpipe.schedules.recompute import Mode
@@ -60,7 +60,7 @@ def ranks(cfg):
 
 
 def choices(cfg, specs):
-    return recomputation.choices(cfg, specs, lambda mode: planned.stage_memories(cfg, specs,
+    return recomputation.choices(cfg, specs, lambda mode: plan_memory.stage_memories(cfg, specs,
                                                                                  mode))
 
 
@@ -78,13 +78,13 @@ def test_recompute_lowers_the_planned_peak_and_the_total_adds_up():
 def test_the_smallest_change_that_fits_is_named():
     """More recomputation first; where no recomputation fits, the next kind of change."""
     cfg = tiny('parallel.schedule="zb-h2"')
-    selective = planned.needed(ranks(tiny('parallel.schedule="zb-h2"',
+    selective = plan_memory.needed(ranks(tiny('parallel.schedule="zb-h2"',
                                                  'train.recompute="selective"')), 2)
-    assert planned.smallest_change(cfg, selective, 2) == "--set train.recompute=selective"
-    full = planned.needed(ranks(tiny('parallel.schedule="zb-h2"',
+    assert plan_memory.smallest_change(cfg, selective, 2) == "--set train.recompute=selective"
+    full = plan_memory.needed(ranks(tiny('parallel.schedule="zb-h2"',
                                             'train.recompute="full"')), 2)
-    assert planned.smallest_change(cfg, full, 2) == "--set train.recompute=full"
-    assert not planned.smallest_change(cfg, full - 1, 2).startswith("--set train.recompute")
+    assert plan_memory.smallest_change(cfg, full, 2) == "--set train.recompute=full"
+    assert not plan_memory.smallest_change(cfg, full - 1, 2).startswith("--set train.recompute")
 
 
 def test_a_run_that_cannot_fit_is_refused_with_a_change(tmp_path):
@@ -350,7 +350,7 @@ def test_auto_recompute_is_never_worse_and_fits():
 
     cfg = tiny('parallel.schedule="auto"')
     specs = partition(cfg.model, 2)
-    memory = planned.stage_memories(cfg, specs, Mode.NONE)
+    memory = plan_memory.stage_memories(cfg, specs, Mode.NONE)
     costs = Costs(f=1.0, b=1.0, w=1.0, memory=[float(m.full) for m in memory],
                   memw=[float(m.after_b) for m in memory])
     limit = int(0.8 * max(peak_activations(generate("1f1b", 2, 4), costs)))
@@ -377,13 +377,13 @@ def test_the_plan_shows_what_each_zero_stage_holds_between_steps():
     cfg = tiny('parallel.dp=4', 'train.dtype="bfloat16"', 'parallel.zero=1')
     plan = build(cfg)
     plans = plan.ranks
-    between = planned.between_steps(cfg, plans[0])
+    between = plan_memory.between_steps(cfg, plans[0])
     count = plans[0].parameters // 2
     assert between[3] == (2 + 4 + 12) * count // 4
     assert between[2] == 2 * count + (4 + 12) * count // 4
     assert between[1] == plans[0].parameters + plans[0].gradients + 12 * count // 4
     assert between[0] == plans[0].parameters + plans[0].gradients + 12 * count
-    text = planned.describe(cfg, plan, None, 1)
+    text = plan_memory.describe(cfg, plan, None, 1)
     assert "ZeRO-1 " in text and "(this config)" in text and "ZeRO-3 " in text
 
 
@@ -397,8 +397,9 @@ def test_the_plan_counts_powersgds_error_feedback():
     C = plain.model.n_embd
     block = C * 3 * C + C * C + 2 * C * 4 * C  # c_attn, c_proj, c_fc, mlp.c_proj
     assert b.compression >= 4 * block * plain.model.n_layer // 2  # rank 0 of pp 2
-    assert planned.between_steps(psgd, b)[3] == planned.between_steps(plain, a)[3] + b.compression
-    assert "PowerSGD's E and Q" in planned.describe(psgd, build(psgd), None, 1)
+    assert plan_memory.between_steps(psgd, b)[3] \
+        == plan_memory.between_steps(plain, a)[3] + b.compression
+    assert "PowerSGD's E and Q" in plan_memory.describe(psgd, build(psgd), None, 1)
 
 
 def test_post_validation_doubles_powersgds_state_in_the_plan():

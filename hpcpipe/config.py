@@ -744,21 +744,26 @@ def _moved(source, data: dict) -> tuple[str, ...]:
     parallel = data.get("parallel")
     if not isinstance(parallel, dict):
         return ()
-    if "split_widths" in parallel:
-        raise ConfigError(source, "parallel.split_widths", parallel["split_widths"],
-                          "is retired with the stage edges across a sublayer's width: a "
-                          "stage holds whole blocks, or a block cut at its seam (t.attn | "
-                          ".mlp in parallel.layout, docs/guides/stage-layouts.md); remove it")
+    notes = ()
+    if "split_widths" in parallel:  # (false, its default, in every run's config.toml of then)
+        if parallel.pop("split_widths") is not False:
+            raise ConfigError(source, "parallel.split_widths", True,
+                              "is retired with the stage edges across a sublayer's width: a "
+                              "stage holds whole blocks, or a block cut at its seam (t.attn | "
+                              ".mlp in parallel.layout, docs/guides/stage-layouts.md); remove "
+                              "it")
+        notes = ("parallel.split_widths is retired: stage edges fall between blocks or at "
+                 "a block's seam",)
     if "layers_per_stage" not in parallel:
-        return ()
+        return notes
     counts = parallel.pop("layers_per_stage")
     if "layout" in parallel:
         raise ConfigError(source, "parallel.layers_per_stage", counts,
                           "is the old spelling of parallel.layout: give only parallel.layout")
     if counts in ([], AUTO_LAYOUT):
         parallel["layout"] = ""
-        return ('parallel.layers_per_stage is now parallel.layout ("" or "auto": balanced '
-                'by cost)',)
+        return notes + ('parallel.layers_per_stage is now parallel.layout ("" or "auto": '
+                        'balanced by cost)',)
     numbers = isinstance(counts, list) and all(
         isinstance(c, (int, float)) and not isinstance(c, bool) for c in counts)
     if not numbers:
@@ -780,7 +785,8 @@ def _moved(source, data: dict) -> tuple[str, ...]:
         raise ConfigError(source, "parallel.layers_per_stage", counts,
                           f"is now parallel.layout: {e}") from None
     parallel["layout"] = layout
-    return (f'parallel.layers_per_stage = {counts} is now parallel.layout = "{layout}"',)
+    return notes + (f'parallel.layers_per_stage = {counts} is now parallel.layout = '
+                    f'"{layout}"',)
 
 
 def from_dict(data: dict, source: str = "<dict>") -> Config:

@@ -216,6 +216,10 @@ def test_the_old_counts_still_load_as_a_layout_and_retired_keys_say_what_replace
     assert "parallel.layers_per_stage" in msg and "fractional counts are retired" in msg
     _, msg = error_of(tmp_path, "[parallel]\nsplit_widths = true\n")
     assert "parallel.split_widths = True: is retired" in msg and "t.attn | .mlp" in msg
+    # false, its default, is in every run's config.toml of the time: read, with a note
+    cfg = config.load(write(tmp_path, "[parallel]\nsplit_widths = false\n"
+                                      "layers_per_stage = []\n"))
+    assert cfg.notes[0].startswith("parallel.split_widths is retired") and len(cfg.notes) == 2
     _, msg = error_of(tmp_path, '[parallel]\nlayers_per_stage = [2, 2]\nlayout = ""\n')
     assert "give only parallel.layout" in msg
 

@@ -73,7 +73,10 @@ SCHEMA = Record({
                       "zero": Int(0, 3), "rank_order": Text(),
                       "partition": ListOf(ListOf(Int(0)))},
                      optional={"tp": Int(1), "local_steps": Int(0),
-                               "powersgd_rank": Int(0), "seams": ListOf(Int(0))}),
+                               "powersgd_rank": Int(0), "seams": ListOf(Int(0)),
+                               # (block, operation) edges inside blocks, written by the
+                               # code of 2026-12-06 that had them: read, never written
+                               "cuts": ListOf(ListOf(Int(0), 2, 4))}),
     "adam_step": _COUNT,
     "state": Record({}, optional={"loss_scale": Number(0), "good_steps": _COUNT,
                                   "lr_step": _COUNT, "data_step": _COUNT, "seed": Int(0),

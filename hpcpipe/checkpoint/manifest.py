@@ -130,10 +130,20 @@ def _check_digest(path: str, data: bytes):
 
 
 def read(path: str) -> dict:
-    """The validated manifest of the checkpoint folder `path`."""
+    """The validated manifest of the checkpoint folder `path`. One that cannot be read —
+    damaged, edited, or too much for this process's memory — is a CheckpointError like
+    any damaged checkpoint's, which a resume falls back past (verify.find_usable)."""
     file = os.path.join(path, MANIFEST)
     if not os.path.lexists(file):
         raise CheckpointError(f"{path}: incomplete checkpoint: {MANIFEST} is missing")
+    try:
+        return _read(path, file)
+    except MemoryError:
+        raise CheckpointError(f"{file}: unreadable manifest: out of memory reading "
+                              f"{os.path.getsize(file):,} bytes") from None
+
+
+def _read(path: str, file: str) -> dict:
     data = _read_bytes(file, MAX_BYTES)
     try:
         manifest = parse_json(data)

@@ -223,6 +223,18 @@ def describe_plan(plan) -> str:
                     for x in plan)
 
 
+AUTO_PENDING = ("auto: nothing chosen yet (it is chosen with the schedule after "
+                "parallel.profile_steps; the run ended before)")
+
+
+def describe_auto_choice(plan) -> str:
+    """What train.recompute = "auto" chose, for the summary: "nothing" when no stage
+    recomputes (said, so that a reader never guesses), else the plan per model stage."""
+    if all(x == "none" for x in plan):
+        return "auto: nothing (every model stage keeps its activations)"
+    return f"auto: {describe_plan(plan)} per model stage"
+
+
 def solver_workers() -> int:
     """The certified search's threads: the cores this rank may use, at most 8 (CP-SAT's
     portfolio gains little past that)."""

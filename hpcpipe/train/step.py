@@ -154,7 +154,15 @@ class TrainStep:
         self.scaler.update(not skipped)
         stats = step_stats(self.trace, step, result, self.grid.world,
                            **self._reduction_stats()) if self.trace else None
-        return StepOutcome(step, loss, norm, skipped, result, stats, loss_scale=scale)
+        return StepOutcome(step, loss, self._replicas_mean(norm), skipped, result, stats,
+                           loss_scale=scale)
+
+    def _replicas_mean(self, norm: float) -> float:
+        """The norm a step reports: under local SGD each replica clips by its own, and the
+        record is their mean — as the loss is (RankModel.mean_loss) — never one replica's."""
+        if self.outer is None or self.grid.dp == 1:
+            return norm
+        return sum(self.grid.data.allgather(norm)) / self.grid.dp
 
     def _update(self, lr: float, coefficient: float):
         self.optimizer.step(self.gradsync.gradients(), lr, coefficient)

@@ -142,6 +142,8 @@ class Trainer:
                                     self.log)
         self.record = open_record(self, resume_path)
         self.metrics, self.summary = self.record.metrics, self.record.metrics.summary
+        self.summary.recompute = (memplan.AUTO_PENDING if train.recompute == "auto"
+                                  else train.recompute)
         self._describe()
         self.comm_s = 0.0
         if parallel.pp > 1 and parallel.schedule == "auto":
@@ -257,6 +259,7 @@ class Trainer:
         if plan is not None:
             self.rank.model.use_recompute(plan)
             self.log(f"auto recompute per model stage: {memplan.describe_plan(plan)}")
+            self.summary.recompute = memplan.describe_auto_choice(plan)
         self.rank.use_schedule(auto)
         sim = simulate(auto, costs)
         self.metrics.predicted_s = sim.makespan  # a step lasts about the makespan

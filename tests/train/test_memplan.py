@@ -442,11 +442,33 @@ def test_a_byte_limit_above_what_auto_can_need_is_no_tighter_than_needed(limit):
         p.peak_activation_bytes for p in given)
 
 
-def test_a_run_with_a_limit_beyond_any_machine_trains(tmp_path, stdlib_tokens):
+def test_a_run_with_a_limit_beyond_any_machine_trains_and_says_auto_chose_nothing(
+        tmp_path, stdlib_tokens):
+    """The limit "1e30B" trains; train.recompute = "auto" under it recomputes nothing, and
+    the summary says so (issue 61: a choice of nothing was said nowhere)."""
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
                 str(tmp_path / "run"), *sets(*TINY, 'parallel.schedule="auto"',
                                              'parallel.memory_limit="1e30B"', "train.steps=3",
                                              "parallel.profile_steps=1", "train.eval_every=0",
-                                             'train.device="cpu"', "train.trace_steps=0",
+                                             'train.recompute="auto"', 'train.device="cpu"',
+                                             "train.trace_steps=0",
                                              f'data.path="{stdlib_tokens}"')], n=2)
     assert proc.returncode == 0 and "done: 3 steps" in proc.stdout, proc.stderr[-2000:]
+    said = "recompute auto: nothing (every model stage keeps its activations)"
+    assert f"  {said}" in proc.stdout.splitlines(), proc.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["recompute"] == said.removeprefix("recompute ")
+
+
+def test_a_run_that_ends_before_auto_chose_says_so(tmp_path, stdlib_tokens):
+    from hpcpipe.__main__ import main
+
+    assert main(["train", "inputs/tiny.toml", "--run-dir", str(tmp_path / "run"),
+                 *sets("model.n_layer=2", "model.n_embd=16", "model.n_head=2",
+                       "model.block_size=16", "train.micro_batch_size=2",
+                       'parallel.schedule="auto"', 'train.recompute="auto"', "train.steps=1",
+                       "parallel.profile_steps=2", "train.eval_every=0", "train.eval_batches=1",
+                       'train.device="cpu"', "train.trace_steps=0",
+                       f'data.path="{stdlib_tokens}"')]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["recompute"] == memplan.AUTO_PENDING

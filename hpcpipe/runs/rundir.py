@@ -58,7 +58,7 @@ def _run_files(path: str) -> list[str]:
                   if name in RUN_FILES or (name.startswith(_TIMELINE) and name.endswith(".png")))
 
 
-def _config_is_ours(path: str) -> bool:
+def config_is_ours(path: str) -> bool:
     """Whether `path` holds a config.toml a run wrote (it starts with _CONFIG_HEADER)."""
     try:
         with open_regular(os.path.join(path, CONFIG)) as f:
@@ -76,7 +76,7 @@ def _checkpoints_are_ours(folder: str) -> bool:
 
 def _foreign(path: str, names: list[str]) -> list[str]:
     """Which of the run's file names in `path` hpcpipe did not write."""
-    config_ours = _config_is_ours(path)
+    config_ours = config_is_ours(path)
     return [name for name in names if not (
         _checkpoints_are_ours(os.path.join(path, name)) if name == "checkpoints"
         else config_ours)]

@@ -450,5 +450,6 @@ def open_writers(trainer: Trainer) -> list:
     cfg, comm = trainer.cfg, trainer.comm
     if not cfg.train.tensorboard:
         return []
-    writer = root_does(comm, lambda: TensorBoard(trainer.run_dir.path, trainer.start_step))
+    writer = root_does(comm, lambda: TensorBoard(trainer.run_dir.path, trainer.start_step,
+                                                 log=trainer.log))
     return [writer] if comm.rank == 0 else []

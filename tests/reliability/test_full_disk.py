@@ -89,3 +89,35 @@ def test_prepare_onto_a_full_disk(request, tmp_path, limited):
     line = _one_error(done)
     assert str(out) in line
     assert not os.listdir(out.parent) or os.listdir(out.parent) == ["corpus.txt"]
+
+
+def _mount(where, size="64k"):
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True)
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+
+
+def test_tensorboard_on_a_full_disk_warns_once_and_never_blocks_the_exit(tmp_path,
+                                                                         stdlib_tokens):
+    """Issue 61: TensorBoard's writer thread died on a full disk and the run's clean-up
+    waited for it forever (SIGTERM did not end it). The run directory's tensorboard/ is a
+    full file system of its own here: its events fail at once, the run says so once and
+    trains to the end."""
+    run = tmp_path / "run"
+    first = _hpcpipe(_train(run, stdlib_tokens, "train.tensorboard=true", "train.steps=1"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    board = run / "tensorboard"
+    _mount(board)  # over the first piece's events: a resume writes onto a full disk
+    try:
+        subprocess.run(["dd", "if=/dev/zero", f"of={board / 'filler'}", "bs=4096"],
+                       capture_output=True)  # until the disk is full
+        done = _hpcpipe(_train(run, stdlib_tokens, "train.tensorboard=true", "train.steps=3")
+                        + ["--resume"])
+    finally:
+        subprocess.run(["umount", str(board)], check=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    warnings = [x for x in done.stdout.splitlines() if x.startswith("warning: TensorBoard")]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0], done.stdout
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    assert "done: 3 steps" in done.stdout

@@ -9,6 +9,7 @@ is replaced only with --force; import-gpt2 replaces an existing checkpoint only 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from hpcpipe import checkpoint as ckpt
 from hpcpipe.checkpoint import huggingface
 from hpcpipe.checkpoint.hdf5 import store
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import (claim_file, claim_folder, write_buffered, write_text_atomic)
+from hpcpipe.util.files import OutputSet, claim_file, claim_folder
 from hpcpipe.util.schema import parse_bytes
 
 EPILOG = """\
@@ -313,36 +314,50 @@ def cmd_export(args) -> int:
         claim_file(config_json, args.force)
     path = _resolve(args.checkpoint)
     tensors, manifest = ckpt.read_weights(path)
+    try:
+        with OutputSet() as outputs:  # every file of the export in place, or none
+            files = _export(outputs, args, path, tensors, manifest, config_json)
+    except OSError as e:  # a full disk: nothing of the export is left behind
+        raise HpcpipeError(f"--out {args.out}: writing the export failed ({e.filename}: "
+                           f"{e.strerror or e}); nothing was written, and what was there "
+                           f"is as it was") from None
+    if len(files) > 1:
+        print(f"wrote {len(files) - 1} shards of at most {args.max_shard_size:,} bytes "
+              f"and {files[-1]} (instead of {args.out})")
     if args.out.endswith(".safetensors"):
-        named = to_hf_names(tensors, manifest["model"]["vocab_size"])
-        files = huggingface.output_files(args.out, named, args.max_shard_size)
-        for file in files if len(files) > 1 else []:
-            claim_file(file, args.force)  # the shards and the index are outputs too
-        huggingface.save_weights(args.out, named, {
-            "format": "pt", "source": f"hpcpipe {path}", "step": manifest["step"],
-            "n_head": manifest["model"]["n_head"]}, args.max_shard_size)
-        if len(files) > 1:
-            print(f"wrote {len(files) - 1} shards of at most {args.max_shard_size:,} bytes "
-                  f"and {files[-1]} (instead of {args.out})")
-        dtype = str(next(iter(tensors.values())).dtype)
-        write_text_atomic(config_json, json.dumps(hf_config(manifest["model"], dtype),
-                                                  indent=2) + "\n")
         print(f"wrote {config_json} (Hugging Face GPT-2 config: load the folder with "
               f"GPT2LMHeadModel.from_pretrained when the weights are named model.safetensors)")
-    else:
-        import h5py
-
-        def write(buffer):
-            with h5py.File(buffer, "w") as f:
-                for name, value in tensors.items():
-                    store(f, name, value)
-                f.attrs["config"] = manifest["config"]
-                f.attrs["step"] = manifest["step"]
-
-        write_buffered(args.out, write)
     size = sum(value.nbytes for value in tensors.values())
     print(f"exported {len(tensors)} tensors of {path} to {args.out} ({size / 2**20:.1f} MiB)")
     return 0
+
+
+def _export(outputs, args, path: str, tensors: dict, manifest: dict,
+            config_json: str) -> list[str]:
+    """The export's files, written through `outputs` (files.OutputSet); returns the
+    safetensors files (its shards and index, or `args.out` alone)."""
+    if not args.out.endswith(".safetensors"):
+        import h5py
+
+        buffer = io.BytesIO()
+        with h5py.File(buffer, "w") as f:
+            for name, value in tensors.items():
+                store(f, name, value)
+            f.attrs["config"] = manifest["config"]
+            f.attrs["step"] = manifest["step"]
+        outputs.write_bytes(args.out, buffer.getbuffer())
+        return [args.out]
+    named = to_hf_names(tensors, manifest["model"]["vocab_size"])
+    files = huggingface.output_files(args.out, named, args.max_shard_size)
+    for file in files if len(files) > 1 else []:
+        claim_file(file, args.force)  # the shards and the index are outputs too
+    huggingface.save_weights(outputs, args.out, named, {
+        "format": "pt", "source": f"hpcpipe {path}", "step": manifest["step"],
+        "n_head": manifest["model"]["n_head"]}, args.max_shard_size)
+    dtype = str(next(iter(tensors.values())).dtype)
+    outputs.write_bytes(config_json, (json.dumps(hf_config(manifest["model"], dtype),
+                                                 indent=2) + "\n").encode())
+    return files
 
 
 def declared_architecture(weights: str) -> tuple[dict, set] | None:

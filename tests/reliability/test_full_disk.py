@@ -121,3 +121,27 @@ def test_tensorboard_on_a_full_disk_warns_once_and_never_blocks_the_exit(tmp_pat
     assert len(warnings) == 1 and "No space left on device" in warnings[0], done.stdout
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
     assert "done: 3 steps" in done.stdout
+
+
+@pytest.mark.parametrize("what", ["sharded safetensors", "h5", "plan", "plot"])
+def test_every_other_output_meets_a_full_disk_with_one_line_and_nothing_left(
+        small_disk, finished, what):
+    """Issue 61: a sharded export on a full disk said only "No space left on device" and
+    left shards and an index without config.json. Each output is one error line naming
+    the file, and no file of it (nor a temporary one) is left."""
+    out = small_disk / "out"
+    argv = {"sharded safetensors": ["ckpt", "export", str(finished), "--out",
+                                    f"{out}/model.safetensors", "--max-shard-size", "5kB"],
+            "h5": ["ckpt", "export", str(finished), "--out", f"{out}/model.h5"],
+            "plan": ["plan", TINY, "--json", f"{out}/p.json"],
+            "plot": ["plot", str(finished), "--out", f"{out}/plot.png"]}[what]
+    out.mkdir()
+    if what == "sharded safetensors":  # room for a shard or two, not for all of them
+        subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'filler'}", "bs=4096",
+                        "count=254"], capture_output=True)
+    else:
+        subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'filler'}", "bs=4096"],
+                       capture_output=True)  # until the disk is full
+    line = _one_error(_hpcpipe(argv))
+    assert str(out) in line and "No space left on device" in line, line
+    assert os.listdir(out) == [], os.listdir(out)

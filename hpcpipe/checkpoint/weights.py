@@ -11,13 +11,15 @@ import tempfile
 import numpy as np
 
 from hpcpipe.checkpoint import manifest as manifests
-from hpcpipe.checkpoint.hdf5 import Reader, sha256, store
-from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
+from hpcpipe.checkpoint import parts
+from hpcpipe.checkpoint.hdf5 import Reader
+from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.manifest import read as read_manifest
 from hpcpipe.checkpoint.verify import is_checkpoint
 from hpcpipe.device.budget import require
 from hpcpipe.model.layout import GPTConfig, param_layout
-from hpcpipe.util.files import claim_folder, fsync_dir, write_buffered
+from hpcpipe.util.files import claim_folder, fsync_dir
+from hpcpipe.util.state import Entry
 
 
 def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
@@ -95,25 +97,17 @@ def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
 
 def _write_weights_into(folder: str, cfg, tensors: dict, expected: dict, step: int,
                         source: str):
-    import h5py
-
+    """The parameters part of a checkpoint of one process (parts.py: its records too)."""
     name = "model-pp000.h5"
-
-    def write(buffer):
-        with h5py.File(buffer, "w") as f:
-            for tname in expected:
-                store(f, tname, np.asarray(tensors[tname]), stage=0)
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
-            f.attrs["file"] = name  # what it holds, checked on load
-
-    file = os.path.join(folder, name)
-    write_buffered(file, write)
+    entries = {t: Entry(np.asarray(tensors[t]), {"stage": 0}) for t in expected}
+    attrs = parts.records("model", "parameters (GPT-2 names)", name, step, (0, 0, 0),
+                          (1, 1, 1), {})
+    entry = parts.write(folder, name, entries, attrs, "tensors")
     layout = {"dp": 1, "pp": 1, "chunks": 1, "schedule": "none", "zero": 0,
               "rank_order": "pp-inner", "partition": [list(range(cfg.model.n_layer))]}
     manifest = manifests.build(
         cfg, step, str(np.asarray(tensors["wte"]).dtype), layout,
-        files={name: {"size": os.path.getsize(file), "sha256": sha256(file)}},
+        files={name: {"size": entry["size"], "sha256": entry["sha256"]}},
         tensors={t: {"file": name, "shape": list(expected[t])} for t in expected},
-        source=source)
+        source=source, parts={"model": [name]})
     manifests.write(folder, json.dumps(manifest, indent=1))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpcpipe.model.stage import cuts, seams
 from hpcpipe.parallel.pipeline.p2p import PipeComm
 from hpcpipe.parallel.pipeline.runtime import Runtime
 from hpcpipe.parallel.pipeline.stream import StreamRuntime
@@ -81,6 +82,22 @@ class Rank:
     def flush(self):
         """The pending post-validated step, settled (see TrainStep.flush)."""
         return self.step.flush()
+
+    def checkpoint_layout(self, cfg) -> dict:
+        """The layout a checkpoint of this rank records (the manifest's "layout"), which
+        the parts kept per rank are checked against when they load."""
+        grid, model, compressor = self.grid, self.model, self.step.gradsync.compressor
+        layout = {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "chunks": len(model.stages),
+                  "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
+                  "rank_order": grid.rank_order,
+                  "partition": [list(spec.layers) for spec in model.specs],
+                  "local_steps": cfg.train.local_steps,
+                  "powersgd_rank": compressor.rank if compressor is not None else 0}
+        if seams(model.specs):  # (absent where every stage edge falls between blocks)
+            layout["seams"] = seams(model.specs)
+        if cuts(model.specs):  # (absent where none falls inside a sublayer)
+            layout["cuts"] = cuts(model.specs)
+        return layout
 
     def evaluator(self) -> Evaluator:
         """The validation loss's forward passes, on the whole weights (ZeRO-3 gathers

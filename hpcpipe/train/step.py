@@ -24,8 +24,11 @@ from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.optim.post_validation import PostValidator
 from hpcpipe.optim.scaling import GradScale, LossScaler
 from hpcpipe.parallel.gradsync import BucketPlan, GradSync, ParamGather
-from hpcpipe.parallel.outer import OuterStep
+from hpcpipe.parallel.optimizer_state import OptimizerState
+from hpcpipe.parallel.outer import OuterState, OuterStep
+from hpcpipe.parallel.pipeline.parameters import ParameterState
 from hpcpipe.parallel.powersgd import PowerSGD
+from hpcpipe.parallel.powersgd_state import PowerSGDState
 from hpcpipe.util.timeline import local_row, step_stats
 
 
@@ -216,6 +219,19 @@ class TrainStep:
         self.scaler.restore(state)
         if self.validator is not None:
             self.validator.clipping = bool(state.get("clipping", 0))
+
+    def state_parts(self) -> list:
+        """What a checkpoint holds of this rank (util/state.py's parts), in the order they
+        load: the parameters, the optimizer shards, then what builds on them — local SGD's
+        per-replica state, PowerSGD's error feedback."""
+        model, grid = self.model, self.grid
+        parts = [ParameterState(model, grid),
+                 OptimizerState(self.optimizer, model, grid, bool(self.zero))]
+        if self.outer is not None:
+            parts.append(OuterState(self.outer, self.optimizer, model.backend))
+        if self.gradsync.compressor is not None:
+            parts.append(PowerSGDState(self.gradsync.compressor, model, grid))
+        return parts
 
     @property
     def post_validation_note(self) -> str | None:

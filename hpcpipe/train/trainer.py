@@ -45,7 +45,7 @@ from hpcpipe.runs.rundir import RunDir
 from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.schedules.ops import make_schedule, ops_from_strings
-from hpcpipe.train import memplan
+from hpcpipe.train import checkpoints, memplan
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
@@ -142,8 +142,6 @@ class Trainer:
                                     self.log)
         self.record = open_record(self, resume_path)
         self.metrics, self.summary = self.record.metrics, self.record.metrics.summary
-        self.summary.recompute = (memplan.AUTO_PENDING if train.recompute == "auto"
-                                  else train.recompute)
         self._describe()
         self.comm_s = 0.0
         if parallel.pp > 1 and parallel.schedule == "auto":
@@ -156,7 +154,7 @@ class Trainer:
         tick = time.perf_counter()
         own = self.run_id == manifest.get("run")
         check_same_data(manifest, self.data, own, self.cfg.data.allow_changed, path, self.log)
-        state = ckpt.load(self.rank, self.cfg, path, manifest)
+        state = checkpoints.load(self.rank, self.cfg, path, manifest)
         self.start_step = state["step"]
         self.last_saved = self.start_step if own else None
         self.rank.step.restore(state)
@@ -276,7 +274,7 @@ class Trainer:
         from hpcpipe import checkpoint as ckpt
 
         self._settle()
-        saved = ckpt.save(self.rank, self.cfg, step, self.run_dir.path,
+        saved = checkpoints.save(self.rank, self.cfg, step, self.run_dir.path,
                           {**self.rank.step.state(), "lr_step": step,
                            "data_step": step, "seed": self.cfg.train.seed},
                           keep=self.cfg.checkpoint.keep, keep_every=self.cfg.checkpoint.keep_every,
@@ -431,7 +429,8 @@ def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
     """This piece's RunRecord, with the run's Summary and Metrics (see runrecord.py)."""
     cfg, comm, train = trainer.cfg, trainer.comm, trainer.cfg.train
     summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule,
-                      data=trainer.data)
+                      data=trainer.data, recompute=memplan.AUTO_PENDING
+                      if train.recompute.strip() == "auto" else train.recompute)
     # MFU's two halves: the model's FLOPs per token, and every rank's peak (nominal where
     # the device is known, else measured: flops.device_peak).
     peak, source = device_peak(trainer.be, train.dtype)

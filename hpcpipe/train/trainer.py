@@ -315,17 +315,19 @@ class Trainer:
             self.log(f"done: nothing to train, the run is at step {self.start_step} of "
                      f"{steps} (raise train.steps to continue)")
             return summary
-        self._report()
+        for line in report(self):
+            self.log(line)
         return summary
 
-    def _report(self):
-        step = self.rank.step
-        for line in end_of_run(self.metrics, self.cfg.parallel, step.gradsync.bytes_reduced,
-                               step.optimizer_state_bytes, self.record.piece.seconds):
-            self.log(line)
-        if step.outer is not None:
-            self.log(local_sgd_line(step, self.summary.steps - self.start_step))
 
+def report(trainer: Trainer) -> list[str]:
+    """The end-of-run summary's lines (runs/report.py's, and local SGD's)."""
+    step = trainer.rank.step
+    lines = end_of_run(trainer.metrics, trainer.cfg.parallel, step.gradsync.bytes_reduced,
+                       step.optimizer_state_bytes, trainer.record.piece.seconds)
+    if step.outer is not None:
+        lines.append(local_sgd_line(step, trainer.summary.steps - trainer.start_step))
+    return lines
 
 def chosen_schedule(trainer: Trainer, costs: Costs):
     """The auto schedule on the measured costs, the costs it was found with (recomputation

@@ -7,8 +7,9 @@ over the steps since the previous line, so that one noisy step does not stand fo
 and keeps what the end-of-run summary reports. A line's `loss` is the mean over the step's
 microbatches and replicas, and its `grad_norm` the global norm before clipping — under
 local SGD, where each replica steps (and clips) on its own gradient, the mean of the
-replicas' norms, so that both numbers describe every replica alike. A resumed run first replays the records of
-its earlier pieces (`replay`), so that the summary covers the whole run.
+replicas' norms, so that both numbers describe every replica alike. A resumed run first
+replays the records of its earlier pieces (`replay`), so that the summary covers the whole
+run.
 
 MFU: the model's training FLOPs per token (flops.py: 6N + 12·L·C·T) times tokens/s,
 divided by the sum over the ranks of each rank's peak (flops.device_peak): a GPU's

@@ -34,14 +34,15 @@ class Rank:
 
     @classmethod
     def build(cls, cfg, grid, be, schedule, trace=None, gpu_aware: bool = False,
-              costs=None) -> "Rank":
+              costs=None, beacon=None) -> "Rank":
         """The rank of `grid` under `schedule`, computing on backend `be`; `trace` (a
         trace.Trace) records its events and step statistics; gpu_aware: hand device
         buffers to MPI directly (see transport.py); costs: what the stages are balanced by
-        (default planning.stage_costs)."""
+        (default planning.stage_costs); beacon: where the rank says it is (beacon.py: the
+        hang watchdog reads it; default one of its own)."""
         from hpcpipe.util.timeline import Trace
 
-        transport = Transport(be, gpu_aware)
+        transport = Transport(be, gpu_aware, beacon)
         model = RankModel(cfg, grid, be, schedule, transport, costs)
         # Activations between stages: (B, T, C), or T/tp of each sequence per shard under
         # sequence parallelism.

@@ -128,7 +128,11 @@ class TrainStep:
 
     def grad_norm(self) -> float:
         """The global norm of the reduced gradient, unscaled (a collective)."""
-        return self.norm.global_norm(self.gradsync.gradients())
+        beacon = self.model.beacon
+        beacon.collective(self.norm.group, "the all-gather of the gradient norm's parts")
+        norm = self.norm.global_norm(self.gradsync.gradients())
+        beacon.done()
+        return norm
 
     # -- a whole step ----------------------------------------------------------------------
     def run(self, runtime, step: int, inputs, lr: float, max_norm: float) -> list[StepOutcome]:

@@ -35,7 +35,9 @@ from hpcpipe.parallel.pipeline.planning import (
     profiled_costs,
     stage_costs,
 )
+from hpcpipe.parallel.beacon import Beacon
 from hpcpipe.parallel.transport import resolve_gpu_aware
+from hpcpipe.parallel.watchdog import HANGS, Watchdog
 from hpcpipe.runs.lock import RunLock
 from hpcpipe.runs.metrics import Metrics, Summary
 from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED, STOPPED
@@ -97,6 +99,8 @@ class Trainer:
             self.out(msg)
 
     def _release(self):
+        if getattr(self, "watchdog", None) is not None:
+            self.watchdog.close()
         if self.own_watch:
             self.watch.close()
         if getattr(self, "lock", None) is not None:
@@ -114,6 +118,8 @@ class Trainer:
         self.lock = root_does(comm, lambda: RunLock.acquire(run_dir))
         self.grid = gridlib.build(comm, parallel.dp, parallel.pp, parallel.rank_order,
                                   source=cfg.source, tp=parallel.tp)
+        self.beacon, self.watchdog = watch_over(self.grid, parallel.timeout, run_dir,
+                                                self.watch)
         threads = backend.limit_threads(self.grid.local_size)
         self.be = backend.select(train.device, self.grid.local_rank, peers=comm,
                                  gpu_sharing=train.gpu_sharing, threads=threads)
@@ -135,7 +141,7 @@ class Trainer:
         self.run_id = run_identity(comm, manifest if own else None)
         self.trace = timeline.Trace(rank=comm.rank)
         self.rank = Rank.build(cfg, self.grid, self.be, schedule, self.trace, gpu_aware,
-                               costs)
+                               costs, self.beacon)
         if resume_path:
             self._resume(resume_path, manifest)
         self.run_dir = open_run_dir(run_dir, cfg, comm, manifest["step"] if own else None,
@@ -215,6 +221,7 @@ class Trainer:
         train = self.cfg.train
         tick = time.perf_counter()
         lr = learning_rate(step - 1, train.lr, train.min_lr, train.warmup_steps, train.steps)
+        self.beacon.at("its step (the schedule, the reductions, the update)", step)
         finished = self.rank.train_step(step, self._inputs(step), lr, train.grad_clip)
         self.metrics.started(step, time.perf_counter() - tick, lr)
         for outcome in finished:
@@ -266,19 +273,20 @@ class Trainer:
         self.run_dir.write_json("auto_schedule.json", record)
 
     def _evaluate(self, step: int):
+        self.beacon.at("evaluation", step)
         value = self.rank.evaluator().evaluate(validation_batches(self.tokens, self.cfg,
                                                                   self.be))
         self.metrics.evaluated(step, value)
 
     def _save(self, step: int):
-        from hpcpipe import checkpoint as ckpt
-
         self._settle()
+        self.beacon.at("checkpoint", step)
         saved = checkpoints.save(self.rank, self.cfg, step, self.run_dir.path,
-                          {**self.rank.step.state(), "lr_step": step,
-                           "data_step": step, "seed": self.cfg.train.seed},
-                          keep=self.cfg.checkpoint.keep, keep_every=self.cfg.checkpoint.keep_every,
-                          run=self.run_id, data=self.data)
+                                 {**self.rank.step.state(), "lr_step": step,
+                                  "data_step": step, "seed": self.cfg.train.seed},
+                                 keep=self.cfg.checkpoint.keep,
+                                 keep_every=self.cfg.checkpoint.keep_every, run=self.run_id,
+                                 data=self.data)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path
@@ -425,6 +433,15 @@ def mode_notes(train, step) -> list[str]:
     note = step.post_validation_note
     return ([note] if note and train.grad_clip > 0 else []) + (
         [describe_local_sgd(train)] if train.local_steps else [])
+
+
+def watch_over(grid, timeout: float, run_dir: str, watch):
+    """This rank's Beacon (where it is) and the hang watchdog over it (parallel/
+    watchdog.py: parallel.timeout, SIGUSR2, the dumps in RUN_DIR/hangs/); the preemption
+    watch says through it what its step-boundary agreement waits on."""
+    beacon = Beacon.for_grid(grid)
+    watch.beacon = beacon
+    return beacon, Watchdog(grid.world, beacon, timeout, os.path.join(run_dir, HANGS))
 
 
 def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:

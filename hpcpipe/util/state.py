@@ -22,9 +22,9 @@ tensor shards, runs its collective there) and returns None on a rank that writes
 nothing. The checkpointer (hpcpipe/checkpoint/parts.py) writes each entry as one HDF5
 dataset with the records every state file carries — the format version, the part and
 what it holds, the file's own name, the step, the writer's grid coordinates, the grid's
-shape and the layout entries its `layout_keys` name — and refuses, before `load` sees them, a file whose
-records do not match its place: another step's (copied in from an older checkpoint),
-another rank's (swapped), another layout's. `held_by(manifest)` says when a checkpoint
+shape and the layout entries its `layout_keys` name — and refuses, before `load` sees
+them, a file whose records do not match its place: another step's (copied in from an
+older checkpoint), another rank's (swapped). `held_by(manifest)` says when a checkpoint
 must hold the part (PowerSGD's state where the layout records a PowerSGD rank): a part
 the manifest says the run had and that is missing is refused, never restarted silently.
 

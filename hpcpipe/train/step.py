@@ -161,15 +161,8 @@ class TrainStep:
         self.scaler.update(not skipped)
         stats = step_stats(self.trace, step, result, self.grid.world,
                            **self._reduction_stats()) if self.trace else None
-        return StepOutcome(step, loss, self._replicas_mean(norm), skipped, result, stats,
-                           loss_scale=scale)
-
-    def _replicas_mean(self, norm: float) -> float:
-        """The norm a step reports: under local SGD each replica clips by its own, and the
-        record is their mean — as the loss is (RankModel.mean_loss) — never one replica's."""
-        if self.outer is None or self.grid.dp == 1:
-            return norm
-        return sum(self.grid.data.allgather(norm)) / self.grid.dp
+        reported = norm if self.outer is None else replicas_mean(self.grid, norm)
+        return StepOutcome(step, loss, reported, skipped, result, stats, loss_scale=scale)
 
     def _update(self, lr: float, coefficient: float):
         self.optimizer.step(self.gradsync.gradients(), lr, coefficient)
@@ -284,3 +277,9 @@ class TrainStep:
                 "master": sum(int(sh.master.nbytes) for sh in self.optimizer.shards
                               if sh.has_master),
                 "moments": self.optimizer.state_bytes}
+
+
+def replicas_mean(grid, norm: float) -> float:
+    """The norm a step under local SGD reports: each replica clips by its own, and the
+    record is their mean — as the loss is (RankModel.mean_loss) — never one replica's."""
+    return sum(grid.data.allgather(norm)) / grid.dp if grid.dp > 1 else norm

@@ -53,8 +53,10 @@ def _file_problem(file: str, info: dict, name: str, manifest: dict) -> str | Non
                 f"(truncated or replaced)")
     if sha256(file) != info["sha256"]:
         return f"{file}: SHA-256 differs from the manifest (corrupted)"
+    if not file.endswith(".h5"):  # (a tokenizer.json: its size and SHA-256 are all)
+        return None
 
-    def read_all(name, obj):
+    def read_all(_, obj):
         if isinstance(obj, h5py.Group):
             for key in obj:  # the visit follows hard links only: the others are refused
                 member(obj, key, file)

@@ -1,8 +1,9 @@
 """TensorBoard event files of a run (`train.tensorboard = true`): RUN_DIR/tensorboard/.
 
 The scalars are those of metrics.jsonl, grouped as TensorBoard shows them — train/
-(loss, lr, grad_norm, val_loss), perf/ (tokens_per_s, mfu, bubble), time/ (step_s and
-where it went on the busiest rank: compute, exposed communication, optimizer), memory/
+(loss, lr, grad_norm), val/ (loss: the validation loss, its own chart), perf/
+(tokens_per_s, mfu, bubble), time/ (step_s and where it went on the busiest rank:
+compute, exposed communication, optimizer), memory/
 (the root's GiB now and at most) — one point per step. The root writes them, with a
 maintained writer's own records (tensorboardX's event and summary protocol buffers and
 its record framing, or the `tensorboard` package's where PyTorch's writer is what is
@@ -40,6 +41,7 @@ GIB = 2**30
 SCALARS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
            "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu", "bubble": "perf/bubble",
            "step_s": "time/step_s"}
+VAL_LOSS = "val/loss"  # the evaluations' validation loss (a tag of its own, not train/'s)
 _FLUSH_S = 10.0  # events reach the disk at least this often (and at every evaluation)
 
 
@@ -174,7 +176,7 @@ class TensorBoard:
 
     def evaluated(self, step: int, value: float):
         if math.isfinite(value):
-            self._scalar("train/val_loss", value, step)
+            self._scalar(VAL_LOSS, value, step)
             self._flush()  # evaluations are rare and worth seeing at once
 
     def close(self):

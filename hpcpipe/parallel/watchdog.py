@@ -10,10 +10,13 @@ rank that stalls — in a long op, a GPU kernel that never returns — is named 
 neighbours' lines and by its own: "in F3 of chunk 0 for 31.2 s, waiting on nothing".
 
 SIGUSR2 prints the same line on the rank it reaches without ending anything (send it to
-every rank: `scancel --signal=USR2 JOB`, `pkill -USR2 -f hpcpipe`). A second SIGTERM,
-SIGUSR1 or Ctrl-C ends the rank at once even where it is blocked inside MPI, where no
-Python signal handler could run: the signal's byte reaches this thread through Python's
-wakeup file descriptor.
+every rank: `scancel --signal=USR2 JOB`). Signals always end the job, even where the main
+thread is blocked inside MPI and no Python signal handler runs (each signal's byte reaches
+this thread through Python's wakeup file descriptor): after SIGTERM or SIGUSR1 (save at the
+next step boundary and stop), a wait longer than STOP_GRACE_S is taken for a hang as
+above; a second Ctrl-C ends the rank at once. (A second SIGTERM or SIGUSR1 is no such
+signal: Slurm's `scancel --full` and a job script that passes signals on deliver each
+twice.)
 
 Every dump also goes to RUN_DIR/hangs/rank-NNNNN.json (`python -m hpcpipe doctor RUN_DIR`
 reads them and names the ranks that wait on each other). The dump line:
@@ -45,8 +48,20 @@ HANGS = "hangs"  # RUN_DIR/hangs/rank-00003.json: each rank's last dump
 EXIT_HUNG = 3  # the exit status of a job ended by parallel.timeout
 ALARM, ACK = 1, 2  # the watchdogs' message tags
 GRACE_S = 10.0  # how long a rank that timed out waits for the others' lines
-_STOPS = {signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1", signal.SIGINT: "SIGINT"}
-_AT_ONCE_S = 2.0  # after a second stop signal, the time the main thread has to end itself
+_PREEMPTS = {signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1"}
+_AT_ONCE_S = 2.0  # after a second Ctrl-C, the time the main thread has to end itself
+# After SIGTERM or SIGUSR1, how long a rank may wait on one message or collective before
+# the job is taken for hung (it cannot reach the step boundary that saves and ends it):
+# parallel.timeout, or this where it is shorter or off. HPCPIPE_STOP_GRACE_S sets it.
+STOP_GRACE_S = 30.0
+
+
+def _stop_grace_from_env() -> float:
+    try:
+        value = float(os.environ.get("HPCPIPE_STOP_GRACE_S", STOP_GRACE_S))
+    except ValueError:
+        return STOP_GRACE_S
+    return value if 0 < value <= 3600 else STOP_GRACE_S
 
 
 def dump_name(rank: int) -> str:
@@ -110,7 +125,9 @@ class Watchdog:
                                               tag=ALARM) if self.talks else None
         self._acks = []  # answers to another rank's alarm, kept until they are sent
         self.fired = self.answered = False
-        self.stops, self._at_once = [], None
+        self.interrupts, self._at_once = 0, None
+        self.preempted = None  # (the signal's name, when) of the first SIGTERM or SIGUSR1
+        self.stop_grace = _stop_grace_from_env()
         self.poll = min(0.5, self.timeout / 10) if self.timeout else 0.5
         self._signal_r, self._stop_r = self._listen()
         self._thread = threading.Thread(target=self._run, name="hpcpipe-watchdog", daemon=True)
@@ -146,17 +163,33 @@ class Watchdog:
     def _check(self):
         if self.talks and not self.answered and self._alarm_request.Test():
             self._answer()
-        if self.timeout and not (self.fired or self.answered) and \
-                self.beacon.waited() > self.timeout:
+        if not (self.fired or self.answered) and self._overdue():
             self._fire()
         if self._at_once is not None and time.monotonic() > self._at_once:
             self._end_at_once()
 
+    def _overdue(self) -> bool:
+        """Whether this rank's wait passed parallel.timeout — or, once SIGTERM or SIGUSR1
+        came, the stop grace counted from the signal (a job that cannot reach its step
+        boundary to save must still end)."""
+        waited = self.beacon.waited()
+        if self.timeout and waited > self.timeout:
+            return True
+        if self.preempted is not None:
+            return min(waited, time.monotonic() - self.preempted[1]) > self.stop_grace
+        return False
+
+    def _limit(self) -> str:
+        """What the wait passed, in words."""
+        if self.timeout and self.beacon.waited() > self.timeout:
+            return f"parallel.timeout = {self.timeout:g} s"
+        return (f"{self.stop_grace:g} s after {self.preempted[0]} (the run cannot reach its "
+                f"step boundary to save and stop)")
+
     def _answer(self):
         """Another rank timed out and asks: this rank's line, then its answer."""
         self.answered = True
-        self.dump(f"told by rank {int(self._alarm[0])}, whose wait passed "
-                  f"parallel.timeout = {self.timeout:g} s")
+        self.dump(f"told by rank {int(self._alarm[0])}, whose wait passed its limit")
         self._acks.append(self.comm.Isend(np.array([self.rank], np.int64),
                                           dest=int(self._alarm[0]), tag=ACK))
 
@@ -164,20 +197,23 @@ class Watchdog:
         for signum in data:
             if signum == signal.SIGUSR2:
                 self.dump("SIGUSR2: a dump on demand; the run goes on")
-            elif signum in _STOPS:
-                self.stops.append(signum)
-                if len(self.stops) == 2:  # the way out of a run that will not wait
+            elif signum in _PREEMPTS and self.preempted is None:
+                self.preempted = (_PREEMPTS[signum], time.monotonic())
+            elif signum == signal.SIGINT:
+                self.interrupts += 1
+                if self.interrupts == 2:  # the way out of a run that will not wait
                     self._at_once = time.monotonic() + _AT_ONCE_S
 
     def _fire(self):
         """This rank's wait passed the timeout: every rank says where it is, then the job
         ends with one error line from this rank."""
         self.fired = True
-        waited, wait = self.beacon.waited(), self.beacon.snapshot()["waiting"]
+        waited, wait, limit = self.beacon.waited(), self.beacon.snapshot()["waiting"], \
+            self._limit()
         if self.talks and not self.answered and self._alarm_request.Test():
             self._check()  # another rank timed out first: it ends the job
             return
-        self.dump(f"waited past parallel.timeout = {self.timeout:g} s")
+        self.dump(f"waited past {limit}")
         missing = self._tell_everyone()
         if missing is None:
             return  # a lower rank timed out too, at the same time: it ends the job
@@ -185,9 +221,8 @@ class Watchdog:
             f"the receive of {wait['what']} from rank {wait['peers'][0]} (tag {wait['tag']})"
             if wait["kind"] == "recv" else
             f"{wait['what']} (ranks {', '.join(map(str, wait['peers']))})")
-        self._say(f"error: rank {self.rank}: waited {waited:.1f} s on {what}, longer than "
-                  f"parallel.timeout = {self.timeout:g} s: the job hangs. Every rank's line "
-                  f"above says where it is"
+        self._say(f"error: rank {self.rank}: waited {waited:.1f} s on {what}, past "
+                  f"{limit}: the job hangs. Every rank's line above says where it is"
                   + (f" ({os.path.dirname(self.dumps)}: python -m hpcpipe doctor "
                      f"{os.path.dirname(self.dumps)} names who waits on whom)"
                      if self.dumps else "")
@@ -220,15 +255,15 @@ class Watchdog:
         return [r for r, request in recvs.items() if not request.Test()]
 
     def _end_at_once(self):
-        """A second stop signal, and the main thread has not ended: end this rank now."""
+        """A second Ctrl-C, and the main thread has not ended (blocked inside MPI, where
+        Python's KeyboardInterrupt cannot reach it): end this rank now."""
         self._at_once = None
-        name = _STOPS[self.stops[-1]]
-        self.dump(f"a second {name}: stopping at once")
+        self.dump("a second Ctrl-C: stopping at once")
         if self.rank != 0:  # a job signalled whole ends with rank 0's one line (its abort
             time.sleep(2.0)  # comes first); a rank signalled alone says its own after this
-        self._say(f"error: rank {self.rank}: a second {name}: stopped at once, where "
-                  f"it was (the line above); the last checkpoint is as it was")
-        self._end(128 + self.stops[-1])
+        self._say(f"error: rank {self.rank}: a second Ctrl-C: stopped at once, where it was "
+                  f"(the line above); the last checkpoint is as it was")
+        self._end(128 + signal.SIGINT)
 
     def _end(self, status: int):
         self.stream.flush()

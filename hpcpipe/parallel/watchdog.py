@@ -53,7 +53,7 @@ _AT_ONCE_S = 2.0  # after a second Ctrl-C, the time the main thread has to end i
 # After SIGTERM or SIGUSR1, how long a rank may wait on one message or collective before
 # the job is taken for hung (it cannot reach the step boundary that saves and ends it):
 # parallel.timeout, or this where it is shorter or off. HPCPIPE_STOP_GRACE_S sets it.
-STOP_GRACE_S = 30.0
+STOP_GRACE_S = 120.0  # (no op of a real model takes minutes; SIGKILL follows anyway)
 
 
 def _stop_grace_from_env() -> float:

@@ -25,7 +25,8 @@ from hpcpipe.optim.post_validation import PostValidator
 from hpcpipe.optim.scaling import GradScale, LossScaler
 from hpcpipe.parallel.gradsync import BucketPlan, GradSync, ParamGather
 from hpcpipe.parallel.optimizer_state import OptimizerState
-from hpcpipe.parallel.outer import OuterState, OuterStep
+from hpcpipe.parallel.outer import OuterStep
+from hpcpipe.parallel.outer_state import OuterState
 from hpcpipe.parallel.pipeline.parameters import ParameterState
 from hpcpipe.parallel.powersgd import PowerSGD
 from hpcpipe.parallel.powersgd_state import PowerSGDState

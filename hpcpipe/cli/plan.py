@@ -74,6 +74,7 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
     `gpu_memory`: each rank's GPU in GiB, in place of this machine's (--gpu-memory)."""
     from hpcpipe import config
     from hpcpipe.model.flops import device_rates
+    from hpcpipe.parallel.grid import check_launch
     from hpcpipe.plan import build
     from hpcpipe.plan import memory as planned
     from hpcpipe.plan.balance import stage_costs
@@ -84,8 +85,10 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
     for note in cfg.notes:  # keys an older config named, where they live now
         out(note)
     p = cfg.parallel
-    cfg = config.for_world(cfg, world or p.pp * p.tp * max(p.dp, 1))
+    world = world or p.pp * p.tp * max(p.dp, 1)
+    cfg = config.for_world(cfg, world)
     p = cfg.parallel
+    check_launch(world, p.dp, p.pp, p.tp, cfg.source)  # what train says of this launch
     ranks = ranks_per_node or planned.replicas(cfg) * p.pp  # dp "auto": one replica
     be = _gpu_backend(cfg)
     # A GPU run is balanced at its GPU's rates: measured here where it is, as the run

@@ -98,3 +98,37 @@ def check_divisible(model, tp: int) -> list[tuple[str, int, str]]:
             problems.append((key, getattr(model, key),
                              f"{what} {value} do not divide among parallel.tp = {tp} shards"))
     return problems
+
+
+# -- how a checkpoint records which part of a tensor a rank's state is ------------------------
+
+def part_record(stage, name: str, tp: int, tp_rank: int) -> dict | None:
+    """Which part of tensor `name` a rank's state of it is, as a checkpoint records it
+    (`piece_shard` reads it back): {"tp": [shards, shard]} a tensor-parallel shard's, None
+    all of it (a tensor every shard holds whole, or no tensor parallelism)."""
+    if tp == 1 or stage.shards[name].replicated:
+        return None
+    return {"tp": [tp, tp_rank]}
+
+
+def piece_shard(name: str, shape, piece: dict) -> Shard:
+    """The Shard a record (`part_record`'s) names; checked first by `record_size`."""
+    return shard_of(name, shape, *piece["tp"])
+
+
+def record_size(name: str, shape, record: dict, n_head: int) -> int:
+    """Elements of the part of tensor `name` (global `shape`) a record names, checked to
+    be one the tensor has (ValueError saying why). (A stage's part across a sublayer's
+    width, which the code of 2026-12-06 recorded as "part", is refused: no stage edge
+    crosses a width now. `n_head`: the model's, for the messages' sake of its shape.)"""
+    import math
+
+    if "tp" not in record:
+        raise ValueError(f"names a part {record.get('part')} of a sublayer's width, which "
+                         f"no stage holds now (stage edges fall between blocks or at seams, "
+                         f"issue 58): load it with the code that wrote it")
+    tp = record["tp"]
+    if len(tp) != 2 or not 1 <= tp[0] <= max(shape, default=1) or not 0 <= tp[1] < tp[0]:
+        raise ValueError(f"names tensor shard {tp}, which the tensor's shape {list(shape)} "
+                         f"does not have (a model of {n_head} heads)")
+    return math.prod(shard_of(name, shape, tp[0], tp[1]).local_shape(shape))

@@ -123,15 +123,20 @@ def memory_levels(memory) -> dict:
 
 
 def activation_peaks(cfg, schedule, specs, recompute) -> list[float]:
-    """The planned peak activation bytes per rank (auto: at least its memory limit)."""
+    """The planned peak activation bytes per rank. Auto's schedule is found only after
+    profiling, under its memory limit: its plan is the limit — no more than every
+    microbatch of every chunk held at once, the most any schedule holds, so that a byte
+    limit above what auto can need ("100GiB" on a smaller machine) reads as no tighter
+    than needed instead of as a need of its own."""
     peaks = list(simulated_peaks(cfg, schedule, specs, recompute))
     if from_costs(cfg.parallel.schedule):
         memory = stage_memories(cfg, specs, Mode.NONE)
         limit, in_bytes = memory_limit(cfg)
         for rank in range(len(peaks)):
-            held = sum(memory[schedule.stage_of[(rank, c)]].full
-                       for c in range(schedule.chunks)) / schedule.chunks
-            peaks[rank] = max(peaks[rank], limit if in_bytes else limit * held)
+            mine = [memory[schedule.stage_of[(rank, c)]] for c in range(schedule.chunks)]
+            held = sum(m.full for m in mine) / schedule.chunks
+            most = schedule.num_microbatches * sum(max(m.full, m.after_b) for m in mine)
+            peaks[rank] = max(peaks[rank], min(limit if in_bytes else limit * held, most))
     return peaks
 
 

@@ -94,6 +94,19 @@ def from_costs(recompute, stages: int) -> tuple[StageRecompute, ...]:
                  for c in each)
 
 
+AUTO_PENDING = ("auto: nothing chosen yet (it is chosen with the schedule after "
+                "parallel.profile_steps; the run ended before)")
+
+
+def describe_auto_choice(chosen) -> str:
+    """What train.recompute = "auto" chose (a StageRecompute per model stage), for the
+    summary: "nothing" when no stage recomputes (said, so that a reader never guesses),
+    else the choice per model stage."""
+    if not any(r.mode.rebuilds for r in chosen):
+        return "auto: nothing (every model stage keeps its activations)"
+    return f"auto: {'/'.join(map(str, chosen))} per model stage"
+
+
 def priced(recompute: tuple[StageRecompute, ...], memory_of, microbatches: int):
     """The plan's recomputation as the cost model prices it: per stage a Recompute keeping
     its share of M_B (`memory_of(mode)`: each stage's StageMemory under that mode), or a

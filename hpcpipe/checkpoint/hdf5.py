@@ -284,7 +284,7 @@ class Reader:
             if data is None:
                 return None
             if "tp" in p:
-                index = shard_of(name, shape, *p["tp"]).global_indices(shape)
+                index = piece_shard(name, shape, p).global_indices(shape)
                 index = index[p["start"]:p["stop"]]
             else:
                 index = np.arange(p["start"], p["stop"])

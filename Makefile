@@ -91,7 +91,7 @@ run: install
 # (pytest-xdist: on 2 cores one of them would leave a core idle), then those marked
 # `serial` at collection (MPI jobs, Slurm, parallel compilers: tests/conftest.py) one at a
 # time —, then the device tests (marked `device`) again on the device stand-in
-# (hpcpipe/device/standin.py), which refuses every implicit host/device transfer and every
+# (hpcpipe/devtools/standin.py), which refuses every implicit host/device transfer and every
 # device buffer handed to MPI, as CuPy and a non-CUDA-aware MPI would.
 PYTEST := $(PY) -m pytest $(if $(REQUIRE),--require=$(REQUIRE),)
 WORKERS ?= 2

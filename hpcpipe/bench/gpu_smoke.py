@@ -147,14 +147,10 @@ def fused_kernels(be) -> dict:
     `check_on_device(xp)` (a list of {"kernel", "max_error", "ok"}); skipped with a
     message where the package is not there."""
     try:
-        from hpcpipe.device import kernels
+        from hpcpipe.devtools.ondevice import check_on_device
     except ImportError as e:
-        return {"status": "skipped", "why": f"hpcpipe.device.kernels is not importable ({e})"}
-    check = getattr(kernels, "check_on_device", None)
-    if check is None:
-        return {"status": "skipped",
-                "why": "hpcpipe.device.kernels has no check_on_device(xp) to run"}
-    results = check(be.xp)
+        return {"status": "skipped", "why": f"hpcpipe.devtools.ondevice is not importable ({e})"}
+    results = check_on_device(be.xp)
     return {"status": "passed" if all(r["ok"] for r in results) else "failed",
             "results": results}
 

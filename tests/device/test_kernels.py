@@ -21,10 +21,11 @@ from harness import kernelcases
 import numpy as np
 import pytest
 
-from hpcpipe.device.kernels import SOURCES, Kernels, compilecheck, hostbuild, source_text
+from hpcpipe.device.kernels import SOURCES, Kernels, source_text
+from hpcpipe.devtools import compilecheck, hostbuild
 from hpcpipe.device.kernels import gelu as k_gelu
 from hpcpipe.device.kernels import layernorm as k_layernorm
-from hpcpipe.device.kernels.rawmodule import RawModule
+from hpcpipe.devtools.rawmodule import RawModule
 
 NVCC_MISSING = None if compilecheck.nvcc() else "no nvcc (the CUDA toolkit) on this machine"
 NVRTC_MISSING = compilecheck.nvrtc_missing()
@@ -175,7 +176,7 @@ def _launch_script(code: str, kernel: str, args: str, sanitize: bool = False) ->
         "import numpy as np, sys",
         f"sys.path.insert(0, {str(Path(kernelcases.__file__).parent)!r})",
         "import kernelcases",
-        "from hpcpipe.device.kernels.rawmodule import RawModule",
+        "from hpcpipe.devtools.rawmodule import RawModule",
         "xp = kernelcases.devicesim.device()",
         (f"RawModule(code={code!r}, sanitize={sanitize}).get_function({kernel!r})"
          f"((1,), (32,), ({args}))"), ""])
@@ -287,7 +288,7 @@ def test_the_host_wmma_multiplies_and_a_missing_syncwarp_reads_stale_values():
     """shim.h's WMMA: D = A B + C with B given column-major, as on a GPU; and a lane
     reading a stored tile without __syncwarp() first sees other lanes' elements unwritten,
     so the kernels' test catches a missing one, as a GPU might show it."""
-    from hpcpipe.device.kernels.rawmodule import RawModule
+    from hpcpipe.devtools.rawmodule import RawModule
 
     xp, rng = kernelcases.devicesim.device(), np.random.default_rng(0)
     a = rng.standard_normal((16, 16)).astype(kernelcases.BF16)

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from hpcpipe import config
 from hpcpipe.device import backend
-from hpcpipe.device import standin
+from hpcpipe.devtools import standin
 from hpcpipe.model.layers import (
     attention,
     block,
@@ -186,8 +186,8 @@ def test_the_stand_in_counts_explicit_transfers_and_reports_one_device():
 
 
 def test_fake_gpu_selects_the_stand_in(monkeypatch):
-    monkeypatch.setenv(standin.FAKE_GPU_ENV, "1")
+    monkeypatch.setenv(backend.FAKE_GPU_ENV, "1")
     be = backend.select("gpu")
     assert be.is_gpu and be.name == "simgpu" and "stand-in" in be.describe()
-    monkeypatch.setenv(standin.FAKE_GPU_ENV, "0")
+    monkeypatch.setenv(backend.FAKE_GPU_ENV, "0")
     assert not backend.select("auto").is_gpu or backend.select("auto").name == "cupy"

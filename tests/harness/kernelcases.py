@@ -33,9 +33,9 @@ from hpcpipe.device.kernels import gelu as k_gelu
 from hpcpipe.device.kernels import gradnorm as k_gradnorm
 from hpcpipe.device.kernels import layernorm as k_layernorm
 from hpcpipe.device.kernels import residual as k_residual
-from hpcpipe.device.kernels.rawmodule import RawModule
+from hpcpipe.devtools.rawmodule import RawModule
 
-from hpcpipe.device import standin as devicesim
+from hpcpipe.devtools import standin as devicesim
 from hpcpipe.model.layers import attention, embedding, gelu, layernorm, loss
 from hpcpipe.optim.adamw import AdamW, ParamShard
 
@@ -565,7 +565,8 @@ CASES = (case_layernorm, case_gelu, case_residual, case_attention, case_cross_en
 
 def kernels(sanitize: bool = False) -> Kernels:
     """Kernels on the host builds, every source compiled first, on every core at once."""
-    from hpcpipe.device.kernels import SOURCES, hostbuild, source_text
+    from hpcpipe.device.kernels import SOURCES, source_text
+    from hpcpipe.devtools import hostbuild
 
     hostbuild.build_all((source_text(name) for name in SOURCES), sanitize)
     return Kernels(functools.partial(RawModule, sanitize=sanitize))

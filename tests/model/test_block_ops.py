@@ -8,9 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from hpcpipe.device import standin
+from hpcpipe.devtools import standin
 from hpcpipe.device.backend import Backend
-from hpcpipe.device.kernels import hostbuild
+from hpcpipe.devtools import hostbuild
 from hpcpipe.model.layers import block, ops, scope
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.stage import Stage

@@ -7,9 +7,9 @@ of the split tensors, and the parts make up the whole."""
 import numpy as np
 import pytest
 
-from hpcpipe.device import standin
+from hpcpipe.devtools import standin
 from hpcpipe.device.backend import Backend
-from hpcpipe.device.kernels import hostbuild
+from hpcpipe.devtools import hostbuild
 from hpcpipe.model.layers import ops
 from hpcpipe.model.layout import GPTConfig, op_runs
 from hpcpipe.model.stage import Stage

@@ -74,6 +74,8 @@ butterflies, fixed chunk counts), never by the device's size or timing.
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +149,27 @@ def source_text(name: str) -> str:
     return expand(SOURCES[name].path)
 
 
+@functools.cache
+def cuda_include(headers=("cuda_bf16.h", "crt/host_defines.h", "nv/target")) -> Path | None:
+    """A folder holding `headers`: the NVIDIA wheels' (nvidia-cuda-runtime has
+    cuda_bf16.h, nvidia-cuda-crt the crt/ headers a host compiler needs beside it, where
+    NVRTC has its own, nvidia-cuda-cccl nv/target), CUDA_HOME's, /usr/local/cuda's or a
+    versioned toolkit's (/usr/local/cuda-13.0, newest first)."""
+    candidates = []
+    try:
+        import nvidia  # namespace package of NVIDIA's wheels
+        for root in nvidia.__path__:
+            candidates += sorted(Path(root).glob("cu*/include"))
+            candidates.append(Path(root) / "cuda_runtime" / "include")
+    except ImportError:
+        pass
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            candidates.append(Path(home) / "include")
+    candidates += sorted(Path("/usr/local").glob("cuda-*/include"), reverse=True)  # versioned
+    return next((c for c in candidates if all((c / h).is_file() for h in headers)), None)
+
+
 def options(name: str) -> tuple[str, ...]:
     """NVRTC's options for SOURCES[name]: with -I the first CUDA include folder that holds
     the headers it needs. (The H200 image's CUDA 13 wheel, which CuPy takes its headers
@@ -155,8 +178,6 @@ def options(name: str) -> tuple[str, ...]:
     source = SOURCES[name]
     if not source.headers:
         return COMMON_OPTIONS + source.options
-    from .hostbuild import cuda_include
-
     folder = cuda_include(source.headers)
     return COMMON_OPTIONS + source.options + ((f"-I{folder}",) if folder else ())
 
@@ -180,25 +201,29 @@ def suffix(dtype) -> str:
 
 
 class Kernels:
-    """The kernels of one array library, each source compiled once, on first use.
+    """The kernels of one array library, each source compiled once, on first use, and each
+    kernel looked up once (a `get_function` per launch made a new RawKernel every time).
 
     raw_module: a class with CuPy's `RawModule(code=..., options=...)` interface."""
 
     def __init__(self, raw_module):
         self._raw_module = raw_module
         self._modules: dict = {}
+        self._functions: dict = {}
 
     @classmethod
     def for_library(cls, xp) -> Kernels:
-        """CuPy's RawModule for CuPy, the host-build double for anything else (the device
-        stand-in)."""
+        """The kernels of device library `xp` through its own `RawModule`: CuPy's, the
+        device stand-in's (the host build of the same source, hpcpipe/devtools) or the
+        shape-only device's (which counts launches: their traffic is declared here)."""
         if hasattr(xp, "declare_traffic"):  # a library that counts launches (shapes.py)
             from .traffic import declare
             declare(xp)
-        if hasattr(xp, "RawModule"):
-            return cls(xp.RawModule)
-        from .rawmodule import RawModule
-        return cls(RawModule)
+        raw_module = getattr(xp, "RawModule", None)
+        if raw_module is None:
+            raise TypeError(f"{getattr(xp, '__name__', xp)} has no RawModule to build the "
+                            f"kernels with")
+        return cls(raw_module)
 
     def module(self, name: str):
         if name not in self._modules:
@@ -207,31 +232,26 @@ class Kernels:
         return self._modules[name]
 
     def function(self, source: str, kernel: str):
-        if kernel not in SOURCES[source].kernels:
-            raise KeyError(f"{source}.cu has no kernel {kernel}")
-        return self.module(source).get_function(kernel)
+        """The launchable kernel, looked up on first use and kept."""
+        found = self._functions.get((source, kernel))
+        if found is None:
+            if kernel not in SOURCES[source].kernels:
+                raise KeyError(f"{source}.cu has no kernel {kernel}")
+            found = self._functions[(source, kernel)] = self.module(source).get_function(kernel)
+        return found
 
 
 def for_backend(be) -> Kernels | None:
     """The kernels of a Backend's library, built once per backend (kept in its scratch);
     None where the fused path does not run: on the CPU (NumPy runs its own passes), on a
-    backend made with fused=False, and on
-    the device stand-in where the host build cannot (no g++ or CUDA headers:
-    hostbuild.missing() says which). The shape-only device and CuPy always have them."""
+    backend made with fused=False, and on a device library without a `RawModule` (the
+    device stand-in where the host build cannot run: no g++ or CUDA headers)."""
     if not be.is_gpu or not getattr(be, "fused", True):
         return None
 
     def build():
-        from . import hostbuild
-        if not hasattr(be.xp, "RawModule") and hostbuild.missing():
+        if getattr(be.xp, "RawModule", None) is None:
             return (None,)
         return (Kernels.for_library(be.xp),)
 
     return be.scratch.constant(("kernels",), build)[0]
-
-
-def check_on_device(xp) -> list[dict]:
-    """Each fused kernel against NumPy float64 on device library `xp` (ondevice.py):
-    `make gpu-check`'s smoke runs it on the GPU."""
-    from .ondevice import check_on_device as run
-    return run(xp)

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from . import (
+from hpcpipe.device.kernels import (
     Kernels,
     adamw,
     attention,

@@ -5,14 +5,14 @@ kernel that computes something else is reported, not hidden."""
 
 import pytest
 
-from hpcpipe.device import kernels, standin
-from hpcpipe.device.kernels import Kernels, hostbuild, ondevice
+from hpcpipe.device.kernels import Kernels
+from hpcpipe.devtools import hostbuild, ondevice, standin
 
 pytestmark = pytest.mark.needs("cuda", hostbuild.missing())
 
 
 def test_every_kernel_matches_numpy_on_the_stand_in():
-    results = kernels.check_on_device(standin.device())
+    results = ondevice.check_on_device(standin.device())
     assert {r["kernel"].split(".")[0] for r in results} == {
         "layernorm", "gelu", "residual", "attention", "attention_tc", "cross_entropy",
         "embedding", "adamw", "gradnorm"}

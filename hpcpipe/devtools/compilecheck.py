@@ -2,7 +2,7 @@
 and NVRTC's (what CuPy's RawModule compiles with), each with ptxas's resource report —
 registers, spills, stack and shared memory per kernel — which a check fails on a spill.
 
-    python -m hpcpipe.device.kernels.compilecheck      # every source, both compilers
+    python -m hpcpipe.devtools.compilecheck      # every source, both compilers
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import SOURCES, options, source_text
-from .hostbuild import cuda_include
+from hpcpipe.device.kernels import SOURCES, cuda_include, options, source_text
 
 ARCH = "sm_90"  # the H200's
 

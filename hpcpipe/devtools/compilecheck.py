@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcpipe.device.kernels import SOURCES, cuda_include, options, source_text
+from hpcpipe.device.kernels import FOLDER, SOURCES, cuda_include, options, source_text
 
 ARCH = "sm_90"  # the H200's
 
@@ -88,7 +88,7 @@ def with_nvcc(name: str, arch: str = ARCH, code: str | None = None) -> dict[str,
         source = Path(work) / f"{name}.cu"
         source.write_text(source_text(name) if code is None else code)
         done = subprocess.run([compiler, f"-arch={arch}", "-cubin", "-Xptxas", "-v",
-                               *options(name), "-o", str(Path(work) / f"{name}.cubin"),
+                               *options(name), f"-I{FOLDER}", "-o", str(Path(work) / f"{name}.cubin"),
                                str(source)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise CompileError(f"nvcc {name}.cu:\n{done.stderr}")
@@ -111,6 +111,7 @@ def with_nvrtc(name: str, arch: str = ARCH,
                     "create")
     try:
         flags = [f"-arch={arch}", *options(name), f"-I{cuda_include(('cuda_bf16.h',))}",
+                 f"-I{FOLDER}",
                  "--ptxas-options=-v"]
         compiled = nvrtc.nvrtcCompileProgram(program, len(flags), [f.encode() for f in flags])
         (size,) = ok(nvrtc.nvrtcGetProgramLogSize(program), "log size")

@@ -27,6 +27,7 @@ CACHE_ENV = "HPCPIPE_KERNEL_CACHE"
 CXX_ENV = "HPCPIPE_CXX"
 BASE_FLAGS = ("-std=c++20", "-O1", "-g", "-fPIC", "-shared", "-pthread",
               "-ffp-contract=off",  # products and sums rounded one by one, as NumPy does
+              "-fno-strict-aliasing",  # kernels read 16-byte pieces of bf16 rows
               "-Wno-attributes")
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
                   "-fno-omit-frame-pointer")

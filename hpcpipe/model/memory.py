@@ -190,8 +190,8 @@ def _kernel_sizes(cfg: GPTConfig, batch: int, dtype, tp: int, sequence: bool) ->
         z["matrix"] = 0
         z["attention"] = N * C * s + 4 * N * C * s // tp + batch * (H // tp) * T * w
         z["core_keeps_y"] = True
-        if k_attention.tensor_cores(dtype, head_size):
-            z["attention_sums"] = batch * -(-T // k_attention.TC_ROWS) * (3 * C // tp) * w
+        if k_attention.flash(dtype, head_size):
+            z["attention_sums"] = batch * -(-T // k_attention.FA_ROWS) * (3 * C // tp) * w
             z["attention_w"] += z["attention_sums"]
     z["gelu_sums"] = k_gelu.CHUNKS * (4 * C // tp) * w
     z["mlp_w"] += z["gelu_sums"]

@@ -33,6 +33,7 @@ from hpcpipe.device.kernels import gelu as k_gelu
 from hpcpipe.device.kernels import gradnorm as k_gradnorm
 from hpcpipe.device.kernels import layernorm as k_layernorm
 from hpcpipe.device.kernels import residual as k_residual
+from hpcpipe.devtools import flashmodel
 from hpcpipe.devtools.rawmodule import RawModule
 
 from hpcpipe.devtools import standin as devicesim
@@ -256,45 +257,6 @@ def attention_core(qkv, n_head, dy, stored_y=None):
             grads.transpose(1, 3, 0, 2, 4).reshape(B, T, C3))
 
 
-def _online_y(s, v, bf16, tile=32):
-    """F's output as attention_tc.cu makes it: per tile of `tile` keys the running row
-    maximum m and sum l, y rescaled by exp(m_old - m_new), then y += bf16(exp(s - m)) v;
-    y / l at the end. s (B, NH, T, T) scaled and masked scores, v (B, NH, T, HS)."""
-    top = np.full(s.shape[:-1] + (1,), -np.inf)
-    total, acc = np.zeros_like(top), np.zeros(s.shape[:-1] + v.shape[-1:])
-    for t0 in range(0, s.shape[-1], tile):
-        st = s[..., t0:t0 + tile]
-        new = np.maximum(top, st.max(-1, keepdims=True))  # finite: key 0 is in tile 0
-        shrink = np.exp(top - new)
-        p = np.exp(st - new)
-        total = total * shrink + p.sum(-1, keepdims=True)
-        acc = acc * shrink + bf16(p) @ v[..., t0:t0 + tile, :]
-        top = new
-    return acc / total
-
-
-def attention_core_tc(qkv, n_head, dy, stored_y):
-    """attention_core as the tensor-core kernels round it: the probabilities P (in F
-    unnormalised, tile by tile: `_online_y`) and the score gradients dS rounded to
-    bfloat16 before their products (the rest float64)."""
-    B, T, C3 = qkv.shape
-    HS = C3 // 3 // n_head
-    bf16 = lambda a: a.astype(BF16).astype(np.float64)  # noqa: E731
-    parts = qkv.reshape(B, T, 3, n_head, HS).transpose(2, 0, 3, 1, 4)
-    q, kk, v = parts[0], parts[1], parts[2]
-    s = q @ kk.transpose(0, 1, 3, 2) / math.sqrt(HS) + np.triu(np.full((T, T), -np.inf), 1)
-    y = _online_y(s, v, bf16, k_attention.TC_TILE)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    g = dy.reshape(B, T, n_head, HS).transpose(0, 2, 1, 3)
-    d = (g * stored_y.reshape(B, T, n_head, HS).transpose(0, 2, 1, 3)).sum(-1, keepdims=True)
-    ds = bf16(p * (g @ v.transpose(0, 1, 3, 2) - d))
-    grads = np.stack([ds @ kk / math.sqrt(HS), ds.transpose(0, 1, 3, 2) @ q / math.sqrt(HS),
-                      bf16(p).transpose(0, 1, 3, 2) @ g])
-    return y.transpose(0, 2, 1, 3).reshape(B, T, -1), grads.transpose(1, 3, 0, 2, 4).reshape(
-        B, T, C3)
-
-
 def _attention_kernels(k, xp, qkv, dy, n_head, name, bias=None):
     B, T, C3 = qkv.shape
     S, A = storage(name), accumulation(name)
@@ -345,9 +307,9 @@ def case_attention_layer(k, xp, name="float64", B=2, T=37, n_head=2, HS=32):
 def case_attention(k, xp, name, B=1, T=41, n_head=2, HS=64):
     """Every dtype against the written-out core on the rounded inputs; T not a multiple
     of any tile; B twice, bit for bit. (bfloat16 at a head size of 96: the scalar
-    kernel's; 64 would go to the tensor cores, case_attention_tensor_cores.)"""
+    kernel's; 64 would go to flash.cu, case_attention_flash.)"""
     rng = np.random.default_rng(4)
-    HS = 96 if k_attention.tensor_cores(storage(name), HS) else HS
+    HS = 96 if k_attention.flash(storage(name), HS) else HS
     C = n_head * HS
     qkv, qkv64 = stored(rng.standard_normal((B, T, 3 * C)), name)
     dy, dy64 = stored(rng.standard_normal((B, T, C)), name)
@@ -363,8 +325,8 @@ def case_attention(k, xp, name, B=1, T=41, n_head=2, HS=64):
 
 
 def _bias_summed_in_b(k, xp, qkv, dy, n_head, dqkv, shape):
-    """The tensor-core B asked for c_attn's bias gradient: the same dqkv bits, and its
-    pieces add up (bias_finish, onto a start) to dqkv's column sums as stored."""
+    """flash.cu's B asked for c_attn's bias gradient: the same dqkv bits, and its pieces
+    add up (bias_finish, onto a start) to dqkv's column sums as stored."""
     B, T, C3 = qkv.shape
     qkv_, dy_ = device(xp, qkv), device(xp, dy)
     y_, lse_ = xp.empty((B, T, C3 // 3), dtype=BF16), xp.empty((B, n_head, T), np.float32)
@@ -380,16 +342,31 @@ def _bias_summed_in_b(k, xp, qkv, dy, n_head, dqkv, shape):
     assert_close(host(dbias_), want, "float32", f"c_attn bias gradient ({shape})", loose=8)
 
 
-TC_SHAPES = ((1, 70, 2, 64), (2, 5, 1, 16), (1, 33, 1, 48), (1, 17, 3, 32))  # B, T, NH, HS
+def assert_as_modelled(got, want, what: str):
+    """The kernel against flashmodel (its own rounding, step for step): every bf16 output
+    within one unit in the last place of the model's, nearly all of them equal (a
+    different rounding of one exp2 or log in a thousand may move one; a lane-mapping
+    error moves whole values)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64).reshape(got.shape)
+    ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(want), 2.0 ** -126))) - 7)
+    worst = np.max(np.abs(got - want) / ulp)
+    equal = np.mean(got == want)
+    assert worst <= 1.0 and equal >= 0.99, (
+        f"{what}: {100 * equal:.2f} % equal to the model, off by up to {worst:.3g} ulp")
 
 
-def case_attention_tensor_cores(k, xp, name="bfloat16", shapes=TC_SHAPES):
-    """bfloat16 at head sizes 16 to 64 runs attention_tc.cu (WMMA; on the host, shim.h's
-    whole-tile emulation of it): against the core with P and dS rounded as the kernels
-    round them, within one bfloat16 rounding of each output; T past one block of rows
-    and not a multiple of a tile; B twice, bit for bit; and against the plain float64
-    core within the rounding of P (so that a kernel and its model cannot err together)."""
-    assert k_attention.tensor_cores(BF16, 64) and not k_attention.tensor_cores(BF16, 80)
+# B, T, NH, HS: T past one block of 64 rows and not a multiple of 16, the smallest, three
+# blocks (every dkv block past its diagonal), and each head size.
+FLASH_SHAPES = ((1, 70, 2, 64), (2, 5, 1, 16), (1, 130, 1, 48), (1, 17, 3, 32))
+
+
+def case_attention_flash(k, xp, name="bfloat16", shapes=FLASH_SHAPES):
+    """bfloat16 at head sizes 16 to 64 runs flash.cu (mma.sync; on the host shim.h's
+    lane-by-lane emulation): GPT-2's fused qkv against flashmodel, the kernels' own
+    rounding written out in NumPy (equal but for an ulp in rare places), and against the
+    plain float64 core within bfloat16's rounding (so that a kernel and its model cannot
+    err together); B twice, bit for bit; c_attn's bias taken as read and summed in B."""
+    assert k_attention.flash(BF16, 64) and not k_attention.flash(BF16, 80)
     rng = np.random.default_rng(7)
     for B, T, n_head, HS in shapes:
         C = n_head * HS
@@ -397,18 +374,111 @@ def case_attention_tensor_cores(k, xp, name="bfloat16", shapes=TC_SHAPES):
         dy, dy64 = stored(rng.standard_normal((B, T, C)), name)
         y, lse, dqkv = _attention_kernels(k, xp, qkv, dy, n_head, name)
         shape = f"B {B}, T {T}, {n_head} × {HS}"
-        want_y, want_dqkv = attention_core_tc(qkv64, n_head, dy64, y.astype(np.float64))
-        assert_close(y, want_y, name, f"tensor-core attention y ({shape})", loose=2)
-        assert_close(dqkv, want_dqkv, name, f"tensor-core attention dqkv ({shape})", loose=4)
+        heads = qkv64.reshape(B, T, 3, n_head, HS)
+        want_y, want_lse = flashmodel.forward(heads[:, :, 0], heads[:, :, 1], heads[:, :, 2])
+        assert_as_modelled(y, want_y, f"flash y ({shape})")
+        np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-6, err_msg=shape)
+        got_y = y.astype(np.float64).reshape(B, T, n_head, HS)
+        want = flashmodel.backward(heads[:, :, 0], heads[:, :, 1], heads[:, :, 2], got_y,
+                                   dy64.reshape(B, T, n_head, HS), lse.astype(np.float64))
+        assert_as_modelled(dqkv, np.stack(want, axis=2), f"flash dqkv ({shape})")
         ref_y, ref_lse, _ = attention_core(qkv64, n_head, dy64)
-        assert_close(lse, ref_lse, name, f"tensor-core attention lse ({shape})")
+        ref_dqkv = attention_core(qkv64, n_head, dy64, stored_y=y.astype(np.float64))[2]
+        assert_close(lse, ref_lse, name, f"flash lse ({shape})")
         assert np.max(np.abs(y - ref_y)) <= 2.0 ** -7 * np.max(np.abs(ref_y)), shape
+        assert np.max(np.abs(dqkv - ref_dqkv)) <= 2.0 ** -6 * np.max(np.abs(ref_dqkv)), shape
         again = _attention_kernels(k, xp, qkv, dy, n_head, name)[2]
         assert np.array_equal(dqkv.view(np.uint8), again.view(np.uint8)), shape
-        if HS == shapes[0][3] and T == shapes[0][1]:  # c_attn's bias: at the first shape
+        if (B, T) == shapes[0][:2]:  # c_attn's bias: at the first shape
             _bias_taken_as_read(k, xp, qkv, dy, n_head, name, rng, (y, lse, dqkv),
-                                f"tensor-core attention ({shape})")
+                                f"flash attention ({shape})")
             _bias_summed_in_b(k, xp, qkv, dy, n_head, dqkv, shape)
+
+
+def rotated(x, cos, sin):
+    """Hugging Face's apply_rotary_pos_emb on x (B, T, H, HS), float64: x·cos +
+    rotate_half(x)·sin with cos, sin (T, HS/2) repeated over both halves."""
+    half = x.shape[-1] // 2
+    c = np.concatenate([cos, cos], -1).astype(np.float64)[None, :, None, :]
+    s = np.concatenate([sin, sin], -1).astype(np.float64)[None, :, None, :]
+    turned = np.concatenate([-x[..., half:], x[..., :half]], -1)
+    return x * c + turned * s
+
+
+def grouped_attention(q, k, v, dy, cos=None, sin=None):
+    """Causal attention of q (B, T, NH, HS) over k, v (B, T, NKV, HS) in float64, each
+    key/value head serving NH/NKV query heads, q and k rotated first when given tables,
+    and its gradients: dq, dk (through the rotation: R^T), dv, dk and dv summed over each
+    group's query heads."""
+    B, T, NH, HS = q.shape
+    group = NH // k.shape[2]
+    if cos is not None:
+        q, k = rotated(q, cos, sin), rotated(k, cos, sin)
+    Q = q.transpose(0, 2, 1, 3)
+    K = np.repeat(k, group, axis=2).transpose(0, 2, 1, 3)
+    V = np.repeat(v, group, axis=2).transpose(0, 2, 1, 3)
+    s = Q @ K.swapaxes(-1, -2) / math.sqrt(HS) + np.triu(np.full((T, T), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    g = dy.transpose(0, 2, 1, 3)
+    dp = g @ V.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    dq = (ds @ K / math.sqrt(HS)).transpose(0, 2, 1, 3)
+    grouped = lambda a: a.reshape(B, -1, group, T, HS).sum(2).transpose(0, 2, 1, 3)  # noqa: E731
+    dk = grouped(ds.swapaxes(-1, -2) @ Q / math.sqrt(HS))
+    dv = grouped(p.swapaxes(-1, -2) @ g)
+    if cos is not None:  # the rotation is orthogonal: its gradient is its transpose
+        dq, dk = rotated(dq, cos, -sin), rotated(dk, cos, -sin)
+    return (p @ V).transpose(0, 2, 1, 3), dq, dk, dv
+
+
+# B, T, NH, NKV, HS, bias, rope: grouped heads (2 and 4 query heads a key/value head) with
+# the rotation, c_attn-style biases on all three, and both; T across block boundaries.
+FLASH_OPTIONS = ((1, 70, 4, 2, 32, False, True), (2, 37, 4, 1, 16, True, False),
+                 (1, 66, 2, 1, 64, True, True))
+
+
+def case_attention_flash_options(k, xp, name="bfloat16", options=FLASH_OPTIONS):
+    """flash.cu's general interface with grouped-query heads, biases and the rotary
+    embedding (the Llama family): separate q, k, v arrays, against flashmodel and against
+    grouped_attention, a float64 reference of Hugging Face's rotation written here."""
+    rng = np.random.default_rng(11)
+    for B, T, NH, NKV, HS, with_bias, with_rope in options:
+        what = f"B {B}, T {T}, {NH}/{NKV} heads × {HS}, bias {with_bias}, rope {with_rope}"
+        q, k_, v = (stored(rng.standard_normal((B, T, H * HS)), name)[0]
+                    for H in (NH, NKV, NKV))
+        dy = stored(rng.standard_normal((B, T, NH * HS)), name)[0]
+        bias = [stored(0.3 * rng.standard_normal(n), name)[0]
+                for n in (NH * HS, NKV * HS, NKV * HS)] if with_bias else None
+        cos, sin = flashmodel.rope_tables(T, HS) if with_rope else (None, None)
+        rope = k_attention.Rope(device(xp, cos), device(xp, sin)) if with_rope else None
+        args = [device(xp, a) for a in (q, k_, v)]
+        biases = tuple(device(xp, b) for b in bias) if with_bias else None
+        y_, lse_ = xp.empty((B, T, NH * HS), dtype=BF16), xp.empty((B, NH, T), np.float32)
+        k_attention.flash_forward(k, y_, lse_, *args, NH, NKV, biases, rope)
+        grads = [xp.empty_like(a) for a in args]
+        dd_ = xp.empty((B, NH, T), np.float32)
+        k_attention.flash_backward(k, *grads, dd_, device(xp, dy), y_, *args, lse_, NH, NKV,
+                                   biases, rope)
+        y, lse = host(y_).astype(np.float64), host(lse_).astype(np.float64)
+        got = [host(a).astype(np.float64) for a in grads]
+        heads = lambda a, H: a.astype(np.float64).reshape(B, T, H, HS)  # noqa: E731
+        fixed = [flashmodel.fixed(heads(a, H), None if bias is None else b, c, s)
+                 for a, H, b, c, s in zip((q, k_, v), (NH, NKV, NKV), bias or (None,) * 3,
+                                          (cos, cos, None), (sin, sin, None))]
+        want_y, want_lse = flashmodel.forward(*fixed)
+        assert_as_modelled(y, want_y, f"y ({what})")
+        np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-6, err_msg=what)
+        modelled = flashmodel.backward(*fixed, y.reshape(B, T, NH, HS), heads(dy, NH), lse,
+                                       cos, sin)
+        for label, g, w in zip(("dq", "dk", "dv"), got, modelled):
+            assert_as_modelled(g, w, f"{label} ({what})")
+        inputs = [heads(a, H) + (0 if bias is None else b.astype(np.float64).reshape(H, HS))
+                  for a, H, b in zip((q, k_, v), (NH, NKV, NKV), bias or (None,) * 3)]
+        ref = grouped_attention(*inputs, heads(dy, NH), cos, sin)
+        for label, g, w in zip(("y", "dq", "dk", "dv"), (y, *got), ref):
+            err = np.max(np.abs(g.reshape(w.shape) - w)) / np.max(np.abs(w))
+            assert err <= 2.0 ** -6, f"{label} ({what}): {err:.3g} of the largest vs float64"
 
 
 # -- cross-entropy ------------------------------------------------------------------------
@@ -574,19 +644,26 @@ def kernels(sanitize: bool = False) -> Kernels:
 
 # Under the sanitizers (several times slower) every kernel runs once in bfloat16, the
 # dtype training uses, and attention also in float64, whose shared tiles are shaped
-# differently (16 rows, not 32), and on the tensor cores.
-def case_attention_tensor_cores_two_shapes(k, xp, name="bfloat16"):
+# differently (16 rows, not 32), and flash.cu at two shapes and with its options.
+def case_attention_flash_two_shapes(k, xp, name="bfloat16"):
     """Under the sanitizers: past one block of rows at GPT-2's head size, and the smallest."""
-    case_attention_tensor_cores(k, xp, name, TC_SHAPES[:2])
+    case_attention_flash(k, xp, name, FLASH_SHAPES[:2])
+
+
+def case_attention_flash_grouped_rotary(k, xp, name="bfloat16"):
+    """Under the sanitizers: grouped heads, biases and the rotation together."""
+    case_attention_flash_options(k, xp, name, FLASH_OPTIONS[2:])
 
 
 SANITIZED = tuple((case, "bfloat16") for case in CASES) + (
-    (case_attention, "float64"), (case_attention_tensor_cores_two_shapes, "bfloat16"))
+    (case_attention, "float64"), (case_attention_flash_two_shapes, "bfloat16"),
+    (case_attention_flash_grouped_rotary, "bfloat16"))
 
 
-# Seconds each case takes under the sanitizers (2026-12-01, one core), to split the cases
+# Seconds each case takes under the sanitizers (2026-12-06, one core), to split the cases
 # into parts of about the same length; the others take about one.
-SANITIZED_SECONDS = {case_attention: 8.0, case_attention_tensor_cores_two_shapes: 12.0,
+SANITIZED_SECONDS = {case_attention: 8.0, case_attention_flash_two_shapes: 6.0,
+                     case_attention_flash_grouped_rotary: 6.0,
                      case_embedding: 5.0, case_gradnorm: 5.0}
 
 

@@ -116,10 +116,10 @@ SOURCES = {s.name: s for s in (
     Source("residual", _typed("bias_residual")),
     Source("attention", _typed("attention_forward", "attention_backward_dq",
                                "attention_backward_dkv")),
-    # bfloat16 on tensor cores (WMMA), one set per head size of 16 to 64 channels
-    Source("attention_tc", tuple(f"attention_tc_{stem}_hs{hs}" for stem in (
+    # bfloat16 on tensor cores (mma.sync), one set per head size of 16 to 64 channels
+    Source("flash", tuple(f"flash_{stem}_hs{hs}" for stem in (
         "forward", "backward_dq", "backward_dkv") for hs in (16, 32, 48, 64))
-           + ("attention_tc_bias_finish",), headers=("mma.h", "crt/mma.h")),
+           + ("flash_bias_finish",)),
     Source("cross_entropy", _typed("cross_entropy_fused", "cross_entropy_partials",
                                    "cross_entropy_backward")),
     Source("embedding", _typed("embedding_backward_wte", "embedding_backward_wpe")),

@@ -234,7 +234,7 @@ def attention_backward(k, be, dy, core, n_head: int):
     dqkv = xp.empty_like(qkv)
     dd = be.scratch.workspace("fused.attention.dd", lse.shape, lse.dtype)
     sums = None
-    if k_attention.tensor_cores(qkv.dtype, qkv.shape[-1] // (3 * n_head)):
+    if k_attention.flash(qkv.dtype, qkv.shape[-1] // (3 * n_head)):
         sums = xp.empty(k_attention.bias_sums_shape(qkv), dtype=lse.dtype)
     k_attention.backward(k, dqkv, dd, dy, y, qkv, lse, n_head, core.get("bias"), sums)
     return dqkv, sums

@@ -103,9 +103,25 @@ def constants(HS: int) -> tuple[float, float]:
     return float(f32(LOG2E / math.sqrt(HS))), float(f32(1.0 / math.sqrt(HS)))
 
 
-def forward(q, k, v):
-    """(y (B, T, NH, HS) bf16 values, lse (B, NH, T) float) from fixed q, k, v."""
-    Q, K, V = _heads(q, k, v)
+def quad(parts):
+    """(a + b) + (c + d) of the four lanes' values (last axis)."""
+    return f32(f32(parts[..., 0] + parts[..., 1]) + f32(parts[..., 2] + parts[..., 3]))
+
+
+def inputs(q, k, v, bias=None, cos=None, sin=None):
+    """(Q, K, V) as the kernels read them from q (B, T, NH, HS), k, v (B, T, NKV, HS): q with
+    its bias and rotation; k rotated with its bias only with the rotation (without, the key
+    bias shifts each score row by one constant, which the softmax ignores); v as it is
+    (its bias is added to y)."""
+    bq, bk, _ = bias if bias is not None else (None, None, None)
+    rope = cos is not None
+    return (fixed(q, bq, cos, sin), fixed(k, bk if rope else None, cos, sin),
+            np.asarray(v, np.float64))
+
+
+def forward(q, k, v, bias=None, cos=None, sin=None):
+    """(y (B, T, NH, HS) bf16 values, lse (B, NH, T) float) from q, k, v as stored."""
+    Q, K, V = _heads(*inputs(q, k, v, bias, cos, sin))
     B, NH, T, HS = Q.shape
     c, scale = constants(HS)
     s_all = scores(Q, K)
@@ -136,56 +152,114 @@ def forward(q, k, v):
         vt[:, :, :keys.stop - keys.start] = V[:, :, keys]
         o = np.where(active[..., None], chain(o, bf16(p), vt), o)
         m = top
-    total = f32(f32(lanes[..., 0] + lanes[..., 1]) + f32(lanes[..., 2] + lanes[..., 3]))
-    y = bf16(f32(o * f32(1.0 / total)[..., None]))
+    total = quad(lanes)
+    y = f32(o * f32(1.0 / total)[..., None])
+    if bias is not None:
+        group = NH // np.asarray(k).shape[2]
+        bv = np.repeat(np.asarray(bias[2], np.float64).reshape(-1, HS), group, axis=0)
+        y = f32(y + bv[None, :, None, :])
     lse = f32(f32(m * scale) + f32(np.log(total)))
-    return y.transpose(0, 2, 1, 3), lse
+    return bf16(y).transpose(0, 2, 1, 3), lse
 
 
-def row_dots(dy, y):
-    """D = dy · y per row (B, NH, T): each lane t of the quad its 16-byte pieces t, t + 4,
-    ... element by element in order, then (D0 + D1) + (D2 + D3)."""
+def row_dots(dy, y, bv=None):
+    """D = dy · y - dy · bv per row (B, NH, T): each lane t of the quad its 16-byte pieces
+    t, t + 4, ... element by element in order, each then (D0 + D1) + (D2 + D3). bv (NH,
+    HS): each query head's value bias (None: none)."""
     B, T, NH, HS = dy.shape
-    prod = (np.asarray(dy, np.float64) * np.asarray(y, np.float64)).transpose(0, 2, 1, 3)
+    dy = np.asarray(dy, np.float64).transpose(0, 2, 1, 3)
+
+    def lane_sums(prod):
+        lanes = []
+        for t in range(4):
+            total = np.zeros(prod.shape[:-1])
+            for piece in range(t, HS // 8, 4):
+                for e in range(8):
+                    total = f32(total + prod[..., 8 * piece + e])
+            lanes.append(total)
+        return quad(np.stack(lanes, -1))
+
+    D = lane_sums(dy * np.asarray(y, np.float64).transpose(0, 2, 1, 3))
+    if bv is None:
+        return D
+    return f32(D - lane_sums(dy * np.asarray(bv, np.float64)[None, :, None, :]))
+
+
+def _query_bias(K, bq):
+    """c_j = k_j · bq per key row (B, NKV, T) as dkv makes it from its K fragments: lane t
+    its columns 16kk + 2t, +1, +8, +9 in order, then the quad. K (B, NKV, T, HS) bf16
+    values, bq (HS,)."""
+    HS = K.shape[-1]
+    prod = K * np.asarray(bq, np.float64)
     lanes = []
     for t in range(4):
-        total = np.zeros((B, NH, T))
-        for piece in range(t, HS // 8, 4):
-            for e in range(8):
-                total = f32(total + prod[..., 8 * piece + e])
+        total = np.zeros(K.shape[:-1])
+        for kk in range(HS // 16):
+            for d in (0, 1, 8, 9):
+                total = f32(total + prod[..., 16 * kk + 2 * t + d])
         lanes.append(total)
-    return f32(f32(lanes[0] + lanes[1]) + f32(lanes[2] + lanes[3]))
+    return quad(np.stack(lanes, -1))
 
 
-def backward(q, k, v, y, dy, lse, cos=None, sin=None):
-    """(dq, dk, dv) as stored (bf16 values), laid out as q, k, v, from fixed q, k, v, F's
-    y and lse, and dy."""
-    Q, K, V = _heads(q, k, v)
+def backward(q, k, v, y, dy, lse, bias=None, cos=None, sin=None):
+    """(dq, dk, dv) as stored (bf16 values), laid out as q, k, v, from q, k, v, dy as
+    stored, F's y and lse."""
+    fq, fk, fv = inputs(q, k, v, bias, cos, sin)
+    Q, K, V = _heads(fq, fk, fv)
     B, NH, T, HS = Q.shape
-    NKV, group = k.shape[2], NH // k.shape[2]
+    NKV, group = fk.shape[2], NH // fk.shape[2]
     c, scale = constants(HS)
-    D = row_dots(dy, y)
+    bv = None
+    if bias is not None:
+        bv = np.repeat(np.asarray(bias[2], np.float64).reshape(NKV, HS), group, axis=0)
+    D = row_dots(dy, y, bv)
     lse2 = f32(np.asarray(lse, np.float64) * float(f32(LOG2E)))
-    s = scores(Q, K)
     dO = np.asarray(dy, np.float64).transpose(0, 2, 1, 3)
     dp = chain(np.zeros((B, NH, T, T)), dO, V.swapaxes(-1, -2))
-    with np.errstate(invalid="ignore", over="ignore"):
-        p = np.where(s == -np.inf, 0.0, _exp2(f32(s * c - lse2[..., None])))
-    ds = f32(p * f32(dp - D[..., None]))
+
+    def probabilities(s):
+        with np.errstate(invalid="ignore", over="ignore"):
+            p = np.where(s == -np.inf, 0.0, _exp2(f32(s * c - lse2[..., None])))
+        return p, f32(p * f32(dp - D[..., None]))
+
+    s = scores(Q, K)
+    p, ds = probabilities(s)
     dq = np.zeros((B, NH, T, HS))
     for j0 in range(0, T, 16):  # keys 16 at a time, in order (tile by tile)
         dq = f32(dq + bf16(ds[..., j0:j0 + 16]) @ K[:, :, j0:j0 + 16])
     dq = unrotated(f32(dq * scale).transpose(0, 2, 1, 3), cos, sin)
+    # dkv: without the rotation, q as stored and the query bias as terms of its own
+    terms = bias is not None and cos is None
+    Qk = Q
+    bq = None
+    if terms:
+        Qk = np.asarray(q, np.float64).transpose(0, 2, 1, 3)
+        bq = np.asarray(bias[0], np.float64).reshape(NH, HS)
+        cj = np.stack([_query_bias(K[:, h], bq[h]) for h in range(NH)], axis=1)
+        s = np.where(s == -np.inf, -np.inf, f32(scores(Qk, K) + cj[..., None, :]))
+        p, ds = probabilities(s)
     dk = np.zeros((B, NKV, T, HS))
     dv = np.zeros((B, NKV, T, HS))
-    Qg = Q.reshape(B, NKV, group, T, HS)
-    dOg = dO.reshape(B, NKV, group, T, HS)
-    Pg, dSg = bf16(p).reshape(B, NKV, group, T, T), bf16(ds).reshape(B, NKV, group, T, T)
+    shape = (B, NKV, group, T)
+    Qg, dOg = Qk.reshape(*shape, HS), dO.reshape(*shape, HS)
+    Pg, dSg = bf16(p).reshape(*shape, T), bf16(ds).reshape(*shape, T)
     for g in range(group):  # the query heads of a group, then their queries, 16 at a time
         for i0 in range(0, T, 16):
             rows = slice(i0, i0 + 16)
             dv = f32(dv + Pg[:, :, g, rows].swapaxes(-1, -2) @ dOg[:, :, g, rows])
             dk = f32(dk + dSg[:, :, g, rows].swapaxes(-1, -2) @ Qg[:, :, g, rows])
+        if terms:  # r_j: each lane's sums of dS^T as rounded (queries 8n + 2t + e), the quad
+            by_lane = np.zeros(dSg.shape[:2] + (T, 4))
+            padded = np.zeros(dSg.shape[:2] + (-(-T // 64) * 64, T))
+            padded[:, :, :T] = dSg[:, :, g]
+            per = padded.reshape(B, NKV, -1, 8, 4, 2, T)  # (tile, n, t, e) of the queries
+            for tile in range(per.shape[2]):
+                for n in range(8):
+                    for e in range(2):
+                        by_lane = f32(by_lane + per[:, :, tile, n, :, e].swapaxes(-1, -2))
+            r = quad(by_lane)
+            heads = bq.reshape(NKV, group, HS)[:, g]
+            dk = f32(dk + f32(r[..., None] * heads[None, :, None, :]))
     dk = unrotated(f32(dk * scale).transpose(0, 2, 1, 3), cos, sin)
     return bf16(dq), bf16(dk), bf16(dv.transpose(0, 2, 1, 3))
 

@@ -360,38 +360,52 @@ def assert_as_modelled(got, want, what: str):
 FLASH_SHAPES = ((1, 70, 2, 64), (2, 5, 1, 16), (1, 130, 1, 48), (1, 17, 3, 32))
 
 
+def _flash_against_model_and_core(k, xp, qkv, dy, n_head, bias, what):
+    """GPT-2's fused qkv (and c_attn's bias, or None) through flash.cu: against flashmodel
+    and against the plain float64 core on qkv + bias. Returns (y, lse, dqkv)."""
+    B, T, C3 = qkv.shape
+    HS = C3 // 3 // n_head
+    y, lse, dqkv = _attention_kernels(k, xp, qkv, dy, n_head, "bfloat16", bias)
+    heads = qkv.astype(np.float64).reshape(B, T, 3, n_head, HS)
+    parts = [heads[:, :, i] for i in range(3)]
+    split = None if bias is None else tuple(bias.astype(np.float64).reshape(3, -1))
+    want_y, want_lse = flashmodel.forward(*parts, split)
+    assert_as_modelled(y, want_y, f"flash y ({what})")
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-6, err_msg=what)
+    want = flashmodel.backward(*parts, y.astype(np.float64).reshape(B, T, n_head, HS),
+                               dy.astype(np.float64).reshape(B, T, n_head, HS),
+                               lse.astype(np.float64), split)
+    assert_as_modelled(dqkv, np.stack(want, axis=2), f"flash dqkv ({what})")
+    summed = qkv.astype(np.float64) + (0 if bias is None else bias.astype(np.float64))
+    dy64 = dy.astype(np.float64)
+    ref_y = attention_core(summed, n_head, dy64)[0]
+    ref_dqkv = attention_core(summed, n_head, dy64, stored_y=y.astype(np.float64))[2]
+    assert np.max(np.abs(y - ref_y)) <= 2.0 ** -7 * np.max(np.abs(ref_y)), what
+    assert np.max(np.abs(dqkv - ref_dqkv)) <= 2.0 ** -6 * np.max(np.abs(ref_dqkv)), what
+    return y, lse, dqkv
+
+
 def case_attention_flash(k, xp, name="bfloat16", shapes=FLASH_SHAPES):
     """bfloat16 at head sizes 16 to 64 runs flash.cu (mma.sync; on the host shim.h's
     lane-by-lane emulation): GPT-2's fused qkv against flashmodel, the kernels' own
     rounding written out in NumPy (equal but for an ulp in rare places), and against the
     plain float64 core within bfloat16's rounding (so that a kernel and its model cannot
-    err together); B twice, bit for bit; c_attn's bias taken as read and summed in B."""
+    err together); lse against the core's; B twice, bit for bit; c_attn's bias (taken by
+    the kernels as they read, by algebra for k and v) and its gradient summed in B."""
     assert k_attention.flash(BF16, 64) and not k_attention.flash(BF16, 80)
     rng = np.random.default_rng(7)
     for B, T, n_head, HS in shapes:
         C = n_head * HS
         qkv, qkv64 = stored(rng.standard_normal((B, T, 3 * C)), name)
         dy, dy64 = stored(rng.standard_normal((B, T, C)), name)
-        y, lse, dqkv = _attention_kernels(k, xp, qkv, dy, n_head, name)
         shape = f"B {B}, T {T}, {n_head} × {HS}"
-        heads = qkv64.reshape(B, T, 3, n_head, HS)
-        want_y, want_lse = flashmodel.forward(heads[:, :, 0], heads[:, :, 1], heads[:, :, 2])
-        assert_as_modelled(y, want_y, f"flash y ({shape})")
-        np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-6, err_msg=shape)
-        got_y = y.astype(np.float64).reshape(B, T, n_head, HS)
-        want = flashmodel.backward(heads[:, :, 0], heads[:, :, 1], heads[:, :, 2], got_y,
-                                   dy64.reshape(B, T, n_head, HS), lse.astype(np.float64))
-        assert_as_modelled(dqkv, np.stack(want, axis=2), f"flash dqkv ({shape})")
-        ref_y, ref_lse, _ = attention_core(qkv64, n_head, dy64)
-        ref_dqkv = attention_core(qkv64, n_head, dy64, stored_y=y.astype(np.float64))[2]
-        assert_close(lse, ref_lse, name, f"flash lse ({shape})")
-        assert np.max(np.abs(y - ref_y)) <= 2.0 ** -7 * np.max(np.abs(ref_y)), shape
-        assert np.max(np.abs(dqkv - ref_dqkv)) <= 2.0 ** -6 * np.max(np.abs(ref_dqkv)), shape
+        y, lse, dqkv = _flash_against_model_and_core(k, xp, qkv, dy, n_head, None, shape)
+        assert_close(lse, attention_core(qkv64, n_head, dy64)[1], name, f"flash lse ({shape})")
         again = _attention_kernels(k, xp, qkv, dy, n_head, name)[2]
         assert np.array_equal(dqkv.view(np.uint8), again.view(np.uint8)), shape
         if (B, T) == shapes[0][:2]:  # c_attn's bias: at the first shape
-            _bias_taken_as_read(k, xp, qkv, dy, n_head, name, rng, (y, lse, dqkv),
-                                f"flash attention ({shape})")
+            bias = stored(0.5 * rng.standard_normal(3 * C), name)[0]
+            _flash_against_model_and_core(k, xp, qkv, dy, n_head, bias, f"{shape}, bias")
             _bias_summed_in_b(k, xp, qkv, dy, n_head, dqkv, shape)
 
 
@@ -463,14 +477,13 @@ def case_attention_flash_options(k, xp, name="bfloat16", options=FLASH_OPTIONS):
         y, lse = host(y_).astype(np.float64), host(lse_).astype(np.float64)
         got = [host(a).astype(np.float64) for a in grads]
         heads = lambda a, H: a.astype(np.float64).reshape(B, T, H, HS)  # noqa: E731
-        fixed = [flashmodel.fixed(heads(a, H), None if bias is None else b, c, s)
-                 for a, H, b, c, s in zip((q, k_, v), (NH, NKV, NKV), bias or (None,) * 3,
-                                          (cos, cos, None), (sin, sin, None))]
-        want_y, want_lse = flashmodel.forward(*fixed)
+        raw = [heads(a, H) for a, H in zip((q, k_, v), (NH, NKV, NKV))]
+        split = None if bias is None else tuple(b.astype(np.float64) for b in bias)
+        want_y, want_lse = flashmodel.forward(*raw, split, cos, sin)
         assert_as_modelled(y, want_y, f"y ({what})")
         np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-6, err_msg=what)
-        modelled = flashmodel.backward(*fixed, y.reshape(B, T, NH, HS), heads(dy, NH), lse,
-                                       cos, sin)
+        modelled = flashmodel.backward(*raw, y.reshape(B, T, NH, HS), heads(dy, NH), lse,
+                                       split, cos, sin)
         for label, g, w in zip(("dq", "dk", "dv"), got, modelled):
             assert_as_modelled(g, w, f"{label} ({what})")
         inputs = [heads(a, H) + (0 if bias is None else b.astype(np.float64).reshape(H, HS))

@@ -99,8 +99,9 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* base, int stri
     }
 }
 
-// This thread's pieces of a landed tile (load_tile's share) fixed in place: the bias
-// added, then the rotation at positions t0 + r. Nothing to do without either.
+// This thread's pieces of a landed tile (load_tile's share) fixed in place, 16 bytes at
+// a time: the bias added (rounded to bf16), then the rotation at positions t0 + r (in
+// float, rounded once). Nothing to do without either.
 template <int HS>
 __device__ __forceinline__ void fix_tile(bf16* tile, int t0, int T, const bf16* bias,
                                          const float* cos, const float* sin) {
@@ -109,20 +110,31 @@ __device__ __forceinline__ void fix_tile(bf16* tile, int t0, int T, const bf16* 
     for (int p = threadIdx.x; p < FA_ROWS * S::half; p += FA_THREADS) {
         const int r = p / S::half, c = p % S::half, t = t0 + r;
         if (t >= T) continue;
-        bf16* x = tile + r * S::stride + 8 * c;
+        Piece* lo = (Piece*)(tile + r * S::stride + 8 * c);
+        Piece* hi = (Piece*)(tile + r * S::stride + 8 * c + HS / 2);
+        Piece a = *lo, b = *hi;
         #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int d = 8 * c + e;
-            float x1 = to_acc(plus_bias(x[e], bias, d));
-            float x2 = to_acc(plus_bias(x[e + HS / 2], bias, d + HS / 2));
-            if (cos != nullptr) {
-                const float cs = cos[t * (HS / 2) + d], sn = sin[t * (HS / 2) + d];
-                const float r1 = x1 * cs - x2 * sn, r2 = x2 * cs + x1 * sn;
-                x1 = r1, x2 = r2;
+        for (int w = 0; w < 4; ++w) {
+            float x1[2] = {low_bf16(a.w[w]), high_bf16(a.w[w])};
+            float x2[2] = {low_bf16(b.w[w]), high_bf16(b.w[w])};
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int d = 8 * c + 2 * w + e;
+                if (bias != nullptr) {
+                    x1[e] = __bfloat162float(__float2bfloat16(x1[e] + to_acc(bias[d])));
+                    x2[e] = __bfloat162float(__float2bfloat16(x2[e] + to_acc(bias[d + HS / 2])));
+                }
+                if (cos != nullptr) {
+                    const float cs = cos[t * (HS / 2) + d], sn = sin[t * (HS / 2) + d];
+                    const float r1 = x1[e] * cs - x2[e] * sn, r2 = x2[e] * cs + x1[e] * sn;
+                    x1[e] = r1, x2[e] = r2;
+                }
             }
-            x[e] = __float2bfloat16(x1);
-            x[e + HS / 2] = __float2bfloat16(x2);
+            a.w[w] = pack_bf16(x1[0], x1[1]);
+            b.w[w] = pack_bf16(x2[0], x2[1]);
         }
+        *lo = a;
+        *hi = b;
     }
 }
 
@@ -180,22 +192,26 @@ __device__ __forceinline__ void repack(u32 (&a)[4], const float (&lo)[4], const 
     planted(a);
 }
 
-// out (16 × HS of one warp, accumulator layout) times `scale` — un-rotated at rows'
-// positions when cos is given — rounded to bfloat16, into rows [first, first + 16) of `out`
-// (row t at out + t·stride) below T, through the warp's 16 rows of shared `stage`, 16
-// bytes a store. Returns nothing; `kept` receives the values as stored (zeros past T).
+// acc (16 × HS of one warp, accumulator layout) times `scale`, plus `add` (HS values per
+// row, F's value bias) — un-rotated at the rows' positions when cos is given — rounded to
+// bfloat16, into rows [first, first + 16) of `out` (row t at out + t·stride) below T,
+// through the warp's 16 rows of shared `stage`, 16 bytes a store; `kept` receives the
+// values as stored (zeros past T).
 template <int HS>
 __device__ __forceinline__ void store_rows(bf16* out, int stride, int first, int T,
                                            const float (&acc)[HS / 8][4], float scale,
                                            const float* cos, const float* sin, bf16* stage,
-                                           float (&kept)[HS / 8][4]) {
+                                           float (&kept)[HS / 8][4],
+                                           const bf16* add = nullptr) {
     typedef Shape<HS> S;
     const int lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
     float v[HS / 8][4];
     #pragma unroll
     for (int nd = 0; nd < S::ntiles; ++nd)
         #pragma unroll
-        for (int c = 0; c < 4; ++c) v[nd][c] = acc[nd][c] * scale;
+        for (int c = 0; c < 4; ++c)
+            v[nd][c] = acc[nd][c] * scale +
+                       (add != nullptr ? to_acc(add[8 * nd + 2 * t + (c & 1)]) : 0.0f);
     if (cos != nullptr) {  // dx = R^T dx': channel d and its partner d + HS/2 in one lane
         #pragma unroll
         for (int nd = 0; nd < S::ntiles / 2; ++nd)
@@ -286,8 +302,10 @@ __device__ void flash_forward(bf16* y, float* lse, Heads x, int y_stride) {
     const bf16* qb = x.q + (long long)b * T * x.q_stride + h * HS;
     const bf16* kb = x.k + (long long)b * T * x.kv_stride + hk * HS;
     const bf16* vb = x.v + (long long)b * T * x.kv_stride + hk * HS;
-    const bf16* bk = x.bk ? x.bk + hk * HS : nullptr;
-    const bf16* bv = x.bv ? x.bv + hk * HS : nullptr;
+    // Without the rotation the key bias shifts each row's scores by one constant, which
+    // the softmax ignores: only a rotated tile (whose shift varies with the key) takes it.
+    const bf16* bk = x.bk && x.cos ? x.bk + hk * HS : nullptr;
+    const bf16* bv = x.bv ? x.bv + hk * HS : nullptr;  // added to y: P's rows sum to 1
     load_tile<HS>(qs, qb, x.q_stride, q0, T);
     cp_async_commit();
     load_tile<HS>(kt_of(0), kb, x.kv_stride, 0, T);
@@ -310,7 +328,6 @@ __device__ void flash_forward(bf16* y, float* lse, Heads x, int y_stride) {
         cp_async_commit();  // (empty at the last tile: the count stays uniform)
         cp_async_wait<1>();
         fix_tile<HS>(kt_of(j), j * FA_ROWS, T, bk, x.cos, x.sin);
-        fix_tile<HS>(vt_of(j), j * FA_ROWS, T, bv, nullptr, nullptr);
         __syncthreads();
         // In the diagonal tile the warp's rows see keys up to row0 + 15: 8-key tiles
         // 0 .. 2·warp + 1.
@@ -386,7 +403,7 @@ __device__ void flash_forward(bf16* y, float* lse, Heads x, int y_stride) {
         #pragma unroll
         for (int e = 0; e < 4; ++e) o[nd][e] *= inv[e >> 1];
     store_rows<HS>(y + (long long)b * T * y_stride + h * HS, y_stride, q0 + row0, T, o, 1.0f,
-                   nullptr, nullptr, qs + row0 * S::stride, kept);
+                   nullptr, nullptr, qs + row0 * S::stride, kept, bv);
     const float scale = (float)(1.0 / sqrt((double)HS));
     #pragma unroll
     for (int r = 0; r < 2; ++r)
@@ -394,13 +411,14 @@ __device__ void flash_forward(bf16* y, float* lse, Heads x, int y_stride) {
             lse[((long long)b * x.NH + h) * T + me + 8 * r] = m[r] * scale + logf(l[r]);
 }
 
-// D = dy · y of one row of one head: lane t of the quad sums its 16-byte pieces t, t + 4,
-// ... element by element in order (a bf16 product is exact in float), then the quad's
-// (a + b) + (c + d).
+// D = dy · y - dy · bv for one row of one head (bv, F's value bias added to y, or null):
+// lane t of the quad sums its 16-byte pieces t, t + 4, ... element by element in order
+// (a bf16 product is exact in float), each sum then the quad's (a + b) + (c + d). The
+// value bias is out of dP = dy (V + bv)^T and so out of D: dS = P (dP - D) is the same.
 template <int HS>
-__device__ __forceinline__ float row_dot(const bf16* dy, const bf16* y, int stride, int row,
-                                         int T) {
-    float sum = 0.0f;
+__device__ __forceinline__ float row_dot(const bf16* dy, const bf16* y, const bf16* bv,
+                                         int stride, int row, int T) {
+    float sum = 0.0f, shift = 0.0f;
     if (row < T) {
         for (int p = threadIdx.x % 4; p < HS / 8; p += 4) {
             const Piece a = *(const Piece*)(dy + (long long)row * stride + 8 * p);
@@ -409,10 +427,14 @@ __device__ __forceinline__ float row_dot(const bf16* dy, const bf16* y, int stri
             for (int w = 0; w < 4; ++w) {
                 sum += low_bf16(a.w[w]) * low_bf16(o.w[w]);
                 sum += high_bf16(a.w[w]) * high_bf16(o.w[w]);
+                if (bv != nullptr) {
+                    shift += low_bf16(a.w[w]) * to_acc(bv[8 * p + 2 * w]);
+                    shift += high_bf16(a.w[w]) * to_acc(bv[8 * p + 2 * w + 1]);
+                }
             }
         }
     }
-    return quad_sum(sum);
+    return quad_sum(sum) - quad_sum(shift);
 }
 
 template <int HS>
@@ -433,7 +455,7 @@ __device__ void flash_backward_dq(bf16* dq, float* dd, float* bias_sums, const b
     const bf16* vb = x.v + (long long)b * T * x.kv_stride + hk * HS;
     const bf16* dyb = dy + (long long)b * T * y_stride + h * HS;
     const bf16* yb = y + (long long)b * T * y_stride + h * HS;
-    const bf16* bk = x.bk ? x.bk + hk * HS : nullptr;
+    const bf16* bk = x.bk && x.cos ? x.bk + hk * HS : nullptr;  // as in F
     const bf16* bv = x.bv ? x.bv + hk * HS : nullptr;
     load_tile<HS>(qs, qb, x.q_stride, q0, T);
     load_tile<HS>(kt_of(1), dyb, y_stride, q0, T);
@@ -445,7 +467,7 @@ __device__ void flash_backward_dq(bf16* dq, float* dd, float* bias_sums, const b
     #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = me + 8 * r;
-        D[r] = row_dot<HS>(dyb, yb, y_stride, row, T);
+        D[r] = row_dot<HS>(dyb, yb, bv, y_stride, row, T);
         lse2[r] = row < T ? lse[((long long)b * x.NH + h) * T + row] * (float)FA_LOG2E : 0.0f;
     }
     cp_async_wait<1>();
@@ -469,7 +491,6 @@ __device__ void flash_backward_dq(bf16* dq, float* dd, float* bias_sums, const b
         cp_async_commit();
         cp_async_wait<1>();
         fix_tile<HS>(kt_of(j), j * FA_ROWS, T, bk, x.cos, x.sin);
-        fix_tile<HS>(vt_of(j), j * FA_ROWS, T, bv, nullptr, nullptr);
         __syncthreads();
         const int tiles = j < last ? 8 : 2 * warp + 2;
         if (busy) {
@@ -524,6 +545,42 @@ __device__ void flash_backward_dq(bf16* dq, float* dd, float* bias_sums, const b
     }
 }
 
+// Without the rotation dkv takes the query bias bq as terms of its own, not into every
+// query tile it streams: S^T = K (Q + bq)^T adds c_j = k_j · bq to key row j's scores, and
+// dK = dS^T (Q + bq) adds (Σ_i dS^T_ji) bq. `query_bias` makes c for the lane's rows g,
+// g + 8 from its K fragments (each lane its columns, then the quad); `fold_bias` adds
+// r_j bq to dK once per query head (r the lane's sums of dS^T as rounded, then the quad's).
+template <int HS>
+__device__ __forceinline__ void query_bias(float (&cj)[2], const u32 (&kf)[HS / 16][4],
+                                           const bf16* bq) {
+    const int t = threadIdx.x % 4;
+    float part[2] = {0.0f, 0.0f};
+    #pragma unroll
+    for (int kk = 0; kk < HS / 16; ++kk)
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {  // a[r] columns 2t, 2t+1; a[r + 2] columns 2t+8, 2t+9
+            const int d = 16 * kk + 2 * t;
+            part[r] += low_bf16(kf[kk][r]) * to_acc(bq[d]);
+            part[r] += high_bf16(kf[kk][r]) * to_acc(bq[d + 1]);
+            part[r] += low_bf16(kf[kk][r + 2]) * to_acc(bq[d + 8]);
+            part[r] += high_bf16(kf[kk][r + 2]) * to_acc(bq[d + 9]);
+        }
+    cj[0] = quad_sum(part[0]);
+    cj[1] = quad_sum(part[1]);
+}
+
+template <int HS>
+__device__ __forceinline__ void fold_bias(float (&acc)[HS / 8][4], float (&rj)[2],
+                                          const bf16* bq) {
+    const int t = threadIdx.x % 4;
+    const float r[2] = {quad_sum(rj[0]), quad_sum(rj[1])};
+    #pragma unroll
+    for (int nd = 0; nd < HS / 8; ++nd)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nd][e] += r[e >> 1] * to_acc(bq[8 * nd + 2 * t + (e & 1)]);
+    rj[0] = rj[1] = 0.0f;
+}
+
 template <int HS>
 __device__ void flash_backward_dkv(bf16* dk, bf16* dv, float* bias_sums, const bf16* dy,
                                    Heads x, const float* lse, const float* dd,
@@ -539,6 +596,7 @@ __device__ void flash_backward_dkv(bf16* dk, bf16* dv, float* bias_sums, const b
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
     const int k0 = blockIdx.x * FA_ROWS, row0 = warp * 16, me = k0 + row0 + g;
     const float c = (float)(FA_LOG2E / sqrt((double)HS));
+    const bool rope = x.cos != nullptr;
     const int tiles_q = (T + FA_ROWS - 1) / FA_ROWS - blockIdx.x;  // query tiles from here
     // Item n: query head hk·group + n / tiles_q, its query tile blockIdx.x + n % tiles_q.
     auto load_item = [&](int n, int buf) {
@@ -560,8 +618,9 @@ __device__ void flash_backward_dkv(bf16* dk, bf16* dv, float* bias_sums, const b
     load_item(0, 0);
     cp_async_commit();
     cp_async_wait<1>();
-    fix_tile<HS>(own, k0, T, x.bk ? x.bk + hk * HS : nullptr, x.cos, x.sin);
-    fix_tile<HS>(dt_of(1), k0, T, x.bv ? x.bv + hk * HS : nullptr, nullptr, nullptr);
+    // The key bias only with the rotation (see F); the value bias is out of dV = P^T dY
+    // and of dP^T - D alike (dd holds D less dy · bv).
+    fix_tile<HS>(own, k0, T, x.bk && rope ? x.bk + hk * HS : nullptr, x.cos, x.sin);
     __syncthreads();
     u32 kf[S::chunks][4], vf[S::chunks][4];
     #pragma unroll
@@ -571,7 +630,9 @@ __device__ void flash_backward_dkv(bf16* dk, bf16* dv, float* bias_sums, const b
     }
     __syncthreads();
     const bool busy = k0 + row0 < T;
-    float dka[S::ntiles][4] = {}, dva[S::ntiles][4] = {};
+    const bool terms = x.bq != nullptr && !rope;  // the query bias as c_j and r_j bq
+    float dka[S::ntiles][4] = {}, dva[S::ntiles][4] = {}, cj[2] = {0.0f, 0.0f};
+    float rj[2] = {0.0f, 0.0f};
     const int items = group * tiles_q;
     for (int n = 0; n < items; ++n) {
         const int buf = n & 1, h = hk * group + n / tiles_q;
@@ -579,8 +640,9 @@ __device__ void flash_backward_dkv(bf16* dk, bf16* dv, float* bias_sums, const b
         if (n + 1 < items) load_item(n + 1, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
-        fix_tile<HS>(qt_of(buf), q0, T, x.bq ? x.bq + h * HS : nullptr, x.cos, x.sin);
+        fix_tile<HS>(qt_of(buf), q0, T, x.bq && rope ? x.bq + h * HS : nullptr, x.cos, x.sin);
         __syncthreads();
+        if (terms && n % tiles_q == 0) query_bias<HS>(cj, kf, x.bq + h * HS);
         // On the diagonal the warp's keys see queries from row0 on: 8-query tiles from
         // 2·warp, 16-query chunks from warp.
         const int from = qt == (int)blockIdx.x ? warp : 0;
@@ -605,10 +667,12 @@ __device__ void flash_backward_dkv(bf16* dk, bf16* dv, float* bias_sums, const b
                 for (int e = 0; e < 4; ++e) {
                     const int key = me + 8 * (e >> 1), qi = 8 * nt + 2 * t + (e & 1);
                     const bool seen = nt >= 2 * from && key < T && q0 + qi < T && q0 + qi >= key;
+                    const float sc = s[nt][e] + cj[e >> 1];
                     const float p =
-                        seen ? exp2f(fmaf(s[nt][e], c, -(lq[qi] * (float)FA_LOG2E))) : 0.0f;
-                    s[nt][e] = p;                       // P^T
+                        seen ? exp2f(fmaf(sc, c, -(lq[qi] * (float)FA_LOG2E))) : 0.0f;
+                    s[nt][e] = p;                              // P^T
                     dp[nt][e] = p * (dp[nt][e] - dstat[qi]);  // dS^T
+                    if (terms) rj[e >> 1] += __bfloat162float(__float2bfloat16(dp[nt][e]));
                 }
             #pragma unroll
             for (int kc = 0; kc < 4; ++kc) {
@@ -626,6 +690,7 @@ __device__ void flash_backward_dkv(bf16* dk, bf16* dv, float* bias_sums, const b
                 }
             }
         }
+        if (terms && n % tiles_q == tiles_q - 1) fold_bias<HS>(dka, rj, x.bq + h * HS);
         __syncthreads();
     }
     cp_async_wait<0>();

@@ -14,6 +14,7 @@ makes that a failure (CI).
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
@@ -83,6 +84,13 @@ def test_compiles_with_nvcc_without_spills(name, nvcc_builds):
     usage = _built(nvcc_builds[name])
     assert set(usage) == set(SOURCES[name].kernels), "the registry lists the file's kernels"
     assert not [u for u in usage.values() if u.spills], compilecheck.table(usage)
+    if name == "flash":  # the kernel model prices flash.cu at its registers (occupancy)
+        from hpcpipe.devtools import kernelmodel
+        for kernel, model in (("flash_forward_hs64", kernelmodel.flash_forward()),
+                              ("flash_backward_dq_hs64", kernelmodel.flash_dq()),
+                              ("flash_backward_dkv_hs64", kernelmodel.flash_dkv())):
+            assert kernelmodel.blocks_per_sm(model) == kernelmodel.blocks_per_sm(
+                replace(model, registers=usage[kernel].registers)), (kernel, usage[kernel])
 
 
 @every_core

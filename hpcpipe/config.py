@@ -25,6 +25,7 @@ import numpy as np
 from hpcpipe.device.backend import DEVICES
 from hpcpipe.device.dtypes import DTYPES
 from hpcpipe.model import GPTConfig
+from hpcpipe.model.layout import GPT2_VOCAB, GPT2_VOCAB_MULTIPLE
 from hpcpipe.model.sharding import check_divisible
 from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.parallel.gradsync import COMM_DTYPES
@@ -364,6 +365,8 @@ def _build_section(source, name, table) -> object:
                               f"known keys: {', '.join(known)}")
         values[key] = _coerce(source, f"{name}.{key}", value, hints[key])
     if cls is GPTConfig:  # it checks itself too, without naming the file
+        if values.get("vocab_size") == GPT2_VOCAB and "vocab_multiple" not in values:
+            values["vocab_multiple"] = GPT2_VOCAB_MULTIPLE  # aligned unless it says
         _check_model(source, {**_defaults(cls), **values})
     return cls(**values)
 

@@ -293,3 +293,18 @@ def test_powersgd_keys_and_what_it_refuses(tmp_path):
         assert words in msg, (text, msg)
     config.from_dict({"train": {"dtype": "float16", "loss_scale": 1024.0},
                       "parallel": {"grad_compression": "powersgd"}})
+
+
+def test_gpt2s_vocabulary_is_padded_unless_the_config_says(tmp_path):
+    """GPT-2's 50257 tokens pad to 50304 rows (a multiple of 128: the head's GEMMs aligned)
+    unless model.vocab_multiple is given; other vocabularies stay as they are; the
+    resolved config (a run's config.toml) says which, so a resume keeps it."""
+    path = tmp_path / "c.toml"
+    path.write_text("[model]\nvocab_size = 50257\n")
+    cfg = config.load(str(path))
+    assert cfg.model.vocab_multiple == 128 and cfg.model.padded_vocab == 50304
+    assert config.load(str(path), ["model.vocab_multiple=1"]).model.padded_vocab == 50257
+    path.write_text("[model]\nvocab_size = 50258\n")
+    assert config.load(str(path)).model.vocab_multiple == 1
+    path.write_text(cfg.to_toml())
+    assert config.load(str(path)).model.vocab_multiple == 128

@@ -30,7 +30,7 @@ examples:
   python -m hpcpipe bench gpu-model                       # GPT-2 124M, 16 × 1024, bf16, H100
   python -m hpcpipe bench gpu-model --microbatches 16     # 1-sequence microbatches (a pipeline's)
   python -m hpcpipe bench gpu-model --unfused             # without the fused kernels (before)
-  python -m hpcpipe bench gpu-model --vocab-multiple 128  # 50304 rows, as inputs/gpt2-124m.toml
+  python -m hpcpipe bench gpu-model --vocab-multiple 1    # the unpadded 50257 rows
   python -m hpcpipe bench gpu-model --tokens corpus --json gpu-model.json
   python -m hpcpipe bench gpu-model --calibration bench/results/…-calibration.json"""
 
@@ -45,10 +45,10 @@ def add_parser(sub):
     p.add_argument("--model", choices=[*CONFIGS, "smoke"], default="gpt2",
                    help="model shape (default gpt2: GPT-2 124M)")
     p.add_argument("--batch", type=integer(1, 4096), default=16, help="sequences per step (16)")
-    p.add_argument("--vocab-multiple", type=integer(1, 4096), default=1, metavar="N",
+    p.add_argument("--vocab-multiple", type=integer(1, 4096), default=None, metavar="N",
                    help="pad the vocabulary's rows to a multiple of N, the padding masked "
-                        "(model.vocab_multiple; 128 is inputs/gpt2-124m.toml's: 50257 -> "
-                        "50304, the head's GEMMs aligned). Default 1: PyTorch's setup")
+                        "(model.vocab_multiple). Default: the config's (gpt2: 128, 50257 -> "
+                        "50304, the head's GEMMs aligned; 1 is the unpadded 50257)")
     p.add_argument("--microbatches", type=integer(1, 4096), default=1,
                    help="microbatches the batch is cut into (1); F, B and W run per microbatch")
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype (bfloat16)")
@@ -86,7 +86,8 @@ def base_rates(gpu: str):
 def predict(args) -> dict:
     """Count the step and price it; the result dict the table and the JSON show."""
     cfg = SMOKE if args.model == "smoke" else CONFIGS[args.model]
-    cfg = replace(cfg, vocab_multiple=args.vocab_multiple)
+    if args.vocab_multiple is not None:
+        cfg = replace(cfg, vocab_multiple=args.vocab_multiple)
     if args.batch % args.microbatches:
         raise HpcpipeError(f"bench gpu-model: --batch {args.batch} does not split into "
                            f"--microbatches {args.microbatches}")
@@ -101,7 +102,7 @@ def predict(args) -> dict:
     tokens = args.batch * cfg.block_size
     cost = costmodel.summarise(log, rates, tokens, args.microbatches)
     if rates.torch_tokens_per_s and (args.model, args.batch, args.dtype,
-                                     args.vocab_multiple) == ("gpt2", 16, "bfloat16", 1):
+                                     cfg.padded_vocab) == ("gpt2", 16, "bfloat16", 50257):
         # the one setup PyTorch's figure is for (its vocabulary unpadded); and only a step
         # priced at rates measured for its own kernels is read against a measurement
         if cost["priced_unmeasured"]:

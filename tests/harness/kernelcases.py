@@ -548,38 +548,67 @@ def case_cross_entropy(k, xp, name, B=2, T=5, V=300, pad=20, scale=0.5):
 
 # -- embedding ----------------------------------------------------------------------------
 
-def case_embedding(k, xp, name, B=3, T=16, C=40, V=11):
-    """Bit for bit the layer's device path (each token's rows added in batch order, by
-    `_run_sums`), and the CPU path's reduceat to round-off, on skewed tokens (one token
-    in half the positions) and a token that never occurs; out-of-shard ids are skipped."""
+def _chunked_sums(dx, idx, V, chunk):
+    """dwte as embedding.cu sums it: the stably sorted positions in chunks of `chunk`, each
+    run's piece in a chunk summed in order in the accumulation dtype, a run crossing
+    chunks as its pieces added in chunk order; (V, C) in dx's accumulation dtype."""
+    A = dx.dtype if dx.dtype == np.float64 else np.dtype(np.float32)
+    flat, rows = idx.reshape(-1), dx.reshape(-1, dx.shape[-1]).astype(A)
+    order = np.argsort(flat, kind="stable")
+    out = np.zeros((V, dx.shape[-1]), A)
+    for token in np.unique(flat):
+        where = [p for p, q in enumerate(order) if flat[q] == token]
+        pieces = {}
+        for p in where:  # position p of the sorted order, in chunk p // chunk
+            piece = pieces.get(p // chunk)
+            pieces[p // chunk] = rows[order[p]] if piece is None else (piece + rows[order[p]])
+        total = None
+        for c in sorted(pieces):
+            total = pieces[c] if total is None else (total + pieces[c])
+        if 0 <= token < V:
+            out[token] = total
+    return out
+
+
+def case_embedding(k, xp, name, B=4, T=80, C=40, V=11):
+    """As embedding.cu sums it (chunks of 64 sorted positions, a run crossing chunks added
+    piece by piece in chunk order: `_chunked_sums`) bit for bit, and the CPU path's
+    reduceat to round-off, on skewed tokens (one token in 60 % of the 320 positions: a run
+    across four chunks) and a token that never occurs; bit for bit again on a second run;
+    out-of-shard ids are skipped."""
     rng = np.random.default_rng(6)
     G = accumulation(name)
-    idx = np.where(rng.random((B, T)) < 0.5, 3, rng.integers(0, V - 1, (B, T))).astype(np.int64)
+    idx = np.where(rng.random((B, T)) < 0.6, 3, rng.integers(0, V - 1, (B, T))).astype(np.int64)
     dx, _ = stored(rng.standard_normal((B, T, C)), name)
     start_wte = rng.standard_normal((V, C)).astype(G)
     start_wpe = rng.standard_normal((T + 4, C)).astype(G)
     cpu = {"wte": start_wte.copy(), "wpe": start_wpe.copy()}
     embedding.backward_weight(dx, {"idx": idx}, cpu)
-    idx_, dx_ = device(xp, idx), device(xp, dx)
-    on_device = {"wte": device(xp, start_wte), "wpe": device(xp, start_wpe)}
-    embedding.backward_weight(dx_, {"idx": idx_}, on_device)
-    want_wte, want_wpe = host(on_device["wte"]), host(on_device["wpe"])
+    want_wte = (start_wte + _chunked_sums(dx, idx, V, k_embedding.CHUNK)).astype(G)
+    want_wpe = (start_wpe[:T] + dx.astype(G).sum(axis=0, dtype=G)).astype(G)
 
+    idx_, dx_ = device(xp, idx), device(xp, dx)
     order_ = xp.argsort(idx_.reshape(-1), kind="stable")
+    carry_ = xp.empty(k_embedding.carry_shape(B * T, C), dtype=G)
     dwte_, dwpe_ = device(xp, start_wte), device(xp, start_wpe)
-    k_embedding.backward_wte(k, dwte_, dx_, idx_, order_)
+    k_embedding.backward_wte(k, dwte_, dx_, idx_, order_, carry_)
     k_embedding.backward_wpe(k, dwpe_, dx_)
-    assert np.array_equal(host(dwte_), want_wte), "wte gradient, bit for bit"
-    assert np.array_equal(host(dwpe_), want_wpe), "wpe gradient, bit for bit"
-    assert_close(host(dwte_), cpu["wte"], "float64" if name == "float64" else "float32",
+    got = host(dwte_)
+    assert np.array_equal(got, want_wte), "wte gradient, bit for bit its chunked sums"
+    assert np.array_equal(host(dwpe_)[:T], want_wpe), "wpe gradient, bit for bit"
+    assert np.array_equal(host(dwpe_)[T:], start_wpe[T:]), "wpe rows past T"
+    assert_close(got, cpu["wte"], "float64" if name == "float64" else "float32",
                  "wte gradient vs reduceat")
+    again_ = device(xp, start_wte)
+    k_embedding.backward_wte(k, again_, dx_, idx_, order_, carry_)
+    assert np.array_equal(host(again_), got), "the same bits again"
 
     # A vocabulary shard holding rows [5, 11): local ids, the others out of range.
     local_ = device(xp, idx - 5)
     shard_ = device(xp, start_wte[5:])
     k_embedding.backward_wte(k, shard_, dx_, local_, xp.argsort(local_.reshape(-1),
-                                                                kind="stable"))
-    assert np.array_equal(host(shard_), want_wte[5:]), "a shard's rows"
+                                                                kind="stable"), carry_)
+    assert np.array_equal(host(shard_), got[5:]), "a shard's rows"
 
 
 # -- AdamW --------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Launches of embedding.cu: the embedding's weight gradients as segmented sums over
-the positions sorted by token (deterministic, no atomics, no host sync)."""
+the positions sorted by token, in fixed chunks whose pieces are added in order
+(deterministic, no atomics, no host sync)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,32 @@ from . import Kernels, constant, suffix
 from .arrays import accumulation, blocks, check, int32, int64
 
 THREADS = constant("embedding", "EMB_THREADS")
+CHUNK = constant("embedding", "EMB_CHUNK")
 
 
-def backward_wte(k: Kernels, dwte, dx, idx, order):
+def carry_shape(positions: int, C: int) -> tuple[int, int, int]:
+    """`backward_wte`'s workspace: a head and a tail piece per chunk of sorted positions."""
+    return (blocks(positions, CHUNK), 2, C)
+
+
+def backward_wte(k: Kernels, dwte, dx, idx, order, carry):
     """dwte[v] += the sum, in batch order, of dx's rows at token v's positions.
     idx (B, T) int64; order (B·T,) int64 = xp.argsort(idx.reshape(-1), kind="stable")
-    (the caller's, on the device); dx (B, T, C); dwte (V, C) in A."""
+    (the caller's, on the device); dx (B, T, C); dwte (V, C) in A; carry
+    (`carry_shape(B·T, C)`, A) a workspace. Two launches: the chunks, then the runs that
+    cross them."""
     B, T, C = dx.shape
     N = B * T
+    A = accumulation(dx.dtype)
     check("dx", dx, dx.shape), check("idx", idx, (B, T), np.int64)
     check("order", order, (N,), np.int64)
-    check("dwte", dwte, (-1, C), accumulation(dx.dtype))
-    k.function("embedding", f"embedding_backward_wte_{suffix(dx.dtype)}")(
-        (N, blocks(C, THREADS)), (THREADS,),
-        (dwte, dx, idx, order, int64(N), int32(C), int64(dwte.shape[0])))
+    check("dwte", dwte, (-1, C), A), check("carry", carry, carry_shape(N, C), A)
+    grid = (blocks(N, CHUNK), blocks(C, THREADS))
+    sizes = (int64(N), int32(C), int64(dwte.shape[0]))
+    k.function("embedding", f"embedding_wte_chunks_{suffix(dx.dtype)}")(
+        grid, (THREADS,), (dwte, carry, dx, idx, order, *sizes))
+    k.function("embedding", f"embedding_wte_carry_{suffix(A)}")(
+        grid, (THREADS,), (dwte, carry, idx, order, *sizes))
 
 
 def backward_wpe(k: Kernels, dwpe, dx):

@@ -168,11 +168,16 @@ def _cross_entropy_backward(args):
     return 2 * _nbytes(logits) + _sum(targets, gathered), _sum(losses, dlogits)
 
 
-def _embedding_wte(args):
-    dwte, dx, idx, order = args[:4]
+def _embedding_chunks(args):
+    dwte, carry, dx, idx, order = args[:5]
     positions, channels = _nbytes(idx) // idx.itemsize, dwte.shape[1]
     touched = min(positions, dwte.shape[0]) * channels * dwte.itemsize
-    return _sum(dx, idx, order) + touched, touched
+    return _sum(dx, idx, order) + touched, touched + _nbytes(carry)
+
+
+def _embedding_carry(args):
+    dwte, carry, idx, order = args[:4]
+    return _sum(carry) + 2 * _nbytes(order) // 64, _nbytes(carry) // 2
 
 
 def _embedding_wpe(args):
@@ -216,7 +221,8 @@ _BY_STEM = {
     "cross_entropy_fused": _cross_entropy_fused,
     "cross_entropy_partials": _cross_entropy_partials,
     "cross_entropy_backward": _cross_entropy_backward,
-    "embedding_backward_wte": _embedding_wte, "embedding_backward_wpe": _embedding_wpe,
+    "embedding_wte_chunks": _embedding_chunks, "embedding_wte_carry": _embedding_carry,
+    "embedding_backward_wpe": _embedding_wpe,
     "adamw": _adamw, "grad_sumsq_partials": _sumsq_partials,
     "grad_sumsq_finish": _sumsq_finish,
 }

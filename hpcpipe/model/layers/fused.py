@@ -274,7 +274,7 @@ def loss_backward_input(scale, cache):
 
 def embedding_backward_weight(k, be, dx, idx, grads, elsewhere=None):
     """grads["wte"][v] += the sum, in batch order, of dx's rows at token v's positions
-    (a segmented sum over the stably sorted tokens: one round, no host sync, no
+    (a segmented sum over the stably sorted tokens, in fixed chunks: no host sync, no
     atomics); grads["wpe"][:T] += dx summed over the batch. idx (B, T) this shard's
     local ids; `elsewhere` (B, T) bool marks tokens another vocabulary shard holds."""
     xp = be.xp
@@ -283,5 +283,8 @@ def embedding_backward_weight(k, be, dx, idx, grads, elsewhere=None):
     if elsewhere is not None:  # ids outside [0, V) are skipped by the kernel
         idx = xp.where(elsewhere, -1, idx)
     order = xp.argsort(idx.reshape(-1), kind="stable")
-    embedding.backward_wte(k, grads["wte"], dx, idx, order)
+    carry = be.scratch.workspace("fused.embedding.carry",
+                                 embedding.carry_shape(idx.size, dx.shape[-1]),
+                                 grads["wte"].dtype)
+    embedding.backward_wte(k, grads["wte"], dx, idx, order, carry)
     embedding.backward_wpe(k, grads["wpe"], dx)

@@ -28,6 +28,7 @@ import numpy as np
 from hpcpipe import __version__
 from hpcpipe.device import backend
 from hpcpipe.device.dtypes import DTYPES
+from hpcpipe.device.graphs import Graphs
 from hpcpipe.model import GPTConfig, Stage
 from hpcpipe.model.layout import GPT2_VOCAB, GPT2_VOCAB_MULTIPLE
 
@@ -112,6 +113,10 @@ def add_parser(sub):
                         "with the last two")
     p.add_argument("--profile", action="store_true",
                    help="also print hpcpipe's time per layer in F, B and W")
+    p.add_argument("--graphs", action="store_true",
+                   help="hpcpipe's step as CUDA graphs (its device work captured at the "
+                        "second step, replayed after); a GPU only. Each row records the host "
+                        "time per step either way (hpcpipe_host_ms)")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes, one repetition: checks the code paths, measures nothing")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -146,23 +151,40 @@ def torch_matmul_rate(torch, device, dtype, n: int, repeats: int = 3) -> float:
 
 class HpcpipeStep:
     """One microbatch through a whole-model Stage (F, B, W), the tied head's gradient folded
-    in, then AdamW: what one pipeline rank holding every layer does per step."""
+    in, then AdamW: what one pipeline rank holding every layer does per step. graphs: the
+    step's device work as CUDA graphs (device/graphs.py): zero_grad, F, B, W and the fold
+    as one, AdamW as another (its scalars written to the device first), captured at the
+    second step, replayed after. `host_s` keeps each step's host time (until the last
+    launch returns, before the wait for the device)."""
 
-    def __init__(self, cfg, be, dtype, idx, targets):
+    def __init__(self, cfg, be, dtype, idx, targets, graphs: bool = False):
         self.be = be
         self.stage = Stage(cfg, dtype=dtype, seed=0, be=be)
         self.opt = AdamW(ParamShard(self.stage.param_buffer), be, beta1=BETA1, beta2=BETA2,
                          eps=EPS, weight_decay=WEIGHT_DECAY)
         self.idx, self.targets = be.from_host(idx), be.from_host(targets)
+        self.graphs = Graphs(be) if graphs else None
+        self.host_s: list[float] = []
 
-    def __call__(self) -> float:
+    def _device_step(self):
         stage = self.stage
         stage.zero_grad()
         value = stage.forward(0, self.idx, self.targets)
         stage.backward_input(0)
         stage.backward_weight(0)
         stage.add_head_grad()
-        self.opt.step(stage.grad_buffer.data, LR)
+        return value
+
+    def __call__(self) -> float:
+        tick = time.perf_counter()
+        grad = self.stage.grad_buffer.data
+        if self.graphs is None:
+            value = self._device_step()
+            self.opt.step(grad, LR)
+        else:
+            value = self.graphs.run(("step", id(self)), self._device_step)
+            self.opt.step_graphed(grad, LR, self.graphs)
+        self.host_s.append(time.perf_counter() - tick)
         _sync(self.be)
         return float(value)
 
@@ -205,11 +227,12 @@ def make_batch(cfg: GPTConfig, batch: int, seed: int = 0, tokens: str = "uniform
     return batches.batch(tokens, cfg.vocab_size, batch, cfg.block_size, seed)
 
 
-def first_losses(cfg, be, dtype, batch, torch=None, device="cpu", tokens="uniform"):
+def first_losses(cfg, be, dtype, batch, torch=None, device="cpu", tokens="uniform",
+                 graphs=False):
     """Both steps built from the same weights and batch; returns (hpcpipe step, torch step or
     None, hpcpipe's first loss, torch's first loss or None)."""
     idx, targets = make_batch(cfg, batch, tokens=tokens)
-    ours = HpcpipeStep(cfg, be, dtype, idx, targets)
+    ours = HpcpipeStep(cfg, be, dtype, idx, targets, graphs)
     if torch is None:
         return ours, None, ours(), None
     host_params = {name: be.to_host(p).astype(np.float32 if p.dtype.itemsize < 4 else p.dtype)
@@ -279,10 +302,11 @@ def alternate(runners, warmup: int, repeats: int, name: str, log) -> dict:
 
 
 def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cpu",
-            log=print, tf32=False, tokens="uniform") -> dict:
+            log=print, tf32=False, tokens="uniform", graphs=False) -> dict:
     """Time hpcpipe's and torch's steps alternately; one result row for `name`."""
     kind = tokens
-    ours, theirs, loss0, torch_loss0 = first_losses(cfg, be, dtype, batch, torch, device, kind)
+    ours, theirs, loss0, torch_loss0 = first_losses(cfg, be, dtype, batch, torch, device, kind,
+                                                    graphs)
     tokens = batch * cfg.block_size
     row = {"config": name, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head,
            "block_size": cfg.block_size, "vocab_size": cfg.vocab_size,
@@ -290,7 +314,8 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
            "dtype": dtype, "tf32": tf32, "tokens": kind,
            "params": int(ours.stage.param_buffer.size),
            "flops_per_token": flops_per_token(cfg, cfg.block_size), "repeats": repeats,
-           "hpcpipe_loss0": loss0, "torch_tokens_per_s": None, "ratio": None,
+           "hpcpipe_loss0": loss0, "graphs": graphs, "torch_tokens_per_s": None,
+           "ratio": None,
            "torch_step_ms": None, "ratio_paired": None}
     runners = [("hpcpipe", ours)]
     if theirs is not None:
@@ -303,6 +328,7 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
             row.update(torch_threads=best, torch_tokens_per_s_by_threads=rates)
     times = alternate(runners, warmup, repeats, name, log)
     row["hpcpipe_step_ms"] = 1e3 * statistics.median(times["hpcpipe"])
+    row["hpcpipe_host_ms"] = 1e3 * statistics.median(ours.host_s[-len(times["hpcpipe"]):])
     row["hpcpipe_tokens_per_s"] = tokens / (row["hpcpipe_step_ms"] / 1e3)
     if theirs is not None:
         row["torch_step_ms"] = 1e3 * statistics.median(times["torch"])
@@ -539,7 +565,7 @@ def run_step(args) -> int:
             f"warm-up + {repeats} "
             f"measured steps each")
         row = measure(name, cfg, be, args.dtype, batch, warmup, repeats, torch, device, log,
-                      args.tf32, args.tokens)
+                      args.tf32, args.tokens, args.graphs)
         rows.append(row)
         measure_peak()
         if args.profile:

@@ -126,7 +126,8 @@ SOURCES = {s.name: s for s in (
     Source("embedding", _typed("embedding_wte_chunks", "embedding_backward_wpe")
            + _typed("embedding_wte_carry", dtypes=("f32", "f64"))),
     # No contracted multiply-adds: the update's bits are NumPy's (see adamw.cu).
-    Source("adamw", ("adamw_f32", "adamw_f64"), ("--fmad=false",)),
+    Source("adamw", ("adamw_f32", "adamw_f64", "adamw_dev_f32", "adamw_dev_f64"),
+           ("--fmad=false",)),
     Source("gradnorm", _typed("grad_sumsq_partials") + ("grad_sumsq_finish",)),
 )}
 

@@ -223,7 +223,7 @@ _BY_STEM = {
     "cross_entropy_backward": _cross_entropy_backward,
     "embedding_wte_chunks": _embedding_chunks, "embedding_wte_carry": _embedding_carry,
     "embedding_backward_wpe": _embedding_wpe,
-    "adamw": _adamw, "grad_sumsq_partials": _sumsq_partials,
+    "adamw": _adamw, "adamw_dev": _adamw, "grad_sumsq_partials": _sumsq_partials,
     "grad_sumsq_finish": _sumsq_finish,
 }
 

@@ -11,6 +11,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import pytest
 from harness import devices, inlauncher, mpirun, mpiworld, required
 
+pytest_plugins = ["harness.timeout"]  # --test-timeout
+
 
 def pytest_addoption(parser):
     parser.addoption("--device", choices=("cpu", "standin", "gpu"), default="cpu",

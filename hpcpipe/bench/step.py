@@ -114,9 +114,14 @@ def add_parser(sub):
     p.add_argument("--profile", action="store_true",
                    help="also print hpcpipe's time per layer in F, B and W")
     p.add_argument("--graphs", action="store_true",
-                   help="hpcpipe's step as CUDA graphs (its device work captured at the "
-                        "second step, replayed after); a GPU only. Each row records the host "
-                        "time per step either way (hpcpipe_host_ms)")
+                   help="also time hpcpipe's step as CUDA graphs (its device work captured "
+                        "at the second step, replayed after; a GPU only), alternating with "
+                        "the others; each hpcpipe row records its host time per step")
+    p.add_argument("--profile-events", action="store_true",
+                   help="also print hpcpipe's device time per layer inside one step, by "
+                        "CUDA events, unsynchronised")
+    p.add_argument("--torch-compile", action="store_true",
+                   help="also time PyTorch's step under torch.compile, alternating")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes, one repetition: checks the code paths, measures nothing")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -191,16 +196,19 @@ class HpcpipeStep:
 
 class TorchStep:
     """The same step in PyTorch eager: forward, loss.backward() (B and W together), AdamW.
-    16-bit: a float32 model under autocast, as PyTorch users train in 16 bits."""
+    16-bit: a float32 model under autocast, as PyTorch users train in 16 bits. compile:
+    the model under torch.compile (compiled at the first step)."""
 
-    def __init__(self, torch, cfg, device, dtype, params, idx, targets):
+    def __init__(self, torch, cfg, device, dtype, params, idx, targets, compile=False):
         from .torch_gpt import TorchGPT, adamw
 
         self.torch = torch
         wide = dtype in ("float32", "float64")
-        self.model = TorchGPT(cfg).to(device=device,
-                                      dtype=getattr(torch, dtype if wide else "float32"))
-        self.model.load_hpcpipe(params)
+        model = TorchGPT(cfg).to(device=device,
+                                 dtype=getattr(torch, dtype if wide else "float32"))
+        model.load_hpcpipe(params)
+        # torch.compile: the model's F (and its B through AOTAutograd); AdamW stays fused
+        self.model = torch.compile(model) if compile else model
         self.opt, self.opt_kind = adamw(self.model, LR, BETA1, BETA2, EPS, WEIGHT_DECAY)
         self.idx = torch.as_tensor(idx, device=device)
         self.targets = torch.as_tensor(targets, device=device)
@@ -227,12 +235,11 @@ def make_batch(cfg: GPTConfig, batch: int, seed: int = 0, tokens: str = "uniform
     return batches.batch(tokens, cfg.vocab_size, batch, cfg.block_size, seed)
 
 
-def first_losses(cfg, be, dtype, batch, torch=None, device="cpu", tokens="uniform",
-                 graphs=False):
+def first_losses(cfg, be, dtype, batch, torch=None, device="cpu", tokens="uniform"):
     """Both steps built from the same weights and batch; returns (hpcpipe step, torch step or
     None, hpcpipe's first loss, torch's first loss or None)."""
     idx, targets = make_batch(cfg, batch, tokens=tokens)
-    ours = HpcpipeStep(cfg, be, dtype, idx, targets, graphs)
+    ours = HpcpipeStep(cfg, be, dtype, idx, targets)
     if torch is None:
         return ours, None, ours(), None
     host_params = {name: be.to_host(p).astype(np.float32 if p.dtype.itemsize < 4 else p.dtype)
@@ -301,12 +308,34 @@ def alternate(runners, warmup: int, repeats: int, name: str, log) -> dict:
     return times
 
 
+def _extras(cfg, be, dtype, batch, torch, device, tokens, loss0, torch_loss0, graphs,
+            compiled, name, tf32) -> list:
+    """The other runners: hpcpipe's step as CUDA graphs, PyTorch's under torch.compile;
+    each built from the same weights and batch, its first loss checked."""
+    extra = []
+    if graphs:
+        idx, targets = make_batch(cfg, batch, tokens=tokens)
+        step = HpcpipeStep(cfg, be, dtype, idx, targets, graphs=True)
+        check_same_loss(f"{name} graphs", step(), loss0, dtype)
+        extra.append(("hpcpipe_graphs", step))
+    if compiled and torch is not None:
+        fresh = Stage(cfg, dtype=dtype, seed=0, be=be)  # the first step's weights again
+        host = {n: be.to_host(p).astype(np.float32 if p.dtype.itemsize < 4 else p.dtype)
+                for n, p in fresh.params.items()}
+        del fresh
+        idx, targets = make_batch(cfg, batch, tokens=tokens)
+        step = TorchStep(torch, cfg, device, dtype, host, idx, targets, compile=True)
+        check_same_loss(f"{name} torch.compile", loss0, step(), dtype, tf32, cfg)
+        extra.append(("torch_compile", step))
+    return extra
+
+
 def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cpu",
-            log=print, tf32=False, tokens="uniform", graphs=False) -> dict:
-    """Time hpcpipe's and torch's steps alternately; one result row for `name`."""
+            log=print, tf32=False, tokens="uniform", graphs=False, compiled=False) -> dict:
+    """Time hpcpipe's and torch's steps alternately (with --graphs and --torch-compile
+    their other forms too); one result row for `name`."""
     kind = tokens
-    ours, theirs, loss0, torch_loss0 = first_losses(cfg, be, dtype, batch, torch, device, kind,
-                                                    graphs)
+    ours, theirs, loss0, torch_loss0 = first_losses(cfg, be, dtype, batch, torch, device, kind)
     tokens = batch * cfg.block_size
     row = {"config": name, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head,
            "block_size": cfg.block_size, "vocab_size": cfg.vocab_size,
@@ -314,8 +343,7 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
            "dtype": dtype, "tf32": tf32, "tokens": kind,
            "params": int(ours.stage.param_buffer.size),
            "flops_per_token": flops_per_token(cfg, cfg.block_size), "repeats": repeats,
-           "hpcpipe_loss0": loss0, "graphs": graphs, "torch_tokens_per_s": None,
-           "ratio": None,
+           "hpcpipe_loss0": loss0, "torch_tokens_per_s": None, "ratio": None,
            "torch_step_ms": None, "ratio_paired": None}
     runners = [("hpcpipe", ours)]
     if theirs is not None:
@@ -326,12 +354,15 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
             log(f"  {name}: PyTorch tokens/s by thread count "
                 + ", ".join(f"{n}: {r:,.0f}" for n, r in rates.items()) + f" → {best}")
             row.update(torch_threads=best, torch_tokens_per_s_by_threads=rates)
+    runners += _extras(cfg, be, dtype, batch, torch, device, kind, loss0, torch_loss0,
+                       graphs, compiled, name, tf32)
     times = alternate(runners, warmup, repeats, name, log)
-    row["hpcpipe_step_ms"] = 1e3 * statistics.median(times["hpcpipe"])
-    row["hpcpipe_host_ms"] = 1e3 * statistics.median(ours.host_s[-len(times["hpcpipe"]):])
+    for label, runner in runners:
+        row[f"{label}_step_ms"] = 1e3 * statistics.median(times[label])
+        if label.startswith("hpcpipe"):
+            row[f"{label}_host_ms"] = 1e3 * statistics.median(runner.host_s[-repeats:])
     row["hpcpipe_tokens_per_s"] = tokens / (row["hpcpipe_step_ms"] / 1e3)
     if theirs is not None:
-        row["torch_step_ms"] = 1e3 * statistics.median(times["torch"])
         row["torch_tokens_per_s"] = tokens / (row["torch_step_ms"] / 1e3)
         row["torch_loss0"] = torch_loss0
         row["torch_optimizer"] = theirs.opt_kind
@@ -340,6 +371,11 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
         # a noisy neighbour than the ratio of the medians.
         row["ratio_paired"] = statistics.median(
             t / h for h, t in zip(times["hpcpipe"], times["torch"]))
+        for label in ("hpcpipe_graphs", "torch_compile"):
+            if label in times:
+                row[f"ratio_{label}"] = statistics.median(
+                    (t / h if label == "hpcpipe_graphs" else c / h)
+                    for h, t, c in zip(times["hpcpipe"], times["torch"], times[label]))
     return row
 
 
@@ -419,6 +455,65 @@ def profile(cfg, be, dtype, batch, repeats, tokens="uniform") -> tuple[list[dict
     rows.append({"layer": "adamw", "F": 0.0, "B": 0.0, "W": 0.0,
                  "step": 1e3 * opt_time / repeats})
     return rows, step_ms
+
+
+@contextmanager
+def layer_events(be, marks: list):
+    """Inside: every layer function's call marked by a CUDA event on each side, recorded
+    into `marks` as (layer, phase, start event, end event, depth), nothing synchronised;
+    read once the step is done (`event_rows`)."""
+    xp, depth = be.xp, [0]
+
+    def timed(layer, phase, fn):
+        def wrapper(*args, **kwargs):
+            start, end = xp.cuda.Event(), xp.cuda.Event()
+            start.record()
+            depth[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                end.record()
+                marks.append((layer, PHASES[phase], start, end, depth[0]))
+        return wrapper
+
+    saved = [(module, phase, getattr(module, phase))
+             for module in PROFILED.values() for phase in PHASES]
+    for (module, phase, fn), layer in zip(saved, [n for n in PROFILED for _ in PHASES]):
+        setattr(module, phase, timed(layer, phase, fn))
+    try:
+        yield
+    finally:
+        for module, phase, fn in saved:
+            setattr(module, phase, fn)
+
+
+def event_rows(xp, marks) -> list[dict]:
+    """Device ms per (layer, phase), self time (a call's children's subtracted), from the
+    events of one step (after it has finished)."""
+    totals, stack = {}, []
+    for layer, phase, start, end, depth in marks:  # children end (are appended) first
+        ms = xp.cuda.get_elapsed_time(start, end)
+        inner = sum(c for d, c in stack if d == depth + 1)
+        stack = [(d, c) for d, c in stack if d <= depth] + [(depth, ms)]
+        totals[(layer, phase)] = totals.get((layer, phase), 0.0) + ms - inner
+    rows = {}
+    for (layer, phase), ms in totals.items():
+        rows.setdefault(layer, {"layer": layer, "F": 0.0, "B": 0.0, "W": 0.0})[phase] = ms
+    return list(rows.values())
+
+
+def event_profile(cfg, be, dtype, batch, tokens="uniform") -> list[dict]:
+    """Per-layer device time inside one real step (after two warm-up steps), by CUDA
+    events around each layer call and no synchronisation until the step is done: the
+    step's own timing, which `profile`'s synchronising timers disturb."""
+    idx, targets = make_batch(cfg, batch, tokens=tokens)
+    step = HpcpipeStep(cfg, be, dtype, idx, targets)
+    step(), step()
+    marks = []
+    with layer_events(be, marks):
+        step()
+    return event_rows(be.xp, marks)
 
 
 def print_profile(name, rows, step_ms, out=print):
@@ -565,7 +660,7 @@ def run_step(args) -> int:
             f"warm-up + {repeats} "
             f"measured steps each")
         row = measure(name, cfg, be, args.dtype, batch, warmup, repeats, torch, device, log,
-                      args.tf32, args.tokens, args.graphs)
+                      args.tf32, args.tokens, args.graphs, args.torch_compile)
         rows.append(row)
         measure_peak()
         if args.profile:
@@ -573,6 +668,11 @@ def run_step(args) -> int:
                                     args.tokens)
             row["profile_ms"] = prof
             print_profile(name, prof, step_ms, log)
+        if args.profile_events:
+            prof = event_profile(cfg, be, args.dtype, batch, args.tokens)
+            row["profile_events_ms"] = prof
+            print_profile(f"{name} (device time by events, one step)", prof,
+                          sum(r["F"] + r["B"] + r["W"] for r in prof), log)
     peak, torch_peak = max(peaks), max(torch_peaks, default=None)
     device_peak = max(peak, torch_peak or 0.0)
     log(f"matmul {peak_n}³ {args.dtype}, best of the run: hpcpipe's backend "

@@ -362,6 +362,32 @@ def predictions(sm: Sm = H100) -> list[dict]:
     return out
 
 
+# The elementwise kernels at GPT-2's size (N = 16 384 rows, C = 768, the padded vocabulary):
+# (name, DRAM bytes, elements, instructions per element as counted in their source: the
+# GELU's tanh through one exp and one reciprocal, ~30 with its bias; its B ~45 with the
+# derivative and the chunk sum; cross-entropy ~12 per logit and pass over three passes).
+N_ROWS, VOCAB = B * T, 50304
+ELEMENTWISE = (
+    ("gelu bias F", 2 * N_ROWS * 4 * 768 * 2, N_ROWS * 4 * 768, 30),
+    ("gelu bias B", 3 * N_ROWS * 4 * 768 * 2, N_ROWS * 4 * 768, 45),
+    ("bias + residual", 3 * N_ROWS * 768 * 2, N_ROWS * 768, 8),
+    ("layernorm F", 2 * N_ROWS * 768 * 2, N_ROWS * 768, 12),
+    ("cross-entropy", 3 * N_ROWS * VOCAB * 2, N_ROWS * VOCAB, 36),
+)
+
+
+def elementwise_predictions(sm: Sm = H100) -> list[dict]:
+    """PREDICTED device ms of the elementwise kernels at GPT-2's size: the longer of their
+    DRAM bytes at the measured bandwidth and their instructions at the SMs' issue rate."""
+    lanes_per_s = sm.sms * sm.issue_per_clk * 32 * sm.clock_hz
+    out = []
+    for name, nbytes, elements, per_element in ELEMENTWISE:
+        memory, issue = nbytes / sm.dram_bytes_per_s, elements * per_element / lanes_per_s
+        out.append({"kernel": name, "ms": 1e3 * max(memory, issue),
+                    "bound": "DRAM" if memory >= issue else "issue", "gb": nbytes / 1e9})
+    return out
+
+
 def flash_rates(sm: Sm = H100) -> dict:
     """FLOP/s of flash.cu's kernels by stem, PREDICTED (serial combination) at GPT-2's
     shape: what the step's cost model prices their declared FLOPs at."""
@@ -390,6 +416,11 @@ def main() -> int:
         print(f"| {r['kernel']} | {r['serial_ms']:.3f} | {r['serial_tflops']:.0f} | "
               f"{r['overlap_ms']:.3f} | {r['overlap_tflops']:.0f} | {r['bound']} | "
               f"{r['blocks_per_sm']} |")
+    print("\nPREDICTED elementwise kernels (one launch, GPT-2's size):\n")
+    print("| kernel | GB | ms | bound |")
+    print("|---|---|---|---|")
+    for r in elementwise_predictions():
+        print(f"| {r['kernel']} | {r['gb']:.2f} | {r['ms']:.3f} | {r['bound']} |")
     return 0
 
 

@@ -33,19 +33,21 @@ float64 for float64). None of them synchronises or copies: they only launch.
     bias_backward(k, dx, partials, dy, x, bias)  dx = dy·gelu'(x + bias), and partials
         (GELU_CHUNKS, D) A of dx's column sums. Grid (ceil(D/256), 32), block 256.
     bias_finish(k, dbias, partials)              dbias (D,) A += the chunks, in order.
-  residual (residual.cu), n elements of (..., D):
+  residual (residual.cu), N rows of D:
     bias_residual(k, y, bias, residual)          y = (y + bias) + residual in place, each
-        add rounded to S; bias (D,). Grid (ceil(n/256)), block 256.
+        add rounded to S; bias (D,). Grid (ceil(D/256), min(N, 4096)), block 256.
   attention (attention.cu), B, T, NH, HS (a multiple of 32, at most 128):
     forward(k, y, lse, qkv, n_head)              qkv (B, T, 3C) S as c_attn writes it;
         y (B, T, C) S; lse (B, NH, T) A.
     backward(k, dqkv, dd, dy, y, qkv, lse, n_head)   dqkv (B, T, 3C) S; dd (B, NH, T) A a
         workspace; two launches (dq, then dk and dv). Grid (ceil(T/8), NH, B), block 256.
-    On bfloat16 with a head size of 16, 32, 48 or 64 the same two calls run
-    attention_tc.cu on tensor cores instead (P and dS rounded to bfloat16 before their
-    products); grid (ceil(T/64), NH, B), block 128. There B may also sum c_attn's bias
-    gradient (backward(..., bias_sums=) into (B·ceil(T/64), 3C) float32), added up by
-    bias_finish(k, dbias, bias_sums) (+=, in order).
+    On bfloat16 with a head size of 16, 32, 48 or 64 the same two calls run flash.cu on
+    tensor cores instead (FlashAttention-2's scheme on mma.sync; P and dS rounded to
+    bfloat16 before their products); grid (ceil(T/64), NH, B), block 128. There B may also
+    sum c_attn's bias gradient (backward(..., bias_sums=) into (B·ceil(T/64), 3C)
+    float32), added up by bias_finish(k, dbias, bias_sums) (+=, in order). flash.cu's
+    general interface, flash_forward / flash_backward, takes q, k, v apart with
+    grouped-query heads and a rotary embedding (attention.py).
   cross_entropy (cross_entropy.cu), N rows, V columns held here in rows of stride Vp:
     fused(k, losses, dlogits, logits, targets, vocab, dscale)
         losses (N,) A; dlogits, logits (N, Vp) S (dlogits may be logits); targets (N,)
@@ -175,9 +177,10 @@ def cuda_include(headers=("cuda_bf16.h", "crt/host_defines.h", "nv/target")) -> 
 
 def options(name: str) -> tuple[str, ...]:
     """NVRTC's options for SOURCES[name]: with -I the first CUDA include folder that holds
-    the headers it needs. (The H200 image's CUDA 13 wheel, which CuPy takes its headers
-    from, has mma.h but not the crt/mma.h it includes: attention_tc failed to compile
-    there; its toolkit's folder has both.)"""
+    the headers it needs beyond NVRTC's own (the H200 image's CUDA 13 wheel, which CuPy
+    takes its headers from, had mma.h but not the crt/mma.h it includes: the WMMA kernel
+    failed to compile there. flash.cu's tensor-core code is inline PTX and needs no such
+    header)."""
     source = SOURCES[name]
     if not source.headers:
         return COMMON_OPTIONS + source.options

@@ -56,7 +56,7 @@ from .common import require_model, write_json
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
 # gpt2 is GPT-2 124M's shape, for GPUs (batch 16 × 1024 is what PyTorch's figures in
-# the README use), its vocabulary padded to 50304 rows on both sides (GPT-2 configs' default,
+# the GPU measurements use), its vocabulary padded to 50304 rows on both sides (GPT-2 configs' default,
 # nanoGPT's: the head's GEMMs aligned); gpt2-50257 the same unpadded, which `gpt2` brings
 # beside it.
 GPT2_SHAPE = dict(block_size=1024, n_layer=12, n_head=12, n_embd=768)

@@ -18,7 +18,7 @@ import os
 import time
 
 from hpcpipe import __version__
-from hpcpipe.config import Config, for_world
+from hpcpipe.config import Config, for_world, require_gpt2_stages
 from hpcpipe.data.checks import fingerprint_of, open_tokens
 from hpcpipe.device import backend
 from hpcpipe.device.memory import MemoryGauge
@@ -49,7 +49,7 @@ from hpcpipe.train import memplan
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
-from hpcpipe.train.resume import check_same_data, find_resume, run_identity
+from hpcpipe.train.resume import check_same_data, find_resume, resume_notes, run_identity
 from hpcpipe.util import timeline
 from hpcpipe.util.errors import every_rank_does, root_does
 
@@ -79,6 +79,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None):
         # dp = "auto" and train.global_batch_size become counts once the world is known
+        require_gpt2_stages(cfg)
         self.cfg, self.comm, self.out = for_world(cfg, comm.size), comm, out
         self.started = time.perf_counter()
         self.start_step = 0
@@ -163,9 +164,8 @@ class Trainer:
         self.log(f"resumed from {path} (step {self.start_step}, written with dp {saved['dp']} × "
                  f"pp {saved['pp']}{shards}, {saved['schedule']}) in "
                  f"{time.perf_counter() - tick:.2f} s")
-        if self.start_step >= self.cfg.train.steps:
-            self.log(f"the checkpoint is at step {self.start_step}, train.steps = "
-                     f"{self.cfg.train.steps}: nothing to do")
+        for line in resume_notes(manifest, self.start_step, self.cfg.train.steps, path):
+            self.log(line)
 
     def _describe(self):
         """The run's header: what runs where, on what data."""

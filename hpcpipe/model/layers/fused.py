@@ -287,4 +287,5 @@ def embedding_backward_weight(k, be, dx, idx, grads, elsewhere=None):
                                  embedding.carry_shape(idx.size, dx.shape[-1]),
                                  grads["wte"].dtype)
     embedding.backward_wte(k, grads["wte"], dx, idx, order, carry)
-    embedding.backward_wpe(k, grads["wpe"], dx)
+    if "wpe" in grads:  # (rotary models have no position table)
+        embedding.backward_wpe(k, grads["wpe"], dx)

@@ -34,10 +34,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field, replace
 
-MEASURED = "bench/results/h100-2026-12-05-gpu-check"  # the measured step and rates
+# the measured step and rates, in the repository
+MEASURED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "bench", "results", "h100-2026-12-05-gpu-check")
 
 
 @dataclass(frozen=True)

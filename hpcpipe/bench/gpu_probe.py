@@ -149,13 +149,13 @@ def kernels(be, out: str, small: bool):
     tokens = np.minimum(rng.zipf(1.1, N), V) - 1  # a skewed corpus: long runs
     idx_ = put(tokens.reshape(1, N).astype(np.int64))
     order = xp.argsort(idx_.reshape(-1), kind="stable")
-    dwte, carry = xp.zeros((V, C), np.float32), xp.empty(embedding.carry_shape(N, C), np.float32)
+    dwte, spaces = xp.zeros((V, C), np.float32), embedding.workspaces(xp, N, C, np.float32)
     want_wte = np.zeros((V, C))
     np.add.at(want_wte, tokens, r.astype(np.float64))
     busy = np.argsort(-np.bincount(tokens, minlength=V))[:head]  # the tokens with most rows
     record("embedding.backward_wte", (N, C),
            lambda: (dwte.fill(0), embedding.backward_wte(k, dwte, r_.reshape(1, N, C), idx_,
-                                                         order, carry)),
+                                                         order, *spaces)),
            2 * h.nbytes, lambda: dwte.get()[busy], want_wte[busy], 1e-5)
     flash_rows(be, k, out, rows, small)
 

@@ -229,9 +229,9 @@ def _embedding(k, xp, rng):
     idx, dx = rng.integers(0, 7, (B, T)), rng.standard_normal((B, T, C))
     dwte, dwpe = xp.zeros((7, C), np.float32), xp.zeros((T, C), np.float32)
     on = xp.asarray(idx.astype(np.int64))
-    carry = xp.empty(embedding.carry_shape(B * T, C), np.float32)
     embedding.backward_wte(k, dwte, xp.asarray(dx.astype(np.float32)), on,
-                           xp.argsort(on.reshape(-1), kind="stable"), carry)
+                           xp.argsort(on.reshape(-1), kind="stable"),
+                           *embedding.workspaces(xp, B * T, C, np.float32))
     embedding.backward_wpe(k, dwpe, xp.asarray(dx.astype(np.float32)))
     want = np.zeros((7, C))
     np.add.at(want, idx.reshape(-1), dx.reshape(-1, C))

@@ -124,9 +124,10 @@ def test_16_bit_training_on_the_device_tracks_float32(dtype, be):
 
 
 def test_the_device_embedding_gradient_adds_each_tokens_rows_in_batch_order():
-    """Without reduceat (CuPy has none) and without atomics, a token's rows are added
-    one round at a time, in batch order: the same bits on every run and every layout
-    (and NumPy's reduceat, on the CPU, to round-off)."""
+    """Without reduceat (CuPy has none) and without atomics, a token's rows are added in
+    batch order (the fused kernel's: within each span of 128 batch positions, the spans'
+    pieces then in order — these 120 positions are one span): the same bits on every run
+    and every layout (and NumPy's reduceat, on the CPU, to round-off)."""
     rng = np.random.default_rng(9)
     idx, dx = rng.integers(0, 5, (4, 30)), rng.standard_normal((4, 30, C)).astype(np.float32)
     on = backend.Backend(xp=standin.device(), name="simgpu", device_id=0)

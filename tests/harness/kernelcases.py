@@ -548,34 +548,33 @@ def case_cross_entropy(k, xp, name, B=2, T=5, V=300, pad=20, scale=0.5):
 
 # -- embedding ----------------------------------------------------------------------------
 
-def _chunked_sums(dx, idx, V, chunk):
-    """dwte as embedding.cu sums it: the stably sorted positions in chunks of `chunk`, each
-    run's piece in a chunk summed in order in the accumulation dtype, a run crossing
-    chunks as its pieces added in chunk order; (V, C) in dx's accumulation dtype."""
+def _piece_sums(dx, idx, V, span):
+    """dwte as embedding.cu sums it: each token's rows in batch order, in pieces of the
+    batch positions p // span, the pieces added in order, in the accumulation dtype; (V, C).
+    (A token within one span: its rows in batch order, as a plain loop adds them.)"""
     A = dx.dtype if dx.dtype == np.float64 else np.dtype(np.float32)
     flat, rows = idx.reshape(-1), dx.reshape(-1, dx.shape[-1]).astype(A)
-    order = np.argsort(flat, kind="stable")
     out = np.zeros((V, dx.shape[-1]), A)
     for token in np.unique(flat):
-        where = [p for p, q in enumerate(order) if flat[q] == token]
         pieces = {}
-        for p in where:  # position p of the sorted order, in chunk p // chunk
-            piece = pieces.get(p // chunk)
-            pieces[p // chunk] = rows[order[p]] if piece is None else (piece + rows[order[p]])
+        for p in np.flatnonzero(flat == token):  # batch order
+            piece = pieces.get(p // span)
+            pieces[p // span] = rows[p] if piece is None else (piece + rows[p])
         total = None
-        for c in sorted(pieces):
-            total = pieces[c] if total is None else (total + pieces[c])
+        for key in sorted(pieces):
+            total = pieces[key] if total is None else (total + pieces[key])
         if 0 <= token < V:
             out[token] = total
     return out
 
 
 def case_embedding(k, xp, name, B=4, T=80, C=40, V=11):
-    """As embedding.cu sums it (chunks of 64 sorted positions, a run crossing chunks added
-    piece by piece in chunk order: `_chunked_sums`) bit for bit, and the CPU path's
-    reduceat to round-off, on skewed tokens (one token in 60 % of the 320 positions: a run
-    across four chunks) and a token that never occurs; bit for bit again on a second run;
-    out-of-shard ids are skipped."""
+    """As embedding.cu sums it (a token's rows in batch order within each span of 128
+    batch positions, the spans' pieces added in order: `_piece_sums`) bit for bit, and the
+    CPU path's reduceat to round-off, on skewed tokens (one token in 60 % of 320 positions:
+    pieces in three spans) and a token that never occurs; the same bits again; a
+    vocabulary shard's rows (its other ids out of range, sorting elsewhere) bit for bit the
+    unsharded rows."""
     rng = np.random.default_rng(6)
     G = accumulation(name)
     idx = np.where(rng.random((B, T)) < 0.6, 3, rng.integers(0, V - 1, (B, T))).astype(np.int64)
@@ -584,31 +583,34 @@ def case_embedding(k, xp, name, B=4, T=80, C=40, V=11):
     start_wpe = rng.standard_normal((T + 4, C)).astype(G)
     cpu = {"wte": start_wte.copy(), "wpe": start_wpe.copy()}
     embedding.backward_weight(dx, {"idx": idx}, cpu)
-    want_wte = (start_wte + _chunked_sums(dx, idx, V, k_embedding.CHUNK)).astype(G)
+    want_wte = (start_wte + _piece_sums(dx, idx, V, k_embedding.CHUNK)).astype(G)
     want_wpe = (start_wpe[:T] + dx.astype(G).sum(axis=0, dtype=G)).astype(G)
 
     idx_, dx_ = device(xp, idx), device(xp, dx)
     order_ = xp.argsort(idx_.reshape(-1), kind="stable")
-    carry_ = xp.empty(k_embedding.carry_shape(B * T, C), dtype=G)
+    spaces = k_embedding.workspaces(xp, B * T, C, G)
     dwte_, dwpe_ = device(xp, start_wte), device(xp, start_wpe)
-    k_embedding.backward_wte(k, dwte_, dx_, idx_, order_, carry_)
+    k_embedding.backward_wte(k, dwte_, dx_, idx_, order_, *spaces)
     k_embedding.backward_wpe(k, dwpe_, dx_)
     got = host(dwte_)
-    assert np.array_equal(got, want_wte), "wte gradient, bit for bit its chunked sums"
+    assert np.array_equal(got, want_wte), "wte gradient, bit for bit its piece sums"
     assert np.array_equal(host(dwpe_)[:T], want_wpe), "wpe gradient, bit for bit"
     assert np.array_equal(host(dwpe_)[T:], start_wpe[T:]), "wpe rows past T"
     assert_close(got, cpu["wte"], "float64" if name == "float64" else "float32",
                  "wte gradient vs reduceat")
     again_ = device(xp, start_wte)
-    k_embedding.backward_wte(k, again_, dx_, idx_, order_, carry_)
+    k_embedding.backward_wte(k, again_, dx_, idx_, order_, *spaces)
     assert np.array_equal(host(again_), got), "the same bits again"
 
     # A vocabulary shard holding rows [5, 11): local ids, the others out of range.
     local_ = device(xp, idx - 5)
     shard_ = device(xp, start_wte[5:])
     k_embedding.backward_wte(k, shard_, dx_, local_, xp.argsort(local_.reshape(-1),
-                                                                kind="stable"), carry_)
+                                                                kind="stable"), *spaces)
     assert np.array_equal(host(shard_), got[5:]), "a shard's rows"
+    low_ = device(xp, start_wte[:3])  # rows [0, 3): the dominant token 3 is another's
+    k_embedding.backward_wte(k, low_, dx_, idx_, order_, *spaces)
+    assert np.array_equal(host(low_), got[:3]), "a shard below the dominant token"
 
 
 # -- AdamW --------------------------------------------------------------------------------

@@ -57,10 +57,10 @@ float64 for float64). None of them synchronises or copies: they only launch.
         vocabulary shard's (max, sum exp, target logit) rows; all-gather them, then
     backward(k, losses, dlogits, logits, targets, gathered, vocab, first, dscale).
   embedding (embedding.cu):
-    backward_wte(k, dwte, dx, idx, order, carry) idx (B, T) int64 (a vocabulary shard's
-        local ids; ones outside [0, V) are skipped); order (B·T,) int64 =
-        xp.argsort(idx.reshape(-1), kind="stable"); dwte (V, C) G (+=); carry
-        (`carry_shape`) a workspace. Two launches of grid (ceil(B·T/64), ceil(C/128)).
+    backward_wte(k, dwte, dx, idx, order, carry, lengths)   idx (B, T) int64 (a
+        vocabulary shard's local ids; ones outside [0, V) are skipped); order (B·T,) int64
+        = xp.argsort(idx.reshape(-1), kind="stable"); dwte (V, C) G (+=); carry, lengths
+        workspaces (`workspaces`). Two launches of grid (ceil(B·T/128), ceil(C/128)).
     backward_wpe(k, dwpe, dx)                    dwpe (>= T, C) G (+= rows [0, T)).
   adamw (adamw.cu):
     step(k, master, m, v, grad, mask, copy, t, lr, beta1, beta2, eps, weight_decay,
@@ -125,8 +125,8 @@ SOURCES = {s.name: s for s in (
            + ("flash_bias_finish",)),
     Source("cross_entropy", _typed("cross_entropy_fused", "cross_entropy_partials",
                                    "cross_entropy_backward")),
-    Source("embedding", _typed("embedding_wte_chunks", "embedding_backward_wpe")
-           + _typed("embedding_wte_carry", dtypes=("f32", "f64"))),
+    Source("embedding", _typed("embedding_wte_pieces", "embedding_backward_wpe")
+           + _typed("embedding_wte_runs", dtypes=("f32", "f64"))),
     # No contracted multiply-adds: the update's bits are NumPy's (see adamw.cu).
     Source("adamw", ("adamw_f32", "adamw_f64", "adamw_dev_f32", "adamw_dev_f64"),
            ("--fmad=false",)),

@@ -15,29 +15,30 @@ THREADS = constant("embedding", "EMB_THREADS")
 CHUNK = constant("embedding", "EMB_CHUNK")
 
 
-def carry_shape(positions: int, C: int) -> tuple[int, int, int]:
-    """`backward_wte`'s workspace: a head and a tail piece per chunk of sorted positions."""
-    return (blocks(positions, CHUNK), 2, C)
+def workspaces(xp, positions: int, C: int, dtype):
+    """`backward_wte`'s workspaces: a piece's sum (positions, C) and length (positions,)."""
+    return xp.empty((positions, C), dtype=dtype), xp.empty(positions, dtype=np.int32)
 
 
-def backward_wte(k: Kernels, dwte, dx, idx, order, carry):
-    """dwte[v] += the sum, in batch order, of dx's rows at token v's positions.
-    idx (B, T) int64; order (B·T,) int64 = xp.argsort(idx.reshape(-1), kind="stable")
-    (the caller's, on the device); dx (B, T, C); dwte (V, C) in A; carry
-    (`carry_shape(B·T, C)`, A) a workspace. Two launches: the chunks, then the runs that
-    cross them."""
+def backward_wte(k: Kernels, dwte, dx, idx, order, carry, lengths):
+    """dwte[v] += the sum, in batch order, of dx's rows at token v's positions (in pieces
+    of EMB_CHUNK batch positions, added in order). idx (B, T) int64; order (B·T,) int64 =
+    xp.argsort(idx.reshape(-1), kind="stable") (the caller's, on the device); dx (B, T, C);
+    dwte (V, C) in A; carry (B·T, C) A and lengths (B·T,) int32 workspaces (`workspaces`).
+    Two launches: the pieces, then the runs."""
     B, T, C = dx.shape
     N = B * T
     A = accumulation(dx.dtype)
     check("dx", dx, dx.shape), check("idx", idx, (B, T), np.int64)
     check("order", order, (N,), np.int64)
-    check("dwte", dwte, (-1, C), A), check("carry", carry, carry_shape(N, C), A)
+    check("dwte", dwte, (-1, C), A), check("carry", carry, (N, C), A)
+    check("lengths", lengths, (N,), np.int32)
     grid = (blocks(N, CHUNK), blocks(C, THREADS))
-    sizes = (int64(N), int32(C), int64(dwte.shape[0]))
-    k.function("embedding", f"embedding_wte_chunks_{suffix(dx.dtype)}")(
-        grid, (THREADS,), (dwte, carry, dx, idx, order, *sizes))
-    k.function("embedding", f"embedding_wte_carry_{suffix(A)}")(
-        grid, (THREADS,), (dwte, carry, idx, order, *sizes))
+    k.function("embedding", f"embedding_wte_pieces_{suffix(dx.dtype)}")(
+        grid, (THREADS,), (carry, lengths, dx, idx, order, int64(N), int32(C)))
+    k.function("embedding", f"embedding_wte_runs_{suffix(A)}")(
+        grid, (THREADS,), (dwte, carry, lengths, idx, order, int64(N), int32(C),
+                           int64(dwte.shape[0])))
 
 
 def backward_wpe(k: Kernels, dwpe, dx):

@@ -168,16 +168,16 @@ def _cross_entropy_backward(args):
     return 2 * _nbytes(logits) + _sum(targets, gathered), _sum(losses, dlogits)
 
 
-def _embedding_chunks(args):
-    dwte, carry, dx, idx, order = args[:5]
+def _embedding_pieces(args):
+    carry, lengths, dx, idx, order = args[:5]
+    return _sum(dx, idx, order), _sum(carry, lengths)
+
+
+def _embedding_runs(args):
+    dwte, carry, lengths, idx, order = args[:5]
     positions, channels = _nbytes(idx) // idx.itemsize, dwte.shape[1]
     touched = min(positions, dwte.shape[0]) * channels * dwte.itemsize
-    return _sum(dx, idx, order) + touched, touched + _nbytes(carry)
-
-
-def _embedding_carry(args):
-    dwte, carry, idx, order = args[:4]
-    return _sum(carry) + 2 * _nbytes(order) // 64, _nbytes(carry) // 2
+    return _sum(carry, lengths, idx, order) + touched, touched
 
 
 def _embedding_wpe(args):
@@ -221,7 +221,7 @@ _BY_STEM = {
     "cross_entropy_fused": _cross_entropy_fused,
     "cross_entropy_partials": _cross_entropy_partials,
     "cross_entropy_backward": _cross_entropy_backward,
-    "embedding_wte_chunks": _embedding_chunks, "embedding_wte_carry": _embedding_carry,
+    "embedding_wte_pieces": _embedding_pieces, "embedding_wte_runs": _embedding_runs,
     "embedding_backward_wpe": _embedding_wpe,
     "adamw": _adamw, "adamw_dev": _adamw, "grad_sumsq_partials": _sumsq_partials,
     "grad_sumsq_finish": _sumsq_finish,

@@ -34,9 +34,9 @@ def test_measured_gemm_shapes_take_their_own_rates(tmp_path):
     GEMM at its shape's rate: only flash attention is then left to the kernel model."""
     import json
 
-    args = argparse.Namespace(model="gpt2", batch=16, microbatches=1, dtype="bfloat16",
+    args = argparse.Namespace(model="smoke", batch=2, microbatches=1, dtype="bfloat16",
                               tf32=False, tokens="uniform", unfused=False, gpu="h100",
-                              calibration=None, vocab_multiple=1)
+                              calibration=None, vocab_multiple=None)
     first = gpu_model.predict(args)
     shapes = {why.split()[1]: 500e12 for why in first["priced_unmeasured"]
               if why.startswith("GEMM")}

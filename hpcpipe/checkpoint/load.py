@@ -4,7 +4,7 @@ optimizer state its stages and shards hold, whatever layout wrote them."""
 from __future__ import annotations
 
 
-from hpcpipe.checkpoint import compression, local, versions
+from hpcpipe.checkpoint import asyncdp, compression, local, versions
 from hpcpipe.checkpoint.hdf5 import H5_ERRORS, Reader
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.verify import check_model
@@ -27,6 +27,8 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
         compression.load(rank, path, manifest)
         if versions.applies(rank):
             versions.load(rank, path, manifest)
+        if asyncdp.applies(rank):
+            asyncdp.load(rank, path, manifest)
     except CheckpointError as e:
         error = str(e)
     except H5_ERRORS as e:

@@ -1,4 +1,5 @@
-"""Local SGD's state in a checkpoint: what each replica holds on its own.
+"""Local SGD's state in a checkpoint: what each replica holds on its own (and synchronous
+elastic averaging's, whose outer step keeps the centre: "centre/i" for "anchor/i").
 
 Under `train.local_steps` the replicas differ between outer steps — each has its weights
 and its AdamW moments —, and all share the outer optimizer's anchor and momentum. The
@@ -36,8 +37,9 @@ def file_name(world_rank: int) -> str:
 def _arrays(step) -> dict:
     """Name → the live array of every vector the file holds (views: load writes into them)."""
     out = {}
+    own = step.masters()  # (the replica's own, also while the elastic centre is published)
     for i, adam in enumerate(step.optimizer.adams):
-        out[f"weights/{i}"] = adam.shard.master
+        out[f"weights/{i}"] = own[i]
         out[f"exp_avg/{i}"] = adam.m
         out[f"exp_avg_sq/{i}"] = adam.v
     out.update(step.outer.state())
@@ -76,13 +78,16 @@ def load(rank, path: str, manifest: dict):
     else a fresh round from the loaded weights."""
     step = rank.step
     saved = manifest["layout"]
-    if not saved.get("local_steps", 0):
+    if not step.outer.saved_in(saved):
         step.outer.restart_from_weights()
         return
+    elastic = not hasattr(step.outer, "anchor")
     require_layout(path, saved, layout_of(rank), LAYOUT_KEYS,
-                   "local-SGD state per replica and rank",
-                   "resume it under the layout that wrote it (or with train.local_steps = 0, "
-                   "from the first replica's weights)")
+                   ("synchronous elastic-averaging" if elastic else "local-SGD")
+                   + " state per replica and rank",
+                   "resume it under the layout that wrote it (or with "
+                   + ('parallel.async_dp = "none", from the centre' if elastic else
+                      "train.local_steps = 0, from the first replica's weights") + ")")
     _read(rank, os.path.join(path, file_name(rank.grid.rank)))
 
 

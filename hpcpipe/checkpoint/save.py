@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcpipe.checkpoint import compression, local, versions
+from hpcpipe.checkpoint import asyncdp, compression, local, versions
 from hpcpipe.checkpoint import manifest as manifests
 from hpcpipe.checkpoint.hdf5 import OPTIM_KINDS, part_record, sha256, store
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
@@ -155,6 +155,9 @@ def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str,
               "partition": [list(spec.layers) for spec in model.specs],
               "local_steps": cfg.train.local_steps,
               "powersgd_rank": compression.layout_of(rank)["powersgd_rank"]}
+    if cfg.parallel.async_dp != "none":  # (absent for the synchronous modes: as before)
+        layout["async_dp"] = cfg.parallel.async_dp
+        layout["easgd_sync"] = int(cfg.parallel.easgd_sync)
     if seams(model.specs):  # (absent where every stage edge falls between blocks)
         layout["seams"] = seams(model.specs)
     if cuts(model.specs):  # (absent where none falls inside a sublayer)
@@ -201,6 +204,8 @@ def _write_rank_files(rank, cfg, folder: str) -> list[dict]:
         entries.append(_entry(folder, name, pieces=segments))
     if rank.step.outer is not None:  # local SGD: every replica's own state, and the outer's
         entries.append(_entry(folder, local.write(rank, folder)))
+    if asyncdp.applies(rank):  # asynchronous replicas: their own state, the shared state
+        entries.append(_entry(folder, asyncdp.write(rank, folder)))
     if versions.applies(rank):  # the asynchronous pipeline: the version before the newest
         written = versions.write(rank, folder)
         if written is not None:

@@ -121,6 +121,11 @@ class OuterStep:
         out.update({f"velocity/{i}": v for i, v in enumerate(self.velocity)})
         return out
 
+    @staticmethod
+    def saved_in(layout: dict) -> bool:
+        """Whether a checkpoint of `layout` (its manifest's) holds this state."""
+        return bool(layout.get("local_steps", 0))
+
     def restart_from_weights(self):
         """A fresh round from the weights the shards hold now (a checkpoint without outer
         state: the anchor is those weights, the momentum zero)."""

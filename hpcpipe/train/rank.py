@@ -17,6 +17,7 @@ from hpcpipe.parallel.pipeline.stream import StreamRuntime
 from hpcpipe.schedules import asynchronous
 from hpcpipe.parallel.pipeline.stages import RankModel
 from hpcpipe.parallel.transport import Transport
+from hpcpipe.train import asyncstep
 from hpcpipe.train.evaluate import Evaluator
 from hpcpipe.train.delayed import DelayedStep
 from hpcpipe.train.step import TrainStep
@@ -58,7 +59,10 @@ class Rank:
                                     events)
             return cls(model, transport, p2p, runtime, step, grid)
         runtime = Runtime(schedule, grid.pp_rank, model.stages, p2p, events)
-        step = TrainStep.build(cfg, model, grid, transport, trace)
+        if asyncstep.applies(cfg):  # the replicas run apart (parallel.async_dp)
+            step = asyncstep.build(cfg, model, grid, transport, trace)
+        else:
+            step = TrainStep.build(cfg, model, grid, transport, trace)
         return cls(model, transport, p2p, runtime, step, grid)
 
     @property
@@ -82,8 +86,9 @@ class Rank:
         """The pending post-validated step, settled (see TrainStep.flush)."""
         return self.step.flush()
 
-    def evaluator(self) -> Evaluator:
+    def evaluator(self, alone: bool = False) -> Evaluator:
         """The validation loss's forward passes, on the whole weights (ZeRO-3 gathers
-        them: call it on every rank)."""
+        them: call it on every rank). alone: this replica evaluates every batch itself,
+        the others not at all (the asynchronous modes: no replica waits for another)."""
         self.step.materialize()
-        return Evaluator(self.model, self.grid, self.p2p)
+        return Evaluator(self.model, self.grid, self.p2p, alone)

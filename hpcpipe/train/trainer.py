@@ -10,6 +10,12 @@ output reads the same under mpiexec. The loop's phases have names:
     after a step  the auto schedule once costs are measured, evaluation, checkpoints,
                   preemption
     summary       the last checkpoint and evaluation, the traces, the summary
+
+With asynchronous data parallelism (parallel.async_dp: train/asyncstep.py, `apart`) the
+replicas never wait for each other in the loop: each runs the steps its step object
+gives it (`clock`, `assignment`), agreements are made within the replica and shared
+through the board, evaluation is the first replica's alone, and a checkpoint is a
+meeting of the replicas at their own boundaries (`_save`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from hpcpipe.device.memory import MemoryGauge
 from hpcpipe.model.flops import device_peak, flops_per_token, peak_source
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
+from hpcpipe.parallel.asyncdp.elastic import default_alpha
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
 from hpcpipe.parallel.pipeline.partition import measured_balance
 from hpcpipe.parallel.pipeline.planning import (
@@ -51,7 +58,7 @@ from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit
 from hpcpipe.train.rank import Rank
 from hpcpipe.train.resume import check_same_data, find_resume, run_identity
 from hpcpipe.util import timeline
-from hpcpipe.util.errors import every_rank_does, root_does
+from hpcpipe.util.errors import HpcpipeError, every_rank_does, root_does
 
 __all__ = ["train", "Trainer", "Summary", "Preempted"]
 
@@ -136,10 +143,17 @@ class Trainer:
         self.trace = timeline.Trace(rank=comm.rank)
         self.rank = Rank.build(cfg, self.grid, self.be, schedule, self.trace, gpu_aware,
                                costs)
+        # The replicas run apart: agreements within each replica, shared through the board.
+        self.apart = self.rank.step.asynchronous
+        self.decide = self.grid.replica if self.apart else comm  # who agrees on schedules
+        if self.apart:
+            self.watch.regroup(self.grid.replica, self.rank.step.share_votes)
         if resume_path:
             self._resume(resume_path, manifest)
         self.run_dir = open_run_dir(run_dir, cfg, comm, manifest["step"] if own else None,
                                     self.log)
+        if self.apart:
+            open_async_record(self, resume_path is not None)
         self.record = open_record(self, resume_path)
         self.metrics, self.summary = self.record.metrics, self.record.metrics.summary
         self._describe()
@@ -158,6 +172,8 @@ class Trainer:
         self.start_step = state["step"]
         self.last_saved = self.start_step if own else None
         self.rank.step.restore(state)
+        if self.apart:  # each replica continues from its own last step
+            self.start_step = self.rank.step.clock_now
         saved = manifest["layout"]
         shards = f" × tp {saved['tp']}" if saved.get("tp", 1) > 1 else ""
         self.log(f"resumed from {path} (step {self.start_step}, written with dp {saved['dp']} × "
@@ -183,7 +199,7 @@ class Trainer:
             self.comm.Barrier()
             self.trace.origin = time.perf_counter()  # every rank's clock starts together
             self.watch.checkpoint_every(self.cfg.checkpoint.every_minutes * 60)
-            for step in range(self.start_step + 1, train.steps + 1):
+            for step in self.rank.step.clock(self.start_step, train.steps):
                 self._step(step)
                 self._after_step(step)
                 verdict = self.watch.at_boundary()  # after its saves: a signal in one counts
@@ -195,8 +211,9 @@ class Trainer:
         finally:
             self._release()
 
-    def _inputs(self, step: int):
-        """inputs(mb) → (idx, targets) of microbatch mb of `step`, as device arrays."""
+    def _inputs(self, step: int, replica: int):
+        """inputs(mb) → (idx, targets) of microbatch mb of `step`'s share of `replica`, as
+        device arrays."""
         cfg, cache = self.cfg, {}
         size, microbatches = cfg.train.micro_batch_size, cfg.parallel.microbatches
 
@@ -204,7 +221,7 @@ class Trainer:
             if mb not in cache:
                 # Sample indices number the whole global batch (replicas × microbatches
                 # × sequences), so any split of it draws the same windows.
-                first = (self.grid.dp_rank * microbatches + mb) * size
+                first = (replica * microbatches + mb) * size
                 batch = self.tokens.batch("train", cfg.model.block_size, cfg.train.seed,
                                           step, range(first, first + size))
                 cache[mb] = self.be.from_host(batch.idx), self.be.from_host(batch.targets)
@@ -214,8 +231,11 @@ class Trainer:
     def _step(self, step: int):
         train = self.cfg.train
         tick = time.perf_counter()
-        lr = learning_rate(step - 1, train.lr, train.min_lr, train.warmup_steps, train.steps)
-        finished = self.rank.train_step(step, self._inputs(step), lr, train.grad_clip)
+        data_step, replica = self.rank.step.assignment(step)  # (asynchronous EASGD: a ticket)
+        lr = learning_rate(data_step - 1, train.lr, train.min_lr, train.warmup_steps,
+                           train.steps)
+        finished = self.rank.train_step(step, self._inputs(data_step, replica), lr,
+                                        train.grad_clip)
         self.metrics.started(step, time.perf_counter() - tick, lr)
         for outcome in finished:
             self.metrics.record(outcome)
@@ -232,13 +252,18 @@ class Trainer:
         profiled = self.start_step + cfg.parallel.profile_steps if auto else 0
         if profiled and step == profiled < steps:
             self._reschedule(step)
-        self.record.stepped(step)
+        if not self.apart:  # (apart: the traced window is written at the end, one meeting)
+            self.record.stepped(step)
         self.record.forget_events(step, profiled)
         if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step != steps:
             self._settle()
             self._evaluate(step)
         if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step != steps:
-            self._save(step)
+            if self.apart and not self.rank.step.saves_together:
+                if self.grid.dp_rank == 0:  # the first replica asks; all meet at their
+                    self.watch.request_save()  # next boundaries (asynchronous EASGD)
+            else:
+                self._save(step)
 
     def _reschedule(self, step: int):
         """The auto schedule, from the costs measured over the steps so far."""
@@ -246,9 +271,9 @@ class Trainer:
         steps = range(min(self.start_step + 2, step), step + 1)
         # Rank 0's measurements decide for everyone; the scheduler is deterministic, so
         # every rank builds the same schedule from the same costs.
-        costs = self.comm.bcast(profiled_costs(self.trace, self.rank.model, self.grid, steps,
-                                               self.comm_s, self.stage_bytes,
-                                               memory_limit(self.cfg)[1]), root=0)
+        costs = self.decide.bcast(profiled_costs(self.trace, self.rank.model, self.grid, steps,
+                                                 self.comm_s, self.stage_bytes,
+                                                 memory_limit(self.cfg)[1]), root=0)
         self.log(measured_balance(self.cfg.model, self.rank.model.specs,
                                   [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)],
                                   schedule=self.rank.schedule, base=self.rank.model.costs,
@@ -265,19 +290,29 @@ class Trainer:
         self.run_dir.write_json("auto_schedule.json", record)
 
     def _evaluate(self, step: int):
-        value = self.rank.evaluator().evaluate(validation_batches(self.tokens, self.cfg,
-                                                                  self.be))
+        """The validation loss of the model (the elastic centre under elastic averaging);
+        with the replicas apart, the first replica's alone."""
+        if self.apart and self.grid.dp_rank != 0:
+            return
+        with self.rank.step.published():
+            value = self.rank.evaluator(alone=self.apart).evaluate(
+                validation_batches(self.tokens, self.cfg, self.be))
         self.metrics.evaluated(step, value)
 
     def _save(self, step: int):
         from hpcpipe import checkpoint as ckpt
 
         self._settle()
-        saved = ckpt.save(self.rank, self.cfg, step, self.run_dir.path,
-                          {**self.rank.step.state(), "lr_step": step,
-                           "data_step": step, "seed": self.cfg.train.seed},
-                          keep=self.cfg.checkpoint.keep, keep_every=self.cfg.checkpoint.keep_every,
-                          run=self.run_id, data=self.data)
+        if self.apart:  # every replica at a boundary of its own; the first one's names it
+            self.rank.step.meet(f"the checkpoint that rank 0 writes at its step")
+            step = self.comm.bcast(step, root=0)
+        with self.rank.step.published():
+            saved = ckpt.save(self.rank, self.cfg, step, self.run_dir.path,
+                              {**self.rank.step.state(), "lr_step": step,
+                               "data_step": step, "seed": self.cfg.train.seed},
+                              keep=self.cfg.checkpoint.keep,
+                              keep_every=self.cfg.checkpoint.keep_every,
+                              run=self.run_id, data=self.data)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path
@@ -303,12 +338,17 @@ class Trainer:
     def _finish(self) -> Summary:
         steps, summary = self.cfg.train.steps, self.summary
         self._settle()
+        if self.apart:  # every replica's last updates; the last checkpoint is a meeting
+            self.rank.step.finish(steps)
         trained = summary.steps > self.start_step  # (summary.steps counts earlier pieces)
         if self.last_saved != steps and trained:
             self._save(steps)
+        elif self.apart:
+            self.rank.step.meet("the end of the run")
         if trained or self.start_step < steps:
             self._evaluate(steps)
         summary.device_memory = self.comm.allgather(self.be.memory_report())
+        self.rank.step.close()
         self.record.end(max(summary.steps, self.start_step), FINISHED if trained else IDLE)
         if not trained:  # resumed at or past train.steps
             self.log(f"done: nothing to train, the run is at step {self.start_step} of "
@@ -322,8 +362,10 @@ class Trainer:
         for line in end_of_run(self.metrics, self.cfg.parallel, step.gradsync.bytes_reduced,
                                step.optimizer_state_bytes, self.record.piece.seconds):
             self.log(line)
-        if step.outer is not None:
+        if step.outer is not None and self.cfg.train.local_steps:
             self.log(local_sgd_line(step, self.summary.steps - self.start_step))
+        if self.apart:
+            self.log(async_line(step, self.summary.steps - self.start_step))
 
 
 def chosen_schedule(trainer: Trainer, costs: Costs):
@@ -351,7 +393,7 @@ def certified_schedule(trainer: Trainer, costs: Costs):
                     f"limit below {verdict.lower_bound * 1e3:.1f} ms"
                     + (" (proven optimal)" if verdict.optimal else ""))
         return schedule.op_strings(), found, plan
-    rows, found, plan = trainer.comm.bcast(root_does(trainer.comm, search), root=0)
+    rows, found, plan = trainer.decide.bcast(root_does(trainer.decide, search), root=0)
     now = trainer.rank.schedule  # the same placement: only the order changes
     return make_schedule("auto", now.num_ranks, now.num_microbatches, now.chunks,
                          ops_from_strings(rows), now.stage_of), found, plan
@@ -413,15 +455,54 @@ def header(trainer) -> list[str]:
                  + (f"eval every {train.eval_every}" if train.eval_every else "eval at the end"))
     lines.append(f"MFU against {trainer.summary.peak_flops / 1e12:.3g} TFLOP/s: "
                  f"{trainer.summary.peak_source}")
-    lines += mode_notes(train, trainer.rank.step)
+    lines += mode_notes(train, trainer.rank.step, parallel)
     return lines
 
 
-def mode_notes(train, step) -> list[str]:
+def mode_notes(train, step, parallel=None) -> list[str]:
     """The header's lines on how steps are validated and replicas kept in step."""
     note = step.post_validation_note
     return ([note] if note and train.grad_clip > 0 else []) + (
-        [describe_local_sgd(train)] if train.local_steps else [])
+        [describe_local_sgd(train)] if train.local_steps else []) + (
+        [describe_async(parallel)] if parallel is not None and parallel.async_dp != "none"
+        else [])
+
+
+def describe_async(parallel) -> str:
+    """The header's line on asynchronous data parallelism."""
+    if parallel.async_dp == "ssp":
+        return (f"bounded staleness (SSP): a replica runs at most {parallel.staleness} "
+                f"step(s) ahead of the slowest; gradients summed in MPI windows, every "
+                f"replica applies each step's update once complete")
+    alpha = parallel.easgd_alpha or default_alpha(parallel.dp)
+    return (f"elastic averaging ({'synchronous' if parallel.easgd_sync else 'asynchronous'} "
+            f"EASGD): every {parallel.easgd_tau} steps a replica and the centre move "
+            f"α = {alpha:g} of the way toward each other; the centre is the model")
+
+
+def async_line(step, steps: int) -> str:
+    """The first replica's account of an asynchronous run: staleness and bytes."""
+    moved = step.board.words.bytes + (step.ring.bytes if hasattr(step, "ring")
+                                      else step.centre.bytes)
+    return (f"  asynchronous: {steps} steps on this replica, "
+            f"{moved / max(1, steps) / 2**20:.3f} MiB per step through the windows on rank 0"
+            + (f"; {step.centre.exchanges} exchanges with the centre"
+               if hasattr(step, "centre") else ""))
+
+
+def open_async_record(trainer: Trainer, resumed: bool):
+    """Every rank's record of what it applied in which order, under RUN_DIR/async/
+    (continued from the checkpoint's place when resumed), and the recorded run to replay
+    (parallel.async_replay)."""
+    step, replay = trainer.rank.step, trainer.cfg.parallel.async_replay
+    if replay:
+        if os.path.realpath(replay) == os.path.realpath(trainer.run_dir.path):
+            raise HpcpipeError(f"parallel.async_replay = {replay!r} is this run's own "
+                               f"directory, whose record the replay would overwrite; "
+                               f"replay into another --run-dir")
+        every_rank_does(trainer.comm, lambda: step.replay_from(replay))
+    offset = step.resumed_log_offset if resumed else None
+    every_rank_does(trainer.comm, lambda: step.record_to(trainer.run_dir.path, offset))
 
 
 def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:

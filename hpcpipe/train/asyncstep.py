@@ -72,7 +72,7 @@ class AsyncStep(TrainStep):
 
     def settle_async(self, cfg):
         p = cfg.parallel
-        self.deadline = Deadline(p.async_timeout)
+        self.deadline = Deadline(p.async_timeout, progress=self._poke)
         self.board = Board(self.grid.world, self.deadline)
         self.replica_comm = self.norm.group  # this replica's ranks (pp × tp)
         self.sizes = [int(s.size) for s in self.optimizer.shards]

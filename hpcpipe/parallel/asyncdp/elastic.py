@@ -156,8 +156,7 @@ class AsyncCentre:
         weights) into the centre; collective (barrier: wait for every rank's; else the
         caller does)."""
         lo, hi = self.parts[self.me]
-        self.data.put(self.me, 0, flat[lo:hi])
-        self.words.write(self.me, VERSION, 0)
+        self.data.put(self.me, 0, flat[lo:hi])  # (on a fresh window: version 0)
         if barrier:
             self.comm.Barrier()
 
@@ -209,7 +208,6 @@ class AsyncCentre:
 
     def load(self, state: dict):
         self.data.put(self.me, 0, state["centre/data"])
-        # Saved at a meeting, where no lock is held: the lock starts afresh.
-        self.words.write(self.me, LOCK, 0)
-        self.words.write(self.me, SERVING, 0)
-        self.words.write(self.me, VERSION, int(state["centre/words"][VERSION]))
+        # Saved at a meeting, where no lock is held: on a fresh window the lock starts
+        # afresh, and the version is added to its zero (Words.read: only adds).
+        self.words.add(self.me, VERSION, int(state["centre/words"][VERSION]))

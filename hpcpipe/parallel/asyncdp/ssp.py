@@ -91,7 +91,9 @@ class GradientRing:
                                lambda: f"the replicas to pull step {step - self.slots} from "
                                        f"gradient slot {slot} on rank {j} of the stage's "
                                        f"replicas")
-            turn = words.add(j, base + TURN) if turns is None else turns[j]
+            turn = words.add(j, base + TURN)  # (a replay takes the recorded turn instead)
+            if turns is not None:
+                turn = turns[j]
             self.deadline.wait(lambda: words.read(j, base + PUSHED) == turn,
                                lambda: f"push turn {turn} of step {step} on rank {j} (the "
                                        f"replicas before it in the sum)")
@@ -134,9 +136,11 @@ class GradientRing:
             self.data.get(j, slot * self.width, out[lo:hi])
             if self.words.add(j, base + PULLED) == self.dp - 1:
                 self.data.put(j, slot * self.width, self._zeros)
+                # Every counter stands at dp now; back to 0 by adding (windows.Words.read:
+                # polled words are only ever added to). The lap last: the slot is free.
                 for word in (TURN, PUSHED, PULLED):
-                    self.words.write(j, base + word, 0)
-                self.words.write(j, base + LAP, lap + 1)  # last: the slot is free
+                    self.words.add(j, base + word, -self.dp)
+                self.words.add(j, base + LAP, 1)
 
     # -- checkpoints -------------------------------------------------------------------
     def state(self) -> dict:
@@ -151,5 +155,5 @@ class GradientRing:
         """Put a saved part back (complete on return; the caller makes every rank wait
         for all before any pushes)."""
         self.data.put(self.me, 0, state["ring/data"])
-        for i, value in enumerate(state["ring/words"]):
-            self.words.write(self.me, i, int(value))
+        for i, value in enumerate(state["ring/words"]):  # (onto a fresh window's zeros)
+            self.words.add(self.me, i, int(value))

@@ -39,12 +39,13 @@ def slices(n: int, parts: int) -> list[tuple[int, int]]:
 
 class Deadline:
     """How long a wait may last; polls sleep a little longer each time (a waiting rank
-    leaves the core to those that compute)."""
+    leaves the core to those that compute), and between polls let MPI make progress on
+    what others aim at this rank (`progress`: see `poke`)."""
 
     FIRST_SLEEP, LONGEST_SLEEP = 20e-6, 2e-3
 
-    def __init__(self, seconds: float):
-        self.seconds = seconds
+    def __init__(self, seconds: float, progress=None):
+        self.seconds, self.progress = seconds, progress
 
     def wait(self, ready, what):
         """Poll `ready()` until it is true; past the deadline raise PeerTimeout with
@@ -58,6 +59,8 @@ class Deadline:
                                   f"{what()}: a peer stopped or is far slower than this "
                                   f"rank; ending the job")
             time.sleep(pause)
+            if self.progress is not None:
+                self.progress()
             pause = min(2 * pause, self.LONGEST_SLEEP)
 
 
@@ -136,24 +139,27 @@ class Words(Window):
         return self._fop(target, index, value, self.MPI.SUM)
 
     def read(self, target: int, index: int) -> int:
-        return self._fop(target, index, 0, self.MPI.NO_OP)
-
-    def maximum(self, target: int, index: int, value: int) -> int:
-        """Atomically raise to at least `value`; returns the value before."""
-        return self._fop(target, index, value, self.MPI.MAX)
+        """An atomic read, as a fetch-and-add of 0 — not MPI_NO_OP, nor a replace: Open
+        MPI 4.1's osc/ucx applies those under a lock of the target's window, which a rank
+        polling its own window keeps taking, so that another rank's write to it waited
+        seconds (measured); a fetch-and-add is the network's (or the CPU's) own atomic
+        there, and takes no lock. Every word that is polled is therefore only ever added
+        to (`add`, `read`); `write` is for the words nobody polls."""
+        return self._fop(target, index, 0, self.MPI.SUM)
 
     def write(self, target: int, index: int, value: int) -> int:
-        """Atomically replace; returns the value before."""
+        """Atomically replace; returns the value before (a word nobody polls: see `read`)."""
         return self._fop(target, index, value, self.MPI.REPLACE)
 
+    def maximum(self, target: int, index: int, value: int) -> int:
+        """Atomically raise to at least `value`; returns the value before (a word nobody
+        polls: see `read`)."""
+        return self._fop(target, index, value, self.MPI.MAX)
+
     def read_many(self, target: int, index: int, count: int) -> np.ndarray:
-        """`count` consecutive words (each read atomically: MPI_NO_OP accumulate)."""
-        out = np.zeros(count, np.int64)
-        self.win.Get_accumulate(self._spec(np.zeros(count, np.int64)), self._spec(out),
-                                target, (index, count, self.mpi_type), op=self.MPI.NO_OP)
-        self.win.Flush(target)
-        self.bytes += out.nbytes
-        return out
+        """`count` consecutive words, each read atomically (`read`: not one
+        MPI_Get_accumulate for all, which osc/ucx applies under the window's lock)."""
+        return np.array([self.read(target, index + i) for i in range(count)], np.int64)
 
 
 class TicketLock:
@@ -174,8 +180,12 @@ class TicketLock:
 
 def poke(comm):
     """Let this rank's MPI library make progress on operations others aim at it. Needed
-    by none of the MPIs measured on one node (the mpich wheel; Open MPI's osc/sm and
-    osc/rdma), but Open MPI's osc/ucx applies a remote accumulate only when the target
-    calls MPI (measured: 0.45 s for a target asleep 0.5 s): the training step calls this
-    between its operations, so such a target answers within one operation's time."""
+    by none of the MPIs measured on one node with their defaults (the mpich wheel; Open
+    MPI's osc/rdma, osc/sm), but Open MPI 4.1's osc/ucx (without RDMA hardware: UCX over
+    shared memory or TCP) applies a remote atomic only when the target drives MPI's
+    progress — a target asleep 0.5 s held an accumulate 0.45 s, and one polling its own
+    window with fetch-and-ops held another rank's for seconds (measured); a rank's
+    one-sided calls on itself do not drive it, this does. The training step calls it
+    between its operations and every wait between its polls, so such a target answers
+    within one operation's time; one that sleeps holds the others up meanwhile."""
     comm.Iprobe()

@@ -103,12 +103,7 @@ def load(rank, path: str, manifest: dict):
     full = os.path.join(path, file_name(rank.grid.rank))
     if not os.path.isfile(full):
         raise CheckpointError(f"{full}: missing (an asynchronous checkpoint has one per rank)")
-    arrays, numbers, layout = _read(step, full)
-    keys = sorted(step.layout)
-    require_layout(path, layout, step.layout, keys,
-                   "asynchronous data-parallel state per replica and rank",
-                   "resume it under the layout and settings that wrote it (or with "
-                   "parallel.async_dp = \"none\", from the model the usual files hold)")
+    arrays, numbers = _read(step, full, path)
     step.load_async_state(arrays, numbers)
     for adam in step.optimizer.adams:
         adam.shard.push()
@@ -116,7 +111,8 @@ def load(rank, path: str, manifest: dict):
     # at its target on return, and the loader's agreement on errors comes after)
 
 
-def _read(step, full: str):
+def _read(step, full: str, path: str):
+    """(arrays, numbers) of this rank's file, once its layout is this run's."""
     import h5py
 
     xp = step.model.backend.xp
@@ -131,6 +127,10 @@ def _read(step, full: str):
             raise CheckpointError(f"{full}: unreadable attributes ({e})") from None
         if not isinstance(layout, dict):
             raise CheckpointError(f"{full}: its layout attribute is not a record")
+        require_layout(path, layout, step.layout, sorted(step.layout),
+                       "asynchronous data-parallel state per replica and rank",
+                       "resume it under the layout and settings that wrote it (or with "
+                       "parallel.async_dp = \"none\", from the model the usual files hold)")
         for key, array in _own(step).items():
             data = check_values(read_flat(f, key, full, array, "this rank's shard"), full,
                                 key, second_moment=key.startswith("exp_avg_sq/"))
@@ -149,4 +149,4 @@ def _read(step, full: str):
             if key not in _INTS:
                 check_values(data, full, key)
             arrays[key] = data.astype(like.dtype, copy=False)
-    return arrays, numbers, layout
+    return arrays, numbers

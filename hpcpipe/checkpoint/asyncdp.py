@@ -46,6 +46,7 @@ from hpcpipe.util.files import write_atomic
 PREFIX = "async-r"
 NUMBERS = ("clock", "adam_t", "log_offset", "version", "origin", "tickets")
 _INTS = {"ring/words", "centre/words", "last_seen"}
+_ROWS = {"lrs", "last_seen"}  # tables whose length varies from checkpoint to checkpoint
 
 
 def applies(rank) -> bool:
@@ -140,8 +141,9 @@ def _read(step, full: str, path: str):
         for key, like in mine.items():
             ds = dataset(f, key, full)
             shape = like.shape
-            if key == "lrs":  # (learning rates of the updates pending: as many as there are)
-                shape = (ds.shape[0] if ds.ndim == 2 and ds.shape[0] <= 1 << 20 else -1, 3)
+            if key in _ROWS:  # as many rows as there are (pending updates, owners met)
+                shape = (ds.shape[0] if ds.ndim == 2 and ds.shape[0] <= 1 << 20 else -1,
+                         like.shape[1])
             if ds.shape != shape or (key in _INTS) != (ds.dtype.kind == "i"):
                 raise CheckpointError(f"{full}: {key} holds {ds.dtype} of shape {ds.shape}, "
                                       f"this rank's state {like.dtype} of shape {like.shape}")

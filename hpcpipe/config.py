@@ -203,8 +203,7 @@ class ParallelSection:
     powersgd_warmup: int = 0  # the first steps all-reduce uncompressed (PyTorch: 1000)
     # compress only matrices that shrink at least this much (PyTorch's min_compression_rate)
     powersgd_min_gain: float = 2.0
-    # -- asynchronous data parallelism (issue 63; hpcpipe/parallel/asyncdp/, train/asyncstep.py,
-    # docs/guides/asynchronous-data-parallel.md) --------------------------------------------
+    # -- asynchronous data parallelism (issue 63: parallel/asyncdp/, train/asyncstep.py) ----
     # "none": the replicas step together (the gradient all-reduced every step, or local
     # SGD's rounds). "ssp": bounded staleness — each replica pushes its gradient into shared
     # sums (MPI windows) and applies every step's update once all replicas' gradients are

@@ -30,6 +30,7 @@ import contextlib
 import math
 import os
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -86,6 +87,7 @@ class AsyncStep(TrainStep):
         self.replay = None  # record.Recorded of a recorded run, to do again
         self.microbatches = cfg.parallel.microbatches
         self.between_ops = self._poke
+        self.staleness_seen = Counter()  # staleness → steps (ssp) or exchanges (easgd)
 
     def _poke(self):
         poke(self.grid.data)
@@ -146,6 +148,11 @@ class AsyncStep(TrainStep):
 
     def _windows(self):
         return []
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes this rank moved through the windows (both ways), the board's included."""
+        return self.board.words.bytes + sum(w.bytes for w in self._windows())
 
     # -- shared pieces ------------------------------------------------------------------
     def _to_host(self, arrays):
@@ -223,6 +230,7 @@ class StaleStep(AsyncStep):
         self.skipped_now = False
         self._catch_up(step)
         version = self.version
+        self.staleness_seen[step - 1 - version] += 1
         result = self.gradients(runtime, step, inputs)
         self._to_host(self.gradsync.gradients())
         turns = self.replay.turns_of(step, self.grid.dp) if self.replay else None
@@ -409,6 +417,7 @@ class ElasticStep(AsyncStep):
         self._from_host_masters()
         seen = [v - self.last_seen.get(j, v) - 1 if j in self.last_seen else -1
                 for j, v in done]
+        self.staleness_seen.update(x for x in seen if x >= 0)
         self.last_seen.update({j: v for j, v in done})
         if self.log is not None:
             self.log.exchange(step, done, seen)

@@ -34,13 +34,54 @@ from hpcpipe.parallel.powersgd import PowerSGD
 from hpcpipe.util.timeline import local_row, step_stats
 
 
-class TrainStep:
+class LoopHooks:
+    """What the training loop asks of a step beyond running it, answered for replicas that
+    stay in step (train/asyncstep.py answers otherwise)."""
+
+    asynchronous = False  # the replicas never wait for each other (train/asyncstep.py)
+
+    def clock(self, start: int, end: int):
+        """The steps this rank runs after `start`, of a run of `end` steps."""
+        return range(start + 1, end + 1)
+
+    def assignment(self, step: int) -> tuple[int, int]:
+        """(global step, replica) whose data and learning rate `step` takes."""
+        return step, self.grid.dp_rank
+
+    def finish(self, steps: int):
+        """The end of the run, before its last checkpoint and evaluation."""
+
+    def published(self):
+        """A context with the model's weights in place: the elastic centre under
+        synchronous elastic averaging, else the weights as they are."""
+        if isinstance(self.outer, SyncElastic):
+            return self._publishing(self.outer.centre)
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _publishing(self, centre):
+        """`centre` (per optimizer shard) in place of this replica's weights meanwhile."""
+        with swapped_in(self.optimizer.shards, centre) as own:
+            self.own_weights = own
+            try:
+                yield
+            finally:
+                self.own_weights = None
+
+    def masters(self) -> list:
+        """This replica's own weights per shard (its float32 masters under 16-bit compute),
+        also while the centre is published in their place."""
+        return self.own_weights or [s.master for s in self.optimizer.shards]
+
+    def close(self):
+        """Release what the step holds beyond memory (asyncstep.py: windows, its record)."""
+
+
+class TrainStep(LoopHooks):
     """Runs optimizer steps for a RankModel: see the module's docstring.
 
     Built by `TrainStep.build`; `run` takes the Runtime to execute, so a new schedule
     (the auto schedule, once costs are measured) changes nothing here."""
-
-    asynchronous = False  # the replicas never wait for each other (train/asyncstep.py)
 
     def __init__(self, model, grid, gradsync, gather, optimizer, norm, scaler, trace=None,
                  post_validation: bool = False, zero: int = 0,
@@ -209,43 +250,6 @@ class TrainStep:
         self.validator.update(step, lr, max_norm, unscale, self.gradsync.gradients(), result,
                               loss, lambda: self._rank_step(step, result))
         return finished
-
-    # -- what the training loop asks (asyncstep.py answers otherwise) ---------------------
-    def clock(self, start: int, end: int):
-        """The steps this rank runs after `start`, of a run of `end` steps."""
-        return range(start + 1, end + 1)
-
-    def assignment(self, step: int) -> tuple[int, int]:
-        """(global step, replica) whose data and learning rate `step` takes."""
-        return step, self.grid.dp_rank
-
-    def finish(self, steps: int):
-        """The end of the run, before its last checkpoint and evaluation."""
-
-    def published(self):
-        """A context with the model's weights in place: the elastic centre under
-        synchronous elastic averaging, else the weights as they are."""
-        if isinstance(self.outer, SyncElastic):
-            return self._publishing(self.outer.centre)
-        return contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def _publishing(self, centre):
-        """`centre` (per optimizer shard) in place of this replica's weights meanwhile."""
-        with swapped_in(self.optimizer.shards, centre) as own:
-            self.own_weights = own
-            try:
-                yield
-            finally:
-                self.own_weights = None
-
-    def masters(self) -> list:
-        """This replica's own weights per shard (its float32 masters under 16-bit compute),
-        also while the centre is published in their place."""
-        return self.own_weights or [s.master for s in self.optimizer.shards]
-
-    def close(self):
-        """Release what the step holds beyond memory (asyncstep.py: windows, its record)."""
 
     def flush(self) -> list[StepOutcome]:
         """Validate a pending optimistic step (post-validation) before anything reads the

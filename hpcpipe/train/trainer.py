@@ -11,11 +11,9 @@ output reads the same under mpiexec. The loop's phases have names:
                   preemption
     summary       the last checkpoint and evaluation, the traces, the summary
 
-With asynchronous data parallelism (parallel.async_dp: train/asyncstep.py, `apart`) the
-replicas never wait for each other in the loop: each runs the steps its step object
-gives it (`clock`, `assignment`), agreements are made within the replica and shared
-through the board, evaluation is the first replica's alone, and a checkpoint is a
-meeting of the replicas at their own boundaries (`_save`).
+With asynchronous data parallelism (parallel.async_dp) the replicas run apart: the loop
+takes its steps from the step object (`clock`, `assignment`) and asks apart.py at the
+few places where the replicas would otherwise meet.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ from hpcpipe.device.memory import MemoryGauge
 from hpcpipe.model.flops import device_peak, flops_per_token, peak_source
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.parallel.asyncdp.elastic import default_alpha
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
 from hpcpipe.parallel.pipeline.partition import measured_balance
 from hpcpipe.parallel.pipeline.planning import (
@@ -52,13 +49,13 @@ from hpcpipe.runs.rundir import RunDir
 from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.schedules.ops import make_schedule, ops_from_strings
-from hpcpipe.train import memplan
+from hpcpipe.train import apart, memplan
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
 from hpcpipe.train.resume import check_same_data, find_resume, run_identity
 from hpcpipe.util import timeline
-from hpcpipe.util.errors import HpcpipeError, every_rank_does, root_does
+from hpcpipe.util.errors import every_rank_does, root_does
 
 __all__ = ["train", "Trainer", "Summary", "Preempted"]
 
@@ -143,17 +140,13 @@ class Trainer:
         self.trace = timeline.Trace(rank=comm.rank)
         self.rank = Rank.build(cfg, self.grid, self.be, schedule, self.trace, gpu_aware,
                                costs)
-        # The replicas run apart: agreements within each replica, shared through the board.
-        self.apart = self.rank.step.asynchronous
-        self.decide = self.grid.replica if self.apart else comm  # who agrees on schedules
-        if self.apart:
-            self.watch.regroup(self.grid.replica, self.rank.step.share_votes)
+        self.apart = apart.settle(self)  # the replicas run apart (parallel.async_dp)
         if resume_path:
             self._resume(resume_path, manifest)
         self.run_dir = open_run_dir(run_dir, cfg, comm, manifest["step"] if own else None,
                                     self.log)
         if self.apart:
-            open_async_record(self, resume_path is not None)
+            apart.open_record(self, resume_path is not None)
         self.record = open_record(self, resume_path)
         self.metrics, self.summary = self.record.metrics, self.record.metrics.summary
         self._describe()
@@ -212,8 +205,7 @@ class Trainer:
             self._release()
 
     def _inputs(self, step: int, replica: int):
-        """inputs(mb) → (idx, targets) of microbatch mb of `step`'s share of `replica`, as
-        device arrays."""
+        """inputs(mb) → device (idx, targets) of microbatch mb of `replica`'s share of `step`."""
         cfg, cache = self.cfg, {}
         size, microbatches = cfg.train.micro_batch_size, cfg.parallel.microbatches
 
@@ -251,7 +243,7 @@ class Trainer:
         # Each piece profiles its own first steps (a resumed piece starts on ZB-H1 or ZB-V too).
         profiled = self.start_step + cfg.parallel.profile_steps if auto else 0
         if profiled and step == profiled < steps:
-            self._reschedule(step)
+            reschedule(self, step)
         if not self.apart:  # (apart: the traced window is written at the end, one meeting)
             self.record.stepped(step)
         self.record.forget_events(step, profiled)
@@ -259,41 +251,13 @@ class Trainer:
             self._settle()
             self._evaluate(step)
         if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step != steps:
-            if self.apart and not self.rank.step.saves_together:
-                if self.grid.dp_rank == 0:  # the first replica asks; all meet at their
-                    self.watch.request_save()  # next boundaries (asynchronous EASGD)
-            else:
+            if not self.apart or apart.save_now(self):
                 self._save(step)
 
-    def _reschedule(self, step: int):
-        """The auto schedule, from the costs measured over the steps so far."""
-        # The first step pays for allocation and warm caches: profile the ones after.
-        steps = range(min(self.start_step + 2, step), step + 1)
-        # Rank 0's measurements decide for everyone; the scheduler is deterministic, so
-        # every rank builds the same schedule from the same costs.
-        costs = self.decide.bcast(profiled_costs(self.trace, self.rank.model, self.grid, steps,
-                                                 self.comm_s, self.stage_bytes,
-                                                 memory_limit(self.cfg)[1]), root=0)
-        self.log(measured_balance(self.cfg.model, self.rank.model.specs,
-                                  [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)],
-                                  schedule=self.rank.schedule, base=self.rank.model.costs,
-                                  widths=across_widths(self.cfg)))
-        auto, costs, plan = chosen_schedule(self, costs)
-        if plan is not None:
-            self.rank.model.use_recompute(plan)
-            self.log(f"auto recompute per model stage: {memplan.describe_plan(plan)}")
-        self.rank.use_schedule(auto)
-        sim = simulate(auto, costs)
-        self.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
-        line, record = describe_auto(self.cfg, auto, costs, sim)
-        self.log(line)
-        self.run_dir.write_json("auto_schedule.json", record)
-
     def _evaluate(self, step: int):
-        """The validation loss of the model (the elastic centre under elastic averaging);
-        with the replicas apart, the first replica's alone."""
+        """The validation loss of the model (the elastic centre under elastic averaging)."""
         if self.apart and self.grid.dp_rank != 0:
-            return
+            return  # (apart: the first replica's alone)
         with self.rank.step.published():
             value = self.rank.evaluator(alone=self.apart).evaluate(
                 validation_batches(self.tokens, self.cfg, self.be))
@@ -303,9 +267,7 @@ class Trainer:
         from hpcpipe import checkpoint as ckpt
 
         self._settle()
-        if self.apart:  # every replica at a boundary of its own; the first one's names it
-            self.rank.step.meet(f"the checkpoint that rank 0 writes at its step")
-            step = self.comm.bcast(step, root=0)
+        step = apart.checkpoint_step(self, step) if self.apart else step
         with self.rank.step.published():
             saved = ckpt.save(self.rank, self.cfg, step, self.run_dir.path,
                               {**self.rank.step.state(), "lr_step": step,
@@ -365,7 +327,34 @@ class Trainer:
         if step.outer is not None and self.cfg.train.local_steps:
             self.log(local_sgd_line(step, self.summary.steps - self.start_step))
         if self.apart:
-            self.log(async_line(step, self.summary.steps - self.start_step))
+            self.log(apart.summary_line(step, self.summary.steps - self.start_step))
+
+
+def reschedule(trainer: Trainer, step: int):
+    """The auto schedule, from the costs measured over the steps so far."""
+    # The first step pays for allocation and warm caches: profile the ones after.
+    steps = range(min(trainer.start_step + 2, step), step + 1)
+    # Rank 0's measurements decide for everyone (its replica's rank 0 for a replica's
+    # ranks when the replicas run apart); the scheduler is deterministic, so every rank
+    # builds the same schedule from the same costs.
+    rank, cfg = trainer.rank, trainer.cfg
+    costs = trainer.decide.bcast(profiled_costs(trainer.trace, rank.model, trainer.grid, steps,
+                                                trainer.comm_s, trainer.stage_bytes,
+                                                memory_limit(cfg)[1]), root=0)
+    trainer.log(measured_balance(cfg.model, rank.model.specs,
+                                 [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)],
+                                 schedule=rank.schedule, base=rank.model.costs,
+                                 widths=across_widths(cfg)))
+    auto, costs, plan = chosen_schedule(trainer, costs)
+    if plan is not None:
+        rank.model.use_recompute(plan)
+        trainer.log(f"auto recompute per model stage: {memplan.describe_plan(plan)}")
+    rank.use_schedule(auto)
+    sim = simulate(auto, costs)
+    trainer.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
+    line, record = describe_auto(cfg, auto, costs, sim)
+    trainer.log(line)
+    trainer.run_dir.write_json("auto_schedule.json", record)
 
 
 def chosen_schedule(trainer: Trainer, costs: Costs):
@@ -464,45 +453,8 @@ def mode_notes(train, step, parallel=None) -> list[str]:
     note = step.post_validation_note
     return ([note] if note and train.grad_clip > 0 else []) + (
         [describe_local_sgd(train)] if train.local_steps else []) + (
-        [describe_async(parallel)] if parallel is not None and parallel.async_dp != "none"
+        [apart.describe(parallel)] if parallel is not None and parallel.async_dp != "none"
         else [])
-
-
-def describe_async(parallel) -> str:
-    """The header's line on asynchronous data parallelism."""
-    if parallel.async_dp == "ssp":
-        return (f"bounded staleness (SSP): a replica runs at most {parallel.staleness} "
-                f"step(s) ahead of the slowest; gradients summed in MPI windows, every "
-                f"replica applies each step's update once complete")
-    alpha = parallel.easgd_alpha or default_alpha(parallel.dp)
-    return (f"elastic averaging ({'synchronous' if parallel.easgd_sync else 'asynchronous'} "
-            f"EASGD): every {parallel.easgd_tau} steps a replica and the centre move "
-            f"α = {alpha:g} of the way toward each other; the centre is the model")
-
-
-def async_line(step, steps: int) -> str:
-    """The first replica's account of an asynchronous run: staleness and bytes."""
-    moved = step.board.words.bytes + (step.ring.bytes if hasattr(step, "ring")
-                                      else step.centre.bytes)
-    return (f"  asynchronous: {steps} steps on this replica, "
-            f"{moved / max(1, steps) / 2**20:.3f} MiB per step through the windows on rank 0"
-            + (f"; {step.centre.exchanges} exchanges with the centre"
-               if hasattr(step, "centre") else ""))
-
-
-def open_async_record(trainer: Trainer, resumed: bool):
-    """Every rank's record of what it applied in which order, under RUN_DIR/async/
-    (continued from the checkpoint's place when resumed), and the recorded run to replay
-    (parallel.async_replay)."""
-    step, replay = trainer.rank.step, trainer.cfg.parallel.async_replay
-    if replay:
-        if os.path.realpath(replay) == os.path.realpath(trainer.run_dir.path):
-            raise HpcpipeError(f"parallel.async_replay = {replay!r} is this run's own "
-                               f"directory, whose record the replay would overwrite; "
-                               f"replay into another --run-dir")
-        every_rank_does(trainer.comm, lambda: step.replay_from(replay))
-    offset = step.resumed_log_offset if resumed else None
-    every_rank_does(trainer.comm, lambda: step.record_to(trainer.run_dir.path, offset))
 
 
 def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:

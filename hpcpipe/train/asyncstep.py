@@ -217,6 +217,7 @@ class StaleStep(AsyncStep):
         self.ring = GradientRing(self.grid.data, self.host.size, self.host.dtype,
                                  self.staleness, self.deadline)
         self.version = 0  # updates applied to this replica's weights
+        self.ran_on = 0  # the version the last step ran on
         self.lrs: dict[int, tuple[float, float]] = {}  # step → (lr, max_norm), until applied
         self.last_norm = math.nan
         self.skipped_now = False
@@ -229,7 +230,7 @@ class StaleStep(AsyncStep):
         self.lrs[step] = (lr, max_norm)
         self.skipped_now = False
         self._catch_up(step)
-        version = self.version
+        version = self.ran_on = self.version
         self.staleness_seen[step - 1 - version] += 1
         result = self.gradients(runtime, step, inputs)
         self._to_host(self.gradsync.gradients())
@@ -357,6 +358,7 @@ class ElasticStep(AsyncStep):
         self.budget = 0  # tickets of the run: dp × train.steps
         self.ticket = None  # this step's
         self.last_seen = {}  # owner → the centre's version at this replica's last exchange
+        self.seen_now = None  # the last step's exchange: others' exchanges since its last
 
     def clock(self, start: int, end: int):
         """Local steps while the run's budget lasts: a ticket per step (one rank of the
@@ -385,6 +387,7 @@ class ElasticStep(AsyncStep):
     def run(self, runtime, step: int, inputs, lr: float, max_norm: float):
         start, moved = time.time(), self.centre.bytes
         self.microbatches = runtime.schedule.num_microbatches
+        self.seen_now = None
         result = self.gradients(runtime, step, inputs)
         unscale = self.grad_scale(self.microbatches).unscale
         loss = self._replica_loss(result)
@@ -418,6 +421,7 @@ class ElasticStep(AsyncStep):
         seen = [v - self.last_seen.get(j, v) - 1 if j in self.last_seen else -1
                 for j, v in done]
         self.staleness_seen.update(x for x in seen if x >= 0)
+        self.seen_now = max(seen) if max(seen) >= 0 else None
         self.last_seen.update({j: v for j, v in done})
         if self.log is not None:
             self.log.exchange(step, done, seen)

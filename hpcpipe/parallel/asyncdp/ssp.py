@@ -23,9 +23,10 @@ j owns elements [lo_j, hi_j) of every slot, and four words per slot:
     LAP      which lap of the ring the slot holds (step u in lap (u − 1) // R)
     TURN     the next pusher's turn (fetch-and-add)
     PUSHED   pushes done; the slot is complete at dp
-    PULLED   pulls done; the last puller zeroes the slot and opens the next lap
+    PULLED   pulls done; the last puller opens the next lap
 
-Pushes into one slot are serialised by their turns, so the sum's order is known (and
+Pushes into one slot are serialised by their turns — the first replaces what the slot
+held, the others add to it — so the sum's order is known (and
 recorded: with dp ≥ 3 the order changes the bits; with 2 it does not, a + b = b + a), and
 a replay can impose it. Everything is an origin's one-sided operation (windows.py).
 """
@@ -60,7 +61,6 @@ class GradientRing:
         self.data = Window(comm, self.slots * self.width, dtype)
         self.words = Words(comm, self.slots * WORDS)
         self.origin = int(origin)
-        self._zeros = np.zeros(self.width, self.data.dtype)
 
     def free(self):
         self.data.free()
@@ -98,7 +98,10 @@ class GradientRing:
                                lambda: f"push turn {turn} of step {step} on rank {j} (the "
                                        f"replicas before it in the sum)")
             lo, hi = self.parts[j]
-            self.data.accumulate(j, slot * self.width, flat[lo:hi])
+            if turn == 0:  # the first into the slot: its gradient is the sum so far
+                self.data.put(j, slot * self.width, flat[lo:hi])
+            else:
+                self.data.accumulate(j, slot * self.width, flat[lo:hi])
             words.add(j, base + PUSHED)
             taken.append((j, turn))
         return taken
@@ -135,9 +138,9 @@ class GradientRing:
             lo, hi = self.parts[j]
             self.data.get(j, slot * self.width, out[lo:hi])
             if self.words.add(j, base + PULLED) == self.dp - 1:
-                self.data.put(j, slot * self.width, self._zeros)
                 # Every counter stands at dp now; back to 0 by adding (windows.Words.read:
-                # polled words are only ever added to). The lap last: the slot is free.
+                # polled words are only ever added to). The lap last: the slot is free (its
+                # elements need no zeroing: the next lap's first push replaces them).
                 for word in (TURN, PUSHED, PULLED):
                     self.words.add(j, base + word, -self.dp)
                 self.words.add(j, base + LAP, 1)

@@ -1,7 +1,7 @@
 """TensorBoard event files of a run (`train.tensorboard = true`): RUN_DIR/tensorboard/.
 
 The scalars are those of metrics.jsonl, grouped as TensorBoard shows them — train/
-(loss, lr, grad_norm, val_loss), perf/ (tokens_per_s, mfu, bubble), time/ (step_s and
+(loss, lr, grad_norm), val/ (loss: the validation loss, its own chart), perf/ (tokens_per_s, mfu, bubble), time/ (step_s and
 where it went on the busiest rank: compute, exposed communication, optimizer), memory/
 (the root's GiB now and at most) — one point per step. The root writes them; the writer
 is a maintained one (tensorboardX, or PyTorch's torch.utils.tensorboard where PyTorch is
@@ -26,6 +26,7 @@ GIB = 2**30
 SCALARS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
            "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu", "bubble": "perf/bubble",
            "step_s": "time/step_s"}
+VAL_LOSS = "val/loss"  # the evaluations' validation loss (a tag of its own, not train/'s)
 
 
 def summary_writer_class():
@@ -74,7 +75,7 @@ class TensorBoard:
 
     def evaluated(self, step: int, value: float):
         if math.isfinite(value):
-            self.writer.add_scalar("train/val_loss", value, step)
+            self.writer.add_scalar(VAL_LOSS, value, step)
             self.writer.flush()  # evaluations are rare and worth seeing at once
 
     def close(self):

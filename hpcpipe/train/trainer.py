@@ -53,7 +53,7 @@ from hpcpipe.train import apart, memplan
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
-from hpcpipe.train.resume import check_same_data, find_resume, run_identity
+from hpcpipe.train.resume import check_same_data, find_resume, resume_notes, run_identity
 from hpcpipe.util import timeline
 from hpcpipe.util.errors import every_rank_does, root_does
 
@@ -172,9 +172,8 @@ class Trainer:
         self.log(f"resumed from {path} (step {self.start_step}, written with dp {saved['dp']} × "
                  f"pp {saved['pp']}{shards}, {saved['schedule']}) in "
                  f"{time.perf_counter() - tick:.2f} s")
-        if self.start_step >= self.cfg.train.steps:
-            self.log(f"the checkpoint is at step {self.start_step}, train.steps = "
-                     f"{self.cfg.train.steps}: nothing to do")
+        for line in resume_notes(manifest, self.start_step, self.cfg.train.steps, path):
+            self.log(line)
 
     def _describe(self):
         """The run's header: what runs where, on what data."""

@@ -105,8 +105,9 @@ def test_the_plan_resolves_the_launch_as_train_does():
     default, wide = [], []
     plan_cli("inputs/tiny.toml", sets, out=default.append)
     plan_cli("inputs/tiny.toml", sets, out=wide.append, world=4)
-    assert "pp 2 × dp 1 × tp 1, 8 microbatches of 2" in default[0]
-    assert "pp 2 × dp 2 × tp 1, 4 microbatches of 2" in wide[0]
+    default, wide = " ".join(default[0].split()), " ".join(wide[0].split())  # (folded)
+    assert "pp 2 × dp 1 × tp 1, 8 microbatches of 2" in default
+    assert "pp 2 × dp 2 × tp 1, 4 microbatches of 2" in wide
     with pytest.raises(ConfigError, match="launch a multiple of 2 ranks"):
         plan_cli("inputs/tiny.toml", sets, out=lambda text: None, world=3)
 
@@ -408,3 +409,12 @@ def test_post_validation_doubles_powersgds_state_in_the_plan():
     on = ['parallel.dp=2', 'parallel.grad_compression="powersgd"']
     once = memplan.plan(tiny(*on))[0].compression
     assert memplan.plan(tiny(*on, "train.post_validation=true"))[0].compression == 2 * once
+
+
+def test_the_plan_folds_its_prose_lines_and_keeps_its_table_rows_whole():
+    printed = []
+    plan_cli("inputs/tiny.toml", [*TINY, "parallel.pp=4"], out=printed.append)
+    lines = "\n".join(printed).splitlines()
+    prose = [line for line in lines if not line.startswith("|")]
+    assert max(map(len, prose)) <= 100 and any(line.startswith("  ") for line in prose)
+    assert len([line for line in lines if line.startswith("| ")]) == 1 + 4  # head, 4 ranks

@@ -21,6 +21,7 @@ layout loads (synchronously). On top of them every rank writes
                                          replica last met
                            attrs: clock (its replica's last step), adam_t, version, origin,
                                   tickets (rank 0: the run's budget taken so far),
+                                  attended (easgd: the meeting the checkpoint is),
                                   log_offset (where its record of the run goes on),
                                   layout (what must match to resume: JSON)
 
@@ -44,7 +45,7 @@ from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
 from hpcpipe.util.files import write_atomic
 
 PREFIX = "async-r"
-NUMBERS = ("clock", "adam_t", "log_offset", "version", "origin", "tickets")
+NUMBERS = ("clock", "adam_t", "log_offset", "version", "origin", "tickets", "attended")
 _INTS = {"ring/words", "centre/words", "last_seen"}
 _ROWS = {"lrs", "last_seen"}  # tables whose length varies from checkpoint to checkpoint
 

@@ -10,13 +10,16 @@ purpose:
                      step boundary
     the auto schedule each replica measures and plans its own (grid.replica decides)
     evaluation       the first replica's alone, on the model (Trainer._evaluate)
-    checkpoints      a meeting: under bounded staleness every replica passes every step, so
-                     a checkpoint of step N is all of them at step N; asynchronous EASGD's
-                     replicas do not (they share the run's budget by speed), so its first
-                     replica asks and every replica joins at a boundary of its own — the
-                     checkpoint is named after the first replica's step (`checkpoint_step`)
+    checkpoints      a meeting, each replica at a boundary of its own at an agreed place:
+                     after step N under bounded staleness (every replica passes every
+                     step), at the N-th global step's first ticket under asynchronous
+                     EASGD — N a multiple of checkpoint.every, or the place world rank 0
+                     sets when a rank asks (a signal, checkpoint.every_minutes: `asked`),
+                     far enough ahead that no replica has passed it; the step's clock
+                     meets there (`meeting`), so no replica is ever waited for while it
+                     waits itself
     the traces       written at the end (one meeting), not when their window closes
-    the end          the last updates (`finish`), then a meeting
+    the end          the last updates (`finish`), then a meeting (the last checkpoint)
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def settle(trainer) -> bool:
     trainer.decide = trainer.grid.replica if apart else trainer.comm
     if apart:
         trainer.watch.regroup(trainer.grid.replica, step.share_votes)
+        step.on_meeting = lambda label: meeting(trainer, label)
     return apart
 
 
@@ -53,20 +57,27 @@ def open_record(trainer, resumed: bool):
     every_rank_does(trainer.comm, lambda: step.record_to(trainer.run_dir.path, offset))
 
 
-def save_now(trainer) -> bool:
-    """At a step checkpoint.every asks for: whether to save now (every replica at this
-    step), or — the replicas' steps apart — the first replica asks the others to meet."""
-    if trainer.rank.step.saves_together:
-        return True
-    if trainer.grid.dp_rank == 0:
-        trainer.watch.request_save()
-    return False
+def asked(trainer, verdict):
+    """At a step boundary: a stop, or a checkpoint the clock made due, agreed within this
+    replica — world rank 0 sets the place where every replica will meet for it."""
+    if verdict.stop or verdict.save_due:
+        trainer.rank.step.ask_meeting()
+
+
+def meeting(trainer, label: int):
+    """Every replica met (each at a boundary of its own, `clock`): the checkpoint, named
+    `label`; then, if a rank was signalled to stop, the end of the run (exit 75 or 130)."""
+    trainer._save(label)
+    stop = trainer.comm.bcast(trainer.rank.step.board.stop_asked()
+                              if trainer.comm.rank == 0 else None, root=0)
+    if stop:
+        trainer._preempted(label, stop)
 
 
 def checkpoint_step(trainer, step: int) -> int:
-    """The replicas meet (each at a boundary of its own) and take the first replica's step
-    for the checkpoint's name; each keeps its own in its state."""
-    trainer.rank.step.meet("the checkpoint that rank 0 writes at its step")
+    """The replicas meet (each at a boundary of its own) and take rank 0's name for the
+    checkpoint (a meeting's place, or the end); each keeps its own step in its state."""
+    trainer.rank.step.meet(f"the checkpoint of step {step}")
     return trainer.comm.bcast(step, root=0)
 
 

@@ -16,9 +16,10 @@ training loop asks of it.
 Nothing here waits for another replica except where the mode says so, so the loop around
 it must not either: the loss is the replica's own, the step's statistics are gathered
 over the replica only, the stop and checkpoint votes go through the board (board.py), a
-checkpoint is a meeting at each replica's own next boundary, and evaluation is done by
-the first replica alone, on the model (the elastic centre, or its weights). `Trainer`
-asks for these through the methods below (`asynchronous` says it must).
+checkpoint is a meeting at an agreed place that the step's `clock` reaches (train/apart.py),
+and evaluation is done by the first replica alone, on the model (the elastic centre, or
+its weights). `Trainer` asks for these through the methods below (`asynchronous` says it
+must).
 
 Every rank records what it did (parallel/asyncdp/record.py) and, given a recorded run,
 does the same again (`replay`).
@@ -26,7 +27,6 @@ does the same again (`replay`).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -62,8 +62,6 @@ class AsyncStep(TrainStep):
     shards, the record and the replay, and the loop's questions."""
 
     asynchronous = True
-    saves_together = False  # every replica passes every step (ssp): a save at step N is
-    # a meeting at step N for all; else (easgd's tickets) the first replica asks, by vote
 
     @classmethod
     def build(cls, cfg, model, grid, transport, trace=None) -> "AsyncStep":
@@ -86,6 +84,8 @@ class AsyncStep(TrainStep):
         self.resumed_log_offset = None  # where a resumed record goes on (checkpoint's)
         self.replay = None  # record.Recorded of a recorded run, to do again
         self.microbatches = cfg.parallel.microbatches
+        self.save_every = cfg.checkpoint.every  # meetings of the replicas (`clock`) ...
+        self.on_meeting = None  # ... run this (the trainer's checkpoint); None: no meetings
         self.between_ops = self._poke
         self.staleness_seen = Counter()  # staleness → steps (ssp) or exchanges (easgd)
 
@@ -101,15 +101,19 @@ class AsyncStep(TrainStep):
             if len(parts) == 3 and parts[0] == str(self.grid.rank) and parts[1] == str(step):
                 time.sleep(float(parts[2]))
 
-    # -- the loop's questions ----------------------------------------------------------
-    def clock(self, start: int, end: int):
-        """The steps this replica runs, after `start`, of a run of `end` steps."""
-        return range(start + 1, end + 1)
+    # -- the loop's questions (step.LoopHooks': clock, assignment, finish, published) -----
+    def ask_meeting(self):
+        """World rank 0, when its replica agreed on a stop or a checkpoint: meet far enough
+        ahead that no replica has passed the place yet (board.py) — unless a meeting it
+        has not reached is asked already (the votes stand until the meeting)."""
+        if self.grid.rank == 0 and self.board.meeting() <= self._reached():
+            self.board.ask(self._ahead())
 
-    def assignment(self, step: int) -> tuple[int, int]:
-        """(global step, replica) whose data and learning rate `step` of this replica
-        takes."""
-        return step, self.grid.dp_rank
+    def _agree_on(self, value: int) -> int:
+        """The replica's first rank's `value`, on every rank of the replica."""
+        if self.replica_comm.size == 1:
+            return value
+        return self.replica_comm.bcast(value, root=0)
 
     def share_votes(self, flags):
         """This rank's stop and save votes out, every rank's back (for PreemptionWatch)."""
@@ -130,13 +134,6 @@ class AsyncStep(TrainStep):
 
     def flush(self):
         return []  # nothing waits mid-run (`finish` settles the end)
-
-    def finish(self, steps: int):
-        """The end of the run, before its last checkpoint: every rank's last updates."""
-
-    def published(self):
-        """The model's weights in place of this replica's (evaluation, checkpoints)."""
-        return contextlib.nullcontext()
 
     def close(self):
         """Collective: the record closed, the windows freed (every rank, at the end)."""
@@ -209,7 +206,23 @@ class AsyncStep(TrainStep):
 class StaleStep(AsyncStep):
     """parallel.async_dp = "ssp": see parallel/asyncdp/ssp.py."""
 
-    saves_together = True
+    def clock(self, start: int, end: int):
+        """Steps start + 1 … end. Every replica passes every step, so the replicas meet
+        after step N — a checkpoint's multiple, or the place a rank asked for (board.py) —
+        each after its own step N: none waits on the bound for one that is meeting."""
+        for step in range(start + 1, end + 1):
+            yield step
+            if step < end and self.on_meeting is not None:
+                asked = self._agree_on(self.board.meeting() if self.replica_comm.rank == 0
+                                       else None)
+                if step == asked or (self.save_every and step % self.save_every == 0):
+                    self.on_meeting(step)
+
+    def _ahead(self) -> int:
+        return int(self.board.clocks().max()) + 2
+
+    def _reached(self) -> int:
+        return self.clock_now - 1  # (a meeting after this step is still to come: `clock`)
 
     def settle_async(self, cfg):
         super().settle_async(cfg)
@@ -357,27 +370,59 @@ class ElasticStep(AsyncStep):
         self.centre.initialise(self.host)  # x̃ starts at the first weights
         self.budget = 0  # tickets of the run: dp × train.steps
         self.ticket = None  # this step's
+        self.attended = 0  # the ticket of the last meeting this replica attended
         self.last_seen = {}  # owner → the centre's version at this replica's last exchange
         self.seen_now = None  # the last step's exchange: others' exchanges since its last
 
     def clock(self, start: int, end: int):
         """Local steps while the run's budget lasts: a ticket per step (one rank of the
-        replica takes it, for all; a replay takes the recorded ones)."""
+        replica takes it, for all; a replay takes the recorded ones). The replicas meet at
+        tickets — every checkpoint.every global steps' worth, and where a rank asked
+        (board.py): each when it takes its first ticket past the place, so every replica
+        attends every meeting before the run's end."""
         self.budget = self.grid.dp * end
         if self.replay is not None:
             for step in self.replay.steps:
                 if step > self.clock_now:
+                    self._attend(self.replay.tickets[step])
                     self.ticket = self.replay.tickets[step]
                     yield step
+            self._attend(self.budget)
             return
         while True:
-            ticket = self.board.take_ticket() if self.replica_comm.rank == 0 else None
-            if self.replica_comm.size > 1:
-                ticket = self.replica_comm.bcast(ticket, root=0)
+            ticket = self._agree_on(self.board.take_ticket() if self.replica_comm.rank == 0
+                                    else None)
+            self._attend(ticket)
             if ticket >= self.budget:
                 return
             self.ticket = ticket
             yield self.clock_now + 1
+
+    def _attend(self, ticket: int):
+        """Meet at every place before `ticket` this replica has not met at yet."""
+        while self.on_meeting is not None:
+            place = self._next_place()
+            if place is None or place > ticket:
+                return
+            self.attended = place
+            self.on_meeting(place // self.grid.dp)
+
+    def _next_place(self) -> int | None:
+        """The first meeting place past the last attended, before the budget's end."""
+        every = self.grid.dp * self.save_every
+        places = [(self.attended // every + 1) * every] if every else []
+        asked = self._agree_on(self.board.meeting() if self.replica_comm.rank == 0 else None)
+        if asked > self.attended:
+            places.append(asked)
+        places = [p for p in places if p < self.budget]
+        return min(places) if places else None
+
+    def _ahead(self) -> int:
+        dp = self.grid.dp
+        return (-(-self.board.tickets() // dp) + 2) * dp  # two global steps on
+
+    def _reached(self) -> int:
+        return self.attended
 
     def assignment(self, step: int) -> tuple[int, int]:
         if self.ticket is None:  # (a caller outside the loop: the plain split)
@@ -443,6 +488,7 @@ class ElasticStep(AsyncStep):
     # -- checkpoints ---------------------------------------------------------------------
     def async_state(self):
         arrays, numbers = super().async_state()
+        numbers["attended"] = self.attended
         arrays.update(self.centre.state())
         seen = sorted(self.last_seen.items())
         arrays["last_seen"] = np.array(seen, np.int64).reshape(-1, 2)
@@ -450,6 +496,7 @@ class ElasticStep(AsyncStep):
 
     def load_async_state(self, arrays, numbers):
         super().load_async_state(arrays, numbers)
+        self.attended = int(numbers.get("attended", 0))
         self.centre.load(arrays)
         self.last_seen = {int(j): int(v) for j, v in arrays["last_seen"]}
 
@@ -458,6 +505,7 @@ class ElasticStep(AsyncStep):
         self._to_host([s.master for s in self.optimizer.shards])
         self.centre.initialise(self.host, barrier=False)  # (the loader's agreement waits)
         self.last_seen = {}
+        self.attended = self.grid.dp * step
         if self.grid.rank == 0:
             self.board.set_tickets(self.grid.dp * step)
 

@@ -195,6 +195,9 @@ class Trainer:
                 self._step(step)
                 self._after_step(step)
                 verdict = self.watch.at_boundary()  # after its saves: a signal in one counts
+                if self.apart:  # the replicas meet where rank 0 says (the step's clock)
+                    apart.asked(self, verdict)
+                    continue
                 if verdict.stop:
                     self._preempted(step, verdict.stop)
                 if verdict.save_due and self.last_saved != step and step != train.steps:
@@ -249,9 +252,9 @@ class Trainer:
         if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step != steps:
             self._settle()
             self._evaluate(step)
-        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step != steps:
-            if not self.apart or apart.save_now(self):
-                self._save(step)
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step != steps \
+                and not self.apart:  # (apart: a meeting, which the step's clock holds)
+            self._save(step)
 
     def _evaluate(self, step: int):
         """The validation loss of the model (the elastic centre under elastic averaging)."""

@@ -2,9 +2,11 @@
 a straggler, resumed from its checkpoint in replay, ends bitwise where the recorded run
 ended (the shared state, the clocks and every replica's own state come back); another
 layout is refused with one error line; a peer that stops ends the job with one error
-line within the timeout, never a hang. Real `mpiexec` jobs of `python -m hpcpipe train`."""
+line within the timeout, never a hang; a signal to one rank stops every replica at one
+meeting. Real `mpiexec` jobs of `python -m hpcpipe train`."""
 
 import os
+import signal
 import time
 
 import numpy as np
@@ -89,3 +91,30 @@ def test_a_stopped_peer_ends_the_job_within_the_timeout(tmp_path, stdlib_tokens)
     assert proc.returncode != 0 and len(errors(proc)) == 1, proc.stderr
     assert "parallel.async_timeout" in errors(proc)[0], errors(proc)
     assert time.monotonic() - start < 90
+
+
+@pytest.mark.parametrize("mode", ["ssp", "easgd"])
+def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdlib_tokens,
+                                                                  mode):
+    """SIGTERM to the last rank only, while replica 1 lags (slowed at step 3): the vote
+    reaches the other replica through the board, world rank 0 sets a meeting no replica
+    has passed, both save there and exit 75 — never one waiting on the bound for the
+    other while that one waits at the meeting (a deadlock this test found) — and the
+    checkpoint resumes to the end."""
+    from train.test_preemption import finish, rank_pids, start, wait_for_line
+
+    run_dir = tmp_path / "run"
+    settings = [f'parallel.async_dp="{mode}"', "parallel.dp=2", "parallel.staleness=2",
+                "parallel.easgd_tau=2", "parallel.async_timeout=60"]
+    proc = start(run_dir, stdlib_tokens, "train.steps=100000", *settings, ranks=2,
+                 env={"HPCPIPE_ASYNC_STALL": "1:3:0.5"})
+    wait_for_line(proc, "10/100000 |")  # (step 10: the width pads the number)
+    os.kill(rank_pids(run_dir)[-1], signal.SIGTERM)
+    out, err = finish(proc)
+    assert proc.returncode == 75, err
+    saved = ckpt.list_checkpoints(str(run_dir / "checkpoints"))
+    assert len(saved) == 1 and "preempted: checkpoint of step" in out, out[-2000:]
+    resumed = train(tmp_path / "resumed", stdlib_tokens, *settings, "model.n_embd=16",
+                    "model.block_size=16", f"train.steps={saved[0][0] + 3}",
+                    resume=saved[0][1])  # (the shape of test_preemption's runs)
+    assert resumed.returncode == 0, resumed.stderr

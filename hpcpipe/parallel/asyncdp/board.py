@@ -7,11 +7,18 @@ without meeting:
     TICKETS   asynchronous EASGD's budget: ticket T is the (T mod dp)-th replica's share
               of global step T // dp + 1, whichever replica takes it
     ARRIVED   arrivals at meetings (a checkpoint, the end), counted over the run
+    MEET      where the replicas meet next because a rank asked (a stop, a checkpoint
+              due by the clock): a step (ssp) or a ticket (easgd); written by world rank 0
+              alone, so that every replica reads one answer
     CLOCK+r   world rank r's last finished step
 
-A rank's stop or save request reaches every other rank at that rank's next step boundary
-(`share`), so every replica stops at a boundary of its own and they meet: `meet` waits,
-with the deadline, until every rank has arrived — naming the ranks that did not.
+A rank's stop or save vote reaches every rank at that rank's next step boundary (`share`);
+world rank 0, once its replica agrees on it, sets the meeting place far enough ahead that
+no replica has passed it (`ask`: every rank publishes its step before it reads MEET, so
+two steps past the largest step it reads is still ahead of everyone), and every replica
+meets there: `meet` waits, with the deadline, until every rank has arrived — naming the
+ranks that did not. A meeting in the middle of a step (a replica waiting on the bound
+while another waits at a meeting for it) can therefore never happen.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import numpy as np
 
 from hpcpipe.parallel.asyncdp.windows import Deadline, Words
 
-STOP, SAVE, TICKETS, ARRIVED, CLOCK = range(5)
+STOP, SAVE, TICKETS, ARRIVED, MEET, CLOCK = range(6)
 ROOT = 0
 
 
@@ -63,6 +70,17 @@ class Board:
         self.deadline.wait(lambda: self.words.read(ROOT, ARRIVED) >= want,
                            lambda: f"every rank to reach {what} (ranks' last steps: "
                                    f"{self.clocks().tolist()})")
+
+    def meeting(self) -> int:
+        """Where the replicas meet next because a rank asked (0: nowhere)."""
+        return self.words.read(ROOT, MEET)
+
+    def ask(self, where: int):
+        """World rank 0 only: meet at `where`."""
+        self.words.write(ROOT, MEET, where)
+
+    def stop_asked(self) -> int:
+        return self.words.read(ROOT, STOP)
 
     def state(self) -> dict:
         """The words worth keeping in a checkpoint (rank 0 saves them)."""

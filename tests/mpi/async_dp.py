@@ -4,8 +4,9 @@ references.
 `check(comm)` (contract: tests/harness/mpibody.py); tests/parallel/test_async_dp_mpi.py
 runs it on 2 and 4 ranks. Every run trains the same global batches in float64 with a
 learning rate that warms up and decays and clipping that fires on some steps. Checked:
-- bounded staleness with s = 0 equals synchronous data parallelism over 30 steps: the
-  weights to 1e-10 (bitwise, as it happens) and the mean of the replicas' losses;
+- bounded staleness with s = 0 equals synchronous data parallelism over 30 steps (10 on
+  4 ranks): the weights to 1e-10 (bitwise, as it happens) and the mean of the replicas'
+  losses;
 - with s = 2 and one replica asleep in Python (no MPI call) for 1.5 s, the other runs the
   s + 1 steps the bound allows while it sleeps (its pushes into the sleeper's window do
   not wait for it), and no step runs on weights more than s updates old, some on stale
@@ -114,11 +115,11 @@ def rel_diff(a, b) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)) / top
 
 
-def check_ssp_equals_dp(comm, dp, pp, tp, label) -> list[str]:
-    """s = 0 against synchronous data parallelism, 30 steps: the weights, and the mean of
-    the replicas' own losses against synchronous dp's (the mean over the replicas)."""
-    sync = train(comm, make_cfg(dp, pp, tp))
-    ssp = train(comm, make_cfg(dp, pp, tp, "ssp", 0))
+def check_ssp_equals_dp(comm, dp, pp, tp, label, steps) -> list[str]:
+    """s = 0 against synchronous data parallelism: the weights, and the mean of the
+    replicas' own losses against synchronous dp's (the mean over the replicas)."""
+    sync = train(comm, make_cfg(dp, pp, tp, steps=steps))
+    ssp = train(comm, make_cfg(dp, pp, tp, "ssp", 0, steps=steps))
     failures = []
     if rel_diff(sync["model"], ssp["model"]) > 1e-10:
         failures.append(f"{label}: s = 0 weights differ from synchronous dp by "
@@ -153,7 +154,7 @@ def check_ssp_stragglers(comm, dp, pp, tp, label, folder) -> list[str]:
     if comm.rank == 0:
         asleep = ends[sleeper][1]  # the sleeper's step 2 ended: it falls asleep
         ran = ends[0][2 + s] - asleep  # the first replica's step 2 + s + 1 ended
-        if ran > SLEEP / 2:
+        if ran > 0.75 * SLEEP:  # (had they waited for it: after it woke, SLEEP on)
             failures.append(f"{label}: the first replica's steps 3–{3 + s} ended {ran:.2f} s "
                             f"after a peer fell asleep for {SLEEP} s: they waited for it")
     everyone = comm.allgather(stale)
@@ -219,7 +220,7 @@ def check_async_easgd(comm, dp, pp, tp, label, folder) -> list[str]:
     """A slowed replica, recorded; its share of the budget; the replay."""
     steps, failures = 10, []
     slow = comm.size - 1
-    delays = {(slow, k): 0.05 for k in range(1, 3 * steps)}
+    delays = {(slow, k): 0.2 for k in range(1, 3 * steps)}  # (far above a step, loaded)
     cfg = make_cfg(dp, pp, tp, "easgd", steps=steps, tau=2)
     recorded = train(comm, cfg, delays=delays, record=folder)
     counts = comm.allgather(recorded["steps"])
@@ -272,7 +273,8 @@ def check(comm) -> mpibody.Report:
     layouts = [(2, 1, 1)] if n == 2 else [(2, 2, 1), (2, 1, 2)]
     for dp, pp, tp in layouts:
         label = f"dp {dp} × pp {pp} × tp {tp}"
-        failures += check_ssp_equals_dp(comm, dp, pp, tp, label)
+        # (30 steps on 2 ranks; the layouts of 4 take 10, on CI's 2 cores)
+        failures += check_ssp_equals_dp(comm, dp, pp, tp, label, 30 if n == 2 else 10)
         failures += check_ssp_stragglers(comm, dp, pp, tp, label,
                                          os.path.join(folder, f"ssp-{dp}{pp}{tp}"))
         failures += check_async_easgd(comm, dp, pp, tp, label,

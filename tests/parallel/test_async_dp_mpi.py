@@ -21,7 +21,7 @@ def test_asynchronous_data_parallelism(world, ranks):
     step more than s updates stale, the recorded run replayed bitwise; asynchronous EASGD
     shares the budget by speed and replays bitwise; synchronous EASGD equal to a NumPy
     reference (1e-12); a stopped peer ends the wait with PeerTimeout within the timeout.
-    4 ranks: the same at dp 2 × pp 2 and dp 2 × tp 2."""
+    4 ranks: the same at dp 2 × pp 2 and dp 2 × tp 2 (s = 0 over 10 steps)."""
     report = world.run("async_dp")
     assert not report.failures, report
     assert any(line.startswith(f"world {ranks}:") for line in report.summary), report

@@ -42,7 +42,7 @@ def errors(proc):
     return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
 
-@pytest.mark.parametrize("mode", ["ssp", "easgd"])
+@pytest.mark.parametrize("mode", ["ssp", "easgd", "easgd-sync"])
 def test_a_resumed_replay_ends_bitwise_where_the_recorded_run_did(tmp_path, stdlib_tokens,
                                                                    mode):
     """ssp (s = 2, checkpoints at steps 3 and 6: a meeting at the same step) and
@@ -50,22 +50,26 @@ def test_a_resumed_replay_ends_bitwise_where_the_recorded_run_did(tmp_path, stdl
     at a boundary of its own): replica 1 is slowed after some steps, so that steps run on
     stale weights and the replicas share the budget unevenly; resumed from the first
     checkpoint and replaying the record, the run ends with the recorded weights, bitwise.
-    (ssp only) the same checkpoint under dp 1 × pp 2 is refused with one error line."""
-    settings = [f'parallel.async_dp="{mode}"', "parallel.staleness=2", "parallel.easgd_tau=2",
-                "checkpoint.every=3"]
+    (ssp only) the same checkpoint under dp 1 × pp 2 is refused with one error line.
+    Synchronous EASGD (the centre in the model files, each replica's own state in local
+    SGD's files) resumes bitwise with no replay at all."""
+    sync = mode == "easgd-sync"
+    settings = [f'parallel.async_dp="{mode[:5] if sync else mode}"', "parallel.staleness=2",
+                "parallel.easgd_tau=2", "checkpoint.every=3", f"parallel.easgd_sync={sync}"
+                .lower()]
     stalls = {"HPCPIPE_ASYNC_STALL": "1:2:0.4,1:4:0.3,1:5:0.2"}
     recorded = tmp_path / "recorded"
     proc = train(recorded, stdlib_tokens, *settings, env=stalls)
     assert proc.returncode == 0, proc.stderr
     first = ckpt.list_checkpoints(str(recorded / "checkpoints"))[0][1]
-    assert sorted(f for f in os.listdir(first) if f.startswith("async-")) == \
-        ["async-r00000.h5", "async-r00001.h5"]
-    if mode == "ssp":
-        assert os.path.basename(first) == ckpt.step_name(3)
+    kind = "local-" if sync else "async-"
+    assert sorted(f for f in os.listdir(first) if f.startswith(kind)) == \
+        [f"{kind}r00000.h5", f"{kind}r00001.h5"]
+    assert os.path.basename(first) == ckpt.step_name(3)
 
     replayed = tmp_path / "replayed"
-    proc = train(replayed, stdlib_tokens, *settings, f'parallel.async_replay="{recorded}"',
-                 resume=first)
+    replay = [] if sync else [f'parallel.async_replay="{recorded}"']
+    proc = train(replayed, stdlib_tokens, *settings, *replay, resume=first)
     assert proc.returncode == 0, proc.stderr
     expected, actual = weights(recorded, 7), weights(replayed, 7)
     for name, w in expected.items():

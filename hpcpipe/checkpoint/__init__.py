@@ -37,6 +37,7 @@ data sampling and initialisation are counter-based, keyed by (seed, step, sample
 from hpcpipe.checkpoint.hdf5 import sha256
 from hpcpipe.checkpoint.load import load
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, MANIFEST, CheckpointError
+from hpcpipe.checkpoint.manifest import model_shape as manifest_shape
 from hpcpipe.checkpoint.manifest import read as read_manifest
 from hpcpipe.checkpoint.retention import (
            LATEST,
@@ -53,9 +54,16 @@ from hpcpipe.checkpoint.verify import (
            resolve,
            verify,
 )
-from hpcpipe.checkpoint.weights import read_weights, write_weights
+from hpcpipe.checkpoint.weights import (
+           TOKENIZER,
+           load_model,
+           read_weights,
+           tokenizer_file,
+           write_weights,
+)
 
 __all__ = ["CheckpointError", "FORMAT_VERSION", "LATEST", "MANIFEST", "Saved", "check_model",
            "find_usable", "is_checkpoint", "latest", "list_checkpoints", "load", "new_run_id",
            "read_manifest", "read_weights", "resolve", "root_of", "save", "sha256",
-           "step_name", "verify", "write_weights"]
+           "step_name", "verify", "write_weights", "TOKENIZER", "load_model",
+           "tokenizer_file", "manifest_shape"]

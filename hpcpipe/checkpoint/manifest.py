@@ -23,10 +23,12 @@ import re
 import time
 
 from hpcpipe.device.dtypes import DTYPES
+from hpcpipe.model.layout import ARCHS
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import NotAFile, TooLarge, read_bounded, write_text_atomic
 from hpcpipe.util.schema import (
     Anything,
+    Bool,
     Int,
     ListOf,
     MapOf,
@@ -42,6 +44,10 @@ MANIFEST = "manifest.json"
 DIGEST = "manifest.sha256"
 MAX_BYTES = 64 * 2**20
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+# The family's keys (model.arch and the Llama keys): recorded for a Llama, absent for
+# GPT-2 (whose checkpoints then read as they always have).
+FAMILY_KEYS = ("arch", "n_kv_head", "intermediate_size", "rope_theta", "rms_norm_eps",
+               "tie_word_embeddings")
 
 # Counters a run keeps counting (steps, Adam's step, the loss scaler's good steps): bounded
 # far below int64's 2**63 - 1, so that a run resumed at the bound still has ~2**63 steps of
@@ -58,7 +64,10 @@ SCHEMA = Record({
     "created": Number(0, 1e11),  # seconds since 1970
     "config": Text(max_len=1 << 20),
     "model": Record({key: Int(1) for key in MODEL_KEYS},
-                    optional={"vocab_multiple": Int(1, 1 << 20)}),
+                    optional={"vocab_multiple": Int(1, 1 << 20),
+                              "arch": Text(choices=ARCHS), "n_kv_head": Int(0),
+                              "intermediate_size": Int(0), "rope_theta": Number(0),
+                              "rms_norm_eps": Number(0), "tie_word_embeddings": Bool()}),
     "dtype": Text(choices=DTYPES),
     "layout": Record({"dp": Int(1), "pp": Int(1), "chunks": Int(1), "schedule": Text(),
                       "zero": Int(0, 3), "rank_order": Text(),
@@ -85,6 +94,10 @@ SCHEMA = Record({
                                   optional={"tp": ListOf(Int(0), max_len=2),
                                             "part": ListOf(Int(0), 3, 3)}))),
 }, optional={"run": _RUN, "source": Anything(),
+             # a tokenizer.json among the files (an imported Llama's), and the special
+             # tokens its model was trained with
+             "tokenizer": Record({"file": _FILE}, optional={"bos_token_id": Int(0),
+                                                           "eos_token_id": Int(0)}),
              # the training data's fingerprint (data/fingerprint.py): a resume checks it
              "data": Record({"name": Text(max_len=4096), "files": Int(0), "bytes": Int(0),
                              "sha256": Text(pattern=r"[0-9a-f]{64}")})})
@@ -169,8 +182,14 @@ def _consistent(m: dict, path: str, file: str):
     if model["n_embd"] % model["n_head"]:
         raise CheckpointError(f"{file}: model.n_embd = {model['n_embd']} is not divisible by "
                               f"model.n_head = {model['n_head']}")
+    try:
+        model_shape(m)  # the family's keys, checked as a config's (layout.family_problem)
+    except ValueError as e:
+        raise CheckpointError(f"{file}: {e}") from None
     for name, info in m["tensors"].items():
         _listed(info["file"], m, file, f"tensor {name}")
+    if "tokenizer" in m:
+        _listed(m["tokenizer"]["file"], m, file, "the tokenizer")
     _check_tensors(m, file)
     for name, segments in m["pieces"].items():
         if name not in m["tensors"]:
@@ -230,17 +249,25 @@ def _listed(name: str, m: dict, file: str, what: str):
         raise CheckpointError(f"{file}: {what} is in {name!r}, which is not among its files")
 
 
+def model_shape(m: dict):
+    """The model shape (a GPTConfig) a manifest records, either family."""
+    from hpcpipe.model import GPTConfig
+
+    return GPTConfig(**m["model"])
+
+
 def _check_tensors(m: dict, file: str):
     """Exactly the model's parameters, with its shapes (counted first: a hostile n_layer
     must not make the expected layout itself huge)."""
-    from hpcpipe.model import GPTConfig, param_layout
+    from hpcpipe.model import family
 
     model = m["model"]
-    expected_count = 12 * model["n_layer"] + 4  # blocks, wte, wpe, ln_f weight and bias
+    shape = model_shape(m)
+    expected_count = family.tensor_count(shape)
     if len(m["tensors"]) != expected_count:
         raise CheckpointError(f"{file}: {len(m['tensors'])} tensors, but a model of "
                               f"{model['n_layer']} layers has {expected_count}")
-    for name, shape in param_layout(GPTConfig(**model)):
+    for name, shape in family.param_layout(shape):
         info = m["tensors"].get(name)
         if info is None:
             raise CheckpointError(f"{file}: parameter {name} is not listed")
@@ -255,12 +282,15 @@ def model_record(model) -> dict:
     record = {k: getattr(model, k) for k in MODEL_KEYS}
     if model.vocab_multiple != 1:
         record["vocab_multiple"] = model.vocab_multiple
+    if model.arch != "gpt2":
+        record.update({k: getattr(model, k) for k in FAMILY_KEYS})
     return record
 
 
 def build(cfg, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
           segments: dict | None = None, adam_step: int = 0, state: dict | None = None,
-          run: str | None = None, source: str | None = None, data: dict | None = None) -> dict:
+          run: str | None = None, source: str | None = None, data: dict | None = None,
+          tokenizer: dict | None = None) -> dict:
     """The manifest of a checkpoint folder — the one builder, for training checkpoints
     and parameters-only ones alike: the step, the resolved config and the model shape it
     was written for, the layout that wrote it, every file's size and SHA-256, where each
@@ -277,4 +307,6 @@ def build(cfg, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
         manifest["source"] = source
     if data is not None:
         manifest["data"] = data
+    if tokenizer is not None:
+        manifest["tokenizer"] = tokenizer
     return manifest

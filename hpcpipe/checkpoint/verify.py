@@ -52,6 +52,8 @@ def _file_problem(file: str, info: dict) -> str | None:
                 f"(truncated or replaced)")
     if sha256(file) != info["sha256"]:
         return f"{file}: SHA-256 differs from the manifest (corrupted)"
+    if not file.endswith(".h5"):  # (a tokenizer.json: its size and SHA-256 are all)
+        return None
 
     def read_all(name, obj):
         if isinstance(obj, h5py.Group):

@@ -30,7 +30,7 @@ _RULE = re.compile(r"^-+\s.*-+$|^-+$")  # "# -- logging ----": a heading, not a 
 def choices() -> dict[str, tuple]:
     """The allowed values of the keys that have a list of them, from the modules that
     implement them (as the loader checks them), so that a new schedule shows up here."""
-    return {"train.dtype": config.DTYPES, "train.device": config.DEVICES,
+    return {"model.arch": config.ARCHS, "train.dtype": config.DTYPES, "train.device": config.DEVICES,
             "parallel.schedule": config.SCHEDULES, "parallel.rank_order": config.RANK_ORDERS,
             "parallel.grad_comm_dtype": config.COMM_DTYPES,
             "checkpoint.resume": ("never", "auto")}

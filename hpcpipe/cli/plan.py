@@ -76,7 +76,7 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
 
     if json_path is not None:  # before any work; never over a file unless --force
         claim_file(json_path, force, "--json")
-    cfg = config.load(path, overrides)
+    cfg = config.require_gpt2_stages(config.load(path, overrides))
     p = cfg.parallel
     cfg = config.for_world(cfg, world or p.pp * p.tp * max(p.dp, 1))
     p = cfg.parallel

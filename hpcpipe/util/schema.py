@@ -102,6 +102,19 @@ class Number(Spec):
 
 
 @dataclass(frozen=True)
+class Bool(Spec):
+    """true or false (never 0 or 1)."""
+
+    def check(self, value, where=""):
+        if not isinstance(value, bool):
+            raise Mismatch(where, value, f"must be {self.describe()}")
+        return value
+
+    def describe(self) -> str:
+        return "true or false"
+
+
+@dataclass(frozen=True)
 class Text(Spec):
     choices: tuple = ()
     pattern: str = ""  # a regular expression the whole text must match

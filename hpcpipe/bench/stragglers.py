@@ -149,8 +149,7 @@ class Mode:
         deltas; and the asynchronous modes' counters, locks and polls."""
         step = self.rank.step
         if step.asynchronous:
-            data = sum(w.data.bytes for w in step._windows())
-            return data, step.bytes_moved - data
+            return step.payload_bytes, step.bytes_moved - step.payload_bytes
         outer = step.outer.bytes_reduced if step.outer is not None else 0
         return self.bytes + outer, 0
 

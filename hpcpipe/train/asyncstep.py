@@ -151,6 +151,11 @@ class AsyncStep(TrainStep):
         """Bytes this rank moved through the windows (both ways), the board's included."""
         return self.board.words.bytes + sum(w.bytes for w in self._windows())
 
+    @property
+    def payload_bytes(self) -> int:
+        """Of those, the gradients' or weights' (the rest: counters, locks, polls)."""
+        return sum(w.data.bytes for w in self._windows())
+
     # -- shared pieces ------------------------------------------------------------------
     def _to_host(self, arrays):
         be = self.model.backend

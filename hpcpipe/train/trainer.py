@@ -198,10 +198,9 @@ class Trainer:
                 verdict = self.watch.at_boundary()  # after its saves: a signal in one counts
                 if self.apart:  # the replicas meet where rank 0 says (the step's clock)
                     apart.asked(self, verdict)
-                    continue
-                if verdict.stop:
+                elif verdict.stop:
                     self._preempted(step, verdict.stop)
-                if verdict.save_due and self.last_saved != step and step != train.steps:
+                elif verdict.save_due and self.last_saved != step and step != train.steps:
                     self._save(step)  # checkpoint.every_minutes
             return self._finish()
         finally:
@@ -226,11 +225,9 @@ class Trainer:
     def _step(self, step: int):
         train = self.cfg.train
         tick = time.perf_counter()
-        data_step, replica = self.rank.step.assignment(step)  # (asynchronous EASGD: a ticket)
-        lr = learning_rate(data_step - 1, train.lr, train.min_lr, train.warmup_steps,
-                           train.steps)
-        finished = self.rank.train_step(step, self._inputs(data_step, replica), lr,
-                                        train.grad_clip)
+        at, replica = self.rank.step.assignment(step)  # (asynchronous EASGD: a ticket's)
+        lr = learning_rate(at - 1, train.lr, train.min_lr, train.warmup_steps, train.steps)
+        finished = self.rank.train_step(step, self._inputs(at, replica), lr, train.grad_clip)
         self.metrics.started(step, time.perf_counter() - tick, lr)
         for outcome in finished:
             self.metrics.record(outcome)

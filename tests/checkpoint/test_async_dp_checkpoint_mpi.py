@@ -110,8 +110,8 @@ def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdli
     run_dir = tmp_path / "run"
     settings = [f'parallel.async_dp="{mode}"', "parallel.dp=2", "parallel.staleness=2",
                 "parallel.easgd_tau=2", "parallel.async_timeout=60"]
-    proc = start(run_dir, stdlib_tokens, "train.steps=100000", *settings, ranks=2,
-                 env={"HPCPIPE_ASYNC_STALL": "1:3:0.5"})
+    proc = start(run_dir, stdlib_tokens, "train.steps=100000", *settings,
+                 *devices.overrides(), ranks=2, env={"HPCPIPE_ASYNC_STALL": "1:3:0.5"})
     wait_for_line(proc, "10/100000 |")  # (step 10: the width pads the number)
     os.kill(rank_pids(run_dir)[-1], signal.SIGTERM)
     out, err = finish(proc)

@@ -50,6 +50,7 @@ from hpcpipe.util.schema import parse_bytes  # noqa: F401 (re-exported)
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text; anything bigger is not one
 INT_RANGE = (-2**63, 2**63 - 1)  # every integer is used as an int64 somewhere
+MAX_TIMEOUT_S = 1e7  # parallel.timeout: past 115 days a wait is not a timeout any more
 MAX_BUCKET_MB = float(1 << 20)  # 1 TiB: buckets past the model's size change nothing
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 AUTO_DP = "auto"  # parallel.dp's other spelling of 0: the launch decides
@@ -189,6 +190,10 @@ class ParallelSection:
     exact_seconds: float = 0.0
     rank_order: str = "pp-inner"  # or "dp-inner" (see hpcpipe/parallel/grid.py)
     gpu_aware_mpi: str | bool = "auto"  # hand device buffers to MPI: "auto", true or false
+    # seconds a rank may wait on one message or collective: past it every rank prints the
+    # op it is in and the messages it waits for, and the job ends (docs/guides/hangs.md);
+    # 0: off (SIGUSR2 prints the same at any time)
+    timeout: float = 600.0
     bucket_mb: float = 25.0  # gradient all-reduce bucket size, MiB (PyTorch DDP's default)
     # -- ZeRO (issue 29) --------------------------------------------------------------
     # 1: optimizer state (and 16-bit master weights) sharded over the dp replicas;
@@ -700,6 +705,9 @@ def _check_parallel(source, parallel: ParallelSection):
     _require(source, "parallel.gpu_aware_mpi", parallel.gpu_aware_mpi,
              isinstance(parallel.gpu_aware_mpi, bool) or parallel.gpu_aware_mpi == "auto",
              'allowed: "auto", true, false')
+    _require(source, "parallel.timeout", parallel.timeout,
+             0 <= parallel.timeout <= MAX_TIMEOUT_S,
+             f"must be seconds from 0 (off) to {MAX_TIMEOUT_S:g}")
 
 
 def _check_exact(source, parallel: ParallelSection):

@@ -17,14 +17,13 @@ an allocation or open a file.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import re
 import time
 
 from hpcpipe.device.dtypes import DTYPES
 from hpcpipe.model.layout import ARCHS
-from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.state import StateError
 from hpcpipe.util.files import NotAFile, TooLarge, read_bounded, write_text_atomic
 from hpcpipe.util.schema import (
     Anything,
@@ -39,7 +38,10 @@ from hpcpipe.util.schema import (
     parse_json,
 )
 
-FORMAT_VERSION = 2  # 2: manifest.sha256 beside the manifest, and the run it belongs to
+# 2: manifest.sha256 beside the manifest, and the run it belongs to; 3: "parts", the files
+# of each stateful part, every one of which records its part, step and rank (parts.py)
+FORMAT_VERSION = 3
+READS = (2, 3)  # the formats this hpcpipe reads (2: its files are taken on its word)
 MANIFEST = "manifest.json"
 DIGEST = "manifest.sha256"
 MAX_BYTES = 64 * 2**20
@@ -59,7 +61,7 @@ _COUNT = Int(0, MAX_COUNT)
 _FILE = Text(pattern=r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a plain name inside the folder
 _RUN = Text(pattern=r"[0-9a-f]{32}")
 SCHEMA = Record({
-    "format_version": Int(FORMAT_VERSION, FORMAT_VERSION),
+    "format_version": Int(READS[0], READS[-1]),
     "step": _COUNT,
     "created": Number(0, 1e11),  # seconds since 1970
     "config": Text(max_len=1 << 20),
@@ -74,7 +76,7 @@ SCHEMA = Record({
                       "partition": ListOf(ListOf(Int(0)))},
                      optional={"tp": Int(1), "local_steps": Int(0),
                                "async_dp": Text(choices=("ssp", "easgd")),
-                               "easgd_sync": Int(0, 1),
+                               "easgd_sync": Int(0, 1), "staleness": Int(0),
                                "powersgd_rank": Int(0), "seams": ListOf(Int(0)),
                                "cuts": ListOf(ListOf(Int(0), 2, 4))}),
     "adam_step": _COUNT,
@@ -94,6 +96,9 @@ SCHEMA = Record({
                                   optional={"tp": ListOf(Int(0), max_len=2),
                                             "part": ListOf(Int(0), 3, 3)}))),
 }, optional={"run": _RUN, "source": Anything(),
+             # format 3: part name → its files (every file of the checkpoint is a part's,
+             # but the tokenizer's)
+             "parts": MapOf(ListOf(_FILE), key=Text(pattern=r"[a-z][a-z0-9_]{0,31}")),
              # a tokenizer.json among the files (an imported Llama's), and the special
              # tokens its model was trained with
              "tokenizer": Record({"file": _FILE}, optional={"bos_token_id": Int(0),
@@ -103,7 +108,7 @@ SCHEMA = Record({
                              "sha256": Text(pattern=r"[0-9a-f]{64}")})})
 
 
-class CheckpointError(HpcpipeError):
+class CheckpointError(StateError):
     """A checkpoint that cannot be used; the message names the file and what is wrong."""
 
 
@@ -145,18 +150,29 @@ def _check_digest(path: str, data: bytes):
 
 
 def read(path: str) -> dict:
-    """The validated manifest of the checkpoint folder `path`."""
+    """The validated manifest of the checkpoint folder `path`. One that cannot be read —
+    damaged, edited, or too much for this process's memory — is a CheckpointError like
+    any damaged checkpoint's, which a resume falls back past (verify.find_usable)."""
     file = os.path.join(path, MANIFEST)
     if not os.path.lexists(file):
         raise CheckpointError(f"{path}: incomplete checkpoint: {MANIFEST} is missing")
+    try:
+        return _read(path, file)
+    except MemoryError:
+        raise CheckpointError(f"{file}: unreadable manifest: out of memory reading "
+                              f"{os.path.getsize(file):,} bytes") from None
+
+
+def _read(path: str, file: str) -> dict:
     data = _read_bytes(file, MAX_BYTES)
     try:
         manifest = parse_json(data)
     except Mismatch as e:
         raise CheckpointError(f"{file}: unreadable manifest: {e}") from None
-    if isinstance(manifest, dict) and manifest.get("format_version") != FORMAT_VERSION:
+    if isinstance(manifest, dict) and manifest.get("format_version") not in READS:
         raise CheckpointError(f"{file}: format version {manifest.get('format_version')!r}, "
-                              f"this hpcpipe reads version {FORMAT_VERSION}")
+                              f"this hpcpipe reads versions "
+                              f"{' and '.join(map(str, READS))}")
     _check_digest(path, data)
     try:
         manifest = SCHEMA.check(manifest)
@@ -186,6 +202,7 @@ def _consistent(m: dict, path: str, file: str):
         model_shape(m)  # the family's keys, checked as a config's (layout.family_problem)
     except ValueError as e:
         raise CheckpointError(f"{file}: {e}") from None
+    _check_parts(m, file)
     for name, info in m["tensors"].items():
         _listed(info["file"], m, file, f"tensor {name}")
     if "tokenizer" in m:
@@ -209,39 +226,33 @@ def _consistent(m: dict, path: str, file: str):
 
 
 def part_size(name: str, shape, record: dict, n_head: int, file: str) -> int:
-    """Elements of the part of a tensor (global `shape`) a record names — {"tp": [shards,
-    rank]} or {"part": [a, b, groups]} (hdf5.part_record) — checked to be one the tensor
-    of a model of `n_head` heads has (CheckpointError naming `file`)."""
-    if "part" in record:
-        return _part_size(name, shape, record["part"], n_head, file)
-    return _shard_size(name, shape, record["tp"], file)
+    """Elements of the part of a tensor a segment's record names (sharding.record_size),
+    checked (CheckpointError naming `file`)."""
+    from hpcpipe.model.sharding import record_size
+
+    try:
+        return record_size(name, shape, record, n_head)
+    except ValueError as e:
+        raise CheckpointError(f"{file}: optimizer state of {name} {e}") from None
 
 
-def _shard_size(name: str, shape, tp, file: str) -> int:
-    """Elements of tensor-parallel shard tp = [shards, rank] of a tensor."""
-    from hpcpipe.model.sharding import shard_of
-
-    if len(tp) != 2 or not 1 <= tp[0] <= max(shape, default=1) or not 0 <= tp[1] < tp[0]:
-        raise CheckpointError(f"{file}: optimizer state of {name} names tensor shard {tp}, "
-                              f"which the tensor's shape {list(shape)} does not have")
-    return math.prod(shard_of(name, shape, tp[0], tp[1]).local_shape(shape))
-
-
-def _part_size(name: str, shape, part, n_head: int, file: str) -> int:
-    """Elements of a pipeline stage's part [a, b, groups] of a tensor split across its
-    sublayer's width (model/units.py): groups its attention's heads or 4 × as many."""
-    from hpcpipe.model.sharding import part_of
-
-    if len(part) != 3:
-        raise CheckpointError(f"{file}: optimizer state of {name} names part {part} of a "
-                              f"sublayer's width: [a, b, groups] are three numbers")
-    a, b, count = part
-    if count not in (n_head, 4 * n_head) or not 0 <= a < b <= count or "." not in name \
-            or len(shape) not in (1, 2):
-        raise CheckpointError(f"{file}: optimizer state of {name} names part {part} of a "
-                              f"sublayer's width, which a model of {n_head} heads and the "
-                              f"tensor's shape {list(shape)} do not have")
-    return math.prod(part_of(name, shape, (a, b), count).local_shape(shape))
+def _check_parts(m: dict, file: str):
+    """Format 3: every file is exactly one part's, and every part's file is listed."""
+    if m["format_version"] < 3:
+        return
+    if "parts" not in m:
+        raise CheckpointError(f"{file}: format 3 lists the files of each part (\"parts\"), "
+                              f"and this one does not (edited?)")
+    owner = {}
+    for part, names in m["parts"].items():
+        for name in names:
+            _listed(name, m, file, f"{part}'s state")
+            if owner.setdefault(name, part) != part:
+                raise CheckpointError(f"{file}: {name} is listed as {owner[name]}'s state and "
+                                      f"as {part}'s")
+    stray = sorted(set(m["files"]) - set(owner) - {m.get("tokenizer", {}).get("file")})
+    if stray:
+        raise CheckpointError(f"{file}: {stray[0]} is among its files but no part's")
 
 
 def _listed(name: str, m: dict, file: str, what: str):
@@ -290,7 +301,7 @@ def model_record(model) -> dict:
 def build(cfg, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
           segments: dict | None = None, adam_step: int = 0, state: dict | None = None,
           run: str | None = None, source: str | None = None, data: dict | None = None,
-          tokenizer: dict | None = None) -> dict:
+          tokenizer: dict | None = None, parts: dict | None = None) -> dict:
     """The manifest of a checkpoint folder — the one builder, for training checkpoints
     and parameters-only ones alike: the step, the resolved config and the model shape it
     was written for, the layout that wrote it, every file's size and SHA-256, where each
@@ -300,7 +311,7 @@ def build(cfg, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
                 "model": model_record(cfg.model),
                 "dtype": dtype, "layout": layout, "adam_step": adam_step,
                 "state": state or {}, "files": files, "tensors": tensors,
-                "pieces": segments or {}}
+                "pieces": segments or {}, "parts": parts or {}}
     if run is not None:
         manifest["run"] = run
     if source is not None:

@@ -13,14 +13,16 @@ import tempfile
 import numpy as np
 
 from hpcpipe.checkpoint import manifest as manifests
-from hpcpipe.checkpoint.hdf5 import Reader, sha256, store
-from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
+from hpcpipe.checkpoint import parts
+from hpcpipe.checkpoint.hdf5 import Reader, sha256
+from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.manifest import read as read_manifest
 from hpcpipe.checkpoint.verify import is_checkpoint
 from hpcpipe.device.budget import require
 from hpcpipe.model import family
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.util.files import claim_folder, fsync_dir, write_buffered
+from hpcpipe.util.state import Entry
 
 TOKENIZER = "tokenizer.json"  # a checkpoint's own tokenizer, when it has one
 
@@ -104,25 +106,18 @@ def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
 
 def _write_weights_into(folder: str, cfg, tensors: dict, expected: dict, step: int,
                         source: str, tokenizer: bytes | None, special: dict | None):
-    import h5py
-
+    """The parameters part of a checkpoint of one process (parts.py: its records too),
+    and the tokenizer.json it carries where given."""
     name = "model-pp000.h5"
-
-    def write(buffer):
-        with h5py.File(buffer, "w") as f:
-            for tname in expected:
-                store(f, tname, np.asarray(tensors[tname]), stage=0)
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["kind"] = ("hpcpipe parameters (Hugging Face Llama names)"
-                               if family.is_llama(cfg.model) else
-                               "hpcpipe parameters (GPT-2 names)")
-            f.attrs["file"] = name  # what it holds, checked on load
-
+    entries = {t: Entry(np.asarray(tensors[t]), {"stage": 0}) for t in expected}
+    kind = ("parameters (Hugging Face Llama names)" if family.is_llama(cfg.model) else
+            "parameters (GPT-2 names)")
+    attrs = parts.records("model", kind, name, step, (0, 0, 0), (1, 1, 1), {})
+    entry = parts.write(folder, name, entries, attrs, "tensors")
     file = os.path.join(folder, name)
-    write_buffered(file, write)
     layout = {"dp": 1, "pp": 1, "chunks": 1, "schedule": "none", "zero": 0,
               "rank_order": "pp-inner", "partition": [list(range(cfg.model.n_layer))]}
-    files = {name: {"size": os.path.getsize(file), "sha256": sha256(file)}}
+    files = {name: {"size": entry["size"], "sha256": entry["sha256"]}}
     record = None
     if tokenizer is not None:
         own = os.path.join(folder, TOKENIZER)
@@ -132,7 +127,7 @@ def _write_weights_into(folder: str, cfg, tensors: dict, expected: dict, step: i
     manifest = manifests.build(
         cfg, step, str(np.asarray(tensors[family.embedding_name(cfg.model)]).dtype), layout,
         files=files, tensors={t: {"file": name, "shape": list(expected[t])} for t in expected},
-        source=source, tokenizer=record)
+        source=source, tokenizer=record, parts={"model": [name]})
     manifests.write(folder, json.dumps(manifest, indent=1))
 
 
@@ -168,7 +163,7 @@ def tokenizer_file(path: str, manifest: dict) -> str | None:
     from hpcpipe.checkpoint.verify import _file_problem
 
     file = os.path.join(path, record["file"])
-    problem = _file_problem(file, manifest["files"][record["file"]])
+    problem = _file_problem(file, manifest["files"][record["file"]], record["file"], manifest)
     if problem:
         raise CheckpointError(problem)
     return file

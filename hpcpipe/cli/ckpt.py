@@ -13,6 +13,7 @@ is replaced only with --force; an import replaces an existing checkpoint only wi
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -25,7 +26,7 @@ from hpcpipe import checkpoint as ckpt
 from hpcpipe.checkpoint import hf_llama, huggingface
 from hpcpipe.checkpoint.hdf5 import store
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import (claim_file, claim_folder, write_buffered, write_text_atomic)
+from hpcpipe.util.files import OutputSet, claim_file, claim_folder
 from hpcpipe.util.schema import parse_bytes
 
 EPILOG = """\
@@ -404,48 +405,59 @@ def cmd_export(args) -> int:
     if tokenizer is not None:
         claim_file(os.path.join(folder, ckpt.TOKENIZER), args.force)
     tensors, manifest = ckpt.read_weights(path)
+    try:
+        with OutputSet() as outputs:  # every file of the export in place, or none
+            files = _export(outputs, out, path, tensors, manifest, config_json, tokenizer,
+                            args)
+    except OSError as e:  # a full disk: nothing of the export is left behind
+        raise HpcpipeError(f"--out {args.out}: writing the export failed ({e.filename}: "
+                           f"{e.strerror or e}); nothing was written, and what was there "
+                           f"is as it was") from None
+    if len(files) > 1:
+        print(f"wrote {len(files) - 1} shards of at most {args.max_shard_size:,} bytes "
+              f"and {files[-1]} (instead of {out})")
     if out.endswith(".safetensors"):
-        _export_safetensors(out, path, tensors, manifest, args.max_shard_size, args.force)
-        dtype = str(next(iter(tensors.values())).dtype)
-        write_text_atomic(config_json, json.dumps(hf_config_json(manifest, dtype),
-                                                  indent=2) + "\n")
         print(f"wrote {config_json} (Hugging Face config: load the folder with "
               f"transformers.AutoModelForCausalLM.from_pretrained when the weights are "
               f"named model.safetensors)")
         if tokenizer is not None:
-            with open(tokenizer, "rb") as f:
-                data = f.read()
-            write_buffered(os.path.join(folder, ckpt.TOKENIZER), lambda b: b.write(data))
             print(f"wrote {os.path.join(folder, ckpt.TOKENIZER)}")
-    else:
-        import h5py
-
-        def write(buffer):
-            with h5py.File(buffer, "w") as f:
-                for name, value in tensors.items():
-                    store(f, name, value)
-                f.attrs["config"] = manifest["config"]
-                f.attrs["step"] = manifest["step"]
-
-        write_buffered(out, write)
     size = sum(value.nbytes for value in tensors.values())
     print(f"exported {len(tensors)} tensors of {path} to {args.out} ({size / 2**20:.1f} MiB)")
     return 0
 
 
-def _export_safetensors(out: str, path: str, tensors: dict, manifest: dict, max_bytes: int,
-                        force: bool):
-    """The weights under Hugging Face's names: `out`, or shards and their index beside it."""
+def _export(outputs, out: str, path: str, tensors: dict, manifest: dict, config_json: str,
+            tokenizer: str | None, args) -> list[str]:
+    """The export's files, written through `outputs` (files.OutputSet): the .h5, or the
+    weights under Hugging Face's names (`out`, or shards and their index beside it), the
+    config.json and the checkpoint's tokenizer.json where it has one; returns the
+    safetensors files."""
+    if not out.endswith(".safetensors"):
+        import h5py
+
+        buffer = io.BytesIO()
+        with h5py.File(buffer, "w") as f:
+            for name, value in tensors.items():
+                store(f, name, value)
+            f.attrs["config"] = manifest["config"]
+            f.attrs["step"] = manifest["step"]
+        outputs.write_bytes(out, buffer.getbuffer())
+        return [out]
     named = hf_tensors(tensors, manifest["model"])
-    files = huggingface.output_files(out, named, max_bytes)
+    files = huggingface.output_files(out, named, args.max_shard_size)
     for file in files if len(files) > 1 else []:
-        claim_file(file, force)  # the shards and the index are outputs too
-    huggingface.save_weights(out, named, {
+        claim_file(file, args.force)  # the shards and the index are outputs too
+    huggingface.save_weights(outputs, out, named, {
         "format": "pt", "source": f"hpcpipe {path}", "step": manifest["step"],
-        "n_head": manifest["model"]["n_head"]}, max_bytes)
-    if len(files) > 1:
-        print(f"wrote {len(files) - 1} shards of at most {max_bytes:,} bytes "
-              f"and {files[-1]} (instead of {out})")
+        "n_head": manifest["model"]["n_head"]}, args.max_shard_size)
+    dtype = str(next(iter(tensors.values())).dtype)
+    outputs.write_bytes(config_json, (json.dumps(hf_config_json(manifest, dtype), indent=2)
+                                      + "\n").encode())
+    if tokenizer is not None:
+        with open(tokenizer, "rb") as f:
+            outputs.write_bytes(os.path.join(os.path.dirname(out), ckpt.TOKENIZER), f.read())
+    return files
 
 
 def declared_architecture(weights: str) -> tuple[dict, set] | None:

@@ -14,7 +14,8 @@ import os
 import signal
 
 from hpcpipe import __version__
-from hpcpipe.cli.guard import Job, run
+from hpcpipe.cli.guard import Job, launch_rank, run
+from hpcpipe.runs.lock import writing_into
 from hpcpipe.util.arguments import Parser, number, path
 
 EPILOG = """\
@@ -260,7 +261,23 @@ def main(argv=None) -> int:
             parser.print_help()
             return 2
         args.job = job
-        return args.func(args)
+        with writing_into(outputs_of(args) if launch_rank() == 0 else [],
+                          f"`{args.command}`"):
+            return args.func(args)
 
     return run(command, job)
+
+
+# The options through which a command names a file or folder it writes (train's own run
+# directory is the run's: train locks it itself, for as long as it runs).
+OUTPUT_OPTIONS = ("out", "json", "png", "svg", "save_csv", "pareto", "dir")
+
+
+def outputs_of(args) -> list[str]:
+    """Every path the parsed command will write: its output options' values, and what it
+    writes by default (a command's `implied_outputs`, e.g. plot's RUN_DIR/plot.png)."""
+    named = [value for option in OUTPUT_OPTIONS
+             if isinstance(value := getattr(args, option, None), str)]
+    implied = getattr(args, "implied_outputs", None)
+    return named + (list(implied(args)) if implied else [])
 

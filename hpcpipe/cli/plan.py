@@ -71,6 +71,7 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
     the launch's ranks (0: pp × tp × dp, one replica for dp auto), as train resolves them;
     `gpu_memory`: each rank's GPU in GiB, in place of this machine's (--gpu-memory)."""
     from hpcpipe import config
+    from hpcpipe.parallel.grid import check_launch
     from hpcpipe.parallel.pipeline.planning import stage_costs
     from hpcpipe.train import memplan
 
@@ -78,8 +79,10 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
         claim_file(json_path, force, "--json")
     cfg = config.require_gpt2_stages(config.load(path, overrides))
     p = cfg.parallel
-    cfg = config.for_world(cfg, world or p.pp * p.tp * max(p.dp, 1))
+    world = world or p.pp * p.tp * max(p.dp, 1)
+    cfg = config.for_world(cfg, world)
     p = cfg.parallel
+    check_launch(world, p.dp, p.pp, p.tp, cfg.source)  # what train says of this launch
     ranks = ranks_per_node or memplan.replicas(cfg) * p.pp  # dp "auto": one replica
     costs = stage_costs(cfg)  # (a GPU run's are counted: once)
     plans = memplan.plan(cfg, costs)

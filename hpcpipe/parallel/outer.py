@@ -100,7 +100,9 @@ class OuterStep:
             t.fill(buffer[at:at + d.size], d)
             at += d.size
         t.ready()
+        t.beacon.collective(self.comm, "the outer step's all-reduce")
         self.comm.Allreduce(MPI.IN_PLACE, t.wire(buffer), op=t.sum_op(self.comm_dtype))
+        t.beacon.done()
         self.bytes_reduced += int(buffer.nbytes)
         at = 0
         for d in parts:
@@ -120,11 +122,6 @@ class OuterStep:
         out = {f"anchor/{i}": a for i, a in enumerate(self.anchor)}
         out.update({f"velocity/{i}": v for i, v in enumerate(self.velocity)})
         return out
-
-    @staticmethod
-    def saved_in(layout: dict) -> bool:
-        """Whether a checkpoint of `layout` (its manifest's) holds this state."""
-        return bool(layout.get("local_steps", 0))
 
     def restart_from_weights(self):
         """A fresh round from the weights the shards hold now (a checkpoint without outer

@@ -41,6 +41,7 @@ from hpcpipe.parallel.asyncdp.board import Board
 from hpcpipe.parallel.asyncdp.elastic import AsyncCentre, default_alpha
 from hpcpipe.parallel.asyncdp.ssp import GradientRing
 from hpcpipe.parallel.asyncdp.windows import Deadline, poke
+from hpcpipe.train.async_state import AsyncState
 from hpcpipe.train.step import TrainStep
 from hpcpipe.util.timeline import step_stats
 
@@ -71,7 +72,8 @@ class AsyncStep(TrainStep):
 
     def settle_async(self, cfg):
         p = cfg.parallel
-        self.deadline = Deadline(p.async_timeout, progress=self._poke)
+        self.deadline = Deadline(p.async_timeout, progress=self._poke,
+                                 beacon=getattr(self.model, "beacon", None))
         self.board = Board(self.grid.world, self.deadline)
         self.replica_comm = self.norm.group  # this replica's ranks (pp × tp)
         self.sizes = [int(s.size) for s in self.optimizer.shards]
@@ -183,7 +185,11 @@ class AsyncStep(TrainStep):
                 fields["loss"] = loss
             self.log.step(**fields, **extra)
 
-    # -- checkpoints (checkpoint/asyncdp.py) ---------------------------------------------
+    # -- checkpoints (train/async_state.py) -----------------------------------------------
+    def state_parts(self) -> list:
+        """TrainStep's parts, and this rank's asynchronous state (async_state.py)."""
+        return super().state_parts() + [AsyncState(self)]
+
     def async_state(self) -> tuple[dict, dict]:
         """(arrays, numbers) of what this rank keeps beyond the usual files."""
         numbers = {"clock": self.clock_now, "adam_t": self.optimizer.t,

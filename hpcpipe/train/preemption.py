@@ -71,6 +71,7 @@ class PreemptionWatch:
         # when that save happens does not ask for another.
         self.saves = 0
         self.previous = {}
+        self.beacon = None  # where the rank says it is (parallel/beacon.py), once it has one
         handlers = {sig: self._preempt for sig in self.SIGNALS}
         handlers[signal.SIGINT] = self._interrupt
         for sig, handler in handlers.items():
@@ -120,8 +121,17 @@ class PreemptionWatch:
             self.request = None
             self.flag[SIGNAL] = max(self.flag[SIGNAL], self.seen[SIGNAL])
         total = np.zeros(1, np.int32)
+        self._waiting("the ranks' agreement on signals")
         self.comm.Allreduce(self.flag[:1].copy(), total, op=MPI.MAX)
+        self._waiting(None)
         return int(total[0])
+
+    def _waiting(self, what: str | None):
+        if self.beacon is not None:
+            if what is None:
+                self.beacon.done()
+            else:
+                self.beacon.collective(self.comm, what)
 
     def regroup(self, comm, share):
         """Agree over `comm` (a part of the ranks: a replica that runs apart from the
@@ -144,7 +154,9 @@ class PreemptionWatch:
 
         verdict = Verdict(0, False)
         if self.request is not None:
+            self._waiting("the step boundary's agreement on signals")
             self.request.Wait()
+            self._waiting(None)
             verdict = Verdict(int(self.seen[SIGNAL]), int(self.seen[DUE]) > self.saves)
         self._vote()
         if self.share is not None:

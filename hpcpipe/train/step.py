@@ -28,9 +28,14 @@ from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.optim.post_validation import PostValidator
 from hpcpipe.optim.scaling import GradScale, LossScaler
 from hpcpipe.parallel.asyncdp.elastic import SyncElastic, default_alpha, swapped_in
+from hpcpipe.parallel.asyncdp.elastic_state import ElasticState
 from hpcpipe.parallel.gradsync import BucketPlan, GradSync, ParamGather
+from hpcpipe.parallel.optimizer_state import OptimizerState
 from hpcpipe.parallel.outer import OuterStep
+from hpcpipe.parallel.outer_state import OuterState
+from hpcpipe.parallel.pipeline.parameters import ParameterState
 from hpcpipe.parallel.powersgd import PowerSGD
+from hpcpipe.parallel.powersgd_state import PowerSGDState
 from hpcpipe.util.timeline import local_row, step_stats
 
 
@@ -94,7 +99,7 @@ class TrainStep(LoopHooks):
         # The replicas a step's gradient is the mean over: one of its own under local SGD
         # (and elastic averaging); bounded staleness sums the replicas' shares (asyncstep.py).
         self.replicas = 1 if outer is not None else grid.dp
-        self.between_ops = None  # called between the runtime's ops (asyncstep.py: MPI progress)
+        self.between_ops = lambda: None  # between the runtime's ops (asyncstep.py: progress)
         self.own_weights = None  # while the elastic centre is published: this replica's
         # ZeRO-3 gathers the weights before a step's first F instead of after the update.
         share = gather if zero < 3 else None
@@ -111,10 +116,9 @@ class TrainStep(LoopHooks):
         # the accumulation buffer until the next step, ZeRO-3 the weights too (each
         # replica keeps its shard: they are all-gathered once per step, before its first F).
         zero = parallel.zero if grid.dp > 1 else 0
-        elastic = parallel.async_dp == "easgd"
-        local = train.local_steps > 0 or parallel.async_dp != "none"
         # Local SGD (and every asynchronous mode: asyncstep.py): the reduction is planned
         # over one replica, so it reduces nothing.
+        local = train.local_steps > 0 or parallel.async_dp != "none"
         compressor = PowerSGD.for_config(cfg, model, grid, transport) if not local else None
         plan = BucketPlan(model.stages, int(parallel.bucket_mb * 2**20),
                           1 if local else grid.dp, 0 if local else grid.dp_rank, zero,
@@ -131,18 +135,9 @@ class TrainStep(LoopHooks):
         # replica holds the same gradient and the pipeline's ranks cover the model.
         group = grid.world if zero else (grid.replica or grid.pipe)
         norm = GradNorm(shards, model.order, group, model.backend, grid.tp_rank)
-        moments = ([m for views in optimizer.moments() for m in views]
-                   if train.outer_moments == "average" else [])
-        outer = None
-        if train.local_steps:
-            outer = OuterStep(shards, grid.data, transport, grid.dp, train.local_steps,
-                              train.outer_optimizer, train.outer_lr, train.outer_momentum,
-                              train.outer_comm_dtype, moments)
-        elif elastic and parallel.easgd_sync:
-            outer = SyncElastic(shards, grid.data, transport, grid.dp, parallel.easgd_tau,
-                                parallel.easgd_alpha or default_alpha(grid.dp))
         step = cls(model, grid, gradsync, gather, optimizer, norm,
-                   LossScaler.for_config(train), trace, train.post_validation, zero, outer)
+                   LossScaler.for_config(train), trace, train.post_validation, zero,
+                   outer_step(cfg, shards, optimizer, grid, transport))
         if parallel.async_dp == "ssp":  # each replica's gradient is its share of the mean
             step.replicas = grid.dp
         return step
@@ -163,8 +158,7 @@ class TrainStep(LoopHooks):
         def op_done(chunk, kind, last_microbatch):
             model.tied.op_done(model.stages[chunk], kind, last_microbatch)
             gradsync.progress()
-            if self.between_ops is not None:
-                self.between_ops()
+            self.between_ops()
 
         scale = self.grad_scale(runtime.schedule.num_microbatches)
         result = runtime.run_step(step, inputs, scale.seed, on_layer_done=gradsync.layer_done,
@@ -188,7 +182,11 @@ class TrainStep(LoopHooks):
 
     def grad_norm(self) -> float:
         """The global norm of the reduced gradient, unscaled (a collective)."""
-        return self.norm.global_norm(self.gradsync.gradients())
+        beacon = self.model.beacon
+        beacon.collective(self.norm.group, "the all-gather of the gradient norm's parts")
+        norm = self.norm.global_norm(self.gradsync.gradients())
+        beacon.done()
+        return norm
 
     # -- a whole step ----------------------------------------------------------------------
     def run(self, runtime, step: int, inputs, lr: float, max_norm: float) -> list[StepOutcome]:
@@ -217,7 +215,8 @@ class TrainStep(LoopHooks):
         self.scaler.update(not skipped)
         stats = step_stats(self.trace, step, result, self.grid.world,
                            **self._reduction_stats()) if self.trace else None
-        return StepOutcome(step, loss, norm, skipped, result, stats, loss_scale=scale)
+        reported = norm if self.outer is None else replicas_mean(self.grid, norm)
+        return StepOutcome(step, loss, reported, skipped, result, stats, loss_scale=scale)
 
     def _update(self, lr: float, coefficient: float):
         self.optimizer.step(self.gradsync.gradients(), lr, coefficient)
@@ -272,6 +271,20 @@ class TrainStep(LoopHooks):
         if self.validator is not None:
             self.validator.clipping = bool(state.get("clipping", 0))
 
+    def state_parts(self) -> list:
+        """What a checkpoint holds of this rank (util/state.py's parts), in the order they
+        load: the parameters, the optimizer shards, then what builds on them — local SGD's
+        per-replica state, PowerSGD's error feedback."""
+        model, grid = self.model, self.grid
+        parts = [ParameterState(model, grid),
+                 OptimizerState(self.optimizer, model, grid, bool(self.zero))]
+        if self.outer is not None:
+            kind = ElasticState if isinstance(self.outer, SyncElastic) else OuterState
+            parts.append(kind(self.outer, self.optimizer, model.backend, self.masters))
+        if self.gradsync.compressor is not None:
+            parts.append(PowerSGDState(self.gradsync.compressor, model, grid))
+        return parts
+
     @property
     def post_validation_note(self) -> str | None:
         """The one line a run prints when post-validation steps synchronously at times."""
@@ -319,3 +332,25 @@ class TrainStep(LoopHooks):
                 "master": sum(int(sh.master.nbytes) for sh in self.optimizer.shards
                               if sh.has_master),
                 "moments": self.optimizer.state_bytes}
+
+
+def replicas_mean(grid, norm: float) -> float:
+    """The norm a step under local SGD reports: each replica clips by its own, and the
+    record is their mean — as the loss is (RankModel.mean_loss) — never one replica's."""
+    return sum(grid.data.allgather(norm)) / grid.dp if grid.dp > 1 else norm
+
+
+def outer_step(cfg, shards, optimizer, grid, transport):
+    """What meets the replicas every few steps, if anything: local SGD's outer step
+    (outer.py) or synchronous elastic averaging's exchange (parallel/asyncdp/elastic.py)."""
+    parallel, train = cfg.parallel, cfg.train
+    if train.local_steps:
+        moments = ([m for views in optimizer.moments() for m in views]
+                   if train.outer_moments == "average" else [])
+        return OuterStep(shards, grid.data, transport, grid.dp, train.local_steps,
+                         train.outer_optimizer, train.outer_lr, train.outer_momentum,
+                         train.outer_comm_dtype, moments)
+    if parallel.async_dp == "easgd" and parallel.easgd_sync:
+        return SyncElastic(shards, grid.data, transport, grid.dp, parallel.easgd_tau,
+                           parallel.easgd_alpha or default_alpha(grid.dp))
+    return None

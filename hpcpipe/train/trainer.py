@@ -39,7 +39,9 @@ from hpcpipe.parallel.pipeline.planning import (
     profiled_costs,
     stage_costs,
 )
+from hpcpipe.parallel.beacon import Beacon
 from hpcpipe.parallel.transport import resolve_gpu_aware
+from hpcpipe.parallel.watchdog import HANGS, Watchdog
 from hpcpipe.runs.lock import RunLock
 from hpcpipe.runs.metrics import Metrics, Summary
 from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED, STOPPED
@@ -49,7 +51,7 @@ from hpcpipe.runs.rundir import RunDir
 from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.schedules.ops import make_schedule, ops_from_strings
-from hpcpipe.train import apart, memplan
+from hpcpipe.train import apart, checkpoints, memplan
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
@@ -102,6 +104,8 @@ class Trainer:
             self.out(msg)
 
     def _release(self):
+        if getattr(self, "watchdog", None) is not None:
+            self.watchdog.close()
         if self.own_watch:
             self.watch.close()
         if getattr(self, "lock", None) is not None:
@@ -119,6 +123,8 @@ class Trainer:
         self.lock = root_does(comm, lambda: RunLock.acquire(run_dir))
         self.grid = gridlib.build(comm, parallel.dp, parallel.pp, parallel.rank_order,
                                   source=cfg.source, tp=parallel.tp)
+        self.beacon, self.watchdog = watch_over(self.grid, parallel.timeout, run_dir,
+                                                self.watch)
         threads = backend.limit_threads(self.grid.local_size)
         self.be = backend.select(train.device, self.grid.local_rank, peers=comm,
                                  gpu_sharing=train.gpu_sharing, threads=threads)
@@ -140,7 +146,7 @@ class Trainer:
         self.run_id = run_identity(comm, manifest if own else None)
         self.trace = timeline.Trace(rank=comm.rank)
         self.rank = Rank.build(cfg, self.grid, self.be, schedule, self.trace, gpu_aware,
-                               costs)
+                               costs, self.beacon)
         self.apart = apart.settle(self)  # the replicas run apart (parallel.async_dp)
         if resume_path:
             self._resume(resume_path, manifest)
@@ -162,7 +168,7 @@ class Trainer:
         tick = time.perf_counter()
         own = self.run_id == manifest.get("run")
         check_same_data(manifest, self.data, own, self.cfg.data.allow_changed, path, self.log)
-        state = ckpt.load(self.rank, self.cfg, path, manifest)
+        state = checkpoints.load(self.rank, self.cfg, path, manifest)
         self.start_step = state["step"]
         self.last_saved = self.start_step if own else None
         self.rank.step.restore(state)
@@ -227,6 +233,7 @@ class Trainer:
         tick = time.perf_counter()
         at, replica = self.rank.step.assignment(step)  # (asynchronous EASGD: a ticket's)
         lr = learning_rate(at - 1, train.lr, train.min_lr, train.warmup_steps, train.steps)
+        self.beacon.at("its step (the schedule, the reductions, the update)", step)
         finished = self.rank.train_step(step, self._inputs(at, replica), lr, train.grad_clip)
         self.metrics.started(step, time.perf_counter() - tick, lr)
         for outcome in finished:
@@ -258,23 +265,23 @@ class Trainer:
         """The validation loss of the model (the elastic centre under elastic averaging)."""
         if self.apart and self.grid.dp_rank != 0:
             return  # (apart: the first replica's alone)
+        self.beacon.at("evaluation", step)
         with self.rank.step.published():
             value = self.rank.evaluator(alone=self.apart).evaluate(
                 validation_batches(self.tokens, self.cfg, self.be))
         self.metrics.evaluated(step, value)
 
     def _save(self, step: int):
-        from hpcpipe import checkpoint as ckpt
-
         self._settle()
         step = apart.checkpoint_step(self, step) if self.apart else step
+        self.beacon.at("checkpoint", step)
         with self.rank.step.published():
-            saved = ckpt.save(self.rank, self.cfg, step, self.run_dir.path,
-                              {**self.rank.step.state(), "lr_step": step,
-                               "data_step": step, "seed": self.cfg.train.seed},
-                              keep=self.cfg.checkpoint.keep,
-                              keep_every=self.cfg.checkpoint.keep_every,
-                              run=self.run_id, data=self.data)
+            saved = checkpoints.save(self.rank, self.cfg, step, self.run_dir.path,
+                                     {**self.rank.step.state(), "lr_step": step,
+                                      "data_step": step, "seed": self.cfg.train.seed},
+                                     keep=self.cfg.checkpoint.keep,
+                                     keep_every=self.cfg.checkpoint.keep_every,
+                                     run=self.run_id, data=self.data)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path
@@ -316,18 +323,22 @@ class Trainer:
             self.log(f"done: nothing to train, the run is at step {self.start_step} of "
                      f"{steps} (raise train.steps to continue)")
             return summary
-        self._report()
+        for line in report(self):
+            self.log(line)
         return summary
 
-    def _report(self):
-        step = self.rank.step
-        for line in end_of_run(self.metrics, self.cfg.parallel, step.gradsync.bytes_reduced,
-                               step.optimizer_state_bytes, self.record.piece.seconds):
-            self.log(line)
-        if step.outer is not None and self.cfg.train.local_steps:
-            self.log(local_sgd_line(step, self.summary.steps - self.start_step))
-        if self.apart:
-            self.log(apart.summary_line(step, self.summary.steps - self.start_step))
+
+def report(trainer: Trainer) -> list[str]:
+    """The end-of-run summary's lines (runs/report.py's, local SGD's, and the asynchronous
+    modes')."""
+    step, steps = trainer.rank.step, trainer.summary.steps - trainer.start_step
+    lines = end_of_run(trainer.metrics, trainer.cfg.parallel, step.gradsync.bytes_reduced,
+                       step.optimizer_state_bytes, trainer.record.piece.seconds)
+    if step.outer is not None and trainer.cfg.train.local_steps:
+        lines.append(local_sgd_line(step, steps))
+    if trainer.apart:
+        lines.append(apart.summary_line(step, steps))
+    return lines
 
 
 def reschedule(trainer: Trainer, step: int):
@@ -349,6 +360,7 @@ def reschedule(trainer: Trainer, step: int):
     if plan is not None:
         rank.model.use_recompute(plan)
         trainer.log(f"auto recompute per model stage: {memplan.describe_plan(plan)}")
+        trainer.summary.recompute = memplan.describe_auto_choice(plan)
     rank.use_schedule(auto)
     sim = simulate(auto, costs)
     trainer.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
@@ -457,11 +469,21 @@ def mode_notes(train, step, parallel=None) -> list[str]:
         else [])
 
 
+def watch_over(grid, timeout: float, run_dir: str, watch):
+    """This rank's Beacon (where it is) and the hang watchdog over it (parallel/
+    watchdog.py: parallel.timeout, SIGUSR2, the dumps in RUN_DIR/hangs/); the preemption
+    watch says through it what its step-boundary agreement waits on."""
+    beacon = Beacon.for_grid(grid)
+    watch.beacon = beacon
+    return beacon, Watchdog(grid.world, beacon, timeout, os.path.join(run_dir, HANGS))
+
+
 def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
     """This piece's RunRecord, with the run's Summary and Metrics (see runrecord.py)."""
     cfg, comm, train = trainer.cfg, trainer.comm, trainer.cfg.train
     summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule,
-                      data=trainer.data)
+                      data=trainer.data, recompute=memplan.AUTO_PENDING
+                      if train.recompute.strip() == "auto" else train.recompute)
     # MFU's two halves: the model's FLOPs per token, and every rank's peak (nominal where
     # the device is known, else measured: flops.device_peak).
     peak, source = device_peak(trainer.be, train.dtype)
@@ -480,5 +502,6 @@ def open_writers(trainer: Trainer) -> list:
     cfg, comm = trainer.cfg, trainer.comm
     if not cfg.train.tensorboard:
         return []
-    writer = root_does(comm, lambda: TensorBoard(trainer.run_dir.path, trainer.start_step))
+    writer = root_does(comm, lambda: TensorBoard(trainer.run_dir.path, trainer.start_step,
+                                                 log=trainer.log))
     return [writer] if comm.rank == 0 else []

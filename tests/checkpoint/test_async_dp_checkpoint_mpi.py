@@ -51,8 +51,8 @@ def test_a_resumed_replay_ends_bitwise_where_the_recorded_run_did(tmp_path, stdl
     stale weights and the replicas share the budget unevenly; resumed from the first
     checkpoint and replaying the record, the run ends with the recorded weights, bitwise.
     (ssp only) the same checkpoint under dp 1 × pp 2 is refused with one error line.
-    Synchronous EASGD (the centre in the model files, each replica's own state in local
-    SGD's files) resumes bitwise with no replay at all."""
+    Synchronous EASGD (the centre in the model files, each replica's own state in its
+    elastic-r files) resumes bitwise with no replay at all."""
     sync = mode == "easgd-sync"
     settings = [f'parallel.async_dp="{mode[:5] if sync else mode}"', "parallel.staleness=2",
                 "parallel.easgd_tau=2", "checkpoint.every=3", f"parallel.easgd_sync={sync}"
@@ -62,7 +62,7 @@ def test_a_resumed_replay_ends_bitwise_where_the_recorded_run_did(tmp_path, stdl
     proc = train(recorded, stdlib_tokens, *settings, env=stalls)
     assert proc.returncode == 0, proc.stderr
     first = ckpt.list_checkpoints(str(recorded / "checkpoints"))[0][1]
-    kind = "local-" if sync else "async-"
+    kind = "elastic-" if sync else "async-"
     assert sorted(f for f in os.listdir(first) if f.startswith(kind)) == \
         [f"{kind}r00000.h5", f"{kind}r00001.h5"]
     assert os.path.basename(first) == ckpt.step_name(3)

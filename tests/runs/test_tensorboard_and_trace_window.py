@@ -77,11 +77,12 @@ def test_event_files_hold_every_scalar_and_the_window_is_drawn_when_it_closes(
 
 
 def test_without_a_writer_package_the_error_says_what_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # import fails
-    monkeypatch.setitem(sys.modules, "torch", None)
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    for name in ("tensorboardX", "tensorboardX.proto.event_pb2",  # import fails (also
+                 "tensorboardX.proto.summary_pb2", "tensorboardX.record_writer",  # once
+                 "torch", "torch.utils.tensorboard"):  # imported by an earlier test)
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(HpcpipeError, match=r"pip install tensorboardX.*train.tensorboard = false"):
-        tensorboard.summary_writer_class()
+        tensorboard.event_protocol()
 
 
 def test_scalars_leave_out_what_is_not_a_finite_number():

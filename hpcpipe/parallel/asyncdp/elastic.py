@@ -115,7 +115,7 @@ class SyncElastic:
         t.release(buffer)
         return out
 
-    # -- checkpoints (outer.OuterStep's protocol: checkpoint/local.py) -----------------
+    # -- checkpoints (outer.OuterStep's protocol: elastic_state.py) -------------------
     def state(self) -> dict:
         return {f"centre/{i}": c for i, c in enumerate(self.centre)}
 
@@ -123,10 +123,6 @@ class SyncElastic:
         for c, s in zip(self.centre, self.shards):
             c[...] = s.master
 
-    @staticmethod
-    def saved_in(layout: dict) -> bool:
-        """Whether a checkpoint of `layout` holds this state (else: restart from weights)."""
-        return layout.get("async_dp") == "easgd" and bool(layout.get("easgd_sync"))
 
 
 class AsyncCentre:

@@ -40,18 +40,29 @@ def slices(n: int, parts: int) -> list[tuple[int, int]]:
 class Deadline:
     """How long a wait may last; polls sleep a little longer each time (a waiting rank
     leaves the core to those that compute), and between polls let MPI make progress on
-    what others aim at this rank (`progress`: see `poke`)."""
+    what others aim at this rank (`progress`: see `poke`). A wait that does not end at
+    once says what it waits on to the rank's `beacon` (parallel/beacon.py: the hang
+    watchdog's dumps name it, and parallel.timeout covers it too)."""
 
     FIRST_SLEEP, LONGEST_SLEEP = 20e-6, 2e-3
 
-    def __init__(self, seconds: float, progress=None):
-        self.seconds, self.progress = seconds, progress
+    def __init__(self, seconds: float, progress=None, beacon=None):
+        self.seconds, self.progress, self.beacon = seconds, progress, beacon
 
     def wait(self, ready, what):
         """Poll `ready()` until it is true; past the deadline raise PeerTimeout with
         `what()` (a callable: the message is built only when needed)."""
         if ready():
             return
+        if self.beacon is not None:
+            self.beacon.waiting("window", what())
+        try:
+            self._poll(ready, what)
+        finally:
+            if self.beacon is not None:
+                self.beacon.done()
+
+    def _poll(self, ready, what):
         start, pause = time.monotonic(), self.FIRST_SLEEP
         while not ready():
             if time.monotonic() - start > self.seconds:

@@ -20,11 +20,14 @@
 #                            instead of the mpich wheel from PyPI
 #   make powersgd-curves     train tiny at dp 2 uncompressed and with PowerSGD (300 steps
 #                            each, ~11 minutes) and draw docs/images/powersgd-tiny-dp2.png
-#   make gpu-check           on a machine with an NVIDIA GPU, in under 8 minutes: a smoke
-#                            (rates, bf16, fused kernels), bench step bf16 against PyTorch,
-#                            the calibrated cost model, the device tests; one folder of at
-#                            most 8 files under bench/results/; stops with a message
-#                            (status 2) on a machine without one
+#   make gpu-check           on a machine with an NVIDIA GPU, in under 10 minutes, sections
+#                            in order of value (environment and every kernel compiled,
+#                            the fused kernels at GPT-2's size, attention against SDPA,
+#                            the model's GEMMs, the step against PyTorch eager and
+#                            torch.compile, two ranks on one GPU, the device tests), each
+#                            writing its results before the next; one folder of at most 8
+#                            files under bench/results/; stops with a message (status 2)
+#                            on a machine without one
 #
 # Variables: PYTHON (interpreter for the venv), VENV (its folder), MPI (pypi|site),
 # CONFIG (for `make run`), NP (pipeline stages for `make run`: the cores, at most 4),
@@ -133,7 +136,7 @@ run: install
 # (pytest-xdist: on 2 cores one of them would leave a core idle), then those marked
 # `serial` at collection (MPI jobs, Slurm, parallel compilers: tests/conftest.py) one at a
 # time —, then the device tests (marked `device`) again on the device stand-in
-# (hpcpipe/device/standin.py), which refuses every implicit host/device transfer and every
+# (hpcpipe/devtools/standin.py), which refuses every implicit host/device transfer and every
 # device buffer handed to MPI, as CuPy and a non-CUDA-aware MPI would.
 PYTEST := $(PY) -m pytest $(if $(REQUIRE),--require=$(REQUIRE),)
 WORKERS ?= 2
@@ -224,7 +227,7 @@ powersgd-curves: install
 
 # The GPU check needs no venv of its own where the machine's Python has CuPy, mpi4py, h5py
 # and pytest (it builds .venv-gpu otherwise, and only where a package index answers); see
-# hpcpipe/bench/gpu_check.py. Under 8 minutes on one H200.
+# hpcpipe/bench/gpu_check.py. Under 10 minutes by its own budget (SECTIONS).
 gpu-check:
 	PYTHONPATH="$(CURDIR)" $(PYTHON) -m hpcpipe.bench.gpu_check --out $(BENCH_OUT) $(ARGS)
 

@@ -11,6 +11,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import pytest
 from harness import devices, inlauncher, mpirun, mpiworld, required
 
+pytest_plugins = ["harness.timeout"]  # --test-timeout
+
 
 def pytest_addoption(parser):
     parser.addoption("--device", choices=("cpu", "standin", "gpu"), default="cpu",
@@ -32,7 +34,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     """Publish the device and the requirements for this process and every process a test
     starts; under an MPI launcher, switch to in-launcher mode."""
-    from hpcpipe.device import standin
+    from hpcpipe.device import backend
 
     config.addinivalue_line("markers", mpiworld.MARKER)
     config.addinivalue_line("markers", f"{SERIAL}: starts processes across the cores (set "
@@ -47,9 +49,9 @@ def pytest_configure(config):
     choice = config.getoption("--device")
     os.environ[devices.ENV] = "cpu" if choice == "cpu" else "gpu"
     if choice == "standin":
-        os.environ[standin.FAKE_GPU_ENV] = "1"
+        os.environ[backend.FAKE_GPU_ENV] = "1"
     else:
-        os.environ.pop(standin.FAKE_GPU_ENV, None)
+        os.environ.pop(backend.FAKE_GPU_ENV, None)
 
 
 # Tests that start processes of their own across the cores (MPI jobs, Slurm, parallel

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 
 from hpcpipe.device.backend import Backend
-from hpcpipe.device.rates import GpuRates, kernel_seconds, timeline_seconds
+from hpcpipe.device.rates import GpuRates, kernel_seconds, timeline_seconds, unmeasured
 from hpcpipe.model.layers import (attention, block, embedding, gelu, head, layernorm, linear, loss, mlp)
 from hpcpipe.device import shapes
 
@@ -36,7 +36,7 @@ LAYERS = {"embedding": embedding, "block": block, "layernorm": layernorm,
 # The part a launch belongs to, by the outermost layer running (a top-level LayerNorm is
 # ln_f: the blocks' own run inside a block).
 PARTS = {"block": "blocks", "layernorm": "ln_f"}
-PRECISIONS = ("bf16", "bf16_unaligned", "bf16_wmma", "fp16", "fp16_unaligned", "tf32",
+PRECISIONS = ("bf16", "bf16_unaligned", "fp16", "fp16_unaligned", "tf32",
               "fp32", "fp32_batched", "fp64")
 
 
@@ -200,11 +200,22 @@ def summarise(log: shapes.Log, rates: GpuRates, tokens: int, microbatches: int =
         "host_to_device_bytes": log.host_to_device,
         "device_to_host_bytes": log.device_to_host,
         "cuda_graphs": _graph_estimate(log, rates, microbatches),
+        "priced_unmeasured": _unmeasured(log, rates),
         "parts": [{"part": p, "phase": ph, **t.as_dict()} for (p, ph), t in by_part.items()],
         "layers": [{"layer": lay, "phase": ph, **t.as_dict()}
                    for (lay, ph), t in by_layer.items()],
     }
     return result
+
+
+def _unmeasured(log, rates) -> dict:
+    """What the step prices at a rate never measured for it: reason → kernels."""
+    reasons = {}
+    for k in log.kernels:
+        why = unmeasured(k, rates)
+        if why:
+            reasons[why] = reasons.get(why, 0) + 1
+    return dict(sorted(reasons.items()))
 
 
 def _graph_estimate(log, rates, microbatches: int) -> dict:

@@ -1,27 +1,35 @@
-"""`make gpu-check`: verify the GPU path on a machine with an NVIDIA GPU, in one command
-that fits its budget (8 minutes on one H200) and puts what matters most first.
+"""`make gpu-check`: a first contact with a GPU machine in under ten minutes, what matters
+most first, every section writing its results before the next starts (a kill keeps them).
 
-    python -m hpcpipe.bench.gpu_check [--out bench/results] [--budget 470]
+    python -m hpcpipe.bench.gpu_check [--out bench/results] [--budget 570]
 
-0. finds a GPU (or stops: a machine without one gets a message and status 2) and a Python
-   that has CuPy, mpi4py, h5py, ml_dtypes and pytest — this one, or a venv it builds
-   (.venv-gpu with hpcpipe's GPU extra for the driver's CUDA major version), but only
-   where a package index answers: offline it names what is missing and stops (status 3);
-1. smoke, 60 s (gpu_smoke.py): bfloat16 arithmetic, the first cold kernel compile, GEMM
-   rates by precision, elementwise bandwidth, launch and sync costs, each fused kernel
-   against NumPy (skipped, saying why, without hpcpipe.device.kernels), whether MPI is
-   CUDA-aware; the rates become calibration.json;
-2. `bench step --profile` in bfloat16 at GPT-2 124M's shape (batch 16 × 1024) against
-   PyTorch on the same GPU, per-layer times included;
-3. `bench gpu-model --calibration calibration.json`: the cost model's prediction of the
-   step just measured, at the rates just measured (a CPU computation, seconds);
-4. the device tests on the GPU with `--require mpi` (an MPI test that cannot start
-   fails instead of skipping), with whatever time is left.
-Each step runs under its own timeout, so a hanging step is reported and the rest still
-run. Everything goes into one folder, <out>/<machine>-<date>-gpu-check/, of at most 8
-files: report.md, report.json, calibration.json, step-bfloat16.json, gpu-model.json and
-logs.tar.gz. Status 0 only when every step passed. Only the standard library is imported
-here: this runs before any environment with NumPy exists.
+0. finds a GPU (or stops: a machine without one gets a message and status 2, nothing
+   written) and a Python with CuPy, mpi4py, h5py, ml_dtypes and pytest (PyTorch for the
+   comparisons): this one, or a venv it builds where a package index answers (status 3
+   offline, naming what is missing);
+then the sections, each a subprocess under its own time limit (SECTIONS, in this order):
+1. environment: GPU, driver, CuPy, PyTorch, the CUDA include folder; every kernel source
+   compiled as the layers compile it; bf16 arithmetic, GEMM rates, bandwidth, launch
+   and sync costs, each fused kernel against NumPy at small size, CUDA-aware MPI
+   (gpu_smoke.py) → calibration.json;
+2. kernels: every fused kernel at GPT-2 124M's size against NumPy (a slice of rows), timed
+   with CUDA events → kernels.json;
+3. attention: flash.cu F and B against PyTorch's SDPA at T 1024 and 2048, time, TFLOP/s
+   and error → kernels.json;
+4. gemms: each GEMM shape of the model's step, cupy.matmul and torch.matmul →
+   calibration.json's gemm_shapes (what `bench gpu-model --calibration` prices them at);
+5. step: `bench step` at GPT-2 124M, bf16, 16 × 1024, corpus tokens: hpcpipe (and as CUDA
+   graphs) against PyTorch eager and torch.compile, alternating, at 50304 rows and at
+   50257; then the per-layer device time inside one step by CUDA events → step.json;
+6. sharing: inputs/tiny.toml as one process, pp 2 and dp 2 with two ranks on the one GPU
+   (train.gpu_sharing, host staging), losses against the one process → sharing.json;
+7. device tests: `pytest -m device --device gpu -v`, each test under its own time limit
+   (a hung one is named), with what time is left → device-tests.xml.
+One folder, <out>/<machine>-<date>-gpu-check/, of at most 8 files: report.md, report.json
+(both rewritten after every section), calibration.json, kernels.json, step.json,
+sharing.json, device-tests.xml, logs.txt (each section's output appended as it ends).
+Status 0 only when every section passed. Only the standard library is imported here:
+this runs before any environment with NumPy exists.
 """
 
 from __future__ import annotations
@@ -35,15 +43,72 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
-from hpcpipe.util.files import read_bounded, write_text_atomic
+from hpcpipe.util.files import write_text_atomic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NEEDED = ("cupy", "mpi4py", "h5py", "ml_dtypes", "numpy", "pytest", "threadpoolctl")
-# Seconds per step (the smoke's minute, then the bf16 step and the cost model); the
-# device tests take what is left of the budget.
-SMOKE_S, STEP_S, MODEL_S = 60.0, 180.0, 60.0
 MAX_FILES = 8  # what the GPU machine hands back from one folder
+BUDGET_S = 570.0  # under ten minutes with the start-up's
+TEST_TIMEOUT_S = 60  # one device test at most (a hung one fails, named)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section: its time limit and the file it writes (its command: `command`)."""
+
+    name: str
+    seconds: float
+    writes: str
+
+
+# The step's share is the largest: two configurations × four steps alternating (hpcpipe,
+# as graphs, PyTorch eager, torch.compile, whose first call compiles for ~40-60 s each).
+SECTIONS = (
+    Section("environment", 60, "calibration.json"),
+    Section("kernels", 40, "kernels.json"),
+    Section("attention", 35, "kernels.json"),
+    Section("gemms", 30, "calibration.json"),
+    Section("step", 230, "step.json"),
+    Section("sharing", 55, "sharing.json"),
+    Section("device-tests", 0, "device-tests.xml"),  # 0: what the budget has left
+)
+FILES = ("report.md", "report.json", "logs.txt",
+         *dict.fromkeys(s.writes for s in SECTIONS))
+MIN_TESTS_S = 90.0  # the device tests' share at least, by the budget's arithmetic
+
+
+def plan(budget: float) -> list[tuple[Section, float]]:
+    """Each section with its time limit: its own, the device tests what is left of
+    `budget` after the others; refuses a budget that leaves them less than MIN_TESTS_S."""
+    fixed = sum(s.seconds for s in SECTIONS)
+    if budget - fixed < MIN_TESTS_S:
+        raise ValueError(f"--budget {budget:.0f} s leaves the device tests {budget - fixed:.0f}"
+                         f" s; the sections take {fixed:.0f} s and the tests at least "
+                         f"{MIN_TESTS_S:.0f}")
+    return [(s, s.seconds or budget - fixed) for s in SECTIONS]
+
+
+def command(section: Section, python: str, folder: str, standin: bool) -> list[str]:
+    """The section's command line (tiny shapes on the device stand-in: a dry run)."""
+    out = os.path.join(folder, section.writes)
+    small = ["--small"] if standin else []
+    if section.name == "environment":
+        return [python, "-m", "hpcpipe.bench.gpu_smoke", "--out", out, *small]
+    if section.name in ("kernels", "attention", "gemms", "sharing"):
+        return [python, "-m", "hpcpipe.bench.gpu_probe", section.name, "--out", out, *small]
+    if section.name == "step":
+        shape = ["--smoke", "--no-torch"] if standin else [
+            "--configs", "gpt2", "--batch", "16", "--warmup", "2", "--repeats", "5",
+            "--torch-compile"]
+        return [python, "-m", "hpcpipe", "bench", "step", "--device", "gpu", "--dtype",
+                "bfloat16", "--tokens", "corpus", "--graphs", "--profile-events", *shape,
+                "--json", out, "--force"]
+    device = "standin" if standin else "gpu"
+    return [python, "-m", "pytest", "-m", "device", "--device", device, "--require", "mpi",
+            "-v", "-p", "no:cacheprovider", "--test-timeout", str(TEST_TIMEOUT_S),
+            f"--junitxml={out}", "tests/"]
 
 
 def gpu_found(standin: bool) -> str | None:
@@ -121,131 +186,103 @@ def python_with_packages(log, standin: bool) -> tuple[str | None, str]:
     return python, f"{venv} (hpcpipe[{extra},test])"
 
 
-def run_step(name, cmd, timeout, env, logs) -> dict:
-    """One step as a subprocess under `timeout`; its output goes to logs/<name>.log."""
+def run_section(section: Section, cmd, limit: float, env, folder) -> dict:
+    """One section as a subprocess under `limit`; its output appended to logs.txt."""
     start = time.perf_counter()
-    path = os.path.join(logs, f"{name}.log")
-    if os.path.islink(path):  # a log streams as it is written: replace a link, never follow it
-        os.unlink(path)
-    with open(path, "w") as out:
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=timeout, start_new_session=True)
-            status = "passed" if proc.returncode == 0 else f"failed (status {proc.returncode})"
-        except subprocess.TimeoutExpired:
-            status = f"timed out after {timeout:.0f} s"
-    with open(path) as f:
-        tail = f.read()[-2000:]
-    return {"step": name, "status": status, "seconds": round(time.perf_counter() - start, 1),
-            "command": " ".join(cmd), "log": os.path.basename(path), "tail": tail}
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=limit, start_new_session=True)
+        status = "passed" if proc.returncode == 0 else f"failed (status {proc.returncode})"
+        output = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        status = f"timed out after {limit:.0f} s"
+        output = (e.stdout or b"").decode(errors="replace") + \
+            (e.stderr or b"").decode(errors="replace")
+    seconds = round(time.perf_counter() - start, 1)
+    with open(os.path.join(folder, "logs.txt"), "a") as log:
+        log.write(f"\n===== {section.name}: {status} in {seconds} s\n$ {' '.join(cmd)}\n"
+                  f"{output}")
+    return {"section": section.name, "status": status, "seconds": seconds,
+            "limit_s": round(limit, 1), "command": " ".join(cmd), "writes": section.writes,
+            "tail": output[-1500:]}
 
 
-def check_steps(python, args, env, folder, logs, log) -> list[dict]:
-    """The checks in order of importance, each under its own timeout, none past the
-    budget; the device tests get what is left."""
-    deadline = time.monotonic() + args.budget
-    left = lambda cap: max(10.0, min(cap, deadline - time.monotonic()))
-    small = ["--small"] if args.standin else []
-    calibration = os.path.join(folder, "calibration.json")
-    results = [run_step("smoke", [python, "-m", "hpcpipe.bench.gpu_smoke", "--out",
-                                  calibration, *small], left(SMOKE_S), env, logs)]
-    log(f"  smoke: {results[-1]['status']} in {results[-1]['seconds']} s\n"
-        + "".join(f"    {line}\n" for line in results[-1]["tail"].strip().splitlines()[-6:]))
-    step_json = os.path.join(folder, "step-bfloat16.json")
-    shape = ["--smoke", "--no-torch"] if args.standin else [
-        "--configs", "gpt2", "--batch", "16", "--warmup", "2", "--repeats", "5"]
-    results.append(run_step("step-bfloat16", [
-        python, "-m", "hpcpipe", "bench", "step", "--device", "gpu", "--dtype", "bfloat16",
-        "--profile", "--tokens", "corpus", *shape, "--json", step_json], left(STEP_S), env,
-        logs))
-    results[-1]["json"] = os.path.basename(step_json)
-    log(f"  bench step bfloat16: {results[-1]['status']} in {results[-1]['seconds']} s")
-    _add_torch_rate(calibration, step_json)
-    model = ["--model", "smoke", "--batch", "2"] if args.standin else []
-    results.append(run_step("gpu-model", [
-        python, "-m", "hpcpipe", "bench", "gpu-model", *model, "--tokens", "corpus",
-        *(["--calibration", calibration] if os.path.exists(calibration) else []),
-        "--json", os.path.join(folder, "gpu-model.json")], left(MODEL_S),
-        dict(env, HPCPIPE_FAKE_GPU="0"), logs))
-    log(f"  bench gpu-model (calibrated): {results[-1]['status']}")
-    if not args.skip_tests:
-        device = "standin" if args.standin else "gpu"
-        results.append(run_step("device-tests", [
-            python, "-m", "pytest", "-m", "device", "--device", device, "--require", "mpi",
-            "-q", "-p", "no:cacheprovider", "tests/"], left(args.budget), env, logs))
-        log(f"  device tests: {results[-1]['status']} in {results[-1]['seconds']} s")
-    return results
+def _load(folder, name) -> dict:
+    """A section's JSON, {} where it is absent or unreadable (a section killed mid-write
+    leaves its last whole file: they are written by rename)."""
+    path = os.path.join(folder, name)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
 
 
-def _add_torch_rate(calibration, step_json):
-    """PyTorch's tokens/s on this GPU, measured by the step, into the calibration: the
-    cost model reads its prediction against it."""
-    if not (os.path.exists(calibration) and os.path.exists(step_json)):
-        return
-    with open(step_json) as f:
-        rows = [r for r in json.load(f)["rows"] if r.get("torch_tokens_per_s")]
-    if not rows:
-        return
-    with open(calibration) as f:
-        rates = json.load(f)
-    rates["torch_tokens_per_s"] = rows[0]["torch_tokens_per_s"]
-    with open(calibration, "w") as f:
-        json.dump(rates, f, indent=2)
+def _tests(folder) -> str:
+    """The device tests' counts from their JUnit XML, and the failing ones' names."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(os.path.join(folder, "device-tests.xml")).getroot()
+    except (OSError, ET.ParseError):
+        return "no result file"
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    bad = [f"{c.get('classname')}::{c.get('name')}" for c in suite.iter("testcase")
+           if c.find("failure") is not None or c.find("error") is not None]
+    return (f"{suite.get('tests')} tests, {suite.get('failures')} failures, "
+            f"{suite.get('errors')} errors, {suite.get('skipped')} skipped"
+            + (": " + "; ".join(bad[:20]) if bad else ""))
 
 
-def step_rows(folder, results) -> list[dict]:
-    rows = []
-    for r in results:
-        path = os.path.join(folder, r.get("json", ""))
-        if r.get("json") and os.path.exists(path):
-            data = json.loads(read_bounded(path, 64 * 2**20))  # never a FIFO
-            rows += [{**row, "label": r["step"][5:]} for row in data["rows"]]
-    return rows
+def summary(folder) -> list[str]:
+    """The measured figures so far, as Markdown lines (what a reader looks at first)."""
+    lines = []
+    step = _load(folder, "step.json")
+    if step.get("rows"):
+        lines += ["", "| run | hpcpipe ms | graphs ms (host ms) | PyTorch eager ms | "
+                  "torch.compile ms | vs eager | vs compile |", "|---|---|---|---|---|---|---|"]
+        for r in step["rows"]:
+            def ms(key):
+                return f"{r[key]:.1f}" if r.get(key) else "–"
+            eager = r.get("torch_step_ms")
+            vs = f"{eager / r['hpcpipe_step_ms']:.2f}×" if eager else "–"
+            comp = r.get("torch_compile_step_ms")
+            vsc = f"{comp / r['hpcpipe_step_ms']:.2f}×" if comp else "–"
+            lines.append(f"| {r['config']} ({r.get('padded_vocab', r['vocab_size'])} rows) | "
+                         f"{ms('hpcpipe_step_ms')} (host {ms('hpcpipe_host_ms')}) | "
+                         f"{ms('hpcpipe_graphs_step_ms')} ({ms('hpcpipe_graphs_host_ms')}) | "
+                         f"{ms('torch_step_ms')} | {ms('torch_compile_step_ms')} | {vs} | {vsc} |")
+    attention = _load(folder, "kernels.json").get("attention_vs_sdpa", [])
+    for a in attention:
+        lines.append(f"attention T {a['T']}: flash F {a['flash_f_tflops']:.0f} / B "
+                     f"{a['flash_b_tflops']:.0f} TFLOP/s, SDPA F {a['sdpa_f_tflops']:.0f} / "
+                     f"B {a['sdpa_b_tflops']:.0f}; errors vs SDPA {a['errors_vs_sdpa']}")
+    kernels = _load(folder, "kernels.json").get("kernels", [])
+    if kernels:
+        bad = [k["kernel"] for k in kernels if not k["ok"]]
+        lines.append(f"fused kernels at GPT-2's size: {len(kernels) - len(bad)} of "
+                     f"{len(kernels)} within bounds" + (f" (not: {', '.join(bad)})" if bad
+                                                        else ""))
+    for name, r in _load(folder, "sharing.json").get("sharing", {}).items():
+        lines.append(f"{name}: {r.get('status')}" + (
+            f", losses {'bitwise' if r.get('bitwise') else 'max diff ' + str(r['max_difference'])}"
+            f" vs one process" if "max_difference" in r else ""))
+    return lines
 
 
-def _prediction(folder) -> dict | None:
-    path = os.path.join(folder, "gpu-model.json")
-    if not os.path.exists(path):
-        return None
-    model = json.loads(read_bounded(path, 64 * 2**20))
-    return {k: model[k] for k in ("launches", "non_gemm_bytes", "host_syncs", "gemm_flops",
-                                  "predicted_step_s")}
-
-
-def write_report(folder, machine, gpu, how, results, rows) -> str:
-    """report.json and report.md in `folder`; returns the Markdown's path."""
-    predicted = _prediction(folder)
+def write_report(folder, machine, gpu, how, results) -> str:
+    """report.json and report.md in `folder` (rewritten after every section)."""
     write_text_atomic(os.path.join(folder, "report.json"), json.dumps(
-        {"machine": machine, "gpu": gpu, "python": how, "steps": results,
-         "step_rows": rows, "predicted": predicted}, indent=2))
+        {"machine": machine, "gpu": gpu, "python": how, "sections": results}, indent=2))
     lines = [f"# gpu-check on {machine}", "", f"GPU: {gpu}", f"Python: {how}", "",
-             "| step | status | seconds |", "|---|---|---|"]
-    lines += [f"| {r['step']} | {r['status']} | {r['seconds']} |" for r in results]
-    lines += ["", "| run | hpcpipe ms/step | tokens/s | PyTorch tokens/s | ratio |",
-              "|---|---|---|---|---|"]
-    for row in rows:
-        torch = row.get("torch_tokens_per_s")
-        lines.append(f"| {row['config']} {row['label']} | {row['hpcpipe_step_ms']:.1f} | "
-                     f"{row['hpcpipe_tokens_per_s']:,.0f} | "
-                     + (f"{torch:,.0f} | {row['ratio']:.2f}× |" if torch else "– | – |"))
-    if predicted:
-        lines += ["", f"cost model at the measured rates: {predicted['predicted_step_s'] * 1e3:.1f}"
-                      f" ms/step, {predicted['launches']:,} launches, "
-                      f"{predicted['non_gemm_bytes'] / 1e9:.1f} GB outside the GEMMs, "
-                      f"{predicted['host_syncs']} host syncs"]
+             "| section | status | seconds | limit |", "|---|---|---|---|"]
+    lines += [f"| {r['section']} | {r['status']} | {r['seconds']} | {r['limit_s']} |"
+              for r in results]
+    lines += summary(folder)
+    if any(r["section"] == "device-tests" for r in results):
+        lines += ["", f"device tests: {_tests(folder)}"]
     path = os.path.join(folder, "report.md")
     write_text_atomic(path, "\n".join(lines) + "\n")
-    return path
-
-
-def archive_logs(logs, folder) -> str:
-    """The step logs as one logs.tar.gz (the folder must stay within MAX_FILES)."""
-    import tarfile
-
-    path = os.path.join(folder, "logs.tar.gz")
-    with tarfile.open(path, "w:gz") as tar:
-        tar.add(logs, arcname="logs")
-    shutil.rmtree(logs)
     return path
 
 
@@ -254,14 +291,19 @@ def main(argv=None) -> int:
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
-    parser.add_argument("--budget", type=float, default=470.0,
-                        help="seconds for all steps together (default 470: under 8 minutes)")
-    parser.add_argument("--skip-tests", action="store_true", help="only the benchmarks")
+    parser.add_argument("--budget", type=float, default=BUDGET_S,
+                        help=f"seconds for all sections together (default {BUDGET_S:.0f})")
+    parser.add_argument("--skip-tests", action="store_true", help="not the device tests")
     parser.add_argument("--standin", action="store_true",
                         help="a dry run on the device stand-in, for machines without a GPU")
     args = parser.parse_args(argv)
     log = lambda msg: print(msg, flush=True)
     started = time.perf_counter()
+    try:
+        limits = plan(args.budget)
+    except ValueError as e:
+        log(f"make gpu-check: {e}")
+        return 2
     gpu = gpu_found(args.standin)
     if gpu is None:
         log("make gpu-check: no NVIDIA GPU here (nvidia-smi lists none and CuPy sees no "
@@ -275,24 +317,31 @@ def main(argv=None) -> int:
     log(f"  Python: {how}")
     machine = f"{socket.gethostname()}-{platform.machine()}"
     folder = os.path.join(args.out, f"{machine}-{time.strftime('%Y-%m-%d')}-gpu-check")
-    logs = os.path.join(folder, "logs")
-    os.makedirs(logs, exist_ok=True)
+    os.makedirs(folder, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
     if args.standin:
-        env["HPCPIPE_FAKE_GPU"] = "1"
-    results = check_steps(python, args, env, folder, logs, log)
-    report = write_report(folder, machine, gpu, how, results, step_rows(folder, results))
-    archive_logs(logs, folder)
+        env.update(HPCPIPE_FAKE_GPU="1", HPCPIPE_FUSED="1")
+    results = []
+    for section, limit in limits:
+        if section.name == "device-tests" and args.skip_tests:
+            continue
+        left = args.budget - (time.perf_counter() - started)
+        limit = max(10.0, min(limit, left))  # the budget holds whatever came before
+        results.append(run_section(section, command(section, python, folder, args.standin),
+                                   limit, env, folder))
+        log(f"  {section.name}: {results[-1]['status']} in {results[-1]['seconds']} s")
+        report = write_report(folder, machine, gpu, how, results)
     failed = [r for r in results if r["status"] != "passed"]
-    if len(os.listdir(folder)) > MAX_FILES:
-        log(f"warning: {folder} holds more than the {MAX_FILES} files a GPU machine hands back")
-    log(f"gpu-check: {len(results) - len(failed)} of {len(results)} steps passed in "
-        f"{time.perf_counter() - started:.0f} s; {len(os.listdir(folder))} files in {folder} "
-        f"({report})")
+    files = os.listdir(folder)
+    if len(files) > MAX_FILES:
+        log(f"warning: {folder} holds {len(files)} files, more than the {MAX_FILES} a GPU "
+            f"machine hands back")
+    log(f"gpu-check: {len(results) - len(failed)} of {len(results)} sections passed in "
+        f"{time.perf_counter() - started:.0f} s; {len(files)} files in {folder} ({report})")
     for r in failed:
-        log(f"  could not {r['step']}: {r['status']} (see {r['log']} in logs.tar.gz)")
+        log(f"  could not {r['section']}: {r['status']} (see logs.txt)")
     return 0 if not failed else 1
 
 

@@ -11,6 +11,7 @@ per (part or layer, phase).
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import replace
 
 from hpcpipe.util.arguments import integer
@@ -19,16 +20,17 @@ from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_file
 from hpcpipe.bench import costmodel
 from hpcpipe.device.rates import GPUS, calibrate
+from hpcpipe.devtools import kernelmodel
 from . import batches
 from .common import write_json
 from .step import CONFIGS, SMOKE
 
 EPILOG = """\
 examples:
-  python -m hpcpipe bench gpu-model                       # GPT-2 124M, batch 16 × 1024, bf16, H200
+  python -m hpcpipe bench gpu-model                       # GPT-2 124M, 16 × 1024, bf16, H100
   python -m hpcpipe bench gpu-model --microbatches 16     # 1-sequence microbatches (a pipeline's)
   python -m hpcpipe bench gpu-model --unfused             # without the fused kernels (before)
-  python -m hpcpipe bench gpu-model --vocab-multiple 128  # 50304 rows, as inputs/gpt2-124m.toml
+  python -m hpcpipe bench gpu-model --vocab-multiple 1    # the unpadded 50257 rows
   python -m hpcpipe bench gpu-model --tokens corpus --json gpu-model.json
   python -m hpcpipe bench gpu-model --calibration bench/results/…-calibration.json"""
 
@@ -43,10 +45,10 @@ def add_parser(sub):
     p.add_argument("--model", choices=[*CONFIGS, "smoke"], default="gpt2",
                    help="model shape (default gpt2: GPT-2 124M)")
     p.add_argument("--batch", type=integer(1, 4096), default=16, help="sequences per step (16)")
-    p.add_argument("--vocab-multiple", type=integer(1, 4096), default=1, metavar="N",
+    p.add_argument("--vocab-multiple", type=integer(1, 4096), default=None, metavar="N",
                    help="pad the vocabulary's rows to a multiple of N, the padding masked "
-                        "(model.vocab_multiple; 128 is inputs/gpt2-124m.toml's: 50257 -> "
-                        "50304, the head's GEMMs aligned). Default 1: PyTorch's setup")
+                        "(model.vocab_multiple). Default: the config's (gpt2: 128, 50257 -> "
+                        "50304, the head's GEMMs aligned; 1 is the unpadded 50257)")
     p.add_argument("--microbatches", type=integer(1, 4096), default=1,
                    help="microbatches the batch is cut into (1); F, B and W run per microbatch")
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype (bfloat16)")
@@ -56,34 +58,59 @@ def add_parser(sub):
                         "depend on them")
     p.add_argument("--unfused", action="store_true",
                    help="CuPy's unfused operations, without the fused kernels (the before)")
-    p.add_argument("--gpu", choices=sorted(GPUS), default="h200")
+    p.add_argument("--gpu", choices=sorted({*GPUS, "h100"}), default="h100",
+                   help="h100 (default): the rates an H100 measured (MEASURED_H100); h200: "
+                        "stated rates, never measured on this code")
     p.add_argument("--calibration", metavar="FILE",
-                   help="measured rates (JSON, from make gpu-check) replacing the stated ones")
+                   help="measured rates (JSON, from make gpu-check) replacing the others")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     p.set_defaults(func=run_gpu_model)
     return p
 
 
+# The rates measured on an H100 by `make gpu-check` (2026-12-05), in the repository.
+MEASURED_H100 = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "bench", "results", "h100-2026-12-05-gpu-check",
+    "calibration.json")
+
+
+def base_rates(gpu: str):
+    """h100: the H100's measured rates (GEMMs at 8192³ and at the unaligned head's shape,
+    bandwidth, launch and sync costs, PyTorch's step); others GPUS' stated ones."""
+    if gpu == "h100":
+        return calibrate(replace(GPUS["h200"], name="NVIDIA H100 SXM5"), MEASURED_H100)
+    return GPUS[gpu]
+
+
 def predict(args) -> dict:
     """Count the step and price it; the result dict the table and the JSON show."""
     cfg = SMOKE if args.model == "smoke" else CONFIGS[args.model]
-    cfg = replace(cfg, vocab_multiple=args.vocab_multiple)
+    if args.vocab_multiple is not None:
+        cfg = replace(cfg, vocab_multiple=args.vocab_multiple)
     if args.batch % args.microbatches:
         raise HpcpipeError(f"bench gpu-model: --batch {args.batch} does not split into "
                            f"--microbatches {args.microbatches}")
-    rates = GPUS[args.gpu]
+    rates = base_rates(args.gpu)
     if args.calibration:
         rates = calibrate(rates, args.calibration)
+    rates = replace(rates, kernel_flops_per_s=kernelmodel.flash_rates(),
+                    kernel_source=kernelmodel.FLASH_SOURCE)
     idx, targets = batches.batch(args.tokens, cfg.vocab_size, args.batch, cfg.block_size)
     log = costmodel.count_step(cfg, idx, targets, args.microbatches, args.dtype, args.tf32,
                                fused=not args.unfused)
     tokens = args.batch * cfg.block_size
     cost = costmodel.summarise(log, rates, tokens, args.microbatches)
     if rates.torch_tokens_per_s and (args.model, args.batch, args.dtype,
-                                     args.vocab_multiple) == ("gpt2", 16, "bfloat16", 1):
-        # the one setup PyTorch's figure is for (its vocabulary unpadded)
-        cost["vs_torch_eager"] = cost["predicted_tokens_per_s"] / rates.torch_tokens_per_s
+                                     cfg.padded_vocab) == ("gpt2", 16, "bfloat16", 50257):
+        # the one setup PyTorch's figure is for (its vocabulary unpadded); and only a step
+        # priced at rates measured for its own kernels is read against a measurement
+        if cost["priced_unmeasured"]:
+            cost["vs_torch_eager_withheld"] = (
+                f"{sum(cost['priced_unmeasured'].values())} kernels priced at rates not "
+                f"measured for them")
+        else:
+            cost["vs_torch_eager"] = cost["predicted_tokens_per_s"] / rates.torch_tokens_per_s
     setup = {"model": args.model, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
              "n_head": cfg.n_head, "block_size": cfg.block_size,
              "vocab_size": cfg.vocab_size, "padded_vocab": cfg.padded_vocab,
@@ -105,7 +132,8 @@ def _rows(result, key, order):
 
 def print_table(result, out=print):
     setup, n_layer = result["setup"], result["setup"]["n_layer"]
-    out(f"\nGPU step predicted on {result['rates']['name']} ({result['rates']['source']}): "
+    out(f"\nGPU step PREDICTED on {result['rates']['name']} ({result['rates']['source']}; "
+        f"{result['rates']['kernel_source']}): "
         f"{setup['model']}, batch {setup['batch']} × {setup['block_size']} in "
         f"{setup['microbatches']} microbatch(es), {setup['dtype']}, {setup['tokens']} tokens"
         + (f", vocabulary {setup['vocab_size']} padded to {setup['padded_vocab']}"
@@ -126,10 +154,15 @@ def print_table(result, out=print):
         f"{result['gpu_s'] * 1e3:.1f} |")
     out(f"GEMM TFLOP by precision: {flops}")
     vs = result.get("vs_torch_eager")
-    out(f"predicted step: {result['predicted_step_s'] * 1e3:.1f} ms "
+    out(f"PREDICTED step: {result['predicted_step_s'] * 1e3:.1f} ms "
         f"({result['bound']}-bound: GPU {result['gpu_s'] * 1e3:.1f} ms, host launches "
         f"{result['host_s'] * 1e3:.1f} ms) ≈ {result['predicted_tokens_per_s']:,.0f} tokens/s"
         + (f" ≈ {vs:.2f}× PyTorch eager" if vs else ""))
+    if result["priced_unmeasured"]:
+        out("priced at rates never measured for them (a prediction, not a figure to compare"
+            " with a measurement; `make gpu-check` measures the GEMM shapes):")
+        for why, count in result["priced_unmeasured"].items():
+            out(f"  {count:4d} × {why}")
     g = result["cuda_graphs"]
     out(f"with the stage's F, B, W captured as CUDA graphs ({g['graphs']} graphs): "
         f"{g['predicted_step_s'] * 1e3:.1f} ms"

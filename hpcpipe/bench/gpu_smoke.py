@@ -2,7 +2,9 @@
 
     python -m hpcpipe.bench.gpu_smoke --out calibration.json [--small]
 
-Checks bfloat16 arithmetic against NumPy (and CuPy's NEP 50 promotion), times the first
+Records the environment (GPU, driver, CuPy, PyTorch, the CUDA include folder) and compiles
+every kernel source as the layers will (each one's seconds or compiler message), then
+checks bfloat16 arithmetic against NumPy (and CuPy's NEP 50 promotion), times the first
 cold kernel compile (CuPy's kernel cache pointed at an empty folder), measures GEMM rates
 by precision, elementwise bandwidth, per-kernel GPU time (a captured CUDA graph of tiny
 kernels), host launch cost and a synchronisation, compares each fused kernel with NumPy
@@ -142,19 +144,54 @@ def _graph_kernel_s(be, x, calls: int) -> float | None:
         return None
 
 
+def environment() -> dict:
+    """What the machine runs: the GPU and driver (nvidia-smi), CuPy, PyTorch, and the CUDA
+    include folder NVRTC is given (-I) for the kernels' headers."""
+    import shutil
+    import subprocess
+
+    from hpcpipe.device.kernels import cuda_include
+
+    info = {"python": sys.version.split()[0], "cuda_include": str(cuda_include() or "")}
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
+                              "clocks.max.sm", "--format=csv,noheader"], capture_output=True,
+                             text=True, check=False)
+        info["nvidia_smi"] = smi.stdout.strip()
+    for module in ("cupy", "torch", "mpi4py"):
+        try:
+            info[module] = __import__(module).__version__
+        except Exception as e:  # noqa: BLE001 — reported, not fatal
+            info[module] = f"not importable ({type(e).__name__})"
+    return info
+
+
+def compile_all(xp) -> dict:
+    """Every kernel source compiled as the layers will compile it (RawModule with the
+    options and include folder of kernels.options): seconds, or the compiler's message —
+    the H200 image's `crt/mma.h` failure shows here, per source, before anything runs."""
+    from hpcpipe.device.kernels import SOURCES, Kernels
+
+    kernels, out = Kernels.for_library(xp), {}
+    for name in SOURCES:
+        tick = time.perf_counter()
+        try:
+            kernels.module(name).compile()
+            out[name] = {"ok": True, "seconds": round(time.perf_counter() - tick, 2)}
+        except Exception as e:  # noqa: BLE001 — the message is the result
+            out[name] = {"ok": False, "error": str(e)[-2000:]}
+    return out
+
+
 def fused_kernels(be) -> dict:
     """Each fused kernel against NumPy on this device, through the kernels package's
     `check_on_device(xp)` (a list of {"kernel", "max_error", "ok"}); skipped with a
     message where the package is not there."""
     try:
-        from hpcpipe.device import kernels
+        from hpcpipe.devtools.ondevice import check_on_device
     except ImportError as e:
-        return {"status": "skipped", "why": f"hpcpipe.device.kernels is not importable ({e})"}
-    check = getattr(kernels, "check_on_device", None)
-    if check is None:
-        return {"status": "skipped",
-                "why": "hpcpipe.device.kernels has no check_on_device(xp) to run"}
-    results = check(be.xp)
+        return {"status": "skipped", "why": f"hpcpipe.devtools.ondevice is not importable ({e})"}
+    results = check_on_device(be.xp)
     return {"status": "passed" if all(r["ok"] for r in results) else "failed",
             "results": results}
 
@@ -179,7 +216,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("CUPY_CACHE_DIR", tempfile.mkdtemp(prefix="cupy-cold-"))
     be = backend.select("gpu")
-    result = {"gpu": be.describe(), **bf16_arithmetic(be)}
+    result = {"gpu": be.describe(), "environment": environment(),
+              "compiled": compile_all(be.xp)}
+    failed = [n for n, r in result["compiled"].items() if not r["ok"]]
+    print(f"kernel sources compiled: {len(result['compiled']) - len(failed)} of "
+          f"{len(result['compiled'])}" + (f" (failed: {', '.join(failed)})" if failed else ""),
+          flush=True)
+    _save(args.out, result)
+    result.update(bf16_arithmetic(be))
     print(f"bf16 arithmetic: {'ok' if result['bf16_ok'] else 'WRONG'} "
           f"(bf16 * 1.5 -> {result['bf16_times_float_dtype']}); first kernel compiled in "
           f"{result['cold_compile_s']:.2f} s", flush=True)
@@ -202,9 +246,20 @@ def main(argv=None) -> int:
              else ""), flush=True)
     result["cuda_aware_mpi"] = cuda_aware()
     print(f"CUDA-aware MPI: {result['cuda_aware_mpi']}", flush=True)
-    with open(args.out, "w") as f:
-        json.dump({k: v for k, v in result.items() if v is not None}, f, indent=2)
-    return 0 if result["bf16_ok"] and result["fused_kernels"]["status"] != "failed" else 1
+    _save(args.out, result)
+    return 0 if (result["bf16_ok"] and result["fused_kernels"]["status"] != "failed"
+                 and not failed) else 1
+
+
+def _save(path, result):
+    """The results so far, merged into the calibration JSON (a later section's keys kept)."""
+    data = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            data = json.load(f)
+    data.update({k: v for k, v in result.items() if v is not None})
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ PyTorch is the optional `bench` extra; without it only hpcpipe is measured.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import time
@@ -27,7 +28,9 @@ import numpy as np
 from hpcpipe import __version__
 from hpcpipe.device import backend
 from hpcpipe.device.dtypes import DTYPES
+from hpcpipe.device.graphs import Graphs
 from hpcpipe.model import GPTConfig, Stage
+from hpcpipe.model.layout import GPT2_VOCAB, GPT2_VOCAB_MULTIPLE
 
 # flop_params stays importable from here: tests and scripts know it as bench's.
 from hpcpipe.model.flops import flop_params, flops_per_token, matmul_rate  # noqa: F401
@@ -53,12 +56,17 @@ from .common import require_model, write_json
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
 # gpt2 is GPT-2 124M's shape, for GPUs (batch 16 × 1024 is what PyTorch's figures in
-# the GPU measurements use).
+# the GPU measurements use), its vocabulary padded to 50304 rows on both sides (GPT-2 configs' default,
+# nanoGPT's: the head's GEMMs aligned); gpt2-50257 the same unpadded, which `gpt2` brings
+# beside it.
+GPT2_SHAPE = dict(block_size=1024, n_layer=12, n_head=12, n_embd=768)
 CONFIGS = {
     "tiny": GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=128),
     "medium": GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=6, n_embd=384),
-    "gpt2": GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+    "gpt2": GPTConfig(vocab_size=GPT2_VOCAB, vocab_multiple=GPT2_VOCAB_MULTIPLE, **GPT2_SHAPE),
+    "gpt2-50257": GPTConfig(vocab_size=GPT2_VOCAB, **GPT2_SHAPE),
 }
+BESIDE = {"gpt2": "gpt2-50257"}  # a row that comes with another unless named itself
 # --smoke: every code path in well under a second (CI keeps the benchmark from rotting).
 SMOKE = GPTConfig(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)
 
@@ -105,6 +113,15 @@ def add_parser(sub):
                         "with the last two")
     p.add_argument("--profile", action="store_true",
                    help="also print hpcpipe's time per layer in F, B and W")
+    p.add_argument("--graphs", action="store_true",
+                   help="also time hpcpipe's step as CUDA graphs (its device work captured "
+                        "at the second step, replayed after; a GPU only), alternating with "
+                        "the others; each hpcpipe row records its host time per step")
+    p.add_argument("--profile-events", action="store_true",
+                   help="also print hpcpipe's device time per layer inside one step, by "
+                        "CUDA events, unsynchronised")
+    p.add_argument("--torch-compile", action="store_true",
+                   help="also time PyTorch's step under torch.compile, alternating")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes, one repetition: checks the code paths, measures nothing")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -139,39 +156,59 @@ def torch_matmul_rate(torch, device, dtype, n: int, repeats: int = 3) -> float:
 
 class HpcpipeStep:
     """One microbatch through a whole-model Stage (F, B, W), the tied head's gradient folded
-    in, then AdamW: what one pipeline rank holding every layer does per step."""
+    in, then AdamW: what one pipeline rank holding every layer does per step. graphs: the
+    step's device work as CUDA graphs (device/graphs.py): zero_grad, F, B, W and the fold
+    as one, AdamW as another (its scalars written to the device first), captured at the
+    second step, replayed after. `host_s` keeps each step's host time (until the last
+    launch returns, before the wait for the device)."""
 
-    def __init__(self, cfg, be, dtype, idx, targets):
+    def __init__(self, cfg, be, dtype, idx, targets, graphs: bool = False):
         self.be = be
         self.stage = Stage(cfg, dtype=dtype, seed=0, be=be)
         self.opt = AdamW(ParamShard(self.stage.param_buffer), be, beta1=BETA1, beta2=BETA2,
                          eps=EPS, weight_decay=WEIGHT_DECAY)
         self.idx, self.targets = be.from_host(idx), be.from_host(targets)
+        self.graphs = Graphs(be) if graphs else None
+        self.host_s: list[float] = []
 
-    def __call__(self) -> float:
+    def _device_step(self):
         stage = self.stage
         stage.zero_grad()
         value = stage.forward(0, self.idx, self.targets)
         stage.backward_input(0)
         stage.backward_weight(0)
         stage.add_head_grad()
-        self.opt.step(stage.grad_buffer.data, LR)
+        return value
+
+    def __call__(self) -> float:
+        tick = time.perf_counter()
+        grad = self.stage.grad_buffer.data
+        if self.graphs is None:
+            value = self._device_step()
+            self.opt.step(grad, LR)
+        else:
+            value = self.graphs.run(("step", id(self)), self._device_step)
+            self.opt.step_graphed(grad, LR, self.graphs)
+        self.host_s.append(time.perf_counter() - tick)
         _sync(self.be)
         return float(value)
 
 
 class TorchStep:
     """The same step in PyTorch eager: forward, loss.backward() (B and W together), AdamW.
-    16-bit: a float32 model under autocast, as PyTorch users train in 16 bits."""
+    16-bit: a float32 model under autocast, as PyTorch users train in 16 bits. compile:
+    the model under torch.compile (compiled at the first step)."""
 
-    def __init__(self, torch, cfg, device, dtype, params, idx, targets):
+    def __init__(self, torch, cfg, device, dtype, params, idx, targets, compile=False):
         from .torch_gpt import TorchGPT, adamw
 
         self.torch = torch
         wide = dtype in ("float32", "float64")
-        self.model = TorchGPT(cfg).to(device=device,
-                                      dtype=getattr(torch, dtype if wide else "float32"))
-        self.model.load_hpcpipe(params)
+        model = TorchGPT(cfg).to(device=device,
+                                 dtype=getattr(torch, dtype if wide else "float32"))
+        model.load_hpcpipe(params)
+        # torch.compile: the model's F (and its B through AOTAutograd); AdamW stays fused
+        self.model = torch.compile(model) if compile else model
         self.opt, self.opt_kind = adamw(self.model, LR, BETA1, BETA2, EPS, WEIGHT_DECAY)
         self.idx = torch.as_tensor(idx, device=device)
         self.targets = torch.as_tensor(targets, device=device)
@@ -211,9 +248,14 @@ def first_losses(cfg, be, dtype, batch, torch=None, device="cpu", tokens="unifor
     return ours, theirs, ours(), theirs()
 
 
-def check_same_loss(name, ours: float, theirs: float, dtype: str, tf32: bool = False):
+def check_same_loss(name, ours: float, theirs: float, dtype: str, tf32: bool = False,
+                    cfg: GPTConfig | None = None):
+    """The first step's losses agree: to the dtype's tolerance, and with a padded
+    vocabulary within log(padded / vocabulary) more — hpcpipe masks the padding columns
+    out of the softmax, PyTorch (as nanoGPT, at its fastest) keeps them in."""
     rtol = max(LOSS_RTOL[dtype], TF32_RTOL if tf32 else 0.0)
-    if not abs(ours - theirs) <= rtol * abs(theirs):
+    gap = math.log(cfg.padded_vocab / cfg.vocab_size) if cfg is not None else 0.0
+    if not abs(ours - theirs) <= rtol * abs(theirs) + gap:
         raise RuntimeError(f"bench step {name}: the first step's losses differ (hpcpipe "
                            f"{ours!r}, PyTorch {theirs!r}, {dtype}): the two models do not "
                            f"compute the same thing, so their speeds cannot be compared")
@@ -266,14 +308,38 @@ def alternate(runners, warmup: int, repeats: int, name: str, log) -> dict:
     return times
 
 
+def _extras(cfg, be, dtype, batch, torch, device, tokens, loss0, torch_loss0, graphs,
+            compiled, name, tf32) -> list:
+    """The other runners: hpcpipe's step as CUDA graphs, PyTorch's under torch.compile;
+    each built from the same weights and batch, its first loss checked."""
+    extra = []
+    if graphs:
+        idx, targets = make_batch(cfg, batch, tokens=tokens)
+        step = HpcpipeStep(cfg, be, dtype, idx, targets, graphs=True)
+        check_same_loss(f"{name} graphs", step(), loss0, dtype)
+        extra.append(("hpcpipe_graphs", step))
+    if compiled and torch is not None:
+        fresh = Stage(cfg, dtype=dtype, seed=0, be=be)  # the first step's weights again
+        host = {n: be.to_host(p).astype(np.float32 if p.dtype.itemsize < 4 else p.dtype)
+                for n, p in fresh.params.items()}
+        del fresh
+        idx, targets = make_batch(cfg, batch, tokens=tokens)
+        step = TorchStep(torch, cfg, device, dtype, host, idx, targets, compile=True)
+        check_same_loss(f"{name} torch.compile", loss0, step(), dtype, tf32, cfg)
+        extra.append(("torch_compile", step))
+    return extra
+
+
 def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cpu",
-            log=print, tf32=False, tokens="uniform") -> dict:
-    """Time hpcpipe's and torch's steps alternately; one result row for `name`."""
+            log=print, tf32=False, tokens="uniform", graphs=False, compiled=False) -> dict:
+    """Time hpcpipe's and torch's steps alternately (with --graphs and --torch-compile
+    their other forms too); one result row for `name`."""
     kind = tokens
     ours, theirs, loss0, torch_loss0 = first_losses(cfg, be, dtype, batch, torch, device, kind)
     tokens = batch * cfg.block_size
     row = {"config": name, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head,
-           "block_size": cfg.block_size, "vocab_size": cfg.vocab_size, "batch": batch,
+           "block_size": cfg.block_size, "vocab_size": cfg.vocab_size,
+           "padded_vocab": cfg.padded_vocab, "batch": batch,
            "dtype": dtype, "tf32": tf32, "tokens": kind,
            "params": int(ours.stage.param_buffer.size),
            "flops_per_token": flops_per_token(cfg, cfg.block_size), "repeats": repeats,
@@ -281,18 +347,22 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
            "torch_step_ms": None, "ratio_paired": None}
     runners = [("hpcpipe", ours)]
     if theirs is not None:
-        check_same_loss(name, loss0, torch_loss0, dtype, tf32)
+        check_same_loss(name, loss0, torch_loss0, dtype, tf32, cfg)
         runners.append(("torch", theirs))
         if device == "cpu":
             best, rates = best_torch_threads(torch, theirs, be.threads, tokens)
             log(f"  {name}: PyTorch tokens/s by thread count "
                 + ", ".join(f"{n}: {r:,.0f}" for n, r in rates.items()) + f" → {best}")
             row.update(torch_threads=best, torch_tokens_per_s_by_threads=rates)
+    runners += _extras(cfg, be, dtype, batch, torch, device, kind, loss0, torch_loss0,
+                       graphs, compiled, name, tf32)
     times = alternate(runners, warmup, repeats, name, log)
-    row["hpcpipe_step_ms"] = 1e3 * statistics.median(times["hpcpipe"])
+    for label, runner in runners:
+        row[f"{label}_step_ms"] = 1e3 * statistics.median(times[label])
+        if label.startswith("hpcpipe"):
+            row[f"{label}_host_ms"] = 1e3 * statistics.median(runner.host_s[-repeats:])
     row["hpcpipe_tokens_per_s"] = tokens / (row["hpcpipe_step_ms"] / 1e3)
     if theirs is not None:
-        row["torch_step_ms"] = 1e3 * statistics.median(times["torch"])
         row["torch_tokens_per_s"] = tokens / (row["torch_step_ms"] / 1e3)
         row["torch_loss0"] = torch_loss0
         row["torch_optimizer"] = theirs.opt_kind
@@ -301,6 +371,11 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
         # a noisy neighbour than the ratio of the medians.
         row["ratio_paired"] = statistics.median(
             t / h for h, t in zip(times["hpcpipe"], times["torch"]))
+        for label in ("hpcpipe_graphs", "torch_compile"):
+            if label in times:
+                row[f"ratio_{label}"] = statistics.median(
+                    (t / h if label == "hpcpipe_graphs" else c / h)
+                    for h, t, c in zip(times["hpcpipe"], times["torch"], times[label]))
     return row
 
 
@@ -382,6 +457,65 @@ def profile(cfg, be, dtype, batch, repeats, tokens="uniform") -> tuple[list[dict
     return rows, step_ms
 
 
+@contextmanager
+def layer_events(be, marks: list):
+    """Inside: every layer function's call marked by a CUDA event on each side, recorded
+    into `marks` as (layer, phase, start event, end event, depth), nothing synchronised;
+    read once the step is done (`event_rows`)."""
+    xp, depth = be.xp, [0]
+
+    def timed(layer, phase, fn):
+        def wrapper(*args, **kwargs):
+            start, end = xp.cuda.Event(), xp.cuda.Event()
+            start.record()
+            depth[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                end.record()
+                marks.append((layer, PHASES[phase], start, end, depth[0]))
+        return wrapper
+
+    saved = [(module, phase, getattr(module, phase))
+             for module in PROFILED.values() for phase in PHASES]
+    for (module, phase, fn), layer in zip(saved, [n for n in PROFILED for _ in PHASES]):
+        setattr(module, phase, timed(layer, phase, fn))
+    try:
+        yield
+    finally:
+        for module, phase, fn in saved:
+            setattr(module, phase, fn)
+
+
+def event_rows(xp, marks) -> list[dict]:
+    """Device ms per (layer, phase), self time (a call's children's subtracted), from the
+    events of one step (after it has finished)."""
+    totals, stack = {}, []
+    for layer, phase, start, end, depth in marks:  # children end (are appended) first
+        ms = xp.cuda.get_elapsed_time(start, end)
+        inner = sum(c for d, c in stack if d == depth + 1)
+        stack = [(d, c) for d, c in stack if d <= depth] + [(depth, ms)]
+        totals[(layer, phase)] = totals.get((layer, phase), 0.0) + ms - inner
+    rows = {}
+    for (layer, phase), ms in totals.items():
+        rows.setdefault(layer, {"layer": layer, "F": 0.0, "B": 0.0, "W": 0.0})[phase] = ms
+    return list(rows.values())
+
+
+def event_profile(cfg, be, dtype, batch, tokens="uniform") -> list[dict]:
+    """Per-layer device time inside one real step (after two warm-up steps), by CUDA
+    events around each layer call and no synchronisation until the step is done: the
+    step's own timing, which `profile`'s synchronising timers disturb."""
+    idx, targets = make_batch(cfg, batch, tokens=tokens)
+    step = HpcpipeStep(cfg, be, dtype, idx, targets)
+    step(), step()
+    marks = []
+    with layer_events(be, marks):
+        step()
+    return event_rows(be.xp, marks)
+
+
 def print_profile(name, rows, step_ms, out=print):
     total = sum(r["F"] + r["B"] + r["W"] + r.get("step", 0.0) for r in rows)
     out(f"\nprofile of hpcpipe, {name} (self time per step, ms; the timers synchronise and "
@@ -425,6 +559,9 @@ def _plan(args, be):
     if args.smoke:
         return {"smoke": SMOKE}, 2, 0, 1, 128
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for name, other in BESIDE.items():
+        if name in names and other not in names:
+            names.insert(names.index(name) + 1, other)
     unknown = [c for c in names if c not in CONFIGS]
     if unknown or not names:
         raise HpcpipeError(f"bench step: --configs {args.configs!r}: unknown config; "
@@ -523,7 +660,7 @@ def run_step(args) -> int:
             f"warm-up + {repeats} "
             f"measured steps each")
         row = measure(name, cfg, be, args.dtype, batch, warmup, repeats, torch, device, log,
-                      args.tf32, args.tokens)
+                      args.tf32, args.tokens, args.graphs, args.torch_compile)
         rows.append(row)
         measure_peak()
         if args.profile:
@@ -531,6 +668,11 @@ def run_step(args) -> int:
                                     args.tokens)
             row["profile_ms"] = prof
             print_profile(name, prof, step_ms, log)
+        if args.profile_events:
+            prof = event_profile(cfg, be, args.dtype, batch, args.tokens)
+            row["profile_events_ms"] = prof
+            print_profile(f"{name} (device time by events, one step)", prof,
+                          sum(r["F"] + r["B"] + r["W"] for r in prof), log)
     peak, torch_peak = max(peaks), max(torch_peaks, default=None)
     device_peak = max(peak, torch_peak or 0.0)
     log(f"matmul {peak_n}³ {args.dtype}, best of the run: hpcpipe's backend "

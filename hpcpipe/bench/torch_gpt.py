@@ -63,7 +63,8 @@ class TorchGPT(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        # the padded rows too, unmasked (nanoGPT's 50304): PyTorch at its fastest
+        self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.h = nn.ModuleList(Block(cfg.n_embd, cfg.n_head) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=LN_EPS)

@@ -27,6 +27,8 @@ from hpcpipe.device.threads import ThreadPool
 from hpcpipe.util.errors import HpcpipeError
 
 DEVICES = ("auto", "cpu", "gpu")
+# "1": device "gpu" is the device stand-in (hpcpipe/devtools/standin.py), for tests.
+FAKE_GPU_ENV = "HPCPIPE_FAKE_GPU"
 
 
 class BackendError(HpcpipeError):
@@ -267,10 +269,12 @@ def sharing_error(shared, bindings) -> BackendError:
 
 
 def _gpu_library():
-    """CuPy, or the device stand-in when HPCPIPE_FAKE_GPU=1 (tests); None when neither."""
-    from hpcpipe.device import standin
+    """CuPy, or the device stand-in when HPCPIPE_FAKE_GPU=1 (tests); None when neither.
+    The stand-in is a development tool (hpcpipe/devtools): this is the runtime's one door
+    to it, declared as such in the import contract (pyproject.toml)."""
+    if os.environ.get(FAKE_GPU_ENV) == "1":
+        from hpcpipe.devtools import standin
 
-    if os.environ.get(standin.FAKE_GPU_ENV) == "1":
         return standin.device()
     try:
         import cupy

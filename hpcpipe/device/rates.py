@@ -12,7 +12,7 @@ longer of its GPU time and its host time.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from hpcpipe.device import shapes
 
@@ -36,19 +36,28 @@ class GpuRates:
     sync_s: float
     torch_tokens_per_s: float | None = None
     source: str = ""
+    # FLOP/s of kernels priced by a kernel-level model (hpcpipe/devtools/kernelmodel.py:
+    # flash.cu's, by kernel stem), where one is given; their source says so.
+    kernel_flops_per_s: dict = field(default_factory=dict)
+    kernel_source: str = ""
+    # FLOP/s of cuBLAS GEMMs measured at a shape, keyed "MxKxN" (batches folded into M):
+    # where a GEMM's own shape was measured, its rate, not the precision's.
+    gemm_shape_flops_per_s: dict = field(default_factory=dict)
 
 
 # Rates from ../shared/docs/gpu-kernels.md: HBM3e 4.8 TB/s peak, ~3.0 effective for
 # unfused passes; cuBLAS bf16 600 TFLOP/s (450 with an odd leading dimension such as the
 # vocabulary's 50257); fp32 SIMT 45 (batched 40: CuPy's batched path never uses TF32);
 # TF32 300; ~3 µs of GPU time per kernel; 10-40 µs of host time per CuPy call (20 taken).
-# bf16_wmma, attention_tc.cu's products: 120, a third of the ~350 TFLOP/s FlashAttention-2
-# reaches forward on an H100 with the same mma.sync instructions, for a kernel without
-# its software pipelining (cp.async, ldmatrix, register-resident softmax).
+# bf16_mma, flash.cu's tensor-core FLOPs: 120, the rate this table stated for the WMMA
+# attention before (the stage balance no longer prices by this table: plan/balance.py
+# takes the run's measured rates); the kernel model (hpcpipe/devtools/kernelmodel.py) predicts
+# 130-160 for flash.cu on an H100, and `bench gpu-model` takes that. These are statements, not measurements (the H100 measured 2026-12-05 is 0.6-3×
+# away from several): `bench gpu-model` prices at an H100's measured rates by default.
 GPUS = {
     "h200": GpuRates(
         name="NVIDIA H200", elementwise_bytes_per_s=3.0e12,
-        gemm_flops_per_s={"bf16": 600e12, "bf16_unaligned": 450e12, "bf16_wmma": 120e12,
+        gemm_flops_per_s={"bf16": 600e12, "bf16_unaligned": 450e12, "bf16_mma": 120e12,
                           "fp16": 600e12,
                           "fp16_unaligned": 450e12, "tf32": 300e12, "fp32": 45e12,
                           "fp32_batched": 40e12, "fp64": 50e12},
@@ -69,19 +78,45 @@ def calibrate(rates: GpuRates, path: str) -> GpuRates:
     changes = {k: float(v) for k, v in measured.items() if k in known and v is not None}
     gemm = {**rates.gemm_flops_per_s, **{k: float(v) for k, v in
                                         measured.get("gemm_flops_per_s", {}).items()}}
-    return replace(rates, gemm_flops_per_s=gemm, source=f"calibrated from {path}",
-                   **changes)
+    shapes_ = {**rates.gemm_shape_flops_per_s, **{k: float(v) for k, v in
+                                                 measured.get("gemm_shapes", {}).items()}}
+    return replace(rates, gemm_flops_per_s=gemm, gemm_shape_flops_per_s=shapes_,
+                   source=f"calibrated from {path}", **changes)
+
+
+def gemm_key(k: shapes.Kernel) -> str:
+    """A GEMM's shape key, "MxKxN", as calibrations record measured rates."""
+    return "x".join(str(d) for d in k.dims)
+
+
+def unmeasured(k: shapes.Kernel, rates: GpuRates) -> str | None:
+    """Why this kernel's time is not from a rate measured for it, or None: a GEMM priced
+    at its precision's rate (measured at another shape, or stated), flash attention at
+    the kernel model's prediction."""
+    if k.kind == "gemm" and gemm_key(k) not in rates.gemm_shape_flops_per_s:
+        return f"GEMM {gemm_key(k)} ({k.precision}) at the {k.precision} rate"
+    if k.flops and k.kind != "gemm" and k.name.rsplit("_hs", 1)[0] in rates.kernel_flops_per_s:
+        return f"{k.name.rsplit('_hs', 1)[0]} by the kernel model"
+    return None
 
 
 def kernel_seconds(k: shapes.Kernel, rates: GpuRates) -> float:
     """GPU time of one kernel: its FLOPs or its bytes at the rate of its kind, plus the
-    per-kernel cost. A fused kernel that declares FLOPs (flash attention's scalar
-    products) takes the longer of its traffic and its arithmetic at `precision`'s rate."""
+    per-kernel cost. A fused kernel that declares FLOPs takes the longer of its traffic
+    and its arithmetic: at the kernel model's rate for it where `rates` has one (flash.cu's
+    tensor-core kernels), else at `precision`'s GEMM rate."""
     if k.kind == "gemm":
-        return k.flops / rates.gemm_flops_per_s[k.precision] + rates.kernel_s
+        rate = rates.gemm_shape_flops_per_s.get(gemm_key(k)) or \
+            rates.gemm_flops_per_s[k.precision]
+        return k.flops / rate + rates.kernel_s
     traffic = (k.reads + k.writes) / rates.elementwise_bytes_per_s
     if k.flops:
-        traffic = max(traffic, k.flops / rates.gemm_flops_per_s[k.precision])
+        stem = k.name.rsplit("_hs", 1)[0]
+        rate = rates.kernel_flops_per_s.get(stem) or rates.gemm_flops_per_s.get(k.precision)
+        if rate is None:
+            raise KeyError(f"no rate for {k.name}: its {k.precision} FLOPs are priced by the "
+                           f"kernel model (bench gpu-model supplies it) or a measured rate")
+        traffic = max(traffic, k.flops / rate)
     return traffic + rates.kernel_s
 
 

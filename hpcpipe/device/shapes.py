@@ -68,7 +68,8 @@ class Kernel:
     fused (a RawModule kernel; its flops, when it declares any, are arithmetic off the
     tensor cores, at the rate of `precision`).
     precision (GEMMs): bf16 | bf16_unaligned | fp16 | tf32 | fp32 | fp32_batched | fp64.
-    label: the (part, layer, phase) the recorder was in (costmodel.py sets it)."""
+    label: the (part, layer, phase) the recorder was in (costmodel.py sets it).
+    dims (GEMMs): (M, K, N), batches aside: the shape a measured rate is keyed by."""
 
     kind: str
     name: str
@@ -77,6 +78,7 @@ class Kernel:
     flops: int = 0
     precision: str = ""
     label: tuple = ()
+    dims: tuple = ()
 
 
 @dataclass
@@ -91,9 +93,9 @@ class Log:
     device_to_host: int = 0
     label: tuple = ()
 
-    def launch(self, kind, name, reads, writes, flops=0, precision=""):
+    def launch(self, kind, name, reads, writes, flops=0, precision="", dims=()):
         self.kernels.append(Kernel(kind, name, int(reads), int(writes), int(flops),
-                                   precision, self.label))
+                                   precision, self.label, tuple(int(d) for d in dims)))
 
     def sync(self):
         self.syncs.append((self.label, len(self.kernels)))
@@ -492,7 +494,8 @@ class _Gemms:
         target = out if direct else self._fresh(shape, dtype)
         flops = 2 * M * N * K * int(np.prod(lead))
         self.kernel_log.launch("gemm", "matmul", a.nbytes + b.nbytes, target.nbytes, flops,
-                        self._precision(dtype, batched, (M, N, K)))
+                               self._precision(dtype, batched, (M, N, K)),
+                               (M * int(np.prod(lead)), K, N))
         if out is None or direct:
             return target
         self.kernel_log.launch("copy", "astype" if out.dtype != dtype else "copy", target.nbytes,
@@ -508,7 +511,7 @@ class _Gemms:
         (M, K), N = a.shape, b.shape[1]
         self.kernel_log.launch("gemm", "gemmEx", a.nbytes + b.nbytes + out.nbytes,
                                out.nbytes, 2 * M * N * K,
-                               self._precision(a.dtype, False, (M, N, K)))
+                               self._precision(a.dtype, False, (M, N, K)), (M, K, N))
 
 
 class ShapeDevice(_Allocations, _Gemms, types.ModuleType):

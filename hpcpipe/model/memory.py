@@ -125,8 +125,8 @@ def _kernel_sizes(cfg: GPTConfig, batch: int, dtype, tp: int, sequence: bool) ->
     if k_attention.takes_head(dtype, head_size):
         z["matrix"] = 0
         z["attention"] = N * C * s + 4 * N * C * s // tp + batch * (H // tp) * T * w
-        if k_attention.tensor_cores(dtype, head_size):
-            z["attention_w"] += batch * -(-T // k_attention.TC_ROWS) * (3 * C // tp) * w
+        if k_attention.flash(dtype, head_size):
+            z["attention_w"] += batch * -(-T // k_attention.FA_ROWS) * (3 * C // tp) * w
     z["mlp_w"] += k_gelu.CHUNKS * (4 * C // tp) * w
     if tp == 1:
         z["head"] = N * C * s + N * V * s

@@ -154,6 +154,7 @@ class AdamW:
         self.v = xp.zeros_like(shard.master)  # second moment
         self.decay_mask = shard.decay_mask(xp)
         self.t = 0  # steps taken (Adam's bias correction)
+        self._device_scalars = None  # a captured step's scalars (step_graphed)
         n = shard.size
         block = n if be.is_gpu else min(n, self.BLOCK)
         self._blocks = [slice(i, min(n, i + block)) for i in range(0, n, max(1, block))]
@@ -189,6 +190,31 @@ class AdamW:
             return
         self._update(grad, float(lr), float(grad_scale))
         self.shard.push()
+
+    def step_graphed(self, grad, lr: float, graphs, grad_scale: float = 1.0):
+        """`step` as a CUDA graph (device/graphs.py): the step's scalars written to the
+        device first (the host's one transfer), the fused update replayed reading them.
+        Refused (GraphError) where the fused kernel does not take these arrays."""
+        from hpcpipe.device.graphs import GraphError
+
+        kernels = self._kernels_for(grad)
+        shard = self.shard
+        copy = shard.params if shard.has_master else None
+        if kernels is None or (copy is not None and (copy.dtype.name != "bfloat16"
+                                                     or not is_contiguous(copy))):
+            raise GraphError("the optimizer step is captured only as the fused AdamW "
+                             "kernel (float32 masters with a bfloat16 copy, or float64)")
+        self.t += 1
+        master = shard.master
+        values = adamw_kernel.scalars(self.t, float(lr), self.beta1, self.beta2, self.eps,
+                                      self.weight_decay, float(grad_scale), master.dtype)
+        if self._device_scalars is None:
+            self._device_scalars = self.be.xp.empty(adamw_kernel.SCALARS, master.dtype)
+        self._device_scalars.set(values)
+        # grad is the same buffer every step (the key says which): read in place
+        graphs.run(("adamw", id(self), id(grad)), lambda: adamw_kernel.step_dev(
+            kernels, master, self.m, self.v, grad, self.decay_mask, copy,
+            self._device_scalars))
 
     def _kernels_for(self, grad):
         """The device's fused kernels where they take the master and `grad` (float32 or

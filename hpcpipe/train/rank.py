@@ -19,6 +19,7 @@ from hpcpipe.schedules import asynchronous
 from hpcpipe.parallel.pipeline.stages import RankModel
 from hpcpipe.plan import Plan
 from hpcpipe.parallel.transport import Transport
+from hpcpipe.train import asyncstep
 from hpcpipe.train.evaluate import Evaluator
 from hpcpipe.train.delayed import DelayedStep
 from hpcpipe.train.step import TrainStep
@@ -63,7 +64,10 @@ class Rank:
                                     events)
             return cls(model, transport, p2p, runtime, step, grid, plan)
         runtime = Runtime(schedule, grid.pp_rank, model.stages, p2p, events)
-        step = TrainStep.build(cfg, model, grid, transport, trace)
+        if asyncstep.applies(cfg):  # the replicas run apart (parallel.async_dp)
+            step = asyncstep.build(cfg, model, grid, transport, trace)
+        else:
+            step = TrainStep.build(cfg, model, grid, transport, trace)
         return cls(model, transport, p2p, runtime, step, grid, plan)
 
     @property
@@ -98,10 +102,16 @@ class Rank:
                   "powersgd_rank": compressor.rank if compressor is not None else 0}
         if seams(model.specs):  # (absent where every stage edge falls between blocks)
             layout["seams"] = seams(model.specs)
+        if cfg.parallel.async_dp != "none":  # (absent for the synchronous modes)
+            layout["async_dp"] = cfg.parallel.async_dp
+            layout["easgd_sync"] = int(cfg.parallel.easgd_sync)
+            if cfg.parallel.async_dp == "ssp":  # (the ring of sums holds 2s + 2 steps)
+                layout["staleness"] = cfg.parallel.staleness
         return layout
 
-    def evaluator(self) -> Evaluator:
+    def evaluator(self, alone: bool = False) -> Evaluator:
         """The validation loss's forward passes, on the whole weights (ZeRO-3 gathers
-        them: call it on every rank)."""
+        them: call it on every rank). alone: this replica evaluates every batch itself,
+        the others not at all (the asynchronous modes: no replica waits for another)."""
         self.step.materialize()
-        return Evaluator(self.model, self.grid, self.p2p)
+        return Evaluator(self.model, self.grid, self.p2p, alone)

@@ -14,10 +14,12 @@ from hpcpipe.model.layers import attention, block, linear
 
 
 def test_flop_count_uses_every_matmul_parameter_once():
-    """N for 6N: every parameter but the position embedding (the tied wte counted once)."""
+    """N for 6N: every parameter but the position embedding (the tied wte counted once, its
+    padding rows, which predict nothing, not at all)."""
     for cfg in (*step.CONFIGS.values(), step.SMOKE):
         total = GPT(cfg, dtype="float32").num_params
-        assert step.flop_params(cfg) == total - cfg.block_size * cfg.n_embd
+        padding = (cfg.padded_vocab - cfg.vocab_size) * cfg.n_embd
+        assert step.flop_params(cfg) == total - cfg.block_size * cfg.n_embd - padding
         assert step.flops_per_token(cfg, cfg.block_size) == pytest.approx(
             6 * step.flop_params(cfg) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size)
 
@@ -83,3 +85,31 @@ def test_first_step_is_the_same_in_torch_float64():
             value = value.T
         np.testing.assert_allclose(ours.stage.params[name], value, rtol=1e-9, atol=1e-12,
                                    err_msg=name)
+
+
+def test_gpt2_compares_at_the_padded_vocabulary_with_the_unpadded_row_beside_it():
+    """`--configs gpt2`: GPT-2 124M at 50304 rows on both sides (hpcpipe masks the padding,
+    PyTorch keeps it as nanoGPT does), then gpt2-50257 unpadded; named alone, the unpadded
+    row comes without the other."""
+    import argparse
+
+    args = argparse.Namespace(smoke=False, configs="gpt2", batch=16, warmup=1, repeats=1)
+    configs = step._plan(args, backend.cpu())[0]
+    assert list(configs) == ["gpt2", "gpt2-50257"]
+    assert configs["gpt2"].padded_vocab == 50304 and configs["gpt2"].vocab_size == 50257
+    assert configs["gpt2-50257"].padded_vocab == configs["gpt2-50257"].vocab_size == 50257
+    only = step._plan(argparse.Namespace(**{**vars(args), "configs": "gpt2-50257"}),
+                      backend.cpu())[0]
+    assert list(only) == ["gpt2-50257"]
+
+
+def test_a_padded_vocabulary_allows_the_masked_columns_in_the_loss():
+    """log(50304 / 50257) more than float32's tolerance, no more."""
+    cfg = step.CONFIGS["gpt2"]
+    gap = np.log(50304 / 50257)
+    step.check_same_loss("gpt2", 10.9, 10.9 + 0.99 * gap, "float32", cfg=cfg)
+    with pytest.raises(RuntimeError, match="losses differ"):
+        step.check_same_loss("gpt2", 10.9, 10.9 + 1.01 * gap + 1e-4, "float32", cfg=cfg)
+    with pytest.raises(RuntimeError, match="losses differ"):
+        step.check_same_loss("gpt2-50257", 10.9, 10.9 + 0.99 * gap, "float32",
+                             cfg=step.CONFIGS["gpt2-50257"])

@@ -1,13 +1,21 @@
-"""`make gpu-check`: without a GPU it says so and stops with status 2; its steps, results
-and report run end to end on the device stand-in (the benchmarks only: the device tests
-are `make test`'s second pass)."""
+"""`make gpu-check` without a GPU: it says so and stops with status 2, writing nothing; its
+plan holds the ten minutes by its own arithmetic; each section's command and the file it
+writes; the report from whatever sections finished (a kill keeps them); a dry run of the
+first sections on the device stand-in; the per-test time limit that names a hung test."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from harness.mpirun import run
 
 from hpcpipe.bench import gpu_check
+from hpcpipe.devtools import hostbuild
+
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def test_without_a_gpu_it_says_so_and_stops(tmp_path):
@@ -19,24 +27,79 @@ def test_without_a_gpu_it_says_so_and_stops(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def test_a_dry_run_on_the_stand_in_measures_and_reports(tmp_path):
-    proc = run(["-m", "hpcpipe.bench.gpu_check", "--standin", "--skip-tests",
-                "--out", str(tmp_path)], timeout=300)
+def test_the_plan_holds_ten_minutes_in_order_of_value():
+    limits = gpu_check.plan(gpu_check.BUDGET_S)
+    assert [s.name for s, _ in limits] == ["environment", "kernels", "attention", "gemms",
+                                           "step", "sharing", "device-tests"]
+    assert sum(limit for _, limit in limits) == pytest.approx(gpu_check.BUDGET_S)
+    assert gpu_check.BUDGET_S + 30 <= 600  # the start-up (a Python, the GPU found) beside
+    assert dict((s.name, t) for s, t in limits)["device-tests"] >= gpu_check.MIN_TESTS_S
+    with pytest.raises(ValueError, match="leaves the device tests"):
+        gpu_check.plan(400)
+    assert len(gpu_check.FILES) <= gpu_check.MAX_FILES  # what a GPU machine hands back
+
+
+def test_each_section_writes_its_own_file_with_its_command():
+    for section, _ in gpu_check.plan(gpu_check.BUDGET_S):
+        cmd = gpu_check.command(section, "python", "/out", standin=False)
+        assert f"/out/{section.writes}" in " ".join(cmd)
+    step = dict((s.name, s) for s, _ in gpu_check.plan(gpu_check.BUDGET_S))["step"]
+    cmd = " ".join(gpu_check.command(step, "python", "/out", standin=False))
+    assert "--configs gpt2" in cmd and "--torch-compile" in cmd and "--graphs" in cmd
+    tests = gpu_check.command(gpu_check.SECTIONS[-1], "python", "/out", standin=False)
+    assert "-v" in tests and f"--test-timeout {gpu_check.TEST_TIMEOUT_S}" in " ".join(tests)
+
+
+def test_the_report_reads_whatever_sections_finished(tmp_path):
+    """A run killed after the step section: its figures in the report, the missing
+    sections' files simply absent."""
+    (tmp_path / "step.json").write_text(json.dumps({"rows": [{
+        "config": "gpt2", "vocab_size": 50257, "padded_vocab": 50304,
+        "hpcpipe_step_ms": 60.0, "hpcpipe_host_ms": 20.0, "hpcpipe_graphs_step_ms": 55.0,
+        "hpcpipe_graphs_host_ms": 1.0, "torch_step_ms": 78.0,
+        "torch_compile_step_ms": 66.0}]}))
+    results = [{"section": "environment", "status": "passed", "seconds": 30.0,
+                "limit_s": 60.0}, {"section": "step", "status": "timed out after 230 s",
+                                   "seconds": 230.0, "limit_s": 230.0}]
+    path = gpu_check.write_report(str(tmp_path), "m", "GPU 0", "this Python", results)
+    text = Path(path).read_text()
+    assert "| step | timed out after 230 s |" in text
+    assert "| gpt2 (50304 rows) | 60.0 (host 20.0) | 55.0 (1.0) | 78.0 | 66.0 | 1.30× | 1.10× |" \
+        in text
+    assert json.loads((tmp_path / "report.json").read_text())["sections"] == results
+
+
+@pytest.mark.needs("cuda", hostbuild.missing())
+def test_a_dry_run_on_the_stand_in_runs_the_first_sections(tmp_path):
+    """environment, kernels and gemms on the stand-in at tiny shapes (their host builds):
+    each writes its file as it finishes, the report lists them."""
+    proc = run(["-c", "import sys; from hpcpipe.bench import gpu_check as g; "
+                "g.SECTIONS = g.SECTIONS[:2] + g.SECTIONS[3:4] + g.SECTIONS[-1:]; "
+                "sys.exit(g.main(sys.argv[1:]))", "--standin", "--skip-tests",
+                "--out", str(tmp_path)], timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "CUDA-aware MPI: False" in proc.stdout and "3 of 3 steps passed" in proc.stdout
-    assert "fused kernels: passed" in proc.stdout  # their host builds, on the stand-in
-    (folder,) = tmp_path.iterdir()  # one folder ...
+    (folder,) = tmp_path.iterdir()
     files = {p.name for p in folder.iterdir()}
-    assert len(files) <= gpu_check.MAX_FILES  # ... of at most 8 files
-    assert files == {"report.md", "report.json", "calibration.json", "step-bfloat16.json",
-                     "gpu-model.json", "logs.tar.gz"}
-    result = json.loads((folder / "report.json").read_text())
-    assert [s["step"] for s in result["steps"]] == ["smoke", "step-bfloat16", "gpu-model"]
-    assert [r["label"] for r in result["step_rows"]] == ["bfloat16"]
-    assert all(r["hpcpipe_tokens_per_s"] > 0 for r in result["step_rows"])
-    assert result["predicted"]["launches"] > 0  # the cost model, at the smoke's rates
+    assert files == {"report.md", "report.json", "logs.txt", "calibration.json",
+                     "kernels.json"}
     calibration = json.loads((folder / "calibration.json").read_text())
-    assert {"elementwise_bytes_per_s", "gemm_flops_per_s", "host_launch_s"} <= set(calibration)
+    assert all(r["ok"] for r in calibration["compiled"].values())  # every kernel source
+    assert calibration["gemm_shapes"] and "elementwise_bytes_per_s" in calibration
+    assert all(k["ok"] for k in json.loads((folder / "kernels.json").read_text())["kernels"])
+    assert "kernel sources compiled" in (folder / "logs.txt").read_text()
+
+
+def test_a_hung_test_fails_named_by_the_per_test_limit(tmp_path):
+    (tmp_path / "test_hangs.py").write_text(
+        "import time\n\ndef test_sleeps():\n    time.sleep(30)\n\ndef test_quick():\n    pass\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.timeout",
+                           "--test-timeout", "1", "-q", "-p", "no:cacheprovider",
+                           str(tmp_path / "test_hangs.py")], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=str(TESTS)),
+                          cwd=tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "test_hangs.py::test_sleeps ran past its 1 s" in done.stdout
+    assert "1 failed, 1 passed" in done.stdout
 
 
 def test_offline_it_names_what_is_missing_instead_of_installing(monkeypatch):

@@ -7,7 +7,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hpcpipe.device import gemm, shapes, standin
+from hpcpipe.device import gemm, shapes
+from hpcpipe.devtools import standin
 
 bf16 = ml_dtypes.bfloat16
 

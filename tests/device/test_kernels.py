@@ -14,6 +14,7 @@ makes that a failure (CI).
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,10 +22,11 @@ from harness import kernelcases
 import numpy as np
 import pytest
 
-from hpcpipe.device.kernels import SOURCES, Kernels, compilecheck, hostbuild, source_text
+from hpcpipe.device.kernels import SOURCES, Kernels, source_text
+from hpcpipe.devtools import compilecheck, hostbuild
 from hpcpipe.device.kernels import gelu as k_gelu
 from hpcpipe.device.kernels import layernorm as k_layernorm
-from hpcpipe.device.kernels.rawmodule import RawModule
+from hpcpipe.devtools.rawmodule import RawModule
 
 NVCC_MISSING = None if compilecheck.nvcc() else "no nvcc (the CUDA toolkit) on this machine"
 NVRTC_MISSING = compilecheck.nvrtc_missing()
@@ -82,6 +84,13 @@ def test_compiles_with_nvcc_without_spills(name, nvcc_builds):
     usage = _built(nvcc_builds[name])
     assert set(usage) == set(SOURCES[name].kernels), "the registry lists the file's kernels"
     assert not [u for u in usage.values() if u.spills], compilecheck.table(usage)
+    if name == "flash":  # the kernel model prices flash.cu at its registers (occupancy)
+        from hpcpipe.devtools import kernelmodel
+        for kernel, model in (("flash_forward_hs64", kernelmodel.flash_forward()),
+                              ("flash_backward_dq_hs64", kernelmodel.flash_dq()),
+                              ("flash_backward_dkv_hs64", kernelmodel.flash_dkv())):
+            assert kernelmodel.blocks_per_sm(model) == kernelmodel.blocks_per_sm(
+                replace(model, registers=usage[kernel].registers)), (kernel, usage[kernel])
 
 
 @every_core
@@ -138,8 +147,13 @@ def test_attention_kernels_match_the_layer(kernels):
 
 
 @host_build
-def test_tensor_core_attention_matches_its_rounding_and_the_core(kernels):
-    kernelcases.case_attention_tensor_cores(*kernels)
+def test_flash_attention_matches_its_rounding_and_the_core(kernels):
+    kernelcases.case_attention_flash(*kernels)
+
+
+@host_build
+def test_flash_attention_with_grouped_heads_biases_and_rotation(kernels):
+    kernelcases.case_attention_flash_options(*kernels)
 
 
 @every_core
@@ -175,7 +189,7 @@ def _launch_script(code: str, kernel: str, args: str, sanitize: bool = False) ->
         "import numpy as np, sys",
         f"sys.path.insert(0, {str(Path(kernelcases.__file__).parent)!r})",
         "import kernelcases",
-        "from hpcpipe.device.kernels.rawmodule import RawModule",
+        "from hpcpipe.devtools.rawmodule import RawModule",
         "xp = kernelcases.devicesim.device()",
         (f"RawModule(code={code!r}, sanitize={sanitize}).get_function({kernel!r})"
          f"((1,), (32,), ({args}))"), ""])
@@ -258,50 +272,6 @@ def test_launch_functions_check_the_contract(kernels):
         k_gelu.forward(k, xp.empty((4, 8), dtype=np.float32), x.T.copy().T)
     with pytest.raises(TypeError, match="no kernel for dtype"):
         k_gelu.forward(k, xp.empty((4, 8), dtype=np.int32), x.astype(np.int32))
-
-
-WMMA_PROBE = r"""
-#include <cuda_bf16.h>
-extern "C" __global__ void __launch_bounds__(32) probe(float* out, const __nv_bfloat16* a,
-                                                       const __nv_bfloat16* b, int sync) {
-    __shared__ float tile[256];
-    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
-                           nvcuda::wmma::row_major> fa;
-    nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16,
-                           nvcuda::wmma::col_major> fb;
-    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc;
-    for (int e = threadIdx.x; e < 256; e += 32) tile[e] = -1.0f;
-    nvcuda::wmma::fill_fragment(acc, 0.5f);
-    nvcuda::wmma::load_matrix_sync(fa, a, 16);
-    nvcuda::wmma::load_matrix_sync(fb, b, 16);
-    nvcuda::wmma::mma_sync(acc, fa, fb, acc);
-    nvcuda::wmma::store_matrix_sync(tile, acc, 16, nvcuda::wmma::mem_row_major);
-    if (sync) __syncwarp();
-    for (int e = 0; e < 256; ++e) out[threadIdx.x * 256 + e] = tile[e];  // every lane reads all
-}
-"""
-
-
-@host_build
-def test_the_host_wmma_multiplies_and_a_missing_syncwarp_reads_stale_values():
-    """shim.h's WMMA: D = A B + C with B given column-major, as on a GPU; and a lane
-    reading a stored tile without __syncwarp() first sees other lanes' elements unwritten,
-    so the kernels' test catches a missing one, as a GPU might show it."""
-    from hpcpipe.device.kernels.rawmodule import RawModule
-
-    xp, rng = kernelcases.devicesim.device(), np.random.default_rng(0)
-    a = rng.standard_normal((16, 16)).astype(kernelcases.BF16)
-    b = rng.standard_normal((16, 16)).astype(kernelcases.BF16)  # read as B^T's rows
-    want = a.astype(np.float64) @ b.astype(np.float64).T + 0.5
-    function = RawModule(code=WMMA_PROBE).get_function("probe")
-    for sync in (1, 0):
-        out = xp.zeros(32 * 256, dtype=np.float32)
-        function((1,), (32,), (out, xp.asarray(a), xp.asarray(b), np.int32(sync)))
-        seen = out.get().reshape(32, 16, 16)
-        if sync:
-            np.testing.assert_allclose(seen, np.broadcast_to(want, seen.shape), rtol=1e-5)
-        else:
-            assert (seen == -1.0).any(), "every lane saw the whole store without a barrier"
 
 
 @host_build

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from hpcpipe import config
 from hpcpipe.device import backend
-from hpcpipe.device import standin
+from hpcpipe.devtools import standin
 from hpcpipe.model.layers import (
     attention,
     block,
@@ -127,9 +127,10 @@ def test_16_bit_training_on_the_device_tracks_float32(dtype, be):
 
 
 def test_the_device_embedding_gradient_adds_each_tokens_rows_in_batch_order():
-    """Without reduceat (CuPy has none) and without atomics, a token's rows are added
-    one round at a time, in batch order: the same bits on every run and every layout
-    (and NumPy's reduceat, on the CPU, to round-off)."""
+    """Without reduceat (CuPy has none) and without atomics, a token's rows are added in
+    batch order (the fused kernel's: within each span of 128 batch positions, the spans'
+    pieces then in order — these 120 positions are one span): the same bits on every run
+    and every layout (and NumPy's reduceat, on the CPU, to round-off)."""
     rng = np.random.default_rng(9)
     idx, dx = rng.integers(0, 5, (4, 30)), rng.standard_normal((4, 30, C)).astype(np.float32)
     on = backend.Backend(xp=standin.device(), name="simgpu", device_id=0)
@@ -189,8 +190,8 @@ def test_the_stand_in_counts_explicit_transfers_and_reports_one_device():
 
 
 def test_fake_gpu_selects_the_stand_in(monkeypatch):
-    monkeypatch.setenv(standin.FAKE_GPU_ENV, "1")
+    monkeypatch.setenv(backend.FAKE_GPU_ENV, "1")
     be = backend.select("gpu")
     assert be.is_gpu and be.name == "simgpu" and "stand-in" in be.describe()
-    monkeypatch.setenv(standin.FAKE_GPU_ENV, "0")
+    monkeypatch.setenv(backend.FAKE_GPU_ENV, "0")
     assert not backend.select("auto").is_gpu or backend.select("auto").name == "cupy"

@@ -1,7 +1,7 @@
 """Which device the tests run on, chosen explicitly (never a config's "auto").
 
 `pytest --device cpu` (the default) runs NumPy on the CPU; `--device standin` runs the
-device code paths on the device stand-in (hpcpipe/device/standin.py: a CuPy-like library that
+device code paths on the device stand-in (hpcpipe/devtools/standin.py: a CuPy-like library that
 refuses implicit host transfers and MPI buffers); `--device gpu` runs them on the GPU
 with CuPy. conftest.py publishes the choice in the environment, so that every process a
 test starts (MPI workers, `python -m hpcpipe train`) computes on the same device.
@@ -47,9 +47,9 @@ STANDIN_KINDS = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
 
 
 def on_standin() -> bool:
-    from hpcpipe.device import standin
+    from hpcpipe.device import backend
 
-    return name() == "gpu" and os.environ.get(standin.FAKE_GPU_ENV) == "1"
+    return name() == "gpu" and os.environ.get(backend.FAKE_GPU_ENV) == "1"
 
 
 def fused() -> bool:

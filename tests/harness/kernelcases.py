@@ -33,9 +33,10 @@ from hpcpipe.device.kernels import gelu as k_gelu
 from hpcpipe.device.kernels import gradnorm as k_gradnorm
 from hpcpipe.device.kernels import layernorm as k_layernorm
 from hpcpipe.device.kernels import residual as k_residual
-from hpcpipe.device.kernels.rawmodule import RawModule
+from hpcpipe.devtools import flashmodel
+from hpcpipe.devtools.rawmodule import RawModule
 
-from hpcpipe.device import standin as devicesim
+from hpcpipe.devtools import standin as devicesim
 from hpcpipe.model.layers import attention, embedding, gelu, layernorm, loss
 from hpcpipe.optim.adamw import AdamW, ParamShard
 
@@ -256,45 +257,6 @@ def attention_core(qkv, n_head, dy, stored_y=None):
             grads.transpose(1, 3, 0, 2, 4).reshape(B, T, C3))
 
 
-def _online_y(s, v, bf16, tile=32):
-    """F's output as attention_tc.cu makes it: per tile of `tile` keys the running row
-    maximum m and sum l, y rescaled by exp(m_old - m_new), then y += bf16(exp(s - m)) v;
-    y / l at the end. s (B, NH, T, T) scaled and masked scores, v (B, NH, T, HS)."""
-    top = np.full(s.shape[:-1] + (1,), -np.inf)
-    total, acc = np.zeros_like(top), np.zeros(s.shape[:-1] + v.shape[-1:])
-    for t0 in range(0, s.shape[-1], tile):
-        st = s[..., t0:t0 + tile]
-        new = np.maximum(top, st.max(-1, keepdims=True))  # finite: key 0 is in tile 0
-        shrink = np.exp(top - new)
-        p = np.exp(st - new)
-        total = total * shrink + p.sum(-1, keepdims=True)
-        acc = acc * shrink + bf16(p) @ v[..., t0:t0 + tile, :]
-        top = new
-    return acc / total
-
-
-def attention_core_tc(qkv, n_head, dy, stored_y):
-    """attention_core as the tensor-core kernels round it: the probabilities P (in F
-    unnormalised, tile by tile: `_online_y`) and the score gradients dS rounded to
-    bfloat16 before their products (the rest float64)."""
-    B, T, C3 = qkv.shape
-    HS = C3 // 3 // n_head
-    bf16 = lambda a: a.astype(BF16).astype(np.float64)  # noqa: E731
-    parts = qkv.reshape(B, T, 3, n_head, HS).transpose(2, 0, 3, 1, 4)
-    q, kk, v = parts[0], parts[1], parts[2]
-    s = q @ kk.transpose(0, 1, 3, 2) / math.sqrt(HS) + np.triu(np.full((T, T), -np.inf), 1)
-    y = _online_y(s, v, bf16, k_attention.TC_TILE)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    g = dy.reshape(B, T, n_head, HS).transpose(0, 2, 1, 3)
-    d = (g * stored_y.reshape(B, T, n_head, HS).transpose(0, 2, 1, 3)).sum(-1, keepdims=True)
-    ds = bf16(p * (g @ v.transpose(0, 1, 3, 2) - d))
-    grads = np.stack([ds @ kk / math.sqrt(HS), ds.transpose(0, 1, 3, 2) @ q / math.sqrt(HS),
-                      bf16(p).transpose(0, 1, 3, 2) @ g])
-    return y.transpose(0, 2, 1, 3).reshape(B, T, -1), grads.transpose(1, 3, 0, 2, 4).reshape(
-        B, T, C3)
-
-
 def _attention_kernels(k, xp, qkv, dy, n_head, name, bias=None):
     B, T, C3 = qkv.shape
     S, A = storage(name), accumulation(name)
@@ -345,9 +307,9 @@ def case_attention_layer(k, xp, name="float64", B=2, T=37, n_head=2, HS=32):
 def case_attention(k, xp, name, B=1, T=41, n_head=2, HS=64):
     """Every dtype against the written-out core on the rounded inputs; T not a multiple
     of any tile; B twice, bit for bit. (bfloat16 at a head size of 96: the scalar
-    kernel's; 64 would go to the tensor cores, case_attention_tensor_cores.)"""
+    kernel's; 64 would go to flash.cu, case_attention_flash.)"""
     rng = np.random.default_rng(4)
-    HS = 96 if k_attention.tensor_cores(storage(name), HS) else HS
+    HS = 96 if k_attention.flash(storage(name), HS) else HS
     C = n_head * HS
     qkv, qkv64 = stored(rng.standard_normal((B, T, 3 * C)), name)
     dy, dy64 = stored(rng.standard_normal((B, T, C)), name)
@@ -363,8 +325,8 @@ def case_attention(k, xp, name, B=1, T=41, n_head=2, HS=64):
 
 
 def _bias_summed_in_b(k, xp, qkv, dy, n_head, dqkv, shape):
-    """The tensor-core B asked for c_attn's bias gradient: the same dqkv bits, and its
-    pieces add up (bias_finish, onto a start) to dqkv's column sums as stored."""
+    """flash.cu's B asked for c_attn's bias gradient: the same dqkv bits, and its pieces
+    add up (bias_finish, onto a start) to dqkv's column sums as stored."""
     B, T, C3 = qkv.shape
     qkv_, dy_ = device(xp, qkv), device(xp, dy)
     y_, lse_ = xp.empty((B, T, C3 // 3), dtype=BF16), xp.empty((B, n_head, T), np.float32)
@@ -380,35 +342,156 @@ def _bias_summed_in_b(k, xp, qkv, dy, n_head, dqkv, shape):
     assert_close(host(dbias_), want, "float32", f"c_attn bias gradient ({shape})", loose=8)
 
 
-TC_SHAPES = ((1, 70, 2, 64), (2, 5, 1, 16), (1, 33, 1, 48), (1, 17, 3, 32))  # B, T, NH, HS
+def assert_as_modelled(got, want, what: str):
+    """The kernel against flashmodel (its own rounding, step for step): every bf16 output
+    within one unit in the last place of the model's, nearly all of them equal (a
+    different rounding of one exp2 or log in a thousand may move one; a lane-mapping
+    error moves whole values)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64).reshape(got.shape)
+    ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(want), 2.0 ** -126))) - 7)
+    worst = np.max(np.abs(got - want) / ulp)
+    equal = np.mean(got == want)
+    assert worst <= 1.0 and equal >= 0.99, (
+        f"{what}: {100 * equal:.2f} % equal to the model, off by up to {worst:.3g} ulp")
 
 
-def case_attention_tensor_cores(k, xp, name="bfloat16", shapes=TC_SHAPES):
-    """bfloat16 at head sizes 16 to 64 runs attention_tc.cu (WMMA; on the host, shim.h's
-    whole-tile emulation of it): against the core with P and dS rounded as the kernels
-    round them, within one bfloat16 rounding of each output; T past one block of rows
-    and not a multiple of a tile; B twice, bit for bit; and against the plain float64
-    core within the rounding of P (so that a kernel and its model cannot err together)."""
-    assert k_attention.tensor_cores(BF16, 64) and not k_attention.tensor_cores(BF16, 80)
+# B, T, NH, HS: T past one block of 64 rows and not a multiple of 16, the smallest, three
+# blocks (every dkv block past its diagonal), and each head size.
+FLASH_SHAPES = ((1, 70, 2, 64), (2, 5, 1, 16), (1, 130, 1, 48), (1, 17, 3, 32))
+
+
+def _flash_against_model_and_core(k, xp, qkv, dy, n_head, bias, what):
+    """GPT-2's fused qkv (and c_attn's bias, or None) through flash.cu: against flashmodel
+    and against the plain float64 core on qkv + bias. Returns (y, lse, dqkv)."""
+    B, T, C3 = qkv.shape
+    HS = C3 // 3 // n_head
+    y, lse, dqkv = _attention_kernels(k, xp, qkv, dy, n_head, "bfloat16", bias)
+    heads = qkv.astype(np.float64).reshape(B, T, 3, n_head, HS)
+    parts = [heads[:, :, i] for i in range(3)]
+    split = None if bias is None else tuple(bias.astype(np.float64).reshape(3, -1))
+    want_y, want_lse = flashmodel.forward(*parts, split)
+    assert_as_modelled(y, want_y, f"flash y ({what})")
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-6, err_msg=what)
+    want = flashmodel.backward(*parts, y.astype(np.float64).reshape(B, T, n_head, HS),
+                               dy.astype(np.float64).reshape(B, T, n_head, HS),
+                               lse.astype(np.float64), split)
+    assert_as_modelled(dqkv, np.stack(want, axis=2), f"flash dqkv ({what})")
+    summed = qkv.astype(np.float64) + (0 if bias is None else bias.astype(np.float64))
+    dy64 = dy.astype(np.float64)
+    ref_y = attention_core(summed, n_head, dy64)[0]
+    ref_dqkv = attention_core(summed, n_head, dy64, stored_y=y.astype(np.float64))[2]
+    assert np.max(np.abs(y - ref_y)) <= 2.0 ** -7 * np.max(np.abs(ref_y)), what
+    assert np.max(np.abs(dqkv - ref_dqkv)) <= 2.0 ** -6 * np.max(np.abs(ref_dqkv)), what
+    return y, lse, dqkv
+
+
+def case_attention_flash(k, xp, name="bfloat16", shapes=FLASH_SHAPES):
+    """bfloat16 at head sizes 16 to 64 runs flash.cu (mma.sync; on the host shim.h's
+    lane-by-lane emulation): GPT-2's fused qkv against flashmodel, the kernels' own
+    rounding written out in NumPy (equal but for an ulp in rare places), and against the
+    plain float64 core within bfloat16's rounding (so that a kernel and its model cannot
+    err together); lse against the core's; B twice, bit for bit; c_attn's bias (taken by
+    the kernels as they read, by algebra for k and v) and its gradient summed in B."""
+    assert k_attention.flash(BF16, 64) and not k_attention.flash(BF16, 80)
     rng = np.random.default_rng(7)
     for B, T, n_head, HS in shapes:
         C = n_head * HS
         qkv, qkv64 = stored(rng.standard_normal((B, T, 3 * C)), name)
         dy, dy64 = stored(rng.standard_normal((B, T, C)), name)
-        y, lse, dqkv = _attention_kernels(k, xp, qkv, dy, n_head, name)
         shape = f"B {B}, T {T}, {n_head} × {HS}"
-        want_y, want_dqkv = attention_core_tc(qkv64, n_head, dy64, y.astype(np.float64))
-        assert_close(y, want_y, name, f"tensor-core attention y ({shape})", loose=2)
-        assert_close(dqkv, want_dqkv, name, f"tensor-core attention dqkv ({shape})", loose=4)
-        ref_y, ref_lse, _ = attention_core(qkv64, n_head, dy64)
-        assert_close(lse, ref_lse, name, f"tensor-core attention lse ({shape})")
-        assert np.max(np.abs(y - ref_y)) <= 2.0 ** -7 * np.max(np.abs(ref_y)), shape
+        y, lse, dqkv = _flash_against_model_and_core(k, xp, qkv, dy, n_head, None, shape)
+        assert_close(lse, attention_core(qkv64, n_head, dy64)[1], name, f"flash lse ({shape})")
         again = _attention_kernels(k, xp, qkv, dy, n_head, name)[2]
         assert np.array_equal(dqkv.view(np.uint8), again.view(np.uint8)), shape
-        if HS == shapes[0][3] and T == shapes[0][1]:  # c_attn's bias: at the first shape
-            _bias_taken_as_read(k, xp, qkv, dy, n_head, name, rng, (y, lse, dqkv),
-                                f"tensor-core attention ({shape})")
+        if (B, T) == shapes[0][:2]:  # c_attn's bias: at the first shape
+            bias = stored(0.5 * rng.standard_normal(3 * C), name)[0]
+            _flash_against_model_and_core(k, xp, qkv, dy, n_head, bias, f"{shape}, bias")
             _bias_summed_in_b(k, xp, qkv, dy, n_head, dqkv, shape)
+
+
+def rotated(x, cos, sin):
+    """Hugging Face's apply_rotary_pos_emb on x (B, T, H, HS), float64: x·cos +
+    rotate_half(x)·sin with cos, sin (T, HS/2) repeated over both halves."""
+    half = x.shape[-1] // 2
+    c = np.concatenate([cos, cos], -1).astype(np.float64)[None, :, None, :]
+    s = np.concatenate([sin, sin], -1).astype(np.float64)[None, :, None, :]
+    turned = np.concatenate([-x[..., half:], x[..., :half]], -1)
+    return x * c + turned * s
+
+
+def grouped_attention(q, k, v, dy, cos=None, sin=None):
+    """Causal attention of q (B, T, NH, HS) over k, v (B, T, NKV, HS) in float64, each
+    key/value head serving NH/NKV query heads, q and k rotated first when given tables,
+    and its gradients: dq, dk (through the rotation: R^T), dv, dk and dv summed over each
+    group's query heads."""
+    B, T, NH, HS = q.shape
+    group = NH // k.shape[2]
+    if cos is not None:
+        q, k = rotated(q, cos, sin), rotated(k, cos, sin)
+    Q = q.transpose(0, 2, 1, 3)
+    K = np.repeat(k, group, axis=2).transpose(0, 2, 1, 3)
+    V = np.repeat(v, group, axis=2).transpose(0, 2, 1, 3)
+    s = Q @ K.swapaxes(-1, -2) / math.sqrt(HS) + np.triu(np.full((T, T), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    g = dy.transpose(0, 2, 1, 3)
+    dp = g @ V.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    dq = (ds @ K / math.sqrt(HS)).transpose(0, 2, 1, 3)
+    grouped = lambda a: a.reshape(B, -1, group, T, HS).sum(2).transpose(0, 2, 1, 3)  # noqa: E731
+    dk = grouped(ds.swapaxes(-1, -2) @ Q / math.sqrt(HS))
+    dv = grouped(p.swapaxes(-1, -2) @ g)
+    if cos is not None:  # the rotation is orthogonal: its gradient is its transpose
+        dq, dk = rotated(dq, cos, -sin), rotated(dk, cos, -sin)
+    return (p @ V).transpose(0, 2, 1, 3), dq, dk, dv
+
+
+# B, T, NH, NKV, HS, bias, rope: grouped heads (2 and 4 query heads a key/value head) with
+# the rotation, c_attn-style biases on all three, and both; T across block boundaries.
+FLASH_OPTIONS = ((1, 70, 4, 2, 32, False, True), (2, 37, 4, 1, 16, True, False),
+                 (1, 66, 2, 1, 64, True, True))
+
+
+def case_attention_flash_options(k, xp, name="bfloat16", options=FLASH_OPTIONS):
+    """flash.cu's general interface with grouped-query heads, biases and the rotary
+    embedding (the Llama family): separate q, k, v arrays, against flashmodel and against
+    grouped_attention, a float64 reference of Hugging Face's rotation written here."""
+    rng = np.random.default_rng(11)
+    for B, T, NH, NKV, HS, with_bias, with_rope in options:
+        what = f"B {B}, T {T}, {NH}/{NKV} heads × {HS}, bias {with_bias}, rope {with_rope}"
+        q, k_, v = (stored(rng.standard_normal((B, T, H * HS)), name)[0]
+                    for H in (NH, NKV, NKV))
+        dy = stored(rng.standard_normal((B, T, NH * HS)), name)[0]
+        bias = [stored(0.3 * rng.standard_normal(n), name)[0]
+                for n in (NH * HS, NKV * HS, NKV * HS)] if with_bias else None
+        cos, sin = flashmodel.rope_tables(T, HS) if with_rope else (None, None)
+        rope = k_attention.Rope(device(xp, cos), device(xp, sin)) if with_rope else None
+        args = [device(xp, a) for a in (q, k_, v)]
+        biases = tuple(device(xp, b) for b in bias) if with_bias else None
+        y_, lse_ = xp.empty((B, T, NH * HS), dtype=BF16), xp.empty((B, NH, T), np.float32)
+        k_attention.flash_forward(k, y_, lse_, *args, NH, NKV, biases, rope)
+        grads = [xp.empty_like(a) for a in args]
+        dd_ = xp.empty((B, NH, T), np.float32)
+        k_attention.flash_backward(k, *grads, dd_, device(xp, dy), y_, *args, lse_, NH, NKV,
+                                   biases, rope)
+        y, lse = host(y_).astype(np.float64), host(lse_).astype(np.float64)
+        got = [host(a).astype(np.float64) for a in grads]
+        heads = lambda a, H: a.astype(np.float64).reshape(B, T, H, HS)  # noqa: E731
+        raw = [heads(a, H) for a, H in zip((q, k_, v), (NH, NKV, NKV))]
+        split = None if bias is None else tuple(b.astype(np.float64) for b in bias)
+        want_y, want_lse = flashmodel.forward(*raw, split, cos, sin)
+        assert_as_modelled(y, want_y, f"y ({what})")
+        np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-6, err_msg=what)
+        modelled = flashmodel.backward(*raw, y.reshape(B, T, NH, HS), heads(dy, NH), lse,
+                                       split, cos, sin)
+        for label, g, w in zip(("dq", "dk", "dv"), got, modelled):
+            assert_as_modelled(g, w, f"{label} ({what})")
+        inputs = [heads(a, H) + (0 if bias is None else b.astype(np.float64).reshape(H, HS))
+                  for a, H, b in zip((q, k_, v), (NH, NKV, NKV), bias or (None,) * 3)]
+        ref = grouped_attention(*inputs, heads(dy, NH), cos, sin)
+        for label, g, w in zip(("y", "dq", "dk", "dv"), (y, *got), ref):
+            err = np.max(np.abs(g.reshape(w.shape) - w)) / np.max(np.abs(w))
+            assert err <= 2.0 ** -6, f"{label} ({what}): {err:.3g} of the largest vs float64"
 
 
 # -- cross-entropy ------------------------------------------------------------------------
@@ -465,38 +548,69 @@ def case_cross_entropy(k, xp, name, B=2, T=5, V=300, pad=20, scale=0.5):
 
 # -- embedding ----------------------------------------------------------------------------
 
-def case_embedding(k, xp, name, B=3, T=16, C=40, V=11):
-    """Bit for bit the layer's device path (each token's rows added in batch order, by
-    `_run_sums`), and the CPU path's reduceat to round-off, on skewed tokens (one token
-    in half the positions) and a token that never occurs; out-of-shard ids are skipped."""
+def _piece_sums(dx, idx, V, span):
+    """dwte as embedding.cu sums it: each token's rows in batch order, in pieces of the
+    batch positions p // span, the pieces added in order, in the accumulation dtype; (V, C).
+    (A token within one span: its rows in batch order, as a plain loop adds them.)"""
+    A = dx.dtype if dx.dtype == np.float64 else np.dtype(np.float32)
+    flat, rows = idx.reshape(-1), dx.reshape(-1, dx.shape[-1]).astype(A)
+    out = np.zeros((V, dx.shape[-1]), A)
+    for token in np.unique(flat):
+        pieces = {}
+        for p in np.flatnonzero(flat == token):  # batch order
+            piece = pieces.get(p // span)
+            pieces[p // span] = rows[p] if piece is None else (piece + rows[p])
+        total = None
+        for key in sorted(pieces):
+            total = pieces[key] if total is None else (total + pieces[key])
+        if 0 <= token < V:
+            out[token] = total
+    return out
+
+
+def case_embedding(k, xp, name, B=4, T=80, C=40, V=11):
+    """As embedding.cu sums it (a token's rows in batch order within each span of 128
+    batch positions, the spans' pieces added in order: `_piece_sums`) bit for bit, and the
+    CPU path's reduceat to round-off, on skewed tokens (one token in 60 % of 320 positions:
+    pieces in three spans) and a token that never occurs; the same bits again; a
+    vocabulary shard's rows (its other ids out of range, sorting elsewhere) bit for bit the
+    unsharded rows."""
     rng = np.random.default_rng(6)
     G = accumulation(name)
-    idx = np.where(rng.random((B, T)) < 0.5, 3, rng.integers(0, V - 1, (B, T))).astype(np.int64)
+    idx = np.where(rng.random((B, T)) < 0.6, 3, rng.integers(0, V - 1, (B, T))).astype(np.int64)
     dx, _ = stored(rng.standard_normal((B, T, C)), name)
     start_wte = rng.standard_normal((V, C)).astype(G)
     start_wpe = rng.standard_normal((T + 4, C)).astype(G)
     cpu = {"wte": start_wte.copy(), "wpe": start_wpe.copy()}
     embedding.backward_weight(dx, {"idx": idx}, cpu)
-    idx_, dx_ = device(xp, idx), device(xp, dx)
-    on_device = {"wte": device(xp, start_wte), "wpe": device(xp, start_wpe)}
-    embedding.backward_weight(dx_, {"idx": idx_}, on_device)
-    want_wte, want_wpe = host(on_device["wte"]), host(on_device["wpe"])
+    want_wte = (start_wte + _piece_sums(dx, idx, V, k_embedding.CHUNK)).astype(G)
+    want_wpe = (start_wpe[:T] + dx.astype(G).sum(axis=0, dtype=G)).astype(G)
 
+    idx_, dx_ = device(xp, idx), device(xp, dx)
     order_ = xp.argsort(idx_.reshape(-1), kind="stable")
+    spaces = k_embedding.workspaces(xp, B * T, C, G)
     dwte_, dwpe_ = device(xp, start_wte), device(xp, start_wpe)
-    k_embedding.backward_wte(k, dwte_, dx_, idx_, order_)
+    k_embedding.backward_wte(k, dwte_, dx_, idx_, order_, *spaces)
     k_embedding.backward_wpe(k, dwpe_, dx_)
-    assert np.array_equal(host(dwte_), want_wte), "wte gradient, bit for bit"
-    assert np.array_equal(host(dwpe_), want_wpe), "wpe gradient, bit for bit"
-    assert_close(host(dwte_), cpu["wte"], "float64" if name == "float64" else "float32",
+    got = host(dwte_)
+    assert np.array_equal(got, want_wte), "wte gradient, bit for bit its piece sums"
+    assert np.array_equal(host(dwpe_)[:T], want_wpe), "wpe gradient, bit for bit"
+    assert np.array_equal(host(dwpe_)[T:], start_wpe[T:]), "wpe rows past T"
+    assert_close(got, cpu["wte"], "float64" if name == "float64" else "float32",
                  "wte gradient vs reduceat")
+    again_ = device(xp, start_wte)
+    k_embedding.backward_wte(k, again_, dx_, idx_, order_, *spaces)
+    assert np.array_equal(host(again_), got), "the same bits again"
 
     # A vocabulary shard holding rows [5, 11): local ids, the others out of range.
     local_ = device(xp, idx - 5)
     shard_ = device(xp, start_wte[5:])
     k_embedding.backward_wte(k, shard_, dx_, local_, xp.argsort(local_.reshape(-1),
-                                                                kind="stable"))
-    assert np.array_equal(host(shard_), want_wte[5:]), "a shard's rows"
+                                                                kind="stable"), *spaces)
+    assert np.array_equal(host(shard_), got[5:]), "a shard's rows"
+    low_ = device(xp, start_wte[:3])  # rows [0, 3): the dominant token 3 is another's
+    k_embedding.backward_wte(k, low_, dx_, idx_, order_, *spaces)
+    assert np.array_equal(host(low_), got[:3]), "a shard below the dominant token"
 
 
 # -- AdamW --------------------------------------------------------------------------------
@@ -565,7 +679,8 @@ CASES = (case_layernorm, case_gelu, case_residual, case_attention, case_cross_en
 
 def kernels(sanitize: bool = False) -> Kernels:
     """Kernels on the host builds, every source compiled first, on every core at once."""
-    from hpcpipe.device.kernels import SOURCES, hostbuild, source_text
+    from hpcpipe.device.kernels import SOURCES, source_text
+    from hpcpipe.devtools import hostbuild
 
     hostbuild.build_all((source_text(name) for name in SOURCES), sanitize)
     return Kernels(functools.partial(RawModule, sanitize=sanitize))
@@ -573,19 +688,26 @@ def kernels(sanitize: bool = False) -> Kernels:
 
 # Under the sanitizers (several times slower) every kernel runs once in bfloat16, the
 # dtype training uses, and attention also in float64, whose shared tiles are shaped
-# differently (16 rows, not 32), and on the tensor cores.
-def case_attention_tensor_cores_two_shapes(k, xp, name="bfloat16"):
+# differently (16 rows, not 32), and flash.cu at two shapes and with its options.
+def case_attention_flash_two_shapes(k, xp, name="bfloat16"):
     """Under the sanitizers: past one block of rows at GPT-2's head size, and the smallest."""
-    case_attention_tensor_cores(k, xp, name, TC_SHAPES[:2])
+    case_attention_flash(k, xp, name, FLASH_SHAPES[:2])
+
+
+def case_attention_flash_grouped_rotary(k, xp, name="bfloat16"):
+    """Under the sanitizers: grouped heads, biases and the rotation together."""
+    case_attention_flash_options(k, xp, name, FLASH_OPTIONS[2:])
 
 
 SANITIZED = tuple((case, "bfloat16") for case in CASES) + (
-    (case_attention, "float64"), (case_attention_tensor_cores_two_shapes, "bfloat16"))
+    (case_attention, "float64"), (case_attention_flash_two_shapes, "bfloat16"),
+    (case_attention_flash_grouped_rotary, "bfloat16"))
 
 
-# Seconds each case takes under the sanitizers (2026-12-01, one core), to split the cases
+# Seconds each case takes under the sanitizers (2026-12-06, one core), to split the cases
 # into parts of about the same length; the others take about one.
-SANITIZED_SECONDS = {case_attention: 8.0, case_attention_tensor_cores_two_shapes: 12.0,
+SANITIZED_SECONDS = {case_attention: 8.0, case_attention_flash_two_shapes: 6.0,
+                     case_attention_flash_grouped_rotary: 6.0,
                      case_embedding: 5.0, case_gradnorm: 5.0}
 
 

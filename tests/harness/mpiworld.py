@@ -57,9 +57,9 @@ def sizes(*counts: int, timeout: float = DEFAULT_TIMEOUT) -> list:
     handed to MPI), which the smaller worlds run through the same code — their layouts
     (dp = 3, 8 tensor shards) are proved on the CPU pass; each count is a job of its own,
     with every rank's start-up, on 2 cores."""
-    from hpcpipe.device import standin
+    from hpcpipe.device import backend
 
-    if os.environ.get(standin.FAKE_GPU_ENV) == "1":
+    if os.environ.get(backend.FAKE_GPU_ENV) == "1":
         counts = (max(n for n in counts if n <= STANDIN_MAX_RANKS),)
     return [pytest.param(n, marks=pytest.mark.mpi(ranks=n, timeout=timeout), id=str(n))
             for n in counts]

@@ -4,9 +4,9 @@ after F, while a recomputing B runs, and after B, for every recompute choice and
 import numpy as np
 import pytest
 
-from hpcpipe.device import standin
+from hpcpipe.devtools import standin
 from hpcpipe.device.backend import Backend
-from hpcpipe.device.kernels import hostbuild
+from hpcpipe.devtools import hostbuild
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.memory import stage_memory
 from hpcpipe.model.stage import StageSpec

@@ -11,9 +11,9 @@ import pytest
 from harness.layer_shapes import shapes
 from harness.layerpass import ends_passes, passes
 
-from hpcpipe.device import standin
+from hpcpipe.devtools import standin
 from hpcpipe.device.backend import Backend
-from hpcpipe.device.kernels import hostbuild
+from hpcpipe.devtools import hostbuild
 from hpcpipe.model.layers import (
     attention,
     block,

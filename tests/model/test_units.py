@@ -5,9 +5,9 @@ tensors of its halves only."""
 import numpy as np
 import pytest
 
-from hpcpipe.device import standin
+from hpcpipe.devtools import standin
 from hpcpipe.device.backend import Backend
-from hpcpipe.device.kernels import hostbuild
+from hpcpipe.devtools import hostbuild
 from hpcpipe.model.layers import fused
 from hpcpipe.model.layout import GPTConfig, block_layout
 from hpcpipe.model.split import parse

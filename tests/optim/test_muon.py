@@ -115,11 +115,11 @@ def test_a_checkpoint_of_the_other_optimizer_is_refused():
 
 
 def test_the_device_path_on_the_stand_in_equals_numpy_without_copies(monkeypatch):
-    """The step on hpcpipe/device/standin.py's CuPy-like arrays (what a GPU runs) gives
+    """The step on hpcpipe/devtools/standin.py's CuPy-like arrays (what a GPU runs) gives
     NumPy's numbers and copies nothing between host and device; where the fused kernels
     build, AdamW's part is one fused kernel per range between the matrices."""
     from hpcpipe.device import kernels as device_kernels
-    from hpcpipe.device import standin
+    from hpcpipe.devtools import standin
     from hpcpipe.device.backend import Backend
     from hpcpipe.optim import muon
 

@@ -33,19 +33,21 @@ float64 for float64). None of them synchronises or copies: they only launch.
     bias_backward(k, dx, partials, dy, x, bias)  dx = dy·gelu'(x + bias), and partials
         (GELU_CHUNKS, D) A of dx's column sums. Grid (ceil(D/256), 32), block 256.
     bias_finish(k, dbias, partials)              dbias (D,) A += the chunks, in order.
-  residual (residual.cu), n elements of (..., D):
+  residual (residual.cu), N rows of D:
     bias_residual(k, y, bias, residual)          y = (y + bias) + residual in place, each
-        add rounded to S; bias (D,). Grid (ceil(n/256)), block 256.
+        add rounded to S; bias (D,). Grid (ceil(D/256), min(N, 4096)), block 256.
   attention (attention.cu), B, T, NH, HS (a multiple of 32, at most 128):
     forward(k, y, lse, qkv, n_head)              qkv (B, T, 3C) S as c_attn writes it;
         y (B, T, C) S; lse (B, NH, T) A.
     backward(k, dqkv, dd, dy, y, qkv, lse, n_head)   dqkv (B, T, 3C) S; dd (B, NH, T) A a
         workspace; two launches (dq, then dk and dv). Grid (ceil(T/8), NH, B), block 256.
-    On bfloat16 with a head size of 16, 32, 48 or 64 the same two calls run
-    attention_tc.cu on tensor cores instead (P and dS rounded to bfloat16 before their
-    products); grid (ceil(T/64), NH, B), block 128. There B may also sum c_attn's bias
-    gradient (backward(..., bias_sums=) into (B·ceil(T/64), 3C) float32), added up by
-    bias_finish(k, dbias, bias_sums) (+=, in order).
+    On bfloat16 with a head size of 16, 32, 48 or 64 the same two calls run flash.cu on
+    tensor cores instead (FlashAttention-2's scheme on mma.sync; P and dS rounded to
+    bfloat16 before their products); grid (ceil(T/64), NH, B), block 128. There B may also
+    sum c_attn's bias gradient (backward(..., bias_sums=) into (B·ceil(T/64), 3C)
+    float32), added up by bias_finish(k, dbias, bias_sums) (+=, in order). flash.cu's
+    general interface, flash_forward / flash_backward, takes q, k, v apart with
+    grouped-query heads and a rotary embedding (attention.py).
   cross_entropy (cross_entropy.cu), N rows, V columns held here in rows of stride Vp:
     fused(k, losses, dlogits, logits, targets, vocab, dscale)
         losses (N,) A; dlogits, logits (N, Vp) S (dlogits may be logits); targets (N,)
@@ -55,9 +57,10 @@ float64 for float64). None of them synchronises or copies: they only launch.
         vocabulary shard's (max, sum exp, target logit) rows; all-gather them, then
     backward(k, losses, dlogits, logits, targets, gathered, vocab, first, dscale).
   embedding (embedding.cu):
-    backward_wte(k, dwte, dx, idx, order)        idx (B, T) int64 (a vocabulary shard's
-        local ids; ones outside [0, V) are skipped); order (B·T,) int64 =
-        xp.argsort(idx.reshape(-1), kind="stable"); dwte (V, C) G (+=). Grid (B·T, ceil(C/128)).
+    backward_wte(k, dwte, dx, idx, order, carry, lengths)   idx (B, T) int64 (a
+        vocabulary shard's local ids; ones outside [0, V) are skipped); order (B·T,) int64
+        = xp.argsort(idx.reshape(-1), kind="stable"); dwte (V, C) G (+=); carry, lengths
+        workspaces (`workspaces`). Two launches of grid (ceil(B·T/128), ceil(C/128)).
     backward_wpe(k, dwpe, dx)                    dwpe (>= T, C) G (+= rows [0, T)).
   adamw (adamw.cu):
     step(k, master, m, v, grad, mask, copy, t, lr, beta1, beta2, eps, weight_decay,
@@ -74,6 +77,8 @@ butterflies, fixed chunk counts), never by the device's size or timing.
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,15 +119,17 @@ SOURCES = {s.name: s for s in (
     Source("residual", _typed("bias_residual")),
     Source("attention", _typed("attention_forward", "attention_backward_dq",
                                "attention_backward_dkv")),
-    # bfloat16 on tensor cores (WMMA), one set per head size of 16 to 64 channels
-    Source("attention_tc", tuple(f"attention_tc_{stem}_hs{hs}" for stem in (
+    # bfloat16 on tensor cores (mma.sync), one set per head size of 16 to 64 channels
+    Source("flash", tuple(f"flash_{stem}_hs{hs}" for stem in (
         "forward", "backward_dq", "backward_dkv") for hs in (16, 32, 48, 64))
-           + ("attention_tc_bias_finish",), headers=("mma.h", "crt/mma.h")),
+           + ("flash_bias_finish",)),
     Source("cross_entropy", _typed("cross_entropy_fused", "cross_entropy_partials",
                                    "cross_entropy_backward")),
-    Source("embedding", _typed("embedding_backward_wte", "embedding_backward_wpe")),
+    Source("embedding", _typed("embedding_wte_pieces", "embedding_backward_wpe")
+           + _typed("embedding_wte_runs", dtypes=("f32", "f64"))),
     # No contracted multiply-adds: the update's bits are NumPy's (see adamw.cu).
-    Source("adamw", ("adamw_f32", "adamw_f64"), ("--fmad=false",)),
+    Source("adamw", ("adamw_f32", "adamw_f64", "adamw_dev_f32", "adamw_dev_f64"),
+           ("--fmad=false",)),
     Source("gradnorm", _typed("grad_sumsq_partials") + ("grad_sumsq_finish",)),
 )}
 
@@ -147,16 +154,36 @@ def source_text(name: str) -> str:
     return expand(SOURCES[name].path)
 
 
+@functools.cache
+def cuda_include(headers=("cuda_bf16.h", "crt/host_defines.h", "nv/target")) -> Path | None:
+    """A folder holding `headers`: the NVIDIA wheels' (nvidia-cuda-runtime has
+    cuda_bf16.h, nvidia-cuda-crt the crt/ headers a host compiler needs beside it, where
+    NVRTC has its own, nvidia-cuda-cccl nv/target), CUDA_HOME's, /usr/local/cuda's or a
+    versioned toolkit's (/usr/local/cuda-13.0, newest first)."""
+    candidates = []
+    try:
+        import nvidia  # namespace package of NVIDIA's wheels
+        for root in nvidia.__path__:
+            candidates += sorted(Path(root).glob("cu*/include"))
+            candidates.append(Path(root) / "cuda_runtime" / "include")
+    except ImportError:
+        pass
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            candidates.append(Path(home) / "include")
+    candidates += sorted(Path("/usr/local").glob("cuda-*/include"), reverse=True)  # versioned
+    return next((c for c in candidates if all((c / h).is_file() for h in headers)), None)
+
+
 def options(name: str) -> tuple[str, ...]:
     """NVRTC's options for SOURCES[name]: with -I the first CUDA include folder that holds
-    the headers it needs. (The H200 image's CUDA 13 wheel, which CuPy takes its headers
-    from, has mma.h but not the crt/mma.h it includes: attention_tc failed to compile
-    there; its toolkit's folder has both.)"""
+    the headers it needs beyond NVRTC's own (the H200 image's CUDA 13 wheel, which CuPy
+    takes its headers from, had mma.h but not the crt/mma.h it includes: the WMMA kernel
+    failed to compile there. flash.cu's tensor-core code is inline PTX and needs no such
+    header)."""
     source = SOURCES[name]
     if not source.headers:
         return COMMON_OPTIONS + source.options
-    from .hostbuild import cuda_include
-
     folder = cuda_include(source.headers)
     return COMMON_OPTIONS + source.options + ((f"-I{folder}",) if folder else ())
 
@@ -180,25 +207,29 @@ def suffix(dtype) -> str:
 
 
 class Kernels:
-    """The kernels of one array library, each source compiled once, on first use.
+    """The kernels of one array library, each source compiled once, on first use, and each
+    kernel looked up once (a `get_function` per launch made a new RawKernel every time).
 
     raw_module: a class with CuPy's `RawModule(code=..., options=...)` interface."""
 
     def __init__(self, raw_module):
         self._raw_module = raw_module
         self._modules: dict = {}
+        self._functions: dict = {}
 
     @classmethod
     def for_library(cls, xp) -> Kernels:
-        """CuPy's RawModule for CuPy, the host-build double for anything else (the device
-        stand-in)."""
+        """The kernels of device library `xp` through its own `RawModule`: CuPy's, the
+        device stand-in's (the host build of the same source, hpcpipe/devtools) or the
+        shape-only device's (which counts launches: their traffic is declared here)."""
         if hasattr(xp, "declare_traffic"):  # a library that counts launches (shapes.py)
             from .traffic import declare
             declare(xp)
-        if hasattr(xp, "RawModule"):
-            return cls(xp.RawModule)
-        from .rawmodule import RawModule
-        return cls(RawModule)
+        raw_module = getattr(xp, "RawModule", None)
+        if raw_module is None:
+            raise TypeError(f"{getattr(xp, '__name__', xp)} has no RawModule to build the "
+                            f"kernels with")
+        return cls(raw_module)
 
     def module(self, name: str):
         if name not in self._modules:
@@ -207,31 +238,26 @@ class Kernels:
         return self._modules[name]
 
     def function(self, source: str, kernel: str):
-        if kernel not in SOURCES[source].kernels:
-            raise KeyError(f"{source}.cu has no kernel {kernel}")
-        return self.module(source).get_function(kernel)
+        """The launchable kernel, looked up on first use and kept."""
+        found = self._functions.get((source, kernel))
+        if found is None:
+            if kernel not in SOURCES[source].kernels:
+                raise KeyError(f"{source}.cu has no kernel {kernel}")
+            found = self._functions[(source, kernel)] = self.module(source).get_function(kernel)
+        return found
 
 
 def for_backend(be) -> Kernels | None:
     """The kernels of a Backend's library, built once per backend (kept in its scratch);
     None where the fused path does not run: on the CPU (NumPy runs its own passes), on a
-    backend made with fused=False, and on
-    the device stand-in where the host build cannot (no g++ or CUDA headers:
-    hostbuild.missing() says which). The shape-only device and CuPy always have them."""
+    backend made with fused=False, and on a device library without a `RawModule` (the
+    device stand-in where the host build cannot run: no g++ or CUDA headers)."""
     if not be.is_gpu or not getattr(be, "fused", True):
         return None
 
     def build():
-        from . import hostbuild
-        if not hasattr(be.xp, "RawModule") and hostbuild.missing():
+        if getattr(be.xp, "RawModule", None) is None:
             return (None,)
         return (Kernels.for_library(be.xp),)
 
     return be.scratch.constant(("kernels",), build)[0]
-
-
-def check_on_device(xp) -> list[dict]:
-    """Each fused kernel against NumPy float64 on device library `xp` (ondevice.py):
-    `make gpu-check`'s smoke runs it on the GPU."""
-    from .ondevice import check_on_device as run
-    return run(xp)

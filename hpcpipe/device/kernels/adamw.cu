@@ -10,6 +10,10 @@
 // Shapes: n elements; M the master dtype (float32, or float64 for the CPU's tests).
 //   master, m, v, grad, mask (n,) M    mask: 1 where weight decay applies, else 0
 //   copy (n,) bf16, or null for no 16-bit copy
+// The _dev kernels read the scalars from device memory instead (s: b1, 1 - b1, b2, 1 - b2,
+// bias2, eps, step, decay, grad_scale, in M): a captured CUDA graph replays a launch with
+// the arguments it was captured with, so a step whose learning rate and step count change
+// reads them where the host writes them before each replay.
 // Launch: grid (ceil(n / ADAMW_THREADS)) or fewer (grid-stride), block ADAMW_THREADS.
 #include "common.cuh"
 
@@ -48,3 +52,14 @@ __device__ void adamw(M* master, M* m, M* v, P* copy, const M* grad, const M* ma
 
 ADAMW_KERNEL(float, bf16, f32)
 ADAMW_KERNEL(double, double, f64)
+
+#define ADAMW_DEV_KERNEL(M, P, suffix)                                                      \
+    extern "C" __global__ void __launch_bounds__(ADAMW_THREADS) adamw_dev_##suffix(         \
+        M* master, M* m, M* v, P* copy, const M* grad, const M* mask, long long n,          \
+        const M* s) {                                                                       \
+        adamw<M, P>(master, m, v, copy, grad, mask, n, s[0], s[1], s[2], s[3], s[4], s[5],  \
+                    s[6], s[7], s[8]);                                                      \
+    }
+
+ADAMW_DEV_KERNEL(float, bf16, f32)
+ADAMW_DEV_KERNEL(double, double, f64)

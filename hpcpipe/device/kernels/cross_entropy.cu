@@ -54,10 +54,11 @@ __device__ __forceinline__ void write_dlogits(S* drow, const S* row, int V, int 
                                               RowStats<typename Acc<S>::type> stats,
                                               typename Acc<S>::type dscale) {
     typedef typename Acc<S>::type A;
+    const A inv = (A)1 / stats.total;  // one reciprocal a row, not a division a logit
     for (int c = threadIdx.x; c < Vp; c += CE_THREADS) {
         A g = 0;
         if (c < V) {
-            g = exp_acc(to_acc(row[c]) - stats.top) / stats.total;
+            g = exp_acc(to_acc(row[c]) - stats.top) * inv;
             if (c == local_target) g -= (A)1;
             g *= dscale;
         }

@@ -11,14 +11,22 @@
 //
 // Shapes: n = N·D elements of any (..., D) array, contiguous; S storage, A = Acc<S>.
 //   x, y, dy, dx (n,) S    (dx may be dy: each element is read before it is written)
-//   bias (D,) S            (the bias variants: element i adds bias[i % D])
+//   bias (D,) S            (the bias variants: row r, column c adds bias[c])
 //   partials (GELU_CHUNKS, D) A; dbias (D,) A, accumulated (+=)
+// Indexing: the plain kernels a flat grid-stride loop; the bias variants two dimensions
+// (columns by x, rows by y, a row's offset once per row in 64 bits, the column in 32): no
+// division or remainder per element (a 64-bit `i % D` is a few dozen instructions each).
 // Launch: grid (ceil(n / GELU_THREADS)) or fewer (a grid-stride loop), block GELU_THREADS;
-//   the bias B grid (ceil(D / GELU_THREADS), GELU_CHUNKS), its finish (ceil(D / GELU_THREADS)).
+//   the bias F grid (ceil(D / GELU_THREADS), min(N, GELU_ROW_BLOCKS)); the bias B grid
+//   (ceil(D / GELU_THREADS), GELU_CHUNKS), its finish (ceil(D / GELU_THREADS)).
 #include "common.cuh"
 
 #define GELU_THREADS 256
-#define GELU_CHUNKS 32  // fixed, never the device's size: the sums' order is the code's
+// Fixed, never the device's size (the sums' order is the code's), and enough that the
+// bias B fills a GPU: 256 chunks × the columns' blocks (3072 at GPT-2's 4C), each thread
+// a chunk of N / 256 rows (64 at 16 × 1024); 32 left 384 blocks walking 512 rows each.
+#define GELU_CHUNKS 256
+#define GELU_ROW_BLOCKS 4096  // the bias F's row blocks at most (a grid-stride loop)
 #define GELU_K 0.7978845608028654  // sqrt(2 / pi)
 #define GELU_A 0.044715
 
@@ -47,11 +55,14 @@ template <typename S> __device__ void gelu_forward(S* y, const S* x, long long n
 }
 
 template <typename S>
-__device__ void gelu_bias_forward(S* y, const S* x, const S* bias, long long n, int D) {
+__device__ void gelu_bias_forward(S* y, const S* x, const S* bias, int N, int D) {
     typedef typename Acc<S>::type A;
-    const long long stride = (long long)gridDim.x * GELU_THREADS;
-    for (long long i = (long long)blockIdx.x * GELU_THREADS + threadIdx.x; i < n; i += stride) {
-        const A v = to_acc(from_acc<S>(to_acc(x[i]) + to_acc(bias[i % D])));
+    const int c = blockIdx.x * GELU_THREADS + threadIdx.x;
+    if (c >= D) return;
+    const A b = to_acc(bias[c]);
+    for (int r = blockIdx.y; r < N; r += gridDim.y) {
+        const long long i = (long long)r * D + c;
+        const A v = to_acc(from_acc<S>(to_acc(x[i]) + b));
         y[i] = from_acc<S>(v * gelu_terms(v).h);
     }
 }
@@ -105,8 +116,8 @@ template <typename A> __device__ void gelu_bias_finish(A* dbias, const A* partia
         gelu_forward<S>(y, x, n);                                                           \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(GELU_THREADS)                              \
-        gelu_bias_forward_##suffix(S* y, const S* x, const S* bias, long long n, int D) {   \
-        gelu_bias_forward<S>(y, x, bias, n, D);                                             \
+        gelu_bias_forward_##suffix(S* y, const S* x, const S* bias, int N, int D) {         \
+        gelu_bias_forward<S>(y, x, bias, N, D);                                             \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(GELU_THREADS)                              \
         gelu_bias_backward_##suffix(S* dx, A* partials, const S* dy, const S* x,            \

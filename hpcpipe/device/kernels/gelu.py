@@ -10,6 +10,7 @@ from .arrays import accumulation, blocks, check, int32, int64, rows
 
 THREADS = constant("gelu", "GELU_THREADS")
 CHUNKS = constant("gelu", "GELU_CHUNKS")
+ROW_BLOCKS = constant("gelu", "GELU_ROW_BLOCKS")
 
 
 def partials_shape(D: int) -> tuple[int, int]:
@@ -30,9 +31,10 @@ def bias_forward(k: Kernels, y, x, bias):
     dtype as `x += bias` rounds it; x is only read (B adds the bias again)."""
     check("y", y, x.shape, x.dtype), check("x", x, x.shape)
     check("bias", bias, (x.shape[-1],), x.dtype)
-    n = math.prod(x.shape)
+    N, D = rows(x)
     k.function("gelu", f"gelu_bias_forward_{suffix(x.dtype)}")(
-        (blocks(n, THREADS),), (THREADS,), (y, x, bias, int64(n), int32(x.shape[-1])))
+        (blocks(D, THREADS), max(1, min(N, ROW_BLOCKS))), (THREADS,),
+        (y, x, bias, int32(N), int32(D)))
 
 
 def bias_backward(k: Kernels, dx, partials, dy, x, bias):

@@ -3,28 +3,34 @@
 // stream. Each add is rounded to S before the next, as `y += bias` then `y += x1` round:
 // the same bits as the two passes, in one read of y and x1 and one write.
 //
-// Shapes: n elements of (..., D) arrays, contiguous; S storage, computed in Acc<S>.
-//   y (n,) S         in: the GEMM output; out: the block's output (written over it)
-//   bias (D,) S      element i adds bias[i % D]
-//   residual (n,) S
-// Launch: grid (ceil(n / RES_THREADS)) or fewer (a grid-stride loop), block RES_THREADS.
+// Shapes: N rows of D columns, (..., D) arrays, contiguous; S storage, computed in Acc<S>.
+//   y (N, D) S       in: the GEMM output; out: the block's output (written over it)
+//   bias (D,) S      column c adds bias[c]
+//   residual (N, D) S
+// Two-dimensional indexing (columns by x, rows by y in a grid-stride loop): no division or
+// remainder per element, a row's offset once per row.
+// Launch: grid (ceil(D / RES_THREADS), min(N, RES_ROW_BLOCKS)), block RES_THREADS.
 #include "common.cuh"
 
 #define RES_THREADS 256
+#define RES_ROW_BLOCKS 4096
 
 template <typename S>
-__device__ void bias_residual(S* y, const S* bias, const S* residual, long long n, int D) {
-    const long long stride = (long long)gridDim.x * RES_THREADS;
-    for (long long i = (long long)blockIdx.x * RES_THREADS + threadIdx.x; i < n; i += stride) {
-        const S biased = from_acc<S>(to_acc(y[i]) + to_acc(bias[i % D]));
+__device__ void bias_residual(S* y, const S* bias, const S* residual, int N, int D) {
+    const int c = blockIdx.x * RES_THREADS + threadIdx.x;
+    if (c >= D) return;
+    const auto b = to_acc(bias[c]);
+    for (int r = blockIdx.y; r < N; r += gridDim.y) {
+        const long long i = (long long)r * D + c;
+        const S biased = from_acc<S>(to_acc(y[i]) + b);
         y[i] = from_acc<S>(to_acc(biased) + to_acc(residual[i]));
     }
 }
 
 #define RESIDUAL_KERNELS(S, suffix)                                                         \
     extern "C" __global__ void __launch_bounds__(RES_THREADS)                               \
-        bias_residual_##suffix(S* y, const S* bias, const S* residual, long long n, int D) { \
-        bias_residual<S>(y, bias, residual, n, D);                                          \
+        bias_residual_##suffix(S* y, const S* bias, const S* residual, int N, int D) {      \
+        bias_residual<S>(y, bias, residual, N, D);                                          \
     }
 
 RESIDUAL_KERNELS(bf16, bf16)

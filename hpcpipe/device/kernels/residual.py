@@ -3,12 +3,11 @@ pass, rounded as the two separate adds round."""
 
 from __future__ import annotations
 
-import math
-
 from . import Kernels, constant, suffix
-from .arrays import blocks, check, int32, int64
+from .arrays import blocks, check, int32, rows
 
 THREADS = constant("residual", "RES_THREADS")
+ROW_BLOCKS = constant("residual", "RES_ROW_BLOCKS")
 
 
 def bias_residual(k: Kernels, y, bias, residual):
@@ -16,6 +15,7 @@ def bias_residual(k: Kernels, y, bias, residual):
     add rounded to y's dtype; y and residual contiguous, of one shape and dtype."""
     check("y", y, y.shape, y.dtype), check("residual", residual, y.shape, y.dtype)
     check("bias", bias, (y.shape[-1],), y.dtype)
-    n = math.prod(y.shape)
+    N, D = rows(y)
     k.function("residual", f"bias_residual_{suffix(y.dtype)}")(
-        (blocks(n, THREADS),), (THREADS,), (y, bias, residual, int64(n), int32(y.shape[-1])))
+        (blocks(D, THREADS), max(1, min(N, ROW_BLOCKS))), (THREADS,),
+        (y, bias, residual, int32(N), int32(D)))

@@ -12,12 +12,11 @@ Stated assumptions, to be checked against a profiler on a GPU:
   arithmetic is scalar (attention.cu: no tensor cores), so it also declares its FLOPs,
   priced at the fp32 SIMT rate: per (query, key) pair on or below the diagonal, 2·HS
   each for q·k and p·v in F; B recomputes the scores in both kernels, 6·HS in dq
-  (s, dy·v, ds·k) and 8·HS in dk/dv (s, dy·v, p·dy, ds·q). The tensor-core kernels
-  (attention_tc.cu, bfloat16) do the same products as WMMA multiply-adds, priced at the
-  "bf16_wmma" rate: 4·HS in F (one pass, the softmax online), 6·HS in dq, 8·HS in dkv;
-  a diagonal tile's products above the diagonal count too (a tile is 16 × 32). F's
-  rescaling of its accumulator, through shared memory in the tiles where a row's
-  maximum moves, is taken to hide under that rate (it moves no DRAM bytes);
+  (s, dy·v, ds·k) and 8·HS in dk/dv (s, dy·v, p·dy, ds·q). flash.cu (bfloat16) does the
+  same products on mma.sync, "bf16_mma": 4·HS in F, 6·HS in dq, 8·HS in dkv, per pair it
+  multiplies (`flash_pairs`: the diagonal tile's 8-key groups past a warp's rows are
+  skipped, the rest of that tile is not). Its time is the kernel model's
+  (hpcpipe/devtools/kernelmodel.py), not this rate's, where that model is given;
 - cross-entropy reads a row of logits twice (the online max and sum, then the
   gradient): a 50257-wide bf16 row is 100 KB, past L1, so both reads count;
 - the embedding gradient reads and writes each token's gradient row; how many rows are
@@ -116,52 +115,39 @@ def _attention_dkv(args):
             _attention_flops((lse, *args[6:]), 8), "fp32")
 
 
-def _tc_tiles(T: int, keys: bool) -> int:
-    """The 16 × 32 tiles attention_tc.cu multiplies for one head: per warp of 16 rows,
-    the tiles of the other side it does not skip (F and dq: key tiles up to its last
-    row; dkv: query tiles from its block's first row that reach its first row)."""
-    rows, tile, block = 16, 32, 64
-    count = 0
-    for row0 in range(0, T, rows):
-        if keys:  # dkv: query tiles t0 = first, first + 32, ... < T with t0 + 31 >= row0
-            first = row0 // block * block
-            count += sum(1 for t0 in range(first, T, tile) if t0 + tile - 1 >= row0)
-        else:
-            count += len(range(0, min(row0 + rows - 1, T - 1) + 1, tile))
-    return count
+def flash_pairs(T: int) -> int:
+    """The (query, key) pairs flash.cu multiplies for one head: every pair of the key
+    tiles below the diagonal tile, and in the diagonal tile each warp's 16 rows against
+    the 8-key groups up to its last row (F, dq; dkv mirrors it): 64·64 a full tile, 2,560
+    a diagonal one."""
+    full, diagonal = 64 * 64, sum(16 * 16 * (w + 1) for w in range(4))
+    tiles = -(-T // 64)
+    return tiles * (tiles - 1) // 2 * full + tiles * diagonal
 
 
-def _tc_flops(lse, T, NH, per_pair: int, keys: bool = False) -> int:
-    """FLOPs of a tensor-core kernel doing `per_pair` per (query, key) pair of every
-    tile it multiplies, whole (the pairs above the diagonal in it too)."""
-    T, NH = int(T), int(NH)
-    batch = _nbytes(lse) // (T * NH * _itemsize(lse))
-    return per_pair * batch * NH * 16 * 32 * _tc_tiles(T, keys)
+def _flash_forward(args):
+    y, lse, q, k, v, bq, bk, bv, cos, sin = args[:10]
+    B, T, NH, NKV, HS = int(q.shape[0]), int(args[10]), int(args[11]), int(args[12]), \
+        int(q.shape[-1]) // int(args[11])
+    reads = _sum(q, k, v, bq, bk, bv, cos, sin)
+    return reads, _sum(y, lse), 4 * HS * B * NH * flash_pairs(T), "bf16_mma"
 
 
-def _tc_head(qkv, NH) -> int:
-    return int(qkv.shape[-1]) // (3 * int(NH))
+def _flash_dq(args):
+    dq, dd, sums, dy, y, q, k, v, bq, bk, bv, cos, sin, lse = args[:14]
+    B, T, NH, HS = int(q.shape[0]), int(args[14]), int(args[15]), int(q.shape[-1]) // int(args[15])
+    return (_sum(dy, y, q, k, v, bq, bk, bv, cos, sin, lse), _sum(dq, dd) + _nbytes(sums) // 3,
+            6 * HS * B * NH * flash_pairs(T), "bf16_mma")
 
 
-def _tc_forward(args):
-    y, lse, qkv, bias, T, NH = args
-    return (_sum(qkv, bias), _sum(y, lse), _tc_flops(lse, T, NH, 4 * _tc_head(qkv, NH)),
-            "bf16_wmma")
+def _flash_dkv(args):
+    dk, dv, sums, dy, q, k, v, bq, bk, bv, cos, sin, lse, dd = args[:14]
+    B, T, NH, HS = int(q.shape[0]), int(args[14]), int(args[15]), int(q.shape[-1]) // int(args[15])
+    return (_sum(dy, q, k, v, bq, bk, bv, cos, sin, lse, dd),
+            _sum(dk, dv) + 2 * _nbytes(sums) // 3, 8 * HS * B * NH * flash_pairs(T), "bf16_mma")
 
 
-def _tc_dq(args):
-    dqkv, dd, sums, dy, y, qkv, bias, lse, T, NH = args
-    return (_sum(dy, y, qkv, bias, lse), _nbytes(dqkv) // 3 + _sum(dd) + _nbytes(sums) // 3,
-            _tc_flops(lse, T, NH, 6 * _tc_head(qkv, NH)), "bf16_wmma")
-
-
-def _tc_dkv(args):
-    dqkv, sums, dy, qkv, bias, lse, dd, T, NH = args
-    return (_sum(dy, qkv, bias, lse, dd), 2 * (_nbytes(dqkv) + _nbytes(sums)) // 3,
-            _tc_flops(lse, T, NH, 8 * _tc_head(qkv, NH), keys=True), "bf16_wmma")
-
-
-def _tc_bias_finish(args):
+def _flash_bias_finish(args):
     dbias, sums = args[:2]
     return _sum(dbias, sums), _sum(dbias)
 
@@ -182,11 +168,16 @@ def _cross_entropy_backward(args):
     return 2 * _nbytes(logits) + _sum(targets, gathered), _sum(losses, dlogits)
 
 
-def _embedding_wte(args):
-    dwte, dx, idx, order = args[:4]
+def _embedding_pieces(args):
+    carry, lengths, dx, idx, order = args[:5]
+    return _sum(dx, idx, order), _sum(carry, lengths)
+
+
+def _embedding_runs(args):
+    dwte, carry, lengths, idx, order = args[:5]
     positions, channels = _nbytes(idx) // idx.itemsize, dwte.shape[1]
     touched = min(positions, dwte.shape[0]) * channels * dwte.itemsize
-    return _sum(dx, idx, order) + touched, touched
+    return _sum(carry, lengths, idx, order) + touched, touched
 
 
 def _embedding_wpe(args):
@@ -225,13 +216,14 @@ _BY_STEM = {
     "gelu_bias_finish": _gelu_bias_finish, "bias_residual": _bias_residual,
     "attention_forward": _attention_forward, "attention_backward_dq": _attention_dq,
     "attention_backward_dkv": _attention_dkv,
-    "attention_tc_forward": _tc_forward, "attention_tc_backward_dq": _tc_dq,
-    "attention_tc_backward_dkv": _tc_dkv, "attention_tc_bias_finish": _tc_bias_finish,
+    "flash_forward": _flash_forward, "flash_backward_dq": _flash_dq,
+    "flash_backward_dkv": _flash_dkv, "flash_bias_finish": _flash_bias_finish,
     "cross_entropy_fused": _cross_entropy_fused,
     "cross_entropy_partials": _cross_entropy_partials,
     "cross_entropy_backward": _cross_entropy_backward,
-    "embedding_backward_wte": _embedding_wte, "embedding_backward_wpe": _embedding_wpe,
-    "adamw": _adamw, "grad_sumsq_partials": _sumsq_partials,
+    "embedding_wte_pieces": _embedding_pieces, "embedding_wte_runs": _embedding_runs,
+    "embedding_backward_wpe": _embedding_wpe,
+    "adamw": _adamw, "adamw_dev": _adamw, "grad_sumsq_partials": _sumsq_partials,
     "grad_sumsq_finish": _sumsq_finish,
 }
 

@@ -234,7 +234,7 @@ def attention_backward(k, be, dy, core, n_head: int):
     dqkv = xp.empty_like(qkv)
     dd = be.scratch.workspace("fused.attention.dd", lse.shape, lse.dtype)
     sums = None
-    if k_attention.tensor_cores(qkv.dtype, qkv.shape[-1] // (3 * n_head)):
+    if k_attention.flash(qkv.dtype, qkv.shape[-1] // (3 * n_head)):
         sums = xp.empty(k_attention.bias_sums_shape(qkv), dtype=lse.dtype)
     k_attention.backward(k, dqkv, dd, dy, y, qkv, lse, n_head, core.get("bias"), sums)
     return dqkv, sums
@@ -274,8 +274,8 @@ def loss_backward_input(scale, cache):
 
 def embedding_backward_weight(k, be, dx, idx, grads, elsewhere=None):
     """grads["wte"][v] += the sum, in batch order, of dx's rows at token v's positions
-    (a segmented sum over the stably sorted tokens: one round, no host sync, no
-    atomics); grads["wpe"][:T] += dx summed over the batch. idx (B, T) this shard's
+    (a segmented sum over the stably sorted tokens, in pieces of fixed spans of the
+    batch: no host sync, no atomics); grads["wpe"][:T] += dx summed over the batch. idx (B, T) this shard's
     local ids; `elsewhere` (B, T) bool marks tokens another vocabulary shard holds."""
     xp = be.xp
     dx = _owned(xp, dx)
@@ -283,6 +283,9 @@ def embedding_backward_weight(k, be, dx, idx, grads, elsewhere=None):
     if elsewhere is not None:  # ids outside [0, V) are skipped by the kernel
         idx = xp.where(elsewhere, -1, idx)
     order = xp.argsort(idx.reshape(-1), kind="stable")
-    embedding.backward_wte(k, grads["wte"], dx, idx, order)
+    carry = be.scratch.workspace("fused.embedding.carry", (idx.size, dx.shape[-1]),
+                                 grads["wte"].dtype)
+    lengths = be.scratch.workspace("fused.embedding.lengths", (idx.size,), np.int32)
+    embedding.backward_wte(k, grads["wte"], dx, idx, order, carry, lengths)
     if "wpe" in grads:  # (rotary models have no position table)
         embedding.backward_wpe(k, grads["wpe"], dx)

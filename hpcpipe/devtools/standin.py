@@ -32,8 +32,7 @@ from collections import Counter
 import numpy as np
 
 from hpcpipe.device import cupy_api
-
-FAKE_GPU_ENV = "HPCPIPE_FAKE_GPU"
+from hpcpipe.devtools import hostbuild, rawmodule
 
 
 class DeviceError(TypeError):
@@ -351,7 +350,7 @@ class SimDevice(types.ModuleType):
     __version__ = "stand-in"
 
     def __init__(self):
-        super().__init__("hpcpipe.device.standin")
+        super().__init__("hpcpipe.devtools.standin")
         self.counts: Counter = Counter()
         self.pending_events: list = []  # recorded, not yet known done
         stream = _Stream(self)
@@ -367,6 +366,10 @@ class SimDevice(types.ModuleType):
             runtime=runtime, get_current_stream=lambda: stream,
             Event=lambda **kw: _Event(self, **kw), get_elapsed_time=_elapsed_ms)
         self.get_default_memory_pool = lambda: pool
+        # CuPy's RawModule: the host build of the same CUDA source (rawmodule.py); None
+        # where that build cannot run here (no g++ or CUDA headers: the fused kernels then
+        # stay off, as kernels.for_backend reads it).
+        self.RawModule = rawmodule.RawModule if hostbuild.missing() is None else None
 
     def count(self, what: str):
         self.counts[what] += 1

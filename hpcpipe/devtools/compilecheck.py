@@ -2,7 +2,7 @@
 and NVRTC's (what CuPy's RawModule compiles with), each with ptxas's resource report —
 registers, spills, stack and shared memory per kernel — which a check fails on a spill.
 
-    python -m hpcpipe.device.kernels.compilecheck      # every source, both compilers
+    python -m hpcpipe.devtools.compilecheck      # every source, both compilers
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import SOURCES, options, source_text
-from .hostbuild import cuda_include
+from hpcpipe.device.kernels import FOLDER, SOURCES, cuda_include, options, source_text
 
 ARCH = "sm_90"  # the H200's
 
@@ -89,7 +88,7 @@ def with_nvcc(name: str, arch: str = ARCH, code: str | None = None) -> dict[str,
         source = Path(work) / f"{name}.cu"
         source.write_text(source_text(name) if code is None else code)
         done = subprocess.run([compiler, f"-arch={arch}", "-cubin", "-Xptxas", "-v",
-                               *options(name), "-o", str(Path(work) / f"{name}.cubin"),
+                               *options(name), f"-I{FOLDER}", "-o", str(Path(work) / f"{name}.cubin"),
                                str(source)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise CompileError(f"nvcc {name}.cu:\n{done.stderr}")
@@ -112,6 +111,7 @@ def with_nvrtc(name: str, arch: str = ARCH,
                     "create")
     try:
         flags = [f"-arch={arch}", *options(name), f"-I{cuda_include(('cuda_bf16.h',))}",
+                 f"-I{FOLDER}",
                  "--ptxas-options=-v"]
         compiled = nvrtc.nvrtcCompileProgram(program, len(flags), [f.encode() for f in flags])
         (size,) = ok(nvrtc.nvrtcGetProgramLogSize(program), "log size")

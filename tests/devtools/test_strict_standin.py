@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hpcpipe.device import standin as devicesim
+from hpcpipe.devtools import standin as devicesim
 from hpcpipe.device import cupy_api
 
 BF16 = ml_dtypes.bfloat16

@@ -20,13 +20,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import FOLDER
+from hpcpipe.device.kernels import FOLDER, cuda_include
 
-SHIM = FOLDER / "shim.h"
+SHIM = Path(__file__).resolve().parent / "shim.h"
 CACHE_ENV = "HPCPIPE_KERNEL_CACHE"
 CXX_ENV = "HPCPIPE_CXX"
 BASE_FLAGS = ("-std=c++20", "-O1", "-g", "-fPIC", "-shared", "-pthread",
               "-ffp-contract=off",  # products and sums rounded one by one, as NumPy does
+              "-fno-strict-aliasing",  # kernels read 16-byte pieces of bf16 rows
               "-Wno-attributes")
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
                   "-fno-omit-frame-pointer")
@@ -42,27 +43,6 @@ class HostBuildError(RuntimeError):
 def compiler() -> str | None:
     """The host C++ compiler ($HPCPIPE_CXX, or g++ on the PATH), if it is there."""
     return shutil.which(os.environ.get(CXX_ENV) or "g++")
-
-
-@functools.cache
-def cuda_include(headers=("cuda_bf16.h", "crt/host_defines.h", "nv/target")) -> Path | None:
-    """A folder holding `headers`: the NVIDIA wheels' (nvidia-cuda-runtime has
-    cuda_bf16.h, nvidia-cuda-crt the crt/ headers a host compiler needs beside it, where
-    NVRTC has its own, nvidia-cuda-cccl nv/target), CUDA_HOME's, /usr/local/cuda's or a
-    versioned toolkit's (/usr/local/cuda-13.0, newest first)."""
-    candidates = []
-    try:
-        import nvidia  # namespace package of NVIDIA's wheels
-        for root in nvidia.__path__:
-            candidates += sorted(Path(root).glob("cu*/include"))
-            candidates.append(Path(root) / "cuda_runtime" / "include")
-    except ImportError:
-        pass
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home:
-            candidates.append(Path(home) / "include")
-    candidates += sorted(Path("/usr/local").glob("cuda-*/include"), reverse=True)  # versioned
-    return next((c for c in candidates if all((c / h).is_file() for h in headers)), None)
 
 
 def missing() -> str | None:

@@ -16,17 +16,17 @@
 // skipping a shuffle its warp takes, a thread leaving before a __syncthreads its block
 // still reaches) is reported and aborts, where threads would hang.
 //
-// Tensor cores through the WMMA API (nvcuda::wmma, <mma.h>): the same calls, computed by
-// each lane on the whole tile (every lane's fragment holds all of it; a GPU spreads it over
-// the lanes in an unspecified order, which a kernel must not rely on -- so kernels here
-// only fill, load, multiply and store fragments, never touch their elements). Each call
-// is warp-collective as on a GPU: it waits for the warp's live lanes first; a store
-// writes a lane's share of the elements only, so a lane reading a stored tile without a
-// __syncwarp() first reads stale values, as it may on a GPU. Products of 16-bit operands
-// are summed in float, k in order.
+// Tensor cores and async copies, lane by lane (the section at the end; ptx.cuh calls it
+// where a GPU build runs the PTX): mma.sync.m16n8k16 (bf16 in, f32 accumulator), ldmatrix
+// (.x1/.x2/.x4, .trans) and cp.async (+ commit and wait groups). Each lane hands over its
+// own registers and gets back its own, placed at the PTX ISA's documented fragment
+// layouts, so the host build proves a kernel's lane mapping: a kernel that assumes the
+// wrong layout computes wrong numbers here as on a GPU. The warp-collective instructions
+// need all 32 lanes with the same qualifiers, else the block is reported; cp.async copies
+// land only when the thread waits for their group (read the tile before the wait and you
+// read what was there), and a thread leaving with copies it never waited for is reported.
 //
-// Not here: the other tensor-core intrinsics (mma.sync PTX, ldmatrix, cp.async), a
-// memory model (races are compute-sanitizer's on a GPU), speed.
+// Not here: wgmma, TMA, a memory model (races are compute-sanitizer's on a GPU), speed.
 #pragma once
 
 #include <cuda_bf16.h>  // its host conversions; also dim3
@@ -74,15 +74,36 @@ constexpr size_t kStack = 256 << 10;  // per fiber; ASan's frames are several ti
 
 enum class Wait { Run, Block, Warp, Done };
 
+// One cp.async: `bytes` to shared `dst`, the first `src_bytes` of them from `src`, the
+// rest zeros. Done when the thread waits for its group (cp_async_wait), not before.
+struct Copy {
+    void* dst;
+    const void* src;
+    unsigned bytes, src_bytes;
+};
+
 struct Fiber {
     ucontext_t context;
     std::unique_ptr<char[]> stack;
     Wait wait = Wait::Done;
-    unsigned phase = 0;  // which of its warp's two exchange slot sets this lane uses next
+    unsigned phase = 0;     // which of its warp's two exchange slot sets this lane uses next
+    unsigned op_phase = 0;  // likewise for the warp-collective instructions' operand sets
+    int collective = 0;     // the instruction (and qualifiers) it waits in, 0: none
+    std::vector<Copy> open;                 // cp.async copies since the last commit
+    std::vector<std::vector<Copy>> groups;  // committed groups, oldest first
+};
+
+// The operands and results of one warp-collective instruction (mma.sync, ldmatrix):
+// each lane's operand registers in, each lane's result registers out.
+struct WarpOp {
+    uint32_t in[kWarp][10];
+    uint32_t out[kWarp][4];
+    bool done;
 };
 
 struct Warp {
     uint64_t slot[2][kWarp];  // two sets: a lane may write the next while others read
+    WarpOp op[2];             // likewise
 };
 
 struct Block {
@@ -119,12 +140,20 @@ inline void yield(Wait wait) {
 #endif
 }
 
+[[noreturn]] inline void deadlock(const char* why) {
+    std::fprintf(stderr, "shim.h: block (%u, %u, %u) cannot proceed: %s\n", blockIdx.x,
+                 blockIdx.y, blockIdx.z, why);
+    std::abort();
+}
+
 inline void fiber_entry() {
 #ifdef __SANITIZE_ADDRESS__
     __sanitizer_finish_switch_fiber(nullptr, &block->scheduler_stack,
                                     &block->scheduler_stack_size);
 #endif
     block->body(block->closure);
+    if (!block->current->open.empty() || !block->current->groups.empty())
+        deadlock("a thread exits with cp.async copies it never waited for");
     block->current->wait = Wait::Done;
 #ifdef __SANITIZE_ADDRESS__
     __sanitizer_start_switch_fiber(nullptr, block->scheduler_stack, block->scheduler_stack_size);
@@ -132,10 +161,20 @@ inline void fiber_entry() {
     // returning resumes uc_link, the scheduler
 }
 
-[[noreturn]] inline void deadlock(const char* why) {
-    std::fprintf(stderr, "shim.h: block (%u, %u, %u) cannot proceed: %s\n", blockIdx.x,
-                 blockIdx.y, blockIdx.z, why);
-    std::abort();
+
+// A warp-collective instruction (.sync.aligned) needs every lane of the warp, none exited,
+// in the same instruction with the same qualifiers: otherwise its behaviour is undefined
+// on a GPU, and here it is reported.
+inline void check_collective(Block& b, unsigned w, unsigned live) {
+    const int first = b.fibers[w * kWarp].collective;
+    bool any = false, same = true;
+    for (unsigned l = 0; l < kWarp; ++l) {
+        any |= b.fibers[w * kWarp + l].collective != 0;
+        same &= b.fibers[w * kWarp + l].collective == first;
+    }
+    if (any && (live != kWarp || !same))
+        deadlock("a warp-collective instruction (mma.sync, ldmatrix) is not executed by all "
+                 "32 lanes of a warp with the same qualifiers");
 }
 
 // Runs one block: every fiber until it waits, then releases whatever barrier is complete.
@@ -149,7 +188,10 @@ inline void run_block(Block& b, dim3 block_dim) {
         f.context.uc_link = &b.scheduler;
         makecontext(&f.context, fiber_entry, 0);
         f.wait = Wait::Run;
-        f.phase = 0;
+        f.phase = f.op_phase = 0;
+        f.collective = 0;
+        f.open.clear();
+        f.groups.clear();
     }
     // Passes alternate between running the fibers first to last and last to first, and
     // neighbouring blocks start the other way round, so that two threads racing between
@@ -189,6 +231,7 @@ inline void run_block(Block& b, dim3 block_dim) {
                 live += s != Wait::Done;
             }
             if (at_warp > 0 && at_warp == live) {
+                check_collective(b, w, live);
                 for (unsigned l = 0; l < kWarp; ++l)
                     if (b.fibers[w * kWarp + l].wait == Wait::Warp)
                         b.fibers[w * kWarp + l].wait = Wait::Run;
@@ -278,94 +321,159 @@ template <typename T> T __shfl_sync(unsigned, T value, int source, int = hp::kWa
 }
 
 
-// -- nvcuda::wmma on the host (see the top of this file) ------------------------------------
-namespace nvcuda {
-namespace wmma {
+// -- tensor-core and async-copy instructions, lane by lane (PTX ISA layouts) -------------
+//
+// ptx.cuh calls these where a GPU build runs the PTX instruction. Each lane passes its own
+// registers, as on a GPU, and gets back its own: which element of which matrix a lane
+// holds is the PTX ISA's documented layout ("Matrix Fragments for mma.m16n8k16 with
+// floating point type"; ldmatrix's), implemented here once, so a kernel that assumes
+// another layout computes wrong numbers on the CPU as it would on a GPU. With
+// groupID g = lane / 4 and t = lane % 4, a 32-bit register holding two 16-bit elements
+// (the lower index in the low half):
+//   A 16×16 (row):  a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+//   B 16×8 (col):   b0 (k 2t..2t+1, n g)  b1 (k 2t+8..2t+9, n g)
+//   C, D 16×8 f32:  c0 (g, 2t)  c1 (g, 2t+1)  c2 (g+8, 2t)  c3 (g+8, 2t+1)
+//   ldmatrix m8n8 .b16: lanes 8i..8i+7 give the row addresses of matrix i; lane l gets
+//   elements 2t, 2t+1 of row g of each matrix, or with .trans elements g of rows 2t, 2t+1.
+// All 32 lanes must take part (check_collective); the first lane to resume computes every
+// lane's result, reading memory at one instant as the instruction does.
+namespace hp {
 
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
+enum : int { kMma = 1, kLdmatrix = 2 };
 
-template <typename Use, int M, int N, int K> struct tile_shape;
-template <int M, int N, int K> struct tile_shape<matrix_a, M, N, K> {
-    static constexpr int rows = M, cols = K;
-};
-template <int M, int N, int K> struct tile_shape<matrix_b, M, N, K> {
-    static constexpr int rows = K, cols = N;
-};
-template <int M, int N, int K> struct tile_shape<accumulator, M, N, K> {
-    static constexpr int rows = M, cols = N;
-};
-
-// The whole tile, row by row, whatever the layout it was loaded from.
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-struct fragment {
-    static constexpr int rows = tile_shape<Use, M, N, K>::rows;
-    static constexpr int cols = tile_shape<Use, M, N, K>::cols;
-    static constexpr int num_elements = rows * cols;
-    T x[num_elements];
-};
-
-template <typename Use, int M, int N, int K, typename T, typename L, typename V>
-inline void fill_fragment(fragment<Use, M, N, K, T, L>& f, const V& value) {
-    __syncwarp();
-    for (int e = 0; e < f.num_elements; ++e) f.x[e] = T(value);
+// The lane's collective: `fill` its operands in, every lane waits, `compute` (once, for
+// the warp), then the lane's `words` result registers.
+template <typename Fill, typename Compute>
+inline void collective(int instruction, Fill fill, Compute compute, uint32_t* result,
+                       int words) {
+    Block* b = block;
+    const unsigned rank = thread_rank();
+    Warp& w = b->warps[rank / kWarp];
+    Fiber& me = b->fibers[rank];
+    const int lane = int(rank % kWarp);
+    WarpOp& op = w.op[me.op_phase];
+    me.op_phase ^= 1u;
+    op.done = false;  // no lane still reads this set: all have passed the warp's last one
+    fill(op.in[lane]);
+    me.collective = instruction;
+    yield(Wait::Warp);
+    me.collective = 0;
+    if (!op.done) {
+        compute(op);
+        op.done = true;
+    }
+    std::memcpy(result, op.out[lane], sizeof(uint32_t) * words);
 }
 
-template <typename Use, int M, int N, int K, typename T, typename L>
-inline void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm) {
-    static_assert(std::is_same_v<L, row_major> || std::is_same_v<L, col_major>,
-                  "an operand fragment names its layout");
-    __syncwarp();
-    for (int r = 0; r < f.rows; ++r)
-        for (int c = 0; c < f.cols; ++c)
-            f.x[r * f.cols + c] = std::is_same_v<L, row_major> ? p[r * ldm + c] : p[c * ldm + r];
+inline float bf16_low(uint32_t r) { return __bfloat162float(__ushort_as_bfloat16(uint16_t(r))); }
+inline float bf16_high(uint32_t r) { return __bfloat162float(__ushort_as_bfloat16(uint16_t(r >> 16))); }
+
+// D = A B + C, 16×8×16, bf16 operands, f32 accumulator: each element of D is C's plus the
+// exact sum of its 16 products (bf16 products are exact in double, and so is their sum
+// at these magnitudes), rounded once to float.
+inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                              const float (&c)[4]) {
+    auto fill = [&](uint32_t* in) {
+        std::memcpy(in, a, 16);
+        std::memcpy(in + 4, b, 8);
+        std::memcpy(in + 6, c, 16);
+    };
+    auto compute = [](WarpOp& op) {
+        double A[16][16], B[16][8], C[16][8];
+        for (int l = 0; l < kWarp; ++l) {
+            const int g = l / 4, t = l % 4;
+            const uint32_t* in = op.in[l];
+            const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+            for (int r = 0; r < 4; ++r) {
+                A[rows[r]][cols[r]] = bf16_low(in[r]);
+                A[rows[r]][cols[r] + 1] = bf16_high(in[r]);
+            }
+            B[2 * t][g] = bf16_low(in[4]);
+            B[2 * t + 1][g] = bf16_high(in[4]);
+            B[2 * t + 8][g] = bf16_low(in[5]);
+            B[2 * t + 9][g] = bf16_high(in[5]);
+            float cf[4];
+            std::memcpy(cf, in + 6, 16);
+            C[g][2 * t] = cf[0], C[g][2 * t + 1] = cf[1];
+            C[g + 8][2 * t] = cf[2], C[g + 8][2 * t + 1] = cf[3];
+        }
+        for (int l = 0; l < kWarp; ++l) {
+            const int g = l / 4, t = l % 4;
+            const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+            for (int r = 0; r < 4; ++r) {
+                double sum = 0.0;
+                for (int k = 0; k < 16; ++k) sum += A[rows[r]][k] * B[k][cols[r]];
+                const float v = float(C[rows[r]][cols[r]] + sum);
+                std::memcpy(&op.out[l][r], &v, 4);
+            }
+        }
+    };
+    uint32_t out[4];
+    collective(kMma, fill, compute, out, 4);
+    std::memcpy(d, out, 16);
 }
 
-template <int M, int N, int K, typename T>
-inline void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ldm,
-                             layout_t layout) {
-    __syncwarp();
-    for (int r = 0; r < M; ++r)
-        for (int c = 0; c < N; ++c)
-            f.x[r * N + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
+// ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16 into r[0 .. count).
+inline void ldmatrix(uint32_t* r, const void* address, int count, bool trans) {
+    auto fill = [&](uint32_t* in) {
+        const uint64_t a = reinterpret_cast<uint64_t>(address);
+        in[0] = uint32_t(a), in[1] = uint32_t(a >> 32);
+    };
+    auto compute = [count, trans](WarpOp& op) {
+        const uint16_t* rows[32];
+        for (int i = 0; i < 8 * count; ++i) {
+            const uint64_t a = uint64_t(op.in[i][0]) | uint64_t(op.in[i][1]) << 32;
+            if (a % 16) {
+                std::fprintf(stderr, "shim.h: ldmatrix row address %#llx (lane %d) is not "
+                             "16-byte aligned\n", (unsigned long long)a, i);
+                std::abort();
+            }
+            rows[i] = reinterpret_cast<const uint16_t*>(a);
+        }
+        for (int l = 0; l < kWarp; ++l) {
+            const int g = l / 4, t = l % 4;
+            for (int m = 0; m < count; ++m) {
+                const uint16_t* const* matrix = rows + 8 * m;
+                const uint16_t lo = trans ? matrix[2 * t][g] : matrix[g][2 * t];
+                const uint16_t hi = trans ? matrix[2 * t + 1][g] : matrix[g][2 * t + 1];
+                op.out[l][m] = uint32_t(lo) | uint32_t(hi) << 16;
+            }
+        }
+    };
+    collective(kLdmatrix + 4 * count + (trans ? 32 : 0), fill, compute, r, count);
 }
 
-template <int M, int N, int K, typename T>
-inline void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm,
-                              layout_t layout) {
-    __syncwarp();
-    for (int e = hp::lane(); e < M * N; e += hp::kWarp) {  // this lane's share
-        const int r = e / N, c = e % N;
-        (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[e];
+// cp.async.cg.shared.global [dst], [src], 16, src_bytes: queued; done at the wait.
+inline void cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes) {
+    if ((bytes != 4 && bytes != 8 && bytes != 16) || src_bytes > bytes ||
+        reinterpret_cast<uintptr_t>(dst) % bytes ||
+        (src_bytes && reinterpret_cast<uintptr_t>(src) % bytes)) {
+        std::fprintf(stderr, "shim.h: cp.async of %u bytes (%u from the source) from %p to %p: "
+                     "sizes or alignment not allowed\n", bytes, src_bytes, src, dst);
+        std::abort();
+    }
+    block->fibers[thread_rank()].open.push_back({dst, src, bytes, src_bytes});
+}
+
+inline void cp_async_commit() {
+    Fiber& me = block->fibers[thread_rank()];
+    me.groups.push_back(std::move(me.open));
+    me.open.clear();
+}
+
+// cp.async.wait_group n: this thread's copies land, all but the newest n groups.
+inline void cp_async_wait(unsigned newest) {
+    Fiber& me = block->fibers[thread_rank()];
+    while (me.groups.size() > newest) {
+        for (const Copy& c : me.groups.front()) {
+            std::memcpy(c.dst, c.src, c.src_bytes);
+            std::memset(static_cast<char*>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
+        }
+        me.groups.erase(me.groups.begin());
     }
 }
 
-inline float operand(float v) { return v; }
-inline float operand(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <int M, int N, int K, typename T, typename LA, typename LB, typename C>
-inline void mma_sync(fragment<accumulator, M, N, K, C>& d,
-                     const fragment<matrix_a, M, N, K, T, LA>& a,
-                     const fragment<matrix_b, M, N, K, T, LB>& b,
-                     const fragment<accumulator, M, N, K, C>& c) {
-    __syncwarp();
-    C out[M * N];
-    for (int i = 0; i < M; ++i)
-        for (int j = 0; j < N; ++j) {
-            C sum = c.x[i * N + j];
-            for (int k = 0; k < K; ++k)
-                sum += C(operand(a.x[i * K + k])) * C(operand(b.x[k * N + j]));
-            out[i * N + j] = sum;
-        }
-    std::memcpy(d.x, out, sizeof(out));
-}
-
-}  // namespace wmma
-}  // namespace nvcuda
+}  // namespace hp
 
 namespace hp {
 template <typename... P> std::tuple<P...> parameters(void (*)(P...));

@@ -6,8 +6,8 @@ check takes the kernels' first compiles and well under a second of device time.
     [{"kernel": "layernorm.forward", "max_error": 3e-7, "ok": True}, ...]
 
 max_error is relative to the reference's largest magnitude; ok when under TOLERANCE
-(float32 arithmetic, sums of a few hundred terms), or for the tensor-core attention (in
-bfloat16) under TENSOR_CORE_TOLERANCE.
+(float32 arithmetic, sums of a few hundred terms), or for flash.cu's attention on tensor
+cores (in bfloat16) under TENSOR_CORE_TOLERANCE.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from . import (
+from hpcpipe.device.kernels import (
     Kernels,
     adamw,
     attention,
@@ -135,53 +135,81 @@ def _attention(k, xp, rng):
              _error(y.get(), want.transpose(0, 2, 1, 3).reshape(B, T, NH * HS)))]
 
 
-def _core(qkv, dy, HS):
-    """Causal attention's y and dqkv in float64 (qkv (B, T, 3, NH, HS), dy (B, T, NH·HS))."""
-    Bq, Tq, _, NHq, _ = qkv.shape
-    q, key, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, NH, T, HS)
-    s = q @ key.transpose(0, 1, 3, 2) / math.sqrt(HS) + np.triu(np.full((Tq, Tq), -np.inf), 1)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    g = dy.reshape(Bq, Tq, NHq, HS).transpose(0, 2, 1, 3)
-    dp = g @ v.transpose(0, 1, 3, 2)
-    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
-    grads = np.stack([ds @ key / math.sqrt(HS), ds.transpose(0, 1, 3, 2) @ q / math.sqrt(HS),
-                      p.transpose(0, 1, 3, 2) @ g], axis=2)  # (B, NH, 3, T, HS)
-    return ((p @ v).transpose(0, 2, 1, 3).reshape(Bq, Tq, -1),
-            grads.transpose(0, 3, 2, 1, 4).reshape(Bq, Tq, -1))
-
-
 # bfloat16 inputs, P and dS rounded to bfloat16 before their products: a few 1e-3 of
 # the largest value (the host build's figures); a wrong fragment layout is off by O(1).
 TENSOR_CORE_TOLERANCE = 2.0 ** -6
 
 
-def _attention_tensor_cores(k, xp, rng):
-    """The WMMA kernels (bfloat16, head size 64, T past one block of rows): only a GPU
-    shows whether its fragments are what shim.h's emulation assumes."""
+def _rotated(x, cos, sin):
+    """Hugging Face's rotation of x (B, T, H, HS) in float64 (tables (T, HS/2))."""
+    half = x.shape[-1] // 2
+    c, s = (np.concatenate([a, a], -1)[None, :, None, :].astype(np.float64) for a in (cos, sin))
+    return x * c + np.concatenate([-x[..., half:], x[..., :half]], -1) * s
+
+
+def _flash(k, xp, rng, NHf, NKV, rope: bool):
+    """flash.cu (bfloat16, head size 64, T past one block of rows) through its general
+    interface against float64: q, k, v (with biases, as c_attn's), key/value heads shared
+    by NHf / NKV query heads, optionally rotated. Returns (y, dq, dk, dv) errors and the
+    bias gradient's."""
     import ml_dtypes
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
-    Bt, Tt, NHt, HSt = 1, 80, 2, 64
-    qkv = rng.standard_normal((Bt, Tt, 3, NHt, HSt)).astype(bf16)
-    dy = rng.standard_normal((Bt, Tt, NHt * HSt)).astype(bf16)
-    bias = rng.standard_normal(3 * NHt * HSt).astype(bf16)  # c_attn's, added as read
-    qkv_ = xp.asarray(qkv.reshape(Bt, Tt, -1))
-    y, lse = xp.empty((Bt, Tt, NHt * HSt), bf16), xp.empty((Bt, NHt, Tt), np.float32)
-    dqkv, dd = xp.empty((Bt, Tt, 3 * NHt * HSt), bf16), xp.empty((Bt, NHt, Tt), np.float32)
-    sums = xp.empty(attention.bias_sums_shape(qkv_), np.float32)
-    dbias = xp.zeros(3 * NHt * HSt, np.float32)
-    attention.forward(k, y, lse, qkv_, NHt, xp.asarray(bias))
-    attention.backward(k, dqkv, dd, xp.asarray(dy), y, qkv_, lse, NHt, xp.asarray(bias), sums)
+    Bt, Tt, HSt = 1, 80, 64
+    widths = (NHf * HSt, NKV * HSt, NKV * HSt)
+    inputs = [rng.standard_normal((Bt, Tt, w)).astype(bf16) for w in widths]
+    biases = [rng.standard_normal(w).astype(bf16) for w in widths]
+    dy = rng.standard_normal((Bt, Tt, NHf * HSt)).astype(bf16)
+    angles = np.arange(Tt)[:, None] / 10000.0 ** (np.arange(0, HSt, 2) / HSt)[None, :]
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    tables = attention.Rope(xp.asarray(cos), xp.asarray(sin)) if rope else None
+    on = [xp.asarray(a) for a in inputs]
+    bs = tuple(xp.asarray(b) for b in biases)
+    y, lse = xp.empty((Bt, Tt, NHf * HSt), bf16), xp.empty((Bt, NHf, Tt), np.float32)
+    grads = [xp.empty_like(a) for a in on]
+    dd = xp.empty((Bt, NHf, Tt), np.float32)
+    sums = xp.empty(attention.bias_sums_shape(on[0], NHf, NKV, HSt), np.float32)
+    dbias = xp.zeros(sum(widths), np.float32)
+    attention.flash_forward(k, y, lse, *on, NHf, NKV, bs, tables)
+    attention.flash_backward(k, *grads, dd, xp.asarray(dy), y, *on, lse, NHf, NKV, bs, tables,
+                             sums)
     attention.bias_finish(k, dbias, sums)
-    biased = (qkv.reshape(Bt, Tt, -1).astype(np.float32) + bias.astype(np.float32)).astype(bf16)
-    want_y, want_dqkv = _core(biased.astype(np.float64).reshape(qkv.shape),
-                              dy.astype(np.float64), HSt)
-    got = dqkv.get().astype(np.float64)
-    return [("attention_tc.forward", _error(y.get(), want_y), TENSOR_CORE_TOLERANCE),
-            ("attention_tc.backward", _error(got, want_dqkv), TENSOR_CORE_TOLERANCE),
-            ("attention_tc.bias_sums", _error(dbias.get(), got.reshape(-1, got.shape[-1])
-                                              .sum(0)))]
+    q, key, v = ((a.astype(np.float32) + b.astype(np.float32)).astype(bf16).astype(np.float64)
+                 .reshape(Bt, Tt, -1, HSt) for a, b in zip(inputs, biases))
+    if rope:
+        q, key = _rotated(q, cos, sin), _rotated(key, cos, sin)
+    group = NHf // NKV
+    Q = q.transpose(0, 2, 1, 3)
+    K, V = (np.repeat(a, group, axis=2).transpose(0, 2, 1, 3) for a in (key, v))
+    s = Q @ K.transpose(0, 1, 3, 2) / math.sqrt(HSt) + np.triu(np.full((Tt, Tt), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    g = dy.astype(np.float64).reshape(Bt, Tt, NHf, HSt).transpose(0, 2, 1, 3)
+    dp = g @ V.transpose(0, 1, 3, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    summed = lambda a: a.reshape(Bt, NKV, group, Tt, HSt).sum(2).transpose(0, 2, 1, 3)  # noqa
+    want = [(p @ V).transpose(0, 2, 1, 3), (ds @ K / math.sqrt(HSt)).transpose(0, 2, 1, 3),
+            summed(ds.transpose(0, 1, 3, 2) @ Q / math.sqrt(HSt)),
+            summed(p.transpose(0, 1, 3, 2) @ g)]
+    if rope:
+        want[1], want[2] = _rotated(want[1], cos, -sin), _rotated(want[2], cos, -sin)
+    got = [a.get().astype(np.float64) for a in (y, *grads)]
+    errors = [_error(gv, w.reshape(gv.shape)) for gv, w in zip(got, want)]
+    stored = np.concatenate([gv.reshape(Tt, -1) for gv in got[1:]], -1).sum(0)
+    return errors, _error(dbias.get(), stored)
+
+
+def _attention_flash(k, xp, rng):
+    """GPT-2's layout (as many key/value heads as query heads, c_attn's biases) and the
+    Llama family's (two query heads a key/value head, rotated): only a GPU shows whether
+    its tensor cores agree with the fragment layouts shim.h emulates."""
+    results = []
+    for label, NHf, NKV, rope in (("flash", 2, 2, False), ("flash.grouped_rotary", 4, 2, True)):
+        (ey, edq, edk, edv), esums = _flash(k, xp, rng, NHf, NKV, rope)
+        results += [(f"{label}.forward", ey, TENSOR_CORE_TOLERANCE),
+                    (f"{label}.backward", max(edq, edk, edv), TENSOR_CORE_TOLERANCE),
+                    (f"{label}.bias_sums", esums)]
+    return results
 
 
 def _cross_entropy(k, xp, rng):
@@ -202,7 +230,8 @@ def _embedding(k, xp, rng):
     dwte, dwpe = xp.zeros((7, C), np.float32), xp.zeros((T, C), np.float32)
     on = xp.asarray(idx.astype(np.int64))
     embedding.backward_wte(k, dwte, xp.asarray(dx.astype(np.float32)), on,
-                           xp.argsort(on.reshape(-1), kind="stable"))
+                           xp.argsort(on.reshape(-1), kind="stable"),
+                           *embedding.workspaces(xp, B * T, C, np.float32))
     embedding.backward_wpe(k, dwpe, xp.asarray(dx.astype(np.float32)))
     want = np.zeros((7, C))
     np.add.at(want, idx.reshape(-1), dx.reshape(-1, C))
@@ -233,7 +262,7 @@ def _gradnorm(k, xp, rng):
     return [("gradnorm.sums_of_squares", _error(sums.get(), want))]
 
 
-CHECKS = (_layernorm, _gelu, _residual, _attention, _attention_tensor_cores, _cross_entropy,
+CHECKS = (_layernorm, _gelu, _residual, _attention, _attention_flash, _cross_entropy,
           _embedding, _adamw, _gradnorm)
 
 

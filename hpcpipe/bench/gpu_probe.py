@@ -1,0 +1,372 @@
+"""`make gpu-check`'s measuring sections, one per subcommand, each writing its JSON as it
+goes (a section killed by its time limit keeps what it wrote):
+
+    python -m hpcpipe.bench.gpu_probe kernels   --out kernels.json [--small]
+    python -m hpcpipe.bench.gpu_probe attention --out kernels.json [--small]
+    python -m hpcpipe.bench.gpu_probe gemms     --out calibration.json [--small]
+    python -m hpcpipe.bench.gpu_probe sharing   --out sharing.json [--small]
+
+kernels: every fused kernel at GPT-2 124M's size (batch 16 × 1024, bf16), its error
+  against NumPy float64 on a slice of its rows (a full float64 reference of the logits is
+  6.6 GB) and its device time by CUDA events (median of 10 after a warm-up).
+attention: flash.cu F and B against PyTorch's scaled_dot_product_attention (causal, bf16)
+  at T 1024 and 2048 (16 384 tokens), time and TFLOP/s (FlashAttention's count) and the
+  largest difference of y, dq, dk, dv.
+gemms: each GEMM shape of the model's step (as the cost model counts them) by cupy.matmul
+  and torch.matmul: measured rates the cost model prices those GEMMs at (`gemm_shapes`).
+sharing: one process, then pp 2 and dp 2 as two ranks time-slicing one GPU
+  (train.gpu_sharing, host staging): their losses against the one process's.
+On the device stand-in (`--small`, HPCPIPE_FAKE_GPU=1) the same code runs at tiny shapes:
+a dry run of the plumbing that measures nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from hpcpipe.device import backend
+
+
+def _write(path, key, value):
+    """Merge {key: value} into the JSON at `path` (made if absent) and write it at once."""
+    data = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            data = json.load(f)
+    data[key] = value
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
+def device_ms(be, fn, repeats: int = 10) -> float:
+    """Median device time of fn() by CUDA events, after one warm-up (host time on the
+    stand-in, whose events tick on the host clock)."""
+    xp = be.xp
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = xp.cuda.Event(), xp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(xp.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def _error(got, want) -> float:
+    want = np.asarray(want, np.float64)
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(1e-30, np.abs(want).max()))
+
+
+def _bf16():
+    import ml_dtypes
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+# -- every fused kernel at GPT-2's size -----------------------------------------------------
+
+def _gelu(v):
+    return 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3)))
+
+
+def _gelu_slope(v):
+    t = np.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3))
+    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * v * v)
+
+
+def kernels(be, out: str, small: bool):
+    """Each fused kernel timed at full size (outputs to scratch), then run once more on
+    fresh inputs and checked on a slice of rows against float64 (see the module)."""
+    from hpcpipe.device.kernels import Kernels, cross_entropy, embedding, gelu, layernorm
+    from hpcpipe.device.kernels import residual
+
+    xp, k, bf = be.xp, Kernels.for_library(be.xp), _bf16()
+    N, C, V, Vp = (64, 64, 500, 512) if small else (16384, 768, 50257, 50304)
+    rows, rng, head, reps = [], np.random.default_rng(0), min(N, 256), 3 if small else 10
+    put = xp.asarray
+
+    def record(name, shape, fn, nbytes, got, want, bound):
+        ms = device_ms(be, fn, reps)
+        fn()  # once more: what is checked (each kernel here reads inputs it never writes)
+        error = _error(got()[:head], want)
+        rows.append({"kernel": name, "shape": list(shape), "ms": ms,
+                     "gb_per_s": nbytes / ms / 1e6, "max_error": error, "ok": error < bound})
+        _write(out, "kernels", rows)
+
+    x, dy = rng.standard_normal((N, 4 * C)).astype(bf), rng.standard_normal((N, 4 * C)).astype(bf)
+    b = rng.standard_normal(4 * C).astype(bf)
+    v = (x[:head].astype(np.float32) + b.astype(np.float32)).astype(bf).astype(np.float64)
+    x_, b_, dy_, y_, dx_ = put(x), put(b), put(dy), xp.empty((N, 4 * C), bf), \
+        xp.empty((N, 4 * C), bf)
+    parts = xp.empty(gelu.partials_shape(4 * C), np.float32)
+    record("gelu.bias_forward", (N, 4 * C), lambda: gelu.bias_forward(k, y_, x_, b_),
+           2 * x.nbytes, y_.get, _gelu(v), 2.0 ** -7)
+    record("gelu.bias_backward", (N, 4 * C),
+           lambda: gelu.bias_backward(k, dx_, parts, dy_, x_, b_), 3 * x.nbytes, dx_.get,
+           dy[:head].astype(np.float64) * _gelu_slope(v), 2.0 ** -6)
+    h, r, cb = (rng.standard_normal(shape).astype(bf) for shape in ((N, C), (N, C), (C,)))
+    h_, r_, cb_, o_ = put(h), put(r), put(cb), xp.empty((N, C), bf)
+    record("residual.bias_residual", (N, C),
+           lambda: (o_.__setitem__(Ellipsis, h_), residual.bias_residual(k, o_, cb_, r_)),
+           4 * h.nbytes, o_.get, h[:head].astype(np.float64) + cb + r[:head], 2.0 ** -7)
+    w_, lb_ = put(np.ones(C, bf)), put(np.zeros(C, bf))
+    ln_y, mean, rstd = xp.empty((N, C), bf), xp.empty(N, np.float32), xp.empty(N, np.float32)
+    z = h[:head].astype(np.float64)
+    norm = (z - z.mean(1, keepdims=True)) / np.sqrt(z.var(1, keepdims=True) + 1e-5)
+    record("layernorm.forward", (N, C),
+           lambda: layernorm.forward(k, ln_y, mean, rstd, h_, w_, lb_), 2 * h.nbytes,
+           ln_y.get, norm, 2.0 ** -7)
+    pieces = xp.empty(layernorm.row_partials_shape(N, C, False), np.float32)
+    ln_dx = xp.empty((N, C), bf)
+    g = r[:head].astype(np.float64)
+    want = (g - g.mean(1, keepdims=True) - norm * (g * norm).mean(1, keepdims=True)) / \
+        np.sqrt(z.var(1, keepdims=True) + 1e-5)
+    record("layernorm.backward_rows", (N, C),
+           lambda: layernorm.backward_rows(k, ln_dx, pieces, r_, h_, mean, rstd, w_),
+           3 * h.nbytes, ln_dx.get, want, 2.0 ** -6)
+    logits = rng.standard_normal((N, Vp)).astype(bf)
+    targets = rng.integers(0, V, N).astype(np.int64)
+    lg_, t_ = put(logits), put(targets)
+    losses, dl = xp.empty(N, np.float32), xp.empty((N, Vp), bf)
+    zl = logits[:head, :V].astype(np.float64)
+    top = zl.max(1, keepdims=True)
+    loss = np.log(np.exp(zl - top).sum(1)) + top[:, 0] - zl[np.arange(head), targets[:head]]
+    record("cross_entropy.fused", (N, Vp),
+           lambda: cross_entropy.fused(k, losses, dl, lg_, t_, V, 1.0 / N), 3 * logits.nbytes,
+           losses.get, loss, 1e-5)
+    tokens = np.minimum(rng.zipf(1.1, N), V) - 1  # a skewed corpus: long runs
+    idx_ = put(tokens.reshape(1, N).astype(np.int64))
+    order = xp.argsort(idx_.reshape(-1), kind="stable")
+    dwte, spaces = xp.zeros((V, C), np.float32), embedding.workspaces(xp, N, C, np.float32)
+    want_wte = np.zeros((V, C))
+    np.add.at(want_wte, tokens, r.astype(np.float64))
+    busy = np.argsort(-np.bincount(tokens, minlength=V))[:head]  # the tokens with most rows
+    record("embedding.backward_wte", (N, C),
+           lambda: (dwte.fill(0), embedding.backward_wte(k, dwte, r_.reshape(1, N, C), idx_,
+                                                         order, *spaces)),
+           2 * h.nbytes, lambda: dwte.get()[busy], want_wte[busy], 1e-5)
+    flash_rows(be, k, out, rows, small)
+
+
+def flash_rows(be, k, out, rows, small):
+    """flash.cu F and B at GPT-2's size with c_attn's bias: time, and the error on one
+    sequence's first two heads against float64."""
+    from hpcpipe.device.kernels import attention
+
+    xp, bf = be.xp, _bf16()
+    B, T, NH, HS = (1, 80, 2, 64) if small else (16, 1024, 12, 64)
+    C = NH * HS
+    rng = np.random.default_rng(1)
+    qkv = rng.standard_normal((B, T, 3 * C)).astype(bf)
+    bias = (0.3 * rng.standard_normal(3 * C)).astype(bf)
+    dy = rng.standard_normal((B, T, C)).astype(bf)
+    qkv_, bias_, dy_ = xp.asarray(qkv), xp.asarray(bias), xp.asarray(dy)
+    y_, lse_ = xp.empty((B, T, C), bf), xp.empty((B, NH, T), np.float32)
+    dqkv_, dd_ = xp.empty_like(qkv_), xp.empty((B, NH, T), np.float32)
+    forward = lambda: attention.forward(k, y_, lse_, qkv_, NH, bias_)  # noqa: E731
+    backward = lambda: attention.backward(k, dqkv_, dd_, dy_, y_, qkv_, lse_, NH, bias_)  # noqa
+    f_ms, b_ms = device_ms(be, forward, 3 if small else 10), device_ms(be, backward,
+                                                                        3 if small else 10)
+    forward(), backward()
+    v = (qkv[:1].astype(np.float32) + bias.astype(np.float32)).astype(bf).astype(np.float64)
+    heads = v.reshape(1, T, 3, NH, HS)[:, :, :, :2].transpose(2, 0, 3, 1, 4)  # 2 heads
+    s = heads[0] @ heads[1].swapaxes(-1, -2) / math.sqrt(HS)
+    s += np.triu(np.full((T, T), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = (p @ heads[2]).transpose(0, 2, 1, 3).reshape(1, T, 2 * HS)
+    got = y_.get()[:1, :, :2 * HS].astype(np.float64)
+    flops = 4 * HS * B * NH * T * T / 2
+    rows.append({"kernel": "flash.forward", "shape": [B, T, NH, HS], "ms": f_ms,
+                 "tflops": flops / f_ms / 1e9, "max_error": _error(got, want),
+                 "ok": _error(got, want) < 2.0 ** -6})
+    rows.append({"kernel": "flash.backward", "shape": [B, T, NH, HS], "ms": b_ms,
+                 "tflops": 2.5 * flops / b_ms / 1e9, "max_error": None, "ok": True})
+    _write(out, "kernels", rows)
+
+
+# -- flash.cu against PyTorch's SDPA --------------------------------------------------------
+
+def attention_vs_sdpa(be, out: str, small: bool):
+    import torch
+    import torch.nn.functional as F
+
+    from hpcpipe.device.kernels import Kernels, attention
+
+    xp, k, bf = be.xp, Kernels.for_library(be.xp), _bf16()
+    results = []
+    for T in ((128,) if small else (1024, 2048)):
+        B, NH, HS = (1, 2, 64) if small else (16384 // T, 12, 64)
+        C = NH * HS
+        rng = np.random.default_rng(T)
+        qkv = rng.standard_normal((B, T, 3 * C)).astype(bf)
+        dy = rng.standard_normal((B, T, C)).astype(bf)
+        qkv_, dy_ = xp.asarray(qkv), xp.asarray(dy)
+        y_, lse_ = xp.empty((B, T, C), bf), xp.empty((B, NH, T), np.float32)
+        dqkv_, dd_ = xp.empty_like(qkv_), xp.empty((B, NH, T), np.float32)
+        ours_f = device_ms(be, lambda: attention.forward(k, y_, lse_, qkv_, NH))
+        ours_b = device_ms(be, lambda: attention.backward(k, dqkv_, dd_, dy_, y_, qkv_, lse_, NH))
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        t = torch.tensor(qkv.astype(np.float32), device=dev).to(torch.bfloat16)
+        q, kk, v = (t.view(B, T, 3, NH, HS)[:, :, i].transpose(1, 2).contiguous()
+                    .requires_grad_() for i in range(3))
+        g = torch.tensor(dy.astype(np.float32), device=dev).to(torch.bfloat16).view(
+            B, T, NH, HS).transpose(1, 2).contiguous()
+        sdpa = lambda: F.scaled_dot_product_attention(q, kk, v, is_causal=True)  # noqa: E731
+        theirs_f = _torch_ms(torch, sdpa)
+        y = sdpa()
+        theirs_b = _torch_ms(torch, lambda: torch.autograd.grad(y, (q, kk, v), g,
+                                                                retain_graph=True))
+        grads = torch.autograd.grad(y, (q, kk, v), g)
+        flops = 4 * HS * B * NH * T * T / 2
+        mine = dqkv_.get().astype(np.float64).reshape(B, T, 3, NH, HS)
+        errors = {"y": _error(y_.get(), y.transpose(1, 2).reshape(B, T, C).float().cpu())}
+        for i, name in enumerate(("dq", "dk", "dv")):
+            errors[name] = _error(mine[:, :, i], grads[i].transpose(1, 2).float().cpu())
+        results.append({"T": T, "B": B, "heads": NH, "head_size": HS,
+                        "flash_f_ms": ours_f, "flash_b_ms": ours_b, "sdpa_f_ms": theirs_f,
+                        "sdpa_b_ms": theirs_b, "flash_f_tflops": flops / ours_f / 1e9,
+                        "flash_b_tflops": 2.5 * flops / ours_b / 1e9,
+                        "sdpa_f_tflops": flops / theirs_f / 1e9,
+                        "sdpa_b_tflops": 2.5 * flops / theirs_b / 1e9,
+                        "errors_vs_sdpa": errors})
+        _write(out, "attention_vs_sdpa", results)
+
+
+def _torch_ms(torch, fn, repeats: int = 10) -> float:
+    """Median device time of fn() by torch's CUDA events (host time on the CPU)."""
+    fn()
+    if not torch.cuda.is_available():
+        tick = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - tick)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times))
+
+
+# -- the model's GEMM shapes -------------------------------------------------------------
+
+def model_gemm_shapes(small: bool) -> list[tuple[int, int, int]]:
+    """(M, K, N) of every GEMM in GPT-2 124M's step (bf16, batch 16 × 1024) at 50304 and
+    at 50257, as bench gpu-model counts them on the shape-only device."""
+    from hpcpipe.bench import batches, costmodel
+    from hpcpipe.bench.step import CONFIGS, SMOKE
+
+    shapes = set()
+    for name in (("smoke",) if small else ("gpt2", "gpt2-50257")):
+        cfg = SMOKE if small else CONFIGS[name]
+        batch = 2 if small else 16
+        idx, targets = batches.batch("uniform", cfg.vocab_size, batch, cfg.block_size)
+        log = costmodel.count_step(cfg, idx, targets)
+        shapes |= {k.dims for k in log.kernels if k.kind == "gemm" and k.dims}
+    return sorted(shapes)
+
+
+def gemms(be, out: str, small: bool):
+    """Each shape's bf16 rate by cupy.matmul (what hpcpipe runs) and torch.matmul."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    xp, bf = be.xp, _bf16()
+    rates, theirs = {}, {}
+    for M, K, N in model_gemm_shapes(small):
+        a, b = xp.ones((M, K), bf), xp.ones((K, N), bf)
+        key = f"{M}x{K}x{N}"
+        rates[key] = 2 * M * K * N / device_ms(be, lambda: xp.matmul(a, b), 5) / 1e-3
+        if torch is not None and torch.cuda.is_available():
+            ta = torch.ones((M, K), dtype=torch.bfloat16, device="cuda")
+            tb = torch.ones((K, N), dtype=torch.bfloat16, device="cuda")
+            theirs[key] = 2 * M * K * N / _torch_ms(torch, lambda: ta @ tb, 5) / 1e-3
+        _write(out, "gemm_shapes", rates)
+        _write(out, "gemm_shapes_torch", theirs)
+
+
+# -- two ranks on one GPU ------------------------------------------------------------------
+
+SHARING_SETS = ("train.steps=4", "train.log_every=1", "train.eval_every=0",
+                "train.trace_steps=0", 'parallel.schedule="1f1b"', 'train.device="gpu"',
+                "train.gpu_sharing=true")
+LAYOUTS = {"one process": (1, ()), "pp 2": (2, ("parallel.pp=2",)),
+           "dp 2": (2, ("parallel.dp=2", "parallel.microbatches=2"))}
+
+
+def _losses(run_dir: str) -> list[float]:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f
+                if line.strip() and "loss" in json.loads(line) and "val_loss" not in line]
+
+
+def sharing(be, out: str, small: bool):
+    """inputs/tiny.toml for 4 steps as one process, as pp 2 and as dp 2 (two ranks on the
+    one GPU, gpu_sharing, messages staged through the host): each run's losses, and how far
+    from the one process's (pp: bitwise, as the project promises)."""
+    import shutil
+
+    launcher = shutil.which("mpiexec")
+    root = tempfile.mkdtemp(prefix="gpu-check-sharing-")
+    results = {}
+    for name, (ranks, sets) in LAYOUTS.items():
+        run_dir = os.path.join(root, name.replace(" ", "-"))
+        cmd = [sys.executable, "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+               run_dir, *(a for s in (*SHARING_SETS, *sets) for a in ("--set", s))]
+        if ranks > 1:
+            if launcher is None:
+                results[name] = {"status": "no mpiexec on PATH"}
+                _write(out, "sharing", results)
+                continue
+            cmd = [launcher, "-n", str(ranks), *cmd]
+        tick = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        entry = {"status": "ran" if done.returncode == 0 else f"failed ({done.returncode})",
+                 "seconds": round(time.perf_counter() - tick, 1),
+                 "tail": (done.stdout + done.stderr)[-1500:]}
+        if done.returncode == 0:
+            entry["losses"] = _losses(run_dir)
+            one = results.get("one process", {}).get("losses")
+            if one and name != "one process":
+                entry["max_difference"] = max(abs(a - b) for a, b in zip(entry["losses"], one))
+                entry["bitwise"] = entry["losses"] == one
+        results[name] = entry
+        _write(out, "sharing", results)
+
+
+SECTIONS = {"kernels": kernels, "attention": attention_vs_sdpa, "gemms": gemms,
+            "sharing": sharing}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpcpipe.bench.gpu_probe",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("section", choices=sorted(SECTIONS))
+    parser.add_argument("--out", required=True, help="the JSON to merge the results into")
+    parser.add_argument("--small", action="store_true", help="tiny shapes (a dry run)")
+    args = parser.parse_args(argv)
+    be = backend.select("gpu")
+    SECTIONS[args.section](be, args.out, args.small)
+    print(f"{args.section}: written to {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -582,8 +582,8 @@ def _check_async_dp(source, cfg: "Config"):
     elif train.local_steps:
         why = ("local SGD's replicas meet at every outer step, which is a mode of its own; "
                "set train.local_steps = 0")
-    elif parallel.schedule == ASYNC_KIND:
-        why = (f"the asynchronous pipeline (parallel.schedule = \"{ASYNC_KIND}\") sums "
+    elif not flushes(parallel.schedule):
+        why = (f"the asynchronous pipeline (parallel.schedule = \"{ASYNCHRONOUS}\") sums "
                f"every replica's gradient at every step, with its replicas in step; choose "
                f"a synchronous schedule")
     elif train.dtype == "float16" and train.loss_scale == 0:

@@ -174,7 +174,7 @@ def test_multinode_job_across_two_nodes(runs, cluster, workdir, stdlib_tokens, o
     if mpi == "mpich":
         assert "libmpi.so.12 (srun --mpi=pmi2)" in text
     else:  # the site's MPI with the cluster's default plugin (pmix)
-        assert "libmpi.so.40 (srun --mpi=default)" in text
+        assert re.search(r"libmpi\.so(\.40)? \(srun --mpi=default\)", text), text[:2000]
 
     # `doctor` run as the training runs: every rank on its own node, with its node-local
     # rank among the ranks MPI sees sharing that node (pp-inner: pipeline 0 on node1).

@@ -28,21 +28,27 @@ def weights(finished, tmp_path):
 
 
 def test_import_onto_a_training_runs_checkpoint_is_refused(capsys, finished, weights,
-                                                           stdlib_tokens):
-    """The hostile case, against a real run that trains (its first checkpoint is written
-    and it is still going)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hpcpipe", *train_args(finished, stdlib_tokens,
-                                                      "train.steps=100000",
-                                                      "checkpoint.every=1")],
-        cwd=ROOT, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True)
+                                                           stdlib_tokens, tmp_path):
+    """The hostile case, against a real run that trains (resumed from step 2, still going).
+    Its target is the step-2 checkpoint it resumed from: with checkpoint.every that large
+    the run neither rotates it away nor writes beside it while the test looks, so the test
+    does not race a fast machine's rotation. The run's output goes to a file, never to a
+    pipe nobody reads (a full pipe would stall the run, and reading it would wait for a
+    run that never ends)."""
+    err_path = tmp_path / "train.err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hpcpipe", *train_args(finished, stdlib_tokens,
+                                                          "train.steps=100000",
+                                                          "checkpoint.every=100000")],
+            cwd=ROOT, env=job_env(), stdout=subprocess.DEVNULL, stderr=err, text=True,
+            start_new_session=True)
     try:
-        target = finished / "checkpoints" / step_name(3)
         deadline = time.monotonic() + 240
-        while not (target / "manifest.json").exists():  # the resumed run saved step 3
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        while f'"pid": {proc.pid}' not in _holder(finished):  # the run holds its lock
+            assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
             time.sleep(0.2)
+        target = finished / "checkpoints" / step_name(2)
         before = snapshot(target)
         line = ends_with_one_error(capsys, ["ckpt", "import-gpt2", str(weights), "--out",
                                             str(target), "--force"])
@@ -51,6 +57,14 @@ def test_import_onto_a_training_runs_checkpoint_is_refused(capsys, finished, wei
         assert snapshot(target) == before
     finally:
         stop(proc)
+
+
+def _holder(run_dir) -> str:
+    """The lock file's holder line, or "" while there is none."""
+    try:
+        return (run_dir / LOCK_NAME).read_text()
+    except FileNotFoundError:
+        return ""
 
 
 @pytest.fixture

@@ -25,25 +25,21 @@ import numpy as np
 
 from hpcpipe.device.backend import DEVICES
 from hpcpipe.device.dtypes import DTYPES
-from hpcpipe.model import GPTConfig
+from hpcpipe.model import GPTConfig, split
 from hpcpipe.model.layout import ARCHS, GPT2_VOCAB, GPT2_VOCAB_MULTIPLE, family_problem
 from hpcpipe.model.sharding import check_divisible
-from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.parallel.gradsync import COMM_DTYPES
 from hpcpipe.parallel.grid import RANK_ORDERS
 from hpcpipe.parallel.asyncdp import MODES as ASYNC_MODES
 from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_MOMENTS, OUTER_OPTIMIZERS
-from hpcpipe.parallel.pipeline import edges, partition
 from hpcpipe.parallel.powersgd import COMPRESSIONS
 from hpcpipe.runs.trace import trace_window
-from hpcpipe.schedules import KINDS, V_KINDS
+from hpcpipe.schedules import KINDS, check_chunks, chunks, flushes, from_costs
 from hpcpipe.optim.adamw import OPTIMIZERS
 from hpcpipe.optim.delay import KINDS as DELAY_CORRECTIONS
-from hpcpipe.schedules.asynchronous import KIND as ASYNC_KIND
-
-# The synchronous kinds, then the asynchronous pipeline (PipeDream-2BW: no flush).
-SCHEDULES = KINDS + (ASYNC_KIND,)
+from hpcpipe.schedules.kinds import ASYNCHRONOUS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES, ScheduleError
+from hpcpipe.schedules.recompute import chosen_with_schedule, parse_stages
 from hpcpipe.util.errors import ConfigError, HpcpipeError  # noqa: F401 (ConfigError: re-exported)
 from hpcpipe.util.files import TooLarge, read_bounded
 from hpcpipe.util.schema import parse_bytes  # noqa: F401 (re-exported)
@@ -54,7 +50,7 @@ MAX_TIMEOUT_S = 1e7  # parallel.timeout: past 115 days a wait is not a timeout a
 MAX_BUCKET_MB = float(1 << 20)  # 1 TiB: buckets past the model's size change nothing
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 AUTO_DP = "auto"  # parallel.dp's other spelling of 0: the launch decides
-AUTO_PARTITION = "auto"  # parallel.layers_per_stage's other spelling of []: by cost
+AUTO_LAYOUT = "auto"  # parallel.layout's other spelling of "": balanced by cost
 # Ten times the deepest GPTs trained: the balanced split of blocks over stages (and its
 # re-planning for the smallest change that fits) takes time that grows as n_layer² or more.
 MAX_LAYERS = 1024
@@ -169,15 +165,10 @@ class ParallelSection:
     # model chunks per rank; 0: the schedule's own (2 for interleaved and zb-v, 1 for auto,
     # which also takes 2: a V)
     chunks: int = 0
-    # transformer blocks of each model stage (pp × chunks counts; 0.5: a stage edge at a
-    # block's seam, between attention and MLP; sixths after its operations, finer across a
-    # sublayer's width: README, Balanced stages); [] or "auto": balanced by cost
-    layers_per_stage: list[float] | str = field(default_factory=list)
-    # let the balanced split put stage edges across a sublayer's width (some heads, MLP
-    # columns or heads' q, k and v on each side) where whole operations leave a stage over
-    # 5 % above the mean: the numbers then equal other layouts' to round-off, not bitwise
-    # (partial sums)
-    split_widths: bool = False
+    # the model's split into pp × chunks stages, in model order (docs/guides/
+    # stage-layouts.md): "E t t t | t t t L", a block cut at its seam "t.attn | .mlp";
+    # "" or "auto": balanced by cost
+    layout: str = ""
     # auto schedule: activations a rank may hold — a number of microbatches (0: 2·pp) or a
     # size ("12GiB", "500MB"): bytes, measured per stage while profiling
     memory_limit: float | str = 0.0
@@ -254,34 +245,8 @@ class Config:
     parallel: ParallelSection = field(default_factory=ParallelSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     source: str = "<defaults>"
-
-    @property
-    def chunks(self) -> int:
-        """Model chunks per pipeline rank, with 0 resolved to the schedule's own count."""
-        p = self.parallel
-        if p.chunks:
-            return p.chunks
-        return 2 if p.schedule == "interleaved-1f1b" or p.schedule in V_KINDS else 1
-
-    @property
-    def recompute(self) -> tuple[str, ...]:
-        """train.recompute per model stage (pp × chunks of them)."""
-        choices = tuple(x.strip() for x in self.train.recompute.split("/"))
-        if choices == ("auto",):  # none until the auto schedule chooses
-            choices = ("none",)
-        stages = self.parallel.pp * self.chunks
-        return choices * stages if len(choices) == 1 else choices
-
-    def recompute_for(self, stages: int) -> tuple[str, ...]:
-        """train.recompute for a schedule of `stages` model stages (a benchmark may run a
-        schedule with chunks of its own): one choice spreads over any number."""
-        choices = self.recompute
-        if len(choices) == stages:
-            return choices
-        if len(set(choices)) == 1:
-            return choices[:1] * stages
-        raise ConfigError(self.source, "train.recompute", self.train.recompute,
-                          f"gives {len(choices)} choices for {stages} model stages")
+    # One line per key the file named that now lives elsewhere (MOVED), for the run's log.
+    notes: tuple[str, ...] = ()
 
     @property
     def tokens_per_step(self) -> int:
@@ -522,19 +487,6 @@ def _check_local_layout(source, cfg: "Config"):
         raise ConfigError(source, "train.local_steps", train.local_steps, why)
 
 
-def _across_widths(cfg: "Config") -> bool:
-    """Whether parallel.layers_per_stage puts a stage edge across a sublayer's width
-    (parallel/pipeline/edges.py; counts that are no edges at all: False, refused by the
-    layout's check)."""
-    counts = cfg.parallel.layers_per_stage
-    try:
-        return bool(counts) and any(
-            (x * 6).denominator != 1
-            for x in edges.decode(counts, cfg.model.n_layer, cfg.model.n_head))
-    except edges.EdgeError:
-        return False
-
-
 def _check_optimizer(source, cfg: "Config"):
     """What Muon cannot run with (it orthogonalizes whole matrices, and its step is not
     inverted): refused here, with one message."""
@@ -551,10 +503,6 @@ def _check_optimizer(source, cfg: "Config"):
     elif train.post_validation:
         why = ("post-validation inverts a step that a later verdict rejects, and Muon's step "
                "is not inverted; set train.post_validation = false")
-    elif _across_widths(cfg) or parallel.split_widths:
-        why = ("stage edges across a sublayer's width (parallel.layers_per_stage or "
-               "parallel.split_widths) split its weight matrices between two stages, and "
-               "Muon orthogonalizes whole matrices; use edges at a block's operations")
     if why:
         raise ConfigError(source, "train.optimizer", train.optimizer, why)
 
@@ -563,10 +511,10 @@ def _check_asynchronous(source, cfg: "Config"):
     """What the asynchronous pipeline (PipeDream-2BW) cannot run with: refused here, each
     with one message."""
     train, parallel = cfg.train, cfg.parallel
-    if parallel.schedule != ASYNC_KIND:
+    if flushes(parallel.schedule):
         if train.delay_correction != "none":
             raise ConfigError(source, "train.delay_correction", train.delay_correction,
-                              f"corrects the update of parallel.schedule = \"{ASYNC_KIND}\", "
+                              f"corrects the update of parallel.schedule = \"{ASYNCHRONOUS}\", "
                               f"which lands one step late; schedule {parallel.schedule!r} "
                               f"updates on time: set train.delay_correction = \"none\"")
         return
@@ -634,8 +582,8 @@ def _check_async_dp(source, cfg: "Config"):
     elif train.local_steps:
         why = ("local SGD's replicas meet at every outer step, which is a mode of its own; "
                "set train.local_steps = 0")
-    elif parallel.schedule == ASYNC_KIND:
-        why = (f"the asynchronous pipeline (parallel.schedule = \"{ASYNC_KIND}\") sums "
+    elif not flushes(parallel.schedule):
+        why = (f"the asynchronous pipeline (parallel.schedule = \"{ASYNCHRONOUS}\") sums "
                f"every replica's gradient at every step, with its replicas in step; choose "
                f"a synchronous schedule")
     elif train.dtype == "float16" and train.loss_scale == 0:
@@ -674,16 +622,12 @@ def _check_parallel(source, parallel: ParallelSection):
     dp = parallel.dp
     _require(source, "parallel.dp", dp, dp == AUTO_DP or (isinstance(dp, int) and dp >= 0),
              'must be a replica count, or 0 or "auto" for world ÷ (pp × tp)')
-    counts = parallel.layers_per_stage
-    _require(source, "parallel.layers_per_stage", counts,
-             isinstance(counts, list) or counts == AUTO_PARTITION,
-             'must be a block count per model stage, or [] or "auto" to balance them by cost')
     _at_least(source, "parallel", parallel, ("microbatches", "pp", "tp"), 1)
     _require(source, "parallel.microbatches", parallel.microbatches,
              parallel.microbatches <= MAX_MICROBATCHES,
              f"must be at most {MAX_MICROBATCHES} (every rank's schedule lists each "
              f"microbatch's F, B and W); for more accumulation raise train.micro_batch_size")
-    _one_of(source, "parallel.schedule", parallel.schedule, SCHEDULES)
+    _one_of(source, "parallel.schedule", parallel.schedule, KINDS)
     _require(source, "parallel.bucket_mb", parallel.bucket_mb,
              0 < parallel.bucket_mb <= MAX_BUCKET_MB,
              f"must be positive and at most {MAX_BUCKET_MB:g} (MiB)")
@@ -720,7 +664,7 @@ def _check_exact(source, parallel: ParallelSection):
              f"must be 0 (off) or seconds up to {MAX_EXACT_SECONDS:g}")
     if not seconds:
         return
-    _require(source, "parallel.exact_seconds", seconds, parallel.schedule == "auto",
+    _require(source, "parallel.exact_seconds", seconds, from_costs(parallel.schedule),
              "the certified search improves the auto schedule: it needs parallel.schedule = "
              '"auto"')
     import importlib.util
@@ -737,35 +681,10 @@ def _check_exact(source, parallel: ParallelSection):
 
 
 def _check_chunks(source, parallel: ParallelSection):
-    chunks, schedule = parallel.chunks, parallel.schedule
-    _require(source, "parallel.chunks", chunks, chunks >= 0,
-             "must be 0 (the schedule's own) or a positive count")
-    if schedule in V_KINDS:
-        _require(source, "parallel.chunks", chunks, chunks in (0, 2),
-                 f"{schedule} runs exactly 2 chunks per rank (a V); allowed: 0 or 2")
-    elif schedule == "auto":
-        _require(source, "parallel.chunks", chunks, chunks in (0, 1, 2),
-                 "auto runs one chunk per rank (0 or 1) or a V of two (2, profiled on "
-                 "zb-v); allowed: 0, 1 or 2")
-    elif schedule != "interleaved-1f1b":
-        _require(source, "parallel.chunks", chunks, chunks in (0, 1),
-                 f"{schedule} runs one chunk per rank; more chunks need "
-                 f"schedule = \"interleaved-1f1b\"; allowed: 0 or 1")
-
-
-def _check_turn(source, cfg: Config, at):
-    """A V places model stages pp - 1 and pp on one rank (its turn): the stage edge between
-    them (of the edge positions `at`) may not fall across a sublayer's width
-    (partition.ONE_RANK)."""
-    parallel = cfg.parallel
-    if cfg.chunks != 2 or not (parallel.schedule in V_KINDS or parallel.schedule == "auto"):
-        return
-    turn = parallel.pp - 1
-    edge = edges.edge_at(at[turn + 1], cfg.model.n_head)
-    _require(source, "parallel.layers_per_stage", parallel.layers_per_stage,
-             edge is None or len(edge) == 2,
-             f"puts the stage edge between model stages {turn} and {turn + 1}, which the V "
-             f"places on one rank, across a sublayer's width; {partition.ONE_RANK}")
+    try:
+        check_chunks(parallel.schedule, parallel.chunks)
+    except ScheduleError as e:
+        raise ConfigError(source, "parallel.chunks", parallel.chunks, str(e)) from None
 
 
 def _check_layout(source, cfg: Config):
@@ -775,33 +694,21 @@ def _check_layout(source, cfg: Config):
         raise ConfigError(source, f"model.{key}", value,
                           f"{problem}; choose a parallel.tp that divides n_head, vocab_size "
                           f"(padded to model.vocab_multiple) and 4 × n_embd")
-    stages = parallel.pp * cfg.chunks
-    counts = parallel.layers_per_stage
-    if counts:
-        _require(source, "parallel.layers_per_stage", counts, len(counts) == stages,
-                 f"needs one block count per model stage: {stages} = pp × chunks")
+    stages = parallel.pp * chunks(parallel.schedule, parallel.chunks)
+    if parallel.layout:
         try:
-            at = edges.decode(counts, n_layer, cfg.model.n_head)
-        except edges.EdgeError as e:
-            raise ConfigError(source, "parallel.layers_per_stage", counts,
-                              f"{e}: {partition.RULE} summing to model.n_layer = "
-                              f"{n_layer}") from None
-        _require(source, "parallel.layers_per_stage", counts,
-                 not _across_widths(cfg) or parallel.tp == 1,
-                 f"puts a stage edge across a sublayer's width, which tensor parallelism "
-                 f"(parallel.tp = {parallel.tp}) splits itself: use edges at a block's "
-                 f"operations (sixths)")
-        _check_turn(source, cfg, at)
-    _require(source, "parallel.split_widths", parallel.split_widths,
-             not parallel.split_widths or parallel.tp == 1,
-             f"stage edges across a sublayer's width cannot be combined with tensor "
-             f"parallelism (parallel.tp = {parallel.tp}), which splits the widths itself")
-    choices = cfg.train.recompute.split("/")
-    if cfg.train.recompute.strip() == "auto":
-        _require(source, "train.recompute", cfg.train.recompute, parallel.schedule == "auto",
+            given = split.parse(parallel.layout, n_layer)
+        except split.LayoutError as e:
+            raise ConfigError(source, "parallel.layout", parallel.layout,
+                              f"{e} (docs/guides/stage-layouts.md)") from None
+        _require(source, "parallel.layout", parallel.layout, len(given) == stages,
+                 f"has {len(given)} stages, and the schedule runs {stages} model stages "
+                 f"(pp × chunks)")
+    if chosen_with_schedule(cfg.train.recompute):
+        _require(source, "train.recompute", cfg.train.recompute,
+                 from_costs(parallel.schedule),
                  'is chosen with the schedule: "auto" needs parallel.schedule = "auto"; '
-                 f"otherwise allowed: {', '.join(RECOMPUTE)}")
-        choices = ["none"]
+                 "otherwise allowed: none, selective, full")
         if parallel.exact_seconds:  # then chosen per microbatch: a larger model
             from hpcpipe.schedules.exact import check_size
             try:
@@ -810,16 +717,17 @@ def _check_layout(source, cfg: Config):
             except ScheduleError as e:
                 raise ConfigError(source, "parallel.exact_seconds", parallel.exact_seconds,
                                   str(e)) from None
-    _require(source, "train.recompute", cfg.train.recompute,
-             all(x.strip() in RECOMPUTE for x in choices) and len(choices) in (1, stages),
-             f"allowed: {', '.join(RECOMPUTE)} (or auto), for every stage or one per model stage "
-             f"('/'-separated, {stages} = pp × chunks of them)")
+    try:
+        parse_stages(cfg.train.recompute, stages)
+    except ScheduleError as e:
+        raise ConfigError(source, "train.recompute", cfg.train.recompute,
+                          f"{e}: pp × chunks") from None
     if parallel.sequence_parallel and parallel.tp > 1:
         _require(source, "model.block_size", cfg.model.block_size,
                  cfg.model.block_size % parallel.tp == 0,
                  f"sequence parallelism splits each sequence among parallel.tp = "
                  f"{parallel.tp} shards: block_size must be a multiple of it")
-    if not counts:
+    if not parallel.layout:
         _require(source, "parallel.pp", parallel.pp, stages <= 2 * n_layer,
                  f"{stages} model stages (pp × chunks) but model.n_layer = {n_layer}: every "
                  f"stage needs at least half a transformer block")
@@ -827,21 +735,23 @@ def _check_layout(source, cfg: Config):
 
 def validate(cfg: Config) -> Config:
     """Value checks that the types alone do not catch; `parallel.dp = "auto"` comes back
-    as 0 and `parallel.layers_per_stage = "auto"` as [], their one spellings from here on."""
+    as 0 and `parallel.layout = "auto"` as "", their one spellings from here on (a given
+    layout in its printed form, "E t t | t t L")."""
     source = cfg.source
     _check_model(source, dataclasses.asdict(cfg.model))
     _check_train(source, cfg.train)
     _check_data(source, cfg.data)
     _check_parallel(source, cfg.parallel)
-    counts = cfg.parallel.layers_per_stage
-    if counts == AUTO_PARTITION:  # [] from here on
-        counts = []
-    else:  # whole blocks as integers, halves as 1.5: the resolved config.toml's spelling
-        counts = [int(c) if float(c).is_integer() else c for c in counts]
-    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
-                                                                layers_per_stage=counts))
+    layout = cfg.parallel.layout
+    if layout.strip().lower() in ("", AUTO_LAYOUT):
+        layout = ""
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, layout=layout))
     _check_checkpoint(source, cfg.checkpoint)
     _check_layout(source, cfg)
+    if layout:
+        layout = split.text(split.parse(layout, cfg.model.n_layer))
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
+                                                                    layout=layout))
     _check_local_layout(source, cfg)
     _check_optimizer(source, cfg)
     _check_asynchronous(source, cfg)
@@ -915,8 +825,63 @@ def parse_override(text: str) -> tuple[str, str, object]:
     return section, key, parsed["v"]
 
 
+def _moved(source, data: dict) -> tuple[str, ...]:
+    """Keys an older config names that moved or were retired: a moved one is put where it
+    lives now (in `data`), with one line saying so; a retired one is a ConfigError saying
+    what replaced it."""
+    parallel = data.get("parallel")
+    if not isinstance(parallel, dict):
+        return ()
+    notes = ()
+    if "split_widths" in parallel:  # (false, its default, in every run's config.toml of then)
+        if parallel.pop("split_widths") is not False:
+            raise ConfigError(source, "parallel.split_widths", True,
+                              "is retired with the stage edges across a sublayer's width: a "
+                              "stage holds whole blocks, or a block cut at its seam (t.attn | "
+                              ".mlp in parallel.layout, docs/guides/stage-layouts.md); remove "
+                              "it")
+        notes = ("parallel.split_widths is retired: stage edges fall between blocks or at "
+                 "a block's seam",)
+    if "layers_per_stage" not in parallel:
+        return notes
+    counts = parallel.pop("layers_per_stage")
+    if "layout" in parallel:
+        raise ConfigError(source, "parallel.layers_per_stage", counts,
+                          "is the old spelling of parallel.layout: give only parallel.layout")
+    if counts in ([], AUTO_LAYOUT):
+        parallel["layout"] = ""
+        return notes + ('parallel.layers_per_stage is now parallel.layout ("" or "auto": '
+                        'balanced by cost)',)
+    numbers = isinstance(counts, list) and all(
+        isinstance(c, (int, float)) and not isinstance(c, bool) for c in counts)
+    if not numbers:
+        raise ConfigError(source, "parallel.layers_per_stage", counts,
+                          'is now parallel.layout, a string such as "E t t | t t L" '
+                          "(docs/guides/stage-layouts.md)")
+    if any(c != int(c) for c in counts):
+        try:
+            instead = f'; these counts are parallel.layout = "{split.from_counts(counts)}"'
+        except split.LayoutError:  # (sixths, or edges across a width: no such edge now)
+            instead = ""
+        raise ConfigError(source, "parallel.layers_per_stage", counts,
+                          "fractional counts are retired: a stage holds whole blocks, and an "
+                          "edge inside a block falls only at its seam, written t.attn | .mlp "
+                          f"in parallel.layout (docs/guides/stage-layouts.md){instead}")
+    try:
+        layout = split.from_counts(counts)
+    except split.LayoutError as e:
+        raise ConfigError(source, "parallel.layers_per_stage", counts,
+                          f"is now parallel.layout: {e}") from None
+    parallel["layout"] = layout
+    return notes + (f'parallel.layers_per_stage = {counts} is now parallel.layout = '
+                    f'"{layout}"',)
+
+
 def from_dict(data: dict, source: str = "<dict>") -> Config:
     sections = {}
+    data = {name: dict(table) if isinstance(table, dict) else table
+            for name, table in data.items()}
+    notes = _moved(source, data)
     for name, table in data.items():
         if name not in SECTIONS:
             raise ConfigError(source, name, table if not isinstance(table, dict) else "[...]",
@@ -925,7 +890,7 @@ def from_dict(data: dict, source: str = "<dict>") -> Config:
         if not isinstance(table, dict):
             raise ConfigError(source, name, table, f"must be a [{name}] table")
         sections[name] = _build_section(source, name, table)
-    return validate(Config(**sections, source=source))
+    return validate(Config(**sections, source=source, notes=notes))
 
 
 def _read_toml(path: str) -> dict:

@@ -180,40 +180,48 @@ def test_dp_auto_takes_the_world_and_keeps_the_global_batch(tmp_path):
     assert "train.global_batch_size = 16" in str(info.value) and "3 × 2 = 6" in str(info.value)
 
 
-def test_layers_per_stage_auto_is_the_balanced_partition(tmp_path):
-    # "auto" is [] (the blocks placed by cost), as the config is read and written back.
-    text = '[model]\nn_layer = 6\n[parallel]\npp = 2\nlayers_per_stage = "auto"\n'
+def test_a_layout_is_read_checked_and_written_back_in_its_printed_form(tmp_path):
+    # "auto" is "" (the blocks placed by cost); a given layout comes back spelt out, so the
+    # resolved config.toml reads as the plan prints it.
+    text = '[model]\nn_layer = 6\n[parallel]\npp = 2\nlayout = "auto"\n'
     cfg = config.load(write(tmp_path, text))
-    assert cfg.parallel.layers_per_stage == []
+    assert cfg.parallel.layout == "" and cfg.notes == ()
     assert config.load(write(tmp_path, cfg.to_toml())) == cfg
-    assert config.from_dict({"parallel": {"layers_per_stage": [3, 3], "pp": 2},
-                             "model": {"n_layer": 6}}).parallel.layers_per_stage == [3, 3]
-    _, msg = error_of(tmp_path, '[parallel]\nlayers_per_stage = "even"\n')
-    assert "parallel.layers_per_stage = 'even'" in msg and '[] or "auto"' in msg
-    _, msg = error_of(tmp_path, "[parallel]\nlayers_per_stage = [1.25]\n")
-    assert "the counts sum to 1.25" in msg and "whole blocks, halves or sixths" in msg
-    _, msg = error_of(tmp_path, "[parallel]\npp = 2\nlayers_per_stage = [1.3, 2.7]\n")
-    assert "a stage edge at 1.3 blocks" in msg and "across a sublayer's width" in msg
-    _, msg = error_of(tmp_path, "[parallel]\npp = 2\ntp = 2\nlayers_per_stage = [1.25, 2.75]\n")
-    assert "tensor parallelism (parallel.tp = 2)" in msg
-    _, msg = error_of(tmp_path, '[train]\noptimizer = "muon"\n[parallel]\npp = 2\n'
-                                "layers_per_stage = [1.25, 2.75]\n")
-    assert "Muon orthogonalizes whole matrices" in msg
-    _, msg = error_of(tmp_path, "[parallel]\npp = 2\ntp = 2\nsplit_widths = true\n")
-    assert "parallel.split_widths" in msg and "tensor parallelism (parallel.tp = 2)" in msg
-    # A V's turn (model stages pp - 1 and pp on one rank): no edge across a width there
-    for v in ('schedule = "zb-v"', 'schedule = "auto"\nchunks = 2'):
-        _, msg = error_of(tmp_path, f"[parallel]\npp = 2\n{v}\n"
-                                    "layers_per_stage = [1, 1.125, 0.875, 1]\n")
-        assert "between model stages 1 and 2, which the V places on one rank" in msg, v
-    assert config.from_dict({"parallel": {"pp": 2, "schedule": "zb-v", "layers_per_stage": [
-        1.125, 0.875, 1, 1]}}).parallel.layers_per_stage == [1.125, 0.875, 1, 1]
-    # Halves (a stage edge at a block's seam) are kept; whole counts read back as integers.
-    cfg = config.from_dict({"parallel": {"layers_per_stage": [1.5, 2.0, 2.5], "pp": 3},
+    cfg = config.from_dict({"parallel": {"layout": "Ett t.attn|.mlp t*3L", "pp": 2},
                             "model": {"n_layer": 6}})
-    assert cfg.parallel.layers_per_stage == [1.5, 2, 2.5]
-    again = config.load(write(tmp_path, cfg.to_toml())).parallel.layers_per_stage
-    assert again == [1.5, 2, 2.5] and isinstance(again[1], int)
+    assert cfg.parallel.layout == "E t t t.attn | .mlp t t t L"
+    assert config.load(write(tmp_path, cfg.to_toml())).parallel.layout == cfg.parallel.layout
+    _, msg = error_of(tmp_path, '[parallel]\nlayout = "E t | x L"\n')
+    assert "parallel.layout = 'E t | x L'" in msg and "'x' is no item of a layout" in msg
+
+
+def test_the_old_counts_still_load_as_a_layout_and_retired_keys_say_what_replaced_them(
+        tmp_path):
+    """parallel.layers_per_stage (whole blocks, as old configs and the config.toml of old
+    runs give it) maps to parallel.layout with one line saying so; fractional counts (a
+    seam was 0.5, later sixths and widths) and parallel.split_widths are refused, each
+    with one message naming what replaced them."""
+    cfg = config.load(write(tmp_path, "[model]\nn_layer = 4\n[parallel]\npp = 2\n"
+                                      "layers_per_stage = [1, 3]\n"))
+    assert cfg.parallel.layout == "E t | t t t L"
+    assert cfg.notes == ('parallel.layers_per_stage = [1, 3] is now parallel.layout = '
+                         '"E t | t t t L"',)
+    assert config.load(write(tmp_path, "[parallel]\nlayers_per_stage = []\n")).notes[0] \
+        .startswith("parallel.layers_per_stage is now parallel.layout")
+    _, msg = error_of(tmp_path, "[model]\nn_layer = 4\n[parallel]\npp = 2\n"
+                                "layers_per_stage = [1.5, 2.5]\n")
+    assert "fractional counts are retired" in msg \
+        and 'parallel.layout = "E t t.attn | .mlp t t L"' in msg
+    _, msg = error_of(tmp_path, "[parallel]\npp = 2\nlayers_per_stage = [1.1667, 2.8333]\n")
+    assert "parallel.layers_per_stage" in msg and "fractional counts are retired" in msg
+    _, msg = error_of(tmp_path, "[parallel]\nsplit_widths = true\n")
+    assert "parallel.split_widths = True: is retired" in msg and "t.attn | .mlp" in msg
+    # false, its default, is in every run's config.toml of the time: read, with a note
+    cfg = config.load(write(tmp_path, "[parallel]\nsplit_widths = false\n"
+                                      "layers_per_stage = []\n"))
+    assert cfg.notes[0].startswith("parallel.split_widths is retired") and len(cfg.notes) == 2
+    _, msg = error_of(tmp_path, '[parallel]\nlayers_per_stage = [2, 2]\nlayout = ""\n')
+    assert "give only parallel.layout" in msg
 
 
 def test_more_stages_than_layers(tmp_path):
@@ -225,14 +233,14 @@ def test_more_stages_than_layers(tmp_path):
     assert "half a transformer block" in msg
 
 
-def test_layers_per_stage_must_fit(tmp_path):
-    _, msg = error_of(tmp_path, "[model]\nn_layer = 4\n[parallel]\npp = 2\n"
-                                "layers_per_stage = [1, 2]\n")
-    assert "parallel.layers_per_stage = [1, 2]" in msg and "summing to model.n_layer = 4" in msg
-    _, msg = error_of(tmp_path, "[parallel]\npp = 2\nlayers_per_stage = [4]\n")
-    assert "one block count per model stage: 2" in msg
-    _, msg = error_of(tmp_path, "[parallel]\nlayers_per_stage = [1, \"x\"]\n")
-    assert "must be a list of numbers" in msg
+def test_a_layout_must_fit(tmp_path):
+    _, msg = error_of(tmp_path, '[model]\nn_layer = 4\n[parallel]\npp = 2\n'
+                                'layout = "E t | t t L"\n')
+    assert "parallel.layout = 'E t | t t L'" in msg and "model.n_layer = 4" in msg
+    _, msg = error_of(tmp_path, '[parallel]\npp = 2\nlayout = "E t t t t L"\n')
+    assert "has 1 stages, and the schedule runs 2 model stages" in msg
+    _, msg = error_of(tmp_path, "[parallel]\nlayout = 3\n")
+    assert "must be a string" in msg
 
 
 def test_chunks_must_suit_the_schedule(tmp_path):

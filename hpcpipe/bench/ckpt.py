@@ -16,7 +16,7 @@ from hpcpipe import config
 from hpcpipe.device import backend
 from hpcpipe.device.budget import check_run
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.schedules import generate
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train.rank import Rank
 from hpcpipe.util.errors import every_rank_does
 from hpcpipe.util.files import claim_file, claim_folder
@@ -58,10 +58,9 @@ def run_ckpt(args) -> int:
     grid = gridlib.build(world, parallel.dp, parallel.pp, parallel.rank_order, source=cfg.source)
     be = backend.select(train.device, grid.local_rank)
     every_rank_does(world, lambda: check_run(cfg, be, grid.local_size))
-    schedule = generate("1f1b" if parallel.schedule == "auto" else parallel.schedule,
-                        parallel.pp, parallel.microbatches, v=cfg.chunks)
+    plan = build_plan(cfg)  # (auto: the schedule it profiles on)
     tick = time.perf_counter()
-    rank = Rank.build(cfg, grid, be, schedule)
+    rank = Rank.build(cfg, grid, be, plan)
     built = time.perf_counter() - tick
     folder = args.dir or (tempfile.mkdtemp(prefix="hpcpipe-bench-ckpt-") if world.rank == 0
                           else None)

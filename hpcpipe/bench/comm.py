@@ -318,7 +318,7 @@ def _dp_step(world, be, transport, train=None, parallel=None):
     """The small dp training step this benchmark measures (4 layers × 256 wide, float32, 2
     microbatches of 2 sequences per rank, 1F1B on one stage), with the config's `train` and
     `parallel` changes: (its Rank, its microbatches as `inputs`)."""
-    from hpcpipe.schedules import generate
+    from hpcpipe.plan import build as build_plan
     from hpcpipe.train.rank import Rank
 
     cfg = config.from_dict({
@@ -329,7 +329,7 @@ def _dp_step(world, be, transport, train=None, parallel=None):
                      **(parallel or {})},
     }, source="bench comm")
     grid = gridlib.build(world, world.size, 1, source="bench comm")
-    rank = Rank.build(cfg, grid, be, generate("1f1b", 1, 2), gpu_aware=not transport.staged)
+    rank = Rank.build(cfg, grid, be, build_plan(cfg), gpu_aware=not transport.staged)
     tokens = np.random.default_rng(world.rank).integers(0, 256, (STEP_SEQUENCES, STEP_BLOCK + 1))
     batches = [(be.from_host(tokens[i * 2:(i + 1) * 2, :-1]),
                 be.from_host(tokens[i * 2:(i + 1) * 2, 1:])) for i in range(2)]

@@ -8,6 +8,7 @@ import platform
 import socket
 import time
 
+from hpcpipe.schedules import from_costs
 from hpcpipe.util.files import write_text_atomic
 
 
@@ -59,5 +60,5 @@ def require_model(shape, batch: int, dtype: str, be, what: str, copies: int = 1,
 def schedule_label(row: dict) -> str:
     """A bench pipeline row's schedule, saying when auto took a V (rows recorded before
     auto could lack "chunks"): for its printed table and the report's."""
-    return f"{row['schedule']} (a V)" if row["schedule"] == "auto" and \
+    return f"{row['schedule']} (a V)" if from_costs(row["schedule"]) and \
         row.get("chunks", 1) == 2 else row["schedule"]

@@ -1,5 +1,5 @@
 """bench pipeline --memory: the peak activation bytes each schedule and recompute choice
-holds, measured over one step and planned before launch (train/memplan.py: the model's
+holds, measured over one step and planned before launch (plan/memory.py: the model's
 analytic M_B and M_W in the simulator), side by side; and the Pareto front of bubble
 against peak memory that the auto scheduler sees with recomputation as a choice.
 
@@ -16,9 +16,11 @@ from dataclasses import replace
 
 from hpcpipe import config
 
-from hpcpipe.model.stage import RECOMPUTE
-from hpcpipe.schedules import ScheduleError, generate, peak_activations
-from hpcpipe.train import memplan
+from hpcpipe.plan import build as build_plan
+from hpcpipe.plan import memory as planned
+from hpcpipe.plan import recompute as recomputation
+from hpcpipe.schedules import ScheduleError, from_costs, generate, peak_activations
+from hpcpipe.schedules.recompute import Mode
 from hpcpipe.train.rank import Rank
 from hpcpipe.util import timeline
 from hpcpipe.util.files import write_figure
@@ -30,28 +32,29 @@ def memory_rows(kinds, cfg, grid, be, world, inputs, log) -> list[dict]:
     pp, m = grid.pp, cfg.parallel.microbatches
     rows = []
     for kind in kinds:
-        if kind == "auto":  # built from measured costs: the plan bounds it by its limit
+        if from_costs(kind):  # built from measured costs: the plan bounds it by its limit
             continue
         try:
             schedule = generate(kind, pp, m)
         except ScheduleError as e:
             log(f"memory: skipping {kind}: {e}")
             continue
-        for choice in RECOMPUTE:
+        for choice in (mode.value for mode in Mode):
             run_cfg = replace(cfg, train=replace(cfg.train, recompute=choice),
                               parallel=replace(cfg.parallel, schedule=kind, chunks=0))
             try:
-                rank = Rank.build(run_cfg, grid, be, schedule, timeline.Trace(world.rank))
+                plan = build_plan(run_cfg, schedule=schedule)
+                rank = Rank.build(run_cfg, grid, be, plan, timeline.Trace(world.rank))
             except ValueError as e:  # e.g. more stages than blocks
                 log(f"memory: skipping {kind}: {e}")
                 break
             outcomes = rank.train_step(1, inputs, 1e-4, 0.0) + rank.flush()
             measured = max(max(o.stats.peak_bytes) for o in outcomes)
-            planned = max(memplan.simulated_peaks(run_cfg, schedule, rank.model.specs))
+            most = max(planned.simulated_peaks(run_cfg, schedule, plan.specs, plan.recompute))
             rows.append({"schedule": kind, "recompute": choice,
                          "peak_activation_bytes": int(measured),
-                         "peak_activation_bytes_planned": int(planned),
-                         "measured_over_planned": measured / planned})
+                         "peak_activation_bytes_planned": int(most),
+                         "measured_over_planned": measured / most})
     return rows
 
 
@@ -74,15 +77,16 @@ def pareto_front(cfg, pp: int, m: int) -> list[dict]:
     forward does), memory the analytic M_B and M_W, and per stage the choice of selective
     or full recomputation (keep from the bytes, time from the attention core's share of
     F, or all of it)."""
-    from hpcpipe.parallel.pipeline.partition import partition, stage_work
+    from hpcpipe.plan.balance import partition, stage_work
     from hpcpipe.schedules import Costs
     from hpcpipe.schedules.auto import explore
 
     specs = partition(cfg.model, pp)
     work = stage_work(cfg.model, specs)
-    none = memplan.stage_memories(cfg, specs)
-    choices = memplan.recompute_choices(cfg, specs)
-    costs = Costs(f=work, b=work, w=work, **memplan.memory_levels(none))
+    none = planned.stage_memories(cfg, specs, Mode.NONE)
+    choices = recomputation.choices(cfg, specs,
+                                    lambda mode: planned.stage_memories(cfg, specs, mode))
+    costs = Costs(f=work, b=work, w=work, **planned.memory_levels(none))
     one_f_one_b = max(peak_activations(generate("1f1b", pp, m), costs))
     points = []
     for share in (0.2, 0.25, 0.33, 0.4, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0):

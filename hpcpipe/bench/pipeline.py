@@ -4,8 +4,8 @@ in one run, so the ratios compare like with like on a noisy machine. For each: m
 step time, tokens/s, the measured bubble (defined as the simulator defines it), the
 bubble the simulator predicts from the F, B, W and message times measured in this same
 run, peak activation bytes, and throughput relative to 1F1B. With --splits, each schedule
-runs under each split of the blocks into stages (parallel.layers_per_stage; "auto" the
-balanced one), in the same round-robin.
+runs under each stage layout given (parallel.layout's strings; "auto" the balanced one),
+in the same round-robin.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ from hpcpipe.device import backend
 from hpcpipe.device.budget import check_run
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
-from hpcpipe.parallel.pipeline.partition import counts_text
-from hpcpipe.parallel.pipeline.planning import build_schedule, profiled_costs, stage_memory
+from hpcpipe.plan import build as build_plan
+from hpcpipe.plan.schedule import build_schedule, profiled_costs, stage_memory
 from hpcpipe.schedules import (
     KINDS,
     Costs,
     ScheduleError,
+    flushes,
+    from_costs,
     generate,
     peak_activations,
     simulate,
@@ -53,7 +55,7 @@ examples:
   mpiexec -n 2 python -m mpi4py -m hpcpipe bench pipeline
   mpiexec -n 4 python -m mpi4py -m hpcpipe bench pipeline --microbatches 8 --json out.json
   mpiexec -n 2 python -m mpi4py -m hpcpipe bench pipeline --schedules zb-v --layers 6 \
-      --embd 384 --block 256 --vocab 2048 --splits "1,2,2,1;auto"
+      --embd 384 --block 256 --vocab 2048 --splits "E t t.attn | .mlp t | t | t t L;auto"
 
 Give each rank its own core: with more ranks than cores the ranks take turns and the
 timings measure nothing. On machines that set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, unset
@@ -78,11 +80,10 @@ def add_parser(sub):
     pipe.add_argument("--vocab", type=integer(256, 1 << 20), default=256,
                       help="vocabulary size (256: the bytes; larger heads weigh on the "
                            "last stage)")
-    pipe.add_argument("--splits", type=splits, default=[[]], metavar="SPLITS",
-                      help='";"-separated blocks per model stage to compare, each '
-                           '"auto" (the balanced split, the default) or counts such as '
-                           '"1.5,0.5,2.5,1.5" (halves: a stage edge at a block\'s seam; '
-                           'sixths such as 1.1667: after one of its six operations)')
+    pipe.add_argument("--splits", type=splits, default=[""], metavar="LAYOUTS",
+                      help='";"-separated stage layouts to compare, each "auto" (the '
+                           'balanced one, the default) or a parallel.layout such as '
+                           '"E t t.attn | .mlp t L" (docs/guides/stage-layouts.md)')
     pipe.add_argument("--steps", type=integer(1, 10**6), default=5,
                       help="measured steps per round (5)")
     pipe.add_argument("--rounds", type=integer(1, 10**6), default=4,
@@ -108,17 +109,10 @@ def add_parser(sub):
     return pipe
 
 
-def splits(text: str) -> list[list[float]]:
-    """--splits: a list of layers_per_stage values ([] for "auto")."""
-    out = []
-    for part in text.split(";"):
-        part = part.strip()
-        try:
-            out.append([] if part == "auto" else [float(x) for x in part.split(",")])
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r}: give \"auto\" or comma-separated "
-                                             f"block counts such as 1.5,2.5") from None
-    return out
+def splits(text: str) -> list[str]:
+    """--splits: a list of parallel.layout values ("" for "auto"); each is checked against
+    the model when the config is made."""
+    return ["" if part.strip().lower() == "auto" else part.strip() for part in text.split(";")]
 
 
 @dataclass
@@ -128,7 +122,7 @@ class Contender:
     kind: str
     rank: Rank
     trace: object
-    split: str = ""  # --splits: its blocks per model stage, as layers_per_stage spells them
+    split: str = ""  # --splits: its stage layout, as parallel.layout spells it
     sim: object = None  # the simulator's prediction from the measured costs
     times: list = field(default_factory=list)  # step periods, one per round
     bubbles: list = field(default_factory=list)
@@ -184,9 +178,9 @@ def bench_config(args, pp: int):
 
 def contender(kind, cfg, grid, be, schedule, world) -> Contender:
     trace = timeline.Trace(rank=world.rank)
-    rank = Rank.build(cfg, grid, be, schedule, trace)
-    return Contender(kind, rank, trace, split=counts_text(rank.model.specs),
-                     max_norm=cfg.train.grad_clip)
+    plan = build_plan(cfg, schedule=schedule)
+    rank = Rank.build(cfg, grid, be, plan, trace)
+    return Contender(kind, rank, trace, split=plan.layout, max_norm=cfg.train.grad_clip)
 
 
 def measure_costs(cfg, grid, be, world, inputs, shape) -> Costs:
@@ -203,71 +197,35 @@ def measure_costs(cfg, grid, be, world, inputs, shape) -> Costs:
 
 
 def contenders(kinds, cfg, grid, be, world, costs, memory_limit, log,
-               split_list=([],)) -> list[Contender]:
+               split_list=("",)) -> list[Contender]:
     """A Contender per schedule (and split of the blocks) that can run here, each with its
-    simulated prediction from its split's measured `costs` (split tuple → Costs)."""
+    simulated prediction."""
     out = []
     for kind in kinds:
         for split in split_list:
-            entry = _contender_of(kind, with_split(cfg, split), grid, be, world,
-                                  costs[tuple(split)], memory_limit, log)
+            with_split = dataclasses.replace(cfg, parallel=dataclasses.replace(
+                cfg.parallel, layout=split))
+            entry = _contender_of(kind, with_split, grid, be, world, costs, memory_limit, log)
             if entry is not None:
                 out.append(entry)
     return out
-
-
-def split_costs(splits, cfg, grid, be, world, inputs, shape, log) -> dict:
-    """split tuple → the Costs its contenders simulate and auto plans with: F, B and W
-    measured on its own stages where it gives one per rank (a split of one chunk a rank),
-    else those of the balanced split's (measured only where some split needs them)."""
-    out = {}
-    for split in splits:
-        if len(split) == grid.pp:
-            try:
-                out[tuple(split)] = measure_costs(with_split(cfg, split), grid, be, world,
-                                                  inputs, shape)
-            except ValueError:  # (no split of these blocks: its contenders say why)
-                continue
-    shown = dict(out)
-    rest = [tuple(split) for split in splits if tuple(split) not in out]
-    if rest:
-        shown[()] = measure_costs(cfg, grid, be, world, inputs, shape)
-        out.update({split: shown[()] for split in rest})
-    for split, c in shown.items():
-        log(f"measured per stage{f' of {list(split)}' if split else ''} (ms): F "
-            + "/".join(f"{x * 1e3:.2f}" for x in c.f) + "  B "
-            + "/".join(f"{x * 1e3:.2f}" for x in c.b) + "  W "
-            + "/".join(f"{x * 1e3:.2f}" for x in c.w) + f"  message {c.comm * 1e3:.3f}")
-    return out
-
-
-def _in_ms(costs) -> dict:
-    """Measured Costs for the JSON: F, B, W per stage and a message, in ms."""
-    return {"f": [x * 1e3 for x in costs.f], "b": [x * 1e3 for x in costs.b],
-            "w": [x * 1e3 for x in costs.w], "comm": costs.comm * 1e3}
-
-
-def with_split(cfg, split):
-    """cfg with parallel.layers_per_stage = split ([]: the balanced one)."""
-    return dataclasses.replace(cfg, parallel=dataclasses.replace(
-        cfg.parallel, layers_per_stage=list(split)))
 
 
 def _contender_of(kind, cfg, grid, be, world, costs, memory_limit, log):
     """`contenders`' one: None (said in the log) where it cannot run here."""
     pp, m = grid.pp, cfg.parallel.microbatches
     try:
-        if kind in (asynchronous.KIND, SECANT_KIND):
+        if kind == SECANT_KIND or not flushes(kind):
             return stream_contender(cfg, grid, be, world, costs, kind)
-        if kind == "auto":
+        if from_costs(kind):
             schedule = best_auto(pp, m, costs, memory_limit or 2 * pp,
                                  cfg.model.n_layer // pp)
         else:
             schedule = generate(kind, pp, m)
         entry = contender(kind, cfg, grid, be, schedule, world)
     except (ScheduleError, ValueError) as e:  # e.g. more stages than layers for zb-v
-        given = cfg.parallel.layers_per_stage
-        log(f"skipping {kind}{f' {given}' if given else ''}: {e}")
+        given = cfg.parallel.layout
+        log(f"skipping {kind}{f' {given!r}' if given else ''}: {e}")
         return None
     # The simulator charges per model stage; chunked schedules split each rank's
     # measured stage cost evenly over its chunks.
@@ -343,9 +301,9 @@ def result_rows(entries: list[Contender], tokens_per_step: int, pipe) -> list[di
 
 
 def print_rows(rows, splits=False):
-    """The table; `splits`: with each row's blocks per model stage (--splits)."""
+    """The table; `splits`: with each row's stage layout (--splits)."""
     print()
-    print("| schedule | " + ("blocks per stage | " if splits else "") + "step ms | tokens/s | "
+    print("| schedule | " + ("layout | " if splits else "") + "step ms | tokens/s | "
           "bubble measured | bubble simulated | peak activations measured | simulated | "
           "vs 1F1B |")
     print("|---|" + ("---|" if splits else "") + "---|---|---|---|---|---|---|")
@@ -395,7 +353,7 @@ def run_pipeline(args) -> int:
             print(msg, flush=True)
 
     kinds = [k.strip() for k in args.schedules.split(",") if k.strip()]
-    known = KINDS + (asynchronous.KIND, SECANT_KIND)
+    known = KINDS + (SECANT_KIND,)
     unknown = [k for k in kinds if k not in known]
     if unknown or not kinds:
         raise HpcpipeError(f"bench pipeline: --schedules {args.schedules!r}: unknown kind "
@@ -427,7 +385,11 @@ def run_pipeline(args) -> int:
     inputs = data.__getitem__
     if args.memory:
         return memory_suite(args, kinds, cfg, grid, be, world, inputs, log)
-    costs = split_costs(args.splits, cfg, grid, be, world, inputs, (B, T, C), log)
+    costs = measure_costs(cfg, grid, be, world, inputs, (B, T, C))
+    log("measured per stage (ms): F " + "/".join(f"{x * 1e3:.2f}" for x in costs.f)
+        + "  B " + "/".join(f"{x * 1e3:.2f}" for x in costs.b)
+        + "  W " + "/".join(f"{x * 1e3:.2f}" for x in costs.w)
+        + f"  message {costs.comm * 1e3:.3f}")
     entries = contenders(kinds, cfg, grid, be, world, costs, args.memory_limit, log,
                          args.splits)
     if not entries:
@@ -449,11 +411,9 @@ def run_pipeline(args) -> int:
                   "post_validation": not args.synchronous, "grad_clip": args.grad_clip,
                   "micro_batch_size": B, "block": T, "n_embd": C, "layers": args.layers,
                   "vocab": args.vocab, "backend": be.describe(), "threads_per_rank": threads,
-                  # (the first split's; with --splits each one's in "split_costs_ms")
-                  "costs_ms": _in_ms(costs[tuple(args.splits[0])]), "rows": rows}
-        if len(args.splits) > 1:
-            result["split_costs_ms"] = [{"split": list(split), **_in_ms(costs[tuple(split)])}
-                                        for split in args.splits]
+                  "costs_ms": {"f": [x * 1e3 for x in costs.f], "b": [x * 1e3 for x in costs.b],
+                               "w": [x * 1e3 for x in costs.w], "comm": costs.comm * 1e3},
+                  "rows": rows}
         if args.json:
             print(f"\nwrote {write_json(args.json, result)}")
     return 0

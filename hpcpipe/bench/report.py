@@ -45,7 +45,7 @@ def load_parts(folder: str) -> dict:
 
 def simulations(sizes=SIM_SIZES, costs=SIM_COSTS) -> list[dict]:
     """Simulated bubble and peak activations of every schedule kind, no communication."""
-    from hpcpipe.schedules import Costs, ScheduleError, generate, simulate
+    from hpcpipe.schedules import Costs, ScheduleError, from_costs, generate, simulate
 
     rows = []
     for p, m in sizes:
@@ -54,7 +54,7 @@ def simulations(sizes=SIM_SIZES, costs=SIM_COSTS) -> list[dict]:
             for kind in SIM_KINDS:
                 try:
                     schedule = generate(kind, p, m, costs=c,
-                                        memory_limit=2 * p if kind == "auto" else None)
+                                        memory_limit=2 * p if from_costs(kind) else None)
                 except ScheduleError:
                     continue  # e.g. a kind that needs more microbatches than m
                 result = simulate(schedule, c)

@@ -43,6 +43,7 @@ from hpcpipe.device import backend
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.asyncdp.windows import poke
+from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import generate
 from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
@@ -126,7 +127,7 @@ def _as_dict(cfg) -> dict:
     import tomllib
 
     data = tomllib.loads(cfg.to_toml())
-    data["parallel"]["layers_per_stage"] = []
+    data["parallel"]["layout"] = ""
     return data
 
 
@@ -139,7 +140,8 @@ class Mode:
         self.name, self.cfg = name, cfg
         p = cfg.parallel
         self.grid = gridlib.build(world, p.dp, 1, source="bench stragglers")
-        self.rank = Rank.build(cfg, self.grid, be, generate("1f1b", 1, p.microbatches))
+        self.rank = Rank.build(cfg, self.grid, be,
+                               build_plan(cfg, schedule=generate("1f1b", 1, p.microbatches)))
         self.clock_s = 0.0  # this mode's time, over its segments
         self.steps, self.evals = [], []  # this rank's step records; (step, seconds, loss)
         self.bytes = 0

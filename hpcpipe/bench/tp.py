@@ -35,7 +35,7 @@ from hpcpipe.device import backend
 from hpcpipe.device.budget import check_run
 from hpcpipe.model import param_layout
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.schedules import generate
+from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
 from hpcpipe.train.rank import Rank
 from hpcpipe.util.arguments import integer
@@ -143,7 +143,7 @@ def build(layout: Layout, cfg, world, tokens, be_for):
     grid = gridlib.build(world, p.dp, p.pp, tp=p.tp, source="bench tp")
     be = be_for(grid)
     every_rank_does(world, lambda: check_run(cfg, be, grid.local_size))
-    layout.rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches))
+    layout.rank = Rank.build(cfg, grid, be, build_plan(cfg))
     first = grid.dp_rank * p.microbatches
     data = [(be.from_host(tokens[(first + i) * B:(first + i + 1) * B, :-1].copy()),
              be.from_host(tokens[(first + i) * B:(first + i + 1) * B, 1:].copy()))

@@ -249,7 +249,7 @@ class Reader:
                 raise CheckpointError(f"{self.path}: the manifest lists optimizer state for "
                                       f"other tensors but none for {name} (damaged)")
             return None
-        if isinstance(where, tuple) and not any("tp" in p or "part" in p for p in segments):
+        if isinstance(where, tuple) and not any("tp" in p for p in segments):
             return self._range(kind, name, *where)
         full = self._whole(kind, name)
         if full is None:
@@ -283,7 +283,7 @@ class Reader:
             data = self._segment_data(kind, name, p)
             if data is None:
                 return None
-            if "tp" in p or "part" in p:  # (a tensor shard's part, or a stage's)
+            if "tp" in p:
                 index = piece_shard(name, shape, p).global_indices(shape)
                 index = index[p["start"]:p["stop"]]
             else:

@@ -78,6 +78,8 @@ SCHEMA = Record({
                                "async_dp": Text(choices=("ssp", "easgd")),
                                "easgd_sync": Int(0, 1), "staleness": Int(0),
                                "powersgd_rank": Int(0), "seams": ListOf(Int(0)),
+                               # (block, operation) edges inside blocks, written by the
+                               # code of 2026-12-06 that had them: read, never written
                                "cuts": ListOf(ListOf(Int(0), 2, 4))}),
     "adam_step": _COUNT,
     "state": Record({}, optional={"loss_scale": Number(0), "good_steps": _COUNT,
@@ -90,11 +92,9 @@ SCHEMA = Record({
                    key=_FILE),
     "tensors": MapOf(Record({"file": _FILE, "shape": ListOf(Int(0), max_len=4)})),
     # the optimizer state's segments (the key keeps the name of format 2: "pieces"); a segment
-    # of a tensor-parallel shard's part of the tensor names the shard: [tp, rank]; of a
-    # pipeline stage's part across a sublayer's width, its groups: [a, b, groups]
+    # of a tensor-parallel shard's part of the tensor names the shard: [tp, rank]
     "pieces": MapOf(ListOf(Record({"file": _FILE, "start": Int(0), "stop": Int(0)},
-                                  optional={"tp": ListOf(Int(0), max_len=2),
-                                            "part": ListOf(Int(0), 3, 3)}))),
+                                  optional={"tp": ListOf(Int(0), max_len=2)}))),
 }, optional={"run": _RUN, "source": Anything(),
              # format 3: part name → its files (every file of the checkpoint is a part's,
              # but the tokenizer's)
@@ -216,9 +216,9 @@ def _consistent(m: dict, path: str, file: str):
             size *= dim
         for segment in segments:
             _listed(segment["file"], m, file, f"optimizer state of {name}")
-            if "tp" in segment or "part" in segment:
-                size = part_size(name, m["tensors"][name]["shape"], segment, model["n_head"],
-                                 file)
+            if "tp" in segment:
+                size = part_size(name, m["tensors"][name]["shape"], segment,
+                                 m["model"]["n_head"], file)
             if not segment["start"] <= segment["stop"] <= size:
                 raise CheckpointError(f"{file}: optimizer state of {name} covers elements "
                                       f"[{segment['start']}, {segment['stop']}) of a tensor of "

@@ -31,7 +31,7 @@ def choices() -> dict[str, tuple]:
     """The allowed values of the keys that have a list of them, from the modules that
     implement them (as the loader checks them), so that a new schedule shows up here."""
     return {"model.arch": config.ARCHS, "train.dtype": config.DTYPES, "train.device": config.DEVICES,
-            "parallel.schedule": config.SCHEDULES, "parallel.rank_order": config.RANK_ORDERS,
+            "parallel.schedule": config.KINDS, "parallel.rank_order": config.RANK_ORDERS,
             "parallel.grad_comm_dtype": config.COMM_DTYPES,
             "checkpoint.resume": ("never", "auto")}
 

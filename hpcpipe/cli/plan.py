@@ -1,7 +1,8 @@
-"""`python -m hpcpipe plan CONFIG` (and `train CONFIG --dry-run`, the same code): the memory
-plan of a run before launch — per pipeline rank parameters, gradients, optimizer state, the
-schedule's simulated peak activations, workspaces and the memory there is — refused with
-the smallest change that would fit when it does not."""
+"""`python -m hpcpipe plan CONFIG` (and `train CONFIG --dry-run`, the same code): the plan of
+a run before launch (hpcpipe/plan) — its stage layout and balance, and per pipeline rank
+parameters, gradients, optimizer state, the schedule's simulated peak activations,
+workspaces and the memory there is — refused with the smallest change that would fit when
+it does not."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ will have — the fused kernels' activations — and its fit checked against --g
 (each rank's GPU, in GiB: 80 for an H100 80GB, 141 for an H200); without it the plan
 prints the figures and each rank checks its own GPU at launch. The JSON holds, per
 pipeline rank, peak_activation_bytes (what summary.json reports after a run) and
-total_bytes."""
+total_bytes, beside the plan's layout (as parallel.layout spells it), placement and
+recomputation per model stage."""
 
 
 def register(sub, train):
@@ -71,31 +73,38 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
     the launch's ranks (0: pp × tp × dp, one replica for dp auto), as train resolves them;
     `gpu_memory`: each rank's GPU in GiB, in place of this machine's (--gpu-memory)."""
     from hpcpipe import config
+    from hpcpipe.model.flops import device_rates
     from hpcpipe.parallel.grid import check_launch
-    from hpcpipe.parallel.pipeline.planning import stage_costs
-    from hpcpipe.train import memplan
+    from hpcpipe.plan import build
+    from hpcpipe.plan import memory as planned
+    from hpcpipe.plan.balance import stage_costs
 
     if json_path is not None:  # before any work; never over a file unless --force
         claim_file(json_path, force, "--json")
     cfg = config.require_gpt2_stages(config.load(path, overrides))
+    for note in cfg.notes:  # keys an older config named, where they live now
+        out(note)
     p = cfg.parallel
     world = world or p.pp * p.tp * max(p.dp, 1)
     cfg = config.for_world(cfg, world)
     p = cfg.parallel
     check_launch(world, p.dp, p.pp, p.tp, cfg.source)  # what train says of this launch
-    ranks = ranks_per_node or memplan.replicas(cfg) * p.pp  # dp "auto": one replica
-    costs = stage_costs(cfg)  # (a GPU run's are counted: once)
-    plans = memplan.plan(cfg, costs)
+    ranks = ranks_per_node or planned.replicas(cfg) * p.pp  # dp "auto": one replica
     be = _gpu_backend(cfg)
+    # A GPU run is balanced at its GPU's rates: measured here where it is, as the run
+    # will; where it is not (a login node), at an H100's datasheet rates.
+    rates = device_rates(be, cfg.train.dtype) if be is not None else None
+    plan = build(cfg, stage_costs(cfg, rates))
     have, sharing = _room(cfg, be, ranks, gpu_memory)
-    out(wrapped(memplan.describe(cfg, plans, have, sharing, gpu=be is not None or gpu_memory
-                                 is not None or cfg.train.device == "gpu", costs=costs)))
+    out(wrapped(planned.describe(cfg, plan, have, sharing, gpu=be is not None or gpu_memory
+                                 is not None or cfg.train.device == "gpu")))
     if json_path is not None:  # written before the check: a refused plan too
         write_text_atomic(json_path, json.dumps(
-            {"config": cfg.source, "schedule": p.schedule, "recompute": list(cfg.recompute),
-             "available_bytes": have, "ranks_sharing": sharing,
-             "ranks": [r.record() for r in plans]}, indent=1))
-    memplan.check(cfg, be if gpu_memory is None else None, ranks, plans, there=(have, sharing))
+            {"config": cfg.source, **plan.record(), "available_bytes": have,
+             "ranks_sharing": sharing, "ranks": [r.record() for r in plan.ranks]},
+            indent=1))
+    planned.check(cfg, plan, be if gpu_memory is None else None, ranks,
+                  there=(have, sharing))
     out("fits." if have is not None else "the fit is checked at launch (no GPU here: "
         "--gpu-memory GIB checks it now).")
     return 0
@@ -111,10 +120,25 @@ def wrapped(text: str, width: int = WIDTH) -> str:
     for line in text.splitlines():
         if line.startswith("|") or len(line) <= width:
             lines.append(line)
+        elif line.startswith("layout "):  # folded between stages, each stage whole
+            lines += _between_stages(line, width)
         else:
             lines += textwrap.wrap(line, width, subsequent_indent="  ",
                                    break_on_hyphens=False)
     return "\n".join(lines)
+
+
+def _between_stages(line: str, width: int) -> list[str]:
+    """A layout line folded before a stage's `|`, continuations indented two spaces."""
+    out, stages = [], line.split(" | ")
+    current = stages[0]
+    for stage in stages[1:]:
+        if len(current) + 3 + len(stage) > width:
+            out.append(current)
+            current = "  | " + stage
+        else:
+            current += " | " + stage
+    return out + [current]
 
 
 def claim_on_root(comm, json_path, force: bool):
@@ -139,7 +163,7 @@ def claim_on_root(comm, json_path, force: bool):
 def _room(cfg, be, ranks: int, gpu_memory: float | None) -> tuple[int | None, int]:
     """(bytes there are, ranks sharing them) for the plan: --gpu-memory's GPU where given;
     a GPU run planned where there is none (a login node): unknown, each rank has its own
-    GPU; else this machine's (memplan.room)."""
+    GPU; else this machine's (plan/memory.room)."""
     if gpu_memory is not None:
         if be is None and cfg.train.device != "gpu":
             from hpcpipe.util.errors import HpcpipeError
@@ -150,9 +174,9 @@ def _room(cfg, be, ranks: int, gpu_memory: float | None) -> tuple[int | None, in
         return int(gpu_memory * 2**30), 1
     if be is None and cfg.train.device == "gpu":
         return None, 1
-    from hpcpipe.train import memplan
+    from hpcpipe.plan import memory as planned
 
-    return memplan.room(be, ranks)
+    return planned.room(be, ranks)
 
 
 def _gpu_backend(cfg):

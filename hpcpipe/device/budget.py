@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
+from hpcpipe.schedules import from_costs
 from hpcpipe.util.errors import ConfigError, HpcpipeError
 from hpcpipe.util.schema import parse_bytes
 
@@ -169,7 +170,7 @@ def check_memory_limit(cfg):
     """A byte memory limit for the auto schedule below one microbatch's activations can
     never be met: refused now, not after the profiling steps and a checkpoint."""
     parallel = cfg.parallel
-    if parallel.schedule != "auto" or not isinstance(parallel.memory_limit, str):
+    if not from_costs(parallel.schedule) or not isinstance(parallel.memory_limit, str):
         return
     limit = parse_bytes(parallel.memory_limit)
     least = one_microbatch_bytes(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype,

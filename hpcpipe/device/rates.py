@@ -50,8 +50,8 @@ class GpuRates:
 # vocabulary's 50257); fp32 SIMT 45 (batched 40: CuPy's batched path never uses TF32);
 # TF32 300; ~3 µs of GPU time per kernel; 10-40 µs of host time per CuPy call (20 taken).
 # bf16_mma, flash.cu's tensor-core FLOPs: 120, the rate this table stated for the WMMA
-# attention before, kept so that what it drives (model/costs.on_gpu's stage balance) moves
-# only with the counts; the kernel model (hpcpipe/devtools/kernelmodel.py) predicts
+# attention before (the stage balance no longer prices by this table: plan/balance.py
+# takes the run's measured rates); the kernel model (hpcpipe/devtools/kernelmodel.py) predicts
 # 130-160 for flash.cu on an H100, and `bench gpu-model` takes that. These are statements, not measurements (the H100 measured 2026-12-05 is 0.6-3×
 # away from several): `bench gpu-model` prices at an H100's measured rates by default.
 GPUS = {

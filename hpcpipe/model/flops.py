@@ -82,6 +82,29 @@ def startup_peak(be, dtype, repeats: int = 2) -> float:
         n *= 2
 
 
+def copy_rate(be, nbytes: int = 64 << 20, repeats: int = 3) -> float:
+    """Best bytes/s (read and written) of a device-to-device copy of `nbytes`, after one to
+    warm up: the bandwidth a memory-bound pass streams at."""
+    a = be.xp.zeros(nbytes // 4, dtype=np.float32)
+    b = be.xp.empty_like(a)
+    b[...] = a
+    be.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        b[...] = a
+        be.synchronize()
+        best = min(best, time.perf_counter() - tick)
+    return 2.0 * nbytes / best
+
+
+def device_rates(be, dtype: str) -> tuple[float, float]:
+    """(GEMM flop/s in `dtype`, bytes/s) of this rank's device, measured now in tens of
+    milliseconds (`startup_peak`, `copy_rate`): what a GPU run's stages are balanced by
+    (model/costs.on_device)."""
+    return startup_peak(be, dtype), copy_rate(be)
+
+
 def device_peak(be, dtype: str) -> tuple[float, str]:
     """(FLOP/s, where it comes from) of this rank's device computing in `dtype`: the
     nominal peak where the table has one, else the one measured now (see the module)."""

@@ -147,104 +147,22 @@ def block_layout(cfg: GPTConfig, layer: int) -> list[tuple[str, tuple[int, ...]]
     ]  # fmt: skip
 
 
-# The tensors of each of a block's six operations (layers/ops.py), without `h.{l}.`: a
-# stage that holds some of them holds these.
-OP_TENSORS = (("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias"), (),
-              ("attn.c_proj.weight", "attn.c_proj.bias"),
-              ("ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias"), (),
-              ("mlp.c_proj.weight", "mlp.c_proj.bias"))
+# A block's halves (a stage boundary at the seam, model/units.py): ln_1 and the attention,
+# ln_2 and the MLP — the first and the last six of block_layout's tensors.
+HALF_TENSORS = 6
 
 
-# A stage edge (block, op, g, groups) across a width splits the run of operations
-# `split_run(op)`: a whole sublayer's (op 0 the attention's heads, 3 the MLP's groups of
-# columns), or with op QKV ln_1 + c_attn's alone, after the q, k and v of g heads: the
-# finest step inside an attention (a head's share of c_attn is a fifth of its whole
-# share of the attention on the tiny model, whose four heads leave no edge within 4 % of
-# its best split).
-QKV = 1
-
-
-def split_run(op: int) -> tuple[int, int]:
-    """(first, stop): the operations a stage edge across a width with this op splits."""
-    return (0, 1) if op == QKV else (op, op + 3)
-
-
-def ops_layout(cfg: GPTConfig, layer: int, first: int = 0, stop: int = len(OP_TENSORS),
-               part=None):
-    """(name, shape) of the tensors block `layer`'s operations [first, stop) use, in the
-    block's order (global shapes). part (a, b): groups [a, b) of the sublayer's width
-    (b None: to its end; layers/ops.py) — the LayerNorm only with the first group, the
-    projection's bias only with the last."""
-    mine = {f"h.{layer}.{name}" for op in range(first, stop) for name in OP_TENSORS[op]
-            if part is None or not ((name.startswith("ln_") and part[0] > 0)
-                                    or (name.endswith("c_proj.bias") and part[1] is not None))}
-    return [(name, shape) for name, shape in block_layout(cfg, layer) if name in mine]
-
-
-def op_runs(layers, lead=None, tail=None) -> list[tuple[int, int, int, tuple | None]]:
-    """(block, first op, stop op, part) of each run of operations a stage holds, in model
-    order. lead / tail: None, (block, op) or (block, op, group, groups) — the stage starts
-    inside that block after its operations [0, op) / ends there with them; with a group,
-    the edge falls across the width of the sublayer starting at op (0 or 3), after that
-    many of its `groups` (layers/ops.py), and the run there holds part (a, b) of them (b
-    None: to the end). Both in one block: what lies between."""
-    if lead is not None and tail is not None and lead[0] == tail[0]:
-        return _within(lead[0], lead[1:], tail[1:])
-    return (_within(lead[0], lead[1:], None) if lead is not None else []) \
-        + [(layer, 0, len(OP_TENSORS), None) for layer in layers] \
-        + (_within(tail[0], None, tail[1:]) if tail is not None else [])
-
-
-def _within(block: int, start, stop) -> list:
-    """`op_runs` inside one block, from edge `start` to edge `stop` ((op,) or (op, group,
-    groups); None: the block's beginning / end)."""
-    _check_within(block, start, stop)
-    first, last, runs, ending = 0, len(OP_TENSORS), [], None
-    if start is not None:
-        first = start[0]
-        if len(start) > 1:  # from a group of the run `split_run` gives on
-            first, stop_op = split_run(start[0])
-            end = stop[1] if stop is not None and len(stop) > 1 and stop[0] == start[0] \
-                else None
-            runs.append((block, first, stop_op, (start[1], end)))
-            if end is not None:
-                return runs
-            first = stop_op
-    if stop is not None:
-        last = stop[0]
-        if len(stop) > 1:  # up to a group of the run `split_run` gives
-            last, stop_op = split_run(stop[0])
-            ending = (block, last, stop_op, (0, stop[1]))
-    if first < last:
-        runs.append((block, first, last, None))
-    return runs + ([ending] if ending is not None else [])
-
-
-def _check_within(block: int, start, stop):
-    """ValueError where two edges in one block cannot bound a stage: an operation's edge
-    inside a run split across its width by the other, or two edges across widths of
-    runs that overlap unless both cross one sublayer's (ln_1 + c_attn's twice: the part
-    between would hand on what came before it as well)."""
-    if start is None or stop is None:
-        return
-    for one, other in ((start, stop), (stop, start)):
-        a, b = split_run(one[0])
-        if len(one) > 1 and len(other) == 1 and a < other[0] < b:
-            raise ValueError(f"block {block}: a stage edge after operation {other[0]} falls "
-                             f"inside a sublayer split across its width by another")
-    if len(start) > 1 and len(stop) > 1:
-        (a, b), (c, d) = split_run(start[0]), split_run(stop[0])
-        if a < d and c < b and (start[0] != stop[0] or start[0] == QKV):
-            raise ValueError(f"block {block}: two stage edges across the width of its "
-                             f"attention in one stage, one of them after some heads' q, "
-                             f"k and v alone")
+def half_layout(cfg: GPTConfig, layer: int, half: str) -> list[tuple[str, tuple[int, ...]]]:
+    """The tensors of block `layer`'s "attn" half (ln_1, attn) or "mlp" half (ln_2, mlp)."""
+    whole = block_layout(cfg, layer)
+    return whole[:HALF_TENSORS] if half == "attn" else whole[HALF_TENSORS:]
 
 
 def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
-                 lead=None, tail=None):
-    """Ordered (name, shape) of the parameters a stage holds, in GPT-2's names: lead /
-    tail, when given, (block, op): the stage starts with that block's operations [op, 6)
-    / ends with its [0, op) (`op_runs`).
+                 mlp_of=None, attention_of=None):
+    """Ordered (name, shape) of the parameters a stage holds, in GPT-2's names: mlp_of /
+    attention_of, when given, the block whose MLP half starts the stage / whose attention
+    half ends it.
 
     The head is tied to `wte`: a stage with the head but not the embedding holds its own
     copy of `wte` (the pipeline keeps the two copies equal).
@@ -255,8 +173,12 @@ def param_layout(cfg: GPTConfig, layers=None, embedding_part=True, head_part=Tru
         out.append(("wte", (cfg.padded_vocab, cfg.n_embd)))
     if embedding_part:
         out.append(("wpe", (cfg.block_size, cfg.n_embd)))
-    for layer, first, stop, part in op_runs(layers, lead, tail):
-        out += ops_layout(cfg, layer, first, stop, part)
+    if mlp_of is not None:
+        out += half_layout(cfg, mlp_of, "mlp")
+    for layer in layers:
+        out += block_layout(cfg, layer)
+    if attention_of is not None:
+        out += half_layout(cfg, attention_of, "attn")
     if head_part:
         out += [("ln_f.weight", (cfg.n_embd,)), ("ln_f.bias", (cfg.n_embd,))]
     return out

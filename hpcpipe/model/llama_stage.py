@@ -31,8 +31,8 @@ from hpcpipe.model.llama_layout import (
     param_layout,
     prefix,
 )
-from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.model.stashbytes import StashBytes
+from hpcpipe.schedules.recompute import Mode, StageRecompute
 
 
 class LlamaStage:
@@ -40,17 +40,15 @@ class LlamaStage:
     are stage.Stage's (tp must be None)."""
 
     def __init__(self, cfg, layers=None, embedding_part=True, head_part=True,
-                 dtype="float32", seed=0, be=None, tp=None, recompute="none", lead=None,
-                 tail=None, draw=True):
+                 dtype="float32", seed=0, be=None, tp=None,
+                 recompute: StageRecompute = StageRecompute(), lead=None, tail=None,
+                 draw=True):
         if cfg.arch != "llama":
             raise ValueError(f"a LlamaStage runs model.arch = 'llama', not {cfg.arch!r}")
-        if recompute not in RECOMPUTE:
-            raise ValueError(f"recompute {recompute!r}: allowed {', '.join(RECOMPUTE)}")
         if tp is not None and tp.size > 1:
             raise ValueError("a Llama stage holds whole tensors: its tensor-parallel "
                              "shards come with the pipeline's sharding")
         self.cfg, self.recompute = cfg, recompute
-        self.recompute_microbatches: frozenset[int] | None = None
         self.layers = list(range(cfg.n_layer) if layers is None else layers)
         self.runs = block_runs(self.layers, lead, tail)  # (block, halves)
         self.embedding_part, self.head_part = embedding_part, head_part
@@ -96,23 +94,19 @@ class LlamaStage:
         params = frozenset([self.be.allocation(self.param_buffer.data)[0]])
         return self._stash_bytes.count(self._stash, params, mb)
 
-    def recompute_mode(self, mb: int) -> str:
-        chosen = self.recompute_microbatches
-        return self.recompute if chosen is None or mb in chosen else "none"
-
     # -- the three passes -----------------------------------------------------------------
     def forward(self, mb: int, inp, targets=None, loss_scale: float = 1.0, keep=True):
         """F: token ids (first stage) or activations (B, T, C) in; activations out, or the
         loss on the stage with the head — its logits (B, T, V) when no targets are given
         (with keep=False only). keep=False stashes nothing (validation, generation)."""
-        mode = self.recompute_mode(mb) if keep else "none"
-        x, caches = self._forward(inp, targets, keep, mode == "selective")
+        mode = self.recompute.at(mb) if keep else Mode.NONE
+        x, caches = self._forward(inp, targets, keep, mode.drops_core)
         if keep:
             if mb in self._stash:
                 raise RuntimeError(f"microbatch {mb} already has a forward in flight")
             self._stash_bytes.touched(mb)
             entry = {"caches": caches, "loss_scale": loss_scale, "recompute": mode}
-            if mode == "full":
+            if mode.replays:
                 entry["caches"] = None
                 entry["replay"] = {"input": inp.copy(), "targets": None if targets is None
                                    or not self.head_part else targets.copy()}
@@ -120,7 +114,7 @@ class LlamaStage:
         return x
 
     def needs_rebuild(self, mb: int) -> bool:
-        return self._stash[mb]["recompute"] != "none" and not self._stash[mb].get("rebuilt")
+        return self._stash[mb]["recompute"].rebuilds and not self._stash[mb].get("rebuilt")
 
     def rebuild(self, mb: int) -> bool:
         """Start of B under recomputation: what F dropped, rebuilt bit for bit."""
@@ -129,7 +123,7 @@ class LlamaStage:
         entry = self._stash[mb]
         self._stash_bytes.touched(mb)
         entry["rebuilt"] = True
-        if entry["recompute"] == "full":
+        if entry["recompute"].replays:
             replay = entry.pop("replay")
             entry["caches"] = self._forward(replay["input"], replay["targets"], True, False)[1]
         else:

@@ -14,12 +14,10 @@ compare). Per block, with N = B·T tokens, s the storage itemsize and w the comp
             dout C, dh 4C)·N·s (the LayerNorms' weight gradients, 4·C a block, taken in B
             and held as a pair, are not counted: nor does the stash's measure)
 
-A stage that starts or ends inside a block (model/units.py) holds what the caches of its
-operations there hold (`_op_bytes`: at a seam, ln_1 and the attention's share, or ln_2 and
-the MLP's); one that ends inside a sublayer keeps, from B to W, the gradient it receives
-there — which can be more than F kept: M_B is then the bytes after B, F keeping a part.
-On the fused kernels (a GPU) the caches are others (`_kernel_sizes`), equal to the stash
-there too (the tests run them on the stand-in's host build).
+A stage that starts or ends at a block's seam (model/units.py) holds half a block there:
+ln_1 and the attention's share, or ln_2 and the MLP's. On the fused kernels (a GPU) the
+caches are others (`_kernel_sizes`), equal to the stash there too (the tests run them on
+the stand-in's host build).
 
 `selective` keeps GELU's input (N, 4C)·s instead of its derivative and output and drops the
 attention matrix; `full` keeps the stage's input only. Either rebuilds, at the start of B,
@@ -31,15 +29,14 @@ the vocabulary are split; LayerNorms and residuals are whole on every shard.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 
 from hpcpipe.device.dtypes import compute_dtype
 from hpcpipe.device.kernels import attention as k_attention
 from hpcpipe.device.kernels import gelu as k_gelu
 from hpcpipe.device.kernels import layernorm as k_layernorm
-from hpcpipe.model.layers import ops
 from hpcpipe.model.layers.fused import KERNEL_DTYPES
 from hpcpipe.model.layout import GPTConfig
+from hpcpipe.schedules.recompute import Mode
 
 TOKEN_BYTES = 8  # token ids and targets are int64 (data/tokens.py)
 
@@ -59,7 +56,7 @@ class StageMemory:
         return self.kept / self.full if self.full else 1.0
 
 
-def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = "none",
+def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: Mode = Mode.NONE,
                  tp: int = 1, kernels: bool = False, sequence: bool = False) -> StageMemory:
     """M_B and M_W of the stage `spec` (a StageSpec: its blocks, halves, embedding and head)
     for micro-batches of `batch` sequences of cfg.block_size tokens. kernels: the layers
@@ -68,87 +65,27 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: str = 
     s = compute_dtype(dtype).itemsize
     N, C = batch * cfg.block_size, cfg.n_embd
     on_kernels = kernels and compute_dtype(dtype).name in KERNEL_DTYPES
-    sizes = _kernel_sizes if on_kernels else _numpy_sizes
-    z = sizes(cfg, batch, compute_dtype(dtype), tp, sequence)
-    full = after_b = dropped = 0
-    for unit in spec.units:  # whole blocks, and the parts of blocks at either end
-        share = tp if unit.part is None else _part_share(cfg, unit)
-        mine = z if unit.part is None else sizes(cfg, batch, compute_dtype(dtype), share,
-                                                 sequence)
-        f, a, d = _unit_bytes(unit, mine, N, C, s, share)
-        full, after_b, dropped = full + f, after_b + a, dropped + d
+    z = (_kernel_sizes if on_kernels else _numpy_sizes)(cfg, batch, compute_dtype(dtype), tp,
+                                                        sequence)
+    # Whole blocks, and the halves at a seam (model/units.py) each with its LayerNorm.
+    attentions = len(spec.layers) + (spec.attention_of is not None)
+    mlps = len(spec.layers) + (spec.mlp_of is not None)
+    full = (attentions + mlps) * z["ln"] + attentions * z["attention"] + mlps * z["mlp"]
+    after_b = attentions * (z["attention_w"] + z["ln_w"]) + mlps * (z["mlp_w"] + z["ln_w"]) \
+        + len(spec.layers) * z["summed"]  # (a whole block's ln_2 sums attn.c_proj's bias)
     if spec.embedding_part:
         full += N * TOKEN_BYTES
         after_b += N * TOKEN_BYTES + N * C * s  # the ids, and d(embedding output)
     if spec.head_part:
         full += z["ln"] + z["head"]
         after_b += z["ln_w"]
-    if recompute == "none":
-        kept = full
-    elif recompute == "selective":
-        kept = full - dropped
-    elif recompute == "full":  # the input: ids, or the residual (and a sublayer's tensor)
-        inner = ops.carried(spec.lead, C) * N * s // tp if spec.lead is not None else 0
-        kept = (N * TOKEN_BYTES if spec.embedding_part else N * C * s + inner) \
+    kept = full  # (recompute: the Mode every microbatch of the stage runs with)
+    if recompute.drops_core:
+        kept = full - attentions * z["matrix"] - mlps * 4 * N * C * s // tp
+    elif recompute.replays:
+        kept = (N * TOKEN_BYTES if spec.embedding_part else N * C * s) \
             + (N * TOKEN_BYTES if spec.head_part else 0)
-    else:
-        raise ValueError(f"recompute {recompute!r}: allowed none, selective, full")
-    # Where B leaves more for W than F kept (a stage ending inside a sublayer keeps the
-    # gradient it receives there for its W; 16-bit on the fused kernels), B's peak is
-    # what it leaves: M_B is that, and F keeps a part of it.
-    return StageMemory(kept=kept, full=max(full, after_b), after_b=after_b)
-
-
-def _unit_bytes(unit, z: dict, N: int, C: int, s: int, tp: int) -> tuple[int, int, int]:
-    """(F → B, B → W, what selective recomputation drops) of a whole block or of a run of
-    its operations (layers/ops.py), from the sizes `z`."""
-    gelu_output = 4 * N * C * s // tp
-    if unit.whole:
-        return (2 * z["ln"] + z["attention"] + z["mlp"],
-                2 * z["ln_w"] + z["attention_w"] + z["mlp_w"] + z["summed"],
-                z["matrix"] + gelu_output)
-    full = after = 0
-    for op in range(unit.first, unit.stop):
-        f, a = _op_bytes(op, unit, z, N * C * s, tp)
-        full, after = full + f, after + a
-    # Selective drops the matrix, and the GELU's output where mlp.c_proj (which keeps it)
-    # runs here too: the GELU keeps its input instead of its derivative either way.
-    dropped = (z["matrix"] if unit.first <= 1 < unit.stop else 0) \
-        + (gelu_output if unit.first <= 4 and unit.stop == ops.COUNT else 0)
-    return full, after, dropped
-
-
-def _part_share(cfg: GPTConfig, unit) -> Fraction:
-    """A unit with part of a sublayer's width (groups [a, b)) holds what a tensor shard of
-    that share would: the sizes' divisor, tp = groups / (b - a)."""
-    a, b, count = ops.span(unit.first, unit.part, cfg.n_head)
-    return Fraction(count, b - a)
-
-
-def _op_bytes(op: int, unit, z: dict, x: int, tp) -> tuple[int, int]:
-    """(F → B, B → W) bytes of operation `op` in `unit`'s run, x the bytes of one (N, C)
-    array: ops 0 and 3 hold their LayerNorm's and their GEMM's input, after B also its
-    output gradient (dqkv, dh) and the bias-gradient pieces of a fused kernel after them
-    in the run; the core the rest of the attention's (its output y too on the flash
-    kernels, which the projection then shares); the projections their input and after B
-    with the residual's gradient; the GELU its derivative, or its input on the kernels. A
-    part of a sublayer's width after its first group runs no LayerNorm (tp: the part's
-    share, `_part_share`)."""
-    in_run = lambda o: unit.first <= o < unit.stop  # noqa: E731
-    if op in (0, 3):
-        sums = z["attention_sums"] if op == 0 else z["gelu_sums"]
-        taken = sums if in_run(op + 1) else 0
-        normed = unit.part is None or unit.part[0] == 0
-        ln, ln_w = (z["ln"], z["ln_w"]) if normed else (0, 0)
-        return ln + x, ln_w + x + (3 if op == 0 else 4) * x // tp + taken
-    if op == 1:
-        return z["attention"] - x - (0 if z["core_keeps_y"] else x // tp), 0
-    if op == 2:
-        shared = z["core_keeps_y"] and in_run(1)
-        return (0 if shared else x // tp), x // tp + x
-    if op == 4:
-        return 4 * x // tp, 0
-    return 4 * x // tp, 4 * x // tp + x
+    return StageMemory(kept=kept, full=full, after_b=after_b)
 
 
 def _numpy_sizes(cfg: GPTConfig, batch: int, dtype, tp: int, sequence: bool) -> dict:
@@ -159,7 +96,6 @@ def _numpy_sizes(cfg: GPTConfig, batch: int, dtype, tp: int, sequence: bool) -> 
         cfg.vocab_size
     matrix = batch * (H // tp) * T * T * w
     return {"ln": N * C * s + N * w, "ln_w": 0, "summed": 0, "matrix": matrix,
-            "attention_sums": 0, "gelu_sums": 0, "core_keeps_y": False,
             "attention": N * C * s + 3 * N * C * w // tp + matrix + N * C * s // tp,
             # B → W: the GEMMs' inputs and output gradients — attention: its input,
             # c_proj's input, dqkv, dx₁; MLP: its input, GELU's output, dout, dh
@@ -189,12 +125,9 @@ def _kernel_sizes(cfg: GPTConfig, batch: int, dtype, tp: int, sequence: bool) ->
     if k_attention.takes_head(dtype, head_size):
         z["matrix"] = 0
         z["attention"] = N * C * s + 4 * N * C * s // tp + batch * (H // tp) * T * w
-        z["core_keeps_y"] = True
         if k_attention.flash(dtype, head_size):
-            z["attention_sums"] = batch * -(-T // k_attention.FA_ROWS) * (3 * C // tp) * w
-            z["attention_w"] += z["attention_sums"]
-    z["gelu_sums"] = k_gelu.CHUNKS * (4 * C // tp) * w
-    z["mlp_w"] += z["gelu_sums"]
+            z["attention_w"] += batch * -(-T // k_attention.FA_ROWS) * (3 * C // tp) * w
+    z["mlp_w"] += k_gelu.CHUNKS * (4 * C // tp) * w
     if tp == 1:
         z["head"] = N * C * s + N * V * s
     return z

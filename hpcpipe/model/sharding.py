@@ -74,23 +74,9 @@ def shard_of(name: str, shape, tp: int, rank: int) -> Shard:
     holds."""
     if tp == 1:
         return Shard()
+    part = lambda n: (rank * n // tp, (rank + 1) * n // tp)
     if name == "wte":
-        return Shard(0, ((rank * shape[0] // tp, (rank + 1) * shape[0] // tp),))
-    return _split(name, shape, rank, rank + 1, tp)
-
-
-def part_of(name: str, shape, part, count: int) -> Shard:
-    """Which part of block tensor `name` (global `shape`) a pipeline stage holds that runs
-    groups part = (a, b) of the `count` its sublayer's width splits in (layers/ops.py's
-    `groups`: heads, or a head's width of the MLP's hidden layer) — tensor parallelism's
-    split, the stage's groups for a shard's range: the whole of what else it uses (its
-    LayerNorm, the projection's bias, when it holds them)."""
-    return _split(name, shape, part[0], part[1], count)
-
-
-def _split(name: str, shape, lo: int, hi: int, count: int) -> Shard:
-    """The parts [lo/count, hi/count) of a block tensor's split dimension (Megatron's)."""
-    part = lambda n: (lo * n // count, hi * n // count)  # noqa: E731
+        return Shard(0, (part(shape[0]),))
     if name.endswith("attn.c_attn.weight") or name.endswith("attn.c_attn.bias"):
         C = shape[-1] // 3
         a, b = part(C)
@@ -118,45 +104,31 @@ def check_divisible(model, tp: int) -> list[tuple[str, int, str]]:
 
 def part_record(stage, name: str, tp: int, tp_rank: int) -> dict | None:
     """Which part of tensor `name` a rank's state of it is, as a checkpoint records it
-    (`piece_shard` reads it back): {"part": [a, b, groups]} a stage's across a sublayer's
-    width, {"tp": [shards, shard]} a tensor-parallel shard's, None all of it (a tensor
-    every shard holds whole, or no tensor parallelism)."""
-    if name in stage.parts:
-        return {"part": list(stage.parts[name])}
+    (`piece_shard` reads it back): {"tp": [shards, shard]} a tensor-parallel shard's, None
+    all of it (a tensor every shard holds whole, or no tensor parallelism)."""
     if tp == 1 or stage.shards[name].replicated:
         return None
     return {"tp": [tp, tp_rank]}
 
 
 def piece_shard(name: str, shape, piece: dict) -> Shard:
-    """The Shard a record (`part_record`'s) names: a tensor-parallel shard's ("tp":
-    [shards, shard]) or a pipeline stage's across a sublayer's width ("part": [a, b,
-    groups]); checked first by `record_size`."""
-    if "part" in piece:
-        a, b, count = piece["part"]
-        return part_of(name, shape, (a, b), count)
+    """The Shard a record (`part_record`'s) names; checked first by `record_size`."""
     return shard_of(name, shape, *piece["tp"])
 
 
 def record_size(name: str, shape, record: dict, n_head: int) -> int:
     """Elements of the part of tensor `name` (global `shape`) a record names, checked to
-    be one the tensor of a model of `n_head` heads has (ValueError saying why)."""
+    be one the tensor has (ValueError saying why). (A stage's part across a sublayer's
+    width, which the code of 2026-12-06 recorded as "part", is refused: no stage edge
+    crosses a width now. `n_head`: the model's, for the messages' sake of its shape.)"""
     import math
 
-    if "part" in record:
-        part = record["part"]
-        if len(part) != 3:
-            raise ValueError(f"names part {part} of a sublayer's width: [a, b, groups] are "
-                             f"three numbers")
-        a, b, count = part
-        if count not in (n_head, 4 * n_head) or not 0 <= a < b <= count or "." not in name \
-                or len(shape) not in (1, 2):
-            raise ValueError(f"names part {part} of a sublayer's width, which a model of "
-                             f"{n_head} heads and the tensor's shape {list(shape)} do not "
-                             f"have")
-        return math.prod(part_of(name, shape, (a, b), count).local_shape(shape))
+    if "tp" not in record:
+        raise ValueError(f"names a part {record.get('part')} of a sublayer's width, which "
+                         f"no stage holds now (stage edges fall between blocks or at seams, "
+                         f"issue 58): load it with the code that wrote it")
     tp = record["tp"]
     if len(tp) != 2 or not 1 <= tp[0] <= max(shape, default=1) or not 0 <= tp[1] < tp[0]:
         raise ValueError(f"names tensor shard {tp}, which the tensor's shape {list(shape)} "
-                         f"does not have")
+                         f"does not have (a model of {n_head} heads)")
     return math.prod(shard_of(name, shape, tp[0], tp[1]).local_shape(shape))

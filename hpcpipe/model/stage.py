@@ -1,8 +1,8 @@
 """A stage: a contiguous slice of the model with its parameters, gradients and a stash
 per microbatch between its F, B and W passes.
 
-A stage holds optionally the embedding, blocks [first, last) (and possibly part of a block
-at either end: model/units.py), optionally the final LayerNorm, the tied head and the loss —
+A stage holds optionally the embedding, blocks [first, last) (and possibly half a block at
+either end: model/units.py), optionally the final LayerNorm, the tied head and the loss —
 with its parameters and gradients in one flat buffer each (named views into it). The
 whole model on one process is simply the stage that holds everything; the pipeline builds
 one stage per pipeline rank (and per chunk) from the same code, which is why every layout
@@ -16,48 +16,43 @@ from dataclasses import dataclass
 
 from hpcpipe.device import backend
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype
-from hpcpipe.model.layers import embedding, head, layernorm, loss, ops, scope
+from hpcpipe.model.layers import block, embedding, head, layernorm, loss, scope
 from hpcpipe.model.layout import FlatBuffer, GPTConfig, init_value, padding_mask, param_layout
-from hpcpipe.model.sharding import part_of, shard_of
+from hpcpipe.model.sharding import shard_of
 from hpcpipe.model.stashbytes import StashBytes
-from hpcpipe.model.units import part_groups, position, stage_units
+from hpcpipe.model.units import stage_units
+from hpcpipe.schedules.recompute import Mode, StageRecompute
 
-# What a stage keeps from F to B (schedules/recompute.py models each in bytes and time):
-# "none" every cache; "selective" all but the attention matrices and the GELU's output and
-# derivative (its input instead), rebuilt at the start of B; "full" only the stage's input
-# (and targets), F replayed at the start of B. (The runtime rebuilds before B waits for its
-# gradient: the rebuild needs only this stage's own inputs.)
-RECOMPUTE = ("none", "selective", "full")
+# What a stage keeps from F to B is a StageRecompute (schedules/recompute.py: its Mode per
+# microbatch, which the cost model prices in bytes and time): every cache; all but the
+# attention matrices and the GELU's output and derivative (its input instead), rebuilt at
+# the start of B; or only the stage's input (and targets), F replayed at the start of B.
+# (The runtime rebuilds before B waits for its gradient: the rebuild needs only this
+# stage's own inputs.)
 
 
 class Stage:
     """A contiguous slice of the GPT with F, B and W passes per microbatch.
 
-    layers: the blocks it runs whole; lead / tail: (block, op) or None, the stage starts
-    with that block's operations [op, 6) / ends with its [0, op) (model/units.py: op 3 is
-    the seam, a half block); embedding_part / head_part:
+    layers: the blocks it runs whole; mlp_of / attention_of: the block whose MLP half starts
+    it / whose attention half ends it, or None (model/units.py); embedding_part / head_part:
     whether it starts with the embedding / ends with ln_f, the tied head and the loss. be: the
     Backend it allocates and computes on (a one-thread CPU backend when not given). tp:
     this stage's tensor-parallel shards (tensor_parallel.TensorParallel): the stage then
     holds its shard of every split tensor, under the tensor's GPT-2 name. recompute: what
-    the stash keeps from F to B (RECOMPUTE), for every microbatch or, where
-    `recompute_microbatches` names some, for those alone (the rest keep everything); the
-    numbers are the same bits whichever. draw=False: the weights left zero, for a stage whose
+    the stash keeps from F to B (a StageRecompute: for every microbatch, or for those it
+    names); the numbers are the same bits whichever. draw=False: the weights left zero, for a stage whose
     kernels are only counted (model/costs.py).
     """
 
     def __init__(self, cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,
-                 dtype="float32", seed=0, be=None, tp=None, recompute="none",
-                 lead=None, tail=None, draw=True):
-        if recompute not in RECOMPUTE:
-            raise ValueError(f"recompute {recompute!r}: allowed {', '.join(RECOMPUTE)}")
+                 dtype="float32", seed=0, be=None, tp=None,
+                 recompute: StageRecompute = StageRecompute(), mlp_of=None, attention_of=None,
+                 draw=True):
         self.cfg = cfg
         self.recompute = recompute
-        # A per-microbatch plan (schedules/recompute.py, PerMicrobatch): the microbatches
-        # of a step that recompute; None: all of them.
-        self.recompute_microbatches: frozenset[int] | None = None
         self.layers = list(range(cfg.n_layer) if layers is None else layers)
-        self.units = stage_units(self.layers, lead, tail)
+        self.units = stage_units(self.layers, mlp_of, attention_of)
         self.embedding_part = embedding_part
         self.head_part = head_part
         self.be = backend.cpu() if be is None else be
@@ -68,11 +63,11 @@ class Stage:
             backend.require_16bit_kernels(self.be, self.dtype)
         # Mixed precision: weight gradients of 16-bit compute accumulate in float32.
         self.grad_dtype = accumulation_dtype(self.dtype)
+        shards, rank = (tp.size, tp.rank) if tp is not None else (1, 0)
         self.global_shapes = dict(param_layout(cfg, self.layers, embedding_part, head_part,
-                                               lead, tail))
-        # Tensors split across stages by width (model/units.py): name → (a, b, groups).
-        self.shards, self.parts = _shards(cfg, self.global_shapes, self.units,
-                                          *((tp.size, tp.rank) if tp is not None else ()))
+                                               mlp_of, attention_of))
+        self.shards = {name: shard_of(name, shape, shards, rank)
+                       for name, shape in self.global_shapes.items()}
         layout = [(name, self.shards[name].local_shape(shape))
                   for name, shape in self.global_shapes.items()]
         self.param_buffer = FlatBuffer(layout, self.xp, self.dtype)
@@ -144,35 +139,30 @@ class Stage:
         """Microbatches whose F has run and whose W has not."""
         return sorted(self._stash)
 
-    def recompute_mode(self, mb: int) -> str:
-        """What microbatch `mb` keeps from F to B (RECOMPUTE)."""
-        chosen = self.recompute_microbatches
-        return self.recompute if chosen is None or mb in chosen else "none"
-
     # -- the three passes -----------------------------------------------------------------
     def forward(self, mb: int, inp, targets=None, loss_scale: float = 1.0, keep=True):
-        """F: token ids (first stage) or activations (B, T, C) in — with a sublayer's
-        tensor beside them, a pair, where the stage starts inside one (layers/ops.py) —
-        activations out (a pair likewise where it ends inside one), or the
+        """F: token ids (first stage) or activations (B, T, C) in; activations out, or the
         loss (a 0-d array) on the stage with the head — its logits (B, T, V) when no
         targets are given (generation; with keep=False only). keep=False evaluates
         without stashing anything (validation). What the stash keeps follows
-        `recompute_mode(mb)` (RECOMPUTE)."""
-        mode = self.recompute_mode(mb) if keep else "none"
-        x, caches = self._forward(inp, targets, keep, mode == "selective")
+        `recompute.at(mb)`."""
+        mode = self.recompute.at(mb) if keep else Mode.NONE
+        x, caches = self._forward(inp, targets, keep, mode.drops_core)
         if keep:
             if mb in self._stash:
                 raise RuntimeError(f"microbatch {mb} already has a forward in flight")
             self._stash_bytes.touched(mb)
             entry = {"caches": caches, "d": {}, "loss_scale": loss_scale, "recompute": mode}
-            if mode == "full":
+            if mode.replays:  # a copy: a received input is reused after F
                 entry["caches"] = None
-                entry["replay"] = _replay(inp, targets if self.head_part else None)
+                kept = targets.copy() if targets is not None and self.head_part else None
+                # (only the head's loss reads targets)
+                entry["replay"] = {"input": inp.copy(), "targets": kept}
             self._stash[mb] = entry
         return x
 
     def needs_rebuild(self, mb: int) -> bool:  # (recomputes here, and not rebuilt yet)
-        return self._stash[mb]["recompute"] != "none" and not self._stash[mb].get("rebuilt")
+        return self._stash[mb]["recompute"].rebuilds and not self._stash[mb].get("rebuilt")
 
     def rebuild(self, mb: int) -> bool:
         """Start of B under recomputation: what F dropped for microbatch `mb`, rebuilt by
@@ -185,13 +175,13 @@ class Stage:
         entry = self._stash[mb]
         self._stash_bytes.touched(mb)
         entry["rebuilt"] = True
-        if entry["recompute"] == "full":
+        if entry["recompute"].replays:
             replay = entry.pop("replay")
             inp, targets = replay["input"], replay["targets"]
             entry["caches"] = self._forward(inp, targets, True, False)[1]
         else:
             for unit in self.units:
-                unit.rebuild(entry["caches"][unit.key])
+                block.rebuild(entry["caches"][unit.key])
         return True
 
     def _forward(self, inp, targets, keep: bool, selective: bool):
@@ -281,28 +271,6 @@ class Stage:
         self.grads["wte"] += contribution
 
 
-def _replay(inp, targets) -> dict:
-    """What full recomputation keeps of F: copies of its input, an array or a pair (a
-    received one is reused after F), and of the targets where the head's loss reads them."""
-    pair = isinstance(inp, tuple)
-    kept = tuple(a.copy() for a in inp) if pair else inp.copy()
-    replay = {"input": kept, "targets": None if targets is None else targets.copy()}
-    if pair:  # (the stash's count walks dicts, not pairs)
-        replay["parts"] = dict(enumerate(kept))
-    return replay
-
-
-def _shards(cfg: GPTConfig, global_shapes: dict, units, shards: int = 1, rank: int = 0):
-    """name → the Shard of each tensor a stage holds (tensor shard `rank` of `shards`'
-    part, or its part across a sublayer's width), and name → (a, b, groups) of the
-    latter."""
-    out = {name: shard_of(name, shape, shards, rank) for name, shape in global_shapes.items()}
-    parts = part_groups(cfg, units, shards)
-    out.update({name: part_of(name, global_shapes[name], (a, b), count)
-                for name, (a, b, count) in parts.items()})
-    return out, parts
-
-
 def _draw(stage: Stage, seed: int):
     """The stage's weights, each tensor a shard of the global draw (`init_value`). Stages
     whose kernels are only counted on the shape-only device (model/costs.py) skip it:
@@ -316,79 +284,45 @@ def _draw(stage: Stage, seed: int):
 
 @dataclass(frozen=True)
 class StageSpec:
-    """Which part of the model one pipeline stage holds: the embedding, the end of block
-    `lead`[0] (its operations from `lead`[1] on), the whole `layers`, the start of block
-    `tail`[0] (its operations before `tail`[1]), the head (each optional; both ends in one
-    block: the operations between; model/units.py). A stage edge at op 3 is a block's
-    seam, between its attention half and its MLP half; (block, op, group, groups) one
-    across the width of the sublayer starting at op."""
+    """Which part of the model one pipeline stage holds: the embedding, block `mlp_of`'s
+    MLP half, the whole `layers`, block `attention_of`'s attention half, the head (each
+    optional; model/units.py)."""
 
     index: int
     layers: tuple[int, ...]
     embedding_part: bool
     head_part: bool
-    lead: tuple | None = None  # (block, op) or (block, op, group, groups): units.position
-    tail: tuple | None = None
+    mlp_of: int | None = None
+    attention_of: int | None = None
 
     @property
-    def units(self):
-        """Its blocks and parts of blocks, in model order (units.Unit)."""
-        return stage_units(self.layers, self.lead, self.tail)
-
-    @property
-    def blocks(self):
-        """How many blocks it holds (a Fraction), a part of one counted by where its edges
-        fall (units.position: a half 1/2, an operation 1/6): parallel.layers_per_stage's
-        number for it."""
-        start = position(self.lead) if self.lead is not None else \
-            (self.layers[0] if self.layers else self.tail[0])
-        end = position(self.tail) if self.tail is not None else \
-            (self.layers[-1] + 1 if self.layers else self.lead[0] + 1)
-        return end - start
+    def blocks(self) -> float:
+        """How many blocks it holds, a half counting 0.5."""
+        halves = (self.mlp_of is not None) + (self.attention_of is not None)
+        return len(self.layers) + 0.5 * halves
 
     def param_layout(self, cfg: GPTConfig):
         """(name, shape) of the tensors the stage holds (layout.param_layout)."""
         return param_layout(cfg, self.layers, self.embedding_part, self.head_part,
-                            self.lead, self.tail)
-
-    def local_layout(self, cfg: GPTConfig, tp: int = 1, rank: int = 0):
-        """(name, shape) of the tensors as the stage holds them: tensor shard `rank` of
-        `tp`'s part of each, or its part across a sublayer's width (units.part_groups)."""
-        layout = self.param_layout(cfg)
-        shards, _ = _shards(cfg, dict(layout), self.units, tp, rank)
-        return [(name, shards[name].local_shape(shape)) for name, shape in layout]
+                            self.mlp_of, self.attention_of)
 
     def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None, tp=None,
-              recompute="none") -> Stage:
+              recompute: StageRecompute = StageRecompute()) -> Stage:
         return Stage(cfg, layers=self.layers, embedding_part=self.embedding_part,
                      head_part=self.head_part, dtype=dtype, seed=seed, be=be, tp=tp,
-                     recompute=recompute, lead=self.lead, tail=self.tail)
+                     recompute=recompute, mlp_of=self.mlp_of, attention_of=self.attention_of)
 
     def describe(self) -> str:
-        parts, whole = ["embedding"] if self.embedding_part else [], []
-        for unit in self.units + [None]:
-            if unit is not None and unit.whole:
-                whole.append(unit.layer)
-                continue
-            if whole:
-                parts.append(f"blocks {whole[0]}–{whole[-1]}" if len(whole) > 1
-                             else f"block {whole[0]}")
-                whole = []
-            if unit is not None:
-                parts.append(unit.describe())
-        return " + ".join(parts + (["head"] if self.head_part else []))
+        parts = (["embedding"] if self.embedding_part else []) + (
+            [f"block {self.mlp_of}'s MLP"] if self.mlp_of is not None else []) + (
+            [f"blocks {self.layers[0]}–{self.layers[-1]}" if len(self.layers) > 1
+             else f"block {self.layers[0]}"] if self.layers else []) + (
+            [f"block {self.attention_of}'s attention"] if self.attention_of is not None
+            else []) + (["head"] if self.head_part else [])
+        return " + ".join(parts)
 
 
 def seams(specs) -> list[int] | None:
     """The blocks a stage edge cuts at their seam (a checkpoint's layout records them beside
     the whole blocks per stage), or None: none."""
-    return sorted(s.tail[0] for s in specs
-                  if s.tail is not None and tuple(s.tail[1:]) == (ops.SEAM,)) or None
-
-
-def cuts(specs) -> list[list[int]] | None:
-    """[block, op] of every stage edge inside a block's sublayer (after op 0, 1, 3 or 4:
-    layers/ops.py), [block, op, group, groups] of one across its width, or None: none (a
-    checkpoint's layout records them beside the seams)."""
-    return sorted(list(s.tail) for s in specs
-                  if s.tail is not None and tuple(s.tail[1:]) != (ops.SEAM,)) or None
+    return sorted(s.attention_of for s in specs if s.attention_of is not None) or None

@@ -139,7 +139,7 @@ class Beacon:
 
     def _pending_recvs(self) -> list[dict]:
         posted = dict(self.posted or {})
-        return [self._message(handle[3]) for i in sorted(posted) for handle in posted[i]]
+        return [self._message(handle[-1]) for i in sorted(posted) for handle in posted[i]]
 
     def _message(self, info) -> dict:
         direction, peer, microbatch, stage, tag = info

@@ -137,9 +137,9 @@ def _entries(index, tensor: str, path: str):
 
 
 def _recorded_part(tensor: str, shape, recorded: dict, n_head: int, where: str):
-    """The Shard a file says its error feedback of `tensor` is ("tp": [shards, shard] or
-    "part": [a, b, groups]), checked as the manifest's optimizer segments are: a file
-    from elsewhere names only parts that exist."""
+    """The Shard a file says its error feedback of `tensor` is ("tp": [shards, shard]; a
+    stage's part across a width, "part", no stage holds now), checked as the manifest's
+    optimizer segments are: a file from elsewhere names only parts that exist."""
     try:
         if len(recorded) != 1:
             raise ValueError("one part")

@@ -15,16 +15,13 @@ from __future__ import annotations
 from .auto import auto, explore
 from .checker import check
 from .controllable import v_half, v_min
+from .kinds import KINDS, V_KINDS, check_chunks, chunks, flushes, from_costs, profiled_on
 from .generators import dualpipev, gpipe, interleaved_1f1b, one_f_one_b, zb_h1, zb_h2, zb_v
 from .messages import Message, OpMessages, messages
+from . import asynchronous
 from .ops import Kind, Op, Schedule, ScheduleError
 from .recompute import PRESETS as RECOMPUTE, Recompute
 from .simulator import Costs, SimResult, peak_activations, simulate, span_lower_bound
-
-KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min",
-         "dualpipev", "auto")
-# The kinds that place two stages per rank in a V (rank 0 holds the first and the last stage).
-V_KINDS = ("zb-v", "v-half", "v-min", "dualpipev")
 
 _ONE_CHUNK = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2}
 _V = {"zb-v": zb_v, "v-half": v_half, "v-min": v_min, "dualpipev": dualpipev}
@@ -39,27 +36,25 @@ def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | Non
     against the schedule's peak activations (in the units of `costs.memory`).
     For `auto`, v is the chunks per rank: None or 1 (one, as before V's were searched), 2
     (a V), or 0 to let auto choose (see `auto`); the schedule's `chunks` says which it took.
+    For `pipedream-2bw`, the checked stream of steps without a flush (asynchronous.py: as
+    many steps of m microbatches as fill the pipeline, then a few more).
     """
     if kind not in KINDS:
         raise ScheduleError(f"unknown schedule kind {kind!r}; choose one of {', '.join(KINDS)}")
     for name, value in (("p (stages)", p), ("m (microbatches)", m)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ScheduleError(f"{kind}: {name} must be a positive integer (got {value!r})")
-    if kind == "interleaved-1f1b":
-        schedule = interleaved_1f1b(p, m, 2 if v is None else v)
-    elif kind in V_KINDS:
-        if v not in (None, 2):
-            raise ScheduleError(f"{kind} has exactly 2 chunks per rank, in a V (got v={v})")
-        schedule = _V[kind](p, m)
-    elif kind == "auto":
+    if kind == asynchronous.KIND:
+        stream = asynchronous.pipedream_2bw(p, m)
+        asynchronous.check_stream(stream)  # m ≥ p − 1, said in one message
+        return stream.schedule
+    if kind == "auto":
         return auto(p, m, costs, memory_limit, objective, chunks=v)
+    check_chunks(kind, v or 0)  # (the one rule: kinds.py)
+    if kind == "interleaved-1f1b":
+        schedule = interleaved_1f1b(p, m, chunks(kind, v or 0))
     else:
-        if v not in (None, 1):
-            raise ScheduleError(f"{kind} has one chunk per rank (got v={v}); chunks are for "
-                                "interleaved-1f1b (any v >= 1), the V's (v = 2: "
-                                f"{', '.join(V_KINDS)}) and auto (1, 2, "
-                                "or 0 to choose)")
-        schedule = _ONE_CHUNK[kind](p, m)
+        schedule = (_V if kind in V_KINDS else _ONE_CHUNK)[kind](p, m)
     if memory_limit is not None:
         peak = max(peak_activations(schedule, costs))
         if peak > memory_limit + 1e-9:
@@ -72,4 +67,4 @@ __all__ = ["Op", "Kind", "Schedule", "ScheduleError", "Costs", "SimResult", "KIN
            "check", "simulate", "messages", "Message", "OpMessages", "peak_activations",
            "span_lower_bound", "auto", "gpipe", "one_f_one_b", "interleaved_1f1b", "zb_h1",
            "zb_h2", "zb_v", "v_half", "v_min", "dualpipev", "V_KINDS", "explore", "Recompute",
-           "RECOMPUTE"]
+           "RECOMPUTE", "chunks", "check_chunks", "from_costs", "flushes", "profiled_on"]

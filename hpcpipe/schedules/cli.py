@@ -8,7 +8,8 @@ import sys
 
 from hpcpipe.util.files import write_text_atomic
 
-from . import KINDS, Costs, ScheduleError, asynchronous, check, generate, simulate, span_lower_bound
+from . import (KINDS, Costs, ScheduleError, asynchronous, check, flushes, generate, simulate,
+               span_lower_bound)
 from .draw import ascii_timeline, png, report, svg
 from .ops import MAX_MICROBATCHES
 from .torch_csv import read_csv, write_csv
@@ -117,7 +118,7 @@ def _limit(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kind", choices=KINDS + (asynchronous.KIND,),
+    parser.add_argument("--kind", choices=KINDS,
                         help="schedule family (required unless --load-csv)")
     parser.add_argument("--stages", "-p", type=_positive(MAX_STAGES), metavar="P",
                         help="pipeline ranks")
@@ -329,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         _claim_outputs(args)
-        if args.kind == asynchronous.KIND and not args.load_csv:
+        if not flushes(args.kind) and not args.load_csv:
             return _run_stream(args)
         if args.steps is not None:
             raise ScheduleError("--steps is for --kind pipedream-2bw, whose stream has no "

@@ -31,8 +31,78 @@ attention core 4·s²·b·h of them. `selective` drops the attention core and th
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
+
+
+class Mode(enum.Enum):
+    """What a stage keeps from F to B: every cache; all but the attention matrices and the
+    GELU's output (selective, Korthikanti et al.'s); or only its input (full, F replayed).
+    What B rebuilds is bit for bit what F made: the numbers never change."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+    @property
+    def rebuilds(self) -> bool:
+        """Whether B first rebuilds something F dropped."""
+        return self is not Mode.NONE
+
+    @property
+    def drops_core(self) -> bool:
+        """Whether F keeps its caches but the attention core's and the GELU's output."""
+        return self is Mode.SELECTIVE
+
+    @property
+    def replays(self) -> bool:
+        """Whether F keeps only the stage's input, and B replays F whole."""
+        return self is Mode.FULL
+
+
+AUTO = "auto"  # train.recompute's word for "chosen with the auto schedule"
+
+
+def chosen_with_schedule(text: str) -> bool:
+    """Whether train.recompute `text` leaves the choice to the auto schedule."""
+    return text.strip().lower() == AUTO
+
+
+@dataclass(frozen=True)
+class StageRecompute:
+    """One model stage's recomputation in a run's plan: `mode` for the microbatches in
+    `only` (None: every one of a step), Mode.NONE for the others. The one form of
+    train.recompute past its parsing (`parse_stages`): the plan holds one per model stage,
+    the stage runs it, the memory counts it."""
+
+    mode: Mode = Mode.NONE
+    only: frozenset[int] | None = None
+
+    def at(self, microbatch: int) -> Mode:
+        """The mode microbatch `microbatch` runs with."""
+        return self.mode if self.only is None or microbatch in self.only else Mode.NONE
+
+    def __str__(self) -> str:  # "selective", or per microbatch "selective@0,2,5"
+        if self.only is None or not self.mode.rebuilds:
+            return self.mode.value
+        return f"{self.mode.value}@{','.join(map(str, sorted(self.only)))}"
+
+
+def parse_stages(text: str, stages: int) -> tuple[StageRecompute, ...]:
+    """train.recompute for `stages` model stages: one of MODES for all, or one per stage
+    "/"-separated ("full/selective/none/none"); "auto" is none until the auto schedule
+    chooses. ScheduleError saying what is allowed otherwise."""
+    from .ops import ScheduleError
+    words = [w.strip().lower() for w in text.split("/")]
+    if chosen_with_schedule(text):
+        words = [Mode.NONE.value]
+    allowed = {m.value: m for m in Mode}
+    if any(w not in allowed for w in words) or len(words) not in (1, stages):
+        raise ScheduleError(f"allowed: {', '.join(allowed)} (or {AUTO}), for every stage or "
+                            f"one per model stage ('/'-separated, {stages} of them)")
+    return tuple(StageRecompute(allowed[w]) for w in words) * (stages if len(words) == 1
+                                                                 else 1)
 
 
 @dataclass(frozen=True)
@@ -103,13 +173,10 @@ def parse(text: str) -> Recompute:
 @dataclass(frozen=True)
 class PerMicrobatch:
     """Recomputation per (model stage, microbatch): `choice` (one, or one per model stage)
-    for the pairs in `pairs`, none for every other microbatch — or, per model stage,
-    `rest`'s (a stage whose B leaves more for W than F kept keeps a part of M_B without
-    recomputing: model/memory.py)."""
+    for the pairs in `pairs`, none for every other microbatch."""
 
     choice: Recompute | tuple[Recompute, ...]
     pairs: frozenset[tuple[int, int]]
-    rest: tuple[Recompute, ...] = ()
 
     def __post_init__(self):
         from .ops import ScheduleError
@@ -129,9 +196,7 @@ class PerMicrobatch:
         return self.choice if isinstance(self.choice, Recompute) else self.choice[stage]
 
     def of(self, stage: int, microbatch: int) -> Recompute:
-        if (stage, microbatch) in self.pairs:
-            return self.choice_of(stage)
-        return self.rest[stage] if stage < len(self.rest) else NONE
+        return self.choice_of(stage) if (stage, microbatch) in self.pairs else NONE
 
     def on_stage(self, stage: int) -> frozenset[int]:
         """The microbatches `stage` recomputes."""

@@ -1,8 +1,8 @@
 """Training: the `Trainer` and its loop (`trainer`), one rank wired together once (`rank`),
 one optimizer step — gradients, reduction, norm, AdamW (`step`) —, validation loss
-(`evaluate`), which checkpoint a run resumes from (`resume`), SIGTERM/SIGUSR1
-(`preemption`) and the memory plan checked before launch (`memplan`).
+(`evaluate`), which checkpoint a run resumes from (`resume`) and SIGTERM/SIGUSR1
+(`preemption`); the run's pipeline plan is hpcpipe/plan's.
 
-May import: `config`, `runs`, `checkpoint`, `data`, `parallel`, `optim`, `model`,
+May import: `plan`, `config`, `runs`, `checkpoint`, `data`, `parallel`, `optim`, `model`,
 `device`, `schedules`, `util`. Never `cli` or `bench`.
 """

@@ -1,22 +1,23 @@
 """Everything one rank trains with, wired together once.
 
-    transport ─┬─ p2p (PipeComm) ── runtime (Runtime: the schedule's op list)
-               └─ model (RankModel: stages, tied embedding) ── step (TrainStep)
+    plan ── transport ─┬─ p2p (PipeComm) ── runtime (Runtime: the schedule's op list)
+                       └─ model (RankModel: stages, tied embedding) ── step (TrainStep)
 
-`Rank.build` is the one place that assembles these parts; the training loop, the
-pipeline benchmark and the tests all start from it.
+`Rank.build` is the one place that assembles these parts from a plan (hpcpipe/plan); the
+training loop, the pipeline benchmark and the tests all start from it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpcpipe.model.stage import cuts, seams
+from hpcpipe.model.stage import seams
 from hpcpipe.parallel.pipeline.p2p import PipeComm
 from hpcpipe.parallel.pipeline.runtime import Runtime
 from hpcpipe.parallel.pipeline.stream import StreamRuntime
 from hpcpipe.schedules import asynchronous
 from hpcpipe.parallel.pipeline.stages import RankModel
+from hpcpipe.plan import Plan
 from hpcpipe.parallel.transport import Transport
 from hpcpipe.train import asyncstep
 from hpcpipe.train.evaluate import Evaluator
@@ -32,52 +33,53 @@ class Rank:
     runtime: Runtime
     step: TrainStep
     grid: object
+    plan: Plan
 
     @classmethod
-    def build(cls, cfg, grid, be, schedule, trace=None, gpu_aware: bool = False,
-              costs=None, beacon=None) -> "Rank":
-        """The rank of `grid` under `schedule`, computing on backend `be`; `trace` (a
-        trace.Trace) records its events and step statistics; gpu_aware: hand device
-        buffers to MPI directly (see transport.py); costs: what the stages are balanced by
-        (default planning.stage_costs); beacon: where the rank says it is (beacon.py: the
-        hang watchdog reads it; default one of its own)."""
+    def build(cls, cfg, grid, be, plan: Plan, trace=None, gpu_aware: bool = False,
+              beacon=None) -> "Rank":
+        """The rank of `grid` under `plan` (its schedule, its stages as its layout and
+        recomputation say), computing on backend `be`; `trace` (a trace.Trace) records its
+        events and step statistics; gpu_aware: hand device buffers to MPI directly (see
+        transport.py); beacon: where the rank says it is (beacon.py: the hang watchdog
+        reads it; default one of its own)."""
         from hpcpipe.util.timeline import Trace
 
+        schedule = plan.schedule
         transport = Transport(be, gpu_aware, beacon)
-        model = RankModel(cfg, grid, be, schedule, transport, costs)
+        model = RankModel(cfg, grid, be, plan, transport)
         # Activations between stages: (B, T, C), or T/tp of each sequence per shard under
         # sequence parallelism.
         T = cfg.model.block_size // (grid.tp if model.tp is not None and model.tp.sequence
                                      else 1)
         shape = (cfg.train.micro_batch_size, T, cfg.model.n_embd)
         p2p = PipeComm(grid.pipe, transport, shape, model.dtype, schedule.num_microbatches,
-                       schedule.num_stages, model.inner_messages(cfg.train.micro_batch_size))
+                       schedule.num_stages)
         events = trace if trace is not None else Trace(rank=grid.rank, enabled=False)
-        if schedule.kind == asynchronous.KIND:  # no flush: the stream, one step late
+        if not plan.flushes:  # the stream, one step late
             step = DelayedStep.build(cfg, model, grid, transport, trace)
             stream = asynchronous.Stream(schedule, cfg.parallel.microbatches,
                                          schedule.num_microbatches // cfg.parallel.microbatches)
             runtime = StreamRuntime(stream, grid.pp_rank, model.stages, step.versions, p2p,
                                     events)
-            return cls(model, transport, p2p, runtime, step, grid)
+            return cls(model, transport, p2p, runtime, step, grid, plan)
         runtime = Runtime(schedule, grid.pp_rank, model.stages, p2p, events)
         if asyncstep.applies(cfg):  # the replicas run apart (parallel.async_dp)
             step = asyncstep.build(cfg, model, grid, transport, trace)
         else:
             step = TrainStep.build(cfg, model, grid, transport, trace)
-        return cls(model, transport, p2p, runtime, step, grid)
+        return cls(model, transport, p2p, runtime, step, grid, plan)
 
     @property
     def schedule(self):
         return self.runtime.schedule
 
-    def use_schedule(self, schedule):
-        """Run `schedule` from the next step on (same stages, microbatches and messages)."""
-        if dict(schedule.stage_of) != dict(self.runtime.schedule.stage_of):
-            raise ValueError(f"{schedule.kind} places model stages as "
-                             f"{dict(schedule.stage_of)}, but this rank's model is split as "
-                             f"{dict(self.runtime.schedule.stage_of)}")
-        self.runtime = Runtime(schedule, self.grid.pp_rank, self.model.stages, self.p2p,
+    def use_plan(self, plan: Plan):
+        """Run `plan` (the same stages rebuilt with another order, maybe other
+        recomputation: Plan.rebuilt) from the next step on."""
+        self.plan = plan
+        self.model.use_recompute(plan.recompute)
+        self.runtime = Runtime(plan.schedule, self.grid.pp_rank, self.model.stages, self.p2p,
                                self.runtime.trace)
 
     def train_step(self, step: int, inputs, lr: float, max_norm: float):
@@ -100,8 +102,6 @@ class Rank:
                   "powersgd_rank": compressor.rank if compressor is not None else 0}
         if seams(model.specs):  # (absent where every stage edge falls between blocks)
             layout["seams"] = seams(model.specs)
-        if cuts(model.specs):  # (absent where none falls inside a sublayer)
-            layout["cuts"] = cuts(model.specs)
         if cfg.parallel.async_dp != "none":  # (absent for the synchronous modes)
             layout["async_dp"] = cfg.parallel.async_dp
             layout["easgd_sync"] = int(cfg.parallel.easgd_sync)

@@ -26,22 +26,18 @@ from hpcpipe.config import Config, for_world, require_gpt2_stages
 from hpcpipe.data.checks import fingerprint_of, open_tokens
 from hpcpipe.device import backend
 from hpcpipe.device.memory import MemoryGauge
-from hpcpipe.model.flops import device_peak, flops_per_token, peak_source
+from hpcpipe.model.flops import device_peak, device_rates, flops_per_token, peak_source
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
-from hpcpipe.parallel.pipeline.partition import measured_balance
-from hpcpipe.parallel.pipeline.planning import (
-    across_widths,
-    build_schedule,
-    describe_auto,
-    memory_limit,
-    profiled_costs,
-    stage_costs,
-)
 from hpcpipe.parallel.beacon import Beacon
 from hpcpipe.parallel.transport import resolve_gpu_aware
 from hpcpipe.parallel.watchdog import HANGS, Watchdog
+from hpcpipe.plan import build as build_plan
+from hpcpipe.plan import memory as planned_memory
+from hpcpipe.plan import recompute as recomputation
+from hpcpipe.plan.balance import measured_balance, stage_costs
+from hpcpipe.plan.schedule import build_schedule, describe_auto, memory_limit, profiled_costs
 from hpcpipe.runs.lock import RunLock
 from hpcpipe.runs.metrics import Metrics, Summary
 from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED, STOPPED
@@ -51,7 +47,7 @@ from hpcpipe.runs.rundir import RunDir
 from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.schedules.ops import make_schedule, ops_from_strings
-from hpcpipe.train import apart, checkpoints, memplan
+from hpcpipe.train import apart, checkpoints
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
@@ -129,13 +125,14 @@ class Trainer:
         self.be = backend.select(train.device, self.grid.local_rank, peers=comm,
                                  gpu_sharing=train.gpu_sharing, threads=threads)
         self.be.limit_memory(train.device_memory)
-        # Everything that can refuse the run is checked before anything big is allocated.
-        # The memory plan (the schedule's simulated peak, recomputation included) decides.
-        costs = stage_costs(cfg)  # what the stages are balanced by (a GPU's: counted once)
-        every_rank_does(comm, lambda: memplan.check(cfg, self.be, self.grid.local_size,
-                                                    costs=costs))
-        schedule = build_schedule(cfg)
-        if parallel.schedule == "auto":
+        # Everything that can refuse the run is checked before anything big is allocated:
+        # the plan's memory decides. Its stages are balanced by the device's costs, a GPU's
+        # at the rates rank 0 measures now (every rank must split alike).
+        rates = comm.bcast(device_rates(self.be, train.dtype) if self.be.is_gpu
+                           and comm.rank == 0 else None)
+        plan = every_rank_does(comm, lambda: checked_plan(cfg, rates, self.be,
+                                                          self.grid.local_size))
+        if plan.measured:
             build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
         gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be, self.log)
         self.tokens = open_tokens(cfg, comm, self.log)
@@ -145,8 +142,8 @@ class Trainer:
             os.path.abspath(os.path.join(run_dir, "checkpoints")) + os.sep)
         self.run_id = run_identity(comm, manifest if own else None)
         self.trace = timeline.Trace(rank=comm.rank)
-        self.rank = Rank.build(cfg, self.grid, self.be, schedule, self.trace, gpu_aware,
-                               costs, self.beacon)
+        self.rank = Rank.build(cfg, self.grid, self.be, plan, self.trace, gpu_aware,
+                               self.beacon)
         self.apart = apart.settle(self)  # the replicas run apart (parallel.async_dp)
         if resume_path:
             self._resume(resume_path, manifest)
@@ -158,7 +155,7 @@ class Trainer:
         self.metrics, self.summary = self.record.metrics, self.record.metrics.summary
         self._describe()
         self.comm_s = 0.0
-        if parallel.pp > 1 and parallel.schedule == "auto":
+        if parallel.pp > 1 and plan.measured:
             shape = (train.micro_batch_size, cfg.model.block_size, cfg.model.n_embd)
             self.comm_s = pipeline_message_time(self.grid.pipe, shape, self.rank.model.dtype)
 
@@ -246,7 +243,7 @@ class Trainer:
             self.metrics.record(outcome)
 
     def _after_step(self, step: int):
-        cfg, steps, auto = self.cfg, self.cfg.train.steps, self.cfg.parallel.schedule == "auto"
+        cfg, steps, auto = self.cfg, self.cfg.train.steps, self.rank.plan.measured
         # Each piece profiles its own first steps (a resumed piece starts on ZB-H1 or ZB-V too).
         profiled = self.start_step + cfg.parallel.profile_steps if auto else 0
         if profiled and step == profiled < steps:
@@ -340,6 +337,13 @@ def report(trainer: Trainer) -> list[str]:
         lines.append(apart.summary_line(step, steps))
     return lines
 
+def checked_plan(cfg, rates, be, ranks_on_node: int):
+    """The run's plan, its stages balanced at the device's `rates` (None: analytic, or a
+    datasheet's), refused where it does not fit with the smallest change that would."""
+    plan = build_plan(cfg, stage_costs(cfg, rates))
+    planned_memory.check(cfg, plan, be, ranks_on_node)
+    return plan
+
 
 def reschedule(trainer: Trainer, step: int):
     """The auto schedule, from the costs measured over the steps so far."""
@@ -352,16 +356,15 @@ def reschedule(trainer: Trainer, step: int):
     costs = trainer.decide.bcast(profiled_costs(trainer.trace, rank.model, trainer.grid, steps,
                                                 trainer.comm_s, trainer.stage_bytes,
                                                 memory_limit(cfg)[1]), root=0)
-    trainer.log(measured_balance(cfg.model, rank.model.specs,
+    plan = rank.plan
+    trainer.log(measured_balance(cfg.model, plan.specs,
                                  [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)],
-                                 schedule=rank.schedule, base=rank.model.costs,
-                                 widths=across_widths(cfg)))
-    auto, costs, plan = chosen_schedule(trainer, costs)
-    if plan is not None:
-        rank.model.use_recompute(plan)
-        trainer.log(f"auto recompute per model stage: {memplan.describe_plan(plan)}")
-        trainer.summary.recompute = memplan.describe_auto_choice(plan)
-    rank.use_schedule(auto)
+                                 schedule=plan.schedule, base=plan.costs))
+    auto, costs, chosen = chosen_schedule(trainer, costs)
+    if chosen is not None:
+        trainer.log(f"auto recompute per model stage: {'/'.join(map(str, chosen))}")
+        trainer.summary.recompute = recomputation.describe_auto_choice(chosen)
+    rank.use_plan(plan.rebuilt(cfg, auto, chosen))
     sim = simulate(auto, costs)
     trainer.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
     line, record = describe_auto(cfg, auto, costs, sim)
@@ -371,33 +374,38 @@ def reschedule(trainer: Trainer, step: int):
 
 def chosen_schedule(trainer: Trainer, costs: Costs):
     """The auto schedule on the measured costs, the costs it was found with (recomputation
-    chosen) and the recomputation plan per model stage (None: the config's)."""
-    if trainer.cfg.parallel.exact_seconds:  # the certified search, on the first rank
-        return certified_schedule(trainer, costs)
-    if trainer.cfg.train.recompute == "auto":  # the schedule and recomputation together
-        return memplan.auto_recompute(trainer.cfg, costs, trainer.rank.model.specs)
-    return build_schedule(trainer.cfg, costs), costs, None
+    chosen) and the recomputation per model stage (None: the config's)."""
+    cfg, plan = trainer.cfg, trainer.rank.plan
+    choices = ()
+    if recomputation.chosen_with_schedule(cfg):
+        choices = recomputation.choices(cfg, plan.specs, lambda mode: planned_memory
+                                        .stage_memories(cfg, plan.specs, mode))
+    if cfg.parallel.exact_seconds:  # the certified search, on the first rank
+        return certified_schedule(trainer, costs, choices)
+    if choices:  # the schedule and recomputation together
+        return recomputation.auto(cfg, costs, choices)
+    return build_schedule(cfg, costs), costs, None
 
 
-def certified_schedule(trainer: Trainer, costs: Costs):
+def certified_schedule(trainer: Trainer, costs: Costs, choices):
     """parallel.exact_seconds: rank 0 runs the certified search (CP-SAT's runs differ
     from machine to machine, so the others take its result, not their own)."""
-    specs, seconds = trainer.rank.model.specs, trainer.cfg.parallel.exact_seconds
+    seconds = trainer.cfg.parallel.exact_seconds
     trainer.log(f"certified search for up to {seconds:g} s on the first rank "
                 f"(parallel.exact_seconds)")
 
     def search():
-        schedule, found, plan, verdict = memplan.certified(trainer.cfg, costs, specs,
-                                                           memplan.solver_workers())
+        schedule, found, chosen, verdict = recomputation.certified(
+            trainer.cfg, costs, choices, recomputation.solver_workers())
         trainer.log(f"certified search: {verdict.best_value * 1e3:.1f} ms a step against "
                     f"auto's {verdict.heuristic_value * 1e3:.1f} ms, no schedule under the "
                     f"limit below {verdict.lower_bound * 1e3:.1f} ms"
                     + (" (proven optimal)" if verdict.optimal else ""))
-        return schedule.op_strings(), found, plan
-    rows, found, plan = trainer.decide.bcast(root_does(trainer.decide, search), root=0)
+        return schedule.op_strings(), found, chosen
+    rows, found, chosen = trainer.decide.bcast(root_does(trainer.decide, search), root=0)
     now = trainer.rank.schedule  # the same placement: only the order changes
     return make_schedule("auto", now.num_ranks, now.num_microbatches, now.chunks,
-                         ops_from_strings(rows), now.stage_of), found, plan
+                         ops_from_strings(rows), now.stage_of), found, chosen
 
 
 def describe_local_sgd(train) -> str:
@@ -429,7 +437,7 @@ def local_sgd_line(step, steps: int) -> str:
 
 def header(trainer) -> list[str]:
     """The run's header lines: what runs where, on what data (rank 0 prints them)."""
-    lines = []
+    lines = list(trainer.cfg.notes)  # keys an older config named, where they live now
     cfg, model = trainer.cfg, trainer.cfg.model
     parallel, train = cfg.parallel, cfg.train
     schedule = trainer.rank.schedule
@@ -440,11 +448,10 @@ def header(trainer) -> list[str]:
                  f"block {model.block_size}, vocab {model.vocab_size} — "
                  f"{total_params / 1e6:.2f}M parameters")
     if parallel.pp > 1 or schedule.chunks > 1:
-        lines.append("stages: " + " | ".join(f"{s.index}: {s.describe()}"
-                                              for s in trainer.rank.model.specs))
+        lines.append(trainer.rank.plan.describe_layout())
     lines.append(f"schedule: {parallel.schedule}"
                  + (f" ({schedule.kind.upper()} while profiling costs)"
-                    if parallel.schedule == "auto" else "")
+                    if trainer.rank.plan.measured else "")
                  + f", {parallel.pp} stage(s) × {schedule.chunks} chunk(s), "
                    f"{parallel.microbatches} microbatch(es)")
     tokens = trainer.tokens
@@ -482,8 +489,8 @@ def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
     """This piece's RunRecord, with the run's Summary and Metrics (see runrecord.py)."""
     cfg, comm, train = trainer.cfg, trainer.comm, trainer.cfg.train
     summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule,
-                      data=trainer.data, recompute=memplan.AUTO_PENDING
-                      if train.recompute.strip() == "auto" else train.recompute)
+                      data=trainer.data, recompute=recomputation.AUTO_PENDING
+                      if recomputation.chosen_with_schedule(cfg) else train.recompute)
     # MFU's two halves: the model's FLOPs per token, and every rank's peak (nominal where
     # the device is known, else measured: flops.device_peak).
     peak, source = device_peak(trainer.be, train.dtype)

@@ -52,17 +52,18 @@ def test_auto_takes_a_v_where_it_simulates_shorter():
 
 
 def test_splits_run_the_same_schedule_under_each_split_of_the_blocks(tmp_path):
-    """--splits: zb-v under blocks given by hand (halves at seams) and under "auto", in the
-    same round-robin; each row says its split; a split that cannot be is skipped, saying so."""
+    """--splits: zb-v under layouts given by hand (one with seams) and under "auto", in the
+    same round-robin; each row says its layout; one that cannot be is skipped, saying so."""
     out = tmp_path / "splits.json"
+    given = ["E t | t | t | t L", "E t.attn | .mlp t | t t.attn | .mlp L"]
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "bench", "pipeline", "--layers", "4",
                 "--embd", "32", "--heads", "2", "--block", "16", "--micro-batch-size", "2",
                 "--vocab", "512", "--steps", "1", "--rounds", "1", "--json", str(out),
-                "--schedules", "zb-v", "--splits", "1,1,1,1;0.5,1.5,1.5,0.5;auto;9"],
+                "--schedules", "zb-v", "--splits", ";".join([*given, "auto", "E t t t t L"])],
                n=2, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     assert result["vocab"] == 512
-    assert [r["split"] for r in result["rows"]][:2] == ["[1, 1, 1, 1]", "[0.5, 1.5, 1.5, 0.5]"]
-    assert len(result["rows"]) == 3 and "skipping zb-v [9.0]" in proc.stdout
-    assert "| blocks per stage |" in proc.stdout
+    assert [r["split"] for r in result["rows"]][:2] == given
+    assert len(result["rows"]) == 3 and "skipping zb-v 'E t t t t L'" in proc.stdout
+    assert "| layout |" in proc.stdout

@@ -113,6 +113,18 @@ def test_another_model_shape(run_dir):
         ckpt.check_model(manifest, cfg, "somewhere")
 
 
+def test_a_checkpoint_of_the_retired_edges_inside_blocks_still_reads(run_dir, tmp_path):
+    """The code of 2026-12-06 that cut stages after a block's operations recorded the cuts
+    in the manifest's layout ("cuts"); its tensors are whole, so its checkpoints read."""
+    path = copy(run_dir, tmp_path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["layout"]["cuts"] = [[1, 5]]
+    data = json.dumps(manifest).encode()
+    (path / "manifest.json").write_bytes(data)
+    (path / manifests.DIGEST).write_text(f"{manifests.sha256_bytes(data)}  manifest.json\n")
+    assert ckpt.read_manifest(str(path))["layout"]["cuts"] == [[1, 5]]
+
+
 def test_resume_continues_the_step_count(run_dir, stdlib_tokens, tmp_path):
     cfg = config.load("inputs/tiny.toml", SMALL + ["train.steps=6", f'data.path="{stdlib_tokens}"'])
     lines = []

@@ -26,6 +26,7 @@ from hpcpipe.model.layers import (
 )
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import generate
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train.rank import Rank
 
 B, T, C, NH, V = 2, 5, 8, 2, 11
@@ -92,7 +93,8 @@ def steps(rank, be, first, count):
 
 
 def rank_on(be, cfg):
-    return Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be, generate("zb-h1", 1, 2))
+    return Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be,
+                      build_plan(cfg, schedule=generate("zb-h1", 1, 2)))
 
 
 @pytest.mark.device

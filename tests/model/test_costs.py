@@ -1,82 +1,84 @@
-"""What a stage's parts cost (model/costs.py): on a GPU, the GPU code path counted on the
-shape-only device and priced — the same prices as `bench gpu-model`'s whole step — which
-weigh GPT-2's head and attention otherwise than the CPU's analytic estimate, so a GPU run
-is split by its own costs (parallel/pipeline/planning.stage_costs)."""
+"""What a stage's parts cost (model/costs.py): the same counts of GEMM flops and streamed
+elements, priced on a CPU as the analytic estimate and on a GPU at its rates, which weigh
+GPT-2's head and attention otherwise — so a GPT-2 run on a GPU is split by its own costs
+(plan/balance.stage_costs)."""
 
-import numpy as np
 import pytest
 
 from hpcpipe import config
-from hpcpipe.bench import costmodel
-from hpcpipe.device.rates import GPUS
-from hpcpipe.model import costs
+from hpcpipe.model import costs, split
 from hpcpipe.model.layout import GPTConfig
-from hpcpipe.parallel.pipeline import planning
-from hpcpipe.parallel.pipeline.partition import counts_text, imbalance, partition
+from hpcpipe.plan.balance import imbalance, partition, stage_costs
 
 GPT2 = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768,
                  vocab_multiple=128)
-# With 32 sequences a microbatch its kernels, not the host's launches, take the time
-# (as GPT-2's): each part as long as its kernels, as in the whole step.
-WIDE_HEAD = GPTConfig(vocab_size=16384, block_size=512, n_layer=2, n_head=8, n_embd=512)
+# An H100's rates as `make gpu-check` measured them (bench/results/h100-2026-12-05-gpu-check/
+# calibration.json): bf16 GEMMs 882 TFLOP/s, fp32 52, elementwise 2.51 TB/s.
+H100_BF16, H100_FP32, H100_BYTES = 882e12, 51.6e12, 2.51e12
 
 
-def test_the_gpu_parts_are_the_whole_steps_parts():
-    """A one-block stage's parts, priced, against `bench gpu-model`'s count of the whole
-    model's step split by part (blocks, ln_f + head + loss, embedding): the same kernels,
-    so the same ratios, within the step's own extras (zero_grad, the tied wte's add)."""
-    cfg, batch = WIDE_HEAD, 32
-    parts = costs.on_gpu(cfg, batch)
-    rng = np.random.default_rng(0)
-    idx = rng.integers(0, cfg.vocab_size, (batch, cfg.block_size))
-    log = costmodel.count_step(cfg, idx, idx)
-    step = costmodel.summarise(log, GPUS["h200"], batch * cfg.block_size)
-    seconds = {}
-    for row in step["parts"]:
-        seconds[row["part"]] = seconds.get(row["part"], 0.0) + row["gpu_s"]
-    block = seconds["blocks"] / cfg.n_layer
-    head = seconds["head"] + seconds["loss"] + seconds["ln_f"]
-    assert parts.head / parts.block == pytest.approx(head / block, rel=0.03)
-    assert parts.embedding / parts.block == pytest.approx(seconds["embedding"] / block,
-                                                          rel=0.25)
-    assert 0.3 < parts.attention < 0.7 and parts.source == "NVIDIA H200 modelled costs"
+def test_the_cpu_prices_the_counts_as_before():
+    """analytic = GEMM flops + 16 flops per streamed element: GPT-2's head ~4.8 blocks,
+    its attention half ~41 % of a block."""
+    c = costs.analytic(GPT2)
+    w = costs.work(GPT2)
+    assert c.block == w["block"].flops + costs.ELEMENTWISE_FLOPS * w["block"].elements
+    assert 4.7 < c.head / c.block < 4.9 and 0.40 < c.attention < 0.42
+    assert c.source == "analytic costs"
+
+
+def test_a_gpu_weighs_the_head_by_its_gemms():
+    """In bfloat16 on an H100 the head's GEMMs run far above the bandwidth, and the fused
+    loss streams the logits twice: the head costs ~3 blocks (the shape emulator this
+    replaces counted 3 on an H200), the CPU's estimate ~5; in float32 the GEMMs run at a
+    sixteenth of the rate and the head is ~4.5 blocks again."""
+    bf16 = costs.on_device(GPT2, "bfloat16", H100_BF16, H100_BYTES)
+    fp32 = costs.on_device(GPT2, "float32", H100_FP32, H100_BYTES)
+    assert 2.8 < bf16.head / bf16.block < 3.2 and 4.3 < fp32.head / fp32.block < 4.7
+    # the fused attention keeps no T×T scores: its half is mostly GEMMs there
+    assert bf16.attention < costs.analytic(GPT2).attention
 
 
 def test_a_gpu_run_is_split_by_the_gpus_costs():
-    """GPT-2 124M in bfloat16: the CPU's estimate prices the head at ~5 blocks and splits
-    pp 2 as [8, 4]; on an H200 the fused loss streams the logits once and the GEMMs run
-    far above the bandwidth, the head costs ~3 blocks, and [8, 4] would leave the first
-    stage > 5 % above the mean there, where the GPU's own split is within 2 %."""
-    gpu, cpu = costs.on_gpu(GPT2, 8), costs.analytic(GPT2)
-    assert 2.5 < gpu.head / gpu.block < 3.5 < 4.5 < cpu.head / cpu.block
-    by_cpu, by_gpu = partition(GPT2, 2, costs=cpu), partition(GPT2, 2, costs=gpu)
-    assert counts_text(by_cpu) == "[8, 4]" and counts_text(by_gpu) == "[7.5, 4.5]"
-    assert imbalance(GPT2, by_cpu, gpu) > 0.05 > 0.02 > imbalance(GPT2, by_gpu, gpu)
+    """GPT-2 124M in bfloat16: the CPU's estimate splits pp 2 as 8 + 4 blocks; on an H100
+    that leaves the first stage > 5 % above the mean, where the GPU's own split, a seam
+    later, is within 4 %."""
+    gpu, cpu = costs.on_device(GPT2, "bfloat16", H100_BF16, H100_BYTES), costs.analytic(GPT2)
+    by_cpu, by_gpu = partition(GPT2, 2, cpu), partition(GPT2, 2, gpu)
+    assert split.text(by_cpu) == "E" + " t" * 8 + " |" + " t" * 4 + " L"
+    assert split.text(by_gpu) == "E" + " t" * 7 + " t.attn | .mlp" + " t" * 4 + " L"
+    assert imbalance(GPT2, by_cpu, gpu) > 0.05 > 0.04 > imbalance(GPT2, by_gpu, gpu)
 
 
 def test_the_run_takes_its_devices_costs(monkeypatch):
-    """planning.stage_costs: a GPU run's (train.device "gpu", planned where there is no GPU
-    as well) counted for its microbatch and dtype; a CPU run's analytic."""
+    """plan/balance.stage_costs: a CPU run's analytic; a GPU run's (train.device "gpu") at
+    the rates measured on its GPU, or an H100's datasheet where it is planned without one."""
     from hpcpipe.device import backend
 
     monkeypatch.setattr(backend, "_gpu_library", lambda: None)
     sets = ["model.vocab_size=8192", "model.n_embd=256", "train.micro_batch_size=4"]
-    cpu = planning.stage_costs(config.load("inputs/tiny.toml", [*sets, 'train.device="cpu"']))
+    cpu = stage_costs(config.load("inputs/tiny.toml", [*sets, 'train.device="cpu"']))
     assert cpu == costs.analytic(config.load("inputs/tiny.toml", sets).model)
-    auto = planning.stage_costs(config.load("inputs/tiny.toml", sets))  # "auto": the CPU here
-    assert auto == cpu
+    assert stage_costs(config.load("inputs/tiny.toml", sets)) == cpu  # "auto": the CPU here
     cfg = config.load("inputs/tiny.toml", [*sets, 'train.device="gpu"',
                                            'train.dtype="bfloat16"'])
-    assert planning.stage_costs(cfg) == costs.on_gpu(cfg.model, 4, "bfloat16")
+    sheet = stage_costs(cfg)
+    assert sheet.source.startswith("H100 datasheet rates: 989 TFLOP/s, 3.35 TB/s")
+    assert sheet == costs.on_device(cfg.model, "bfloat16", 989.4e12, 3.35e12,
+                                    source=sheet.source)
+    measured = stage_costs(cfg, (H100_BF16, H100_BYTES))
+    assert measured.source.startswith("measured GPU rates: 882 TFLOP/s, 2.51 TB/s")
+    assert measured.head / measured.block == pytest.approx(
+        costs.on_device(cfg.model, "bfloat16", H100_BF16, H100_BYTES).head
+        / costs.on_device(cfg.model, "bfloat16", H100_BF16, H100_BYTES).block)
 
 
-def test_the_counted_tokens_are_spread_as_text_spreads_them():
-    """The unfused embedding gradient adds a round of kernels per repeat of the commonest
-    token: counted on one token repeated, tiny's embedding priced at 30 blocks and split
-    six blocks as [0.5, 5.5]; on every id in turn it is a fraction of a block."""
-    tiny = GPTConfig(n_layer=6, n_head=4, n_embd=128, block_size=128, vocab_size=256)
-    for fused in (True, False):
-        c = costs.on_gpu(tiny, 4, "float32", fused=fused)
-        assert c.embedding < 0.5 * c.block and c.head < c.block, (fused, c)
-    assert counts_text(partition(tiny, 2, costs=costs.on_gpu(tiny, 4, "float32",
-                                                             fused=False))) == "[3, 3]"
+def test_the_device_rates_are_measured_in_a_moment():
+    """model/flops.device_rates: what a GPU run's rank 0 measures at launch (a square
+    matmul in the run's dtype, a device copy) — here on the CPU, where both are real."""
+    from hpcpipe.device import backend
+    from hpcpipe.model import flops
+
+    be = backend.cpu()
+    gemm, stream = flops.startup_peak(be, "float32"), flops.copy_rate(be, 4 << 20)
+    assert 0 < gemm < float("inf") and 0 < stream < float("inf")  # (a loaded core: slow)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hpcpipe.model.layout import GPTConfig
-from hpcpipe.model.stage import RECOMPUTE, StageSpec
+from hpcpipe.model.stage import StageSpec
+from hpcpipe.schedules.recompute import Mode, StageRecompute
 from hpcpipe.model.stashbytes import StashBytes
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -19,13 +20,13 @@ def fresh(stage, mb=None) -> int:
     return StashBytes(stage.be).count(stage._stash, params, mb)
 
 
-@pytest.mark.parametrize("recompute", RECOMPUTE)
+@pytest.mark.parametrize("recompute", list(Mode))
 @pytest.mark.parametrize("head", [True, False])
 @pytest.mark.parametrize("seam", [False, True])
 def test_kept_counts_equal_fresh_ones_after_every_pass(recompute, head, seam):
-    spec = StageSpec(0, (0,), True, head, tail=(1, 3)) if seam and not head \
+    spec = StageSpec(0, (0,), True, head, attention_of=1) if seam and not head \
         else StageSpec(0, (0, 1), True, head)
-    stage = spec.build(CFG, dtype="float64", recompute=recompute)
+    stage = spec.build(CFG, dtype="float64", recompute=StageRecompute(recompute))
     tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (B, CFG.block_size + 1))
     dy = None if head else np.ones((B, CFG.block_size, CFG.n_embd))
     counts = []

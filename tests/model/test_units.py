@@ -1,6 +1,6 @@
-"""Stages that start or end inside a block (model/units.py): at its seam, or after any of
-its operations (layers/ops.py). A chain of them computes the whole model's F, B and W bit
-for bit, with every recompute choice, and holds its parts' tensors only."""
+"""Stages that start or end at a block's seam (model/units.py): a chain of them computes
+the whole model's F, B and W bit for bit, with every recompute choice, and holds the
+tensors of its halves only."""
 
 import numpy as np
 import pytest
@@ -10,8 +10,9 @@ from hpcpipe.device.backend import Backend
 from hpcpipe.devtools import hostbuild
 from hpcpipe.model.layers import fused
 from hpcpipe.model.layout import GPTConfig, block_layout
-from hpcpipe.model.stage import RECOMPUTE, Stage, StageSpec
-from hpcpipe.parallel.pipeline.partition import partition
+from hpcpipe.model.split import parse
+from hpcpipe.model.stage import Stage
+from hpcpipe.schedules.recompute import Mode, StageRecompute
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd=32)
 B = 2
@@ -44,20 +45,17 @@ def run(stages, tokens, order):
     return losses, grads
 
 
-@pytest.mark.parametrize("recompute", RECOMPUTE)
+@pytest.mark.parametrize("recompute", list(Mode))
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
-@pytest.mark.parametrize("counts", [[1.5, 1.5], [1, 0.5, 1.5], [0.5, 0.5, 2],
-                                    # edges inside sublayers: after c_attn, the core,
-                                    # c_fc, the GELU (a pair crosses; layers/ops.py)
-                                    [7 / 6, 1 / 6, 5 / 3], [4 / 3, 1 / 3, 4 / 3],
-                                    [2 / 3, 1 / 6, 13 / 6], [5 / 6, 2, 1 / 6]],
-                         ids=lambda c: "/".join(f"{round(6 * x)}" for x in c))
-def test_a_chain_cut_at_seams_equals_the_whole_model_bitwise(counts, dtype, recompute):
+@pytest.mark.parametrize("layout", ["E t t.attn | .mlp t L", "E t | t.attn | .mlp t L",
+                                    "E t.attn | .mlp | t t L"],
+                         ids=str)
+def test_a_chain_cut_at_seams_equals_the_whole_model_bitwise(layout, dtype, recompute):
     rng = np.random.default_rng(1)
     tokens = [rng.integers(0, CFG.vocab_size, (B, CFG.block_size + 1)) for _ in range(3)]
-    whole = Stage(CFG, dtype=dtype, recompute=recompute)
-    chain = [spec.build(CFG, dtype=dtype, recompute=recompute)
-             for spec in partition(CFG, len(counts), counts)]
+    whole = Stage(CFG, dtype=dtype, recompute=StageRecompute(recompute))
+    chain = [spec.build(CFG, dtype=dtype, recompute=StageRecompute(recompute))
+             for spec in parse(layout, CFG.n_layer)]
     want_losses, want = run([whole], tokens, [0, 1, 2])
     got_losses, got = run(chain, tokens, [0, 1, 2])
     for mb in want_losses:
@@ -68,12 +66,12 @@ def test_a_chain_cut_at_seams_equals_the_whole_model_bitwise(counts, dtype, reco
 
 
 def test_a_seam_stage_holds_its_halves_tensors_only():
-    spec = partition(CFG, 3, [1, 0.5, 1.5])[1]
-    assert (spec.lead, spec.layers, spec.tail) == (None, (), (1, 3))
+    spec = parse("E t | t.attn | .mlp t L", CFG.n_layer)[1]
+    assert (spec.mlp_of, spec.layers, spec.attention_of) == (None, (), 1)
     stage = spec.build(CFG)
     names = [name for name, _ in block_layout(CFG, 1)]
     assert list(stage.params) == names[:6]  # ln_1 and the attention of block 1
-    last = partition(CFG, 3, [1, 0.5, 1.5])[2].build(CFG)
+    last = parse("E t | t.attn | .mlp t L", CFG.n_layer)[2].build(CFG)
     assert list(last.params)[1:7] == names[6:]  # (after wte) ln_2 and the MLP of block 1
 
 
@@ -90,7 +88,7 @@ def test_on_the_fused_kernels_a_seam_differs_only_in_one_bias_gradient():
     tokens = [be.from_host(rng.integers(0, cfg.vocab_size, (B, cfg.block_size + 1)))]
     whole = Stage(cfg, dtype="float64", be=be)
     chain = [spec.build(cfg, dtype="float64", be=be)
-             for spec in partition(cfg, 2, [0.5, 1.5])]
+             for spec in parse("E t.attn | .mlp t L", cfg.n_layer)]
     want_losses, want = run([whole], tokens, [0])
     got_losses, got = run(chain, tokens, [0])
     assert np.array_equal(be.to_host(got_losses[0]), be.to_host(want_losses[0]))
@@ -114,9 +112,9 @@ def test_recomputation_on_the_fused_kernels_changes_no_bit(recompute):
     tokens = [be.from_host(rng.integers(0, cfg.vocab_size, (B, cfg.block_size + 1)))
               for _ in range(2)]
     results = []
-    for mode in ("none", recompute):
-        chain = [spec.build(cfg, dtype="float32", be=be, recompute=mode)
-                 for spec in partition(cfg, 2, [1.5, 0.5])]
+    for mode in (Mode.NONE, Mode(recompute)):
+        chain = [spec.build(cfg, dtype="float32", be=be, recompute=StageRecompute(mode))
+                 for spec in parse("E t t.attn | .mlp L", cfg.n_layer)]
         results.append(run(chain, tokens, [0, 1]))
     (want_losses, want), (got_losses, got) = results
     for mb in want_losses:

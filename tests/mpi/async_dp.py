@@ -42,6 +42,7 @@ from hpcpipe import config
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.asyncdp.windows import PeerTimeout
+from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import generate
 from hpcpipe.train.rank import Rank
 
@@ -78,7 +79,7 @@ def train(comm, cfg, delays=None, record=None, replay=None):
     p, t = cfg.parallel, cfg.train
     grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
     be = devices.select()
-    rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches))
+    rank = Rank.build(cfg, grid, be, build_plan(cfg))
     step_of = rank.step
     if record:
         step_of.record_to(record)
@@ -175,7 +176,8 @@ def elastic_reference(dp, steps, tau, alpha):
     cfg = make_cfg(1, steps=steps, microbatches=microbatches)
     be = devices.select()
     ranks = [Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be,
-                        generate("1f1b", 1, microbatches)) for _ in range(dp)]
+                        build_plan(cfg, schedule=generate("1f1b", 1, microbatches)))
+             for _ in range(dp)]
     buffers = [r.model.stages[0].param_buffer.data for r in ranks]
     centre = be.to_host(buffers[0]).copy()
     t, losses = cfg.train, []
@@ -243,7 +245,7 @@ def check_timeout(comm) -> list[str]:
     cfg = make_cfg(comm.size, mode="ssp", staleness=1, steps=8, timeout=timeout)
     grid = gridlib.build(comm, comm.size, 1)
     be = devices.select()
-    rank = Rank.build(cfg, grid, be, generate("1f1b", 1, cfg.parallel.microbatches))
+    rank = Rank.build(cfg, grid, be, build_plan(cfg))
     error, start = None, None
     try:
         for step in range(1, 9):

@@ -26,7 +26,7 @@ from harness import (
 
 from hpcpipe import config
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.parallel.pipeline.planning import build_schedule
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train.rank import Rank
 
 B, GLOBAL_MICROBATCHES, STEPS = 2, 8, 5
@@ -54,7 +54,7 @@ def train(comm, cfg):
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp)
     be = devices.select()
-    rank = Rank.build(cfg, grid, be, build_schedule(cfg))
+    rank = Rank.build(cfg, grid, be, build_plan(cfg))
     seen = {}
     for step in range(1, STEPS + 1):
         inputs = batches.replica_inputs(be, global_batch(step), grid.dp_rank,

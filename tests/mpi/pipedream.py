@@ -12,8 +12,6 @@ the update applies it, clipped, to the newest weights. Checked:
   checkpoint does) bitwise equal to one that is not;
 - each outcome reported once, in step order, and the stage computing on the newest
   weights after the last flush;
-- stage edges across a sublayer's width at pp = world: the reference's losses, norms and
-  weights to 1e-12 (partial sums in another order);
 - bfloat16 compute (float32 masters) at pp = world bitwise equal to one process, with
   AdamW and with Muon and extrapolated versions;
 - train.delay_correction = "secant" at pp = world and at dp 2 equal to the reference with
@@ -38,20 +36,17 @@ from harness import (
     batches,  # noqa: E402  (tests/harness/batches.py: a replica's share of a batch)
     devices,  # noqa: E402  (tests/harness/devices.py: the test device)
     mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
-    parts,  # noqa: E402  (tests/harness/parts.py: tensors split across stages, whole)
 )
 
 from hpcpipe import config
+from hpcpipe.model.split import from_counts
+from hpcpipe.plan import build as build_plan
 from hpcpipe.optim.adamw import clip_coefficient
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.parallel.pipeline.planning import build_schedule
 from hpcpipe.schedules import generate
 from hpcpipe.train.rank import Rank
 
 B, GLOBAL_MICROBATCHES, STEPS = 2, 8, 7
-# Counts whose stage edges fall across widths: after block 2's first head (of 2); at 4
-# ranks after block 1's first head, 1 and 4 of block 2's and block 3's 8 MLP groups.
-WIDTHS = {2: (2.25, 1.75), 4: (1.25, 1.3125, 1.1875, 0.25)}
 
 
 DECAY = 0.8  # the correction's running means: short, so that 7 steps show them
@@ -66,7 +61,7 @@ def make_cfg(dp, pp, kind="pipedream-2bw", recompute="none", dtype="float64",
                   "delay_correction": correction, "delay_correction_decay": DECAY,
                   "optimizer": optimizer},
         "parallel": {"dp": dp, "pp": pp, "schedule": kind,
-                     "microbatches": GLOBAL_MICROBATCHES // dp, "layers_per_stage": list(counts)},
+                     "microbatches": GLOBAL_MICROBATCHES // dp, "layout": from_counts(counts) if counts else ""},
     }, source="2BW test")
 
 
@@ -87,12 +82,11 @@ def lr_of(step):
 def train(comm, cfg, drain_at=()):
     """STEPS steps of cfg over `comm`, flushed after the steps in `drain_at` and at the
     end. Returns ({step: (loss, norm)}, the order outcomes came in, this rank's weights
-    (harness/parts.py's entries), whether the stages then compute on the optimizer's
-    weights)."""
+    per chunk, whether the stages then compute on the optimizer's weights)."""
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp)
     be = devices.select()
-    rank = Rank.build(cfg, grid, be, build_schedule(cfg))
+    rank = Rank.build(cfg, grid, be, build_plan(cfg))
     seen, order = {}, []
     for step in range(1, STEPS + 1):
         inputs = replica_inputs(be, step, grid.dp_rank, p.microbatches)
@@ -106,9 +100,9 @@ def train(comm, cfg, drain_at=()):
         order.append(out.step)
         seen[out.step] = (out.loss, out.norm)
     stages = rank.model.stages.values()
-    named = [(name, s.shards[name], s.global_shapes[name], be.to_host(value).copy())
-             for s in stages for name, value in s.param_buffer.views.items()
-             if not (name == "wte" and not s.embedding_part)]  # (the head's copy)
+    named = {name: be.to_host(value).copy() for s in stages
+             for name, value in s.param_buffer.views.items()
+             if not (name == "wte" and not s.embedding_part)}  # (the head's copy)
     newest = all(s.params["wpe" if s.embedding_part else next(iter(s.params))]
                  is s.param_buffer.views["wpe" if s.embedding_part else next(iter(s.params))]
                  for s in stages)
@@ -152,7 +146,7 @@ def reference(correction="none", optimizer="adamw"):
     secant = _Secant() if correction == "secant" else None
     be = devices.select()
     rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be,
-                      generate("1f1b", 1, GLOBAL_MICROBATCHES))
+                      build_plan(cfg, schedule=generate("1f1b", 1, GLOBAL_MICROBATCHES)))
     step_, buffer = rank.step, rank.model.stages[0].param_buffer.data
     versions = [buffer.copy()]  # versions[j]: the weights after j updates
     seen = {}
@@ -193,9 +187,6 @@ def check(comm) -> mpibody.Report:
     n, failures = comm.size, []
     results = {key: train(comm, make_cfg(key[0], key[1], recompute=key[2]))
                for key in layouts(n)}
-    # Stage edges across a sublayer's width (heads, MLP columns: parallel/pipeline/
-    # edges.py): the reference's numbers to round-off (partial sums in another order).
-    across = train(comm, make_cfg(1, n, counts=WIDTHS[n]))
     deepest = max(results, key=lambda key: key[1])
     drained = train(comm, make_cfg(deepest[0], deepest[1]), drain_at=(2, 5))
     # float32 masters, 16-bit copies; stage edges at blocks' seams (model/units.py)
@@ -219,12 +210,12 @@ def check(comm) -> mpibody.Report:
     weights = {}
     for key, (seen, order, named, newest) in results.items():
         failures += [] if newest else [f"{key}: not on the newest weights after flush"]
-        gathered = comm.gather(named if comm.rank < key[1] else [], root=0)
-        weights[key] = parts.whole(gathered or [])
+        parts = comm.gather(named if comm.rank < key[1] else {}, root=0)
+        weights[key] = {k: v for part in (parts or []) for k, v in part.items()}
         if comm.rank == 0 and order != list(range(1, STEPS + 1)):
             failures.append(f"{key}: outcomes came as steps {order}")
     if comm.rank == 0:
-        weights[(1, 1, "none")] = parts.whole([solo[2]])
+        weights[(1, 1, "none")] = solo[2]
         half_solo = train(MPI.COMM_SELF, make_cfg(1, 1, dtype="bfloat16"))
         if half[0] != half_solo[0] or any(not np.isfinite(loss) for loss, _ in half[0].values()):
             failures.append(f"bfloat16 at pp {n}: {half[0]} vs one process {half_solo[0]}")
@@ -234,11 +225,6 @@ def check(comm) -> mpibody.Report:
             failures.append(f"bfloat16, Muon, extrapolated, at pp {n}: {half_muon[0]} vs one "
                             f"process {solo_muon[0]}")
         failures += _against_reference(results_here, ref_seen, ref_weights, drained, weights)
-    across_weights = parts.whole(comm.gather(across[2], root=0) or [])
-    if comm.rank == 0:
-        failures += _against_reference({(1, n, "across widths"): across}, ref_seen,
-                                       ref_weights, None,
-                                       {(1, n, "across widths"): across_weights})
     mpibody.settle(comm)
     failures += _corrected(comm, corrected, ref_weights if comm.rank == 0 else None)
     mpibody.settle(comm)
@@ -246,8 +232,7 @@ def check(comm) -> mpibody.Report:
     mpibody.settle(comm)
     failures += _corrected(comm, extrapolated, None, ("extrapolate", "adamw"))
     summary = [f"world {n}: pipedream-2bw layouts {sorted(results)}, drained at steps 2, 5, "
-               f"bfloat16 at pp {n}{'' if devices.fused() else ' cut at seams'}, edges "
-               f"across widths at pp {n}, the secant delay correction at {sorted(corrected)}, "
+               f"bfloat16 at pp {n}{'' if devices.fused() else ' cut at seams'}, the secant delay correction at {sorted(corrected)}, "
                f"Muon with extrapolated versions at {sorted(muon)}, AdamW with them at "
                f"{sorted(extrapolated)}"]
     return mpibody.Report.agreed(comm, summary, failures)
@@ -259,8 +244,8 @@ def _corrected(comm, corrected, plain_weights, how=("secant", "adamw")) -> list[
     same optimizer is what the correction must move away from."""
     weights = {}
     for key, (_, _, named, _) in corrected.items():
-        gathered = comm.gather(named if comm.rank < key[1] else [], root=0)
-        weights[key] = parts.whole(gathered or [])
+        parts = comm.gather(named if comm.rank < key[1] else {}, root=0)
+        weights[key] = {k: v for part in (parts or []) for k, v in part.items()}
     if comm.rank != 0:
         return []
     ref_seen, ref_weights = reference(*how)

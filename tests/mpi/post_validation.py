@@ -3,8 +3,7 @@
 `check(comm)` (the contract is in tests/harness/mpibody.py) needs 4 ranks;
 tests/optim/test_post_validation_mpi.py calls it in-process or runs it as
 `mpiexec -n 4 python -m mpi4py tests/mpi/post_validation.py`. On dp = 2 × pp = 2 (with and
-without ZeRO-1, ZeRO-2 and ZeRO-3; under ZeRO-1 and -3 a stage edge across block 2's heads),
-float64, a few steps each with: a clipping threshold so small that every
+without ZeRO-1, ZeRO-2 and ZeRO-3), float64, a few steps each with: a clipping threshold so small that every
 step clips (post-validation then waits for the global norm: bitwise the synchronous run,
 nothing redone); one between the steps' norms, so some steps clip and some do not; and a NaN
 injected into one weight gradient of one stage of one replica at one step (that step is
@@ -26,7 +25,7 @@ from harness import (
 
 from hpcpipe import config
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.schedules import generate
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train.rank import Rank
 
 B, M, STEPS = 2, 4, 6
@@ -34,15 +33,13 @@ POISON_STEP, POISON_RANK = 3, 1  # rank 1: stage 1 of replica 0
 
 
 def make_cfg(post_validation, clip, zero):
-    # Under ZeRO-1 and ZeRO-3 the stages split block 2's heads between them (a stage edge
-    # across a sublayer's width: parallel/pipeline/edges.py), under 0 and 2 whole blocks.
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 19},
         "train": {"dtype": "float64", "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
                   "grad_clip": clip, "weight_decay": 0.1, "seed": 3,
                   "post_validation": post_validation},
         "parallel": {"dp": 2, "pp": 2, "microbatches": M, "schedule": "zb-h1", "zero": zero,
-                     "bucket_mb": 0.002, "layers_per_stage": [2.25, 1.75] if zero % 2 else []},
+                     "bucket_mb": 0.002},
     }, source="post-validation test")
 
 
@@ -56,8 +53,7 @@ def train(comm, cfg, poison=False):
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp)
     be = devices.select()
-    schedule = generate(p.schedule, p.pp, p.microbatches)
-    rank = Rank.build(cfg, grid, be, schedule)
+    rank = Rank.build(cfg, grid, be, build_plan(cfg))
     model = rank.model
     current = {"step": 0}
     if poison and comm.rank == POISON_RANK:

@@ -6,7 +6,6 @@ optimizer state; a dynamic loss scale for float16), a few clipped steps of a lea
 token stream:
 - on pp = 2, 3 and 4 ranks, every schedule the microbatch count allows: losses and
   weights bitwise equal to one process (16-bit messages travel as 16-bit words);
-- pp 2 with a stage edge across block 4's heads: losses within 1 % of one process's;
 - dp 2 × pp 2 with ZB-H1 and 1F1B (bitwise equal to each other), with ZeRO-1, ZeRO-2, ZeRO-3, with
   post-validation and with bfloat16 gradient messages: losses within 1 % of plain dp;
 - every run tracks float32's losses: the last loss within TRACK of float32's.
@@ -23,12 +22,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import (
     devices,  # noqa: E402  (tests/harness/devices.py: the test device)
     mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
-    parts,  # noqa: E402  (tests/harness/parts.py: tensors split across stages, whole)
 )
 
 from hpcpipe import config
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.schedules import KINDS, Costs, ScheduleError, generate
+from hpcpipe.schedules import KINDS, Costs, ScheduleError, flushes, generate
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train.rank import Rank
 
 B, M, STEPS, V = 2, 4, 5, 19
@@ -64,7 +63,7 @@ def train(comm, cfg, schedule):
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp)
     be = devices.select()
-    rank = Rank.build(cfg, grid, be, schedule)
+    rank = Rank.build(cfg, grid, be, build_plan(cfg, schedule=schedule))
     losses = []
     for step in range(1, STEPS + 1):
         idx, targets = batch(step, p.dp)
@@ -77,10 +76,19 @@ def train(comm, cfg, schedule):
         losses += [o.loss for o in rank.train_step(step, inputs, 2e-2, 1.0)]
     losses += [o.loss for o in rank.flush()]
     rank.step.materialize()  # ZeRO-3: the whole weights, to read them
-    mine = [(name, shard, shape, value.astype(np.float32)) for name, shard, shape, value
-            in parts.entries(rank.model.stages.values(), be)] if grid.dp_rank == 0 else []
-    gathered = comm.gather(mine, root=0)
-    return losses, parts.whole(gathered) if comm.rank == 0 else None
+    mine = {}
+    if grid.dp_rank == 0:
+        for stage in rank.model.stages.values():
+            for name, value in stage.params.items():
+                if name != "wte" or stage.embedding_part:
+                    mine[name] = be.to_host(value).astype(np.float32)
+    parts = comm.gather(mine, root=0)
+    weights = None
+    if comm.rank == 0:
+        weights = {}
+        for part in parts:
+            weights.update(part)
+    return losses, weights
 
 
 def same(a, b) -> bool:
@@ -95,7 +103,7 @@ def check_pipelines(world, dtype, ref, failures):
     for pp in (2, 3, 4):
         mpibody.settle(world)  # the ranks outside the last split wait for it asleep
         comm = world.Split(0 if world.rank < pp else MPI.UNDEFINED, key=world.rank)
-        for kind in devices.schedule_kinds(KINDS):
+        for kind in (k for k in devices.schedule_kinds(KINDS) if flushes(k)):
             try:
                 schedule = schedule_for(kind, pp, M)
             except ScheduleError:
@@ -112,23 +120,6 @@ def check_pipelines(world, dtype, ref, failures):
         if comm != MPI.COMM_NULL:
             comm.Free()
     return checked, possible
-
-
-def check_widths(world, dtype, ref, failures):
-    """pp 2 with the stage edge across block 4's heads, or after its first head's q, k and
-    v (parallel/pipeline/edges.py): the 16-bit numbers to round-off, so the losses within
-    1 % of one process's, learning."""
-    mpibody.settle(world)
-    comm = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, key=world.rank)
-    if comm == MPI.COMM_NULL:
-        return
-    for what, counts in (("heads", [4.25, 3.75]), ("q, k, v", [4 + 1 / 12, 4 - 1 / 12])):
-        cfg = make_cfg(dtype, pp=2, layers_per_stage=counts)
-        losses, _ = train(comm, cfg, generate("1f1b", 2, M))
-        if comm.rank == 0 and not all(abs(a - b) <= 0.01 * b for a, b in zip(losses, ref[0])):
-            failures.append(f"{dtype} pp=2 across block 4's {what}: losses {losses} vs one "
-                            f"process {ref[0]}")
-    comm.Free()
 
 
 def check_data_parallel(world, dtype, reference32, failures):
@@ -177,7 +168,6 @@ def check(world) -> mpibody.Report:
                           f"{['%.4f' % x for x in ref32[0]]}")
         mpibody.settle(world)  # the others wait for rank 0's references asleep
         checked, possible = check_pipelines(world, dtype, ref, failures)
-        check_widths(world, dtype, ref, failures)
         check_data_parallel(world, dtype, world.bcast(ref32[0] if ref32 else None, root=0),
                             failures)
         report.append(f"{dtype}: {checked} of {possible} pipeline layouts bitwise equal to "

@@ -36,7 +36,7 @@ from hpcpipe import checkpoint as ckpt
 from hpcpipe import config
 from hpcpipe.checkpoint import manifest as manifests
 from hpcpipe.parallel import grid as gridlib
-from hpcpipe.parallel.pipeline.planning import build_schedule
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train import checkpoints
 from hpcpipe.train.rank import Rank
 
@@ -62,7 +62,7 @@ def make_cfg(kind: str):
 def build(comm, cfg) -> Rank:
     p = cfg.parallel
     return Rank.build(cfg, gridlib.build(comm, p.dp, p.pp), devices.select(),
-                      build_schedule(cfg))
+                      build_plan(cfg))
 
 
 def inputs_of(be, step, grid, cfg):
@@ -215,7 +215,7 @@ def old_cfg(kind: str):
     elif kind == "powersgd":
         parallel.update(grad_compression="powersgd", powersgd_rank=1)
     elif kind == "2bw":
-        parallel.update(dp=1, pp=2, schedule="pipedream-2bw", layers_per_stage=[1, 1])
+        parallel.update(dp=1, pp=2, schedule="pipedream-2bw", layout="E t | t L")
         train.update(delay_correction="secant")
     return config.from_dict({
         "model": {"n_layer": 2 if kind == "2bw" else 1, "n_head": 2, "n_embd": 8,

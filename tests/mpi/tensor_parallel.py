@@ -32,6 +32,7 @@ from harness import (
 from hpcpipe import checkpoint as ckpt
 
 from hpcpipe import config
+from hpcpipe.plan import build as build_plan
 from hpcpipe.model import GPTConfig, block_layout
 from hpcpipe.model.layers import (
     attention,
@@ -200,7 +201,7 @@ def train(comm, cfg, rank=None, first_step=1, steps=STEPS):
     be = devices.select()
     if rank is None:
         grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
-        rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches))
+        rank = Rank.build(cfg, grid, be, build_plan(cfg))
     grid, losses = rank.grid, []
     for step in range(first_step, first_step + steps):
         idx, targets = batch(step)
@@ -256,13 +257,9 @@ def check_layouts(world, failures, report):
                   "sequence parallel, full recompute": dict(sequence_parallel=True,
                                                             recompute="full")}
         if pp > 1:  # stage edges at blocks' seams (model/units.py): the same bits
-            extras["seams"] = dict(layers_per_stage=[1.5, 2.5])
+            extras["seams"] = dict(layout="E t t.attn | .mlp t t L")
             extras["seams, sequence parallel, selective recompute"] = dict(
-                layers_per_stage=[0.5, 3.5], sequence_parallel=True, recompute="selective")
-            # inside sublayers (layers/ops.py): each shard's part of qkv, of h crosses
-            extras["seams, after c_attn"] = dict(layers_per_stage=[7 / 6, 17 / 6])
-            extras["seams, after the GELU, sequence parallel, full recompute"] = dict(
-                layers_per_stage=[17 / 6, 7 / 6], sequence_parallel=True, recompute="full")
+                layout="E t.attn | .mlp t t t L", sequence_parallel=True, recompute="selective")
         for label, extra in extras.items():
             if dp > 1 or not label.startswith("ZeRO"):
                 results[label] = train(world, make_cfg(dp, pp, tp, "zb-h1", **extra))
@@ -271,9 +268,7 @@ def check_layouts(world, failures, report):
         bitwise = {kind: kinds[0] for kind in kinds} | {
             "selective recompute": kinds[0], "full recompute": kinds[0],
             "sequence parallel, full recompute": "sequence parallel", "seams": kinds[0],
-            "seams, sequence parallel, selective recompute": "sequence parallel",
-            "seams, after c_attn": kinds[0],
-            "seams, after the GELU, sequence parallel, full recompute": "sequence parallel"}
+            "seams, sequence parallel, selective recompute": "sequence parallel"}
         for label, result in results.items():
             compare(f"dp {dp} × pp {pp} × tp {tp} {label}", result, ref, failures)
             first = results[bitwise.get(label, label)]
@@ -307,7 +302,7 @@ def check_reshard(world, failures, report):
     if world.rank == 0:
         cfg = make_cfg(1, 1, 1, "1f1b")
         rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), devices.select(),
-                          generate("1f1b", 1, GLOBAL_MB))
+                          build_plan(cfg, schedule=generate("1f1b", 1, GLOBAL_MB)))
         checkpoints.load(rank, cfg, path, ckpt.read_manifest(path))
         losses += train(MPI.COMM_SELF, cfg, rank, first_step=3, steps=2)[0]
         path = checkpoints.save(rank, cfg, 4, os.path.join(folder, "tp1"), {}).path
@@ -315,7 +310,7 @@ def check_reshard(world, failures, report):
     path = world.bcast(path)
     cfg = make_cfg(1, 1, 4, "1f1b")
     rank = Rank.build(cfg, gridlib.build(world, 1, 1, tp=4), devices.select(),
-                      generate("1f1b", 1, GLOBAL_MB))
+                      build_plan(cfg, schedule=generate("1f1b", 1, GLOBAL_MB)))
     checkpoints.load(rank, cfg, path, ckpt.read_manifest(path))
     losses += train(world, cfg, rank, first_step=5, steps=2)[0]
     world.barrier()  # every rank has read the checkpoints before they go

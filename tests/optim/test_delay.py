@@ -143,7 +143,7 @@ def test_only_the_asynchronous_pipeline_takes_it():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_plan_counts_its_five_master_sized_buffers(dtype):
     from hpcpipe import config
-    from hpcpipe.train import memplan
+    from hpcpipe.plan import build
 
     def optimizer_bytes(correction):
         cfg = config.from_dict({
@@ -151,7 +151,7 @@ def test_the_plan_counts_its_five_master_sized_buffers(dtype):
                       "vocab_size": 32},
             "train": {"dtype": dtype, "delay_correction": correction},
             "parallel": {"pp": 2, "schedule": "pipedream-2bw"}}, source="test")
-        return [(p.optimizer, p.parameters) for p in memplan.plan(cfg)]
+        return [(p.optimizer, p.parameters) for p in build(cfg).ranks]
 
     itemsize = 2 if dtype == "bfloat16" else 4
     for kind, buffers in (("secant", 5), ("extrapolate", 1)):

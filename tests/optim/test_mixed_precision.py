@@ -11,6 +11,7 @@ from hpcpipe.device import backend
 from hpcpipe.optim.scaling import LossScaler
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import generate
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train.rank import Rank
 
 B, M = 4, 2
@@ -26,7 +27,7 @@ def run(dtype, steps=25, loss_scale=0.0):
     grid = gridlib.build(MPI.COMM_SELF, 1, 1)
     be = backend.select("cpu")
     schedule = generate("zb-h1", 1, M)
-    rank = Rank.build(cfg, grid, be, schedule)
+    rank = Rank.build(cfg, grid, be, build_plan(cfg, schedule=schedule))
     # A learnable stream: each token is the previous one plus 3, modulo the vocabulary.
     rng = np.random.default_rng(0)
     losses = []
@@ -98,7 +99,7 @@ def test_master_weights_start_from_the_exact_initial_values(dtype):
         "train": {"dtype": dtype, "seed": 5}, "parallel": {"microbatches": 1},
     }, source="master weights test")
     rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), backend.select("cpu"),
-                      generate("1f1b", 1, 1))
+                      build_plan(cfg, schedule=generate("1f1b", 1, 1)))
     stage = rank.model.stages[0]
     [shard] = rank.step.optimizer.shards
     assert stage.exact_init is None

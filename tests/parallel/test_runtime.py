@@ -8,6 +8,7 @@ from hpcpipe import config
 from hpcpipe.device import backend
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import generate
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train.rank import Rank
 
 
@@ -16,7 +17,7 @@ def test_an_error_inside_an_op_names_the_rank_step_op_and_schedule_row(monkeypat
                                       "block_size": 6, "vocab_size": 11},
                             "train": {"dtype": "float64", "micro_batch_size": 2}})
     rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), backend.cpu(),
-                      generate("zb-h1", 1, 4))
+                      build_plan(cfg, schedule=generate("zb-h1", 1, 4)))
     stage = rank.model.stages[0]
     backward_input = stage.backward_input
 
@@ -38,7 +39,7 @@ def test_an_error_inside_an_op_names_the_rank_step_op_and_schedule_row(monkeypat
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_a_recomputing_b_rebuilds_before_it_waits_and_is_timed_apart(recompute):
     # The rebuild needs only the microbatch's own F: the runtime runs it before B waits for
-    # its gradient, as one "R" event each, so the profile's B is B alone (planning.py).
+    # its gradient, as one "R" event each, so the profile's B is B alone (plan/schedule.py).
     from hpcpipe.util.timeline import Trace
     cfg = config.from_dict({"model": {"n_layer": 2, "n_head": 2, "n_embd": 8,
                                       "block_size": 6, "vocab_size": 11},
@@ -46,7 +47,7 @@ def test_a_recomputing_b_rebuilds_before_it_waits_and_is_timed_apart(recompute):
                                       "recompute": recompute}})
     trace = Trace(rank=0)
     rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), backend.cpu(),
-                      generate("zb-h1", 1, 3), trace)
+                      build_plan(cfg, schedule=generate("zb-h1", 1, 3)), trace)
     tokens = np.random.default_rng(4).integers(0, 11, (2, 7))
     rank.train_step(1, lambda mb: (tokens[:, :-1], tokens[:, 1:]), 1e-2, 1.0)
     rank.flush()

@@ -70,33 +70,3 @@ def test_a_missing_optimizer_dataset_is_an_error_not_a_fresh_adam(capsys, finish
     line = ends_with_one_error(capsys, _train(run_dir, stdlib_tokens, "train.steps=3")
                                + ["--resume"])
     assert f"has no exp_avg/{key} dataset" in line
-
-
-def test_a_stage_part_the_model_lacks_is_refused(tmp_path, stdlib_tokens):
-    """Optimizer state split across stages by width (parallel/pipeline/edges.py) names the
-    groups of its part: a manifest naming groups the model does not have is refused before
-    any of it sizes anything; PowerSGD's files likewise."""
-    run_dir = tmp_path / "widths"
-    sets = ["model.n_layer=2", "model.n_embd=16", "model.n_head=2", "model.block_size=16",
-            "train.micro_batch_size=2", "train.steps=1", "train.eval_every=0",
-            "train.eval_batches=1", "train.trace_steps=0", "parallel.pp=2",
-            "parallel.layers_per_stage=[1.25, 0.75]", f'data.path="{stdlib_tokens}"']
-    done = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
-                str(run_dir), *sum((["--set", s] for s in sets), [])], n=2, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    folder = run_dir / "checkpoints" / ckpt.step_name(1)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["layout"]["cuts"] == [[1, 0, 1, 2]]  # after block 1's first head
-    name, piece = next((n, p) for n, pieces in manifest["pieces"].items() for p in pieces
-                       if "part" in p)
-    piece["part"] = [0, 9, 8]  # groups past the 8 an MLP of 2 heads has
-    manifests.write(str(folder), json.dumps(manifest))
-    with pytest.raises(ckpt.CheckpointError, match=f"{name} names part \\[0, 9, 8\\]"):
-        ckpt.read_manifest(str(folder))
-    from hpcpipe.parallel.powersgd_state import _recorded_part
-    from hpcpipe.util.state import StateError
-
-    with pytest.raises(StateError, match="has no such part"):
-        _recorded_part("h.0.mlp.c_fc.weight", (16, 64), {"part": [0, 9, 8]}, 2, "f.h5")
-    assert _recorded_part("h.0.mlp.c_fc.weight", (16, 64), {"part": [2, 8, 8]}, 2,
-                          "f.h5").local_shape((16, 64)) == (16, 48)

@@ -203,7 +203,7 @@ def test_what_it_does_not_compose_with_is_refused_up_front(tmp_path, extra, mess
 
 
 def test_too_few_microbatches_for_the_depth_are_refused_before_launch(tmp_path):
-    from hpcpipe.parallel.pipeline.planning import build_schedule
+    from hpcpipe.plan.schedule import build_schedule
 
     config = tmp_path / "c.toml"
     config.write_text('[parallel]\nschedule = "pipedream-2bw"\npp = 4\nmicrobatches = 2\n')
@@ -211,6 +211,12 @@ def test_too_few_microbatches_for_the_depth_are_refused_before_launch(tmp_path):
     with pytest.raises(ConfigError, match="needs m ≥ 3 microbatches, got 2"):
         build_schedule(cfg)
     assert build_schedule(load(str(config), ["parallel.microbatches=3"])).kind == bw2.KIND
+    # a kind like the others: generate gives its checked stream of steps
+    from hpcpipe.schedules import KINDS, flushes, generate
+
+    assert bw2.KIND in KINDS and not flushes(bw2.KIND)
+    stream = generate(bw2.KIND, 4, 3)
+    assert stream == bw2.pipedream_2bw(4, 3).schedule and stream.num_microbatches > 3
     chunks = tmp_path / "chunks.toml"
     chunks.write_text('[parallel]\nschedule = "pipedream-2bw"\nchunks = 2\n')
     with pytest.raises(ConfigError, match="pipedream-2bw runs one chunk per rank"):

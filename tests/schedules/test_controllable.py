@@ -152,8 +152,10 @@ def test_training_config_takes_the_v_kinds(kind):
     # parallel.schedule reads the kind list from the schedules package; a V has 2 chunks.
     from hpcpipe.config import ConfigError, from_dict
 
+    from hpcpipe.plan import build
+
     cfg = from_dict({"model": {"n_layer": 4}, "parallel": {"pp": 2, "schedule": kind}})
-    assert cfg.chunks == 2
+    assert build(cfg).schedule.chunks == 2
     with pytest.raises(ConfigError, match="exactly 2 chunks"):
         from_dict({"model": {"n_layer": 4}, "parallel": {"pp": 2, "schedule": kind, "chunks": 1}})
 

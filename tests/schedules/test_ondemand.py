@@ -66,7 +66,8 @@ def test_explore_weighs_it_and_training_takes_its_plan():
     # (0.0252); chosen per microbatch as it builds, 0.0159 (the rebuilds counted as lost).
     from hpcpipe.schedules.auto import explore
     from hpcpipe.schedules.recompute import PerMicrobatch
-    from hpcpipe.train.memplan import stage_plan
+    from hpcpipe.plan.recompute import from_costs
+    from hpcpipe.schedules.recompute import Mode
 
     choices = (SELECTIVE, PRESETS["full"])
     per_stage = explore(4, 16, SIX_B, 4, chunks=0, recompute=choices, per_microbatch=False)
@@ -80,8 +81,8 @@ def test_explore_weighs_it_and_training_takes_its_plan():
                                                  per_stage.costs).longest_span)
     assert max(simulate(found.schedule, found.costs).peak_activations) <= 4 + 1e-9
     # The plan as the runtime takes it: per stage, the microbatches that recompute.
-    plan = stage_plan(found.costs.recompute, 8)
-    assert any(not isinstance(x, str) and x[0] == "selective" for x in plan)
+    plan = from_costs(found.costs.recompute, 8)
+    assert any(r.only and r.mode is Mode.SELECTIVE for r in plan)
 
 
 def test_a_per_microbatch_plan_draws_as_text():

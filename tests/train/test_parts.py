@@ -20,6 +20,7 @@ from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.gradsync import BucketPlan
 from hpcpipe.parallel.transport import Transport
 from hpcpipe.schedules import generate
+from hpcpipe.plan import build as build_plan
 from hpcpipe.train.rank import Rank
 
 LAYOUT = [("wte", (3, 2)), ("ln_f.bias", (2,)), ("h.0.mlp.c_fc.weight", (2, 2))]
@@ -177,7 +178,7 @@ def test_the_evaluator_gives_the_whole_model_loss():
                                       "block_size": 6, "vocab_size": 11},
                             "train": {"dtype": "float64", "micro_batch_size": 2}})
     grid = gridlib.build(MPI.COMM_SELF, 1, 1)
-    rank = Rank.build(cfg, grid, backend.cpu(), generate("1f1b", 1, 1))
+    rank = Rank.build(cfg, grid, backend.cpu(), build_plan(cfg, schedule=generate("1f1b", 1, 1)))
     tokens = np.random.default_rng(3).integers(0, 11, (4, 7))
     batches = [(tokens[:2, :-1], tokens[:2, 1:]), (tokens[2:, :-1], tokens[2:, 1:])]
     gpt = GPT(cfg.model, dtype="float64", seed=cfg.train.seed)
@@ -194,7 +195,7 @@ def test_zero_over_one_replica_is_plain_data_parallelism():
                                 "train": {"dtype": "float64", "micro_batch_size": 2},
                                 "parallel": {"zero": zero}})
         rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), backend.cpu(),
-                          generate("1f1b", 1, 1))
+                          build_plan(cfg, schedule=generate("1f1b", 1, 1)))
         tokens = np.random.default_rng(4).integers(0, 11, (2, 7))
         return [o.loss for step in (1, 2, 3) for o in rank.train_step(
             step, lambda mb: (tokens[:, :-1], tokens[:, 1:]), 1e-2, 1.0)]

@@ -62,36 +62,24 @@ def forward(x, params, n_head, be=None, tp=None, proj_bias=True):
     n_head / tp of them. proj_bias=False: the output without c_proj's bias, which the
     caller adds (with the residual, block.py)."""
     be = backend_for(x, be)
+    xp = be.xp
+    C = x.shape[-1]
+    HS = C // n_head
     if tp is not None:
         n_head //= tp.size
-    flash = flash_kernels(be, params["c_attn.weight"], n_head)
-    # On the flash kernels c_attn's bias is added as they read qkv.
-    qkv, c_attn = linear.forward(x, scope(params, "c_attn."), be, tp, "columns",
-                                 add_bias=flash is None)  # (B, T, 3·NH·HS), ours
-    y, cache = core_forward(qkv, n_head, be, flash,
-                            None if flash is None else params["c_attn.bias"])
-    out, c_proj = linear.forward(y, scope(params, "c_proj."), be, tp, "rows",
-                                 add_bias=proj_bias)
-    cache.update(c_attn=c_attn, c_proj=c_proj)
-    return out, cache
-
-
-def flash_kernels(be, weight, n_head: int):
-    """The fused kernels where they run the core of an attention whose c_attn has this
-    (shard's) weight and `n_head` (this shard's heads), else None: the NumPy core."""
-    return fused.kernels(be) if fused.attention_takes(be, weight, n_head) else None
-
-
-def core_forward(qkv, n_head: int, be, flash=None, bias=None):
-    """y (B, T, NH·HS) = causal softmax attention of qkv (B, T, 3·NH·HS), heads side by
-    side, and its cache. flash: the fused kernels (`flash_kernels`), None: the NumPy core;
-    bias: c_attn's, for them to add as they read qkv (None: qkv has it)."""
-    if flash is not None:  # no T×T matrix
-        y, core = fused.attention_forward(flash, be, qkv, n_head, bias)
-        return y, {"core": core, "n_head": n_head, "be": be, "kernels": flash}
-    xp = be.xp
+    if fused.attention_takes(be, params["c_attn.weight"], n_head):
+        # The flash kernels: no T×T matrix; c_attn's bias added as they read qkv.
+        qkv, c_attn = linear.forward(x, scope(params, "c_attn."), be, tp, "columns",
+                                     add_bias=False)  # (B, T, 3·NH·HS), ours
+        y, core = fused.attention_forward(fused.kernels(be), be, qkv, n_head,
+                                          params["c_attn.bias"])
+        out, c_proj = linear.forward(y, scope(params, "c_proj."), be, tp, "rows",
+                                     add_bias=proj_bias)
+        return out, {"c_attn": c_attn, "c_proj": c_proj, "core": core, "n_head": n_head,
+                     "be": be, "kernels": fused.kernels(be)}
+    qkv, c_attn = linear.forward(x, scope(params, "c_attn."), be, tp,
+                                 "columns")  # (B, T, 3·NH·HS), ours
     B, T = qkv.shape[:2]  # (under sequence parallelism x held T/tp of each sequence)
-    HS = qkv.shape[-1] // (3 * n_head)
     storage = qkv.dtype
     qkv = qkv.astype(wide(storage), copy=False)  # 16-bit: the core runs in float32
     parts = qkv.reshape(B, T, 3, n_head, HS)
@@ -104,8 +92,11 @@ def core_forward(qkv, n_head: int, be, flash=None, bias=None):
     yh = y.transpose(0, 2, 1, 3)  # (B, NH, T, HS) view
     _core(be, q, k, v, att, yh)
     y = y.reshape(B, T, n_head * HS).astype(storage, copy=False)
-    return y, {"q": q, "k": k, "v": v, "att": att, "n_head": n_head, "scale": scale,
-               "be": be}
+    out, c_proj = linear.forward(y, scope(params, "c_proj."), be, tp, "rows",
+                                 add_bias=proj_bias)
+    cache = {"c_attn": c_attn, "c_proj": c_proj, "q": q, "k": k, "v": v, "att": att,
+             "n_head": n_head, "scale": scale, "be": be}
+    return out, cache
 
 
 def _core(be, q, k, v, att, yh=None):
@@ -157,29 +148,22 @@ def rebuild_core(cache):
 
 
 def backward_input(dout, cache):
-    dy = linear.backward_input(dout, cache["c_proj"])  # (B, T, C)
-    cache["dqkv"] = core_backward(dy, cache)  # what W of c_attn needs
-    return linear.backward_input(cache["dqkv"], cache["c_attn"])
-
-
-def core_backward(dy, cache):
-    """dqkv (B, T, 3·NH·HS) from the core's output gradient dy (B, T, NH·HS) and its
-    cache; on the flash kernels' tensor cores the cache also takes the pieces of c_attn's
-    bias gradient they summed ("bias_sums")."""
     if "core" in cache:  # the device path: the flash kernels (fused.py)
-        dqkv, sums = fused.attention_backward(cache["kernels"], cache["be"], dy,
-                                              cache.pop("core"), cache["n_head"])
+        dy = linear.backward_input(dout, cache["c_proj"])  # (B, T, C)
+        cache["dqkv"], sums = fused.attention_backward(cache["kernels"], cache["be"], dy,
+                                                       cache.pop("core"), cache["n_head"])
         if sums is not None:  # c_attn's bias gradient, summed as the kernels wrote dqkv
             cache["bias_sums"] = sums
-        return dqkv
+        return linear.backward_input(cache["dqkv"], cache["c_attn"])
     q, k, v, att = cache.pop("q"), cache.pop("k"), cache.pop("v"), cache.pop("att")
     be = cache["be"]
     xp = be.xp
     B, NH, T, HS = q.shape
+    dy = linear.backward_input(dout, cache["c_proj"])  # (B, T, C)
     storage = dy.dtype
     dy = dy.astype(att.dtype, copy=False)  # 16-bit: the core runs in float32
     dyh = dy.reshape(B, T, NH, HS).transpose(0, 2, 1, 3)  # (B, NH, T, HS) view
-    dqkv = xp.empty((B, T, 3, NH, HS), dtype=att.dtype)
+    dqkv = xp.empty((B, T, 3, NH, HS), dtype=att.dtype)  # what W of c_attn needs
     dq, dk, dv = (dqkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, NH, T, HS)
     tiles = _tiles(be, T)
     groups = _groups(be, B, NH, tiles, T, att.itemsize)
@@ -211,7 +195,9 @@ def core_backward(dy, cache):
 
     be.for_each(groups, sequences)
     dq *= cache["scale"]  # q was scaled before q k^T; k's gradient used the scaled q
-    return dqkv.reshape(B, T, 3 * NH * HS).astype(storage, copy=False)
+    dqkv = dqkv.reshape(B, T, 3 * NH * HS).astype(storage, copy=False)
+    cache["dqkv"] = dqkv
+    return linear.backward_input(dqkv, cache["c_attn"])
 
 
 def backward_weight(dout, cache, grads, proj_bias=True):

@@ -3,9 +3,9 @@
     x1  = x  + attn(ln_1(x))
     out = x1 + mlp(ln_2(x1))
 
-Shapes: x, x1, out (B, T, C). A pipeline stage boundary may also fall inside a block: a
-stage then runs some of its six operations (ops.py), the whole block's unfused ones
-(model/units.py). Weights: ln_1.*, attn.*,
+Shapes: x, x1, out (B, T, C). A pipeline stage boundary may also fall at the seam, x1:
+`forward_attention` and `forward_mlp` run the two halves on their own (with their B and
+W below), the whole block's unfused operations (model/units.py). Weights: ln_1.*, attn.*,
 ln_2.*, mlp.* (GPT-2 names, without the `h.{l}.` prefix). B stashes the output gradient of
 each sublayer with weight GEMMs, which is what that sublayer's W multiplies with (the
 LayerNorms take their small weight gradients in B).
@@ -80,6 +80,55 @@ def backward(dout, cache, grads):
     dx = backward_input(dout, cache)
     backward_weight(dout, cache, grads)
     return dx
+
+
+# -- the two halves, for a stage boundary at the seam x1 (model/units.py) ------------------
+# The residual adds and attn.c_proj's bias gradient run as the unfused whole block runs them
+# (the fused kernel that adds that bias and x in ln_2, and sums its gradient, needs both
+# halves on one stage).
+
+def forward_attention(x, params, n_head, be=None, tp=None, selective=False, owned=False):
+    """x1 = x + attn(ln_1(x)) and its cache ({"ln_1", "attn"})."""
+    be = backend_for(x, be)
+    a, ln_1 = layernorm.forward(x, scope(params, "ln_1."), be, tp, owned=owned)
+    x1, attn = attention.forward(a, scope(params, "attn."), n_head, be, tp)
+    if selective:
+        attention.drop_core(attn)
+    x1 += x
+    return x1, {"ln_1": ln_1, "attn": attn}
+
+
+def forward_mlp(x1, params, be=None, tp=None, selective=False, owned=False):
+    """out = x1 + mlp(ln_2(x1)) and its cache ({"ln_2", "mlp"})."""
+    be = backend_for(x1, be)
+    b, ln_2 = layernorm.forward(x1, scope(params, "ln_2."), be, tp, owned=owned)
+    out, ff = mlp.forward(b, scope(params, "mlp."), be, tp, recompute_gelu=selective)
+    out += x1
+    return out, {"ln_2": ln_2, "mlp": ff}
+
+
+def backward_input_attention(dx1, cache):
+    da = attention.backward_input(dx1, cache["attn"])
+    dx = layernorm.backward_input(da, cache["ln_1"], dresidual=dx1)
+    cache["d"] = dx1
+    return dx
+
+
+def backward_input_mlp(dout, cache):
+    db = mlp.backward_input(dout, cache["mlp"])
+    dx1 = layernorm.backward_input(db, cache["ln_2"], dresidual=dout)
+    cache["d"] = dout
+    return dx1
+
+
+def backward_weight_attention(cache, grads):
+    attention.backward_weight(cache.pop("d"), cache["attn"], scope(grads, "attn."))
+    layernorm.backward_weight(None, cache["ln_1"], scope(grads, "ln_1."))
+
+
+def backward_weight_mlp(cache, grads):
+    mlp.backward_weight(cache.pop("d"), cache["mlp"], scope(grads, "mlp."))
+    layernorm.backward_weight(None, cache["ln_2"], scope(grads, "ln_2."))
 
 
 def decode(x, params, n_head, keys, values, start, be=None):

@@ -26,8 +26,9 @@ def forward(x, params, be=None, tp=None, split=None, add_bias=True):
     c_fc, the fused residual add after c_proj; with split "rows" after the shards' sum,
     where it would come anyway)."""
     be = backend_for(x, be)
-    # (a stage holding part of a sublayer's width may hold no bias: add_bias=False)
-    weight, bias = params["weight"], params["bias"] if add_bias else None  # (IN, OUT), (OUT,)
+    weight, bias = params["weight"], params["bias"]  # (IN, OUT), (OUT,)
+    if not add_bias:
+        bias = None
     split = split if tp is not None and tp.size > 1 else None
     if split == "columns" and tp.sequence:
         x = tp.gather_sequence(x)  # the whole sequence, which W needs too

@@ -1,4 +1,3 @@
 """Pipeline parallelism: tagged stage-to-stage messages (`p2p`), one rank's op list run as
-computation and messages (`runtime`), the stages a rank holds (`stages`), the tied
-embedding's gradient exchange (`tied`), which blocks each stage holds (`partition`) and the
-schedule a run plans from its config and measured costs (`planning`)."""
+computation and messages (`runtime`), the stages a rank holds (`stages`: those the run's
+plan hands it, hpcpipe/plan) and the tied embedding's gradient exchange (`tied`)."""

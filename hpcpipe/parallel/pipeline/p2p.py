@@ -41,36 +41,21 @@ class BufferPool:
         self._free.append(buffer)
 
 
-class Pair(tuple):
-    """A two-part message as received: (residual, the sublayer's tensor), views of one
-    flat buffer (`buffer`, which `PipeComm.release` takes back)."""
-
-    buffer = None
-
-
 class PipeComm:
     """Non-blocking stage-to-stage messages over the pipeline communicator `pipe`.
 
-    shape, dtype: of every activation and activation gradient (B, T, C). inner: for a
-    stage edge inside a sublayer (layers/ops.py), edge → the shape of the tensor it
-    carries beside the residual (edge s: between model stages s and s + 1); such a
-    message, either way, travels as one flat buffer of both (a `Pair` when received).
+    shape, dtype: of every activation and activation gradient (B, T, C).
     """
 
-    def __init__(self, pipe, transport, shape, dtype, num_microbatches: int, num_stages: int,
-                 inner=None):
+    def __init__(self, pipe, transport, shape, dtype, num_microbatches: int, num_stages: int):
         from mpi4py import MPI
 
         self.MPI, self.pipe, self.transport = MPI, pipe, transport
         self.backend = transport.backend
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-        self.inner = {edge: tuple(shape) for edge, shape in (inner or {}).items()}
         self.m, self.num_stages = num_microbatches, num_stages
         xp = self.backend.xp
         self.device_pool = BufferPool(lambda: xp.empty(self.shape, self.dtype))
-        self._flat_pools = {edge: BufferPool(lambda n=self._flat_size(edge):
-                                             xp.empty((n,), self.dtype))
-                            for edge in self.inner}
         # TAG_UB is cached on COMM_WORLD only: Open MPI 4.1 answers None on a communicator
         # made by Create_cart/Sub/Split (MPICH copies it). The bound holds for every one.
         tag_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
@@ -87,84 +72,45 @@ class PipeComm:
     def _tag(self, direction: str, microbatch: int, stage: int) -> int:
         return (stage * self.m + microbatch) * 2 + (direction == BACKWARD)
 
-    def _edge(self, direction: str, stage: int) -> int:
-        """The stage edge a message for `stage` crosses: the one before it going forward."""
-        return stage - 1 if direction == FORWARD else stage
-
-    def _flat_size(self, edge: int) -> int:
-        return int(np.prod(self.shape)) + int(np.prod(self.inner[edge]))
-
-    def _take(self, edge: int | None):
-        pool = self._flat_pools.get(edge, self.device_pool)
-        return pool.take()
-
-    def _unpack(self, flat, edge: int) -> Pair:
-        n = int(np.prod(self.shape))
-        pair = Pair((flat[:n].reshape(self.shape), flat[n:].reshape(self.inner[edge])))
-        pair.buffer = (flat, edge)
-        return pair
-
     # -- receives ---------------------------------------------------------------------------
     def post_recv(self, direction: str, peer: int, microbatch: int, stage: int):
         """Post the receive of the message for (direction, microbatch, stage) from `peer`;
         returns a handle for `wait_recv`."""
         tag = self._tag(direction, microbatch, stage)
         t = self.transport
-        edge = self._edge(direction, stage)
-        edge = edge if edge in self.inner else None
-        shape = self.shape if edge is None else (self._flat_size(edge),)
-        buffer = t.empty(shape, self.dtype) if t.staged else self._take(edge)
+        buffer = t.empty(self.shape, self.dtype) if t.staged else self.device_pool.take()
         request = self.pipe.Irecv(t.wire(buffer), source=peer, tag=tag)
-        return request, buffer, edge, (direction, peer, microbatch, stage, tag)
+        return request, buffer, (direction, peer, microbatch, stage, tag)
 
     def wait_recv(self, handle):
-        """Block until the message is in; returns it as a device array from the pool, or
-        a `Pair` of views of one (give it back with `release` once nothing references
-        it)."""
-        request, buffer, edge, (direction, peer, microbatch, stage, tag) = handle
+        """Block until the message is in; returns it as a device array from the pool
+        (give it back with `release` once nothing references it)."""
+        request, buffer, (direction, peer, microbatch, stage, tag) = handle
         beacon = self.beacon
         beacon.waiting("recv", (direction, microbatch, stage), (beacon.pipe_rank(peer),), tag)
         request.Wait()
         beacon.done()
         t = self.transport
-        if t.staged:
-            device = t.to_device(buffer, out=self._take(edge))  # pinned host → device
-            t.release(buffer)
-            buffer = device
-        return buffer if edge is None else self._unpack(buffer, edge)
+        if not t.staged:
+            return buffer
+        device = t.to_device(buffer, out=self.device_pool.take())  # pinned host → device
+        t.release(buffer)
+        return device
 
     def release(self, array):
-        if isinstance(array, Pair):
-            flat, edge = array.buffer
-            self._flat_pools[edge].release(flat)
-        else:
-            self.device_pool.release(array)
+        self.device_pool.release(array)
 
     # -- sends ------------------------------------------------------------------------------
     def send(self, direction: str, peer: int, microbatch: int, stage: int, array):
         """Start sending `array` (not modified afterwards by the caller) to `peer`."""
         tag = self._tag(direction, microbatch, stage)
-        edge = self._edge(direction, stage)
-        array = self._pack(array, edge) if isinstance(array, tuple) else array
-        want = (self._flat_size(edge),) if edge in self.inner else self.shape
-        if array.shape != want or array.dtype != self.dtype:
+        if array.shape != self.shape or array.dtype != self.dtype:
             raise CommError(f"message of shape {array.shape} {array.dtype}, expected "
-                            f"{want} {self.dtype}")
+                            f"{self.shape} {self.dtype}")
         buffer = self.transport.outgoing(array)
         request = self.pipe.Isend(self.transport.wire(buffer), dest=peer, tag=tag)
         self._sends.append((request, buffer, (direction, peer, microbatch, stage, tag)))
         self.bytes_sent += int(array.nbytes)
-
-    def _pack(self, pair, edge: int):
-        """A two-part message as one flat array (a fresh one: MPI reads it while the
-        caller goes on)."""
-        residual, inner = pair
-        if edge not in self.inner or residual.shape != self.shape \
-                or inner.shape != self.inner[edge]:
-            raise CommError(f"message of shapes {residual.shape}, {inner.shape} across stage "
-                            f"edge {edge}, expected {self.shape}, {self.inner.get(edge)}")
-        xp = self.backend.xp
-        return xp.concatenate([residual.reshape(-1), inner.reshape(-1)])
 
     def _retire(self, buffer):
         if self.transport.staged:

@@ -1,7 +1,6 @@
 """The stage parameters as a checkpoint part (util/state.py): each pipeline rank's first
 replica writes its stages' parameters whole, one dataset per GPT-2 name in its global
-shape — its tensor shards gathered, a tensor split across stages by width joined on the
-stage with its first part — so that `h5ls -r model-pp000.h5` reads like a GPT-2 state
+shape — its tensor shards gathered — so that `h5ls -r model-pp000.h5` reads like a GPT-2 state
 dict and any layout loads any checkpoint: each rank takes its shard's part of each
 tensor its stages hold."""
 
@@ -10,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from hpcpipe.model.sharding import shard_of
-from hpcpipe.model.stage import cuts
 from hpcpipe.util.state import PIPELINE, Entry, StateError, Stateful
 
 
@@ -56,12 +54,11 @@ def _skip_tied_copy(stage, name: str) -> bool:
 
 def _global_parameters(model, grid) -> list:
     """(name, model stage, global host array) of every parameter this rank's pipeline
-    stages hold — on tensor shard 0, with every shard's part in place (others: []); a
-    tensor split across pipeline stages by width on the stage with its first part."""
+    stages hold — on tensor shard 0, with every shard's part in place (others: [])."""
     out = []
     for chunk, stage in model.in_model_order():
         for name, value in stage.params.items():
-            if _skip_tied_copy(stage, name) or name in stage.parts:
+            if _skip_tied_copy(stage, name):
                 continue
             host = model.backend.to_host(value)
             shard = stage.shards[name]
@@ -75,21 +72,4 @@ def _global_parameters(model, grid) -> list:
                     shard_of(name, shape, grid.tp, r).put(host, part)
             if grid.tp_rank == 0:
                 out.append((name, model.stage_index[chunk], host))
-    return out + _joined_parts(model, grid)
-
-
-def _joined_parts(model, grid) -> list:
-    """`_global_parameters`' entries of the tensors split by width across pipeline stages
-    (model/units.py): every rank's parts gathered over the pipeline, each tensor whole on
-    the rank that holds its first part (it writes it)."""
-    if not any(len(edge) > 2 for edge in cuts(model.specs) or ()):
-        return []  # (every pipeline rank knows: no collective)
-    mine = [(name, model.stage_index[chunk], stage.global_shapes[name],
-             stage.shards[name], model.backend.to_host(stage.params[name]), a == 0)
-            for chunk, stage in model.in_model_order()
-            for name, (a, _, _) in stage.parts.items()]
-    wholes = {}
-    for name, _, shape, shard, host, _ in (p for parts in grid.pipe.allgather(mine)
-                                           for p in parts):
-        shard.put(wholes.setdefault(name, np.empty(shape, host.dtype)), host)
-    return [(name, index, wholes[name]) for name, index, _, _, _, first in mine if first]
+    return out

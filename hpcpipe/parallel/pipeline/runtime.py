@@ -67,7 +67,6 @@ class Runtime:
         self.clock = Clock(p2p.backend)
         self.plan = messages(schedule, rank)
         self.chunks = schedule.chunks
-        self._accounting = True  # (run_step's account_bytes)
 
     def _held(self) -> tuple[float, int]:
         count = sum(len(stage.in_flight) for stage in self.stages.values()) / self.chunks
@@ -85,7 +84,6 @@ class Runtime:
         trace, clock = self.trace, self.clock
         clock.begin()
         result = StepResult(start=trace.now())
-        self._accounting = account_bytes
         flight = _InFlight()
         beacon = self.p2p.beacon
         beacon.posted = flight.posted
@@ -188,8 +186,6 @@ class Runtime:
         if op.kind in (Kind.B, Kind.BW):  # (rebuilt already, if it recomputes: _rebuild)
             out = stage.backward_input(mb, received)
             if op.kind == Kind.BW:
-                if self._accounting:  # B may leave more for W than F kept: its peak
-                    self._account_b_of_bw(op, result)
                 stage.backward_weight(mb, hook)
                 self._release(received, item)
             elif received is not None:
@@ -222,16 +218,6 @@ class Runtime:
             result.stage_bytes[stage] = ((max(after_f, held), after_b, rebuilt)
                                          if op.kind == Kind.F else
                                          (after_f, max(after_b, held), rebuilt))
-
-    def _account_b_of_bw(self, op, result: StepResult):
-        """Within a fused BW, between its B and its W: everything held, and what the
-        microbatch holds after B (a stage ending inside a sublayer keeps the gradient it
-        received there for W, more than F kept: model/memory.py)."""
-        result.peak_bytes = max(result.peak_bytes, self._held()[1])
-        stage = self.schedule.stage_of[(self.rank, op.chunk)]
-        held = self.stages[op.chunk].stash_bytes(op.microbatch)
-        after_f, after_b, rebuilt = result.stage_bytes.get(stage, (0, 0, 0))
-        result.stage_bytes[stage] = (after_f, max(after_b, held), rebuilt)
 
     def _account_rebuilt(self, op, result: StepResult):
         """The peak while a recomputing B runs: everything held, its microbatch rebuilt."""

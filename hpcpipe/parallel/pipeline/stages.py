@@ -1,7 +1,8 @@
 """This rank's share of the pipelined model: its stages, and what crosses them.
 
 A pipeline rank holds one stage per chunk (one for most schedules, two for ZB-V and
-interleaved 1F1B), placed by the schedule's map from (rank, chunk) to model stage. Across
+interleaved 1F1B), placed by the schedule's map from (rank, chunk) to model stage: the
+plan's (hpcpipe/plan), whose layout and recomputation say what each stage holds. Across
 the stages travel the activations and their gradients (the runtime's messages), the tied
 embedding's gradient (tied.py) and the loss, which only the last stage computes.
 """
@@ -11,35 +12,26 @@ from __future__ import annotations
 import numpy as np
 
 from hpcpipe.model import param_layout
-from hpcpipe.model.layers import ops
-from hpcpipe.parallel.pipeline.partition import partition
-from hpcpipe.parallel.pipeline.planning import across_widths, stage_costs
 from hpcpipe.parallel.pipeline.tied import TiedEmbedding
 from hpcpipe.parallel.tensor import TensorParallel
 
 
 class RankModel:
-    """The stages of pipeline rank `grid.pp_rank` under the placement of `schedule`."""
+    """The stages of pipeline rank `grid.pp_rank` under `plan` (a plan.Plan: its schedule's
+    placement, its layout's StageSpecs, its recomputation per model stage)."""
 
-    def __init__(self, cfg, grid, backend, schedule, transport, costs=None):
+    def __init__(self, cfg, grid, backend, plan, transport):
         self.grid, self.backend = grid, backend
         self.beacon = transport.beacon  # (what the loss's collectives say they wait on)
         self.config = cfg.model  # the GPT's shape
-        train = cfg.train
+        train, schedule = cfg.train, plan.schedule
         self.tp = TensorParallel(grid.tensor, transport, cfg.parallel.sequence_parallel) \
             if grid.tp > 1 else None
-        # What the blocks are balanced by: the run's device's costs (planning.stage_costs),
-        # kept for the log's measured balance after profiling.
-        self.costs = stage_costs(cfg) if costs is None else costs
-        self.specs = partition(self.config, schedule.num_stages,
-                               cfg.parallel.layers_per_stage or None, costs=self.costs,
-                               schedule=schedule, widths=across_widths(cfg))
-        self.stage_index = {chunk: schedule.stage_of[(grid.pp_rank, chunk)]
-                            for chunk in range(schedule.chunks)}
-        recompute = cfg.recompute_for(schedule.num_stages)  # per model stage
+        self.specs = plan.specs
+        self.stage_index = plan.stages_of(grid.pp_rank)
         self.stages = {chunk: self.specs[index].build(self.config, dtype=train.dtype,
                                                       seed=train.seed, be=backend, tp=self.tp,
-                                                      recompute=recompute[index])
+                                                      recompute=plan.recompute[index])
                        for chunk, index in self.stage_index.items()}
         self.owner = {stage: schedule.rank_chunk_of(stage)[0]
                       for stage in range(schedule.num_stages)}
@@ -50,16 +42,6 @@ class RankModel:
         self.tied = TiedEmbedding(self.stages, grid.ends, self.embedding_rank, self.head_rank,
                                   transport)
         self.order = {name: i for i, (name, _) in enumerate(param_layout(self.config))}
-
-    def inner_messages(self, batch: int) -> dict:
-        """Stage edge s (between stages s and s + 1) → the shape of the sublayer's tensor
-        its messages carry beside the residual, for edges inside a sublayer (layers/
-        ops.py): the whole sequence, this shard's width."""
-        shards = self.tp.size if self.tp is not None else 1
-        C, T = self.config.n_embd, self.config.block_size
-        widths = {s: ops.carried(spec.tail, C) for s, spec in enumerate(self.specs)
-                  if spec.tail is not None}
-        return {s: (batch, T, width // shards) for s, width in widths.items() if width}
 
     @property
     def head_stage(self):
@@ -86,17 +68,13 @@ class RankModel:
                     total += int(view.size)
         return total
 
-    def use_recompute(self, plan):
-        """Recompute `plan[stage]` on each model stage from the next step on (between steps
-        no stash is held, so nothing built under the old choice is left): a choice for
-        every microbatch ("selective"), or (choice, the microbatches that take it) for a
-        per-microbatch plan."""
+    def use_recompute(self, recompute):
+        """Recompute as `recompute` (the plan's StageRecompute per model stage) says from the
+        next step on (between steps no stash is held, so nothing built under the old
+        choice is left)."""
         for chunk, stage in self.stages.items():
             assert not stage.in_flight, "recomputation changes only between steps"
-            choice = plan[self.stage_index[chunk]]
-            mode, only = (choice, None) if isinstance(choice, str) else choice
-            stage.recompute = mode
-            stage.recompute_microbatches = None if only is None else frozenset(only)
+            stage.recompute = recompute[self.stage_index[chunk]]
 
     def zero_grad(self):
         for stage in self.stages.values():

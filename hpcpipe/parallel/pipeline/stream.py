@@ -40,7 +40,6 @@ class StreamRuntime(Runtime):
         self.stages, self.versions, self.p2p, self.trace = stages, versions, p2p, trace
         self.clock = Clock(p2p.backend)
         self.chunks = 1
-        self._accounting = True  # (bytes within a BW too, as Runtime counts them)
         self.window = stream.steps * stream.per_step
         self._periods = stream.periods(rank)
         self._drains = self._drain_templates()

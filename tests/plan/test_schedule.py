@@ -4,7 +4,7 @@ the cost model auto is rebuilt from once F, B, W and the rebuilds are measured."
 import pytest
 
 from hpcpipe import config
-from hpcpipe.parallel.pipeline.planning import (
+from hpcpipe.plan.schedule import (
     describe_limit,
     memory_limit,
     profiled_costs,
@@ -52,15 +52,10 @@ def test_the_measured_rebuild_is_the_recompute_time():
     assert (first.keep, first.time) == (0.3, 0.25) and not second.recomputes
 
 
-def test_what_w_holds_past_what_f_kept_is_bs_peak():
-    """A B can leave more for W than F kept (on the fused kernels in 16-bit; a stage that
-    ends inside a sublayer keeps the gradient it receives there): M_B is then what B
-    leaves, F keeping a part of it — two levels, as under recomputation, with no time to
-    rebuild — not a refusal of the run."""
+def test_what_w_holds_past_what_f_kept_counts_from_f_on():
+    """On the fused kernels a B can add more for W (its output gradients, 16-bit) than F
+    kept; the cost model then counts W's bytes from F on (a little high, never low), not a
+    refusal of the run."""
     costs = stage_memory({0: (1000, 1500), 1: (1000, 400)}, 2, True)
     assert list(costs.memw) == [1500.0, 400.0] and list(costs.memory) == [1500.0, 1000.0]
-    held = costs.recompute[0]
-    assert abs(held.keep - 1000 / 1500) < 1e-12 and held.time == 0.0
-    assert costs.recompute[1].keep == 1.0
-
-
+    assert not any(r.recomputes for r in costs.recompute)  # (nothing recomputes here)

@@ -1,6 +1,7 @@
-"""The memory plan before launch (train/memplan.py, `python -m hpcpipe plan`, `train
+"""The plan's memory before launch (plan/memory.py, `python -m hpcpipe plan`, `train
 --dry-run`): the peaks it plans are the ones a run measures, and a run that cannot fit is
-refused before any work with the smallest change that would."""
+refused before any work with the smallest change that would; its balance line; auto's
+recomputation chosen with the schedule (plan/recompute.py)."""
 
 import json
 
@@ -11,7 +12,11 @@ from harness.mpirun import run
 from hpcpipe import config
 from hpcpipe.cli.plan import run as plan_cli
 from hpcpipe.device.budget import BudgetError
-from hpcpipe.train import memplan
+from hpcpipe.plan import build
+from hpcpipe.plan import memory as plan_memory
+from hpcpipe.plan import recompute as recomputation
+from hpcpipe.plan.balance import describe_balance, partition
+from hpcpipe.schedules.recompute import Mode
 from hpcpipe.util.errors import ConfigError, HpcpipeError
 
 TINY = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
@@ -49,9 +54,19 @@ def tiny(*extra):
     return config.load("inputs/tiny.toml", [*TINY, *extra])
 
 
+def ranks(cfg):
+    """The plan's memory per pipeline rank."""
+    return build(cfg).ranks
+
+
+def choices(cfg, specs):
+    return recomputation.choices(cfg, specs, lambda mode: plan_memory.stage_memories(cfg, specs,
+                                                                                 mode))
+
+
 def test_recompute_lowers_the_planned_peak_and_the_total_adds_up():
-    plain = memplan.plan(tiny('parallel.schedule="1f1b"'))
-    full = memplan.plan(tiny('parallel.schedule="1f1b"', 'train.recompute="full"'))
+    plain = ranks(tiny('parallel.schedule="1f1b"'))
+    full = ranks(tiny('parallel.schedule="1f1b"', 'train.recompute="full"'))
     # 1F1B's first rank holds two microbatches, of which full recomputation keeps only
     # the inputs; its last rank holds one, rebuilt whole while its B runs: no saving there.
     assert full[0].peak_activation_bytes < plain[0].peak_activation_bytes / 1.9
@@ -63,13 +78,13 @@ def test_recompute_lowers_the_planned_peak_and_the_total_adds_up():
 def test_the_smallest_change_that_fits_is_named():
     """More recomputation first; where no recomputation fits, the next kind of change."""
     cfg = tiny('parallel.schedule="zb-h2"')
-    selective = memplan.needed(memplan.plan(tiny('parallel.schedule="zb-h2"',
+    selective = plan_memory.needed(ranks(tiny('parallel.schedule="zb-h2"',
                                                  'train.recompute="selective"')), 2)
-    assert memplan.smallest_change(cfg, selective, 2) == "--set train.recompute=selective"
-    full = memplan.needed(memplan.plan(tiny('parallel.schedule="zb-h2"',
+    assert plan_memory.smallest_change(cfg, selective, 2) == "--set train.recompute=selective"
+    full = plan_memory.needed(ranks(tiny('parallel.schedule="zb-h2"',
                                             'train.recompute="full"')), 2)
-    assert memplan.smallest_change(cfg, full, 2) == "--set train.recompute=full"
-    assert not memplan.smallest_change(cfg, full - 1, 2).startswith("--set train.recompute")
+    assert plan_memory.smallest_change(cfg, full, 2) == "--set train.recompute=full"
+    assert not plan_memory.smallest_change(cfg, full - 1, 2).startswith("--set train.recompute")
 
 
 def test_a_run_that_cannot_fit_is_refused_with_a_change(tmp_path):
@@ -127,14 +142,12 @@ def test_a_gpu_run_planned_on_a_login_node_is_planned_for_its_gpu(monkeypatch):
     lines = []
     plan_cli("inputs/tiny.toml", gpu, out=lines.append)
     assert "GPU memory: no GPU here" in lines[0] and "checked at launch" in lines[-1]
-    assert "above the mean (NVIDIA H200 modelled costs)" in lines[0]  # (model/costs.py)
-    # (one split for both: the unfused path's costs, its embedding's above all, split
-    # the blocks otherwise)
-    cfg = config.load("inputs/tiny.toml", [*gpu, "parallel.layers_per_stage=[2, 2]"])
-    kernels = [p.peak_activation_bytes for p in memplan.plan(cfg)]
+    assert "above the mean (H100 datasheet rates" in lines[0]  # (model/costs.py)
+    cfg = config.load("inputs/tiny.toml", gpu)
+    kernels = [p.peak_activation_bytes for p in ranks(cfg)]
     monkeypatch.setenv("HPCPIPE_FUSED", "0")  # the NumPy passes' caches: a T × T matrix more
     assert all(k < n for k, n in zip(kernels, [p.peak_activation_bytes
-                                               for p in memplan.plan(cfg)]))
+                                               for p in ranks(cfg)]))
     monkeypatch.delenv("HPCPIPE_FUSED")
     plan_cli("inputs/tiny.toml", gpu, out=lines.append, gpu_memory=80)
     assert "GPU memory: 80.00 GiB a rank" in lines[-2] and lines[-1] == "fits."
@@ -146,51 +159,37 @@ def test_a_gpu_run_planned_on_a_login_node_is_planned_for_its_gpu(monkeypatch):
 
 
 def test_the_plan_says_what_balances_the_stages_better():
-    """Past 5 % above the mean the balance line names what does better: the balanced split
-    for counts given by hand, else the depths whose splits are more even (medium at pp 4:
-    six blocks on four stages, 1.5 each at blocks' seams and an edge moved after a c_fc,
-    10.1 %; 32 % in whole blocks)."""
+    """Past 5 % above the mean the balance line names what does better: the balanced layout
+    for one given by hand, else the depths whose layouts are more even (medium at pp 4:
+    six blocks on four stages as 1.5 each, cut at blocks' seams, 11.3 %; 32 % in whole
+    blocks)."""
     medium = ["model.n_layer=6", "model.n_embd=384", "model.n_head=6", "model.block_size=256"]
-    line = memplan.balance(config.load("inputs/tiny.toml", [*medium, "parallel.pp=4"]))
-    assert line.startswith("blocks per model stage [1.5, 1.5, 1.6667, 1.3333]: the slowest "
-                           "stage 10.1%")
-    assert "more evenly at pp 2 0.9%, pp 3 1.8%, pp 5 10.0%, pp 6 4.6%" in line
-    # ... and stage edges across a sublayer's width, where the run does not ask for them
-    assert "; parallel.split_widths = true gives [1.60417, 1.39583, 1.625, 1.375], 0.9% " \
-           "(edges across sublayers' widths: the numbers then other layouts' to " \
-           "round-off, not bitwise)" in line
-    line = memplan.balance(config.load("inputs/tiny.toml", [
-        *medium, "parallel.pp=4", "parallel.split_widths=true"]))
-    assert line == ("blocks per model stage [1.60417, 1.39583, 1.625, 1.375]: the slowest "
-                    "stage 0.9% above the mean (analytic costs)")
-    line = memplan.balance(config.load("inputs/tiny.toml", [
-        *medium, "parallel.pp=4", "parallel.layers_per_stage=[1, 2, 2, 1]"]))
-    assert line.endswith('parallel.layers_per_stage = "auto" gives [1.5, 1.5, 1.6667, '
-                         '1.3333], 10.1%')
-    line = memplan.balance(config.load("inputs/tiny.toml", ["parallel.pp=2",
-                                                            "parallel.layers_per_stage=[3, 1]"]))
-    assert line.endswith('parallel.layers_per_stage = "auto" gives [2, 2], 3.6%')
-    line = memplan.balance(config.load("inputs/tiny.toml", ["parallel.pp=2"]))
+
+    def lines(*sets):
+        cfg = config.load("inputs/tiny.toml", list(sets))
+        plan = build(cfg)
+        return plan.describe_layout(), describe_balance(cfg, plan)
+
+    layout, line = lines(*medium, "parallel.pp=4")
+    assert layout == 'layout "E t t.attn | .mlp t | t t.attn | .mlp t L"'
+    assert line.startswith("balance: the slowest stage 11.3% above the mean")
+    assert "more evenly at pp 2 0.9%, pp 3 1.8%, pp 6 4.6%" in line
+    layout, line = lines(*medium, "parallel.pp=4", 'parallel.layout="E t | t t | t t | t L"')
+    assert layout == 'layout "E t | t t | t t | t L" (given)'
+    assert line.endswith('parallel.layout = "auto" gives "E t t.attn | .mlp t | t t.attn | '
+                         '.mlp t L", 11.3%')
+    _, line = lines("parallel.pp=2", 'parallel.layout="Ettt|tL"')
+    assert line.endswith('parallel.layout = "auto" gives "E t t | t t L", 3.6%')
+    _, line = lines("parallel.pp=2")
     assert line.endswith("3.6% above the mean (analytic costs)")  # nothing to suggest
-    # A V: ranks, and what the per-stage split would cost (partition.for_placement)
-    line = memplan.balance(config.load("inputs/tiny.toml", [
-        *medium, "parallel.pp=4", 'parallel.schedule="zb-v"', "parallel.microbatches=8"]))
-    assert line.startswith("blocks per model stage [0.6667, 0.8333, 0.6667, 0.8333, 0.8333, "
-                           "0.6667, 0.6667, 0.8333]: the slowest rank (2 stages each) 2.8% "
-                           "above the mean")
-    line = memplan.balance(config.load("inputs/tiny.toml", [
-        "parallel.pp=4", 'parallel.schedule="zb-v"', "parallel.microbatches=8"]))
-    assert line.startswith("blocks per model stage [0.5, 0.5, 0.5, 0.1667, 0.8333, 0.5, 0.5, "
-                           "0.5]: the slowest rank (2 stages each) 11.7% above the mean")
-    assert "the per-stage split [0.5, 0.5, 0.6667, 0.5, 0.6667, 0.6667, 0.3333, 0.1667] " \
-           "would simulate a step 5.4% longer" in line
-    assert "split_widths" not in line  # (no shorter step that way: partition)
-    # ... and for a V, what edges across widths would give (medium under V-Min)
-    line = memplan.balance(config.load("inputs/tiny.toml", [
-        *medium, "parallel.pp=4", 'parallel.schedule="v-min"', "parallel.microbatches=8"]))
-    assert "7.6% above the mean" in line and "; parallel.split_widths = true gives " \
-        "[0.833333, 0.854167, 0.833333, 0.979167, 0.4375, 0.8125, 0.583333, 0.666667], " \
-        "2.6%, a step 2.6% shorter (edges across" in line
+    # A V: ranks, and what the per-stage layout would cost (balance.for_placement)
+    layout, line = lines(*medium, "parallel.pp=4", 'parallel.schedule="zb-v"',
+                         "parallel.microbatches=8")
+    assert layout == ('layout "E t.attn | .mlp t.attn | .mlp t.attn | .mlp | t | t.attn | '
+                      '.mlp | t L", model stages in order on ranks 0 1 2 3 3 2 1 0')
+    assert line.startswith("balance: the slowest rank (2 stages each) 7.6% above the mean")
+    assert ('the per-stage layout "E t.attn | .mlp t.attn | .mlp t.attn | .mlp t.attn | .mlp '
+            't.attn | .mlp | t.attn | .mlp L" would simulate a step 18.5% longer') in line
 
 
 def test_the_pareto_front_trades_bubble_for_memory():
@@ -216,7 +215,7 @@ def test_auto_chooses_recomputation_with_its_schedule(tmp_path, stdlib_tokens):
     # whether the stage with more then recomputes turns on the measured times)
     small = ["model.n_embd=32", "model.n_head=2", "model.block_size=32",
              "train.micro_batch_size=2", "parallel.pp=2", "parallel.microbatches=4",
-             "parallel.layers_per_stage=[2, 2]"]
+             'parallel.layout="E t t | t t L"']
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
                 str(tmp_path / "run"), *sets(*small, *devices.train_sets()[1::2],
                                              'parallel.schedule="auto"', "train.steps=4",
@@ -253,7 +252,7 @@ def test_the_certified_search_chooses_recomputation_per_microbatch(tmp_path, std
     # whether the stage with more then recomputes turns on the measured times)
     small = ["model.n_embd=32", "model.n_head=2", "model.block_size=32",
              "train.micro_batch_size=2", "parallel.pp=2", "parallel.microbatches=4",
-             "parallel.layers_per_stage=[2, 2]"]
+             'parallel.layout="E t t | t t L"']
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
                 str(tmp_path / "run"), *sets(*small, *devices.train_sets()[1::2],
                                              'parallel.schedule="auto"', "train.steps=4",
@@ -285,7 +284,6 @@ def test_the_certified_search_chooses_recomputation_per_microbatch(tmp_path, std
 
 def test_certified_per_microbatch_fits_and_is_no_slower_than_per_stage():
     pytest.importorskip("ortools", reason="the certified search needs the test extra (ortools)")
-    from hpcpipe.parallel.pipeline.partition import partition
     from hpcpipe.schedules import Costs, peak_activations, simulate
     from hpcpipe.schedules.recompute import PerMicrobatch
 
@@ -293,21 +291,21 @@ def test_certified_per_microbatch_fits_and_is_no_slower_than_per_stage():
                "parallel.memory_limit=1.5", "parallel.exact_seconds=10")
     specs = partition(cfg.model, 2)
     costs = Costs(f=1.0, b=1.0, w=1.0, memory=[1.0, 1.0], memw=[0.5, 0.5])
-    schedule, planned, plan, verdict = memplan.certified(cfg, costs, specs, workers=2)
-    assert isinstance(planned.recompute, PerMicrobatch) and len(plan) == 2
+    schedule, planned, chosen, verdict = recomputation.certified(cfg, costs,
+                                                                 choices(cfg, specs), 2)
+    assert isinstance(planned.recompute, PerMicrobatch) and len(chosen) == 2
     assert max(peak_activations(schedule, planned)) <= 1.5 + 1e-9
-    per_stage = memplan.auto_recompute(cfg, costs, specs)
+    per_stage = recomputation.auto(cfg, costs, choices(cfg, specs))
     assert (simulate(schedule, planned).makespan
             <= simulate(per_stage[0], per_stage[1]).makespan + 1e-9)
     assert verdict.lower_bound <= simulate(schedule, planned).makespan + 1e-9
-    assert memplan.describe_plan(plan).count("/") == 1
+    assert any(r.only for r in chosen) and "/".join(map(str, chosen)).count("/") == 1
 
 
 def test_the_certified_search_leaves_half_its_time_to_polishing(monkeypatch):
     """pp 4 in a V at 1F1B's memory is not proven in two seconds: the search takes half of
     parallel.exact_seconds, the polish what is left, and the schedule it returns fits."""
     pytest.importorskip("ortools", reason="the certified search needs the test extra (ortools)")
-    from hpcpipe.parallel.pipeline.partition import partition
     from hpcpipe.schedules import Costs, peak_activations, simulate
     from hpcpipe.schedules import polish as polishing
 
@@ -321,9 +319,8 @@ def test_the_certified_search_leaves_half_its_time_to_polishing(monkeypatch):
     cfg = tiny('parallel.schedule="auto"', "parallel.pp=4", "parallel.chunks=2",
                "parallel.microbatches=8", "parallel.memory_limit=4", "parallel.exact_seconds=4",
                "model.n_layer=8")
-    specs = partition(cfg.model, 8)
     costs = Costs(29.718, 29.444, 19.927, comm=0.527, memw=0.43)
-    schedule, planned, _, verdict = memplan.certified(cfg, costs, specs, workers=2)
+    schedule, planned, _, verdict = recomputation.certified(cfg, costs, (), 2)
     # (what is left after auto's own search and the runs: less on a busy machine)
     assert calls and calls[0][0] is False and calls[0][1] <= 2.5
     assert max(peak_activations(schedule, planned)) <= 4 + 1e-9
@@ -349,19 +346,18 @@ def test_the_certified_search_is_refused_up_front(monkeypatch):
 def test_auto_recompute_is_never_worse_and_fits():
     """Equal costs, a byte limit of 0.8 × 1F1B's peak: the plan it returns fits the limit
     and simulates no slower than auto without recomputation."""
-    from hpcpipe.parallel.pipeline.partition import partition
     from hpcpipe.schedules import Costs, generate, peak_activations, simulate
 
     cfg = tiny('parallel.schedule="auto"')
     specs = partition(cfg.model, 2)
-    memory = memplan.stage_memories(cfg, specs)
+    memory = plan_memory.stage_memories(cfg, specs, Mode.NONE)
     costs = Costs(f=1.0, b=1.0, w=1.0, memory=[float(m.full) for m in memory],
                   memw=[float(m.after_b) for m in memory])
     limit = int(0.8 * max(peak_activations(generate("1f1b", 2, 4), costs)))
     cfg = tiny('parallel.schedule="auto"', 'train.recompute="auto"',
                f'parallel.memory_limit="{limit}B"')
-    schedule, planned, plan = memplan.auto_recompute(cfg, costs, specs)
-    assert all(c in ("none", "selective", "full") for c in plan) and len(plan) == 2
+    schedule, planned, chosen = recomputation.auto(cfg, costs, choices(cfg, specs))
+    assert len(chosen) == 2 and all(r.only is None for r in chosen)
     assert max(peak_activations(schedule, planned)) <= limit
     plain = generate("auto", 2, 4, costs=costs, memory_limit=limit, objective="makespan")
     assert simulate(schedule, planned).makespan <= simulate(plain, costs).makespan + 1e-9
@@ -379,14 +375,15 @@ def test_the_plan_shows_what_each_zero_stage_holds_between_steps():
     as well (bfloat16: 18, 6 + 12/d, 2 + 16/d, 18/d bytes per parameter, the head's share
     of d(wte) aside); the plan prints each for the config's dp."""
     cfg = tiny('parallel.dp=4', 'train.dtype="bfloat16"', 'parallel.zero=1')
-    plans = memplan.plan(cfg)
-    between = memplan.between_steps(cfg, plans[0])
+    plan = build(cfg)
+    plans = plan.ranks
+    between = plan_memory.between_steps(cfg, plans[0])
     count = plans[0].parameters // 2
     assert between[3] == (2 + 4 + 12) * count // 4
     assert between[2] == 2 * count + (4 + 12) * count // 4
     assert between[1] == plans[0].parameters + plans[0].gradients + 12 * count // 4
     assert between[0] == plans[0].parameters + plans[0].gradients + 12 * count
-    text = memplan.describe(cfg, plans, None, 1)
+    text = plan_memory.describe(cfg, plan, None, 1)
     assert "ZeRO-1 " in text and "(this config)" in text and "ZeRO-3 " in text
 
 
@@ -395,20 +392,21 @@ def test_the_plan_counts_powersgds_error_feedback():
     replica whatever the ZeRO stage, and Q (twice: the live one and the first) beside it."""
     plain = tiny('parallel.dp=2', 'parallel.zero=3')
     psgd = tiny('parallel.dp=2', 'parallel.zero=3', 'parallel.grad_compression="powersgd"')
-    a, b = memplan.plan(plain)[0], memplan.plan(psgd)[0]
+    a, b = ranks(plain)[0], ranks(psgd)[0]
     assert a.compression == 0 < b.compression and b.total_bytes == a.total_bytes + b.compression
     C = plain.model.n_embd
     block = C * 3 * C + C * C + 2 * C * 4 * C  # c_attn, c_proj, c_fc, mlp.c_proj
     assert b.compression >= 4 * block * plain.model.n_layer // 2  # rank 0 of pp 2
-    assert memplan.between_steps(psgd, b)[3] == memplan.between_steps(plain, a)[3] + b.compression
-    assert "PowerSGD's E and Q" in memplan.describe(psgd, memplan.plan(psgd), None, 1)
+    assert plan_memory.between_steps(psgd, b)[3] \
+        == plan_memory.between_steps(plain, a)[3] + b.compression
+    assert "PowerSGD's E and Q" in plan_memory.describe(psgd, build(psgd), None, 1)
 
 
 def test_post_validation_doubles_powersgds_state_in_the_plan():
     """A step post-validation redoes starts again from a copy of E and Q."""
     on = ['parallel.dp=2', 'parallel.grad_compression="powersgd"']
-    once = memplan.plan(tiny(*on))[0].compression
-    assert memplan.plan(tiny(*on, "train.post_validation=true"))[0].compression == 2 * once
+    once = ranks(tiny(*on))[0].compression
+    assert ranks(tiny(*on, "train.post_validation=true"))[0].compression == 2 * once
 
 
 def test_the_plan_refuses_a_launch_train_refuses_with_trains_words(tmp_path, stdlib_tokens):
@@ -430,15 +428,15 @@ def test_a_byte_limit_above_what_auto_can_need_is_no_tighter_than_needed(limit):
     its own (the plan took auto to fill the whole limit); the plan holds auto to the most
     any schedule holds, every microbatch of every chunk, as if no limit were given."""
     auto = [*TINY, 'parallel.schedule="auto"', 'train.device="cpu"']
-    free = memplan.plan(config.load("inputs/tiny.toml", [*auto, "parallel.memory_limit=1e9"]))
-    given = memplan.plan(config.load("inputs/tiny.toml",
-                                     [*auto, f'parallel.memory_limit="{limit}"']))
+    free = ranks(config.load("inputs/tiny.toml", [*auto, "parallel.memory_limit=1e9"]))
+    given = ranks(config.load("inputs/tiny.toml",
+                              [*auto, f'parallel.memory_limit="{limit}"']))
     assert [p.peak_activation_bytes for p in given] == [p.peak_activation_bytes for p in free]
     lines = []
     assert plan_cli("inputs/tiny.toml", [*auto, f'parallel.memory_limit="{limit}"'],
                     out=lines.append) == 0 and lines[-1] == "fits."
-    tight = memplan.plan(config.load("inputs/tiny.toml",
-                                     [*auto, 'parallel.memory_limit="0.4MiB"']))
+    tight = ranks(config.load("inputs/tiny.toml",
+                              [*auto, 'parallel.memory_limit="0.4MiB"']))
     assert max(p.peak_activation_bytes for p in tight) < max(
         p.peak_activation_bytes for p in given)
 
@@ -472,7 +470,7 @@ def test_a_run_that_ends_before_auto_chose_says_so(tmp_path, stdlib_tokens):
                        'train.device="cpu"', "train.trace_steps=0",
                        f'data.path="{stdlib_tokens}"')]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["recompute"] == memplan.AUTO_PENDING
+    assert summary["recompute"] == recomputation.AUTO_PENDING
 
 
 def test_the_plan_folds_its_prose_lines_and_keeps_its_table_rows_whole():

@@ -1,5 +1,6 @@
-"""Planning a run's pipeline schedule: the config's schedule, auto's memory limit, and
-the cost model auto is rebuilt from once F, B, W and message times have been measured.
+"""A run's pipeline schedule: the config's kind (auto's profiling one until costs are
+measured), auto's memory limit, and the cost model auto is rebuilt from once F, B, W and
+message times have been measured.
 
 Used by training and by `bench pipeline` alike, so both plan the same schedule from the
 same measurements."""
@@ -8,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcpipe.device.backend import runs_kernels, runs_on_gpu
-from hpcpipe.model.costs import StageCosts, analytic, on_gpu
-from hpcpipe.schedules import Costs, ScheduleError, asynchronous, generate, peak_activations
+from hpcpipe.schedules import Costs, ScheduleError, from_costs, generate, peak_activations
+from hpcpipe.schedules import chunks as chunks_of
+from hpcpipe.schedules.kinds import profiled_on
 from hpcpipe.schedules.recompute import NONE, Recompute
 from hpcpipe.util import timeline
 from hpcpipe.util.errors import ConfigError
@@ -33,49 +34,22 @@ def describe_limit(cfg) -> str:
     return f"{limit / 2**30:.2f} GiB" if limit >= 2**30 else f"{limit / 2**20:.1f} MiB"
 
 
-def across_widths(cfg) -> bool:
-    """Whether the balanced split may put stage edges across a sublayer's width
-    (parallel/pipeline/partition.py): where parallel.split_widths asks for it (the
-    numbers are then other layouts' to round-off, not bitwise; config.py refuses it
-    under tensor parallelism, which splits the widths itself, and Muon, which
-    orthogonalizes whole matrices)."""
-    return bool(cfg.parallel.split_widths) and cfg.parallel.tp == 1
-
-
-def stage_costs(cfg) -> StageCosts:
-    """What the run's stages are balanced by (model/costs.py): on a GPU — train.device
-    "gpu", or "auto" where there is one — its code path counted for the run's microbatch
-    and dtype and priced at the H200's stated rates (the only GPU the model knows; the
-    ratios between parts are what a split uses); else the CPU's analytic estimate."""
-    device = cfg.train.device
-    if runs_on_gpu(device):
-        return on_gpu(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype,
-                      fused=runs_kernels(device))
-    return analytic(cfg.model)
-
-
 def build_schedule(cfg, costs: Costs | None = None):
     """The config's schedule for pp ranks and `microbatches` microbatches. "auto" needs
     measured costs: until it has them, it runs ZB-H1 (ZB-V for a V: parallel.chunks = 2),
-    whose split B/W gives every cost on the model stages auto will place."""
+    whose split B/W gives every cost on the model stages auto will place. PipeDream-2BW's
+    is its checked stream (the runtime cuts it into steps)."""
     parallel = cfg.parallel
-    kind = parallel.schedule
-    if kind == asynchronous.KIND:  # the checked stream; the runtime cuts it into steps
-        try:
-            stream = asynchronous.pipedream_2bw(parallel.pp, parallel.microbatches)
-            asynchronous.check_stream(stream)  # m ≥ pp − 1, said in one message
-            return stream.schedule
-        except ScheduleError as e:
-            raise ConfigError(cfg.source, "parallel.schedule", kind, str(e)) from None
-    if kind == "auto" and costs is None:
-        kind = "zb-v" if cfg.chunks == 2 else "zb-h1"
+    kind, chunks = parallel.schedule, chunks_of(parallel.schedule, parallel.chunks)
+    measured = from_costs(kind) and costs is not None
     try:
         # A step lasts about the schedule's makespan, not its longest per-rank span:
         # without post-validation every step ends in a synchronisation (the global norm,
         # then the optimizer); with it, the tied embedding's gradient sum still ties the
         # first stage's next step to the last stage (measured: steps barely overlap).
-        return generate(kind, parallel.pp, parallel.microbatches, v=cfg.chunks, costs=costs,
-                        memory_limit=memory_limit(cfg)[0] if kind == "auto" else None,
+        return generate(kind if measured else profiled_on(kind, parallel.chunks),
+                        parallel.pp, parallel.microbatches, v=chunks, costs=costs,
+                        memory_limit=memory_limit(cfg)[0] if measured else None,
                         objective="makespan")
     except ScheduleError as e:
         raise ConfigError(cfg.source, "parallel.schedule", parallel.schedule,
@@ -122,12 +96,10 @@ def stage_memory(held: dict, ranks: int, in_bytes: bool, rebuild: dict | None = 
     full = [float(held[s][2] if len(held[s]) > 2 and held[s][2] else held[s][0])
             for s in stages]
     after_b = [float(held[s][1] or full[s]) for s in stages]
-    # Where a B leaves more for W than F kept (`held_from_f`), B's peak is what it leaves,
-    # and F keeps a part of that: the same two levels as a recomputing stage's.
-    full = held_from_f(full, after_b)
     keep = [Recompute(f"measured {held[s][0] / full[s]:.3f}", keep=held[s][0] / full[s],
                       time=rebuild.get(s, 0.0))
             if held[s][0] < full[s] else NONE for s in stages]
+    full = held_from_f(full, after_b)
     if in_bytes:
         return Costs(memory=full, memw=after_b, recompute=keep)
     share = ranks / len(held)
@@ -137,10 +109,10 @@ def stage_memory(held: dict, ranks: int, in_bytes: bool, rebuild: dict | None = 
 
 def held_from_f(full, after_b) -> list[float]:
     """M_B as the cost model takes it, from each stage's bytes after F (`full`) and after B
-    (`after_b`, M_W). A B may add more for W than F kept (on the fused kernels in 16-bit,
-    or with microbatches of a few dozen tokens; a stage that ends inside a sublayer keeps
-    the gradient it receives there): B's peak is then after it, and M_B that (F keeping
-    a part of it, as under recomputation)."""
+    (`after_b`, M_W). On the fused kernels a B may add more for W than F kept (16-bit, or
+    microbatches of a few dozen tokens), where the schedulers take it that only an F
+    raises a rank's memory: M_B counts then what W will hold, from F on — high by that
+    margin, never low."""
     return [float(max(f, b)) for f, b in zip(full, after_b)]
 
 

@@ -50,7 +50,8 @@ def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | Non
     elif kind in V_KINDS:
         if v not in (None, 2):
             raise ScheduleError(f"{kind} has exactly 2 chunks per rank, in a V (got v={v})")
-        schedule = _V[kind](p, m)
+        # ZB-V, V-Half and V-Min weigh orders built for the costs (see each).
+        schedule = _V[kind](p, m) if kind == "dualpipev" else _V[kind](p, m, costs)
     elif kind == "auto":
         return auto(p, m, costs, memory_limit, objective, chunks=v)
     else:

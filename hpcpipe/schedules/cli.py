@@ -240,6 +240,12 @@ def _build(args: argparse.Namespace):
                         args.objective, _chunks(args), _recompute_choices(args))
         args.cost = found.costs  # the plan the schedule was chosen under: simulate with it
         return found.schedule, None, found
+    if args.kind == "auto":  # (with the contender that won: a seed or a builder's)
+        from .auto import best_contender, make_search
+        best = best_contender(make_search(args.stages, args.microbatches, args.cost,
+                                          args.memory_limit, args.objective, _chunks(args)))
+        args.auto_label = best.label
+        return best.schedule.with_kind("auto"), None, None
     return generate(args.kind, args.stages, args.microbatches, _chunks(args), args.cost,
                     args.memory_limit, args.objective), None, None
 
@@ -340,8 +346,11 @@ def run(args: argparse.Namespace) -> int:
         bound, optimal = _bound(result, verdict, args.objective)
         if args.save_csv:
             write_csv(schedule, args.save_csv)
+        label = found.label if found is not None else getattr(args, "auto_label", None)
         if args.json:
             summary = {**result.summary(), "lower_bound": round(bound, 9), "optimal": optimal}
+            if label is not None:  # which contender won: "seed v-half", "rounds(...)", ...
+                summary["auto_chose"] = label
             if verdict is not None:
                 summary["exact"] = verdict.summary()
                 summary.update(_plan_json(args.cost))
@@ -360,6 +369,8 @@ def run(args: argparse.Namespace) -> int:
             print(report(result))
             what = "longest span" if args.objective == "span" else "makespan"
             print(f"lower bound on the {what}: {bound:g} ({'optimal' if optimal else 'not proven optimal'})")
+            if label is not None and found is None:
+                print(f"auto chose {label}")
             if found is not None:
                 print(pareto_text(found))
             if verdict is not None:

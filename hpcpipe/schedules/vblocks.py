@@ -26,14 +26,15 @@ Per block the schedule is built in slots (every op one slot; `Grid`):
             raising the peak (`Grid.fill`)
   W's       each W then takes the chunk of the oldest B still waiting for one
 
-and the orders are weighed under the real costs by the simulator (`best_schedule`).
+The table of blocks each p needs (vblock_table.py) comes from `shortlist`: of the blocks
+that fit the family's memory, those whose order at m = 2p is the shortest, and of those the
+fewest that are the quickest on every representative cost row at m = 2p, 3p, 4p, 8p.
+controllable.py weighs their orders under the real costs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
-
 from .ops import Kind, Op, Schedule, make_schedule, v_placement
 
 PERIOD = 6
@@ -113,20 +114,6 @@ def family(p: int) -> dict[tuple, Block]:
                     shape = tuple(tuple(t - at[0][F0] for t in row) for row in at)
                     found.setdefault(shape, block)
     return found
-
-
-def steady_peak(at: list[list[int]]) -> int:
-    """The most chunk-microbatches a rank holds once every lane runs (microbatch 0's slots
-    `at`): per slot of a period, the F's begun less the W's done. Where microbatches are
-    many, no rank holds more at any time (fewer while the lanes start and end)."""
-    best = 0
-    for row in at:
-        late = max(row)
-        for t in range(late, late + PERIOD):
-            held = sum((t - row[lane]) // PERIOD for lane in (F0, F1)) - \
-                sum((t - row[lane]) // PERIOD for lane in (W1, W0))
-            best = max(best, held)
-    return best
 
 
 def _dependency(p: int, r: int, code: int) -> tuple[int, int] | None:

@@ -19,8 +19,9 @@ out). Under a memory limit (ZB-V's own peak: p stage-microbatches):
   drain     the W's left
 
 Each build is repeated with the idle time the last one gave each rank allowed to it (a
-rank with less may wait more before a W), while the worst idle time falls; of the four
-settings of `fill_b` and `fill_f` the one with the least worst idle time wins.
+rank with less may wait more before a W), while the worst idle time falls; every build of the
+four settings of `fill_b` and `fill_f` is offered (`orders`), the caller weighing them
+under the costs (generators.zb_v).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections import deque
 
 from .ops import Kind, Op, Schedule, ScheduleError, make_schedule, v_placement
 
-F0, F1, B1, B0, W = range(5)
+F0, F1, B1, B0 = range(4)  # lanes (W's: each rank's queue, `Builder.waiting`)
 INF_BUDGET = 1 << 62
 
 
@@ -50,11 +51,11 @@ class Builder:
         self.fill_b, self.fill_f = fill_b, fill_f
         self.allowed = allowed
         self.most_allowed = max(allowed) if allowed else -1.0
-        self.count = [[0] * 5 for _ in range(p)]
+        self.count = [[0] * 4 for _ in range(p)]
         self.clock, self.held = [0.0] * p, [0.0] * p
         self.idle = [0.0] * p
         self.end = [[[-1.0] * m for _ in range(4)] for _ in range(p)]
-        self.waiting = [deque() for _ in range(p)]  # (chunk, microbatch) of B's without W
+        self.waiting = [deque() for _ in range(p)]  # chunk of each B still without its W
         self.ops: list[list[Op]] = [[] for _ in range(p)]
         # One Op per (kind, chunk, microbatch), shared: ops are values.
         self.op = {(kind, chunk): [Op(kind, x, chunk) for x in range(m)]
@@ -198,7 +199,7 @@ class Builder:
         for r in range(self.p):
             while self.waiting[r]:
                 self.place_w(r)
-        if any(c[:4] != [self.m] * 4 for c in self.count):
+        if any(c != [self.m] * 4 for c in self.count):
             raise Stuck("ops left over")
         return self
 

@@ -2,14 +2,12 @@
 family's memory, the table current, and never slower than the family's own squeezed
 order."""
 
-import random
-
 import pytest
 
 from hpcpipe.schedules import Costs, check, generate, peak_activations, simulate
 from hpcpipe.schedules.controllable import family_limit, squeezed
 from hpcpipe.schedules.vblock_table import SHORTLIST
-from hpcpipe.schedules.vblocks import Block, Grid, build, family, shortlist, steady_peak
+from hpcpipe.schedules.vblocks import Block, build, shortlist
 
 COSTS = [Costs(1, 1, 1), Costs(18.522, 18.086, 9.337, comm=0.601), Costs(1, 2, 0.5, comm=0.3),
          Costs(2, 1, 1, comm=0.05, memw=0.4)]
@@ -45,11 +43,3 @@ def test_never_slower_nor_fuller_than_the_squeezed_order(kind, costs):
         check(chosen)
         assert max(peak_activations(chosen)) <= max(peak_activations(own))
         assert simulate(chosen, costs).longest_span <= simulate(own, costs).longest_span + 1e-9
-
-
-def test_steady_peak_bounds_every_count():
-    rng = random.Random(0)
-    blocks = list(family(5).items())
-    for shape, _ in rng.sample(blocks, 40):
-        at = [list(row) for row in shape]
-        assert Grid.repeat(at, 6).peak() <= steady_peak(at) == Grid.repeat(at, 40).peak()

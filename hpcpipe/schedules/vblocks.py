@@ -335,11 +335,27 @@ class Grid:
     def fill(self) -> None:
         """Slot by slot, rank by rank: an idle slot takes the first later op of each lane
         (nearest first) whose input is already in an earlier slot -- a forward only where
+        it keeps the rank at or below the peak (`Fill`)."""
+        Fill(self).run()
+
+    def schedule(self, kind: str) -> Schedule:
+        return schedule_of(kind, self.order(), self.m)
+
+
+class Fill:
+    """`Grid.fill`'s one pass over a grid's slots."""
+
+    def __init__(self, grid: Grid):
+        self.grid = grid
+
+    def run(self) -> None:
+        """Slot by slot, rank by rank: an idle slot takes the first later op of each lane
+        (nearest first) whose input is already in an earlier slot -- a forward only where
         it keeps the rank at or below the peak."""
-        p, peak = self.p, self.peak()
-        length = len(self.rows[0])
+        p, peak = self.grid.p, self.grid.peak()
+        length = len(self.grid.rows[0])
         last = [[-1] * PERIOD for _ in range(p)]
-        for r, row in enumerate(self.rows):
+        for r, row in enumerate(self.grid.rows):
             for j, code in enumerate(row):
                 if code != EMPTY:
                     last[r][code % PERIOD] = j
@@ -347,7 +363,7 @@ class Grid:
         where = [[[] for _ in range(PERIOD)] for _ in range(p)]  # lane -> slot of each op
         held = [0] * p
         for j in range(length):
-            for r, row in enumerate(self.rows):
+            for r, row in enumerate(self.grid.rows):
                 code = row[j]
                 if code == EMPTY:
                     code = self._pull(r, j, last[r], count, where, held[r], peak)
@@ -360,10 +376,10 @@ class Grid:
 
     def _pull(self, r: int, j: int, last: list[int], count, where, held: int,
               peak: int) -> int | None:
-        """The op that moves into rank r's idle slot j (see `fill`), moved; or None. Only
+        """The op that moves into rank r's idle slot j (see `run`), moved; or None. Only
         the first later op of each lane may move, so a lane whose next op is not ready is
         passed over from the start (the scan ends once every ready lane has been seen)."""
-        row = self.rows[r]
+        row = self.grid.rows[r]
         ready = {lane for lane in range(PERIOD)
                  if last[lane] > j and self._ready(r, j, lane, count[r][lane], count, where)}
         change = top = 0
@@ -388,57 +404,56 @@ class Grid:
     def _ready(self, r: int, j: int, lane: int, x: int, count, where) -> bool:
         """Whether op x of `lane` could run on rank r in slot j: its input in an earlier
         slot (on the neighbour along the V, or its own rank's op before it)."""
-        p = self.p
+        p = self.grid.p
         if lane in (F0, B1) and r > 0 or lane in (F1, B0) and r < p - 1:
             other = where[r - 1 if lane in (F0, B1) else r + 1][lane]
             return x < len(other) and other[x] < j
         before = {B1: F1, F1: F0, B0: B1, W1: B1, W0: B0}.get(lane)
         return before is None or count[r][before] > x
 
-    def weights_in_order(self) -> None:
-        """Each W takes the chunk of the oldest B still waiting for its W."""
-        for row in self.rows:
-            waiting: list[int] = []
-            seen = {W1: 0, W0: 0}
-            for j, code in enumerate(row):
-                if code == EMPTY:
-                    continue
-                lane = code % PERIOD
-                if lane in (B1, B0):
-                    waiting.append(W1 if lane == B1 else W0)
-                elif lane in (W1, W0):
-                    lane = waiting.pop(0)
-                    row[j] = seen[lane] * PERIOD + lane
-                    seen[lane] += 1
 
-    def sound(self) -> bool:
-        """Every op once, and every op after its input: on its rank, or on the neighbour
-        along the V in an earlier slot."""
-        p, m = self.p, self.m
-        slot = [[-1] * (PERIOD * m) for _ in range(p)]
-        for r, row in enumerate(self.rows):
-            for j, code in enumerate(row):
-                if code != EMPTY:
-                    if code >= PERIOD * m or slot[r][code] >= 0:
-                        return False
-                    slot[r][code] = j
-        for r in range(p):
-            for x in range(m):
-                at = [slot[r][x * PERIOD + lane] for lane in range(PERIOD)]
-                if min(at) < 0 or at[W1] <= at[B1] or at[W0] <= at[B0]:
+def weights_in_order(grid: Grid) -> None:
+    """Each W takes the chunk of the oldest B still waiting for its W."""
+    for row in grid.rows:
+        waiting: list[int] = []
+        seen = {W1: 0, W0: 0}
+        for j, code in enumerate(row):
+            if code == EMPTY:
+                continue
+            lane = code % PERIOD
+            if lane in (B1, B0):
+                waiting.append(W1 if lane == B1 else W0)
+            elif lane in (W1, W0):
+                lane = waiting.pop(0)
+                row[j] = seen[lane] * PERIOD + lane
+                seen[lane] += 1
+
+
+def sound(grid: Grid) -> bool:
+    """Every op once, and every op after its input: on its rank, or on the neighbour
+    along the V in an earlier slot."""
+    p, m = grid.p, grid.m
+    slot = [[-1] * (PERIOD * m) for _ in range(p)]
+    for r, row in enumerate(grid.rows):
+        for j, code in enumerate(row):
+            if code != EMPTY:
+                if code >= PERIOD * m or slot[r][code] >= 0:
                     return False
-                own = {F1: F0, B1: F1, B0: B1}
-                for lane in (F0, F1, B1, B0):
-                    dep = _dependency(p, r, x * PERIOD + lane)
-                    if dep is not None:
-                        if slot[dep[0]][dep[1]] >= at[lane]:
-                            return False
-                    elif lane in own and at[own[lane]] >= at[lane]:
+                slot[r][code] = j
+    for r in range(p):
+        for x in range(m):
+            at = [slot[r][x * PERIOD + lane] for lane in range(PERIOD)]
+            if min(at) < 0 or at[W1] <= at[B1] or at[W0] <= at[B0]:
+                return False
+            own = {F1: F0, B1: F1, B0: B1}
+            for lane in (F0, F1, B1, B0):
+                dep = _dependency(p, r, x * PERIOD + lane)
+                if dep is not None:
+                    if slot[dep[0]][dep[1]] >= at[lane]:
                         return False
-        return True
-
-    def schedule(self, kind: str) -> Schedule:
-        return schedule_of(kind, self.order(), self.m)
+                elif lane in own and at[own[lane]] >= at[lane]:
+                    return False
+    return True
 
 
 def schedule_of(kind: str, order: list[list[int]], m: int) -> Schedule:
@@ -472,8 +487,8 @@ def build(block: Block, p: int, m: int, limit: int) -> Grid | None:
     if not grid.cool_down() or not grid.compact():
         return None
     grid.fill()
-    grid.weights_in_order()
-    if grid.peak() > ceiling or not grid.sound():
+    weights_in_order(grid)
+    if grid.peak() > ceiling or not sound(grid):
         return None
     return grid
 

@@ -30,10 +30,12 @@ activation memory per rank (microbatches held between F and W, a chunk counting 
 
 Kinds: gpipe, 1f1b (PipeDream-flush), interleaved-1f1b (--chunks V, m a multiple of p),
 zb-h1 and zb-h2 (zero-bubble, handcrafted), zb-v (2 chunks in a V), v-half and v-min (V's at
-about 1/2 and 1/3 of 1F1B's activations), dualpipev (DeepSeek's, 2 chunks in a V), auto (the
+about 1/2 and 1/3 of 1F1B's activations; these three ordered for --cost, as their authors
+build them), dualpipev (DeepSeek's, 2 chunks in a V), auto (the
 zero-bubble scheduler under --memory-limit, default 2p as in training; 1 or 2 chunks per rank,
-or --chunks to fix it; --recompute lets it recompute activations per stage, --pareto prints
-the bubble-against-memory front it saw). --exact adds the certified search (needs OR-Tools,
+or --chunks to fix it; every fixed kind that fits competes, so it is never slower than one;
+it says which contender won; --recompute lets it recompute activations per stage, --pareto
+prints the bubble-against-memory front it saw). --exact adds the certified search (needs OR-Tools,
 the `exact` extra):
 the best schedule it finds, a proven lower bound and whether the schedule meets it.
 

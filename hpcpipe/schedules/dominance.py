@@ -2,7 +2,9 @@
 memory limit, objective, placement) cases, each asking that auto's schedule be valid,
 within the limit, and no slower -- its longest span, or its makespan under the makespan
 objective -- than any fixed kind of an allowed placement whose peak fits the limit, every
-one replayed under the same costs (recomputation included, as auto counts it).
+one replayed under the same costs (recomputation included, as auto counts it; one in 25 of
+the cases let auto place recomputation itself, as `--recompute selective` does, its
+schedule then timed with the plan it chose).
 
     python -m hpcpipe.schedules.dominance --cases 1000                 # what the test runs
     python -m hpcpipe.schedules.dominance --cases 3000 --largest 8x32  # make bench's sweep
@@ -37,6 +39,7 @@ class Case:
     limit: float
     objective: str
     chunks: int | None  # as `generate("auto", v=...)`: None one chunk, 2 a V, 0 auto's choice
+    recompute: tuple = ()  # choices `explore` may place (auto with --recompute); () plain auto
 
     def rivals(self) -> list[str]:
         """The fixed kinds auto must not lose to: those of the placements it may take."""
@@ -78,21 +81,21 @@ def draw(rng: random.Random, largest_p: int, largest_m: int) -> Case:
                   memw=rng.choice([None, None, 0.5, 0.37]),
                   recompute=rng.choice([PRESETS["none"]] * 4 + list(RECOMPUTE)))
     limit = round(rng.uniform(1.0, 2.5 * p), 1)
-    return Case(p, m, costs, limit, rng.choice(["span", "span", "makespan"]), chunks)
+    choices = (RECOMPUTE[0],) if rng.random() < 0.04 and not costs.recomputes() else ()
+    return Case(p, m, costs, limit, rng.choice(["span", "span", "makespan"]), chunks, choices)
 
 
 def verdict(case: Case) -> list[str]:
     """What is wrong with auto on `case` (nothing: an empty list); a case where nothing
     fits the limit (auto says so) is no failure."""
     try:
-        schedule = generate("auto", case.p, case.m, v=case.chunks, costs=case.costs,
-                            memory_limit=case.limit, objective=case.objective)
+        schedule, costs = auto_for(case)
     except ScheduleError as e:
         if "nothing fits" in str(e) or "below one microbatch" in str(e):
             return []
         return [f"{case}: auto raised {e}"]
     check(schedule)
-    mine = simulate(schedule, case.costs)
+    mine = simulate(schedule, costs)  # (with the recompute plan auto chose, if any)
     wrong = []
     if max(mine.peak_activations) > case.limit + 1e-9:
         wrong.append(f"{case}: auto's peak {max(mine.peak_activations):g} over the limit")
@@ -104,6 +107,18 @@ def verdict(case: Case) -> list[str]:
         if case.value(mine) > theirs + 1e-9 * max(1.0, theirs):
             wrong.append(f"{case}: auto {case.value(mine):.6g} > {kind} {theirs:.6g}")
     return wrong
+
+
+def auto_for(case: Case):
+    """auto's schedule for `case` and the costs it runs under: `generate`'s, or with
+    recompute choices `explore`'s (the plan it chose in the costs)."""
+    if not case.recompute:
+        return generate("auto", case.p, case.m, v=case.chunks, costs=case.costs,
+                        memory_limit=case.limit, objective=case.objective), case.costs
+    from .auto import explore
+    found = explore(case.p, case.m, case.costs, case.limit, case.objective, case.chunks,
+                    case.recompute)
+    return found.schedule, found.costs
 
 
 def sweep(cases: int, seed: int = 0, largest_p: int = 4, largest_m: int = 8) -> list[str]:

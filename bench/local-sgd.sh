@@ -6,8 +6,8 @@
 # (runs/localsgd-h8, -h4, -h1: where the gap to synchronous dp comes from); then the three
 # with Muon (bench/results/local-sgd-muon.png); then local SGD at H 16 with the inner
 # optimizer's moments averaged at every outer step (runs/localsgd-h16-moments*). The
-# README's "Asynchronous training" figures come from here. Measurements, not tests: run it
-# on an otherwise idle machine.
+# figures of docs/measurements/2026-12-04-asynchronous.md come from here. Measurements, not
+# tests: run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 launch=(mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml

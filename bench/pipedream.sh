@@ -7,7 +7,7 @@
 # Writes runs/1f1b-pp2, runs/2bw-pp2, runs/2bw-secant-pp2, runs/1f1b-muon-pp2,
 # runs/2bw-muon-pp2, runs/2bw-muon-extrapolate-pp2 and runs/2bw-extrapolate-pp2, and
 # overlays their curves in bench/results/pipedream.png (AdamW) and pipedream-muon.png.
-# The README's "asynchronous pipeline" figures come from here. Measurements, not tests:
+# The asynchronous pipeline's figures (docs/measurements/2026-12-04-asynchronous.md) come from here. Measurements, not tests:
 # run it on an otherwise idle machine (about 15 minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."

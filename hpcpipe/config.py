@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import math
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ import numpy as np
 from hpcpipe.device.backend import DEVICES
 from hpcpipe.device.dtypes import DTYPES
 from hpcpipe.model import GPTConfig
+from hpcpipe.model.layout import ARCHS, family_problem
 from hpcpipe.model.sharding import check_divisible
 from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.parallel.gradsync import COMM_DTYPES
@@ -47,6 +49,7 @@ from hpcpipe.util.schema import parse_bytes  # noqa: F401 (re-exported)
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text; anything bigger is not one
 INT_RANGE = (-2**63, 2**63 - 1)  # every integer is used as an int64 somewhere
+MAX_TIMEOUT_S = 1e7  # parallel.timeout: past 115 days a wait is not a timeout any more
 MAX_BUCKET_MB = float(1 << 20)  # 1 TiB: buckets past the model's size change nothing
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 AUTO_DP = "auto"  # parallel.dp's other spelling of 0: the launch decides
@@ -186,6 +189,10 @@ class ParallelSection:
     exact_seconds: float = 0.0
     rank_order: str = "pp-inner"  # or "dp-inner" (see hpcpipe/parallel/grid.py)
     gpu_aware_mpi: str | bool = "auto"  # hand device buffers to MPI: "auto", true or false
+    # seconds a rank may wait on one message or collective: past it every rank prints the
+    # op it is in and the messages it waits for, and the job ends (docs/guides/hangs.md);
+    # 0: off (SIGUSR2 prints the same at any time)
+    timeout: float = 600.0
     bucket_mb: float = 25.0  # gradient all-reduce bucket size, MiB (PyTorch DDP's default)
     # -- ZeRO (issue 29) --------------------------------------------------------------
     # 1: optimizer state (and 16-bit master weights) sharded over the dp replicas;
@@ -408,6 +415,9 @@ def _check_model(source, model: dict):
     _require(source, "model.n_embd", n_embd, n_embd % n_head == 0,
              f"must be divisible by model.n_head = {n_head} (each head gets n_embd/n_head "
              f"channels); e.g. {n_head * max(1, round(n_embd / n_head))}")
+    problem = family_problem(types.SimpleNamespace(**model))
+    if problem is not None:
+        raise ConfigError(source, f"model.{problem[0]}", problem[1], problem[2])
 
 
 def _check_train(source, train: TrainSection):
@@ -621,6 +631,9 @@ def _check_parallel(source, parallel: ParallelSection):
     _require(source, "parallel.gpu_aware_mpi", parallel.gpu_aware_mpi,
              isinstance(parallel.gpu_aware_mpi, bool) or parallel.gpu_aware_mpi == "auto",
              'allowed: "auto", true, false')
+    _require(source, "parallel.timeout", parallel.timeout,
+             0 <= parallel.timeout <= MAX_TIMEOUT_S,
+             f"must be seconds from 0 (off) to {MAX_TIMEOUT_S:g}")
 
 
 def _check_exact(source, parallel: ParallelSection):
@@ -758,6 +771,18 @@ def validate(cfg: Config) -> Config:
     _check_compression(source, cfg)
     if cfg.parallel.dp == AUTO_DP:
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=0))
+    return cfg
+
+
+def require_gpt2_stages(cfg: Config) -> Config:
+    """`cfg`, whose model the pipeline's stages can run: those (train, plan, the benchmarks
+    that build them) compute GPT-2's layers, so a Llama is refused here with one message
+    rather than run as a GPT-2 of its shape. (A Llama runs in one process meanwhile —
+    hpcpipe.Llama — and imports, exports and generates.)"""
+    _require(cfg.source, "model.arch", cfg.model.arch, cfg.model.arch == "gpt2",
+             "the pipeline's stages (train, plan, bench) run GPT-2 only so far; a Llama "
+             "runs in one process through hpcpipe.Llama, and ckpt import-hf / import-gguf "
+             "/ export and generate take it (docs/guides/llama.md)")
     return cfg
 
 

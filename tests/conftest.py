@@ -162,4 +162,9 @@ def site_venv(tmp_path_factory):
                           capture_output=True, text=True, timeout=900)
     assert make.returncode == 0, make.stdout[-3000:] + make.stderr[-3000:]
     assert "libmpi.so.40" in make.stdout, make.stdout
+    # What `make install` builds holds what training imports and nothing more (no PyTorch,
+    # no test tools): a venv of about 150 MB, where the test extras make one of 1.8 GB.
+    megabytes = int(subprocess.run(["du", "-sm", str(venv)], capture_output=True, text=True,
+                                   check=True).stdout.split()[0])
+    assert megabytes < 300 and " on disk: " in make.stdout, make.stdout
     return venv

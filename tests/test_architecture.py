@@ -17,7 +17,7 @@ PACKAGE = os.path.join(ROOT, "hpcpipe")
 TESTS = os.path.join(ROOT, "tests")
 # Folders of tests/ that are not a subpackage's: the harness, the MPI worker bodies, the
 # job scripts' tests (jobs/ is not Python) and the hostile-input suites that cross all.
-NOT_SUBPACKAGES = {"harness", "mpi", "jobs", "reliability", "__pycache__"}
+NOT_SUBPACKAGES = {"harness", "mpi", "jobs", "reliability", "docs", "__pycache__"}
 
 
 def modules():

@@ -106,6 +106,29 @@ def test_heads_must_divide_channels(tmp_path):
     assert path in msg and "model.n_embd = 130" in msg and "divisible by model.n_head = 4" in msg
 
 
+@pytest.mark.parametrize("text, words", [
+    ('arch = "bert"', ["model.arch = 'bert'", "allowed: gpt2, llama"]),
+    ("n_kv_head = 2", ["model.n_kv_head = 2", 'belongs to model.arch = "llama"']),
+    ("tie_word_embeddings = false", ["model.tie_word_embeddings = False", "GPT-2 takes true"]),
+    ('arch = "llama"\nn_kv_head = 3', ["model.n_kv_head = 3", "must divide model.n_head = 4"]),
+    ('arch = "llama"\nn_head = 8\nn_embd = 24', ["model.n_head = 8", "heads of 3 channels"]),
+    ('arch = "llama"\nrope_theta = 0', ["model.rope_theta = 0", "positive number"]),
+])
+def test_the_family_keys_are_checked_naming_the_key(tmp_path, text, words):
+    path, msg = error_of(tmp_path, f"[model]\n{text}\n")
+    assert path in msg and all(w in msg for w in words), msg
+
+
+def test_a_llama_config_loads_and_writes_back(tmp_path):
+    cfg = config.from_dict({"model": {"arch": "llama", "n_kv_head": 2, "rope_theta": 100000,
+                                      "intermediate_size": 320,
+                                      "tie_word_embeddings": False}})
+    assert cfg.model.kv_heads == 2 and cfg.model.rope_theta == 100000.0
+    path = tmp_path / "again.toml"
+    path.write_text(cfg.to_toml())
+    assert config.load(str(path)).model == cfg.model
+
+
 def test_non_positive_value(tmp_path):
     _, msg = error_of(tmp_path, "[train]\nsteps = 0\n")
     assert "train.steps = 0" in msg and "at least 1" in msg

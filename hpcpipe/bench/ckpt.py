@@ -10,6 +10,8 @@ import tempfile
 import time
 
 from hpcpipe import checkpoint as ckpt
+
+from hpcpipe.train import checkpoints
 from hpcpipe import config
 from hpcpipe.device import backend
 from hpcpipe.device.budget import check_run
@@ -50,7 +52,8 @@ def run_ckpt(args) -> int:
         claim_file(args.json, args.force, "--json", make_folder=True)
     if args.dir is not None:  # a run directory's own checkpoints/latest would be replaced
         claim_folder(args.dir, is_ours=lambda path: False, flag="--dir")
-    cfg = config.for_world(config.load(args.config, args.overrides), world.size)
+    cfg = config.for_world(config.require_gpt2_stages(config.load(args.config, args.overrides)),
+                           world.size)
     parallel, train = cfg.parallel, cfg.train
     grid = gridlib.build(world, parallel.dp, parallel.pp, parallel.rank_order, source=cfg.source)
     be = backend.select(train.device, grid.local_rank)
@@ -63,7 +66,7 @@ def run_ckpt(args) -> int:
     folder = args.dir or (tempfile.mkdtemp(prefix="hpcpipe-bench-ckpt-") if world.rank == 0
                           else None)
     folder = world.bcast(folder, root=0)
-    saved = ckpt.save(rank, cfg, 1, folder, {"bench": True}, keep=1)
+    saved = checkpoints.save(rank, cfg, 1, folder, {"bench": True}, keep=1)
     verify_s = 0.0
     if world.rank == 0:
         tick = time.perf_counter()
@@ -73,7 +76,7 @@ def run_ckpt(args) -> int:
     manifest = world.bcast(ckpt.read_manifest(saved.path) if world.rank == 0 else None, root=0)
     world.Barrier()
     tick = time.perf_counter()
-    ckpt.load(rank, cfg, saved.path, manifest)
+    checkpoints.load(rank, cfg, saved.path, manifest)
     world.Barrier()
     load_s = time.perf_counter() - tick
     if world.rank == 0:

@@ -13,7 +13,7 @@ import time
 
 from hpcpipe import config
 from hpcpipe.device import backend
-from hpcpipe.model import GPT
+from hpcpipe.model import family
 from hpcpipe.model.sampler import Sampler
 from hpcpipe.util.arguments import integer
 from hpcpipe.util.files import claim_file
@@ -66,7 +66,7 @@ def run_generate(args) -> int:
     be = backend.select(cfg.train.device, 0)
     require_model(cfg.model, 1, cfg.train.dtype, be, f"bench generate: {args.config}",
                   optimizer=False)  # as `generate` checks a checkpoint's model
-    model = GPT(cfg.model, dtype=cfg.train.dtype, be=be)
+    model = family.model_class(cfg.model)(cfg.model, dtype=cfg.train.dtype, be=be)  # either
     sampler = Sampler(model, be, temperature=0.8, top_k=0, seed=0)
     rates = tokens_per_second(sampler, args.tokens, args.repeats)
     best = max(rates)

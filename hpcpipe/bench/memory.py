@@ -4,7 +4,7 @@ analytic M_B and M_W in the simulator), side by side; and the Pareto front of bu
 against peak memory that the auto scheduler sees with recomputation as a choice.
 
 Memory needs no core per rank, so pp 4 on 2 cores is fine here (timings are not taken).
-The README's Pareto picture needs no MPI at all (the front is analytic):
+The documentation's Pareto picture (docs/guides/memory.md) needs no MPI at all (the front is analytic):
 
     python -m hpcpipe.bench.memory --pareto docs/pareto-memory-pp2.png
 """
@@ -128,7 +128,7 @@ def plot_front(fronts: dict, path: str):
     plt.close(fig)
 
 
-# The README's two models (its memory table's shapes): name -> layers, n_embd, heads, block.
+# The documentation's two models (its memory tables' shapes): name -> layers, n_embd, heads, block.
 README_MODELS = {"tiny": (4, 128, 4, 128), "medium": (6, 384, 6, 256)}
 
 
@@ -143,7 +143,7 @@ def front_config(layers: int, embd: int, heads: int, block: int, pp: int, m: int
 
 
 def main(argv=None) -> int:
-    """Draw the README's Pareto picture: both models at pp 2, 4 microbatches."""
+    """Draw the documentation's Pareto picture: both models at pp 2, 4 microbatches."""
     parser = argparse.ArgumentParser(prog="python -m hpcpipe.bench.memory",
                                      description=main.__doc__)
     parser.add_argument("--pareto", metavar="PNG", required=True, help="the picture to write")

@@ -53,7 +53,7 @@ from .common import require_model, write_json
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
 # gpt2 is GPT-2 124M's shape, for GPUs (batch 16 × 1024 is what PyTorch's figures in
-# the README use).
+# the GPU measurements use).
 CONFIGS = {
     "tiny": GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=128),
     "medium": GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=6, n_embd=384),

@@ -2,9 +2,13 @@
 
 Owns: writing (`save`), finding and checking (`verify`), loading (`load`), whole models
 in and out (`weights`, `safetensors`), the manifest (`manifest`), `latest` and rotation
-(`retention`), and how arrays sit in the HDF5 files (`hdf5`). May import: `parallel`
-(for nothing but types it is handed), `optim`, `model`, `device`, `util`; never `config`
-(a config arrives as an object).
+(`retention`), how a part's state sits in its files (`parts`) and how arrays sit in the
+HDF5 files (`hdf5`). It never reaches into a rank: it is handed the rank's stateful
+parts (util/state.py: the parameters, the optimizer shards, PowerSGD's state, the outer
+loop's, the asynchronous pipeline's weight versions — each a class beside its own code)
+and their layout, and writes and reads what they say they hold. May import: `model` (for
+the shape of a tensor's parts), `device`, `util`; never `config` (a config arrives as an
+object).
 
 Layout of one checkpoint (h5py is serial HDF5, so ranks write their own files):
 
@@ -14,10 +18,19 @@ Layout of one checkpoint (h5py is serial HDF5, so ranks write their own files):
             model-pp000.h5            parameters of pipeline rank 0's stages, written by its
             model-pp001.h5            first replica, under GPT-2's names and global shapes
             optim-r00000.h5           optimizer state this rank holds (all of a stage's, or
-                                      with ZeRO-1 its shard), in segments of flattened tensors
-            manifest.json             written last, by rank 0: step, config, layout, run, and
-                                      per file its size and SHA-256; no manifest, no checkpoint
+                                      with ZeRO its shard), in segments of flattened tensors
+            local-r00000.h5, powersgd-r00000.h5, versions-pp000.h5
+                                      the other parts a run has, one file per rank or per
+                                      pipeline rank
+            manifest.json             written last, by rank 0: step, config, layout, run, the
+                                      files of each part, and per file its size and SHA-256;
+                                      no manifest, no checkpoint
             manifest.sha256           the manifest's own SHA-256 (see manifest.py)
+
+Every file records its part, step and rank (parts.py), so a file copied in from another
+step or swapped between ranks is refused by name, and state the manifest says the run had
+and that is missing is refused. Checkpoints written before those records (format 2) still
+load: their files are taken on their manifest's word, as they were when written.
 
 Every file goes through a temporary name → flush → fsync → rename → fsync of the folder
 (files.write_atomic), and a checkpoint is assembled in a hidden temporary folder that is renamed into place
@@ -37,6 +50,7 @@ data sampling and initialisation are counter-based, keyed by (seed, step, sample
 from hpcpipe.checkpoint.hdf5 import sha256
 from hpcpipe.checkpoint.load import load
 from hpcpipe.checkpoint.manifest import FORMAT_VERSION, MANIFEST, CheckpointError
+from hpcpipe.checkpoint.manifest import model_shape as manifest_shape
 from hpcpipe.checkpoint.manifest import read as read_manifest
 from hpcpipe.checkpoint.retention import (
            LATEST,
@@ -53,9 +67,16 @@ from hpcpipe.checkpoint.verify import (
            resolve,
            verify,
 )
-from hpcpipe.checkpoint.weights import read_weights, write_weights
+from hpcpipe.checkpoint.weights import (
+           TOKENIZER,
+           load_model,
+           read_weights,
+           tokenizer_file,
+           write_weights,
+)
 
 __all__ = ["CheckpointError", "FORMAT_VERSION", "LATEST", "MANIFEST", "Saved", "check_model",
            "find_usable", "is_checkpoint", "latest", "list_checkpoints", "load", "new_run_id",
            "read_manifest", "read_weights", "resolve", "root_of", "save", "sha256",
-           "step_name", "verify", "write_weights"]
+           "step_name", "verify", "write_weights", "TOKENIZER", "load_model",
+           "tokenizer_file", "manifest_shape"]

@@ -15,36 +15,13 @@ import os
 import numpy as np
 
 from hpcpipe.checkpoint.manifest import CheckpointError
-from hpcpipe.model.sharding import part_of, shard_of
+from hpcpipe.model.sharding import piece_shard
 from hpcpipe.util.files import open_regular
 
-OPTIM_KINDS = ("exp_avg", "exp_avg_sq", "master")
 
 
 # What h5py raises on files it cannot make sense of (besides OSError for damaged chunks).
 H5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError)
-
-
-def part_record(stage, name: str, grid) -> dict | None:
-    """Which part of tensor `name` this rank's state of it is, as a checkpoint records it
-    (`piece_shard` reads it back): {"part": [a, b, groups]} a stage's across a sublayer's
-    width, {"tp": [shards, shard]} a tensor-parallel shard's, None all of it (a tensor
-    every shard holds whole, or no tensor parallelism)."""
-    if name in stage.parts:
-        return {"part": list(stage.parts[name])}
-    if grid.tp == 1 or stage.shards[name].replicated:
-        return None
-    return {"tp": [grid.tp, grid.tp_rank]}
-
-
-def piece_shard(name: str, shape, piece: dict):
-    """The part of tensor `name` (global `shape`) a segment of optimizer state is of: a
-    tensor-parallel shard's ("tp": [shards, shard]) or a pipeline stage's across a
-    sublayer's width ("part": [a, b, groups]); checked by checkpoint/manifest.py."""
-    if "part" in piece:
-        a, b, count = piece["part"]
-        return part_of(name, shape, (a, b), count)
-    return shard_of(name, shape, *piece["tp"])
 
 
 def sha256(path: str) -> str:
@@ -176,18 +153,42 @@ def read_flat(f, key: str, where: str, like, whose: str) -> np.ndarray:
     return read_dataset(ds, where)
 
 
-def _check_holds(f, name: str, full: str):
-    """A checkpoint file records its own name (which says which rank's shard it is); a
-    file under another's name — swapped between ranks, copied over — is refused."""
-    try:
-        recorded = text_attr(f, "file", full)
-    except CheckpointError:
-        f.close()
-        raise
+def check_records(f, name: str, where: str, manifest: dict, part: str | None = None):
+    """Refuse a file whose records do not match its place in the checkpoint `manifest`:
+    its own name, the step, the part. A file of a format-3 checkpoint must carry them;
+    one of before (format 2) is checked on what it carries (`file`, if anything)."""
+    recorded = _text(f, "file", where)
     if recorded is not None and recorded != name:
-        f.close()
-        raise CheckpointError(f"{full}: holds {recorded[:80]!r}, written for another "
-                              f"rank (files swapped or copied over)")
+        raise CheckpointError(f"{where}: holds {recorded[:80]!r}, written for another rank "
+                              f"(files swapped or copied over)")
+    if "parts" not in manifest:
+        return
+    if recorded is None or "step" not in f.attrs:
+        raise CheckpointError(f"{where}: has no record of the step and rank it was written "
+                              f"for (a file of a checkpoint of before, copied in?)")
+    step = _int(f, "step", where)
+    if step != manifest["step"]:
+        raise CheckpointError(f"{where}: written at step {step}, but this checkpoint is of "
+                              f"step {manifest['step']}: a file of another checkpoint "
+                              f"(copied in from an older one?)")
+    if part is not None and _text(f, "part", where) != part:
+        raise CheckpointError(f"{where}: holds {_text(f, 'part', where)!r} state, where this "
+                              f"checkpoint lists its {part!r} state")
+
+
+def _text(f, key: str, where: str) -> str | None:
+    return text_attr(f, key, where)
+
+
+def _int(f, key: str, where: str) -> int:
+    value = f.attrs.get(key)
+    try:
+        if np.ndim(value) != 0 or int(value) != value:
+            raise ValueError
+        return int(value)
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{where}: attribute {key} = {str(value)[:40]}, not an "
+                              f"integer") from None
 
 
 class Reader:
@@ -201,7 +202,9 @@ class Reader:
         self.path, self.manifest, self.files = path, manifest, {}
         self.verified = verified
 
-    def file(self, name: str):
+    def file(self, name: str, part: str | None = None):
+        """The open file `name` of the checkpoint, its records checked (check_records;
+        `part`: the part it must hold)."""
         import h5py
 
         if name not in self.files:
@@ -217,7 +220,11 @@ class Reader:
                 self.files[name] = h5py.File(full, "r")
             except H5_ERRORS as e:
                 raise CheckpointError(f"{full}: cannot be opened ({e})") from None
-            _check_holds(self.files[name], name, full)
+            try:
+                check_records(self.files[name], name, full, self.manifest, part)
+            except CheckpointError:
+                self.files.pop(name).close()
+                raise
         return self.files[name]
 
     def tensor(self, name: str) -> np.ndarray:
@@ -291,8 +298,11 @@ class Reader:
         return out
 
     def _segment_data(self, kind: str, name: str, p: dict) -> np.ndarray | None:
-        where = os.path.join(self.path, p["file"])
-        group, key = member(self.file(p["file"]), kind, where), f"{name}@{p['start']}"
+        where, key = os.path.join(self.path, p["file"]), f"{name}@{p['start']}"
+        f = self.file(p["file"])
+        if kind == "master" and f.get(kind, getlink=True) is None:
+            return None  # a 32-bit run keeps none (format 3 writes no empty group)
+        group = member(f, kind, where)
         if group.get(key, getlink=True) is None:
             if kind == "master":
                 return None  # a 32-bit run keeps none: its weights are the master copy

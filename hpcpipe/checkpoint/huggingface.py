@@ -18,7 +18,7 @@ import numpy as np
 
 from hpcpipe.checkpoint import safetensors
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import TooLarge, read_bounded, write_text_atomic
+from hpcpipe.util.files import TooLarge, read_bounded
 from hpcpipe.util.schema import Mismatch, parse_json
 
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
@@ -186,17 +186,20 @@ def output_files(out: str, tensors: dict, max_bytes: int) -> list[str]:
             for i in range(1, n + 1)] + [os.path.join(folder, INDEX)]
 
 
-def save_weights(out: str, tensors: dict, metadata: dict, max_bytes: int = SHARD_SIZE):
+def save_weights(outputs, out: str, tensors: dict, metadata: dict,
+                 max_bytes: int = SHARD_SIZE):
     """Write `tensors` to `out` (a .safetensors file), or past `max_bytes` to shards
-    beside it with model.safetensors.index.json, as save_pretrained does."""
+    beside it with model.safetensors.index.json, as save_pretrained does — every file
+    through `outputs` (files.OutputSet: all of them in place, or none)."""
     groups, files = shard_names(tensors, max_bytes), output_files(out, tensors, max_bytes)
     if len(groups) == 1:
-        safetensors.save(out, tensors, metadata)
+        outputs.write(out, safetensors.writer(tensors, metadata))
         return
     weight_map = {}
     for names, file in zip(groups, files):
-        safetensors.save(file, {n: tensors[n] for n in names}, metadata)
+        outputs.write(file, safetensors.writer({n: tensors[n] for n in names}, metadata))
         weight_map.update({n: os.path.basename(file) for n in names})
     total = sum(a.nbytes for a in tensors.values())
-    write_text_atomic(files[-1], json.dumps({"metadata": {"total_size": total},
-                                             "weight_map": weight_map}, indent=2) + "\n")
+    index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                       indent=2) + "\n"
+    outputs.write_bytes(files[-1], index.encode())

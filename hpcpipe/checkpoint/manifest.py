@@ -17,16 +17,17 @@ an allocation or open a file.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import re
 import time
 
 from hpcpipe.device.dtypes import DTYPES
-from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.model.layout import ARCHS
+from hpcpipe.util.state import StateError
 from hpcpipe.util.files import NotAFile, TooLarge, read_bounded, write_text_atomic
 from hpcpipe.util.schema import (
     Anything,
+    Bool,
     Int,
     ListOf,
     MapOf,
@@ -37,11 +38,18 @@ from hpcpipe.util.schema import (
     parse_json,
 )
 
-FORMAT_VERSION = 2  # 2: manifest.sha256 beside the manifest, and the run it belongs to
+# 2: manifest.sha256 beside the manifest, and the run it belongs to; 3: "parts", the files
+# of each stateful part, every one of which records its part, step and rank (parts.py)
+FORMAT_VERSION = 3
+READS = (2, 3)  # the formats this hpcpipe reads (2: its files are taken on its word)
 MANIFEST = "manifest.json"
 DIGEST = "manifest.sha256"
 MAX_BYTES = 64 * 2**20
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+# The family's keys (model.arch and the Llama keys): recorded for a Llama, absent for
+# GPT-2 (whose checkpoints then read as they always have).
+FAMILY_KEYS = ("arch", "n_kv_head", "intermediate_size", "rope_theta", "rms_norm_eps",
+               "tie_word_embeddings")
 
 # Counters a run keeps counting (steps, Adam's step, the loss scaler's good steps): bounded
 # far below int64's 2**63 - 1, so that a run resumed at the bound still has ~2**63 steps of
@@ -53,12 +61,15 @@ _COUNT = Int(0, MAX_COUNT)
 _FILE = Text(pattern=r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a plain name inside the folder
 _RUN = Text(pattern=r"[0-9a-f]{32}")
 SCHEMA = Record({
-    "format_version": Int(FORMAT_VERSION, FORMAT_VERSION),
+    "format_version": Int(READS[0], READS[-1]),
     "step": _COUNT,
     "created": Number(0, 1e11),  # seconds since 1970
     "config": Text(max_len=1 << 20),
     "model": Record({key: Int(1) for key in MODEL_KEYS},
-                    optional={"vocab_multiple": Int(1, 1 << 20)}),
+                    optional={"vocab_multiple": Int(1, 1 << 20),
+                              "arch": Text(choices=ARCHS), "n_kv_head": Int(0),
+                              "intermediate_size": Int(0), "rope_theta": Number(0),
+                              "rms_norm_eps": Number(0), "tie_word_embeddings": Bool()}),
     "dtype": Text(choices=DTYPES),
     "layout": Record({"dp": Int(1), "pp": Int(1), "chunks": Int(1), "schedule": Text(),
                       "zero": Int(0, 3), "rank_order": Text(),
@@ -83,12 +94,19 @@ SCHEMA = Record({
                                   optional={"tp": ListOf(Int(0), max_len=2),
                                             "part": ListOf(Int(0), 3, 3)}))),
 }, optional={"run": _RUN, "source": Anything(),
+             # format 3: part name → its files (every file of the checkpoint is a part's,
+             # but the tokenizer's)
+             "parts": MapOf(ListOf(_FILE), key=Text(pattern=r"[a-z][a-z0-9_]{0,31}")),
+             # a tokenizer.json among the files (an imported Llama's), and the special
+             # tokens its model was trained with
+             "tokenizer": Record({"file": _FILE}, optional={"bos_token_id": Int(0),
+                                                           "eos_token_id": Int(0)}),
              # the training data's fingerprint (data/fingerprint.py): a resume checks it
              "data": Record({"name": Text(max_len=4096), "files": Int(0), "bytes": Int(0),
                              "sha256": Text(pattern=r"[0-9a-f]{64}")})})
 
 
-class CheckpointError(HpcpipeError):
+class CheckpointError(StateError):
     """A checkpoint that cannot be used; the message names the file and what is wrong."""
 
 
@@ -130,18 +148,29 @@ def _check_digest(path: str, data: bytes):
 
 
 def read(path: str) -> dict:
-    """The validated manifest of the checkpoint folder `path`."""
+    """The validated manifest of the checkpoint folder `path`. One that cannot be read —
+    damaged, edited, or too much for this process's memory — is a CheckpointError like
+    any damaged checkpoint's, which a resume falls back past (verify.find_usable)."""
     file = os.path.join(path, MANIFEST)
     if not os.path.lexists(file):
         raise CheckpointError(f"{path}: incomplete checkpoint: {MANIFEST} is missing")
+    try:
+        return _read(path, file)
+    except MemoryError:
+        raise CheckpointError(f"{file}: unreadable manifest: out of memory reading "
+                              f"{os.path.getsize(file):,} bytes") from None
+
+
+def _read(path: str, file: str) -> dict:
     data = _read_bytes(file, MAX_BYTES)
     try:
         manifest = parse_json(data)
     except Mismatch as e:
         raise CheckpointError(f"{file}: unreadable manifest: {e}") from None
-    if isinstance(manifest, dict) and manifest.get("format_version") != FORMAT_VERSION:
+    if isinstance(manifest, dict) and manifest.get("format_version") not in READS:
         raise CheckpointError(f"{file}: format version {manifest.get('format_version')!r}, "
-                              f"this hpcpipe reads version {FORMAT_VERSION}")
+                              f"this hpcpipe reads versions "
+                              f"{' and '.join(map(str, READS))}")
     _check_digest(path, data)
     try:
         manifest = SCHEMA.check(manifest)
@@ -167,8 +196,15 @@ def _consistent(m: dict, path: str, file: str):
     if model["n_embd"] % model["n_head"]:
         raise CheckpointError(f"{file}: model.n_embd = {model['n_embd']} is not divisible by "
                               f"model.n_head = {model['n_head']}")
+    try:
+        model_shape(m)  # the family's keys, checked as a config's (layout.family_problem)
+    except ValueError as e:
+        raise CheckpointError(f"{file}: {e}") from None
+    _check_parts(m, file)
     for name, info in m["tensors"].items():
         _listed(info["file"], m, file, f"tensor {name}")
+    if "tokenizer" in m:
+        _listed(m["tokenizer"]["file"], m, file, "the tokenizer")
     _check_tensors(m, file)
     for name, segments in m["pieces"].items():
         if name not in m["tensors"]:
@@ -188,39 +224,33 @@ def _consistent(m: dict, path: str, file: str):
 
 
 def part_size(name: str, shape, record: dict, n_head: int, file: str) -> int:
-    """Elements of the part of a tensor (global `shape`) a record names — {"tp": [shards,
-    rank]} or {"part": [a, b, groups]} (hdf5.part_record) — checked to be one the tensor
-    of a model of `n_head` heads has (CheckpointError naming `file`)."""
-    if "part" in record:
-        return _part_size(name, shape, record["part"], n_head, file)
-    return _shard_size(name, shape, record["tp"], file)
+    """Elements of the part of a tensor a segment's record names (sharding.record_size),
+    checked (CheckpointError naming `file`)."""
+    from hpcpipe.model.sharding import record_size
+
+    try:
+        return record_size(name, shape, record, n_head)
+    except ValueError as e:
+        raise CheckpointError(f"{file}: optimizer state of {name} {e}") from None
 
 
-def _shard_size(name: str, shape, tp, file: str) -> int:
-    """Elements of tensor-parallel shard tp = [shards, rank] of a tensor."""
-    from hpcpipe.model.sharding import shard_of
-
-    if len(tp) != 2 or not 1 <= tp[0] <= max(shape, default=1) or not 0 <= tp[1] < tp[0]:
-        raise CheckpointError(f"{file}: optimizer state of {name} names tensor shard {tp}, "
-                              f"which the tensor's shape {list(shape)} does not have")
-    return math.prod(shard_of(name, shape, tp[0], tp[1]).local_shape(shape))
-
-
-def _part_size(name: str, shape, part, n_head: int, file: str) -> int:
-    """Elements of a pipeline stage's part [a, b, groups] of a tensor split across its
-    sublayer's width (model/units.py): groups its attention's heads or 4 × as many."""
-    from hpcpipe.model.sharding import part_of
-
-    if len(part) != 3:
-        raise CheckpointError(f"{file}: optimizer state of {name} names part {part} of a "
-                              f"sublayer's width: [a, b, groups] are three numbers")
-    a, b, count = part
-    if count not in (n_head, 4 * n_head) or not 0 <= a < b <= count or "." not in name \
-            or len(shape) not in (1, 2):
-        raise CheckpointError(f"{file}: optimizer state of {name} names part {part} of a "
-                              f"sublayer's width, which a model of {n_head} heads and the "
-                              f"tensor's shape {list(shape)} do not have")
-    return math.prod(part_of(name, shape, (a, b), count).local_shape(shape))
+def _check_parts(m: dict, file: str):
+    """Format 3: every file is exactly one part's, and every part's file is listed."""
+    if m["format_version"] < 3:
+        return
+    if "parts" not in m:
+        raise CheckpointError(f"{file}: format 3 lists the files of each part (\"parts\"), "
+                              f"and this one does not (edited?)")
+    owner = {}
+    for part, names in m["parts"].items():
+        for name in names:
+            _listed(name, m, file, f"{part}'s state")
+            if owner.setdefault(name, part) != part:
+                raise CheckpointError(f"{file}: {name} is listed as {owner[name]}'s state and "
+                                      f"as {part}'s")
+    stray = sorted(set(m["files"]) - set(owner) - {m.get("tokenizer", {}).get("file")})
+    if stray:
+        raise CheckpointError(f"{file}: {stray[0]} is among its files but no part's")
 
 
 def _listed(name: str, m: dict, file: str, what: str):
@@ -228,17 +258,25 @@ def _listed(name: str, m: dict, file: str, what: str):
         raise CheckpointError(f"{file}: {what} is in {name!r}, which is not among its files")
 
 
+def model_shape(m: dict):
+    """The model shape (a GPTConfig) a manifest records, either family."""
+    from hpcpipe.model import GPTConfig
+
+    return GPTConfig(**m["model"])
+
+
 def _check_tensors(m: dict, file: str):
     """Exactly the model's parameters, with its shapes (counted first: a hostile n_layer
     must not make the expected layout itself huge)."""
-    from hpcpipe.model import GPTConfig, param_layout
+    from hpcpipe.model import family
 
     model = m["model"]
-    expected_count = 12 * model["n_layer"] + 4  # blocks, wte, wpe, ln_f weight and bias
+    shape = model_shape(m)
+    expected_count = family.tensor_count(shape)
     if len(m["tensors"]) != expected_count:
         raise CheckpointError(f"{file}: {len(m['tensors'])} tensors, but a model of "
                               f"{model['n_layer']} layers has {expected_count}")
-    for name, shape in param_layout(GPTConfig(**model)):
+    for name, shape in family.param_layout(shape):
         info = m["tensors"].get(name)
         if info is None:
             raise CheckpointError(f"{file}: parameter {name} is not listed")
@@ -253,12 +291,15 @@ def model_record(model) -> dict:
     record = {k: getattr(model, k) for k in MODEL_KEYS}
     if model.vocab_multiple != 1:
         record["vocab_multiple"] = model.vocab_multiple
+    if model.arch != "gpt2":
+        record.update({k: getattr(model, k) for k in FAMILY_KEYS})
     return record
 
 
 def build(cfg, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
           segments: dict | None = None, adam_step: int = 0, state: dict | None = None,
-          run: str | None = None, source: str | None = None, data: dict | None = None) -> dict:
+          run: str | None = None, source: str | None = None, data: dict | None = None,
+          tokenizer: dict | None = None, parts: dict | None = None) -> dict:
     """The manifest of a checkpoint folder — the one builder, for training checkpoints
     and parameters-only ones alike: the step, the resolved config and the model shape it
     was written for, the layout that wrote it, every file's size and SHA-256, where each
@@ -268,11 +309,13 @@ def build(cfg, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
                 "model": model_record(cfg.model),
                 "dtype": dtype, "layout": layout, "adam_step": adam_step,
                 "state": state or {}, "files": files, "tensors": tensors,
-                "pieces": segments or {}}
+                "pieces": segments or {}, "parts": parts or {}}
     if run is not None:
         manifest["run"] = run
     if source is not None:
         manifest["source"] = source
     if data is not None:
         manifest["data"] = data
+    if tokenizer is not None:
+        manifest["tokenizer"] = tokenizer
     return manifest

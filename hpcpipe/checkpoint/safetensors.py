@@ -152,8 +152,8 @@ def load(path: str) -> tuple[dict[str, np.ndarray], dict]:
     return tensors, metadata
 
 
-def save(path: str, tensors: dict[str, np.ndarray], metadata: dict | None = None):
-    """Write tensors (in the given order) to a .safetensors file, atomically."""
+def writer(tensors: dict[str, np.ndarray], metadata: dict | None = None):
+    """`write(path)`, which writes tensors (in the given order) as a .safetensors file."""
     header, offset, blobs = {}, 0, []
     for name, array in tensors.items():
         array = np.ascontiguousarray(array)
@@ -176,4 +176,9 @@ def save(path: str, tensors: dict[str, np.ndarray], metadata: dict | None = None
             for blob in blobs:
                 f.write(blob)
 
-    write_atomic(path, write)
+    return write
+
+
+def save(path: str, tensors: dict[str, np.ndarray], metadata: dict | None = None):
+    """Write tensors (in the given order) to a .safetensors file, atomically."""
+    write_atomic(path, writer(tensors, metadata))

@@ -17,12 +17,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import numpy as np
-
-from hpcpipe.checkpoint import compression, local, versions
 from hpcpipe.checkpoint import manifest as manifests
-from hpcpipe.checkpoint.hdf5 import OPTIM_KINDS, part_record, sha256, store
-from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
+from hpcpipe.checkpoint import parts as files_of
+from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.retention import (
     point_latest,
     retain,
@@ -30,20 +27,13 @@ from hpcpipe.checkpoint.retention import (
     run_of,
     step_name,
 )
-from hpcpipe.model.sharding import shard_of
 from hpcpipe.util.errors import root_does
-from hpcpipe.model.stage import cuts, seams
-from hpcpipe.util.files import exchange, fsync_dir, write_buffered
+from hpcpipe.util.files import exchange, fsync_dir
 
 
 def new_run_id() -> str:
     """A fresh run's identity, recorded in each of its checkpoints' manifests."""
     return uuid.uuid4().hex
-
-
-def _skip_tied_copy(stage, name: str) -> bool:
-    """The head's copy of wte equals the embedding's (same gradient, same update)."""
-    return name == "wte" and not stage.embedding_part
 
 
 @dataclass
@@ -53,18 +43,21 @@ class Saved:
     bytes: int
 
 
-def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
-         keep_every: int = 0, run: str | None = None, data: dict | None = None) -> Saved:
-    """Write a checkpoint of every rank's state at `step` (collective over the world);
-    `rank` is each process's Rank (rank.py); `run` the run's identity (new_run_id; None: a
-    run of its own), which rotation goes by; `data` the training data's fingerprint.
+def save(parts, grid, cfg, step: int, run_dir: str, layout: dict, state: dict,
+         adam_step: int = 0, keep: int = 2, keep_every: int = 0, run: str | None = None,
+         data: dict | None = None) -> Saved:
+    """Write a checkpoint of every rank's `parts` (util.state.Stateful, in the order they
+    load) at `step` — a collective over `grid.world`; `layout` is the manifest's record
+    of the layout that wrote it, `run` the run's identity (new_run_id; None: a run of its
+    own), which rotation goes by; `data` the training data's fingerprint.
 
     state: the run's own numbers to restore (e.g. the loss-scaler's), stored in the
-    manifest. Returns where it went, how long it took and its size (on every rank)."""
-    world = rank.grid.world
+    manifest. Returns where it went, how long it took and its size (on every rank). A
+    failure on any rank — a full disk — is one CheckpointError on every rank, the
+    temporary folder removed and the previous checkpoint as it was."""
+    world = grid.world
     run = run or new_run_id()
     start = time.perf_counter()
-    rank.step.materialize()  # ZeRO-3: the first replica writes whole tensors
     root = root_of(run_dir)
     final = os.path.join(root, step_name(step))
     tmp_dir = os.path.join(root, f".{step_name(step)}.tmp")
@@ -78,7 +71,7 @@ def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
     root_does(world, make_room)
     error, entries = None, []
     try:
-        entries = _write_rank_files(rank, cfg, tmp_dir)
+        entries = _write_rank_files(parts, grid, tmp_dir, step, layout)
     except OSError as e:
         error = f"rank {world.rank}: writing the checkpoint failed: {e}"
     errors = [e for e in world.allgather(error) if e]
@@ -88,11 +81,22 @@ def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2,
     everything = world.gather(entries, root=0)
 
     def commit():
-        manifest = _manifest(rank, cfg, step, state, sum(everything, []), run, data)
-        manifests.write(tmp_dir, json.dumps(manifest, indent=1))
-        _install(tmp_dir, final, run)
-        point_latest(root, final)
-        retain(root, run, step, keep, keep_every)
+        manifest = _manifest(cfg, step, layout, state, adam_step, sum(everything, []), run,
+                             data, [part.name for part in parts])
+        try:
+            manifests.write(tmp_dir, json.dumps(manifest, indent=1))
+            _install(tmp_dir, final, run)
+        except OSError as e:  # (a full disk for the manifest): nothing of it stays
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            raise CheckpointError(f"writing the checkpoint's manifest failed: {e} (the "
+                                  f"previous checkpoint is untouched)") from None
+        try:
+            point_latest(root, final)
+            retain(root, run, step, keep, keep_every)
+        except OSError as e:
+            raise CheckpointError(f"{final} is complete, but moving `latest` to it (or "
+                                  f"rotating older checkpoints) failed: {e}; `latest` "
+                                  f"names the previous checkpoint still") from None
 
     root_does(world, commit)
     seconds = time.perf_counter() - start
@@ -137,30 +141,22 @@ def _free_name(base: str) -> str:
     return candidate
 
 
-def _manifest(rank, cfg, step: int, state: dict, entries: list[dict], run: str,
-              data: dict | None) -> dict:
-    """The manifest of a checkpoint from every rank's file entries."""
-    files, tensors, segments = {}, {}, {}
+def _manifest(cfg, step: int, layout: dict, state: dict, adam_step: int,
+              entries: list[dict], run: str, data: dict | None, names: list[str]) -> dict:
+    """The manifest of a checkpoint from every rank's file entries; `names`: the parts the
+    run had (each recorded, with the files its ranks wrote: none at all is a record too)."""
+    files, tensors, segments, parts = {}, {}, {}, {name: [] for name in names}
     for entry in entries:
         files[entry["file"]] = {"size": entry["size"], "sha256": entry["sha256"]}
+        parts[entry["part"]].append(entry["file"])
         for name, info in entry.get("tensors", {}).items():
             tensors[name] = {"file": entry["file"], **info}
         for name, ranges in entry.get("pieces", {}).items():
             segments.setdefault(name, []).extend(_segment_entry(entry["file"], *r)
                                                  for r in ranges)
-    grid, model = rank.grid, rank.model
-    layout = {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "chunks": len(model.stages),
-              "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
-              "rank_order": grid.rank_order,
-              "partition": [list(spec.layers) for spec in model.specs],
-              "local_steps": cfg.train.local_steps,
-              "powersgd_rank": compression.layout_of(rank)["powersgd_rank"]}
-    if seams(model.specs):  # (absent where every stage edge falls between blocks)
-        layout["seams"] = seams(model.specs)
-    if cuts(model.specs):  # (absent where none falls inside a sublayer)
-        layout["cuts"] = cuts(model.specs)
     return manifests.build(cfg, step, cfg.train.dtype, layout, files, tensors, segments,
-                           adam_step=rank.step.optimizer.t, state=state, run=run, data=data)
+                           adam_step=adam_step, state=state, run=run, data=data,
+                           parts={name: sorted(files) for name, files in parts.items()})
 
 
 def _segment_entry(file: str, start: int, stop: int, shard=None) -> dict:
@@ -180,131 +176,21 @@ def _injected_delay(folder: str):
         time.sleep(float(spec.split(":")[1]))
 
 
-def _entry(folder: str, name: str, **extra) -> dict:
-    path = os.path.join(folder, name)
-    return {"file": name, "size": os.path.getsize(path), "sha256": sha256(path), **extra}
-
-
-def _write_rank_files(rank, cfg, folder: str) -> list[dict]:
-    """This rank's files; returns their manifest entries."""
-    grid, entries = rank.grid, []
-    if grid.dp_rank == 0:  # the first replica writes the parameters of its stages
-        tensors = _global_parameters(rank.model, grid)
-        if grid.tp_rank == 0:  # (its tensor shards gathered into whole tensors)
-            name = f"model-pp{grid.pp_rank:03d}.h5"
-            tensors = _write_parameters(tensors, os.path.join(folder, name), folder)
-            entries.append(_entry(folder, name, tensors=tensors))
-    if grid.dp_rank == 0 or cfg.parallel.zero:  # with ZeRO-1 every replica holds a shard
-        name = f"optim-r{grid.rank:05d}.h5"
-        segments = _write_optimizer(rank.step.optimizer, rank.model,
-                                    os.path.join(folder, name), grid)
-        entries.append(_entry(folder, name, pieces=segments))
-    if rank.step.outer is not None:  # local SGD: every replica's own state, and the outer's
-        entries.append(_entry(folder, local.write(rank, folder)))
-    if versions.applies(rank):  # the asynchronous pipeline: the version before the newest
-        written = versions.write(rank, folder)
-        if written is not None:
-            entries.append(_entry(folder, written))
-    written = compression.write(rank, folder)  # PowerSGD: every replica's error feedback
-    if written is not None:
-        entries.append(_entry(folder, written))
+def _write_rank_files(parts, grid, folder: str, step: int, layout: dict) -> list[dict]:
+    """This rank's files of every part; returns their manifest entries. Every part's
+    `state` runs on every rank (some gather), in the same order."""
+    entries = []
+    for part in parts:
+        state = part.state()
+        if state is None or not part.writes():
+            continue
+        name = files_of.file_name(part, grid)
+        attrs = files_of.records(part.name, part.kind, name, step,
+                                 (grid.dp_rank, grid.pp_rank, grid.tp_rank),
+                                 (grid.dp, grid.pp, grid.tp),
+                                 {k: layout.get(k) for k in part.layout_keys})
+        entries.append(files_of.write(folder, name, state, {**attrs, **part.attributes()},
+                                      part.index))
+        if part.index == "tensors":
+            _injected_delay(folder)  # the parameters on disk, the checkpoint not complete
     return entries
-
-
-def _global_parameters(model, grid) -> list:
-    """(name, model stage, global host array) of every parameter this rank's pipeline
-    stages hold — on tensor shard 0, with every shard's part in place (others: []); a
-    tensor split across pipeline stages by width on the stage with its first part."""
-    out = []
-    for chunk, stage in model.in_model_order():
-        for name, value in stage.params.items():
-            if _skip_tied_copy(stage, name) or name in stage.parts:
-                continue
-            host = model.backend.to_host(value)
-            shard = stage.shards[name]
-            if grid.tp > 1 and not shard.replicated:
-                parts = grid.tensor.gather(np.ascontiguousarray(host), root=0)
-                if grid.tp_rank != 0:
-                    continue
-                shape = stage.global_shapes[name]
-                host = np.empty(shape, dtype=host.dtype)
-                for r, part in enumerate(parts):
-                    shard_of(name, shape, grid.tp, r).put(host, part)
-            if grid.tp_rank == 0:
-                out.append((name, model.stage_index[chunk], host))
-    return out + _joined_parts(model, grid)
-
-
-def _joined_parts(model, grid) -> list:
-    """`_global_parameters`' entries of the tensors split by width across pipeline stages
-    (model/units.py): every rank's parts gathered over the pipeline, each tensor whole on
-    the rank that holds its first part (it writes it)."""
-    if not any(len(edge) > 2 for edge in cuts(model.specs) or ()):
-        return []  # (every pipeline rank knows: no collective)
-    mine = [(name, model.stage_index[chunk], stage.global_shapes[name],
-             stage.shards[name], model.backend.to_host(stage.params[name]), a == 0)
-            for chunk, stage in model.in_model_order()
-            for name, (a, _, _) in stage.parts.items()]
-    wholes = {}
-    for name, _, shape, shard, host, _ in (p for parts in grid.pipe.allgather(mine)
-                                           for p in parts):
-        shard.put(wholes.setdefault(name, np.empty(shape, host.dtype)), host)
-    return [(name, index, wholes[name]) for name, index, _, _, _, first in mine if first]
-
-
-def _write_parameters(parameters, path: str, folder: str) -> dict:
-    """The parameters of a pipeline rank's stages, one dataset per GPT-2 name (global
-    shapes); `parameters` as `_global_parameters` gives them."""
-    import h5py
-
-    tensors = {}
-
-    def write(buffer):
-        with h5py.File(buffer, "w") as f:
-            for pname, stage_index, host in parameters:
-                store(f, pname, host, stage=stage_index)
-                tensors[pname] = {"shape": list(host.shape)}
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
-            f.attrs["file"] = os.path.basename(path)  # what it holds, checked on load
-
-    write_buffered(path, write)
-    _injected_delay(folder)  # the parameters on disk, the checkpoint not yet complete
-    return tensors
-
-
-def _write_optimizer(optimizer, model, path: str, grid) -> dict:
-    """The optimizer state of every shard, as segments of flattened tensors (of a tensor
-    shard's part of the tensor, for tensors split by tensor parallelism; of a stage's,
-    for those split across stages by width)."""
-    import h5py
-
-    be, segments = model.backend, {}
-    stage_of = {name: stage for stage in model.stages.values() for name in stage.global_shapes}
-
-    def write(buffer):
-        with h5py.File(buffer, "w") as f:
-            groups = {kind: f.create_group(kind) for kind in OPTIM_KINDS}
-            for adam in optimizer.adams:
-                vectors = adam.state()
-                for segment in adam.shard.segments:
-                    if segment.name == "wte" and not adam.shard.owns_wte:
-                        continue
-                    shard = part_record(stage_of[segment.name], segment.name, grid)
-                    if shard is None and grid.tp_rank > 0:
-                        continue  # every tensor shard holds it: shard 0 saves it
-                    shard, key = shard or {}, f"{segment.name}@{segment.t0}"
-                    for kind, vec in vectors.items():
-                        store(groups[kind], key, be.to_host(vec[segment.v0:segment.v1]),
-                               start=segment.t0, stop=segment.t1, tensor=segment.name, **shard)
-                    segments.setdefault(segment.name, []).append(
-                        (segment.t0, segment.t1, shard))
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["kind"] = "hpcpipe optimizer state (segments of flattened tensors)"
-            # Which shard this is (checked on load: files swapped between ranks are refused).
-            f.attrs["file"] = os.path.basename(path)
-            f.attrs["rank"] = [grid.dp_rank, grid.pp_rank, grid.tp_rank]
-            f.attrs["layout"] = [grid.dp, grid.pp, grid.tp]
-
-    write_buffered(path, write)
-    return segments

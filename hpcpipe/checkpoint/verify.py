@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from hpcpipe.checkpoint.hdf5 import H5_ERRORS, member, read_dataset, sha256
+from hpcpipe.checkpoint.hdf5 import H5_ERRORS, check_records, member, read_dataset, sha256
 from hpcpipe.checkpoint.manifest import MANIFEST, CheckpointError, step_in_name
 from hpcpipe.checkpoint.manifest import read as read_manifest
 from hpcpipe.checkpoint.retention import latest, list_checkpoints, root_of, run_of
@@ -35,14 +35,15 @@ def verify(path: str) -> list[str]:
         return [str(e)]
     problems = []
     for name, info in manifest["files"].items():
-        problem = _file_problem(os.path.join(path, name), info)
+        problem = _file_problem(os.path.join(path, name), info, name, manifest)
         if problem:
             problems.append(problem)
     return problems
 
 
-def _file_problem(file: str, info: dict) -> str | None:
-    """What is wrong with one file of a checkpoint, checked byte by byte, or None."""
+def _file_problem(file: str, info: dict, name: str, manifest: dict) -> str | None:
+    """What is wrong with one file of a checkpoint, checked byte by byte — and its records
+    (hdf5.check_records: another rank's or another step's file is named) — or None."""
     import h5py
 
     if not os.path.isfile(file):
@@ -52,8 +53,10 @@ def _file_problem(file: str, info: dict) -> str | None:
                 f"(truncated or replaced)")
     if sha256(file) != info["sha256"]:
         return f"{file}: SHA-256 differs from the manifest (corrupted)"
+    if not file.endswith(".h5"):  # (a tokenizer.json: its size and SHA-256 are all)
+        return None
 
-    def read_all(name, obj):
+    def read_all(_, obj):
         if isinstance(obj, h5py.Group):
             for key in obj:  # the visit follows hard links only: the others are refused
                 member(obj, key, file)
@@ -63,6 +66,7 @@ def _file_problem(file: str, info: dict) -> str | None:
 
     try:
         with h5py.File(file, "r") as f:
+            check_records(f, name, file, manifest, _part_of(manifest, name))
             read_all("/", f)
             f.visititems(read_all)
     except CheckpointError as e:
@@ -70,6 +74,12 @@ def _file_problem(file: str, info: dict) -> str | None:
     except H5_ERRORS as e:
         return f"{file}: not a readable HDF5 file ({e})"
     return None
+
+
+def _part_of(manifest: dict, name: str) -> str | None:
+    """The part a format-3 manifest lists file `name` under."""
+    return next((part for part, names in manifest.get("parts", {}).items()
+                 if name in names), None)
 
 
 def check_model(manifest: dict, cfg, where: str):

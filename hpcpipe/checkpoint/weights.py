@@ -1,5 +1,7 @@
-"""Whole models in and out of checkpoints: every parameter by GPT-2 name (for export and
-generation), and parameters-only checkpoints (imported weights, no optimizer state)."""
+"""Whole models in and out of checkpoints: every parameter by name (GPT-2's, or Hugging
+Face's for a Llama: for export and generation), the model a checkpoint holds
+(`load_model`, either family), and parameters-only checkpoints (imported weights, no
+optimizer state)."""
 
 from __future__ import annotations
 
@@ -11,18 +13,23 @@ import tempfile
 import numpy as np
 
 from hpcpipe.checkpoint import manifest as manifests
-from hpcpipe.checkpoint.hdf5 import Reader, sha256, store
-from hpcpipe.checkpoint.manifest import FORMAT_VERSION, CheckpointError
+from hpcpipe.checkpoint import parts
+from hpcpipe.checkpoint.hdf5 import Reader, sha256
+from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.manifest import read as read_manifest
 from hpcpipe.checkpoint.verify import is_checkpoint
 from hpcpipe.device.budget import require
-from hpcpipe.model.layout import GPTConfig, param_layout
+from hpcpipe.model import family
+from hpcpipe.model.layout import GPTConfig
 from hpcpipe.util.files import claim_folder, fsync_dir, write_buffered
+from hpcpipe.util.state import Entry
+
+TOKENIZER = "tokenizer.json"  # a checkpoint's own tokenizer, when it has one
 
 
 def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
-    """Every parameter of a checkpoint, by GPT-2 name (single process), and its manifest;
-    each file's SHA-256 is checked before it is read."""
+    """Every parameter of a checkpoint, by name (single process), and its manifest; each
+    file's SHA-256 is checked before it is read."""
     manifest = read_manifest(path)
     require(sum(info["size"] for name, info in manifest["files"].items()
                 if any(t["file"] == name for t in manifest["tensors"].values())),
@@ -48,8 +55,8 @@ def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
 
 def _check_import(cfg, tensors: dict, where: str) -> dict:
     """The model's (name → shape) layout, once `tensors` match it exactly, as floats."""
-    gpt = GPTConfig(**manifests.model_record(cfg.model))
-    expected = dict(param_layout(gpt))
+    shape = GPTConfig(**manifests.model_record(cfg.model))
+    expected = dict(family.param_layout(shape))
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
@@ -68,17 +75,21 @@ def _check_import(cfg, tensors: dict, where: str) -> dict:
 
 
 def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
-                  source: str = "", force: bool = False) -> str:
+                  source: str = "", force: bool = False, tokenizer: bytes | None = None,
+                  special: dict | None = None) -> str:
     """A parameters-only checkpoint (no optimizer state: training from it starts Adam
     fresh) in folder `path`, e.g. for imported GPT-2 weights. Atomic like `save`; an
-    existing checkpoint there is replaced only with `force`, anything else never."""
+    existing checkpoint there is replaced only with `force`, anything else never.
+    tokenizer: a tokenizer.json's bytes, kept beside the weights (TOKENIZER; checked by
+    the caller), with the model's special token ids `special` ({"bos_token_id": ...})."""
     expected = _check_import(cfg, tensors, source or path)
     replace = claim_folder(path, is_checkpoint, force)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
     try:
-        _write_weights_into(tmp_dir, cfg, tensors, expected, step, source)
+        _write_weights_into(tmp_dir, cfg, tensors, expected, step, source, tokenizer,
+                            special)
         if replace:
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
             os.replace(path, os.path.join(old, "checkpoint"))
@@ -94,26 +105,65 @@ def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
 
 
 def _write_weights_into(folder: str, cfg, tensors: dict, expected: dict, step: int,
-                        source: str):
-    import h5py
-
+                        source: str, tokenizer: bytes | None, special: dict | None):
+    """The parameters part of a checkpoint of one process (parts.py: its records too),
+    and the tokenizer.json it carries where given."""
     name = "model-pp000.h5"
-
-    def write(buffer):
-        with h5py.File(buffer, "w") as f:
-            for tname in expected:
-                store(f, tname, np.asarray(tensors[tname]), stage=0)
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["kind"] = "hpcpipe parameters (GPT-2 names)"
-            f.attrs["file"] = name  # what it holds, checked on load
-
+    entries = {t: Entry(np.asarray(tensors[t]), {"stage": 0}) for t in expected}
+    kind = ("parameters (Hugging Face Llama names)" if family.is_llama(cfg.model) else
+            "parameters (GPT-2 names)")
+    attrs = parts.records("model", kind, name, step, (0, 0, 0), (1, 1, 1), {})
+    entry = parts.write(folder, name, entries, attrs, "tensors")
     file = os.path.join(folder, name)
-    write_buffered(file, write)
     layout = {"dp": 1, "pp": 1, "chunks": 1, "schedule": "none", "zero": 0,
               "rank_order": "pp-inner", "partition": [list(range(cfg.model.n_layer))]}
+    files = {name: {"size": entry["size"], "sha256": entry["sha256"]}}
+    record = None
+    if tokenizer is not None:
+        own = os.path.join(folder, TOKENIZER)
+        write_buffered(own, lambda buffer: buffer.write(tokenizer))
+        files[TOKENIZER] = {"size": os.path.getsize(own), "sha256": sha256(own)}
+        record = {"file": TOKENIZER, **(special or {})}
     manifest = manifests.build(
-        cfg, step, str(np.asarray(tensors["wte"]).dtype), layout,
-        files={name: {"size": os.path.getsize(file), "sha256": sha256(file)}},
-        tensors={t: {"file": name, "shape": list(expected[t])} for t in expected},
-        source=source)
+        cfg, step, str(np.asarray(tensors[family.embedding_name(cfg.model)]).dtype), layout,
+        files=files, tensors={t: {"file": name, "shape": list(expected[t])} for t in expected},
+        source=source, tokenizer=record, parts={"model": [name]})
     manifests.write(folder, json.dumps(manifest, indent=1))
+
+
+def load_model(checkpoint: str, dtype: str | None = None, be=None):
+    """The model a checkpoint holds, on one process: a GPT or a Llama (its manifest's
+    model.arch), with the checkpoint's weights. checkpoint: a checkpoint folder, or a run
+    directory or its checkpoints/ for the latest; dtype: the compute dtype (default the
+    checkpoint's, float32 for 16-bit ones); be: the backend (default NumPy, one thread).
+
+        model = hpcpipe.load_model("runs/smollm2")
+        logits = model.logits([[1, 2, 3]])
+    """
+    from hpcpipe.checkpoint.verify import resolve
+
+    path = resolve(checkpoint)
+    manifest = read_manifest(path)
+    shape = manifests.model_shape(manifest)
+    if dtype is None:
+        dtype = "float32" if manifest["dtype"] in ("float16", "bfloat16") else manifest["dtype"]
+    tensors, _ = read_weights(path)
+    model = family.model_class(shape)(shape, dtype=dtype, be=be, draw=False)
+    for name, value in tensors.items():
+        model.params[name][...] = model.xp.asarray(value.astype(model.params[name].dtype))
+    return model
+
+
+def tokenizer_file(path: str, manifest: dict) -> str | None:
+    """The tokenizer.json a checkpoint carries (its manifest's "tokenizer"), or None; its
+    size and SHA-256 are checked first, as every file of a checkpoint."""
+    record = manifest.get("tokenizer")
+    if record is None:
+        return None
+    from hpcpipe.checkpoint.verify import _file_problem
+
+    file = os.path.join(path, record["file"])
+    problem = _file_problem(file, manifest["files"][record["file"]], record["file"], manifest)
+    if problem:
+        raise CheckpointError(problem)
+    return file

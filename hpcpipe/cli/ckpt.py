@@ -1,14 +1,19 @@
-"""`python -m hpcpipe ckpt ls|info|verify|export|import-gpt2`: looking after checkpoints
-and moving weights in and out (`generate` lives in generate.py).
+"""`python -m hpcpipe ckpt ls|info|verify|export|import-hf|import-gguf`: looking after
+checkpoints and moving weights in and out (`generate` lives in generate.py).
+
+import-hf reads a Hugging Face folder of either family, GPT-2 or Llama (its config.json's
+model_type; import-gpt2 is its old name), import-gguf a llama.cpp GGUF file of a Llama;
+export writes HDF5, safetensors, or with --format hf a folder transformers loads.
 
 Outputs are claimed before any work (files.claim_file / claim_folder): an existing file
-is replaced only with --force; import-gpt2 replaces an existing checkpoint only with
+is replaced only with --force; an import replaces an existing checkpoint only with
 --force and never a folder that is not a checkpoint, nor `.` or a folder above it.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -18,10 +23,10 @@ import time
 import numpy as np
 
 from hpcpipe import checkpoint as ckpt
-from hpcpipe.checkpoint import huggingface
+from hpcpipe.checkpoint import hf_llama, huggingface
 from hpcpipe.checkpoint.hdf5 import store
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import (claim_file, claim_folder, write_buffered, write_text_atomic)
+from hpcpipe.util.files import OutputSet, claim_file, claim_folder
 from hpcpipe.util.schema import parse_bytes
 
 EPILOG = """\
@@ -30,7 +35,9 @@ examples:
   python -m hpcpipe ckpt info runs/tiny                 # its latest checkpoint
   python -m hpcpipe ckpt verify runs/tiny/checkpoints/step_00000500
   python -m hpcpipe ckpt export runs/tiny --out tiny.safetensors
-  python -m hpcpipe ckpt import-gpt2 model.safetensors --out runs/gpt2/checkpoints/step_00000000
+  python -m hpcpipe ckpt export runs/smollm2 --out smollm2-hf --format hf   # a HF folder
+  python -m hpcpipe ckpt import-hf ~/models/gpt2 --out runs/gpt2/checkpoints/step_00000000
+  python -m hpcpipe ckpt import-gguf SmolLM2-135M-Instruct.Q4_1.gguf --out runs/smollm2
   python -m hpcpipe train inputs/gpt2-124m.toml --set model.vocab_size=50257 \\
       --resume runs/gpt2/checkpoints/step_00000000          # fine-tune GPT-2
 
@@ -60,15 +67,21 @@ def register(subparsers):
     verify = sub.add_parser("verify", help="check every file's size, SHA-256 and checksums")
     verify.add_argument("checkpoint", metavar="CHECKPOINT", help=CHECKPOINT_HELP)
     verify.set_defaults(func=cmd_verify)
-    export = sub.add_parser("export", help="the weights as one .h5 or .safetensors file",
+    export = sub.add_parser("export", help="the weights as one .h5 or .safetensors file, "
+                                           "or a Hugging Face folder",
                             description="Consolidate a checkpoint's weights into one HDF5 "
-                            "file (GPT-2 names) or a safetensors file with Hugging Face "
-                            "GPT-2's names, which import-gpt2 reads back; beside a "
-                            "safetensors file goes the config.json Hugging Face's GPT-2 "
-                            "loader needs (name the file DIR/model.safetensors and load DIR).")
+                            "file (the checkpoint's names) or a safetensors file with Hugging "
+                            "Face's names, which import-hf reads back; beside a safetensors "
+                            "file goes the config.json Hugging Face's loader needs (name the "
+                            "file DIR/model.safetensors and load DIR). --format hf writes "
+                            "such a folder, with the checkpoint's tokenizer.json: "
+                            "transformers.AutoModelForCausalLM.from_pretrained(FOLDER).")
     export.add_argument("checkpoint", metavar="CHECKPOINT", help=CHECKPOINT_HELP)
     export.add_argument("--out", required=True, help="FILE.h5 or FILE.safetensors (its "
-                        "folder is made if missing)")
+                        "folder is made if missing), or a FOLDER with --format hf")
+    export.add_argument("--format", choices=("auto", "hf"), default="auto",
+                        help="auto: by --out's suffix; hf: a Hugging Face model folder "
+                             "(config.json, model.safetensors or its shards, tokenizer.json)")
     export.add_argument("--force", action="store_true", help="replace an existing file")
     export.add_argument("--max-shard-size", type=shard_size, default=huggingface.SHARD_SIZE,
                         metavar="SIZE",
@@ -77,24 +90,56 @@ def register(subparsers):
                              "index.json beside --out, as save_pretrained writes them "
                              "(default 5GB, transformers' own)")
     export.set_defaults(func=cmd_export)
-    imp = sub.add_parser("import-gpt2", help="a Hugging Face GPT-2 safetensors → checkpoint",
-                         description="Turn a GPT-2 safetensors file (Hugging Face names, with "
-                         "or without the 'transformer.' prefix) into an hpcpipe checkpoint "
-                         "at step 0 without optimizer state, ready to fine-tune.")
-    imp.add_argument("file", metavar="WEIGHTS",
-                     help="a .safetensors file, a model.safetensors.index.json of shards, or "
-                          "a Hugging Face model folder holding either")
-    imp.add_argument("--out", required=True, help="the checkpoint folder to create (a new or "
-                     "empty folder)")
-    imp.add_argument("--force", action="store_true",
-                     help="replace an existing checkpoint there (never other folders)")
-    imp.add_argument("--config", default=None,
-                     help="config for the rest of the run ([train], [parallel], ...); the "
-                          "model is the weights' and their config.json's (n_head from "
-                          "there, else the file's metadata, else this config's)")
-    imp.set_defaults(func=cmd_import)
-
+    _register_imports(sub)
     return parser
+
+
+def _register_imports(sub):
+    """import-hf (and its old name import-gpt2), import-gguf."""
+    for name in ("import-hf", "import-gpt2"):
+        imp = sub.add_parser(
+            name, help="a Hugging Face folder (GPT-2 or Llama) → checkpoint"
+            + (" (import-hf's old name)" if name == "import-gpt2" else ""),
+            description="Turn a Hugging Face model — config.json, model.safetensors or its "
+            "shards with model.safetensors.index.json, and tokenizer.json when there is "
+            "one — into an hpcpipe checkpoint at step 0 without optimizer state, ready to "
+            "fine-tune. GPT-2 (model_type gpt2, or no config.json: a GPT-2 safetensors file "
+            "with or without the 'transformer.' prefix) and Llama (model_type llama); a "
+            "field whose semantics hpcpipe does not compute (rope_scaling, attention "
+            "biases, sliding windows, another activation, ...) is refused by name.")
+        imp.add_argument("file", metavar="WEIGHTS",
+                         help="a Hugging Face model folder, a .safetensors file or a "
+                              "model.safetensors.index.json of shards")
+        imp.add_argument("--out", required=True, help="the checkpoint folder to create (a "
+                         "new or empty folder)")
+        imp.add_argument("--force", action="store_true",
+                         help="replace an existing checkpoint there (never other folders)")
+        imp.add_argument("--config", default=None,
+                         help="config for the rest of the run ([train], [parallel], ...); "
+                              "the model is the weights' and their config.json's (GPT-2's "
+                              "n_head from there, else the file's metadata, else this "
+                              "config's)")
+        imp.set_defaults(func=cmd_import)
+    gguf = sub.add_parser(
+        "import-gguf", help="a llama.cpp GGUF file (Llama) → checkpoint",
+        description="Turn a GGUF file of a Llama-architecture model (llama.cpp's format: "
+        "SmolLM2, Llama 2 and 3, ...) into an hpcpipe checkpoint at step 0 without optimizer "
+        "state: quantized tensors dequantized to float32 by the gguf package, q and k rows "
+        "put back in Hugging Face's rotary order, the tokenizer in its metadata written "
+        "as the checkpoint's tokenizer.json. Every length and offset of the file is "
+        "checked before it is trusted.")
+    gguf.add_argument("file", metavar="GGUF", help="a .gguf file")
+    gguf.add_argument("--out", required=True, help="the checkpoint folder to create (a new "
+                      "or empty folder)")
+    gguf.add_argument("--force", action="store_true",
+                      help="replace an existing checkpoint there (never other folders)")
+    gguf.add_argument("--config", default=None,
+                      help="config for the rest of the run ([train], [parallel], ...); the "
+                           "model is the file's")
+    gguf.add_argument("--without-tokenizer", action="store_true",
+                      help="import the weights alone, for a tokenizer hpcpipe cannot write "
+                           "as a tokenizer.json (generate then takes --prompt-ids)")
+    gguf.set_defaults(func=cmd_import_gguf)
 
 
 def _resolve(path: str) -> str:
@@ -169,8 +214,19 @@ def cmd_info(args) -> int:
     size = sum(f["size"] for f in m["files"].values())
     print(f"{path}")
     print(f"  step {m['step']}, written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m['created']))}")
-    print(f"  model: {model['n_layer']} layers, {model['n_head']} heads, n_embd {model['n_embd']}, "
-          f"block {model['block_size']}, vocab {model['vocab_size']}; {m['dtype']}")
+    family = ""
+    if model.get("arch", "gpt2") != "gpt2":
+        family = (f"{model['arch']}, ")
+        heads = f"{model['n_head']} heads ({model['n_kv_head'] or model['n_head']} key/value)"
+        extra = (f", MLP {model['intermediate_size'] or 4 * model['n_embd']} wide, rope_theta "
+                 f"{model['rope_theta']:g}, " + ("tied head" if model["tie_word_embeddings"]
+                                                  else "untied head"))
+    else:
+        heads, extra = f"{model['n_head']} heads", ""
+    print(f"  model: {family}{model['n_layer']} layers, {heads}, n_embd {model['n_embd']}, "
+          f"block {model['block_size']}, vocab {model['vocab_size']}{extra}; {m['dtype']}")
+    if m.get("tokenizer"):
+        print(f"  tokenizer: {m['tokenizer']['file']}")
     print(f"  layout: dp {lay['dp']} × pp {lay['pp']} × tp {lay.get('tp', 1)} "
           f"({lay['chunks']} chunk(s) per rank), "
           f"schedule {lay['schedule']}, ZeRO {lay['zero']}"
@@ -219,12 +275,16 @@ def to_hf_names(tensors: dict, vocab_size: int) -> dict:
 
 
 def pad_vocabulary(tensors: dict, model) -> dict:
-    """`tensors` with wte grown by zero rows to the model's padded vocabulary."""
-    wte = tensors["wte"]
-    if model.padded_vocab == wte.shape[0]:
-        return tensors
-    rows = np.zeros((model.padded_vocab - wte.shape[0], wte.shape[1]), wte.dtype)
-    return {**tensors, "wte": np.concatenate([wte, rows])}
+    """`tensors` with the vocabulary's matrices (wte; a Llama's embed_tokens and lm_head)
+    grown by zero rows to the model's padded vocabulary."""
+    out = dict(tensors)
+    for name in ("wte", hf_llama.EMBED, hf_llama.HEAD):
+        matrix = tensors.get(name)
+        if matrix is not None and model.padded_vocab != matrix.shape[0]:
+            rows = np.zeros((model.padded_vocab - matrix.shape[0], matrix.shape[1]),
+                            matrix.dtype)
+            out[name] = np.concatenate([matrix, rows])
+    return out
 
 
 def from_hf_names(tensors: dict, source: str) -> dict:
@@ -305,45 +365,100 @@ def shard_size(text: str) -> int:
     return size
 
 
+def hf_tensors(tensors: dict, model: dict) -> dict:
+    """A checkpoint's tensors under Hugging Face's names, without vocabulary padding (its
+    vocabulary is the real one: vocab_size rows)."""
+    if model.get("arch") != "llama":
+        return to_hf_names(tensors, model["vocab_size"])
+    rows = model["vocab_size"]
+    return {n: (t[:rows] if n in (hf_llama.EMBED, hf_llama.HEAD) else t)
+            for n, t in tensors.items()}
+
+
+def hf_config_json(manifest: dict, dtype: str) -> dict:
+    """The config.json beside an export, of the checkpoint's family."""
+    model = manifest["model"]
+    if model.get("arch") != "llama":
+        return hf_config(model, dtype)
+    special = {k: v for k, v in (manifest.get("tokenizer") or {}).items() if k != "file"}
+    return hf_llama.hf_config(model, dtype, special)
+
+
 def cmd_export(args) -> int:
-    if not args.out.endswith((".safetensors", ".h5", ".hdf5")):
-        raise HpcpipeError(f"--out {args.out}: name it FILE.h5 or FILE.safetensors")
-    claim_file(args.out, args.force, make_folder=True)  # a new folder is made, as prepare's
-    config_json = os.path.join(os.path.dirname(args.out), "config.json")
-    if args.out.endswith(".safetensors"):
+    if args.format == "hf":
+        if args.out.endswith((".safetensors", ".h5", ".hdf5", ".json")):
+            raise HpcpipeError(f"--out {args.out}: --format hf writes a folder (config.json, "
+                               f"model.safetensors, tokenizer.json): name the folder")
+        out = os.path.join(args.out, huggingface.WEIGHTS)
+    elif not args.out.endswith((".safetensors", ".h5", ".hdf5")):
+        raise HpcpipeError(f"--out {args.out}: name it FILE.h5 or FILE.safetensors, or give "
+                           f"--format hf and a folder")
+    else:
+        out = args.out
+    claim_file(out, args.force, make_folder=True)  # a new folder is made, as prepare's
+    folder = os.path.dirname(out)
+    config_json = os.path.join(folder, huggingface.CONFIG)
+    if out.endswith(".safetensors"):
         claim_file(config_json, args.force)
     path = _resolve(args.checkpoint)
+    manifest = ckpt.read_manifest(path)
+    tokenizer = ckpt.tokenizer_file(path, manifest) if args.format == "hf" else None
+    if tokenizer is not None:
+        claim_file(os.path.join(folder, ckpt.TOKENIZER), args.force)
     tensors, manifest = ckpt.read_weights(path)
-    if args.out.endswith(".safetensors"):
-        named = to_hf_names(tensors, manifest["model"]["vocab_size"])
-        files = huggingface.output_files(args.out, named, args.max_shard_size)
-        for file in files if len(files) > 1 else []:
-            claim_file(file, args.force)  # the shards and the index are outputs too
-        huggingface.save_weights(args.out, named, {
-            "format": "pt", "source": f"hpcpipe {path}", "step": manifest["step"],
-            "n_head": manifest["model"]["n_head"]}, args.max_shard_size)
-        if len(files) > 1:
-            print(f"wrote {len(files) - 1} shards of at most {args.max_shard_size:,} bytes "
-                  f"and {files[-1]} (instead of {args.out})")
-        dtype = str(next(iter(tensors.values())).dtype)
-        write_text_atomic(config_json, json.dumps(hf_config(manifest["model"], dtype),
-                                                  indent=2) + "\n")
-        print(f"wrote {config_json} (Hugging Face GPT-2 config: load the folder with "
-              f"GPT2LMHeadModel.from_pretrained when the weights are named model.safetensors)")
-    else:
-        import h5py
-
-        def write(buffer):
-            with h5py.File(buffer, "w") as f:
-                for name, value in tensors.items():
-                    store(f, name, value)
-                f.attrs["config"] = manifest["config"]
-                f.attrs["step"] = manifest["step"]
-
-        write_buffered(args.out, write)
+    try:
+        with OutputSet() as outputs:  # every file of the export in place, or none
+            files = _export(outputs, out, path, tensors, manifest, config_json, tokenizer,
+                            args)
+    except OSError as e:  # a full disk: nothing of the export is left behind
+        raise HpcpipeError(f"--out {args.out}: writing the export failed ({e.filename}: "
+                           f"{e.strerror or e}); nothing was written, and what was there "
+                           f"is as it was") from None
+    if len(files) > 1:
+        print(f"wrote {len(files) - 1} shards of at most {args.max_shard_size:,} bytes "
+              f"and {files[-1]} (instead of {out})")
+    if out.endswith(".safetensors"):
+        print(f"wrote {config_json} (Hugging Face config: load the folder with "
+              f"transformers.AutoModelForCausalLM.from_pretrained when the weights are "
+              f"named model.safetensors)")
+        if tokenizer is not None:
+            print(f"wrote {os.path.join(folder, ckpt.TOKENIZER)}")
     size = sum(value.nbytes for value in tensors.values())
     print(f"exported {len(tensors)} tensors of {path} to {args.out} ({size / 2**20:.1f} MiB)")
     return 0
+
+
+def _export(outputs, out: str, path: str, tensors: dict, manifest: dict, config_json: str,
+            tokenizer: str | None, args) -> list[str]:
+    """The export's files, written through `outputs` (files.OutputSet): the .h5, or the
+    weights under Hugging Face's names (`out`, or shards and their index beside it), the
+    config.json and the checkpoint's tokenizer.json where it has one; returns the
+    safetensors files."""
+    if not out.endswith(".safetensors"):
+        import h5py
+
+        buffer = io.BytesIO()
+        with h5py.File(buffer, "w") as f:
+            for name, value in tensors.items():
+                store(f, name, value)
+            f.attrs["config"] = manifest["config"]
+            f.attrs["step"] = manifest["step"]
+        outputs.write_bytes(out, buffer.getbuffer())
+        return [out]
+    named = hf_tensors(tensors, manifest["model"])
+    files = huggingface.output_files(out, named, args.max_shard_size)
+    for file in files if len(files) > 1 else []:
+        claim_file(file, args.force)  # the shards and the index are outputs too
+    huggingface.save_weights(outputs, out, named, {
+        "format": "pt", "source": f"hpcpipe {path}", "step": manifest["step"],
+        "n_head": manifest["model"]["n_head"]}, args.max_shard_size)
+    dtype = str(next(iter(tensors.values())).dtype)
+    outputs.write_bytes(config_json, (json.dumps(hf_config_json(manifest, dtype), indent=2)
+                                      + "\n").encode())
+    if tokenizer is not None:
+        with open(tokenizer, "rb") as f:
+            outputs.write_bytes(os.path.join(os.path.dirname(out), ckpt.TOKENIZER), f.read())
+    return files
 
 
 def declared_architecture(weights: str) -> tuple[dict, set] | None:
@@ -383,25 +498,139 @@ def import_shape(tensors: dict, metadata: dict, weights: str, base) -> dict:
 
 
 def cmd_import(args) -> int:
-    import dataclasses
-
+    """import-hf (and its old name import-gpt2): the family from config.json's model_type."""
     from hpcpipe import config
     from hpcpipe.device.budget import require
 
     claim_folder(args.out, ckpt.is_checkpoint, args.force)  # before reading anything
     base = config.load(args.config) if args.config else None
     weights = huggingface.named_file(args.file)
-    require(huggingface.total_bytes(args.file), f"importing {args.file}")
-    raw, metadata = huggingface.load_weights(args.file)
-    tensors = from_hf_names(raw, weights)
-    shape = import_shape(tensors, metadata, weights, base)
+    folder = os.path.dirname(weights) or "."
+    declared = _config_json(folder, weights)
+    kind = (declared or {}).get("model_type", "gpt2")
+    if kind not in ("gpt2", *hf_llama.MODEL_TYPES):
+        raise HpcpipeError(f"{os.path.join(folder, huggingface.CONFIG)}: model_type = "
+                           f"{json.dumps(kind)[:40]}: hpcpipe imports gpt2 and "
+                           f"{' and '.join(hf_llama.MODEL_TYPES)} models; not imported")
+    if kind in hf_llama.MODEL_TYPES:
+        source = f"{os.path.join(folder, huggingface.CONFIG)}"
+        model, special = hf_llama.architecture(declared, source)
+        require(huggingface.total_bytes(args.file), f"importing {args.file}")
+        raw, _ = huggingface.load_weights(args.file)
+        tensors = hf_llama.check_tensors(raw, model, weights)
+    else:
+        require(huggingface.total_bytes(args.file), f"importing {args.file}")
+        raw, metadata = huggingface.load_weights(args.file)
+        tensors = from_hf_names(raw, weights)
+        model, special = import_shape(tensors, metadata, weights, base), {}
+    tokenizer = _folder_tokenizer(folder, model["vocab_size"])
+    cfg = _import_config(base, model, args.config or weights)
+    tensors = pad_vocabulary(tensors, cfg.model)  # --config's model.vocab_multiple, if any
+    ckpt.write_weights(args.out, cfg, tensors, step=0, source=weights, force=args.force,
+                       tokenizer=tokenizer, special=special)
+    _imported(args, cfg.model, len(tensors), tokenizer)
+    return 0
+
+
+def _config_json(folder: str, weights: str) -> dict | None:
+    """The config.json beside `weights` (bounded, strict), or None when there is none."""
+    path = os.path.join(folder, huggingface.CONFIG)
+    if not os.path.lexists(path):  # one that is there but not a file is an error, not absent
+        return None
+    data = huggingface.read_json(path, f"the Hugging Face config beside {weights}")
+    if not isinstance(data, dict):
+        raise HpcpipeError(f"{path}: a JSON {type(data).__name__}, not a config object")
+    return data
+
+
+def _folder_tokenizer(folder: str, vocab_size: int) -> bytes | None:
+    """The folder's tokenizer.json, checked to be one the tokenizers package reads and to
+    fit the vocabulary (kept with the checkpoint), or None when there is none."""
+    path = os.path.join(folder, ckpt.TOKENIZER)
+    if not os.path.lexists(path):
+        return None
+    return checked_tokenizer(path, vocab_size)
+
+
+def checked_tokenizer(path: str, vocab_size: int) -> bytes:
+    """The bytes of the tokenizer.json at `path` once the tokenizers package has read it
+    and its vocabulary fits the model's. Without the package (GPT-2 needs none) the file
+    is kept unread, bounded, and checked where it is used."""
+    from hpcpipe.data.tokenizer import MAX_FILE_BYTES, TokenizerError, load_tokenizer_json
+    from hpcpipe.util.files import read_bounded
+
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        print(f"note: {path} is kept as it is (the tokenizers package, which reads it, is "
+              f"not installed)")
+        try:
+            return read_bounded(path, MAX_FILE_BYTES)
+        except (OSError, ValueError) as e:
+            raise TokenizerError(f"tokenizer file {path} cannot be read ({e})") from None
+    tokenizer = load_tokenizer_json(path)
+    if tokenizer.vocab_size > vocab_size:
+        raise HpcpipeError(f"{path}: {tokenizer.vocab_size:,} tokens, more than the model's "
+                           f"vocabulary of {vocab_size:,}: not this model's tokenizer")
+    with open(path, "rb") as f:  # (read_bounded checked it is a small regular file)
+        return f.read()
+
+
+def _import_config(base, model: dict, source: str):
+    """The run config of an import: --config's (or the defaults) with the model's shape."""
+    import dataclasses
+
+    from hpcpipe import config
+
     base = base or config.from_dict({}, "<defaults>")
-    model = dataclasses.replace(base.model, **shape)
-    tensors = pad_vocabulary(tensors, model)  # --config's model.vocab_multiple, if any
-    cfg = config.validate(dataclasses.replace(base, model=model, source=args.config
-                                              or weights))
-    ckpt.write_weights(args.out, cfg, tensors, step=0, source=weights, force=args.force)
-    print(f"imported {len(tensors)} tensors from {args.file} into {args.out}: "
+    shape = dataclasses.replace(base.model, **model)
+    return config.validate(dataclasses.replace(base, model=shape, source=source))
+
+
+def _imported(args, model, count: int, tokenizer) -> None:
+    kv = f" ({model.kv_heads} key/value)" if model.arch == "llama" else ""
+    print(f"imported {count} tensors from {args.file} into {args.out}: {model.arch}, "
           f"{model.n_layer} layers, n_embd {model.n_embd}, vocab {model.vocab_size}, "
-          f"block {model.block_size}, {model.n_head} heads")
+          f"block {model.block_size}, {model.n_head} heads{kv}"
+          + (", with its tokenizer.json" if tokenizer is not None else ""))
+
+
+def cmd_import_gguf(args) -> int:
+    """import-gguf: a Llama GGUF file, its header read bounded (gguf_file.py), its
+    tensors dequantized by the gguf package."""
+    from hpcpipe import config
+    from hpcpipe.checkpoint import gguf_file, gguf_llama
+    from hpcpipe.device.budget import require
+    from hpcpipe.model.llama_layout import LlamaConfig, param_layout
+
+    claim_folder(args.out, ckpt.is_checkpoint, args.force)  # before reading anything
+    base = config.load(args.config) if args.config else None
+    try:
+        import gguf  # noqa: F401 (its dequantization)
+    except ImportError:
+        raise HpcpipeError("reading GGUF files needs the gguf package: pip install "
+                           "'hpcpipe[hf]' (or: pip install gguf)") from None
+    header = gguf_file.read_header(args.file)
+    model = gguf_llama.architecture(header, args.file)
+    gguf_llama.check_shapes(header, model, args.file)
+    special = gguf_llama.special_tokens(header, model["vocab_size"])
+    tokenizer = None
+    if not args.without_tokenizer:
+        import tempfile
+
+        text = gguf_llama.tokenizer_json(header, args.file)
+        with tempfile.TemporaryDirectory() as tmp:  # read back as any tokenizer.json is
+            path = os.path.join(tmp, ckpt.TOKENIZER)
+            with open(path, "wb") as f:
+                f.write(text)
+            tokenizer = checked_tokenizer(path, model["vocab_size"])
+    parameters = sum(math.prod(s) for _, s in param_layout(LlamaConfig(**model)))
+    require(8 * parameters, f"importing {args.file} (its tensors in float32, and their "
+                            f"checkpoint)")
+    tensors = gguf_llama.tensors(args.file, header, model)
+    cfg = _import_config(base, model, args.config or args.file)
+    tensors = pad_vocabulary(tensors, cfg.model)
+    ckpt.write_weights(args.out, cfg, tensors, step=0, source=args.file, force=args.force,
+                       tokenizer=tokenizer, special=special)
+    _imported(args, cfg.model, len(tensors), tokenizer)
     return 0

@@ -4,8 +4,8 @@ Every key's section, name, type and default come from the dataclasses themselves
 (config.SECTIONS); its meaning from the comment that documents the field where it is
 declared — the comment lines just above it and the comment at the end of its line, as
 Sphinx's autodoc reads `#:` comments. So the reference cannot drift from the code: a new
-key without a comment fails the test that every key has a meaning, and the README's table
-is this module's Markdown, checked equal by a test (`--list --markdown` prints it).
+key without a comment fails the test that every key has a meaning, and the documentation
+site's config reference (docs/reference/config.md) is generated from `keys` as it builds.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _RULE = re.compile(r"^-+\s.*-+$|^-+$")  # "# -- logging ----": a heading, not a 
 def choices() -> dict[str, tuple]:
     """The allowed values of the keys that have a list of them, from the modules that
     implement them (as the loader checks them), so that a new schedule shows up here."""
-    return {"train.dtype": config.DTYPES, "train.device": config.DEVICES,
+    return {"model.arch": config.ARCHS, "train.dtype": config.DTYPES, "train.device": config.DEVICES,
             "parallel.schedule": config.SCHEDULES, "parallel.rank_order": config.RANK_ORDERS,
             "parallel.grad_comm_dtype": config.COMM_DTYPES,
             "checkpoint.resume": ("never", "auto")}
@@ -96,7 +96,7 @@ def keys() -> list[Key]:
 
 
 def markdown() -> str:
-    """The README's table."""
+    """Every key as one Markdown table (`--list --markdown`)."""
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for key in keys():
         meaning = key.meaning.replace("|", "\\|")
@@ -121,7 +121,7 @@ def text(width: int = 100) -> str:
 EPILOG = """\
 examples:
   python -m hpcpipe config --list                 # every key: type, default, meaning
-  python -m hpcpipe config --list --markdown      # the same, as the README's table
+  python -m hpcpipe config --list --markdown      # the same, as one Markdown table
   python -m hpcpipe config inputs/tiny.toml --set train.steps=50   # the resolved config
 
 A config file names only the keys it changes; the rest keep the defaults listed here."""
@@ -142,7 +142,7 @@ def register(subparsers):
                         help="list every key of every section with its type, default and "
                              "meaning")
     parser.add_argument("--markdown", action="store_true",
-                        help="with --list: as a Markdown table (the README's)")
+                        help="with --list: as a Markdown table")
     parser.set_defaults(func=run)
     return parser
 

@@ -7,7 +7,10 @@ that each stage's tensor shards share a node.
 It runs as one process or as every rank of a job (`srun python -m mpi4py -m hpcpipe
 doctor`): each rank collects its own facts, rank 0 prints once what all ranks share, then
 per node what differs between its ranks, then the problems found. The exit status is 1
-when there are problems, so a job script can stop early.
+when there are problems, so a job script can stop early. Given a run directory that holds
+the dumps of a hang (RUN_DIR/hangs/, written by every rank when parallel.timeout ended the
+job or on SIGUSR2), it also reads them and names the ranks that wait on each other: the one
+that stalls, a cycle of them, or one that left no dump.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ examples:
   mpiexec -n 2 python -m mpi4py -m hpcpipe doctor  as the ranks of a workstation run
   srun python -m mpi4py -m hpcpipe doctor runs/    as the ranks of a Slurm job step
   srun python -m mpi4py -m hpcpipe doctor --pp 2 --tp 4 runs/
-                                                   and the layout it will train with"""
+                                                   and the layout it will train with
+  python -m hpcpipe doctor runs/tiny               a run that hung: who waits on whom"""
 
 # Variables a launcher sets to the number of processes it started: when MPI sees fewer,
 # the launcher and the MPI library do not talk to each other (srun's --mpi plugin, or an
@@ -350,6 +354,20 @@ def render(reports: list[tuple[str, dict]], problems: list[str]) -> str:
     return "\n".join(lines)
 
 
+def hang_report(run_dir: str) -> tuple[str, list[str]]:
+    """The hang dumps of a run (RUN_DIR/hangs/, parallel/watchdog.py) as text to print
+    after the report, and what they show (runs/hangs.py: who waits on whom, who stalls)
+    among the problems; nothing where the run has none."""
+    from hpcpipe.runs.hangs import analyse, read_dumps
+
+    dumps, problems = read_dumps(run_dir)
+    if not dumps:
+        return "", problems
+    lines, findings = analyse(dumps)
+    return ("\n\nhang dumps in " + os.path.join(run_dir, "hangs") + " (who waits on whom):\n"
+            + "\n".join(f"  {line}" for line in lines)), problems + findings
+
+
 def cmd_doctor(args) -> int:
     from mpi4py import MPI
 
@@ -368,7 +386,11 @@ def cmd_doctor(args) -> int:
             for _, facts in reports:
                 facts["layout"] = fact
             all_problems += layout_problems
-        print(render(reports, all_problems), flush=True)
+        hang_lines, hang_problems = hang_report(args.run_dir)
+        all_problems += hang_problems
+        text = render(reports, all_problems)
+        head, _, tail = text.rpartition("\n\n")  # the hang dumps before the problems
+        print(head + hang_lines + "\n\n" + tail, flush=True)
         status = 1 if all_problems else 0
     status = comm.bcast(status, root=0)
     if status:

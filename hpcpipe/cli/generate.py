@@ -6,10 +6,12 @@ Every argument is checked as it is parsed (counts, a finite temperature, a seed 
 byte-level model takes any prompt, UTF-8 or not, as its bytes), and the model's memory
 before it is allocated.
 
-Text in and out goes through a tokenizer (tokenizer.py): bytes for a vocabulary of 256,
-GPT-2's BPE for one of 50257 or more (a padded GPT-2 vocabulary), token ids otherwise;
-`--tokenizer` chooses another. Each new token costs one incremental forward over the
-key/value cache (kvcache.py), not a forward over the whole context.
+Text in and out goes through a tokenizer (tokenizer.py): the checkpoint's own
+tokenizer.json where it has one (an imported Llama's, through the tokenizers package),
+else bytes for a vocabulary of 256, GPT-2's BPE for one of 50257 or more (a padded GPT-2
+vocabulary), token ids otherwise; `--tokenizer` chooses another. Either family: GPT-2 or
+a Llama (model.arch). Each new token costs one incremental forward over the key/value
+cache (kvcache.py), not a forward over the whole context.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ examples:
   python -m hpcpipe generate runs/tiny --prompt 'def main(' --tokens 200
   python -m hpcpipe generate runs/gpt2 --prompt 'The meaning of life is' --top-k 40
   python -m hpcpipe generate runs/gpt2 --prompt-ids 464,3290 --tokens 20 --top-k 40
+  python -m hpcpipe generate runs/smollm2 --prompt 'The capital of France is' \
+      --temperature 0 --tokens 50                     # its own tokenizer.json
 
 GPT-2's BPE needs tiktoken (pip install 'hpcpipe[gpt2]') and its ranks: --tokenizer-file
 FILE or $HPCPIPE_TOKENIZER_FILE (offline), else tiktoken downloads them once; the file is
@@ -56,11 +60,15 @@ def register(subparsers):
     gen.add_argument("--top-k", type=integer(0), default=0,
                      help="sample among the k likeliest (0: all)")
     gen.add_argument("--seed", type=integer(0), default=0)
-    gen.add_argument("--tokenizer", choices=("auto", "bytes", "gpt2", "ids"), default="auto",
-                     help="how text becomes tokens: auto (bytes for vocab 256, gpt2 for "
-                          "50257 or more, else ids), bytes, gpt2 (needs tiktoken) or ids")
+    gen.add_argument("--tokenizer", choices=("auto", "bytes", "gpt2", "hf", "ids"),
+                     default="auto",
+                     help="how text becomes tokens: auto (the checkpoint's tokenizer.json "
+                          "when it has one, else bytes for vocab 256, gpt2 for 50257 or "
+                          "more, else ids), bytes, gpt2 (needs tiktoken), hf (a "
+                          "tokenizer.json: --tokenizer-file) or ids")
     gen.add_argument("--tokenizer-file", metavar="FILE",
-                     help="GPT-2's BPE ranks in tiktoken's format (r50k_base.tiktoken)")
+                     help="gpt2: GPT-2's BPE ranks in tiktoken's format "
+                          "(r50k_base.tiktoken); hf: a tokenizer.json")
     gen.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                      help="where to compute: auto (the GPU when there is one), cpu or gpu")
     gen.set_defaults(func=cmd_generate)
@@ -81,20 +89,23 @@ def temperature(text: str) -> float:
     return value
 
 
-def choose_tokenizer(args, vocab_size: int) -> Tokenizer | None:
-    """The tokenizer text goes through, or None when the model takes and gives ids."""
-    name = args.tokenizer
+def choose_tokenizer(args, vocab_size: int, own: str | None = None) -> Tokenizer | None:
+    """The tokenizer text goes through, or None when the model takes and gives ids. own:
+    the checkpoint's tokenizer.json, which `auto` prefers."""
+    name, file = args.tokenizer, args.tokenizer_file
     if name == "auto":
-        name = ("bytes" if vocab_size == 256 else "gpt2" if vocab_size >= GPT2_VOCAB
-                else "ids")
+        name = ("hf" if own is not None else "bytes" if vocab_size == 256
+                else "gpt2" if vocab_size >= GPT2_VOCAB else "ids")
+        if name == "hf":
+            file = own
     if name == "ids" or (args.prompt_ids is not None and args.tokenizer == "auto"):
         return None
-    tokenizer = load(name, args.tokenizer_file)
+    tokenizer = load(name, file)
     if tokenizer.vocab_size > vocab_size:
         raise HpcpipeError(f"the {name} tokenizer has {tokenizer.vocab_size:,} tokens, more "
                            f"than this model's vocabulary of {vocab_size:,}: choose another "
                            f"--tokenizer")
-    if tokenizer.vocab_size < vocab_size and name != "gpt2":
+    if tokenizer.vocab_size < vocab_size and name not in ("gpt2", "hf"):
         # The model could emit an id the tokenizer cannot write as text, mid-output. (GPT-2's
         # BPE beside a padded vocabulary, nanoGPT's 50304, samples only its own ids.)
         raise HpcpipeError(f"this model's vocabulary has {vocab_size:,} tokens; the {name} "
@@ -129,7 +140,7 @@ def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None = None) -> lis
         if tokenizer is None:
             raise HpcpipeError(f"this model's vocabulary ({vocab_size}) is not bytes: give "
                                f"--prompt-ids, or --tokenizer gpt2 for GPT-2's BPE")
-        ids = tokenizer.encode(os.fsencode(args.prompt))  # the command line's own bytes
+        ids = tokenizer.prompt(os.fsencode(args.prompt))  # the command line's own bytes
     else:
         ids = []
     if ids:
@@ -146,21 +157,14 @@ def sample(model, be, ids: list[int], args) -> list[int]:
 
 
 def load_model(path: str, manifest: dict, device: str = "auto"):
-    """(model, backend) of a checkpoint on `device`, its memory checked before it is
-    allocated."""
+    """(model, backend) of a checkpoint on `device` — a GPT or a Llama — its memory
+    checked before it is allocated."""
     from hpcpipe.device import backend
-    from hpcpipe.device.budget import (
-        BudgetError,
-        device_available,
-        gib,
-        require,
-        run_need,
-    )
-    from hpcpipe.model import GPT, GPTConfig
+    from hpcpipe.device.budget import BudgetError, device_available, gib, require
 
-    shape = GPTConfig(**manifest["model"])
+    shape = ckpt.manifest_shape(manifest)
     dtype = "float32" if manifest["dtype"] in ("float16", "bfloat16") else manifest["dtype"]
-    need = run_need(shape, 1, dtype, optimizer=False)
+    need = sampling_need(shape, dtype)
     # One token at a time is too little work to share between cores: BLAS on one thread
     # (its idle workers would spin on the cores between the many small products), and a
     # backend whose pool is this one thread.
@@ -168,23 +172,40 @@ def load_model(path: str, manifest: dict, device: str = "auto"):
     be = backend.select(device)
     if be.is_gpu:
         free = device_available(be)
-        if free is not None and need.total > free:
-            raise BudgetError(f"{path}: sampling needs at least {gib(need.total)} on the GPU "
-                              f"({need.describe()}); {gib(free)} is free")
+        if free is not None and need > free:
+            raise BudgetError(f"{path}: sampling needs at least {gib(need)} on the GPU; "
+                              f"{gib(free)} is free")
     else:
-        require(need.total, f"sampling from {path} ({need.describe()})")
-    tensors, _ = ckpt.read_weights(path)
-    model = GPT(shape, dtype=dtype, be=be)
-    for name, value in tensors.items():
-        model.params[name][...] = be.xp.asarray(value.astype(dtype))
-    return model, be
+        require(need, f"sampling from {path}")
+    return ckpt.load_model(path, dtype, be), be
+
+
+def sampling_need(shape, dtype: str) -> int:
+    """Bytes sampling holds: the weights and the gradient buffers beside them, the
+    key/value cache of a full context, and a prompt's logits and activations."""
+    import math
+
+    from hpcpipe.model import family
+
+    item = np_itemsize(dtype)
+    params = sum(math.prod(s) for _, s in family.param_layout(shape))
+    cache = 2 * shape.n_layer * shape.kv_heads * shape.block_size * shape.head_size
+    prompt = shape.block_size * (shape.padded_vocab + 8 * max(shape.n_embd, shape.ffn_width))
+    return 2 * params * item + (cache + prompt) * max(item, 4) + \
+        shape.n_head * shape.block_size ** 2 * max(item, 4)
+
+
+def np_itemsize(dtype: str) -> int:
+    from hpcpipe.device.dtypes import compute_dtype
+
+    return compute_dtype(dtype).itemsize
 
 
 def cmd_generate(args) -> int:
     path = ckpt.resolve(args.checkpoint)
     manifest = ckpt.read_manifest(path)
     vocab_size = manifest["model"]["vocab_size"]
-    tokenizer = choose_tokenizer(args, vocab_size)
+    tokenizer = choose_tokenizer(args, vocab_size, ckpt.tokenizer_file(path, manifest))
     ids = prompt_ids(args, vocab_size, tokenizer)
     model, be = load_model(path, manifest, args.device)
     sampler = Sampler(model, be, args.temperature, args.top_k, args.seed,

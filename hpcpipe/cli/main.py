@@ -14,7 +14,8 @@ import os
 import signal
 
 from hpcpipe import __version__
-from hpcpipe.cli.guard import Job, run
+from hpcpipe.cli.guard import Job, launch_rank, run
+from hpcpipe.runs.lock import writing_into
 from hpcpipe.util.arguments import Parser, number, path
 
 EPILOG = """\
@@ -131,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m hpcpipe prepare --corpus ~/books/ --out data/books.tokens.h5\n"
                "  python -m hpcpipe prepare --tokenizer gpt2 --tokenizer-file "
                "r50k_base.tiktoken\n"
+               "  python -m hpcpipe prepare --corpus notes/ --tokenizer hf --tokenizer-file "
+               "runs/smollm2/tokenizer.json\n"
                "  python -m hpcpipe prepare --from 'fineweb10B/fineweb_train_*.bin' "
                "--out data/fineweb.tokens.h5\n\n"
                "GPT-2's BPE ranks: --tokenizer-file FILE, or $HPCPIPE_TOKENIZER_FILE, else "
@@ -142,11 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--from", dest="source", metavar="TOKENS",
                       help="convert token files instead: an llm.c shard or a glob of them "
                            "(quoted), or a nanoGPT train.bin (val files found by name)")
-    prep.add_argument("--tokenizer", choices=("bytes", "gpt2"), default=None,
-                      help="bytes (default) or gpt2 (GPT-2's BPE through tiktoken)")
+    prep.add_argument("--tokenizer", choices=("bytes", "gpt2", "hf"), default=None,
+                      help="bytes (default), gpt2 (GPT-2's BPE through tiktoken) or hf (a "
+                           "Hugging Face tokenizer.json through tokenizers, e.g. an "
+                           "imported Llama's: --tokenizer-file CHECKPOINT/tokenizer.json)")
     prep.add_argument("--tokenizer-file", metavar="FILE",
-                      help="GPT-2's BPE ranks in tiktoken's format (r50k_base.tiktoken), "
-                           "for machines without a network")
+                      help="gpt2: GPT-2's BPE ranks in tiktoken's format "
+                           "(r50k_base.tiktoken), for machines without a network; hf: the "
+                           "tokenizer.json")
     prep.add_argument("--out", help="output HDF5 file (default: data/<corpus name>.tokens.h5; "
                                     "never .bin, which hpcpipe reads as llm.c / nanoGPT tokens)")
     prep.add_argument("--val-fraction", type=number(0, 1), default=0.05,
@@ -234,9 +240,9 @@ def cmd_prepare(args) -> int:
         convert(args.source, out)
         return 0
     corpus, name = args.corpus or "stdlib", args.tokenizer or "bytes"
-    out = args.out or default_token_path(corpus, name)
-    check_hdf5_name(out)
     tokenizer = load(name, args.tokenizer_file)  # before claiming: a missing library
+    out = args.out or default_token_path(corpus, tokenizer.tag)
+    check_hdf5_name(out)
     claim_file(out, args.force, "--out", make_folder=True)
     prepare(corpus, out, args.val_fraction, tokenizer=tokenizer)
     return 0
@@ -255,7 +261,23 @@ def main(argv=None) -> int:
             parser.print_help()
             return 2
         args.job = job
-        return args.func(args)
+        with writing_into(outputs_of(args) if launch_rank() == 0 else [],
+                          f"`{args.command}`"):
+            return args.func(args)
 
     return run(command, job)
+
+
+# The options through which a command names a file or folder it writes (train's own run
+# directory is the run's: train locks it itself, for as long as it runs).
+OUTPUT_OPTIONS = ("out", "json", "png", "svg", "save_csv", "pareto", "dir")
+
+
+def outputs_of(args) -> list[str]:
+    """Every path the parsed command will write: its output options' values, and what it
+    writes by default (a command's `implied_outputs`, e.g. plot's RUN_DIR/plot.png)."""
+    named = [value for option in OUTPUT_OPTIONS
+             if isinstance(value := getattr(args, option, None), str)]
+    implied = getattr(args, "implied_outputs", None)
+    return named + (list(implied(args)) if implied else [])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 
 from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.files import claim_file, write_text_atomic
@@ -70,22 +71,25 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
     the launch's ranks (0: pp × tp × dp, one replica for dp auto), as train resolves them;
     `gpu_memory`: each rank's GPU in GiB, in place of this machine's (--gpu-memory)."""
     from hpcpipe import config
+    from hpcpipe.parallel.grid import check_launch
     from hpcpipe.parallel.pipeline.planning import stage_costs
     from hpcpipe.train import memplan
 
     if json_path is not None:  # before any work; never over a file unless --force
         claim_file(json_path, force, "--json")
-    cfg = config.load(path, overrides)
+    cfg = config.require_gpt2_stages(config.load(path, overrides))
     p = cfg.parallel
-    cfg = config.for_world(cfg, world or p.pp * p.tp * max(p.dp, 1))
+    world = world or p.pp * p.tp * max(p.dp, 1)
+    cfg = config.for_world(cfg, world)
     p = cfg.parallel
+    check_launch(world, p.dp, p.pp, p.tp, cfg.source)  # what train says of this launch
     ranks = ranks_per_node or memplan.replicas(cfg) * p.pp  # dp "auto": one replica
     costs = stage_costs(cfg)  # (a GPU run's are counted: once)
     plans = memplan.plan(cfg, costs)
     be = _gpu_backend(cfg)
     have, sharing = _room(cfg, be, ranks, gpu_memory)
-    out(memplan.describe(cfg, plans, have, sharing, gpu=be is not None or gpu_memory
-                         is not None or cfg.train.device == "gpu", costs=costs))
+    out(wrapped(memplan.describe(cfg, plans, have, sharing, gpu=be is not None or gpu_memory
+                                 is not None or cfg.train.device == "gpu", costs=costs)))
     if json_path is not None:  # written before the check: a refused plan too
         write_text_atomic(json_path, json.dumps(
             {"config": cfg.source, "schedule": p.schedule, "recompute": list(cfg.recompute),
@@ -95,6 +99,22 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
     out("fits." if have is not None else "the fit is checked at launch (no GPU here: "
         "--gpu-memory GIB checks it now).")
     return 0
+
+
+WIDTH = 100  # the plan's prose lines fold here, as the project's other text does
+
+
+def wrapped(text: str, width: int = WIDTH) -> str:
+    """The plan with its prose lines folded at `width`, each continuation indented two
+    spaces; the table's rows stay whole (a row folded would no longer read as a row)."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("|") or len(line) <= width:
+            lines.append(line)
+        else:
+            lines += textwrap.wrap(line, width, subsequent_indent="  ",
+                                   break_on_hyphens=False)
+    return "\n".join(lines)
 
 
 def claim_on_root(comm, json_path, force: bool):

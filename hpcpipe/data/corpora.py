@@ -124,12 +124,14 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def _tokenize(texts: list[bytes], tokenizer: Tokenizer) -> list[np.ndarray]:
     """Each text's tokens followed by the document separator: a line break for bytes
-    (files end on one, as text should), `<|endoftext|>` for a BPE (as GPT-2 was trained)."""
+    (files end on one, as text should), `<|endoftext|>` for a BPE (as GPT-2 was trained;
+    a tokenizer.json's document end, else its tokens of a line break)."""
     dtype = token_dtype(tokenizer.vocab_size)
-    if tokenizer.eot is None:
+    if tokenizer.eot is None and hasattr(tokenizer, "encode_array"):  # bytes
         newline = encode(b"\n")
         return [part for data in texts for part in (tokenizer.encode_array(data), newline)]
-    separator = np.array([tokenizer.eot], dtype=dtype)
+    separator = np.array([tokenizer.eot] if tokenizer.eot is not None
+                         else tokenizer.encode(b"\n"), dtype=dtype)
     return [part for ids in tokenizer.encode_many(texts)
             for part in (np.asarray(ids, dtype=dtype), separator)]
 

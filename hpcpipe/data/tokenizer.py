@@ -1,5 +1,12 @@
-"""Tokenizers: bytes (the default: vocab 256, nothing to download) and GPT-2's BPE, and
-text decoded from tokens as they come.
+"""Tokenizers: bytes (the default: vocab 256, nothing to download), GPT-2's BPE, a Hugging
+Face `tokenizer.json` (the Llama family's: SmolLM2's, Llama 3's, ...), and text decoded
+from tokens as they come.
+
+A `tokenizer.json` runs through Hugging Face's `tokenizers` package (`pip install
+'hpcpipe[hf]'`): `load("hf", FILE)`. The file is read bounded (MAX_FILE_BYTES) and parsed
+by the package's own reader (Rust: a malformed file is an error, never code run); a
+checkpoint imported from Hugging Face or GGUF carries its own (`ckpt import-hf`,
+`ckpt import-gguf`), which `generate` uses by itself.
 
 GPT-2's BPE runs through tiktoken, an optional extra (`pip install 'hpcpipe[gpt2]'`).
 Its 50,256 merge ranks are a 1.6 MB file, `r50k_base.tiktoken` — GPT-2's vocabulary in
@@ -24,6 +31,7 @@ import base64
 import binascii
 import codecs
 import hashlib
+import json
 import os
 
 import numpy as np
@@ -31,7 +39,7 @@ import numpy as np
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import TooLarge, read_bounded
 
-TOKENIZERS = ("bytes", "gpt2")
+TOKENIZERS = ("bytes", "gpt2", "hf")
 FILE_ENV = "HPCPIPE_TOKENIZER_FILE"
 GPT2_FILE_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 GPT2_FILE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -42,6 +50,11 @@ ENDOFTEXT = "<|endoftext|>"
 MAX_FILE_BYTES = 64 * 2**20  # GPT-4's ranks (cl100k) are 1.7 MB; anything this big is not ranks
 MAX_RANKS = 2**31 - 2
 INSTALL = "pip install 'hpcpipe[gpt2]' (or: pip install tiktoken)"
+HF_INSTALL = "pip install 'hpcpipe[hf]' (or: pip install tokenizers)"
+# Tokens that separate documents, as their vocabularies name them (GPT-2, SmolLM2 and
+# most byte-level BPEs; Llama 3; SentencePiece models): the first one a tokenizer.json
+# has is its `eot`.
+DOCUMENT_ENDS = ("<|endoftext|>", "<|end_of_text|>", "</s>")
 _REPLACEMENT = "\ufffd".encode()
 
 
@@ -63,8 +76,18 @@ class Tokenizer:
     def token_bytes(self, token: int) -> bytes:
         raise NotImplementedError
 
+    def prompt(self, data: bytes) -> list[int]:
+        """A prompt's tokens: its text's, with what the tokenizer puts in front of a
+        sequence (a tokenizer.json's BOS token, where it adds one)."""
+        return self.encode(data)
+
     def decode(self, ids) -> str:
         return b"".join(self.token_bytes(int(i)) for i in ids).decode("utf-8", "replace")
+
+    @property
+    def tag(self) -> str:
+        """A short name that tells this vocabulary from others (default token paths)."""
+        return self.name
 
 
 class ByteTokenizer(Tokenizer):
@@ -106,11 +129,111 @@ class BPETokenizer(Tokenizer):
             return _REPLACEMENT
 
 
+class HFTokenizer(Tokenizer):
+    """A Hugging Face tokenizer.json through the `tokenizers` package. Text is encoded
+    without added special tokens (no BOS: a document's own text); ids become bytes
+    through the vocabulary — byte-level BPE's alphabet read back to bytes (GPT-2's
+    byte-to-unicode map), SentencePiece's ▁ as a space and <0xNN> as the byte — so that
+    `TextStream` can join a character split over several tokens."""
+
+    name = "hf"
+    digest = ""  # the tokenizer.json's SHA-256
+
+    @property
+    def tag(self) -> str:
+        return f"hf-{self.digest[:8]}"
+
+    def __init__(self, tokenizer, source: str, config: dict):
+        self.tokenizer, self.source = tokenizer, source
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        self.eot = next((vocab[t] for t in DOCUMENT_ENDS if t in vocab), None)
+        self._pieces = {i: t for t, i in vocab.items()}
+        added = config.get("added_tokens") or []
+        self._literal = {t.get("id") for t in added if isinstance(t, dict)}
+        self._byte_level = "ByteLevel" in json.dumps(config.get("decoder"))
+        self._bytes = {c: b for b, c in _byte_alphabet().items()}
+
+    def encode(self, data: bytes) -> list[int]:
+        return self.tokenizer.encode(data.decode("utf-8", "replace"),
+                                     add_special_tokens=False).ids
+
+    def prompt(self, data: bytes) -> list[int]:
+        return self.tokenizer.encode(data.decode("utf-8", "replace")).ids
+
+    def encode_many(self, texts: list[bytes]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(
+            [t.decode("utf-8", "replace") for t in texts], add_special_tokens=False)]
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            return _REPLACEMENT
+        if token in self._literal:  # an added token (<|im_start|>, ...): its own text
+            return piece.encode("utf-8")
+        if self._byte_level:
+            if all(c in self._bytes for c in piece):
+                return bytes(self._bytes[c] for c in piece)
+            return piece.encode("utf-8")
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])  # SentencePiece's byte fallback
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte → printable character map, which byte-level BPE vocabularies are
+    written in (the printable bytes themselves, the others shifted past 255)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    out, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+def load_tokenizer_json(file: str) -> HFTokenizer:
+    """A tokenizer.json as an HFTokenizer, the file bounded and checked to be one."""
+    try:
+        from tokenizers import Tokenizer as Reader
+    except ImportError:
+        raise TokenizerError(f"a tokenizer.json needs Hugging Face's tokenizers: "
+                             f"{HF_INSTALL}") from None
+    try:
+        data = read_bounded(file, MAX_FILE_BYTES)
+    except TooLarge as e:
+        raise TokenizerError(f"tokenizer file {file}: {e.size:,} bytes is too large for a "
+                             f"tokenizer.json (at most {MAX_FILE_BYTES:,})") from None
+    except OSError as e:
+        raise TokenizerError(f"tokenizer file {file} cannot be read ({e.strerror or e})") \
+            from None
+    try:
+        text = data.decode("utf-8")
+        config = json.loads(text)
+        tokenizer = Reader.from_str(text)
+    except Exception as e:  # JSON, UTF-8 or the package's own refusal: all one message
+        raise TokenizerError(f"tokenizer file {file} is not a tokenizer.json the tokenizers "
+                             f"package reads ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(config, dict):
+        raise TokenizerError(f"tokenizer file {file}: not a JSON object")
+    digest = hashlib.sha256(data).hexdigest()
+    hf = HFTokenizer(tokenizer, f"{file} (sha256 {digest[:12]})", config)
+    hf.digest = digest
+    return hf
+
+
 def load(name: str, file: str | None = None) -> Tokenizer:
-    """The tokenizer called `name` ("bytes" or "gpt2"); `file`: GPT-2's ranks in tiktoken's
-    format (else HPCPIPE_TOKENIZER_FILE, else tiktoken's own "gpt2" encoding)."""
+    """The tokenizer called `name` ("bytes", "gpt2" or "hf"); `file`: GPT-2's ranks in
+    tiktoken's format (else HPCPIPE_TOKENIZER_FILE, else tiktoken's own "gpt2" encoding),
+    or for "hf" the tokenizer.json (required)."""
     if name == "bytes":
         return ByteTokenizer()
+    if name == "hf":
+        if not file:
+            raise TokenizerError("--tokenizer hf reads a Hugging Face tokenizer.json: give "
+                                 "--tokenizer-file FILE")
+        return load_tokenizer_json(file)
     if name != "gpt2":
         raise TokenizerError(f"unknown tokenizer {name!r}; known: {', '.join(TOKENIZERS)}")
     tiktoken = _import_tiktoken()

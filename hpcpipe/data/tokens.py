@@ -346,9 +346,7 @@ def _llmc_shard(path: str, words: np.ndarray, size: int) -> tuple[Shard, int, st
     file's size before anything is read."""
     magic, version, count = (int(w) for w in words[:3])
     if magic == LLMC_EVAL_MAGIC:
-        raise DataError(f"{path} is an llm.c evaluation file (magic {magic}: {count} "
-                        f"multiple-choice examples, as dev/data/hellaswag.py writes), not "
-                        f"training tokens; name the tokens' shards (magic 20240520) instead")
+        raise _evaluation_file(path, count)
     if magic not in LLMC_FORMATS:
         raise DataError(f"llm.c shard {path}: magic {magic}, expected "
                         f"{' or '.join(str(m) for m in LLMC_FORMATS)} (GPT-2 or Llama 3 "
@@ -363,6 +361,25 @@ def _llmc_shard(path: str, words: np.ndarray, size: int) -> tuple[Shard, int, st
                         f"{size - LLMC_HEADER_BYTES} bytes after the header ({stored} tokens "
                         f"of {dtype.itemsize} bytes): truncated or damaged")
     return Shard(path, LLMC_HEADER_BYTES, count, dtype), vocab, tokenizer
+
+
+def _evaluation_file(path: str, count: int) -> DataError:
+    return DataError(f"{path} is an llm.c evaluation file (magic {LLMC_EVAL_MAGIC}: {count} "
+                     f"multiple-choice examples, as dev/data/hellaswag.py writes), not "
+                     f"training tokens; name the tokens' shards (magic 20240520) instead")
+
+
+def refuse_evaluation_file(path: str):
+    """An llm.c evaluation file is refused by its magic, whatever its name says (a
+    `hellaswag_val.bin` would otherwise pass for a validation shard): its header's first
+    words, read before anything goes by the file's name."""
+    try:
+        with open_regular(path) as f:
+            head = f.read(12)
+    except OSError:
+        return  # (named by the reader that opens it)
+    if len(head) == 12 and int.from_bytes(head[:4], "little") == LLMC_EVAL_MAGIC:
+        raise _evaluation_file(path, int.from_bytes(head[8:12], "little", signed=True))
 
 
 def _nanogpt_shard(path: str, size: int) -> tuple[Shard, int, str]:
@@ -426,6 +443,7 @@ def split_shards(pattern: str) -> dict[str, list[str]]:
                         + (" (no file matches the pattern)" if glob.has_magic(pattern) else ""))
     named = {split: [] for split in SPLITS}
     for path in found:
+        refuse_evaluation_file(path)
         split = _split_of(path)
         if split is None:
             raise DataError(f"{path}: its name holds neither `train` nor `val`, so its split "

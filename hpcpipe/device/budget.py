@@ -57,6 +57,17 @@ def _block_params(C: int) -> int:
     return 12 * C * C + 13 * C  # c_attn, c_proj, c_fc, c_proj (weights and biases), 2 LNs
 
 
+def _family_params(model) -> tuple[int, int, int]:
+    """(parameters of one block, of the first stage's embedding, of the last stage's final
+    norm and head) of a GPT-2 or — model.arch = "llama" — a Llama shape."""
+    V, T, C = model.vocab_size, model.block_size, model.n_embd
+    if getattr(model, "arch", "gpt2") != "llama":
+        return _block_params(C), V * C + T * C, V * C + 2 * C
+    kv = (model.n_kv_head or model.n_head) * (C // model.n_head)  # k and v's rows
+    hidden = model.intermediate_size or 4 * C
+    return 2 * C * C + 2 * C * kv + 3 * C * hidden + 2 * C, V * C, V * C + C
+
+
 def run_need(model, batch: int, dtype: str, pp: int = 1, dp: int = 1, zero: bool = False,
              optimizer: bool = True) -> Need:
     """A lower bound of the busiest rank's memory for `model` (a GPTConfig or anything with
@@ -67,8 +78,9 @@ def run_need(model, batch: int, dtype: str, pp: int = 1, dp: int = 1, zero: bool
     item = compute_dtype(dtype).itemsize
     wide = max(item, 4)  # softmax, loss and 16-bit's master weights run in float32 or wider
     acc = accumulation_dtype(compute_dtype(dtype)).itemsize
-    first, last = V * C + T * C, V * C + 2 * C  # embedding / final LayerNorm and tied head
-    total = L * _block_params(C) + (first + 2 * C if pp == 1 else first + last)
+    block, first, last = _family_params(model)  # embedding / final norm and head
+    tied = getattr(model, "tie_word_embeddings", True)
+    total = L * block + (first + last - (V * C if tied else 0) if pp == 1 else first + last)
     # A block keeps over a dozen (B, T, C) arrays and its attention matrix's lower half
     # (the tiles above the diagonal are never computed) from F to B.
     per_block = 8 * batch * T * C * item + batch * H * T * T * item // 2

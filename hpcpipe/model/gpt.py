@@ -16,9 +16,10 @@ class GPT:
         loss, grads = model.loss_and_grads(idx, targets)
     """
 
-    def __init__(self, config: GPTConfig, dtype="float32", seed=0, be=None):
+    def __init__(self, config: GPTConfig, dtype="float32", seed=0, be=None, draw=True):
+        """draw=False: the weights left zero, for the caller to fill (a checkpoint's)."""
         self.config = config
-        self.stage = Stage(config, dtype=dtype, seed=seed, be=be)
+        self.stage = Stage(config, dtype=dtype, seed=seed, be=be, draw=draw)
         self.xp = self.stage.xp
         self.params = self.stage.params
         self.grads = self.stage.grads

@@ -10,9 +10,11 @@ operations as their `forward`, so the logits are the full forward's to round-off
 
 Positions are absolute (GPT-2's learned `wpe`): a context longer than block_size cannot
 slide by one token without recomputing everything, so `sampler.Sampler` restarts the
-cache from the last half of the context when it is full.
+cache from the last half of the context when it is full. A Llama (llama.py) caches its
+KV key/value heads' keys, rotated, and values, and decodes through llama.decode.
 
-Shapes: idx (B, t) token ids; keys, values (L, B, NH, T, HS) with T = block_size.
+Shapes: idx (B, t) token ids; keys, values (L, B, KV, T, HS) with T = block_size and KV
+the key/value heads (NH for GPT-2).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class KVCache:
     """Every layer's keys and values for the first `length` positions of B sequences."""
 
     def __init__(self, cfg, batch: int, be, dtype):
-        shape = (cfg.n_layer, batch, cfg.n_head, cfg.block_size, cfg.n_embd // cfg.n_head)
+        shape = (cfg.n_layer, batch, cfg.kv_heads, cfg.block_size, cfg.n_embd // cfg.n_head)
         dtype = wide(dtype)  # 16-bit weights: attention runs in float32, its cache too
         self.keys = be.xp.empty(shape, dtype=dtype)
         self.values = be.xp.empty(shape, dtype=dtype)

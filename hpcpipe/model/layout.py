@@ -1,5 +1,7 @@
 """The model's parameters: their GPT-2 names and shapes, their initial values, and the
-flat buffer that holds them with a named view per tensor.
+flat buffer that holds them with a named view per tensor. (The model's shape type,
+`GPTConfig`, also describes the Llama family, model.arch = "llama": its names and shapes
+are llama_layout.py's.)
 
 A checkpoint with these names is a GPT-2 checkpoint: `wte` (V, C), `wpe` (T, C), per block
 `h.{l}.ln_1.*`, `attn.c_attn` (C, 3C), `attn.c_proj` (C, C), `ln_2.*`, `mlp.c_fc` (C, 4C),
@@ -8,10 +10,13 @@ A checkpoint with these names is a GPT-2 checkpoint: `wte` (V, C), `wpe` (T, C),
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
+
+ARCHS = ("gpt2", "llama")
 
 
 @dataclass(frozen=True)
@@ -29,11 +34,41 @@ class GPTConfig:
     # padding rows are masked out of the logits (head.py), so they are never predicted,
     # never change the loss and get no gradient. 1: no padding.
     vocab_multiple: int = 1
+    # -- the family (issue 59) --
+    # "gpt2": learned positions, LayerNorm, a tanh-GELU MLP 4 × n_embd wide, biases, the
+    # head tied to wte. "llama": rotary positions, RMSNorm, a SwiGLU MLP, grouped-query
+    # attention, no biases, Hugging Face's parameter names (the keys below; see
+    # docs/guides/llama.md).
+    arch: str = "gpt2"
+    # key/value heads (llama): each is shared by n_head / n_kv_head query heads
+    # (grouped-query attention); 0: as many as n_head
+    n_kv_head: int = 0
+    # the SwiGLU MLP's hidden width (llama: gate_proj and up_proj's rows); 0: 4 × n_embd
+    intermediate_size: int = 0
+    rope_theta: float = 10000.0  # the rotary embedding's base (llama)
+    rms_norm_eps: float = 1e-5  # RMSNorm's epsilon (llama)
+    # the output head shares the token embedding's matrix; false (llama only): its own
+    # lm_head.weight
+    tie_word_embeddings: bool = True
 
     @property
     def padded_vocab(self) -> int:
         """wte's rows: vocab_size rounded up to a multiple of vocab_multiple."""
         return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+    @property
+    def kv_heads(self) -> int:
+        """The key/value heads: n_kv_head, or n_head where it is 0 (and always in GPT-2)."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def ffn_width(self) -> int:
+        """The MLP's hidden width: intermediate_size, or 4 × n_embd where it is 0."""
+        return self.intermediate_size or 4 * self.n_embd
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd",
@@ -45,6 +80,47 @@ class GPTConfig:
             raise ValueError(
                 f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
             )
+        problem = family_problem(self)
+        if problem is not None:
+            raise ValueError(f"GPTConfig.{problem[0]} = {problem[1]!r}: {problem[2]}")
+
+
+def family_problem(cfg) -> tuple[str, object, str] | None:
+    """(key, value, what is wrong) of the first family key (arch and the Llama keys) that
+    the rest of `cfg` (a GPTConfig, or anything with its fields) does not allow, else None:
+    the one rule config.py and GPTConfig both state."""
+    if cfg.arch not in ARCHS:
+        return "arch", cfg.arch, f"allowed: {', '.join(ARCHS)}"
+    for name in ("n_kv_head", "intermediate_size"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return name, value, "must be 0 or a positive integer"
+    for name in ("rope_theta", "rms_norm_eps"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not (math.isfinite(value) and value > 0):
+            return name, value, "must be a positive number"
+    if not isinstance(cfg.tie_word_embeddings, bool):
+        return "tie_word_embeddings", cfg.tie_word_embeddings, "must be true or false"
+    if cfg.arch == "gpt2":
+        for name, value, allowed in (
+                ("n_kv_head", cfg.n_kv_head, (0, cfg.n_head)),
+                ("intermediate_size", cfg.intermediate_size, (0, 4 * cfg.n_embd)),
+                ("rope_theta", cfg.rope_theta, (10000.0,)),
+                ("rms_norm_eps", cfg.rms_norm_eps, (1e-5,)),
+                ("tie_word_embeddings", cfg.tie_word_embeddings, (True,))):
+            if value not in allowed:
+                return name, value, ('belongs to model.arch = "llama"; GPT-2 takes '
+                                     + " or ".join(str(a).lower() for a in allowed))
+        return None
+    if cfg.n_head % (cfg.n_kv_head or cfg.n_head):
+        return "n_kv_head", cfg.n_kv_head, (f"must divide model.n_head = {cfg.n_head} (each "
+                                            f"key/value head serves a group of query heads)")
+    if (cfg.n_embd // cfg.n_head) % 2:
+        return "n_head", cfg.n_head, (f"leaves heads of {cfg.n_embd // cfg.n_head} channels; "
+                                      f"rotary embeddings turn pairs of channels, so a "
+                                      f"head's must be even")
+    return None
 
 
 def padding_mask(cfg: GPTConfig) -> int | None:

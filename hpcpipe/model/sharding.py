@@ -112,3 +112,51 @@ def check_divisible(model, tp: int) -> list[tuple[str, int, str]]:
             problems.append((key, getattr(model, key),
                              f"{what} {value} do not divide among parallel.tp = {tp} shards"))
     return problems
+
+
+# -- how a checkpoint records which part of a tensor a rank's state is ------------------------
+
+def part_record(stage, name: str, tp: int, tp_rank: int) -> dict | None:
+    """Which part of tensor `name` a rank's state of it is, as a checkpoint records it
+    (`piece_shard` reads it back): {"part": [a, b, groups]} a stage's across a sublayer's
+    width, {"tp": [shards, shard]} a tensor-parallel shard's, None all of it (a tensor
+    every shard holds whole, or no tensor parallelism)."""
+    if name in stage.parts:
+        return {"part": list(stage.parts[name])}
+    if tp == 1 or stage.shards[name].replicated:
+        return None
+    return {"tp": [tp, tp_rank]}
+
+
+def piece_shard(name: str, shape, piece: dict) -> Shard:
+    """The Shard a record (`part_record`'s) names: a tensor-parallel shard's ("tp":
+    [shards, shard]) or a pipeline stage's across a sublayer's width ("part": [a, b,
+    groups]); checked first by `record_size`."""
+    if "part" in piece:
+        a, b, count = piece["part"]
+        return part_of(name, shape, (a, b), count)
+    return shard_of(name, shape, *piece["tp"])
+
+
+def record_size(name: str, shape, record: dict, n_head: int) -> int:
+    """Elements of the part of tensor `name` (global `shape`) a record names, checked to
+    be one the tensor of a model of `n_head` heads has (ValueError saying why)."""
+    import math
+
+    if "part" in record:
+        part = record["part"]
+        if len(part) != 3:
+            raise ValueError(f"names part {part} of a sublayer's width: [a, b, groups] are "
+                             f"three numbers")
+        a, b, count = part
+        if count not in (n_head, 4 * n_head) or not 0 <= a < b <= count or "." not in name \
+                or len(shape) not in (1, 2):
+            raise ValueError(f"names part {part} of a sublayer's width, which a model of "
+                             f"{n_head} heads and the tensor's shape {list(shape)} do not "
+                             f"have")
+        return math.prod(part_of(name, shape, (a, b), count).local_shape(shape))
+    tp = record["tp"]
+    if len(tp) != 2 or not 1 <= tp[0] <= max(shape, default=1) or not 0 <= tp[1] < tp[0]:
+        raise ValueError(f"names tensor shard {tp}, which the tensor's shape {list(shape)} "
+                         f"does not have")
+    return math.prod(shard_of(name, shape, tp[0], tp[1]).local_shape(shape))

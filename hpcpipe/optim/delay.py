@@ -20,7 +20,7 @@ Why it is needed: in a quadratic, momentum's EMA lets synchronous AdamW-like ste
 stable up to η h ≈ 2 (1 + β1) / (1 − β1) = 38 at β1 = 0.9; one step of delay brings that
 down to about 1, whatever β1 — the sharpest directions (on the tiny model: layer 0's
 attention output and the position embedding) then oscillate, the gradient spikes and the
-loss stalls (README, "the asynchronous pipeline"). The estimate lags by a step and carries
+loss stalls (docs/measurements/2026-12-04-asynchronous.md). The estimate lags by a step and carries
 the batches' noise; measured, it recovers about 70 % of the gap to 1F1B.
 
 Cost: five buffers of the optimizer's master size per shard (the last gradient, the last two

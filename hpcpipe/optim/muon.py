@@ -15,9 +15,9 @@ learning rate and weight decay carry over. Embeddings (`wte`, tied with the head
 biases and LayerNorms take AdamW's update with the same settings.
 
 Why hpcpipe has it: the asynchronous pipeline's one-step delay costs AdamW most of its
-loss (README, "the asynchronous pipeline"), and Muon is the optimizer a one-step delay
+loss (docs/measurements/2026-12-04-asynchronous.md), and Muon is the optimizer a one-step delay
 hurts least (Zmushko et al., 2026); at this repository's scale it is also the better
-synchronous optimizer (README's figures).
+synchronous optimizer (docs/measurements/2026-12-04-asynchronous.md).
 
 Orthogonalizing a matrix needs the whole matrix on one rank: ZeRO's flat shards and
 tensor parallelism's column or row shards split them, so config.py refuses those layouts,

@@ -12,7 +12,9 @@ class StepOutcome:
 
     step: int
     loss: float  # mean over the step's microbatches and replicas
-    norm: float  # global gradient norm before clipping (of the unscaled gradient)
+    # global gradient norm before clipping (of the unscaled gradient); under local SGD, where
+    # each replica clips by its own, the mean of the replicas' norms (as `loss` is theirs)
+    norm: float
     skipped: bool  # non-finite loss or gradient: no update was made
     result: object  # this rank's runtime StepResult (timings, peaks, losses)
     stats: object = None  # trace.StepStats of every rank, when a trace was given

@@ -281,7 +281,10 @@ class GradSync:
         if self.compressor is not None:  # while the buckets' reductions are in flight
             self.compressor.reduce(self.step)
             self.bytes_reduced += self.compressor.bytes_reduced
+        beacon = self.transport.beacon
+        beacon.collective(self.comm, "the reduction of the gradients")
         self.MPI.Request.Waitall([f.request for f in self._flight if not f.compressed])
+        beacon.done()
         self.wait_s += time.perf_counter() - start
         t = self.transport
         for i, (bucket, flight) in enumerate(zip(self.plan.buckets, self._flight)):
@@ -341,7 +344,9 @@ class ParamGather:
         t.ready()
         for send, recv in buffers:
             requests.append(self.comm.Iallgather(t.wire(send), t.wire(recv)))
+        t.beacon.collective(self.comm, "the all-gather of the weights (ZeRO)")
         MPI.Request.Waitall(requests)
+        t.beacon.done()
         for bucket, (send, recv) in zip(plan.buckets, buffers):
             params = plan.stages[bucket.chunk].param_buffer.data
             t.to_device(recv[:bucket.size], out=params[bucket.lo:bucket.hi])

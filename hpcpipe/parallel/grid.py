@@ -97,6 +97,18 @@ def world_rank(dp_rank: int, pp_rank: int, tp_rank: int, dp: int, pp: int, tp: i
     return (pp_rank * dp + dp_rank) * tp + tp_rank
 
 
+def check_launch(ranks: int, dp: int, pp: int, tp: int = 1, source: str = "config"):
+    """A launch of `ranks` ranks for the grid dp × pp × tp, or the LayoutError that names
+    the launch line to use — what `build` says, and what `plan --world` says before it."""
+    if ranks != dp * pp * tp:
+        asked = f"dp × pp = {dp} × {pp} = {dp * pp}" if tp == 1 else \
+            f"dp × pp × tp = {dp} × {pp} × {tp} = {dp * pp * tp}"
+        raise LayoutError(
+            f"launched with {ranks} MPI ranks, but {source} asks for {asked}; launch "
+            f"with `mpiexec -n {dp * pp * tp}` (or set parallel.dp, parallel.pp and "
+            f"parallel.tp so that their product is {ranks})")
+
+
 def build(world, dp: int, pp: int, rank_order: str = "pp-inner", source: str = "config",
           tp: int = 1) -> Grid:
     """Arrange `world` into the dp × pp × tp grid; a world of the wrong size is a
@@ -105,13 +117,7 @@ def build(world, dp: int, pp: int, rank_order: str = "pp-inner", source: str = "
 
     if rank_order not in RANK_ORDERS:
         raise LayoutError(f"rank order {rank_order!r} unknown; allowed: {', '.join(RANK_ORDERS)}")
-    if world.size != dp * pp * tp:
-        asked = f"dp × pp = {dp} × {pp} = {dp * pp}" if tp == 1 else \
-            f"dp × pp × tp = {dp} × {pp} × {tp} = {dp * pp * tp}"
-        raise LayoutError(
-            f"launched with {world.size} MPI ranks, but {source} asks for {asked}; launch "
-            f"with `mpiexec -n {dp * pp * tp}` (or set parallel.dp, parallel.pp and "
-            f"parallel.tp so that their product is {world.size})")
+    check_launch(world.size, dp, pp, tp, source)
     outer = [dp, pp] if rank_order == "pp-inner" else [pp, dp]
     cart = world.Create_cart(dims=[*outer, tp], periods=[False] * 3, reorder=False)
     a, b, tp_rank = cart.Get_coords(world.rank)

@@ -100,7 +100,9 @@ class OuterStep:
             t.fill(buffer[at:at + d.size], d)
             at += d.size
         t.ready()
+        t.beacon.collective(self.comm, "the outer step's all-reduce")
         self.comm.Allreduce(MPI.IN_PLACE, t.wire(buffer), op=t.sum_op(self.comm_dtype))
+        t.beacon.done()
         self.bytes_reduced += int(buffer.nbytes)
         at = 0
         for d in parts:

@@ -50,7 +50,9 @@ class TensorParallel:
         if op is None or op == MPI.SUM:
             return self.transport.allreduce_sum(self.comm, array)
         buffer = self.transport.outgoing(array)
+        self.transport.beacon.collective(self.comm, "a tensor-parallel all-reduce")
         self.comm.Allreduce(MPI.IN_PLACE, self.transport.wire(buffer), op=op)
+        self.transport.beacon.done()
         if buffer is not array:
             self.transport.to_device(buffer, out=array)
             self.transport.release(buffer)
@@ -62,7 +64,9 @@ class TensorParallel:
         send = t.outgoing(xp.ascontiguousarray(part))
         recv = t.empty((self.size, *part.shape), part.dtype)
         self._count(int(part.nbytes) * self.size, 1)
+        t.beacon.collective(self.comm, "a tensor-parallel all-gather of the sequence")
         self.comm.Allgather(t.wire(send), t.wire(recv))
+        t.beacon.done()
         whole = t.to_device(recv)  # (tp, B, T/tp, ...)
         t.release(recv)
         if send is not part:

@@ -111,8 +111,13 @@ class Transport:
     """The one place that knows whether this rank's arrays go to MPI directly or through
     pinned host memory, and how each dtype travels."""
 
-    def __init__(self, backend, gpu_aware: bool = False):
+    def __init__(self, backend, gpu_aware: bool = False, beacon=None):
+        from hpcpipe.parallel.beacon import Beacon
+
         self.backend = backend
+        # Where this rank is (beacon.py): every blocking wait through this transport, and
+        # the pipeline's and the reductions' own, say what they wait on.
+        self.beacon = beacon if beacon is not None else Beacon()
         self.staged = backend.is_gpu and not gpu_aware
         self._pinned: dict = {}  # (shape, dtype) → [(free pinned array, its last copy)]
         self._copying: dict = {}  # id(pinned array) → event of its copy to the device
@@ -219,7 +224,9 @@ class Transport:
         from mpi4py import MPI
 
         buffer = self.outgoing(array)
+        self.beacon.collective(comm, "the all-reduce of a sum")
         comm.Allreduce(MPI.IN_PLACE, self.wire(buffer), op=self.sum_op(buffer.dtype))
+        self.beacon.done()
         if buffer is not array:
             self.to_device(buffer, out=array)
             self.release(buffer)

@@ -13,6 +13,7 @@ removes it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -20,6 +21,7 @@ import socket
 import stat
 import time
 
+from hpcpipe.runs.rundir import config_is_ours
 from hpcpipe.util.errors import HpcpipeError
 
 LOCK_NAME = ".hpcpipe.lock"
@@ -28,6 +30,45 @@ _HOLDER_BYTES = 4096  # what the holder line may take; anything longer is not ou
 
 class RunDirBusy(HpcpipeError):
     """The run directory is in use by another living run."""
+
+
+def is_run_dir(path: str) -> bool:
+    """Whether the folder `path` is an hpcpipe run directory: one a run is holding (its
+    lock file), or that holds a run's config.toml (which starts with the line every run
+    writes) or a checkpoints/ folder."""
+    if not os.path.isdir(path):
+        return False
+    return os.path.lexists(os.path.join(path, LOCK_NAME)) or \
+        os.path.isdir(os.path.join(path, "checkpoints")) or config_is_ours(path)
+
+
+def run_dir_of(path: str) -> str | None:
+    """The run directory an output path lies in (itself or a folder above it), or None."""
+    folder = os.path.abspath(path)
+    while True:
+        if is_run_dir(folder):
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
+@contextlib.contextmanager
+def writing_into(paths, what: str = "this command"):
+    """Hold the lock of every run directory the output `paths` lie in while the caller
+    writes them: a run training there refuses the command (RunDirBusy, naming the run),
+    and no run starts there meanwhile. Paths outside any run directory take nothing."""
+    held = []
+    try:
+        for run_dir in dict.fromkeys(filter(None, map(run_dir_of, paths))):
+            held.append(RunLock.acquire(run_dir, f"{what} would write into it while it "
+                                                 f"runs; wait for it to end, or write "
+                                                 f"elsewhere"))
+        yield
+    finally:
+        for lock in reversed(held):
+            lock.release()
 
 
 def _holder(fd: int) -> str:
@@ -49,9 +90,10 @@ class RunLock:
         self.fd, self.path, self.made_folder = fd, path, made_folder
 
     @classmethod
-    def acquire(cls, run_dir: str) -> RunLock:
+    def acquire(cls, run_dir: str, advice: str = "wait for it to end, or choose another "
+                "--run-dir") -> RunLock:
         """Take the run directory's lock (creating the folder if need be), or raise
-        RunDirBusy naming the holder. Never waits."""
+        RunDirBusy naming the holder and `advice`. Never waits."""
         if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
             raise HpcpipeError(f"run directory {run_dir} exists and is not a folder")
         made_folder = not os.path.isdir(run_dir)
@@ -67,8 +109,7 @@ class RunLock:
                 holder = _holder(fd)
                 os.close(fd)
                 raise RunDirBusy(f"run directory {run_dir} is in use by another run "
-                                 f"({holder}); wait for it to end, or choose another "
-                                 f"--run-dir") from None
+                                 f"({holder}); {advice}") from None
             if _same_file(fd, path):
                 break
             os.close(fd)

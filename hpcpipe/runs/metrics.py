@@ -4,8 +4,12 @@
 step late), writes its line of metrics.jsonl through the run directory, prints the
 progress line every `log_every` steps — loss, tokens/s, ms/step, bubble and MFU averaged
 over the steps since the previous line, so that one noisy step does not stand for them —
-and keeps what the end-of-run summary reports. A resumed run first replays the records of
-its earlier pieces (`replay`), so that the summary covers the whole run.
+and keeps what the end-of-run summary reports. A line's `loss` is the mean over the step's
+microbatches and replicas, and its `grad_norm` the global norm before clipping — under
+local SGD, where each replica steps (and clips) on its own gradient, the mean of the
+replicas' norms, so that both numbers describe every replica alike. A resumed run first
+replays the records of its earlier pieces (`replay`), so that the summary covers the whole
+run.
 
 MFU: the model's training FLOPs per token (flops.py: 6N + 12·L·C·T) times tokens/s,
 divided by the sum over the ranks of each rank's peak (flops.device_peak): a GPU's
@@ -55,6 +59,9 @@ class Summary:
     peak_source: str = ""  # where the peak comes from (flops.device_peak), for the reports
     files: list = field(default_factory=list)  # what the run directory holds at the end
     data: dict = field(default_factory=dict)  # the training data's fingerprint (fingerprint.py)
+    # What each model stage recomputes: train.recompute, or what "auto" chose with the
+    # schedule once costs were measured ("nothing" included), or that it has not chosen yet
+    recompute: str = ""
 
     @property
     def tokens_per_s(self) -> float:

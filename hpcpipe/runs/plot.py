@@ -206,8 +206,15 @@ def register(subparsers):
     plot.add_argument("--out", help="the PNG to write (default: RUN_DIR/plot.png for one "
                                     "run, plot.png here for several)")
     plot.add_argument("--force", action="store_true", help="replace an existing file")
-    plot.set_defaults(func=cmd_plot)
+    plot.set_defaults(func=cmd_plot, implied_outputs=lambda args: [] if args.out else
+                      [default_out(args.run_dirs)])
     return plot
+
+
+def default_out(run_dirs) -> str:
+    """Where plot writes without --out: into the run directory of one run, here for
+    several."""
+    return os.path.join(run_dirs[0], "plot.png") if len(run_dirs) == 1 else "plot.png"
 
 
 def cmd_plot(args) -> int:
@@ -217,8 +224,7 @@ def cmd_plot(args) -> int:
         raise HpcpipeError("plot needs matplotlib: pip install 'hpcpipe[plot]' (or: pip "
                            "install matplotlib)") from None
     runs = [read_series(run_dir) for run_dir in args.run_dirs]
-    out = args.out or (os.path.join(args.run_dirs[0], "plot.png") if len(runs) == 1
-                       else "plot.png")
+    out = args.out or default_out(args.run_dirs)
     if not out.lower().endswith(".png"):
         raise HpcpipeError(f"--out {out}: name it FILE.png")
     claim_file(out, args.force)

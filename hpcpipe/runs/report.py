@@ -35,6 +35,8 @@ def end_of_run(metrics: Metrics, parallel, reduced_bytes: int, optimizer_bytes: 
         lines.append(f"  MFU {summary.mfu:.1%}: {summary.flops_per_token / 1e6:.2f} MFLOP per "
                      f"token (6N + 12·L·C·T) at {fmt_rate(summary.tokens_per_s)} tok/s against "
                      f"{summary.peak_flops / 1e12:,.3g} TFLOP/s, {summary.peak_source}")
+    if summary.recompute.startswith("auto"):
+        lines.append(f"  recompute {summary.recompute}")
     if parallel.zero:
         lines.append(f"  ZeRO-{parallel.zero}: optimizer state {optimizer_bytes / 2**20:.2f} "
                      f"MiB on rank 0 (1/{parallel.dp} of the stage's)")

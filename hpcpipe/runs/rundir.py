@@ -1,5 +1,6 @@
 """The run directory runs/<name>/: the resolved config, metrics.jsonl, summary.json,
-trace.json, timeline PNGs, auto_schedule.json and checkpoints/.
+trace.json, timeline PNGs, auto_schedule.json, checkpoints/ (and tensorboard/, and hangs/
+when a hang was dumped: parallel/watchdog.py).
 
 Written by the root rank only. metrics.jsonl holds one JSON object per line: one per
 finished step and one per evaluation; json writes floats with repr(), which reads back to
@@ -34,7 +35,7 @@ CONFIG, METRICS, SUMMARY, TRACE = "config.toml", "metrics.jsonl", "summary.json"
 # What a run writes into its directory, in the order the end-of-run summary names them
 # (timeline PNGs are matched by prefix; plot.png is `python -m hpcpipe plot`'s).
 RUN_FILES = (CONFIG, METRICS, SUMMARY, TRACE, "auto_schedule.json", "plot.png",
-             "tensorboard", "checkpoints")
+             "tensorboard", "hangs", "checkpoints")
 _TIMELINE = "timeline-step"
 
 
@@ -58,7 +59,7 @@ def _run_files(path: str) -> list[str]:
                   if name in RUN_FILES or (name.startswith(_TIMELINE) and name.endswith(".png")))
 
 
-def _config_is_ours(path: str) -> bool:
+def config_is_ours(path: str) -> bool:
     """Whether `path` holds a config.toml a run wrote (it starts with _CONFIG_HEADER)."""
     try:
         with open_regular(os.path.join(path, CONFIG)) as f:
@@ -76,7 +77,7 @@ def _checkpoints_are_ours(folder: str) -> bool:
 
 def _foreign(path: str, names: list[str]) -> list[str]:
     """Which of the run's file names in `path` hpcpipe did not write."""
-    config_ours = _config_is_ours(path)
+    config_ours = config_is_ours(path)
     return [name for name in names if not (
         _checkpoints_are_ours(os.path.join(path, name)) if name == "checkpoints"
         else config_ours)]
@@ -267,7 +268,7 @@ class RunDir:
         the steps before it) would fail on it, and a run never deletes what it did not
         write. (A symbolic link is fine: it is replaced, never followed.)"""
         for name in _run_files(self.path):
-            if name not in ("checkpoints", "tensorboard", "plot.png") and stat.S_ISDIR(
+            if name not in ("checkpoints", "tensorboard", "hangs", "plot.png") and stat.S_ISDIR(
                     os.lstat(os.path.join(self.path, name)).st_mode):
                 raise RunDirError(f"run directory {self.path}: {name} is a folder, where the "
                                   f"run writes a file; move it out of the way")

@@ -37,6 +37,7 @@ from hpcpipe.optim.adamw import clip_coefficient
 from hpcpipe.optim.delay import Extrapolation, SecantCorrection
 from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.train.step import TrainStep
+from hpcpipe.train.stream_state import VersionsState
 from hpcpipe.util.timeline import RankStep, combine, local_row
 
 
@@ -280,9 +281,13 @@ class DelayedStep(TrainStep):
         return done
 
     # -- checkpoints -----------------------------------------------------------------------
+    def state_parts(self) -> list:
+        """TrainStep's, and the weight version before the newest (train/stream_state.py)."""
+        return super().state_parts() + [VersionsState(self, self.model, self.grid)]
+
     def state(self) -> dict:
         """TrainStep's, with where the stream began and how many updates it applied (the
-        version before the newest is a file of its own: checkpoint/versions.py)."""
+        version before the newest is a part of its own: train/stream_state.py)."""
         newest = min(v.newest for v in self.versions.values())
         return {**super().state(), "stream_origin": self.origin, "stream_newest": newest}
 

@@ -37,9 +37,13 @@ class Evaluator:
         mine = ((i, batch) for i, batch in enumerate(batches) if i % grid.dp == grid.dp_rank)
         losses = [(i, value) for i, batch in mine
                   if (value := self._forward(*batch)) is not None]
+        beacon = self.model.beacon
+        beacon.collective(grid.pipe, "the broadcast of the validation losses")
         losses = grid.pipe.bcast(losses, root=self.model.head_rank)
         if grid.dp > 1:
+            beacon.collective(grid.data, "the all-gather of the validation losses")
             losses = sum(grid.data.allgather(losses), [])
+        beacon.done()
         return float(np.mean([value for _, value in sorted(losses)]))
 
     def _forward(self, idx, targets) -> float | None:

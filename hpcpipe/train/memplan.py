@@ -224,6 +224,18 @@ def describe_plan(plan) -> str:
                     for x in plan)
 
 
+AUTO_PENDING = ("auto: nothing chosen yet (it is chosen with the schedule after "
+                "parallel.profile_steps; the run ended before)")
+
+
+def describe_auto_choice(plan) -> str:
+    """What train.recompute = "auto" chose, for the summary: "nothing" when no stage
+    recomputes (said, so that a reader never guesses), else the plan per model stage."""
+    if all(x == "none" for x in plan):
+        return "auto: nothing (every model stage keeps its activations)"
+    return f"auto: {describe_plan(plan)} per model stage"
+
+
 def solver_workers() -> int:
     """The certified search's threads: the cores this rank may use, at most 8 (CP-SAT's
     portfolio gains little past that)."""
@@ -236,15 +248,20 @@ def solver_workers() -> int:
 
 
 def activation_peaks(cfg, schedule, specs) -> list[float]:
-    """The planned peak activation bytes per rank (auto: at least its memory limit)."""
+    """The planned peak activation bytes per rank. Auto's schedule is found only after
+    profiling, under its memory limit: its plan is the limit — no more than every
+    microbatch of every chunk held at once, the most any schedule holds, so that a byte
+    limit above what auto can need ("100GiB" on a smaller machine) reads as no tighter
+    than needed instead of as a need of its own."""
     peaks = list(simulated_peaks(cfg, schedule, specs))
     memory = stage_memories(cfg, specs)
     if cfg.parallel.schedule == "auto":
         limit, in_bytes = memory_limit(cfg)
         for rank in range(len(peaks)):
-            held = sum(memory[schedule.stage_of[(rank, c)]].full
-                       for c in range(schedule.chunks)) / schedule.chunks
-            peaks[rank] = max(peaks[rank], limit if in_bytes else limit * held)
+            mine = [memory[schedule.stage_of[(rank, c)]] for c in range(schedule.chunks)]
+            held = sum(m.full for m in mine) / schedule.chunks
+            most = schedule.num_microbatches * sum(max(m.full, m.after_b) for m in mine)
+            peaks[rank] = max(peaks[rank], min(limit if in_bytes else limit * held, most))
     return peaks
 
 

@@ -4,9 +4,10 @@ the clock says a time-based checkpoint is due (`checkpoint.every_minutes`).
 
 A signal only sets a flag (never interrupting a save). The handlers are installed before
 the config is even read and stay until the run has ended, so a signal is never lost,
-whenever it comes: during the set-up, the step-0 evaluation, a step or a save. A second
-SIGINT is the way out of a run that will not wait: it raises KeyboardInterrupt at once,
-as Python's default handler does (a save in progress is abandoned, which its
+whenever it comes: during the set-up, the step-0 evaluation, a step or a save. The first
+SIGINT says at once, on the root's stderr, that the run stops at the next step boundary; a
+second SIGINT is the way out of a run that will not wait: it raises KeyboardInterrupt at
+once, as Python's default handler does (a save in progress is abandoned, which its
 write-then-rename leaves harmless). The ranks agree at fixed points: after the set-up and
 step-0 evaluation (`agree`, blocking), and at each step boundary through a non-blocking
 all-reduce started one step earlier so that it adds no synchronisation (`at_boundary`).
@@ -16,6 +17,7 @@ verdict is one all-reduce, every rank saves at the same step.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -25,6 +27,8 @@ import numpy as np
 from hpcpipe.util.errors import EXIT_PREEMPTED, HpcpipeError
 
 EXIT_INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+INTERRUPT_NOTICE = ("Ctrl-C: stopping at the next step boundary, after a checkpoint of what "
+                    "trained since the last one (Ctrl-C again stops at once, unsaved)\n")
 PREEMPT, INTERRUPT = 1, 2  # what a signal asks for; the larger wins when both arrive
 SIGNAL, DUE = 0, 1  # the two words the ranks reduce with MAX
 
@@ -66,6 +70,7 @@ class PreemptionWatch:
         # when that save happens does not ask for another.
         self.saves = 0
         self.previous = {}
+        self.beacon = None  # where the rank says it is (parallel/beacon.py), once it has one
         handlers = {sig: self._preempt for sig in self.SIGNALS}
         handlers[signal.SIGINT] = self._interrupt
         for sig, handler in handlers.items():
@@ -81,6 +86,10 @@ class PreemptionWatch:
         if self.flag[SIGNAL] == INTERRUPT:
             raise KeyboardInterrupt  # the second Ctrl-C: stop now, unsaved
         self.flag[SIGNAL] = INTERRUPT
+        if getattr(self.comm, "rank", 0) == 0:  # a terminal's Ctrl-C reaches every rank
+            # Said at once: the step boundary may be minutes away (a large model's step on
+            # a CPU). os.write, not print: a handler may run while print holds its buffer.
+            os.write(2, INTERRUPT_NOTICE.encode())
 
     def checkpoint_every(self, seconds: float):
         """Vote for a checkpoint once `seconds` have passed since the last one (0: never)."""
@@ -111,8 +120,17 @@ class PreemptionWatch:
             self.request = None
             self.flag[SIGNAL] = max(self.flag[SIGNAL], self.seen[SIGNAL])
         total = np.zeros(1, np.int32)
+        self._waiting("the ranks' agreement on signals")
         self.comm.Allreduce(self.flag[:1].copy(), total, op=MPI.MAX)
+        self._waiting(None)
         return int(total[0])
+
+    def _waiting(self, what: str | None):
+        if self.beacon is not None:
+            if what is None:
+                self.beacon.done()
+            else:
+                self.beacon.collective(self.comm, what)
 
     def at_boundary(self) -> Verdict:
         """What the ranks had agreed by the time each started the previous check."""
@@ -120,7 +138,9 @@ class PreemptionWatch:
 
         verdict = Verdict(0, False)
         if self.request is not None:
+            self._waiting("the step boundary's agreement on signals")
             self.request.Wait()
+            self._waiting(None)
             verdict = Verdict(int(self.seen[SIGNAL]), int(self.seen[DUE]) > self.saves)
         self._vote()
         self.seen[...] = self.flag

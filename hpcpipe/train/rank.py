@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpcpipe.model.stage import cuts, seams
 from hpcpipe.parallel.pipeline.p2p import PipeComm
 from hpcpipe.parallel.pipeline.runtime import Runtime
 from hpcpipe.parallel.pipeline.stream import StreamRuntime
@@ -33,14 +34,15 @@ class Rank:
 
     @classmethod
     def build(cls, cfg, grid, be, schedule, trace=None, gpu_aware: bool = False,
-              costs=None) -> "Rank":
+              costs=None, beacon=None) -> "Rank":
         """The rank of `grid` under `schedule`, computing on backend `be`; `trace` (a
         trace.Trace) records its events and step statistics; gpu_aware: hand device
         buffers to MPI directly (see transport.py); costs: what the stages are balanced by
-        (default planning.stage_costs)."""
+        (default planning.stage_costs); beacon: where the rank says it is (beacon.py: the
+        hang watchdog reads it; default one of its own)."""
         from hpcpipe.util.timeline import Trace
 
-        transport = Transport(be, gpu_aware)
+        transport = Transport(be, gpu_aware, beacon)
         model = RankModel(cfg, grid, be, schedule, transport, costs)
         # Activations between stages: (B, T, C), or T/tp of each sequence per shard under
         # sequence parallelism.
@@ -81,6 +83,22 @@ class Rank:
     def flush(self):
         """The pending post-validated step, settled (see TrainStep.flush)."""
         return self.step.flush()
+
+    def checkpoint_layout(self, cfg) -> dict:
+        """The layout a checkpoint of this rank records (the manifest's "layout"), which
+        the parts kept per rank are checked against when they load."""
+        grid, model, compressor = self.grid, self.model, self.step.gradsync.compressor
+        layout = {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "chunks": len(model.stages),
+                  "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
+                  "rank_order": grid.rank_order,
+                  "partition": [list(spec.layers) for spec in model.specs],
+                  "local_steps": cfg.train.local_steps,
+                  "powersgd_rank": compressor.rank if compressor is not None else 0}
+        if seams(model.specs):  # (absent where every stage edge falls between blocks)
+            layout["seams"] = seams(model.specs)
+        if cuts(model.specs):  # (absent where none falls inside a sublayer)
+            layout["cuts"] = cuts(model.specs)
+        return layout
 
     def evaluator(self) -> Evaluator:
         """The validation loss's forward passes, on the whole weights (ZeRO-3 gathers

@@ -1,8 +1,11 @@
 """Which checkpoint a run continues from, and which run it is: a resume names a
 checkpoint (or the run directory's latest), a damaged latest falls back to the previous
-good one of the same run, and a run keeps its identity only on its own checkpoints."""
+good one of the same run, and a run keeps its identity only on its own checkpoints. What a
+resume changes about the run (its data, its length) is said or refused here."""
 
 from __future__ import annotations
+
+import tomllib
 
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.data.fingerprint import describe, same_data
@@ -64,3 +67,27 @@ def check_same_data(manifest: dict, data: dict, own: bool, allowed: bool, path: 
         raise DataError(f"{path}: {what}. Resume onto other data only on purpose: --set "
                         f"data.allow_changed=true")
     log(f"{path}: {what}" + (" (data.allow_changed = true)" if own else ""))
+
+
+def changed_length(manifest: dict, steps: int, path: str) -> str | None:
+    """The line that says a resume runs to another `train.steps` than the run that wrote the
+    checkpoint: the learning rate's warm-up and cosine decay are laid out over train.steps,
+    so from the resumed step on the rates (and the losses) are no longer that run's."""
+    try:
+        saved = tomllib.loads(manifest["config"])["train"]["steps"]
+    except (tomllib.TOMLDecodeError, KeyError, TypeError):  # checked by the manifest's reader
+        return None
+    if saved == steps:
+        return None
+    return (f"{path}: train.steps = {steps}, where the run that wrote it had {saved}: the "
+            f"learning rate now decays to step {steps}, so the steps from here differ from "
+            f"that run's")
+
+
+def resume_notes(manifest: dict, start: int, steps: int, path: str) -> list[str]:
+    """What a resume from step `start` of the checkpoint at `path` says about the run's
+    length: another train.steps than its run's (changed_length), nothing left to train."""
+    notes = [line for line in [changed_length(manifest, steps, path)] if line is not None]
+    if start >= steps:
+        notes.append(f"the checkpoint is at step {start}, train.steps = {steps}: nothing to do")
+    return notes

@@ -24,8 +24,12 @@ from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.optim.post_validation import PostValidator
 from hpcpipe.optim.scaling import GradScale, LossScaler
 from hpcpipe.parallel.gradsync import BucketPlan, GradSync, ParamGather
+from hpcpipe.parallel.optimizer_state import OptimizerState
 from hpcpipe.parallel.outer import OuterStep
+from hpcpipe.parallel.outer_state import OuterState
+from hpcpipe.parallel.pipeline.parameters import ParameterState
 from hpcpipe.parallel.powersgd import PowerSGD
+from hpcpipe.parallel.powersgd_state import PowerSGDState
 from hpcpipe.util.timeline import local_row, step_stats
 
 
@@ -125,7 +129,11 @@ class TrainStep:
 
     def grad_norm(self) -> float:
         """The global norm of the reduced gradient, unscaled (a collective)."""
-        return self.norm.global_norm(self.gradsync.gradients())
+        beacon = self.model.beacon
+        beacon.collective(self.norm.group, "the all-gather of the gradient norm's parts")
+        norm = self.norm.global_norm(self.gradsync.gradients())
+        beacon.done()
+        return norm
 
     # -- a whole step ----------------------------------------------------------------------
     def run(self, runtime, step: int, inputs, lr: float, max_norm: float) -> list[StepOutcome]:
@@ -154,7 +162,8 @@ class TrainStep:
         self.scaler.update(not skipped)
         stats = step_stats(self.trace, step, result, self.grid.world,
                            **self._reduction_stats()) if self.trace else None
-        return StepOutcome(step, loss, norm, skipped, result, stats, loss_scale=scale)
+        reported = norm if self.outer is None else replicas_mean(self.grid, norm)
+        return StepOutcome(step, loss, reported, skipped, result, stats, loss_scale=scale)
 
     def _update(self, lr: float, coefficient: float):
         self.optimizer.step(self.gradsync.gradients(), lr, coefficient)
@@ -209,6 +218,19 @@ class TrainStep:
         if self.validator is not None:
             self.validator.clipping = bool(state.get("clipping", 0))
 
+    def state_parts(self) -> list:
+        """What a checkpoint holds of this rank (util/state.py's parts), in the order they
+        load: the parameters, the optimizer shards, then what builds on them — local SGD's
+        per-replica state, PowerSGD's error feedback."""
+        model, grid = self.model, self.grid
+        parts = [ParameterState(model, grid),
+                 OptimizerState(self.optimizer, model, grid, bool(self.zero))]
+        if self.outer is not None:
+            parts.append(OuterState(self.outer, self.optimizer, model.backend))
+        if self.gradsync.compressor is not None:
+            parts.append(PowerSGDState(self.gradsync.compressor, model, grid))
+        return parts
+
     @property
     def post_validation_note(self) -> str | None:
         """The one line a run prints when post-validation steps synchronously at times."""
@@ -256,3 +278,9 @@ class TrainStep:
                 "master": sum(int(sh.master.nbytes) for sh in self.optimizer.shards
                               if sh.has_master),
                 "moments": self.optimizer.state_bytes}
+
+
+def replicas_mean(grid, norm: float) -> float:
+    """The norm a step under local SGD reports: each replica clips by its own, and the
+    record is their mean — as the loss is (RankModel.mean_loss) — never one replica's."""
+    return sum(grid.data.allgather(norm)) / grid.dp if grid.dp > 1 else norm

@@ -18,7 +18,7 @@ import os
 import time
 
 from hpcpipe import __version__
-from hpcpipe.config import Config, for_world
+from hpcpipe.config import Config, for_world, require_gpt2_stages
 from hpcpipe.data.checks import fingerprint_of, open_tokens
 from hpcpipe.device import backend
 from hpcpipe.device.memory import MemoryGauge
@@ -35,7 +35,9 @@ from hpcpipe.parallel.pipeline.planning import (
     profiled_costs,
     stage_costs,
 )
+from hpcpipe.parallel.beacon import Beacon
 from hpcpipe.parallel.transport import resolve_gpu_aware
+from hpcpipe.parallel.watchdog import HANGS, Watchdog
 from hpcpipe.runs.lock import RunLock
 from hpcpipe.runs.metrics import Metrics, Summary
 from hpcpipe.runs.pieces import FINISHED, IDLE, PREEMPTED, STOPPED
@@ -45,11 +47,11 @@ from hpcpipe.runs.rundir import RunDir
 from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.schedules.ops import make_schedule, ops_from_strings
-from hpcpipe.train import memplan
+from hpcpipe.train import checkpoints, memplan
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
-from hpcpipe.train.resume import check_same_data, find_resume, run_identity
+from hpcpipe.train.resume import check_same_data, find_resume, resume_notes, run_identity
 from hpcpipe.util import timeline
 from hpcpipe.util.errors import every_rank_does, root_does
 
@@ -79,6 +81,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None):
         # dp = "auto" and train.global_batch_size become counts once the world is known
+        require_gpt2_stages(cfg)
         self.cfg, self.comm, self.out = for_world(cfg, comm.size), comm, out
         self.started = time.perf_counter()
         self.start_step = 0
@@ -97,6 +100,8 @@ class Trainer:
             self.out(msg)
 
     def _release(self):
+        if getattr(self, "watchdog", None) is not None:
+            self.watchdog.close()
         if self.own_watch:
             self.watch.close()
         if getattr(self, "lock", None) is not None:
@@ -114,6 +119,8 @@ class Trainer:
         self.lock = root_does(comm, lambda: RunLock.acquire(run_dir))
         self.grid = gridlib.build(comm, parallel.dp, parallel.pp, parallel.rank_order,
                                   source=cfg.source, tp=parallel.tp)
+        self.beacon, self.watchdog = watch_over(self.grid, parallel.timeout, run_dir,
+                                                self.watch)
         threads = backend.limit_threads(self.grid.local_size)
         self.be = backend.select(train.device, self.grid.local_rank, peers=comm,
                                  gpu_sharing=train.gpu_sharing, threads=threads)
@@ -135,7 +142,7 @@ class Trainer:
         self.run_id = run_identity(comm, manifest if own else None)
         self.trace = timeline.Trace(rank=comm.rank)
         self.rank = Rank.build(cfg, self.grid, self.be, schedule, self.trace, gpu_aware,
-                               costs)
+                               costs, self.beacon)
         if resume_path:
             self._resume(resume_path, manifest)
         self.run_dir = open_run_dir(run_dir, cfg, comm, manifest["step"] if own else None,
@@ -154,7 +161,7 @@ class Trainer:
         tick = time.perf_counter()
         own = self.run_id == manifest.get("run")
         check_same_data(manifest, self.data, own, self.cfg.data.allow_changed, path, self.log)
-        state = ckpt.load(self.rank, self.cfg, path, manifest)
+        state = checkpoints.load(self.rank, self.cfg, path, manifest)
         self.start_step = state["step"]
         self.last_saved = self.start_step if own else None
         self.rank.step.restore(state)
@@ -163,9 +170,8 @@ class Trainer:
         self.log(f"resumed from {path} (step {self.start_step}, written with dp {saved['dp']} × "
                  f"pp {saved['pp']}{shards}, {saved['schedule']}) in "
                  f"{time.perf_counter() - tick:.2f} s")
-        if self.start_step >= self.cfg.train.steps:
-            self.log(f"the checkpoint is at step {self.start_step}, train.steps = "
-                     f"{self.cfg.train.steps}: nothing to do")
+        for line in resume_notes(manifest, self.start_step, self.cfg.train.steps, path):
+            self.log(line)
 
     def _describe(self):
         """The run's header: what runs where, on what data."""
@@ -215,6 +221,7 @@ class Trainer:
         train = self.cfg.train
         tick = time.perf_counter()
         lr = learning_rate(step - 1, train.lr, train.min_lr, train.warmup_steps, train.steps)
+        self.beacon.at("its step (the schedule, the reductions, the update)", step)
         finished = self.rank.train_step(step, self._inputs(step), lr, train.grad_clip)
         self.metrics.started(step, time.perf_counter() - tick, lr)
         for outcome in finished:
@@ -257,6 +264,7 @@ class Trainer:
         if plan is not None:
             self.rank.model.use_recompute(plan)
             self.log(f"auto recompute per model stage: {memplan.describe_plan(plan)}")
+            self.summary.recompute = memplan.describe_auto_choice(plan)
         self.rank.use_schedule(auto)
         sim = simulate(auto, costs)
         self.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
@@ -265,19 +273,20 @@ class Trainer:
         self.run_dir.write_json("auto_schedule.json", record)
 
     def _evaluate(self, step: int):
+        self.beacon.at("evaluation", step)
         value = self.rank.evaluator().evaluate(validation_batches(self.tokens, self.cfg,
                                                                   self.be))
         self.metrics.evaluated(step, value)
 
     def _save(self, step: int):
-        from hpcpipe import checkpoint as ckpt
-
         self._settle()
-        saved = ckpt.save(self.rank, self.cfg, step, self.run_dir.path,
-                          {**self.rank.step.state(), "lr_step": step,
-                           "data_step": step, "seed": self.cfg.train.seed},
-                          keep=self.cfg.checkpoint.keep, keep_every=self.cfg.checkpoint.keep_every,
-                          run=self.run_id, data=self.data)
+        self.beacon.at("checkpoint", step)
+        saved = checkpoints.save(self.rank, self.cfg, step, self.run_dir.path,
+                                 {**self.rank.step.state(), "lr_step": step,
+                                  "data_step": step, "seed": self.cfg.train.seed},
+                                 keep=self.cfg.checkpoint.keep,
+                                 keep_every=self.cfg.checkpoint.keep_every, run=self.run_id,
+                                 data=self.data)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path
@@ -314,17 +323,19 @@ class Trainer:
             self.log(f"done: nothing to train, the run is at step {self.start_step} of "
                      f"{steps} (raise train.steps to continue)")
             return summary
-        self._report()
+        for line in report(self):
+            self.log(line)
         return summary
 
-    def _report(self):
-        step = self.rank.step
-        for line in end_of_run(self.metrics, self.cfg.parallel, step.gradsync.bytes_reduced,
-                               step.optimizer_state_bytes, self.record.piece.seconds):
-            self.log(line)
-        if step.outer is not None:
-            self.log(local_sgd_line(step, self.summary.steps - self.start_step))
 
+def report(trainer: Trainer) -> list[str]:
+    """The end-of-run summary's lines (runs/report.py's, and local SGD's)."""
+    step = trainer.rank.step
+    lines = end_of_run(trainer.metrics, trainer.cfg.parallel, step.gradsync.bytes_reduced,
+                       step.optimizer_state_bytes, trainer.record.piece.seconds)
+    if step.outer is not None:
+        lines.append(local_sgd_line(step, trainer.summary.steps - trainer.start_step))
+    return lines
 
 def chosen_schedule(trainer: Trainer, costs: Costs):
     """The auto schedule on the measured costs, the costs it was found with (recomputation
@@ -424,11 +435,21 @@ def mode_notes(train, step) -> list[str]:
         [describe_local_sgd(train)] if train.local_steps else [])
 
 
+def watch_over(grid, timeout: float, run_dir: str, watch):
+    """This rank's Beacon (where it is) and the hang watchdog over it (parallel/
+    watchdog.py: parallel.timeout, SIGUSR2, the dumps in RUN_DIR/hangs/); the preemption
+    watch says through it what its step-boundary agreement waits on."""
+    beacon = Beacon.for_grid(grid)
+    watch.beacon = beacon
+    return beacon, Watchdog(grid.world, beacon, timeout, os.path.join(run_dir, HANGS))
+
+
 def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
     """This piece's RunRecord, with the run's Summary and Metrics (see runrecord.py)."""
     cfg, comm, train = trainer.cfg, trainer.comm, trainer.cfg.train
     summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule,
-                      data=trainer.data)
+                      data=trainer.data, recompute=memplan.AUTO_PENDING
+                      if train.recompute.strip() == "auto" else train.recompute)
     # MFU's two halves: the model's FLOPs per token, and every rank's peak (nominal where
     # the device is known, else measured: flops.device_peak).
     peak, source = device_peak(trainer.be, train.dtype)
@@ -447,5 +468,6 @@ def open_writers(trainer: Trainer) -> list:
     cfg, comm = trainer.cfg, trainer.comm
     if not cfg.train.tensorboard:
         return []
-    writer = root_does(comm, lambda: TensorBoard(trainer.run_dir.path, trainer.start_step))
+    writer = root_does(comm, lambda: TensorBoard(trainer.run_dir.path, trainer.start_step,
+                                                 log=trainer.log))
     return [writer] if comm.rank == 0 else []

@@ -37,11 +37,10 @@ def fsync_dir(path: str):
         os.close(fd)
 
 
-def write_atomic(path: str, write) -> str:
-    """`write(tmp_path)` creates the file; it is then fsynced and renamed to `path`.
-
-    The temporary name is hidden and unique to this process, and removed if `write`
-    fails, so two writers never share one and a failure leaves nothing behind."""
+def _stage(path: str, write) -> str:
+    """`write(tmp)` creates the file under a hidden temporary name beside `path`, unique to
+    this process, which is then flushed and fsynced; returns that name. A failure removes
+    it and raises, an OSError of a plain write naming `path` (it names no file itself)."""
     folder, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(folder, f".{name}.tmp.{os.getpid()}")
     try:
@@ -51,12 +50,79 @@ def write_atomic(path: str, write) -> str:
         with open(tmp, "rb+") as f:
             f.flush()
             os.fsync(f.fileno())
+    except BaseException as e:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename in (None, tmp):
+            raise OSError(e.errno, e.strerror, path) from None
+        raise
+    return tmp
+
+
+def write_atomic(path: str, write) -> str:
+    """`write(tmp_path)` creates the file; it is then fsynced and renamed to `path`.
+
+    The temporary name is hidden and unique to this process, and removed if `write`
+    fails, so two writers never share one and a failure leaves nothing behind."""
+    tmp = _stage(path, write)
+    try:
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.unlink(tmp)
-    fsync_dir(folder)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
     return path
+
+
+class OutputSet:
+    """Files a command writes as one (an export's shards, their index and config.json):
+    each written and fsynced under a temporary name beside its own (`write`), and all
+    renamed into place only once every one is complete (leaving the `with` block). A
+    failure — a full disk at the third shard — removes every temporary file and leaves the
+    final names as they were: never some shards and an index without the rest."""
+
+    def __init__(self):
+        self.staged: list[tuple[str, str]] = []
+
+    def write(self, path: str, write):
+        self.staged.append((_stage(path, write), path))
+
+    def write_bytes(self, path: str, data):
+        """`data` as the file at `path`, refused before any of it is written where the
+        free space is already too little."""
+        folder = os.path.dirname(os.path.abspath(path))
+        if len(data) > free_bytes(folder):
+            raise OSError(errno.ENOSPC, f"No space left on device ({len(data):,} bytes to "
+                                        f"write, {free_bytes(folder):,} free)", path)
+
+        def write(tmp):
+            with open(tmp, "wb") as f:
+                f.write(data)
+
+        self.write(path, write)
+
+    def discard(self):
+        for tmp, _ in self.staged:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+        self.staged = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace):
+        if kind is not None:
+            self.discard()
+            return False
+        folders = {os.path.dirname(os.path.abspath(path)) for _, path in self.staged}
+        try:
+            for tmp, path in self.staged:
+                os.replace(tmp, path)
+        finally:
+            self.discard()
+        for folder in folders:
+            fsync_dir(folder)
+        return False
 
 
 _RENAME_EXCHANGE = 2  # renameat2's flag (Linux 3.15+)

@@ -15,6 +15,7 @@ that is not UTF-8 and nesting deep enough to exhaust the stack are all refused.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import re
@@ -99,6 +100,19 @@ class Number(Spec):
         bounds = [f"at least {self.lo:g}" if self.lo > -math.inf else "",
                   f"at most {self.hi:g}" if self.hi < math.inf else ""]
         return "a finite number" + "".join(f", {b}" for b in bounds if b)
+
+
+@dataclass(frozen=True)
+class Bool(Spec):
+    """true or false (never 0 or 1)."""
+
+    def check(self, value, where=""):
+        if not isinstance(value, bool):
+            raise Mismatch(where, value, f"must be {self.describe()}")
+        return value
+
+    def describe(self) -> str:
+        return "true or false"
 
 
 @dataclass(frozen=True)
@@ -219,11 +233,13 @@ def check(spec: Spec, value, where: str = ""):
 # -- JSON ------------------------------------------------------------------------------
 
 def _no_duplicates(pairs):
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise Mismatch("", key, "the key appears twice")
-        seen[key] = value
+    seen = dict(pairs)  # (at C speed; only a short dict means a key came twice)
+    if len(seen) != len(pairs):
+        keys = set()
+        for key, _ in pairs:
+            if key in keys:
+                raise Mismatch("", key, "the key appears twice")
+            keys.add(key)
     return seen
 
 
@@ -231,35 +247,59 @@ def _refuse_constant(name):
     raise Mismatch("", name, "NaN and Infinity are not JSON numbers")
 
 
-def _nesting(text: str) -> int:
-    """How deep brackets nest, counted outside strings (bounds the parser's recursion)."""
-    depth = deepest = 0
-    for token in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text):
-        mark = token.group()
-        if mark in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif mark in "]}":
-            depth -= 1
-    return deepest
+_CONTAINERS = frozenset((list, dict))
+
+
+def _depth(value, limit: int) -> int:
+    """How deep lists and objects nest in a decoded value (0 for a scalar), counted level
+    by level without recursion and stopping once past `limit`. Which nodes of a level hold
+    containers is asked at C speed (the set of their items' types), so a level costs about
+    as much as Python's parser spent making it."""
+    level, depth = [value], 0
+    while depth <= limit:
+        level = [node for node in level if type(node) in _CONTAINERS]
+        if not level:
+            break
+        depth += 1
+        below = []
+        for node in level:
+            items = node.values() if type(node) is dict else node
+            if items and not _CONTAINERS.isdisjoint(set(map(type, items))):
+                below.extend(items)
+        level = below
+    return depth
 
 
 def parse_json(data: bytes):
-    """JSON from bytes; raises Mismatch for anything but strict, reasonable JSON."""
+    """JSON from bytes; raises Mismatch for anything but strict, reasonable JSON.
+
+    Time and memory are linear in the size of `data` with the constant of Python's own
+    parser (its C scanner): the depth is counted on the decoded value, never by scanning
+    the text in Python, and brackets nested past the parser's stack end in its
+    RecursionError, refused here like any nesting deeper than _MAX_NESTING."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise Mismatch("", data[max(0, e.start - 8):e.start + 8],
                        f"not UTF-8 text (byte {e.start})") from None
-    if _nesting(text) > _MAX_NESTING:
-        raise Mismatch("", text[:40], f"nested more than {_MAX_NESTING} levels deep")
+    collecting = gc.isenabled()
+    gc.disable()  # millions of containers would trigger a collection every 700 of them
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates,
-                          parse_constant=_refuse_constant)
+        value = json.loads(text, object_pairs_hook=_no_duplicates,
+                           parse_constant=_refuse_constant)
+        deep = _depth(value, _MAX_NESTING) > _MAX_NESTING
+    except RecursionError:
+        value, deep = None, True
     except ValueError as e:  # JSONDecodeError, or a Mismatch from a hook
         if isinstance(e, Mismatch):
             raise
         raise Mismatch("", text[:40], f"not valid JSON ({e})") from None
+    finally:
+        if collecting:
+            gc.enable()
+    if deep:
+        raise Mismatch("", text[:40], f"nested more than {_MAX_NESTING} levels deep")
+    return value
 
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

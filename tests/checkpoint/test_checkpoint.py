@@ -53,8 +53,13 @@ def test_layout_and_retention(run_dir):
         assert f["h.1.attn.c_attn.weight"].shape == (32, 96) and f["wte"].shape == (256, 32)
         assert f["wte"].fletcher32
     with h5py.File(os.path.join(path, "optim-r00000.h5"), "r") as f:
-        assert set(f) == {"exp_avg", "exp_avg_sq", "master"}
+        assert set(f) == {"exp_avg", "exp_avg_sq"}  # (float32: no master copy)
         assert f["exp_avg"]["wte@0"].attrs["stop"] == 256 * 32
+        # The records every state file carries (checkpoint/parts.py).
+        assert (f.attrs["part"], f.attrs["file"], f.attrs["step"]) == ("optim",
+                                                                       "optim-r00000.h5", 4)
+        assert list(f.attrs["rank"]) == [0, 0, 0] and list(f.attrs["layout"]) == [1, 1, 1]
+    assert manifest["parts"] == {"model": ["model-pp000.h5"], "optim": ["optim-r00000.h5"]}
 
 
 def test_truncated_file(run_dir, tmp_path):

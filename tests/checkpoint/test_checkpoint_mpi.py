@@ -121,6 +121,7 @@ def test_same_run_directory_resume_appends_metrics(tmp_path, stdlib_tokens):
     proc = train(run_dir, stdlib_tokens, 2, *layout(1, 2, "zb-h1"), "train.steps=4", resume="")
     assert proc.returncode == 0, proc.stderr
     assert "resumed from" in proc.stdout and "step_00000002" in proc.stdout
+    assert "train.steps = " not in proc.stdout  # the same length: nothing to say
     again = losses(run_dir)
     assert again == first  # steps 3, 4 written once more, identically, and not twice
 

@@ -1,4 +1,4 @@
-"""The asynchronous pipeline's checkpoints (checkpoint/versions.py) under MPI: a run
+"""The asynchronous pipeline's checkpoints (train/stream_state.py) under MPI: a run
 resumed from a checkpoint equals the uninterrupted one bitwise (with the secant delay
 correction too, whose state the versions file keeps, and Muon with extrapolated
 versions), under another dp to round-off; another optimizer is refused with one message;

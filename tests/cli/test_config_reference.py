@@ -1,18 +1,13 @@
-"""The config reference is generated from the dataclasses, and the README shows it; the
-README's command list names every command and benchmark."""
+"""The config reference is generated from the dataclasses (the documentation site's
+reference pages are generated from the same code: tests/docs/test_site.py)."""
 
-import re
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 from hpcpipe import config
-from hpcpipe.bench import SUITES
 from hpcpipe.cli import config_reference as reference
 from hpcpipe.cli.main import build_parser
-
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_every_key_of_every_section_has_a_type_a_default_and_a_meaning():
@@ -40,24 +35,6 @@ def test_comments_above_and_beside_a_field_are_its_meaning_and_headings_are_not(
 
     assert reference.comments(Section) == {"a": "the first line and the second and beside it",
                                            "b": "", "c": "just this"}
-
-
-def test_the_readme_table_is_the_generated_one():
-    text = README.read_text()
-    table = text.split("tests/cli/test_config_reference.py checks that it is equal -->\n")[1]
-    table = table.split("<!-- end of the config table -->")[0]
-    assert table == reference.markdown(), (
-        "the README's config table is stale: paste `python -m hpcpipe config --list "
-        "--markdown` between its markers")
-
-
-def test_the_readme_lists_every_command_and_benchmark():
-    commands = build_parser()._subparsers._group_actions[0].choices
-    block = README.read_text().split("## Commands")[1].split("```")[1]
-    listed = set(re.findall(r"python -m hpcpipe (\w[\w-]*)", block))
-    assert set(commands) <= listed, set(commands) - listed
-    bench = re.search(r"bench ([\w|-]+)", block).group(1).split("|")
-    assert {suite.replace("_", "-") for suite in SUITES} <= set(bench)  # as `bench --help`
 
 
 def test_config_list_on_the_command_line():

@@ -168,3 +168,56 @@ def test_a_broken_config_beside_the_weights_is_one_error(capsys, tmp_path):
                  str(tmp_path / "ckpt")]) == 2
     err = capsys.readouterr().err
     assert "config.json (the Hugging Face config beside" in err and "n_head" in err
+
+
+# -- the Llama family: rotary positions, grouped K/V in the cache, its own tokenizer.json --
+
+def perturbed_llama(cfg, seed=0):
+    from hpcpipe import Llama
+
+    model = Llama(cfg, dtype="float64", seed=seed)
+    rng = np.random.default_rng(seed)
+    for value in model.params.values():
+        value += rng.standard_normal(value.shape) * 0.2
+    return model
+
+
+def test_a_llama_sampler_past_block_size_equals_a_full_rerun():
+    """Rotary positions are relative: the restart from the last half of a full cache gives
+    what a full forward over that window gives."""
+    from hpcpipe import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=40, block_size=16, n_layer=2, n_head=4, n_kv_head=2,
+                      n_embd=16, intermediate_size=24)
+    model = perturbed_llama(cfg)
+    ids = [3, 1, 4, 1, 5]
+    sampler = Sampler(model, model.stage.be, temperature=0, top_k=0, seed=0)
+    assert list(sampler.tokens(ids, 45)) == rerun(model, ids, 45, cfg.block_size)
+
+
+def test_a_llama_checkpoint_generates_text_through_its_own_tokenizer(tmp_path):
+    from harness import required
+    from harness.hostile import small_config
+    from harness.tokenfiles import write_tokenizer_json
+
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        required.missing("hf", "Hugging Face's tokenizers is not installed")
+    cfg = small_config('model.arch="llama"', "model.n_kv_head=1", "model.vocab_size=259")
+    model = perturbed_llama(cfg.model, seed=2)
+    tokenizer = write_tokenizer_json(tmp_path / "tokenizer.json").read_bytes()
+    ckpt.write_weights(str(tmp_path / "ckpt"), cfg,
+                       {n: np.asarray(v, dtype=np.float32) for n, v in model.params.items()},
+                       tokenizer=tokenizer, special={"eos_token_id": 0})
+    out = io.StringIO()
+    import contextlib
+
+    with contextlib.redirect_stdout(out):
+        assert main(["generate", str(tmp_path / "ckpt"), "--prompt", "the thé",
+                     "--temperature", "0", "--tokens", "12"]) == 0
+    assert out.getvalue().startswith("the thé")
+    ids = io.StringIO()
+    with contextlib.redirect_stdout(ids):
+        assert main(["generate", str(tmp_path / "ckpt"), "--prompt", "the thé",
+                     "--temperature", "0", "--tokens", "12", "--tokenizer", "ids"]) == 2

@@ -113,3 +113,51 @@ def test_text_comes_out_whole_characters_at_a_time(bpe_file):
 
 def test_padded_vocabulary_ids_decode_as_replacement(bpe_file):
     assert tk.load("gpt2", str(bpe_file)).decode([256, 300]) == "de\ufffd"
+
+
+# -- a Hugging Face tokenizer.json (the Llama family's) -----------------------------------
+
+@pytest.fixture
+def tokenizer_json(tmp_path):
+    from harness import required
+    from harness.tokenfiles import write_tokenizer_json
+
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        required.missing("hf", "Hugging Face's tokenizers is not installed: pip install "
+                               "tokenizers")
+
+    return write_tokenizer_json(tmp_path / "tokenizer.json")
+
+
+def test_prepare_with_a_tokenizer_json(capsys, tmp_path, tokenizer_json):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = {"a.txt": "the thee\n" * 30, "b.txt": "Zürich é €\n" * 20}
+    for name, text in texts.items():
+        (corpus / name).write_text(text)
+    out = tmp_path / "t.h5"
+    assert main(["prepare", "--corpus", str(corpus), "--tokenizer", "hf",
+                 "--tokenizer-file", str(tokenizer_json), "--out", str(out)]) == 0
+    assert "hf tokens" in capsys.readouterr().out
+    hf = tk.load("hf", str(tokenizer_json))
+    assert hf.eot == 0 and hf.vocab_size == 259 and hf.encode(b"the") == [257, ord("e") + 1]
+    with h5py.File(out, "r") as f:
+        assert f.attrs["tokenizer"] == "hf" and str(tokenizer_json) in f.attrs["tokenizer_source"]
+        tokens = np.concatenate([f["train"][:], f["val"][:]])
+    documents = hf.decode(tokens).split("<|endoftext|>")  # one after each file
+    assert sorted(documents[:-1]) == sorted(texts.values()) and documents[-1] == ""
+    stream = tk.TextStream(hf)
+    assert "".join(stream.push([t]) for t in hf.encode("é€".encode())) + stream.end() == "é€"
+
+
+def test_a_broken_tokenizer_json_is_one_error(capsys, tmp_path, tokenizer_json):
+    tokenizer_json.write_text('{"model": {"type": "BPE", "vocab": [1, 2]}}')
+    assert main(["prepare", "--tokenizer", "hf", "--tokenizer-file", str(tokenizer_json),
+                 "--out", str(tmp_path / "t.h5")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "is not a tokenizer.json the tokenizers package" in err
+    assert main(["prepare", "--tokenizer", "hf", "--out", str(tmp_path / "t.h5")]) == 2
+    assert "give --tokenizer-file FILE" in capsys.readouterr().err
+    assert not (tmp_path / "t.h5").exists()

@@ -119,6 +119,17 @@ def test_llmc_evaluation_files_are_refused_by_their_magic(tmp_path):
         open_token_file(str(tmp_path / "train.bin"))
 
 
+@pytest.mark.parametrize("name", ["hellaswag_val.bin", "hellaswag.bin", "mmlu_train.bin",
+                                  "eval_val_*.bin"])
+def test_an_evaluation_file_is_refused_by_its_magic_whatever_its_name(tmp_path, name):
+    """Issue 61: `hellaswag_val.bin` was refused as "names only validation files", one
+    without `train` or `val` in its name for its name; a glob of them likewise."""
+    write_llmc_evalfile(tmp_path / name.replace("*", "000000"), [[1, 2, 3], [4, 5], [6]])
+    with pytest.raises(DataError, match=r"is an llm.c evaluation file \(magic 20240522: 3 "
+                                        r"multiple-choice examples.*not training tokens"):
+        open_token_file(str(tmp_path / name))
+
+
 def test_a_shard_cut_short_after_opening(llmc):
     folder, _ = llmc
     tokens = open_token_file(str(folder / "fineweb_train_*.bin"))

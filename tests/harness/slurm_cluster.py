@@ -24,6 +24,7 @@ By hand, as root with the packages of .ci/run, to try the job scripts on one mac
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import json
 import os
@@ -36,7 +37,10 @@ import sys
 import time
 from pathlib import Path
 
-from harness import slurm
+if __package__ in (None, ""):  # run as a script, as jobs/README.md says: the harness is
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/'s package
+
+from harness import slurm  # noqa: E402  (after the path above)
 
 NODES = ("node1", "node2")
 SUBNETS = ipaddress.ip_network("10.213.0.0/16")
@@ -329,7 +333,17 @@ class TwoNodeCluster(slurm.Cluster):
         return found
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argparse.ArgumentParser(
+        prog="python tests/harness/slurm_cluster.py",
+        description="Start a two-node Slurm cluster on this machine (network namespaces "
+                    "node1 and node2, a slurmd each; munged and slurmctld on the host), "
+                    "print the SLURM_CONF to export, and remove it all on Ctrl-C or "
+                    "SIGTERM. Needs root and the packages .ci/run installs (slurmd "
+                    "slurmctld slurm-client munge libpmix2 openmpi-bin iproute2).",
+        epilog="then, in another shell: export SLURM_CONF=...; PP=2 sbatch --nodes=2 "
+               "--ntasks-per-node=2 --cpus-per-task=1 --gpus-per-node=0 "
+               "jobs/train-multinode.sbatch inputs/tiny.toml").parse_args(argv)
     problem = unavailable()
     if problem:
         print(f"cannot start the cluster: {problem}", file=sys.stderr)

@@ -53,3 +53,25 @@ def write_llmc_evalfile(path, examples):
     header[:4] = 20240522, 1, len(examples), max(2 * (len(w) + 2) for w in examples)
     path.write_bytes(header.tobytes() + np.asarray(stream, dtype="<u2").tobytes())
     return path
+
+
+def write_tokenizer_json(path, vocab: int = 259):
+    """A Hugging Face tokenizer.json of a byte-level BPE of `vocab` tokens (the tokenizers
+    package's format, as a Llama's model folder carries one): <|endoftext|> (id 0, a
+    special token), the 256 bytes, a few merges."""
+    import json
+
+    from harness.ggufmodel import byte_vocabulary
+
+    tokens, merges, _ = byte_vocabulary(vocab)
+    level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": True}
+    data = {"version": "1.0", "added_tokens": [
+        {"id": 0, "content": tokens[0], "single_word": False, "lstrip": False,
+         "rstrip": False, "normalized": False, "special": True}],
+        "normalizer": None, "pre_tokenizer": level, "post_processor": None,
+        "decoder": {**level, "add_prefix_space": True},
+        "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(tokens)},
+                  "merges": merges}}
+    path.write_text(json.dumps(data))
+    return path

@@ -209,12 +209,14 @@ def test_test_sbatch_runs_the_mpi_tests_inside_the_allocation(cluster, workdir):
 
 
 def readme_sbatch_lines() -> list[list[str]]:
-    """The `sbatch [options] jobs/train.sbatch inputs/...` lines of the README and of
-    jobs/README.md, as arguments (comments dropped): what a new user types first."""
+    """The `sbatch [options] jobs/train.sbatch inputs/...` lines of the README, of
+    jobs/README.md and of the documentation's pages, as arguments (comments dropped): what a
+    new user types first."""
     import shlex
 
     lines = []
-    for doc in (ROOT / "README.md", JOBS / "README.md"):
+    docs = sorted(p for p in (ROOT / "docs").rglob("*.md") if "hooks" not in p.parts)
+    for doc in (ROOT / "README.md", JOBS / "README.md", *docs):
         for line in doc.read_text().splitlines():
             if line.startswith("sbatch ") and " jobs/train.sbatch inputs/" in line:
                 words = shlex.split(line, comments=True)

@@ -69,22 +69,23 @@ def replica_inputs(be, step, replica, microbatches):
 def train(comm, cfg):
     """STEPS steps of cfg over `comm`. Returns (losses, this rank's flat weights per chunk,
     gradient bytes reduced per step, outer bytes, shard elements of this rank, moment
-    elements it averages)."""
+    elements it averages, the gradient norms reported)."""
     p = cfg.parallel
     grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
     be = devices.select()
     rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches,
                                               v=cfg.chunks))
-    losses, grad_bytes = [], []
+    losses, grad_bytes, norms = [], [], []
     for step in range(1, STEPS + 1):
         inputs = replica_inputs(be, step, grid.dp_rank, p.microbatches)
         [out] = rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip)
         losses.append(out.loss)
+        norms.append(out.norm)
         grad_bytes.append(rank.step.gradsync.bytes_reduced)
     flat = [be.to_host(s.param_buffer.data).copy() for s in rank.model.stages.values()]
     outer = rank.step.outer
     return (losses, flat, grad_bytes, outer.bytes_reduced, sum(s.size for s in outer.shards),
-            sum(int(m.size) for m in outer.moments))
+            sum(int(m.size) for m in outer.moments), norms)
 
 
 def reference(dp, optimizer="adamw", moments="local"):
@@ -98,11 +99,12 @@ def reference(dp, optimizer="adamw", moments="local"):
     buffers = [r.model.stages[0].param_buffer.data for r in ranks]  # device arrays
     anchor = be.to_host(buffers[0]).copy()  # the outer step runs on the host, in NumPy
     velocity = np.zeros_like(anchor)
-    losses = []
+    losses, norms = [], []
     for step in range(1, STEPS + 1):
         outs = [r.train_step(step, replica_inputs(be, step, d, microbatches), cfg.train.lr,
                              cfg.train.grad_clip)[0] for d, r in enumerate(ranks)]
         losses.append(sum(o.loss for o in outs) / dp)
+        norms.append(sum(o.norm for o in outs) / dp)
         if step % H == 0:
             delta = sum(anchor - be.to_host(b) for b in buffers) / dp
             velocity = MOMENTUM * velocity + delta
@@ -111,7 +113,7 @@ def reference(dp, optimizer="adamw", moments="local"):
                 b[...] = be.from_host(anchor)
             if moments == "average":
                 average_moments(be, [r.step.optimizer.moments() for r in ranks])
-    return losses, [be.to_host(b).copy() for b in buffers]
+    return losses, [be.to_host(b).copy() for b in buffers], norms
 
 
 def average_moments(be, replicas):
@@ -144,7 +146,7 @@ def check(comm) -> mpibody.Report:
         failures += [f"dp 1: step {s + 1} loss {a!r} vs the reference {b!r}"
                      for s, (a, b) in enumerate(zip(solo[0], refs[1][0])) if not close(a, b)]
     mpibody.settle(comm)  # the others wait for rank 0's references asleep
-    for key, (losses, flat, grad_bytes, outer_bytes, elements, _) in results.items():
+    for key, (losses, flat, grad_bytes, outer_bytes, elements, _, norms) in results.items():
         dp, pp, tp, _ = key
         if any(grad_bytes):
             failures.append(f"{key}: gradient bytes reduced in inner steps: {grad_bytes}")
@@ -153,9 +155,12 @@ def check(comm) -> mpibody.Report:
                             f"{STEPS // H} × {elements} float64 elements")
         replicas = comm.gather(flat if pp == 1 and tp == 1 else None, root=0)
         if comm.rank == 0:
-            ref_losses, ref_weights = refs[dp]
+            ref_losses, ref_weights, ref_norms = refs[dp]
             failures += [f"{key}: step {s + 1} loss {a!r} vs one process {b!r}"
                          for s, (a, b) in enumerate(zip(losses, ref_losses)) if not close(a, b)]
+            # The reported norm is the replicas' mean, as the loss is (never replica 0's).
+            failures += [f"{key}: step {s + 1} norm {a!r} vs the replicas' mean {b!r}"
+                         for s, (a, b) in enumerate(zip(norms, ref_norms)) if not close(a, b)]
             for d, weights in enumerate(replicas):
                 if weights is not None and not np.allclose(weights[0], ref_weights[d],
                                                            rtol=0, atol=1e-12):
@@ -216,7 +221,7 @@ def compare_moments(comm, n) -> list[str]:
     refs = {o: (reference(2, o, "average")[0], reference(2, o)[0])
             for o in ("adamw", "muon")} if comm.rank == 0 else {}
     mpibody.settle(comm)
-    for label, (optimizer, (losses, _, _, outer_bytes, elements, moments)) in results.items():
+    for label, (optimizer, (losses, _, _, outer_bytes, elements, moments, _)) in results.items():
         if outer_bytes != (STEPS // H) * (elements + moments) * 8 or not moments:
             failures.append(f"{label}: the outer all-reduce sent {outer_bytes} bytes, "
                             f"expected {STEPS // H} × ({elements} + {moments}) float64 "

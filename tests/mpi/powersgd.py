@@ -45,6 +45,7 @@ from hpcpipe.parallel.powersgd import PowerSGD
 from hpcpipe.parallel.transport import Transport
 from hpcpipe.schedules import generate
 from hpcpipe.train.rank import Rank
+from hpcpipe.train import checkpoints
 
 B, GLOBAL_MICROBATCHES, STEPS = 2, 8, 4
 FULL = {"powersgd_rank": 8, "powersgd_min_gain": 0.0}  # every matrix, at its full rank
@@ -349,7 +350,7 @@ def run_from(comm, cfg, steps, save_to=None, resume=None):
     the checkpoint's path or None)."""
     rank, first = build(comm, cfg), 1
     if resume is not None:
-        state = ckpt.load(rank, cfg, resume, ckpt.read_manifest(resume))
+        state = checkpoints.load(rank, cfg, resume, ckpt.read_manifest(resume))
         rank.step.restore(state)
         first = state["step"] + 1
     moments = error_moments(comm, rank)  # what was loaded (or zero)
@@ -357,7 +358,8 @@ def run_from(comm, cfg, steps, save_to=None, resume=None):
     path = None
     if save_to is not None:
         moments = error_moments(comm, rank)
-        path = ckpt.save(rank, cfg, steps, save_to, {**rank.step.state(), "lr_step": steps}).path
+        path = checkpoints.save(rank, cfg, steps, save_to,
+                                {**rank.step.state(), "lr_step": steps}).path
     return losses, gather_weights(comm, rank), moments, path
 
 

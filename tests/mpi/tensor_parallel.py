@@ -30,7 +30,7 @@ from harness import (
 )
 
 from hpcpipe import checkpoint as ckpt
-from hpcpipe.checkpoint.save import _global_parameters as global_parameters
+
 from hpcpipe import config
 from hpcpipe.model import GPTConfig, block_layout
 from hpcpipe.model.layers import (
@@ -44,10 +44,12 @@ from hpcpipe.model.layers import (
 )
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.parallel import grid as gridlib
+from hpcpipe.parallel.pipeline.parameters import _global_parameters as global_parameters
 from hpcpipe.parallel.tensor import TensorParallel
 from hpcpipe.parallel.transport import Transport
 from hpcpipe.schedules import generate
 from hpcpipe.train.rank import Rank
+from hpcpipe.train import checkpoints
 
 B, T, C, NH, V = 2, 5, 8, 4, 16
 STEPS, GLOBAL_MB = 3, 4
@@ -298,7 +300,7 @@ def check_reshard(world, failures, report):
         cfg = make_cfg(1, 1, 2, "1f1b")
         got = train(pair, cfg, steps=2)
         losses += got[0]
-        path = ckpt.save(got[2], cfg, 2, os.path.join(folder, "tp2"), {}).path
+        path = checkpoints.save(got[2], cfg, 2, os.path.join(folder, "tp2"), {}).path
         pair.Free()
     mpibody.settle(world)  # ranks 2 and 3 wait for the pair asleep
     path = world.bcast(path)
@@ -306,15 +308,15 @@ def check_reshard(world, failures, report):
         cfg = make_cfg(1, 1, 1, "1f1b")
         rank = Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), devices.select(),
                           generate("1f1b", 1, GLOBAL_MB))
-        ckpt.load(rank, cfg, path, ckpt.read_manifest(path))
+        checkpoints.load(rank, cfg, path, ckpt.read_manifest(path))
         losses += train(MPI.COMM_SELF, cfg, rank, first_step=3, steps=2)[0]
-        path = ckpt.save(rank, cfg, 4, os.path.join(folder, "tp1"), {}).path
+        path = checkpoints.save(rank, cfg, 4, os.path.join(folder, "tp1"), {}).path
     mpibody.settle(world)
     path = world.bcast(path)
     cfg = make_cfg(1, 1, 4, "1f1b")
     rank = Rank.build(cfg, gridlib.build(world, 1, 1, tp=4), devices.select(),
                       generate("1f1b", 1, GLOBAL_MB))
-    ckpt.load(rank, cfg, path, ckpt.read_manifest(path))
+    checkpoints.load(rank, cfg, path, ckpt.read_manifest(path))
     losses += train(world, cfg, rank, first_step=5, steps=2)[0]
     world.barrier()  # every rank has read the checkpoints before they go
     if world.rank == 0:

@@ -36,6 +36,7 @@ from hpcpipe import config
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.schedules import generate
 from hpcpipe.train.rank import Rank
+from hpcpipe.train import checkpoints
 
 B, GLOBAL_MICROBATCHES, STEPS, SAVE = 2, 4, 4, 2
 
@@ -67,7 +68,7 @@ def train(comm, cfg, steps, save_to=None, resume=None):
     rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches))
     first = 1
     if resume is not None:
-        state = ckpt.load(rank, cfg, resume, ckpt.read_manifest(resume))
+        state = checkpoints.load(rank, cfg, resume, ckpt.read_manifest(resume))
         rank.step.restore(state)
         first = state["step"] + 1
     losses = {}
@@ -85,7 +86,8 @@ def train(comm, cfg, steps, save_to=None, resume=None):
         losses[out.step] = out.loss
     rank.step.materialize()  # ZeRO-3: the whole weights, to read (or save) them
     if save_to is not None:
-        saved = ckpt.save(rank, cfg, steps, save_to, {**rank.step.state(), "lr_step": steps})
+        saved = checkpoints.save(rank, cfg, steps, save_to,
+                                 {**rank.step.state(), "lr_step": steps})
         return losses, saved.path
     gathered = comm.gather(parts.entries(rank.model.stages.values(), be)
                            if grid.dp_rank == 0 else [], root=0)

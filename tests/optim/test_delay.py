@@ -78,7 +78,7 @@ def test_skipped_update_restarts_the_secant():
 
 def test_state_round_trips_bitwise():
     """What arrays() and primed() hold is all the correction's state: loaded into a fresh
-    one, the next updates come out bitwise the same (checkpoint/versions.py saves it)."""
+    one, the next updates come out bitwise the same (train/stream_state.py saves it)."""
     rng = np.random.default_rng(2)
     h, c = rng.uniform(0.5, 3.0, 30), rng.normal(size=30)
     w = np.linspace(-1, 1, 30)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from hpcpipe import config
-from hpcpipe.checkpoint.load import _check_optimizer
-from hpcpipe.checkpoint.manifest import CheckpointError
+from hpcpipe.parallel.optimizer_state import _check_kind as _check_optimizer
+from hpcpipe.util.state import StateError
 from hpcpipe.device import backend
 from hpcpipe.model import FlatBuffer
 from hpcpipe.optim.adamw import Optimizer, ParamShard
@@ -107,8 +107,8 @@ def test_a_checkpoint_of_the_other_optimizer_is_refused():
         kind = "muon"
 
     manifest = {"pieces": {"wte": []}, "state": {}}  # (before Muon: no name, AdamW's)
-    with pytest.raises(CheckpointError, match='train.optimizer = "adamw", this run\'s is '
-                                              '"muon"'):
+    with pytest.raises(StateError, match='train.optimizer = "adamw", this run\'s is '
+                                         '"muon"'):
         _check_optimizer(Opt(), manifest, "ckpt")
     _check_optimizer(Opt(), {"pieces": {"wte": []}, "state": {"optimizer": "muon"}}, "ckpt")
     _check_optimizer(Opt(), {"pieces": {}, "state": {}}, "ckpt")  # weights only: any

@@ -8,8 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from harness.hostile import SMALL, TINY, sets
+from harness.hostile import SMALL, TINY, ends_with_one_error, sets
 from harness.mpirun import ROOT, job_env
+
+from hpcpipe.__main__ import main
 
 # `python -m hpcpipe ARGS` with a file-size limit set once MPI is up (MPI's own shared-memory
 # files are larger than the limit: set before, it would stop MPI_Init instead).
@@ -89,3 +91,89 @@ def test_prepare_onto_a_full_disk(request, tmp_path, limited):
     line = _one_error(done)
     assert str(out) in line
     assert not os.listdir(out.parent) or os.listdir(out.parent) == ["corpus.txt"]
+
+
+def _mount(where, size="64k"):
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True)
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+
+
+def test_tensorboard_on_a_full_disk_warns_once_and_never_blocks_the_exit(tmp_path,
+                                                                         stdlib_tokens):
+    """Issue 61: TensorBoard's writer thread died on a full disk and the run's clean-up
+    waited for it forever (SIGTERM did not end it). The run directory's tensorboard/ is a
+    full file system of its own here: its events fail at once, the run says so once and
+    trains to the end."""
+    run = tmp_path / "run"
+    assert main(_train(run, stdlib_tokens, "train.tensorboard=true", "train.steps=1",
+                       "checkpoint.every=0")) == 0
+    board = run / "tensorboard"
+    _mount(board)  # over the first piece's events: a resume writes onto a full disk
+    try:
+        subprocess.run(["dd", "if=/dev/zero", f"of={board / 'filler'}", "bs=4096"],
+                       capture_output=True)  # until the disk is full
+        done = _hpcpipe(_train(run, stdlib_tokens, "train.tensorboard=true", "train.steps=3",
+                               "checkpoint.every=0") + ["--resume"])  # (its exit, too)
+    finally:
+        subprocess.run(["umount", str(board)], check=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    warnings = [x for x in done.stdout.splitlines() if x.startswith("warning: TensorBoard")]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0], done.stdout
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    assert "done: 3 steps" in done.stdout
+
+
+@pytest.mark.parametrize("what", ["sharded safetensors", "h5", "plan", "plot"])
+def test_every_other_output_meets_a_full_disk_with_one_line_and_nothing_left(
+        capsys, small_disk, finished, what):
+    """Issue 61: a sharded export on a full disk said only "No space left on device" and
+    left shards and an index without config.json. Each output is one error line naming
+    the file, and no file of it (nor a temporary one) is left."""
+    out = small_disk / "out"
+    argv = {"sharded safetensors": ["ckpt", "export", str(finished), "--out",
+                                    f"{out}/model.safetensors", "--max-shard-size", "5kB"],
+            "h5": ["ckpt", "export", str(finished), "--out", f"{out}/model.h5"],
+            "plan": ["plan", TINY, "--json", f"{out}/p.json"],
+            "plot": ["plot", str(finished), "--out", f"{out}/plot.png"]}[what]
+    out.mkdir()
+    if what == "sharded safetensors":  # room for a shard or two, not for all of them
+        subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'filler'}", "bs=4096",
+                        "count=254"], capture_output=True)
+    else:
+        subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'filler'}", "bs=4096"],
+                       capture_output=True)  # until the disk is full
+    pytest.importorskip("matplotlib")
+    line = ends_with_one_error(capsys, argv)
+    assert str(out) in line and "No space left on device" in line, line
+    assert os.listdir(out) == [], os.listdir(out)
+
+
+@pytest.mark.parametrize("kind, sets_", [
+    ("PowerSGD", ["parallel.dp=2", 'parallel.grad_compression="powersgd"',
+                  "parallel.powersgd_rank=1"]),
+    ("local SGD", ["parallel.dp=2", "train.local_steps=4", 'train.outer_optimizer="nesterov"']),
+    ("2BW", ["parallel.pp=2", 'parallel.schedule="pipedream-2bw"',
+             'train.delay_correction="secant"']),
+    ("ZeRO-2", ["parallel.dp=2", "parallel.zero=2", "parallel.microbatches=1"])])
+def test_every_state_meets_a_full_disk_with_one_line(small_disk, stdlib_tokens, kind, sets_):
+    """Issue 61: PowerSGD's, local SGD's and 2BW's files were written by HDF5 straight to
+    the disk: 23 and 9 HDF5 tracebacks, no `error:` line, a .step_N.tmp left behind. Every
+    part's file is built in memory and written by one plain write now (checkpoint/
+    parts.py), so each kind ends like the parameters always did."""
+    from harness.mpirun import run
+
+    run_dir = small_disk / "run"
+    done = run(["-m", "mpi4py", "-m", "hpcpipe", *_train(run_dir, stdlib_tokens, *sets_,
+                                                          "train.steps=8")], n=2, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1, (done.returncode, done.stderr[-3000:])
+    assert "Traceback" not in done.stderr and "HDF5-DIAG" not in done.stderr
+    assert "writing the checkpoint failed" in errors[0] and "previous checkpoint is " \
+        "untouched" in errors[0], errors
+    checkpoints = run_dir / "checkpoints"
+    assert not [n for n in os.listdir(checkpoints) if n.startswith(".")], os.listdir(checkpoints)
+    latest = (checkpoints / "latest").read_text().strip()
+    verified = _hpcpipe(["ckpt", "verify", str(checkpoints / latest)])
+    assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -62,7 +62,7 @@ def test_event_files_hold_every_scalar_and_the_window_is_drawn_when_it_closes(
     acc = event_accumulator.EventAccumulator(str(run / "tensorboard"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert tags >= {"train/loss", "train/lr", "train/grad_norm", "train/val_loss",
+    assert tags >= {"train/loss", "train/lr", "train/grad_norm", "val/loss",
                     "perf/tokens_per_s", "perf/mfu", "perf/bubble", "time/step_s",
                     "time/compute_s", "time/communication_s", "time/optimizer_s",
                     "memory/current_gib", "memory/peak_gib"}
@@ -71,17 +71,18 @@ def test_event_files_hold_every_scalar_and_the_window_is_drawn_when_it_closes(
     assert {e.step: e.value for e in acc.Scalars("train/loss")} == pytest.approx(
         losses, rel=1e-6)  # event files keep float32
     vals = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
-    assert [e.step for e in acc.Scalars("train/val_loss")] == sorted(vals) == [0, 3, 6]
-    assert acc.Scalars("train/val_loss")[-1].value == pytest.approx(summary.final_val_loss,
-                                                                     rel=1e-6)
+    assert [e.step for e in acc.Scalars("val/loss")] == sorted(vals) == [0, 3, 6]
+    assert acc.Scalars("val/loss")[-1].value == pytest.approx(summary.final_val_loss,
+                                                               rel=1e-6)
 
 
 def test_without_a_writer_package_the_error_says_what_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # import fails
-    monkeypatch.setitem(sys.modules, "torch", None)
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    for name in ("tensorboardX", "tensorboardX.proto.event_pb2",  # import fails (also
+                 "tensorboardX.proto.summary_pb2", "tensorboardX.record_writer",  # once
+                 "torch", "torch.utils.tensorboard"):  # imported by an earlier test)
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(HpcpipeError, match=r"pip install tensorboardX.*train.tensorboard = false"):
-        tensorboard.summary_writer_class()
+        tensorboard.event_protocol()
 
 
 def test_scalars_leave_out_what_is_not_a_finite_number():

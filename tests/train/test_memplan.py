@@ -105,8 +105,9 @@ def test_the_plan_resolves_the_launch_as_train_does():
     default, wide = [], []
     plan_cli("inputs/tiny.toml", sets, out=default.append)
     plan_cli("inputs/tiny.toml", sets, out=wide.append, world=4)
-    assert "pp 2 × dp 1 × tp 1, 8 microbatches of 2" in default[0]
-    assert "pp 2 × dp 2 × tp 1, 4 microbatches of 2" in wide[0]
+    default, wide = " ".join(default[0].split()), " ".join(wide[0].split())  # (folded)
+    assert "pp 2 × dp 1 × tp 1, 8 microbatches of 2" in default
+    assert "pp 2 × dp 2 × tp 1, 4 microbatches of 2" in wide
     with pytest.raises(ConfigError, match="launch a multiple of 2 ranks"):
         plan_cli("inputs/tiny.toml", sets, out=lambda text: None, world=3)
 
@@ -408,3 +409,76 @@ def test_post_validation_doubles_powersgds_state_in_the_plan():
     on = ['parallel.dp=2', 'parallel.grad_compression="powersgd"']
     once = memplan.plan(tiny(*on))[0].compression
     assert memplan.plan(tiny(*on, "train.post_validation=true"))[0].compression == 2 * once
+
+
+def test_the_plan_refuses_a_launch_train_refuses_with_trains_words(tmp_path, stdlib_tokens):
+    """Issue 61: `plan --world 3` of a fixed dp × pp = 2 said "fits" where train refuses
+    that launch; it says now what `mpiexec -n 3 ... train` says, word for word."""
+    layout = [*TINY, "parallel.dp=1", 'train.device="cpu"', f'data.path="{stdlib_tokens}"']
+    with pytest.raises(HpcpipeError) as planned:
+        plan_cli("inputs/tiny.toml", layout, out=lambda text: None, world=3)
+    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+                str(tmp_path / "run"), *sets(*layout)], n=3)
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert proc.returncode == 2 and errors == [f"error: {planned.value}"], proc.stderr
+    assert "launched with 3 MPI ranks" in errors[0]
+
+
+@pytest.mark.parametrize("limit", ["100GiB", "1e30B", "100000TiB"])
+def test_a_byte_limit_above_what_auto_can_need_is_no_tighter_than_needed(limit):
+    """Issue 61: a byte parallel.memory_limit beyond the machine was refused as a need of
+    its own (the plan took auto to fill the whole limit); the plan holds auto to the most
+    any schedule holds, every microbatch of every chunk, as if no limit were given."""
+    auto = [*TINY, 'parallel.schedule="auto"', 'train.device="cpu"']
+    free = memplan.plan(config.load("inputs/tiny.toml", [*auto, "parallel.memory_limit=1e9"]))
+    given = memplan.plan(config.load("inputs/tiny.toml",
+                                     [*auto, f'parallel.memory_limit="{limit}"']))
+    assert [p.peak_activation_bytes for p in given] == [p.peak_activation_bytes for p in free]
+    lines = []
+    assert plan_cli("inputs/tiny.toml", [*auto, f'parallel.memory_limit="{limit}"'],
+                    out=lines.append) == 0 and lines[-1] == "fits."
+    tight = memplan.plan(config.load("inputs/tiny.toml",
+                                     [*auto, 'parallel.memory_limit="0.4MiB"']))
+    assert max(p.peak_activation_bytes for p in tight) < max(
+        p.peak_activation_bytes for p in given)
+
+
+def test_a_run_with_a_limit_beyond_any_machine_trains_and_says_auto_chose_nothing(
+        tmp_path, stdlib_tokens):
+    """The limit "1e30B" trains; train.recompute = "auto" under it recomputes nothing, and
+    the summary says so (issue 61: a choice of nothing was said nowhere)."""
+    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+                str(tmp_path / "run"), *sets(*TINY, 'parallel.schedule="auto"',
+                                             'parallel.memory_limit="1e30B"', "train.steps=3",
+                                             "parallel.profile_steps=1", "train.eval_every=0",
+                                             'train.recompute="auto"', 'train.device="cpu"',
+                                             "train.trace_steps=0",
+                                             f'data.path="{stdlib_tokens}"')], n=2)
+    assert proc.returncode == 0 and "done: 3 steps" in proc.stdout, proc.stderr[-2000:]
+    said = "recompute auto: nothing (every model stage keeps its activations)"
+    assert f"  {said}" in proc.stdout.splitlines(), proc.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["recompute"] == said.removeprefix("recompute ")
+
+
+def test_a_run_that_ends_before_auto_chose_says_so(tmp_path, stdlib_tokens):
+    from hpcpipe.__main__ import main
+
+    assert main(["train", "inputs/tiny.toml", "--run-dir", str(tmp_path / "run"),
+                 *sets("model.n_layer=2", "model.n_embd=16", "model.n_head=2",
+                       "model.block_size=16", "train.micro_batch_size=2",
+                       'parallel.schedule="auto"', 'train.recompute="auto"', "train.steps=1",
+                       "parallel.profile_steps=2", "train.eval_every=0", "train.eval_batches=1",
+                       'train.device="cpu"', "train.trace_steps=0",
+                       f'data.path="{stdlib_tokens}"')]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["recompute"] == memplan.AUTO_PENDING
+
+
+def test_the_plan_folds_its_prose_lines_and_keeps_its_table_rows_whole():
+    printed = []
+    plan_cli("inputs/tiny.toml", [*TINY, "parallel.pp=4"], out=printed.append)
+    lines = "\n".join(printed).splitlines()
+    prose = [line for line in lines if not line.startswith("|")]
+    assert max(map(len, prose)) <= 100 and any(line.startswith("  ") for line in prose)
+    assert len([line for line in lines if line.startswith("| ")]) == 1 + 4  # head, 4 ranks

@@ -4,9 +4,11 @@ checkpoints and stops) — always exit status 75, never a lost signal or a kille
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -42,6 +44,23 @@ def wait_for_line(proc, text, timeout=120) -> list[str]:
             return lines
     os.killpg(proc.pid, signal.SIGKILL)
     pytest.fail(f"no line with {text!r}: {''.join(lines)}{proc.stderr.read()}")
+
+
+def wait_for_stderr(proc, text, timeout) -> str:
+    """The first line of stderr holding `text`, read while the job runs on."""
+    found = queue.Queue()
+
+    def read():
+        for line in proc.stderr:
+            if text in line:
+                found.put(line)
+                return
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        return found.get(timeout=timeout)
+    except queue.Empty:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"no line with {text!r} on stderr within {timeout} s")
 
 
 def finish(proc, timeout=120):
@@ -118,8 +137,10 @@ def test_a_second_ctrl_c_stops_at_once_without_waiting_for_the_save(tmp_path, st
     while not (partial.exists() and any(partial.iterdir())):
         assert time.time() < deadline and proc.poll() is None, "the save never started"
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)  # the first: save at the next boundary...
-    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # the first: save at the next boundary, and say so
+    # at once — while the save it waits for still has ten minutes to go
+    notice = wait_for_stderr(proc, "Ctrl-C: stopping at the next step boundary", timeout=30)
+    assert "Ctrl-C again stops at once" in notice and proc.poll() is None
     proc.send_signal(signal.SIGINT)  # ...the second: stop now
     _, err = finish(proc, timeout=300)
     assert proc.returncode == 130 and "interrupted" in err, err

@@ -2,6 +2,8 @@
 
 Shapes: idx (B, T) integers, wte (V, C), wpe (block_size, C), x (B, T, C). The input is
 integer token ids, so there is no input gradient: B is empty and all the work is in W.
+A model with rotary positions (the Llama family) has no wpe: `params` and `grads` then
+hold wte alone, and x[b, t] = wte[idx[b, t]].
 
 Vocabulary-parallel (`tp`): a shard holds rows [r·V/tp, (r+1)·V/tp) of wte, looks up the
 tokens it holds, zeros for the others, and the shards' rows are summed — each token's row
@@ -29,10 +31,12 @@ def forward(idx, params, be=None, tp=None):
         if tp.sequence:  # the sum, each shard keeping its T/tp positions
             x = tp.scatter_sequence(x)
             T0 = tp.rank * (T // tp.size)
-            x += params["wpe"][T0:T0 + T // tp.size]
+            if "wpe" in params:
+                x += params["wpe"][T0:T0 + T // tp.size]
             return x, cache
         tp.all_reduce(x)
-    x += params["wpe"][:T]
+    if "wpe" in params:
+        x += params["wpe"][:T]
     return x, cache
 
 
@@ -66,7 +70,8 @@ def backward_weight(dx, cache, grads):
     if "elsewhere" in cache:  # vocabulary-parallel: only the tokens this shard holds
         mine = xp.flatnonzero(~cache["elsewhere"].reshape(-1))
         flat, rows = flat[mine], rows[mine]
-    grads["wpe"][:T] += dx.sum(axis=0, dtype=dtype)
+    if "wpe" in grads:
+        grads["wpe"][:T] += dx.sum(axis=0, dtype=dtype)
     if flat.shape[0] == 0:  # a vocabulary shard none of these tokens falls in
         return
     # Sort the rows by token (stable: a token's rows stay in batch order) into runs.

@@ -284,4 +284,5 @@ def embedding_backward_weight(k, be, dx, idx, grads, elsewhere=None):
         idx = xp.where(elsewhere, -1, idx)
     order = xp.argsort(idx.reshape(-1), kind="stable")
     embedding.backward_wte(k, grads["wte"], dx, idx, order)
-    embedding.backward_wpe(k, grads["wpe"], dx)
+    if "wpe" in grads:  # (rotary models have no position table)
+        embedding.backward_wpe(k, grads["wpe"], dx)

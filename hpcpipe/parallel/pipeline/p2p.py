@@ -77,8 +77,12 @@ class PipeComm:
         if self._tag(BACKWARD, num_microbatches - 1, num_stages - 1) > tag_ub:
             raise CommError(f"{num_microbatches} microbatches × {num_stages} stages need more "
                             f"message tags than this MPI allows ({tag_ub})")
-        self._sends: list = []  # (request, buffer to keep alive until it completes, staged)
+        # (request, buffer to keep alive until it completes, what it is: (direction, peer,
+        # microbatch, stage, tag) for a hang dump)
+        self._sends: list = []
         self.bytes_sent = 0
+        self.beacon = transport.beacon
+        self.beacon.p2p = self
 
     def _tag(self, direction: str, microbatch: int, stage: int) -> int:
         return (stage * self.m + microbatch) * 2 + (direction == BACKWARD)
@@ -111,14 +115,17 @@ class PipeComm:
         shape = self.shape if edge is None else (self._flat_size(edge),)
         buffer = t.empty(shape, self.dtype) if t.staged else self._take(edge)
         request = self.pipe.Irecv(t.wire(buffer), source=peer, tag=tag)
-        return request, buffer, edge
+        return request, buffer, edge, (direction, peer, microbatch, stage, tag)
 
     def wait_recv(self, handle):
         """Block until the message is in; returns it as a device array from the pool, or
         a `Pair` of views of one (give it back with `release` once nothing references
         it)."""
-        request, buffer, edge = handle
+        request, buffer, edge, (direction, peer, microbatch, stage, tag) = handle
+        beacon = self.beacon
+        beacon.waiting("recv", (direction, microbatch, stage), (beacon.pipe_rank(peer),), tag)
         request.Wait()
+        beacon.done()
         t = self.transport
         if t.staged:
             device = t.to_device(buffer, out=self._take(edge))  # pinned host → device
@@ -145,7 +152,7 @@ class PipeComm:
                             f"{want} {self.dtype}")
         buffer = self.transport.outgoing(array)
         request = self.pipe.Isend(self.transport.wire(buffer), dest=peer, tag=tag)
-        self._sends.append((request, buffer))
+        self._sends.append((request, buffer, (direction, peer, microbatch, stage, tag)))
         self.bytes_sent += int(array.nbytes)
 
     def _pack(self, pair, edge: int):
@@ -166,19 +173,29 @@ class PipeComm:
     def progress(self):
         """Retire completed sends (and let MPI move data while we compute)."""
         still = []
-        for request, buffer in self._sends:
-            if request.Test():
-                self._retire(buffer)
+        for sent in self._sends:
+            if sent[0].Test():
+                self._retire(sent[1])
             else:
-                still.append((request, buffer))
+                still.append(sent)
         self._sends = still
 
     def finish(self):
         """Wait for every send of the step (their buffers are then free)."""
-        for request, buffer in self._sends:
+        if self._sends:
+            self.beacon.waiting("send", f"{len(self._sends)} message(s) sent to be taken",
+                                sorted({self.beacon.pipe_rank(info[1])
+                                        for _, _, info in self._sends}))
+        for request, buffer, _ in self._sends:
             request.Wait()
             self._retire(buffer)
         self._sends = []
+        self.beacon.done()
+
+    def pending_sends(self) -> list[tuple]:
+        """(direction, peer, microbatch, stage, tag) of every send not known to be taken
+        (a hang dump's list; read from another thread: a copy of the list)."""
+        return [info for _, _, info in list(self._sends)]
 
     # The verbs the schedule speaks.
     def send_forward(self, peer, microbatch, stage, activation):

@@ -14,6 +14,7 @@ layers) and how many bytes it holds.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from hpcpipe.parallel.pipeline.p2p import FORWARD, PipeComm
@@ -45,6 +46,13 @@ class _InFlight:
     posted: dict = field(default_factory=dict)  # op index → [receive handle]
     local: dict = field(default_factory=dict)  # (direction, microbatch, stage) → array in memory
     held: dict = field(default_factory=dict)  # (microbatch, chunk) → (gradient, its op), until W
+
+
+def stalled(beacon, step: int, op):
+    """The test hook (beacon.py's HPCPIPE_STALL): sleep in this op where asked."""
+    at, name, seconds = beacon.stall
+    if at == step and str(op) == name:
+        time.sleep(seconds)
 
 
 class Runtime:
@@ -79,15 +87,20 @@ class Runtime:
         result = StepResult(start=trace.now())
         self._accounting = account_bytes
         flight = _InFlight()
+        beacon = self.p2p.beacon
+        beacon.posted = flight.posted
         timed = []  # (name, kind, start stamp, end stamp): read once the device is done
         for i in range(min(LOOKAHEAD, len(self.plan))):
             self._post(flight, i)
         for i, item in enumerate(self.plan):
             op = item.op
+            beacon.at_op(step, self.plan, i, self.schedule.kind)
             try:
                 self._post(flight, i + LOOKAHEAD)
                 self._rebuild(op, result, timed)
                 received = self._receive(flight, i, item, step)
+                if beacon.stall is not None:
+                    stalled(beacon, step, op)
                 start = clock.stamp()
                 hook = self._hook(on_layer_done, op, last_mb)
                 out = self._compute(item, received, inputs, loss_scale, hook, flight, result)
@@ -101,6 +114,7 @@ class Runtime:
                 raise
             if account_bytes:
                 self._account(op, result)
+        beacon.index = len(self.plan)  # past its ops: what follows is the step's own
         self.p2p.finish()
         self.p2p.backend.synchronize()  # the step's one wait for the device
         for name, kind, start, end in timed:

@@ -23,6 +23,7 @@ class RankModel:
 
     def __init__(self, cfg, grid, backend, schedule, transport, costs=None):
         self.grid, self.backend = grid, backend
+        self.beacon = transport.beacon  # (what the loss's collectives say they wait on)
         self.config = cfg.model  # the GPT's shape
         train = cfg.train
         self.tp = TensorParallel(grid.tensor, transport, cfg.parallel.sequence_parallel) \
@@ -107,10 +108,13 @@ class RankModel:
 
     def mean_loss(self, losses: dict) -> float:
         """The step's loss (mean over microbatches and replicas), known on every rank."""
-        value = None
+        value, beacon = None, self.beacon
         if self.head_stage is not None:
             value = float(np.mean([float(losses[mb]) for mb in sorted(losses)]))
+        beacon.collective(self.grid.pipe, "the broadcast of the step's loss")
         value = self.grid.pipe.bcast(value, root=self.head_rank)
         if self.grid.dp > 1:
+            beacon.collective(self.grid.data, "the all-gather of the replicas' losses")
             value = sum(self.grid.data.allgather(value)) / self.grid.dp
+        beacon.done()
         return value

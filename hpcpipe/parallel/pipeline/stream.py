@@ -17,7 +17,13 @@ the pipeline, from `Stream.fill` on every period is the same one shifted by m.
 
 from __future__ import annotations
 
-from hpcpipe.parallel.pipeline.runtime import LOOKAHEAD, Runtime, StepResult, _InFlight
+from hpcpipe.parallel.pipeline.runtime import (
+    LOOKAHEAD,
+    Runtime,
+    StepResult,
+    _InFlight,
+    stalled,
+)
 from hpcpipe.schedules.asynchronous import Stream, check_stream, pipedream_2bw
 from hpcpipe.schedules.messages import Message, OpMessages, op_messages
 from hpcpipe.schedules.ops import Kind, Op
@@ -104,12 +110,17 @@ class StreamRuntime(Runtime):
         local_inputs = (lambda slot: inputs(index[slot])) if inputs is not None else None
         clock.begin()
         timed = []
+        beacon = self.p2p.beacon
+        beacon.posted = flight.posted
         for i in range(min(LOOKAHEAD, len(self.plan))):
             self._post(flight, i)
         for i, ((op, x), item) in enumerate(zip(ops, self.plan)):
+            beacon.at_op(label, self.plan, i, self.schedule.kind)
             try:
                 self._post(flight, i + LOOKAHEAD)
                 received = self._receive(flight, i, item, label)
+                if beacon.stall is not None:
+                    stalled(beacon, label, item.op)
                 self.versions[op.chunk].use(self.stream.version(x))
                 start = clock.stamp()
                 out = self._compute(item, received, local_inputs, loss_scale, None, flight,
@@ -123,6 +134,7 @@ class StreamRuntime(Runtime):
                 e.add_note(self.where(label, i))
                 raise
             self._account(item.op, result)
+        beacon.index = len(self.plan)
         self.p2p.backend.synchronize()
         for op, start, end in timed:
             trace.add(str(op), op.kind.value, trace.at(clock.seconds(start)),

@@ -100,16 +100,21 @@ class TiedEmbedding:
                 head.grads["wte"][...] = total
             return
         self._started = False
+        beacon = self.transport.beacon
         if emb is not None:
             # The head's part came while this stage ran its W's; add it (E + H, the bits
             # an all-reduce of the two would give) and send the sum back.
+            beacon.collective(self.comm, "the tied embedding's sum")
             self._recv.Wait()
+            beacon.done()
             emb.grads["wte"] += self._buffer
             # Send a copy: the data-parallel reduction works on grads["wte"] in place next.
             self._buffer[...] = emb.grads["wte"]
             self.transport.ready()
             self._send = self.comm.Isend(self.transport.wire(self._buffer), dest=1, tag=1)
         else:
+            beacon.collective(self.comm, "the tied embedding's sum")
             self.MPI.Request.Waitall([self._send, self._recv])
+            beacon.done()
             self._send = None
             head.grads["wte"][...] = self._buffer

@@ -1,0 +1,136 @@
+"""RMSNorm over the channel axis (the Llama family's): y = w · x / sqrt(mean(x²) + eps).
+
+Shapes: x (B, T, C), weight (C,); no bias, no centring — LayerNorm (layernorm.py) less
+its mean. With xhat = x · rstd, rstd = 1 / sqrt(mean(x²) + eps) per row:
+
+    dxhat = dy · w
+    dx    = rstd · (dxhat − xhat · mean(dxhat · xhat))      (the row's Jacobian)
+    dw    = Σ_rows dy · xhat
+
+F keeps xhat and rstd (N, 1). B takes the weight gradient at once, as LayerNorm does (a
+sum over the rows, cheap next to a GEMM), so that xhat and dy are freed in B and W only
+adds it. F and B run over cache-sized row blocks on the threads; a row's sums are dot
+products (`np.vecdot`), each independent of the rows around it.
+
+Hugging Face's LlamaRMSNorm computes (x · rsqrt(mean(x²) + eps)) · w in float32 whatever
+the model's dtype; here the compute dtype is the storage's (float32 for 16-bit storage,
+float64 in float64), so a float64 model is float64 throughout.
+"""
+
+import numpy as np
+
+from . import backend_for, row_blocks, wide, widen
+from .layernorm import _row_dots
+
+
+def forward(x, params, eps: float, be=None, tp=None):
+    """y = RMSNorm(x) and the cache. tp: under sequence parallelism x holds T/tp of each
+    sequence, and the weight gradient B takes is summed over the shards."""
+    be = backend_for(x, be)
+    xp = be.xp
+    C = x.shape[-1]
+    x2 = x.reshape(-1, C)  # (N, C)
+    compute = wide(x2.dtype)  # 16-bit storage: statistics and arithmetic in float32
+    narrow = compute != x2.dtype
+    weight = params["weight"] if not narrow else params["weight"].astype(compute)
+    xhat = xp.empty_like(x2)
+    rstd = xp.empty((x2.shape[0], 1), dtype=compute)  # (N, 1)
+    y = xp.empty_like(x2)
+
+    def block(r, slot):
+        xr, sr = widen(be, x2[r], f"rmsnorm.x{slot}"), rstd[r]
+        hr, yr = (xhat[r], y[r]) if not narrow else _planes(be, f"rmsnorm.f{slot}", xr)
+        s = sr[:, 0]
+        _row_dots(be, xr, xr, s)
+        s *= 1.0 / C
+        s += eps
+        xp.sqrt(s, out=s)
+        xp.reciprocal(s, out=s)
+        xp.multiply(xr, sr, out=hr)
+        xp.multiply(hr, weight, out=yr)
+        if narrow:
+            xhat[r], y[r] = hr, yr
+
+    be.for_each(row_blocks(be, x2.shape[0], C * x2.itemsize), block)
+    return y.reshape(x.shape), {"xhat": xhat, "rstd": rstd, "weight": params["weight"],
+                                "be": be, "tp": tp}
+
+
+def forward_residual(y, residual, params, eps: float, be=None, tp=None):
+    """The block's residual add and the RMSNorm after it: x1 = y + residual, then
+    RMSNorm(x1); returns (x1, RMSNorm(x1), cache). y is a fresh projection output that
+    nothing else holds (x1 is written over it). One pass where GPT-2's LayerNorm fuses
+    the same add (layernorm.forward_residual): on the NumPy path the add, then the norm."""
+    be = backend_for(y, be)
+    y += residual
+    out, cache = forward(y, params, eps, be, tp)
+    return y, out, cache
+
+
+def _planes(be, name: str, like):
+    """Two float32 scratch arrays shaped like `like` (a row block)."""
+    scratch = be.scratch.workspace(name, (2, *like.shape), like.dtype)
+    return scratch[0], scratch[1]
+
+
+def backward_input(dy, cache, dresidual=None):
+    """dx of dy, plus `dresidual` (the residual branch's gradient) when given."""
+    be = cache["be"]
+    xp = be.xp
+    xhat, rstd = cache.pop("xhat"), cache.pop("rstd")
+    weight = cache.pop("weight")
+    C = xhat.shape[-1]
+    dy2 = dy.reshape(-1, C)
+    dx = xp.empty_like(xhat)
+    compute = rstd.dtype
+    narrow = compute != xhat.dtype
+    weight = weight if not narrow else weight.astype(compute)
+    blocks = row_blocks(be, xhat.shape[0], C * xhat.itemsize)
+
+    def block(r, slot):
+        rows = r.stop - r.start
+        proj = be.scratch.workspace(f"rmsnorm.proj{slot}", (blocks[0].stop, 1), compute)[:rows]
+        hr = widen(be, xhat[r], f"rmsnorm.h{slot}")
+        dr = dx[r] if not narrow else be.scratch.workspace(f"rmsnorm.dx{slot}", hr.shape,
+                                                           compute)
+        xp.multiply(widen(be, dy2[r], f"rmsnorm.dy{slot}"), weight, out=dr)  # dxhat
+        _row_dots(be, dr, hr, proj[:, 0])
+        proj *= 1.0 / C
+        tmp = be.scratch.workspace(f"rmsnorm.px{slot}", (blocks[0].stop, C), compute)[:rows]
+        xp.multiply(hr, proj, out=tmp)
+        dr -= tmp
+        dr *= rstd[r]
+        if narrow:
+            dx[r] = dr
+
+    be.for_each(blocks, block)
+    cache["dweight"] = _weight_gradient(be, dy2, xhat, cache["tp"])
+    dx = dx.reshape(dy.shape)
+    if dresidual is not None:
+        dx += dresidual
+    return dx
+
+
+def _weight_gradient(be, dy2, xhat, tp=None):
+    """Σ_rows dy · xhat in the compute dtype; summed over the tensor shards when each
+    holds part of the sequence."""
+    if wide(xhat.dtype) != xhat.dtype:  # 16-bit: the products in float32
+        dy2, xhat = dy2.astype(np.float32), xhat.astype(np.float32)
+    if not be.is_gpu:
+        dweight = np.einsum("nc,nc->c", dy2, xhat)  # streams both once, no product array
+    else:
+        dweight = (dy2 * xhat).sum(axis=0)
+    if tp is not None and tp.sequence:
+        dweight = tp.all_reduce(dweight)
+    return dweight
+
+
+def backward_weight(dy, cache, grads):
+    """W: add the weight gradient B computed; `dy` is not needed."""
+    grads["weight"] += cache.pop("dweight")
+
+
+def backward(dy, cache, grads):
+    dx = backward_input(dy, cache)
+    backward_weight(dy, cache, grads)
+    return dx

@@ -1,0 +1,147 @@
+"""Where a rank is: the step, the op of its schedule, what it waits on — kept up to date by
+the code that does each of those things, for the hang dump (parallel/watchdog.py).
+
+The schedules are data, so a rank knows exactly which op it runs and which messages that
+op waits for; the runtime says so before each op (`at_op`), and every blocking wait —
+a pipeline message, the data-parallel reduction, a collective of the transport — says
+what it waits on and with whom for as long as it waits (`waiting` ... `done`). Each is an
+attribute or two set: nothing here allocates, locks or talks to MPI, so a step is not
+slower for it (docs/measurements has the figure). The watchdog thread reads a `snapshot`
+when it dumps; a snapshot taken while the main thread moves on is at worst one op stale.
+
+A test stalls one rank on purpose with HPCPIPE_STALL="RANK:STEP:OP:SECONDS" (world rank,
+training step, the op as the schedule prints it — "F3", "B2@c1" — and how long it sleeps
+in that op): unset in normal runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+STALL_ENV = "HPCPIPE_STALL"
+
+
+def _stall(rank: int) -> tuple[int, str, float] | None:
+    """(step, op, seconds) HPCPIPE_STALL asks of world rank `rank`, or None."""
+    fields = os.environ.get(STALL_ENV, "").split(":")
+    try:
+        if len(fields) == 4 and int(fields[0]) == rank:
+            return int(fields[1]), fields[2], float(fields[3])
+    except ValueError:
+        pass
+    return None
+
+
+class Beacon:
+    """One rank's whereabouts. `world_rank` and `coords` (pp, dp, tp) name the rank;
+    `groups` maps a communicator's name ("pipe", "data", ...) to its members' world ranks
+    in their order there, and `names` a communicator (by id) to its name."""
+
+    def __init__(self, world_rank: int = 0, coords=(0, 0, 0), groups=None, names=None):
+        self.world_rank, self.coords = world_rank, tuple(coords)
+        self.groups, self.names = dict(groups or {}), dict(names or {})
+        self.step = 0
+        self.phase = "set-up"
+        self.ops = None  # the op list of the step running (its items have .op)
+        self.index = -1  # the op running (or last run) in `ops`
+        self.schedule = ""  # its schedule's kind
+        self.op_since = 0.0
+        self.wait = None  # (kind, what, peers (world ranks), tag or None, since) while waiting
+        self.p2p = None  # the PipeComm whose pending sends a dump lists
+        self.posted = None  # op index → receive handles posted ahead (the runtime's)
+        self.stall = _stall(world_rank)
+
+    @classmethod
+    def for_grid(cls, grid) -> "Beacon":
+        """The beacon of this rank of `grid`, its communicators' members translated to
+        world ranks once, here."""
+        from mpi4py import MPI
+
+        world = grid.world.Get_group()
+        groups, names = {"world": list(range(grid.world.size))}, {id(grid.world): "world"}
+        for name in ("pipe", "data", "tensor", "replica", "ends"):
+            comm = getattr(grid, name, None)
+            if comm is None or comm == MPI.COMM_NULL:
+                continue
+            group = comm.Get_group()
+            groups[name] = list(MPI.Group.Translate_ranks(group, list(range(comm.size)),
+                                                          world))
+            names[id(comm)] = name
+            group.Free()
+        world.Free()
+        return cls(grid.world.rank, (grid.pp_rank, grid.dp_rank, grid.tp_rank), groups, names)
+
+    # -- what the code says as it goes -----------------------------------------------------
+    def at_op(self, step: int, ops, index: int, schedule: str = ""):
+        """Op `index` of `ops` (a runtime's plan) starts, in training step `step`."""
+        self.step, self.ops, self.index, self.schedule = step, ops, index, schedule
+        self.op_since = time.monotonic()
+
+    def at(self, phase: str, step: int | None = None):
+        """The rank is in `phase` ("optimizer", "evaluation", "checkpoint", ...): between
+        ops, or outside the schedule."""
+        self.phase = phase
+        if step is not None:
+            self.step = step
+
+    def waiting(self, kind: str, what, peers=(), tag=None):
+        """A blocking wait starts: `kind` "recv", "send" or "collective", `what` in words
+        (for a receive, its (direction, microbatch, stage): worded only by a dump), with
+        `peers` (world ranks) — until `done`."""
+        self.wait = (kind, what, tuple(peers), tag, time.monotonic())
+
+    def collective(self, comm, what: str):
+        """A blocking collective over `comm` starts (`waiting` with its members)."""
+        name = self.names.get(id(comm), "a communicator")
+        self.waiting("collective", f"{what} over {name}", self.groups.get(name, ()))
+
+    def done(self):
+        self.wait = None
+
+    def pipe_rank(self, rank: int) -> int:
+        """The world rank of pipeline rank `rank` of this rank's pipeline."""
+        members = self.groups.get("pipe")
+        return members[rank] if members else rank
+
+    # -- what a dump reads ------------------------------------------------------------------
+    def waited(self) -> float:
+        """Seconds the current wait has lasted (0: not waiting)."""
+        wait = self.wait
+        return time.monotonic() - wait[4] if wait is not None else 0.0
+
+    def snapshot(self) -> dict:
+        """Where the rank is, as a dump records it (see watchdog.py for its fields)."""
+        now, wait, ops, index = time.monotonic(), self.wait, self.ops, self.index
+        op = after = None
+        if ops is not None and 0 <= index < len(ops):
+            item = ops[index]
+            op = {"name": str(item.op), "chunk": item.op.chunk, "index": index + 1,
+                  "of": len(ops), "schedule": self.schedule,
+                  "seconds": round(now - self.op_since, 3)}
+        elif ops:  # past the step's ops: the reductions, the optimizer, the boundary
+            after = str(ops[-1].op)
+        pp, dp, tp = self.coords
+        out = {"rank": self.world_rank, "pp": pp, "dp": dp, "tp": tp, "step": self.step,
+               "phase": self.phase, "op": op, "after": after, "waiting": None,
+               "pending_recvs": self._pending_recvs(), "pending_sends": self._pending_sends()}
+        if wait is not None:
+            kind, what, peers, tag, since = wait
+            if isinstance(what, tuple):  # a message: as the dump names messages
+                what = f"{what[0]} mb {what[1]} stage {what[2]}"
+            out["waiting"] = {"kind": kind, "what": what, "peers": list(peers), "tag": tag,
+                              "seconds": round(now - since, 3)}
+        return out
+
+    def _pending_sends(self) -> list[dict]:
+        sends = list(self.p2p.pending_sends()) if self.p2p is not None else []
+        return [self._message(info) for info in sends]
+
+    def _pending_recvs(self) -> list[dict]:
+        posted = dict(self.posted or {})
+        return [self._message(handle[3]) for i in sorted(posted) for handle in posted[i]]
+
+    def _message(self, info) -> dict:
+        direction, peer, microbatch, stage, tag = info
+        return {"direction": direction, "peer": self.pipe_rank(peer), "microbatch": microbatch,
+                "stage": stage, "tag": tag}

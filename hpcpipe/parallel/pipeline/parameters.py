@@ -1,0 +1,95 @@
+"""The stage parameters as a checkpoint part (util/state.py): each pipeline rank's first
+replica writes its stages' parameters whole, one dataset per GPT-2 name in its global
+shape — its tensor shards gathered, a tensor split across stages by width joined on the
+stage with its first part — so that `h5ls -r model-pp000.h5` reads like a GPT-2 state
+dict and any layout loads any checkpoint: each rank takes its shard's part of each
+tensor its stages hold."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcpipe.model.sharding import shard_of
+from hpcpipe.model.stage import cuts
+from hpcpipe.util.state import PIPELINE, Entry, StateError, Stateful
+
+
+class ParameterState(Stateful):
+    """The parameters of a RankModel's stages (`model`) over `grid`."""
+
+    name = "model"
+    kind = "parameters (GPT-2 names)"
+    per = PIPELINE
+    index = "tensors"
+
+    def __init__(self, model, grid):
+        self.model, self.grid = model, grid
+
+    def writes(self) -> bool:
+        return self.grid.dp_rank == 0 and self.grid.tp_rank == 0
+
+    def state(self) -> dict | None:
+        if self.grid.dp_rank != 0:  # the first replica writes (its collectives: its own)
+            return None
+        tensors = _global_parameters(self.model, self.grid)
+        return {name: Entry(host, {"stage": stage}) for name, stage, host in tensors} \
+            if self.grid.tp_rank == 0 else None
+
+    def load(self, saved):
+        """Every parameter of this rank's stages: its tensor shard's part of the global
+        one, from whichever file of whatever layout holds it."""
+        be = self.model.backend
+        for stage in self.model.stages.values():
+            for name, view in stage.params.items():
+                data = saved.tensor(name)
+                if tuple(data.shape) != tuple(stage.global_shapes[name]):
+                    raise StateError(f"{saved.path}: {name} has shape {data.shape}, expected "
+                                     f"{tuple(stage.global_shapes[name])}")
+                data = stage.shards[name].take(data)
+                view[...] = be.xp.asarray(data.astype(view.dtype, copy=False))
+
+
+def _skip_tied_copy(stage, name: str) -> bool:
+    """The head's copy of wte equals the embedding's (same gradient, same update)."""
+    return name == "wte" and not stage.embedding_part
+
+
+def _global_parameters(model, grid) -> list:
+    """(name, model stage, global host array) of every parameter this rank's pipeline
+    stages hold — on tensor shard 0, with every shard's part in place (others: []); a
+    tensor split across pipeline stages by width on the stage with its first part."""
+    out = []
+    for chunk, stage in model.in_model_order():
+        for name, value in stage.params.items():
+            if _skip_tied_copy(stage, name) or name in stage.parts:
+                continue
+            host = model.backend.to_host(value)
+            shard = stage.shards[name]
+            if grid.tp > 1 and not shard.replicated:
+                parts = grid.tensor.gather(np.ascontiguousarray(host), root=0)
+                if grid.tp_rank != 0:
+                    continue
+                shape = stage.global_shapes[name]
+                host = np.empty(shape, dtype=host.dtype)
+                for r, part in enumerate(parts):
+                    shard_of(name, shape, grid.tp, r).put(host, part)
+            if grid.tp_rank == 0:
+                out.append((name, model.stage_index[chunk], host))
+    return out + _joined_parts(model, grid)
+
+
+def _joined_parts(model, grid) -> list:
+    """`_global_parameters`' entries of the tensors split by width across pipeline stages
+    (model/units.py): every rank's parts gathered over the pipeline, each tensor whole on
+    the rank that holds its first part (it writes it)."""
+    if not any(len(edge) > 2 for edge in cuts(model.specs) or ()):
+        return []  # (every pipeline rank knows: no collective)
+    mine = [(name, model.stage_index[chunk], stage.global_shapes[name],
+             stage.shards[name], model.backend.to_host(stage.params[name]), a == 0)
+            for chunk, stage in model.in_model_order()
+            for name, (a, _, _) in stage.parts.items()]
+    wholes = {}
+    for name, _, shape, shard, host, _ in (p for parts in grid.pipe.allgather(mine)
+                                           for p in parts):
+        shard.put(wholes.setdefault(name, np.empty(shape, host.dtype)), host)
+    return [(name, index, wholes[name]) for name, index, _, _, _, first in mine if first]

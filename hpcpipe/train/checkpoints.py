@@ -1,0 +1,26 @@
+"""A rank's checkpoints: its state parts (TrainStep.state_parts) handed to the
+checkpointer (hpcpipe/checkpoint), which owns the files, the manifest and retention and
+never reaches into the rank itself."""
+
+from __future__ import annotations
+
+from hpcpipe import checkpoint as ckpt
+
+
+def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2, keep_every: int = 0,
+         run: str | None = None, data: dict | None = None) -> ckpt.Saved:
+    """Write a checkpoint of every rank of `rank`'s world at `step` (a collective): see
+    checkpoint.save. ZeRO-3 gathers the whole weights first (the first replica writes
+    them)."""
+    rank.step.materialize()
+    return ckpt.save(rank.step.state_parts(), rank.grid, cfg, step, run_dir,
+                     rank.checkpoint_layout(cfg), state, adam_step=rank.step.optimizer.t,
+                     keep=keep, keep_every=keep_every, run=run, data=data)
+
+
+def load(rank, cfg, path: str, manifest: dict) -> dict:
+    """Load the checkpoint at `path` (its verified `manifest`) into `rank` (a collective):
+    see checkpoint.load. Returns the manifest's `state`, with `step`."""
+    rank.step.materialize()  # ZeRO-3: a buffer to load the weights into
+    return ckpt.load(rank.step.state_parts(), rank.grid, cfg, path, manifest,
+                     rank.checkpoint_layout(cfg))

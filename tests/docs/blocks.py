@@ -1,0 +1,127 @@
+"""The command blocks of the README and of docs/, and how each is run by the tests.
+
+A fenced block whose language is bash, sh, shell, console (its `$ ` lines) or python runs
+as written, unless the line just before its fence is one of
+
+    <!-- docs-test: skip REASON -->        never runs; the reason is required
+    <!-- docs-test: check COMMAND -->      COMMAND (a bash line) runs instead: the block
+                                           checked as far as a CPU can (--help, --dry-run,
+                                           plan, bash -n on a job script)
+    <!-- docs-test: env KEY=VALUE ... -->  runs with these variables set (to scale it down)
+
+Other blocks (text, toml, a block without a language) are shown, never run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNNABLE = {"bash", "sh", "shell", "console", "python"}
+DIRECTIVE = re.compile(r"^<!-- docs-test: (\S+)(?: (.*?))? -->$")
+FENCE = re.compile(r"^(`{3,}|~{3,})\s*([\w+-]*)")
+KINDS = ("skip", "check", "env")
+
+
+class DirectiveError(ValueError):
+    """A `docs-test` comment that is not one of the three, or lacks what it needs."""
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str  # relative to the repository: "docs/guides/schedules.md"
+    line: int  # of the opening fence, 1-based
+    lang: str
+    code: str
+    kind: str | None = None  # "skip", "check", "env" or None (runs as written)
+    argument: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+    def command(self) -> str:
+        """The bash this block runs (a python block's is given separately)."""
+        if self.kind == "check":
+            return self.argument
+        if self.lang == "console":
+            return console_commands(self.code)
+        return self.code
+
+    def env(self) -> dict[str, str]:
+        if self.kind != "env":
+            return {}
+        pairs = [word.split("=", 1) for word in shlex.split(self.argument)]
+        return dict(pairs)
+
+
+def console_commands(code: str) -> str:
+    """The commands of a console block: its `$ ` lines and their continuations."""
+    out, going_on = [], False
+    for line in code.splitlines():
+        if line.startswith("$ ") or going_on:
+            command = line[2:] if line.startswith("$ ") and not going_on else line
+            out.append(command)
+            going_on = command.rstrip().endswith("\\")
+    return "\n".join(out)
+
+
+def pages() -> list[Path]:
+    """The README and every page of the site's sources (docs/hooks/ is code)."""
+    docs = ROOT / "docs"
+    return [ROOT / "README.md", *sorted(p for p in docs.rglob("*.md")
+                                        if "hooks" not in p.relative_to(docs).parts)]
+
+
+def parse(path: Path, root: Path = ROOT) -> list[Block]:
+    """Every fenced block of a page with a runnable language, and its directive; raises
+    DirectiveError for a directive that is malformed or does not stand before a block."""
+    page = str(path.relative_to(root))
+    lines = path.read_text().splitlines()
+    blocks, n = [], 0
+    while n < len(lines):
+        match = DIRECTIVE.match(lines[n].strip())
+        if match and not (n + 1 < len(lines) and FENCE.match(lines[n + 1])):
+            raise DirectiveError(f"{page}:{n + 1}: a docs-test comment must stand on the line "
+                                 f"just before a block's opening fence")
+        fence = FENCE.match(lines[n])
+        if not fence:
+            n += 1
+            continue
+        marker, lang, start = fence.group(1), fence.group(2).lower(), n
+        end = next((i for i in range(n + 1, len(lines))
+                    if lines[i].strip().startswith(marker) and
+                    lines[i].strip() == marker[0] * len(lines[i].strip())), None)
+        if end is None:
+            raise DirectiveError(f"{page}:{n + 1}: a block that never closes")
+        kind, argument = directive(lines[start - 1] if start else "", page, start)
+        if lang in RUNNABLE:
+            blocks.append(Block(page, start + 1, lang, "\n".join(lines[start + 1:end]),
+                                kind, argument))
+        elif kind is not None:
+            raise DirectiveError(f"{page}:{start + 1}: a docs-test comment before a "
+                                 f"```{lang or '(no language)'} block, which never runs")
+        n = end + 1
+    return blocks
+
+
+def directive(line: str, page: str, at: int) -> tuple[str | None, str]:
+    match = DIRECTIVE.match(line.strip())
+    if match is None:
+        return None, ""
+    kind, argument = match.group(1), (match.group(2) or "").strip()
+    if kind not in KINDS:
+        raise DirectiveError(f"{page}:{at}: docs-test {kind}: one of {', '.join(KINDS)}")
+    if not argument:
+        what = {"skip": "a reason", "check": "a command", "env": "KEY=VALUE pairs"}[kind]
+        raise DirectiveError(f"{page}:{at}: docs-test {kind} needs {what}")
+    if kind == "env" and not all("=" in w for w in shlex.split(argument)):
+        raise DirectiveError(f"{page}:{at}: docs-test env takes KEY=VALUE pairs")
+    return kind, argument
+
+
+def all_blocks() -> list[Block]:
+    return [block for path in pages() for block in parse(path)]

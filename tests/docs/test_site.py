@@ -1,0 +1,79 @@
+"""The documentation site builds strictly (mkdocs.yml: a broken link, a missing anchor, a
+page left out of the navigation fail it), its reference is what the code says, and the
+README stays a front door."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from blocks import ROOT
+
+
+def hooks():
+    """docs/hooks/site.py, the MkDocs hooks that generate the reference."""
+    spec = importlib.util.spec_from_file_location("site_hooks", ROOT / "docs" / "hooks" / "site.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_site_builds_strictly(tmp_path):
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
+        pytest.fail("MkDocs is not installed: pip install -e '.[docs]' (make test adds it)")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**__import__("os").environ,
+                                            "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    site = tmp_path / "site"
+    config = (site / "reference" / "config" / "index.html").read_text()
+    assert "parallel.schedule" in config and "generated: config-keys" not in config
+    # the repository's files the pages link to are in the site, and the links lead there
+    assert (site / "repo" / "bench" / "results" / "h100-2026-12-05-gpu-check" /
+            "step-bfloat16.json").is_file()
+
+
+def test_the_reference_names_every_config_key_and_every_command():
+    from hpcpipe.cli import config_reference
+    from hpcpipe.cli.main import build_parser
+
+    site = hooks()
+    keys = site.config_keys()
+    assert all(f"`{key.name}`" in keys for key in config_reference.keys())
+    commands = site.commands()
+    for path, _ in site._parsers(build_parser()):
+        assert f"`{' '.join(('python -m hpcpipe',) + path)}`" in commands, path
+    assert "usage: python -m hpcpipe train" in commands
+
+
+def test_the_architecture_page_draws_every_subpackage_from_its_docstring():
+    site = hooks()
+    page = site.architecture()
+    for package in sorted(p.name for p in (ROOT / "hpcpipe").iterdir()
+                          if (p / "__init__.py").exists()):
+        assert f"## `hpcpipe.{package}`" in page
+    assert "hpcpipe.cli" in page.split("```text")[1]  # the layers, from pyproject.toml
+    formats = site.file_formats()
+    assert "model-pp000.h5" in formats and "`grad_norm`" in formats
+    assert "class GPT" not in site.python_api() and "### `hpcpipe.GPT`" in site.python_api()
+
+
+def test_links_into_the_repository_are_checked_and_pointed_at_the_copies():
+    site = hooks()
+    assert site.repo_target("measurements/x.md", "../../bench/results/a.json", False) == \
+        "bench/results/a.json"
+    assert site.repo_target("guides/x.md", "../images/a.png", False) is None  # the site's
+    assert site.repo_target("guides/x.md", "https://example.org/a", False) is None
+    assert site.repo_target("repo/jobs/README.md", "../inputs/tiny.toml", True) == \
+        "inputs/tiny.toml"
+
+
+def test_the_readme_is_a_front_door():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250
+    prose = [line for line in lines if not line.startswith(("|", "RUN_DIR=", "<!--"))]
+    assert max(map(len, prose)) <= 100

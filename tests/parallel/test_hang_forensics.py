@@ -1,0 +1,185 @@
+"""Hang forensics (issue 61): one rank stalls on purpose (HPCPIPE_STALL sleeps in one op)
+and, within parallel.timeout, every rank prints the op it is in and what it waits on, the
+job ends with one error line (status 3), and `doctor` names the stalled rank from the
+dumps — on pp 2, pp 4 with a V (ZB-V) and dp 2; SIGUSR2 prints the same without ending
+anything; SIGTERM and a second Ctrl-C end a stalled job. Real `mpiexec` jobs of `python
+-m hpcpipe train`."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from harness.mpirun import ROOT, job_env, launcher, run, stop
+
+from hpcpipe.parallel.watchdog import EXIT_HUNG, HANGS
+from hpcpipe.runs.hangs import analyse
+
+SMALL = ["model.n_layer=4", "model.n_embd=16", "model.n_head=2", "model.block_size=16",
+         "train.micro_batch_size=2", "train.eval_every=0", "train.eval_batches=1",
+         "train.trace_steps=0", "train.steps=6", "checkpoint.every=0"]
+TIMEOUT = 3
+
+
+def _args(run_dir, tokens, *extra):
+    sets = [*SMALL, f'data.path="{tokens}"', *extra]
+    return ["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+            str(run_dir), *sum((["--set", s] for s in sets), [])]
+
+
+def _lines(stderr: str) -> dict[int, str]:
+    return {int(m.group(1)): line for line in stderr.splitlines()
+            if (m := re.match(r"hang: rank (\d+) ", line))}
+
+
+@pytest.mark.parametrize("n, layout, stall, ops", [
+    (2, ["parallel.pp=2", "parallel.microbatches=2", 'parallel.schedule="1f1b"'],
+     "0:2:F1", {0: "op F1 of chunk 0", 1: "op F1 of chunk 0"}),
+    (4, ["parallel.pp=4", "parallel.microbatches=4", 'parallel.schedule="zb-v"'],
+     "3:2:B1@c1", {3: "op B1@c1 of chunk 1", 2: "op B1 of chunk 0", 1: "op B1 of chunk 0",
+                   0: "op B1 of chunk 0"}),
+    (2, ["parallel.dp=2", "parallel.microbatches=2", 'parallel.schedule="1f1b"'],
+     "1:2:F0", {1: "op F0 of chunk 0", 0: "past its ops (the last BW1)"})],
+    ids=["pp2", "pp4-zb-v", "dp2"])
+def test_a_stalled_rank_ends_the_job_with_every_ranks_op_named(tmp_path, stdlib_tokens, n,
+                                                               layout, stall, ops):
+    run_dir = tmp_path / "run"
+    start = time.monotonic()
+    done = run(_args(run_dir, stdlib_tokens, *layout, f"parallel.timeout={TIMEOUT}"), n=n,
+               env={"HPCPIPE_STALL": f"{stall}:120"}, timeout=200)
+    took = time.monotonic() - start
+    assert done.returncode == EXIT_HUNG, done.stderr[-3000:]
+    assert took < 100, took  # the stall lasts 120 s: the timeout ended the job, not it
+    lines = _lines(done.stderr)
+    assert sorted(lines) == list(range(n)), done.stderr[-3000:]
+    for rank, op in ops.items():
+        assert op in lines[rank], lines[rank]
+    stalled = int(stall.split(":")[0])
+    assert "waits on nothing (computing)" in lines[stalled]
+    errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and f"parallel.timeout = {TIMEOUT} s: the job hangs" in errors[0]
+    dumps = {int(f[5:10]): json.loads((run_dir / HANGS / f).read_text())
+             for f in os.listdir(run_dir / HANGS)}
+    assert sorted(dumps) == list(range(n))
+    _, findings = analyse(dumps)
+    assert findings == [f"rank {stalled} waits on nobody (in "
+                        f"{dumps[stalled]['op']['name']} of chunk "
+                        f"{dumps[stalled]['op']['chunk']} for "
+                        f"{dumps[stalled]['op']['seconds']:.1f} s), and rank(s) "
+                        f"{', '.join(str(r) for r in range(n) if r != stalled)} wait on it: "
+                        f"rank {stalled} stalls"], findings
+    doctor = subprocess.run([sys.executable, "-m", "hpcpipe", "doctor", str(run_dir)],
+                            cwd=ROOT, env=job_env(), capture_output=True, text=True,
+                            timeout=120)
+    assert doctor.returncode == 1 and f"rank {stalled} stalls" in doctor.stdout
+
+
+def _ranks(proc) -> list[int]:
+    """The pids of the ranks (python) under the launcher `proc`."""
+    out = subprocess.run(["ps", "-o", "pid=,ppid=,comm=", "-e"], capture_output=True,
+                         text=True).stdout
+    children, ranks = {}, []
+    for line in out.splitlines():
+        pid, ppid, comm = line.split(None, 2)
+        children.setdefault(int(ppid), []).append((int(pid), comm))
+    todo = [proc.pid]
+    while todo:
+        for pid, comm in children.get(todo.pop(), []):
+            (ranks if comm.startswith("python") else todo).append(pid)
+    return ranks
+
+
+def _stalled_job(tmp_path, tokens, name, env):
+    """A pp 2 job whose rank 0 sleeps 300 s in F1 of step 2, parallel.timeout = 0 (nothing
+    ends the stall by itself), once it is in that step: (the launcher, its ranks' pids)."""
+    run_dir = tmp_path / name
+    args = _args(run_dir, tokens, "parallel.pp=2", "parallel.microbatches=2",
+                 'parallel.schedule="1f1b"', "parallel.timeout=0")
+    proc = subprocess.Popen([*launcher(2), sys.executable, *args], cwd=ROOT,
+                            env=job_env({"HPCPIPE_STALL": "0:2:F1:300", **env}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 120
+    while not (metrics.exists() and '"step": 1,' in metrics.read_text()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            pytest.fail(proc.stderr.read()[-3000:])
+        time.sleep(0.2)
+    time.sleep(2)  # into step 2: rank 0 sleeps in F1, rank 1 waits for it inside MPI
+    ranks = _ranks(proc)
+    assert len(ranks) == 2
+    return proc, ranks
+
+
+def _ended(proc, within: float):
+    started = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=within + 30)
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+    assert time.monotonic() - started < within, err[-3000:]
+    return err
+
+
+def test_sigusr2_dumps_without_ending_and_signals_always_end_a_stalled_job(tmp_path,
+                                                                          stdlib_tokens):
+    """SIGUSR2 to every rank: each prints its line and the run goes on, still stalled.
+    SIGTERM then: the ranks cannot reach the step boundary that saves and stops, so past
+    the stop grace (HPCPIPE_STOP_GRACE_S, 3 s here) the job ends as a hang (status 3). In
+    another such job, a second Ctrl-C ends every rank at once (status 130)."""
+    proc, ranks = _stalled_job(tmp_path, stdlib_tokens, "term", {"HPCPIPE_STOP_GRACE_S": "3"})
+    for pid in ranks:
+        os.kill(pid, signal.SIGUSR2)
+    hangs = tmp_path / "term" / HANGS
+    deadline = time.monotonic() + 60
+    while len(os.listdir(hangs) if hangs.exists() else []) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(1)
+    assert proc.poll() is None  # a dump on demand ends nothing
+    for pid in ranks:
+        os.kill(pid, signal.SIGTERM)
+    err = _ended(proc, 40)
+    lines = [x for x in err.splitlines() if x.startswith("hang: ")]
+    assert sum("SIGUSR2: a dump on demand" in x for x in lines) == 2, err[-3000:]
+    errors = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and "past 3 s after SIGTERM" in errors[0], err[-3000:]
+    assert proc.returncode == EXIT_HUNG
+
+    proc, ranks = _stalled_job(tmp_path, stdlib_tokens, "int", {})
+    for _ in range(2):
+        for pid in ranks:
+            os.kill(pid, signal.SIGINT)
+        time.sleep(0.3)
+    err = _ended(proc, 30)
+    # (Python's own KeyboardInterrupt where it can run, else the watchdog: one line at most)
+    assert len([x for x in err.splitlines() if x.startswith("error:")]) <= 1, err[-3000:]
+    assert "Traceback" not in err and proc.returncode == 128 + signal.SIGINT, err[-3000:]
+
+
+def _dump(rank, waiting=None, op=None):
+    return {"rank": rank, "pp": rank, "dp": 0, "tp": 0, "step": 5, "phase": "its step",
+            "op": op, "after": None, "reason": "test", "waiting": waiting,
+            "pending_recvs": [], "pending_sends": [], "time": 100.0}
+
+
+def _recv(peer):
+    return {"kind": "recv", "what": "forward mb 0 stage 1", "peers": [peer], "tag": 4,
+            "seconds": 9.0}
+
+
+def test_the_wait_for_graph_names_a_cycle_and_a_dead_peer():
+    cycle = {0: _dump(0, _recv(1)), 1: _dump(1, _recv(0))}
+    assert analyse(cycle)[1] == ["ranks 0 → 1 → 0 wait on each other round a cycle: a "
+                                 "deadlock (messages or collectives in orders that do not "
+                                 "match)"]
+    dead = {0: _dump(0, _recv(1)), 1: _dump(1, {"kind": "collective", "what": "x over data",
+                                                "peers": [1, 2], "tag": None,
+                                                "seconds": 9.0})}
+    assert analyse(dead)[1] == ["rank 2 left no dump, and rank(s) 0, 1 wait on it: dead, or "
+                                "stuck where Python cannot run"]

@@ -182,6 +182,13 @@ bench: install
 	  esac || exit $$?; \
 	done; \
 	echo "== schedule simulations"; $(PY) -m hpcpipe.schedules.table; \
+	echo "== auto at p 32, m 256: seconds per memory limit"; \
+	$(PY) -m hpcpipe.schedules.table --auto-seconds; \
+	echo "== auto against every fixed kind that fits (random cases)"; \
+	$(PY) -m hpcpipe.schedules.dominance --cases 2000 --largest 8x24 || exit $$?; \
+	echo "== hpcpipe and auto against the zero-bubble authors' schedules (320 rows)"; \
+	$(PY) -m hpcpipe.schedules.reference tests/schedules/data/zero_bubble_reference.json \
+	  || exit $$?; \
 	$(PY) -m hpcpipe.bench.report $(PARTS) --out $(BENCH_OUT) && rm -rf $(PARTS) && \
 	echo "make bench: done in $$(( $$(date +%s) - start )) s"
 

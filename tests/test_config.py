@@ -314,7 +314,7 @@ def test_powersgd_keys_and_what_it_refuses(tmp_path):
     assert (cfg.parallel.powersgd_rank, cfg.parallel.powersgd_min_gain) == (2, 2.0)
     for text, words in [
             ('[parallel]\ngrad_compression = "1bit"\n', "allowed: none, powersgd"),
-            ("[parallel]\npowersgd_rank = 0\n", "must be at least 1"),
+            ("[parallel]\npowersgd_rank = -1\n", "must be 0 or more"),
             ("[parallel]\npowersgd_warmup = -1\n", "must be 0 or more"),
             ('[train]\nlocal_steps = 4\n[parallel]\ngrad_compression = "powersgd"\n',
              'set parallel.grad_compression = "none"'),

@@ -15,7 +15,11 @@ two thin factors of rank r instead of n·m numbers:
 Σ E over the replicas is Σ M − Ĝ: nothing is dropped, only delayed (error feedback). The
 sum, not the mean, as everywhere in gradsync.py: the 1/dp is in the step's gradient scale.
 Vectors (biases, LayerNorms) and matrices too small to gain 2× (r(n + m) > n·m / 2, PyTorch's
-`min_compression_rate`) travel uncompressed in the usual buckets. Each tensor-parallel shard
+`min_compression_rate`) travel uncompressed in the usual buckets. The rank r is one for every
+matrix, or (rank 0, the default) each matrix's own: min(n, m) / PER_MATRIX, an eighth of its
+smaller side -- the same share of every matrix, so a wider model keeps as good an
+approximation (tiny: 16, 5.7× fewer bytes; medium: 48 and 32, 5.9×; fixed ranks that
+small on a wide matrix cost more loss: docs/measurements/2026-12-06-powersgd-default.md). Each tensor-parallel shard
 compresses its own part of a matrix over its own data-parallel group.
 
 The first `warmup` steps all-reduce the matrices uncompressed (PyTorch's
@@ -36,27 +40,38 @@ import numpy as np
 from hpcpipe.device.dtypes import compute_dtype
 
 COMPRESSIONS = ("none", "powersgd")
+PER_MATRIX = 8  # rank 0: each matrix's rank is min(n, m) / PER_MATRIX (at least 1)
 # A Gram–Schmidt column left with less than this many machine epsilons of its length is
 # taken for dependent on the earlier ones (round-off, not a direction of the gradient).
 DEPENDENT = 1000
 
 
+def rank_of(shape, rank: int) -> int:
+    """The factors' rank for a matrix of `shape`: `rank`, or with rank 0 its own (an
+    eighth of its smaller side, at least 1)."""
+    return rank if rank else max(1, min(shape) // PER_MATRIX)
+
+
 def compressible(shape, rank: int, min_gain: float = 2.0) -> bool:
     """Whether a tensor of `shape` is a matrix that gains at least `min_gain`× from
-    rank-`rank` factors."""
-    return len(shape) == 2 and min_gain * rank * (shape[0] + shape[1]) <= shape[0] * shape[1]
+    factors of rank `rank_of(shape, rank)`."""
+    if len(shape) != 2:
+        return False
+    r = rank_of(shape, rank)
+    return min_gain * r * (shape[0] + shape[1]) <= shape[0] * shape[1]
 
 
 @dataclass(frozen=True)
 class Matrix:
     """One compressed gradient: elements [lo, hi) of chunk `chunk`'s gradient buffer, an
-    n × m matrix."""
+    n × m matrix, sent as rank-`rank` factors."""
 
     chunk: int
     name: str
     lo: int
     hi: int
     shape: tuple
+    rank: int
 
     @property
     def key(self) -> str:
@@ -71,7 +86,8 @@ def matrices(stages: dict, rank: int, min_gain: float = 2.0) -> list[Matrix]:
         for name, shape in buf.layout:
             if compressible(shape, rank, min_gain):
                 lo, hi = buf.offsets[name]
-                out.append(Matrix(chunk, name, lo, hi, tuple(int(n) for n in shape)))
+                shape = tuple(int(n) for n in shape)
+                out.append(Matrix(chunk, name, lo, hi, shape, rank_of(shape, rank)))
     return out
 
 
@@ -119,7 +135,7 @@ class PowerSGD:
         self.dtype = next(iter(stages.values())).grad_buffer.dtype if stages else np.float32
         xp = backend.xp
         self.error = {m.key: xp.zeros(m.shape, self.dtype) for m in self.matrices}
-        self._initial = {m.key: backend.from_host(initial_q(m.name, m.shape[1], rank,
+        self._initial = {m.key: backend.from_host(initial_q(m.name, m.shape[1], m.rank,
                                                              self.dtype))
                          for m in self.matrices}
         self.q = {key: q.copy() for key, q in self._initial.items()}
@@ -148,7 +164,7 @@ class PowerSGD:
 
     def factor_elements(self) -> int:
         """What one compressed step sends: the P and Q of every matrix."""
-        return sum(self.rank * (n + m) for n, m in (x.shape for x in self.matrices))
+        return sum(x.rank * (x.shape[0] + x.shape[1]) for x in self.matrices)
 
     def begin(self, step: int):
         """Start `step`: with snapshots, remember the state it starts from, or — the same
@@ -184,13 +200,13 @@ class PowerSGD:
     def _compress(self):
         """The rank-r reduction of every matrix (the module's docstring, line by line)."""
         xp = self.backend.xp
-        ps = self._factors([m.shape[0] for m in self.matrices])
+        ps = self._factors([(m.shape[0], m.rank) for m in self.matrices])
         for m, p in zip(self.matrices, ps[1]):
             grad = self._grad(m)
             grad += self.error[m.key]  # M = G + E, in place
             p[...] = grad @ self._revived(m)
         self._allreduce(ps[0])
-        qs = self._factors([m.shape[1] for m in self.matrices])
+        qs = self._factors([(m.shape[1], m.rank) for m in self.matrices])
         for m, p, q in zip(self.matrices, ps[1], qs[1]):
             orthonormalise(p, xp)
             q[...] = self._grad(m).T @ p
@@ -212,13 +228,13 @@ class PowerSGD:
         alive = norms > float(DEPENDENT * np.finfo(q.dtype).eps) * xp.max(norms)
         return orthonormalise(xp.where(alive, q, fresh), xp)
 
-    def _factors(self, rows: list[int]):
+    def _factors(self, shapes: list[tuple[int, int]]):
         """One flat buffer for a factor of every matrix, and its (rows × rank) views."""
-        flat = self.backend.xp.empty(sum(rows) * self.rank, self.dtype)
+        flat = self.backend.xp.empty(sum(n * r for n, r in shapes), self.dtype)
         views, at = [], 0
-        for n in rows:
-            views.append(flat[at:at + n * self.rank].reshape(n, self.rank))
-            at += n * self.rank
+        for n, r in shapes:
+            views.append(flat[at:at + n * r].reshape(n, r))
+            at += n * r
         return flat, views
 
     def _allreduce(self, array):

@@ -80,7 +80,7 @@ def _compression(cfg, specs) -> int:
     """PowerSGD's state on one rank: every compressed matrix's error feedback (its size, in
     the gradient's dtype) and its Q (m × r), plus the first Q kept to refill it; twice
     that under post-validation (each step's starting copy)."""
-    from hpcpipe.parallel.powersgd import compressible
+    from hpcpipe.parallel.powersgd import compressible, rank_of
 
     p = cfg.parallel
     if p.grad_compression != "powersgd" or p.dp == 1:
@@ -90,7 +90,8 @@ def _compression(cfg, specs) -> int:
         for name, shape in spec.param_layout(cfg.model):
             local = shard_of(name, shape, p.tp, 0).local_shape(shape)
             if compressible(local, p.powersgd_rank, p.powersgd_min_gain):
-                total += (local[0] * local[1] + 2 * local[1] * p.powersgd_rank) * acc
+                r = rank_of(local, p.powersgd_rank)
+                total += (local[0] * local[1] + 2 * local[1] * r) * acc
     # Post-validation may run a step twice: E and Q are copied at each step's start.
     return total * 2 if cfg.train.post_validation else total
 

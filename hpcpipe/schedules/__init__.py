@@ -53,8 +53,10 @@ def generate(kind: str, p: int, m: int, v: int | None = None, costs: Costs | Non
     check_chunks(kind, v or 0)  # (the one rule: kinds.py)
     if kind == "interleaved-1f1b":
         schedule = interleaved_1f1b(p, m, chunks(kind, v or 0))
-    else:
-        schedule = (_V if kind in V_KINDS else _ONE_CHUNK)[kind](p, m)
+    elif kind in _ONE_CHUNK:
+        schedule = _ONE_CHUNK[kind](p, m)
+    else:  # the V's: ZB-V, V-Half and V-Min weigh orders built for the costs (see each)
+        schedule = _V[kind](p, m) if kind == "dualpipev" else _V[kind](p, m, costs)
     if memory_limit is not None:
         peak = max(peak_activations(schedule, costs))
         if peak > memory_limit + 1e-9:

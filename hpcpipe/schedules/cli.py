@@ -31,10 +31,12 @@ activation memory per rank (microbatches held between F and W, a chunk counting 
 
 Kinds: gpipe, 1f1b (PipeDream-flush), interleaved-1f1b (--chunks V, m a multiple of p),
 zb-h1 and zb-h2 (zero-bubble, handcrafted), zb-v (2 chunks in a V), v-half and v-min (V's at
-about 1/2 and 1/3 of 1F1B's activations), dualpipev (DeepSeek's, 2 chunks in a V), auto (the
+about 1/2 and 1/3 of 1F1B's activations; these three ordered for --cost, as their authors
+build them), dualpipev (DeepSeek's, 2 chunks in a V), auto (the
 zero-bubble scheduler under --memory-limit, default 2p as in training; 1 or 2 chunks per rank,
-or --chunks to fix it; --recompute lets it recompute activations per stage, --pareto prints
-the bubble-against-memory front it saw). --exact adds the certified search (needs OR-Tools,
+or --chunks to fix it; every fixed kind that fits competes, so it is never slower than one;
+it says which contender won; --recompute lets it recompute activations per stage, --pareto
+prints the bubble-against-memory front it saw). --exact adds the certified search (needs OR-Tools,
 the `exact` extra):
 the best schedule it finds, a proven lower bound and whether the schedule meets it.
 
@@ -241,6 +243,12 @@ def _build(args: argparse.Namespace):
                         args.objective, _chunks(args), _recompute_choices(args))
         args.cost = found.costs  # the plan the schedule was chosen under: simulate with it
         return found.schedule, None, found
+    if args.kind == "auto":  # (with the contender that won: a seed or a builder's)
+        from .auto import best_contender, make_search
+        best = best_contender(make_search(args.stages, args.microbatches, args.cost,
+                                          args.memory_limit, args.objective, _chunks(args)))
+        args.auto_label = best.label
+        return best.schedule.with_kind("auto"), None, None
     return generate(args.kind, args.stages, args.microbatches, _chunks(args), args.cost,
                     args.memory_limit, args.objective), None, None
 
@@ -341,8 +349,11 @@ def run(args: argparse.Namespace) -> int:
         bound, optimal = _bound(result, verdict, args.objective)
         if args.save_csv:
             write_csv(schedule, args.save_csv)
+        label = found.label if found is not None else getattr(args, "auto_label", None)
         if args.json:
             summary = {**result.summary(), "lower_bound": round(bound, 9), "optimal": optimal}
+            if label is not None:  # which contender won: "seed v-half", "rounds(...)", ...
+                summary["auto_chose"] = label
             if verdict is not None:
                 summary["exact"] = verdict.summary()
                 summary.update(_plan_json(args.cost))
@@ -361,6 +372,8 @@ def run(args: argparse.Namespace) -> int:
             print(report(result))
             what = "longest span" if args.objective == "span" else "makespan"
             print(f"lower bound on the {what}: {bound:g} ({'optimal' if optimal else 'not proven optimal'})")
+            if label is not None and found is None:
+                print(f"auto chose {label}")
             if found is not None:
                 print(pareto_text(found))
             if verdict is not None:

@@ -21,6 +21,9 @@ from .ops import (
 )
 
 F, B, W, BW = Kind.F, Kind.B, Kind.W, Kind.BW
+# Op placements ZB-V's builder may spend on the orders for given costs (6pm a build):
+# all eight of its builds up to p 32, m 128; four at p 32, m 256.
+ZB_V_BUDGET = 200_000
 
 
 def _need(p: int, m: int, kind: str):
@@ -172,7 +175,7 @@ def _number(kinds: list[tuple[Kind, int]], m: int) -> list[Op]:
     return ops
 
 
-def zb_v(p: int, m: int) -> Schedule:
+def zb_v(p: int, m: int, costs=None) -> Schedule:
     """ZB-V: two chunks per rank in a V (rank r holds stages r and 2p-1-r), peak memory p.
 
     Each microbatch starts and ends on rank 0, so the first and last stages share a rank. The
@@ -190,7 +193,9 @@ def zb_v(p: int, m: int) -> Schedule:
     There the construction is run for 2p-1 microbatches and the missing ones are left out
     (bubble (2p-1-m) T_F); for the smallest m the greedy list scheduler under memory p does
     better, and the better of the two is kept. Every stage runs its W's in microbatch order.
-    Data, like the others: it does not depend on real costs.
+    Given `costs`, the zero-bubble builder's orders for them (vgreedy.py: the authors'
+    way to build ZB-V from profiled costs) are weighed too, under this construction's
+    peak, and the quickest kept (this one on a tie).
     """
     from .ops import v_placement
 
@@ -198,9 +203,25 @@ def zb_v(p: int, m: int) -> Schedule:
     n = max(m, 2 * p - 1)
     ranks = [_number(_zb_v_kinds(p, r, n), m) for r in range(p)]
     built = make_schedule("zb-v", p, m, 2, ranks, v_placement(p))
-    if m >= 2 * p - 1:
-        return built
-    return _zb_v_below_threshold(p, m, built)
+    if m < 2 * p - 1:
+        built = _zb_v_below_threshold(p, m, built)
+    return built if costs is None else _quickest_zb_v(p, m, built, costs)
+
+
+def _quickest_zb_v(p: int, m: int, built: Schedule, costs) -> Schedule:
+    """Of `built` and the builder's orders for `costs` under its peak, the quickest
+    (longest span, then makespan; `built` on a tie)."""
+    from .quick import peak
+    from .vblocks import quicker, quickness
+    from .vgreedy import orders
+
+    limit = peak(built, costs)
+    best, best_score = built, quickness(built, costs)
+    for other in orders(p, m, costs, limit, ZB_V_BUDGET):
+        score = quickness(other, costs)
+        if peak(other, costs) <= limit + 1e-9 and quicker(score, best_score):
+            best, best_score = other, score
+    return best
 
 
 def _zb_v_below_threshold(p: int, m: int, built: Schedule) -> Schedule:

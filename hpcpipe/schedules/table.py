@@ -8,6 +8,7 @@
     python -m hpcpipe.schedules.table --memory-goals --sizes 4x8 --exact 60 --polish 240
     python -m hpcpipe.schedules.table --per-microbatch --sizes 4x8,4x16,8x16,8x32
     python -m hpcpipe.schedules.table --per-microbatch --sizes 8x32 --exact 300 --polish 300
+    python -m hpcpipe.schedules.table --auto-seconds        # auto at p 32, m 256, each limit
 """
 
 from __future__ import annotations
@@ -394,6 +395,38 @@ def render_per_microbatch(sizes, exact: float | None = None, polish: float = 0.0
     return "\n".join(out)
 
 
+# Issue 62's costs (28.3B-like, ms): auto at p 32, m 256 under V-Min's, V-Half's, 1F1B's and
+# twice 1F1B's memory, and under a third of 1F1B's (below V-Min's: no fixed kind fits).
+SECONDS_COSTS = Costs(10.416, 10.374, 7.907, comm=0.408)
+
+
+def auto_seconds(p: int = 32, m: int = 256, limits=(8, 12, 17, 32, 64)) -> list[tuple]:
+    """(limit, seconds auto took, its bubble, what won) at p, m on SECONDS_COSTS, auto
+    choosing the placement (as the command line does); one run each, in one process."""
+    from .auto import best_contender, make_search
+    out = []
+    for limit in limits:
+        started = time.perf_counter()
+        try:
+            best = best_contender(make_search(p, m, SECONDS_COSTS, limit, "span", 0))
+        except ScheduleError:
+            out.append((limit, time.perf_counter() - started, None, "nothing fits"))
+            continue
+        seconds = time.perf_counter() - started
+        out.append((limit, seconds, simulate(best.schedule, SECONDS_COSTS).bubble_rate,
+                    best.label))
+    return out
+
+
+def render_seconds(rows) -> str:
+    out = [f"auto at p 32, m 256 (costs {SECONDS_COSTS}): seconds to build, one run each",
+           "| memory limit | seconds | bubble | chose |", "|---|---|---|---|"]
+    for limit, seconds, bubble, label in rows:
+        out.append(f"| {limit:g} | {seconds:.1f} | "
+                   + ("-" if bubble is None else f"{bubble:.4f}") + f" | {label} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcpipe.schedules.table",
                                      description=__doc__.splitlines()[0])
@@ -418,10 +451,14 @@ def main(argv=None) -> int:
                         "against per microbatch")
     parser.add_argument("--objective", choices=("span", "makespan"), default="span",
                         help="with --memory-goals: what auto minimises and the bubble divides by")
+    parser.add_argument("--auto-seconds", action="store_true",
+                        help="how many seconds auto takes at p 32, m 256 under each limit")
     parser.add_argument("--sweep-memory", metavar="PNG",
                         help="plot the bubble rate against the memory limit on the paper's rows")
     args = parser.parse_args(argv)
-    if args.per_microbatch:
+    if args.auto_seconds:
+        print(render_seconds(auto_seconds()))
+    elif args.per_microbatch:
         sizes = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
         print(render_per_microbatch(sizes, args.exact, args.polish))
     elif args.memory_goals:

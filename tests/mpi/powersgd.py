@@ -9,7 +9,8 @@ runs it on 2 and 4 ranks. Checked on rank 0:
   rank as large as a matrix the result is the exact sum; a gradient that is not finite on
   one replica leaves every replica's E and Q as they were; a step begun twice (post-
   validation) starts from the same state; the bytes sent are the factors';
-- training, float64, the tiny model: at full rank (every matrix compressed, r = 8 ≥ its
+- training, float64, the tiny model (rank 0, each matrix's own, is rank 1 on every one of
+  its 8-wide matrices: bitwise rank 1's): at full rank (every matrix compressed, r = 8 ≥ its
   smaller side) every layout dp × pp × tp, schedule and ZeRO stage equals one process to
   1e-10; at rank 1, bitwise equal across schedules, ZeRO-2 bitwise
   ZeRO-1 and both within 1e-12 of ZeRO-0 (their norms add other partial sums), post-
@@ -288,6 +289,9 @@ def training_checks(comm) -> tuple[list[str], list[str]]:
     muon = train(comm, make_cfg(2, n // 2, 1, "zb-h1", compression=FULL, optimizer="muon"))
     low = {kind: train(comm, make_cfg(2, n // 2, 1, kind, compression=LOW))
            for kind in ("1f1b", "zb-h1", "zb-v")}
+    # Rank 0 (the default): each matrix's own, min(n, m) / 8 -- 1 for every matrix of this
+    # 8-wide model, so the same training as rank 1, bitwise.
+    per_matrix = train(comm, make_cfg(2, n // 2, 1, "1f1b", compression={"powersgd_rank": 0}))
     low_pp1 = train(comm, make_cfg(2, 1, n // 2, "1f1b", compression=LOW)) if n == 4 else None
     zero = {z: train(comm, make_cfg(2, n // 2, 1, "zb-h1", zero=z, compression=LOW))
             for z in (1, 2, 3)}
@@ -305,6 +309,8 @@ def training_checks(comm) -> tuple[list[str], list[str]]:
         failures += compare("full rank with Muon", muon, muon_ref, 1e-10)
         for kind in ("zb-h1", "zb-v"):
             failures += bitwise(f"rank 1 {kind} against 1f1b", low[kind], low["1f1b"])
+        failures += bitwise("rank per matrix (all 1 here) against rank 1", per_matrix,
+                            low["1f1b"])
         failures += bitwise("rank 1 ZeRO-2 against ZeRO-1", zero[2], zero[1])
         failures += bitwise("rank 1 ZeRO-3 against ZeRO-1", zero[3], zero[1])
         failures += compare("rank 1 ZeRO-1 against ZeRO-0", zero[1], low["zb-h1"], 1e-12)

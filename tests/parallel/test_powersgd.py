@@ -48,3 +48,22 @@ def test_rank_4_sends_at_least_4x_fewer_bytes_than_float32(name, at_least):
     sent = sum(4 * (shape[0] + shape[1]) if compressible(shape, 4) else int(np.prod(shape))
                for _, shape in layout)
     assert total / sent >= at_least, (name, total, sent)
+
+
+@pytest.mark.parametrize("name, fewer", [("tiny", 5.6), ("medium", 5.8)])
+def test_the_default_rank_is_each_matrix_s_own_and_sends_over_4x_fewer_bytes(name, fewer):
+    """parallel.powersgd_rank = 0 (the default): each matrix's rank is an eighth of its
+    smaller side (tiny 16, medium 48 and its embedding 32); at least 4× fewer bytes than
+    the float32 gradient (docs/measurements/2026-12-06-powersgd-default.md)."""
+    from hpcpipe.config import ParallelSection
+    from hpcpipe.parallel.powersgd import rank_of
+
+    assert ParallelSection().powersgd_rank == 0
+    cfg = CONFIGS[name]
+    layout = param_layout(cfg)
+    total = sum(int(np.prod(shape)) for _, shape in layout)
+    sent = sum(rank_of(shape, 0) * (shape[0] + shape[1]) if compressible(shape, 0)
+               else int(np.prod(shape)) for _, shape in layout)
+    assert total / sent >= fewer > 4, (name, total / sent)
+    assert {rank_of(s, 0) for _, s in layout if compressible(s, 0)} == (
+        {16} if name == "tiny" else {32, 48})

@@ -37,6 +37,17 @@ def test_auto_with_memory_limit(capsys):
     assert json.loads(capsys.readouterr().out)["bubble_rate"] < 0.01
 
 
+def test_auto_says_which_contender_won(capsys):
+    # At V-Half's memory (3 at p 4) the fixed kind wins, and the JSON and the text say so.
+    assert run(["--kind", "auto", "-p", "4", "-m", "8", "--memory-limit", "3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["auto_chose"] == "seed v-half" and data["chunks"] == 2
+    assert run(["--kind", "auto", "-p", "4", "-m", "8", "--memory-limit", "3"]) == 0
+    assert "auto chose seed v-half" in capsys.readouterr().out
+    assert run(["--kind", "v-half", "-p", "4", "-m", "8", "--json"]) == 0
+    assert "auto_chose" not in json.loads(capsys.readouterr().out)
+
+
 def test_svg_png_and_csv(tmp_path, capsys):
     svg, csv = tmp_path / "t.svg", tmp_path / "t.csv"
     assert run(["--kind", "1f1b", "-p", "3", "-m", "4", "--svg", str(svg), "--save-csv", str(csv)]) == 0

@@ -9,15 +9,15 @@ from hpcpipe.schedules.generators import dualpipev_rank
 from hpcpipe.schedules.simulator import dependencies
 from hpcpipe.schedules.torch_csv import from_csv, to_csv
 
+# At p 2 both families hold 2 stage-microbatches, and one building block of the family
+# (vblocks.py) orders them best: 12 slots of span where their own squeezed blocks take
+# 12.5 (V-Half) and 13.5 (V-Min).
 V_HALF = """\
-rank 0: F0    F1    F2    F0@c1 B0@c1 W0@c1 F1@c1 .     B0    B1@c1 W1@c1 F2@c1 W0    F3    B1    B2@c1 W2@c1 F3@c1 B3@c1 B2    W3@c1 B3    W1    W2    W3
-rank 1: .     F0    F0@c1 F1    F1@c1 B0@c1 W0@c1 B0    W0    F2    F2@c1 B1@c1 B1    W1@c1 F3    W1    F3@c1 B2@c1 B2    B3@c1 B3    W2@c1 W3@c1 W2    W3
+rank 0: F0    F1    F2    F0@c1 B0@c1 W0@c1 F1@c1 B1@c1 B0    W1@c1 W0    F3    F2@c1 B2@c1 B1    W2@c1 W1    F3@c1 B3@c1 B2    W3@c1 B3    W2    W3    .
+rank 1: .     F0    F0@c1 F1    F1@c1 B0@c1 B0    W0@c1 W0    F2    F2@c1 B1@c1 B1    W1@c1 W1    F3    F3@c1 B2@c1 B2    B3@c1 B3    W2@c1 W2    W3@c1 W3
 """
 
-V_MIN = """\
-rank 0: F0    F1    .     F0@c1 B0@c1 W0@c1 .     B0    W0    F1@c1 B1@c1 W1@c1 F2    B1    W1    F2@c1 B2@c1 W2@c1 F3    B2    W2    F3@c1 B3@c1 W3@c1 .     B3    W3
-rank 1: .     F0    F0@c1 .     .     B0@c1 B0    F1    F1@c1 W0@c1 W0    B1@c1 B1    F2    F2@c1 W1@c1 W1    B2@c1 B2    F3    F3@c1 W2@c1 W2    B3@c1 B3    W3@c1 W3
-"""
+V_MIN = V_HALF
 
 DUALPIPEV = """\
 rank 0: F0     F1     F2     F0@c1  B0@c1  W0@c1  F1@c1  F3     BW1@c1 -------F2@c1  BW0    -------BW2@c1 -------F3@c1  .      BW1    -------BW3@c1 -------B2     W2     B3     W3
@@ -38,7 +38,9 @@ EQUAL = Costs(1, 1, 1)
 SIX_B = Costs(29.718, 29.444, 19.927, comm=0.527)  # the zero-bubble paper's Table 9, 6.2B
 
 
-# anchors.md's last table: the authors' own V-Half / V-Min (sail-sg's zbv_greedy), replayed.
+# anchors.md's last table: the authors' own V-Half / V-Min (sail-sg's zbv_greedy, what their
+# runtime runs), replayed; hpcpipe's, ordered for the costs, at the same peak and at or
+# below them (their building-block search too: tests/schedules/test_reference.py).
 @pytest.mark.parametrize("kind, p, m, costs, makespan, bubble, peak", [
     ("v-half", 4, 8, EQUAL, 26.5, 0.0943, 3),
     ("v-min", 4, 8, EQUAL, 29.5, 0.1864, 2),
@@ -50,9 +52,9 @@ SIX_B = Costs(29.718, 29.444, 19.927, comm=0.527)  # the zero-bubble paper's Tab
     ("zb-v", 8, 32, EQUAL, 99.5, 0.0352, 8),
 ])
 def test_the_authors_figures(kind, p, m, costs, makespan, bubble, peak):
-    result = simulate(generate(kind, p, m), costs)
-    assert round(result.makespan, 2) == makespan
-    assert round(1 - m * (costs.f + costs.b + costs.w) / result.makespan, 4) == bubble
+    result = simulate(generate(kind, p, m, costs=costs), costs)
+    assert round(result.makespan, 2) <= makespan
+    assert round(1 - m * (costs.f + costs.b + costs.w) / result.makespan, 4) <= bubble
     assert max(result.peak_activations) == peak
 
 

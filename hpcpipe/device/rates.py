@@ -52,7 +52,8 @@ class GpuRates:
 # bf16_mma, flash.cu's tensor-core FLOPs: 120, the rate this table stated for the WMMA
 # attention before, kept so that what it drives (model/costs.on_gpu's stage balance) moves
 # only with the counts; the kernel model (hpcpipe/devtools/kernelmodel.py) predicts
-# 130-160 for flash.cu on an H100, and `bench gpu-model` takes that. These are statements, not measurements (the H100 measured 2026-12-05 is 0.6-3×
+# 160-190 for flash.cu's F and dq on an H100 and 160 for dkv, and `bench gpu-model` takes
+# that. These are statements, not measurements (the H100 measured 2026-12-05 is 0.6-3×
 # away from several): `bench gpu-model` prices at an H100's measured rates by default.
 GPUS = {
     "h200": GpuRates(

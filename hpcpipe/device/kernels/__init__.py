@@ -43,7 +43,7 @@ float64 for float64). None of them synchronises or copies: they only launch.
         workspace; two launches (dq, then dk and dv). Grid (ceil(T/8), NH, B), block 256.
     On bfloat16 with a head size of 16, 32, 48 or 64 the same two calls run flash.cu on
     tensor cores instead (FlashAttention-2's scheme on mma.sync; P and dS rounded to
-    bfloat16 before their products); grid (ceil(T/64), NH, B), block 128. There B may also
+    bfloat16 before their products); grid (ceil(T/64), NH, B), block 64 (dkv: 128). There B may also
     sum c_attn's bias gradient (backward(..., bias_sums=) into (B·ceil(T/64), 3C)
     float32), added up by bias_finish(k, dbias, bias_sums) (+=, in order). flash.cu's
     general interface, flash_forward / flash_backward, takes q, k, v apart with

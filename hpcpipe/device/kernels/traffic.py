@@ -117,7 +117,7 @@ def _attention_dkv(args):
 
 def flash_pairs(T: int) -> int:
     """The (query, key) pairs flash.cu multiplies for one head: every pair of the key
-    tiles below the diagonal tile, and in the diagonal tile each warp's 16 rows against
+    tiles below the diagonal tile, and in the diagonal tile each 16-row m-tile against
     the 8-key groups up to its last row (F, dq; dkv mirrors it): 64·64 a full tile, 2,560
     a diagonal one."""
     full, diagonal = 64 * 64, sum(16 * 16 * (w + 1) for w in range(4))

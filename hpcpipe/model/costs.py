@@ -8,7 +8,8 @@ Two estimates, one per kind of device, since the same model weighs differently o
   (ELEMENTWISE_FLOPS). Measured CPU stages' shares of F + B + W are within half a point of
   it (README, *Balanced stages*).
 - `on_gpu`, for a GPU: the GPU code path itself — a stage of one block, with and without
-  the embedding and the head, and each half, runs F, B and W on the shape-only device
+  the embedding and the head, and each half (a Llama's too: its RMSNorm, SwiGLU and
+  flash.cu kernels counted as a GPU runs them), runs F, B and W on the shape-only device
   (device/shapes.py), every kernel counted as CuPy launches it, priced at a GPU's rates
   (device/rates.py): the model `bench gpu-model` predicts a whole step with. There a
   block's LayerNorms, GELU, residual passes and attention kernel weigh more against its
@@ -101,6 +102,9 @@ def on_gpu(cfg, batch: int, dtype: str = "bfloat16", rates=None,
     halves = [_seconds(cfg, batch, dtype, rates, fused, layers=(), lead=lead, tail=tail)
               for lead, tail in ((None, (0, 3)), ((0, 3), None))]
     share = halves[0] / sum(halves)
+    if getattr(cfg, "arch", "gpt2") == "llama":  # its stage edges fall only at the seam
+        return StageCosts(max(embedding - block, 0.0), block, max(head - block, 0.0), share,
+                          source=f"{rates.name} modelled costs")
     # Each operation alone, its share of its half's (a run of them fuses some passes).
     one = [_seconds(cfg, batch, dtype, rates, fused, layers=(), lead=(0, o) if o else None,
                     tail=(0, o + 1)) for o in range(6)]
@@ -121,11 +125,13 @@ def _seconds(cfg, batch, dtype, rates, fused, layers, embedding_part=False, head
     from hpcpipe.device.backend import Backend
     from hpcpipe.device.rates import timeline_seconds
     from hpcpipe.model.layers import ops
+    from hpcpipe.model.llama_stage import LlamaStage
     from hpcpipe.model.stage import Stage
 
     device = shapes.device()
     be = Backend(xp=device, name="simgpu", device_id=0, fused=fused)
-    stage = Stage(cfg, layers=layers, embedding_part=embedding_part, head_part=head_part,
+    kind = LlamaStage if getattr(cfg, "arch", "gpt2") == "llama" else Stage
+    stage = kind(cfg, layers=layers, embedding_part=embedding_part, head_part=head_part,
                   dtype=dtype, be=be, lead=lead, tail=tail, draw=False)
     T, C = cfg.block_size, cfg.n_embd
     # Every id in turn, as uniform text spreads them: the unfused embedding gradient runs a

@@ -80,3 +80,33 @@ def test_the_counted_tokens_are_spread_as_text_spreads_them():
         assert c.embedding < 0.5 * c.block and c.head < c.block, (fused, c)
     assert counts_text(partition(tiny, 2, costs=costs.on_gpu(tiny, 4, "float32",
                                                              fused=False))) == "[3, 3]"
+
+
+def test_a_llamas_gpu_costs_count_its_fused_kernels():
+    """A Llama's parts on a GPU: its block counted as a GPU runs it — RMSNorm with the
+    residual, SwiGLU and flash.cu with grouped heads and the rotation on their kernels,
+    no array-library attention core — and its edges only at the seam (the operations'
+    shares split evenly within each half)."""
+    from hpcpipe.device import shapes
+    from hpcpipe.device.backend import Backend
+    from hpcpipe.model.llama_layout import LlamaConfig
+    from hpcpipe.model.llama_stage import LlamaStage
+
+    cfg = LlamaConfig(vocab_size=4096, block_size=256, n_layer=2, n_head=8, n_kv_head=2,
+                      n_embd=512, intermediate_size=1408)
+    parts = costs.on_gpu(cfg, 4)
+    assert 0.2 < parts.attention < 0.8 and parts.head > 0 < parts.embedding
+    assert parts.ops[:3] == (parts.attention / 3,) * 3
+    device = shapes.device()
+    be = Backend(xp=device, name="simgpu", device_id=0)
+    stage = LlamaStage(cfg, layers=(0,), embedding_part=False, head_part=False,
+                       dtype="bfloat16", be=be, draw=False)
+    x = be.xp.zeros((4, 256, 512), dtype=stage.dtype)
+    stage.forward(0, x)
+    stage.backward_input(0, be.xp.zeros_like(x))
+    stage.backward_weight(0)
+    fused = {k.name for k in device.kernel_log.kernels if k.kind == "fused"}
+    assert {"rmsnorm_forward_bf16", "rmsnorm_backward_rows_bf16", "rmsnorm_weight_finish_f32",
+            "swiglu_forward_bf16", "swiglu_backward_bf16", "flash_forward_hs64",
+            "flash_backward_dq_hs64", "flash_backward_dkv_hs64"} <= fused
+    assert not device.kernel_log.syncs, "a Llama block's F, B and W never wait for the host"

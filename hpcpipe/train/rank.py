@@ -20,6 +20,7 @@ from hpcpipe.parallel.pipeline.stages import RankModel
 from hpcpipe.parallel.transport import Transport
 from hpcpipe.train.evaluate import Evaluator
 from hpcpipe.train.delayed import DelayedStep
+from hpcpipe.train.graphed import Graphed
 from hpcpipe.train.step import TrainStep
 
 
@@ -31,6 +32,7 @@ class Rank:
     runtime: Runtime
     step: TrainStep
     grid: object
+    graphed: Graphed | None = None  # train.cuda_graphs: the stage's and AdamW's graphs
 
     @classmethod
     def build(cls, cfg, grid, be, schedule, trace=None, gpu_aware: bool = False,
@@ -59,9 +61,13 @@ class Rank:
             runtime = StreamRuntime(stream, grid.pp_rank, model.stages, step.versions, p2p,
                                     events)
             return cls(model, transport, p2p, runtime, step, grid)
-        runtime = Runtime(schedule, grid.pp_rank, model.stages, p2p, events)
+        graphed = Graphed(be) if cfg.train.cuda_graphs else None  # (checked: graphed.check)
+        stages = model.stages if graphed is None else {
+            chunk: graphed.stage(stage) for chunk, stage in model.stages.items()}
+        runtime = Runtime(schedule, grid.pp_rank, stages, p2p, events)
         step = TrainStep.build(cfg, model, grid, transport, trace)
-        return cls(model, transport, p2p, runtime, step, grid)
+        step.graphs = None if graphed is None else graphed.graphs
+        return cls(model, transport, p2p, runtime, step, grid, graphed)
 
     @property
     def schedule(self):
@@ -73,7 +79,7 @@ class Rank:
             raise ValueError(f"{schedule.kind} places model stages as "
                              f"{dict(schedule.stage_of)}, but this rank's model is split as "
                              f"{dict(self.runtime.schedule.stage_of)}")
-        self.runtime = Runtime(schedule, self.grid.pp_rank, self.model.stages, self.p2p,
+        self.runtime = Runtime(schedule, self.grid.pp_rank, self.runtime.stages, self.p2p,
                                self.runtime.trace)
 
     def train_step(self, step: int, inputs, lr: float, max_norm: float):
@@ -102,6 +108,9 @@ class Rank:
 
     def evaluator(self) -> Evaluator:
         """The validation loss's forward passes, on the whole weights (ZeRO-3 gathers
-        them: call it on every rank)."""
+        them: call it on every rank). The step's graphs go first: nothing of them is held
+        beside the evaluation's activations."""
+        if self.graphed is not None:
+            self.graphed.release()
         self.step.materialize()
         return Evaluator(self.model, self.grid, self.p2p)

@@ -30,6 +30,7 @@ from hpcpipe.parallel.outer_state import OuterState
 from hpcpipe.parallel.pipeline.parameters import ParameterState
 from hpcpipe.parallel.powersgd import PowerSGD
 from hpcpipe.parallel.powersgd_state import PowerSGDState
+from hpcpipe.train.graphed import optimizer_step
 from hpcpipe.util.timeline import local_row, step_stats
 
 
@@ -45,7 +46,7 @@ class TrainStep:
         self.model, self.grid, self.gradsync, self.gather = model, grid, gradsync, gather
         self.zero = zero  # the ZeRO stage in effect (0 over a single replica)
         self.optimizer, self.norm, self.scaler, self.trace = optimizer, norm, scaler, trace
-        self.outer = outer
+        self.outer, self.graphs = outer, None  # graphs: train.cuda_graphs' (train/graphed.py)
         self._outer_bytes = 0  # bytes of the outer all-reduce in the step just run
         # The replicas a step's gradient is the mean over: one of its own under local SGD.
         self.replicas = 1 if outer is not None else grid.dp
@@ -166,7 +167,8 @@ class TrainStep:
         return StepOutcome(step, loss, reported, skipped, result, stats, loss_scale=scale)
 
     def _update(self, lr: float, coefficient: float):
-        self.optimizer.step(self.gradsync.gradients(), lr, coefficient)
+        optimizer_step(self.optimizer, self.gradsync.gradients(), lr, coefficient,
+                       None if self.zero else self.graphs)  # (ZeRO-1: fresh shards)
         if self.gather is not None and self.zero < 3:
             self.gather()
 

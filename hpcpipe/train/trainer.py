@@ -47,7 +47,7 @@ from hpcpipe.runs.rundir import RunDir
 from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.schedules.ops import make_schedule, ops_from_strings
-from hpcpipe.train import checkpoints, memplan
+from hpcpipe.train import checkpoints, graphed, memplan
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
@@ -130,7 +130,7 @@ class Trainer:
         costs = stage_costs(cfg)  # what the stages are balanced by (a GPU's: counted once)
         every_rank_does(comm, lambda: memplan.check(cfg, self.be, self.grid.local_size,
                                                     costs=costs))
-        schedule = build_schedule(cfg)
+        schedule = graphed.check(cfg, self.be, build_schedule(cfg))  # (train.cuda_graphs)
         if parallel.schedule == "auto":
             build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
         gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be, self.log)

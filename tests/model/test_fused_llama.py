@@ -5,13 +5,15 @@ kernels' host builds: each layer's F, B and W against the NumPy layers on the CP
 float64 to round-off (attention there: the array library's core, flash.cu taking bfloat16
 only), bfloat16 within its rounding with flash.cu, selective recomputation bit for bit,
 and a whole Llama's loss and gradients. These run in the CPU pass too (they build their
-own stand-in); they skip where the host build cannot run unless --require cuda."""
+own stand-in); on a GPU (`--device gpu`: make gpu-check's device tests) they run on CuPy;
+they skip where the host build cannot run unless --require cuda."""
 
 import dataclasses
 
 import ml_dtypes
 import numpy as np
 import pytest
+from harness import devices
 from harness.layerpass import passes
 
 from hpcpipe.device.backend import Backend
@@ -21,7 +23,8 @@ from hpcpipe.model.llama import Llama
 from hpcpipe.model.llama_layout import LlamaConfig
 from hpcpipe.model.layout import GPTConfig
 
-pytestmark = pytest.mark.needs("cuda", hostbuild.missing())
+ON_GPU = devices.name() == "gpu" and not devices.on_standin()
+pytestmark = pytest.mark.needs("cuda", None if ON_GPU else hostbuild.missing())
 
 B, T, C, NH, KV, FF = 2, 5, 64, 4, 2, 96  # head size 16: flash.cu's smallest
 HS = C // NH
@@ -58,7 +61,10 @@ LAYERS = {"rmsnorm": (_Layer(rmsnorm, SPEC.rms_norm_eps), {"weight": (C,)}),
 
 
 def device():
-    return Backend(xp=standin.device(), name="simgpu", device_id=0)
+    """The GPU's backend on a GPU, else a stand-in that runs the kernels' host builds."""
+    if ON_GPU:
+        return devices.select()
+    return Backend(xp=standin.device(), name="simgpu", device_id=0, fused=True)
 
 
 def draw(rng, shapes, scale=0.5):

@@ -76,11 +76,11 @@ def _run(tmp_path, tokens, name, *sets):
 @pytest.mark.needs("cuda", hostbuild.missing())
 def test_a_run_with_graphs_is_the_run_without_bit_for_bit(tmp_path, stdlib_tokens,
                                                           monkeypatch):
-    """bfloat16 on the fused kernels, two microbatches a step — step 1: the first call of
-    the F/B/W graph eager, the second captured; step 2: both replayed, AdamW's graph
-    captured; the evaluation after it releases the F/B/W graph; step 3: captured again,
-    AdamW replayed —: the same numbers and the same reported activation memory as the
-    eager run."""
+    """bfloat16 on the fused kernels with selective recomputation (the rebuild inside the
+    graph), two microbatches a step — step 1: the first call of the F/B/W graph eager,
+    the second captured; step 2: both replayed, AdamW's graph captured; the evaluation
+    after it releases the F/B/W graph; step 3: captured again, AdamW replayed —: the same
+    numbers and the same reported activation memory as the eager run."""
     monkeypatch.setenv(backend.FAKE_GPU_ENV, "1")
     monkeypatch.setenv(backend.FUSED_ENV, "1")
     captured = []
@@ -88,8 +88,10 @@ def test_a_run_with_graphs_is_the_run_without_bit_for_bit(tmp_path, stdlib_token
     monkeypatch.setattr(graphed.Graphs, "forget",
                         lambda self, key: (captured.append(key in self._graphs),
                                            forget(self, key))[1])
-    eager, eager_rows = _run(tmp_path, stdlib_tokens, "eager")
-    graphs, graph_rows = _run(tmp_path, stdlib_tokens, "graphs", "train.cuda_graphs=true")
+    selective = 'train.recompute="selective"'
+    eager, eager_rows = _run(tmp_path, stdlib_tokens, "eager", selective)
+    graphs, graph_rows = _run(tmp_path, stdlib_tokens, "graphs", selective,
+                              "train.cuda_graphs=true")
     assert graph_rows == eager_rows and len(eager_rows) == 3 + 3  # steps, evaluations
     assert graphs.final_loss == eager.final_loss
     assert graphs.peak_activation_bytes == eager.peak_activation_bytes
@@ -100,17 +102,18 @@ def test_a_run_with_graphs_is_the_run_without_bit_for_bit(tmp_path, stdlib_token
 
 @pytest.mark.needs("cuda", hostbuild.missing())
 def test_data_parallel_with_graphs_reduces_what_the_eager_run_reduces(tmp_path, stdlib_tokens):
-    """dp 2 (two ranks sharing the stand-in, host staging), two steps — the second
-    replays both microbatches' graph —: the buckets go out after the last microbatch's
-    graph in the order its W finished them; every step's loss and norm and the
-    evaluations bit for bit the eager run's."""
+    """dp 2 with ZeRO-1 (two ranks sharing the stand-in, host staging), two steps — the
+    second replays both microbatches' graph —: the buckets go out after the last
+    microbatch's graph in the order its W finished them, the shards step eagerly (fresh
+    arrays each step) and come back into the weights the graph reads; every step's loss
+    and norm and the evaluations bit for bit the eager run's."""
     from harness.mpirun import run
 
     env = {backend.FAKE_GPU_ENV: "1", backend.FUSED_ENV: "1"}
     rows = []
     for name, extra in (("eager", []), ("graphs", ["train.cuda_graphs=true"])):
         sets = TINY + ['train.device="gpu"', "train.gpu_sharing=true", "parallel.dp=2",
-                       "train.steps=2", "train.eval_every=0", f'data.path="{stdlib_tokens}"',
+                       "parallel.zero=1", "train.steps=2", "train.eval_every=0", f'data.path="{stdlib_tokens}"',
                        *extra]
         proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml",
                     "--run-dir", str(tmp_path / name), *sum((["--set", s] for s in sets), [])],
@@ -120,3 +123,85 @@ def test_data_parallel_with_graphs_reduces_what_the_eager_run_reduces(tmp_path, 
         rows.append([{k: r[k] for k in ("step", "loss", "grad_norm", "val_loss") if k in r}
                      for r in map(json.loads, lines)])
     assert rows[0] == rows[1] and len(rows[0]) == 2 + 2
+
+
+class _Stage:
+    """A stand-in stage of one weight: F y = w·x (the loss y's sum), B and W into grads;
+    its stash bytes, a rebuild where it recomputes, and the W hook's names per layer."""
+
+    embedding_part = head_part = True
+
+    def __init__(self, xp, recompute=False):
+        self.xp, self.recompute = xp, recompute
+        self.w = xp.asarray(np.full(3, 2.0, np.float32))
+        self.grad = xp.zeros(3, np.float32)
+        self._stash = {}
+
+    def recompute_mode(self, mb):
+        return "full" if self.recompute else "none"
+
+    @property
+    def in_flight(self):
+        return sorted(self._stash)
+
+    def forward(self, mb, x, targets=None, loss_scale=1.0, keep=True):
+        self._stash[mb] = {"x": x * 1.0, "scale": loss_scale, "rebuilt": not self.recompute}
+        return (self.w * x).sum()
+
+    def stash_bytes(self, mb=None):
+        return sum(12 * (2 if e["rebuilt"] and self.recompute else 1)
+                   for m, e in self._stash.items() if mb is None or m == mb)
+
+    def needs_rebuild(self, mb):
+        return not self._stash[mb]["rebuilt"]
+
+    def rebuild(self, mb):
+        if not self.needs_rebuild(mb):
+            return False
+        self._stash[mb]["rebuilt"] = True
+        return True
+
+    def backward_input(self, mb, dy=None):
+        self._stash[mb]["d"] = self._stash[mb]["x"] * self._stash[mb]["scale"]
+
+    def backward_weight(self, mb, after_layer=None):
+        self.grad += self._stash.pop(mb)["d"]
+        if after_layer is not None:
+            after_layer(("h.0.w",))
+            after_layer(("wte",))
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_graphed_stage_hands_the_runtime_what_the_eager_stage_would(recompute):
+    """The runtime's view of a graphed stage, op by op, against the stage itself: the loss
+    (a fresh array each microbatch, not the graph's), the rebuild, the stash's bytes after
+    each op, the W hook's names in order; a new loss scale drops the old graph; `release`
+    drops them all."""
+    be = _fused_standin()
+    xp = be.xp
+    runs = {}
+    for wrapped in (False, True):
+        stage = _Stage(xp, recompute)
+        graphs = graphed.Graphed(be)
+        runner = graphs.stage(stage) if wrapped else stage
+        seen = []
+        for mb, scale in enumerate((1.0, 1.0, 1.0, 0.5, 0.5)):
+            x = xp.asarray(np.arange(3, dtype=np.float32) + mb)
+            losses = [runner.forward(mb, x, loss_scale=scale)]
+            seen.append(("F", runner.stash_bytes(mb), runner.in_flight))
+            if runner.needs_rebuild(mb):
+                assert runner.rebuild(mb)
+            seen.append(("R", runner.stash_bytes(), runner.needs_rebuild(mb)))
+            runner.backward_input(mb, None)
+            seen.append(("B", runner.stash_bytes(mb)))
+            names = []
+            runner.backward_weight(mb, names.append)
+            seen.append(("W", runner.stash_bytes(), runner.in_flight, names))
+            seen.append(("loss", float(losses[0])))
+        runs[wrapped] = (seen, stage.grad.get(), graphs)
+    assert runs[True][0] == runs[False][0]
+    assert np.array_equal(runs[True][1], runs[False][1])
+    graphs = runs[True][2].graphs
+    assert graphs.captured == 1  # scale 0.5's graph (1.0's was dropped when it came)
+    runs[True][2].release()
+    assert graphs.captured == 0

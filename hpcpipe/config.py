@@ -31,6 +31,7 @@ from hpcpipe.model.sharding import check_divisible
 from hpcpipe.model.stage import RECOMPUTE
 from hpcpipe.parallel.gradsync import COMM_DTYPES
 from hpcpipe.parallel.grid import RANK_ORDERS
+from hpcpipe.parallel.asyncdp import MODES as ASYNC_MODES
 from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_MOMENTS, OUTER_OPTIMIZERS
 from hpcpipe.parallel.pipeline import edges, partition
 from hpcpipe.parallel.powersgd import COMPRESSIONS
@@ -214,6 +215,25 @@ class ParallelSection:
     powersgd_warmup: int = 0  # the first steps all-reduce uncompressed (PyTorch: 1000)
     # compress only matrices that shrink at least this much (PyTorch's min_compression_rate)
     powersgd_min_gain: float = 2.0
+    # -- asynchronous data parallelism (issue 63: parallel/asyncdp/, train/asyncstep.py) ----
+    # "none": the replicas step together (the gradient all-reduced every step, or local
+    # SGD's rounds). "ssp": bounded staleness — each replica pushes its gradient into shared
+    # sums (MPI windows) and applies every step's update once all replicas' gradients are
+    # in, running at most `staleness` steps ahead of the slowest. "easgd": elastic averaging —
+    # each replica steps on its own gradient and every easgd_tau steps is pulled toward a
+    # shared centre (and pulls it), one replica at a time through the window, or all at once
+    # with easgd_sync; the centre is the model evaluated, saved and exported.
+    async_dp: str = "none"
+    staleness: int = 2  # ssp: steps a replica may run ahead of the slowest; 0: synchronous
+    easgd_alpha: float = 0.0  # the spring's α = η·ρ; 0: the paper's β / dp with β = 0.9
+    easgd_tau: int = 10  # steps of a replica between its exchanges with the centre (τ)
+    easgd_sync: bool = False  # every replica exchanges at once (the paper's synchronous form)
+    # seconds a replica waits for its peers (the staleness bound, the centre's lock, a
+    # checkpoint's meeting) before it ends the job with an error naming them
+    async_timeout: float = 600.0
+    # a recorded asynchronous run's directory: do again exactly what it did (its RUN/async/
+    # logs: which weights each step ran on, the order of the sums and of the exchanges)
+    async_replay: str = ""
 
 
 @dataclass(frozen=True)
@@ -574,6 +594,62 @@ def _check_asynchronous(source, cfg: "Config"):
         raise ConfigError(source, "parallel.schedule", parallel.schedule, why)
 
 
+MAX_STALENESS = 1024  # the ring of summed gradients holds 2s + 2 steps' worth
+MAX_ASYNC_TIMEOUT = 86400.0
+
+
+def _check_async_dp(source, cfg: "Config"):
+    """parallel.async_dp's keys, and what its modes cannot run with: each refused with one
+    message (every mode lets the replicas step apart; these need them in step)."""
+    parallel, train = cfg.parallel, cfg.train
+    mode = parallel.async_dp
+    _one_of(source, "parallel.async_dp", mode, ASYNC_MODES)
+    _require(source, "parallel.staleness", parallel.staleness,
+             0 <= parallel.staleness <= MAX_STALENESS,
+             f"must be 0 (synchronous) up to {MAX_STALENESS} steps (the shared gradient sums "
+             f"hold 2·staleness + 2 steps)")
+    _require(source, "parallel.easgd_tau", parallel.easgd_tau, parallel.easgd_tau >= 1,
+             "must be at least 1 (steps between a replica's exchanges with the centre)")
+    dp = parallel.dp if isinstance(parallel.dp, int) and parallel.dp > 0 else 1
+    alpha = parallel.easgd_alpha
+    _require(source, "parallel.easgd_alpha", alpha, 0 <= alpha and alpha * dp <= 1,
+             f"must be 0 (the paper's 0.9 / dp) or a positive α with dp × α ≤ 1 (dp = {dp}: "
+             f"the centre moves by α toward each of the dp replicas, at most all the way)")
+    _require(source, "parallel.async_timeout", parallel.async_timeout,
+             0 < parallel.async_timeout <= MAX_ASYNC_TIMEOUT,
+             f"must be positive seconds, at most {MAX_ASYNC_TIMEOUT:g}")
+    replayed = mode == "ssp" or (mode == "easgd" and not parallel.easgd_sync)
+    _require(source, "parallel.async_replay", parallel.async_replay,
+             not parallel.async_replay or replayed,
+             'replays an asynchronous run: it needs parallel.async_dp = "ssp", or "easgd" '
+             "without easgd_sync (a synchronous run is the same every time anyway)")
+    if mode == "none":
+        return
+    why = None
+    if parallel.zero:
+        why = ("ZeRO shards the optimizer state over the dp replicas and gathers every "
+               "replica's shard each step, which needs the replicas in step; set "
+               "parallel.zero = 0")
+    elif train.post_validation:
+        why = ("post-validation settles each step with a verdict of the whole world, which "
+               "needs the replicas in step; set train.post_validation = false")
+    elif parallel.grad_compression != "none":
+        why = ("PowerSGD's error feedback and its shared factors need every replica to "
+               "reduce every step together; set parallel.grad_compression = \"none\"")
+    elif train.local_steps:
+        why = ("local SGD's replicas meet at every outer step, which is a mode of its own; "
+               "set train.local_steps = 0")
+    elif parallel.schedule == ASYNC_KIND:
+        why = (f"the asynchronous pipeline (parallel.schedule = \"{ASYNC_KIND}\") sums "
+               f"every replica's gradient at every step, with its replicas in step; choose "
+               f"a synchronous schedule")
+    elif train.dtype == "float16" and train.loss_scale == 0:
+        why = ("float16's dynamic loss scale would change on each replica apart; use dtype "
+               "bfloat16 or a fixed train.loss_scale")
+    if why:
+        raise ConfigError(source, "parallel.async_dp", mode, why)
+
+
 def _check_compression(source, cfg: "Config"):
     """What PowerSGD cannot run with: refused here, with one message."""
     train, parallel = cfg.train, cfg.parallel
@@ -775,6 +851,7 @@ def validate(cfg: Config) -> Config:
     _check_optimizer(source, cfg)
     _check_asynchronous(source, cfg)
     _check_compression(source, cfg)
+    _check_async_dp(source, cfg)
     if cfg.parallel.dp == AUTO_DP:
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=0))
     return cfg

@@ -331,3 +331,38 @@ def test_gpt2s_vocabulary_is_padded_unless_the_config_says(tmp_path):
     assert config.load(str(path)).model.vocab_multiple == 1
     path.write_text(cfg.to_toml())
     assert config.load(str(path)).model.vocab_multiple == 128
+
+
+def test_asynchronous_data_parallel_keys_and_what_they_refuse(tmp_path):
+    """parallel.async_dp is off by default; its keys are checked, it runs with pp, tp, 16-bit
+    compute, Muon and any synchronous schedule, and what needs the replicas in step (ZeRO,
+    post-validation, PowerSGD, local SGD, the asynchronous pipeline, float16's dynamic loss
+    scale) is refused with one message naming the key to change; a replay needs a mode
+    that can differ from run to run."""
+    assert Config().parallel.async_dp == "none"
+    for mode, sync in (("ssp", False), ("easgd", False), ("easgd", True)):
+        cfg = config.from_dict({"train": {"dtype": "bfloat16", "optimizer": "muon"},
+                                "parallel": {"dp": 2, "pp": 2, "async_dp": mode,
+                                             "easgd_sync": sync, "schedule": "zb-v"}})
+        assert cfg.parallel.async_dp == mode
+    config.from_dict({"parallel": {"dp": 2, "tp": 2, "async_dp": "ssp", "staleness": 0,
+                                   "async_replay": "runs/recorded"}})
+    refused = '[parallel]\nasync_dp = "ssp"\n'
+    for text, words in [
+            ('[parallel]\nasync_dp = "hogwild"\n', "allowed: none, ssp, easgd"),
+            ("[parallel]\nstaleness = -1\n", "must be 0 (synchronous)"),
+            ("[parallel]\neasgd_tau = 0\n", "must be at least 1"),
+            ("[parallel]\ndp = 4\neasgd_alpha = 0.3\n", "dp × α ≤ 1"),
+            ("[parallel]\nasync_timeout = 0\n", "must be positive seconds"),
+            ('[parallel]\nasync_replay = "runs/x"\n', 'needs parallel.async_dp = "ssp"'),
+            ('[parallel]\nasync_dp = "easgd"\neasgd_sync = true\nasync_replay = "runs/x"\n',
+             'needs parallel.async_dp = "ssp"'),
+            (refused + "zero = 1\n", "set parallel.zero = 0"),
+            (refused + "[train]\npost_validation = true\n", "set train.post_validation = false"),
+            (refused + 'grad_compression = "powersgd"\n',
+             'set parallel.grad_compression = "none"'),
+            (refused + "[train]\nlocal_steps = 4\n", "set train.local_steps = 0"),
+            (refused + 'schedule = "pipedream-2bw"\n', "choose a synchronous schedule"),
+            (refused + '[train]\ndtype = "float16"\n', "a fixed train.loss_scale")]:
+        _, msg = error_of(tmp_path, text)
+        assert words in msg, (text, msg)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-SUITES = ("step", "gpu_model", "pipeline", "tp", "comm", "ckpt", "generate")  # module names under hpcpipe.bench, in `--help` order
+SUITES = ("step", "gpu_model", "pipeline", "tp", "comm", "ckpt", "generate", "stragglers")  # module names under hpcpipe.bench, in `--help` order
 
 EPILOG = """\
 examples:

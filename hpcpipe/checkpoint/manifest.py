@@ -75,6 +75,8 @@ SCHEMA = Record({
                       "zero": Int(0, 3), "rank_order": Text(),
                       "partition": ListOf(ListOf(Int(0)))},
                      optional={"tp": Int(1), "local_steps": Int(0),
+                               "async_dp": Text(choices=("ssp", "easgd")),
+                               "easgd_sync": Int(0, 1), "staleness": Int(0),
                                "powersgd_rank": Int(0), "seams": ListOf(Int(0)),
                                "cuts": ListOf(ListOf(Int(0), 2, 4))}),
     "adam_step": _COUNT,

@@ -30,15 +30,18 @@ class OuterState(Stateful):
     per = RANK
     layout_keys = ("dp", "pp", "tp", "chunks", "partition", "seams", "cuts", "rank_order")
 
-    def __init__(self, outer: OuterStep, optimizer, backend):
+    def __init__(self, outer: OuterStep, optimizer, backend, masters=None):
+        """masters() → the replica's own weights per shard (TrainStep.masters: its own
+        also while the elastic centre is published in their place); None: the shards'."""
         self.outer, self.optimizer, self.backend = outer, optimizer, backend
+        self.masters = masters or (lambda: [a.shard.master for a in optimizer.adams])
 
     def _arrays(self) -> dict:
         """Name → the live array of every vector the file holds (views: load writes
         into them)."""
-        out = {}
+        out, own = {}, self.masters()
         for i, adam in enumerate(self.optimizer.adams):
-            out[f"weights/{i}"] = adam.shard.master
+            out[f"weights/{i}"] = own[i]
             out[f"exp_avg/{i}"] = adam.m
             out[f"exp_avg_sq/{i}"] = adam.v
         out.update(self.outer.state())

@@ -26,21 +26,23 @@ class Evaluator:
     """Forward passes of `model` (a RankModel) over its pipeline, messages through `p2p`
     (the pipeline's PipeComm)."""
 
-    def __init__(self, model, grid, p2p):
-        self.model, self.grid, self.p2p = model, grid, p2p
+    def __init__(self, model, grid, p2p, alone: bool = False):
+        """alone: this replica evaluates every batch (the others are not asked)."""
+        self.model, self.grid, self.p2p, self.alone = model, grid, p2p, alone
 
     def evaluate(self, batches) -> float:
-        """Mean loss over `batches`. Replica d evaluates the batches i with i mod dp = d;
-        stages run in model order, each rank handing its output to the next stage's owner
-        (in memory when that is itself)."""
+        """Mean loss over `batches`. Replica d evaluates the batches i with i mod dp = d
+        (every batch when alone); stages run in model order, each rank handing its output
+        to the next stage's owner (in memory when that is itself)."""
         grid = self.grid
-        mine = ((i, batch) for i, batch in enumerate(batches) if i % grid.dp == grid.dp_rank)
+        replicas, me = (1, 0) if self.alone else (grid.dp, grid.dp_rank)
+        mine = ((i, batch) for i, batch in enumerate(batches) if i % replicas == me)
         losses = [(i, value) for i, batch in mine
                   if (value := self._forward(*batch)) is not None]
         beacon = self.model.beacon
         beacon.collective(grid.pipe, "the broadcast of the validation losses")
         losses = grid.pipe.bcast(losses, root=self.model.head_rank)
-        if grid.dp > 1:
+        if replicas > 1:
             beacon.collective(grid.data, "the all-gather of the validation losses")
             losses = sum(grid.data.allgather(losses), [])
         beacon.done()

@@ -62,6 +62,7 @@ class PreemptionWatch:
 
     def __init__(self, comm, every_s: float = 0.0):
         self.comm, self.request = comm, None
+        self.share = None  # regroup: how this rank's votes meet the other groups' ones
         self.flag = np.zeros(2, np.int32)  # [SIGNAL, DUE] as this rank sees them
         self.seen = np.zeros(2, np.int32)  # the all-reduce in flight
         self.every_s = every_s  # 0: no time-based checkpoints
@@ -132,6 +133,21 @@ class PreemptionWatch:
             else:
                 self.beacon.collective(self.comm, what)
 
+    def regroup(self, comm, share):
+        """Agree over `comm` (a part of the ranks: a replica that runs apart from the
+        others) from now on; `share(flags) -> flags` carries this rank's votes to the
+        other parts and theirs back (parallel/asyncdp/board.py), so that a signal or a due
+        checkpoint anywhere reaches every part, at each one's own boundary."""
+        if self.request is not None:
+            self.request.Wait()
+            self.request = None
+            self.flag[SIGNAL] = max(self.flag[SIGNAL], self.seen[SIGNAL])
+        self.comm, self.share = comm, share
+
+    def request_save(self):
+        """Vote for a checkpoint now (one part of the ranks asks for the others)."""
+        self.flag[DUE] = self.saves + 1
+
     def at_boundary(self) -> Verdict:
         """What the ranks had agreed by the time each started the previous check."""
         from mpi4py import MPI
@@ -143,6 +159,12 @@ class PreemptionWatch:
             self._waiting(None)
             verdict = Verdict(int(self.seen[SIGNAL]), int(self.seen[DUE]) > self.saves)
         self._vote()
+        if self.share is not None:
+            # (a save voted before the last one was written is no vote any more)
+            shared = self.share(self.flag)
+            self.flag[SIGNAL] = shared[SIGNAL]
+            self.flag[DUE] = max(self.flag[DUE], shared[DUE] if shared[DUE] > self.saves
+                                 else 0)
         self.seen[...] = self.flag
         self.request = self.comm.Iallreduce(MPI.IN_PLACE, self.seen, op=MPI.MAX)
         return verdict

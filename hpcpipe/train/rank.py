@@ -18,6 +18,7 @@ from hpcpipe.parallel.pipeline.stream import StreamRuntime
 from hpcpipe.schedules import asynchronous
 from hpcpipe.parallel.pipeline.stages import RankModel
 from hpcpipe.parallel.transport import Transport
+from hpcpipe.train import asyncstep
 from hpcpipe.train.evaluate import Evaluator
 from hpcpipe.train.delayed import DelayedStep
 from hpcpipe.train.graphed import Graphed
@@ -65,8 +66,11 @@ class Rank:
         stages = model.stages if graphed is None else {
             chunk: graphed.stage(stage) for chunk, stage in model.stages.items()}
         runtime = Runtime(schedule, grid.pp_rank, stages, p2p, events)
-        step = TrainStep.build(cfg, model, grid, transport, trace)
-        step.graphs = None if graphed is None else graphed.graphs
+        if asyncstep.applies(cfg):  # the replicas run apart (parallel.async_dp)
+            step = asyncstep.build(cfg, model, grid, transport, trace)
+        else:
+            step = TrainStep.build(cfg, model, grid, transport, trace)
+            step.graphs = None if graphed is None else graphed.graphs
         return cls(model, transport, p2p, runtime, step, grid, graphed)
 
     @property
@@ -104,13 +108,20 @@ class Rank:
             layout["seams"] = seams(model.specs)
         if cuts(model.specs):  # (absent where none falls inside a sublayer)
             layout["cuts"] = cuts(model.specs)
+        if cfg.parallel.async_dp != "none":  # (absent for the synchronous modes)
+            layout["async_dp"] = cfg.parallel.async_dp
+            layout["easgd_sync"] = int(cfg.parallel.easgd_sync)
+            if cfg.parallel.async_dp == "ssp":  # (the ring of sums holds 2s + 2 steps)
+                layout["staleness"] = cfg.parallel.staleness
         return layout
 
-    def evaluator(self) -> Evaluator:
+    def evaluator(self, alone: bool = False) -> Evaluator:
         """The validation loss's forward passes, on the whole weights (ZeRO-3 gathers
-        them: call it on every rank). The step's graphs go first: nothing of them is held
-        beside the evaluation's activations."""
+        them: call it on every rank). alone: this replica evaluates every batch itself,
+        the others not at all (the asynchronous modes: no replica waits for another). The
+        step's graphs go first: nothing of them is held beside the evaluation's
+        activations."""
         if self.graphed is not None:
             self.graphed.release()
         self.step.materialize()
-        return Evaluator(self.model, self.grid, self.p2p)
+        return Evaluator(self.model, self.grid, self.p2p, alone)

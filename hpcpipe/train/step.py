@@ -8,12 +8,16 @@ With `parallel.grad_compression = "powersgd"` the reduction sends the matrices a
 low-rank factors (powersgd.py). With post-validation the last two become an optimistic update validated one step later
 (post_validation.py), so that steps need not wait for each other. With local SGD
 (train.local_steps = H) there is no data-parallel reduction: each replica steps on its
-own gradient and every H steps the outer step (outer.py) averages the replicas' weights. The gradient's one
+own gradient and every H steps the outer step (outer.py) averages the replicas' weights. With
+synchronous elastic averaging (parallel.async_dp = "easgd", easgd_sync) the outer step is
+the elastic exchange (parallel/asyncdp/elastic.py) and the centre is the published model;
+the asynchronous modes are train/asyncstep.py's subclasses. The gradient's one
 scale (scaling.py) enters at the runtime's loss gradient and at the optimizer's update.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -23,6 +27,8 @@ from hpcpipe.optim.norm import GradNorm
 from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.optim.post_validation import PostValidator
 from hpcpipe.optim.scaling import GradScale, LossScaler
+from hpcpipe.parallel.asyncdp.elastic import SyncElastic, default_alpha, swapped_in
+from hpcpipe.parallel.asyncdp.elastic_state import ElasticState
 from hpcpipe.parallel.gradsync import BucketPlan, GradSync, ParamGather
 from hpcpipe.parallel.optimizer_state import OptimizerState
 from hpcpipe.parallel.outer import OuterStep
@@ -34,7 +40,50 @@ from hpcpipe.train.graphed import optimizer_step
 from hpcpipe.util.timeline import local_row, step_stats
 
 
-class TrainStep:
+class LoopHooks:
+    """What the training loop asks of a step beyond running it, answered for replicas that
+    stay in step (train/asyncstep.py answers otherwise)."""
+
+    asynchronous = False  # the replicas never wait for each other (train/asyncstep.py)
+
+    def clock(self, start: int, end: int):
+        """The steps this rank runs after `start`, of a run of `end` steps."""
+        return range(start + 1, end + 1)
+
+    def assignment(self, step: int) -> tuple[int, int]:
+        """(global step, replica) whose data and learning rate `step` takes."""
+        return step, self.grid.dp_rank
+
+    def finish(self, steps: int):
+        """The end of the run, before its last checkpoint and evaluation."""
+
+    def published(self):
+        """A context with the model's weights in place: the elastic centre under
+        synchronous elastic averaging, else the weights as they are."""
+        if isinstance(self.outer, SyncElastic):
+            return self._publishing(self.outer.centre)
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _publishing(self, centre):
+        """`centre` (per optimizer shard) in place of this replica's weights meanwhile."""
+        with swapped_in(self.optimizer.shards, centre) as own:
+            self.own_weights = own
+            try:
+                yield
+            finally:
+                self.own_weights = None
+
+    def masters(self) -> list:
+        """This replica's own weights per shard (its float32 masters under 16-bit compute),
+        also while the centre is published in their place."""
+        return self.own_weights or [s.master for s in self.optimizer.shards]
+
+    def close(self):
+        """Release what the step holds beyond memory (asyncstep.py: windows, its record)."""
+
+
+class TrainStep(LoopHooks):
     """Runs optimizer steps for a RankModel: see the module's docstring.
 
     Built by `TrainStep.build`; `run` takes the Runtime to execute, so a new schedule
@@ -48,8 +97,11 @@ class TrainStep:
         self.optimizer, self.norm, self.scaler, self.trace = optimizer, norm, scaler, trace
         self.outer, self.graphs = outer, None  # graphs: train.cuda_graphs' (train/graphed.py)
         self._outer_bytes = 0  # bytes of the outer all-reduce in the step just run
-        # The replicas a step's gradient is the mean over: one of its own under local SGD.
+        # The replicas a step's gradient is the mean over: one of its own under local SGD
+        # (and elastic averaging); bounded staleness sums the replicas' shares (asyncstep.py).
         self.replicas = 1 if outer is not None else grid.dp
+        self.between_ops = lambda: None  # between the runtime's ops (asyncstep.py: progress)
+        self.own_weights = None  # while the elastic centre is published: this replica's
         # ZeRO-3 gathers the weights before a step's first F instead of after the update.
         share = gather if zero < 3 else None
         self.validator = PostValidator(optimizer, norm, share, scaler, grid.world,
@@ -65,8 +117,9 @@ class TrainStep:
         # the accumulation buffer until the next step, ZeRO-3 the weights too (each
         # replica keeps its shard: they are all-gathered once per step, before its first F).
         zero = parallel.zero if grid.dp > 1 else 0
-        local = train.local_steps > 0
-        # Local SGD: the reduction is planned over one replica, so it reduces nothing.
+        # Local SGD (and every asynchronous mode: asyncstep.py): the reduction is planned
+        # over one replica, so it reduces nothing.
+        local = train.local_steps > 0 or parallel.async_dp != "none"
         compressor = PowerSGD.for_config(cfg, model, grid, transport) if not local else None
         plan = BucketPlan(model.stages, int(parallel.bucket_mb * 2**20),
                           1 if local else grid.dp, 0 if local else grid.dp_rank, zero,
@@ -83,13 +136,12 @@ class TrainStep:
         # replica holds the same gradient and the pipeline's ranks cover the model.
         group = grid.world if zero else (grid.replica or grid.pipe)
         norm = GradNorm(shards, model.order, group, model.backend, grid.tp_rank)
-        moments = ([m for views in optimizer.moments() for m in views]
-                   if train.outer_moments == "average" else [])
-        outer = OuterStep(shards, grid.data, transport, grid.dp, train.local_steps,
-                          train.outer_optimizer, train.outer_lr, train.outer_momentum,
-                          train.outer_comm_dtype, moments) if local else None
-        return cls(model, grid, gradsync, gather, optimizer, norm,
-                   LossScaler.for_config(train), trace, train.post_validation, zero, outer)
+        step = cls(model, grid, gradsync, gather, optimizer, norm,
+                   LossScaler.for_config(train), trace, train.post_validation, zero,
+                   outer_step(cfg, shards, optimizer, grid, transport))
+        if parallel.async_dp == "ssp":  # each replica's gradient is its share of the mean
+            step.replicas = grid.dp
+        return step
 
     def grad_scale(self, microbatches: int) -> GradScale:
         return GradScale(microbatches, self.replicas, self.scaler.scale)
@@ -107,6 +159,7 @@ class TrainStep:
         def op_done(chunk, kind, last_microbatch):
             model.tied.op_done(model.stages[chunk], kind, last_microbatch)
             gradsync.progress()
+            self.between_ops()
 
         scale = self.grad_scale(runtime.schedule.num_microbatches)
         result = runtime.run_step(step, inputs, scale.seed, on_layer_done=gradsync.layer_done,
@@ -228,7 +281,8 @@ class TrainStep:
         parts = [ParameterState(model, grid),
                  OptimizerState(self.optimizer, model, grid, bool(self.zero))]
         if self.outer is not None:
-            parts.append(OuterState(self.outer, self.optimizer, model.backend))
+            kind = ElasticState if isinstance(self.outer, SyncElastic) else OuterState
+            parts.append(kind(self.outer, self.optimizer, model.backend, self.masters))
         if self.gradsync.compressor is not None:
             parts.append(PowerSGDState(self.gradsync.compressor, model, grid))
         return parts
@@ -286,3 +340,19 @@ def replicas_mean(grid, norm: float) -> float:
     """The norm a step under local SGD reports: each replica clips by its own, and the
     record is their mean — as the loss is (RankModel.mean_loss) — never one replica's."""
     return sum(grid.data.allgather(norm)) / grid.dp if grid.dp > 1 else norm
+
+
+def outer_step(cfg, shards, optimizer, grid, transport):
+    """What meets the replicas every few steps, if anything: local SGD's outer step
+    (outer.py) or synchronous elastic averaging's exchange (parallel/asyncdp/elastic.py)."""
+    parallel, train = cfg.parallel, cfg.train
+    if train.local_steps:
+        moments = ([m for views in optimizer.moments() for m in views]
+                   if train.outer_moments == "average" else [])
+        return OuterStep(shards, grid.data, transport, grid.dp, train.local_steps,
+                         train.outer_optimizer, train.outer_lr, train.outer_momentum,
+                         train.outer_comm_dtype, moments)
+    if parallel.async_dp == "easgd" and parallel.easgd_sync:
+        return SyncElastic(shards, grid.data, transport, grid.dp, parallel.easgd_tau,
+                           parallel.easgd_alpha or default_alpha(grid.dp))
+    return None

@@ -10,6 +10,10 @@ output reads the same under mpiexec. The loop's phases have names:
     after a step  the auto schedule once costs are measured, evaluation, checkpoints,
                   preemption
     summary       the last checkpoint and evaluation, the traces, the summary
+
+With asynchronous data parallelism (parallel.async_dp) the replicas run apart: the loop
+takes its steps from the step object (`clock`, `assignment`) and asks apart.py at the
+few places where the replicas would otherwise meet.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from hpcpipe.runs.rundir import RunDir
 from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.schedules.ops import make_schedule, ops_from_strings
-from hpcpipe.train import checkpoints, graphed, memplan
+from hpcpipe.train import apart, checkpoints, graphed, memplan
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
@@ -143,10 +147,13 @@ class Trainer:
         self.trace = timeline.Trace(rank=comm.rank)
         self.rank = Rank.build(cfg, self.grid, self.be, schedule, self.trace, gpu_aware,
                                costs, self.beacon)
+        self.apart = apart.settle(self)  # the replicas run apart (parallel.async_dp)
         if resume_path:
             self._resume(resume_path, manifest)
         self.run_dir = open_run_dir(run_dir, cfg, comm, manifest["step"] if own else None,
                                     self.log)
+        if self.apart:
+            apart.open_record(self, resume_path is not None)
         self.record = open_record(self, resume_path)
         self.metrics, self.summary = self.record.metrics, self.record.metrics.summary
         self._describe()
@@ -165,6 +172,8 @@ class Trainer:
         self.start_step = state["step"]
         self.last_saved = self.start_step if own else None
         self.rank.step.restore(state)
+        if self.apart:  # each replica continues from its own last step
+            self.start_step = self.rank.step.clock_now
         saved = manifest["layout"]
         shards = f" × tp {saved['tp']}" if saved.get("tp", 1) > 1 else ""
         self.log(f"resumed from {path} (step {self.start_step}, written with dp {saved['dp']} × "
@@ -189,20 +198,22 @@ class Trainer:
             self.comm.Barrier()
             self.trace.origin = time.perf_counter()  # every rank's clock starts together
             self.watch.checkpoint_every(self.cfg.checkpoint.every_minutes * 60)
-            for step in range(self.start_step + 1, train.steps + 1):
+            for step in self.rank.step.clock(self.start_step, train.steps):
                 self._step(step)
                 self._after_step(step)
                 verdict = self.watch.at_boundary()  # after its saves: a signal in one counts
-                if verdict.stop:
+                if self.apart:  # the replicas meet where rank 0 says (the step's clock)
+                    apart.asked(self, verdict)
+                elif verdict.stop:
                     self._preempted(step, verdict.stop)
-                if verdict.save_due and self.last_saved != step and step != train.steps:
+                elif verdict.save_due and self.last_saved != step and step != train.steps:
                     self._save(step)  # checkpoint.every_minutes
             return self._finish()
         finally:
             self._release()
 
-    def _inputs(self, step: int):
-        """inputs(mb) → (idx, targets) of microbatch mb of `step`, as device arrays."""
+    def _inputs(self, step: int, replica: int):
+        """inputs(mb) → device (idx, targets) of microbatch mb of `replica`'s share of `step`."""
         cfg, cache = self.cfg, {}
         size, microbatches = cfg.train.micro_batch_size, cfg.parallel.microbatches
 
@@ -210,7 +221,7 @@ class Trainer:
             if mb not in cache:
                 # Sample indices number the whole global batch (replicas × microbatches
                 # × sequences), so any split of it draws the same windows.
-                first = (self.grid.dp_rank * microbatches + mb) * size
+                first = (replica * microbatches + mb) * size
                 batch = self.tokens.batch("train", cfg.model.block_size, cfg.train.seed,
                                           step, range(first, first + size))
                 cache[mb] = self.be.from_host(batch.idx), self.be.from_host(batch.targets)
@@ -220,9 +231,10 @@ class Trainer:
     def _step(self, step: int):
         train = self.cfg.train
         tick = time.perf_counter()
-        lr = learning_rate(step - 1, train.lr, train.min_lr, train.warmup_steps, train.steps)
+        at, replica = self.rank.step.assignment(step)  # (asynchronous EASGD: a ticket's)
+        lr = learning_rate(at - 1, train.lr, train.min_lr, train.warmup_steps, train.steps)
         self.beacon.at("its step (the schedule, the reductions, the update)", step)
-        finished = self.rank.train_step(step, self._inputs(step), lr, train.grad_clip)
+        finished = self.rank.train_step(step, self._inputs(at, replica), lr, train.grad_clip)
         self.metrics.started(step, time.perf_counter() - tick, lr)
         for outcome in finished:
             self.metrics.record(outcome)
@@ -238,55 +250,38 @@ class Trainer:
         # Each piece profiles its own first steps (a resumed piece starts on ZB-H1 or ZB-V too).
         profiled = self.start_step + cfg.parallel.profile_steps if auto else 0
         if profiled and step == profiled < steps:
-            self._reschedule(step)
-        self.record.stepped(step)
+            reschedule(self, step)
+        if not self.apart:  # (apart: the traced window is written at the end, one meeting)
+            self.record.stepped(step)
         self.record.forget_events(step, profiled)
         if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step != steps:
             self._settle()
             self._evaluate(step)
-        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step != steps:
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step != steps \
+                and not self.apart:  # (apart: a meeting, which the step's clock holds)
             self._save(step)
 
-    def _reschedule(self, step: int):
-        """The auto schedule, from the costs measured over the steps so far."""
-        # The first step pays for allocation and warm caches: profile the ones after.
-        steps = range(min(self.start_step + 2, step), step + 1)
-        # Rank 0's measurements decide for everyone; the scheduler is deterministic, so
-        # every rank builds the same schedule from the same costs.
-        costs = self.comm.bcast(profiled_costs(self.trace, self.rank.model, self.grid, steps,
-                                               self.comm_s, self.stage_bytes,
-                                               memory_limit(self.cfg)[1]), root=0)
-        self.log(measured_balance(self.cfg.model, self.rank.model.specs,
-                                  [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)],
-                                  schedule=self.rank.schedule, base=self.rank.model.costs,
-                                  widths=across_widths(self.cfg)))
-        auto, costs, plan = chosen_schedule(self, costs)
-        if plan is not None:
-            self.rank.model.use_recompute(plan)
-            self.log(f"auto recompute per model stage: {memplan.describe_plan(plan)}")
-            self.summary.recompute = memplan.describe_auto_choice(plan)
-        self.rank.use_schedule(auto)
-        sim = simulate(auto, costs)
-        self.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
-        line, record = describe_auto(self.cfg, auto, costs, sim)
-        self.log(line)
-        self.run_dir.write_json("auto_schedule.json", record)
-
     def _evaluate(self, step: int):
+        """The validation loss of the model (the elastic centre under elastic averaging)."""
+        if self.apart and self.grid.dp_rank != 0:
+            return  # (apart: the first replica's alone)
         self.beacon.at("evaluation", step)
-        value = self.rank.evaluator().evaluate(validation_batches(self.tokens, self.cfg,
-                                                                  self.be))
+        with self.rank.step.published():
+            value = self.rank.evaluator(alone=self.apart).evaluate(
+                validation_batches(self.tokens, self.cfg, self.be))
         self.metrics.evaluated(step, value)
 
     def _save(self, step: int):
         self._settle()
+        step = apart.checkpoint_step(self, step) if self.apart else step
         self.beacon.at("checkpoint", step)
-        saved = checkpoints.save(self.rank, self.cfg, step, self.run_dir.path,
-                                 {**self.rank.step.state(), "lr_step": step,
-                                  "data_step": step, "seed": self.cfg.train.seed},
-                                 keep=self.cfg.checkpoint.keep,
-                                 keep_every=self.cfg.checkpoint.keep_every, run=self.run_id,
-                                 data=self.data)
+        with self.rank.step.published():
+            saved = checkpoints.save(self.rank, self.cfg, step, self.run_dir.path,
+                                     {**self.rank.step.state(), "lr_step": step,
+                                      "data_step": step, "seed": self.cfg.train.seed},
+                                     keep=self.cfg.checkpoint.keep,
+                                     keep_every=self.cfg.checkpoint.keep_every,
+                                     run=self.run_id, data=self.data)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path
@@ -312,12 +307,17 @@ class Trainer:
     def _finish(self) -> Summary:
         steps, summary = self.cfg.train.steps, self.summary
         self._settle()
+        if self.apart:  # every replica's last updates; the last checkpoint is a meeting
+            self.rank.step.finish(steps)
         trained = summary.steps > self.start_step  # (summary.steps counts earlier pieces)
         if self.last_saved != steps and trained:
             self._save(steps)
+        elif self.apart:
+            self.rank.step.meet("the end of the run")
         if trained or self.start_step < steps:
             self._evaluate(steps)
         summary.device_memory = self.comm.allgather(self.be.memory_report())
+        self.rank.step.close()
         self.record.end(max(summary.steps, self.start_step), FINISHED if trained else IDLE)
         if not trained:  # resumed at or past train.steps
             self.log(f"done: nothing to train, the run is at step {self.start_step} of "
@@ -329,13 +329,45 @@ class Trainer:
 
 
 def report(trainer: Trainer) -> list[str]:
-    """The end-of-run summary's lines (runs/report.py's, and local SGD's)."""
-    step = trainer.rank.step
+    """The end-of-run summary's lines (runs/report.py's, local SGD's, and the asynchronous
+    modes')."""
+    step, steps = trainer.rank.step, trainer.summary.steps - trainer.start_step
     lines = end_of_run(trainer.metrics, trainer.cfg.parallel, step.gradsync.bytes_reduced,
                        step.optimizer_state_bytes, trainer.record.piece.seconds)
-    if step.outer is not None:
-        lines.append(local_sgd_line(step, trainer.summary.steps - trainer.start_step))
+    if step.outer is not None and trainer.cfg.train.local_steps:
+        lines.append(local_sgd_line(step, steps))
+    if trainer.apart:
+        lines.append(apart.summary_line(step, steps))
     return lines
+
+
+def reschedule(trainer: Trainer, step: int):
+    """The auto schedule, from the costs measured over the steps so far."""
+    # The first step pays for allocation and warm caches: profile the ones after.
+    steps = range(min(trainer.start_step + 2, step), step + 1)
+    # Rank 0's measurements decide for everyone (its replica's rank 0 for a replica's
+    # ranks when the replicas run apart); the scheduler is deterministic, so every rank
+    # builds the same schedule from the same costs.
+    rank, cfg = trainer.rank, trainer.cfg
+    costs = trainer.decide.bcast(profiled_costs(trainer.trace, rank.model, trainer.grid, steps,
+                                                trainer.comm_s, trainer.stage_bytes,
+                                                memory_limit(cfg)[1]), root=0)
+    trainer.log(measured_balance(cfg.model, rank.model.specs,
+                                 [f + b + w for f, b, w in zip(costs.f, costs.b, costs.w)],
+                                 schedule=rank.schedule, base=rank.model.costs,
+                                 widths=across_widths(cfg)))
+    auto, costs, plan = chosen_schedule(trainer, costs)
+    if plan is not None:
+        rank.model.use_recompute(plan)
+        trainer.log(f"auto recompute per model stage: {memplan.describe_plan(plan)}")
+        trainer.summary.recompute = memplan.describe_auto_choice(plan)
+    rank.use_schedule(auto)
+    sim = simulate(auto, costs)
+    trainer.metrics.predicted_s = sim.makespan  # a step lasts about the makespan
+    line, record = describe_auto(cfg, auto, costs, sim)
+    trainer.log(line)
+    trainer.run_dir.write_json("auto_schedule.json", record)
+
 
 def chosen_schedule(trainer: Trainer, costs: Costs):
     """The auto schedule on the measured costs, the costs it was found with (recomputation
@@ -362,7 +394,7 @@ def certified_schedule(trainer: Trainer, costs: Costs):
                     f"limit below {verdict.lower_bound * 1e3:.1f} ms"
                     + (" (proven optimal)" if verdict.optimal else ""))
         return schedule.op_strings(), found, plan
-    rows, found, plan = trainer.comm.bcast(root_does(trainer.comm, search), root=0)
+    rows, found, plan = trainer.decide.bcast(root_does(trainer.decide, search), root=0)
     now = trainer.rank.schedule  # the same placement: only the order changes
     return make_schedule("auto", now.num_ranks, now.num_microbatches, now.chunks,
                          ops_from_strings(rows), now.stage_of), found, plan
@@ -424,15 +456,17 @@ def header(trainer) -> list[str]:
                  + (f"eval every {train.eval_every}" if train.eval_every else "eval at the end"))
     lines.append(f"MFU against {trainer.summary.peak_flops / 1e12:.3g} TFLOP/s: "
                  f"{trainer.summary.peak_source}")
-    lines += mode_notes(train, trainer.rank.step)
+    lines += mode_notes(train, trainer.rank.step, parallel)
     return lines
 
 
-def mode_notes(train, step) -> list[str]:
+def mode_notes(train, step, parallel=None) -> list[str]:
     """The header's lines on how steps are validated and replicas kept in step."""
     note = step.post_validation_note
     return ([note] if note and train.grad_clip > 0 else []) + (
-        [describe_local_sgd(train)] if train.local_steps else [])
+        [describe_local_sgd(train)] if train.local_steps else []) + (
+        [apart.describe(parallel)] if parallel is not None and parallel.async_dp != "none"
+        else [])
 
 
 def watch_over(grid, timeout: float, run_dir: str, watch):

@@ -40,6 +40,7 @@ def _fused_standin():
     (['parallel.schedule="auto"'], "measured time"),
     (['parallel.schedule="pipedream-2bw"'], "streams ops across steps"),
     (["parallel.chunks=2", 'parallel.schedule="zb-v"', "model.n_layer=2"], "single stage"),
+    (["parallel.dp=2", 'parallel.async_dp="ssp"'], "asynchronous data parallelism"),
 ])
 def test_every_layout_where_capture_cannot_work_is_refused_naming_why(sets, why):
     cfg = config.load("inputs/tiny.toml", TINY + ["train.cuda_graphs=true", *sets])

@@ -1,0 +1,404 @@
+"""bench stragglers: one replica slowed on purpose, and what each way of keeping the
+replicas together makes of it — synchronous data parallelism, local SGD, bounded
+staleness (SSP) at a few bounds, elastic averaging (asynchronous and synchronous).
+
+Two ranks, one replica each (dp 2), one core each. Every mode trains its own copy of the
+same model from the same seed on the same global batches (the config's data: tiny.toml's
+stdlib corpus by default), and the modes take turns in one run — `--segment` global steps
+of each in every round, so that each sees the same machine (a shared machine's load
+drifts). After every step replica 1 sleeps `--delay` seconds more than it computes: with
+the default, the median time of a synchronous step measured before the run, it runs at
+half speed (the sleep is in slices that let MPI make progress, as a slow device's host
+thread would between its operations).
+
+A segment is N global steps of the run's budget: under synchronous dp, local SGD and SSP
+every replica runs those N steps (SSP's replicas apart by at most s within it, all its
+updates applied at its end); under asynchronous EASGD the replicas share the segment's
+2N replica-steps by speed (tickets, train/asyncstep.py), so the faster one takes more.
+Between segments the modes meet (a barrier): a mode's clock runs only inside its own
+segments. The first replica evaluates every mode's model — the weights, or the elastic
+centre — at the end of each segment (outside the clock).
+
+Reported per mode: each replica's steps per second (of the mode's clock), the staleness
+it saw (SSP: updates missing from the weights a step ran on; EASGD: other replicas'
+exchanges with the centre between two of its own; synchronous dp 0 and local SGD the steps
+since the replicas last met, by construction), the bytes it handed to MPI per step, and
+the validation loss against global steps (samples) and against the mode's clock — drawn
+in one picture (`--png`), written with every step's record as JSON (`--json`). Then, per
+mode, the time it took to reach synchronous dp's final validation loss and its final loss
+at equal samples against synchronous dp's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+
+import numpy as np
+
+from hpcpipe import __version__, config
+from hpcpipe.device import backend
+from hpcpipe.optim.adamw import learning_rate
+from hpcpipe.parallel import grid as gridlib
+from hpcpipe.parallel.asyncdp.windows import poke
+from hpcpipe.schedules import generate
+from hpcpipe.util.arguments import integer, number
+from hpcpipe.util.errors import HpcpipeError, every_rank_does
+from hpcpipe.util.files import claim_figure, claim_file, write_figure
+
+from .common import write_json
+
+EPILOG = """\
+examples:
+  mpiexec -n 2 python -m mpi4py -m hpcpipe bench stragglers --json stragglers.json \\
+      --png stragglers.png
+  mpiexec -n 2 python -m mpi4py -m hpcpipe bench stragglers --steps 20 --segment 5 \\
+      --set model.n_layer=2 --set model.n_embd=32     # a quick look
+
+Modes (--modes, comma-separated): sync, local-sgd (H = --local-steps), ssp-S (S = the
+staleness bound), easgd (asynchronous), easgd-sync. Defaults: sync, local-sgd, ssp-1,
+ssp-2, ssp-4, easgd, easgd-sync."""
+
+MODES = ("sync", "local-sgd", "ssp-1", "ssp-2", "ssp-4", "easgd", "easgd-sync")
+SLICE_S = 1e-3  # the slowed replica's sleep: slices between which MPI makes progress
+
+
+def add_parser(sub):
+    parser = sub.add_parser("stragglers", help="one replica slowed: synchronous dp, local "
+                            "SGD, bounded staleness, elastic averaging",
+                            description=__doc__, epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="inputs/tiny.toml",
+                        help="the model, data and optimizer (inputs/tiny.toml)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a config key (repeatable), as for train")
+    parser.add_argument("--steps", type=integer(1, 10**7), default=300,
+                        help="global steps of every mode (300)")
+    parser.add_argument("--segment", type=integer(1, 10**6), default=20,
+                        help="global steps of a mode between the turns of the others (20)")
+    parser.add_argument("--delay", type=number(0, 3600), default=None,
+                        help="seconds replica 1 sleeps after each step (default: the "
+                             "median synchronous step, measured first: half speed)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated, of: sync, local-sgd, ssp-S, easgd, "
+                             f"easgd-sync ({','.join(MODES)})")
+    parser.add_argument("--local-steps", type=integer(1, 10**6), default=10,
+                        help="local SGD's H (10)")
+    parser.add_argument("--eval-batches", type=integer(1, 10**4), default=2,
+                        help="validation batches per evaluation (2)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--png", metavar="FILE", help="draw the loss curves (matplotlib)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the --json or --png file if it exists")
+    parser.set_defaults(func=run_stragglers)
+    return parser
+
+
+def mode_settings(name: str, local_steps: int) -> dict:
+    """The config keys a mode sets, by section."""
+    if name == "sync":
+        return {}
+    if name == "local-sgd":
+        return {"train": {"local_steps": local_steps}}
+    if name.startswith("ssp-") and name[4:].isdigit():
+        return {"parallel": {"async_dp": "ssp", "staleness": int(name[4:])}}
+    if name in ("easgd", "easgd-sync"):
+        return {"parallel": {"async_dp": "easgd", "easgd_sync": name == "easgd-sync"}}
+    raise HpcpipeError(f"bench stragglers: mode {name!r} unknown; allowed: sync, local-sgd, "
+                       f"ssp-S (S a whole number), easgd, easgd-sync")
+
+
+def mode_config(base, name: str, args) -> config.Config:
+    """The base config (dp 2, one stage, the run's steps) with the mode's keys."""
+    data = {section: dict(values) for section, values in _as_dict(base).items()}
+    data["parallel"].update(dp=2, pp=1, tp=1, schedule="1f1b", zero=0,
+                            grad_compression="none")
+    data["train"].update(steps=args.steps, post_validation=False, local_steps=0,
+                         eval_batches=args.eval_batches)
+    for section, values in mode_settings(name, args.local_steps).items():
+        data[section].update(values)
+    return config.from_dict(data, source=f"{base.source} (bench stragglers, {name})")
+
+
+def _as_dict(cfg) -> dict:
+    import tomllib
+
+    data = tomllib.loads(cfg.to_toml())
+    data["parallel"]["layers_per_stage"] = []
+    return data
+
+
+class Mode:
+    """One mode's model, its clock and its records on this rank."""
+
+    def __init__(self, name, cfg, world, be):
+        from hpcpipe.train.rank import Rank
+
+        self.name, self.cfg = name, cfg
+        p = cfg.parallel
+        self.grid = gridlib.build(world, p.dp, 1, source="bench stragglers")
+        self.rank = Rank.build(cfg, self.grid, be, generate("1f1b", 1, p.microbatches))
+        self.clock_s = 0.0  # this mode's time, over its segments
+        self.steps, self.evals = [], []  # this rank's step records; (step, seconds, loss)
+        self.bytes = 0
+
+    def moved(self) -> tuple[int, int]:
+        """(payload, control) bytes this rank handed to MPI so far: gradients, weights or
+        deltas; and the asynchronous modes' counters, locks and polls."""
+        step = self.rank.step
+        if step.asynchronous:
+            return step.payload_bytes, step.bytes_moved - step.payload_bytes
+        outer = step.outer.bytes_reduced if step.outer is not None else 0
+        return self.bytes + outer, 0
+
+
+def run_stragglers(args) -> int:
+    world = args.job.world()
+    if world.size != 2:
+        raise HpcpipeError("bench stragglers runs two replicas, one rank each: mpiexec -n 2 "
+                           "python -m mpi4py -m hpcpipe bench stragglers")
+    for flag, path in (("--json", args.json), ("--png", args.png)):
+        if path is not None:
+            (claim_file if flag == "--json" else claim_figure)(path, args.force, flag)
+    base = config.load(args.config, args.set)
+    names = [n.strip() for n in args.modes.split(",") if n.strip()]
+    configs = {n: mode_config(base, n, args) for n in names}
+    if "sync" not in configs:
+        raise HpcpipeError("bench stragglers compares with synchronous dp: --modes needs sync")
+    threads = backend.limit_threads(gridlib.node_size(world))
+    be = backend.select("cpu" if base.train.device == "cpu" else "auto", 0, threads=threads)
+    from hpcpipe.data.checks import open_tokens
+
+    log = (lambda msg: print(msg, flush=True)) if world.rank == 0 else (lambda msg: None)
+    tokens = open_tokens(configs["sync"], world, log)
+    log(f"hpcpipe {__version__} bench stragglers | 2 replicas, one rank each | "
+        f"{be.describe()}, {threads} thread(s) per rank | {base.source}")
+    delay = args.delay if args.delay is not None else measure_delay(configs["sync"], world, be,
+                                                                    tokens)
+    log(f"replica 1 sleeps {delay * 1e3:.1f} ms after each step"
+        + (" (the median synchronous step: half speed)" if args.delay is None else ""))
+    modes = {n: Mode(n, c, world, be) for n, c in configs.items()}
+    for mode in modes.values():
+        evaluate(mode, 0, tokens, be, world)
+    for start in range(0, args.steps, args.segment):
+        end = min(args.steps, start + args.segment)
+        for mode in modes.values():
+            segment(mode, start, end, delay, tokens, be, world)
+            evaluate(mode, end, tokens, be, world)
+        log(f"global step {end}/{args.steps}: " + ", ".join(
+            f"{m.name} {m.evals[-1][2]:.4f} at {m.clock_s:.1f} s" for m in modes.values()))
+    results = gather(modes, world, delay)
+    if world.rank == 0:
+        for line in report(results):
+            print(line)
+        if args.json is not None:
+            write_json(args.json, {"suite": "stragglers", "version": __version__,
+                                   "config": base.source, "sets": args.set, **results})
+        if args.png is not None:
+            draw(results, args.png)
+    for mode in modes.values():
+        mode.rank.step.close()
+    tokens.close()
+    return 0
+
+
+def inputs_for(tokens, cfg, be, step: int, replica: int):
+    """inputs(mb) of `replica`'s share of global step `step`, as training draws them."""
+    size, microbatches = cfg.train.micro_batch_size, cfg.parallel.microbatches
+
+    def inputs(mb):
+        first = (replica * microbatches + mb) * size
+        batch = tokens.batch("train", cfg.model.block_size, cfg.train.seed, step,
+                             range(first, first + size))
+        return be.from_host(batch.idx), be.from_host(batch.targets)
+    return inputs
+
+
+def measure_delay(cfg, world, be, tokens, steps: int = 6) -> float:
+    """The median synchronous step (slowest rank), on a model of its own."""
+    mode = Mode("warm-up", cfg, world, be)
+    times = []
+    for step in range(1, steps + 1):
+        world.Barrier()
+        start = time.perf_counter()
+        mode.rank.train_step(step, inputs_for(tokens, cfg, be, step, mode.grid.dp_rank),
+                             cfg.train.lr, cfg.train.grad_clip)
+        times.append(world.allreduce(time.perf_counter() - start, op=_max()))
+    return statistics.median(times[1:])
+
+
+def _max():
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def slow_down(seconds: float, comm):
+    """Sleep in slices, letting MPI progress between them (windows.poke)."""
+    end = time.perf_counter() + seconds
+    while (left := end - time.perf_counter()) > 0:
+        time.sleep(min(SLICE_S, left))
+        poke(comm)
+
+
+def segment(mode, start: int, end: int, delay: float, tokens, be, world):
+    """Global steps (start, end] of `mode`, both replicas, on its clock."""
+    cfg, step_of, grid = mode.cfg, mode.rank.step, mode.grid
+    t = cfg.train
+    if hasattr(step_of, "centre") and world.rank == 0:  # (a ticket past the last
+        step_of.board.set_tickets(grid.dp * start)    # segment's budget was not run)
+    world.Barrier()
+    began = time.perf_counter()
+    for step in step_of.clock(start if not step_of.asynchronous else step_of.clock_now, end):
+        data_step, replica = step_of.assignment(step)
+        lr = learning_rate(data_step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
+        [outcome] = mode.rank.train_step(step, inputs_for(tokens, cfg, be, data_step, replica),
+                                         lr, t.grad_clip)
+        if not step_of.asynchronous:
+            mode.bytes += step_of.gradsync.bytes_reduced
+        if grid.dp_rank == 1:
+            slow_down(delay, grid.data)
+        payload, control = mode.moved()
+        mode.steps.append({"step": step, "data_step": data_step,
+                           "t": mode.clock_s + time.perf_counter() - began,
+                           "loss": outcome.loss, "staleness": staleness(mode, step),
+                           "bytes": payload, "control_bytes": control})
+    step_of.finish(end)  # (ssp: every update of the segment applied)
+    world.Barrier()
+    mode.clock_s += time.perf_counter() - began
+
+
+def staleness(mode, step: int) -> int:
+    """What the step saw (see the module's docstring)."""
+    step_of = mode.rank.step
+    if hasattr(step_of, "ring"):
+        return int(step - 1 - step_of.ran_on)
+    if hasattr(step_of, "centre"):  # (None: no exchange at this step)
+        return step_of.seen_now
+    if mode.cfg.train.local_steps:
+        return (step - 1) % mode.cfg.train.local_steps
+    return 0
+
+
+def evaluate(mode, step: int, tokens, be, world):
+    """The first replica evaluates the mode's model (outside the mode's clock)."""
+    from hpcpipe.train.evaluate import validation_batches
+
+    value = None
+    if mode.grid.dp_rank == 0:
+        with mode.rank.step.published():
+            value = mode.rank.evaluator(alone=True).evaluate(
+                validation_batches(tokens, mode.cfg, be))
+    value = world.bcast(value, root=0)
+    mode.evals.append((step, mode.clock_s, value))
+
+
+def gather(modes, world, delay: float) -> dict:
+    """Every rank's records, by mode and replica, on rank 0."""
+    out = {"delay_s": delay, "modes": {}}
+    for name, mode in modes.items():
+        replicas = world.gather(mode.steps, root=0)
+        out["modes"][name] = {"evals": mode.evals, "clock_s": mode.clock_s,
+                              "replicas": replicas}
+    return out
+
+
+def summarise(name: str, data: dict, sync: dict) -> dict:
+    """One mode's figures for the report."""
+    clock = data["clock_s"]
+    row = {"mode": name, "clock_s": clock, "final": data["evals"][-1][2]}
+    for r, steps in enumerate(data["replicas"] or []):
+        row[f"steps_per_s_{r}"] = len(steps) / clock if clock else math.nan
+        counts = {}
+        for s in steps:
+            if s["staleness"] is not None:  # (easgd: only the steps that exchanged)
+                counts[s["staleness"]] = counts.get(s["staleness"], 0) + 1
+        row[f"staleness_{r}"] = dict(sorted(counts.items()))
+        row[f"bytes_per_step_{r}"] = steps[-1]["bytes"] / len(steps) if steps else 0
+        row[f"control_per_step_{r}"] = steps[-1]["control_bytes"] / len(steps) if steps \
+            else 0
+    target = sync["evals"][-1][2]
+    row["time_to_sync_final_s"] = time_to_reach(data["evals"], target)
+    row["final_vs_sync"] = row["final"] / target - 1
+    return row
+
+
+def time_to_reach(evals, target: float) -> float:
+    """The mode's clock when its validation loss first reached `target` (linear between
+    evaluations); NaN if it never did."""
+    previous = None
+    for _, seconds, value in evals:
+        if value <= target:
+            if previous is None or previous[1] == value:
+                return seconds
+            t0, v0 = previous
+            return t0 + (seconds - t0) * (v0 - target) / (v0 - value)
+        previous = (seconds, value)
+    return math.nan
+
+
+def report(results) -> list[str]:
+    modes = results["modes"]
+    rows = [summarise(n, d, modes["sync"]) for n, d in modes.items()]
+    lines = ["", f"replica 1 slowed by {results['delay_s'] * 1e3:.1f} ms per step",
+             "| mode | steps/s replica 0 | steps/s replica 1 | staleness replica 0 "
+             "(value: steps) | staleness replica 1 | KiB per step r0 / r1 (control) | final "
+             "val loss | vs sync at equal samples | s to sync's final loss |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['mode']} | {r['steps_per_s_0']:.2f} | {r['steps_per_s_1']:.2f} | "
+            f"{_counts(r['staleness_0'])} | {_counts(r['staleness_1'])} | "
+            f"{r['bytes_per_step_0'] / 2**10:.1f} / {r['bytes_per_step_1'] / 2**10:.1f} "
+            f"({r['control_per_step_0'] / 2**10:.1f} / {r['control_per_step_1'] / 2**10:.1f}) | "
+            f"{r['final']:.4f} | {r['final_vs_sync']:+.2%} | "
+            + (f"{r['time_to_sync_final_s']:.1f}" if math.isfinite(r["time_to_sync_final_s"])
+               else "not reached") + " |")
+    results["summary"] = rows
+    return lines
+
+
+def _counts(counts: dict) -> str:
+    return " ".join(f"{k}:{v}" for k, v in counts.items())
+
+
+def draw(results, path: str):
+    """Validation loss (markers) and each replica's training loss (smoothed) against
+    global steps and against the mode's clock, every mode in one picture."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for i, (name, data) in enumerate(results["modes"].items()):
+        colour = f"C{i}"
+        steps = [e[0] for e in data["evals"]]
+        seconds = [e[1] for e in data["evals"]]
+        values = [e[2] for e in data["evals"]]
+        by_step.plot(steps, values, "o-", color=colour, label=name, markersize=3)
+        by_time.plot(seconds, values, "o-", color=colour, label=name, markersize=3)
+        for steps_of in data["replicas"] or []:
+            train = _smooth([s["loss"] for s in steps_of])
+            by_step.plot([s["data_step"] for s in steps_of], train, color=colour,
+                         alpha=0.25, linewidth=0.8)
+            by_time.plot([s["t"] for s in steps_of], train, color=colour, alpha=0.25,
+                         linewidth=0.8)
+    by_step.set_xlabel("global step (samples: 2 replicas' shares each)")
+    by_time.set_xlabel("the mode's wall-clock time, s")
+    by_step.set_ylabel("loss (validation: markers; each replica's training: faint)")
+    by_step.legend()
+    fig.suptitle(f"replica 1 slowed by {results['delay_s'] * 1e3:.0f} ms per step")
+    fig.tight_layout()
+    write_figure(path, fig)
+    plt.close(fig)
+
+
+def _smooth(values, weight: float = 0.9) -> list:
+    out, acc = [], None
+    for v in values:
+        acc = v if acc is None else weight * acc + (1 - weight) * v
+        out.append(acc)
+    return out

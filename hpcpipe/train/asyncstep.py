@@ -1,0 +1,533 @@
+"""The training step of asynchronous data parallelism (parallel.async_dp), and what the
+training loop asks of it.
+
+    ssp     (`StaleStep`) each replica computes its gradient, pushes it into the ring of
+            summed gradients (parallel/asyncdp/ssp.py), and applies every step's update
+            to its own weights once that step's sum is complete — waiting only where the
+            staleness bound needs an update that is not
+    easgd   asynchronous (`ElasticStep`): each replica steps on its own gradient (its own
+            AdamW or Muon) and every τ steps meets the elastic centre through the window
+            (parallel/asyncdp/elastic.py); the replicas share the run's budget of steps
+            (tickets: whoever is faster takes more), so that a run sees exactly the
+            samples of the synchronous run, split by speed
+            synchronous (parallel.easgd_sync): not here — TrainStep with
+            elastic.SyncElastic as its outer step, like local SGD's
+
+Nothing here waits for another replica except where the mode says so, so the loop around
+it must not either: the loss is the replica's own, the step's statistics are gathered
+over the replica only, the stop and checkpoint votes go through the board (board.py), a
+checkpoint is a meeting at an agreed place that the step's `clock` reaches (train/apart.py),
+and evaluation is done by the first replica alone, on the model (the elastic centre, or
+its weights). `Trainer` asks for these through the methods below (`asynchronous` says it
+must).
+
+Every rank records what it did (parallel/asyncdp/record.py) and, given a recorded run,
+does the same again (`replay`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import Counter
+
+import numpy as np
+
+from hpcpipe.optim.adamw import clip_coefficient
+from hpcpipe.optim.outcome import StepOutcome
+from hpcpipe.parallel.asyncdp import record
+from hpcpipe.parallel.asyncdp.board import Board
+from hpcpipe.parallel.asyncdp.elastic import AsyncCentre, default_alpha
+from hpcpipe.parallel.asyncdp.ssp import GradientRing
+from hpcpipe.parallel.asyncdp.windows import Deadline, poke
+from hpcpipe.train.async_state import AsyncState
+from hpcpipe.train.step import TrainStep
+from hpcpipe.util.timeline import step_stats
+
+
+def layout_record(cfg, grid, model) -> dict:
+    """What a recorded run and its replay (and an asynchronous checkpoint and its resume)
+    must share: the layout and the mode's settings."""
+    p = cfg.parallel
+    return {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "rank_order": grid.rank_order,
+            "partition": [list(spec.layers) for spec in model.specs],
+            "chunks": len(model.stages), "async_dp": p.async_dp,
+            "staleness": p.staleness if p.async_dp == "ssp" else 0,
+            "easgd_tau": p.easgd_tau if p.async_dp == "easgd" else 0,
+            "dtype": cfg.train.dtype}
+
+
+class AsyncStep(TrainStep):
+    """What SSP and asynchronous EASGD share: the board, the flat host copy of this rank's
+    shards, the record and the replay, and the loop's questions."""
+
+    asynchronous = True
+
+    @classmethod
+    def build(cls, cfg, model, grid, transport, trace=None) -> "AsyncStep":
+        step = super().build(cfg, model, grid, transport, trace)
+        step.settle_async(cfg)
+        return step
+
+    def settle_async(self, cfg):
+        p = cfg.parallel
+        self.deadline = Deadline(p.async_timeout, progress=self._poke,
+                                 beacon=getattr(self.model, "beacon", None))
+        self.board = Board(self.grid.world, self.deadline)
+        self.replica_comm = self.norm.group  # this replica's ranks (pp × tp)
+        self.sizes = [int(s.size) for s in self.optimizer.shards]
+        self.offsets = np.cumsum([0] + self.sizes).tolist()
+        dtype = self.optimizer.shards[0].master.dtype if self.optimizer.shards else np.float32
+        self.host = np.zeros(self.offsets[-1], np.dtype(str(dtype)))  # (CuPy dtypes too)
+        self.layout = layout_record(cfg, self.grid, self.model)
+        self.clock_now = 0  # the last step this replica finished
+        self.log = None  # record.ApplyLog, once the run directory is known
+        self.resumed_log_offset = None  # where a resumed record goes on (checkpoint's)
+        self.replay = None  # record.Recorded of a recorded run, to do again
+        self.microbatches = cfg.parallel.microbatches
+        self.save_every = cfg.checkpoint.every  # meetings of the replicas (`clock`) ...
+        self.on_meeting = None  # ... run this (the trainer's checkpoint); None: no meetings
+        self.between_ops = self._poke
+        self.staleness_seen = Counter()  # staleness → steps (ssp) or exchanges (easgd)
+
+    def _poke(self):
+        poke(self.grid.data)
+
+    def _injected_stall(self, step: int):
+        """Fault injection for the tests: HPCPIPE_ASYNC_STALL="RANK:STEP:SECONDS[,...]"
+        makes world rank RANK sleep (no MPI call) after its step STEP — a straggler, or
+        with SECONDS past parallel.async_timeout a peer that stopped. Unset in normal runs."""
+        for item in os.environ.get("HPCPIPE_ASYNC_STALL", "").split(","):
+            parts = item.split(":")
+            if len(parts) == 3 and parts[0] == str(self.grid.rank) and parts[1] == str(step):
+                time.sleep(float(parts[2]))
+
+    # -- the loop's questions (step.LoopHooks': clock, assignment, finish, published) -----
+    def ask_meeting(self):
+        """World rank 0, when its replica agreed on a stop or a checkpoint: meet far enough
+        ahead that no replica has passed the place yet (board.py) — unless a meeting it
+        has not reached is asked already (the votes stand until the meeting)."""
+        if self.grid.rank == 0 and self.board.meeting() <= self._reached():
+            self.board.ask(self._ahead())
+
+    def _agree_on(self, value: int) -> int:
+        """The replica's first rank's `value`, on every rank of the replica."""
+        if self.replica_comm.size == 1:
+            return value
+        return self.replica_comm.bcast(value, root=0)
+
+    def share_votes(self, flags):
+        """This rank's stop and save votes out, every rank's back (for PreemptionWatch)."""
+        return self.board.share(flags)
+
+    def meet(self, what: str):
+        self.board.meet(what)
+
+    def record_to(self, run_dir: str, offset: int | None = None):
+        """Write this rank's record under `run_dir` (resumed: cut back to `offset`)."""
+        header = {"kind": record.KIND, "rank": self.grid.rank, "replica": self.grid.dp_rank,
+                  "layout": self.layout}
+        self.log = record.ApplyLog(record.log_path(run_dir, self.grid.rank), header, offset)
+
+    def replay_from(self, run_dir: str):
+        """Do again what the run recorded in `run_dir` did."""
+        self.replay = record.Recorded(run_dir, self.grid.rank, self.layout)
+
+    def flush(self):
+        return []  # nothing waits mid-run (`finish` settles the end)
+
+    def close(self):
+        """Collective: the record closed, the windows freed (every rank, at the end)."""
+        if self.log is not None:
+            self.log.close()
+        for window in self._windows():
+            window.free()
+        self.board.free()
+
+    def _windows(self):
+        return []
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes this rank moved through the windows (both ways), the board's included."""
+        return self.board.words.bytes + sum(w.bytes for w in self._windows())
+
+    @property
+    def payload_bytes(self) -> int:
+        """Of those, the gradients' or weights' (the rest: counters, locks, polls)."""
+        return sum(w.data.bytes for w in self._windows())
+
+    # -- shared pieces ------------------------------------------------------------------
+    def _to_host(self, arrays):
+        be = self.model.backend
+        for a, lo, hi in zip(arrays, self.offsets, self.offsets[1:]):
+            self.host[lo:hi] = be.to_host(a).reshape(-1)
+
+    def _replica_loss(self, result) -> float:
+        """The replica's own loss (mean over its microbatches), on every rank of it."""
+        model, value = self.model, None
+        if model.head_stage is not None:
+            value = float(np.mean([float(result.losses[mb]) for mb in sorted(result.losses)]))
+        return self.grid.pipe.bcast(value, root=model.head_rank)
+
+    def _stats(self, step, result, moved):
+        if not self.trace:
+            return None
+        return step_stats(self.trace, step, result, self.replica_comm,
+                          allreduce_bytes=moved)
+
+    def _logged(self, step, start, moved, loss, **extra):
+        if self.log is not None:
+            fields = {"step": step, "t": start, "dt": time.time() - start, "bytes": moved}
+            if self.model.head_stage is not None and self.grid.tp_rank == 0 \
+                    and math.isfinite(loss):
+                fields["loss"] = loss
+            self.log.step(**fields, **extra)
+
+    # -- checkpoints (train/async_state.py) -----------------------------------------------
+    def state_parts(self) -> list:
+        """TrainStep's parts, and this rank's asynchronous state (async_state.py)."""
+        return super().state_parts() + [AsyncState(self)]
+
+    def async_state(self) -> tuple[dict, dict]:
+        """(arrays, numbers) of what this rank keeps beyond the usual files."""
+        numbers = {"clock": self.clock_now, "adam_t": self.optimizer.t,
+                   "log_offset": self.log.offset if self.log is not None else -1}
+        if self.grid.rank == 0:
+            numbers.update(self.board.state())
+        return {}, numbers
+
+    def load_async_state(self, arrays: dict, numbers: dict):
+        self.clock_now = int(numbers["clock"])
+        offset = int(numbers["log_offset"])
+        self.resumed_log_offset = offset if offset >= 0 else None
+        self.optimizer.t = int(numbers["adam_t"])
+        if self.grid.rank == 0 and "tickets" in numbers:
+            self.board.set_tickets(int(numbers["tickets"]))
+        self.board.set_clock(self.clock_now)
+
+    def start_fresh(self, step: int):
+        """A run that starts (or resumes from a checkpoint without asynchronous state) at
+        `step`, on the weights it has."""
+        self.clock_now = step
+        self.board.set_clock(step)
+
+
+class StaleStep(AsyncStep):
+    """parallel.async_dp = "ssp": see parallel/asyncdp/ssp.py."""
+
+    def clock(self, start: int, end: int):
+        """Steps start + 1 … end. Every replica passes every step, so the replicas meet
+        after step N — a checkpoint's multiple, or the place a rank asked for (board.py) —
+        each after its own step N: none waits on the bound for one that is meeting."""
+        for step in range(start + 1, end + 1):
+            yield step
+            if step < end and self.on_meeting is not None:
+                asked = self._agree_on(self.board.meeting() if self.replica_comm.rank == 0
+                                       else None)
+                if step == asked or (self.save_every and step % self.save_every == 0):
+                    self.on_meeting(step)
+
+    def _ahead(self) -> int:
+        return int(self.board.clocks().max()) + 2
+
+    def _reached(self) -> int:
+        return self.clock_now - 1  # (a meeting after this step is still to come: `clock`)
+
+    def settle_async(self, cfg):
+        super().settle_async(cfg)
+        self.staleness = cfg.parallel.staleness
+        self.ring = GradientRing(self.grid.data, self.host.size, self.host.dtype,
+                                 self.staleness, self.deadline)
+        self.version = 0  # updates applied to this replica's weights
+        self.ran_on = 0  # the version the last step ran on
+        self.lrs: dict[int, tuple[float, float]] = {}  # step → (lr, max_norm), until applied
+        self.last_norm = math.nan
+        self.skipped_now = False
+        be = self.model.backend
+        self.summed = [be.xp.zeros(n, self.host.dtype) for n in self.sizes]
+
+    def run(self, runtime, step: int, inputs, lr: float, max_norm: float):
+        start, moved = time.time(), self.ring.bytes
+        self.microbatches = runtime.schedule.num_microbatches
+        self.lrs[step] = (lr, max_norm)
+        self.skipped_now = False
+        self._catch_up(step)
+        version = self.ran_on = self.version
+        self.staleness_seen[step - 1 - version] += 1
+        result = self.gradients(runtime, step, inputs)
+        self._to_host(self.gradsync.gradients())
+        turns = self.replay.turns_of(step, self.grid.dp) if self.replay else None
+        taken = self.ring.push(step, self.host, turns)
+        self.clock_now = step
+        self.board.set_clock(step)
+        if self.replay is None:  # the freshest weights for what reads them next
+            self._apply_through(self._agreed(self.ring.available(self.version, step)))
+        loss = self._replica_loss(result)
+        moved = self.ring.bytes - moved
+        if self.log is not None:
+            self.log.push(step, taken)
+        self._logged(step, start, moved, loss, version=version)
+        self._injected_stall(step)
+        return [StepOutcome(step, loss, self.last_norm, self.skipped_now, result,
+                            self._stats(step, result, moved), loss_scale=self.scaler.scale)]
+
+    # -- applying the updates -------------------------------------------------------------
+    def _catch_up(self, step: int):
+        """Apply updates until this replica's weights may run `step`: every complete one
+        (agreed over the replica's ranks), and at least up to step − 1 − s — or, in a
+        replay, exactly up to the recorded version."""
+        if self.replay is not None:
+            want = self.replay.versions.get(step)
+            if want is None or not self.version <= want < step:
+                raise record.LogError(f"the recorded run has no usable version for step "
+                                      f"{step} (recorded {want}, this replica has applied "
+                                      f"{self.version} updates)")
+            while self.version < want:
+                self.ring.wait_complete(self.version + 1, self._behind)
+                self._apply(self.version + 1)
+            return
+        newest = step - 1
+        self._apply_through(self._agreed(self.ring.available(self.version, newest)))
+        while self.version < step - 1 - self.staleness:
+            self.ring.wait_complete(self.version + 1, self._behind)
+            self._apply_through(self._agreed(self.ring.available(self.version, newest)))
+
+    def _agreed(self, available: int) -> int:
+        """What every rank of this replica has available (they apply updates together:
+        the norm is theirs together)."""
+        if self.replica_comm.size == 1:
+            return available
+        from mpi4py import MPI
+
+        return self.replica_comm.allreduce(available, op=MPI.MIN)
+
+    def _apply_through(self, last: int):
+        while self.version < last:
+            self._apply(self.version + 1)
+
+    def _apply(self, u: int):
+        """Update u: clipping by the norm of the replicas' summed gradient, then the
+        optimizer, at step u's learning rate — what synchronous training does."""
+        self.ring.pull(u, self.host)
+        be = self.model.backend
+        for g, lo, hi in zip(self.summed, self.offsets, self.offsets[1:]):
+            g[...] = be.from_host(self.host[lo:hi])
+        lr, max_norm = self.lrs.pop(u)
+        unscale = self.grad_scale(self.microbatches).unscale
+        norm = self.norm.global_norm(self.summed) * unscale
+        skipped = not math.isfinite(norm)
+        if not skipped:
+            coefficient = clip_coefficient(norm, max_norm) * unscale
+            self.timed(u, lambda: self.optimizer.step(self.summed, lr, coefficient))
+        self.scaler.update(not skipped)
+        self.version, self.last_norm = u, norm
+        self.skipped_now |= skipped
+
+    def _windows(self):
+        return [self.ring]
+
+    def _behind(self) -> str:
+        return (f"each world rank's last finished step: {self.board.clocks().tolist()}; "
+                f"this replica needs step {self.version + 1} from every replica")
+
+    def finish(self, steps: int):
+        """Every update through the last step, on every replica."""
+        if self.replay is None:
+            while self.version < steps:
+                self.ring.wait_complete(self.version + 1, self._behind)
+                self._apply_through(self._agreed(self.ring.available(self.version, steps)))
+        else:
+            while self.version < steps:
+                self.ring.wait_complete(self.version + 1, self._behind)
+                self._apply(self.version + 1)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def async_state(self):
+        arrays, numbers = super().async_state()
+        arrays.update(self.ring.state())
+        pending = sorted(self.lrs)
+        arrays["lrs"] = np.array([[u, *self.lrs[u]] for u in pending], np.float64) \
+            .reshape(-1, 3)
+        numbers.update(version=self.version, origin=self.ring.origin)
+        return arrays, numbers
+
+    def load_async_state(self, arrays, numbers):
+        super().load_async_state(arrays, numbers)
+        self.version = int(numbers["version"])
+        self.ring.origin = int(numbers["origin"])
+        self.ring.load(arrays)
+        self.lrs = {int(u): (float(lr), float(m)) for u, lr, m in arrays["lrs"]}
+
+    def start_fresh(self, step: int):
+        super().start_fresh(step)
+        self.version = step
+        self.ring.origin = step
+        self.lrs.clear()
+
+
+class ElasticStep(AsyncStep):
+    """parallel.async_dp = "easgd", asynchronous: see parallel/asyncdp/elastic.py."""
+
+    def settle_async(self, cfg):
+        super().settle_async(cfg)
+        p = cfg.parallel
+        self.tau = p.easgd_tau
+        self.alpha = p.easgd_alpha or default_alpha(self.grid.dp)
+        self.centre = AsyncCentre(self.grid.data, self.host.size, self.host.dtype,
+                                  self.alpha, self.deadline)
+        self._to_host([s.master for s in self.optimizer.shards])
+        self.centre.initialise(self.host)  # x̃ starts at the first weights
+        self.budget = 0  # tickets of the run: dp × train.steps
+        self.ticket = None  # this step's
+        self.attended = 0  # the ticket of the last meeting this replica attended
+        self.last_seen = {}  # owner → the centre's version at this replica's last exchange
+        self.seen_now = None  # the last step's exchange: others' exchanges since its last
+
+    def clock(self, start: int, end: int):
+        """Local steps while the run's budget lasts: a ticket per step (one rank of the
+        replica takes it, for all; a replay takes the recorded ones). The replicas meet at
+        tickets — every checkpoint.every global steps' worth, and where a rank asked
+        (board.py): each when it takes its first ticket past the place, so every replica
+        attends every meeting before the run's end."""
+        self.budget = self.grid.dp * end
+        if self.replay is not None:
+            for step in self.replay.steps:
+                if step > self.clock_now:
+                    self._attend(self.replay.tickets[step])
+                    self.ticket = self.replay.tickets[step]
+                    yield step
+            self._attend(self.budget)
+            return
+        while True:
+            ticket = self._agree_on(self.board.take_ticket() if self.replica_comm.rank == 0
+                                    else None)
+            self._attend(ticket)
+            if ticket >= self.budget:
+                return
+            self.ticket = ticket
+            yield self.clock_now + 1
+
+    def _attend(self, ticket: int):
+        """Meet at every place before `ticket` this replica has not met at yet."""
+        while self.on_meeting is not None:
+            place = self._next_place()
+            if place is None or place > ticket:
+                return
+            self.attended = place
+            self.on_meeting(place // self.grid.dp)
+
+    def _next_place(self) -> int | None:
+        """The first meeting place past the last attended, before the budget's end."""
+        every = self.grid.dp * self.save_every
+        places = [(self.attended // every + 1) * every] if every else []
+        asked = self._agree_on(self.board.meeting() if self.replica_comm.rank == 0 else None)
+        if asked > self.attended:
+            places.append(asked)
+        places = [p for p in places if p < self.budget]
+        return min(places) if places else None
+
+    def _ahead(self) -> int:
+        dp = self.grid.dp
+        return (-(-self.board.tickets() // dp) + 2) * dp  # two global steps on
+
+    def _reached(self) -> int:
+        return self.attended
+
+    def assignment(self, step: int) -> tuple[int, int]:
+        if self.ticket is None:  # (a caller outside the loop: the plain split)
+            return super().assignment(step)
+        return self.ticket // self.grid.dp + 1, self.ticket % self.grid.dp
+
+    def run(self, runtime, step: int, inputs, lr: float, max_norm: float):
+        start, moved = time.time(), self.centre.bytes
+        self.microbatches = runtime.schedule.num_microbatches
+        self.seen_now = None
+        result = self.gradients(runtime, step, inputs)
+        unscale = self.grad_scale(self.microbatches).unscale
+        loss = self._replica_loss(result)
+        norm = self.grad_norm() * unscale
+        skipped = not (math.isfinite(norm) and math.isfinite(loss))
+        if not skipped:
+            coefficient = clip_coefficient(norm, max_norm) * unscale
+            self.timed(step, lambda: self.optimizer.step(self.gradsync.gradients(), lr,
+                                                         coefficient))
+        self.scaler.update(not skipped)
+        if step % self.tau == 0:
+            self.timed(step, lambda: self._exchange(step))
+        self.clock_now = step
+        self.board.set_clock(step)
+        moved = self.centre.bytes - moved
+        self._logged(step, start, moved, loss, ticket=self.ticket)
+        self._injected_stall(step)
+        return [StepOutcome(step, loss, norm, skipped, result,
+                            self._stats(step, result, moved), loss_scale=self.scaler.scale)]
+
+    def _windows(self):
+        return [self.centre]
+
+    def _exchange(self, step: int):
+        """The spring, shard by shard of the centre, on this replica's masters."""
+        shards = self.optimizer.shards
+        self._to_host([s.master for s in shards])
+        versions = self.replay.exchanges_of(step, self.grid.dp) if self.replay else None
+        done = self.centre.exchange(self.host, versions)
+        self._from_host_masters()
+        seen = [v - self.last_seen.get(j, v) - 1 if j in self.last_seen else -1
+                for j, v in done]
+        self.staleness_seen.update(x for x in seen if x >= 0)
+        self.seen_now = max(seen) if max(seen) >= 0 else None
+        self.last_seen.update({j: v for j, v in done})
+        if self.log is not None:
+            self.log.exchange(step, done, seen)
+
+    def _from_host_masters(self):
+        be = self.model.backend
+        for s, lo, hi in zip(self.optimizer.shards, self.offsets, self.offsets[1:]):
+            s.master[...] = be.from_host(self.host[lo:hi]).reshape(s.master.shape)
+            s.push()
+
+    def published(self):
+        """The centre in place of this replica's weights (read shard by shard)."""
+        self.centre.read(self.host)
+        be = self.model.backend
+        centre = [be.from_host(self.host[lo:hi]).reshape(s.master.shape)
+                  for s, lo, hi in zip(self.optimizer.shards, self.offsets, self.offsets[1:])]
+        return self._publishing(centre)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def async_state(self):
+        arrays, numbers = super().async_state()
+        numbers["attended"] = self.attended
+        arrays.update(self.centre.state())
+        seen = sorted(self.last_seen.items())
+        arrays["last_seen"] = np.array(seen, np.int64).reshape(-1, 2)
+        return arrays, numbers
+
+    def load_async_state(self, arrays, numbers):
+        super().load_async_state(arrays, numbers)
+        self.attended = int(numbers.get("attended", 0))
+        self.centre.load(arrays)
+        self.last_seen = {int(j): int(v) for j, v in arrays["last_seen"]}
+
+    def start_fresh(self, step: int):
+        super().start_fresh(step)
+        self._to_host([s.master for s in self.optimizer.shards])
+        self.centre.initialise(self.host, barrier=False)  # (the loader's agreement waits)
+        self.last_seen = {}
+        self.attended = self.grid.dp * step
+        if self.grid.rank == 0:
+            self.board.set_tickets(self.grid.dp * step)
+
+
+def applies(cfg) -> bool:
+    """Whether the config's replicas run apart: bounded staleness, asynchronous EASGD."""
+    p = cfg.parallel
+    return p.async_dp == "ssp" or (p.async_dp == "easgd" and not p.easgd_sync)
+
+
+def build(cfg, model, grid, transport, trace=None) -> TrainStep:
+    """The step of parallel.async_dp's mode."""
+    kind = StaleStep if cfg.parallel.async_dp == "ssp" else ElasticStep
+    return kind.build(cfg, model, grid, transport, trace)

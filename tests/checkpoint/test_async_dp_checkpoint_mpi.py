@@ -1,0 +1,124 @@
+"""Asynchronous data parallelism's runs under MPI (parallel.async_dp): a recorded run with
+a straggler, resumed from its checkpoint in replay, ends bitwise where the recorded run
+ended (the shared state, the clocks and every replica's own state come back); another
+layout is refused with one error line; a peer that stops ends the job with one error
+line within the timeout, never a hang; a signal to one rank stops every replica at one
+meeting. Real `mpiexec` jobs of `python -m hpcpipe train`."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from harness import devices
+from harness.mpirun import run
+
+from hpcpipe import checkpoint as ckpt
+
+pytestmark = pytest.mark.device
+
+SMALL = ["model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
+         "train.micro_batch_size=2", "train.eval_every=0", "train.eval_batches=1",
+         "train.log_every=1", "train.trace_steps=0", "checkpoint.keep=5", "train.steps=7",
+         "parallel.dp=2", "parallel.microbatches=2", 'parallel.schedule="1f1b"']
+
+
+def train(run_dir, tokens, *extra, resume=None, env=None, timeout=300):
+    sets = sum((["--set", s] for s in SMALL + devices.overrides()
+                + [f'data.path="{tokens}"', *extra]), [])
+    args = ["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+            str(run_dir), *sets]
+    if resume is not None:
+        args += ["--resume", str(resume)]
+    return run(args, n=2, timeout=timeout, env=env)
+
+
+def weights(run_dir, step):
+    return ckpt.read_weights(str(run_dir / "checkpoints" / ckpt.step_name(step)))[0]
+
+
+def errors(proc):
+    return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize("mode", ["ssp", "easgd", "easgd-sync"])
+def test_a_resumed_replay_ends_bitwise_where_the_recorded_run_did(tmp_path, stdlib_tokens,
+                                                                   mode):
+    """ssp (s = 2, checkpoints at steps 3 and 6: a meeting at the same step) and
+    asynchronous easgd (τ = 2; the first replica asks at its step 3, every replica saves
+    at a boundary of its own): replica 1 is slowed after some steps, so that steps run on
+    stale weights and the replicas share the budget unevenly; resumed from the first
+    checkpoint and replaying the record, the run ends with the recorded weights, bitwise.
+    (ssp only) the same checkpoint under dp 1 × pp 2 is refused with one error line.
+    Synchronous EASGD (the centre in the model files, each replica's own state in its
+    elastic-r files) resumes bitwise with no replay at all."""
+    sync = mode == "easgd-sync"
+    settings = [f'parallel.async_dp="{mode[:5] if sync else mode}"', "parallel.staleness=2",
+                "parallel.easgd_tau=2", "checkpoint.every=3", f"parallel.easgd_sync={sync}"
+                .lower()]
+    stalls = {"HPCPIPE_ASYNC_STALL": "1:2:0.4,1:4:0.3,1:5:0.2"}
+    recorded = tmp_path / "recorded"
+    proc = train(recorded, stdlib_tokens, *settings, env=stalls)
+    assert proc.returncode == 0, proc.stderr
+    first = ckpt.list_checkpoints(str(recorded / "checkpoints"))[0][1]
+    kind = "elastic-" if sync else "async-"
+    assert sorted(f for f in os.listdir(first) if f.startswith(kind)) == \
+        [f"{kind}r00000.h5", f"{kind}r00001.h5"]
+    assert os.path.basename(first) == ckpt.step_name(3)
+
+    replayed = tmp_path / "replayed"
+    replay = [] if sync else [f'parallel.async_replay="{recorded}"']
+    proc = train(replayed, stdlib_tokens, *settings, *replay, resume=first)
+    assert proc.returncode == 0, proc.stderr
+    expected, actual = weights(recorded, 7), weights(replayed, 7)
+    for name, w in expected.items():
+        assert np.array_equal(actual[name], w), name
+
+    if mode == "ssp":
+        proc = train(tmp_path / "reshard", stdlib_tokens, *settings, "parallel.dp=1",
+                     "parallel.pp=2", resume=first)
+        assert proc.returncode != 0 and len(errors(proc)) == 1, proc.stderr
+        assert "asynchronous data-parallel state" in errors(proc)[0], errors(proc)
+        assert "dp = 2" in errors(proc)[0], errors(proc)
+
+
+def test_a_stopped_peer_ends_the_job_within_the_timeout(tmp_path, stdlib_tokens):
+    """Replica 1 stops after its step 2 (asleep for 120 s); replica 0 waits on the bound
+    for its step 2 and, after parallel.async_timeout = 3 s, ends the job with one error
+    line naming the timeout — never a hang."""
+    start = time.monotonic()
+    proc = train(tmp_path / "run", stdlib_tokens, 'parallel.async_dp="ssp"',
+                 "parallel.staleness=1", "parallel.async_timeout=3",
+                 env={"HPCPIPE_ASYNC_STALL": "1:2:120", "HPCPIPE_FAILURE_WAIT_S": "1"},
+                 timeout=100)
+    assert proc.returncode != 0 and len(errors(proc)) == 1, proc.stderr
+    assert "parallel.async_timeout" in errors(proc)[0], errors(proc)
+    assert time.monotonic() - start < 90
+
+
+@pytest.mark.parametrize("mode", ["ssp", "easgd"])
+def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdlib_tokens,
+                                                                  mode):
+    """SIGTERM to the last rank only, while replica 1 lags (slowed at step 3): the vote
+    reaches the other replica through the board, world rank 0 sets a meeting no replica
+    has passed, both save there and exit 75 — never one waiting on the bound for the
+    other while that one waits at the meeting (a deadlock this test found) — and the
+    checkpoint resumes to the end."""
+    from train.test_preemption import finish, rank_pids, start, wait_for_line
+
+    run_dir = tmp_path / "run"
+    settings = [f'parallel.async_dp="{mode}"', "parallel.dp=2", "parallel.staleness=2",
+                "parallel.easgd_tau=2", "parallel.async_timeout=60"]
+    proc = start(run_dir, stdlib_tokens, "train.steps=100000", *settings,
+                 *devices.overrides(), ranks=2, env={"HPCPIPE_ASYNC_STALL": "1:3:0.5"})
+    wait_for_line(proc, "10/100000 |")  # (step 10: the width pads the number)
+    os.kill(rank_pids(run_dir)[-1], signal.SIGTERM)
+    out, err = finish(proc)
+    assert proc.returncode == 75, err
+    saved = ckpt.list_checkpoints(str(run_dir / "checkpoints"))
+    assert len(saved) == 1 and "preempted: checkpoint of step" in out, out[-2000:]
+    resumed = train(tmp_path / "resumed", stdlib_tokens, *settings, "model.n_embd=16",
+                    "model.block_size=16", f"train.steps={saved[0][0] + 3}",
+                    resume=saved[0][1])  # (the shape of test_preemption's runs)
+    assert resumed.returncode == 0, resumed.stderr

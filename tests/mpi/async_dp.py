@@ -1,0 +1,294 @@
+"""MPI worker body: asynchronous data parallelism (parallel.async_dp) against its
+references.
+
+`check(comm)` (contract: tests/harness/mpibody.py); tests/parallel/test_async_dp_mpi.py
+runs it on 2 and 4 ranks. Every run trains the same global batches in float64 with a
+learning rate that warms up and decays and clipping that fires on some steps. Checked:
+- bounded staleness with s = 0 equals synchronous data parallelism over 30 steps (10 on
+  4 ranks): the weights to 1e-10 (bitwise, as it happens) and the mean of the replicas'
+  losses;
+- with s = 2 and one replica asleep in Python (no MPI call) for 1.5 s, the other runs the
+  s + 1 steps the bound allows while it sleeps (its pushes into the sleeper's window do
+  not wait for it), and no step runs on weights more than s updates old, some on stale
+  ones; the run is recorded, and its replay (no sleep) is bitwise the same;
+- synchronous EASGD equals two independent one-process replicas moved by the elastic
+  rule written here in NumPy, weights and centre to 1e-12;
+- asynchronous EASGD with a slowed replica: the replicas share the run's budget (the
+  faster takes more of it), and its replay is bitwise the same (centre and weights);
+- a replica waiting on the bound for a peer that stopped ends with PeerTimeout naming
+  the timeout, within it;
+- on 4 ranks, each replica a pipeline (dp 2 × pp 2) and tensor-sharded (dp 2 × tp 2):
+  s = 0 equal to synchronous dp, a recorded s = 2 run and an asynchronous EASGD run
+  replayed bitwise.
+"""
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import (
+    batches,  # noqa: E402  (tests/harness/batches.py: a replica's share of a batch)
+    devices,  # noqa: E402  (tests/harness/devices.py: the test device)
+    mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
+)
+
+from hpcpipe import config
+from hpcpipe.optim.adamw import learning_rate
+from hpcpipe.parallel import grid as gridlib
+from hpcpipe.parallel.asyncdp.windows import PeerTimeout
+from hpcpipe.schedules import generate
+from hpcpipe.train.rank import Rank
+
+B, GLOBAL_MICROBATCHES, LR = 2, 4, 3e-2
+SLEEP = 1.5
+
+
+def make_cfg(dp, pp=1, tp=1, mode="none", staleness=0, steps=30, sync=False, tau=3,
+             alpha=0.0, timeout=60.0, microbatches=None):
+    return config.from_dict({
+        "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
+        "train": {"dtype": "float64", "micro_batch_size": B, "lr": LR, "min_lr": 0.0,
+                  "warmup_steps": 3, "grad_clip": 0.6, "weight_decay": 0.1, "seed": 3,
+                  "steps": steps},
+        "parallel": {"dp": dp, "pp": pp, "tp": tp, "schedule": "1f1b",
+                     "microbatches": microbatches or GLOBAL_MICROBATCHES // dp,
+                     "async_dp": mode,
+                     "staleness": staleness, "easgd_sync": sync, "easgd_tau": tau,
+                     "easgd_alpha": alpha, "async_timeout": timeout},
+    }, source="asynchronous data-parallel test")
+
+
+def global_batch(step):
+    rng = np.random.default_rng(300 + step)
+    tokens = rng.integers(0, 20, (GLOBAL_MICROBATCHES * B, 7))
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def train(comm, cfg, delays=None, record=None, replay=None):
+    """cfg's run over `comm`: each step's data and learning rate as training assigns them;
+    world rank r sleeps delays[(r, step)] seconds after `step`. Returns a dict: losses,
+    the published model's flat weights per chunk (the centre under EASGD), the replica's
+    own weights, the versions each step ran on, when each step ended."""
+    p, t = cfg.parallel, cfg.train
+    grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
+    be = devices.select()
+    rank = Rank.build(cfg, grid, be, generate(p.schedule, p.pp, p.microbatches))
+    step_of = rank.step
+    if record:
+        step_of.record_to(record)
+    if replay:
+        step_of.replay_from(replay)
+    out = {"losses": [], "ends": [], "steps": 0, "replica": grid.dp_rank}
+    for step in step_of.clock(0, t.steps):
+        data_step, replica = step_of.assignment(step)
+        inputs = batches.replica_inputs(be, global_batch(data_step), replica,
+                                        p.microbatches, B)
+        lr = learning_rate(data_step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
+        [outcome] = rank.train_step(step, inputs, lr, t.grad_clip)
+        out["losses"].append(outcome.loss)
+        out["ends"].append(time.time())
+        out["steps"] += 1
+        time.sleep((delays or {}).get((comm.rank, step), 0.0))
+    step_of.finish(t.steps)
+    if step_of.asynchronous:
+        step_of.meet("the end of the test run")
+    out["own"] = [be.to_host(s.param_buffer.data).copy() for s in rank.model.stages.values()]
+    with step_of.published():
+        out["model"] = [be.to_host(s.param_buffer.data).copy()
+                        for s in rank.model.stages.values()]
+    step_of.close()
+    return out
+
+
+def flat_equal(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def rel_diff(a, b) -> float:
+    top = max(float(np.max(np.abs(x))) for x in a)
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)) / top
+
+
+def check_ssp_equals_dp(comm, dp, pp, tp, label, steps) -> list[str]:
+    """s = 0 against synchronous data parallelism: the weights, and the mean of the
+    replicas' own losses against synchronous dp's (the mean over the replicas)."""
+    sync = train(comm, make_cfg(dp, pp, tp, steps=steps))
+    ssp = train(comm, make_cfg(dp, pp, tp, "ssp", 0, steps=steps))
+    failures = []
+    if rel_diff(sync["model"], ssp["model"]) > 1e-10:
+        failures.append(f"{label}: s = 0 weights differ from synchronous dp by "
+                        f"{rel_diff(sync['model'], ssp['model']):.3g} (relative)")
+    replicas = dict(comm.allgather((ssp["replica"], ssp["losses"])))
+    means = np.mean([replicas[d] for d in range(dp)], axis=0)
+    if not np.allclose(means, sync["losses"], rtol=1e-12, atol=0):
+        failures.append(f"{label}: s = 0 replicas' mean loss {means[-1]!r} vs synchronous "
+                        f"{sync['losses'][-1]!r}")
+    return failures
+
+
+def versions_from_log(folder, world_rank) -> dict:
+    from hpcpipe.parallel.asyncdp import record
+
+    return {r["step"]: r["version"] for r in record.read_records(
+        record.log_path(folder, world_rank))[1:] if "version" in r and "t" in r}
+
+
+def check_ssp_stragglers(comm, dp, pp, tp, label, folder) -> list[str]:
+    """s = 2 with a replica asleep; the record; its replay."""
+    s, failures = 2, []
+    sleeper = comm.size - 1  # a rank of the last replica
+    cfg = make_cfg(dp, pp, tp, "ssp", s, steps=12)
+    recorded = train(comm, cfg, delays={(sleeper, 2): SLEEP}, record=folder)
+    versions = versions_from_log(folder, comm.rank)
+    stale = [k - 1 - v for k, v in versions.items()]
+    if max(stale) > s:
+        failures.append(f"{label}: rank {comm.rank} ran a step {max(stale)} updates "
+                        f"behind, over the bound s = {s}")
+    ends = comm.allgather(recorded["ends"])
+    if comm.rank == 0:
+        asleep = ends[sleeper][1]  # the sleeper's step 2 ended: it falls asleep
+        ran = ends[0][2 + s] - asleep  # the first replica's step 2 + s + 1 ended
+        if ran > 0.75 * SLEEP:  # (had they waited for it: after it woke, SLEEP on)
+            failures.append(f"{label}: the first replica's steps 3–{3 + s} ended {ran:.2f} s "
+                            f"after a peer fell asleep for {SLEEP} s: they waited for it")
+    everyone = comm.allgather(stale)
+    if comm.rank == 0 and not any(x > 0 for row in everyone for x in row):
+        failures.append(f"{label}: no step ran on stale weights: {everyone}")
+    replayed = train(comm, cfg, replay=folder)
+    if not (flat_equal(recorded["own"], replayed["own"])
+            and recorded["losses"] == replayed["losses"]):
+        failures.append(f"{label}: the replay of the recorded s = {s} run is not bitwise "
+                        f"the same ({rel_diff(recorded['own'], replayed['own']):.3g})")
+    return failures
+
+
+def elastic_reference(dp, steps, tau, alpha):
+    """dp independent one-process replicas (plain dp = 1 Ranks), moved by the elastic
+    rule in NumPy every tau steps: returns (mean losses, each replica's weights, centre)."""
+    microbatches = GLOBAL_MICROBATCHES // dp
+    cfg = make_cfg(1, steps=steps, microbatches=microbatches)
+    be = devices.select()
+    ranks = [Rank.build(cfg, gridlib.build(MPI.COMM_SELF, 1, 1), be,
+                        generate("1f1b", 1, microbatches)) for _ in range(dp)]
+    buffers = [r.model.stages[0].param_buffer.data for r in ranks]
+    centre = be.to_host(buffers[0]).copy()
+    t, losses = cfg.train, []
+    for step in range(1, steps + 1):
+        lr = learning_rate(step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
+        outs = [r.train_step(step, batches.replica_inputs(be, global_batch(step), d,
+                                                          microbatches, B), lr,
+                             t.grad_clip)[0] for d, r in enumerate(ranks)]
+        losses.append(sum(o.loss for o in outs) / dp)
+        if step % tau == 0:
+            xs = [be.to_host(b).copy() for b in buffers]
+            pulls = [alpha * (x - centre) for x in xs]  # each replica's spring, at once
+            centre = centre + sum(pulls)
+            for b, x, d in zip(buffers, xs, pulls):
+                b[...] = be.from_host(x - d)
+    return losses, [be.to_host(b).copy() for b in buffers], centre
+
+
+def check_sync_easgd(comm) -> list[str]:
+    dp, steps, tau, alpha = comm.size, 12, 3, 0.3
+    got = train(comm, make_cfg(dp, mode="easgd", sync=True, steps=steps, tau=tau,
+                               alpha=alpha))
+    owns = comm.gather(got["own"][0], root=0)
+    if comm.rank != 0:
+        return []
+    losses, weights, centre = elastic_reference(dp, steps, tau, alpha)
+    failures = []
+    if not np.allclose(got["losses"], losses, rtol=1e-12, atol=0):
+        failures.append(f"synchronous EASGD: losses {got['losses'][-1]!r} vs the NumPy "
+                        f"reference {losses[-1]!r}")
+    for d, (own, ref) in enumerate(zip(owns, weights)):
+        if not np.allclose(own, ref, rtol=0, atol=1e-12):
+            failures.append(f"synchronous EASGD: replica {d}'s weights differ from the "
+                            f"reference by {np.max(np.abs(own - ref)):.3g}")
+    if not np.allclose(got["model"][0], centre, rtol=0, atol=1e-12):
+        failures.append(f"synchronous EASGD: the centre differs from the reference by "
+                        f"{np.max(np.abs(got['model'][0] - centre)):.3g}")
+    return failures
+
+
+def check_async_easgd(comm, dp, pp, tp, label, folder) -> list[str]:
+    """A slowed replica, recorded; its share of the budget; the replay."""
+    steps, failures = 10, []
+    slow = comm.size - 1
+    delays = {(slow, k): 0.2 for k in range(1, 3 * steps)}  # (far above a step, loaded)
+    cfg = make_cfg(dp, pp, tp, "easgd", steps=steps, tau=2)
+    recorded = train(comm, cfg, delays=delays, record=folder)
+    counts = comm.allgather(recorded["steps"])
+    if comm.rank == 0:
+        by_replica = counts[:: comm.size // dp]
+        if sum(by_replica) != dp * steps or by_replica[0] <= by_replica[-1]:
+            failures.append(f"{label}: the replicas ran {by_replica} steps of a budget of "
+                            f"{dp * steps} (the slowed one should run fewer)")
+    replayed = train(comm, cfg, replay=folder)
+    if not (flat_equal(recorded["model"], replayed["model"])
+            and flat_equal(recorded["own"], replayed["own"])):
+        failures.append(f"{label}: the replay of the recorded asynchronous EASGD run is not "
+                        f"bitwise the same")
+    return failures
+
+
+def check_timeout(comm) -> list[str]:
+    """s = 1; the last replica stops after step 1 for longer than the timeout."""
+    timeout, failures = 2.0, []
+    cfg = make_cfg(comm.size, mode="ssp", staleness=1, steps=8, timeout=timeout)
+    grid = gridlib.build(comm, comm.size, 1)
+    be = devices.select()
+    rank = Rank.build(cfg, grid, be, generate("1f1b", 1, cfg.parallel.microbatches))
+    error, start = None, None
+    try:
+        for step in range(1, 9):
+            if grid.dp_rank == comm.size - 1 and step == 2:
+                time.sleep(3 * timeout)  # stopped: never pushes step 2
+                break
+            inputs = batches.replica_inputs(be, global_batch(step), grid.dp_rank,
+                                            cfg.parallel.microbatches, B)
+            start = time.monotonic()
+            rank.train_step(step, inputs, LR, 0.6)
+    except PeerTimeout as e:
+        error = (str(e), time.monotonic() - start)
+    if grid.dp_rank == 0:
+        if error is None:
+            failures.append("a replica waiting for a stopped peer did not time out")
+        elif "parallel.async_timeout" not in error[0] or not timeout <= error[1] < 2 * timeout:
+            failures.append(f"the timeout said {error[0]!r} after {error[1]:.1f} s "
+                            f"(timeout {timeout} s)")
+    mpibody.settle(comm)
+    rank.step.close()
+    return failures
+
+
+def check(comm) -> mpibody.Report:
+    n, failures, summary = comm.size, [], []
+    folder = comm.bcast(tempfile.mkdtemp(prefix="asyncdp-") if comm.rank == 0 else None)
+    layouts = [(2, 1, 1)] if n == 2 else [(2, 2, 1), (2, 1, 2)]
+    for dp, pp, tp in layouts:
+        label = f"dp {dp} × pp {pp} × tp {tp}"
+        # (30 steps on 2 ranks; the layouts of 4 take 10, on CI's 2 cores)
+        failures += check_ssp_equals_dp(comm, dp, pp, tp, label, 30 if n == 2 else 10)
+        failures += check_ssp_stragglers(comm, dp, pp, tp, label,
+                                         os.path.join(folder, f"ssp-{dp}{pp}{tp}"))
+        failures += check_async_easgd(comm, dp, pp, tp, label,
+                                      os.path.join(folder, f"easgd-{dp}{pp}{tp}"))
+        summary.append(f"world {n}: {label}: ssp s = 0 and 2, replay, asynchronous EASGD")
+    if n == 2:
+        failures += check_sync_easgd(comm)
+        failures += check_timeout(comm)
+        summary.append("world 2: synchronous EASGD against NumPy, the timeout")
+    mpibody.settle(comm)
+    if comm.rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    return mpibody.Report.agreed(comm, summary, failures)
+
+
+if __name__ == "__main__":
+    sys.exit(mpibody.main(check))

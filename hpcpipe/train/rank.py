@@ -70,7 +70,8 @@ class Rank:
             step = asyncstep.build(cfg, model, grid, transport, trace)
         else:
             step = TrainStep.build(cfg, model, grid, transport, trace)
-            step.graphs = None if graphed is None else graphed.graphs
+            # AdamW's graph over the stages' own gradient buffers (ZeRO-1's are fresh shards)
+            step.graphs = graphed.graphs if graphed is not None and not step.zero else None
         return cls(model, transport, p2p, runtime, step, grid, graphed)
 
     @property

@@ -220,8 +220,7 @@ class TrainStep(LoopHooks):
         return StepOutcome(step, loss, reported, skipped, result, stats, loss_scale=scale)
 
     def _update(self, lr: float, coefficient: float):
-        optimizer_step(self.optimizer, self.gradsync.gradients(), lr, coefficient,
-                       None if self.zero else self.graphs)  # (ZeRO-1: fresh shards)
+        optimizer_step(self.optimizer, self.gradsync.gradients(), lr, coefficient, self.graphs)
         if self.gather is not None and self.zero < 3:
             self.gather()
 

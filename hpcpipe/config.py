@@ -87,6 +87,11 @@ class TrainSection:
     device: str = "auto"  # "auto": a GPU where CuPy finds one, else the CPU
     gpu_sharing: bool = False  # allow more ranks than GPUs on a node (they time-slice)
     device_memory: float = 0.0  # share of the GPU's memory the rank's pool may hold; 0: no cap
+    # Each microbatch's F, B and W as one CUDA graph and the AdamW update as another,
+    # captured at their second call and replayed (hpcpipe/train/graphed.py: the same bits;
+    # a single stage on a GPU only, refused elsewhere naming why). Off until a GPU has
+    # measured it (make gpu-check's step section times the host with and without)
+    cuda_graphs: bool = False
     eval_every: int = 50  # 0: only at the end
     eval_batches: int = 8  # validation batches per evaluation
     log_every: int = 10  # a progress line every N steps (averaged over them)

@@ -13,7 +13,8 @@ then the sections, each a subprocess under its own time limit (SECTIONS, in this
    and sync costs, each fused kernel against NumPy at small size, CUDA-aware MPI
    (gpu_smoke.py) → calibration.json;
 2. kernels: every fused kernel at GPT-2 124M's size against NumPy (a slice of rows), timed
-   with CUDA events → kernels.json;
+   with CUDA events, and the Llama family's (RMSNorm, SwiGLU, flash.cu with grouped heads
+   and the rotation) at SmolLM2-135M's → kernels.json;
 3. attention: flash.cu F and B against PyTorch's SDPA at T 1024 and 2048, time, TFLOP/s
    and error → kernels.json;
 4. gemms: each GEMM shape of the model's step, cupy.matmul and torch.matmul →
@@ -260,9 +261,13 @@ def summary(folder) -> list[str]:
     kernels = _load(folder, "kernels.json").get("kernels", [])
     if kernels:
         bad = [k["kernel"] for k in kernels if not k["ok"]]
-        lines.append(f"fused kernels at GPT-2's size: {len(kernels) - len(bad)} of "
-                     f"{len(kernels)} within bounds" + (f" (not: {', '.join(bad)})" if bad
-                                                        else ""))
+        lines.append(f"fused kernels at GPT-2's and SmolLM2's sizes: {len(kernels) - len(bad)}"
+                     f" of {len(kernels)} within bounds" + (f" (not: {', '.join(bad)})" if bad
+                                                             else ""))
+        for k in kernels:
+            if k.get("tflops") is not None:
+                lines.append(f"{k['kernel']} {k['shape']}: {k['ms']:.3f} ms, "
+                             f"{k['tflops']:.0f} TFLOP/s")
     for name, r in _load(folder, "sharing.json").get("sharing", {}).items():
         lines.append(f"{name}: {r.get('status')}" + (
             f", losses {'bitwise' if r.get('bitwise') else 'max diff ' + str(r['max_difference'])}"

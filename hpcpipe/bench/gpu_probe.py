@@ -158,6 +158,81 @@ def kernels(be, out: str, small: bool):
                                                          order, *spaces)),
            2 * h.nbytes, lambda: dwte.get()[busy], want_wte[busy], 1e-5)
     flash_rows(be, k, out, rows, small)
+    llama_rows(be, k, out, rows, small, record)
+
+
+def llama_rows(be, k, out, rows, small, record):
+    """The Llama family's kernels at SmolLM2-135M's size (8 × 2048 tokens, C 576, I 1536;
+    attention 9 query heads over 3 key/value heads of 64, rope θ 100000): RMSNorm with the
+    residual F and B, SwiGLU F and B against float64 on a slice of rows, and flash.cu with
+    grouped heads and the rotation on read, F's first head against float64."""
+    from hpcpipe.device.kernels import attention, rmsnorm, swiglu
+
+    xp, bf, put = be.xp, _bf16(), be.xp.asarray
+    N, C, I = (64, 64, 96) if small else (16384, 576, 1536)
+    rng, head = np.random.default_rng(2), min(N, 256)
+    x, r, dy = (rng.standard_normal((N, C)).astype(bf) for _ in range(3))
+    x_, r_, dy_, w_ = put(x), put(r), put(dy), put(np.ones(C, bf))
+    y_, xsum_, rstd_ = xp.empty((N, C), bf), xp.empty((N, C), bf), xp.empty(N, np.float32)
+    v = (x[:head].astype(np.float32) + r[:head].astype(np.float32)).astype(bf).astype(
+        np.float64)
+    inv = 1 / np.sqrt((v * v).mean(1, keepdims=True) + 1e-5)
+    record("rmsnorm.forward (residual, SmolLM2)", (N, C),
+           lambda: rmsnorm.forward(k, y_, rstd_, x_, w_, 1e-5, residual=r_, xsum=xsum_),
+           4 * x.nbytes, y_.get, v * inv, 2.0 ** -7)
+    dx_, parts = xp.empty((N, C), bf), xp.empty(rmsnorm.partials_shape(N, C), np.float32)
+    g = dy[:head].astype(np.float64)
+    record("rmsnorm.backward (SmolLM2)", (N, C),
+           lambda: rmsnorm.backward(k, dx_, parts, dy_, xsum_, rstd_, w_, dresidual=r_),
+           4 * x.nbytes, dx_.get,
+           (g - v * inv * (g * v * inv).mean(1, keepdims=True)) * inv
+           + r[:head].astype(np.float64), 2.0 ** -6)
+    gate, up, da = (rng.standard_normal((N, I)).astype(bf) for _ in range(3))
+    g_, u_, da_, a_ = put(gate), put(up), put(da), xp.empty((N, I), bf)
+    z, u = gate[:head].astype(np.float64), up[:head].astype(np.float64)
+    sig = 1 / (1 + np.exp(-z))
+    record("swiglu.forward (SmolLM2)", (N, I), lambda: swiglu.forward(k, a_, g_, u_),
+           3 * gate.nbytes, a_.get, z * sig * u, 2.0 ** -7)
+    dg_, du_ = xp.empty((N, I), bf), xp.empty((N, I), bf)
+    record("swiglu.backward (SmolLM2)", (N, I),
+           lambda: swiglu.backward(k, dg_, du_, da_, g_, u_), 5 * gate.nbytes, dg_.get,
+           da[:head].astype(np.float64) * u * (sig + z * sig * (1 - sig)), 2.0 ** -6)
+    B, T, NH, KV, HS = (1, 80, 4, 2, 64) if small else (8, 2048, 9, 3, 64)
+    q, kk, vv = (rng.standard_normal((B, T, H * HS)).astype(bf) for H in (NH, KV, KV))
+    dyq = rng.standard_normal((B, T, NH * HS)).astype(bf)
+    angles = np.arange(T)[:, None] / 100000.0 ** (np.arange(0, HS, 2) / HS)[None, :]
+    cos, sin = np.cos(angles), np.sin(angles)
+    table = attention.Rope(put(cos.astype(np.float32)), put(sin.astype(np.float32)))
+    q_, k_, v_, dyq_ = put(q), put(kk), put(vv), put(dyq)
+    ya_, lse_ = xp.empty_like(q_), xp.empty((B, NH, T), np.float32)
+    dq_, dk_, dv_ = xp.empty_like(q_), xp.empty_like(k_), xp.empty_like(v_)
+    dd_ = xp.empty((B, NH, T), np.float32)
+    forward = lambda: attention.flash_forward(k, ya_, lse_, q_, k_, v_, NH, KV, None,  # noqa
+                                              table)
+    backward = lambda: attention.flash_backward(k, dq_, dk_, dv_, dd_, dyq_, ya_, q_, k_,  # noqa
+                                                v_, lse_, NH, KV, None, table)
+    reps = 3 if small else 10
+    f_ms, b_ms = device_ms(be, forward, reps), device_ms(be, backward, reps)
+    forward(), backward()
+
+    def turned(a):  # Hugging Face's half rotation, float64
+        a1, a2 = a[..., :HS // 2], a[..., HS // 2:]
+        return np.concatenate([a1 * cos - a2 * sin, a2 * cos + a1 * sin], -1)
+
+    q0 = turned(q[0, :, :HS].astype(np.float64))
+    k0 = turned(kk[0, :, :HS].astype(np.float64))
+    s_ = q0 @ k0.T / math.sqrt(HS) + np.triu(np.full((T, T), -np.inf), 1)
+    p_ = np.exp(s_ - s_.max(-1, keepdims=True))
+    want = (p_ / p_.sum(-1, keepdims=True)) @ vv[0, :, :HS].astype(np.float64)
+    error = _error(ya_.get()[0, :, :HS], want)
+    flops = 4 * HS * B * NH * T * T / 2
+    rows.append({"kernel": "flash.forward (GQA, rope, SmolLM2)", "shape": [B, T, NH, KV, HS],
+                 "ms": f_ms, "tflops": flops / f_ms / 1e9, "max_error": error,
+                 "ok": error < 2.0 ** -6})
+    rows.append({"kernel": "flash.backward (GQA, rope, SmolLM2)",
+                 "shape": [B, T, NH, KV, HS], "ms": b_ms, "tflops": 2.5 * flops / b_ms / 1e9,
+                 "max_error": None, "ok": True})
+    _write(out, "kernels", rows)
 
 
 def flash_rows(be, k, out, rows, small):

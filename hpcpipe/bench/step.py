@@ -28,7 +28,6 @@ import numpy as np
 from hpcpipe import __version__
 from hpcpipe.device import backend
 from hpcpipe.device.dtypes import DTYPES
-from hpcpipe.device.graphs import Graphs
 from hpcpipe.model import GPTConfig, Stage
 from hpcpipe.model.layout import GPT2_VOCAB, GPT2_VOCAB_MULTIPLE
 
@@ -46,6 +45,7 @@ from hpcpipe.model.layers import (
     mlp,
 )
 from hpcpipe.optim.adamw import AdamW, ParamShard
+from hpcpipe.train.graphed import Graphed
 from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_file
@@ -156,11 +156,12 @@ def torch_matmul_rate(torch, device, dtype, n: int, repeats: int = 3) -> float:
 
 class HpcpipeStep:
     """One microbatch through a whole-model Stage (F, B, W), the tied head's gradient folded
-    in, then AdamW: what one pipeline rank holding every layer does per step. graphs: the
-    step's device work as CUDA graphs (device/graphs.py): zero_grad, F, B, W and the fold
-    as one, AdamW as another (its scalars written to the device first), captured at the
-    second step, replayed after. `host_s` keeps each step's host time (until the last
-    launch returns, before the wait for the device)."""
+    in, then AdamW: what one pipeline rank holding every layer does per step. graphs: as
+    training runs with `train.cuda_graphs` (train/graphed.py) — the microbatch's F, B and W
+    as one CUDA graph, AdamW as another (its scalars written to the device first), the
+    zeroing and the fold eager; captured at the second step, replayed after. `host_s`
+    keeps each step's host time (until the last launch returns, before the wait for the
+    device)."""
 
     def __init__(self, cfg, be, dtype, idx, targets, graphs: bool = False):
         self.be = be
@@ -168,26 +169,22 @@ class HpcpipeStep:
         self.opt = AdamW(ParamShard(self.stage.param_buffer), be, beta1=BETA1, beta2=BETA2,
                          eps=EPS, weight_decay=WEIGHT_DECAY)
         self.idx, self.targets = be.from_host(idx), be.from_host(targets)
-        self.graphs = Graphs(be) if graphs else None
+        self.graphed = Graphed(be) if graphs else None
+        self.graphs = None if self.graphed is None else self.graphed.graphs
+        self.runs = self.stage if self.graphed is None else self.graphed.stage(self.stage)
         self.host_s: list[float] = []
 
-    def _device_step(self):
-        stage = self.stage
+    def __call__(self) -> float:
+        tick = time.perf_counter()
+        stage, grad = self.runs, self.stage.grad_buffer.data
         stage.zero_grad()
         value = stage.forward(0, self.idx, self.targets)
         stage.backward_input(0)
         stage.backward_weight(0)
         stage.add_head_grad()
-        return value
-
-    def __call__(self) -> float:
-        tick = time.perf_counter()
-        grad = self.stage.grad_buffer.data
         if self.graphs is None:
-            value = self._device_step()
             self.opt.step(grad, LR)
         else:
-            value = self.graphs.run(("step", id(self)), self._device_step)
             self.opt.step_graphed(grad, LR, self.graphs)
         self.host_s.append(time.perf_counter() - tick)
         _sync(self.be)

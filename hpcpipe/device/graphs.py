@@ -23,7 +23,9 @@ What capture cannot take, and the reason it is refused with:
 - MPI inside (tensor parallelism's collectives, ZeRO-3's gathers): a captured graph never
   calls the host again, so no message would be sent — callers refuse those layouts;
 - memory: every array made during capture stays the graph's (a private memory pool per
-  graph, as PyTorch's), so what a replay writes is never another array's.
+  graph, as PyTorch's), so what a replay writes is never another array's; after a
+  capture the default pool gives back the blocks the eager call left cached, and
+  `forget` drops a graph with what its pool holds.
 
 On the device stand-in (tests) a "capture" runs `fn` with the device's host syncs and
 transfers forbidden, and a "replay" runs it again and copies its results into the captured
@@ -89,6 +91,16 @@ class Graphs:
     @property
     def captured(self) -> int:
         return len(self._graphs)
+
+    def forget(self, key):
+        """Drop `key`'s graph and give back what its pool holds that nothing else
+        references: the next call of `key` is eager again, then captured."""
+        self._seen.discard(key)
+        graph = self._graphs.pop(key, None)
+        if graph is not None and graph.pool is not None:
+            pool = graph.pool
+            del graph
+            pool.free_all_blocks()
 
     def _capture(self, key, fn, inputs) -> _Graph:
         xp = self.be.xp
@@ -170,4 +182,7 @@ def _capture_cupy(xp, key, fn, own) -> _Graph:
     except Exception as e:  # CUDA refuses what it cannot capture: say which call
         raise GraphError(f"cannot capture {key} as a CUDA graph: {e}") from e
     graph.launch(xp.cuda.get_current_stream())
+    # What the eager call left cached in the default pool, the graph's pool now holds its
+    # own copy of: give it back, or a graphed step would reserve its working set twice.
+    xp.get_default_memory_pool().free_all_blocks()
     return _Graph(own, out, graph=graph, pool=pool)

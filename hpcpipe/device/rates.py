@@ -51,9 +51,10 @@ class GpuRates:
 # TF32 300; ~3 µs of GPU time per kernel; 10-40 µs of host time per CuPy call (20 taken).
 # bf16_mma, flash.cu's tensor-core FLOPs: 120, the rate this table stated for the WMMA
 # attention before (the stage balance no longer prices by this table: plan/balance.py
-# takes the run's measured rates); the kernel model (hpcpipe/devtools/kernelmodel.py) predicts
-# 130-160 for flash.cu on an H100, and `bench gpu-model` takes that. These are statements, not measurements (the H100 measured 2026-12-05 is 0.6-3×
-# away from several): `bench gpu-model` prices at an H100's measured rates by default.
+# takes the run's measured rates); the kernel model (hpcpipe/devtools/kernelmodel.py)
+# predicts 160-190 for flash.cu's F and dq on an H100 and 160 for dkv, and `bench
+# gpu-model` takes that. These are statements, not measurements (the H100 measured
+# 2026-12-05 is 0.6-3× away from several): `bench gpu-model` prices at an H100's measured rates by default.
 GPUS = {
     "h200": GpuRates(
         name="NVIDIA H200", elementwise_bytes_per_s=3.0e12,

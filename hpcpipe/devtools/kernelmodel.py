@@ -258,57 +258,140 @@ LDM = 4  # wavefronts of an ldmatrix.x4 on padded rows (no conflicts)
 COPY = 64 * HS * 2 // 128  # cp.async of a 64-row tile: its bytes / 128 a cycle
 
 
+@dataclass(frozen=True)
+class Attention:
+    """The attention a flash.cu launch computes: B sequences of T, NH query heads over NKV
+    key/value heads of 64 channels, the rotary embedding applied as the tiles are read
+    (`rope`) or not."""
+
+    name: str
+    B: int
+    T: int
+    NH: int
+    NKV: int
+    rope: bool = False
+
+    @property
+    def heads(self) -> int:
+        return self.B * self.NH
+
+    @property
+    def flops(self) -> int:  # FlashAttention's count for F (B: 2.5×)
+        return 4 * HS * self.heads * self.T * self.T // 2
+
+    def bytes(self, query_sized: int, kv_sized: int) -> int:
+        """DRAM bytes of `query_sized` arrays shaped like q and `kv_sized` like k (bf16)."""
+        return 2 * HS * self.B * self.T * (query_sized * self.NH + kv_sized * self.NKV)
+
+
+GPT2 = Attention("GPT-2 124M, 16 × 1024", B, T, NH, NH)
+SMOLLM2 = Attention("SmolLM2-135M, 8 × 2048, rope", 8, 2048, 9, 3, rope=True)
+
+# The rotation of one 64-row tile as fix_tile does it, per block (every thread its 16-byte
+# pieces and their partners): per 16 elements two shared loads and stores, 16 unpacks and
+# 8 packs, 16 cos/sin loads (L1: 64 bytes a row a tile), ~48 multiply-adds, addresses —
+# ~100 instructions, so 64·64/16 · 100 / 32 lanes = 800 warp instructions; wavefronts:
+# the tile read and written (64 + 64) and its tables read (2 · 64 rows · 128 bytes / 128).
+ROPE = Trip(wavefronts=64 + 64 + 128, instructions=800)
+
+
 def _flash_trip(loads: int, transposed: int, mma: int, exps: int, alu: int, copies: int,
-                share: float = 1.0) -> Trip:
-    """A block trip of 4 warps: each warp `loads` + `transposed` ldmatrix.x4 and `mma`
-    m16n8k16 (times `share`: the diagonal tile's fraction), `exps` exp2 and `alu` other
-    instructions per lane-row set; the block copies `copies` tiles by cp.async (one
-    instruction a thread a 16-byte piece: 8 per tile); two barriers."""
-    warp = Trip(mma=mma * share, wavefronts=(loads + transposed) * LDM * share,
-                instructions=(loads + transposed + mma + exps + alu) * share, sfu=exps * share)
-    return warp * 4 + Trip(wavefronts=copies * COPY, instructions=copies * 8 * 4, barriers=2)
+                warps: int = 4, share: float = 1.0, load_share: float | None = None,
+                rotated: int = 0) -> Trip:
+    """A block trip of `warps` warps: each warp `loads` + `transposed` ldmatrix.x4 (times
+    `load_share`: the diagonal tile's fraction of them), `mma` m16n8k16 (times `share`:
+    the diagonal tile's fraction of the products), `exps` exp2 and `alu` other
+    instructions; the block copies `copies` tiles by cp.async (one instruction a thread a
+    16-byte piece, with its address: 32 warp instructions a tile, whatever the warps) and
+    rotates `rotated` of them (ROPE); two barriers."""
+    ls = share if load_share is None else load_share
+    warp = Trip(mma=mma * share, wavefronts=(loads + transposed) * LDM * ls,
+                instructions=(loads + transposed) * ls + (mma + exps + alu) * share,
+                sfu=exps * share)
+    return warp * warps + Trip(wavefronts=copies * COPY, instructions=copies * 8 * 4,
+                               barriers=2) + ROPE * rotated
 
 
 def _flash_launch(name, trip: Trip, diagonal: Trip, registers: int, shared: int,
-                  per_block_items: int, blocks: int, dram: float, flops: float) -> Kernel:
-    full = HEADS * (T // 64) * (T // 64 - 1) // 2 * per_block_items
-    return Kernel(name, 128, registers, shared, blocks,
-                  ((trip, full), (diagonal, HEADS * (T // 64) * per_block_items)), dram, flops,
-                  "flash.cu")
+                  threads: int, blocks: int, dram: float, flops: float,
+                  shape: Attention) -> Kernel:
+    tiles = shape.T // 64
+    full = shape.heads * tiles * (tiles - 1) // 2
+    return Kernel(name, threads, registers, shared, blocks,
+                  ((trip, full), (diagonal, shape.heads * tiles)), dram, flops, "flash.cu")
 
 
-# The diagonal tile: warp w does 2w + 2 of 8 key groups (F, dq) or 16-query chunks from w
-# (dkv): 20 of 32, 62.5 % of a full tile's products.
+# The diagonal tile: m-tile i (16 rows) of a block multiplies i + 1 of its 4 key chunks
+# (F, dq; dkv mirrors it): 10 of 16 chunks, 62.5 % of a full tile's products. Its loads:
+# a warp loads the chunks its last m-tile sees — 62.5 % with one m-tile a warp, 75 % with
+# two (warp 0 loads 2 of 4 chunks, warp 1 all 4).
 DIAGONAL = 20 / 32
 
 
-def flash_forward(registers: int = 142) -> Kernel:
-    """flash_forward_hs64: per warp and 64-key tile 16 b_rows (S) and 16 b_cols (P V)
-    ldmatrix.x4, 64 mma; 32 exp2 (+2 for alpha); ~250 other instructions (32 max, 32
-    fma, 32 sums, 32 rescales, 16 packs, shuffles, addresses); the block copies K and V."""
-    args = dict(loads=16, transposed=16, mma=64, exps=34, alu=250, copies=2)
-    return _flash_launch("flash F", _flash_trip(**args), _flash_trip(**args, share=DIAGONAL),
-                         registers, 46080, 1, 16 * HEADS, 4 * B * T * NH * HS * 2,
-                         CAUSAL_FLOPS)
+def _diagonal_loads(m_tiles: int) -> float:
+    warps = 4 // m_tiles
+    return sum(m_tiles * (w + 1) for w in range(warps)) / (4 * warps)
 
 
-def flash_dq(registers: int = 153) -> Kernel:
-    """flash_backward_dq_hs64: 32 b_rows (S, dP) and 16 b_cols (dS K) ldmatrix.x4, 96
-    mma, 32 exp2, ~300 other instructions; the block copies K and V."""
-    args = dict(loads=32, transposed=16, mma=96, exps=32, alu=300, copies=2)
-    return _flash_launch("flash dq", _flash_trip(**args), _flash_trip(**args, share=DIAGONAL),
-                         registers, 46080, 1, 16 * HEADS, 5 * B * T * NH * HS * 2,
-                         CAUSAL_FLOPS * 6 // 4)
+def _suffix(shape: Attention) -> str:
+    return "" if shape == GPT2 else f" ({shape.name})"
 
 
-def flash_dkv(registers: int = 253) -> Kernel:
-    """flash_backward_dkv_hs64: per 64-query item 32 b_rows (S^T, dP^T) and 32 b_cols (dV,
-    dK) ldmatrix.x4, 128 mma, 32 exp2, ~350 other instructions; the block copies Q, dO (and
-    lse, dd)."""
-    args = dict(loads=32, transposed=32, mma=128, exps=32, alu=350, copies=2)
-    return _flash_launch("flash dkv", _flash_trip(**args), _flash_trip(**args, share=DIAGONAL),
-                         registers, 47104, 1, 16 * HEADS, 6 * B * T * NH * HS * 2,
-                         CAUSAL_FLOPS * 8 // 4)
+def flash_forward(registers: int = 217, m_tiles: int = 2, shape: Attention = GPT2) -> Kernel:
+    """flash_forward_hs64 (FA_Q_TILES = m_tiles 16-row m-tiles a warp, 64 // (16·m_tiles)
+    warps a block of 64 rows): per warp and 64-key tile 16 b_rows (S) and 16 b_cols (P V)
+    ldmatrix.x4 — each feeding m_tiles mma —, 64 mma, 34 exp2 (32 + 2 for alpha) and
+    ~154 other instructions per m-tile (32 max, 32 fma, 32 sums, 32 rescales, 16 packs,
+    shuffles and masks), ~96 a warp besides (fragment addresses, the loop); the block
+    copies K and V (and with the rotary embedding rotates K). Shared memory: 4 tiles (Q
+    waits in K's buffer 1) — 5 before the m-tiles, 46,080 bytes."""
+    warps = 4 // m_tiles
+    args = dict(loads=16, transposed=16, mma=64 * m_tiles, exps=34 * m_tiles,
+                alu=96 + 154 * m_tiles, copies=2, warps=warps, rotated=int(shape.rope))
+    smem = 36864 if m_tiles > 1 else 46080
+    return _flash_launch("flash F" + _suffix(shape), _flash_trip(**args),
+                         _flash_trip(**args, share=DIAGONAL,
+                                     load_share=_diagonal_loads(m_tiles)),
+                         registers, smem, 32 * warps, shape.heads * shape.T // 64,
+                         shape.bytes(2, 2), shape.flops, shape)
+
+
+def flash_dq(registers: int = 223, m_tiles: int = 2, shape: Attention = GPT2) -> Kernel:
+    """flash_backward_dq_hs64 (m_tiles as F's): per warp and key tile 32 b_rows (S, dP) and
+    16 b_cols (dS K) ldmatrix.x4, 96 mma, 32 exp2 and ~150 other instructions per m-tile
+    (exp arguments, dP - D, products, masks, packs), ~150 a warp besides; the block
+    copies K and V (rotating K with the rotary embedding)."""
+    warps = 4 // m_tiles
+    args = dict(loads=32, transposed=16, mma=96 * m_tiles, exps=32 * m_tiles,
+                alu=150 + 150 * m_tiles, copies=2, warps=warps, rotated=int(shape.rope))
+    smem = 36864 if m_tiles > 1 else 46080
+    return _flash_launch("flash dq" + _suffix(shape), _flash_trip(**args),
+                         _flash_trip(**args, share=DIAGONAL,
+                                     load_share=_diagonal_loads(m_tiles)),
+                         registers, smem, 32 * warps, shape.heads * shape.T // 64,
+                         shape.bytes(4, 2), shape.flops * 6 // 4, shape)
+
+
+def flash_dkv(registers: int = 253, shape: Attention = GPT2) -> Kernel:
+    """flash_backward_dkv_hs64 (one m-tile a warp, 4 warps: two would double dK's and dV's
+    accumulators, 64 registers each, past the 255 a thread has): per 64-query item 32
+    b_rows (S^T, dP^T) and 32 b_cols (dV, dK) ldmatrix.x4, 128 mma, 32 exp2, ~350 other
+    instructions; the block copies Q, dO (and lse, dd), rotating Q with the rotary
+    embedding. A block of a key/value head walks every query head of its group."""
+    args = dict(loads=32, transposed=32, mma=128, exps=32, alu=350, copies=2,
+                rotated=int(shape.rope))
+    return _flash_launch("flash dkv" + _suffix(shape), _flash_trip(**args),
+                         _flash_trip(**args, share=DIAGONAL), registers, 47104, 128,
+                         shape.B * shape.NKV * shape.T // 64, shape.bytes(2, 4),
+                         shape.flops * 8 // 4, shape)
+
+
+def flash_one_tile() -> tuple[Kernel, Kernel]:
+    """F and dq as they were before the m-tiles (one 16-row m-tile a warp, 4 warps, 5
+    shared tiles; ptxas: 142 and 153 registers): the design the model found shared-memory
+    bound, kept for the comparison the docs print."""
+    return replace(flash_forward(142, 1), name="flash F (16 rows a warp)"), \
+        replace(flash_dq(153, 1), name="flash dq (16 rows a warp)")
 
 
 # -- validation against the H100's measured step ------------------------------------------------
@@ -353,16 +436,41 @@ def validation(folder: str = MEASURED, sm: Sm = H100) -> list[dict]:
     return out
 
 
-def predictions(sm: Sm = H100) -> list[dict]:
-    """The new kernels at GPT-2's shape, one layer: PREDICTED, never run."""
-    out = []
-    for k in (flash_forward(), flash_dq(), flash_dkv()):
-        p = predict(k, sm)
-        out.append({"kernel": k.name, "serial_ms": 1e3 * p["serial"],
-                    "overlap_ms": 1e3 * p["overlap"], "bound": p["bound"],
-                    "blocks_per_sm": p["blocks_per_sm"], "serial_tflops": p["tflops"]["serial"],
-                    "overlap_tflops": p["tflops"]["overlap"]})
-    return out
+def predictions(sm: Sm = H100, shape: Attention = GPT2) -> list[dict]:
+    """The new kernels at `shape` (GPT-2's), one layer: PREDICTED, never run."""
+    return [_prediction(k, sm) for k in (flash_forward(shape=shape), flash_dq(shape=shape),
+                                         flash_dkv(shape=shape))]
+
+
+def _prediction(k: Kernel, sm: Sm = H100) -> dict:
+    p = predict(k, sm)
+    return {"kernel": k.name, "serial_ms": 1e3 * p["serial"], "overlap_ms": 1e3 * p["overlap"],
+            "bound": p["bound"], "blocks_per_sm": p["blocks_per_sm"],
+            "serial_tflops": p["tflops"]["serial"], "overlap_tflops": p["tflops"]["overlap"]}
+
+
+def attention_tflops(forward: Kernel, dq: Kernel, dkv: Kernel, sm: Sm = H100) -> dict:
+    """F's and B's TFLOP/s by FlashAttention's count (B is 2.5 × F's FLOPs in dq + dkv),
+    PREDICTED by the serial combination."""
+    f, q, kv = (predict(k, sm)["serial"] for k in (forward, dq, dkv))
+    return {"F": forward.flops / f / 1e12, "B": 2.5 * forward.flops / (q + kv) / 1e12}
+
+
+def designs(sm: Sm = H100) -> list[dict]:
+    """flash.cu's F and B as they are (two m-tiles a warp in F and dq) and as they were
+    (one), PREDICTED: what the restructuring buys by this model."""
+    before_f, before_dq = flash_one_tile()
+    return [{"design": "16 rows a warp (before)", "blocks_per_sm": predict(before_f, sm)[
+                 "blocks_per_sm"], "bound": predict(before_f, sm)["bound"],
+             **attention_tflops(before_f, before_dq, flash_dkv(), sm)},
+            {"design": "32 rows a warp (F, dq)", "blocks_per_sm": predict(
+                flash_forward(), sm)["blocks_per_sm"], "bound": predict(flash_forward(), sm)[
+                 "bound"], **attention_tflops(flash_forward(), flash_dq(), flash_dkv(), sm)},
+            {"design": f"32 rows a warp, {SMOLLM2.name}", "blocks_per_sm": predict(
+                flash_forward(shape=SMOLLM2), sm)["blocks_per_sm"],
+             "bound": predict(flash_forward(shape=SMOLLM2), sm)["bound"],
+             **attention_tflops(flash_forward(shape=SMOLLM2), flash_dq(shape=SMOLLM2),
+                                flash_dkv(shape=SMOLLM2), sm)}]
 
 
 # The elementwise kernels at GPT-2's size (N = 16 384 rows, C = 768, the padded vocabulary):
@@ -370,12 +478,21 @@ def predictions(sm: Sm = H100) -> list[dict]:
 # GELU's tanh through one exp and one reciprocal, ~30 with its bias; its B ~45 with the
 # derivative and the chunk sum; cross-entropy ~12 per logit and pass over three passes).
 N_ROWS, VOCAB = B * T, 50304
+# SmolLM2-135M's (8 × 2048 tokens, C 576, I 1536): RMSNorm F ~10 instructions an element
+# (square-sum, the row's shuffles shared, the scale, the residual add), its row-block B ~16
+# (xhat, dxhat, the dot, dx, the weight sums); SwiGLU F ~20 (exp, reciprocal, two
+# products), B ~30 (σ again, silu, its slope, three products).
+LLAMA_ROWS, LLAMA_C, LLAMA_I = 8 * 2048, 576, 1536
 ELEMENTWISE = (
     ("gelu bias F", 2 * N_ROWS * 4 * 768 * 2, N_ROWS * 4 * 768, 30),
     ("gelu bias B", 3 * N_ROWS * 4 * 768 * 2, N_ROWS * 4 * 768, 45),
     ("bias + residual", 3 * N_ROWS * 768 * 2, N_ROWS * 768, 8),
     ("layernorm F", 2 * N_ROWS * 768 * 2, N_ROWS * 768, 12),
     ("cross-entropy", 3 * N_ROWS * VOCAB * 2, N_ROWS * VOCAB, 36),
+    ("rmsnorm + residual F (SmolLM2)", 4 * LLAMA_ROWS * LLAMA_C * 2, LLAMA_ROWS * LLAMA_C, 10),
+    ("rmsnorm + residual B (SmolLM2)", 4 * LLAMA_ROWS * LLAMA_C * 2, LLAMA_ROWS * LLAMA_C, 16),
+    ("swiglu F (SmolLM2)", 3 * LLAMA_ROWS * LLAMA_I * 2, LLAMA_ROWS * LLAMA_I, 20),
+    ("swiglu B (SmolLM2)", 5 * LLAMA_ROWS * LLAMA_I * 2, LLAMA_ROWS * LLAMA_I, 30),
 )
 
 
@@ -419,7 +536,20 @@ def main() -> int:
         print(f"| {r['kernel']} | {r['serial_ms']:.3f} | {r['serial_tflops']:.0f} | "
               f"{r['overlap_ms']:.3f} | {r['overlap_tflops']:.0f} | {r['bound']} | "
               f"{r['blocks_per_sm']} |")
-    print("\nPREDICTED elementwise kernels (one launch, GPT-2's size):\n")
+    print("\nPREDICTED attention by design (serial; B = dq + dkv, 2.5 × F's FLOPs):\n")
+    print("| design | F TFLOP/s | B TFLOP/s | F bound | F blocks/SM |")
+    print("|---|---|---|---|---|")
+    for r in designs():
+        print(f"| {r['design']} | {r['F']:.0f} | {r['B']:.0f} | {r['bound']} | "
+              f"{r['blocks_per_sm']} |")
+    print(f"\nPREDICTED flash.cu at {SMOLLM2.name} (grouped heads, the rotation on read):\n")
+    print("| kernel (one layer) | serial ms | TFLOP/s | overlap ms | TFLOP/s | bound | blocks/SM |")
+    print("|---|---|---|---|---|---|---|")
+    for r in predictions(shape=SMOLLM2):
+        print(f"| {r['kernel']} | {r['serial_ms']:.3f} | {r['serial_tflops']:.0f} | "
+              f"{r['overlap_ms']:.3f} | {r['overlap_tflops']:.0f} | {r['bound']} | "
+              f"{r['blocks_per_sm']} |")
+    print("\nPREDICTED elementwise kernels (one launch, GPT-2's size; SmolLM2's marked):\n")
     print("| kernel | GB | ms | bound |")
     print("|---|---|---|---|")
     for r in elementwise_predictions():

@@ -139,11 +139,14 @@ class LlamaStage:
                 raise ValueError(f"sequence length {inp.shape[1]} exceeds block_size "
                                  f"{cfg.block_size}")
             x, caches["embedding"] = embedding.forward(inp, {"wte": P[EMBED]}, be)
+        owned = self.embedding_part  # a fresh array nothing writes again (not a message)
         for layer, halves in self.runs:
             x, caches[layer] = llama_block.forward(x, scope(P, prefix(layer)), cfg, be,
-                                                   None, selective, halves)
+                                                   None, selective, halves, owned)
+            owned = True
         if self.head_part:
-            x, caches["norm"] = rmsnorm.forward(x, {"weight": P[NORM]}, cfg.rms_norm_eps, be)
+            x, caches["norm"] = rmsnorm.forward(x, {"weight": P[NORM]}, cfg.rms_norm_eps, be,
+                                                owned=owned)
             logits, caches["head"] = head.forward(x, {"wte": P[self.head_name]}, be, None,
                                                   padding_mask(cfg))
             if targets is None and not keep:

@@ -22,6 +22,7 @@ from hpcpipe.parallel.transport import Transport
 from hpcpipe.train import asyncstep
 from hpcpipe.train.evaluate import Evaluator
 from hpcpipe.train.delayed import DelayedStep
+from hpcpipe.train.graphed import Graphed
 from hpcpipe.train.step import TrainStep
 
 
@@ -34,6 +35,7 @@ class Rank:
     step: TrainStep
     grid: object
     plan: Plan
+    graphed: Graphed | None = None  # train.cuda_graphs: the stage's and AdamW's graphs
 
     @classmethod
     def build(cls, cfg, grid, be, plan: Plan, trace=None, gpu_aware: bool = False,
@@ -63,12 +65,17 @@ class Rank:
             runtime = StreamRuntime(stream, grid.pp_rank, model.stages, step.versions, p2p,
                                     events)
             return cls(model, transport, p2p, runtime, step, grid, plan)
-        runtime = Runtime(schedule, grid.pp_rank, model.stages, p2p, events)
+        graphed = Graphed(be) if cfg.train.cuda_graphs else None  # (checked: graphed.check)
+        stages = model.stages if graphed is None else {
+            chunk: graphed.stage(stage) for chunk, stage in model.stages.items()}
+        runtime = Runtime(schedule, grid.pp_rank, stages, p2p, events)
         if asyncstep.applies(cfg):  # the replicas run apart (parallel.async_dp)
             step = asyncstep.build(cfg, model, grid, transport, trace)
         else:
             step = TrainStep.build(cfg, model, grid, transport, trace)
-        return cls(model, transport, p2p, runtime, step, grid, plan)
+            # AdamW's graph over the stages' own gradient buffers (ZeRO-1's are fresh shards)
+            step.graphs = graphed.graphs if graphed is not None and not step.zero else None
+        return cls(model, transport, p2p, runtime, step, grid, plan, graphed)
 
     @property
     def schedule(self):
@@ -112,6 +119,10 @@ class Rank:
     def evaluator(self, alone: bool = False) -> Evaluator:
         """The validation loss's forward passes, on the whole weights (ZeRO-3 gathers
         them: call it on every rank). alone: this replica evaluates every batch itself,
-        the others not at all (the asynchronous modes: no replica waits for another)."""
+        the others not at all (the asynchronous modes: no replica waits for another). The
+        step's graphs go first: nothing of them is held beside the evaluation's
+        activations."""
+        if self.graphed is not None:
+            self.graphed.release()
         self.step.materialize()
         return Evaluator(self.model, self.grid, self.p2p, alone)

@@ -36,6 +36,7 @@ from hpcpipe.parallel.outer_state import OuterState
 from hpcpipe.parallel.pipeline.parameters import ParameterState
 from hpcpipe.parallel.powersgd import PowerSGD
 from hpcpipe.parallel.powersgd_state import PowerSGDState
+from hpcpipe.train.graphed import optimizer_step
 from hpcpipe.util.timeline import local_row, step_stats
 
 
@@ -94,7 +95,7 @@ class TrainStep(LoopHooks):
         self.model, self.grid, self.gradsync, self.gather = model, grid, gradsync, gather
         self.zero = zero  # the ZeRO stage in effect (0 over a single replica)
         self.optimizer, self.norm, self.scaler, self.trace = optimizer, norm, scaler, trace
-        self.outer = outer
+        self.outer, self.graphs = outer, None  # graphs: train.cuda_graphs' (train/graphed.py)
         self._outer_bytes = 0  # bytes of the outer all-reduce in the step just run
         # The replicas a step's gradient is the mean over: one of its own under local SGD
         # (and elastic averaging); bounded staleness sums the replicas' shares (asyncstep.py).
@@ -219,7 +220,7 @@ class TrainStep(LoopHooks):
         return StepOutcome(step, loss, reported, skipped, result, stats, loss_scale=scale)
 
     def _update(self, lr: float, coefficient: float):
-        self.optimizer.step(self.gradsync.gradients(), lr, coefficient)
+        optimizer_step(self.optimizer, self.gradsync.gradients(), lr, coefficient, self.graphs)
         if self.gather is not None and self.zero < 3:
             self.gather()
 

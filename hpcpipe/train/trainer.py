@@ -47,7 +47,7 @@ from hpcpipe.runs.rundir import RunDir
 from hpcpipe.runs.tensorboard import TensorBoard
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.schedules.ops import make_schedule, ops_from_strings
-from hpcpipe.train import apart, checkpoints
+from hpcpipe.train import apart, checkpoints, graphed
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
@@ -132,6 +132,7 @@ class Trainer:
                            and comm.rank == 0 else None)
         plan = every_rank_does(comm, lambda: checked_plan(cfg, rates, self.be,
                                                           self.grid.local_size))
+        graphed.check(cfg, self.be, plan.schedule)  # (train.cuda_graphs)
         if plan.measured:
             build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
         gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be, self.log)

@@ -2,7 +2,8 @@
 first call eager, the second captured, later ones replayed with their inputs copied in and
 the same output arrays; a host sync or transfer inside refused naming it; NumPy refused;
 the fused AdamW step replayed with each step's scalars read from the device, and a whole
-bench step (F, B, W, the fold, AdamW) replayed, bit for bit the eager step. CuPy's own
+bench step (F, B and W as one graph, AdamW) replayed, bit for bit the eager step; a
+graph forgotten is eager again, then captured again (training: tests/train/). CuPy's own
 capture runs only on a GPU: `make gpu-check` times the step with and without."""
 
 import numpy as np
@@ -92,8 +93,9 @@ def test_adamw_replayed_reads_each_steps_scalars(be):
 
 @pytest.mark.needs("cuda", hostbuild.missing())
 def test_a_whole_bench_step_replayed_is_the_eager_step(monkeypatch):
-    """bench step --graphs: zero_grad, F, B, W and the tied head's fold as one graph,
-    AdamW as another; four steps' losses and weights bit for bit the eager step's."""
+    """bench step --graphs, as training runs with train.cuda_graphs (train/graphed.py):
+    the microbatch's F, B and W as one graph, AdamW as another (the zeroing and the tied
+    head's fold eager); four steps' losses and weights bit for bit the eager step's."""
     from hpcpipe.bench import step
     from hpcpipe.model import GPTConfig
 
@@ -109,3 +111,22 @@ def test_a_whole_bench_step_replayed_is_the_eager_step(monkeypatch):
         runs.append((losses, s.stage.param_buffer.data.get(), s.graphs))
     assert runs[0][0] == runs[1][0] and np.array_equal(runs[0][1], runs[1][1])
     assert runs[1][2].captured == 2  # the step and AdamW
+
+
+def test_a_forgotten_graph_is_eager_again_then_captured_again(be):
+    xp, graphs, calls = be.xp, Graphs(be), []
+
+    def fn(x):
+        calls.append(1)
+        return x + 1
+
+    x = xp.asarray(np.zeros(3, np.float32))
+    for _ in range(3):
+        graphs.run("f", fn, x)
+    assert graphs.captured == 1
+    graphs.forget("f")
+    assert graphs.captured == 0
+    graphs.run("f", fn, x)  # eager
+    assert graphs.captured == 0
+    graphs.run("f", fn, x)  # captured
+    assert graphs.captured == 1 and len(calls) == 5

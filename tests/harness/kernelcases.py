@@ -33,11 +33,13 @@ from hpcpipe.device.kernels import gelu as k_gelu
 from hpcpipe.device.kernels import gradnorm as k_gradnorm
 from hpcpipe.device.kernels import layernorm as k_layernorm
 from hpcpipe.device.kernels import residual as k_residual
+from hpcpipe.device.kernels import rmsnorm as k_rmsnorm
+from hpcpipe.device.kernels import swiglu as k_swiglu
 from hpcpipe.devtools import flashmodel
 from hpcpipe.devtools.rawmodule import RawModule
 
 from hpcpipe.devtools import standin as devicesim
-from hpcpipe.model.layers import attention, embedding, gelu, layernorm, loss
+from hpcpipe.model.layers import attention, embedding, gelu, layernorm, loss, rmsnorm, swiglu
 from hpcpipe.optim.adamw import AdamW, ParamShard
 
 DTYPES = ("float64", "float32", "bfloat16")
@@ -158,6 +160,71 @@ def case_layernorm(k, xp, name, B=3, T=5, C=80):
         "layernorm xsum with xbias"
     assert np.array_equal(host(y_).view(np.uint8), separate.view(np.uint8)), \
         "layernorm y with xbias is not LN((x + xbias) + residual)"
+
+
+# -- RMSNorm and SwiGLU (the Llama family's) ---------------------------------------------
+
+def case_rmsnorm(k, xp, name, B=3, T=7, C=80, eps=1e-5):
+    """F with the residual add (the sum bit for bit the storage dtype's `y += residual`),
+    B with the residual's gradient in both kernels — the row-block one (C <= 1024) and the
+    row one with chunked weight sums (C = 1040) — and W onto a start, against rmsnorm.py
+    in float64 on the inputs as stored. 21 rows: a row block of 16 and part of one."""
+    rng = np.random.default_rng(12)
+    S, A = storage(name), accumulation(name)
+    for width in (C, 1040):
+        x, _ = stored(rng.standard_normal((B, T, width)), name)
+        r, _ = stored(rng.standard_normal((B, T, width)) * 0.5, name)
+        w, w64 = stored(1 + 0.1 * rng.standard_normal(width), name)
+        dy, dy64 = stored(rng.standard_normal((B, T, width)), name)
+        dres, dres64 = stored(rng.standard_normal((B, T, width)), name)
+        xsum_want = (x.astype(A) + r.astype(A)).astype(S)
+        want_y, cache = rmsnorm.forward(xsum_want.astype(np.float64), {"weight": w64}, eps)
+        want_dx = rmsnorm.backward_input(dy64, cache, dresidual=dres64)
+        want_dw = cache["dweight"]
+        N = B * T
+        y_, xsum_ = xp.empty((B, T, width), dtype=S), xp.empty((B, T, width), dtype=S)
+        rstd_, w_ = xp.empty(N, dtype=A), device(xp, w)
+        k_rmsnorm.forward(k, y_, rstd_, device(xp, x), w_, eps, residual=device(xp, r),
+                          xsum=xsum_)
+        assert np.array_equal(host(xsum_).view(np.uint8), xsum_want.view(np.uint8)), "xsum"
+        assert_close(host(y_), want_y, name, f"rmsnorm y (C {width})")
+        dres_ = device(xp, dres)
+        partials_ = xp.empty(k_rmsnorm.partials_shape(N, width), dtype=A)
+        k_rmsnorm.backward(k, dres_, partials_, device(xp, dy), xsum_, rstd_, w_,
+                           dresidual=dres_)  # in place over the residual's gradient
+        assert_close(host(dres_), want_dx, name, f"rmsnorm dx (C {width})")
+        start = rng.standard_normal(width).astype(A)
+        dw_ = device(xp, start)
+        k_rmsnorm.finish(k, dw_, partials_)
+        assert_close(host(dw_), start + want_dw, name, f"rmsnorm dweight (C {width})", loose=4)
+    plain, _ = rmsnorm.forward(x.astype(np.float64), {"weight": w64}, eps)
+    k_rmsnorm.forward(k, y_, rstd_, device(xp, x), w_, eps)
+    assert_close(host(y_), plain, name, "rmsnorm y without residual")
+
+
+def case_swiglu(k, xp, name, shape=(3, 7, 50)):
+    """a = silu(g) · u and (dg, du) against swiglu.py's elementwise passes in float64 on
+    the inputs as stored, the exponent's cap included; dg written over da."""
+    rng = np.random.default_rng(13)
+    g, g64 = stored(rng.standard_normal(shape) * 3, name)
+    g.reshape(-1)[:3] = np.array([-90.0, 90.0, 0.0]).astype(g.dtype)  # the cap, and 0
+    g64 = g.astype(np.float64)
+    u, u64 = stored(rng.standard_normal(shape), name)
+    da, da64 = stored(rng.standard_normal(shape), name)
+    from hpcpipe.device.backend import cpu
+
+    act = swiglu._activate(cpu(), g64.reshape(-1, shape[-1]), u64.reshape(-1, shape[-1]))
+    want_a = act["a"].reshape(shape)
+    want_du = (da64.reshape(-1, shape[-1]) * act["silu"]).reshape(shape)
+    want_dg = (da64.reshape(-1, shape[-1]) * act["u"] * act["dsilu"]).reshape(shape)
+    g_, u_ = device(xp, g), device(xp, u)
+    a_ = xp.empty(shape, dtype=g.dtype)
+    k_swiglu.forward(k, a_, g_, u_)
+    assert_close(host(a_), want_a, name, "swiglu a")
+    da_, du_ = device(xp, da), xp.empty(shape, dtype=g.dtype)
+    k_swiglu.backward(k, da_, du_, da_, g_, u_)  # dg in place over da
+    assert_close(host(du_), want_du, name, "swiglu du")
+    assert_close(host(da_), want_dg, name, "swiglu dg")
 
 
 # -- gelu ---------------------------------------------------------------------------------
@@ -674,7 +741,7 @@ def case_gradnorm(k, xp, name):
 
 
 CASES = (case_layernorm, case_gelu, case_residual, case_attention, case_cross_entropy, case_embedding,
-         case_adamw, case_gradnorm)
+         case_adamw, case_gradnorm, case_rmsnorm, case_swiglu)
 
 
 def kernels(sanitize: bool = False) -> Kernels:

@@ -82,3 +82,29 @@ def test_the_device_rates_are_measured_in_a_moment():
     be = backend.cpu()
     gemm, stream = flops.startup_peak(be, "float32"), flops.copy_rate(be, 4 << 20)
     assert 0 < gemm < float("inf") and 0 < stream < float("inf")  # (a loaded core: slow)
+
+
+def test_a_llama_block_runs_its_fused_kernels_on_a_gpu():
+    """A Llama block on the GPU path, counted on the shape-only device: RMSNorm with the
+    residual, SwiGLU and flash.cu with grouped heads and the rotation on their kernels,
+    no array-library attention core, and nothing waits for the host."""
+    from hpcpipe.device import shapes
+    from hpcpipe.device.backend import Backend
+    from hpcpipe.model.llama_layout import LlamaConfig
+    from hpcpipe.model.llama_stage import LlamaStage
+
+    cfg = LlamaConfig(vocab_size=4096, block_size=256, n_layer=2, n_head=8, n_kv_head=2,
+                      n_embd=512, intermediate_size=1408)
+    device = shapes.device()
+    be = Backend(xp=device, name="simgpu", device_id=0)
+    stage = LlamaStage(cfg, layers=(0,), embedding_part=False, head_part=False,
+                       dtype="bfloat16", be=be, draw=False)
+    x = be.xp.zeros((4, 256, 512), dtype=stage.dtype)
+    stage.forward(0, x)
+    stage.backward_input(0, be.xp.zeros_like(x))
+    stage.backward_weight(0)
+    fused = {k.name for k in device.kernel_log.kernels if k.kind == "fused"}
+    assert {"rmsnorm_forward_bf16", "rmsnorm_backward_rows_bf16", "rmsnorm_weight_finish_f32",
+            "swiglu_forward_bf16", "swiglu_backward_bf16", "flash_forward_hs64",
+            "flash_backward_dq_hs64", "flash_backward_dkv_hs64"} <= fused
+    assert not device.kernel_log.syncs, "a Llama block's F, B and W never wait for the host"

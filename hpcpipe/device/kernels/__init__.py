@@ -33,6 +33,18 @@ float64 for float64). None of them synchronises or copies: they only launch.
     bias_backward(k, dx, partials, dy, x, bias)  dx = dy·gelu'(x + bias), and partials
         (GELU_CHUNKS, D) A of dx's column sums. Grid (ceil(D/256), 32), block 256.
     bias_finish(k, dbias, partials)              dbias (D,) A += the chunks, in order.
+  rmsnorm (rmsnorm.cu), the Llama family's, N rows of C channels:
+    forward(k, y, rstd, x, weight, eps, residual=None, xsum=None)
+        xsum = x + residual (rounded to S) when residual is given, y = RMSNorm(xsum or x);
+        rstd (N,) A; weight (C,) S. Grid (N), block 256.
+    backward(k, dx, partials, dy, x, rstd, weight, dresidual=None)
+        dx = RMSNorm'(dy) (+ dresidual), and the weight gradient's pieces, partials
+        (`partials_shape`) A: in blocks of 16 rows for C up to 1024, else a row kernel
+        and 32 fixed chunks. Then finish(k, dweight, partials) (+= the sums over P).
+  swiglu (swiglu.cu), the Llama family's, n elements:
+    forward(k, a, g, u)         a = silu(g) · u.
+    backward(k, dg, du, da, g, u)   du = da · silu(g), dg = da · u · silu'(g), σ(g)
+        recomputed; dg may be da. Grid (ceil(n/256)), block 256.
   residual (residual.cu), N rows of D:
     bias_residual(k, y, bias, residual)          y = (y + bias) + residual in place, each
         add rounded to S; bias (D,). Grid (ceil(D/256), min(N, 4096)), block 256.
@@ -43,7 +55,7 @@ float64 for float64). None of them synchronises or copies: they only launch.
         workspace; two launches (dq, then dk and dv). Grid (ceil(T/8), NH, B), block 256.
     On bfloat16 with a head size of 16, 32, 48 or 64 the same two calls run flash.cu on
     tensor cores instead (FlashAttention-2's scheme on mma.sync; P and dS rounded to
-    bfloat16 before their products); grid (ceil(T/64), NH, B), block 128. There B may also
+    bfloat16 before their products); grid (ceil(T/64), NH, B), block 64 (dkv: 128). There B may also
     sum c_attn's bias gradient (backward(..., bias_sums=) into (B·ceil(T/64), 3C)
     float32), added up by bias_finish(k, dbias, bias_sums) (+=, in order). flash.cu's
     general interface, flash_forward / flash_backward, takes q, k, v apart with
@@ -117,6 +129,11 @@ SOURCES = {s.name: s for s in (
                           "gelu_bias_backward")
            + _typed("gelu_bias_finish", dtypes=("f32", "f64"))),
     Source("residual", _typed("bias_residual")),
+    # the Llama family's
+    Source("rmsnorm", _typed("rmsnorm_forward", "rmsnorm_backward", "rmsnorm_backward_rows",
+                             "rmsnorm_weight_partials")
+           + _typed("rmsnorm_weight_finish", dtypes=("f32", "f64"))),
+    Source("swiglu", _typed("swiglu_forward", "swiglu_backward")),
     Source("attention", _typed("attention_forward", "attention_backward_dq",
                                "attention_backward_dkv")),
     # bfloat16 on tensor cores (mma.sync), one set per head size of 16 to 64 channels

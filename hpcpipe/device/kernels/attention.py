@@ -25,7 +25,9 @@ ROWS = constant("attention", "ATT_ROWS")
 MAX_HEAD = constant("attention", "ATT_MAX_HS")
 THREADS = ROWS * 32
 FA_ROWS = constant("flash", "FA_ROWS")  # a block's rows, and a streamed tile's
-FA_THREADS = constant("flash", "FA_WARPS") * 32
+FA_Q_THREADS = constant("flash", "FA_Q_WARPS") * 32  # F and dq: warps of 32 query rows
+FA_KV_THREADS = constant("flash", "FA_KV_WARPS") * 32  # dkv: warps of 16 key rows
+FA_FINISH_THREADS = constant("flash", "FA_FINISH_THREADS")
 FA_MAX_HEAD = constant("flash", "FA_MAX_HS")
 
 
@@ -129,7 +131,7 @@ def bias_finish(k: Kernels, dbias, bias_sums):
     P, D = bias_sums.shape
     check("bias_sums", bias_sums, (P, D)), check("dbias", dbias, (D,), bias_sums.dtype)
     k.function("flash", "flash_bias_finish")(
-        (blocks(D, FA_THREADS),), (FA_THREADS,), (dbias, bias_sums, int32(P), int32(D)))
+        (blocks(D, FA_FINISH_THREADS),), (FA_FINISH_THREADS,), (dbias, bias_sums, int32(P), int32(D)))
 
 
 # -- flash.cu: the general interface ---------------------------------------------------------
@@ -205,7 +207,7 @@ def flash_forward(k: Kernels, y, lse, q, k_, v, n_head: int, n_kv_head: int, bia
     check("y", y, (x.B, x.T, x.NH * x.HS), q.dtype)
     check("lse", lse, (x.B, x.NH, x.T), np.float32)
     k.function("flash", f"flash_forward_hs{x.HS}")(
-        (blocks(x.T, FA_ROWS), x.NH, x.B), (FA_THREADS,),
+        (blocks(x.T, FA_ROWS), x.NH, x.B), (FA_Q_THREADS,),
         (y, lse, *x.args, int32(x.T), int32(x.NH), int32(x.NKV), int32(x.q_stride),
          int32(x.kv_stride), int32(x.NH * x.HS)))
 
@@ -233,10 +235,10 @@ def flash_backward(k: Kernels, dq, dk, dv, dd, dy, y, q, k_, v, lse, n_head: int
     tail = (int32(x.T), int32(x.NH), int32(x.NKV), int32(x.q_stride), int32(x.kv_stride),
             int32(x.NH * x.HS))
     k.function("flash", f"flash_backward_dq_hs{x.HS}")(
-        (blocks(x.T, FA_ROWS), x.NH, x.B), (FA_THREADS,),
+        (blocks(x.T, FA_ROWS), x.NH, x.B), (FA_Q_THREADS,),
         (dq, dd, sums, dy, y, *x.args, lse, *tail))
     k.function("flash", f"flash_backward_dkv_hs{x.HS}")(
-        (blocks(x.T, FA_ROWS), x.NKV, x.B), (FA_THREADS,),
+        (blocks(x.T, FA_ROWS), x.NKV, x.B), (FA_KV_THREADS,),
         (dk, dv, sums, dy, *x.args, lse, dd, *tail))
 
 

@@ -3,22 +3,30 @@
 // grouped-query heads and rotary embeddings optional (the Llama family), c_attn's bias
 // added as the tiles are read (GPT-2).
 //
-// F, per block of FA_ROWS = 64 query rows of one head (4 warps of 16 rows each):
-//   Q's tile is staged in shared memory once, its A fragments (ldmatrix) then held in
-//   registers; key/value tiles of FA_TILE = 64 rows stream through two shared buffers by
-//   cp.async (tile j + 1 copies while tile j computes); S = Q K^T lands in the accumulator
-//   registers (each lane: rows g and g + 8 of its warp's 16, columns 2t, 2t + 1 of each 8
-//   keys), the online softmax runs on those registers (row maximum and sum over a lane's
-//   values, then across the lane's quad with two shuffles), P is rounded to bfloat16 and
-//   repacked in registers as the A fragment of P V (the accumulator layout of two 16×8
-//   tiles is the A layout of one 16×16), O rescaled and accumulated in registers.
-//   Key tiles above the diagonal are never loaded; in the diagonal tile a warp skips the
-//   8-key groups past its last row. y = O / l leaves through shared memory in 16-byte
-//   stores; lse = m·scale + ln l (natural log) for B.
+// F, per block of FA_ROWS = 64 query rows of one head (FA_Q_WARPS = 2 warps of 32 rows:
+// two 16-row m-tiles each, so that every K and V fragment a warp loads from shared memory
+// feeds two mma — half the ldmatrix per FLOP of one m-tile a warp, the shared-memory
+// wavefronts the kernel model found binding):
+//   Q's tile is staged in shared memory once (in key buffer 1, free until tile 1), its A
+//   fragments (ldmatrix) then held in registers; key/value tiles of 64 rows stream
+//   through two shared buffers by cp.async (tile j + 1 copies while tile j computes);
+//   S = Q K^T lands in the accumulator registers (each lane: rows g and g + 8 of each of
+//   its warp's m-tiles, columns 2t, 2t + 1 of each 8 keys), the online softmax runs on
+//   those registers (row maximum and sum over a lane's values, then across the lane's quad
+//   with two shuffles), P is rounded to bfloat16 and repacked in registers as the A
+//   fragment of P V (the accumulator layout of two 16×8 tiles is the A layout of one
+//   16×16), O rescaled and accumulated in registers. Key tiles above the diagonal are
+//   never loaded; in the diagonal tile each m-tile skips the 8-key groups past its last
+//   row. y = O / l leaves through shared memory in 16-byte stores; lse = m·scale + ln l
+//   (natural log) for B. A row's arithmetic is the same, in the same order, whatever the
+//   rows per warp: the rounding model (flashmodel.py) is per row.
 // B, as two kernels that each own their outputs (no atomics anywhere):
-//   dq: per 64 query rows, K/V tiles streamed as in F: S and P recomputed from lse,
-//       dP = dO V^T, dS = P (dP - D), dQ += dS K in registers; also D = rowsum(dO ∘ O).
-//   dkv: per 64 key rows of one K/V head, K and V held as A fragments, Q, dO, lse and D
+//   dq: per 64 query rows (as F: 2 warps of two m-tiles), K/V tiles streamed as in F,
+//       16 keys at a time: S and P recomputed from lse, dP = dO V^T, dS = P (dP - D),
+//       dQ += dS K in registers; also D = rowsum(dO ∘ O).
+//   dkv: per 64 key rows of one K/V head (FA_KV_WARPS = 4 warps of 16 key rows: two
+//       m-tiles a warp would double dK's and dV's accumulators, 64 registers each, where
+//       the kernel holds 253 already), K and V held as A fragments, Q, dO, lse and D
 //       tiles of 64 query rows streamed (from the diagonal down, for every query head of
 //       the group in turn): S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T,
 //       dS^T = P^T (dP^T - D), dK += dS^T Q — dK and dV summed over the group's query
@@ -50,14 +58,16 @@
 // bq (NH·HS), bk, bv (NKV·HS) or null; cos, sin (T, HS/2) float or null; lse, dd (B, NH, T)
 // float; bias_sums (B·ceil(T/64), (NH + 2·NKV)·HS) float or null: each block's column sums
 // of dq, dk, dv as stored, for flash_bias_finish.
-// Launch: F and dq grid (ceil(T/64), NH, B), dkv grid (ceil(T/64), NKV, B), block 128; dkv
-// after dq (it reads dd).
+// Launch: F and dq grid (ceil(T/64), NH, B), block 64 (FA_Q_WARPS warps); dkv grid
+// (ceil(T/64), NKV, B), block 128 (FA_KV_WARPS); dkv after dq (it reads dd).
 #include "common.cuh"
 #include "ptx.cuh"
 
-#define FA_WARPS 4
-#define FA_THREADS (FA_WARPS * WARP)
-#define FA_ROWS 64  // a block's own rows, 16 per warp; also the rows of a streamed tile
+#define FA_ROWS 64     // a block's own rows; also the rows of a streamed tile
+#define FA_Q_TILES 2   // F and dq: 16-row m-tiles a warp holds (32 query rows)
+#define FA_Q_WARPS 2   // F and dq: warps a block (FA_ROWS / (16 · FA_Q_TILES))
+#define FA_KV_WARPS 4  // dkv: warps a block, 16 key rows each
+#define FA_FINISH_THREADS 128
 #define FA_MAX_HS 64
 #define FA_PAD 8    // bf16 elements (16 bytes) past each shared row
 #define FA_LOG2E 1.4426950408889634
@@ -83,13 +93,13 @@ struct Heads {
 };
 
 // Rows [t0, t0 + 64) of a head whose row t starts at base + t·stride into `tile`, zeros
-// past T: this thread's share, pieces p = tid, tid + 128, ... of the tile's 64·HS/16
+// past T: this thread's share, pieces p = tid, tid + THREADS, ... of the tile's 64·HS/16
 // pairs (a piece and its partner half a row away: fix_tile's unit).
-template <int HS>
+template <int HS, int THREADS>
 __device__ __forceinline__ void load_tile(bf16* tile, const bf16* base, int stride, int t0,
                                           int T) {
     typedef Shape<HS> S;
-    for (int p = threadIdx.x; p < FA_ROWS * S::half; p += FA_THREADS) {
+    for (int p = threadIdx.x; p < FA_ROWS * S::half; p += THREADS) {
         const int r = p / S::half, c = p % S::half, t = t0 + r;
         const int bytes = t < T ? 16 : 0;
         const bf16* src = base + (long long)(t < T ? t : 0) * stride + 8 * c;
@@ -102,12 +112,12 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* base, int stri
 // This thread's pieces of a landed tile (load_tile's share) fixed in place, 16 bytes at
 // a time: the bias added (rounded to bf16), then the rotation at positions t0 + r (in
 // float, rounded once). Nothing to do without either.
-template <int HS>
+template <int HS, int THREADS>
 __device__ __forceinline__ void fix_tile(bf16* tile, int t0, int T, const bf16* bias,
                                          const float* cos, const float* sin) {
     typedef Shape<HS> S;
     if (bias == nullptr && cos == nullptr) return;
-    for (int p = threadIdx.x; p < FA_ROWS * S::half; p += FA_THREADS) {
+    for (int p = threadIdx.x; p < FA_ROWS * S::half; p += THREADS) {
         const int r = p / S::half, c = p % S::half, t = t0 + r;
         if (t >= T) continue;
         Piece* lo = (Piece*)(tile + r * S::stride + 8 * c);
@@ -244,18 +254,21 @@ __device__ __forceinline__ void store_rows(bf16* out, int stride, int first, int
     __syncwarp();
 }
 
-// The column sums of the block's rows of one output (each warp's `kept`, as stored) into
-// `out` (HS floats): down the warp by shuffles, then the warps in order through
-// `scratch` (FA_WARPS·HS floats of shared memory). Every thread of the block calls it.
-template <int HS>
-__device__ __forceinline__ void column_sums(float* out, const float (&kept)[HS / 8][4],
+// The column sums of the block's rows of one output (each warp's `kept` of its MT
+// m-tiles, as stored) into `out` (HS floats): down the warp by shuffles, then the WARPS
+// warps in order through `scratch` (WARPS·HS floats of shared memory). Every thread of
+// the block calls it; the block has at least HS threads.
+template <int HS, int MT, int WARPS>
+__device__ __forceinline__ void column_sums(float* out, const float (&kept)[MT][HS / 8][4],
                                             float* scratch) {
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     #pragma unroll
     for (int nd = 0; nd < HS / 8; ++nd)
         #pragma unroll
         for (int c = 0; c < 2; ++c) {
-            float v = kept[nd][c] + kept[nd][c + 2];  // rows g, g + 8
+            float v = kept[0][nd][c] + kept[0][nd][c + 2];  // rows g, g + 8
+            #pragma unroll
+            for (int mt = 1; mt < MT; ++mt) v += kept[mt][nd][c] + kept[mt][nd][c + 2];
             v += __shfl_xor_sync(0xffffffffu, v, 4);
             v += __shfl_xor_sync(0xffffffffu, v, 8);
             v += __shfl_xor_sync(0xffffffffu, v, 16);
@@ -265,7 +278,7 @@ __device__ __forceinline__ void column_sums(float* out, const float (&kept)[HS /
     if (threadIdx.x < HS) {
         float total = 0.0f;
         #pragma unroll
-        for (int w = 0; w < FA_WARPS; ++w) total += scratch[w * HS + threadIdx.x];
+        for (int w = 0; w < WARPS; ++w) total += scratch[w * HS + threadIdx.x];
         out[threadIdx.x] = total;
     }
     __syncthreads();
@@ -290,14 +303,21 @@ __device__ __forceinline__ float quad_sum(float v) {  // (a + b) + (c + d) in ev
 template <int HS>
 __device__ void flash_forward(bf16* y, float* lse, Heads x, int y_stride) {
     typedef Shape<HS> S;
-    alignas(16) __shared__ bf16 smem[5 * FA_ROWS * (FA_MAX_HS + FA_PAD)];
-    bf16* const qs = smem;
-    // Key tile j in buffer j & 1: K at smem + (1 + buffer)·tile, V two tiles further.
-    auto kt_of = [&](int j) { return smem + (1 + (j & 1)) * S::tile; };
-    auto vt_of = [&](int j) { return smem + (3 + (j & 1)) * S::tile; };
+    constexpr int MT = FA_Q_TILES, THREADS = FA_Q_WARPS * WARP;
+    alignas(16) __shared__ bf16 smem[4 * FA_ROWS * (FA_MAX_HS + FA_PAD)];
+    // Key tile j in buffer j & 1: K at smem + buffer·tile, V two tiles further. Q's tile
+    // waits in K's buffer 1 until its fragments are in registers (tile 1 lands after).
+    auto kt_of = [&](int j) { return smem + (j & 1) * S::tile; };
+    auto vt_of = [&](int j) { return smem + (2 + (j & 1)) * S::tile; };
+    bf16* const qs = kt_of(1);
     const int b = blockIdx.z, h = blockIdx.y, hk = h / (x.NH / x.NKV), T = x.T;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
-    const int q0 = blockIdx.x * FA_ROWS, row0 = warp * 16, me = q0 + row0 + g;
+    // The warp's rows: m-tile mt holds rows row0 + 16·mt + [0, 16), its 16-row group
+    // within the block mt0 + mt; a lane's rows me[mt] and me[mt] + 8.
+    const int q0 = blockIdx.x * FA_ROWS, row0 = warp * 16 * MT, mt0 = warp * MT;
+    int me[MT];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) me[mt] = q0 + row0 + 16 * mt + g;
     const float c = (float)(FA_LOG2E / sqrt((double)HS));
     const bf16* qb = x.q + (long long)b * T * x.q_stride + h * HS;
     const bf16* kb = x.k + (long long)b * T * x.kv_stride + hk * HS;
@@ -306,109 +326,136 @@ __device__ void flash_forward(bf16* y, float* lse, Heads x, int y_stride) {
     // the softmax ignores: only a rotated tile (whose shift varies with the key) takes it.
     const bf16* bk = x.bk && x.cos ? x.bk + hk * HS : nullptr;
     const bf16* bv = x.bv ? x.bv + hk * HS : nullptr;  // added to y: P's rows sum to 1
-    load_tile<HS>(qs, qb, x.q_stride, q0, T);
+    load_tile<HS, THREADS>(qs, qb, x.q_stride, q0, T);
+    load_tile<HS, THREADS>(kt_of(0), kb, x.kv_stride, 0, T);
+    load_tile<HS, THREADS>(vt_of(0), vb, x.kv_stride, 0, T);
     cp_async_commit();
-    load_tile<HS>(kt_of(0), kb, x.kv_stride, 0, T);
-    load_tile<HS>(vt_of(0), vb, x.kv_stride, 0, T);
-    cp_async_commit();
-    cp_async_wait<1>();
-    fix_tile<HS>(qs, q0, T, x.bq ? x.bq + h * HS : nullptr, x.cos, x.sin);
+    cp_async_wait<0>();
+    fix_tile<HS, THREADS>(qs, q0, T, x.bq ? x.bq + h * HS : nullptr, x.cos, x.sin);
+    fix_tile<HS, THREADS>(kt_of(0), 0, T, bk, x.cos, x.sin);
     __syncthreads();
-    u32 qf[S::chunks][4];
+    u32 qf[MT][S::chunks][4];
     #pragma unroll
-    for (int kk = 0; kk < S::chunks; ++kk) a_fragment<HS>(qf[kk], qs, row0, 16 * kk);
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int kk = 0; kk < S::chunks; ++kk)
+            a_fragment<HS>(qf[mt][kk], qs, row0 + 16 * mt, 16 * kk);
+    __syncthreads();  // Q's fragments are in registers before tile 1 lands on them
     const bool busy = q0 + row0 < T;  // the warp has a row below T (the same in all lanes)
-    float o[S::ntiles][4] = {}, m[2] = {-HP_INFINITY, -HP_INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[MT][S::ntiles][4] = {}, m[MT][2], l[MT][2];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        m[mt][0] = m[mt][1] = -HP_INFINITY, l[mt][0] = l[mt][1] = 0.0f;
     const int last = blockIdx.x;  // key tiles 0 .. last: the diagonal is the last
     for (int j = 0; j <= last; ++j) {
         if (j < last) {
-            load_tile<HS>(kt_of(j + 1), kb, x.kv_stride, (j + 1) * FA_ROWS, T);
-            load_tile<HS>(vt_of(j + 1), vb, x.kv_stride, (j + 1) * FA_ROWS, T);
+            load_tile<HS, THREADS>(kt_of(j + 1), kb, x.kv_stride, (j + 1) * FA_ROWS, T);
+            load_tile<HS, THREADS>(vt_of(j + 1), vb, x.kv_stride, (j + 1) * FA_ROWS, T);
         }
         cp_async_commit();  // (empty at the last tile: the count stays uniform)
-        cp_async_wait<1>();
-        fix_tile<HS>(kt_of(j), j * FA_ROWS, T, bk, x.cos, x.sin);
-        __syncthreads();
-        // In the diagonal tile the warp's rows see keys up to row0 + 15: 8-key tiles
-        // 0 .. 2·warp + 1.
-        const int tiles = j < last ? 8 : 2 * warp + 2;
+        if (j > 0) {  // (tile 0 landed and was fixed with Q's)
+            cp_async_wait<1>();
+            fix_tile<HS, THREADS>(kt_of(j), j * FA_ROWS, T, bk, x.cos, x.sin);
+            __syncthreads();
+        }
+        // In the diagonal tile m-tile mt's rows see keys up to 16·(mt0 + mt) + 15: 8-key
+        // tiles 0 .. 2·(mt0 + mt) + 1; the warp loads what its last m-tile sees.
+        int tiles[MT];
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) tiles[mt] = j < last ? 8 : 2 * (mt0 + mt) + 2;
         if (busy) {
             const bf16* kt = kt_of(j);
-            float s[8][4] = {};
+            float s[MT][8][4] = {};
             #pragma unroll
             for (int kk = 0; kk < S::chunks; ++kk)
                 #pragma unroll
                 for (int np = 0; np < 4; ++np)
-                    if (2 * np < tiles) {
+                    if (2 * np < tiles[MT - 1]) {
                         u32 bf[4];
                         b_rows<HS>(bf, kt, 16 * np, 16 * kk);
-                        mma_pair(s[2 * np], s[2 * np + 1], qf[kk], bf);
+                        #pragma unroll
+                        for (int mt = 0; mt < MT; ++mt)
+                            if (2 * np < tiles[mt])
+                                mma_pair(s[mt][2 * np], s[mt][2 * np + 1], qf[mt][kk], bf);
                     }
-            float top[2] = {m[0], m[1]};
+            u32 pa[MT][4][4];
             #pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
+            for (int mt = 0; mt < MT; ++mt) {
+                float top[2] = {m[mt][0], m[mt][1]};
                 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const bool seen = nt < tiles &&
-                        (j < last || causal(me, j * FA_ROWS + 8 * nt + 2 * t, e, T));
-                    if (!seen) s[nt][e] = -HP_INFINITY;
-                    top[e >> 1] = fmaxf(top[e >> 1], s[nt][e]);
+                for (int nt = 0; nt < 8; ++nt)
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const bool seen = nt < tiles[mt] &&
+                            (j < last || causal(me[mt], j * FA_ROWS + 8 * nt + 2 * t, e, T));
+                        if (!seen) s[mt][nt][e] = -HP_INFINITY;
+                        top[e >> 1] = fmaxf(top[e >> 1], s[mt][nt][e]);
+                    }
+                float mc[2], alpha[2];
+                #pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    top[r] = quad_max(top[r]);
+                    const bool none = top[r] == -HP_INFINITY;  // a row past T: nothing seen
+                    alpha[r] = none ? 1.0f : exp2f((m[mt][r] - top[r]) * c);
+                    mc[r] = none ? 0.0f : top[r] * c;
+                    m[mt][r] = top[r];
+                    l[mt][r] *= alpha[r];
                 }
-            float mc[2], alpha[2];
-            #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                top[r] = quad_max(top[r]);
-                const bool none = top[r] == -HP_INFINITY;  // a row past T: nothing seen
-                alpha[r] = none ? 1.0f : exp2f((m[r] - top[r]) * c);
-                mc[r] = none ? 0.0f : top[r] * c;
-                m[r] = top[r];
-                l[r] *= alpha[r];
+                #pragma unroll
+                for (int nd = 0; nd < S::ntiles; ++nd)
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) o[mt][nd][e] *= alpha[e >> 1];
+                #pragma unroll
+                for (int nt = 0; nt < 8; ++nt)
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        s[mt][nt][e] =
+                            nt < tiles[mt] ? exp2f(fmaf(s[mt][nt][e], c, -mc[e >> 1])) : 0.0f;
+                        l[mt][e >> 1] += s[mt][nt][e];
+                    }
+                #pragma unroll
+                for (int kc = 0; kc < 4; ++kc) repack(pa[mt][kc], s[mt][2 * kc], s[mt][2 * kc + 1]);
             }
-            #pragma unroll
-            for (int nd = 0; nd < S::ntiles; ++nd)
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) o[nd][e] *= alpha[e >> 1];
-            #pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[nt][e] = nt < tiles ? exp2f(fmaf(s[nt][e], c, -mc[e >> 1])) : 0.0f;
-                    l[e >> 1] += s[nt][e];
-                }
             const bf16* vt = vt_of(j);
             #pragma unroll
             for (int kc = 0; kc < 4; ++kc)
-                if (2 * kc < tiles) {
-                    u32 pa[4];
-                    repack(pa, s[2 * kc], s[2 * kc + 1]);
+                if (2 * kc < tiles[MT - 1]) {
                     #pragma unroll
                     for (int np = 0; np < S::ntiles / 2; ++np) {
                         u32 bf[4];
                         b_cols<HS>(bf, vt, 16 * kc, 16 * np);
-                        mma_pair(o[2 * np], o[2 * np + 1], pa, bf);
+                        #pragma unroll
+                        for (int mt = 0; mt < MT; ++mt)
+                            if (2 * kc < tiles[mt])
+                                mma_pair(o[mt][2 * np], o[mt][2 * np + 1], pa[mt][kc], bf);
                     }
                 }
         }
         __syncthreads();  // the buffers are read before the next copies overwrite them
     }
     cp_async_wait<0>();  // (the last, empty group)
-    float inv[2], kept[S::ntiles][4];
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] = quad_sum(l[r]);
-        inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    }
-    #pragma unroll
-    for (int nd = 0; nd < S::ntiles; ++nd)
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) o[nd][e] *= inv[e >> 1];
-    store_rows<HS>(y + (long long)b * T * y_stride + h * HS, y_stride, q0 + row0, T, o, 1.0f,
-                   nullptr, nullptr, qs + row0 * S::stride, kept, bv);
     const float scale = (float)(1.0 / sqrt((double)HS));
     #pragma unroll
-    for (int r = 0; r < 2; ++r)
-        if (t == 0 && me + 8 * r < T)
-            lse[((long long)b * x.NH + h) * T + me + 8 * r] = m[r] * scale + logf(l[r]);
+    for (int mt = 0; mt < MT; ++mt) {
+        float inv[2], kept[S::ntiles][4];
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            l[mt][r] = quad_sum(l[mt][r]);
+            inv[r] = l[mt][r] > 0.0f ? 1.0f / l[mt][r] : 0.0f;
+        }
+        #pragma unroll
+        for (int nd = 0; nd < S::ntiles; ++nd)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][nd][e] *= inv[e >> 1];
+        store_rows<HS>(y + (long long)b * T * y_stride + h * HS, y_stride, q0 + row0 + 16 * mt,
+                       T, o[mt], 1.0f, nullptr, nullptr, kt_of(0) + (row0 + 16 * mt) * S::stride,
+                       kept, bv);
+        #pragma unroll
+        for (int r = 0; r < 2; ++r)
+            if (t == 0 && me[mt] + 8 * r < T)
+                lse[((long long)b * x.NH + h) * T + me[mt] + 8 * r] =
+                    m[mt][r] * scale + logf(l[mt][r]);
+    }
 }
 
 // D = dy · y - dy · bv for one row of one head (bv, F's value bias added to y, or null):
@@ -441,14 +488,20 @@ template <int HS>
 __device__ void flash_backward_dq(bf16* dq, float* dd, float* bias_sums, const bf16* dy,
                                   const bf16* y, Heads x, const float* lse, int y_stride) {
     typedef Shape<HS> S;
-    alignas(16) __shared__ bf16 smem[5 * FA_ROWS * (FA_MAX_HS + FA_PAD)];
-    bf16* const qs = smem;  // Q, then dq on its way out
-    // Key tile j in buffer j & 1 (dO first in K's buffer 1), as in F.
-    auto kt_of = [&](int j) { return smem + (1 + (j & 1)) * S::tile; };
-    auto vt_of = [&](int j) { return smem + (3 + (j & 1)) * S::tile; };
+    constexpr int MT = FA_Q_TILES, THREADS = FA_Q_WARPS * WARP;
+    alignas(16) __shared__ bf16 smem[4 * FA_ROWS * (FA_MAX_HS + FA_PAD)];
+    // Key tile j in buffer j & 1, as in F; Q waits in V's buffer 1 and dO in K's until
+    // their fragments are in registers.
+    auto kt_of = [&](int j) { return smem + (j & 1) * S::tile; };
+    auto vt_of = [&](int j) { return smem + (2 + (j & 1)) * S::tile; };
+    bf16* const qs = vt_of(1);
+    bf16* const ds = kt_of(1);
     const int b = blockIdx.z, h = blockIdx.y, hk = h / (x.NH / x.NKV), T = x.T;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
-    const int q0 = blockIdx.x * FA_ROWS, row0 = warp * 16, me = q0 + row0 + g;
+    const int q0 = blockIdx.x * FA_ROWS, row0 = warp * 16 * MT, mt0 = warp * MT;
+    int me[MT];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) me[mt] = q0 + row0 + 16 * mt + g;
     const float c = (float)(FA_LOG2E / sqrt((double)HS));
     const bf16* qb = x.q + (long long)b * T * x.q_stride + h * HS;
     const bf16* kb = x.k + (long long)b * T * x.kv_stride + hk * HS;
@@ -457,91 +510,118 @@ __device__ void flash_backward_dq(bf16* dq, float* dd, float* bias_sums, const b
     const bf16* yb = y + (long long)b * T * y_stride + h * HS;
     const bf16* bk = x.bk && x.cos ? x.bk + hk * HS : nullptr;  // as in F
     const bf16* bv = x.bv ? x.bv + hk * HS : nullptr;
-    load_tile<HS>(qs, qb, x.q_stride, q0, T);
-    load_tile<HS>(kt_of(1), dyb, y_stride, q0, T);
+    load_tile<HS, THREADS>(qs, qb, x.q_stride, q0, T);
+    load_tile<HS, THREADS>(ds, dyb, y_stride, q0, T);
+    load_tile<HS, THREADS>(kt_of(0), kb, x.kv_stride, 0, T);
+    load_tile<HS, THREADS>(vt_of(0), vb, x.kv_stride, 0, T);
     cp_async_commit();
-    load_tile<HS>(kt_of(0), kb, x.kv_stride, 0, T);
-    load_tile<HS>(vt_of(0), vb, x.kv_stride, 0, T);
-    cp_async_commit();
-    float D[2], lse2[2];
+    float D[MT][2], lse2[MT][2];
     #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = me + 8 * r;
-        D[r] = row_dot<HS>(dyb, yb, bv, y_stride, row, T);
-        lse2[r] = row < T ? lse[((long long)b * x.NH + h) * T + row] * (float)FA_LOG2E : 0.0f;
-    }
-    cp_async_wait<1>();
-    fix_tile<HS>(qs, q0, T, x.bq ? x.bq + h * HS : nullptr, x.cos, x.sin);
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = me[mt] + 8 * r;
+            D[mt][r] = row_dot<HS>(dyb, yb, bv, y_stride, row, T);
+            lse2[mt][r] =
+                row < T ? lse[((long long)b * x.NH + h) * T + row] * (float)FA_LOG2E : 0.0f;
+        }
+    cp_async_wait<0>();
+    fix_tile<HS, THREADS>(qs, q0, T, x.bq ? x.bq + h * HS : nullptr, x.cos, x.sin);
+    fix_tile<HS, THREADS>(kt_of(0), 0, T, bk, x.cos, x.sin);
     __syncthreads();
-    u32 qf[S::chunks][4], df[S::chunks][4];
+    u32 qf[MT][S::chunks][4], df[MT][S::chunks][4];
     #pragma unroll
-    for (int kk = 0; kk < S::chunks; ++kk) {
-        a_fragment<HS>(qf[kk], qs, row0, 16 * kk);
-        a_fragment<HS>(df[kk], kt_of(1), row0, 16 * kk);
-    }
-    __syncthreads();  // dO is in registers before tile 1 lands on it
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int kk = 0; kk < S::chunks; ++kk) {
+            a_fragment<HS>(qf[mt][kk], qs, row0 + 16 * mt, 16 * kk);
+            a_fragment<HS>(df[mt][kk], ds, row0 + 16 * mt, 16 * kk);
+        }
+    __syncthreads();  // Q and dO are in registers before tile 1 lands on them
     const bool busy = q0 + row0 < T;
-    float acc[S::ntiles][4] = {};
+    float acc[MT][S::ntiles][4] = {};
     const int last = blockIdx.x;
     for (int j = 0; j <= last; ++j) {
         if (j < last) {
-            load_tile<HS>(kt_of(j + 1), kb, x.kv_stride, (j + 1) * FA_ROWS, T);
-            load_tile<HS>(vt_of(j + 1), vb, x.kv_stride, (j + 1) * FA_ROWS, T);
+            load_tile<HS, THREADS>(kt_of(j + 1), kb, x.kv_stride, (j + 1) * FA_ROWS, T);
+            load_tile<HS, THREADS>(vt_of(j + 1), vb, x.kv_stride, (j + 1) * FA_ROWS, T);
         }
         cp_async_commit();
-        cp_async_wait<1>();
-        fix_tile<HS>(kt_of(j), j * FA_ROWS, T, bk, x.cos, x.sin);
-        __syncthreads();
-        const int tiles = j < last ? 8 : 2 * warp + 2;
+        if (j > 0) {
+            cp_async_wait<1>();
+            fix_tile<HS, THREADS>(kt_of(j), j * FA_ROWS, T, bk, x.cos, x.sin);
+            __syncthreads();
+        }
+        int tiles[MT];  // 8-key tiles each m-tile sees (as in F)
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) tiles[mt] = j < last ? 8 : 2 * (mt0 + mt) + 2;
         if (busy) {
             const bf16 *kt = kt_of(j), *vt = vt_of(j);
-            float s[8][4] = {}, dp[8][4] = {};
+            // 16 keys at a time (kc): S and dP of those keys, dS, then dQ += dS K — each
+            // element's products in the order of a whole tile at once, in fewer registers.
             #pragma unroll
-            for (int kk = 0; kk < S::chunks; ++kk)
+            for (int kc = 0; kc < 4; ++kc) {
+                if (2 * kc >= tiles[MT - 1]) continue;
+                float s[MT][2][4] = {}, dp[MT][2][4] = {};
                 #pragma unroll
-                for (int np = 0; np < 4; ++np)
-                    if (2 * np < tiles) {
-                        u32 bf[4];
-                        b_rows<HS>(bf, kt, 16 * np, 16 * kk);
-                        mma_pair(s[2 * np], s[2 * np + 1], qf[kk], bf);
-                        b_rows<HS>(bf, vt, 16 * np, 16 * kk);
-                        mma_pair(dp[2 * np], dp[2 * np + 1], df[kk], bf);
-                    }
-            #pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const bool seen = nt < tiles && (me + 8 * (e >> 1) < T) &&
-                        (j < last || causal(me, j * FA_ROWS + 8 * nt + 2 * t, e, T));
-                    const float p = seen ? exp2f(fmaf(s[nt][e], c, -lse2[e >> 1])) : 0.0f;
-                    s[nt][e] = p * (dp[nt][e] - D[e >> 1]);  // dS
-                }
-            #pragma unroll
-            for (int kc = 0; kc < 4; ++kc)
-                if (2 * kc < tiles) {
-                    u32 da[4];
-                    repack(da, s[2 * kc], s[2 * kc + 1]);
+                for (int kk = 0; kk < S::chunks; ++kk) {
+                    u32 bf[4];
+                    b_rows<HS>(bf, kt, 16 * kc, 16 * kk);
                     #pragma unroll
-                    for (int np = 0; np < S::ntiles / 2; ++np) {
-                        u32 bf[4];
-                        b_cols<HS>(bf, kt, 16 * kc, 16 * np);
-                        mma_pair(acc[2 * np], acc[2 * np + 1], da, bf);
-                    }
+                    for (int mt = 0; mt < MT; ++mt)
+                        if (2 * kc < tiles[mt]) mma_pair(s[mt][0], s[mt][1], qf[mt][kk], bf);
+                    b_rows<HS>(bf, vt, 16 * kc, 16 * kk);
+                    #pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+                        if (2 * kc < tiles[mt]) mma_pair(dp[mt][0], dp[mt][1], df[mt][kk], bf);
                 }
+                u32 da[MT][4];
+                #pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    #pragma unroll
+                    for (int n = 0; n < 2; ++n)
+                        #pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int nt = 2 * kc + n;
+                            const bool seen = nt < tiles[mt] && (me[mt] + 8 * (e >> 1) < T) &&
+                                (j < last ||
+                                 causal(me[mt], j * FA_ROWS + 8 * nt + 2 * t, e, T));
+                            const float p =
+                                seen ? exp2f(fmaf(s[mt][n][e], c, -lse2[mt][e >> 1])) : 0.0f;
+                            s[mt][n][e] = p * (dp[mt][n][e] - D[mt][e >> 1]);  // dS
+                        }
+                    repack(da[mt], s[mt][0], s[mt][1]);
+                }
+                #pragma unroll
+                for (int np = 0; np < S::ntiles / 2; ++np) {
+                    u32 bf[4];
+                    b_cols<HS>(bf, kt, 16 * kc, 16 * np);
+                    #pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+                        if (2 * kc < tiles[mt])
+                            mma_pair(acc[mt][2 * np], acc[mt][2 * np + 1], da[mt], bf);
+                }
+            }
         }
         __syncthreads();
     }
     cp_async_wait<0>();
-    float kept[S::ntiles][4];
-    store_rows<HS>(dq + (long long)b * T * x.q_stride + h * HS, x.q_stride, q0 + row0, T, acc,
-                   (float)(1.0 / sqrt((double)HS)), x.cos, x.sin, qs + row0 * S::stride, kept);
+    float kept[MT][S::ntiles][4];
     #pragma unroll
-    for (int r = 0; r < 2; ++r)
-        if (t == 0 && me + 8 * r < T) dd[((long long)b * x.NH + h) * T + me + 8 * r] = D[r];
+    for (int mt = 0; mt < MT; ++mt) {
+        store_rows<HS>(dq + (long long)b * T * x.q_stride + h * HS, x.q_stride,
+                       q0 + row0 + 16 * mt, T, acc[mt], (float)(1.0 / sqrt((double)HS)),
+                       x.cos, x.sin, kt_of(0) + (row0 + 16 * mt) * S::stride, kept[mt]);
+        #pragma unroll
+        for (int r = 0; r < 2; ++r)
+            if (t == 0 && me[mt] + 8 * r < T)
+                dd[((long long)b * x.NH + h) * T + me[mt] + 8 * r] = D[mt][r];
+    }
     if (bias_sums != nullptr) {  // the same branch in every thread
         const int width = (x.NH + 2 * x.NKV) * HS;
-        column_sums<HS>(bias_sums + ((long long)b * gridDim.x + blockIdx.x) * width + h * HS,
-                        kept, (float*)kt_of(0));
+        column_sums<HS, MT, FA_Q_WARPS>(
+            bias_sums + ((long long)b * gridDim.x + blockIdx.x) * width + h * HS, kept,
+            (float*)vt_of(0));
     }
 }
 
@@ -586,6 +666,7 @@ __device__ void flash_backward_dkv(bf16* dk, bf16* dv, float* bias_sums, const b
                                    Heads x, const float* lse, const float* dd,
                                    int y_stride) {
     typedef Shape<HS> S;
+    constexpr int THREADS = FA_KV_WARPS * WARP;
     alignas(16) __shared__ bf16 smem[5 * FA_ROWS * (FA_MAX_HS + FA_PAD)];
     alignas(16) __shared__ float stats[2][2][FA_ROWS];  // per buffer: lse, D of 64 queries
     bf16* const own = smem;  // K, then dk and dv on their way out
@@ -601,18 +682,18 @@ __device__ void flash_backward_dkv(bf16* dk, bf16* dv, float* bias_sums, const b
     // Item n: query head hk·group + n / tiles_q, its query tile blockIdx.x + n % tiles_q.
     auto load_item = [&](int n, int buf) {
         const int h = hk * group + n / tiles_q, q0 = (blockIdx.x + n % tiles_q) * FA_ROWS;
-        load_tile<HS>(qt_of(buf), x.q + (long long)b * T * x.q_stride + h * HS, x.q_stride,
+        load_tile<HS, THREADS>(qt_of(buf), x.q + (long long)b * T * x.q_stride + h * HS, x.q_stride,
                       q0, T);
-        load_tile<HS>(dt_of(buf), dy + (long long)b * T * y_stride + h * HS, y_stride, q0, T);
-        for (int p = threadIdx.x; p < 2 * FA_ROWS; p += FA_THREADS) {  // 4 bytes each:
+        load_tile<HS, THREADS>(dt_of(buf), dy + (long long)b * T * y_stride + h * HS, y_stride, q0, T);
+        for (int p = threadIdx.x; p < 2 * FA_ROWS; p += THREADS) {  // 4 bytes each:
             const int which = p / FA_ROWS, r = p % FA_ROWS;  // a head's T floats start
             const bool in = q0 + r < T;                      // anywhere
             const float* from = (which ? dd : lse) + ((long long)b * x.NH + h) * T;
             cp_async4(&stats[buf][which][r], from + (in ? q0 + r : 0), in ? 4 : 0);
         }
     };
-    load_tile<HS>(own, x.k + (long long)b * T * x.kv_stride + hk * HS, x.kv_stride, k0, T);
-    load_tile<HS>(dt_of(1), x.v + (long long)b * T * x.kv_stride + hk * HS, x.kv_stride, k0,
+    load_tile<HS, THREADS>(own, x.k + (long long)b * T * x.kv_stride + hk * HS, x.kv_stride, k0, T);
+    load_tile<HS, THREADS>(dt_of(1), x.v + (long long)b * T * x.kv_stride + hk * HS, x.kv_stride, k0,
                   T);
     cp_async_commit();
     load_item(0, 0);
@@ -620,7 +701,7 @@ __device__ void flash_backward_dkv(bf16* dk, bf16* dv, float* bias_sums, const b
     cp_async_wait<1>();
     // The key bias only with the rotation (see F); the value bias is out of dV = P^T dY
     // and of dP^T - D alike (dd holds D less dy · bv).
-    fix_tile<HS>(own, k0, T, x.bk && rope ? x.bk + hk * HS : nullptr, x.cos, x.sin);
+    fix_tile<HS, THREADS>(own, k0, T, x.bk && rope ? x.bk + hk * HS : nullptr, x.cos, x.sin);
     __syncthreads();
     u32 kf[S::chunks][4], vf[S::chunks][4];
     #pragma unroll
@@ -640,7 +721,7 @@ __device__ void flash_backward_dkv(bf16* dk, bf16* dv, float* bias_sums, const b
         if (n + 1 < items) load_item(n + 1, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
-        fix_tile<HS>(qt_of(buf), q0, T, x.bq && rope ? x.bq + h * HS : nullptr, x.cos, x.sin);
+        fix_tile<HS, THREADS>(qt_of(buf), q0, T, x.bq && rope ? x.bq + h * HS : nullptr, x.cos, x.sin);
         __syncthreads();
         if (terms && n % tiles_q == 0) query_bias<HS>(cj, kf, x.bq + h * HS);
         // On the diagonal the warp's keys see queries from row0 on: 8-query tiles from
@@ -694,23 +775,23 @@ __device__ void flash_backward_dkv(bf16* dk, bf16* dv, float* bias_sums, const b
         __syncthreads();
     }
     cp_async_wait<0>();
-    float kept_k[S::ntiles][4], kept_v[S::ntiles][4];
+    float kept_k[1][S::ntiles][4], kept_v[1][S::ntiles][4];
     bf16* stage = own + row0 * S::stride;
     store_rows<HS>(dk + (long long)b * T * x.kv_stride + hk * HS, x.kv_stride, k0 + row0, T,
-                   dka, (float)(1.0 / sqrt((double)HS)), x.cos, x.sin, stage, kept_k);
+                   dka, (float)(1.0 / sqrt((double)HS)), x.cos, x.sin, stage, kept_k[0]);
     store_rows<HS>(dv + (long long)b * T * x.kv_stride + hk * HS, x.kv_stride, k0 + row0, T,
-                   dva, 1.0f, nullptr, nullptr, stage, kept_v);
+                   dva, 1.0f, nullptr, nullptr, stage, kept_v[0]);
     if (bias_sums != nullptr) {
         const int width = (x.NH + 2 * x.NKV) * HS;
         float* row = bias_sums + ((long long)b * gridDim.x + blockIdx.x) * width;
-        column_sums<HS>(row + (x.NH + hk) * HS, kept_k, (float*)qt_of(0));
-        column_sums<HS>(row + (x.NH + x.NKV + hk) * HS, kept_v, (float*)qt_of(0));
+        column_sums<HS, 1, FA_KV_WARPS>(row + (x.NH + hk) * HS, kept_k, (float*)qt_of(0));
+        column_sums<HS, 1, FA_KV_WARPS>(row + (x.NH + x.NKV + hk) * HS, kept_v, (float*)qt_of(0));
     }
 }
 
 // dbias (D,) += partials (P, D) summed over P in order: the biases' gradient.
 __device__ void fa_bias_finish(float* dbias, const float* partials, int P, int D) {
-    const int col = blockIdx.x * FA_THREADS + threadIdx.x;
+    const int col = blockIdx.x * FA_FINISH_THREADS + threadIdx.x;
     if (col >= D) return;
     dbias[col] += chunks_sum(partials, P, D, col);
 }
@@ -719,14 +800,14 @@ __device__ void fa_bias_finish(float* dbias, const float* partials, int P, int D
     Heads x = {q, k, v, bq, bk, bv, cos, sin, T, NH, NKV, q_stride, kv_stride};
 
 #define FLASH_KERNELS(HS)                                                                      \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS)                                 \
+    extern "C" __global__ void __launch_bounds__(FA_Q_WARPS * WARP)                          \
         flash_forward_hs##HS(bf16* y, float* lse, const bf16* q, const bf16* k,               \
                              const bf16* v, const bf16* bq, const bf16* bk, const bf16* bv,   \
                              const float* cos, const float* sin, int T, int NH, int NKV,      \
                              int q_stride, int kv_stride, int y_stride) {                     \
         FA_HEADS flash_forward<HS>(y, lse, x, y_stride);                                      \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS)                                 \
+    extern "C" __global__ void __launch_bounds__(FA_Q_WARPS * WARP)                          \
         flash_backward_dq_hs##HS(bf16* dq, float* dd, float* bias_sums, const bf16* dy,       \
                                  const bf16* y, const bf16* q, const bf16* k, const bf16* v,  \
                                  const bf16* bq, const bf16* bk, const bf16* bv,              \
@@ -735,7 +816,7 @@ __device__ void fa_bias_finish(float* dbias, const float* partials, int P, int D
                                  int y_stride) {                                              \
         FA_HEADS flash_backward_dq<HS>(dq, dd, bias_sums, dy, y, x, lse, y_stride);           \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS)                                 \
+    extern "C" __global__ void __launch_bounds__(FA_KV_WARPS * WARP)                         \
         flash_backward_dkv_hs##HS(bf16* dk, bf16* dv, float* bias_sums, const bf16* dy,       \
                                   const bf16* q, const bf16* k, const bf16* v,                \
                                   const bf16* bq, const bf16* bk, const bf16* bv,             \
@@ -750,7 +831,7 @@ FLASH_KERNELS(32)
 FLASH_KERNELS(48)
 FLASH_KERNELS(64)
 
-extern "C" __global__ void __launch_bounds__(FA_THREADS)
+extern "C" __global__ void __launch_bounds__(FA_FINISH_THREADS)
     flash_bias_finish(float* dbias, const float* partials, int P, int D) {
     fa_bias_finish(dbias, partials, P, D);
 }

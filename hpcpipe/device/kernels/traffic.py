@@ -62,6 +62,41 @@ def _layernorm_finish(args):
     return _sum(dweight, dbias, dsum, partials), _sum(dweight, dbias, dsum)
 
 
+def _rmsnorm_forward(args):
+    y, xsum, rstd, x, residual, weight = args[:6]
+    return _sum(x, residual, weight), _sum(y, xsum, rstd)
+
+
+def _rmsnorm_backward(args):
+    dx, dresidual, dy, x, rstd, weight = args[:6]
+    return _sum(dresidual, dy, x, rstd, weight), _sum(dx)
+
+
+def _rmsnorm_rows(args):
+    dx, partials, dresidual, dy, x, rstd, weight = args[:7]
+    return _sum(dresidual, dy, x, rstd, weight), _sum(dx, partials)
+
+
+def _rmsnorm_partials(args):
+    partials, dy, x, rstd = args[:4]
+    return _sum(dy, x, rstd), _sum(partials)
+
+
+def _rmsnorm_finish(args):
+    dweight, partials = args[:2]
+    return _sum(dweight, partials), _sum(dweight)
+
+
+def _swiglu_forward(args):
+    a, g, u, _ = args
+    return _sum(g, u), _sum(a)
+
+
+def _swiglu_backward(args):
+    dg, du, da, g, u, _ = args
+    return _sum(da, g, u), _sum(dg, du)
+
+
 def _gelu_forward(args):
     y, x, _ = args
     return _sum(x), _sum(y)
@@ -117,7 +152,7 @@ def _attention_dkv(args):
 
 def flash_pairs(T: int) -> int:
     """The (query, key) pairs flash.cu multiplies for one head: every pair of the key
-    tiles below the diagonal tile, and in the diagonal tile each warp's 16 rows against
+    tiles below the diagonal tile, and in the diagonal tile each 16-row m-tile against
     the 8-key groups up to its last row (F, dq; dkv mirrors it): 64·64 a full tile, 2,560
     a diagonal one."""
     full, diagonal = 64 * 64, sum(16 * 16 * (w + 1) for w in range(4))
@@ -211,6 +246,10 @@ _BY_STEM = {
     "layernorm_weight_partials": _layernorm_partials,
     "layernorm_backward_rows": _layernorm_rows,
     "layernorm_weight_finish": _layernorm_finish,
+    "rmsnorm_forward": _rmsnorm_forward, "rmsnorm_backward": _rmsnorm_backward,
+    "rmsnorm_backward_rows": _rmsnorm_rows, "rmsnorm_weight_partials": _rmsnorm_partials,
+    "rmsnorm_weight_finish": _rmsnorm_finish,
+    "swiglu_forward": _swiglu_forward, "swiglu_backward": _swiglu_backward,
     "gelu_forward": _gelu_forward, "gelu_bias_forward": _gelu_bias_forward,
     "gelu_backward": _gelu_backward, "gelu_bias_backward": _gelu_bias_backward,
     "gelu_bias_finish": _gelu_bias_finish, "bias_residual": _bias_residual,

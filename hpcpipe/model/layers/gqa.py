@@ -28,11 +28,18 @@ recomputation, `drop_core` / `rebuild_core`).
 
 Under tensor parallelism a shard holds KV/tp key/value heads and their NH/tp query heads
 (tp divides KV): q, k and v are column-parallel, o_proj row-parallel (projection.py).
+
+On a device, in bfloat16 at head sizes 16, 32, 48 and 64, the core is flash.cu
+(fused_llama.py): q, k and v stay as the projections wrote them, the kernels rotate q and
+k as they read them and take each key/value head for its group's query heads, and B
+sums dk and dv over the group in registers — no T×T matrix, nothing repeated. Elsewhere
+(other dtypes and head sizes) the array library runs the core below, as GPT-2's
+attention falls back.
 """
 
 import math
 
-from . import backend_for, matmul, matmul_accumulate, row_blocks, wide
+from . import backend_for, fused_llama, matmul, matmul_accumulate, row_blocks, wide
 from . import projection, rotary
 from .attention import _causal_mask, _tiles
 
@@ -63,6 +70,15 @@ def forward(x, params, spec, be=None, tp=None):
     B, T, C = x.shape
     storage, compute = x.dtype, wide(x.dtype)
     x2 = x.reshape(-1, C)
+    flash = fused_llama.gqa_kernels(be, storage, HS)
+    if flash is not None:  # q, k, v (B, T, NH·HS), (B, T, KV·HS) twice, as written
+        q, k, v = (matmul(be, x2, params[name].T).reshape(B, T, -1) for name in NAMES[:3])
+        y, core = fused_llama.gqa_forward(flash, be, q, k, v, NH, KV,
+                                          fused_llama.rope(be, spec, HS, T))
+        out, o_proj = projection.forward(y, params["o_proj.weight"], be, tp, rows=True)
+        return out, {"x": x, "core": core, "o_proj": o_proj,
+                     "weights": [params[name] for name in NAMES[:3]], "spec": spec,
+                     "be": be, "tp": tp}
     q, k, v = (matmul(be, x2, params[name].T).astype(compute, copy=False)
                for name in NAMES[:3])  # (B·T, NH·HS), (B·T, KV·HS) twice
     (cos, sin), (qcos, qsin) = _tables(be, spec, HS, compute)
@@ -118,7 +134,8 @@ def _core(be, qr, kr, vh, att, y=None):
 
 
 def drop_core(cache):
-    """Selective recomputation: forget the attention matrix after F (rebuilt before B)."""
+    """Selective recomputation: forget the attention matrix after F (rebuilt before B).
+    flash.cu keeps none (its B recomputes the scores anyway): nothing to drop there."""
     if "att" in cache:
         del cache["att"]
         cache["dropped"] = True
@@ -153,7 +170,9 @@ def backward_input(dout, cache):
 def core_backward(dy, cache):
     """(dq (B, T, NH·HS), dk (B, T, KV·HS), dv (B, T, KV·HS)) in the storage dtype, from
     the core's output gradient dy (B, T, NH·HS) and its cache (whose qr, kr, v, att it
-    drops)."""
+    drops; on flash.cu its "core")."""
+    if "core" in cache:
+        return fused_llama.gqa_backward(dy, cache.pop("core"))
     qr, kr, vh, att = cache.pop("qr"), cache.pop("kr"), cache.pop("v"), cache.pop("att")
     be, spec = cache["be"], cache["spec"]
     xp = be.xp

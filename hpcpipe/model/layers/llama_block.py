@@ -32,15 +32,18 @@ TENSORS = {ATTENTION: ("input_layernorm.weight",
                  *(f"mlp.{name}" for name in swiglu.NAMES))}
 
 
-def forward(x, params, spec, be=None, tp=None, selective=False, halves=HALVES):
+def forward(x, params, spec, be=None, tp=None, selective=False, halves=HALVES,
+            owned=False):
     """(output, cache) of F through `halves` (both: the whole block). tp: the stage's
     tensor-parallel shards (the attention by key/value groups, the MLP by width; the
     RMSNorms and residuals replicated, or split along the sequence). selective: drop the
-    attention matrix and keep the MLP's g and u only (`rebuild` before B)."""
+    attention matrix and keep the MLP's g and u only (`rebuild` before B). owned: x is a
+    fresh array nothing writes again (an earlier block's output), which the first RMSNorm
+    may keep uncopied on a device."""
     be = backend_for(x, be)
     eps, caches = spec.rms_norm_eps, {}
     if ATTENTION in halves:
-        a, norm = rmsnorm.forward(x, scope(params, "input_layernorm."), eps, be, tp)
+        a, norm = rmsnorm.forward(x, scope(params, "input_layernorm."), eps, be, tp, owned)
         y, attn = gqa.forward(a, scope(params, "self_attn."), spec, be, tp)
         if selective:
             gqa.drop_core(attn)
@@ -52,7 +55,8 @@ def forward(x, params, spec, be=None, tp=None, selective=False, halves=HALVES):
             y, x, scope(params, "post_attention_layernorm."), eps, be, tp)
     else:
         x1 = x
-        b, norm = rmsnorm.forward(x1, scope(params, "post_attention_layernorm."), eps, be, tp)
+        b, norm = rmsnorm.forward(x1, scope(params, "post_attention_layernorm."), eps, be, tp,
+                                  owned)
     out, ff = swiglu.forward(b, scope(params, "mlp."), be, tp, recompute=selective)
     out += x1
     caches[MLP] = {"norm": norm, "mlp": ff}

@@ -15,18 +15,26 @@ products (`np.vecdot`), each independent of the rows around it.
 Hugging Face's LlamaRMSNorm computes (x · rsqrt(mean(x²) + eps)) · w in float32 whatever
 the model's dtype; here the compute dtype is the storage's (float32 for 16-bit storage,
 float64 in float64), so a float64 model is float64 throughout.
+
+On a device the fused kernels run it (fused_llama.py, rmsnorm.cu: one pass for F with the
+residual add before it, one for B with the residual's gradient and the weight gradient's
+pieces); F keeps x and rstd there, not xhat.
 """
 
 import numpy as np
 
-from . import backend_for, row_blocks, wide, widen
+from . import backend_for, fused, fused_llama, row_blocks, wide, widen
 from .layernorm import _row_dots
 
 
-def forward(x, params, eps: float, be=None, tp=None):
+def forward(x, params, eps: float, be=None, tp=None, owned=False):
     """y = RMSNorm(x) and the cache. tp: under sequence parallelism x holds T/tp of each
-    sequence, and the weight gradient B takes is summed over the shards."""
+    sequence, and the weight gradient B takes is summed over the shards. owned: x is a
+    fresh array nothing writes again (the device path then keeps it, not a copy)."""
     be = backend_for(x, be)
+    kernels = fused_llama.rmsnorm_kernels(be, tp)
+    if kernels is not None and fused.takes(x):
+        return fused_llama.rmsnorm_forward(kernels, be, x, params, eps, owned)
     xp = be.xp
     C = x.shape[-1]
     x2 = x.reshape(-1, C)  # (N, C)
@@ -62,8 +70,11 @@ def forward_residual(y, residual, params, eps: float, be=None, tp=None):
     nothing else holds (x1 is written over it). One pass where GPT-2's LayerNorm fuses
     the same add (layernorm.forward_residual): on the NumPy path the add, then the norm."""
     be = backend_for(y, be)
+    kernels = fused_llama.rmsnorm_kernels(be, tp)
+    if kernels is not None and fused.takes(y):
+        return fused_llama.rmsnorm_forward_residual(kernels, be, y, residual, params, eps)
     y += residual
-    out, cache = forward(y, params, eps, be, tp)
+    out, cache = forward(y, params, eps, be, tp, owned=True)
     return y, out, cache
 
 
@@ -74,7 +85,10 @@ def _planes(be, name: str, like):
 
 
 def backward_input(dy, cache, dresidual=None):
-    """dx of dy, plus `dresidual` (the residual branch's gradient) when given."""
+    """dx of dy, plus `dresidual` (the residual branch's gradient) when given (on a device
+    in the same kernel, before its one rounding)."""
+    if "kernels" in cache:
+        return fused_llama.rmsnorm_backward_input(dy, cache, dresidual)
     be = cache["be"]
     xp = be.xp
     xhat, rstd = cache.pop("xhat"), cache.pop("rstd")
@@ -126,7 +140,11 @@ def _weight_gradient(be, dy2, xhat, tp=None):
 
 
 def backward_weight(dy, cache, grads):
-    """W: add the weight gradient B computed; `dy` is not needed."""
+    """W: add the weight gradient B computed (on a device: B's pieces, summed in order);
+    `dy` is not needed."""
+    if "kernels" in cache:
+        fused_llama.rmsnorm_backward_weight(cache, grads)
+        return
     grads["weight"] += cache.pop("dweight")
 
 

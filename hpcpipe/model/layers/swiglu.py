@@ -20,9 +20,13 @@ before B (`rebuild`), bit for bit. The exponent is capped at 80 so exp stays fin
 
 Under tensor parallelism each shard holds I/tp of the hidden width: gate and up are
 column-parallel (one gathered input, one summed input gradient), down row-parallel.
+
+On a device the elementwise part is one fused kernel each way (fused_llama.py,
+swiglu.cu): F keeps g and u (and a, down's input), B recomputes σ(g) — what selective
+recomputation keeps anyway.
 """
 
-from . import backend_for, matmul, matmul_accumulate, row_blocks, wide
+from . import backend_for, fused, fused_llama, matmul, matmul_accumulate, row_blocks, wide
 from . import projection
 
 NAMES = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
@@ -51,7 +55,11 @@ def forward(x, params, be=None, tp=None, recompute=False):
 
 
 def _activate(be, g, u) -> dict:
-    """a = silu(g) · u, with silu(g) and its derivative (N, I each; fresh arrays) and u."""
+    """a = silu(g) · u, with silu(g) and its derivative (N, I each; fresh arrays) and u —
+    or on a device's fused kernel with g and u alone."""
+    kernels = fused.kernels(be)
+    if kernels is not None and fused.takes(g):
+        return fused_llama.swiglu_activate(kernels, be, g, u)
     xp = be.xp
     compute = wide(g.dtype)
     narrow = compute != g.dtype
@@ -98,6 +106,9 @@ def backward_input(dout, cache):
     da = projection.backward_input(dout, cache["down"])  # (B, T, I/tp)
     act = cache.pop("act")
     da2 = da.reshape(-1, da.shape[-1])  # (N, I)
+    if "kernels" in act:
+        dg, du = fused_llama.swiglu_backward(be, da2, act)
+        return _input_gradient(be, dg, du, da, cache)
     silu, dsilu, u = act["silu"], act["dsilu"], act["u"]
     dg = xp.empty_like(da2)
     du = xp.empty_like(da2)
@@ -114,6 +125,11 @@ def backward_input(dout, cache):
 
     I = da2.shape[-1]
     be.for_each(row_blocks(be, da2.shape[0], I * max(da2.itemsize, 4)), block)
+    return _input_gradient(be, dg, du, da, cache)
+
+
+def _input_gradient(be, dg, du, da, cache):
+    """dx = dg @ gate + du @ up, summed over the shards; (dg, du) kept for W."""
     cache["d"] = (dg, du)  # what W of gate and up needs
     wg, wu = cache.pop("weights")
     dx = matmul(be, dg, wg)  # (N, C): both projections' input gradients summed

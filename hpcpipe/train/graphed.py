@@ -164,7 +164,7 @@ class GraphedStage:
             return self.stage.forward(mb, inp, targets, loss_scale, keep)
         if not (self.stage.embedding_part and self.stage.head_part):
             raise RuntimeError("a graphed stage holds the whole model (pp = 1)")
-        mode = self.stage.recompute_mode(mb)
+        mode = self.stage.recompute.at(mb)
         key = ("fbw", id(self), float(loss_scale), mode, tuple(inp.shape))
         for old in [k for k in self._keys if k != key and k[2] != key[2]]:
             self.graphs.forget(old)  # (a new loss scale: the old graphs go)

@@ -16,7 +16,8 @@ from hpcpipe import config
 from hpcpipe.config import ConfigError
 from hpcpipe.device import backend
 from hpcpipe.devtools import hostbuild, standin
-from hpcpipe.parallel.pipeline.planning import build_schedule
+from hpcpipe.plan.schedule import build_schedule
+from hpcpipe.schedules.recompute import Mode, StageRecompute
 from hpcpipe.train import graphed
 from hpcpipe.train.trainer import train
 
@@ -133,24 +134,22 @@ class _Stage:
     embedding_part = head_part = True
 
     def __init__(self, xp, recompute=False):
-        self.xp, self.recompute = xp, recompute
+        self.xp, self.full = xp, recompute
+        self.recompute = StageRecompute(Mode.FULL if recompute else Mode.NONE)
         self.w = xp.asarray(np.full(3, 2.0, np.float32))
         self.grad = xp.zeros(3, np.float32)
         self._stash = {}
-
-    def recompute_mode(self, mb):
-        return "full" if self.recompute else "none"
 
     @property
     def in_flight(self):
         return sorted(self._stash)
 
     def forward(self, mb, x, targets=None, loss_scale=1.0, keep=True):
-        self._stash[mb] = {"x": x * 1.0, "scale": loss_scale, "rebuilt": not self.recompute}
+        self._stash[mb] = {"x": x * 1.0, "scale": loss_scale, "rebuilt": not self.full}
         return (self.w * x).sum()
 
     def stash_bytes(self, mb=None):
-        return sum(12 * (2 if e["rebuilt"] and self.recompute else 1)
+        return sum(12 * (2 if e["rebuilt"] and self.full else 1)
                    for m, e in self._stash.items() if mb is None or m == mb)
 
     def needs_rebuild(self, mb):

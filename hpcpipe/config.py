@@ -35,7 +35,7 @@ from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_MOMENTS, OUTER_OPTIM
 from hpcpipe.parallel.powersgd import COMPRESSIONS
 from hpcpipe.runs.trace import trace_window
 from hpcpipe.schedules import KINDS, check_chunks, chunks, flushes, from_costs
-from hpcpipe.optim.adamw import OPTIMIZERS
+from hpcpipe.optim.optimizer import OPTIMIZERS
 from hpcpipe.optim.delay import KINDS as DELAY_CORRECTIONS
 from hpcpipe.schedules.kinds import ASYNCHRONOUS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES, ScheduleError

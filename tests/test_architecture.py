@@ -37,6 +37,50 @@ def test_the_import_contract_holds():
     assert "0 broken" in proc.stdout
 
 
+def _imported(name: str, tree, known: set) -> set:
+    """The package's modules (not packages' __init__) that module `name` imports anywhere,
+    lazily inside a function too: a lazy import is a cycle postponed, not removed."""
+    out = set()
+    package = name if name + ".__init__" in known else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        out |= {t for t in targets if t in known and t != name}
+    return out
+
+
+def test_no_module_imports_itself_round_about():
+    """No import cycle among the package's modules, lazy imports counted (issue 58: adamw ⇄
+    muon and recompute ⇄ simulator were two): a depth-first walk finds no back edge."""
+    trees = {path[:-3].replace(os.sep, "."): tree for path, tree in modules()}
+    known = set(trees)
+    graph = {name: {t for t in _imported(name, tree, known) if not t.endswith("__init__")}
+             for name, tree in trees.items() if not name.endswith("__init__")}
+    state, cycles = {}, []
+
+    def walk(node, trail):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(" → ".join(trail[trail.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                walk(nxt, trail + [nxt])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert not cycles, cycles
+
+
 def test_a_top_level_of_few_modules():
     top = sorted(f for f in os.listdir(PACKAGE) if f.endswith(".py"))
     assert top == ["__init__.py", "__main__.py", "config.py"]

@@ -15,7 +15,7 @@ KINDS = ("exp_avg", "exp_avg_sq", "master")
 
 
 class OptimizerState(Stateful):
-    """The shards of `optimizer` (optim.adamw.Optimizer) over `model`'s stages on `grid`;
+    """The shards of `optimizer` (optim.optimizer.Optimizer) over `model`'s stages on `grid`;
     `sharded`: ZeRO is in effect (every replica holds a shard of its own)."""
 
     name = "optim"

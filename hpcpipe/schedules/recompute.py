@@ -253,19 +253,3 @@ def _first_over(ops, keys, mem, memw, limit, chosen, keep):
             held += (memw[s] if op.kind is Kind.B else 0.0) - kept
             live.discard(key)
     return None
-
-
-def bubble_recomputing(schedule, costs, recomputed, choice: Recompute) -> float:
-    """The bubble of `schedule` when the (stage, microbatch) pairs `recomputed` re-run
-    choice.time of their F at the start of their B, counted as lost: 1 − the busiest rank's
-    work without recomputation / the longest span."""
-    from dataclasses import replace
-
-    from .simulator import simulate
-    result = simulate(schedule, replace(costs, recompute=PerMicrobatch(choice, recomputed)))
-    S, v, m = schedule.num_stages, schedule.chunks, schedule.num_microbatches
-    tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
-    work = max(m * sum(tf[s] + tb[s] + tw[s] for s in
-                       (schedule.stage_of[(r, c)] for c in range(v)))
-               for r in range(schedule.num_ranks))
-    return 1.0 - work / result.longest_span

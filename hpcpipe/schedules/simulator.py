@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 from . import recompute as rc
@@ -137,7 +137,6 @@ class Costs:
         return any(x.recomputes for x in choices)
 
     def with_recompute(self, choice: Recompute | Sequence[Recompute] | PerMicrobatch) -> Costs:
-        from dataclasses import replace
         return replace(self, recompute=choice)
 
     def over_chunks(self, stage_of: Mapping[tuple[int, int], int]) -> Costs:
@@ -604,3 +603,16 @@ def steady_period(schedule: Schedule, costs: Costs | None = None, steps: int = 4
                    if ops)
 
     return (step_end(steps - 1) - step_end(0)) / (steps - 1)
+
+
+def bubble_recomputing(schedule, costs, recomputed, choice: Recompute) -> float:
+    """The bubble of `schedule` when the (stage, microbatch) pairs `recomputed` re-run
+    choice.time of their F at the start of their B, counted as lost: 1 − the busiest rank's
+    work without recomputation / the longest span."""
+    result = simulate(schedule, replace(costs, recompute=PerMicrobatch(choice, recomputed)))
+    S, v, m = schedule.num_stages, schedule.chunks, schedule.num_microbatches
+    tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
+    work = max(m * sum(tf[s] + tb[s] + tw[s] for s in
+                       (schedule.stage_of[(r, c)] for c in range(v)))
+               for r in range(schedule.num_ranks))
+    return 1.0 - work / result.longest_span

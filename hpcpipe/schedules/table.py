@@ -280,7 +280,8 @@ def per_microbatch_row(p: int, m: int, costs: Costs, steps: int = 25):
     the recompute time as lost. Returns (per stage: bubble, plan), (per microbatch: bubble,
     the limit whose order won, its chunks, how many (stage, microbatch) pairs recompute)."""
     from .auto import explore, search
-    from .recompute import PRESETS, bubble_recomputing, fewest_recomputed
+    from .recompute import PRESETS, fewest_recomputed
+    from .simulator import bubble_recomputing
 
     selective = PRESETS["selective"]
     found = explore(p, m, costs, p, "span", 0, (selective, PRESETS["full"]), per_microbatch=False)
@@ -316,7 +317,8 @@ def on_demand_row(p: int, m: int, costs: Costs):
     recomputation per microbatch as it goes (`ondemand.py`), one chunk and a V, the
     recompute time counted as lost: (bubble, chunks, pairs recomputed), or None."""
     from .ondemand import orders
-    from .recompute import PRESETS, bubble_recomputing
+    from .recompute import PRESETS
+    from .simulator import bubble_recomputing
 
     selective, best = PRESETS["selective"], None
     for chunks in (1, 2):

@@ -22,7 +22,8 @@ import math
 
 import numpy as np
 
-from hpcpipe.optim.adamw import Optimizer, clip_coefficient
+from hpcpipe.optim.adamw import clip_coefficient
+from hpcpipe.optim.optimizer import Optimizer
 from hpcpipe.optim.norm import GradNorm
 from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.optim.post_validation import PostValidator

@@ -10,7 +10,8 @@ from hpcpipe.parallel.optimizer_state import _check_kind as _check_optimizer
 from hpcpipe.util.state import StateError
 from hpcpipe.device import backend
 from hpcpipe.model import FlatBuffer
-from hpcpipe.optim.adamw import Optimizer, ParamShard
+from hpcpipe.optim.adamw import ParamShard
+from hpcpipe.optim.optimizer import Optimizer
 from hpcpipe.optim.muon import Muon, orthogonalize
 from hpcpipe.util.errors import ConfigError
 

@@ -9,7 +9,8 @@ from hpcpipe.schedules.greedy import Policy, greedy
 from hpcpipe.schedules.ondemand import OnDemand, on_demand, orders
 from hpcpipe.schedules.ops import one_chunk_placement, v_placement
 from hpcpipe.schedules.problem import Problem
-from hpcpipe.schedules.recompute import PRESETS, Recompute, bubble_recomputing
+from hpcpipe.schedules.recompute import PRESETS, Recompute
+from hpcpipe.schedules.simulator import bubble_recomputing
 
 SIX_B = Costs(29.718, 29.444, 19.927, 0.527, memw=0.43)
 SELECTIVE = PRESETS["selective"]

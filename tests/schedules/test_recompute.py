@@ -5,7 +5,8 @@ import pytest
 from hpcpipe.schedules import Costs, ScheduleError, generate, peak_activations, simulate
 from hpcpipe.schedules.ops import make_schedule, one_chunk_placement, ops_from_strings
 from hpcpipe.schedules.recompute import (PRESETS, PerMicrobatch, Recompute,
-                                         bubble_recomputing, fewest_recomputed, parse, presets)
+                                         fewest_recomputed, parse, presets)
+from hpcpipe.schedules.simulator import bubble_recomputing
 from hpcpipe.schedules.table import certified_row, per_microbatch_row, render_per_microbatch
 
 HALF = Recompute("0.3:0.5", keep=0.3, time=0.5)

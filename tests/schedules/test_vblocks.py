@@ -28,7 +28,7 @@ def test_shortlisted_blocks_build_valid_orders_within_the_limit(kind, p):
 
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_the_table_is_what_the_generator_writes(p):
-    # (The whole table: python -m hpcpipe.schedules.vblocks --table ..., minutes at p 32.)
+    # (The whole table: python -m hpcpipe.schedules.write_vblock_table --table ..., minutes at p 32.)
     for kind in ("v-half", "v-min"):
         limit = family_limit(kind, p)
         assert SHORTLIST[kind][p] == (limit, tuple((*b.first, b.k0, b.k1, b.switch)

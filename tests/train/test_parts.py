@@ -12,7 +12,8 @@ from hpcpipe import config
 from hpcpipe.device import backend
 from hpcpipe.device.scratch import Scratch
 from hpcpipe.model import GPT, FlatBuffer, Stage
-from hpcpipe.optim.adamw import Optimizer, ParamShard, Segment
+from hpcpipe.optim.adamw import ParamShard, Segment
+from hpcpipe.optim.optimizer import Optimizer
 from hpcpipe.optim.norm import GradNorm
 from hpcpipe.optim.post_validation import PostValidator
 from hpcpipe.optim.scaling import GradScale, LossScaler

@@ -45,7 +45,7 @@ class GpuRates:
     gemm_shape_flops_per_s: dict = field(default_factory=dict)
 
 
-# Rates from ../shared/docs/gpu-kernels.md: HBM3e 4.8 TB/s peak, ~3.0 effective for
+# Rates from docs/design/gpu-platform.md: HBM3e 4.8 TB/s peak, ~3.0 effective for
 # unfused passes; cuBLAS bf16 600 TFLOP/s (450 with an odd leading dimension such as the
 # vocabulary's 50257); fp32 SIMT 45 (batched 40: CuPy's batched path never uses TF32);
 # TF32 300; ~3 µs of GPU time per kernel; 10-40 µs of host time per CuPy call (20 taken).

@@ -14,7 +14,7 @@ A float array's metadata lives in a NumPy "ghost": a view made with `as_strided`
 one-element buffer, which NumPy's view operations (slicing, reshape without copy,
 transpose) handle without touching memory. Nothing ever reads a ghost's elements.
 
-CuPy 14.2's launch rules, as recorded here (see ../shared/docs/gpu-kernels.md):
+CuPy 14.2's launch rules, as recorded here (see docs/design/gpu-platform.md):
 - a ufunc, operator, reduction, converting `astype`, `copy`, fill or setitem is one kernel
   (in-place operators read and write their target; assigning a view onto itself, as
   `a[i] *= s` ends, is skipped); views are free; allocation is free, `zeros` is a memset;

@@ -79,7 +79,7 @@ def render(settings) -> str:
 @dataclass(frozen=True)
 class PaperRow:
     """One row of the zero-bubble paper's Table 9 (profiled ms) with its Table 5 bubble rates
-    and M_W/M_B from its Table 1 formulas (see docs/anchors.md)."""
+    and M_W/M_B from its Table 1 formulas (see docs/design/anchors.md)."""
 
     model: str
     p: int

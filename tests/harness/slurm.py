@@ -1,7 +1,7 @@
 """A single-node Slurm of the tests' own: munged, slurmctld and slurmd started by PID in a
 temporary directory, found by the commands through SLURM_CONF, stopped by PID.
 
-The recipe and its traps are in ../shared/docs/slurm-local.md. The ones that shape this
+The recipe and its traps are in docs/design/local-slurm.md. The ones that shape this
 code: every package is installed before the daemons start (CI's job, not ours); jobs are
 cancelled before the daemons stop (a job's slurmstepd and tasks outlive slurmd); requeued
 jobs restart within seconds only with cred_expire=5 and a 1 s scheduler interval; and a

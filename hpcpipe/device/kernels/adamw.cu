@@ -1,6 +1,6 @@
 // AdamW over a flat master buffer, writing the 16-bit copy the model computes with, in
 // one pass (each of p, g, m, v read and written once). Per element, in the order and
-// rounding of hpcpipe/optim.py's AdamW._update (the scalars come rounded to M, as NumPy
+// rounding of hpcpipe/optim/adamw.py's AdamW._update (the scalars come rounded to M, as NumPy
 // rounds a Python float against an M array; compiled with --fmad=false so that no
 // multiply-add is contracted and the bits are NumPy's):
 //   gs = g·grad_scale;  m = b1 m + (1 - b1) gs;  v = b2 v + (1 - b2) gs²

@@ -4,7 +4,7 @@
 // probabilities from the log-sum-exp F keeps, in two kernels that each own their outputs
 // (dq by query row; dk, dv by key row), so no sum needs an atomic. Arithmetic is scalar:
 // A = Acc<S> in every product, one warp per row, its lanes splitting the head's channels.
-// The formulas are hpcpipe/layers/attention.py's core: q scaled by 1/sqrt(HS) first,
+// The formulas are hpcpipe/model/layers/attention.py's core: q scaled by 1/sqrt(HS) first,
 // s = q k^T, y = softmax(s) v; dq = ds k · scale, dk = ds^T (scaled q), dv = p^T dy.
 //
 // Shapes: B batch, T time, NH heads, HS head size (a multiple of 32, at most 128),

@@ -2,7 +2,7 @@
 // exponentials are taken in one online pass over the logits as stored (bf16 stays bf16 in
 // memory, arithmetic in float), and the same block then writes the row's dlogits
 // (softmax - onehot) · dscale — the full probabilities never exist. The formulas are
-// hpcpipe/layers/loss.py's: loss_row = log(sum exp(x - max)) + max - x[target].
+// hpcpipe/model/layers/loss.py's: loss_row = log(sum exp(x - max)) + max - x[target].
 //
 // A vocabulary shard (tensor parallelism) holds columns [v0, v0 + V): it writes its
 // partials (max, sum exp(x - max), the target's logit or 0), the shards all-gather them,

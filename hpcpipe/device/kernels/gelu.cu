@@ -1,4 +1,4 @@
-// GELU, tanh approximation, with the formulas of hpcpipe/layers/gelu.py (see its
+// GELU, tanh approximation, with the formulas of hpcpipe/model/layers/gelu.py (see its
 // derivation): h = 1 / (1 + exp(min(-2u, 80))), u = K (x + A x³), y = x h, and
 // dy/dx = h (1 + 2K x (1 + 3A x²) (1 - h)). F keeps nothing: B recomputes dy/dx from x,
 // one read of x and dy instead of storing the derivative.

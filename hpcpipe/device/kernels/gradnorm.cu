@@ -1,4 +1,4 @@
-// Sums of squares of gradient pieces on the device, for the global norm (hpcpipe/norm.py:
+// Sums of squares of gradient pieces on the device, for the global norm (hpcpipe/optim/norm.py:
 // one float64 sum per piece), in two passes of fixed shape — NORM_BLOCKS partial sums per
 // piece, then one block per piece adding them in a fixed tree — so the bits never depend
 // on timing or on the device, and the host fetches all pieces' sums in one transfer.

@@ -1,6 +1,6 @@
 // LayerNorm over the channels, fused with the residual add that precedes it in GPT-2's
 // pre-LN block (x1 = x + attn(ln_1(x)); then ln_2(x1)); eps 1e-5 and the formulas of
-// hpcpipe/layers/layernorm.py.
+// hpcpipe/model/layers/layernorm.py.
 //
 // Shapes: N rows (B·T tokens), C channels, P = LN_CHUNKS row chunks; S storage, A = Acc<S>.
 //   x, residual, xsum, y (N, C) S       F: xsum = x + residual (rounded to S), y = LN(xsum)

@@ -61,7 +61,8 @@ def make_cfg(dp, pp, tp=1, kind="1f1b", zero=0, dtype="float64", compression=Non
     if compression is not None:
         # The factors as the gradient travels (float64 here): full rank exact, unless a
         # run asks for bfloat16 factors (the default) itself.
-        parallel.update(grad_compression="powersgd", powersgd_dtype="auto", **compression)
+        parallel.update({"grad_compression": "powersgd", "powersgd_dtype": "auto",
+                         **compression})
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
         "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
@@ -424,6 +425,29 @@ def checkpoint_checks(comm, folder) -> list[str]:
                 failures.append(f"resumed as {label}: Σ E of {name} {loaded[name]} vs {v}")
         if not any(np.any(v != 0) for v in saved[2].values()):
             failures.append("the error feedback saved was zero: the check proves nothing")
+    return failures + other_q_checks(comm, folder)
+
+
+def other_q_checks(comm, folder) -> list[str]:
+    """Rank 0 under the same layout, its Q of another rank (rank 0 follows the factors'
+    dtype, and was min(n, m) / 8 before 2026-12-06): E read back as written, Q afresh."""
+    n, failures = comm.size, []
+    writer = make_cfg(2, n // 2, 1, "zb-h1", compression={"powersgd_rank": 0})
+    saved = run_from(comm, writer, SAVE, save_to=os.path.join(folder, "rank0"))
+    reader = make_cfg(2, n // 2, 1, "zb-h1",
+                      compression={"powersgd_rank": 0, "powersgd_dtype": "bfloat16"})
+    rank = build(comm, reader)
+    rank.step.restore(checkpoints.load(rank, reader, saved[3], ckpt.read_manifest(saved[3])))
+    psgd, be = rank.step.gradsync.compressor, rank.model.backend
+    loaded = error_moments(comm, rank)
+    if any(not np.array_equal(loaded[k], v) for k, v in saved[2].items()):
+        failures.append(f"rank 0 with another Q: Σ E {loaded} vs {saved[2]}")
+    wider = [m for m in psgd.matrices if m.rank > 1]  # written at rank 1 (float64 factors)
+    if not wider:
+        failures.append("bfloat16 factors gave every matrix rank 1: the check proves nothing")
+    for m in wider:
+        if not np.array_equal(be.to_host(psgd.q[m.key]), be.to_host(psgd._initial[m.key])):
+            failures.append(f"rank 0 with another Q: {m.key}'s Q did not start afresh")
     return failures
 
 

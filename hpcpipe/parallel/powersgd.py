@@ -20,8 +20,9 @@ matrix, or (rank 0, the default) each matrix's own: the largest whose two factor
 dtype they travel as, are BYTES_GAIN× fewer bytes than the matrix in float32 -- the same
 share of every matrix's bytes, so a wider model keeps as good an approximation, and a wide
 MLP matrix gets a higher rank than a square one (bfloat16 factors, the default: tiny 30 to
-48, medium 73 to 146, 4.2× fewer bytes in all; fixed ranks that small on a wide matrix cost
-more loss: docs/measurements/2026-12-06-powersgd-default.md). The factors travel as
+48, medium 73 to 146; with the vectors whole, 4.16× and 4.17× fewer bytes than the float32
+gradient; a fixed rank, small on a wide matrix, costs more loss:
+docs/measurements/2026-12-06-powersgd-default.md). The factors travel as
 `parallel.powersgd_dtype`, bfloat16 unless set: twice the rank for the same bytes, and the
 rounding is error feedback's to carry like any other part of M the step did not send (Ĝ is
 made of the rounded factors, so E = M − Ĝ / dp holds it). Each tensor-parallel shard

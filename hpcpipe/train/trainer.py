@@ -497,7 +497,7 @@ def watch_over(grid, timeout: float, run_dir: str, watch):
 
 
 def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
-    """This piece's RunRecord, with the run's Summary and Metrics (see runrecord.py)."""
+    """This piece's RunRecord, with the run's Summary and Metrics (runs/record.py)."""
     cfg, comm, train = trainer.cfg, trainer.comm, trainer.cfg.train
     summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule,
                       data=trainer.data, recompute=recomputation.AUTO_PENDING

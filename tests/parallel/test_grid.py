@@ -6,9 +6,13 @@ import ast
 import os
 
 import pytest
+from harness import devices
 from mpi4py import MPI
 
+from hpcpipe import config
 from hpcpipe.parallel import grid as gridlib
+from hpcpipe.plan import build as build_plan
+from hpcpipe.train.rank import Rank
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "hpcpipe")
@@ -82,3 +86,17 @@ def test_a_grid_makes_the_communicators_it_is_asked_for_and_frees_them():
     assert all(c == MPI.COMM_NULL for c in made)
     assert MPI.COMM_SELF != MPI.COMM_NULL  # the world is the caller's
     plain.free()
+
+
+def test_the_asynchronous_pipeline_refuses_a_grid_without_its_reductions():
+    cfg = config.from_dict({
+        "model": {"n_layer": 2, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
+        "train": {"dtype": "float64", "micro_batch_size": 2},
+        "parallel": {"schedule": "pipedream-2bw", "microbatches": 2}}, source="grid test")
+    grid = gridlib.build(MPI.COMM_SELF, 1, 1)
+    with pytest.raises(RuntimeError, match=r"asynchronous=True"):
+        Rank.build(cfg, grid, devices.select(), build_plan(cfg))
+    grid.free()
+    grid = gridlib.build(MPI.COMM_SELF, 1, 1, asynchronous=True)
+    assert Rank.build(cfg, grid, devices.select(), build_plan(cfg)).step.comm is grid.reductions
+    grid.free()

@@ -164,11 +164,14 @@ class DelayedStep(TrainStep):
 
     def _tied(self, stage, grad, head, pending: _Pending):
         """d(wte) = embedding part + head part (that order, as everywhere) on both holders:
-        summed here on one that holds both, else the parts cross point to point."""
+        summed here on one that holds both, else the parts cross point to point (a
+        Llama's embed_tokens the same way; an untied head has nothing to sum)."""
+        if stage.tied is None:
+            return
         wte = None
-        if "wte" in stage.grad_buffer.offsets:
-            a, b = stage.grad_buffer.offsets["wte"]
-            wte = grad[a:b].reshape(stage.params["wte"].shape)
+        if stage.tied in stage.grad_buffer.offsets:
+            a, b = stage.grad_buffer.offsets[stage.tied]
+            wte = grad[a:b].reshape(dict(stage.grad_buffer.layout)[stage.tied])
         comm, transport = self.model.tied.comm, self.transport
         wire = transport.wire
         if stage.embedding_part and stage.head_part:

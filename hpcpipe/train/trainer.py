@@ -86,6 +86,7 @@ class Trainer:
         self.started = time.perf_counter()
         self.start_step = 0
         self.last_saved = None  # the step of the last checkpoint this run has
+        self.tokenizer = None  # the tokenizer.json its checkpoints carry (the root's)
         self.stage_bytes = {}  # model stage → (M_B, M_W) bytes, as last measured
         self.own_watch = watch is None
         self.watch = watch or PreemptionWatch(comm)  # signals count from here on
@@ -167,6 +168,8 @@ class Trainer:
         own = self.run_id == manifest.get("run")
         check_same_data(manifest, self.data, own, self.cfg.data.allow_changed, path, self.log)
         state = checkpoints.load(self.rank, self.cfg, path, manifest)
+        if self.comm.rank == 0:  # (the root writes the manifests)
+            self.tokenizer = checkpoints.carried_tokenizer(path, manifest)
         self.start_step = state["step"]
         self.last_saved = self.start_step if own else None
         self.rank.step.restore(state)
@@ -279,7 +282,8 @@ class Trainer:
                                       "data_step": step, "seed": self.cfg.train.seed},
                                      keep=self.cfg.checkpoint.keep,
                                      keep_every=self.cfg.checkpoint.keep_every,
-                                     run=self.run_id, data=self.data)
+                                     run=self.run_id, data=self.data,
+                                     tokenizer=self.tokenizer)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path

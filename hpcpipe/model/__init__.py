@@ -19,7 +19,8 @@ from hpcpipe.model.gpt import GPT
 from hpcpipe.model.layout import FlatBuffer, GPTConfig, block_layout, param_layout
 from hpcpipe.model.llama import Llama
 from hpcpipe.model.llama_layout import LlamaConfig
-from hpcpipe.model.stage import Stage, StageSpec
+from hpcpipe.model.stage import Stage
+from hpcpipe.model.stagespec import StageSpec
 
 __all__ = ["GPT", "GPTConfig", "FlatBuffer", "Llama", "LlamaConfig", "Stage", "StageSpec",
            "block_layout", "param_layout"]

@@ -12,11 +12,8 @@ microbatches, as the zero-bubble schedules need.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hpcpipe.device import backend
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype
-from hpcpipe.model import family
 from hpcpipe.model.layers import block, embedding, head, layernorm, loss, scope
 from hpcpipe.model.layout import FlatBuffer, GPTConfig, init_value, padding_mask, param_layout
 from hpcpipe.model.sharding import shard_of
@@ -32,7 +29,37 @@ from hpcpipe.schedules.recompute import Mode, StageRecompute
 # stage's own inputs.)
 
 
-class Stage:
+class GPT2Parts:
+    """What of a stage its family decides — GPT-2's here; llama_stage.LlamaStage has its
+    own: the tied tensor, the blocks and halves it runs, its tensors and their initial
+    values, and what selective recomputation rebuilds."""
+
+    tied = "wte"  # the tied embedding's tensor, which the first and last stage both hold
+
+    @property
+    def head_grad_kept(self) -> bool:
+        """The head's share of the tied embedding's gradient is kept apart (head_grad)."""
+        return self.head_part and self.tied is not None
+
+    def _place_blocks(self):
+        """The blocks and halves the stage runs, from layers, mlp_of and attention_of."""
+        self.units = stage_units(self.layers, self.mlp_of, self.attention_of)
+
+    def _param_layout(self):
+        """(name, shape) of the stage's tensors in their global shapes."""
+        return param_layout(self.cfg, self.layers, self.embedding_part, self.head_part,
+                            self.mlp_of, self.attention_of)
+
+    def _init_value(self, name: str, shape, seed: int):
+        return init_value(self.cfg, name, shape, seed)
+
+    def _rebuild_blocks(self, caches):
+        """What selective recomputation dropped from the blocks' caches, rebuilt."""
+        for unit in self.units:
+            block.rebuild(caches[unit.key])
+
+
+class Stage(GPT2Parts):
     """A contiguous slice of the GPT with F, B and W passes per microbatch.
 
     layers: the blocks it runs whole; mlp_of / attention_of: the block whose MLP half starts
@@ -91,31 +118,6 @@ class Stage:
         # Asynchronous pipelining's weight versions (model/versions.py), which the compute
         # uses instead of param_buffer (then the optimizer's): none otherwise.
         self.weight_versions: tuple = ()
-
-    # -- what the family decides (llama_stage.LlamaStage has its own) ---------------------
-    tied = "wte"  # the tied embedding's tensor, which the first and last stage both hold
-
-    @property
-    def head_grad_kept(self) -> bool:
-        """The head's share of the tied embedding's gradient is kept apart (head_grad)."""
-        return self.head_part and self.tied is not None
-
-    def _place_blocks(self):
-        """The blocks and halves the stage runs, from layers, mlp_of and attention_of."""
-        self.units = stage_units(self.layers, self.mlp_of, self.attention_of)
-
-    def _param_layout(self):
-        """(name, shape) of the stage's tensors in their global shapes."""
-        return param_layout(self.cfg, self.layers, self.embedding_part, self.head_part,
-                            self.mlp_of, self.attention_of)
-
-    def _init_value(self, name: str, shape, seed: int):
-        return init_value(self.cfg, name, shape, seed)
-
-    def _rebuild_blocks(self, caches):
-        """What selective recomputation dropped from the blocks' caches, rebuilt."""
-        for unit in self.units:
-            block.rebuild(caches[unit.key])
 
     # -- bookkeeping --------------------------------------------------------------------
     def drop_grads(self):
@@ -305,52 +307,3 @@ def _draw(stage: Stage, seed: int):
         stage.params[name][...] = stage.xp.asarray(value, dtype=stage.dtype)
         if stage.exact_init is not None:
             stage.exact_init.views[name][...] = stage.xp.asarray(value, dtype=stage.grad_dtype)
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """Which part of the model one pipeline stage holds: the embedding, block `mlp_of`'s
-    MLP half, the whole `layers`, block `attention_of`'s attention half, the head (each
-    optional; model/units.py)."""
-
-    index: int
-    layers: tuple[int, ...]
-    embedding_part: bool
-    head_part: bool
-    mlp_of: int | None = None
-    attention_of: int | None = None
-
-    @property
-    def blocks(self) -> float:
-        """How many blocks it holds, a half counting 0.5."""
-        halves = (self.mlp_of is not None) + (self.attention_of is not None)
-        return len(self.layers) + 0.5 * halves
-
-    def param_layout(self, cfg: GPTConfig):
-        """(name, shape) of the tensors the stage holds, in its family's names
-        (layout.param_layout, llama_layout.param_layout)."""
-        return family.stage_layout(cfg, self.layers, self.embedding_part, self.head_part,
-                                   self.mlp_of, self.attention_of)
-
-    def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None, tp=None,
-              recompute: StageRecompute = StageRecompute()) -> Stage:
-        """The stage of `cfg`'s family (a Stage, or a LlamaStage) this spec describes."""
-        return family.stage_class(cfg)(
-            cfg, layers=self.layers, embedding_part=self.embedding_part,
-            head_part=self.head_part, dtype=dtype, seed=seed, be=be, tp=tp,
-            recompute=recompute, mlp_of=self.mlp_of, attention_of=self.attention_of)
-
-    def describe(self) -> str:
-        parts = (["embedding"] if self.embedding_part else []) + (
-            [f"block {self.mlp_of}'s MLP"] if self.mlp_of is not None else []) + (
-            [f"blocks {self.layers[0]}–{self.layers[-1]}" if len(self.layers) > 1
-             else f"block {self.layers[0]}"] if self.layers else []) + (
-            [f"block {self.attention_of}'s attention"] if self.attention_of is not None
-            else []) + (["head"] if self.head_part else [])
-        return " + ".join(parts)
-
-
-def seams(specs) -> list[int] | None:
-    """The blocks a stage edge cuts at their seam (a checkpoint's layout records them beside
-    the whole blocks per stage), or None: none."""
-    return sorted(s.attention_of for s in specs if s.attention_of is not None) or None

@@ -28,11 +28,12 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
                      rank.checkpoint_layout(cfg))
 
 
-def carried_tokenizer(path: str, manifest: dict) -> tuple[bytes, dict] | None:
+def carried_tokenizer(path: str, manifest: dict, comm) -> tuple[bytes, dict] | None:
     """The tokenizer.json the checkpoint at `path` carries (an imported model's, or a run's
     that started from one) with its manifest record, for the run's own checkpoints to
-    carry along — read on the root, which writes them; None where it has none."""
-    file = ckpt.tokenizer_file(path, manifest)
+    carry along — read on comm's root, which writes them (None elsewhere, and where it
+    has none)."""
+    file = ckpt.tokenizer_file(path, manifest) if comm.rank == 0 else None
     if file is None:
         return None
     with open(file, "rb") as f:

@@ -168,8 +168,7 @@ class Trainer:
         own = self.run_id == manifest.get("run")
         check_same_data(manifest, self.data, own, self.cfg.data.allow_changed, path, self.log)
         state = checkpoints.load(self.rank, self.cfg, path, manifest)
-        if self.comm.rank == 0:  # (the root writes the manifests)
-            self.tokenizer = checkpoints.carried_tokenizer(path, manifest)
+        self.tokenizer = checkpoints.carried_tokenizer(path, manifest, self.comm)
         self.start_step = state["step"]
         self.last_saved = self.start_step if own else None
         self.rank.step.restore(state)
@@ -282,8 +281,7 @@ class Trainer:
                                       "data_step": step, "seed": self.cfg.train.seed},
                                      keep=self.cfg.checkpoint.keep,
                                      keep_every=self.cfg.checkpoint.keep_every,
-                                     run=self.run_id, data=self.data,
-                                     tokenizer=self.tokenizer)
+                                     run=self.run_id, data=self.data, tokenizer=self.tokenizer)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path

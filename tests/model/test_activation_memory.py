@@ -9,7 +9,7 @@ from hpcpipe.device.backend import Backend
 from hpcpipe.devtools import hostbuild
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.memory import stage_memory
-from hpcpipe.model.stage import StageSpec
+from hpcpipe.model.stagespec import StageSpec
 from hpcpipe.schedules.recompute import Mode, StageRecompute
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd=32)

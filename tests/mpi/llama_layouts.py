@@ -10,7 +10,11 @@ learnable token stream in float32, as tests/mpi/sixteen_bit.py's GPT-2 runs:
 - dp 2 × pp 2: ZB-H1, 1F1B and recomputation selective and full bitwise alike; ZeRO-1,
   2 and 3, post-validation and plain dp 2 within the all-reduce's round-off of one
   process (dp sums the microbatches' gradients in another order);
-- bfloat16 on pp 2 under ZB-H1: bitwise one process in bfloat16.
+- bfloat16 on pp 2 under ZB-H1: bitwise one process in bfloat16;
+- the other modes on dp 2 × pp 2: Muon within round-off of one process's Muon (and not
+  AdamW), PowerSGD at full rank within its orthogonalization's round-off of one process,
+  PipeDream-2BW on pp 2 and 3 bitwise its one process, local SGD (DiLoCo's Nesterov outer
+  step) and asynchronous dp (bounded staleness 0) bitwise their pp 1 runs.
 The report fails when any rank found a mismatch.
 """
 
@@ -34,6 +38,7 @@ from hpcpipe.train.rank import Rank
 
 B, M, STEPS, V = 2, 4, 4, 19
 CLOSE = 1e-5  # dp's other summation order, relative, on the losses and the weights
+POWERSGD_CLOSE = 1e-3  # full-rank factors: exact but for their orthogonalization's round-off
 
 
 def make_cfg(tied, dp=1, pp=1, kind="1f1b", dtype="float32", train=None, **parallel):
@@ -72,13 +77,17 @@ def train(comm, cfg, schedule):
 
         losses += [o.loss for o in rank.train_step(step, inputs, 2e-2, 1.0)]
     losses += [o.loss for o in rank.flush()]
+    rank.step.finish(STEPS)
+    if rank.step.asynchronous:  # (asynchronous dp: the replicas meet at the end)
+        rank.step.meet("the end of the test run")
     rank.step.materialize()  # ZeRO-3: the whole weights, to read them
     mine = {}
-    if grid.dp_rank == 0:
-        for stage in rank.model.stages.values():
-            for name, value in stage.params.items():
+    with rank.step.published():
+        for stage in rank.model.stages.values() if grid.dp_rank == 0 else ():
+            for name, value in stage.param_buffer.views.items():
                 if name != stage.tied or stage.embedding_part:
                     mine[name] = be.to_host(value).astype(np.float32)
+    rank.step.close()
     parts = comm.gather(mine, root=0)
     weights = None
     if comm.rank == 0:
@@ -91,10 +100,10 @@ def same(a, b) -> bool:
     return la == lb and wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa)
 
 
-def close(a, b) -> bool:
+def close(a, b, tolerance=CLOSE) -> bool:
     (la, wa), (lb, wb) = a, b
-    return np.allclose(la, lb, rtol=CLOSE, atol=0) and wa.keys() == wb.keys() and all(
-        np.allclose(wa[k], wb[k], rtol=CLOSE, atol=CLOSE) for k in wa)
+    return np.allclose(la, lb, rtol=tolerance, atol=0) and wa.keys() == wb.keys() and all(
+        np.allclose(wa[k], wb[k], rtol=tolerance, atol=tolerance) for k in wa)
 
 
 def check_pipelines(world, tied, ref, failures) -> tuple[int, int]:
@@ -150,6 +159,49 @@ def check_data_parallel(world, tied, ref, failures):
                             f"{ref[0]}")
 
 
+def on_first(world, n, cfg, schedule):
+    """cfg's run on world ranks [0, n) (the others wait); its result on rank 0."""
+    mpibody.settle(world)
+    comm = world.Split(0 if world.rank < n else MPI.UNDEFINED, key=world.rank)
+    if comm == MPI.COMM_NULL:
+        return None
+    result = train(comm, cfg, schedule)
+    comm.Free()
+    return result
+
+
+def check_modes(world, ref, failures):
+    """Muon, PowerSGD, PipeDream-2BW, local SGD and asynchronous dp on a tied Llama."""
+    muon = {"optimizer": "muon"}
+    solo = on_first(world, 1, make_cfg(True, train=muon), generate("1f1b", 1, M))
+    runs = {"muon": (solo, train(world, make_cfg(True, 2, 2, "zb-h1", train=muon),
+                                 generate("zb-h1", 2, 2)), CLOSE),
+            "powersgd": (ref, train(world, make_cfg(True, 2, 2, "zb-h1",
+                                                    grad_compression="powersgd",
+                                                    powersgd_rank=64),
+                                    generate("zb-h1", 2, 2)), POWERSGD_CLOSE)}
+    solo = on_first(world, 1, make_cfg(True, kind="pipedream-2bw"),
+                    generate("pipedream-2bw", 1, M))
+    for pp in (2, 3):
+        two = on_first(world, pp, make_cfg(True, pp=pp, kind="pipedream-2bw"),
+                       generate("pipedream-2bw", pp, M))
+        runs[f"pipedream-2bw pp {pp}"] = (solo, two, 0.0)
+    for label, extra in (("local SGD", {"train": {"local_steps": 2,
+                                                  "outer_optimizer": "nesterov"}}),
+                         ("async dp", {"async_dp": "ssp", "staleness": 0})):
+        flat = on_first(world, 2, make_cfg(True, 2, 1, "1f1b", **extra), generate("1f1b", 1, 2))
+        runs[label] = (flat, train(world, make_cfg(True, 2, 2, "1f1b", **extra),
+                                   generate("1f1b", 2, 2)), 0.0)
+    if world.rank != 0:
+        return
+    if close(runs["muon"][0], ref):
+        failures.append("muon: the same as AdamW (the optimizer was not used)")
+    for label, (want, got, tolerance) in runs.items():
+        ok = same(got, want) if tolerance == 0.0 else close(got, want, tolerance)
+        if not ok:
+            failures.append(f"{label}: {got[0]} vs {want[0]}")
+
+
 def check(world) -> mpibody.Report:
     failures, report = [], []
     for tied in (True, False):
@@ -162,6 +214,9 @@ def check(world) -> mpibody.Report:
         mpibody.settle(world)
         checked, possible = check_pipelines(world, tied, ref, failures)
         check_data_parallel(world, tied, ref, failures)
+        if tied:
+            check_modes(world, ref, failures)
+            report.append("modes: Muon, PowerSGD, PipeDream-2BW, local SGD, async dp checked")
         report.append(f"tied={tied}: {checked} of {possible} pipeline layouts bitwise equal "
                       f"to one process")
     mpibody.settle(world)

@@ -2,8 +2,9 @@
 checkpoints.
 
 The layouts (pp 2 and 3 under every flushing schedule and at a block's seam, dp 2 × pp 2
-with ZeRO-1/2/3, recomputation and post-validation, bfloat16, tied and untied heads) are
-one worker body on 4 ranks (tests/mpi/llama_layouts.py); the checkpoint cases are real
+with ZeRO-1/2/3, recomputation and post-validation, bfloat16, tied and untied heads; Muon,
+PowerSGD, PipeDream-2BW, local SGD and asynchronous dp) are one worker body on 4 ranks
+(tests/mpi/llama_layouts.py); the checkpoint cases are real
 `mpiexec` jobs of `python -m hpcpipe train` starting from an imported checkpoint with its
 tokenizer.json. Tensor parallelism's refusal: tests/model/test_llama_model.py."""
 
@@ -36,6 +37,7 @@ def test_a_llama_on_every_layout_equals_one_process(world):
     for tied in (True, False):  # 6 flushing kinds on pp 2 (+ a seam), 13 built on pp 3
         assert f"tied={tied}: 20 of 20 pipeline layouts bitwise equal to one process" \
             in report.summary, report.summary
+    assert "modes: Muon, PowerSGD, PipeDream-2BW, local SGD, async dp checked" in report.summary
 
 
 def imported(folder, tmp_path):

@@ -17,6 +17,7 @@ from hpcpipe.device import backend
 from hpcpipe.device.budget import check_run
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.plan import build as build_plan
+from hpcpipe.schedules import flushes
 from hpcpipe.train.rank import Rank
 from hpcpipe.util.errors import every_rank_does
 from hpcpipe.util.files import claim_file, claim_folder
@@ -55,7 +56,8 @@ def run_ckpt(args) -> int:
     cfg = config.for_world(config.require_pipelined_model(config.load(args.config, args.overrides)),
                            world.size)
     parallel, train = cfg.parallel, cfg.train
-    grid = gridlib.build(world, parallel.dp, parallel.pp, parallel.rank_order, source=cfg.source)
+    grid = gridlib.build(world, parallel.dp, parallel.pp, parallel.rank_order,
+                         source=cfg.source, asynchronous=not flushes(parallel.schedule))
     be = backend.select(train.device, grid.local_rank)
     every_rank_does(world, lambda: check_run(cfg, be, grid.local_size))
     plan = build_plan(cfg)  # (auto: the schedule it profiles on)

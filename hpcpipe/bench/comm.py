@@ -124,14 +124,14 @@ def run_comm(args) -> int:
         + f" | MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
     # Point-to-point between ranks 0 and 1 of a pipeline of all ranks.
     grid = gridlib.build(world, 1, world.size, source="bench comm")
-    pair = grid.pipe.Split(0 if grid.pipe.rank < 2 else MPI.UNDEFINED, key=grid.pipe.rank)
+    pair = gridlib.first_ranks(grid.pipe, 2)
     # All-reduce over every rank, as the replicas of one stage.
     dgrid = gridlib.build(world, world.size, 1, source="bench comm")
     rows = []
     for nbytes in _sizes(int(args.min_kb * 1024), int(args.max_mb * 2**20)):
         repeats = _repeats(nbytes, args.repeats)
         row = {"bytes": nbytes}
-        if pair != MPI.COMM_NULL:
+        if pair is not None:
             row.update(_p2p(pair, transport, nbytes, repeats))
         row.update(_allreduce(dgrid, transport, nbytes, repeats, args.bucket_mb))
         rows.append(row)
@@ -140,6 +140,10 @@ def run_comm(args) -> int:
         log(f"{_fmt(nbytes):>8}  {p2p}  all-reduce {row['allreduce_hpcpipe_gbs']:6.2f} vs "
             f"{row['allreduce_raw_gbs']:6.2f} GB/s")
     rows = world.bcast(rows if is_root else None, root=0)
+    if pair is not None:
+        pair.Free()
+    grid.free()
+    dgrid.free()
     overlap = None if args.skip_overlap else measure_overlap(world, be, transport)
     stages = None if args.skip_overlap else [
         measure_overlap(world, be, transport, zero, compression)

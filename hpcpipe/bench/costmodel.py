@@ -1,5 +1,6 @@
 """A GPU cost model that runs on a CPU: the GPU code path's kernels, counted on the
-shape-only device (shapes.py), priced at a named GPU's rates (device/rates.py: GPUS).
+shape-only device (devtools/shapes.py), priced at a named GPU's rates (devtools/rates.py:
+GPUS).
 
     log = count_step(GPTConfig(...), batch=16, microbatches=1, dtype="bfloat16")
     cost = summarise(log, GPUS["h200"])   # launches, bytes, FLOPs, syncs, seconds
@@ -25,9 +26,9 @@ from dataclasses import dataclass, field
 
 
 from hpcpipe.device.backend import Backend
-from hpcpipe.device.rates import GpuRates, kernel_seconds, timeline_seconds, unmeasured
+from hpcpipe.devtools import shapes
+from hpcpipe.devtools.rates import GpuRates, kernel_seconds, timeline_seconds, unmeasured
 from hpcpipe.model.layers import (attention, block, embedding, gelu, head, layernorm, linear, loss, mlp)
-from hpcpipe.device import shapes
 
 PHASES = {"forward": "F", "backward_input": "B", "backward_weight": "W"}
 LAYERS = {"embedding": embedding, "block": block, "layernorm": layernorm,
@@ -94,7 +95,7 @@ def register_fused(log: shapes.Log, name: str, reads: int, writes: int, flops: i
     log.launch(kind, name, reads, writes, flops, precision)
 
 
-# -- pricing: device/rates.py (a kernel at a GPU's rates); tallies here ----------------
+# -- pricing: devtools/rates.py (a kernel at a GPU's rates); tallies here --------------
 
 @dataclass
 class Tally:

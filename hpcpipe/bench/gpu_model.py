@@ -19,7 +19,7 @@ from hpcpipe.device.dtypes import DTYPES
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_file
 from hpcpipe.bench import costmodel
-from hpcpipe.device.rates import GPUS, calibrate
+from hpcpipe.devtools.rates import GPUS, calibrate
 from hpcpipe.devtools import kernelmodel
 from . import batches
 from .common import write_json

@@ -215,7 +215,7 @@ def _contender_of(kind, cfg, grid, be, world, costs, memory_limit, log):
     """`contenders`' one: None (said in the log) where it cannot run here."""
     pp, m = grid.pp, cfg.parallel.microbatches
     try:
-        if kind == SECANT_KIND or not flushes(kind):
+        if _streams(kind):
             return stream_contender(cfg, grid, be, world, costs, kind)
         if from_costs(kind):
             schedule = best_auto(pp, m, costs, memory_limit or 2 * pp,
@@ -337,6 +337,22 @@ def memory_suite(args, kinds, cfg, grid, be, world, inputs, log) -> int:
     return 0
 
 
+def schedule_kinds(schedules: str) -> list[str]:
+    """--schedules as its kinds, or the HpcpipeError that names the first unknown one."""
+    kinds = [k.strip() for k in schedules.split(",") if k.strip()]
+    known = KINDS + (SECANT_KIND,)
+    unknown = [k for k in kinds if k not in known]
+    if unknown or not kinds:
+        raise HpcpipeError(f"bench pipeline: --schedules {schedules!r}: unknown kind "
+                           f"{(unknown or [''])[0]!r}; choose from {', '.join(known)}")
+    return kinds
+
+
+def _streams(kind: str) -> bool:
+    """Whether `kind` runs the asynchronous pipeline's stream (the secant variant's too)."""
+    return kind == SECANT_KIND or not flushes(kind)
+
+
 def run_pipeline(args) -> int:
     world = args.job.world()
     pp = world.size
@@ -352,14 +368,10 @@ def run_pipeline(args) -> int:
         if world.rank == 0:
             print(msg, flush=True)
 
-    kinds = [k.strip() for k in args.schedules.split(",") if k.strip()]
-    known = KINDS + (SECANT_KIND,)
-    unknown = [k for k in kinds if k not in known]
-    if unknown or not kinds:
-        raise HpcpipeError(f"bench pipeline: --schedules {args.schedules!r}: unknown kind "
-                           f"{(unknown or [''])[0]!r}; choose from {', '.join(known)}")
+    kinds = schedule_kinds(args.schedules)
     cfg = bench_config(args, pp)
-    grid = gridlib.build(world, 1, pp, source="bench pipeline")
+    grid = gridlib.build(world, 1, pp, source="bench pipeline",
+                         asynchronous=any(map(_streams, kinds)))
     threads = backend.limit_threads(grid.local_size)
     be = backend.select("auto", grid.local_rank, threads=threads)
     every_rank_does(world, lambda: check_run(cfg, be, grid.local_size))

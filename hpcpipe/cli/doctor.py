@@ -160,9 +160,7 @@ def collect(comm, run_dir: str, inventory: backend.GpuInventory) -> tuple[dict, 
         " (parallel)" if h5py.get_config().mpi else " (serial: each rank writes its own files)")
     facts["CuPy"] = inventory.cupy or "not installed (CPU only; for GPUs: pip install -e '.[gpu]')"
 
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)  # as grid.local is made
-    local_rank, local_size = node.rank, node.size
-    node.Free()
+    local_rank, local_size = grid.node_place(comm)  # as grid.local counts them
     node_rank = backend.node_local_rank(local_rank)
     facts["local rank"] = f"{node_rank} of {local_size} on this node"
     problems += gpu_facts(inventory, node_rank, facts)

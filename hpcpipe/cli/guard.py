@@ -99,7 +99,9 @@ class Job:
     def _duplicate(self):
         mpi = _mpi()
         if self.failures is None and mpi is not None and mpi.COMM_WORLD.size > 1:
-            self.failures = mpi.COMM_WORLD.Dup()
+            from hpcpipe.parallel import grid  # (where every communicator is made)
+
+            self.failures = grid.failures(mpi.COMM_WORLD)
 
     def release(self):
         """Free the failure communicator (before an explicit MPI.Finalize)."""

@@ -4,7 +4,8 @@ pool (`threads`), its workspaces (`scratch`), the compute dtypes and what 16-bit
 keeps in float32 (`dtypes`), memory needed against memory there is (`budget`), memory
 held now and at most (`memory`), the GPUs' nominal peak FLOP/s (`peaks`), and the fused
 CUDA kernels (`kernels`). The tools to develop and check them — the device stand-in, the
-kernels' host build, the compile checks — live apart, in hpcpipe/devtools.
+kernels' host build, the compile checks, the shape-only device and the GPU rates of the
+cost model — live apart, in hpcpipe/devtools.
 
 May import: `util`. Nothing else of hpcpipe; never MPI (a peer communicator is passed in
 where ranks must agree on a device).

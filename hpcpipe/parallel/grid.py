@@ -1,13 +1,17 @@
 """The process grid: MPI ranks arranged as dp data-parallel replicas × pp pipeline stages
 × tp tensor-parallel shards (3D parallelism).
 
-Built once from the world communicator and passed around as a frozen value: the Grid is
-the one owner of every communicator training uses (pipe, data, tensor, replica, local, and
-`ends` for the tied embedding); no module holds a communicator of its own. The one
-exception is the failure communicator of cli/guard.py — a duplicate of COMM_WORLD made
-before any Grid exists, so that an error on one rank can end every rank at any moment,
-the Grid's own construction included. (The diagnostic commands, `doctor` and `bench
-comm`, split what they measure for themselves.)
+Built once from the world communicator and passed around as a frozen value: the Grid
+creates, names and frees every communicator training uses — pipe, data, tensor, replica,
+local, `ends` for the tied embedding, and the duplicates of the world that carry traffic
+which must never match the job's own collectives (`reductions`, the asynchronous
+pipeline's; `alarms`, the hang watchdogs'). No other module constructs a communicator
+(tests/parallel/test_grid.py holds the package to it): what a module needs, the Grid
+hands it. The communicators made before any Grid exists, or for a measurement only, come
+from this module too: the failure communicator of cli/guard.py (`failures`: an error on
+one rank must end every rank at any moment, the Grid's own construction included), this
+node's ranks (`node_place`, for `doctor` and the threads per rank) and the first ranks of
+one (`first_ranks`, for `bench comm`).
 
 The tp shards of a stage are always the innermost, consecutive ranks: their all-reduces
 run inside every F and B, so they belong on one node's fastest links. Rank order
@@ -21,32 +25,45 @@ run inside every F and B, so they belong on one node's fastest links. Rank order
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from hpcpipe.util.errors import LayoutError
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import Intracomm
 
 RANK_ORDERS = ("pp-inner", "dp-inner")
 
 
 @dataclass(frozen=True)
 class Grid:
-    world: object  # MPI.Comm: every rank of the job
-    pipe: object  # MPI.Comm: the pp stages of this rank's replica and shard, ranked by stage
-    data: object  # MPI.Comm: the dp replicas of this rank's stage and shard, by replica
-    local: object  # MPI.Comm: the ranks on this node
+    world: Intracomm  # every rank of the job (the caller's: never freed here)
+    pipe: Intracomm  # the pp stages of this rank's replica and shard, ranked by stage
+    data: Intracomm  # the dp replicas of this rank's stage and shard, by replica
+    local: Intracomm  # the ranks on this node
     dp: int
     pp: int
     dp_rank: int
     pp_rank: int
     rank_order: str = "pp-inner"
-    tensor: object = None  # MPI.Comm: the tp shards of this rank's stage, by shard
+    tensor: Intracomm | None = None  # the tp shards of this rank's stage, by shard
     tp: int = 1
     tp_rank: int = 0
-    replica: object = None  # MPI.Comm: every rank of this replica (its pp × tp)
-    # MPI.Comm: the first and the last stage of this rank's pipeline, where the tied
-    # embedding's two copies live (every placement puts the embedding on pipeline rank 0
-    # and the head on rank 0 or pp - 1); None on the other ranks and at pp = 1.
-    ends: object = None
+    replica: Intracomm | None = None  # every rank of this replica (its pp × tp)
+    # The first and the last stage of this rank's pipeline, where the tied embedding's two
+    # copies live (every placement puts the embedding on pipeline rank 0 and the head on
+    # rank 0 or pp - 1); None on the other ranks and at pp = 1.
+    ends: Intracomm | None = None
+    # A duplicate of the world for the asynchronous pipeline's end-of-step reductions
+    # (train/delayed.py): its ranks start them at different points relative to the world's
+    # other collectives, and collectives on one communicator must come in one order
+    # everywhere. None unless built with asynchronous=True.
+    reductions: Intracomm | None = None
+    # A duplicate of the world for the hang watchdogs' alarms and answers
+    # (parallel/watchdog.py), which nothing else uses, so its messages can never match the
+    # job's. None unless built with watchdog=True on 2 ranks or more.
+    alarms: Intracomm | None = None
 
     @property
     def rank(self) -> int:
@@ -69,22 +86,53 @@ class Grid:
     def local_size(self) -> int:
         return self.local.size
 
+    def free(self):
+        """Free every communicator `build` made (not `world`, the caller's), once every
+        operation on them has completed: at the end of the run (idempotent)."""
+        from mpi4py import MPI
+
+        for f in fields(self):
+            comm = getattr(self, f.name)
+            if f.name != "world" and isinstance(comm, MPI.Comm) and comm != MPI.COMM_NULL:
+                comm.Free()
+
     def describe(self) -> str:
         shards = f" × tp {self.tp}" if self.tp > 1 else ""
         return (f"{self.size} ranks = dp {self.dp} × pp {self.pp}{shards} ({self.rank_order}); "
                 f"{self.local_size} on this node")
 
 
-def node_size(world) -> int:
-    """How many ranks of `world` share this node (as `build`'s `local` counts them), for
-    what must be known before a grid is built: threads per rank, host memory per rank."""
+def node_place(world) -> tuple[int, int]:
+    """This rank's (rank, size) among the ranks of `world` on its node, as `build`'s
+    `local` counts them, for what must be known before a grid is built (threads per rank,
+    host memory per rank, `doctor`'s facts)."""
     from mpi4py import MPI
 
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
     try:
-        return node.size
+        return node.rank, node.size
     finally:
         node.Free()
+
+
+def node_size(world) -> int:
+    """How many ranks of `world` share this node (`node_place`'s size)."""
+    return node_place(world)[1]
+
+
+def failures(world) -> Intracomm:
+    """The failure communicator of cli/guard.py: a duplicate of `world` made before any
+    Grid exists, which only the failure handlers use (the guard frees it)."""
+    return world.Dup()
+
+
+def first_ranks(comm, n: int) -> Intracomm | None:
+    """The first `n` ranks of `comm` as a communicator of their own, by rank; None on the
+    others. Collective over `comm`; the caller frees it (`bench comm`'s pair)."""
+    from mpi4py import MPI
+
+    part = comm.Split(0 if comm.rank < n else MPI.UNDEFINED, key=comm.rank)
+    return None if part == MPI.COMM_NULL else part
 
 
 def world_rank(dp_rank: int, pp_rank: int, tp_rank: int, dp: int, pp: int, tp: int,
@@ -110,9 +158,11 @@ def check_launch(ranks: int, dp: int, pp: int, tp: int = 1, source: str = "confi
 
 
 def build(world, dp: int, pp: int, rank_order: str = "pp-inner", source: str = "config",
-          tp: int = 1) -> Grid:
+          tp: int = 1, asynchronous: bool = False, watchdog: bool = False) -> Grid:
     """Arrange `world` into the dp × pp × tp grid; a world of the wrong size is a
-    LayoutError (raised on every rank alike, so the caller can print it from one)."""
+    LayoutError (raised on every rank alike, so the caller can print it from one).
+    asynchronous: the grid will run the asynchronous pipeline (PipeDream-2BW), which
+    needs `reductions`; watchdog: a hang watchdog will watch it (`alarms`)."""
     from mpi4py import MPI
 
     if rank_order not in RANK_ORDERS:
@@ -135,4 +185,6 @@ def build(world, dp: int, pp: int, rank_order: str = "pp-inner", source: str = "
     return Grid(world=world, pipe=pipe, data=data, local=local, dp=dp, pp=pp,
                 dp_rank=dp_rank, pp_rank=pp_rank, rank_order=rank_order, tensor=tensor,
                 tp=tp, tp_rank=tp_rank, replica=replica,
-                ends=None if ends == MPI.COMM_NULL else ends)
+                ends=None if ends == MPI.COMM_NULL else ends,
+                reductions=world.Dup() if asynchronous else None,
+                alarms=world.Dup() if watchdog and world.size > 1 else None)

@@ -2,8 +2,8 @@
 
 A rank that waits on one message or collective longer than `parallel.timeout` seconds
 (its Beacon says what it waits on, and since when) prints its dump line, tells every
-other rank over a communicator of the watchdogs' own (a duplicate of the world, which
-nothing else uses, so its messages can never match the job's), waits a few seconds for
+other rank over a communicator of the watchdogs' own (the Grid's `alarms`: a duplicate of
+the world, which nothing else uses, so its messages can never match the job's), waits a few seconds for
 each to print its own line and answer, then says on one `error:` line what it waited on
 and which ranks did not answer, and ends the job (MPI_Abort, exit status EXIT_HUNG). The
 rank that stalls — in a long op, a GPU kernel that never returns — is named by its
@@ -105,21 +105,21 @@ def describe(d: dict) -> str:
 
 
 class Watchdog:
-    """This rank's watchdog over `beacon` (see the module's docstring): `world` its job's
-    communicator (duplicated here: every rank calls this at the same point), `timeout`
+    """This rank's watchdog over `beacon` (see the module's docstring): `grid` its job's
+    (built with watchdog=True: its `alarms` carry the watchdogs' messages), `timeout`
     parallel.timeout (0: no timeout, the dumps on SIGUSR2 still), `dumps` the folder its
     dump files go to (None: stderr only)."""
 
-    def __init__(self, world, beacon, timeout: float, dumps: str | None = None,
+    def __init__(self, grid, beacon, timeout: float, dumps: str | None = None,
                  stream=None):
         from mpi4py import MPI
 
         self.MPI, self.beacon, self.timeout, self.dumps = MPI, beacon, float(timeout), dumps
         self.stream = stream or sys.stderr
-        self.rank, self.size = world.rank, world.size
+        self.rank, self.size = grid.world.rank, grid.world.size
         # Telling the others needs MPI from this thread: only where the library allows it.
-        self.talks = self.size > 1 and MPI.Query_thread() == MPI.THREAD_MULTIPLE
-        self.comm = world.Dup() if self.talks else None
+        self.talks = grid.alarms is not None and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        self.comm = grid.alarms if self.talks else None
         self._alarm = np.zeros(1, np.int64)
         self._alarm_request = self.comm.Irecv(self._alarm, source=MPI.ANY_SOURCE,
                                               tag=ALARM) if self.talks else None
@@ -307,11 +307,9 @@ class Watchdog:
             signal.signal(signal.SIGUSR2, self._previous[1])
         for fd in self._fds:
             os.close(fd)
-        if self.talks:
-            if not self.answered:
-                self._alarm_request.Cancel()
-                self._alarm_request.Wait()
-            self.comm.Free()  # (answers still in flight complete on their own)
+        if self.talks and not self.answered:  # (the Grid frees the communicator)
+            self._alarm_request.Cancel()
+            self._alarm_request.Wait()
 
 
 def _noticed(signum, frame):

@@ -79,10 +79,13 @@ class DelayedStep(TrainStep):
         super().__init__(*args, **kwargs)
         self.MPI, self.transport, self.runtime, self.per_step = MPI, None, None, None
         self.versions = {c: WeightVersions(s) for c, s in self.model.stages.items()}
-        # The reductions' own communicator: the ranks start them at different points
-        # relative to the world's other collectives (the stop vote at every step boundary),
-        # and collectives on one communicator must come in one order everywhere.
-        self.comm = self.grid.world.Dup()
+        # The reductions' own communicator, the Grid's: the ranks start them at different
+        # points relative to the world's other collectives (the stop vote at every step
+        # boundary), and collectives on one communicator must come in one order everywhere.
+        if self.grid.reductions is None:
+            raise RuntimeError("the asynchronous pipeline runs on a grid built with its "
+                               "reductions' communicator: grid.build(..., asynchronous=True)")
+        self.comm = self.grid.reductions
         self.origin = 0  # the training step (0-based) the stream's step 0 is
         self.pending: dict[int, _Pending] = {}
         self.results: dict[int, object] = {}  # stream step → its period's StepResult

@@ -2,7 +2,7 @@
 
     the schedule's F/B/W (runtime.py) → the tied embedding's sum (tied.py)
       → the data-parallel reduction (gradsync.py) → the global norm (norm.py)
-      → AdamW with clipping (optim.py), skipped when the gradient is not finite
+      → AdamW with clipping (optim/adamw.py), skipped when the gradient is not finite
 
 With `parallel.grad_compression = "powersgd"` the reduction sends the matrices as
 low-rank factors (powersgd.py). With post-validation the last two become an optimistic update validated one step later

@@ -45,7 +45,7 @@ from hpcpipe.runs.record import RunRecord
 from hpcpipe.runs.report import end_of_run
 from hpcpipe.runs.rundir import RunDir
 from hpcpipe.runs.tensorboard import TensorBoard
-from hpcpipe.schedules import Costs, simulate
+from hpcpipe.schedules import Costs, flushes, simulate
 from hpcpipe.schedules.ops import make_schedule, ops_from_strings
 from hpcpipe.train import apart, checkpoints, graphed
 from hpcpipe.train.evaluate import validation_batches
@@ -111,6 +111,8 @@ class Trainer:
             writer.close()
         if getattr(self, "tokens", None) is not None:
             self.tokens.close()
+        if getattr(self, "grid", None) is not None:  # last: the watchdog's alarms are its
+            self.grid.free()
 
     # -- set-up ----------------------------------------------------------------------------
     def _setup(self, run_dir: str, resume):
@@ -118,8 +120,7 @@ class Trainer:
         parallel, train = cfg.parallel, cfg.train
         # Before anything reads or writes the run directory: one run in it at a time.
         self.lock = root_does(comm, lambda: RunLock.acquire(run_dir))
-        self.grid = gridlib.build(comm, parallel.dp, parallel.pp, parallel.rank_order,
-                                  source=cfg.source, tp=parallel.tp)
+        self.grid = run_grid(cfg, comm)
         self.beacon, self.watchdog = watch_over(self.grid, parallel.timeout, run_dir,
                                                 self.watch)
         threads = backend.limit_threads(self.grid.local_size)
@@ -479,17 +480,26 @@ def mode_notes(train, step, parallel=None) -> list[str]:
         else [])
 
 
+def run_grid(cfg: Config, comm) -> gridlib.Grid:
+    """The run's grid, with the communicators its hang watchdog and, for the asynchronous
+    pipeline, its reductions need."""
+    parallel = cfg.parallel
+    return gridlib.build(comm, parallel.dp, parallel.pp, parallel.rank_order,
+                         source=cfg.source, tp=parallel.tp, watchdog=True,
+                         asynchronous=not flushes(parallel.schedule))
+
+
 def watch_over(grid, timeout: float, run_dir: str, watch):
     """This rank's Beacon (where it is) and the hang watchdog over it (parallel/
     watchdog.py: parallel.timeout, SIGUSR2, the dumps in RUN_DIR/hangs/); the preemption
     watch says through it what its step-boundary agreement waits on."""
     beacon = Beacon.for_grid(grid)
     watch.beacon = beacon
-    return beacon, Watchdog(grid.world, beacon, timeout, os.path.join(run_dir, HANGS))
+    return beacon, Watchdog(grid, beacon, timeout, os.path.join(run_dir, HANGS))
 
 
 def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
-    """This piece's RunRecord, with the run's Summary and Metrics (see runrecord.py)."""
+    """This piece's RunRecord, with the run's Summary and Metrics (runs/record.py)."""
     cfg, comm, train = trainer.cfg, trainer.comm, trainer.cfg.train
     summary = Summary(run_dir=trainer.run_dir.path, schedule=cfg.parallel.schedule,
                       data=trainer.data, recompute=recomputation.AUTO_PENDING

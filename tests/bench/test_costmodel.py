@@ -14,8 +14,8 @@ from hpcpipe.device.kernels import traffic
 from hpcpipe.device.backend import Backend
 from hpcpipe.bench import batches
 from hpcpipe.bench import costmodel, gpu_model
-from hpcpipe.device import shapes
-from hpcpipe.device.rates import GPUS, calibrate, kernel_seconds
+from hpcpipe.devtools import shapes
+from hpcpipe.devtools.rates import GPUS, calibrate, kernel_seconds
 from hpcpipe.devtools import kernelmodel
 from hpcpipe.model.layers import embedding, layernorm, linear
 from hpcpipe.model import GPTConfig

@@ -7,8 +7,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hpcpipe.device import gemm, shapes
-from hpcpipe.devtools import standin
+from hpcpipe.device import gemm
+from hpcpipe.devtools import shapes, standin
 
 bf16 = ml_dtypes.bfloat16
 

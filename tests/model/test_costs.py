@@ -108,7 +108,7 @@ def test_a_llama_block_runs_its_fused_kernels_on_a_gpu():
     """A Llama block on the GPU path, counted on the shape-only device: RMSNorm with the
     residual, SwiGLU and flash.cu with grouped heads and the rotation on their kernels,
     no array-library attention core, and nothing waits for the host."""
-    from hpcpipe.device import shapes
+    from hpcpipe.devtools import shapes
     from hpcpipe.device.backend import Backend
     from hpcpipe.model.llama_layout import LlamaConfig
     from hpcpipe.model.llama_stage import LlamaStage

@@ -84,7 +84,7 @@ def train(comm, cfg, drain_at=()):
     end. Returns ({step: (loss, norm)}, the order outcomes came in, this rank's weights
     per chunk, whether the stages then compute on the optimizer's weights)."""
     p = cfg.parallel
-    grid = gridlib.build(comm, p.dp, p.pp)
+    grid = gridlib.build(comm, p.dp, p.pp, asynchronous=True)
     be = devices.select()
     rank = Rank.build(cfg, grid, be, build_plan(cfg))
     seen, order = {}, []
@@ -106,6 +106,7 @@ def train(comm, cfg, drain_at=()):
     newest = all(s.params["wpe" if s.embedding_part else next(iter(s.params))]
                  is s.param_buffer.views["wpe" if s.embedding_part else next(iter(s.params))]
                  for s in stages)
+    grid.free()
     return seen, order, named, newest
 
 

@@ -37,6 +37,7 @@ from hpcpipe import config
 from hpcpipe.checkpoint import manifest as manifests
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.plan import build as build_plan
+from hpcpipe.schedules import flushes
 from hpcpipe.train import checkpoints
 from hpcpipe.train.rank import Rank
 
@@ -61,8 +62,8 @@ def make_cfg(kind: str):
 
 def build(comm, cfg) -> Rank:
     p = cfg.parallel
-    return Rank.build(cfg, gridlib.build(comm, p.dp, p.pp), devices.select(),
-                      build_plan(cfg))
+    grid = gridlib.build(comm, p.dp, p.pp, asynchronous=not flushes(p.schedule))
+    return Rank.build(cfg, grid, devices.select(), build_plan(cfg))
 
 
 def inputs_of(be, step, grid, cfg):

@@ -239,7 +239,7 @@ class Kernels:
         """The kernels of device library `xp` through its own `RawModule`: CuPy's, the
         device stand-in's (the host build of the same source, hpcpipe/devtools) or the
         shape-only device's (which counts launches: their traffic is declared here)."""
-        if hasattr(xp, "declare_traffic"):  # a library that counts launches (shapes.py)
+        if hasattr(xp, "declare_traffic"):  # counting launches (devtools/shapes.py)
             from .traffic import declare
             declare(xp)
         raw_module = getattr(xp, "RawModule", None)

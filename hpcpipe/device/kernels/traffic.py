@@ -1,6 +1,6 @@
 """The memory traffic each fused kernel moves, for the shape-only device's cost model:
 `declare(xp)` registers `traffic(args) -> (bytes read, bytes written)` per kernel with a
-library that counts launches (`xp.declare_traffic`, device/shapes.py).
+library that counts launches (`xp.declare_traffic`, devtools/shapes.py).
 
 What counts is DRAM traffic, the arguments in the order the launch functions pass them.
 Stated assumptions, to be checked against a profiler on a GPU:

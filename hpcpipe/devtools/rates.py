@@ -1,6 +1,8 @@
 """What a GPU sustains and what a counted kernel costs there: the prices of the GPU cost
-model (bench/costmodel.py counts a step's kernels on the shape-only device, device/shapes.py;
-model/costs.py the parts of a pipeline stage, to balance them).
+model (bench/costmodel.py counts a step's kernels on the shape-only device,
+devtools/shapes.py; `bench gpu-model` prints the step so priced). A tool: the runtime
+balances its stages at the rates measured on the run's own GPU (model/costs.py
+`on_device`), never at these.
 
 Time, per kernel: a GEMM takes FLOPs / the GEMM rate of its precision, any other kernel
 bytes moved / the effective elementwise bandwidth; each also costs `kernel_s` of GPU time.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
-from hpcpipe.device import shapes
+from hpcpipe.devtools import shapes
 
 
 @dataclass(frozen=True)

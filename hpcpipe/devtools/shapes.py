@@ -520,7 +520,7 @@ class ShapeDevice(_Allocations, _Gemms, types.ModuleType):
     __version__ = "shape-only"
 
     def __init__(self, tf32: bool = False):
-        super().__init__("hpcpipe.device.shapes")
+        super().__init__("hpcpipe.devtools.shapes")
         self.tf32 = tf32
         self.kernel_log = Log()
         self.allocation_bytes: dict[int, int] = {}

@@ -84,9 +84,8 @@ class Trainer:
         require_pipelined_model(cfg)
         self.cfg, self.comm, self.out = for_world(cfg, comm.size), comm, out
         self.started = time.perf_counter()
-        self.start_step = 0
+        self.start_step, self.tokenizer = 0, None  # (the tokenizer.json checkpoints carry)
         self.last_saved = None  # the step of the last checkpoint this run has
-        self.tokenizer = None  # the tokenizer.json its checkpoints carry (the root's)
         self.stage_bytes = {}  # model stage → (M_B, M_W) bytes, as last measured
         self.own_watch = watch is None
         self.watch = watch or PreemptionWatch(comm)  # signals count from here on

@@ -63,7 +63,7 @@ def batch(step):
 def train(comm, cfg, schedule):
     """STEPS steps on `comm`; (losses, the weights gathered on comm rank 0)."""
     p = cfg.parallel
-    grid = gridlib.build(comm, p.dp, p.pp)
+    grid = gridlib.build(comm, p.dp, p.pp, asynchronous=not flushes(p.schedule))
     be = devices.select()
     rank = Rank.build(cfg, grid, be, build_plan(cfg, schedule=schedule))
     losses = []

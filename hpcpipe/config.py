@@ -773,15 +773,16 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def require_gpt2_stages(cfg: Config) -> Config:
-    """`cfg`, whose model the pipeline's stages can run: those (train, plan, the benchmarks
-    that build them) compute GPT-2's layers, so a Llama is refused here with one message
-    rather than run as a GPT-2 of its shape. (A Llama runs in one process meanwhile —
-    hpcpipe.Llama — and imports, exports and generates.)"""
-    _require(cfg.source, "model.arch", cfg.model.arch, cfg.model.arch == "gpt2",
-             "the pipeline's stages (train, plan, bench) run GPT-2 only so far; a Llama "
-             "runs in one process through hpcpipe.Llama, and ckpt import-hf / import-gguf "
-             "/ export and generate take it (docs/guides/llama.md)")
+def require_pipelined_model(cfg: Config) -> Config:
+    """`cfg`, whose model the pipeline's stages can run (train, plan, the benchmarks that
+    build them): either family in every layout, except tensor parallelism for a Llama —
+    its stages hold whole tensors (model/llama_stage.py) — refused here with one message
+    rather than run unsharded."""
+    _require(cfg.source, "parallel.tp", cfg.parallel.tp,
+             cfg.model.arch != "llama" or cfg.parallel.tp == 1,
+             "splits GPT-2's tensors only; a Llama (model.arch = 'llama') trains with "
+             "parallel.tp = 1, across pipeline stages and data-parallel replicas "
+             "(docs/guides/llama.md)")
     return cfg
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from hpcpipe.checkpoint import manifest as manifests
 from hpcpipe.checkpoint import parts as files_of
+from hpcpipe.checkpoint.hdf5 import sha256
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.retention import (
     point_latest,
@@ -28,7 +29,7 @@ from hpcpipe.checkpoint.retention import (
     step_name,
 )
 from hpcpipe.util.errors import root_does
-from hpcpipe.util.files import exchange, fsync_dir
+from hpcpipe.util.files import exchange, fsync_dir, write_buffered
 
 
 def new_run_id() -> str:
@@ -45,11 +46,13 @@ class Saved:
 
 def save(parts, grid, cfg, step: int, run_dir: str, layout: dict, state: dict,
          adam_step: int = 0, keep: int = 2, keep_every: int = 0, run: str | None = None,
-         data: dict | None = None) -> Saved:
+         data: dict | None = None, tokenizer: tuple[bytes, dict] | None = None) -> Saved:
     """Write a checkpoint of every rank's `parts` (util.state.Stateful, in the order they
     load) at `step` — a collective over `grid.world`; `layout` is the manifest's record
     of the layout that wrote it, `run` the run's identity (new_run_id; None: a run of its
-    own), which rotation goes by; `data` the training data's fingerprint.
+    own), which rotation goes by; `data` the training data's fingerprint; `tokenizer`
+    the tokenizer.json a run started from an imported checkpoint carries along (its bytes
+    and its manifest record), written beside the parts by the root.
 
     state: the run's own numbers to restore (e.g. the loss-scaler's), stored in the
     manifest. Returns where it went, how long it took and its size (on every rank). A
@@ -84,6 +87,8 @@ def save(parts, grid, cfg, step: int, run_dir: str, layout: dict, state: dict,
         manifest = _manifest(cfg, step, layout, state, adam_step, sum(everything, []), run,
                              data, [part.name for part in parts])
         try:
+            if tokenizer is not None:
+                _carry_tokenizer(tmp_dir, manifest, *tokenizer)
             manifests.write(tmp_dir, json.dumps(manifest, indent=1))
             _install(tmp_dir, final, run)
         except OSError as e:  # (a full disk for the manifest): nothing of it stays
@@ -131,6 +136,15 @@ def _install(tmp_dir: str, final: str, run: str):
     fsync_dir(root)
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
+
+
+def _carry_tokenizer(folder: str, manifest: dict, content: bytes, record: dict):
+    """tokenizer.json into the checkpoint `folder`, listed in its `manifest` (its size and
+    SHA-256, and the record that names it, as weights.py writes an imported one's)."""
+    path = os.path.join(folder, record["file"])
+    write_buffered(path, lambda buffer: buffer.write(content))
+    manifest["files"][record["file"]] = {"size": os.path.getsize(path), "sha256": sha256(path)}
+    manifest["tokenizer"] = record
 
 
 def _free_name(base: str) -> str:

@@ -35,3 +35,30 @@ def model_class(cfg):
 def embedding_name(cfg) -> str:
     """The token embedding's tensor: "wte", or Hugging Face's embed_tokens."""
     return llama_layout.EMBED if is_llama(cfg) else "wte"
+
+
+def stage_layout(cfg, layers, embedding_part, head_part, mlp_of=None, attention_of=None):
+    """(name, shape) of the tensors a stage holds: blocks `layers`, block `mlp_of`'s MLP
+    half and `attention_of`'s attention half (model/units.py), the embedding and head."""
+    if is_llama(cfg):
+        seam = lambda block: None if block is None else (block, llama_layout.SEAM)
+        return llama_layout.param_layout(cfg, layers, embedding_part, head_part,
+                                         seam(mlp_of), seam(attention_of))
+    return layout.param_layout(cfg, layers, embedding_part, head_part, mlp_of, attention_of)
+
+
+def stage_class(cfg):
+    """The stage of `cfg`'s family: stage.Stage or llama_stage.LlamaStage (the same
+    constructor arguments)."""
+    from hpcpipe.model.llama_stage import LlamaStage
+    from hpcpipe.model.stage import Stage
+
+    return LlamaStage if is_llama(cfg) else Stage
+
+
+def tied_name(cfg) -> str | None:
+    """The tensor both the first and the last stage hold, whose gradient the pipeline
+    sums across them: the tied embedding's — None where the head is untied."""
+    if not is_llama(cfg):
+        return "wte"
+    return llama_layout.EMBED if cfg.tie_word_embeddings else None

@@ -12,125 +12,70 @@ attention matrices and the SwiGLU's activations, "full": the input alone), B tak
 head's weight gradient at once (a tied head's into `head_grad`, added to embed_tokens'
 once per step, after every W, as GPT-2's wte), W adds the rest into the gradient buffer.
 
-Not here yet: tensor-parallel shards (which part of each Llama tensor a shard holds is
-sharding.py's, with the pipeline's stage machinery).
+The bookkeeping — flat buffers, the stash and recomputation's replay, ZeRO's drops,
+asynchronous pipelining's weight versions — is stage.Stage's, which this subclasses; the
+pipeline builds either through StageSpec.build (model/family.py's stage_class). Not
+here: tensor-parallel shards (config.py refuses parallel.tp > 1 for a Llama).
 """
 
 from __future__ import annotations
 
-from hpcpipe.device import backend
-from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype
 from hpcpipe.model.layers import embedding, head, llama_block, loss, rmsnorm, scope
-from hpcpipe.model.layout import FlatBuffer, padding_mask
+from hpcpipe.model.layout import padding_mask
 from hpcpipe.model.llama_layout import (
     EMBED,
     NORM,
+    SEAM,
     block_runs,
     head_matrix,
     init_value,
     param_layout,
     prefix,
 )
-from hpcpipe.model.stashbytes import StashBytes
-from hpcpipe.schedules.recompute import Mode, StageRecompute
+from hpcpipe.model.stage import Stage
+from hpcpipe.schedules.recompute import StageRecompute
 
 
-class LlamaStage:
-    """A contiguous slice of a Llama with F, B and W passes per microbatch; the arguments
-    are stage.Stage's (tp must be None)."""
+class LlamaStage(Stage):
+    """A contiguous slice of a Llama with F, B and W passes per microbatch: stage.Stage's
+    arguments and bookkeeping (flat buffers, stash, ZeRO's drops, weight versions), the
+    Llama's layers; a stage edge inside a block falls at its seam (mlp_of / attention_of:
+    llama_layout's (block, SEAM) lead and tail). tp must be None or one shard."""
 
     def __init__(self, cfg, layers=None, embedding_part=True, head_part=True,
                  dtype="float32", seed=0, be=None, tp=None,
-                 recompute: StageRecompute = StageRecompute(), lead=None, tail=None,
+                 recompute: StageRecompute = StageRecompute(), mlp_of=None, attention_of=None,
                  draw=True):
         if cfg.arch != "llama":
             raise ValueError(f"a LlamaStage runs model.arch = 'llama', not {cfg.arch!r}")
         if tp is not None and tp.size > 1:
-            raise ValueError("a Llama stage holds whole tensors: its tensor-parallel "
-                             "shards come with the pipeline's sharding")
-        self.cfg, self.recompute = cfg, recompute
-        self.layers = list(range(cfg.n_layer) if layers is None else layers)
-        self.runs = block_runs(self.layers, lead, tail)  # (block, halves)
-        self.embedding_part, self.head_part = embedding_part, head_part
-        self.be = backend.cpu() if be is None else be
-        self.xp = self.be.xp
-        self.tp = None
-        self.dtype = compute_dtype(dtype)
-        if self.dtype.itemsize == 2:
-            backend.require_16bit_kernels(self.be, self.dtype)
-        self.grad_dtype = accumulation_dtype(self.dtype)
-        layout = param_layout(cfg, self.layers, embedding_part, head_part, lead, tail)
-        self.global_shapes = dict(layout)
-        self.param_buffer = FlatBuffer(layout, self.xp, self.dtype)
-        self.grad_buffer = FlatBuffer(layout, self.xp, self.grad_dtype)
-        self.params, self.grads = self.param_buffer.views, self.grad_buffer.views
+            raise ValueError("a Llama stage holds whole tensors: tensor parallelism is "
+                             "refused for model.arch = 'llama' (config.py)")
         self.head_name = head_matrix(cfg)
-        # A tied head's gradient is kept apart and added once per step, after the
-        # embedding's (stage.py's design contract); an untied head's goes to lm_head.
-        self.head_grad = self.xp.zeros(self.params[EMBED].shape if EMBED in self.params
-                                       else self.params[self.head_name].shape,
-                                       self.grad_dtype) \
-            if head_part and cfg.tie_word_embeddings else None
-        if draw:
-            for name, shape in layout:
-                self.params[name][...] = self.xp.asarray(init_value(cfg, name, shape, seed),
-                                                         dtype=self.dtype)
-        self._stash: dict[int, dict] = {}
-        self._stash_bytes = StashBytes(self.be)
-
-    # -- bookkeeping --------------------------------------------------------------------
-    def zero_grad(self):
-        self.grad_buffer.data[...] = 0
-        if self.head_grad is not None:
-            self.head_grad[...] = 0
+        super().__init__(cfg, layers, embedding_part, head_part, dtype, seed, be, None,
+                         recompute, mlp_of, attention_of, draw)
 
     @property
-    def in_flight(self) -> list[int]:
-        """Microbatches whose F has run and whose W has not."""
-        return sorted(self._stash)
+    def tied(self):
+        return EMBED if self.cfg.tie_word_embeddings else None
 
-    def stash_bytes(self, mb: int | None = None) -> int:
-        """Activation bytes held for pending B and W passes (stashbytes.py)."""
-        params = frozenset([self.be.allocation(self.param_buffer.data)[0]])
-        return self._stash_bytes.count(self._stash, params, mb)
+    def _place_blocks(self):
+        seam = lambda block: None if block is None else (block, SEAM)
+        self.lead, self.tail = seam(self.mlp_of), seam(self.attention_of)
+        self.runs = block_runs(self.layers, self.lead, self.tail)  # (block, halves)
+
+    def _param_layout(self):
+        return param_layout(self.cfg, self.layers, self.embedding_part, self.head_part,
+                            self.lead, self.tail)
+
+    def _init_value(self, name: str, shape, seed: int):
+        return init_value(self.cfg, name, shape, seed)
+
+    def _rebuild_blocks(self, caches):
+        for layer, _ in self.runs:
+            llama_block.rebuild(caches[layer])
 
     # -- the three passes -----------------------------------------------------------------
-    def forward(self, mb: int, inp, targets=None, loss_scale: float = 1.0, keep=True):
-        """F: token ids (first stage) or activations (B, T, C) in; activations out, or the
-        loss on the stage with the head — its logits (B, T, V) when no targets are given
-        (with keep=False only). keep=False stashes nothing (validation, generation)."""
-        mode = self.recompute.at(mb) if keep else Mode.NONE
-        x, caches = self._forward(inp, targets, keep, mode.drops_core)
-        if keep:
-            if mb in self._stash:
-                raise RuntimeError(f"microbatch {mb} already has a forward in flight")
-            self._stash_bytes.touched(mb)
-            entry = {"caches": caches, "loss_scale": loss_scale, "recompute": mode}
-            if mode.replays:
-                entry["caches"] = None
-                entry["replay"] = {"input": inp.copy(), "targets": None if targets is None
-                                   or not self.head_part else targets.copy()}
-            self._stash[mb] = entry
-        return x
-
-    def needs_rebuild(self, mb: int) -> bool:
-        return self._stash[mb]["recompute"].rebuilds and not self._stash[mb].get("rebuilt")
-
-    def rebuild(self, mb: int) -> bool:
-        """Start of B under recomputation: what F dropped, rebuilt bit for bit."""
-        if not self.needs_rebuild(mb):
-            return False
-        entry = self._stash[mb]
-        self._stash_bytes.touched(mb)
-        entry["rebuilt"] = True
-        if entry["recompute"].replays:
-            replay = entry.pop("replay")
-            entry["caches"] = self._forward(replay["input"], replay["targets"], True, False)[1]
-        else:
-            for layer, _ in self.runs:
-                llama_block.rebuild(entry["caches"][layer])
-        return True
-
     def _forward(self, inp, targets, keep: bool, selective: bool):
         cfg, P, be = self.cfg, self.params, self.be
         caches, x = {}, inp
@@ -170,7 +115,7 @@ class LlamaStage:
             dx = head.backward_input(dlogits, caches["head"])
             # The head's weight gradient in B (as the GPT-2 stage's): it frees the
             # (B, T, V) logits gradient at once, and a tied one is needed early upstream.
-            into = self.head_grad if self.head_grad is not None else self.grads[self.head_name]
+            into = self.head_grad if self.head_grad_kept else self.grads[self.head_name]
             head.backward_weight(dlogits, caches.pop("head"), {"wte": into})
             dy = rmsnorm.backward_input(dx, caches["norm"])
         for layer, _ in reversed(self.runs):
@@ -189,7 +134,7 @@ class LlamaStage:
         done = after_layer or (lambda names: None)
         if self.head_part:
             rmsnorm.backward_weight(None, caches["norm"], {"weight": G[NORM]})
-            done((NORM,) if self.head_grad is not None else (NORM, self.head_name))
+            done((NORM,) if self.head_grad_kept else (NORM, self.head_name))
         for layer, halves in reversed(self.runs):
             llama_block.backward_weight(None, caches[layer], scope(G, prefix(layer)))
             done(tuple(name for name, _ in self.param_buffer.layout
@@ -199,11 +144,6 @@ class LlamaStage:
                                       {"wte": G[EMBED]})
             if not self.cfg.tie_word_embeddings:
                 done((EMBED,))
-
-    def backward(self, mb: int, dy=None, after_layer=None):
-        dx = self.backward_input(mb, dy)
-        self.backward_weight(mb, after_layer)
-        return dx
 
     def add_head_grad(self, head_grad=None):
         """Fold a tied head's gradient into d(embed_tokens), once per step, after every W

@@ -65,8 +65,11 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: Mode =
     s = compute_dtype(dtype).itemsize
     N, C = batch * cfg.block_size, cfg.n_embd
     on_kernels = kernels and compute_dtype(dtype).name in KERNEL_DTYPES
-    z = (_kernel_sizes if on_kernels else _numpy_sizes)(cfg, batch, compute_dtype(dtype), tp,
-                                                        sequence)
+    if cfg.arch == "llama":  # (its device kernels' caches are priced as NumPy's)
+        z = _llama_sizes(cfg, batch, compute_dtype(dtype))
+    else:
+        z = (_kernel_sizes if on_kernels else _numpy_sizes)(cfg, batch, compute_dtype(dtype),
+                                                            tp, sequence)
     # Whole blocks, and the halves at a seam (model/units.py) each with its LayerNorm.
     attentions = len(spec.layers) + (spec.attention_of is not None)
     mlps = len(spec.layers) + (spec.mlp_of is not None)
@@ -81,7 +84,8 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: Mode =
         after_b += z["ln_w"]
     kept = full  # (recompute: the Mode every microbatch of the stage runs with)
     if recompute.drops_core:
-        kept = full - attentions * z["matrix"] - mlps * 4 * N * C * s // tp
+        kept = full - attentions * z["matrix"] - mlps * z.get("mlp_dropped",
+                                                              4 * N * C * s // tp)
     elif recompute.replays:
         kept = (N * TOKEN_BYTES if spec.embedding_part else N * C * s) \
             + (N * TOKEN_BYTES if spec.head_part else 0)
@@ -131,3 +135,25 @@ def _kernel_sizes(cfg: GPTConfig, batch: int, dtype, tp: int, sequence: bool) ->
     if tp == 1:
         z["head"] = N * C * s + N * V * s
     return z
+
+
+def _llama_sizes(cfg: GPTConfig, batch: int, dtype) -> dict:
+    """`_numpy_sizes` of a Llama block (layers/llama_block.py, one shard), with A = NH·HS
+    the query width and K = KV·HS the key and value width: an RMSNorm keeps x̂ (N, C)·s
+    and 1/rms (N)·w; the attention its input (N, C)·s, the rotated q and k and v
+    (N, A + 2K)·w, the matrix (B, NH, T, T)·w and o_proj's input (N, A)·s, and after B
+    its input, o_proj's input, dq, dk, dv and its output gradient; the SwiGLU its input,
+    silu(g) and its derivative (N, I)·w each, u and a (N, I)·s each — selective keeps g
+    and u instead, dropping 2·N·I·w — and after B its input, a, dg, du and its output
+    gradient. An RMSNorm's weight gradient (C)·w, taken in B, is held until W.
+    """
+    s, w = dtype.itemsize, max(dtype.itemsize, 4)
+    N, C, T, V = batch * cfg.block_size, cfg.n_embd, cfg.block_size, cfg.vocab_size
+    A, K, I = cfg.n_head * cfg.head_size, cfg.kv_heads * cfg.head_size, cfg.ffn_width
+    matrix = batch * cfg.n_head * T * T * w
+    return {"ln": N * C * s + N * w, "ln_w": C * w, "summed": 0, "matrix": matrix,
+            "attention": N * C * s + N * (A + 2 * K) * w + matrix + N * A * s,
+            "attention_w": 2 * N * C * s + N * (2 * A + 2 * K) * s,
+            "mlp": N * C * s + 2 * N * I * w + 2 * N * I * s,
+            "mlp_w": 2 * N * C * s + 3 * N * I * s, "mlp_dropped": 2 * N * I * w,
+            "head": N * C * s + N * V * w + N * TOKEN_BYTES}

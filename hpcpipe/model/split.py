@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from hpcpipe.model.stage import StageSpec
+from hpcpipe.model.stagespec import StageSpec
 
 # The items, longest first (t.attn before t); one group (...)*N level is unrolled at a time.
 _ITEM = re.compile(r"t\.attn|\.mlp|[ELt|()]|\*\d+|[\s,]+|.")

@@ -12,8 +12,6 @@ microbatches, as the zero-bubble schedules need.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hpcpipe.device import backend
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype
 from hpcpipe.model.layers import block, embedding, head, layernorm, loss, scope
@@ -31,7 +29,37 @@ from hpcpipe.schedules.recompute import Mode, StageRecompute
 # stage's own inputs.)
 
 
-class Stage:
+class GPT2Parts:
+    """What of a stage its family decides — GPT-2's here; llama_stage.LlamaStage has its
+    own: the tied tensor, the blocks and halves it runs, its tensors and their initial
+    values, and what selective recomputation rebuilds."""
+
+    tied = "wte"  # the tied embedding's tensor, which the first and last stage both hold
+
+    @property
+    def head_grad_kept(self) -> bool:
+        """The head's share of the tied embedding's gradient is kept apart (head_grad)."""
+        return self.head_part and self.tied is not None
+
+    def _place_blocks(self):
+        """The blocks and halves the stage runs, from layers, mlp_of and attention_of."""
+        self.units = stage_units(self.layers, self.mlp_of, self.attention_of)
+
+    def _param_layout(self):
+        """(name, shape) of the stage's tensors in their global shapes."""
+        return param_layout(self.cfg, self.layers, self.embedding_part, self.head_part,
+                            self.mlp_of, self.attention_of)
+
+    def _init_value(self, name: str, shape, seed: int):
+        return init_value(self.cfg, name, shape, seed)
+
+    def _rebuild_blocks(self, caches):
+        """What selective recomputation dropped from the blocks' caches, rebuilt."""
+        for unit in self.units:
+            block.rebuild(caches[unit.key])
+
+
+class Stage(GPT2Parts):
     """A contiguous slice of the GPT with F, B and W passes per microbatch.
 
     layers: the blocks it runs whole; mlp_of / attention_of: the block whose MLP half starts
@@ -52,7 +80,8 @@ class Stage:
         self.cfg = cfg
         self.recompute = recompute
         self.layers = list(range(cfg.n_layer) if layers is None else layers)
-        self.units = stage_units(self.layers, mlp_of, attention_of)
+        self.mlp_of, self.attention_of = mlp_of, attention_of
+        self._place_blocks()
         self.embedding_part = embedding_part
         self.head_part = head_part
         self.be = backend.cpu() if be is None else be
@@ -64,8 +93,7 @@ class Stage:
         # Mixed precision: weight gradients of 16-bit compute accumulate in float32.
         self.grad_dtype = accumulation_dtype(self.dtype)
         shards, rank = (tp.size, tp.rank) if tp is not None else (1, 0)
-        self.global_shapes = dict(param_layout(cfg, self.layers, embedding_part, head_part,
-                                               mlp_of, attention_of))
+        self.global_shapes = dict(self._param_layout())
         self.shards = {name: shard_of(name, shape, shards, rank)
                        for name, shape in self.global_shapes.items()}
         layout = [(name, self.shards[name].local_shape(shape))
@@ -76,8 +104,8 @@ class Stage:
         self.grads = self.grad_buffer.views
         # The head's share of d(wte) is kept apart and added once per step, after the
         # embedding's, in the same order whichever stages hold the two (design contract).
-        self.head_grad = self.xp.zeros(self.params["wte"].shape, self.grad_dtype) \
-            if head_part else None
+        self.head_grad = self.xp.zeros(self.params[self.tied].shape, self.grad_dtype) \
+            if self.head_grad_kept else None
         # Under 16-bit compute the float32 master weights must start from the exact draw,
         # not from its 16-bit rounding (which loses a fifth of the first update on a third
         # of the weights): the draw is kept in float32 until the optimizer takes it.
@@ -120,8 +148,8 @@ class Stage:
         if self.grad_buffer.data is None:  # dropped after the last step (ZeRO-2)
             self.grad_buffer.allocate(self.xp)
             self.grads = self.grad_buffer.views
-            if self.head_part:  # (from the layout: under ZeRO-3 the weights may be away)
-                shape = dict(self.grad_buffer.layout)["wte"]
+            if self.head_grad_kept:  # (from the layout: under ZeRO-3 the weights
+                shape = dict(self.grad_buffer.layout)[self.tied]  # may be away)
                 self.head_grad = self.xp.zeros(shape, self.grad_dtype)
         self.grad_buffer.data[...] = 0
         if self.head_grad is not None:
@@ -180,8 +208,7 @@ class Stage:
             inp, targets = replay["input"], replay["targets"]
             entry["caches"] = self._forward(inp, targets, True, False)[1]
         else:
-            for unit in self.units:
-                block.rebuild(entry["caches"][unit.key])
+            self._rebuild_blocks(entry["caches"])
         return True
 
     def _forward(self, inp, targets, keep: bool, selective: bool):
@@ -276,53 +303,7 @@ def _draw(stage: Stage, seed: int):
     whose kernels are only counted on the shape-only device (model/costs.py) skip it:
     GPT-2's draw would take seconds there for values never read."""
     for name, shape in stage.global_shapes.items():
-        value = stage.shards[name].take(init_value(stage.cfg, name, shape, seed))
+        value = stage.shards[name].take(stage._init_value(name, shape, seed))
         stage.params[name][...] = stage.xp.asarray(value, dtype=stage.dtype)
         if stage.exact_init is not None:
             stage.exact_init.views[name][...] = stage.xp.asarray(value, dtype=stage.grad_dtype)
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """Which part of the model one pipeline stage holds: the embedding, block `mlp_of`'s
-    MLP half, the whole `layers`, block `attention_of`'s attention half, the head (each
-    optional; model/units.py)."""
-
-    index: int
-    layers: tuple[int, ...]
-    embedding_part: bool
-    head_part: bool
-    mlp_of: int | None = None
-    attention_of: int | None = None
-
-    @property
-    def blocks(self) -> float:
-        """How many blocks it holds, a half counting 0.5."""
-        halves = (self.mlp_of is not None) + (self.attention_of is not None)
-        return len(self.layers) + 0.5 * halves
-
-    def param_layout(self, cfg: GPTConfig):
-        """(name, shape) of the tensors the stage holds (layout.param_layout)."""
-        return param_layout(cfg, self.layers, self.embedding_part, self.head_part,
-                            self.mlp_of, self.attention_of)
-
-    def build(self, cfg: GPTConfig, dtype="float32", seed=0, be=None, tp=None,
-              recompute: StageRecompute = StageRecompute()) -> Stage:
-        return Stage(cfg, layers=self.layers, embedding_part=self.embedding_part,
-                     head_part=self.head_part, dtype=dtype, seed=seed, be=be, tp=tp,
-                     recompute=recompute, mlp_of=self.mlp_of, attention_of=self.attention_of)
-
-    def describe(self) -> str:
-        parts = (["embedding"] if self.embedding_part else []) + (
-            [f"block {self.mlp_of}'s MLP"] if self.mlp_of is not None else []) + (
-            [f"blocks {self.layers[0]}–{self.layers[-1]}" if len(self.layers) > 1
-             else f"block {self.layers[0]}"] if self.layers else []) + (
-            [f"block {self.attention_of}'s attention"] if self.attention_of is not None
-            else []) + (["head"] if self.head_part else [])
-        return " + ".join(parts)
-
-
-def seams(specs) -> list[int] | None:
-    """The blocks a stage edge cuts at their seam (a checkpoint's layout records them beside
-    the whole blocks per stage), or None: none."""
-    return sorted(s.attention_of for s in specs if s.attention_of is not None) or None

@@ -78,7 +78,7 @@ class ParamShard:
     on — a float32 copy under 16-bit compute (pushed into params after every update), the
     slice itself otherwise. segments: which part of which tensor each range of the shard
     holds (a bucket shard may cut tensors). owns_wte: False on the head's copy of the tied
-    embedding, whose state mirrors the embedding stage's (not saved, not counted twice).
+    embedding (`tied`, by name), whose state mirrors the embedding stage's (not saved, not counted twice).
     copies: the tensors that every tensor-parallel shard holds whole (counted once, by
     shard 0, in the gradient norm). exact: the buffer's initial values in float32, laid
     out like it (Stage.exact_init), that a 16-bit shard's master starts from; without it
@@ -86,9 +86,11 @@ class ParamShard:
     """
 
     def __init__(self, buffer, lo: int = 0, hi: int | None = None, owns_wte: bool = True,
-                 copies: frozenset = frozenset(), exact=None, own: bool = False):
+                 copies: frozenset = frozenset(), exact=None, own: bool = False,
+                 tied: str | None = "wte"):
         hi = buffer.size if hi is None else hi
         self.lo, self.hi, self.owns_wte, self.copies = lo, hi, owns_wte, copies
+        self.tied = tied  # the tied embedding's name (a Llama's embed_tokens; None: untied)
         # ZeRO-3 (`own`): the shard's parameters are an array of its own, so that the
         # stage's buffer can be freed between steps (gradsync.ParamGather rebuilds it).
         self.own, self._buffer = own, buffer

@@ -11,7 +11,8 @@ Per matrix W (c_attn, attn.c_proj, c_fc, mlp.c_proj of every block), with gradie
 
 O has every singular value near 1, so the step's size does not follow the gradient's
 scale; 0.2·√max(rows, cols) gives it about the RMS of an AdamW step, so that AdamW's
-learning rate and weight decay carry over. Embeddings (`wte`, tied with the head; `wpe`),
+learning rate and weight decay carry over. Embeddings (`wte`, tied with the head; `wpe`; a Llama's
+embed_tokens and lm_head),
 biases and LayerNorms take AdamW's update with the same settings.
 
 Why hpcpipe has it: the asynchronous pipeline's one-step delay costs AdamW most of its
@@ -36,11 +37,14 @@ from hpcpipe.optim.adamw import AdamW, ParamShard
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
 RMS_MATCH = 0.2  # AdamW's update RMS, measured by Moonshot (Liu et al., 2025)
+# A Llama's embedding and head matrices (Hugging Face's names): AdamW's, as GPT-2's wte.
+EMBEDDINGS = ("model.embed_tokens.weight", "lm_head.weight")
 
 
 def is_muon_matrix(name: str, shape) -> bool:
     """The hidden layers' weight matrices; the embeddings stay with AdamW."""
-    return len(shape) == 2 and name.rsplit(".", 1)[-1] not in ("wte", "wpe")
+    return len(shape) == 2 and name.rsplit(".", 1)[-1] not in ("wte", "wpe") \
+        and name not in EMBEDDINGS
 
 
 def orthogonalize(u, xp, steps: int = NS_STEPS):

@@ -44,7 +44,7 @@ class GradNorm:
         for shard, grad in zip(self.shards, grads):
             on_device = self._device_sums(shard, grad)
             for i, segment in enumerate(shard.segments):
-                if segment.name == "wte" and not shard.owns_wte:
+                if segment.name == shard.tied and not shard.owns_wte:
                     continue
                 if segment.name in shard.copies and self.tp_rank > 0:
                     continue

@@ -107,8 +107,9 @@ class BucketPlan:
         for chunk, stage in stages.items():
             buf = stage.grad_buffer
             alone = frozenset(name for c, name in compressed if c == chunk)
+            tied = (stage.tied,) if stage.tied is not None else ()
             for lo, hi, names in make_buckets(buf.layout, buf.offsets, bucket_bytes,
-                                              buf.data.itemsize, alone=alone):
+                                              buf.data.itemsize, tied, alone=alone):
                 size = hi - lo
                 k = -(-size // dp)  # ceil: every replica's block has k elements
                 shard = (min(dp_rank * k, size), min((dp_rank + 1) * k, size)) if zero \
@@ -122,7 +123,7 @@ class BucketPlan:
         """What the optimizer updates, in the order `GradSync.gradients` lists them."""
         if not self.zero:
             return [ParamShard(stage.param_buffer, owns_wte=stage.embedding_part,
-                               copies=_copies(stage), exact=_exact(stage))
+                               copies=_copies(stage), exact=_exact(stage), tied=stage.tied)
                     for stage in self.stages.values()]
         shards = []
         for bucket in self.buckets:
@@ -130,7 +131,8 @@ class BucketPlan:
             a, b = bucket.shard
             shards.append(ParamShard(stage.param_buffer, bucket.lo + a, bucket.lo + b,
                                      owns_wte=stage.embedding_part, copies=_copies(stage),
-                                     exact=_exact(stage), own=self.stage >= 3))
+                                     exact=_exact(stage), own=self.stage >= 3,
+                                     tied=stage.tied))
         return shards
 
 

@@ -38,7 +38,7 @@ class OptimizerState(Stateful):
         for adam in self.optimizer.adams:
             vectors = adam.state()
             for segment in adam.shard.segments:
-                if segment.name == "wte" and not adam.shard.owns_wte:
+                if segment.name == adam.shard.tied and not adam.shard.owns_wte:
                     continue  # the head's copy of the tied embedding: the embedding's
                 shard = part_record(stage_of[segment.name], segment.name, grid.tp,
                                     grid.tp_rank)

@@ -48,7 +48,7 @@ class PowerSGDState(Stateful):
         holds whole, to shard 0."""
         for m in self.compressor.matrices:
             stage = self.model.stages[m.chunk]
-            if m.name == "wte" and not stage.embedding_part:
+            if m.name == stage.tied and not stage.embedding_part:
                 continue
             if stage.shards[m.name].replicated and self.grid.tp_rank > 0:
                 continue

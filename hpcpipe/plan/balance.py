@@ -19,7 +19,7 @@ from hpcpipe.device.peaks import nominal_peak
 from hpcpipe.model import split
 from hpcpipe.model.costs import StageCosts, analytic, on_device
 from hpcpipe.model.layout import GPTConfig
-from hpcpipe.model.stage import StageSpec
+from hpcpipe.model.stagespec import StageSpec
 from hpcpipe.schedules import Costs, simulate
 from hpcpipe.util.errors import ConfigError
 

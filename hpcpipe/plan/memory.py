@@ -21,6 +21,7 @@ from hpcpipe.device.backend import runs_kernels
 from hpcpipe.device.budget import (BudgetError, check_memory_limit, check_run, device_available,
                                    host_available)
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
+from hpcpipe.model import family
 from hpcpipe.model.memory import stage_memory
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.schedules import KINDS, Costs, ScheduleError, flushes, from_costs, peak_activations
@@ -146,7 +147,7 @@ def _weights(cfg, specs) -> tuple[int, int, int]:
     """Parameter, gradient and optimizer-state bytes of one rank's stages."""
     dtype = compute_dtype(cfg.train.dtype)
     acc = accumulation_dtype(dtype).itemsize
-    tp = cfg.parallel.tp
+    tp, tied = cfg.parallel.tp, family.tied_name(cfg.model)
     count = head = 0
     for spec in specs:
         for name, shape in spec.param_layout(cfg.model):
@@ -154,10 +155,10 @@ def _weights(cfg, specs) -> tuple[int, int, int]:
             for n in shard_of(name, shape, tp, 0).local_shape(shape):
                 size *= n
             count += size
-            head += size if name == "wte" and spec.head_part else 0
+            head += size if name == tied and spec.head_part else 0
     master = 4 if is_16bit(dtype) else 0
     share = cfg.parallel.dp if cfg.parallel.zero else 1
-    # The head keeps its share of d(wte) apart until the step's end (stage.py).
+    # The head keeps its share of the tied d(wte) apart until the step's end (stage.py).
     return count * dtype.itemsize, (count + head) * acc, count * (2 * acc + master) // share
 
 

@@ -8,14 +8,16 @@ from hpcpipe import checkpoint as ckpt
 
 
 def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2, keep_every: int = 0,
-         run: str | None = None, data: dict | None = None) -> ckpt.Saved:
+         run: str | None = None, data: dict | None = None,
+         tokenizer: tuple[bytes, dict] | None = None) -> ckpt.Saved:
     """Write a checkpoint of every rank of `rank`'s world at `step` (a collective): see
     checkpoint.save. ZeRO-3 gathers the whole weights first (the first replica writes
     them)."""
     rank.step.materialize()
     return ckpt.save(rank.step.state_parts(), rank.grid, cfg, step, run_dir,
                      rank.checkpoint_layout(cfg), state, adam_step=rank.step.optimizer.t,
-                     keep=keep, keep_every=keep_every, run=run, data=data)
+                     keep=keep, keep_every=keep_every, run=run, data=data,
+                     tokenizer=tokenizer)
 
 
 def load(rank, cfg, path: str, manifest: dict) -> dict:
@@ -24,3 +26,15 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
     rank.step.materialize()  # ZeRO-3: a buffer to load the weights into
     return ckpt.load(rank.step.state_parts(), rank.grid, cfg, path, manifest,
                      rank.checkpoint_layout(cfg))
+
+
+def carried_tokenizer(path: str, manifest: dict, comm) -> tuple[bytes, dict] | None:
+    """The tokenizer.json the checkpoint at `path` carries (an imported model's, or a run's
+    that started from one) with its manifest record, for the run's own checkpoints to
+    carry along — read on comm's root, which writes them (None elsewhere, and where it
+    has none)."""
+    file = ckpt.tokenizer_file(path, manifest) if comm.rank == 0 else None
+    if file is None:
+        return None
+    with open(file, "rb") as f:
+        return f.read(), dict(manifest["tokenizer"])

@@ -166,15 +166,15 @@ class DelayedStep(TrainStep):
         self.pending[k] = pending
 
     def _tied(self, stage, grad, head, pending: _Pending):
-        """d(wte) = embedding part + head part (that order, as everywhere) on both holders:
-        summed here on one that holds both, else the parts cross point to point."""
+        """d(wte) = embedding part + head part (that order) on both holders (a Llama's tied
+        embed_tokens too): summed on one that holds both, else the parts cross in messages."""
         wte = None
-        if "wte" in stage.grad_buffer.offsets:
-            a, b = stage.grad_buffer.offsets["wte"]
-            wte = grad[a:b].reshape(stage.params["wte"].shape)
+        if stage.tied in stage.grad_buffer.offsets:
+            a, b = stage.grad_buffer.offsets[stage.tied]
+            wte = grad[a:b].reshape(dict(stage.grad_buffer.layout)[stage.tied])
         comm, transport = self.model.tied.comm, self.transport
         wire = transport.wire
-        if stage.embedding_part and stage.head_part:
+        if stage.embedding_part and stage.head_part and head is not None:  # (None: untied)
             wte += head  # one rank holds both
         elif stage.embedding_part and comm is not None:
             part = transport.empty(wte.shape, wte.dtype)

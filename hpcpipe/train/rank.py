@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpcpipe.model.stage import seams
+from hpcpipe.model.stagespec import seams
 from hpcpipe.parallel.pipeline.p2p import PipeComm
 from hpcpipe.parallel.pipeline.runtime import Runtime
 from hpcpipe.parallel.pipeline.stream import StreamRuntime

@@ -22,7 +22,7 @@ import os
 import time
 
 from hpcpipe import __version__
-from hpcpipe.config import Config, for_world, require_gpt2_stages
+from hpcpipe.config import Config, for_world, require_pipelined_model
 from hpcpipe.data.checks import fingerprint_of, open_tokens
 from hpcpipe.device import backend
 from hpcpipe.device.memory import MemoryGauge
@@ -81,10 +81,10 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None):
         # dp = "auto" and train.global_batch_size become counts once the world is known
-        require_gpt2_stages(cfg)
+        require_pipelined_model(cfg)
         self.cfg, self.comm, self.out = for_world(cfg, comm.size), comm, out
         self.started = time.perf_counter()
-        self.start_step = 0
+        self.start_step, self.tokenizer = 0, None  # (the tokenizer.json checkpoints carry)
         self.last_saved = None  # the step of the last checkpoint this run has
         self.stage_bytes = {}  # model stage → (M_B, M_W) bytes, as last measured
         self.own_watch = watch is None
@@ -168,6 +168,7 @@ class Trainer:
         own = self.run_id == manifest.get("run")
         check_same_data(manifest, self.data, own, self.cfg.data.allow_changed, path, self.log)
         state = checkpoints.load(self.rank, self.cfg, path, manifest)
+        self.tokenizer = checkpoints.carried_tokenizer(path, manifest, self.comm)
         self.start_step = state["step"]
         self.last_saved = self.start_step if own else None
         self.rank.step.restore(state)
@@ -280,7 +281,7 @@ class Trainer:
                                       "data_step": step, "seed": self.cfg.train.seed},
                                      keep=self.cfg.checkpoint.keep,
                                      keep_every=self.cfg.checkpoint.keep_every,
-                                     run=self.run_id, data=self.data)
+                                     run=self.run_id, data=self.data, tokenizer=self.tokenizer)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path

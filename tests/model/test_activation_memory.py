@@ -8,8 +8,9 @@ from hpcpipe.devtools import standin
 from hpcpipe.device.backend import Backend
 from hpcpipe.devtools import hostbuild
 from hpcpipe.model.layout import GPTConfig
+from hpcpipe.model.llama_layout import LlamaConfig
 from hpcpipe.model.memory import stage_memory
-from hpcpipe.model.stage import StageSpec
+from hpcpipe.model.stagespec import StageSpec
 from hpcpipe.schedules.recompute import Mode, StageRecompute
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd=32)
@@ -52,6 +53,21 @@ def test_analytic_bytes_equal_the_stash(spec, dtype, recompute):
     plan = stage_memory(CFG, spec, B, dtype, recompute)
     for got, want in zip(measured(spec, dtype, recompute), (plan.kept, plan.full,
                                                             plan.after_b)):
+        assert abs(got - want) <= 16, (got, want)
+
+
+LLAMA = LlamaConfig(vocab_size=64, block_size=16, n_layer=3, n_head=4, n_kv_head=2,
+                    n_embd=32, intermediate_size=48)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("recompute", list(Mode))
+@pytest.mark.parametrize("spec", SPECS[:3] + SPECS[4:7], ids=lambda s: s.describe())
+def test_a_llama_stage_s_analytic_bytes_equal_its_stash(spec, dtype, recompute):
+    """The same for a Llama's stages (grouped K and V, SwiGLU; halves at a seam)."""
+    plan = stage_memory(LLAMA, spec, B, dtype, recompute)
+    for got, want in zip(measured(spec, dtype, recompute, LLAMA), (plan.kept, plan.full,
+                                                                   plan.after_b)):
         assert abs(got - want) <= 16, (got, want)
 
 

@@ -27,6 +27,26 @@ def test_the_cpu_prices_the_counts_as_before():
     assert c.source == "analytic costs"
 
 
+def test_a_llama_block_is_priced_by_its_own_work():
+    """SmolLM2-135M: grouped K and V (a third of the query width), a SwiGLU of width
+    1536, no position table — its tied 49152 × 576 head about 7.6 blocks at 256 tokens
+    on a CPU, 5.7 at 2048, and the balance gives the first of 2 stages 19 blocks."""
+    from hpcpipe.model.llama_layout import LlamaConfig
+
+    shape = dict(vocab_size=49152, n_layer=30, n_head=9, n_kv_head=3, n_embd=576,
+                 intermediate_size=1536, rope_theta=100000.0)
+    short, long = (LlamaConfig(block_size=t, **shape) for t in (256, 2048))
+    w = costs.work(short)
+    C, I, A, K = 576, 1536, 576, 192
+    assert w["block"].flops - w["attention"].flops == 18.0 * C * I  # the SwiGLU's F+B+W
+    assert w["attention"].flops > 6.0 * (2 * C * A + 2 * C * K)
+    assert w["embedding"].flops == 0 and w["embedding"].elements == 2 * C  # no wpe
+    assert 7.4 < costs.analytic(short).head / costs.analytic(short).block < 7.8
+    assert 5.6 < costs.analytic(long).head / costs.analytic(long).block < 5.9
+    specs = partition(short, 2, costs.analytic(short))
+    assert [len(s.layers) for s in specs] == [19, 11]
+
+
 def test_a_gpu_weighs_the_head_by_its_gemms():
     """In bfloat16 on an H100 the head's GEMMs run far above the bandwidth, and the fused
     loss streams the logits twice: the head costs ~3 blocks (the shape emulator this

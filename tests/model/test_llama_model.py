@@ -145,11 +145,15 @@ def test_adamw_over_the_flat_buffers_lowers_a_llama_s_loss():
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_the_pipeline_s_stages_refuse_a_llama_config_with_one_message(capsys, tmp_path):
+def test_the_pipeline_refuses_tensor_parallelism_for_a_llama_with_one_message(capsys,
+                                                                              tmp_path):
+    """A Llama's stages hold whole tensors: parallel.tp > 1 is refused up front by train
+    (and its dry run) and plan, one message, nothing written."""
     from harness.hostile import TINY, ends_with_one_error
 
+    llama = ["--set", 'model.arch="llama"', "--set", "parallel.tp=2"]
     for argv in (["train", TINY, "--run-dir", str(tmp_path / "run")],
                  ["train", TINY, "--dry-run"], ["plan", TINY]):
-        line = ends_with_one_error(capsys, [*argv, "--set", 'model.arch="llama"'])
-        assert "model.arch = 'llama'" in line and "hpcpipe.Llama" in line, line
+        line = ends_with_one_error(capsys, [*argv, *llama])
+        assert "parallel.tp = 2" in line and "model.arch = 'llama'" in line, line
     assert not (tmp_path / "run").exists()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hpcpipe.model.layout import GPTConfig
-from hpcpipe.model.stage import StageSpec
+from hpcpipe.model.stagespec import StageSpec
 from hpcpipe.schedules.recompute import Mode, StageRecompute
 from hpcpipe.model.stashbytes import StashBytes
 

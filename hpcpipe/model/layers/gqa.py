@@ -157,7 +157,7 @@ def rebuild_core(cache):
 def backward_input(dout, cache):
     dy = projection.backward_input(dout, cache["o_proj"])  # (B, T, NH·HS)
     grads = core_backward(dy, cache)  # dq, dk, dv: what W of q, k, v needs
-    cache["d"] = grads
+    cache["d"] = dict(zip(NAMES[:3], grads))  # (a dict: the stash's count walks dicts)
     be, C = cache["be"], cache["x"].shape[-1]
     dq, dk, dv = (d.reshape(-1, d.shape[-1]) for d in grads)
     wq, wk, wv = cache.pop("weights")
@@ -233,7 +233,7 @@ def backward_weight(dout, cache, grads):
     """W: o_proj's gradient from dout and y, q, k and v's from B's dq, dk, dv and x."""
     projection.backward_weight(dout, cache["o_proj"], grads["o_proj.weight"])
     be, x = cache["be"], cache["x"]
-    for name, d in zip(NAMES[:3], cache.pop("d")):
+    for name, d in cache.pop("d").items():
         projection.weight_gradient(be, d, x, grads[name])
 
 

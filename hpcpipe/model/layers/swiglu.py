@@ -48,7 +48,7 @@ def forward(x, params, be=None, tp=None, recompute=False):
              "be": be, "tp": tp}
     if recompute:
         del down["x"]
-        cache["kept"] = (g, u)
+        cache["kept"] = {"g": g, "u": u}  # (a dict: the stash's count walks dicts)
     else:
         cache["act"] = act
     return out, cache
@@ -95,7 +95,8 @@ def rebuild(cache):
     """Selective recomputation: silu, its derivative and a from the kept g and u — the
     same `_activate` on the same arrays, so F's bits."""
     if "kept" in cache:
-        g, u = cache.pop("kept")
+        kept = cache.pop("kept")
+        g, u = kept["g"], kept["u"]
         cache["act"] = act = _activate(cache["be"], g, u)
         cache["down"]["x"] = act["a"].reshape(*cache["x"].shape[:-1], -1)
 
@@ -130,7 +131,7 @@ def backward_input(dout, cache):
 
 def _input_gradient(be, dg, du, da, cache):
     """dx = dg @ gate + du @ up, summed over the shards; (dg, du) kept for W."""
-    cache["d"] = (dg, du)  # what W of gate and up needs
+    cache["d"] = dict(zip(NAMES[:2], (dg, du)))  # what W of gate and up needs
     wg, wu = cache.pop("weights")
     dx = matmul(be, dg, wg)  # (N, C): both projections' input gradients summed
     matmul_accumulate(be, du, wu, dx, "swiglu.dx")
@@ -140,7 +141,7 @@ def _input_gradient(be, dg, du, da, cache):
 def backward_weight(dout, cache, grads):
     projection.backward_weight(dout, cache["down"], grads["down_proj.weight"])
     be, x = cache["be"], cache["x"]
-    for name, d in zip(NAMES[:2], cache.pop("d")):
+    for name, d in cache.pop("d").items():
         projection.weight_gradient(be, d, x, grads[name])
 
 

@@ -1,5 +1,5 @@
 """The stage parameters as a checkpoint part (util/state.py): each pipeline rank's first
-replica writes its stages' parameters whole, one dataset per GPT-2 name in its global
+replica writes its stages' parameters whole, one dataset per parameter name (GPT-2's, or Hugging Face's for a Llama) in its global
 shape — its tensor shards gathered — so that `h5ls -r model-pp000.h5` reads like a GPT-2 state
 dict and any layout loads any checkpoint: each rank takes its shard's part of each
 tensor its stages hold."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcpipe.model import family
 from hpcpipe.model.sharding import shard_of
 from hpcpipe.util.state import PIPELINE, Entry, StateError, Stateful
 
@@ -22,6 +23,8 @@ class ParameterState(Stateful):
 
     def __init__(self, model, grid):
         self.model, self.grid = model, grid
+        if family.is_llama(model.config):  # (as checkpoint/weights.py records it)
+            self.kind = "parameters (Hugging Face Llama names)"
 
     def writes(self) -> bool:
         return self.grid.dp_rank == 0 and self.grid.tp_rank == 0
@@ -48,8 +51,9 @@ class ParameterState(Stateful):
 
 
 def _skip_tied_copy(stage, name: str) -> bool:
-    """The head's copy of wte equals the embedding's (same gradient, same update)."""
-    return name == "wte" and not stage.embedding_part
+    """The head's copy of the tied embedding equals the embedding's (same gradient, same
+    update)."""
+    return name == stage.tied and not stage.embedding_part
 
 
 def _global_parameters(model, grid) -> list:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcpipe.model import param_layout
+from hpcpipe.model import family
 from hpcpipe.parallel.pipeline.tied import TiedEmbedding
 from hpcpipe.parallel.tensor import TensorParallel
 
@@ -23,7 +23,7 @@ class RankModel:
     def __init__(self, cfg, grid, backend, plan, transport):
         self.grid, self.backend = grid, backend
         self.beacon = transport.beacon  # (what the loss's collectives say they wait on)
-        self.config = cfg.model  # the GPT's shape
+        self.config = cfg.model  # the model's shape (either family: model/family.py)
         train, schedule = cfg.train, plan.schedule
         self.tp = TensorParallel(grid.tensor, transport, cfg.parallel.sequence_parallel) \
             if grid.tp > 1 else None
@@ -41,7 +41,7 @@ class RankModel:
         assert self.embedding_rank == 0 and self.head_rank in (0, grid.pp - 1)
         self.tied = TiedEmbedding(self.stages, grid.ends, self.embedding_rank, self.head_rank,
                                   transport)
-        self.order = {name: i for i, (name, _) in enumerate(param_layout(self.config))}
+        self.order = {name: i for i, (name, _) in enumerate(family.param_layout(self.config))}
 
     @property
     def head_stage(self):
@@ -63,7 +63,7 @@ class RankModel:
             for name, view in stage.params.items():
                 copy = stage.shards[name].replicated and self.grid.tp_rank > 0 \
                     and self.tp is not None
-                if not copy and not (name == "wte" and stage.head_part
+                if not copy and not (name == stage.tied and stage.head_part
                                      and not stage.embedding_part):
                     total += int(view.size)
         return total

@@ -1,4 +1,5 @@
-"""The tied embedding's gradient: d(wte) = embedding part + head part, on both holders.
+"""The tied embedding's gradient: d(wte) = embedding part + head part, on both holders
+(a tied Llama's model.embed_tokens.weight the same way; an untied head has none).
 
 The head reuses the token embedding `wte` as its weight. In a pipeline the first stage
 (embedding) and the last (head) each hold a copy; each step both copies must receive the
@@ -36,6 +37,12 @@ class TiedEmbedding:
         self.comm = ends if embedding_rank != head_rank else None
         # Point to point only where MPI can take the arrays as they are.
         self.exchanges = self.comm is not None and not transport.staged
+        holder = self.embedding or self.head
+        # The tensor both ends hold ("wte", a Llama's embed_tokens), or None: an untied
+        # head (a Llama's lm_head), whose stages have nothing to sum.
+        self.name = holder.tied if holder is not None else None
+        if self.name is None:
+            self.comm, self.exchanges = None, False
         self._buffer = None
         self._send = self._recv = None
         self._started = False
@@ -70,7 +77,7 @@ class TiedEmbedding:
         holder = self.embedding or self.head
         if self._buffer is None:
             xp = holder.be.xp
-            self._buffer = xp.empty(holder.params["wte"].shape, holder.grad_dtype)
+            self._buffer = xp.empty(holder.params[self.name].shape, holder.grad_dtype)
         self._started = True
         wire = self.transport.wire
         if self.embedding is not None:  # (the last step's send of the buffer is done)
@@ -82,22 +89,24 @@ class TiedEmbedding:
 
     def finish(self):
         """After the step's schedule: d(wte) = embedding part + head part, on every holder."""
-        emb, head = self.embedding, self.head
+        emb, head, name = self.embedding, self.head, self.name
+        if name is None:  # untied: no copies to sum
+            return
         if emb is not None and head is not None:
             if emb is head:
                 emb.add_head_grad()
             else:  # ZB-V: both ends of the V on this rank
                 emb.add_head_grad(head.head_grad)
-                head.grads["wte"][...] = emb.grads["wte"]
+                head.grads[name][...] = emb.grads[name]
             return
         if emb is None and head is None:  # a middle stage holds no copy
             return
-        part = emb.grads["wte"] if emb is not None else head.head_grad
+        part = emb.grads[name] if emb is not None else head.head_grad
         self.bytes_sent += int(part.nbytes)  # either way each holder sends one a step
         if not self._started:  # not exchanged early (host staging, or no hooks ran)
             total = self.transport.allreduce_sum(self.comm, part)
             if head is not None:
-                head.grads["wte"][...] = total
+                head.grads[name][...] = total
             return
         self._started = False
         beacon = self.transport.beacon
@@ -107,9 +116,9 @@ class TiedEmbedding:
             beacon.collective(self.comm, "the tied embedding's sum")
             self._recv.Wait()
             beacon.done()
-            emb.grads["wte"] += self._buffer
-            # Send a copy: the data-parallel reduction works on grads["wte"] in place next.
-            self._buffer[...] = emb.grads["wte"]
+            emb.grads[name] += self._buffer
+            # Send a copy: the data-parallel reduction works on grads[name] in place next.
+            self._buffer[...] = emb.grads[name]
             self.transport.ready()
             self._send = self.comm.Isend(self.transport.wire(self._buffer), dest=1, tag=1)
         else:
@@ -117,4 +126,4 @@ class TiedEmbedding:
             self.MPI.Request.Waitall([self._send, self._recv])
             beacon.done()
             self._send = None
-            head.grads["wte"][...] = self._buffer
+            head.grads[name][...] = self._buffer

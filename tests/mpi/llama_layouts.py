@@ -1,0 +1,239 @@
+"""MPI worker: a Llama (grouped-query attention; tied and untied head) trained on every
+layout against one process.
+
+`check(comm)` (the contract is in tests/harness/mpibody.py) needs 4 ranks;
+tests/train/test_llama_mpi.py calls it in-process or runs it as
+`mpiexec -n 4 python -m mpi4py tests/mpi/llama_layouts.py`. A few clipped AdamW steps of a
+learnable token stream in float32, as tests/mpi/sixteen_bit.py's GPT-2 runs:
+- pp = 2 and 3, every flushing schedule the microbatch count allows, and a stage edge at a
+  block's seam: losses and weights bitwise equal to one process;
+- dp 2 × pp 2: ZB-H1, 1F1B and recomputation selective and full bitwise alike; ZeRO-1,
+  2 and 3, post-validation and plain dp 2 within the all-reduce's round-off of one
+  process (dp sums the microbatches' gradients in another order);
+- bfloat16 on pp 2 under ZB-H1: bitwise one process in bfloat16;
+- the other modes on dp 2 × pp 2: Muon within round-off of one process's Muon (and not
+  AdamW), PowerSGD at full rank within its orthogonalization's round-off of one process,
+  PipeDream-2BW on pp 2 and 3 bitwise its one process, local SGD (DiLoCo's Nesterov outer
+  step) and asynchronous dp (bounded staleness 0) bitwise their pp 1 runs.
+The report fails when any rank found a mismatch.
+"""
+
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import (
+    devices,  # noqa: E402  (tests/harness/devices.py: the test device)
+    mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
+)
+
+from hpcpipe import config
+from hpcpipe.parallel import grid as gridlib
+from hpcpipe.plan import build as build_plan
+from hpcpipe.schedules import KINDS, ScheduleError, flushes, generate
+from hpcpipe.train.rank import Rank
+
+B, M, STEPS, V = 2, 4, 4, 19
+CLOSE = 1e-5  # dp's other summation order, relative, on the losses and the weights
+POWERSGD_CLOSE = 1e-3  # full-rank factors: exact but for their orthogonalization's round-off
+
+
+def make_cfg(tied, dp=1, pp=1, kind="1f1b", dtype="float32", train=None, **parallel):
+    return config.from_dict({
+        "model": {"arch": "llama", "n_layer": 6, "n_head": 4, "n_kv_head": 2, "n_embd": 16,
+                  "intermediate_size": 24, "block_size": 6, "vocab_size": V,
+                  "tie_word_embeddings": tied},
+        "train": {"dtype": dtype, "micro_batch_size": B, "lr": 2e-2, "min_lr": 0.0,
+                  "grad_clip": 1.0, "weight_decay": 0.1, "seed": 7, **(train or {})},
+        "parallel": {"dp": dp, "pp": pp, "microbatches": M // dp, "schedule": kind,
+                     **parallel},
+    }, source="Llama layout test")
+
+
+def batch(step):
+    """The step's global batch: each token the previous one plus 3 (learnable)."""
+    rng = np.random.default_rng(300 + step)
+    tokens = (rng.integers(0, V, (M * B, 1)) + 3 * np.arange(7)) % V
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def train(comm, cfg, schedule):
+    """STEPS steps on `comm`; (losses, the weights gathered on comm rank 0)."""
+    p = cfg.parallel
+    grid = gridlib.build(comm, p.dp, p.pp, asynchronous=not flushes(p.schedule))
+    be = devices.select()
+    rank = Rank.build(cfg, grid, be, build_plan(cfg, schedule=schedule))
+    losses = []
+    for step in range(1, STEPS + 1):
+        idx, targets = batch(step)
+        first = grid.dp_rank * p.microbatches
+
+        def inputs(mb):
+            rows = slice((first + mb) * B, (first + mb + 1) * B)
+            return be.from_host(idx[rows]), be.from_host(targets[rows])
+
+        losses += [o.loss for o in rank.train_step(step, inputs, 2e-2, 1.0)]
+    losses += [o.loss for o in rank.flush()]
+    rank.step.finish(STEPS)
+    if rank.step.asynchronous:  # (asynchronous dp: the replicas meet at the end)
+        rank.step.meet("the end of the test run")
+    rank.step.materialize()  # ZeRO-3: the whole weights, to read them
+    mine = {}
+    with rank.step.published():
+        for stage in rank.model.stages.values() if grid.dp_rank == 0 else ():
+            for name, value in stage.param_buffer.views.items():
+                if name != stage.tied or stage.embedding_part:
+                    mine[name] = be.to_host(value).astype(np.float32)
+    rank.step.close()
+    parts = comm.gather(mine, root=0)
+    weights = None
+    if comm.rank == 0:
+        weights = {k: v for part in parts for k, v in part.items()}
+    return losses, weights
+
+
+def same(a, b) -> bool:
+    (la, wa), (lb, wb) = a, b
+    return la == lb and wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa)
+
+
+def close(a, b, tolerance=CLOSE) -> bool:
+    (la, wa), (lb, wb) = a, b
+    return np.allclose(la, lb, rtol=tolerance, atol=0) and wa.keys() == wb.keys() and all(
+        np.allclose(wa[k], wb[k], rtol=tolerance, atol=tolerance) for k in wa)
+
+
+def check_pipelines(world, tied, ref, failures) -> tuple[int, int]:
+    """Every flushing schedule on pp = 2 and 3, and pp 2 with a seam: bitwise one process.
+    (layouts checked, layouts there are)."""
+    checked = possible = 0
+    for pp in (2, 3):
+        mpibody.settle(world)
+        comm = world.Split(0 if world.rank < pp else MPI.UNDEFINED, key=world.rank)
+        cases = [(k, {}) for k in devices.schedule_kinds(KINDS) if flushes(k)]
+        if pp == 2:
+            cases.append(("1f1b", {"layout": "E t t t.attn | .mlp t t t L"}))
+        for kind, extra in cases:
+            try:
+                schedule = generate(kind, pp, M)
+            except ScheduleError:
+                continue  # e.g. interleaving needs m % pp == 0
+            possible += 1
+            if comm == MPI.COMM_NULL:
+                continue
+            result = train(comm, make_cfg(tied, pp=pp, kind=kind, **extra), schedule)
+            if comm.rank == 0:
+                checked += 1
+                if not same(result, ref):
+                    failures.append(f"tied={tied} {kind} pp={pp} {extra}: not bitwise one "
+                                    f"process ({result[0]} vs {ref[0]})")
+        if comm != MPI.COMM_NULL:
+            comm.Free()
+    return checked, possible
+
+
+def check_data_parallel(world, tied, ref, failures):
+    """dp 2 × pp 2 on the 4 ranks: schedules and recomputation bitwise alike; ZeRO,
+    post-validation close to one process."""
+    runs = {}
+    for label, kind, extra, train_keys in (
+            ("zb-h1", "zb-h1", {}, {}), ("1f1b", "1f1b", {}, {}),
+            ("recompute selective", "zb-h1", {}, {"recompute": "selective"}),
+            ("recompute full", "zb-h1", {}, {"recompute": "full/none"}),
+            ("zero1", "zb-h1", {"zero": 1}, {}), ("zero2", "zb-h1", {"zero": 2}, {}),
+            ("zero3", "zb-h1", {"zero": 3}, {}),
+            ("post-validation", "zb-h1", {}, {"post_validation": True})):
+        runs[label] = train(world, make_cfg(tied, 2, 2, kind, train=train_keys, **extra),
+                            generate(kind, 2, 2))
+    if world.rank != 0:
+        return
+    for label in ("1f1b", "recompute selective", "recompute full"):
+        if not same(runs["zb-h1"], runs[label]):
+            failures.append(f"tied={tied} dp 2 × pp 2: zb-h1 and {label} differ")
+    for label, result in runs.items():
+        if not close(result, ref):
+            failures.append(f"tied={tied} dp 2 × pp 2 {label}: {result[0]} vs one process "
+                            f"{ref[0]}")
+
+
+def on_first(world, n, cfg, schedule):
+    """cfg's run on world ranks [0, n) (the others wait); its result on rank 0."""
+    mpibody.settle(world)
+    comm = world.Split(0 if world.rank < n else MPI.UNDEFINED, key=world.rank)
+    if comm == MPI.COMM_NULL:
+        return None
+    result = train(comm, cfg, schedule)
+    comm.Free()
+    return result
+
+
+def check_modes(world, ref, failures):
+    """Muon, PowerSGD, PipeDream-2BW, local SGD and asynchronous dp on a tied Llama."""
+    muon = {"optimizer": "muon"}
+    solo = on_first(world, 1, make_cfg(True, train=muon), generate("1f1b", 1, M))
+    runs = {"muon": (solo, train(world, make_cfg(True, 2, 2, "zb-h1", train=muon),
+                                 generate("zb-h1", 2, 2)), CLOSE),
+            "powersgd": (ref, train(world, make_cfg(True, 2, 2, "zb-h1",
+                                                    grad_compression="powersgd",
+                                                    powersgd_rank=64),
+                                    generate("zb-h1", 2, 2)), POWERSGD_CLOSE)}
+    solo = on_first(world, 1, make_cfg(True, kind="pipedream-2bw"),
+                    generate("pipedream-2bw", 1, M))
+    for pp in (2, 3):
+        two = on_first(world, pp, make_cfg(True, pp=pp, kind="pipedream-2bw"),
+                       generate("pipedream-2bw", pp, M))
+        runs[f"pipedream-2bw pp {pp}"] = (solo, two, 0.0)
+    for label, extra in (("local SGD", {"train": {"local_steps": 2,
+                                                  "outer_optimizer": "nesterov"}}),
+                         ("async dp", {"async_dp": "ssp", "staleness": 0})):
+        flat = on_first(world, 2, make_cfg(True, 2, 1, "1f1b", **extra), generate("1f1b", 1, 2))
+        runs[label] = (flat, train(world, make_cfg(True, 2, 2, "1f1b", **extra),
+                                   generate("1f1b", 2, 2)), 0.0)
+    if world.rank != 0:
+        return
+    if close(runs["muon"][0], ref):
+        failures.append("muon: the same as AdamW (the optimizer was not used)")
+    for label, (want, got, tolerance) in runs.items():
+        ok = same(got, want) if tolerance == 0.0 else close(got, want, tolerance)
+        if not ok:
+            failures.append(f"{label}: {got[0]} vs {want[0]}")
+
+
+def check(world) -> mpibody.Report:
+    failures, report = [], []
+    for tied in (True, False):
+        ref = None
+        if world.rank == 0:
+            ref = train(MPI.COMM_SELF, make_cfg(tied), generate("1f1b", 1, M))
+            if not ref[0][-1] < ref[0][0] - 0.1:
+                failures.append(f"tied={tied}: does not learn ({ref[0]})")
+            report.append(f"tied={tied}: losses {['%.4f' % x for x in ref[0]]}")
+        mpibody.settle(world)
+        checked, possible = check_pipelines(world, tied, ref, failures)
+        check_data_parallel(world, tied, ref, failures)
+        if tied:
+            check_modes(world, ref, failures)
+            report.append("modes: Muon, PowerSGD, PipeDream-2BW, local SGD, async dp checked")
+        report.append(f"tied={tied}: {checked} of {possible} pipeline layouts bitwise equal "
+                      f"to one process")
+    mpibody.settle(world)
+    if world.rank < 2:  # bfloat16 on pp 2: bitwise its one process
+        comm = world.Split(0, key=world.rank)
+        one = train(MPI.COMM_SELF, make_cfg(False, dtype="bfloat16"), generate("zb-h1", 1, M)) \
+            if world.rank == 0 else None
+        two = train(comm, make_cfg(False, pp=2, kind="zb-h1", dtype="bfloat16"),
+                    generate("zb-h1", 2, M))
+        if world.rank == 0 and not same(one, two):
+            failures.append(f"bfloat16 zb-h1 pp=2: {two[0]} vs one process {one[0]}")
+        comm.Free()
+    else:
+        world.Split(MPI.UNDEFINED, key=world.rank)
+    report.append("bfloat16 pp 2 checked")
+    return mpibody.Report.agreed(world, report, failures)
+
+
+if __name__ == "__main__":
+    sys.exit(mpibody.main(check))

@@ -32,7 +32,7 @@ from hpcpipe.parallel.gradsync import COMM_DTYPES
 from hpcpipe.parallel.grid import RANK_ORDERS
 from hpcpipe.parallel.asyncdp import MODES as ASYNC_MODES
 from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_MOMENTS, OUTER_OPTIMIZERS
-from hpcpipe.parallel.powersgd import COMPRESSIONS
+from hpcpipe.parallel.powersgd import COMPRESSIONS, FACTOR_DTYPES
 from hpcpipe.runs.trace import trace_window
 from hpcpipe.schedules import KINDS, check_chunks, chunks, flushes, from_costs
 from hpcpipe.optim.optimizer import OPTIMIZERS
@@ -203,8 +203,11 @@ class ParallelSection:
     # rank-`powersgd_rank` factors, with error feedback (hpcpipe/parallel/powersgd.py)
     grad_compression: str = "none"
     # the factors' rank r: r·(n + m) numbers for an n × m matrix; 0 (default): each
-    # matrix's own, min(n, m) / 8 (tiny 16 and 5.7× fewer bytes, within 2 % of uncompressed)
+    # matrix's own, the largest whose factors are 4.2× fewer bytes than it in float32
     powersgd_rank: int = 0
+    # the factors travel as: "bfloat16" (default: twice the rank for the bytes; error
+    # feedback carries the rounding), "float32", or "auto" (as grad_comm_dtype)
+    powersgd_dtype: str = "bfloat16"
     powersgd_warmup: int = 0  # the first steps all-reduce uncompressed (PyTorch: 1000)
     # compress only matrices that shrink at least this much (PyTorch's min_compression_rate)
     powersgd_min_gain: float = 2.0
@@ -643,6 +646,7 @@ def _check_parallel(source, parallel: ParallelSection):
              "the gradients) or 3 (and the weights between steps)")
     _one_of(source, "parallel.grad_comm_dtype", parallel.grad_comm_dtype, COMM_DTYPES)
     _one_of(source, "parallel.grad_compression", parallel.grad_compression, COMPRESSIONS)
+    _one_of(source, "parallel.powersgd_dtype", parallel.powersgd_dtype, FACTOR_DTYPES)
     _at_least(source, "parallel", parallel, ("powersgd_rank", "powersgd_warmup",
                                              "powersgd_min_gain"), 0)
     _check_chunks(source, parallel)

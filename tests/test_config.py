@@ -316,6 +316,7 @@ def test_powersgd_keys_and_what_it_refuses(tmp_path):
             ('[parallel]\ngrad_compression = "1bit"\n', "allowed: none, powersgd"),
             ("[parallel]\npowersgd_rank = -1\n", "must be 0 or more"),
             ("[parallel]\npowersgd_warmup = -1\n", "must be 0 or more"),
+            ('[parallel]\npowersgd_dtype = "float16"\n', "allowed: auto, float32, bfloat16"),
             ('[train]\nlocal_steps = 4\n[parallel]\ngrad_compression = "powersgd"\n',
              'set parallel.grad_compression = "none"'),
             ('[train]\ndtype = "float16"\n[parallel]\ngrad_compression = "powersgd"\n',

@@ -230,7 +230,7 @@ def cmd_info(args) -> int:
     print(f"  layout: dp {lay['dp']} × pp {lay['pp']} × tp {lay.get('tp', 1)} "
           f"({lay['chunks']} chunk(s) per rank), "
           f"schedule {lay['schedule']}, ZeRO {lay['zero']}"
-          + (f", PowerSGD rank {lay['powersgd_rank'] or 'min(n, m)/8 per matrix'} (each "
+          + (f", PowerSGD rank {lay['powersgd_rank'] or 'each matrix its own'} (each "
              "replica's error feedback kept)"
              if any(name.startswith("powersgd-r") for name in m["files"]) else "")
           + (f", local SGD H = {lay['local_steps']}" if lay.get("local_steps") else ""))

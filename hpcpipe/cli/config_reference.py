@@ -33,6 +33,7 @@ def choices() -> dict[str, tuple]:
     return {"model.arch": config.ARCHS, "train.dtype": config.DTYPES, "train.device": config.DEVICES,
             "parallel.schedule": config.KINDS, "parallel.rank_order": config.RANK_ORDERS,
             "parallel.grad_comm_dtype": config.COMM_DTYPES,
+            "parallel.powersgd_dtype": config.FACTOR_DTYPES,
             "checkpoint.resume": ("never", "auto")}
 
 

@@ -16,10 +16,16 @@ two thin factors of rank r instead of n·m numbers:
 sum, not the mean, as everywhere in gradsync.py: the 1/dp is in the step's gradient scale.
 Vectors (biases, LayerNorms) and matrices too small to gain 2× (r(n + m) > n·m / 2, PyTorch's
 `min_compression_rate`) travel uncompressed in the usual buckets. The rank r is one for every
-matrix, or (rank 0, the default) each matrix's own: min(n, m) / PER_MATRIX, an eighth of its
-smaller side -- the same share of every matrix, so a wider model keeps as good an
-approximation (tiny: 16, 5.7× fewer bytes; medium: 48 and 32, 5.9×; fixed ranks that
-small on a wide matrix cost more loss: docs/measurements/2026-12-06-powersgd-default.md). Each tensor-parallel shard
+matrix, or (rank 0, the default) each matrix's own: the largest whose two factors, in the
+dtype they travel as, are BYTES_GAIN× fewer bytes than the matrix in float32 -- the same
+share of every matrix's bytes, so a wider model keeps as good an approximation, and a wide
+MLP matrix gets a higher rank than a square one (bfloat16 factors, the default: tiny 30 to
+48, medium 73 to 146; with the vectors whole, 4.16× and 4.17× fewer bytes than the float32
+gradient; a fixed rank, small on a wide matrix, costs more loss:
+docs/measurements/2026-12-06-powersgd-default.md). The factors travel as
+`parallel.powersgd_dtype`, bfloat16 unless set: twice the rank for the same bytes, and the
+rounding is error feedback's to carry like any other part of M the step did not send (Ĝ is
+made of the rounded factors, so E = M − Ĝ / dp holds it). Each tensor-parallel shard
 compresses its own part of a matrix over its own data-parallel group.
 
 The first `warmup` steps all-reduce the matrices uncompressed (PyTorch's
@@ -40,24 +46,30 @@ import numpy as np
 from hpcpipe.device.dtypes import compute_dtype
 
 COMPRESSIONS = ("none", "powersgd")
-PER_MATRIX = 8  # rank 0: each matrix's rank is min(n, m) / PER_MATRIX (at least 1)
+# Rank 0: each matrix's factors are this many times fewer bytes than it in float32 -- a
+# little over 4 so that the vectors, sent whole, keep the model's total over 4×.
+BYTES_GAIN = 4.2
+# parallel.powersgd_dtype's values; "auto": as parallel.grad_comm_dtype
+FACTOR_DTYPES = ("auto", "float32", "bfloat16")
 # A Gram–Schmidt column left with less than this many machine epsilons of its length is
 # taken for dependent on the earlier ones (round-off, not a direction of the gradient).
 DEPENDENT = 1000
 
 
-def rank_of(shape, rank: int) -> int:
-    """The factors' rank for a matrix of `shape`: `rank`, or with rank 0 its own (an
-    eighth of its smaller side, at least 1)."""
-    return rank if rank else max(1, min(shape) // PER_MATRIX)
+def rank_of(shape, rank: int, itemsize: int = 2) -> int:
+    """The factors' rank for a matrix of `shape`: `rank`, or with rank 0 its own: the
+    largest (at least 1) whose factors of `itemsize` bytes a number are BYTES_GAIN× fewer
+    bytes than the matrix in float32."""
+    n, m = shape
+    return rank if rank else max(1, int(4 * n * m // (BYTES_GAIN * itemsize * (n + m))))
 
 
-def compressible(shape, rank: int, min_gain: float = 2.0) -> bool:
-    """Whether a tensor of `shape` is a matrix that gains at least `min_gain`× from
-    factors of rank `rank_of(shape, rank)`."""
+def compressible(shape, rank: int, min_gain: float = 2.0, itemsize: int = 2) -> bool:
+    """Whether a tensor of `shape` is a matrix that gains at least `min_gain`× (in numbers)
+    from factors of rank `rank_of(shape, rank, itemsize)`."""
     if len(shape) != 2:
         return False
-    r = rank_of(shape, rank)
+    r = rank_of(shape, rank, itemsize)
     return min_gain * r * (shape[0] + shape[1]) <= shape[0] * shape[1]
 
 
@@ -78,17 +90,27 @@ class Matrix:
         return f"{self.chunk}/{self.name}"
 
 
-def matrices(stages: dict, rank: int, min_gain: float = 2.0) -> list[Matrix]:
-    """The compressible tensors of a rank's stages (chunk → Stage), in layout order."""
+def matrices(stages: dict, rank: int, min_gain: float = 2.0,
+             itemsize: int = 2) -> list[Matrix]:
+    """The compressible tensors of a rank's stages (chunk → Stage), in layout order;
+    `itemsize`: the factors' bytes a number."""
     out = []
     for chunk, stage in stages.items():
         buf = stage.grad_buffer
         for name, shape in buf.layout:
-            if compressible(shape, rank, min_gain):
+            if compressible(shape, rank, min_gain, itemsize):
                 lo, hi = buf.offsets[name]
                 shape = tuple(int(n) for n in shape)
-                out.append(Matrix(chunk, name, lo, hi, shape, rank_of(shape, rank)))
+                out.append(Matrix(chunk, name, lo, hi, shape, rank_of(shape, rank, itemsize)))
     return out
+
+
+def factor_dtype(parallel, grad_dtype) -> np.dtype:
+    """What the factors travel as under a config's [parallel]: `powersgd_dtype`, or with
+    "auto" `grad_comm_dtype` (whose "auto" is the gradient's own dtype)."""
+    name = parallel.powersgd_dtype
+    name = parallel.grad_comm_dtype if name == "auto" else name
+    return np.dtype(grad_dtype) if name == "auto" else compute_dtype(name)
 
 
 def initial_q(name: str, m: int, rank: int, dtype):
@@ -123,15 +145,18 @@ class PowerSGD:
     Q: see the module's docstring.
 
     backend: the rank's; transport and comm: as gradsync's (comm: the data-parallel group);
-    comm_dtype: what the factors travel as; snapshots: keep each step's starting state so
-    that the same step may be run again (post-validation)."""
+    comm_dtype: what the factors travel as; whole_dtype: what the warm-up's whole matrices
+    travel as (grad_comm_dtype's; None: comm_dtype); snapshots: keep each step's starting
+    state so that the same step may be run again (post-validation)."""
 
     def __init__(self, stages: dict, backend, transport, comm, rank: int, comm_dtype,
-                 warmup: int = 0, snapshots: bool = False, min_gain: float = 2.0):
+                 warmup: int = 0, snapshots: bool = False, min_gain: float = 2.0,
+                 whole_dtype=None):
         self.stages, self.backend, self.transport, self.comm = stages, backend, transport, comm
         self.rank, self.warmup, self.dp = rank, warmup, comm.Get_size()
         self.comm_dtype = np.dtype(comm_dtype)
-        self.matrices = matrices(stages, rank, min_gain)
+        self.whole_dtype = self.comm_dtype if whole_dtype is None else np.dtype(whole_dtype)
+        self.matrices = matrices(stages, rank, min_gain, self.comm_dtype.itemsize)
         self.dtype = next(iter(stages.values())).grad_buffer.dtype if stages else np.float32
         xp = backend.xp
         self.error = {m.key: xp.zeros(m.shape, self.dtype) for m in self.matrices}
@@ -151,11 +176,12 @@ class PowerSGD:
         if parallel.grad_compression != "powersgd" or grid.dp == 1:
             return None
         dtype = next(iter(model.stages.values())).grad_buffer.dtype
-        comm_dtype = dtype if parallel.grad_comm_dtype == "auto" else \
+        whole = dtype if parallel.grad_comm_dtype == "auto" else \
             compute_dtype(parallel.grad_comm_dtype)
         return cls(model.stages, model.backend, transport, grid.data, parallel.powersgd_rank,
-                   comm_dtype, parallel.powersgd_warmup, snapshots=cfg.train.post_validation,
-                   min_gain=parallel.powersgd_min_gain)
+                   factor_dtype(parallel, dtype), parallel.powersgd_warmup,
+                   snapshots=cfg.train.post_validation, min_gain=parallel.powersgd_min_gain,
+                   whole_dtype=whole)
 
     @property
     def keys(self) -> frozenset:
@@ -192,7 +218,7 @@ class PowerSGD:
             return
         if step <= self.warmup:
             for m in self.matrices:
-                self._allreduce(self._grad(m))
+                self._allreduce(self._grad(m), self.whole_dtype)
             return
         with np.errstate(invalid="ignore", over="ignore"):  # a non-finite step: see above
             self._compress()
@@ -205,12 +231,12 @@ class PowerSGD:
             grad = self._grad(m)
             grad += self.error[m.key]  # M = G + E, in place
             p[...] = grad @ self._revived(m)
-        self._allreduce(ps[0])
+        self._allreduce(ps[0], self.comm_dtype)
         qs = self._factors([(m.shape[1], m.rank) for m in self.matrices])
         for m, p, q in zip(self.matrices, ps[1], qs[1]):
             orthonormalise(p, xp)
             q[...] = self._grad(m).T @ p
-        self._allreduce(qs[0])
+        self._allreduce(qs[0], self.comm_dtype)
         finite = xp.all(xp.isfinite(qs[0]))  # stays on the device: no synchronisation
         for m, p, q in zip(self.matrices, ps[1], qs[1]):
             grad, approx = self._grad(m), p @ q.T
@@ -237,13 +263,13 @@ class PowerSGD:
             at += n * r
         return flat, views
 
-    def _allreduce(self, array):
-        """Sum `array` over the replicas in place, travelling as the comm dtype."""
+    def _allreduce(self, array, dtype):
+        """Sum `array` over the replicas in place, travelling as `dtype`."""
         t = self.transport
-        self.bytes_reduced += array.size * self.comm_dtype.itemsize
-        if self.comm_dtype == array.dtype:
+        self.bytes_reduced += array.size * dtype.itemsize
+        if dtype == array.dtype:
             t.allreduce_sum(self.comm, array.reshape(-1))
             return
-        wire = array.astype(self.comm_dtype)
+        wire = array.astype(dtype)
         t.allreduce_sum(self.comm, wire.reshape(-1))
         array[...] = wire.astype(array.dtype)

@@ -12,7 +12,10 @@ not get across); Q is the same on all. Every rank that compresses writes
 Under the layout that wrote them (and the same rank r) a resume reads its own values back:
 bitwise. Under any other, what carries over is what the replicas owe together, ΣE, summed
 from every replica's file (tensor shards put back in place) and split evenly, ΣE / dp,
-over the new replicas; Q starts afresh (its shape follows the tensor shard and r). A
+over the new replicas; Q starts afresh (its shape follows the tensor shard and r) -- as
+it does under the same layout when the saved Q's rank is not this run's (rank 0 is each
+matrix's own, which follows parallel.powersgd_dtype and, before 2026-12-06, was
+min(n, m) / 8: such a checkpoint resumes with its E). A
 checkpoint of a run that did not compress starts compression with E = 0; one whose layout
 records a PowerSGD rank must hold the files (never a silent restart), and every value is
 finite (a NaN in E would skip every later step).
@@ -75,7 +78,8 @@ class PowerSGDState(Stateful):
             stage = self.model.stages[m.chunk]
             if same:
                 error, q = self._own(index, m.name, stage, saved.path)
-                compressor.q[m.key][...] = be.from_host(q.astype(compressor.dtype))
+                if q.shape == compressor.q[m.key].shape:  # else another rank: Q afresh
+                    compressor.q[m.key][...] = be.from_host(q.astype(compressor.dtype))
             else:
                 error = self._resharded(index, m.name, stage, saved.path)
             compressor.error[m.key][...] = be.from_host(error.astype(compressor.dtype))

@@ -81,17 +81,18 @@ def _compression(cfg, specs) -> int:
     """PowerSGD's state on one rank: every compressed matrix's error feedback (its size, in
     the gradient's dtype) and its Q (m × r), plus the first Q kept to refill it; twice
     that under post-validation (each step's starting copy)."""
-    from hpcpipe.parallel.powersgd import compressible, rank_of
+    from hpcpipe.parallel.powersgd import compressible, factor_dtype, rank_of
 
     p = cfg.parallel
     if p.grad_compression != "powersgd" or p.dp == 1:
         return 0
-    acc, total = accumulation_dtype(compute_dtype(cfg.train.dtype)).itemsize, 0
+    grad = accumulation_dtype(compute_dtype(cfg.train.dtype))
+    acc, wire, total = grad.itemsize, factor_dtype(p, grad).itemsize, 0
     for spec in specs:
         for name, shape in spec.param_layout(cfg.model):
             local = shard_of(name, shape, p.tp, 0).local_shape(shape)
-            if compressible(local, p.powersgd_rank, p.powersgd_min_gain):
-                r = rank_of(local, p.powersgd_rank)
+            if compressible(local, p.powersgd_rank, p.powersgd_min_gain, wire):
+                r = rank_of(local, p.powersgd_rank, wire)
                 total += (local[0] * local[1] + 2 * local[1] * r) * acc
     # Post-validation may run a step twice: E and Q are copied at each step's start.
     return total * 2 if cfg.train.post_validation else total

@@ -39,6 +39,7 @@ from harness import (
 
 from hpcpipe import checkpoint as ckpt
 from hpcpipe import config
+from hpcpipe.device.dtypes import compute_dtype
 from hpcpipe.model.layout import FlatBuffer
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.powersgd import PowerSGD
@@ -58,7 +59,10 @@ def make_cfg(dp, pp, tp=1, kind="1f1b", zero=0, dtype="float64", compression=Non
                 "microbatches": GLOBAL_MICROBATCHES // dp, "bucket_mb": 0.002,
                 "grad_comm_dtype": comm_dtype}
     if compression is not None:
-        parallel.update(grad_compression="powersgd", **compression)
+        # The factors as the gradient travels (float64 here): full rank exact, unless a
+        # run asks for bfloat16 factors (the default) itself.
+        parallel.update({"grad_compression": "powersgd", "powersgd_dtype": "auto",
+                         **compression})
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
         "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
@@ -139,9 +143,9 @@ def expected_bytes(rank):
     sync = rank.step.gradsync
     if sync.compressor is None:
         return None
-    itemsize = sync.comm_dtype.itemsize
     plain = sum(b.size for b in sync.plan.buckets if not b.compressed)
-    return (plain + sync.compressor.factor_elements()) * itemsize
+    return (plain * sync.comm_dtype.itemsize
+            + sync.compressor.factor_elements() * sync.compressor.comm_dtype.itemsize)
 
 
 # -- the compressor alone ---------------------------------------------------------------
@@ -156,14 +160,50 @@ class _Stage:
 LAYOUT = [("a", (12, 10)), ("bias", (10,)), ("c", (7, 5))]
 
 
+def bookkeeping(psgd, stages, comm, fill, host, label) -> list[str]:
+    """Two compressed steps: Σ E + Ĝ is what the replicas owed (E included), Ĝ has rank 2
+    and is alike on every replica, and the bytes are the factors'."""
+    failures, buf = [], stages[0].grad_buffer
+
+    def total(x):
+        return comm.allreduce(host(x))
+
+    for step in (1, 2):
+        before = {k: host(e) for k, e in psgd.error.items()}
+        g = fill(stages)
+        for key, (lo, hi) in (("0/a", buf.offsets["a"]), ("0/c", buf.offsets["c"])):
+            g[lo:hi] += before[key].reshape(-1)
+        owed = comm.allreduce(g)
+        psgd.begin(step)
+        psgd.reduce(step)
+        result = host(buf.data)
+        matrices = np.concatenate([result[slice(*buf.offsets[k])] for k in ("a", "c")])
+        if any(not np.array_equal(r, matrices) for r in comm.allgather(matrices)):
+            failures.append(f"compressor ({label}) step {step}: replicas differ")
+        for name in ("a", "c"):
+            lo, hi = buf.offsets[name]
+            shape = dict(LAYOUT)[name]
+            error = total(psgd.error[f"0/{name}"]).reshape(-1)
+            lost = np.abs(error + result[lo:hi] - owed[lo:hi]).max()
+            if not lost <= 1e-12 * np.abs(owed[lo:hi]).max():
+                failures.append(f"compressor ({label}) step {step}: {name} lost {lost:.1e}")
+            s = np.linalg.svd(result[lo:hi].reshape(shape), compute_uv=False)
+            if not s[2:].max() <= 1e-12 * s[0]:
+                failures.append(f"compressor ({label}) step {step}: {name} rank > 2 ({s})")
+        if psgd.bytes_reduced != psgd.factor_elements() * psgd.comm_dtype.itemsize:
+            failures.append(f"compressor ({label}): {psgd.bytes_reduced} bytes, factors "
+                            f"{psgd.factor_elements() * psgd.comm_dtype.itemsize}")
+    return failures
+
+
 def compressor_checks(comm) -> list[str]:
     be = devices.select()
     transport, failures = Transport(be), []
     rng = np.random.default_rng(comm.rank)
 
-    def make(rank, snapshots=False):
+    def make(rank, snapshots=False, wire=np.float64):
         stages = {0: _Stage(be, LAYOUT)}
-        return stages, PowerSGD(stages, be, transport, comm, rank, np.float64,
+        return stages, PowerSGD(stages, be, transport, comm, rank, wire,
                                 snapshots=snapshots, min_gain=0.0)
 
     def fill(stages, bad=False):
@@ -176,37 +216,12 @@ def compressor_checks(comm) -> list[str]:
     def host(x):
         return be.to_host(x).copy()
 
-    def total(x):
-        return comm.allreduce(host(x))
-
-    stages, psgd = make(2)
+    # Nothing lost, with factors in float64 and in bfloat16 (the default: its rounding is
+    # part of what E carries, Ĝ being made of the rounded factors).
+    for wire in (np.float64, compute_dtype("bfloat16")):
+        stages, psgd = make(2, wire=wire)
+        failures += bookkeeping(psgd, stages, comm, fill, host, f"{np.dtype(wire)} factors")
     buf = stages[0].grad_buffer
-    owed = np.zeros(buf.size)  # Σ of what every replica carries into the step
-    for step in (1, 2):
-        before = {k: host(e) for k, e in psgd.error.items()}
-        g = fill(stages)
-        for key, (lo, hi) in (("0/a", buf.offsets["a"]), ("0/c", buf.offsets["c"])):
-            g[lo:hi] += before[key].reshape(-1)
-        owed = comm.allreduce(g)
-        psgd.begin(step)
-        psgd.reduce(step)
-        result = host(buf.data)
-        matrices = np.concatenate([result[slice(*buf.offsets[k])] for k in ("a", "c")])
-        if any(not np.array_equal(r, matrices) for r in comm.allgather(matrices)):
-            failures.append(f"compressor step {step}: replicas hold different results")
-        for name in ("a", "c"):
-            lo, hi = buf.offsets[name]
-            shape = dict(LAYOUT)[name]
-            error = total(psgd.error[f"0/{name}"]).reshape(-1)
-            lost = np.abs(error + result[lo:hi] - owed[lo:hi]).max()
-            if not lost <= 1e-12 * np.abs(owed[lo:hi]).max():
-                failures.append(f"compressor step {step}: {name} lost {lost:.1e}")
-            s = np.linalg.svd(result[lo:hi].reshape(shape), compute_uv=False)
-            if not s[2:].max() <= 1e-12 * s[0]:
-                failures.append(f"compressor step {step}: {name} has rank > 2 ({s})")
-        if psgd.bytes_reduced != psgd.factor_elements() * 8:
-            failures.append(f"compressor: {psgd.bytes_reduced} bytes, factors "
-                            f"{psgd.factor_elements() * 8}")
 
     # A non-finite gradient on one replica: every replica keeps its E and Q.
     kept = ({k: host(e) for k, e in psgd.error.items()}, {k: host(q) for k, q in psgd.q.items()})
@@ -301,7 +316,10 @@ def training_checks(comm) -> tuple[list[str], list[str]]:
                                     post_validation=v, clip=0.3)) for v in (False, True)}
     bf16 = train(comm, make_cfg(2, n // 2, 1, "zb-h1", dtype="bfloat16", compression=LOW,
                                 comm_dtype="bfloat16"))
-    sent = comm.gather([(r[2], r[3]) for r in (low["1f1b"], bf16)], root=0)
+    # float64 training, its factors in bfloat16 (the default): E carries the rounding.
+    wired = train(comm, make_cfg(2, n // 2, 1, "1f1b",
+                                 compression={**LOW, "powersgd_dtype": "bfloat16"}))
+    sent = comm.gather([(r[2], r[3]) for r in (low["1f1b"], bf16, wired)], root=0)
     failures = []
     if comm.rank == 0:
         for key, run in full.items():
@@ -318,6 +336,9 @@ def training_checks(comm) -> tuple[list[str], list[str]]:
         if not close(bf16[0][-1], low["1f1b"][0][-1], 0.02):
             failures.append(f"bfloat16 with bfloat16 factors: loss {bf16[0][-1]} vs "
                             f"float64 {low['1f1b'][0][-1]}")
+        if not close(wired[0][-1], low["1f1b"][0][-1], 1e-3) or wired[0] == low["1f1b"][0]:
+            failures.append(f"float64 with bfloat16 factors: losses {wired[0]} vs float64 "
+                            f"factors' {low['1f1b'][0]}")
         if low["1f1b"][0] == ref[0]:
             failures.append("rank 1 PowerSGD trained exactly like no compression")
         for rank, runs in enumerate(sent):
@@ -404,6 +425,29 @@ def checkpoint_checks(comm, folder) -> list[str]:
                 failures.append(f"resumed as {label}: Σ E of {name} {loaded[name]} vs {v}")
         if not any(np.any(v != 0) for v in saved[2].values()):
             failures.append("the error feedback saved was zero: the check proves nothing")
+    return failures + other_q_checks(comm, folder)
+
+
+def other_q_checks(comm, folder) -> list[str]:
+    """Rank 0 under the same layout, its Q of another rank (rank 0 follows the factors'
+    dtype, and was min(n, m) / 8 before 2026-12-06): E read back as written, Q afresh."""
+    n, failures = comm.size, []
+    writer = make_cfg(2, n // 2, 1, "zb-h1", compression={"powersgd_rank": 0})
+    saved = run_from(comm, writer, SAVE, save_to=os.path.join(folder, "rank0"))
+    reader = make_cfg(2, n // 2, 1, "zb-h1",
+                      compression={"powersgd_rank": 0, "powersgd_dtype": "bfloat16"})
+    rank = build(comm, reader)
+    rank.step.restore(checkpoints.load(rank, reader, saved[3], ckpt.read_manifest(saved[3])))
+    psgd, be = rank.step.gradsync.compressor, rank.model.backend
+    loaded = error_moments(comm, rank)
+    if any(not np.array_equal(loaded[k], v) for k, v in saved[2].items()):
+        failures.append(f"rank 0 with another Q: Σ E {loaded} vs {saved[2]}")
+    wider = [m for m in psgd.matrices if m.rank > 1]  # written at rank 1 (float64 factors)
+    if not wider:
+        failures.append("bfloat16 factors gave every matrix rank 1: the check proves nothing")
+    for m in wider:
+        if not np.array_equal(be.to_host(psgd.q[m.key]), be.to_host(psgd._initial[m.key])):
+            failures.append(f"rank 0 with another Q: {m.key}'s Q did not start afresh")
     return failures
 
 

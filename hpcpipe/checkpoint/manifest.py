@@ -78,6 +78,7 @@ SCHEMA = Record({
                                "async_dp": Text(choices=("ssp", "easgd")),
                                "easgd_sync": Int(0, 1), "staleness": Int(0),
                                "powersgd_rank": Int(0), "seams": ListOf(Int(0)),
+                               "grad_compression": Text(choices=("powersgd",)),
                                # (block, operation) edges inside blocks, written by the
                                # code of 2026-12-06 that had them: read, never written
                                "cuts": ListOf(ListOf(Int(0), 2, 4))}),

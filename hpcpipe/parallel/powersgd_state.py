@@ -64,8 +64,13 @@ class PowerSGDState(Stateful):
         return out
 
     def held_by(self, manifest: dict) -> str | None:
-        rank = manifest["layout"].get("powersgd_rank", 0)
-        return f"layout.powersgd_rank = {rank}" if rank else None
+        layout = manifest["layout"]
+        rank = layout.get("powersgd_rank", 0)
+        if rank:
+            return f"layout.powersgd_rank = {rank}"
+        # The default rank (0: each matrix's own) leaves the rank no witness; this does.
+        # (A checkpoint of a default-rank run written before it was recorded cannot tell.)
+        return "layout.grad_compression = powersgd" if "grad_compression" in layout else None
 
     def load(self, saved):
         """This rank's E and Q: see the module's docstring."""

@@ -107,6 +107,8 @@ class Rank:
                   "partition": [list(spec.layers) for spec in model.specs],
                   "local_steps": cfg.train.local_steps,
                   "powersgd_rank": compressor.rank if compressor is not None else 0}
+        if compressor is not None:  # (its rank may be 0: each matrix's own, by its bytes)
+            layout["grad_compression"] = "powersgd"
         if seams(model.specs):  # (absent where every stage edge falls between blocks)
             layout["seams"] = seams(model.specs)
         if cfg.parallel.async_dp != "none":  # (absent for the synchronous modes)

@@ -51,7 +51,7 @@ def make_cfg(kind: str):
     if kind == "local":
         train.update(local_steps=4, outer_optimizer="nesterov")
     elif kind == "powersgd":
-        parallel.update(grad_compression="powersgd", powersgd_rank=1)
+        parallel.update(grad_compression="powersgd", powersgd_rank=0)  # the default
     else:  # the asynchronous pipeline
         parallel.update(dp=1, pp=2, microbatches=MICROBATCHES, schedule="pipedream-2bw")
         train.update(delay_correction="secant")
@@ -160,7 +160,7 @@ CASES = {
                  ("the optimizer shard of step 2", older("optim-r00000.h5"),
                   "optim-r00000.h5: written at step 2", True),
                  ("its files deleted", deleted("powersgd"),
-                  "layout.powersgd_rank = 1 says the run had PowerSGD state", False),
+                  "layout.grad_compression = powersgd says the run had PowerSGD state", False),
                  ("a NaN in the error feedback", nan_in("powersgd-r00001.h5", "error/wpe"),
                   "powersgd-r00001.h5: error/wpe holds 1 NaN or infinite value(s)", False)],
     "2bw": [("a weight version of step 2", older("versions-pp001.h5"),
@@ -214,7 +214,7 @@ def old_cfg(kind: str):
     if kind == "local":
         train.update(local_steps=3, outer_optimizer="nesterov")
     elif kind == "powersgd":
-        parallel.update(grad_compression="powersgd", powersgd_rank=1)
+        parallel.update(grad_compression="powersgd", powersgd_rank=0)  # the default
     elif kind == "2bw":
         parallel.update(dp=1, pp=2, schedule="pipedream-2bw", layout="E t | t L")
         train.update(delay_correction="secant")

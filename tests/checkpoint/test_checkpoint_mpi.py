@@ -168,7 +168,10 @@ def test_sigusr1_on_one_rank_checkpoints_and_resumes_exactly(tmp_path, stdlib_to
     whole = tmp_path / "whole"
     assert train(whole, stdlib_tokens, 2, *steps).returncode == 0
     run_dir = tmp_path / "preempted"
-    proc = _start(run_dir, stdlib_tokens, 2, *steps)
+    # Rank 0 sleeps 30 s in step 8 should the run get there: on a fast machine the 55
+    # steps left after the 5th could end before the signal lands (timing only: the
+    # numbers never change).
+    proc = _start(run_dir, stdlib_tokens, 2, *steps, env={"HPCPIPE_STALL": "0:8:F1:30"})
     metrics = run_dir / "metrics.jsonl"
     _wait_for(lambda: metrics.exists() and metrics.read_text().count('"loss"') >= 5, 120, proc)
     pids = _rank_pids(run_dir)

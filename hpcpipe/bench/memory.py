@@ -6,7 +6,7 @@ against peak memory that the auto scheduler sees with recomputation as a choice.
 Memory needs no core per rank, so pp 4 on 2 cores is fine here (timings are not taken).
 The documentation's Pareto picture (docs/guides/memory.md) needs no MPI at all (the front is analytic):
 
-    python -m hpcpipe.bench.memory --pareto docs/pareto-memory-pp2.png
+    python -m hpcpipe.bench.memory --pareto docs/images/pareto-memory-pp2.png
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a GPU sustains and what a counted kernel costs there: the prices of the GPU cost
-model (bench/costmodel.py counts a step's kernels on the shape-only device,
+model (hpcpipe/bench/costmodel.py counts a step's kernels on the shape-only device,
 devtools/shapes.py; `bench gpu-model` prints the step so priced). A tool: the runtime
 balances its stages at the rates measured on the run's own GPU (model/costs.py
 `on_device`), never at these.
@@ -56,7 +56,8 @@ class GpuRates:
 # takes the run's measured rates); the kernel model (hpcpipe/devtools/kernelmodel.py)
 # predicts 160-190 for flash.cu's F and dq on an H100 and 160 for dkv, and `bench
 # gpu-model` takes that. These are statements, not measurements (the H100 measured
-# 2026-12-05 is 0.6-3× away from several): `bench gpu-model` prices at an H100's measured rates by default.
+# 2026-12-05 is 0.6-3× away from several): `bench gpu-model` prices at an H100's
+# measured rates by default.
 GPUS = {
     "h200": GpuRates(
         name="NVIDIA H200", elementwise_bytes_per_s=3.0e12,

@@ -3,7 +3,7 @@
     python -m hpcpipe.schedules.table            # p=4,m=8 and p=8,m=24; F:B:W = 1:1:1 and 1:1:0.5
     python -m hpcpipe.schedules.table --paper    # the paper's Table 5 rows next to hpcpipe's rates
     python -m hpcpipe.schedules.table --paper --exact 60   # and the certified bounds, 60 s a run
-    python -m hpcpipe.schedules.table --sweep-memory docs/auto-bubble-vs-memory.png
+    python -m hpcpipe.schedules.table --sweep-memory docs/images/auto-bubble-vs-memory.png
     python -m hpcpipe.schedules.table --memory-goals      # auto below 1F1B's memory (issue 26)
     python -m hpcpipe.schedules.table --memory-goals --sizes 4x8 --exact 60 --polish 240
     python -m hpcpipe.schedules.table --per-microbatch --sizes 4x8,4x16,8x16,8x32

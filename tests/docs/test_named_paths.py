@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SUFFIXES = (".py", ".cu", ".cuh", ".h", ".md")
 SKIP_DIRS = {".venv", ".git", "site", "build", "__pycache__", ".pytest_cache"}
 PATH = re.compile(r"(?<![\w./-])((?:\.\./)*(?:[\w.-]+/)+[\w.-]+\."
-                  r"(?:py|md|cu|cuh|h|toml|sbatch|sh|json|yml))\b")
+                  r"(?:py|md|cu|cuh|h|toml|sbatch|sh|json|yml|png))\b")
 MODULE = re.compile(r"(?<![\w.])hpcpipe(?:\.[a-z_][a-z0-9_]*)+")
 OPTION_ARGUMENT = re.compile(r"--[\w-]+[ =]$")
 PLACEHOLDER = re.compile(r"[A-Z]{3,}")

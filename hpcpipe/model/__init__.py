@@ -3,7 +3,7 @@ them that stages hold.
 
 Owns: the parameter layout under GPT-2's names and its flat buffers (`layout`), the
 hand-written layers with their F, B and W (`layers/`), a stage — a contiguous slice of
-the model with its per-microbatch stash (`stage`) — and which part of the model a
+the model — and its per-microbatch stash (`stage`, `stash`), which part of the model a
 pipeline stage holds, built for either family (`stagespec`), the whole model on one process
 (`gpt`, the public API), which part of a tensor a tensor-parallel shard holds
 (`sharding`), incremental decoding (`kvcache`) and sampling with it (`sampler`), the

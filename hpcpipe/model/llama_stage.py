@@ -106,11 +106,10 @@ class LlamaStage(Stage):
         """B: gradient of the stage output in (None on the stage with the loss), of its
         input out (None on the first stage)."""
         self.rebuild(mb)
-        self._stash_bytes.touched(mb)
-        entry = self._stash[mb]
-        caches = entry["caches"]
+        entry = self.stash.open(mb)
+        caches = entry.caches
         if self.head_part:
-            dlogits = loss.backward_input(entry["loss_scale"], caches.pop("loss"))
+            dlogits = loss.backward_input(entry.loss_scale, caches.pop("loss"))
             dlogits = dlogits.astype(self.dtype, copy=False)
             dx = head.backward_input(dlogits, caches["head"])
             # The head's weight gradient in B (as the GPT-2 stage's): it frees the
@@ -121,16 +120,15 @@ class LlamaStage(Stage):
         for layer, _ in reversed(self.runs):
             dy = llama_block.backward_input(dy, caches[layer])
         if self.embedding_part:
-            entry["d_embedding"] = dy
+            entry.d_input = dy
             return None
         return dy
 
     def backward_weight(self, mb: int, after_layer=None):
         """W: weight gradients of microbatch `mb`, added into the gradient buffer; frees
         its stash. `after_layer(names)` is told which gradients each layer finished."""
-        self._stash_bytes.touched(mb)
-        entry = self._stash.pop(mb)
-        caches, G = entry["caches"], self.grads
+        entry = self.stash.take(mb)
+        caches, G = entry.caches, self.grads
         done = after_layer or (lambda names: None)
         if self.head_part:
             rmsnorm.backward_weight(None, caches["norm"], {"weight": G[NORM]})
@@ -140,7 +138,7 @@ class LlamaStage(Stage):
             done(tuple(name for name, _ in self.param_buffer.layout
                        if name.startswith(prefix(layer))))
         if self.embedding_part:
-            embedding.backward_weight(entry["d_embedding"], caches["embedding"],
+            embedding.backward_weight(entry.d_input, caches["embedding"],
                                       {"wte": G[EMBED]})
             if not self.cfg.tie_word_embeddings:
                 done((EMBED,))

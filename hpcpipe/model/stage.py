@@ -17,7 +17,7 @@ from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype
 from hpcpipe.model.layers import block, embedding, head, layernorm, loss, scope
 from hpcpipe.model.layout import FlatBuffer, GPTConfig, init_value, padding_mask, param_layout
 from hpcpipe.model.sharding import shard_of
-from hpcpipe.model.stashbytes import StashBytes
+from hpcpipe.model.stash import Entry, Stash
 from hpcpipe.model.units import stage_units
 from hpcpipe.schedules.recompute import Mode, StageRecompute
 
@@ -113,8 +113,7 @@ class Stage(GPT2Parts):
             if self.grad_dtype != self.dtype else None
         if draw:
             _draw(self, seed)
-        self._stash: dict[int, dict] = {}
-        self._stash_bytes = StashBytes(self.be)
+        self.stash = Stash(self.be)
         # Asynchronous pipelining's weight versions (model/versions.py), which the compute
         # uses instead of param_buffer (then the optimizer's): none otherwise.
         self.weight_versions: tuple = ()
@@ -157,15 +156,13 @@ class Stage(GPT2Parts):
 
     def stash_bytes(self, mb: int | None = None) -> int:
         """Activation bytes held for pending B and W passes (of microbatch `mb` alone, when
-        given): each allocation once, parameters not (stashbytes.py)."""
-        buffers = [self.param_buffer] + list(self.weight_versions)
-        params = frozenset(self.be.allocation(b.data)[0] for b in buffers if b.data is not None)
-        return self._stash_bytes.count(self._stash, params, mb)
+        given): each allocation once, parameters not (model/stash.py)."""
+        return self.stash.bytes([self.param_buffer, *self.weight_versions], mb)
 
     @property
     def in_flight(self) -> list[int]:
         """Microbatches whose F has run and whose W has not."""
-        return sorted(self._stash)
+        return self.stash.in_flight
 
     # -- the three passes -----------------------------------------------------------------
     def forward(self, mb: int, inp, targets=None, loss_scale: float = 1.0, keep=True):
@@ -177,20 +174,18 @@ class Stage(GPT2Parts):
         mode = self.recompute.at(mb) if keep else Mode.NONE
         x, caches = self._forward(inp, targets, keep, mode.drops_core)
         if keep:
-            if mb in self._stash:
-                raise RuntimeError(f"microbatch {mb} already has a forward in flight")
-            self._stash_bytes.touched(mb)
-            entry = {"caches": caches, "d": {}, "loss_scale": loss_scale, "recompute": mode}
+            entry = Entry(caches, loss_scale, mode)
             if mode.replays:  # a copy: a received input is reused after F
-                entry["caches"] = None
-                kept = targets.copy() if targets is not None and self.head_part else None
+                entry.caches = None
                 # (only the head's loss reads targets)
-                entry["replay"] = {"input": inp.copy(), "targets": kept}
-            self._stash[mb] = entry
+                entry.replay_input = inp.copy()
+                if targets is not None and self.head_part:
+                    entry.replay_targets = targets.copy()
+            self.stash.put(mb, entry)
         return x
 
     def needs_rebuild(self, mb: int) -> bool:  # (recomputes here, and not rebuilt yet)
-        return self._stash[mb]["recompute"].rebuilds and not self._stash[mb].get("rebuilt")
+        return self.stash.peek(mb).needs_rebuild
 
     def rebuild(self, mb: int) -> bool:
         """Start of B under recomputation: what F dropped for microbatch `mb`, rebuilt by
@@ -200,15 +195,14 @@ class Stage(GPT2Parts):
         Whether anything was rebuilt (once per microbatch)."""
         if not self.needs_rebuild(mb):
             return False
-        entry = self._stash[mb]
-        self._stash_bytes.touched(mb)
-        entry["rebuilt"] = True
-        if entry["recompute"].replays:
-            replay = entry.pop("replay")
-            inp, targets = replay["input"], replay["targets"]
-            entry["caches"] = self._forward(inp, targets, True, False)[1]
+        entry = self.stash.open(mb)
+        entry.rebuilt = True
+        if entry.mode.replays:
+            inp, targets = entry.replay_input, entry.replay_targets
+            entry.replay_input = entry.replay_targets = None
+            entry.caches = self._forward(inp, targets, True, False)[1]
         else:
-            self._rebuild_blocks(entry["caches"])
+            self._rebuild_blocks(entry.caches)
         return True
 
     def _forward(self, inp, targets, keep: bool, selective: bool):
@@ -242,11 +236,10 @@ class Stage(GPT2Parts):
         """B: gradient of the stage output in (None on the stage with the loss), gradient of
         the stage input out (None on the first stage: token ids have none)."""
         self.rebuild(mb)
-        self._stash_bytes.touched(mb)
-        entry = self._stash[mb]
-        caches, d = entry["caches"], entry["d"]
+        entry = self.stash.open(mb)
+        caches = entry.caches
         if self.head_part:
-            dlogits = loss.backward_input(entry["loss_scale"], caches.pop("loss"))
+            dlogits = loss.backward_input(entry.loss_scale, caches.pop("loss"))
             dlogits = dlogits.astype(self.dtype, copy=False)
             dx = head.backward_input(dlogits, caches["head"])
             # The head's weight gradient is taken here, in B, not in W: it is the tied
@@ -259,7 +252,7 @@ class Stage(GPT2Parts):
             dy = unit.backward_input(dy, caches[unit.key])
         if self.embedding_part:
             embedding.backward_input(dy, caches["embedding"])
-            d["embedding"] = dy
+            entry.d_input = dy
             return None
         return dy
 
@@ -268,10 +261,8 @@ class Stage(GPT2Parts):
         microbatch's stash. `after_layer(names)`, when given, is told which gradient
         tensors each layer has just finished (the data-parallel reduction starts buckets
         from it during the step's last W)."""
-        self._stash_bytes.touched(mb)
-        entry = self._stash.pop(mb)
-        caches, d = entry["caches"], entry["d"]
-        G = self.grads
+        entry = self.stash.take(mb)
+        caches, G = entry.caches, self.grads
         done = after_layer or (lambda names: None)
         if self.head_part:  # (the head's own W ran in B; ln_f's was computed there)
             layernorm.backward_weight(None, caches["ln_f"], scope(G, "ln_f."))
@@ -280,7 +271,7 @@ class Stage(GPT2Parts):
             unit.backward_weight(caches[unit.key], G)
             done(tuple(name for name, _ in unit.layout(self.cfg)))
         if self.embedding_part:
-            embedding.backward_weight(d["embedding"], caches["embedding"], G)
+            embedding.backward_weight(entry.d_input, caches["embedding"], G)
             done(("wpe",))  # wte is finished only when the head's part is added
 
     def backward(self, mb: int, dy=None, after_layer=None):

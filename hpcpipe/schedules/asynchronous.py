@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .checker import check
-from .generators import _one_f_one_b_rank
+from .generators import _warmup_then_alternate
 from .ops import Kind, Op, Schedule, ScheduleError, make_schedule, one_chunk_placement
 from .simulator import Costs, dependencies, op_duration, op_lead, peak_activations, replay
 
@@ -96,7 +96,7 @@ def pipedream_2bw(p: int, m: int, steps: int | None = None) -> Stream:
     if steps is None:
         steps = -(-(p - 1) // m) + 1 + STEADY
     total = steps * m
-    ranks = [_one_f_one_b_rank(p, total, r, Kind.BW) for r in range(p)]
+    ranks = [_warmup_then_alternate(total, p - 1 - r, Kind.BW) for r in range(p)]
     return Stream(make_schedule(KIND, p, total, 1, ranks, one_chunk_placement(p)), m, steps)
 
 

@@ -44,20 +44,10 @@ def gpipe(p: int, m: int) -> Schedule:
     return make_schedule("gpipe", p, m, 1, ranks, one_chunk_placement(p))
 
 
-def _one_f_one_b_rank(p: int, m: int, r: int, backward: Kind) -> list[Op]:
-    # Megatron's three phases: warm-up forwards, steady one-forward-one-backward, cool-down.
-    warmup = min(p - 1 - r, m)
-    ops = [Op(F, x) for x in range(warmup)]
-    for i in range(m - warmup):
-        ops += [Op(F, warmup + i), Op(backward, i)]
-    ops += [Op(backward, x) for x in range(m - warmup, m)]
-    return ops
-
-
 def one_f_one_b(p: int, m: int) -> Schedule:
     """1F1B (PipeDream-flush): rank r warms up with p-1-r forwards, then alternates F and BW."""
     _need(p, m, "1f1b")
-    ranks = [_one_f_one_b_rank(p, m, r, BW) for r in range(p)]
+    ranks = [_warmup_then_alternate(m, p - 1 - r, BW) for r in range(p)]
     return make_schedule("1f1b", p, m, 1, ranks, one_chunk_placement(p))
 
 
@@ -93,13 +83,14 @@ def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
     return make_schedule("interleaved-1f1b", p, m, v, ranks, interleaved_placement(p, v))
 
 
-def _warmup_then_alternate(m: int, warmup: int) -> list[Op]:
-    """Forwards and input-backwards: `warmup` F's, then F/B pairs, then the remaining B's."""
+def _warmup_then_alternate(m: int, warmup: int, backward: Kind = B) -> list[Op]:
+    """Megatron's three phases: `warmup` F's, then F/backward pairs, then the remaining
+    backwards (B's, or BW's for 1F1B)."""
     warmup = min(warmup, m)
     ops = [Op(F, x) for x in range(warmup)]
     for i in range(m - warmup):
-        ops += [Op(F, warmup + i), Op(B, i)]
-    return ops + [Op(B, x) for x in range(m - warmup, m)]
+        ops += [Op(F, warmup + i), Op(backward, i)]
+    return ops + [Op(backward, x) for x in range(m - warmup, m)]
 
 
 def _lag_weights(ops: list[Op], lag: int) -> list[Op]:
@@ -197,8 +188,6 @@ def zb_v(p: int, m: int, costs=None) -> Schedule:
     way to build ZB-V from profiled costs) are weighed too, under this construction's
     peak, and the quickest kept (this one on a tie).
     """
-    from .ops import v_placement
-
     _need(p, m, "zb-v")
     n = max(m, 2 * p - 1)
     ranks = [_number(_zb_v_kinds(p, r, n), m) for r in range(p)]
@@ -227,7 +216,6 @@ def _quickest_zb_v(p: int, m: int, built: Schedule, costs) -> Schedule:
 def _zb_v_below_threshold(p: int, m: int, built: Schedule) -> Schedule:
     """For m < 2p-1: the truncated construction or the list scheduler's order, whichever is shorter."""
     from .greedy import Policy, greedy
-    from .ops import v_placement
     from .problem import Problem
     from .simulator import Costs, simulate
 

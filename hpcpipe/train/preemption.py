@@ -144,10 +144,6 @@ class PreemptionWatch:
             self.flag[SIGNAL] = max(self.flag[SIGNAL], self.seen[SIGNAL])
         self.comm, self.share = comm, share
 
-    def request_save(self):
-        """Vote for a checkpoint now (one part of the ranks asks for the others)."""
-        self.flag[DUE] = self.saves + 1
-
     def at_boundary(self) -> Verdict:
         """What the ranks had agreed by the time each started the previous check."""
         from mpi4py import MPI
@@ -168,10 +164,6 @@ class PreemptionWatch:
         self.seen[...] = self.flag
         self.request = self.comm.Iallreduce(MPI.IN_PLACE, self.seen, op=MPI.MAX)
         return verdict
-
-    def stop_now(self) -> bool:
-        """Whether any rank was signalled by the time it started the previous check."""
-        return bool(self.at_boundary().stop)
 
     def close(self):
         """Finish the pending check and restore the previous handlers (idempotent)."""

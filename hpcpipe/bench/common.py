@@ -7,9 +7,34 @@ import os
 import platform
 import socket
 import time
+from contextlib import contextmanager
 
+from hpcpipe.model.layers import attention, block, embedding, gelu, head, layernorm, linear, loss, mlp
 from hpcpipe.schedules import from_costs
 from hpcpipe.util.files import write_text_atomic
+
+
+# The layer modules whose F, B and W a profile wraps (`wrapped_layers`), and each pass's letter.
+LAYERS = {"embedding": embedding, "block": block, "layernorm": layernorm,
+          "attention": attention, "linear": linear, "mlp": mlp, "gelu": gelu,
+          "head": head, "loss": loss}
+PHASES = {"forward": "F", "backward_input": "B", "backward_weight": "W"}
+
+
+@contextmanager
+def wrapped_layers(wrap):
+    """Inside: every layer module's F, B and W function replaced by wrap(layer name, phase
+    name, function) — the layers call each other through their modules, so nested calls
+    are seen too —; restored on exit."""
+    saved = [(module, phase, getattr(module, phase))
+             for module in LAYERS.values() for phase in PHASES]
+    for (module, phase, fn), layer in zip(saved, [n for n in LAYERS for _ in PHASES]):
+        setattr(module, phase, wrap(layer, phase, fn))
+    try:
+        yield
+    finally:
+        for module, phase, fn in saved:
+            setattr(module, phase, fn)
 
 
 def machine_name() -> str:

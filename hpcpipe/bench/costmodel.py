@@ -28,12 +28,9 @@ from dataclasses import dataclass, field
 from hpcpipe.device.backend import Backend
 from hpcpipe.devtools import shapes
 from hpcpipe.devtools.rates import GpuRates, kernel_seconds, timeline_seconds, unmeasured
-from hpcpipe.model.layers import (attention, block, embedding, gelu, head, layernorm, linear, loss, mlp)
 
-PHASES = {"forward": "F", "backward_input": "B", "backward_weight": "W"}
-LAYERS = {"embedding": embedding, "block": block, "layernorm": layernorm,
-          "attention": attention, "linear": linear, "mlp": mlp, "gelu": gelu,
-          "head": head, "loss": loss}
+from .common import PHASES, wrapped_layers
+
 # The part a launch belongs to, by the outermost layer running (a top-level LayerNorm is
 # ln_f: the blocks' own run inside a block).
 PARTS = {"block": "blocks", "layernorm": "ln_f"}
@@ -66,16 +63,9 @@ def attributed(log: shapes.Log, base: tuple):
                     log.label = base
         return wrapper
 
-    saved = [(module, phase, getattr(module, phase))
-             for module in LAYERS.values() for phase in PHASES]
     log.label = base
-    for (module, phase, fn), layer in zip(saved, [n for n in LAYERS for _ in PHASES]):
-        setattr(module, phase, wrap(layer, phase, fn))
-    try:
+    with wrapped_layers(wrap):
         yield
-    finally:
-        for module, phase, fn in saved:
-            setattr(module, phase, fn)
 
 
 @contextmanager

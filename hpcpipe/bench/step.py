@@ -33,17 +33,6 @@ from hpcpipe.model.layout import GPT2_VOCAB, GPT2_VOCAB_MULTIPLE
 
 # flop_params stays importable from here: tests and scripts know it as bench's.
 from hpcpipe.model.flops import flop_params, flops_per_token, matmul_rate  # noqa: F401
-from hpcpipe.model.layers import (
-    attention,
-    block,
-    embedding,
-    gelu,
-    head,
-    layernorm,
-    linear,
-    loss,
-    mlp,
-)
 from hpcpipe.optim.adamw import AdamW, ParamShard
 from hpcpipe.train.graphed import Graphed
 from hpcpipe.util.arguments import integer
@@ -51,7 +40,7 @@ from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_file
 
 from . import batches
-from .common import require_model, write_json
+from .common import LAYERS, PHASES, require_model, write_json, wrapped_layers
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
@@ -378,12 +367,6 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
 
 # -- per-layer profile ---------------------------------------------------------------------------
 
-PROFILED = {"embedding": embedding, "block": block, "layernorm": layernorm,
-            "attention": attention, "linear": linear, "mlp": mlp, "gelu": gelu,
-            "head": head, "loss": loss}
-PHASES = {"forward": "F", "backward_input": "B", "backward_weight": "W"}
-
-
 @contextmanager
 def layer_timers(be, totals: dict):
     """Time every layer function while inside, in *self* time (a block's own time excludes
@@ -408,17 +391,8 @@ def layer_timers(be, totals: dict):
                 totals[key] = totals.get(key, 0.0) + elapsed - children
         return wrapper
 
-    saved = []
-    for layer, module in PROFILED.items():
-        for phase in PHASES:
-            fn = getattr(module, phase)
-            saved.append((module, phase, fn))
-            setattr(module, phase, timed(layer, phase, fn))
-    try:
+    with wrapped_layers(timed):
         yield
-    finally:
-        for module, phase, fn in saved:
-            setattr(module, phase, fn)
 
 
 def profile(cfg, be, dtype, batch, repeats, tokens="uniform") -> tuple[list[dict], float]:
@@ -444,7 +418,7 @@ def profile(cfg, be, dtype, batch, repeats, tokens="uniform") -> tuple[list[dict
             opt_time += time.perf_counter() - start
     step_ms = 1e3 * (time.perf_counter() - tick) / repeats
     rows = []
-    for layer in PROFILED:
+    for layer in LAYERS:
         row = {"layer": layer, **{ph: 1e3 * totals.get((layer, ph), 0.0) / repeats
                                   for ph in PHASES.values()}}
         if any(row[ph] for ph in PHASES.values()):
@@ -474,15 +448,8 @@ def layer_events(be, marks: list):
                 marks.append((layer, PHASES[phase], start, end, depth[0]))
         return wrapper
 
-    saved = [(module, phase, getattr(module, phase))
-             for module in PROFILED.values() for phase in PHASES]
-    for (module, phase, fn), layer in zip(saved, [n for n in PROFILED for _ in PHASES]):
-        setattr(module, phase, timed(layer, phase, fn))
-    try:
+    with wrapped_layers(timed):
         yield
-    finally:
-        for module, phase, fn in saved:
-            setattr(module, phase, fn)
 
 
 def event_rows(xp, marks) -> list[dict]:

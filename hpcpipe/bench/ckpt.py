@@ -4,7 +4,6 @@ initialised, with its optimizer state)."""
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 import time
@@ -22,7 +21,7 @@ from hpcpipe.train.rank import Rank
 from hpcpipe.util.errors import every_rank_does
 from hpcpipe.util.files import claim_file, claim_folder
 
-from .common import write_json
+from .common import suite_parser, with_json, write_json
 
 EPILOG = """\
 examples:
@@ -32,19 +31,15 @@ examples:
 
 
 def add_parser(sub):
-    parser = sub.add_parser("ckpt", help="checkpoint save / verify / load time and size",
-                            description=__doc__, epilog=EPILOG,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = suite_parser(sub, "ckpt",
+                          "checkpoint save / verify / load time and size", __doc__, EPILOG)
     parser.add_argument("config", metavar="CONFIG",
                         help="the config whose model (and dp × pp layout) is saved and loaded")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE")
     parser.add_argument("--dir", help="where to write: a new or empty folder, kept (default: a "
                                       "temporary folder, removed)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--force", action="store_true", help="replace the --json file if it exists")
-    parser.set_defaults(func=run_ckpt)
-    return parser
+    return with_json(parser, run_ckpt)
 
 
 def run_ckpt(args) -> int:

@@ -18,7 +18,6 @@ tokens/s and bytes sent per step.
 
 from __future__ import annotations
 
-import argparse
 import time
 from types import SimpleNamespace
 
@@ -36,7 +35,7 @@ from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
 from hpcpipe.util.files import claim_file
 
-from .common import write_json
+from .common import suite_parser, with_json, write_json
 
 EPILOG = """\
 examples:
@@ -48,9 +47,8 @@ Bandwidth is bytes ÷ one-way time for point-to-point, and the all-reduce's bus 
 
 
 def add_parser(sub):
-    parser = sub.add_parser("comm", help="p2p and all-reduce bandwidth, and overlap with W",
-                            description=__doc__, epilog=EPILOG,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = suite_parser(sub, "comm",
+                          "p2p and all-reduce bandwidth, and overlap with W", __doc__, EPILOG)
     parser.add_argument("--min-kb", type=number(0.25, 2**20), default=4,
                         help="smallest message, KiB (4)")
     parser.add_argument("--max-mb", type=number(2**-10, 2**16), default=256,
@@ -61,11 +59,7 @@ def add_parser(sub):
                         help="timed repetitions per size (default: by size, 3 to 50)")
     parser.add_argument("--skip-overlap", action="store_true",
                         help="skip the training-step measurements (overlap, ZeRO, local SGD)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--force", action="store_true",
-                        help="replace the --json file if it exists")
-    parser.set_defaults(func=run_comm)
-    return parser
+    return with_json(parser, run_comm)
 
 
 def _sizes(min_bytes: int, max_bytes: int):

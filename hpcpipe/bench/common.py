@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -35,6 +36,20 @@ def wrapped_layers(wrap):
     finally:
         for module, phase, fn in saved:
             setattr(module, phase, fn)
+
+
+def suite_parser(sub, name: str, help: str, doc: str, epilog: str):
+    """A suite's `bench NAME` parser: its module docstring as the description."""
+    return sub.add_parser(name, help=help, description=doc, epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def with_json(parser, run, replaced: str = "the --json file if it exists"):
+    """The suite's --json FILE and --force (replace `replaced`), and `run` as its command."""
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--force", action="store_true", help=f"replace {replaced}")
+    parser.set_defaults(func=run)
+    return parser
 
 
 def machine_name() -> str:

@@ -8,7 +8,6 @@ check what generation computes, this measures how fast."""
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from hpcpipe import config
@@ -18,7 +17,7 @@ from hpcpipe.model.sampler import Sampler
 from hpcpipe.util.arguments import integer
 from hpcpipe.util.files import claim_file
 
-from .common import require_model, write_json
+from .common import require_model, suite_parser, with_json, write_json
 
 EPILOG = """\
 examples:
@@ -30,9 +29,8 @@ token of each run includes the prompt's forward."""
 
 
 def add_parser(sub):
-    parser = sub.add_parser("generate", help="tokens per second of `generate` (KV cache)",
-                            description=__doc__, epilog=EPILOG,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = suite_parser(sub, "generate",
+                          "tokens per second of `generate` (KV cache)", __doc__, EPILOG)
     parser.add_argument("config", metavar="CONFIG", nargs="?", default="inputs/tiny.toml",
                         help="the model's config (default: inputs/tiny.toml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
@@ -41,11 +39,7 @@ def add_parser(sub):
                         help="new tokens per run (default 200)")
     parser.add_argument("--repeats", type=integer(1, 100), default=3,
                         help="runs, of which the best is reported (default 3)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--force", action="store_true",
-                        help="replace the --json file if it exists")
-    parser.set_defaults(func=run_generate)
-    return parser
+    return with_json(parser, run_generate)
 
 
 def tokens_per_second(sampler: Sampler, count: int, repeats: int) -> list[float]:

@@ -10,7 +10,6 @@ per (part or layer, phase).
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import replace
 
@@ -22,7 +21,7 @@ from hpcpipe.bench import costmodel
 from hpcpipe.devtools.rates import GPUS, calibrate
 from hpcpipe.devtools import kernelmodel
 from . import batches
-from .common import write_json
+from .common import suite_parser, with_json, write_json
 from .step import CONFIGS, SMOKE
 
 EPILOG = """\
@@ -39,9 +38,8 @@ PART_ORDER = ("zero_grad", "embedding", "blocks", "ln_f", "head", "loss", "tied_
 
 
 def add_parser(sub):
-    p = sub.add_parser("gpu-model", help="the GPU step predicted from counted kernels",
-                       description=__doc__, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = suite_parser(sub, "gpu-model",
+                     "the GPU step predicted from counted kernels", __doc__, EPILOG)
     p.add_argument("--model", choices=[*CONFIGS, "smoke"], default="gpt2",
                    help="model shape (default gpt2: GPT-2 124M)")
     p.add_argument("--batch", type=integer(1, 4096), default=16, help="sequences per step (16)")
@@ -63,10 +61,7 @@ def add_parser(sub):
                         "stated rates, never measured on this code")
     p.add_argument("--calibration", metavar="FILE",
                    help="measured rates (JSON, from make gpu-check) replacing the others")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
-    p.set_defaults(func=run_gpu_model)
-    return p
+    return with_json(p, run_gpu_model)
 
 
 # The rates measured on an H100 by `make gpu-check` (2026-12-05), in the repository.

@@ -10,7 +10,6 @@ in the same round-robin.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
 from hpcpipe.util.files import claim_figure, claim_file
 
-from .common import require_tokens, schedule_label, write_json
+from .common import require_tokens, schedule_label, suite_parser, with_json, write_json
 from .memory import memory_rows, pareto_front, plot_front, print_front, print_memory
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto", "pipedream-2bw")
@@ -63,9 +62,8 @@ both for the benchmark command (never in tests): they select a slower kernel."""
 
 
 def add_parser(sub):
-    pipe = sub.add_parser("pipeline", help="throughput and bubble of pipeline schedules",
-                          description=__doc__, epilog=EPILOG,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    pipe = suite_parser(sub, "pipeline",
+                        "throughput and bubble of pipeline schedules", __doc__, EPILOG)
     pipe.add_argument("--schedules", default=",".join(PIPELINE_KINDS),
                       help=f"comma-separated kinds (default {','.join(PIPELINE_KINDS)})")
     pipe.add_argument("--microbatches", type=integer(1, MAX_MICROBATCHES), default=4,
@@ -102,11 +100,7 @@ def add_parser(sub):
     pipe.add_argument("--pareto", metavar="PNG",
                       help="with --memory: also plot auto's bubble against peak memory "
                            "(recomputation a choice) on the model's analytic costs")
-    pipe.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    pipe.add_argument("--force", action="store_true",
-                      help="replace the --json and --pareto files if they exist")
-    pipe.set_defaults(func=run_pipeline)
-    return pipe
+    return with_json(pipe, run_pipeline, "the --json and --pareto files if they exist")
 
 
 def splits(text: str) -> list[str]:

@@ -16,7 +16,6 @@ PyTorch is the optional `bench` extra; without it only hpcpipe is measured.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
@@ -40,7 +39,8 @@ from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_file
 
 from . import batches
-from .common import LAYERS, PHASES, require_model, write_json, wrapped_layers
+from .common import (LAYERS, PHASES, require_model, suite_parser, with_json, wrapped_layers,
+                     write_json)
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
@@ -78,9 +78,7 @@ slower kernel."""
 
 
 def add_parser(sub):
-    p = sub.add_parser("step", help="one training step: hpcpipe against PyTorch",
-                       description=__doc__, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = suite_parser(sub, "step", "one training step: hpcpipe against PyTorch", __doc__, EPILOG)
     p.add_argument("--configs", default="tiny,medium",
                    help=f"comma-separated, from {', '.join(CONFIGS)} (default tiny,medium)")
     p.add_argument("--batch", type=integer(1, 4096), default=16, help="sequences per step (16)")
@@ -113,10 +111,7 @@ def add_parser(sub):
                    help="also time PyTorch's step under torch.compile, alternating")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes, one repetition: checks the code paths, measures nothing")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
-    p.set_defaults(func=run_step)
-    return p
+    return with_json(p, run_step)
 
 
 # -- what a step costs ------------------------------------------------------------------------

@@ -23,7 +23,6 @@ microbatch; which wins depends on b·s against P and on the links.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
 from hpcpipe.util.files import claim_file
 
-from .common import require_tokens, write_json
+from .common import require_tokens, suite_parser, with_json, write_json
 from .step import CONFIGS
 
 EPILOG = """\
@@ -59,9 +58,7 @@ MiB = 2 ** 20
 
 
 def add_parser(sub):
-    p = sub.add_parser("tp", help="tensor against pipeline against data parallelism",
-                       description=__doc__, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = suite_parser(sub, "tp", "tensor against pipeline against data parallelism", __doc__, EPILOG)
     p.add_argument("--config", choices=tuple(CONFIGS), default="medium",
                    help="model shape, as bench step's (default medium)")
     p.add_argument("--layers", type=integer(1, 4096), help="n_layer (default: the config's)")
@@ -71,10 +68,7 @@ def add_parser(sub):
                    help="sequences each (4)")
     p.add_argument("--steps", type=integer(1, 10**6), default=2, help="steps per round (2)")
     p.add_argument("--rounds", type=integer(1, 10**6), default=3, help="rounds (3)")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
-    p.set_defaults(func=run_tp)
-    return p
+    return with_json(p, run_tp)
 
 
 @dataclass

@@ -59,7 +59,7 @@ from hpcpipe.checkpoint.retention import (
            root_of,
            step_name,
 )
-from hpcpipe.checkpoint.save import Saved, new_run_id, save
+from hpcpipe.checkpoint.save import Origin, Saved, new_run_id, save
 from hpcpipe.checkpoint.verify import (
            check_model,
            find_usable,

@@ -19,7 +19,6 @@ launch can decide — `parallel.dp = "auto"` and the microbatches a
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 import typing
 from dataclasses import dataclass, field
 
@@ -36,7 +35,8 @@ from hpcpipe.schedules.kinds import ASYNCHRONOUS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
 from hpcpipe.util.errors import ConfigError  # noqa: F401 (re-exported)
 from hpcpipe.util.schema import parse_bytes  # noqa: F401 (re-exported)
-from hpcpipe.util.sections import closest, coerce, read_toml, require, toml_value
+from hpcpipe.util.sections import Exclusion, closest, coerce, read_toml, require, toml_value
+from hpcpipe.util.sections import parse_override  # noqa: F401 (re-exported)
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text; anything bigger is not one
 
@@ -87,24 +87,6 @@ def _build_section(source, name, table) -> object:
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         model_section.validate(source, {**defaults, **values})
     return cls(**values)
-
-
-@dataclass(frozen=True)
-class Exclusion:
-    """Features that cannot run together: where `feature` and `clash` both hold of a
-    config, the value of `key` is refused with `why` (a text, or a function of the config
-    for a text that names its values)."""
-
-    key: str  # "section.name": the key blamed, whose value the message shows
-    feature: typing.Callable
-    clash: typing.Callable
-    why: str | typing.Callable
-
-    def check(self, cfg: Config):
-        if self.feature(cfg) and self.clash(cfg):
-            section, name = self.key.split(".")
-            why = self.why if isinstance(self.why, str) else self.why(cfg)
-            raise ConfigError(cfg.source, self.key, getattr(getattr(cfg, section), name), why)
 
 
 def _zero(c): return bool(c.parallel.zero)
@@ -269,23 +251,6 @@ def for_world(cfg: Config, world: int) -> Config:
         return cfg
     resolved = dataclasses.replace(parallel, dp=dp, microbatches=microbatches)
     return validate(dataclasses.replace(cfg, parallel=resolved))
-
-
-def parse_override(text: str) -> tuple[str, str, object]:
-    """'section.key=value' → (section, key, value); the value is read as TOML (numbers,
-    true/false, quoted strings) and as a bare string when it is not valid TOML."""
-    dotted, _, raw = text.partition("=")
-    section, _, key = (part.strip() for part in dotted.partition("."))
-    if "=" not in text or not section or not key:
-        raise ConfigError("--set", text, text, "expected section.key=value, e.g. train.steps=50")
-    try:
-        parsed = tomllib.loads(f"v = {raw}")
-    except (tomllib.TOMLDecodeError, RecursionError):
-        return section, key, raw.strip()
-    if list(parsed) != ["v"]:  # "2\nlr = 5" would set train.steps and drop the rest
-        raise ConfigError("--set", f"{section}.{key}", raw,
-                          "must be one value on one line (one --set per key)")
-    return section, key, parsed["v"]
 
 
 def _moved(source, data: dict) -> tuple[str, ...]:

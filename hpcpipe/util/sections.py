@@ -1,7 +1,8 @@
 """A config section's checks, shared by every section's `validate()` and the loader: a
 value read from TOML checked against its field's type (`coerce`), written back as TOML
 (`toml_value`), and the few words each range check says (`require`, `at_least`,
-`one_of`). Each raises a ConfigError naming the file, the key and the value; the sections
+`one_of`); a `--set` override read (`parse_override`); and the row type of the table of
+features that exclude each other (`Exclusion`: hpcpipe/config.py holds the table). Each raises a ConfigError naming the file, the key and the value; the sections
 themselves live beside the code they configure (hpcpipe/config.py composes them).
 """
 
@@ -11,6 +12,7 @@ import difflib
 import math
 import tomllib
 import typing
+from dataclasses import dataclass
 
 from hpcpipe.util.errors import ConfigError
 from hpcpipe.util.files import TooLarge, read_bounded
@@ -146,3 +148,38 @@ def read_toml(path: str, max_bytes: int) -> dict:
         raise ConfigError(path, "file", path, f"not valid TOML: {e}") from None
     except RecursionError:
         raise ConfigError(path, "file", path, "nested too deeply to be a config") from None
+
+
+def parse_override(text: str) -> tuple[str, str, object]:
+    """'section.key=value' → (section, key, value); the value is read as TOML (numbers,
+    true/false, quoted strings) and as a bare string when it is not valid TOML."""
+    dotted, _, raw = text.partition("=")
+    section, _, key = (part.strip() for part in dotted.partition("."))
+    if "=" not in text or not section or not key:
+        raise ConfigError("--set", text, text, "expected section.key=value, e.g. train.steps=50")
+    try:
+        parsed = tomllib.loads(f"v = {raw}")
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return section, key, raw.strip()
+    if list(parsed) != ["v"]:  # "2\nlr = 5" would set train.steps and drop the rest
+        raise ConfigError("--set", f"{section}.{key}", raw,
+                          "must be one value on one line (one --set per key)")
+    return section, key, parsed["v"]
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """Features that cannot run together: where `feature` and `clash` both hold of a
+    config, the value of `key` is refused with `why` (a text, or a function of the config
+    for a text that names its values)."""
+
+    key: str  # "section.name": the key blamed, whose value the message shows
+    feature: typing.Callable
+    clash: typing.Callable
+    why: str | typing.Callable
+
+    def check(self, cfg):
+        if self.feature(cfg) and self.clash(cfg):
+            section, name = self.key.split(".")
+            why = self.why if isinstance(self.why, str) else self.why(cfg)
+            raise ConfigError(cfg.source, self.key, getattr(getattr(cfg, section), name), why)

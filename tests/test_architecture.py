@@ -2,7 +2,8 @@
 pyproject.toml: each layer imports only those below it; the model, the device layer, the
 schedules and the utilities never touch MPI), a top level of a few modules, a purpose
 docstring on every module, functions and classes that fit on a screen, and tests that
-mirror the subpackages."""
+mirror the subpackages, and no whole run Config below train/ (each subsystem takes its own
+section, the plan or plain values)."""
 
 import ast
 import os
@@ -18,6 +19,11 @@ TESTS = os.path.join(ROOT, "tests")
 # Folders of tests/ that are not a subpackage's: the harness, the MPI worker bodies, the
 # job scripts' tests (jobs/ is not Python) and the hostile-input suites that cross all.
 NOT_SUBPACKAGES = {"harness", "mpi", "jobs", "reliability", "docs", "__pycache__"}
+# The subsystems below train/ and plan/: each takes its own config section (or the plan, or
+# plain values), never the whole Config, so that what a module reads is in its signature.
+OWN_SECTIONS_ONLY = ("device", "parallel", "checkpoint", "data", "runs")
+CONFIG_SECTIONS = {"parallel", "train", "checkpoint", "data", "model"}
+CONFIG_NAMES = {"cfg", "config", "conf"}  # what a whole Config is called in this package
 
 
 def modules():
@@ -121,3 +127,63 @@ def test_test_files_have_unique_names():
             if name.startswith("test_") and name.endswith(".py"):
                 seen.setdefault(name, []).append(os.path.relpath(folder, TESTS))
     assert not {n: w for n, w in seen.items() if len(w) > 1}
+
+
+def whole_config_uses(tree, package: str) -> list[str]:
+    """Where module `tree` (of `package`) imports hpcpipe.config or its Config, annotates a
+    parameter as Config, or reads a section (`cfg.train`, `self.config.parallel`) off what
+    the package calls a Config: line and what."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name == "hpcpipe.config"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            names = {f"{base}.{a.name}" for a in node.names} | {base}
+            if "hpcpipe.config" in names or any(a.name == "Config" for a in node.names):
+                found.append((node.lineno, f"from {base} import ..."))
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            if "Config" in {getattr(node.annotation, "id", None),
+                            getattr(node.annotation, "value", None)}:
+                found.append((node.lineno, f"{node.arg}: Config"))
+        elif isinstance(node, ast.Attribute) and node.attr in CONFIG_SECTIONS:
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else \
+                owner.attr if isinstance(owner, ast.Attribute) else None
+            if name in CONFIG_NAMES:
+                found.append((node.lineno, f"{name}.{node.attr}"))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def test_no_whole_config_below_train():
+    """device/, parallel/, checkpoint/, data/ and runs/ never see the whole Config."""
+    found, checked = [], 0
+    for below in OWN_SECTIONS_ONLY:
+        for folder, _, files in os.walk(os.path.join(PACKAGE, below)):
+            package = os.path.relpath(folder, ROOT).replace(os.sep, ".")  # (an __init__'s too)
+            for name in (n for n in files if n.endswith(".py")):
+                path = os.path.join(folder, name)
+                found += [f"{os.path.relpath(path, ROOT)}: {use}"
+                          for use in whole_config_uses(ast.parse(open(path).read()), package)]
+                checked += 1
+    assert checked > 50 and not found, found
+
+
+def test_the_whole_config_check_finds_each_kind_of_use():
+    planted = ("from hpcpipe.config import Config\n"
+               "from ..config import load\n"
+               "from hpcpipe import config\n"
+               "import hpcpipe.config\n"
+               "def f(run: Config, x: 'Config'):\n"
+               "    return cfg.train.lr, self.config.parallel, config.model\n"
+               "def g(grid, section):\n"
+               "    return section.model, stage.cfg.n_head, rank.model\n")
+    found = whole_config_uses(ast.parse(planted), "hpcpipe.data")
+    assert found == ["line 1: from hpcpipe.config import ...",
+                     "line 2: from hpcpipe.config import ...",
+                     "line 3: from hpcpipe import ...", "line 4: hpcpipe.config",
+                     "line 5: run: Config", "line 5: x: Config", "line 6: cfg.train",
+                     "line 6: config.model", "line 6: config.parallel"]  # (not line 8)

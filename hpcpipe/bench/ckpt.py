@@ -13,7 +13,7 @@ from hpcpipe import checkpoint as ckpt
 from hpcpipe.train import checkpoints
 from hpcpipe import config
 from hpcpipe.device import backend
-from hpcpipe.device.budget import check_run
+from hpcpipe.plan.memory import check_run
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import flushes

@@ -174,7 +174,8 @@ def run_stragglers(args) -> int:
     from hpcpipe.data.checks import open_tokens
 
     log = (lambda msg: print(msg, flush=True)) if world.rank == 0 else (lambda msg: None)
-    tokens = open_tokens(configs["sync"], world, log)
+    tokens = open_tokens(configs["sync"].data, configs["sync"].model, configs["sync"].source,
+                         world, log)
     log(f"hpcpipe {__version__} bench stragglers | 2 replicas, one rank each | "
         f"{be.describe()}, {threads} thread(s) per rank | {base.source}")
     delay = args.delay if args.delay is not None else measure_delay(configs["sync"], world, be,

@@ -31,7 +31,7 @@ import numpy as np
 
 from hpcpipe import __version__, config
 from hpcpipe.device import backend
-from hpcpipe.device.budget import check_run
+from hpcpipe.plan.memory import check_run
 from hpcpipe.model import param_layout
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.plan import build as build_plan

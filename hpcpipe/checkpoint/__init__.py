@@ -7,8 +7,9 @@ HDF5 files (`hdf5`). It never reaches into a rank: it is handed the rank's state
 parts (util/state.py: the parameters, the optimizer shards, PowerSGD's state, the outer
 loop's, the asynchronous pipeline's weight versions — each a class beside its own code)
 and their layout, and writes and reads what they say they hold. May import: `model` (for
-the shape of a tensor's parts), `device`, `util`; never `config` (a config arrives as an
-object).
+the shape of a tensor's parts), `device`, `util`; never `config`: it is handed the
+config's TOML and model shape (`Origin`), and owns its own section ([checkpoint]:
+`section`).
 
 Layout of one checkpoint (h5py is serial HDF5, so ranks write their own files):
 
@@ -59,7 +60,7 @@ from hpcpipe.checkpoint.retention import (
            root_of,
            step_name,
 )
-from hpcpipe.checkpoint.save import Saved, new_run_id, save
+from hpcpipe.checkpoint.save import Origin, Saved, new_run_id, save
 from hpcpipe.checkpoint.verify import (
            check_model,
            find_usable,

@@ -16,15 +16,16 @@ from hpcpipe.checkpoint.verify import check_model
 from hpcpipe.util.state import StateError
 
 
-def load(parts, grid, cfg, path: str, manifest: dict, layout: dict) -> dict:
+def load(parts, grid, model, path: str, manifest: dict, layout: dict) -> dict:
     """Load the checkpoint at `path` into this rank's `parts` (in their order; collective
     over `grid.world`: a failure on any rank is one CheckpointError on every rank).
-    `layout`: this run's, as a checkpoint of it would record it. Returns the manifest's
-    `state`, with `step` added."""
+    `model`: the config's model shape (the checkpoint's must be it); `layout`: this run's,
+    as a checkpoint of it would record it. Returns the manifest's `state`, with `step`
+    added."""
     reader = Reader(path, manifest, verified=True)
     error = None
     try:
-        check_model(manifest, cfg, path)
+        check_model(manifest, model, path)
         for part in parts:
             require_held(part, manifest, path)
             part.load(Saved(part, reader, grid, manifest, path, layout))

@@ -299,17 +299,18 @@ def model_record(model) -> dict:
     return record
 
 
-def build(cfg, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
+def build(config: str, model, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
           segments: dict | None = None, adam_step: int = 0, state: dict | None = None,
           run: str | None = None, source: str | None = None, data: dict | None = None,
           tokenizer: dict | None = None, parts: dict | None = None) -> dict:
     """The manifest of a checkpoint folder — the one builder, for training checkpoints
-    and parameters-only ones alike: the step, the resolved config and the model shape it
-    was written for, the layout that wrote it, every file's size and SHA-256, where each
-    tensor is, the optimizer state's segments, the run it belongs to (rotation goes by it)."""
+    and parameters-only ones alike: the step, the resolved config (`config`, its TOML) and
+    the model shape (`model`) it was written for, the layout that wrote it, every file's
+    size and SHA-256, where each tensor is, the optimizer state's segments, the run it
+    belongs to (rotation goes by it)."""
     manifest = {"format_version": FORMAT_VERSION, "step": step, "created": time.time(),
-                "config": cfg.to_toml(),
-                "model": model_record(cfg.model),
+                "config": config,
+                "model": model_record(model),
                 "dtype": dtype, "layout": layout, "adam_step": adam_step,
                 "state": state or {}, "files": files, "tensors": tensors,
                 "pieces": segments or {}, "parts": parts or {}}

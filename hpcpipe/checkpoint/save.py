@@ -37,6 +37,15 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
+@dataclass(frozen=True)
+class Origin:
+    """What a checkpoint records of the run that wrote it."""
+
+    config: str  # the resolved config, as TOML (Config.to_toml)
+    model: object  # its model's shape (model.GPTConfig)
+    dtype: str  # its compute dtype
+
+
 @dataclass
 class Saved:
     path: str
@@ -44,11 +53,12 @@ class Saved:
     bytes: int
 
 
-def save(parts, grid, cfg, step: int, run_dir: str, layout: dict, state: dict,
+def save(parts, grid, origin: Origin, step: int, run_dir: str, layout: dict, state: dict,
          adam_step: int = 0, keep: int = 2, keep_every: int = 0, run: str | None = None,
          data: dict | None = None, tokenizer: tuple[bytes, dict] | None = None) -> Saved:
     """Write a checkpoint of every rank's `parts` (util.state.Stateful, in the order they
-    load) at `step` — a collective over `grid.world`; `layout` is the manifest's record
+    load) at `step` — a collective over `grid.world`; `origin` the run's resolved config,
+    model shape and dtype, recorded in the manifest; `layout` is the manifest's record
     of the layout that wrote it, `run` the run's identity (new_run_id; None: a run of its
     own), which rotation goes by; `data` the training data's fingerprint; `tokenizer`
     the tokenizer.json a run started from an imported checkpoint carries along (its bytes
@@ -84,7 +94,7 @@ def save(parts, grid, cfg, step: int, run_dir: str, layout: dict, state: dict,
     everything = world.gather(entries, root=0)
 
     def commit():
-        manifest = _manifest(cfg, step, layout, state, adam_step, sum(everything, []), run,
+        manifest = _manifest(origin, step, layout, state, adam_step, sum(everything, []), run,
                              data, [part.name for part in parts])
         try:
             if tokenizer is not None:
@@ -155,7 +165,7 @@ def _free_name(base: str) -> str:
     return candidate
 
 
-def _manifest(cfg, step: int, layout: dict, state: dict, adam_step: int,
+def _manifest(origin: Origin, step: int, layout: dict, state: dict, adam_step: int,
               entries: list[dict], run: str, data: dict | None, names: list[str]) -> dict:
     """The manifest of a checkpoint from every rank's file entries; `names`: the parts the
     run had (each recorded, with the files its ranks wrote: none at all is a record too)."""
@@ -168,7 +178,8 @@ def _manifest(cfg, step: int, layout: dict, state: dict, adam_step: int,
         for name, ranges in entry.get("pieces", {}).items():
             segments.setdefault(name, []).extend(_segment_entry(entry["file"], *r)
                                                  for r in ranges)
-    return manifests.build(cfg, step, cfg.train.dtype, layout, files, tensors, segments,
+    return manifests.build(origin.config, origin.model, step, origin.dtype, layout, files,
+                           tensors, segments,
                            adam_step=adam_step, state=state, run=run, data=data,
                            parts={name: sorted(files) for name, files in parts.items()})
 

@@ -82,14 +82,14 @@ def _part_of(manifest: dict, name: str) -> str | None:
                  if name in names), None)
 
 
-def check_model(manifest: dict, cfg, where: str):
-    """The checkpoint's model shape must be the config's. A Llama's block_size may be
-    shorter: it has no position table (only the rotary angles, computed), so its weights
-    train and run on any context up to the one they were written for — how a fine-tune
-    takes SmolLM2's 8192 at 256 tokens."""
+def check_model(manifest: dict, model, where: str):
+    """The checkpoint's model shape must be the config's (`model`, its [model]). A
+    Llama's block_size may be shorter: it has no position table (only the rotary angles,
+    computed), so its weights train and run on any context up to the one they were
+    written for — how a fine-tune takes SmolLM2's 8192 at 256 tokens."""
     saved = {"vocab_multiple": 1, **manifest["model"]}  # absent: written unpadded
     for key, value in saved.items():
-        mine = getattr(cfg.model, key)
+        mine = getattr(model, key)
         if key == "block_size" and saved.get("arch") == "llama" and mine <= value:
             continue
         if mine != value:

@@ -17,6 +17,7 @@ from hpcpipe.checkpoint import parts
 from hpcpipe.checkpoint.hdf5 import Reader, sha256
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.manifest import read as read_manifest
+from hpcpipe.checkpoint.save import Origin
 from hpcpipe.checkpoint.verify import is_checkpoint
 from hpcpipe.device.budget import require
 from hpcpipe.model import family
@@ -53,9 +54,9 @@ def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
         reader.close()
 
 
-def _check_import(cfg, tensors: dict, where: str) -> dict:
+def _check_import(model, tensors: dict, where: str) -> dict:
     """The model's (name → shape) layout, once `tensors` match it exactly, as floats."""
-    shape = GPTConfig(**manifests.model_record(cfg.model))
+    shape = GPTConfig(**manifests.model_record(model))
     expected = dict(family.param_layout(shape))
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
@@ -74,21 +75,22 @@ def _check_import(cfg, tensors: dict, where: str) -> dict:
     return expected
 
 
-def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
+def write_weights(path: str, origin: Origin, tensors: dict[str, np.ndarray], step: int = 0,
                   source: str = "", force: bool = False, tokenizer: bytes | None = None,
                   special: dict | None = None) -> str:
     """A parameters-only checkpoint (no optimizer state: training from it starts Adam
-    fresh) in folder `path`, e.g. for imported GPT-2 weights. Atomic like `save`; an
+    fresh) in folder `path`, e.g. for imported GPT-2 weights, of `origin`'s model and
+    config (its dtype: the tensors' own is recorded). Atomic like `save`; an
     existing checkpoint there is replaced only with `force`, anything else never.
     tokenizer: a tokenizer.json's bytes, kept beside the weights (TOKENIZER; checked by
     the caller), with the model's special token ids `special` ({"bos_token_id": ...})."""
-    expected = _check_import(cfg, tensors, source or path)
+    expected = _check_import(origin.model, tensors, source or path)
     replace = claim_folder(path, is_checkpoint, force)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
     try:
-        _write_weights_into(tmp_dir, cfg, tensors, expected, step, source, tokenizer,
+        _write_weights_into(tmp_dir, origin, tensors, expected, step, source, tokenizer,
                             special)
         if replace:
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
@@ -104,19 +106,20 @@ def write_weights(path: str, cfg, tensors: dict[str, np.ndarray], step: int = 0,
     return path
 
 
-def _write_weights_into(folder: str, cfg, tensors: dict, expected: dict, step: int,
+def _write_weights_into(folder: str, origin: Origin, tensors: dict, expected: dict, step: int,
                         source: str, tokenizer: bytes | None, special: dict | None):
     """The parameters part of a checkpoint of one process (parts.py: its records too),
     and the tokenizer.json it carries where given."""
     name = "model-pp000.h5"
     entries = {t: Entry(np.asarray(tensors[t]), {"stage": 0}) for t in expected}
-    kind = ("parameters (Hugging Face Llama names)" if family.is_llama(cfg.model) else
+    model = origin.model
+    kind = ("parameters (Hugging Face Llama names)" if family.is_llama(model) else
             "parameters (GPT-2 names)")
     attrs = parts.records("model", kind, name, step, (0, 0, 0), (1, 1, 1), {})
     entry = parts.write(folder, name, entries, attrs, "tensors")
     file = os.path.join(folder, name)
     layout = {"dp": 1, "pp": 1, "chunks": 1, "schedule": "none", "zero": 0,
-              "rank_order": "pp-inner", "partition": [list(range(cfg.model.n_layer))]}
+              "rank_order": "pp-inner", "partition": [list(range(model.n_layer))]}
     files = {name: {"size": entry["size"], "sha256": entry["sha256"]}}
     record = None
     if tokenizer is not None:
@@ -125,7 +128,8 @@ def _write_weights_into(folder: str, cfg, tensors: dict, expected: dict, step: i
         files[TOKENIZER] = {"size": os.path.getsize(own), "sha256": sha256(own)}
         record = {"file": TOKENIZER, **(special or {})}
     manifest = manifests.build(
-        cfg, step, str(np.asarray(tensors[family.embedding_name(cfg.model)]).dtype), layout,
+        origin.config, model, step, str(np.asarray(tensors[family.embedding_name(model)]).dtype),
+        layout,
         files=files, tensors={t: {"file": name, "shape": list(expected[t])} for t in expected},
         source=source, tokenizer=record, parts={"model": [name]})
     manifests.write(folder, json.dumps(manifest, indent=1))

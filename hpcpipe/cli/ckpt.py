@@ -526,10 +526,15 @@ def cmd_import(args) -> int:
     tokenizer = _folder_tokenizer(folder, model["vocab_size"])
     cfg = _import_config(base, model, args.config or weights)
     tensors = pad_vocabulary(tensors, cfg.model)  # --config's model.vocab_multiple, if any
-    ckpt.write_weights(args.out, cfg, tensors, step=0, source=weights, force=args.force,
+    ckpt.write_weights(args.out, _origin(cfg), tensors, step=0, source=weights, force=args.force,
                        tokenizer=tokenizer, special=special)
     _imported(args, cfg.model, len(tensors), tokenizer)
     return 0
+
+
+def _origin(cfg) -> ckpt.Origin:
+    """What an imported checkpoint records of the config it was imported under."""
+    return ckpt.Origin(cfg.to_toml(), cfg.model, cfg.train.dtype)
 
 
 def _config_json(folder: str, weights: str) -> dict | None:
@@ -630,7 +635,7 @@ def cmd_import_gguf(args) -> int:
     tensors = gguf_llama.tensors(args.file, header, model)
     cfg = _import_config(base, model, args.config or args.file)
     tensors = pad_vocabulary(tensors, cfg.model)
-    ckpt.write_weights(args.out, cfg, tensors, step=0, source=args.file, force=args.force,
+    ckpt.write_weights(args.out, _origin(cfg), tensors, step=0, source=args.file, force=args.force,
                        tokenizer=tokenizer, special=special)
     _imported(args, cfg.model, len(tensors), tokenizer)
     return 0

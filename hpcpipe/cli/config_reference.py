@@ -21,7 +21,16 @@ import typing
 from dataclasses import dataclass
 
 from hpcpipe import config
+from hpcpipe.checkpoint.section import RESUMES
+from hpcpipe.device.backend import DEVICES
+from hpcpipe.device.dtypes import DTYPES
+from hpcpipe.model.layout import ARCHS
+from hpcpipe.parallel.gradsync import COMM_DTYPES
+from hpcpipe.parallel.grid import RANK_ORDERS
+from hpcpipe.parallel.powersgd import FACTOR_DTYPES
+from hpcpipe.schedules import KINDS
 from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.sections import toml_value
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:")
 _RULE = re.compile(r"^-+\s.*-+$|^-+$")  # "# -- logging ----": a heading, not a meaning
@@ -30,11 +39,10 @@ _RULE = re.compile(r"^-+\s.*-+$|^-+$")  # "# -- logging ----": a heading, not a 
 def choices() -> dict[str, tuple]:
     """The allowed values of the keys that have a list of them, from the modules that
     implement them (as the loader checks them), so that a new schedule shows up here."""
-    return {"model.arch": config.ARCHS, "train.dtype": config.DTYPES, "train.device": config.DEVICES,
-            "parallel.schedule": config.KINDS, "parallel.rank_order": config.RANK_ORDERS,
-            "parallel.grad_comm_dtype": config.COMM_DTYPES,
-            "parallel.powersgd_dtype": config.FACTOR_DTYPES,
-            "checkpoint.resume": ("never", "auto")}
+    return {"model.arch": ARCHS, "train.dtype": DTYPES, "train.device": DEVICES,
+            "parallel.schedule": KINDS, "parallel.rank_order": RANK_ORDERS,
+            "parallel.grad_comm_dtype": COMM_DTYPES, "parallel.powersgd_dtype": FACTOR_DTYPES,
+            "checkpoint.resume": RESUMES}
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,7 @@ def keys() -> list[Key]:
             meaning = meanings.get(f.name, "")
             if name in allowed:
                 meaning += f" (one of: {', '.join(map(str, allowed[name]))})"
-            out.append(Key(name, type_name(hints[f.name]), config._toml_value(value),
+            out.append(Key(name, type_name(hints[f.name]), toml_value(value),
                            meaning))
     return out
 

@@ -34,10 +34,10 @@ def asks_to_prepare(data) -> bool:
             or data.corpus != "stdlib")
 
 
-def missing_path_error(cfg, path: str) -> DataError:
+def missing_path_error(source: str, path: str) -> DataError:
     """data.path names nothing: say so, with the closest name that exists beside it."""
     folder, name = os.path.split(path)
-    where = f"{cfg.source}: data.path = {path!r}"
+    where = f"{source}: data.path = {path!r}"
     if folder and not os.path.isdir(folder):
         return DataError(f"{where}: no such folder {folder}")
     names = [n for n in os.listdir(folder or ".") if not n.startswith(".")]
@@ -66,11 +66,12 @@ def _unfollowable(path: str) -> str:
     return "does not exist (a dataset not mounted?)"
 
 
-def open_tokens(cfg, comm, log) -> TokenFile:
-    """The token file of the config, prepared by rank 0 first if it does not exist yet and
-    the config asks for that (`asks_to_prepare`), and checked against the config: its
-    corpus, its vocabulary, its length."""
-    path = cfg.data.path or default_token_path(cfg.data.corpus)
+def open_tokens(data, model, source: str, comm, log) -> TokenFile:
+    """The token file of the [data] section `data`, prepared by rank 0 first if it does not
+    exist yet and the section asks for that (`asks_to_prepare`), and checked against it and
+    the [model] `model`: its corpus, its vocabulary, its length (`source`: the config's
+    name, in the messages)."""
+    path = data.path or default_token_path(data.corpus)
 
     def ensure():
         if os.path.islink(path) and not os.path.exists(path):
@@ -79,38 +80,38 @@ def open_tokens(cfg, comm, log) -> TokenFile:
                             f"never prepares a token file over a link")
         if os.path.exists(path) or glob.has_magic(path):
             return  # a glob's reader says what it matched
-        if not (is_prepared_by_hpcpipe(path) and asks_to_prepare(cfg.data)):
-            raise missing_path_error(cfg, path)  # another project's .bin is never prepared
-        log(f"preparing {path} from corpus {cfg.data.corpus!r} (once; later runs reuse it)")
-        prepare(cfg.data.corpus, path, cfg.data.val_fraction, log=log)
+        if not (is_prepared_by_hpcpipe(path) and asks_to_prepare(data)):
+            raise missing_path_error(source, path)  # another project's .bin is never prepared
+        log(f"preparing {path} from corpus {data.corpus!r} (once; later runs reuse it)")
+        prepare(data.corpus, path, data.val_fraction, log=log)
 
     root_does(comm, ensure)
     tokens = every_rank_does(comm, lambda: open_token_file(path))
     try:
-        _check_tokens(cfg, tokens)
+        _check_tokens(data, model, source, tokens)
     except DataError:
         tokens.close()
         raise
     return tokens
 
 
-def _check_tokens(cfg, tokens: TokenFile):
-    path, model = tokens.path, cfg.model
+def _check_tokens(data, model, source: str, tokens: TokenFile):
+    path = tokens.path
     # The corpus decides which file a run trains on when the path is derived from it, or
     # when the config names a corpus of its own (not the default) beside a path.
-    if not cfg.data.path or cfg.data.corpus != "stdlib":
-        recorded, wanted = token_file_identity(tokens.attrs), corpus_identity(cfg.data.corpus)
+    if not data.path or data.corpus != "stdlib":
+        recorded, wanted = token_file_identity(tokens.attrs), corpus_identity(data.corpus)
         if recorded is not None and recorded != wanted:
             raise DataError(f"{path} was prepared from corpus {recorded}, but data.corpus is "
                             f"{wanted}: prepare the new corpus into another file (`python -m "
                             f"hpcpipe prepare --corpus ... --out ...`) and set data.path, or "
                             f"remove {path} to prepare it again")
     if model.vocab_size < tokens.vocab_size:
-        raise ConfigError(cfg.source, "model.vocab_size", model.vocab_size,
+        raise ConfigError(source, "model.vocab_size", model.vocab_size,
                           f"must be at least {tokens.vocab_size}, the vocabulary of {path}")
     shortest = min(tokens.length("train"), tokens.length("val"))
     if model.block_size + 1 >= shortest:
-        raise ConfigError(cfg.source, "model.block_size", model.block_size,
+        raise ConfigError(source, "model.block_size", model.block_size,
                           f"larger than the data: the smaller split of {path} has {shortest} "
                           f"tokens; use a block_size below {shortest - 1} or a bigger corpus")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
 from hpcpipe.schedules import from_costs
-from hpcpipe.util.errors import ConfigError, HpcpipeError
+from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.schema import parse_bytes
 
 GiB = 2**30
@@ -166,30 +166,28 @@ def one_microbatch_bytes(model, batch: int, dtype: str, pp: int = 1, tp: int = 1
     return max(-(-acts // (pp * tp)), batch * T * V * wide // tp)
 
 
-def check_memory_limit(cfg):
-    """A byte memory limit for the auto schedule below one microbatch's activations can
-    never be met: refused now, not after the profiling steps and a checkpoint."""
-    parallel = cfg.parallel
-    if not from_costs(parallel.schedule) or not isinstance(parallel.memory_limit, str):
-        return
-    limit = parse_bytes(parallel.memory_limit)
-    least = one_microbatch_bytes(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype,
-                                 parallel.pp, parallel.tp)
+def memory_limit_problem(schedule: str, memory_limit, model, batch: int, dtype: str,
+                         pp: int = 1, tp: int = 1) -> str | None:
+    """What is wrong with a byte memory limit for the auto schedule below one microbatch's
+    activations, which can never be met (None: nothing): the caller refuses it as
+    parallel.memory_limit now, not after the profiling steps and a checkpoint."""
+    if not from_costs(schedule) or not isinstance(memory_limit, str):
+        return None
+    limit = parse_bytes(memory_limit)
+    least = one_microbatch_bytes(model, batch, dtype, pp, tp)
     if limit is not None and limit < least:
-        raise ConfigError(cfg.source, "parallel.memory_limit", parallel.memory_limit,
-                          f"below one microbatch's activations on the busiest rank (at least "
-                          f"{least / 2**20:.2f} MiB), which every schedule holds; raise it, "
-                          f"or make train.micro_batch_size smaller")
+        return (f"below one microbatch's activations on the busiest rank (at least "
+                f"{least / 2**20:.2f} MiB), which every schedule holds; raise it, "
+                f"or make train.micro_batch_size smaller")
+    return None
 
 
-def check_run(cfg, be, ranks_on_node: int = 1):
-    """Refuse, before anything is allocated, a training run whose busiest rank cannot fit
-    (on its GPU, or with its node's share of host memory) or whose memory limit cannot be
-    met."""
-    parallel = cfg.parallel
-    check_memory_limit(cfg)
-    need = run_need(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype, parallel.pp,
-                    parallel.dp, bool(parallel.zero))
+def check_run(model, batch: int, dtype: str, be, ranks_on_node: int = 1, pp: int = 1,
+              dp: int = 1, zero: bool = False, source: str = "<config>"):
+    """Refuse, before anything is allocated, a training run of `model` (microbatches of
+    `batch` sequences in `dtype`) whose busiest rank cannot fit (on its GPU, or with its
+    node's share of host memory); `source` names the config in the message."""
+    need = run_need(model, batch, dtype, pp, dp, zero)
     if be.is_gpu:
         have, where, share = device_available(be), "free on its GPU", need.total
     else:
@@ -198,7 +196,7 @@ def check_run(cfg, be, ranks_on_node: int = 1):
                  f"available on this node for its {ranks_on_node} ranks ({gib(share)} needed)")
     if have is not None and share > have:
         raise BudgetError(
-            f"{cfg.source}: the model does not fit in memory: a rank needs at least "
+            f"{source}: the model does not fit in memory: a rank needs at least "
             f"{gib(need.total)} ({need.describe()}) and {gib(have)} is {where}; make the "
             f"model (model.n_layer, n_embd, vocab_size, block_size) or "
             f"train.micro_batch_size smaller, or spread it over more ranks (parallel.pp, "

@@ -33,7 +33,7 @@ class GPTConfig:
     # with 64 or 128), for GEMM-friendly head shapes and tensor shards that divide; the
     # padding rows are masked out of the logits (head.py), so they are never predicted,
     # never change the loss and get no gradient. 1: no padding. A config file with GPT-2's
-    # vocabulary that does not say pads it by GPT2_VOCAB_MULTIPLE (config.py).
+    # vocabulary that does not say pads it by GPT2_VOCAB_MULTIPLE (model/section.py).
     vocab_multiple: int = 1
     # -- the family (issue 59) --
     # "gpt2": learned positions, LayerNorm, a tanh-GELU MLP 4 × n_embd wide, biases, the

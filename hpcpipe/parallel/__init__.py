@@ -3,6 +3,7 @@ how arrays meet MPI — directly or staged through pinned host memory (`transpor
 tensor parallelism's collectives inside F and B (`tensor`), data parallelism's bucketed
 gradient reduction and ZeRO's all-gather (`gradsync`), and the pipeline (`pipeline/`).
 
-May import: `optim`, `model`, `device`, `schedules`, `util`, and MPI. Never `config`
-(a config arrives as an object), `data`, `checkpoint`, `runs`, `train`.
+May import: `optim`, `model`, `device`, `schedules`, `util`, and MPI. Never `config` (it
+owns its section, [parallel]: `section`, and is handed sections, never the whole Config),
+`data`, `checkpoint`, `runs`, `train`.
 """

@@ -169,10 +169,10 @@ class PowerSGD:
         self.bytes_reduced = 0
 
     @classmethod
-    def for_config(cls, cfg, model, grid, transport) -> "PowerSGD | None":
-        """The compressor a config asks for over `grid`'s replicas (None: no compression,
-        or a single replica, where there is nothing to send)."""
-        parallel = cfg.parallel
+    def for_config(cls, parallel, train, model, grid, transport) -> "PowerSGD | None":
+        """The compressor the [parallel] section asks for over `grid`'s replicas (None: no
+        compression, or a single replica, where there is nothing to send); under the [train]
+        section's post-validation it snapshots (a rejected step restores the error and Q)."""
         if parallel.grad_compression != "powersgd" or grid.dp == 1:
             return None
         dtype = next(iter(model.stages.values())).grad_buffer.dtype
@@ -180,7 +180,7 @@ class PowerSGD:
             compute_dtype(parallel.grad_comm_dtype)
         return cls(model.stages, model.backend, transport, grid.data, parallel.powersgd_rank,
                    factor_dtype(parallel, dtype), parallel.powersgd_warmup,
-                   snapshots=cfg.train.post_validation, min_gain=parallel.powersgd_min_gain,
+                   snapshots=train.post_validation, min_gain=parallel.powersgd_min_gain,
                    whole_dtype=whole)
 
     @property

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from hpcpipe.device.backend import runs_kernels
-from hpcpipe.device.budget import (BudgetError, check_memory_limit, check_run, device_available,
-                                   host_available)
+from hpcpipe.device import budget
+from hpcpipe.device.budget import BudgetError, device_available, host_available
 from hpcpipe.device.dtypes import accumulation_dtype, compute_dtype, is_16bit
 from hpcpipe.model import family
 from hpcpipe.model.memory import stage_memory
@@ -317,6 +317,26 @@ def room(be, ranks_on_node: int) -> tuple[int | None, int]:
     if be is not None and be.is_gpu:
         return device_available(be), 1
     return host_available(), ranks_on_node
+
+
+def check_memory_limit(cfg):
+    """A byte parallel.memory_limit for the auto schedule below one microbatch's
+    activations can never be met: refused now (budget.memory_limit_problem)."""
+    parallel = cfg.parallel
+    problem = budget.memory_limit_problem(parallel.schedule, parallel.memory_limit,
+                                          cfg.model, cfg.train.micro_batch_size,
+                                          cfg.train.dtype, parallel.pp, parallel.tp)
+    if problem is not None:
+        raise ConfigError(cfg.source, "parallel.memory_limit", parallel.memory_limit, problem)
+
+
+def check_run(cfg, be, ranks_on_node: int = 1):
+    """Refuse, before anything is allocated, a training run whose memory limit cannot be
+    met or whose busiest rank cannot fit (budget.check_run's lower bound)."""
+    parallel = cfg.parallel
+    check_memory_limit(cfg)
+    budget.check_run(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype, be,
+                     ranks_on_node, parallel.pp, parallel.dp, bool(parallel.zero), cfg.source)
 
 
 def check(cfg, plan, be=None, ranks_on_node: int = 1, there=None):

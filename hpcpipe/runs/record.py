@@ -25,16 +25,19 @@ from hpcpipe.runs.rundir import TRACE, RunDir, timeline_name
 class RunRecord:
     """This piece of the run: its span, and the run's summary and traces as they stand."""
 
-    def __init__(self, cfg, comm, run_dir: RunDir, metrics: Metrics, trace, start_step: int,
-                 layout: str, resumed_from: str | None, log, started: float | None = None):
-        """started: when the piece began (time.perf_counter(); set-up counts too)."""
-        self.cfg, self.comm, self.run_dir, self.metrics = cfg, comm, run_dir, metrics
+    def __init__(self, parallel, trace_steps: int | str, comm, run_dir: RunDir,
+                 metrics: Metrics, trace, start_step: int, layout: str,
+                 resumed_from: str | None, log, started: float | None = None):
+        """parallel: the run's [parallel] section (its schedule, pp and microbatches name
+        the piece and its pictures); trace_steps: train.trace_steps; started: when the piece
+        began (time.perf_counter(); set-up counts too)."""
+        self.parallel, self.comm, self.run_dir, self.metrics = parallel, comm, run_dir, metrics
         self.trace, self.log = trace, log
         self.started = time.perf_counter() if started is None else started
         self.earlier = comm.bcast(run_dir.earlier_pieces if comm.rank == 0 else None, root=0)
         self.piece = Piece.start(len(self.earlier) + 1, start_step, layout.split(";")[0],
-                                 cfg.parallel.schedule, resumed_from)
-        self.traced = tracelib.trace_window(cfg.train.trace_steps, start_step)
+                                 parallel.schedule, resumed_from)
+        self.traced = tracelib.trace_window(trace_steps, start_step)
         self.traces_written = False
         metrics.first_step = start_step + 1
         self._carry_over()
@@ -102,7 +105,7 @@ class RunRecord:
         if not self.run_dir.enabled:
             return
         offsets = [0.0] * len(per_rank)
-        parallel, first = self.cfg.parallel, self.traced.start
+        parallel, first = self.parallel, self.traced.start
         label = f"piece {self.piece.piece}: steps {first}–{last}"
         tracelib.append_piece(os.path.join(self.run_dir.path, TRACE), per_rank, offsets,
                               label, self.log)

@@ -219,9 +219,10 @@ class RunDir:
     dicts) and `earlier_pieces` their record (pieces.read_earlier): a resumed run counts
     them into its summary."""
 
-    def __init__(self, path: str, cfg, enabled: bool, resume_step: int | None = None,
+    def __init__(self, path: str, config: str, enabled: bool, resume_step: int | None = None,
                  log=print):
-        """resume_step: continuing this run directory's own run from that step."""
+        """config: the resolved config as TOML (written to config.toml); resume_step:
+        continuing this run directory's own run from that step."""
         self.path, self.enabled = path, enabled
         self.metrics = None
         self.records, self.earlier_pieces = [], []
@@ -239,7 +240,7 @@ class RunDir:
             moved = set_aside_earlier_run(path)
             if moved:
                 log(f"{path} held an earlier run: moved to {moved}/ (nothing was deleted)")
-        write_text_atomic(os.path.join(path, CONFIG), cfg.to_toml())
+        write_text_atomic(os.path.join(path, CONFIG), config)
         write_text_atomic(metrics, "".join(kept))
         self.metrics = open(metrics, "a", buffering=1)
 

@@ -14,7 +14,8 @@ def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2, keep_ev
     checkpoint.save. ZeRO-3 gathers the whole weights first (the first replica writes
     them)."""
     rank.step.materialize()
-    return ckpt.save(rank.step.state_parts(), rank.grid, cfg, step, run_dir,
+    origin = ckpt.Origin(cfg.to_toml(), cfg.model, cfg.train.dtype)
+    return ckpt.save(rank.step.state_parts(), rank.grid, origin, step, run_dir,
                      rank.checkpoint_layout(cfg), state, adam_step=rank.step.optimizer.t,
                      keep=keep, keep_every=keep_every, run=run, data=data,
                      tokenizer=tokenizer)
@@ -24,7 +25,7 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
     """Load the checkpoint at `path` (its verified `manifest`) into `rank` (a collective):
     see checkpoint.load. Returns the manifest's `state`, with `step`."""
     rank.step.materialize()  # ZeRO-3: a buffer to load the weights into
-    return ckpt.load(rank.step.state_parts(), rank.grid, cfg, path, manifest,
+    return ckpt.load(rank.step.state_parts(), rank.grid, cfg.model, path, manifest,
                      rank.checkpoint_layout(cfg))
 
 

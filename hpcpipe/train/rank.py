@@ -49,7 +49,8 @@ class Rank:
 
         schedule = plan.schedule
         transport = Transport(be, gpu_aware, beacon)
-        model = RankModel(cfg, grid, be, plan, transport)
+        model = RankModel(cfg.model, grid, be, plan, transport, cfg.train.dtype, cfg.train.seed,
+                          cfg.parallel.sequence_parallel)
         # Activations between stages: (B, T, C), or T/tp of each sequence per shard under
         # sequence parallelism.
         T = cfg.model.block_size // (grid.tp if model.tp is not None and model.tp.sequence

@@ -39,7 +39,7 @@ def find_resume(cfg, run_dir: str, resume, comm, log):
     if chosen is None:
         return None, None
     path, manifest = chosen
-    ckpt.check_model(manifest, cfg, path)
+    ckpt.check_model(manifest, cfg.model, path)
     return path, manifest
 
 

@@ -121,7 +121,7 @@ class TrainStep(LoopHooks):
         # Local SGD (and every asynchronous mode: asyncstep.py): the reduction is planned
         # over one replica, so it reduces nothing.
         local = train.local_steps > 0 or parallel.async_dp != "none"
-        compressor = PowerSGD.for_config(cfg, model, grid, transport) if not local else None
+        compressor = None if local else PowerSGD.for_config(parallel, train, model, grid, transport)
         plan = BucketPlan(model.stages, int(parallel.bucket_mb * 2**20),
                           1 if local else grid.dp, 0 if local else grid.dp_rank, zero,
                           compressor.keys if compressor else frozenset())

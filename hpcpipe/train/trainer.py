@@ -61,9 +61,9 @@ __all__ = ["train", "Trainer", "Summary", "Preempted"]
 def open_run_dir(path: str, cfg: Config, comm, resume_step: int | None, log) -> RunDir:
     """The run directory, made (or checked, or an earlier run in it moved aside) by the
     root; a failure there stops every rank."""
-    made = root_does(comm, lambda: RunDir(path, cfg, enabled=True, resume_step=resume_step,
-                                          log=log))
-    return made if comm.rank == 0 else RunDir(path, cfg, enabled=False)
+    made = root_does(comm, lambda: RunDir(path, cfg.to_toml(), enabled=True,
+                                          resume_step=resume_step, log=log))
+    return made if comm.rank == 0 else RunDir(path, "", enabled=False)
 
 
 def train(cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None) -> Summary:
@@ -137,7 +137,7 @@ class Trainer:
         if plan.measured:
             build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
         gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be, self.log)
-        self.tokens = open_tokens(cfg, comm, self.log)
+        self.tokens = open_tokens(cfg.data, cfg.model, cfg.source, comm, self.log)
         self.data = fingerprint_of(self.tokens, comm)  # for the manifests, summary, resume
         resume_path, manifest = find_resume(cfg, run_dir, resume, comm, self.log)
         own = resume_path is not None and os.path.abspath(resume_path).startswith(
@@ -511,8 +511,9 @@ def open_record(trainer: Trainer, resume_path: str | None) -> RunRecord:
                       cfg.tokens_per_step, comm.size,
                       flops_per_token(cfg.model, cfg.model.block_size), comm.allreduce(peak),
                       memory=MemoryGauge(trainer.be), writers=open_writers(trainer))
-    return RunRecord(cfg, comm, trainer.run_dir, metrics, trainer.trace, trainer.start_step,
-                     trainer.grid.describe(), resume_path, trainer.log, trainer.started)
+    return RunRecord(cfg.parallel, train.trace_steps, comm, trainer.run_dir, metrics,
+                     trainer.trace, trainer.start_step, trainer.grid.describe(), resume_path,
+                     trainer.log, trainer.started)
 
 
 def open_writers(trainer: Trainer) -> list:

@@ -110,7 +110,7 @@ def test_another_model_shape(run_dir):
     manifest = ckpt.read_manifest(ckpt.latest(os.path.join(run_dir, "checkpoints")))
     cfg = config.load("inputs/tiny.toml", SMALL + ["model.n_embd=64"])
     with pytest.raises(ckpt.CheckpointError, match="model.n_embd = 32, but the config has 64"):
-        ckpt.check_model(manifest, cfg, "somewhere")
+        ckpt.check_model(manifest, cfg.model, "somewhere")
 
 
 def test_a_checkpoint_of_the_retired_edges_inside_blocks_still_reads(run_dir, tmp_path):

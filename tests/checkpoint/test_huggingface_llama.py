@@ -95,7 +95,8 @@ def test_a_gpt2_checkpoint_exports_as_a_folder_transformers_loads(tmp_path):
     from harness.hostile import small_config
 
     cfg = small_config("model.vocab_size=61", "model.block_size=16")
-    ckpt.write_weights(str(run), cfg, {n: np.asarray(v) for n, v in model.params.items()})
+    ckpt.write_weights(str(run), ckpt.Origin(cfg.to_toml(), cfg.model, cfg.train.dtype),
+                       {n: np.asarray(v) for n, v in model.params.items()})
     assert main(["ckpt", "export", str(run), "--out", str(tmp_path / "out"),
                  "--format", "hf"]) == 0
     loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
@@ -147,7 +148,8 @@ def _llama_checkpoint(folder, tied=True):
     cfg = small_config('model.arch="llama"', "model.n_kv_head=1",
                        f"model.tie_word_embeddings={str(tied).lower()}")
     model = hpcpipe.Llama(cfg.model, seed=4)
-    ckpt.write_weights(str(folder), cfg, {n: np.asarray(v) for n, v in model.params.items()})
+    ckpt.write_weights(str(folder), ckpt.Origin(cfg.to_toml(), cfg.model, cfg.train.dtype),
+                       {n: np.asarray(v) for n, v in model.params.items()})
     return model
 
 

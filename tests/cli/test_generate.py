@@ -207,7 +207,8 @@ def test_a_llama_checkpoint_generates_text_through_its_own_tokenizer(tmp_path):
     cfg = small_config('model.arch="llama"', "model.n_kv_head=1", "model.vocab_size=259")
     model = perturbed_llama(cfg.model, seed=2)
     tokenizer = write_tokenizer_json(tmp_path / "tokenizer.json").read_bytes()
-    ckpt.write_weights(str(tmp_path / "ckpt"), cfg,
+    origin = ckpt.Origin(cfg.to_toml(), cfg.model, cfg.train.dtype)
+    ckpt.write_weights(str(tmp_path / "ckpt"), origin,
                        {n: np.asarray(v, dtype=np.float32) for n, v in model.params.items()},
                        tokenizer=tokenizer, special={"eos_token_id": 0})
     out = io.StringIO()

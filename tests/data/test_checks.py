@@ -7,8 +7,14 @@ import pytest
 from mpi4py import MPI
 
 from hpcpipe import config
-from hpcpipe.data.checks import asks_to_prepare, open_tokens
+from hpcpipe.data import checks
+from hpcpipe.data.checks import asks_to_prepare
 from hpcpipe.data.tokens import DataError
+
+
+def open_tokens(cfg, comm, log):
+    """checks.open_tokens of the config's [data] and [model]."""
+    return checks.open_tokens(cfg.data, cfg.model, cfg.source, comm, log)
 
 
 def cfg_with(**data):

@@ -107,7 +107,7 @@ def test_a_loop_of_symbolic_links_is_named_as_one(tmp_path):
     cfg = config.from_dict({"data": {"path": str(tmp_path / "a.h5")}}, "run.toml")
     with pytest.raises(DataError, match=r"a.h5 is a symbolic link to b.h5, which leads back "
                                         r"to itself \(a loop of symbolic links\)"):
-        open_tokens(cfg, MPI.COMM_SELF, log=lambda *_: None)
+        open_tokens(cfg.data, cfg.model, cfg.source, MPI.COMM_SELF, log=lambda *_: None)
 
 
 def test_a_rank_file_with_a_byte_order_mark(tmp_path):

@@ -16,6 +16,12 @@ def fake_gpu(free: int):
     return SimpleNamespace(is_gpu=True, xp=SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
 
 
+def check_run(cfg, be, ranks_on_node=1):
+    """budget.check_run with the config's model, batch and dtype (its pp 1, dp 1)."""
+    budget.check_run(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype, be, ranks_on_node,
+                     source=cfg.source)
+
+
 def test_the_estimate_stays_below_what_a_run_really_holds(tmp_path, stdlib_tokens):
     for extra in ([], ["parallel.microbatches=1", "train.micro_batch_size=4"]):
         cfg = small_config("train.steps=2", f'data.path="{stdlib_tokens}"', *extra)
@@ -29,11 +35,11 @@ def test_a_model_that_cannot_fit_on_the_gpu():
     cfg = small_config("model.n_layer=1000", "model.n_embd=2048", "model.n_head=8")
     need = budget.run_need(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype)
     with pytest.raises(budget.BudgetError) as info:
-        budget.check_run(cfg, fake_gpu(need.total - 1))
+        check_run(cfg, fake_gpu(need.total - 1))
     message = str(info.value)
     assert "does not fit in memory" in message and "free on its GPU" in message
     assert f"at least {budget.gib(need.total)}" in message
-    budget.check_run(cfg, fake_gpu(need.total))  # exactly enough: accepted
+    check_run(cfg, fake_gpu(need.total))  # exactly enough: accepted
 
 
 def test_ranks_on_one_node_share_its_memory(monkeypatch):
@@ -43,6 +49,6 @@ def test_ranks_on_one_node_share_its_memory(monkeypatch):
     need = budget.run_need(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype).total
     monkeypatch.setattr(budget, "host_available", lambda: 3 * need)
     cpu = SimpleNamespace(is_gpu=False)
-    budget.check_run(cfg, cpu, ranks_on_node=3)
+    check_run(cfg, cpu, ranks_on_node=3)
     with pytest.raises(budget.BudgetError, match="for its 4 ranks"):
-        budget.check_run(cfg, cpu, ranks_on_node=4)
+        check_run(cfg, cpu, ranks_on_node=4)

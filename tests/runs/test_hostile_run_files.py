@@ -143,7 +143,7 @@ def test_a_resume_refuses_a_folder_under_a_file_name_before_touching_anything(tm
     before = snapshot(run)
     with pytest.raises(RunDirError, match=rf"{name} is a folder, where the run writes a "
                                           rf"file; move it out of the way"):
-        RunDir(str(run), config.from_dict({}), enabled=True, resume_step=2,
+        RunDir(str(run), config.from_dict({}).to_toml(), enabled=True, resume_step=2,
                log=lambda *_: None)
     assert snapshot(run) == before  # nothing trimmed, dropped or rewritten
 
@@ -153,7 +153,7 @@ def test_a_link_to_a_folder_under_a_file_name_is_replaced_not_followed(tmp_path)
     _own_run(run)
     elsewhere.mkdir()
     os.symlink(elsewhere, run / "summary.json")
-    opened = RunDir(str(run), config.from_dict({}), enabled=True, resume_step=2,
+    opened = RunDir(str(run), config.from_dict({}).to_toml(), enabled=True, resume_step=2,
                     log=lambda *_: None)
     opened.write_summary(Summary())
     assert (run / "summary.json").is_file() and not os.listdir(elsewhere)
@@ -165,7 +165,7 @@ def test_a_new_run_sets_aside_a_link_whose_target_is_gone(tmp_path):
     _own_run(run)
     os.symlink(tmp_path / "gone", run / "summary.json")
     logged = []
-    opened = RunDir(str(run), config.from_dict({}), enabled=True, log=logged.append)
+    opened = RunDir(str(run), config.from_dict({}).to_toml(), enabled=True, log=logged.append)
     opened.metrics.close()
     (earlier,) = run.glob("earlier-*")
     assert os.path.islink(earlier / "summary.json") and "moved to" in logged[0]

@@ -8,7 +8,7 @@ from hpcpipe.runs.rundir import RunDir, RunDirError
 
 
 def open_run(path):
-    run = RunDir(str(path), config.from_dict({}), enabled=True, log=lambda *_: None)
+    run = RunDir(str(path), config.from_dict({}).to_toml(), enabled=True, log=lambda *_: None)
     run.finish(type("S", (), {"tokens_per_s": 0.0, "mfu": 0.0})())
     return run
 

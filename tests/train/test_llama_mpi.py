@@ -19,7 +19,7 @@ from harness.mpirun import run
 from harness.tokenfiles import write_tokenizer_json
 
 from hpcpipe import Llama, config
-from hpcpipe.checkpoint import write_weights
+from hpcpipe.checkpoint import Origin, write_weights
 
 pytestmark = pytest.mark.device
 
@@ -54,7 +54,8 @@ def imported(folder, tmp_path):
     model = Llama(cfg.model, seed=3)
     tokenizer = tmp_path / "tokenizer.json"
     write_tokenizer_json(tokenizer)
-    write_weights(str(folder), cfg, {k: np.array(v) for k, v in model.params.items()},
+    write_weights(str(folder), Origin(cfg.to_toml(), cfg.model, cfg.train.dtype),
+                  {k: np.array(v) for k, v in model.params.items()},
                   tokenizer=tokenizer.read_bytes(), special={"eos_token_id": 0})
     return tokenizer.read_bytes()
 

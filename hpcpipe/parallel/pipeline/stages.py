@@ -20,17 +20,20 @@ class RankModel:
     """The stages of pipeline rank `grid.pp_rank` under `plan` (a plan.Plan: its schedule's
     placement, its layout's StageSpecs, its recomputation per model stage)."""
 
-    def __init__(self, cfg, grid, backend, plan, transport):
+    def __init__(self, model, grid, backend, plan, transport, dtype: str = "float32",
+                 seed: int = 0, sequence_parallel: bool = False):
+        """model: the model's shape (either family: model/family.py), its stages in `dtype`
+        initialised from `seed`; sequence_parallel: with tensor shards, split along T."""
         self.grid, self.backend = grid, backend
         self.beacon = transport.beacon  # (what the loss's collectives say they wait on)
-        self.config = cfg.model  # the model's shape (either family: model/family.py)
-        train, schedule = cfg.train, plan.schedule
-        self.tp = TensorParallel(grid.tensor, transport, cfg.parallel.sequence_parallel) \
+        self.config = model
+        schedule = plan.schedule
+        self.tp = TensorParallel(grid.tensor, transport, sequence_parallel) \
             if grid.tp > 1 else None
         self.specs = plan.specs
         self.stage_index = plan.stages_of(grid.pp_rank)
-        self.stages = {chunk: self.specs[index].build(self.config, dtype=train.dtype,
-                                                      seed=train.seed, be=backend, tp=self.tp,
+        self.stages = {chunk: self.specs[index].build(self.config, dtype=dtype,
+                                                      seed=seed, be=backend, tp=self.tp,
                                                       recompute=plan.recompute[index])
                        for chunk, index in self.stage_index.items()}
         self.owner = {stage: schedule.rank_chunk_of(stage)[0]

@@ -702,9 +702,7 @@ def _check_layout(source, cfg: Config):
     """How [parallel]'s stages and tensor shards fit the model."""
     parallel, n_layer = cfg.parallel, cfg.model.n_layer
     for key, value, problem in check_divisible(cfg.model, parallel.tp):
-        raise ConfigError(source, f"model.{key}", value,
-                          f"{problem}; choose a parallel.tp that divides n_head, vocab_size "
-                          f"(padded to model.vocab_multiple) and 4 × n_embd")
+        raise ConfigError(source, f"model.{key}", value, problem)
     stages = parallel.pp * chunks(parallel.schedule, parallel.chunks)
     if parallel.layout:
         try:
@@ -770,19 +768,6 @@ def validate(cfg: Config) -> Config:
     _check_async_dp(source, cfg)
     if cfg.parallel.dp == AUTO_DP:
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=0))
-    return cfg
-
-
-def require_pipelined_model(cfg: Config) -> Config:
-    """`cfg`, whose model the pipeline's stages can run (train, plan, the benchmarks that
-    build them): either family in every layout, except tensor parallelism for a Llama —
-    its stages hold whole tensors (model/llama_stage.py) — refused here with one message
-    rather than run unsharded."""
-    _require(cfg.source, "parallel.tp", cfg.parallel.tp,
-             cfg.model.arch != "llama" or cfg.parallel.tp == 1,
-             "splits GPT-2's tensors only; a Llama (model.arch = 'llama') trains with "
-             "parallel.tp = 1, across pipeline stages and data-parallel replicas "
-             "(docs/guides/llama.md)")
     return cfg
 
 

@@ -142,13 +142,14 @@ def _kernel_sizes(cfg: GPTConfig, batch: int, dtype, tp: int, sequence: bool) ->
 def _llama_sizes(cfg: GPTConfig, batch: int, dtype, tp: int = 1) -> dict:
     """`_numpy_sizes` of a Llama block (layers/llama_block.py, one of tp shards), with
     A = NH·HS / tp the shard's query width, K = KV·HS / tp its key and value width, I its
-    share of the SwiGLU's width and V of the (padded) vocabulary; the RMSNorms and
-    residuals are whole on every shard. An RMSNorm keeps x̂ (N, C)·s and 1/rms (N)·w; the attention its input (N, C)·s, the rotated q and k and v
-    (N, A + 2K)·w, the matrix (B, NH / tp, T, T)·w and o_proj's input (N, A)·s, and after B
-    its input, o_proj's input, dq, dk, dv and its output gradient; the SwiGLU its input,
-    silu(g) and its derivative (N, I)·w each, u and a (N, I)·s each — selective keeps g
-    and u instead, dropping 2·N·I·w — and after B its input, a, dg, du and its output
-    gradient. An RMSNorm's weight gradient (C)·w, taken in B, is held until W.
+    share of the SwiGLU's width and V of the (padded) vocabulary; the RMSNorms and residuals
+    are whole on every shard. An RMSNorm keeps x̂ (N, C)·s and 1/rms (N)·w; the attention
+    its input (N, C)·s, the rotated q and k and v (N, A + 2K)·w, the matrix (B, NH / tp, T,
+    T)·w and o_proj's input (N, A)·s, and after B its input, o_proj's input, dq, dk, dv and
+    its output gradient; the SwiGLU its input, silu(g) and its derivative (N, I)·w each, u
+    and a (N, I)·s each — selective keeps g and u instead, dropping 2·N·I·w — and after B
+    its input, a, dg, du and its output gradient. An RMSNorm's weight gradient (C)·w, taken
+    in B, is held until W.
     """
     s, w = dtype.itemsize, max(dtype.itemsize, 4)
     N, C, T, V = batch * cfg.block_size, cfg.n_embd, cfg.block_size, cfg.padded_vocab // tp

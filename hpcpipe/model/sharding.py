@@ -21,9 +21,10 @@ Every other tensor (LayerNorms, wpe, the row-parallel biases) is replicated. A L
     down_proj (C, I)      the matching columns (row-parallel)
     embed_tokens, lm_head vocabulary rows, as GPT-2's wte (the untied head's too)
 
-and its RMSNorms are replicated. A shard's tensors keep their family's names; `Shard` maps a local tensor onto the global one, so
-checkpoints hold global tensors and load under any tp. Pure arithmetic on shapes: the
-collectives that join the shards inside F and B are parallel/tensor.py's.
+and its RMSNorms are replicated. A shard's tensors keep their family's names; `Shard` maps
+a local tensor onto the global one, so checkpoints hold global tensors and load under any
+tp. Pure arithmetic on shapes: the collectives that join the shards inside F and B are
+parallel/tensor.py's.
 """
 
 from __future__ import annotations

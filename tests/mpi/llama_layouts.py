@@ -218,13 +218,13 @@ def check_modes(world, ref, failures):
             failures.append(f"{label}: {got[0]} vs {want[0]}")
 
 
-# Tensor parallelism in float64 against one process, to GPT-2's tensor-parallel tolerance
-# on the losses (tests/mpi/tensor_parallel.py: the shards' sums round otherwise) and ten
-# times it on the weights — one element of the untied model's last down_proj has a
-# first gradient of 1.7e-8, at AdamW's eps (1e-8), where m/(sqrt(v) + eps) turns the
-# gradient's 1e-19 rounding into 1.6e-13 of a 0.11 weight (1.4e-12 of the largest) —;
-# bitwise across schedules and recomputation for a fixed layout. GPT-2's 3 steps. V = 19
-# padded to 20: two vocabulary shards, the padding row's mask on the second.
+# Tensor parallelism in float64 against one process: the losses to GPT-2's tensor-parallel
+# tolerance (tests/mpi/tensor_parallel.py; the shards' sums round otherwise), the weights
+# to ten times it. One element of the untied model's last down_proj has a first gradient
+# of 1.7e-8, at AdamW's eps (1e-8), where m/(sqrt(v) + eps) turns the gradient's 1e-19
+# rounding into 1.6e-13 of a weight (1.4e-12 of that tensor's largest). Bitwise across
+# schedules and recomputation for a fixed layout. GPT-2's 3 steps. V = 19 padded to 20:
+# two vocabulary shards, the padding row's mask on the second.
 TP_MODEL = {"vocab_multiple": 2}
 TP_CLOSE, TP_WEIGHTS = 1e-12, 1e-11
 TP_STEPS = range(1, 4)

@@ -50,10 +50,11 @@ def test_a_llama_on_every_layout_equals_one_process(world):
     assert "modes: Muon, PowerSGD, PipeDream-2BW, local SGD, async dp checked" in report.summary
     for line in ("pp 4: 1f1b, zb-h1 bitwise one process",
                  "bfloat16 pp 2 and float16 pp 4 checked",
-                 "tied=True tp 2: pp 2 1f1b, pp 2 zb-h1, pp 2 zb-h1 selective, dp 2 1f1b, "
+                 "tied=True tp 2: alone, pp 2 1f1b, pp 2 zb-h1, pp 2 zb-h1 selective, dp 2 1f1b, "
                  "dp 2 ZeRO-1", "tied=False tp 2: pp 2 zb-h1, pp 2 sequence parallel, full "
                  "recompute, dp 2 post-validation",
-                 "checkpoints: tp 2 × pp 2 → tp 1 → tp 2 × dp 2"):
+                 "checkpoints: tp 2 × pp 2 → tp 1 → tp 2 × dp 2",
+                 "bfloat16 tp 2 × pp 2: 1f1b, zb-h1"):
         assert line in report.summary, report.summary
 
 

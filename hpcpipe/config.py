@@ -206,19 +206,6 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def require_pipelined_model(cfg: Config) -> Config:
-    """`cfg`, whose model the pipeline's stages can run (train, plan, the benchmarks that
-    build them): either family in every layout, except tensor parallelism for a Llama —
-    its stages hold whole tensors (model/llama_stage.py) — refused here with one message
-    rather than run unsharded."""
-    require(cfg.source, "parallel.tp", cfg.parallel.tp,
-            cfg.model.arch != "llama" or cfg.parallel.tp == 1,
-            "splits GPT-2's tensors only; a Llama (model.arch = 'llama') trains with "
-            "parallel.tp = 1, across pipeline stages and data-parallel replicas "
-            "(docs/guides/llama.md)")
-    return cfg
-
-
 def for_world(cfg: Config, world: int) -> Config:
     """`cfg` on a launch of `world` ranks: parallel.dp = 0 becomes world ÷ (pp × tp), and a
     train.global_batch_size fixes parallel.microbatches (per replica) at

@@ -48,8 +48,7 @@ def run_ckpt(args) -> int:
         claim_file(args.json, args.force, "--json", make_folder=True)
     if args.dir is not None:  # a run directory's own checkpoints/latest would be replaced
         claim_folder(args.dir, is_ours=lambda path: False, flag="--dir")
-    cfg = config.for_world(config.require_pipelined_model(config.load(args.config, args.overrides)),
-                           world.size)
+    cfg = config.for_world(config.load(args.config, args.overrides), world.size)
     parallel, train = cfg.parallel, cfg.train
     grid = gridlib.build(world, parallel.dp, parallel.pp, parallel.rank_order,
                          source=cfg.source, asynchronous=not flushes(parallel.schedule))

@@ -10,7 +10,22 @@ import socket
 import time
 from contextlib import contextmanager
 
-from hpcpipe.model.layers import attention, block, embedding, gelu, head, layernorm, linear, loss, mlp
+from hpcpipe.model.layers import (
+    attention,
+    block,
+    embedding,
+    gelu,
+    gqa,
+    head,
+    layernorm,
+    linear,
+    llama_block,
+    loss,
+    mlp,
+    projection,
+    rmsnorm,
+    swiglu,
+)
 from hpcpipe.schedules import from_costs
 from hpcpipe.util.files import write_text_atomic
 
@@ -18,7 +33,10 @@ from hpcpipe.util.files import write_text_atomic
 # The layer modules whose F, B and W a profile wraps (`wrapped_layers`), and each pass's letter.
 LAYERS = {"embedding": embedding, "block": block, "layernorm": layernorm,
           "attention": attention, "linear": linear, "mlp": mlp, "gelu": gelu,
-          "head": head, "loss": loss}
+          "head": head, "loss": loss,
+          # a Llama's (rotary's turns are inside gqa's time)
+          "llama_block": llama_block, "rmsnorm": rmsnorm, "gqa": gqa,
+          "projection": projection, "swiglu": swiglu}
 PHASES = {"forward": "F", "backward_input": "B", "backward_weight": "W"}
 
 

@@ -1,5 +1,5 @@
-"""bench step: one training step (F, B, W, AdamW) of the same GPT in hpcpipe and in
-PyTorch eager, on one device, measured alternately in one process.
+"""bench step: one training step (F, B, W, AdamW) of the same GPT — or Llama — in hpcpipe
+and in PyTorch eager, on one device, measured alternately in one process.
 
 Both get identical shapes, dtype, batch and initial weights (hpcpipe's, copied into the
 torch model), and both must compute the same loss on the first step before anything is
@@ -12,6 +12,10 @@ On the CPU both use every core this process may run on: hpcpipe through its own 
 pool (BLAS on one thread, as in training), torch through torch.set_num_threads. With CuPy on a GPU
 (`--device auto` finds it) the same command compares against PyTorch on that GPU.
 PyTorch is the optional `bench` extra; without it only hpcpipe is measured.
+
+A Llama config (`--configs llama-small`) compares hpcpipe's Llama stage with transformers'
+LlamaForCausalLM (bench/torch_llama.py; the `bench` extra brings transformers), GPT-2's
+with the nanoGPT-shaped TorchGPT (bench/torch_gpt.py).
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ import numpy as np
 from hpcpipe import __version__
 from hpcpipe.device import backend
 from hpcpipe.device.dtypes import DTYPES
-from hpcpipe.model import GPTConfig, Stage
+from hpcpipe.model import GPTConfig
+from hpcpipe.model.family import is_llama, stage_class
 from hpcpipe.model.layout import GPT2_VOCAB, GPT2_VOCAB_MULTIPLE
+from hpcpipe.model.llama_layout import LlamaConfig
 
 # flop_params stays importable from here: tests and scripts know it as bench's.
 from hpcpipe.model.flops import flop_params, flops_per_token, matmul_rate  # noqa: F401
@@ -54,10 +60,17 @@ CONFIGS = {
     "medium": GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=6, n_embd=384),
     "gpt2": GPTConfig(vocab_size=GPT2_VOCAB, vocab_multiple=GPT2_VOCAB_MULTIPLE, **GPT2_SHAPE),
     "gpt2-50257": GPTConfig(vocab_size=GPT2_VOCAB, **GPT2_SHAPE),
+    # A small Llama: grouped-query attention (2 query heads a K/V head, head size 64 as
+    # SmolLM2's), a SwiGLU 3 × n_embd wide, the tied head; against transformers' own.
+    "llama-small": LlamaConfig(vocab_size=256, block_size=256, n_layer=4, n_head=4,
+                               n_kv_head=2, n_embd=256, intermediate_size=768),
 }
 BESIDE = {"gpt2": "gpt2-50257"}  # a row that comes with another unless named itself
-# --smoke: every code path in well under a second (CI keeps the benchmark from rotting).
+# --smoke: every code path in well under a second (CI keeps the benchmark from rotting),
+# in the family of the configs named (GPT-2's by default).
 SMOKE = GPTConfig(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)
+SMOKE_LLAMA = LlamaConfig(vocab_size=256, block_size=16, n_layer=2, n_head=4, n_kv_head=2,
+                          n_embd=32, intermediate_size=48)
 
 # AdamW as in inputs/tiny.toml. The learning rate is constant: a schedule costs nothing.
 LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 3e-3, 0.9, 0.95, 1e-8, 0.1
@@ -70,6 +83,7 @@ EPILOG = """\
 examples:
   python -m hpcpipe bench step
   python -m hpcpipe bench step --configs medium --repeats 20 --json step.json
+  python -m hpcpipe bench step --configs llama-small   # against transformers' Llama
   python -m hpcpipe bench step --profile            # where hpcpipe's step spends its time
 
 One process on all the cores it may use. On machines that set OPENBLAS_CORETYPE /
@@ -149,7 +163,7 @@ class HpcpipeStep:
 
     def __init__(self, cfg, be, dtype, idx, targets, graphs: bool = False):
         self.be = be
-        self.stage = Stage(cfg, dtype=dtype, seed=0, be=be)
+        self.stage = stage_class(cfg)(cfg, dtype=dtype, seed=0, be=be)
         self.opt = AdamW(ParamShard(self.stage.param_buffer), be, beta1=BETA1, beta2=BETA2,
                          eps=EPS, weight_decay=WEIGHT_DECAY)
         self.idx, self.targets = be.from_host(idx), be.from_host(targets)
@@ -178,15 +192,16 @@ class HpcpipeStep:
 class TorchStep:
     """The same step in PyTorch eager: forward, loss.backward() (B and W together), AdamW.
     16-bit: a float32 model under autocast, as PyTorch users train in 16 bits. compile:
-    the model under torch.compile (compiled at the first step)."""
+    the model under torch.compile (compiled at the first step). The model: TorchGPT, or
+    for a Llama transformers' LlamaForCausalLM (torch_peer)."""
 
     def __init__(self, torch, cfg, device, dtype, params, idx, targets, compile=False):
-        from .torch_gpt import TorchGPT, adamw
+        from .torch_gpt import adamw
 
         self.torch = torch
         wide = dtype in ("float32", "float64")
-        model = TorchGPT(cfg).to(device=device,
-                                 dtype=getattr(torch, dtype if wide else "float32"))
+        model = torch_peer(cfg).to(device=device,
+                                   dtype=getattr(torch, dtype if wide else "float32"))
         model.load_hpcpipe(params)
         # torch.compile: the model's F (and its B through AOTAutograd); AdamW stays fused
         self.model = torch.compile(model) if compile else model
@@ -208,6 +223,24 @@ class TorchStep:
         self.opt.step()
         self.sync()
         return float(value.item())
+
+
+def torch_peer(cfg):
+    """The PyTorch model of cfg's family: TorchGPT, or transformers' LlamaForCausalLM
+    (TorchLlama), refused with one message where transformers is missing."""
+    if not is_llama(cfg):
+        from .torch_gpt import TorchGPT
+
+        return TorchGPT(cfg)
+    try:
+        from .torch_llama import TorchLlama
+
+        return TorchLlama(cfg)
+    except ImportError as e:
+        raise HpcpipeError(f"bench step: a Llama's PyTorch peer is transformers' "
+                           f"LlamaForCausalLM, and {e.name} is not installed: pip install "
+                           f"'hpcpipe[bench]', or measure hpcpipe alone with --no-torch") \
+            from None
 
 
 def make_batch(cfg: GPTConfig, batch: int, seed: int = 0, tokens: str = "uniform"):
@@ -235,6 +268,9 @@ def check_same_loss(name, ours: float, theirs: float, dtype: str, tf32: bool = F
     vocabulary within log(padded / vocabulary) more — hpcpipe masks the padding columns
     out of the softmax, PyTorch (as nanoGPT, at its fastest) keeps them in."""
     rtol = max(LOSS_RTOL[dtype], TF32_RTOL if tf32 else 0.0)
+    if cfg is not None and is_llama(cfg) and dtype == "float64":
+        rtol = max(rtol, LOSS_RTOL["float32"])  # transformers' rotary tables and RMSNorm
+        # stay float32 in a float64 Llama
     gap = math.log(cfg.padded_vocab / cfg.vocab_size) if cfg is not None else 0.0
     if not abs(ours - theirs) <= rtol * abs(theirs) + gap:
         raise RuntimeError(f"bench step {name}: the first step's losses differ (hpcpipe "
@@ -300,7 +336,7 @@ def _extras(cfg, be, dtype, batch, torch, device, tokens, loss0, torch_loss0, gr
         check_same_loss(f"{name} graphs", step(), loss0, dtype)
         extra.append(("hpcpipe_graphs", step))
     if compiled and torch is not None:
-        fresh = Stage(cfg, dtype=dtype, seed=0, be=be)  # the first step's weights again
+        fresh = stage_class(cfg)(cfg, dtype=dtype, seed=0, be=be)  # the first weights again
         host = {n: be.to_host(p).astype(np.float32 if p.dtype.itemsize < 4 else p.dtype)
                 for n, p in fresh.params.items()}
         del fresh
@@ -318,7 +354,8 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
     kind = tokens
     ours, theirs, loss0, torch_loss0 = first_losses(cfg, be, dtype, batch, torch, device, kind)
     tokens = batch * cfg.block_size
-    row = {"config": name, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head,
+    row = {"config": name, "arch": cfg.arch, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
+           "n_head": cfg.n_head, "n_kv_head": cfg.kv_heads, "ffn_width": cfg.ffn_width,
            "block_size": cfg.block_size, "vocab_size": cfg.vocab_size,
            "padded_vocab": cfg.padded_vocab, "batch": batch,
            "dtype": dtype, "tf32": tf32, "tokens": kind,
@@ -514,9 +551,8 @@ def import_torch(no_torch: bool, log):
 
 
 def _plan(args, be):
-    """(configs, batch, warm-up steps, measured steps, matmul size for the peak)."""
-    if args.smoke:
-        return {"smoke": SMOKE}, 2, 0, 1, 128
+    """(configs, batch, warm-up steps, measured steps, matmul size for the peak); with
+    --smoke the smoke shape of each family the configs name."""
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
     for name, other in BESIDE.items():
         if name in names and other not in names:
@@ -525,6 +561,12 @@ def _plan(args, be):
     if unknown or not names:
         raise HpcpipeError(f"bench step: --configs {args.configs!r}: unknown config; "
                            f"choose from {', '.join(CONFIGS)}")
+    if args.smoke:
+        families = {is_llama(CONFIGS[c]) for c in names}
+        smoke = {label: cfg for label, cfg, llama in (("smoke", SMOKE, False),
+                                                      ("llama-smoke", SMOKE_LLAMA, True))
+                 if llama in families}
+        return smoke, 2, 0, 1, 128
     return ({c: CONFIGS[c] for c in names}, args.batch, args.warmup, args.repeats,
             8192 if be.is_gpu else 2048)
 

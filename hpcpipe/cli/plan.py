@@ -81,7 +81,7 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
 
     if json_path is not None:  # before any work; never over a file unless --force
         claim_file(json_path, force, "--json")
-    cfg = config.require_pipelined_model(config.load(path, overrides))
+    cfg = config.load(path, overrides)
     for note in cfg.notes:  # keys an older config named, where they live now
         out(note)
     p = cfg.parallel

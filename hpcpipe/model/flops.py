@@ -33,8 +33,14 @@ STARTUP_BUDGET_S = 0.05
 
 def flop_params(cfg) -> int:
     """N for the 6N rule: every parameter that takes part in a matmul — all but the position
-    embedding (a lookup); the tied `wte` counts once, as the head's weight."""
+    embedding (a lookup); the tied `wte` counts once, as the head's weight. A Llama
+    (model.arch = "llama"): its q, k, v, o and SwiGLU projections, two RMSNorms a block
+    and the final one, and the head's V × C once, tied or not (an untied embedding is a
+    lookup)."""
     C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
+    if cfg.arch == "llama":
+        A, K = cfg.n_head * cfg.head_size, cfg.kv_heads * cfg.head_size
+        return V * C + L * (2 * C * A + 2 * C * K + 3 * C * cfg.ffn_width + 2 * C) + C
     per_block = 12 * C * C + 13 * C  # c_attn, c_proj, c_fc, mlp.c_proj with biases; 2 LNs
     return V * C + L * per_block + 2 * C
 

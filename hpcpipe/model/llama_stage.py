@@ -14,8 +14,11 @@ once per step, after every W, as GPT-2's wte), W adds the rest into the gradient
 
 The bookkeeping — flat buffers, the stash and recomputation's replay, ZeRO's drops,
 asynchronous pipelining's weight versions — is stage.Stage's, which this subclasses; the
-pipeline builds either through StageSpec.build (model/family.py's stage_class). Not
-here: tensor-parallel shards (config.py refuses parallel.tp > 1 for a Llama).
+pipeline builds either through StageSpec.build (model/family.py's stage_class). Under
+tensor parallelism (`tp`) the stage holds its shard of every split tensor under Hugging
+Face's names (model/sharding.py: the attention by key/value groups, the SwiGLU by width,
+embed_tokens and the head by vocabulary rows; the RMSNorms whole) and its layers join the
+shards inside F and B, as GPT-2's stage does.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class LlamaStage(Stage):
     """A contiguous slice of a Llama with F, B and W passes per microbatch: stage.Stage's
     arguments and bookkeeping (flat buffers, stash, ZeRO's drops, weight versions), the
     Llama's layers; a stage edge inside a block falls at its seam (mlp_of / attention_of:
-    llama_layout's (block, SEAM) lead and tail). tp must be None or one shard."""
+    llama_layout's (block, SEAM) lead and tail)."""
 
     def __init__(self, cfg, layers=None, embedding_part=True, head_part=True,
                  dtype="float32", seed=0, be=None, tp=None,
@@ -48,11 +51,8 @@ class LlamaStage(Stage):
                  draw=True):
         if cfg.arch != "llama":
             raise ValueError(f"a LlamaStage runs model.arch = 'llama', not {cfg.arch!r}")
-        if tp is not None and tp.size > 1:
-            raise ValueError("a Llama stage holds whole tensors: tensor parallelism is "
-                             "refused for model.arch = 'llama' (config.py)")
         self.head_name = head_matrix(cfg)
-        super().__init__(cfg, layers, embedding_part, head_part, dtype, seed, be, None,
+        super().__init__(cfg, layers, embedding_part, head_part, dtype, seed, be, tp,
                          recompute, mlp_of, attention_of, draw)
 
     @property
@@ -77,29 +77,29 @@ class LlamaStage(Stage):
 
     # -- the three passes -----------------------------------------------------------------
     def _forward(self, inp, targets, keep: bool, selective: bool):
-        cfg, P, be = self.cfg, self.params, self.be
+        cfg, P, be, tp = self.cfg, self.params, self.be, self.tp
         caches, x = {}, inp
         if self.embedding_part:
             if inp.shape[1] > cfg.block_size:
                 raise ValueError(f"sequence length {inp.shape[1]} exceeds block_size "
                                  f"{cfg.block_size}")
-            x, caches["embedding"] = embedding.forward(inp, {"wte": P[EMBED]}, be)
+            x, caches["embedding"] = embedding.forward(inp, {"wte": P[EMBED]}, be, tp)
         owned = self.embedding_part  # a fresh array nothing writes again (not a message)
         for layer, halves in self.runs:
             x, caches[layer] = llama_block.forward(x, scope(P, prefix(layer)), cfg, be,
-                                                   None, selective, halves, owned)
+                                                   tp, selective, halves, owned)
             owned = True
         if self.head_part:
             x, caches["norm"] = rmsnorm.forward(x, {"weight": P[NORM]}, cfg.rms_norm_eps, be,
-                                                owned=owned)
-            logits, caches["head"] = head.forward(x, {"wte": P[self.head_name]}, be, None,
+                                                tp, owned)
+            logits, caches["head"] = head.forward(x, {"wte": P[self.head_name]}, be, tp,
                                                   padding_mask(cfg))
             if targets is None and not keep:
-                return logits, None
-            wanted = loss.logits_dtype(be, self.dtype)
+                return logits, None  # (under tensor parallelism: this shard's columns)
+            wanted = loss.logits_dtype(be, self.dtype, tp)
             if logits.dtype != wanted:
                 logits = logits.astype(wanted)
-            x, caches["loss"] = loss.forward(logits, targets, be)
+            x, caches["loss"] = loss.forward(logits, targets, be, tp)
         return x, caches
 
     def backward_input(self, mb: int, dy=None):
@@ -120,6 +120,7 @@ class LlamaStage(Stage):
         for layer, _ in reversed(self.runs):
             dy = llama_block.backward_input(dy, caches[layer])
         if self.embedding_part:
+            embedding.backward_input(dy, caches["embedding"])  # (SP: gathers the sequence)
             entry.d_input = dy
             return None
         return dy

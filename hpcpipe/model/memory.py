@@ -66,7 +66,7 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: Mode =
     N, C = batch * cfg.block_size, cfg.n_embd
     on_kernels = kernels and compute_dtype(dtype).name in KERNEL_DTYPES
     if cfg.arch == "llama":  # (its device kernels' caches are priced as NumPy's)
-        z = _llama_sizes(cfg, batch, compute_dtype(dtype))
+        z = _llama_sizes(cfg, batch, compute_dtype(dtype), tp)
     else:
         z = (_kernel_sizes if on_kernels else _numpy_sizes)(cfg, batch, compute_dtype(dtype),
                                                             tp, sequence)
@@ -79,6 +79,8 @@ def stage_memory(cfg: GPTConfig, spec, batch: int, dtype: str, recompute: Mode =
     if spec.embedding_part:
         full += N * TOKEN_BYTES
         after_b += N * TOKEN_BYTES + N * C * s  # the ids, and d(embedding output)
+        if tp > 1:  # a vocabulary shard's mask of the tokens it does not hold, kept to W
+            full, after_b = full + N, after_b + N
     if spec.head_part:
         full += z["ln"] + z["head"]
         after_b += z["ln_w"]
@@ -137,20 +139,23 @@ def _kernel_sizes(cfg: GPTConfig, batch: int, dtype, tp: int, sequence: bool) ->
     return z
 
 
-def _llama_sizes(cfg: GPTConfig, batch: int, dtype) -> dict:
-    """`_numpy_sizes` of a Llama block (layers/llama_block.py, one shard), with A = NH·HS
-    the query width and K = KV·HS the key and value width: an RMSNorm keeps x̂ (N, C)·s
-    and 1/rms (N)·w; the attention its input (N, C)·s, the rotated q and k and v
-    (N, A + 2K)·w, the matrix (B, NH, T, T)·w and o_proj's input (N, A)·s, and after B
-    its input, o_proj's input, dq, dk, dv and its output gradient; the SwiGLU its input,
-    silu(g) and its derivative (N, I)·w each, u and a (N, I)·s each — selective keeps g
-    and u instead, dropping 2·N·I·w — and after B its input, a, dg, du and its output
-    gradient. An RMSNorm's weight gradient (C)·w, taken in B, is held until W.
+def _llama_sizes(cfg: GPTConfig, batch: int, dtype, tp: int = 1) -> dict:
+    """`_numpy_sizes` of a Llama block (layers/llama_block.py, one of tp shards), with
+    A = NH·HS / tp the shard's query width, K = KV·HS / tp its key and value width, I its
+    share of the SwiGLU's width and V of the (padded) vocabulary; the RMSNorms and residuals
+    are whole on every shard. An RMSNorm keeps x̂ (N, C)·s and 1/rms (N)·w; the attention
+    its input (N, C)·s, the rotated q and k and v (N, A + 2K)·w, the matrix (B, NH / tp, T,
+    T)·w and o_proj's input (N, A)·s, and after B its input, o_proj's input, dq, dk, dv and
+    its output gradient; the SwiGLU its input, silu(g) and its derivative (N, I)·w each, u
+    and a (N, I)·s each — selective keeps g and u instead, dropping 2·N·I·w — and after B
+    its input, a, dg, du and its output gradient. An RMSNorm's weight gradient (C)·w, taken
+    in B, is held until W.
     """
     s, w = dtype.itemsize, max(dtype.itemsize, 4)
-    N, C, T, V = batch * cfg.block_size, cfg.n_embd, cfg.block_size, cfg.vocab_size
-    A, K, I = cfg.n_head * cfg.head_size, cfg.kv_heads * cfg.head_size, cfg.ffn_width
-    matrix = batch * cfg.n_head * T * T * w
+    N, C, T, V = batch * cfg.block_size, cfg.n_embd, cfg.block_size, cfg.padded_vocab // tp
+    A, K = cfg.n_head * cfg.head_size // tp, cfg.kv_heads * cfg.head_size // tp
+    I = cfg.ffn_width // tp
+    matrix = batch * (cfg.n_head // tp) * T * T * w
     return {"ln": N * C * s + N * w, "ln_w": C * w, "summed": 0, "matrix": matrix,
             "attention": N * C * s + N * (A + 2 * K) * w + matrix + N * A * s,
             "attention_w": 2 * N * C * s + N * (2 * A + 2 * K) * s,

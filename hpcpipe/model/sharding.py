@@ -9,10 +9,22 @@ With tp shards, a block's attention is split by heads and its MLP by the hidden 
     wte (V, C)       vocabulary-parallel: rows [r·V/tp, (r+1)·V/tp), for the embedding and
                      the tied head (whose cross-entropy never gathers the full logits)
 
-Every other tensor (LayerNorms, wpe, the row-parallel biases) is replicated. A shard's
-tensors keep GPT-2's names; `Shard` maps a local tensor onto the global one, so
-checkpoints hold global tensors and load under any tp. Pure arithmetic on shapes: the
-collectives that join the shards inside F and B are parallel/tensor.py's.
+Every other tensor (LayerNorms, wpe, the row-parallel biases) is replicated. A Llama
+(Hugging Face's (out, in) weights) splits by key/value groups, tp dividing n_kv_head:
+
+    q_proj (NH·HS, C)     rows: shard r's query heads [r·NH/tp, (r+1)·NH/tp) — exactly the
+    k_proj, v_proj        heads that read its key/value heads [r·KV/tp, (r+1)·KV/tp), rows
+    (KV·HS, C)            of k_proj and v_proj (query head h reads K/V head h // (NH/KV))
+    o_proj (C, NH·HS)     columns, matching q's heads: partial outputs summed over tp
+    gate_proj, up_proj    rows [r·I/tp, (r+1)·I/tp) (column-parallel: each shard some of
+    (I, C)                the hidden width)
+    down_proj (C, I)      the matching columns (row-parallel)
+    embed_tokens, lm_head vocabulary rows, as GPT-2's wte (the untied head's too)
+
+and its RMSNorms are replicated. A shard's tensors keep their family's names; `Shard` maps
+a local tensor onto the global one, so checkpoints hold global tensors and load under any
+tp. Pure arithmetic on shapes: the collectives that join the shards inside F and B are
+parallel/tensor.py's.
 """
 
 from __future__ import annotations
@@ -69,14 +81,26 @@ class Shard:
         return self.take(index).reshape(-1)
 
 
+# Llama tensors (Hugging Face's names, their ends): the axis each splits along; the rest
+# (the RMSNorms) replicated.
+_LLAMA_SPLITS = {"self_attn.q_proj.weight": 0, "self_attn.k_proj.weight": 0,
+                 "self_attn.v_proj.weight": 0, "self_attn.o_proj.weight": 1,
+                 "mlp.gate_proj.weight": 0, "mlp.up_proj.weight": 0,
+                 "mlp.down_proj.weight": 1}
+_VOCABULARY = ("wte", "model.embed_tokens.weight", "lm_head.weight")
+
+
 def shard_of(name: str, shape, tp: int, rank: int) -> Shard:
-    """Which part of parameter `name` (GPT-2's name, global `shape`) shard `rank` of `tp`
-    holds."""
+    """Which part of parameter `name` (its family's name, global `shape`) shard `rank` of
+    `tp` holds."""
     if tp == 1:
         return Shard()
     part = lambda n: (rank * n // tp, (rank + 1) * n // tp)
-    if name == "wte":
+    if name in _VOCABULARY:
         return Shard(0, (part(shape[0]),))
+    if name.startswith("model.layers."):
+        dim = _LLAMA_SPLITS.get(name.split(".", 3)[3])
+        return Shard() if dim is None else Shard(dim, (part(shape[dim]),))
     if name.endswith("attn.c_attn.weight") or name.endswith("attn.c_attn.bias"):
         C = shape[-1] // 3
         a, b = part(C)
@@ -89,15 +113,24 @@ def shard_of(name: str, shape, tp: int, rank: int) -> Shard:
 
 
 def check_divisible(model, tp: int) -> list[tuple[str, int, str]]:
-    """(key, value, problem) for each part of the model that tp shards cannot split."""
-    problems = []
-    for key, value, what in (("n_head", model.n_head, "attention heads"),
-                             ("vocab_size", model.padded_vocab, "vocabulary rows"),
-                             ("n_embd", 4 * model.n_embd, "MLP hidden width (4 × n_embd)")):
-        if value % tp:
-            problems.append((key, getattr(model, key),
-                             f"{what} {value} do not divide among parallel.tp = {tp} shards"))
-    return problems
+    """(key, value, problem) for each part of the model that tp shards cannot split, the
+    problem saying what tp must divide."""
+    if model.arch == "llama":
+        kv = "n_kv_head" if model.n_kv_head else "n_head"
+        parts = ((kv, model.kv_heads, "key/value heads", " (a shard owns whole key/value "
+                                                         "groups with their query heads)"),
+                 ("vocab_size", model.padded_vocab, "vocabulary rows", ""),
+                 ("intermediate_size", model.ffn_width, "SwiGLU hidden width", ""))
+        advice = "n_kv_head, vocab_size (padded to model.vocab_multiple) and intermediate_size"
+    else:
+        parts = (("n_head", model.n_head, "attention heads", ""),
+                 ("vocab_size", model.padded_vocab, "vocabulary rows", ""),
+                 ("n_embd", 4 * model.n_embd, "MLP hidden width (4 × n_embd)", ""))
+        advice = "n_head, vocab_size (padded to model.vocab_multiple) and 4 × n_embd"
+    return [(key, getattr(model, key), f"{what} {value} do not divide among parallel.tp = "
+                                       f"{tp} shards{why}; choose a parallel.tp that divides "
+                                       f"{advice}")
+            for key, value, what, why in parts if value % tp]
 
 
 # -- how a checkpoint records which part of a tensor a rank's state is ------------------------

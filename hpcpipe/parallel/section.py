@@ -202,9 +202,7 @@ def check_fit(source: str, parallel: ParallelSection, model, recompute: str):
     recomputation `recompute` (train.recompute) its stages."""
     n_layer = model.n_layer
     for key, value, problem in check_divisible(model, parallel.tp):
-        raise ConfigError(source, f"model.{key}", value,
-                          f"{problem}; choose a parallel.tp that divides n_head, vocab_size "
-                          f"(padded to model.vocab_multiple) and 4 × n_embd")
+        raise ConfigError(source, f"model.{key}", value, problem)
     stages = parallel.pp * chunks(parallel.schedule, parallel.chunks)
     if parallel.layout:
         try:

@@ -22,7 +22,7 @@ import os
 import time
 
 from hpcpipe import __version__
-from hpcpipe.config import Config, for_world, require_pipelined_model
+from hpcpipe.config import Config, for_world
 from hpcpipe.data.checks import fingerprint_of, open_tokens
 from hpcpipe.device import backend
 from hpcpipe.device.memory import MemoryGauge
@@ -81,7 +81,6 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None):
         # dp = "auto" and train.global_batch_size become counts once the world is known
-        require_pipelined_model(cfg)
         self.cfg, self.comm, self.out = for_world(cfg, comm.size), comm, out
         self.started = time.perf_counter()
         self.start_step, self.tokenizer = 0, None  # (the tokenizer.json checkpoints carry)

@@ -9,14 +9,16 @@ import pytest
 from hpcpipe.__main__ import main
 from hpcpipe.bench import step
 from hpcpipe.device import backend
-from hpcpipe.model import GPT, param_layout
+from hpcpipe.model import GPT, Llama, param_layout
 from hpcpipe.model.layers import attention, block, linear
 
 
 def test_flop_count_uses_every_matmul_parameter_once():
     """N for 6N: every parameter but the position embedding (the tied wte counted once, its
-    padding rows, which predict nothing, not at all)."""
-    for cfg in (*step.CONFIGS.values(), step.SMOKE):
+    padding rows, which predict nothing, not at all); a tied Llama's every parameter."""
+    for cfg in (step.CONFIGS["llama-small"], step.SMOKE_LLAMA):
+        assert step.flop_params(cfg) == Llama(cfg, dtype="float32").num_params
+    for cfg in (*(c for c in step.CONFIGS.values() if c.arch == "gpt2"), step.SMOKE):
         total = GPT(cfg, dtype="float32").num_params
         padding = (cfg.padded_vocab - cfg.vocab_size) * cfg.n_embd
         assert step.flop_params(cfg) == total - cfg.block_size * cfg.n_embd - padding
@@ -113,3 +115,44 @@ def test_a_padded_vocabulary_allows_the_masked_columns_in_the_loss():
     with pytest.raises(RuntimeError, match="losses differ"):
         step.check_same_loss("gpt2-50257", 10.9, 10.9 + 0.99 * gap, "float32",
                              cfg=step.CONFIGS["gpt2-50257"])
+
+
+def test_a_llama_s_smoke_against_transformers(tmp_path, capsys):
+    """`--configs llama-small --smoke`: the Llama family's smoke shape against transformers'
+    LlamaForCausalLM, the same first loss, its layers in the profile."""
+    from harness.hfllama import clients
+
+    clients()
+    out = tmp_path / "step.json"
+    assert main(["bench", "step", "--smoke", "--configs", "llama-small", "--profile",
+                 "--json", str(out)]) == 0
+    assert "| llama-smoke |" in capsys.readouterr().out
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["arch"] == "llama" and row["n_kv_head"] == 2
+    assert row["torch_tokens_per_s"] > 0 and row["ratio"] > 0
+    assert row["torch_loss0"] == pytest.approx(row["hpcpipe_loss0"], rel=1e-5)
+    assert {r["layer"] for r in row["profile_ms"]} >= {"gqa", "swiglu", "rmsnorm", "adamw"}
+
+
+def test_a_llama_s_first_step_is_transformers_in_float64():
+    """The Llama smoke shape in float64 against LlamaForCausalLM (its float32 rotary
+    tables and RMSNorm patched to float64: tests/harness/hfllama.py): the same first loss
+    and, after one AdamW step, the same weights — the benchmark's two steps do the same
+    work."""
+    from harness.hfllama import clients, exact_float64
+
+    torch, _ = clients()
+    cfg, be = step.SMOKE_LLAMA, backend.cpu()
+    idx, targets = step.make_batch(cfg, 2)
+    ours = step.HpcpipeStep(cfg, be, "float64", idx, targets)
+    host = {name: np.array(value) for name, value in ours.stage.params.items()}
+    theirs = step.TorchStep(torch, cfg, "cpu", "float64", host, idx, targets)
+    loss = ours()
+    with exact_float64(theirs.model.hf):
+        torch_loss = theirs()
+    assert abs(loss - torch_loss) <= 1e-12 * abs(torch_loss)
+    mine = {name.removeprefix("hf."): p for name, p in theirs.model.named_parameters()}
+    assert mine.keys() == ours.stage.params.keys()
+    for name, value in ours.stage.params.items():
+        np.testing.assert_allclose(value, mine[name].detach().numpy(), rtol=1e-9, atol=1e-12,
+                                   err_msg=name)

@@ -71,6 +71,45 @@ def test_a_llama_stage_s_analytic_bytes_equal_its_stash(spec, dtype, recompute):
         assert abs(got - want) <= 16, (got, want)
 
 
+class OneOfTwoShards:
+    """Shard 0 of 2 for counting bytes alone: the arrays a tensor-parallel stage keeps
+    depend on the shapes only, so its sums are left out (the values are not compared)."""
+
+    size, rank, sequence = 2, 0, False
+
+    def all_reduce(self, array, op=None):
+        return array
+
+    all_max = all_reduce
+
+
+@pytest.mark.parametrize("recompute", list(Mode))
+@pytest.mark.parametrize("spec", SPECS[:3] + SPECS[4:7], ids=lambda s: s.describe())
+def test_a_llama_tensor_shard_s_analytic_bytes_equal_its_stash(spec, recompute):
+    """The same for one of 2 tensor shards of a Llama's stage: its key/value group, half
+    the SwiGLU's width, half the vocabulary's logits."""
+    plan = stage_memory(LLAMA, spec, B, "float32", recompute, tp=2)
+    stage = spec.build(LLAMA, dtype="float32", recompute=StageRecompute(recompute),
+                       tp=OneOfTwoShards())
+    host = np.random.default_rng(0).integers(0, LLAMA.vocab_size, (B, LLAMA.block_size + 1))
+    shape = (B, LLAMA.block_size, LLAMA.n_embd)
+    stage.forward(0, host[:, :-1] if spec.embedding_part else np.ones(shape, np.float32),
+                  host[:, 1:] if spec.head_part else None)
+    after_f = stage.stash_bytes(0)
+    stage.rebuild(0)
+    during_b = stage.stash_bytes(0)
+    stage.backward_input(0, None if spec.head_part else np.ones(shape, np.float32))
+    # The sharded loss keeps the targets this shard holds and their rows (k of each), not
+    # all N targets: the plan counts the N of one process, k's mean.
+    k = int((host[:, 1:] < LLAMA.padded_vocab // 2).sum()) if spec.head_part else 0
+    loss = (2 * k - host[:, 1:].size) * 8 if spec.head_part else 0
+    for got, want in zip((after_f - (loss if recompute != Mode.FULL else 0),
+                          during_b - loss, stage.stash_bytes(0)),
+                         (plan.kept, plan.full, plan.after_b)):
+        assert abs(got - want) <= 16, (got, want)
+    assert plan.full < stage_memory(LLAMA, spec, B, "float32", recompute).full
+
+
 def test_recompute_keeps_less_and_rebuilds_all():
     spec = SPECS[2]
     none, selective, full = (stage_memory(CFG, spec, B, "float32", r) for r in Mode)

@@ -145,15 +145,18 @@ def test_adamw_over_the_flat_buffers_lowers_a_llama_s_loss():
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_the_pipeline_refuses_tensor_parallelism_for_a_llama_with_one_message(capsys,
-                                                                              tmp_path):
-    """A Llama's stages hold whole tensors: parallel.tp > 1 is refused up front by train
-    (and its dry run) and plan, one message, nothing written."""
+def test_tensor_parallelism_that_splits_a_key_value_group_is_refused_with_one_message(
+        capsys, tmp_path):
+    """A tensor shard owns whole key/value groups: a parallel.tp that does not divide
+    n_kv_head is refused up front by train (and its dry run) and plan, one message naming
+    the key, nothing written. (tp dividing it trains: tests/mpi/llama_layouts.py.)"""
     from harness.hostile import TINY, ends_with_one_error
 
-    llama = ["--set", 'model.arch="llama"', "--set", "parallel.tp=2"]
+    llama = ["--set", 'model.arch="llama"', "--set", "model.n_head=6", "--set",
+             "model.n_embd=96", "--set", "model.n_kv_head=3", "--set", "parallel.tp=2"]
     for argv in (["train", TINY, "--run-dir", str(tmp_path / "run")],
                  ["train", TINY, "--dry-run"], ["plan", TINY]):
         line = ends_with_one_error(capsys, [*argv, *llama])
-        assert "parallel.tp = 2" in line and "model.arch = 'llama'" in line, line
+        assert "model.n_kv_head = 3: key/value heads 3 do not divide among parallel.tp = 2 " \
+               "shards (a shard owns whole key/value groups" in line, line
     assert not (tmp_path / "run").exists()

@@ -10,16 +10,25 @@ learnable token stream in float32, as tests/mpi/sixteen_bit.py's GPT-2 runs:
 - dp 2 × pp 2: ZB-H1, 1F1B and recomputation selective and full bitwise alike; ZeRO-1,
   2 and 3, post-validation and plain dp 2 within the all-reduce's round-off of one
   process (dp sums the microbatches' gradients in another order);
-- bfloat16 on pp 2 under ZB-H1: bitwise one process in bfloat16;
+- pp 4 under 1F1B and ZB-H1: bitwise one process;
+- bfloat16 on pp 2 and float16 (its dynamic loss scale) on pp 4 under ZB-H1: bitwise one
+  process in the same dtype;
 - the other modes on dp 2 × pp 2: Muon within round-off of one process's Muon (and not
   AdamW), PowerSGD at full rank within its orthogonalization's round-off of one process,
   PipeDream-2BW on pp 2 and 3 bitwise its one process, local SGD (DiLoCo's Nesterov outer
   step) and asynchronous dp (bounded staleness 0) bitwise their pp 1 runs.
+- tensor parallelism (float64): tp 2, tp 2 × pp 2 and tp 2 × dp 2, tied and untied, with
+  ZeRO-1, post-validation, sequence parallelism and recomputation, within GPT-2's
+  tensor-parallel tolerance of one process (TP_CLOSE) and bitwise across schedules; a
+  checkpoint resharded tp 2 × pp 2 → tp 1 → tp 2 × dp 2 continues one process's losses;
+  bfloat16 on tp 2 × pp 2 bitwise across schedules, near its one process.
 The report fails when any rank found a mismatch.
 """
 
 import os
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 from mpi4py import MPI
@@ -30,10 +39,13 @@ from harness import (
     mpibody,  # noqa: E402  (tests/harness/mpibody.py: the body's contract)
 )
 
+from hpcpipe import checkpoint as ckpt
 from hpcpipe import config
 from hpcpipe.parallel import grid as gridlib
+from hpcpipe.parallel.pipeline.parameters import _global_parameters as global_parameters
 from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import KINDS, ScheduleError, flushes, generate
+from hpcpipe.train import checkpoints
 from hpcpipe.train.rank import Rank
 
 B, M, STEPS, V = 2, 4, 4, 19
@@ -41,11 +53,12 @@ CLOSE = 1e-5  # dp's other summation order, relative, on the losses and the weig
 POWERSGD_CLOSE = 1e-3  # full-rank factors: exact but for their orthogonalization's round-off
 
 
-def make_cfg(tied, dp=1, pp=1, kind="1f1b", dtype="float32", train=None, **parallel):
+def make_cfg(tied, dp=1, pp=1, kind="1f1b", dtype="float32", train=None, model=None,
+             **parallel):
     return config.from_dict({
         "model": {"arch": "llama", "n_layer": 6, "n_head": 4, "n_kv_head": 2, "n_embd": 16,
                   "intermediate_size": 24, "block_size": 6, "vocab_size": V,
-                  "tie_word_embeddings": tied},
+                  "tie_word_embeddings": tied, **(model or {})},
         "train": {"dtype": dtype, "micro_batch_size": B, "lr": 2e-2, "min_lr": 0.0,
                   "grad_clip": 1.0, "weight_decay": 0.1, "seed": 7, **(train or {})},
         "parallel": {"dp": dp, "pp": pp, "microbatches": M // dp, "schedule": kind,
@@ -60,14 +73,18 @@ def batch(step):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def train(comm, cfg, schedule):
-    """STEPS steps on `comm`; (losses, the weights gathered on comm rank 0)."""
+def train(comm, cfg, schedule, steps=range(1, STEPS + 1), resume=None, save=None):
+    """`steps` on `comm`, from the checkpoint at `resume` when given; (losses, the global
+    weights gathered on comm rank 0), and with `save` (a folder) the path of the
+    checkpoint written there after the last step."""
     p = cfg.parallel
-    grid = gridlib.build(comm, p.dp, p.pp, asynchronous=not flushes(p.schedule))
     be = devices.select()
+    grid = gridlib.build(comm, p.dp, p.pp, asynchronous=not flushes(p.schedule), tp=p.tp)
     rank = Rank.build(cfg, grid, be, build_plan(cfg, schedule=schedule))
+    if resume is not None:
+        checkpoints.load(rank, cfg, resume, ckpt.read_manifest(resume))
     losses = []
-    for step in range(1, STEPS + 1):
+    for step in steps:
         idx, targets = batch(step)
         first = grid.dp_rank * p.microbatches
 
@@ -77,22 +94,22 @@ def train(comm, cfg, schedule):
 
         losses += [o.loss for o in rank.train_step(step, inputs, 2e-2, 1.0)]
     losses += [o.loss for o in rank.flush()]
-    rank.step.finish(STEPS)
+    rank.step.finish(steps[-1])
     if rank.step.asynchronous:  # (asynchronous dp: the replicas meet at the end)
         rank.step.meet("the end of the test run")
     rank.step.materialize()  # ZeRO-3: the whole weights, to read them
     mine = {}
-    with rank.step.published():
-        for stage in rank.model.stages.values() if grid.dp_rank == 0 else ():
-            for name, value in stage.param_buffer.views.items():
-                if name != stage.tied or stage.embedding_part:
-                    mine[name] = be.to_host(value).astype(np.float32)
+    with rank.step.published():  # the global tensors, tensor shards gathered
+        if grid.dp_rank == 0:
+            mine = {name: host.astype(np.float64)
+                    for name, _, host in global_parameters(rank.model, grid)}
+    path = checkpoints.save(rank, cfg, steps[-1], save, {}).path if save else None
     rank.step.close()
     parts = comm.gather(mine, root=0)
     weights = None
     if comm.rank == 0:
         weights = {k: v for part in parts for k, v in part.items()}
-    return losses, weights
+    return (losses, weights) if save is None else (losses, weights, path)
 
 
 def same(a, b) -> bool:
@@ -159,13 +176,13 @@ def check_data_parallel(world, tied, ref, failures):
                             f"{ref[0]}")
 
 
-def on_first(world, n, cfg, schedule):
+def on_first(world, n, cfg, schedule, steps=range(1, STEPS + 1)):
     """cfg's run on world ranks [0, n) (the others wait); its result on rank 0."""
     mpibody.settle(world)
     comm = world.Split(0 if world.rank < n else MPI.UNDEFINED, key=world.rank)
     if comm == MPI.COMM_NULL:
         return None
-    result = train(comm, cfg, schedule)
+    result = train(comm, cfg, schedule, steps)
     comm.Free()
     return result
 
@@ -202,6 +219,141 @@ def check_modes(world, ref, failures):
             failures.append(f"{label}: {got[0]} vs {want[0]}")
 
 
+# Tensor parallelism in float64 against one process: the losses to GPT-2's tensor-parallel
+# tolerance (tests/mpi/tensor_parallel.py; the shards' sums round otherwise), the weights
+# to ten times it. One element of the untied model's last down_proj has a first gradient
+# of 1.7e-8, at AdamW's eps (1e-8), where m/(sqrt(v) + eps) turns the gradient's 1e-19
+# rounding into 1.6e-13 of a weight (1.4e-12 of that tensor's largest). Bitwise across
+# schedules and recomputation for a fixed layout. GPT-2's 3 steps. V = 19 padded to 20:
+# two vocabulary shards, the padding row's mask on the second.
+TP_MODEL = {"vocab_multiple": 2}
+TP_CLOSE, TP_WEIGHTS = 1e-12, 1e-11
+TP_STEPS = range(1, 4)
+
+
+def near(a, b) -> bool:
+    """Losses within TP_CLOSE and weights within TP_WEIGHTS of the largest magnitude of
+    `b`'s (each tensor's own)."""
+    (la, wa), (lb, wb) = a[:2], b[:2]
+    within = lambda x, y, tol: np.abs(np.subtract(x, y)).max() <= tol * np.abs(y).max()
+    return wa.keys() == wb.keys() and within(la, lb, TP_CLOSE) and all(
+        within(wa[k], wb[k], TP_WEIGHTS) for k in wb)
+
+
+def tp_cfg(tied, dp=1, pp=1, kind="1f1b", train=None, **parallel):
+    return make_cfg(tied, dp, pp, kind, "float64", train, TP_MODEL, tp=2, **parallel)
+
+
+def check_tensor_parallel(world, failures, report):
+    """tp 2 alone, tp 2 × pp 2 and tp 2 × dp 2, tied and untied: equal to one process to
+    TP_CLOSE; schedules and recomputation bitwise alike; ZeRO-1, post-validation and
+    sequence parallelism; a checkpoint carried tp 2 × pp 2 → tp 1 → tp 2 × dp 2."""
+    cases = {True: (("pp 2 1f1b", 1, 2, "1f1b", {}, {}), ("pp 2 zb-h1", 1, 2, "zb-h1", {}, {}),
+                    ("pp 2 zb-h1 selective", 1, 2, "zb-h1", {"recompute": "selective"}, {}),
+                    ("dp 2 1f1b", 2, 1, "1f1b", {}, {}),
+                    ("dp 2 ZeRO-1", 2, 1, "1f1b", {}, {"zero": 1})),
+             False: (("pp 2 zb-h1", 1, 2, "zb-h1", {}, {}),
+                     ("pp 2 sequence parallel, full recompute", 1, 2, "zb-h1",
+                      {"recompute": "full"}, {"sequence_parallel": True}),
+                     ("dp 2 post-validation", 2, 1, "1f1b", {"post_validation": True}, {}))}
+    bitwise = {"pp 2 zb-h1": "pp 2 1f1b", "pp 2 zb-h1 selective": "pp 2 1f1b"}
+    for tied, runs in cases.items():
+        ref = train(MPI.COMM_SELF, make_cfg(tied, dtype="float64", model=TP_MODEL),
+                    generate("1f1b", 1, M), TP_STEPS) if world.rank == 0 else None
+        mpibody.settle(world)
+        results = {}
+        if tied:  # tp 2 alone, on 2 of the ranks
+            results["alone"] = on_first(world, 2, tp_cfg(True), generate("1f1b", 1, M),
+                                        TP_STEPS)
+        for label, dp, pp, kind, train_keys, extra in runs:
+            results[label] = train(world, tp_cfg(tied, dp, pp, kind, train_keys, **extra),
+                                   generate(kind, pp, M // dp), TP_STEPS)
+        if world.rank == 0:
+            for label, result in results.items():
+                if not near(result, ref):
+                    failures.append(f"tied={tied} tp 2 × {label}: {result[0]} vs one "
+                                    f"process {ref[0]}, or the weights differ")
+                if label in bitwise and bitwise[label] in results and \
+                        not same(result, results[bitwise[label]]):
+                    failures.append(f"tied={tied} tp 2 × {label}: not bitwise "
+                                    f"{bitwise[label]}")
+        report.append(f"tied={tied} tp 2: {', '.join(results)}")
+    check_tensor_sixteen_bit(world, failures, report)
+    check_tensor_checkpoints(world, failures, report)
+
+
+def check_tensor_sixteen_bit(world, failures, report):
+    """bfloat16 on tp 2 × pp 2 (an untied Llama; on a device its fused kernels under tensor
+    parallelism): 1F1B and ZB-H1 bitwise alike, the last loss within 3 % of one process's
+    in bfloat16 (the shards' sums round in 16 bits otherwise)."""
+    one = train(MPI.COMM_SELF, make_cfg(False, dtype="bfloat16", model=TP_MODEL),
+                generate("1f1b", 1, M)) if world.rank == 0 else None
+    mpibody.settle(world)
+    runs = [train(world, make_cfg(False, 1, 2, kind, "bfloat16", None, TP_MODEL, tp=2),
+                  generate(kind, 2, M)) for kind in ("1f1b", "zb-h1")]
+    if world.rank == 0:
+        if not same(runs[0], runs[1]):
+            failures.append("bfloat16 tp 2 × pp 2: 1f1b and zb-h1 differ")
+        if abs(runs[0][0][-1] - one[0][-1]) > 0.03 * one[0][-1]:
+            failures.append(f"bfloat16 tp 2 × pp 2: last loss {runs[0][0][-1]} vs one "
+                            f"process {one[0][-1]}")
+    report.append("bfloat16 tp 2 × pp 2: 1f1b, zb-h1")
+
+
+def check_tensor_checkpoints(world, failures, report):
+    """An untied Llama saved at tp 2 × pp 2 after 2 steps, resumed at tp 1 for one,
+    saved, resumed at tp 2 × dp 2 for the last: one uninterrupted process's losses."""
+    folder = world.bcast(tempfile.mkdtemp(prefix="hpcpipe-llama-tp-")
+                         if world.rank == 0 else None)
+    ref = train(MPI.COMM_SELF, make_cfg(False, dtype="float64", model=TP_MODEL),
+                generate("1f1b", 1, M)) if world.rank == 0 else None
+    mpibody.settle(world)
+    losses, _, path = train(world, tp_cfg(False, pp=2), generate("1f1b", 2, M), range(1, 3),
+                            save=os.path.join(folder, "tp2"))
+    mpibody.settle(world)
+    if world.rank == 0:
+        one = make_cfg(False, dtype="float64", model=TP_MODEL)
+        more, _, path = train(MPI.COMM_SELF, one, generate("1f1b", 1, M), range(3, 4),
+                              resume=path, save=os.path.join(folder, "tp1"))
+        losses += more
+    mpibody.settle(world)
+    path = world.bcast(path)
+    losses += train(world, tp_cfg(False, dp=2), generate("1f1b", 1, M // 2), range(4, 5),
+                    resume=path)[0]
+    world.barrier()  # every rank has read the checkpoints before they go
+    if world.rank == 0:
+        shutil.rmtree(folder)
+        if not near((losses, {}), (ref[0], {})):
+            failures.append(f"checkpoints tp 2 × pp 2 → tp 1 → tp 2 × dp 2: {losses} vs "
+                            f"one process {ref[0]}")
+    report.append("checkpoints: tp 2 × pp 2 → tp 1 → tp 2 × dp 2")
+
+
+def check_deep(world, ref, failures, report):
+    """pp 4 (a stage of one or two blocks) under 1F1B and ZB-H1: bitwise one process."""
+    mpibody.settle(world)
+    kinds = ("1f1b", "zb-h1")
+    for kind in kinds:
+        result = train(world, make_cfg(True, pp=4, kind=kind), generate(kind, 4, M))
+        if world.rank == 0 and not same(result, ref):
+            failures.append(f"tied=True {kind} pp=4: {result[0]} vs one process {ref[0]}")
+    report.append(f"pp 4: {', '.join(kinds)} bitwise one process")
+
+
+def check_sixteen_bit(world, failures, report):
+    """bfloat16 on pp 2 (untied) and float16 on pp 4 (tied; its dynamic loss scale), each
+    under ZB-H1: bitwise one process in the same dtype."""
+    for dtype, tied, pp in (("bfloat16", False, 2), ("float16", True, 4)):
+        mpibody.settle(world)
+        one = train(MPI.COMM_SELF, make_cfg(tied, dtype=dtype), generate("zb-h1", 1, M)) \
+            if world.rank == 0 else None
+        got = on_first(world, pp, make_cfg(tied, pp=pp, kind="zb-h1", dtype=dtype),
+                       generate("zb-h1", pp, M))
+        if world.rank == 0 and not same(one, got):
+            failures.append(f"{dtype} zb-h1 pp={pp}: {got[0]} vs one process {one[0]}")
+    report.append("bfloat16 pp 2 and float16 pp 4 checked")
+
+
 def check(world) -> mpibody.Report:
     failures, report = [], []
     for tied in (True, False):
@@ -215,23 +367,13 @@ def check(world) -> mpibody.Report:
         checked, possible = check_pipelines(world, tied, ref, failures)
         check_data_parallel(world, tied, ref, failures)
         if tied:
+            check_deep(world, ref, failures, report)
             check_modes(world, ref, failures)
             report.append("modes: Muon, PowerSGD, PipeDream-2BW, local SGD, async dp checked")
         report.append(f"tied={tied}: {checked} of {possible} pipeline layouts bitwise equal "
                       f"to one process")
-    mpibody.settle(world)
-    if world.rank < 2:  # bfloat16 on pp 2: bitwise its one process
-        comm = world.Split(0, key=world.rank)
-        one = train(MPI.COMM_SELF, make_cfg(False, dtype="bfloat16"), generate("zb-h1", 1, M)) \
-            if world.rank == 0 else None
-        two = train(comm, make_cfg(False, pp=2, kind="zb-h1", dtype="bfloat16"),
-                    generate("zb-h1", 2, M))
-        if world.rank == 0 and not same(one, two):
-            failures.append(f"bfloat16 zb-h1 pp=2: {two[0]} vs one process {one[0]}")
-        comm.Free()
-    else:
-        world.Split(MPI.UNDEFINED, key=world.rank)
-    report.append("bfloat16 pp 2 checked")
+    check_tensor_parallel(world, failures, report)
+    check_sixteen_bit(world, failures, report)
     return mpibody.Report.agreed(world, report, failures)
 
 

@@ -1,12 +1,15 @@
 """A Llama trained through the pipeline on every layout the config allows, and its
 checkpoints.
 
-The layouts (pp 2 and 3 under every flushing schedule and at a block's seam, dp 2 × pp 2
-with ZeRO-1/2/3, recomputation and post-validation, bfloat16, tied and untied heads; Muon,
-PowerSGD, PipeDream-2BW, local SGD and asynchronous dp) are one worker body on 4 ranks
+The layouts (pp 2 and 3 under every flushing schedule and at a block's seam, pp 4, dp 2 ×
+pp 2 with ZeRO-1/2/3, recomputation and post-validation, bfloat16 and float16, tied and
+untied heads; Muon,
+PowerSGD, PipeDream-2BW, local SGD and asynchronous dp; tensor parallelism tp 2 × pp 2
+and tp 2 × dp 2 and its checkpoints across tp) are one worker body on 4 ranks
 (tests/mpi/llama_layouts.py); the checkpoint cases are real
 `mpiexec` jobs of `python -m hpcpipe train` starting from an imported checkpoint with its
-tokenizer.json. Tensor parallelism's refusal: tests/model/test_llama_model.py."""
+tokenizer.json. A tp that splits a key/value group is refused:
+tests/model/test_llama_model.py."""
 
 import json
 import re
@@ -45,6 +48,14 @@ def test_a_llama_on_every_layout_equals_one_process(world):
         assert len(counts) == 1 and counts[0][0] == counts[0][1] > 0, report.summary
         assert want is None or counts[0][1] == want, report.summary
     assert "modes: Muon, PowerSGD, PipeDream-2BW, local SGD, async dp checked" in report.summary
+    for line in ("pp 4: 1f1b, zb-h1 bitwise one process",
+                 "bfloat16 pp 2 and float16 pp 4 checked",
+                 "tied=True tp 2: alone, pp 2 1f1b, pp 2 zb-h1, pp 2 zb-h1 selective, dp 2 1f1b, "
+                 "dp 2 ZeRO-1", "tied=False tp 2: pp 2 zb-h1, pp 2 sequence parallel, full "
+                 "recompute, dp 2 post-validation",
+                 "checkpoints: tp 2 × pp 2 → tp 1 → tp 2 × dp 2",
+                 "bfloat16 tp 2 × pp 2: 1f1b, zb-h1"):
+        assert line in report.summary, report.summary
 
 
 def imported(folder, tmp_path):

@@ -158,13 +158,13 @@ def backward_input(dout, cache):
     dy = projection.backward_input(dout, cache["o_proj"])  # (B, T, NH·HS)
     grads = core_backward(dy, cache)  # dq, dk, dv: what W of q, k, v needs
     cache["d"] = dict(zip(NAMES[:3], grads))  # (a dict: the stash's count walks dicts)
-    be, C = cache["be"], cache["x"].shape[-1]
+    be, x = cache["be"], cache["x"]  # (the whole sequence under sequence parallelism)
     dq, dk, dv = (d.reshape(-1, d.shape[-1]) for d in grads)
     wq, wk, wv = cache.pop("weights")
     dx = matmul(be, dq, wq)  # (B·T, C): the three projections' input gradients summed
     matmul_accumulate(be, dk, wk, dx, "gqa.dx")
     matmul_accumulate(be, dv, wv, dx, "gqa.dx")
-    return projection.column_input_gradient(dx.reshape(*dout.shape[:-1], C), cache["tp"])
+    return projection.column_input_gradient(dx.reshape(x.shape), cache["tp"])
 
 
 def core_backward(dy, cache):

@@ -11,10 +11,12 @@ the default, the median time of a synchronous step measured before the run, it r
 half speed (the sleep is in slices that let MPI make progress, as a slow device's host
 thread would between its operations).
 
-A segment is N global steps of the run's budget: under synchronous dp, local SGD and SSP
-every replica runs those N steps (SSP's replicas apart by at most s within it, all its
-updates applied at its end); under asynchronous EASGD the replicas share the segment's
-2N replica-steps by speed (tickets, train/asyncstep.py), so the faster one takes more.
+A segment is N global steps of the run's budget: under synchronous dp and local SGD every
+replica runs those N steps; under SSP and asynchronous EASGD the replicas share the
+segment's 2N gradient shares by speed (tickets, train/asyncstep.py), so the faster one
+takes more (SSP: each step's update applied once both its shares are in, a replica's
+weights at most s updates behind the step it computes; all updates applied at the
+segment's end).
 Between segments the modes meet (a barrier): a mode's clock runs only inside its own
 segments. The first replica evaluates every mode's model — the weights, or the elastic
 centre — at the end of each segment (outside the clock).
@@ -249,8 +251,8 @@ def segment(mode, start: int, end: int, delay: float, tokens, be, world):
     """Global steps (start, end] of `mode`, both replicas, on its clock."""
     cfg, step_of, grid = mode.cfg, mode.rank.step, mode.grid
     t = cfg.train
-    if hasattr(step_of, "centre") and world.rank == 0:  # (a ticket past the last
-        step_of.board.set_tickets(grid.dp * start)    # segment's budget was not run)
+    if step_of.asynchronous and world.rank == 0:  # (a ticket past the last segment's
+        step_of.board.set_tickets(grid.dp * start)  # budget was not run)
     world.Barrier()
     began = time.perf_counter()
     for step in step_of.clock(start if not step_of.asynchronous else step_of.clock_now, end):
@@ -265,18 +267,19 @@ def segment(mode, start: int, end: int, delay: float, tokens, be, world):
         payload, control = mode.moved()
         mode.steps.append({"step": step, "data_step": data_step,
                            "t": mode.clock_s + time.perf_counter() - began,
-                           "loss": outcome.loss, "staleness": staleness(mode, step),
+                           "loss": outcome.loss, "staleness": staleness(mode, step, data_step),
                            "bytes": payload, "control_bytes": control})
     step_of.finish(end)  # (ssp: every update of the segment applied)
     world.Barrier()
     mode.clock_s += time.perf_counter() - began
 
 
-def staleness(mode, step: int) -> int:
-    """What the step saw (see the module's docstring)."""
+def staleness(mode, step: int, data_step: int) -> int:
+    """What the step (a share of global step `data_step`) saw (see the module's
+    docstring)."""
     step_of = mode.rank.step
     if hasattr(step_of, "ring"):
-        return int(step - 1 - step_of.ran_on)
+        return int(data_step - 1 - step_of.ran_on)
     if hasattr(step_of, "centre"):  # (None: no exchange at this step)
         return step_of.seen_now
     if mode.cfg.train.local_steps:

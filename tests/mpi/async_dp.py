@@ -5,12 +5,14 @@ references.
 runs it on 2 and 4 ranks. Every run trains the same global batches in float64 with a
 learning rate that warms up and decays and clipping that fires on some steps. Checked:
 - bounded staleness with s = 0 equals synchronous data parallelism over 30 steps (10 on
-  4 ranks): the weights to 1e-10 (bitwise, as it happens) and the mean of the replicas'
-  losses;
-- with s = 2 and one replica asleep in Python (no MPI call) for 1.5 s, the other runs the
-  s + 1 steps the bound allows while it sleeps (its pushes into the sleeper's window do
-  not wait for it), and no step runs on weights more than s updates old, some on stale
-  ones; the run is recorded, and its replay (no sleep) is bitwise the same;
+  4 ranks): the weights to 1e-10 (bitwise, as it happens) and each global step's mean
+  loss over its shares, whichever replica took them (tickets);
+- with s = 2 and one replica asleep in Python (no MPI call) for 1.5 s, the other runs on
+  while it sleeps (at least s + 1 steps: its pushes into the sleeper's window do not
+  wait for it, and it takes the sleeper's shares of the steps too), the replicas take
+  each of the run's shares exactly once between them, and no share is computed on
+  weights more than s updates old, some on stale ones; the run is recorded, and its
+  replay (no sleep) is bitwise the same;
 - synchronous EASGD equals two independent one-process replicas moved by the elastic
   rule written here in NumPy, weights and centre to 1e-12;
 - asynchronous EASGD with a slowed replica: the replicas share the run's budget (the
@@ -85,7 +87,8 @@ def train(comm, cfg, delays=None, record=None, replay=None):
         step_of.record_to(record)
     if replay:
         step_of.replay_from(replay)
-    out = {"losses": [], "ends": [], "steps": 0, "replica": grid.dp_rank}
+    out = {"losses": [], "ends": [], "steps": 0, "replica": grid.dp_rank, "shares": {},
+           "first": grid.pp_rank == 0 and grid.tp_rank == 0}  # (one rank of a replica)
     for step in step_of.clock(0, t.steps):
         data_step, replica = step_of.assignment(step)
         inputs = batches.replica_inputs(be, global_batch(data_step), replica,
@@ -93,6 +96,7 @@ def train(comm, cfg, delays=None, record=None, replay=None):
         lr = learning_rate(data_step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
         [outcome] = rank.train_step(step, inputs, lr, t.grad_clip)
         out["losses"].append(outcome.loss)
+        out["shares"][(data_step, replica)] = outcome.loss
         out["ends"].append(time.time())
         out["steps"] += 1
         time.sleep((delays or {}).get((comm.rank, step), 0.0))
@@ -117,27 +121,32 @@ def rel_diff(a, b) -> float:
 
 
 def check_ssp_equals_dp(comm, dp, pp, tp, label, steps) -> list[str]:
-    """s = 0 against synchronous data parallelism: the weights, and the mean of the
-    replicas' own losses against synchronous dp's (the mean over the replicas)."""
+    """s = 0 against synchronous data parallelism: the weights, and each global step's mean
+    over its shares' losses (whichever replica took them) against synchronous dp's (the
+    mean over the replicas)."""
     sync = train(comm, make_cfg(dp, pp, tp, steps=steps))
     ssp = train(comm, make_cfg(dp, pp, tp, "ssp", 0, steps=steps))
     failures = []
     if rel_diff(sync["model"], ssp["model"]) > 1e-10:
         failures.append(f"{label}: s = 0 weights differ from synchronous dp by "
                         f"{rel_diff(sync['model'], ssp['model']):.3g} (relative)")
-    replicas = dict(comm.allgather((ssp["replica"], ssp["losses"])))
-    means = np.mean([replicas[d] for d in range(dp)], axis=0)
+    shares = {}
+    for taken in comm.allgather(ssp["shares"]):
+        shares.update(taken)
+    means = [np.mean([shares[(k, d)] for d in range(dp)]) for k in range(1, steps + 1)]
     if not np.allclose(means, sync["losses"], rtol=1e-12, atol=0):
         failures.append(f"{label}: s = 0 replicas' mean loss {means[-1]!r} vs synchronous "
                         f"{sync['losses'][-1]!r}")
     return failures
 
 
-def versions_from_log(folder, world_rank) -> dict:
+def staleness_from_log(folder, world_rank, dp) -> list[int]:
+    """Each recorded step's staleness: the updates missing from the weights it ran on,
+    against the global step of its ticket (ticket // dp + 1)."""
     from hpcpipe.parallel.asyncdp import record
 
-    return {r["step"]: r["version"] for r in record.read_records(
-        record.log_path(folder, world_rank))[1:] if "version" in r and "t" in r}
+    return [r["ticket"] // dp - r["version"] for r in record.read_records(
+        record.log_path(folder, world_rank))[1:] if "version" in r and "t" in r]
 
 
 def check_ssp_stragglers(comm, dp, pp, tp, label, folder) -> list[str]:
@@ -146,8 +155,7 @@ def check_ssp_stragglers(comm, dp, pp, tp, label, folder) -> list[str]:
     sleeper = comm.size - 1  # a rank of the last replica
     cfg = make_cfg(dp, pp, tp, "ssp", s, steps=12)
     recorded = train(comm, cfg, delays={(sleeper, 2): SLEEP}, record=folder)
-    versions = versions_from_log(folder, comm.rank)
-    stale = [k - 1 - v for k, v in versions.items()]
+    stale = staleness_from_log(folder, comm.rank, dp)
     if max(stale) > s:
         failures.append(f"{label}: rank {comm.rank} ran a step {max(stale)} updates "
                         f"behind, over the bound s = {s}")
@@ -161,6 +169,12 @@ def check_ssp_stragglers(comm, dp, pp, tp, label, folder) -> list[str]:
     everyone = comm.allgather(stale)
     if comm.rank == 0 and not any(x > 0 for row in everyone for x in row):
         failures.append(f"{label}: no step ran on stale weights: {everyone}")
+    shares = comm.gather(sorted(recorded["shares"]) if recorded["first"] else [], root=0)
+    if comm.rank == 0:
+        taken = sorted(x for row in shares for x in row)
+        if taken != [(k, j) for k in range(1, cfg.train.steps + 1) for j in range(dp)]:
+            failures.append(f"{label}: the replicas' shares are not each share of the run "
+                            f"once: {taken}")
     replayed = train(comm, cfg, replay=folder)
     if not (flat_equal(recorded["own"], replayed["own"])
             and recorded["losses"] == replayed["losses"]):

@@ -2,20 +2,24 @@
 gradient of every step, in a ring of MPI windows that each replica pushes into and pulls
 from without a barrier.
 
-    step u's gradient   g_u = Σ_r g_{u,r}         summed in slot (u − 1) mod R of the ring
+    step u's gradient   g_u = Σ_j g_{u,j}         summed in slot (u − 1) mod R of the ring
     update u            θ_u = opt(θ_{u−1}, g_u)    clipped by ‖g_u‖, AdamW or Muon at lr(u)
 
-Every replica applies the updates itself, in step order, to its own copy, as soon as a
-step's sum is complete (every replica pushed into it) — the same arithmetic on the same
-sums, so every replica's weights pass through one sequence θ_0, θ_1, … that synchronous
-data parallelism computes too. What differs between replicas is only *which* θ a step
-runs on: replica r's step k computes on θ_v with
+The shares g_{u,j} (j < dp: the j-th replica's share of the global batch under
+synchronous training) are the run's tickets (train/asyncstep.py): ticket T is share
+T mod dp of step T // dp + 1, computed by whichever replica takes it — a faster replica
+takes more. Every replica applies the updates itself, in step order, to its own copy, as
+soon as a step's sum is complete (dp shares pushed into it, whoever computed them) — the
+same arithmetic on the same sums, so every replica's weights pass through one sequence
+θ_0, θ_1, … that synchronous data parallelism computes too. What differs is only *which*
+θ a share is computed on: a replica computes a share of step k on θ_v with
 
     k − 1 − s ≤ v ≤ k − 1        (staleness k − 1 − v ≤ s, the bound parallel.staleness)
 
 A replica waits only when the bound requires an update that is not complete yet; s = 0
 is synchronous training (v = k − 1). The ring holds R = 2s + 2 steps: a replica may push
-step k + s while the slowest still pulls step k − s − 1.
+step k + s while the slowest still pulls step k − s − 1 (a replica that sleeps without
+pulling holds the others at R steps past its weights: the laps).
 
 The ring is sharded over the ranks of `comm` (the dp replicas of one stage's shard): rank
 j owns elements [lo_j, hi_j) of every slot, and four words per slot:

@@ -1,6 +1,6 @@
 """bench stragglers (hpcpipe/bench/stragglers.py) end to end on 2 ranks at a tiny size:
 the modes take turns, each replica's steps are recorded on the mode's clock, the slowed
-replica takes a smaller share of asynchronous EASGD's budget, SSP's staleness stays
+replica takes a smaller share of SSP's and asynchronous EASGD's budgets, SSP's staleness stays
 within its bound, the report and the picture are written. Times are measured, never
 asserted (only that they exist)."""
 
@@ -25,10 +25,11 @@ def test_the_straggler_benchmark_runs_its_modes_in_turns(tmp_path, stdlib_tokens
     for name, mode in modes.items():
         assert [e[0] for e in mode["evals"]] == [0, 3, 6], name  # before, after each turn
         assert mode["clock_s"] > 0, name
-    for name in ("sync", "local-sgd", "ssp-1"):  # every replica runs every step
+    for name in ("sync", "local-sgd"):  # every replica runs every step
         assert [len(r) for r in modes[name]["replicas"]] == [6, 6], name
     assert all(s["staleness"] <= 1 for r in modes["ssp-1"]["replicas"] for s in r)
-    fast, slow = (len(r) for r in modes["easgd"]["replicas"])
-    assert fast + slow == 12 and fast > slow  # the budget, shared by speed
+    for name in ("ssp-1", "easgd"):  # the budget's shares (tickets), shared by speed
+        fast, slow = (len(r) for r in modes[name]["replicas"])
+        assert fast + slow == 12 and fast > slow, name
     assert {row["mode"] for row in result["summary"]} == set(modes)
     assert png.stat().st_size > 0

@@ -221,6 +221,14 @@ class ParallelSection:
     # with easgd_sync; the centre is the model evaluated, saved and exported.
     async_dp: str = "none"
     staleness: int = 2  # ssp: steps a replica may run ahead of the slowest; 0: synchronous
+    # ssp's staleness correction: "none"; "lr": update u's learning rate divided by 1 + the
+    # mean staleness of its shares (Zhang et al. 2016, the staleness-aware rate); "dc":
+    # each stale share's gradient compensated to first order (DC-ASGD, Zheng et al. 2017:
+    # hpcpipe/parallel/asyncdp/compensation.py; AdamW; 3x the ring's bytes)
+    ssp_correction: str = "none"
+    # "dc": the compensation's λ (DC-ASGD-a's, over √v̂); 1000 measured best of 200-3000 on
+    # tiny.toml at lr 3e-3 (λ·lr ≈ 3; the paper's λ0 = 2 was for SGD at lr ≈ 0.5)
+    ssp_dc_lambda: float = 1000.0
     easgd_alpha: float = 0.0  # the spring's α = η·ρ; 0: the paper's β / dp with β = 0.9
     easgd_tau: int = 10  # steps of a replica between its exchanges with the centre (τ)
     easgd_sync: bool = False  # every replica exchanges at once (the paper's synchronous form)
@@ -547,6 +555,7 @@ def _check_asynchronous(source, cfg: "Config"):
         raise ConfigError(source, "parallel.schedule", parallel.schedule, why)
 
 
+SSP_CORRECTIONS = ("none", "lr", "dc")
 MAX_STALENESS = 1024  # the ring of summed gradients holds 2s + 2 steps' worth
 MAX_ASYNC_TIMEOUT = 86400.0
 
@@ -561,6 +570,14 @@ def _check_async_dp(source, cfg: "Config"):
              0 <= parallel.staleness <= MAX_STALENESS,
              f"must be 0 (synchronous) up to {MAX_STALENESS} steps (the shared gradient sums "
              f"hold 2·staleness + 2 steps)")
+    _one_of(source, "parallel.ssp_correction", parallel.ssp_correction, SSP_CORRECTIONS)
+    _require(source, "parallel.ssp_dc_lambda", parallel.ssp_dc_lambda,
+             0 <= parallel.ssp_dc_lambda < float("inf"), "must be a finite λ ≥ 0")
+    _require(source, "parallel.ssp_correction", parallel.ssp_correction,
+             parallel.ssp_correction != "dc" or train.optimizer == "adamw",
+             "\"dc\" scales its compensation by AdamW's second moment, which "
+             f"train.optimizer = \"{train.optimizer}\" does not keep for every weight; use "
+             "\"lr\" or \"none\"")
     _require(source, "parallel.easgd_tau", parallel.easgd_tau, parallel.easgd_tau >= 1,
              "must be at least 1 (steps between a replica's exchanges with the centre)")
     dp = parallel.dp if isinstance(parallel.dp, int) and parallel.dp > 0 else 1

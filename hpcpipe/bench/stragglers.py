@@ -61,10 +61,12 @@ examples:
       --set model.n_layer=2 --set model.n_embd=32     # a quick look
 
 Modes (--modes, comma-separated): sync, local-sgd (H = --local-steps), ssp-S (S = the
-staleness bound), easgd (asynchronous), easgd-sync. Defaults: sync, local-sgd, ssp-1,
+staleness bound), ssp-S-C (with parallel.ssp_correction = C), easgd (asynchronous),
+easgd-sync. Defaults: sync, local-sgd, ssp-1,
 ssp-2, ssp-4, easgd, easgd-sync."""
 
 MODES = ("sync", "local-sgd", "ssp-1", "ssp-2", "ssp-4", "easgd", "easgd-sync")
+CORRECTIONS = tuple(c for c in config.SSP_CORRECTIONS if c != "none")  # ssp-S-C
 SLICE_S = 1e-3  # the slowed replica's sleep: slices between which MPI makes progress
 
 
@@ -105,12 +107,15 @@ def mode_settings(name: str, local_steps: int) -> dict:
         return {}
     if name == "local-sgd":
         return {"train": {"local_steps": local_steps}}
-    if name.startswith("ssp-") and name[4:].isdigit():
-        return {"parallel": {"async_dp": "ssp", "staleness": int(name[4:])}}
+    bound, _, correction = name[4:].partition("-")
+    if name.startswith("ssp-") and bound.isdigit() and correction in ("", *CORRECTIONS):
+        return {"parallel": {"async_dp": "ssp", "staleness": int(bound),
+                             "ssp_correction": correction or "none"}}
     if name in ("easgd", "easgd-sync"):
         return {"parallel": {"async_dp": "easgd", "easgd_sync": name == "easgd-sync"}}
     raise HpcpipeError(f"bench stragglers: mode {name!r} unknown; allowed: sync, local-sgd, "
-                       f"ssp-S (S a whole number), easgd, easgd-sync")
+                       f"ssp-S (S a whole number) or ssp-S-C (C a staleness correction: "
+                       f"{', '.join(CORRECTIONS)}), easgd, easgd-sync")
 
 
 def mode_config(base, name: str, args) -> config.Config:
@@ -269,7 +274,8 @@ def segment(mode, start: int, end: int, delay: float, tokens, be, world):
                            "t": mode.clock_s + time.perf_counter() - began,
                            "loss": outcome.loss, "staleness": staleness(mode, step, data_step),
                            "bytes": payload, "control_bytes": control})
-    step_of.finish(end)  # (ssp: every update of the segment applied)
+    if hasattr(step_of, "ring") or end == t.steps:  # (ssp: every update of the segment
+        step_of.finish(end)                            # applied; easgd: its last exchange)
     world.Barrier()
     mode.clock_s += time.perf_counter() - began
 

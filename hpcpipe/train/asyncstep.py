@@ -36,7 +36,7 @@ import numpy as np
 
 from hpcpipe.optim.adamw import clip_coefficient, learning_rate
 from hpcpipe.optim.outcome import StepOutcome
-from hpcpipe.parallel.asyncdp import record
+from hpcpipe.parallel.asyncdp import compensation, record
 from hpcpipe.parallel.asyncdp.board import Board
 from hpcpipe.parallel.asyncdp.elastic import AsyncCentre, default_alpha
 from hpcpipe.parallel.asyncdp.ssp import GradientRing
@@ -54,6 +54,7 @@ def layout_record(cfg, grid, model) -> dict:
             "partition": [list(spec.layers) for spec in model.specs],
             "chunks": len(model.stages), "async_dp": p.async_dp,
             "staleness": p.staleness if p.async_dp == "ssp" else 0,
+            "ssp_correction": p.ssp_correction if p.async_dp == "ssp" else "none",
             "easgd_tau": p.easgd_tau if p.async_dp == "easgd" else 0,
             "dtype": cfg.train.dtype}
 
@@ -223,10 +224,11 @@ class AsyncStep(TrainStep):
         return sum(w.data.bytes for w in self._windows())
 
     # -- shared pieces ------------------------------------------------------------------
-    def _to_host(self, arrays):
-        be = self.model.backend
+    def _to_host(self, arrays, out=None):
+        """out (self.host by default) ← the flat host copy of `arrays` (this rank's shards)."""
+        be, out = self.model.backend, self.host if out is None else out
         for a, lo, hi in zip(arrays, self.offsets, self.offsets[1:]):
-            self.host[lo:hi] = be.to_host(a).reshape(-1)
+            out[lo:hi] = be.to_host(a).reshape(-1)
 
     def _replica_loss(self, result) -> float:
         """The replica's own loss (mean over its microbatches), on every rank of it."""
@@ -299,8 +301,14 @@ class StaleStep(AsyncStep):
     def settle_async(self, cfg):
         super().settle_async(cfg)
         self.staleness = cfg.parallel.staleness
-        self.ring = GradientRing(self.grid.data, self.host.size, self.host.dtype,
-                                 self.staleness, self.deadline)
+        self.correction = cfg.parallel.ssp_correction
+        self.dc = self.correction == "dc"  # (compensation.py: three vectors a share)
+        if self.dc:
+            self.dc_lambda = cfg.parallel.ssp_dc_lambda
+            self.packed = np.zeros(3 * self.host.size, self.host.dtype)
+            self.theta, self.vhat = np.zeros_like(self.host), np.zeros_like(self.host)
+        self.ring = GradientRing(self.grid.data, self.host.size * (3 if self.dc else 1),
+                                 self.host.dtype, self.staleness, self.deadline)
         self.version = 0  # updates applied to this replica's weights
         self.ran_on = 0  # the version the last step ran on
         self.ran_for = 0  # the global step of the last step's share
@@ -326,7 +334,13 @@ class StaleStep(AsyncStep):
         result = self.gradients(runtime, step, inputs)
         self._to_host(self.gradsync.gradients())
         turns = self.replay.turns_of(step, self.grid.dp) if self.replay else None
-        taken = self.ring.push(k, self.host, turns)
+        flat = self.host
+        if self.dc:
+            if k - 1 - version:
+                self._to_host([sh.master for sh in self.optimizer.shards], self.theta)
+            compensation.pack(self.packed, self.host, self.theta, k - 1 - version)
+            flat = self.packed
+        taken = self.ring.push(k, flat, turns, stale=k - 1 - version)
         self.clock_now = step
         self.board.set_clock(step)
         if self.replay is None:  # the freshest weights for what reads them next
@@ -377,11 +391,20 @@ class StaleStep(AsyncStep):
     def _apply(self, u: int):
         """Update u: clipping by the norm of the replicas' summed gradient, then the
         optimizer, at step u's learning rate — what synchronous training does."""
-        self.ring.pull(u, self.host)
         be = self.model.backend
+        stale = self.ring.pull(u, self.packed if self.dc else self.host)
+        if self.dc:
+            self._to_host([sh.master for sh in self.optimizer.shards], self.theta)
+            compensation.second_moments(self.optimizer, self.vhat, self.offsets)
+            self.host[...] = compensation.unpack(
+                self.packed, self.theta, self.vhat, self.dc_lambda,
+                self.optimizer.adams[0].eps if self.optimizer.adams else 0.0,
+                self.grad_scale(self.microbatches).unscale)
         for g, lo, hi in zip(self.summed, self.offsets, self.offsets[1:]):
             g[...] = be.from_host(self.host[lo:hi])
         lr, max_norm = self.lr_of(u), self.max_norm
+        if self.correction == "lr":  # Zhang et al. 2016: lr / (1 + the shares' mean staleness)
+            lr = lr / (1 + stale / self.grid.dp)
         unscale = self.grad_scale(self.microbatches).unscale
         norm = self.norm.global_norm(self.summed) * unscale
         skipped = not math.isfinite(norm)
@@ -443,6 +466,7 @@ class ElasticStep(AsyncStep):
         self.centre.initialise(self.host)  # x̃ starts at the first weights
         self.last_seen = {}  # owner → the centre's version at this replica's last exchange
         self.seen_now = None  # the last step's exchange: others' exchanges since its last
+        self.unexchanged = False  # steps of this piece of the run since its last exchange
 
     def run(self, runtime, step: int, inputs, lr: float, max_norm: float):
         start, moved = time.time(), self.centre.bytes
@@ -458,7 +482,8 @@ class ElasticStep(AsyncStep):
             self.timed(step, lambda: self.optimizer.step(self.gradsync.gradients(), lr,
                                                          coefficient))
         self.scaler.update(not skipped)
-        if step % self.tau == 0:
+        self.unexchanged = step % self.tau != 0  # (finish: the last exchange)
+        if not self.unexchanged:
             self.timed(step, lambda: self._exchange(step))
         self.clock_now = step
         self.board.set_clock(step)
@@ -470,6 +495,14 @@ class ElasticStep(AsyncStep):
 
     def _windows(self):
         return [self.centre]
+
+    def finish(self, steps: int):
+        """A last exchange for a replica whose last steps did not end on one, so that the
+        centre — the model — holds what every replica learned to the end (with τ = 10, up
+        to 9 steps of each replica's; each replica on its own, as every exchange)."""
+        if self.unexchanged:
+            self.unexchanged = False
+            self._exchange(self.clock_now)
 
     def _exchange(self, step: int):
         """The spring, shard by shard of the centre, on this replica's masters."""

@@ -27,8 +27,11 @@ exchanges with the centre between two of its own; synchronous dp 0 and local SGD
 since the replicas last met, by construction), the bytes it handed to MPI per step, and
 the validation loss against global steps (samples) and against the mode's clock — drawn
 in one picture (`--png`), written with every step's record as JSON (`--json`). Then, per
-mode, the time it took to reach synchronous dp's final validation loss and its final loss
-at equal samples against synchronous dp's.
+mode, the time it took to reach synchronous dp's final validation loss and its loss at
+equal samples (after --steps global steps) against synchronous dp's. With `--overtime F`
+the asynchronous modes go on to F × --steps global steps (past --steps at the schedule's
+floor, min_lr): a mode that ends its budget sooner but above synchronous dp's final loss
+may still reach it sooner in time.
 """
 
 from __future__ import annotations
@@ -62,10 +65,9 @@ examples:
 
 Modes (--modes, comma-separated): sync, local-sgd (H = --local-steps), ssp-S (S = the
 staleness bound), ssp-S-C (with parallel.ssp_correction = C), easgd (asynchronous),
-easgd-sync. Defaults: sync, local-sgd, ssp-1,
-ssp-2, ssp-4, easgd, easgd-sync."""
+easgd-sync. Defaults: sync, ssp-0, ssp-2, ssp-2-lr, ssp-2-dc, easgd."""
 
-MODES = ("sync", "local-sgd", "ssp-1", "ssp-2", "ssp-4", "easgd", "easgd-sync")
+MODES = ("sync", "ssp-0", "ssp-2", "ssp-2-lr", "ssp-2-dc", "easgd")
 CORRECTIONS = tuple(c for c in config.SSP_CORRECTIONS if c != "none")  # ssp-S-C
 SLICE_S = 1e-3  # the slowed replica's sleep: slices between which MPI makes progress
 
@@ -83,6 +85,12 @@ def add_parser(sub):
                         help="global steps of every mode (300)")
     parser.add_argument("--segment", type=integer(1, 10**6), default=20,
                         help="global steps of a mode between the turns of the others (20)")
+    parser.add_argument("--overtime", type=number(1, 100), default=1.0,
+                        help="the asynchronous modes (ssp, easgd) go on to this many times "
+                             "--steps global steps, at the schedule's floor (min_lr) past "
+                             "--steps, so that one ending its budget above synchronous dp's "
+                             "final loss may still reach it sooner; the loss at equal "
+                             "samples is read at --steps (1.0)")
     parser.add_argument("--delay", type=number(0, 3600), default=None,
                         help="seconds replica 1 sleeps after each step (default: the "
                              "median synchronous step, measured first: half speed)")
@@ -153,6 +161,10 @@ class Mode:
         self.steps, self.evals = [], []  # this rank's step records; (step, seconds, loss)
         self.bytes = 0
 
+    def last(self, steps: int, total: int) -> int:
+        """The global step this mode runs to: the asynchronous ones go into overtime."""
+        return total if self.rank.step.asynchronous else steps
+
     def moved(self) -> tuple[int, int]:
         """(payload, control) bytes this rank handed to MPI so far: gradients, weights or
         deltas; and the asynchronous modes' counters, locks and polls."""
@@ -191,14 +203,17 @@ def run_stragglers(args) -> int:
     modes = {n: Mode(n, c, world, be) for n, c in configs.items()}
     for mode in modes.values():
         evaluate(mode, 0, tokens, be, world)
-    for start in range(0, args.steps, args.segment):
-        end = min(args.steps, start + args.segment)
-        for mode in modes.values():
-            segment(mode, start, end, delay, tokens, be, world)
+    total = math.ceil(args.steps * args.overtime)
+    for start in range(0, total, args.segment):
+        end = min(args.steps if start < args.steps else total, start + args.segment)
+        running = [m for m in modes.values() if start < m.last(args.steps, total)]
+        for mode in running:
+            segment(mode, start, end, delay, tokens, be, world,
+                    end in (args.steps, mode.last(args.steps, total)))
             evaluate(mode, end, tokens, be, world)
-        log(f"global step {end}/{args.steps}: " + ", ".join(
-            f"{m.name} {m.evals[-1][2]:.4f} at {m.clock_s:.1f} s" for m in modes.values()))
-    results = gather(modes, world, delay)
+        log(f"global step {end}/{total}: " + ", ".join(
+            f"{m.name} {m.evals[-1][2]:.4f} at {m.clock_s:.1f} s" for m in running))
+    results = {**gather(modes, world, delay), "steps": args.steps}
     if world.rank == 0:
         for line in report(results):
             print(line)
@@ -252,8 +267,9 @@ def slow_down(seconds: float, comm):
         poke(comm)
 
 
-def segment(mode, start: int, end: int, delay: float, tokens, be, world):
-    """Global steps (start, end] of `mode`, both replicas, on its clock."""
+def segment(mode, start: int, end: int, delay: float, tokens, be, world, last: bool):
+    """Global steps (start, end] of `mode`, both replicas, on its clock; `last`: the end
+    of its budget (or of its overtime), where asynchronous EASGD makes its last exchange."""
     cfg, step_of, grid = mode.cfg, mode.rank.step, mode.grid
     t = cfg.train
     if step_of.asynchronous and world.rank == 0:  # (a ticket past the last segment's
@@ -274,8 +290,8 @@ def segment(mode, start: int, end: int, delay: float, tokens, be, world):
                            "t": mode.clock_s + time.perf_counter() - began,
                            "loss": outcome.loss, "staleness": staleness(mode, step, data_step),
                            "bytes": payload, "control_bytes": control})
-    if hasattr(step_of, "ring") or end == t.steps:  # (ssp: every update of the segment
-        step_of.finish(end)                            # applied; easgd: its last exchange)
+    if hasattr(step_of, "ring") or last:  # (ssp: every update of the segment applied;
+        step_of.finish(end)               # easgd: its last exchange)
     world.Barrier()
     mode.clock_s += time.perf_counter() - began
 
@@ -316,10 +332,12 @@ def gather(modes, world, delay: float) -> dict:
     return out
 
 
-def summarise(name: str, data: dict, sync: dict) -> dict:
-    """One mode's figures for the report."""
+def summarise(name: str, data: dict, sync: dict, steps: int) -> dict:
+    """One mode's figures for the report: `final` at --steps (equal samples), the time to
+    reach synchronous dp's final loss over the whole run (its overtime too)."""
     clock = data["clock_s"]
-    row = {"mode": name, "clock_s": clock, "final": data["evals"][-1][2]}
+    final = next(e[2] for e in data["evals"] if e[0] == steps)
+    row = {"mode": name, "clock_s": clock, "final": final}
     for r, steps in enumerate(data["replicas"] or []):
         row[f"steps_per_s_{r}"] = len(steps) / clock if clock else math.nan
         counts = {}
@@ -352,11 +370,12 @@ def time_to_reach(evals, target: float) -> float:
 
 def report(results) -> list[str]:
     modes = results["modes"]
-    rows = [summarise(n, d, modes["sync"]) for n, d in modes.items()]
+    rows = [summarise(n, d, modes["sync"], results["steps"]) for n, d in modes.items()]
     lines = ["", f"replica 1 slowed by {results['delay_s'] * 1e3:.1f} ms per step",
              "| mode | steps/s replica 0 | steps/s replica 1 | staleness replica 0 "
-             "(value: steps) | staleness replica 1 | KiB per step r0 / r1 (control) | final "
-             "val loss | vs sync at equal samples | s to sync's final loss |",
+             "(value: steps) | staleness replica 1 | KiB per step r0 / r1 (control) | val "
+             f"loss at step {results['steps']} | vs sync at equal samples | s to sync's final "
+             "loss |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(

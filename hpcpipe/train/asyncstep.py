@@ -48,13 +48,15 @@ from hpcpipe.util.timeline import step_stats
 
 def layout_record(cfg, grid, model) -> dict:
     """What a recorded run and its replay (and an asynchronous checkpoint and its resume)
-    must share: the layout and the mode's settings."""
+    must share: the layout and the mode's settings — not ssp's staleness correction, which
+    changes the arithmetic and not the schedule: a replay under another correction applies
+    it to the recorded run's tickets and staleness (an A/B comparison of corrections on one
+    straggler's pattern; bitwise the recorded run under the recorded correction)."""
     p = cfg.parallel
     return {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "rank_order": grid.rank_order,
             "partition": [list(spec.layers) for spec in model.specs],
             "chunks": len(model.stages), "async_dp": p.async_dp,
             "staleness": p.staleness if p.async_dp == "ssp" else 0,
-            "ssp_correction": p.ssp_correction if p.async_dp == "ssp" else "none",
             "easgd_tau": p.easgd_tau if p.async_dp == "easgd" else 0,
             "dtype": cfg.train.dtype}
 

@@ -65,9 +65,10 @@ examples:
 
 Modes (--modes, comma-separated): sync, local-sgd (H = --local-steps), ssp-S (S = the
 staleness bound), ssp-S-C (with parallel.ssp_correction = C), easgd (asynchronous),
-easgd-sync. Defaults: sync, ssp-0, ssp-2, ssp-2-lr, ssp-2-dc, easgd."""
+easgd-T (asynchronous, τ = T), easgd-sync. Defaults: sync, ssp-0, ssp-2, ssp-2-lr,
+ssp-2-dc, easgd, easgd-2."""
 
-MODES = ("sync", "ssp-0", "ssp-2", "ssp-2-lr", "ssp-2-dc", "easgd")
+MODES = ("sync", "ssp-0", "ssp-2", "ssp-2-lr", "ssp-2-dc", "easgd", "easgd-2")
 CORRECTIONS = tuple(c for c in config.SSP_CORRECTIONS if c != "none")  # ssp-S-C
 SLICE_S = 1e-3  # the slowed replica's sleep: slices between which MPI makes progress
 
@@ -95,8 +96,8 @@ def add_parser(sub):
                         help="seconds replica 1 sleeps after each step (default: the "
                              "median synchronous step, measured first: half speed)")
     parser.add_argument("--modes", default=",".join(MODES),
-                        help=f"comma-separated, of: sync, local-sgd, ssp-S, easgd, "
-                             f"easgd-sync ({','.join(MODES)})")
+                        help=f"comma-separated, of: sync, local-sgd, ssp-S, ssp-S-C, easgd, "
+                             f"easgd-T, easgd-sync ({','.join(MODES)})")
     parser.add_argument("--local-steps", type=integer(1, 10**6), default=10,
                         help="local SGD's H (10)")
     parser.add_argument("--eval-batches", type=integer(1, 10**4), default=2,
@@ -121,9 +122,11 @@ def mode_settings(name: str, local_steps: int) -> dict:
                              "ssp_correction": correction or "none"}}
     if name in ("easgd", "easgd-sync"):
         return {"parallel": {"async_dp": "easgd", "easgd_sync": name == "easgd-sync"}}
+    if name.startswith("easgd-") and name[6:].isdigit():  # asynchronous, τ = T
+        return {"parallel": {"async_dp": "easgd", "easgd_tau": int(name[6:])}}
     raise HpcpipeError(f"bench stragglers: mode {name!r} unknown; allowed: sync, local-sgd, "
                        f"ssp-S (S a whole number) or ssp-S-C (C a staleness correction: "
-                       f"{', '.join(CORRECTIONS)}), easgd, easgd-sync")
+                       f"{', '.join(CORRECTIONS)}), easgd, easgd-T (T = τ), easgd-sync")
 
 
 def mode_config(base, name: str, args) -> config.Config:

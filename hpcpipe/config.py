@@ -213,14 +213,15 @@ class ParallelSection:
     powersgd_min_gain: float = 2.0
     # -- asynchronous data parallelism (issue 63: parallel/asyncdp/, train/asyncstep.py) ----
     # "none": the replicas step together (the gradient all-reduced every step, or local
-    # SGD's rounds). "ssp": bounded staleness — each replica pushes its gradient into shared
-    # sums (MPI windows) and applies every step's update once all replicas' gradients are
-    # in, running at most `staleness` steps ahead of the slowest. "easgd": elastic averaging —
+    # SGD's rounds). "ssp": bounded staleness — the replicas take the steps' gradient shares
+    # as tickets (a faster replica more), push them into shared sums (MPI windows) and apply
+    # every step's update once its dp shares are in, computing on weights at most
+    # `staleness` updates old. "easgd": elastic averaging —
     # each replica steps on its own gradient and every easgd_tau steps is pulled toward a
     # shared centre (and pulls it), one replica at a time through the window, or all at once
     # with easgd_sync; the centre is the model evaluated, saved and exported.
     async_dp: str = "none"
-    staleness: int = 2  # ssp: steps a replica may run ahead of the slowest; 0: synchronous
+    staleness: int = 2  # ssp: updates a share's weights may lack; 0: synchronous
     # ssp's staleness correction: "none"; "lr": update u's learning rate divided by 1 + the
     # mean staleness of its shares (Zhang et al. 2016, the staleness-aware rate); "dc":
     # each stale share's gradient compensated to first order (DC-ASGD, Zheng et al. 2017:

@@ -1,9 +1,10 @@
 """The training step of asynchronous data parallelism (parallel.async_dp), and what the
 training loop asks of it.
 
-    ssp     (`StaleStep`) each replica computes its gradient, pushes it into the ring of
-            summed gradients (parallel/asyncdp/ssp.py), and applies every step's update
-            to its own weights once that step's sum is complete — waiting only where the
+    ssp     (`StaleStep`) the replicas take the steps' gradient shares as tickets
+            (whoever is faster takes more); each pushes its share into the ring of summed
+            gradients (parallel/asyncdp/ssp.py), and applies every step's update to its
+            own weights once that step's dp shares are in — waiting only where the
             staleness bound needs an update that is not
     easgd   asynchronous (`ElasticStep`): each replica steps on its own gradient (its own
             AdamW or Muon) and every τ steps meets the elastic centre through the window

@@ -324,8 +324,10 @@ class StaleStep(AsyncStep):
         self.summed = [be.xp.zeros(n, self.host.dtype) for n in self.sizes]
 
     def run(self, runtime, step: int, inputs, lr: float, max_norm: float):
-        """This replica's `step`: its ticket's share of global step k (lr and max_norm are
-        step k's; the update of k takes them from the schedule, on every replica alike)."""
+        """This replica's `step`: its ticket's share of global step k. lr and max_norm go
+        unused: update k may be applied by a replica that computed none of its shares, so
+        every replica takes k's from the config's schedule (train.lr, min_lr,
+        warmup_steps, steps, grad_clip: `lr_of`) — what the trainer passes, too."""
         start, moved = time.time(), self.ring.bytes
         self.microbatches = runtime.schedule.num_microbatches
         k = self.assignment(step)[0]

@@ -174,6 +174,11 @@ EXCLUSIONS = (
               f"a synchronous schedule"),
     Exclusion("parallel.async_dp", _apart, _fp16_dynamic,
               f"float16's dynamic loss scale would change on each replica apart; {_FP16_SCALE}"),
+    Exclusion("parallel.ssp_correction", lambda c: c.parallel.ssp_correction == "dc",
+              lambda c: c.train.optimizer != "adamw",
+              lambda c: "\"dc\" scales its compensation by AdamW's second moment, which "
+              f"train.optimizer = \"{c.train.optimizer}\" does not keep for every weight; use "
+              "\"lr\" or \"none\""),
 )
 
 

@@ -347,7 +347,7 @@ def test_asynchronous_data_parallel_keys_and_what_they_refuse(tmp_path):
     compute, Muon and any synchronous schedule, and what needs the replicas in step (ZeRO,
     post-validation, PowerSGD, local SGD, the asynchronous pipeline, float16's dynamic loss
     scale) is refused with one message naming the key to change; a replay needs a mode
-    that can differ from run to run."""
+    that can differ from run to run; SSP's delay compensation needs AdamW."""
     assert Config().parallel.async_dp == "none"
     for mode, sync in (("ssp", False), ("easgd", False), ("easgd", True)):
         cfg = config.from_dict({"train": {"dtype": "bfloat16", "optimizer": "muon"},
@@ -372,6 +372,10 @@ def test_asynchronous_data_parallel_keys_and_what_they_refuse(tmp_path):
              'set parallel.grad_compression = "none"'),
             (refused + "[train]\nlocal_steps = 4\n", "set train.local_steps = 0"),
             (refused + 'schedule = "pipedream-2bw"\n', "choose a synchronous schedule"),
-            (refused + '[train]\ndtype = "float16"\n', "a fixed train.loss_scale")]:
+            (refused + '[train]\ndtype = "float16"\n', "a fixed train.loss_scale"),
+            (refused + 'ssp_correction = "momentum"\n', "allowed: none, lr, dc"),
+            (refused + "ssp_dc_lambda = -1.0\n", "a finite λ ≥ 0"),
+            (refused + 'ssp_correction = "dc"\n[train]\noptimizer = "muon"\n',
+             "AdamW's second moment")]:
         _, msg = error_of(tmp_path, text)
         assert words in msg, (text, msg)

@@ -11,10 +11,12 @@ the default, the median time of a synchronous step measured before the run, it r
 half speed (the sleep is in slices that let MPI make progress, as a slow device's host
 thread would between its operations).
 
-A segment is N global steps of the run's budget: under synchronous dp, local SGD and SSP
-every replica runs those N steps (SSP's replicas apart by at most s within it, all its
-updates applied at its end); under asynchronous EASGD the replicas share the segment's
-2N replica-steps by speed (tickets, train/asyncstep.py), so the faster one takes more.
+A segment is N global steps of the run's budget: under synchronous dp and local SGD every
+replica runs those N steps; under SSP and asynchronous EASGD the replicas share the
+segment's 2N gradient shares by speed (tickets, train/asyncstep.py), so the faster one
+takes more (SSP: each step's update applied once both its shares are in, a replica's
+weights at most s updates behind the step it computes; all updates applied at the
+segment's end).
 Between segments the modes meet (a barrier): a mode's clock runs only inside its own
 segments. The first replica evaluates every mode's model — the weights, or the elastic
 centre — at the end of each segment (outside the clock).
@@ -25,8 +27,11 @@ exchanges with the centre between two of its own; synchronous dp 0 and local SGD
 since the replicas last met, by construction), the bytes it handed to MPI per step, and
 the validation loss against global steps (samples) and against the mode's clock — drawn
 in one picture (`--png`), written with every step's record as JSON (`--json`). Then, per
-mode, the time it took to reach synchronous dp's final validation loss and its final loss
-at equal samples against synchronous dp's.
+mode, the time it took to reach synchronous dp's final validation loss and its loss at
+equal samples (after --steps global steps) against synchronous dp's. With `--overtime F`
+the asynchronous modes go on to F × --steps global steps (past --steps at the schedule's
+floor, min_lr): a mode that ends its budget sooner but above synchronous dp's final loss
+may still reach it sooner in time.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from hpcpipe.device import backend
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.asyncdp.windows import poke
+from hpcpipe.parallel.section import SSP_CORRECTIONS
 from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import generate
 from hpcpipe.util.arguments import integer, number
@@ -59,10 +65,12 @@ examples:
       --set model.n_layer=2 --set model.n_embd=32     # a quick look
 
 Modes (--modes, comma-separated): sync, local-sgd (H = --local-steps), ssp-S (S = the
-staleness bound), easgd (asynchronous), easgd-sync. Defaults: sync, local-sgd, ssp-1,
-ssp-2, ssp-4, easgd, easgd-sync."""
+staleness bound), ssp-S-C (with parallel.ssp_correction = C), easgd (asynchronous),
+easgd-T (asynchronous, τ = T), easgd-sync. Defaults: sync, ssp-0, ssp-2, ssp-2-lr,
+ssp-2-dc, easgd, easgd-2."""
 
-MODES = ("sync", "local-sgd", "ssp-1", "ssp-2", "ssp-4", "easgd", "easgd-sync")
+MODES = ("sync", "ssp-0", "ssp-2", "ssp-2-lr", "ssp-2-dc", "easgd", "easgd-2")
+CORRECTIONS = tuple(c for c in SSP_CORRECTIONS if c != "none")  # ssp-S-C
 SLICE_S = 1e-3  # the slowed replica's sleep: slices between which MPI makes progress
 
 
@@ -79,12 +87,18 @@ def add_parser(sub):
                         help="global steps of every mode (300)")
     parser.add_argument("--segment", type=integer(1, 10**6), default=20,
                         help="global steps of a mode between the turns of the others (20)")
+    parser.add_argument("--overtime", type=number(1, 100), default=1.0,
+                        help="the asynchronous modes (ssp, easgd) go on to this many times "
+                             "--steps global steps, at the schedule's floor (min_lr) past "
+                             "--steps, so that one ending its budget above synchronous dp's "
+                             "final loss may still reach it sooner; the loss at equal "
+                             "samples is read at --steps (1.0)")
     parser.add_argument("--delay", type=number(0, 3600), default=None,
                         help="seconds replica 1 sleeps after each step (default: the "
                              "median synchronous step, measured first: half speed)")
     parser.add_argument("--modes", default=",".join(MODES),
-                        help=f"comma-separated, of: sync, local-sgd, ssp-S, easgd, "
-                             f"easgd-sync ({','.join(MODES)})")
+                        help=f"comma-separated, of: sync, local-sgd, ssp-S, ssp-S-C, easgd, "
+                             f"easgd-T, easgd-sync ({','.join(MODES)})")
     parser.add_argument("--local-steps", type=integer(1, 10**6), default=10,
                         help="local SGD's H (10)")
     parser.add_argument("--eval-batches", type=integer(1, 10**4), default=2,
@@ -103,12 +117,17 @@ def mode_settings(name: str, local_steps: int) -> dict:
         return {}
     if name == "local-sgd":
         return {"train": {"local_steps": local_steps}}
-    if name.startswith("ssp-") and name[4:].isdigit():
-        return {"parallel": {"async_dp": "ssp", "staleness": int(name[4:])}}
+    bound, _, correction = name[4:].partition("-")
+    if name.startswith("ssp-") and bound.isdigit() and correction in ("", *CORRECTIONS):
+        return {"parallel": {"async_dp": "ssp", "staleness": int(bound),
+                             "ssp_correction": correction or "none"}}
     if name in ("easgd", "easgd-sync"):
         return {"parallel": {"async_dp": "easgd", "easgd_sync": name == "easgd-sync"}}
+    if name.startswith("easgd-") and name[6:].isdigit():  # asynchronous, τ = T
+        return {"parallel": {"async_dp": "easgd", "easgd_tau": int(name[6:])}}
     raise HpcpipeError(f"bench stragglers: mode {name!r} unknown; allowed: sync, local-sgd, "
-                       f"ssp-S (S a whole number), easgd, easgd-sync")
+                       f"ssp-S (S a whole number) or ssp-S-C (C a staleness correction: "
+                       f"{', '.join(CORRECTIONS)}), easgd, easgd-T (T = τ), easgd-sync")
 
 
 def mode_config(base, name: str, args) -> config.Config:
@@ -145,6 +164,10 @@ class Mode:
         self.clock_s = 0.0  # this mode's time, over its segments
         self.steps, self.evals = [], []  # this rank's step records; (step, seconds, loss)
         self.bytes = 0
+
+    def last(self, steps: int, total: int) -> int:
+        """The global step this mode runs to: the asynchronous ones go into overtime."""
+        return total if self.rank.step.asynchronous else steps
 
     def moved(self) -> tuple[int, int]:
         """(payload, control) bytes this rank handed to MPI so far: gradients, weights or
@@ -185,14 +208,17 @@ def run_stragglers(args) -> int:
     modes = {n: Mode(n, c, world, be) for n, c in configs.items()}
     for mode in modes.values():
         evaluate(mode, 0, tokens, be, world)
-    for start in range(0, args.steps, args.segment):
-        end = min(args.steps, start + args.segment)
-        for mode in modes.values():
-            segment(mode, start, end, delay, tokens, be, world)
+    total = math.ceil(args.steps * args.overtime)
+    for start in range(0, total, args.segment):
+        end = min(args.steps if start < args.steps else total, start + args.segment)
+        running = [m for m in modes.values() if start < m.last(args.steps, total)]
+        for mode in running:
+            segment(mode, start, end, delay, tokens, be, world,
+                    end in (args.steps, mode.last(args.steps, total)))
             evaluate(mode, end, tokens, be, world)
-        log(f"global step {end}/{args.steps}: " + ", ".join(
-            f"{m.name} {m.evals[-1][2]:.4f} at {m.clock_s:.1f} s" for m in modes.values()))
-    results = gather(modes, world, delay)
+        log(f"global step {end}/{total}: " + ", ".join(
+            f"{m.name} {m.evals[-1][2]:.4f} at {m.clock_s:.1f} s" for m in running))
+    results = {**gather(modes, world, delay), "steps": args.steps}
     if world.rank == 0:
         for line in report(results):
             print(line)
@@ -246,12 +272,13 @@ def slow_down(seconds: float, comm):
         poke(comm)
 
 
-def segment(mode, start: int, end: int, delay: float, tokens, be, world):
-    """Global steps (start, end] of `mode`, both replicas, on its clock."""
+def segment(mode, start: int, end: int, delay: float, tokens, be, world, last: bool):
+    """Global steps (start, end] of `mode`, both replicas, on its clock; `last`: the end
+    of its budget (or of its overtime), where asynchronous EASGD makes its last exchange."""
     cfg, step_of, grid = mode.cfg, mode.rank.step, mode.grid
     t = cfg.train
-    if hasattr(step_of, "centre") and world.rank == 0:  # (a ticket past the last
-        step_of.board.set_tickets(grid.dp * start)    # segment's budget was not run)
+    if step_of.asynchronous and world.rank == 0:  # (a ticket past the last segment's
+        step_of.board.set_tickets(grid.dp * start)  # budget was not run)
     world.Barrier()
     began = time.perf_counter()
     for step in step_of.clock(start if not step_of.asynchronous else step_of.clock_now, end):
@@ -266,18 +293,20 @@ def segment(mode, start: int, end: int, delay: float, tokens, be, world):
         payload, control = mode.moved()
         mode.steps.append({"step": step, "data_step": data_step,
                            "t": mode.clock_s + time.perf_counter() - began,
-                           "loss": outcome.loss, "staleness": staleness(mode, step),
+                           "loss": outcome.loss, "staleness": staleness(mode, step, data_step),
                            "bytes": payload, "control_bytes": control})
-    step_of.finish(end)  # (ssp: every update of the segment applied)
+    if hasattr(step_of, "ring") or last:  # (ssp: every update of the segment applied;
+        step_of.finish(end)               # easgd: its last exchange)
     world.Barrier()
     mode.clock_s += time.perf_counter() - began
 
 
-def staleness(mode, step: int) -> int:
-    """What the step saw (see the module's docstring)."""
+def staleness(mode, step: int, data_step: int) -> int:
+    """What the step (a share of global step `data_step`) saw (see the module's
+    docstring)."""
     step_of = mode.rank.step
     if hasattr(step_of, "ring"):
-        return int(step - 1 - step_of.ran_on)
+        return int(data_step - 1 - step_of.ran_on)
     if hasattr(step_of, "centre"):  # (None: no exchange at this step)
         return step_of.seen_now
     if mode.cfg.train.local_steps:
@@ -308,10 +337,12 @@ def gather(modes, world, delay: float) -> dict:
     return out
 
 
-def summarise(name: str, data: dict, sync: dict) -> dict:
-    """One mode's figures for the report."""
+def summarise(name: str, data: dict, sync: dict, steps: int) -> dict:
+    """One mode's figures for the report: `final` at --steps (equal samples), the time to
+    reach synchronous dp's final loss over the whole run (its overtime too)."""
     clock = data["clock_s"]
-    row = {"mode": name, "clock_s": clock, "final": data["evals"][-1][2]}
+    final = next(e[2] for e in data["evals"] if e[0] == steps)
+    row = {"mode": name, "clock_s": clock, "final": final}
     for r, steps in enumerate(data["replicas"] or []):
         row[f"steps_per_s_{r}"] = len(steps) / clock if clock else math.nan
         counts = {}
@@ -344,11 +375,12 @@ def time_to_reach(evals, target: float) -> float:
 
 def report(results) -> list[str]:
     modes = results["modes"]
-    rows = [summarise(n, d, modes["sync"]) for n, d in modes.items()]
+    rows = [summarise(n, d, modes["sync"], results["steps"]) for n, d in modes.items()]
     lines = ["", f"replica 1 slowed by {results['delay_s'] * 1e3:.1f} ms per step",
              "| mode | steps/s replica 0 | steps/s replica 1 | staleness replica 0 "
-             "(value: steps) | staleness replica 1 | KiB per step r0 / r1 (control) | final "
-             "val loss | vs sync at equal samples | s to sync's final loss |",
+             "(value: steps) | staleness replica 1 | KiB per step r0 / r1 (control) | val "
+             f"loss at step {results['steps']} | vs sync at equal samples | s to sync's final "
+             "loss |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(

@@ -28,6 +28,7 @@ AUTO_LAYOUT = "auto"  # parallel.layout's other spelling of "": balanced by cost
 # The certified search runs once, after profiling, while the other ranks wait: an hour is
 # more than any schedule it can still improve needs (README, "Certified search").
 MAX_EXACT_SECONDS = 3600.0
+SSP_CORRECTIONS = ("none", "lr", "dc")
 MAX_STALENESS = 1024  # the ring of summed gradients holds 2s + 2 steps' worth
 MAX_ASYNC_TIMEOUT = 86400.0
 
@@ -91,14 +92,23 @@ class ParallelSection:
     powersgd_min_gain: float = 2.0
     # -- asynchronous data parallelism (issue 63: parallel/asyncdp/, train/asyncstep.py) ----
     # "none": the replicas step together (the gradient all-reduced every step, or local
-    # SGD's rounds). "ssp": bounded staleness — each replica pushes its gradient into shared
-    # sums (MPI windows) and applies every step's update once all replicas' gradients are
-    # in, running at most `staleness` steps ahead of the slowest. "easgd": elastic averaging —
+    # SGD's rounds). "ssp": bounded staleness — the replicas take the steps' gradient shares
+    # as tickets (a faster replica more), push them into shared sums (MPI windows) and apply
+    # every step's update once its dp shares are in, computing on weights at most
+    # `staleness` updates old. "easgd": elastic averaging —
     # each replica steps on its own gradient and every easgd_tau steps is pulled toward a
     # shared centre (and pulls it), one replica at a time through the window, or all at once
     # with easgd_sync; the centre is the model evaluated, saved and exported.
     async_dp: str = "none"
-    staleness: int = 2  # ssp: steps a replica may run ahead of the slowest; 0: synchronous
+    staleness: int = 2  # ssp: updates a share's weights may lack; 0: synchronous
+    # ssp's staleness correction: "none"; "lr": update u's learning rate divided by 1 + the
+    # mean staleness of its shares (Zhang et al. 2016, the staleness-aware rate); "dc":
+    # each stale share's gradient compensated to first order (DC-ASGD, Zheng et al. 2017:
+    # hpcpipe/parallel/asyncdp/compensation.py; AdamW; 3x the ring's bytes)
+    ssp_correction: str = "none"
+    # "dc": the compensation's λ (DC-ASGD-a's, over √v̂); 1000 measured best of 200-3000 on
+    # tiny.toml at lr 3e-3 (λ·lr ≈ 3; the paper's λ0 = 2 was for SGD at lr ≈ 0.5)
+    ssp_dc_lambda: float = 1000.0
     easgd_alpha: float = 0.0  # the spring's α = η·ρ; 0: the paper's β / dp with β = 0.9
     easgd_tau: int = 10  # steps of a replica between its exchanges with the centre (τ)
     easgd_sync: bool = False  # every replica exchanges at once (the paper's synchronous form)
@@ -180,6 +190,9 @@ class ParallelSection:
                 0 <= self.staleness <= MAX_STALENESS,
                 f"must be 0 (synchronous) up to {MAX_STALENESS} steps (the shared gradient "
                 f"sums hold 2·staleness + 2 steps)")
+        one_of(source, "parallel.ssp_correction", self.ssp_correction, SSP_CORRECTIONS)
+        require(source, "parallel.ssp_dc_lambda", self.ssp_dc_lambda,
+                0 <= self.ssp_dc_lambda < float("inf"), "must be a finite λ ≥ 0")
         require(source, "parallel.easgd_tau", self.easgd_tau, self.easgd_tau >= 1,
                 "must be at least 1 (steps between a replica's exchanges with the centre)")
         dp = self.dp if isinstance(self.dp, int) and self.dp > 0 else 1

@@ -11,9 +11,9 @@ purpose:
     the auto schedule each replica measures and plans its own (grid.replica decides)
     evaluation       the first replica's alone, on the model (Trainer._evaluate)
     checkpoints      a meeting, each replica at a boundary of its own at an agreed place:
-                     after step N under bounded staleness (every replica passes every
-                     step), at the N-th global step's first ticket under asynchronous
-                     EASGD — N a multiple of checkpoint.every, or the place world rank 0
+                     at the N-th global step's first ticket (bounded staleness: with every
+                     update through step N applied first) — N a multiple of
+                     checkpoint.every, or the place world rank 0
                      sets when a rank asks (a signal, checkpoint.every_minutes: `asked`),
                      far enough ahead that no replica has passed it; the step's clock
                      meets there (`meeting`), so no replica is ever waited for while it
@@ -84,9 +84,10 @@ def checkpoint_step(trainer, step: int) -> int:
 def describe(parallel) -> str:
     """The header's line on the mode."""
     if parallel.async_dp == "ssp":
-        return (f"bounded staleness (SSP): a replica runs at most {parallel.staleness} "
-                f"step(s) ahead of the slowest; gradients summed in MPI windows, every "
-                f"replica applies each step's update once complete")
+        return (f"bounded staleness (SSP): the replicas take the steps' gradient shares by "
+                f"speed, each on weights at most {parallel.staleness} update(s) old; shares "
+                f"summed in MPI windows, every replica applies each step's update once "
+                f"complete")
     alpha = parallel.easgd_alpha or default_alpha(parallel.dp)
     return (f"elastic averaging ({'synchronous' if parallel.easgd_sync else 'asynchronous'} "
             f"EASGD): every {parallel.easgd_tau} steps a replica and the centre move "

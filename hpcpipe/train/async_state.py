@@ -12,17 +12,18 @@ replica's optimizer state, so that the checkpoint is a GPT-2 checkpoint any layo
                            weights/i, exp_avg/i, exp_avg_sq/i   its replica's own weights
                                          (float32 masters under 16-bit compute) and moments,
                                          per optimizer shard i
-                           ring/data, ring/words, lrs           ssp: its part of the ring
-                                         of summed gradients (the sums still in flight, and
-                                         their counters), the learning rates of the updates
-                                         it has not applied yet
+                           ring/data, ring/words                ssp: its part of the ring
+                                         of summed gradients and their counters (every
+                                         update through the meeting's step applied: none
+                                         in flight)
                            centre/data, centre/words, last_seen easgd: its shard of the
                                          centre, the shard's version, the versions this
                                          replica last met
                            attributes: clock (its replica's last step), adam_t, version,
-                                  origin, attended (easgd: the meeting this is), tickets
-                                  (rank 0: the run's budget taken so far), log_offset
-                                  (where its record of the run goes on)
+                                  origin, attended (the meeting this is), tickets
+                                  (rank 0: the meeting's place; the tickets past it
+                                  that the replicas held are taken again on resume),
+                                  log_offset (where its record of the run goes on)
 
 A resume continues every replica from its own step, the shared state as it was. These are
 flat shards of one rank under one layout and mode (and, for ssp, one bound: the ring's
@@ -38,7 +39,7 @@ import numpy as np
 from hpcpipe.util.state import RANK, Entry, StateError, Stateful
 
 NUMBERS = ("clock", "adam_t", "log_offset", "version", "origin", "tickets", "attended")
-ROWS = {"lrs", "last_seen"}  # tables whose length varies from checkpoint to checkpoint
+ROWS = {"last_seen"}  # tables whose length varies from checkpoint to checkpoint
 MAX_ROWS = 1 << 20
 
 

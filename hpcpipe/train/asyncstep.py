@@ -1,9 +1,10 @@
 """The training step of asynchronous data parallelism (parallel.async_dp), and what the
 training loop asks of it.
 
-    ssp     (`StaleStep`) each replica computes its gradient, pushes it into the ring of
-            summed gradients (parallel/asyncdp/ssp.py), and applies every step's update
-            to its own weights once that step's sum is complete — waiting only where the
+    ssp     (`StaleStep`) the replicas take the steps' gradient shares as tickets
+            (whoever is faster takes more); each pushes its share into the ring of summed
+            gradients (parallel/asyncdp/ssp.py), and applies every step's update to its
+            own weights once that step's dp shares are in — waiting only where the
             staleness bound needs an update that is not
     easgd   asynchronous (`ElasticStep`): each replica steps on its own gradient (its own
             AdamW or Muon) and every τ steps meets the elastic centre through the window
@@ -34,9 +35,9 @@ from collections import Counter
 
 import numpy as np
 
-from hpcpipe.optim.adamw import clip_coefficient
+from hpcpipe.optim.adamw import clip_coefficient, learning_rate
 from hpcpipe.optim.outcome import StepOutcome
-from hpcpipe.parallel.asyncdp import record
+from hpcpipe.parallel.asyncdp import compensation, record
 from hpcpipe.parallel.asyncdp.board import Board
 from hpcpipe.parallel.asyncdp.elastic import AsyncCentre, default_alpha
 from hpcpipe.parallel.asyncdp.ssp import GradientRing
@@ -48,7 +49,10 @@ from hpcpipe.util.timeline import step_stats
 
 def layout_record(cfg, grid, model) -> dict:
     """What a recorded run and its replay (and an asynchronous checkpoint and its resume)
-    must share: the layout and the mode's settings."""
+    must share: the layout and the mode's settings — not ssp's staleness correction, which
+    changes the arithmetic and not the schedule: a replay under another correction applies
+    it to the recorded run's tickets and staleness (an A/B comparison of corrections on one
+    straggler's pattern; bitwise the recorded run under the recorded correction)."""
     p = cfg.parallel
     return {"dp": grid.dp, "pp": grid.pp, "tp": grid.tp, "rank_order": grid.rank_order,
             "partition": [list(spec.layers) for spec in model.specs],
@@ -90,6 +94,9 @@ class AsyncStep(TrainStep):
         self.on_meeting = None  # ... run this (the trainer's checkpoint); None: no meetings
         self.between_ops = self._poke
         self.staleness_seen = Counter()  # staleness → steps (ssp) or exchanges (easgd)
+        self.budget = 0  # tickets of the run: dp × train.steps
+        self.ticket = None  # this step's
+        self.attended = 0  # the ticket of the last meeting this replica attended
 
     def _poke(self):
         poke(self.grid.data)
@@ -104,6 +111,67 @@ class AsyncStep(TrainStep):
                 time.sleep(float(parts[2]))
 
     # -- the loop's questions (step.LoopHooks': clock, assignment, finish, published) -----
+    def clock(self, start: int, end: int):
+        """Local steps while the run's budget lasts: a ticket per step (one rank of the
+        replica takes it, for all; a replay takes the recorded ones). The replicas meet at
+        tickets — every checkpoint.every global steps' worth, and where a rank asked
+        (board.py): each when it takes its first ticket past the place, so every replica
+        attends every meeting before the run's end."""
+        self.budget = self.grid.dp * end
+        if self.replay is not None:
+            for step in self.replay.steps:
+                if step > self.clock_now:
+                    self._attend(self.replay.tickets[step])
+                    self.ticket = self.replay.tickets[step]
+                    yield step
+            self._attend(self.budget)
+            self.attended = self.budget
+            return
+        while True:
+            ticket = self._agree_on(self.board.take_ticket() if self.replica_comm.rank == 0
+                                    else None)
+            self._attend(ticket)
+            if ticket >= self.budget:
+                self.attended = self.budget  # (the end: a checkpoint there resumes past it)
+                return
+            self.ticket = ticket
+            yield self.clock_now + 1
+
+    def _attend(self, ticket: int):
+        """Meet at every place before `ticket` this replica has not met at yet."""
+        while self.on_meeting is not None:
+            place = self._next_place()
+            if place is None or place > ticket:
+                return
+            self._before_meeting(place)
+            self.attended = place
+            self.on_meeting(place // self.grid.dp)
+
+    def _next_place(self) -> int | None:
+        """The first meeting place past the last attended, before the budget's end."""
+        every = self.grid.dp * self.save_every
+        places = [(self.attended // every + 1) * every] if every else []
+        asked = self._agree_on(self.board.meeting() if self.replica_comm.rank == 0 else None)
+        if asked > self.attended:
+            places.append(asked)
+        places = [p for p in places if p < self.budget]
+        return min(places) if places else None
+
+    def _ahead(self) -> int:
+        dp = self.grid.dp
+        return (-(-self.board.tickets() // dp) + 2) * dp  # two global steps on
+
+    def _reached(self) -> int:
+        return self.attended
+
+    def assignment(self, step: int) -> tuple[int, int]:
+        if self.ticket is None:  # (a caller outside the loop: the plain split)
+            return super().assignment(step)
+        return self.ticket // self.grid.dp + 1, self.ticket % self.grid.dp
+
+    def _before_meeting(self, place: int):
+        """What a replica settles before it meets at ticket `place` (nothing here)."""
+
     def ask_meeting(self):
         """World rank 0, when its replica agreed on a stop or a checkpoint: meet far enough
         ahead that no replica has passed the place yet (board.py) — unless a meeting it
@@ -159,10 +227,11 @@ class AsyncStep(TrainStep):
         return sum(w.data.bytes for w in self._windows())
 
     # -- shared pieces ------------------------------------------------------------------
-    def _to_host(self, arrays):
-        be = self.model.backend
+    def _to_host(self, arrays, out=None):
+        """out (self.host by default) ← the flat host copy of `arrays` (this rank's shards)."""
+        be, out = self.model.backend, self.host if out is None else out
         for a, lo, hi in zip(arrays, self.offsets, self.offsets[1:]):
-            self.host[lo:hi] = be.to_host(a).reshape(-1)
+            out[lo:hi] = be.to_host(a).reshape(-1)
 
     def _replica_loss(self, result) -> float:
         """The replica's own loss (mean over its microbatches), on every rank of it."""
@@ -194,8 +263,9 @@ class AsyncStep(TrainStep):
         """(arrays, numbers) of what this rank keeps beyond the usual files."""
         numbers = {"clock": self.clock_now, "adam_t": self.optimizer.t,
                    "log_offset": self.log.offset if self.log is not None else -1}
-        if self.grid.rank == 0:
-            numbers.update(self.board.state())
+        numbers["attended"] = self.attended
+        if self.grid.rank == 0:  # the meeting's place: the tickets the replicas hold at
+            numbers["tickets"] = self.attended  # it are taken again on resume
         return {}, numbers
 
     def load_async_state(self, arrays: dict, numbers: dict):
@@ -203,6 +273,7 @@ class AsyncStep(TrainStep):
         offset = int(numbers["log_offset"])
         self.resumed_log_offset = offset if offset >= 0 else None
         self.optimizer.t = int(numbers["adam_t"])
+        self.attended = int(numbers.get("attended", 0))
         if self.grid.rank == 0 and "tickets" in numbers:
             self.board.set_tickets(int(numbers["tickets"]))
         self.board.set_clock(self.clock_now)
@@ -212,75 +283,90 @@ class AsyncStep(TrainStep):
         `step`, on the weights it has."""
         self.clock_now = step
         self.board.set_clock(step)
+        self.attended = self.grid.dp * step
+        if self.grid.rank == 0:
+            self.board.set_tickets(self.grid.dp * step)
 
 
 class StaleStep(AsyncStep):
-    """parallel.async_dp = "ssp": see parallel/asyncdp/ssp.py."""
+    """parallel.async_dp = "ssp": see parallel/asyncdp/ssp.py. The replicas take the run's
+    gradient shares as tickets (AsyncStep.clock): ticket T is share T mod dp of global step
+    T // dp + 1, whichever replica computes it, so a faster replica computes more of them
+    and the run's samples are done at the replicas' combined pace, not the slowest's."""
 
-    def clock(self, start: int, end: int):
-        """Steps start + 1 … end. Every replica passes every step, so the replicas meet
-        after step N — a checkpoint's multiple, or the place a rank asked for (board.py) —
-        each after its own step N: none waits on the bound for one that is meeting."""
-        for step in range(start + 1, end + 1):
-            yield step
-            if step < end and self.on_meeting is not None:
-                asked = self._agree_on(self.board.meeting() if self.replica_comm.rank == 0
-                                       else None)
-                if step == asked or (self.save_every and step % self.save_every == 0):
-                    self.on_meeting(step)
-
-    def _ahead(self) -> int:
-        return int(self.board.clocks().max()) + 2
-
-    def _reached(self) -> int:
-        return self.clock_now - 1  # (a meeting after this step is still to come: `clock`)
+    def _before_meeting(self, place: int):
+        """Every update through the meeting's step applied first: the other replicas may
+        still push into steps before it, and their pushes may need this replica's pulls
+        (the ring's laps) — so no replica waits at a meeting for one that waits on it, and
+        every replica meets on the same weights."""
+        self.finish(place // self.grid.dp)
 
     def settle_async(self, cfg):
         super().settle_async(cfg)
         self.staleness = cfg.parallel.staleness
-        self.ring = GradientRing(self.grid.data, self.host.size, self.host.dtype,
-                                 self.staleness, self.deadline)
+        self.correction = cfg.parallel.ssp_correction
+        self.dc = self.correction == "dc"  # (compensation.py: three vectors a share)
+        if self.dc:
+            self.dc_lambda = cfg.parallel.ssp_dc_lambda
+            self.packed = np.zeros(3 * self.host.size, self.host.dtype)
+            self.theta, self.vhat = np.zeros_like(self.host), np.zeros_like(self.host)
+        self.ring = GradientRing(self.grid.data, self.host.size * (3 if self.dc else 1),
+                                 self.host.dtype, self.staleness, self.deadline)
         self.version = 0  # updates applied to this replica's weights
         self.ran_on = 0  # the version the last step ran on
-        self.lrs: dict[int, tuple[float, float]] = {}  # step → (lr, max_norm), until applied
+        self.ran_for = 0  # the global step of the last step's share
+        t = cfg.train  # update u's learning rate, whoever computed its shares
+        self.lr_of = lambda u: learning_rate(u - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
+        self.max_norm = t.grad_clip
         self.last_norm = math.nan
         self.skipped_now = False
         be = self.model.backend
         self.summed = [be.xp.zeros(n, self.host.dtype) for n in self.sizes]
 
     def run(self, runtime, step: int, inputs, lr: float, max_norm: float):
+        """This replica's `step`: its ticket's share of global step k. lr and max_norm go
+        unused: update k may be applied by a replica that computed none of its shares, so
+        every replica takes k's from the config's schedule (train.lr, min_lr,
+        warmup_steps, steps, grad_clip: `lr_of`) — what the trainer passes, too."""
         start, moved = time.time(), self.ring.bytes
         self.microbatches = runtime.schedule.num_microbatches
-        self.lrs[step] = (lr, max_norm)
+        k = self.assignment(step)[0]
         self.skipped_now = False
-        self._catch_up(step)
+        self._catch_up(step, k)
         version = self.ran_on = self.version
-        self.staleness_seen[step - 1 - version] += 1
+        self.ran_for = k
+        self.staleness_seen[k - 1 - version] += 1
         result = self.gradients(runtime, step, inputs)
         self._to_host(self.gradsync.gradients())
         turns = self.replay.turns_of(step, self.grid.dp) if self.replay else None
-        taken = self.ring.push(step, self.host, turns)
+        flat = self.host
+        if self.dc:
+            if k - 1 - version:
+                self._to_host([sh.master for sh in self.optimizer.shards], self.theta)
+            compensation.pack(self.packed, self.host, self.theta, k - 1 - version)
+            flat = self.packed
+        taken = self.ring.push(k, flat, turns, stale=k - 1 - version)
         self.clock_now = step
         self.board.set_clock(step)
         if self.replay is None:  # the freshest weights for what reads them next
-            self._apply_through(self._agreed(self.ring.available(self.version, step)))
+            self._apply_through(self._agreed(self.ring.available(self.version, k)))
         loss = self._replica_loss(result)
         moved = self.ring.bytes - moved
         if self.log is not None:
             self.log.push(step, taken)
-        self._logged(step, start, moved, loss, version=version)
+        self._logged(step, start, moved, loss, version=version, ticket=self.ticket)
         self._injected_stall(step)
         return [StepOutcome(step, loss, self.last_norm, self.skipped_now, result,
                             self._stats(step, result, moved), loss_scale=self.scaler.scale)]
 
     # -- applying the updates -------------------------------------------------------------
-    def _catch_up(self, step: int):
-        """Apply updates until this replica's weights may run `step`: every complete one
-        (agreed over the replica's ranks), and at least up to step − 1 − s — or, in a
-        replay, exactly up to the recorded version."""
+    def _catch_up(self, step: int, k: int):
+        """Apply updates until this replica's weights may run its `step`, a share of global
+        step k: every complete one (agreed over the replica's ranks), and at least up to
+        k − 1 − s — or, in a replay, exactly up to the recorded version."""
         if self.replay is not None:
             want = self.replay.versions.get(step)
-            if want is None or not self.version <= want < step:
+            if want is None or not self.version <= want < k:
                 raise record.LogError(f"the recorded run has no usable version for step "
                                       f"{step} (recorded {want}, this replica has applied "
                                       f"{self.version} updates)")
@@ -288,9 +374,9 @@ class StaleStep(AsyncStep):
                 self.ring.wait_complete(self.version + 1, self._behind)
                 self._apply(self.version + 1)
             return
-        newest = step - 1
+        newest = k - 1
         self._apply_through(self._agreed(self.ring.available(self.version, newest)))
-        while self.version < step - 1 - self.staleness:
+        while self.version < k - 1 - self.staleness:
             self.ring.wait_complete(self.version + 1, self._behind)
             self._apply_through(self._agreed(self.ring.available(self.version, newest)))
 
@@ -310,11 +396,20 @@ class StaleStep(AsyncStep):
     def _apply(self, u: int):
         """Update u: clipping by the norm of the replicas' summed gradient, then the
         optimizer, at step u's learning rate — what synchronous training does."""
-        self.ring.pull(u, self.host)
         be = self.model.backend
+        stale = self.ring.pull(u, self.packed if self.dc else self.host)
+        if self.dc:
+            self._to_host([sh.master for sh in self.optimizer.shards], self.theta)
+            compensation.second_moments(self.optimizer, self.vhat, self.offsets)
+            self.host[...] = compensation.unpack(
+                self.packed, self.theta, self.vhat, self.dc_lambda,
+                self.optimizer.adams[0].eps if self.optimizer.adams else 0.0,
+                self.grad_scale(self.microbatches).unscale)
         for g, lo, hi in zip(self.summed, self.offsets, self.offsets[1:]):
             g[...] = be.from_host(self.host[lo:hi])
-        lr, max_norm = self.lrs.pop(u)
+        lr, max_norm = self.lr_of(u), self.max_norm
+        if self.correction == "lr":  # Zhang et al. 2016: lr / (1 + the shares' mean staleness)
+            lr = lr / (1 + stale / self.grid.dp)
         unscale = self.grad_scale(self.microbatches).unscale
         norm = self.norm.global_norm(self.summed) * unscale
         skipped = not math.isfinite(norm)
@@ -347,9 +442,6 @@ class StaleStep(AsyncStep):
     def async_state(self):
         arrays, numbers = super().async_state()
         arrays.update(self.ring.state())
-        pending = sorted(self.lrs)
-        arrays["lrs"] = np.array([[u, *self.lrs[u]] for u in pending], np.float64) \
-            .reshape(-1, 3)
         numbers.update(version=self.version, origin=self.ring.origin)
         return arrays, numbers
 
@@ -358,13 +450,11 @@ class StaleStep(AsyncStep):
         self.version = int(numbers["version"])
         self.ring.origin = int(numbers["origin"])
         self.ring.load(arrays)
-        self.lrs = {int(u): (float(lr), float(m)) for u, lr, m in arrays["lrs"]}
 
     def start_fresh(self, step: int):
         super().start_fresh(step)
         self.version = step
         self.ring.origin = step
-        self.lrs.clear()
 
 
 class ElasticStep(AsyncStep):
@@ -379,66 +469,9 @@ class ElasticStep(AsyncStep):
                                   self.alpha, self.deadline)
         self._to_host([s.master for s in self.optimizer.shards])
         self.centre.initialise(self.host)  # x̃ starts at the first weights
-        self.budget = 0  # tickets of the run: dp × train.steps
-        self.ticket = None  # this step's
-        self.attended = 0  # the ticket of the last meeting this replica attended
         self.last_seen = {}  # owner → the centre's version at this replica's last exchange
         self.seen_now = None  # the last step's exchange: others' exchanges since its last
-
-    def clock(self, start: int, end: int):
-        """Local steps while the run's budget lasts: a ticket per step (one rank of the
-        replica takes it, for all; a replay takes the recorded ones). The replicas meet at
-        tickets — every checkpoint.every global steps' worth, and where a rank asked
-        (board.py): each when it takes its first ticket past the place, so every replica
-        attends every meeting before the run's end."""
-        self.budget = self.grid.dp * end
-        if self.replay is not None:
-            for step in self.replay.steps:
-                if step > self.clock_now:
-                    self._attend(self.replay.tickets[step])
-                    self.ticket = self.replay.tickets[step]
-                    yield step
-            self._attend(self.budget)
-            return
-        while True:
-            ticket = self._agree_on(self.board.take_ticket() if self.replica_comm.rank == 0
-                                    else None)
-            self._attend(ticket)
-            if ticket >= self.budget:
-                return
-            self.ticket = ticket
-            yield self.clock_now + 1
-
-    def _attend(self, ticket: int):
-        """Meet at every place before `ticket` this replica has not met at yet."""
-        while self.on_meeting is not None:
-            place = self._next_place()
-            if place is None or place > ticket:
-                return
-            self.attended = place
-            self.on_meeting(place // self.grid.dp)
-
-    def _next_place(self) -> int | None:
-        """The first meeting place past the last attended, before the budget's end."""
-        every = self.grid.dp * self.save_every
-        places = [(self.attended // every + 1) * every] if every else []
-        asked = self._agree_on(self.board.meeting() if self.replica_comm.rank == 0 else None)
-        if asked > self.attended:
-            places.append(asked)
-        places = [p for p in places if p < self.budget]
-        return min(places) if places else None
-
-    def _ahead(self) -> int:
-        dp = self.grid.dp
-        return (-(-self.board.tickets() // dp) + 2) * dp  # two global steps on
-
-    def _reached(self) -> int:
-        return self.attended
-
-    def assignment(self, step: int) -> tuple[int, int]:
-        if self.ticket is None:  # (a caller outside the loop: the plain split)
-            return super().assignment(step)
-        return self.ticket // self.grid.dp + 1, self.ticket % self.grid.dp
+        self.unexchanged = False  # steps of this piece of the run since its last exchange
 
     def run(self, runtime, step: int, inputs, lr: float, max_norm: float):
         start, moved = time.time(), self.centre.bytes
@@ -454,7 +487,8 @@ class ElasticStep(AsyncStep):
             self.timed(step, lambda: self.optimizer.step(self.gradsync.gradients(), lr,
                                                          coefficient))
         self.scaler.update(not skipped)
-        if step % self.tau == 0:
+        self.unexchanged = step % self.tau != 0  # (finish: the last exchange)
+        if not self.unexchanged:
             self.timed(step, lambda: self._exchange(step))
         self.clock_now = step
         self.board.set_clock(step)
@@ -466,6 +500,14 @@ class ElasticStep(AsyncStep):
 
     def _windows(self):
         return [self.centre]
+
+    def finish(self, steps: int):
+        """A last exchange for a replica whose last steps did not end on one, so that the
+        centre — the model — holds what every replica learned to the end (with τ = 10, up
+        to 9 steps of each replica's; each replica on its own, as every exchange)."""
+        if self.unexchanged:
+            self.unexchanged = False
+            self._exchange(self.clock_now)
 
     def _exchange(self, step: int):
         """The spring, shard by shard of the centre, on this replica's masters."""
@@ -499,7 +541,6 @@ class ElasticStep(AsyncStep):
     # -- checkpoints ---------------------------------------------------------------------
     def async_state(self):
         arrays, numbers = super().async_state()
-        numbers["attended"] = self.attended
         arrays.update(self.centre.state())
         seen = sorted(self.last_seen.items())
         arrays["last_seen"] = np.array(seen, np.int64).reshape(-1, 2)
@@ -507,7 +548,6 @@ class ElasticStep(AsyncStep):
 
     def load_async_state(self, arrays, numbers):
         super().load_async_state(arrays, numbers)
-        self.attended = int(numbers.get("attended", 0))
         self.centre.load(arrays)
         self.last_seen = {int(j): int(v) for j, v in arrays["last_seen"]}
 
@@ -516,9 +556,6 @@ class ElasticStep(AsyncStep):
         self._to_host([s.master for s in self.optimizer.shards])
         self.centre.initialise(self.host, barrier=False)  # (the loader's agreement waits)
         self.last_seen = {}
-        self.attended = self.grid.dp * step
-        if self.grid.rank == 0:
-            self.board.set_tickets(self.grid.dp * step)
 
 
 def applies(cfg) -> bool:

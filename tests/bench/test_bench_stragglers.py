@@ -1,7 +1,8 @@
 """bench stragglers (hpcpipe/bench/stragglers.py) end to end on 2 ranks at a tiny size:
 the modes take turns, each replica's steps are recorded on the mode's clock, the slowed
-replica takes a smaller share of asynchronous EASGD's budget, SSP's staleness stays
-within its bound, the report and the picture are written. Times are measured, never
+replica takes a smaller share of SSP's and asynchronous EASGD's budgets, which go on past
+--steps under --overtime, SSP's staleness (delay-compensated) stays within its bound, the
+report and the picture are written. Times are measured, never
 asserted (only that they exist)."""
 
 import json
@@ -12,23 +13,26 @@ from harness.mpirun import run
 def test_the_straggler_benchmark_runs_its_modes_in_turns(tmp_path, stdlib_tokens):
     out, png = tmp_path / "stragglers.json", tmp_path / "stragglers.png"
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "bench", "stragglers", "--steps", "6",
-                "--segment", "3", "--modes", "sync,local-sgd,ssp-1,easgd", "--local-steps",
-                "2", "--delay", "0.03", "--eval-batches", "1", "--json", str(out), "--png",
+                "--segment", "3", "--modes", "sync,local-sgd,ssp-1-dc,easgd", "--local-steps",
+                "2", "--delay", "0.03", "--overtime", "1.5", "--eval-batches", "1", "--json",
+                str(out), "--png",
                 str(png), "--set", "model.n_layer=2", "--set", "model.n_embd=32",
                 "--set", "model.block_size=32", "--set", "parallel.easgd_tau=2",
                 "--set", f'data.path="{stdlib_tokens}"'], n=2, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "| ssp-1 |" in proc.stdout and "replica 1 sleeps 30.0 ms" in proc.stdout
+    assert "| ssp-1-dc |" in proc.stdout and "replica 1 sleeps 30.0 ms" in proc.stdout
     result = json.loads(out.read_text())
     modes = result["modes"]
-    assert list(modes) == ["sync", "local-sgd", "ssp-1", "easgd"]
-    for name, mode in modes.items():
-        assert [e[0] for e in mode["evals"]] == [0, 3, 6], name  # before, after each turn
+    assert list(modes) == ["sync", "local-sgd", "ssp-1-dc", "easgd"]
+    for name, mode in modes.items():  # before, after each turn; the asynchronous modes
+        overtime = [9] if name in ("ssp-1-dc", "easgd") else []  # go on to 1.5 × 6 steps
+        assert [e[0] for e in mode["evals"]] == [0, 3, 6, *overtime], name
         assert mode["clock_s"] > 0, name
-    for name in ("sync", "local-sgd", "ssp-1"):  # every replica runs every step
+    for name in ("sync", "local-sgd"):  # every replica runs every step
         assert [len(r) for r in modes[name]["replicas"]] == [6, 6], name
-    assert all(s["staleness"] <= 1 for r in modes["ssp-1"]["replicas"] for s in r)
-    fast, slow = (len(r) for r in modes["easgd"]["replicas"])
-    assert fast + slow == 12 and fast > slow  # the budget, shared by speed
+    assert all(s["staleness"] <= 1 for r in modes["ssp-1-dc"]["replicas"] for s in r)
+    for name in ("ssp-1-dc", "easgd"):  # the budget's shares (tickets), shared by speed
+        fast, slow = (len(r) for r in modes[name]["replicas"])
+        assert fast + slow == 18 and fast > slow, name
     assert {row["mode"] for row in result["summary"]} == set(modes)
     assert png.stat().st_size > 0

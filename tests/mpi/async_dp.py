@@ -5,12 +5,16 @@ references.
 runs it on 2 and 4 ranks. Every run trains the same global batches in float64 with a
 learning rate that warms up and decays and clipping that fires on some steps. Checked:
 - bounded staleness with s = 0 equals synchronous data parallelism over 30 steps (10 on
-  4 ranks): the weights to 1e-10 (bitwise, as it happens) and the mean of the replicas'
-  losses;
-- with s = 2 and one replica asleep in Python (no MPI call) for 1.5 s, the other runs the
-  s + 1 steps the bound allows while it sleeps (its pushes into the sleeper's window do
-  not wait for it), and no step runs on weights more than s updates old, some on stale
-  ones; the run is recorded, and its replay (no sleep) is bitwise the same;
+  4 ranks): the weights to 1e-10 (bitwise, as it happens) and each global step's mean
+  loss over its shares, whichever replica took them (tickets) — with a staleness
+  correction on (parallel.ssp_correction: "dc" on 2 ranks, "lr" on 4), which fresh shares
+  never trigger;
+- with s = 2 and one replica asleep in Python (no MPI call) for 1.5 s, the other runs on
+  while it sleeps (at least s + 1 steps: its pushes into the sleeper's window do not
+  wait for it, and it takes the sleeper's shares of the steps too), the replicas take
+  each of the run's shares exactly once between them, and no share is computed on
+  weights more than s updates old, some on stale ones (so the correction fires); the run
+  is recorded, and its replay (no sleep) is bitwise the same;
 - synchronous EASGD equals two independent one-process replicas moved by the elastic
   rule written here in NumPy, weights and centre to 1e-12;
 - asynchronous EASGD with a slowed replica: the replicas share the run's budget (the
@@ -51,7 +55,7 @@ SLEEP = 1.5
 
 
 def make_cfg(dp, pp=1, tp=1, mode="none", staleness=0, steps=30, sync=False, tau=3,
-             alpha=0.0, timeout=60.0, microbatches=None):
+             alpha=0.0, timeout=60.0, microbatches=None, correction="none"):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
         "train": {"dtype": "float64", "micro_batch_size": B, "lr": LR, "min_lr": 0.0,
@@ -61,7 +65,8 @@ def make_cfg(dp, pp=1, tp=1, mode="none", staleness=0, steps=30, sync=False, tau
                      "microbatches": microbatches or GLOBAL_MICROBATCHES // dp,
                      "async_dp": mode,
                      "staleness": staleness, "easgd_sync": sync, "easgd_tau": tau,
-                     "easgd_alpha": alpha, "async_timeout": timeout},
+                     "easgd_alpha": alpha, "async_timeout": timeout,
+                     "ssp_correction": correction, "ssp_dc_lambda": 50.0},
     }, source="asynchronous data-parallel test")
 
 
@@ -85,7 +90,8 @@ def train(comm, cfg, delays=None, record=None, replay=None):
         step_of.record_to(record)
     if replay:
         step_of.replay_from(replay)
-    out = {"losses": [], "ends": [], "steps": 0, "replica": grid.dp_rank}
+    out = {"losses": [], "ends": [], "steps": 0, "replica": grid.dp_rank, "shares": {},
+           "first": grid.pp_rank == 0 and grid.tp_rank == 0}  # (one rank of a replica)
     for step in step_of.clock(0, t.steps):
         data_step, replica = step_of.assignment(step)
         inputs = batches.replica_inputs(be, global_batch(data_step), replica,
@@ -93,6 +99,7 @@ def train(comm, cfg, delays=None, record=None, replay=None):
         lr = learning_rate(data_step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
         [outcome] = rank.train_step(step, inputs, lr, t.grad_clip)
         out["losses"].append(outcome.loss)
+        out["shares"][(data_step, replica)] = outcome.loss
         out["ends"].append(time.time())
         out["steps"] += 1
         time.sleep((delays or {}).get((comm.rank, step), 0.0))
@@ -116,38 +123,43 @@ def rel_diff(a, b) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)) / top
 
 
-def check_ssp_equals_dp(comm, dp, pp, tp, label, steps) -> list[str]:
-    """s = 0 against synchronous data parallelism: the weights, and the mean of the
-    replicas' own losses against synchronous dp's (the mean over the replicas)."""
+def check_ssp_equals_dp(comm, dp, pp, tp, label, steps, correction) -> list[str]:
+    """s = 0 against synchronous data parallelism: the weights, and each global step's mean
+    over its shares' losses (whichever replica took them) against synchronous dp's (the
+    mean over the replicas) — with a staleness correction too, which never fires on
+    fresh shares."""
     sync = train(comm, make_cfg(dp, pp, tp, steps=steps))
-    ssp = train(comm, make_cfg(dp, pp, tp, "ssp", 0, steps=steps))
+    ssp = train(comm, make_cfg(dp, pp, tp, "ssp", 0, steps=steps, correction=correction))
     failures = []
     if rel_diff(sync["model"], ssp["model"]) > 1e-10:
         failures.append(f"{label}: s = 0 weights differ from synchronous dp by "
                         f"{rel_diff(sync['model'], ssp['model']):.3g} (relative)")
-    replicas = dict(comm.allgather((ssp["replica"], ssp["losses"])))
-    means = np.mean([replicas[d] for d in range(dp)], axis=0)
+    shares = {}
+    for taken in comm.allgather(ssp["shares"]):
+        shares.update(taken)
+    means = [np.mean([shares[(k, d)] for d in range(dp)]) for k in range(1, steps + 1)]
     if not np.allclose(means, sync["losses"], rtol=1e-12, atol=0):
         failures.append(f"{label}: s = 0 replicas' mean loss {means[-1]!r} vs synchronous "
                         f"{sync['losses'][-1]!r}")
     return failures
 
 
-def versions_from_log(folder, world_rank) -> dict:
+def staleness_from_log(folder, world_rank, dp) -> list[int]:
+    """Each recorded step's staleness: the updates missing from the weights it ran on,
+    against the global step of its ticket (ticket // dp + 1)."""
     from hpcpipe.parallel.asyncdp import record
 
-    return {r["step"]: r["version"] for r in record.read_records(
-        record.log_path(folder, world_rank))[1:] if "version" in r and "t" in r}
+    return [r["ticket"] // dp - r["version"] for r in record.read_records(
+        record.log_path(folder, world_rank))[1:] if "version" in r and "t" in r]
 
 
-def check_ssp_stragglers(comm, dp, pp, tp, label, folder) -> list[str]:
-    """s = 2 with a replica asleep; the record; its replay."""
+def check_ssp_stragglers(comm, dp, pp, tp, label, folder, correction) -> list[str]:
+    """s = 2 with a replica asleep, under a staleness correction; the record; its replay."""
     s, failures = 2, []
     sleeper = comm.size - 1  # a rank of the last replica
-    cfg = make_cfg(dp, pp, tp, "ssp", s, steps=12)
+    cfg = make_cfg(dp, pp, tp, "ssp", s, steps=12, correction=correction)
     recorded = train(comm, cfg, delays={(sleeper, 2): SLEEP}, record=folder)
-    versions = versions_from_log(folder, comm.rank)
-    stale = [k - 1 - v for k, v in versions.items()]
+    stale = staleness_from_log(folder, comm.rank, dp)
     if max(stale) > s:
         failures.append(f"{label}: rank {comm.rank} ran a step {max(stale)} updates "
                         f"behind, over the bound s = {s}")
@@ -161,6 +173,12 @@ def check_ssp_stragglers(comm, dp, pp, tp, label, folder) -> list[str]:
     everyone = comm.allgather(stale)
     if comm.rank == 0 and not any(x > 0 for row in everyone for x in row):
         failures.append(f"{label}: no step ran on stale weights: {everyone}")
+    shares = comm.gather(sorted(recorded["shares"]) if recorded["first"] else [], root=0)
+    if comm.rank == 0:
+        taken = sorted(x for row in shares for x in row)
+        if taken != [(k, j) for k in range(1, cfg.train.steps + 1) for j in range(dp)]:
+            failures.append(f"{label}: the replicas' shares are not each share of the run "
+                            f"once: {taken}")
     replayed = train(comm, cfg, replay=folder)
     if not (flat_equal(recorded["own"], replayed["own"])
             and recorded["losses"] == replayed["losses"]):
@@ -276,12 +294,17 @@ def check(comm) -> mpibody.Report:
     for dp, pp, tp in layouts:
         label = f"dp {dp} × pp {pp} × tp {tp}"
         # (30 steps on 2 ranks; the layouts of 4 take 10, on CI's 2 cores)
-        failures += check_ssp_equals_dp(comm, dp, pp, tp, label, 30 if n == 2 else 10)
+        # (the corrections: "dc" on 2 ranks, "lr" on the sharded layouts of 4)
+        correction = "dc" if n == 2 else "lr"
+        failures += check_ssp_equals_dp(comm, dp, pp, tp, label, 30 if n == 2 else 10,
+                                        correction)
         failures += check_ssp_stragglers(comm, dp, pp, tp, label,
-                                         os.path.join(folder, f"ssp-{dp}{pp}{tp}"))
+                                         os.path.join(folder, f"ssp-{dp}{pp}{tp}"),
+                                         correction)
         failures += check_async_easgd(comm, dp, pp, tp, label,
                                       os.path.join(folder, f"easgd-{dp}{pp}{tp}"))
-        summary.append(f"world {n}: {label}: ssp s = 0 and 2, replay, asynchronous EASGD")
+        summary.append(f"world {n}: {label}: ssp s = 0 and 2 (ssp_correction "
+                       f"{correction}), replay, asynchronous EASGD")
     if n == 2:
         failures += check_sync_easgd(comm)
         failures += check_timeout(comm)

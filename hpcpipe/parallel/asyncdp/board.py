@@ -81,7 +81,3 @@ class Board:
 
     def stop_asked(self) -> int:
         return self.words.read(ROOT, STOP)
-
-    def state(self) -> dict:
-        """The words worth keeping in a checkpoint (rank 0 saves them)."""
-        return {"tickets": self.tickets()}

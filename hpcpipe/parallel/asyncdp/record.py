@@ -7,20 +7,22 @@ centre, all depend on timing. Each rank therefore writes, one JSON object per li
 RUN_DIR/async/r00003.jsonl (world rank 3):
 
     {"kind": ..., "rank": 3, "replica": 1, "layout": {...}}          the header
-    {"step": 7, "version": 5, "t": ..., "dt": ..., "bytes": ..., "loss": ...}
-                      step 7 ran on the weights after 5 updates (staleness 7 − 1 − 5 = 1),
-                      from time t for dt seconds (time.time(): comparable across ranks on
-                      a node), moving this many bytes; the loss on the head's ranks
-    {"push": 7, "owner": 0, "turn": 1}     ssp: its gradient of step 7 went second into the
-                                          sum that rank 0 of the stage's replicas holds
-    {"step": 7, "ticket": 12, ...}         easgd: the 13th step of the run's budget, whose
-                                          data and learning rate it took
+    {"step": 7, "ticket": 12, "version": 5, "t": ..., "dt": ..., "bytes": ..., "loss": ...}
+                      this replica's step 7 took ticket 12: share 12 mod dp of global step
+                      12 // dp + 1 (its data and learning rate; with dp 2, share 0 of
+                      step 7); ssp: it ran on the weights after 5 updates (staleness
+                      7 − 1 − 5 = 1); from time t for dt seconds (time.time(): comparable
+                      across ranks on a node), moving this many bytes; the loss on the
+                      head's ranks
+    {"push": 7, "owner": 0, "turn": 1}     ssp: the gradient of its step 7 went second into
+                                          the sum (of the ticket's global step) that rank
+                                          0 of the stage's replicas holds
     {"exchange": 7, "owner": 0, "version": 4, "seen": 1}
                       easgd: after step 7 it met the centre's shard on rank 0 as the
                       exchange numbered 4, one exchange by another replica since its last
 
 With parallel.async_replay naming a recorded run directory, every rank reads its own file
-and does the same again: the same versions, turns, tickets and exchange order, waiting
+and does the same again: the same tickets, versions, turns and exchange order, waiting
 where the recording did not — which reproduces the run bitwise (the rest is deterministic:
 the data of a ticket or a step, the learning rate, the arithmetic).
 

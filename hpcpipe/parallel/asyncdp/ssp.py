@@ -2,20 +2,24 @@
 gradient of every step, in a ring of MPI windows that each replica pushes into and pulls
 from without a barrier.
 
-    step u's gradient   g_u = Σ_r g_{u,r}         summed in slot (u − 1) mod R of the ring
+    step u's gradient   g_u = Σ_j g_{u,j}         summed in slot (u − 1) mod R of the ring
     update u            θ_u = opt(θ_{u−1}, g_u)    clipped by ‖g_u‖, AdamW or Muon at lr(u)
 
-Every replica applies the updates itself, in step order, to its own copy, as soon as a
-step's sum is complete (every replica pushed into it) — the same arithmetic on the same
-sums, so every replica's weights pass through one sequence θ_0, θ_1, … that synchronous
-data parallelism computes too. What differs between replicas is only *which* θ a step
-runs on: replica r's step k computes on θ_v with
+The shares g_{u,j} (j < dp: the j-th replica's share of the global batch under
+synchronous training) are the run's tickets (train/asyncstep.py): ticket T is share
+T mod dp of step T // dp + 1, computed by whichever replica takes it — a faster replica
+takes more. Every replica applies the updates itself, in step order, to its own copy, as
+soon as a step's sum is complete (dp shares pushed into it, whoever computed them) — the
+same arithmetic on the same sums, so every replica's weights pass through one sequence
+θ_0, θ_1, … that synchronous data parallelism computes too. What differs is only *which*
+θ a share is computed on: a replica computes a share of step k on θ_v with
 
     k − 1 − s ≤ v ≤ k − 1        (staleness k − 1 − v ≤ s, the bound parallel.staleness)
 
 A replica waits only when the bound requires an update that is not complete yet; s = 0
 is synchronous training (v = k − 1). The ring holds R = 2s + 2 steps: a replica may push
-step k + s while the slowest still pulls step k − s − 1.
+step k + s while the slowest still pulls step k − s − 1 (a replica that sleeps without
+pulling holds the others at R steps past its weights: the laps).
 
 The ring is sharded over the ranks of `comm` (the dp replicas of one stage's shard): rank
 j owns elements [lo_j, hi_j) of every slot, and four words per slot:
@@ -24,6 +28,8 @@ j owns elements [lo_j, hi_j) of every slot, and four words per slot:
     TURN     the next pusher's turn (fetch-and-add)
     PUSHED   pushes done; the slot is complete at dp
     PULLED   pulls done; the last puller opens the next lap
+    STALE    the sum of the shares' staleness (each pusher adds its own): what the
+             learning rate's staleness correction reads (parallel.ssp_correction)
 
 Pushes into one slot are serialised by their turns — the first replaces what the slot
 held, the others add to it — so the sum's order is known (and
@@ -37,8 +43,8 @@ import numpy as np
 
 from hpcpipe.parallel.asyncdp.windows import Deadline, Window, Words, slices
 
-LAP, TURN, PUSHED, PULLED = range(4)
-WORDS = 4  # per slot
+LAP, TURN, PUSHED, PULLED, STALE = range(5)
+WORDS = 5  # per slot
 
 
 def ring_slots(staleness: int) -> int:
@@ -80,10 +86,11 @@ class GradientRing:
         return [(self.me + i) % self.dp for i in range(self.dp)]
 
     # -- pushing -----------------------------------------------------------------------
-    def push(self, step: int, flat, turns=None) -> list[tuple[int, int]]:
-        """Add this replica's gradient of `step` (a host array of `size` elements) into the
-        ring. turns: owner → the turn to take (a replay); None: the next free. Returns
-        [(owner, turn)] in the order pushed."""
+    def push(self, step: int, flat, turns=None, stale: int = 0) -> list[tuple[int, int]]:
+        """Add this replica's gradient of `step` (a host array of `size` elements),
+        computed on weights `stale` updates behind step − 1, into the ring. turns: owner →
+        the turn to take (a replay); None: the next free. Returns [(owner, turn)] in the
+        order pushed."""
         slot, lap = self._slot(step)
         base, words, taken = slot * WORDS, self.words, []
         for j in self._order():
@@ -102,6 +109,8 @@ class GradientRing:
                 self.data.put(j, slot * self.width, flat[lo:hi])
             else:
                 self.data.accumulate(j, slot * self.width, flat[lo:hi])
+            if stale:
+                words.add(j, base + STALE, stale)
             words.add(j, base + PUSHED)
             taken.append((j, turn))
         return taken
@@ -111,7 +120,8 @@ class GradientRing:
         """Whether every replica has pushed `step` (at this rank's position)."""
         slot, lap = self._slot(step)
         for j in range(self.dp):
-            lap_j, _, pushed, _ = self.words.read_many(j, slot * WORDS, WORDS)
+            lap_j = self.words.read(j, slot * WORDS + LAP)
+            pushed = self.words.read(j, slot * WORDS + PUSHED)
             if lap_j != lap or pushed != self.dp:
                 return False
         return True
@@ -129,21 +139,26 @@ class GradientRing:
                            lambda: f"the gradient sum of step {step}, which the staleness "
                                    f"bound needs ({behind()})")
 
-    def pull(self, step: int, out):
-        """out (a host array of `size` elements) ← the replicas' sum of `step`; the last
-        replica to pull it zeroes the slot for the next lap."""
+    def pull(self, step: int, out) -> int:
+        """out (a host array of `size` elements) ← the replicas' sum of `step`; returns
+        the sum of its shares' staleness. The last replica to pull it zeroes the slot for
+        the next lap."""
         slot, lap = self._slot(step)
-        base = slot * WORDS
+        base, stale = slot * WORDS, 0
         for j in self._order():
             lo, hi = self.parts[j]
             self.data.get(j, slot * self.width, out[lo:hi])
+            stale = self.words.read(j, base + STALE)  # (complete: every push is in)
             if self.words.add(j, base + PULLED) == self.dp - 1:
                 # Every counter stands at dp now; back to 0 by adding (windows.Words.read:
                 # polled words are only ever added to). The lap last: the slot is free (its
                 # elements need no zeroing: the next lap's first push replaces them).
                 for word in (TURN, PUSHED, PULLED):
                     self.words.add(j, base + word, -self.dp)
+                if stale:
+                    self.words.add(j, base + STALE, -stale)
                 self.words.add(j, base + LAP, 1)
+        return stale
 
     # -- checkpoints -------------------------------------------------------------------
     def state(self) -> dict:

@@ -1,8 +1,10 @@
 """Run configuration: TOML files loaded into frozen dataclasses, with strict checking.
 
-A config has five sections, each a dataclass beside the code it configures, with its own
+A config has eight sections, each a dataclass beside the code it configures, with its own
 `validate()`: [model] (the model's own shape type, model.GPTConfig; its checks in
-hpcpipe/model/section.py), [train] (hpcpipe/runs/section.py), [data]
+hpcpipe/model/section.py), [train] (hpcpipe/runs/section.py), [optim]
+(hpcpipe/optim/section.py), [outer] (hpcpipe/parallel/outer_section.py), [pipedream]
+(hpcpipe/optim/delay_section.py), [data]
 (hpcpipe/data/section.py), [parallel] (hpcpipe/parallel/section.py) and [checkpoint]
 (hpcpipe/checkpoint/section.py). This module composes them: it reads the TOML and the
 `--set` overrides, maps the keys that moved (`_moved`), builds each section, runs each
@@ -27,9 +29,13 @@ from hpcpipe.data.section import DataSection
 from hpcpipe.model import GPTConfig, split
 from hpcpipe.model import section as model_section
 from hpcpipe.model.section import MAX_LAYERS  # noqa: F401 (re-exported)
+from hpcpipe.optim.delay_section import PipeDreamSection
+from hpcpipe.optim.section import OptimSection
+from hpcpipe.parallel.outer_section import OuterSection
 from hpcpipe.parallel.section import AUTO_DP, AUTO_LAYOUT, ParallelSection, check_fit
 from hpcpipe.parallel.section import moved as parallel_moved
 from hpcpipe.runs.section import MAX_STEPS, TrainSection  # noqa: F401 (MAX_STEPS: re-exported)
+from hpcpipe.runs.section import moved as train_moved
 from hpcpipe.schedules import flushes
 from hpcpipe.schedules.kinds import ASYNCHRONOUS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
@@ -45,6 +51,9 @@ MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text; anything bigger is not
 class Config:
     model: GPTConfig = field(default_factory=GPTConfig)  # [model]: the GPT's shape
     train: TrainSection = field(default_factory=TrainSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    outer: OuterSection = field(default_factory=OuterSection)
+    pipedream: PipeDreamSection = field(default_factory=PipeDreamSection)
     data: DataSection = field(default_factory=DataSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
@@ -67,7 +76,8 @@ class Config:
         return "\n".join(lines) + "\n"
 
 
-SECTIONS = {"model": GPTConfig, "train": TrainSection, "data": DataSection,
+SECTIONS = {"model": GPTConfig, "train": TrainSection, "optim": OptimSection,
+            "outer": OuterSection, "pipedream": PipeDreamSection, "data": DataSection,
             "parallel": ParallelSection, "checkpoint": CheckpointSection}
 
 
@@ -188,7 +198,8 @@ def validate(cfg: Config) -> Config:
     its printed form, "E t t | t t L")."""
     source = cfg.source
     model_section.validate(source, dataclasses.asdict(cfg.model))
-    cfg.train.validate(source)
+    for section in (cfg.train, cfg.optim, cfg.outer, cfg.pipedream):
+        section.validate(source)
     cfg.data.validate(source)
     cfg.parallel.validate(source)
     layout = cfg.parallel.layout
@@ -243,9 +254,10 @@ def for_world(cfg: Config, world: int) -> Config:
 def _moved(source, data: dict) -> tuple[str, ...]:
     """Keys an older config names that moved or were retired: a moved one is put where it
     lives now (in `data`), with one line saying so; a retired one is a ConfigError saying
-    what replaced it (each section's own: parallel/section.py `moved`)."""
+    what replaced it (each section's own: parallel/section.py and runs/section.py `moved`)."""
     parallel = data.get("parallel")
-    return parallel_moved(source, parallel) if isinstance(parallel, dict) else ()
+    return (parallel_moved(source, parallel) if isinstance(parallel, dict) else ()) + \
+        train_moved(source, data)
 
 
 def from_dict(data: dict, source: str = "<dict>") -> Config:

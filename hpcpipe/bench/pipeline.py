@@ -233,8 +233,8 @@ def stream_contender(cfg, grid, be, world, costs: Costs, kind=asynchronous.KIND)
     stream's steady state, a step period (a flushed schedule's is its makespan)."""
     correction = "secant" if kind == SECANT_KIND else "none"
     stream_cfg = dataclasses.replace(
-        cfg, train=dataclasses.replace(cfg.train, post_validation=False,
-                                       delay_correction=correction),
+        cfg, train=dataclasses.replace(cfg.train, post_validation=False),
+        pipedream=dataclasses.replace(cfg.pipedream, delay_correction=correction),
         parallel=dataclasses.replace(cfg.parallel, schedule=asynchronous.KIND))
     entry = contender(kind, stream_cfg, grid, be, build_schedule(stream_cfg),
                       world)

@@ -102,10 +102,10 @@ def _build_section(source, name, table) -> object:
 def _zero(c): return bool(c.parallel.zero)
 def _post_validation(c): return c.train.post_validation
 def _compressed(c): return c.parallel.grad_compression != "none"
-def _local(c): return c.train.local_steps > 0
+def _local(c): return c.outer.local_steps > 0
 def _tp(c): return c.parallel.tp > 1
 def _fp16_dynamic(c): return c.train.dtype == "float16" and c.train.loss_scale == 0
-def _muon(c): return c.train.optimizer == "muon"
+def _muon(c): return c.optim.optimizer == "muon"
 def _two_bw(c): return not flushes(c.parallel.schedule)  # the asynchronous pipeline
 def _on_time(c): return flushes(c.parallel.schedule)
 def _apart(c): return c.parallel.async_dp != "none"
@@ -116,42 +116,42 @@ _FP16_SCALE = "use dtype bfloat16 or a fixed train.loss_scale"
 # of two clashes a config with both is told of.
 EXCLUSIONS = (
     # local SGD: every replica steps on its own gradient, the replicas meet at outer steps
-    Exclusion("train.local_steps", _local, _zero,
+    Exclusion("outer.local_steps", _local, _zero,
               "ZeRO shards the optimizer state over the dp replicas, but under local SGD "
               "every replica steps on its own gradient with its own state; set "
               "parallel.zero = 0"),
-    Exclusion("train.local_steps", _local, _post_validation,
+    Exclusion("outer.local_steps", _local, _post_validation,
               "post-validation settles each step with a verdict of the whole world, but "
               "local SGD's replicas step apart; set train.post_validation = false"),
-    Exclusion("train.local_steps", _local, _fp16_dynamic,
+    Exclusion("outer.local_steps", _local, _fp16_dynamic,
               "float16's dynamic loss scale would drift apart on the replicas between "
               f"outer steps; {_FP16_SCALE}"),
-    Exclusion("train.local_steps", _local, _compressed,
+    Exclusion("outer.local_steps", _local, _compressed,
               "local SGD sends no gradients between the replicas (only the outer step's "
-              "weights, see train.outer_comm_dtype): set parallel.grad_compression = "
+              "weights, see outer.outer_comm_dtype): set parallel.grad_compression = "
               "\"none\""),
     # Muon orthogonalizes whole matrices, and its step is not inverted
-    Exclusion("train.optimizer", _muon, lambda c: _zero(c) and c.parallel.dp != 1,
+    Exclusion("optim.optimizer", _muon, lambda c: _zero(c) and c.parallel.dp != 1,
               "ZeRO splits the weight matrices into flat shards over the dp replicas, and "
               "Muon orthogonalizes whole matrices; set parallel.zero = 0"),
-    Exclusion("train.optimizer", _muon, _tp,
+    Exclusion("optim.optimizer", _muon, _tp,
               "tensor parallelism splits the weight matrices by rows or columns, and Muon "
               "orthogonalizes whole matrices; set parallel.tp = 1"),
-    Exclusion("train.optimizer", _muon, _post_validation,
+    Exclusion("optim.optimizer", _muon, _post_validation,
               "post-validation inverts a step that a later verdict rejects, and Muon's step "
               "is not inverted; set train.post_validation = false"),
     # the asynchronous pipeline (PipeDream-2BW): each update lands one step late
-    Exclusion("train.delay_correction", _on_time, lambda c: c.train.delay_correction != "none",
+    Exclusion("pipedream.delay_correction", _on_time, lambda c: c.pipedream.delay_correction != "none",
               lambda c: f"corrects the update of parallel.schedule = \"{ASYNCHRONOUS}\", "
               f"which lands one step late; schedule {c.parallel.schedule!r} updates on time: "
-              f"set train.delay_correction = \"none\""),
+              f"set pipedream.delay_correction = \"none\""),
     Exclusion("parallel.schedule", _two_bw, _zero,
               "its updates land one step late on each stage apart; set parallel.zero = 0"),
     Exclusion("parallel.schedule", _two_bw, _post_validation,
               "it never waits for a step's update (each lands one step late): "
               "post-validation has nothing to speculate on; set train.post_validation = false"),
     Exclusion("parallel.schedule", _two_bw, _local,
-              "it steps every replica together; set train.local_steps = 0"),
+              "it steps every replica together; set outer.local_steps = 0"),
     Exclusion("parallel.schedule", _two_bw, _compressed,
               "set parallel.grad_compression = \"none\" (PowerSGD is for synchronous steps)"),
     Exclusion("parallel.schedule", _two_bw, _fp16_dynamic,
@@ -177,7 +177,7 @@ EXCLUSIONS = (
               "reduce every step together; set parallel.grad_compression = \"none\""),
     Exclusion("parallel.async_dp", _apart, _local,
               "local SGD's replicas meet at every outer step, which is a mode of its own; "
-              "set train.local_steps = 0"),
+              "set outer.local_steps = 0"),
     Exclusion("parallel.async_dp", _apart, _two_bw,
               f"the asynchronous pipeline (parallel.schedule = \"{ASYNCHRONOUS}\") sums "
               f"every replica's gradient at every step, with its replicas in step; choose "

@@ -178,7 +178,7 @@ def test_the_whole_config_check_finds_each_kind_of_use():
                "from hpcpipe import config\n"
                "import hpcpipe.config\n"
                "def f(run: Config, x: 'Config'):\n"
-               "    return cfg.train.lr, self.config.parallel, config.model\n"
+               "    return cfg.optim.lr, self.config.parallel, config.model\n"
                "def g(grid, section):\n"
                "    return section.model, stage.cfg.n_head, rank.model\n")
     found = whole_config_uses(ast.parse(planted), "hpcpipe.data")

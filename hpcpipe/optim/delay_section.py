@@ -26,6 +26,6 @@ class PipeDreamSection:
 
 
     def validate(self, source: str):
-        one_of(source, "train.delay_correction", self.delay_correction, DELAY_CORRECTIONS)
-        require(source, "train.delay_correction_decay", self.delay_correction_decay,
+        one_of(source, "pipedream.delay_correction", self.delay_correction, DELAY_CORRECTIONS)
+        require(source, "pipedream.delay_correction_decay", self.delay_correction_decay,
                 0 <= self.delay_correction_decay < 1, "must be in [0, 1)")

@@ -38,24 +38,24 @@ class OptimSection:
     def validate(self, source: str):
         """The learning rate's schedule, AdamW's numbers and Muon's momentum."""
         lr = self.lr
-        require(source, "train.lr", lr, math.isfinite(lr) and lr > 0,
+        require(source, "optim.lr", lr, math.isfinite(lr) and lr > 0,
                 "must be a positive number")
-        require(source, "train.min_lr", self.min_lr,
+        require(source, "optim.min_lr", self.min_lr,
                 math.isfinite(self.min_lr) and 0 <= self.min_lr <= lr,
-                f"must be between 0 and train.lr = {lr}")
-        require(source, "train.warmup_steps", self.warmup_steps, self.warmup_steps >= 0,
+                f"must be between 0 and optim.lr = {lr}")
+        require(source, "optim.warmup_steps", self.warmup_steps, self.warmup_steps >= 0,
                 "must be 0 or more")
-        require(source, "train.weight_decay", self.weight_decay,
+        require(source, "optim.weight_decay", self.weight_decay,
                 0 <= self.weight_decay and self.weight_decay * lr < 1,
                 "must be 0 or more (and lr × weight_decay below 1)")
-        require(source, "train.grad_clip", self.grad_clip, self.grad_clip >= 0,
+        require(source, "optim.grad_clip", self.grad_clip, self.grad_clip >= 0,
                 "must be 0 (no clipping) or a positive norm")
         for key in ("beta1", "beta2"):
             value = getattr(self, key)
             require(source, f"train.{key}", value, 0 <= value < 1, "must be in [0, 1)")
-        require(source, "train.eps", self.eps, 0 < np.float32(self.eps) < np.inf,
+        require(source, "optim.eps", self.eps, 0 < np.float32(self.eps) < np.inf,
                 f"must be positive and representable in float32 (at least 1.4e-45, at most "
                 f"{FLOAT32_MAX:.3g})")
-        one_of(source, "train.optimizer", self.optimizer, OPTIMIZERS)
-        require(source, "train.muon_momentum", self.muon_momentum,
+        one_of(source, "optim.optimizer", self.optimizer, OPTIMIZERS)
+        require(source, "optim.muon_momentum", self.muon_momentum,
                 0 <= self.muon_momentum < 1, "must be in [0, 1)")

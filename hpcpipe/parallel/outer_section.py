@@ -28,10 +28,10 @@ class OuterSection:
     def validate(self, source: str):
         """The local-SGD keys on their own."""
         at_least(source, "outer", self, ("local_steps",), 0)
-        one_of(source, "train.outer_optimizer", self.outer_optimizer, OUTER_OPTIMIZERS)
-        one_of(source, "train.outer_comm_dtype", self.outer_comm_dtype, OUTER_COMM_DTYPES)
-        one_of(source, "train.outer_moments", self.outer_moments, OUTER_MOMENTS)
-        require(source, "train.outer_lr", self.outer_lr, 0 < self.outer_lr <= 2,
+        one_of(source, "outer.outer_optimizer", self.outer_optimizer, OUTER_OPTIMIZERS)
+        one_of(source, "outer.outer_comm_dtype", self.outer_comm_dtype, OUTER_COMM_DTYPES)
+        one_of(source, "outer.outer_moments", self.outer_moments, OUTER_MOMENTS)
+        require(source, "outer.outer_lr", self.outer_lr, 0 < self.outer_lr <= 2,
                 "must be in (0, 2] (1 with outer_optimizer = \"average\" is the replicas' mean)")
-        require(source, "train.outer_momentum", self.outer_momentum,
+        require(source, "outer.outer_momentum", self.outer_momentum,
                 0 <= self.outer_momentum < 1, "must be in [0, 1)")

@@ -94,7 +94,7 @@ class TrainSection:
 
 
 # The sections that [train]'s keys of old moved to (issue 58): an old config, `--set
-# train.lr=...` or an old run's config.toml still loads (`moved`).
+# optim.lr=...` or an old run's config.toml still loads (`moved`).
 MOVED_TO = {"optim": OptimSection, "outer": OuterSection, "pipedream": PipeDreamSection}
 
 

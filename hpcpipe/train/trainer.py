@@ -231,9 +231,9 @@ class Trainer:
         train = self.cfg.train
         tick = time.perf_counter()
         at, replica = self.rank.step.assignment(step)  # (asynchronous EASGD: a ticket's)
-        lr = learning_rate(at - 1, train.lr, train.min_lr, train.warmup_steps, train.steps)
+        lr = learning_rate(at - 1, self.cfg.optim.lr, self.cfg.optim.min_lr, self.cfg.optim.warmup_steps, train.steps)
         self.beacon.at("its step (the schedule, the reductions, the update)", step)
-        finished = self.rank.train_step(step, self._inputs(at, replica), lr, train.grad_clip)
+        finished = self.rank.train_step(step, self._inputs(at, replica), lr, self.cfg.optim.grad_clip)
         self.metrics.started(step, time.perf_counter() - tick, lr)
         for outcome in finished:
             self.metrics.record(outcome)
@@ -333,7 +333,7 @@ def report(trainer: Trainer) -> list[str]:
     step, steps = trainer.rank.step, trainer.summary.steps - trainer.start_step
     lines = end_of_run(trainer.metrics, trainer.cfg.parallel, step.gradsync.bytes_reduced,
                        step.optimizer_state_bytes, trainer.record.piece.seconds)
-    if step.outer is not None and trainer.cfg.train.local_steps:
+    if step.outer is not None and trainer.cfg.outer.local_steps:
         lines.append(local_sgd_line(step, steps))
     if trainer.apart:
         lines.append(apart.summary_line(step, steps))
@@ -472,8 +472,8 @@ def header(trainer) -> list[str]:
 def mode_notes(cfg, step) -> list[str]:
     """The header's lines on how steps are validated and replicas kept in step."""
     note = step.post_validation_note
-    return ([note] if note and cfg.train.grad_clip > 0 else []) + (
-        [describe_local_sgd(cfg.outer)] if cfg.train.local_steps else []) + (
+    return ([note] if note and cfg.optim.grad_clip > 0 else []) + (
+        [describe_local_sgd(cfg.outer)] if cfg.outer.local_steps else []) + (
         [apart.describe(cfg.parallel)] if cfg.parallel.async_dp != "none" else [])
 
 

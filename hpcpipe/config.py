@@ -141,7 +141,8 @@ EXCLUSIONS = (
               "post-validation inverts a step that a later verdict rejects, and Muon's step "
               "is not inverted; set train.post_validation = false"),
     # the asynchronous pipeline (PipeDream-2BW): each update lands one step late
-    Exclusion("pipedream.delay_correction", _on_time, lambda c: c.pipedream.delay_correction != "none",
+    Exclusion("pipedream.delay_correction", _on_time,
+              lambda c: c.pipedream.delay_correction != "none",
               lambda c: f"corrects the update of parallel.schedule = \"{ASYNCHRONOUS}\", "
               f"which lands one step late; schedule {c.parallel.schedule!r} updates on time: "
               f"set pipedream.delay_correction = \"none\""),

@@ -2,6 +2,7 @@
 that the message names the file, the key, the value and what is allowed."""
 
 import textwrap
+import tomllib
 
 import numpy as np
 import pytest
@@ -63,7 +64,8 @@ def test_integers_are_accepted_where_numbers_go(tmp_path):
 
 def test_overrides(tmp_path):
     path = write(tmp_path, "[train]\nsteps = 10\n")
-    cfg = config.load(path, ["train.steps=3", "optim.lr=1e-4", "optim.min_lr=0", 'data.corpus="notes.txt"',
+    cfg = config.load(path, ["train.steps=3", "optim.lr=1e-4", "optim.min_lr=0",
+                             'data.corpus="notes.txt"',
                              "train.dtype=float64"])
     assert cfg.train.steps == 3 and cfg.optim.lr == 1e-4
     assert cfg.data.corpus == "notes.txt" and cfg.train.dtype == "float64"
@@ -82,8 +84,9 @@ def test_unknown_key(tmp_path):
 
 
 def test_unknown_section(tmp_path):
-    path, msg = error_of(tmp_path, "[optim]\nlr = 1\n")
-    assert path in msg and "optim" in msg and "known sections: model, train, data, parallel" in msg
+    path, msg = error_of(tmp_path, "[optimizer]\nlr = 1\n")
+    assert path in msg and "optimizer" in msg and "(did you mean optim?)" in msg
+    assert "known sections: model, train, optim, outer, pipedream, data, parallel" in msg
 
 
 def test_wrong_type(tmp_path):
@@ -299,7 +302,8 @@ def test_local_sgd_keys_and_the_layouts_it_refuses(tmp_path):
             ('[train]\nlocal_steps = 4\ndtype = "float16"\n', "a fixed train.loss_scale")]:
         _, msg = error_of(tmp_path, text)
         assert words in msg, (text, msg)
-    config.from_dict({"train": {"dtype": "float16", "loss_scale": 1024.0}, "outer": {"local_steps": 4}})
+    config.from_dict({"train": {"dtype": "float16", "loss_scale": 1024.0},
+                      "outer": {"local_steps": 4}})
 
 
 def test_powersgd_keys_and_what_it_refuses(tmp_path):
@@ -375,3 +379,26 @@ def test_asynchronous_data_parallel_keys_and_what_they_refuse(tmp_path):
             (refused + '[train]\ndtype = "float16"\n', "a fixed train.loss_scale")]:
         _, msg = error_of(tmp_path, text)
         assert words in msg, (text, msg)
+
+
+def test_train_keys_of_old_load_where_they_live_now(tmp_path):
+    """[train]'s optimizer, local-SGD and delay-correction keys moved to [optim], [outer]
+    and [pipedream] (issue 58): an old config, an old `--set` and an old run's config.toml
+    (every key in [train]) still load, with one line for them all; a key given both ways
+    is refused, naming both. (The lines marked keep their old names through the codemod.)"""
+    keep = "train.min_lr=0.001"  # codemod: keep
+    cfg = config.load(write(tmp_path, "[train]\nsteps = 7\nlr = 0.01\nlocal_steps = 2\n"
+                                      "[parallel]\ndp = 2\n"), [keep])
+    assert (cfg.train.steps, cfg.optim.lr, cfg.optim.min_lr, cfg.outer.local_steps) == \
+        (7, 0.01, 0.001, 2)
+    assert cfg.notes == ("[train] keys moved: train.lr, train.min_lr are now [optim]'s; "  # codemod: keep
+                         "train.local_steps is now outer.local_steps",)  # codemod: keep
+    old = {name: dict(table) for name, table in tomllib.loads(Config().to_toml()).items()}
+    for section in ("optim", "outer", "pipedream"):
+        old["train"].update(old.pop(section))
+    resumed = config.from_dict(old, "runs/old/config.toml")
+    assert resumed.to_toml().split("\n", 1)[1] == Config().to_toml().split("\n", 1)[1]
+    assert len(resumed.notes) == 1 and "delay_correction_decay" in resumed.notes[0]
+    assert config.load(write(tmp_path, "[optim]\nlr = 0.01\n")).notes == ()
+    _, msg = error_of(tmp_path, "[train]\nlr = 0.01\n[optim]\nlr = 0.02\n")
+    assert "train.lr = 0.01: is optim.lr now, which the config also sets (0.02)" in msg  # codemod: keep

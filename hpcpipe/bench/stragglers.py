@@ -256,7 +256,8 @@ def segment(mode, start: int, end: int, delay: float, tokens, be, world):
     began = time.perf_counter()
     for step in step_of.clock(start if not step_of.asynchronous else step_of.clock_now, end):
         data_step, replica = step_of.assignment(step)
-        lr = learning_rate(data_step - 1, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, t.steps)
+        o = cfg.optim
+        lr = learning_rate(data_step - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
         [outcome] = mode.rank.train_step(step, inputs_for(tokens, cfg, be, data_step, replica),
                                          lr, cfg.optim.grad_clip)
         if not step_of.asynchronous:

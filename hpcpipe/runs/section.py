@@ -93,8 +93,8 @@ class TrainSection:
         one_of(source, "train.device", self.device, DEVICES)
 
 
-# The sections that [train]'s keys of old moved to (issue 58): an old config, `--set
-# optim.lr=...` or an old run's config.toml still loads (`moved`).
+# The sections that [train]'s keys of old moved to (issue 58): an old config, a `--set` of
+# an old key or an old run's config.toml still loads (`moved`).
 MOVED_TO = {"optim": OptimSection, "outer": OuterSection, "pipedream": PipeDreamSection}
 
 

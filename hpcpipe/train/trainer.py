@@ -228,12 +228,12 @@ class Trainer:
         return inputs
 
     def _step(self, step: int):
-        train = self.cfg.train
+        train, optim = self.cfg.train, self.cfg.optim
         tick = time.perf_counter()
         at, replica = self.rank.step.assignment(step)  # (asynchronous EASGD: a ticket's)
-        lr = learning_rate(at - 1, self.cfg.optim.lr, self.cfg.optim.min_lr, self.cfg.optim.warmup_steps, train.steps)
+        lr = learning_rate(at - 1, optim.lr, optim.min_lr, optim.warmup_steps, train.steps)
         self.beacon.at("its step (the schedule, the reductions, the update)", step)
-        finished = self.rank.train_step(step, self._inputs(at, replica), lr, self.cfg.optim.grad_clip)
+        finished = self.rank.train_step(step, self._inputs(at, replica), lr, optim.grad_clip)
         self.metrics.started(step, time.perf_counter() - tick, lr)
         for outcome in finished:
             self.metrics.record(outcome)

@@ -90,7 +90,8 @@ def train(comm, cfg, delays=None, record=None, replay=None):
         data_step, replica = step_of.assignment(step)
         inputs = batches.replica_inputs(be, global_batch(data_step), replica,
                                         p.microbatches, B)
-        lr = learning_rate(data_step - 1, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, t.steps)
+        o = cfg.optim
+        lr = learning_rate(data_step - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
         [outcome] = rank.train_step(step, inputs, lr, cfg.optim.grad_clip)
         out["losses"].append(outcome.loss)
         out["ends"].append(time.time())
@@ -182,7 +183,8 @@ def elastic_reference(dp, steps, tau, alpha):
     centre = be.to_host(buffers[0]).copy()
     t, losses = cfg.train, []
     for step in range(1, steps + 1):
-        lr = learning_rate(step - 1, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, t.steps)
+        o = cfg.optim
+        lr = learning_rate(step - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
         outs = [r.train_step(step, batches.replica_inputs(be, global_batch(step), d,
                                                           microbatches, B), lr,
                              cfg.optim.grad_clip)[0] for d, r in enumerate(ranks)]

@@ -296,7 +296,8 @@ def reference_cfg(cfg):
 def _as_dict(cfg):
     import dataclasses
 
-    return {name: dataclasses.asdict(getattr(cfg, name)) for name in ("model", "train", "data")}
+    return {name: dataclasses.asdict(getattr(cfg, name))
+            for name in ("model", "train", "optim", "outer", "pipedream", "data")}
 
 
 if __name__ == "__main__":

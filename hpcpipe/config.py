@@ -36,6 +36,7 @@ from hpcpipe.parallel.section import AUTO_DP, AUTO_LAYOUT, ParallelSection, chec
 from hpcpipe.parallel.section import moved as parallel_moved
 from hpcpipe.runs.section import MAX_STEPS, TrainSection  # noqa: F401 (MAX_STEPS: re-exported)
 from hpcpipe.runs.section import moved as train_moved
+from hpcpipe.runs.section import overridden as train_overridden
 from hpcpipe.schedules import flushes
 from hpcpipe.schedules.kinds import ASYNCHRONOUS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
@@ -292,5 +293,6 @@ def load(path: str, overrides: typing.Sequence[str] = ()) -> Config:
             raise ConfigError(path, section, table, f"must be a [{section}] table (so that "
                                                    f"--set {section}.{key} can go in it)")
         table[key] = value
+        train_overridden(data, section, key)  # the --set wins over the file's other name
         source = f"{path} (with --set)"
     return from_dict(data, source)

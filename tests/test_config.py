@@ -400,5 +400,10 @@ def test_train_keys_of_old_load_where_they_live_now(tmp_path):
     assert resumed.to_toml().split("\n", 1)[1] == Config().to_toml().split("\n", 1)[1]
     assert len(resumed.notes) == 1 and "delay_correction_decay" in resumed.notes[0]
     assert config.load(write(tmp_path, "[optim]\nlr = 0.01\n")).notes == ()
+    # a --set wins over the file, whichever name either uses
+    old_set = "train.lr=0.001"  # codemod: keep
+    assert config.load("inputs/tiny.toml", [old_set]).optim.lr == 0.001
+    assert config.load(write(tmp_path, "[train]\nlr = 0.01\n"), ["optim.lr=0.02"]).optim.lr \
+        == 0.02
     _, msg = error_of(tmp_path, "[train]\nlr = 0.01\n[optim]\nlr = 0.02\n")
     assert "train.lr = 0.01: is optim.lr now, which the config also sets (0.02)" in msg  # codemod: keep

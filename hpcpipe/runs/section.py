@@ -98,6 +98,18 @@ class TrainSection:
 MOVED_TO = {"optim": OptimSection, "outer": OuterSection, "pipedream": PipeDreamSection}
 
 
+def overridden(data: dict, section: str, key: str):
+    """A `--set` wins over the file whichever name either uses: an override by a key's
+    old [train] name drops the file's key by its new name, and the other way round, before
+    `moved` would see both and refuse them."""
+    for cls_section, cls in MOVED_TO.items():
+        if key in {f.name for f in dataclasses.fields(cls)} and section in ("train",
+                                                                             cls_section):
+            other = data.get(cls_section if section == "train" else "train")
+            if isinstance(other, dict):
+                other.pop(key, None)
+
+
 def moved(source: str, data: dict) -> tuple[str, ...]:
     """[train] keys an older config names that now live in [optim], [outer] or
     [pipedream] (`data`: the whole config, its tables changed in place): each is put in

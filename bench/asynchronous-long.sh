@@ -20,16 +20,16 @@ common=(mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml
 pp=("${common[@]}" --set parallel.pp=2)
 "${pp[@]}" --set parallel.schedule=1f1b --run-dir runs/long-1f1b-pp2
 "${pp[@]}" --set parallel.schedule=pipedream-2bw --run-dir runs/long-2bw-pp2
-"${pp[@]}" --set parallel.schedule=pipedream-2bw --set train.delay_correction=secant \
+"${pp[@]}" --set parallel.schedule=pipedream-2bw --set pipedream.delay_correction=secant \
     --run-dir runs/long-2bw-secant-pp2
 dp=("${common[@]}" --set parallel.dp=2 --set parallel.microbatches=2
     --set parallel.schedule=1f1b)
 "${dp[@]}" --run-dir runs/long-sync-dp2
-"${dp[@]}" --set train.local_steps=16 --run-dir runs/long-localsgd-h16
+"${dp[@]}" --set outer.local_steps=16 --run-dir runs/long-localsgd-h16
 # DiLoCo's published outer step (Nesterov, lr 0.7, momentum 0.9).
-diloco=(--set train.outer_optimizer=nesterov --set train.outer_lr=0.7 --set train.outer_momentum=0.9)
-"${dp[@]}" --set train.local_steps=16 "${diloco[@]}" --run-dir runs/long-diloco-h16
-# With Muon (train.optimizer = "muon") each mode at a few learning rates around its best
+diloco=(--set outer.outer_optimizer=nesterov --set outer.outer_lr=0.7 --set outer.outer_momentum=0.9)
+"${dp[@]}" --set outer.local_steps=16 "${diloco[@]}" --run-dir runs/long-diloco-h16
+# With Muon (optim.optimizer = "muon") each mode at a few learning rates around its best
 # (lr, and min_lr = lr/10): synchronous training and 2BW with extrapolated versions in one
 # process (1F1B at pp 2 and synchronous dp 2 equal it; 2BW's delayed update is the same at
 # every pp), local SGD at dp 2.
@@ -39,20 +39,20 @@ muon() {
     shift 3
     python -m hpcpipe train inputs/tiny.toml --set train.steps="$steps" \
         --set train.eval_every=$((steps / 4)) --set train.log_every=$((steps / 4)) \
-        --set train.trace_steps=0 --set train.optimizer=muon --set train.lr="$lr" \
-        --set train.min_lr="$(python -c "print($lr / 10)")" --run-dir "$dir" "$@"
+        --set train.trace_steps=0 --set optim.optimizer=muon --set optim.lr="$lr" \
+        --set optim.min_lr="$(python -c "print($lr / 10)")" --run-dir "$dir" "$@"
 }
 # localsgd STEPS LR RUN-DIR [ARG...]: local SGD at H 16 with Muon at dp 2, evaluated four times.
 localsgd() {
     local steps=$1 lr=$2 dir=$3
     shift 3
     "${dp[@]}" --set train.steps="$steps" --set train.eval_every=$((steps / 4)) \
-        --set train.log_every=$((steps / 4)) --set train.optimizer=muon \
-        --set train.local_steps=16 --set train.lr="$lr" \
-        --set train.min_lr="$(python -c "print($lr / 10)")" --run-dir "$dir" "$@"
+        --set train.log_every=$((steps / 4)) --set optim.optimizer=muon \
+        --set outer.local_steps=16 --set optim.lr="$lr" \
+        --set optim.min_lr="$(python -c "print($lr / 10)")" --run-dir "$dir" "$@"
 }
-twobw=(--set parallel.schedule=pipedream-2bw --set train.delay_correction=extrapolate)
-moments=(--set train.outer_moments=average)  # the replicas' moments averaged too
+twobw=(--set parallel.schedule=pipedream-2bw --set pipedream.delay_correction=extrapolate)
+moments=(--set outer.outer_moments=average)  # the replicas' moments averaged too
 # Over the same 1,000 steps (runs/long-muon-*).
 for lr in 6e-3 9e-3 1.2e-2 2.4e-2; do
     muon 1000 $lr runs/long-muon-sync-$lr
@@ -75,7 +75,7 @@ for lr in 4.5e-3 6e-3; do
     muon 2000 $lr runs/long2k-muon-2bw-extrapolate-$lr "${twobw[@]}"
 done
 # Local SGD at H 16 with Muon over the same 2,000 steps, the replicas' moments kept local
-# and averaged at every outer step (train.outer_moments).
+# and averaged at every outer step (outer.outer_moments).
 for lr in 6e-3 9e-3; do
     localsgd 2000 $lr runs/long2k-muon-localsgd-h16-$lr
 done

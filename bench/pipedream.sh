@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The asynchronous pipeline (PipeDream-2BW) against 1F1B on the same tokens: pp 2, the
 # stdlib corpus, 300 steps of inputs/tiny.toml (4 microbatches of 4 sequences a step), and
-# 2BW again with the delay corrections (train.delay_correction, optim/delay.py): the secant
-# with AdamW, then Muon (train.optimizer, optim/muon.py) — 1F1B with Muon, 2BW with Muon,
+# 2BW again with the delay corrections (pipedream.delay_correction, optim/delay.py): the secant
+# with AdamW, then Muon (optim.optimizer, optim/muon.py) — 1F1B with Muon, 2BW with Muon,
 # and 2BW with Muon and extrapolated versions — and AdamW with extrapolated versions.
 # Writes runs/1f1b-pp2, runs/2bw-pp2, runs/2bw-secant-pp2, runs/1f1b-muon-pp2,
 # runs/2bw-muon-pp2, runs/2bw-muon-extrapolate-pp2 and runs/2bw-extrapolate-pp2, and
@@ -17,15 +17,15 @@ launch=(mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml
 twobw=(--set parallel.schedule=pipedream-2bw)
 "${launch[@]}" --set parallel.schedule=1f1b --run-dir runs/1f1b-pp2
 "${launch[@]}" "${twobw[@]}" --run-dir runs/2bw-pp2
-"${launch[@]}" "${twobw[@]}" --set train.delay_correction=secant --run-dir runs/2bw-secant-pp2
+"${launch[@]}" "${twobw[@]}" --set pipedream.delay_correction=secant --run-dir runs/2bw-secant-pp2
 python -m hpcpipe plot runs/1f1b-pp2 runs/2bw-pp2 runs/2bw-secant-pp2 \
     --out bench/results/pipedream.png --force
-muon=(--set train.optimizer=muon)
+muon=(--set optim.optimizer=muon)
 "${launch[@]}" --set parallel.schedule=1f1b "${muon[@]}" --run-dir runs/1f1b-muon-pp2
 "${launch[@]}" "${twobw[@]}" "${muon[@]}" --run-dir runs/2bw-muon-pp2
-"${launch[@]}" "${twobw[@]}" "${muon[@]}" --set train.delay_correction=extrapolate \
+"${launch[@]}" "${twobw[@]}" "${muon[@]}" --set pipedream.delay_correction=extrapolate \
     --run-dir runs/2bw-muon-extrapolate-pp2
-"${launch[@]}" "${twobw[@]}" --set train.delay_correction=extrapolate \
+"${launch[@]}" "${twobw[@]}" --set pipedream.delay_correction=extrapolate \
     --run-dir runs/2bw-extrapolate-pp2
 python -m hpcpipe plot runs/1f1b-pp2 runs/1f1b-muon-pp2 runs/2bw-muon-pp2 \
     runs/2bw-muon-extrapolate-pp2 --out bench/results/pipedream-muon.png --force

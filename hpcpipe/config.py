@@ -1,8 +1,10 @@
 """Run configuration: TOML files loaded into frozen dataclasses, with strict checking.
 
-A config has five sections, each a dataclass beside the code it configures, with its own
+A config has eight sections, each a dataclass beside the code it configures, with its own
 `validate()`: [model] (the model's own shape type, model.GPTConfig; its checks in
-hpcpipe/model/section.py), [train] (hpcpipe/runs/section.py), [data]
+hpcpipe/model/section.py), [train] (hpcpipe/runs/section.py), [optim]
+(hpcpipe/optim/section.py), [outer] (hpcpipe/parallel/outer_section.py), [pipedream]
+(hpcpipe/optim/delay_section.py), [data]
 (hpcpipe/data/section.py), [parallel] (hpcpipe/parallel/section.py) and [checkpoint]
 (hpcpipe/checkpoint/section.py). This module composes them: it reads the TOML and the
 `--set` overrides, maps the keys that moved (`_moved`), builds each section, runs each
@@ -27,9 +29,14 @@ from hpcpipe.data.section import DataSection
 from hpcpipe.model import GPTConfig, split
 from hpcpipe.model import section as model_section
 from hpcpipe.model.section import MAX_LAYERS  # noqa: F401 (re-exported)
+from hpcpipe.optim.delay_section import PipeDreamSection
+from hpcpipe.optim.section import OptimSection
+from hpcpipe.parallel.outer_section import OuterSection
 from hpcpipe.parallel.section import AUTO_DP, AUTO_LAYOUT, ParallelSection, check_fit
 from hpcpipe.parallel.section import moved as parallel_moved
 from hpcpipe.runs.section import MAX_STEPS, TrainSection  # noqa: F401 (MAX_STEPS: re-exported)
+from hpcpipe.runs.section import moved as train_moved
+from hpcpipe.runs.section import overridden as train_overridden
 from hpcpipe.schedules import flushes
 from hpcpipe.schedules.kinds import ASYNCHRONOUS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
@@ -45,6 +52,9 @@ MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text; anything bigger is not
 class Config:
     model: GPTConfig = field(default_factory=GPTConfig)  # [model]: the GPT's shape
     train: TrainSection = field(default_factory=TrainSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    outer: OuterSection = field(default_factory=OuterSection)
+    pipedream: PipeDreamSection = field(default_factory=PipeDreamSection)
     data: DataSection = field(default_factory=DataSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
@@ -67,7 +77,8 @@ class Config:
         return "\n".join(lines) + "\n"
 
 
-SECTIONS = {"model": GPTConfig, "train": TrainSection, "data": DataSection,
+SECTIONS = {"model": GPTConfig, "train": TrainSection, "optim": OptimSection,
+            "outer": OuterSection, "pipedream": PipeDreamSection, "data": DataSection,
             "parallel": ParallelSection, "checkpoint": CheckpointSection}
 
 
@@ -92,10 +103,10 @@ def _build_section(source, name, table) -> object:
 def _zero(c): return bool(c.parallel.zero)
 def _post_validation(c): return c.train.post_validation
 def _compressed(c): return c.parallel.grad_compression != "none"
-def _local(c): return c.train.local_steps > 0
+def _local(c): return c.outer.local_steps > 0
 def _tp(c): return c.parallel.tp > 1
 def _fp16_dynamic(c): return c.train.dtype == "float16" and c.train.loss_scale == 0
-def _muon(c): return c.train.optimizer == "muon"
+def _muon(c): return c.optim.optimizer == "muon"
 def _two_bw(c): return not flushes(c.parallel.schedule)  # the asynchronous pipeline
 def _on_time(c): return flushes(c.parallel.schedule)
 def _apart(c): return c.parallel.async_dp != "none"
@@ -106,42 +117,43 @@ _FP16_SCALE = "use dtype bfloat16 or a fixed train.loss_scale"
 # of two clashes a config with both is told of.
 EXCLUSIONS = (
     # local SGD: every replica steps on its own gradient, the replicas meet at outer steps
-    Exclusion("train.local_steps", _local, _zero,
+    Exclusion("outer.local_steps", _local, _zero,
               "ZeRO shards the optimizer state over the dp replicas, but under local SGD "
               "every replica steps on its own gradient with its own state; set "
               "parallel.zero = 0"),
-    Exclusion("train.local_steps", _local, _post_validation,
+    Exclusion("outer.local_steps", _local, _post_validation,
               "post-validation settles each step with a verdict of the whole world, but "
               "local SGD's replicas step apart; set train.post_validation = false"),
-    Exclusion("train.local_steps", _local, _fp16_dynamic,
+    Exclusion("outer.local_steps", _local, _fp16_dynamic,
               "float16's dynamic loss scale would drift apart on the replicas between "
               f"outer steps; {_FP16_SCALE}"),
-    Exclusion("train.local_steps", _local, _compressed,
+    Exclusion("outer.local_steps", _local, _compressed,
               "local SGD sends no gradients between the replicas (only the outer step's "
-              "weights, see train.outer_comm_dtype): set parallel.grad_compression = "
+              "weights, see outer.outer_comm_dtype): set parallel.grad_compression = "
               "\"none\""),
     # Muon orthogonalizes whole matrices, and its step is not inverted
-    Exclusion("train.optimizer", _muon, lambda c: _zero(c) and c.parallel.dp != 1,
+    Exclusion("optim.optimizer", _muon, lambda c: _zero(c) and c.parallel.dp != 1,
               "ZeRO splits the weight matrices into flat shards over the dp replicas, and "
               "Muon orthogonalizes whole matrices; set parallel.zero = 0"),
-    Exclusion("train.optimizer", _muon, _tp,
+    Exclusion("optim.optimizer", _muon, _tp,
               "tensor parallelism splits the weight matrices by rows or columns, and Muon "
               "orthogonalizes whole matrices; set parallel.tp = 1"),
-    Exclusion("train.optimizer", _muon, _post_validation,
+    Exclusion("optim.optimizer", _muon, _post_validation,
               "post-validation inverts a step that a later verdict rejects, and Muon's step "
               "is not inverted; set train.post_validation = false"),
     # the asynchronous pipeline (PipeDream-2BW): each update lands one step late
-    Exclusion("train.delay_correction", _on_time, lambda c: c.train.delay_correction != "none",
+    Exclusion("pipedream.delay_correction", _on_time,
+              lambda c: c.pipedream.delay_correction != "none",
               lambda c: f"corrects the update of parallel.schedule = \"{ASYNCHRONOUS}\", "
               f"which lands one step late; schedule {c.parallel.schedule!r} updates on time: "
-              f"set train.delay_correction = \"none\""),
+              f"set pipedream.delay_correction = \"none\""),
     Exclusion("parallel.schedule", _two_bw, _zero,
               "its updates land one step late on each stage apart; set parallel.zero = 0"),
     Exclusion("parallel.schedule", _two_bw, _post_validation,
               "it never waits for a step's update (each lands one step late): "
               "post-validation has nothing to speculate on; set train.post_validation = false"),
     Exclusion("parallel.schedule", _two_bw, _local,
-              "it steps every replica together; set train.local_steps = 0"),
+              "it steps every replica together; set outer.local_steps = 0"),
     Exclusion("parallel.schedule", _two_bw, _compressed,
               "set parallel.grad_compression = \"none\" (PowerSGD is for synchronous steps)"),
     Exclusion("parallel.schedule", _two_bw, _fp16_dynamic,
@@ -167,7 +179,7 @@ EXCLUSIONS = (
               "reduce every step together; set parallel.grad_compression = \"none\""),
     Exclusion("parallel.async_dp", _apart, _local,
               "local SGD's replicas meet at every outer step, which is a mode of its own; "
-              "set train.local_steps = 0"),
+              "set outer.local_steps = 0"),
     Exclusion("parallel.async_dp", _apart, _two_bw,
               f"the asynchronous pipeline (parallel.schedule = \"{ASYNCHRONOUS}\") sums "
               f"every replica's gradient at every step, with its replicas in step; choose "
@@ -175,9 +187,9 @@ EXCLUSIONS = (
     Exclusion("parallel.async_dp", _apart, _fp16_dynamic,
               f"float16's dynamic loss scale would change on each replica apart; {_FP16_SCALE}"),
     Exclusion("parallel.ssp_correction", lambda c: c.parallel.ssp_correction == "dc",
-              lambda c: c.train.optimizer != "adamw",
+              lambda c: c.optim.optimizer != "adamw",
               lambda c: "\"dc\" scales its compensation by AdamW's second moment, which "
-              f"train.optimizer = \"{c.train.optimizer}\" does not keep for every weight; use "
+              f"optim.optimizer = \"{c.optim.optimizer}\" does not keep for every weight; use "
               "\"lr\" or \"none\""),
 )
 
@@ -193,7 +205,8 @@ def validate(cfg: Config) -> Config:
     its printed form, "E t t | t t L")."""
     source = cfg.source
     model_section.validate(source, dataclasses.asdict(cfg.model))
-    cfg.train.validate(source)
+    for section in (cfg.train, cfg.optim, cfg.outer, cfg.pipedream):
+        section.validate(source)
     cfg.data.validate(source)
     cfg.parallel.validate(source)
     layout = cfg.parallel.layout
@@ -248,9 +261,10 @@ def for_world(cfg: Config, world: int) -> Config:
 def _moved(source, data: dict) -> tuple[str, ...]:
     """Keys an older config names that moved or were retired: a moved one is put where it
     lives now (in `data`), with one line saying so; a retired one is a ConfigError saying
-    what replaced it (each section's own: parallel/section.py `moved`)."""
+    what replaced it (each section's own: parallel/section.py and runs/section.py `moved`)."""
     parallel = data.get("parallel")
-    return parallel_moved(source, parallel) if isinstance(parallel, dict) else ()
+    return (parallel_moved(source, parallel) if isinstance(parallel, dict) else ()) + \
+        train_moved(source, data)
 
 
 def from_dict(data: dict, source: str = "<dict>") -> Config:
@@ -284,5 +298,6 @@ def load(path: str, overrides: typing.Sequence[str] = ()) -> Config:
             raise ConfigError(path, section, table, f"must be a [{section}] table (so that "
                                                    f"--set {section}.{key} can go in it)")
         table[key] = value
+        train_overridden(data, section, key)  # the --set wins over the file's other name
         source = f"{path} (with --set)"
     return from_dict(data, source)

@@ -22,7 +22,8 @@ NOT_SUBPACKAGES = {"harness", "mpi", "jobs", "reliability", "docs", "__pycache__
 # The subsystems below train/ and plan/: each takes its own config section (or the plan, or
 # plain values), never the whole Config, so that what a module reads is in its signature.
 OWN_SECTIONS_ONLY = ("device", "parallel", "checkpoint", "data", "runs")
-CONFIG_SECTIONS = {"parallel", "train", "checkpoint", "data", "model"}
+CONFIG_SECTIONS = {"parallel", "train", "optim", "outer", "pipedream", "checkpoint", "data",
+                   "model"}
 CONFIG_NAMES = {"cfg", "config", "conf"}  # what a whole Config is called in this package
 
 
@@ -178,12 +179,12 @@ def test_the_whole_config_check_finds_each_kind_of_use():
                "from hpcpipe import config\n"
                "import hpcpipe.config\n"
                "def f(run: Config, x: 'Config'):\n"
-               "    return cfg.train.lr, self.config.parallel, config.model\n"
+               "    return cfg.optim.lr, self.config.parallel, config.model\n"
                "def g(grid, section):\n"
                "    return section.model, stage.cfg.n_head, rank.model\n")
     found = whole_config_uses(ast.parse(planted), "hpcpipe.data")
     assert found == ["line 1: from hpcpipe.config import ...",
                      "line 2: from hpcpipe.config import ...",
                      "line 3: from hpcpipe import ...", "line 4: hpcpipe.config",
-                     "line 5: run: Config", "line 5: x: Config", "line 6: cfg.train",
+                     "line 5: run: Config", "line 5: x: Config", "line 6: cfg.optim",
                      "line 6: config.model", "line 6: config.parallel"]  # (not line 8)

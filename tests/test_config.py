@@ -2,6 +2,7 @@
 that the message names the file, the key, the value and what is allowed."""
 
 import textwrap
+import tomllib
 
 import numpy as np
 import pytest
@@ -58,19 +59,20 @@ def test_defaults_fill_missing_keys(tmp_path):
 
 def test_integers_are_accepted_where_numbers_go(tmp_path):
     cfg = config.load(write(tmp_path, "[train]\nlr = 1\nmin_lr = 0\n"))
-    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
 
 
 def test_overrides(tmp_path):
     path = write(tmp_path, "[train]\nsteps = 10\n")
-    cfg = config.load(path, ["train.steps=3", "train.lr=1e-4", "train.min_lr=0", 'data.corpus="notes.txt"',
+    cfg = config.load(path, ["train.steps=3", "optim.lr=1e-4", "optim.min_lr=0",
+                             'data.corpus="notes.txt"',
                              "train.dtype=float64"])
-    assert cfg.train.steps == 3 and cfg.train.lr == 1e-4
+    assert cfg.train.steps == 3 and cfg.optim.lr == 1e-4
     assert cfg.data.corpus == "notes.txt" and cfg.train.dtype == "float64"
 
 
 def test_resolved_toml_round_trips(tmp_path):
-    cfg = config.load("inputs/tiny.toml", ["train.lr=0.1", "train.min_lr=0.01"])
+    cfg = config.load("inputs/tiny.toml", ["optim.lr=0.1", "optim.min_lr=0.01"])
     again = config.load(write(tmp_path, cfg.to_toml()))
     assert (again.model, again.train, again.data, again.parallel) == \
         (cfg.model, cfg.train, cfg.data, cfg.parallel)
@@ -82,8 +84,9 @@ def test_unknown_key(tmp_path):
 
 
 def test_unknown_section(tmp_path):
-    path, msg = error_of(tmp_path, "[optim]\nlr = 1\n")
-    assert path in msg and "optim" in msg and "known sections: model, train, data, parallel" in msg
+    path, msg = error_of(tmp_path, "[optimizer]\nlr = 1\n")
+    assert path in msg and "optimizer" in msg and "(did you mean optim?)" in msg
+    assert "known sections: model, train, optim, outer, pipedream, data, parallel" in msg
 
 
 def test_wrong_type(tmp_path):
@@ -143,7 +146,7 @@ def test_value_not_in_allowed_set(tmp_path):
 
 def test_min_lr_above_lr(tmp_path):
     _, msg = error_of(tmp_path, "[train]\nlr = 1e-3\nmin_lr = 1e-2\n")
-    assert "train.min_lr = 0.01" in msg and "between 0 and train.lr" in msg
+    assert "optim.min_lr = 0.01" in msg and "between 0 and optim.lr" in msg
 
 
 def test_data_parallel_settings(tmp_path):
@@ -278,14 +281,14 @@ def test_override_of_unknown_key(tmp_path):
 
 
 def test_local_sgd_keys_and_the_layouts_it_refuses(tmp_path):
-    """train.local_steps is off by default; its keys are checked, and each combination it
+    """outer.local_steps is off by default; its keys are checked, and each combination it
     cannot run with is refused with one message naming the key to change."""
-    assert Config().train.local_steps == 0
-    cfg = config.from_dict({"train": {"local_steps": 16, "outer_optimizer": "nesterov",
+    assert Config().outer.local_steps == 0
+    cfg = config.from_dict({"outer": {"local_steps": 16, "outer_optimizer": "nesterov",
                                       "outer_lr": 0.7, "outer_comm_dtype": "bfloat16",
                                       "outer_moments": "average"},
                             "parallel": {"dp": 2, "pp": 2, "tp": 2}})
-    assert cfg.train.local_steps == 16
+    assert cfg.outer.local_steps == 16
     for text, words in [
             ("[train]\nlocal_steps = -1\n", "must be 0 or more"),
             ('[train]\nlocal_steps = 4\nouter_optimizer = "adam"\n', "allowed: average, nesterov"),
@@ -299,7 +302,8 @@ def test_local_sgd_keys_and_the_layouts_it_refuses(tmp_path):
             ('[train]\nlocal_steps = 4\ndtype = "float16"\n', "a fixed train.loss_scale")]:
         _, msg = error_of(tmp_path, text)
         assert words in msg, (text, msg)
-    config.from_dict({"train": {"local_steps": 4, "dtype": "float16", "loss_scale": 1024.0}})
+    config.from_dict({"train": {"dtype": "float16", "loss_scale": 1024.0},
+                      "outer": {"local_steps": 4}})
 
 
 def test_powersgd_keys_and_what_it_refuses(tmp_path):
@@ -350,7 +354,7 @@ def test_asynchronous_data_parallel_keys_and_what_they_refuse(tmp_path):
     that can differ from run to run; SSP's delay compensation needs AdamW."""
     assert Config().parallel.async_dp == "none"
     for mode, sync in (("ssp", False), ("easgd", False), ("easgd", True)):
-        cfg = config.from_dict({"train": {"dtype": "bfloat16", "optimizer": "muon"},
+        cfg = config.from_dict({"train": {"dtype": "bfloat16"}, "optim": {"optimizer": "muon"},
                                 "parallel": {"dp": 2, "pp": 2, "async_dp": mode,
                                              "easgd_sync": sync, "schedule": "zb-v"}})
         assert cfg.parallel.async_dp == mode
@@ -370,7 +374,7 @@ def test_asynchronous_data_parallel_keys_and_what_they_refuse(tmp_path):
             (refused + "[train]\npost_validation = true\n", "set train.post_validation = false"),
             (refused + 'grad_compression = "powersgd"\n',
              'set parallel.grad_compression = "none"'),
-            (refused + "[train]\nlocal_steps = 4\n", "set train.local_steps = 0"),
+            (refused + "[train]\nlocal_steps = 4\n", "set outer.local_steps = 0"),
             (refused + 'schedule = "pipedream-2bw"\n', "choose a synchronous schedule"),
             (refused + '[train]\ndtype = "float16"\n', "a fixed train.loss_scale"),
             (refused + 'ssp_correction = "momentum"\n', "allowed: none, lr, dc"),
@@ -379,3 +383,31 @@ def test_asynchronous_data_parallel_keys_and_what_they_refuse(tmp_path):
              "AdamW's second moment")]:
         _, msg = error_of(tmp_path, text)
         assert words in msg, (text, msg)
+
+
+def test_train_keys_of_old_load_where_they_live_now(tmp_path):
+    """[train]'s optimizer, local-SGD and delay-correction keys moved to [optim], [outer]
+    and [pipedream] (issue 58): an old config, an old `--set` and an old run's config.toml
+    (every key in [train]) still load, with one line for them all; a key given both ways
+    is refused, naming both. (The lines marked keep their old names through the codemod.)"""
+    keep = "train.min_lr=0.001"  # codemod: keep
+    cfg = config.load(write(tmp_path, "[train]\nsteps = 7\nlr = 0.01\nlocal_steps = 2\n"
+                                      "[parallel]\ndp = 2\n"), [keep])
+    assert (cfg.train.steps, cfg.optim.lr, cfg.optim.min_lr, cfg.outer.local_steps) == \
+        (7, 0.01, 0.001, 2)
+    assert cfg.notes == ("[train] keys moved: train.lr, train.min_lr are now [optim]'s; "  # codemod: keep
+                         "train.local_steps is now outer.local_steps",)  # codemod: keep
+    old = {name: dict(table) for name, table in tomllib.loads(Config().to_toml()).items()}
+    for section in ("optim", "outer", "pipedream"):
+        old["train"].update(old.pop(section))
+    resumed = config.from_dict(old, "runs/old/config.toml")
+    assert resumed.to_toml().split("\n", 1)[1] == Config().to_toml().split("\n", 1)[1]
+    assert len(resumed.notes) == 1 and "delay_correction_decay" in resumed.notes[0]
+    assert config.load(write(tmp_path, "[optim]\nlr = 0.01\n")).notes == ()
+    # a --set wins over the file, whichever name either uses
+    old_set = "train.lr=0.001"  # codemod: keep
+    assert config.load("inputs/tiny.toml", [old_set]).optim.lr == 0.001
+    assert config.load(write(tmp_path, "[train]\nlr = 0.01\n"), ["optim.lr=0.02"]).optim.lr \
+        == 0.02
+    _, msg = error_of(tmp_path, "[train]\nlr = 0.01\n[optim]\nlr = 0.02\n")
+    assert "train.lr = 0.01: is optim.lr now, which the config also sets (0.02)" in msg  # codemod: keep

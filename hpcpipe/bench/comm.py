@@ -340,7 +340,7 @@ LOCAL_ROUNDS = 3  # meetings timed, after one round that warms up
 
 def measure_local(world, be, transport, local_steps: int = LOCAL_STEPS,
                   rounds: int = LOCAL_ROUNDS) -> list[dict]:
-    """Synchronous dp against local SGD (train.local_steps = H, plain averaging) on the
+    """Synchronous dp against local SGD (outer.local_steps = H, plain averaging) on the
     same model and batches, stepped alternately in one run — a step of each in turn, so
     both see the same machine: per mode the mean step time over whole rounds (a
     meeting's all-reduce included), tokens/s, and the bytes a rank sends per step on a

@@ -46,7 +46,7 @@ from .common import require_tokens, schedule_label, suite_parser, with_json, wri
 from .memory import memory_rows, pareto_front, plot_front, print_front, print_memory
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto", "pipedream-2bw")
-# 2BW with train.delay_correction = "secant" (optim/delay.py): what the correction costs
+# 2BW with pipedream.delay_correction = "secant" (optim/delay.py): what the correction costs
 SECANT_KIND = asynchronous.KIND + "+secant"
 
 EPILOG = """\
@@ -163,9 +163,9 @@ def bench_config(args, pp: int):
                   "block_size": args.block, "vocab_size": args.vocab},
         # Overlapping steps need post-validation; no clipping by default, so that every
         # schedule does the same work (--grad-clip measures post-validation while it fires).
-        "train": {"micro_batch_size": args.micro_batch_size, "dtype": "float32",
-                  "device": "auto", "post_validation": not args.synchronous,
-                  "grad_clip": args.grad_clip},
+        "train": {"micro_batch_size": args.micro_batch_size, "dtype": "float32", "device": "auto",
+                  "post_validation": not args.synchronous},
+        "optim": {"grad_clip": args.grad_clip},
         "parallel": {"pp": pp, "microbatches": args.microbatches, "schedule": "1f1b"},
     }, source="bench pipeline")
 
@@ -174,7 +174,7 @@ def contender(kind, cfg, grid, be, schedule, world) -> Contender:
     trace = timeline.Trace(rank=world.rank)
     plan = build_plan(cfg, schedule=schedule)
     rank = Rank.build(cfg, grid, be, plan, trace)
-    return Contender(kind, rank, trace, split=plan.layout, max_norm=cfg.train.grad_clip)
+    return Contender(kind, rank, trace, split=plan.layout, max_norm=cfg.optim.grad_clip)
 
 
 def measure_costs(cfg, grid, be, world, inputs, shape) -> Costs:
@@ -233,8 +233,8 @@ def stream_contender(cfg, grid, be, world, costs: Costs, kind=asynchronous.KIND)
     stream's steady state, a step period (a flushed schedule's is its makespan)."""
     correction = "secant" if kind == SECANT_KIND else "none"
     stream_cfg = dataclasses.replace(
-        cfg, train=dataclasses.replace(cfg.train, post_validation=False,
-                                       delay_correction=correction),
+        cfg, train=dataclasses.replace(cfg.train, post_validation=False),
+        pipedream=dataclasses.replace(cfg.pipedream, delay_correction=correction),
         parallel=dataclasses.replace(cfg.parallel, schedule=asynchronous.KIND))
     entry = contender(kind, stream_cfg, grid, be, build_schedule(stream_cfg),
                       world)

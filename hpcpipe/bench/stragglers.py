@@ -116,7 +116,7 @@ def mode_settings(name: str, local_steps: int) -> dict:
     if name == "sync":
         return {}
     if name == "local-sgd":
-        return {"train": {"local_steps": local_steps}}
+        return {"outer": {"local_steps": local_steps}}
     bound, _, correction = name[4:].partition("-")
     if name.startswith("ssp-") and bound.isdigit() and correction in ("", *CORRECTIONS):
         return {"parallel": {"async_dp": "ssp", "staleness": int(bound),
@@ -135,8 +135,8 @@ def mode_config(base, name: str, args) -> config.Config:
     data = {section: dict(values) for section, values in _as_dict(base).items()}
     data["parallel"].update(dp=2, pp=1, tp=1, schedule="1f1b", zero=0,
                             grad_compression="none")
-    data["train"].update(steps=args.steps, post_validation=False, local_steps=0,
-                         eval_batches=args.eval_batches)
+    data["train"].update(steps=args.steps, post_validation=False, eval_batches=args.eval_batches)
+    data["outer"].update(local_steps=0)
     for section, values in mode_settings(name, args.local_steps).items():
         data[section].update(values)
     return config.from_dict(data, source=f"{base.source} (bench stragglers, {name})")
@@ -253,7 +253,7 @@ def measure_delay(cfg, world, be, tokens, steps: int = 6) -> float:
         world.Barrier()
         start = time.perf_counter()
         mode.rank.train_step(step, inputs_for(tokens, cfg, be, step, mode.grid.dp_rank),
-                             cfg.train.lr, cfg.train.grad_clip)
+                             cfg.optim.lr, cfg.optim.grad_clip)
         times.append(world.allreduce(time.perf_counter() - start, op=_max()))
     return statistics.median(times[1:])
 
@@ -283,9 +283,10 @@ def segment(mode, start: int, end: int, delay: float, tokens, be, world, last: b
     began = time.perf_counter()
     for step in step_of.clock(start if not step_of.asynchronous else step_of.clock_now, end):
         data_step, replica = step_of.assignment(step)
-        lr = learning_rate(data_step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
+        o = cfg.optim
+        lr = learning_rate(data_step - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
         [outcome] = mode.rank.train_step(step, inputs_for(tokens, cfg, be, data_step, replica),
-                                         lr, t.grad_clip)
+                                         lr, cfg.optim.grad_clip)
         if not step_of.asynchronous:
             mode.bytes += step_of.gradsync.bytes_reduced
         if grid.dp_rank == 1:
@@ -309,8 +310,8 @@ def staleness(mode, step: int, data_step: int) -> int:
         return int(data_step - 1 - step_of.ran_on)
     if hasattr(step_of, "centre"):  # (None: no exchange at this step)
         return step_of.seen_now
-    if mode.cfg.train.local_steps:
-        return (step - 1) % mode.cfg.train.local_steps
+    if mode.cfg.outer.local_steps:
+        return (step - 1) % mode.cfg.outer.local_steps
     return 0
 
 

@@ -122,8 +122,8 @@ def layout_config(args, shape, layout: Layout):
         "model": {"n_layer": shape.n_layer, "n_head": shape.n_head, "n_embd": shape.n_embd,
                   "block_size": shape.block_size, "vocab_size": shape.vocab_size},
         # Plain synchronous steps, no clipping: every layout does the same work a step.
-        "train": {"micro_batch_size": args.micro_batch_size, "dtype": "float32",
-                  "device": "auto", "grad_clip": 0.0},
+        "train": {"micro_batch_size": args.micro_batch_size, "dtype": "float32", "device": "auto"},
+        "optim": {"grad_clip": 0.0},
         "parallel": {"dp": layout.dp, "pp": layout.pp, "tp": layout.tp,
                      "sequence_parallel": layout.sequence,
                      "microbatches": args.microbatches // layout.dp,

@@ -15,6 +15,7 @@ import dataclasses
 import inspect
 import io
 import re
+import sys
 import textwrap
 import tokenize
 import typing
@@ -163,5 +164,8 @@ def run(args) -> int:
     if args.config is None:
         raise HpcpipeError("config: give a CONFIG file to resolve, or --list for the "
                            "reference (see python -m hpcpipe config --help)")
-    print(config.load(args.config, args.overrides).to_toml(), end="")
+    cfg = config.load(args.config, args.overrides)
+    for note in cfg.notes:  # keys an older config named: on stderr, so stdout stays TOML
+        print(f"note: {note}", file=sys.stderr)
+    print(cfg.to_toml(), end="")
     return 0

@@ -21,7 +21,7 @@ from hpcpipe.util.arguments import Parser, number, path
 EPILOG = """\
 examples:
   python -m hpcpipe train inputs/tiny.toml
-  python -m hpcpipe train inputs/tiny.toml --set train.steps=50 --set train.lr=1e-3
+  python -m hpcpipe train inputs/tiny.toml --set train.steps=50 --set optim.lr=1e-3
   mpiexec -n 1 python -m mpi4py -m hpcpipe train inputs/tiny.toml --run-dir runs/try1
   python -m hpcpipe prepare --corpus stdlib --out data/stdlib.tokens.h5
   python -m hpcpipe schedule --kind zb-h1 --stages 4 --microbatches 8

@@ -136,7 +136,7 @@ class SecantCorrection:
 
 
 class Extrapolation:
-    """`train.delay_correction = "extrapolate"`: the stream computes on weights one update
+    """`pipedream.delay_correction = "extrapolate"`: the stream computes on weights one update
     ahead, so that a gradient lands where it was taken, to first order.
 
     Step k + 2 computes on version k + 1 and its update is applied to W_{k+2}: one update

@@ -1,4 +1,4 @@
-"""Muon (`train.optimizer = "muon"`): the hidden layers' weight matrices step along their
+"""Muon (`optim.optimizer = "muon"`): the hidden layers' weight matrices step along their
 momentum orthogonalized by a Newton–Schulz iteration; everything else takes AdamW's step.
 
 Per matrix W (c_attn, attn.c_proj, c_fc, mlp.c_proj of every block), with gradient G:
@@ -138,4 +138,4 @@ class Muon(AdamW):
 
     def undo(self, grad, lr: float, grad_scale: float):
         raise RuntimeError("Muon's step is not inverted: config.py refuses "
-                           "train.post_validation with train.optimizer = \"muon\"")
+                           "train.post_validation with optim.optimizer = \"muon\"")

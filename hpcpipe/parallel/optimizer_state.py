@@ -87,7 +87,7 @@ def _check_kind(optimizer, manifest: dict, path: str):
     saved = manifest.get("state", {}).get("optimizer", "adamw")
     if manifest["pieces"] and saved != optimizer.kind:
         raise StateError(
-            f"{path}: optimizer state of train.optimizer = \"{saved}\", this run's is "
+            f"{path}: optimizer state of optim.optimizer = \"{saved}\", this run's is "
             f"\"{optimizer.kind}\" (the moments would be misread): resume with --set "
-            f"train.optimizer={saved}, or export the weights (hpcpipe ckpt export) and "
+            f"optim.optimizer={saved}, or export the weights (hpcpipe ckpt export) and "
             f"import them (hpcpipe ckpt import-gpt2) to start the optimizer afresh")

@@ -1,6 +1,6 @@
 """Local SGD and DiLoCo across the data-parallel replicas: the outer step.
 
-With `train.local_steps = H` the replicas skip the gradient all-reduce: each pipeline
+With `outer.local_steps = H` the replicas skip the gradient all-reduce: each pipeline
 replica takes H inner steps of its optimizer (AdamW or Muon) on its own gradient (its own
 moments too), drifting away from the others. Every H steps they meet once (`OuterStep`):
 

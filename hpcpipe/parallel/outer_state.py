@@ -61,7 +61,7 @@ class OuterState(Stateful):
             self.outer.restart_from_weights()
             return
         saved.require_layout("resume it under the layout that wrote it (or with "
-                             "train.local_steps = 0, from the first replica's weights)")
+                             "outer.local_steps = 0, from the first replica's weights)")
         file, xp = saved.own(), self.backend.xp
         for key, array in self._arrays().items():
             if key.startswith("velocity/") and not file.has(key):

@@ -68,7 +68,7 @@ def rank_plans(cfg, schedule, specs, recompute) -> tuple[RankPlan, ...]:
         if not flushes(cfg.parallel.schedule):
             # Two weight versions beside the optimizer's copy; the finished step's
             # gradient set aside while the next one accumulates (train/delayed.py).
-            buffers = {"secant": 5, "extrapolate": 1}.get(cfg.train.delay_correction, 0)
+            buffers = {"secant": 5, "extrapolate": 1}.get(cfg.pipedream.delay_correction, 0)
             optimizer += buffers * _master_bytes(cfg, params)  # (master-sized: optim/delay.py)
             params, grads = 3 * params, 2 * grads
         plans.append(RankPlan(rank, stages, params, grads, optimizer, int(peaks[rank]),

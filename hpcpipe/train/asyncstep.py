@@ -316,8 +316,9 @@ class StaleStep(AsyncStep):
         self.ran_on = 0  # the version the last step ran on
         self.ran_for = 0  # the global step of the last step's share
         t = cfg.train  # update u's learning rate, whoever computed its shares
-        self.lr_of = lambda u: learning_rate(u - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
-        self.max_norm = t.grad_clip
+        o = cfg.optim
+        self.lr_of = lambda u: learning_rate(u - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
+        self.max_norm = cfg.optim.grad_clip
         self.last_norm = math.nan
         self.skipped_now = False
         be = self.model.backend
@@ -326,7 +327,7 @@ class StaleStep(AsyncStep):
     def run(self, runtime, step: int, inputs, lr: float, max_norm: float):
         """This replica's `step`: its ticket's share of global step k. lr and max_norm go
         unused: update k may be applied by a replica that computed none of its shares, so
-        every replica takes k's from the config's schedule (train.lr, min_lr,
+        every replica takes k's from the config's schedule (optim.lr, min_lr,
         warmup_steps, steps, grad_clip: `lr_of`) — what the trainer passes, too."""
         start, moved = time.time(), self.ring.bytes
         self.microbatches = runtime.schedule.num_microbatches

@@ -15,7 +15,7 @@ that needs it, step k + 2's. In between, each rank runs its own part without wai
     the start of step k + 2       that all-reduce is waited for — the stream's version rule
                                   proves every rank started it earlier —, then clipping and
                                   AdamW (on the gradient corrected for the delay, where
-                                  train.delay_correction asks: optim/delay.py); the new
+                                  pipedream.delay_correction asks: optim/delay.py); the new
                                   weights become version k + 1
 
 The numbers do not depend on the pipeline: every pp equals one process bitwise. A step's
@@ -94,17 +94,17 @@ class DelayedStep(TrainStep):
         self.finished: list[tuple] = []  # applied, waiting for their timings
         self.last = None  # the stream step whose period ran last
         self._slots = self._norm_slots()
-        self.correction = None  # train.delay_correction: optim/delay.py
+        self.correction = None  # pipedream.delay_correction: optim/delay.py
         self.shard_of = {}  # chunk → its optimizer shard ("extrapolate")
 
     @classmethod
     def build(cls, cfg, model, grid, transport, trace=None) -> "DelayedStep":
         step = super().build(cfg, model, grid, transport, trace)
         step.transport, step.per_step = transport, cfg.parallel.microbatches
-        if cfg.train.delay_correction == "secant":
+        if cfg.pipedream.delay_correction == "secant":
             step.correction = SecantCorrection(step.optimizer, model.backend,
-                                               cfg.train.delay_correction_decay)
-        elif cfg.train.delay_correction == "extrapolate":
+                                               cfg.pipedream.delay_correction_decay)
+        elif cfg.pipedream.delay_correction == "extrapolate":
             step.correction = Extrapolation(step.optimizer, model.backend)
             step.shard_of = _whole_shards(model, step.optimizer)
         return step
@@ -226,7 +226,7 @@ class DelayedStep(TrainStep):
 
     def _corrected_step(self, grads, lr: float, coefficient: float):
         """AdamW on `grads` (clipped and unscaled by `coefficient`, the raw gradient's),
-        corrected for the delay first where train.delay_correction asks."""
+        corrected for the delay first where pipedream.delay_correction asks."""
         if self.correction is None:
             self.optimizer.step(grads, lr, coefficient)
             return

@@ -106,7 +106,7 @@ class Rank:
                   "schedule": cfg.parallel.schedule, "zero": cfg.parallel.zero,
                   "rank_order": grid.rank_order,
                   "partition": [list(spec.layers) for spec in model.specs],
-                  "local_steps": cfg.train.local_steps,
+                  "local_steps": cfg.outer.local_steps,
                   "powersgd_rank": compressor.rank if compressor is not None else 0}
         if compressor is not None:  # (its rank may be 0: each matrix's own, by its bytes)
             layout["grad_compression"] = "powersgd"

@@ -7,7 +7,7 @@
 With `parallel.grad_compression = "powersgd"` the reduction sends the matrices as
 low-rank factors (powersgd.py). With post-validation the last two become an optimistic update validated one step later
 (post_validation.py), so that steps need not wait for each other. With local SGD
-(train.local_steps = H) there is no data-parallel reduction: each replica steps on its
+(outer.local_steps = H) there is no data-parallel reduction: each replica steps on its
 own gradient and every H steps the outer step (outer.py) averages the replicas' weights. With
 synchronous elastic averaging (parallel.async_dp = "easgd", easgd_sync) the outer step is
 the elastic exchange (parallel/asyncdp/elastic.py) and the centre is the published model;
@@ -120,7 +120,7 @@ class TrainStep(LoopHooks):
         zero = parallel.zero if grid.dp > 1 else 0
         # Local SGD (and every asynchronous mode: asyncstep.py): the reduction is planned
         # over one replica, so it reduces nothing.
-        local = train.local_steps > 0 or parallel.async_dp != "none"
+        local = cfg.outer.local_steps > 0 or parallel.async_dp != "none"
         compressor = None if local else PowerSGD.for_config(parallel, train, model, grid, transport)
         plan = BucketPlan(model.stages, int(parallel.bucket_mb * 2**20),
                           1 if local else grid.dp, 0 if local else grid.dp_rank, zero,
@@ -130,9 +130,9 @@ class TrainStep(LoopHooks):
         gather = ParamGather(plan, grid.data, transport, shards) if zero else None
         for stage in model.stages.values():  # the masters hold the exact initial values now
             stage.release_exact_init()
-        optimizer = Optimizer(shards, model.backend, beta1=train.beta1, beta2=train.beta2,
-                              eps=train.eps, weight_decay=train.weight_decay,
-                              kind=train.optimizer, muon_momentum=train.muon_momentum)
+        optimizer = Optimizer(shards, model.backend, beta1=cfg.optim.beta1, beta2=cfg.optim.beta2,
+                              eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
+                              kind=cfg.optim.optimizer, muon_momentum=cfg.optim.muon_momentum)
         # With ZeRO-1 every rank holds other shards; otherwise, after the reduction, every
         # replica holds the same gradient and the pipeline's ranks cover the model.
         group = grid.world if zero else (grid.replica or grid.pipe)
@@ -346,12 +346,12 @@ def outer_step(cfg, shards, optimizer, grid, transport):
     """What meets the replicas every few steps, if anything: local SGD's outer step
     (outer.py) or synchronous elastic averaging's exchange (parallel/asyncdp/elastic.py)."""
     parallel, train = cfg.parallel, cfg.train
-    if train.local_steps:
+    if cfg.outer.local_steps:
         moments = ([m for views in optimizer.moments() for m in views]
-                   if train.outer_moments == "average" else [])
-        return OuterStep(shards, grid.data, transport, grid.dp, train.local_steps,
-                         train.outer_optimizer, train.outer_lr, train.outer_momentum,
-                         train.outer_comm_dtype, moments)
+                   if cfg.outer.outer_moments == "average" else [])
+        return OuterStep(shards, grid.data, transport, grid.dp, cfg.outer.local_steps,
+                         cfg.outer.outer_optimizer, cfg.outer.outer_lr, cfg.outer.outer_momentum,
+                         cfg.outer.outer_comm_dtype, moments)
     if parallel.async_dp == "easgd" and parallel.easgd_sync:
         return SyncElastic(shards, grid.data, transport, grid.dp, parallel.easgd_tau,
                            parallel.easgd_alpha or default_alpha(grid.dp))

@@ -9,7 +9,7 @@ replica writes, per pipeline rank,
     versions-pp003.h5      previous/<chunk>   the version before the newest, flat, in the
                                               compute dtype, laid out like the stage's
                                               parameter buffer (attribute: newest)
-                           correction/<shard>/<name>   under train.delay_correction: its
+                           correction/<shard>/<name>   under pipedream.delay_correction: its
                                               state (optim/delay.py), in the master's
                                               dtype; `correction_primed`,
                                               `correction_kind` ("secant" if absent)

@@ -228,12 +228,12 @@ class Trainer:
         return inputs
 
     def _step(self, step: int):
-        train = self.cfg.train
+        train, optim = self.cfg.train, self.cfg.optim
         tick = time.perf_counter()
         at, replica = self.rank.step.assignment(step)  # (asynchronous EASGD: a ticket's)
-        lr = learning_rate(at - 1, train.lr, train.min_lr, train.warmup_steps, train.steps)
+        lr = learning_rate(at - 1, optim.lr, optim.min_lr, optim.warmup_steps, train.steps)
         self.beacon.at("its step (the schedule, the reductions, the update)", step)
-        finished = self.rank.train_step(step, self._inputs(at, replica), lr, train.grad_clip)
+        finished = self.rank.train_step(step, self._inputs(at, replica), lr, optim.grad_clip)
         self.metrics.started(step, time.perf_counter() - tick, lr)
         for outcome in finished:
             self.metrics.record(outcome)
@@ -333,7 +333,7 @@ def report(trainer: Trainer) -> list[str]:
     step, steps = trainer.rank.step, trainer.summary.steps - trainer.start_step
     lines = end_of_run(trainer.metrics, trainer.cfg.parallel, step.gradsync.bytes_reduced,
                        step.optimizer_state_bytes, trainer.record.piece.seconds)
-    if step.outer is not None and trainer.cfg.train.local_steps:
+    if step.outer is not None and trainer.cfg.outer.local_steps:
         lines.append(local_sgd_line(step, steps))
     if trainer.apart:
         lines.append(apart.summary_line(step, steps))
@@ -410,14 +410,14 @@ def certified_schedule(trainer: Trainer, costs: Costs, choices):
                          ops_from_strings(rows), now.stage_of), found, chosen
 
 
-def describe_local_sgd(train) -> str:
-    return (f"local SGD: {train.local_steps} inner steps per replica between outer steps "
-            f"({train.outer_optimizer}, lr {train.outer_lr:g}"
-            + (f", momentum {train.outer_momentum:g}" if train.outer_optimizer == "nesterov"
+def describe_local_sgd(outer) -> str:
+    return (f"local SGD: {outer.local_steps} inner steps per replica between outer steps "
+            f"({outer.outer_optimizer}, lr {outer.outer_lr:g}"
+            + (f", momentum {outer.outer_momentum:g}" if outer.outer_optimizer == "nesterov"
                else "")
             + "), averaging parameter deltas" + (" and the inner optimizer's moments"
-                                                 if train.outer_moments == "average" else "")
-            + ", sent as " + (train.outer_comm_dtype if train.outer_comm_dtype != "auto"
+                                                 if outer.outer_moments == "average" else "")
+            + ", sent as " + (outer.outer_comm_dtype if outer.outer_comm_dtype != "auto"
                               else "the master weights' dtype"))
 
 
@@ -465,17 +465,16 @@ def header(trainer) -> list[str]:
                  + (f"eval every {train.eval_every}" if train.eval_every else "eval at the end"))
     lines.append(f"MFU against {trainer.summary.peak_flops / 1e12:.3g} TFLOP/s: "
                  f"{trainer.summary.peak_source}")
-    lines += mode_notes(train, trainer.rank.step, parallel)
+    lines += mode_notes(cfg, trainer.rank.step)
     return lines
 
 
-def mode_notes(train, step, parallel=None) -> list[str]:
+def mode_notes(cfg, step) -> list[str]:
     """The header's lines on how steps are validated and replicas kept in step."""
     note = step.post_validation_note
-    return ([note] if note and train.grad_clip > 0 else []) + (
-        [describe_local_sgd(train)] if train.local_steps else []) + (
-        [apart.describe(parallel)] if parallel is not None and parallel.async_dp != "none"
-        else [])
+    return ([note] if note and cfg.optim.grad_clip > 0 else []) + (
+        [describe_local_sgd(cfg.outer)] if cfg.outer.local_steps else []) + (
+        [apart.describe(cfg.parallel)] if cfg.parallel.async_dp != "none" else [])
 
 
 def run_grid(cfg: Config, comm) -> gridlib.Grid:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.device
 SMALL = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
          'train.dtype="float64"', "train.micro_batch_size=2", "train.eval_every=0",
          "train.eval_batches=1", "train.log_every=1", "train.trace_steps=0",
-         "train.grad_clip=0.5", "checkpoint.keep=5"]
+         "optim.grad_clip=0.5", "checkpoint.keep=5"]
 
 
 def sets(items):
@@ -95,7 +95,7 @@ def test_resume_with_another_dp_equals_to_round_off(tmp_path, stdlib_tokens, ref
 def test_muon_resumes_bitwise_under_another_pipeline(tmp_path, stdlib_tokens):
     """Muon's momentum is saved in AdamW's first-moment slot, by tensor: a pp 2 run's
     checkpoint resumes in one process, bitwise."""
-    muon = 'train.optimizer="muon"'
+    muon = 'optim.optimizer="muon"'
     proc = train(tmp_path / "ref", stdlib_tokens, 2, *layout(1, 2, "zb-h1"), muon,
                  "train.steps=6", "checkpoint.every=3")
     assert proc.returncode == 0, proc.stderr

@@ -206,8 +206,8 @@ BF16 = ('train.dtype="bfloat16"',)
 
 
 @pytest.mark.parametrize("extra, file, key, value, words", [
-    (("train.local_steps=2",), "local-r00000.h5", "exp_avg_sq/0", -2.0, "negative"),
-    (("train.local_steps=2",), "local-r00000.h5", "weights/0", np.nan, "NaN or infinite"),
+    (("outer.local_steps=2",), "local-r00000.h5", "exp_avg_sq/0", -2.0, "negative"),
+    (("outer.local_steps=2",), "local-r00000.h5", "weights/0", np.nan, "NaN or infinite"),
     (('parallel.schedule="pipedream-2bw"',), "versions-pp000.h5", "previous/0", np.inf,
      "NaN or infinite"),
     (BF16, OPTIM, "master", np.nan, "NaN or infinite"),

@@ -17,11 +17,11 @@ pytestmark = pytest.mark.device
 SMALL = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
          'train.dtype="float64"', "train.micro_batch_size=2", "train.eval_every=0",
          "train.eval_batches=1", "train.log_every=1", "train.trace_steps=0",
-         "train.grad_clip=0.5", "checkpoint.keep=5", "train.steps=6",
+         "optim.grad_clip=0.5", "checkpoint.keep=5", "train.steps=6",
          # an outer step every 2: the checkpoint at step 3 is mid-round, after one (which
          # averaged the replicas' moments: the checkpoint holds the moments it changed)
-         "train.local_steps=2", 'train.outer_optimizer="nesterov"', "train.outer_lr=0.7",
-         'train.outer_moments="average"']
+         "outer.local_steps=2", 'outer.outer_optimizer="nesterov"', "outer.outer_lr=0.7",
+         'outer.outer_moments="average"']
 
 
 def train(run_dir, tokens, n, *extra, resume=None):
@@ -66,7 +66,7 @@ def test_local_sgd_resumes_bitwise_mid_round_and_refuses_another_layout(tmp_path
 
     # Switching modes: local → synchronous from the first replica's state, and back
     # (a synchronous checkpoint starts a fresh round: the anchor is its weights).
-    proc = train(tmp_path / "sync", stdlib_tokens, 2, *layout(1, 2), "train.local_steps=0",
+    proc = train(tmp_path / "sync", stdlib_tokens, 2, *layout(1, 2), "outer.local_steps=0",
                  resume=start)
     assert proc.returncode == 0, proc.stderr
     proc = train(tmp_path / "local-again", stdlib_tokens, 2, *layout(2, 1), "train.steps=8",

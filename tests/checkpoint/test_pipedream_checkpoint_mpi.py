@@ -36,21 +36,21 @@ def reference(tmp_path_factory, stdlib_tokens):
     return saved_stream(tmp_path_factory, stdlib_tokens, "reference")
 
 
-SECANT = ('train.delay_correction="secant"', "train.delay_correction_decay=0.5")
+SECANT = ('pipedream.delay_correction="secant"', "pipedream.delay_correction_decay=0.5")
 
 
 @pytest.fixture(scope="module")
 def corrected(tmp_path_factory, stdlib_tokens):
-    """The same with train.delay_correction = "secant"."""
+    """The same with pipedream.delay_correction = "secant"."""
     return saved_stream(tmp_path_factory, stdlib_tokens, "corrected", *SECANT)
 
 
-MUON = ('train.delay_correction="extrapolate"', 'train.optimizer="muon"')
+MUON = ('pipedream.delay_correction="extrapolate"', 'optim.optimizer="muon"')
 
 
 @pytest.fixture(scope="module")
 def muon(tmp_path_factory, stdlib_tokens):
-    """The same with Muon and train.delay_correction = "extrapolate"."""
+    """The same with Muon and pipedream.delay_correction = "extrapolate"."""
     return saved_stream(tmp_path_factory, stdlib_tokens, "muon", *MUON)
 
 
@@ -139,8 +139,8 @@ def test_muon_with_extrapolated_versions_resumes_bitwise(tmp_path, stdlib_tokens
 
 
 def test_another_optimizer_is_refused_with_one_message(tmp_path, stdlib_tokens, reference):
-    proc = train(tmp_path / "run", stdlib_tokens, 2, *layout(1, 2), 'train.optimizer="muon"',
+    proc = train(tmp_path / "run", stdlib_tokens, 2, *layout(1, 2), 'optim.optimizer="muon"',
                  "train.steps=7", resume=start(reference))
     assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if "train.optimizer" in line]
+    lines = [line for line in proc.stderr.splitlines() if "optim.optimizer" in line]
     assert len(lines) == 1 and '"adamw"' in lines[0] and '"muon"' in lines[0], proc.stderr

@@ -20,7 +20,7 @@ def test_every_key_of_every_section_has_a_type_a_default_and_a_meaning():
     assert [k for k in keys.values() if not k.meaning] == []
     assert keys["train.trace_steps"].type == "integer or string"
     assert keys["parallel.layout"].default == '""'
-    assert keys["train.grad_clip"].meaning == "0 turns clipping off"
+    assert keys["optim.grad_clip"].meaning == "0 turns clipping off"
     assert "one of: gpipe, 1f1b" in keys["parallel.schedule"].meaning
 
 

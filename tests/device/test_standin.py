@@ -73,8 +73,8 @@ def test_embedding_head_and_loss_on_the_device(be):
 def tiny_config(dtype="float64", **train):
     return config.from_dict({
         "model": {"n_layer": 2, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 13},
-        "train": {"dtype": dtype, "micro_batch_size": 2, "lr": 1e-2, "min_lr": 0.0,
-                  "grad_clip": 0.5, "seed": 4, **train},
+        "train": {"dtype": dtype, "micro_batch_size": 2, "seed": 4, **train},
+        "optim": {"lr": 1e-2, "min_lr": 0.0, "grad_clip": 0.5},
         "parallel": {"microbatches": 2, "schedule": "zb-h1"}}, source="device test")
 
 

@@ -48,7 +48,7 @@ def workdir(tmp_path_factory):
 def overrides(tokens) -> list[str]:
     """A 2-layer model as a 2-stage pipeline (PP=2 in the job's environment), ~20 ms a step."""
     sets = ["model.n_layer=2", "model.n_embd=64", "model.n_head=2", "model.block_size=64",
-            "train.micro_batch_size=8", f"train.steps={STEPS}", "train.warmup_steps=10",
+            "train.micro_batch_size=8", f"train.steps={STEPS}", "optim.warmup_steps=10",
             "train.eval_every=50", "train.eval_batches=1", "train.log_every=25",
             "train.trace_steps=0", "parallel.microbatches=2", 'parallel.schedule="1f1b"',
             f'data.path="{tokens}"']

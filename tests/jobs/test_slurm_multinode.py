@@ -71,7 +71,7 @@ def settings(tokens, *extra) -> list[str]:
     """--set options of every job here: a 2-layer float64 model, ~20 ms a step on 4 ranks."""
     sets = ["model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
             'train.dtype="float64"', "train.micro_batch_size=2", f"train.steps={STEPS}",
-            "train.warmup_steps=10", "train.eval_every=100", "train.eval_batches=1",
+            "optim.warmup_steps=10", "train.eval_every=100", "train.eval_batches=1",
             "train.log_every=50", "train.trace_steps=0", 'parallel.schedule="1f1b"',
             f'data.path="{tokens}"', *extra]
     return [arg for s in sets for arg in ("--set", s)]

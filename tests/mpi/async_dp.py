@@ -58,9 +58,9 @@ def make_cfg(dp, pp=1, tp=1, mode="none", staleness=0, steps=30, sync=False, tau
              alpha=0.0, timeout=60.0, microbatches=None, correction="none"):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
-        "train": {"dtype": "float64", "micro_batch_size": B, "lr": LR, "min_lr": 0.0,
-                  "warmup_steps": 3, "grad_clip": 0.6, "weight_decay": 0.1, "seed": 3,
-                  "steps": steps},
+        "train": {"dtype": "float64", "micro_batch_size": B, "seed": 3, "steps": steps},
+        "optim": {"lr": LR, "min_lr": 0.0, "warmup_steps": 3, "grad_clip": 0.6,
+                  "weight_decay": 0.1},
         "parallel": {"dp": dp, "pp": pp, "tp": tp, "schedule": "1f1b",
                      "microbatches": microbatches or GLOBAL_MICROBATCHES // dp,
                      "async_dp": mode,
@@ -96,8 +96,9 @@ def train(comm, cfg, delays=None, record=None, replay=None):
         data_step, replica = step_of.assignment(step)
         inputs = batches.replica_inputs(be, global_batch(data_step), replica,
                                         p.microbatches, B)
-        lr = learning_rate(data_step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
-        [outcome] = rank.train_step(step, inputs, lr, t.grad_clip)
+        o = cfg.optim
+        lr = learning_rate(data_step - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
+        [outcome] = rank.train_step(step, inputs, lr, cfg.optim.grad_clip)
         out["losses"].append(outcome.loss)
         out["shares"][(data_step, replica)] = outcome.loss
         out["ends"].append(time.time())
@@ -200,10 +201,11 @@ def elastic_reference(dp, steps, tau, alpha):
     centre = be.to_host(buffers[0]).copy()
     t, losses = cfg.train, []
     for step in range(1, steps + 1):
-        lr = learning_rate(step - 1, t.lr, t.min_lr, t.warmup_steps, t.steps)
+        o = cfg.optim
+        lr = learning_rate(step - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
         outs = [r.train_step(step, batches.replica_inputs(be, global_batch(step), d,
                                                           microbatches, B), lr,
-                             t.grad_clip)[0] for d, r in enumerate(ranks)]
+                             cfg.optim.grad_clip)[0] for d, r in enumerate(ranks)]
         losses.append(sum(o.loss for o in outs) / dp)
         if step % tau == 0:
             xs = [be.to_host(b).copy() for b in buffers]

@@ -44,8 +44,8 @@ B, GLOBAL_MICROBATCHES, STEPS = 2, 12, 4
 def make_cfg(dp, pp, kind, zero=0, comm_dtype="auto", dtype="float64"):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 19},
-        "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
-                  "grad_clip": 1.2, "weight_decay": 0.1, "seed": 3},
+        "train": {"dtype": dtype, "micro_batch_size": B, "seed": 3},
+        "optim": {"lr": 3e-2, "min_lr": 0.0, "grad_clip": 1.2, "weight_decay": 0.1},
         "parallel": {"dp": dp, "pp": pp, "microbatches": GLOBAL_MICROBATCHES // dp,
                      "schedule": kind, "zero": zero, "grad_comm_dtype": comm_dtype,
                      "bucket_mb": 0.002},  # ~2 KB: several buckets per stage
@@ -70,7 +70,7 @@ def train(comm, cfg):
     for step in range(STEPS):
         inputs = batches.replica_inputs(be, global_batch(step), grid.dp_rank,
                                         p.microbatches, B)
-        [out] = rank.train_step(step + 1, inputs, cfg.train.lr, cfg.train.grad_clip)
+        [out] = rank.train_step(step + 1, inputs, cfg.optim.lr, cfg.optim.grad_clip)
         losses.append(out.loss)
     resident = rank.step.resident_bytes()  # between steps: under ZeRO-3, weight shards only
     rank.step.materialize()  # ZeRO-3: the whole weights, to read them

@@ -54,13 +54,14 @@ POWERSGD_CLOSE = 1e-3  # full-rank factors: exact but for their orthogonalizatio
 
 
 def make_cfg(tied, dp=1, pp=1, kind="1f1b", dtype="float32", train=None, model=None,
-             **parallel):
+             outer=None, **parallel):
     return config.from_dict({
         "model": {"arch": "llama", "n_layer": 6, "n_head": 4, "n_kv_head": 2, "n_embd": 16,
                   "intermediate_size": 24, "block_size": 6, "vocab_size": V,
                   "tie_word_embeddings": tied, **(model or {})},
-        "train": {"dtype": dtype, "micro_batch_size": B, "lr": 2e-2, "min_lr": 0.0,
-                  "grad_clip": 1.0, "weight_decay": 0.1, "seed": 7, **(train or {})},
+        "train": {"dtype": dtype, "micro_batch_size": B, "seed": 7, **(train or {})},
+        "optim": {"lr": 2e-2, "min_lr": 0.0, "grad_clip": 1.0, "weight_decay": 0.1},
+        "outer": outer or {},
         "parallel": {"dp": dp, "pp": pp, "microbatches": M // dp, "schedule": kind,
                      **parallel},
     }, source="Llama layout test")
@@ -203,7 +204,7 @@ def check_modes(world, ref, failures):
         two = on_first(world, pp, make_cfg(True, pp=pp, kind="pipedream-2bw"),
                        generate("pipedream-2bw", pp, M))
         runs[f"pipedream-2bw pp {pp}"] = (solo, two, 0.0)
-    for label, extra in (("local SGD", {"train": {"local_steps": 2,
+    for label, extra in (("local SGD", {"outer": {"local_steps": 2,
                                                   "outer_optimizer": "nesterov"}}),
                          ("async dp", {"async_dp": "ssp", "staleness": 0})):
         flat = on_first(world, 2, make_cfg(True, 2, 1, "1f1b", **extra), generate("1f1b", 1, 2))

@@ -1,4 +1,4 @@
-"""MPI worker body: local SGD / DiLoCo (train.local_steps) against one process.
+"""MPI worker body: local SGD / DiLoCo (outer.local_steps) against one process.
 
 `check(comm)` (contract: tests/harness/mpibody.py); tests/parallel/test_local_sgd_mpi.py
 runs it on 2 and 4 ranks. Every layout trains the same global batch for STEPS float64
@@ -45,11 +45,11 @@ def make_cfg(dp, pp, tp=1, kind="1f1b", local=H, comm_dtype="auto", dtype="float
              split=()):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
-        "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
-                  "grad_clip": 1.2, "weight_decay": 0.1, "seed": 3, "local_steps": local,
-                  "outer_optimizer": "nesterov", "outer_lr": OUTER_LR,
+        "train": {"dtype": dtype, "micro_batch_size": B, "seed": 3, "loss_scale": loss_scale},
+        "optim": {"lr": 3e-2, "min_lr": 0.0, "grad_clip": 1.2, "weight_decay": 0.1,
+                  "optimizer": optimizer},
+        "outer": {"local_steps": local, "outer_optimizer": "nesterov", "outer_lr": OUTER_LR,
                   "outer_momentum": MOMENTUM, "outer_comm_dtype": comm_dtype,
-                  "loss_scale": loss_scale, "optimizer": optimizer,
                   "outer_moments": moments},
         "parallel": {"dp": dp, "pp": pp, "tp": tp, "schedule": kind,
                      "microbatches": microbatches or GLOBAL_MICROBATCHES // dp,
@@ -78,7 +78,7 @@ def train(comm, cfg):
     losses, grad_bytes, norms = [], [], []
     for step in range(1, STEPS + 1):
         inputs = replica_inputs(be, step, grid.dp_rank, p.microbatches)
-        [out] = rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip)
+        [out] = rank.train_step(step, inputs, cfg.optim.lr, cfg.optim.grad_clip)
         losses.append(out.loss)
         norms.append(out.norm)
         grad_bytes.append(rank.step.gradsync.bytes_reduced)
@@ -102,8 +102,8 @@ def reference(dp, optimizer="adamw", moments="local"):
     velocity = np.zeros_like(anchor)
     losses, norms = [], []
     for step in range(1, STEPS + 1):
-        outs = [r.train_step(step, replica_inputs(be, step, d, microbatches), cfg.train.lr,
-                             cfg.train.grad_clip)[0] for d, r in enumerate(ranks)]
+        outs = [r.train_step(step, replica_inputs(be, step, d, microbatches), cfg.optim.lr,
+                             cfg.optim.grad_clip)[0] for d, r in enumerate(ranks)]
         losses.append(sum(o.loss for o in outs) / dp)
         norms.append(sum(o.norm for o in outs) / dp)
         if step % H == 0:

@@ -1,4 +1,4 @@
-"""MPI worker body: Muon (train.optimizer = "muon") on every synchronous layout it runs
+"""MPI worker body: Muon (optim.optimizer = "muon") on every synchronous layout it runs
 on, against one process.
 
 `check(comm)` (contract: tests/harness/mpibody.py); tests/optim/test_muon_mpi.py runs it
@@ -35,8 +35,8 @@ B, GLOBAL_MICROBATCHES, STEPS = 2, 8, 5
 def make_cfg(dp, pp, schedule="1f1b", recompute="none", optimizer="muon", dtype="float64"):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
-        "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
-                  "grad_clip": 0.9, "weight_decay": 0.1, "seed": 5, "recompute": recompute,
+        "train": {"dtype": dtype, "micro_batch_size": B, "seed": 5, "recompute": recompute},
+        "optim": {"lr": 3e-2, "min_lr": 0.0, "grad_clip": 0.9, "weight_decay": 0.1,
                   "optimizer": optimizer, "muon_momentum": 0.9},
         "parallel": {"dp": dp, "pp": pp, "schedule": schedule,
                      "microbatches": GLOBAL_MICROBATCHES // dp},
@@ -59,7 +59,7 @@ def train(comm, cfg):
     for step in range(1, STEPS + 1):
         inputs = batches.replica_inputs(be, global_batch(step), grid.dp_rank,
                                         p.microbatches, B)
-        outcomes = rank.train_step(step, inputs, 3e-2 * (1 + 0.1 * step), cfg.train.grad_clip)
+        outcomes = rank.train_step(step, inputs, 3e-2 * (1 + 0.1 * step), cfg.optim.grad_clip)
         outcomes += rank.flush()
         for out in outcomes:
             seen[out.step] = (out.loss, out.norm)

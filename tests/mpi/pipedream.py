@@ -14,11 +14,11 @@ the update applies it, clipped, to the newest weights. Checked:
   weights after the last flush;
 - bfloat16 compute (float32 masters) at pp = world bitwise equal to one process, with
   AdamW and with Muon and extrapolated versions;
-- train.delay_correction = "secant" at pp = world and at dp 2 equal to the reference with
+- pipedream.delay_correction = "secant" at pp = world and at dp 2 equal to the reference with
   the correction written out here too (optim/delay.py's formula), to 1e-12 — and that
   reference measurably not the uncorrected one (the weights to 1e-10: its curvature is a
   ratio of gradient differences, which round-off in another summation order shows);
-- train.optimizer = "muon" with train.delay_correction = "extrapolate" (versions published
+- optim.optimizer = "muon" with pipedream.delay_correction = "extrapolate" (versions published
   one update ahead) at pp = world and at dp 2 with full recomputation, drained at step 3,
   equal to the reference computing on the extrapolated versions (weights to 1e-10), and
   that reference measurably not Muon's uncorrected one; AdamW with extrapolated versions
@@ -56,10 +56,10 @@ def make_cfg(dp, pp, kind="pipedream-2bw", recompute="none", dtype="float64",
              correction="none", optimizer="adamw", counts=()):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
-        "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
-                  "grad_clip": 0.9, "weight_decay": 0.1, "seed": 3, "recompute": recompute,
-                  "delay_correction": correction, "delay_correction_decay": DECAY,
+        "train": {"dtype": dtype, "micro_batch_size": B, "seed": 3, "recompute": recompute},
+        "optim": {"lr": 3e-2, "min_lr": 0.0, "grad_clip": 0.9, "weight_decay": 0.1,
                   "optimizer": optimizer},
+        "pipedream": {"delay_correction": correction, "delay_correction_decay": DECAY},
         "parallel": {"dp": dp, "pp": pp, "schedule": kind,
                      "microbatches": GLOBAL_MICROBATCHES // dp, "layout": from_counts(counts) if counts else ""},
     }, source="2BW test")
@@ -90,7 +90,7 @@ def train(comm, cfg, drain_at=()):
     seen, order = {}, []
     for step in range(1, STEPS + 1):
         inputs = replica_inputs(be, step, grid.dp_rank, p.microbatches)
-        outcomes = rank.train_step(step, inputs, lr_of(step), cfg.train.grad_clip)
+        outcomes = rank.train_step(step, inputs, lr_of(step), cfg.optim.grad_clip)
         if step in drain_at:
             outcomes += rank.flush()
         for out in outcomes:
@@ -165,7 +165,7 @@ def reference(correction="none", optimizer="adamw"):
             host = [be.to_host(v).copy() for v in versions[-3:]]  # (on the host: here
             for grad in step_.gradsync.gradients():  # the formula, not the device's)
                 grad[...] = be.xp.asarray(secant.corrected(be.to_host(grad).copy(), host))
-        step_._update(lr_of(step), clip_coefficient(norm, cfg.train.grad_clip) * unscale)
+        step_._update(lr_of(step), clip_coefficient(norm, cfg.optim.grad_clip) * unscale)
         versions.append(buffer.copy())
     buffer[...] = versions[-1]
     views = rank.model.stages[0].param_buffer.views

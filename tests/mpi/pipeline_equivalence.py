@@ -44,9 +44,8 @@ T = 32 if devices.fused() else 6
 def make_cfg(kind, pp, m, layout, chunks=0, recompute="none"):
     return config.from_dict({
         "model": {"n_layer": 8, "n_head": 2, "n_embd": 8, "block_size": T, "vocab_size": 19},
-        "train": {"dtype": "float64", "micro_batch_size": B, "lr": 1e-2, "min_lr": 0.0,
-                  "grad_clip": 0.05, "weight_decay": 0.1, "seed": 5,
-                  "recompute": recompute},
+        "train": {"dtype": "float64", "micro_batch_size": B, "seed": 5, "recompute": recompute},
+        "optim": {"lr": 1e-2, "min_lr": 0.0, "grad_clip": 0.05, "weight_decay": 0.1},
         "parallel": {"pp": pp, "microbatches": m, "schedule": kind, "chunks": chunks,
                      "layout": layout},
     }, source="equivalence test")
@@ -133,7 +132,7 @@ class Run:
             result = self.rank.runtime.run_step(1, inputs, 1.0 / m)
             self.model.sum_tied_grads()
             return self.model.mean_loss(result.losses), self.rank.step.grad_norm(), result
-        [out] = self.rank.train_step(1, inputs, lr, self.cfg.train.grad_clip)
+        [out] = self.rank.train_step(1, inputs, lr, self.cfg.optim.grad_clip)
         return out.loss, out.norm, out.result
 
     def gathered(self, what):
@@ -297,7 +296,8 @@ def reference_cfg(cfg):
 def _as_dict(cfg):
     import dataclasses
 
-    return {name: dataclasses.asdict(getattr(cfg, name)) for name in ("model", "train", "data")}
+    return {name: dataclasses.asdict(getattr(cfg, name))
+            for name in ("model", "train", "optim", "outer", "pipedream", "data")}
 
 
 if __name__ == "__main__":

@@ -35,9 +35,9 @@ POISON_STEP, POISON_RANK = 3, 1  # rank 1: stage 1 of replica 0
 def make_cfg(post_validation, clip, zero):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 19},
-        "train": {"dtype": "float64", "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
-                  "grad_clip": clip, "weight_decay": 0.1, "seed": 3,
+        "train": {"dtype": "float64", "micro_batch_size": B, "seed": 3,
                   "post_validation": post_validation},
+        "optim": {"lr": 3e-2, "min_lr": 0.0, "grad_clip": clip, "weight_decay": 0.1},
         "parallel": {"dp": 2, "pp": 2, "microbatches": M, "schedule": "zb-h1", "zero": zero,
                      "bucket_mb": 0.002},
     }, source="post-validation test")
@@ -79,7 +79,7 @@ def train(comm, cfg, poison=False):
             rows = slice((first + mb) * B, (first + mb + 1) * B)
             return be.from_host(idx[rows]), be.from_host(targets[rows])
 
-        outcomes += rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip)
+        outcomes += rank.train_step(step, inputs, cfg.optim.lr, cfg.optim.grad_clip)
     outcomes += rank.flush()
     rank.step.materialize()  # ZeRO-3: the whole weights, to read them
     weights = {}

@@ -65,9 +65,10 @@ def make_cfg(dp, pp, tp=1, kind="1f1b", zero=0, dtype="float64", compression=Non
                          **compression})
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
-        "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
-                  "grad_clip": clip, "weight_decay": 0.1, "seed": 3,
-                  "post_validation": post_validation, "optimizer": optimizer},
+        "train": {"dtype": dtype, "micro_batch_size": B, "seed": 3,
+                  "post_validation": post_validation},
+        "optim": {"lr": 3e-2, "min_lr": 0.0, "grad_clip": clip, "weight_decay": 0.1,
+                  "optimizer": optimizer},
         "parallel": parallel,
     }, source="PowerSGD test")
 
@@ -92,7 +93,7 @@ def run_steps(rank, cfg, first, last, sent=None) -> dict:
     for step in range(first, last + 1):
         inputs = batches.replica_inputs(be, global_batch(step - 1), rank.grid.dp_rank,
                                         cfg.parallel.microbatches, B)
-        for out in rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip):
+        for out in rank.train_step(step, inputs, cfg.optim.lr, cfg.optim.grad_clip):
             losses[out.step] = out.loss
         if sent is not None:
             sent.append(rank.step.gradsync.bytes_reduced)

@@ -37,8 +37,8 @@ TRACK = {"bfloat16": 0.03, "float16": 0.01}  # last loss against float32's, rela
 def make_cfg(dtype, dp=1, pp=1, kind="1f1b", train=None, **parallel):
     return config.from_dict({
         "model": {"n_layer": 8, "n_head": 2, "n_embd": 16, "block_size": 6, "vocab_size": V},
-        "train": {"dtype": dtype, "micro_batch_size": B, "lr": 2e-2, "min_lr": 0.0,
-                  "grad_clip": 1.0, "weight_decay": 0.1, "seed": 7, **(train or {})},
+        "train": {"dtype": dtype, "micro_batch_size": B, "seed": 7, **(train or {})},
+        "optim": {"lr": 2e-2, "min_lr": 0.0, "grad_clip": 1.0, "weight_decay": 0.1},
         "parallel": {"dp": dp, "pp": pp, "microbatches": M * 2 // (2 * dp) if dp > 1 else M,
                      "schedule": kind, **parallel},
     }, source="16-bit test")

@@ -84,8 +84,8 @@ def train(comm, cfg, run_dir) -> str:
     rank = build(comm, cfg)
     be = rank.model.backend
     for step in (1, 2, 3):
-        rank.train_step(step, inputs_of(be, step, rank.grid, cfg), cfg.train.lr,
-                        cfg.train.grad_clip)
+        rank.train_step(step, inputs_of(be, step, rank.grid, cfg), cfg.optim.lr,
+                        cfg.optim.grad_clip)
         if step >= 2:
             rank.flush()
             checkpoints.save(rank, cfg, step, run_dir, {**rank.step.state(), "lr_step": step},
@@ -248,7 +248,7 @@ def old_checkpoints(comm, folder) -> list[str]:
         rank.step.restore(state)
         step = state["step"] + 1
         outcomes = rank.train_step(step, inputs_of(rank.model.backend, step, rank.grid, cfg),
-                                   cfg.train.lr, cfg.train.grad_clip) + rank.flush()
+                                   cfg.optim.lr, cfg.optim.grad_clip) + rank.flush()
         if not outcomes or not all(np.isfinite(o.loss) for o in outcomes):
             failures.append(f"format 2 {kind}: the step after it: {outcomes}")
     return failures

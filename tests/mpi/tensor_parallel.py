@@ -182,8 +182,8 @@ def make_cfg(dp, pp, tp, kind, **extra):
     train = {k: extra.pop(k) for k in ("post_validation", "dtype", "recompute") if k in extra}
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": NH, "n_embd": C, "block_size": 8, "vocab_size": V},
-        "train": {"dtype": "float64", "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
-                  "grad_clip": 1.0, "weight_decay": 0.1, "seed": 3, **train},
+        "train": {"dtype": "float64", "micro_batch_size": B, "seed": 3, **train},
+        "optim": {"lr": 3e-2, "min_lr": 0.0, "grad_clip": 1.0, "weight_decay": 0.1},
         "parallel": {"dp": dp, "pp": pp, "tp": tp, "microbatches": GLOBAL_MB // dp,
                      "schedule": kind, "bucket_mb": 0.002, **extra},
     }, source="tensor-parallel test")

@@ -44,9 +44,9 @@ B, GLOBAL_MICROBATCHES, STEPS, SAVE = 2, 4, 4, 2
 def make_cfg(dp, pp, zero, dtype="float64", clip=0.05, post_validation=False, counts=()):
     return config.from_dict({
         "model": {"n_layer": 2, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 19},
-        "train": {"dtype": dtype, "micro_batch_size": B, "lr": 3e-2, "min_lr": 0.0,
-                  "grad_clip": clip, "weight_decay": 0.1, "seed": 4,
+        "train": {"dtype": dtype, "micro_batch_size": B, "seed": 4,
                   "post_validation": post_validation},
+        "optim": {"lr": 3e-2, "min_lr": 0.0, "grad_clip": clip, "weight_decay": 0.1},
         "parallel": {"dp": dp, "pp": pp, "microbatches": GLOBAL_MICROBATCHES // dp,
                      "schedule": "1f1b", "zero": zero, "bucket_mb": 0.001,
                      "layout": from_counts(counts) if counts else ""},
@@ -80,7 +80,7 @@ def train(comm, cfg, steps, save_to=None, resume=None):
             rows = slice((start + mb) * B, (start + mb + 1) * B)
             return be.from_host(idx[rows]), be.from_host(targets[rows])
 
-        for out in rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip):
+        for out in rank.train_step(step, inputs, cfg.optim.lr, cfg.optim.grad_clip):
             losses[out.step] = out.loss
     for out in rank.flush():
         losses[out.step] = out.loss

@@ -128,13 +128,13 @@ def test_only_the_asynchronous_pipeline_takes_it():
     from hpcpipe import config
     from hpcpipe.util.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"train.delay_correction = 'secant': corrects the "
+    with pytest.raises(ConfigError, match=r"pipedream.delay_correction = 'secant': corrects the "
                        r"update of parallel.schedule = \"pipedream-2bw\".*'1f1b' updates on "
                        r"time"):
-        config.from_dict({"train": {"delay_correction": "secant"},
+        config.from_dict({"pipedream": {"delay_correction": "secant"},
                           "parallel": {"schedule": "1f1b"}}, source="test")
-    for bad, key in (({"delay_correction": "taylor"}, "train.delay_correction"),
-                     ({"delay_correction_decay": 1.0}, "train.delay_correction_decay")):
+    for bad, key in (({"delay_correction": "taylor"}, "pipedream.delay_correction"),
+                     ({"delay_correction_decay": 1.0}, "pipedream.delay_correction_decay")):
         with pytest.raises(ConfigError, match=key):
             config.from_dict({"train": bad, "parallel": {"schedule": "pipedream-2bw"}},
                              source="test")
@@ -149,7 +149,7 @@ def test_the_plan_counts_its_five_master_sized_buffers(dtype):
         cfg = config.from_dict({
             "model": {"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 8,
                       "vocab_size": 32},
-            "train": {"dtype": dtype, "delay_correction": correction},
+            "train": {"dtype": dtype}, "pipedream": {"delay_correction": correction},
             "parallel": {"pp": 2, "schedule": "pipedream-2bw"}}, source="test")
         return [(p.optimizer, p.parameters) for p in build(cfg).ranks]
 

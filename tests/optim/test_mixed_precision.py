@@ -20,8 +20,8 @@ B, M = 4, 2
 def run(dtype, steps=25, loss_scale=0.0):
     cfg = config.from_dict({
         "model": {"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 8, "vocab_size": 19},
-        "train": {"dtype": dtype, "micro_batch_size": B, "lr": 1e-2, "min_lr": 0.0,
-                  "loss_scale": loss_scale, "seed": 1},
+        "train": {"dtype": dtype, "micro_batch_size": B, "loss_scale": loss_scale, "seed": 1},
+        "optim": {"lr": 1e-2, "min_lr": 0.0},
         "parallel": {"microbatches": M},
     }, source="mixed precision test")
     grid = gridlib.build(MPI.COMM_SELF, 1, 1)
@@ -39,7 +39,7 @@ def run(dtype, steps=25, loss_scale=0.0):
             rows = slice(mb * B, (mb + 1) * B)
             return tokens[rows, :-1], tokens[rows, 1:]
 
-        [out] = rank.train_step(step, inputs, cfg.train.lr, cfg.train.grad_clip)
+        [out] = rank.train_step(step, inputs, cfg.optim.lr, cfg.optim.grad_clip)
         losses.append(out.loss)
     return rank, losses
 

@@ -86,13 +86,13 @@ def test_part_of_a_matrix_is_refused():
 
 def test_layouts_that_split_matrices_are_refused_with_one_message():
     def build(train=None, parallel=None):
-        return config.from_dict({"train": {"optimizer": "muon", **(train or {})},
+        return config.from_dict({"train": {**(train or {})}, "optim": {"optimizer": "muon"},
                                  "parallel": parallel or {}}, source="test")
 
     for parallel, train, why in (({"dp": 2, "zero": 1}, {}, "set parallel.zero = 0"),
                                  ({"tp": 2}, {}, "set parallel.tp = 1"),
                                  ({}, {"post_validation": True}, "post_validation = false")):
-        with pytest.raises(ConfigError, match=f"train.optimizer = 'muon'.*{why}"):
+        with pytest.raises(ConfigError, match=f"optim.optimizer = 'muon'.*{why}"):
             build(train, parallel)
     for bad in ({"optimizer": "sgd"}, {"muon_momentum": 1.0}):
         with pytest.raises(ConfigError):
@@ -108,7 +108,7 @@ def test_a_checkpoint_of_the_other_optimizer_is_refused():
         kind = "muon"
 
     manifest = {"pieces": {"wte": []}, "state": {}}  # (before Muon: no name, AdamW's)
-    with pytest.raises(StateError, match='train.optimizer = "adamw", this run\'s is '
+    with pytest.raises(StateError, match='optim.optimizer = "adamw", this run\'s is '
                                          '"muon"'):
         _check_optimizer(Opt(), manifest, "ckpt")
     _check_optimizer(Opt(), {"pieces": {"wte": []}, "state": {"optimizer": "muon"}}, "ckpt")

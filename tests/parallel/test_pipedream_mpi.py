@@ -19,8 +19,9 @@ def test_pipedream_layouts_equal_the_delayed_update_in_one_process(world, ranks)
     recomputation; drained at steps 2 and 5 (as evaluations and checkpoints drain) bitwise
     the same; every outcome once, in step order; the newest weights in use after a flush;
     bfloat16 at pp = world, cut at blocks' seams, bitwise equal to one process;
-    train.delay_correction = "secant" at pp = world and dp 2 equal to the corrected update written out (weights to 1e-10);
-    train.optimizer = "muon" with train.delay_correction = "extrapolate" (at pp = world and
+    pipedream.delay_correction = "secant" at pp = world and dp 2 equal to the corrected update
+    written out (weights to 1e-10);
+    optim.optimizer = "muon" with pipedream.delay_correction = "extrapolate" (at pp = world and
     at dp 2 with full recomputation, drained at step 3; bfloat16 bitwise one process), and
     AdamW with "extrapolate" at dp 2, equal to the update on the extrapolated versions."""
     report = world.run("pipedream")

@@ -153,9 +153,9 @@ def test_every_other_output_meets_a_full_disk_with_one_line_and_nothing_left(
 @pytest.mark.parametrize("kind, sets_", [
     ("PowerSGD", ["parallel.dp=2", 'parallel.grad_compression="powersgd"',
                   "parallel.powersgd_rank=1"]),
-    ("local SGD", ["parallel.dp=2", "train.local_steps=4", 'train.outer_optimizer="nesterov"']),
+    ("local SGD", ["parallel.dp=2", "outer.local_steps=4", 'outer.outer_optimizer="nesterov"']),
     ("2BW", ["parallel.pp=2", 'parallel.schedule="pipedream-2bw"',
-             'train.delay_correction="secant"']),
+             'pipedream.delay_correction="secant"']),
     ("ZeRO-2", ["parallel.dp=2", "parallel.zero=2", "parallel.microbatches=1"])])
 def test_every_state_meets_a_full_disk_with_one_line(small_disk, stdlib_tokens, kind, sets_):
     """Issue 61: PowerSGD's, local SGD's and 2BW's files were written by HDF5 straight to

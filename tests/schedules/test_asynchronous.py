@@ -187,7 +187,7 @@ def test_steps_are_only_for_the_stream(capsys):
 @pytest.mark.parametrize("extra, message", [
     ("[parallel]\nzero = 1\ndp = 2", "set parallel.zero = 0"),
     ("[train]\npost_validation = true", "set train.post_validation = false"),
-    ("[train]\nlocal_steps = 4", "set train.local_steps = 0"),
+    ("[train]\nlocal_steps = 4", "set outer.local_steps = 0"),
     ('[parallel]\ngrad_compression = "powersgd"\ndp = 2', "PowerSGD is for synchronous"),
     ('[train]\ndtype = "float16"', "float16's dynamic loss scale"),
     ("[parallel]\ntp = 2", "set parallel.tp = 1"),

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.device
 
 SMALL = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
          "train.micro_batch_size=2", "train.eval_every=0", "train.eval_batches=1",
-         "train.log_every=1", "train.trace_steps=0", "train.grad_clip=0.5", "train.steps=6",
+         "train.log_every=1", "train.trace_steps=0", "optim.grad_clip=0.5", "train.steps=6",
          "checkpoint.keep=5"]
 
 

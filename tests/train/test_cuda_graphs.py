@@ -23,7 +23,7 @@ from hpcpipe.train.trainer import train
 
 TINY = ["model.n_layer=1", "model.n_embd=32", "model.n_head=1", "model.block_size=16",
         "train.micro_batch_size=1", "parallel.microbatches=2", "train.steps=3",
-        "train.warmup_steps=1", "train.eval_every=2", "train.eval_batches=1",
+        "optim.warmup_steps=1", "train.eval_every=2", "train.eval_batches=1",
         "train.log_every=1", "train.trace_steps=0", 'train.dtype="bfloat16"',
         'parallel.schedule="zb-h1"']
 

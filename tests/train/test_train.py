@@ -18,7 +18,7 @@ SMALL = ["model.n_layer=2", "model.n_embd=64", "model.n_head=2", "model.block_si
 
 def test_short_run_on_stdlib_learns(tmp_path, stdlib_tokens):
     cfg = config.load("inputs/tiny.toml", SMALL + [
-        "train.steps=40", "train.eval_every=20", "train.warmup_steps=5",
+        "train.steps=40", "train.eval_every=20", "optim.warmup_steps=5",
         f'data.path="{stdlib_tokens}"'])
     lines = []
     summary = train(cfg, str(tmp_path / "run"), MPI.COMM_SELF, out=lines.append)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 FAIL = "FAIL "
@@ -57,6 +58,22 @@ def settle(comm, poll: float = 1e-3) -> None:
     request = comm.Ibarrier()
     while not request.Test():
         time.sleep(poll)
+
+
+@contextmanager
+def first_ranks(world, n: int):
+    """Inside: a communicator of world's ranks [0, n) on those ranks, MPI.COMM_NULL on the
+    others; every rank of world settles first (the ranks left out of the last split wait for
+    it asleep), and the communicator is freed on the way out."""
+    from mpi4py import MPI
+
+    settle(world)
+    comm = world.Split(0 if world.rank < n else MPI.UNDEFINED, key=world.rank)
+    try:
+        yield comm
+    finally:
+        if comm != MPI.COMM_NULL:
+            comm.Free()
 
 
 def main(check) -> int:

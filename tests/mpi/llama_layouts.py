@@ -129,27 +129,24 @@ def check_pipelines(world, tied, ref, failures) -> tuple[int, int]:
     (layouts checked, layouts there are)."""
     checked = possible = 0
     for pp in (2, 3):
-        mpibody.settle(world)
-        comm = world.Split(0 if world.rank < pp else MPI.UNDEFINED, key=world.rank)
         cases = [(k, {}) for k in devices.schedule_kinds(KINDS) if flushes(k)]
         if pp == 2:
             cases.append(("1f1b", {"layout": "E t t t.attn | .mlp t t t L"}))
-        for kind, extra in cases:
-            try:
-                schedule = generate(kind, pp, M)
-            except ScheduleError:
-                continue  # e.g. interleaving needs m % pp == 0
-            possible += 1
-            if comm == MPI.COMM_NULL:
-                continue
-            result = train(comm, make_cfg(tied, pp=pp, kind=kind, **extra), schedule)
-            if comm.rank == 0:
-                checked += 1
-                if not same(result, ref):
-                    failures.append(f"tied={tied} {kind} pp={pp} {extra}: not bitwise one "
-                                    f"process ({result[0]} vs {ref[0]})")
-        if comm != MPI.COMM_NULL:
-            comm.Free()
+        with mpibody.first_ranks(world, pp) as comm:
+            for kind, extra in cases:
+                try:
+                    schedule = generate(kind, pp, M)
+                except ScheduleError:
+                    continue  # e.g. interleaving needs m % pp == 0
+                possible += 1
+                if comm == MPI.COMM_NULL:
+                    continue
+                result = train(comm, make_cfg(tied, pp=pp, kind=kind, **extra), schedule)
+                if comm.rank == 0:
+                    checked += 1
+                    if not same(result, ref):
+                        failures.append(f"tied={tied} {kind} pp={pp} {extra}: not bitwise "
+                                        f"one process ({result[0]} vs {ref[0]})")
     return checked, possible
 
 
@@ -179,13 +176,8 @@ def check_data_parallel(world, tied, ref, failures):
 
 def on_first(world, n, cfg, schedule, steps=range(1, STEPS + 1)):
     """cfg's run on world ranks [0, n) (the others wait); its result on rank 0."""
-    mpibody.settle(world)
-    comm = world.Split(0 if world.rank < n else MPI.UNDEFINED, key=world.rank)
-    if comm == MPI.COMM_NULL:
-        return None
-    result = train(comm, cfg, schedule, steps)
-    comm.Free()
-    return result
+    with mpibody.first_ranks(world, n) as comm:
+        return None if comm == MPI.COMM_NULL else train(comm, cfg, schedule, steps)
 
 
 def check_modes(world, ref, failures):

@@ -101,24 +101,21 @@ def check_pipelines(world, dtype, ref, failures):
     (layouts checked, layouts there are)."""
     checked = possible = 0
     for pp in (2, 3, 4):
-        mpibody.settle(world)  # the ranks outside the last split wait for it asleep
-        comm = world.Split(0 if world.rank < pp else MPI.UNDEFINED, key=world.rank)
-        for kind in (k for k in devices.schedule_kinds(KINDS) if flushes(k)):
-            try:
-                schedule = schedule_for(kind, pp, M)
-            except ScheduleError:
-                continue  # e.g. interleaving needs m % pp == 0
-            possible += 1
-            if comm == MPI.COMM_NULL:
-                continue
-            result = train(comm, make_cfg(dtype, pp=pp, kind=kind), schedule)
-            if comm.rank == 0:
-                checked += 1
-                if not same(result, ref):
-                    failures.append(f"{dtype} {kind} pp={pp}: not bitwise one process "
-                                    f"({result[0]} vs {ref[0]})")
-        if comm != MPI.COMM_NULL:
-            comm.Free()
+        with mpibody.first_ranks(world, pp) as comm:
+            for kind in (k for k in devices.schedule_kinds(KINDS) if flushes(k)):
+                try:
+                    schedule = schedule_for(kind, pp, M)
+                except ScheduleError:
+                    continue  # e.g. interleaving needs m % pp == 0
+                possible += 1
+                if comm == MPI.COMM_NULL:
+                    continue
+                result = train(comm, make_cfg(dtype, pp=pp, kind=kind), schedule)
+                if comm.rank == 0:
+                    checked += 1
+                    if not same(result, ref):
+                        failures.append(f"{dtype} {kind} pp={pp}: not bitwise one process "
+                                        f"({result[0]} vs {ref[0]})")
     return checked, possible
 
 

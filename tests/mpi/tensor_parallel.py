@@ -132,27 +132,26 @@ def check_layers(world, failures):
     idx, targets = rng.integers(0, V, (B, T)), rng.integers(0, V, (B, T))
     x, dy = rng.standard_normal((B, T, C)), rng.standard_normal((B, T, C))
     for shards in (2, 4):
-        mpibody.settle(world)  # the ranks outside the last split wait for it asleep
-        comm = world.Split(0 if world.rank < shards else MPI.UNDEFINED, key=world.rank)
-        if comm == MPI.COMM_NULL:
-            continue
-        tp = TensorParallel(comm, Transport(be))
-        check_sequence_parallel_block(comm, be, prefixed, x, dy, failures)
-        for kind, params in cases.items():
-            inp = idx if kind == "embedding" else x
-            ref = run_layer(kind, params, inp, dy, None, be, targets) if comm.rank == 0 else None
-            mpibody.settle(comm)
-            got = run_layer(kind, params, inp, dy, tp, be, targets)
-            grads = gathered(comm, params, got[2])
-            if comm.rank != 0:
+        with mpibody.first_ranks(world, shards) as comm:
+            if comm == MPI.COMM_NULL:
                 continue
-            for what, a, b in (("output", got[0], ref[0]), ("input gradient", got[1], ref[1])):
-                if b is not None and not close(a, b):
-                    failures.append(f"tp {shards} {kind}: {what} differs from unsplit")
-            for name in params:
-                if not close(grads[name], ref[2][name]):
-                    failures.append(f"tp {shards} {kind}: d{name} differs from unsplit")
-        comm.Free()
+            tp = TensorParallel(comm, Transport(be))
+            check_sequence_parallel_block(comm, be, prefixed, x, dy, failures)
+            for kind, params in cases.items():
+                inp = idx if kind == "embedding" else x
+                ref = (run_layer(kind, params, inp, dy, None, be, targets)
+                       if comm.rank == 0 else None)
+                mpibody.settle(comm)
+                got = run_layer(kind, params, inp, dy, tp, be, targets)
+                grads = gathered(comm, params, got[2])
+                if comm.rank != 0:
+                    continue
+                for what, a, b in (("output", got[0], ref[0]), ("input gradient", got[1], ref[1])):
+                    if b is not None and not close(a, b):
+                        failures.append(f"tp {shards} {kind}: {what} differs from unsplit")
+                for name in params:
+                    if not close(grads[name], ref[2][name]):
+                        failures.append(f"tp {shards} {kind}: d{name} differs from unsplit")
 
 
 def check_sequence_parallel_block(comm, be, params, x, dy, failures):

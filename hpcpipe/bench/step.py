@@ -13,9 +13,9 @@ pool (BLAS on one thread, as in training), torch through torch.set_num_threads. 
 (`--device auto` finds it) the same command compares against PyTorch on that GPU.
 PyTorch is the optional `bench` extra; without it only hpcpipe is measured.
 
-A Llama config (`--configs llama-small`) compares hpcpipe's Llama stage with transformers'
-LlamaForCausalLM (bench/torch_llama.py; the `bench` extra brings transformers), GPT-2's
-with the nanoGPT-shaped TorchGPT (bench/torch_gpt.py).
+A Llama config (`--configs llama-small`) compares hpcpipe's Llama stage with
+transformers' LlamaForCausalLM (hpcpipe/bench/torch_llama.py; the `bench` extra brings
+transformers), GPT-2's with the nanoGPT-shaped TorchGPT (hpcpipe/bench/torch_gpt.py).
 """
 
 from __future__ import annotations

@@ -85,19 +85,30 @@ class TorchGPT(nn.Module):
         GPT-2 stores linear weights (in, out) for y = x @ W; nn.Linear stores (out, in) for
         y = x @ W^T, so those are transposed. Every parameter must be matched.
         """
-        mine = dict(self.named_parameters())
-        for name, value in params.items():
-            key = name if name.endswith((".weight", ".bias")) else name + ".weight"
-            target = mine.pop(key)
+        def torch_layout(name, value):
             source = torch.as_tensor(value)
-            if source.ndim == 2 and name not in ("wte", "wpe"):
-                source = source.T
-            if tuple(source.shape) != tuple(target.shape):
-                raise ValueError(f"{name}: hpcpipe shape {tuple(source.shape)} does not fit "
-                                 f"torch's {tuple(target.shape)}")
-            target.copy_(source)
-        if mine:
-            raise ValueError(f"torch parameters with no hpcpipe counterpart: {sorted(mine)}")
+            return source.T if source.ndim == 2 and name not in ("wte", "wpe") else source
+
+        copy_checked(dict(self.named_parameters()), "TorchGPT",
+                     ((name, name if name.endswith((".weight", ".bias")) else name + ".weight",
+                       torch_layout(name, value)) for name, value in params.items()))
+
+
+@torch.no_grad()
+def copy_checked(mine: dict, model: str, sources) -> None:
+    """Copy each (hpcpipe name, torch name, tensor in torch's layout) of `sources` into the
+    parameter of that torch name in `mine` (name → parameter, emptied as it goes): every
+    name must be there and every shape fit, and no parameter of `model` may be left over."""
+    for name, key, source in sources:
+        target = mine.pop(key, None)
+        if target is None:
+            raise ValueError(f"{name}: no such parameter in {model}")
+        if tuple(source.shape) != tuple(target.shape):
+            raise ValueError(f"{name}: hpcpipe shape {tuple(source.shape)} does not fit "
+                             f"torch's {tuple(target.shape)}")
+        target.copy_(source)
+    if mine:
+        raise ValueError(f"torch parameters with no hpcpipe counterpart: {sorted(mine)}")
 
 
 def adamw(model: TorchGPT, lr, beta1, beta2, eps, weight_decay):

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .torch_gpt import copy_checked
+
 
 class TorchLlama(nn.Module):
     """A LlamaForCausalLM of hpcpipe's Llama shape `cfg` (its padded vocabulary, unmasked,
@@ -47,15 +49,6 @@ class TorchLlama(nn.Module):
     def load_hpcpipe(self, params: dict):
         """Copy hpcpipe parameters (Hugging Face's names, host arrays) into this model;
         every parameter must be matched (a tied head is embed_tokens itself)."""
-        mine = {name.removeprefix("hf."): p for name, p in self.named_parameters()}
-        for name, value in params.items():
-            target = mine.pop(name, None)
-            if target is None:
-                raise ValueError(f"{name}: no such parameter in transformers' Llama")
-            source = torch.as_tensor(value)
-            if tuple(source.shape) != tuple(target.shape):
-                raise ValueError(f"{name}: hpcpipe shape {tuple(source.shape)} does not fit "
-                                 f"torch's {tuple(target.shape)}")
-            target.copy_(source)
-        if mine:
-            raise ValueError(f"torch parameters with no hpcpipe counterpart: {sorted(mine)}")
+        copy_checked({name.removeprefix("hf."): p for name, p in self.named_parameters()},
+                     "transformers' Llama",
+                     ((name, name, torch.as_tensor(value)) for name, value in params.items()))

@@ -28,7 +28,7 @@ AUTO_LAYOUT = "auto"  # parallel.layout's other spelling of "": balanced by cost
 # The certified search runs once, after profiling, while the other ranks wait: an hour is
 # more than any schedule it can still improve needs (README, "Certified search").
 MAX_EXACT_SECONDS = 3600.0
-SSP_CORRECTIONS = ("none", "lr", "dc")
+SSP_CORRECTIONS = ("none", "lr", "dc", "extrapolate")
 MAX_STALENESS = 1024  # the ring of summed gradients holds 2s + 2 steps' worth
 MAX_ASYNC_TIMEOUT = 86400.0
 
@@ -104,7 +104,10 @@ class ParallelSection:
     # ssp's staleness correction: "none"; "lr": update u's learning rate divided by 1 + the
     # mean staleness of its shares (Zhang et al. 2016, the staleness-aware rate); "dc":
     # each stale share's gradient compensated to first order (DC-ASGD, Zheng et al. 2017:
-    # hpcpipe/parallel/asyncdp/compensation.py; AdamW; 3x the ring's bytes)
+    # hpcpipe/parallel/asyncdp/compensation.py; AdamW; 3x the ring's bytes); "extrapolate":
+    # a share τ updates stale is computed on its weights moved τ updates ahead along the
+    # last update (weight prediction: compensation.WeightPrediction; any optimizer, no
+    # bytes more)
     ssp_correction: str = "none"
     # "dc": the compensation's λ (DC-ASGD-a's, over √v̂); 1000 measured best of 200-3000 on
     # tiny.toml at lr 3e-3 (λ·lr ≈ 3; the paper's λ0 = 2 was for SGD at lr ≈ 0.5)

@@ -16,6 +16,8 @@ replica's optimizer state, so that the checkpoint is a GPT-2 checkpoint any layo
                                          of summed gradients and their counters (every
                                          update through the meeting's step applied: none
                                          in flight)
+                           predict/i            ssp, ssp_correction = "extrapolate": the
+                                         last update of optimizer shard i
                            centre/data, centre/words, last_seen easgd: its shard of the
                                          centre, the shard's version, the versions this
                                          replica last met
@@ -40,6 +42,9 @@ from hpcpipe.util.state import RANK, Entry, StateError, Stateful
 
 NUMBERS = ("clock", "adam_t", "log_offset", "version", "origin", "tickets", "attended")
 ROWS = {"last_seen"}  # tables whose length varies from checkpoint to checkpoint
+# ssp_correction = "extrapolate"'s last updates: absent from a checkpoint written under
+# another correction (a resume under "extrapolate" predicts from zero until its first update)
+OPTIONAL = ("predict/",)
 MAX_ROWS = 1 << 20
 
 
@@ -96,7 +101,8 @@ class AsyncState(Stateful):
             data = file.array(key, like=array, second_moment=key.startswith("exp_avg_sq/"))
             array[...] = xp.asarray(data.astype(array.dtype, copy=False))
         mine, _ = step.async_state()  # (the shapes and types this rank's state has)
-        arrays = {key: _table(file, key, like) for key, like in mine.items()}
+        arrays = {key: _table(file, key, like) for key, like in mine.items()
+                  if not key.startswith(OPTIONAL) or file.has(key)}
         numbers = {key: int(file.attr(key)) for key in NUMBERS if file.attr(key) is not None}
         step.load_async_state(arrays, numbers)
         for adam in step.optimizer.adams:

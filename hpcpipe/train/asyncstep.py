@@ -310,6 +310,8 @@ class StaleStep(AsyncStep):
             self.dc_lambda = cfg.parallel.ssp_dc_lambda
             self.packed = np.zeros(3 * self.host.size, self.host.dtype)
             self.theta, self.vhat = np.zeros_like(self.host), np.zeros_like(self.host)
+        self.prediction = (compensation.WeightPrediction(self.optimizer, self.model.backend)
+                           if self.correction == "extrapolate" else None)
         self.ring = GradientRing(self.grid.data, self.host.size * (3 if self.dc else 1),
                                  self.host.dtype, self.staleness, self.deadline)
         self.version = 0  # updates applied to this replica's weights
@@ -337,7 +339,7 @@ class StaleStep(AsyncStep):
         version = self.ran_on = self.version
         self.ran_for = k
         self.staleness_seen[k - 1 - version] += 1
-        result = self.gradients(runtime, step, inputs)
+        result = self._stale_gradients(runtime, step, inputs, k - 1 - version)
         self._to_host(self.gradsync.gradients())
         turns = self.replay.turns_of(step, self.grid.dp) if self.replay else None
         flat = self.host
@@ -359,6 +361,14 @@ class StaleStep(AsyncStep):
         self._injected_stall(step)
         return [StepOutcome(step, loss, self.last_norm, self.skipped_now, result,
                             self._stats(step, result, moved), loss_scale=self.scaler.scale)]
+
+    def _stale_gradients(self, runtime, step: int, inputs, stale: int):
+        """The share's gradient, on the weights predicted `stale` updates ahead under
+        ssp_correction = "extrapolate" (compensation.WeightPrediction)."""
+        if self.prediction is None:
+            return self.gradients(runtime, step, inputs)
+        with self.prediction.ahead(stale):
+            return self.gradients(runtime, step, inputs)
 
     # -- applying the updates -------------------------------------------------------------
     def _catch_up(self, step: int, k: int):
@@ -414,9 +424,13 @@ class StaleStep(AsyncStep):
         unscale = self.grad_scale(self.microbatches).unscale
         norm = self.norm.global_norm(self.summed) * unscale
         skipped = not math.isfinite(norm)
+        if self.prediction is not None:
+            self.prediction.before_update()
         if not skipped:
             coefficient = clip_coefficient(norm, max_norm) * unscale
             self.timed(u, lambda: self.optimizer.step(self.summed, lr, coefficient))
+        if self.prediction is not None:
+            self.prediction.after_update(not skipped)
         self.scaler.update(not skipped)
         self.version, self.last_norm = u, norm
         self.skipped_now |= skipped
@@ -443,6 +457,8 @@ class StaleStep(AsyncStep):
     def async_state(self):
         arrays, numbers = super().async_state()
         arrays.update(self.ring.state())
+        if self.prediction is not None:
+            arrays.update(self.prediction.arrays())
         numbers.update(version=self.version, origin=self.ring.origin)
         return arrays, numbers
 
@@ -451,6 +467,8 @@ class StaleStep(AsyncStep):
         self.version = int(numbers["version"])
         self.ring.origin = int(numbers["origin"])
         self.ring.load(arrays)
+        if self.prediction is not None:
+            self.prediction.load(arrays)
 
     def start_fresh(self, step: int):
         super().start_fresh(step)

@@ -42,7 +42,7 @@ def errors(proc):
     return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
 
-@pytest.mark.parametrize("mode", ["ssp", "easgd", "easgd-sync"])
+@pytest.mark.parametrize("mode", ["ssp", "ssp-extrapolate", "easgd", "easgd-sync"])
 def test_a_resumed_replay_ends_bitwise_where_the_recorded_run_did(tmp_path, stdlib_tokens,
                                                                    mode):
     """ssp (s = 2, checkpoints at steps 3 and 6: a meeting at the same step) and
@@ -52,9 +52,12 @@ def test_a_resumed_replay_ends_bitwise_where_the_recorded_run_did(tmp_path, stdl
     checkpoint and replaying the record, the run ends with the recorded weights, bitwise.
     (ssp only) the same checkpoint under dp 1 × pp 2 is refused with one error line.
     Synchronous EASGD (the centre in the model files, each replica's own state in its
-    elastic-r files) resumes bitwise with no replay at all."""
-    sync = mode == "easgd-sync"
-    settings = [f'parallel.async_dp="{mode[:5] if sync else mode}"', "parallel.staleness=2",
+    elastic-r files) resumes bitwise with no replay at all. ssp under the weight prediction
+    (ssp_correction = "extrapolate") resumes its last updates too: a stale share after the
+    checkpoint is predicted from them."""
+    sync, predict = mode == "easgd-sync", mode == "ssp-extrapolate"
+    settings = [f'parallel.async_dp="{mode.split("-")[0]}"', "parallel.staleness=2",
+                f'parallel.ssp_correction="{"extrapolate" if predict else "none"}"',
                 "parallel.easgd_tau=2", "checkpoint.every=3", f"parallel.easgd_sync={sync}"
                 .lower()]
     stalls = {"HPCPIPE_ASYNC_STALL": "1:2:0.4,1:4:0.3,1:5:0.2"}

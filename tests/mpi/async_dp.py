@@ -14,7 +14,10 @@ learning rate that warms up and decays and clipping that fires on some steps. Ch
   wait for it, and it takes the sleeper's shares of the steps too), the replicas take
   each of the run's shares exactly once between them, and no share is computed on
   weights more than s updates old, some on stale ones (so the correction fires); the run
-  is recorded, and its replay (no sleep) is bitwise the same;
+  is recorded, and its replay (no sleep) is bitwise the same; each replica's weights equal
+  the update rule computed on one process from the record alone (which share ran on
+  which version: θ_k = AdamW(θ_{k−1}, Σ_j g(θ_{v_kj})), with its correction) to 1e-10,
+  and so does a replay of the record under the weight prediction ("extrapolate");
 - synchronous EASGD equals two independent one-process replicas moved by the elastic
   rule written here in NumPy, weights and centre to 1e-12;
 - asynchronous EASGD with a slowed replica: the replicas share the run's budget (the
@@ -180,12 +183,95 @@ def check_ssp_stragglers(comm, dp, pp, tp, label, folder, correction) -> list[st
         if taken != [(k, j) for k in range(1, cfg.train.steps + 1) for j in range(dp)]:
             failures.append(f"{label}: the replicas' shares are not each share of the run "
                             f"once: {taken}")
+    if pp == tp == 1:  # (one flat buffer per replica: what the reference steps)
+        failures += check_stale_reference(comm, cfg, folder, recorded, label)
+        # the same record replayed under the weight prediction, against its rule
+        other = make_cfg(dp, pp, tp, "ssp", s, steps=12, correction="extrapolate")
+        failures += check_stale_reference(comm, other, folder, train(comm, other,
+                                                                      replay=folder), label)
     replayed = train(comm, cfg, replay=folder)
     if not (flat_equal(recorded["own"], replayed["own"])
             and recorded["losses"] == replayed["losses"]):
         failures.append(f"{label}: the replay of the recorded s = {s} run is not bitwise "
                         f"the same ({rel_diff(recorded['own'], replayed['own']):.3g})")
     return failures
+
+
+def check_stale_reference(comm, cfg, folder, recorded, label) -> list[str]:
+    """The recorded s = 2 run against its update rule, computed here on one process from
+    the record alone (which share of which step ran on which version):
+
+        θ_k = AdamW(θ_{k−1}, Σ_j g̃_j),  g_j = ∇ share j of step k at θ_{v_kj}
+        g̃_j = g_j + λ / (√v̂ + ε) ⊙ g_j ⊙ g_j ⊙ (θ_{k−1} − θ_{v_kj})   (ssp_correction "dc")
+        g_j at θ_v + τ (θ_v − θ_{v−1}), τ = k − 1 − v                (ssp_correction
+                                                                      "extrapolate")
+
+    clipped by ‖Σ g̃_j‖ at step k's rate — each replica's weights to 1e-10."""
+    from hpcpipe.parallel.asyncdp import record
+
+    rows = [r for r in record.read_records(record.log_path(folder, comm.rank))[1:]
+            if "version" in r and "t" in r]
+    rows, owns = comm.gather(rows, root=0), comm.gather(recorded["own"][0], root=0)
+    if comm.rank != 0:
+        return []
+    dp, steps = cfg.parallel.dp, cfg.train.steps
+    version = {(r["ticket"] // dp + 1, r["ticket"] % dp): r["version"]
+               for row in rows for r in row}
+    worker, applier = stale_reference_ranks(dp, steps)
+    be = devices.select()
+    thetas = [be.to_host(applier.model.stages[0].param_buffer.data).copy()]
+    for k in range(1, steps + 1):
+        total = sum(share_gradient(worker, thetas, version[(k, j)], k, j, dp, cfg, applier)
+                    for j in range(dp))
+        thetas.append(apply_update(applier, total, k, cfg))
+    failures = []
+    for d, own in enumerate(owns):
+        if not np.allclose(own, thetas[-1], rtol=0, atol=1e-10):
+            failures.append(f"{label}: s = 2 ({cfg.parallel.ssp_correction}) replica {d}'s "
+                            f"weights differ from the update rule applied to its record by "
+                            f"{np.max(np.abs(own - thetas[-1])):.3g}")
+    return failures
+
+
+def stale_reference_ranks(dp, steps):
+    """Two plain one-process Ranks: a worker that computes one replica's share (its
+    microbatches), and an applier that holds θ_k and its AdamW."""
+    be, made = devices.select(), []
+    for microbatches in (GLOBAL_MICROBATCHES // dp, GLOBAL_MICROBATCHES):
+        c = make_cfg(1, steps=steps, microbatches=microbatches)
+        made.append(Rank.build(c, gridlib.build(MPI.COMM_SELF, 1, 1), be,
+                               build_plan(c, schedule=generate("1f1b", 1, microbatches))))
+    return made
+
+
+def share_gradient(worker, thetas, v, k, j, dp, cfg, applier):
+    """g̃ of share j of step k computed on θ_v (the worker's gradient is the mean over its
+    microbatches: a dp-th of the step's)."""
+    be, at, stale = devices.select(), thetas[v], k - 1 - v
+    if cfg.parallel.ssp_correction == "extrapolate" and stale and v:
+        at = at + stale * (at - thetas[v - 1])
+    worker.model.stages[0].param_buffer.data[...] = be.from_host(at)
+    microbatches = GLOBAL_MICROBATCHES // dp
+    worker.step.gradients(worker.runtime, k, batches.replica_inputs(
+        be, global_batch(k), j, microbatches, B))
+    [g] = [be.to_host(x).copy() / dp for x in worker.step.gradsync.gradients()]
+    if cfg.parallel.ssp_correction == "dc" and v < k - 1:
+        adam = applier.step.optimizer.adams[0]
+        vhat = be.to_host(adam.v).reshape(-1) / (1 - adam.beta2 ** adam.t)
+        g = g + cfg.parallel.ssp_dc_lambda / (np.sqrt(vhat) + adam.eps) * g * g * (
+            thetas[k - 1] - thetas[v])
+    return g
+
+
+def apply_update(applier, total, k, cfg):
+    """θ_k from the applier's θ_{k−1} and the summed gradient: clipping, AdamW."""
+    from hpcpipe.optim.adamw import clip_coefficient
+
+    be, o = devices.select(), cfg.optim
+    norm = float(np.sqrt(np.sum(total * total)))
+    lr = learning_rate(k - 1, o.lr, o.min_lr, o.warmup_steps, cfg.train.steps)
+    applier.step.optimizer.step([be.from_host(total)], lr, clip_coefficient(norm, o.grad_clip))
+    return be.to_host(applier.model.stages[0].param_buffer.data).copy()
 
 
 def elastic_reference(dp, steps, tau, alpha):

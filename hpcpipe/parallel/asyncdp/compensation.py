@@ -1,4 +1,8 @@
-"""Delay compensation for bounded staleness (parallel.ssp_correction = "dc"): DC-ASGD's
+"""Staleness corrections for bounded staleness that change a stale share's gradient:
+the delay compensation (parallel.ssp_correction = "dc", `pack`/`unpack`) and the weight
+prediction ("extrapolate", `WeightPrediction`, at the end).
+
+The delay compensation is DC-ASGD's
 correction of a stale gradient (Zheng et al., "Asynchronous stochastic gradient descent
 with delay compensation", ICML 2017), made exact over a sum of shares.
 
@@ -25,6 +29,8 @@ gradient's (the payload of every push and pull), two master-sized host buffers.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -62,3 +68,61 @@ def second_moments(optimizer, out, offsets):
         correction = 1 - adam.beta2 ** adam.t if adam.t else 1.0
         out[lo:hi] = be.to_host(adam.v).reshape(-1) / correction
     return out
+
+
+class WeightPrediction:
+    """parallel.ssp_correction = "extrapolate": a share of step k computed on θ_v, τ = k − 1 − v
+    updates stale, is computed on θ_v moved τ updates ahead along the last update applied,
+
+        θ̂ = θ_v + τ (θ_v − θ_{v−1})
+
+    a first-order prediction of θ_{k−1}, the weights its gradient lands on (SpecTrain's
+    weight prediction, Chen et al. 2018; the asynchronous pipeline's "extrapolate",
+    hpcpipe/optim/delay.py, is τ = 1). Only the gradient's point moves: the optimizer,
+    evaluation and checkpoints keep θ_v, restored bit for bit after the share. A fresh
+    share (τ = 0) is computed as without it. Works with every optimizer; each rank of a
+    replica moves its own shards (the replica's ranks agree on v). Cost: two master-sized
+    buffers a shard, two elementwise passes per update and per stale share; no bytes."""
+
+    def __init__(self, optimizer, be):
+        self.shards, self.be, self.xp = optimizer.shards, be, be.xp
+        self.moves = [self.xp.zeros_like(s.master) for s in self.shards]  # θ_v − θ_{v−1}
+        self.saved = [self.xp.zeros_like(s.master) for s in self.shards]
+
+    def before_update(self):
+        for move, shard in zip(self.moves, self.shards):
+            move[...] = shard.master
+
+    def after_update(self, applied: bool):
+        """The update just applied (zero where it was skipped: the weights did not move)."""
+        for move, shard in zip(self.moves, self.shards):
+            if applied:
+                self.xp.subtract(shard.master, move, out=move)
+            else:
+                move[...] = 0
+
+    @contextmanager
+    def ahead(self, stale: int):
+        """The weights moved `stale` updates ahead inside the block, θ_v again after."""
+        if not stale:
+            yield
+            return
+        for move, saved, shard in zip(self.moves, self.saved, self.shards):
+            saved[...] = shard.master
+            shard.master += stale * move
+            shard.push()
+        try:
+            yield
+        finally:
+            for saved, shard in zip(self.saved, self.shards):
+                shard.master[...] = saved
+                shard.push()
+
+    def arrays(self) -> dict:
+        """The last update of each shard, for a checkpoint (resumed: the same predictions)."""
+        return {f"predict/{i}": self.be.to_host(m) for i, m in enumerate(self.moves)}
+
+    def load(self, arrays: dict):
+        for i, move in enumerate(self.moves):
+            if f"predict/{i}" in arrays:  # (a checkpoint written under another correction)
+                move[...] = self.xp.asarray(arrays[f"predict/{i}"])

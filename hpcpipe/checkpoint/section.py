@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpcpipe.util.sections import at_least, one_of
+from hpcpipe.util.sections import at_least, check_choices
 
 RESUMES = ("never", "auto")
 
@@ -14,6 +14,9 @@ RESUMES = ("never", "auto")
 @dataclass(frozen=True)
 class CheckpointSection:
     """[checkpoint]: when to save, what to keep, whether to resume."""
+
+    # the keys with a list of allowed values (hpcpipe/util/sections.py check_choices)
+    CHOICES = {"resume": RESUMES}
 
     every: int = 0  # save every N steps; 0: only at the end
     keep: int = 2  # keep the last N checkpoints ...
@@ -28,4 +31,4 @@ class CheckpointSection:
     def validate(self, source: str):
         at_least(source, "checkpoint", self, ("every", "keep_every", "every_minutes"), 0)
         at_least(source, "checkpoint", self, ("keep",), 1)
-        one_of(source, "checkpoint.resume", self.resume, RESUMES)
+        check_choices(source, "checkpoint", self)

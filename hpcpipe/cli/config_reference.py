@@ -22,14 +22,6 @@ import typing
 from dataclasses import dataclass
 
 from hpcpipe import config
-from hpcpipe.checkpoint.section import RESUMES
-from hpcpipe.device.backend import DEVICES
-from hpcpipe.device.dtypes import DTYPES
-from hpcpipe.model.layout import ARCHS
-from hpcpipe.parallel.gradsync import COMM_DTYPES
-from hpcpipe.parallel.grid import RANK_ORDERS
-from hpcpipe.parallel.powersgd import FACTOR_DTYPES
-from hpcpipe.schedules import KINDS
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.sections import toml_value
 
@@ -38,12 +30,11 @@ _RULE = re.compile(r"^-+\s.*-+$|^-+$")  # "# -- logging ----": a heading, not a 
 
 
 def choices() -> dict[str, tuple]:
-    """The allowed values of the keys that have a list of them, from the modules that
-    implement them (as the loader checks them), so that a new schedule shows up here."""
-    return {"model.arch": ARCHS, "train.dtype": DTYPES, "train.device": DEVICES,
-            "parallel.schedule": KINDS, "parallel.rank_order": RANK_ORDERS,
-            "parallel.grad_comm_dtype": COMM_DTYPES, "parallel.powersgd_dtype": FACTOR_DTYPES,
-            "checkpoint.resume": RESUMES}
+    """"section.key" → its allowed values, for every key that has a list of them: each
+    section's CHOICES, which its own checks read (hpcpipe/util/sections.py
+    check_choices), so that a new schedule or a new choice key shows up here."""
+    return {f"{section}.{key}": allowed for section, cls in config.SECTIONS.items()
+            for key, allowed in getattr(cls, "CHOICES", {}).items()}
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@ ARCHS = ("gpt2", "llama")
 class GPTConfig:
     """The shape of a GPT-2-style model."""
 
+    # the keys with a list of allowed values, as the config reference lists them
+    # (family_problem checks them)
+    CHOICES = {"arch": ARCHS}
+
     vocab_size: int = 256  # tokens (256: bytes; GPT-2's BPE: 50257, or more for padding)
     block_size: int = 128  # sequence length T (and positions of wpe)
     n_layer: int = 4  # transformer blocks
@@ -90,8 +94,9 @@ def family_problem(cfg) -> tuple[str, object, str] | None:
     """(key, value, what is wrong) of the first family key (arch and the Llama keys) that
     the rest of `cfg` (a GPTConfig, or anything with its fields) does not allow, else None:
     the one rule config.py and GPTConfig both state."""
-    if cfg.arch not in ARCHS:
-        return "arch", cfg.arch, f"allowed: {', '.join(ARCHS)}"
+    for key, allowed in GPTConfig.CHOICES.items():
+        if getattr(cfg, key) not in allowed:
+            return key, getattr(cfg, key), f"allowed: {', '.join(allowed)}"
     for name in ("n_kv_head", "intermediate_size"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -8,12 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpcpipe.optim.delay import KINDS as DELAY_CORRECTIONS
-from hpcpipe.util.sections import one_of, require
+from hpcpipe.util.sections import check_choices, require
 
 
 @dataclass(frozen=True)
 class PipeDreamSection:
     """[pipedream]: the asynchronous pipeline's delay correction."""
+
+    # the keys with a list of allowed values (hpcpipe/util/sections.py check_choices)
+    CHOICES = {"delay_correction": DELAY_CORRECTIONS}
 
     # "secant": each update, taken one step late, is corrected to first order for the
     # weights having moved since its gradient (a per-coordinate curvature from consecutive
@@ -26,6 +29,6 @@ class PipeDreamSection:
 
 
     def validate(self, source: str):
-        one_of(source, "pipedream.delay_correction", self.delay_correction, DELAY_CORRECTIONS)
+        check_choices(source, "pipedream", self)
         require(source, "pipedream.delay_correction_decay", self.delay_correction_decay,
                 0 <= self.delay_correction_decay < 1, "must be in [0, 1)")

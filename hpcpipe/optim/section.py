@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcpipe.optim.optimizer import OPTIMIZERS
-from hpcpipe.util.sections import one_of, require
+from hpcpipe.util.sections import check_choices, require
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -19,6 +19,9 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 @dataclass(frozen=True)
 class OptimSection:
     """[optim]: how the weights step."""
+
+    # the keys with a list of allowed values (hpcpipe/util/sections.py check_choices)
+    CHOICES = {"optimizer": OPTIMIZERS}
 
     lr: float = 3e-3  # peak learning rate, after the warm-up
     min_lr: float = 3e-4  # where the cosine decay ends, at the last step
@@ -56,6 +59,6 @@ class OptimSection:
         require(source, "optim.eps", self.eps, 0 < np.float32(self.eps) < np.inf,
                 f"must be positive and representable in float32 (at least 1.4e-45, at most "
                 f"{FLOAT32_MAX:.3g})")
-        one_of(source, "optim.optimizer", self.optimizer, OPTIMIZERS)
+        check_choices(source, "optim", self)
         require(source, "optim.muon_momentum", self.muon_momentum,
                 0 <= self.muon_momentum < 1, "must be in [0, 1)")

@@ -8,12 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpcpipe.parallel.outer import OUTER_COMM_DTYPES, OUTER_MOMENTS, OUTER_OPTIMIZERS
-from hpcpipe.util.sections import at_least, one_of, require
+from hpcpipe.util.sections import at_least, check_choices, require
 
 
 @dataclass(frozen=True)
 class OuterSection:
     """[outer]: local SGD's outer loop."""
+
+    # the keys with a list of allowed values (hpcpipe/util/sections.py check_choices)
+    CHOICES = {"outer_optimizer": OUTER_OPTIMIZERS, "outer_comm_dtype": OUTER_COMM_DTYPES,
+               "outer_moments": OUTER_MOMENTS}
 
     # 0: synchronous data parallelism (the gradient all-reduced every step). H >= 1: each
     # replica takes H inner optimizer steps (AdamW or Muon) on its own gradient, then the
@@ -28,9 +32,7 @@ class OuterSection:
     def validate(self, source: str):
         """The local-SGD keys on their own."""
         at_least(source, "outer", self, ("local_steps",), 0)
-        one_of(source, "outer.outer_optimizer", self.outer_optimizer, OUTER_OPTIMIZERS)
-        one_of(source, "outer.outer_comm_dtype", self.outer_comm_dtype, OUTER_COMM_DTYPES)
-        one_of(source, "outer.outer_moments", self.outer_moments, OUTER_MOMENTS)
+        check_choices(source, "outer", self)
         require(source, "outer.outer_lr", self.outer_lr, 0 < self.outer_lr <= 2,
                 "must be in (0, 2] (1 with outer_optimizer = \"average\" is the replicas' mean)")
         require(source, "outer.outer_momentum", self.outer_momentum,

@@ -19,7 +19,7 @@ from hpcpipe.schedules.ops import MAX_MICROBATCHES, ScheduleError
 from hpcpipe.schedules.recompute import chosen_with_schedule, parse_stages
 from hpcpipe.util.errors import ConfigError
 from hpcpipe.util.schema import parse_bytes
-from hpcpipe.util.sections import at_least, one_of, require
+from hpcpipe.util.sections import at_least, check_choices, require
 
 MAX_TIMEOUT_S = 1e7  # parallel.timeout: past 115 days a wait is not a timeout any more
 MAX_BUCKET_MB = float(1 << 20)  # 1 TiB: buckets past the model's size change nothing
@@ -36,6 +36,12 @@ MAX_ASYNC_TIMEOUT = 86400.0
 @dataclass(frozen=True)
 class ParallelSection:
     """[parallel]: how ranks share the work."""
+
+    # the keys with a list of allowed values (hpcpipe/util/sections.py check_choices)
+    CHOICES = {"schedule": KINDS, "grad_comm_dtype": COMM_DTYPES,
+               "grad_compression": COMPRESSIONS, "powersgd_dtype": FACTOR_DTYPES,
+               "rank_order": RANK_ORDERS, "async_dp": ASYNC_MODES,
+               "ssp_correction": SSP_CORRECTIONS}
 
     # data-parallel replicas; 0 or "auto": whatever the launch gives, world ÷ (pp × tp)
     dp: int | str = 1
@@ -132,15 +138,12 @@ class ParallelSection:
                 self.microbatches <= MAX_MICROBATCHES,
                 f"must be at most {MAX_MICROBATCHES} (every rank's schedule lists each "
                 f"microbatch's F, B and W); for more accumulation raise train.micro_batch_size")
-        one_of(source, "parallel.schedule", self.schedule, KINDS)
+        check_choices(source, "parallel", self)
         require(source, "parallel.bucket_mb", self.bucket_mb, 0 < self.bucket_mb <= MAX_BUCKET_MB,
                 f"must be positive and at most {MAX_BUCKET_MB:g} (MiB)")
         require(source, "parallel.zero", self.zero, self.zero in (0, 1, 2, 3),
                 "allowed: 0 (off), 1 (optimizer state sharded over the dp replicas), 2 (and "
                 "the gradients) or 3 (and the weights between steps)")
-        one_of(source, "parallel.grad_comm_dtype", self.grad_comm_dtype, COMM_DTYPES)
-        one_of(source, "parallel.grad_compression", self.grad_compression, COMPRESSIONS)
-        one_of(source, "parallel.powersgd_dtype", self.powersgd_dtype, FACTOR_DTYPES)
         at_least(source, "parallel", self, ("powersgd_rank", "powersgd_warmup",
                                             "powersgd_min_gain"), 0)
         try:
@@ -156,7 +159,6 @@ class ParallelSection:
                 'holds), or a size such as "12GiB" or "500MB"')
         at_least(source, "parallel", self, ("profile_steps",), 1)
         self._check_exact(source)
-        one_of(source, "parallel.rank_order", self.rank_order, RANK_ORDERS)
         require(source, "parallel.gpu_aware_mpi", self.gpu_aware_mpi,
                 isinstance(self.gpu_aware_mpi, bool) or self.gpu_aware_mpi == "auto",
                 'allowed: "auto", true, false')
@@ -188,12 +190,10 @@ class ParallelSection:
 
     def _check_async(self, source: str):
         """async_dp's keys on their own (what its modes exclude: hpcpipe/config.py)."""
-        one_of(source, "parallel.async_dp", self.async_dp, ASYNC_MODES)
         require(source, "parallel.staleness", self.staleness,
                 0 <= self.staleness <= MAX_STALENESS,
                 f"must be 0 (synchronous) up to {MAX_STALENESS} steps (the shared gradient "
                 f"sums hold 2·staleness + 2 steps)")
-        one_of(source, "parallel.ssp_correction", self.ssp_correction, SSP_CORRECTIONS)
         require(source, "parallel.ssp_dc_lambda", self.ssp_dc_lambda,
                 0 <= self.ssp_dc_lambda < float("inf"), "must be a finite λ ≥ 0")
         require(source, "parallel.easgd_tau", self.easgd_tau, self.easgd_tau >= 1,

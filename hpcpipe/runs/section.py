@@ -20,7 +20,7 @@ from hpcpipe.optim.section import OptimSection
 from hpcpipe.parallel.outer_section import OuterSection
 from hpcpipe.runs.trace import trace_window
 from hpcpipe.util.errors import ConfigError
-from hpcpipe.util.sections import at_least, one_of, require
+from hpcpipe.util.sections import at_least, check_choices, require
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # A checkpoint's manifest holds its counters up to 2**53 (checkpoint/manifest.py MAX_COUNT,
@@ -31,6 +31,9 @@ MAX_STEPS = 2**53
 @dataclass(frozen=True)
 class TrainSection:
     """[train]: the run."""
+
+    # the keys with a list of allowed values (hpcpipe/util/sections.py check_choices)
+    CHOICES = {"dtype": DTYPES, "device": DEVICES}
 
     steps: int = 300  # optimizer steps of the whole run (a resumed run continues to it)
     micro_batch_size: int = 16  # sequences per microbatch
@@ -89,8 +92,7 @@ class TrainSection:
                 0 <= self.device_memory <= 1,
                 "must be 0 (no cap) or the share (0 < x ≤ 1) of the GPU's memory a rank's "
                 "memory pool may hold")
-        one_of(source, "train.dtype", self.dtype, DTYPES)
-        one_of(source, "train.device", self.device, DEVICES)
+        check_choices(source, "train", self)
 
 
 # The sections that [train]'s keys of old moved to (issue 58): an old config, a `--set` of

@@ -1,9 +1,11 @@
 """A config section's checks, shared by every section's `validate()` and the loader: a
 value read from TOML checked against its field's type (`coerce`), written back as TOML
 (`toml_value`), and the few words each range check says (`require`, `at_least`,
-`one_of`); a `--set` override read (`parse_override`); and the row type of the table of
-features that exclude each other (`Exclusion`: hpcpipe/config.py holds the table). Each raises a ConfigError naming the file, the key and the value; the sections
-themselves live beside the code they configure (hpcpipe/config.py composes them).
+`one_of`, and `check_choices` for a section's keys with a list of allowed values); a
+`--set` override read (`parse_override`); and the row type of the table of features that
+exclude each other (`Exclusion`: hpcpipe/config.py holds the table). Each raises a
+ConfigError naming the file, the key and the value; the sections themselves live beside
+the code they configure (hpcpipe/config.py composes them).
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ def at_least(source, section: str, values, keys, minimum):
 
 def one_of(source, key: str, value, allowed):
     require(source, key, value, value in allowed, f"allowed: {', '.join(map(str, allowed))}")
+
+
+def check_choices(source, section: str, values):
+    """Each of the section's choice keys is one of its allowed values: `values` (a section)
+    declares them as its class's CHOICES, field name → the allowed values, the one place
+    both its `validate()` and the config reference (hpcpipe/cli/config_reference.py) read.
+    (A plain class attribute, not a ClassVar: an annotated name would be a key the loader
+    accepts from a file.)"""
+    for key, allowed in type(values).CHOICES.items():
+        one_of(source, f"{section}.{key}", getattr(values, key), allowed)
 
 
 def closest(word: str, known, prefix: str = "") -> str:

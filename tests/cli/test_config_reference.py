@@ -1,9 +1,13 @@
 """The config reference is generated from the dataclasses (the documentation site's
 reference pages are generated from the same code: tests/docs/test_site.py)."""
 
+import ast
+import pathlib
 import subprocess
 import sys
 import tomllib
+
+import pytest
 
 from hpcpipe import config
 from hpcpipe.cli import config_reference as reference
@@ -41,9 +45,74 @@ def test_config_list_on_the_command_line():
     proc = subprocess.run([sys.executable, "-m", "hpcpipe", "config", "--list"],
                           capture_output=True, text=True, check=True)
     assert proc.stdout == reference.text() and "  tp = 1    (integer)\n" in proc.stdout
+    from hpcpipe.parallel.section import SSP_CORRECTIONS
+    assert f"(one of: {', '.join(SSP_CORRECTIONS)})" in _listed(proc.stdout, "ssp_correction")
     proc = subprocess.run([sys.executable, "-m", "hpcpipe", "config", "inputs/tiny.toml",
                            "--set", "train.steps=7"], capture_output=True, text=True, check=True)
     assert config.from_dict(tomllib.loads(proc.stdout)).train.steps == 7
+
+
+def _listed(listing: str, name: str) -> str:
+    """The entry of key `name` in `config --list`'s listing, its wrapped lines joined."""
+    lines = listing.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"  {name} = "))
+    entry = [lines[start]]
+    for line in lines[start + 1:]:
+        if not line.startswith(" " * 6):
+            break
+        entry.append(line.strip())
+    return " ".join(entry)
+
+
+def unlisted(source: str, listed) -> list[str]:
+    """The keys that `source` (a module's text) checks with one_of and `listed` (the
+    reference's choices) lacks; a key not written out as a string counts as unlisted, as
+    the reference could not be checked against it."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id",
+                                                  getattr(node.func, "attr", None)) == "one_of":
+            key = node.args[1] if len(node.args) > 1 else None
+            if not (isinstance(key, ast.Constant) and key.value in listed):
+                out.append(ast.unparse(key) if key is not None else ast.unparse(node))
+    return out
+
+
+def test_every_key_a_section_checks_as_a_choice_is_listed_with_its_values():
+    """A section that checks a key with one_of, not through its CHOICES, would leave the
+    key's values out of the reference: no module but one_of's own does (planted: the
+    scan sees one)."""
+    listed, package = reference.choices(), pathlib.Path(config.__file__).parent
+    found = {str(path.relative_to(package)): unlisted(path.read_text(), listed)
+             for path in package.rglob("*.py") if path.name != "sections.py"
+             or path.parent.name != "util"}
+    assert {path: keys for path, keys in found.items() if keys} == {}
+    planted = ("def validate(self, source):\n"
+               "    one_of(source, 'parallel.new_mode', self.new_mode, MODES)\n"
+               "    sections.one_of(source, f'parallel.{k}', 1, (1,))\n"
+               "    one_of(source, 'parallel.schedule', self.schedule, KINDS)\n")
+    assert unlisted(planted, listed) == ["'parallel.new_mode'", "f'parallel.{k}'"]
+    assert {"optim.optimizer", "outer.outer_optimizer", "outer.outer_comm_dtype",
+            "outer.outer_moments", "pipedream.delay_correction", "parallel.async_dp",
+            "parallel.ssp_correction", "model.arch", "train.dtype"} <= set(listed)
+
+
+@pytest.mark.parametrize("key", sorted(reference.choices()))
+def test_every_listed_choice_is_what_the_loader_allows(key):
+    """What the reference lists is what validate() refuses anything else with, word for
+    word, and every listed value loads."""
+    section, name = key.split(".")
+    allowed = reference.choices()[key]
+    with pytest.raises(config.ConfigError) as refused:
+        config.from_dict({section: {name: "no-such-value"}})
+    assert str(refused.value).endswith(f"{key} = 'no-such-value': allowed: "
+                                       f"{', '.join(map(str, allowed))}")
+    for value in allowed:
+        try:
+            assert getattr(getattr(config.from_dict({section: {name: value}}), section),
+                           name) == value
+        except config.ConfigError as e:  # a value that needs another key (muon: ...) says so
+            assert f"allowed: {', '.join(map(str, allowed))}" not in str(e)
 
 
 def _parsers(parser, path=()):

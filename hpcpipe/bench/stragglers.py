@@ -6,10 +6,13 @@ Two ranks, one replica each (dp 2), one core each. Every mode trains its own cop
 same model from the same seed on the same global batches (the config's data: tiny.toml's
 stdlib corpus by default), and the modes take turns in one run — `--segment` global steps
 of each in every round, so that each sees the same machine (a shared machine's load
-drifts). After every step replica 1 sleeps `--delay` seconds more than it computes: with
-the default, the median time of a synchronous step measured before the run, it runs at
-half speed (the sleep is in slices that let MPI make progress, as a slow device's host
-thread would between its operations).
+drifts). Replica 1 is slowed by `--delay` seconds a step: with the default, the median
+time of a synchronous step measured before the run, it runs at half speed. Two kinds of
+straggler (`--straggler`): "stall" sleeps after each of its steps (a stall between steps:
+a noisy neighbour, I/O — time the other replica can fill by taking more shares); "chip"
+spreads the same time over its step's F, B and W operations (a slower device: its share
+itself is late). The sleep is in slices that let MPI make progress, as a slow device's
+host thread would between its operations.
 
 A segment is N global steps of the run's budget: under synchronous dp and local SGD every
 replica runs those N steps; under SSP and asynchronous EASGD the replicas share the
@@ -66,11 +69,14 @@ examples:
 
 Modes (--modes, comma-separated): sync, local-sgd (H = --local-steps), ssp-S (S = the
 staleness bound), ssp-S-C (with parallel.ssp_correction = C), easgd (asynchronous),
-easgd-T (asynchronous, τ = T), easgd-sync. Defaults: sync, ssp-0, ssp-2, ssp-2-lr,
-ssp-2-dc, easgd, easgd-2."""
+easgd-T (asynchronous, τ = T), easgd-sync. Defaults: sync, ssp-0, ssp-2, ssp-2-dc,
+ssp-2-extrapolate, easgd, easgd-2 (ssp-2-lr recovered almost nothing over 300 steps:
+docs/measurements/2026-12-06-stragglers.md)."""
 
-MODES = ("sync", "ssp-0", "ssp-2", "ssp-2-lr", "ssp-2-dc", "easgd", "easgd-2")
+MODES = ("sync", "ssp-0", "ssp-2", "ssp-2-dc", "ssp-2-extrapolate", "easgd", "easgd-2")
 CORRECTIONS = tuple(c for c in SSP_CORRECTIONS if c != "none")  # ssp-S-C
+STRAGGLERS = ("stall", "chip")  # --straggler: when replica 1 loses its time
+WHEN = {"stall": "asleep after each step", "chip": "spread over its operations"}
 SLICE_S = 1e-3  # the slowed replica's sleep: slices between which MPI makes progress
 
 
@@ -94,8 +100,12 @@ def add_parser(sub):
                              "final loss may still reach it sooner; the loss at equal "
                              "samples is read at --steps (1.0)")
     parser.add_argument("--delay", type=number(0, 3600), default=None,
-                        help="seconds replica 1 sleeps after each step (default: the "
-                             "median synchronous step, measured first: half speed)")
+                        help="seconds replica 1 is slowed by a step (default: the median "
+                             "synchronous step, measured first: half speed)")
+    parser.add_argument("--straggler", choices=STRAGGLERS, default="stall",
+                        help="stall: replica 1 sleeps after each step (between steps); "
+                             "chip: the same time spread over its step's operations (a "
+                             "slower device) (stall)")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated, of: sync, local-sgd, ssp-S, ssp-S-C, easgd, "
                              f"easgd-T, easgd-sync ({','.join(MODES)})")
@@ -203,9 +213,13 @@ def run_stragglers(args) -> int:
         f"{be.describe()}, {threads} thread(s) per rank | {base.source}")
     delay = args.delay if args.delay is not None else measure_delay(configs["sync"], world, be,
                                                                     tokens)
-    log(f"replica 1 sleeps {delay * 1e3:.1f} ms after each step"
+    log(f"replica 1 slowed by {delay * 1e3:.1f} ms a step, {WHEN[args.straggler]}"
         + (" (the median synchronous step: half speed)" if args.delay is None else ""))
     modes = {n: Mode(n, c, world, be) for n, c in configs.items()}
+    if args.straggler == "chip":
+        for mode in modes.values():
+            slow_chip(mode, delay)
+    stall = delay if args.straggler == "stall" else 0.0
     for mode in modes.values():
         evaluate(mode, 0, tokens, be, world)
     total = math.ceil(args.steps * args.overtime)
@@ -213,12 +227,13 @@ def run_stragglers(args) -> int:
         end = min(args.steps if start < args.steps else total, start + args.segment)
         running = [m for m in modes.values() if start < m.last(args.steps, total)]
         for mode in running:
-            segment(mode, start, end, delay, tokens, be, world,
+            segment(mode, start, end, stall, tokens, be, world,
                     end in (args.steps, mode.last(args.steps, total)))
             evaluate(mode, end, tokens, be, world)
         log(f"global step {end}/{total}: " + ", ".join(
             f"{m.name} {m.evals[-1][2]:.4f} at {m.clock_s:.1f} s" for m in running))
-    results = {**gather(modes, world, delay), "steps": args.steps}
+    results = {**gather(modes, world, delay), "steps": args.steps,
+               "straggler": args.straggler}
     if world.rank == 0:
         for line in report(results):
             print(line)
@@ -272,9 +287,26 @@ def slow_down(seconds: float, comm):
         poke(comm)
 
 
-def segment(mode, start: int, end: int, delay: float, tokens, be, world, last: bool):
-    """Global steps (start, end] of `mode`, both replicas, on its clock; `last`: the end
-    of its budget (or of its overtime), where asynchronous EASGD makes its last exchange."""
+def slow_chip(mode, delay: float):
+    """--straggler chip: replica 1's steps take `delay` longer, spread over its F, B and W
+    operations (after each, through the step's between-operations hook), so that its
+    share is late as a slower device's would be."""
+    if mode.grid.dp_rank != 1:
+        return
+    step_of = mode.rank.step
+    ops = len(mode.rank.runtime.schedule.ranks[mode.grid.pp_rank])
+    between, comm = step_of.between_ops, mode.grid.data
+
+    def slower():
+        between()
+        slow_down(delay / ops, comm)
+    step_of.between_ops = slower
+
+
+def segment(mode, start: int, end: int, stall: float, tokens, be, world, last: bool):
+    """Global steps (start, end] of `mode`, both replicas, on its clock; replica 1 sleeps
+    `stall` after each step; `last`: the end of its budget (or of its overtime), where
+    asynchronous EASGD makes its last exchange."""
     cfg, step_of, grid = mode.cfg, mode.rank.step, mode.grid
     t = cfg.train
     if step_of.asynchronous and world.rank == 0:  # (a ticket past the last segment's
@@ -289,8 +321,8 @@ def segment(mode, start: int, end: int, delay: float, tokens, be, world, last: b
                                          lr, cfg.optim.grad_clip)
         if not step_of.asynchronous:
             mode.bytes += step_of.gradsync.bytes_reduced
-        if grid.dp_rank == 1:
-            slow_down(delay, grid.data)
+        if grid.dp_rank == 1 and stall:
+            slow_down(stall, grid.data)
         payload, control = mode.moved()
         mode.steps.append({"step": step, "data_step": data_step,
                            "t": mode.clock_s + time.perf_counter() - began,
@@ -377,7 +409,8 @@ def time_to_reach(evals, target: float) -> float:
 def report(results) -> list[str]:
     modes = results["modes"]
     rows = [summarise(n, d, modes["sync"], results["steps"]) for n, d in modes.items()]
-    lines = ["", f"replica 1 slowed by {results['delay_s'] * 1e3:.1f} ms per step",
+    when = WHEN[results.get("straggler", "stall")]
+    lines = ["", f"replica 1 slowed by {results['delay_s'] * 1e3:.1f} ms a step, {when}",
              "| mode | steps/s replica 0 | steps/s replica 1 | staleness replica 0 "
              "(value: steps) | staleness replica 1 | KiB per step r0 / r1 (control) | val "
              f"loss at step {results['steps']} | vs sync at equal samples | s to sync's final "
@@ -426,7 +459,8 @@ def draw(results, path: str):
     by_time.set_xlabel("the mode's wall-clock time, s")
     by_step.set_ylabel("loss (validation: markers; each replica's training: faint)")
     by_step.legend()
-    fig.suptitle(f"replica 1 slowed by {results['delay_s'] * 1e3:.0f} ms per step")
+    fig.suptitle(f"replica 1 slowed by {results['delay_s'] * 1e3:.0f} ms a step, "
+                 f"{WHEN[results.get('straggler', 'stall')]}")
     fig.tight_layout()
     write_figure(path, fig)
     plt.close(fig)

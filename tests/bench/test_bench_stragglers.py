@@ -2,8 +2,9 @@
 the modes take turns, each replica's steps are recorded on the mode's clock, the slowed
 replica takes a smaller share of SSP's and asynchronous EASGD's budgets, which go on past
 --steps under --overtime, SSP's staleness (delay-compensated) stays within its bound, the
-report and the picture are written. Times are measured, never
-asserted (only that they exist)."""
+report and the picture are written; under --straggler chip the slowed replica's time is
+spent inside its steps. Times are measured, never asserted (only that they exist, and
+that a step lasts at least the sleep it contains)."""
 
 import json
 
@@ -20,7 +21,7 @@ def test_the_straggler_benchmark_runs_its_modes_in_turns(tmp_path, stdlib_tokens
                 "--set", "model.block_size=32", "--set", "parallel.easgd_tau=2",
                 "--set", f'data.path="{stdlib_tokens}"'], n=2, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "| ssp-1-dc |" in proc.stdout and "replica 1 sleeps 30.0 ms" in proc.stdout
+    assert "| ssp-1-dc |" in proc.stdout and "replica 1 slowed by 30.0 ms a step, asleep after each step" in proc.stdout
     result = json.loads(out.read_text())
     modes = result["modes"]
     assert list(modes) == ["sync", "local-sgd", "ssp-1-dc", "easgd"]
@@ -36,3 +37,24 @@ def test_the_straggler_benchmark_runs_its_modes_in_turns(tmp_path, stdlib_tokens
         assert fast + slow == 18 and fast > slow, name
     assert {row["mode"] for row in result["summary"]} == set(modes)
     assert png.stat().st_size > 0
+
+
+def test_a_slow_chip_is_late_inside_its_steps(tmp_path, stdlib_tokens):
+    """--straggler chip: replica 1's delay is spent between its step's operations, so
+    synchronous dp's every step waits for it (its clock at least steps × delay), and under
+    SSP the fast replica still takes more of the shares; the weight prediction runs."""
+    out, delay, steps = tmp_path / "chip.json", 0.05, 4
+    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "bench", "stragglers", "--steps", str(steps),
+                "--segment", "2", "--modes", "sync,ssp-2-extrapolate", "--delay", str(delay),
+                "--straggler", "chip", "--eval-batches", "1", "--json", str(out),
+                "--set", "model.n_layer=2", "--set", "model.n_embd=32",
+                "--set", "model.block_size=32", "--set", f'data.path="{stdlib_tokens}"'],
+               n=2, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "spread over its operations" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["straggler"] == "chip"
+    sync, ssp = result["modes"]["sync"], result["modes"]["ssp-2-extrapolate"]
+    assert sync["clock_s"] >= steps * delay
+    fast, slow = (len(r) for r in ssp["replicas"])
+    assert fast + slow == 2 * steps and fast >= slow

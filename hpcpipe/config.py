@@ -1,12 +1,10 @@
 """Run configuration: TOML files loaded into frozen dataclasses, with strict checking.
 
-A config has eight sections, each a dataclass beside the code it configures, with its own
-`validate()`: [model] (the model's own shape type, model.GPTConfig; its checks in
-hpcpipe/model/section.py), [train] (hpcpipe/runs/section.py), [optim]
-(hpcpipe/optim/section.py), [outer] (hpcpipe/parallel/outer_section.py), [pipedream]
-(hpcpipe/optim/delay_section.py), [data]
-(hpcpipe/data/section.py), [parallel] (hpcpipe/parallel/section.py) and [checkpoint]
-(hpcpipe/checkpoint/section.py). This module composes them: it reads the TOML and the
+A config has eight sections (`SECTIONS`), each a dataclass beside the code it configures
+with its own `validate()`: [model] (model.GPTConfig, checked by hpcpipe/model/section.py),
+[train] (hpcpipe/runs/section.py), [optim], [outer] (hpcpipe/parallel/outer_section.py),
+[pipedream] (hpcpipe/optim/delay_section.py), [data], [parallel], [checkpoint] (each in
+its package's section.py). This module composes them: it reads the TOML and the
 `--set` overrides, maps the keys that moved (`_moved`), builds each section, runs each
 section's checks, how [parallel] fits the model (parallel/section.py `check_fit`), and
 then one table of the features that exclude each other (`EXCLUSIONS`). Every key has a
@@ -35,8 +33,7 @@ from hpcpipe.parallel.outer_section import OuterSection
 from hpcpipe.parallel.section import AUTO_DP, AUTO_LAYOUT, ParallelSection, check_fit
 from hpcpipe.parallel.section import moved as parallel_moved
 from hpcpipe.runs.section import MAX_STEPS, TrainSection  # noqa: F401 (MAX_STEPS: re-exported)
-from hpcpipe.runs.section import moved as train_moved
-from hpcpipe.runs.section import overridden as train_overridden
+from hpcpipe.runs.section import moved as train_moved, overridden as train_overridden
 from hpcpipe.schedules import flushes
 from hpcpipe.schedules.kinds import ASYNCHRONOUS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
@@ -190,7 +187,7 @@ EXCLUSIONS = (
               lambda c: c.optim.optimizer != "adamw",
               lambda c: "\"dc\" scales its compensation by AdamW's second moment, which "
               f"optim.optimizer = \"{c.optim.optimizer}\" does not keep for every weight; use "
-              "\"lr\" or \"none\""),
+              "\"extrapolate\", \"lr\" or \"none\""),
 )
 
 
@@ -205,13 +202,10 @@ def validate(cfg: Config) -> Config:
     its printed form, "E t t | t t L")."""
     source = cfg.source
     model_section.validate(source, dataclasses.asdict(cfg.model))
-    for section in (cfg.train, cfg.optim, cfg.outer, cfg.pipedream):
+    for section in (cfg.train, cfg.optim, cfg.outer, cfg.pipedream, cfg.data, cfg.parallel):
         section.validate(source)
-    cfg.data.validate(source)
-    cfg.parallel.validate(source)
     layout = cfg.parallel.layout
-    if layout.strip().lower() in ("", AUTO_LAYOUT):
-        layout = ""
+    layout = "" if layout.strip().lower() in ("", AUTO_LAYOUT) else layout
     cfg = _with_parallel(cfg, layout=layout)
     cfg.checkpoint.validate(source)
     check_fit(source, cfg.parallel, cfg.model, cfg.train.recompute)

@@ -2,8 +2,10 @@
 pyproject.toml: each layer imports only those below it; the model, the device layer, the
 schedules and the utilities never touch MPI), a top level of a few modules, a purpose
 docstring on every module, functions and classes that fit on a screen, and tests that
-mirror the subpackages, and no whole run Config below train/ (each subsystem takes its own
-section, the plan or plain values)."""
+mirror the subpackages, no whole run Config below train/ (each subsystem takes its own
+section, the plan or plain values), config.py within 300 lines, schedule kinds and
+recomputation compared by name only where they are owned, and checkpoint/ never walking a
+rank's step or model."""
 
 import ast
 import os
@@ -195,3 +197,73 @@ def test_the_whole_config_check_finds_each_kind_of_use():
                      "line 3: from hpcpipe import ...", "line 4: hpcpipe.config",
                      "line 5: run: Config", "line 5: x: Config", "line 6: cfg.optim",
                      "line 6: config.model", "line 6: config.parallel"]  # (not line 8)
+
+
+# Where a schedule's kind or a recomputation choice may be compared by name (issue 58):
+# the two packages that own them. bench/ picks its table's baseline row by its label.
+BY_NAME_ONLY_IN = ("schedules", "plan", "bench")
+
+
+def names_compared(tree, names) -> list[str]:
+    """Comparisons in `tree` against one of `names` (a string, or one in a tuple/list/set),
+    and `<x>.schedule` against "auto"."""
+    def strings(node) -> set:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return set().union(*(strings(e) for e in node.elts)) if node.elts else set()
+        return set()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            words = set().union(*(strings(s) for s in sides))
+            on_schedule = any(isinstance(s, ast.Attribute) and s.attr == "schedule"
+                              for s in sides)
+            if words & names or (on_schedule and "auto" in words):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def kind_and_recompute_names() -> set:
+    from hpcpipe.schedules import KINDS
+    from hpcpipe.schedules.recompute import Mode
+
+    return (set(KINDS) - {"auto"}) | {Mode.SELECTIVE.value, Mode.FULL.value}
+
+
+def test_schedule_kinds_and_recomputation_are_compared_by_name_in_their_owners_only():
+    """Outside schedules/ and plan/, code asks the schedule or the plan what a kind does
+    (flushes, chunks, ...) instead of testing its name."""
+    names, found, checked = kind_and_recompute_names(), [], 0
+    for path, tree in modules():
+        if path.split(os.sep)[1] in BY_NAME_ONLY_IN:
+            continue
+        found += [f"{path}: {use}" for use in names_compared(tree, names)]
+        checked += 1
+    assert checked > 100 and not found, found
+
+
+def test_the_by_name_check_finds_each_kind_of_comparison():
+    planted = ("if cfg.parallel.schedule == 'zb-v': pass\n"
+               "if kind in ('gpipe', '1f1b'): pass\n"
+               "if recompute != 'selective': pass\n"
+               "if p.schedule == 'auto': pass\n"
+               "if mode == 'auto' or dtype == 'float16': pass\n")
+    found = names_compared(ast.parse(planted), kind_and_recompute_names())
+    assert [f.split(":")[0] for f in found] == ["line 1", "line 2", "line 3", "line 4"]
+
+
+def test_checkpoint_never_walks_the_trainer():
+    """checkpoint/ receives named state parts (util/state.py) and never reaches into a
+    rank's step or model itself (issue 58)."""
+    found, checked = [], 0
+    for path, tree in modules():
+        if path.split(os.sep)[1] != "checkpoint":
+            continue
+        checked += 1
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("step", "model") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "rank":
+                found.append(f"{path}: line {node.lineno}: rank.{node.attr}")
+    assert checked > 10 and not found, found

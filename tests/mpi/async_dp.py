@@ -24,9 +24,9 @@ learning rate that warms up and decays and clipping that fires on some steps. Ch
   faster takes more of it), and its replay is bitwise the same (centre and weights);
 - a replica waiting on the bound for a peer that stopped ends with PeerTimeout naming
   the timeout, within it;
-- on 4 ranks, each replica a pipeline (dp 2 × pp 2) and tensor-sharded (dp 2 × tp 2):
-  s = 0 equal to synchronous dp, a recorded s = 2 run and an asynchronous EASGD run
-  replayed bitwise.
+- on 4 ranks, each replica a pipeline (dp 2 × pp 2, under the weight prediction) and
+  tensor-sharded (dp 2 × tp 2, under the staleness-aware rate): s = 0 equal to synchronous
+  dp, a recorded s = 2 run and an asynchronous EASGD run replayed bitwise.
 """
 
 import os
@@ -382,8 +382,9 @@ def check(comm) -> mpibody.Report:
     for dp, pp, tp in layouts:
         label = f"dp {dp} × pp {pp} × tp {tp}"
         # (30 steps on 2 ranks; the layouts of 4 take 10, on CI's 2 cores)
-        # (the corrections: "dc" on 2 ranks, "lr" on the sharded layouts of 4)
-        correction = "dc" if n == 2 else "lr"
+        # (the corrections: "dc" on 2 ranks; on 4, the weight prediction with each stage
+        # moving its own shards, and "lr" with each tensor shard its own)
+        correction = "dc" if n == 2 else "extrapolate" if pp > 1 else "lr"
         failures += check_ssp_equals_dp(comm, dp, pp, tp, label, 30 if n == 2 else 10,
                                         correction)
         failures += check_ssp_stragglers(comm, dp, pp, tp, label,

@@ -161,8 +161,8 @@ class Watchdog:
             self._check()
 
     def _check(self):
-        if self.talks and not self.answered and self._alarm_request.Test():
-            self._answer()
+        for source in self._hear():
+            self._answer(source)
         if not (self.fired or self.answered) and self._overdue():
             self._fire()
         if self._at_once is not None and time.monotonic() > self._at_once:
@@ -186,12 +186,25 @@ class Watchdog:
         return (f"{self.stop_grace:g} s after {self.preempted[0]} (the run cannot reach its "
                 f"step boundary to save and stop)")
 
-    def _answer(self):
-        """Another rank timed out and asks: this rank's line, then its answer."""
-        self.answered = True
-        self.dump(f"told by rank {int(self._alarm[0])}, whose wait passed its limit")
-        self._acks.append(self.comm.Isend(np.array([self.rank], np.int64),
-                                          dest=int(self._alarm[0]), tag=ACK))
+    def _hear(self) -> list[int]:
+        """The ranks whose alarms came since the last look, listening again after each:
+        ranks that time out together alarm each other in any order, and every alarm must
+        be answered — a rank that heard only the first would leave the others waiting
+        for its answer, or, having timed out itself, speak beside the lowest."""
+        heard = []
+        while self.talks and self._alarm_request.Test():
+            heard.append(int(self._alarm[0]))
+            self._alarm_request = self.comm.Irecv(self._alarm, source=self.MPI.ANY_SOURCE,
+                                                  tag=ALARM)
+        return heard
+
+    def _answer(self, source: int):
+        """Rank `source` timed out and asks: this rank's line (once), then its answer."""
+        if not self.answered:
+            self.answered = True
+            self.dump(f"told by rank {source}, whose wait passed its limit")
+        self._acks.append(self.comm.Isend(np.array([self.rank], np.int64), dest=source,
+                                          tag=ACK))
 
     def _signals(self, data: bytes):
         for signum in data:
@@ -210,8 +223,10 @@ class Watchdog:
         self.fired = True
         waited, wait, limit = self.beacon.waited(), self.beacon.snapshot()["waiting"], \
             self._limit()
-        if self.talks and not self.answered and self._alarm_request.Test():
-            self._check()  # another rank timed out first: it ends the job
+        heard = self._hear() if not self.answered else []
+        if heard:  # another rank timed out first: it ends the job
+            for source in heard:
+                self._answer(source)
             return
         self.dump(f"waited past {limit}")
         missing = self._tell_everyone()
@@ -234,7 +249,10 @@ class Watchdog:
         """Alarm every other rank and wait up to GRACE_S for their answers (each answers
         once it has printed its line); the ranks that did not. None where a lower rank's
         alarm came meanwhile (both timed out at once): the lower one speaks for the job,
-        so that it ends with one error line."""
+        so that it ends with one error line. Every alarm is heard and answered, not only
+        the first: ranks that time out together alarm each other in any order, and one
+        that heard only a higher rank's would speak beside the lowest (seen: two error
+        lines from a ZB-V job at pp 4 whose chain of waits timed out at once)."""
         if not self.talks:
             return []
         MPI, others = self.MPI, [r for r in range(self.size) if r != self.rank]
@@ -244,10 +262,10 @@ class Watchdog:
         recvs = {r: self.comm.Irecv(answers[r], source=r, tag=ACK) for r in others}
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline and not MPI.Request.Testall(list(recvs.values())):
-            if not self.answered and self._alarm_request.Test():
+            for source in self._hear():
                 self.answered = True  # (its line is printed: this one's answer is enough)
-                self._acks.append(self.comm.Isend(me, dest=int(self._alarm[0]), tag=ACK))
-                if int(self._alarm[0]) < self.rank:
+                self._acks.append(self.comm.Isend(me, dest=source, tag=ACK))
+                if source < self.rank:
                     self._acks += sends
                     return None
             time.sleep(0.02)
@@ -307,7 +325,7 @@ class Watchdog:
             signal.signal(signal.SIGUSR2, self._previous[1])
         for fd in self._fds:
             os.close(fd)
-        if self.talks and not self.answered:  # (the Grid frees the communicator)
+        if self.talks:  # (the Grid frees the communicator)
             self._alarm_request.Cancel()
             self._alarm_request.Wait()
 

@@ -262,12 +262,13 @@ class Watchdog:
         recvs = {r: self.comm.Irecv(answers[r], source=r, tag=ACK) for r in others}
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline and not MPI.Request.Testall(list(recvs.values())):
-            for source in self._hear():
-                self.answered = True  # (its line is printed: this one's answer is enough)
+            heard = self._hear()
+            for source in heard:  # (its line is printed: this one's answer is enough)
+                self.answered = True
                 self._acks.append(self.comm.Isend(me, dest=source, tag=ACK))
-                if source < self.rank:
-                    self._acks += sends
-                    return None
+            if any(source < self.rank for source in heard):  # (every one answered first)
+                self._acks += sends
+                return None
             time.sleep(0.02)
         del sends  # (the job ends next: nothing waits for them)
         return [r for r, request in recvs.items() if not request.Test()]

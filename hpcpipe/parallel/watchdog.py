@@ -223,7 +223,7 @@ class Watchdog:
         self.fired = True
         waited, wait, limit = self.beacon.waited(), self.beacon.snapshot()["waiting"], \
             self._limit()
-        heard = self._hear() if not self.answered else []
+        heard = self._hear()  # (not answered yet: _check fires only then)
         if heard:  # another rank timed out first: it ends the job
             for source in heard:
                 self._answer(source)
@@ -263,9 +263,9 @@ class Watchdog:
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline and not MPI.Request.Testall(list(recvs.values())):
             heard = self._hear()
-            for source in heard:  # (its line is printed: this one's answer is enough)
-                self.answered = True
-                self._acks.append(self.comm.Isend(me, dest=source, tag=ACK))
+            self.answered |= bool(heard)  # (its line is printed: _answer adds none)
+            for source in heard:
+                self._answer(source)
             if any(source < self.rank for source in heard):  # (every one answered first)
                 self._acks += sends
                 return None

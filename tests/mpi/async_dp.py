@@ -218,7 +218,7 @@ def check_stale_reference(comm, cfg, folder, recorded, label) -> list[str]:
     version = {(r["ticket"] // dp + 1, r["ticket"] % dp): r["version"]
                for row in rows for r in row}
     worker, applier = stale_reference_ranks(dp, steps)
-    be = devices.select()
+    be = applier.model.backend
     thetas = [be.to_host(applier.model.stages[0].param_buffer.data).copy()]
     for k in range(1, steps + 1):
         total = sum(share_gradient(worker, thetas, version[(k, j)], k, j, dp, cfg, applier)
@@ -247,7 +247,7 @@ def stale_reference_ranks(dp, steps):
 def share_gradient(worker, thetas, v, k, j, dp, cfg, applier):
     """g̃ of share j of step k computed on θ_v (the worker's gradient is the mean over its
     microbatches: a dp-th of the step's)."""
-    be, at, stale = devices.select(), thetas[v], k - 1 - v
+    be, at, stale = worker.model.backend, thetas[v], k - 1 - v
     if cfg.parallel.ssp_correction == "extrapolate" and stale and v:
         at = at + stale * (at - thetas[v - 1])
     worker.model.stages[0].param_buffer.data[...] = be.from_host(at)
@@ -267,7 +267,7 @@ def apply_update(applier, total, k, cfg):
     """θ_k from the applier's θ_{k−1} and the summed gradient: clipping, AdamW."""
     from hpcpipe.optim.adamw import clip_coefficient
 
-    be, o = devices.select(), cfg.optim
+    be, o = applier.model.backend, cfg.optim
     norm = float(np.sqrt(np.sum(total * total)))
     lr = learning_rate(k - 1, o.lr, o.min_lr, o.warmup_steps, cfg.train.steps)
     applier.step.optimizer.step([be.from_host(total)], lr, clip_coefficient(norm, o.grad_clip))

@@ -68,8 +68,9 @@ examples:
       --set model.n_layer=2 --set model.n_embd=32     # a quick look
 
 Modes (--modes, comma-separated): sync, local-sgd (H = --local-steps), ssp-S (S = the
-staleness bound), ssp-S-C (with parallel.ssp_correction = C), easgd (asynchronous),
-easgd-T (asynchronous, τ = T), easgd-sync. Defaults: sync, ssp-0, ssp-2, ssp-2-dc,
+staleness bound), ssp-S-C (with parallel.ssp_correction = C), either followed by -pF
+(parallel.ssp_patience = F: ssp-2-p1 waits up to a share's time for fresher weights),
+easgd (asynchronous), easgd-T (asynchronous, τ = T), easgd-sync. Defaults: sync, ssp-0, ssp-2, ssp-2-dc,
 ssp-2-extrapolate, easgd, easgd-2 (ssp-2-lr recovered almost nothing over 300 steps:
 docs/measurements/2026-12-06-stragglers.md)."""
 
@@ -127,17 +128,33 @@ def mode_settings(name: str, local_steps: int) -> dict:
         return {}
     if name == "local-sgd":
         return {"outer": {"local_steps": local_steps}}
-    bound, _, correction = name[4:].partition("-")
-    if name.startswith("ssp-") and bound.isdigit() and correction in ("", *CORRECTIONS):
-        return {"parallel": {"async_dp": "ssp", "staleness": int(bound),
-                             "ssp_correction": correction or "none"}}
+    if name.startswith("ssp-"):
+        settings = _ssp_settings(name[4:].split("-"))
+        if settings is not None:
+            return {"parallel": settings}
     if name in ("easgd", "easgd-sync"):
         return {"parallel": {"async_dp": "easgd", "easgd_sync": name == "easgd-sync"}}
     if name.startswith("easgd-") and name[6:].isdigit():  # asynchronous, τ = T
         return {"parallel": {"async_dp": "easgd", "easgd_tau": int(name[6:])}}
     raise HpcpipeError(f"bench stragglers: mode {name!r} unknown; allowed: sync, local-sgd, "
                        f"ssp-S (S a whole number) or ssp-S-C (C a staleness correction: "
-                       f"{', '.join(CORRECTIONS)}), easgd, easgd-T (T = τ), easgd-sync")
+                       f"{', '.join(CORRECTIONS)}), either followed by -pF (F: "
+                       f"parallel.ssp_patience), easgd, easgd-T (T = τ), easgd-sync")
+
+
+def _ssp_settings(parts: list[str]) -> dict | None:
+    """ssp-S[-C][-pF]'s [parallel] keys; None for a name that is not one."""
+    patience = 0.0
+    if len(parts) > 1 and parts[-1].startswith("p"):
+        try:
+            patience = float(parts.pop()[1:])
+        except ValueError:
+            return None
+    bound, correction = parts[0], "-".join(parts[1:])
+    if not bound.isdigit() or correction not in ("", *CORRECTIONS) or not 0 <= patience < 1e6:
+        return None
+    return {"async_dp": "ssp", "staleness": int(bound), "ssp_correction": correction or "none",
+            "ssp_patience": patience}
 
 
 def mode_config(base, name: str, args) -> config.Config:

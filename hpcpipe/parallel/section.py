@@ -115,6 +115,11 @@ class ParallelSection:
     # last update (weight prediction: compensation.WeightPrediction; any optimizer, no
     # bytes more)
     ssp_correction: str = "none"
+    # ssp: a replica about to compute on stale weights first waits for the missing updates,
+    # up to this many of its own share times (dynamic staleness: Zhao et al. 2019's DSSP —
+    # a short wait bought with no staleness, a long one not waited out); 0: never short of
+    # the bound
+    ssp_patience: float = 0.0
     # "dc": the compensation's λ (DC-ASGD-a's, over √v̂); 1000 measured best of 200-3000 on
     # tiny.toml at lr 3e-3 (λ·lr ≈ 3; the paper's λ0 = 2 was for SGD at lr ≈ 0.5)
     ssp_dc_lambda: float = 1000.0
@@ -194,6 +199,9 @@ class ParallelSection:
                 0 <= self.staleness <= MAX_STALENESS,
                 f"must be 0 (synchronous) up to {MAX_STALENESS} steps (the shared gradient "
                 f"sums hold 2·staleness + 2 steps)")
+        require(source, "parallel.ssp_patience", self.ssp_patience,
+                0 <= self.ssp_patience < float("inf"),
+                "must be a finite number ≥ 0 of the replica's share times")
         require(source, "parallel.ssp_dc_lambda", self.ssp_dc_lambda,
                 0 <= self.ssp_dc_lambda < float("inf"), "must be a finite λ ≥ 0")
         require(source, "parallel.easgd_tau", self.easgd_tau, self.easgd_tau >= 1,

@@ -46,6 +46,8 @@ from hpcpipe.train.async_state import AsyncState
 from hpcpipe.train.step import TrainStep
 from hpcpipe.util.timeline import step_stats
 
+WAIT_SLICE_S = 2e-4  # ssp_patience's polling: short against a share, long against a poke
+
 
 def layout_record(cfg, grid, model) -> dict:
     """What a recorded run and its replay (and an asynchronous checkpoint and its resume)
@@ -314,6 +316,8 @@ class StaleStep(AsyncStep):
                            if self.correction == "extrapolate" else None)
         self.ring = GradientRing(self.grid.data, self.host.size * (3 if self.dc else 1),
                                  self.host.dtype, self.staleness, self.deadline)
+        self.patience = cfg.parallel.ssp_patience  # (× share_time: _wait_fresh)
+        self.share_time = None  # seconds of this replica's shares, smoothed
         self.version = 0  # updates applied to this replica's weights
         self.ran_on = 0  # the version the last step ran on
         self.ran_for = 0  # the global step of the last step's share
@@ -339,8 +343,10 @@ class StaleStep(AsyncStep):
         version = self.ran_on = self.version
         self.ran_for = k
         self.staleness_seen[k - 1 - version] += 1
+        began = time.monotonic()
         result = self._stale_gradients(runtime, step, inputs, k - 1 - version)
         self._to_host(self.gradsync.gradients())
+        self._timed_share(time.monotonic() - began)
         turns = self.replay.turns_of(step, self.grid.dp) if self.replay else None
         flat = self.host
         if self.dc:
@@ -390,6 +396,36 @@ class StaleStep(AsyncStep):
         while self.version < k - 1 - self.staleness:
             self.ring.wait_complete(self.version + 1, self._behind)
             self._apply_through(self._agreed(self.ring.available(self.version, newest)))
+        if self.patience and self.share_time is not None and self.version < newest:
+            self._wait_fresh(newest)
+
+    def _timed_share(self, seconds: float):
+        """The replica's share time, smoothed over its last few shares (what patience is
+        counted in)."""
+        known = self.share_time
+        self.share_time = seconds if known is None else 0.75 * known + 0.25 * seconds
+
+    def _wait_fresh(self, newest: int):
+        """Dynamic staleness (parallel.ssp_patience; DSSP, Zhao et al. 2019): the updates
+        through `newest` applied as they complete, for at most patience × the share time
+        (and never past parallel.async_timeout: a dead peer is the bound's to report) —
+        then on, stale by what is still missing. The replica's ranks stop together: each
+        round agrees on what every rank has and on whether any rank's time is up."""
+        from mpi4py import MPI
+
+        wait = min(self.patience * self.share_time, self.deadline.seconds)
+        until = time.monotonic() + wait
+        while True:
+            have = self.ring.available(self.version, newest)
+            late = time.monotonic() >= until
+            if self.replica_comm.size > 1:
+                agreed = self.replica_comm.allreduce((have, -int(late)), op=MPI.MIN)
+                have, late = agreed[0], agreed[1] < 0
+            self._apply_through(have)
+            if self.version >= newest or late:
+                return
+            self._poke()
+            time.sleep(WAIT_SLICE_S)
 
     def _agreed(self, available: int) -> int:
         """What every rank of this replica has available (they apply updates together:

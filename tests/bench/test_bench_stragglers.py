@@ -8,7 +8,11 @@ that a step lasts at least the sleep it contains)."""
 
 import json
 
+import pytest
 from harness.mpirun import run
+
+from hpcpipe.bench.stragglers import mode_settings
+from hpcpipe.util.errors import HpcpipeError
 
 
 def test_the_straggler_benchmark_runs_its_modes_in_turns(tmp_path, stdlib_tokens):
@@ -42,10 +46,11 @@ def test_the_straggler_benchmark_runs_its_modes_in_turns(tmp_path, stdlib_tokens
 def test_a_slow_chip_is_late_inside_its_steps(tmp_path, stdlib_tokens):
     """--straggler chip: replica 1's delay is spent between its step's operations, so
     synchronous dp's every step waits for it (its clock at least steps × delay), and under
-    SSP the fast replica still takes more of the shares; the weight prediction runs."""
+    SSP the fast replica still takes more of the shares; the weight prediction and the
+    patience run."""
     out, delay, steps = tmp_path / "chip.json", 0.05, 4
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "bench", "stragglers", "--steps", str(steps),
-                "--segment", "2", "--modes", "sync,ssp-2-extrapolate", "--delay", str(delay),
+                "--segment", "2", "--modes", "sync,ssp-2-extrapolate-p0.5", "--delay", str(delay),
                 "--straggler", "chip", "--eval-batches", "1", "--json", str(out),
                 "--set", "model.n_layer=2", "--set", "model.n_embd=32",
                 "--set", "model.block_size=32", "--set", f'data.path="{stdlib_tokens}"'],
@@ -54,7 +59,21 @@ def test_a_slow_chip_is_late_inside_its_steps(tmp_path, stdlib_tokens):
     assert "spread over its operations" in proc.stdout
     result = json.loads(out.read_text())
     assert result["straggler"] == "chip"
-    sync, ssp = result["modes"]["sync"], result["modes"]["ssp-2-extrapolate"]
+    sync, ssp = result["modes"]["sync"], result["modes"]["ssp-2-extrapolate-p0.5"]
     assert sync["clock_s"] >= steps * delay
     fast, slow = (len(r) for r in ssp["replicas"])
     assert fast + slow == 2 * steps and fast >= slow
+
+
+def test_mode_names_say_their_keys():
+    """ssp-S[-C][-pF]: the bound, the correction, the patience; a name that is none of
+    the modes is refused with the list of forms."""
+    assert mode_settings("ssp-2-p1", 5)["parallel"] == {
+        "async_dp": "ssp", "staleness": 2, "ssp_correction": "none", "ssp_patience": 1.0}
+    assert mode_settings("ssp-3-extrapolate-p0.5", 5)["parallel"] == {
+        "async_dp": "ssp", "staleness": 3, "ssp_correction": "extrapolate",
+        "ssp_patience": 0.5}
+    assert mode_settings("ssp-0", 5)["parallel"]["ssp_patience"] == 0.0
+    for bad in ("ssp-2-px", "ssp-2-p", "ssp-x", "ssp-2-wobble", "ssp-2-p1-dc"):
+        with pytest.raises(HpcpipeError, match="-pF"):
+            mode_settings(bad, 5)

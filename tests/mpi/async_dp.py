@@ -55,10 +55,12 @@ from hpcpipe.train.rank import Rank
 
 B, GLOBAL_MICROBATCHES, LR = 2, 4, 3e-2
 SLEEP = 1.5
+NAP = 0.4  # a slowed step's delay
+PATIENCE = 2.0  # share times: far short of NAP
 
 
 def make_cfg(dp, pp=1, tp=1, mode="none", staleness=0, steps=30, sync=False, tau=3,
-             alpha=0.0, timeout=60.0, microbatches=None, correction="none"):
+             alpha=0.0, timeout=60.0, microbatches=None, correction="none", patience=0.0):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
         "train": {"dtype": "float64", "micro_batch_size": B, "seed": 3, "steps": steps},
@@ -69,7 +71,8 @@ def make_cfg(dp, pp=1, tp=1, mode="none", staleness=0, steps=30, sync=False, tau
                      "async_dp": mode,
                      "staleness": staleness, "easgd_sync": sync, "easgd_tau": tau,
                      "easgd_alpha": alpha, "async_timeout": timeout,
-                     "ssp_correction": correction, "ssp_dc_lambda": 50.0},
+                     "ssp_correction": correction, "ssp_dc_lambda": 50.0,
+                     "ssp_patience": patience},
     }, source="asynchronous data-parallel test")
 
 
@@ -79,11 +82,12 @@ def global_batch(step):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def train(comm, cfg, delays=None, record=None, replay=None):
+def train(comm, cfg, delays=None, record=None, replay=None, inside=None):
     """cfg's run over `comm`: each step's data and learning rate as training assigns them;
-    world rank r sleeps delays[(r, step)] seconds after `step`. Returns a dict: losses,
+    world rank r sleeps delays[(r, step)] seconds after `step`, and inside[(r, step)]
+    seconds inside it (a slow chip: before its first operation). Returns a dict: losses,
     the published model's flat weights per chunk (the centre under EASGD), the replica's
-    own weights, the versions each step ran on, when each step ended."""
+    own weights, when each step ended, the shares it ran on stale weights."""
     p, t = cfg.parallel, cfg.train
     grid = gridlib.build(comm, p.dp, p.pp, tp=p.tp)
     be = devices.select()
@@ -101,7 +105,11 @@ def train(comm, cfg, delays=None, record=None, replay=None):
                                         p.microbatches, B)
         o = cfg.optim
         lr = learning_rate(data_step - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
+        plain = step_of.between_ops
+        if (comm.rank, step) in (inside or {}):
+            step_of.between_ops = late_once(plain, inside[(comm.rank, step)])
         [outcome] = rank.train_step(step, inputs, lr, cfg.optim.grad_clip)
+        step_of.between_ops = plain
         out["losses"].append(outcome.loss)
         out["shares"][(data_step, replica)] = outcome.loss
         out["ends"].append(time.time())
@@ -110,12 +118,27 @@ def train(comm, cfg, delays=None, record=None, replay=None):
     step_of.finish(t.steps)
     if step_of.asynchronous:
         step_of.meet("the end of the test run")
+    out["stale"] = sum(n for x, n in getattr(step_of, "staleness_seen", {}).items() if x > 0)
     out["own"] = [be.to_host(s.param_buffer.data).copy() for s in rank.model.stages.values()]
     with step_of.published():
         out["model"] = [be.to_host(s.param_buffer.data).copy()
                         for s in rank.model.stages.values()]
     step_of.close()
     return out
+
+
+def late_once(between, seconds):
+    """A step's between-ops hook that first spends `seconds` (letting MPI progress)."""
+    pending = [seconds]
+
+    def hook():
+        if pending:
+            end = time.monotonic() + pending.pop()
+            while time.monotonic() < end:
+                between()
+                time.sleep(1e-3)
+        between()
+    return hook
 
 
 def flat_equal(a, b) -> bool:
@@ -145,6 +168,28 @@ def check_ssp_equals_dp(comm, dp, pp, tp, label, steps, correction) -> list[str]
     if not np.allclose(means, sync["losses"], rtol=1e-12, atol=0):
         failures.append(f"{label}: s = 0 replicas' mean loss {means[-1]!r} vs synchronous "
                         f"{sync['losses'][-1]!r}")
+    return failures + check_ssp_patience(comm, dp, pp, tp, label, steps, sync, correction)
+
+
+def check_ssp_patience(comm, dp, pp, tp, label, steps, sync, correction) -> list[str]:
+    """parallel.ssp_patience at s = 2, a replica slowed inside one of its steps (a slow
+    chip: its share late, the others' next shares wanting it). Patience past the delay:
+    every share waits for fresh weights, so the run is synchronous dp's to 1e-10 (a stale
+    share moves the weights by ~1e-2: the stale reference's planted fault). Patience of
+    a few share times: waited, given up — some share runs stale, and the others do not
+    wait the delay out."""
+    failures, slowed = [], {(comm.size - 1, 2): NAP}
+    patient = train(comm, make_cfg(dp, pp, tp, "ssp", 2, steps=steps, correction=correction,
+                                   patience=1e6), inside=slowed)
+    if rel_diff(sync["model"], patient["model"]) > 1e-10 or patient["stale"]:
+        failures.append(f"{label}: s = 2 with unbounded patience differs from synchronous dp "
+                        f"by {rel_diff(sync['model'], patient['model']):.3g} (relative; "
+                        f"{patient['stale']} stale shares) with a replica slowed {NAP} s")
+    brief = train(comm, make_cfg(dp, pp, tp, "ssp", 2, steps=steps, correction=correction,
+                                 patience=PATIENCE), inside=slowed)
+    if not sum(comm.allgather(brief["stale"])):
+        failures.append(f"{label}: with patience {PATIENCE} (share times) against a {NAP} s "
+                        f"delay no share ran stale: the replicas waited it out")
     return failures
 
 
@@ -392,7 +437,7 @@ def check(comm) -> mpibody.Report:
                                          correction)
         failures += check_async_easgd(comm, dp, pp, tp, label,
                                       os.path.join(folder, f"easgd-{dp}{pp}{tp}"))
-        summary.append(f"world {n}: {label}: ssp s = 0 and 2 (ssp_correction "
+        summary.append(f"world {n}: {label}: ssp s = 0, 2 with patience, 2 (ssp_correction "
                        f"{correction}), replay, asynchronous EASGD")
     if n == 2:
         failures += check_sync_easgd(comm)

@@ -411,16 +411,27 @@ class StaleStep(AsyncStep):
         (and never past parallel.async_timeout: a dead peer is the bound's to report) —
         then on, stale by what is still missing. The replica's ranks stop together: each
         round agrees on what every rank has and on whether any rank's time is up."""
+        wait = min(self.patience * self.share_time, self.deadline.seconds)
+        until, beacon = time.monotonic() + wait, self.deadline.beacon
+        if beacon is not None:  # (a hang dump names the wait)
+            beacon.waiting("window", f"the updates through step {newest}, for up to "
+                                     f"{wait:.3g} s (parallel.ssp_patience)")
+        try:
+            self._wait_fresh_until(newest, until)
+        finally:
+            if beacon is not None:
+                beacon.done()
+
+    def _wait_fresh_until(self, newest: int, until: float):
         from mpi4py import MPI
 
-        wait = min(self.patience * self.share_time, self.deadline.seconds)
-        until = time.monotonic() + wait
         while True:
             have = self.ring.available(self.version, newest)
             late = time.monotonic() >= until
-            if self.replica_comm.size > 1:
-                agreed = self.replica_comm.allreduce((have, -int(late)), op=MPI.MIN)
-                have, late = agreed[0], agreed[1] < 0
+            if self.replica_comm.size > 1:  # (elementwise: the least update, any late)
+                agreed = np.array([have, -int(late)], np.int64)
+                self.replica_comm.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MIN)
+                have, late = int(agreed[0]), bool(agreed[1] < 0)
             self._apply_through(have)
             if self.version >= newest or late:
                 return

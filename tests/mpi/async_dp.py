@@ -55,8 +55,8 @@ from hpcpipe.train.rank import Rank
 
 B, GLOBAL_MICROBATCHES, LR = 2, 4, 3e-2
 SLEEP = 1.5
-NAP = 0.4  # a slowed step's delay
-PATIENCE = 2.0  # share times: far short of NAP
+NAP = 1.0  # a slowed step's delay: long against PATIENCE share times, even on a busy machine
+PATIENCE = 1.0  # share times: far short of NAP
 
 
 def make_cfg(dp, pp=1, tp=1, mode="none", staleness=0, steps=30, sync=False, tau=3,

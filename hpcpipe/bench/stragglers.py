@@ -70,11 +70,12 @@ examples:
 Modes (--modes, comma-separated): sync, local-sgd (H = --local-steps), ssp-S (S = the
 staleness bound), ssp-S-C (with parallel.ssp_correction = C), either followed by -pF
 (parallel.ssp_patience = F: ssp-2-p1 waits up to a share's time for fresher weights),
-easgd (asynchronous), easgd-T (asynchronous, τ = T), easgd-sync. Defaults: sync, ssp-0, ssp-2, ssp-2-dc,
-ssp-2-extrapolate, easgd, easgd-2 (ssp-2-lr recovered almost nothing over 300 steps:
-docs/measurements/2026-12-06-stragglers.md)."""
+easgd (asynchronous), easgd-T (asynchronous, τ = T), easgd-sync. Defaults: sync, ssp-0,
+ssp-2, ssp-2-p1, ssp-2-dc, ssp-2-extrapolate, easgd, easgd-2 (ssp-2-lr recovered almost
+nothing over 300 steps: docs/measurements/2026-12-06-stragglers.md)."""
 
-MODES = ("sync", "ssp-0", "ssp-2", "ssp-2-dc", "ssp-2-extrapolate", "easgd", "easgd-2")
+MODES = ("sync", "ssp-0", "ssp-2", "ssp-2-p1", "ssp-2-dc", "ssp-2-extrapolate", "easgd",
+         "easgd-2")
 CORRECTIONS = tuple(c for c in SSP_CORRECTIONS if c != "none")  # ssp-S-C
 STRAGGLERS = ("stall", "chip")  # --straggler: when replica 1 loses its time
 WHEN = {"stall": "asleep after each step", "chip": "spread over its operations"}

@@ -46,6 +46,7 @@ from harness import (
 )
 
 from hpcpipe import config
+from hpcpipe.bench.stragglers import slow_down
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.asyncdp.windows import PeerTimeout
@@ -107,7 +108,7 @@ def train(comm, cfg, delays=None, record=None, replay=None, inside=None):
         lr = learning_rate(data_step - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
         plain = step_of.between_ops
         if (comm.rank, step) in (inside or {}):
-            step_of.between_ops = late_once(plain, inside[(comm.rank, step)])
+            step_of.between_ops = late_once(plain, inside[(comm.rank, step)], grid.data)
         [outcome] = rank.train_step(step, inputs, lr, cfg.optim.grad_clip)
         step_of.between_ops = plain
         out["losses"].append(outcome.loss)
@@ -127,16 +128,14 @@ def train(comm, cfg, delays=None, record=None, replay=None, inside=None):
     return out
 
 
-def late_once(between, seconds):
-    """A step's between-ops hook that first spends `seconds` (letting MPI progress)."""
+def late_once(between, seconds, comm):
+    """A step's between-ops hook that first spends `seconds`, letting MPI progress on
+    `comm` (the benchmark's slow chip does the same: bench/stragglers.slow_down)."""
     pending = [seconds]
 
     def hook():
         if pending:
-            end = time.monotonic() + pending.pop()
-            while time.monotonic() < end:
-                between()
-                time.sleep(1e-3)
+            slow_down(pending.pop(), comm)
         between()
     return hook
 

@@ -380,6 +380,8 @@ def test_asynchronous_data_parallel_keys_and_what_they_refuse(tmp_path):
             (refused + 'ssp_correction = "momentum"\n', "allowed: none, lr, dc"),
             (refused + "ssp_dc_lambda = -1.0\n", "a finite λ ≥ 0"),
             (refused + "ssp_patience = -0.5\n", "a finite number ≥ 0 of the replica's"),
+            ('[parallel]\nasync_dp = "easgd"\neasgd_lr_scale = -1.0\n',
+             "must be 0 (the default: (dp + 1) / dp)"),
             (refused + 'ssp_correction = "dc"\n[train]\noptimizer = "muon"\n',
              "AdamW's second moment")]:
         _, msg = error_of(tmp_path, text)

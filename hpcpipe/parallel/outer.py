@@ -40,6 +40,8 @@ class OuterStep:
     """The outer optimizer over one rank's optimizer shards (`ParamShard`s), met every
     `every` inner steps across `comm` (grid.data) of `dp` replicas through `transport`."""
 
+    lr_scale = 1.0  # the inner steps take the schedule's learning rate as it is
+
     def __init__(self, shards, comm, transport, dp: int, every: int, kind: str = "average",
                  lr: float = 1.0, momentum: float = 0.9, comm_dtype: str = "auto",
                  moments=()):

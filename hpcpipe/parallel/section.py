@@ -126,6 +126,10 @@ class ParallelSection:
     easgd_alpha: float = 0.0  # the spring's α = η·ρ; 0: the paper's β / dp with β = 0.9
     easgd_tau: int = 10  # steps of a replica between its exchanges with the centre (τ)
     easgd_sync: bool = False  # every replica exchanges at once (the paper's synchronous form)
+    # the replicas' learning rate × this, under easgd; 0: (dp + 1) / dp — the spring holds
+    # the centre to dp / (dp + 1) of the replicas' pace (parallel/asyncdp/elastic.pace), so
+    # this keeps the centre at the schedule's; 1: the paper's rule as written
+    easgd_lr_scale: float = 0.0
     # seconds a replica waits for its peers (the staleness bound, the centre's lock, a
     # checkpoint's meeting) before it ends the job with an error naming them
     async_timeout: float = 600.0
@@ -211,6 +215,9 @@ class ParallelSection:
         require(source, "parallel.easgd_alpha", alpha, 0 <= alpha and alpha * dp <= 1,
                 f"must be 0 (the paper's 0.9 / dp) or a positive α with dp × α ≤ 1 (dp = {dp}: "
                 f"the centre moves by α toward each of the dp replicas, at most all the way)")
+        require(source, "parallel.easgd_lr_scale", self.easgd_lr_scale,
+                0 <= self.easgd_lr_scale < float("inf"),
+                "must be 0 (the default: (dp + 1) / dp) or a finite factor > 0")
         require(source, "parallel.async_timeout", self.async_timeout,
                 0 < self.async_timeout <= MAX_ASYNC_TIMEOUT,
                 f"must be positive seconds, at most {MAX_ASYNC_TIMEOUT:g}")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-from hpcpipe.parallel.asyncdp.elastic import default_alpha
+from hpcpipe.parallel.asyncdp.elastic import default_alpha, lr_scale
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
 
 
@@ -89,9 +89,11 @@ def describe(parallel) -> str:
                 f"summed in MPI windows, every replica applies each step's update once "
                 f"complete")
     alpha = parallel.easgd_alpha or default_alpha(parallel.dp)
+    scale = lr_scale(parallel.easgd_lr_scale, parallel.dp)
     return (f"elastic averaging ({'synchronous' if parallel.easgd_sync else 'asynchronous'} "
             f"EASGD): every {parallel.easgd_tau} steps a replica and the centre move "
-            f"α = {alpha:g} of the way toward each other; the centre is the model")
+            f"α = {alpha:g} of the way toward each other; the centre is the model; the "
+            f"replicas step at {scale:g} × the learning rate (parallel.easgd_lr_scale)")
 
 
 def summary_line(step, steps: int) -> str:

@@ -39,7 +39,7 @@ from hpcpipe.optim.adamw import clip_coefficient, learning_rate
 from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.parallel.asyncdp import compensation, record
 from hpcpipe.parallel.asyncdp.board import Board
-from hpcpipe.parallel.asyncdp.elastic import AsyncCentre, default_alpha
+from hpcpipe.parallel.asyncdp.elastic import AsyncCentre, default_alpha, lr_scale
 from hpcpipe.parallel.asyncdp.ssp import GradientRing
 from hpcpipe.parallel.asyncdp.windows import Deadline, poke
 from hpcpipe.train.async_state import AsyncState
@@ -531,6 +531,7 @@ class ElasticStep(AsyncStep):
         p = cfg.parallel
         self.tau = p.easgd_tau
         self.alpha = p.easgd_alpha or default_alpha(self.grid.dp)
+        self.lr_scale = lr_scale(p.easgd_lr_scale, self.grid.dp)  # (elastic.pace)
         self.centre = AsyncCentre(self.grid.data, self.host.size, self.host.dtype,
                                   self.alpha, self.deadline)
         self._to_host([s.master for s in self.optimizer.shards])
@@ -550,8 +551,8 @@ class ElasticStep(AsyncStep):
         skipped = not (math.isfinite(norm) and math.isfinite(loss))
         if not skipped:
             coefficient = clip_coefficient(norm, max_norm) * unscale
-            self.timed(step, lambda: self.optimizer.step(self.gradsync.gradients(), lr,
-                                                         coefficient))
+            self.timed(step, lambda: self.optimizer.step(self.gradsync.gradients(),
+                                                         lr * self.lr_scale, coefficient))
         self.scaler.update(not skipped)
         self.unexchanged = step % self.tau != 0  # (finish: the last exchange)
         if not self.unexchanged:

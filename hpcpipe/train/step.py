@@ -28,7 +28,7 @@ from hpcpipe.optim.norm import GradNorm
 from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.optim.post_validation import PostValidator
 from hpcpipe.optim.scaling import GradScale, LossScaler
-from hpcpipe.parallel.asyncdp.elastic import SyncElastic, default_alpha, swapped_in
+from hpcpipe.parallel.asyncdp.elastic import SyncElastic, default_alpha, lr_scale, swapped_in
 from hpcpipe.parallel.asyncdp.elastic_state import ElasticState
 from hpcpipe.parallel.gradsync import BucketPlan, GradSync, ParamGather
 from hpcpipe.parallel.optimizer_state import OptimizerState
@@ -85,10 +85,8 @@ class LoopHooks:
 
 
 class TrainStep(LoopHooks):
-    """Runs optimizer steps for a RankModel: see the module's docstring.
-
-    Built by `TrainStep.build`; `run` takes the Runtime to execute, so a new schedule
-    (the auto schedule, once costs are measured) changes nothing here."""
+    """Runs optimizer steps for a RankModel (the module's docstring). Built by `build`;
+    `run` takes the Runtime to execute, so a new schedule (auto's) changes nothing here."""
 
     def __init__(self, model, grid, gradsync, gather, optimizer, norm, scaler, trace=None,
                  post_validation: bool = False, zero: int = 0,
@@ -97,6 +95,7 @@ class TrainStep(LoopHooks):
         self.zero = zero  # the ZeRO stage in effect (0 over a single replica)
         self.optimizer, self.norm, self.scaler, self.trace = optimizer, norm, scaler, trace
         self.outer, self.graphs = outer, None  # graphs: train.cuda_graphs' (train/graphed.py)
+        self.lr_scale = outer.lr_scale if outer else 1.0  # × lr: EASGD's (elastic.pace)
         self._outer_bytes = 0  # bytes of the outer all-reduce in the step just run
         # The replicas a step's gradient is the mean over: one of its own under local SGD
         # (and elastic averaging); bounded staleness sums the replicas' shares (asyncstep.py).
@@ -194,6 +193,7 @@ class TrainStep(LoopHooks):
     def run(self, runtime, step: int, inputs, lr: float, max_norm: float) -> list[StepOutcome]:
         """One optimizer step. Returns the steps that became final: this one, or with
         post-validation the previous one (see `_speculate`)."""
+        lr *= self.lr_scale
         if self.validator is not None:
             return self._speculate(runtime, step, inputs, lr, max_norm)
         return [self._synchronous(runtime, step, self.gradients(runtime, step, inputs), lr,
@@ -354,5 +354,6 @@ def outer_step(cfg, shards, optimizer, grid, transport):
                          cfg.outer.outer_comm_dtype, moments)
     if parallel.async_dp == "easgd" and parallel.easgd_sync:
         return SyncElastic(shards, grid.data, transport, grid.dp, parallel.easgd_tau,
-                           parallel.easgd_alpha or default_alpha(grid.dp))
+                           parallel.easgd_alpha or default_alpha(grid.dp),
+                           lr_scale(parallel.easgd_lr_scale, grid.dp))
     return None

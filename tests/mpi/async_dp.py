@@ -61,7 +61,8 @@ PATIENCE = 1.0  # share times: far short of NAP
 
 
 def make_cfg(dp, pp=1, tp=1, mode="none", staleness=0, steps=30, sync=False, tau=3,
-             alpha=0.0, timeout=60.0, microbatches=None, correction="none", patience=0.0):
+             alpha=0.0, timeout=60.0, microbatches=None, correction="none", patience=0.0,
+             lr_scale=0.0):
     return config.from_dict({
         "model": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 6, "vocab_size": 20},
         "train": {"dtype": "float64", "micro_batch_size": B, "seed": 3, "steps": steps},
@@ -73,7 +74,7 @@ def make_cfg(dp, pp=1, tp=1, mode="none", staleness=0, steps=30, sync=False, tau
                      "staleness": staleness, "easgd_sync": sync, "easgd_tau": tau,
                      "easgd_alpha": alpha, "async_timeout": timeout,
                      "ssp_correction": correction, "ssp_dc_lambda": 50.0,
-                     "ssp_patience": patience},
+                     "ssp_patience": patience, "easgd_lr_scale": lr_scale},
     }, source="asynchronous data-parallel test")
 
 
@@ -318,9 +319,10 @@ def apply_update(applier, total, k, cfg):
     return be.to_host(applier.model.stages[0].param_buffer.data).copy()
 
 
-def elastic_reference(dp, steps, tau, alpha):
-    """dp independent one-process replicas (plain dp = 1 Ranks), moved by the elastic
-    rule in NumPy every tau steps: returns (mean losses, each replica's weights, centre)."""
+def elastic_reference(dp, steps, tau, alpha, lr_scale):
+    """dp independent one-process replicas (plain dp = 1 Ranks) at lr_scale × the
+    schedule's rate, moved by the elastic rule in NumPy every tau steps: returns (mean
+    losses, each replica's weights, centre)."""
     microbatches = GLOBAL_MICROBATCHES // dp
     cfg = make_cfg(1, steps=steps, microbatches=microbatches)
     be = devices.select()
@@ -332,7 +334,7 @@ def elastic_reference(dp, steps, tau, alpha):
     t, losses = cfg.train, []
     for step in range(1, steps + 1):
         o = cfg.optim
-        lr = learning_rate(step - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
+        lr = lr_scale * learning_rate(step - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
         outs = [r.train_step(step, batches.replica_inputs(be, global_batch(step), d,
                                                           microbatches, B), lr,
                              cfg.optim.grad_clip)[0] for d, r in enumerate(ranks)]
@@ -346,14 +348,17 @@ def elastic_reference(dp, steps, tau, alpha):
     return losses, [be.to_host(b).copy() for b in buffers], centre
 
 
-def check_sync_easgd(comm) -> list[str]:
+def check_sync_easgd(comm, configured: float) -> list[str]:
+    """Against the reference, with parallel.easgd_lr_scale `configured` (0: the default,
+    (dp + 1) / dp — the centre's pace restored)."""
     dp, steps, tau, alpha = comm.size, 12, 3, 0.3
     got = train(comm, make_cfg(dp, mode="easgd", sync=True, steps=steps, tau=tau,
-                               alpha=alpha))
+                               alpha=alpha, lr_scale=configured))
     owns = comm.gather(got["own"][0], root=0)
     if comm.rank != 0:
         return []
-    losses, weights, centre = elastic_reference(dp, steps, tau, alpha)
+    scale = configured or (dp + 1) / dp
+    losses, weights, centre = elastic_reference(dp, steps, tau, alpha, scale)
     failures = []
     if not np.allclose(got["losses"], losses, rtol=1e-12, atol=0):
         failures.append(f"synchronous EASGD: losses {got['losses'][-1]!r} vs the NumPy "
@@ -381,11 +386,18 @@ def check_async_easgd(comm, dp, pp, tp, label, folder) -> list[str]:
         if sum(by_replica) != dp * steps or by_replica[0] <= by_replica[-1]:
             failures.append(f"{label}: the replicas ran {by_replica} steps of a budget of "
                             f"{dp * steps} (the slowed one should run fewer)")
-    replayed = train(comm, cfg, replay=folder)
+    # The replay, with the replicas' rate factor (easgd_lr_scale) as the default's
+    # (dp + 1) / dp written out: the same run; and with the paper's 1: another.
+    replayed = train(comm, make_cfg(dp, pp, tp, "easgd", steps=steps, tau=2,
+                                    lr_scale=(dp + 1) / dp), replay=folder)
     if not (flat_equal(recorded["model"], replayed["model"])
             and flat_equal(recorded["own"], replayed["own"])):
         failures.append(f"{label}: the replay of the recorded asynchronous EASGD run is not "
                         f"bitwise the same")
+    unscaled = train(comm, make_cfg(dp, pp, tp, "easgd", steps=steps, tau=2, lr_scale=1.0),
+                     replay=folder)
+    if flat_equal(recorded["model"], unscaled["model"]):
+        failures.append(f"{label}: asynchronous EASGD's replicas ignore easgd_lr_scale")
     return failures
 
 
@@ -439,9 +451,11 @@ def check(comm) -> mpibody.Report:
         summary.append(f"world {n}: {label}: ssp s = 0, 2 with patience, 2 (ssp_correction "
                        f"{correction}), replay, asynchronous EASGD")
     if n == 2:
-        failures += check_sync_easgd(comm)
+        failures += check_sync_easgd(comm, 0.0)  # (the replicas at 1.5 × the rate)
+        failures += check_sync_easgd(comm, 1.0)  # (the paper's rule as written)
         failures += check_timeout(comm)
-        summary.append("world 2: synchronous EASGD against NumPy, the timeout")
+        summary.append("world 2: synchronous EASGD against NumPy (easgd_lr_scale 0 and 1), "
+                       "the timeout")
     mpibody.settle(comm)
     if comm.rank == 0:
         shutil.rmtree(folder, ignore_errors=True)

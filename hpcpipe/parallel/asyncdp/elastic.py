@@ -43,6 +43,23 @@ def default_alpha(replicas: int) -> float:
     return BETA / max(1, replicas)
 
 
+def pace(replicas: int) -> float:
+    """The centre's pace as a fraction of the replicas' own, once the spring balances
+    them: p / (p + 1) for p replicas, whatever α and τ. In a steady drift each replica
+    moves v between its exchanges and gives back α·δ (δ: its lead on the centre), and
+    the centre gains α·δ from each of the p, so all move alike at u where u = v − α·δ
+    and u = p·α·δ: u = p / (p + 1) · v. The centre is a (p + 1)-th member that takes no
+    steps of its own. Asynchronously, replicas at r_i steps a second: u = v·Σr_i / (p + 1)
+    against a synchronous step's v·Σr_i / p — the same fraction."""
+    return replicas / (replicas + 1)
+
+
+def lr_scale(configured: float, replicas: int) -> float:
+    """The factor on the replicas' learning rate (parallel.easgd_lr_scale): as configured,
+    or for 0 the inverse of `pace`, which returns the centre to the schedule's pace."""
+    return configured or 1 / pace(max(1, replicas))
+
+
 @contextlib.contextmanager
 def swapped_in(shards, centre):
     """The centre (per shard, laid out like its master) in place of the shards' weights
@@ -64,9 +81,11 @@ class SyncElastic:
     steps, across `comm` (grid.data) of `dp` replicas through `transport`. Looks like
     outer.OuterStep to the training step: `due`, a call, the bytes, the state."""
 
-    def __init__(self, shards, comm, transport, dp: int, every: int, alpha: float):
+    def __init__(self, shards, comm, transport, dp: int, every: int, alpha: float,
+                 lr_scale: float = 1.0):
         self.shards, self.comm, self.transport = shards, comm, transport
         self.dp, self.every, self.alpha = dp, every, float(alpha)
+        self.lr_scale = float(lr_scale)  # on the replicas' learning rate (see `pace`)
         self.moments = []  # (the trainer's report reads it: none averaged)
         self.centre = [s.master.copy() for s in shards]  # x̃, alike on every replica
         self.bytes_reduced = 0

@@ -15,8 +15,9 @@ full cache from the last half of the context gives what a sliding window would.
 
 from __future__ import annotations
 
+from hpcpipe.model import kvcache
 from hpcpipe.model.gpt import GPT
-from hpcpipe.model.layers import head, llama_block, rmsnorm, scope
+from hpcpipe.model.layers import head, llama_block, rmsnorm
 from hpcpipe.model.layout import padding_mask
 from hpcpipe.model.llama_layout import EMBED, NORM, prefix
 from hpcpipe.model.llama_stage import LlamaStage
@@ -40,14 +41,8 @@ def decode(stage: LlamaStage, idx, cache, last_only: bool = False):
     """Logits (B, t, V) — or (B, 1, V) of the last position with `last_only` — of the t
     new tokens `idx` (B, t) at positions [cache.length, cache.length + t) of a stage that
     holds the whole model; their keys and values are added to the cache."""
-    if not (stage.embedding_part and stage.head_part):
-        raise ValueError("incremental decoding runs a whole model on one process")
     cfg, P, be = stage.cfg, stage.params, stage.be
-    start, t = cache.length, idx.shape[1]
-    if start + t > cache.capacity:
-        raise ValueError(f"positions up to {start + t} exceed block_size {cache.capacity}")
-    if cache.layer_params is None:
-        cache.layer_params = [scope(P, prefix(layer)) for layer in stage.layers]
+    start, t = kvcache.begin(stage, idx, cache, prefix)
     x = P[EMBED][idx]  # (B, t, C)
     for i, params in enumerate(cache.layer_params):
         x = llama_block.decode(x, params, cfg, cache.keys[i], cache.values[i], start, be)

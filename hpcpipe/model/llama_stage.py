@@ -124,10 +124,3 @@ class LlamaStage(Stage):
                                       {"wte": G[EMBED]})
             if not self.cfg.tie_word_embeddings:
                 done((EMBED,))
-
-    def add_head_grad(self, head_grad=None):
-        """Fold a tied head's gradient into d(embed_tokens), once per step, after every W
-        (an untied head's is in lm_head's gradient already)."""
-        contribution = self.head_grad if head_grad is None else head_grad
-        if contribution is not None:
-            self.grads[EMBED] += contribution

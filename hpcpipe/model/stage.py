@@ -302,12 +302,14 @@ class Stage(GPT2Parts):
         return dx
 
     def add_head_grad(self, head_grad=None):
-        """Fold the tied head's gradient into d(wte), once per step, after every W.
+        """Fold the tied head's gradient into d(wte) (a Llama's d(embed_tokens)), once per
+        step, after every W; an untied head's is in its own gradient already.
 
         On a single stage the head's own buffer is used; in a pipeline the first stage
         passes the one received from the last stage."""
         contribution = self.head_grad if head_grad is None else head_grad
-        self.grads["wte"] += contribution
+        if contribution is not None:
+            self.grads[self.tied] += contribution
 
 
 def _draw(stage: Stage, seed: int):

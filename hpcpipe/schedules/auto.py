@@ -91,7 +91,7 @@ class Search:
         return peak(schedule, self.costs) <= self.limit + EPS
 
 
-def _cost_stages(costs: Costs) -> int | None:
+def cost_stages(costs: Costs) -> int | None:
     """How many model stages per-stage costs describe; None when every cost is one number."""
     for name in ("f", "b", "w", "memory", "memw"):
         value = getattr(costs, name)
@@ -111,7 +111,7 @@ def _chunk_counts(p: int, costs: Costs, chunks: int | None) -> tuple[int, ...]:
             raise ScheduleError(f"auto searches 1 or 2 chunks per rank, or 0 to choose "
                                 f"(got chunks={chunks})")
         return (chunks,)
-    stages = _cost_stages(costs)
+    stages = cost_stages(costs)
     if stages is None:
         return CHUNK_CHOICES
     if stages % p or stages // p not in CHUNK_CHOICES:

@@ -142,10 +142,13 @@ class Timeline:
         self.ops.append(op)
         return self.free
 
-    def run_w(self, pb: Problem) -> None:
-        """The oldest W owed, as soon as the rank is free: a W feeds no other rank."""
+    def run_w(self, pb: Problem, shared: dict | None = None) -> None:
+        """The oldest W owed, as soon as the rank is free: a W feeds no other rank.
+        `shared`: per (Kind.W, chunk), the W op of every microbatch, built once (ops are
+        values: a builder that places millions saves building each)."""
         x, s = self.held_w.popleft()
-        self.run(Op(Kind.W, x, pb.chunk_of[s]), self.free, pb.w[s])
+        c = pb.chunk_of[s]
+        self.run(shared[(Kind.W, c)][x] if shared else Op(Kind.W, x, c), self.free, pb.w[s])
         self.held -= pb.memw[s]
 
 

@@ -29,10 +29,10 @@ from typing import Iterator
 
 from .generators import one_f_one_b
 from .greedy import Policy, greedy
-from .heuristic import Knobs, Stuck, build
+from .heuristic import Knobs, build
 from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
 from .recompute import NONE, Recompute
-from .problem import EPS, Built, Problem
+from .problem import EPS, Built, Problem, Stuck
 from .quick import peak, spans
 from .simulator import Costs, SimResult, peak_activations, simulate
 

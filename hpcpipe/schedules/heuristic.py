@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .ops import Kind, Op, ScheduleError
-from .problem import EPS, Built, Problem, Timeline
+from .ops import Kind, Op
+from .problem import EPS, Built, Problem, Stuck, Timeline
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,6 @@ class StageState:
 
     def forwards_left(self) -> bool:
         return self.next_f < self.m
-
-
-class Stuck(ScheduleError):
-    """The builder cannot go on: an F needs memory and its rank holds no W to free."""
 
 
 class Builder:

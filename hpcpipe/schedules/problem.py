@@ -118,6 +118,11 @@ class Problem:
                                     f"activations on rank {r} ({need:g})")
 
 
+class Stuck(ScheduleError):
+    """A builder (heuristic.py, vgreedy.py) cannot go on: an op's input is not placed yet,
+    or an F needs memory and its rank holds no W to free it."""
+
+
 @dataclass
 class Timeline:
     """One rank as a builder places its ops (heuristic.py, greedy.py): its list, when the

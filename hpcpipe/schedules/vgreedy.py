@@ -26,15 +26,11 @@ under the costs (generators.zb_v).
 
 from __future__ import annotations
 
-from .ops import Kind, Op, Schedule, ScheduleError, make_schedule, v_placement
-from .problem import Problem, Timeline
+from .ops import Kind, Op, Schedule, make_schedule, v_placement
+from .problem import Problem, Stuck, Timeline
 
 F0, F1, B1, B0 = range(4)  # lanes (W's: each rank's queue, `Timeline.held_w`)
 INF_BUDGET = 1 << 62
-
-
-class Stuck(ScheduleError):
-    """An op's input is not placed yet, or memory is full with no W to free it."""
 
 
 class Builder:

@@ -1,6 +1,6 @@
 """One scheduling problem as the searches see it: ranks, microbatches, where each stage sits,
-and per-stage durations and memory. Shared by the builders (heuristic.py, greedy.py: each rank
-a `Timeline`), the exact model and the bounds.
+and per-stage durations and memory. Shared by the builders (heuristic.py, greedy.py, vgreedy.py:
+each rank a `Timeline`), the exact model and the bounds.
 """
 
 from __future__ import annotations
@@ -125,10 +125,11 @@ class Stuck(ScheduleError):
 
 @dataclass
 class Timeline:
-    """One rank as a builder places its ops (heuristic.py, greedy.py): its list, when the
-    first starts and the last ends, the activation memory held now, the waits since its
-    first op, and the W's it owes -- (microbatch, stage) whose B has run, in the order the
-    B's ran: taking them first-in first-out keeps every stage's W's in microbatch order."""
+    """One rank as a builder places its ops (heuristic.py, greedy.py, vgreedy.py): its
+    list, when the first starts and the last ends, the activation memory held now, the
+    waits since its first op, and the W's it owes -- (microbatch, stage) whose B has run,
+    in the order the B's ran: taking them first-in first-out keeps every stage's W's in
+    microbatch order."""
 
     free: float = 0.0
     first: float | None = None

@@ -18,8 +18,6 @@ from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.model.sharding import piece_shard
 from hpcpipe.util.files import open_regular
 
-
-
 # What h5py raises on files it cannot make sense of (besides OSError for damaged chunks).
 H5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError)
 
@@ -157,7 +155,7 @@ def check_records(f, name: str, where: str, manifest: dict, part: str | None = N
     """Refuse a file whose records do not match its place in the checkpoint `manifest`:
     its own name, the step, the part. A file of a format-3 checkpoint must carry them;
     one of before (format 2) is checked on what it carries (`file`, if anything)."""
-    recorded = _text(f, "file", where)
+    recorded = text_attr(f, "file", where)
     if recorded is not None and recorded != name:
         raise CheckpointError(f"{where}: holds {recorded[:80]!r}, written for another rank "
                               f"(files swapped or copied over)")
@@ -171,13 +169,10 @@ def check_records(f, name: str, where: str, manifest: dict, part: str | None = N
         raise CheckpointError(f"{where}: written at step {step}, but this checkpoint is of "
                               f"step {manifest['step']}: a file of another checkpoint "
                               f"(copied in from an older one?)")
-    if part is not None and _text(f, "part", where) != part:
-        raise CheckpointError(f"{where}: holds {_text(f, 'part', where)!r} state, where this "
-                              f"checkpoint lists its {part!r} state")
-
-
-def _text(f, key: str, where: str) -> str | None:
-    return text_attr(f, key, where)
+    held = part if part is None else text_attr(f, "part", where)
+    if held != part:
+        raise CheckpointError(f"{where}: holds {held!r} state, where this checkpoint lists "
+                              f"its {part!r} state")
 
 
 def _int(f, key: str, where: str) -> int:

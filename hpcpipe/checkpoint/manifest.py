@@ -17,6 +17,7 @@ an allocation or open a file.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import time
@@ -212,9 +213,7 @@ def _consistent(m: dict, path: str, file: str):
     for name, segments in m["pieces"].items():
         if name not in m["tensors"]:
             raise CheckpointError(f"{file}: optimizer state for {name!r}, which is not a tensor")
-        size = 1
-        for dim in m["tensors"][name]["shape"]:
-            size *= dim
+        size = math.prod(m["tensors"][name]["shape"])  # (Python integers: no overflow)
         for segment in segments:
             _listed(segment["file"], m, file, f"optimizer state of {name}")
             if "tp" in segment:

@@ -96,15 +96,20 @@ def quick_verify(path: str) -> list[str]:
         manifest = manifests.read(path)
     except CheckpointError as e:
         return [str(e)]
-    problems = []
-    for name, info in manifest["files"].items():
-        file = os.path.join(path, name)
-        if not os.path.isfile(file):
-            problems.append(f"{file}: missing")
-        elif os.path.getsize(file) != info["size"]:
-            problems.append(f"{file}: {os.path.getsize(file)} bytes, the manifest says "
-                            f"{info['size']} (truncated or replaced)")
-    return problems
+    problems = [size_problem(os.path.join(path, name), info)
+                for name, info in manifest["files"].items()]
+    return [problem for problem in problems if problem]
+
+
+def size_problem(file: str, info: dict) -> str | None:
+    """What is wrong with a checkpoint's `file` without reading it: missing, or not the
+    size its manifest entry `info` records (None: neither)."""
+    if not os.path.isfile(file):
+        return f"{file}: missing"
+    if os.path.getsize(file) != info["size"]:
+        return (f"{file}: {os.path.getsize(file)} bytes, the manifest says {info['size']} "
+                f"(truncated or replaced)")
+    return None
 
 
 def point_latest(root: str, path: str):

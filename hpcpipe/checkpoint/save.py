@@ -98,7 +98,7 @@ def save(parts, grid, origin: Origin, step: int, run_dir: str, layout: dict, sta
                              data, [part.name for part in parts])
         try:
             if tokenizer is not None:
-                _carry_tokenizer(tmp_dir, manifest, *tokenizer)
+                carry_tokenizer(tmp_dir, manifest, *tokenizer)
             manifests.write(tmp_dir, json.dumps(manifest, indent=1))
             _install(tmp_dir, final, run)
         except OSError as e:  # (a full disk for the manifest): nothing of it stays
@@ -148,9 +148,10 @@ def _install(tmp_dir: str, final: str, run: str):
         shutil.rmtree(replaced, ignore_errors=True)
 
 
-def _carry_tokenizer(folder: str, manifest: dict, content: bytes, record: dict):
+def carry_tokenizer(folder: str, manifest: dict, content: bytes, record: dict):
     """tokenizer.json into the checkpoint `folder`, listed in its `manifest` (its size and
-    SHA-256, and the record that names it, as weights.py writes an imported one's)."""
+    SHA-256, and the record that names it): a run's that carries it along, and an imported
+    model's (weights.py)."""
     path = os.path.join(folder, record["file"])
     write_buffered(path, lambda buffer: buffer.write(content))
     manifest["files"][record["file"]] = {"size": os.path.getsize(path), "sha256": sha256(path)}

@@ -8,7 +8,7 @@ import os
 from hpcpipe.checkpoint.hdf5 import H5_ERRORS, check_records, member, read_dataset, sha256
 from hpcpipe.checkpoint.manifest import MANIFEST, CheckpointError, step_in_name
 from hpcpipe.checkpoint.manifest import read as read_manifest
-from hpcpipe.checkpoint.retention import latest, list_checkpoints, root_of, run_of
+from hpcpipe.checkpoint.retention import latest, list_checkpoints, root_of, run_of, size_problem
 
 
 def resolve(path: str, log=None) -> str:
@@ -46,11 +46,9 @@ def _file_problem(file: str, info: dict, name: str, manifest: dict) -> str | Non
     (hdf5.check_records: another rank's or another step's file is named) — or None."""
     import h5py
 
-    if not os.path.isfile(file):
-        return f"{file}: missing"
-    if os.path.getsize(file) != info["size"]:
-        return (f"{file}: {os.path.getsize(file)} bytes, the manifest says {info['size']} "
-                f"(truncated or replaced)")
+    problem = size_problem(file, info)
+    if problem:
+        return problem
     if sha256(file) != info["sha256"]:
         return f"{file}: SHA-256 differs from the manifest (corrupted)"
     if not file.endswith(".h5"):  # (a tokenizer.json: its size and SHA-256 are all)

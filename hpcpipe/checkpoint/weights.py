@@ -14,15 +14,15 @@ import numpy as np
 
 from hpcpipe.checkpoint import manifest as manifests
 from hpcpipe.checkpoint import parts
-from hpcpipe.checkpoint.hdf5 import Reader, sha256
+from hpcpipe.checkpoint.hdf5 import Reader
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.manifest import read as read_manifest
-from hpcpipe.checkpoint.save import Origin
+from hpcpipe.checkpoint.save import Origin, carry_tokenizer
 from hpcpipe.checkpoint.verify import is_checkpoint
 from hpcpipe.device.budget import require
 from hpcpipe.model import family
 from hpcpipe.model.layout import GPTConfig
-from hpcpipe.util.files import claim_folder, fsync_dir, write_buffered
+from hpcpipe.util.files import claim_folder, fsync_dir
 from hpcpipe.util.state import Entry
 
 TOKENIZER = "tokenizer.json"  # a checkpoint's own tokenizer, when it has one
@@ -117,21 +117,14 @@ def _write_weights_into(folder: str, origin: Origin, tensors: dict, expected: di
             "parameters (GPT-2 names)")
     attrs = parts.records("model", kind, name, step, (0, 0, 0), (1, 1, 1), {})
     entry = parts.write(folder, name, entries, attrs, "tensors")
-    file = os.path.join(folder, name)
     layout = {"dp": 1, "pp": 1, "chunks": 1, "schedule": "none", "zero": 0,
               "rank_order": "pp-inner", "partition": [list(range(model.n_layer))]}
-    files = {name: {"size": entry["size"], "sha256": entry["sha256"]}}
-    record = None
-    if tokenizer is not None:
-        own = os.path.join(folder, TOKENIZER)
-        write_buffered(own, lambda buffer: buffer.write(tokenizer))
-        files[TOKENIZER] = {"size": os.path.getsize(own), "sha256": sha256(own)}
-        record = {"file": TOKENIZER, **(special or {})}
     manifest = manifests.build(
         origin.config, model, step, str(np.asarray(tensors[family.embedding_name(model)]).dtype),
-        layout,
-        files=files, tensors={t: {"file": name, "shape": list(expected[t])} for t in expected},
-        source=source, tokenizer=record, parts={"model": [name]})
+        layout, files={name: {"size": entry["size"], "sha256": entry["sha256"]}}, tensors={t: {"file": name, "shape": list(expected[t])} for t in expected},
+        source=source, parts={"model": [name]})
+    if tokenizer is not None:
+        carry_tokenizer(folder, manifest, tokenizer, {"file": TOKENIZER, **(special or {})})
     manifests.write(folder, json.dumps(manifest, indent=1))
 
 

@@ -345,7 +345,7 @@ def replicas_mean(grid, norm: float) -> float:
 def outer_step(cfg, shards, optimizer, grid, transport):
     """What meets the replicas every few steps, if anything: local SGD's outer step
     (outer.py) or synchronous elastic averaging's exchange (parallel/asyncdp/elastic.py)."""
-    parallel, train = cfg.parallel, cfg.train
+    parallel = cfg.parallel
     if cfg.outer.local_steps:
         moments = ([m for views in optimizer.moments() for m in views]
                    if cfg.outer.outer_moments == "average" else [])

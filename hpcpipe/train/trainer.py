@@ -161,8 +161,6 @@ class Trainer:
             self.comm_s = pipeline_message_time(self.grid.pipe, shape, self.rank.model.dtype)
 
     def _resume(self, path: str, manifest: dict):
-        from hpcpipe import checkpoint as ckpt
-
         tick = time.perf_counter()
         own = self.run_id == manifest.get("run")
         check_same_data(manifest, self.data, own, self.cfg.data.allow_changed, path, self.log)

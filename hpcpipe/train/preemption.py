@@ -103,11 +103,6 @@ class PreemptionWatch:
         self.saves += 1
         self.flag[DUE] = 0
 
-    @property
-    def signalled(self) -> bool:
-        """Whether this rank has been signalled (no agreement)."""
-        return bool(self.flag[SIGNAL])
-
     def _vote(self):
         if self.every_s and time.monotonic() - self.last_save >= self.every_s:
             self.flag[DUE] = self.saves + 1
@@ -116,10 +111,7 @@ class PreemptionWatch:
         """The stop code (0, PREEMPT, INTERRUPT) any rank has by now (blocking; collective)."""
         from mpi4py import MPI
 
-        if self.request is not None:  # settle the check started at the last step boundary
-            self.request.Wait()
-            self.request = None
-            self.flag[SIGNAL] = max(self.flag[SIGNAL], self.seen[SIGNAL])
+        self._settle()
         total = np.zeros(1, np.int32)
         self._waiting("the ranks' agreement on signals")
         self.comm.Allreduce(self.flag[:1].copy(), total, op=MPI.MAX)
@@ -138,11 +130,15 @@ class PreemptionWatch:
         others) from now on; `share(flags) -> flags` carries this rank's votes to the
         other parts and theirs back (parallel/asyncdp/board.py), so that a signal or a due
         checkpoint anywhere reaches every part, at each one's own boundary."""
+        self._settle()
+        self.comm, self.share = comm, share
+
+    def _settle(self):
+        """Finish the check started at the last step boundary, keeping the signal it saw."""
         if self.request is not None:
             self.request.Wait()
             self.request = None
             self.flag[SIGNAL] = max(self.flag[SIGNAL], self.seen[SIGNAL])
-        self.comm, self.share = comm, share
 
     def at_boundary(self) -> Verdict:
         """What the ranks had agreed by the time each started the previous check."""
@@ -167,9 +163,7 @@ class PreemptionWatch:
 
     def close(self):
         """Finish the pending check and restore the previous handlers (idempotent)."""
-        if self.request is not None:
-            self.request.Wait()
-            self.request = None
+        self._settle()
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous = {}

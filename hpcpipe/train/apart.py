@@ -37,7 +37,7 @@ def settle(trainer) -> bool:
     apart = step.asynchronous
     trainer.decide = trainer.grid.replica if apart else trainer.comm
     if apart:
-        trainer.watch.regroup(trainer.grid.replica, step.share_votes)
+        trainer.watch.regroup(trainer.grid.replica, step.board.share)  # (votes: board.py)
         step.on_meeting = lambda label: meeting(trainer, label)
     return apart
 

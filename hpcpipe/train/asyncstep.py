@@ -163,9 +163,6 @@ class AsyncStep(TrainStep):
         dp = self.grid.dp
         return (-(-self.board.tickets() // dp) + 2) * dp  # two global steps on
 
-    def _reached(self) -> int:
-        return self.attended
-
     def assignment(self, step: int) -> tuple[int, int]:
         if self.ticket is None:  # (a caller outside the loop: the plain split)
             return super().assignment(step)
@@ -178,7 +175,7 @@ class AsyncStep(TrainStep):
         """World rank 0, when its replica agreed on a stop or a checkpoint: meet far enough
         ahead that no replica has passed the place yet (board.py) — unless a meeting it
         has not reached is asked already (the votes stand until the meeting)."""
-        if self.grid.rank == 0 and self.board.meeting() <= self._reached():
+        if self.grid.rank == 0 and self.board.meeting() <= self.attended:
             self.board.ask(self._ahead())
 
     def _agree_on(self, value: int) -> int:
@@ -186,10 +183,6 @@ class AsyncStep(TrainStep):
         if self.replica_comm.size == 1:
             return value
         return self.replica_comm.bcast(value, root=0)
-
-    def share_votes(self, flags):
-        """This rank's stop and save votes out, every rank's back (for PreemptionWatch)."""
-        return self.board.share(flags)
 
     def meet(self, what: str):
         self.board.meet(what)
@@ -203,9 +196,6 @@ class AsyncStep(TrainStep):
     def replay_from(self, run_dir: str):
         """Do again what the run recorded in `run_dir` did."""
         self.replay = record.Recorded(run_dir, self.grid.rank, self.layout)
-
-    def flush(self):
-        return []  # nothing waits mid-run (`finish` settles the end)
 
     def close(self):
         """Collective: the record closed, the windows freed (every rank, at the end)."""
@@ -235,13 +225,6 @@ class AsyncStep(TrainStep):
         for a, lo, hi in zip(arrays, self.offsets, self.offsets[1:]):
             out[lo:hi] = be.to_host(a).reshape(-1)
 
-    def _replica_loss(self, result) -> float:
-        """The replica's own loss (mean over its microbatches), on every rank of it."""
-        model, value = self.model, None
-        if model.head_stage is not None:
-            value = float(np.mean([float(result.losses[mb]) for mb in sorted(result.losses)]))
-        return self.grid.pipe.bcast(value, root=model.head_rank)
-
     def _stats(self, step, result, moved):
         if not self.trace:
             return None
@@ -264,8 +247,8 @@ class AsyncStep(TrainStep):
     def async_state(self) -> tuple[dict, dict]:
         """(arrays, numbers) of what this rank keeps beyond the usual files."""
         numbers = {"clock": self.clock_now, "adam_t": self.optimizer.t,
-                   "log_offset": self.log.offset if self.log is not None else -1}
-        numbers["attended"] = self.attended
+                   "log_offset": self.log.offset if self.log is not None else -1,
+                   "attended": self.attended}
         if self.grid.rank == 0:  # the meeting's place: the tickets the replicas hold at
             numbers["tickets"] = self.attended  # it are taken again on resume
         return {}, numbers
@@ -359,7 +342,7 @@ class StaleStep(AsyncStep):
         self.board.set_clock(step)
         if self.replay is None:  # the freshest weights for what reads them next
             self._apply_through(self._agreed(self.ring.available(self.version, k)))
-        loss = self._replica_loss(result)
+        loss = self.model.mean_loss(result.losses, replicas=False)
         moved = self.ring.bytes - moved
         if self.log is not None:
             self.log.push(step, taken)
@@ -387,15 +370,11 @@ class StaleStep(AsyncStep):
                 raise record.LogError(f"the recorded run has no usable version for step "
                                       f"{step} (recorded {want}, this replica has applied "
                                       f"{self.version} updates)")
-            while self.version < want:
-                self.ring.wait_complete(self.version + 1, self._behind)
-                self._apply(self.version + 1)
+            self._wait_through(want, want)
             return
         newest = k - 1
         self._apply_through(self._agreed(self.ring.available(self.version, newest)))
-        while self.version < k - 1 - self.staleness:
-            self.ring.wait_complete(self.version + 1, self._behind)
-            self._apply_through(self._agreed(self.ring.available(self.version, newest)))
+        self._wait_through(k - 1 - self.staleness, newest)
         if self.patience and self.share_time is not None and self.version < newest:
             self._wait_fresh(newest)
 
@@ -447,6 +426,15 @@ class StaleStep(AsyncStep):
 
         return self.replica_comm.allreduce(available, op=MPI.MIN)
 
+    def _wait_through(self, last: int, newest: int):
+        """Updates until this replica has applied `last`, each waited for until complete:
+        every complete one through `newest` (agreed over the replica) — or, in a replay,
+        one at a time, as recorded."""
+        while self.version < last:
+            self.ring.wait_complete(self.version + 1, self._behind)
+            self._apply_through(self.version + 1 if self.replay is not None else
+                                self._agreed(self.ring.available(self.version, newest)))
+
     def _apply_through(self, last: int):
         while self.version < last:
             self._apply(self.version + 1)
@@ -491,14 +479,7 @@ class StaleStep(AsyncStep):
 
     def finish(self, steps: int):
         """Every update through the last step, on every replica."""
-        if self.replay is None:
-            while self.version < steps:
-                self.ring.wait_complete(self.version + 1, self._behind)
-                self._apply_through(self._agreed(self.ring.available(self.version, steps)))
-        else:
-            while self.version < steps:
-                self.ring.wait_complete(self.version + 1, self._behind)
-                self._apply(self.version + 1)
+        self._wait_through(steps, steps)
 
     # -- checkpoints ---------------------------------------------------------------------
     def async_state(self):
@@ -546,13 +527,9 @@ class ElasticStep(AsyncStep):
         self.seen_now = None
         result = self.gradients(runtime, step, inputs)
         unscale = self.grad_scale(self.microbatches).unscale
-        loss = self._replica_loss(result)
-        norm = self.grad_norm() * unscale
-        skipped = not (math.isfinite(norm) and math.isfinite(loss))
-        if not skipped:
-            coefficient = clip_coefficient(norm, max_norm) * unscale
-            self.timed(step, lambda: self.optimizer.step(self.gradsync.gradients(),
-                                                         lr * self.lr_scale, coefficient))
+        loss = self.model.mean_loss(result.losses, replicas=False)
+        # (no ZeRO, no graphs here: the update is the optimizer's own step)
+        norm, skipped = self._clipped_update(step, loss, unscale, lr * self.lr_scale, max_norm)
         self.scaler.update(not skipped)
         self.unexchanged = step % self.tau != 0  # (finish: the last exchange)
         if not self.unexchanged:

@@ -158,9 +158,7 @@ class DelayedStep(TrainStep):
                 transport.allreduce_sum(grid.data, head)
         pending = _Pending(grads, np.zeros(self._vector_size()), np.zeros(self._vector_size()))
         self._tied(stage, grads[0], head, pending)
-        loss = None
-        if stage.head_part:
-            loss = float(np.mean([float(losses[mb]) for mb in sorted(losses)]))
+        loss = model.head_loss(losses)
         self._fill(pending.vector, grads, loss, k)
         pending.request = self.comm.Iallreduce(pending.vector, pending.total)
         self.pending[k] = pending

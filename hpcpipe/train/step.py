@@ -20,8 +20,6 @@ from __future__ import annotations
 import contextlib
 import math
 
-import numpy as np
-
 from hpcpipe.optim.adamw import clip_coefficient
 from hpcpipe.optim.optimizer import Optimizer
 from hpcpipe.optim.norm import GradNorm
@@ -204,11 +202,7 @@ class TrainStep(LoopHooks):
         AdamW, everything known before the weights move."""
         unscale = self.grad_scale(runtime.schedule.num_microbatches).unscale
         loss = self.model.mean_loss(result.losses)
-        norm = self.grad_norm() * unscale
-        skipped = not (math.isfinite(norm) and math.isfinite(loss))
-        if not skipped:
-            coefficient = clip_coefficient(norm, max_norm) * unscale
-            self.timed(step, lambda: self._update(lr, coefficient))
+        norm, skipped = self._clipped_update(step, loss, unscale, lr, max_norm)
         outer_bytes = self.outer.bytes_reduced if self.outer is not None else 0
         if self.outer is not None and self.outer.due(step):
             self.timed(step, self.outer)  # a round ends, whether or not this step updated
@@ -219,6 +213,16 @@ class TrainStep(LoopHooks):
                            **self._reduction_stats()) if self.trace else None
         reported = norm if self.outer is None else replicas_mean(self.grid, norm)
         return StepOutcome(step, loss, reported, skipped, result, stats, loss_scale=scale)
+
+    def _clipped_update(self, step, loss, unscale, lr, max_norm) -> tuple[float, bool]:
+        """The reduced gradient's global norm (unscaled), then clipping and the update —
+        unless it or the loss is not finite: the step skipped. Returns (norm, skipped)."""
+        norm = self.grad_norm() * unscale
+        skipped = not (math.isfinite(norm) and math.isfinite(loss))
+        if not skipped:
+            coefficient = clip_coefficient(norm, max_norm) * unscale
+            self.timed(step, lambda: self._update(lr, coefficient))
+        return norm, skipped
 
     def _update(self, lr: float, coefficient: float):
         optimizer_step(self.optimizer, self.gradsync.gradients(), lr, coefficient, self.graphs)
@@ -244,9 +248,7 @@ class TrainStep(LoopHooks):
             outcome = self._synchronous(runtime, step, result, lr, max_norm)
             self.validator.settled(outcome.norm, max_norm)
             return finished + [outcome]
-        head = self.model.head_stage is not None
-        loss = float(np.mean([float(result.losses[mb]) for mb in sorted(result.losses)])) \
-            if head else None
+        loss = self.model.head_loss(result.losses)
         unscale = self.grad_scale(runtime.schedule.num_microbatches).unscale
         self.validator.update(step, lr, max_norm, unscale, self.gradsync.gradients(), result,
                               loss, lambda: self._rank_step(step, result))
@@ -315,10 +317,6 @@ class TrainStep(LoopHooks):
         if not self.trace:
             return None
         return local_row(self.trace, step, result, **self._reduction_stats())
-
-    @property
-    def optimizer_state_bytes(self) -> int:
-        return self.optimizer.state_bytes
 
     def resident_bytes(self) -> dict:
         """What this rank holds between steps for its parameters, by kind: the weights in

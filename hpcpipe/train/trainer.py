@@ -154,7 +154,8 @@ class Trainer:
             apart.open_record(self, resume_path is not None)
         self.record = open_record(self, resume_path)
         self.metrics, self.summary = self.record.metrics, self.record.metrics.summary
-        self._describe()
+        for line in header(self):  # what runs where, on what data
+            self.log(line)
         self.comm_s = 0.0
         if parallel.pp > 1 and plan.measured:
             shape = (train.micro_batch_size, cfg.model.block_size, cfg.model.n_embd)
@@ -177,11 +178,6 @@ class Trainer:
                  f"pp {saved['pp']}{shards}, {saved['schedule']}) in "
                  f"{time.perf_counter() - tick:.2f} s")
         for line in resume_notes(manifest, self.start_step, self.cfg.train.steps, path):
-            self.log(line)
-
-    def _describe(self):
-        """The run's header: what runs where, on what data."""
-        for line in header(self):
             self.log(line)
 
     # -- the loop --------------------------------------------------------------------------
@@ -330,7 +326,7 @@ def report(trainer: Trainer) -> list[str]:
     modes')."""
     step, steps = trainer.rank.step, trainer.summary.steps - trainer.start_step
     lines = end_of_run(trainer.metrics, trainer.cfg.parallel, step.gradsync.bytes_reduced,
-                       step.optimizer_state_bytes, trainer.record.piece.seconds)
+                       step.optimizer.state_bytes, trainer.record.piece.seconds)
     if step.outer is not None and trainer.cfg.outer.local_steps:
         lines.append(local_sgd_line(step, steps))
     if trainer.apart:

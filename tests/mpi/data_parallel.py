@@ -87,7 +87,7 @@ def train(comm, cfg):
         for part in parts:
             weights.update(part)
     params = sum(stage.param_buffer.size for stage in model.stages.values())
-    return losses, weights, rank.step.optimizer_state_bytes, (resident, params)
+    return losses, weights, rank.step.optimizer.state_bytes, (resident, params)
 
 
 def close(a, b, tol=1e-12):

@@ -87,14 +87,21 @@ class RankModel:
         """d(wte) = embedding part + head part, on both holders of a copy."""
         self.tied.finish()
 
-    def mean_loss(self, losses: dict) -> float:
-        """The step's loss (mean over microbatches and replicas), known on every rank."""
-        value, beacon = None, self.beacon
-        if self.head_stage is not None:
-            value = float(np.mean([float(losses[mb]) for mb in sorted(losses)]))
+    def head_loss(self, losses: dict) -> float | None:
+        """The mean of a step's microbatch losses (in microbatch order) on the rank of the
+        head stage; None elsewhere."""
+        if self.head_stage is None:
+            return None
+        return float(np.mean([float(losses[mb]) for mb in sorted(losses)]))
+
+    def mean_loss(self, losses: dict, replicas: bool = True) -> float:
+        """The step's loss (mean over microbatches, and over the replicas unless `replicas`
+        is False: a replica's own, as the asynchronous modes report), known on every rank
+        (of the replica)."""
+        value, beacon = self.head_loss(losses), self.beacon
         beacon.collective(self.grid.pipe, "the broadcast of the step's loss")
         value = self.grid.pipe.bcast(value, root=self.head_rank)
-        if self.grid.dp > 1:
+        if replicas and self.grid.dp > 1:
             beacon.collective(self.grid.data, "the all-gather of the replicas' losses")
             value = sum(self.grid.data.allgather(value)) / self.grid.dp
         beacon.done()

@@ -106,12 +106,11 @@ def back_to_back(schedule) -> bool:
 
 
 def check(cfg, be, schedule):
-    """`schedule`, once checked: the run is refused, naming why, where `train.cuda_graphs`
-    cannot work (the same answer on every rank: the config and the kind of device)."""
+    """Refuse the run, naming why, where `train.cuda_graphs` cannot work with `schedule`
+    (the same answer on every rank: the config and the kind of device)."""
     why = refusal(cfg, be, schedule) if cfg.train.cuda_graphs else None
     if why:
         raise ConfigError(cfg.source, "train.cuda_graphs", True, why)
-    return schedule
 
 
 def optimizer_step(optimizer, grads, lr: float, coefficient: float, graphs=None):

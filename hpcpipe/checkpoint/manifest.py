@@ -313,12 +313,6 @@ def build(config: str, model, step: int, dtype: str, layout: dict, files: dict, 
                 "dtype": dtype, "layout": layout, "adam_step": adam_step,
                 "state": state or {}, "files": files, "tensors": tensors,
                 "pieces": segments or {}, "parts": parts or {}}
-    if run is not None:
-        manifest["run"] = run
-    if source is not None:
-        manifest["source"] = source
-    if data is not None:
-        manifest["data"] = data
-    if tokenizer is not None:
-        manifest["tokenizer"] = tokenizer
+    optional = {"run": run, "source": source, "data": data, "tokenizer": tokenizer}
+    manifest.update({key: value for key, value in optional.items() if value is not None})
     return manifest

@@ -304,8 +304,7 @@ class StaleStep(AsyncStep):
         self.version = 0  # updates applied to this replica's weights
         self.ran_on = 0  # the version the last step ran on
         self.ran_for = 0  # the global step of the last step's share
-        t = cfg.train  # update u's learning rate, whoever computed its shares
-        o = cfg.optim
+        t, o = cfg.train, cfg.optim  # update u's learning rate, whoever computed its shares
         self.lr_of = lambda u: learning_rate(u - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
         self.max_norm = cfg.optim.grad_clip
         self.last_norm = math.nan

@@ -18,7 +18,7 @@ from hpcpipe.checkpoint.hdf5 import Reader
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.manifest import read as read_manifest
 from hpcpipe.checkpoint.save import Origin, carry_tokenizer
-from hpcpipe.checkpoint.verify import is_checkpoint
+from hpcpipe.checkpoint.verify import _file_problem, is_checkpoint, resolve
 from hpcpipe.device.budget import require
 from hpcpipe.model import family
 from hpcpipe.model.layout import GPTConfig
@@ -137,8 +137,6 @@ def load_model(checkpoint: str, dtype: str | None = None, be=None):
         model = hpcpipe.load_model("runs/smollm2")
         logits = model.logits([[1, 2, 3]])
     """
-    from hpcpipe.checkpoint.verify import resolve
-
     path = resolve(checkpoint)
     manifest = read_manifest(path)
     shape = manifests.model_shape(manifest)
@@ -157,8 +155,6 @@ def tokenizer_file(path: str, manifest: dict) -> str | None:
     record = manifest.get("tokenizer")
     if record is None:
         return None
-    from hpcpipe.checkpoint.verify import _file_problem
-
     file = os.path.join(path, record["file"])
     problem = _file_problem(file, manifest["files"][record["file"]], record["file"], manifest)
     if problem:

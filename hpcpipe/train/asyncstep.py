@@ -323,20 +323,20 @@ class StaleStep(AsyncStep):
         self.skipped_now = False
         self._catch_up(step, k)
         version = self.ran_on = self.version
-        self.ran_for = k
-        self.staleness_seen[k - 1 - version] += 1
+        self.ran_for, stale = k, k - 1 - version  # (updates missing)
+        self.staleness_seen[stale] += 1
         began = time.monotonic()
-        result = self._stale_gradients(runtime, step, inputs, k - 1 - version)
+        result = self._stale_gradients(runtime, step, inputs, stale)
         self._to_host(self.gradsync.gradients())
         self._timed_share(time.monotonic() - began)
         turns = self.replay.turns_of(step, self.grid.dp) if self.replay else None
         flat = self.host
         if self.dc:
-            if k - 1 - version:
+            if stale:
                 self._to_host([sh.master for sh in self.optimizer.shards], self.theta)
-            compensation.pack(self.packed, self.host, self.theta, k - 1 - version)
+            compensation.pack(self.packed, self.host, self.theta, stale)
             flat = self.packed
-        taken = self.ring.push(k, flat, turns, stale=k - 1 - version)
+        taken = self.ring.push(k, flat, turns, stale=stale)
         self.clock_now = step
         self.board.set_clock(step)
         if self.replay is None:  # the freshest weights for what reads them next
@@ -554,8 +554,7 @@ class ElasticStep(AsyncStep):
 
     def _exchange(self, step: int):
         """The spring, shard by shard of the centre, on this replica's masters."""
-        shards = self.optimizer.shards
-        self._to_host([s.master for s in shards])
+        self._to_host([s.master for s in self.optimizer.shards])
         versions = self.replay.exchanges_of(step, self.grid.dp) if self.replay else None
         done = self.centre.exchange(self.host, versions)
         self._from_host_masters()

@@ -23,7 +23,9 @@ import re
 import time
 
 from hpcpipe.device.dtypes import DTYPES
-from hpcpipe.model.layout import ARCHS
+from hpcpipe.model import family
+from hpcpipe.model.layout import ARCHS, GPTConfig
+from hpcpipe.model.sharding import record_size
 from hpcpipe.util.state import StateError
 from hpcpipe.util.files import NotAFile, TooLarge, read_bounded, write_text_atomic
 from hpcpipe.util.schema import (
@@ -228,8 +230,6 @@ def _consistent(m: dict, path: str, file: str):
 def part_size(name: str, shape, record: dict, n_head: int, file: str) -> int:
     """Elements of the part of a tensor a segment's record names (sharding.record_size),
     checked (CheckpointError naming `file`)."""
-    from hpcpipe.model.sharding import record_size
-
     try:
         return record_size(name, shape, record, n_head)
     except ValueError as e:
@@ -262,16 +262,12 @@ def _listed(name: str, m: dict, file: str, what: str):
 
 def model_shape(m: dict):
     """The model shape (a GPTConfig) a manifest records, either family."""
-    from hpcpipe.model import GPTConfig
-
     return GPTConfig(**m["model"])
 
 
 def _check_tensors(m: dict, file: str):
     """Exactly the model's parameters, with its shapes (counted first: a hostile n_layer
     must not make the expected layout itself huge)."""
-    from hpcpipe.model import family
-
     model = m["model"]
     shape = model_shape(m)
     expected_count = family.tensor_count(shape)

@@ -24,6 +24,7 @@ from hpcpipe.train.evaluate import Evaluator
 from hpcpipe.train.delayed import DelayedStep
 from hpcpipe.train.graphed import Graphed
 from hpcpipe.train.step import TrainStep
+from hpcpipe.util.timeline import Trace
 
 
 @dataclass
@@ -45,8 +46,6 @@ class Rank:
         events and step statistics; gpu_aware: hand device buffers to MPI directly (see
         transport.py); beacon: where the rank says it is (beacon.py: the hang watchdog
         reads it; default one of its own)."""
-        from hpcpipe.util.timeline import Trace
-
         schedule = plan.schedule
         transport = Transport(be, gpu_aware, beacon)
         model = RankModel(cfg.model, grid, be, plan, transport, cfg.train.dtype, cfg.train.seed,

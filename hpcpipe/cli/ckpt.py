@@ -143,11 +143,11 @@ def _register_imports(sub):
 
 
 def cmd_ls(args) -> int:
-    root = args.where
-    if os.path.islink(ckpt.root_of(root)) and not os.path.exists(ckpt.root_of(root)):
-        raise ckpt.CheckpointError(f"{ckpt.root_of(root)}: {_broken(ckpt.root_of(root))}")
-    if os.path.isdir(ckpt.root_of(root)):
-        root = ckpt.root_of(root)
+    root, checkpoints = args.where, ckpt.root_of(args.where)
+    if os.path.islink(checkpoints) and not os.path.exists(checkpoints):
+        raise ckpt.CheckpointError(f"{checkpoints}: {_broken(checkpoints)}")
+    if os.path.isdir(checkpoints):
+        root = checkpoints
     if not os.path.isdir(root):
         raise ckpt.CheckpointError(f"{args.where}: neither a run directory nor a checkpoints/ "
                                    f"folder")

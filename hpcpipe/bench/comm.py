@@ -35,7 +35,8 @@ from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
 from hpcpipe.util.files import claim_file
 
-from .common import suite_parser, with_json, write_json
+from . import batches
+from .common import root_log, slowest, suite_parser, with_json, write_json
 
 EPILOG = """\
 examples:
@@ -103,11 +104,7 @@ def run_comm(args) -> int:
     if world.size < 2:
         raise HpcpipeError("bench comm needs at least 2 ranks: mpiexec -n 2 python -m mpi4py "
                            "-m hpcpipe bench comm")
-
-    def log(msg):
-        if is_root:
-            print(msg, flush=True)
-
+    log = root_log(world)
     # One core per rank, as bench pipeline: BLAS threads of two ranks on two cores would
     # time each other's spinning (steps 2 s instead of 0.15 s), not the step.
     threads = backend.limit_threads(gridlib.node_size(world))
@@ -275,16 +272,14 @@ def measure_overlap(world, be, transport, zero: int = 0, compression: str = "non
     the exposed wait at the end of the step against the same reduction run by itself;
     with `zero` and `compression`, that step's bytes sent and held."""
     dp = world.size
-    rank, batches = _dp_step(world, be, transport,
+    rank, inputs = _dp_step(world, be, transport,
                              parallel={"zero": zero, "grad_compression": compression,
                                        "powersgd_rank": POWERSGD_RANK})
     sync = rank.step.gradsync
     exposed, steps = [], []
     for step in range(6):
-        world.Barrier()
-        start = time.perf_counter()
-        rank.train_step(step + 1, batches, 1e-4, 1.0)
-        steps.append(world.allreduce(time.perf_counter() - start, op=_mpi_max()))
+        with slowest(world, steps):
+            rank.train_step(step + 1, inputs, 1e-4, 1.0)
         if step >= 2:
             # The last rank to finish its W's waits only for what is left of the
             # reduction; the others' longer waits are that rank's lateness, not
@@ -296,11 +291,9 @@ def measure_overlap(world, be, transport, zero: int = 0, compression: str = "non
     for _ in range(5):
         rank.model.zero_grad()  # ZeRO-2 dropped the buffer the reduction reads
         sync.reset(step=7)  # a step after any PowerSGD warm-up
-        world.Barrier()
-        start = time.perf_counter()
-        sync.launch_rest()
-        sync.wait()
-        alone.append(world.allreduce(time.perf_counter() - start, op=_mpi_max()))
+        with slowest(world, alone):
+            sync.launch_rest()
+            sync.wait()
     blocking, hidden = float(np.median(alone)), float(np.median(exposed))
     return {"blocking_ms": blocking * 1e3, "exposed_ms": hidden * 1e3,
             "hidden_fraction": max(0.0, 1.0 - hidden / blocking) if blocking > 0 else 0.0,
@@ -329,9 +322,7 @@ def _dp_step(world, be, transport, train=None, parallel=None):
     grid = gridlib.build(world, world.size, 1, source="bench comm")
     rank = Rank.build(cfg, grid, be, build_plan(cfg), gpu_aware=not transport.staged)
     tokens = np.random.default_rng(world.rank).integers(0, 256, (STEP_SEQUENCES, STEP_BLOCK + 1))
-    batches = [(be.from_host(tokens[i * 2:(i + 1) * 2, :-1]),
-                be.from_host(tokens[i * 2:(i + 1) * 2, 1:])) for i in range(2)]
-    return rank, batches.__getitem__
+    return rank, batches.microbatches(be, tokens, 2, 2)
 
 
 LOCAL_STEPS = 8  # H of the local-SGD comparison: inner steps between the replicas' meetings
@@ -351,11 +342,9 @@ def measure_local(world, be, transport, local_steps: int = LOCAL_STEPS,
     times = {name: [] for name in modes}
     for step in range(1, (rounds + 1) * local_steps + 1):
         for name, (rank, inputs) in modes.items():
-            world.Barrier()
-            start = time.perf_counter()
-            rank.train_step(step, inputs, 1e-4, 1.0)
-            if step > local_steps:  # the first round warms up
-                times[name].append(world.allreduce(time.perf_counter() - start, op=_mpi_max()))
+            warm = step <= local_steps  # the first round warms up
+            with slowest(world, [] if warm else times[name]):
+                rank.train_step(step, inputs, 1e-4, 1.0)
     d, steps = world.size, rounds * local_steps
     tokens = d * STEP_SEQUENCES * STEP_BLOCK
     out = []

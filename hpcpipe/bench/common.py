@@ -70,6 +70,44 @@ def with_json(parser, run, replaced: str = "the --json file if it exists"):
     return parser
 
 
+def root_log(world):
+    """A suite's `log`: the line printed (flushed) by world rank 0 only, the others silent."""
+    if world.rank == 0:
+        return lambda msg: print(msg, flush=True)
+    return lambda msg: None
+
+
+@contextmanager
+def slowest(world, times: list):
+    """Inside: timed from a barrier (every rank starts from the same line); on exit the
+    slowest rank's seconds, which every rank gets, appended to `times`."""
+    from mpi4py import MPI
+
+    world.Barrier()
+    tick = time.perf_counter()
+    yield
+    times.append(world.allreduce(time.perf_counter() - tick, op=MPI.MAX))
+
+
+def round_robin(entries, run, warmup: int, rounds: int, steps: int, log):
+    """Each entry's `warmup` steps unrecorded (allocation, caches), then `rounds` rounds of
+    `steps` steps of each entry in turn: run(entry, count, record)."""
+    for entry in entries:
+        run(entry, warmup, False)
+    for r in range(rounds):
+        for entry in entries:
+            run(entry, steps, True)
+        log(f"round {r + 1}/{rounds} done")
+
+
+def warn_shared_cores(log, be, grid, cores: int, what: str):
+    """Say so where this node's ranks outnumber its cores on the CPU: the ranks take turns
+    and the timings do not measure `what`."""
+    if not be.is_gpu and grid.local_size > cores:
+        log(f"warning: {grid.local_size} ranks share {cores} cores on this node: the ranks "
+            f"take turns and these timings do not measure the {what}")
+
+
 def machine_name() -> str:
     return f"{socket.gethostname()}-{platform.machine()}"
 

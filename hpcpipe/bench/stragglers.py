@@ -44,8 +44,6 @@ import math
 import statistics
 import time
 
-import numpy as np
-
 from hpcpipe import __version__, config
 from hpcpipe.device import backend
 from hpcpipe.optim.adamw import learning_rate
@@ -55,10 +53,10 @@ from hpcpipe.parallel.section import SSP_CORRECTIONS
 from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import generate
 from hpcpipe.util.arguments import integer, number
-from hpcpipe.util.errors import HpcpipeError, every_rank_does
+from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_figure, claim_file, write_figure
 
-from .common import write_json
+from .common import root_log, slowest, write_json
 
 EPILOG = """\
 examples:
@@ -224,7 +222,7 @@ def run_stragglers(args) -> int:
     be = backend.select("cpu" if base.train.device == "cpu" else "auto", 0, threads=threads)
     from hpcpipe.data.checks import open_tokens
 
-    log = (lambda msg: print(msg, flush=True)) if world.rank == 0 else (lambda msg: None)
+    log = root_log(world)
     tokens = open_tokens(configs["sync"].data, configs["sync"].model, configs["sync"].source,
                          world, log)
     log(f"hpcpipe {__version__} bench stragglers | 2 replicas, one rank each | "
@@ -283,18 +281,10 @@ def measure_delay(cfg, world, be, tokens, steps: int = 6) -> float:
     mode = Mode("warm-up", cfg, world, be)
     times = []
     for step in range(1, steps + 1):
-        world.Barrier()
-        start = time.perf_counter()
-        mode.rank.train_step(step, inputs_for(tokens, cfg, be, step, mode.grid.dp_rank),
-                             cfg.optim.lr, cfg.optim.grad_clip)
-        times.append(world.allreduce(time.perf_counter() - start, op=_max()))
+        with slowest(world, times):
+            mode.rank.train_step(step, inputs_for(tokens, cfg, be, step, mode.grid.dp_rank),
+                                 cfg.optim.lr, cfg.optim.grad_clip)
     return statistics.median(times[1:])
-
-
-def _max():
-    from mpi4py import MPI
-
-    return MPI.MAX
 
 
 def slow_down(seconds: float, comm):

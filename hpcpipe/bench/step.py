@@ -45,8 +45,8 @@ from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_file
 
 from . import batches
-from .common import (LAYERS, PHASES, require_model, suite_parser, with_json, wrapped_layers,
-                     write_json)
+from .common import (LAYERS, PHASES, best_seconds, require_model, suite_parser, with_json,
+                     wrapped_layers, write_json)
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
@@ -139,15 +139,18 @@ def torch_matmul_rate(torch, device, dtype, n: int, repeats: int = 3) -> float:
     b = torch.randn(n, n, dtype=getattr(torch, dtype), device=device)
     out = torch.empty(n, n, dtype=a.dtype, device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    torch.matmul(a, b, out=out)
-    sync()
-    best = float("inf")
-    for _ in range(repeats):
-        tick = time.perf_counter()
-        torch.matmul(a, b, out=out)
-        sync()
-        best = min(best, time.perf_counter() - tick)
-    return 2.0 * n**3 / best
+    return 2.0 * n**3 / best_seconds(lambda: torch.matmul(a, b, out=out), sync, repeats)
+
+
+def fbw(stage, idx, targets):
+    """One microbatch's F, B and W through `stage` (its gradients zeroed first, the tied
+    head's gradient folded in after): its loss."""
+    stage.zero_grad()
+    value = stage.forward(0, idx, targets)
+    stage.backward_input(0)
+    stage.backward_weight(0)
+    stage.add_head_grad()
+    return value
 
 
 # -- the two steps ------------------------------------------------------------------------------
@@ -174,12 +177,8 @@ class HpcpipeStep:
 
     def __call__(self) -> float:
         tick = time.perf_counter()
-        stage, grad = self.runs, self.stage.grad_buffer.data
-        stage.zero_grad()
-        value = stage.forward(0, self.idx, self.targets)
-        stage.backward_input(0)
-        stage.backward_weight(0)
-        stage.add_head_grad()
+        grad = self.stage.grad_buffer.data
+        value = fbw(self.runs, self.idx, self.targets)
         if self.graphs is None:
             self.opt.step(grad, LR)
         else:
@@ -256,10 +255,15 @@ def first_losses(cfg, be, dtype, batch, torch=None, device="cpu", tokens="unifor
     ours = HpcpipeStep(cfg, be, dtype, idx, targets)
     if torch is None:
         return ours, None, ours(), None
-    host_params = {name: be.to_host(p).astype(np.float32 if p.dtype.itemsize < 4 else p.dtype)
-                   for name, p in ours.stage.params.items()}
-    theirs = TorchStep(torch, cfg, device, dtype, host_params, idx, targets)
+    theirs = TorchStep(torch, cfg, device, dtype, host_params(ours.stage, be), idx, targets)
     return ours, theirs, ours(), theirs()
+
+
+def host_params(stage, be) -> dict:
+    """The stage's weights on the host for the torch peer, 16-bit ones as float32 (PyTorch
+    keeps a float32 model under autocast)."""
+    return {name: be.to_host(p).astype(np.float32 if p.dtype.itemsize < 4 else p.dtype)
+            for name, p in stage.params.items()}
 
 
 def check_same_loss(name, ours: float, theirs: float, dtype: str, tf32: bool = False,
@@ -325,8 +329,8 @@ def alternate(runners, warmup: int, repeats: int, name: str, log) -> dict:
     return times
 
 
-def _extras(cfg, be, dtype, batch, torch, device, tokens, loss0, torch_loss0, graphs,
-            compiled, name, tf32) -> list:
+def _extras(cfg, be, dtype, batch, torch, device, tokens, loss0, graphs, compiled, name,
+            tf32) -> list:
     """The other runners: hpcpipe's step as CUDA graphs, PyTorch's under torch.compile;
     each built from the same weights and batch, its first loss checked."""
     extra = []
@@ -336,10 +340,8 @@ def _extras(cfg, be, dtype, batch, torch, device, tokens, loss0, torch_loss0, gr
         check_same_loss(f"{name} graphs", step(), loss0, dtype)
         extra.append(("hpcpipe_graphs", step))
     if compiled and torch is not None:
-        fresh = stage_class(cfg)(cfg, dtype=dtype, seed=0, be=be)  # the first weights again
-        host = {n: be.to_host(p).astype(np.float32 if p.dtype.itemsize < 4 else p.dtype)
-                for n, p in fresh.params.items()}
-        del fresh
+        # the first weights again, from a fresh stage
+        host = host_params(stage_class(cfg)(cfg, dtype=dtype, seed=0, be=be), be)
         idx, targets = make_batch(cfg, batch, tokens=tokens)
         step = TorchStep(torch, cfg, device, dtype, host, idx, targets, compile=True)
         check_same_loss(f"{name} torch.compile", loss0, step(), dtype, tf32, cfg)
@@ -372,8 +374,8 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
             log(f"  {name}: PyTorch tokens/s by thread count "
                 + ", ".join(f"{n}: {r:,.0f}" for n, r in rates.items()) + f" → {best}")
             row.update(torch_threads=best, torch_tokens_per_s_by_threads=rates)
-    runners += _extras(cfg, be, dtype, batch, torch, device, kind, loss0, torch_loss0,
-                       graphs, compiled, name, tf32)
+    runners += _extras(cfg, be, dtype, batch, torch, device, kind, loss0, graphs, compiled,
+                       name, tf32)
     times = alternate(runners, warmup, repeats, name, log)
     for label, runner in runners:
         row[f"{label}_step_ms"] = 1e3 * statistics.median(times[label])
@@ -437,15 +439,10 @@ def profile(cfg, be, dtype, batch, repeats, tokens="uniform") -> tuple[list[dict
     tick = time.perf_counter()
     with layer_timers(be, totals):
         for _ in range(repeats):
-            stage = step.stage
-            stage.zero_grad()
-            stage.forward(0, step.idx, step.targets)
-            stage.backward_input(0)
-            stage.backward_weight(0)
-            stage.add_head_grad()
+            fbw(step.stage, step.idx, step.targets)
             _sync(be)
             start = time.perf_counter()
-            step.opt.step(stage.grad_buffer.data, LR)
+            step.opt.step(step.stage.grad_buffer.data, LR)
             _sync(be)
             opt_time += time.perf_counter() - start
     step_ms = 1e3 * (time.perf_counter() - tick) / repeats

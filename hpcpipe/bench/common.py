@@ -132,6 +132,16 @@ def write_json(path: str, result: dict) -> str:
     return write_text_atomic(path, json.dumps(result, indent=2))
 
 
+def merge_json(path: str, updates: dict):
+    """Merge `updates` into the JSON object at `path` (made if absent) and write it at once,
+    by rename: a gpu-check section killed mid-write leaves its last whole file."""
+    data = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            data = json.load(f)
+    write_text_atomic(path, json.dumps({**data, **updates}, indent=2))
+
+
 def require_tokens(rows: int, columns: int, what: str, ranks_on_node: int = 1):
     """Refuse, before it is drawn, a benchmark's batch of int64 tokens that cannot fit in
     host memory with its inputs and targets cut from it (three copies on each of the node's

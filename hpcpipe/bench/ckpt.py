@@ -19,9 +19,9 @@ from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import flushes
 from hpcpipe.train.rank import Rank
 from hpcpipe.util.errors import every_rank_does
-from hpcpipe.util.files import claim_file, claim_folder
+from hpcpipe.util.files import claim_folder
 
-from .common import suite_parser, with_json, write_json
+from .common import claim_json, suite_parser, with_json, write_json
 
 EPILOG = """\
 examples:
@@ -44,8 +44,7 @@ def add_parser(sub):
 
 def run_ckpt(args) -> int:
     world = args.job.world()
-    if args.json is not None:  # (an empty path is refused, never taken for no --json)
-        claim_file(args.json, args.force, "--json", make_folder=True)
+    claim_json(args)
     if args.dir is not None:  # a run directory's own checkpoints/latest would be replaced
         claim_folder(args.dir, is_ours=lambda path: False, flag="--dir")
     cfg = config.for_world(config.load(args.config, args.overrides), world.size)

@@ -18,7 +18,6 @@ tokens/s and bytes sent per step.
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,10 +32,10 @@ from hpcpipe.parallel.pipeline.p2p import FORWARD, PipeComm
 from hpcpipe.parallel.transport import Transport, resolve_gpu_aware
 from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
-from hpcpipe.util.files import claim_file
 
 from . import batches
-from .common import root_log, slowest, suite_parser, with_json, write_json
+from .common import (claim_json, root_log, save_json, size_label, slowest, suite_parser,
+                     with_json)
 
 EPILOG = """\
 examples:
@@ -78,14 +77,11 @@ def _repeats(nbytes: int, override: int) -> int:
 
 def _median_time(fn, repeats: int, comm) -> float:
     fn()  # warm-up: first-touch of buffers, connection set-up
-    times = []
+    times = []  # a repetition takes as long as its slowest rank
     for _ in range(repeats):
-        comm.Barrier()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    # A repetition takes as long as its slowest rank.
-    return float(np.median([max(ts) for ts in zip(*comm.allgather(times))]))
+        with slowest(comm, times):
+            fn()
+    return float(np.median(times))
 
 
 def run_comm(args) -> int:
@@ -93,8 +89,7 @@ def run_comm(args) -> int:
 
     world = args.job.world()
     is_root = world.rank == 0
-    if args.json is not None:  # (an empty path is refused, never taken for no --json)
-        claim_file(args.json, args.force, "--json", make_folder=True)
+    claim_json(args)
     if args.min_kb * 2**10 > args.max_mb * 2**20:
         raise HpcpipeError(f"bench comm: --min-kb {args.min_kb:g} is above --max-mb "
                            f"{args.max_mb:g}")
@@ -128,7 +123,7 @@ def run_comm(args) -> int:
         rows.append(row)
         p2p = (f"p2p {row['p2p_hpcpipe_gbs']:6.2f} vs {row['p2p_raw_gbs']:6.2f} GB/s"
                if "p2p_raw_gbs" in row else "")
-        log(f"{_fmt(nbytes):>8}  {p2p}  all-reduce {row['allreduce_hpcpipe_gbs']:6.2f} vs "
+        log(f"{size_label(nbytes):>8}  {p2p}  all-reduce {row['allreduce_hpcpipe_gbs']:6.2f} vs "
             f"{row['allreduce_raw_gbs']:6.2f} GB/s")
     rows = world.bcast(rows if is_root else None, root=0)
     if pair is not None:
@@ -146,10 +141,8 @@ def run_comm(args) -> int:
             _print_zero(stages, world.size)
         if local_sgd:
             _print_local(local_sgd, world.size)
-        if args.json:
-            result = {"suite": "comm", "ranks": world.size, "rows": rows, "overlap": overlap,
-                      "zero": stages, "local_sgd": local_sgd}
-            print(f"\nwrote {write_json(args.json, result)}")
+        save_json(args, {"suite": "comm", "ranks": world.size, "rows": rows,
+                         "overlap": overlap, "zero": stages, "local_sgd": local_sgd})
     return 0
 
 
@@ -223,7 +216,7 @@ def _print_table(rows, overlap, ranks: int):
           "| all-reduce raw GB/s | ratio |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {_fmt(r['bytes'])} | {r.get('p2p_hpcpipe_gbs', 0):.2f} | "
+        print(f"| {size_label(r['bytes'])} | {r.get('p2p_hpcpipe_gbs', 0):.2f} | "
               f"{r.get('p2p_raw_gbs', 0):.2f} | "
               f"{r.get('p2p_hpcpipe_gbs', 0) / max(r.get('p2p_raw_gbs', 1e-12), 1e-12):.2f} | "
               f"{r['allreduce_hpcpipe_gbs']:.2f} | {r['allreduce_raw_gbs']:.2f} | "
@@ -378,10 +371,3 @@ def _mpi_min():
     from mpi4py import MPI
 
     return MPI.MIN
-
-
-def _fmt(nbytes: int) -> str:
-    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= size:
-            return f"{nbytes / size:g} {unit}"
-    return f"{nbytes} B"

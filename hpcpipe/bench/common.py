@@ -27,7 +27,7 @@ from hpcpipe.model.layers import (
     swiglu,
 )
 from hpcpipe.schedules import from_costs
-from hpcpipe.util.files import write_text_atomic
+from hpcpipe.util.files import claim_file, write_text_atomic
 
 
 # The layer modules whose F, B and W a profile wraps (`wrapped_layers`), and each pass's letter.
@@ -119,6 +119,37 @@ def best_seconds(fn, sync, repeats: int = 3) -> float:
         sync()
         best = min(best, time.perf_counter() - tick)
     return best
+
+
+def claim_json(args):
+    """Refuse, before any work, a --json FILE that cannot be written (an empty path is
+    refused, never taken for no --json)."""
+    if args.json is not None:
+        claim_file(args.json, args.force, "--json", make_folder=True)
+
+
+def save_json(args, result: dict, out=print):
+    """With --json: `result` written there (write_json), and the line that says where."""
+    if args.json:
+        out(f"\nwrote {write_json(args.json, result)}")
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing to files only (the Agg backend), never a window."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def size_label(nbytes: int) -> str:
+    """A message size as the tables print it: 4 KiB, 1.5 MiB, 512 B."""
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
 
 
 def machine_name() -> str:

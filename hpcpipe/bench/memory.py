@@ -25,6 +25,8 @@ from hpcpipe.train.rank import Rank
 from hpcpipe.util import timeline
 from hpcpipe.util.files import write_figure
 
+from .common import pyplot
+
 
 def memory_rows(kinds, cfg, grid, be, world, inputs, log) -> list[dict]:
     """Per (schedule, recompute choice): the largest peak any rank measured in one step,
@@ -114,11 +116,7 @@ def print_front(points):
 
 def plot_front(fronts: dict, path: str):
     """Bubble against peak activation bytes, one line per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, front in fronts.items():
         points = sorted((p["peak_activation_bytes"] / 2**20, p["bubble_rate"]) for p in front)

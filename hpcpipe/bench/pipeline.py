@@ -39,11 +39,11 @@ from hpcpipe.train.rank import Rank
 from hpcpipe.util import timeline
 from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
-from hpcpipe.util.files import claim_figure, claim_file
+from hpcpipe.util.files import claim_figure
 
 from . import batches
-from .common import (require_tokens, root_log, round_robin, schedule_label, slowest,
-                     suite_parser, warn_shared_cores, with_json, write_json)
+from .common import (claim_json, require_tokens, root_log, round_robin, save_json,
+                     schedule_label, slowest, suite_parser, warn_shared_cores, with_json)
 from .memory import memory_rows, pareto_front, plot_front, print_front, print_memory
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto", "pipedream-2bw")
@@ -319,12 +319,9 @@ def memory_suite(args, kinds, cfg, grid, be, world, inputs, log) -> int:
         print_front(front)
         if args.pareto:
             plot_front({f"{args.layers} layers, n_embd {C}, pp {pp}": front}, args.pareto)
-        if args.json:
-            shape = {"pp": pp, "microbatches": m, "micro_batch_size": B, "block": T,
-                     "n_embd": C, "layers": args.layers, "heads": args.heads}
-            result = {"suite": "pipeline-memory", **shape, "rows": rows,
-                      "pareto": front}
-            print(f"\nwrote {write_json(args.json, result)}")
+        shape = {"pp": pp, "microbatches": m, "micro_batch_size": B, "block": T,
+                 "n_embd": C, "layers": args.layers, "heads": args.heads}
+        save_json(args, {"suite": "pipeline-memory", **shape, "rows": rows, "pareto": front})
     return 0
 
 
@@ -347,8 +344,7 @@ def _streams(kind: str) -> bool:
 def run_pipeline(args) -> int:
     world = args.job.world()
     pp = world.size
-    if args.json is not None:  # (an empty path is refused, never taken for no --json)
-        claim_file(args.json, args.force, "--json", make_folder=True)
+    claim_json(args)
     if args.pareto is not None:
         if not args.memory:  # it would be silently skipped: no picture where one was asked
             raise HpcpipeError("bench pipeline: --pareto draws the --memory suite's front: "
@@ -405,6 +401,5 @@ def run_pipeline(args) -> int:
                   "costs_ms": {"f": [x * 1e3 for x in costs.f], "b": [x * 1e3 for x in costs.b],
                                "w": [x * 1e3 for x in costs.w], "comm": costs.comm * 1e3},
                   "rows": rows}
-        if args.json:
-            print(f"\nwrote {write_json(args.json, result)}")
+        save_json(args, result)
     return 0

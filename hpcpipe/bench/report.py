@@ -22,7 +22,7 @@ import time
 from hpcpipe import __version__
 from hpcpipe.util.files import read_bounded, write_figure, write_text_atomic
 
-from .common import machine_name, schedule_label
+from .common import machine_name, pyplot, schedule_label, size_label
 
 # The simulated settings: (ranks, microbatches) × F:B:W, as `python -m hpcpipe.schedules.table`.
 SIM_SIZES = ((4, 8), (8, 24))
@@ -73,18 +73,9 @@ def combine(parts: dict, sims: list[dict]) -> dict:
 
 # -- plots --------------------------------------------------------------------------------------
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_step(step: dict, path: str) -> str:
     """Tokens/s of hpcpipe and PyTorch per config, the ratio over each pair."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = step["rows"]
     names = [r["config"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -112,7 +103,7 @@ def plot_step(step: dict, path: str) -> str:
 def _bars_and_pairs(path: str, names, bars, bar_axes, pairs, pair_axes) -> str:
     """Left: one bar per name; right: two bars per name, side by side. *_axes: (y label,
     title); pairs: ((label, values), (label, values))."""
-    plt = _pyplot()
+    plt = pyplot()
     xs = list(range(len(names)))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     left.bar(xs, bars, color="tab:blue")
@@ -157,7 +148,7 @@ def plot_tp(tp: dict, path: str) -> str:
 
 def plot_comm(comm: dict, path: str) -> str:
     """Every bandwidth series of the comm suite against message size, log-log."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = comm["rows"]
     series = sorted({k for r in rows for k in r if k.endswith("_gbs")})
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -178,13 +169,6 @@ def plot_comm(comm: dict, path: str) -> str:
 
 
 # -- the summary --------------------------------------------------------------------------------
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
-
 
 def _fmt(value, spec):
     return "–" if value is None else format(value, spec)
@@ -255,7 +239,7 @@ def comm_section(comm: dict) -> list[str]:
            "| size | " + " | ".join(s[: -len("_gbs")].replace("_", " ") for s in series) + " |",
            "|---|" + "---|" * len(series)]
     for r in rows:
-        out.append(f"| {_size(r['bytes'])} | "
+        out.append(f"| {size_label(r['bytes'])} | "
                    + " | ".join(_fmt(r.get(s), '.2f') for s in series) + " |")
     overlap = comm.get("overlap")
     if overlap and "hidden_fraction" in overlap:

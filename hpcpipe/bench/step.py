@@ -42,11 +42,10 @@ from hpcpipe.optim.adamw import AdamW, ParamShard
 from hpcpipe.train.graphed import Graphed
 from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import claim_file
 
 from . import batches
-from .common import (LAYERS, PHASES, best_seconds, require_model, suite_parser, with_json,
-                     wrapped_layers, write_json)
+from .common import (LAYERS, PHASES, best_seconds, claim_json, require_model, save_json,
+                     suite_parser, with_json, wrapped_layers)
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
@@ -632,8 +631,7 @@ def run_step(args) -> int:
     def log(msg):
         print(msg, flush=True)
 
-    if args.json is not None:  # (an empty path is refused, never taken for no --json)
-        claim_file(args.json, args.force, "--json", make_folder=True)
+    claim_json(args)
     be, torch, device = _setup(args, log)
     configs, batch, warmup, repeats, peak_n = _plan(args, be)
     for name, cfg in configs.items():  # every config before the first is measured
@@ -682,12 +680,10 @@ def run_step(args) -> int:
         row["torch_mfu"] = (row["flops_per_token"] * row["torch_tokens_per_s"] / device_peak
                             if row["torch_tokens_per_s"] else None)
     _print_rows(rows, torch is not None, log)
-    if args.json:
-        result = {"suite": "step", "version": __version__, "backend": be.describe(),
-                  "device": device, "threads": be.threads,
-                  "torch": torch.__version__ if torch is not None else None,
-                  "peak_flops": device_peak, "peak_flops_backend": peak,
-                  "peak_flops_torch": torch_peak, "matmul_n": peak_n, "dtype": args.dtype,
-                  "tf32": args.tf32, "rows": rows, **machine}
-        log(f"\nwrote {write_json(args.json, result)}")
+    save_json(args, {"suite": "step", "version": __version__, "backend": be.describe(),
+                     "device": device, "threads": be.threads,
+                     "torch": torch.__version__ if torch is not None else None,
+                     "peak_flops": device_peak, "peak_flops_backend": peak,
+                     "peak_flops_torch": torch_peak, "matmul_n": peak_n, "dtype": args.dtype,
+                     "tf32": args.tf32, "rows": rows, **machine}, log)
     return 0

@@ -38,11 +38,10 @@ from hpcpipe.schedules.ops import MAX_MICROBATCHES
 from hpcpipe.train.rank import Rank
 from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
-from hpcpipe.util.files import claim_file
 
 from . import batches
-from .common import (require_tokens, root_log, round_robin, slowest, suite_parser,
-                     warn_shared_cores, with_json, write_json)
+from .common import (claim_json, require_tokens, root_log, round_robin, save_json, slowest,
+                     suite_parser, warn_shared_cores, with_json)
 from .step import CONFIGS
 
 EPILOG = """\
@@ -195,8 +194,7 @@ def print_rows(rows):
 
 def run_tp(args) -> int:
     world = args.job.world()
-    if args.json is not None:  # (an empty path is refused, never taken for no --json)
-        claim_file(args.json, args.force, "--json", make_folder=True)
+    claim_json(args)
     shape = CONFIGS[args.config]
     if args.layers:
         shape = dataclasses.replace(shape, n_layer=args.layers)
@@ -237,6 +235,5 @@ def run_tp(args) -> int:
                   "block": shape.block_size, "microbatches": args.microbatches,
                   "micro_batch_size": args.micro_batch_size, "backend": be.describe(),
                   "threads_per_rank": threads, "rows": table}
-        if args.json:
-            print(f"\nwrote {write_json(args.json, result)}")
+        save_json(args, result)
     return 0

@@ -27,7 +27,7 @@ from hpcpipe.model.layers import (
     swiglu,
 )
 from hpcpipe.schedules import from_costs
-from hpcpipe.util.files import claim_file, write_text_atomic
+from hpcpipe.util.files import claim_file, write_figure, write_text_atomic
 
 
 # The layer modules whose F, B and W a profile wraps (`wrapped_layers`), and each pass's letter.
@@ -142,6 +142,21 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, path: str) -> str:
+    """`fig` laid out, written to `path` (util.files.write_figure) and closed: `path`."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    write_figure(path, fig)
+    plt.close(fig)
+    return path
+
+
+def dash(value, spec: str) -> str:
+    """`value` formatted by `spec`, or "–" where it was not measured (None)."""
+    return "–" if value is None else format(value, spec)
 
 
 def size_label(nbytes: int) -> str:

@@ -44,7 +44,7 @@ from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError
 
 from . import batches
-from .common import (LAYERS, PHASES, best_seconds, claim_json, require_model, save_json,
+from .common import (LAYERS, PHASES, best_seconds, claim_json, dash, require_model, save_json,
                      suite_parser, with_json, wrapped_layers)
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
@@ -573,14 +573,13 @@ def _print_rows(rows, with_torch: bool, log):
         "MFU hpcpipe | MFU PyTorch |")
     log("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        fmt = lambda v, spec: format(v, spec) if v is not None else "–"
         dtype = r["dtype"] + (" (TF32)" if r.get("tf32") else "")
-        peer = fmt(r["torch_tokens_per_s"], ",.0f")
+        peer = dash(r["torch_tokens_per_s"], ",.0f")
         if r.get("torch_threads"):
             peer += f" ({r['torch_threads']} thr.)"
         log(f"| {r['config']} | {dtype} | {r['batch'] * r['block_size']:,} | "
-            f"{r['hpcpipe_tokens_per_s']:,.0f} | {peer} | {fmt(r['ratio'], '.2f')}× | "
-            f"{r['mfu']:.1%} | {fmt(r['torch_mfu'], '.1%')} |")
+            f"{r['hpcpipe_tokens_per_s']:,.0f} | {peer} | {dash(r['ratio'], '.2f')}× | "
+            f"{r['mfu']:.1%} | {dash(r['torch_mfu'], '.1%')} |")
     if with_torch:
         log("ratio of each repetition's two steps, median: " + ", ".join(
             f"{r['config']} {r['ratio_paired']:.2f}×" for r in rows))

@@ -53,9 +53,10 @@ from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import generate
 from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import claim_figure, write_figure
+from hpcpipe.util.files import claim_figure
 
-from .common import claim_json, pyplot, root_log, slowest, suite_parser, with_json, write_json
+from .common import (claim_json, pyplot, root_log, save_figure, slowest, suite_parser,
+                     with_json, write_json)
 
 EPILOG = """\
 examples:
@@ -458,9 +459,7 @@ def draw(results, path: str):
     by_step.legend()
     fig.suptitle(f"replica 1 slowed by {results['delay_s'] * 1e3:.0f} ms a step, "
                  f"{WHEN[results.get('straggler', 'stall')]}")
-    fig.tight_layout()
-    write_figure(path, fig)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _smooth(values, weight: float = 0.9) -> list:

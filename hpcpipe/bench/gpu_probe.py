@@ -41,16 +41,21 @@ from .common import merge_json
 def device_ms(be, fn, repeats: int = 10) -> float:
     """Median device time of fn() by CUDA events, after one warm-up (host time on the
     stand-in, whose events tick on the host clock)."""
-    xp = be.xp
+    return _events_ms(fn, be.xp.cuda.Event, be.xp.cuda.get_elapsed_time, repeats)
+
+
+def _events_ms(fn, event, elapsed, repeats: int) -> float:
+    """Median ms of fn() between two events (event(); elapsed(start, end)), after one
+    warm-up: CuPy's events or torch's."""
     fn()
     times = []
     for _ in range(repeats):
-        start, end = xp.cuda.Event(), xp.cuda.Event()
+        start, end = event(), event()
         start.record()
         fn()
         end.record()
         end.synchronize()
-        times.append(xp.cuda.get_elapsed_time(start, end))
+        times.append(elapsed(start, end))
     return float(np.median(times))
 
 
@@ -315,20 +320,13 @@ def attention_vs_sdpa(be, out: str, small: bool):
 
 def _torch_ms(torch, fn, repeats: int = 10) -> float:
     """Median device time of fn() by torch's CUDA events (host time on the CPU)."""
-    fn()
     if not torch.cuda.is_available():
+        fn()
         tick = time.perf_counter()
         fn()
         return 1e3 * (time.perf_counter() - tick)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
+    return _events_ms(fn, lambda: torch.cuda.Event(enable_timing=True),
+                      lambda start, end: start.elapsed_time(end), repeats)
 
 
 # -- the model's GEMM shapes -------------------------------------------------------------

@@ -41,7 +41,7 @@ from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
 from hpcpipe.util.files import claim_figure
 
-from . import batches
+from . import ONE_CORE_EACH, batches
 from .common import (claim_json, require_tokens, root_log, round_robin, save_json,
                      schedule_label, slowest, suite_parser, warn_shared_cores, with_json)
 from .memory import memory_rows, pareto_front, plot_front, print_front, print_memory
@@ -57,9 +57,7 @@ examples:
   mpiexec -n 2 python -m mpi4py -m hpcpipe bench pipeline --schedules zb-v --layers 6 \
       --embd 384 --block 256 --vocab 2048 --splits "E t t.attn | .mlp t | t | t t L;auto"
 
-Give each rank its own core: with more ranks than cores the ranks take turns and the
-timings measure nothing. On machines that set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, unset
-both for the benchmark command (never in tests): they select a slower kernel."""
+""" + ONE_CORE_EACH
 
 
 def add_parser(sub):

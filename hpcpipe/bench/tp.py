@@ -39,7 +39,7 @@ from hpcpipe.train.rank import Rank
 from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
 
-from . import batches
+from . import ONE_CORE_EACH, batches
 from .common import (claim_json, require_tokens, root_log, round_robin, save_json, slowest,
                      suite_parser, warn_shared_cores, with_json)
 from .step import CONFIGS
@@ -50,9 +50,7 @@ examples:
   mpiexec -n 2 python -m mpi4py -m hpcpipe bench tp --config tiny --json tp.json
   mpiexec -n 4 python -m mpi4py -m hpcpipe bench tp --microbatches 8
 
-Give each rank its own core: with more ranks than cores the ranks take turns and the
-timings measure nothing. On machines that set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, unset
-both for the benchmark command (never in tests): they select a slower kernel."""
+""" + ONE_CORE_EACH
 
 MiB = 2 ** 20
 

@@ -21,7 +21,7 @@ from hpcpipe.train.rank import Rank
 from hpcpipe.util.errors import every_rank_does
 from hpcpipe.util.files import claim_folder
 
-from .common import claim_json, suite_parser, with_json, write_json
+from .common import claim_json, slowest, suite_parser, with_json, write_json
 
 EPILOG = """\
 examples:
@@ -68,11 +68,10 @@ def run_ckpt(args) -> int:
         verify_s = time.perf_counter() - tick
         assert not problems, problems
     manifest = world.bcast(ckpt.read_manifest(saved.path) if world.rank == 0 else None, root=0)
-    world.Barrier()
-    tick = time.perf_counter()
-    checkpoints.load(rank, cfg, saved.path, manifest)
-    world.Barrier()
-    load_s = time.perf_counter() - tick
+    load = []  # the slowest rank's
+    with slowest(world, load):
+        checkpoints.load(rank, cfg, saved.path, manifest)
+    load_s = load[0]
     if world.rank == 0:
         params = sum(f["size"] for n, f in manifest["files"].items() if n.startswith("model"))
         optim = sum(f["size"] for n, f in manifest["files"].items() if n.startswith("optim"))

@@ -264,6 +264,8 @@ def measure_overlap(world, be, transport, zero: int = 0, compression: str = "non
     """How much of the gradient all-reduce a dp training step hides behind its W passes:
     the exposed wait at the end of the step against the same reduction run by itself;
     with `zero` and `compression`, that step's bytes sent and held."""
+    from mpi4py import MPI
+
     dp = world.size
     rank, inputs = _dp_step(world, be, transport,
                              parallel={"zero": zero, "grad_compression": compression,
@@ -277,7 +279,7 @@ def measure_overlap(world, be, transport, zero: int = 0, compression: str = "non
             # The last rank to finish its W's waits only for what is left of the
             # reduction; the others' longer waits are that rank's lateness, not
             # communication.
-            exposed.append(world.allreduce(sync.wait_s, op=_mpi_min()))
+            exposed.append(world.allreduce(sync.wait_s, op=MPI.MIN))
     held = sum(rank.step.resident_bytes().values())
     params = sum(stage.param_buffer.size for stage in rank.model.stages.values())
     alone = []
@@ -292,7 +294,7 @@ def measure_overlap(world, be, transport, zero: int = 0, compression: str = "non
             "hidden_fraction": max(0.0, 1.0 - hidden / blocking) if blocking > 0 else 0.0,
             "gradient_bytes": sync.bytes_reduced, "zero": zero, "compression": compression,
             "sent_bytes": _sent_bytes(rank.step, dp), "step_ms": float(np.median(steps[2:])) * 1e3,
-            "bytes_per_param": world.allreduce(held, op=_mpi_max()) / params}
+            "bytes_per_param": world.allreduce(held, op=MPI.MAX) / params}
 
 
 STEP_SEQUENCES, STEP_BLOCK = 4, 64  # the step's sequences per rank (2 × 2) and their length
@@ -359,15 +361,3 @@ def _print_local(modes, ranks: int):
     for m in modes:
         print(f"| {m['mode']} | {m['step_ms']:.1f} | {m['tokens_per_s']:.0f} | "
               f"{m['sent_bytes'] / 2**20:.3f} |")
-
-
-def _mpi_max():
-    from mpi4py import MPI
-
-    return MPI.MAX
-
-
-def _mpi_min():
-    from mpi4py import MPI
-
-    return MPI.MIN

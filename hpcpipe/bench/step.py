@@ -129,10 +129,6 @@ def add_parser(sub):
 
 # -- what a step costs ------------------------------------------------------------------------
 
-def _sync(be):
-    be.synchronize()
-
-
 def torch_matmul_rate(torch, device, dtype, n: int, repeats: int = 3) -> float:
     a = torch.randn(n, n, dtype=getattr(torch, dtype), device=device)
     b = torch.randn(n, n, dtype=getattr(torch, dtype), device=device)
@@ -183,7 +179,7 @@ class HpcpipeStep:
         else:
             self.opt.step_graphed(grad, LR, self.graphs)
         self.host_s.append(time.perf_counter() - tick)
-        _sync(self.be)
+        self.be.synchronize()
         return float(value)
 
 
@@ -410,12 +406,12 @@ def layer_timers(be, totals: dict):
 
     def timed(layer, phase, fn):
         def wrapper(*args, **kwargs):
-            _sync(be)
+            be.synchronize()
             stack.append([time.perf_counter(), 0.0])
             try:
                 return fn(*args, **kwargs)
             finally:
-                _sync(be)
+                be.synchronize()
                 start, children = stack.pop()
                 elapsed = time.perf_counter() - start
                 if stack:
@@ -439,10 +435,10 @@ def profile(cfg, be, dtype, batch, repeats, tokens="uniform") -> tuple[list[dict
     with layer_timers(be, totals):
         for _ in range(repeats):
             fbw(step.stage, step.idx, step.targets)
-            _sync(be)
+            be.synchronize()
             start = time.perf_counter()
             step.opt.step(step.stage.grad_buffer.data, LR)
-            _sync(be)
+            be.synchronize()
             opt_time += time.perf_counter() - start
     step_ms = 1e3 * (time.perf_counter() - tick) / repeats
     rows = []

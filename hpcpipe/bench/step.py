@@ -441,15 +441,18 @@ def profile(cfg, be, dtype, batch, repeats, tokens="uniform") -> tuple[list[dict
             be.synchronize()
             opt_time += time.perf_counter() - start
     step_ms = 1e3 * (time.perf_counter() - tick) / repeats
-    rows = []
-    for layer in LAYERS:
-        row = {"layer": layer, **{ph: 1e3 * totals.get((layer, ph), 0.0) / repeats
-                                  for ph in PHASES.values()}}
-        if any(row[ph] for ph in PHASES.values()):
-            rows.append(row)
+    rows = layer_rows(totals, 1e3 / repeats)
     rows.append({"layer": "adamw", "F": 0.0, "B": 0.0, "W": 0.0,
                  "step": 1e3 * opt_time / repeats})
     return rows, step_ms
+
+
+def layer_rows(totals: dict, scale: float = 1.0) -> list[dict]:
+    """{(layer, phase): time} as a row of F, B and W per layer that took any (in LAYERS'
+    order), each time × `scale`."""
+    rows = [{"layer": layer, **{ph: scale * totals.get((layer, ph), 0.0)
+                                for ph in PHASES.values()}} for layer in LAYERS]
+    return [row for row in rows if any(row[ph] for ph in PHASES.values())]
 
 
 @contextmanager
@@ -485,10 +488,7 @@ def event_rows(xp, marks) -> list[dict]:
         inner = sum(c for d, c in stack if d == depth + 1)
         stack = [(d, c) for d, c in stack if d <= depth] + [(depth, ms)]
         totals[(layer, phase)] = totals.get((layer, phase), 0.0) + ms - inner
-    rows = {}
-    for (layer, phase), ms in totals.items():
-        rows.setdefault(layer, {"layer": layer, "F": 0.0, "B": 0.0, "W": 0.0})[phase] = ms
-    return list(rows.values())
+    return layer_rows(totals)
 
 
 def event_profile(cfg, be, dtype, batch, tokens="uniform") -> list[dict]:

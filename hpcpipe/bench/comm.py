@@ -191,7 +191,8 @@ def _allreduce(dgrid, transport, nbytes: int, repeats: int, bucket_mb: float) ->
 
     n, world = nbytes // 4, dgrid.world
     grads = FlatBuffer([("h.0.mlp.c_fc.weight", (n,))], transport.backend.xp, np.float32)
-    stage = SimpleNamespace(grad_buffer=grads, param_buffer=grads, embedding_part=True)
+    stage = SimpleNamespace(grad_buffer=grads, param_buffer=grads, embedding_part=True,
+                            tied=None)  # (no tied embedding: one tensor)
     plan = BucketPlan({0: stage}, int(bucket_mb * 2**20), dgrid.dp, dgrid.dp_rank, zero=False)
     sync = GradSync(plan, dgrid.data, transport)
     raw_buf = transport.backend.xp.ones(n, np.float32)

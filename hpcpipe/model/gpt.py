@@ -16,10 +16,12 @@ class GPT:
         loss, grads = model.loss_and_grads(idx, targets)
     """
 
+    stage_class = Stage  # llama.Llama: the same model over a LlamaStage
+
     def __init__(self, config: GPTConfig, dtype="float32", seed=0, be=None, draw=True):
         """draw=False: the weights left zero, for the caller to fill (a checkpoint's)."""
         self.config = config
-        self.stage = Stage(config, dtype=dtype, seed=seed, be=be, draw=draw)
+        self.stage = self.stage_class(config, dtype=dtype, seed=seed, be=be, draw=draw)
         self.xp = self.stage.xp
         self.params = self.stage.params
         self.grads = self.stage.grads

@@ -46,14 +46,8 @@ def decode(stage, idx, cache: KVCache, last_only: bool = False):
     new tokens `idx` (B, t) at positions [cache.length, cache.length + t) of a stage that
     holds the whole model (embedding, every block, head); their keys and values are added
     to the cache."""
-    if not (stage.embedding_part and stage.head_part and stage.tp is None):
-        raise ValueError("incremental decoding runs a whole model on one process")
     cfg, P, be = stage.cfg, stage.params, stage.be
-    start, t = cache.length, idx.shape[1]
-    if start + t > cache.capacity:
-        raise ValueError(f"positions up to {start + t} exceed block_size {cache.capacity}")
-    if cache.layer_params is None:
-        cache.layer_params = [scope(P, f"h.{layer}.") for layer in stage.layers]
+    start, t = begin(stage, idx, cache, lambda layer: f"h.{layer}.")
     x = P["wte"][idx] + P["wpe"][start:start + t]  # (B, t, C)
     for i, params in enumerate(cache.layer_params):
         x = block.decode(x, params, cfg.n_head, cache.keys[i], cache.values[i], start, be)
@@ -63,3 +57,18 @@ def decode(stage, idx, cache: KVCache, last_only: bool = False):
     x, _ = layernorm.forward(x, scope(P, "ln_f."), be)
     logits, _ = head.forward(x, P, be, vocab=padding_mask(cfg))
     return logits
+
+
+def begin(stage, idx, cache: KVCache, prefix) -> tuple[int, int]:
+    """(start, t): the first position of `decode`'s t new tokens idx (B, t), checked: the
+    stage must hold the whole model unsharded and the cache room for t more positions.
+    Cuts each block's parameter views (names under `prefix(layer)`) into the cache at its
+    first use. Either family's decode (this module's, llama.decode) starts here."""
+    if not (stage.embedding_part and stage.head_part and stage.tp is None):
+        raise ValueError("incremental decoding runs a whole model on one process")
+    start, t = cache.length, idx.shape[1]
+    if start + t > cache.capacity:
+        raise ValueError(f"positions up to {start + t} exceed block_size {cache.capacity}")
+    if cache.layer_params is None:
+        cache.layer_params = [scope(stage.params, prefix(layer)) for layer in stage.layers]
+    return start, t

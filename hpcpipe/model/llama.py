@@ -15,64 +15,21 @@ full cache from the last half of the context gives what a sliding window would.
 
 from __future__ import annotations
 
-import numpy as np
-
-from hpcpipe.model.layers import head, llama_block, rmsnorm, scope
+from hpcpipe.model import kvcache
+from hpcpipe.model.gpt import GPT
+from hpcpipe.model.layers import head, llama_block, rmsnorm
 from hpcpipe.model.layout import padding_mask
-from hpcpipe.model.llama_layout import EMBED, NORM, LlamaConfig, prefix
+from hpcpipe.model.llama_layout import EMBED, NORM, prefix
 from hpcpipe.model.llama_stage import LlamaStage
 
 
-class Llama:
+class Llama(GPT):
     """A Llama on one process: `params` and `grads` (Hugging Face name → writable view of
     the flat buffer), `logits`, `loss`, `loss_and_grads`, `accumulate`, and `decode` over
-    `new_cache()` — GPT's interface (gpt.py)."""
+    `new_cache()` — GPT's interface (gpt.py), and its code: only the stage and `decode`
+    are the Llama's."""
 
-    def __init__(self, config: LlamaConfig, dtype="float32", seed=0, be=None, draw=True):
-        """draw=False: the weights left zero, for the caller to fill (a checkpoint's)."""
-        self.config = config
-        self.stage = LlamaStage(config, dtype=dtype, seed=seed, be=be, draw=draw)
-        self.xp = self.stage.xp
-        self.params = self.stage.params
-        self.grads = self.stage.grads
-
-    @property
-    def num_params(self) -> int:
-        return self.stage.param_buffer.size
-
-    def _as_tokens(self, a):
-        return self.xp.asarray(a, dtype=np.int64)
-
-    def logits(self, idx):
-        """Next-token logits (B, T, V) for token ids idx (B, T), forward only."""
-        return self.stage.forward(0, self._as_tokens(idx), keep=False)
-
-    def loss(self, idx, targets) -> float:
-        """Mean cross-entropy of a batch, without computing gradients."""
-        return float(self.stage.forward(0, self._as_tokens(idx), self._as_tokens(targets),
-                                        keep=False))
-
-    def accumulate(self, mb: int, idx, targets, scale: float = 1.0) -> float:
-        """F, B and W of one microbatch; adds scale × its gradient into `model.grads`."""
-        value = self.stage.forward(mb, self._as_tokens(idx), self._as_tokens(targets),
-                                   loss_scale=scale)
-        self.stage.backward(mb)
-        return float(value)
-
-    def loss_and_grads(self, idx, targets):
-        """(loss, grads): the mean cross-entropy of the batch idx → targets (both (B, T)
-        integer arrays) and its gradient, as a dict of fresh arrays under Hugging Face's
-        names."""
-        self.stage.zero_grad()
-        value = self.accumulate(0, idx, targets)
-        self.stage.add_head_grad()
-        return value, {name: g.copy() for name, g in self.grads.items()}
-
-    def new_cache(self, batch: int = 1):
-        """An empty key/value cache for `decode` of `batch` sequences (kvcache.py)."""
-        from hpcpipe.model.kvcache import KVCache
-
-        return KVCache(self.config, batch, self.stage.be, self.stage.dtype)
+    stage_class = LlamaStage
 
     def decode(self, idx, cache, last_only: bool = False):
         """Next-token logits of the new tokens idx (B, t) only, continuing the sequences
@@ -84,14 +41,8 @@ def decode(stage: LlamaStage, idx, cache, last_only: bool = False):
     """Logits (B, t, V) — or (B, 1, V) of the last position with `last_only` — of the t
     new tokens `idx` (B, t) at positions [cache.length, cache.length + t) of a stage that
     holds the whole model; their keys and values are added to the cache."""
-    if not (stage.embedding_part and stage.head_part):
-        raise ValueError("incremental decoding runs a whole model on one process")
     cfg, P, be = stage.cfg, stage.params, stage.be
-    start, t = cache.length, idx.shape[1]
-    if start + t > cache.capacity:
-        raise ValueError(f"positions up to {start + t} exceed block_size {cache.capacity}")
-    if cache.layer_params is None:
-        cache.layer_params = [scope(P, prefix(layer)) for layer in stage.layers]
+    start, t = kvcache.begin(stage, idx, cache, prefix)
     x = P[EMBED][idx]  # (B, t, C)
     for i, params in enumerate(cache.layer_params):
         x = llama_block.decode(x, params, cfg, cache.keys[i], cache.values[i], start, be)

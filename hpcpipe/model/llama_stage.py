@@ -23,8 +23,7 @@ shards inside F and B, as GPT-2's stage does.
 
 from __future__ import annotations
 
-from hpcpipe.model.layers import embedding, head, llama_block, loss, rmsnorm, scope
-from hpcpipe.model.layout import padding_mask
+from hpcpipe.model.layers import embedding, llama_block, rmsnorm, scope
 from hpcpipe.model.llama_layout import (
     EMBED,
     NORM,
@@ -92,14 +91,7 @@ class LlamaStage(Stage):
         if self.head_part:
             x, caches["norm"] = rmsnorm.forward(x, {"weight": P[NORM]}, cfg.rms_norm_eps, be,
                                                 tp, owned)
-            logits, caches["head"] = head.forward(x, {"wte": P[self.head_name]}, be, tp,
-                                                  padding_mask(cfg))
-            if targets is None and not keep:
-                return logits, None  # (under tensor parallelism: this shard's columns)
-            wanted = loss.logits_dtype(be, self.dtype, tp)
-            if logits.dtype != wanted:
-                logits = logits.astype(wanted)
-            x, caches["loss"] = loss.forward(logits, targets, be, tp)
+            return self._head_forward(x, targets, keep, caches)
         return x, caches
 
     def backward_input(self, mb: int, dy=None):
@@ -109,21 +101,10 @@ class LlamaStage(Stage):
         entry = self.stash.open(mb)
         caches = entry.caches
         if self.head_part:
-            dlogits = loss.backward_input(entry.loss_scale, caches.pop("loss"))
-            dlogits = dlogits.astype(self.dtype, copy=False)
-            dx = head.backward_input(dlogits, caches["head"])
-            # The head's weight gradient in B (as the GPT-2 stage's): it frees the
-            # (B, T, V) logits gradient at once, and a tied one is needed early upstream.
-            into = self.head_grad if self.head_grad_kept else self.grads[self.head_name]
-            head.backward_weight(dlogits, caches.pop("head"), {"wte": into})
-            dy = rmsnorm.backward_input(dx, caches["norm"])
+            dy = rmsnorm.backward_input(self._head_backward(entry), caches["norm"])
         for layer, _ in reversed(self.runs):
             dy = llama_block.backward_input(dy, caches[layer])
-        if self.embedding_part:
-            embedding.backward_input(dy, caches["embedding"])  # (SP: gathers the sequence)
-            entry.d_input = dy
-            return None
-        return dy
+        return self._input_gradient(entry, dy)
 
     def backward_weight(self, mb: int, after_layer=None):
         """W: weight gradients of microbatch `mb`, added into the gradient buffer; frees
@@ -143,10 +124,3 @@ class LlamaStage(Stage):
                                       {"wte": G[EMBED]})
             if not self.cfg.tie_word_embeddings:
                 done((EMBED,))
-
-    def add_head_grad(self, head_grad=None):
-        """Fold a tied head's gradient into d(embed_tokens), once per step, after every W
-        (an untied head's is in lm_head's gradient already)."""
-        contribution = self.head_grad if head_grad is None else head_grad
-        if contribution is not None:
-            self.grads[EMBED] += contribution

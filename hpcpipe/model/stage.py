@@ -35,6 +35,7 @@ class GPT2Parts:
     values, and what selective recomputation rebuilds."""
 
     tied = "wte"  # the tied embedding's tensor, which the first and last stage both hold
+    head_name = "wte"  # the head's weight: the tied embedding's
 
     @property
     def head_grad_kept(self) -> bool:
@@ -223,13 +224,21 @@ class Stage(GPT2Parts):
             owned = True
         if self.head_part:
             x, caches["ln_f"] = layernorm.forward(x, scope(P, "ln_f."), be, tp, owned=owned)
-            logits, caches["head"] = head.forward(x, P, be, tp, padding_mask(cfg))
-            if targets is None and not keep:
-                return logits, None  # (under tensor parallelism: this shard's columns)
-            wanted = loss.logits_dtype(be, self.dtype, tp)  # 16-bit: float32 unless fused
-            if logits.dtype != wanted:
-                logits = logits.astype(wanted)
-            x, caches["loss"] = loss.forward(logits, targets, be, tp)
+            return self._head_forward(x, targets, keep, caches)
+        return x, caches
+
+    def _head_forward(self, x, targets, keep: bool, caches):
+        """F's end, either family's: the head and the loss on the final norm's output x —
+        (loss, caches), or (logits, None) without targets when nothing is kept."""
+        be, tp = self.be, self.tp
+        logits, caches["head"] = head.forward(x, {"wte": self.params[self.head_name]}, be, tp,
+                                              padding_mask(self.cfg))
+        if targets is None and not keep:
+            return logits, None  # (under tensor parallelism: this shard's columns)
+        wanted = loss.logits_dtype(be, self.dtype, tp)  # 16-bit: float32 unless fused
+        if logits.dtype != wanted:
+            logits = logits.astype(wanted)
+        x, caches["loss"] = loss.forward(logits, targets, be, tp)
         return x, caches
 
     def backward_input(self, mb: int, dy=None):
@@ -239,22 +248,34 @@ class Stage(GPT2Parts):
         entry = self.stash.open(mb)
         caches = entry.caches
         if self.head_part:
-            dlogits = loss.backward_input(entry.loss_scale, caches.pop("loss"))
-            dlogits = dlogits.astype(self.dtype, copy=False)
-            dx = head.backward_input(dlogits, caches["head"])
-            # The head's weight gradient is taken here, in B, not in W: it is the tied
-            # embedding's, which the first stage needs before its next step, and B's run
-            # early (in microbatch order too): no wait for the last stage's final W. It
-            # also frees the (B, T, V) logits gradient at once.
-            head.backward_weight(dlogits, caches.pop("head"), {"wte": self.head_grad})
-            dy = layernorm.backward_input(dx, caches["ln_f"])
+            dy = layernorm.backward_input(self._head_backward(entry), caches["ln_f"])
         for unit in reversed(self.units):
             dy = unit.backward_input(dy, caches[unit.key])
-        if self.embedding_part:
-            embedding.backward_input(dy, caches["embedding"])
-            entry.d_input = dy
-            return None
-        return dy
+        return self._input_gradient(entry, dy)
+
+    def _head_backward(self, entry):
+        """B's start, either family's: the loss's and the head's; the gradient at the final
+        norm's output out."""
+        dlogits = loss.backward_input(entry.loss_scale, entry.caches.pop("loss"))
+        dlogits = dlogits.astype(self.dtype, copy=False)
+        dx = head.backward_input(dlogits, entry.caches["head"])
+        # The head's weight gradient is taken here, in B, not in W: a tied one is the
+        # embedding's, which the first stage needs before its next step, and B's run
+        # early (in microbatch order too): no wait for the last stage's final W. It
+        # also frees the (B, T, V) logits gradient at once. (An untied head's goes
+        # straight into its own gradient.)
+        into = self.head_grad if self.head_grad_kept else self.grads[self.head_name]
+        head.backward_weight(dlogits, entry.caches.pop("head"), {"wte": into})
+        return dx
+
+    def _input_gradient(self, entry, dy):
+        """B's end, either family's: the stage input's gradient, None on the first stage (token
+        ids have none), whose embedding keeps dy for its W (SP: gathers the sequence)."""
+        if not self.embedding_part:
+            return dy
+        embedding.backward_input(dy, entry.caches["embedding"])
+        entry.d_input = dy
+        return None
 
     def backward_weight(self, mb: int, after_layer=None):
         """W: weight gradients of microbatch `mb`, added into the gradient buffer; frees the
@@ -281,12 +302,14 @@ class Stage(GPT2Parts):
         return dx
 
     def add_head_grad(self, head_grad=None):
-        """Fold the tied head's gradient into d(wte), once per step, after every W.
+        """Fold the tied head's gradient into d(wte) (a Llama's d(embed_tokens)), once per
+        step, after every W; an untied head's is in its own gradient already.
 
         On a single stage the head's own buffer is used; in a pipeline the first stage
         passes the one received from the last stage."""
         contribution = self.head_grad if head_grad is None else head_grad
-        self.grads["wte"] += contribution
+        if contribution is not None:
+            self.grads[self.tied] += contribution
 
 
 def _draw(stage: Stage, seed: int):

@@ -29,10 +29,10 @@ from typing import Iterator
 
 from .generators import one_f_one_b
 from .greedy import Policy, greedy
-from .heuristic import Knobs, Stuck, build
+from .heuristic import Knobs, build
 from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
 from .recompute import NONE, Recompute
-from .problem import EPS, Built, Problem
+from .problem import EPS, Built, Problem, Stuck
 from .quick import peak, spans
 from .simulator import Costs, SimResult, peak_activations, simulate
 
@@ -91,7 +91,7 @@ class Search:
         return peak(schedule, self.costs) <= self.limit + EPS
 
 
-def _cost_stages(costs: Costs) -> int | None:
+def cost_stages(costs: Costs) -> int | None:
     """How many model stages per-stage costs describe; None when every cost is one number."""
     for name in ("f", "b", "w", "memory", "memw"):
         value = getattr(costs, name)
@@ -111,7 +111,7 @@ def _chunk_counts(p: int, costs: Costs, chunks: int | None) -> tuple[int, ...]:
             raise ScheduleError(f"auto searches 1 or 2 chunks per rank, or 0 to choose "
                                 f"(got chunks={chunks})")
         return (chunks,)
-    stages = _cost_stages(costs)
+    stages = cost_stages(costs)
     if stages is None:
         return CHUNK_CHOICES
     if stages % p or stages // p not in CHUNK_CHOICES:

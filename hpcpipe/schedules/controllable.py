@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from . import vblocks
 from .ops import Kind, Op, Schedule, ScheduleError, make_schedule, v_placement
+from .quick import quickest
 from .vblock_table import SHORTLIST
 
 F, B, W = Kind.F, Kind.B, Kind.W
@@ -104,24 +105,9 @@ class Grid:
 
     def peak(self, r: int) -> int:
         """Rank r's most activations held, in chunk-microbatches: an F takes one, a W frees
-        one; with no W lanes, each free slot frees one that a B left waiting."""
-        lanes = self.slot[r]
-        events = {t: lane for lane, slots in lanes.items() for t in slots}
-        weights_placed = len(lanes) > len(LANES)
-        held = peak = owed = 0
-        for t in range(max(events) + 1):
-            lane = events.get(t)
-            if lane is None:
-                if not weights_placed and owed:
-                    held, owed = held - 1, owed - 1
-            elif lane[0] == F:
-                held += 1
-            elif lane[0] == B:
-                owed += 1
-            else:
-                held -= 1
-            peak = max(peak, held)
-        return peak
+        one; with no W lanes, each free slot frees one that a B left waiting (counted as
+        `Memory` counts a move)."""
+        return Memory(self, r).states[-1][2]
 
     def ops(self, r: int) -> list[Op]:
         """Rank r's op list: its ops in slot order (the W lanes must be per chunk)."""
@@ -188,7 +174,7 @@ class Grid:
 
 class Memory:
     """One rank's activations slot by slot while `Grid.squeeze` moves its ops, so that a
-    move is weighed without recounting the whole rank (`Grid.peak` counts the same way).
+    move is weighed without recounting the whole rank (`Grid.peak` reads its last count).
     With W's placed only an F or a W changes what is held, over the slots it moves
     across; without, a free slot pays a W a B left owed, so a move is recounted from its
     new slot on, from the state there (that squeeze moves cool-down ops: near the end)."""
@@ -292,13 +278,8 @@ def controllable(family: str, p: int, m: int, costs=None) -> Schedule:
             grid = vblocks.build(vblocks.Block(spec[:3], *spec[3:]), p, n, limit)
             if grid is not None and (n == m or grid.keep(m)) and grid.peak() <= limit:
                 orders.append((grid.order(), None))
-    best, best_score = None, None
-    for order, schedule in orders:
-        schedule = schedule or vblocks.schedule_of(family, order, m)
-        score = vblocks.quickness(schedule, costs)
-        if best is None or vblocks.quicker(score, best_score):
-            best, best_score = schedule, score
-    return best
+    return quickest((schedule or vblocks.schedule_of(family, order, m)
+                     for order, schedule in orders), costs)
 
 
 def v_half(p: int, m: int, costs=None) -> Schedule:

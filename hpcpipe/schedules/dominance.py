@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 
 from . import Costs, ScheduleError, check, generate, peak_activations, simulate
+from .auto import cost_stages
 from .recompute import PRESETS, Recompute
 
 ONE_CHUNK = ("gpipe", "1f1b", "zb-h1", "zb-h2")
@@ -43,7 +44,7 @@ class Case:
 
     def rivals(self) -> list[str]:
         """The fixed kinds auto must not lose to: those of the placements it may take."""
-        stages = _stages(self.costs)
+        stages = cost_stages(self.costs)
         if self.chunks is None or stages == self.p:
             return list(ONE_CHUNK)
         if self.chunks == 2 or stages == 2 * self.p:
@@ -53,13 +54,6 @@ class Case:
 
     def value(self, result) -> float:
         return result.longest_span if self.objective == "span" else result.makespan
-
-
-def _stages(costs: Costs) -> int | None:
-    for name in ("f", "b", "w"):
-        if isinstance(getattr(costs, name), tuple):
-            return len(getattr(costs, name))
-    return None
 
 
 def draw(rng: random.Random, largest_p: int, largest_m: int) -> Case:

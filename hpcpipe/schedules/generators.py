@@ -200,17 +200,12 @@ def zb_v(p: int, m: int, costs=None) -> Schedule:
 def _quickest_zb_v(p: int, m: int, built: Schedule, costs) -> Schedule:
     """Of `built` and the builder's orders for `costs` under its peak, the quickest
     (longest span, then makespan; `built` on a tie)."""
-    from .quick import peak
-    from .vblocks import quicker, quickness
+    from .quick import peak, quickest
     from .vgreedy import orders
 
     limit = peak(built, costs)
-    best, best_score = built, quickness(built, costs)
-    for other in orders(p, m, costs, limit, ZB_V_BUDGET):
-        score = quickness(other, costs)
-        if peak(other, costs) <= limit + 1e-9 and quicker(score, best_score):
-            best, best_score = other, score
-    return best
+    return quickest([built] + [other for other in orders(p, m, costs, limit, ZB_V_BUDGET)
+                               if peak(other, costs) <= limit + 1e-9], costs)
 
 
 def _zb_v_below_threshold(p: int, m: int, built: Schedule) -> Schedule:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
-from .ops import Kind, Op, ScheduleError, make_schedule
-from .problem import EPS, Built, Problem
+from .ops import Kind, Op, ScheduleError
+from .problem import EPS, Built, Problem, Timeline
 
 
 @dataclass(frozen=True)
@@ -64,8 +63,8 @@ class Candidate(NamedTuple):
     chunk: int
 
 
-@dataclass
-class RankState:
+@dataclass(kw_only=True)
+class RankState(Timeline):
     """One rank while the scheduler runs."""
 
     stages: tuple[int, ...]               # model stage of each chunk
@@ -74,12 +73,11 @@ class RankState:
     next_b: list[int]
     depth: int                            # most microbatches between F and B
     ops_left: int
-    free: float = 0.0                     # end of its last op
-    first: float | None = None
-    held: float = 0.0                     # activation memory held now
     last_fb: Kind = Kind.F
-    ops: list[Op] = field(default_factory=list)
-    held_w: deque = field(default_factory=deque)  # (microbatch, chunk) whose B ran, no W yet
+
+    def run(self, op: Op, start: float, duration: float) -> float:
+        self.ops_left -= 1
+        return super().run(op, start, duration)
 
     def in_flight(self) -> int:
         return sum(self.next_f) - sum(self.next_b)
@@ -130,7 +128,8 @@ class ListScheduler:
         order = tuple(sorted(range(v), key=lambda c: -stages[c]))
         depth = (math.ceil(self.policy.depth * (pb.p - r) - EPS) if self.policy.depth
                  else pb.m * v)
-        return RankState(stages, order, [0] * v, [0] * v, depth, ops_left=3 * pb.m * v)
+        return RankState(stages=stages, chunk_order=order, next_f=[0] * v, next_b=[0] * v,
+                         depth=depth, ops_left=3 * pb.m * v)
 
     def arrival(self, r: int, chunk: int, kind: Kind) -> Arrival | None:
         """When the input of rank r's next `kind` op on `chunk` is there; None: none left."""
@@ -196,8 +195,8 @@ class ListScheduler:
         if memory_full or self.policy.fill == "eager" or not rank.forward_or_backward_left(self.pb.m):
             return True
         upcoming = best.start if best is not None else soonest
-        _, chunk = rank.held_w[0]
-        return upcoming is None or upcoming >= rank.free + self.pb.w[rank.stages[chunk]] - EPS
+        _, stage = rank.held_w[0]
+        return upcoming is None or upcoming >= rank.free + self.pb.w[stage] - EPS
 
     # -- what an F holds and a B takes: the hooks ondemand.py's scheduler changes ---------
 
@@ -228,21 +227,6 @@ class ListScheduler:
     def backward_ran(self, s: int, x: int) -> None:
         """Told of each B as it is placed."""
 
-    def _record(self, rank: RankState, op: Op, start: float, duration: float) -> float:
-        rank.ops.append(op)
-        rank.first = start if rank.first is None else rank.first
-        rank.free = start + duration
-        rank.ops_left -= 1
-        return rank.free
-
-    def run_w(self, r: int) -> None:
-        rank = self.ranks[r]
-        x, chunk = rank.held_w.popleft()
-        s = rank.stages[chunk]
-        # A W feeds no other rank, so it may go back to the rank's free time.
-        self._record(rank, Op(Kind.W, x, chunk), rank.free, self.pb.w[s])
-        rank.held -= self.pb.memw[s]
-
     def run_forward_or_backward(self, r: int, best: Candidate) -> int:
         """Run `best` on rank r; returns the stage its output goes to."""
         pb, rank = self.pb, self.ranks[r]
@@ -252,16 +236,15 @@ class ListScheduler:
         if best.kind == Kind.B:
             x = rank.next_b[c]
             rank.next_b[c] += 1
-            self.b_end[s][x] = self._record(rank, Op(Kind.B, x, c), best.start,
-                                            self.b_length(s, x))
+            self.b_end[s][x] = rank.run(Op(Kind.B, x, c), best.start, self.b_length(s, x))
             rank.held += pb.memw[s] - self.kept(s, x)
-            rank.held_w.append((x, c))
+            rank.held_w.append((x, s))
             self.backward_ran(s, x)
             return s - 1
         x = rank.next_f[c]
         held = self.f_held(r, s)
         rank.next_f[c] += 1
-        self.f_end[s][x] = self._record(rank, Op(Kind.F, x, c), best.start, pb.f[s])
+        self.f_end[s][x] = rank.run(Op(Kind.F, x, c), best.start, pb.f[s])
         rank.held += held
         self.forward_ran(s, x, held)
         return s + 1
@@ -284,7 +267,7 @@ class ListScheduler:
         ready, soonest, memory_full = self.candidates(r, now)
         best = self.choose(r, ready)
         if self.should_run_w(r, best, soonest, memory_full):
-            self.run_w(r)
+            rank.run_w(self.pb)
             self.queue.push(r, max(now, rank.free))
             return
         if best is None:
@@ -310,11 +293,7 @@ class ListScheduler:
         if stalled:
             raise ScheduleError(f"the list scheduler stalled on ranks {stalled} under memory "
                                 f"limit {pb.limit:g}")
-        schedule = make_schedule(kind, pb.p, pb.m, pb.chunks, [r.ops for r in self.ranks],
-                                 pb.placement)
-        span = tuple(r.free - r.first for r in self.ranks)
-        makespan = max(r.free for r in self.ranks) - min(r.first for r in self.ranks)
-        return Built(schedule, self.policy, span, makespan)
+        return Built.of(kind, pb, self.ranks, self.policy)
 
 
 def greedy(problem: Problem, policy: Policy, kind: str = "auto") -> Built:

@@ -11,11 +11,10 @@ more W when the wait would make this rank's idle time the worst of all ranks.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
-from .ops import Kind, Op, ScheduleError, make_schedule
-from .problem import EPS, Built, Problem
+from .ops import Kind, Op
+from .problem import EPS, Built, Problem, Stuck, Timeline
 
 
 @dataclass(frozen=True)
@@ -38,20 +37,6 @@ class Knobs:
 
 
 @dataclass
-class RankState:
-    """One rank while the builder places ops on it."""
-
-    clock: float = 0.0              # end of its last op
-    first: float | None = None      # start of its first op
-    held: float = 0.0               # activation memory held now
-    idle: float = 0.0               # waits since its first op
-    ops: list[Op] = field(default_factory=list)
-    # (microbatch, stage) whose B has run and W not yet, in the order the B's ran: taking
-    # them first-in first-out keeps every stage's W's in microbatch order.
-    held_w: deque = field(default_factory=deque)
-
-
-@dataclass
 class StageState:
     """One stage's progress: the next F and B to place and when each placed one ended."""
 
@@ -65,16 +50,12 @@ class StageState:
         return self.next_f < self.m
 
 
-class Stuck(ScheduleError):
-    """The builder cannot go on: an F needs memory and its rank holds no W to free."""
-
-
 class Builder:
     """Places one problem's ops (see the module's docstring); `build()` runs it once."""
 
     def __init__(self, problem: Problem, knobs: Knobs):
         self.pb, self.knobs = problem, knobs
-        self.ranks = [RankState() for _ in range(problem.p)]
+        self.ranks = [Timeline() for _ in range(problem.p)]
         self.stages = [StageState(problem.m) for _ in range(problem.num_stages)]
 
     # -- placing single ops ------------------------------------------------------------
@@ -93,37 +74,25 @@ class Builder:
         gradient = self.stages[stage + 1].b_end[x] + pb.hop(stage + 1, stage)
         return max(own, gradient - pb.lead_of(stage))
 
-    def _run(self, rank: RankState, op: Op, start: float, duration: float) -> float:
-        if rank.first is None:
-            rank.first = start
-        else:
-            rank.idle += start - rank.clock
-        rank.clock = start + duration
-        rank.ops.append(op)
-        return rank.clock
-
     def place(self, stage: int, kind: Kind) -> None:
         pb, st = self.pb, self.stages[stage]
         rank = self.ranks[pb.rank_of[stage]]
-        start = max(rank.clock, self.arrival(stage, kind))
+        start = max(rank.free, self.arrival(stage, kind))
         chunk = pb.chunk_of[stage]
         if kind == Kind.F:
             x = st.next_f
-            st.f_end.append(self._run(rank, Op(Kind.F, x, chunk), start, pb.f[stage]))
+            st.f_end.append(rank.run(Op(Kind.F, x, chunk), start, pb.f[stage]))
             st.next_f += 1
             rank.held += pb.mem[stage]
         else:
             x = st.next_b
-            st.b_end.append(self._run(rank, Op(Kind.B, x, chunk), start, pb.b[stage]))
+            st.b_end.append(rank.run(Op(Kind.B, x, chunk), start, pb.b[stage]))
             st.next_b += 1
             rank.held += pb.memw[stage] - pb.mem[stage]
             rank.held_w.append((x, stage))
 
     def place_w(self, r: int) -> None:
-        rank = self.ranks[r]
-        x, stage = rank.held_w.popleft()
-        self._run(rank, Op(Kind.W, x, self.pb.chunk_of[stage]), rank.clock, self.pb.w[stage])
-        rank.held -= self.pb.memw[stage]
+        self.ranks[r].run_w(self.pb)
 
     def next_w_time(self, r: int) -> float:
         return self.pb.w[self.ranks[r].held_w[0][1]]
@@ -150,10 +119,10 @@ class Builder:
         if kind == Kind.F:
             self.make_room(stage)
         arrives = self.arrival(stage, kind)
-        while rank.held_w and rank.clock + self.next_w_time(r) <= arrives + EPS:
+        while rank.held_w and rank.free + self.next_w_time(r) <= arrives + EPS:
             self.place_w(r)
-        if rank.held_w and rank.clock < arrives - EPS:
-            within_budget = arrives - rank.clock <= self.worst_idle() - rank.idle + EPS
+        if rank.held_w and rank.free < arrives - EPS:
+            within_budget = arrives - rank.free <= self.worst_idle() - rank.idle + EPS
             if not within_budget or self.knobs.fill_every_gap:
                 self.place_w(r)
 
@@ -175,7 +144,7 @@ class Builder:
                 back = self.stages[s].f_end[0] + pb.b[s]
                 continue
             comes = back + pb.hop(s + 1, s) - pb.lead_of(s)  # (its rebuild may run before)
-            clock, held = rank.clock, rank.held
+            clock, held = rank.free, rank.held
             while self.stages[s].next_f + extra[s] < pb.m and held + pb.mem[s] <= pb.limit + EPS:
                 over = clock + pb.f[s] > comes if self.knobs.overfill_warmup else clock >= comes
                 if over:
@@ -216,13 +185,13 @@ class Builder:
             return True
         rank = self.ranks[pb.rank_of[s]]
         # When the next stage could at the earliest hand back its next backward.
-        back = (self.ranks[pb.rank_of[s + 1]].clock + pb.f[s + 1] + pb.b[s + 1]
+        back = (self.ranks[pb.rank_of[s + 1]].free + pb.f[s + 1] + pb.b[s + 1]
                 + pb.hop(s + 1, s))
-        if rank.clock >= back:
+        if rank.free >= back:
             return False
-        if rank.clock + pb.f[s] + self._w_time_to_fit(s) <= back:
+        if rank.free + pb.f[s] + self._w_time_to_fit(s) <= back:
             return True
-        return back - rank.clock > self.worst_idle() - rank.idle
+        return back - rank.free > self.worst_idle() - rank.idle
 
     def _w_time_to_fit(self, s: int) -> float:
         """The W time a rank must spend before an F of stage s fits in memory."""
@@ -262,12 +231,7 @@ class Builder:
         for i in range(1, self.pb.m):
             self.round(i)
         self.drain()
-        pb = self.pb
-        schedule = make_schedule(kind, pb.p, pb.m, pb.chunks, [r.ops for r in self.ranks],
-                                 pb.placement)
-        span = tuple(r.clock - r.first for r in self.ranks)
-        makespan = max(r.clock for r in self.ranks) - min(r.first for r in self.ranks)
-        return Built(schedule, self.knobs, span, makespan)
+        return Built.of(kind, self.pb, self.ranks, self.knobs)
 
 
 def build(problem: Problem, knobs: Knobs = Knobs(), kind: str = "auto") -> Built:

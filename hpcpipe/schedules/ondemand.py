@@ -75,7 +75,7 @@ class OnDemand(ListScheduler):
         keeps room for, recomputing), could rank r still rebuild for any B it holds once
         every W is run? Else, holding F's only, it would stall."""
         pb, rank, rebuilt = self.pb, self.ranks[r], 1 - self.choice.keep
-        waiting = sum(pb.memw[rank.stages[c]] for _, c in rank.held_w)
+        waiting = sum(pb.memw[s] for _, s in rank.held_w)
         spikes = [pb.mem[t] * rebuilt for t in rank.stages if self.rebuilding[t]]
         if held < pb.mem[s]:
             spikes.append(pb.mem[s] - held)

@@ -1,14 +1,16 @@
 """One scheduling problem as the searches see it: ranks, microbatches, where each stage sits,
-and per-stage durations and memory. Shared by the heuristic builder, the exact model and the bounds.
+and per-stage durations and memory. Shared by the builders (heuristic.py, greedy.py, vgreedy.py:
+each rank a `Timeline`), the exact model and the bounds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Mapping
 
-from .ops import Schedule, ScheduleError
+from .ops import Kind, Op, Schedule, ScheduleError, make_schedule
 from .simulator import Costs
 
 EPS = 1e-9
@@ -116,6 +118,46 @@ class Problem:
                                     f"activations on rank {r} ({need:g})")
 
 
+class Stuck(ScheduleError):
+    """A builder (heuristic.py, vgreedy.py) cannot go on: an op's input is not placed yet,
+    or an F needs memory and its rank holds no W to free it."""
+
+
+@dataclass
+class Timeline:
+    """One rank as a builder places its ops (heuristic.py, greedy.py, vgreedy.py): its
+    list, when the first starts and the last ends, the activation memory held now, the
+    waits since its first op, and the W's it owes -- (microbatch, stage) whose B has run,
+    in the order the B's ran: taking them first-in first-out keeps every stage's W's in
+    microbatch order."""
+
+    free: float = 0.0
+    first: float | None = None
+    held: float = 0.0
+    idle: float = 0.0
+    ops: list[Op] = field(default_factory=list)
+    held_w: deque = field(default_factory=deque)
+
+    def run(self, op: Op, start: float, duration: float) -> float:
+        """Append `op`, running from `start`; returns its end."""
+        if self.first is None:
+            self.first = start
+        else:
+            self.idle += start - self.free
+        self.free = start + duration
+        self.ops.append(op)
+        return self.free
+
+    def run_w(self, pb: Problem, shared: dict | None = None) -> None:
+        """The oldest W owed, as soon as the rank is free: a W feeds no other rank.
+        `shared`: per (Kind.W, chunk), the W op of every microbatch, built once (ops are
+        values: a builder that places millions saves building each)."""
+        x, s = self.held_w.popleft()
+        c = pb.chunk_of[s]
+        self.run(shared[(Kind.W, c)][x] if shared else Op(Kind.W, x, c), self.free, pb.w[s])
+        self.held -= pb.memw[s]
+
+
 @dataclass(frozen=True)
 class Built:
     """A schedule with its builder's own timings (equal to `simulate`'s) and the recipe
@@ -125,6 +167,14 @@ class Built:
     recipe: object
     span: tuple[float, ...]
     makespan: float
+
+    @classmethod
+    def of(cls, kind: str, pb: Problem, ranks: list[Timeline], recipe: object) -> "Built":
+        """The ranks' op lists as a schedule of `pb`'s placement, with their timings."""
+        schedule = make_schedule(kind, pb.p, pb.m, pb.chunks, [r.ops for r in ranks],
+                                 pb.placement)
+        return cls(schedule, recipe, tuple(r.free - r.first for r in ranks),
+                   max(r.free for r in ranks) - min(r.first for r in ranks))
 
     @property
     def longest_span(self) -> float:

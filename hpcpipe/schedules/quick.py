@@ -9,6 +9,8 @@ its rebuild before its gradient, the simulator's own replay is used.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from .ops import Kind, Schedule
 from .simulator import Costs, backward_times, op_duration, op_lead, peak_activations, replay
 
@@ -81,6 +83,24 @@ def spans(schedule: Schedule, costs: Costs) -> tuple[float, float]:
         raise ValueError("the schedule deadlocks: run check() on it")
     return (max(free[r] - first[r] for r in busy),
             max(free[r] for r in busy) - min(first[r] for r in busy))
+
+
+def quicker(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether (span, makespan) `a` beats `b`: a shorter span, or as long and a shorter
+    makespan (beyond rounding)."""
+    tol = 1e-9 * max(1.0, b[0])
+    return a[0] < b[0] - tol or (a[0] <= b[0] + tol and a[1] < b[1] - tol)
+
+
+def quickest(schedules: Iterable[Schedule], costs: Costs) -> Schedule:
+    """Of `schedules` (at least one), the quickest under `costs` by `quicker`: the first
+    of equals."""
+    best = best_score = None
+    for schedule in schedules:
+        score = spans(schedule, costs)
+        if best is None or quicker(score, best_score):
+            best, best_score = schedule, score
+    return best
 
 
 def peak(schedule: Schedule, costs: Costs) -> float:

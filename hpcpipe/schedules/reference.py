@@ -90,10 +90,9 @@ def weigh(row: Row, with_auto: bool = True) -> Weighed:
     ours = simulate(generate(row.kind, row.p, row.m, costs=row.costs), row.costs)
     auto = chose = auto_peak = None
     if with_auto:
-        from .auto import best_contender, make_search
-        best = best_contender(make_search(row.p, row.m, row.costs, row.peak, "span", 0))
-        got = simulate(best.schedule, row.costs)
-        auto, auto_peak, chose = got.bubble_rate, max(got.peak_activations), best.label
+        from .auto import search
+        chose, _, got = search(row.p, row.m, row.costs, row.peak, "span", 0)
+        auto, auto_peak = got.bubble_rate, max(got.peak_activations)
     return Weighed(row, ours.bubble_rate, max(ours.peak_activations), auto, auto_peak, chose)
 
 

@@ -409,13 +409,10 @@ def _tidy(x: float) -> float:
 
 def op_duration(schedule: Schedule, costs: Costs) -> Callable[[Op, int], float]:
     S, v = schedule.num_stages, schedule.chunks
-    tf, tb, tw = (costs.per_stage(n, S, v) for n in ("f", "b", "w"))
-    if isinstance(costs.recompute, PerMicrobatch):
-        choice = costs.recompute_of(S)
-        rebuild = lambda op, stage: choice(stage, op.microbatch).time * tf[stage]  # noqa: E731
-    else:
-        tb = backward_times(costs, S, v)
-        rebuild = lambda op, stage: 0.0  # noqa: E731  (already in tb)
+    tf, tb, tw = costs.per_stage("f", S, v), backward_times(costs, S, v), costs.per_stage("w", S, v)
+    # A per-stage plan's rebuild is in backward_times already; a per-microbatch plan's not.
+    rebuild = (rebuild_times(schedule, costs) if isinstance(costs.recompute, PerMicrobatch)
+               else lambda op, stage: 0.0)
 
     def duration(op: Op, stage: int) -> float:
         if op.kind == Kind.F:

@@ -458,13 +458,12 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep-memory", metavar="PNG",
                         help="plot the bubble rate against the memory limit on the paper's rows")
     args = parser.parse_args(argv)
+    sizes = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
     if args.auto_seconds:
         print(render_seconds(auto_seconds()))
     elif args.per_microbatch:
-        sizes = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
         print(render_per_microbatch(sizes, args.exact, args.polish))
     elif args.memory_goals:
-        sizes = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
         print(render_goals(sizes, args.objective, args.exact, args.polish))
     elif args.sweep_memory:
         sweep_memory(args.sweep_memory)
@@ -472,8 +471,7 @@ def main(argv=None) -> int:
     elif args.paper:
         print(render_paper(args.exact))
     else:
-        settings = [tuple(int(x) for x in pair.split("x")) for pair in args.sizes.split(",")]
-        print(render(settings))
+        print(render(sizes))
     return 0
 
 

@@ -35,6 +35,8 @@ controllable.py weighs their orders under the real costs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from . import quick
 from .ops import Kind, Op, Schedule, make_schedule, v_placement
 
 PERIOD = 6
@@ -500,19 +502,6 @@ def encode(schedule: Schedule) -> list[list[int]]:
             for ops in schedule.ranks]
 
 
-def quickness(schedule: Schedule, costs) -> tuple[float, float]:
-    """(longest span, makespan) of `schedule` under `costs` (quick.py's replay)."""
-    from .quick import spans
-    return spans(schedule, costs)
-
-
-def quicker(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    """Whether (span, makespan) `a` beats `b`: a shorter span, or as long and a shorter
-    makespan (beyond rounding)."""
-    tol = 1e-9 * max(1.0, b[0])
-    return a[0] < b[0] - tol or (a[0] <= b[0] + tol and a[1] < b[1] - tol)
-
-
 # Costs the table's choice is weighed on (stage-level F, B, W, comm): equal, the
 # zero-bubble paper's four profiled rows (its Table 9), and three lopsided ones.
 REPRESENTATIVE = {"equal": (1.0, 1.0, 1.0, 0.0), "1.5B": (18.522, 18.086, 9.337, 0.601),
@@ -555,7 +544,7 @@ def shortlist(p: int, limit: int) -> list[Block]:
     for k in TABLE_SIZES:
         orders = {block: build(block, p, k * p, limit).schedule("v") for block in blocks}
         for name, (f, b, w, comm) in REPRESENTATIVE.items():
-            spans = {block: quickness(order, Costs(f, b, w, comm=comm))[0]
+            spans = {block: quick.spans(order, Costs(f, b, w, comm=comm))[0]
                      for block, order in orders.items()}
             best = min(spans.values())
             for block, span in spans.items():

@@ -26,41 +26,37 @@ under the costs (generators.zb_v).
 
 from __future__ import annotations
 
-from collections import deque
+from .ops import Kind, Op, Schedule, make_schedule, v_placement
+from .problem import Problem, Stuck, Timeline
 
-from .ops import Kind, Op, Schedule, ScheduleError, make_schedule, v_placement
-
-F0, F1, B1, B0 = range(4)  # lanes (W's: each rank's queue, `Builder.waiting`)
+F0, F1, B1, B0 = range(4)  # lanes (W's: each rank's queue, `Timeline.held_w`)
 INF_BUDGET = 1 << 62
 
 
-class Stuck(ScheduleError):
-    """An op's input is not placed yet, or memory is full with no W to free it."""
-
-
 class Builder:
-    """One build (see the module doc). Per rank: `duration[r][lane]` for lanes F0, F1,
-    B1, B0 and `w[r][chunk]` for a W; `change[r][lane]` what an F or B changes the rank's
-    memory by (+M_B, then M_W - M_B), `frees[r][chunk]` what a W frees (M_W); `limit`
-    per rank; `allowed`: each rank's idle time the last build gave it, or None."""
+    """One build (see the module doc) of `pb`, a V's problem (its memory as the costs
+    give it, M_B from F to B and M_W from B to W); `allowed`: each rank's idle time the
+    last build gave it, or None. Per rank and lane, `duration[r][lane]` and `change[r][lane]`,
+    what an F or B changes the rank's memory by (+M_B, then M_W - M_B)."""
 
-    def __init__(self, p: int, m: int, duration, w, change, frees, limit: float,
-                 comm: float, fill_b: bool, fill_f: bool, allowed: list[float] | None = None):
-        self.p, self.m, self.comm, self.limit = p, m, comm, limit
-        self.duration, self.w, self.change, self.frees = duration, w, change, frees
+    def __init__(self, pb: Problem, fill_b: bool, fill_f: bool,
+                 allowed: list[float] | None = None):
+        p, m, S = pb.p, pb.m, pb.num_stages
+        self.pb, self.p, self.m, self.comm, self.limit = pb, p, m, pb.comm, pb.limit
+        stage = [(r, S - 1 - r, S - 1 - r, r) for r in range(p)]  # of each lane
+        self.duration = [[(pb.f if lane in (F0, F1) else pb.b)[s]
+                          for lane, s in enumerate(row)] for row in stage]
+        self.change = [[pb.mem[s] if lane in (F0, F1) else pb.memw[s] - pb.mem[s]
+                        for lane, s in enumerate(row)] for row in stage]
         self.fill_b, self.fill_f = fill_b, fill_f
         self.allowed = allowed
         self.most_allowed = max(allowed) if allowed else -1.0
         self.count = [[0] * 4 for _ in range(p)]
-        self.clock, self.held = [0.0] * p, [0.0] * p
-        self.idle = [0.0] * p
+        self.ranks = [Timeline() for _ in range(p)]
         self.end = [[[-1.0] * m for _ in range(4)] for _ in range(p)]
-        self.waiting = [deque() for _ in range(p)]  # chunk of each B still without its W
-        self.ops: list[list[Op]] = [[] for _ in range(p)]
         # One Op per (kind, chunk, microbatch), shared: ops are values.
         self.op = {(kind, chunk): [Op(kind, x, chunk) for x in range(m)]
                    for kind in (Kind.F, Kind.B, Kind.W) for chunk in (0, 1)}
-        self.w_done = [[0, 0] for _ in range(p)]
 
     # -- placing ------------------------------------------------------------------------
 
@@ -78,37 +74,32 @@ class Builder:
         x = self.count[r][lane]
         if x >= self.m:
             raise Stuck(f"rank {r}: no {lane} left")
-        if self.held[r] + self.change[r][lane] > self.limit + 1e-9:
+        rank = self.ranks[r]
+        if rank.held + self.change[r][lane] > self.limit + 1e-9:
             raise Stuck(f"rank {r}: memory full")
-        start = self.clock[r]
+        start = rank.free
         made = self.input_end(r, lane)
         if made is not None:
             if made < 0:
                 raise Stuck(f"rank {r}: input of lane {lane} not placed")
             start = max(start, made + self.comm)
-        if self.count[r][F0]:  # (idle time counts from the rank's first op on)
-            self.idle[r] += start - self.clock[r]
-        self.clock[r] = self.end[r][lane][x] = start + self.duration[r][lane]
-        self.held[r] += self.change[r][lane]
-        self.count[r][lane] += 1
         chunk = 0 if lane in (F0, B0) else 1
         kind = Kind.F if lane in (F0, F1) else Kind.B
-        self.ops[r].append(self.op[(kind, chunk)][x])
+        # (idle time counts from the rank's first op on: an F0, the warm-up's first)
+        self.end[r][lane][x] = rank.run(self.op[(kind, chunk)][x], start,
+                                        self.duration[r][lane])
+        rank.held += self.change[r][lane]
+        self.count[r][lane] += 1
         if kind == Kind.B:
-            self.waiting[r].append(chunk)
+            rank.held_w.append((x, self.pb.placement[(r, chunk)]))
 
     def place_w(self, r: int) -> None:
-        if not self.waiting[r]:
+        if not self.ranks[r].held_w:
             raise Stuck(f"rank {r}: no W to run")
-        chunk = self.waiting[r].popleft()
-        x = self.w_done[r][chunk]
-        self.w_done[r][chunk] += 1
-        self.clock[r] += self.w[r][chunk]
-        self.held[r] -= self.frees[r][chunk]
-        self.ops[r].append(self.op[(Kind.W, chunk)][x])
+        self.ranks[r].run_w(self.pb, self.op)
 
     def worst_idle(self, r: int) -> float:
-        worst = max(self.idle)
+        worst = max(rank.idle for rank in self.ranks)
         if self.allowed:
             worst = max(worst, self.most_allowed - self.allowed[r])
         return worst
@@ -116,17 +107,13 @@ class Builder:
     def fill(self, r: int, lane: int, fill: bool) -> None:
         """W's before rank r's next `lane` op: those that end before its input arrives,
         then one more where the wait would be the worst idle time of all (`fill`)."""
-        made = self.input_end(r, lane)
+        made, rank = self.input_end(r, lane), self.ranks[r]
         if made is None or made < 0:
             return
-        while self.waiting[r] and made + self.comm >= self.clock[r] + self._next_w(r):
+        while rank.held_w and made + self.comm >= rank.free + self.pb.w[rank.held_w[0][1]]:
             self.place_w(r)
-        if self.waiting[r] and fill and \
-                made + self.comm - self.clock[r] > self.worst_idle(r) - self.idle[r]:
+        if rank.held_w and fill and made + self.comm - rank.free > self.worst_idle(r) - rank.idle:
             self.place_w(r)
-
-    def _next_w(self, r: int) -> float:
-        return self.w[r][self.waiting[r][0]]
 
     # -- the phases ---------------------------------------------------------------------
 
@@ -140,8 +127,9 @@ class Builder:
                 continue
             back = self.end[r + 1][F1][0] + self.comm
             room = self.change[r][F0] * (2 + 2 * r)  # (the V's return still to come)
-            while (self.held[r] + room <= self.limit + 1e-9 and self.count[r][F0] < m
-                   and self.clock[r] + self.duration[r][F0] <= back):
+            rank = self.ranks[r]
+            while (rank.held + room <= self.limit + 1e-9 and self.count[r][F0] < m
+                   and rank.free + self.duration[r][F0] <= back):
                 for q in range(r + 1):
                     self.place(q, F0)
             self.place(r, F1)
@@ -186,7 +174,7 @@ class Builder:
                 lane = F0
             else:
                 continue
-            while self.held[r] + self.change[r][lane] > self.limit + 1e-9:
+            while self.ranks[r].held + self.change[r][lane] > self.limit + 1e-9:
                 self.place_w(r)
             self.fill(r, lane, self.fill_f)
             self.place(r, lane)
@@ -196,8 +184,8 @@ class Builder:
         for _ in range(2 * self.m):
             self.backwards()
             self.forwards()
-        for r in range(self.p):
-            while self.waiting[r]:
+        for r, rank in enumerate(self.ranks):
+            while rank.held_w:
                 self.place_w(r)
         if any(c != [self.m] * 4 for c in self.count):
             raise Stuck("ops left over")
@@ -213,28 +201,24 @@ def orders(p: int, m: int, costs, limit: float, budget: int = INF_BUDGET
     from .simulator import backward_times
 
     S = 2 * p
-    f, w = costs.per_stage("f", S, 2), costs.per_stage("w", S, 2)
-    b = backward_times(costs, S, 2)
-    mem, memw = costs.per_stage("memory", S, 2), costs.per_stage("memw", S, 2)
-    duration = [[f[r], f[S - 1 - r], b[S - 1 - r], b[r]] for r in range(p)]
-    w_of = [[w[r], w[S - 1 - r]] for r in range(p)]
-    change = [[mem[r], mem[S - 1 - r], memw[S - 1 - r] - mem[S - 1 - r], memw[r] - mem[r]]
-              for r in range(p)]
-    frees = [[memw[r], memw[S - 1 - r]] for r in range(p)]
+    per = {n: costs.per_stage(n, S, 2) for n in ("f", "w", "memory", "memw")}
+    pb = Problem(p, m, 2, v_placement(p), per["f"], backward_times(costs, S, 2), per["w"],
+                 per["memory"], per["memw"], costs.comm, limit)
     found = []
     for fill_b in (True, False):
         for fill_f in (True, False):
             allowed = None
             while budget >= 6 * p * m:
                 budget -= 6 * p * m
-                builder = Builder(p, m, duration, w_of, change, frees, limit, costs.comm,
-                                  fill_b, fill_f, allowed)
+                builder = Builder(pb, fill_b, fill_f, allowed)
                 try:
                     builder.build()
                 except Stuck:
                     break
-                found.append(make_schedule("zb-v", p, m, 2, builder.ops, v_placement(p)))
-                if allowed is not None and max(builder.idle) >= max(allowed) - 1e-9:
+                found.append(make_schedule("zb-v", p, m, 2, [r.ops for r in builder.ranks],
+                                           v_placement(p)))
+                idle = [r.idle for r in builder.ranks]
+                if allowed is not None and max(idle) >= max(allowed) - 1e-9:
                     break
-                allowed = list(builder.idle)
+                allowed = idle
     return found

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-from hpcpipe.parallel.asyncdp.elastic import default_alpha, lr_scale
+from hpcpipe.parallel.asyncdp.elastic import alpha as elastic_alpha, lr_scale
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
 
 
@@ -88,7 +88,7 @@ def describe(parallel) -> str:
                 f"speed, each on weights at most {parallel.staleness} update(s) old; shares "
                 f"summed in MPI windows, every replica applies each step's update once "
                 f"complete")
-    alpha = parallel.easgd_alpha or default_alpha(parallel.dp)
+    alpha = elastic_alpha(parallel.easgd_alpha, parallel.dp)
     scale = lr_scale(parallel.easgd_lr_scale, parallel.dp)
     return (f"elastic averaging ({'synchronous' if parallel.easgd_sync else 'asynchronous'} "
             f"EASGD): every {parallel.easgd_tau} steps a replica and the centre move "

@@ -39,7 +39,7 @@ from hpcpipe.optim.adamw import clip_coefficient, learning_rate
 from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.parallel.asyncdp import compensation, record
 from hpcpipe.parallel.asyncdp.board import Board
-from hpcpipe.parallel.asyncdp.elastic import AsyncCentre, default_alpha, lr_scale
+from hpcpipe.parallel.asyncdp.elastic import AsyncCentre, alpha, lr_scale
 from hpcpipe.parallel.asyncdp.ssp import GradientRing
 from hpcpipe.parallel.asyncdp.windows import Deadline, poke
 from hpcpipe.train.async_state import AsyncState
@@ -530,7 +530,7 @@ class ElasticStep(AsyncStep):
         super().settle_async(cfg)
         p = cfg.parallel
         self.tau = p.easgd_tau
-        self.alpha = p.easgd_alpha or default_alpha(self.grid.dp)
+        self.alpha = alpha(p.easgd_alpha, self.grid.dp)
         self.lr_scale = lr_scale(p.easgd_lr_scale, self.grid.dp)  # (elastic.pace)
         self.centre = AsyncCentre(self.grid.data, self.host.size, self.host.dtype,
                                   self.alpha, self.deadline)

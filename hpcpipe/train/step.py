@@ -28,7 +28,7 @@ from hpcpipe.optim.norm import GradNorm
 from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.optim.post_validation import PostValidator
 from hpcpipe.optim.scaling import GradScale, LossScaler
-from hpcpipe.parallel.asyncdp.elastic import SyncElastic, default_alpha, lr_scale, swapped_in
+from hpcpipe.parallel.asyncdp.elastic import SyncElastic, alpha, lr_scale, swapped_in
 from hpcpipe.parallel.asyncdp.elastic_state import ElasticState
 from hpcpipe.parallel.gradsync import BucketPlan, GradSync, ParamGather
 from hpcpipe.parallel.optimizer_state import OptimizerState
@@ -354,6 +354,6 @@ def outer_step(cfg, shards, optimizer, grid, transport):
                          cfg.outer.outer_comm_dtype, moments)
     if parallel.async_dp == "easgd" and parallel.easgd_sync:
         return SyncElastic(shards, grid.data, transport, grid.dp, parallel.easgd_tau,
-                           parallel.easgd_alpha or default_alpha(grid.dp),
+                           alpha(parallel.easgd_alpha, grid.dp),
                            lr_scale(parallel.easgd_lr_scale, grid.dp))
     return None

@@ -6,7 +6,7 @@ undoes it (parallel.easgd_lr_scale's default)."""
 import numpy as np
 import pytest
 
-from hpcpipe.parallel.asyncdp.elastic import default_alpha, lr_scale, pace
+from hpcpipe.parallel.asyncdp.elastic import alpha, lr_scale, pace
 
 
 def _drift(replicas: int, alpha: float, one_at_a_time: bool, rounds: int = 4000) -> float:
@@ -30,9 +30,9 @@ def _drift(replicas: int, alpha: float, one_at_a_time: bool, rounds: int = 4000)
 @pytest.mark.parametrize("replicas", [1, 2, 3, 8])
 @pytest.mark.parametrize("one_at_a_time", [False, True])
 def test_the_centre_moves_at_p_over_p_plus_one(replicas, one_at_a_time):
-    for alpha in (default_alpha(replicas), 0.1 / replicas, 0.6 / replicas):
-        assert _drift(replicas, alpha, one_at_a_time) == pytest.approx(pace(replicas),
-                                                                     rel=1e-9)
+    for a in (alpha(0, replicas), 0.1 / replicas, 0.6 / replicas):
+        assert _drift(replicas, a, one_at_a_time) == pytest.approx(pace(replicas),
+                                                                 rel=1e-9)
 
 
 def test_the_default_factor_restores_the_schedules_pace():

@@ -31,6 +31,14 @@ def check(name: str, a, shape, dtype=None):
     return a
 
 
+def check_like(like, dtype, /, **arrays):
+    """Each of `arrays` given (None: absent) must have the shape of `like` and `dtype`, and
+    be C-contiguous: a row-wise kernel's operands beside its input."""
+    for name, a in arrays.items():
+        if a is not None:
+            check(name, a, like.shape, dtype)
+
+
 def accumulation(dtype) -> np.dtype:
     """A of storage dtype S: float64 for float64, float32 otherwise."""
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)

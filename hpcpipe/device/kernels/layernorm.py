@@ -4,7 +4,7 @@ weight gradients in two deterministic passes (shapes in the package docstring)."
 from __future__ import annotations
 
 from . import Kernels, constant, suffix
-from .arrays import NULL, accumulation, blocks, check, int32, rows
+from .arrays import NULL, accumulation, blocks, check, check_like, int32, rows
 
 THREADS = constant("layernorm", "LN_THREADS")
 CHUNKS = constant("layernorm", "LN_CHUNKS")
@@ -35,11 +35,9 @@ def forward(k: Kernels, y, mean, rstd, x, weight, bias, residual=None, xsum=None
     Shapes: x, residual, xsum, y (..., C); mean, rstd (N,) in A; weight, bias (C,)."""
     N, C = rows(x)
     S, A = x.dtype, accumulation(x.dtype)
-    for name, a in (("x", x), ("y", y)) + ((("residual", residual), ("xsum", xsum))
-                                           if residual is not None else ()):
-        check(name, a, x.shape, S)
     if (residual is None) != (xsum is None):
         raise ValueError("residual and xsum go together")
+    check_like(x, S, x=x, y=y, residual=residual, xsum=xsum)
     if xbias is not None:
         if residual is None:
             raise ValueError("xbias goes with a residual")
@@ -58,9 +56,7 @@ def backward(k: Kernels, dx, dy, x, mean, rstd, weight, dresidual=None):
     added before the one rounding). x is what F normalised (its xsum with a residual)."""
     N, C = rows(x)
     S, A = x.dtype, accumulation(x.dtype)
-    for name, a in (("dx", dx), ("dy", dy)) + ((("dresidual", dresidual),)
-                                               if dresidual is not None else ()):
-        check(name, a, x.shape, S)
+    check_like(x, S, dx=dx, dy=dy, dresidual=dresidual)
     check("x", x, x.shape, S), check("weight", weight, (C,), S)
     check("mean", mean, (N,), A), check("rstd", rstd, (N,), A)
     k.function("layernorm", f"layernorm_backward_{suffix(S)}")(
@@ -77,9 +73,7 @@ def backward_rows(k: Kernels, dx, partials, dy, x, mean, rstd, weight, dresidual
     S, A = x.dtype, accumulation(x.dtype)
     if not takes_rows(C):
         raise ValueError(f"backward_rows takes at most {THREADS * COLS} channels, not {C}")
-    for name, a in (("dx", dx), ("dy", dy)) + ((("dresidual", dresidual),)
-                                               if dresidual is not None else ()):
-        check(name, a, x.shape, S)
+    check_like(x, S, dx=dx, dy=dy, dresidual=dresidual)
     K = partials.shape[1] if len(partials.shape) == 3 else 0
     check("partials", partials, row_partials_shape(N, C, K == 3), A)
     check("x", x, x.shape, S), check("weight", weight, (C,), S)

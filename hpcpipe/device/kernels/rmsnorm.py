@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import Kernels, constant, suffix
-from .arrays import NULL, accumulation, blocks, check, int32, rows
+from .arrays import NULL, accumulation, blocks, check, check_like, int32, rows
 
 THREADS = constant("rmsnorm", "RN_THREADS")
 CHUNKS = constant("rmsnorm", "RN_CHUNKS")
@@ -36,11 +36,9 @@ def forward(k: Kernels, y, rstd, x, weight, eps: float, residual=None, xsum=None
     A; weight (C,)."""
     N, C = rows(x)
     S, A = x.dtype, accumulation(x.dtype)
-    for name, a in (("x", x), ("y", y)) + ((("residual", residual), ("xsum", xsum))
-                                           if residual is not None else ()):
-        check(name, a, x.shape, S)
     if (residual is None) != (xsum is None):
         raise ValueError("residual and xsum go together")
+    check_like(x, S, x=x, y=y, residual=residual, xsum=xsum)
     check("weight", weight, (C,), S), check("rstd", rstd, (N,), A)
     k.function("rmsnorm", f"rmsnorm_forward_{suffix(S)}")(
         (N,), (THREADS,),
@@ -56,9 +54,7 @@ def backward(k: Kernels, dx, partials, dy, x, rstd, weight, dresidual=None):
     residual)."""
     N, C = rows(x)
     S, A = x.dtype, accumulation(x.dtype)
-    for name, a in (("dx", dx), ("dy", dy)) + ((("dresidual", dresidual),)
-                                               if dresidual is not None else ()):
-        check(name, a, x.shape, S)
+    check_like(x, S, dx=dx, dy=dy, dresidual=dresidual)
     check("x", x, x.shape, S), check("weight", weight, (C,), S), check("rstd", rstd, (N,), A)
     check("partials", partials, partials_shape(N, C), A)
     res = NULL if dresidual is None else dresidual

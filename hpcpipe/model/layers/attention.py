@@ -57,6 +57,16 @@ def _causal_mask(be, n, dtype):
     return be.scratch.constant(("attention.causal", n, np.dtype(dtype).str), build)
 
 
+def _softmax(xp, s):
+    """s = softmax(s) over its last axis, in place: each row less its maximum (which must
+    be finite), exponentiated, times the reciprocal of its sum (gqa.py's too)."""
+    s -= s.max(axis=-1, keepdims=True)
+    xp.exp(s, out=s)
+    total = s.sum(axis=-1, keepdims=True)
+    xp.reciprocal(total, out=total)
+    s *= total
+
+
 def forward(x, params, n_head, be=None, tp=None, proj_bias=True):
     """n_head: the model's heads; under tensor parallelism (`tp`) this shard runs
     n_head / tp of them. proj_bias=False: the output without c_proj's bias, which the
@@ -113,11 +123,7 @@ def _core(be, q, k, v, att, yh=None):
             s = att[g, :, i0:i1, :i1]  # (nb, NH, tq, i1)
             xp.matmul(q[g, :, i0:i1], kt[..., :i1], out=s)
             s[..., i0:] += _causal_mask(be, i1 - i0, s.dtype)
-            s -= s.max(axis=-1, keepdims=True)  # the diagonal is never masked: max is finite
-            xp.exp(s, out=s)
-            total = s.sum(axis=-1, keepdims=True)
-            xp.reciprocal(total, out=total)
-            s *= total
+            _softmax(xp, s)  # the diagonal is never masked: max is finite
             if yh is not None:
                 xp.matmul(s, v[g, :, :i1], out=yh[g, :, i0:i1])
 
@@ -240,11 +246,7 @@ def decode(x, params, n_head, keys, values, start, be=None):
     values[:, :, start:stop] = v
     s = xp.matmul(q, keys[:, :, :stop].transpose(0, 1, 3, 2))  # (B, NH, t, stop)
     s[..., start:] += _causal_mask(be, t, s.dtype)  # new positions see only earlier ones
-    s -= s.max(axis=-1, keepdims=True)
-    xp.exp(s, out=s)
-    total = s.sum(axis=-1, keepdims=True)
-    xp.reciprocal(total, out=total)
-    s *= total
+    _softmax(xp, s)
     y = xp.matmul(s, values[:, :, :stop])  # (B, NH, t, HS)
     y = y.transpose(0, 2, 1, 3).reshape(B, t, C).astype(storage, copy=False)
     out, _ = linear.forward(y, scope(params, "c_proj."), be)

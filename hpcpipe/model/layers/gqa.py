@@ -41,7 +41,7 @@ import math
 
 from . import backend_for, fused_llama, matmul, matmul_accumulate, row_blocks, wide
 from . import projection, rotary
-from .attention import _causal_mask, _tiles
+from .attention import _causal_mask, _softmax, _tiles
 
 NAMES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
 
@@ -120,11 +120,7 @@ def _core(be, qr, kr, vh, att, y=None):
             s = s5.reshape(n, KV, tq * G, i1)  # a view: rows (t, g)
             xp.matmul(qr[g, :, i0:i1].reshape(n, KV, tq * G, HS), kt[..., :i1], out=s)
             s5[..., i0:] += _causal_mask(be, tq, s.dtype)[:, None, :]
-            s -= s.max(axis=-1, keepdims=True)  # the diagonal is never masked: finite
-            xp.exp(s, out=s)
-            total = s.sum(axis=-1, keepdims=True)
-            xp.reciprocal(total, out=total)
-            s *= total
+            _softmax(xp, s)  # the diagonal is never masked: finite
             if out is not None:
                 yt = out[:n, :, :tq * G]  # (n, KV, tq·G, HS)
                 xp.matmul(s, vh[g, :, :i1], out=yt)
@@ -272,11 +268,7 @@ def decode(x, params, spec, keys, values, start, be=None):
     s = xp.matmul(qr.reshape(B, KV, t * G, HS),
                   keys[:, :, :stop].transpose(0, 1, 3, 2))  # (B, KV, t·G, stop)
     s.reshape(B, KV, t, G, stop)[..., start:] += _causal_mask(be, t, s.dtype)[:, None, :]
-    s -= s.max(axis=-1, keepdims=True)
-    xp.exp(s, out=s)
-    total = s.sum(axis=-1, keepdims=True)
-    xp.reciprocal(total, out=total)
-    s *= total
+    _softmax(xp, s)
     y = xp.matmul(s, values[:, :, :stop])  # (B, KV, t·G, HS)
     y = y.reshape(B, KV, t, G, HS).transpose(0, 2, 1, 3, 4).reshape(B, t, NH * HS)
     out, _ = projection.forward(y.astype(x.dtype, copy=False), params["o_proj.weight"], be)

@@ -24,7 +24,7 @@ pieces); F keeps x and rstd there, not xhat.
 import numpy as np
 
 from . import backend_for, fused, fused_llama, row_blocks, wide, widen
-from .layernorm import _row_dots
+from .layernorm import _planes, _row_dots
 
 
 def forward(x, params, eps: float, be=None, tp=None, owned=False):
@@ -76,12 +76,6 @@ def forward_residual(y, residual, params, eps: float, be=None, tp=None):
     y += residual
     out, cache = forward(y, params, eps, be, tp, owned=True)
     return y, out, cache
-
-
-def _planes(be, name: str, like):
-    """Two float32 scratch arrays shaped like `like` (a row block)."""
-    scratch = be.scratch.workspace(name, (2, *like.shape), like.dtype)
-    return scratch[0], scratch[1]
 
 
 def backward_input(dy, cache, dresidual=None):

@@ -38,9 +38,9 @@ TAU = 10
 LOCK, SERVING, VERSION = range(3)  # an owner's words: its ticket lock, the shard's version
 
 
-def default_alpha(replicas: int) -> float:
-    """α = β / p."""
-    return BETA / max(1, replicas)
+def alpha(configured: float, replicas: int) -> float:
+    """The spring's α (parallel.easgd_alpha): as configured, or for 0 the paper's β / p."""
+    return configured or BETA / max(1, replicas)
 
 
 def pace(replicas: int) -> float:

@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -190,15 +191,18 @@ def python_with_packages(log, standin: bool) -> tuple[str | None, str]:
 def run_section(section: Section, cmd, limit: float, env, folder) -> dict:
     """One section as a subprocess under `limit`; its output appended to logs.txt."""
     start = time.perf_counter()
+    # Its own session, killed whole on time-out: subprocess.run's timeout kills only the
+    # section, and a training run it launched would keep the GPU through the next ones.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=limit, start_new_session=True)
+        stdout, stderr = proc.communicate(timeout=limit)
         status = "passed" if proc.returncode == 0 else f"failed (status {proc.returncode})"
-        output = proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
         status = f"timed out after {limit:.0f} s"
-        output = (e.stdout or b"").decode(errors="replace") + \
-            (e.stderr or b"").decode(errors="replace")
+    output = stdout + stderr
     seconds = round(time.perf_counter() - start, 1)
     with open(os.path.join(folder, "logs.txt"), "a") as log:
         log.write(f"\n===== {section.name}: {status} in {seconds} s\n$ {' '.join(cmd)}\n"

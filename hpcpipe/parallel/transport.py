@@ -218,14 +218,16 @@ class Transport:
             self._sum_ops[dtype] = MPI.Op.Create(add, commute=True)
         return self._sum_ops[dtype]
 
-    def allreduce_sum(self, comm, array):
-        """Sum `array` over `comm` in place (through host memory when staged). With two
+    def allreduce_sum(self, comm, array, op=None, what: str = "the all-reduce of a sum"):
+        """Sum (or reduce with the MPI operation `op`) `array` over `comm` in place (through
+        host memory when staged); `what`: the wait in the hang dump's words. With two
         members the sum is a + b on both, bitwise: IEEE addition commutes."""
         from mpi4py import MPI
 
         buffer = self.outgoing(array)
-        self.beacon.collective(comm, "the all-reduce of a sum")
-        comm.Allreduce(MPI.IN_PLACE, self.wire(buffer), op=self.sum_op(buffer.dtype))
+        self.beacon.collective(comm, what)
+        comm.Allreduce(MPI.IN_PLACE, self.wire(buffer),
+                       op=self.sum_op(buffer.dtype) if op is None else op)
         self.beacon.done()
         if buffer is not array:
             self.to_device(buffer, out=array)

@@ -114,17 +114,14 @@ class Window:
     def put(self, target: int, offset: int, data):
         """Target's elements from `offset` ← data (atomic per element with respect to
         accumulates: MPI_REPLACE), completed on return."""
-        data = np.ascontiguousarray(data, dtype=self.dtype)
-        self.win.Accumulate(self._spec(data), target, (offset, data.size, self.mpi_type),
-                            op=self.MPI.REPLACE)
-        self.win.Flush(target)
-        self.bytes += data.nbytes
+        self.accumulate(target, offset, data, self.MPI.REPLACE)
 
-    def accumulate(self, target: int, offset: int, data):
-        """Target's elements from `offset` += data, elementwise atomic, completed on return."""
+    def accumulate(self, target: int, offset: int, data, op=None):
+        """Target's elements from `offset` += data (or combined by `op`), elementwise
+        atomic, completed on return."""
         data = np.ascontiguousarray(data, dtype=self.dtype)
         self.win.Accumulate(self._spec(data), target, (offset, data.size, self.mpi_type),
-                            op=self.MPI.SUM)
+                            op=self.MPI.SUM if op is None else op)
         self.win.Flush(target)
         self.bytes += data.nbytes
 

@@ -112,26 +112,11 @@ class SyncElastic:
         self.steps_taken += 1
 
     def _sum(self, arrays) -> list:
-        from mpi4py import MPI
-
-        if self.dp == 1:
-            return [a.copy() for a in arrays]
-        t = self.transport
-        dtype = arrays[0].dtype
-        buffer = t.empty(sum(int(a.size) for a in arrays), dtype)
-        at = 0
-        for a in arrays:
-            t.fill(buffer[at:at + a.size], a)
-            at += a.size
-        t.ready()
-        self.comm.Allreduce(MPI.IN_PLACE, t.wire(buffer), op=t.sum_op(dtype))
-        self.bytes_reduced += int(buffer.nbytes)
-        out, at = [], 0
-        for a in arrays:
-            out.append(t.to_device(buffer[at:at + a.size]).copy())
-            at += a.size
-        t.ready()
-        t.release(buffer)
+        """Σ over the replicas of each of `arrays`, as arrays of their own."""
+        out = [a.copy() for a in arrays]
+        if self.dp > 1:
+            self.bytes_reduced += self.transport.allreduce_packed(
+                self.comm, out, out[0].dtype, "the elastic exchange's all-reduce")
         return out
 
     # -- checkpoints (outer.OuterStep's protocol: elastic_state.py) -------------------

@@ -29,7 +29,7 @@ import contextlib
 
 import numpy as np
 
-from hpcpipe.parallel.asyncdp.windows import Deadline, TicketLock, Window, Words, slices
+from hpcpipe.parallel.asyncdp.windows import Deadline, Sharded, TicketLock
 
 # The paper's moving rate of the centre, β = p·α, fixed at 0.9 in all its experiments.
 BETA = 0.9
@@ -129,27 +129,15 @@ class SyncElastic:
 
 
 
-class AsyncCentre:
+class AsyncCentre(Sharded):
     """The centre of asynchronous EASGD, sharded over `comm` (the dp replicas of one
     stage's shard): rank j owns elements [lo_j, hi_j) of the rank's flattened masters
     (`size` of them, in `dtype`), a ticket lock and a version."""
 
     def __init__(self, comm, size: int, dtype, alpha: float, deadline: Deadline):
-        self.comm, self.dp, self.me = comm, comm.size, comm.rank
-        self.size, self.alpha, self.deadline = int(size), float(alpha), deadline
-        self.parts = slices(self.size, self.dp)
-        self.width = max(hi - lo for lo, hi in self.parts)
-        self.data = Window(comm, self.width, dtype)
-        self.words = Words(comm, 3)
+        super().__init__(comm, size, dtype, 1, 3)  # (one slot; words LOCK, SERVING, VERSION)
+        self.alpha, self.deadline = float(alpha), deadline
         self.exchanges = 0
-
-    def free(self):
-        self.data.free()
-        self.words.free()
-
-    @property
-    def bytes(self) -> int:
-        return self.data.bytes + self.words.bytes
 
     def initialise(self, flat, barrier: bool = True):
         """Every rank puts its own shard of `flat` (the same on every replica: the first

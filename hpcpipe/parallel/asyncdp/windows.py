@@ -170,6 +170,30 @@ class Words(Window):
         return np.array([self.read(target, index + i) for i in range(count)], np.int64)
 
 
+class Sharded:
+    """`size` elements of `dtype` sharded over the ranks of `comm` (rank j owns elements
+    [lo_j, hi_j) = parts[j], `width` at most), `slots` times over in a data window, with
+    `words` int64 words per slot beside them — what GradientRing and AsyncCentre share."""
+
+    def __init__(self, comm, size: int, dtype, slots: int, words: int):
+        self.comm, self.dp, self.me = comm, comm.size, comm.rank
+        self.size = int(size)
+        self.parts = slices(self.size, self.dp)
+        self.width = max(hi - lo for lo, hi in self.parts)  # elements per slot per owner
+        self.data = Window(comm, slots * self.width, dtype)
+        self.words = Words(comm, slots * words)
+
+    def free(self):
+        """Collective: free both windows."""
+        self.data.free()
+        self.words.free()
+
+    @property
+    def bytes(self) -> int:
+        """Bytes this rank moved through both windows."""
+        return self.data.bytes + self.words.bytes
+
+
 class TicketLock:
     """Mutual exclusion from two words at (target, index): [next ticket, now serving].
     Fair (first come, first served), and made of fetch-and-add and atomic reads only."""

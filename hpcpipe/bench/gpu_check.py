@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -190,15 +191,18 @@ def python_with_packages(log, standin: bool) -> tuple[str | None, str]:
 def run_section(section: Section, cmd, limit: float, env, folder) -> dict:
     """One section as a subprocess under `limit`; its output appended to logs.txt."""
     start = time.perf_counter()
+    # Its own session, killed whole on time-out: subprocess.run's timeout kills only the
+    # section, and a training run it launched would keep the GPU through the next ones.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=limit, start_new_session=True)
+        stdout, stderr = proc.communicate(timeout=limit)
         status = "passed" if proc.returncode == 0 else f"failed (status {proc.returncode})"
-        output = proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
         status = f"timed out after {limit:.0f} s"
-        output = (e.stdout or b"").decode(errors="replace") + \
-            (e.stderr or b"").decode(errors="replace")
+    output = stdout + stderr
     seconds = round(time.perf_counter() - start, 1)
     with open(os.path.join(folder, "logs.txt"), "a") as log:
         log.write(f"\n===== {section.name}: {status} in {seconds} s\n$ {' '.join(cmd)}\n"
@@ -245,14 +249,14 @@ def summary(folder) -> list[str]:
         for r in step["rows"]:
             def ms(key):
                 return f"{r[key]:.1f}" if r.get(key) else "–"
-            eager = r.get("torch_step_ms")
-            vs = f"{eager / r['hpcpipe_step_ms']:.2f}×" if eager else "–"
-            comp = r.get("torch_compile_step_ms")
-            vsc = f"{comp / r['hpcpipe_step_ms']:.2f}×" if comp else "–"
+
+            def vs(key):  # the peer's time over hpcpipe's
+                return f"{r[key] / r['hpcpipe_step_ms']:.2f}×" if r.get(key) else "–"
             lines.append(f"| {r['config']} ({r.get('padded_vocab', r['vocab_size'])} rows) | "
                          f"{ms('hpcpipe_step_ms')} (host {ms('hpcpipe_host_ms')}) | "
                          f"{ms('hpcpipe_graphs_step_ms')} ({ms('hpcpipe_graphs_host_ms')}) | "
-                         f"{ms('torch_step_ms')} | {ms('torch_compile_step_ms')} | {vs} | {vsc} |")
+                         f"{ms('torch_step_ms')} | {ms('torch_compile_step_ms')} | "
+                         f"{vs('torch_step_ms')} | {vs('torch_compile_step_ms')} |")
     attention = _load(folder, "kernels.json").get("attention_vs_sdpa", [])
     for a in attention:
         lines.append(f"attention T {a['T']}: flash F {a['flash_f_tflops']:.0f} / B "

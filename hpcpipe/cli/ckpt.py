@@ -142,16 +142,12 @@ def _register_imports(sub):
     gguf.set_defaults(func=cmd_import_gguf)
 
 
-def _resolve(path: str) -> str:
-    return ckpt.resolve(path)
-
-
 def cmd_ls(args) -> int:
-    root = args.where
-    if os.path.islink(ckpt.root_of(root)) and not os.path.exists(ckpt.root_of(root)):
-        raise ckpt.CheckpointError(f"{ckpt.root_of(root)}: {_broken(ckpt.root_of(root))}")
-    if os.path.isdir(ckpt.root_of(root)):
-        root = ckpt.root_of(root)
+    root, checkpoints = args.where, ckpt.root_of(args.where)
+    if os.path.islink(checkpoints) and not os.path.exists(checkpoints):
+        raise ckpt.CheckpointError(f"{checkpoints}: {_broken(checkpoints)}")
+    if os.path.isdir(checkpoints):
+        root = checkpoints
     if not os.path.isdir(root):
         raise ckpt.CheckpointError(f"{args.where}: neither a run directory nor a checkpoints/ "
                                    f"folder")
@@ -208,12 +204,13 @@ def _broken(link: str) -> str:
 
 
 def cmd_info(args) -> int:
-    path = _resolve(args.checkpoint)
+    path = ckpt.resolve(args.checkpoint)
     m = ckpt.read_manifest(path)
     lay, model = m["layout"], m["model"]
     size = sum(f["size"] for f in m["files"].values())
     print(f"{path}")
-    print(f"  step {m['step']}, written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m['created']))}")
+    print(f"  step {m['step']}, written "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m['created']))}")
     family = ""
     if model.get("arch", "gpt2") != "gpt2":
         family = (f"{model['arch']}, ")
@@ -256,7 +253,7 @@ def partition_words(partition) -> str:
 
 
 def cmd_verify(args) -> int:
-    path = _resolve(args.checkpoint)
+    path = ckpt.resolve(args.checkpoint)
     problems = ckpt.verify(path)
     if problems:
         for p in problems:
@@ -265,13 +262,6 @@ def cmd_verify(args) -> int:
     m = ckpt.read_manifest(path)
     print(f"OK   {path}: {len(m['files'])} files, sizes, SHA-256 and HDF5 checksums all match")
     return 0
-
-
-def to_hf_names(tensors: dict, vocab_size: int) -> dict:
-    """hpcpipe's names → Hugging Face GPT-2's, wte without its padding rows (Hugging Face's
-    vocabulary is the real one: vocab_size rows)."""
-    return {("wte.weight" if n == "wte" else "wpe.weight" if n == "wpe" else n):
-            (t[:vocab_size] if n == "wte" else t) for n, t in tensors.items()}
 
 
 def pad_vocabulary(tensors: dict, model) -> dict:
@@ -366,13 +356,13 @@ def shard_size(text: str) -> int:
 
 
 def hf_tensors(tensors: dict, model: dict) -> dict:
-    """A checkpoint's tensors under Hugging Face's names, without vocabulary padding (its
-    vocabulary is the real one: vocab_size rows)."""
-    if model.get("arch") != "llama":
-        return to_hf_names(tensors, model["vocab_size"])
-    rows = model["vocab_size"]
-    return {n: (t[:rows] if n in (hf_llama.EMBED, hf_llama.HEAD) else t)
-            for n, t in tensors.items()}
+    """A checkpoint's tensors under Hugging Face's names (a Llama's are hpcpipe's; GPT-2's
+    wte and wpe gain ".weight"), without vocabulary padding (its vocabulary is the real
+    one: vocab_size rows)."""
+    llama, rows = model.get("arch") == "llama", model["vocab_size"]
+    vocabulary = (hf_llama.EMBED, hf_llama.HEAD) if llama else ("wte",)
+    names = {} if llama else {"wte": "wte.weight", "wpe": "wpe.weight"}
+    return {names.get(n, n): (t[:rows] if n in vocabulary else t) for n, t in tensors.items()}
 
 
 def hf_config_json(manifest: dict, dtype: str) -> dict:
@@ -400,7 +390,7 @@ def cmd_export(args) -> int:
     config_json = os.path.join(folder, huggingface.CONFIG)
     if out.endswith(".safetensors"):
         claim_file(config_json, args.force)
-    path = _resolve(args.checkpoint)
+    path = ckpt.resolve(args.checkpoint)
     manifest = ckpt.read_manifest(path)
     tokenizer = ckpt.tokenizer_file(path, manifest) if args.format == "hf" else None
     if tokenizer is not None:
@@ -461,25 +451,21 @@ def _export(outputs, out: str, path: str, tensors: dict, manifest: dict, config_
     return files
 
 
-def declared_architecture(weights: str) -> tuple[dict, set] | None:
-    """(the model shape the config.json beside `weights` declares, the fields it leaves
-    to Hugging Face's defaults), None when there is none; every field that changes what
-    the model computes is checked (huggingface.architecture)."""
-    path = os.path.join(os.path.dirname(weights) or ".", huggingface.CONFIG)
-    if not os.path.lexists(path):  # one that is there but not a file is an error, not absent
-        return None
-    what = f"the Hugging Face config beside {weights}"
-    return huggingface.architecture(huggingface.read_json(path, what), f"{path} ({what})")
-
-
 _HF_FIELD = {"block_size": "n_positions"}  # hpcpipe's name → config.json's where they differ
 
 
-def import_shape(tensors: dict, metadata: dict, weights: str, base) -> dict:
+def import_shape(tensors: dict, metadata: dict, weights: str, base,
+                 config_json: dict | None) -> dict:
     """The model shape of an import: the tensors' shapes, which the config.json beside
-    them must declare too; n_head (which no shape tells) from that config.json, else the
-    file's metadata (hpcpipe's exports), else --config."""
-    declared, defaulted = declared_architecture(weights) or (None, set())
+    them (`config_json`, None when there is none) must declare too, every field of it that
+    changes what the model computes checked (huggingface.architecture); n_head (which no
+    shape tells) from that config.json, else the file's metadata (hpcpipe's exports), else
+    --config."""
+    path = os.path.join(os.path.dirname(weights) or ".", huggingface.CONFIG)
+    declared, defaulted = None, set()
+    if config_json is not None:
+        source = f"{path} (the Hugging Face config beside {weights})"
+        declared, defaulted = huggingface.architecture(config_json, source)
     if declared is None and "n_head" not in metadata and base is None:
         raise HpcpipeError(f"{weights}: no {huggingface.CONFIG} beside it and no n_head in "
                            f"its metadata, so its head count is unknown; put the model's "
@@ -491,9 +477,8 @@ def import_shape(tensors: dict, metadata: dict, weights: str, base) -> dict:
         if shape[key] != value:
             default = " (Hugging Face's default: the file leaves it out)" \
                 if key in defaulted else ""
-            raise HpcpipeError(f"{os.path.join(os.path.dirname(weights) or '.', 'config.json')}"
-                               f": {_HF_FIELD.get(key, key)} = {value}{default}, but the "
-                               f"weights have {shape[key]}")
+            raise HpcpipeError(f"{path}: {_HF_FIELD.get(key, key)} = {value}{default}, but "
+                               f"the weights have {shape[key]}")
     return shape
 
 
@@ -506,40 +491,46 @@ def cmd_import(args) -> int:
     base = config.load(args.config) if args.config else None
     weights = huggingface.named_file(args.file)
     folder = os.path.dirname(weights) or "."
-    declared = _config_json(folder, weights)
+    config_path = os.path.join(folder, huggingface.CONFIG)
+    declared = _config_json(config_path, weights)
     kind = (declared or {}).get("model_type", "gpt2")
     if kind not in ("gpt2", *hf_llama.MODEL_TYPES):
-        raise HpcpipeError(f"{os.path.join(folder, huggingface.CONFIG)}: model_type = "
-                           f"{json.dumps(kind)[:40]}: hpcpipe imports gpt2 and "
-                           f"{' and '.join(hf_llama.MODEL_TYPES)} models; not imported")
-    if kind in hf_llama.MODEL_TYPES:
-        source = f"{os.path.join(folder, huggingface.CONFIG)}"
-        model, special = hf_llama.architecture(declared, source)
-        require(huggingface.total_bytes(args.file), f"importing {args.file}")
-        raw, _ = huggingface.load_weights(args.file)
+        raise HpcpipeError(f"{config_path}: model_type = {json.dumps(kind)[:40]}: hpcpipe "
+                           f"imports gpt2 and {' and '.join(hf_llama.MODEL_TYPES)} models; "
+                           f"not imported")
+    llama = kind in hf_llama.MODEL_TYPES
+    # (a Llama's config.json is checked before its weights are read)
+    model, special = hf_llama.architecture(declared, config_path) if llama else (None, {})
+    require(huggingface.total_bytes(args.file), f"importing {args.file}")
+    raw, metadata = huggingface.load_weights(args.file)
+    if llama:
         tensors = hf_llama.check_tensors(raw, model, weights)
     else:
-        require(huggingface.total_bytes(args.file), f"importing {args.file}")
-        raw, metadata = huggingface.load_weights(args.file)
         tensors = from_hf_names(raw, weights)
-        model, special = import_shape(tensors, metadata, weights, base), {}
+        model = import_shape(tensors, metadata, weights, base, declared)
     tokenizer = _folder_tokenizer(folder, model["vocab_size"])
-    cfg = _import_config(base, model, args.config or weights)
-    tensors = pad_vocabulary(tensors, cfg.model)  # --config's model.vocab_multiple, if any
-    ckpt.write_weights(args.out, _origin(cfg), tensors, step=0, source=weights, force=args.force,
-                       tokenizer=tokenizer, special=special)
-    _imported(args, cfg.model, len(tensors), tokenizer)
+    _write_import(args, base, model, tensors, weights, tokenizer, special)
     return 0
 
 
-def _origin(cfg) -> ckpt.Origin:
-    """What an imported checkpoint records of the config it was imported under."""
-    return ckpt.Origin(cfg.to_toml(), cfg.model, cfg.train.dtype)
+def _write_import(args, base, model: dict, tensors: dict, source: str, tokenizer, special):
+    """The checkpoint of an import at --out, at step 0, under --config's run config (or the
+    defaults) with the model's shape, and the line that says what it holds."""
+    cfg = _import_config(base, model, args.config or source)
+    tensors = pad_vocabulary(tensors, cfg.model)  # --config's model.vocab_multiple, if any
+    origin = ckpt.Origin(cfg.to_toml(), cfg.model, cfg.train.dtype)
+    ckpt.write_weights(args.out, origin, tensors, step=0, source=source, force=args.force,
+                       tokenizer=tokenizer, special=special)
+    kv = f" ({cfg.model.kv_heads} key/value)" if cfg.model.arch == "llama" else ""
+    print(f"imported {len(tensors)} tensors from {args.file} into {args.out}: "
+          f"{cfg.model.arch}, {cfg.model.n_layer} layers, n_embd {cfg.model.n_embd}, vocab "
+          f"{cfg.model.vocab_size}, block {cfg.model.block_size}, {cfg.model.n_head} heads{kv}"
+          + (", with its tokenizer.json" if tokenizer is not None else ""))
 
 
-def _config_json(folder: str, weights: str) -> dict | None:
-    """The config.json beside `weights` (bounded, strict), or None when there is none."""
-    path = os.path.join(folder, huggingface.CONFIG)
+def _config_json(path: str, weights: str) -> dict | None:
+    """The config.json at `path`, beside `weights` (bounded, strict), or None when there is
+    none."""
     if not os.path.lexists(path):  # one that is there but not a file is an error, not absent
         return None
     data = huggingface.read_json(path, f"the Hugging Face config beside {weights}")
@@ -592,14 +583,6 @@ def _import_config(base, model: dict, source: str):
     return config.validate(dataclasses.replace(base, model=shape, source=source))
 
 
-def _imported(args, model, count: int, tokenizer) -> None:
-    kv = f" ({model.kv_heads} key/value)" if model.arch == "llama" else ""
-    print(f"imported {count} tensors from {args.file} into {args.out}: {model.arch}, "
-          f"{model.n_layer} layers, n_embd {model.n_embd}, vocab {model.vocab_size}, "
-          f"block {model.block_size}, {model.n_head} heads{kv}"
-          + (", with its tokenizer.json" if tokenizer is not None else ""))
-
-
 def cmd_import_gguf(args) -> int:
     """import-gguf: a Llama GGUF file, its header read bounded (gguf_file.py), its
     tensors dequantized by the gguf package."""
@@ -633,9 +616,5 @@ def cmd_import_gguf(args) -> int:
     require(8 * parameters, f"importing {args.file} (its tensors in float32, and their "
                             f"checkpoint)")
     tensors = gguf_llama.tensors(args.file, header, model)
-    cfg = _import_config(base, model, args.config or args.file)
-    tensors = pad_vocabulary(tensors, cfg.model)
-    ckpt.write_weights(args.out, _origin(cfg), tensors, step=0, source=args.file, force=args.force,
-                       tokenizer=tokenizer, special=special)
-    _imported(args, cfg.model, len(tensors), tokenizer)
+    _write_import(args, base, model, tensors, args.file, tokenizer, special)
     return 0

@@ -150,12 +150,6 @@ def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None = None) -> lis
     return [ord("\n")] if tokenizer is not None else [0]
 
 
-def sample(model, be, ids: list[int], args) -> list[int]:
-    """The prompt and `args.tokens` new tokens (no printing)."""
-    sampler = Sampler(model, be, args.temperature, args.top_k, args.seed)
-    return list(ids) + list(sampler.tokens(ids, args.tokens))
-
-
 def load_model(path: str, manifest: dict, device: str = "auto"):
     """(model, backend) of a checkpoint on `device` — a GPT or a Llama — its memory
     checked before it is allocated."""
@@ -185,20 +179,15 @@ def sampling_need(shape, dtype: str) -> int:
     key/value cache of a full context, and a prompt's logits and activations."""
     import math
 
+    from hpcpipe.device.dtypes import compute_dtype
     from hpcpipe.model import family
 
-    item = np_itemsize(dtype)
+    item = compute_dtype(dtype).itemsize
     params = sum(math.prod(s) for _, s in family.param_layout(shape))
     cache = 2 * shape.n_layer * shape.kv_heads * shape.block_size * shape.head_size
     prompt = shape.block_size * (shape.padded_vocab + 8 * max(shape.n_embd, shape.ffn_width))
     return 2 * params * item + (cache + prompt) * max(item, 4) + \
         shape.n_head * shape.block_size ** 2 * max(item, 4)
-
-
-def np_itemsize(dtype: str) -> int:
-    from hpcpipe.device.dtypes import compute_dtype
-
-    return compute_dtype(dtype).itemsize
 
 
 def cmd_generate(args) -> int:

@@ -26,7 +26,7 @@ import sys
 import time
 import traceback
 
-from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.errors import SHARED_FAILURES, HpcpipeError, os_error_text
 
 EXIT_USER_ERROR = 2
 EXIT_BUG = 1
@@ -69,9 +69,7 @@ def _agree_s_from_env() -> float:
 def user_message(error: BaseException) -> str:
     """The one line a user error prints (after `error: `)."""
     if isinstance(error, OSError) and not isinstance(error, HpcpipeError):
-        what = error.strerror or str(error) or type(error).__name__
-        names = [n for n in (error.filename, error.filename2) if n]
-        text = f"{': '.join(map(str, names))}: {what}" if names else what
+        text = os_error_text(error)
     elif isinstance(error, MemoryError):
         text = f"out of memory: {error}" if str(error) else "out of memory"
     else:
@@ -165,9 +163,6 @@ def _abort(status: int):
     _mpi().COMM_WORLD.Abort(status)
 
 
-USER_ERRORS = (HpcpipeError, OSError, MemoryError)
-
-
 def run(command, job: Job) -> int:
     """`command()` with every failure mapped as the module's docstring says."""
     try:
@@ -179,7 +174,7 @@ def run(command, job: Job) -> int:
     except BrokenPipeError:  # `... | head` closed the pipe: nothing left to say
         _quiet_stdout()
         return 141
-    except USER_ERRORS as error:
+    except SHARED_FAILURES as error:  # the user's to fix
         return job.user_error(error)
     except Exception:
         job.bug()

@@ -145,19 +145,10 @@ def claim_on_root(comm, json_path, force: bool):
     """`train --dry-run` under MPI: rank 0 claims the --json file (it alone writes it) and
     every rank ends with its refusal — ranks that each looked for themselves could see the
     file rank 0 has just written, and end alone."""
-    from hpcpipe.util.files import OutputError
+    from hpcpipe.util.errors import root_does
 
-    if json_path is None:  # (the same on every rank: their command lines are one)
-        return
-    refusal = None
-    if comm.rank == 0:
-        try:
-            claim_file(json_path, force, "--json")
-        except OutputError as e:
-            refusal = str(e)
-    refusal = comm.bcast(refusal, root=0)
-    if refusal is not None:
-        raise OutputError(refusal)
+    if json_path is not None:  # (the same on every rank: their command lines are one)
+        root_does(comm, lambda: claim_file(json_path, force, "--json"))
 
 
 def _room(cfg, be, ranks: int, gpu_memory: float | None) -> tuple[int | None, int]:

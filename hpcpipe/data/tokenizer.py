@@ -193,6 +193,19 @@ def _byte_alphabet() -> dict[int, str]:
     return out
 
 
+def _read_file(path: str, kind: str, advice: str = "") -> bytes:
+    """The bytes of the tokenizer file at `path` (`kind`: what it should be), at most
+    MAX_FILE_BYTES; a TokenizerError naming it when it is bigger or cannot be read."""
+    try:
+        return read_bounded(path, MAX_FILE_BYTES)
+    except TooLarge as e:
+        raise TokenizerError(f"tokenizer file {path}: {e.size:,} bytes is too large for "
+                             f"{kind} (at most {MAX_FILE_BYTES:,})") from None
+    except OSError as e:
+        raise TokenizerError(f"tokenizer file {path} cannot be read ({e.strerror or e})"
+                             f"{advice}") from None
+
+
 def load_tokenizer_json(file: str) -> HFTokenizer:
     """A tokenizer.json as an HFTokenizer, the file bounded and checked to be one."""
     try:
@@ -200,14 +213,7 @@ def load_tokenizer_json(file: str) -> HFTokenizer:
     except ImportError:
         raise TokenizerError(f"a tokenizer.json needs Hugging Face's tokenizers: "
                              f"{HF_INSTALL}") from None
-    try:
-        data = read_bounded(file, MAX_FILE_BYTES)
-    except TooLarge as e:
-        raise TokenizerError(f"tokenizer file {file}: {e.size:,} bytes is too large for a "
-                             f"tokenizer.json (at most {MAX_FILE_BYTES:,})") from None
-    except OSError as e:
-        raise TokenizerError(f"tokenizer file {file} cannot be read ({e.strerror or e})") \
-            from None
+    data = _read_file(file, "a tokenizer.json")
     try:
         text = data.decode("utf-8")
         config = json.loads(text)
@@ -267,14 +273,7 @@ def read_tiktoken_file(path: str) -> tuple[dict[bytes, int], str]:
     per line, the ranks 0 to n − 1 each once, every single byte among the tokens (BPE
     starts from bytes). Every line is checked; any fault is one TokenizerError naming the
     file and the line."""
-    try:
-        data = read_bounded(path, MAX_FILE_BYTES)
-    except TooLarge as e:
-        raise TokenizerError(f"tokenizer file {path}: {e.size:,} bytes is too large for a "
-                             f"BPE rank file (at most {MAX_FILE_BYTES:,})") from None
-    except OSError as e:
-        raise TokenizerError(f"tokenizer file {path} cannot be read ({e.strerror or e}); "
-                             f"GPT-2's is {GPT2_FILE_URL}") from None
+    data = _read_file(path, "a BPE rank file", f"; GPT-2's is {GPT2_FILE_URL}")
     if data.startswith(codecs.BOM_UTF8):  # an editor's mark, which no base64 token holds
         raise TokenizerError(f"tokenizer file {path} starts with a UTF-8 byte-order mark; "
                              f"a rank file is plain ASCII: save it without one")

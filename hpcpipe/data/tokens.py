@@ -539,18 +539,18 @@ def check_hdf5_name(path: str, flag: str = "--out"):
 def open_token_file(path: str) -> TokenFile:
     """The token file at `path`, through the reader of its format (checked on opening).
     `.bin` files (llm.c, nanoGPT) may be a glob of shards."""
-    if reader_by_name(path) is BinTokens:
+    reader = reader_by_name(path)
+    if reader is BinTokens:
         return BinTokens(path)
     if not os.path.exists(path):
         raise DataError(f"token file {path} does not exist (run `python -m hpcpipe "
                         f"prepare` or let `train` prepare it)")
     if not os.path.isfile(path):
         raise DataError(f"token file {path} is not a file")
-    suffix = os.path.splitext(path)[1].lower()
-    reader = READERS.get(suffix)
     if reader is None and _starts_with(path, _HDF5_SIGNATURE):
         reader = HDF5Tokens  # an HDF5 token file under another name
     if reader is None:
+        suffix = os.path.splitext(path)[1].lower()
         raise DataError(f"token file {path}: unknown format {suffix or '(no suffix)'!r}; "
                         f"readable: {', '.join(sorted(READERS))}")
     return reader(path)

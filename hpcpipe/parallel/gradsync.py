@@ -65,11 +65,12 @@ def make_buckets(layout, offsets, bucket_bytes: int, itemsize: int, exclude=("wt
     buckets, current = [], []
     limit = max(1, bucket_bytes // itemsize)
 
+    def span(names):
+        return min(offsets[n][0] for n in names), max(offsets[n][1] for n in names)
+
     def close():
         if current:
-            lo = min(offsets[n][0] for n in current)
-            hi = max(offsets[n][1] for n in current)
-            buckets.append((lo, hi, tuple(reversed(current))))
+            buckets.append((*span(current), tuple(reversed(current))))
             current.clear()
 
     for name, _ in reversed(layout):
@@ -81,8 +82,7 @@ def make_buckets(layout, offsets, bucket_bytes: int, itemsize: int, exclude=("wt
             close()
             continue
         current.append(name)
-        a = min(offsets[n][0] for n in current)
-        b = max(offsets[n][1] for n in current)
+        a, b = span(current)
         if b - a >= limit:
             close()
     close()
@@ -122,23 +122,18 @@ class BucketPlan:
     def param_shards(self) -> list[ParamShard]:
         """What the optimizer updates, in the order `GradSync.gradients` lists them."""
         if not self.zero:
-            return [ParamShard(stage.param_buffer, owns_wte=stage.embedding_part,
-                               copies=_copies(stage), exact=_exact(stage), tied=stage.tied)
-                    for stage in self.stages.values()]
-        shards = []
-        for bucket in self.buckets:
-            stage = self.stages[bucket.chunk]
-            a, b = bucket.shard
-            shards.append(ParamShard(stage.param_buffer, bucket.lo + a, bucket.lo + b,
-                                     owns_wte=stage.embedding_part, copies=_copies(stage),
-                                     exact=_exact(stage), own=self.stage >= 3,
-                                     tied=stage.tied))
-        return shards
+            return [_param_shard(stage) for stage in self.stages.values()]
+        return [_param_shard(self.stages[b.chunk], b.lo + b.shard[0], b.lo + b.shard[1],
+                             own=self.stage >= 3) for b in self.buckets]
 
 
-def _exact(stage):
-    """The stage's float32 initial values, where it keeps them (16-bit compute)."""
-    return getattr(stage, "exact_init", None)
+def _param_shard(stage, lo: int = 0, hi: int | None = None, own: bool = False) -> ParamShard:
+    """Elements [lo, hi) of `stage`'s parameters (all of them by default) as the optimizer
+    updates them; `own`: ZeRO-3's array of its own."""
+    return ParamShard(stage.param_buffer, lo, hi, owns_wte=stage.embedding_part,
+                      copies=_copies(stage), own=own, tied=stage.tied,
+                      # the stage's float32 initial values, where it keeps them (16-bit)
+                      exact=getattr(stage, "exact_init", None))
 
 
 def _copies(stage) -> frozenset:
@@ -175,14 +170,11 @@ class GradSync:
 
         self.MPI, self.plan, self.comm, self.transport = MPI, plan, comm, transport
         self.compressor = compressor
-        self.step = 0
         self.dp = plan.dp
         grad_dtype = next(iter(plan.stages.values())).grad_buffer.data.dtype
         self.comm_dtype = grad_dtype if comm_dtype == "auto" else compute_dtype(comm_dtype)
-        self.bytes_reduced = 0
-        self.wait_s = 0.0  # time blocked in `wait`: the communication the step exposed
         self._shards: list = [None] * len(plan.buckets)  # ZeRO-1: each bucket's reduced shard
-        self.reset()
+        self.reset()  # (step, bytes_reduced, wait_s)
 
     def _grads(self, bucket: Bucket):
         return self.plan.stages[bucket.chunk].grad_buffer.data[bucket.lo:bucket.hi]
@@ -193,7 +185,7 @@ class GradSync:
         self._flight = [_InFlight(set(b.names), compressed=b.compressed)
                         for b in self.plan.buckets]
         self.bytes_reduced = 0
-        self.wait_s = 0.0
+        self.wait_s = 0.0  # time blocked in `wait`: the communication the step exposed
         self.step = step
         if self.compressor is not None:
             self.compressor.begin(step)
@@ -290,14 +282,12 @@ class GradSync:
         self.wait_s += time.perf_counter() - start
         t = self.transport
         for i, (bucket, flight) in enumerate(zip(self.plan.buckets, self._flight)):
-            grads = self._grads(bucket)
+            grads, (a, b) = self._grads(bucket), bucket.shard
             if flight.compressed:  # every replica holds the same sum: a slice is its shard
                 if self.plan.zero:
-                    a, b = bucket.shard
                     self._shards[i] = grads[a:b].copy()
                 continue
             if self.plan.zero:
-                a, b = bucket.shard
                 shard = t.to_device(flight.recv[:b - a])
                 self._shards[i] = shard.astype(grads.dtype)  # a fresh array
                 t.release(flight.send)

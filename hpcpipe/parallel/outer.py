@@ -92,26 +92,9 @@ class OuterStep:
         deltas = [a - s.master for a, s in zip(self.anchor, self.shards)]  # fresh arrays
         if self.dp == 1:
             return deltas
-        from mpi4py import MPI
-
-        t, moments = self.transport, self.moments
-        parts = deltas + moments
-        buffer = t.empty(sum(int(d.size) for d in parts), self.comm_dtype)
-        at = 0
-        for d in parts:
-            t.fill(buffer[at:at + d.size], d)
-            at += d.size
-        t.ready()
-        t.beacon.collective(self.comm, "the outer step's all-reduce")
-        self.comm.Allreduce(MPI.IN_PLACE, t.wire(buffer), op=t.sum_op(self.comm_dtype))
-        t.beacon.done()
-        self.bytes_reduced += int(buffer.nbytes)
-        at = 0
-        for d in parts:
-            t.to_device(buffer[at:at + d.size], out=d)
-            at += d.size
-        t.ready()
-        t.release(buffer)
+        moments = self.moments
+        self.bytes_reduced += self.transport.allreduce_packed(
+            self.comm, deltas + moments, self.comm_dtype, "the outer step's all-reduce")
         # Dividing by a power of two is exact; otherwise this is the mean's one rounding.
         for m in moments:
             m /= m.dtype.type(self.dp)

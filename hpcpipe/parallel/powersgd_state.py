@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcpipe.model.sharding import part_record, piece_shard, record_size
+from hpcpipe.parallel.pipeline.parameters import head_copy
 from hpcpipe.util.state import RANK, Entry, StateError, Stateful
 
 
@@ -48,9 +49,8 @@ class PowerSGDState(Stateful):
         holds whole, to shard 0."""
         for m in self.compressor.matrices:
             stage = self.model.stages[m.chunk]
-            if m.name == stage.tied and not stage.embedding_part:
-                continue
-            if stage.shards[m.name].replicated and self.grid.tp_rank > 0:
+            if head_copy(stage, m.name) or (stage.shards[m.name].replicated
+                                            and self.grid.tp_rank > 0):
                 continue
             yield m.name, stage, m.key
 
@@ -107,15 +107,15 @@ class PowerSGDState(Stateful):
         total, seen = np.zeros(shape), {}
         for dp_rank, part, file in _entries(index, tensor, path):
             if part is None:
-                total += file.array(f"error/{tensor}", shape=shape)
-                seen[dp_rank] = seen.get(dp_rank, 0) + int(np.prod(shape))
+                data = file.array(f"error/{tensor}", shape=shape)
+                total += data
             else:
                 shard = _recorded_part(tensor, shape, part, stage.cfg.n_head, file.where)
                 piece = np.zeros(shape)
                 data = file.array(f"error/{tensor}", shape=shard.local_shape(shape))
                 shard.put(piece, data)
                 total += piece
-                seen[dp_rank] = seen.get(dp_rank, 0) + data.size
+            seen[dp_rank] = seen.get(dp_rank, 0) + data.size
         if any(n != int(np.prod(shape)) for n in seen.values()):
             raise StateError(f"{path}: PowerSGD error feedback of {tensor} covers "
                              f"{sorted(seen.values())} of its {int(np.prod(shape))} elements "

@@ -49,14 +49,8 @@ class TensorParallel:
         self._count(int(array.nbytes), 2)
         if op is None or op == MPI.SUM:
             return self.transport.allreduce_sum(self.comm, array)
-        buffer = self.transport.outgoing(array)
-        self.transport.beacon.collective(self.comm, "a tensor-parallel all-reduce")
-        self.comm.Allreduce(MPI.IN_PLACE, self.transport.wire(buffer), op=op)
-        self.transport.beacon.done()
-        if buffer is not array:
-            self.transport.to_device(buffer, out=array)
-            self.transport.release(buffer)
-        return array
+        return self.transport.allreduce_sum(self.comm, array, op,
+                                            "a tensor-parallel all-reduce")
 
     def gather_sequence(self, part):
         """(B, T/tp, ...) on every shard → the whole (B, T, ...) on every shard."""
@@ -69,14 +63,12 @@ class TensorParallel:
         t.beacon.done()
         whole = t.to_device(recv)  # (tp, B, T/tp, ...)
         t.release(recv)
-        if send is not part:
-            t.release(send)
+        t.release(send)  # (pooled only when staged, where it is a copy of `part`)
         return xp.ascontiguousarray(xp.moveaxis(whole, 0, 1)).reshape(
             part.shape[0], self.size * part.shape[1], *part.shape[2:])
 
     def scatter_sequence(self, whole):
         """The sum over the shards of (B, T, ...) arrays, each shard keeping its T/tp."""
-
         t, xp = self.transport, self.transport.backend.xp
         B, T = whole.shape[:2]
         blocks = xp.ascontiguousarray(xp.moveaxis(
@@ -84,10 +76,10 @@ class TensorParallel:
         send = t.outgoing(blocks)
         recv = t.empty(blocks.shape[1:], whole.dtype)
         self._count(int(whole.nbytes), 1)
+        t.beacon.collective(self.comm, "a tensor-parallel reduce-scatter of the sequence")
         self.comm.Reduce_scatter_block(t.wire(send), t.wire(recv), op=t.sum_op(whole.dtype))
+        t.beacon.done()
         part = t.to_device(recv)
-        if part is recv:
-            return part
-        t.release(recv)
+        t.release(recv)  # (pooled only when staged: a no-op on device and CPU arrays)
         t.release(send)
         return part

@@ -218,16 +218,40 @@ class Transport:
             self._sum_ops[dtype] = MPI.Op.Create(add, commute=True)
         return self._sum_ops[dtype]
 
-    def allreduce_sum(self, comm, array):
-        """Sum `array` over `comm` in place (through host memory when staged). With two
+    def allreduce_sum(self, comm, array, op=None, what: str = "the all-reduce of a sum"):
+        """Sum (or reduce with the MPI operation `op`) `array` over `comm` in place (through
+        host memory when staged); `what`: the wait in the hang dump's words. With two
         members the sum is a + b on both, bitwise: IEEE addition commutes."""
         from mpi4py import MPI
 
         buffer = self.outgoing(array)
-        self.beacon.collective(comm, "the all-reduce of a sum")
-        comm.Allreduce(MPI.IN_PLACE, self.wire(buffer), op=self.sum_op(buffer.dtype))
+        self.beacon.collective(comm, what)
+        comm.Allreduce(MPI.IN_PLACE, self.wire(buffer),
+                       op=self.sum_op(buffer.dtype) if op is None else op)
         self.beacon.done()
         if buffer is not array:
             self.to_device(buffer, out=array)
             self.release(buffer)
         return array
+
+    def allreduce_packed(self, comm, arrays, dtype, what: str) -> int:
+        """Sum every (flat) array of `arrays` over `comm` in place, with one all-reduce of
+        one buffer of `dtype` that holds them all end to end (each array converted to it
+        and back); `what`: the wait in the hang dump's words. Returns the buffer's bytes."""
+        from mpi4py import MPI
+
+        buffer, at = self.empty(sum(int(a.size) for a in arrays), dtype), 0
+        for a in arrays:
+            self.fill(buffer[at:at + a.size], a)
+            at += a.size
+        self.ready()
+        self.beacon.collective(comm, what)
+        comm.Allreduce(MPI.IN_PLACE, self.wire(buffer), op=self.sum_op(dtype))
+        self.beacon.done()
+        at = 0
+        for a in arrays:
+            self.to_device(buffer[at:at + a.size], out=a)
+            at += a.size
+        self.ready()
+        self.release(buffer)
+        return int(buffer.nbytes)

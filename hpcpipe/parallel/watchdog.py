@@ -68,9 +68,11 @@ def dump_name(rank: int) -> str:
     return f"rank-{rank:05d}.json"
 
 
-def _message(m: dict, towards: str) -> str:
-    return (f"{m['direction']} mb {m['microbatch']} stage {m['stage']} {towards} rank "
-            f"{m['peer']} (tag {m['tag']})")
+def _messages(messages: list, towards: str, shown: int = 8) -> str:
+    """The first `shown` of a dump's pending messages in words, and how many more."""
+    text = "; ".join(f"{m['direction']} mb {m['microbatch']} stage {m['stage']} {towards} "
+                     f"rank {m['peer']} (tag {m['tag']})" for m in messages[:shown]) or "none"
+    return text + (f" (+{len(messages) - shown} more)" if len(messages) > shown else "")
 
 
 def describe(d: dict) -> str:
@@ -95,11 +97,7 @@ def describe(d: dict) -> str:
     elif wait:
         waits = (f"{wait['what']} by rank(s) {', '.join(map(str, wait['peers']))} "
                  f"{wait['seconds']:.1f} s")
-    recvs = "; ".join(_message(m, "from") for m in d["pending_recvs"][:8]) or "none"
-    sends = "; ".join(_message(m, "to") for m in d["pending_sends"][:8]) or "none"
-    more = [len(d["pending_recvs"]) - 8, len(d["pending_sends"]) - 8]
-    recvs += f" (+{more[0]} more)" if more[0] > 0 else ""
-    sends += f" (+{more[1]} more)" if more[1] > 0 else ""
+    recvs, sends = _messages(d["pending_recvs"], "from"), _messages(d["pending_sends"], "to")
     return (f"{head} | {where} | waits on {waits} | posted recvs: {recvs} | sends in "
             f"flight: {sends} | collective: {collective} | {d['reason']}")
 

@@ -277,7 +277,8 @@ class Metrics:
             if "val_loss" in r:
                 self.summary.add_eval(step, record_number(r["val_loss"]))
                 continue
-            step_s, tokens_per_s = record_number(r.get("step_s")), record_number(r.get("tokens_per_s"))
+            split = record_split(r)
+            step_s, tokens_per_s = split.step_s, record_number(r.get("tokens_per_s"))
             tokens = round(step_s * tokens_per_s) \
                 if 0 <= step_s * tokens_per_s <= MAX_STEP_TOKENS else self.tokens_per_step
             self._count(step, record_number(r.get("loss")), tokens,
@@ -286,10 +287,6 @@ class Metrics:
             peaks = r.get("peak_activation_bytes"), r.get("peak_activations")
             if all(record_numbers(p, len(self.peak_bytes)) for p in peaks):  # the same ranks
                 self._peaks(*peaks)
-            p2p, dp = r.get("p2p_wait_s"), r.get("dp_wait_s")
-            waits = [a + b for a, b in zip(p2p, dp)] if record_numbers(p2p, len(dp or ())) else None
-            split = StepSplit(step_s, record_max(r.get("compute_s")), record_max(waits),
-                              record_max(r.get("optimizer_s")))
             bubble = record_number(r.get("bubble"))
             if step > 1 and all(map(math.isfinite, (bubble, *vars(split).values()))):
                 self.bubbles.append(bubble)
@@ -333,3 +330,14 @@ def record_max(values) -> float:
         return math.nan
     numbers = [record_number(v) for v in values]
     return max(numbers) if all(map(math.isfinite, numbers)) else math.nan
+
+
+def record_split(record: dict) -> StepSplit:
+    """A metrics.jsonl line's StepSplit: its step time, and the busiest rank's compute,
+    exposed communication (each rank's pipeline receives plus its data-parallel wait) and
+    optimizer; NaN for what the line does not hold (as a list per rank of numbers)."""
+    p2p, dp = record.get("p2p_wait_s"), record.get("dp_wait_s")
+    waits = [record_number(a) + record_number(b) for a, b in zip(p2p, dp)] \
+        if isinstance(p2p, list) and isinstance(dp, list) and len(p2p) == len(dp) else None
+    return StepSplit(record_number(record.get("step_s")), record_max(record.get("compute_s")),
+                     record_max(waits), record_max(record.get("optimizer_s")))

@@ -24,7 +24,7 @@ import numpy as np
 from hpcpipe.util.colours import OPS, OTHER
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_file, read_bounded, write_figure
-from hpcpipe.runs.metrics import record_max, record_number
+from hpcpipe.runs.metrics import record_number, record_split
 from hpcpipe.runs.rundir import CONFIG, METRICS, read_metrics
 
 EPILOG = """\
@@ -85,16 +85,14 @@ def _drawable(value: float) -> float:
 
 
 def _add_step(series: Series, r: dict):
-    p2p, dp = r.get("p2p_wait_s"), r.get("dp_wait_s")
-    waits = [record_number(a) + record_number(b) for a, b in zip(p2p, dp)] \
-        if isinstance(p2p, list) and isinstance(dp, list) and len(p2p) == len(dp) else None
+    split = record_split(r)
     series.steps.append(r["step"])
     for name, value in (("loss", record_number(r.get("loss"))),
                         ("tokens_per_s", record_number(r.get("tokens_per_s"))),
                         ("bubble", 100 * record_number(r.get("bubble"))),
-                        ("compute_ms", 1e3 * record_max(r.get("compute_s"))),
-                        ("comm_ms", 1e3 * record_max(waits)),
-                        ("optimizer_ms", 1e3 * record_max(r.get("optimizer_s")))):
+                        ("compute_ms", 1e3 * split.compute_s),
+                        ("comm_ms", 1e3 * split.communication_s),
+                        ("optimizer_ms", 1e3 * split.optimizer_s)):
         getattr(series, name).append(_drawable(value))
 
 

@@ -32,6 +32,7 @@ import socket
 import struct
 import time
 
+from hpcpipe.runs.metrics import record_split
 from hpcpipe.util.errors import HpcpipeError
 
 FOLDER = "tensorboard"
@@ -77,11 +78,9 @@ def event_protocol() -> _Protocol:
 def scalars(line: dict) -> dict[str, float]:
     """The TensorBoard scalars of one step's metrics.jsonl line (non-finite ones left out)."""
     out = {tag: line[key] for key, tag in SCALARS.items() if key in line}
-    if line.get("compute_s"):  # the busiest rank's, as the end-of-run summary reports
-        out["time/compute_s"] = max(line["compute_s"])
-        out["time/communication_s"] = max(
-            a + b for a, b in zip(line["p2p_wait_s"], line["dp_wait_s"]))
-        out["time/optimizer_s"] = max(line["optimizer_s"])
+    split = record_split(line)  # the busiest rank's, as the end-of-run summary reports
+    out.update({"time/compute_s": split.compute_s, "time/communication_s":
+                split.communication_s, "time/optimizer_s": split.optimizer_s})
     if "memory_bytes" in line:
         out["memory/current_gib"] = line["memory_bytes"] / GIB
         out["memory/peak_gib"] = line["memory_peak_bytes"] / GIB

@@ -2,10 +2,10 @@
 (schedules/draw.py), the measured timeline of a run (trace.draw_step) and `plot`.
 
 Ops follow the zero-bubble paper's figures: F blue, B teal, W green, BW (B and W fused)
-purple; a recomputing B's rebuild, measured apart (R), ochre. The chunks of an interleaved or V schedule are shades of their op's colour, from
-dark (chunk 0) to light (the last chunk), with the label in white or black to stay
-readable. Everything else a timeline shows (waits, the optimizer) is in greys and mauve,
-so that it never reads as an op.
+purple; a recomputing B's rebuild, measured apart (R), ochre. The chunks of an interleaved
+or V schedule are shades of their op's colour, from dark (chunk 0) to light (the last
+chunk), with the label in white or black to stay readable. Everything else a timeline
+shows (waits, the optimizer) is in greys and mauve, so that it never reads as an op.
 """
 
 from __future__ import annotations

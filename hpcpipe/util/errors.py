@@ -16,14 +16,19 @@ class LayoutError(HpcpipeError):
 EXIT_PREEMPTED = 75
 
 
+def os_error_text(error: BaseException) -> str:
+    """An OSError in words, 'FILE: FILE2: what went wrong' (the file names it carries)."""
+    names = [n for n in (getattr(error, "filename", None), getattr(error, "filename2", None))
+             if n]
+    what = getattr(error, "strerror", None) or str(error) or type(error).__name__
+    return ": ".join([*map(str, names), what])
+
+
 def _described(error: BaseException):
     """(type, message) of a user-facing failure, to re-raise on other ranks."""
     if isinstance(error, HpcpipeError):
         return type(error), str(error)
-    names = [n for n in (getattr(error, "filename", None), getattr(error, "filename2", None))
-             if n]
-    what = getattr(error, "strerror", None) or str(error) or type(error).__name__
-    return HpcpipeError, ": ".join([*map(str, names), what])
+    return HpcpipeError, os_error_text(error)
 
 
 def _raise(error):

@@ -308,8 +308,6 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 def parse_bytes(text: str) -> int | None:
     """"12GiB", "500 MB", "1e9B" → bytes (a positive whole number), or None."""
-
-
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]+)\s*", text)
     if not match or match.group(2).lower() not in _UNITS:
         return None

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,28 @@ def test_offline_it_names_what_is_missing_instead_of_installing(monkeypatch):
     python, how = gpu_check.python_with_packages(print, standin=False)
     assert python is None and "lacks cupy" in how and "offline" in how
     assert ran == []  # no venv, no pip install
+
+
+def test_a_timed_out_section_is_killed_with_what_it_launched(tmp_path):
+    # A section that starts a child (as `sharing` starts its training runs) and outlives
+    # its limit: the child must go with it, or it would hold the GPU through the next.
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)")
+    section = gpu_check.Section("stuck", 1.0, "nothing.json")
+    result = gpu_check.run_section(section, [sys.executable, "-c", code], 3.0,
+                                   dict(os.environ), str(tmp_path))
+    assert result["status"] == "timed out after 3 s"
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the kill is sent; the child's exit is reaped by init
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{child}/stat").exists() and \
+                Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the section's child {child} outlived its time-out")

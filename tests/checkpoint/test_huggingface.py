@@ -118,6 +118,23 @@ def test_what_hpcpipe_does_not_compute_is_refused_naming_the_field(capsys, tmp_p
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
 
 
+@pytest.mark.parametrize("edit, expected", [
+    ({"n_positions": 64}, "n_positions = 64, but the weights have 32"),
+    ({"n_layer": None}, "n_layer = 12 (Hugging Face's default: the file leaves it out), but "
+                        "the weights have 2")])
+def test_a_config_json_that_differs_from_its_weights_is_refused(capsys, tmp_path, edit,
+                                                                expected):
+    save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    data = json.loads(path.read_text())
+    data.update(edit)
+    path.write_text(json.dumps({k: v for k, v in data.items() if v is not None}))
+    assert main(["ckpt", "import-hf", str(tmp_path / "hf"), "--out",
+                 str(tmp_path / "ckpt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and f"{path}: {expected}" in err, err
+
+
 def test_gelu_pytorch_tanh_is_gelu_new(tmp_path):
     model = save_pretrained(tmp_path / "hf", activation_function="gelu_pytorch_tanh")
     assert main(["ckpt", "import-gpt2", str(tmp_path / "hf"), "--out",

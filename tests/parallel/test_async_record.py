@@ -54,15 +54,18 @@ def test_a_resumed_record_goes_on_from_the_checkpoints_place(tmp_path):
     ('{"step": 3, "t": NaN, "dt": 0, "bytes": 0}', "NaN and Infinity"),
     ('{"hello": 1}', "not a record of this log"),
     ("[1, 2]", "not a record of this log"),
+    ("5", "not a record of this log"),
     ('{"push": 3, "owner": -1, "turn": 0}', "owner"),
     ('{"push": 3, "owner": 0, "turn": 99999999999999999999}', "turn"),
     ('{"step": 3, "t": 0, "dt": 0, "bytes": 0, "surprise": 1}', "unknown keys"),
     ('{"step": 3, "t": 0, "dt": 0, "bytes": 0, "step": 4}', "appears twice")])
 def test_a_damaged_line_is_refused_naming_its_place(tmp_path, line, words):
-    recorded(tmp_path, [line])
-    with pytest.raises(record.LogError, match="line 8") as e:
-        record.Recorded(str(tmp_path), 0, LAYOUT)
-    assert words in str(e.value) and "r00000.jsonl" in str(e.value)
+    path = recorded(tmp_path, [line])
+    for read in (lambda: record.Recorded(str(tmp_path), 0, LAYOUT),
+                 lambda: record.read_records(path)):  # (the replay's, the reports')
+        with pytest.raises(record.LogError, match="line 8") as e:
+            read()
+        assert words in str(e.value) and "r00000.jsonl" in str(e.value)
 
 
 def test_another_layout_a_missing_file_and_a_gap_are_refused(tmp_path):

@@ -121,6 +121,19 @@ def test_replayed_lines_never_count_more_tokens_than_a_float_holds():
     assert metrics.summary.tokens_per_s < 1  # computable (it overflowed)
 
 
+def test_replay_and_plot_read_a_line_with_one_of_the_two_waits(tmp_path):
+    """A line with pipeline waits but no data-parallel ones (or none of either) passes
+    read_metrics; replay (a resume) zipped the waits with a missing list: a traceback."""
+    lines = [line(1, p2p_wait_s=[]), line(2, p2p_wait_s=[0.5], compute_s=[1.0]),
+             line(3, dp_wait_s=[0.5])]
+    metrics = Metrics(Summary(), None, lambda *_: None, steps=4, log_every=1,
+                      tokens_per_step=1000, world_size=1)
+    metrics.replay([json.loads(text) for text in lines])
+    assert metrics.summary.steps == 3 and metrics.splits == []  # no step's split is known
+    series = read_series(str(run_folder(tmp_path / "run", *lines)))
+    assert series.steps == [1, 2, 3] and series.compute_ms[1] == 1000.0
+
+
 def _own_run(path):
     """A finished run's files, for a resume from step 2 to continue."""
     run_folder(path, line(1), line(2), line(3))

@@ -29,7 +29,7 @@ import contextlib
 
 import numpy as np
 
-from hpcpipe.parallel.asyncdp.windows import Deadline, TicketLock, Window, Words, slices
+from hpcpipe.parallel.asyncdp.windows import Deadline, Sharded, TicketLock
 
 # The paper's moving rate of the centre, β = p·α, fixed at 0.9 in all its experiments.
 BETA = 0.9
@@ -112,26 +112,11 @@ class SyncElastic:
         self.steps_taken += 1
 
     def _sum(self, arrays) -> list:
-        from mpi4py import MPI
-
-        if self.dp == 1:
-            return [a.copy() for a in arrays]
-        t = self.transport
-        dtype = arrays[0].dtype
-        buffer = t.empty(sum(int(a.size) for a in arrays), dtype)
-        at = 0
-        for a in arrays:
-            t.fill(buffer[at:at + a.size], a)
-            at += a.size
-        t.ready()
-        self.comm.Allreduce(MPI.IN_PLACE, t.wire(buffer), op=t.sum_op(dtype))
-        self.bytes_reduced += int(buffer.nbytes)
-        out, at = [], 0
-        for a in arrays:
-            out.append(t.to_device(buffer[at:at + a.size]).copy())
-            at += a.size
-        t.ready()
-        t.release(buffer)
+        """Σ over the replicas of each of `arrays`, as arrays of their own."""
+        out = [a.copy() for a in arrays]
+        if self.dp > 1:
+            self.bytes_reduced += self.transport.allreduce_packed(
+                self.comm, out, out[0].dtype, "the elastic exchange's all-reduce")
         return out
 
     # -- checkpoints (outer.OuterStep's protocol: elastic_state.py) -------------------
@@ -144,27 +129,15 @@ class SyncElastic:
 
 
 
-class AsyncCentre:
+class AsyncCentre(Sharded):
     """The centre of asynchronous EASGD, sharded over `comm` (the dp replicas of one
     stage's shard): rank j owns elements [lo_j, hi_j) of the rank's flattened masters
     (`size` of them, in `dtype`), a ticket lock and a version."""
 
     def __init__(self, comm, size: int, dtype, alpha: float, deadline: Deadline):
-        self.comm, self.dp, self.me = comm, comm.size, comm.rank
-        self.size, self.alpha, self.deadline = int(size), float(alpha), deadline
-        self.parts = slices(self.size, self.dp)
-        self.width = max(hi - lo for lo, hi in self.parts)
-        self.data = Window(comm, self.width, dtype)
-        self.words = Words(comm, 3)
+        super().__init__(comm, size, dtype, 1, 3)  # (one slot; words LOCK, SERVING, VERSION)
+        self.alpha, self.deadline = float(alpha), deadline
         self.exchanges = 0
-
-    def free(self):
-        self.data.free()
-        self.words.free()
-
-    @property
-    def bytes(self) -> int:
-        return self.data.bytes + self.words.bytes
 
     def initialise(self, flat, barrier: bool = True):
         """Every rank puts its own shard of `flat` (the same on every replica: the first

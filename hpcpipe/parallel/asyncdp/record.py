@@ -128,7 +128,7 @@ class Recorded:
             lines.pop()
         if not lines:
             raise LogError(f"{path}: empty (no header)")
-        header = self._parse(path, 1, lines[0], _HEADER)
+        header = _parse(path, 1, lines[0], _HEADER)[1]
         if header["layout"] != layout:
             differs = sorted(k for k in set(layout) | set(header["layout"])
                              if layout.get(k) != header["layout"].get(k))
@@ -139,23 +139,8 @@ class Recorded:
         for number, line in enumerate(lines[1:], start=2):
             self._add(path, number, line)
 
-    @staticmethod
-    def _parse(path, number, line, spec):
-        try:
-            return spec.check(parse_json(line))
-        except Mismatch as e:
-            raise LogError(f"{path}, line {number}: {e}") from None
-
     def _add(self, path, number, line):
-        try:
-            raw = parse_json(line)
-        except Mismatch as e:
-            raise LogError(f"{path}, line {number}: {e}") from None
-        kind = next((k for k in ("push", "exchange", "step") if isinstance(raw, dict)
-                     and k in raw), None)
-        if kind is None:
-            raise LogError(f"{path}, line {number}: not a record of this log")
-        record = self._parse(path, number, line, _SPECS[kind])
+        kind, record = _parse(path, number, line)
         if kind == "step":
             step = record["step"]
             self.steps.append(step)
@@ -184,6 +169,22 @@ class Recorded:
         return got
 
 
+def _parse(path: str, number: int, line: bytes, spec=None) -> tuple:
+    """Line `number` of the log at `path` checked, as `spec` (the header's) or as the record
+    its key says it is: (its kind, or None for `spec`; the record), or the LogError that
+    names the line."""
+    try:
+        raw = parse_json(line)
+        kind = None if spec is not None else next(
+            (k for k in ("push", "exchange", "step") if isinstance(raw, dict) and k in raw),
+            None)
+        if spec is None and kind is None:
+            raise LogError(f"{path}, line {number}: not a record of this log")
+        return kind, (spec or _SPECS[kind]).check(raw)
+    except Mismatch as e:
+        raise LogError(f"{path}, line {number}: {e}") from None
+
+
 def _describe(layout: dict, keys) -> str:
     return ", ".join(f"{k} = {layout.get(k)}" for k in keys)
 
@@ -192,16 +193,5 @@ def read_records(path: str) -> list[dict]:
     """Every record of a log (for the straggler benchmark's report): checked like a
     replay's; the header first."""
     data = read_bounded(path, MAX_BYTES)
-    out = []
-    for number, line in enumerate(data.split(b"\n"), start=1):
-        if not line:
-            continue
-        spec = _HEADER if number == 1 else None
-        if spec is None:
-            raw = parse_json(line)
-            kind = next((k for k in ("push", "exchange", "step") if k in raw), None)
-            if kind is None:
-                raise LogError(f"{path}, line {number}: not a record of this log")
-            spec = _SPECS[kind]
-        out.append(Recorded._parse(path, number, line, spec))
-    return out
+    return [_parse(path, number, line, _HEADER if number == 1 else None)[1]
+            for number, line in enumerate(data.split(b"\n"), start=1) if line]

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcpipe.parallel.asyncdp.windows import Deadline, Window, Words, slices
+from hpcpipe.parallel.asyncdp.windows import Deadline, Sharded
 
 LAP, TURN, PUSHED, PULLED, STALE = range(5)
 WORDS = 5  # per slot
@@ -52,7 +52,7 @@ def ring_slots(staleness: int) -> int:
     return 2 * staleness + 2
 
 
-class GradientRing:
+class GradientRing(Sharded):
     """This rank's view of the ring of summed gradients over `comm` (one position of the
     grid, its dp replicas): `size` elements per step, in `dtype`."""
 
@@ -60,21 +60,9 @@ class GradientRing:
                  origin: int = 0):
         """origin: the step before the first one pushed (a run resumed at step S pushes
         S + 1 first)."""
-        self.comm, self.dp, self.me = comm, comm.size, comm.rank
-        self.size, self.slots, self.deadline = int(size), ring_slots(staleness), deadline
-        self.parts = slices(self.size, self.dp)
-        self.width = max(hi - lo for lo, hi in self.parts)  # elements per slot per owner
-        self.data = Window(comm, self.slots * self.width, dtype)
-        self.words = Words(comm, self.slots * WORDS)
+        self.slots, self.deadline = ring_slots(staleness), deadline
+        super().__init__(comm, size, dtype, self.slots, WORDS)
         self.origin = int(origin)
-
-    def free(self):
-        self.data.free()
-        self.words.free()
-
-    @property
-    def bytes(self) -> int:
-        return self.data.bytes + self.words.bytes
 
     def _slot(self, step: int) -> tuple[int, int]:
         """(slot, lap) of `step`."""

@@ -114,17 +114,14 @@ class Window:
     def put(self, target: int, offset: int, data):
         """Target's elements from `offset` ← data (atomic per element with respect to
         accumulates: MPI_REPLACE), completed on return."""
-        data = np.ascontiguousarray(data, dtype=self.dtype)
-        self.win.Accumulate(self._spec(data), target, (offset, data.size, self.mpi_type),
-                            op=self.MPI.REPLACE)
-        self.win.Flush(target)
-        self.bytes += data.nbytes
+        self.accumulate(target, offset, data, self.MPI.REPLACE)
 
-    def accumulate(self, target: int, offset: int, data):
-        """Target's elements from `offset` += data, elementwise atomic, completed on return."""
+    def accumulate(self, target: int, offset: int, data, op=None):
+        """Target's elements from `offset` += data (or combined by `op`), elementwise
+        atomic, completed on return."""
         data = np.ascontiguousarray(data, dtype=self.dtype)
         self.win.Accumulate(self._spec(data), target, (offset, data.size, self.mpi_type),
-                            op=self.MPI.SUM)
+                            op=self.MPI.SUM if op is None else op)
         self.win.Flush(target)
         self.bytes += data.nbytes
 
@@ -171,6 +168,30 @@ class Words(Window):
         """`count` consecutive words, each read atomically (`read`: not one
         MPI_Get_accumulate for all, which osc/ucx applies under the window's lock)."""
         return np.array([self.read(target, index + i) for i in range(count)], np.int64)
+
+
+class Sharded:
+    """`size` elements of `dtype` sharded over the ranks of `comm` (rank j owns elements
+    [lo_j, hi_j) = parts[j], `width` at most), `slots` times over in a data window, with
+    `words` int64 words per slot beside them — what GradientRing and AsyncCentre share."""
+
+    def __init__(self, comm, size: int, dtype, slots: int, words: int):
+        self.comm, self.dp, self.me = comm, comm.size, comm.rank
+        self.size = int(size)
+        self.parts = slices(self.size, self.dp)
+        self.width = max(hi - lo for lo, hi in self.parts)  # elements per slot per owner
+        self.data = Window(comm, slots * self.width, dtype)
+        self.words = Words(comm, slots * words)
+
+    def free(self):
+        """Collective: free both windows."""
+        self.data.free()
+        self.words.free()
+
+    @property
+    def bytes(self) -> int:
+        """Bytes this rank moved through both windows."""
+        return self.data.bytes + self.words.bytes
 
 
 class TicketLock:

@@ -112,16 +112,12 @@ class PipeComm:
         self._sends.append((request, buffer, (direction, peer, microbatch, stage, tag)))
         self.bytes_sent += int(array.nbytes)
 
-    def _retire(self, buffer):
-        if self.transport.staged:
-            self.transport.release(buffer)
-
     def progress(self):
         """Retire completed sends (and let MPI move data while we compute)."""
         still = []
         for sent in self._sends:
             if sent[0].Test():
-                self._retire(sent[1])
+                self.transport.release(sent[1])
             else:
                 still.append(sent)
         self._sends = still
@@ -134,7 +130,7 @@ class PipeComm:
                                         for _, _, info in self._sends}))
         for request, buffer, _ in self._sends:
             request.Wait()
-            self._retire(buffer)
+            self.transport.release(buffer)
         self._sends = []
         self.beacon.done()
 

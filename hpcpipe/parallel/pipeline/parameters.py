@@ -50,9 +50,9 @@ class ParameterState(Stateful):
                 view[...] = be.xp.asarray(data.astype(view.dtype, copy=False))
 
 
-def _skip_tied_copy(stage, name: str) -> bool:
-    """The head's copy of the tied embedding equals the embedding's (same gradient, same
-    update)."""
+def head_copy(stage, name: str) -> bool:
+    """Whether `name` is the head's copy of the tied embedding on `stage`: it equals the
+    embedding's (same gradient, same update), so what is saved or counted once skips it."""
     return name == stage.tied and not stage.embedding_part
 
 
@@ -62,7 +62,7 @@ def _global_parameters(model, grid) -> list:
     out = []
     for chunk, stage in model.in_model_order():
         for name, value in stage.params.items():
-            if _skip_tied_copy(stage, name):
+            if head_copy(stage, name):
                 continue
             host = model.backend.to_host(value)
             shard = stage.shards[name]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcpipe.model import family
+from hpcpipe.parallel.pipeline.parameters import head_copy
 from hpcpipe.parallel.pipeline.tied import TiedEmbedding
 from hpcpipe.parallel.tensor import TensorParallel
 
@@ -61,15 +62,10 @@ class RankModel:
     def unique_params(self) -> int:
         """Parameters held on this rank, the head's copy of wte not counted again (and a
         tensor every tensor-parallel shard holds, by shard 0 only)."""
-        total = 0
-        for stage in self.stages.values():
-            for name, view in stage.params.items():
-                copy = stage.shards[name].replicated and self.grid.tp_rank > 0 \
-                    and self.tp is not None
-                if not copy and not (name == stage.tied and stage.head_part
-                                     and not stage.embedding_part):
-                    total += int(view.size)
-        return total
+        return sum(int(view.size) for stage in self.stages.values()
+                   for name, view in stage.params.items()
+                   if not head_copy(stage, name)
+                   and not (stage.shards[name].replicated and self.grid.tp_rank > 0))
 
     def use_recompute(self, recompute):
         """Recompute as `recompute` (the plan's StageRecompute per model stage) says from the

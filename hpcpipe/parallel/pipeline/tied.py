@@ -69,11 +69,9 @@ class TiedEmbedding:
             self._start()
 
     def _start(self):
+        """Post this step's exchange (`begin_step` has waited for the last step's send)."""
         if self._started:
             return
-        if self._send is not None:  # the previous step's sum, long delivered
-            self._send.Wait()
-            self._send = None
         holder = self.embedding or self.head
         if self._buffer is None:
             xp = holder.be.xp

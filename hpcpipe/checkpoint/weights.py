@@ -121,7 +121,8 @@ def _write_weights_into(folder: str, origin: Origin, tensors: dict, expected: di
               "rank_order": "pp-inner", "partition": [list(range(model.n_layer))]}
     manifest = manifests.build(
         origin.config, model, step, str(np.asarray(tensors[family.embedding_name(model)]).dtype),
-        layout, files={name: {"size": entry["size"], "sha256": entry["sha256"]}}, tensors={t: {"file": name, "shape": list(expected[t])} for t in expected},
+        layout, files={name: {"size": entry["size"], "sha256": entry["sha256"]}},
+        tensors={t: {"file": name, "shape": list(expected[t])} for t in expected},
         source=source, parts={"model": [name]})
     if tokenizer is not None:
         carry_tokenizer(folder, manifest, tokenizer, {"file": TOKENIZER, **(special or {})})

@@ -585,22 +585,22 @@ class ShapeDevice(_Allocations, _Gemms, types.ModuleType):
         self.kernel_log.launch("reduction", name, a.nbytes, out.nbytes)
         return out
 
-    def copy_of(self, a, dtype=None):
-        out = self._fresh(a.shape, dtype or a.dtype)
-        if out.real and a.real:
-            out._v[...] = a._v
-        self.kernel_log.launch("copy", "copy" if dtype is None else "astype", a.nbytes, out.nbytes)
-        return out
+    def copy_of(self, a):
+        """A C-contiguous copy of `a` (CuPy's `copy`, and the copies around cuBLAS)."""
+        return self._copied(a, self._fresh(a.shape, a.dtype))
 
     def astype(self, a, dtype, copy=True):
         dtype = np.dtype(dtype)
         if dtype == a.dtype and not copy:
             return a
-        out = self._like(a, dtype)
+        return self._copied(a, self._like(a, dtype))
+
+    def _copied(self, a, out):
+        """`a` copied into the fresh array `out`, converted to its dtype: one kernel."""
         if out.real and a.real:
             out._v[...] = a._v
-        self.kernel_log.launch("copy", "astype" if dtype != a.dtype else "copy", a.nbytes,
-                        out.nbytes)
+        self.kernel_log.launch("copy", "astype" if out.dtype != a.dtype else "copy", a.nbytes,
+                               out.nbytes)
         return out
 
     def fill(self, a, value):

@@ -31,9 +31,8 @@ from hpcpipe.schedules.recompute import Mode
 from hpcpipe.util.errors import ConfigError
 
 from . import recompute as recomputation
+from .schedule import describe_bytes as _size
 from .schedule import held_from_f, memory_limit
-
-MiB = 2**20
 
 
 @dataclass(frozen=True)
@@ -240,10 +239,6 @@ def between_steps(cfg, p: RankPlan) -> dict:
             1: p.parameters + p.gradients + state // d + own,
             2: p.parameters + (count * acc + state) // d + own,
             3: (p.parameters + count * acc + state) // d + own}
-
-
-def _size(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / MiB:.1f} MiB"
 
 
 def needed(plans, ranks_on_node: int, replicas: int = 1) -> int:

@@ -525,20 +525,11 @@ class ShapeDevice(_Allocations, _Gemms, types.ModuleType):
         self.kernel_log = Log()
         self.allocation_bytes: dict[int, int] = {}
         self._next_alloc = 0
-        log = self.kernel_log
-        stream = types.SimpleNamespace(synchronize=log.sync)
-        properties = {"name": b"shape-only device", "uuid": b"", "totalGlobalMem": 1 << 40}
+        stream = types.SimpleNamespace(synchronize=self.kernel_log.sync)
         pool = types.SimpleNamespace(used_bytes=lambda: 0, total_bytes=lambda: 0,
                                      set_limit=lambda **kw: None, get_limit=lambda: 0,
                                      free_all_blocks=lambda: None)
-        self.cuda = types.SimpleNamespace(
-            Device=lambda i=0: types.SimpleNamespace(id=0, use=lambda: None,
-                                                     synchronize=log.sync),
-            runtime=types.SimpleNamespace(
-                getDeviceCount=lambda: 1, deviceGetPCIBusId=lambda i: "0000:00:00.0",
-                getDeviceProperties=lambda i: properties,
-                memGetInfo=lambda: (1 << 40, 1 << 40)),
-            get_current_stream=lambda: stream)
+        self.cuda = cupy_api.cuda(b"shape-only device", 1 << 40, stream)
         self.get_default_memory_pool = lambda: pool
         # kernel name -> args -> (bytes read, bytes written): what a fused kernel declares
         self.traffic: dict = {}

@@ -115,18 +115,10 @@ def _ghost(shape, dtype, strides=None):
     """Metadata of an array of `shape` with no memory behind it (never read)."""
     dtype = np.dtype(dtype)
     shape = tuple(int(s) for s in shape)
-    if strides is None:
-        strides = _c_strides(shape, dtype.itemsize)
+    if strides is None:  # C order: laid out like an array whose strides fall axis by axis
+        strides = _k_order_strides(shape, range(len(shape), 0, -1), dtype.itemsize)
     return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, strides,
                                            writeable=False)
-
-
-def _c_strides(shape, itemsize):
-    strides, step = [], itemsize
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(1, n)
-    return tuple(reversed(strides))
 
 
 def _k_order_strides(shape, strides, itemsize):

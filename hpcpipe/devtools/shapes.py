@@ -703,9 +703,6 @@ class ShapeDevice(_Allocations, _Gemms, types.ModuleType):
     def moveaxis(self, a, source, destination):
         return a._view(np.moveaxis(a._v, source, destination))
 
-    def sum(self, a, axis=None, dtype=None, out=None, keepdims=False):
-        return self.reduce("sum", a, axis, dtype, out, keepdims)
-
     def __getattr__(self, name):
         if name not in cupy_api.NAMES:
             raise AttributeError(f"CuPy 14.2 has no cupy.{name}")

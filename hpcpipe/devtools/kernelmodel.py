@@ -213,7 +213,7 @@ def _rescale_share(tile: int = 32) -> float:
     return share / count
 
 
-def _wmma_tiles(tile: int = 32) -> float:
+def _wmma_tiles() -> float:
     """Block trips of one launch: 2·(qb + 1) tiles for query block qb, every head."""
     return HEADS * sum(2 * (qb + 1) for qb in range(T // 64))
 

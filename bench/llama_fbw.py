@@ -6,15 +6,15 @@ alternately (which goes first swaps every repetition), medians reported.
     python bench/llama_fbw.py --repeats 20 --batch 4
 
 The number to read is the ratio (torch's time / hpcpipe's: above 1, hpcpipe is faster), on
-a quiet machine. Both must compute the same loss first. Until `bench step` takes the Llama
-family (with the pipeline's stages), this is its measurement; it needs the bench extra
-(torch) and transformers."""
+a quiet machine. Both must compute the same loss first. The peer is bench step's
+(hpcpipe/bench/torch_llama.py), and so is the timing (`alternate`); `bench step --configs
+llama-small` measures the whole step, AdamW with it, where this measures F + B + W alone.
+It needs the bench extra (torch) and transformers."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 
@@ -29,10 +29,10 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
-    import transformers
 
     from hpcpipe import Llama, LlamaConfig
-    from hpcpipe.bench.step import best_torch_threads
+    from hpcpipe.bench.step import alternate, best_torch_threads
+    from hpcpipe.bench.torch_llama import TorchLlama
     from hpcpipe.device import backend
 
     # SmolLM2's head size (64) and grouping (3 query heads per key/value head), small.
@@ -42,14 +42,8 @@ def main() -> int:
     threads = args.threads or threads
     be = backend.cpu(threads)
     model = Llama(cfg, dtype="float32", seed=0, be=be)
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.ffn_width,
-        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
-        num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.block_size,
-        rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, tie_word_embeddings=True,
-        attn_implementation="sdpa"))
-    hf.load_state_dict({k: torch.from_numpy(np.asarray(v).copy())
-                        for k, v in model.params.items()}, strict=False)
+    hf = TorchLlama(cfg)  # transformers' LlamaForCausalLM, as bench step's peer
+    hf.load_hpcpipe({k: np.asarray(v).copy() for k, v in model.params.items()})
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.batch, cfg.block_size + 1))
     x, y = ids[:, :-1], ids[:, 1:]
     tx, ty = torch.tensor(x), torch.tensor(y)
@@ -62,23 +56,15 @@ def main() -> int:
 
     def theirs():
         hf.zero_grad(set_to_none=False)
-        logits = hf(tx).logits
-        value = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size),
-                                                  ty.reshape(-1))
+        value = hf(tx, ty)
         value.backward()
         return value.item()
 
     first = ours(), theirs()
     assert abs(first[0] - first[1]) < 1e-4 * abs(first[1]), first
     best, _ = best_torch_threads(torch, theirs, threads, x.size)
-    times = {"hpcpipe": [], "torch": []}
-    for r in range(args.repeats + 2):
-        order = [("hpcpipe", ours), ("torch", theirs)]
-        for name, step in order if r % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            step()
-            if r >= 2:  # (two warm-up rounds)
-                times[name].append(time.perf_counter() - start)
+    times = alternate([("hpcpipe", ours), ("torch", theirs)], 2, args.repeats, "llama",
+                      lambda msg: None)  # (two warm-up rounds)
     mine, peer = statistics.median(times["hpcpipe"]), statistics.median(times["torch"])
     print(f"F+B+W of a {model.num_params / 1e6:.1f}M-parameter Llama, batch {args.batch} × "
           f"{cfg.block_size}: hpcpipe {mine * 1e3:.0f} ms ({threads} threads), torch "

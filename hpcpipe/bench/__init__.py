@@ -11,13 +11,17 @@ import importlib
 
 SUITES = ("step", "gpu_model", "pipeline", "tp", "comm", "ckpt", "generate", "stragglers")  # module names under hpcpipe.bench, in `--help` order
 
+# What every multi-rank suite's --help ends with.
+ONE_CORE_EACH = """\
+Give each rank its own core: with more ranks than cores the ranks take turns and the
+timings measure nothing. On machines that set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, unset
+both for the benchmark command (never in tests): they select a slower kernel."""
+
 EPILOG = """\
 examples:
   mpiexec -n 2 python -m mpi4py -m hpcpipe bench pipeline
 
-Give each rank its own core: with more ranks than cores the ranks take turns and the
-timings measure nothing. On machines that set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, unset
-both for the benchmark command (never in tests): they select a slower kernel."""
+""" + ONE_CORE_EACH
 
 
 def register(subparsers):

@@ -53,3 +53,13 @@ def batch(kind: str, vocab_size: int, sequences: int, T: int, seed: int = 0):
     the next tokens."""
     stream = draw(kind, vocab_size, sequences * (T + 1), seed).reshape(sequences, T + 1)
     return np.ascontiguousarray(stream[:, :-1]), np.ascontiguousarray(stream[:, 1:])
+
+
+def microbatches(be, tokens, size: int, count: int, first: int = 0):
+    """inputs(mb) of `count` microbatches of `size` rows of `tokens` (sequences, T + 1),
+    from microbatch `first` on: (idx, targets) on `be`, each in arrays of its own, as
+    training's (a stash then holds its own inputs)."""
+    def pair(rows):
+        return be.from_host(rows[:, :-1].copy()), be.from_host(rows[:, 1:].copy())
+    return [pair(tokens[(first + i) * size:(first + i + 1) * size])
+            for i in range(count)].__getitem__

@@ -19,9 +19,9 @@ from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import flushes
 from hpcpipe.train.rank import Rank
 from hpcpipe.util.errors import every_rank_does
-from hpcpipe.util.files import claim_file, claim_folder
+from hpcpipe.util.files import claim_folder
 
-from .common import suite_parser, with_json, write_json
+from .common import claim_json, slowest, suite_parser, with_json, write_json
 
 EPILOG = """\
 examples:
@@ -44,8 +44,7 @@ def add_parser(sub):
 
 def run_ckpt(args) -> int:
     world = args.job.world()
-    if args.json is not None:  # (an empty path is refused, never taken for no --json)
-        claim_file(args.json, args.force, "--json", make_folder=True)
+    claim_json(args)
     if args.dir is not None:  # a run directory's own checkpoints/latest would be replaced
         claim_folder(args.dir, is_ours=lambda path: False, flag="--dir")
     cfg = config.for_world(config.load(args.config, args.overrides), world.size)
@@ -69,11 +68,10 @@ def run_ckpt(args) -> int:
         verify_s = time.perf_counter() - tick
         assert not problems, problems
     manifest = world.bcast(ckpt.read_manifest(saved.path) if world.rank == 0 else None, root=0)
-    world.Barrier()
-    tick = time.perf_counter()
-    checkpoints.load(rank, cfg, saved.path, manifest)
-    world.Barrier()
-    load_s = time.perf_counter() - tick
+    load = []  # the slowest rank's
+    with slowest(world, load):
+        checkpoints.load(rank, cfg, saved.path, manifest)
+    load_s = load[0]
     if world.rank == 0:
         params = sum(f["size"] for n, f in manifest["files"].items() if n.startswith("model"))
         optim = sum(f["size"] for n, f in manifest["files"].items() if n.startswith("optim"))

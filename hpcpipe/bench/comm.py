@@ -18,7 +18,6 @@ tokens/s and bytes sent per step.
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,9 +32,10 @@ from hpcpipe.parallel.pipeline.p2p import FORWARD, PipeComm
 from hpcpipe.parallel.transport import Transport, resolve_gpu_aware
 from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
-from hpcpipe.util.files import claim_file
 
-from .common import suite_parser, with_json, write_json
+from . import batches
+from .common import (claim_json, root_log, save_json, size_label, slowest, suite_parser,
+                     with_json)
 
 EPILOG = """\
 examples:
@@ -77,14 +77,11 @@ def _repeats(nbytes: int, override: int) -> int:
 
 def _median_time(fn, repeats: int, comm) -> float:
     fn()  # warm-up: first-touch of buffers, connection set-up
-    times = []
+    times = []  # a repetition takes as long as its slowest rank
     for _ in range(repeats):
-        comm.Barrier()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    # A repetition takes as long as its slowest rank.
-    return float(np.median([max(ts) for ts in zip(*comm.allgather(times))]))
+        with slowest(comm, times):
+            fn()
+    return float(np.median(times))
 
 
 def run_comm(args) -> int:
@@ -92,8 +89,7 @@ def run_comm(args) -> int:
 
     world = args.job.world()
     is_root = world.rank == 0
-    if args.json is not None:  # (an empty path is refused, never taken for no --json)
-        claim_file(args.json, args.force, "--json", make_folder=True)
+    claim_json(args)
     if args.min_kb * 2**10 > args.max_mb * 2**20:
         raise HpcpipeError(f"bench comm: --min-kb {args.min_kb:g} is above --max-mb "
                            f"{args.max_mb:g}")
@@ -103,11 +99,7 @@ def run_comm(args) -> int:
     if world.size < 2:
         raise HpcpipeError("bench comm needs at least 2 ranks: mpiexec -n 2 python -m mpi4py "
                            "-m hpcpipe bench comm")
-
-    def log(msg):
-        if is_root:
-            print(msg, flush=True)
-
+    log = root_log(world)
     # One core per rank, as bench pipeline: BLAS threads of two ranks on two cores would
     # time each other's spinning (steps 2 s instead of 0.15 s), not the step.
     threads = backend.limit_threads(gridlib.node_size(world))
@@ -131,7 +123,7 @@ def run_comm(args) -> int:
         rows.append(row)
         p2p = (f"p2p {row['p2p_hpcpipe_gbs']:6.2f} vs {row['p2p_raw_gbs']:6.2f} GB/s"
                if "p2p_raw_gbs" in row else "")
-        log(f"{_fmt(nbytes):>8}  {p2p}  all-reduce {row['allreduce_hpcpipe_gbs']:6.2f} vs "
+        log(f"{size_label(nbytes):>8}  {p2p}  all-reduce {row['allreduce_hpcpipe_gbs']:6.2f} vs "
             f"{row['allreduce_raw_gbs']:6.2f} GB/s")
     rows = world.bcast(rows if is_root else None, root=0)
     if pair is not None:
@@ -149,10 +141,8 @@ def run_comm(args) -> int:
             _print_zero(stages, world.size)
         if local_sgd:
             _print_local(local_sgd, world.size)
-        if args.json:
-            result = {"suite": "comm", "ranks": world.size, "rows": rows, "overlap": overlap,
-                      "zero": stages, "local_sgd": local_sgd}
-            print(f"\nwrote {write_json(args.json, result)}")
+        save_json(args, {"suite": "comm", "ranks": world.size, "rows": rows,
+                         "overlap": overlap, "zero": stages, "local_sgd": local_sgd})
     return 0
 
 
@@ -201,7 +191,8 @@ def _allreduce(dgrid, transport, nbytes: int, repeats: int, bucket_mb: float) ->
 
     n, world = nbytes // 4, dgrid.world
     grads = FlatBuffer([("h.0.mlp.c_fc.weight", (n,))], transport.backend.xp, np.float32)
-    stage = SimpleNamespace(grad_buffer=grads, param_buffer=grads, embedding_part=True)
+    stage = SimpleNamespace(grad_buffer=grads, param_buffer=grads, embedding_part=True,
+                            tied=None)  # (no tied embedding: one tensor)
     plan = BucketPlan({0: stage}, int(bucket_mb * 2**20), dgrid.dp, dgrid.dp_rank, zero=False)
     sync = GradSync(plan, dgrid.data, transport)
     raw_buf = transport.backend.xp.ones(n, np.float32)
@@ -226,7 +217,7 @@ def _print_table(rows, overlap, ranks: int):
           "| all-reduce raw GB/s | ratio |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {_fmt(r['bytes'])} | {r.get('p2p_hpcpipe_gbs', 0):.2f} | "
+        print(f"| {size_label(r['bytes'])} | {r.get('p2p_hpcpipe_gbs', 0):.2f} | "
               f"{r.get('p2p_raw_gbs', 0):.2f} | "
               f"{r.get('p2p_hpcpipe_gbs', 0) / max(r.get('p2p_raw_gbs', 1e-12), 1e-12):.2f} | "
               f"{r['allreduce_hpcpipe_gbs']:.2f} | {r['allreduce_raw_gbs']:.2f} | "
@@ -274,39 +265,37 @@ def measure_overlap(world, be, transport, zero: int = 0, compression: str = "non
     """How much of the gradient all-reduce a dp training step hides behind its W passes:
     the exposed wait at the end of the step against the same reduction run by itself;
     with `zero` and `compression`, that step's bytes sent and held."""
+    from mpi4py import MPI
+
     dp = world.size
-    rank, batches = _dp_step(world, be, transport,
+    rank, inputs = _dp_step(world, be, transport,
                              parallel={"zero": zero, "grad_compression": compression,
                                        "powersgd_rank": POWERSGD_RANK})
     sync = rank.step.gradsync
     exposed, steps = [], []
     for step in range(6):
-        world.Barrier()
-        start = time.perf_counter()
-        rank.train_step(step + 1, batches, 1e-4, 1.0)
-        steps.append(world.allreduce(time.perf_counter() - start, op=_mpi_max()))
+        with slowest(world, steps):
+            rank.train_step(step + 1, inputs, 1e-4, 1.0)
         if step >= 2:
             # The last rank to finish its W's waits only for what is left of the
             # reduction; the others' longer waits are that rank's lateness, not
             # communication.
-            exposed.append(world.allreduce(sync.wait_s, op=_mpi_min()))
+            exposed.append(world.allreduce(sync.wait_s, op=MPI.MIN))
     held = sum(rank.step.resident_bytes().values())
     params = sum(stage.param_buffer.size for stage in rank.model.stages.values())
     alone = []
     for _ in range(5):
         rank.model.zero_grad()  # ZeRO-2 dropped the buffer the reduction reads
         sync.reset(step=7)  # a step after any PowerSGD warm-up
-        world.Barrier()
-        start = time.perf_counter()
-        sync.launch_rest()
-        sync.wait()
-        alone.append(world.allreduce(time.perf_counter() - start, op=_mpi_max()))
+        with slowest(world, alone):
+            sync.launch_rest()
+            sync.wait()
     blocking, hidden = float(np.median(alone)), float(np.median(exposed))
     return {"blocking_ms": blocking * 1e3, "exposed_ms": hidden * 1e3,
             "hidden_fraction": max(0.0, 1.0 - hidden / blocking) if blocking > 0 else 0.0,
             "gradient_bytes": sync.bytes_reduced, "zero": zero, "compression": compression,
             "sent_bytes": _sent_bytes(rank.step, dp), "step_ms": float(np.median(steps[2:])) * 1e3,
-            "bytes_per_param": world.allreduce(held, op=_mpi_max()) / params}
+            "bytes_per_param": world.allreduce(held, op=MPI.MAX) / params}
 
 
 STEP_SEQUENCES, STEP_BLOCK = 4, 64  # the step's sequences per rank (2 × 2) and their length
@@ -329,9 +318,7 @@ def _dp_step(world, be, transport, train=None, parallel=None):
     grid = gridlib.build(world, world.size, 1, source="bench comm")
     rank = Rank.build(cfg, grid, be, build_plan(cfg), gpu_aware=not transport.staged)
     tokens = np.random.default_rng(world.rank).integers(0, 256, (STEP_SEQUENCES, STEP_BLOCK + 1))
-    batches = [(be.from_host(tokens[i * 2:(i + 1) * 2, :-1]),
-                be.from_host(tokens[i * 2:(i + 1) * 2, 1:])) for i in range(2)]
-    return rank, batches.__getitem__
+    return rank, batches.microbatches(be, tokens, 2, 2)
 
 
 LOCAL_STEPS = 8  # H of the local-SGD comparison: inner steps between the replicas' meetings
@@ -351,11 +338,9 @@ def measure_local(world, be, transport, local_steps: int = LOCAL_STEPS,
     times = {name: [] for name in modes}
     for step in range(1, (rounds + 1) * local_steps + 1):
         for name, (rank, inputs) in modes.items():
-            world.Barrier()
-            start = time.perf_counter()
-            rank.train_step(step, inputs, 1e-4, 1.0)
-            if step > local_steps:  # the first round warms up
-                times[name].append(world.allreduce(time.perf_counter() - start, op=_mpi_max()))
+            warm = step <= local_steps  # the first round warms up
+            with slowest(world, [] if warm else times[name]):
+                rank.train_step(step, inputs, 1e-4, 1.0)
     d, steps = world.size, rounds * local_steps
     tokens = d * STEP_SEQUENCES * STEP_BLOCK
     out = []
@@ -377,22 +362,3 @@ def _print_local(modes, ranks: int):
     for m in modes:
         print(f"| {m['mode']} | {m['step_ms']:.1f} | {m['tokens_per_s']:.0f} | "
               f"{m['sent_bytes'] / 2**20:.3f} |")
-
-
-def _mpi_max():
-    from mpi4py import MPI
-
-    return MPI.MAX
-
-
-def _mpi_min():
-    from mpi4py import MPI
-
-    return MPI.MIN
-
-
-def _fmt(nbytes: int) -> str:
-    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= size:
-            return f"{nbytes / size:g} {unit}"
-    return f"{nbytes} B"

@@ -27,7 +27,7 @@ from hpcpipe.model.layers import (
     swiglu,
 )
 from hpcpipe.schedules import from_costs
-from hpcpipe.util.files import write_text_atomic
+from hpcpipe.util.files import claim_file, write_figure, write_text_atomic
 
 
 # The layer modules whose F, B and W a profile wraps (`wrapped_layers`), and each pass's letter.
@@ -70,6 +70,103 @@ def with_json(parser, run, replaced: str = "the --json file if it exists"):
     return parser
 
 
+def root_log(world):
+    """A suite's `log`: the line printed (flushed) by world rank 0 only, the others silent."""
+    if world.rank == 0:
+        return lambda msg: print(msg, flush=True)
+    return lambda msg: None
+
+
+@contextmanager
+def slowest(world, times: list):
+    """Inside: timed from a barrier (every rank starts from the same line); on exit the
+    slowest rank's seconds, which every rank gets, appended to `times`."""
+    from mpi4py import MPI
+
+    world.Barrier()
+    tick = time.perf_counter()
+    yield
+    times.append(world.allreduce(time.perf_counter() - tick, op=MPI.MAX))
+
+
+def round_robin(entries, run, warmup: int, rounds: int, steps: int, log):
+    """Each entry's `warmup` steps unrecorded (allocation, caches), then `rounds` rounds of
+    `steps` steps of each entry in turn: run(entry, count, record)."""
+    for entry in entries:
+        run(entry, warmup, False)
+    for r in range(rounds):
+        for entry in entries:
+            run(entry, steps, True)
+        log(f"round {r + 1}/{rounds} done")
+
+
+def warn_shared_cores(log, be, grid, cores: int, what: str):
+    """Say so where this node's ranks outnumber its cores on the CPU: the ranks take turns
+    and the timings do not measure `what`."""
+    if not be.is_gpu and grid.local_size > cores:
+        log(f"warning: {grid.local_size} ranks share {cores} cores on this node: the ranks "
+            f"take turns and these timings do not measure the {what}")
+
+
+def best_seconds(fn, sync, repeats: int = 3) -> float:
+    """Best wall time of fn() with sync() (the device's wait) after it, after a warm-up."""
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - tick)
+    return best
+
+
+def claim_json(args):
+    """Refuse, before any work, a --json FILE that cannot be written (an empty path is
+    refused, never taken for no --json)."""
+    if args.json is not None:
+        claim_file(args.json, args.force, "--json", make_folder=True)
+
+
+def save_json(args, result: dict, out=print):
+    """With --json: `result` written there (write_json), and the line that says where."""
+    if args.json:
+        out(f"\nwrote {write_json(args.json, result)}")
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing to files only (the Agg backend), never a window."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str) -> str:
+    """`fig` laid out, written to `path` (util.files.write_figure) and closed: `path`."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    write_figure(path, fig)
+    plt.close(fig)
+    return path
+
+
+def dash(value, spec: str) -> str:
+    """`value` formatted by `spec`, or "–" where it was not measured (None)."""
+    return "–" if value is None else format(value, spec)
+
+
+def size_label(nbytes: int) -> str:
+    """A message size as the tables print it: 4 KiB, 1.5 MiB, 512 B."""
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
 def machine_name() -> str:
     return f"{socket.gethostname()}-{platform.machine()}"
 
@@ -79,6 +176,16 @@ def write_json(path: str, result: dict) -> str:
     result = {"machine": machine_name(), "date": time.strftime("%Y-%m-%d"), **result}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     return write_text_atomic(path, json.dumps(result, indent=2))
+
+
+def merge_json(path: str, updates: dict):
+    """Merge `updates` into the JSON object at `path` (made if absent) and write it at once,
+    by rename: a gpu-check section killed mid-write leaves its last whole file."""
+    data = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            data = json.load(f)
+    write_text_atomic(path, json.dumps({**data, **updates}, indent=2))
 
 
 def require_tokens(rows: int, columns: int, what: str, ranks_on_node: int = 1):

@@ -15,9 +15,8 @@ from hpcpipe.device import backend
 from hpcpipe.model import family
 from hpcpipe.model.sampler import Sampler
 from hpcpipe.util.arguments import integer
-from hpcpipe.util.files import claim_file
 
-from .common import require_model, suite_parser, with_json, write_json
+from .common import claim_json, require_model, suite_parser, with_json, write_json
 
 EPILOG = """\
 examples:
@@ -53,8 +52,7 @@ def tokens_per_second(sampler: Sampler, count: int, repeats: int) -> list[float]
 
 
 def run_generate(args) -> int:
-    if args.json is not None:  # (an empty path is refused, never taken for no --json)
-        claim_file(args.json, args.force, "--json", make_folder=True)
+    claim_json(args)
     cfg = config.load(args.config, args.overrides)
     backend.limit_threads(1)  # as `generate` runs: a token's products are too small to share
     be = backend.select(cfg.train.device, 0)

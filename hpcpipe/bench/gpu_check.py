@@ -245,14 +245,14 @@ def summary(folder) -> list[str]:
         for r in step["rows"]:
             def ms(key):
                 return f"{r[key]:.1f}" if r.get(key) else "–"
-            eager = r.get("torch_step_ms")
-            vs = f"{eager / r['hpcpipe_step_ms']:.2f}×" if eager else "–"
-            comp = r.get("torch_compile_step_ms")
-            vsc = f"{comp / r['hpcpipe_step_ms']:.2f}×" if comp else "–"
+
+            def vs(key):  # the peer's time over hpcpipe's
+                return f"{r[key] / r['hpcpipe_step_ms']:.2f}×" if r.get(key) else "–"
             lines.append(f"| {r['config']} ({r.get('padded_vocab', r['vocab_size'])} rows) | "
                          f"{ms('hpcpipe_step_ms')} (host {ms('hpcpipe_host_ms')}) | "
                          f"{ms('hpcpipe_graphs_step_ms')} ({ms('hpcpipe_graphs_host_ms')}) | "
-                         f"{ms('torch_step_ms')} | {ms('torch_compile_step_ms')} | {vs} | {vsc} |")
+                         f"{ms('torch_step_ms')} | {ms('torch_compile_step_ms')} | "
+                         f"{vs('torch_step_ms')} | {vs('torch_compile_step_ms')} |")
     attention = _load(folder, "kernels.json").get("attention_vs_sdpa", [])
     for a in attention:
         lines.append(f"attention T {a['T']}: flash F {a['flash_f_tflops']:.0f} / B "

@@ -16,12 +16,11 @@ from dataclasses import replace
 from hpcpipe.util.arguments import integer
 from hpcpipe.device.dtypes import DTYPES
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import claim_file
 from hpcpipe.bench import costmodel
 from hpcpipe.devtools.rates import GPUS, calibrate
 from hpcpipe.devtools import kernelmodel
 from . import batches
-from .common import suite_parser, with_json, write_json
+from .common import claim_json, save_json, suite_parser, with_json
 from .step import CONFIGS, SMOKE
 
 EPILOG = """\
@@ -178,11 +177,9 @@ def print_layers(result, out=print):
 
 
 def run_gpu_model(args) -> int:
-    if args.json is not None:  # (an empty path is refused, never taken for no --json)
-        claim_file(args.json, args.force, "--json", make_folder=True)
+    claim_json(args)
     result = predict(args)
     print_table(result)
     print_layers(result)
-    if args.json:
-        print(f"\nwrote {write_json(args.json, result)}")
+    save_json(args, result)
     return 0

@@ -35,33 +35,27 @@ import numpy as np
 
 from hpcpipe.device import backend
 
-
-def _write(path, key, value):
-    """Merge {key: value} into the JSON at `path` (made if absent) and write it at once."""
-    data = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            data = json.load(f)
-    data[key] = value
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
+from .common import merge_json
 
 
 def device_ms(be, fn, repeats: int = 10) -> float:
     """Median device time of fn() by CUDA events, after one warm-up (host time on the
     stand-in, whose events tick on the host clock)."""
-    xp = be.xp
+    return _events_ms(fn, be.xp.cuda.Event, be.xp.cuda.get_elapsed_time, repeats)
+
+
+def _events_ms(fn, event, elapsed, repeats: int) -> float:
+    """Median ms of fn() between two events (event(); elapsed(start, end)), after one
+    warm-up: CuPy's events or torch's."""
     fn()
     times = []
     for _ in range(repeats):
-        start, end = xp.cuda.Event(), xp.cuda.Event()
+        start, end = event(), event()
         start.record()
         fn()
         end.record()
         end.synchronize()
-        times.append(xp.cuda.get_elapsed_time(start, end))
+        times.append(elapsed(start, end))
     return float(np.median(times))
 
 
@@ -103,7 +97,7 @@ def kernels(be, out: str, small: bool):
         error = _error(got()[:head], want)
         rows.append({"kernel": name, "shape": list(shape), "ms": ms,
                      "gb_per_s": nbytes / ms / 1e6, "max_error": error, "ok": error < bound})
-        _write(out, "kernels", rows)
+        merge_json(out, {"kernels": rows})
 
     x, dy = rng.standard_normal((N, 4 * C)).astype(bf), rng.standard_normal((N, 4 * C)).astype(bf)
     b = rng.standard_normal(4 * C).astype(bf)
@@ -207,32 +201,19 @@ def llama_rows(be, k, out, rows, small, record):
     ya_, lse_ = xp.empty_like(q_), xp.empty((B, NH, T), np.float32)
     dq_, dk_, dv_ = xp.empty_like(q_), xp.empty_like(k_), xp.empty_like(v_)
     dd_ = xp.empty((B, NH, T), np.float32)
-    forward = lambda: attention.flash_forward(k, ya_, lse_, q_, k_, v_, NH, KV, None,  # noqa
-                                              table)
-    backward = lambda: attention.flash_backward(k, dq_, dk_, dv_, dd_, dyq_, ya_, q_, k_,  # noqa
-                                                v_, lse_, NH, KV, None, table)
-    reps = 3 if small else 10
-    f_ms, b_ms = device_ms(be, forward, reps), device_ms(be, backward, reps)
-    forward(), backward()
 
     def turned(a):  # Hugging Face's half rotation, float64
         a1, a2 = a[..., :HS // 2], a[..., HS // 2:]
         return np.concatenate([a1 * cos - a2 * sin, a2 * cos + a1 * sin], -1)
 
-    q0 = turned(q[0, :, :HS].astype(np.float64))
-    k0 = turned(kk[0, :, :HS].astype(np.float64))
-    s_ = q0 @ k0.T / math.sqrt(HS) + np.triu(np.full((T, T), -np.inf), 1)
-    p_ = np.exp(s_ - s_.max(-1, keepdims=True))
-    want = (p_ / p_.sum(-1, keepdims=True)) @ vv[0, :, :HS].astype(np.float64)
-    error = _error(ya_.get()[0, :, :HS], want)
-    flops = 4 * HS * B * NH * T * T / 2
-    rows.append({"kernel": "flash.forward (GQA, rope, SmolLM2)", "shape": [B, T, NH, KV, HS],
-                 "ms": f_ms, "tflops": flops / f_ms / 1e9, "max_error": error,
-                 "ok": error < 2.0 ** -6})
-    rows.append({"kernel": "flash.backward (GQA, rope, SmolLM2)",
-                 "shape": [B, T, NH, KV, HS], "ms": b_ms, "tflops": 2.5 * flops / b_ms / 1e9,
-                 "max_error": None, "ok": True})
-    _write(out, "kernels", rows)
+    want = _causal_attention(turned(q[0, :, :HS].astype(np.float64)),
+                             turned(kk[0, :, :HS].astype(np.float64)),
+                             vv[0, :, :HS].astype(np.float64))
+    _flash_pair(be, out, rows, " (GQA, rope, SmolLM2)", [B, T, NH, KV, HS], small,
+                lambda: attention.flash_forward(k, ya_, lse_, q_, k_, v_, NH, KV, None, table),
+                lambda: attention.flash_backward(k, dq_, dk_, dv_, dd_, dyq_, ya_, q_, k_, v_,
+                                                 lse_, NH, KV, None, table),
+                lambda: _error(ya_.get()[0, :, :HS], want))
 
 
 def flash_rows(be, k, out, rows, small):
@@ -250,26 +231,42 @@ def flash_rows(be, k, out, rows, small):
     qkv_, bias_, dy_ = xp.asarray(qkv), xp.asarray(bias), xp.asarray(dy)
     y_, lse_ = xp.empty((B, T, C), bf), xp.empty((B, NH, T), np.float32)
     dqkv_, dd_ = xp.empty_like(qkv_), xp.empty((B, NH, T), np.float32)
-    forward = lambda: attention.forward(k, y_, lse_, qkv_, NH, bias_)  # noqa: E731
-    backward = lambda: attention.backward(k, dqkv_, dd_, dy_, y_, qkv_, lse_, NH, bias_)  # noqa
-    f_ms, b_ms = device_ms(be, forward, 3 if small else 10), device_ms(be, backward,
-                                                                        3 if small else 10)
-    forward(), backward()
     v = (qkv[:1].astype(np.float32) + bias.astype(np.float32)).astype(bf).astype(np.float64)
     heads = v.reshape(1, T, 3, NH, HS)[:, :, :, :2].transpose(2, 0, 3, 1, 4)  # 2 heads
-    s = heads[0] @ heads[1].swapaxes(-1, -2) / math.sqrt(HS)
-    s += np.triu(np.full((T, T), -np.inf), 1)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    want = (p @ heads[2]).transpose(0, 2, 1, 3).reshape(1, T, 2 * HS)
-    got = y_.get()[:1, :, :2 * HS].astype(np.float64)
-    flops = 4 * HS * B * NH * T * T / 2
-    rows.append({"kernel": "flash.forward", "shape": [B, T, NH, HS], "ms": f_ms,
-                 "tflops": flops / f_ms / 1e9, "max_error": _error(got, want),
-                 "ok": _error(got, want) < 2.0 ** -6})
-    rows.append({"kernel": "flash.backward", "shape": [B, T, NH, HS], "ms": b_ms,
+    want = _causal_attention(*heads).transpose(0, 2, 1, 3).reshape(1, T, 2 * HS)
+    _flash_pair(be, out, rows, "", [B, T, NH, HS], small,
+                lambda: attention.forward(k, y_, lse_, qkv_, NH, bias_),
+                lambda: attention.backward(k, dqkv_, dd_, dy_, y_, qkv_, lse_, NH, bias_),
+                lambda: _error(y_.get()[:1, :, :2 * HS], want))
+
+
+def _flash_pair(be, out, rows, label, shape, small, forward, backward, error):
+    """flash.cu's F and B rows: each timed, both run once more, then F's output checked
+    (error(): its largest difference from float64); TFLOP/s by FlashAttention's count
+    (`_flash_flops`, B's 2.5 × F's) from shape (B, T, NH[, KV], HS)."""
+    reps = 3 if small else 10
+    f_ms, b_ms = device_ms(be, forward, reps), device_ms(be, backward, reps)
+    forward(), backward()
+    flops, f_error = _flash_flops(shape[0], shape[2], shape[1], shape[-1]), error()
+    rows.append({"kernel": f"flash.forward{label}", "shape": shape, "ms": f_ms,
+                 "tflops": flops / f_ms / 1e9, "max_error": f_error, "ok": f_error < 2.0 ** -6})
+    rows.append({"kernel": f"flash.backward{label}", "shape": shape, "ms": b_ms,
                  "tflops": 2.5 * flops / b_ms / 1e9, "max_error": None, "ok": True})
-    _write(out, "kernels", rows)
+    merge_json(out, {"kernels": rows})
+
+
+def _flash_flops(B: int, NH: int, T: int, HS: int) -> float:
+    """Causal attention's forward FLOPs as FlashAttention counts them (half of 4·HS·T²
+    a head)."""
+    return 4 * HS * B * NH * T * T / 2
+
+
+def _causal_attention(q, k, v):
+    """Causal softmax attention in float64 over (..., T, HS) arrays: flash.cu's reference."""
+    T = q.shape[-2]
+    s = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1]) + np.triu(np.full((T, T), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
 
 
 # -- flash.cu against PyTorch's SDPA --------------------------------------------------------
@@ -305,9 +302,10 @@ def attention_vs_sdpa(be, out: str, small: bool):
         theirs_b = _torch_ms(torch, lambda: torch.autograd.grad(y, (q, kk, v), g,
                                                                 retain_graph=True))
         grads = torch.autograd.grad(y, (q, kk, v), g)
-        flops = 4 * HS * B * NH * T * T / 2
+        flops = _flash_flops(B, NH, T, HS)
         mine = dqkv_.get().astype(np.float64).reshape(B, T, 3, NH, HS)
-        errors = {"y": _error(y_.get(), y.transpose(1, 2).reshape(B, T, C).float().cpu())}
+        theirs_y = y.detach().transpose(1, 2).reshape(B, T, C)  # (y asks for gradients)
+        errors = {"y": _error(y_.get(), theirs_y.float().cpu())}
         for i, name in enumerate(("dq", "dk", "dv")):
             errors[name] = _error(mine[:, :, i], grads[i].transpose(1, 2).float().cpu())
         results.append({"T": T, "B": B, "heads": NH, "head_size": HS,
@@ -317,25 +315,18 @@ def attention_vs_sdpa(be, out: str, small: bool):
                         "sdpa_f_tflops": flops / theirs_f / 1e9,
                         "sdpa_b_tflops": 2.5 * flops / theirs_b / 1e9,
                         "errors_vs_sdpa": errors})
-        _write(out, "attention_vs_sdpa", results)
+        merge_json(out, {"attention_vs_sdpa": results})
 
 
 def _torch_ms(torch, fn, repeats: int = 10) -> float:
     """Median device time of fn() by torch's CUDA events (host time on the CPU)."""
-    fn()
     if not torch.cuda.is_available():
+        fn()
         tick = time.perf_counter()
         fn()
         return 1e3 * (time.perf_counter() - tick)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
+    return _events_ms(fn, lambda: torch.cuda.Event(enable_timing=True),
+                      lambda start, end: start.elapsed_time(end), repeats)
 
 
 # -- the model's GEMM shapes -------------------------------------------------------------
@@ -372,8 +363,7 @@ def gemms(be, out: str, small: bool):
             ta = torch.ones((M, K), dtype=torch.bfloat16, device="cuda")
             tb = torch.ones((K, N), dtype=torch.bfloat16, device="cuda")
             theirs[key] = 2 * M * K * N / _torch_ms(torch, lambda: ta @ tb, 5) / 1e-3
-        _write(out, "gemm_shapes", rates)
-        _write(out, "gemm_shapes_torch", theirs)
+        merge_json(out, {"gemm_shapes": rates, "gemm_shapes_torch": theirs})
 
 
 # -- two ranks on one GPU ------------------------------------------------------------------
@@ -407,7 +397,7 @@ def sharing(be, out: str, small: bool):
         if ranks > 1:
             if launcher is None:
                 results[name] = {"status": "no mpiexec on PATH"}
-                _write(out, "sharing", results)
+                merge_json(out, {"sharing": results})
                 continue
             cmd = [launcher, "-n", str(ranks), *cmd]
         tick = time.perf_counter()
@@ -422,7 +412,7 @@ def sharing(be, out: str, small: bool):
                 entry["max_difference"] = max(abs(a - b) for a, b in zip(entry["losses"], one))
                 entry["bitwise"] = entry["losses"] == one
         results[name] = entry
-        _write(out, "sharing", results)
+        merge_json(out, {"sharing": results})
 
 
 SECTIONS = {"kernels": kernels, "attention": attention_vs_sdpa, "gemms": gemms,

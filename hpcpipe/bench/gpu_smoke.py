@@ -17,7 +17,6 @@ CPU's and mean nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -27,18 +26,7 @@ import numpy as np
 
 from hpcpipe.device import backend
 
-
-def _seconds(be, fn, repeats: int = 3) -> float:
-    """Best wall time of fn() with the device synchronised around it, after a warm-up."""
-    fn()
-    be.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        tick = time.perf_counter()
-        fn()
-        be.synchronize()
-        best = min(best, time.perf_counter() - tick)
-    return best
+from .common import best_seconds, merge_json
 
 
 def bf16_arithmetic(be) -> dict:
@@ -73,7 +61,8 @@ def gemm_rates(be, small: bool) -> dict:
     rates = {}
     for name, (sa, sb, dtype) in shapes.items():
         a, b = xp.ones(sa, dtype=dtype), xp.ones(sb, dtype=dtype)
-        rates[name] = 2.0 * np.prod(sa) * sb[-1] / _seconds(be, lambda: xp.matmul(a, b))
+        rates[name] = 2.0 * np.prod(sa) * sb[-1] / best_seconds(lambda: xp.matmul(a, b),
+                                                             be.synchronize)
     return rates
 
 
@@ -100,7 +89,7 @@ def bandwidth(be, small: bool) -> float:
     xp = be.xp
     n = (1 << 16) if small else (1 << 28)  # 1 GiB of float32 per operand
     a, b, out = (xp.ones(n, dtype=np.float32) for _ in range(3))
-    return 3 * 4 * n / _seconds(be, lambda: xp.multiply(a, b, out=out))
+    return 3 * 4 * n / best_seconds(lambda: xp.multiply(a, b, out=out), be.synchronize)
 
 
 def launch_costs(be, small: bool) -> dict:
@@ -253,13 +242,7 @@ def main(argv=None) -> int:
 
 def _save(path, result):
     """The results so far, merged into the calibration JSON (a later section's keys kept)."""
-    data = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            data = json.load(f)
-    data.update({k: v for k, v in result.items() if v is not None})
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2)
+    merge_json(path, {k: v for k, v in result.items() if v is not None})
 
 
 if __name__ == "__main__":

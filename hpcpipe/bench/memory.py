@@ -23,7 +23,8 @@ from hpcpipe.schedules import ScheduleError, from_costs, generate, peak_activati
 from hpcpipe.schedules.recompute import Mode
 from hpcpipe.train.rank import Rank
 from hpcpipe.util import timeline
-from hpcpipe.util.files import write_figure
+
+from .common import pyplot, save_figure
 
 
 def memory_rows(kinds, cfg, grid, be, world, inputs, log) -> list[dict]:
@@ -114,11 +115,7 @@ def print_front(points):
 
 def plot_front(fronts: dict, path: str):
     """Bubble against peak activation bytes, one line per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, front in fronts.items():
         points = sorted((p["peak_activation_bytes"] / 2**20, p["bubble_rate"]) for p in front)
@@ -127,9 +124,7 @@ def plot_front(fronts: dict, path: str):
     ax.set_ylabel("bubble (recompute time counted as lost)")
     ax.set_title("auto's Pareto front, recomputation as a choice")
     ax.legend()
-    fig.tight_layout()
-    write_figure(path, fig)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # The documentation's two models (its memory tables' shapes): name -> layers, n_embd, heads, block.

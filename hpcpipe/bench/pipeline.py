@@ -11,7 +11,6 @@ in the same round-robin.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -40,9 +39,11 @@ from hpcpipe.train.rank import Rank
 from hpcpipe.util import timeline
 from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
-from hpcpipe.util.files import claim_figure, claim_file
+from hpcpipe.util.files import claim_figure
 
-from .common import require_tokens, schedule_label, suite_parser, with_json, write_json
+from . import ONE_CORE_EACH, batches
+from .common import (claim_json, require_tokens, root_log, round_robin, save_json,
+                     schedule_label, slowest, suite_parser, warn_shared_cores, with_json)
 from .memory import memory_rows, pareto_front, plot_front, print_front, print_memory
 
 PIPELINE_KINDS = ("1f1b", "zb-h1", "zb-h2", "zb-v", "auto", "pipedream-2bw")
@@ -56,9 +57,7 @@ examples:
   mpiexec -n 2 python -m mpi4py -m hpcpipe bench pipeline --schedules zb-v --layers 6 \
       --embd 384 --block 256 --vocab 2048 --splits "E t t.attn | .mlp t | t | t t L;auto"
 
-Give each rank its own core: with more ranks than cores the ranks take turns and the
-timings measure nothing. On machines that set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, unset
-both for the benchmark command (never in tests): they select a slower kernel."""
+""" + ONE_CORE_EACH
 
 
 def add_parser(sub):
@@ -129,20 +128,16 @@ class Contender:
     def run_steps(self, world, inputs, count: int, record: bool = True):
         """`count` consecutive steps; their mean time is the step period (steps overlap
         when post-validation lets them)."""
-        from mpi4py import MPI
-
-        finished = []
-        world.Barrier()  # every schedule starts from the same line
-        tick = time.perf_counter()
-        for _ in range(count):
-            self.step += 1
-            finished += self.rank.train_step(self.step, inputs, 1e-4, self.max_norm)
-        finished += self.rank.flush()
-        elapsed = world.allreduce(time.perf_counter() - tick, op=MPI.MAX) / count
+        finished, spans = [], []
+        with slowest(world, spans):  # every schedule starts from the same line
+            for _ in range(count):
+                self.step += 1
+                finished += self.rank.train_step(self.step, inputs, 1e-4, self.max_norm)
+            finished += self.rank.flush()
         for outcome in finished:
             self.stage_bytes = outcome.result.stage_bytes
         if record:
-            self.times.append(elapsed)
+            self.times.append(spans[0] / count)
             self.redone += sum(outcome.redone for outcome in finished)
             for outcome in finished:
                 self.bubbles.append(outcome.stats.bubble)
@@ -322,12 +317,9 @@ def memory_suite(args, kinds, cfg, grid, be, world, inputs, log) -> int:
         print_front(front)
         if args.pareto:
             plot_front({f"{args.layers} layers, n_embd {C}, pp {pp}": front}, args.pareto)
-        if args.json:
-            shape = {"pp": pp, "microbatches": m, "micro_batch_size": B, "block": T,
-                     "n_embd": C, "layers": args.layers, "heads": args.heads}
-            result = {"suite": "pipeline-memory", **shape, "rows": rows,
-                      "pareto": front}
-            print(f"\nwrote {write_json(args.json, result)}")
+        shape = {"pp": pp, "microbatches": m, "micro_batch_size": B, "block": T,
+                 "n_embd": C, "layers": args.layers, "heads": args.heads}
+        save_json(args, {"suite": "pipeline-memory", **shape, "rows": rows, "pareto": front})
     return 0
 
 
@@ -350,18 +342,13 @@ def _streams(kind: str) -> bool:
 def run_pipeline(args) -> int:
     world = args.job.world()
     pp = world.size
-    if args.json is not None:  # (an empty path is refused, never taken for no --json)
-        claim_file(args.json, args.force, "--json", make_folder=True)
+    claim_json(args)
     if args.pareto is not None:
         if not args.memory:  # it would be silently skipped: no picture where one was asked
             raise HpcpipeError("bench pipeline: --pareto draws the --memory suite's front: "
                                "give --memory too")
         claim_figure(args.pareto, args.force, "--pareto", make_folder=True)
-
-    def log(msg):
-        if world.rank == 0:
-            print(msg, flush=True)
-
+    log = root_log(world)
     kinds = schedule_kinds(args.schedules)
     cfg = bench_config(args, pp)
     grid = gridlib.build(world, 1, pp, source="bench pipeline",
@@ -373,9 +360,7 @@ def run_pipeline(args) -> int:
     m, B, T, C = args.microbatches, args.micro_batch_size, args.block, args.embd
     log(f"hpcpipe {__version__} bench pipeline | {grid.describe()} | {be.describe()}, "
         f"{threads} thread(s) per rank on {cores} core(s)")
-    if not be.is_gpu and grid.local_size > cores:
-        log(f"warning: {grid.local_size} ranks share {cores} cores on this node: the ranks "
-            f"take turns and these timings do not measure the schedules")
+    warn_shared_cores(log, be, grid, cores, "schedules")
     log(f"model: {args.layers} layers, n_embd {C}, block {T}; {m} microbatches of {B} "
         f"sequences ({m * B * T:,} tokens/step); {args.rounds} rounds × {args.steps} steps; "
         + ("optimizer post-validation" if not args.synchronous else "synchronous optimizer")
@@ -385,10 +370,7 @@ def run_pipeline(args) -> int:
     every_rank_does(world, lambda: require_tokens(m * B, T + 1, "bench pipeline",
                                                   grid.local_size))
     tokens = np.random.default_rng(0).integers(0, 256, (m * B, T + 1))
-    # Each microbatch its own arrays, as training's: a stash then holds its own inputs.
-    data = [(be.from_host(tokens[i * B:(i + 1) * B, :-1].copy()),
-             be.from_host(tokens[i * B:(i + 1) * B, 1:].copy())) for i in range(m)]
-    inputs = data.__getitem__
+    inputs = batches.microbatches(be, tokens, B, m)
     if args.memory:
         return memory_suite(args, kinds, cfg, grid, be, world, inputs, log)
     costs = measure_costs(cfg, grid, be, world, inputs, (B, T, C))
@@ -401,12 +383,9 @@ def run_pipeline(args) -> int:
     if not entries:
         raise HpcpipeError(f"bench pipeline: none of --schedules {args.schedules} can run "
                            f"on {pp} rank(s) with these settings (see the lines above)")
-    for entry in entries:
-        entry.run_steps(world, inputs, 2, record=False)  # warm-up: allocation, caches
-    for r in range(args.rounds):
-        for entry in entries:
-            entry.run_steps(world, inputs, args.steps)
-        log(f"round {r + 1}/{args.rounds} done")
+    round_robin(entries, lambda entry, count, record: entry.run_steps(world, inputs, count,
+                                                                      record),
+                2, args.rounds, args.steps, log)
     rows = result_rows(entries, m * B * T, grid.pipe)
     if world.rank == 0:
         print_rows(rows, splits=len(args.splits) > 1)
@@ -420,6 +399,5 @@ def run_pipeline(args) -> int:
                   "costs_ms": {"f": [x * 1e3 for x in costs.f], "b": [x * 1e3 for x in costs.b],
                                "w": [x * 1e3 for x in costs.w], "comm": costs.comm * 1e3},
                   "rows": rows}
-        if args.json:
-            print(f"\nwrote {write_json(args.json, result)}")
+        save_json(args, result)
     return 0

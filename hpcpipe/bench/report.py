@@ -20,9 +20,9 @@ import platform
 import time
 
 from hpcpipe import __version__
-from hpcpipe.util.files import read_bounded, write_figure, write_text_atomic
+from hpcpipe.util.files import read_bounded, write_text_atomic
 
-from .common import machine_name, schedule_label
+from .common import dash, machine_name, pyplot, save_figure, schedule_label, size_label
 
 # The simulated settings: (ranks, microbatches) × F:B:W, as `python -m hpcpipe.schedules.table`.
 SIM_SIZES = ((4, 8), (8, 24))
@@ -73,18 +73,9 @@ def combine(parts: dict, sims: list[dict]) -> dict:
 
 # -- plots --------------------------------------------------------------------------------------
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_step(step: dict, path: str) -> str:
     """Tokens/s of hpcpipe and PyTorch per config, the ratio over each pair."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = step["rows"]
     names = [r["config"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -103,16 +94,13 @@ def plot_step(step: dict, path: str) -> str:
                  f"{step.get('threads', '?')} threads")
     ax.margins(y=0.15)
     ax.legend(loc="upper right", fontsize="small")
-    fig.tight_layout()
-    write_figure(path, fig)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _bars_and_pairs(path: str, names, bars, bar_axes, pairs, pair_axes) -> str:
     """Left: one bar per name; right: two bars per name, side by side. *_axes: (y label,
     title); pairs: ((label, values), (label, values))."""
-    plt = _pyplot()
+    plt = pyplot()
     xs = list(range(len(names)))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     left.bar(xs, bars, color="tab:blue")
@@ -125,10 +113,7 @@ def _bars_and_pairs(path: str, names, bars, bar_axes, pairs, pair_axes) -> str:
     right.set_ylabel(pair_axes[0])
     right.set_title(pair_axes[1])
     right.legend(fontsize="small")
-    fig.tight_layout()
-    write_figure(path, fig)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_pipeline(pipe: dict, path: str) -> str:
@@ -157,7 +142,7 @@ def plot_tp(tp: dict, path: str) -> str:
 
 def plot_comm(comm: dict, path: str) -> str:
     """Every bandwidth series of the comm suite against message size, log-log."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = comm["rows"]
     series = sorted({k for r in rows for k in r if k.endswith("_gbs")})
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -171,24 +156,10 @@ def plot_comm(comm: dict, path: str) -> str:
     ax.set_ylabel("GB/s")
     ax.set_title(f"bandwidth, {comm.get('ranks', '?')} ranks")
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    write_figure(path, fig)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # -- the summary --------------------------------------------------------------------------------
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
-
-
-def _fmt(value, spec):
-    return "–" if value is None else format(value, spec)
-
 
 def step_section(step: dict) -> list[str]:
     out = ["## One training step: hpcpipe against PyTorch", "",
@@ -202,8 +173,8 @@ def step_section(step: dict) -> list[str]:
     for r in step["rows"]:
         out.append(f"| {r['config']} | {r['n_layer']} × {r['n_embd']}, {r['n_head']}, "
                    f"{r['block_size']} | {r['batch']} | {r['hpcpipe_tokens_per_s']:,.0f} | "
-                   f"{_fmt(r['torch_tokens_per_s'], ',.0f')} | {_fmt(r['ratio'], '.2f')}× | "
-                   f"{r['mfu']:.1%} | {_fmt(r.get('torch_mfu'), '.1%')} |")
+                   f"{dash(r['torch_tokens_per_s'], ',.0f')} | {dash(r['ratio'], '.2f')}× | "
+                   f"{r['mfu']:.1%} | {dash(r.get('torch_mfu'), '.1%')} |")
     return out
 
 
@@ -255,8 +226,8 @@ def comm_section(comm: dict) -> list[str]:
            "| size | " + " | ".join(s[: -len("_gbs")].replace("_", " ") for s in series) + " |",
            "|---|" + "---|" * len(series)]
     for r in rows:
-        out.append(f"| {_size(r['bytes'])} | "
-                   + " | ".join(_fmt(r.get(s), '.2f') for s in series) + " |")
+        out.append(f"| {size_label(r['bytes'])} | "
+                   + " | ".join(dash(r.get(s), '.2f') for s in series) + " |")
     overlap = comm.get("overlap")
     if overlap and "hidden_fraction" in overlap:
         out += ["", f"Gradient all-reduce hidden behind W in a training step: "

@@ -42,11 +42,10 @@ from hpcpipe.optim.adamw import AdamW, ParamShard
 from hpcpipe.train.graphed import Graphed
 from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import claim_file
 
 from . import batches
-from .common import (LAYERS, PHASES, require_model, suite_parser, with_json, wrapped_layers,
-                     write_json)
+from .common import (LAYERS, PHASES, best_seconds, claim_json, dash, require_model, save_json,
+                     suite_parser, with_json, wrapped_layers)
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
@@ -130,24 +129,23 @@ def add_parser(sub):
 
 # -- what a step costs ------------------------------------------------------------------------
 
-def _sync(be):
-    be.synchronize()
-
-
 def torch_matmul_rate(torch, device, dtype, n: int, repeats: int = 3) -> float:
     a = torch.randn(n, n, dtype=getattr(torch, dtype), device=device)
     b = torch.randn(n, n, dtype=getattr(torch, dtype), device=device)
     out = torch.empty(n, n, dtype=a.dtype, device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    torch.matmul(a, b, out=out)
-    sync()
-    best = float("inf")
-    for _ in range(repeats):
-        tick = time.perf_counter()
-        torch.matmul(a, b, out=out)
-        sync()
-        best = min(best, time.perf_counter() - tick)
-    return 2.0 * n**3 / best
+    return 2.0 * n**3 / best_seconds(lambda: torch.matmul(a, b, out=out), sync, repeats)
+
+
+def fbw(stage, idx, targets):
+    """One microbatch's F, B and W through `stage` (its gradients zeroed first, the tied
+    head's gradient folded in after): its loss."""
+    stage.zero_grad()
+    value = stage.forward(0, idx, targets)
+    stage.backward_input(0)
+    stage.backward_weight(0)
+    stage.add_head_grad()
+    return value
 
 
 # -- the two steps ------------------------------------------------------------------------------
@@ -174,18 +172,14 @@ class HpcpipeStep:
 
     def __call__(self) -> float:
         tick = time.perf_counter()
-        stage, grad = self.runs, self.stage.grad_buffer.data
-        stage.zero_grad()
-        value = stage.forward(0, self.idx, self.targets)
-        stage.backward_input(0)
-        stage.backward_weight(0)
-        stage.add_head_grad()
+        grad = self.stage.grad_buffer.data
+        value = fbw(self.runs, self.idx, self.targets)
         if self.graphs is None:
             self.opt.step(grad, LR)
         else:
             self.opt.step_graphed(grad, LR, self.graphs)
         self.host_s.append(time.perf_counter() - tick)
-        _sync(self.be)
+        self.be.synchronize()
         return float(value)
 
 
@@ -256,10 +250,15 @@ def first_losses(cfg, be, dtype, batch, torch=None, device="cpu", tokens="unifor
     ours = HpcpipeStep(cfg, be, dtype, idx, targets)
     if torch is None:
         return ours, None, ours(), None
-    host_params = {name: be.to_host(p).astype(np.float32 if p.dtype.itemsize < 4 else p.dtype)
-                   for name, p in ours.stage.params.items()}
-    theirs = TorchStep(torch, cfg, device, dtype, host_params, idx, targets)
+    theirs = TorchStep(torch, cfg, device, dtype, host_params(ours.stage, be), idx, targets)
     return ours, theirs, ours(), theirs()
+
+
+def host_params(stage, be) -> dict:
+    """The stage's weights on the host for the torch peer, 16-bit ones as float32 (PyTorch
+    keeps a float32 model under autocast)."""
+    return {name: be.to_host(p).astype(np.float32 if p.dtype.itemsize < 4 else p.dtype)
+            for name, p in stage.params.items()}
 
 
 def check_same_loss(name, ours: float, theirs: float, dtype: str, tf32: bool = False,
@@ -325,8 +324,8 @@ def alternate(runners, warmup: int, repeats: int, name: str, log) -> dict:
     return times
 
 
-def _extras(cfg, be, dtype, batch, torch, device, tokens, loss0, torch_loss0, graphs,
-            compiled, name, tf32) -> list:
+def _extras(cfg, be, dtype, batch, torch, device, tokens, loss0, graphs, compiled, name,
+            tf32) -> list:
     """The other runners: hpcpipe's step as CUDA graphs, PyTorch's under torch.compile;
     each built from the same weights and batch, its first loss checked."""
     extra = []
@@ -336,10 +335,8 @@ def _extras(cfg, be, dtype, batch, torch, device, tokens, loss0, torch_loss0, gr
         check_same_loss(f"{name} graphs", step(), loss0, dtype)
         extra.append(("hpcpipe_graphs", step))
     if compiled and torch is not None:
-        fresh = stage_class(cfg)(cfg, dtype=dtype, seed=0, be=be)  # the first weights again
-        host = {n: be.to_host(p).astype(np.float32 if p.dtype.itemsize < 4 else p.dtype)
-                for n, p in fresh.params.items()}
-        del fresh
+        # the first weights again, from a fresh stage
+        host = host_params(stage_class(cfg)(cfg, dtype=dtype, seed=0, be=be), be)
         idx, targets = make_batch(cfg, batch, tokens=tokens)
         step = TorchStep(torch, cfg, device, dtype, host, idx, targets, compile=True)
         check_same_loss(f"{name} torch.compile", loss0, step(), dtype, tf32, cfg)
@@ -372,8 +369,8 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
             log(f"  {name}: PyTorch tokens/s by thread count "
                 + ", ".join(f"{n}: {r:,.0f}" for n, r in rates.items()) + f" → {best}")
             row.update(torch_threads=best, torch_tokens_per_s_by_threads=rates)
-    runners += _extras(cfg, be, dtype, batch, torch, device, kind, loss0, torch_loss0,
-                       graphs, compiled, name, tf32)
+    runners += _extras(cfg, be, dtype, batch, torch, device, kind, loss0, graphs, compiled,
+                       name, tf32)
     times = alternate(runners, warmup, repeats, name, log)
     for label, runner in runners:
         row[f"{label}_step_ms"] = 1e3 * statistics.median(times[label])
@@ -409,12 +406,12 @@ def layer_timers(be, totals: dict):
 
     def timed(layer, phase, fn):
         def wrapper(*args, **kwargs):
-            _sync(be)
+            be.synchronize()
             stack.append([time.perf_counter(), 0.0])
             try:
                 return fn(*args, **kwargs)
             finally:
-                _sync(be)
+                be.synchronize()
                 start, children = stack.pop()
                 elapsed = time.perf_counter() - start
                 if stack:
@@ -437,27 +434,25 @@ def profile(cfg, be, dtype, batch, repeats, tokens="uniform") -> tuple[list[dict
     tick = time.perf_counter()
     with layer_timers(be, totals):
         for _ in range(repeats):
-            stage = step.stage
-            stage.zero_grad()
-            stage.forward(0, step.idx, step.targets)
-            stage.backward_input(0)
-            stage.backward_weight(0)
-            stage.add_head_grad()
-            _sync(be)
+            fbw(step.stage, step.idx, step.targets)
+            be.synchronize()
             start = time.perf_counter()
-            step.opt.step(stage.grad_buffer.data, LR)
-            _sync(be)
+            step.opt.step(step.stage.grad_buffer.data, LR)
+            be.synchronize()
             opt_time += time.perf_counter() - start
     step_ms = 1e3 * (time.perf_counter() - tick) / repeats
-    rows = []
-    for layer in LAYERS:
-        row = {"layer": layer, **{ph: 1e3 * totals.get((layer, ph), 0.0) / repeats
-                                  for ph in PHASES.values()}}
-        if any(row[ph] for ph in PHASES.values()):
-            rows.append(row)
+    rows = layer_rows(totals, 1e3 / repeats)
     rows.append({"layer": "adamw", "F": 0.0, "B": 0.0, "W": 0.0,
                  "step": 1e3 * opt_time / repeats})
     return rows, step_ms
+
+
+def layer_rows(totals: dict, scale: float = 1.0) -> list[dict]:
+    """{(layer, phase): time} as a row of F, B and W per layer that took any (in LAYERS'
+    order), each time × `scale`."""
+    rows = [{"layer": layer, **{ph: scale * totals.get((layer, ph), 0.0)
+                                for ph in PHASES.values()}} for layer in LAYERS]
+    return [row for row in rows if any(row[ph] for ph in PHASES.values())]
 
 
 @contextmanager
@@ -493,10 +488,7 @@ def event_rows(xp, marks) -> list[dict]:
         inner = sum(c for d, c in stack if d == depth + 1)
         stack = [(d, c) for d, c in stack if d <= depth] + [(depth, ms)]
         totals[(layer, phase)] = totals.get((layer, phase), 0.0) + ms - inner
-    rows = {}
-    for (layer, phase), ms in totals.items():
-        rows.setdefault(layer, {"layer": layer, "F": 0.0, "B": 0.0, "W": 0.0})[phase] = ms
-    return list(rows.values())
+    return layer_rows(totals)
 
 
 def event_profile(cfg, be, dtype, batch, tokens="uniform") -> list[dict]:
@@ -577,14 +569,13 @@ def _print_rows(rows, with_torch: bool, log):
         "MFU hpcpipe | MFU PyTorch |")
     log("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        fmt = lambda v, spec: format(v, spec) if v is not None else "–"
         dtype = r["dtype"] + (" (TF32)" if r.get("tf32") else "")
-        peer = fmt(r["torch_tokens_per_s"], ",.0f")
+        peer = dash(r["torch_tokens_per_s"], ",.0f")
         if r.get("torch_threads"):
             peer += f" ({r['torch_threads']} thr.)"
         log(f"| {r['config']} | {dtype} | {r['batch'] * r['block_size']:,} | "
-            f"{r['hpcpipe_tokens_per_s']:,.0f} | {peer} | {fmt(r['ratio'], '.2f')}× | "
-            f"{r['mfu']:.1%} | {fmt(r['torch_mfu'], '.1%')} |")
+            f"{r['hpcpipe_tokens_per_s']:,.0f} | {peer} | {dash(r['ratio'], '.2f')}× | "
+            f"{r['mfu']:.1%} | {dash(r['torch_mfu'], '.1%')} |")
     if with_torch:
         log("ratio of each repetition's two steps, median: " + ", ".join(
             f"{r['config']} {r['ratio_paired']:.2f}×" for r in rows))
@@ -635,8 +626,7 @@ def run_step(args) -> int:
     def log(msg):
         print(msg, flush=True)
 
-    if args.json is not None:  # (an empty path is refused, never taken for no --json)
-        claim_file(args.json, args.force, "--json", make_folder=True)
+    claim_json(args)
     be, torch, device = _setup(args, log)
     configs, batch, warmup, repeats, peak_n = _plan(args, be)
     for name, cfg in configs.items():  # every config before the first is measured
@@ -685,12 +675,10 @@ def run_step(args) -> int:
         row["torch_mfu"] = (row["flops_per_token"] * row["torch_tokens_per_s"] / device_peak
                             if row["torch_tokens_per_s"] else None)
     _print_rows(rows, torch is not None, log)
-    if args.json:
-        result = {"suite": "step", "version": __version__, "backend": be.describe(),
-                  "device": device, "threads": be.threads,
-                  "torch": torch.__version__ if torch is not None else None,
-                  "peak_flops": device_peak, "peak_flops_backend": peak,
-                  "peak_flops_torch": torch_peak, "matmul_n": peak_n, "dtype": args.dtype,
-                  "tf32": args.tf32, "rows": rows, **machine}
-        log(f"\nwrote {write_json(args.json, result)}")
+    save_json(args, {"suite": "step", "version": __version__, "backend": be.describe(),
+                     "device": device, "threads": be.threads,
+                     "torch": torch.__version__ if torch is not None else None,
+                     "peak_flops": device_peak, "peak_flops_backend": peak,
+                     "peak_flops_torch": torch_peak, "matmul_n": peak_n, "dtype": args.dtype,
+                     "tf32": args.tf32, "rows": rows, **machine}, log)
     return 0

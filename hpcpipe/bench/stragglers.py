@@ -39,12 +39,9 @@ may still reach it sooner in time.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import time
-
-import numpy as np
 
 from hpcpipe import __version__, config
 from hpcpipe.device import backend
@@ -55,10 +52,11 @@ from hpcpipe.parallel.section import SSP_CORRECTIONS
 from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import generate
 from hpcpipe.util.arguments import integer, number
-from hpcpipe.util.errors import HpcpipeError, every_rank_does
-from hpcpipe.util.files import claim_figure, claim_file, write_figure
+from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.files import claim_figure
 
-from .common import write_json
+from .common import (claim_json, pyplot, root_log, save_figure, slowest, suite_parser,
+                     with_json, write_json)
 
 EPILOG = """\
 examples:
@@ -83,10 +81,8 @@ SLICE_S = 1e-3  # the slowed replica's sleep: slices between which MPI makes pro
 
 
 def add_parser(sub):
-    parser = sub.add_parser("stragglers", help="one replica slowed: synchronous dp, local "
-                            "SGD, bounded staleness, elastic averaging",
-                            description=__doc__, epilog=EPILOG,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = suite_parser(sub, "stragglers", "one replica slowed: synchronous dp, local "
+                          "SGD, bounded staleness, elastic averaging", __doc__, EPILOG)
     parser.add_argument("--config", default="inputs/tiny.toml",
                         help="the model, data and optimizer (inputs/tiny.toml)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -115,12 +111,8 @@ def add_parser(sub):
                         help="local SGD's H (10)")
     parser.add_argument("--eval-batches", type=integer(1, 10**4), default=2,
                         help="validation batches per evaluation (2)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--png", metavar="FILE", help="draw the loss curves (matplotlib)")
-    parser.add_argument("--force", action="store_true",
-                        help="replace the --json or --png file if it exists")
-    parser.set_defaults(func=run_stragglers)
-    return parser
+    return with_json(parser, run_stragglers, "the --json or --png file if it exists")
 
 
 def mode_settings(name: str, local_steps: int) -> dict:
@@ -212,9 +204,9 @@ def run_stragglers(args) -> int:
     if world.size != 2:
         raise HpcpipeError("bench stragglers runs two replicas, one rank each: mpiexec -n 2 "
                            "python -m mpi4py -m hpcpipe bench stragglers")
-    for flag, path in (("--json", args.json), ("--png", args.png)):
-        if path is not None:
-            (claim_file if flag == "--json" else claim_figure)(path, args.force, flag)
+    claim_json(args)
+    if args.png is not None:
+        claim_figure(args.png, args.force, "--png")
     base = config.load(args.config, args.set)
     names = [n.strip() for n in args.modes.split(",") if n.strip()]
     configs = {n: mode_config(base, n, args) for n in names}
@@ -224,7 +216,7 @@ def run_stragglers(args) -> int:
     be = backend.select("cpu" if base.train.device == "cpu" else "auto", 0, threads=threads)
     from hpcpipe.data.checks import open_tokens
 
-    log = (lambda msg: print(msg, flush=True)) if world.rank == 0 else (lambda msg: None)
+    log = root_log(world)
     tokens = open_tokens(configs["sync"].data, configs["sync"].model, configs["sync"].source,
                          world, log)
     log(f"hpcpipe {__version__} bench stragglers | 2 replicas, one rank each | "
@@ -283,18 +275,10 @@ def measure_delay(cfg, world, be, tokens, steps: int = 6) -> float:
     mode = Mode("warm-up", cfg, world, be)
     times = []
     for step in range(1, steps + 1):
-        world.Barrier()
-        start = time.perf_counter()
-        mode.rank.train_step(step, inputs_for(tokens, cfg, be, step, mode.grid.dp_rank),
-                             cfg.optim.lr, cfg.optim.grad_clip)
-        times.append(world.allreduce(time.perf_counter() - start, op=_max()))
+        with slowest(world, times):
+            mode.rank.train_step(step, inputs_for(tokens, cfg, be, step, mode.grid.dp_rank),
+                                 cfg.optim.lr, cfg.optim.grad_clip)
     return statistics.median(times[1:])
-
-
-def _max():
-    from mpi4py import MPI
-
-    return MPI.MAX
 
 
 def slow_down(seconds: float, comm):
@@ -454,11 +438,7 @@ def _counts(counts: dict) -> str:
 def draw(results, path: str):
     """Validation loss (markers) and each replica's training loss (smoothed) against
     global steps and against the mode's clock, every mode in one picture."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     for i, (name, data) in enumerate(results["modes"].items()):
         colour = f"C{i}"
@@ -479,9 +459,7 @@ def draw(results, path: str):
     by_step.legend()
     fig.suptitle(f"replica 1 slowed by {results['delay_s'] * 1e3:.0f} ms a step, "
                  f"{WHEN[results.get('straggler', 'stall')]}")
-    fig.tight_layout()
-    write_figure(path, fig)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _smooth(values, weight: float = 0.9) -> list:

@@ -24,7 +24,6 @@ microbatch; which wins depends on b·s against P and on the links.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,9 +38,10 @@ from hpcpipe.schedules.ops import MAX_MICROBATCHES
 from hpcpipe.train.rank import Rank
 from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError, every_rank_does
-from hpcpipe.util.files import claim_file
 
-from .common import require_tokens, suite_parser, with_json, write_json
+from . import ONE_CORE_EACH, batches
+from .common import (claim_json, require_tokens, root_log, round_robin, save_json, slowest,
+                     suite_parser, warn_shared_cores, with_json)
 from .step import CONFIGS
 
 EPILOG = """\
@@ -50,9 +50,7 @@ examples:
   mpiexec -n 2 python -m mpi4py -m hpcpipe bench tp --config tiny --json tp.json
   mpiexec -n 4 python -m mpi4py -m hpcpipe bench tp --microbatches 8
 
-Give each rank its own core: with more ranks than cores the ranks take turns and the
-timings measure nothing. On machines that set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, unset
-both for the benchmark command (never in tests): they select a slower kernel."""
+""" + ONE_CORE_EACH
 
 MiB = 2 ** 20
 
@@ -93,21 +91,18 @@ class Layout:
                 + model.tied.bytes_sent)
 
     def run_steps(self, world, count: int, record: bool = True):
-        from mpi4py import MPI
-
-        world.Barrier()  # every layout starts from the same line
-        tick = time.perf_counter()
-        for _ in range(count):
-            self.step += 1
-            before = self.counters()
-            self.rank.train_step(self.step, self.inputs, 1e-4, 0.0)
-            # The data-parallel all-reduce sends 2(t−1)/t of its volume from each rank.
-            gradsync = self.rank.step.gradsync
-            self.sent = (self.counters() - before
-                         + 2 * gradsync.bytes_reduced * (self.dp - 1) // self.dp)
-        elapsed = world.allreduce(time.perf_counter() - tick, op=MPI.MAX) / count
+        spans = []
+        with slowest(world, spans):  # every layout starts from the same line
+            for _ in range(count):
+                self.step += 1
+                before = self.counters()
+                self.rank.train_step(self.step, self.inputs, 1e-4, 0.0)
+                # The data-parallel all-reduce sends 2(t−1)/t of its volume from each rank.
+                gradsync = self.rank.step.gradsync
+                self.sent = (self.counters() - before
+                             + 2 * gradsync.bytes_reduced * (self.dp - 1) // self.dp)
         if record:
-            self.times.append(elapsed)
+            self.times.append(spans[0] / count)
 
 
 def layouts_for(ranks: int) -> list[Layout]:
@@ -138,11 +133,8 @@ def build(layout: Layout, cfg, world, tokens, be_for):
     be = be_for(grid)
     every_rank_does(world, lambda: check_run(cfg, be, grid.local_size))
     layout.rank = Rank.build(cfg, grid, be, build_plan(cfg))
-    first = grid.dp_rank * p.microbatches
-    data = [(be.from_host(tokens[(first + i) * B:(first + i + 1) * B, :-1].copy()),
-             be.from_host(tokens[(first + i) * B:(first + i + 1) * B, 1:].copy()))
-            for i in range(p.microbatches)]
-    layout.inputs = data.__getitem__
+    layout.inputs = batches.microbatches(be, tokens, B, p.microbatches,
+                                         grid.dp_rank * p.microbatches)
 
 
 def analytic(layout: Layout, shape, m: int, B: int, itemsize: int, params: int) -> dict:
@@ -200,19 +192,14 @@ def print_rows(rows):
 
 def run_tp(args) -> int:
     world = args.job.world()
-    if args.json is not None:  # (an empty path is refused, never taken for no --json)
-        claim_file(args.json, args.force, "--json", make_folder=True)
+    claim_json(args)
     shape = CONFIGS[args.config]
     if args.layers:
         shape = dataclasses.replace(shape, n_layer=args.layers)
     if args.microbatches % world.size:
         raise HpcpipeError(f"bench tp: --microbatches {args.microbatches} must be a multiple "
                            f"of the {world.size} ranks, for dp {world.size} to split them")
-
-    def log(msg):
-        if world.rank == 0:
-            print(msg, flush=True)
-
+    log = root_log(world)
     threads, cores = None, backend.cpu_count()
     layouts = layouts_for(world.size)
     sequences, local = args.microbatches * args.micro_batch_size, gridlib.node_size(world)
@@ -231,19 +218,13 @@ def run_tp(args) -> int:
     be, grid = layouts[0].rank.model.backend, layouts[0].rank.grid
     log(f"hpcpipe {__version__} bench tp | {world.size} ranks | {be.describe()}, {threads} "
         f"thread(s) per rank on {cores} core(s)")
-    if not be.is_gpu and grid.local_size > cores:
-        log(f"warning: {grid.local_size} ranks share {cores} cores on this node: the ranks "
-            f"take turns and these timings do not measure the layouts")
+    warn_shared_cores(log, be, grid, cores, "layouts")
     log(f"model: {args.config}, {shape.n_layer} layers, n_embd {shape.n_embd}, "
         f"{shape.n_head} heads, block {shape.block_size}; {args.microbatches} microbatches "
         f"of {args.micro_batch_size} sequences a step; {args.rounds} rounds × {args.steps} "
         f"steps of each layout in turn")
-    for layout in layouts:
-        layout.run_steps(world, 1, record=False)  # warm-up: allocation, caches
-    for r in range(args.rounds):
-        for layout in layouts:
-            layout.run_steps(world, args.steps)
-        log(f"round {r + 1}/{args.rounds} done")
+    round_robin(layouts, lambda layout, count, record: layout.run_steps(world, count, record),
+                1, args.rounds, args.steps, log)
     table = rows(layouts, world, shape, args)
     if world.rank == 0:
         print_rows(table)
@@ -252,6 +233,5 @@ def run_tp(args) -> int:
                   "block": shape.block_size, "microbatches": args.microbatches,
                   "micro_batch_size": args.micro_batch_size, "backend": be.describe(),
                   "threads_per_rank": threads, "rows": table}
-        if args.json:
-            print(f"\nwrote {write_json(args.json, result)}")
+        save_json(args, result)
     return 0

@@ -35,3 +35,19 @@ def test_local_sgd_sends_the_gradients_bytes_once_every_h_steps():
     assert sync["steps"] == local["steps"] == 2
     for mode in (sync, local):
         assert mode["step_ms"] > 0 and mode["tokens_per_s"] > 0
+
+
+def test_the_bandwidth_table_runs_end_to_end(tmp_path):
+    """`bench comm` itself on 2 ranks at small sizes: every size's p2p and all-reduce
+    bandwidth through hpcpipe and raw (GradSync's buckets over a stand-in stage, which
+    must carry what BucketPlan reads of a real one)."""
+    out = tmp_path / "comm.json"
+    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "bench", "comm", "--max-mb", "0.0625",
+                "--skip-overlap", "--json", str(out)], n=2, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["bytes"] for r in rows] == [4096, 16384, 65536]
+    for row in rows:
+        for key in ("p2p_hpcpipe_gbs", "p2p_raw_gbs", "allreduce_hpcpipe_gbs",
+                    "allreduce_raw_gbs"):
+            assert row[key] > 0, (key, row)

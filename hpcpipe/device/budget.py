@@ -69,23 +69,31 @@ def _family_params(model) -> tuple[int, int, int]:
     return 2 * C * C + 2 * C * kv + 3 * C * hidden + 2 * C, V * C, V * C + C
 
 
+def _microbatch_activations(model, batch: int, dtype: str) -> tuple[int, int, int]:
+    """Lower bounds of one microbatch's activations, in bytes: (the whole model's, the
+    embedding's output, the logits')."""
+    V, T, C, H = model.vocab_size, model.block_size, model.n_embd, model.n_head
+    item = compute_dtype(dtype).itemsize
+    wide = max(item, 4)  # softmax, loss and 16-bit's master weights run in float32 or wider
+    # A block keeps over a dozen (B, T, C) arrays and its attention matrix's lower half
+    # (the tiles above the diagonal are never computed) from F to B.
+    per_block = 8 * batch * T * C * item + batch * H * T * T * item // 2
+    embedded, logits = batch * T * C * item, batch * T * V * wide
+    return model.n_layer * per_block + embedded + logits, embedded, logits
+
+
 def run_need(model, batch: int, dtype: str, pp: int = 1, dp: int = 1, zero: bool = False,
              optimizer: bool = True) -> Need:
     """A lower bound of the busiest rank's memory for `model` (a GPTConfig or anything with
     its fields) in pp stages and dp replicas, `batch` sequences per microbatch; without
     `optimizer` state (sampling from a model still has its gradient buffers)."""
-    V, T, C, L, H = (model.vocab_size, model.block_size, model.n_embd, model.n_layer,
-                     model.n_head)
+    V, C, L = model.vocab_size, model.n_embd, model.n_layer
     item = compute_dtype(dtype).itemsize
-    wide = max(item, 4)  # softmax, loss and 16-bit's master weights run in float32 or wider
     acc = accumulation_dtype(compute_dtype(dtype)).itemsize
     block, first, last = _family_params(model)  # embedding / final norm and head
     tied = getattr(model, "tie_word_embeddings", True)
     total = L * block + (first + last - (V * C if tied else 0) if pp == 1 else first + last)
-    # A block keeps over a dozen (B, T, C) arrays and its attention matrix's lower half
-    # (the tiles above the diagonal are never computed) from F to B.
-    per_block = 8 * batch * T * C * item + batch * H * T * T * item // 2
-    acts = L * per_block + batch * T * C * item + batch * T * V * wide
+    acts, embedded, logits = _microbatch_activations(model, batch, dtype)
 
     def need(params: int, activations: int) -> Need:
         if not optimizer:
@@ -96,7 +104,7 @@ def run_need(model, batch: int, dtype: str, pp: int = 1, dp: int = 1, zero: bool
                     activations)
 
     candidates = [need(-(-total // pp), -(-acts // pp)),  # the mean over the stages
-                  need(first, batch * T * C * item), need(last, batch * T * V * wide)]
+                  need(first, embedded), need(last, logits)]
     return max(candidates, key=lambda n: n.total)
 
 
@@ -157,13 +165,8 @@ def device_available(be) -> int | None:
 def one_microbatch_bytes(model, batch: int, dtype: str, pp: int = 1, tp: int = 1) -> int:
     """A lower bound of one microbatch's activations on the busiest of pp × tp ranks: what
     every schedule holds at least once (the same per-block figures as run_need)."""
-    V, T, C, L, H = (model.vocab_size, model.block_size, model.n_embd, model.n_layer,
-                     model.n_head)
-    item = compute_dtype(dtype).itemsize
-    wide = max(item, 4)
-    per_block = 8 * batch * T * C * item + batch * H * T * T * item // 2
-    acts = L * per_block + batch * T * C * item + batch * T * V * wide
-    return max(-(-acts // (pp * tp)), batch * T * V * wide // tp)
+    acts, _, logits = _microbatch_activations(model, batch, dtype)
+    return max(-(-acts // (pp * tp)), logits // tp)
 
 
 def memory_limit_problem(schedule: str, memory_limit, model, batch: int, dtype: str,

@@ -1,4 +1,5 @@
-"""What CuPy 14.2 offers, for the stand-ins that must refuse what it lacks.
+"""What CuPy 14.2 offers, for the stand-ins that must refuse what it lacks (and `cuda`: the
+part of `cupy.cuda` the backend reads, as both stand-ins answer it).
 
 NAMES: the public names of CuPy v14.2.0's top-level namespace, read from that release's
 `cupy/__init__.py` (every name it imports, defines or assigns; no module `__getattr__`
@@ -8,6 +9,8 @@ The ufunc methods CuPy 14.2 implements (cupy/_core/_kernel.pyx): `reduce` and
 `accumulate` only for add and multiply, `reduceat` only for add, `at` only for the ufuncs
 with a scatter operation, `outer` for all.
 """
+
+import types
 
 NAMES = frozenset("""
 AxisError ComplexWarning DataSource ElementwiseKernel Inf Infinity ModuleDeprecationWarning
@@ -66,3 +69,17 @@ ACCUMULATE = frozenset(("add", "multiply"))
 REDUCEAT = frozenset(("add",))
 AT = frozenset(("add", "subtract", "maximum", "minimum", "bitwise_and", "bitwise_or",
                 "bitwise_xor"))
+
+
+def cuda(name: bytes, memory: int, stream, **more) -> types.SimpleNamespace:
+    """A `cupy.cuda` of one device, GPU 0, called `name` with `memory` bytes (all free),
+    whose device and current stream synchronise through `stream`; `more`: other members
+    (Event, get_elapsed_time)."""
+    properties = {"name": name, "uuid": b"", "totalGlobalMem": memory}
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: 1, deviceGetPCIBusId=lambda i: "0000:00:00.0",
+        getDeviceProperties=lambda i: properties, memGetInfo=lambda: (memory, memory))
+    return types.SimpleNamespace(
+        Device=lambda i=0: types.SimpleNamespace(id=0, use=lambda: None,
+                                                 synchronize=stream.synchronize),
+        runtime=runtime, get_current_stream=lambda: stream, **more)

@@ -52,26 +52,23 @@ def fixed(x, bias=None, cos=None, sin=None):
     x = np.asarray(x, np.float64)
     if bias is not None:
         x = bf16(f32(x + np.asarray(bias, np.float64).reshape(x.shape[2:])))
-    if cos is not None:
-        half = x.shape[-1] // 2
-        c = np.asarray(cos, np.float64)[None, :, None, :]
-        s = np.asarray(sin, np.float64)[None, :, None, :]
-        x1, x2 = x[..., :half], x[..., half:]
-        x = np.concatenate([f32(f32(x1 * c) - f32(x2 * s)), f32(f32(x2 * c) + f32(x1 * s))],
-                           axis=-1)
-    return bf16(x)
+    return bf16(x if cos is None else _rotated(x, cos, sin))
 
 
-def unrotated(x, cos, sin):
-    """R^T x in float, as the kernels un-rotate dq and dk (x float, (B, T, H, HS))."""
-    if cos is None:
-        return x
+def _rotated(x, cos, sin):
+    """R x in float, each product and sum rounded to float (x float, (B, T, H, HS))."""
     half = x.shape[-1] // 2
     c = np.asarray(cos, np.float64)[None, :, None, :]
     s = np.asarray(sin, np.float64)[None, :, None, :]
     x1, x2 = x[..., :half], x[..., half:]
-    return np.concatenate([f32(f32(x1 * c) + f32(x2 * s)), f32(f32(x2 * c) - f32(x1 * s))],
+    return np.concatenate([f32(f32(x1 * c) - f32(x2 * s)), f32(f32(x2 * c) + f32(x1 * s))],
                           axis=-1)
+
+
+def unrotated(x, cos, sin):
+    """R^T x in float, as the kernels un-rotate dq and dk (x float, (B, T, H, HS)): the
+    rotation by -sin (a product with -s is the negated product, rounded alike)."""
+    return x if cos is None else _rotated(x, cos, -np.asarray(sin, np.float64))
 
 
 def chain(acc, a, b, step: int = 16):

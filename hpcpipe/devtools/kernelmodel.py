@@ -213,7 +213,7 @@ def _rescale_share(tile: int = 32) -> float:
     return share / count
 
 
-def _wmma_tiles(tile: int = 32) -> float:
+def _wmma_tiles() -> float:
     """Block trips of one launch: 2·(qb + 1) tiles for query block qb, every head."""
     return HEADS * sum(2 * (qb + 1) for qb in range(T // 64))
 
@@ -459,18 +459,15 @@ def attention_tflops(forward: Kernel, dq: Kernel, dkv: Kernel, sm: Sm = H100) ->
 def designs(sm: Sm = H100) -> list[dict]:
     """flash.cu's F and B as they are (two m-tiles a warp in F and dq) and as they were
     (one), PREDICTED: what the restructuring buys by this model."""
-    before_f, before_dq = flash_one_tile()
-    return [{"design": "16 rows a warp (before)", "blocks_per_sm": predict(before_f, sm)[
-                 "blocks_per_sm"], "bound": predict(before_f, sm)["bound"],
-             **attention_tflops(before_f, before_dq, flash_dkv(), sm)},
-            {"design": "32 rows a warp (F, dq)", "blocks_per_sm": predict(
-                flash_forward(), sm)["blocks_per_sm"], "bound": predict(flash_forward(), sm)[
-                 "bound"], **attention_tflops(flash_forward(), flash_dq(), flash_dkv(), sm)},
-            {"design": f"32 rows a warp, {SMOLLM2.name}", "blocks_per_sm": predict(
-                flash_forward(shape=SMOLLM2), sm)["blocks_per_sm"],
-             "bound": predict(flash_forward(shape=SMOLLM2), sm)["bound"],
-             **attention_tflops(flash_forward(shape=SMOLLM2), flash_dq(shape=SMOLLM2),
-                                flash_dkv(shape=SMOLLM2), sm)}]
+    def design(name, forward, dq, dkv):
+        f = predict(forward, sm)
+        return {"design": name, "blocks_per_sm": f["blocks_per_sm"], "bound": f["bound"],
+                **attention_tflops(forward, dq, dkv, sm)}
+
+    return [design("16 rows a warp (before)", *flash_one_tile(), flash_dkv()),
+            design("32 rows a warp (F, dq)", flash_forward(), flash_dq(), flash_dkv()),
+            design(f"32 rows a warp, {SMOLLM2.name}", flash_forward(shape=SMOLLM2),
+                   flash_dq(shape=SMOLLM2), flash_dkv(shape=SMOLLM2))]
 
 
 # The elementwise kernels at GPT-2's size (N = 16 384 rows, C = 768, the padded vocabulary):
@@ -520,6 +517,15 @@ FLASH_SOURCE = ("flash.cu's FLOP/s predicted by hpcpipe/devtools/kernelmodel.py 
                 "combination, GPT-2 124M's shape on an H100; never measured)")
 
 
+def _print_predictions(rows):
+    print("| kernel (one layer) | serial ms | TFLOP/s | overlap ms | TFLOP/s | bound | blocks/SM |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['kernel']} | {r['serial_ms']:.3f} | {r['serial_tflops']:.0f} | "
+              f"{r['overlap_ms']:.3f} | {r['overlap_tflops']:.0f} | {r['bound']} | "
+              f"{r['blocks_per_sm']} |")
+
+
 def main() -> int:
     print(f"kernel model on {H100.name} ({H100.sms} SMs at {H100.clock_hz / 1e9:.2f} GHz, "
           f"mma.sync {H100.mma_flops_per_clk:.0f} FLOP/clk/SM)\n")
@@ -530,12 +536,7 @@ def main() -> int:
               f"{r['serial_error']:+.0%} | {r['overlap_ms']:.2f} | {r['overlap_error']:+.0%} |")
     print("\nPREDICTED (never run; serial is the validated combination, overlap the bound of a "
           "perfectly overlapped kernel):\n")
-    print("| kernel (one layer) | serial ms | TFLOP/s | overlap ms | TFLOP/s | bound | blocks/SM |")
-    print("|---|---|---|---|---|---|---|")
-    for r in predictions():
-        print(f"| {r['kernel']} | {r['serial_ms']:.3f} | {r['serial_tflops']:.0f} | "
-              f"{r['overlap_ms']:.3f} | {r['overlap_tflops']:.0f} | {r['bound']} | "
-              f"{r['blocks_per_sm']} |")
+    _print_predictions(predictions())
     print("\nPREDICTED attention by design (serial; B = dq + dkv, 2.5 × F's FLOPs):\n")
     print("| design | F TFLOP/s | B TFLOP/s | F bound | F blocks/SM |")
     print("|---|---|---|---|---|")
@@ -543,12 +544,7 @@ def main() -> int:
         print(f"| {r['design']} | {r['F']:.0f} | {r['B']:.0f} | {r['bound']} | "
               f"{r['blocks_per_sm']} |")
     print(f"\nPREDICTED flash.cu at {SMOLLM2.name} (grouped heads, the rotation on read):\n")
-    print("| kernel (one layer) | serial ms | TFLOP/s | overlap ms | TFLOP/s | bound | blocks/SM |")
-    print("|---|---|---|---|---|---|---|")
-    for r in predictions(shape=SMOLLM2):
-        print(f"| {r['kernel']} | {r['serial_ms']:.3f} | {r['serial_tflops']:.0f} | "
-              f"{r['overlap_ms']:.3f} | {r['overlap_tflops']:.0f} | {r['bound']} | "
-              f"{r['blocks_per_sm']} |")
+    _print_predictions(predictions(shape=SMOLLM2))
     print("\nPREDICTED elementwise kernels (one launch, GPT-2's size; SmolLM2's marked):\n")
     print("| kernel | GB | ms | bound |")
     print("|---|---|---|---|")

@@ -39,6 +39,11 @@ def _error(got, want) -> float:
     return float(np.abs(np.asarray(got, np.float64) - want).max() / max(1e-30, np.abs(want).max()))
 
 
+def _f32(xp, a):
+    """Host array `a` on the device, as float32."""
+    return xp.asarray(a.astype(np.float32))
+
+
 def _normalised(x):
     """LayerNorm's x̂ and 1/σ of each row, float64."""
     mu, r = x.mean(1, keepdims=True), 1 / np.sqrt(x.var(1, keepdims=True) + 1e-5)
@@ -48,10 +53,9 @@ def _normalised(x):
 def _layernorm(k, xp, rng):
     x, dy = rng.standard_normal((N, C)), rng.standard_normal((N, C))
     w, b = rng.standard_normal(C), rng.standard_normal(C)
-    put = lambda a: xp.asarray(a.astype(np.float32))
     y, dx = xp.empty((N, C), np.float32), xp.empty((N, C), np.float32)
     mean, rstd = xp.empty(N, np.float32), xp.empty(N, np.float32)
-    dev = [put(a) for a in (x, w, b, dy)]
+    dev = [_f32(xp, a) for a in (x, w, b, dy)]
     layernorm.forward(k, y, mean, rstd, dev[0], dev[1], dev[2])
     layernorm.backward(k, dx, dev[3], dev[0], mean, rstd, dev[1])
     xhat, r = _normalised(x)
@@ -69,8 +73,8 @@ def _layernorm(k, xp, rng):
     # F with the projection's bias and the residual: LN((x + xbias) + residual)
     xbias, res = rng.standard_normal(C), rng.standard_normal((N, C))
     xsum = xp.empty((N, C), np.float32)
-    layernorm.forward(k, y, mean, rstd, dev[0], dev[1], dev[2], residual=put(res), xsum=xsum,
-                      xbias=put(xbias))
+    layernorm.forward(k, y, mean, rstd, dev[0], dev[1], dev[2], residual=_f32(xp, res),
+                      xsum=xsum, xbias=_f32(xp, xbias))
     x1 = x + xbias + res
     return [("layernorm.forward", plain),
             ("layernorm.forward_xsum", _error(xsum.get(), x1)),
@@ -91,10 +95,9 @@ def _gelu_reference(x, dy):
 
 def _gelu(k, xp, rng):
     x, dy = rng.standard_normal(N * C) * 3, rng.standard_normal(N * C)
-    put = lambda a: xp.asarray(a.astype(np.float32))
     y, dx = xp.empty(N * C, np.float32), xp.empty(N * C, np.float32)
-    gelu.forward(k, y, put(x))
-    gelu.backward(k, dx, put(dy), put(x))
+    gelu.forward(k, y, _f32(xp, x))
+    gelu.backward(k, dx, _f32(xp, dy), _f32(xp, x))
     want_y, want_dx = _gelu_reference(x, dy)
     # with c_fc's bias added as the kernels read x; B's column sums of dx
     bias = rng.standard_normal(C)
@@ -102,9 +105,9 @@ def _gelu(k, xp, rng):
     yb, dxb = xp.empty((N, C), np.float32), xp.empty((N, C), np.float32)
     pieces = xp.empty(gelu.partials_shape(C), np.float32)
     dbias = xp.zeros(C, np.float32)
-    x2, b2 = put(x).reshape(N, C), put(bias)
+    x2, b2 = _f32(xp, x).reshape(N, C), _f32(xp, bias)
     gelu.bias_forward(k, yb, x2, b2)
-    gelu.bias_backward(k, dxb, pieces, put(dy).reshape(N, C), x2, b2)
+    gelu.bias_backward(k, dxb, pieces, _f32(xp, dy).reshape(N, C), x2, b2)
     gelu.bias_finish(k, dbias, pieces)
     return [("gelu.forward", _error(y.get(), want_y)),
             ("gelu.backward", _error(dx.get(), want_dx)),
@@ -115,9 +118,8 @@ def _gelu(k, xp, rng):
 
 def _residual(k, xp, rng):
     y, bias, res = rng.standard_normal((N, C)), rng.standard_normal(C), rng.standard_normal((N, C))
-    out = xp.asarray(y.astype(np.float32))
-    residual.bias_residual(k, out, xp.asarray(bias.astype(np.float32)),
-                           xp.asarray(res.astype(np.float32)))
+    out = _f32(xp, y)
+    residual.bias_residual(k, out, _f32(xp, bias), _f32(xp, res))
     return [("residual.bias_residual", _error(out.get(), y + bias + res))]
 
 
@@ -125,7 +127,7 @@ def _attention(k, xp, rng):
     qkv = rng.standard_normal((B, T, 3, NH, HS))
     y = xp.empty((B, T, NH * HS), np.float32)
     lse = xp.empty((B, NH, T), np.float32)
-    attention.forward(k, y, lse, xp.asarray(qkv.reshape(B, T, -1).astype(np.float32)), NH)
+    attention.forward(k, y, lse, _f32(xp, qkv.reshape(B, T, -1)), NH)
     q, key, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, NH, T, HS)
     s = q @ key.transpose(0, 1, 3, 2) / math.sqrt(HS)
     s[..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] = -np.inf
@@ -215,7 +217,7 @@ def _attention_flash(k, xp, rng):
 def _cross_entropy(k, xp, rng):
     logits, targets = rng.standard_normal((N, C)) * 2, rng.integers(0, C, N)
     losses, dlogits = xp.empty(N, np.float32), xp.empty((N, C), np.float32)
-    cross_entropy.fused(k, losses, dlogits, xp.asarray(logits.astype(np.float32)),
+    cross_entropy.fused(k, losses, dlogits, _f32(xp, logits),
                         xp.asarray(targets.astype(np.int64)), C, 1.0 / N)
     p = np.exp(logits - logits.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
@@ -229,10 +231,10 @@ def _embedding(k, xp, rng):
     idx, dx = rng.integers(0, 7, (B, T)), rng.standard_normal((B, T, C))
     dwte, dwpe = xp.zeros((7, C), np.float32), xp.zeros((T, C), np.float32)
     on = xp.asarray(idx.astype(np.int64))
-    embedding.backward_wte(k, dwte, xp.asarray(dx.astype(np.float32)), on,
+    embedding.backward_wte(k, dwte, _f32(xp, dx), on,
                            xp.argsort(on.reshape(-1), kind="stable"),
                            *embedding.workspaces(xp, B * T, C, np.float32))
-    embedding.backward_wpe(k, dwpe, xp.asarray(dx.astype(np.float32)))
+    embedding.backward_wpe(k, dwpe, _f32(xp, dx))
     want = np.zeros((7, C))
     np.add.at(want, idx.reshape(-1), dx.reshape(-1, C))
     return [("embedding.wte", _error(dwte.get(), want)),
@@ -241,8 +243,7 @@ def _embedding(k, xp, rng):
 
 def _adamw(k, xp, rng):
     p, g, mask = rng.standard_normal(N * C), rng.standard_normal(N * C), rng.random(N * C) < 0.5
-    dev = [xp.asarray(a.astype(np.float32)) for a in (p, np.zeros(N * C), np.zeros(N * C), g,
-                                                       mask)]
+    dev = [_f32(xp, a) for a in (p, np.zeros(N * C), np.zeros(N * C), g, mask)]
     lr, b1, b2, eps, wd = 1e-2, 0.9, 0.95, 1e-8, 0.1
     adamw.step(k, dev[0], dev[1], dev[2], dev[3], dev[4], None, 1, lr, b1, b2, eps, wd)
     m, v = (1 - b1) * g, (1 - b2) * g * g
@@ -255,8 +256,7 @@ def _gradnorm(k, xp, rng):
     offsets = np.array([0, 100, 5000, N * C], dtype=np.int64)
     sums = xp.empty(3, np.float64)
     partials = xp.empty(gradnorm.partials_shape(3), np.float64)
-    gradnorm.sums_of_squares(k, sums, partials, xp.asarray(g.astype(np.float32)),
-                             xp.asarray(offsets))
+    gradnorm.sums_of_squares(k, sums, partials, _f32(xp, g), xp.asarray(offsets))
     g32 = g.astype(np.float32).astype(np.float64)
     want = [np.sum(g32[a:b] ** 2) for a, b in itertools.pairwise(offsets)]
     return [("gradnorm.sums_of_squares", _error(sums.get(), want))]

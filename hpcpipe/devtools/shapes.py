@@ -115,18 +115,10 @@ def _ghost(shape, dtype, strides=None):
     """Metadata of an array of `shape` with no memory behind it (never read)."""
     dtype = np.dtype(dtype)
     shape = tuple(int(s) for s in shape)
-    if strides is None:
-        strides = _c_strides(shape, dtype.itemsize)
+    if strides is None:  # C order: laid out like an array whose strides fall axis by axis
+        strides = _k_order_strides(shape, range(len(shape), 0, -1), dtype.itemsize)
     return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, strides,
                                            writeable=False)
-
-
-def _c_strides(shape, itemsize):
-    strides, step = [], itemsize
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(1, n)
-    return tuple(reversed(strides))
 
 
 def _k_order_strides(shape, strides, itemsize):
@@ -525,20 +517,11 @@ class ShapeDevice(_Allocations, _Gemms, types.ModuleType):
         self.kernel_log = Log()
         self.allocation_bytes: dict[int, int] = {}
         self._next_alloc = 0
-        log = self.kernel_log
-        stream = types.SimpleNamespace(synchronize=log.sync)
-        properties = {"name": b"shape-only device", "uuid": b"", "totalGlobalMem": 1 << 40}
+        stream = types.SimpleNamespace(synchronize=self.kernel_log.sync)
         pool = types.SimpleNamespace(used_bytes=lambda: 0, total_bytes=lambda: 0,
                                      set_limit=lambda **kw: None, get_limit=lambda: 0,
                                      free_all_blocks=lambda: None)
-        self.cuda = types.SimpleNamespace(
-            Device=lambda i=0: types.SimpleNamespace(id=0, use=lambda: None,
-                                                     synchronize=log.sync),
-            runtime=types.SimpleNamespace(
-                getDeviceCount=lambda: 1, deviceGetPCIBusId=lambda i: "0000:00:00.0",
-                getDeviceProperties=lambda i: properties,
-                memGetInfo=lambda: (1 << 40, 1 << 40)),
-            get_current_stream=lambda: stream)
+        self.cuda = cupy_api.cuda(b"shape-only device", 1 << 40, stream)
         self.get_default_memory_pool = lambda: pool
         # kernel name -> args -> (bytes read, bytes written): what a fused kernel declares
         self.traffic: dict = {}
@@ -585,22 +568,22 @@ class ShapeDevice(_Allocations, _Gemms, types.ModuleType):
         self.kernel_log.launch("reduction", name, a.nbytes, out.nbytes)
         return out
 
-    def copy_of(self, a, dtype=None):
-        out = self._fresh(a.shape, dtype or a.dtype)
-        if out.real and a.real:
-            out._v[...] = a._v
-        self.kernel_log.launch("copy", "copy" if dtype is None else "astype", a.nbytes, out.nbytes)
-        return out
+    def copy_of(self, a):
+        """A C-contiguous copy of `a` (CuPy's `copy`, and the copies around cuBLAS)."""
+        return self._copied(a, self._fresh(a.shape, a.dtype))
 
     def astype(self, a, dtype, copy=True):
         dtype = np.dtype(dtype)
         if dtype == a.dtype and not copy:
             return a
-        out = self._like(a, dtype)
+        return self._copied(a, self._like(a, dtype))
+
+    def _copied(self, a, out):
+        """`a` copied into the fresh array `out`, converted to its dtype: one kernel."""
         if out.real and a.real:
             out._v[...] = a._v
-        self.kernel_log.launch("copy", "astype" if dtype != a.dtype else "copy", a.nbytes,
-                        out.nbytes)
+        self.kernel_log.launch("copy", "astype" if out.dtype != a.dtype else "copy", a.nbytes,
+                               out.nbytes)
         return out
 
     def fill(self, a, value):
@@ -719,9 +702,6 @@ class ShapeDevice(_Allocations, _Gemms, types.ModuleType):
 
     def moveaxis(self, a, source, destination):
         return a._view(np.moveaxis(a._v, source, destination))
-
-    def sum(self, a, axis=None, dtype=None, out=None, keepdims=False):
-        return self.reduce("sum", a, axis, dtype, out, keepdims)
 
     def __getattr__(self, name):
         if name not in cupy_api.NAMES:

@@ -353,18 +353,10 @@ class SimDevice(types.ModuleType):
         super().__init__("hpcpipe.devtools.standin")
         self.counts: Counter = Counter()
         self.pending_events: list = []  # recorded, not yet known done
-        stream = _Stream(self)
         pool = _MemoryPool()
-        properties = {"name": b"hpcpipe device stand-in", "uuid": b"",
-                      "totalGlobalMem": 16 << 30}
-        runtime = types.SimpleNamespace(
-            getDeviceCount=lambda: 1, deviceGetPCIBusId=lambda i: "0000:00:00.0",
-            getDeviceProperties=lambda i: properties, memGetInfo=lambda: (16 << 30, 16 << 30))
-        self.cuda = types.SimpleNamespace(
-            Device=lambda i=0: types.SimpleNamespace(id=0, use=lambda: None,
-                                                     synchronize=stream.synchronize),
-            runtime=runtime, get_current_stream=lambda: stream,
-            Event=lambda **kw: _Event(self, **kw), get_elapsed_time=_elapsed_ms)
+        self.cuda = cupy_api.cuda(b"hpcpipe device stand-in", 16 << 30, _Stream(self),
+                                  Event=lambda **kw: _Event(self, **kw),
+                                  get_elapsed_time=_elapsed_ms)
         self.get_default_memory_pool = lambda: pool
         # CuPy's RawModule: the host build of the same CUDA source (rawmodule.py); None
         # where that build cannot run here (no g++ or CUDA headers: the fused kernels then

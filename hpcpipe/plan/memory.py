@@ -15,6 +15,7 @@ products, the messages in flight).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from hpcpipe.device.backend import runs_kernels
@@ -30,9 +31,8 @@ from hpcpipe.schedules.recompute import Mode
 from hpcpipe.util.errors import ConfigError
 
 from . import recompute as recomputation
+from .schedule import describe_bytes as _size
 from .schedule import held_from_f, memory_limit
-
-MiB = 2**20
 
 
 @dataclass(frozen=True)
@@ -151,9 +151,7 @@ def _weights(cfg, specs) -> tuple[int, int, int]:
     count = head = 0
     for spec in specs:
         for name, shape in spec.param_layout(cfg.model):
-            size = 1
-            for n in shard_of(name, shape, tp, 0).local_shape(shape):
-                size *= n
+            size = math.prod(shard_of(name, shape, tp, 0).local_shape(shape))
             count += size
             head += size if name == tied and spec.head_part else 0
     master = 4 if is_16bit(dtype) else 0
@@ -243,10 +241,6 @@ def between_steps(cfg, p: RankPlan) -> dict:
             3: (p.parameters + count * acc + state) // d + own}
 
 
-def _size(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / MiB:.1f} MiB"
-
-
 def needed(plans, ranks_on_node: int, replicas: int = 1) -> int:
     """Bytes the ranks sharing a node's memory need: every rank of the layout when they all
     share it (each pipeline rank's plan for each of its `replicas`, dp × tp), else the
@@ -266,10 +260,10 @@ def smallest_change(cfg, have: int, ranks_on_node: int) -> str | None:
     schedules = []
     for kind in KINDS:
         if kind != cfg.parallel.schedule and not from_costs(kind):
-            candidate = _changed(cfg, parallel={"schedule": kind, "chunks": 0, "layout": ""})
-            if candidate is not None:
-                schedules.append((needed(candidate[1].ranks, ranks_on_node,
-                                         replicas(candidate[0])), kind))
+            need = _need_with(cfg, ranks_on_node,
+                              parallel={"schedule": kind, "chunks": 0, "layout": ""})
+            if need is not None:
+                schedules.append((need, kind))
     for need, kind in sorted(schedules):
         if need <= have:
             return f"--set parallel.schedule={kind}"
@@ -292,23 +286,24 @@ def replicas(cfg) -> int:
     return max(cfg.parallel.dp, 1) * cfg.parallel.tp
 
 
-def _changed(cfg, train=None, parallel=None):
-    """(cfg with the changes, its plan), or None when they do not make a valid run."""
+def _need_with(cfg, ranks_on_node, train=None, parallel=None) -> int | None:
+    """The bytes (`needed`) of cfg with the changes, or None when they do not make a valid
+    run."""
     from hpcpipe.config import validate
     from hpcpipe.plan import build
 
     try:
         new = validate(replace(cfg, train=replace(cfg.train, **(train or {})),
                                parallel=replace(cfg.parallel, **(parallel or {}))))
-        return new, build(new)
+        plan = build(new)
     except (ConfigError, ScheduleError, ValueError):
         return None
+    return needed(plan.ranks, ranks_on_node, replicas(new))
 
 
 def _fits_with(cfg, have, ranks_on_node, **changes) -> bool:
-    candidate = _changed(cfg, **changes)
-    return candidate is not None and needed(candidate[1].ranks, ranks_on_node,
-                                            replicas(candidate[0])) <= have
+    need = _need_with(cfg, ranks_on_node, **changes)
+    return need is not None and need <= have
 
 
 def room(be, ranks_on_node: int) -> tuple[int | None, int]:

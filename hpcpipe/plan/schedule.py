@@ -29,9 +29,12 @@ def memory_limit(cfg) -> tuple[float, bool]:
 
 def describe_limit(cfg) -> str:
     limit, in_bytes = memory_limit(cfg)
-    if not in_bytes:
-        return f"{limit:g} microbatches"
-    return f"{limit / 2**30:.2f} GiB" if limit >= 2**30 else f"{limit / 2**20:.1f} MiB"
+    return describe_bytes(limit) if in_bytes else f"{limit:g} microbatches"
+
+
+def describe_bytes(nbytes: float) -> str:
+    """A plan's bytes as printed: GiB from 1 GiB on, MiB below."""
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def build_schedule(cfg, costs: Costs | None = None):

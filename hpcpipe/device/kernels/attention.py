@@ -63,19 +63,15 @@ def _shape(qkv, n_head: int) -> tuple[int, int, int, int]:
     return B, T, n_head, HS
 
 
-def _parts(a, n_head: int):
-    """q, k, v row views (B, T, C) of a fused (B, T, 3C) array."""
+def _parts(a):
+    """q, k, v row views (B, T, C) of a fused (B, T, 3C) array (a bias (3C,): (C,) each)."""
     C = a.shape[-1] // 3
     return a[..., :C], a[..., C:2 * C], a[..., 2 * C:]
 
 
 def _bias_parts(bias, qkv):
     """c_attn's bias (3C,) as (bq, bk, bv), or None."""
-    if bias is None:
-        return None
-    check("bias", bias, (qkv.shape[-1],), qkv.dtype)
-    C = qkv.shape[-1] // 3
-    return bias[:C], bias[C:2 * C], bias[2 * C:]
+    return None if bias is None else _parts(_scalar_bias(bias, qkv))
 
 
 def forward(k: Kernels, y, lse, qkv, n_head: int, bias=None):
@@ -86,8 +82,7 @@ def forward(k: Kernels, y, lse, qkv, n_head: int, bias=None):
     B, T, NH, HS = _shape(qkv, n_head)
     check("qkv", qkv, qkv.shape)
     if flash(qkv.dtype, HS):
-        flash_forward(k, y, lse, *_parts(qkv, n_head), n_head, n_head,
-                      _bias_parts(bias, qkv))
+        flash_forward(k, y, lse, *_parts(qkv), n_head, n_head, _bias_parts(bias, qkv))
         return
     check("y", y, (B, T, NH * HS), qkv.dtype)
     check("lse", lse, (B, NH, T), accumulation(qkv.dtype))
@@ -113,8 +108,8 @@ def backward(k: Kernels, dqkv, dd, dy, y, qkv, lse, n_head: int, bias=None, bias
     B, T, NH, HS = _shape(qkv, n_head)
     check("qkv", qkv, qkv.shape), check("dqkv", dqkv, qkv.shape, qkv.dtype)
     if flash(qkv.dtype, HS):
-        flash_backward(k, *_parts(dqkv, n_head), dd, dy, y, *_parts(qkv, n_head), lse,
-                       n_head, n_head, _bias_parts(bias, qkv), bias_sums=bias_sums)
+        flash_backward(k, *_parts(dqkv), dd, dy, y, *_parts(qkv), lse, n_head, n_head,
+                       _bias_parts(bias, qkv), bias_sums=bias_sums)
         return
     if bias_sums is not None:
         raise ValueError("bias_sums: only flash.cu sums the bias gradient")
@@ -252,8 +247,5 @@ def _scalar(k: Kernels, stem: str, qkv, n_head: int, args):
 
 
 def _scalar_bias(bias, qkv):
-    """attention.cu's bias argument: c_attn's bias (3C,), or a null pointer."""
-    if bias is None:
-        return NULL
-    check("bias", bias, (qkv.shape[-1],), qkv.dtype)
-    return bias
+    """attention.cu's bias argument: c_attn's bias (3C,) checked, or a null pointer."""
+    return NULL if bias is None else check("bias", bias, (qkv.shape[-1],), qkv.dtype)

@@ -125,12 +125,8 @@ def _gelu_backward(args):
 def _attention_flops(args, per_pair: int) -> int:
     """FLOPs of a kernel doing `per_pair`·HS per causal (query, key) pair."""
     T, NH, HS = (int(a) for a in args[-3:])
-    batch = _nbytes(args[-4]) // (T * NH * _itemsize(args[-4]))  # lse (B, NH, T)
+    batch = _nbytes(args[-4]) // (T * NH * int(args[-4].itemsize))  # lse (B, NH, T)
     return per_pair * HS * batch * NH * T * (T + 1) // 2
-
-
-def _itemsize(a) -> int:
-    return int(a.itemsize)
 
 
 def _attention_forward(args):
@@ -162,8 +158,7 @@ def flash_pairs(T: int) -> int:
 
 def _flash_forward(args):
     y, lse, q, k, v, bq, bk, bv, cos, sin = args[:10]
-    B, T, NH, NKV, HS = int(q.shape[0]), int(args[10]), int(args[11]), int(args[12]), \
-        int(q.shape[-1]) // int(args[11])
+    B, T, NH, HS = int(q.shape[0]), int(args[10]), int(args[11]), int(q.shape[-1]) // int(args[11])
     reads = _sum(q, k, v, bq, bk, bv, cos, sin)
     return reads, _sum(y, lse), 4 * HS * B * NH * flash_pairs(T), "bf16_mma"
 

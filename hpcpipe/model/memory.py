@@ -99,7 +99,7 @@ def _numpy_sizes(cfg: GPTConfig, batch: int, dtype, tp: int, sequence: bool) -> 
     module docstring's counts); `_w`: what is left after B for W."""
     s, w = dtype.itemsize, max(dtype.itemsize, 4)
     N, C, T, H, V = batch * cfg.block_size, cfg.n_embd, cfg.block_size, cfg.n_head, \
-        cfg.vocab_size
+        cfg.padded_vocab  # (the logits have wte's rows, padding included)
     matrix = batch * (H // tp) * T * T * w
     return {"ln": N * C * s + N * w, "ln_w": 0, "summed": 0, "matrix": matrix,
             "attention": N * C * s + 3 * N * C * w // tp + matrix + N * C * s // tp,
@@ -121,7 +121,7 @@ def _kernel_sizes(cfg: GPTConfig, batch: int, dtype, tp: int, sequence: bool) ->
     z = _numpy_sizes(cfg, batch, dtype, tp, sequence)
     s, w = dtype.itemsize, max(dtype.itemsize, 4)
     N, C, T, H, V = batch * cfg.block_size, cfg.n_embd, cfg.block_size, cfg.n_head, \
-        cfg.vocab_size
+        cfg.padded_vocab  # (the logits have wte's rows, padding included)
     if not sequence:
         z["ln"] = N * C * s + 2 * N * w
         pieces = -(-N // k_layernorm.ROWS) * C * w

@@ -56,6 +56,23 @@ def test_analytic_bytes_equal_the_stash(spec, dtype, recompute):
         assert abs(got - want) <= 16, (got, want)
 
 
+@pytest.mark.parametrize("kernels", [False, pytest.param(True, marks=pytest.mark.needs(
+    "cuda", hostbuild.missing()))])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_padded_vocabulary_s_logits_are_counted(dtype, kernels):
+    """wte holds padded_vocab rows (GPT-2's 50257 padded to 50304), and so do the logits
+    the head and the loss keep: the plan counts those columns, not vocab_size's (on the
+    fused kernels too: the stand-in's host build)."""
+    cfg = GPTConfig(vocab_size=60, vocab_multiple=64, block_size=16, n_layer=1, n_head=2,
+                    n_embd=64)
+    be = Backend(xp=standin.device(), name="simgpu", device_id=0) if kernels else None
+    spec = StageSpec(0, (0,), True, True)
+    plan = stage_memory(cfg, spec, B, dtype, kernels=kernels)
+    for got, want in zip(measured(spec, dtype, Mode.NONE, cfg, be),
+                         (plan.kept, plan.full, plan.after_b)):
+        assert abs(got - want) <= 16, (got, want)
+
+
 LLAMA = LlamaConfig(vocab_size=64, block_size=16, n_layer=3, n_head=4, n_kv_head=2,
                     n_embd=32, intermediate_size=48)
 

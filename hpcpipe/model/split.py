@@ -17,6 +17,7 @@ stage holds at least half a block.
 
 from __future__ import annotations
 
+import math
 import re
 
 from hpcpipe.model.stagespec import StageSpec
@@ -63,7 +64,7 @@ def from_counts(counts) -> str:
     them (halves at seams: [1.5, 2.5]); LayoutError where one is no multiple of a half,
     below half a block, or leaves no stage (what that key allowed)."""
     halves = [2 * float(c) for c in counts]
-    if not halves or any(h < 1 or h != int(h) for h in halves):
+    if not halves or any(not math.isfinite(h) or h < 1 or h != int(h) for h in halves):
         raise LayoutError(f"{list(counts)} is no list of whole or half blocks per stage")
     stages, position = [], 0
     for count in map(int, halves):

@@ -60,6 +60,6 @@ def test_the_old_counts_as_a_layout():
     assert from_counts([2, 2]) == "E t t | t t L"
     assert from_counts([4.0]) == "E t t t t L"
     assert from_counts([1.5, 0.5, 2]) == "E t t.attn | .mlp | t t L"
-    for bad in ([1.25, 2.75], [0, 4], [1.5], []):
+    for bad in ([1.25, 2.75], [0, 4], [1.5], [], [float("inf"), 2], [float("nan"), 2]):
         with pytest.raises(LayoutError):
             from_counts(bad)

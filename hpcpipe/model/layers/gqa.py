@@ -39,9 +39,12 @@ attention falls back.
 
 import math
 
-from . import backend_for, fused_llama, matmul, matmul_accumulate, row_blocks, wide
+from . import backend_for, fused_llama, matmul, matmul_accumulate, wide
 from . import projection, rotary
-from .attention import _causal_mask, _softmax, _tiles
+from .attention import _causal_mask, _groups, _softmax, _tiles
+# Selective recomputation's hooks are attention.py's: the same "att" entry of a cache,
+# dropped after F (flash.cu keeps none: nothing to drop there) and `rebuild_core` below.
+from .attention import drop_core, dropped  # noqa: F401 (gqa.drop_core, gqa.dropped)
 
 NAMES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
 
@@ -107,7 +110,7 @@ def _core(be, qr, kr, vh, att, y=None):
     B, KV, T, G, HS = qr.shape
     tiles = _tiles(be, T)
     tile = tiles[0][1]
-    groups = row_blocks(be, B, KV * G * tile * T * att.itemsize)
+    groups = _groups(be, B, KV * G, tiles, T, att.itemsize)
 
     def sequences(g, slot):
         n = g.stop - g.start
@@ -127,18 +130,6 @@ def _core(be, qr, kr, vh, att, y=None):
                 y[g, i0:i1] = yt.reshape(n, KV, tq, G, HS).transpose(0, 2, 1, 3, 4)
 
     be.for_each(groups, sequences)
-
-
-def drop_core(cache):
-    """Selective recomputation: forget the attention matrix after F (rebuilt before B).
-    flash.cu keeps none (its B recomputes the scores anyway): nothing to drop there."""
-    if "att" in cache:
-        del cache["att"]
-        cache["dropped"] = True
-
-
-def dropped(cache) -> bool:
-    return bool(cache.get("dropped"))
 
 
 def rebuild_core(cache):
@@ -181,7 +172,7 @@ def core_backward(dy, cache):
     dvh = dv.transpose(0, 2, 1, 3)  # (B, KV, T, HS) view
     tiles = _tiles(be, T)
     tile = tiles[0][1]
-    groups = row_blocks(be, B, KV * G * tile * T * att.itemsize)
+    groups = _groups(be, B, KV * G, tiles, T, att.itemsize)
     nb = groups[0].stop
 
     def sequences(g, slot):

@@ -67,11 +67,11 @@ class Stage(GPT2Parts):
     it / whose attention half ends it, or None (model/units.py); embedding_part / head_part:
     whether it starts with the embedding / ends with ln_f, the tied head and the loss. be: the
     Backend it allocates and computes on (a one-thread CPU backend when not given). tp:
-    this stage's tensor-parallel shards (tensor_parallel.TensorParallel): the stage then
-    holds its shard of every split tensor, under the tensor's GPT-2 name. recompute: what
-    the stash keeps from F to B (a StageRecompute: for every microbatch, or for those it
-    names); the numbers are the same bits whichever. draw=False: the weights left zero, for a stage whose
-    kernels are only counted (model/costs.py).
+    this stage's tensor-parallel shards (parallel/tensor.py's TensorParallel): the stage
+    then holds its shard of every split tensor, under the tensor's GPT-2 name. recompute:
+    what the stash keeps from F to B (a StageRecompute: for every microbatch, or for those
+    it names); the numbers are the same bits whichever. draw=False: the weights left zero,
+    for a stage whose kernels are only counted (model/costs.py).
     """
 
     def __init__(self, cfg: GPTConfig, layers=None, embedding_part=True, head_part=True,

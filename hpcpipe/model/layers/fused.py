@@ -42,6 +42,13 @@ def takes(*arrays) -> bool:
     return all(np.dtype(a.dtype).name in KERNEL_DTYPES for a in arrays)
 
 
+def norm_kernels(be, tp) -> Kernels | None:
+    """The fused kernels where a LayerNorm or an RMSNorm runs them: a device backend, and
+    not under sequence parallelism (whose weight gradients are summed over the shards in
+    B)."""
+    return kernels(be) if tp is None or not tp.sequence else None
+
+
 def _owned(xp, a):
     """`a` as a C-contiguous array; a copy when it is not one already."""
     return a if is_contiguous(a) else xp.ascontiguousarray(a)
@@ -275,8 +282,9 @@ def loss_backward_input(scale, cache):
 def embedding_backward_weight(k, be, dx, idx, grads, elsewhere=None):
     """grads["wte"][v] += the sum, in batch order, of dx's rows at token v's positions
     (a segmented sum over the stably sorted tokens, in pieces of fixed spans of the
-    batch: no host sync, no atomics); grads["wpe"][:T] += dx summed over the batch. idx (B, T) this shard's
-    local ids; `elsewhere` (B, T) bool marks tokens another vocabulary shard holds."""
+    batch: no host sync, no atomics); grads["wpe"][:T] += dx summed over the batch.
+    idx (B, T) this shard's local ids; `elsewhere` (B, T) bool marks tokens another
+    vocabulary shard holds."""
     xp = be.xp
     dx = _owned(xp, dx)
     idx = _owned(xp, idx).astype(np.int64, copy=False)

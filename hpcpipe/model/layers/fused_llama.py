@@ -26,19 +26,10 @@ from hpcpipe.device.kernels import swiglu as k_swiglu
 from hpcpipe.device.kernels.arrays import accumulation, is_contiguous
 
 from . import fused, rotary
-
-
-def _owned(xp, a):
-    return a if is_contiguous(a) else xp.ascontiguousarray(a)
+from .fused import _owned
 
 
 # -- RMSNorm --------------------------------------------------------------------------------
-
-def rmsnorm_kernels(be, tp):
-    """The fused kernels where an RMSNorm runs them: a device backend, and not under
-    sequence parallelism (whose weight gradient is summed over the shards in B)."""
-    return fused.kernels(be) if tp is None or not tp.sequence else None
-
 
 def rmsnorm_forward(k, be, x, params, eps: float, owned=False):
     """y = RMSNorm(x); the cache keeps x with the rows' rstd — a copy unless `owned` (x

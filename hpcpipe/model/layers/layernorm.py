@@ -32,16 +32,10 @@ def _row_dots(be, a, b, out):
     return out
 
 
-def _kernels(be, tp):
-    """The fused kernels where this LayerNorm runs them (not under sequence parallelism,
-    whose weight gradients are summed over the shards in B)."""
-    return fused.kernels(be) if tp is None or not tp.sequence else None
-
-
 def fuses_residual(be, tp, dtype) -> bool:
     """Whether `forward_residual` is one kernel here, so that the projection before it
     may leave its bias to it (the fused path, a kernel dtype)."""
-    return _kernels(be, tp) is not None and np.dtype(dtype).name in fused.KERNEL_DTYPES
+    return fused.norm_kernels(be, tp) is not None and np.dtype(dtype).name in fused.KERNEL_DTYPES
 
 
 def forward(x, params, be=None, tp=None, owned=False):
@@ -49,7 +43,7 @@ def forward(x, params, be=None, tp=None, owned=False):
     gradients B takes are this shard's part, summed over the shards in B. owned: x is a
     fresh array that nothing writes again (the device path then keeps it, not a copy)."""
     be = backend_for(x, be)
-    kernels = _kernels(be, tp)
+    kernels = fused.norm_kernels(be, tp)
     if kernels is not None and fused.takes(x):
         return fused.layernorm_forward(kernels, be, x, params, owned)
     xp = be.xp
@@ -92,7 +86,7 @@ def forward_residual(y, ybias, residual, params, be=None, tp=None):
     projection output (x1 is written over it); ybias its bias, or None when y has it. On
     the fused path one kernel, rounding each add as the separate passes do."""
     be = backend_for(y, be)
-    kernels = _kernels(be, tp)
+    kernels = fused.norm_kernels(be, tp)
     if kernels is not None and fused.takes(y):
         return fused.layernorm_forward_residual(kernels, be, y, ybias, residual, params)
     if ybias is not None:
@@ -170,20 +164,25 @@ def _backward_input(dy, cache):
 def _weight_gradients(be, dy2, xhat, tp=None):
     """(d weight, d bias) of rows dy2 against the normalised input, in the compute dtype;
     summed over the tensor shards when each holds part of the sequence."""
-    if wide(xhat.dtype) != xhat.dtype:  # 16-bit: the products in float32
-        dy2, xhat = dy2.astype(np.float32), xhat.astype(np.float32)
-    if not be.is_gpu:
-        # sum over rows of dy * xhat without the product array: einsum streams both
-        # operands once (2.5x the multiply-then-sum on the benchmark shapes).
-        dweight = np.einsum("nc,nc->c", dy2, xhat)
-    else:
-        dweight = (dy2 * xhat).sum(axis=0)
+    dweight, dy2 = _gain_gradient(be, dy2, xhat)
     dbias = be.xp.zeros(xhat.shape[-1], dtype=dweight.dtype)
     column_sums(be, dy2, dbias)
     if tp is not None and tp.sequence:
         both = tp.all_reduce(be.xp.stack([dweight, dbias]))
         return both[0], both[1]
     return dweight, dbias
+
+
+def _gain_gradient(be, dy2, xhat):
+    """(Σ_rows dy · xhat, dy2) in the compute dtype (16-bit rows widened to float32 first):
+    the gain's gradient, LayerNorm's and RMSNorm's, and the rows it was taken from."""
+    if wide(xhat.dtype) != xhat.dtype:  # 16-bit: the products in float32
+        dy2, xhat = dy2.astype(np.float32), xhat.astype(np.float32)
+    if not be.is_gpu:
+        # sum over rows of dy * xhat without the product array: einsum streams both
+        # operands once (2.5x the multiply-then-sum on the benchmark shapes).
+        return np.einsum("nc,nc->c", dy2, xhat), dy2
+    return (dy2 * xhat).sum(axis=0), dy2
 
 
 def backward_weight(dy, cache, grads, dsum=None) -> bool:

@@ -21,10 +21,8 @@ residual add before it, one for B with the residual's gradient and the weight gr
 pieces); F keeps x and rstd there, not xhat.
 """
 
-import numpy as np
-
 from . import backend_for, fused, fused_llama, row_blocks, wide, widen
-from .layernorm import _planes, _row_dots
+from .layernorm import _gain_gradient, _planes, _row_dots
 
 
 def forward(x, params, eps: float, be=None, tp=None, owned=False):
@@ -32,7 +30,7 @@ def forward(x, params, eps: float, be=None, tp=None, owned=False):
     sequence, and the weight gradient B takes is summed over the shards. owned: x is a
     fresh array nothing writes again (the device path then keeps it, not a copy)."""
     be = backend_for(x, be)
-    kernels = fused_llama.rmsnorm_kernels(be, tp)
+    kernels = fused.norm_kernels(be, tp)
     if kernels is not None and fused.takes(x):
         return fused_llama.rmsnorm_forward(kernels, be, x, params, eps, owned)
     xp = be.xp
@@ -70,7 +68,7 @@ def forward_residual(y, residual, params, eps: float, be=None, tp=None):
     nothing else holds (x1 is written over it). One pass where GPT-2's LayerNorm fuses
     the same add (layernorm.forward_residual): on the NumPy path the add, then the norm."""
     be = backend_for(y, be)
-    kernels = fused_llama.rmsnorm_kernels(be, tp)
+    kernels = fused.norm_kernels(be, tp)
     if kernels is not None and fused.takes(y):
         return fused_llama.rmsnorm_forward_residual(kernels, be, y, residual, params, eps)
     y += residual
@@ -122,12 +120,7 @@ def backward_input(dy, cache, dresidual=None):
 def _weight_gradient(be, dy2, xhat, tp=None):
     """Σ_rows dy · xhat in the compute dtype; summed over the tensor shards when each
     holds part of the sequence."""
-    if wide(xhat.dtype) != xhat.dtype:  # 16-bit: the products in float32
-        dy2, xhat = dy2.astype(np.float32), xhat.astype(np.float32)
-    if not be.is_gpu:
-        dweight = np.einsum("nc,nc->c", dy2, xhat)  # streams both once, no product array
-    else:
-        dweight = (dy2 * xhat).sum(axis=0)
+    dweight, _ = _gain_gradient(be, dy2, xhat)
     if tp is not None and tp.sequence:
         dweight = tp.all_reduce(dweight)
     return dweight

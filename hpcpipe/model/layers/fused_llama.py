@@ -23,7 +23,7 @@ import numpy as np
 from hpcpipe.device.kernels import attention as k_attention
 from hpcpipe.device.kernels import rmsnorm as k_rmsnorm
 from hpcpipe.device.kernels import swiglu as k_swiglu
-from hpcpipe.device.kernels.arrays import accumulation, is_contiguous
+from hpcpipe.device.kernels.arrays import accumulation
 
 from . import fused, rotary
 from .fused import _owned
@@ -80,9 +80,7 @@ def rmsnorm_backward_input(dy, cache, dresidual=None):
 def rmsnorm_backward_weight(cache, grads):
     """grads["weight"] (C,) A += the weight gradient from B's pieces, in order."""
     partials, dweight = cache.pop("partials"), grads["weight"]
-    if dweight.dtype != partials.dtype or not is_contiguous(dweight):
-        raise TypeError(f"RMSNorm's weight gradient accumulates in {partials.dtype}, "
-                        f"contiguous; got {dweight.dtype}")
+    fused._takes_sums(dweight, partials, "RMSNorm's weight gradient")
     k_rmsnorm.finish(cache["kernels"], dweight, partials)
 
 

@@ -67,40 +67,37 @@ def work(cfg, fused: bool = False) -> dict[str, Work]:
     CPU (V / 12C of one). The embedding is a gather and a scatter-add. The attention half
     is ln_1, its GEMMs 24·C², the core and softmax; the MLP half ln_2, 48·C² and GELU.
     """
-    if cfg.arch == "llama":
-        return _llama_work(cfg, fused)
     C, T, V, H = cfg.n_embd, cfg.block_size, cfg.vocab_size, cfg.n_head
     tiles = -(-T // 64)  # the attention's query tiles on a CPU (layers/attention.py)
     causal = (tiles + 1) / (2 * tiles)
     scores = 0.0 if fused else 10.0 * H * T * causal
+    head = Work(6.0 * V * C, (2.0 if fused else 8.0) * V + 10.0 * C)
+    if cfg.arch == "llama":
+        return _llama_work(cfg, causal, scores, head)
     core = 12.0 * T * C * causal
     return {"embedding": Work(0.0, 4.0 * C),
             "block": Work(72.0 * C * C + core, scores + 20.0 * 4 * C + 2 * 10.0 * C),
-            "attention": Work(24.0 * C * C + core, scores + 10.0 * C),
-            "head": Work(6.0 * V * C, (2.0 if fused else 8.0) * V + 10.0 * C)}
+            "attention": Work(24.0 * C * C + core, scores + 10.0 * C), "head": head}
 
 
-def _llama_work(cfg, fused: bool) -> dict[str, Work]:
+def _llama_work(cfg, causal: float, scores: float, head: Work) -> dict[str, Work]:
     """`work` of a Llama (layers/llama_block.py): the attention's four matmuls do
     2·(2·C·A + 2·C·K) forward with A = NH·HS and K = KV·HS (grouped-query: K < A), the
     SwiGLU's three 6·C·I, all three times that over F, B and W; the core as GPT-2's;
     the rotation streams q and k about 6 times (F and B), the SwiGLU about 20 passes of
     its width I, the RMSNorms 10·C each. No position table: the embedding is one gather
     and one scatter-add. The head is GPT-2's: at SmolLM2-135M's V = 49152, C = 576 and a
-    256-token context it costs about 8 blocks on a CPU."""
-    C, T, V, H = cfg.n_embd, cfg.block_size, cfg.vocab_size, cfg.n_head
+    256-token context it costs about 8 blocks on a CPU. (`causal`, the share of the full
+    T×T products the tiles compute, the softmax's `scores` and the `head` are `work`'s.)"""
+    C, T = cfg.n_embd, cfg.block_size
     A, K, I = cfg.n_head * cfg.head_size, cfg.kv_heads * cfg.head_size, cfg.ffn_width
-    tiles = -(-T // 64)
-    causal = (tiles + 1) / (2 * tiles)
-    scores = 0.0 if fused else 10.0 * H * T * causal
     core = 6.0 * T * A * causal + 6.0 * T * A * causal  # QK^T and PV: F, then B twice
     attention = Work(3 * 2.0 * (2 * C * A + 2 * C * K) + core,
                      scores + 6.0 * (A + K) + 10.0 * C)
     mlp = Work(3 * 6.0 * C * I, 20.0 * I + 10.0 * C)
     return {"embedding": Work(0.0, 2.0 * C),
             "block": Work(attention.flops + mlp.flops, attention.elements + mlp.elements),
-            "attention": attention,
-            "head": Work(6.0 * V * C, (2.0 if fused else 8.0) * V + 10.0 * C)}
+            "attention": attention, "head": head}
 
 
 def analytic(cfg) -> StageCosts:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcpipe.model import kvcache
 from hpcpipe.model.layout import GPTConfig
 from hpcpipe.model.stage import Stage
 
@@ -17,6 +18,7 @@ class GPT:
     """
 
     stage_class = Stage  # llama.Llama: the same model over a LlamaStage
+    decoder = staticmethod(kvcache.decode)  # (llama.Llama: llama.decode)
 
     def __init__(self, config: GPTConfig, dtype="float32", seed=0, be=None, draw=True):
         """draw=False: the weights left zero, for the caller to fill (a checkpoint's)."""
@@ -39,16 +41,12 @@ class GPT:
 
     def new_cache(self, batch: int = 1):
         """An empty key/value cache for `decode` of `batch` sequences (kvcache.py)."""
-        from hpcpipe.model.kvcache import KVCache
-
-        return KVCache(self.config, batch, self.stage.be, self.stage.dtype)
+        return kvcache.KVCache(self.config, batch, self.stage.be, self.stage.dtype)
 
     def decode(self, idx, cache, last_only: bool = False):
         """Next-token logits of the new tokens idx (B, t) only, continuing the sequences
         whose earlier keys and values `cache` holds: incremental generation."""
-        from hpcpipe.model.kvcache import decode
-
-        return decode(self.stage, self._as_tokens(idx), cache, last_only)
+        return self.decoder(self.stage, self._as_tokens(idx), cache, last_only)
 
     def loss(self, idx, targets) -> float:
         """Mean cross-entropy of a batch, without computing gradients."""

@@ -23,20 +23,6 @@ from hpcpipe.model.llama_layout import EMBED, NORM, prefix
 from hpcpipe.model.llama_stage import LlamaStage
 
 
-class Llama(GPT):
-    """A Llama on one process: `params` and `grads` (Hugging Face name → writable view of
-    the flat buffer), `logits`, `loss`, `loss_and_grads`, `accumulate`, and `decode` over
-    `new_cache()` — GPT's interface (gpt.py), and its code: only the stage and `decode`
-    are the Llama's."""
-
-    stage_class = LlamaStage
-
-    def decode(self, idx, cache, last_only: bool = False):
-        """Next-token logits of the new tokens idx (B, t) only, continuing the sequences
-        whose earlier keys and values `cache` holds: incremental generation."""
-        return decode(self.stage, self._as_tokens(idx), cache, last_only)
-
-
 def decode(stage: LlamaStage, idx, cache, last_only: bool = False):
     """Logits (B, t, V) — or (B, 1, V) of the last position with `last_only` — of the t
     new tokens `idx` (B, t) at positions [cache.length, cache.length + t) of a stage that
@@ -52,3 +38,13 @@ def decode(stage: LlamaStage, idx, cache, last_only: bool = False):
     x, _ = rmsnorm.forward(x, {"weight": P[NORM]}, cfg.rms_norm_eps, be)
     logits, _ = head.forward(x, {"wte": P[stage.head_name]}, be, vocab=padding_mask(cfg))
     return logits
+
+
+class Llama(GPT):
+    """A Llama on one process: `params` and `grads` (Hugging Face name → writable view of
+    the flat buffer), `logits`, `loss`, `loss_and_grads`, `accumulate`, and `decode` over
+    `new_cache()` — GPT's interface (gpt.py), and its code: only the stage and `decode`
+    are the Llama's."""
+
+    stage_class = LlamaStage
+    decoder = staticmethod(decode)

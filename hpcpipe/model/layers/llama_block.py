@@ -114,6 +114,6 @@ def decode(x, params, spec, keys, values, start, be=None):
     x1 = gqa.decode(a, scope(params, "self_attn."), spec, keys, values, start, be)
     x1 += x
     b, _ = rmsnorm.forward(x1, scope(params, "post_attention_layernorm."), eps, be)
-    out = swiglu.decode(b, scope(params, "mlp."), be)
+    out, _ = swiglu.forward(b, scope(params, "mlp."), be)  # (its cache unused)
     out += x1
     return out

@@ -149,9 +149,3 @@ def backward(dout, cache, grads):
     dx = backward_input(dout, cache)
     backward_weight(dout, cache, grads)
     return dx
-
-
-def decode(x, params, be=None):
-    """F without a cache (generation)."""
-    out, _ = forward(x, params, be)
-    return out

@@ -42,8 +42,8 @@ import math
 from . import backend_for, fused_llama, matmul, matmul_accumulate, wide
 from . import projection, rotary
 from .attention import _causal_mask, _groups, _softmax, _tiles
-# Selective recomputation's hooks are attention.py's: the same "att" entry of a cache,
-# dropped after F (flash.cu keeps none: nothing to drop there) and `rebuild_core` below.
+# Selective recomputation forgets the matrix as attention.py does (the same "att" entry of
+# a cache; flash.cu keeps none: nothing to drop there); `rebuild_core` below makes it again.
 from .attention import drop_core, dropped  # noqa: F401 (gqa.drop_core, gqa.dropped)
 
 NAMES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")

@@ -217,6 +217,9 @@ def test_the_old_counts_still_load_as_a_layout_and_retired_keys_say_what_replace
         and 'parallel.layout = "E t t.attn | .mlp t t L"' in msg
     _, msg = error_of(tmp_path, "[parallel]\npp = 2\nlayers_per_stage = [1.1667, 2.8333]\n")
     assert "parallel.layers_per_stage" in msg and "fractional counts are retired" in msg
+    for count in ("inf", "nan"):  # TOML's: refused by name, not a bare OverflowError
+        _, msg = error_of(tmp_path, f"[parallel]\npp = 2\nlayers_per_stage = [{count}, 2]\n")
+        assert "parallel.layers_per_stage" in msg and "parallel.layout" in msg
     _, msg = error_of(tmp_path, "[parallel]\nsplit_widths = true\n")
     assert "parallel.split_widths = True: is retired" in msg and "t.attn | .mlp" in msg
     # false, its default, is in every run's config.toml of the time: read, with a note

@@ -302,7 +302,8 @@ def _layout_of_counts(source: str, parallel: dict, counts) -> str:
     """parallel.layers_per_stage's whole counts as parallel.layout (in `parallel`), and the
     line saying so; anything else is refused, saying what to write instead."""
     numbers = isinstance(counts, list) and all(
-        isinstance(c, (int, float)) and not isinstance(c, bool) for c in counts)
+        isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)
+        for c in counts)  # (TOML writes inf and nan)
     if not numbers:
         raise ConfigError(source, "parallel.layers_per_stage", counts,
                           'is now parallel.layout, a string such as "E t t | t t L" '

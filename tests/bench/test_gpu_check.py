@@ -140,3 +140,19 @@ def test_a_timed_out_section_is_killed_with_what_it_launched(tmp_path):
         time.sleep(0.1)
     else:
         raise AssertionError(f"the section's child {child} outlived its time-out")
+
+
+def test_the_attention_section_compares_flash_with_sdpa_on_the_stand_in(tmp_path):
+    # flash.cu's F and B against PyTorch's SDPA at a tiny shape: every error written, none
+    # large (the section once stopped handing NumPy a tensor that required grad).
+    pytest.importorskip("torch")
+    out = tmp_path / "kernels.json"
+    env = {**os.environ, "HPCPIPE_FAKE_GPU": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run([sys.executable, "-m", "hpcpipe.bench.gpu_probe", "attention",
+                           "--out", str(out), "--small"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["attention_vs_sdpa"]
+    assert rows and all(set(r["errors_vs_sdpa"]) == {"y", "dq", "dk", "dv"} for r in rows)
+    assert max(e for r in rows for e in r["errors_vs_sdpa"].values()) < 0.05

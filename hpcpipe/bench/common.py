@@ -27,7 +27,7 @@ from hpcpipe.model.layers import (
     swiglu,
 )
 from hpcpipe.schedules import from_costs
-from hpcpipe.util.files import claim_file, write_figure, write_text_atomic
+from hpcpipe.util.files import claim_file, write_text_atomic
 
 
 # The layer modules whose F, B and W a profile wraps (`wrapped_layers`), and each pass's letter.
@@ -132,26 +132,6 @@ def save_json(args, result: dict, out=print):
     """With --json: `result` written there (write_json), and the line that says where."""
     if args.json:
         out(f"\nwrote {write_json(args.json, result)}")
-
-
-def pyplot():
-    """matplotlib's pyplot, drawing to files only (the Agg backend), never a window."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: str) -> str:
-    """`fig` laid out, written to `path` (util.files.write_figure) and closed: `path`."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    write_figure(path, fig)
-    plt.close(fig)
-    return path
 
 
 def dash(value, spec: str) -> str:

@@ -23,8 +23,7 @@ from hpcpipe.schedules import ScheduleError, from_costs, generate, peak_activati
 from hpcpipe.schedules.recompute import Mode
 from hpcpipe.train.rank import Rank
 from hpcpipe.util import timeline
-
-from .common import pyplot, save_figure
+from hpcpipe.util.files import pyplot, save_figure
 
 
 def memory_rows(kinds, cfg, grid, be, world, inputs, log) -> list[dict]:

@@ -20,9 +20,9 @@ import platform
 import time
 
 from hpcpipe import __version__
-from hpcpipe.util.files import read_bounded, write_text_atomic
+from hpcpipe.util.files import pyplot, read_bounded, save_figure, write_text_atomic
 
-from .common import dash, machine_name, pyplot, save_figure, schedule_label, size_label
+from .common import dash, machine_name, schedule_label, size_label
 
 # The simulated settings: (ranks, microbatches) × F:B:W, as `python -m hpcpipe.schedules.table`.
 SIM_SIZES = ((4, 8), (8, 24))

@@ -53,10 +53,9 @@ from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import generate
 from hpcpipe.util.arguments import integer, number
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import claim_figure
+from hpcpipe.util.files import claim_figure, pyplot, save_figure
 
-from .common import (claim_json, pyplot, root_log, save_figure, slowest, suite_parser,
-                     with_json, write_json)
+from .common import claim_json, root_log, slowest, suite_parser, with_json, write_json
 
 EPILOG = """\
 examples:

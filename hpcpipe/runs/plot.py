@@ -23,7 +23,7 @@ import numpy as np
 
 from hpcpipe.util.colours import OPS, OTHER
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import claim_file, read_bounded, write_figure
+from hpcpipe.util.files import claim_file, pyplot, read_bounded, save_figure
 from hpcpipe.runs.metrics import record_number, record_split
 from hpcpipe.runs.rundir import CONFIG, METRICS, read_metrics
 
@@ -127,11 +127,7 @@ def smooth(values, window: int) -> np.ndarray:
 
 def draw(runs: list[Series], out: str):
     """Four panels over steps; a legend of the runs beneath them (over no curve)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), sharex=True)
     (loss, rate), (bubble, split) = axes
     colours = [f"C{i % 10}" for i in range(len(runs))]
@@ -167,9 +163,7 @@ def draw(runs: list[Series], out: str):
         ax.grid(alpha=0.3)
     fig.legend(*loss.get_legend_handles_labels(), loc="lower center",
                ncol=min(3, len(runs)), fontsize=9)
-    fig.tight_layout(rect=(0, 0.04 + 0.03 * ((len(runs) - 1) // 3), 1, 1))
-    write_figure(out, fig)
-    plt.close(fig)
+    save_figure(fig, out, rect=(0, 0.04 + 0.03 * ((len(runs) - 1) // 3), 1, 1))
 
 
 def _split(ax, runs: list[Series], colours: list[str]):

@@ -16,7 +16,7 @@ import json
 import os
 
 from hpcpipe.util.colours import label_colour, legend_entries, op_colour
-from hpcpipe.util.files import read_bounded, write_figure, write_text_atomic
+from hpcpipe.util.files import pyplot, read_bounded, save_figure, write_text_atomic
 from hpcpipe.util.schema import Mismatch, parse_json
 from hpcpipe.util.timeline import COMPUTE
 
@@ -195,10 +195,7 @@ def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step
     between them dotted and labelled, so that no stretch of a row is blank; the legend
     beside the axes, over no bar. Returns the labels written on the bars, row by row (none
     when there is nothing to draw)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     rows = [[e for e in events if e[4] == step] for events in per_rank]
@@ -241,8 +238,6 @@ def draw_step(path: str, per_rank: list[list[tuple]], offsets: list[float], step
     handles.append(Patch(facecolor="white", edgecolor="#9a9a9a", hatch="..",
                          label=f"{GAP}\n(sends, dp reduction,\nhost work, step done)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
-    fig.tight_layout()
-    write_figure(path, fig)
     labels = [t.get_text() for t in ax.texts]
-    plt.close(fig)
+    save_figure(fig, path)
     return labels

@@ -15,7 +15,7 @@ from fractions import Fraction
 from html import escape
 
 from hpcpipe.util.colours import label_colour, legend_entries, op_colour
-from hpcpipe.util.files import write_figure
+from hpcpipe.util.files import pyplot, save_figure
 
 from .ops import Kind
 from .simulator import SimResult, rebuild_times
@@ -166,9 +166,7 @@ def png(result: SimResult, path: str, dpi: int = 120, title: str | None = None) 
     """Draw the timeline to a PNG with matplotlib (imported only here); `title` replaces
     the schedule's (kind, p, m, v and its bubble rate)."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
         from matplotlib.patches import Patch
     except ImportError:
         raise RuntimeError("drawing a PNG needs matplotlib (pip install matplotlib); "
@@ -203,6 +201,4 @@ def png(result: SimResult, path: str, dpi: int = 120, title: str | None = None) 
     ax.legend(handles=[Patch(color=colour, label=label) for label, colour in legend],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
               ncol=len(kinds) if s.chunks > 1 else 1)
-    fig.tight_layout()
-    write_figure(path, fig, dpi)
-    plt.close(fig)
+    save_figure(fig, path, dpi)

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from hpcpipe.util.files import write_figure
+from hpcpipe.util.files import pyplot, save_figure
 
 from . import Costs, ScheduleError, generate, simulate
 
@@ -158,10 +158,7 @@ def sweep_memory(path: str, steps: int = 15) -> None:
     """Bubble rate against the memory limit (in units of p·M_B) on the paper's rows, auto
     with one chunk and with V placements, the hand-made schedules at their own peaks: the
     picture of the paper's memory figure. Writes a PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(PAPER_ROWS), figsize=(4 * len(PAPER_ROWS), 3.4), sharey=True)
     ratios = [0.5 + 0.125 * i for i in range(steps)]  # 0.5 .. 2.25, through 1 and 2
     for ax, row in zip(axes, PAPER_ROWS):
@@ -187,9 +184,7 @@ def sweep_memory(path: str, steps: int = 15) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("bubble rate")
     axes[-1].legend(fontsize=7)
-    fig.tight_layout()
-    write_figure(path, fig)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 SIX_B = PaperRow("6.2B", 8, 24, 29.718, 29.444, 19.927, 0.527, 0.43, {})

@@ -201,6 +201,27 @@ def write_figure(path: str, fig, dpi: int = 110) -> str:
     return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt))
 
 
+def pyplot():
+    """matplotlib's pyplot, drawing to files only (the Agg backend), never a window."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str, dpi: int = 110, rect=None) -> str:
+    """`fig` laid out (within `rect` of the figure, if given), written to `path`
+    (`write_figure`) and closed: `path`."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout(rect=rect)
+    write_figure(path, fig, dpi)
+    plt.close(fig)
+    return path
+
+
 def write_text_atomic(path: str, text: str) -> str:
     """`write_atomic` of a text file (UTF-8)."""
     def write(tmp):

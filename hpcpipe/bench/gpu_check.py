@@ -199,7 +199,10 @@ def run_section(section: Section, cmd, limit: float, env, folder) -> dict:
         stdout, stderr = proc.communicate(timeout=limit)
         status = "passed" if proc.returncode == 0 else f"failed (status {proc.returncode})"
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # (the whole session ended as the limit passed)
+            pass
         stdout, stderr = proc.communicate()
         status = f"timed out after {limit:.0f} s"
     output = stdout + stderr

@@ -85,7 +85,8 @@ def check_model(manifest: dict, model, where: str):
     Llama's block_size may be shorter: it has no position table (only the rotary angles,
     computed), so its weights train and run on any context up to the one they were
     written for — how a fine-tune takes SmolLM2's 8192 at 256 tokens."""
-    saved = {"vocab_multiple": 1, **manifest["model"]}  # absent: written unpadded
+    # absent: written unpadded, and a GPT-2 (model_record leaves both out then)
+    saved = {"vocab_multiple": 1, "arch": "gpt2", **manifest["model"]}
     for key, value in saved.items():
         mine = getattr(model, key)
         if key == "block_size" and saved.get("arch") == "llama" and mine <= value:

@@ -113,6 +113,16 @@ def test_another_model_shape(run_dir):
         ckpt.check_model(manifest, cfg.model, "somewhere")
 
 
+def test_another_model_family():
+    """A GPT-2 checkpoint's manifest leaves arch out (its default): resumed as a Llama,
+    it is its family that differs, not a parameter gone missing from the checkpoint."""
+    manifest = {"model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 32,
+                          "vocab_size": 256}}
+    cfg = config.load("inputs/tiny.toml", SMALL + ["model.arch=\"llama\""])
+    with pytest.raises(ckpt.CheckpointError, match="model.arch = gpt2, but the config has llama"):
+        ckpt.check_model(manifest, cfg.model, "somewhere")
+
+
 def test_a_checkpoint_of_the_retired_edges_inside_blocks_still_reads(run_dir, tmp_path):
     """The code of 2026-12-06 that cut stages after a block's operations recorded the cuts
     in the manifest's layout ("cuts"); its tensors are whole, so its checkpoints read."""

@@ -106,7 +106,8 @@ class AsyncStep(TrainStep):
     def _injected_stall(self, step: int):
         """Fault injection for the tests: HPCPIPE_ASYNC_STALL="RANK:STEP:SECONDS[,...]"
         makes world rank RANK sleep (no MPI call) after its step STEP — a straggler, or
-        with SECONDS past parallel.async_timeout a peer that stopped. Unset in normal runs."""
+        with SECONDS past parallel.async_timeout a peer that stopped; STEP the one the
+        piece starts from (0 when fresh): before its first ticket. Unset in normal runs."""
         for item in os.environ.get("HPCPIPE_ASYNC_STALL", "").split(","):
             parts = item.split(":")
             if len(parts) == 3 and parts[0] == str(self.grid.rank) and parts[1] == str(step):
@@ -129,6 +130,7 @@ class AsyncStep(TrainStep):
             self._attend(self.budget)
             self.attended = self.budget
             return
+        self._injected_stall(self.clock_now)
         while True:
             ticket = self._agree_on(self.board.take_ticket() if self.replica_comm.rank == 0
                                     else None)

@@ -303,6 +303,8 @@ class Trainer:
         if self.apart:  # every replica's last updates; the last checkpoint is a meeting
             self.rank.step.finish(steps)
         trained = summary.steps > self.start_step  # (summary.steps counts earlier pieces)
+        if self.apart:  # a late replica may have taken none of the tickets: the others
+            trained = self.start_step < steps  # did, and it joins their save (collective)
         if self.last_saved != steps and trained:
             self._save(steps)
         elif self.apart:

@@ -101,6 +101,18 @@ def test_a_stopped_peer_ends_the_job_within_the_timeout(tmp_path, stdlib_tokens)
 
 
 @pytest.mark.parametrize("mode", ["ssp", "easgd"])
+def test_a_replica_that_took_no_step_ends_with_the_others(tmp_path, stdlib_tokens, mode):
+    """Replica 1 starts late (asleep before its first ticket) and replica 0 takes the
+    whole budget of one step: both end the run together — replica 1 joins the final
+    save (a collective) though it trained nothing, where it had gone on to free the
+    windows while replica 0 waited in the save's gather: a hang no timeout ended."""
+    proc = train(tmp_path / "run", stdlib_tokens, f'parallel.async_dp="{mode}"',
+                 "train.steps=1", env={"HPCPIPE_ASYNC_STALL": "1:0:2"}, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ckpt.list_checkpoints(str(tmp_path / "run" / "checkpoints"))[-1][0] == 1
+
+
+@pytest.mark.parametrize("mode", ["ssp", "easgd"])
 def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdlib_tokens,
                                                                   mode):
     """SIGTERM to the last rank only, while replica 1 lags (slowed at step 3): the vote

@@ -145,3 +145,26 @@ class Beacon:
         direction, peer, microbatch, stage, tag = info
         return {"direction": direction, "peer": self.pipe_rank(peer), "microbatch": microbatch,
                 "stage": stage, "tag": tag}
+
+
+class Announced:
+    """`comm` for code written against a plain communicator (the checkpoint's save and
+    load): its `rank` and `size`, and each of its calls (bcast, gather, allgather,
+    allreduce: collectives) told to `beacon` as the wait `what` while it lasts. Those
+    collectives wait for the slowest rank's files: a rank stalled there (a file system
+    hung on its node) is named by the others' dumps, and parallel.timeout ends the job."""
+
+    def __init__(self, comm, beacon: Beacon, what: str):
+        self.comm, self.beacon, self.what = comm, beacon, what
+        self.rank, self.size = comm.rank, comm.size
+
+    def __getattr__(self, name: str):
+        call = getattr(self.comm, name)
+
+        def announced(*args, **kwargs):
+            self.beacon.collective(self.comm, self.what)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.beacon.done()
+        return announced

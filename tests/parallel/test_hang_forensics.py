@@ -16,6 +16,7 @@ import time
 import pytest
 from harness.mpirun import ROOT, job_env, launcher, run, stop
 
+from hpcpipe import checkpoint as ckpt
 from hpcpipe.parallel.watchdog import EXIT_HUNG, HANGS
 from hpcpipe.runs.hangs import analyse
 
@@ -76,6 +77,37 @@ def test_a_stalled_rank_ends_the_job_with_every_ranks_op_named(tmp_path, stdlib_
                             cwd=ROOT, env=job_env(), capture_output=True, text=True,
                             timeout=120)
     assert doctor.returncode == 1 and f"rank {stalled} stalls" in doctor.stdout
+
+
+def _stalled_at(place, nth, run_dir, tokens, *layout, resume=False):
+    """A pp 2 job of tests/mpi/stalls.py: rank 1 stalls at `place` (60 s) while rank 0
+    waits for it; what the watchdog made of it (status 3 within the timeout), and the lines."""
+    args = _args(run_dir, tokens, *layout, f"parallel.timeout={TIMEOUT}")[4:]
+    done = run(["tests/mpi/stalls.py", place, str(nth), "--", *args,
+                *(["--resume"] if resume else [])], n=2, timeout=200)
+    assert done.returncode == EXIT_HUNG, done.stderr[-3000:]
+    errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1, done.stderr[-3000:]
+    lines = _lines(done.stderr)
+    assert "waits on nothing (computing)" in lines[1], lines
+    return errors[0], lines
+
+
+def test_a_rank_stalled_in_its_checkpoint_files_is_a_hang_named_as_one(tmp_path,
+                                                                       stdlib_tokens):
+    """A file system hung on one node: rank 1 stalls writing its shard of step 4's
+    checkpoint, then reading it on a resume, and rank 0 waits for it in the checkpoint's
+    collectives — which said nothing to the watchdog, so the job waited as long as the
+    stall did, parallel.timeout never reached. Step 2's checkpoint stays the last good one."""
+    run_dir, layout = tmp_path / "run", ["parallel.pp=2", "parallel.microbatches=2",
+                                         'parallel.schedule="1f1b"', "checkpoint.every=2"]
+    error, lines = _stalled_at("write", 3, run_dir, stdlib_tokens, *layout)
+    assert "the checkpoint of step 4" in error and "the checkpoint of step 4" in lines[0]
+    assert "): checkpoint | waits on nothing" in lines[1]
+    latest = ckpt.latest(str(run_dir / "checkpoints"))
+    assert latest.endswith("step_00000002") and ckpt.verify(latest) == []
+    error, lines = _stalled_at("read", 1, run_dir, stdlib_tokens, *layout, resume=True)
+    assert "the checkpoint of step 2" in error and "not in an op: set-up" in lines[1]
 
 
 def _ranks(proc) -> list[int]:

@@ -1,0 +1,41 @@
+"""MPI worker: one rank stalls outside the schedule's ops (where HPCPIPE_STALL cannot reach)
+while the others wait for it: in the write of its checkpoint files or their read on a
+resume (a file system hung on one node), or as a PipeDream-2BW head before its part of
+the tied embedding's sum. Started by tests/parallel/test_hang_forensics.py:
+
+    mpiexec -n 2 python tests/mpi/stalls.py PLACE N -- train ARGUMENTS
+
+World rank 1 sleeps STALL_S at PLACE (`write`, `read` or `tied`) the Nth time it gets
+there, then goes on; the run's parallel.timeout must end the job before that.
+"""
+
+import sys
+import time
+
+from hpcpipe.__main__ import main
+from hpcpipe.checkpoint import parts
+from hpcpipe.train.delayed import DelayedStep
+
+STALL_S = 60.0
+PLACES = {"write": (parts, "write"), "read": (parts.Saved, "tensor"),
+          "tied": (DelayedStep, "_tied")}
+
+
+def stall_at(place: str, nth: int):
+    owner, name = PLACES[place]
+    original, calls = getattr(owner, name), []
+
+    def stalled(*args, **kwargs):
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.rank == 1:
+            calls.append(1)
+            if len(calls) == nth:
+                time.sleep(STALL_S)
+        return original(*args, **kwargs)
+    setattr(owner, name, stalled)
+
+
+if __name__ == "__main__":
+    stall_at(sys.argv[1], int(sys.argv[2]))
+    sys.exit(main(sys.argv[sys.argv.index("--") + 1:]))

@@ -60,7 +60,7 @@ class Beacon:
 
         world = grid.world.Get_group()
         groups, names = {"world": list(range(grid.world.size))}, {id(grid.world): "world"}
-        for name in ("pipe", "data", "tensor", "replica", "ends"):
+        for name in ("pipe", "data", "tensor", "replica", "ends", "reductions"):
             comm = getattr(grid, name, None)
             if comm is None or comm == MPI.COMM_NULL:
                 continue

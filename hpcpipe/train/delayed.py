@@ -36,6 +36,7 @@ from hpcpipe.model.versions import WeightVersions
 from hpcpipe.optim.adamw import clip_coefficient
 from hpcpipe.optim.delay import Extrapolation, SecantCorrection
 from hpcpipe.optim.outcome import StepOutcome
+from hpcpipe.parallel.beacon import Announced
 from hpcpipe.train.step import TrainStep
 from hpcpipe.train.stream_state import VersionsState
 from hpcpipe.util.timeline import RankStep, combine, local_row
@@ -176,7 +177,8 @@ class DelayedStep(TrainStep):
             wte += head  # one rank holds both
         elif stage.embedding_part and comm is not None:
             part = transport.empty(wte.shape, wte.dtype)
-            comm.Recv(wire(part), source=1, tag=0)  # sent when the head finished the step
+            self._waited(comm, "the tied embedding's sum",  # sent when the head finished
+                         lambda: comm.Recv(wire(part), source=1, tag=0))  # the step
             wte += transport.to_device(part)
             transport.release(part)
             total = transport.outgoing(wte.copy())
@@ -189,13 +191,25 @@ class DelayedStep(TrainStep):
             pending.tied += [comm.Isend(wire(out), dest=0, tag=0),
                              comm.Irecv(wire(pending.tied_sum), source=0, tag=1)]
 
+    def _waited(self, comm, what: str, wait):
+        """wait() — for other ranks of `comm` — told to the hang watchdog's beacon as `what`."""
+        beacon = self.transport.beacon
+        beacon.collective(comm, what)
+        try:
+            return wait()
+        finally:
+            beacon.done()
+
     # -- the update, one step late ---------------------------------------------------------
     def _apply(self, k: int) -> list[StepOutcome]:
         """Update k (version k + 1 from step k's gradient); returns the outcomes whose
         timings are now known (step k − 1's, with the rows that came with step k)."""
         pending, grid = self.pending.pop(k), self.grid
-        pending.request.Wait()
-        self.MPI.Request.Waitall(pending.tied)
+        self._waited(self.comm, "the all-reduce of the step's gradient norms, loss and "
+                     "timings", pending.request.Wait)
+        if pending.tied:
+            self._waited(self.model.tied.comm, "the tied embedding's sum",
+                         lambda: self.MPI.Request.Waitall(pending.tied))
         if self.transport.staged and pending.keep:
             self.transport.release(pending.keep[0])  # (a pinned copy from `outgoing`)
         if pending.tied_sum is not None:  # the head's copy takes the sum
@@ -274,7 +288,9 @@ class DelayedStep(TrainStep):
         # The last step's timings: no later reduction carries them; the drain is a
         # synchronisation anyway.
         row = self.rows.pop(s, RankStep()) if self.trace else RankStep()
-        rows = np.array(self.grid.world.allgather(row.to_vector()))
+        world = Announced(self.grid.world, self.transport.beacon,
+                          "the all-gather of the last step's timings")
+        rows = np.array(world.allgather(row.to_vector()))
         self.rows.clear()
         done += [self._outcome(self.finished.pop(), rows)]
         for versions in self.versions.values():

@@ -110,6 +110,15 @@ def test_a_rank_stalled_in_its_checkpoint_files_is_a_hang_named_as_one(tmp_path,
     assert "the checkpoint of step 2" in error and "not in an op: set-up" in lines[1]
 
 
+def test_a_2bw_head_stalled_before_the_tied_sum_is_a_hang_named_as_one(tmp_path,
+                                                                       stdlib_tokens):
+    """PipeDream-2BW at pp 2: the head (rank 1) stalls before it sends its part of the tied
+    embedding's gradient; the first stage's receive of it said nothing to the watchdog."""
+    error, lines = _stalled_at("tied", 2, tmp_path / "run", stdlib_tokens, "parallel.pp=2",
+                               "parallel.microbatches=2", 'parallel.schedule="pipedream-2bw"')
+    assert "the tied embedding's sum" in error and "the tied embedding's sum" in lines[0]
+
+
 def _ranks(proc) -> list[int]:
     """The pids of the ranks (python) under the launcher `proc`."""
     out = subprocess.run(["ps", "-o", "pid=,ppid=,comm=", "-e"], capture_output=True,

@@ -94,7 +94,11 @@ class Beacon:
     def collective(self, comm, what: str):
         """A blocking collective over `comm` starts (`waiting` with its members)."""
         name = self.names.get(id(comm), "a communicator")
-        self.waiting("collective", f"{what} over {name}", self.groups.get(name, ()))
+        self.waiting("collective", f"{what} over {name}", self.members(comm))
+
+    def members(self, comm) -> tuple:
+        """The world ranks of `comm`'s members (none known: an unnamed communicator)."""
+        return tuple(self.groups.get(self.names.get(id(comm)), ()))
 
     def done(self):
         self.wait = None

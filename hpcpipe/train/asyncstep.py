@@ -41,7 +41,7 @@ from hpcpipe.parallel.asyncdp import compensation, record
 from hpcpipe.parallel.asyncdp.board import Board
 from hpcpipe.parallel.asyncdp.elastic import AsyncCentre, alpha, lr_scale
 from hpcpipe.parallel.asyncdp.ssp import GradientRing
-from hpcpipe.parallel.asyncdp.windows import Deadline, poke
+from hpcpipe.parallel.asyncdp.windows import Deadline, poke, waited_on
 from hpcpipe.train.async_state import AsyncState
 from hpcpipe.train.step import TrainStep
 from hpcpipe.util.timeline import step_stats
@@ -393,7 +393,8 @@ class StaleStep(AsyncStep):
         until, beacon = time.monotonic() + wait, self.deadline.beacon
         if beacon is not None:  # (a hang dump names the wait)
             beacon.waiting("window", f"the updates through step {newest}, for up to "
-                                     f"{wait:.3g} s (parallel.ssp_patience)")
+                                     f"{wait:.3g} s (parallel.ssp_patience)",
+                           waited_on(beacon, self.grid.data))
         try:
             self._wait_fresh_until(newest, until)
         finally:

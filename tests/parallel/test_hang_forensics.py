@@ -18,7 +18,7 @@ from harness.mpirun import ROOT, job_env, launcher, run, stop
 
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.parallel.watchdog import EXIT_HUNG, HANGS
-from hpcpipe.runs.hangs import analyse
+from hpcpipe.runs.hangs import analyse, read_dumps
 
 SMALL = ["model.n_layer=4", "model.n_embd=16", "model.n_head=2", "model.block_size=16",
          "train.micro_batch_size=2", "train.eval_every=0", "train.eval_batches=1",
@@ -117,6 +117,25 @@ def test_a_2bw_head_stalled_before_the_tied_sum_is_a_hang_named_as_one(tmp_path,
     error, lines = _stalled_at("tied", 2, tmp_path / "run", stdlib_tokens, "parallel.pp=2",
                                "parallel.microbatches=2", 'parallel.schedule="pipedream-2bw"')
     assert "the tied embedding's sum" in error and "the tied embedding's sum" in lines[0]
+
+
+def test_a_replica_stalled_under_bounded_staleness_is_named_by_doctor(tmp_path,
+                                                                      stdlib_tokens):
+    """SSP at dp 2: rank 1 stops after its step 2 and rank 0 waits for it through the MPI
+    windows. The window wait names the ranks it waits on, and `doctor` reads the dump
+    (its kind was refused: "not a hang dump", the waiting rank left out)."""
+    run_dir = tmp_path / "run"
+    done = run(_args(run_dir, stdlib_tokens, "parallel.dp=2", "parallel.microbatches=2",
+                     'parallel.schedule="1f1b"', 'parallel.async_dp="ssp"',
+                     f"parallel.timeout={TIMEOUT}"), n=2, timeout=200,
+               env={"HPCPIPE_ASYNC_STALL": "1:2:60"})
+    assert done.returncode == EXIT_HUNG, done.stderr[-3000:]
+    lines = _lines(done.stderr)
+    assert "by rank(s) 1 " in lines[0] and "waits on nothing (computing)" in lines[1], lines
+    dumps, problems = read_dumps(str(run_dir))
+    assert problems == [] and sorted(dumps) == [0, 1]
+    assert analyse(dumps)[1] == [f"rank 1 waits on nobody ({dumps[1]['phase']}), and rank(s) "
+                                 f"0 wait on it: rank 1 stalls"]
 
 
 def _ranks(proc) -> list[int]:

@@ -154,9 +154,10 @@ class DelayedStep(TrainStep):
         head = stage.head_grad.copy() if stage.head_grad is not None else None
         stage.zero_grad()  # the next step's backwards start on a clean buffer
         if grid.dp > 1:  # (the replicas are at this point together)
-            transport.allreduce_sum(grid.data, grads[0])
+            what = "the reduction of the gradients"
+            transport.allreduce_sum(grid.data, grads[0], what=what)
             if head is not None:
-                transport.allreduce_sum(grid.data, head)
+                transport.allreduce_sum(grid.data, head, what=what)
         pending = _Pending(grads, np.zeros(self._vector_size()), np.zeros(self._vector_size()))
         self._tied(stage, grads[0], head, pending)
         loss = model.head_loss(losses)

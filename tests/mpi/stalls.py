@@ -1,12 +1,13 @@
 """MPI worker: one rank stalls outside the schedule's ops (where HPCPIPE_STALL cannot reach)
 while the others wait for it: in the write of its checkpoint files or their read on a
-resume (a file system hung on one node), or as a PipeDream-2BW head before its part of
-the tied embedding's sum. Started by tests/parallel/test_hang_forensics.py:
+resume (a file system hung on one node), as a PipeDream-2BW head before its part of
+the tied embedding's sum, or in its optimizer's update (a kernel that never returns).
+Started by tests/parallel/test_hang_forensics.py:
 
     mpiexec -n 2 python tests/mpi/stalls.py PLACE N -- train ARGUMENTS
 
-World rank 1 sleeps STALL_S at PLACE (`write`, `read` or `tied`) the Nth time it gets
-there, then goes on; the run's parallel.timeout must end the job before that.
+World rank 1 sleeps STALL_S at PLACE (`write`, `read`, `tied` or `update`) the Nth time
+it gets there, then goes on; the run's parallel.timeout must end the job before that.
 """
 
 import sys
@@ -15,10 +16,11 @@ import time
 from hpcpipe.__main__ import main
 from hpcpipe.checkpoint import parts
 from hpcpipe.train.delayed import DelayedStep
+from hpcpipe.train.step import TrainStep
 
 STALL_S = 60.0
 PLACES = {"write": (parts, "write"), "read": (parts.Saved, "tensor"),
-          "tied": (DelayedStep, "_tied")}
+          "tied": (DelayedStep, "_tied"), "update": (TrainStep, "_update")}
 
 
 def stall_at(place: str, nth: int):

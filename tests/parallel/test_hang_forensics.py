@@ -119,6 +119,15 @@ def test_a_2bw_head_stalled_before_the_tied_sum_is_a_hang_named_as_one(tmp_path,
     assert "the tied embedding's sum" in error and "the tied embedding's sum" in lines[0]
 
 
+def test_a_rank_stalled_in_its_update_is_a_hang_named_as_one(tmp_path, stdlib_tokens):
+    """Rank 1 stalls in its optimizer's update; rank 0, done with its own, waited for it
+    unannounced in the step's last collective, the all-gather of every rank's timings."""
+    wait = "the all-gather of the step's timings"
+    error, lines = _stalled_at("update", 2, tmp_path / "run", stdlib_tokens, "parallel.pp=2",
+                               "parallel.microbatches=2", 'parallel.schedule="1f1b"')
+    assert wait in error and wait in lines[0]
+
+
 def test_a_replica_stalled_under_bounded_staleness_is_named_by_doctor(tmp_path,
                                                                       stdlib_tokens):
     """SSP at dp 2: rank 1 stops after its step 2 and rank 0 waits for it through the MPI

@@ -20,6 +20,7 @@ import os
 import time
 
 STALL_ENV = "HPCPIPE_STALL"
+SAVING = "checkpoint"  # the phase of a checkpoint's save (the watchdog's stop grace spares it)
 
 
 def _stall(rank: int) -> tuple[int, str, float] | None:

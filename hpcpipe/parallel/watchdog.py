@@ -42,6 +42,7 @@ import time
 
 import numpy as np
 
+from hpcpipe.parallel.beacon import SAVING
 from hpcpipe.util.files import write_text_atomic
 
 HANGS = "hangs"  # RUN_DIR/hangs/rank-00003.json: each rank's last dump
@@ -172,11 +173,12 @@ class Watchdog:
     def _overdue(self) -> bool:
         """Whether this rank's wait passed parallel.timeout — or, once SIGTERM or SIGUSR1
         came, the stop grace counted from the signal (a job that cannot reach its step
-        boundary to save must still end)."""
+        boundary to save must still end; one saving, waiting for a rank's files, is doing
+        what the signal asked)."""
         waited = self.beacon.waited()
         if self.timeout and waited > self.timeout:
             return True
-        if self.preempted is not None:
+        if self.preempted is not None and self.beacon.phase != SAVING:
             return min(waited, time.monotonic() - self.preempted[1]) > self.stop_grace
         return False
 

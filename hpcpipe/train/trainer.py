@@ -30,7 +30,7 @@ from hpcpipe.model.flops import device_peak, device_rates, flops_per_token, peak
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
-from hpcpipe.parallel.beacon import Beacon
+from hpcpipe.parallel.beacon import SAVING, Beacon
 from hpcpipe.parallel.transport import resolve_gpu_aware
 from hpcpipe.parallel.watchdog import HANGS, Watchdog
 from hpcpipe.plan import build as build_plan
@@ -267,7 +267,7 @@ class Trainer:
     def _save(self, step: int):
         self._settle()
         step = apart.checkpoint_step(self, step) if self.apart else step
-        self.beacon.at("checkpoint", step)
+        self.beacon.at(SAVING, step)
         with self.rank.step.published():
             saved = checkpoints.save(self.rank, self.cfg, step, self.run_dir.path,
                                      {**self.rank.step.state(), "lr_step": step,

@@ -4,10 +4,10 @@ resume (a file system hung on one node), as a PipeDream-2BW head before its part
 the tied embedding's sum, or in its optimizer's update (a kernel that never returns).
 Started by tests/parallel/test_hang_forensics.py:
 
-    mpiexec -n 2 python tests/mpi/stalls.py PLACE N -- train ARGUMENTS
+    mpiexec -n 2 python tests/mpi/stalls.py PLACE N SECONDS -- train ARGUMENTS
 
-World rank 1 sleeps STALL_S at PLACE (`write`, `read`, `tied` or `update`) the Nth time
-it gets there, then goes on; the run's parallel.timeout must end the job before that.
+World rank 1 sleeps SECONDS at PLACE (`write`, `read`, `tied` or `update`) the Nth time
+it gets there, then goes on.
 """
 
 import sys
@@ -18,12 +18,11 @@ from hpcpipe.checkpoint import parts
 from hpcpipe.train.delayed import DelayedStep
 from hpcpipe.train.step import TrainStep
 
-STALL_S = 60.0
 PLACES = {"write": (parts, "write"), "read": (parts.Saved, "tensor"),
           "tied": (DelayedStep, "_tied"), "update": (TrainStep, "_update")}
 
 
-def stall_at(place: str, nth: int):
+def stall_at(place: str, nth: int, seconds: float):
     owner, name = PLACES[place]
     original, calls = getattr(owner, name), []
 
@@ -33,11 +32,11 @@ def stall_at(place: str, nth: int):
         if MPI.COMM_WORLD.rank == 1:
             calls.append(1)
             if len(calls) == nth:
-                time.sleep(STALL_S)
+                time.sleep(seconds)
         return original(*args, **kwargs)
     setattr(owner, name, stalled)
 
 
 if __name__ == "__main__":
-    stall_at(sys.argv[1], int(sys.argv[2]))
+    stall_at(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
     sys.exit(main(sys.argv[sys.argv.index("--") + 1:]))

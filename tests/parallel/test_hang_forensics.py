@@ -83,7 +83,7 @@ def _stalled_at(place, nth, run_dir, tokens, *layout, resume=False):
     """A pp 2 job of tests/mpi/stalls.py: rank 1 stalls at `place` (60 s) while rank 0
     waits for it; what the watchdog made of it (status 3 within the timeout), and the lines."""
     args = _args(run_dir, tokens, *layout, f"parallel.timeout={TIMEOUT}")[4:]
-    done = run(["tests/mpi/stalls.py", place, str(nth), "--", *args,
+    done = run(["tests/mpi/stalls.py", place, str(nth), "60", "--", *args,
                 *(["--resume"] if resume else [])], n=2, timeout=200)
     assert done.returncode == EXIT_HUNG, done.stderr[-3000:]
     errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
@@ -229,6 +229,33 @@ def test_sigusr2_dumps_without_ending_and_signals_always_end_a_stalled_job(tmp_p
     # (Python's own KeyboardInterrupt where it can run, else the watchdog: one line at most)
     assert len([x for x in err.splitlines() if x.startswith("error:")]) <= 1, err[-3000:]
     assert "Traceback" not in err and proc.returncode == 128 + signal.SIGINT, err[-3000:]
+
+
+def test_sigterm_during_a_slow_save_lets_it_finish(tmp_path, stdlib_tokens):
+    """Rank 0 waits 8 s in a save for rank 1's files (a big shard on a slow file system)
+    when SIGTERM comes: saving is what the signal asks for, so the stop grace (2 s here)
+    does not take that wait for a hang — the save completes and the job stops at the next
+    boundary, status 75 (the wait is announced for parallel.timeout, off here)."""
+    run_dir = tmp_path / "run"
+    args = _args(run_dir, stdlib_tokens, "parallel.pp=2", "parallel.microbatches=2",
+                 'parallel.schedule="1f1b"', "checkpoint.every=2", "parallel.timeout=0")
+    proc = subprocess.Popen([*launcher(2), sys.executable, "tests/mpi/stalls.py", "write", "3",
+                             "8", "--", *args[4:]], cwd=ROOT,
+                            env=job_env({"HPCPIPE_STOP_GRACE_S": "2"}), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    partial, deadline = run_dir / "checkpoints" / ".step_00000004.tmp", time.monotonic() + 120
+    while not (partial.exists() and any(partial.iterdir())):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            pytest.fail(proc.stderr.read()[-3000:])
+        time.sleep(0.05)
+    for pid in _ranks(proc):
+        os.kill(pid, signal.SIGTERM)
+    err = _ended(proc, 60)
+    assert proc.returncode == 75, err[-3000:]
+    root = str(run_dir / "checkpoints")  # the slow save's, then the next boundary's
+    assert [s for s, _ in ckpt.list_checkpoints(root)][-2:] == [4, 5]
+    assert ckpt.verify(ckpt.latest(root)) == []
 
 
 def _dump(rank, waiting=None, op=None):

@@ -16,6 +16,7 @@ in that op): unset in normal runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -104,6 +105,16 @@ class Beacon:
     def done(self):
         self.wait = None
 
+    @contextlib.contextmanager
+    def over(self, comm, what: str):
+        """`with beacon.over(comm, what): ...` — a blocking wait for the other ranks of
+        `comm` (a collective, or requests posted earlier), `collective` ... `done`."""
+        self.collective(comm, what)
+        try:
+            yield
+        finally:
+            self.done()
+
     def pipe_rank(self, rank: int) -> int:
         """The world rank of pipeline rank `rank` of this rank's pipeline."""
         members = self.groups.get("pipe")
@@ -167,9 +178,6 @@ class Announced:
         call = getattr(self.comm, name)
 
         def announced(*args, **kwargs):
-            self.beacon.collective(self.comm, self.what)
-            try:
+            with self.beacon.over(self.comm, self.what):
                 return call(*args, **kwargs)
-            finally:
-                self.beacon.done()
         return announced

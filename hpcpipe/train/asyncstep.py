@@ -44,7 +44,6 @@ from hpcpipe.parallel.asyncdp.ssp import GradientRing
 from hpcpipe.parallel.asyncdp.windows import Deadline, poke, waited_on
 from hpcpipe.train.async_state import AsyncState
 from hpcpipe.train.step import TrainStep
-from hpcpipe.util.timeline import step_stats
 
 WAIT_SLICE_S = 2e-4  # ssp_patience's polling: short against a share, long against a poke
 
@@ -228,10 +227,7 @@ class AsyncStep(TrainStep):
             out[lo:hi] = be.to_host(a).reshape(-1)
 
     def _stats(self, step, result, moved):
-        if not self.trace:
-            return None
-        return step_stats(self.trace, step, result, self.announced(
-            self.replica_comm, "the all-gather of the step's timings"), allreduce_bytes=moved)
+        return self.timings(step, result, self.replica_comm, allreduce_bytes=moved)
 
     def _logged(self, step, start, moved, loss, **extra):
         if self.log is not None:

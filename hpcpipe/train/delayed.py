@@ -36,7 +36,6 @@ from hpcpipe.model.versions import WeightVersions
 from hpcpipe.optim.adamw import clip_coefficient
 from hpcpipe.optim.delay import Extrapolation, SecantCorrection
 from hpcpipe.optim.outcome import StepOutcome
-from hpcpipe.parallel.beacon import Announced
 from hpcpipe.train.step import TrainStep
 from hpcpipe.train.stream_state import VersionsState
 from hpcpipe.util.timeline import RankStep, combine, local_row
@@ -154,10 +153,9 @@ class DelayedStep(TrainStep):
         head = stage.head_grad.copy() if stage.head_grad is not None else None
         stage.zero_grad()  # the next step's backwards start on a clean buffer
         if grid.dp > 1:  # (the replicas are at this point together)
-            what = "the reduction of the gradients"
-            transport.allreduce_sum(grid.data, grads[0], what=what)
+            transport.allreduce_sum(grid.data, grads[0], what="the reduction of the gradients")
             if head is not None:
-                transport.allreduce_sum(grid.data, head, what=what)
+                transport.allreduce_sum(grid.data, head, what="the reduction of the gradients")
         pending = _Pending(grads, np.zeros(self._vector_size()), np.zeros(self._vector_size()))
         self._tied(stage, grads[0], head, pending)
         loss = model.head_loss(losses)
@@ -178,8 +176,8 @@ class DelayedStep(TrainStep):
             wte += head  # one rank holds both
         elif stage.embedding_part and comm is not None:
             part = transport.empty(wte.shape, wte.dtype)
-            self._waited(comm, "the tied embedding's sum",  # sent when the head finished
-                         lambda: comm.Recv(wire(part), source=1, tag=0))  # the step
+            with transport.beacon.over(comm, "the tied embedding's sum"):
+                comm.Recv(wire(part), source=1, tag=0)  # sent when the head finished the step
             wte += transport.to_device(part)
             transport.release(part)
             total = transport.outgoing(wte.copy())
@@ -192,25 +190,14 @@ class DelayedStep(TrainStep):
             pending.tied += [comm.Isend(wire(out), dest=0, tag=0),
                              comm.Irecv(wire(pending.tied_sum), source=0, tag=1)]
 
-    def _waited(self, comm, what: str, wait):
-        """wait() — for other ranks of `comm` — told to the hang watchdog's beacon as `what`."""
-        beacon = self.transport.beacon
-        beacon.collective(comm, what)
-        try:
-            return wait()
-        finally:
-            beacon.done()
-
     # -- the update, one step late ---------------------------------------------------------
     def _apply(self, k: int) -> list[StepOutcome]:
         """Update k (version k + 1 from step k's gradient); returns the outcomes whose
         timings are now known (step k − 1's, with the rows that came with step k)."""
         pending, grid = self.pending.pop(k), self.grid
-        self._waited(self.comm, "the all-reduce of the step's gradient norms, loss and "
-                     "timings", pending.request.Wait)
-        if pending.tied:
-            self._waited(self.model.tied.comm, "the tied embedding's sum",
-                         lambda: self.MPI.Request.Waitall(pending.tied))
+        with self.transport.beacon.over(self.comm, "the step's norms, loss and tied sum"):
+            pending.request.Wait()
+            self.MPI.Request.Waitall(pending.tied)
         if self.transport.staged and pending.keep:
             self.transport.release(pending.keep[0])  # (a pinned copy from `outgoing`)
         if pending.tied_sum is not None:  # the head's copy takes the sum
@@ -289,9 +276,8 @@ class DelayedStep(TrainStep):
         # The last step's timings: no later reduction carries them; the drain is a
         # synchronisation anyway.
         row = self.rows.pop(s, RankStep()) if self.trace else RankStep()
-        world = Announced(self.grid.world, self.transport.beacon,
-                          "the all-gather of the last step's timings")
-        rows = np.array(world.allgather(row.to_vector()))
+        with self.transport.beacon.over(self.grid.world, "the last step's timings"):
+            rows = np.array(self.grid.world.allgather(row.to_vector()))
         self.rows.clear()
         done += [self._outcome(self.finished.pop(), rows)]
         for versions in self.versions.values():

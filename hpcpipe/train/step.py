@@ -82,6 +82,18 @@ class LoopHooks:
     def close(self):
         """Release what the step holds beyond memory (asyncstep.py: windows, its record)."""
 
+    def announced(self, comm, what: str) -> Announced:
+        """`comm`, its collectives told to the hang watchdog as `what` (beacon.Announced)."""
+        return Announced(comm, self.gradsync.transport.beacon, what)
+
+    def timings(self, step: int, result, comm, **reductions):
+        """The step's timings of every rank of `comm` (util/timeline.step_stats), gathered
+        where the trace records them (else None)."""
+        if not self.trace:
+            return None
+        return step_stats(self.trace, step, result, self.announced(
+            comm, "the all-gather of the step's timings"), **reductions)
+
 
 class TrainStep(LoopHooks):
     """Runs optimizer steps for a RankModel (the module's docstring). Built by `build`;
@@ -141,10 +153,6 @@ class TrainStep(LoopHooks):
         if parallel.async_dp == "ssp":  # each replica's gradient is its share of the mean
             step.replicas = grid.dp
         return step
-
-    def announced(self, comm, what: str) -> Announced:
-        """`comm`, its collectives told to the hang watchdog as `what` (beacon.Announced)."""
-        return Announced(comm, self.gradsync.transport.beacon, what)
 
     def grad_scale(self, microbatches: int) -> GradScale:
         return GradScale(microbatches, self.replicas, self.scaler.scale)
@@ -214,11 +222,8 @@ class TrainStep(LoopHooks):
         self._outer_bytes = (self.outer.bytes_reduced - outer_bytes) if self.outer else 0
         scale = self.scaler.scale
         self.scaler.update(not skipped)
-        stats = step_stats(self.trace, step, result, self.announced(
-            self.grid.world, "the all-gather of the step's timings"),
-            **self._reduction_stats()) if self.trace else None
-        reported = norm if self.outer is None else replicas_mean(self.announced(
-            self.grid.data, "the all-gather of the replicas' norms"), norm)
+        stats = self.timings(step, result, self.grid.world, **self._reduction_stats())
+        reported = norm if self.outer is None else replicas_mean(self, norm)
         return StepOutcome(step, loss, reported, skipped, result, stats, loss_scale=scale)
 
     def _clipped_update(self, step, loss, unscale, lr, max_norm) -> tuple[float, bool]:
@@ -341,10 +346,10 @@ class TrainStep(LoopHooks):
                 "moments": self.optimizer.state_bytes}
 
 
-def replicas_mean(data, norm: float) -> float:
-    """The norm a step under local SGD reports: each replica clips by its own, and the
-    record is their mean over `data` (the replicas' communicator) — as the loss is
-    (RankModel.mean_loss) — never one replica's."""
+def replicas_mean(step: TrainStep, norm: float) -> float:
+    """The norm `step` under local SGD reports: each replica clips by its own, and the
+    record is their mean — as the loss is (RankModel.mean_loss) — never one replica's."""
+    data = step.announced(step.grid.data, "the all-gather of the replicas' norms")
     return sum(data.allgather(norm)) / data.size if data.size > 1 else norm
 
 

@@ -275,6 +275,7 @@ class Trainer:
                                      keep=self.cfg.checkpoint.keep,
                                      keep_every=self.cfg.checkpoint.keep_every,
                                      run=self.run_id, data=self.data, tokenizer=self.tokenizer)
+        self.beacon.at("after the checkpoint")  # (no longer SAVING: the stop grace holds)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path

@@ -6,7 +6,9 @@ op waits for; the runtime says so before each op (`at_op`), and every blocking w
 a pipeline message, the data-parallel reduction, a collective of the transport — says
 what it waits on and with whom for as long as it waits (`waiting` ... `done`). Each is an
 attribute or two set: nothing here allocates, locks or talks to MPI, so a step is not
-slower for it (docs/measurements has the figure). The watchdog thread reads a `snapshot`
+slower for it (docs/measurements has the figure). Code written against a plain
+communicator (the checkpoint's save and load) is handed an `Announced` one, whose calls
+say so themselves. The watchdog thread reads a `snapshot`
 when it dumps; a snapshot taken while the main thread moves on is at worst one op stale.
 
 A test stalls one rank on purpose with HPCPIPE_STALL="RANK:STEP:OP:SECONDS" (world rank,

@@ -145,8 +145,11 @@ class HFTokenizer(Tokenizer):
 
     def __init__(self, tokenizer, source: str, config: dict):
         self.tokenizer, self.source = tokenizer, source
-        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         vocab = tokenizer.get_vocab(with_added_tokens=True)
+        # The ids' span, not the count of tokens: the package takes a vocabulary with gaps
+        # in its ids, and every id must fit the token file's dtype and the model's rows.
+        self.vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True),
+                              max(vocab.values(), default=-1) + 1)
         self.eot = next((vocab[t] for t in DOCUMENT_ENDS if t in vocab), None)
         self._pieces = {i: t for t, i in vocab.items()}
         added = config.get("added_tokens") or []

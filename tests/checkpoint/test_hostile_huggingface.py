@@ -1,11 +1,13 @@
 """Hugging Face folders that import-gpt2 must refuse with one readable error: an empty
 tensor whose other dimensions no array can have, an index naming a shard with a NUL
-byte, a config.json that is there but is not a file (never silently taken as absent)."""
+byte, a config.json that is there but is not a file (never silently taken as absent), a
+tokenizer.json whose ids pass the model's vocabulary."""
 
 import json
 import os
 
 import pytest
+from harness import required
 from harness.hostile import ends_with_one_error, gpt2_tensors, raw_safetensors
 
 from hpcpipe.checkpoint import huggingface, safetensors
@@ -51,4 +53,27 @@ def test_a_config_json_that_is_not_a_file_is_an_error_not_absent(capsys, tmp_pat
         os.mkfifo(hf / huggingface.CONFIG)
     line = ends_with_one_error(capsys, _import(hf, tmp_path))
     assert f"{huggingface.CONFIG} cannot be read" in line
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_tokenizer_whose_ids_pass_the_vocabulary_is_refused(capsys, tmp_path):
+    """259 tokens fit a vocabulary of 260, but not when one of them has id 300: counted,
+    the tokenizer was imported, and `generate` of a prompt holding that token crashed
+    (IndexError) looking it up in the embedding."""
+    from harness.tokenfiles import write_tokenizer_json
+
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        required.missing("hf", "Hugging Face's tokenizers is not installed: pip install "
+                               "tokenizers")
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    safetensors.save(str(hf / huggingface.WEIGHTS), gpt2_tensors(V=260), {"n_head": "2"})
+    data = json.loads(write_tokenizer_json(hf / "tokenizer.json").read_text())
+    data["model"]["vocab"]["h"] = 300
+    (hf / "tokenizer.json").write_text(json.dumps(data))
+    line = ends_with_one_error(capsys, _import(hf, tmp_path))
+    assert "tokenizer.json: 301 tokens, more than the model's vocabulary of 260" in line
     assert not (tmp_path / "ckpt").exists()

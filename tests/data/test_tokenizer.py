@@ -2,6 +2,7 @@
 made here: no network), checked line by line; `prepare --tokenizer gpt2`; text decoded
 as tokens come."""
 
+import json
 import os
 import sys
 
@@ -161,3 +162,20 @@ def test_a_broken_tokenizer_json_is_one_error(capsys, tmp_path, tokenizer_json):
     assert main(["prepare", "--tokenizer", "hf", "--out", str(tmp_path / "t.h5")]) == 2
     assert "give --tokenizer-file FILE" in capsys.readouterr().err
     assert not (tmp_path / "t.h5").exists()
+
+
+def test_a_tokenizer_json_whose_ids_pass_its_token_count_is_sized_by_its_largest_id(
+        capsys, tmp_path, tokenizer_json):
+    """The tokenizers package takes a vocabulary with gaps in its ids; its ids, not its
+    count of tokens, are what token files and models must hold (counted, an id of 70,000
+    among 259 tokens was written as uint16: an OverflowError's traceback)."""
+    data = json.loads(tokenizer_json.read_text())
+    data["model"]["vocab"]["h"] = 70_000
+    tokenizer_json.write_text(json.dumps(data))
+    assert tk.load("hf", str(tokenizer_json)).vocab_size == 70_001
+    (tmp_path / "c.txt").write_text("hhh\n" * 20)
+    out = tmp_path / "t.h5"
+    assert main(["prepare", "--corpus", str(tmp_path / "c.txt"), "--tokenizer", "hf",
+                 "--tokenizer-file", str(tokenizer_json), "--out", str(out)]) == 0
+    with h5py.File(out, "r") as f:
+        assert 70_000 in f["train"][:] and f.attrs["vocab_size"] == 70_001

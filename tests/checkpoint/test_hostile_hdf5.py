@@ -3,9 +3,8 @@ and digests made to match again, so only the files' contents can tell: a dataset
 lives in another file (an external or soft link, external storage, a virtual dataset),
 one that declares more than the file stores, attributes and objects of the wrong kind,
 optimizer state of the wrong type or length, a tensor left without optimizer state, HDF5's
-own structures broken. Each
-is one readable error that names the file, never a traceback, never data read from
-outside the folder, never Adam's state silently replaced."""
+own structures broken. Each is one readable error that names the file, never a traceback,
+never data read from outside the folder, never Adam's state silently replaced."""
 
 import json
 import math

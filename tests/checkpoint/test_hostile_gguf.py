@@ -4,9 +4,10 @@ counts far past the file's end (the gguf package's own reader loops or returns s
 arrays on these), a shape whose element count wraps 64 bits, tensors outside the data
 section, overlapping or unaligned, text that is not UTF-8, keys and tensors twice,
 unknown types, a big-endian or future file, an array of arrays, a FIFO, weights that are
-not finite, a tokenizer the metadata cannot make. And the bounded reader reads a good file
-as the gguf package does."""
+not finite, a tokenizer the metadata cannot make, a block count of billions. And the
+bounded reader reads a good file as the gguf package does."""
 
+import dataclasses
 import os
 import struct
 
@@ -144,6 +145,16 @@ def test_a_missing_and_an_extra_tensor_are_refused_by_name(capsys, tmp_path):
     _model_file(tmp_path, drop)
     line = ends_with_one_error(capsys, _import(tmp_path / "m.gguf", tmp_path))
     assert "no tensor for model.layers.0.mlp.down_proj.weight" in line
+
+
+def test_a_block_count_of_billions_is_refused_at_once(capsys, tmp_path):
+    """llama.block_count = 2**31 - 1 beside one block's tensors: refused by counting them,
+    not after listing two billion blocks' names (hours, and memory without end)."""
+    ggufmodel.gguf_module()
+    cfg, state = _model_file(tmp_path)
+    ggufmodel.write(tmp_path / "m.gguf", dataclasses.replace(cfg, n_layer=2**31 - 1), state)
+    line = ends_with_one_error(capsys, _import(tmp_path / "m.gguf", tmp_path))
+    assert "tensors, but a Llama of 2,147,483,647 layers has" in line, line
 
 
 def _unknown_merge(vocabulary):

@@ -1,10 +1,10 @@
 """More checkpoints edited or damaged by someone else (the manifest re-signed to match, as
 test_hostile_hdf5's `resign` does): a link to nothing inside a checkpoint or its
 checkpoints/ folder (`ckpt ls` lists the rest and names it), counters such as adam_step
-at 2**63 - 1 (refused when the manifest is read, before a resume trains), and weights or
-Adam moments that are NaN, infinite or — for the second moment — negative (refused by
-export and resume, naming the file and tensor). Each is one readable error or a listing,
-never a traceback, and the checkpoint is left as it was."""
+at 2**63 - 1 or a loss scale of 0 (refused when the manifest is read, before a resume
+trains), and weights or Adam moments that are NaN, infinite or — for the second moment —
+negative (refused by export and resume, naming the file and tensor). Each is one readable
+error or a listing, never a traceback, and the checkpoint is left as it was."""
 
 import os
 import shutil
@@ -141,6 +141,20 @@ def test_a_resume_from_adam_step_2_63_refuses_before_training(capsys, run, tmp_p
     assert snapshot(run) == before
     assert not (tmp_path / "next" / "checkpoints").exists()
 
+
+
+def test_a_resume_from_a_loss_scale_of_0_refuses_before_training(capsys, run, tmp_path,
+                                                                  stdlib_tokens):
+    """No run writes a loss scale of 0 (a fixed one is positive, a dynamic one at least
+    1); resumed, it divided the gradients by 0: a ZeroDivisionError's traceback at the
+    first step."""
+    resign(run / CKPT, _set("state.loss_scale", 0.0))
+    before = snapshot(run)
+    line = ends_with_one_error(capsys, train_args(tmp_path / "next", stdlib_tokens,
+                                                  "train.steps=3")
+                               + ["--resume", str(run / CKPT)])
+    assert "state.loss_scale = 0.0: must be a finite number, above 0" in line, line
+    assert snapshot(run) == before
 
 # -- NaN, infinities, negative second moments ---------------------------------------------
 

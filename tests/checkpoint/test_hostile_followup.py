@@ -2,9 +2,10 @@
 test_hostile_hdf5's `resign` does): a link to nothing inside a checkpoint or its
 checkpoints/ folder (`ckpt ls` lists the rest and names it), counters such as adam_step
 at 2**63 - 1 or a loss scale of 0 (refused when the manifest is read, before a resume
-trains), and weights or Adam moments that are NaN, infinite or — for the second moment —
-negative (refused by export and resume, naming the file and tensor). Each is one readable
-error or a listing, never a traceback, and the checkpoint is left as it was."""
+trains), a recorded config nested too deep for tomllib (read past), and weights or Adam
+moments that are NaN, infinite or — for the second moment — negative (refused by export
+and resume, naming the file and tensor). Each is one readable error or a listing, never a
+traceback, and the checkpoint is left as it was."""
 
 import os
 import shutil
@@ -155,6 +156,16 @@ def test_a_resume_from_a_loss_scale_of_0_refuses_before_training(capsys, run, tm
                                + ["--resume", str(run / CKPT)])
     assert "state.loss_scale = 0.0: must be a finite number, above 0" in line, line
     assert snapshot(run) == before
+
+
+def test_a_resume_reads_past_a_recorded_config_nested_too_deep(capsys, run, tmp_path,
+                                                               stdlib_tokens):
+    """The manifest's config text is only read for the note on a changed train.steps; TOML
+    nested thousands deep made tomllib's RecursionError a traceback instead of no note."""
+    resign(run / CKPT, lambda m: m.__setitem__("config", "a = " + "[" * 5000 + "]" * 5000))
+    assert main(train_args(tmp_path / "next", stdlib_tokens, "train.steps=2")
+                + ["--resume", str(run / CKPT)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
 
 # -- NaN, infinities, negative second moments ---------------------------------------------
 

@@ -49,11 +49,11 @@ def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
                 f"writing this run directory deleted it as it rotated its checkpoints: "
                 f"checkpoint.keep); export again, naming the run directory for its latest "
                 f"checkpoint") from None
-        if isinstance(e, CheckpointError):
-            raise
+        if isinstance(e, CheckpointError) or (isinstance(e, OSError) and e.errno):
+            raise  # (the system's errors, permissions and all, name their file)
         # HDF5's structures damaged in a file whose digest matches (made to): h5py's
-        # RuntimeError, KeyError, ... or an OSError naming no file — one message, as a
-        # resume's (load.py)
+        # RuntimeError, KeyError, ... or an OSError of no errno, naming no file — one
+        # message, as a resume's (load.py)
         raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: "
                               f"{e})") from None
     finally:

@@ -242,6 +242,7 @@ def _mutated_copies(rng_cases, good: dict, work):
         yield seed, victim
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NaN scales, refused
 def test_gguf_reader_and_import(capsys, tmp_path):
     """GGUF files (F32 and Q8_0 tensors, a byte-level tokenizer in the metadata) with
     mutated headers, lengths, types and data: imported, or one error; nothing left."""

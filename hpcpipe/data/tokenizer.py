@@ -158,15 +158,27 @@ class HFTokenizer(Tokenizer):
         self._bytes = {c: b for b, c in _byte_alphabet().items()}
 
     def encode(self, data: bytes) -> list[int]:
-        return self.tokenizer.encode(data.decode("utf-8", "replace"),
-                                     add_special_tokens=False).ids
+        return self._run(self.tokenizer.encode, data.decode("utf-8", "replace"),
+                         add_special_tokens=False).ids
 
     def prompt(self, data: bytes) -> list[int]:
-        return self.tokenizer.encode(data.decode("utf-8", "replace")).ids
+        return self._run(self.tokenizer.encode, data.decode("utf-8", "replace")).ids
 
     def encode_many(self, texts: list[bytes]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(
-            [t.decode("utf-8", "replace") for t in texts], add_special_tokens=False)]
+        return [e.ids for e in self._run(self.tokenizer.encode_batch, [
+            t.decode("utf-8", "replace") for t in texts], add_special_tokens=False)]
+
+    def _run(self, call, *args, **kwargs):
+        """`call` of the tokenizers package, whose Rust panics — a tokenizer.json's regex
+        past Oniguruma's retry limit — reach Python as pyo3's PanicException, a
+        BaseException: one TokenizerError instead."""
+        try:
+            return call(*args, **kwargs)
+        except BaseException as e:
+            if type(e).__name__ != "PanicException":
+                raise
+            raise TokenizerError(f"tokenizer {self.source} gave up on the text (the "
+                                 f"tokenizers package: {str(e)[:200]})") from None
 
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces.get(token)

@@ -179,3 +179,20 @@ def test_a_tokenizer_json_whose_ids_pass_its_token_count_is_sized_by_its_largest
                  "--tokenizer-file", str(tokenizer_json), "--out", str(out)]) == 0
     with h5py.File(out, "r") as f:
         assert 70_000 in f["train"][:] and f.attrs["vocab_size"] == 70_001
+
+
+def test_a_tokenizer_json_whose_regex_gives_up_is_one_error(capsys, tmp_path, tokenizer_json):
+    """A pre-tokenizer's regex that backtracks without end hits Oniguruma's retry limit,
+    which the tokenizers package raises as a Rust panic (pyo3's PanicException, not an
+    Exception): a traceback, where a file from outside gets one error line."""
+    data = json.loads(tokenizer_json.read_text())
+    data["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a|aa)+$"},
+                             "behavior": "Isolated", "invert": False}
+    tokenizer_json.write_text(json.dumps(data))
+    (tmp_path / "c.txt").write_text("a" * 64 + "b\n")
+    assert main(["prepare", "--corpus", str(tmp_path / "c.txt"), "--tokenizer", "hf",
+                 "--tokenizer-file", str(tokenizer_json), "--out", str(tmp_path / "t.h5")]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and f"{tokenizer_json}" in lines[0] and "gave up" in lines[0], err
+    assert not (tmp_path / "t.h5").exists()

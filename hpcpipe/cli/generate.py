@@ -141,6 +141,11 @@ def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None = None) -> lis
             raise HpcpipeError(f"this model's vocabulary ({vocab_size}) is not bytes: give "
                                f"--prompt-ids, or --tokenizer gpt2 for GPT-2's BPE")
         ids = tokenizer.prompt(os.fsencode(args.prompt))  # the command line's own bytes
+        bad = [i for i in ids if not 0 <= i < vocab_size]  # (a post-processor's, say)
+        if bad:
+            raise HpcpipeError(f"--prompt: the tokenizer made token id {bad[0]}, outside "
+                               f"this model's vocabulary (0..{vocab_size - 1}); not this "
+                               f"model's tokenizer ({tokenizer.source})")
     else:
         ids = []
     if ids:

@@ -175,7 +175,7 @@ class HFTokenizer(Tokenizer):
         try:
             return call(*args, **kwargs)
         except BaseException as e:
-            if type(e).__name__ != "PanicException":
+            if not _is_panic(e):
                 raise
             raise TokenizerError(f"tokenizer {self.source} gave up on the text (the "
                                  f"tokenizers package: {str(e)[:200]})") from None
@@ -193,6 +193,12 @@ class HFTokenizer(Tokenizer):
         if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
             return bytes([int(piece[3:5], 16)])  # SentencePiece's byte fallback
         return piece.replace("\u2581", " ").encode("utf-8")
+
+
+def _is_panic(error: BaseException) -> bool:
+    """Whether `error` is a Rust panic of the tokenizers package: pyo3's PanicException,
+    a BaseException (not an Exception) that pyo3 does not export by name."""
+    return type(error).__name__ == "PanicException"
 
 
 def _byte_alphabet() -> dict[int, str]:
@@ -233,7 +239,9 @@ def load_tokenizer_json(file: str) -> HFTokenizer:
         text = data.decode("utf-8")
         config = json.loads(text)
         tokenizer = Reader.from_str(text)
-    except Exception as e:  # JSON, UTF-8 or the package's own refusal: all one message
+    except BaseException as e:  # JSON, UTF-8, the package's refusal or panic: one message
+        if not isinstance(e, Exception) and not _is_panic(e):
+            raise
         raise TokenizerError(f"tokenizer file {file} is not a tokenizer.json the tokenizers "
                              f"package reads ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(config, dict):

@@ -196,3 +196,17 @@ def test_a_tokenizer_json_whose_regex_gives_up_is_one_error(capsys, tmp_path, to
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and f"{tokenizer_json}" in lines[0] and "gave up" in lines[0], err
     assert not (tmp_path / "t.h5").exists()
+
+
+def test_a_tokenizer_json_the_package_panics_on_is_one_error(capsys, tmp_path, tokenizer_json):
+    """A Precompiled normalizer whose charsmap is not one: the tokenizers package panics
+    while reading the file (pyo3's PanicException, not an Exception)."""
+    data = json.loads(tokenizer_json.read_text())
+    data["normalizer"] = {"type": "Precompiled", "precompiled_charsmap": "AAAA"}
+    tokenizer_json.write_text(json.dumps(data))
+    (tmp_path / "c.txt").write_text("some text\n")
+    assert main(["prepare", "--corpus", str(tmp_path / "c.txt"), "--tokenizer", "hf",
+                 "--tokenizer-file", str(tokenizer_json), "--out", str(tmp_path / "t.h5")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "is not a tokenizer.json the tokenizers package reads" in lines[0]
+    assert "Cannot parse precompiled_charsmap" in lines[0]

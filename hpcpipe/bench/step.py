@@ -595,6 +595,9 @@ def _setup(args, log):
         os.environ["CUPY_TF32"] = "1"  # read when CuPy loads: before the backend is chosen
     threads = backend.limit_threads(1)  # hpcpipe's pool on every core, BLAS on one
     be = backend.select(args.device, threads=threads)
+    if args.profile_events and not be.is_gpu:  # (not after the whole measurement)
+        raise HpcpipeError("bench step: --profile-events times the layers by CUDA events: "
+                           "it needs a GPU (--profile times them on any device)")
     torch = import_torch(args.no_torch, log)
     device = "cuda" if be.is_gpu else "cpu"
     if torch is not None:

@@ -26,6 +26,7 @@ from hpcpipe import checkpoint as ckpt
 from hpcpipe.checkpoint import hf_llama, huggingface
 from hpcpipe.checkpoint.hdf5 import store
 from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.arguments import path
 from hpcpipe.util.files import OutputSet, claim_file, claim_folder
 from hpcpipe.util.schema import parse_bytes
 
@@ -50,6 +51,9 @@ GPT2_VOCAB, GPT2_EOT = 50257, 50256
 
 CHECKPOINT_HELP = ("a checkpoint folder (RUN_DIR/checkpoints/step_N), or a run directory "
                    "or its checkpoints/ for the latest")
+
+
+CONFIG_PATH = path("name a TOML file, or leave --config out for the defaults")
 
 
 def register(subparsers):
@@ -114,7 +118,7 @@ def _register_imports(sub):
                          "new or empty folder)")
         imp.add_argument("--force", action="store_true",
                          help="replace an existing checkpoint there (never other folders)")
-        imp.add_argument("--config", default=None,
+        imp.add_argument("--config", default=None, type=CONFIG_PATH,
                          help="config for the rest of the run ([train], [parallel], ...); "
                               "the model is the weights' and their config.json's (GPT-2's "
                               "n_head from there, else the file's metadata, else this "
@@ -133,7 +137,7 @@ def _register_imports(sub):
                       "or empty folder)")
     gguf.add_argument("--force", action="store_true",
                       help="replace an existing checkpoint there (never other folders)")
-    gguf.add_argument("--config", default=None,
+    gguf.add_argument("--config", default=None, type=CONFIG_PATH,
                       help="config for the rest of the run ([train], [parallel], ...); the "
                            "model is the file's")
     gguf.add_argument("--without-tokenizer", action="store_true",

@@ -143,3 +143,20 @@ def test_a_text_prompt_with_the_ids_tokenizer_says_so():
     args = argparse.Namespace(prompt="x", prompt_ids=None, tokenizer="ids")
     with pytest.raises(HpcpipeError, match="--tokenizer ids takes token ids"):
         prompt_ids(args, 256, None)  # a byte vocabulary: never "is not bytes"
+
+
+# -- empty paths --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    ["prepare", "--corpus", ""], ["prepare", "--out", ""], ["prepare", "--from", ""],
+    ["prepare", "--tokenizer", "hf", "--tokenizer-file", ""], ["plot", "runs/x", "--out", ""],
+    ["generate", "runs/x", "--tokenizer-file", ""], ["schedule", "--load-csv", ""],
+    ["ckpt", "import-hf", "x", "--out", "y", "--config", ""],
+    ["ckpt", "import-gguf", "x.gguf", "--out", "y", "--config", ""],
+    ["bench", "gpu-model", "--calibration", ""], ["bench", "stragglers", "--config", ""]])
+def test_an_empty_path_is_refused_never_taken_for_the_default(capsys, argv):
+    # `--out "$OUT"` with OUT unset: prepare tokenized the whole standard library into
+    # data/stdlib.tokens.h5, plot wrote RUN_DIR/plot.png, gpu-model predicted at the
+    # stated rates uncalibrated, import-hf used the default config — each said nothing
+    line = ends_with_one_error(capsys, argv)
+    assert "an empty path" in line

@@ -155,6 +155,10 @@ def cmd_ls(args) -> int:
     if not os.path.isdir(root):
         raise ckpt.CheckpointError(f"{args.where}: neither a run directory nor a checkpoints/ "
                                    f"folder")
+    if ckpt.is_checkpoint(args.where):  # (it would list "0 checkpoint(s)" inside it)
+        raise ckpt.CheckpointError(f"{args.where} is one checkpoint: `ckpt ls` lists a run "
+                                   f"directory's (give its run directory), `ckpt info` "
+                                   f"shows this one")
     latest = ckpt.latest(root, log=print)
     found = ckpt.list_checkpoints(root)
     print(f"{root}: {len(found)} checkpoint(s)")

@@ -87,8 +87,7 @@ def register(subparsers):
                         help="auto: by --out's suffix; hf: a Hugging Face model folder "
                              "(config.json, model.safetensors or its shards, tokenizer.json)")
     export.add_argument("--force", action="store_true", help="replace an existing file")
-    export.add_argument("--max-shard-size", type=shard_size, default=huggingface.SHARD_SIZE,
-                        metavar="SIZE",
+    export.add_argument("--max-shard-size", type=shard_size, metavar="SIZE",
                         help="safetensors: past this size the weights go to shards "
                              "model-0000i-of-0000n.safetensors with model.safetensors."
                              "index.json beside --out, as save_pretrained writes them "
@@ -393,6 +392,11 @@ def cmd_export(args) -> int:
                            f"--format hf and a folder")
     else:
         out = args.out
+    if args.max_shard_size is None:
+        args.max_shard_size = huggingface.SHARD_SIZE
+    elif not out.endswith(".safetensors"):  # (it would be ignored: one .h5 file)
+        raise HpcpipeError(f"--max-shard-size shards safetensors weights: --out {args.out} "
+                           f"is one HDF5 file; leave --max-shard-size out")
     claim_file(out, args.force, make_folder=True)  # a new folder is made, as prepare's
     folder = os.path.dirname(out)
     config_json = os.path.join(folder, huggingface.CONFIG)

@@ -160,3 +160,24 @@ def test_an_empty_path_is_refused_never_taken_for_the_default(capsys, argv):
     # stated rates uncalibrated, import-hf used the default config — each said nothing
     line = ends_with_one_error(capsys, argv)
     assert "an empty path" in line
+
+
+# -- options the command would ignore -----------------------------------------------------------
+
+def test_a_tokenizer_file_for_the_byte_tokenizer_is_refused(capsys, tmp_path):
+    # `prepare --tokenizer-file r50k_base.tiktoken` (without --tokenizer gpt2) wrote bytes
+    out = tmp_path / "x.h5"
+    for argv in (["prepare", "--tokenizer-file", "r50k_base.tiktoken", "--out", str(out)],
+                 ["prepare", "--tokenizer", "bytes", "--tokenizer-file", "t.json", "--out",
+                  str(out)]):
+        line = ends_with_one_error(capsys, argv)
+        assert "--tokenizer-file" in line and "bytes" in line
+    assert not out.exists()
+
+
+def test_a_shard_size_for_an_export_that_is_not_sharded_is_refused(capsys, tmp_path):
+    # (checked before the checkpoint is read: none is needed here)
+    out = tmp_path / "x.h5"
+    line = ends_with_one_error(capsys, ["ckpt", "export", str(tmp_path / "run"), "--out",
+                                        str(out), "--max-shard-size", "1MB"])
+    assert "--max-shard-size" in line and not out.exists()

@@ -37,7 +37,8 @@ def add_parser(sub):
                         help="the config whose model (and dp × pp × tp layout) is saved and "
                              "loaded")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="SECTION.KEY=VALUE")
+                        metavar="SECTION.KEY=VALUE",
+                        help="override one config value (repeatable), as for train")
     parser.add_argument("--dir", help="where to write: a new or empty folder, kept (default: a "
                                       "temporary folder, removed)")
     return with_json(parser, run_ckpt)

@@ -101,7 +101,8 @@ def add_parser(sub):
     p.add_argument("--tf32", action="store_true",
                    help="GPU float32 GEMMs on TF32 tensor cores, in both (CUPY_TF32=1 and "
                         "torch's allow_tf32)")
-    p.add_argument("--device", choices=backend.DEVICES, default="auto")
+    p.add_argument("--device", choices=backend.DEVICES, default="auto",
+                   help="where both run: auto (the GPU when there is one), cpu or gpu")
     p.add_argument("--warmup", type=integer(0, 10**6), default=2,
                    help="unmeasured steps of each (2)")
     p.add_argument("--repeats", type=integer(1, 10**6), default=10,

@@ -44,8 +44,8 @@ from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError
 
 from . import batches
-from .common import (LAYERS, PHASES, best_seconds, claim_json, dash, require_model, save_json,
-                     suite_parser, with_json, wrapped_layers)
+from .common import (LAYERS, PHASES, best_seconds, claim_json, dash, one_process,
+                     require_model, save_json, suite_parser, with_json, wrapped_layers)
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
@@ -630,6 +630,7 @@ def run_step(args) -> int:
     def log(msg):
         print(msg, flush=True)
 
+    one_process(args, "step")
     claim_json(args)
     be, torch, device = _setup(args, log)
     configs, batch, warmup, repeats, peak_n = _plan(args, be)

@@ -23,7 +23,7 @@ import sys
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.data.tokenizer import GPT2_FILE_URL, TextStream, Tokenizer, load
 from hpcpipe.model.sampler import Sampler
-from hpcpipe.util.arguments import integer, number
+from hpcpipe.util.arguments import integer, number, path
 from hpcpipe.util.errors import HpcpipeError
 
 MAX_TOKENS = 1 << 20
@@ -66,7 +66,7 @@ def register(subparsers):
                           "when it has one, else bytes for vocab 256, gpt2 for 50257 or "
                           "more, else ids), bytes, gpt2 (needs tiktoken), hf (a "
                           "tokenizer.json: --tokenizer-file) or ids")
-    gen.add_argument("--tokenizer-file", metavar="FILE",
+    gen.add_argument("--tokenizer-file", metavar="FILE", type=path("name the file"),
                      help="gpt2: GPT-2's BPE ranks in tiktoken's format "
                           "(r50k_base.tiktoken); hf: a tokenizer.json")
     gen.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",

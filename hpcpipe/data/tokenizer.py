@@ -257,6 +257,9 @@ def load(name: str, file: str | None = None) -> Tokenizer:
     tiktoken's format (else HPCPIPE_TOKENIZER_FILE, else tiktoken's own "gpt2" encoding),
     or for "hf" the tokenizer.json (required)."""
     if name == "bytes":
+        if file:  # (it would be ignored, the text tokenized as bytes all the same)
+            raise TokenizerError(f"--tokenizer-file {file}: the bytes tokenizer reads no "
+                                 f"file; give --tokenizer gpt2 or hf with it")
         return ByteTokenizer()
     if name == "hf":
         if not file:

@@ -94,6 +94,12 @@ def test_ls_of_a_run_whose_checkpoints_folder_is_a_link_to_nothing_is_one_error(
     assert "checkpoints: a link to" in line and "which leads nowhere" in line
 
 
+def test_ls_of_one_checkpoint_says_what_to_give_never_zero_checkpoints(capsys, run):
+    # it printed "RUN/checkpoints/step_00000001: 0 checkpoint(s)" and status 0
+    line = ends_with_one_error(capsys, ["ckpt", "ls", str(run / CKPT)])
+    assert "is one checkpoint" in line and "ckpt info" in line
+
+
 # -- counters near 2**63 -----------------------------------------------------------------
 
 def _set(field, value):

@@ -136,9 +136,10 @@ class Trainer:
         if plan.measured:
             build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
         gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be, self.log)
+        # The checkpoint before the data: a corpus is prepared only for a run that can go on.
+        resume_path, manifest = find_resume(cfg, run_dir, resume, comm, self.log)
         self.tokens = open_tokens(cfg.data, cfg.model, cfg.source, comm, self.log)
         self.data = fingerprint_of(self.tokens, comm)  # for the manifests, summary, resume
-        resume_path, manifest = find_resume(cfg, run_dir, resume, comm, self.log)
         own = resume_path is not None and os.path.abspath(resume_path).startswith(
             os.path.abspath(os.path.join(run_dir, "checkpoints")) + os.sep)
         self.run_id = run_identity(comm, manifest if own else None)

@@ -306,7 +306,7 @@ class Trainer:
             self.rank.step.finish(steps)
         trained = summary.steps > self.start_step  # (summary.steps counts earlier pieces)
         if self.apart:  # a late replica may have taken none of the tickets: the others
-            trained = self.start_step < steps  # did, and it joins their save (collective)
+            trained = max(self.comm.allgather(trained))  # did, and it joins their save
         if self.last_saved != steps and trained:
             self._save(steps)
         elif self.apart:

@@ -28,12 +28,10 @@ class BufferPool:
     def __init__(self, allocate):
         self._allocate = allocate
         self._free: list = []
-        self.allocated = 0
 
     def take(self):
         if self._free:
             return self._free.pop()
-        self.allocated += 1
         return self._allocate()
 
     def release(self, buffer):

@@ -303,7 +303,6 @@ class StaleStep(AsyncStep):
         self.share_time = None  # seconds of this replica's shares, smoothed
         self.version = 0  # updates applied to this replica's weights
         self.ran_on = 0  # the version the last step ran on
-        self.ran_for = 0  # the global step of the last step's share
         t, o = cfg.train, cfg.optim  # update u's learning rate, whoever computed its shares
         self.lr_of = lambda u: learning_rate(u - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
         self.max_norm = cfg.optim.grad_clip
@@ -323,7 +322,7 @@ class StaleStep(AsyncStep):
         self.skipped_now = False
         self._catch_up(step, k)
         version = self.ran_on = self.version
-        self.ran_for, stale = k, k - 1 - version  # (updates missing)
+        stale = k - 1 - version  # (updates missing)
         self.staleness_seen[stale] += 1
         began = time.monotonic()
         result = self._stale_gradients(runtime, step, inputs, stale)

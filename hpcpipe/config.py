@@ -38,7 +38,6 @@ from hpcpipe.schedules import flushes
 from hpcpipe.schedules.kinds import ASYNCHRONOUS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
 from hpcpipe.util.errors import ConfigError  # noqa: F401 (re-exported)
-from hpcpipe.util.schema import parse_bytes  # noqa: F401 (re-exported)
 from hpcpipe.util.sections import Exclusion, closest, coerce, read_toml, require, toml_value
 from hpcpipe.util.sections import parse_override  # noqa: F401 (re-exported)
 

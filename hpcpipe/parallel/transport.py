@@ -161,13 +161,12 @@ class Transport:
         have landed, since MPI does not wait for the device."""
         self.backend.synchronize()
 
-    def outgoing(self, array, dtype=None):
-        """`array` (converted to `dtype` when given) where MPI may read it from now on: the
-        array itself when no copy is needed, else a copy in a buffer from `empty` (release
-        it once the send or reduction is done)."""
-        dtype = array.dtype if dtype is None else np.dtype(dtype)
-        if self.staged or dtype != array.dtype:
-            buffer = self.empty(array.shape, dtype)
+    def outgoing(self, array):
+        """`array` where MPI may read it from now on: the array itself when no copy is
+        needed, else (staged) a copy in a buffer from `empty` (release it once the send or
+        reduction is done)."""
+        if self.staged:
+            buffer = self.empty(array.shape, array.dtype)
             self.fill(buffer, array)
         else:
             buffer = array

@@ -599,12 +599,6 @@ class ElasticStep(AsyncStep):
         self.last_seen = {}
 
 
-def applies(cfg) -> bool:
-    """Whether the config's replicas run apart: bounded staleness, asynchronous EASGD."""
-    p = cfg.parallel
-    return p.async_dp == "ssp" or (p.async_dp == "easgd" and not p.easgd_sync)
-
-
 def build(cfg, model, grid, transport, trace=None) -> TrainStep:
     """The step of parallel.async_dp's mode."""
     kind = StaleStep if cfg.parallel.async_dp == "ssp" else ElasticStep

@@ -48,7 +48,8 @@ def test_a_byte_order_mark_is_named(tmp_path):
 
 def test_a_model_too_deep_to_plan_is_refused(tmp_path):
     """A million blocks used to spend hours balancing them over the stages."""
-    MAX_LAYERS = config.MAX_LAYERS
+    from hpcpipe.model.section import MAX_LAYERS
+
     msg = error_of(tmp_path, "", overrides=[f"model.n_layer={MAX_LAYERS + 1}"])
     assert "model.n_layer" in msg and f"at most {MAX_LAYERS}" in msg
     assert config.load(str(tmp_path / "run.toml"),
@@ -74,8 +75,9 @@ def test_more_steps_than_a_checkpoint_can_count_are_refused(tmp_path):
     """A manifest counts steps up to 2**53 (checkpoint/manifest.py): a run configured past
     it would train and then fail at its first save beyond."""
     from hpcpipe.checkpoint.manifest import MAX_COUNT
+    from hpcpipe.runs.section import MAX_STEPS
 
-    assert config.MAX_STEPS == MAX_COUNT
+    assert MAX_STEPS == MAX_COUNT
     msg = error_of(tmp_path, "", overrides=[f"train.steps={2**53 + 1}"])
     assert "train.steps" in msg and "at most 2**53" in msg
     assert config.load(str(tmp_path / "run.toml"), [f"train.steps={2**53}"]).train.steps == 2**53

@@ -209,7 +209,7 @@ class Transport:
         if not is_16bit(dtype):
             return MPI.SUM
         if dtype not in self._sum_ops:
-            def add(inbuf, inoutbuf, datatype):
+            def add(inbuf, inoutbuf, _datatype):  # (MPI.Op.Create's signature)
                 a = np.frombuffer(inbuf, dtype=dtype)
                 b = np.frombuffer(inoutbuf, dtype=dtype)
                 b[...] = (a.astype(np.float32) + b.astype(np.float32)).astype(dtype)

@@ -130,7 +130,7 @@ class Transport:
         if not self.staged:
             return self.backend.xp.empty(shape, dtype)
         free = self._pinned.get((_shape(shape), np.dtype(dtype).str), [])
-        for i, (buffer, copying) in enumerate(free):
+        for i, (_, copying) in enumerate(free):
             # A buffer whose copy to the device may still be running is not reused yet.
             if copying is None or copying.done:
                 return free.pop(i)[0]

@@ -13,10 +13,12 @@ longer of its GPU time and its host time.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 
 from hpcpipe.devtools import shapes
+from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.files import read_bounded
+from hpcpipe.util.schema import MapOf, Mismatch, Number, Record, check, parse_json
 
 
 @dataclass(frozen=True)
@@ -70,20 +72,37 @@ GPUS = {
 }
 
 
+# What a calibration JSON may set (its other keys are gpu-check's own records): rates,
+# which divide, at least 1 a second; times in seconds; null where one was not measured.
+_RATE, _TIME = Number(1), Number(0, 60)
+CALIBRATION = Record({}, optional={
+    "elementwise_bytes_per_s": _RATE, "torch_tokens_per_s": _RATE, "kernel_s": _TIME,
+    "host_launch_s": _TIME, "sync_s": _TIME, "gemm_flops_per_s": MapOf(_RATE),
+    "gemm_shapes": MapOf(_RATE)}, extra=True)
+
+
 def calibrate(rates: GpuRates, path: str) -> GpuRates:
     """`rates` with what a calibration JSON (gpu_check's smoke writes one) measured:
     {"elementwise_bytes_per_s": .., "gemm_flops_per_s": {"bf16": .., ...},
     "kernel_s": .., "host_launch_s": .., "sync_s": .., "torch_tokens_per_s": ..}; keys
-    it lacks keep their stated values."""
-    with open(path) as f:
-        measured = json.load(f)
-    known = {"elementwise_bytes_per_s", "kernel_s", "host_launch_s", "sync_s",
-             "torch_tokens_per_s"}
-    changes = {k: float(v) for k, v in measured.items() if k in known and v is not None}
-    gemm = {**rates.gemm_flops_per_s, **{k: float(v) for k, v in
-                                        measured.get("gemm_flops_per_s", {}).items()}}
-    shapes_ = {**rates.gemm_shape_flops_per_s, **{k: float(v) for k, v in
-                                                 measured.get("gemm_shapes", {}).items()}}
+    it lacks keep their stated values. A file from outside: checked before it is used,
+    and one holding none of these refused (a prediction would say "calibrated" by it)."""
+    try:
+        measured = parse_json(read_bounded(path, 1 << 26))
+        if isinstance(measured, dict):
+            measured = {k: v for k, v in measured.items() if v is not None}
+        measured = check(CALIBRATION, measured)
+    except Mismatch as e:
+        raise HpcpipeError(f"{path}: not a calibration file from `make gpu-check`: {e}") \
+            from None
+    if not set(measured) & set(CALIBRATION.optional):
+        raise HpcpipeError(f"{path}: holds none of the rates a calibration file sets "
+                           f"({', '.join(CALIBRATION.optional)}): give `make gpu-check`'s "
+                           f"calibration.json")
+    changes = {k: v for k, v in measured.items() if k in CALIBRATION.optional and
+               not k.startswith("gemm_")}
+    gemm = {**rates.gemm_flops_per_s, **measured.get("gemm_flops_per_s", {})}
+    shapes_ = {**rates.gemm_shape_flops_per_s, **measured.get("gemm_shapes", {})}
     return replace(rates, gemm_flops_per_s=gemm, gemm_shape_flops_per_s=shapes_,
                    source=f"calibrated from {path}", **changes)
 

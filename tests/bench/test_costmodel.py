@@ -19,6 +19,7 @@ from hpcpipe.devtools.rates import GPUS, calibrate, kernel_seconds
 from hpcpipe.devtools import kernelmodel
 from hpcpipe.model.layers import embedding, layernorm, linear
 from hpcpipe.model import GPTConfig
+from harness.hostile import ends_with_one_error
 from harness.mpirun import run
 
 SMALL = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16)
@@ -172,6 +173,23 @@ def test_calibration_replaces_the_rates_it_measured(tmp_path):
     assert rates.gemm_flops_per_s["bf16"] == 700e12
     assert rates.gemm_flops_per_s["fp32"] == GPUS["h200"].gemm_flops_per_s["fp32"]
     assert rates.kernel_s == GPUS["h200"].kernel_s
+
+
+@pytest.mark.parametrize("text, says", [
+    ("not json", "not valid JSON"), ("[1, 2]", "must be an object"),
+    ('{"elementwise_bytes_per_s": "fast"}', "elementwise_bytes_per_s"),
+    ('{"elementwise_bytes_per_s": 0}', "elementwise_bytes_per_s"),
+    ('{"gemm_flops_per_s": {"bf16": -1}}', "gemm_flops_per_s.bf16"),
+    ('{"gemm_flops_per_s": [1]}', "gemm_flops_per_s"),
+    ('{"suite": "ckpt", "rows": []}', "none of the rates")])
+def test_a_calibration_that_is_not_one_is_refused_naming_the_file(capsys, tmp_path, text, says):
+    # a file from outside: never a traceback, never a prediction labelled "calibrated from"
+    # it that took nothing from it (another suite's --json given by mistake)
+    path = tmp_path / "calibration.json"
+    path.write_text(text)
+    line = ends_with_one_error(capsys, ["bench", "gpu-model", "--model", "smoke", "--batch",
+                                        "2", "--calibration", str(path)])
+    assert str(path) in line and says in line
 
 
 def test_real_text_and_zipf_repeat_tokens_that_uniform_draws_do_not():

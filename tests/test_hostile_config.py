@@ -79,3 +79,10 @@ def test_more_steps_than_a_checkpoint_can_count_are_refused(tmp_path):
     msg = error_of(tmp_path, "", overrides=[f"train.steps={2**53 + 1}"])
     assert "train.steps" in msg and "at most 2**53" in msg
     assert config.load(str(tmp_path / "run.toml"), [f"train.steps={2**53}"]).train.steps == 2**53
+
+
+def test_a_pipeline_of_more_stages_than_memory_holds_is_one_error(tmp_path):
+    """parallel.pp = 2**53 used to build a tuple of one recomputation per stage first, and
+    end in a bare MemoryError."""
+    msg = error_of(tmp_path, "", overrides=[f"parallel.pp={2**53}"])
+    assert "parallel.pp" in msg and "every stage needs at least half" in msg

@@ -86,3 +86,15 @@ def test_a_pipeline_of_more_stages_than_memory_holds_is_one_error(tmp_path):
     end in a bare MemoryError."""
     msg = error_of(tmp_path, "", overrides=[f"parallel.pp={2**53}"])
     assert "parallel.pp" in msg and "every stage needs at least half" in msg
+
+
+def test_optimizer_numbers_are_named_in_their_own_section(tmp_path):
+    """optim.beta2 used to be named train.beta2 (its place before issue 58), and an
+    optim.eps past float32 printed numpy's overflow warning above the error."""
+    import warnings
+
+    assert error_of(tmp_path, "", overrides=["optim.beta2=1.5"]).startswith(
+        f"{tmp_path / 'run.toml'} (with --set): optim.beta2 = 1.5")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "optim.eps = 1e+300" in error_of(tmp_path, "", overrides=["optim.eps=1e300"])

@@ -98,3 +98,12 @@ def test_optimizer_numbers_are_named_in_their_own_section(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert "optim.eps = 1e+300" in error_of(tmp_path, "", overrides=["optim.eps=1e300"])
+
+
+def test_a_loss_scale_whose_inverse_overflows_float32_is_refused(tmp_path):
+    """train.loss_scale = 1e-300 was accepted, and every step's unscaling (1 / scale, in
+    float32) was inf: a run of NaN losses and skipped updates under numpy's warnings."""
+    msg = error_of(tmp_path, "", overrides=["train.loss_scale=1e-300"])
+    assert "train.loss_scale = 1e-300" in msg and "at least 2.94e-39" in msg
+    assert config.load(str(tmp_path / "run.toml"),
+                       ["train.loss_scale=3e-39"]).train.loss_scale == 3e-39

@@ -13,10 +13,14 @@ longer of its GPU time and its host time.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 
 from hpcpipe.devtools import shapes
+from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.files import TooLarge, read_bounded
+from hpcpipe.util.schema import MapOf, Mismatch, Number, Record, parse_json
+
+MAX_CALIBRATION_BYTES = 16 * 2**20  # a page of rates, with gpu-check's notes
 
 
 @dataclass(frozen=True)
@@ -70,20 +74,34 @@ GPUS = {
 }
 
 
+_RATE, _SECONDS = Number(1), Number(0)  # (a rate divides: a real one is far above 1/s)
+_SCALARS = {"elementwise_bytes_per_s": _RATE, "kernel_s": _SECONDS, "host_launch_s": _SECONDS,
+            "sync_s": _SECONDS, "torch_tokens_per_s": _SECONDS}
+_CALIBRATION = Record({}, optional={**_SCALARS, "gemm_flops_per_s": MapOf(_RATE),
+                                    "gemm_shapes": MapOf(_RATE)}, extra=True)
+
+
 def calibrate(rates: GpuRates, path: str) -> GpuRates:
     """`rates` with what a calibration JSON (gpu_check's smoke writes one) measured:
     {"elementwise_bytes_per_s": .., "gemm_flops_per_s": {"bf16": .., ...},
     "kernel_s": .., "host_launch_s": .., "sync_s": .., "torch_tokens_per_s": ..}; keys
-    it lacks keep their stated values."""
-    with open(path) as f:
-        measured = json.load(f)
-    known = {"elementwise_bytes_per_s", "kernel_s", "host_launch_s", "sync_s",
-             "torch_tokens_per_s"}
-    changes = {k: float(v) for k, v in measured.items() if k in known and v is not None}
-    gemm = {**rates.gemm_flops_per_s, **{k: float(v) for k, v in
-                                        measured.get("gemm_flops_per_s", {}).items()}}
-    shapes_ = {**rates.gemm_shape_flops_per_s, **{k: float(v) for k, v in
-                                                 measured.get("gemm_shapes", {}).items()}}
+    it lacks (or holds as null) keep their stated values. The file may come from
+    elsewhere: every value it gives is checked (a finite number, a rate at least 1 per
+    second), else an HpcpipeError naming the file and the key."""
+    try:
+        measured = parse_json(read_bounded(path, MAX_CALIBRATION_BYTES))
+        if isinstance(measured, dict):
+            measured = {k: v for k, v in measured.items() if not (k in _SCALARS and v is None)}
+        measured = _CALIBRATION.check(measured)
+    except TooLarge:
+        raise HpcpipeError(f"{path}: over {MAX_CALIBRATION_BYTES:,} bytes: not a calibration "
+                           f"file") from None
+    except Mismatch as e:
+        raise HpcpipeError(f"{path}: {e} (a calibration file, as make gpu-check writes)") \
+            from None
+    changes = {k: v for k, v in measured.items() if k in _SCALARS}
+    gemm = {**rates.gemm_flops_per_s, **measured.get("gemm_flops_per_s", {})}
+    shapes_ = {**rates.gemm_shape_flops_per_s, **measured.get("gemm_shapes", {})}
     return replace(rates, gemm_flops_per_s=gemm, gemm_shape_flops_per_s=shapes_,
                    source=f"calibrated from {path}", **changes)
 

@@ -19,6 +19,7 @@ from hpcpipe.devtools.rates import GPUS, calibrate, kernel_seconds
 from hpcpipe.devtools import kernelmodel
 from hpcpipe.model.layers import embedding, layernorm, linear
 from hpcpipe.model import GPTConfig
+from hpcpipe.util.errors import HpcpipeError
 from harness.mpirun import run
 
 SMALL = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16)
@@ -179,6 +180,31 @@ def test_calibration_replaces_the_rates_it_measured(tmp_path):
     assert rates.gemm_flops_per_s["bf16"] == 700e12
     assert rates.gemm_flops_per_s["fp32"] == GPUS["h200"].gemm_flops_per_s["fp32"]
     assert rates.kernel_s == GPUS["h200"].kernel_s
+
+
+@pytest.mark.parametrize("text, says", [
+    ("nope", "not valid JSON"), ("[]", "must be an object"),
+    ('{"kernel_s": "abc"}', "kernel_s"), ('{"elementwise_bytes_per_s": 0}', "at least 1"),
+    ('{"gemm_flops_per_s": {"bf16": 0}}', "gemm_flops_per_s.bf16"),
+    ('{"gemm_flops_per_s": []}', "gemm_flops_per_s"), ('{"gemm_shapes": 5}', "gemm_shapes"),
+    ('{"kernel_s": -1}', "at least 0"), ('{"sync_s": 1e400}', "finite"),
+    ('{"gemm_flops_per_s": {"bf16": NaN}}', "NaN")])
+def test_a_calibration_that_is_not_one_is_one_error(tmp_path, text, says):
+    """`bench gpu-model --calibration FILE` used to end in a JSONDecodeError, an
+    AttributeError or a ZeroDivisionError traceback, or print a step of negative or
+    infinite milliseconds, for a file that was not a calibration."""
+    path = tmp_path / "calibration.json"
+    path.write_text(text)
+    with pytest.raises(HpcpipeError, match="calibration.json") as e:
+        calibrate(GPUS["h200"], str(path))
+    assert says in str(e.value)
+
+
+def test_a_calibration_without_some_measurements_keeps_the_stated_ones(tmp_path):
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"kernel_s": None, "torch_tokens_per_s": None, "gpu": "x",
+                                "kernel_s_note": [1]}))
+    assert calibrate(GPUS["h200"], str(path)).kernel_s == GPUS["h200"].kernel_s
 
 
 def test_real_text_and_zipf_repeat_tokens_that_uniform_draws_do_not():

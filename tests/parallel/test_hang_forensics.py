@@ -183,3 +183,38 @@ def test_the_wait_for_graph_names_a_cycle_and_a_dead_peer():
                                                 "seconds": 9.0})}
     assert analyse(dead)[1] == ["rank 2 left no dump, and rank(s) 0, 1 wait on it: dead, or "
                                 "stuck where Python cannot run"]
+
+
+def test_a_window_wait_is_read_back_and_a_recv_without_its_peer_left_out(tmp_path):
+    """An asynchronous run's rank waiting on an MPI window dumps the kind "window"
+    (parallel/asyncdp/windows.py), which `doctor` left out as 'not a hang dump' — and then
+    called that rank dead; a receive that names no peer ended describe() in an IndexError."""
+    from hpcpipe.parallel.beacon import Beacon
+    from hpcpipe.runs.hangs import read_dumps
+
+    beacon = Beacon(world_rank=1, coords=(0, 1, 0))
+    beacon.waiting("window", "the updates through step 3")
+    (tmp_path / HANGS).mkdir()
+    (tmp_path / HANGS / "rank-00001.json").write_text(json.dumps(
+        {**beacon.snapshot(), "reason": "test", "time": 100.0}))
+    (tmp_path / HANGS / "rank-00002.json").write_text(json.dumps(
+        _dump(2, {**_recv(0), "peers": []})))
+    dumps, problems = read_dumps(str(tmp_path))
+    assert list(dumps) == [1] and "rank-00002.json: not a hang dump" in problems[0]
+    assert "waits on the updates through step 3" in analyse(dumps)[0][0]
+
+
+def test_collectives_in_mismatched_orders_on_many_ranks_are_named_at_once():
+    """Half of 12 ranks in one collective over the world, half in another: every rank waits
+    on every rank of the other half, round too many cycles to list — the walk that listed
+    them all (923) took 52 s here, hours at 16 ranks."""
+    from hpcpipe.runs.hangs import MAX_CYCLES
+
+    start = time.monotonic()
+    dumps = {r: _dump(r, {"kind": "collective", "what": f"{'AB'[r % 2]} over world",
+                          "peers": list(range(12)), "tag": None, "seconds": 9.0})
+             for r in range(12)}
+    findings = analyse(dumps)[1]
+    assert time.monotonic() - start < 5
+    cycles = [f for f in findings if "round a cycle" in f]
+    assert len(cycles) == MAX_CYCLES + 1 and "not all listed" in cycles[-1]

@@ -125,3 +125,16 @@ def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdli
                     "model.block_size=16", f"train.steps={saved[0][0] + 3}",
                     resume=saved[0][1])  # (the shape of test_preemption's runs)
     assert resumed.returncode == 0, resumed.stderr
+
+
+def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_tokens):
+    """A replay with train.steps = 5 of a 7-step record ran all 7 recorded steps ("step
+    7/5") and saved a checkpoint at step 7 of a 5-step run: the replay now stops where a
+    run of 5 steps stops, at the first recorded ticket past its budget (dp × 5)."""
+    settings = ['parallel.async_dp="ssp"', "parallel.staleness=2"]
+    recorded = tmp_path / "recorded"
+    assert train(recorded, stdlib_tokens, *settings).returncode == 0
+    proc = train(tmp_path / "replayed", stdlib_tokens, *settings, "train.steps=5",
+                 f'parallel.async_replay="{recorded}"')
+    assert proc.returncode == 0, proc.stderr
+    assert "done: 5 steps" in proc.stdout and "step 6/5" not in proc.stdout, proc.stdout

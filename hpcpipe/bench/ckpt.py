@@ -34,9 +34,11 @@ def add_parser(sub):
     parser = suite_parser(sub, "ckpt",
                           "checkpoint save / verify / load time and size", __doc__, EPILOG)
     parser.add_argument("config", metavar="CONFIG",
-                        help="the config whose model (and dp × pp layout) is saved and loaded")
+                        help="the config whose model (and dp × pp × tp layout) is saved and "
+                             "loaded")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="SECTION.KEY=VALUE")
+                        metavar="SECTION.KEY=VALUE",
+                        help="override one config value (repeatable), as for train")
     parser.add_argument("--dir", help="where to write: a new or empty folder, kept (default: a "
                                       "temporary folder, removed)")
     return with_json(parser, run_ckpt)
@@ -50,7 +52,8 @@ def run_ckpt(args) -> int:
     cfg = config.for_world(config.load(args.config, args.overrides), world.size)
     parallel, train = cfg.parallel, cfg.train
     grid = gridlib.build(world, parallel.dp, parallel.pp, parallel.rank_order,
-                         source=cfg.source, asynchronous=not flushes(parallel.schedule))
+                         source=cfg.source, tp=parallel.tp,
+                         asynchronous=not flushes(parallel.schedule))
     be = backend.select(train.device, grid.local_rank)
     every_rank_does(world, lambda: check_run(cfg, be, grid.local_size))
     plan = build_plan(cfg)  # (auto: the schedule it profiles on)
@@ -76,8 +79,9 @@ def run_ckpt(args) -> int:
         params = sum(f["size"] for n, f in manifest["files"].items() if n.startswith("model"))
         optim = sum(f["size"] for n, f in manifest["files"].items() if n.startswith("optim"))
         print(f"{args.config}: {cfg.model.n_layer} layers, n_embd {cfg.model.n_embd}, vocab "
-              f"{cfg.model.vocab_size}, {train.dtype}, dp {parallel.dp} × pp {parallel.pp} "
-              f"(model built in {built:.1f} s)")
+              f"{cfg.model.vocab_size}, {train.dtype}, dp {parallel.dp} × pp {parallel.pp}"
+              f"{f' × tp {parallel.tp}' if parallel.tp > 1 else ''} (model built in "
+              f"{built:.1f} s)")
         print("| save s | verify s | load s | parameters MiB | optimizer MiB | total MiB |")
         print("|---|---|---|---|---|---|")
         print(f"| {saved.seconds:.2f} | {verify_s:.2f} | {load_s:.2f} | {params / 2**20:.1f} | "

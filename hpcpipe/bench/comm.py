@@ -203,7 +203,7 @@ def _allreduce(dgrid, transport, nbytes: int, repeats: int, bucket_mb: float) ->
         sync.wait()
 
     def reduce_raw():
-        transport.allreduce_sum(world, raw_buf)
+        transport.allreduce_sum(world, raw_buf, what="the benchmark's all-reduce")
 
     ours = _median_time(reduce_hpcpipe, repeats, world)
     raw = _median_time(reduce_raw, repeats, world)

@@ -27,6 +27,7 @@ from hpcpipe.model.layers import (
     swiglu,
 )
 from hpcpipe.schedules import from_costs
+from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_file, write_text_atomic
 
 
@@ -119,6 +120,14 @@ def best_seconds(fn, sync, repeats: int = 3) -> float:
         sync()
         best = min(best, time.perf_counter() - tick)
     return best
+
+
+def one_process(args, suite: str):
+    """Refuse a launch of several ranks for a suite that times one process on every core:
+    its copies would share the cores, each timing the others, and race for one --json."""
+    if args.job.world().size > 1:
+        raise HpcpipeError(f"bench {suite} runs in one process (it uses every core itself): "
+                           f"launch it without mpiexec or srun")
 
 
 def claim_json(args):

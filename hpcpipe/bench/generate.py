@@ -16,7 +16,8 @@ from hpcpipe.model import family
 from hpcpipe.model.sampler import Sampler
 from hpcpipe.util.arguments import integer
 
-from .common import claim_json, require_model, suite_parser, with_json, write_json
+from .common import (claim_json, one_process, require_model, suite_parser, with_json,
+                     write_json)
 
 EPILOG = """\
 examples:
@@ -52,6 +53,7 @@ def tokens_per_second(sampler: Sampler, count: int, repeats: int) -> list[float]
 
 
 def run_generate(args) -> int:
+    one_process(args, "generate")
     claim_json(args)
     cfg = config.load(args.config, args.overrides)
     backend.limit_threads(1)  # as `generate` runs: a token's products are too small to share

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from hpcpipe.util.arguments import integer
+from hpcpipe.util.arguments import integer, path
 from hpcpipe.device.dtypes import DTYPES
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.bench import costmodel
@@ -59,6 +59,7 @@ def add_parser(sub):
                    help="h100 (default): the rates an H100 measured (MEASURED_H100); h200: "
                         "stated rates, never measured on this code")
     p.add_argument("--calibration", metavar="FILE",
+                   type=path("name the file, or leave --calibration out"),
                    help="measured rates (JSON, from make gpu-check) replacing the others")
     return with_json(p, run_gpu_model)
 

@@ -23,6 +23,7 @@ from hpcpipe.schedules import ScheduleError, from_costs, generate, peak_activati
 from hpcpipe.schedules.recompute import Mode
 from hpcpipe.train.rank import Rank
 from hpcpipe.util import timeline
+from hpcpipe.util.arguments import integer
 from hpcpipe.util.files import pyplot, save_figure
 
 
@@ -145,8 +146,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcpipe.bench.memory",
                                      description=main.__doc__)
     parser.add_argument("--pareto", metavar="PNG", required=True, help="the picture to write")
-    parser.add_argument("--pp", type=int, default=2, help="pipeline stages (2)")
-    parser.add_argument("--microbatches", type=int, default=4, help="microbatches (4)")
+    parser.add_argument("--pp", type=integer(1), default=2, help="pipeline stages (2)")
+    parser.add_argument("--microbatches", type=integer(1), default=4, help="microbatches (4)")
     args = parser.parse_args(argv)
     fronts = {}
     for name, shape in README_MODELS.items():

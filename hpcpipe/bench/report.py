@@ -20,6 +20,7 @@ import platform
 import time
 
 from hpcpipe import __version__
+from hpcpipe.util.errors import HpcpipeError, os_error_text
 from hpcpipe.util.files import pyplot, read_bounded, save_figure, write_text_atomic
 
 from .common import dash, machine_name, schedule_label, size_label
@@ -37,7 +38,10 @@ def load_parts(folder: str) -> dict:
     """{suite name: its JSON object} for every *.json in `folder` that names a suite."""
     parts = {}
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
-        data = json.loads(read_bounded(path, MAX_PART_BYTES))  # never a FIFO, never huge
+        try:  # never a FIFO, never huge (NaN allowed: the suites' json.dumps writes it)
+            data = json.loads(read_bounded(path, MAX_PART_BYTES))
+        except ValueError as e:
+            raise HpcpipeError(f"{path}: not valid JSON ({e})") from None
         if isinstance(data, dict) and "suite" in data:
             parts[data["suite"]] = data
     return parts
@@ -311,7 +315,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="bench/results", help="where to write (bench/results)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib)")
     args = parser.parse_args(argv)
-    parts = load_parts(args.parts)
+    try:
+        parts = load_parts(args.parts)
+    except (HpcpipeError, OSError) as e:
+        parser.error(os_error_text(e) if isinstance(e, OSError) else str(e))
     if not parts:
         parser.error(f"no suite results (*.json naming a suite) in {args.parts}")
     paths = write(combine(parts, simulations()), args.out, make_plots=not args.no_plots)

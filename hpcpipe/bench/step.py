@@ -44,8 +44,8 @@ from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError
 
 from . import batches
-from .common import (LAYERS, PHASES, best_seconds, claim_json, dash, require_model, save_json,
-                     suite_parser, with_json, wrapped_layers)
+from .common import (LAYERS, PHASES, best_seconds, claim_json, dash, one_process,
+                     require_model, save_json, suite_parser, with_json, wrapped_layers)
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
@@ -101,7 +101,8 @@ def add_parser(sub):
     p.add_argument("--tf32", action="store_true",
                    help="GPU float32 GEMMs on TF32 tensor cores, in both (CUPY_TF32=1 and "
                         "torch's allow_tf32)")
-    p.add_argument("--device", choices=backend.DEVICES, default="auto")
+    p.add_argument("--device", choices=backend.DEVICES, default="auto",
+                   help="where both run: auto (the GPU when there is one), cpu or gpu")
     p.add_argument("--warmup", type=integer(0, 10**6), default=2,
                    help="unmeasured steps of each (2)")
     p.add_argument("--repeats", type=integer(1, 10**6), default=10,
@@ -595,6 +596,9 @@ def _setup(args, log):
         os.environ["CUPY_TF32"] = "1"  # read when CuPy loads: before the backend is chosen
     threads = backend.limit_threads(1)  # hpcpipe's pool on every core, BLAS on one
     be = backend.select(args.device, threads=threads)
+    if args.profile_events and not be.is_gpu:  # (not after the whole measurement)
+        raise HpcpipeError("bench step: --profile-events times the layers by CUDA events: "
+                           "it needs a GPU (--profile times them on any device)")
     torch = import_torch(args.no_torch, log)
     device = "cuda" if be.is_gpu else "cpu"
     if torch is not None:
@@ -626,6 +630,7 @@ def run_step(args) -> int:
     def log(msg):
         print(msg, flush=True)
 
+    one_process(args, "step")
     claim_json(args)
     be, torch, device = _setup(args, log)
     configs, batch, warmup, repeats, peak_n = _plan(args, be)

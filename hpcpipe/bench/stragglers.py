@@ -51,7 +51,7 @@ from hpcpipe.parallel.asyncdp.windows import poke
 from hpcpipe.parallel.section import SSP_CORRECTIONS
 from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import generate
-from hpcpipe.util.arguments import integer, number
+from hpcpipe.util.arguments import integer, number, path
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_figure, pyplot, save_figure
 
@@ -83,6 +83,8 @@ def add_parser(sub):
     parser = suite_parser(sub, "stragglers", "one replica slowed: synchronous dp, local "
                           "SGD, bounded staleness, elastic averaging", __doc__, EPILOG)
     parser.add_argument("--config", default="inputs/tiny.toml",
+                        type=path("name a TOML file, or leave --config out for "
+                                  "inputs/tiny.toml"),
                         help="the model, data and optimizer (inputs/tiny.toml)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a config key (repeatable), as for train")

@@ -23,7 +23,15 @@ import re
 import numpy as np
 
 from hpcpipe.checkpoint.gguf_file import GGUFError, Header, read_tensor
-from hpcpipe.model.llama_layout import EMBED, HEAD, NORM, LlamaConfig, param_layout, prefix
+from hpcpipe.model.llama_layout import (
+    EMBED,
+    HEAD,
+    NORM,
+    LlamaConfig,
+    param_layout,
+    prefix,
+    tensor_count,
+)
 
 # GGUF's tensor names → Hugging Face's (per block without `blk.{l}.` / `model.layers.{l}.`)
 GLOBAL = {"token_embd.weight": EMBED, "output_norm.weight": NORM, "output.weight": HEAD}
@@ -146,7 +154,11 @@ def check_shapes(header: Header, model: dict, source: str) -> dict[str, str]:
     model's with its shapes (before any is read: what they would take in memory is then
     the model's size)."""
     mapping = names(header, model, source)
-    expected = dict(param_layout(LlamaConfig(**model)))
+    shape = LlamaConfig(**model)
+    if shape.n_layer > len(mapping):  # counted before the layout is listed: it could be huge
+        raise GGUFError(f"{source}: {len(mapping)} tensors, but a Llama of {shape.n_layer:,} "
+                        f"layers has {tensor_count(shape):,} (llama.block_count)")
+    expected = dict(param_layout(shape))
     missing = sorted(set(expected) - set(mapping.values()))
     if missing:
         raise GGUFError(f"{source}: no tensor for {', '.join(missing[:3])}")

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from hpcpipe.checkpoint.huggingface import HuggingFaceError
-from hpcpipe.model.llama_layout import EMBED, HEAD, LlamaConfig, param_layout
+from hpcpipe.model.llama_layout import EMBED, HEAD, LlamaConfig, param_layout, tensor_count
 
 __all__ = ["EMBED", "HEAD", "MODEL_TYPES", "architecture", "check_tensors", "hf_config"]
 
@@ -150,6 +150,10 @@ def check_tensors(tensors: dict, model: dict, source: str) -> dict:
                                    f"{EMBED}, but config.json ties them "
                                    f"(tie_word_embeddings): not one model")
         del tensors[HEAD]
+    if shape.n_layer > len(tensors):  # counted before the layout is listed: it could be huge
+        raise HuggingFaceError(f"{source}: {len(tensors)} tensors, but a Llama of "
+                               f"{shape.n_layer:,} layers has {tensor_count(shape):,} "
+                               f"(config.json's num_hidden_layers)")
     expected = dict(param_layout(shape))
     missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or extra:

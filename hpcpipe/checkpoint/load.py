@@ -13,15 +13,16 @@ from hpcpipe.checkpoint.hdf5 import H5_ERRORS, Reader
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.parts import Saved, listed
 from hpcpipe.checkpoint.verify import check_model
+from hpcpipe.parallel.beacon import Announced
 from hpcpipe.util.state import StateError
 
 
-def load(parts, grid, model, path: str, manifest: dict, layout: dict) -> dict:
+def load(parts, grid, model, path: str, manifest: dict, layout: dict, beacon=None) -> dict:
     """Load the checkpoint at `path` into this rank's `parts` (in their order; collective
     over `grid.world`: a failure on any rank is one CheckpointError on every rank).
     `model`: the config's model shape (the checkpoint's must be it); `layout`: this run's,
-    as a checkpoint of it would record it. Returns the manifest's `state`, with `step`
-    added."""
+    as a checkpoint of it would record it; `beacon`: the rank's (parallel/beacon.py), told
+    of the wait for the other ranks. Returns the manifest's `state`, with `step` added."""
     reader = Reader(path, manifest, verified=True)
     error = None
     try:
@@ -35,7 +36,9 @@ def load(parts, grid, model, path: str, manifest: dict, layout: dict) -> dict:
         error = f"{path}: unreadable checkpoint ({type(e).__name__}: {e})"
     finally:
         reader.close()
-    errors = [e for e in grid.world.allgather(error) if e]
+    world = grid.world if beacon is None else Announced(
+        grid.world, beacon, f"the load of the checkpoint of step {manifest['step']}")
+    errors = [e for e in world.allgather(error) if e]
     if errors:
         raise CheckpointError(errors[0])
     state = dict(manifest.get("state", {}))

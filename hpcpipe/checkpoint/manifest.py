@@ -86,7 +86,8 @@ SCHEMA = Record({
                                # code of 2026-12-06 that had them: read, never written
                                "cuts": ListOf(ListOf(Int(0), 2, 4))}),
     "adam_step": _COUNT,
-    "state": Record({}, optional={"loss_scale": Number(0), "good_steps": _COUNT,
+    # (a loss scale is never 0: a fixed one is positive, a dynamic one at least 1)
+    "state": Record({}, optional={"loss_scale": Number(0, above=True), "good_steps": _COUNT,
                                   "lr_step": _COUNT, "data_step": _COUNT, "seed": Int(0),
                                   "clipping": Int(0, 1), "stream_origin": _COUNT,
                                   "stream_newest": _COUNT,

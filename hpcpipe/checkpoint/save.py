@@ -28,6 +28,7 @@ from hpcpipe.checkpoint.retention import (
     run_of,
     step_name,
 )
+from hpcpipe.parallel.beacon import Announced
 from hpcpipe.util.errors import root_does
 from hpcpipe.util.files import exchange, fsync_dir, write_buffered
 
@@ -55,7 +56,8 @@ class Saved:
 
 def save(parts, grid, origin: Origin, step: int, run_dir: str, layout: dict, state: dict,
          adam_step: int = 0, keep: int = 2, keep_every: int = 0, run: str | None = None,
-         data: dict | None = None, tokenizer: tuple[bytes, dict] | None = None) -> Saved:
+         data: dict | None = None, tokenizer: tuple[bytes, dict] | None = None,
+         beacon=None) -> Saved:
     """Write a checkpoint of every rank's `parts` (util.state.Stateful, in the order they
     load) at `step` — a collective over `grid.world`; `origin` the run's resolved config,
     model shape and dtype, recorded in the manifest; `layout` is the manifest's record
@@ -67,8 +69,10 @@ def save(parts, grid, origin: Origin, step: int, run_dir: str, layout: dict, sta
     state: the run's own numbers to restore (e.g. the loss-scaler's), stored in the
     manifest. Returns where it went, how long it took and its size (on every rank). A
     failure on any rank — a full disk — is one CheckpointError on every rank, the
-    temporary folder removed and the previous checkpoint as it was."""
-    world = grid.world
+    temporary folder removed and the previous checkpoint as it was. `beacon`: the rank's
+    (parallel/beacon.py), told of every wait for the other ranks."""
+    world = grid.world if beacon is None else Announced(
+        grid.world, beacon, f"the save of the checkpoint of step {step}")
     run = run or new_run_id()
     start = time.perf_counter()
     root = root_of(run_dir)

@@ -14,7 +14,7 @@ import numpy as np
 
 from hpcpipe.checkpoint import manifest as manifests
 from hpcpipe.checkpoint import parts
-from hpcpipe.checkpoint.hdf5 import Reader
+from hpcpipe.checkpoint.hdf5 import H5_ERRORS, Reader
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.manifest import read as read_manifest
 from hpcpipe.checkpoint.save import Origin, carry_tokenizer
@@ -42,14 +42,20 @@ def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict]:
         for name in {t["file"] for t in manifest["tensors"].values()}:
             reader.file(name)
         return {name: reader.tensor(name) for name in manifest["tensors"]}, manifest
-    except (CheckpointError, OSError):
+    except (CheckpointError, *H5_ERRORS) as e:
         if not os.path.isfile(os.path.join(path, manifests.MANIFEST)):
             raise CheckpointError(
                 f"{path}: the checkpoint was removed while it was being read (a run still "
                 f"writing this run directory deleted it as it rotated its checkpoints: "
                 f"checkpoint.keep); export again, naming the run directory for its latest "
                 f"checkpoint") from None
-        raise
+        if isinstance(e, CheckpointError) or (isinstance(e, OSError) and e.errno):
+            raise  # (the system's errors, permissions and all, name their file)
+        # HDF5's structures damaged in a file whose digest matches (made to): h5py's
+        # RuntimeError, KeyError, ... or an OSError of no errno, naming no file — one
+        # message, as a resume's (load.py)
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: "
+                              f"{e})") from None
     finally:
         reader.close()
 

@@ -26,6 +26,7 @@ from hpcpipe import checkpoint as ckpt
 from hpcpipe.checkpoint import hf_llama, huggingface
 from hpcpipe.checkpoint.hdf5 import store
 from hpcpipe.util.errors import HpcpipeError
+from hpcpipe.util.arguments import path
 from hpcpipe.util.files import OutputSet, claim_file, claim_folder
 from hpcpipe.util.schema import parse_bytes
 
@@ -50,6 +51,9 @@ GPT2_VOCAB, GPT2_EOT = 50257, 50256
 
 CHECKPOINT_HELP = ("a checkpoint folder (RUN_DIR/checkpoints/step_N), or a run directory "
                    "or its checkpoints/ for the latest")
+
+
+CONFIG_PATH = path("name a TOML file, or leave --config out for the defaults")
 
 
 def register(subparsers):
@@ -83,8 +87,7 @@ def register(subparsers):
                         help="auto: by --out's suffix; hf: a Hugging Face model folder "
                              "(config.json, model.safetensors or its shards, tokenizer.json)")
     export.add_argument("--force", action="store_true", help="replace an existing file")
-    export.add_argument("--max-shard-size", type=shard_size, default=huggingface.SHARD_SIZE,
-                        metavar="SIZE",
+    export.add_argument("--max-shard-size", type=shard_size, metavar="SIZE",
                         help="safetensors: past this size the weights go to shards "
                              "model-0000i-of-0000n.safetensors with model.safetensors."
                              "index.json beside --out, as save_pretrained writes them "
@@ -114,7 +117,7 @@ def _register_imports(sub):
                          "new or empty folder)")
         imp.add_argument("--force", action="store_true",
                          help="replace an existing checkpoint there (never other folders)")
-        imp.add_argument("--config", default=None,
+        imp.add_argument("--config", default=None, type=CONFIG_PATH,
                          help="config for the rest of the run ([train], [parallel], ...); "
                               "the model is the weights' and their config.json's (GPT-2's "
                               "n_head from there, else the file's metadata, else this "
@@ -133,7 +136,7 @@ def _register_imports(sub):
                       "or empty folder)")
     gguf.add_argument("--force", action="store_true",
                       help="replace an existing checkpoint there (never other folders)")
-    gguf.add_argument("--config", default=None,
+    gguf.add_argument("--config", default=None, type=CONFIG_PATH,
                       help="config for the rest of the run ([train], [parallel], ...); the "
                            "model is the file's")
     gguf.add_argument("--without-tokenizer", action="store_true",
@@ -151,6 +154,10 @@ def cmd_ls(args) -> int:
     if not os.path.isdir(root):
         raise ckpt.CheckpointError(f"{args.where}: neither a run directory nor a checkpoints/ "
                                    f"folder")
+    if ckpt.is_checkpoint(args.where):  # (it would list "0 checkpoint(s)" inside it)
+        raise ckpt.CheckpointError(f"{args.where} is one checkpoint: `ckpt ls` lists a run "
+                                   f"directory's (give its run directory), `ckpt info` "
+                                   f"shows this one")
     latest = ckpt.latest(root, log=print)
     found = ckpt.list_checkpoints(root)
     print(f"{root}: {len(found)} checkpoint(s)")
@@ -385,6 +392,11 @@ def cmd_export(args) -> int:
                            f"--format hf and a folder")
     else:
         out = args.out
+    if args.max_shard_size is None:
+        args.max_shard_size = huggingface.SHARD_SIZE
+    elif not out.endswith(".safetensors"):  # (it would be ignored: one .h5 file)
+        raise HpcpipeError(f"--max-shard-size shards safetensors weights: --out {args.out} "
+                           f"is one HDF5 file; leave --max-shard-size out")
     claim_file(out, args.force, make_folder=True)  # a new folder is made, as prepare's
     folder = os.path.dirname(out)
     config_json = os.path.join(folder, huggingface.CONFIG)
@@ -611,7 +623,14 @@ def cmd_import_gguf(args) -> int:
             path = os.path.join(tmp, ckpt.TOKENIZER)
             with open(path, "wb") as f:
                 f.write(text)
-            tokenizer = checked_tokenizer(path, model["vocab_size"])
+            try:
+                tokenizer = checked_tokenizer(path, model["vocab_size"])
+            except HpcpipeError as e:  # named by the GGUF file: the temporary one is gone
+                why = str(e).replace(f"{path}: ", "").replace(f"tokenizer file {path}", "it")
+                raise gguf_file.GGUFError(
+                    f"{args.file}: the tokenizer its metadata describes (tokenizer.ggml.*): "
+                    f"{why.replace(path, 'it')}; import with --without-tokenizer and use "
+                    f"token ids") from None
     parameters = sum(math.prod(s) for _, s in param_layout(LlamaConfig(**model)))
     require(8 * parameters, f"importing {args.file} (its tensors in float32, and their "
                             f"checkpoint)")

@@ -149,6 +149,12 @@ def register(subparsers):
 
 
 def run(args) -> int:
+    # (a config or --set beside --list would be ignored: the listing is the defaults')
+    if args.list and (args.config is not None or args.overrides):
+        raise HpcpipeError("config: --list lists the defaults of every key; give it alone, "
+                           "or CONFIG (and --set) without it for that config's values")
+    if args.markdown and not args.list:
+        raise HpcpipeError("config: --markdown is a form of --list: give both")
     if args.list:
         print(markdown() if args.markdown else text(), end="")
         return 0

@@ -23,7 +23,7 @@ import sys
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.data.tokenizer import GPT2_FILE_URL, TextStream, Tokenizer, load
 from hpcpipe.model.sampler import Sampler
-from hpcpipe.util.arguments import integer, number
+from hpcpipe.util.arguments import integer, number, path
 from hpcpipe.util.errors import HpcpipeError
 
 MAX_TOKENS = 1 << 20
@@ -66,7 +66,7 @@ def register(subparsers):
                           "when it has one, else bytes for vocab 256, gpt2 for 50257 or "
                           "more, else ids), bytes, gpt2 (needs tiktoken), hf (a "
                           "tokenizer.json: --tokenizer-file) or ids")
-    gen.add_argument("--tokenizer-file", metavar="FILE",
+    gen.add_argument("--tokenizer-file", metavar="FILE", type=path("name the file"),
                      help="gpt2: GPT-2's BPE ranks in tiktoken's format "
                           "(r50k_base.tiktoken); hf: a tokenizer.json")
     gen.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
@@ -141,6 +141,11 @@ def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None = None) -> lis
             raise HpcpipeError(f"this model's vocabulary ({vocab_size}) is not bytes: give "
                                f"--prompt-ids, or --tokenizer gpt2 for GPT-2's BPE")
         ids = tokenizer.prompt(os.fsencode(args.prompt))  # the command line's own bytes
+        bad = [i for i in ids if not 0 <= i < vocab_size]  # (a post-processor's, say)
+        if bad:
+            raise HpcpipeError(f"--prompt: the tokenizer made token id {bad[0]}, outside "
+                               f"this model's vocabulary (0..{vocab_size - 1}); not this "
+                               f"model's tokenizer ({tokenizer.source})")
     else:
         ids = []
     if ids:

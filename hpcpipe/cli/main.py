@@ -140,21 +140,25 @@ def build_parser() -> argparse.ArgumentParser:
                "tiktoken's cache or download;\nthe file is "
                "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken")
     prep.add_argument("--corpus", default=None,
+                      type=path('name a file or folder, or leave --corpus out for "stdlib"'),
                       help='"stdlib" (default: the Python standard library sources), a text '
                            "file, or a folder of text files")
     prep.add_argument("--from", dest="source", metavar="TOKENS",
+                      type=path("name the token files to convert"),
                       help="convert token files instead: an llm.c shard or a glob of them "
                            "(quoted), or a nanoGPT train.bin (val files found by name)")
     prep.add_argument("--tokenizer", choices=("bytes", "gpt2", "hf"), default=None,
                       help="bytes (default), gpt2 (GPT-2's BPE through tiktoken) or hf (a "
                            "Hugging Face tokenizer.json through tokenizers, e.g. an "
                            "imported Llama's: --tokenizer-file CHECKPOINT/tokenizer.json)")
-    prep.add_argument("--tokenizer-file", metavar="FILE",
+    prep.add_argument("--tokenizer-file", metavar="FILE", type=path("name the file"),
                       help="gpt2: GPT-2's BPE ranks in tiktoken's format "
                            "(r50k_base.tiktoken), for machines without a network; hf: the "
                            "tokenizer.json")
-    prep.add_argument("--out", help="output HDF5 file (default: data/<corpus name>.tokens.h5; "
-                                    "never .bin, which hpcpipe reads as llm.c / nanoGPT tokens)")
+    prep.add_argument("--out", type=path("name a file, or leave --out out for "
+                                         "data/<corpus name>.tokens.h5"),
+                      help="output HDF5 file (default: data/<corpus name>.tokens.h5; "
+                           "never .bin, which hpcpipe reads as llm.c / nanoGPT tokens)")
     prep.add_argument("--val-fraction", type=number(0, 1), default=0.05,
                       help="share of tokens held out for validation (default 0.05)")
     prep.add_argument("--force", action="store_true", help="overwrite an existing file")

@@ -145,8 +145,11 @@ class HFTokenizer(Tokenizer):
 
     def __init__(self, tokenizer, source: str, config: dict):
         self.tokenizer, self.source = tokenizer, source
-        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         vocab = tokenizer.get_vocab(with_added_tokens=True)
+        # The ids' span, not the count of tokens: the package takes a vocabulary with gaps
+        # in its ids, and every id must fit the token file's dtype and the model's rows.
+        self.vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True),
+                              max(vocab.values(), default=-1) + 1)
         self.eot = next((vocab[t] for t in DOCUMENT_ENDS if t in vocab), None)
         self._pieces = {i: t for t, i in vocab.items()}
         added = config.get("added_tokens") or []
@@ -155,15 +158,27 @@ class HFTokenizer(Tokenizer):
         self._bytes = {c: b for b, c in _byte_alphabet().items()}
 
     def encode(self, data: bytes) -> list[int]:
-        return self.tokenizer.encode(data.decode("utf-8", "replace"),
-                                     add_special_tokens=False).ids
+        return self._run(self.tokenizer.encode, data.decode("utf-8", "replace"),
+                         add_special_tokens=False).ids
 
     def prompt(self, data: bytes) -> list[int]:
-        return self.tokenizer.encode(data.decode("utf-8", "replace")).ids
+        return self._run(self.tokenizer.encode, data.decode("utf-8", "replace")).ids
 
     def encode_many(self, texts: list[bytes]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(
-            [t.decode("utf-8", "replace") for t in texts], add_special_tokens=False)]
+        return [e.ids for e in self._run(self.tokenizer.encode_batch, [
+            t.decode("utf-8", "replace") for t in texts], add_special_tokens=False)]
+
+    def _run(self, call, *args, **kwargs):
+        """`call` of the tokenizers package, whose Rust panics — a tokenizer.json's regex
+        past Oniguruma's retry limit — reach Python as pyo3's PanicException, a
+        BaseException: one TokenizerError instead."""
+        try:
+            return call(*args, **kwargs)
+        except BaseException as e:
+            if not _is_panic(e):
+                raise
+            raise TokenizerError(f"tokenizer {self.source} gave up on the text (the "
+                                 f"tokenizers package: {str(e)[:200]})") from None
 
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces.get(token)
@@ -178,6 +193,12 @@ class HFTokenizer(Tokenizer):
         if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
             return bytes([int(piece[3:5], 16)])  # SentencePiece's byte fallback
         return piece.replace("\u2581", " ").encode("utf-8")
+
+
+def _is_panic(error: BaseException) -> bool:
+    """Whether `error` is a Rust panic of the tokenizers package: pyo3's PanicException,
+    a BaseException (not an Exception) that pyo3 does not export by name."""
+    return type(error).__name__ == "PanicException"
 
 
 def _byte_alphabet() -> dict[int, str]:
@@ -218,7 +239,9 @@ def load_tokenizer_json(file: str) -> HFTokenizer:
         text = data.decode("utf-8")
         config = json.loads(text)
         tokenizer = Reader.from_str(text)
-    except Exception as e:  # JSON, UTF-8 or the package's own refusal: all one message
+    except BaseException as e:  # JSON, UTF-8, the package's refusal or panic: one message
+        if not isinstance(e, Exception) and not _is_panic(e):
+            raise
         raise TokenizerError(f"tokenizer file {file} is not a tokenizer.json the tokenizers "
                              f"package reads ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(config, dict):
@@ -234,6 +257,9 @@ def load(name: str, file: str | None = None) -> Tokenizer:
     tiktoken's format (else HPCPIPE_TOKENIZER_FILE, else tiktoken's own "gpt2" encoding),
     or for "hf" the tokenizer.json (required)."""
     if name == "bytes":
+        if file:  # (it would be ignored, the text tokenized as bytes all the same)
+            raise TokenizerError(f"--tokenizer-file {file}: the bytes tokenizer reads no "
+                                 f"file; give --tokenizer gpt2 or hf with it")
         return ByteTokenizer()
     if name == "hf":
         if not file:

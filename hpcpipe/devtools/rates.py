@@ -17,10 +17,8 @@ from dataclasses import dataclass, field, replace
 
 from hpcpipe.devtools import shapes
 from hpcpipe.util.errors import HpcpipeError
-from hpcpipe.util.files import TooLarge, read_bounded
-from hpcpipe.util.schema import MapOf, Mismatch, Number, Record, parse_json
-
-MAX_CALIBRATION_BYTES = 16 * 2**20  # a page of rates, with gpu-check's notes
+from hpcpipe.util.files import read_bounded
+from hpcpipe.util.schema import MapOf, Mismatch, Number, Record, check, parse_json
 
 
 @dataclass(frozen=True)
@@ -74,32 +72,35 @@ GPUS = {
 }
 
 
-_RATE, _SECONDS = Number(1), Number(0)  # (a rate divides: a real one is far above 1/s)
-_SCALARS = {"elementwise_bytes_per_s": _RATE, "kernel_s": _SECONDS, "host_launch_s": _SECONDS,
-            "sync_s": _SECONDS, "torch_tokens_per_s": _SECONDS}
-_CALIBRATION = Record({}, optional={**_SCALARS, "gemm_flops_per_s": MapOf(_RATE),
-                                    "gemm_shapes": MapOf(_RATE)}, extra=True)
+# What a calibration JSON may set (its other keys are gpu-check's own records): rates,
+# which divide, at least 1 a second; times in seconds; null where one was not measured.
+_RATE, _TIME = Number(1), Number(0, 60)
+CALIBRATION = Record({}, optional={
+    "elementwise_bytes_per_s": _RATE, "torch_tokens_per_s": _RATE, "kernel_s": _TIME,
+    "host_launch_s": _TIME, "sync_s": _TIME, "gemm_flops_per_s": MapOf(_RATE),
+    "gemm_shapes": MapOf(_RATE)}, extra=True)
 
 
 def calibrate(rates: GpuRates, path: str) -> GpuRates:
     """`rates` with what a calibration JSON (gpu_check's smoke writes one) measured:
     {"elementwise_bytes_per_s": .., "gemm_flops_per_s": {"bf16": .., ...},
     "kernel_s": .., "host_launch_s": .., "sync_s": .., "torch_tokens_per_s": ..}; keys
-    it lacks (or holds as null) keep their stated values. The file may come from
-    elsewhere: every value it gives is checked (a finite number, a rate at least 1 per
-    second), else an HpcpipeError naming the file and the key."""
+    it lacks keep their stated values. A file from outside: checked before it is used,
+    and one holding none of these refused (a prediction would say "calibrated" by it)."""
     try:
-        measured = parse_json(read_bounded(path, MAX_CALIBRATION_BYTES))
+        measured = parse_json(read_bounded(path, 1 << 26))
         if isinstance(measured, dict):
-            measured = {k: v for k, v in measured.items() if not (k in _SCALARS and v is None)}
-        measured = _CALIBRATION.check(measured)
-    except TooLarge:
-        raise HpcpipeError(f"{path}: over {MAX_CALIBRATION_BYTES:,} bytes: not a calibration "
-                           f"file") from None
+            measured = {k: v for k, v in measured.items() if v is not None}
+        measured = check(CALIBRATION, measured)
     except Mismatch as e:
-        raise HpcpipeError(f"{path}: {e} (a calibration file, as make gpu-check writes)") \
+        raise HpcpipeError(f"{path}: not a calibration file from `make gpu-check`: {e}") \
             from None
-    changes = {k: v for k, v in measured.items() if k in _SCALARS}
+    if not set(measured) & set(CALIBRATION.optional):
+        raise HpcpipeError(f"{path}: holds none of the rates a calibration file sets "
+                           f"({', '.join(CALIBRATION.optional)}): give `make gpu-check`'s "
+                           f"calibration.json")
+    changes = {k: v for k, v in measured.items() if k in CALIBRATION.optional and
+               not k.startswith("gemm_")}
     gemm = {**rates.gemm_flops_per_s, **measured.get("gemm_flops_per_s", {})}
     shapes_ = {**rates.gemm_shape_flops_per_s, **measured.get("gemm_shapes", {})}
     return replace(rates, gemm_flops_per_s=gemm, gemm_shape_flops_per_s=shapes_,

@@ -6,7 +6,9 @@ op waits for; the runtime says so before each op (`at_op`), and every blocking w
 a pipeline message, the data-parallel reduction, a collective of the transport — says
 what it waits on and with whom for as long as it waits (`waiting` ... `done`). Each is an
 attribute or two set: nothing here allocates, locks or talks to MPI, so a step is not
-slower for it (docs/measurements has the figure). The watchdog thread reads a `snapshot`
+slower for it (docs/measurements has the figure). Code written against a plain
+communicator (the checkpoint's save and load) is handed an `Announced` one, whose calls
+say so themselves. The watchdog thread reads a `snapshot`
 when it dumps; a snapshot taken while the main thread moves on is at worst one op stale.
 
 A test stalls one rank on purpose with HPCPIPE_STALL="RANK:STEP:OP:SECONDS" (world rank,
@@ -16,10 +18,12 @@ in that op): unset in normal runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
 STALL_ENV = "HPCPIPE_STALL"
+SAVING = "checkpoint"  # the phase of a checkpoint's save (the watchdog's stop grace spares it)
 
 
 def _stall(rank: int) -> tuple[int, str, float] | None:
@@ -60,7 +64,7 @@ class Beacon:
 
         world = grid.world.Get_group()
         groups, names = {"world": list(range(grid.world.size))}, {id(grid.world): "world"}
-        for name in ("pipe", "data", "tensor", "replica", "ends"):
+        for name in ("pipe", "data", "tensor", "replica", "ends", "reductions"):
             comm = getattr(grid, name, None)
             if comm is None or comm == MPI.COMM_NULL:
                 continue
@@ -94,10 +98,24 @@ class Beacon:
     def collective(self, comm, what: str):
         """A blocking collective over `comm` starts (`waiting` with its members)."""
         name = self.names.get(id(comm), "a communicator")
-        self.waiting("collective", f"{what} over {name}", self.groups.get(name, ()))
+        self.waiting("collective", f"{what} over {name}", self.members(comm))
+
+    def members(self, comm) -> tuple:
+        """The world ranks of `comm`'s members (none known: an unnamed communicator)."""
+        return tuple(self.groups.get(self.names.get(id(comm)), ()))
 
     def done(self):
         self.wait = None
+
+    @contextlib.contextmanager
+    def over(self, comm, what: str):
+        """`with beacon.over(comm, what): ...` — a blocking wait for the other ranks of
+        `comm` (a collective, or requests posted earlier), `collective` ... `done`."""
+        self.collective(comm, what)
+        try:
+            yield
+        finally:
+            self.done()
 
     def pipe_rank(self, rank: int) -> int:
         """The world rank of pipeline rank `rank` of this rank's pipeline."""
@@ -145,3 +163,23 @@ class Beacon:
         direction, peer, microbatch, stage, tag = info
         return {"direction": direction, "peer": self.pipe_rank(peer), "microbatch": microbatch,
                 "stage": stage, "tag": tag}
+
+
+class Announced:
+    """`comm` for code written against a plain communicator (the checkpoint's save and
+    load): its `rank` and `size`, and each of its calls (bcast, gather, allgather,
+    allreduce: collectives) told to `beacon` as the wait `what` while it lasts. Those
+    collectives wait for the slowest rank's files: a rank stalled there (a file system
+    hung on its node) is named by the others' dumps, and parallel.timeout ends the job."""
+
+    def __init__(self, comm, beacon: Beacon, what: str):
+        self.comm, self.beacon, self.what = comm, beacon, what
+        self.rank, self.size = comm.rank, comm.size
+
+    def __getattr__(self, name: str):
+        call = getattr(self.comm, name)
+
+        def announced(*args, **kwargs):
+            with self.beacon.over(self.comm, self.what):
+                return call(*args, **kwargs)
+        return announced

@@ -218,7 +218,7 @@ class PowerSGD:
             return
         if step <= self.warmup:
             for m in self.matrices:
-                self._allreduce(self._grad(m), self.whole_dtype)
+                self._allreduce(self._grad(m), self.whole_dtype, "the warm-up's whole gradients")
             return
         with np.errstate(invalid="ignore", over="ignore"):  # a non-finite step: see above
             self._compress()
@@ -231,12 +231,12 @@ class PowerSGD:
             grad = self._grad(m)
             grad += self.error[m.key]  # M = G + E, in place
             p[...] = grad @ self._revived(m)
-        self._allreduce(ps[0], self.comm_dtype)
+        self._allreduce(ps[0], self.comm_dtype, "the P factors")
         qs = self._factors([(m.shape[1], m.rank) for m in self.matrices])
         for m, p, q in zip(self.matrices, ps[1], qs[1]):
             orthonormalise(p, xp)
             q[...] = self._grad(m).T @ p
-        self._allreduce(qs[0], self.comm_dtype)
+        self._allreduce(qs[0], self.comm_dtype, "the Q factors")
         finite = xp.all(xp.isfinite(qs[0]))  # stays on the device: no synchronisation
         for m, p, q in zip(self.matrices, ps[1], qs[1]):
             grad, approx = self._grad(m), p @ q.T
@@ -263,13 +263,14 @@ class PowerSGD:
             at += n * r
         return flat, views
 
-    def _allreduce(self, array, dtype):
-        """Sum `array` over the replicas in place, travelling as `dtype`."""
-        t = self.transport
+    def _allreduce(self, array, dtype, what: str):
+        """Sum `array` (`what`, in a hang dump's words) over the replicas in place,
+        travelling as `dtype`."""
+        t, what = self.transport, f"PowerSGD's all-reduce of {what}"
         self.bytes_reduced += array.size * dtype.itemsize
         if dtype == array.dtype:
-            t.allreduce_sum(self.comm, array.reshape(-1))
+            t.allreduce_sum(self.comm, array.reshape(-1), what=what)
             return
         wire = array.astype(dtype)
-        t.allreduce_sum(self.comm, wire.reshape(-1))
+        t.allreduce_sum(self.comm, wire.reshape(-1), what=what)
         array[...] = wire.astype(array.dtype)

@@ -47,10 +47,8 @@ class TensorParallel:
         if self.size == 1:
             return array
         self._count(int(array.nbytes), 2)
-        if op is None or op == MPI.SUM:
-            return self.transport.allreduce_sum(self.comm, array)
-        return self.transport.allreduce_sum(self.comm, array, op,
-                                            "a tensor-parallel all-reduce")
+        return self.transport.allreduce_sum(self.comm, array, None if op == MPI.SUM else op,
+                                            what="a tensor-parallel all-reduce")
 
     def gather_sequence(self, part):
         """(B, T/tp, ...) on every shard → the whole (B, T, ...) on every shard."""

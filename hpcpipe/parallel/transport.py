@@ -218,7 +218,7 @@ class Transport:
             self._sum_ops[dtype] = MPI.Op.Create(add, commute=True)
         return self._sum_ops[dtype]
 
-    def allreduce_sum(self, comm, array, op=None, what: str = "the all-reduce of a sum"):
+    def allreduce_sum(self, comm, array, op=None, *, what: str):
         """Sum (or reduce with the MPI operation `op`) `array` over `comm` in place (through
         host memory when staged); `what`: the wait in the hang dump's words. With two
         members the sum is a + b on both, bitwise: IEEE addition commutes."""

@@ -42,6 +42,7 @@ import time
 
 import numpy as np
 
+from hpcpipe.parallel.beacon import SAVING
 from hpcpipe.util.files import write_text_atomic
 
 HANGS = "hangs"  # RUN_DIR/hangs/rank-00003.json: each rank's last dump
@@ -75,6 +76,11 @@ def _messages(messages: list, towards: str, shown: int = 8) -> str:
     return text + (f" (+{len(messages) - shown} more)" if len(messages) > shown else "")
 
 
+def _ranks(wait: dict, form: str = " (ranks {})") -> str:
+    """A wait's ranks in words, as `form` puts them (nothing where it names none)."""
+    return form.format(", ".join(map(str, wait["peers"]))) if wait["peers"] else ""
+
+
 def describe(d: dict) -> str:
     """A dump (Beacon.snapshot's, with its reason) as its one line."""
     head = f"hang: rank {d['rank']} (pp {d['pp']}, dp {d['dp']}, tp {d['tp']}) step {d['step']}"
@@ -89,14 +95,12 @@ def describe(d: dict) -> str:
     wait, waits, collective = d.get("waiting"), "nothing (computing)", "none"
     if wait and wait["kind"] == "collective":
         waits = "the collective"
-        collective = (f"{wait['what']} (ranks {', '.join(map(str, wait['peers']))}) "
-                      f"{wait['seconds']:.1f} s")
+        collective = f"{wait['what']}{_ranks(wait)} {wait['seconds']:.1f} s"
     elif wait and wait["kind"] == "recv":
         waits = (f"recv {wait['what']} from rank {wait['peers'][0]} (tag {wait['tag']}) "
                  f"{wait['seconds']:.1f} s")
     elif wait:
-        waits = (f"{wait['what']} by rank(s) {', '.join(map(str, wait['peers']))} "
-                 f"{wait['seconds']:.1f} s")
+        waits = f"{wait['what']}{_ranks(wait, ' by rank(s) {}')} {wait['seconds']:.1f} s"
     recvs, sends = _messages(d["pending_recvs"], "from"), _messages(d["pending_sends"], "to")
     return (f"{head} | {where} | waits on {waits} | posted recvs: {recvs} | sends in "
             f"flight: {sends} | collective: {collective} | {d['reason']}")
@@ -169,11 +173,12 @@ class Watchdog:
     def _overdue(self) -> bool:
         """Whether this rank's wait passed parallel.timeout — or, once SIGTERM or SIGUSR1
         came, the stop grace counted from the signal (a job that cannot reach its step
-        boundary to save must still end)."""
+        boundary to save must still end; one saving, waiting for a rank's files, is doing
+        what the signal asked)."""
         waited = self.beacon.waited()
         if self.timeout and waited > self.timeout:
             return True
-        if self.preempted is not None:
+        if self.preempted is not None and self.beacon.phase != SAVING:
             return min(waited, time.monotonic() - self.preempted[1]) > self.stop_grace
         return False
 
@@ -232,8 +237,7 @@ class Watchdog:
             return  # a lower rank timed out too, at the same time: it ends the job
         what = "?" if wait is None else (
             f"the receive of {wait['what']} from rank {wait['peers'][0]} (tag {wait['tag']})"
-            if wait["kind"] == "recv" else
-            f"{wait['what']} (ranks {', '.join(map(str, wait['peers']))})")
+            if wait["kind"] == "recv" else f"{wait['what']}{_ranks(wait)}")
         self._say(f"error: rank {self.rank}: waited {waited:.1f} s on {what}, past "
                   f"{limit}: the job hangs. Every rank's line above says where it is"
                   + (f" ({os.path.dirname(self.dumps)}: python -m hpcpipe doctor "

@@ -3,7 +3,8 @@ wait-for graph: which rank waits on which, and so who holds the job up.
 
 An edge r → s means rank r cannot go on until rank s does something: s is the peer of the
 message r waits to receive, or of a send of r's not yet taken, or a member of the
-communicator of the collective r is in that is not in that collective itself. Then:
+communicator of the collective r is in that is not in that collective itself, or a rank
+of the MPI window r waits on (the asynchronous modes) that is not waiting on one. Then:
 
 - a rank that others wait on (directly or through others) and that waits on nobody is
   the one that stalls — its dump says the op it is in, and for how long;
@@ -85,9 +86,9 @@ def wait_for(dumps: dict[int, dict]) -> dict[int, set[int]]:
     graph = {}
     for rank, d in dumps.items():
         wait, edges = d["waiting"], set()
-        if wait is not None and wait["kind"] == "collective":
+        if wait is not None and wait["kind"] in ("collective", "window"):
             inside = {r for r, o in dumps.items() if o["waiting"] is not None
-                      and o["waiting"]["what"] == wait["what"]}
+                      and _alongside(o["waiting"], wait)}
             edges = set(wait["peers"]) - inside
         elif wait is not None:
             edges = set(wait["peers"])
@@ -95,6 +96,13 @@ def wait_for(dumps: dict[int, dict]) -> dict[int, set[int]]:
                 edges |= {m["peer"] for m in d["pending_sends"]}
         graph[rank] = edges - {rank}
     return graph
+
+
+def _alongside(a: dict, b: dict) -> bool:
+    """Whether ranks in waits `a` and `b` hold neither up: one collective, or both waiting
+    through MPI windows (a window wait names every other rank of its window; one that
+    waits there too is not the late one)."""
+    return a["kind"] == b["kind"] and (a["kind"] == "window" or a["what"] == b["what"])
 
 
 def _cycles(graph: dict[int, set[int]]) -> tuple[list[list[int]], bool]:

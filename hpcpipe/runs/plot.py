@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hpcpipe.util.arguments import path
 from hpcpipe.util.colours import OPS, OTHER
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_file, pyplot, read_bounded, save_figure
@@ -195,7 +196,9 @@ def register(subparsers):
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                       help="run directories (each with metrics.jsonl) to draw, together")
-    plot.add_argument("--out", help="the PNG to write (default: RUN_DIR/plot.png for one "
+    plot.add_argument("--out", type=path("name a PNG file, or leave --out out for "
+                                         "RUN_DIR/plot.png"),
+                      help="the PNG to write (default: RUN_DIR/plot.png for one "
                                     "run, plot.png here for several)")
     plot.add_argument("--force", action="store_true", help="replace an existing file")
     plot.set_defaults(func=cmd_plot, implied_outputs=lambda args: [] if args.out else

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from hpcpipe.util.arguments import path
 from hpcpipe.util.files import write_text_atomic
 
 from . import (KINDS, Costs, ScheduleError, asynchronous, check, flushes, generate, simulate,
@@ -159,7 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pareto", action="store_true",
                         help="auto only: print the front of bubble against peak activations "
                         "auto saw (with --json: a \"pareto\" list)")
-    parser.add_argument("--load-csv", metavar="FILE",
+    parser.add_argument("--load-csv", metavar="FILE", type=path("name the CSV file"),
                         help="read a PyTorch compute-only schedule CSV instead of generating one")
     parser.add_argument("--save-csv", metavar="FILE",
                         help="also write the schedule as a PyTorch compute-only CSV")

@@ -41,10 +41,9 @@ from hpcpipe.parallel.asyncdp import compensation, record
 from hpcpipe.parallel.asyncdp.board import Board
 from hpcpipe.parallel.asyncdp.elastic import AsyncCentre, alpha, lr_scale
 from hpcpipe.parallel.asyncdp.ssp import GradientRing
-from hpcpipe.parallel.asyncdp.windows import Deadline, poke
+from hpcpipe.parallel.asyncdp.windows import Deadline, poke, waited_on
 from hpcpipe.train.async_state import AsyncState
 from hpcpipe.train.step import TrainStep
-from hpcpipe.util.timeline import step_stats
 
 WAIT_SLICE_S = 2e-4  # ssp_patience's polling: short against a share, long against a poke
 
@@ -134,7 +133,7 @@ class AsyncStep(TrainStep):
             return
         while True:
             ticket = self._agree_on(self.board.take_ticket() if self.replica_comm.rank == 0
-                                    else None)
+                                    else None, "ticket")
             self._attend(ticket)
             if ticket >= self.budget:
                 self.attended = self.budget  # (the end: a checkpoint there resumes past it)
@@ -156,7 +155,8 @@ class AsyncStep(TrainStep):
         """The first meeting place past the last attended, before the budget's end."""
         every = self.grid.dp * self.save_every
         places = [(self.attended // every + 1) * every] if every else []
-        asked = self._agree_on(self.board.meeting() if self.replica_comm.rank == 0 else None)
+        asked = self._agree_on(self.board.meeting() if self.replica_comm.rank == 0 else None,
+                               "meeting place")
         if asked > self.attended:
             places.append(asked)
         places = [p for p in places if p < self.budget]
@@ -181,11 +181,12 @@ class AsyncStep(TrainStep):
         if self.grid.rank == 0 and self.board.meeting() <= self.attended:
             self.board.ask(self._ahead())
 
-    def _agree_on(self, value: int) -> int:
-        """The replica's first rank's `value`, on every rank of the replica."""
+    def _agree_on(self, value: int, what: str) -> int:
+        """The replica's first rank's `value` (its `what`), on every rank of the replica."""
         if self.replica_comm.size == 1:
             return value
-        return self.replica_comm.bcast(value, root=0)
+        return self.announced(self.replica_comm, f"the replica's {what} from its first "
+                                                 f"rank").bcast(value, root=0)
 
     def meet(self, what: str):
         self.board.meet(what)
@@ -229,10 +230,7 @@ class AsyncStep(TrainStep):
             out[lo:hi] = be.to_host(a).reshape(-1)
 
     def _stats(self, step, result, moved):
-        if not self.trace:
-            return None
-        return step_stats(self.trace, step, result, self.replica_comm,
-                          allreduce_bytes=moved)
+        return self.timings(step, result, self.replica_comm, allreduce_bytes=moved)
 
     def _logged(self, step, start, moved, loss, **extra):
         if self.log is not None:
@@ -396,7 +394,8 @@ class StaleStep(AsyncStep):
         until, beacon = time.monotonic() + wait, self.deadline.beacon
         if beacon is not None:  # (a hang dump names the wait)
             beacon.waiting("window", f"the updates through step {newest}, for up to "
-                                     f"{wait:.3g} s (parallel.ssp_patience)")
+                                     f"{wait:.3g} s (parallel.ssp_patience)",
+                           waited_on(beacon, self.grid.data))
         try:
             self._wait_fresh_until(newest, until)
         finally:

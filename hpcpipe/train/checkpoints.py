@@ -18,7 +18,7 @@ def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2, keep_ev
     return ckpt.save(rank.step.state_parts(), rank.grid, origin, step, run_dir,
                      rank.checkpoint_layout(cfg), state, adam_step=rank.step.optimizer.t,
                      keep=keep, keep_every=keep_every, run=run, data=data,
-                     tokenizer=tokenizer)
+                     tokenizer=tokenizer, beacon=rank.transport.beacon)
 
 
 def load(rank, cfg, path: str, manifest: dict) -> dict:
@@ -26,7 +26,7 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
     see checkpoint.load. Returns the manifest's `state`, with `step`."""
     rank.step.materialize()  # ZeRO-3: a buffer to load the weights into
     return ckpt.load(rank.step.state_parts(), rank.grid, cfg.model, path, manifest,
-                     rank.checkpoint_layout(cfg))
+                     rank.checkpoint_layout(cfg), rank.transport.beacon)
 
 
 def carried_tokenizer(path: str, manifest: dict, comm) -> tuple[bytes, dict] | None:

@@ -153,9 +153,9 @@ class DelayedStep(TrainStep):
         head = stage.head_grad.copy() if stage.head_grad is not None else None
         stage.zero_grad()  # the next step's backwards start on a clean buffer
         if grid.dp > 1:  # (the replicas are at this point together)
-            transport.allreduce_sum(grid.data, grads[0])
+            transport.allreduce_sum(grid.data, grads[0], what="the reduction of the gradients")
             if head is not None:
-                transport.allreduce_sum(grid.data, head)
+                transport.allreduce_sum(grid.data, head, what="the reduction of the gradients")
         pending = _Pending(grads, np.zeros(self._vector_size()), np.zeros(self._vector_size()))
         self._tied(stage, grads[0], head, pending)
         loss = model.head_loss(losses)
@@ -176,7 +176,8 @@ class DelayedStep(TrainStep):
             wte += head  # one rank holds both
         elif stage.embedding_part and comm is not None:
             part = transport.empty(wte.shape, wte.dtype)
-            comm.Recv(wire(part), source=1, tag=0)  # sent when the head finished the step
+            with transport.beacon.over(comm, "the tied embedding's sum"):
+                comm.Recv(wire(part), source=1, tag=0)  # sent when the head finished the step
             wte += transport.to_device(part)
             transport.release(part)
             total = transport.outgoing(wte.copy())
@@ -194,8 +195,9 @@ class DelayedStep(TrainStep):
         """Update k (version k + 1 from step k's gradient); returns the outcomes whose
         timings are now known (step k − 1's, with the rows that came with step k)."""
         pending, grid = self.pending.pop(k), self.grid
-        pending.request.Wait()
-        self.MPI.Request.Waitall(pending.tied)
+        with self.transport.beacon.over(self.comm, "the step's norms, loss and tied sum"):
+            pending.request.Wait()
+            self.MPI.Request.Waitall(pending.tied)
         if self.transport.staged and pending.keep:
             self.transport.release(pending.keep[0])  # (a pinned copy from `outgoing`)
         if pending.tied_sum is not None:  # the head's copy takes the sum
@@ -274,7 +276,8 @@ class DelayedStep(TrainStep):
         # The last step's timings: no later reduction carries them; the drain is a
         # synchronisation anyway.
         row = self.rows.pop(s, RankStep()) if self.trace else RankStep()
-        rows = np.array(self.grid.world.allgather(row.to_vector()))
+        with self.transport.beacon.over(self.grid.world, "the last step's timings"):
+            rows = np.array(self.grid.world.allgather(row.to_vector()))
         self.rows.clear()
         done += [self._outcome(self.finished.pop(), rows)]
         for versions in self.versions.values():

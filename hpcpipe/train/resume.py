@@ -73,9 +73,9 @@ def changed_length(manifest: dict, steps: int, path: str) -> str | None:
     """The line that says a resume runs to another `train.steps` than the run that wrote the
     checkpoint: the learning rate's warm-up and cosine decay are laid out over train.steps,
     so from the resumed step on the rates (and the losses) are no longer that run's."""
-    try:
+    try:  # (text the manifest's reader bounds but does not parse: nested, it recurses)
         saved = tomllib.loads(manifest["config"])["train"]["steps"]
-    except (tomllib.TOMLDecodeError, KeyError, TypeError):  # checked by the manifest's reader
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, RecursionError):
         return None
     if saved == steps:
         return None

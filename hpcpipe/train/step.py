@@ -26,6 +26,7 @@ from hpcpipe.optim.norm import GradNorm
 from hpcpipe.optim.outcome import StepOutcome
 from hpcpipe.optim.post_validation import PostValidator
 from hpcpipe.optim.scaling import GradScale, LossScaler
+from hpcpipe.parallel.beacon import Announced
 from hpcpipe.parallel.asyncdp.elastic import SyncElastic, alpha, lr_scale, swapped_in
 from hpcpipe.parallel.asyncdp.elastic_state import ElasticState
 from hpcpipe.parallel.gradsync import BucketPlan, GradSync, ParamGather
@@ -80,6 +81,18 @@ class LoopHooks:
 
     def close(self):
         """Release what the step holds beyond memory (asyncstep.py: windows, its record)."""
+
+    def announced(self, comm, what: str) -> Announced:
+        """`comm`, its collectives told to the hang watchdog as `what` (beacon.Announced)."""
+        return Announced(comm, self.gradsync.transport.beacon, what)
+
+    def timings(self, step: int, result, comm, **reductions):
+        """The step's timings of every rank of `comm` (util/timeline.step_stats), gathered
+        where the trace records them (else None)."""
+        if not self.trace:
+            return None
+        return step_stats(self.trace, step, result, self.announced(
+            comm, "the all-gather of the step's timings"), **reductions)
 
 
 class TrainStep(LoopHooks):
@@ -209,9 +222,8 @@ class TrainStep(LoopHooks):
         self._outer_bytes = (self.outer.bytes_reduced - outer_bytes) if self.outer else 0
         scale = self.scaler.scale
         self.scaler.update(not skipped)
-        stats = step_stats(self.trace, step, result, self.grid.world,
-                           **self._reduction_stats()) if self.trace else None
-        reported = norm if self.outer is None else replicas_mean(self.grid, norm)
+        stats = self.timings(step, result, self.grid.world, **self._reduction_stats())
+        reported = norm if self.outer is None else replicas_mean(self, norm)
         return StepOutcome(step, loss, reported, skipped, result, stats, loss_scale=scale)
 
     def _clipped_update(self, step, loss, unscale, lr, max_norm) -> tuple[float, bool]:
@@ -334,10 +346,11 @@ class TrainStep(LoopHooks):
                 "moments": self.optimizer.state_bytes}
 
 
-def replicas_mean(grid, norm: float) -> float:
-    """The norm a step under local SGD reports: each replica clips by its own, and the
+def replicas_mean(step: TrainStep, norm: float) -> float:
+    """The norm `step` under local SGD reports: each replica clips by its own, and the
     record is their mean — as the loss is (RankModel.mean_loss) — never one replica's."""
-    return sum(grid.data.allgather(norm)) / grid.dp if grid.dp > 1 else norm
+    data = step.announced(step.grid.data, "the all-gather of the replicas' norms")
+    return sum(data.allgather(norm)) / data.size if data.size > 1 else norm
 
 
 def outer_step(cfg, shards, optimizer, grid, transport):

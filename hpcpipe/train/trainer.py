@@ -30,7 +30,7 @@ from hpcpipe.model.flops import device_peak, device_rates, flops_per_token, peak
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
-from hpcpipe.parallel.beacon import Beacon
+from hpcpipe.parallel.beacon import SAVING, Beacon
 from hpcpipe.parallel.transport import resolve_gpu_aware
 from hpcpipe.parallel.watchdog import HANGS, Watchdog
 from hpcpipe.plan import build as build_plan
@@ -136,9 +136,10 @@ class Trainer:
         if plan.measured:
             build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
         gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be, self.log)
+        # The checkpoint before the data: a corpus is prepared only for a run that can go on.
+        resume_path, manifest = find_resume(cfg, run_dir, resume, comm, self.log)
         self.tokens = open_tokens(cfg.data, cfg.model, cfg.source, comm, self.log)
         self.data = fingerprint_of(self.tokens, comm)  # for the manifests, summary, resume
-        resume_path, manifest = find_resume(cfg, run_dir, resume, comm, self.log)
         own = resume_path is not None and os.path.abspath(resume_path).startswith(
             os.path.abspath(os.path.join(run_dir, "checkpoints")) + os.sep)
         self.run_id = run_identity(comm, manifest if own else None)
@@ -267,7 +268,7 @@ class Trainer:
     def _save(self, step: int):
         self._settle()
         step = apart.checkpoint_step(self, step) if self.apart else step
-        self.beacon.at("checkpoint", step)
+        self.beacon.at(SAVING, step)
         with self.rank.step.published():
             saved = checkpoints.save(self.rank, self.cfg, step, self.run_dir.path,
                                      {**self.rank.step.state(), "lr_step": step,
@@ -275,6 +276,7 @@ class Trainer:
                                      keep=self.cfg.checkpoint.keep,
                                      keep_every=self.cfg.checkpoint.keep_every,
                                      run=self.run_id, data=self.data, tokenizer=self.tokenizer)
+        self.beacon.at("after the checkpoint")  # (no longer SAVING: the stop grace holds)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")
         self.summary.checkpoint = saved.path

@@ -84,6 +84,7 @@ class Number(Spec):
 
     lo: float = -math.inf
     hi: float = math.inf
+    above: bool = False  # lo itself excluded
 
     def check(self, value, where=""):
         if not (_is_int(value) or isinstance(value, float)):
@@ -92,12 +93,14 @@ class Number(Spec):
             value = float(value)
         except OverflowError:  # an integer beyond any float
             value = math.inf
-        if not math.isfinite(value) or not self.lo <= value <= self.hi:
+        if not math.isfinite(value) or not self.lo <= value <= self.hi or \
+                (self.above and value == self.lo):
             raise Mismatch(where, value, f"must be {self.describe()}")
         return value
 
     def describe(self) -> str:
-        bounds = [f"at least {self.lo:g}" if self.lo > -math.inf else "",
+        bounds = [f"{'above' if self.above else 'at least'} {self.lo:g}"
+                  if self.lo > -math.inf else "",
                   f"at most {self.hi:g}" if self.hi < math.inf else ""]
         return "a finite number" + "".join(f", {b}" for b in bounds if b)
 

@@ -4,6 +4,9 @@ front without MPI, one line per model, and the file is a real PNG."""
 import subprocess
 import sys
 
+import pytest
+
+from hpcpipe.bench import memory
 from hpcpipe.bench.memory import README_MODELS, front_config, pareto_front
 
 
@@ -22,3 +25,11 @@ def test_the_bigger_model_holds_more_at_every_limit():
     medium = {p["limit_vs_1f1b"]: p["peak_activation_bytes"] for p in fronts["medium"]}
     assert tiny.keys() & medium.keys()
     assert all(medium[k] > tiny[k] for k in tiny.keys() & medium.keys())
+
+
+@pytest.mark.parametrize("flag", ["--pp", "--microbatches"])
+def test_a_count_below_one_is_a_usage_error(tmp_path, capsys, flag):
+    # (it was the config loader's ConfigError, as a traceback)
+    with pytest.raises(SystemExit) as stop:
+        memory.main(["--pareto", str(tmp_path / "front.png"), flag, "0"])
+    assert stop.value.code == 2 and f"argument {flag}" in capsys.readouterr().err

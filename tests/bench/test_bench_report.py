@@ -75,6 +75,17 @@ def test_no_parts_is_an_error(tmp_path):
         report.main([str(tmp_path / "empty"), "--out", str(tmp_path / "out")])
 
 
+def test_a_part_that_is_not_json_is_one_usage_error_naming_it(tmp_path, capsys):
+    # (a suite's --json cut short, or another file in the folder: it was a traceback)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "step.json").write_text('{"suite": "step", "rows": [')
+    with pytest.raises(SystemExit) as stop:
+        report.main([str(parts), "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    assert "step.json: not valid JSON" in capsys.readouterr().err
+
+
 def test_pipeline_rows_show_peaks_and_a_v_and_older_results_still_render():
     from hpcpipe.bench.report import pipeline_section
 

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from harness.hostile import ends_with_one_error
 
 from hpcpipe.__main__ import main
 from hpcpipe.bench import step
@@ -37,6 +38,13 @@ def test_smoke_without_torch_writes_json_and_profile(tmp_path, capsys):
     assert row["config"] == "smoke" and row["hpcpipe_tokens_per_s"] > 0 and row["mfu"] > 0
     assert row["torch_tokens_per_s"] is None and row["ratio"] is None
     assert {r["layer"] for r in row["profile_ms"]} >= {"attention", "linear", "adamw"}
+
+
+def test_device_events_on_the_cpu_are_refused_before_anything_is_measured(capsys):
+    # (it crashed with numpy's AttributeError for `cuda` after the whole measurement)
+    line = ends_with_one_error(capsys, ["bench", "step", "--smoke", "--no-torch",
+                                        "--profile-events", "--device", "cpu"])
+    assert "--profile-events" in line and "GPU" in line
 
 
 def test_tokens_from_real_text_reach_the_step(tmp_path):

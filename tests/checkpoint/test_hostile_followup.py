@@ -1,10 +1,11 @@
 """More checkpoints edited or damaged by someone else (the manifest re-signed to match, as
 test_hostile_hdf5's `resign` does): a link to nothing inside a checkpoint or its
 checkpoints/ folder (`ckpt ls` lists the rest and names it), counters such as adam_step
-at 2**63 - 1 (refused when the manifest is read, before a resume trains), and weights or
-Adam moments that are NaN, infinite or — for the second moment — negative (refused by
-export and resume, naming the file and tensor). Each is one readable error or a listing,
-never a traceback, and the checkpoint is left as it was."""
+at 2**63 - 1 or a loss scale of 0 (refused when the manifest is read, before a resume
+trains), a recorded config nested too deep for tomllib (read past), and weights or Adam
+moments that are NaN, infinite or — for the second moment — negative (refused by export
+and resume, naming the file and tensor). Each is one readable error or a listing, never a
+traceback, and the checkpoint is left as it was."""
 
 import os
 import shutil
@@ -93,6 +94,12 @@ def test_ls_of_a_run_whose_checkpoints_folder_is_a_link_to_nothing_is_one_error(
     assert "checkpoints: a link to" in line and "which leads nowhere" in line
 
 
+def test_ls_of_one_checkpoint_says_what_to_give_never_zero_checkpoints(capsys, run):
+    # it printed "RUN/checkpoints/step_00000001: 0 checkpoint(s)" and status 0
+    line = ends_with_one_error(capsys, ["ckpt", "ls", str(run / CKPT)])
+    assert "is one checkpoint" in line and "ckpt info" in line
+
+
 # -- counters near 2**63 -----------------------------------------------------------------
 
 def _set(field, value):
@@ -141,6 +148,30 @@ def test_a_resume_from_adam_step_2_63_refuses_before_training(capsys, run, tmp_p
     assert snapshot(run) == before
     assert not (tmp_path / "next" / "checkpoints").exists()
 
+
+
+def test_a_resume_from_a_loss_scale_of_0_refuses_before_training(capsys, run, tmp_path,
+                                                                  stdlib_tokens):
+    """No run writes a loss scale of 0 (a fixed one is positive, a dynamic one at least
+    1); resumed, it divided the gradients by 0: a ZeroDivisionError's traceback at the
+    first step."""
+    resign(run / CKPT, _set("state.loss_scale", 0.0))
+    before = snapshot(run)
+    line = ends_with_one_error(capsys, train_args(tmp_path / "next", stdlib_tokens,
+                                                  "train.steps=3")
+                               + ["--resume", str(run / CKPT)])
+    assert "state.loss_scale = 0.0: must be a finite number, above 0" in line, line
+    assert snapshot(run) == before
+
+
+def test_a_resume_reads_past_a_recorded_config_nested_too_deep(capsys, run, tmp_path,
+                                                               stdlib_tokens):
+    """The manifest's config text is only read for the note on a changed train.steps; TOML
+    nested thousands deep made tomllib's RecursionError a traceback instead of no note."""
+    resign(run / CKPT, lambda m: m.__setitem__("config", "a = " + "[" * 5000 + "]" * 5000))
+    assert main(train_args(tmp_path / "next", stdlib_tokens, "train.steps=2")
+                + ["--resume", str(run / CKPT)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
 
 # -- NaN, infinities, negative second moments ---------------------------------------------
 

@@ -4,8 +4,10 @@ counts far past the file's end (the gguf package's own reader loops or returns s
 arrays on these), a shape whose element count wraps 64 bits, tensors outside the data
 section, overlapping or unaligned, text that is not UTF-8, keys and tensors twice,
 unknown types, a big-endian or future file, an array of arrays, a FIFO, weights that are
-not finite. And the bounded reader reads a good file as the gguf package does."""
+not finite, a tokenizer the metadata cannot make, a block count of billions. And the
+bounded reader reads a good file as the gguf package does."""
 
+import dataclasses
 import os
 import struct
 
@@ -143,6 +145,46 @@ def test_a_missing_and_an_extra_tensor_are_refused_by_name(capsys, tmp_path):
     _model_file(tmp_path, drop)
     line = ends_with_one_error(capsys, _import(tmp_path / "m.gguf", tmp_path))
     assert "no tensor for model.layers.0.mlp.down_proj.weight" in line
+
+
+def test_a_block_count_of_billions_is_refused_at_once(capsys, tmp_path):
+    """llama.block_count = 2**31 - 1 beside one block's tensors: refused by counting them,
+    not after listing two billion blocks' names (hours, and memory without end)."""
+    ggufmodel.gguf_module()
+    cfg, state = _model_file(tmp_path)
+    ggufmodel.write(tmp_path / "m.gguf", dataclasses.replace(cfg, n_layer=2**31 - 1), state)
+    line = ends_with_one_error(capsys, _import(tmp_path / "m.gguf", tmp_path))
+    assert "tensors, but a Llama of 2,147,483,647 layers has" in line, line
+
+
+def _unknown_merge(vocabulary):
+    tokens, merges, types = vocabulary
+    return tokens, merges + ["zz qq"], types
+
+
+def _a_token_more(vocabulary):
+    tokens, merges, types = vocabulary
+    return tokens + ["<extra>"], merges, types + [1]
+
+
+@pytest.mark.parametrize("change, words", [
+    (_unknown_merge, "Token `zz` out of vocabulary"),
+    (_a_token_more, "301 tokens, more than the model's vocabulary of 300")],
+    ids=["unknown merge", "a token more"])
+def test_a_tokenizer_the_metadata_cannot_make_is_one_error_naming_the_file(
+        capsys, tmp_path, monkeypatch, change, words):
+    """The tokenizer.json made of the metadata is read back from a temporary folder; its
+    refusal named that temporary file (gone by the time the user reads it), not the GGUF
+    file, and did not say how to import without it."""
+    ggufmodel.gguf_module()
+    plain = ggufmodel.byte_vocabulary
+    monkeypatch.setattr(ggufmodel, "byte_vocabulary", lambda size: change(plain(size)))
+    _model_file(tmp_path)
+    line = ends_with_one_error(capsys, _import(tmp_path / "m.gguf", tmp_path))
+    assert f"{tmp_path / 'm.gguf'}: the tokenizer its metadata describes" in line, line
+    assert words in line and "--without-tokenizer" in line and line.count("/") == \
+        str(tmp_path / "m.gguf").count("/"), line  # (no other path)
+    assert not (tmp_path / "ckpt").exists()
 
 
 def test_the_bounded_reader_reads_a_good_file_as_the_gguf_package_does(tmp_path):

@@ -2,9 +2,9 @@
 and digests made to match again, so only the files' contents can tell: a dataset that
 lives in another file (an external or soft link, external storage, a virtual dataset),
 one that declares more than the file stores, attributes and objects of the wrong kind,
-optimizer state of the wrong type or length, a tensor left without optimizer state. Each
-is one readable error that names the file, never a traceback, never data read from
-outside the folder, never Adam's state silently replaced."""
+optimizer state of the wrong type or length, a tensor left without optimizer state, HDF5's
+own structures broken. Each is one readable error that names the file, never a traceback,
+never data read from outside the folder, never Adam's state silently replaced."""
 
 import json
 import math
@@ -229,3 +229,23 @@ def test_info_counts_the_parameters_of_a_huge_declared_shape_exactly(capsys, fol
     assert main(["ckpt", "info", str(folder)]) == 0
     params = sum(math.prod(t["shape"]) for t in manifest["tensors"].values())
     assert f"{params:,} parameters" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("signature, words", [(b"HEAP", "bad local heap signature"),
+                                               (b"GCOL", "bad global heap collection")])
+def test_a_file_whose_hdf5_structures_are_damaged_is_one_error_naming_it(
+        capsys, folder, tmp_path, signature, words):
+    """HDF5's own structures broken (one signature overwritten), the digests made to match:
+    h5py raises RuntimeError or KeyError, or an OSError that names no file; `verify`
+    said so, while export and generate (which read the weights alone) ended in a
+    traceback or a line without the file's name."""
+    data = (folder / MODEL).read_bytes()
+    assert data.count(signature) == 1
+    (folder / MODEL).write_bytes(data.replace(signature, b"XXXX"))
+    resign(folder)
+    assert any(words in p for p in ckpt.verify(str(folder)))
+    for argv in (["ckpt", "export", str(folder), "--out", str(tmp_path / "out.h5")],
+                 ["generate", str(folder), "--tokens", "1", "--prompt", "a"]):
+        line = ends_with_one_error(capsys, argv)
+        assert f"{folder}: unreadable checkpoint" in line and words in line, line
+    assert not (tmp_path / "out.h5").exists()

@@ -1,13 +1,17 @@
-"""Hugging Face folders that import-gpt2 must refuse with one readable error: an empty
+"""Hugging Face folders that import-hf must refuse with one readable error: an empty
 tensor whose other dimensions no array can have, an index naming a shard with a NUL
-byte, a config.json that is there but is not a file (never silently taken as absent)."""
+byte, a config.json that is there but is not a file (never silently taken as absent), a
+tokenizer.json whose ids pass the model's vocabulary, a Llama config.json claiming more
+layers than any file holds (refused at once)."""
 
 import json
 import os
 
 import pytest
+from harness import required
 from harness.hostile import ends_with_one_error, gpt2_tensors, raw_safetensors
 
+from hpcpipe.__main__ import main
 from hpcpipe.checkpoint import huggingface, safetensors
 
 
@@ -52,3 +56,50 @@ def test_a_config_json_that_is_not_a_file_is_an_error_not_absent(capsys, tmp_pat
     line = ends_with_one_error(capsys, _import(hf, tmp_path))
     assert f"{huggingface.CONFIG} cannot be read" in line
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_tokenizer_whose_ids_pass_the_vocabulary_is_refused(capsys, tmp_path):
+    """259 tokens fit a vocabulary of 260, but not when one of them has id 300: counted,
+    the tokenizer was imported, and `generate` of a prompt holding that token crashed
+    (IndexError) looking it up in the embedding."""
+    from harness.tokenfiles import write_tokenizer_json
+
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        required.missing("hf", "Hugging Face's tokenizers is not installed: pip install "
+                               "tokenizers")
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    safetensors.save(str(hf / huggingface.WEIGHTS), gpt2_tensors(V=260), {"n_head": "2"})
+    data = json.loads(write_tokenizer_json(hf / "tokenizer.json").read_text())
+    data["model"]["vocab"]["h"] = 300
+    (hf / "tokenizer.json").write_text(json.dumps(data))
+    line = ends_with_one_error(capsys, _import(hf, tmp_path))
+    assert "tokenizer.json: 301 tokens, more than the model's vocabulary of 260" in line
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_llama_config_claiming_billions_of_layers_is_refused_at_once(capsys, tmp_path):
+    """num_hidden_layers = 2**31 - 1 beside one layer's tensors: the expected tensors were
+    listed before they were counted — hours, and memory without end, for a refusal."""
+    import numpy as np
+    from harness.hostile import small_config
+
+    from hpcpipe import Llama
+    from hpcpipe import checkpoint as ckpt
+
+    cfg = small_config('model.arch="llama"', "model.n_kv_head=1", "model.n_layer=1")
+    ckpt.write_weights(str(tmp_path / "ckpt"), ckpt.Origin(cfg.to_toml(), cfg.model, "float32"),
+                       {n: np.asarray(v) for n, v in Llama(cfg.model).params.items()})
+    assert main(["ckpt", "export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf"),
+                 "--format", "hf"]) == 0
+    config = json.loads((tmp_path / "hf" / huggingface.CONFIG).read_text())
+    (tmp_path / "hf" / huggingface.CONFIG).write_text(
+        json.dumps({**config, "num_hidden_layers": 2**31 - 1}))
+    capsys.readouterr()
+    line = ends_with_one_error(capsys, ["ckpt", "import-hf", str(tmp_path / "hf"), "--out",
+                                        str(tmp_path / "again")])
+    assert "tensors, but a Llama of 2,147,483,647 layers has" in line, line
+    assert not (tmp_path / "again").exists()

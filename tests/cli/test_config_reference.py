@@ -8,6 +8,7 @@ import sys
 import tomllib
 
 import pytest
+from harness.hostile import ends_with_one_error
 
 from hpcpipe import config
 from hpcpipe.cli import config_reference as reference
@@ -50,6 +51,16 @@ def test_config_list_on_the_command_line():
     proc = subprocess.run([sys.executable, "-m", "hpcpipe", "config", "inputs/tiny.toml",
                            "--set", "train.steps=7"], capture_output=True, text=True, check=True)
     assert config.from_dict(tomllib.loads(proc.stdout)).train.steps == 7
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["inputs/tiny.toml", "--list"], "--list lists the defaults"),
+    (["--list", "--set", "train.steps=7"], "--list lists the defaults"),
+    (["inputs/tiny.toml", "--markdown"], "--markdown is a form of --list")])
+def test_options_the_command_would_ignore_are_refused(capsys, argv, says):
+    # `config mine.toml --list` printed the defaults as if they were mine.toml's values
+    line = ends_with_one_error(capsys, ["config", *argv])
+    assert says in line
 
 
 def _listed(listing: str, name: str) -> str:

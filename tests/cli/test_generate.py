@@ -222,3 +222,31 @@ def test_a_llama_checkpoint_generates_text_through_its_own_tokenizer(tmp_path):
     with contextlib.redirect_stdout(ids):
         assert main(["generate", str(tmp_path / "ckpt"), "--prompt", "the thé",
                      "--temperature", "0", "--tokens", "12", "--tokenizer", "ids"]) == 2
+
+
+def test_a_prompt_the_tokenizer_makes_ids_outside_the_vocabulary_of_is_one_error(capsys,
+                                                                                   tmp_path):
+    """A tokenizer.json's post-processor may put any id in front of a prompt (its own
+    vocabulary's count says nothing of it); --prompt-ids were checked against the model's
+    vocabulary, a tokenized prompt was not: an IndexError in the embedding."""
+    from harness import required
+    from harness.hostile import ends_with_one_error, small_config
+    from harness.tokenfiles import write_tokenizer_json
+
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        required.missing("hf", "Hugging Face's tokenizers is not installed")
+    cfg = small_config('model.arch="llama"', "model.n_kv_head=1", "model.vocab_size=259")
+    ckpt.write_weights(str(tmp_path / "ckpt"), ckpt.Origin(cfg.to_toml(), cfg.model, "float32"),
+                       {n: np.asarray(v) for n, v in perturbed_llama(cfg.model).params.items()})
+    data = json.loads(write_tokenizer_json(tmp_path / "tokenizer.json").read_text())
+    data["post_processor"] = {
+        "type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "X", "type_id": 0}},
+                                                 {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [], "special_tokens": {"X": {"id": "X", "ids": [5000], "tokens": ["X"]}}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    line = ends_with_one_error(capsys, ["generate", str(tmp_path / "ckpt"), "--prompt", "the",
+                                        "--tokens", "1", "--tokenizer", "hf",
+                                        "--tokenizer-file", str(tmp_path / "tokenizer.json")])
+    assert "--prompt: the tokenizer made token id 5000" in line and "0..258" in line, line

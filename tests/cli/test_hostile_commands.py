@@ -143,3 +143,41 @@ def test_a_text_prompt_with_the_ids_tokenizer_says_so():
     args = argparse.Namespace(prompt="x", prompt_ids=None, tokenizer="ids")
     with pytest.raises(HpcpipeError, match="--tokenizer ids takes token ids"):
         prompt_ids(args, 256, None)  # a byte vocabulary: never "is not bytes"
+
+
+# -- empty paths --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    ["prepare", "--corpus", ""], ["prepare", "--out", ""], ["prepare", "--from", ""],
+    ["prepare", "--tokenizer", "hf", "--tokenizer-file", ""], ["plot", "runs/x", "--out", ""],
+    ["generate", "runs/x", "--tokenizer-file", ""], ["schedule", "--load-csv", ""],
+    ["ckpt", "import-hf", "x", "--out", "y", "--config", ""],
+    ["ckpt", "import-gguf", "x.gguf", "--out", "y", "--config", ""],
+    ["bench", "gpu-model", "--calibration", ""], ["bench", "stragglers", "--config", ""]])
+def test_an_empty_path_is_refused_never_taken_for_the_default(capsys, argv):
+    # `--out "$OUT"` with OUT unset: prepare tokenized the whole standard library into
+    # data/stdlib.tokens.h5, plot wrote RUN_DIR/plot.png, gpu-model predicted at the
+    # stated rates uncalibrated, import-hf used the default config — each said nothing
+    line = ends_with_one_error(capsys, argv)
+    assert "an empty path" in line
+
+
+# -- options the command would ignore -----------------------------------------------------------
+
+def test_a_tokenizer_file_for_the_byte_tokenizer_is_refused(capsys, tmp_path):
+    # `prepare --tokenizer-file r50k_base.tiktoken` (without --tokenizer gpt2) wrote bytes
+    out = tmp_path / "x.h5"
+    for argv in (["prepare", "--tokenizer-file", "r50k_base.tiktoken", "--out", str(out)],
+                 ["prepare", "--tokenizer", "bytes", "--tokenizer-file", "t.json", "--out",
+                  str(out)]):
+        line = ends_with_one_error(capsys, argv)
+        assert "--tokenizer-file" in line and "bytes" in line
+    assert not out.exists()
+
+
+def test_a_shard_size_for_an_export_that_is_not_sharded_is_refused(capsys, tmp_path):
+    # (checked before the checkpoint is read: none is needed here)
+    out = tmp_path / "x.h5"
+    line = ends_with_one_error(capsys, ["ckpt", "export", str(tmp_path / "run"), "--out",
+                                        str(out), "--max-shard-size", "1MB"])
+    assert "--max-shard-size" in line and not out.exists()

@@ -2,6 +2,7 @@
 made here: no network), checked line by line; `prepare --tokenizer gpt2`; text decoded
 as tokens come."""
 
+import json
 import os
 import sys
 
@@ -161,3 +162,51 @@ def test_a_broken_tokenizer_json_is_one_error(capsys, tmp_path, tokenizer_json):
     assert main(["prepare", "--tokenizer", "hf", "--out", str(tmp_path / "t.h5")]) == 2
     assert "give --tokenizer-file FILE" in capsys.readouterr().err
     assert not (tmp_path / "t.h5").exists()
+
+
+def test_a_tokenizer_json_whose_ids_pass_its_token_count_is_sized_by_its_largest_id(
+        capsys, tmp_path, tokenizer_json):
+    """The tokenizers package takes a vocabulary with gaps in its ids; its ids, not its
+    count of tokens, are what token files and models must hold (counted, an id of 70,000
+    among 259 tokens was written as uint16: an OverflowError's traceback)."""
+    data = json.loads(tokenizer_json.read_text())
+    data["model"]["vocab"]["h"] = 70_000
+    tokenizer_json.write_text(json.dumps(data))
+    assert tk.load("hf", str(tokenizer_json)).vocab_size == 70_001
+    (tmp_path / "c.txt").write_text("hhh\n" * 20)
+    out = tmp_path / "t.h5"
+    assert main(["prepare", "--corpus", str(tmp_path / "c.txt"), "--tokenizer", "hf",
+                 "--tokenizer-file", str(tokenizer_json), "--out", str(out)]) == 0
+    with h5py.File(out, "r") as f:
+        assert 70_000 in f["train"][:] and f.attrs["vocab_size"] == 70_001
+
+
+def test_a_tokenizer_json_whose_regex_gives_up_is_one_error(capsys, tmp_path, tokenizer_json):
+    """A pre-tokenizer's regex that backtracks without end hits Oniguruma's retry limit,
+    which the tokenizers package raises as a Rust panic (pyo3's PanicException, not an
+    Exception): a traceback, where a file from outside gets one error line."""
+    data = json.loads(tokenizer_json.read_text())
+    data["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a|aa)+$"},
+                             "behavior": "Isolated", "invert": False}
+    tokenizer_json.write_text(json.dumps(data))
+    (tmp_path / "c.txt").write_text("a" * 64 + "b\n")
+    assert main(["prepare", "--corpus", str(tmp_path / "c.txt"), "--tokenizer", "hf",
+                 "--tokenizer-file", str(tokenizer_json), "--out", str(tmp_path / "t.h5")]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and f"{tokenizer_json}" in lines[0] and "gave up" in lines[0], err
+    assert not (tmp_path / "t.h5").exists()
+
+
+def test_a_tokenizer_json_the_package_panics_on_is_one_error(capsys, tmp_path, tokenizer_json):
+    """A Precompiled normalizer whose charsmap is not one: the tokenizers package panics
+    while reading the file (pyo3's PanicException, not an Exception)."""
+    data = json.loads(tokenizer_json.read_text())
+    data["normalizer"] = {"type": "Precompiled", "precompiled_charsmap": "AAAA"}
+    tokenizer_json.write_text(json.dumps(data))
+    (tmp_path / "c.txt").write_text("some text\n")
+    assert main(["prepare", "--corpus", str(tmp_path / "c.txt"), "--tokenizer", "hf",
+                 "--tokenizer-file", str(tokenizer_json), "--out", str(tmp_path / "t.h5")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "is not a tokenizer.json the tokenizers package reads" in lines[0]
+    assert "Cannot parse precompiled_charsmap" in lines[0]

@@ -1,8 +1,10 @@
 """Every blocking collective says what it waits on (parallel/beacon.py), so a hang dump names
-it instead of "waiting on nothing (computing)": tensor parallelism's collectives, and the
-all-reduces of local SGD's outer step and of synchronous elastic averaging, over a
+it instead of "waiting on nothing (computing)": tensor parallelism's collectives, PowerSGD's
+all-reduces, and those of local SGD's outer step and of synchronous elastic averaging, over a
 stand-in communicator of two members, which looks at the rank's beacon from inside each
 call (no MPI job: the wording and the sums are what is checked)."""
+
+from types import SimpleNamespace
 
 import numpy as np
 from mpi4py import MPI
@@ -11,6 +13,7 @@ from hpcpipe.device import backend
 from hpcpipe.parallel.asyncdp.elastic import SyncElastic
 from hpcpipe.parallel.beacon import Beacon
 from hpcpipe.parallel.outer import OuterStep
+from hpcpipe.parallel.powersgd import PowerSGD
 from hpcpipe.parallel.tensor import TensorParallel
 from hpcpipe.parallel.transport import Transport
 
@@ -26,6 +29,9 @@ class _TwoShards:
 
     def _seen(self):
         self.waits.append(None if self.beacon.wait is None else self.beacon.wait[:2])
+
+    def Get_size(self):
+        return self.size
 
     def Allreduce(self, _, buffer, op):
         self._seen()
@@ -50,7 +56,7 @@ def test_every_tensor_parallel_collective_names_its_wait():
     assert tp.gather_sequence(x[:, :2]).shape == (2, 4, 3)
     np.testing.assert_array_equal(tp.scatter_sequence(x), 2 * x[:, :2])
     names = [("collective", f"{what} over a communicator") for what in (
-        "the all-reduce of a sum", "a tensor-parallel all-reduce",
+        "a tensor-parallel all-reduce", "a tensor-parallel all-reduce",
         "a tensor-parallel all-gather of the sequence",
         "a tensor-parallel reduce-scatter of the sequence")]
     assert comm.waits == names
@@ -82,4 +88,22 @@ def test_the_outer_step_and_the_elastic_exchange_name_their_all_reduce():
                                   [0.0, 2.0, 10.0])
     assert comm.waits == [("collective", f"{what} over a communicator") for what in (
         "the outer step's all-reduce", "the elastic exchange's all-reduce")]
+    assert beacon.wait is None
+
+
+def test_powersgd_names_what_it_reduces():
+    """Its all-reduces read "the all-reduce of a sum", which could be any of them."""
+    beacon = Beacon()
+    comm, transport = _TwoShards(beacon), Transport(backend.cpu(), beacon=beacon)
+    grads = np.ones(256, np.float32)
+    stage = SimpleNamespace(grad_buffer=SimpleNamespace(layout=[("w", (16, 16))],
+                                                        offsets={"w": (0, 256)}, data=grads,
+                                                        dtype=np.float32))
+    compressor = PowerSGD({0: stage}, backend.cpu(), transport, comm, 1, np.float32, warmup=1)
+    compressor.reduce(1)  # the warm-up: whole, then compressed
+    np.testing.assert_array_equal(grads, 2)
+    compressor.reduce(2)
+    assert comm.waits == [("collective", f"PowerSGD's all-reduce of {what} over a "
+                                         f"communicator") for what in (
+        "the warm-up's whole gradients", "the P factors", "the Q factors")]
     assert beacon.wait is None

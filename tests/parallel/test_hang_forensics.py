@@ -16,8 +16,9 @@ import time
 import pytest
 from harness.mpirun import ROOT, job_env, launcher, run, stop
 
+from hpcpipe import checkpoint as ckpt
 from hpcpipe.parallel.watchdog import EXIT_HUNG, HANGS
-from hpcpipe.runs.hangs import analyse
+from hpcpipe.runs.hangs import analyse, read_dumps
 
 SMALL = ["model.n_layer=4", "model.n_embd=16", "model.n_head=2", "model.block_size=16",
          "train.micro_batch_size=2", "train.eval_every=0", "train.eval_batches=1",
@@ -76,6 +77,74 @@ def test_a_stalled_rank_ends_the_job_with_every_ranks_op_named(tmp_path, stdlib_
                             cwd=ROOT, env=job_env(), capture_output=True, text=True,
                             timeout=120)
     assert doctor.returncode == 1 and f"rank {stalled} stalls" in doctor.stdout
+
+
+def _stalled_at(place, nth, run_dir, tokens, *layout, resume=False):
+    """A pp 2 job of tests/mpi/stalls.py: rank 1 stalls at `place` (60 s) while rank 0
+    waits for it; what the watchdog made of it (status 3 within the timeout), and the lines."""
+    args = _args(run_dir, tokens, *layout, f"parallel.timeout={TIMEOUT}")[4:]
+    done = run(["tests/mpi/stalls.py", place, str(nth), "60", "--", *args,
+                *(["--resume"] if resume else [])], n=2, timeout=200)
+    assert done.returncode == EXIT_HUNG, done.stderr[-3000:]
+    errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1, done.stderr[-3000:]
+    lines = _lines(done.stderr)
+    assert "waits on nothing (computing)" in lines[1], lines
+    return errors[0], lines
+
+
+def test_a_rank_stalled_in_its_checkpoint_files_is_a_hang_named_as_one(tmp_path,
+                                                                       stdlib_tokens):
+    """A file system hung on one node: rank 1 stalls writing its shard of step 4's
+    checkpoint, then reading it on a resume, and rank 0 waits for it in the checkpoint's
+    collectives — which said nothing to the watchdog, so the job waited as long as the
+    stall did, parallel.timeout never reached. Step 2's checkpoint stays the last good one."""
+    run_dir, layout = tmp_path / "run", ["parallel.pp=2", "parallel.microbatches=2",
+                                         'parallel.schedule="1f1b"', "checkpoint.every=2"]
+    error, lines = _stalled_at("write", 3, run_dir, stdlib_tokens, *layout)
+    assert "the checkpoint of step 4" in error and "the checkpoint of step 4" in lines[0]
+    assert "): checkpoint | waits on nothing" in lines[1]
+    latest = ckpt.latest(str(run_dir / "checkpoints"))
+    assert latest.endswith("step_00000002") and ckpt.verify(latest) == []
+    error, lines = _stalled_at("read", 1, run_dir, stdlib_tokens, *layout, resume=True)
+    assert "the checkpoint of step 2" in error and "not in an op: set-up" in lines[1]
+
+
+def test_a_2bw_head_stalled_before_the_tied_sum_is_a_hang_named_as_one(tmp_path,
+                                                                       stdlib_tokens):
+    """PipeDream-2BW at pp 2: the head (rank 1) stalls before it sends its part of the tied
+    embedding's gradient; the first stage's receive of it said nothing to the watchdog."""
+    error, lines = _stalled_at("tied", 2, tmp_path / "run", stdlib_tokens, "parallel.pp=2",
+                               "parallel.microbatches=2", 'parallel.schedule="pipedream-2bw"')
+    assert "the tied embedding's sum" in error and "the tied embedding's sum" in lines[0]
+
+
+def test_a_rank_stalled_in_its_update_is_a_hang_named_as_one(tmp_path, stdlib_tokens):
+    """Rank 1 stalls in its optimizer's update; rank 0, done with its own, waited for it
+    unannounced in the step's last collective, the all-gather of every rank's timings."""
+    wait = "the all-gather of the step's timings"
+    error, lines = _stalled_at("update", 2, tmp_path / "run", stdlib_tokens, "parallel.pp=2",
+                               "parallel.microbatches=2", 'parallel.schedule="1f1b"')
+    assert wait in error and wait in lines[0]
+
+
+def test_a_replica_stalled_under_bounded_staleness_is_named_by_doctor(tmp_path,
+                                                                      stdlib_tokens):
+    """SSP at dp 2: rank 1 stops after its step 2 and rank 0 waits for it through the MPI
+    windows. The window wait names the ranks it waits on, and `doctor` reads the dump
+    (its kind was refused: "not a hang dump", the waiting rank left out)."""
+    run_dir = tmp_path / "run"
+    done = run(_args(run_dir, stdlib_tokens, "parallel.dp=2", "parallel.microbatches=2",
+                     'parallel.schedule="1f1b"', 'parallel.async_dp="ssp"',
+                     f"parallel.timeout={TIMEOUT}"), n=2, timeout=200,
+               env={"HPCPIPE_ASYNC_STALL": "1:2:60"})
+    assert done.returncode == EXIT_HUNG, done.stderr[-3000:]
+    lines = _lines(done.stderr)
+    assert "by rank(s) 1 " in lines[0] and "waits on nothing (computing)" in lines[1], lines
+    dumps, problems = read_dumps(str(run_dir))
+    assert problems == [] and sorted(dumps) == [0, 1]
+    assert analyse(dumps)[1] == [f"rank 1 waits on nobody ({dumps[1]['phase']}), and rank(s) "
+                                 f"0 wait on it: rank 1 stalls"]
 
 
 def _ranks(proc) -> list[int]:
@@ -162,6 +231,33 @@ def test_sigusr2_dumps_without_ending_and_signals_always_end_a_stalled_job(tmp_p
     assert "Traceback" not in err and proc.returncode == 128 + signal.SIGINT, err[-3000:]
 
 
+def test_sigterm_during_a_slow_save_lets_it_finish(tmp_path, stdlib_tokens):
+    """Rank 0 waits 8 s in a save for rank 1's files (a big shard on a slow file system)
+    when SIGTERM comes: saving is what the signal asks for, so the stop grace (2 s here)
+    does not take that wait for a hang — the save completes and the job stops at the next
+    boundary, status 75 (the wait is announced for parallel.timeout, off here)."""
+    run_dir = tmp_path / "run"
+    args = _args(run_dir, stdlib_tokens, "parallel.pp=2", "parallel.microbatches=2",
+                 'parallel.schedule="1f1b"', "checkpoint.every=2", "parallel.timeout=0")
+    proc = subprocess.Popen([*launcher(2), sys.executable, "tests/mpi/stalls.py", "write", "3",
+                             "8", "--", *args[4:]], cwd=ROOT,
+                            env=job_env({"HPCPIPE_STOP_GRACE_S": "2"}), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    partial, deadline = run_dir / "checkpoints" / ".step_00000004.tmp", time.monotonic() + 120
+    while not (partial.exists() and any(partial.iterdir())):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            pytest.fail(proc.stderr.read()[-3000:])
+        time.sleep(0.05)
+    for pid in _ranks(proc):
+        os.kill(pid, signal.SIGTERM)
+    err = _ended(proc, 60)
+    assert proc.returncode == 75, err[-3000:]
+    root = str(run_dir / "checkpoints")  # the slow save's, then the next boundary's
+    assert [s for s, _ in ckpt.list_checkpoints(root)][-2:] == [4, 5]
+    assert ckpt.verify(ckpt.latest(root)) == []
+
+
 def _dump(rank, waiting=None, op=None):
     return {"rank": rank, "pp": rank, "dp": 0, "tp": 0, "step": 5, "phase": "its step",
             "op": op, "after": None, "reason": "test", "waiting": waiting,
@@ -185,23 +281,19 @@ def test_the_wait_for_graph_names_a_cycle_and_a_dead_peer():
                                 "stuck where Python cannot run"]
 
 
-def test_a_window_wait_is_read_back_and_a_recv_without_its_peer_left_out(tmp_path):
-    """An asynchronous run's rank waiting on an MPI window dumps the kind "window"
-    (parallel/asyncdp/windows.py), which `doctor` left out as 'not a hang dump' — and then
-    called that rank dead; a receive that names no peer ended describe() in an IndexError."""
-    from hpcpipe.parallel.beacon import Beacon
+def test_a_receive_that_names_no_sender_is_left_out(tmp_path):
+    """A dump whose receive names no peer (edited, or not hpcpipe's) passed the reader and
+    ended describe() in an IndexError traceback; it is left out, named, as other dumps
+    that do not fit are."""
     from hpcpipe.runs.hangs import read_dumps
 
-    beacon = Beacon(world_rank=1, coords=(0, 1, 0))
-    beacon.waiting("window", "the updates through step 3")
     (tmp_path / HANGS).mkdir()
-    (tmp_path / HANGS / "rank-00001.json").write_text(json.dumps(
-        {**beacon.snapshot(), "reason": "test", "time": 100.0}))
+    (tmp_path / HANGS / "rank-00000.json").write_text(json.dumps(_dump(0, _recv(1))))
     (tmp_path / HANGS / "rank-00002.json").write_text(json.dumps(
         _dump(2, {**_recv(0), "peers": []})))
     dumps, problems = read_dumps(str(tmp_path))
-    assert list(dumps) == [1] and "rank-00002.json: not a hang dump" in problems[0]
-    assert "waits on the updates through step 3" in analyse(dumps)[0][0]
+    assert list(dumps) == [0] and "rank-00002.json: not a hang dump" in problems[0]
+    analyse(dumps)
 
 
 def test_collectives_in_mismatched_orders_on_many_ranks_are_named_at_once():

@@ -61,3 +61,14 @@ def test_generate_refuses_what_would_fail_mid_output(capsys, tmp_path, stdlib_to
     assert "--temperature: expected 0 (greedy) or at least 1e-06" in line
     assert main(["generate", str(run_dir), "--tokenizer", "ids", "--prompt-ids", "1,2",
                  "--temperature", "1e-6", "--tokens", "3"]) == 0
+
+
+def test_a_resume_from_nowhere_is_refused_before_the_corpus_is_prepared(capsys, tmp_path):
+    # (a mistyped --resume on a first run: a corpus of books was tokenized before it was
+    # said; the run would have been refused either way)
+    corpus, tokens = tmp_path / "corpus.txt", tmp_path / "t.h5"
+    corpus.write_text("text\n" * 400)
+    argv = _train(tmp_path / "run", tokens, f'data.corpus="{corpus}"')
+    line = ends_with_one_error(capsys, argv + ["--resume", str(tmp_path / "nowhere")])
+    assert "no checkpoint there" in line
+    assert not tokens.exists()

@@ -1,9 +1,10 @@
 """Fuzzing every reader of outside files, and the command line: random and mutated
-configs, token files (hpcpipe's HDF5, llm.c and nanoGPT shards), manifests, `latest` pointers, metrics files, safetensors files and
-arguments. Whatever comes in, a reader raises only its own user-facing error (or accepts
-the input); a command ends with status 0, 1 or 2, at most one `error:` line and no
-traceback; nothing hangs (each case runs under an alarm); and nothing outside a command's
-output path is created, changed or deleted.
+configs, token files (hpcpipe's HDF5, llm.c and nanoGPT shards), manifests, `latest`
+pointers, metrics files, safetensors files, GGUF files, Hugging Face Llama folders (config,
+index, shards, tokenizer.json) and arguments. Whatever comes in, a reader raises only its
+own user-facing error (or accepts the input); a command ends with status 0, 1 or 2, at
+most one `error:` line and no traceback; nothing hangs (each case runs under an alarm);
+and nothing outside a command's output path is created, changed or deleted.
 
 File mutations are seeded (reproducible: a failure names its seed); argument lists come
 from hypothesis, derandomized so that CI runs the same cases every time.
@@ -28,7 +29,7 @@ from hpcpipe import checkpoint as ckpt
 from hpcpipe import config
 from hpcpipe.__main__ import main
 from hpcpipe.checkpoint import manifest as manifests
-from hpcpipe.checkpoint import safetensors
+from hpcpipe.checkpoint import huggingface, safetensors
 from hpcpipe.config import ConfigError
 from hpcpipe.data import corpora as data
 from hpcpipe.data import tokenizer
@@ -212,6 +213,80 @@ def test_safetensors_reader_and_import(capsys, tmp_path):
             assert ckpt.verify(str(out)) == [], seed
             shutil.rmtree(out)
         assert snapshot(work) == before, seed
+
+
+def _llama_weights(tmp_path):
+    """(shape, Hugging Face state dict) of a small random Llama: hpcpipe's own, no torch."""
+    import numpy as np
+
+    from hpcpipe import Llama
+
+    cfg = small_config('model.arch="llama"', "model.n_kv_head=1", "model.n_embd=32",
+                       "model.intermediate_size=64")
+    return cfg, {n: np.asarray(v) for n, v in Llama(cfg.model, seed=1).params.items()}
+
+
+def _mutated_copies(rng_cases, good: dict, work):
+    """For each case, `work` as a copy of the files `good` (name → bytes) with one of them
+    mutated: its header (or JSON) mostly, sometimes anywhere."""
+    for seed in range(rng_cases):
+        rng = random.Random(seed)
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+        victim = rng.choice(sorted(good))
+        for name, data in good.items():
+            if name == victim:
+                cut = len(data) if seed % 3 == 0 else min(len(data), 4096)
+                data = mutate_bytes(data[:cut], rng) + data[cut:]
+            (work / name).write_bytes(data)
+        yield seed, victim
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NaN scales, refused
+def test_gguf_reader_and_import(capsys, tmp_path):
+    """GGUF files (F32 and Q8_0 tensors, a byte-level tokenizer in the metadata) with
+    mutated headers, lengths, types and data: imported, or one error; nothing left."""
+    from harness import ggufmodel
+
+    ggufmodel.gguf_module()
+    cfg, state = _llama_weights(tmp_path)
+    good = {}
+    for quant in ("F32", "Q8_0"):
+        ggufmodel.write(tmp_path / f"{quant}.gguf", cfg.model, state, quant=quant)
+        good[f"{quant}.gguf"] = (tmp_path / f"{quant}.gguf").read_bytes()
+    work, out = tmp_path / "work", tmp_path / "out"
+    for seed, victim in _mutated_copies(CASES, good, work):
+        code = ends_cleanly(capsys, ["ckpt", "import-gguf", str(work / victim), "--out",
+                                     str(out)], allowed=(0, 2))
+        if code == 0:
+            assert ckpt.verify(str(out)) == [], seed
+            shutil.rmtree(out)
+        assert not out.exists(), seed
+
+
+def test_hugging_face_llama_folder_import(capsys, tmp_path):
+    """A Llama folder as `ckpt export --format hf` writes it (config.json, shards and
+    their index, tokenizer.json), one file of it mutated: imported, or one error."""
+    from harness.tokenfiles import write_tokenizer_json
+
+    cfg, state = _llama_weights(tmp_path)
+    write_tokenizer_json(tmp_path / "tokenizer.json", cfg.model.vocab_size)
+    ckpt.write_weights(str(tmp_path / "ckpt"), ckpt.Origin(cfg.to_toml(), cfg.model,
+                                                           "float32"), state,
+                       tokenizer=(tmp_path / "tokenizer.json").read_bytes())
+    assert main(["ckpt", "export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf"),
+                 "--format", "hf", "--max-shard-size", "20KB"]) == 0
+    capsys.readouterr()
+    good = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    assert huggingface.INDEX in good and len(good) > 4
+    work, out = tmp_path / "work", tmp_path / "out"
+    for seed, victim in _mutated_copies(CASES, good, work):
+        code = ends_cleanly(capsys, ["ckpt", "import-hf", str(work), "--out", str(out)],
+                            allowed=(0, 2))
+        if code == 0:
+            assert ckpt.verify(str(out)) == [], seed
+            shutil.rmtree(out)
+        assert not out.exists(), seed
 
 
 def test_manifest_and_latest_readers(capsys, tmp_path, checkpoint_dir):

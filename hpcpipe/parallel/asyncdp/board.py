@@ -69,7 +69,7 @@ class Board:
         want = self.meetings * self.world.size
         self.deadline.wait(lambda: self.words.read(ROOT, ARRIVED) >= want,
                            lambda: f"every rank to reach {what} (ranks' last steps: "
-                                   f"{self.clocks().tolist()})")
+                                   f"{self.clocks().tolist()})", self.world)
 
     def meeting(self) -> int:
         """Where the replicas meet next because a rank asked (0: nowhere)."""

@@ -160,7 +160,7 @@ class AsyncCentre(Sharded):
                 want = versions[j]
                 self.deadline.wait(lambda: self.words.read(j, VERSION) == want,
                                    lambda: f"version {want} of the elastic centre's shard "
-                                           f"on rank {j} (the recorded order)")
+                                           f"on rank {j} (the recorded order)", self.comm)
             lock = TicketLock(self.words, j, LOCK)
             lock.acquire(self.deadline, lambda: f"the elastic centre's shard on rank {j}")
             try:

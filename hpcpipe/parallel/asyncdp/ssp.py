@@ -85,13 +85,13 @@ class GradientRing(Sharded):
             self.deadline.wait(lambda: words.read(j, base + LAP) == lap,
                                lambda: f"the replicas to pull step {step - self.slots} from "
                                        f"gradient slot {slot} on rank {j} of the stage's "
-                                       f"replicas")
+                                       f"replicas", self.comm)
             turn = words.add(j, base + TURN)  # (a replay takes the recorded turn instead)
             if turns is not None:
                 turn = turns[j]
             self.deadline.wait(lambda: words.read(j, base + PUSHED) == turn,
                                lambda: f"push turn {turn} of step {step} on rank {j} (the "
-                                       f"replicas before it in the sum)")
+                                       f"replicas before it in the sum)", self.comm)
             lo, hi = self.parts[j]
             if turn == 0:  # the first into the slot: its gradient is the sum so far
                 self.data.put(j, slot * self.width, flat[lo:hi])
@@ -125,7 +125,7 @@ class GradientRing(Sharded):
         """Block until `step` is complete; `behind()` names who is late, for the error."""
         self.deadline.wait(lambda: self.complete(step),
                            lambda: f"the gradient sum of step {step}, which the staleness "
-                                   f"bound needs ({behind()})")
+                                   f"bound needs ({behind()})", self.comm)
 
     def pull(self, step: int, out) -> int:
         """out (a host array of `size` elements) ← the replicas' sum of `step`; returns

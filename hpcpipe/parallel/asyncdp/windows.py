@@ -49,13 +49,14 @@ class Deadline:
     def __init__(self, seconds: float, progress=None, beacon=None):
         self.seconds, self.progress, self.beacon = seconds, progress, beacon
 
-    def wait(self, ready, what):
-        """Poll `ready()` until it is true; past the deadline raise PeerTimeout with
-        `what()` (a callable: the message is built only when needed)."""
+    def wait(self, ready, what, comm):
+        """Poll `ready()` until it is true — something the other ranks of `comm` do
+        (`comm`: the window's) — past the deadline raise PeerTimeout with `what()` (a
+        callable: the message is built only when needed)."""
         if ready():
             return
         if self.beacon is not None:
-            self.beacon.waiting("window", what())
+            self.beacon.waiting("window", what(), waited_on(self.beacon, comm))
         try:
             self._poll(ready, what)
         finally:
@@ -73,6 +74,12 @@ class Deadline:
             if self.progress is not None:
                 self.progress()
             pause = min(2 * pause, self.LONGEST_SLEEP)
+
+
+def waited_on(beacon, comm) -> list[int]:
+    """The world ranks a window wait on `comm` waits on, as the hang dump names them: the
+    others (which of them is late the wait's words say, where they know)."""
+    return [r for r in beacon.members(comm) if r != beacon.world_rank]
 
 
 class Window:
@@ -204,7 +211,7 @@ class TicketLock:
     def acquire(self, deadline: Deadline, what):
         ticket = self.words.add(self.target, self.index)
         deadline.wait(lambda: self.words.read(self.target, self.index + 1) == ticket,
-                      lambda: f"{what()} (lock ticket {ticket})")
+                      lambda: f"{what()} (lock ticket {ticket})", self.words.comm)
 
     def release(self):
         self.words.add(self.target, self.index + 1)

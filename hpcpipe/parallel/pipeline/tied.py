@@ -102,7 +102,8 @@ class TiedEmbedding:
         part = emb.grads[name] if emb is not None else head.head_grad
         self.bytes_sent += int(part.nbytes)  # either way each holder sends one a step
         if not self._started:  # not exchanged early (host staging, or no hooks ran)
-            total = self.transport.allreduce_sum(self.comm, part)
+            total = self.transport.allreduce_sum(self.comm, part,
+                                                 what="the tied embedding's sum")
             if head is not None:
                 head.grads[name][...] = total
             return

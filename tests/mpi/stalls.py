@@ -1,0 +1,42 @@
+"""MPI worker: one rank stalls outside the schedule's ops (where HPCPIPE_STALL cannot reach)
+while the others wait for it: in the write of its checkpoint files or their read on a
+resume (a file system hung on one node), as a PipeDream-2BW head before its part of
+the tied embedding's sum, or in its optimizer's update (a kernel that never returns).
+Started by tests/parallel/test_hang_forensics.py:
+
+    mpiexec -n 2 python tests/mpi/stalls.py PLACE N SECONDS -- train ARGUMENTS
+
+World rank 1 sleeps SECONDS at PLACE (`write`, `read`, `tied` or `update`) the Nth time
+it gets there, then goes on.
+"""
+
+import sys
+import time
+
+from hpcpipe.__main__ import main
+from hpcpipe.checkpoint import parts
+from hpcpipe.train.delayed import DelayedStep
+from hpcpipe.train.step import TrainStep
+
+PLACES = {"write": (parts, "write"), "read": (parts.Saved, "tensor"),
+          "tied": (DelayedStep, "_tied"), "update": (TrainStep, "_update")}
+
+
+def stall_at(place: str, nth: int, seconds: float):
+    owner, name = PLACES[place]
+    original, calls = getattr(owner, name), []
+
+    def stalled(*args, **kwargs):
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.rank == 1:
+            calls.append(1)
+            if len(calls) == nth:
+                time.sleep(seconds)
+        return original(*args, **kwargs)
+    setattr(owner, name, stalled)
+
+
+if __name__ == "__main__":
+    stall_at(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
+    sys.exit(main(sys.argv[sys.argv.index("--") + 1:]))

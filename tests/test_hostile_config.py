@@ -81,3 +81,31 @@ def test_more_steps_than_a_checkpoint_can_count_are_refused(tmp_path):
     msg = error_of(tmp_path, "", overrides=[f"train.steps={2**53 + 1}"])
     assert "train.steps" in msg and "at most 2**53" in msg
     assert config.load(str(tmp_path / "run.toml"), [f"train.steps={2**53}"]).train.steps == 2**53
+
+
+def test_a_pipeline_of_more_stages_than_memory_holds_is_one_error(tmp_path):
+    """parallel.pp = 2**53 used to build a tuple of one recomputation per stage first, and
+    end in a bare MemoryError."""
+    msg = error_of(tmp_path, "", overrides=[f"parallel.pp={2**53}"])
+    assert "parallel.pp" in msg and "every stage needs at least half" in msg
+
+
+def test_optimizer_numbers_are_named_in_their_own_section(tmp_path):
+    """optim.beta2 used to be named train.beta2 (its place before issue 58), and an
+    optim.eps past float32 printed numpy's overflow warning above the error."""
+    import warnings
+
+    assert error_of(tmp_path, "", overrides=["optim.beta2=1.5"]).startswith(
+        f"{tmp_path / 'run.toml'} (with --set): optim.beta2 = 1.5")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "optim.eps = 1e+300" in error_of(tmp_path, "", overrides=["optim.eps=1e300"])
+
+
+def test_a_loss_scale_whose_inverse_overflows_float32_is_refused(tmp_path):
+    """train.loss_scale = 1e-300 was accepted, and every step's unscaling (1 / scale, in
+    float32) was inf: a run of NaN losses and skipped updates under numpy's warnings."""
+    msg = error_of(tmp_path, "", overrides=["train.loss_scale=1e-300"])
+    assert "train.loss_scale = 1e-300" in msg and "at least 2.94e-39" in msg
+    assert config.load(str(tmp_path / "run.toml"),
+                       ["train.loss_scale=3e-39"]).train.loss_scale == 3e-39

@@ -260,6 +260,10 @@ def check_fit(source: str, parallel: ParallelSection, model, recompute: str):
             except ScheduleError as e:
                 raise ConfigError(source, "parallel.exact_seconds", parallel.exact_seconds,
                                   str(e)) from None
+    if not parallel.layout:  # (first: parse_stages builds a tuple of `stages`)
+        require(source, "parallel.pp", parallel.pp, stages <= 2 * n_layer,
+                f"{stages} model stages (pp × chunks) but model.n_layer = {n_layer}: every "
+                f"stage needs at least half a transformer block")
     try:
         parse_stages(recompute, stages)
     except ScheduleError as e:
@@ -269,10 +273,6 @@ def check_fit(source: str, parallel: ParallelSection, model, recompute: str):
                 model.block_size % parallel.tp == 0,
                 f"sequence parallelism splits each sequence among parallel.tp = "
                 f"{parallel.tp} shards: block_size must be a multiple of it")
-    if not parallel.layout:
-        require(source, "parallel.pp", parallel.pp, stages <= 2 * n_layer,
-                f"{stages} model stages (pp × chunks) but model.n_layer = {n_layer}: every "
-                f"stage needs at least half a transformer block")
 
 
 def moved(source: str, parallel: dict) -> tuple[str, ...]:

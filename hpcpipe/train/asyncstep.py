@@ -121,9 +121,12 @@ class AsyncStep(TrainStep):
         self.budget = self.grid.dp * end
         if self.replay is not None:
             for step in self.replay.steps:
+                ticket = self.replay.tickets[step]
+                if ticket >= self.budget:  # (a replay of fewer steps: it ends as a run would)
+                    break
                 if step > self.clock_now:
-                    self._attend(self.replay.tickets[step])
-                    self.ticket = self.replay.tickets[step]
+                    self._attend(ticket)
+                    self.ticket = ticket
                     yield step
             self._attend(self.budget)
             self.attended = self.budget

@@ -26,19 +26,17 @@ from hpcpipe.checkpoint.section import CheckpointSection
 from hpcpipe.data.section import DataSection
 from hpcpipe.model import GPTConfig, split
 from hpcpipe.model import section as model_section
-from hpcpipe.model.section import MAX_LAYERS  # noqa: F401 (re-exported)
 from hpcpipe.optim.delay_section import PipeDreamSection
 from hpcpipe.optim.section import OptimSection
 from hpcpipe.parallel.outer_section import OuterSection
 from hpcpipe.parallel.section import AUTO_DP, AUTO_LAYOUT, ParallelSection, check_fit
 from hpcpipe.parallel.section import moved as parallel_moved
-from hpcpipe.runs.section import MAX_STEPS, TrainSection  # noqa: F401 (MAX_STEPS: re-exported)
+from hpcpipe.runs.section import TrainSection
 from hpcpipe.runs.section import moved as train_moved, overridden as train_overridden
 from hpcpipe.schedules import flushes
 from hpcpipe.schedules.kinds import ASYNCHRONOUS
 from hpcpipe.schedules.ops import MAX_MICROBATCHES
 from hpcpipe.util.errors import ConfigError  # noqa: F401 (re-exported)
-from hpcpipe.util.schema import parse_bytes  # noqa: F401 (re-exported)
 from hpcpipe.util.sections import Exclusion, closest, coerce, read_toml, require, toml_value
 from hpcpipe.util.sections import parse_override  # noqa: F401 (re-exported)
 

@@ -48,7 +48,8 @@ def test_a_byte_order_mark_is_named(tmp_path):
 
 def test_a_model_too_deep_to_plan_is_refused(tmp_path):
     """A million blocks used to spend hours balancing them over the stages."""
-    MAX_LAYERS = config.MAX_LAYERS
+    from hpcpipe.model.section import MAX_LAYERS
+
     msg = error_of(tmp_path, "", overrides=[f"model.n_layer={MAX_LAYERS + 1}"])
     assert "model.n_layer" in msg and f"at most {MAX_LAYERS}" in msg
     assert config.load(str(tmp_path / "run.toml"),
@@ -74,8 +75,37 @@ def test_more_steps_than_a_checkpoint_can_count_are_refused(tmp_path):
     """A manifest counts steps up to 2**53 (checkpoint/manifest.py): a run configured past
     it would train and then fail at its first save beyond."""
     from hpcpipe.checkpoint.manifest import MAX_COUNT
+    from hpcpipe.runs.section import MAX_STEPS
 
-    assert config.MAX_STEPS == MAX_COUNT
+    assert MAX_STEPS == MAX_COUNT
     msg = error_of(tmp_path, "", overrides=[f"train.steps={2**53 + 1}"])
     assert "train.steps" in msg and "at most 2**53" in msg
     assert config.load(str(tmp_path / "run.toml"), [f"train.steps={2**53}"]).train.steps == 2**53
+
+
+def test_a_pipeline_of_more_stages_than_memory_holds_is_one_error(tmp_path):
+    """parallel.pp = 2**53 used to build a tuple of one recomputation per stage first, and
+    end in a bare MemoryError."""
+    msg = error_of(tmp_path, "", overrides=[f"parallel.pp={2**53}"])
+    assert "parallel.pp" in msg and "every stage needs at least half" in msg
+
+
+def test_optimizer_numbers_are_named_in_their_own_section(tmp_path):
+    """optim.beta2 used to be named train.beta2 (its place before issue 58), and an
+    optim.eps past float32 printed numpy's overflow warning above the error."""
+    import warnings
+
+    assert error_of(tmp_path, "", overrides=["optim.beta2=1.5"]).startswith(
+        f"{tmp_path / 'run.toml'} (with --set): optim.beta2 = 1.5")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "optim.eps = 1e+300" in error_of(tmp_path, "", overrides=["optim.eps=1e300"])
+
+
+def test_a_loss_scale_whose_inverse_overflows_float32_is_refused(tmp_path):
+    """train.loss_scale = 1e-300 was accepted, and every step's unscaling (1 / scale, in
+    float32) was inf: a run of NaN losses and skipped updates under numpy's warnings."""
+    msg = error_of(tmp_path, "", overrides=["train.loss_scale=1e-300"])
+    assert "train.loss_scale = 1e-300" in msg and "at least 2.94e-39" in msg
+    assert config.load(str(tmp_path / "run.toml"),
+                       ["train.loss_scale=3e-39"]).train.loss_scale == 3e-39

@@ -156,12 +156,12 @@ def _p2p(pair, transport, nbytes: int, repeats: int) -> dict:
 
     def ping_hpcpipe():
         if me == 0:
-            p2p.send_forward(peer, 0, 1, a)
+            p2p.send(FORWARD, peer, 0, 1, a)
             p2p.finish()
             p2p.release(p2p.wait_recv(p2p.post_recv(FORWARD, peer, 0, 0)))
         else:
             got = p2p.wait_recv(p2p.post_recv(FORWARD, peer, 0, 1))
-            p2p.send_forward(peer, 0, 0, got)
+            p2p.send(FORWARD, peer, 0, 0, got)
             p2p.finish()
             p2p.release(got)
 

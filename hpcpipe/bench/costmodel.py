@@ -14,9 +14,9 @@ Time, per kernel: a GEMM takes FLOPs / the GEMM rate of its precision, any other
 bytes moved / the effective elementwise bandwidth; each also costs `kernel_s` of GPU time.
 The host issues launches at `host_launch_s` each and runs ahead of the GPU until it must
 wait (a host synchronisation), so the step is cut at its syncs and each piece takes the
-longer of its GPU time and its host time. A fused kernel is registered as one `Kernel`
-with its declared traffic (`register_fused`), so "after" numbers come from the same
-model once kernels replace the unfused passes.
+longer of its GPU time and its host time. A fused kernel (a RawModule launch) counts as
+one `Kernel` with the traffic it declares (devtools/shapes.py: `declare_traffic`), so
+"after" numbers come from the same model once kernels replace the unfused passes.
 """
 
 from __future__ import annotations
@@ -76,13 +76,6 @@ def labelled(log: shapes.Log, label: tuple):
         yield
     finally:
         log.label = ()
-
-
-def register_fused(log: shapes.Log, name: str, reads: int, writes: int, flops: int = 0,
-                   precision: str = ""):
-    """A fused kernel (a RawModule launch): one kernel with its declared traffic."""
-    kind = "gemm" if flops and precision else "fused"
-    log.launch(kind, name, reads, writes, flops, precision)
 
 
 # -- pricing: devtools/rates.py (a kernel at a GPU's rates); tallies here --------------

@@ -322,7 +322,7 @@ def main(argv=None) -> int:
     if not parts:
         parser.error(f"no suite results (*.json naming a suite) in {args.parts}")
     paths = write(combine(parts, simulations()), args.out, make_plots=not args.no_plots)
-    for kind, path in paths.items():
+    for path in paths.values():
         print(f"wrote {path}")
     return 0
 

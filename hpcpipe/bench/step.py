@@ -36,8 +36,7 @@ from hpcpipe.model.family import is_llama, stage_class
 from hpcpipe.model.layout import GPT2_VOCAB, GPT2_VOCAB_MULTIPLE
 from hpcpipe.model.llama_layout import LlamaConfig
 
-# flop_params stays importable from here: tests and scripts know it as bench's.
-from hpcpipe.model.flops import flop_params, flops_per_token, matmul_rate  # noqa: F401
+from hpcpipe.model.flops import flops_per_token, matmul_rate
 from hpcpipe.optim.adamw import AdamW, ParamShard
 from hpcpipe.train.graphed import Graphed
 from hpcpipe.util.arguments import integer

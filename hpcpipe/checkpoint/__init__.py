@@ -50,11 +50,10 @@ data sampling and initialisation are counter-based, keyed by (seed, step, sample
 
 from hpcpipe.checkpoint.hdf5 import sha256
 from hpcpipe.checkpoint.load import load
-from hpcpipe.checkpoint.manifest import FORMAT_VERSION, MANIFEST, CheckpointError
+from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.manifest import model_shape as manifest_shape
 from hpcpipe.checkpoint.manifest import read as read_manifest
 from hpcpipe.checkpoint.retention import (
-           LATEST,
            latest,
            list_checkpoints,
            root_of,
@@ -76,8 +75,7 @@ from hpcpipe.checkpoint.weights import (
            write_weights,
 )
 
-__all__ = ["CheckpointError", "FORMAT_VERSION", "LATEST", "MANIFEST", "Saved", "check_model",
-           "find_usable", "is_checkpoint", "latest", "list_checkpoints", "load", "new_run_id",
-           "read_manifest", "read_weights", "resolve", "root_of", "save", "sha256",
-           "step_name", "verify", "write_weights", "TOKENIZER", "load_model",
-           "tokenizer_file", "manifest_shape"]
+__all__ = ["CheckpointError", "Saved", "check_model", "find_usable", "is_checkpoint", "latest",
+           "list_checkpoints", "load", "new_run_id", "read_manifest", "read_weights", "resolve",
+           "root_of", "save", "sha256", "step_name", "verify", "write_weights", "TOKENIZER",
+           "load_model", "tokenizer_file", "manifest_shape"]

@@ -111,9 +111,12 @@ def _check_tokens(data, model, source: str, tokens: TokenFile):
                           f"must be at least {tokens.vocab_size}, the vocabulary of {path}")
     shortest = min(tokens.length("train"), tokens.length("val"))
     if model.block_size + 1 >= shortest:
+        advice = (f"use a block_size below {shortest - 1} or a bigger corpus" if shortest > 2
+                  else "too few for any block_size: a bigger corpus (or, prepared by "
+                       "hpcpipe, a larger data.val_fraction)")
         raise ConfigError(source, "model.block_size", model.block_size,
                           f"larger than the data: the smaller split of {path} has {shortest} "
-                          f"tokens; use a block_size below {shortest - 1} or a bigger corpus")
+                          f"tokens; {advice}")
 
 
 def fingerprint_of(tokens: TokenFile, comm) -> dict:

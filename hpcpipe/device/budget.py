@@ -153,13 +153,23 @@ def host_available() -> int | None:
 
 
 def device_available(be) -> int | None:
-    """Free bytes on this rank's GPU (None on CPUs or when it cannot tell)."""
+    """Free bytes on this rank's GPU, or what its memory pool may hold where
+    train.device_memory caps it lower (None on CPUs or when it cannot tell)."""
     if not be.is_gpu:
         return None
     try:
-        return int(be.xp.cuda.runtime.memGetInfo()[0])
+        free = int(be.xp.cuda.runtime.memGetInfo()[0])
     except (AttributeError, RuntimeError):  # an unusual CuPy: skip the check, not guess
         return None
+    return min(free, pool_limit(be) or free)
+
+
+def pool_limit(be) -> int:
+    """The cap train.device_memory put on the rank's GPU memory pool (0: none)."""
+    try:
+        return int(be.xp.get_default_memory_pool().get_limit())
+    except AttributeError:
+        return 0
 
 
 def one_microbatch_bytes(model, batch: int, dtype: str, pp: int = 1, tp: int = 1) -> int:
@@ -193,6 +203,8 @@ def check_run(model, batch: int, dtype: str, be, ranks_on_node: int = 1, pp: int
     need = run_need(model, batch, dtype, pp, dp, zero)
     if be.is_gpu:
         have, where, share = device_available(be), "free on its GPU", need.total
+        if have is not None and have == pool_limit(be):
+            where = "what its memory pool may hold (train.device_memory)"
     else:
         have, share = host_available(), need.total * ranks_on_node
         where = ("available on this node" if ranks_on_node == 1 else

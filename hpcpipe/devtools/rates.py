@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from hpcpipe.devtools import shapes
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import read_bounded
-from hpcpipe.util.schema import MapOf, Mismatch, Number, Record, check, parse_json
+from hpcpipe.util.schema import MapOf, Mismatch, Number, Record, parse_json
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def calibrate(rates: GpuRates, path: str) -> GpuRates:
         measured = parse_json(read_bounded(path, 1 << 26))
         if isinstance(measured, dict):
             measured = {k: v for k, v in measured.items() if v is not None}
-        measured = check(CALIBRATION, measured)
+        measured = CALIBRATION.check(measured)
     except Mismatch as e:
         raise HpcpipeError(f"{path}: not a calibration file from `make gpu-check`: {e}") \
             from None

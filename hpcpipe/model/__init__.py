@@ -22,7 +22,6 @@ from hpcpipe.model.layout import FlatBuffer, GPTConfig, block_layout, param_layo
 from hpcpipe.model.llama import Llama
 from hpcpipe.model.llama_layout import LlamaConfig
 from hpcpipe.model.stage import Stage
-from hpcpipe.model.stagespec import StageSpec
 
-__all__ = ["GPT", "GPTConfig", "FlatBuffer", "Llama", "LlamaConfig", "Stage", "StageSpec",
-           "block_layout", "param_layout"]
+__all__ = ["GPT", "GPTConfig", "FlatBuffer", "Llama", "LlamaConfig", "Stage", "block_layout",
+           "param_layout"]

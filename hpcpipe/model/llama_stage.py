@@ -115,7 +115,7 @@ class LlamaStage(Stage):
         if self.head_part:
             rmsnorm.backward_weight(None, caches["norm"], {"weight": G[NORM]})
             done((NORM,) if self.head_grad_kept else (NORM, self.head_name))
-        for layer, halves in reversed(self.runs):
+        for layer, _ in reversed(self.runs):
             llama_block.backward_weight(None, caches[layer], scope(G, prefix(layer)))
             done(tuple(name for name, _ in self.param_buffer.layout
                        if name.startswith(prefix(layer))))

@@ -41,11 +41,6 @@ def learning_rate(step: int, lr: float, min_lr: float, warmup_steps: int, total_
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
-def global_norm(grad_data, xp) -> float:
-    """The L2 norm of a flat gradient buffer (float64 accumulation for stability)."""
-    return float(xp.sqrt(xp.sum(xp.square(grad_data, dtype=np.float64))))
-
-
 def clip_coefficient(norm: float, max_norm: float) -> float:
     """The factor that scales gradients to norm ≤ max_norm (1 when no clipping needed)."""
     if max_norm <= 0 or not norm > max_norm:

@@ -55,8 +55,10 @@ class OptimSection:
                 "must be 0 (no clipping) or a positive norm")
         for key in ("beta1", "beta2"):
             value = getattr(self, key)
-            require(source, f"train.{key}", value, 0 <= value < 1, "must be in [0, 1)")
-        require(source, "optim.eps", self.eps, 0 < np.float32(self.eps) < np.inf,
+            require(source, f"optim.{key}", value, 0 <= value < 1, "must be in [0, 1)")
+        with np.errstate(over="ignore"):  # (a number past float32 is what is refused)
+            eps32 = np.float32(self.eps)
+        require(source, "optim.eps", self.eps, 0 < eps32 < np.inf,
                 f"must be positive and representable in float32 (at least 1.4e-45, at most "
                 f"{FLOAT32_MAX:.3g})")
         check_choices(source, "optim", self)

@@ -74,11 +74,6 @@ class Grid:
         return self.world.size
 
     @property
-    def is_root(self) -> bool:
-        """The one rank that prints and writes shared files."""
-        return self.world.rank == 0
-
-    @property
     def local_rank(self) -> int:
         return self.local.rank
 

@@ -137,6 +137,11 @@ class ParallelSection:
     # logs: which weights each step ran on, the order of the sums and of the exchanges)
     async_replay: str = ""
 
+    @property
+    def replicas_apart(self) -> bool:
+        """Whether the replicas run apart: bounded staleness, asynchronous EASGD."""
+        return self.async_dp == "ssp" or (self.async_dp == "easgd" and not self.easgd_sync)
+
     def validate(self, source: str):
         """The [parallel] values on their own (`check_fit`: how they fit the model)."""
         dp = self.dp
@@ -221,9 +226,8 @@ class ParallelSection:
         require(source, "parallel.async_timeout", self.async_timeout,
                 0 < self.async_timeout <= MAX_ASYNC_TIMEOUT,
                 f"must be positive seconds, at most {MAX_ASYNC_TIMEOUT:g}")
-        replayed = self.async_dp == "ssp" or (self.async_dp == "easgd" and not self.easgd_sync)
         require(source, "parallel.async_replay", self.async_replay,
-                not self.async_replay or replayed,
+                not self.async_replay or self.replicas_apart,
                 'replays an asynchronous run: it needs parallel.async_dp = "ssp", or "easgd" '
                 "without easgd_sync (a synchronous run is the same every time anyway)")
 
@@ -256,6 +260,10 @@ def check_fit(source: str, parallel: ParallelSection, model, recompute: str):
             except ScheduleError as e:
                 raise ConfigError(source, "parallel.exact_seconds", parallel.exact_seconds,
                                   str(e)) from None
+    if not parallel.layout:  # (first: parse_stages builds a tuple of `stages`)
+        require(source, "parallel.pp", parallel.pp, stages <= 2 * n_layer,
+                f"{stages} model stages (pp × chunks) but model.n_layer = {n_layer}: every "
+                f"stage needs at least half a transformer block")
     try:
         parse_stages(recompute, stages)
     except ScheduleError as e:
@@ -265,10 +273,6 @@ def check_fit(source: str, parallel: ParallelSection, model, recompute: str):
                 model.block_size % parallel.tp == 0,
                 f"sequence parallelism splits each sequence among parallel.tp = "
                 f"{parallel.tp} shards: block_size must be a multiple of it")
-    if not parallel.layout:
-        require(source, "parallel.pp", parallel.pp, stages <= 2 * n_layer,
-                f"{stages} model stages (pp × chunks) but model.n_layer = {n_layer}: every "
-                f"stage needs at least half a transformer block")
 
 
 def moved(source: str, parallel: dict) -> tuple[str, ...]:

@@ -15,22 +15,21 @@ class TensorParallel:
     sequence: sequence parallelism — the LayerNorm and residual regions hold T/tp of each
     sequence; all-gathers and reduce-scatters along the sequence replace the all-reduces.
 
-    For the benchmark, `volume` counts the collectives' whole tensors (an all-reduce's
-    array, an all-gather's result, a reduce-scatter's input) and `sent` what a ring
-    algorithm makes this shard send for them: 2(t−1)/t of an all-reduce, (t−1)/t of an
-    all-gather or a reduce-scatter — so that an all-reduce and the reduce-scatter plus
-    all-gather that sequence parallelism puts in its place send the same."""
+    For the benchmark, `sent` counts what a ring algorithm makes this shard send for the
+    collectives' whole tensors (an all-reduce's array, an all-gather's result, a
+    reduce-scatter's input): 2(t−1)/t of an all-reduce, (t−1)/t of an all-gather or a
+    reduce-scatter — so that an all-reduce and the reduce-scatter plus all-gather that
+    sequence parallelism puts in its place send the same."""
 
     def __init__(self, comm, transport, sequence: bool = False):
         self.comm, self.transport = comm, transport
         self.size = comm.size if comm is not None else 1
         self.rank = comm.rank if comm is not None else 0
         self.sequence = sequence and self.size > 1
-        self.volume = self.sent = 0
+        self.sent = 0
 
     def _count(self, nbytes: int, passes: int):
         """A collective of a `nbytes` tensor, of `passes` ring passes (all-reduce 2)."""
-        self.volume += nbytes
         self.sent += passes * nbytes * (self.size - 1) // self.size
 
     def all_max(self, array):

@@ -130,7 +130,7 @@ class Transport:
         if not self.staged:
             return self.backend.xp.empty(shape, dtype)
         free = self._pinned.get((_shape(shape), np.dtype(dtype).str), [])
-        for i, (buffer, copying) in enumerate(free):
+        for i, (_, copying) in enumerate(free):
             # A buffer whose copy to the device may still be running is not reused yet.
             if copying is None or copying.done:
                 return free.pop(i)[0]
@@ -161,13 +161,12 @@ class Transport:
         have landed, since MPI does not wait for the device."""
         self.backend.synchronize()
 
-    def outgoing(self, array, dtype=None):
-        """`array` (converted to `dtype` when given) where MPI may read it from now on: the
-        array itself when no copy is needed, else a copy in a buffer from `empty` (release
-        it once the send or reduction is done)."""
-        dtype = array.dtype if dtype is None else np.dtype(dtype)
-        if self.staged or dtype != array.dtype:
-            buffer = self.empty(array.shape, dtype)
+    def outgoing(self, array):
+        """`array` where MPI may read it from now on: the array itself when no copy is
+        needed, else (staged) a copy in a buffer from `empty` (release it once the send or
+        reduction is done)."""
+        if self.staged:
+            buffer = self.empty(array.shape, array.dtype)
             self.fill(buffer, array)
         else:
             buffer = array
@@ -210,7 +209,7 @@ class Transport:
         if not is_16bit(dtype):
             return MPI.SUM
         if dtype not in self._sum_ops:
-            def add(inbuf, inoutbuf, datatype):
+            def add(inbuf, inoutbuf, _datatype):  # (MPI.Op.Create's signature)
                 a = np.frombuffer(inbuf, dtype=dtype)
                 b = np.frombuffer(inoutbuf, dtype=dtype)
                 b[...] = (a.astype(np.float32) + b.astype(np.float32)).astype(dtype)

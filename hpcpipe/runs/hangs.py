@@ -51,6 +51,9 @@ _WAIT = Record({"kind": Text(choices=("recv", "send", "collective", "window")), 
 _OP = Record({"name": Text(max_len=64), "chunk": Int(0), "index": Int(0), "of": Int(0),
               "schedule": Text(max_len=64), "seconds": Number(0)})
 STALE_S = 120.0  # dumps further apart than this are not of one hang
+# Cycles named at most, and the steps of the walk that finds them: ranks in collectives of
+# mismatched orders wait on every rank of the others, round factorially many cycles.
+MAX_CYCLES, _WALK_STEPS = 16, 200_000
 
 
 def read_dumps(run_dir: str) -> tuple[dict[int, dict], list[str]]:
@@ -67,6 +70,8 @@ def read_dumps(run_dir: str) -> tuple[dict[int, dict], list[str]]:
             dump = DUMP.check(parse_json(read_bounded(path, MAX_DUMP)))
             if dump["waiting"] is not None:
                 dump["waiting"] = _WAIT.check(dump["waiting"], "waiting")
+                if dump["waiting"]["kind"] == "recv" and not dump["waiting"]["peers"]:
+                    raise Mismatch("waiting.peers", [], "a receive names its sender")
             if dump["op"] is not None:
                 dump["op"] = _OP.check(dump["op"], "op")
         except (Mismatch, TooLarge, OSError) as e:
@@ -100,12 +105,17 @@ def _alongside(a: dict, b: dict) -> bool:
     return a["kind"] == b["kind"] and (a["kind"] == "window" or a["what"] == b["what"])
 
 
-def _cycles(graph: dict[int, set[int]]) -> list[list[int]]:
-    """Every elementary cycle's ranks, found by a depth-first walk (each cycle once)."""
-    found, seen = [], set()
+def _cycles(graph: dict[int, set[int]]) -> tuple[list[list[int]], bool]:
+    """(elementary cycles' ranks, found by a depth-first walk, each cycle once; whether
+    that is all of them): the walk stops at MAX_CYCLES + 1 or after _WALK_STEPS steps."""
+    found, seen, steps = [], set(), 0
 
     def walk(node, path):
+        nonlocal steps
         for nxt in sorted(graph.get(node, ())):
+            steps += 1
+            if len(found) > MAX_CYCLES or steps > _WALK_STEPS:
+                return
             if nxt in path:
                 cycle = path[path.index(nxt):]
                 key = frozenset(cycle)
@@ -117,7 +127,8 @@ def _cycles(graph: dict[int, set[int]]) -> list[list[int]]:
 
     for start in sorted(graph):
         walk(start, [start])
-    return found
+    complete = len(found) <= MAX_CYCLES and steps <= _WALK_STEPS
+    return found[:MAX_CYCLES], complete
 
 
 def _behind(graph: dict[int, set[int]], rank: int) -> list[int]:
@@ -139,22 +150,26 @@ def analyse(dumps: dict[int, dict]) -> tuple[list[str], list[str]]:
     lines += [f"rank {r} waits on rank(s) {', '.join(map(str, sorted(e)))}"
               for r, e in sorted(graph.items()) if e]
     findings = []
-    for cycle in _cycles(graph):
+    cycles, complete = _cycles(graph)
+    for cycle in cycles:
         findings.append(f"ranks {' → '.join(map(str, cycle + cycle[:1]))} wait on each other "
                         f"round a cycle: a deadlock (messages or collectives in orders that "
                         f"do not match)")
+    if not complete:
+        findings.append(f"more ranks wait on each other round a cycle than the "
+                        f"{len(cycles)} above: not all listed")
     waited = sorted({s for edges in graph.values() for s in edges})
-    for s in waited:
-        behind = _behind(graph, s)
+    for s in (s for s in waited if s not in dumps or not graph.get(s)):
+        behind = ", ".join(map(str, _behind(graph, s)))  # (only here: a walk of the graph)
         if s not in dumps:
-            findings.append(f"rank {s} left no dump, and rank(s) {', '.join(map(str, behind))} "
-                            f"wait on it: dead, or stuck where Python cannot run")
-        elif not graph.get(s):
+            findings.append(f"rank {s} left no dump, and rank(s) {behind} wait on it: dead, "
+                            f"or stuck where Python cannot run")
+        else:
             d = dumps[s]
             where = (f"in {d['op']['name']} of chunk {d['op']['chunk']} for "
                      f"{d['op']['seconds']:.1f} s" if d["op"] else d["phase"])
-            findings.append(f"rank {s} waits on nobody ({where}), and rank(s) "
-                            f"{', '.join(map(str, behind))} wait on it: rank {s} stalls")
+            findings.append(f"rank {s} waits on nobody ({where}), and rank(s) {behind} wait "
+                            f"on it: rank {s} stalls")
     times = [d["time"] for d in dumps.values()]
     if times and max(times) - min(times) > STALE_S:
         findings.append(f"the dumps are {max(times) - min(times):.0f} s apart: not all of "

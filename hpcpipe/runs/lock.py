@@ -79,7 +79,7 @@ def _holder(fd: int) -> str:
         info = json.loads(data.decode("utf-8"))
         return (f"pid {int(info['pid'])} on {str(info['host'])[:64]}, running since "
                 f"{str(info['started'])[:32]}")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, OverflowError):  # (a pid of 1e999)
         return "a process that has not said who it is yet"
 
 

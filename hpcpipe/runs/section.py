@@ -84,10 +84,12 @@ class TrainSection:
             trace_window(self.trace_steps, 0)
         except ValueError as e:
             raise ConfigError(source, "train.trace_steps", self.trace_steps, str(e)) from None
-        require(source, "train.loss_scale", self.loss_scale,
-                0 <= self.loss_scale <= FLOAT32_MAX,
-                f"must be 0 (automatic: dynamic for float16) or a positive scale of at most "
-                f"{FLOAT32_MAX:.3g} (float32's largest number)")
+        scale = self.loss_scale
+        require(source, "train.loss_scale", scale,
+                scale == 0 or 1 / FLOAT32_MAX <= scale <= FLOAT32_MAX,
+                f"must be 0 (automatic: dynamic for float16) or a positive scale of at least "
+                f"{1 / FLOAT32_MAX:.3g} and at most {FLOAT32_MAX:.3g} (float32's largest "
+                f"number, and the gradients are unscaled by its inverse)")
         require(source, "train.device_memory", self.device_memory,
                 0 <= self.device_memory <= 1,
                 "must be 0 (no cap) or the share (0 < x ≤ 1) of the GPU's memory a rank's "

@@ -132,7 +132,7 @@ def _step_bounds(stream: Stream) -> list[dict[int, tuple[int, int, int]]]:
         bounds: dict[int, list[int]] = {}
         for i, op in enumerate(ops):
             s = stream.step_of(op.microbatch)
-            first, first_bw, last_bw = bounds.setdefault(s, [i, -1, -1])
+            first, first_bw, _ = bounds.setdefault(s, [i, -1, -1])
             if op.kind != Kind.F:
                 bounds[s] = [first, i if first_bw < 0 else first_bw, i]
         out.append({s: tuple(v) for s, v in bounds.items()})

@@ -160,7 +160,7 @@ class ListScheduler:
     def candidates(self, r: int, now: float) -> tuple[list[Candidate], float | None, bool]:
         """The F's and B's rank r could start, the soonest any input may come, and whether
         an F waits only for memory."""
-        pb, rank = self.pb, self.ranks[r]
+        rank = self.ranks[r]
         ready, soonest, memory_full = [], None, False
         for kind in (Kind.B, Kind.F):
             for preference, c in enumerate(rank.chunk_order):

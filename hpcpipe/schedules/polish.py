@@ -74,10 +74,6 @@ class Round:
     seconds: float
     value: float
 
-    @property
-    def fraction(self) -> float:
-        return self.end - self.start
-
 
 @dataclass(frozen=True)
 class Polished:

@@ -225,7 +225,7 @@ def fewest_recomputed(schedule, costs, limit: float, choice: Recompute
         b_at = {key: i for i, (op, key) in enumerate(zip(ops, keys))
                 if op.kind in (Kind.B, Kind.BW)}
         while (over := _first_over(ops, keys, mem, memw, limit, chosen, choice.keep)) is not None:
-            at, held = over
+            _, held = over
             candidates = [key for key in held if key not in chosen]
             if not candidates or not choice.recomputes:
                 return None

@@ -571,37 +571,6 @@ def span_lower_bound(schedule: Schedule, costs: Costs | None = None) -> float:
     return bound
 
 
-def repeated(schedule: Schedule, steps: int) -> Schedule:
-    """`steps` training steps of `schedule` back to back, as one schedule: each rank runs
-    its list again with the microbatches of step k numbered k·m .. k·m + m − 1, and starts
-    step k + 1 as soon as it has finished its part of step k — what a runtime does when
-    nothing synchronises the steps (optimizer post-validation)."""
-    m = schedule.num_microbatches
-    ranks = [[Op(op.kind, k * m + op.microbatch, op.chunk) for k in range(steps) for op in ops]
-             for ops in schedule.ranks]
-    return Schedule(schedule.kind, schedule.num_ranks, m * steps, schedule.chunks, ranks,
-                    schedule.stage_of)
-
-
-def steady_period(schedule: Schedule, costs: Costs | None = None, steps: int = 4) -> float:
-    """The time between consecutive steps once steps overlap: replay `steps` repetitions
-    and take the mean gap between the ends of the later ones. The longest span of one
-    step is a lower bound; cross-step dependencies (the last stage cannot start a step
-    before the first stage sends it) can make the period longer."""
-    costs = costs or Costs()
-    if steps < 3:
-        raise ScheduleError("steady_period needs at least 3 repetitions")
-    run = replay(repeated(schedule, steps), op_duration(schedule, costs), costs.comm,
-                 op_lead(schedule, costs))
-    if run.blocked:
-        raise ScheduleError("the repeated schedule deadlocks; run check() on the schedule")
-    def step_end(k):
-        return max(row[(k + 1) * len(ops) - 1] for row, ops in zip(run.end, schedule.ranks)
-                   if ops)
-
-    return (step_end(steps - 1) - step_end(0)) / (steps - 1)
-
-
 def bubble_recomputing(schedule, costs, recomputed, choice: Recompute) -> float:
     """The bubble of `schedule` when the (stage, microbatch) pairs `recomputed` re-run
     choice.time of their F at the start of their B, counted as lost: 1 − the busiest rank's

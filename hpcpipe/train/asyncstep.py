@@ -122,9 +122,12 @@ class AsyncStep(TrainStep):
         self.budget = self.grid.dp * end
         if self.replay is not None:
             for step in self.replay.steps:
+                ticket = self.replay.tickets[step]
+                if ticket >= self.budget:  # (a replay of fewer steps: it ends as a run would)
+                    break
                 if step > self.clock_now:
-                    self._attend(self.replay.tickets[step])
-                    self.ticket = self.replay.tickets[step]
+                    self._attend(ticket)
+                    self.ticket = ticket
                     yield step
             self._attend(self.budget)
             self.attended = self.budget
@@ -303,7 +306,6 @@ class StaleStep(AsyncStep):
         self.share_time = None  # seconds of this replica's shares, smoothed
         self.version = 0  # updates applied to this replica's weights
         self.ran_on = 0  # the version the last step ran on
-        self.ran_for = 0  # the global step of the last step's share
         t, o = cfg.train, cfg.optim  # update u's learning rate, whoever computed its shares
         self.lr_of = lambda u: learning_rate(u - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
         self.max_norm = cfg.optim.grad_clip
@@ -323,7 +325,7 @@ class StaleStep(AsyncStep):
         self.skipped_now = False
         self._catch_up(step, k)
         version = self.ran_on = self.version
-        self.ran_for, stale = k, k - 1 - version  # (updates missing)
+        stale = k - 1 - version  # (updates missing)
         self.staleness_seen[stale] += 1
         began = time.monotonic()
         result = self._stale_gradients(runtime, step, inputs, stale)
@@ -599,12 +601,6 @@ class ElasticStep(AsyncStep):
         self._to_host([s.master for s in self.optimizer.shards])
         self.centre.initialise(self.host, barrier=False)  # (the loader's agreement waits)
         self.last_seen = {}
-
-
-def applies(cfg) -> bool:
-    """Whether the config's replicas run apart: bounded staleness, asynchronous EASGD."""
-    p = cfg.parallel
-    return p.async_dp == "ssp" or (p.async_dp == "easgd" and not p.easgd_sync)
 
 
 def build(cfg, model, grid, transport, trace=None) -> TrainStep:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcpipe.parallel.pipeline.p2p import FORWARD
+
 
 def validation_batches(tokens, cfg, be):
     """The fixed validation windows of a run, as (idx, targets) device arrays:
@@ -56,7 +58,7 @@ class Evaluator:
             s = model.stage_index[chunk]
             remote = s > 0 and x is None
             if remote:
-                x = p2p.wait_recv(p2p.recv_forward(model.owner[s - 1], 0, s))
+                x = p2p.wait_recv(p2p.post_recv(FORWARD, model.owner[s - 1], 0, s))
             out = stage.forward(0, idx if stage.embedding_part else x, targets, keep=False)
             if remote:
                 p2p.release(x)
@@ -68,6 +70,6 @@ class Evaluator:
             if next_rank == self.grid.pp_rank:
                 x = out  # the next stage is ours: hand over in memory
             else:
-                p2p.send_forward(next_rank, 0, s + 1, out)
+                p2p.send(FORWARD, next_rank, 0, s + 1, out)
         p2p.finish()
         return loss

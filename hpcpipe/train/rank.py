@@ -69,7 +69,7 @@ class Rank:
         stages = model.stages if graphed is None else {
             chunk: graphed.stage(stage) for chunk, stage in model.stages.items()}
         runtime = Runtime(schedule, grid.pp_rank, stages, p2p, events)
-        if asyncstep.applies(cfg):  # the replicas run apart (parallel.async_dp)
+        if cfg.parallel.replicas_apart:  # (parallel.async_dp)
             step = asyncstep.build(cfg, model, grid, transport, trace)
         else:
             step = TrainStep.build(cfg, model, grid, transport, trace)

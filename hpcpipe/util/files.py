@@ -320,19 +320,18 @@ class NotAFile(OSError):
     forever (and SIGTERM is a preemption signal, so not even `timeout` could end it)."""
 
 
-def open_regular(path: str, streams: bool = False):
+def open_regular(path: str):
     """The file at `path`, opened for reading in binary — the one way hpcpipe opens a file
     from outside (read_bounded reads a whole one through it; token shards, checkpoint files,
     metrics.jsonl are read through it in parts). Refuses what is not a regular file
-    (NotAFile; `streams`: a pipe with a writer, as `<(cat f)` gives, is allowed); open's
-    own OSErrors as they are."""
+    (NotAFile); open's own OSErrors as they are."""
     # O_NONBLOCK: opening a FIFO without a writer would block inside open itself.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(21, "Is a directory", path)
-        if not stat.S_ISREG(mode) and not (streams and stat.S_ISFIFO(mode)):
+        if not stat.S_ISREG(mode):
             raise NotAFile(0, "not a regular file (a FIFO, device or socket)", path)
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
@@ -347,14 +346,13 @@ def check_regular(path: str):
     open_regular(path).close()
 
 
-def read_bounded(path: str, limit: int, streams: bool = False) -> bytes:
+def read_bounded(path: str, limit: int) -> bytes:
     """The bytes of the file at `path` — the one way hpcpipe reads a whole file from
-    outside. Refuses what is not a regular file (NotAFile; `streams`: a pipe with a writer,
-    as `<(cat f)` gives, is read too) and more than `limit` bytes (TooLarge), before
-    reading anything where the size is known; open's own OSErrors as they are."""
-    with open_regular(path, streams) as f:
+    outside. Refuses what is not a regular file (NotAFile) and more than `limit` bytes
+    (TooLarge), before reading anything; open's own OSErrors as they are."""
+    with open_regular(path) as f:
         st = os.fstat(f.fileno())
-        if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+        if st.st_size > limit:  # (a regular file: open_regular)
             raise TooLarge(path, st.st_size, limit)
         data = f.read(limit + 1)
     if len(data) > limit:

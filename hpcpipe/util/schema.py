@@ -229,10 +229,6 @@ def _join(where: str, key) -> str:
     return f"{where}[{key!r}]"
 
 
-def check(spec: Spec, value, where: str = ""):
-    return spec.check(value, where)
-
-
 # -- JSON ------------------------------------------------------------------------------
 
 def _no_duplicates(pairs):

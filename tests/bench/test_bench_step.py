@@ -10,7 +10,7 @@ from harness.hostile import ends_with_one_error
 from hpcpipe.__main__ import main
 from hpcpipe.bench import step
 from hpcpipe.device import backend
-from hpcpipe.model import GPT, Llama, param_layout
+from hpcpipe.model import GPT, Llama, flops, param_layout
 from hpcpipe.model.layers import attention, block, linear
 
 
@@ -18,13 +18,13 @@ def test_flop_count_uses_every_matmul_parameter_once():
     """N for 6N: every parameter but the position embedding (the tied wte counted once, its
     padding rows, which predict nothing, not at all); a tied Llama's every parameter."""
     for cfg in (step.CONFIGS["llama-small"], step.SMOKE_LLAMA):
-        assert step.flop_params(cfg) == Llama(cfg, dtype="float32").num_params
+        assert flops.flop_params(cfg) == Llama(cfg, dtype="float32").num_params
     for cfg in (*(c for c in step.CONFIGS.values() if c.arch == "gpt2"), step.SMOKE):
         total = GPT(cfg, dtype="float32").num_params
         padding = (cfg.padded_vocab - cfg.vocab_size) * cfg.n_embd
-        assert step.flop_params(cfg) == total - cfg.block_size * cfg.n_embd - padding
-        assert step.flops_per_token(cfg, cfg.block_size) == pytest.approx(
-            6 * step.flop_params(cfg) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size)
+        assert flops.flop_params(cfg) == total - cfg.block_size * cfg.n_embd - padding
+        assert flops.flops_per_token(cfg, cfg.block_size) == pytest.approx(
+            6 * flops.flop_params(cfg) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size)
 
 
 def test_smoke_without_torch_writes_json_and_profile(tmp_path, capsys):

@@ -148,16 +148,6 @@ def test_a_step_counts_every_part_and_scales_with_microbatches():
     assert set(one["gemm_flops"]) == {"fp32", "fp32_batched"}
 
 
-def test_a_fused_kernel_registers_as_one_launch_with_its_traffic():
-    device, _ = on_shapes()
-    costmodel.register_fused(device.kernel_log, "layernorm_forward", 1000, 500)
-    (k,) = device.kernel_log.kernels
-    assert (k.kind, k.reads, k.writes) == ("fused", 1000, 500)
-    rates = GPUS["h200"]
-    assert kernel_seconds(k, rates) == pytest.approx(
-        1500 / rates.elementwise_bytes_per_s + rates.kernel_s)
-
-
 def test_a_rawmodule_launch_is_one_fused_kernel_with_its_declared_traffic():
     device, _ = on_shapes()
     x, y = device.empty((4, 8), np.float32), device.empty((4, 8), np.float32)
@@ -169,6 +159,9 @@ def test_a_rawmodule_launch_is_one_fused_kernel_with_its_declared_traffic():
     assert [(k.kind, k.name, k.reads, k.writes) for k in device.kernel_log.kernels] == [
         ("fused", "ln", 256, 0),  # undeclared: every array argument moved once
         ("fused", "ln", 128, 128)]
+    rates = GPUS["h200"]  # priced by its traffic
+    assert kernel_seconds(device.kernel_log.kernels[1], rates) == pytest.approx(
+        256 / rates.elementwise_bytes_per_s + rates.kernel_s)
 
 
 def test_calibration_replaces_the_rates_it_measured(tmp_path):

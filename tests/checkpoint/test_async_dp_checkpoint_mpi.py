@@ -6,6 +6,7 @@ line within the timeout, never a hang; a signal to one rank stops every replica 
 meeting. Real `mpiexec` jobs of `python -m hpcpipe train`."""
 
 import os
+import re
 import signal
 import time
 
@@ -137,3 +138,20 @@ def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdli
                     "model.block_size=16", f"train.steps={saved[0][0] + 3}",
                     resume=saved[0][1])  # (the shape of test_preemption's runs)
     assert resumed.returncode == 0, resumed.stderr
+
+
+def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_tokens):
+    """A replay with train.steps = 5 of a 7-step record ran every recorded step ("step
+    7/5") and saved its checkpoint past step 5: the replay now stops where a run of 5
+    steps stops, at the first recorded ticket past its budget (dp × 5). (How many of the
+    steps each replica ran is the recording's timing.)"""
+    settings = ['parallel.async_dp="ssp"', "parallel.staleness=2"]
+    recorded = tmp_path / "recorded"
+    assert train(recorded, stdlib_tokens, *settings).returncode == 0
+    proc = train(tmp_path / "replayed", stdlib_tokens, *settings, "train.steps=5",
+                 f'parallel.async_replay="{recorded}"')
+    assert proc.returncode == 0, proc.stderr
+    steps = [int(s) for s in re.findall(r"step (\d+)/5 \|", proc.stdout)]
+    assert steps and max(steps) <= 5, proc.stdout  # (each replica's share: timing's)
+    saved = ckpt.list_checkpoints(str(tmp_path / "replayed" / "checkpoints"))
+    assert [step for step, _ in saved] == [5], saved

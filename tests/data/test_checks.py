@@ -51,3 +51,19 @@ def test_a_missing_bin_and_a_missing_folder(tmp_path):
     with pytest.raises(DataError, match=r"no such folder .*nowhere"):
         open_tokens(cfg_with(path=os.path.join(tmp_path, "nowhere", "t.h5")), MPI.COMM_SELF,
                     print)
+
+
+def test_a_split_too_short_for_any_block_size_says_so(tmp_path):
+    """A val split of 2 tokens (a data.val_fraction of 1e-9) used to be told to use "a
+    block_size below 1", which no config can."""
+    from harness.tokenfiles import write_nanogpt
+
+    write_nanogpt(tmp_path / "train.bin", range(1000))
+    write_nanogpt(tmp_path / "val.bin", [1, 2])
+    cfg = config.from_dict({"data": {"path": str(tmp_path / "train.bin")},
+                            "model": {"vocab_size": 50257}}, "run.toml")
+    with pytest.raises(config.ConfigError) as info:
+        open_tokens(cfg, MPI.COMM_SELF, log=lambda *_: None)
+    message = str(info.value)
+    assert "has 2 tokens" in message and "below 1" not in message
+    assert "too few for any block_size" in message

@@ -52,3 +52,17 @@ def test_ranks_on_one_node_share_its_memory(monkeypatch):
     check_run(cfg, cpu, ranks_on_node=3)
     with pytest.raises(budget.BudgetError, match="for its 4 ranks"):
         check_run(cfg, cpu, ranks_on_node=4)
+
+
+def test_a_model_over_the_memory_pools_cap_is_refused_up_front():
+    """train.device_memory caps the rank's memory pool below the GPU's free memory: the
+    check used the free memory alone, so a run over the cap started and met CuPy's
+    OutOfMemoryError at the cap, mid-run."""
+    cfg = small_config("model.n_layer=1000", "model.n_embd=2048", "model.n_head=8")
+    need = budget.run_need(cfg.model, cfg.train.micro_batch_size, cfg.train.dtype)
+    be = fake_gpu(10 * need.total)
+    be.xp.get_default_memory_pool = lambda: SimpleNamespace(get_limit=lambda: need.total - 1)
+    with pytest.raises(budget.BudgetError, match="train.device_memory"):
+        check_run(cfg, be)
+    be.xp.get_default_memory_pool = lambda: SimpleNamespace(get_limit=lambda: 0)  # no cap
+    check_run(cfg, be)

@@ -20,7 +20,7 @@ def recorded(tmp_path, lines=(), layout=LAYOUT, rank=0):
     log = record.ApplyLog(record.log_path(str(tmp_path), rank),
                           {"kind": record.KIND, "rank": rank, "replica": 0, "layout": layout})
     log.push(1, [(0, 0), (1, 1)])
-    log.step(step=1, t=1.5, dt=0.1, bytes=10, version=0, loss=2.5)
+    log.step(step=1, t=1.5, dt=0.1, bytes=10, version=0, loss=2.5, ticket=0)
     log.exchange(4, [(0, 3), (1, 2)], [1, -1])
     log.step(step=2, t=1.7, dt=0.1, bytes=10, ticket=5)
     log.close()
@@ -34,7 +34,7 @@ def test_a_record_reads_back_indexed(tmp_path):
     recorded(tmp_path)
     got = record.Recorded(str(tmp_path), 0, LAYOUT)
     assert got.steps == [1, 2]
-    assert got.versions == {1: 0} and got.tickets == {2: 5}
+    assert got.versions == {1: 0} and got.tickets == {1: 0, 2: 5}
     assert got.turns_of(1, 2) == {0: 0, 1: 1}
     assert got.exchanges_of(4, 2) == {0: 3, 1: 2}
     records = record.read_records(record.log_path(str(tmp_path), 0))
@@ -44,7 +44,7 @@ def test_a_record_reads_back_indexed(tmp_path):
 def test_a_resumed_record_goes_on_from_the_checkpoints_place(tmp_path):
     path = recorded(tmp_path)
     log = record.ApplyLog(path, {}, offset=len(open(path).readline()))  # the header only
-    log.step(step=9, t=2.0, dt=0.1, bytes=1)
+    log.step(step=9, t=2.0, dt=0.1, bytes=1, ticket=17)
     log.close()
     assert record.Recorded(str(tmp_path), 0, LAYOUT).steps == [9]
 
@@ -87,3 +87,18 @@ def test_shards_ring_and_defaults():
     assert slices(2, 3) == [(0, 1), (1, 2), (2, 2)]  # a rank may own nothing
     assert [ring_slots(s) for s in (0, 1, 4)] == [2, 4, 10]
     assert (BETA, TAU) == (0.9, 10) and alpha(0, 2) == pytest.approx(0.45) and alpha(0.2, 2) == 0.2
+
+
+@pytest.mark.parametrize("line,words", [
+    ('{"step": 3, "t": 0, "dt": 0, "bytes": 0, "version": 1}', "no ticket"),
+    ('{"step": 2, "t": 0, "dt": 0, "bytes": 0, "ticket": 7}', "step 2 after step 2"),
+    ('{"step": 3, "t": 0, "dt": 0, "bytes": 0, "ticket": 5}', "ticket 5 after ticket 5"),
+    ('{"push": 3, "owner": 0, "turn": 2}', "turn 2 of 2 replicas")])
+def test_a_record_a_replay_cannot_follow_is_refused_before_it_starts(tmp_path, line, words):
+    """A step with no ticket used to end the replay in a KeyError at that step; a step or a
+    ticket taken twice, or a turn past the replicas, in a wait that only the timeout
+    (parallel.async_timeout) ended."""
+    recorded(tmp_path, [line])
+    with pytest.raises(record.LogError, match="line 8") as e:
+        record.Recorded(str(tmp_path), 0, LAYOUT)
+    assert words in str(e.value) and "r00000.jsonl" in str(e.value)

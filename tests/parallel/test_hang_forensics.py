@@ -279,3 +279,34 @@ def test_the_wait_for_graph_names_a_cycle_and_a_dead_peer():
                                                 "seconds": 9.0})}
     assert analyse(dead)[1] == ["rank 2 left no dump, and rank(s) 0, 1 wait on it: dead, or "
                                 "stuck where Python cannot run"]
+
+
+def test_a_receive_that_names_no_sender_is_left_out(tmp_path):
+    """A dump whose receive names no peer (edited, or not hpcpipe's) passed the reader and
+    ended describe() in an IndexError traceback; it is left out, named, as other dumps
+    that do not fit are."""
+    from hpcpipe.runs.hangs import read_dumps
+
+    (tmp_path / HANGS).mkdir()
+    (tmp_path / HANGS / "rank-00000.json").write_text(json.dumps(_dump(0, _recv(1))))
+    (tmp_path / HANGS / "rank-00002.json").write_text(json.dumps(
+        _dump(2, {**_recv(0), "peers": []})))
+    dumps, problems = read_dumps(str(tmp_path))
+    assert list(dumps) == [0] and "rank-00002.json: not a hang dump" in problems[0]
+    analyse(dumps)
+
+
+def test_collectives_in_mismatched_orders_on_many_ranks_are_named_at_once():
+    """Half of 12 ranks in one collective over the world, half in another: every rank waits
+    on every rank of the other half, round too many cycles to list — the walk that listed
+    them all (923) took 52 s here, hours at 16 ranks."""
+    from hpcpipe.runs.hangs import MAX_CYCLES
+
+    start = time.monotonic()
+    dumps = {r: _dump(r, {"kind": "collective", "what": f"{'AB'[r % 2]} over world",
+                          "peers": list(range(12)), "tag": None, "seconds": 9.0})
+             for r in range(12)}
+    findings = analyse(dumps)[1]
+    assert time.monotonic() - start < 5
+    cycles = [f for f in findings if "round a cycle" in f]
+    assert len(cycles) == MAX_CYCLES + 1 and "not all listed" in cycles[-1]

@@ -79,6 +79,17 @@ def test_one_process_cannot_hold_it_twice_and_a_refused_set_up_leaves_no_folder(
     RunLock.acquire(str(tmp_path / "new")).release()  # free again
 
 
+def test_a_holder_line_that_names_no_process_is_still_one_refusal(tmp_path):
+    """A lock file edited while its run holds it (a pid of 1e999 read as inf) used to end
+    the refused run in a bare OverflowError."""
+    lock = RunLock.acquire(str(tmp_path))
+    os.ftruncate(lock.fd, 0)
+    os.pwrite(lock.fd, b'{"pid": 1e999, "host": "h", "started": "s"}', 0)
+    with pytest.raises(RunDirBusy, match="a process that has not said who it is yet"):
+        RunLock.acquire(str(tmp_path))
+    lock.release()
+
+
 def test_export_of_a_checkpoint_rotated_away_meanwhile_says_so(capsys, tmp_path, finished,
                                                                monkeypatch):
     import shutil

@@ -170,19 +170,6 @@ def test_simulating_a_deadlocked_schedule_refuses():
         simulate(s)
 
 
-def test_steady_period_of_repeated_steps():
-    """Back-to-back steps: the period lies between the longest span and the makespan, and
-    the repeated schedule is itself valid."""
-    from hpcpipe.schedules import check
-    from hpcpipe.schedules.simulator import repeated, steady_period
-
-    for kind in ("1f1b", "zb-h1", "zb-h2"):
-        s = generate(kind, 4, 8)
-        check(repeated(s, 3))
-        r = simulate(s)
-        assert r.longest_span - 1e-9 <= steady_period(s) <= r.makespan + 1e-9
-
-
 def test_per_rank_costs_spread_over_a_v():
     """over_chunks: each model stage of a placement gets its rank's cost divided by the
     chunks per rank; one chunk per rank leaves the costs as they were."""

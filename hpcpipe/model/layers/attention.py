@@ -216,12 +216,6 @@ def backward_weight(dout, cache, grads, proj_bias=True):
         fused.attention_bias_gradient(cache["kernels"], sums, qkv["bias"])
 
 
-def backward(dout, cache, grads):
-    dx = backward_input(dout, cache)
-    backward_weight(dout, cache, grads)
-    return dx
-
-
 def decode(x, params, n_head, keys, values, start, be=None):
     """Incremental F for generation: attention of the next t positions [start, start + t)
     of sequences whose earlier keys and values are cached, without recomputing them.

@@ -76,12 +76,6 @@ def backward_weight(dout, cache, grads):
     layernorm.backward_weight(None, cache["ln_1"], scope(grads, "ln_1."))
 
 
-def backward(dout, cache, grads):
-    dx = backward_input(dout, cache)
-    backward_weight(dout, cache, grads)
-    return dx
-
-
 # -- the two halves, for a stage boundary at the seam x1 (model/units.py) ------------------
 # The residual adds and attn.c_proj's bias gradient run as the unfused whole block runs them
 # (the fused kernel that adds that bias and x in ln_2, and sums its gradient, needs both

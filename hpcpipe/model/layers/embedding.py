@@ -98,8 +98,3 @@ def _run_sums(xp, rows, first, runs: int):
         mine = xp.flatnonzero(position == k)
         sums[run[mine]] += rows[mine]
     return sums
-
-
-def backward(dx, cache, grads):
-    backward_weight(dx, cache, grads)
-    return None

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcpipe.device.kernels import Kernels, cross_entropy, embedding, for_backend
+from hpcpipe.device.kernels import Kernels, cross_entropy, embedding
+# kernels(be): the fused kernels of `be`, or None where the layers run their NumPy passes
+from hpcpipe.device.kernels import for_backend as kernels
 from hpcpipe.device.kernels import attention as k_attention
 from hpcpipe.device.kernels import gelu as k_gelu
 from hpcpipe.device.kernels import layernorm as k_layernorm
@@ -28,12 +30,6 @@ from hpcpipe.device.kernels import residual as k_residual
 from hpcpipe.device.kernels.arrays import accumulation, is_contiguous
 
 KERNEL_DTYPES = ("bfloat16", "float32", "float64")
-
-
-def kernels(be) -> Kernels | None:
-    """The fused kernels of `be`, or None where the layers run their NumPy passes (see
-    hpcpipe.device.kernels.for_backend)."""
-    return for_backend(be)
 
 
 def takes(*arrays) -> bool:

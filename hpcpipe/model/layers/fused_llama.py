@@ -126,7 +126,7 @@ def gqa_forward(k, be, q, key, v, n_head: int, n_kv_head: int, table) -> tuple:
     the projections' fresh outputs; y; lse (B, NH, T) float32)."""
     xp = be.xp
     q, key, v = (_owned(xp, a) for a in (q, key, v))
-    B, T, width = q.shape
+    B, T, _ = q.shape
     y = xp.empty_like(q)
     lse = xp.empty((B, n_head, T), dtype=np.float32)
     k_attention.flash_forward(k, y, lse, q, key, v, n_head, n_kv_head, None, table)

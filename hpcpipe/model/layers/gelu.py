@@ -93,7 +93,3 @@ def backward_input(dy, cache):
 
 def backward_weight(dy, cache, grads):
     """GELU has no weights."""
-
-
-def backward(dy, cache, grads):
-    return backward_input(dy, cache)

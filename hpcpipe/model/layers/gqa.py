@@ -224,12 +224,6 @@ def backward_weight(dout, cache, grads):
         projection.weight_gradient(be, d, x, grads[name])
 
 
-def backward(dout, cache, grads):
-    dx = backward_input(dout, cache)
-    backward_weight(dout, cache, grads)
-    return dx
-
-
 def decode(x, params, spec, keys, values, start, be=None):
     """Incremental F for generation: the next t positions [start, start + t) of sequences
     whose earlier keys (rotated) and values are cached.

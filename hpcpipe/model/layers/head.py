@@ -44,9 +44,3 @@ def backward_weight(dlogits, cache, grads):
     V, C = dlogits.shape[-1], x.shape[-1]
     matmul_accumulate(be, dlogits.reshape(-1, V).T, x.reshape(-1, C), grads["wte"],
                       "head.dwte")
-
-
-def backward(dlogits, cache, grads):
-    dx = backward_input(dlogits, cache)
-    backward_weight(dlogits, cache, grads)
-    return dx

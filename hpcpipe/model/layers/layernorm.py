@@ -196,9 +196,3 @@ def backward_weight(dy, cache, grads, dsum=None) -> bool:
     grads["weight"] += dweight
     grads["bias"] += dbias
     return False
-
-
-def backward(dy, cache, grads):
-    dx = backward_input(dy, cache)
-    backward_weight(dy, cache, grads)
-    return dx

@@ -65,10 +65,3 @@ def backward_weight(dy, cache, grads, bias=True):
     matmul_accumulate(be, x2.T, dy2, grads["weight"], "linear.dw")
     if bias:
         column_sums(be, dy2, grads["bias"])
-
-
-def backward(dy, cache, grads):
-    """B and W fused (the unsplit backward): what a schedule without the split runs."""
-    dx = backward_input(dy, cache)
-    backward_weight(dy, cache, grads)
-    return dx

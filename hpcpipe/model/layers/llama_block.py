@@ -99,12 +99,6 @@ def backward_weight(dout, caches, grads):
         rmsnorm.backward_weight(None, cache["norm"], scope(grads, "input_layernorm."))
 
 
-def backward(dout, caches, grads):
-    dx = backward_input(dout, caches)
-    backward_weight(dout, caches, grads)
-    return dx
-
-
 def decode(x, params, spec, keys, values, start, be=None):
     """Incremental F for generation (gqa.decode): the block for positions
     [start, start + t) given the cached keys and values of the earlier ones."""

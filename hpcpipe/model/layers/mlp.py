@@ -51,9 +51,3 @@ def backward_weight(dout, cache, grads):
     linear.backward_weight(cache.pop("dh"), cache["c_fc"], fc, bias=sums is None)
     if sums is not None:
         fused.gelu_bias_gradient(fused.kernels(cache["c_fc"]["be"]), sums, fc["bias"])
-
-
-def backward(dout, cache, grads):
-    dx = backward_input(dout, cache)
-    backward_weight(dout, cache, grads)
-    return dx

@@ -63,9 +63,3 @@ def weight_gradient(be, dy, x, grad):
     """grad (OUT, IN) += dy^T x over every leading axis: dy (..., OUT), x (..., IN)."""
     matmul_accumulate(be, dy.reshape(-1, dy.shape[-1]).T, x.reshape(-1, x.shape[-1]),
                       grad, "projection.dw")
-
-
-def backward(dy, cache, grad):
-    dx = backward_input(dy, cache)
-    backward_weight(dy, cache, grad)
-    return dx

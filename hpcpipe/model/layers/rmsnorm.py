@@ -133,9 +133,3 @@ def backward_weight(dy, cache, grads):
         fused_llama.rmsnorm_backward_weight(cache, grads)
         return
     grads["weight"] += cache.pop("dweight")
-
-
-def backward(dy, cache, grads):
-    dx = backward_input(dy, cache)
-    backward_weight(dy, cache, grads)
-    return dx

@@ -143,9 +143,3 @@ def backward_weight(dout, cache, grads):
     be, x = cache["be"], cache["x"]
     for name, d in cache.pop("d").items():
         projection.weight_gradient(be, d, x, grads[name])
-
-
-def backward(dout, cache, grads):
-    dx = backward_input(dout, cache)
-    backward_weight(dout, cache, grads)
-    return dx

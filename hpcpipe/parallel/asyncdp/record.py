@@ -137,18 +137,34 @@ class Recorded:
                 f"run has {_describe(layout, differs)}; a replay runs the recorded layout "
                 f"and settings")
         for number, line in enumerate(lines[1:], start=2):
-            self._add(path, number, line)
+            self._add(path, number, line, layout["dp"])
 
-    def _add(self, path, number, line):
+    def _add(self, path, number, line, dp):
+        """One record indexed; what a replay could not follow (a step without its ticket,
+        a step or ticket not past the one before, a turn past the replicas) is refused
+        here, before the run starts, rather than in a KeyError or a wait at that step."""
         kind, record = _parse(path, number, line)
         if kind == "step":
-            step = record["step"]
+            step, ticket = record["step"], record.get("ticket")
+            last = self.steps[-1] if self.steps else None
+            problem = None
+            if ticket is None:
+                problem = "no ticket (which share of which global step it ran)"
+            elif last is not None and step <= last:
+                problem = f"step {step} after step {last}"
+            elif last is not None and ticket <= self.tickets[last]:
+                problem = f"ticket {ticket} after ticket {self.tickets[last]}"
+            if problem:
+                raise LogError(f"{path}, line {number}: {problem}: not a record a replay "
+                               f"can follow")
             self.steps.append(step)
+            self.tickets[step] = ticket
             if "version" in record:
                 self.versions[step] = record["version"]
-            if "ticket" in record:
-                self.tickets[step] = record["ticket"]
         elif kind == "push":
+            if record["turn"] >= dp:
+                raise LogError(f"{path}, line {number}: turn {record['turn']} of {dp} "
+                               f"replicas: not a record a replay can follow")
             self.turns.setdefault(record["push"], {})[record["owner"]] = record["turn"]
         else:
             self.exchanges.setdefault(record["exchange"], {})[record["owner"]] = \

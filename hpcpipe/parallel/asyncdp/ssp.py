@@ -131,7 +131,7 @@ class GradientRing(Sharded):
         """out (a host array of `size` elements) ← the replicas' sum of `step`; returns
         the sum of its shares' staleness. The last replica to pull it zeroes the slot for
         the next lap."""
-        slot, lap = self._slot(step)
+        slot, _ = self._slot(step)
         base, stale = slot * WORDS, 0
         for j in self._order():
             lo, hi = self.parts[j]

@@ -1,9 +1,9 @@
 """Messages between pipeline stages.
 
-The verbs are named after what the schedule does — send_forward / recv_forward carry
-activations down the pipeline, send_backward / recv_backward carry their gradients back —
-and are all non-blocking: a receive is posted ahead of the op that needs it and waited
-for right before that op; a send is handed to MPI and compute goes on. Every message is
+The two directions are named after what the schedule does (schedules/messages.py) —
+FORWARD carries activations down the pipeline, BACKWARD their gradients back — and every
+message is non-blocking: a receive is posted ahead of the op that needs it and waited for
+right before that op; a send is handed to MPI and compute goes on. Every message is
 tagged by (direction, microbatch, stage), so any order of posting matches correctly.
 How device memory meets MPI (directly or staged through pinned host memory) is the
 Transport's decision (transport.py).
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcpipe.schedules.messages import BACKWARD, FORWARD
 from hpcpipe.util.errors import HpcpipeError
-
-FORWARD, BACKWARD = "forward", "backward"
 
 
 class CommError(HpcpipeError):
@@ -29,12 +28,10 @@ class BufferPool:
     def __init__(self, allocate):
         self._allocate = allocate
         self._free: list = []
-        self.allocated = 0
 
     def take(self):
         if self._free:
             return self._free.pop()
-        self.allocated += 1
         return self._allocate()
 
     def release(self, buffer):
@@ -138,19 +135,6 @@ class PipeComm:
         """(direction, peer, microbatch, stage, tag) of every send not known to be taken
         (a hang dump's list; read from another thread: a copy of the list)."""
         return [info for _, _, info in list(self._sends)]
-
-    # The verbs the schedule speaks.
-    def send_forward(self, peer, microbatch, stage, activation):
-        self.send(FORWARD, peer, microbatch, stage, activation)
-
-    def send_backward(self, peer, microbatch, stage, gradient):
-        self.send(BACKWARD, peer, microbatch, stage, gradient)
-
-    def recv_forward(self, peer, microbatch, stage):
-        return self.post_recv(FORWARD, peer, microbatch, stage)
-
-    def recv_backward(self, peer, microbatch, stage):
-        return self.post_recv(BACKWARD, peer, microbatch, stage)
 
 
 def measure_latency(pipe, shape, dtype, peer: int, repeats: int = 5) -> float:

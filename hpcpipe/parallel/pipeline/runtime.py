@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from hpcpipe.parallel.pipeline.p2p import FORWARD, PipeComm
+from hpcpipe.parallel.pipeline.p2p import PipeComm
 from hpcpipe.schedules import Schedule, check, messages
 from hpcpipe.schedules.ops import Kind
 from hpcpipe.util.timeline import Clock, Trace
@@ -201,10 +201,8 @@ class Runtime:
         for msg in item.sends:
             if msg.local:
                 flight.local[(msg.direction, msg.microbatch, msg.stage)] = out
-            elif msg.direction == FORWARD:
-                self.p2p.send_forward(msg.peer, msg.microbatch, msg.stage, out)
             else:
-                self.p2p.send_backward(msg.peer, msg.microbatch, msg.stage, out)
+                self.p2p.send(msg.direction, msg.peer, msg.microbatch, msg.stage, out)
 
     def _account(self, op, result: StepResult):
         """Peaks after `op`, and the bytes one microbatch holds after its F and its B."""

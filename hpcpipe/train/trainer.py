@@ -302,15 +302,14 @@ class Trainer:
     def _finish(self) -> Summary:
         steps, summary = self.cfg.train.steps, self.summary
         self._settle()
-        if self.apart:  # every replica's last updates; the last checkpoint is a meeting
-            self.rank.step.finish(steps)
         trained = summary.steps > self.start_step  # (summary.steps counts earlier pieces)
-        if self.apart:  # a late replica may have taken none of the tickets: the others
-            trained = max(self.comm.allgather(trained))  # did, and it joins their save
+        if self.apart:  # every replica's last updates, then all meet (a window wait the
+            self.rank.step.finish(steps)  # hang dumps name); a late replica may have taken
+            self.rank.step.meet("the end of the run")  # none of the tickets: the others
+            with self.beacon.over(self.comm, "the replicas' word on whether the run trained"):
+                trained = max(self.comm.allgather(trained))  # did, and it joins their save
         if self.last_saved != steps and trained:
             self._save(steps)
-        elif self.apart:
-            self.rank.step.meet("the end of the run")
         if trained or self.start_step < steps:
             self._evaluate(steps)
         summary.device_memory = self.comm.allgather(self.be.memory_report())

@@ -626,11 +626,11 @@ def cmd_import_gguf(args) -> int:
             try:
                 tokenizer = checked_tokenizer(path, model["vocab_size"])
             except HpcpipeError as e:  # named by the GGUF file: the temporary one is gone
-                why = str(e).replace(f"{path}: ", "").replace(f"tokenizer file {path}", "it")
+                why = str(e).replace(f"{path}: ", "").replace(
+                    f"tokenizer file {path}", "it").replace(path, "it")
                 raise gguf_file.GGUFError(
                     f"{args.file}: the tokenizer its metadata describes (tokenizer.ggml.*): "
-                    f"{why.replace(path, 'it')}; import with --without-tokenizer and use "
-                    f"token ids") from None
+                    f"{why}; import with --without-tokenizer and use token ids") from None
     parameters = sum(math.prod(s) for _, s in param_layout(LlamaConfig(**model)))
     require(8 * parameters, f"importing {args.file} (its tensors in float32, and their "
                             f"checkpoint)")

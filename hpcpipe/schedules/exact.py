@@ -29,6 +29,7 @@ the real costs, and called optimal only when that replay meets the bound.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 
 from .ops import (
@@ -439,8 +440,6 @@ def certify(p: int, m: int, costs: Costs, memory_limit: float, objective: str = 
     for `time_limit` seconds; prove what can be proven (see `Certified`). `per_microbatch`:
     a recompute choice each (stage, microbatch) takes or not, chosen with the order (`costs`
     then without recomputation; `hint_costs`, the hint's own plan)."""
-    import time
-
     cp_model = _cp_model()
     if per_microbatch is not None and costs.recomputes():
         raise ScheduleError("recompute per microbatch chooses the plan: give costs without one")
@@ -534,8 +533,6 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
     their own, each plan auto weighs (`auto.recompute_plans`); `time_limit` shared among
     the runs. The bound holds for every schedule under the limit with those chunk counts
     and plans."""
-    import time
-
     from .auto import explore, make_search, recompute_plans
 
     search = make_search(p, m, costs, memory_limit, objective, chunks, bool(recompute))

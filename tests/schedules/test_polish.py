@@ -160,14 +160,14 @@ def test_what_the_model_does_not_cover_is_refused(call, message):
         call()
 
 
-def test_command_line_polishes_after_the_search(capsys):
+def test_command_line_polishes_after_the_search(capsys, work_clock):
     from hpcpipe.schedules.cli import main
     assert main(["--kind", "1f1b", "-p", "2", "-m", "4", "--polish", "5"]) == 2
     assert "--polish" in capsys.readouterr().err
     # (At 4, 1F1B's memory, auto's ZB-V for these costs is already the search's best.)
     assert main(["--kind", "auto", "-p", "4", "-m", "8", "--memory-limit", "3.5", "--chunks", "2",
                  "--cost", "F=29.718,B=29.444,W=19.927,comm=0.527,memw=0.43", "--exact",
-                 "--time-limit", "2", "--polish", "10", "--json"]) == 0
+                 "--time-limit", "2", "--polish", "4", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     span = max(summary["span"])
     assert span < summary["exact"]["heuristic_value"] and summary["lower_bound"] <= span
@@ -178,7 +178,7 @@ def test_command_line_polishes_after_the_search(capsys):
     (SIX_B.with_recompute(SELECTIVE), None),              # a per-stage plan
     (SIX_B, None),                                        # none
 ])
-def test_the_window_s_own_memory_model_keeps_the_limit(monkeypatch, costs, choice):
+def test_the_window_s_own_memory_model_keeps_the_limit(monkeypatch, work_clock, costs, choice):
     # Past WHOLE_MEMORY_PAIRS a round bounds only the window's memory (the rest is the
     # schedule's own, in the same order from the same level): forced here at p 4, m 8, the
     # rounds never lengthen the schedule and what they keep fits under the real costs.
@@ -186,7 +186,7 @@ def test_the_window_s_own_memory_model_keeps_the_limit(monkeypatch, costs, choic
     monkeypatch.setattr(polishing, "WHOLE_MEMORY_PAIRS", 0)
     start = generate("zb-v", 4, 8)
     limit = max(peak_activations(start, costs))
-    got = polish(start, costs, limit, choice=choice, fraction=0.5, seconds=12, rounds=3,
+    got = polish(start, costs, limit, choice=choice, fraction=0.5, seconds=3, rounds=3,
                  most=3)
     values = [simulate(start, costs).longest_span] + [r.value for r in got.rounds]
     assert all(b <= a + 1e-9 for a, b in zip(values, values[1:]))

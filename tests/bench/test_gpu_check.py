@@ -93,6 +93,27 @@ def test_a_dry_run_on_the_stand_in_runs_the_first_sections(tmp_path):
     assert "kernel sources compiled" in (folder / "logs.txt").read_text()
 
 
+def test_the_stand_in_s_sections_have_room_on_a_busy_cpu(tmp_path, monkeypatch):
+    """The stand-in emulates the kernels on a CPU: its sections get STANDIN_SLACK times a
+    GPU's limits (the kernels section's 40 s ran out on the stand-in at a load of 11)."""
+    limits = {}
+
+    def section_run(section, cmd, limit, env, folder):
+        limits[section.name] = limit
+        return {"section": section.name, "status": "passed", "seconds": 0.0,
+                "limit_s": limit, "command": "", "writes": section.writes, "tail": ""}
+
+    monkeypatch.setattr(gpu_check, "run_section", section_run)
+    monkeypatch.setattr(gpu_check, "python_with_packages", lambda log, standin: ("python", ""))
+    for standin, folder in ((True, tmp_path / "standin"), (False, tmp_path / "gpu")):
+        monkeypatch.setattr(gpu_check, "gpu_found", lambda standin: "a GPU")
+        assert gpu_check.main(["--out", str(folder), "--skip-tests"]
+                              + ["--standin"] * standin) == 0
+        wanted = {s.name: s.seconds * (gpu_check.STANDIN_SLACK if standin else 1)
+                  for s in gpu_check.SECTIONS if s.seconds}
+        assert limits == wanted
+
+
 def test_a_hung_test_fails_named_by_the_per_test_limit(tmp_path):
     (tmp_path / "test_hangs.py").write_text(
         "import time\n\ndef test_sleeps():\n    time.sleep(30)\n\ndef test_quick():\n    pass\n")

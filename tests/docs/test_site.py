@@ -5,8 +5,10 @@ README stays a front door."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -77,3 +79,14 @@ def test_the_readme_is_a_front_door():
     assert len(lines) <= 250
     prose = [line for line in lines if not line.startswith(("|", "RUN_DIR=", "<!--"))]
     assert max(map(len, prose)) <= 100
+
+
+def test_the_install_page_names_every_extra():
+    """Each optional extra of pyproject.toml has a row in install.md's table (`hf`, the
+    Llama imports' extra, was once missing while llama.md told users to install it)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    page = (ROOT / "docs" / "getting-started" / "install.md").read_text()
+    rows = set(re.findall(r"^\| `([\w-]+)`(?:, `([\w-]+)`)? \|", page, re.M))
+    listed = {name for row in rows for name in row if name}
+    assert set(extras) <= listed, sorted(set(extras) - listed)

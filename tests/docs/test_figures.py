@@ -4,7 +4,12 @@ docs/measurements/ keep theirs). Each check reads the page's table and recompute
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 
 from blocks import ROOT
 from hpcpipe.schedules import Costs
@@ -34,3 +39,28 @@ def test_the_schedules_guide_table_is_what_the_simulator_gives():
             if cell.strip() != shown:
                 wrong.append(f"p {p}, m {m}, W {w}, {kind}: page {cell.strip()}, now {shown}")
     assert not wrong, wrong
+
+
+PLANNED = re.compile(r"\(`(python -m hpcpipe\s+plan[^`]*)`\): ([\d.]+) GiB of activations on "
+                     r"rank 0, where the NumPy passes' count\s+\(`HPCPIPE_FUSED=0`\) says "
+                     r"([\d.]+) GiB")
+
+
+def _rank0_activations(command: list[str], out, **env) -> str:
+    proc = subprocess.run([sys.executable, "-m", "hpcpipe", *command, "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, **env},
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return f"{json.loads(out.read_text())['ranks'][0]['peak_activation_bytes'] / 2**30:.2f}"
+
+
+def test_the_memory_guide_planned_activations_are_what_plan_says(tmp_path):
+    """memory.md's GPT-2 124M bfloat16 figures, fused kernels and NumPy passes: the fused
+    one stayed at 3.16 GiB after the balanced layout moved a seam (plan: 2.96)."""
+    page = (ROOT / "docs" / "guides" / "memory.md").read_text()
+    match = PLANNED.search(page)
+    assert match, "memory.md no longer names its plan command and figures"
+    command = shlex.split(" ".join(match.group(1).split()))[3:]  # after python -m hpcpipe
+    fused = _rank0_activations(command, tmp_path / "fused.json")
+    passes = _rank0_activations(command, tmp_path / "passes.json", HPCPIPE_FUSED="0")
+    assert (match.group(2), match.group(3)) == (fused, passes)

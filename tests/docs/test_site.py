@@ -12,7 +12,7 @@ import tomllib
 
 import pytest
 
-from blocks import ROOT
+from blocks import ROOT, pages
 
 
 def hooks():
@@ -90,3 +90,27 @@ def test_the_install_page_names_every_extra():
     rows = set(re.findall(r"^\| `([\w-]+)`(?:, `([\w-]+)`)? \|", page, re.M))
     listed = {name for row in rows for name in row if name}
     assert set(extras) <= listed, sorted(set(extras) - listed)
+
+
+def table_faults(text: str) -> list[int]:
+    """The lines (1-based) where a Markdown table starts without its `|---|` row under the
+    header, outside code blocks: such a table shows as raw pipes."""
+    faults, fenced, previous = [], False, ""
+    lines = text.splitlines()
+    for n, line in enumerate(lines):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        starts = line.startswith("|") and not previous.startswith("|")
+        if not fenced and starts and not re.match(r"^\|(\s*:?-+:?\s*\|)+\s*$",
+                                                  lines[n + 1] if n + 1 < len(lines) else ""):
+            faults.append(n + 1)
+        previous = line
+    return faults
+
+
+def test_every_table_has_its_separator_row():
+    """formats.md once held a table's header alone, its rows never written, shown to
+    readers as `| | whole command | the sampling loop |`."""
+    found = {str(p.relative_to(ROOT)): table_faults(p.read_text()) for p in pages()}
+    assert not {page: lines for page, lines in found.items() if lines}
+    assert table_faults("text\n\n| a | b |\n\nmore\n") == [3]

@@ -114,3 +114,19 @@ def test_every_table_has_its_separator_row():
     found = {str(p.relative_to(ROOT)): table_faults(p.read_text()) for p in pages()}
     assert not {page: lines for page, lines in found.items() if lines}
     assert table_faults("text\n\n| a | b |\n\nmore\n") == [3]
+
+
+def test_the_readme_links_every_page_a_reader_follows():
+    """The README's Documentation list is the front door on GitHub, where the site's
+    navigation is not: every getting-started page, guide, reference page and design page
+    (research notes aside) is linked from it (the search guide once was not)."""
+    import yaml
+
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    wanted = [path for part in nav if isinstance(part, dict)
+              for title, entries in part.items()
+              if title in ("Getting started", "Guides", "Reference", "Design")
+              for entry in entries for name, path in entry.items()
+              if not name.startswith("Research notes")]
+    readme = (ROOT / "README.md").read_text()
+    assert len(wanted) > 20 and not [p for p in wanted if f"(docs/{p})" not in readme]

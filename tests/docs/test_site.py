@@ -130,3 +130,11 @@ def test_the_readme_links_every_page_a_reader_follows():
               if not name.startswith("Research notes")]
     readme = (ROOT / "README.md").read_text()
     assert len(wanted) > 20 and not [p for p in wanted if f"(docs/{p})" not in readme]
+
+
+def test_the_first_run_lists_every_config_in_inputs():
+    """first-run.md's table of configs names each file of inputs/ (the SmolLM2 fine-tune
+    was once left out)."""
+    page = (ROOT / "docs" / "getting-started" / "first-run.md").read_text()
+    listed = set(re.findall(r"^\| `(inputs/[\w.-]+\.toml)` \|", page, re.M))
+    assert listed == {f"inputs/{p.name}" for p in (ROOT / "inputs").glob("*.toml")}

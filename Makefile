@@ -63,8 +63,9 @@ VENV_SIZE   = echo "$(VENV): $$(du -sh $(VENV) | cut -f1) on disk: $$($(PY) -m p
 
 .PHONY: install install-test install-docs run test bench docs pictures gpu-check clean help
 
+# The header above, to its end: a fixed line range cut it short each time it grew.
 help:
-	@sed -n '3,33p' Makefile | sed 's/^# \{0,1\}//'
+	@awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' Makefile
 
 install: $(STAMP)
 

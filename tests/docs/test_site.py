@@ -138,3 +138,14 @@ def test_the_first_run_lists_every_config_in_inputs():
     page = (ROOT / "docs" / "getting-started" / "first-run.md").read_text()
     listed = set(re.findall(r"^\| `(inputs/[\w.-]+\.toml)` \|", page, re.M))
     assert listed == {f"inputs/{p.name}" for p in (ROOT / "inputs").glob("*.toml")}
+
+
+def test_make_help_shows_the_makefile_header_whole():
+    """`make help` is the Makefile's header comment; a fixed line range cut it short each
+    time the header grew (it last stopped at `NP (...: the cores, at most 4),`)."""
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    header = [line for line in lines[2:lines.index("", 2)] if line.startswith("#")]
+    proc = subprocess.run(["make", "--no-print-directory", "help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [re.sub(r"^# ?", "", line) for line in header]

@@ -14,8 +14,9 @@
 #                            into site/ (mkdocs build --strict: a broken link fails it)
 #   make pictures            redraw the pictures in docs/images/ (schedules, auto's memory
 #                            sweep, the Pareto front) from the code that draws them
-#   make bench               add the bench extra (PyTorch, matplotlib), run every benchmark
-#                            suite and write bench/results/<machine>-<date>.{json,md,png}
+#   make bench               add the bench extra (PyTorch, transformers, matplotlib), run
+#                            every benchmark suite but stragglers (by hand: its guide) and
+#                            write bench/results/<machine>-<date>.{json,md,png}
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
 #                            instead of the mpich wheel from PyPI
 #   make powersgd-curves     train tiny at dp 2 uncompressed and with PowerSGD (300 steps

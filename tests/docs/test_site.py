@@ -149,3 +149,14 @@ def test_make_help_shows_the_makefile_header_whole():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [re.sub(r"^# ?", "", line) for line in header]
+
+
+def test_the_site_home_says_what_the_readme_says():
+    """docs/index.md repeats the README's opening and Status table (its links one folder
+    up): a figure updated in one and not the other would give the site and GitHub two."""
+    def front(text: str) -> str:
+        return text[text.index("\n") + 1:text.index("\n## ", text.index("## Status"))]
+
+    readme = front((ROOT / "README.md").read_text())
+    readme = readme.replace("](docs/", "](").replace("](bench/", "](../bench/")
+    assert front((ROOT / "docs" / "index.md").read_text()) == readme

@@ -14,8 +14,9 @@
 #                            into site/ (mkdocs build --strict: a broken link fails it)
 #   make pictures            redraw the pictures in docs/images/ (schedules, auto's memory
 #                            sweep, the Pareto front) from the code that draws them
-#   make bench               add the bench extra (PyTorch, matplotlib), run every benchmark
-#                            suite and write bench/results/<machine>-<date>.{json,md,png}
+#   make bench               add the bench extra (PyTorch, transformers, matplotlib), run
+#                            every benchmark suite but stragglers (by hand: its guide) and
+#                            write bench/results/<machine>-<date>.{json,md,png}
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
 #                            instead of the mpich wheel from PyPI
 #   make powersgd-curves     train tiny at dp 2 uncompressed and with PowerSGD (300 steps
@@ -63,8 +64,9 @@ VENV_SIZE   = echo "$(VENV): $$(du -sh $(VENV) | cut -f1) on disk: $$($(PY) -m p
 
 .PHONY: install install-test install-docs run test bench docs pictures gpu-check clean help
 
+# The header above, to its end: a fixed line range cut it short each time it grew.
 help:
-	@sed -n '3,33p' Makefile | sed 's/^# \{0,1\}//'
+	@awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' Makefile
 
 install: $(STAMP)
 

@@ -7,7 +7,7 @@ the cases let auto place recomputation itself, as `--recompute selective` does, 
 schedule then timed with the plan it chose).
 
     python -m hpcpipe.schedules.dominance --cases 1000                 # what the test runs
-    python -m hpcpipe.schedules.dominance --cases 3000 --largest 8x32  # make bench's sweep
+    python -m hpcpipe.schedules.dominance --cases 2000 --largest 8x24  # make bench's sweep
 
 The fixed kinds of a placement: gpipe, 1f1b, zb-h1, zb-h2 on one chunk per rank; zb-v,
 v-half, v-min and dualpipev in a V (V-Half and V-Min ordered for the case's costs, as auto

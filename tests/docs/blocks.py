@@ -9,7 +9,9 @@ as written, unless the line just before its fence is one of
                                            plan, bash -n on a job script)
     <!-- docs-test: env KEY=VALUE ... -->  runs with these variables set (to scale it down)
 
-Other blocks (text, toml, a block without a language) are shown, never run.
+A console block's other lines are what it shows its commands printing: each must match a
+printed line (`...` or `…` for any text, a decimal for any decimal). Other blocks
+(text, toml, a block without a language) are shown, never run.
 """
 
 from __future__ import annotations
@@ -58,15 +60,41 @@ class Block:
         return dict(pairs)
 
 
-def console_commands(code: str) -> str:
-    """The commands of a console block: its `$ ` lines and their continuations."""
-    out, going_on = [], False
+def console_lines(code: str) -> tuple[list[str], list[str]]:
+    """A console block split into its commands (the `$ ` lines and their continuations)
+    and the lines it shows them printing (the rest)."""
+    commands, shown, going_on = [], [], False
     for line in code.splitlines():
         if line.startswith("$ ") or going_on:
             command = line[2:] if line.startswith("$ ") and not going_on else line
-            out.append(command)
+            commands.append(command)
             going_on = command.rstrip().endswith("\\")
-    return "\n".join(out)
+        elif line.strip():
+            shown.append(line)
+    return commands, shown
+
+
+def console_commands(code: str) -> str:
+    """The commands of a console block: its `$ ` lines and their continuations."""
+    return "\n".join(console_lines(code)[0])
+
+
+def shown_pattern(line: str) -> re.Pattern:
+    """A line a console block shows as printed, as a pattern for the line printed: `...` or
+    `…` stands for any text (a line shortened), a decimal for any decimal (times, rates)."""
+    parts = re.split(r"(\s*(?:\.\.\.|…)\s*|\d+\.\d+)", line.strip())
+    return re.compile("".join(".*" if part.strip() in ("...", "…") else
+                              r"\d+\.\d+" if re.fullmatch(r"\d+\.\d+", part) else
+                              re.escape(part) for part in parts))
+
+
+def unshown(code: str, printed: str) -> list[str]:
+    """The lines a console block shows that its commands did not print: each shown line
+    must match a printed line (in any order: ranks' lines interleave as they will; a line
+    of only `...` or `…` stands for lines left out)."""
+    lines = [line.strip() for line in printed.splitlines()]
+    return [line for line in console_lines(code)[1] if line.strip() not in ("...", "…") and
+            not any(shown_pattern(line).fullmatch(out) for out in lines)]
 
 
 def pages() -> list[Path]:

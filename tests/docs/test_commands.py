@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from blocks import ROOT, Block, DirectiveError, all_blocks, pages, parse
+from blocks import ROOT, Block, DirectiveError, all_blocks, pages, parse, unshown
 
 pytestmark = pytest.mark.serial
 TIMEOUT = 300  # a block's; they take seconds (importing transformers: up to half a minute)
@@ -86,6 +86,10 @@ def test_block(block, workdirs):
     what = f"docs-test: check {block.argument}" if block.kind == "check" else block.code
     assert proc.returncode == 0, f"{block.id} failed ({proc.returncode}):\n{what}\n" \
                                  f"--- output ---\n{proc.stdout[-4000:]}"
+    if block.lang == "console" and block.kind != "check":
+        missing = unshown(block.code, proc.stdout)
+        assert not missing, f"{block.id} shows lines its commands no longer print:\n" + \
+            "\n".join(missing) + f"\n--- output ---\n{proc.stdout[-4000:]}"
 
 
 def test_the_directives_are_well_formed_and_every_page_has_blocks_run():
@@ -107,3 +111,12 @@ def test_a_malformed_directive_is_refused(tmp_path):
         (tmp_path / "probe.md").write_text(text)
         with pytest.raises(DirectiveError, match=message):
             parse(tmp_path / "probe.md", root=tmp_path)
+
+
+def test_a_console_block_is_held_to_what_it_shows():
+    block = "$ run \\\n    --flag\nstep 1 | loss 5.3497 | 12.5 ms ...\n…\ndone: 2 steps\n"
+    printed = "header\nstep 1 | loss 5.1234 | 9.0 ms | bubble 3.0%\nmore\ndone: 2 steps\n"
+    assert unshown(block, printed) == []
+    assert unshown(block, printed.replace("done: 2", "done: 3")) == ["done: 2 steps"]
+    assert unshown(block, "done: 2 steps\nstep 1 | loss 5.1 | 1.0 ms\n") == []  # any order
+    assert unshown("$ run\nstep 1 | loss 5\n", "step 10 | loss 5\n") == ["step 1 | loss 5"]

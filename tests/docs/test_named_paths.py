@@ -1,6 +1,7 @@
 """Nothing points nowhere (issue 58 item 6): every repository path and every `hpcpipe.…`
-module named in the package's docstrings and comments, the `.cu` headers, the tests and
-the docs resolves — a file that exists, or for a module an attribute its file defines.
+module named in the package's docstrings and comments, the `.cu` headers, the tests, the
+docs, the configs, the job scripts and the Makefile resolves — a file that exists, or for
+a module an attribute its file defines.
 
 A path is read as the repository sees it, then relative to `hpcpipe/` (the package's own
 docstrings say `model/costs.py`), then relative to the file naming it (the docs' links).
@@ -17,7 +18,8 @@ import re
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SUFFIXES = (".py", ".cu", ".cuh", ".h", ".md")
+SUFFIXES = (".py", ".cu", ".cuh", ".h", ".md", ".toml", ".sbatch", ".sh", ".yml")
+NAMES = {"Makefile"}
 SKIP_DIRS = {".venv", ".git", "site", "build", "__pycache__", ".pytest_cache"}
 PATH = re.compile(r"(?<![\w./-])((?:\.\./)*(?:[\w.-]+/)+[\w.-]+\."
                   r"(?:py|md|cu|cuh|h|toml|sbatch|sh|json|yml|png))\b")
@@ -40,7 +42,7 @@ def _files():
     for folder, dirs, names in os.walk(ROOT):
         dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
         for name in names:
-            if name.endswith(SUFFIXES):
+            if name.endswith(SUFFIXES) or name in NAMES:
                 yield os.path.relpath(os.path.join(folder, name), ROOT)
 
 

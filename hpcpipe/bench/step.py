@@ -36,15 +36,15 @@ from hpcpipe.model.family import is_llama, stage_class
 from hpcpipe.model.layout import GPT2_VOCAB, GPT2_VOCAB_MULTIPLE
 from hpcpipe.model.llama_layout import LlamaConfig
 
-from hpcpipe.model.flops import flops_per_token, matmul_rate
+from hpcpipe.model.flops import best_seconds, flops_per_token, matmul_rate
 from hpcpipe.optim.adamw import AdamW, ParamShard
 from hpcpipe.train.graphed import Graphed
 from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError
 
 from . import batches
-from .common import (LAYERS, PHASES, best_seconds, claim_json, dash, one_process,
-                     require_model, save_json, suite_parser, with_json, wrapped_layers)
+from .common import (LAYERS, PHASES, claim_json, dash, one_process, require_model,
+                     save_json, suite_parser, with_json, wrapped_layers)
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.

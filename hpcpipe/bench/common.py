@@ -109,19 +109,6 @@ def warn_shared_cores(log, be, grid, cores: int, what: str):
             f"take turns and these timings do not measure the {what}")
 
 
-def best_seconds(fn, sync, repeats: int = 3) -> float:
-    """Best wall time of fn() with sync() (the device's wait) after it, after a warm-up."""
-    fn()
-    sync()
-    best = float("inf")
-    for _ in range(repeats):
-        tick = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - tick)
-    return best
-
-
 def one_process(args, suite: str):
     """Refuse a launch of several ranks for a suite that times one process on every core:
     its copies would share the cores, each timing the others, and race for one --json."""

@@ -25,8 +25,9 @@ import time
 import numpy as np
 
 from hpcpipe.device import backend
+from hpcpipe.model.flops import best_seconds
 
-from .common import best_seconds, merge_json
+from .common import merge_json
 
 
 def bf16_arithmetic(be) -> dict:

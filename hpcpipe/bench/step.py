@@ -36,15 +36,15 @@ from hpcpipe.model.family import is_llama, stage_class
 from hpcpipe.model.layout import GPT2_VOCAB, GPT2_VOCAB_MULTIPLE
 from hpcpipe.model.llama_layout import LlamaConfig
 
-from hpcpipe.model.flops import flops_per_token, matmul_rate
+from hpcpipe.model.flops import best_seconds, flops_per_token, matmul_rate
 from hpcpipe.optim.adamw import AdamW, ParamShard
 from hpcpipe.train.graphed import Graphed
 from hpcpipe.util.arguments import integer
 from hpcpipe.util.errors import HpcpipeError
 
 from . import batches
-from .common import (LAYERS, PHASES, best_seconds, claim_json, dash, one_process,
-                     require_model, save_json, suite_parser, with_json, wrapped_layers)
+from .common import (LAYERS, PHASES, claim_json, dash, one_process, require_model,
+                     save_json, suite_parser, with_json, wrapped_layers)
 
 # The tiny config is inputs/tiny.toml's model; medium is a 10.7M-parameter GPT with GPT-2's
 # head size (64) at a sequence length where attention starts to count.
@@ -397,51 +397,64 @@ def measure(name, cfg, be, dtype, batch, warmup, repeats, torch=None, device="cp
 # -- per-layer profile ---------------------------------------------------------------------------
 
 @contextmanager
-def layer_timers(be, totals: dict):
-    """Time every layer function while inside, in *self* time (a block's own time excludes
-    its sublayers', attention's excludes its projections'), added into
-    totals[(layer, phase)]. Works by swapping the module functions, which the layers call
-    through their modules; they are restored on exit."""
-    stack = []  # [start, time spent in children] per open call
+def layer_marks(mark, marks: list):
+    """Inside: every layer function's call marked by mark() on each side — the host clock
+    after a synchronisation, or a CUDA event recorded unsynchronised — and recorded into
+    `marks` as (layer, phase, start, end, depth); read with `self_rows`. Works by swapping
+    the module functions, which the layers call through their modules; they are restored
+    on exit."""
+    depth = [0]
 
     def timed(layer, phase, fn):
         def wrapper(*args, **kwargs):
-            be.synchronize()
-            stack.append([time.perf_counter(), 0.0])
+            start = mark()
+            depth[0] += 1
             try:
                 return fn(*args, **kwargs)
             finally:
-                be.synchronize()
-                start, children = stack.pop()
-                elapsed = time.perf_counter() - start
-                if stack:
-                    stack[-1][1] += elapsed
-                key = (layer, PHASES[phase])
-                totals[key] = totals.get(key, 0.0) + elapsed - children
+                depth[0] -= 1
+                marks.append((layer, PHASES[phase], start, mark(), depth[0]))
         return wrapper
 
     with wrapped_layers(timed):
         yield
 
 
+def self_rows(marks, elapsed, scale: float = 1.0) -> list[dict]:
+    """Time per (layer, phase) in *self* time (a block's own time excludes its sublayers',
+    attention's excludes its projections'), elapsed(start, end) a call's, × `scale`: the
+    rows of `layer_rows`."""
+    totals, stack = {}, []
+    for layer, phase, start, end, depth in marks:  # children end (are appended) first
+        spent = elapsed(start, end)
+        inner = sum(c for d, c in stack if d == depth + 1)
+        stack = [(d, c) for d, c in stack if d <= depth] + [(depth, spent)]
+        totals[(layer, phase)] = totals.get((layer, phase), 0.0) + spent - inner
+    return layer_rows(totals, scale)
+
+
 def profile(cfg, be, dtype, batch, repeats, tokens="uniform") -> tuple[list[dict], float]:
-    """Median-free profile: self time per (layer, phase) summed over `repeats` steps, and
-    the optimizer's; returns (rows in ms per step, measured step ms)."""
+    """Median-free profile: self time per (layer, phase) summed over `repeats` steps, each
+    call timed between synchronisations, and the optimizer's; returns (rows in ms per step,
+    measured step ms)."""
     idx, targets = make_batch(cfg, batch, tokens=tokens)
     step = HpcpipeStep(cfg, be, dtype, idx, targets)
     step()  # warm-up
-    totals, opt_time = {}, 0.0
+
+    def mark():
+        be.synchronize()
+        return time.perf_counter()
+
+    marks, opt_time = [], 0.0
     tick = time.perf_counter()
-    with layer_timers(be, totals):
+    with layer_marks(mark, marks):
         for _ in range(repeats):
             fbw(step.stage, step.idx, step.targets)
-            be.synchronize()
-            start = time.perf_counter()
+            start = mark()
             step.opt.step(step.stage.grad_buffer.data, LR)
-            be.synchronize()
-            opt_time += time.perf_counter() - start
+            opt_time += mark() - start
     step_ms = 1e3 * (time.perf_counter() - tick) / repeats
-    rows = layer_rows(totals, 1e3 / repeats)
+    rows = self_rows(marks, lambda start, end: end - start, 1e3 / repeats)
     rows.append({"layer": "adamw", "F": 0.0, "B": 0.0, "W": 0.0,
                  "step": 1e3 * opt_time / repeats})
     return rows, step_ms
@@ -455,42 +468,6 @@ def layer_rows(totals: dict, scale: float = 1.0) -> list[dict]:
     return [row for row in rows if any(row[ph] for ph in PHASES.values())]
 
 
-@contextmanager
-def layer_events(be, marks: list):
-    """Inside: every layer function's call marked by a CUDA event on each side, recorded
-    into `marks` as (layer, phase, start event, end event, depth), nothing synchronised;
-    read once the step is done (`event_rows`)."""
-    xp, depth = be.xp, [0]
-
-    def timed(layer, phase, fn):
-        def wrapper(*args, **kwargs):
-            start, end = xp.cuda.Event(), xp.cuda.Event()
-            start.record()
-            depth[0] += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-                end.record()
-                marks.append((layer, PHASES[phase], start, end, depth[0]))
-        return wrapper
-
-    with wrapped_layers(timed):
-        yield
-
-
-def event_rows(xp, marks) -> list[dict]:
-    """Device ms per (layer, phase), self time (a call's children's subtracted), from the
-    events of one step (after it has finished)."""
-    totals, stack = {}, []
-    for layer, phase, start, end, depth in marks:  # children end (are appended) first
-        ms = xp.cuda.get_elapsed_time(start, end)
-        inner = sum(c for d, c in stack if d == depth + 1)
-        stack = [(d, c) for d, c in stack if d <= depth] + [(depth, ms)]
-        totals[(layer, phase)] = totals.get((layer, phase), 0.0) + ms - inner
-    return layer_rows(totals)
-
-
 def event_profile(cfg, be, dtype, batch, tokens="uniform") -> list[dict]:
     """Per-layer device time inside one real step (after two warm-up steps), by CUDA
     events around each layer call and no synchronisation until the step is done: the
@@ -499,9 +476,9 @@ def event_profile(cfg, be, dtype, batch, tokens="uniform") -> list[dict]:
     step = HpcpipeStep(cfg, be, dtype, idx, targets)
     step(), step()
     marks = []
-    with layer_events(be, marks):
+    with layer_marks(be.record_event, marks):
         step()
-    return event_rows(be.xp, marks)
+    return self_rows(marks, be.elapsed_ms)
 
 
 def print_profile(name, rows, step_ms, out=print):

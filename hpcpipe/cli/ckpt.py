@@ -113,16 +113,8 @@ def _register_imports(sub):
         imp.add_argument("file", metavar="WEIGHTS",
                          help="a Hugging Face model folder, a .safetensors file or a "
                               "model.safetensors.index.json of shards")
-        imp.add_argument("--out", required=True, help="the checkpoint folder to create (a "
-                         "new or empty folder)")
-        imp.add_argument("--force", action="store_true",
-                         help="replace an existing checkpoint there (never other folders)")
-        imp.add_argument("--config", default=None, type=CONFIG_PATH,
-                         help="config for the rest of the run ([train], [parallel], ...); "
-                              "the model is the weights' and their config.json's (GPT-2's "
-                              "n_head from there, else the file's metadata, else this "
-                              "config's)")
-        imp.set_defaults(func=cmd_import)
+        _import_options(imp, "the weights' and their config.json's (GPT-2's n_head from "
+                        "there, else the file's metadata, else this config's)", cmd_import)
     gguf = sub.add_parser(
         "import-gguf", help="a llama.cpp GGUF file (Llama) → checkpoint",
         description="Turn a GGUF file of a Llama-architecture model (llama.cpp's format: "
@@ -132,17 +124,23 @@ def _register_imports(sub):
         "as the checkpoint's tokenizer.json. Every length and offset of the file is "
         "checked before it is trusted.")
     gguf.add_argument("file", metavar="GGUF", help="a .gguf file")
-    gguf.add_argument("--out", required=True, help="the checkpoint folder to create (a new "
-                      "or empty folder)")
-    gguf.add_argument("--force", action="store_true",
-                      help="replace an existing checkpoint there (never other folders)")
-    gguf.add_argument("--config", default=None, type=CONFIG_PATH,
-                      help="config for the rest of the run ([train], [parallel], ...); the "
-                           "model is the file's")
+    _import_options(gguf, "the file's", cmd_import_gguf)
     gguf.add_argument("--without-tokenizer", action="store_true",
                       help="import the weights alone, for a tokenizer hpcpipe cannot write "
                            "as a tokenizer.json (generate then takes --prompt-ids)")
-    gguf.set_defaults(func=cmd_import_gguf)
+
+
+def _import_options(parser, model: str, run):
+    """What every import takes: the checkpoint to create, --force, the run's --config (the
+    model being `model`), and `run` as its command."""
+    parser.add_argument("--out", required=True, help="the checkpoint folder to create (a "
+                        "new or empty folder)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing checkpoint there (never other folders)")
+    parser.add_argument("--config", default=None, type=CONFIG_PATH,
+                        help="config for the rest of the run ([train], [parallel], ...); "
+                             f"the model is {model}")
+    parser.set_defaults(func=run)
 
 
 def cmd_ls(args) -> int:

@@ -64,13 +64,19 @@ def _matmul_seconds(be, dtype, n: int, repeats: int) -> float:
     a = be.from_host(rng.standard_normal((n, n)).astype(dtype))
     b = be.from_host(rng.standard_normal((n, n)).astype(dtype))
     out = be.xp.empty((n, n), dtype=dtype)
-    layers.matmul(be, a, b, out)  # warm-up: thread pool, kernels
-    be.synchronize()
+    # (the warm-up: the thread pool, the kernels)
+    return best_seconds(lambda: layers.matmul(be, a, b, out), be.synchronize, repeats)
+
+
+def best_seconds(fn, sync, repeats: int = 3) -> float:
+    """Best wall time of fn() with sync() (the device's wait) after it, after a warm-up."""
+    fn()
+    sync()
     best = float("inf")
     for _ in range(repeats):
         tick = time.perf_counter()
-        layers.matmul(be, a, b, out)
-        be.synchronize()
+        fn()
+        sync()
         best = min(best, time.perf_counter() - tick)
     return best
 
@@ -93,15 +99,11 @@ def copy_rate(be, nbytes: int = 64 << 20, repeats: int = 3) -> float:
     warm up: the bandwidth a memory-bound pass streams at."""
     a = be.xp.zeros(nbytes // 4, dtype=np.float32)
     b = be.xp.empty_like(a)
-    b[...] = a
-    be.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        tick = time.perf_counter()
+
+    def copy():
         b[...] = a
-        be.synchronize()
-        best = min(best, time.perf_counter() - tick)
-    return 2.0 * nbytes / best
+
+    return 2.0 * nbytes / best_seconds(copy, be.synchronize, repeats)
 
 
 def device_rates(be, dtype: str) -> tuple[float, float]:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from hpcpipe.util.arguments import path
+from hpcpipe.util.arguments import integer, path
 from hpcpipe.util.files import write_text_atomic
 
 from . import (KINDS, Costs, ScheduleError, asynchronous, check, flushes, generate, simulate,
@@ -80,21 +80,6 @@ limit, has a shorter longest span; the makespan with --objective makespan) and o
 (the schedule meets it)."""
 
 
-def _positive(limit: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") \
-                from None
-        if not 1 <= value <= limit:
-            raise argparse.ArgumentTypeError(f"expected an integer from 1 to {limit}, got {value}")
-        return value
-
-    parse.__name__ = "positive integer"
-    return parse
-
-
 def _costs(text: str) -> Costs:
     try:  # (a key given twice, under any spelling, is Costs.parse's to refuse)
         costs = Costs.parse(text)
@@ -123,14 +108,14 @@ def _limit(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=KINDS,
                         help="schedule family (required unless --load-csv)")
-    parser.add_argument("--stages", "-p", type=_positive(MAX_STAGES), metavar="P",
+    parser.add_argument("--stages", "-p", type=integer(1, MAX_STAGES), metavar="P",
                         help="pipeline ranks")
-    parser.add_argument("--microbatches", "-m", type=_positive(MAX_MICROBATCHES), metavar="M",
+    parser.add_argument("--microbatches", "-m", type=integer(1, MAX_MICROBATCHES), metavar="M",
                         help="microbatches per step")
-    parser.add_argument("--steps", type=_positive(64), metavar="K",
+    parser.add_argument("--steps", type=integer(1, 64), metavar="K",
                         help="pipedream-2bw only: steps of the stream to show (default: those "
                         "that fill the pipeline, then 3)")
-    parser.add_argument("--chunks", "-v", type=_positive(MAX_CHUNKS), metavar="V",
+    parser.add_argument("--chunks", "-v", type=integer(1, MAX_CHUNKS), metavar="V",
                         help="model chunks per rank (interleaved-1f1b: any, default 2; zb-v: 2; "
                         "auto: 1 or 2, default its choice)")
     parser.add_argument("--cost", type=_costs, default=Costs(), metavar="F=1,B=1,W=1,comm=0",
@@ -213,10 +198,7 @@ def _build(args: argparse.Namespace):
     if args.load_csv:
         _only_with_generated(args)
         return read_csv(args.load_csv), None, None
-    missing = [flag for flag, value in (("--kind", args.kind), ("--stages", args.stages),
-                                        ("--microbatches", args.microbatches)) if value is None]
-    if missing:
-        raise ScheduleError(f"missing {', '.join(missing)} (or give --load-csv FILE)")
+    _require(args, ("--kind", "--stages", "--microbatches"), " (or give --load-csv FILE)")
     ops = args.stages * args.microbatches * (args.chunks or 2)
     if ops > MAX_OPS:
         raise ScheduleError(f"{args.stages} stages × {args.microbatches} microbatches × "
@@ -252,6 +234,13 @@ def _build(args: argparse.Namespace):
         return best.schedule.with_kind("auto"), None, None
     return generate(args.kind, args.stages, args.microbatches, _chunks(args), args.cost,
                     args.memory_limit, args.objective), None, None
+
+
+def _require(args: argparse.Namespace, flags, advice: str = "") -> None:
+    """Refuse a command line that leaves any of `flags` out, naming every one missing."""
+    missing = [flag for flag in flags if getattr(args, flag[2:]) is None]
+    if missing:
+        raise ScheduleError(f"missing {', '.join(missing)}{advice}")
 
 
 def _only_with_generated(args: argparse.Namespace) -> None:
@@ -394,10 +383,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_stream(args: argparse.Namespace) -> int:
     """`--kind pipedream-2bw`: the stream, proven, replayed and reported (module
     asynchronous); the flushing 1F1B of the same p and m for comparison."""
-    missing = [flag for flag, value in (("--stages", args.stages),
-                                        ("--microbatches", args.microbatches)) if value is None]
-    if missing:
-        raise ScheduleError(f"missing {', '.join(missing)}")
+    _require(args, ("--stages", "--microbatches"))
     for flag, value in (("--chunks", args.chunks not in (None, 1)), ("--exact", args.exact),
                         ("--recompute", args.recompute), ("--pareto", args.pareto),
                         ("--memory-limit", args.memory_limit), ("--save-csv", args.save_csv)):

@@ -241,15 +241,9 @@ class Grid:
                 placed[lane] += 1
                 return True
 
-            for _ in range(2 * (p - 1 - r)):
-                if placed[F0] < min(f0_cap, count[F0]) and not put(F0):
-                    return False
-                j += 1
-            for _ in range(r + 1):
-                if placed[F0] < min(f0_cap, count[F0]) and not put(F0):
-                    return False
-                j += 1
-                if placed[F1] < min(f1_cap, count[F1]) and not put(F1):
+            caps = {F0: min(f0_cap, count[F0]), F1: min(f1_cap, count[F1])}
+            for lane in [F0] * (2 * (p - 1 - r)) + [F0, F1] * (r + 1):  # a slot each
+                if placed[lane] < caps[lane] and not put(lane):
                     return False
                 j += 1
             while any(placed[lane] < count[lane] for lane in (F0, F1, B1, W1)):

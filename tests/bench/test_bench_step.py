@@ -59,7 +59,7 @@ def test_tokens_from_real_text_reach_the_step(tmp_path):
 
 def test_profiler_puts_the_layers_back():
     before = (attention.forward, block.backward_input, linear.backward_weight)
-    with step.layer_timers(backend.cpu(), {}):
+    with step.layer_marks(lambda: 0.0, []):
         assert attention.forward is not before[0]
     assert (attention.forward, block.backward_input, linear.backward_weight) == before
 

@@ -46,38 +46,49 @@ def forward(x, params, be=None, tp=None, owned=False):
     kernels = fused.norm_kernels(be, tp)
     if kernels is not None and fused.takes(x):
         return fused.layernorm_forward(kernels, be, x, params, owned)
+    y, xhat, rstd = normalise(be, x, params["weight"], params["bias"], EPS, True, "layernorm")
+    return y, {"xhat": xhat, "rstd": rstd, "weight": params["weight"], "be": be, "tp": tp}
+
+
+def normalise(be, x, weight, bias, eps: float, centred: bool, name: str):
+    """(y, xhat, rstd) of x (…, C) over cache-sized blocks of rows: xhat = x less its
+    row's mean where `centred` (LayerNorm; RMSNorm is not), times rstd = 1 / sqrt(the
+    row's mean square of that + eps); y = xhat · weight (+ bias, unless None).
+    Statistics and arithmetic in the compute dtype (float32 for 16-bit storage); `name`
+    prefixes the scratch arrays."""
     xp = be.xp
     C = x.shape[-1]
     x2 = x.reshape(-1, C)  # (N, C)
     compute = wide(x2.dtype)  # 16-bit storage: statistics and arithmetic in float32
     narrow = compute != x2.dtype
-    weight, bias = (params[k] if not narrow else params[k].astype(compute)
-                    for k in ("weight", "bias"))
+    weight, bias = (p if p is None or not narrow else p.astype(compute) for p in (weight, bias))
     xhat = xp.empty_like(x2)
     rstd = xp.empty((x2.shape[0], 1), dtype=compute)  # (N, 1)
     y = xp.empty_like(x2)
-    inv_c = _inverse_width(be, C, compute)
+    inv_c = _inverse_width(be, C, compute) if centred else None
 
     def block(r, slot):
-        xr, sr = widen(be, x2[r], f"layernorm.x{slot}"), rstd[r]
-        hr, yr = (xhat[r], y[r]) if not narrow else _planes(be, f"layernorm.f{slot}", xr)
+        xr, sr = widen(be, x2[r], f"{name}.x{slot}"), rstd[r]
+        hr, yr = (xhat[r], y[r]) if not narrow else _planes(be, f"{name}.f{slot}", xr)
         s = sr[:, 0]
-        _row_dots(be, xr, inv_c, s)  # the means, for a moment
-        xp.subtract(xr, sr, out=hr)  # centred
-        _row_dots(be, hr, hr, s)
+        if centred:
+            _row_dots(be, xr, inv_c, s)  # the means, for a moment
+            xp.subtract(xr, sr, out=hr)
+            xr = hr  # centred
+        _row_dots(be, xr, xr, s)
         s *= 1.0 / C
-        s += EPS
+        s += eps
         xp.sqrt(s, out=s)
         xp.reciprocal(s, out=s)
-        hr *= sr
+        xp.multiply(xr, sr, out=hr)
         xp.multiply(hr, weight, out=yr)
-        yr += bias
+        if bias is not None:
+            yr += bias
         if narrow:
             xhat[r], y[r] = hr, yr
 
     be.for_each(row_blocks(be, x2.shape[0], C * x2.itemsize), block)
-    return y.reshape(x.shape), {"xhat": xhat, "rstd": rstd, "weight": params["weight"],
-                                "be": be, "tp": tp}
+    return y.reshape(x.shape), xhat, rstd
 
 
 def forward_residual(y, ybias, residual, params, be=None, tp=None):
@@ -116,34 +127,47 @@ def backward_input(dy, cache, dresidual=None, dx_sums=False):
 
 
 def _backward_input(dy, cache):
-    be = cache["be"]
+    dx, dy2 = input_gradient(cache["be"], dy, cache["xhat"], cache["rstd"], cache["weight"],
+                             True, "layernorm")
+    # The weight gradients are two sums over the rows, cheap next to the GEMMs' W: taken
+    # here, they let B free xhat and dy now rather than hold them until W (W keeps only
+    # what the weight GEMMs need, as in the zero-bubble paper's M_W).
+    cache["dparams"] = _weight_gradients(cache["be"], dy2, cache["xhat"], cache["tp"])
+    for key in ("xhat", "rstd", "weight"):
+        del cache[key]
+    return dx
+
+
+def input_gradient(be, dy, xhat, rstd, weight, centred: bool, name: str):
+    """(dx, dy's rows (N, C)): dx = rstd · (dxhat − mean(dxhat) where `centred` − xhat ·
+    mean(dxhat · xhat)), dxhat = dy · weight — the Jacobian of LayerNorm's rows, and of
+    RMSNorm's uncentred — over the row blocks of `normalise`."""
     xp = be.xp
-    xhat, rstd = cache["xhat"], cache["rstd"]
     C = xhat.shape[-1]
     dy2 = dy.reshape(-1, C)
     dx = xp.empty_like(xhat)
     compute = rstd.dtype
     narrow = compute != xhat.dtype
-    weight = cache["weight"] if not narrow else cache["weight"].astype(compute)
+    weight = weight if not narrow else weight.astype(compute)
     blocks = row_blocks(be, xhat.shape[0], C * xhat.itemsize)
-    inv_c = _inverse_width(be, C, compute)
+    inv_c = _inverse_width(be, C, compute) if centred else None
 
-    # dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), the LN Jacobian.
     def block(r, slot):
         rows = r.stop - r.start
-        stats = be.scratch.workspace(f"layernorm.stats{slot}", (2, blocks[0].stop, 1),
+        stats = be.scratch.workspace(f"{name}.stats{slot}", (1 + centred, blocks[0].stop, 1),
                                      compute)
-        proj, mean = stats[0, :rows], stats[1, :rows]
-        hr = widen(be, xhat[r], f"layernorm.h{slot}")
-        dr = dx[r] if not narrow else be.scratch.workspace(f"layernorm.dx{slot}",
+        proj, mean = stats[0, :rows], stats[-1, :rows]
+        hr = widen(be, xhat[r], f"{name}.h{slot}")
+        dr = dx[r] if not narrow else be.scratch.workspace(f"{name}.dx{slot}",
                                                            hr.shape, compute)
-        xp.multiply(widen(be, dy2[r], f"layernorm.dy{slot}"), weight, out=dr)  # dxhat
+        xp.multiply(widen(be, dy2[r], f"{name}.dy{slot}"), weight, out=dr)  # dxhat
         _row_dots(be, dr, hr, proj[:, 0])
         proj *= 1.0 / C
-        _row_dots(be, dr, inv_c, mean[:, 0])
-        # dr = (dxhat - mean) - xhat * proj, then times rstd:
-        dr -= mean
-        proj_x = be.scratch.workspace(f"layernorm.px{slot}", (blocks[0].stop, C),
+        if centred:
+            _row_dots(be, dr, inv_c, mean[:, 0])
+            dr -= mean
+        # dr = dr - xhat * proj, then times rstd:
+        proj_x = be.scratch.workspace(f"{name}.px{slot}", (blocks[0].stop, C),
                                       compute)[:rows]
         xp.multiply(hr, proj, out=proj_x)
         dr -= proj_x
@@ -152,13 +176,7 @@ def _backward_input(dy, cache):
             dx[r] = dr
 
     be.for_each(blocks, block)
-    # The weight gradients are two sums over the rows, cheap next to the GEMMs' W: taken
-    # here, they let B free xhat and dy now rather than hold them until W (W keeps only
-    # what the weight GEMMs need, as in the zero-bubble paper's M_W).
-    cache["dparams"] = _weight_gradients(be, dy2, xhat, cache["tp"])
-    for key in ("xhat", "rstd", "weight"):
-        del cache[key]
-    return dx.reshape(dy.shape)
+    return dx.reshape(dy.shape), dy2
 
 
 def _weight_gradients(be, dy2, xhat, tp=None):

@@ -21,8 +21,8 @@ residual add before it, one for B with the residual's gradient and the weight gr
 pieces); F keeps x and rstd there, not xhat.
 """
 
-from . import backend_for, fused, fused_llama, row_blocks, wide, widen
-from .layernorm import _gain_gradient, _planes, _row_dots
+from . import backend_for, fused, fused_llama
+from .layernorm import _gain_gradient, input_gradient, normalise
 
 
 def forward(x, params, eps: float, be=None, tp=None, owned=False):
@@ -33,33 +33,8 @@ def forward(x, params, eps: float, be=None, tp=None, owned=False):
     kernels = fused.norm_kernels(be, tp)
     if kernels is not None and fused.takes(x):
         return fused_llama.rmsnorm_forward(kernels, be, x, params, eps, owned)
-    xp = be.xp
-    C = x.shape[-1]
-    x2 = x.reshape(-1, C)  # (N, C)
-    compute = wide(x2.dtype)  # 16-bit storage: statistics and arithmetic in float32
-    narrow = compute != x2.dtype
-    weight = params["weight"] if not narrow else params["weight"].astype(compute)
-    xhat = xp.empty_like(x2)
-    rstd = xp.empty((x2.shape[0], 1), dtype=compute)  # (N, 1)
-    y = xp.empty_like(x2)
-
-    def block(r, slot):
-        xr, sr = widen(be, x2[r], f"rmsnorm.x{slot}"), rstd[r]
-        hr, yr = (xhat[r], y[r]) if not narrow else _planes(be, f"rmsnorm.f{slot}", xr)
-        s = sr[:, 0]
-        _row_dots(be, xr, xr, s)
-        s *= 1.0 / C
-        s += eps
-        xp.sqrt(s, out=s)
-        xp.reciprocal(s, out=s)
-        xp.multiply(xr, sr, out=hr)
-        xp.multiply(hr, weight, out=yr)
-        if narrow:
-            xhat[r], y[r] = hr, yr
-
-    be.for_each(row_blocks(be, x2.shape[0], C * x2.itemsize), block)
-    return y.reshape(x.shape), {"xhat": xhat, "rstd": rstd, "weight": params["weight"],
-                                "be": be, "tp": tp}
+    y, xhat, rstd = normalise(be, x, params["weight"], None, eps, False, "rmsnorm")
+    return y, {"xhat": xhat, "rstd": rstd, "weight": params["weight"], "be": be, "tp": tp}
 
 
 def forward_residual(y, residual, params, eps: float, be=None, tp=None):
@@ -81,37 +56,10 @@ def backward_input(dy, cache, dresidual=None):
     in the same kernel, before its one rounding)."""
     if "kernels" in cache:
         return fused_llama.rmsnorm_backward_input(dy, cache, dresidual)
-    be = cache["be"]
-    xp = be.xp
-    xhat, rstd = cache.pop("xhat"), cache.pop("rstd")
-    weight = cache.pop("weight")
-    C = xhat.shape[-1]
-    dy2 = dy.reshape(-1, C)
-    dx = xp.empty_like(xhat)
-    compute = rstd.dtype
-    narrow = compute != xhat.dtype
-    weight = weight if not narrow else weight.astype(compute)
-    blocks = row_blocks(be, xhat.shape[0], C * xhat.itemsize)
-
-    def block(r, slot):
-        rows = r.stop - r.start
-        proj = be.scratch.workspace(f"rmsnorm.proj{slot}", (blocks[0].stop, 1), compute)[:rows]
-        hr = widen(be, xhat[r], f"rmsnorm.h{slot}")
-        dr = dx[r] if not narrow else be.scratch.workspace(f"rmsnorm.dx{slot}", hr.shape,
-                                                           compute)
-        xp.multiply(widen(be, dy2[r], f"rmsnorm.dy{slot}"), weight, out=dr)  # dxhat
-        _row_dots(be, dr, hr, proj[:, 0])
-        proj *= 1.0 / C
-        tmp = be.scratch.workspace(f"rmsnorm.px{slot}", (blocks[0].stop, C), compute)[:rows]
-        xp.multiply(hr, proj, out=tmp)
-        dr -= tmp
-        dr *= rstd[r]
-        if narrow:
-            dx[r] = dr
-
-    be.for_each(blocks, block)
+    be, xhat = cache["be"], cache.pop("xhat")
+    dx, dy2 = input_gradient(be, dy, xhat, cache.pop("rstd"), cache.pop("weight"), False,
+                             "rmsnorm")
     cache["dweight"] = _weight_gradient(be, dy2, xhat, cache["tp"])
-    dx = dx.reshape(dy.shape)
     if dresidual is not None:
         dx += dresidual
     return dx

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from hpcpipe.checkpoint.huggingface import HuggingFaceError
+from hpcpipe.checkpoint.manifest import MAX_SPECIAL_IDS
 from hpcpipe.model.llama_layout import EMBED, HEAD, LlamaConfig, param_layout, tensor_count
 
 __all__ = ["EMBED", "HEAD", "MODEL_TYPES", "architecture", "check_tensors", "hf_config"]
@@ -83,8 +84,8 @@ def architecture(data, source: str) -> tuple[dict, dict]:
     """(the hpcpipe model fields — arch "llama", vocab_size, block_size, n_layer, n_head,
     n_kv_head, n_embd, intermediate_size, rope_theta, rms_norm_eps, tie_word_embeddings
     — that the config.json `data` describes, its special token ids {"bos_token_id",
-    "eos_token_id"} for an export to write back); anything hpcpipe does not compute as
-    asked is refused naming the field."""
+    "eos_token_id"} — each an id or a list of ids — for an export to write back); anything
+    hpcpipe does not compute as asked is refused naming the field."""
     if not isinstance(data, dict):
         raise HuggingFaceError(f"{source}: a JSON {type(data).__name__}, not a config object")
     kind = data.get("model_type", "llama")
@@ -132,9 +133,17 @@ def architecture(data, source: str) -> tuple[dict, dict]:
         LlamaConfig(**model)  # the family's own rules (key/value heads, even heads)
     except ValueError as e:
         raise HuggingFaceError(f"{source}: {e}; not imported") from None
-    special = {key: data.get(key) for key in ("bos_token_id", "eos_token_id")
-               if _is_int(data.get(key)) and 0 <= data[key] < values["vocab_size"]}
+    special = {key: data[key] for key in ("bos_token_id", "eos_token_id")
+               if _token_ids(data.get(key), values["vocab_size"])}
     return model, special
+
+
+def _token_ids(value, vocab: int) -> bool:
+    """Whether `value` is a special token's id inside the vocabulary, or a list of them:
+    Llama 3 lists its end tokens, and transformers' generate stops at any of them (an
+    export without the list never stops)."""
+    ids = value if isinstance(value, list) and 0 < len(value) <= MAX_SPECIAL_IDS else [value]
+    return all(_is_int(i) and 0 <= i < vocab for i in ids)
 
 
 def check_tensors(tensors: dict, model: dict, source: str) -> dict:

@@ -36,6 +36,7 @@ from hpcpipe.util.schema import (
     MapOf,
     Mismatch,
     Number,
+    OneOf,
     Record,
     Text,
     parse_json,
@@ -63,6 +64,9 @@ MAX_COUNT = 2**53
 _COUNT = Int(0, MAX_COUNT)
 _FILE = Text(pattern=r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a plain name inside the folder
 _RUN = Text(pattern=r"[0-9a-f]{32}")
+# A special token's id, or a list of them (Llama 3's config.json lists its end tokens)
+MAX_SPECIAL_IDS = 64
+_TOKEN_IDS = OneOf((Int(0), ListOf(Int(0), min_len=1, max_len=MAX_SPECIAL_IDS)))
 SCHEMA = Record({
     "format_version": Int(READS[0], READS[-1]),
     "step": _COUNT,
@@ -106,8 +110,8 @@ SCHEMA = Record({
              "parts": MapOf(ListOf(_FILE), key=Text(pattern=r"[a-z][a-z0-9_]{0,31}")),
              # a tokenizer.json among the files (an imported Llama's), and the special
              # tokens its model was trained with
-             "tokenizer": Record({"file": _FILE}, optional={"bos_token_id": Int(0),
-                                                           "eos_token_id": Int(0)}),
+             "tokenizer": Record({"file": _FILE}, optional={"bos_token_id": _TOKEN_IDS,
+                                                           "eos_token_id": _TOKEN_IDS}),
              # the training data's fingerprint (data/fingerprint.py): a resume checks it
              "data": Record({"name": Text(max_len=4096), "files": Int(0), "bytes": Int(0),
                              "sha256": Text(pattern=r"[0-9a-f]{64}")})})

@@ -94,7 +94,14 @@ def check_model(manifest: dict, model, where: str):
         if mine != value:
             raise CheckpointError(
                 f"{where}: written for model.{key} = {value}, but the config has {mine}; a "
-                f"checkpoint loads only into the same model shape (layout may differ)")
+                f"checkpoint loads only into the same model shape (layout may differ)"
+                + (_PADDING_ADVICE.format(value) if key == "vocab_multiple" else ""))
+
+
+# A GPT-2 imported without --config is unpadded, where a config of vocab_size 50257 pads
+# to a multiple of 128 unless it says otherwise: the way out, at the refusal.
+_PADDING_ADVICE = (": resume with --set model.vocab_multiple={}, or import the weights "
+                   "again with --config (the run's config) to pad them as it does")
 
 
 def find_usable(path: str, fallback_root: str | None, log) -> tuple[str, dict]:

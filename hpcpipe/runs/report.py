@@ -59,8 +59,9 @@ def _done(summary, piece_s: float) -> str:
     scope = (f" over {len(pieces)} pieces (this one: steps {pieces[-1]['first_step']}–"
              f"{pieces[-1]['last_step']} in {fmt_time(piece_s)})" if len(pieces) > 1 else "")
     return (f"done: {summary.steps} steps in {fmt_time(summary.total_s)}{scope} "
-            f"({fmt_rate(summary.tokens_per_s)} tok/s while training, mean bubble "
-            f"{summary.bubble:.1%}"
+            f"({fmt_rate(summary.tokens_per_s)} tok/s while training"
+            # (none measured past a piece's first step, which warm-up makes no sample)
+            + (f", mean bubble {summary.bubble:.1%}" if math.isfinite(summary.bubble) else "")
             + (f", {summary.skipped_steps} updates skipped" if summary.skipped_steps else "")
             + (f", {summary.redone_steps} optimistic updates redone"
                if summary.redone_steps else "") + ")")

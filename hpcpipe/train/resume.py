@@ -55,6 +55,8 @@ def check_same_data(manifest: dict, data: dict, own: bool, allowed: bool, path: 
     (a token file replaced between pieces, a glob matching other shards) is refused unless
     data.allow_changed; another run's checkpoint (fine-tuning) is only said."""
     recorded = manifest.get("data")
+    if recorded is None and imported(manifest):
+        return  # weights from a file: no training data of hpcpipe's to compare
     if recorded is None:
         log(f"{path}: the checkpoint does not record its training data (written before "
             f"hpcpipe did); resuming without checking it")
@@ -69,10 +71,18 @@ def check_same_data(manifest: dict, data: dict, own: bool, allowed: bool, path: 
     log(f"{path}: {what}" + (" (data.allow_changed = true)" if own else ""))
 
 
+def imported(manifest: dict) -> bool:
+    """Whether the checkpoint holds weights imported from a file (ckpt import-hf,
+    import-gguf: parameters only, under the defaults or --config), which no run trained."""
+    return "source" in manifest and "run" not in manifest
+
+
 def changed_length(manifest: dict, steps: int, path: str) -> str | None:
     """The line that says a resume runs to another `train.steps` than the run that wrote the
     checkpoint: the learning rate's warm-up and cosine decay are laid out over train.steps,
     so from the resumed step on the rates (and the losses) are no longer that run's."""
+    if imported(manifest):
+        return None  # its train.steps are the import's config's: no run decayed over them
     try:  # (text the manifest's reader bounds but does not parse: nested, it recurses)
         saved = tomllib.loads(manifest["config"])["train"]["steps"]
     except (tomllib.TOMLDecodeError, KeyError, TypeError, RecursionError):

@@ -154,6 +154,24 @@ class Anything(Spec):
 
 
 @dataclass(frozen=True)
+class OneOf(Spec):
+    """A value that fits any of `specs` (checked by the first it fits)."""
+
+    specs: tuple
+
+    def check(self, value, where=""):
+        for spec in self.specs:
+            try:
+                return spec.check(value, where)
+            except Mismatch:
+                continue
+        raise Mismatch(where, value, f"must be {self.describe()}")
+
+    def describe(self) -> str:
+        return " or ".join(spec.describe() for spec in self.specs)
+
+
+@dataclass(frozen=True)
 class ListOf(Spec):
     item: Spec
     min_len: int = 0

@@ -113,6 +113,20 @@ def test_another_model_shape(run_dir):
         ckpt.check_model(manifest, cfg.model, "somewhere")
 
 
+def test_another_vocabulary_padding_says_how_to_match_it():
+    """GPT-2 imported without --config is unpadded (50257 rows); a config of vocab 50257
+    pads to 50304 (model.vocab_multiple 128 unless it says): the refusal says how to
+    resume it, where it named only the two multiples."""
+    manifest = {"model": {"n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 32,
+                          "vocab_size": 50257}}
+    cfg = config.load("inputs/tiny.toml", SMALL + ["model.vocab_size=50257"])
+    with pytest.raises(ckpt.CheckpointError) as error:
+        ckpt.check_model(manifest, cfg.model, "somewhere")
+    assert "model.vocab_multiple = 1, but the config has 128" in str(error.value)
+    assert "--set model.vocab_multiple=1" in str(error.value)
+    assert "import" in str(error.value) and "--config" in str(error.value)
+
+
 def test_another_model_family():
     """A GPT-2 checkpoint's manifest leaves arch out (its default): resumed as a Llama,
     it is its family that differs, not a parameter gone missing from the checkpoint."""

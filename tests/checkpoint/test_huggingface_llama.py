@@ -87,6 +87,24 @@ def test_hugging_face_to_hpcpipe_to_hugging_face_is_bitwise(tmp_path):
                                atol=2e-6 * np.abs(ours).max())
 
 
+def test_a_list_of_end_tokens_comes_back_and_stops_transformers_generation(tmp_path):
+    """Llama 3's config.json lists its end tokens (<|end_of_text|>, <|eom_id|>,
+    <|eot_id|>): the export writes the list back, so transformers' generate stops at any
+    of them (it was dropped: the export's eos_token_id was null, generation never ended)."""
+    _, transformers = hfllama.clients()
+    save_pretrained(tmp_path / "hf", bos_token_id=1, eos_token_id=[2, 7, 9])
+    write_tokenizer(tmp_path / "hf")
+    assert main(["ckpt", "import-hf", str(tmp_path / "hf"), "--out",
+                 str(tmp_path / "ckpt")]) == 0
+    assert ckpt.verify(str(tmp_path / "ckpt")) == []
+    assert main(["ckpt", "export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+                 "--format", "hf"]) == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["eos_token_id"] == [2, 7, 9] and written["bos_token_id"] == 1
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+    assert loaded.generation_config.eos_token_id == [2, 7, 9]
+
+
 def test_a_gpt2_checkpoint_exports_as_a_folder_transformers_loads(tmp_path):
     _, transformers = hfllama.clients()
     run = tmp_path / "gpt2"

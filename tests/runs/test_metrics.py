@@ -129,3 +129,20 @@ def test_a_cpu_peak_is_measured_and_says_so():
     assert peak_source([source]) == source
     assert peak_source([source, source]) == f"the sum of 2 ranks' {source}"
     json.dumps(source)  # it goes into summary.json
+
+
+def test_a_run_of_one_step_prints_no_nan_for_its_mean_bubble():
+    """The first step of a piece is left out of the mean bubble (it pays for warm-up): a
+    one-step run (or a resume that runs one step) printed 'mean bubble nan%'."""
+    import math
+    import types
+
+    from hpcpipe.runs.report import _done
+
+    summary = types.SimpleNamespace(pieces=[{}], steps=1, total_s=1.0, tokens_per_s=2600.0,
+                                    bubble=math.nan, skipped_steps=0, redone_steps=0)
+    line = _done(summary, 1.0)
+    assert "nan" not in line and line.startswith("done: 1 steps in 0:01 (2.6k tok/s while "
+                                                 "training")
+    summary.bubble = 0.006
+    assert "mean bubble 0.6%" in _done(summary, 1.0)

@@ -30,3 +30,18 @@ def test_the_notes_of_a_resume_say_the_length_and_whether_anything_is_left():
     assert len(longer) == 1 and "train.steps = 500" in longer[0]
     assert resume_notes(manifest_of(300), 300, 300, "ckpt") == [
         "the checkpoint is at step 300, train.steps = 300: nothing to do"]
+
+
+def test_imported_weights_were_no_run_so_a_resume_from_them_says_nothing_of_one(tmp_path):
+    """`ckpt import-hf` / `import-gguf` write the defaults' train.steps (300) and no data:
+    fine-tuning from them (docs/guides/llama.md) said 'the run that wrote it had 300' and
+    'written before hpcpipe did' — of a checkpoint no run wrote, by an hpcpipe that did."""
+    from hpcpipe.train.resume import check_same_data
+
+    imported = {**manifest_of(300), "source": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+    assert resume_notes(imported, 0, 40, "ckpt") == []
+    said = []
+    check_same_data(imported, {"name": "notes"}, False, False, "ckpt", said.append)
+    assert said == []
+    check_same_data(manifest_of(300), {"name": "notes"}, False, False, "ckpt", said.append)
+    assert "does not record its training data" in said[0]  # a run's, from before it did

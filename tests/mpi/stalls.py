@@ -1,13 +1,14 @@
 """MPI worker: one rank stalls outside the schedule's ops (where HPCPIPE_STALL cannot reach)
 while the others wait for it: in the write of its checkpoint files or their read on a
-resume (a file system hung on one node), as a PipeDream-2BW head before its part of
-the tied embedding's sum, or in its optimizer's update (a kernel that never returns).
+resume (a file system hung on one node), before its part of the checkpoint's gather of
+the tensor-parallel shards, as a PipeDream-2BW head before its part of the tied
+embedding's sum, or in its optimizer's update (a kernel that never returns).
 Started by tests/parallel/test_hang_forensics.py:
 
     mpiexec -n 2 python tests/mpi/stalls.py PLACE N SECONDS -- train ARGUMENTS
 
-World rank 1 sleeps SECONDS at PLACE (`write`, `read`, `tied` or `update`) the Nth time
-it gets there, then goes on.
+World rank 1 sleeps SECONDS at PLACE (`write`, `read`, `params`, `tied` or `update`) the
+Nth time it gets there, then goes on.
 """
 
 import sys
@@ -15,10 +16,12 @@ import time
 
 from hpcpipe.__main__ import main
 from hpcpipe.checkpoint import parts
+from hpcpipe.parallel.pipeline.parameters import ParameterState
 from hpcpipe.train.delayed import DelayedStep
 from hpcpipe.train.step import TrainStep
 
 PLACES = {"write": (parts, "write"), "read": (parts.Saved, "tensor"),
+          "params": (ParameterState, "state"),
           "tied": (DelayedStep, "_tied"), "update": (TrainStep, "_update")}
 
 

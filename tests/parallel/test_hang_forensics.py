@@ -110,6 +110,19 @@ def test_a_rank_stalled_in_its_checkpoint_files_is_a_hang_named_as_one(tmp_path,
     assert "the checkpoint of step 2" in error and "not in an op: set-up" in lines[1]
 
 
+def test_a_tensor_shard_stalled_before_the_checkpoints_gather_is_a_hang_named_as_one(
+        tmp_path, stdlib_tokens):
+    """tp 2: shard 1 stalls before it hands its part of the parameters to the checkpoint
+    of step 2, and shard 0 waits for it in the tensor-parallel gather inside the
+    parameters' state — which said nothing to the watchdog, so the job waited as long as
+    the stall did."""
+    wait = "the tensor-parallel gather of the parameters for a checkpoint"
+    error, lines = _stalled_at("params", 1, tmp_path / "run", stdlib_tokens, "parallel.tp=2",
+                               "checkpoint.every=2")
+    assert wait in error and wait in lines[0] and "(ranks 0, 1)" in error, error
+    assert "): checkpoint | waits on nothing" in lines[1]
+
+
 def test_a_2bw_head_stalled_before_the_tied_sum_is_a_hang_named_as_one(tmp_path,
                                                                        stdlib_tokens):
     """PipeDream-2BW at pp 2: the head (rank 1) stalls before it sends its part of the tied

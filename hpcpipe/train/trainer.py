@@ -291,6 +291,7 @@ class Trainer:
         if step > self.start_step and self.last_saved != step:
             self._save(step)
         self.record.end(step, STOPPED if code == INTERRUPT else PREEMPTED)
+        self.rank.step.close()  # (every rank stops here: the asynchronous modes' windows)
         saved = (f"checkpoint of step {step} written" if step > self.start_step else
                  f"nothing trained since step {step}, so nothing to save")
         what, status = ("interrupted" if code == INTERRUPT else "preempted"), exit_status(code)

@@ -164,3 +164,17 @@ def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_
     assert steps and max(steps) == sum(t < 2 * 5 for t in held), (held, proc.stdout)
     saved = ckpt.list_checkpoints(str(tmp_path / "replayed" / "checkpoints"))
     assert [step for step, _ in saved] == [5], saved
+
+
+def test_a_replay_of_more_steps_than_recorded_is_refused_at_once(tmp_path, stdlib_tokens):
+    """A replay with train.steps = 9 of a 7-step record ran the recorded steps, then waited
+    out parallel.async_timeout for updates nobody recorded and ended on one line about the
+    timeout: it is refused before training, the line naming both counts."""
+    settings = ['parallel.async_dp="ssp"', "parallel.staleness=2"]
+    recorded = tmp_path / "recorded"
+    assert train(recorded, stdlib_tokens, *settings).returncode == 0
+    proc = train(tmp_path / "replayed", stdlib_tokens, *settings, "train.steps=9",
+                 "parallel.async_timeout=30", f'parallel.async_replay="{recorded}"')
+    assert proc.returncode != 0 and len(errors(proc)) == 1, proc.stderr[-2000:]
+    assert "7 steps" in errors(proc)[0] and "train.steps = 9" in errors(proc)[0], errors(proc)
+    assert not re.search(r"step \d+/9 \|", proc.stdout), proc.stdout[-2000:]

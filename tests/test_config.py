@@ -417,3 +417,13 @@ def test_train_keys_of_old_load_where_they_live_now(tmp_path):
         == 0.02
     _, msg = error_of(tmp_path, "[train]\nlr = 0.01\n[optim]\nlr = 0.02\n")
     assert "train.lr = 0.01: is optim.lr now, which the config also sets (0.02)" in msg  # codemod: keep
+
+
+def test_the_set_up_timeout_is_seconds_with_a_default_for_old_configs(tmp_path):
+    """parallel.setup_timeout (rank 0's reads in the set-up: docs/guides/hangs.md): a
+    config without it, as every config before it, gets two hours; it is checked as
+    parallel.timeout is."""
+    assert config.from_dict({"parallel": {"timeout": 60}}).parallel.setup_timeout == 7200
+    for value in ("-1", "1e9"):
+        _, msg = error_of(tmp_path, f"[parallel]\nsetup_timeout = {value}\n")
+        assert "parallel.setup_timeout" in msg and "from 0 (off)" in msg, msg

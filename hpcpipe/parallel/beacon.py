@@ -51,7 +51,9 @@ class Beacon:
         self.index = -1  # the op running (or last run) in `ops`
         self.schedule = ""  # its schedule's kind
         self.op_since = 0.0
-        self.wait = None  # (kind, what, peers (world ranks), tag or None, since) while waiting
+        # (kind, what, peers (world ranks), tag or None, since, limit) while waiting; limit:
+        # the wait's own (seconds, its config key), or None for parallel.timeout's
+        self.wait = None
         self.p2p = None  # the PipeComm whose pending sends a dump lists
         self.posted = None  # op index → receive handles posted ahead (the runtime's)
         self.stall = _stall(world_rank)
@@ -89,16 +91,17 @@ class Beacon:
         if step is not None:
             self.step = step
 
-    def waiting(self, kind: str, what, peers=(), tag=None):
+    def waiting(self, kind: str, what, peers=(), tag=None, limit=None):
         """A blocking wait starts: `kind` "recv", "send" or "collective", `what` in words
         (for a receive, its (direction, microbatch, stage): worded only by a dump), with
-        `peers` (world ranks) — until `done`."""
-        self.wait = (kind, what, tuple(peers), tag, time.monotonic())
+        `peers` (world ranks) — until `done`. `limit`: (seconds, config key) of a wait
+        that parallel.timeout does not bound (the watchdog's `limit`)."""
+        self.wait = (kind, what, tuple(peers), tag, time.monotonic(), limit)
 
-    def collective(self, comm, what: str):
+    def collective(self, comm, what: str, limit=None):
         """A blocking collective over `comm` starts (`waiting` with its members)."""
         name = self.names.get(id(comm), "a communicator")
-        self.waiting("collective", f"{what} over {name}", self.members(comm))
+        self.waiting("collective", f"{what} over {name}", self.members(comm), limit=limit)
 
     def members(self, comm) -> tuple:
         """The world ranks of `comm`'s members (none known: an unnamed communicator)."""
@@ -108,10 +111,10 @@ class Beacon:
         self.wait = None
 
     @contextlib.contextmanager
-    def over(self, comm, what: str):
+    def over(self, comm, what: str, limit=None):
         """`with beacon.over(comm, what): ...` — a blocking wait for the other ranks of
         `comm` (a collective, or requests posted earlier), `collective` ... `done`."""
-        self.collective(comm, what)
+        self.collective(comm, what, limit)
         try:
             yield
         finally:
@@ -127,6 +130,11 @@ class Beacon:
         """Seconds the current wait has lasted (0: not waiting)."""
         wait = self.wait
         return time.monotonic() - wait[4] if wait is not None else 0.0
+
+    def limit(self):
+        """The current wait's own (seconds, config key), or None: parallel.timeout's."""
+        wait = self.wait
+        return wait[5] if wait is not None else None
 
     def snapshot(self) -> dict:
         """Where the rank is, as a dump records it (see watchdog.py for its fields)."""
@@ -144,7 +152,7 @@ class Beacon:
                "phase": self.phase, "op": op, "after": after, "waiting": None,
                "pending_recvs": self._pending_recvs(), "pending_sends": self._pending_sends()}
         if wait is not None:
-            kind, what, peers, tag, since = wait
+            kind, what, peers, tag, since, _ = wait
             if isinstance(what, tuple):  # a message: as the dump names messages
                 what = f"{what[0]} mb {what[1]} stage {what[2]}"
             out["waiting"] = {"kind": kind, "what": what, "peers": list(peers), "tag": tag,
@@ -170,16 +178,17 @@ class Announced:
     load): its `rank` and `size`, and each of its calls (bcast, gather, allgather,
     allreduce: collectives) told to `beacon` as the wait `what` while it lasts. Those
     collectives wait for the slowest rank's files: a rank stalled there (a file system
-    hung on its node) is named by the others' dumps, and parallel.timeout ends the job."""
+    hung on its node) is named by the others' dumps, and parallel.timeout ends the job —
+    or `limit` (seconds, config key), a wait's own (`Beacon.waiting`)."""
 
-    def __init__(self, comm, beacon: Beacon, what: str):
-        self.comm, self.beacon, self.what = comm, beacon, what
+    def __init__(self, comm, beacon: Beacon, what: str, limit=None):
+        self.comm, self.beacon, self.what, self.limit = comm, beacon, what, limit
         self.rank, self.size = comm.rank, comm.size
 
     def __getattr__(self, name: str):
         call = getattr(self.comm, name)
 
         def announced(*args, **kwargs):
-            with self.beacon.over(self.comm, self.what):
+            with self.beacon.over(self.comm, self.what, self.limit):
                 return call(*args, **kwargs)
         return announced

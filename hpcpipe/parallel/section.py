@@ -75,6 +75,11 @@ class ParallelSection:
     # op it is in and the messages it waits for, and the job ends (docs/guides/hangs.md);
     # 0: off (SIGUSR2 prints the same at any time)
     timeout: float = 600.0
+    # seconds the other ranks may wait while rank 0 reads files in the set-up (a resume's
+    # SHA-256 check of the checkpoint, the data's fingerprint): a multi-terabyte
+    # checkpoint takes longer than any message; past it the job ends as past
+    # parallel.timeout (docs/guides/hangs.md); 0: off
+    setup_timeout: float = 7200.0
     bucket_mb: float = 25.0  # gradient all-reduce bucket size, MiB (PyTorch DDP's default)
     # -- ZeRO (issue 29) --------------------------------------------------------------
     # 1: optimizer state (and 16-bit master weights) sharded over the dp replicas;
@@ -176,8 +181,10 @@ class ParallelSection:
         require(source, "parallel.gpu_aware_mpi", self.gpu_aware_mpi,
                 isinstance(self.gpu_aware_mpi, bool) or self.gpu_aware_mpi == "auto",
                 'allowed: "auto", true, false')
-        require(source, "parallel.timeout", self.timeout, 0 <= self.timeout <= MAX_TIMEOUT_S,
-                f"must be seconds from 0 (off) to {MAX_TIMEOUT_S:g}")
+        for key in ("timeout", "setup_timeout"):
+            require(source, f"parallel.{key}", getattr(self, key),
+                    0 <= getattr(self, key) <= MAX_TIMEOUT_S,
+                    f"must be seconds from 0 (off) to {MAX_TIMEOUT_S:g}")
         self._check_async(source)
 
     def _check_exact(self, source: str):

@@ -174,18 +174,26 @@ class Watchdog:
         """Whether this rank's wait passed parallel.timeout — or, once SIGTERM or SIGUSR1
         came, the stop grace counted from the signal (a job that cannot reach its step
         boundary to save must still end; one saving, waiting for a rank's files, is doing
-        what the signal asked)."""
-        waited = self.beacon.waited()
-        if self.timeout and waited > self.timeout:
+        what the signal asked; nor does a wait with a limit of its own: rank 0 reading a
+        big checkpoint in the set-up is on its way to the first agreement, which stops)."""
+        waited, (limit, _) = self.beacon.waited(), self._bound()
+        if limit and waited > limit:
             return True
-        if self.preempted is not None and self.beacon.phase != SAVING:
+        if self.preempted is not None and self.beacon.phase != SAVING \
+                and self.beacon.limit() is None:
             return min(waited, time.monotonic() - self.preempted[1]) > self.stop_grace
         return False
 
+    def _bound(self) -> tuple[float, str]:
+        """(seconds, config key) that bound the current wait: parallel.timeout, or the
+        wait's own (rank 0 reading its files in the set-up: parallel.setup_timeout)."""
+        return self.beacon.limit() or (self.timeout, "parallel.timeout")
+
     def _limit(self) -> str:
         """What the wait passed, in words."""
-        if self.timeout and self.beacon.waited() > self.timeout:
-            return f"parallel.timeout = {self.timeout:g} s"
+        limit, key = self._bound()
+        if limit and self.beacon.waited() > limit:
+            return f"{key} = {limit:g} s"
         return (f"{self.stop_grace:g} s after {self.preempted[0]} (the run cannot reach its "
                 f"step boundary to save and stop)")
 

@@ -53,8 +53,25 @@ def open_record(trainer, resumed: bool):
                                f"directory, whose record the replay would overwrite; "
                                f"replay into another --run-dir")
         every_rank_does(trainer.comm, lambda: step.replay_from(replay))
+        _refuse_a_longer_replay(trainer, replay)
     offset = step.resumed_log_offset if resumed else None
     every_rank_does(trainer.comm, lambda: step.record_to(trainer.run_dir.path, offset))
+
+
+def _refuse_a_longer_replay(trainer, replay: str):
+    """A replay of more steps than the record holds is refused before training: it ran
+    the recorded steps, then waited out parallel.async_timeout for updates nobody
+    recorded. How many steps it holds: the tickets handed out (record.py), over dp."""
+    with trainer.beacon.over(trainer.comm, "the count of the replay's recorded steps"):
+        tickets = max(trainer.comm.allgather(trainer.rank.step.replay.tickets_held))
+    dp, steps = trainer.grid.dp, trainer.cfg.train.steps
+    if dp * steps > tickets:
+        held = f"{tickets // dp} steps" + (f" and {tickets % dp} of step {tickets // dp + 1}'s "
+                                           f"{dp} shares" if tickets % dp else "")
+        raise HpcpipeError(f"parallel.async_replay = {replay!r}: the recorded run holds "
+                           f"{held} (dp {dp}), but train.steps = {steps}: a replay runs at "
+                           f"most the recorded steps (set train.steps to at most "
+                           f"{tickets // dp})")
 
 
 def asked(trainer, verdict):

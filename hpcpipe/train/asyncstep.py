@@ -204,12 +204,14 @@ class AsyncStep(TrainStep):
         self.replay = record.Recorded(run_dir, self.grid.rank, self.layout)
 
     def close(self):
-        """Collective: the record closed, the windows freed (every rank, at the end)."""
+        """Collective: the record closed, the windows freed (every rank, at the end or on
+        a stop: MPI_Finalize found them in use — UCX's "destroying inuse region")."""
         if self.log is not None:
             self.log.close()
-        for window in self._windows():
-            window.free()
-        self.board.free()
+        with self.gradsync.transport.beacon.over(self.grid.world, "the windows' release"):
+            for window in self._windows():
+                window.free()
+            self.board.free()
 
     def _windows(self):
         return []

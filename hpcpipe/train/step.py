@@ -292,7 +292,7 @@ class TrainStep(LoopHooks):
         load: the parameters, the optimizer shards, then what builds on them — local SGD's
         per-replica state, PowerSGD's error feedback."""
         model, grid = self.model, self.grid
-        parts = [ParameterState(model, grid),
+        parts = [ParameterState(model, grid, self.gradsync.transport.beacon),
                  OptimizerState(self.optimizer, model, grid, bool(self.zero))]
         if self.outer is not None:
             kind = ElasticState if isinstance(self.outer, SyncElastic) else OuterState

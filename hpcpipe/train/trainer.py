@@ -30,7 +30,7 @@ from hpcpipe.model.flops import device_peak, device_rates, flops_per_token, peak
 from hpcpipe.optim.adamw import learning_rate
 from hpcpipe.parallel import grid as gridlib
 from hpcpipe.parallel.pipeline.p2p import pipeline_message_time
-from hpcpipe.parallel.beacon import SAVING, Beacon
+from hpcpipe.parallel.beacon import SAVING, Announced, Beacon
 from hpcpipe.parallel.transport import resolve_gpu_aware
 from hpcpipe.parallel.watchdog import HANGS, Watchdog
 from hpcpipe.plan import build as build_plan
@@ -137,9 +137,11 @@ class Trainer:
             build_schedule(cfg, Costs())  # the auto scheduler accepts this config at all
         gpu_aware = resolve_gpu_aware(parallel.gpu_aware_mpi, self.be, self.log)
         # The checkpoint before the data: a corpus is prepared only for a run that can go on.
-        resume_path, manifest = find_resume(cfg, run_dir, resume, comm, self.log)
+        resume_path, manifest = find_resume(cfg, run_dir, resume, rank0_reads(self, "rank 0's "
+            "check of the checkpoint to resume from (its files' SHA-256)"), self.log)
         self.tokens = open_tokens(cfg.data, cfg.model, cfg.source, comm, self.log)
-        self.data = fingerprint_of(self.tokens, comm)  # for the manifests, summary, resume
+        self.data = fingerprint_of(self.tokens, rank0_reads(  # (manifests, summary, resume)
+            self, "rank 0's fingerprint of the training data"))
         own = resume_path is not None and os.path.abspath(resume_path).startswith(
             os.path.abspath(os.path.join(run_dir, "checkpoints")) + os.sep)
         self.run_id = run_identity(comm, manifest if own else None)
@@ -291,6 +293,7 @@ class Trainer:
         if step > self.start_step and self.last_saved != step:
             self._save(step)
         self.record.end(step, STOPPED if code == INTERRUPT else PREEMPTED)
+        self.rank.step.close()  # (every rank stops here: the asynchronous modes' windows)
         saved = (f"checkpoint of step {step} written" if step > self.start_step else
                  f"nothing trained since step {step}, so nothing to save")
         what, status = ("interrupted" if code == INTERRUPT else "preempted"), exit_status(code)
@@ -481,6 +484,14 @@ def run_grid(cfg: Config, comm) -> gridlib.Grid:
     return gridlib.build(comm, parallel.dp, parallel.pp, parallel.rank_order,
                          source=cfg.source, tp=parallel.tp, watchdog=True,
                          asynchronous=not flushes(parallel.schedule))
+
+
+def rank0_reads(trainer: Trainer, what: str) -> Announced:
+    """The world, its waits on rank 0 reading files in the set-up told to the watchdog as
+    `what`, under parallel.setup_timeout — not parallel.timeout, which a legitimate read
+    of a multi-terabyte checkpoint would pass (a rank 0 stalled there hung the job)."""
+    return Announced(trainer.comm, trainer.beacon, what,
+                     (trainer.cfg.parallel.setup_timeout, "parallel.setup_timeout"))
 
 
 def watch_over(grid, timeout: float, run_dir: str, watch):

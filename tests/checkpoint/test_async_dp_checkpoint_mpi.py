@@ -120,8 +120,9 @@ def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdli
     """SIGTERM to the last rank only, while replica 1 lags (slowed at step 3): the vote
     reaches the other replica through the board, world rank 0 sets a meeting no replica
     has passed, both save there and exit 75 — never one waiting on the bound for the
-    other while that one waits at the meeting (a deadlock this test found) — and the
-    checkpoint resumes to the end."""
+    other while that one waits at the meeting (a deadlock this test found) — with the
+    MPI windows freed on the way out (MPI_Finalize found them in use: UCX's "destroying
+    inuse region" warnings, on stdout) — and the checkpoint resumes to the end."""
     from train.test_preemption import finish, rank_pids, start, wait_for_line
 
     run_dir = tmp_path / "run"
@@ -133,6 +134,9 @@ def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdli
     os.kill(rank_pids(run_dir)[-1], signal.SIGTERM)
     out, err = finish(proc)
     assert proc.returncode == 75, err
+    leaks = [x for x in (out + err).splitlines() if "inuse region" in x
+             or "not returned to mpool" in x]
+    assert not leaks, leaks[:4]
     saved = ckpt.list_checkpoints(str(run_dir / "checkpoints"))
     assert len(saved) == 1 and "preempted: checkpoint of step" in out, out[-2000:]
     resumed = train(tmp_path / "resumed", stdlib_tokens, *settings, "model.n_embd=16",
@@ -160,3 +164,17 @@ def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_
     assert steps and max(steps) == sum(t < 2 * 5 for t in held), (held, proc.stdout)
     saved = ckpt.list_checkpoints(str(tmp_path / "replayed" / "checkpoints"))
     assert [step for step, _ in saved] == [5], saved
+
+
+def test_a_replay_of_more_steps_than_recorded_is_refused_at_once(tmp_path, stdlib_tokens):
+    """A replay with train.steps = 9 of a 7-step record ran the recorded steps, then waited
+    out parallel.async_timeout for updates nobody recorded and ended on one line about the
+    timeout: it is refused before training, the line naming both counts."""
+    settings = ['parallel.async_dp="ssp"', "parallel.staleness=2"]
+    recorded = tmp_path / "recorded"
+    assert train(recorded, stdlib_tokens, *settings).returncode == 0
+    proc = train(tmp_path / "replayed", stdlib_tokens, *settings, "train.steps=9",
+                 "parallel.async_timeout=30", f'parallel.async_replay="{recorded}"')
+    assert proc.returncode != 0 and len(errors(proc)) == 1, proc.stderr[-2000:]
+    assert "7 steps" in errors(proc)[0] and "train.steps = 9" in errors(proc)[0], errors(proc)
+    assert not re.search(r"step \d+/9 \|", proc.stdout), proc.stdout[-2000:]

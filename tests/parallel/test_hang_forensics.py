@@ -79,9 +79,10 @@ def test_a_stalled_rank_ends_the_job_with_every_ranks_op_named(tmp_path, stdlib_
     assert doctor.returncode == 1 and f"rank {stalled} stalls" in doctor.stdout
 
 
-def _stalled_at(place, nth, run_dir, tokens, *layout, resume=False):
-    """A pp 2 job of tests/mpi/stalls.py: rank 1 stalls at `place` (60 s) while rank 0
-    waits for it; what the watchdog made of it (status 3 within the timeout), and the lines."""
+def _stalled_at(place, nth, run_dir, tokens, *layout, resume=False, stalled=1):
+    """A pp 2 job of tests/mpi/stalls.py: rank `stalled` stalls at `place` (60 s) while the
+    other waits for it; what the watchdog made of it (status 3 within the timeout), and
+    the lines."""
     args = _args(run_dir, tokens, *layout, f"parallel.timeout={TIMEOUT}")[4:]
     done = run(["tests/mpi/stalls.py", place, str(nth), "60", "--", *args,
                 *(["--resume"] if resume else [])], n=2, timeout=200)
@@ -89,7 +90,7 @@ def _stalled_at(place, nth, run_dir, tokens, *layout, resume=False):
     errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
     assert len(errors) == 1, done.stderr[-3000:]
     lines = _lines(done.stderr)
-    assert "waits on nothing (computing)" in lines[1], lines
+    assert "waits on nothing (computing)" in lines[stalled], lines
     return errors[0], lines
 
 
@@ -108,6 +109,44 @@ def test_a_rank_stalled_in_its_checkpoint_files_is_a_hang_named_as_one(tmp_path,
     assert latest.endswith("step_00000002") and ckpt.verify(latest) == []
     error, lines = _stalled_at("read", 1, run_dir, stdlib_tokens, *layout, resume=True)
     assert "the checkpoint of step 2" in error and "not in an op: set-up" in lines[1]
+
+
+def test_a_tensor_shard_stalled_before_the_checkpoints_gather_is_a_hang_named_as_one(
+        tmp_path, stdlib_tokens):
+    """tp 2: shard 1 stalls before it hands its part of the parameters to the checkpoint
+    of step 2, and shard 0 waits for it in the tensor-parallel gather inside the
+    parameters' state — which said nothing to the watchdog, so the job waited as long as
+    the stall did."""
+    wait = "the tensor-parallel gather of the parameters for a checkpoint"
+    error, lines = _stalled_at("params", 1, tmp_path / "run", stdlib_tokens, "parallel.tp=2",
+                               "checkpoint.every=2")
+    assert wait in error and wait in lines[0] and "(ranks 0, 1)" in error, error
+    assert "): checkpoint | waits on nothing" in lines[1]
+
+
+def test_rank_0_stalled_reading_files_in_the_set_up_is_a_hang_named_as_one(tmp_path,
+                                                                          stdlib_tokens):
+    """Rank 0 reads files in the set-up while the others wait in a collective: the data's
+    fingerprint, and on a resume each checkpoint file's SHA-256. Those waits said nothing
+    to the watchdog, so a rank 0 stalled there (a file system hung on its node) hung the
+    job; they are bounded by parallel.setup_timeout, not parallel.timeout — which a
+    legitimate read of a multi-terabyte checkpoint passes: a read longer than
+    parallel.timeout and shorter than it goes on."""
+    run_dir, layout = tmp_path / "run", ["parallel.pp=2", "parallel.microbatches=2",
+                                         'parallel.schedule="1f1b"', "checkpoint.every=2"]
+    error, lines = _stalled_at("fingerprint", 1, tmp_path / "fresh", stdlib_tokens, *layout,
+                               f"parallel.setup_timeout={TIMEOUT}", stalled=0)
+    assert "rank 0's fingerprint of the training data over world (ranks 0, 1)" in error
+    assert f"past parallel.setup_timeout = {TIMEOUT} s: the job hangs" in error, error
+    assert "not in an op: set-up | waits on nothing" in lines[0], lines
+    slow = run(["tests/mpi/stalls.py", "fingerprint", "1", str(2 * TIMEOUT), "--",
+                *_args(run_dir, stdlib_tokens, *layout, f"parallel.timeout={TIMEOUT}",
+                       "parallel.setup_timeout=120")[4:]], n=2, timeout=200)
+    assert slow.returncode == 0, slow.stderr[-3000:]  # (its checkpoints: the resume's)
+    error, lines = _stalled_at("verify", 1, run_dir, stdlib_tokens, *layout,
+                               f"parallel.setup_timeout={TIMEOUT}", resume=True, stalled=0)
+    assert "rank 0's check of the checkpoint to resume from" in error, error
+    assert f"past parallel.setup_timeout = {TIMEOUT} s" in error, error
 
 
 def test_a_2bw_head_stalled_before_the_tied_sum_is_a_hang_named_as_one(tmp_path,
@@ -256,6 +295,32 @@ def test_sigterm_during_a_slow_save_lets_it_finish(tmp_path, stdlib_tokens):
     root = str(run_dir / "checkpoints")  # the slow save's, then the next boundary's
     assert [s for s, _ in ckpt.list_checkpoints(root)][-2:] == [4, 5]
     assert ckpt.verify(ckpt.latest(root)) == []
+
+
+def test_sigterm_while_rank_0_reads_in_the_set_up_stops_after_the_read(tmp_path,
+                                                                       stdlib_tokens):
+    """Rank 0 takes 10 s over the data's fingerprint (a big data set) when SIGTERM comes:
+    the read is on its way to the first agreement, which stops the run (status 75), so
+    the stop grace (2 s here) does not take the others' wait for a hang — that wait has
+    its own limit, parallel.setup_timeout."""
+    run_dir, mark = tmp_path / "run", tmp_path / "stalled"
+    args = _args(run_dir, stdlib_tokens, "parallel.pp=2", "parallel.microbatches=2",
+                 'parallel.schedule="1f1b"', "parallel.timeout=0")
+    proc = subprocess.Popen([*launcher(2), sys.executable, "tests/mpi/stalls.py",
+                             "fingerprint", "1", "10", "--", *args[4:]], cwd=ROOT,
+                            env=job_env({"HPCPIPE_STOP_GRACE_S": "2", "STALLS_MARK": str(mark)}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not mark.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            pytest.fail(proc.stderr.read()[-3000:])
+        time.sleep(0.05)
+    for pid in _ranks(proc):
+        os.kill(pid, signal.SIGTERM)
+    err = _ended(proc, 60)
+    assert proc.returncode == 75, err[-3000:]
 
 
 def _dump(rank, waiting=None, op=None):

@@ -170,6 +170,14 @@ class Recorded:
             self.exchanges.setdefault(record["exchange"], {})[record["owner"]] = \
                 record["version"]
 
+    @property
+    def tickets_held(self) -> int:
+        """The tickets the recorded run had handed out up to this rank's last recorded one
+        (its last + 1; 0 for none): the most of them over every rank is how many the
+        recorded run ran — in a run that ended or stopped at a meeting, every ticket below
+        is someone's and none past them was run (one that crashed may lack some below)."""
+        return self.tickets[self.steps[-1]] + 1 if self.steps else 0
+
     def turns_of(self, step: int, owners: int) -> dict:
         return self._need(self.turns, step, owners, "push turns")
 

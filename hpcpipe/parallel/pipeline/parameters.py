@@ -10,19 +10,25 @@ import numpy as np
 
 from hpcpipe.model import family
 from hpcpipe.model.sharding import shard_of
+from hpcpipe.parallel.beacon import Announced
 from hpcpipe.util.state import PIPELINE, Entry, StateError, Stateful
 
 
 class ParameterState(Stateful):
-    """The parameters of a RankModel's stages (`model`) over `grid`."""
+    """The parameters of a RankModel's stages (`model`) over `grid`; `beacon` the rank's
+    (parallel/beacon.py), told of the wait in the tensor shards' gather — a shard stalled
+    before its part (a file system hung on its node) hangs the others there."""
 
     name = "model"
     kind = "parameters (GPT-2 names)"
     per = PIPELINE
     index = "tensors"
 
-    def __init__(self, model, grid):
+    def __init__(self, model, grid, beacon=None):
         self.model, self.grid = model, grid
+        self.tensor = grid.tensor if beacon is None else Announced(
+            grid.tensor, beacon, "the tensor-parallel gather of the parameters for a "
+                                 "checkpoint")
         if family.is_llama(model.config):  # (as checkpoint/weights.py records it)
             self.kind = "parameters (Hugging Face Llama names)"
 
@@ -32,7 +38,7 @@ class ParameterState(Stateful):
     def state(self) -> dict | None:
         if self.grid.dp_rank != 0:  # the first replica writes (its collectives: its own)
             return None
-        tensors = _global_parameters(self.model, self.grid)
+        tensors = _global_parameters(self.model, self.grid, self.tensor)
         return {name: Entry(host, {"stage": stage}) for name, stage, host in tensors} \
             if self.grid.tp_rank == 0 else None
 
@@ -56,9 +62,11 @@ def head_copy(stage, name: str) -> bool:
     return name == stage.tied and not stage.embedding_part
 
 
-def _global_parameters(model, grid) -> list:
+def _global_parameters(model, grid, tensor=None) -> list:
     """(name, model stage, global host array) of every parameter this rank's pipeline
-    stages hold — on tensor shard 0, with every shard's part in place (others: [])."""
+    stages hold — on tensor shard 0, with every shard's part in place, gathered over
+    `tensor` (None: grid.tensor) (others: [])."""
+    tensor = grid.tensor if tensor is None else tensor
     out = []
     for chunk, stage in model.in_model_order():
         for name, value in stage.params.items():
@@ -67,7 +75,7 @@ def _global_parameters(model, grid) -> list:
             host = model.backend.to_host(value)
             shard = stage.shards[name]
             if grid.tp > 1 and not shard.replicated:
-                parts = grid.tensor.gather(np.ascontiguousarray(host), root=0)
+                parts = tensor.gather(np.ascontiguousarray(host), root=0)
                 if grid.tp_rank != 0:
                     continue
                 shape = stage.global_shapes[name]

@@ -93,7 +93,8 @@ class Grid:
 
     def describe(self) -> str:
         shards = f" × tp {self.tp}" if self.tp > 1 else ""
-        return (f"{self.size} ranks = dp {self.dp} × pp {self.pp}{shards} ({self.rank_order}); "
+        ranks = "1 rank" if self.size == 1 else f"{self.size} ranks"
+        return (f"{ranks} = dp {self.dp} × pp {self.pp}{shards} ({self.rank_order}); "
                 f"{self.local_size} on this node")
 
 

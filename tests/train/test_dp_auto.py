@@ -25,7 +25,7 @@ def run(tmp_path, tokens, name, ranks, *extra):
 def test_two_replicas_from_the_launch_train_the_global_batch(tmp_path, stdlib_tokens):
     out1, one = run(tmp_path, stdlib_tokens, "one", 1)
     out2, two = run(tmp_path, stdlib_tokens, "two", 2, "parallel.zero=1")
-    assert "1 ranks = dp 1 × pp 1" in out1 and "4 microbatch(es)" in out1
+    assert "1 rank = dp 1 × pp 1" in out1 and "4 microbatch(es)" in out1
     assert "2 ranks = dp 2 × pp 1" in out2 and "2 microbatch(es)" in out2
     assert "batch 2 × 2 × 16 = 128 tokens/step" in out2  # 8 sequences of 16 either way
     assert abs(two["final_loss"] - one["final_loss"]) < 1e-5

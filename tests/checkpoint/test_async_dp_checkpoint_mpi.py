@@ -114,6 +114,19 @@ def test_a_replica_that_took_no_step_ends_with_the_others(tmp_path, stdlib_token
     assert ckpt.list_checkpoints(str(tmp_path / "run" / "checkpoints"))[-1][0] == 1
 
 
+def test_a_replica_that_took_no_step_joins_the_end_of_run_traces(tmp_path, stdlib_tokens):
+    """The same late replica with the first steps traced (train.trace_steps): replica 0's
+    steps 1 and 2 are in the window, replica 1 has none — every rank still joins the
+    gather of trace.json at the end, where replica 1 skipped it (its step 0 is before the
+    window) and went on to exit while replica 0 waited in the gather: a hang after the
+    last evaluation that no timeout ended."""
+    proc = train(tmp_path / "run", stdlib_tokens, 'parallel.async_dp="easgd"',
+                 "train.steps=1", "train.trace_steps=2", env={"HPCPIPE_ASYNC_STALL": "1:0:4"},
+                 timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "run" / "trace.json").exists()
+
+
 @pytest.mark.parametrize("mode", ["ssp", "easgd"])
 def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdlib_tokens,
                                                                   mode):

@@ -20,3 +20,6 @@ class StepOutcome:
     stats: object = None  # trace.StepStats of every rank, when a trace was given
     redone: bool = False  # post-validation: the optimistic update was rolled back and redone
     loss_scale: float = 1.0
+    # asynchronous dp: the run's step this replica's `step` is a share of (its ticket's) —
+    # a fast replica's own count runs past train.steps; 0: the run's step is `step`
+    run_step: int = 0

@@ -78,6 +78,11 @@ class Summary:
         self.final_val_loss = value
 
 
+def run_step(outcome) -> int:
+    """The run's step an outcome counts toward (asynchronous dp: its ticket's)."""
+    return outcome.run_step or outcome.step
+
+
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
     """Model FLOPs utilisation; NaN where the peak is unknown."""
     return tokens_per_s * flops_per_token / peak_flops if peak_flops > 0 else math.nan
@@ -180,7 +185,7 @@ class Metrics:
         for writer in self.writers:
             writer.step(line)
         step = outcome.step
-        if step == 1 or step % self.log_every == 0 or step == self.steps:
+        if step == 1 or step % self.log_every == 0 or run_step(outcome) == self.steps:
             self.log(self._progress(outcome, lr, use))
             self._interval = Interval()
 
@@ -249,16 +254,17 @@ class Metrics:
         """The progress line: the time; loss, tokens/s, ms/step, bubble and MFU averaged
         over the steps since the last line; the learning rate and norm of this step; the
         memory now and at most."""
-        interval, width = self._interval, len(str(self.steps))
+        interval, width, at = self._interval, len(str(self.steps)), run_step(outcome)
         tokens_per_s = interval.tokens / interval.seconds
         utilisation = mfu(tokens_per_s, self.summary.flops_per_token, self.summary.peak_flops)
-        return (f"{self.clock()} step {outcome.step:>{width}}/{self.steps} | "
+        own = f" (replica 0's step {outcome.step})" if outcome.run_step else ""
+        return (f"{self.clock()} step {at:>{width}}/{self.steps}{own} | "
                 f"loss {interval.loss:.4f} | "
                 f"lr {lr:.2e} | norm {outcome.norm:.3f} | {fmt_rate(tokens_per_s)} tok/s"
                 + (f" | MFU {utilisation:.1%}" if math.isfinite(utilisation) else "")
                 + f" | {interval.seconds / interval.steps * 1e3:.1f} ms/step | bubble "
                   f"{interval.bubbles / interval.steps:.1%} | "
-                  f"ETA {fmt_time(self._ema * (self.steps - outcome.step))}"
+                  f"ETA {fmt_time(self._ema * (self.steps - at))}"
                 + (f" | {use.describe()}" if use is not None else ""))
 
     def evaluated(self, step: int, value: float):

@@ -350,7 +350,8 @@ class StaleStep(AsyncStep):
         self._logged(step, start, moved, loss, version=version, ticket=self.ticket)
         self._injected_stall(step)
         return [StepOutcome(step, loss, self.last_norm, self.skipped_now, result,
-                            self._stats(step, result, moved), loss_scale=self.scaler.scale)]
+                            self._stats(step, result, moved), loss_scale=self.scaler.scale,
+                            run_step=k)]
 
     def _stale_gradients(self, runtime, step: int, inputs, stale: int):
         """The share's gradient, on the weights predicted `stale` updates ahead under
@@ -542,7 +543,8 @@ class ElasticStep(AsyncStep):
         self._logged(step, start, moved, loss, ticket=self.ticket)
         self._injected_stall(step)
         return [StepOutcome(step, loss, norm, skipped, result,
-                            self._stats(step, result, moved), loss_scale=self.scaler.scale)]
+                            self._stats(step, result, moved), loss_scale=self.scaler.scale,
+                            run_step=self.assignment(step)[0])]
 
     def _windows(self):
         return [self.centre]

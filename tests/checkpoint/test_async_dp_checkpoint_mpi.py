@@ -142,7 +142,7 @@ def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdli
                 "parallel.easgd_tau=2", "parallel.async_timeout=60"]
     proc = start(run_dir, stdlib_tokens, "train.steps=100000", *settings,
                  *devices.overrides(), ranks=2, env={"HPCPIPE_ASYNC_STALL": "1:3:0.5"})
-    wait_for_line(proc, "10/100000 |")  # (step 10: the width pads the number)
+    wait_for_line(proc, "/100000 (replica 0's step 10) |")  # (its own step 10)
     os.kill(rank_pids(run_dir)[-1], signal.SIGTERM)
     out, err = finish(proc)
     assert proc.returncode == 75, err
@@ -169,7 +169,7 @@ def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_
     # the recording (the share is the recording's timing, so it may pass 5).
     held = [r["ticket"] for r in record.read_records(record.log_path(str(recorded), 0))[1:]
             if "ticket" in r and "version" in r]
-    steps = [int(s) for s in re.findall(r"step (\d+)/5 \|", proc.stdout)]
+    steps = [int(s) for s in re.findall(r"/5 \(replica 0's step (\d+)\) \|", proc.stdout)]
     assert steps and max(steps) == sum(t < 2 * 5 for t in held), (held, proc.stdout)
     saved = ckpt.list_checkpoints(str(tmp_path / "replayed" / "checkpoints"))
     assert [step for step, _ in saved] == [5], saved

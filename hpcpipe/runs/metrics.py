@@ -7,9 +7,10 @@ over the steps since the previous line, so that one noisy step does not stand fo
 and keeps what the end-of-run summary reports. A line's `loss` is the mean over the step's
 microbatches and replicas, and its `grad_norm` the global norm before clipping — under
 local SGD, where each replica steps (and clips) on its own gradient, the mean of the
-replicas' norms, so that both numbers describe every replica alike. A resumed run first
-replays the records of its earlier pieces (`replay`), so that the summary covers the whole
-run.
+replicas' norms, so that both numbers describe every replica alike; left out where a
+step has none (bounded staleness: a share that ends before its replica applied any
+update). A resumed run first replays the records of its earlier pieces (`replay`), so
+that the summary covers the whole run.
 
 MFU: the model's training FLOPs per token (flops.py: 6N + 12·L·C·T) times tokens/s,
 divided by the sum over the ranks of each rank's peak (flops.device_peak): a GPU's
@@ -237,6 +238,8 @@ class Metrics:
         tokens_per_s = self.tokens_per_step / step_s
         line = dict(step=outcome.step, loss=outcome.loss, lr=lr, grad_norm=outcome.norm,
                     tokens_per_s=tokens_per_s, step_s=step_s, **outcome.stats.record())
+        if outcome.norm is None:
+            del line["grad_norm"]
         if use is not None:
             line.update(use.record())
         value = mfu(tokens_per_s, self.summary.flops_per_token, self.summary.peak_flops)
@@ -260,7 +263,9 @@ class Metrics:
         own = f" (replica 0's step {outcome.step})" if outcome.run_step else ""
         return (f"{self.clock()} step {at:>{width}}/{self.steps}{own} | "
                 f"loss {interval.loss:.4f} | "
-                f"lr {lr:.2e} | norm {outcome.norm:.3f} | {fmt_rate(tokens_per_s)} tok/s"
+                f"lr {lr:.2e} | "
+                + (f"norm {outcome.norm:.3f} | " if outcome.norm is not None else "")
+                + f"{fmt_rate(tokens_per_s)} tok/s"
                 + (f" | MFU {utilisation:.1%}" if math.isfinite(utilisation) else "")
                 + f" | {interval.seconds / interval.steps * 1e3:.1f} ms/step | bubble "
                   f"{interval.bubbles / interval.steps:.1%} | "

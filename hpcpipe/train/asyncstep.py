@@ -309,7 +309,7 @@ class StaleStep(AsyncStep):
         t, o = cfg.train, cfg.optim  # update u's learning rate, whoever computed its shares
         self.lr_of = lambda u: learning_rate(u - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
         self.max_norm = cfg.optim.grad_clip
-        self.last_norm = math.nan
+        self.last_norm = None  # the newest applied update's (None: none yet in this piece)
         self.skipped_now = False
         be = self.model.backend
         self.summed = [be.xp.zeros(n, self.host.dtype) for n in self.sizes]

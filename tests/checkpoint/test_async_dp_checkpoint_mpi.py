@@ -5,6 +5,7 @@ layout is refused with one error line; a peer that stops ends the job with one e
 line within the timeout, never a hang; a signal to one rank stops every replica at one
 meeting. Real `mpiexec` jobs of `python -m hpcpipe train`."""
 
+import json
 import os
 import re
 import signal
@@ -40,6 +41,16 @@ def weights(run_dir, step):
     return ckpt.read_weights(str(run_dir / "checkpoints" / ckpt.step_name(step)))[0]
 
 
+def assert_norms_are_real(run_dir):
+    """Every grad_norm in metrics.jsonl is a number (a share that ends before its replica
+    applied any update, fresh or just resumed, has none and leaves it out, not NaN), and
+    the file is strict JSON."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    for line in lines:
+        record = json.loads(line, parse_constant=lambda c: pytest.fail(f"{c}: {line}"))
+        assert "grad_norm" not in record or np.isfinite(record["grad_norm"]), line
+
+
 def errors(proc):
     return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
@@ -66,6 +77,7 @@ def test_a_resumed_replay_ends_bitwise_where_the_recorded_run_did(tmp_path, stdl
     recorded = tmp_path / "recorded"
     proc = train(recorded, stdlib_tokens, *settings, env=stalls)
     assert proc.returncode == 0, proc.stderr
+    assert_norms_are_real(recorded)
     first = ckpt.list_checkpoints(str(recorded / "checkpoints"))[0][1]
     kind = "elastic-" if sync else "async-"
     assert sorted(f for f in os.listdir(first) if f.startswith(kind)) == \
@@ -76,6 +88,7 @@ def test_a_resumed_replay_ends_bitwise_where_the_recorded_run_did(tmp_path, stdl
     replay = [] if sync else [f'parallel.async_replay="{recorded}"']
     proc = train(replayed, stdlib_tokens, *settings, *replay, resume=first)
     assert proc.returncode == 0, proc.stderr
+    assert_norms_are_real(replayed)
     expected, actual = weights(recorded, 7), weights(replayed, 7)
     for name, w in expected.items():
         assert np.array_equal(actual[name], w), name

@@ -80,6 +80,23 @@ def test_a_replica_s_own_step_past_the_budget_shows_the_run_s_step():
     assert lines[-1].split(" | ")[-1] == "ETA 0:00"
 
 
+def test_a_step_with_no_norm_yet_leaves_it_out():
+    """Bounded staleness: a replica's first share (fresh or resumed) ends before it has
+    applied any update, so there is no norm to report — the line and the record leave it
+    out (no NaN where nothing went wrong); TensorBoard gets the other scalars."""
+    from hpcpipe.runs.tensorboard import scalars
+
+    sink, lines = Sink(), []
+    m = metrics(sink, lines, writers=[sink])
+    m.started(1, 1.0, 1e-3)
+    m.record(StepOutcome(step=1, loss=5.0, norm=None, skipped=False, result=None,
+                         stats=outcome(1, 5.0).stats, run_step=1))
+    assert "norm" not in lines[0] and "nan" not in lines[0]
+    assert "grad_norm" not in sink.records[0] and sink.steps == sink.records
+    assert "train/grad_norm" not in scalars(sink.steps[0])
+    assert scalars(sink.steps[0])["train/loss"] == 5.0
+
+
 def test_without_a_gauge_the_line_has_no_memory():
     sink, lines = Sink(), []
     m = metrics(sink, lines)

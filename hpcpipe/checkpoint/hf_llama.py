@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from hpcpipe.checkpoint.huggingface import HuggingFaceError
+from hpcpipe.checkpoint.huggingface import HuggingFaceError, untied_values
 from hpcpipe.checkpoint.manifest import MAX_SPECIAL_IDS
 from hpcpipe.model.llama_layout import EMBED, HEAD, LlamaConfig, param_layout, tensor_count
 
@@ -153,11 +153,14 @@ def check_tensors(tensors: dict, model: dict, source: str) -> dict:
     tensors = dict(tensors)
     head = tensors.get(HEAD)
     if shape.tie_word_embeddings and head is not None:
-        embed = tensors.get(EMBED)
-        if embed is None or head.shape != embed.shape or not np.array_equal(head, embed):
+        problem = untied_values(head, tensors.get(EMBED))
+        if problem == "differs":
             raise HuggingFaceError(f"{source}: lm_head.weight differs from "
                                    f"{EMBED}, but config.json ties them "
                                    f"(tie_word_embeddings): not one model")
+        if problem:
+            raise HuggingFaceError(f"{source}: {EMBED} (and lm_head.weight, its tied copy) "
+                                   f"{problem}: not weights a model can use")
         del tensors[HEAD]
     if shape.n_layer > len(tensors):  # counted before the layout is listed: it could be huge
         raise HuggingFaceError(f"{source}: {len(tensors)} tensors, but a Llama of "

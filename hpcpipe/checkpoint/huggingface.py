@@ -47,6 +47,20 @@ class HuggingFaceError(HpcpipeError):
     """A Hugging Face folder hpcpipe cannot take as it is; the message names the field."""
 
 
+def untied_values(head, embed) -> str | None:
+    """Whether a tied head's saved copy is its embedding, in words: None when it is, else
+    how it is not — differing values, or NaN in both at the same places (NaN != NaN:
+    then the embedding's NaN is what is wrong, not the copy)."""
+    if embed is None or head.shape != embed.shape:
+        return "differs"
+    if np.array_equal(head, embed):
+        return None
+    if not np.array_equal(head, embed, equal_nan=True):
+        return "differs"
+    bad = int(np.count_nonzero(~np.isfinite(np.asarray(embed, np.float64))))
+    return f"holds {bad} value{'s' * (bad != 1)} that {'is' if bad == 1 else 'are'} not finite"
+
+
 def read_json(path: str, what: str):
     """A JSON file of at most MAX_JSON bytes, strict (no duplicate keys, no NaN)."""
     try:

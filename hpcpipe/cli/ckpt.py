@@ -24,11 +24,13 @@ import numpy as np
 
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.checkpoint import hf_llama, huggingface
+from hpcpipe.checkpoint.huggingface import untied_values
 from hpcpipe.checkpoint.hdf5 import store
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.arguments import path
 from hpcpipe.util.files import OutputSet, claim_file, claim_folder
 from hpcpipe.util.schema import parse_bytes
+from hpcpipe.util.terminal import shown
 
 EPILOG = """\
 examples:
@@ -143,6 +145,12 @@ def _import_options(parser, model: str, run):
     parser.set_defaults(func=run)
 
 
+def say(line: str):
+    """Print a line that holds text from outside (a manifest's, a folder's names) with its
+    control characters escaped (terminal.shown)."""
+    print(shown(line))
+
+
 def cmd_ls(args) -> int:
     root, checkpoints = args.where, ckpt.root_of(args.where)
     if os.path.islink(checkpoints) and not os.path.exists(checkpoints):
@@ -156,17 +164,17 @@ def cmd_ls(args) -> int:
         raise ckpt.CheckpointError(f"{args.where} is one checkpoint: `ckpt ls` lists a run "
                                    f"directory's (give its run directory), `ckpt info` "
                                    f"shows this one")
-    latest = ckpt.latest(root, log=print)
+    latest = ckpt.latest(root, log=say)
     found = ckpt.list_checkpoints(root)
-    print(f"{root}: {len(found)} checkpoint(s)")
+    say(f"{root}: {len(found)} checkpoint(s)")
     for step, path in found:
         for line in _listing(step, path, latest):
-            print(line)
+            say(line)
     for entry in sorted(os.listdir(root)):
         if ".tmp" in entry:
-            print(f"  {entry}  (incomplete: a save that did not finish; ignored)")
+            say(f"  {entry}  (incomplete: a save that did not finish; ignored)")
         elif not os.path.exists(os.path.join(root, entry)):  # a link to nothing
-            print(f"  {entry}  ({_broken(os.path.join(root, entry))}; ignored)")
+            say(f"  {entry}  ({_broken(os.path.join(root, entry))}; ignored)")
     return 0
 
 
@@ -213,9 +221,9 @@ def cmd_info(args) -> int:
     m = ckpt.read_manifest(path)
     lay, model = m["layout"], m["model"]
     size = sum(f["size"] for f in m["files"].values())
-    print(f"{path}")
-    print(f"  step {m['step']}, written "
-          f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m['created']))}")
+    say(f"{path}")
+    say(f"  step {m['step']}, written "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m['created']))}")
     family = ""
     if model.get("arch", "gpt2") != "gpt2":
         family = (f"{model['arch']}, ")
@@ -225,24 +233,24 @@ def cmd_info(args) -> int:
                                                   else "untied head"))
     else:
         heads, extra = f"{model['n_head']} heads", ""
-    print(f"  model: {family}{model['n_layer']} layers, {heads}, n_embd {model['n_embd']}, "
-          f"block {model['block_size']}, vocab {model['vocab_size']}{extra}; {m['dtype']}")
+    say(f"  model: {family}{model['n_layer']} layers, {heads}, n_embd {model['n_embd']}, "
+        f"block {model['block_size']}, vocab {model['vocab_size']}{extra}; {m['dtype']}")
     if m.get("tokenizer"):
-        print(f"  tokenizer: {m['tokenizer']['file']}")
-    print(f"  layout: dp {lay['dp']} × pp {lay['pp']} × tp {lay.get('tp', 1)} "
-          f"({lay['chunks']} chunk(s) per rank), "
-          f"schedule {lay['schedule']}, ZeRO {lay['zero']}"
-          + (f", PowerSGD rank {lay['powersgd_rank'] or 'each matrix its own'} (each "
-             "replica's error feedback kept)"
-             if any(name.startswith("powersgd-r") for name in m["files"]) else "")
-          + (f", local SGD H = {lay['local_steps']}" if lay.get("local_steps") else ""))
-    print(f"  partition: {partition_words(lay['partition'])}")
+        say(f"  tokenizer: {m['tokenizer']['file']}")
+    say(f"  layout: dp {lay['dp']} × pp {lay['pp']} × tp {lay.get('tp', 1)} "
+        f"({lay['chunks']} chunk(s) per rank), "
+        f"schedule {lay['schedule']}, ZeRO {lay['zero']}"
+        + (f", PowerSGD rank {lay['powersgd_rank'] or 'each matrix its own'} (each "
+           "replica's error feedback kept)"
+           if any(name.startswith("powersgd-r") for name in m["files"]) else "")
+        + (f", local SGD H = {lay['local_steps']}" if lay.get("local_steps") else ""))
+    say(f"  partition: {partition_words(lay['partition'])}")
     params = sum(math.prod(t['shape']) for t in m['tensors'].values())  # never overflows
-    print(f"  {len(m['tensors'])} tensors, {params:,} parameters; optimizer state for "
-          f"{len(m['pieces'])} tensors (Adam step {m['adam_step']})")
-    print(f"  {len(m['files'])} files, {size / 2**20:.1f} MiB: {', '.join(sorted(m['files']))}")
+    say(f"  {len(m['tensors'])} tensors, {params:,} parameters; optimizer state for "
+        f"{len(m['pieces'])} tensors (Adam step {m['adam_step']})")
+    say(f"  {len(m['files'])} files, {size / 2**20:.1f} MiB: {', '.join(sorted(m['files']))}")
     if m.get("state"):
-        print("  state: " + ", ".join(f"{key} {value}" for key, value in m["state"].items()))
+        say("  state: " + ", ".join(f"{key} {value}" for key, value in m["state"].items()))
     return 0
 
 
@@ -299,9 +307,13 @@ def from_hf_names(tensors: dict, source: str) -> dict:
                                f"{HF_PREFIX!r} prefix)")
         out[name] = value
     head = tensors.get("lm_head.weight")
-    if head is not None and "wte" in out and not np.array_equal(head, out["wte"]):
+    problem = untied_values(head, out["wte"]) if head is not None and "wte" in out else None
+    if problem == "differs":
         raise HpcpipeError(f"{source}: lm_head.weight differs from wte.weight; hpcpipe's head "
                            f"is tied to the embedding")
+    if problem:
+        raise HpcpipeError(f"{source}: wte.weight (and lm_head.weight, its tied copy) "
+                           f"{problem}: not weights a model can use")
     return out
 
 

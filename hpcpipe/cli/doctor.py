@@ -23,6 +23,7 @@ import sys
 import tempfile
 
 from hpcpipe import __version__
+from hpcpipe.cli.guard import LAUNCHED_SIZE_VARS, launched_size
 from hpcpipe.device import backend
 from hpcpipe.parallel import grid
 from hpcpipe.util.arguments import integer, path
@@ -36,11 +37,10 @@ examples:
                                                    and the layout it will train with
   python -m hpcpipe doctor runs/tiny               a run that hung: who waits on whom"""
 
-# Variables a launcher sets to the number of processes it started: when MPI sees fewer,
-# the launcher and the MPI library do not talk to each other (srun's --mpi plugin, or an
-# mpiexec of another MPI) and every process became a world of its own.
-_LAUNCHED_SIZE_VARS = (("PMI_SIZE", "mpiexec (PMI)"), ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
-                       ("SLURM_STEP_NUM_TASKS", "srun"))
+# Variables a launcher sets to the number of processes it started (guard.py's): when MPI
+# sees fewer, the launcher and the MPI library do not talk to each other (srun's --mpi
+# plugin, or an mpiexec of another MPI) and every process became a world of its own.
+_LAUNCHED_SIZE_VARS = LAUNCHED_SIZE_VARS
 
 
 def register(subparsers):
@@ -94,14 +94,6 @@ def launcher() -> str:
     if "SLURM_STEP_NUM_TASKS" in os.environ:
         return f"srun (--mpi={os.environ.get('SLURM_MPI_TYPE', 'default')})"
     return "none (a single process)"
-
-
-def launched_size() -> tuple[int, str] | None:
-    """(processes, launcher) the launcher says it started, if it says."""
-    for var, name in _LAUNCHED_SIZE_VARS:
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var]), name
-    return None
 
 
 def blas_pools() -> list[str]:

@@ -36,6 +36,11 @@ AGREE_S = 10.0
 # How long a rank about to abort the job leaves the launcher to forward its last words.
 FORWARD_S = 1.0
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+# Variables a launcher sets to the number of processes it started (doctor.py compares them
+# with MPI's world; `alone` reads them where MPI is not started).
+LAUNCHED_SIZE_VARS = (("PMI_SIZE", "mpiexec (PMI)"), ("OMPI_COMM_WORLD_SIZE",
+                                                      "Open MPI's mpirun"),
+                      ("SLURM_STEP_NUM_TASKS", "srun"))
 
 
 def _mpi():
@@ -55,6 +60,28 @@ def launch_rank() -> int:
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
     return 0
+
+
+def launched_size() -> tuple[int, str] | None:
+    """(processes, launcher) the launcher says it started, if it says."""
+    for var, name in LAUNCHED_SIZE_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var]), name
+    return None
+
+
+def alone(command: str):
+    """Refuse to run `command`, which works in one process, as several: each copy would do
+    all of it, print every line again and write the same files. MPI's world decides where
+    MPI is started (`python -m mpi4py`; a test's world of one), else the launcher's
+    variables — every copy refuses, and one speaks (Job.user_error)."""
+    mpi = _mpi()
+    launched = launched_size()
+    ranks = mpi.COMM_WORLD.size if mpi is not None else launched[0] if launched else 1
+    if ranks > 1:
+        raise HpcpipeError(f"`{command}` runs in one process, but {ranks} were started: "
+                           f"each would do all of it and write the same files; run it "
+                           f"without mpiexec or srun (or with -n 1)")
 
 
 def _agree_s_from_env() -> float:

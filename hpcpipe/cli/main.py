@@ -14,7 +14,7 @@ import os
 import signal
 
 from hpcpipe import __version__
-from hpcpipe.cli.guard import Job, launch_rank, run
+from hpcpipe.cli.guard import Job, alone, launch_rank, run
 from hpcpipe.runs.lock import writing_into
 from hpcpipe.util.arguments import Parser, number, path
 
@@ -265,12 +265,17 @@ def main(argv=None) -> int:
             parser.print_help()
             return 2
         args.job = job
+        if args.command in ONE_PROCESS:  # before anything is claimed or written
+            alone(" ".join(filter(None, (args.command, getattr(args, "ckpt_command", None)))))
         with writing_into(outputs_of(args) if launch_rank() == 0 else [],
                           f"`{args.command}`"):
             return args.func(args)
 
     return run(command, job)
 
+
+# The commands that work in one process (bench's suites say so each: some run on many).
+ONE_PROCESS = ("prepare", "schedule", "ckpt", "generate", "plot", "config", "plan")
 
 # The options through which a command names a file or folder it writes (train's own run
 # directory is the run's: train locks it itself, for as long as it runs).

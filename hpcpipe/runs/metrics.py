@@ -7,9 +7,10 @@ over the steps since the previous line, so that one noisy step does not stand fo
 and keeps what the end-of-run summary reports. A line's `loss` is the mean over the step's
 microbatches and replicas, and its `grad_norm` the global norm before clipping — under
 local SGD, where each replica steps (and clips) on its own gradient, the mean of the
-replicas' norms, so that both numbers describe every replica alike. A resumed run first
-replays the records of its earlier pieces (`replay`), so that the summary covers the whole
-run.
+replicas' norms, so that both numbers describe every replica alike; left out where a
+step has none (bounded staleness: a share that ends before its replica applied any
+update). A resumed run first replays the records of its earlier pieces (`replay`), so
+that the summary covers the whole run.
 
 MFU: the model's training FLOPs per token (flops.py: 6N + 12·L·C·T) times tokens/s,
 divided by the sum over the ranks of each rank's peak (flops.device_peak): a GPU's
@@ -76,6 +77,11 @@ class Summary:
         if math.isnan(self.first_val_loss):
             self.first_val_loss = value
         self.final_val_loss = value
+
+
+def run_step(outcome) -> int:
+    """The run's step an outcome counts toward (asynchronous dp: its ticket's)."""
+    return outcome.run_step or outcome.step
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
@@ -180,7 +186,7 @@ class Metrics:
         for writer in self.writers:
             writer.step(line)
         step = outcome.step
-        if step == 1 or step % self.log_every == 0 or step == self.steps:
+        if step == 1 or step % self.log_every == 0 or run_step(outcome) == self.steps:
             self.log(self._progress(outcome, lr, use))
             self._interval = Interval()
 
@@ -232,6 +238,8 @@ class Metrics:
         tokens_per_s = self.tokens_per_step / step_s
         line = dict(step=outcome.step, loss=outcome.loss, lr=lr, grad_norm=outcome.norm,
                     tokens_per_s=tokens_per_s, step_s=step_s, **outcome.stats.record())
+        if outcome.norm is None:
+            del line["grad_norm"]
         if use is not None:
             line.update(use.record())
         value = mfu(tokens_per_s, self.summary.flops_per_token, self.summary.peak_flops)
@@ -249,16 +257,19 @@ class Metrics:
         """The progress line: the time; loss, tokens/s, ms/step, bubble and MFU averaged
         over the steps since the last line; the learning rate and norm of this step; the
         memory now and at most."""
-        interval, width = self._interval, len(str(self.steps))
+        interval, width, at = self._interval, len(str(self.steps)), run_step(outcome)
         tokens_per_s = interval.tokens / interval.seconds
         utilisation = mfu(tokens_per_s, self.summary.flops_per_token, self.summary.peak_flops)
-        return (f"{self.clock()} step {outcome.step:>{width}}/{self.steps} | "
+        own = f" (replica 0's step {outcome.step})" if outcome.run_step else ""
+        return (f"{self.clock()} step {at:>{width}}/{self.steps}{own} | "
                 f"loss {interval.loss:.4f} | "
-                f"lr {lr:.2e} | norm {outcome.norm:.3f} | {fmt_rate(tokens_per_s)} tok/s"
+                f"lr {lr:.2e} | "
+                + (f"norm {outcome.norm:.3f} | " if outcome.norm is not None else "")
+                + f"{fmt_rate(tokens_per_s)} tok/s"
                 + (f" | MFU {utilisation:.1%}" if math.isfinite(utilisation) else "")
                 + f" | {interval.seconds / interval.steps * 1e3:.1f} ms/step | bubble "
                   f"{interval.bubbles / interval.steps:.1%} | "
-                  f"ETA {fmt_time(self._ema * (self.steps - outcome.step))}"
+                  f"ETA {fmt_time(self._ema * (self.steps - at))}"
                 + (f" | {use.describe()}" if use is not None else ""))
 
     def evaluated(self, step: int, value: float):

@@ -89,7 +89,11 @@ class RunRecord:
         summary with the files the run directory holds, written."""
         self.update(step, ended)
         self.metrics.close()
-        self._write_traces(min(step, self.traced.stop - 1))
+        if self.traced and not self.traces_written:
+            # The ranks' last steps differ when the replicas run apart (a late one may have
+            # taken none): the furthest decides for all, or some skip the gather the others
+            # wait in.
+            self._write_traces(max(self.comm.allgather(min(step, self.traced.stop - 1))))
         summary = self.metrics.summary
         summary.files = self.run_dir.listing()
         self.run_dir.finish(summary)

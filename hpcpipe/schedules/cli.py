@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from hpcpipe.util.arguments import integer, path
 from hpcpipe.util.files import write_text_atomic
@@ -17,6 +18,10 @@ from .torch_csv import read_csv, write_csv
 
 MAX_STAGES, MAX_CHUNKS = 4096, 64
 MAX_OPS = 1 << 22  # stages × microbatches × chunks: what builds and simulates in seconds
+# From this many ops a schedule takes long enough to build, check and simulate (tens of
+# seconds at 64 stages × 4096 microbatches: pure Python over every op, several times) that
+# each phase is announced on stderr, so a user is not left before a silent terminal.
+PROGRESS_OPS = 1 << 17
 # Costs and limits are in any unit, but within these the simulated times (sums of up to
 # MAX_OPS costs) and the memory limit over the smallest activation stay finite floats.
 MIN_COST, MAX_COST = 1e-12, 1e12
@@ -165,6 +170,29 @@ def register(subparsers) -> argparse.ArgumentParser:
     add_arguments(parser)
     parser.set_defaults(func=run)
     return parser
+
+
+class Phases:
+    """The long phases of one schedule's work, each said on stderr as it starts, with the
+    time the one before took — only for a problem of `ops` ≥ PROGRESS_OPS (stdout stays
+    what it was: the report, or --json's one line)."""
+
+    def __init__(self, ops: int, clock=time.monotonic, out=None):
+        self.on, self.clock, self.out = ops >= PROGRESS_OPS, clock, out or sys.stderr
+        self.started = self.clock()
+
+    def say(self, what: str):
+        if self.on:
+            now = self.clock()
+            print(f"schedule: {what} ({now - self.started:.1f} s so far)", file=self.out,
+                  flush=True)
+
+
+def _ops(args) -> int:
+    """The ops a generated schedule will have (0 for --load-csv's: read, not built)."""
+    if args.load_csv or args.stages is None or args.microbatches is None:
+        return 0
+    return args.stages * args.microbatches * 3 * (args.chunks or 1)
 
 
 def _fail(message: str) -> int:
@@ -333,9 +361,15 @@ def run(args: argparse.Namespace) -> int:
         if args.steps is not None:
             raise ScheduleError("--steps is for --kind pipedream-2bw, whose stream has no "
                                 "end; a synchronous schedule is one step")
+        phases = Phases(_ops(args))
+        phases.say(f"building {args.kind} for {args.stages} stages × {args.microbatches} "
+                   f"microbatches ({_ops(args):,} ops)")
         schedule, verdict, found = _build(args)
+        phases.say("checking it")
         check(schedule)
+        phases.say("simulating it")
         result = simulate(schedule, args.cost)
+        phases.say("simulated; writing the result")
         bound, optimal = _bound(result, verdict, args.objective)
         if args.save_csv:
             write_csv(schedule, args.save_csv)

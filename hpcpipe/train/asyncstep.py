@@ -311,7 +311,7 @@ class StaleStep(AsyncStep):
         t, o = cfg.train, cfg.optim  # update u's learning rate, whoever computed its shares
         self.lr_of = lambda u: learning_rate(u - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
         self.max_norm = cfg.optim.grad_clip
-        self.last_norm = math.nan
+        self.last_norm = None  # the newest applied update's (None: none yet in this piece)
         self.skipped_now = False
         be = self.model.backend
         self.summed = [be.xp.zeros(n, self.host.dtype) for n in self.sizes]
@@ -352,7 +352,8 @@ class StaleStep(AsyncStep):
         self._logged(step, start, moved, loss, version=version, ticket=self.ticket)
         self._injected_stall(step)
         return [StepOutcome(step, loss, self.last_norm, self.skipped_now, result,
-                            self._stats(step, result, moved), loss_scale=self.scaler.scale)]
+                            self._stats(step, result, moved), loss_scale=self.scaler.scale,
+                            run_step=k)]
 
     def _stale_gradients(self, runtime, step: int, inputs, stale: int):
         """The share's gradient, on the weights predicted `stale` updates ahead under
@@ -544,7 +545,8 @@ class ElasticStep(AsyncStep):
         self._logged(step, start, moved, loss, ticket=self.ticket)
         self._injected_stall(step)
         return [StepOutcome(step, loss, norm, skipped, result,
-                            self._stats(step, result, moved), loss_scale=self.scaler.scale)]
+                            self._stats(step, result, moved), loss_scale=self.scaler.scale,
+                            run_step=self.assignment(step)[0])]
 
     def _windows(self):
         return [self.centre]

@@ -5,6 +5,7 @@ layout is refused with one error line; a peer that stops ends the job with one e
 line within the timeout, never a hang; a signal to one rank stops every replica at one
 meeting. Real `mpiexec` jobs of `python -m hpcpipe train`."""
 
+import json
 import os
 import re
 import signal
@@ -40,6 +41,16 @@ def weights(run_dir, step):
     return ckpt.read_weights(str(run_dir / "checkpoints" / ckpt.step_name(step)))[0]
 
 
+def assert_norms_are_real(run_dir):
+    """Every grad_norm in metrics.jsonl is a number (a share that ends before its replica
+    applied any update, fresh or just resumed, has none and leaves it out, not NaN), and
+    the file is strict JSON."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    for line in lines:
+        record = json.loads(line, parse_constant=lambda c: pytest.fail(f"{c}: {line}"))
+        assert "grad_norm" not in record or np.isfinite(record["grad_norm"]), line
+
+
 def errors(proc):
     return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
@@ -66,6 +77,7 @@ def test_a_resumed_replay_ends_bitwise_where_the_recorded_run_did(tmp_path, stdl
     recorded = tmp_path / "recorded"
     proc = train(recorded, stdlib_tokens, *settings, env=stalls)
     assert proc.returncode == 0, proc.stderr
+    assert_norms_are_real(recorded)
     first = ckpt.list_checkpoints(str(recorded / "checkpoints"))[0][1]
     kind = "elastic-" if sync else "async-"
     assert sorted(f for f in os.listdir(first) if f.startswith(kind)) == \
@@ -76,6 +88,7 @@ def test_a_resumed_replay_ends_bitwise_where_the_recorded_run_did(tmp_path, stdl
     replay = [] if sync else [f'parallel.async_replay="{recorded}"']
     proc = train(replayed, stdlib_tokens, *settings, *replay, resume=first)
     assert proc.returncode == 0, proc.stderr
+    assert_norms_are_real(replayed)
     expected, actual = weights(recorded, 7), weights(replayed, 7)
     for name, w in expected.items():
         assert np.array_equal(actual[name], w), name
@@ -114,6 +127,19 @@ def test_a_replica_that_took_no_step_ends_with_the_others(tmp_path, stdlib_token
     assert ckpt.list_checkpoints(str(tmp_path / "run" / "checkpoints"))[-1][0] == 1
 
 
+def test_a_replica_that_took_no_step_joins_the_end_of_run_traces(tmp_path, stdlib_tokens):
+    """The same late replica with the first steps traced (train.trace_steps): replica 0's
+    steps 1 and 2 are in the window, replica 1 has none — every rank still joins the
+    gather of trace.json at the end, where replica 1 skipped it (its step 0 is before the
+    window) and went on to exit while replica 0 waited in the gather: a hang after the
+    last evaluation that no timeout ended."""
+    proc = train(tmp_path / "run", stdlib_tokens, 'parallel.async_dp="easgd"',
+                 "train.steps=1", "train.trace_steps=2", env={"HPCPIPE_ASYNC_STALL": "1:0:4"},
+                 timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "run" / "trace.json").exists()
+
+
 @pytest.mark.parametrize("mode", ["ssp", "easgd"])
 def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdlib_tokens,
                                                                   mode):
@@ -130,7 +156,7 @@ def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdli
                 "parallel.easgd_tau=2", "parallel.async_timeout=60"]
     proc = start(run_dir, stdlib_tokens, "train.steps=100000", *settings,
                  *devices.overrides(), ranks=2, env={"HPCPIPE_ASYNC_STALL": "1:3:0.5"})
-    wait_for_line(proc, "10/100000 |")  # (step 10: the width pads the number)
+    wait_for_line(proc, "/100000 (replica 0's step 10) |")  # (its own step 10)
     os.kill(rank_pids(run_dir)[-1], signal.SIGTERM)
     out, err = finish(proc)
     assert proc.returncode == 75, err
@@ -160,7 +186,7 @@ def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_
     # the recording (the share is the recording's timing, so it may pass 5).
     held = [r["ticket"] for r in record.read_records(record.log_path(str(recorded), 0))[1:]
             if "ticket" in r and "version" in r]
-    steps = [int(s) for s in re.findall(r"step (\d+)/5 \|", proc.stdout)]
+    steps = [int(s) for s in re.findall(r"/5 \(replica 0's step (\d+)\) \|", proc.stdout)]
     assert steps and max(steps) == sum(t < 2 * 5 for t in held), (held, proc.stdout)
     saved = ckpt.list_checkpoints(str(tmp_path / "replayed" / "checkpoints"))
     assert [step for step, _ in saved] == [5], saved

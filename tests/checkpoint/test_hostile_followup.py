@@ -100,6 +100,37 @@ def test_ls_of_one_checkpoint_says_what_to_give_never_zero_checkpoints(capsys, r
     assert "is one checkpoint" in line and "ckpt info" in line
 
 
+# -- terminal escapes in a manifest's text -----------------------------------------------
+
+ESCAPES = "\x1b[2J\x1b[31m\r\x07\u202e"  # clear, red, back to column 0, bell, right-to-left
+
+
+def test_info_shows_a_manifest_s_control_characters_escaped(capsys, run):
+    """A manifest re-signed with terminal escapes in its free text (the schedule's name,
+    the state's optimizer and an extra state entry, key and value): `ckpt info` prints
+    them as visible escapes, never as the bytes that would clear or recolour the
+    terminal."""
+    def edit(m):
+        m["layout"]["schedule"] = "1f1b" + ESCAPES
+        m["state"]["optimizer"] = "adamw\x1b[5m"
+        m["state"]["note" + ESCAPES] = "x" + ESCAPES
+    resign(run / CKPT, edit)
+    assert main(["ckpt", "info", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert not any(ch in out for ch in "\x1b\r\x07\u202e"), repr(out)
+    assert "schedule 1f1b\\x1b[2J\\x1b[31m\\r\\x07\\u202e," in out
+    assert "optimizer adamw\\x1b[5m" in out and "note\\x1b[2J" in out
+
+
+def test_ls_shows_control_characters_in_names_escaped(capsys, run):
+    """A name in the checkpoints/ folder with escapes (an unfinished save's .tmp, listed
+    by `ckpt ls`) is printed escaped."""
+    (run / "checkpoints" / ("step_00000002\x1b[2J.tmp")).mkdir()
+    assert main(["ckpt", "ls", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "step_00000002\\x1b[2J.tmp  (incomplete" in out
+
+
 # -- counters near 2**63 -----------------------------------------------------------------
 
 def _set(field, value):

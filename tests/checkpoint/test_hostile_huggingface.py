@@ -7,12 +7,15 @@ layers than any file holds (refused at once)."""
 import json
 import os
 
+import numpy as np
 import pytest
 from harness import required
 from harness.hostile import ends_with_one_error, gpt2_tensors, raw_safetensors
 
 from hpcpipe.__main__ import main
-from hpcpipe.checkpoint import huggingface, safetensors
+from hpcpipe import LlamaConfig
+from hpcpipe.checkpoint import hf_llama, huggingface, safetensors
+from hpcpipe.model.llama_layout import EMBED, HEAD, param_layout
 
 
 def _import(folder, tmp_path) -> list[str]:
@@ -103,3 +106,39 @@ def test_a_llama_config_claiming_billions_of_layers_is_refused_at_once(capsys, t
                                         str(tmp_path / "again")])
     assert "tensors, but a Llama of 2,147,483,647 layers has" in line, line
     assert not (tmp_path / "again").exists()
+
+
+def _nan_in(array, at=(1, 2)):
+    array[at] = np.nan
+    return array
+
+
+def test_a_tied_head_equal_to_its_embedding_nan_and_all_is_refused_for_the_nan(
+        capsys, tmp_path):
+    """GPT-2: lm_head.weight a copy of wte.weight, NaN included (NaN != NaN): the error
+    is the NaN in the embedding, not a head that differs from it."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    tensors = gpt2_tensors()
+    _nan_in(tensors["transformer.wte.weight"])
+    tensors["lm_head.weight"] = tensors["transformer.wte.weight"].copy()
+    safetensors.save(str(hf / huggingface.WEIGHTS), tensors, {"n_head": "2"})
+    line = ends_with_one_error(capsys, _import(hf, tmp_path))
+    assert "differs" not in line, line
+    assert "wte.weight" in line and "1 value that is not finite" in line, line
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_tied_llama_head_equal_to_its_embedding_nan_and_all_is_refused_for_the_nan():
+    shape = LlamaConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_kv_head=1,
+                        n_embd=8, intermediate_size=16, tie_word_embeddings=True)
+    tensors = {name: np.zeros(s, np.float32) for name, s in param_layout(shape)}
+    _nan_in(tensors[EMBED])
+    tensors[HEAD] = tensors[EMBED].copy()
+    with pytest.raises(huggingface.HuggingFaceError) as e:
+        hf_llama.check_tensors(tensors, vars(shape), "hf")
+    assert "differs" not in str(e.value) and "1 value that is not finite" in str(e.value)
+    assert EMBED in str(e.value)
+    tensors[HEAD][0, 0] = 1.0  # and one that differs still says so
+    with pytest.raises(huggingface.HuggingFaceError, match="differs from"):
+        hf_llama.check_tensors(tensors, vars(shape), "hf")

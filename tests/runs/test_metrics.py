@@ -63,6 +63,40 @@ def test_the_progress_line_has_the_time_the_mfu_and_the_memory():
     assert sink.evals == [(2, 4.5)] and sink.records[-1] == {"step": 2, "val_loss": 4.5}
 
 
+def test_a_replica_s_own_step_past_the_budget_shows_the_run_s_step():
+    """Asynchronous dp: the first replica took 3 of the run's tickets, its third a share
+    of the run's step 2 of 2 — the line says step 2/2 (and the replica's own count), never
+    3/2, and it is the run's last line (ETA 0)."""
+    sink, lines = Sink(), []
+    m = metrics(sink, lines)
+    m.log_every = 10
+    for step, run_step in [(1, 1), (2, 1), (3, 2)]:
+        m.started(step, 1.0, 1e-3)
+        m.record(StepOutcome(step=step, loss=5.0, norm=1.5, skipped=False, result=None,
+                             stats=outcome(step, 5.0).stats, run_step=run_step))
+    assert [line.split(" | ")[0] for line in lines] == [
+        "2026-12-01 10:00:00 step 1/2 (replica 0's step 1)",
+        "2026-12-01 10:00:00 step 2/2 (replica 0's step 3)"]
+    assert lines[-1].split(" | ")[-1] == "ETA 0:00"
+
+
+def test_a_step_with_no_norm_yet_leaves_it_out():
+    """Bounded staleness: a replica's first share (fresh or resumed) ends before it has
+    applied any update, so there is no norm to report — the line and the record leave it
+    out (no NaN where nothing went wrong); TensorBoard gets the other scalars."""
+    from hpcpipe.runs.tensorboard import scalars
+
+    sink, lines = Sink(), []
+    m = metrics(sink, lines, writers=[sink])
+    m.started(1, 1.0, 1e-3)
+    m.record(StepOutcome(step=1, loss=5.0, norm=None, skipped=False, result=None,
+                         stats=outcome(1, 5.0).stats, run_step=1))
+    assert "norm" not in lines[0] and "nan" not in lines[0]
+    assert "grad_norm" not in sink.records[0] and sink.steps == sink.records
+    assert "train/grad_norm" not in scalars(sink.steps[0])
+    assert scalars(sink.steps[0])["train/loss"] == 5.0
+
+
 def test_without_a_gauge_the_line_has_no_memory():
     sink, lines = Sink(), []
     m = metrics(sink, lines)

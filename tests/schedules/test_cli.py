@@ -103,3 +103,38 @@ def test_exact_mode_proves_and_reports(capsys):
     assert data["exact"]["runs"][0]["status"] == "OPTIMAL" and data["exact"]["gap"] == 0
     assert run(["--kind", "zb-h1", "-p", "3", "-m", "6", "--exact"]) == 2
     assert "use it with --kind auto" in capsys.readouterr().err
+
+
+def test_a_large_schedule_says_each_phase_on_stderr(capsys, monkeypatch):
+    """A schedule of many ops (--kind auto -p 64 -m 4096 took over a minute, silent) says
+    each phase as it starts — build, check, simulate — on stderr, with the time so far;
+    stdout is still the one JSON line. (The threshold lowered to this small problem's.)"""
+    monkeypatch.setattr(cli, "PROGRESS_OPS", 2 * 4 * 3)
+    assert run(["--kind", "auto", "-p", "2", "-m", "4", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["stages"] == 2
+    lines = err.splitlines()
+    assert [line.split(" (")[0] for line in lines] == [
+        "schedule: building auto for 2 stages × 4 microbatches", "schedule: checking it",
+        "schedule: simulating it", "schedule: simulated; writing the result"], err
+    assert all(line.endswith(" s so far)") for line in lines), err
+
+
+def test_a_small_schedule_stays_quiet_and_the_reported_one_is_large(capsys):
+    assert run(["--kind", "auto", "-p", "4", "-m", "8", "--json"]) == 0
+    assert capsys.readouterr().err == ""
+    parser = argparse.ArgumentParser(prog="hpcpipe")
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["schedule", "--kind", "auto", "-p", "64", "-m", "4096"])
+    assert cli._ops(args) == 64 * 4096 * 3 >= cli.PROGRESS_OPS
+
+
+def test_phases_count_the_time_from_the_start():
+    import io
+
+    ticks, out = iter([10.0, 10.5, 52.25]), io.StringIO()
+    phases = cli.Phases(cli.PROGRESS_OPS, clock=lambda: next(ticks), out=out)
+    phases.say("building")
+    phases.say("checking it")
+    assert out.getvalue() == ("schedule: building (0.5 s so far)\n"
+                              "schedule: checking it (42.2 s so far)\n")

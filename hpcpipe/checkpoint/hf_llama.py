@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
-
 from hpcpipe.checkpoint.huggingface import HuggingFaceError, untied_values
 from hpcpipe.checkpoint.manifest import MAX_SPECIAL_IDS
 from hpcpipe.model.llama_layout import EMBED, HEAD, LlamaConfig, param_layout, tensor_count

@@ -180,3 +180,20 @@ def test_preempted_at_the_last_step_the_resume_evaluates_the_end(tmp_path, stdli
     again = start(run_dir, stdlib_tokens, *extra, "checkpoint.resume=\"auto\"")
     finish(again)  # a finished run resumed again evaluates nothing twice
     assert again.returncode == 0 and evaluations(run_dir) == evaluations(tmp_path / "whole")
+
+
+def test_a_signal_while_the_modules_load_is_honoured(tmp_path, stdlib_tokens):
+    """Slurm may preempt a requeued piece as it starts. SIGTERM while the command loaded
+    its modules (NumPy, h5py, MPI: seconds on a busy node or a parallel file system) came
+    before the handlers were in and killed the process: status 143, which the
+    preemptible job script takes for a failure and does not requeue. `train` now holds
+    the signals from its first line until its handlers take them: status 75."""
+    proc = start(tmp_path / "run", stdlib_tokens, "train.steps=50")
+    deadline = time.time() + 120
+    while "_multiarray_umath" not in open(f"/proc/{proc.pid}/maps").read():  # NumPy loads
+        assert time.time() < deadline and proc.poll() is None, "NumPy never loaded"
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGTERM)
+    out, err = finish(proc)
+    assert proc.returncode == 75, (proc.returncode, err)
+    assert "preempted: nothing trained since step 0" in out and "Traceback" not in err

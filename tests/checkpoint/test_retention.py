@@ -149,3 +149,20 @@ def test_what_a_killed_save_or_rotation_left_goes_at_the_next_save(tmp_path, std
     assert "resumed from" in log and "step 4," in log
     assert sorted(os.listdir(root)) == ["latest", "step_00000004", "step_00000006"]
     assert all(ckpt.verify(path) == [] for _, path in ckpt.list_checkpoints(str(root)))
+
+
+def test_a_fresh_run_after_a_kill_while_latest_was_written(tmp_path, stdlib_tokens):
+    """`latest` is written under a hidden temporary name, fsynced (seconds on a busy
+    parallel file system) and renamed; a kill in between left that file in checkpoints/,
+    and the next fresh run in the run directory (`train` again, without --resume) refused
+    it as a folder hpcpipe did not write. It is hpcpipe's own: the run is set aside."""
+    from hpcpipe.util import files
+
+    run_dir = tmp_path / "run"
+    run(run_dir, stdlib_tokens, "train.steps=1")
+    root = run_dir / "checkpoints"
+    staged = files._stage(str(root / "latest"), lambda tmp: open(tmp, "w").write("x\n"))
+    assert os.path.basename(staged).startswith(".latest")  # (what the kill leaves)
+    _, log = run(run_dir, stdlib_tokens, "train.steps=1", "train.seed=3")
+    [earlier] = [p for p in run_dir.iterdir() if p.name.startswith("earlier-")]
+    assert f"moved to {earlier}" in log and steps_in(earlier) == [1] and steps_in(run_dir) == [1]

@@ -15,6 +15,8 @@ Rules that keep a resume from ever losing its checkpoint or taking the wrong one
   same run (the manifest's `run`), only older than the one just written, and never that
   one: a checkpoint of another run, one whose manifest cannot be read, or one of a later
   step is never deleted.
+- What a killed save or rotation left (`.step_N.tmp`, `.step_N.deleting`: never used,
+  each up to a checkpoint's size) is removed by the run's next save.
 - A `latest` that is not a plain file naming a checkpoint (binary, a folder, a path that
   leads elsewhere) is reported and ignored; the newest complete checkpoint stands in.
 """
@@ -31,6 +33,9 @@ from hpcpipe.util.files import open_regular, write_text_atomic
 
 LATEST = "latest"
 _NAME = re.compile(r"step_(\d{8,19})")
+# A save's folder while it is written (or the old copy a save swapped out), and a
+# checkpoint being deleted; a `.replaced` copy may be the only whole one of its step.
+_LEFTOVER = re.compile(r"\.step_\d{8,19}\.(tmp|deleting)")
 
 
 def step_name(step: int) -> str:
@@ -154,3 +159,16 @@ def remove_checkpoint(path: str):
         shutil.rmtree(doomed, ignore_errors=True)  # an earlier deletion's leftover
     os.replace(path, doomed)
     shutil.rmtree(doomed, ignore_errors=True)
+
+
+def remove_leftovers(root: str) -> list[str]:
+    """Delete what a killed save or rotation left under `root` (a save's `.step_N.tmp`, a
+    deletion's `.step_N.deleting`): hidden, never used, each up to a checkpoint's size, and
+    left for good when no later save reused the name. Called by a save once its own
+    checkpoint is in place, under the run directory's lock, so no save is writing one of
+    them meanwhile. Returns what was deleted."""
+    leftovers = [os.path.join(root, name) for name in sorted(os.listdir(root))
+                 if _LEFTOVER.fullmatch(name)]
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    return leftovers

@@ -23,6 +23,7 @@ from hpcpipe.checkpoint.hdf5 import sha256
 from hpcpipe.checkpoint.manifest import CheckpointError
 from hpcpipe.checkpoint.retention import (
     point_latest,
+    remove_leftovers,
     retain,
     root_of,
     run_of,
@@ -112,6 +113,7 @@ def save(parts, grid, origin: Origin, step: int, run_dir: str, layout: dict, sta
         try:
             point_latest(root, final)
             retain(root, run, step, keep, keep_every)
+            remove_leftovers(root)
         except OSError as e:
             raise CheckpointError(f"{final} is complete, but moving `latest` to it (or "
                                   f"rotating older checkpoints) failed: {e}; `latest` "

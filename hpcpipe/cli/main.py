@@ -170,13 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_train(args) -> int:
     from hpcpipe import config
-    from hpcpipe.train.preemption import PreemptionWatch
+    from hpcpipe.train.preemption import PreemptionWatch, release_held_signals
     from hpcpipe.train.trainer import Preempted, train
 
     if not args.dry_run:
         _refuse_plan_options(args)
     comm = args.job.world()
     if args.dry_run:  # every rank plans (the same numbers); one prints and writes
+        release_held_signals()  # (no handlers: a signal ends the plan as it would any command)
         from hpcpipe.cli.plan import claim_on_root
         from hpcpipe.cli.plan import run as run_plan
 

@@ -70,9 +70,12 @@ def config_is_ours(path: str) -> bool:
 
 def _checkpoints_are_ours(folder: str) -> bool:
     """Whether a checkpoints/ folder holds only what hpcpipe puts there (checkpoints,
-    `latest`, temporary and set-aside checkpoint folders) — a run's or an import's."""
+    `latest`, temporary and set-aside checkpoint folders, and the temporary file a kill
+    while `latest` was written leaves: files.write_atomic's name) — a run's or an
+    import's."""
     return os.path.isdir(folder) and all(
-        re.fullmatch(r"\.?step_\d+.*|latest", name) for name in os.listdir(folder))
+        re.fullmatch(r"\.?step_\d+.*|latest|\.latest\.tmp\.\d+", name)
+        for name in os.listdir(folder))
 
 
 def _foreign(path: str, names: list[str]) -> list[str]:

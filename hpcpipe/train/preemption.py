@@ -3,8 +3,9 @@ and exit 75 for the job script to requeue; SIGINT, Ctrl-C: save and exit 130), a
 the clock says a time-based checkpoint is due (`checkpoint.every_minutes`).
 
 A signal only sets a flag (never interrupting a save). The handlers are installed before
-the config is even read and stay until the run has ended, so a signal is never lost,
-whenever it comes: during the set-up, the step-0 evaluation, a step or a save. The first
+the config is even read and stay until the run has ended — and `python -m hpcpipe train`
+holds the signals from its first line until then (hpcpipe/__main__.py) — so a signal is
+never lost, whenever it comes: during the set-up, the step-0 evaluation, a step or a save. The first
 SIGINT says at once, on the root's stderr, that the run stops at the next step boundary; a
 second SIGINT is the way out of a run that will not wait: it raises KeyboardInterrupt at
 once, as Python's default handler does (a save in progress is abandoned, which its
@@ -55,6 +56,13 @@ class Verdict:
     save_due: bool  # some rank's clock says a time-based checkpoint is due
 
 
+def release_held_signals():
+    """Deliver the signals hpcpipe/__main__.py holds while `train` starts (those that came
+    meanwhile reach the handlers now); nothing when none are held."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (*PreemptionWatch.SIGNALS, signal.SIGINT))
+
+
 class PreemptionWatch:
     """The signal handlers of one run, the checkpoint clock, and the ranks' agreement."""
 
@@ -79,6 +87,7 @@ class PreemptionWatch:
                 self.previous[sig] = signal.signal(sig, handler)
             except ValueError:  # not the main thread (an embedding application): no handler
                 pass
+        release_held_signals()  # (held since `python -m hpcpipe train` started)
 
     def _preempt(self, signum, frame):
         self.flag[SIGNAL] = max(self.flag[SIGNAL], PREEMPT)

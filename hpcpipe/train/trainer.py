@@ -313,7 +313,7 @@ class Trainer:
                 trained = max(self.comm.allgather(trained))  # did, and it joins their save
         if self.last_saved != steps and trained:
             self._save(steps)
-        if trained or self.start_step < steps:
+        if trained or self.start_step < steps or end_unevaluated(self):
             self._evaluate(steps)
         summary.device_memory = self.comm.allgather(self.be.memory_report())
         self.rank.step.close()
@@ -325,6 +325,15 @@ class Trainer:
         for line in report(self):
             self.log(line)
         return summary
+
+
+def end_unevaluated(trainer: Trainer) -> bool:
+    """Whether the piece resumed its own run at the last step without the end's
+    evaluation: the piece before was preempted at the last step's boundary (it saves and
+    stops there) or killed during that evaluation, which comes after the last save."""
+    steps = trainer.cfg.train.steps
+    return trainer.last_saved == trainer.start_step == steps and \
+        all(step != steps for step, _ in trainer.summary.evals)
 
 
 def report(trainer: Trainer) -> list[str]:

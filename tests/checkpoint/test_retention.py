@@ -128,3 +128,41 @@ def test_imported_checkpoints_in_a_run_directory_are_set_aside(tmp_path, stdlib_
     assert (earlier / "checkpoints" / ckpt.step_name(1) / "manifest.json").exists()
     assert run_of(str(earlier / "checkpoints" / ckpt.step_name(1))) != \
         run_of(str(run_dir / "checkpoints" / ckpt.step_name(1)))
+
+
+def test_what_a_killed_save_or_rotation_left_goes_at_the_next_save(tmp_path, stdlib_tokens):
+    """A kill during rotation's deletion leaves `.step_N.deleting` (a checkpoint half
+    deleted), and one during a save of a step the run never saves again (a preemption's
+    save at a step off `checkpoint.every`) leaves `.step_N.tmp`: hidden from `ls`, each up
+    to a checkpoint's size, and nothing ever removed them — every such kill leaked that
+    much disk for good. The next save of the run removes them, and nothing else."""
+    run_dir = tmp_path / "run"
+    run(run_dir, stdlib_tokens, "train.steps=4", "checkpoint.every=2", "checkpoint.keep=5")
+    root = run_dir / "checkpoints"
+    deleting, tmp = root / ".step_00000002.deleting", root / ".step_00000003.tmp"
+    os.replace(root / ckpt.step_name(2), deleting)  # rotation's rename, then the kill
+    os.remove(deleting / "manifest.json")           # in the middle of its deletion
+    shutil.copytree(root / ckpt.step_name(4), tmp)  # a save of step 3 killed mid-way
+    os.remove(tmp / "manifest.json")
+    _, log = run(run_dir, stdlib_tokens, "train.steps=6", "checkpoint.every=2",
+                 "checkpoint.keep=5", resume="")
+    assert "resumed from" in log and "step 4," in log
+    assert sorted(os.listdir(root)) == ["latest", "step_00000004", "step_00000006"]
+    assert all(ckpt.verify(path) == [] for _, path in ckpt.list_checkpoints(str(root)))
+
+
+def test_a_fresh_run_after_a_kill_while_latest_was_written(tmp_path, stdlib_tokens):
+    """`latest` is written under a hidden temporary name, fsynced (seconds on a busy
+    parallel file system) and renamed; a kill in between left that file in checkpoints/,
+    and the next fresh run in the run directory (`train` again, without --resume) refused
+    it as a folder hpcpipe did not write. It is hpcpipe's own: the run is set aside."""
+    from hpcpipe.util import files
+
+    run_dir = tmp_path / "run"
+    run(run_dir, stdlib_tokens, "train.steps=1")
+    root = run_dir / "checkpoints"
+    staged = files._stage(str(root / "latest"), lambda tmp: open(tmp, "w").write("x\n"))
+    assert os.path.basename(staged).startswith(".latest")  # (what the kill leaves)
+    _, log = run(run_dir, stdlib_tokens, "train.steps=1", "train.seed=3")
+    [earlier] = [p for p in run_dir.iterdir() if p.name.startswith("earlier-")]
+    assert f"moved to {earlier}" in log and steps_in(earlier) == [1] and steps_in(run_dir) == [1]

@@ -145,3 +145,55 @@ def test_a_second_ctrl_c_stops_at_once_without_waiting_for_the_save(tmp_path, st
     _, err = finish(proc, timeout=300)
     assert proc.returncode == 130 and "interrupted" in err, err
     assert ckpt.list_checkpoints(str(run_dir / "checkpoints")) == []  # the save was abandoned
+
+
+def evaluations(run_dir) -> dict:
+    lines = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+    return {line["step"]: line["val_loss"] for line in lines if "val_loss" in line}
+
+
+def test_preempted_at_the_last_step_the_resume_evaluates_the_end(tmp_path, stdlib_tokens):
+    """SIGTERM during the save of step 2 of 3 is honoured at the boundary of step 3, the
+    last: the run saved step 3 and exited 75 without the end's evaluation, and the requeued
+    piece found nothing to train and evaluated nothing either — the run's last val loss
+    was step 0's, where the run never stopped has step 3's. The resume now evaluates the
+    end its run never did, to the value the uninterrupted run gets."""
+    run_dir, extra = tmp_path / "run", ["train.steps=3", "checkpoint.every=2"]
+    proc = start(run_dir, stdlib_tokens, *extra, env={"HPCPIPE_SAVE_DELAY": "2:3"})
+    partial = run_dir / "checkpoints" / ".step_00000002.tmp"
+    deadline = time.time() + 120
+    while not (partial.exists() and any(partial.iterdir())):
+        assert time.time() < deadline and proc.poll() is None, "the save never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = finish(proc)
+    assert proc.returncode == 75 and "preempted: checkpoint of step 3" in out, err
+    assert 3 not in evaluations(run_dir)  # (the end's evaluation is the resume's to do)
+    resumed = start(run_dir, stdlib_tokens, *extra, "checkpoint.resume=\"auto\"")
+    out, err = finish(resumed)
+    assert resumed.returncode == 0, err
+    never_stopped = start(tmp_path / "whole", stdlib_tokens, *extra)
+    finish(never_stopped)
+    assert evaluations(run_dir) == evaluations(tmp_path / "whole")  # steps 0 and 3, bitwise
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_val_loss"] == evaluations(run_dir)[3]
+    again = start(run_dir, stdlib_tokens, *extra, "checkpoint.resume=\"auto\"")
+    finish(again)  # a finished run resumed again evaluates nothing twice
+    assert again.returncode == 0 and evaluations(run_dir) == evaluations(tmp_path / "whole")
+
+
+def test_a_signal_while_the_modules_load_is_honoured(tmp_path, stdlib_tokens):
+    """Slurm may preempt a requeued piece as it starts. SIGTERM while the command loaded
+    its modules (NumPy, h5py, MPI: seconds on a busy node or a parallel file system) came
+    before the handlers were in and killed the process: status 143, which the
+    preemptible job script takes for a failure and does not requeue. `train` now holds
+    the signals from its first line until its handlers take them: status 75."""
+    proc = start(tmp_path / "run", stdlib_tokens, "train.steps=50")
+    deadline = time.time() + 120
+    while "_multiarray_umath" not in open(f"/proc/{proc.pid}/maps").read():  # NumPy loads
+        assert time.time() < deadline and proc.poll() is None, "NumPy never loaded"
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGTERM)
+    out, err = finish(proc)
+    assert proc.returncode == 75, (proc.returncode, err)
+    assert "preempted: nothing trained since step 0" in out and "Traceback" not in err

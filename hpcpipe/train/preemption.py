@@ -10,8 +10,10 @@ SIGINT says at once, on the root's stderr, that the run stops at the next step b
 second SIGINT is the way out of a run that will not wait: it raises KeyboardInterrupt at
 once, as Python's default handler does (a save in progress is abandoned, which its
 write-then-rename leaves harmless). The ranks agree at fixed points: after the set-up and
-step-0 evaluation (`agree`, blocking), and at each step boundary through a non-blocking
-all-reduce started one step earlier so that it adds no synchronisation (`at_boundary`).
+step-0 evaluation (`agree`, blocking, over every rank of the run, the replicas that run
+apart too), and at each step boundary through a non-blocking all-reduce started one step
+earlier so that it adds no synchronisation (`at_boundary`: over the watch's group, which
+shares its votes with the other groups after a `regroup`).
 Every rank's clock votes: a checkpoint is due when any rank's says so, and since the
 verdict is one all-reduce, every rank saves at the same step.
 """
@@ -116,23 +118,25 @@ class PreemptionWatch:
         if self.every_s and time.monotonic() - self.last_save >= self.every_s:
             self.flag[DUE] = self.saves + 1
 
-    def agree(self) -> int:
-        """The stop code (0, PREEMPT, INTERRUPT) any rank has by now (blocking; collective)."""
+    def agree(self, comm) -> int:
+        """The stop code (0, PREEMPT, INTERRUPT) any rank of `comm` has by now (blocking;
+        collective over `comm`: every rank of the run, not the watch's group, which after a
+        `regroup` is one replica's and would stop it alone)."""
         from mpi4py import MPI
 
         self._settle()
         total = np.zeros(1, np.int32)
-        self._waiting("the ranks' agreement on signals")
-        self.comm.Allreduce(self.flag[:1].copy(), total, op=MPI.MAX)
+        self._waiting("the ranks' agreement on signals", comm)
+        comm.Allreduce(self.flag[:1].copy(), total, op=MPI.MAX)
         self._waiting(None)
         return int(total[0])
 
-    def _waiting(self, what: str | None):
+    def _waiting(self, what: str | None, comm=None):
         if self.beacon is not None:
             if what is None:
                 self.beacon.done()
             else:
-                self.beacon.collective(self.comm, what)
+                self.beacon.collective(self.comm if comm is None else comm, what)
 
     def regroup(self, comm, share):
         """Agree over `comm` (a part of the ranks: a replica that runs apart from the

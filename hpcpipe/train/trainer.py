@@ -189,9 +189,9 @@ class Trainer:
         try:
             if self.start_step == 0:
                 self._evaluate(0)
-            if stop := self.watch.agree():  # signalled in the set-up or the first evaluation
-                self._preempted(self.start_step, stop)
-            self.comm.Barrier()
+            self.comm.Barrier()  # (apart: the other replicas wait out evaluation 0 here)
+            if stop := self.watch.agree(self.comm):  # a signal in the set-up or evaluation 0,
+                self._preempted(self.start_step, stop)  # agreed by every replica's ranks
             self.trace.origin = time.perf_counter()  # every rank's clock starts together
             self.watch.checkpoint_every(self.cfg.checkpoint.every_minutes * 60)
             for step in self.rank.step.clock(self.start_step, train.steps):

@@ -195,3 +195,52 @@ def test_an_edited_manifest_whose_llama_keys_do_not_fit_is_one_error(capsys, tmp
     manifests.write(str(tmp_path / "ckpt"), json.dumps(data))
     line = ends_with_one_error(capsys, ["ckpt", "info", str(tmp_path / "ckpt")])
     assert words in line, line
+
+
+def _fine_tune(tmp_path, checkpoint, tokens, block_size: int) -> str:
+    """One step of training from `checkpoint` (its own config) at `block_size`, as the
+    SmolLM2 guide fine-tunes at 256 tokens what says 8192; its checkpoint's path."""
+    from harness.hostile import SMALL, sets
+
+    config = tmp_path / "run.toml"
+    config.write_text(ckpt.read_manifest(str(checkpoint))["config"])
+    small = [s for s in SMALL if not s.startswith("model.")]
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "run"), "--resume",
+                 str(checkpoint), *sets(small + [f"model.block_size={block_size}",
+                                                  f'data.path="{tokens}"', "train.steps=1",
+                                                  "checkpoint.every=1"])]) == 0
+    return str(tmp_path / "run")
+
+
+def test_a_fine_tune_at_a_shorter_context_exports_the_context_of_its_source(
+        tmp_path, stdlib_tokens):
+    """A Llama has no position table: fine-tuned at 16 tokens, what was trained for 64
+    still runs on 64, and the export says so (it said 16: transformers warned past it,
+    servers capped prompts at it)."""
+    _, transformers = hfllama.clients()
+    save_pretrained(tmp_path / "hf", LlamaConfig(**{**SHAPE.__dict__, "block_size": 64}))
+    assert main(["ckpt", "import-hf", str(tmp_path / "hf"), "--out",
+                 str(tmp_path / "ckpt")]) == 0
+    run = _fine_tune(tmp_path, tmp_path / "ckpt", stdlib_tokens, block_size=16)
+    assert ckpt.read_manifest(ckpt.resolve(run))["model"]["block_size"] == 16
+    assert main(["ckpt", "export", run, "--out", str(tmp_path / "out"), "--format",
+                 "hf"]) == 0
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+    assert loaded.config.max_position_embeddings == 64
+
+
+
+@pytest.mark.parametrize("record", [{"context": 0}, {"context": "8192"}, {"context": 2**40},
+                                    {"n_positions": 8192}, [8192]])
+def test_an_edited_source_model_record_is_one_error(capsys, tmp_path, record):
+    from hpcpipe.checkpoint import manifest as manifests
+
+    _llama_checkpoint(tmp_path / "ckpt")
+    path = tmp_path / "ckpt" / manifests.MANIFEST
+    data = json.loads(path.read_text())
+    data["source_model"] = record
+    manifests.write(str(tmp_path / "ckpt"), json.dumps(data))
+    line = ends_with_one_error(capsys, ["ckpt", "export", str(tmp_path / "ckpt"), "--out",
+                                        str(tmp_path / "out"), "--format", "hf"])
+    assert "source_model" in line, line
+    assert not (tmp_path / "out" / "config.json").exists()

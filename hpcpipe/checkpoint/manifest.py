@@ -108,14 +108,17 @@ SCHEMA = Record({
              # format 3: part name → its files (every file of the checkpoint is a part's,
              # but the tokenizer's)
              "parts": MapOf(ListOf(_FILE), key=Text(pattern=r"[a-z][a-z0-9_]{0,31}")),
-             # a tokenizer.json among the files (an imported Llama's), and the special
-             # tokens its model was trained with
+             # a tokenizer.json among the files (an imported Llama's); the special tokens
+             # its model was trained with were kept here until 2026-12-07: read, not written
              "tokenizer": Record({"file": _FILE}, optional={"bos_token_id": _TOKEN_IDS,
                                                            "eos_token_id": _TOKEN_IDS}),
              # what an imported Llama's own config said that its shape does not: the
              # context it was trained for (a fine-tune's block_size may be shorter: no
-             # position table), carried by the checkpoints of every run started from it
-             "source_model": Record({}, optional={"context": Int(1, 2**31 - 1)}),
+             # position table) and its special tokens (with a tokenizer.json or without),
+             # carried by the checkpoints of every run started from it
+             "source_model": Record({}, optional={"context": Int(1, 2**31 - 1),
+                                                  "bos_token_id": _TOKEN_IDS,
+                                                  "eos_token_id": _TOKEN_IDS}),
              # the training data's fingerprint (data/fingerprint.py): a resume checks it
              "data": Record({"name": Text(max_len=4096), "files": Int(0), "bytes": Int(0),
                              "sha256": Text(pattern=r"[0-9a-f]{64}")})})

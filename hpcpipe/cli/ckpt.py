@@ -378,8 +378,10 @@ def hf_config_json(manifest: dict, dtype: str) -> dict:
     model = manifest["model"]
     if model.get("arch") != "llama":
         return hf_config(model, dtype)
-    special = {k: v for k, v in (manifest.get("tokenizer") or {}).items() if k != "file"}
-    context = max(model["block_size"], manifest.get("source_model", {}).get("context", 0))
+    source = manifest.get("source_model", {})
+    special = {k: v for k, v in {**manifest.get("tokenizer", {}), **source}.items()
+               if k.endswith("_token_id")}  # (a tokenizer record's: checkpoints before 12-07)
+    context = max(model["block_size"], source.get("context", 0))
     return hf_llama.hf_config({**model, "block_size": context}, dtype, special)
 
 
@@ -534,10 +536,12 @@ def _write_import(args, base, model: dict, tensors: dict, source: str, tokenizer
     tensors = pad_vocabulary(tensors, cfg.model)  # --config's model.vocab_multiple, if any
     origin = ckpt.Origin(cfg.to_toml(), cfg.model, cfg.train.dtype)
     # A Llama's context is its config's word (no position table holds it), which a
-    # fine-tune at a shorter block_size must not shrink; GPT-2's is its table's rows.
-    source_model = {"context": model["block_size"]} if cfg.model.arch == "llama" else None
+    # fine-tune at a shorter block_size must not shrink; GPT-2's is its table's rows. Its
+    # special tokens are the config's, with a tokenizer.json or without.
+    source_model = {"context": model["block_size"], **special} \
+        if cfg.model.arch == "llama" else None
     ckpt.write_weights(args.out, origin, tensors, step=0, source=source, force=args.force,
-                       tokenizer=tokenizer, special=special, source_model=source_model)
+                       tokenizer=tokenizer, source_model=source_model)
     kv = f" ({cfg.model.kv_heads} key/value)" if cfg.model.arch == "llama" else ""
     print(f"imported {len(tensors)} tensors from {args.file} into {args.out}: "
           f"{cfg.model.arch}, {cfg.model.n_layer} layers, n_embd {cfg.model.n_embd}, vocab "

@@ -105,6 +105,43 @@ def test_a_list_of_end_tokens_comes_back_and_stops_transformers_generation(tmp_p
     assert loaded.generation_config.eos_token_id == [2, 7, 9]
 
 
+def test_the_special_tokens_of_a_folder_without_a_tokenizer_come_back(tmp_path):
+    """A folder of weights and config.json alone (the tokenizer kept elsewhere): its
+    bos_token_id and eos_token_id come back in the export (they were kept only beside a
+    tokenizer.json, so the export said null and transformers' generate never stopped)."""
+    _, transformers = hfllama.clients()
+    save_pretrained(tmp_path / "hf", bos_token_id=3, eos_token_id=[4, 5])
+    assert main(["ckpt", "import-hf", str(tmp_path / "hf"), "--out",
+                 str(tmp_path / "ckpt")]) == 0
+    assert main(["ckpt", "export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+                 "--format", "hf"]) == 0
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+    assert (loaded.config.bos_token_id, loaded.config.eos_token_id) == (3, [4, 5])
+    assert loaded.generation_config.eos_token_id == [4, 5]
+
+
+def test_an_import_of_before_the_source_model_record_exports_as_it_did(tmp_path):
+    """Imports before 2026-12-07 kept the special tokens in the tokenizer's record and had
+    no source_model: their export says those tokens, and block_size as the context."""
+    from hpcpipe.checkpoint import manifest as manifests
+
+    save_pretrained(tmp_path / "hf", bos_token_id=3, eos_token_id=[4, 5])
+    write_tokenizer(tmp_path / "hf")
+    assert main(["ckpt", "import-hf", str(tmp_path / "hf"), "--out",
+                 str(tmp_path / "ckpt")]) == 0
+    path = tmp_path / "ckpt" / manifests.MANIFEST
+    data = json.loads(path.read_text())
+    data["tokenizer"].update(bos_token_id=3, eos_token_id=[4, 5])
+    del data["source_model"]
+    manifests.write(str(tmp_path / "ckpt"), json.dumps(data))
+    assert main(["ckpt", "export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+                 "--format", "hf"]) == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (written["bos_token_id"], written["eos_token_id"],
+            written["max_position_embeddings"]) == (3, [4, 5], SHAPE.block_size)
+
+
 def test_a_gpt2_checkpoint_exports_as_a_folder_transformers_loads(tmp_path):
     _, transformers = hfllama.clients()
     run = tmp_path / "gpt2"
@@ -227,11 +264,13 @@ def test_a_fine_tune_at_a_shorter_context_exports_the_context_of_its_source(
                  "hf"]) == 0
     loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
     assert loaded.config.max_position_embeddings == 64
-
+    # (no tokenizer.json: the special tokens are carried on without one)
+    assert (loaded.config.bos_token_id, loaded.config.eos_token_id) == (1, 2)
 
 
 @pytest.mark.parametrize("record", [{"context": 0}, {"context": "8192"}, {"context": 2**40},
-                                    {"n_positions": 8192}, [8192]])
+                                    {"n_positions": 8192}, [8192], {"eos_token_id": -1},
+                                    {"bos_token_id": []}, {"eos_token_id": [2, "3"]}])
 def test_an_edited_source_model_record_is_one_error(capsys, tmp_path, record):
     from hpcpipe.checkpoint import manifest as manifests
 

@@ -108,10 +108,17 @@ SCHEMA = Record({
              # format 3: part name → its files (every file of the checkpoint is a part's,
              # but the tokenizer's)
              "parts": MapOf(ListOf(_FILE), key=Text(pattern=r"[a-z][a-z0-9_]{0,31}")),
-             # a tokenizer.json among the files (an imported Llama's), and the special
-             # tokens its model was trained with
+             # a tokenizer.json among the files (an imported Llama's); the special tokens
+             # its model was trained with were kept here until 2026-12-07: read, not written
              "tokenizer": Record({"file": _FILE}, optional={"bos_token_id": _TOKEN_IDS,
                                                            "eos_token_id": _TOKEN_IDS}),
+             # what an imported Llama's own config said that its shape does not: the
+             # context it was trained for (a fine-tune's block_size may be shorter: no
+             # position table) and its special tokens (with a tokenizer.json or without),
+             # carried by the checkpoints of every run started from it
+             "source_model": Record({}, optional={"context": Int(1, 2**31 - 1),
+                                                  "bos_token_id": _TOKEN_IDS,
+                                                  "eos_token_id": _TOKEN_IDS}),
              # the training data's fingerprint (data/fingerprint.py): a resume checks it
              "data": Record({"name": Text(max_len=4096), "files": Int(0), "bytes": Int(0),
                              "sha256": Text(pattern=r"[0-9a-f]{64}")})})
@@ -302,7 +309,8 @@ def model_record(model) -> dict:
 def build(config: str, model, step: int, dtype: str, layout: dict, files: dict, tensors: dict,
           segments: dict | None = None, adam_step: int = 0, state: dict | None = None,
           run: str | None = None, source: str | None = None, data: dict | None = None,
-          tokenizer: dict | None = None, parts: dict | None = None) -> dict:
+          tokenizer: dict | None = None, parts: dict | None = None,
+          source_model: dict | None = None) -> dict:
     """The manifest of a checkpoint folder — the one builder, for training checkpoints
     and parameters-only ones alike: the step, the resolved config (`config`, its TOML) and
     the model shape (`model`) it was written for, the layout that wrote it, every file's
@@ -314,6 +322,7 @@ def build(config: str, model, step: int, dtype: str, layout: dict, files: dict, 
                 "dtype": dtype, "layout": layout, "adam_step": adam_step,
                 "state": state or {}, "files": files, "tensors": tensors,
                 "pieces": segments or {}, "parts": parts or {}}
-    optional = {"run": run, "source": source, "data": data, "tokenizer": tokenizer}
+    optional = {"run": run, "source": source, "data": data, "tokenizer": tokenizer,
+                "source_model": source_model}
     manifest.update({key: value for key, value in optional.items() if value is not None})
     return manifest

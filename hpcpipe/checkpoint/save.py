@@ -48,6 +48,17 @@ class Origin:
     dtype: str  # its compute dtype
 
 
+@dataclass(frozen=True)
+class Carried:
+    """What a run's checkpoints carry on from the checkpoint it started from (an imported
+    model's, or a run's that started from one), for `generate` and `ckpt export`: its
+    tokenizer.json (the bytes and the manifest's record) and its manifest's
+    "source_model" (the context the source model was trained for)."""
+
+    tokenizer: tuple[bytes, dict] | None = None
+    source_model: dict | None = None
+
+
 @dataclass
 class Saved:
     path: str
@@ -57,15 +68,14 @@ class Saved:
 
 def save(parts, grid, origin: Origin, step: int, run_dir: str, layout: dict, state: dict,
          adam_step: int = 0, keep: int = 2, keep_every: int = 0, run: str | None = None,
-         data: dict | None = None, tokenizer: tuple[bytes, dict] | None = None,
-         beacon=None) -> Saved:
+         data: dict | None = None, carried: Carried | None = None, beacon=None) -> Saved:
     """Write a checkpoint of every rank's `parts` (util.state.Stateful, in the order they
     load) at `step` — a collective over `grid.world`; `origin` the run's resolved config,
     model shape and dtype, recorded in the manifest; `layout` is the manifest's record
     of the layout that wrote it, `run` the run's identity (new_run_id; None: a run of its
-    own), which rotation goes by; `data` the training data's fingerprint; `tokenizer`
-    the tokenizer.json a run started from an imported checkpoint carries along (its bytes
-    and its manifest record), written beside the parts by the root.
+    own), which rotation goes by; `data` the training data's fingerprint; `carried` what a
+    run started from an imported checkpoint carries along (its tokenizer.json, written
+    beside the parts by the root, and its source model's record).
 
     state: the run's own numbers to restore (e.g. the loss-scaler's), stored in the
     manifest. Returns where it went, how long it took and its size (on every rank). A
@@ -102,8 +112,10 @@ def save(parts, grid, origin: Origin, step: int, run_dir: str, layout: dict, sta
         manifest = _manifest(origin, step, layout, state, adam_step, sum(everything, []), run,
                              data, [part.name for part in parts])
         try:
-            if tokenizer is not None:
-                carry_tokenizer(tmp_dir, manifest, *tokenizer)
+            if carried is not None and carried.tokenizer is not None:
+                carry_tokenizer(tmp_dir, manifest, *carried.tokenizer)
+            if carried is not None and carried.source_model is not None:
+                manifest["source_model"] = carried.source_model
             manifests.write(tmp_dir, json.dumps(manifest, indent=1))
             _install(tmp_dir, final, run)
         except OSError as e:  # (a full disk for the manifest): nothing of it stays

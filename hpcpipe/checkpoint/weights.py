@@ -83,13 +83,14 @@ def _check_import(model, tensors: dict, where: str) -> dict:
 
 def write_weights(path: str, origin: Origin, tensors: dict[str, np.ndarray], step: int = 0,
                   source: str = "", force: bool = False, tokenizer: bytes | None = None,
-                  special: dict | None = None) -> str:
+                  source_model: dict | None = None) -> str:
     """A parameters-only checkpoint (no optimizer state: training from it starts Adam
     fresh) in folder `path`, e.g. for imported GPT-2 weights, of `origin`'s model and
     config (its dtype: the tensors' own is recorded). Atomic like `save`; an
     existing checkpoint there is replaced only with `force`, anything else never.
     tokenizer: a tokenizer.json's bytes, kept beside the weights (TOKENIZER; checked by
-    the caller), with the model's special token ids `special` ({"bos_token_id": ...})."""
+    the caller); source_model: the manifest's record of what the imported model's config
+    said ({"context": ..., "bos_token_id": ..., "eos_token_id": ...})."""
     expected = _check_import(origin.model, tensors, source or path)
     replace = claim_folder(path, is_checkpoint, force)
     parent = os.path.dirname(os.path.abspath(path))
@@ -97,7 +98,7 @@ def write_weights(path: str, origin: Origin, tensors: dict[str, np.ndarray], ste
     tmp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
     try:
         _write_weights_into(tmp_dir, origin, tensors, expected, step, source, tokenizer,
-                            special)
+                            source_model)
         if replace:
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
             os.replace(path, os.path.join(old, "checkpoint"))
@@ -113,7 +114,7 @@ def write_weights(path: str, origin: Origin, tensors: dict[str, np.ndarray], ste
 
 
 def _write_weights_into(folder: str, origin: Origin, tensors: dict, expected: dict, step: int,
-                        source: str, tokenizer: bytes | None, special: dict | None):
+                        source: str, tokenizer: bytes | None, source_model: dict | None):
     """The parameters part of a checkpoint of one process (parts.py: its records too),
     and the tokenizer.json it carries where given."""
     name = "model-pp000.h5"
@@ -129,9 +130,9 @@ def _write_weights_into(folder: str, origin: Origin, tensors: dict, expected: di
         origin.config, model, step, str(np.asarray(tensors[family.embedding_name(model)]).dtype),
         layout, files={name: {"size": entry["size"], "sha256": entry["sha256"]}},
         tensors={t: {"file": name, "shape": list(expected[t])} for t in expected},
-        source=source, parts={"model": [name]})
+        source=source, parts={"model": [name]}, source_model=source_model)
     if tokenizer is not None:
-        carry_tokenizer(folder, manifest, tokenizer, {"file": TOKENIZER, **(special or {})})
+        carry_tokenizer(folder, manifest, tokenizer, {"file": TOKENIZER})
     manifests.write(folder, json.dumps(manifest, indent=1))
 
 

@@ -383,12 +383,18 @@ def hf_tensors(tensors: dict, model: dict) -> dict:
 
 
 def hf_config_json(manifest: dict, dtype: str) -> dict:
-    """The config.json beside an export, of the checkpoint's family."""
+    """The config.json beside an export, of the checkpoint's family. A Llama's context
+    (max_position_embeddings) is the larger of its block_size and its source model's: a
+    fine-tune at fewer tokens leaves the weights fit for the source's (no position
+    table); GPT-2's is its position table's rows, block_size."""
     model = manifest["model"]
     if model.get("arch") != "llama":
         return hf_config(model, dtype)
-    special = {k: v for k, v in (manifest.get("tokenizer") or {}).items() if k != "file"}
-    return hf_llama.hf_config(model, dtype, special)
+    source = manifest.get("source_model", {})
+    special = {k: v for k, v in {**manifest.get("tokenizer", {}), **source}.items()
+               if k.endswith("_token_id")}  # (a tokenizer record's: checkpoints before 12-07)
+    context = max(model["block_size"], source.get("context", 0))
+    return hf_llama.hf_config({**model, "block_size": context}, dtype, special)
 
 
 def cmd_export(args) -> int:
@@ -541,8 +547,13 @@ def _write_import(args, base, model: dict, tensors: dict, source: str, tokenizer
     cfg = _import_config(base, model, args.config or source)
     tensors = pad_vocabulary(tensors, cfg.model)  # --config's model.vocab_multiple, if any
     origin = ckpt.Origin(cfg.to_toml(), cfg.model, cfg.train.dtype)
+    # A Llama's context is its config's word (no position table holds it), which a
+    # fine-tune at a shorter block_size must not shrink; GPT-2's is its table's rows. Its
+    # special tokens are the config's, with a tokenizer.json or without.
+    source_model = {"context": model["block_size"], **special} \
+        if cfg.model.arch == "llama" else None
     ckpt.write_weights(args.out, origin, tensors, step=0, source=source, force=args.force,
-                       tokenizer=tokenizer, special=special)
+                       tokenizer=tokenizer, source_model=source_model)
     kv = f" ({cfg.model.kv_heads} key/value)" if cfg.model.arch == "llama" else ""
     print(f"imported {len(tensors)} tensors from {args.file} into {args.out}: "
           f"{cfg.model.arch}, {cfg.model.n_layer} layers, n_embd {cfg.model.n_embd}, vocab "

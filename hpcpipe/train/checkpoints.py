@@ -9,7 +9,7 @@ from hpcpipe import checkpoint as ckpt
 
 def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2, keep_every: int = 0,
          run: str | None = None, data: dict | None = None,
-         tokenizer: tuple[bytes, dict] | None = None) -> ckpt.Saved:
+         carried: ckpt.Carried | None = None) -> ckpt.Saved:
     """Write a checkpoint of every rank of `rank`'s world at `step` (a collective): see
     checkpoint.save. ZeRO-3 gathers the whole weights first (the first replica writes
     them)."""
@@ -18,7 +18,7 @@ def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2, keep_ev
     return ckpt.save(rank.step.state_parts(), rank.grid, origin, step, run_dir,
                      rank.checkpoint_layout(cfg), state, adam_step=rank.step.optimizer.t,
                      keep=keep, keep_every=keep_every, run=run, data=data,
-                     tokenizer=tokenizer, beacon=rank.transport.beacon)
+                     carried=carried, beacon=rank.transport.beacon)
 
 
 def load(rank, cfg, path: str, manifest: dict) -> dict:
@@ -29,13 +29,15 @@ def load(rank, cfg, path: str, manifest: dict) -> dict:
                      rank.checkpoint_layout(cfg), rank.transport.beacon)
 
 
-def carried_tokenizer(path: str, manifest: dict, comm) -> tuple[bytes, dict] | None:
-    """The tokenizer.json the checkpoint at `path` carries (an imported model's, or a run's
-    that started from one) with its manifest record, for the run's own checkpoints to
-    carry along — read on comm's root, which writes them (None elsewhere, and where it
-    has none)."""
-    file = ckpt.tokenizer_file(path, manifest) if comm.rank == 0 else None
-    if file is None:
+def carried(path: str, manifest: dict, comm) -> ckpt.Carried | None:
+    """What the checkpoint at `path` (an imported model's, or a run's that started from
+    one) has for the run's own checkpoints to carry along: its tokenizer.json with its
+    manifest record, its source model's record — taken on comm's root, which writes them
+    (None elsewhere)."""
+    if comm.rank != 0:
         return None
-    with open(file, "rb") as f:
-        return f.read(), dict(manifest["tokenizer"])
+    file, tokenizer = ckpt.tokenizer_file(path, manifest), None
+    if file is not None:
+        with open(file, "rb") as f:
+            tokenizer = f.read(), dict(manifest["tokenizer"])
+    return ckpt.Carried(tokenizer, manifest.get("source_model"))

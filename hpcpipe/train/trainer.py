@@ -83,7 +83,7 @@ class Trainer:
         # dp = "auto" and train.global_batch_size become counts once the world is known
         self.cfg, self.comm, self.out = for_world(cfg, comm.size), comm, out
         self.started = time.perf_counter()
-        self.start_step, self.tokenizer = 0, None  # (the tokenizer.json checkpoints carry)
+        self.start_step, self.carried = 0, None  # (tokenizer.json, ... checkpoints carry on)
         self.last_saved = None  # the step of the last checkpoint this run has
         self.stage_bytes = {}  # model stage → (M_B, M_W) bytes, as last measured
         self.own_watch = watch is None
@@ -169,7 +169,7 @@ class Trainer:
         own = self.run_id == manifest.get("run")
         check_same_data(manifest, self.data, own, self.cfg.data.allow_changed, path, self.log)
         state = checkpoints.load(self.rank, self.cfg, path, manifest)
-        self.tokenizer = checkpoints.carried_tokenizer(path, manifest, self.comm)
+        self.carried = checkpoints.carried(path, manifest, self.comm)
         self.start_step = state["step"]
         self.last_saved = self.start_step if own else None
         self.rank.step.restore(state)
@@ -277,7 +277,7 @@ class Trainer:
                                       "data_step": step, "seed": self.cfg.train.seed},
                                      keep=self.cfg.checkpoint.keep,
                                      keep_every=self.cfg.checkpoint.keep_every,
-                                     run=self.run_id, data=self.data, tokenizer=self.tokenizer)
+                                     run=self.run_id, data=self.data, carried=self.carried)
         self.beacon.at("after the checkpoint")  # (no longer SAVING: the stop grace holds)
         self.log(f"checkpoint {saved.path}: {saved.bytes / 2**20:.1f} MiB in "
                  f"{saved.seconds:.2f} s")

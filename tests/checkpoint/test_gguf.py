@@ -141,8 +141,11 @@ def test_smollm2_imports_its_shape_and_tokenizer(smollm2):
             model["n_kv_head"], model["vocab_size"], model["intermediate_size"],
             model["tie_word_embeddings"], model["rms_norm_eps"], model["rope_theta"]) == \
         ("llama", 30, 576, 9, 3, 49152, 1536, True, 1e-5, 100000.0)
-    assert manifest["tokenizer"] == {"file": "tokenizer.json", "bos_token_id": 1,
-                                     "eos_token_id": 2}
+    # its llama.context_length (which a fine-tune at a shorter block_size exports still)
+    # and special tokens, kept beside the tokenizer's record
+    assert model["block_size"] == 8192 and manifest["source_model"] == {
+        "context": 8192, "bos_token_id": 1, "eos_token_id": 2}
+    assert manifest["tokenizer"] == {"file": "tokenizer.json"}
     assert ckpt.verify(str(smollm2)) == []
 
 

@@ -105,6 +105,43 @@ def test_a_list_of_end_tokens_comes_back_and_stops_transformers_generation(tmp_p
     assert loaded.generation_config.eos_token_id == [2, 7, 9]
 
 
+def test_the_special_tokens_of_a_folder_without_a_tokenizer_come_back(tmp_path):
+    """A folder of weights and config.json alone (the tokenizer kept elsewhere): its
+    bos_token_id and eos_token_id come back in the export (they were kept only beside a
+    tokenizer.json, so the export said null and transformers' generate never stopped)."""
+    _, transformers = hfllama.clients()
+    save_pretrained(tmp_path / "hf", bos_token_id=3, eos_token_id=[4, 5])
+    assert main(["ckpt", "import-hf", str(tmp_path / "hf"), "--out",
+                 str(tmp_path / "ckpt")]) == 0
+    assert main(["ckpt", "export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+                 "--format", "hf"]) == 0
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+    assert (loaded.config.bos_token_id, loaded.config.eos_token_id) == (3, [4, 5])
+    assert loaded.generation_config.eos_token_id == [4, 5]
+
+
+def test_an_import_of_before_the_source_model_record_exports_as_it_did(tmp_path):
+    """Imports before 2026-12-07 kept the special tokens in the tokenizer's record and had
+    no source_model: their export says those tokens, and block_size as the context."""
+    from hpcpipe.checkpoint import manifest as manifests
+
+    save_pretrained(tmp_path / "hf", bos_token_id=3, eos_token_id=[4, 5])
+    write_tokenizer(tmp_path / "hf")
+    assert main(["ckpt", "import-hf", str(tmp_path / "hf"), "--out",
+                 str(tmp_path / "ckpt")]) == 0
+    path = tmp_path / "ckpt" / manifests.MANIFEST
+    data = json.loads(path.read_text())
+    data["tokenizer"].update(bos_token_id=3, eos_token_id=[4, 5])
+    del data["source_model"]
+    manifests.write(str(tmp_path / "ckpt"), json.dumps(data))
+    assert main(["ckpt", "export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+                 "--format", "hf"]) == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (written["bos_token_id"], written["eos_token_id"],
+            written["max_position_embeddings"]) == (3, [4, 5], SHAPE.block_size)
+
+
 def test_a_gpt2_checkpoint_exports_as_a_folder_transformers_loads(tmp_path):
     _, transformers = hfllama.clients()
     run = tmp_path / "gpt2"
@@ -195,3 +232,54 @@ def test_an_edited_manifest_whose_llama_keys_do_not_fit_is_one_error(capsys, tmp
     manifests.write(str(tmp_path / "ckpt"), json.dumps(data))
     line = ends_with_one_error(capsys, ["ckpt", "info", str(tmp_path / "ckpt")])
     assert words in line, line
+
+
+def _fine_tune(tmp_path, checkpoint, tokens, block_size: int) -> str:
+    """One step of training from `checkpoint` (its own config) at `block_size`, as the
+    SmolLM2 guide fine-tunes at 256 tokens what says 8192; its checkpoint's path."""
+    from harness.hostile import SMALL, sets
+
+    config = tmp_path / "run.toml"
+    config.write_text(ckpt.read_manifest(str(checkpoint))["config"])
+    small = [s for s in SMALL if not s.startswith("model.")]
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "run"), "--resume",
+                 str(checkpoint), *sets(small + [f"model.block_size={block_size}",
+                                                  f'data.path="{tokens}"', "train.steps=1",
+                                                  "checkpoint.every=1"])]) == 0
+    return str(tmp_path / "run")
+
+
+def test_a_fine_tune_at_a_shorter_context_exports_the_context_of_its_source(
+        tmp_path, stdlib_tokens):
+    """A Llama has no position table: fine-tuned at 16 tokens, what was trained for 64
+    still runs on 64, and the export says so (it said 16: transformers warned past it,
+    servers capped prompts at it)."""
+    _, transformers = hfllama.clients()
+    save_pretrained(tmp_path / "hf", LlamaConfig(**{**SHAPE.__dict__, "block_size": 64}))
+    assert main(["ckpt", "import-hf", str(tmp_path / "hf"), "--out",
+                 str(tmp_path / "ckpt")]) == 0
+    run = _fine_tune(tmp_path, tmp_path / "ckpt", stdlib_tokens, block_size=16)
+    assert ckpt.read_manifest(ckpt.resolve(run))["model"]["block_size"] == 16
+    assert main(["ckpt", "export", run, "--out", str(tmp_path / "out"), "--format",
+                 "hf"]) == 0
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+    assert loaded.config.max_position_embeddings == 64
+    # (no tokenizer.json: the special tokens are carried on without one)
+    assert (loaded.config.bos_token_id, loaded.config.eos_token_id) == (1, 2)
+
+
+@pytest.mark.parametrize("record", [{"context": 0}, {"context": "8192"}, {"context": 2**40},
+                                    {"n_positions": 8192}, [8192], {"eos_token_id": -1},
+                                    {"bos_token_id": []}, {"eos_token_id": [2, "3"]}])
+def test_an_edited_source_model_record_is_one_error(capsys, tmp_path, record):
+    from hpcpipe.checkpoint import manifest as manifests
+
+    _llama_checkpoint(tmp_path / "ckpt")
+    path = tmp_path / "ckpt" / manifests.MANIFEST
+    data = json.loads(path.read_text())
+    data["source_model"] = record
+    manifests.write(str(tmp_path / "ckpt"), json.dumps(data))
+    line = ends_with_one_error(capsys, ["ckpt", "export", str(tmp_path / "ckpt"), "--out",
+                                        str(tmp_path / "out"), "--format", "hf"])
+    assert "source_model" in line, line
+    assert not (tmp_path / "out" / "config.json").exists()

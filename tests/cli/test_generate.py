@@ -210,7 +210,7 @@ def test_a_llama_checkpoint_generates_text_through_its_own_tokenizer(tmp_path):
     origin = ckpt.Origin(cfg.to_toml(), cfg.model, cfg.train.dtype)
     ckpt.write_weights(str(tmp_path / "ckpt"), origin,
                        {n: np.asarray(v, dtype=np.float32) for n, v in model.params.items()},
-                       tokenizer=tokenizer, special={"eos_token_id": 0})
+                       tokenizer=tokenizer, source_model={"eos_token_id": 0})
     out = io.StringIO()
     import contextlib
 

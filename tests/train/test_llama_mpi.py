@@ -67,7 +67,7 @@ def imported(folder, tmp_path):
     write_tokenizer_json(tokenizer)
     write_weights(str(folder), Origin(cfg.to_toml(), cfg.model, cfg.train.dtype),
                   {k: np.array(v) for k, v in model.params.items()},
-                  tokenizer=tokenizer.read_bytes(), special={"eos_token_id": 0})
+                  tokenizer=tokenizer.read_bytes(), source_model={"eos_token_id": 0})
     return tokenizer.read_bytes()
 
 

@@ -137,7 +137,10 @@ def activation_peaks(cfg, schedule, specs, recompute) -> list[float]:
         limit, in_bytes = memory_limit(cfg)
         for rank in range(len(peaks)):
             mine = [memory[schedule.stage_of[(rank, c)]] for c in range(schedule.chunks)]
-            held = sum(m.full for m in mine) / schedule.chunks
+            # A limit in microbatches counts each of a rank's v chunks as 1/v of one
+            # whatever its bytes (schedule.stage_memory), so under it the rank may hold
+            # its largest chunk v times over for each microbatch of the limit.
+            held = schedule.chunks * max(max(m.full, m.after_b) for m in mine)
             most = schedule.num_microbatches * sum(max(m.full, m.after_b) for m in mine)
             peaks[rank] = max(peaks[rank], min(limit if in_bytes else limit * held, most))
     return peaks

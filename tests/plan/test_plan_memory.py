@@ -480,3 +480,22 @@ def test_the_plan_folds_its_prose_lines_and_keeps_its_table_rows_whole():
     prose = [line for line in lines if not line.startswith("|")]
     assert max(map(len, prose)) <= 100 and any(line.startswith("  ") for line in prose)
     assert len([line for line in lines if line.startswith("| ")]) == 1 + 4  # head, 4 ranks
+
+
+def test_auto_in_a_v_measures_no_more_than_its_plan(tmp_path, stdlib_tokens):
+    """A limit in microbatches for auto in a V: the plan took each of the rank's two chunks
+    as half its microbatch (their mean) where the scheduler counts each chunk as half a
+    microbatch whatever its bytes — planned 0.63 MB on rank 0, the run measured 0.92 MB."""
+    extra = ['parallel.schedule="auto"', "parallel.chunks=2", "parallel.memory_limit=4",
+             'train.device="cpu"', f'data.path="{stdlib_tokens}"', "train.steps=4",
+             "parallel.profile_steps=2", "train.eval_every=0", "train.trace_steps=0"]
+    plan_json = tmp_path / "plan.json"
+    assert plan_cli("inputs/tiny.toml", [*TINY, *extra], json_path=str(plan_json),
+                    out=lambda *_: None) == 0
+    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+                str(tmp_path / "run"), *sets(*TINY, *extra)], n=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    measured = json.loads((tmp_path / "run" / "summary.json").read_text())
+    planned = [r["peak_activation_bytes"] for r in json.loads(plan_json.read_text())["ranks"]]
+    assert all(got <= want for got, want in zip(measured["peak_activation_bytes"], planned,
+                                                strict=True)), (measured, planned)

@@ -254,12 +254,15 @@ def needed(plans, ranks_on_node: int, replicas: int = 1) -> int:
 
 
 def smallest_change(cfg, have: int, ranks_on_node: int) -> str | None:
-    """The first of these that fits, as a --set line: more recomputation, another schedule
-    (lowest peak first), a smaller micro-batch, more stages (pp doubled, on as many more
+    """The first of these that fits, as a --set line: more recomputation, for auto a
+    smaller memory limit, another schedule (lowest peak first), a smaller micro-batch, more stages (pp doubled, on as many more
     ranks, balanced anew). None when none does."""
     for choice in ("selective", "full"):
         if _fits_with(cfg, have, ranks_on_node, train={"recompute": choice}):
             return f"--set train.recompute={choice}"
+    limit = _auto_limit(cfg, have, ranks_on_node)
+    if limit is not None:
+        return f"--set parallel.memory_limit={limit:g}"
     schedules = []
     for kind in KINDS:
         if kind != cfg.parallel.schedule and not from_costs(kind):
@@ -280,6 +283,20 @@ def smallest_change(cfg, have: int, ranks_on_node: int) -> str | None:
         if _fits_with(cfg, have, ranks_on_node, parallel={"pp": pp, "layout": ""}):
             return f"--set parallel.pp={pp} (on {pp * cfg.parallel.dp * cfg.parallel.tp} ranks)"
         pp *= 2
+    return None
+
+
+def _auto_limit(cfg, have, ranks_on_node) -> float | None:
+    """For the auto schedule, the largest memory limit below the config's, in half
+    microbatches down to one, that fits: auto's planned peak is its limit, which no
+    recomputation lowers, and a smaller one keeps the schedule. None when none fits."""
+    if not from_costs(cfg.parallel.schedule):
+        return None
+    limit, in_bytes = memory_limit(cfg)
+    start = 2.0 * cfg.parallel.pp if in_bytes else limit
+    for halves in range(math.ceil(2 * start) - 1, 1, -1):
+        if _fits_with(cfg, have, ranks_on_node, parallel={"memory_limit": halves / 2}):
+            return halves / 2
     return None
 
 

@@ -87,6 +87,17 @@ def test_the_smallest_change_that_fits_is_named():
     assert not plan_memory.smallest_change(cfg, full - 1, 2).startswith("--set train.recompute")
 
 
+def test_auto_too_big_for_its_limit_is_told_the_limit_that_fits():
+    """auto under its default limit (2·pp microbatches) on a machine with room for 1.5 was
+    told to run 1f1b instead (recomputation lowers no planned peak of auto's): the smaller
+    memory limit keeps the schedule, and comes before another one."""
+    cfg = tiny('parallel.schedule="auto"')
+    room = plan_memory.needed(ranks(tiny('parallel.schedule="auto"',
+                                         "parallel.memory_limit=1.5")), 2)
+    assert plan_memory.needed(ranks(cfg), 2) > room
+    assert plan_memory.smallest_change(cfg, room, 2) == "--set parallel.memory_limit=1.5"
+
+
 def test_a_run_that_cannot_fit_is_refused_with_a_change(tmp_path):
     with pytest.raises(BudgetError, match="smallest change that fits: --set") as err:
         plan_cli("inputs/tiny.toml", [*TINY, "train.micro_batch_size=65536",

@@ -345,6 +345,24 @@ def check_memory_limit(cfg):
         raise ConfigError(cfg.source, "parallel.memory_limit", parallel.memory_limit, problem)
 
 
+def _check_auto_floor(cfg, plan):
+    """A byte limit below what auto takes for one microbatch, from the model stages' own
+    bytes (check_memory_limit's is the mean rank's share, a lower bound): refused now,
+    not by auto after the profiling steps. Auto's floor is a rank's chunks times the
+    largest stage's M_B, or one chunk's where it chooses recomputation (a rebuilt B)."""
+    limit, in_bytes = memory_limit(cfg)
+    if not (from_costs(cfg.parallel.schedule) and in_bytes):
+        return
+    memory = memory_levels(stage_memories(cfg, plan.specs, Mode.NONE))["memory"]
+    chunks = 1 if recomputation.chosen_with_schedule(cfg) else plan.schedule.chunks
+    least = chunks * max(memory)
+    if limit < least:
+        raise ConfigError(cfg.source, "parallel.memory_limit", cfg.parallel.memory_limit,
+                          f"below one microbatch's activations on the busiest rank "
+                          f"({least / 2**20:.2f} MiB, as auto counts them), which every schedule "
+                          f"holds; raise it, or make train.micro_batch_size smaller")
+
+
 def check_run(cfg, be, ranks_on_node: int = 1):
     """Refuse, before anything is allocated, a training run whose memory limit cannot be
     met or whose busiest rank cannot fit (budget.check_run's lower bound)."""
@@ -360,6 +378,7 @@ def check(cfg, plan, be=None, ranks_on_node: int = 1, there=None):
     there are, ranks sharing them) where the caller knows them (the plan's --gpu-memory),
     else this machine's."""
     check_memory_limit(cfg)
+    _check_auto_floor(cfg, plan)
     if be is not None:  # the cheap lower bound first: a hopeless model is refused at once,
         check_run(cfg, be, ranks_on_node)  # before its plan is simulated
     have, sharing = room(be, ranks_on_node) if there is None else there

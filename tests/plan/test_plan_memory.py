@@ -510,3 +510,19 @@ def test_auto_in_a_v_measures_no_more_than_its_plan(tmp_path, stdlib_tokens):
     planned = [r["peak_activation_bytes"] for r in json.loads(plan_json.read_text())["ranks"]]
     assert all(got <= want for got, want in zip(measured["peak_activation_bytes"], planned,
                                                 strict=True)), (measured, planned)
+
+
+@pytest.mark.parametrize("chunks, recompute", [(1, "none"), (2, "full"), (2, "auto")])
+def test_a_byte_limit_below_the_busiest_ranks_microbatch_is_refused_before_launch(
+        chunks, recompute):
+    """"200KB" for tiny at pp 2 passed the plan (its floor was the mean rank's share of a
+    microbatch, 0.18 MiB), then auto refused it after the profiling steps: "memory limit
+    200000 is below one microbatch's activations (362240)". The plan now takes the floor
+    auto takes, from the model stages' own bytes."""
+    cfg = [*TINY, 'parallel.schedule="auto"', f"parallel.chunks={chunks}",
+           f'train.recompute="{recompute}"', 'train.device="cpu"']
+    with pytest.raises(ConfigError, match="parallel.memory_limit.*below one microbatch"):
+        plan_cli("inputs/tiny.toml", [*cfg, 'parallel.memory_limit="200KB"'],
+                 out=lambda *_: None)
+    assert plan_cli("inputs/tiny.toml", [*cfg, 'parallel.memory_limit="430KB"'],
+                    out=lambda *_: None) == 0

@@ -137,7 +137,10 @@ def activation_peaks(cfg, schedule, specs, recompute) -> list[float]:
         limit, in_bytes = memory_limit(cfg)
         for rank in range(len(peaks)):
             mine = [memory[schedule.stage_of[(rank, c)]] for c in range(schedule.chunks)]
-            held = sum(m.full for m in mine) / schedule.chunks
+            # A limit in microbatches counts each of a rank's v chunks as 1/v of one
+            # whatever its bytes (schedule.stage_memory), so under it the rank may hold
+            # its largest chunk v times over for each microbatch of the limit.
+            held = schedule.chunks * max(max(m.full, m.after_b) for m in mine)
             most = schedule.num_microbatches * sum(max(m.full, m.after_b) for m in mine)
             peaks[rank] = max(peaks[rank], min(limit if in_bytes else limit * held, most))
     return peaks
@@ -251,12 +254,15 @@ def needed(plans, ranks_on_node: int, replicas: int = 1) -> int:
 
 
 def smallest_change(cfg, have: int, ranks_on_node: int) -> str | None:
-    """The first of these that fits, as a --set line: more recomputation, another schedule
-    (lowest peak first), a smaller micro-batch, more stages (pp doubled, on as many more
+    """The first of these that fits, as a --set line: more recomputation, for auto a
+    smaller memory limit, another schedule (lowest peak first), a smaller micro-batch, more stages (pp doubled, on as many more
     ranks, balanced anew). None when none does."""
     for choice in ("selective", "full"):
         if _fits_with(cfg, have, ranks_on_node, train={"recompute": choice}):
             return f"--set train.recompute={choice}"
+    limit = _auto_limit(cfg, have, ranks_on_node)
+    if limit is not None:
+        return f"--set parallel.memory_limit={limit:g}"
     schedules = []
     for kind in KINDS:
         if kind != cfg.parallel.schedule and not from_costs(kind):
@@ -277,6 +283,20 @@ def smallest_change(cfg, have: int, ranks_on_node: int) -> str | None:
         if _fits_with(cfg, have, ranks_on_node, parallel={"pp": pp, "layout": ""}):
             return f"--set parallel.pp={pp} (on {pp * cfg.parallel.dp * cfg.parallel.tp} ranks)"
         pp *= 2
+    return None
+
+
+def _auto_limit(cfg, have, ranks_on_node) -> float | None:
+    """For the auto schedule, the largest memory limit below the config's, in half
+    microbatches down to one, that fits: auto's planned peak is its limit, which no
+    recomputation lowers, and a smaller one keeps the schedule. None when none fits."""
+    if not from_costs(cfg.parallel.schedule):
+        return None
+    limit, in_bytes = memory_limit(cfg)
+    start = 2.0 * cfg.parallel.pp if in_bytes else limit
+    for halves in range(math.ceil(2 * start) - 1, 1, -1):
+        if _fits_with(cfg, have, ranks_on_node, parallel={"memory_limit": halves / 2}):
+            return halves / 2
     return None
 
 
@@ -325,6 +345,24 @@ def check_memory_limit(cfg):
         raise ConfigError(cfg.source, "parallel.memory_limit", parallel.memory_limit, problem)
 
 
+def _check_auto_floor(cfg, plan):
+    """A byte limit below what auto takes for one microbatch, from the model stages' own
+    bytes (check_memory_limit's is the mean rank's share, a lower bound): refused now,
+    not by auto after the profiling steps. Auto's floor is a rank's chunks times the
+    largest stage's M_B, or one chunk's where it chooses recomputation (a rebuilt B)."""
+    limit, in_bytes = memory_limit(cfg)
+    if not (from_costs(cfg.parallel.schedule) and in_bytes):
+        return
+    memory = memory_levels(stage_memories(cfg, plan.specs, Mode.NONE))["memory"]
+    chunks = 1 if recomputation.chosen_with_schedule(cfg) else plan.schedule.chunks
+    least = chunks * max(memory)
+    if limit < least:
+        raise ConfigError(cfg.source, "parallel.memory_limit", cfg.parallel.memory_limit,
+                          f"below one microbatch's activations on the busiest rank "
+                          f"({least / 2**20:.2f} MiB, as auto counts them), which every schedule "
+                          f"holds; raise it, or make train.micro_batch_size smaller")
+
+
 def check_run(cfg, be, ranks_on_node: int = 1):
     """Refuse, before anything is allocated, a training run whose memory limit cannot be
     met or whose busiest rank cannot fit (budget.check_run's lower bound)."""
@@ -340,6 +378,7 @@ def check(cfg, plan, be=None, ranks_on_node: int = 1, there=None):
     there are, ranks sharing them) where the caller knows them (the plan's --gpu-memory),
     else this machine's."""
     check_memory_limit(cfg)
+    _check_auto_floor(cfg, plan)
     if be is not None:  # the cheap lower bound first: a hopeless model is refused at once,
         check_run(cfg, be, ranks_on_node)  # before its plan is simulated
     have, sharing = room(be, ranks_on_node) if there is None else there

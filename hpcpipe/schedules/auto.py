@@ -304,9 +304,23 @@ def best_contender(search: Search, tally: Tally | None = None) -> Contender:
             better = improve_warmup(search, problem, first, SEARCH_BUDGET)
             tally.offer(_round_contender(search, better))
     if tally.best is None:
+        _last_resort(search, tally)
+    if tally.best is None:
         raise ScheduleError(f"auto: nothing fits memory limit {search.limit:g} with "
                             f"p={search.p}, m={search.m}")
     return tally.best
+
+
+def _last_resort(search: Search, tally: Tally) -> None:
+    """Where no contender fits -- a limit of one microbatch with recomputation, where each
+    B's rebuild needs room beside what F's kept -- each microbatch through the pipeline
+    alone still does: no rank holds more than one microbatch, its rebuild included."""
+    from .generators import one_at_a_time
+    for chunks in search.chunk_counts:
+        schedule = one_at_a_time(search.p, search.m, chunks)
+        if search.fits(schedule):
+            tally.offer(Contender("one at a time", schedule, search.score_schedule(schedule),
+                                  True))
 
 
 def make_search(p: int, m: int, costs: Costs | None, memory_limit: float | None,

@@ -51,6 +51,18 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     return make_schedule("1f1b", p, m, 1, ranks, one_chunk_placement(p))
 
 
+def one_at_a_time(p: int, m: int, v: int = 1) -> Schedule:
+    """Each microbatch's F, B and W through the pipeline before the next one's (a V's down
+    and back up): slow, but no rank holds more than one microbatch — what fits where
+    nothing else does (auto's last resort)."""
+    _need(p, m, "one-at-a-time")
+    down, up = (range(v), range(v - 1, -1, -1))
+    ranks = [[op for x in range(m) for op in [Op(F, x, c) for c in down]
+              + [o for c in up for o in (Op(B, x, c), Op(W, x, c))]] for _ in range(p)]
+    return make_schedule("one-at-a-time", p, m, v, ranks,
+                         v_placement(p) if v == 2 else one_chunk_placement(p))
+
+
 def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
     """Megatron's interleaved 1F1B: v chunks per rank, stage c*p + r, microbatches in groups of p.
 

@@ -87,6 +87,17 @@ def test_the_smallest_change_that_fits_is_named():
     assert not plan_memory.smallest_change(cfg, full - 1, 2).startswith("--set train.recompute")
 
 
+def test_auto_too_big_for_its_limit_is_told_the_limit_that_fits():
+    """auto under its default limit (2·pp microbatches) on a machine with room for 1.5 was
+    told to run 1f1b instead (recomputation lowers no planned peak of auto's): the smaller
+    memory limit keeps the schedule, and comes before another one."""
+    cfg = tiny('parallel.schedule="auto"')
+    room = plan_memory.needed(ranks(tiny('parallel.schedule="auto"',
+                                         "parallel.memory_limit=1.5")), 2)
+    assert plan_memory.needed(ranks(cfg), 2) > room
+    assert plan_memory.smallest_change(cfg, room, 2) == "--set parallel.memory_limit=1.5"
+
+
 def test_a_run_that_cannot_fit_is_refused_with_a_change(tmp_path):
     with pytest.raises(BudgetError, match="smallest change that fits: --set") as err:
         plan_cli("inputs/tiny.toml", [*TINY, "train.micro_batch_size=65536",
@@ -480,3 +491,38 @@ def test_the_plan_folds_its_prose_lines_and_keeps_its_table_rows_whole():
     prose = [line for line in lines if not line.startswith("|")]
     assert max(map(len, prose)) <= 100 and any(line.startswith("  ") for line in prose)
     assert len([line for line in lines if line.startswith("| ")]) == 1 + 4  # head, 4 ranks
+
+
+def test_auto_in_a_v_measures_no_more_than_its_plan(tmp_path, stdlib_tokens):
+    """A limit in microbatches for auto in a V: the plan took each of the rank's two chunks
+    as half its microbatch (their mean) where the scheduler counts each chunk as half a
+    microbatch whatever its bytes — planned 0.63 MB on rank 0, the run measured 0.92 MB."""
+    extra = ['parallel.schedule="auto"', "parallel.chunks=2", "parallel.memory_limit=4",
+             'train.device="cpu"', f'data.path="{stdlib_tokens}"', "train.steps=4",
+             "parallel.profile_steps=2", "train.eval_every=0", "train.trace_steps=0"]
+    plan_json = tmp_path / "plan.json"
+    assert plan_cli("inputs/tiny.toml", [*TINY, *extra], json_path=str(plan_json),
+                    out=lambda *_: None) == 0
+    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+                str(tmp_path / "run"), *sets(*TINY, *extra)], n=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    measured = json.loads((tmp_path / "run" / "summary.json").read_text())
+    planned = [r["peak_activation_bytes"] for r in json.loads(plan_json.read_text())["ranks"]]
+    assert all(got <= want for got, want in zip(measured["peak_activation_bytes"], planned,
+                                                strict=True)), (measured, planned)
+
+
+@pytest.mark.parametrize("chunks, recompute", [(1, "none"), (2, "full"), (2, "auto")])
+def test_a_byte_limit_below_the_busiest_ranks_microbatch_is_refused_before_launch(
+        chunks, recompute):
+    """"200KB" for tiny at pp 2 passed the plan (its floor was the mean rank's share of a
+    microbatch, 0.18 MiB), then auto refused it after the profiling steps: "memory limit
+    200000 is below one microbatch's activations (362240)". The plan now takes the floor
+    auto takes, from the model stages' own bytes."""
+    cfg = [*TINY, 'parallel.schedule="auto"', f"parallel.chunks={chunks}",
+           f'train.recompute="{recompute}"', 'train.device="cpu"']
+    with pytest.raises(ConfigError, match="parallel.memory_limit.*below one microbatch"):
+        plan_cli("inputs/tiny.toml", [*cfg, 'parallel.memory_limit="200KB"'],
+                 out=lambda *_: None)
+    assert plan_cli("inputs/tiny.toml", [*cfg, 'parallel.memory_limit="430KB"'],
+                    out=lambda *_: None) == 0

@@ -193,3 +193,15 @@ def test_chunk_count_follows_the_caller_and_the_costs():
         generate("auto", 4, 8, v=3)
     with pytest.raises(ScheduleError, match="costs give 6 stages"):
         generate("auto", 4, 8, v=0, costs=Costs(f=[1] * 6))
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_recomputing_under_one_microbatch_runs_one_at_a_time(chunks):
+    """Training, tiny at pp 2 with train.recompute = "selective" and parallel.memory_limit
+    = 1, passed the plan and profiled, then died: "auto: nothing fits memory limit 1". Each
+    rank running one microbatch's F, B and W at a time holds at most one microbatch (its
+    rebuild included); auto falls back on it where nothing else fits."""
+    half = Recompute("measured", keep=0.5, time=0.1)
+    costs = Costs(f=1.0, b=0.7, w=0.4, comm=0.01, memw=0.88, recompute=half)
+    schedule = generate("auto", 2, 4, v=chunks, costs=costs, memory_limit=1.0)
+    assert schedule.chunks == chunks and max(peak_activations(schedule, costs)) <= 1 + 1e-9

@@ -136,6 +136,17 @@ def _tokenize(texts: list[bytes], tokenizer: Tokenizer) -> list[np.ndarray]:
             for part in (np.asarray(ids, dtype=dtype), separator)]
 
 
+def _order_key(corpus: str):
+    """The files' sort key: a hash of their path within a folder corpus (`texts`,
+    `./texts/` and `/home/me/texts` — or the folder moved — give the same order, so the
+    same split and tokens), of the whole path for the standard library (its files in
+    that order give the losses the docs show)."""
+    root = Path(corpus)
+    if corpus == "stdlib" or not root.is_dir():
+        return lambda p: hashlib.sha256(bytes(p)).hexdigest()
+    return lambda p: hashlib.sha256(bytes(p.relative_to(root))).hexdigest()
+
+
 def _read_corpus(corpus: str, tokenizer: Tokenizer) -> tuple[str, np.ndarray, int]:
     """(source, tokens, files used) of a corpus; its size is checked against the memory
     there is before any of it is read."""
@@ -144,7 +155,7 @@ def _read_corpus(corpus: str, tokenizer: Tokenizer) -> tuple[str, np.ndarray, in
     source, files = corpus_files(corpus)
     # Ordered by a hash of their path, so that the validation tail is a sample of the
     # whole corpus rather than its alphabetical end.
-    order = sorted(files, key=lambda p: hashlib.sha256(bytes(p)).hexdigest())
+    order = sorted(files, key=_order_key(corpus))
     require(2 * sum(p.stat().st_size for p in order), f"preparing corpus {corpus!r}")
     texts = [data for data in (path.read_bytes() for path in order) if data and _is_text(data)]
     if not texts:

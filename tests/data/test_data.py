@@ -91,3 +91,23 @@ def test_block_size_too_large_for_the_split(tmp_path, text_folder):
     data.prepare(str(text_folder), out, val_fraction=0.01, log=lambda *_: None)
     with pytest.raises(DataError, match="too few for block_size"):
         open_token_file(out).batch("val", 500, 0, 0, range(2))
+
+
+def test_a_folder_prepares_the_same_tokens_however_its_path_is_spelled(tmp_path, monkeypatch):
+    """`prepare --corpus texts` and `--corpus /abs/texts` (or the folder moved) once put the
+    files in another order — ordered by a hash of the path as typed — so the same corpus
+    gave another validation split, and runs differed by how the path was written."""
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for i in range(8):
+        (folder / f"doc{i}.txt").write_text(f"document {i} " * (20 + i))
+    quiet = lambda *_: None  # noqa: E731
+    monkeypatch.chdir(tmp_path)
+    relative = data.prepare("texts", str(tmp_path / "rel.h5"), log=quiet)
+    absolute = data.prepare(str(folder), str(tmp_path / "abs.h5"), log=quiet)
+    dotted = data.prepare("./texts/", str(tmp_path / "dot.h5"), log=quiet)
+    moved = tmp_path / "elsewhere" / "corpus"
+    moved.parent.mkdir()
+    folder.rename(moved)
+    elsewhere = data.prepare(str(moved), str(tmp_path / "moved.h5"), log=quiet)
+    assert relative["sha256"] == absolute["sha256"] == dotted["sha256"] == elsewhere["sha256"]

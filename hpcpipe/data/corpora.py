@@ -27,7 +27,7 @@ from hpcpipe.data.tokenizer import ByteTokenizer, Tokenizer
 from hpcpipe.data.tokens import SPLITS, DataError, open_token_file
 
 __all__ = ["DataError", "convert", "corpus_identity", "default_token_path", "open_token_file",
-           "prepare", "token_file_identity"]
+           "prepare", "token_file_identity", "val_tokens"]
 
 TOKENIZER = "bytes"  # the default: one token per byte, vocab 256, nothing to download
 FORMAT_VERSION = 1
@@ -163,6 +163,11 @@ def _read_corpus(corpus: str, tokenizer: Tokenizer) -> tuple[str, np.ndarray, in
     return source, np.concatenate(_tokenize(texts, tokenizer)), len(texts)
 
 
+def val_tokens(total: int, val_fraction: float) -> int:
+    """How many of a corpus's `total` tokens `prepare` holds out for validation."""
+    return max(2, int(round(total * val_fraction)))
+
+
 def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print,
             tokenizer: Tokenizer | None = None) -> dict:
     """Tokenize `corpus` into the HDF5 file `out` (bytes unless another tokenizer is
@@ -175,7 +180,7 @@ def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print,
         raise DataError(f"val_fraction must be between 0 and 1, got {val_fraction}")
     started = time.perf_counter()
     source, tokens, used = _read_corpus(corpus, tokenizer)
-    n_val = max(2, int(round(len(tokens) * val_fraction)))
+    n_val = val_tokens(len(tokens), val_fraction)
     if len(tokens) - n_val < 2:
         raise DataError(f"corpus {corpus!r} has {len(tokens)} tokens: too few for a train "
                         f"and a validation split")

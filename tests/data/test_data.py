@@ -1,5 +1,7 @@
 """Corpora → HDF5 token files → deterministic windows."""
 
+import re
+
 import h5py
 import numpy as np
 import pytest
@@ -111,3 +113,23 @@ def test_a_folder_prepares_the_same_tokens_however_its_path_is_spelled(tmp_path,
     folder.rename(moved)
     elsewhere = data.prepare(str(moved), str(tmp_path / "moved.h5"), log=quiet)
     assert relative["sha256"] == absolute["sha256"] == dotted["sha256"] == elsewhere["sha256"]
+
+
+def test_the_help_names_the_default_token_file_prepare_writes(tmp_path, monkeypatch, capsys):
+    """`prepare --help` said a folder went to data/<corpus name>.tokens.h5; it goes to
+    data/<name>-<hash of its path>.tokens.h5 (another tokenizer adds its tag), and a user
+    looking for data/texts.tokens.h5 found nothing there."""
+    from hpcpipe.cli.main import main
+
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("words of the user's own\n" * 50)
+    monkeypatch.chdir(tmp_path)
+    assert main(["prepare", "--corpus", "texts"]) == 0
+    written = [p.name for p in (tmp_path / "data").iterdir()]
+    assert len(written) == 1 and re.fullmatch(r"texts-[0-9a-f]{8}\.tokens\.h5", written[0])
+    capsys.readouterr()
+    for command in ("prepare", "train"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        shown = "".join(capsys.readouterr().out.split())  # (argparse wraps at hyphens)
+        assert "data/<name>-<hashofitspath>.tokens.h5" in shown, command

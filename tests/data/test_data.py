@@ -133,3 +133,18 @@ def test_the_help_names_the_default_token_file_prepare_writes(tmp_path, monkeypa
             main([command, "--help"])
         shown = "".join(capsys.readouterr().out.split())  # (argparse wraps at hyphens)
         assert "data/<name>-<hashofitspath>.tokens.h5" in shown, command
+
+
+def test_files_skipped_as_binary_are_named_in_the_log(tmp_path):
+    """A folder of one's notes with one saved as UTF-16 (Windows' "Unicode": NUL bytes)
+    printed "1 files" and left that text out without a word."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.txt").write_text("plain utf-8 notes\n" * 20)
+    (folder / "b.txt").write_text("notes saved as utf-16\n" * 20, encoding="utf-16")
+    (folder / "empty.txt").write_text("")
+    lines = []
+    attrs = data.prepare(str(folder), str(tmp_path / "t.h5"), log=lines.append)
+    assert attrs["files"] == 1
+    assert "1 skipped as binary" in lines[-1] and str(folder / "b.txt") in lines[-1]
+    assert "empty.txt" not in lines[-1]

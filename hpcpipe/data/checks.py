@@ -132,12 +132,14 @@ def _check_val_fraction(data, tokens: TokenFile):
     is decided when the file is written, so data.val_fraction would do nothing."""
     val, total = tokens.length("val"), tokens.length("train") + tokens.length("val")
     if val != val_tokens(total, data.val_fraction):
+        # (Not "remove it": `train` would prepare bytes, whatever tokenizer made it.)
         raise DataError(f"{tokens.path} holds {val:,} of its {total:,} tokens for validation "
                         f"(prepared with val_fraction {val / total:.2g}), but "
-                        f"data.val_fraction is {data.val_fraction}: remove {tokens.path} to "
-                        f"prepare it again, or prepare another file (`python -m hpcpipe "
-                        f"prepare --val-fraction {data.val_fraction} --out ...`) and set "
-                        f"data.path")
+                        f"data.val_fraction is {data.val_fraction}: set data.val_fraction to "
+                        f"the file's, or prepare it again (`python -m hpcpipe prepare --corpus "
+                        f"{data.corpus} --val-fraction {data.val_fraction} --out {tokens.path} "
+                        f"--force`, with the --tokenizer it was prepared with: "
+                        f"{tokens.tokenizer})")
 
 
 def fingerprint_of(tokens: TokenFile, comm) -> dict:

@@ -42,8 +42,8 @@ The config is a TOML file with sections [model], [train], [data], [parallel] and
 Unknown keys, wrong types and impossible values stop the run before it starts, naming
 the key.
 
-The data file ([data] path, default data/<corpus>.tokens.h5) is prepared from [data]
-corpus on first use: "stdlib" (this Python's standard library sources, no download), a
+The data file ([data] path, default data/stdlib.tokens.h5, for a file or folder
+data/<name>-<hash of its path>.tokens.h5) is prepared from [data] corpus on first use: "stdlib" (this Python's standard library sources, no download), a
 text file, or a folder of text files. [data] path may also name llm.c .bin shards (a
 quoted glob) or a nanoGPT train.bin, read as they are (GPT-2 tokens: set
 model.vocab_size = 50257 or more).
@@ -155,9 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="gpt2: GPT-2's BPE ranks in tiktoken's format "
                            "(r50k_base.tiktoken), for machines without a network; hf: the "
                            "tokenizer.json")
-    prep.add_argument("--out", type=path("name a file, or leave --out out for "
-                                         "data/<corpus name>.tokens.h5"),
-                      help="output HDF5 file (default: data/<corpus name>.tokens.h5; "
+    prep.add_argument("--out", type=path("name a file, or leave --out out for the "
+                                         "default"),
+                      help="output HDF5 file (default: data/stdlib.tokens.h5, for a file "
+                           "or folder data/<name>-<hash of its path>.tokens.h5; another "
+                           "tokenizer than bytes adds its name, data/stdlib-gpt2.tokens.h5; "
                            "never .bin, which hpcpipe reads as llm.c / nanoGPT tokens)")
     prep.add_argument("--val-fraction", type=number(0, 1), default=0.05,
                       help="share of tokens held out for validation (default 0.05)")

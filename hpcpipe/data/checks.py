@@ -9,7 +9,13 @@ import errno
 import glob
 import os
 
-from hpcpipe.data.corpora import corpus_identity, default_token_path, prepare, token_file_identity
+from hpcpipe.data.corpora import (
+    corpus_identity,
+    default_token_path,
+    prepare,
+    token_file_identity,
+    val_tokens,
+)
 from hpcpipe.data.fingerprint import fingerprint
 from hpcpipe.data.tokens import (
     DataError,
@@ -106,6 +112,8 @@ def _check_tokens(data, model, source: str, tokens: TokenFile):
                             f"{wanted}: prepare the new corpus into another file (`python -m "
                             f"hpcpipe prepare --corpus ... --out ...`) and set data.path, or "
                             f"remove {path} to prepare it again")
+        if recorded is not None:
+            _check_val_fraction(data, tokens)
     if model.vocab_size < tokens.vocab_size:
         raise ConfigError(source, "model.vocab_size", model.vocab_size,
                           f"must be at least {tokens.vocab_size}, the vocabulary of {path}")
@@ -117,6 +125,21 @@ def _check_tokens(data, model, source: str, tokens: TokenFile):
         raise ConfigError(source, "model.block_size", model.block_size,
                           f"larger than the data: the smaller split of {path} has {shortest} "
                           f"tokens; {advice}")
+
+
+def _check_val_fraction(data, tokens: TokenFile):
+    """A file prepared with another validation share is refused, never reused: the split
+    is decided when the file is written, so data.val_fraction would do nothing."""
+    val, total = tokens.length("val"), tokens.length("train") + tokens.length("val")
+    if val != val_tokens(total, data.val_fraction):
+        # (Not "remove it": `train` would prepare bytes, whatever tokenizer made it.)
+        raise DataError(f"{tokens.path} holds {val:,} of its {total:,} tokens for validation "
+                        f"(prepared with val_fraction {val / total:.2g}), but "
+                        f"data.val_fraction is {data.val_fraction}: set data.val_fraction to "
+                        f"the file's, or prepare it again (`python -m hpcpipe prepare --corpus "
+                        f"{data.corpus} --val-fraction {data.val_fraction} --out {tokens.path} "
+                        f"--force`, with the --tokenizer it was prepared with: "
+                        f"{tokens.tokenizer})")
 
 
 def fingerprint_of(tokens: TokenFile, comm) -> dict:

@@ -27,7 +27,7 @@ from hpcpipe.data.tokenizer import ByteTokenizer, Tokenizer
 from hpcpipe.data.tokens import SPLITS, DataError, open_token_file
 
 __all__ = ["DataError", "convert", "corpus_identity", "default_token_path", "open_token_file",
-           "prepare", "token_file_identity"]
+           "prepare", "token_file_identity", "val_tokens"]
 
 TOKENIZER = "bytes"  # the default: one token per byte, vocab 256, nothing to download
 FORMAT_VERSION = 1
@@ -136,20 +136,52 @@ def _tokenize(texts: list[bytes], tokenizer: Tokenizer) -> list[np.ndarray]:
             for part in (np.asarray(ids, dtype=dtype), separator)]
 
 
-def _read_corpus(corpus: str, tokenizer: Tokenizer) -> tuple[str, np.ndarray, int]:
-    """(source, tokens, files used) of a corpus; its size is checked against the memory
-    there is before any of it is read."""
+def _order_key(corpus: str):
+    """The files' sort key: a hash of their path within a folder corpus (`texts`,
+    `./texts/` and `/home/me/texts` — or the folder moved — give the same order, so the
+    same split and tokens), of the whole path for the standard library (its files in
+    that order give the losses the docs show)."""
+    root = Path(corpus)
+    if corpus == "stdlib" or not root.is_dir():
+        return lambda p: hashlib.sha256(bytes(p)).hexdigest()
+    return lambda p: hashlib.sha256(bytes(p.relative_to(root))).hexdigest()
+
+
+def _read_corpus(corpus: str, tokenizer: Tokenizer) -> tuple[str, np.ndarray, int, list]:
+    """(source, tokens, files used, files skipped as binary) of a corpus; its size is
+    checked against the memory there is before any of it is read."""
     from hpcpipe.device.budget import require
 
     source, files = corpus_files(corpus)
     # Ordered by a hash of their path, so that the validation tail is a sample of the
     # whole corpus rather than its alphabetical end.
-    order = sorted(files, key=lambda p: hashlib.sha256(bytes(p)).hexdigest())
+    order = sorted(files, key=_order_key(corpus))
     require(2 * sum(p.stat().st_size for p in order), f"preparing corpus {corpus!r}")
-    texts = [data for data in (path.read_bytes() for path in order) if data and _is_text(data)]
+    texts, binary = [], []
+    for path in order:
+        data = path.read_bytes()
+        if data and _is_text(data):
+            texts.append(data)
+        elif data:  # (an empty file holds no text to miss)
+            binary.append(path)
     if not texts:
-        raise DataError(f"corpus {corpus!r} has no text files ({len(files)} files looked at)")
-    return source, np.concatenate(_tokenize(texts, tokenizer)), len(texts)
+        raise DataError(f"corpus {corpus!r} has no text files ({len(files)} files looked at"
+                        f"{_skipped(binary)})")
+    return source, np.concatenate(_tokenize(texts, tokenizer)), len(texts), binary
+
+
+def _skipped(binary: list) -> str:
+    """What the log says of the files left out as binary: a UTF-16 text (Windows'
+    "Unicode") has NUL bytes too, and its words would otherwise vanish without a word."""
+    if not binary:
+        return ""
+    return (f"; {len(binary)} skipped as binary, a NUL byte in their first 8 KiB (UTF-16 "
+            f"text: convert it to UTF-8), e.g. {sorted(binary)[0]}")
+
+
+def val_tokens(total: int, val_fraction: float) -> int:
+    """How many of a corpus's `total` tokens `prepare` holds out for validation."""
+    return max(2, int(round(total * val_fraction)))
 
 
 def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print,
@@ -163,8 +195,8 @@ def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print,
     if not 0 < val_fraction < 1:
         raise DataError(f"val_fraction must be between 0 and 1, got {val_fraction}")
     started = time.perf_counter()
-    source, tokens, used = _read_corpus(corpus, tokenizer)
-    n_val = max(2, int(round(len(tokens) * val_fraction)))
+    source, tokens, used, binary = _read_corpus(corpus, tokenizer)
+    n_val = val_tokens(len(tokens), val_fraction)
     if len(tokens) - n_val < 2:
         raise DataError(f"corpus {corpus!r} has {len(tokens)} tokens: too few for a train "
                         f"and a validation split")
@@ -189,7 +221,7 @@ def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print,
     write_buffered(out, write)  # a full disk: one OSError, never HDF5 failing mid-file
     log(f"prepared {out}: {used} files, {len(tokens):,} {tokenizer.name} tokens "
         f"({len(tokens) - n_val:,} train, {n_val:,} val) from {source} "
-        f"in {time.perf_counter() - started:.1f} s")
+        f"in {time.perf_counter() - started:.1f} s{_skipped(binary)}")
     return attrs
 
 

@@ -14,7 +14,8 @@ class DataSection:
 
     corpus: str = "stdlib"  # "stdlib", a text file, or a folder of text files
     # the token file: hpcpipe's HDF5, llm.c .bin shards (a glob) or a nanoGPT train.bin;
-    # "" means data/<corpus name>.tokens.h5
+    # "" means data/stdlib.tokens.h5, or data/<name>-<hash of its path>.tokens.h5 for a
+    # file or folder (corpora.default_token_path)
     path: str = ""
     val_fraction: float = 0.05  # share of a prepared corpus held out for validation
     # -- reliability (issue 28) --

@@ -83,15 +83,46 @@ def changed_length(manifest: dict, steps: int, path: str) -> str | None:
     so from the resumed step on the rates (and the losses) are no longer that run's."""
     if imported(manifest):
         return None  # its train.steps are the import's config's: no run decayed over them
-    try:  # (text the manifest's reader bounds but does not parse: nested, it recurses)
-        saved = tomllib.loads(manifest["config"])["train"]["steps"]
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, RecursionError):
-        return None
-    if saved == steps:
+    saved = _saved(manifest, ("train", "steps"))
+    if saved is None or saved == steps:
         return None
     return (f"{path}: train.steps = {steps}, where the run that wrote it had {saved}: the "
             f"learning rate now decays to step {steps}, so the steps from here differ from "
             f"that run's")
+
+
+def _saved(manifest: dict, *keys: tuple[str, str]):
+    """The values of [section] key of the config of the run that wrote the checkpoint (a
+    tuple of them for several keys), or None where it has no such config."""
+    try:  # (text the manifest's reader bounds but does not parse: nested, it recurses)
+        saved = tomllib.loads(manifest["config"])
+        values = tuple(saved[section][key] for section, key in keys)
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, RecursionError):
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+def changed_windows(manifest: dict, cfg, path: str) -> list[str]:
+    """The lines that say a resume draws other windows than the run that wrote the
+    checkpoint: they are keyed by (train.seed, step, sample index within the global batch),
+    so another seed or another global batch continues on other data than that run's."""
+    if imported(manifest):
+        return []  # weights from a file: no run drew windows before
+    lines = []
+    seed = _saved(manifest, ("train", "seed"))
+    if seed is not None and seed != cfg.train.seed:
+        lines.append(f"{path}: train.seed = {cfg.train.seed}, where the run that wrote it had "
+                     f"{seed}: the training and validation windows from here are another "
+                     f"seed's, so the steps and losses differ from that run's")
+    saved = _saved(manifest, ("parallel", "dp"), ("parallel", "microbatches"),
+                   ("train", "micro_batch_size"))
+    now = cfg.parallel.dp * cfg.parallel.microbatches * cfg.train.micro_batch_size
+    if saved is not None and saved[0] * saved[1] * saved[2] != now:
+        lines.append(f"{path}: {now} sequences a step (dp × microbatches × "
+                     f"micro_batch_size), where the run that wrote it had "
+                     f"{saved[0] * saved[1] * saved[2]}: the windows from here are not that "
+                     f"run's")
+    return lines
 
 
 def resume_notes(manifest: dict, start: int, steps: int, path: str) -> list[str]:

@@ -51,7 +51,13 @@ from hpcpipe.train import apart, checkpoints, graphed
 from hpcpipe.train.evaluate import validation_batches
 from hpcpipe.train.preemption import INTERRUPT, Preempted, PreemptionWatch, exit_status
 from hpcpipe.train.rank import Rank
-from hpcpipe.train.resume import check_same_data, find_resume, resume_notes, run_identity
+from hpcpipe.train.resume import (
+    changed_windows,
+    check_same_data,
+    find_resume,
+    resume_notes,
+    run_identity,
+)
 from hpcpipe.util import timeline
 from hpcpipe.util.errors import every_rank_does, root_does
 
@@ -180,7 +186,8 @@ class Trainer:
         self.log(f"resumed from {path} (step {self.start_step}, written with dp {saved['dp']} × "
                  f"pp {saved['pp']}{shards}, {saved['schedule']}) in "
                  f"{time.perf_counter() - tick:.2f} s")
-        for line in resume_notes(manifest, self.start_step, self.cfg.train.steps, path):
+        for line in (resume_notes(manifest, self.start_step, self.cfg.train.steps, path)
+                     + changed_windows(manifest, self.cfg, path)):
             self.log(line)
 
     # -- the loop --------------------------------------------------------------------------

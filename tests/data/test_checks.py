@@ -67,3 +67,24 @@ def test_a_split_too_short_for_any_block_size_says_so(tmp_path):
     message = str(info.value)
     assert "has 2 tokens" in message and "below 1" not in message
     assert "too few for any block_size" in message
+
+
+def test_a_token_file_of_another_val_fraction_is_refused_not_reused(tmp_path, monkeypatch):
+    """`--set data.val_fraction=0.2` over a token file prepared with 0.05 trained on the
+    old 5 % split without a word: the config's value did nothing. Now it is refused, like
+    a token file of another corpus; the same value reuses the file."""
+    corpus = tmp_path / "texts"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("some text of the user's own, " * 400)
+    monkeypatch.chdir(tmp_path)
+    quiet = lambda *_: None  # noqa: E731
+    model = {"block_size": 16}
+    first = config.from_dict({"data": {"corpus": "texts"}, "model": model}, "run.toml")
+    open_tokens(first, MPI.COMM_SELF, quiet).close()  # prepared with 0.05
+    again = open_tokens(first, MPI.COMM_SELF, quiet)
+    assert again.length("val") == round(0.05 * (again.length("train") + again.length("val")))
+    again.close()
+    other = config.from_dict({"data": {"corpus": "texts", "val_fraction": 0.2},
+                              "model": model}, "run.toml")
+    with pytest.raises(DataError, match=r"val_fraction 0\.05.*data\.val_fraction is 0\.2"):
+        open_tokens(other, MPI.COMM_SELF, quiet)

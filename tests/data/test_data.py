@@ -1,5 +1,7 @@
 """Corpora → HDF5 token files → deterministic windows."""
 
+import re
+
 import h5py
 import numpy as np
 import pytest
@@ -91,3 +93,58 @@ def test_block_size_too_large_for_the_split(tmp_path, text_folder):
     data.prepare(str(text_folder), out, val_fraction=0.01, log=lambda *_: None)
     with pytest.raises(DataError, match="too few for block_size"):
         open_token_file(out).batch("val", 500, 0, 0, range(2))
+
+
+def test_a_folder_prepares_the_same_tokens_however_its_path_is_spelled(tmp_path, monkeypatch):
+    """`prepare --corpus texts` and `--corpus /abs/texts` (or the folder moved) once put the
+    files in another order — ordered by a hash of the path as typed — so the same corpus
+    gave another validation split, and runs differed by how the path was written."""
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for i in range(8):
+        (folder / f"doc{i}.txt").write_text(f"document {i} " * (20 + i))
+    quiet = lambda *_: None  # noqa: E731
+    monkeypatch.chdir(tmp_path)
+    relative = data.prepare("texts", str(tmp_path / "rel.h5"), log=quiet)
+    absolute = data.prepare(str(folder), str(tmp_path / "abs.h5"), log=quiet)
+    dotted = data.prepare("./texts/", str(tmp_path / "dot.h5"), log=quiet)
+    moved = tmp_path / "elsewhere" / "corpus"
+    moved.parent.mkdir()
+    folder.rename(moved)
+    elsewhere = data.prepare(str(moved), str(tmp_path / "moved.h5"), log=quiet)
+    assert relative["sha256"] == absolute["sha256"] == dotted["sha256"] == elsewhere["sha256"]
+
+
+def test_the_help_names_the_default_token_file_prepare_writes(tmp_path, monkeypatch, capsys):
+    """`prepare --help` said a folder went to data/<corpus name>.tokens.h5; it goes to
+    data/<name>-<hash of its path>.tokens.h5 (another tokenizer adds its tag), and a user
+    looking for data/texts.tokens.h5 found nothing there."""
+    from hpcpipe.cli.main import main
+
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("words of the user's own\n" * 50)
+    monkeypatch.chdir(tmp_path)
+    assert main(["prepare", "--corpus", "texts"]) == 0
+    written = [p.name for p in (tmp_path / "data").iterdir()]
+    assert len(written) == 1 and re.fullmatch(r"texts-[0-9a-f]{8}\.tokens\.h5", written[0])
+    capsys.readouterr()
+    for command in ("prepare", "train"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        shown = "".join(capsys.readouterr().out.split())  # (argparse wraps at hyphens)
+        assert "data/<name>-<hashofitspath>.tokens.h5" in shown, command
+
+
+def test_files_skipped_as_binary_are_named_in_the_log(tmp_path):
+    """A folder of one's notes with one saved as UTF-16 (Windows' "Unicode": NUL bytes)
+    printed "1 files" and left that text out without a word."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.txt").write_text("plain utf-8 notes\n" * 20)
+    (folder / "b.txt").write_text("notes saved as utf-16\n" * 20, encoding="utf-16")
+    (folder / "empty.txt").write_text("")
+    lines = []
+    attrs = data.prepare(str(folder), str(tmp_path / "t.h5"), log=lines.append)
+    assert attrs["files"] == 1
+    assert "1 skipped as binary" in lines[-1] and str(folder / "b.txt") in lines[-1]
+    assert "empty.txt" not in lines[-1]

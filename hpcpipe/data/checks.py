@@ -135,6 +135,8 @@ def _other_tokenizer(data, tokens: TokenFile, tokenizer: WeightsTokenizer) -> Da
     would mean other text to the model (a fine-tune on them trains nothing it can use)."""
     made = tokens.attrs.get("tokenizer_source") or tokens.tokenizer
     path, corpus = tokens.path, tokens.attrs.get("corpus", data.corpus)
+    if reader_by_name(corpus) is not None or glob.has_magic(corpus):
+        corpus = "..."  # the text is not known: `prepare --from` copied other token files
     in_place = is_prepared_by_hpcpipe(path) and not glob.has_magic(path)
     out = f"{path} --force" if in_place else f"{os.path.splitext(path)[0]}.tokens.h5"
     return DataError(f"{path} was not made with the tokenizer of the weights the run starts "

@@ -88,3 +88,25 @@ def test_tokens_of_the_checkpoints_tokenizer_train(tmp_path, imported, notes, ca
     assert main(train_args(run_dir, imported, f'data.path="{tokens}"')) == 0, \
         capsys.readouterr().err
     assert os.path.exists(run_dir / "metrics.jsonl")
+
+
+def test_a_copy_of_such_tokens_through_prepare_from_still_trains(tmp_path, imported, notes,
+                                                                 capsys):
+    """`prepare --from` copies a token file: the copy keeps the tokenizer that made it."""
+    made = tmp_path / "notes.tokens.h5"
+    corpora.prepare(str(notes), str(made), 0.1, log=lambda *_: None,
+                    tokenizer=load_tokenizer_json(str(imported / "tokenizer.json")))
+    copy = tmp_path / "copy.tokens.h5"
+    assert main(["prepare", "--from", str(made), "--out", str(copy)]) == 0
+    assert main(train_args(tmp_path / "run", imported, f'data.path="{copy}"')) == 0, \
+        capsys.readouterr().err
+
+
+def test_the_refusal_of_a_copy_does_not_name_a_token_file_as_the_corpus(
+        tmp_path, imported, notes, capsys):
+    made, copy = tmp_path / "notes.tokens.h5", tmp_path / "copy.tokens.h5"
+    corpora.prepare(str(notes), str(made), 0.1, log=lambda *_: None)
+    assert main(["prepare", "--from", str(made), "--out", str(copy)]) == 0
+    line = ends_with_one_error(capsys, train_args(tmp_path / "run", imported,
+                                                  f'data.path="{copy}"'))
+    assert "prepare --corpus ... --tokenizer hf" in line, line

@@ -34,13 +34,17 @@ class WeightsTokenizer:
     checkpoint of a run that started from one): where it lies, and its SHA-256."""
     file: str
     sha256: str
+    gpt2: bool = False  # a GPT-2's: its tokenizer.json is GPT-2's BPE, as `--tokenizer gpt2`
 
     def made(self, tokens: TokenFile) -> bool:
         """Whether `prepare` made `tokens` with this tokenizer.json (any copy of it): the
         file records the tokenizer's name and, for a tokenizer.json, "PATH (sha256 HEX)"
-        with the first 12 hex digits of its SHA-256 (tokenizer.load_tokenizer_json)."""
+        with the first 12 hex digits of its SHA-256 (tokenizer.load_tokenizer_json). A
+        GPT-2 also takes GPT-2's BPE through tiktoken (prepare --tokenizer gpt2, llm.c's
+        GPT-2 shards): the same ids (docs/guides/formats.md fine-tunes an import on them)."""
         source = str(tokens.attrs.get("tokenizer_source", ""))
-        return tokens.tokenizer == "hf" and source.endswith(f"(sha256 {self.sha256[:12]})")
+        return (tokens.tokenizer == "hf" and source.endswith(f"(sha256 {self.sha256[:12]})")
+                or self.gpt2 and tokens.tokenizer == "gpt2")
 
     def prepare_command(self, corpus: str, val_fraction: float, out: str) -> str:
         return (f"`python -m hpcpipe prepare --corpus {corpus} --tokenizer hf "

@@ -54,4 +54,5 @@ def tokenizer_of(path: str | None, manifest: dict | None) -> WeightsTokenizer | 
     if path is None or record is None:
         return None
     return WeightsTokenizer(os.path.join(path, record["file"]),
-                            manifest["files"][record["file"]]["sha256"])
+                            manifest["files"][record["file"]]["sha256"],
+                            gpt2=manifest["model"].get("arch", "gpt2") == "gpt2")

@@ -110,3 +110,32 @@ def test_the_refusal_of_a_copy_does_not_name_a_token_file_as_the_corpus(
     line = ends_with_one_error(capsys, train_args(tmp_path / "run", imported,
                                                   f'data.path="{copy}"'))
     assert "prepare --corpus ... --tokenizer hf" in line, line
+
+
+def test_an_imported_gpt2_takes_tokens_of_gpt2s_bpe(tmp_path, notes, capsys):
+    """import-hf of a GPT-2 folder keeps its tokenizer.json, GPT-2's BPE: the tokens of
+    `prepare --tokenizer gpt2` (docs/guides/formats.md) are its own, and still train;
+    byte tokens do not."""
+    from harness.tokenfiles import write_tiktoken
+
+    from hpcpipe import GPT
+    from hpcpipe.data.tokenizer import load
+
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 16, "vocab_size": 270}
+    cfg = config.from_dict({"model": shape}, source="test")
+    tokenizer = write_tokenizer_json(tmp_path / "tokenizer.json")
+    write_weights(str(tmp_path / "gpt2"), Origin(cfg.to_toml(), cfg.model, cfg.train.dtype),
+                  {k: np.array(v) for k, v in GPT(cfg.model, seed=3).params.items()},
+                  tokenizer=tokenizer.read_bytes())
+    made, bytes_ = tmp_path / "gpt2.tokens.h5", tmp_path / "bytes.tokens.h5"
+    corpora.prepare(str(notes), str(made), 0.1, log=lambda *_: None,
+                    tokenizer=load("gpt2", str(write_tiktoken(tmp_path / "ranks.tiktoken"))))
+    corpora.prepare(str(notes), str(bytes_), 0.1, log=lambda *_: None)
+    args = ["train", TINY, "--resume", str(tmp_path / "gpt2"),
+            *sets([s for s in SMALL if not s.startswith("model.")]
+                  + [f"model.{k}={v}" for k, v in shape.items()])]
+    line = ends_with_one_error(capsys, args + ["--run-dir", str(tmp_path / "r1"), "--set",
+                                               f'data.path="{bytes_}"'])
+    assert "was not made with the tokenizer" in line, line
+    assert main(args + ["--run-dir", str(tmp_path / "r2"), "--set",
+                        f'data.path="{made}"']) == 0, capsys.readouterr().err

@@ -1,6 +1,6 @@
 """The training data of a run: its token file opened (prepared first where hpcpipe makes
-it) and checked against the config — its corpus, its vocabulary, its length — and its
-fingerprint."""
+it) and checked against the config — its corpus, its vocabulary, its length — and against
+the tokenizer its starting weights carry, and its fingerprint."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import difflib
 import errno
 import glob
 import os
+from dataclasses import dataclass
 
 from hpcpipe.data.corpora import (
     corpus_identity,
@@ -25,6 +26,29 @@ from hpcpipe.data.tokens import (
     reader_by_name,
 )
 from hpcpipe.util.errors import ConfigError, every_rank_does, root_does
+
+
+@dataclass(frozen=True)
+class WeightsTokenizer:
+    """The tokenizer.json the weights a run starts from carry (an imported Llama's, or a
+    checkpoint of a run that started from one): where it lies, and its SHA-256."""
+    file: str
+    sha256: str
+    gpt2: bool = False  # a GPT-2's: its tokenizer.json is GPT-2's BPE, as `--tokenizer gpt2`
+
+    def made(self, tokens: TokenFile) -> bool:
+        """Whether `prepare` made `tokens` with this tokenizer.json (any copy of it): the
+        file records the tokenizer's name and, for a tokenizer.json, "PATH (sha256 HEX)"
+        with the first 12 hex digits of its SHA-256 (tokenizer.load_tokenizer_json). A
+        GPT-2 also takes GPT-2's BPE through tiktoken (prepare --tokenizer gpt2, llm.c's
+        GPT-2 shards): the same ids (docs/guides/formats.md fine-tunes an import on them)."""
+        source = str(tokens.attrs.get("tokenizer_source", ""))
+        return (tokens.tokenizer == "hf" and source.endswith(f"(sha256 {self.sha256[:12]})")
+                or self.gpt2 and tokens.tokenizer == "gpt2")
+
+    def prepare_command(self, corpus: str, val_fraction: float, out: str) -> str:
+        return (f"`python -m hpcpipe prepare --corpus {corpus} --tokenizer hf "
+                f"--tokenizer-file {self.file} --val-fraction {val_fraction} --out {out}`")
 
 
 def asks_to_prepare(data) -> bool:
@@ -72,11 +96,13 @@ def _unfollowable(path: str) -> str:
     return "does not exist (a dataset not mounted?)"
 
 
-def open_tokens(data, model, source: str, comm, log) -> TokenFile:
+def open_tokens(data, model, source: str, comm, log,
+                tokenizer: WeightsTokenizer | None = None) -> TokenFile:
     """The token file of the [data] section `data`, prepared by rank 0 first if it does not
     exist yet and the section asks for that (`asks_to_prepare`), and checked against it and
     the [model] `model`: its corpus, its vocabulary, its length (`source`: the config's
-    name, in the messages)."""
+    name, in the messages). With `tokenizer` (the starting weights'), the file must have
+    been made with it, and none is prepared: `train` prepares byte tokens only."""
     path = data.path or default_token_path(data.corpus)
 
     def ensure():
@@ -88,6 +114,11 @@ def open_tokens(data, model, source: str, comm, log) -> TokenFile:
             return  # a glob's reader says what it matched
         if not (is_prepared_by_hpcpipe(path) and asks_to_prepare(data)):
             raise missing_path_error(source, path)  # another project's .bin is never prepared
+        if tokenizer is not None:
+            raise DataError(f"{path} does not exist, and the weights the run starts from "
+                            f"carry their own tokenizer, which `train` does not prepare "
+                            f"with: prepare it with "
+                            f"{tokenizer.prepare_command(data.corpus, data.val_fraction, path)}")
         log(f"preparing {path} from corpus {data.corpus!r} (once; later runs reuse it)")
         prepare(data.corpus, path, data.val_fraction, log=log)
 
@@ -95,10 +126,28 @@ def open_tokens(data, model, source: str, comm, log) -> TokenFile:
     tokens = every_rank_does(comm, lambda: open_token_file(path))
     try:
         _check_tokens(data, model, source, tokens)
+        if tokenizer is not None and not tokenizer.made(tokens):
+            raise _other_tokenizer(data, tokens, tokenizer)
     except DataError:
         tokens.close()
         raise
     return tokens
+
+
+def _other_tokenizer(data, tokens: TokenFile, tokenizer: WeightsTokenizer) -> DataError:
+    """The token file was made with another tokenizer than the starting weights': its ids
+    would mean other text to the model (a fine-tune on them trains nothing it can use)."""
+    made = tokens.attrs.get("tokenizer_source") or tokens.tokenizer
+    path, corpus = tokens.path, tokens.attrs.get("corpus", data.corpus)
+    if reader_by_name(corpus) is not None or glob.has_magic(corpus):
+        corpus = "..."  # the text is not known: `prepare --from` copied other token files
+    in_place = is_prepared_by_hpcpipe(path) and not glob.has_magic(path)
+    out = f"{path} --force" if in_place else f"{os.path.splitext(path)[0]}.tokens.h5"
+    return DataError(f"{path} was not made with the tokenizer of the weights the run starts "
+                     f"from ({tokenizer.file}) but with {made}: its ids would mean other text "
+                     f"to the model; prepare the corpus with it: "
+                     f"{tokenizer.prepare_command(corpus, data.val_fraction, out)}"
+                     + ("" if in_place else ", and set data.path to that file"))
 
 
 def _check_tokens(data, model, source: str, tokens: TokenFile):

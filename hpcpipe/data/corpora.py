@@ -240,6 +240,8 @@ def convert(source: str, out: str, log=print) -> dict:
                  "identity": corpus_identity(source), "tokenizer": tokens.tokenizer,
                  "vocab_size": tokens.vocab_size, "tokens": sum(tokens.lengths.values()),
                  "converted_from": str(tokens.attrs.get("format", "hdf5"))}
+        if "tokenizer_source" in tokens.attrs:  # which tokenizer.json: a fine-tune checks it
+            attrs["tokenizer_source"] = tokens.attrs["tokenizer_source"]
         folder = os.path.dirname(os.path.abspath(out))
         os.makedirs(folder, exist_ok=True)
         # Copied through HDF5 in blocks (a corpus may not fit in memory): what it needs is

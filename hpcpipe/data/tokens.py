@@ -132,7 +132,8 @@ class TokenFile:
 
 
 _HDF5_ATTRS = Record({"vocab_size": Int(1, MAX_VOCAB), "tokenizer": Text()},
-                     optional={"corpus": Text(), "source": Text(), "identity": Text()},
+                     optional={"corpus": Text(), "source": Text(), "identity": Text(),
+                               "tokenizer_source": Text()},  # a tokenizer.json's: its SHA-256
                      extra=True)
 
 

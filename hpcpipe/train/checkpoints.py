@@ -4,7 +4,10 @@ never reaches into the rank itself."""
 
 from __future__ import annotations
 
+import os
+
 from hpcpipe import checkpoint as ckpt
+from hpcpipe.data.checks import WeightsTokenizer
 
 
 def save(rank, cfg, step: int, run_dir: str, state: dict, keep: int = 2, keep_every: int = 0,
@@ -41,3 +44,15 @@ def carried(path: str, manifest: dict, comm) -> ckpt.Carried | None:
         with open(file, "rb") as f:
             tokenizer = f.read(), dict(manifest["tokenizer"])
     return ckpt.Carried(tokenizer, manifest.get("source_model"))
+
+
+def tokenizer_of(path: str | None, manifest: dict | None) -> WeightsTokenizer | None:
+    """The tokenizer.json the checkpoint at `path` carries (its manifest's record and the
+    SHA-256 the manifest lists for it), or None: the tokens a run from it trains on must
+    be made with it (data/checks.py)."""
+    record = (manifest or {}).get("tokenizer")
+    if path is None or record is None:
+        return None
+    return WeightsTokenizer(os.path.join(path, record["file"]),
+                            manifest["files"][record["file"]]["sha256"],
+                            gpt2=manifest["model"].get("arch", "gpt2") == "gpt2")

@@ -145,9 +145,7 @@ class Trainer:
         # The checkpoint before the data: a corpus is prepared only for a run that can go on.
         resume_path, manifest = find_resume(cfg, run_dir, resume, rank0_reads(self, "rank 0's "
             "check of the checkpoint to resume from (its files' SHA-256)"), self.log)
-        self.tokens = open_tokens(cfg.data, cfg.model, cfg.source, comm, self.log)
-        self.data = fingerprint_of(self.tokens, rank0_reads(  # (manifests, summary, resume)
-            self, "rank 0's fingerprint of the training data"))
+        self.tokens, self.data = open_data(self, resume_path, manifest)
         own = resume_path is not None and os.path.abspath(resume_path).startswith(
             os.path.abspath(os.path.join(run_dir, "checkpoints")) + os.sep)
         self.run_id = run_identity(comm, manifest if own else None)
@@ -491,6 +489,20 @@ def mode_notes(cfg, step) -> list[str]:
     return ([note] if note and cfg.optim.grad_clip > 0 else []) + (
         [describe_local_sgd(cfg.outer)] if cfg.outer.local_steps else []) + (
         [apart.describe(cfg.parallel)] if cfg.parallel.async_dp != "none" else [])
+
+
+def open_data(trainer: Trainer, resume_path: str | None, manifest: dict | None):
+    """The run's token file, made with the tokenizer its starting weights carry where they
+    carry one (checks.open_tokens), and its fingerprint (for manifests, summary, resume)."""
+    cfg = trainer.cfg
+    tokens = open_tokens(cfg.data, cfg.model, cfg.source, trainer.comm, trainer.log,
+                         checkpoints.tokenizer_of(resume_path, manifest))
+    try:
+        return tokens, fingerprint_of(tokens, rank0_reads(
+            trainer, "rank 0's fingerprint of the training data"))
+    except BaseException:  # (not yet the trainer's to close)
+        tokens.close()
+        raise
 
 
 def run_grid(cfg: Config, comm) -> gridlib.Grid:

@@ -13,6 +13,7 @@ tests/model/test_llama_model.py."""
 
 import json
 import re
+import shutil
 
 import h5py
 import numpy as np
@@ -23,6 +24,8 @@ from harness.tokenfiles import write_tokenizer_json
 
 from hpcpipe import Llama, config
 from hpcpipe.checkpoint import Origin, write_weights
+from hpcpipe.data.corpora import prepare
+from hpcpipe.data.tokenizer import load_tokenizer_json
 
 pytestmark = pytest.mark.device
 
@@ -82,13 +85,27 @@ def train(run_dir, tokens, n, *extra, resume):
             if "loss" in r}
 
 
-def test_a_llama_fine_tune_checkpoints_and_resumes_on_another_layout(tmp_path, stdlib_tokens):
+def tokenized(tmp_path):
+    """A few standard library modules prepared with the imported model's tokenizer.json
+    (tmp_path's): a run from weights that carry a tokenizer trains only on its tokens."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for module in (json, re, shutil):
+        shutil.copy(module.__file__, corpus / f"{module.__name__}.py")
+    out = tmp_path / "model.tokens.h5"
+    prepare(str(corpus), str(out), 0.05, log=lambda *_: None,
+            tokenizer=load_tokenizer_json(str(tmp_path / "tokenizer.json")))
+    return out
+
+
+def test_a_llama_fine_tune_checkpoints_and_resumes_on_another_layout(tmp_path):
     """From an imported checkpoint at pp 2: the run's checkpoints carry its tokenizer.json
     and Hugging Face's names, resume bitwise on another schedule and within the
     all-reduce's round-off at dp 2."""
     tokenizer = imported(tmp_path / "imported", tmp_path)
+    tokens = tokenized(tmp_path)  # (byte tokens would be refused)
     pipeline = ["parallel.pp=2", 'parallel.schedule="1f1b"']
-    reference = train(tmp_path / "ref", stdlib_tokens, 2, *pipeline,
+    reference = train(tmp_path / "ref", tokens, 2, *pipeline,
                       resume=tmp_path / "imported")
     step2 = tmp_path / "ref" / "checkpoints" / "step_00000002"
     manifest = json.loads((step2 / "manifest.json").read_text())
@@ -97,11 +114,11 @@ def test_a_llama_fine_tune_checkpoints_and_resumes_on_another_layout(tmp_path, s
     with h5py.File(step2 / "model-pp001.h5") as f:
         assert "lm_head.weight" not in f and "model.norm.weight" in f  # (tied)
         assert "model.layers.3.self_attn.k_proj.weight" in f
-    again = train(tmp_path / "again", stdlib_tokens, 2, "parallel.pp=2",
+    again = train(tmp_path / "again", tokens, 2, "parallel.pp=2",
                   'parallel.schedule="zb-h1"', resume=step2)
     for step in (3, 4):
         assert again[step]["loss"] == reference[step]["loss"], step
-    resharded = train(tmp_path / "dp", stdlib_tokens, 2, "parallel.dp=2",
+    resharded = train(tmp_path / "dp", tokens, 2, "parallel.dp=2",
                       "parallel.microbatches=2", resume=step2)
     for step in (3, 4):
         assert resharded[step]["loss"] == pytest.approx(reference[step]["loss"], rel=1e-5)

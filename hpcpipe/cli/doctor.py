@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 from hpcpipe import __version__
-from hpcpipe.cli.guard import LAUNCHED_SIZE_VARS, launched_size
+from hpcpipe.cli.guard import launched_size
 from hpcpipe.device import backend
 from hpcpipe.parallel import grid
 from hpcpipe.util.arguments import integer, path
@@ -36,11 +36,6 @@ examples:
   srun python -m mpi4py -m hpcpipe doctor --pp 2 --tp 4 runs/
                                                    and the layout it will train with
   python -m hpcpipe doctor runs/tiny               a run that hung: who waits on whom"""
-
-# Variables a launcher sets to the number of processes it started (guard.py's): when MPI
-# sees fewer, the launcher and the MPI library do not talk to each other (srun's --mpi
-# plugin, or an mpiexec of another MPI) and every process became a world of its own.
-_LAUNCHED_SIZE_VARS = LAUNCHED_SIZE_VARS
 
 
 def register(subparsers):

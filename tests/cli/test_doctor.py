@@ -6,14 +6,14 @@ import pytest
 from harness.mpirun import run
 from mpi4py import MPI
 
-from hpcpipe.cli import doctor
+from hpcpipe.cli import doctor, guard
 from hpcpipe.device import backend
 
 
 @pytest.fixture
 def single_process(monkeypatch):
     """As if started without any launcher (these tests may run under one)."""
-    for var, _ in doctor._LAUNCHED_SIZE_VARS:
+    for var, _ in guard.LAUNCHED_SIZE_VARS:
         monkeypatch.delenv(var, raising=False)
     for var in ("OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_CPUS_PER_TASK",
                 "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"):

@@ -48,7 +48,7 @@ def launched_world():
     is initialised only when a launcher's variables say that it started several
     processes; if MPI then sees fewer, the launcher does not speak this MPI's language and
     every process became a world of its own, each of which would run the whole suite."""
-    from hpcpipe.cli.doctor import launched_size
+    from hpcpipe.cli.guard import launched_size
 
     launched = launched_size()
     if launched is None or launched[0] < 2:

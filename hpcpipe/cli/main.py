@@ -43,10 +43,11 @@ Unknown keys, wrong types and impossible values stop the run before it starts, n
 the key.
 
 The data file ([data] path, default data/stdlib.tokens.h5, for a file or folder
-data/<name>-<hash of its path>.tokens.h5) is prepared from [data] corpus on first use: "stdlib" (this Python's standard library sources, no download), a
-text file, or a folder of text files. [data] path may also name llm.c .bin shards (a
-quoted glob) or a nanoGPT train.bin, read as they are (GPT-2 tokens: set
-model.vocab_size = 50257 or more).
+data/<name>-<hash of its path>.tokens.h5) is prepared from [data] corpus on first use:
+"stdlib" (this Python's standard library sources, no download), a text file, or a
+folder of text files. [data] path may also name llm.c .bin shards (a quoted glob) or a
+nanoGPT train.bin, read as they are (GPT-2 tokens: set model.vocab_size = 50257 or
+more).
 
 Progress lines start with the wall-clock time, average loss, tokens/s, ms/step and
 bubble over the steps since the last line, and end with the root's memory (GPU pool or

@@ -211,16 +211,22 @@ def _stalled_job(tmp_path, tokens, name, env):
                             env=job_env({"HPCPIPE_STALL": "0:2:F1:300", **env}),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 120
-    while not (metrics.exists() and '"step": 1,' in metrics.read_text()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            pytest.fail(proc.stderr.read()[-3000:])
-        time.sleep(0.2)
+    metrics = run_dir / "metrics.jsonl"
+    _wait_until(proc, lambda: metrics.exists() and '"step": 1,' in metrics.read_text(), 0.2)
     time.sleep(2)  # into step 2: rank 0 sleeps in F1, rank 1 waits for it inside MPI
     ranks = _ranks(proc)
     assert len(ranks) == 2
     return proc, ranks
+
+
+def _wait_until(proc, ready, every=0.05, timeout=120):
+    """Until `ready()`; the job ended or 120 s passed first fails the test with its stderr."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            pytest.fail(proc.stderr.read()[-3000:])
+        time.sleep(every)
 
 
 def _ended(proc, within: float):
@@ -282,12 +288,8 @@ def test_sigterm_during_a_slow_save_lets_it_finish(tmp_path, stdlib_tokens):
                              "8", "--", *args[4:]], cwd=ROOT,
                             env=job_env({"HPCPIPE_STOP_GRACE_S": "2"}), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    partial, deadline = run_dir / "checkpoints" / ".step_00000004.tmp", time.monotonic() + 120
-    while not (partial.exists() and any(partial.iterdir())):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            pytest.fail(proc.stderr.read()[-3000:])
-        time.sleep(0.05)
+    partial = run_dir / "checkpoints" / ".step_00000004.tmp"
+    _wait_until(proc, lambda: partial.exists() and any(partial.iterdir()))
     for pid in _ranks(proc):
         os.kill(pid, signal.SIGTERM)
     err = _ended(proc, 60)
@@ -311,12 +313,7 @@ def test_sigterm_while_rank_0_reads_in_the_set_up_stops_after_the_read(tmp_path,
                             env=job_env({"HPCPIPE_STOP_GRACE_S": "2", "STALLS_MARK": str(mark)}),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not mark.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            pytest.fail(proc.stderr.read()[-3000:])
-        time.sleep(0.05)
+    _wait_until(proc, mark.exists)
     for pid in _ranks(proc):
         os.kill(pid, signal.SIGTERM)
     err = _ended(proc, 60)

@@ -63,6 +63,15 @@ def wait_for_stderr(proc, text, timeout) -> str:
         pytest.fail(f"no line with {text!r} on stderr within {timeout} s")
 
 
+def wait_for_save(proc, run_dir, step: int, timeout=120):
+    """Until the save of `step` has begun writing its files (its folder not yet renamed)."""
+    partial = run_dir / "checkpoints" / f".step_{step:08d}.tmp"
+    deadline = time.time() + timeout
+    while not (partial.exists() and any(partial.iterdir())):
+        assert time.time() < deadline and proc.poll() is None, "the save never started"
+        time.sleep(0.05)
+
+
 def finish(proc, timeout=120):
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -99,11 +108,7 @@ def test_signal_during_a_save(tmp_path, stdlib_tokens):
     run_dir = tmp_path / "run"
     proc = start(run_dir, stdlib_tokens, "train.steps=50", "checkpoint.every=2",
                  env={"HPCPIPE_SAVE_DELAY": "2:3"})
-    partial = run_dir / "checkpoints" / ".step_00000002.tmp"
-    deadline = time.time() + 120
-    while not (partial.exists() and any(partial.iterdir())):
-        assert time.time() < deadline and proc.poll() is None, "the save never started"
-        time.sleep(0.05)
+    wait_for_save(proc, run_dir, 2)
     proc.send_signal(signal.SIGTERM)
     out, err = finish(proc)
     assert proc.returncode == 75, err
@@ -132,11 +137,7 @@ def test_a_second_ctrl_c_stops_at_once_without_waiting_for_the_save(tmp_path, st
     run_dir = tmp_path / "run"
     proc = start(run_dir, stdlib_tokens, "train.steps=50", "checkpoint.every=2",
                  env={"HPCPIPE_SAVE_DELAY": "2:600"})  # a save that would take 10 minutes
-    partial = run_dir / "checkpoints" / ".step_00000002.tmp"
-    deadline = time.time() + 120
-    while not (partial.exists() and any(partial.iterdir())):
-        assert time.time() < deadline and proc.poll() is None, "the save never started"
-        time.sleep(0.05)
+    wait_for_save(proc, run_dir, 2)
     proc.send_signal(signal.SIGINT)  # the first: save at the next boundary, and say so
     # at once — while the save it waits for still has ten minutes to go
     notice = wait_for_stderr(proc, "Ctrl-C: stopping at the next step boundary", timeout=30)
@@ -160,11 +161,7 @@ def test_preempted_at_the_last_step_the_resume_evaluates_the_end(tmp_path, stdli
     end its run never did, to the value the uninterrupted run gets."""
     run_dir, extra = tmp_path / "run", ["train.steps=3", "checkpoint.every=2"]
     proc = start(run_dir, stdlib_tokens, *extra, env={"HPCPIPE_SAVE_DELAY": "2:3"})
-    partial = run_dir / "checkpoints" / ".step_00000002.tmp"
-    deadline = time.time() + 120
-    while not (partial.exists() and any(partial.iterdir())):
-        assert time.time() < deadline and proc.poll() is None, "the save never started"
-        time.sleep(0.05)
+    wait_for_save(proc, run_dir, 2)
     proc.send_signal(signal.SIGTERM)
     out, err = finish(proc)
     assert proc.returncode == 75 and "preempted: checkpoint of step 3" in out, err

@@ -131,17 +131,26 @@ def architecture(data, source: str) -> tuple[dict, dict]:
         LlamaConfig(**model)  # the family's own rules (key/value heads, even heads)
     except ValueError as e:
         raise HuggingFaceError(f"{source}: {e}; not imported") from None
-    special = {key: data[key] for key in ("bos_token_id", "eos_token_id")
-               if _token_ids(data.get(key), values["vocab_size"])}
-    return model, special
+    return model, _special_tokens(data, values["vocab_size"], source)
 
 
-def _token_ids(value, vocab: int) -> bool:
-    """Whether `value` is a special token's id inside the vocabulary, or a list of them:
-    Llama 3 lists its end tokens, and transformers' generate stops at any of them (an
-    export without the list never stops)."""
-    ids = value if isinstance(value, list) and 0 < len(value) <= MAX_SPECIAL_IDS else [value]
-    return all(_is_int(i) and 0 <= i < vocab for i in ids)
+def _special_tokens(data: dict, vocab: int, source: str) -> dict:
+    """{"bos_token_id", "eos_token_id"} of config.json, each an id inside the vocabulary
+    or a list of them (Llama 3 lists its end tokens, and transformers' generate stops at
+    any); null or absent is left out. Anything else is refused, never dropped: the
+    export's config.json would say null, and generate on it never stops."""
+    special = {}
+    for key in ("bos_token_id", "eos_token_id"):
+        value = data.get(key)
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) and 0 < len(value) <= MAX_SPECIAL_IDS \
+            else [value]
+        if not all(_is_int(i) and 0 <= i < vocab for i in ids):
+            _refuse(source, key, value, f"must be a token id below vocab_size = {vocab}, "
+                                        f"or a list of 1 to {MAX_SPECIAL_IDS} of them")
+        special[key] = value
+    return special
 
 
 def check_tensors(tensors: dict, model: dict, source: str) -> dict:

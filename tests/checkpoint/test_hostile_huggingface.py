@@ -142,3 +142,49 @@ def test_a_tied_llama_head_equal_to_its_embedding_nan_and_all_is_refused_for_the
     tensors[HEAD][0, 0] = 1.0  # and one that differs still says so
     with pytest.raises(huggingface.HuggingFaceError, match="differs from"):
         hf_llama.check_tensors(tensors, vars(shape), "hf")
+
+
+def _llama_folder(tmp_path, **config):
+    """A one-layer Llama as `ckpt export --format hf` writes it (vocabulary 16), its
+    config.json's fields updated with `config`."""
+    from harness.hostile import small_config
+
+    from hpcpipe import Llama
+    from hpcpipe import checkpoint as ckpt
+
+    cfg = small_config('model.arch="llama"', "model.n_kv_head=1", "model.n_layer=1",
+                       "model.vocab_size=16")
+    ckpt.write_weights(str(tmp_path / "ckpt"), ckpt.Origin(cfg.to_toml(), cfg.model, "float32"),
+                       {n: np.asarray(v) for n, v in Llama(cfg.model).params.items()})
+    assert main(["ckpt", "export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf"),
+                 "--format", "hf"]) == 0
+    path = tmp_path / "hf" / huggingface.CONFIG
+    path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+    return tmp_path / "hf"
+
+
+@pytest.mark.parametrize("key, value", [
+    ("eos_token_id", 16), ("eos_token_id", [2, 300]), ("eos_token_id", [2, "3"]),
+    ("eos_token_id", []), ("eos_token_id", [[2]]), ("eos_token_id", True),
+    ("eos_token_id", 2.0), ("bos_token_id", -1), ("bos_token_id", "1"),
+    ("eos_token_id", list(range(65)))])
+def test_special_token_ids_that_are_no_ids_of_the_model_are_refused(capsys, tmp_path, key,
+                                                                    value):
+    """eos_token_id = [2, 300] beside a vocabulary of 16 (or a string, an empty list):
+    imported without a word and without the ids — the export's config.json then said
+    null, and transformers' generate on it never stopped (what keeping them is for)."""
+    hf = _llama_folder(tmp_path, **{key: value})
+    capsys.readouterr()
+    line = ends_with_one_error(capsys, ["ckpt", "import-hf", str(hf), "--out",
+                                        str(tmp_path / "again")])
+    assert f"config.json: {key} = " in line and "token id" in line, line
+    assert not (tmp_path / "again").exists()
+
+
+def test_special_token_ids_of_the_model_are_kept(tmp_path):
+    from hpcpipe import checkpoint as ckpt
+
+    hf = _llama_folder(tmp_path, bos_token_id=1, eos_token_id=[2, 15], pad_token_id=None)
+    assert main(["ckpt", "import-hf", str(hf), "--out", str(tmp_path / "again")]) == 0
+    assert ckpt.read_manifest(str(tmp_path / "again"))["source_model"] == {
+        "context": 16, "bos_token_id": 1, "eos_token_id": [2, 15]}

@@ -184,14 +184,26 @@ def tensors(path: str, header: Header, model: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def special_tokens(header: Header, vocab: int) -> dict:
-    """{"bos_token_id", "eos_token_id"} the metadata names (inside the vocabulary)."""
+SPECIAL = {"bos_token_id": "tokenizer.ggml.bos_token_id",
+           "eos_token_id": "tokenizer.ggml.eos_token_id"}
+
+
+def _token_id(value, vocab: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab
+
+
+def special_tokens(header: Header, vocab: int, source: str) -> dict:
+    """{"bos_token_id", "eos_token_id"} the metadata names. One that is no id inside the
+    vocabulary is refused, never dropped: the export's config.json would say null, and
+    generate on it never stops."""
     meta, out = header.metadata, {}
-    for ours, key in (("bos_token_id", "tokenizer.ggml.bos_token_id"),
-                      ("eos_token_id", "tokenizer.ggml.eos_token_id")):
-        value = meta.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab:
-            out[ours] = value
+    for ours, key in SPECIAL.items():
+        if key not in meta:
+            continue
+        if not _token_id(meta[key], vocab):
+            raise GGUFError(f"{source}: {key} = {repr(meta[key])[:40]}: must be a token id "
+                            f"below the vocabulary's {vocab} (token_embd.weight's rows)")
+        out[ours] = meta[key]
     return out
 
 
@@ -241,8 +253,8 @@ def _post_processor(header: Header, tokens: list) -> dict:
     (tokenizer.ggml.add_bos_token, as llama.cpp does), else nothing but byte-level's
     offsets."""
     meta = header.metadata
-    bos = special_tokens(header, len(tokens)).get("bos_token_id")
-    if meta.get("tokenizer.ggml.add_bos_token") is True and bos is not None:
+    bos = meta.get(SPECIAL["bos_token_id"])
+    if meta.get("tokenizer.ggml.add_bos_token") is True and _token_id(bos, len(tokens)):
         piece = tokens[bos]
         return {"type": "TemplateProcessing",
                 "single": [{"SpecialToken": {"id": piece, "type_id": 0}},

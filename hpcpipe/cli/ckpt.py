@@ -634,7 +634,7 @@ def cmd_import_gguf(args) -> int:
     header = gguf_file.read_header(args.file)
     model = gguf_llama.architecture(header, args.file)
     gguf_llama.check_shapes(header, model, args.file)
-    special = gguf_llama.special_tokens(header, model["vocab_size"])
+    special = gguf_llama.special_tokens(header, model["vocab_size"], args.file)
     tokenizer = None
     if not args.without_tokenizer:
         import tempfile

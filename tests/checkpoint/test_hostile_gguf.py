@@ -206,3 +206,32 @@ def test_the_bounded_reader_reads_a_good_file_as_the_gguf_package_does(tmp_path)
         np.testing.assert_array_equal(gguf_file.read_tensor(path, info),
                                       gguf.quants.dequantize(tensor.data, tensor.tensor_type)
                                       .reshape(info.shape))
+
+
+def _eos(kind: str, value):
+    """Metadata that sets tokenizer.ggml.eos_token_id (which ggufmodel.write sets to 0)
+    to `value` through the writer's `add_<kind>`."""
+    def extra(writer):
+        writer.kv_data[0].pop("tokenizer.ggml.eos_token_id")
+        getattr(writer, f"add_{kind}")("tokenizer.ggml.eos_token_id", value)
+    return extra
+
+
+@pytest.mark.parametrize("extra, words", [
+    (lambda w: w.add_bos_token_id(300), "tokenizer.ggml.bos_token_id = 300"),
+    (_eos("uint32", 2**32 - 1), "tokenizer.ggml.eos_token_id = 4294967295"),
+    (_eos("int32", -1), "tokenizer.ggml.eos_token_id = -1"),
+    (_eos("string", "2"), "tokenizer.ggml.eos_token_id = '2'"),
+    (_eos("bool", True), "tokenizer.ggml.eos_token_id = True")],
+    ids=["bos past the vocabulary", "eos of 2**32-1", "eos negative", "eos text", "eos bool"])
+def test_special_token_ids_that_are_no_ids_of_the_model_are_refused(capsys, tmp_path, extra,
+                                                                    words):
+    """A bos or eos id past the vocabulary of 300 (or not an integer) was dropped without
+    a word: the import's source_model record lacked it, the export's config.json said
+    null, and transformers' generate on it never stopped."""
+    ggufmodel.gguf_module()
+    cfg, state = _model_file(tmp_path)
+    ggufmodel.write(tmp_path / "m.gguf", cfg, state, extra=extra)
+    line = ends_with_one_error(capsys, _import(tmp_path / "m.gguf", tmp_path))
+    assert words in line and "a token id below the vocabulary's 300" in line, line
+    assert not (tmp_path / "ckpt").exists()

@@ -74,6 +74,13 @@ def _rope_theta(data: dict, source: str) -> float:
             _refuse(source, f"rope_parameters.{extra[0]}", params[extra[0]],
                     "hpcpipe computes the default rotary angles only")
         if "rope_theta" in params:
+            # Both (transformers 5 writes both): transformers 4 reads the top one only.
+            top = data.get("rope_theta")
+            if top is not None and (not isinstance(top, (int, float)) or
+                                    isinstance(top, bool) or top != params["rope_theta"]):
+                _refuse(source, "rope_theta", top, f"differs from rope_parameters.rope_theta "
+                        f"= {json.dumps(params['rope_theta'])[:40]}: which rotary base the "
+                        f"model was trained with is not clear")
             return params["rope_theta"]
     return data.get("rope_theta", DEFAULTS["rope_theta"])
 

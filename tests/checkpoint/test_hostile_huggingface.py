@@ -188,3 +188,25 @@ def test_special_token_ids_of_the_model_are_kept(tmp_path):
     assert main(["ckpt", "import-hf", str(hf), "--out", str(tmp_path / "again")]) == 0
     assert ckpt.read_manifest(str(tmp_path / "again"))["source_model"] == {
         "context": 16, "bos_token_id": 1, "eos_token_id": [2, 15]}
+
+
+@pytest.mark.parametrize("value", [0, [1], "10000", 500.0])
+def test_a_rotary_base_that_disagrees_with_rope_parameters_is_refused(capsys, tmp_path, value):
+    """rope_theta = 0 (or [1], or another base) beside rope_parameters' rope_theta of
+    10000, as transformers 5 writes both: imported with 10000 without a word, though
+    transformers 4, which reads rope_theta, builds another model of the folder."""
+    hf = _llama_folder(tmp_path, rope_theta=value)
+    capsys.readouterr()
+    line = ends_with_one_error(capsys, ["ckpt", "import-hf", str(hf), "--out",
+                                        str(tmp_path / "again")])
+    assert f"config.json: rope_theta = {json.dumps(value)}: differs from " \
+           f"rope_parameters.rope_theta = 10000.0" in line, line
+    assert not (tmp_path / "again").exists()
+
+
+def test_a_rotary_base_given_twice_alike_imports(tmp_path):
+    from hpcpipe import checkpoint as ckpt
+
+    hf = _llama_folder(tmp_path, rope_theta=10000)  # (an integer: the same base)
+    assert main(["ckpt", "import-hf", str(hf), "--out", str(tmp_path / "again")]) == 0
+    assert ckpt.read_manifest(str(tmp_path / "again"))["model"]["rope_theta"] == 10000.0

@@ -223,6 +223,7 @@ def _consistent(m: dict, path: str, file: str):
         _listed(info["file"], m, file, f"tensor {name}")
     if "tokenizer" in m:
         _listed(m["tokenizer"]["file"], m, file, "the tokenizer")
+    _check_special_ids(m, file)
     _check_tensors(m, file)
     for name, segments in m["pieces"].items():
         if name not in m["tensors"]:
@@ -265,6 +266,18 @@ def _check_parts(m: dict, file: str):
     stray = sorted(set(m["files"]) - set(owner) - {m.get("tokenizer", {}).get("file")})
     if stray:
         raise CheckpointError(f"{file}: {stray[0]} is among its files but no part's")
+
+
+def _check_special_ids(m: dict, file: str):
+    """The special tokens' ids are the model's: an export writes them into config.json,
+    and an id past the vocabulary is one no logit is for (generate never stops)."""
+    vocab = m["model"]["vocab_size"]
+    for record in ("source_model", "tokenizer"):
+        for key, value in m.get(record, {}).items():
+            ids = value if isinstance(value, list) else [value]
+            if key.endswith("_token_id") and max(ids) >= vocab:
+                raise CheckpointError(f"{file}: {record}.{key} = {value}: past the model's "
+                                      f"vocabulary of {vocab}")
 
 
 def _listed(name: str, m: dict, file: str, what: str):

@@ -297,3 +297,29 @@ def test_export_refuses_bfloat16_weights_that_are_not_finite(capsys, tmp_path_fa
                                         str(tmp_path / "out.h5")])
     assert MODEL in line and "tensor wpe holds 2 NaN or infinite value(s)" in line
     assert not (tmp_path / "out.h5").exists()
+
+
+# -- special token ids past the vocabulary -----------------------------------------------
+
+@pytest.mark.parametrize("record, ids", [("source_model", 300), ("source_model", [0, 2**40]),
+                                         ("tokenizer", 256)])
+def test_a_special_token_id_past_the_vocabulary_is_refused(capsys, run, tmp_path, record,
+                                                           ids):
+    """A manifest re-signed with eos_token_id 300 for a vocabulary of 256 was read, and an
+    export wrote that id into config.json: an id no logit is for, so generate on the
+    export never stops. It is refused when the manifest is read, naming it."""
+    def edit(m):
+        m[record] = {"eos_token_id": ids}
+        if record == "tokenizer":  # (its file must be among the manifest's)
+            (run / CKPT / "tokenizer.json").write_text("{}")
+            m["tokenizer"]["file"] = "tokenizer.json"
+            m["files"]["tokenizer.json"] = {}
+    resign(run / CKPT, edit)
+    before = snapshot(run)
+    for argv in (["ckpt", "info", str(run)],
+                 ["ckpt", "export", str(run), "--out", str(tmp_path / "hf"), "--format", "hf"]):
+        line = ends_with_one_error(capsys, argv)
+        assert f"{record}.eos_token_id = {ids}: past the model's vocabulary of 256" in line, \
+            line
+    assert snapshot(run) == before
+    assert not os.path.exists(tmp_path / "hf") or not os.listdir(tmp_path / "hf")

@@ -27,6 +27,7 @@ import time
 import traceback
 
 from hpcpipe.util.errors import SHARED_FAILURES, HpcpipeError, os_error_text
+from hpcpipe.util.terminal import shown
 
 EXIT_USER_ERROR = 2
 EXIT_BUG = 1
@@ -101,7 +102,9 @@ def user_message(error: BaseException) -> str:
         text = f"out of memory: {error}" if str(error) else "out of memory"
     else:
         text = str(error) or type(error).__name__
-    return " ".join(text.split())  # one line, whatever the message held
+    # One line, whatever the message held, and text from a file (a recorded corpus, a
+    # name) shown with its control characters escaped, never obeyed by the terminal.
+    return shown(" ".join(text.split()))
 
 
 class Job:

@@ -126,3 +126,15 @@ def test_prepare_corpus_files_still_read_back(tmp_path):
     attrs = corpora.prepare(str(corpus), str(out), log=lambda *_: None)
     tokens = open_token_file(str(out))
     assert tokens.attrs["identity"] == attrs["identity"] and tokens.vocab_size == 256
+
+
+def test_a_recorded_corpus_with_terminal_escapes_is_shown_escaped(capsys, tmp_path):
+    """A token file whose recorded corpus holds escapes (clear the screen, red, a bell, a
+    right-to-left mark) was named in the error line as those bytes, which the terminal
+    obeyed; the error line shows them as escapes, as `ckpt info` shows a manifest's."""
+    path = write_h5(tmp_path / "t.h5", lambda f: f.attrs.update(
+        {"identity": "\x1b[2J\x1b[31mnotes\x07\u202e", "corpus": "notes"}))
+    line = ends_with_one_error(capsys, train_args(tmp_path / "run", path, "train.steps=1",
+                                                  f'data.corpus="{tmp_path / "other"}"'))
+    assert not any(ch in line for ch in "\x1b\x07\u202e"), repr(line)
+    assert "prepared from corpus \\x1b[2J\\x1b[31mnotes\\x07\\u202e, but" in line, line

@@ -109,3 +109,11 @@ def test_a_loss_scale_whose_inverse_overflows_float32_is_refused(tmp_path):
     assert "train.loss_scale = 1e-300" in msg and "at least 2.94e-39" in msg
     assert config.load(str(tmp_path / "run.toml"),
                        ["train.loss_scale=3e-39"]).train.loss_scale == 3e-39
+
+
+@pytest.mark.parametrize("value, shown", [('"false"', "'false'"), ("0", "0"), ("[false]", "[False]")])
+def test_a_retired_key_s_bad_value_is_named_as_given(tmp_path, value, shown):
+    """split_widths = "false" (a string) was refused as `parallel.split_widths = True`: a
+    value the config never held, and the user looks for a true that is not there."""
+    msg = error_of(tmp_path, f"[parallel]\nsplit_widths = {value}\n")
+    assert f"parallel.split_widths = {shown}: is retired" in msg, msg

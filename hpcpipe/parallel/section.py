@@ -288,8 +288,8 @@ def moved(source: str, parallel: dict) -> tuple[str, ...]:
     goes when false (as every old run's config.toml has it) and is refused otherwise."""
     notes = ()
     if "split_widths" in parallel:  # (false, its default, in every run's config.toml of then)
-        if parallel.pop("split_widths") is not False:
-            raise ConfigError(source, "parallel.split_widths", True,
+        if (given := parallel.pop("split_widths")) is not False:
+            raise ConfigError(source, "parallel.split_widths", given,
                               "is retired with the stage edges across a sublayer's width: a "
                               "stage holds whole blocks, or a block cut at its seam (t.attn | "
                               ".mlp in parallel.layout, docs/guides/stage-layouts.md); remove "

@@ -423,6 +423,9 @@ def cmd_export(args) -> int:
     tokenizer = ckpt.tokenizer_file(path, manifest) if args.format == "hf" else None
     if tokenizer is not None:
         claim_file(os.path.join(folder, ckpt.TOKENIZER), args.force)
+        # read as an import reads one (bounded, a tokenizer, the model's vocabulary): an
+        # export is a folder transformers loads, never a copy of whatever the file holds
+        tokenizer = checked_tokenizer(tokenizer, manifest["model"]["vocab_size"])
     tensors, manifest = ckpt.read_weights(path)
     try:
         with OutputSet() as outputs:  # every file of the export in place, or none
@@ -447,7 +450,7 @@ def cmd_export(args) -> int:
 
 
 def _export(outputs, out: str, path: str, tensors: dict, manifest: dict, config_json: str,
-            tokenizer: str | None, args) -> list[str]:
+            tokenizer: bytes | None, args) -> list[str]:
     """The export's files, written through `outputs` (files.OutputSet): the .h5, or the
     weights under Hugging Face's names (`out`, or shards and their index beside it), the
     config.json and the checkpoint's tokenizer.json where it has one; returns the
@@ -474,8 +477,7 @@ def _export(outputs, out: str, path: str, tensors: dict, manifest: dict, config_
     outputs.write_bytes(config_json, (json.dumps(hf_config_json(manifest, dtype), indent=2)
                                       + "\n").encode())
     if tokenizer is not None:
-        with open(tokenizer, "rb") as f:
-            outputs.write_bytes(os.path.join(os.path.dirname(out), ckpt.TOKENIZER), f.read())
+        outputs.write_bytes(os.path.join(os.path.dirname(out), ckpt.TOKENIZER), tokenizer)
     return files
 
 

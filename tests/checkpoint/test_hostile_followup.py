@@ -323,3 +323,43 @@ def test_a_special_token_id_past_the_vocabulary_is_refused(capsys, run, tmp_path
             line
     assert snapshot(run) == before
     assert not os.path.exists(tmp_path / "hf") or not os.listdir(tmp_path / "hf")
+
+
+# -- a carried tokenizer.json that is none ------------------------------------------------
+
+@pytest.mark.parametrize("text, words", [
+    ("[]", "is not a tokenizer.json the tokenizers package reads"),
+    (" " * (65 << 20), "is too large for a tokenizer.json"),
+    (None, "1,000 tokens, more than the model's vocabulary of 260")],
+    ids=["not a tokenizer", "65 MiB", "another vocabulary"])
+def test_export_refuses_a_carried_tokenizer_json_that_is_none(capsys, tmp_path, text, words):
+    """An imported Llama's tokenizer.json replaced (and the manifest re-signed) by text no
+    tokenizer reads, 65 MiB, or a tokenizer of 1,000 tokens for a vocabulary of 260:
+    `generate` refused it, but `ckpt export --format hf` copied it into the folder it
+    wrote, whole (read into memory however large), for transformers to fail on."""
+    from harness import required
+    from harness.tokenfiles import write_tokenizer_json
+
+    from hpcpipe import Llama
+
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        required.missing("hf", "Hugging Face's tokenizers is not installed")
+    cfg = small_config('model.arch="llama"', "model.n_kv_head=1", "model.n_layer=1",
+                       "model.vocab_size=260")
+    folder = tmp_path / "ckpt"
+    ckpt.write_weights(str(folder), ckpt.Origin(cfg.to_toml(), cfg.model, "float32"),
+                       {n: np.asarray(v) for n, v in Llama(cfg.model).params.items()},
+                       tokenizer=write_tokenizer_json(tmp_path / "t.json", 259).read_bytes())
+    if text is None:
+        write_tokenizer_json(folder / "tokenizer.json", 1000)
+    else:
+        (folder / "tokenizer.json").write_text(text)
+    resign(folder)
+    before = snapshot(folder)
+    line = ends_with_one_error(capsys, ["ckpt", "export", str(folder), "--out",
+                                        str(tmp_path / "hf"), "--format", "hf"])
+    assert str(folder / "tokenizer.json") in line and words in line, line
+    assert snapshot(folder) == before
+    assert not os.path.exists(tmp_path / "hf") or not os.listdir(tmp_path / "hf")

@@ -182,7 +182,8 @@ def _int(f, key: str, where: str) -> int:
             raise ValueError
         return int(value)
     except (TypeError, ValueError):
-        raise CheckpointError(f"{where}: attribute {key} = {str(value)[:40]}, not an "
+        text = repr(value) if isinstance(value, (str, bytes)) else str(value)  # '1': text
+        raise CheckpointError(f"{where}: attribute {key} = {text[:40]}, not an "
                               f"integer") from None
 
 

@@ -363,3 +363,14 @@ def test_export_refuses_a_carried_tokenizer_json_that_is_none(capsys, tmp_path, 
     assert str(folder / "tokenizer.json") in line and words in line, line
     assert snapshot(folder) == before
     assert not os.path.exists(tmp_path / "hf") or not os.listdir(tmp_path / "hf")
+
+
+def test_a_step_record_of_text_is_named_as_text(capsys, run):
+    """A state file whose step record is the text "1" was refused as `attribute step = 1,
+    not an integer`: a 1 is what the checkpoint's step is, so the message read as wrong."""
+    with h5py.File(run / CKPT / "model-pp000.h5", "a") as f:
+        f.attrs["step"] = "1"
+    resign(run / CKPT)
+    line = ends_with_one_error(capsys, ["ckpt", "export", str(run), "--out",
+                                        str(run.parent / "out.h5")])
+    assert "model-pp000.h5: attribute step = '1', not an integer" in line, line

@@ -4,7 +4,8 @@ checkpoints/ folder (`ckpt ls` lists the rest and names it), counters such as ad
 at 2**63 - 1 or a loss scale of 0 (refused when the manifest is read, before a resume
 trains), a recorded config nested too deep for tomllib (read past), and weights or Adam
 moments that are NaN, infinite or — for the second moment — negative (refused by export
-and resume, naming the file and tensor). Each is one readable error or a listing, never a
+and resume, naming the file and tensor), special token ids past the vocabulary, a
+carried tokenizer.json that is none (refused by export), a step record of text. Each is one readable error or a listing, never a
 traceback, and the checkpoint is left as it was."""
 
 import os

@@ -4,7 +4,8 @@ counts far past the file's end (the gguf package's own reader loops or returns s
 arrays on these), a shape whose element count wraps 64 bits, tensors outside the data
 section, overlapping or unaligned, text that is not UTF-8, keys and tensors twice,
 unknown types, a big-endian or future file, an array of arrays, a FIFO, weights that are
-not finite, a tokenizer the metadata cannot make, a block count of billions. And the
+not finite, a tokenizer the metadata cannot make, a block count of billions, bos/eos
+ids that are no ids of the model (refused, never dropped). And the
 bounded reader reads a good file as the gguf package does."""
 
 import dataclasses

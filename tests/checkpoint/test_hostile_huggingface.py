@@ -2,7 +2,8 @@
 tensor whose other dimensions no array can have, an index naming a shard with a NUL
 byte, a config.json that is there but is not a file (never silently taken as absent), a
 tokenizer.json whose ids pass the model's vocabulary, a Llama config.json claiming more
-layers than any file holds (refused at once)."""
+layers than any file holds (refused at once), bos/eos ids that are no ids of the model
+and a rope_theta that disagrees with rope_parameters' (refused, never dropped)."""
 
 import json
 import os

@@ -84,13 +84,16 @@ def check_model(manifest: dict, model, where: str):
     """The checkpoint's model shape must be the config's (`model`, its [model]). A
     Llama's block_size may be shorter: it has no position table (only the rotary angles,
     computed), so its weights train and run on any context up to the one they were
-    written for — how a fine-tune takes SmolLM2's 8192 at 256 tokens."""
+    written for — how a fine-tune takes SmolLM2's 8192 at 256 tokens — or, for a
+    fine-tune's own checkpoints, the one its source was (the source_model record)."""
     # absent: written unpadded, and a GPT-2 (model_record leaves both out then)
     saved = {"vocab_multiple": 1, "arch": "gpt2", **manifest["model"]}
     for key, value in saved.items():
         mine = getattr(model, key)
-        if key == "block_size" and saved.get("arch") == "llama" and mine <= value:
-            continue
+        if key == "block_size" and saved.get("arch") == "llama":
+            value = max(value, manifest.get("source_model", {}).get("context", value))
+            if mine <= value:
+                continue
         if mine != value:
             raise CheckpointError(
                 f"{where}: written for model.{key} = {value}, but the config has {mine}; a "

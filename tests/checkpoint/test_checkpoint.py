@@ -137,6 +137,23 @@ def test_another_model_family():
         ckpt.check_model(manifest, cfg.model, "somewhere")
 
 
+def test_a_llama_fine_tune_resumes_up_to_its_source_context():
+    """A Llama fine-tuned at 32 tokens from weights written for 128 (the manifest's
+    source_model record, carried by every checkpoint of the run) resumes at any context up
+    to 128 — it has no position table — and no further."""
+    manifest = {"model": {"arch": "llama", "n_layer": 2, "n_embd": 32, "n_head": 2,
+                          "block_size": 32, "vocab_size": 256, "n_kv_head": 2,
+                          "intermediate_size": 48},
+                "source_model": {"context": 128}}
+    llama = SMALL + ['model.arch="llama"', "model.n_kv_head=2", "model.intermediate_size=48"]
+    for longer in (64, 128):
+        cfg = config.load("inputs/tiny.toml", llama + [f"model.block_size={longer}"])
+        ckpt.check_model(manifest, cfg.model, "somewhere")
+    cfg = config.load("inputs/tiny.toml", llama + ["model.block_size=256"])
+    with pytest.raises(ckpt.CheckpointError, match="model.block_size = 128, but the config has 256"):
+        ckpt.check_model(manifest, cfg.model, "somewhere")
+
+
 def test_a_checkpoint_of_the_retired_edges_inside_blocks_still_reads(run_dir, tmp_path):
     """The code of 2026-12-06 that cut stages after a block's operations recorded the cuts
     in the manifest's layout ("cuts"); its tensors are whole, so its checkpoints read."""

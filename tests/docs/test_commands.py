@@ -18,12 +18,17 @@ from blocks import ROOT, Block, DirectiveError, all_blocks, pages, parse, unshow
 pytestmark = pytest.mark.serial
 TIMEOUT = 300  # a block's; they take seconds (importing transformers: up to half a minute)
 COPIED = ("Makefile", "pyproject.toml", "README.md", "inputs", "jobs")
+# What a block may leave at the top of the folder: the copies, and the folders git ignores
+# the contents of (runs/, data/) — a user who follows the docs in a clone keeps a clean
+# `git status`.
+LEFT = {*COPIED, "bench", "tests", "data", "runs"}
 
 BLOCKS = all_blocks()
 
 
 def _workdir(root, stdlib_tokens):
     os.makedirs(root / "data")
+    os.makedirs(root / "runs")  # in every clone (runs/.gitignore)
     for name in COPIED:
         source = ROOT / name
         (shutil.copytree if source.is_dir() else shutil.copy)(source, root / name)
@@ -86,6 +91,9 @@ def test_block(block, workdirs):
     what = f"docs-test: check {block.argument}" if block.kind == "check" else block.code
     assert proc.returncode == 0, f"{block.id} failed ({proc.returncode}):\n{what}\n" \
                                  f"--- output ---\n{proc.stdout[-4000:]}"
+    strays = sorted(p.name for p in workdirs(block.page).iterdir()
+                    if p.name not in LEFT and not p.name.startswith("_block_"))
+    assert not strays, f"{block.id} wrote outside runs/ and data/: {strays}"
     if block.lang == "console" and block.kind != "check":
         missing = unshown(block.code, proc.stdout)
         assert not missing, f"{block.id} shows lines its commands no longer print:\n" + \

@@ -248,7 +248,7 @@ def cmd_generate(args) -> int:
             out.flush()
     else:
         text = TextStream(tokenizer)
-        out.write(text.push(ids))
+        out.write(text.push(ids if args.prompt else []))  # not a start token of our choice
         for token in sampler.tokens(ids, args.tokens, stop):
             out.write(text.push([token]))
             out.flush()

@@ -331,3 +331,15 @@ def test_a_byte_level_model_has_no_end_of_text():
     manifest = {"model": {"vocab_size": 256}}
     assert end_tokens(manifest, ByteTokenizer()) == frozenset()
     assert end_tokens(manifest, None) == frozenset()
+
+
+def test_without_a_prompt_the_start_token_is_not_printed(capsys, tmp_path):
+    """Without --prompt, GPT-2 starts after <|endoftext|> (a byte model after a newline):
+    context generate chose, which it printed as if the user had written it."""
+    pytest.importorskip("tiktoken", reason="GPT-2's BPE needs tiktoken")
+    bpe = write_tiktoken(tmp_path / "small.tiktoken")
+    path = import_forced_gpt2(tmp_path, vocab=263, eos=262)
+    argv = [path, "--tokens", "2", "--tokenizer", "gpt2", "--tokenizer-file", str(bpe)]
+    assert generated(capsys, argv) == "\n"
+    assert generated(capsys, [*argv, "--prompt", ""]) == "\n"
+    assert generated(capsys, [*argv, "--ignore-eos"]) == "<|endoftext|>" * 2 + "\n"

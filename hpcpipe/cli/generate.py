@@ -248,7 +248,9 @@ def cmd_generate(args) -> int:
             out.flush()
     else:
         text = TextStream(tokenizer)
-        out.write(text.push(ids if args.prompt else []))  # not a start token of our choice
+        # The prompt's text as written: the model reads a BOS token the tokenizer puts in
+        # front (a tokenizer.json's), or the start token chosen without a prompt, too.
+        out.write(text.push(tokenizer.encode(os.fsencode(args.prompt or ""))))
         for token in sampler.tokens(ids, args.tokens, stop):
             out.write(text.push([token]))
             out.flush()

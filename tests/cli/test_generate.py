@@ -343,3 +343,28 @@ def test_without_a_prompt_the_start_token_is_not_printed(capsys, tmp_path):
     assert generated(capsys, argv) == "\n"
     assert generated(capsys, [*argv, "--prompt", ""]) == "\n"
     assert generated(capsys, [*argv, "--ignore-eos"]) == "<|endoftext|>" * 2 + "\n"
+
+
+def test_the_bos_token_a_tokenizer_puts_before_a_prompt_is_not_printed(capsys, tmp_path):
+    """A tokenizer.json whose post-processor starts a sequence with a BOS token (Llama
+    3's <|begin_of_text|>): the model reads it, but the output began with its text, which
+    the user never wrote."""
+    from harness import required
+    from harness.hostile import small_config
+    from harness.tokenfiles import write_tokenizer_json
+
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        required.missing("hf", "Hugging Face's tokenizers is not installed")
+    data = json.loads(write_tokenizer_json(tmp_path / "tokenizer.json").read_text())
+    data["post_processor"] = {
+        "type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "B", "type_id": 0}},
+                                                 {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [], "special_tokens": {"B": {"id": "B", "ids": [0], "tokens": ["B"]}}}
+    cfg = small_config('model.arch="llama"', "model.n_kv_head=1", "model.vocab_size=259")
+    path = ckpt.write_weights(
+        str(tmp_path / "ckpt"), ckpt.Origin(cfg.to_toml(), cfg.model, "float32"),
+        {n: np.asarray(v, dtype=np.float32) for n, v in perturbed_llama(cfg.model).params.items()},
+        tokenizer=json.dumps(data).encode())
+    assert generated(capsys, [path, "--prompt", "the thé", "--tokens", "0"]) == "the thé\n"

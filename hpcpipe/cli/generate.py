@@ -12,6 +12,13 @@ else bytes for a vocabulary of 256, GPT-2's BPE for one of 50257 or more (a padd
 vocabulary), token ids otherwise; `--tokenizer` chooses another. Either family: GPT-2 or
 a Llama (model.arch). Each new token costs one incremental forward over the key/value
 cache (kvcache.py), not a forward over the whole context.
+
+Generation stops at the model's end of text, as transformers' `generate` does, unless
+--ignore-eos: the eos_token_id an imported Llama's config (or GGUF metadata) names, kept
+in the manifest's "source_model" (an id or a list), else the tokenizer's end-of-text token
+(GPT-2's <|endoftext|>, a tokenizer.json's), else for ids of a GPT-2 vocabulary GPT-2's
+<|endoftext|>. A byte-level model has none: every byte is text (a newline is what
+separates its documents), so it writes --tokens bytes.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from hpcpipe.util.errors import HpcpipeError
 
 MAX_TOKENS = 1 << 20
 GPT2_VOCAB = 50257
+GPT2_EOT = GPT2_VOCAB - 1  # <|endoftext|>, after GPT-2's 50,256 BPE ranks
 EPILOG = f"""\
 examples:
   python -m hpcpipe generate runs/tiny --prompt 'def main(' --tokens 200
@@ -35,6 +43,10 @@ examples:
   python -m hpcpipe generate runs/gpt2 --prompt-ids 464,3290 --tokens 20 --top-k 40
   python -m hpcpipe generate runs/smollm2 --prompt 'The capital of France is' \
       --temperature 0 --tokens 50                     # its own tokenizer.json
+
+Generation stops at the model's end-of-text token (not printed): its eos_token_id
+(an imported Llama's), else its tokenizer's (GPT-2's <|endoftext|>); a byte-level model
+has none. --ignore-eos samples on to --tokens.
 
 GPT-2's BPE needs tiktoken (pip install 'hpcpipe[gpt2]') and its ranks: --tokenizer-file
 FILE or $HPCPIPE_TOKENIZER_FILE (offline), else tiktoken downloads them once; the file is
@@ -54,7 +66,11 @@ def register(subparsers):
     gen.add_argument("--prompt-ids", default=None,
                      help="comma-separated token ids instead (any vocabulary; prints ids)")
     gen.add_argument("--tokens", type=integer(0, MAX_TOKENS), default=200,
-                     help=f"tokens to generate, 0 to {MAX_TOKENS} (200)")
+                     help=f"tokens to generate, 0 to {MAX_TOKENS}; fewer where the model "
+                          f"ends the text (200)")
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="sample past the end-of-text token (printing it) instead of "
+                          "stopping there")
     gen.add_argument("--temperature", type=temperature, default=0.8,
                      help=f"0: greedy, else {MIN_TEMPERATURE:g} to 1e6 (0.8)")
     gen.add_argument("--top-k", type=integer(0), default=0,
@@ -155,6 +171,25 @@ def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None = None) -> lis
     return [ord("\n")] if tokenizer is not None else [0]
 
 
+def end_tokens(manifest: dict, tokenizer: Tokenizer | None) -> frozenset[int]:
+    """The ids that end a text, where generation stops: the source model's eos_token_id
+    (an imported Llama's: an id or a list), else the tokenizer's end-of-text token, else,
+    for ids of a GPT-2 model's vocabulary, GPT-2's <|endoftext|>; none for bytes."""
+    model = manifest["model"]
+    # (a "tokenizer" record's: checkpoints written before 2026-12-07 kept it there)
+    recorded = {**manifest.get("tokenizer", {}),
+                **manifest.get("source_model", {})}.get("eos_token_id")
+    if recorded is not None:
+        ids = recorded if isinstance(recorded, list) else [recorded]
+    elif tokenizer is not None:
+        ids = [tokenizer.eot] if tokenizer.eot is not None else []
+    elif model.get("arch", "gpt2") == "gpt2" and model["vocab_size"] >= GPT2_VOCAB:
+        ids = [GPT2_EOT]
+    else:
+        ids = []
+    return frozenset(i for i in ids if 0 <= i < model["vocab_size"])
+
+
 def load_model(path: str, manifest: dict, device: str = "auto"):
     """(model, backend) of a checkpoint on `device` — a GPT or a Llama — its memory
     checked before it is allocated."""
@@ -204,16 +239,19 @@ def cmd_generate(args) -> int:
     model, be = load_model(path, manifest, args.device)
     sampler = Sampler(model, be, args.temperature, args.top_k, args.seed,
                       tokenizer.vocab_size if tokenizer is not None else None)
+    stop = frozenset() if args.ignore_eos else end_tokens(manifest, tokenizer)
     out = sys.stdout
     if tokenizer is None or args.prompt_ids is not None:
         out.write(",".join(str(i) for i in ids))
-        for token in sampler.tokens(ids, args.tokens):
+        for token in sampler.tokens(ids, args.tokens, stop):
             out.write(f",{token}")
             out.flush()
     else:
         text = TextStream(tokenizer)
-        out.write(text.push(ids))
-        for token in sampler.tokens(ids, args.tokens):
+        # The prompt's text as written: the model reads a BOS token the tokenizer puts in
+        # front (a tokenizer.json's), or the start token chosen without a prompt, too.
+        out.write(text.push(tokenizer.encode(os.fsencode(args.prompt or ""))))
+        for token in sampler.tokens(ids, args.tokens, stop):
             out.write(text.push([token]))
             out.flush()
         out.write(text.end())

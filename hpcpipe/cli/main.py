@@ -245,14 +245,14 @@ def cmd_prepare(args) -> int:
         out = args.out or converted_path(args.source)
         check_hdf5_name(out)  # before claiming, which may create its folder
         claim_file(out, args.force, "--out", make_folder=True)
-        convert(args.source, out)
+        convert(args.source, out, replace=args.force)
         return 0
     corpus, name = args.corpus or "stdlib", args.tokenizer or "bytes"
     tokenizer = load(name, args.tokenizer_file)  # before claiming: a missing library
     out = args.out or default_token_path(corpus, tokenizer.tag)
     check_hdf5_name(out)
     claim_file(out, args.force, "--out", make_folder=True)
-    prepare(corpus, out, args.val_fraction, tokenizer=tokenizer)
+    prepare(corpus, out, args.val_fraction, tokenizer=tokenizer, replace=args.force)
     return 0
 
 

@@ -166,14 +166,16 @@ def _check_tokens(data, model, source: str, tokens: TokenFile):
     if model.vocab_size < tokens.vocab_size:
         raise ConfigError(source, "model.vocab_size", model.vocab_size,
                           f"must be at least {tokens.vocab_size}, the vocabulary of {path}")
+    # A window is block_size inputs and the token after the last: block_size + 1 tokens
+    # (every reader refuses a split of fewer than 2, so block_size 1 always fits).
     shortest = min(tokens.length("train"), tokens.length("val"))
-    if model.block_size + 1 >= shortest:
-        advice = (f"use a block_size below {shortest - 1} or a bigger corpus" if shortest > 2
-                  else "too few for any block_size: a bigger corpus (or, prepared by "
-                       "hpcpipe, a larger data.val_fraction)")
+    if model.block_size + 1 > shortest:
+        val = (", or, prepared by hpcpipe, a larger data.val_fraction"
+               if tokens.length("val") < tokens.length("train") else "")
         raise ConfigError(source, "model.block_size", model.block_size,
                           f"larger than the data: the smaller split of {path} has {shortest} "
-                          f"tokens; {advice}")
+                          f"tokens; use a block_size of at most {shortest - 1}, or a bigger "
+                          f"corpus{val}")
 
 
 def _check_val_fraction(data, tokens: TokenFile):

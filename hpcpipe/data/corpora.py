@@ -185,10 +185,11 @@ def val_tokens(total: int, val_fraction: float) -> int:
 
 
 def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print,
-            tokenizer: Tokenizer | None = None) -> dict:
+            tokenizer: Tokenizer | None = None, replace: bool = True) -> dict:
     """Tokenize `corpus` into the HDF5 file `out` (bytes unless another tokenizer is
     given); returns its attributes. The file is written atomically (files.write_atomic),
-    so a crash never leaves a half file that looks complete."""
+    so a crash never leaves a half file that looks complete; replace=False: not over a
+    file another command wrote at `out` meanwhile (an OutputError)."""
     import h5py
 
     tokenizer = tokenizer or ByteTokenizer()
@@ -218,18 +219,18 @@ def prepare(corpus: str, out: str, val_fraction: float = 0.05, log=print,
                                  fletcher32=True)
             f.attrs.update(attrs)
 
-    write_buffered(out, write)  # a full disk: one OSError, never HDF5 failing mid-file
+    write_buffered(out, write, replace)  # a full disk: one OSError, never HDF5 failing
     log(f"prepared {out}: {used} files, {len(tokens):,} {tokenizer.name} tokens "
         f"({len(tokens) - n_val:,} train, {n_val:,} val) from {source} "
         f"in {time.perf_counter() - started:.1f} s{_skipped(binary)}")
     return attrs
 
 
-def convert(source: str, out: str, log=print) -> dict:
+def convert(source: str, out: str, log=print, replace: bool = True) -> dict:
     """Copy the token file (or glob of shards) `source` — llm.c or nanoGPT `.bin`, or
     another HDF5 token file — into an HDF5 token file `out`, split for split, a slice at
     a time (never a whole split in memory), every id checked against the vocabulary;
-    returns its attributes."""
+    returns its attributes. replace: as `prepare`'s."""
     import h5py
 
     started = time.perf_counter()
@@ -262,7 +263,7 @@ def convert(source: str, out: str, log=print) -> dict:
                                                               min(n, start + _COPY))
                 f.attrs.update(attrs)
 
-        write_atomic(out, write)
+        write_atomic(out, write, replace)
     finally:
         tokens.close()
     log(f"converted {source} ({attrs['converted_from']}, {attrs['tokenizer']}, vocab "

@@ -91,8 +91,8 @@ class TokenFile:
         stream) at counter (step, sample index), so sample i of a step is the same
         whichever rank or microbatch asks for it.
         """
-        n = self.length(split) - block_size - 1
-        if n < 1:
+        n = self.length(split) - block_size - 1  # the last start: a window is block_size + 1
+        if n < 0:
             raise DataError(f"the {split} split of {self.path} has {self.length(split)} tokens, "
                             f"too few for block_size {block_size}")
         stream = _TRAIN_STREAM if split == "train" else _VAL_STREAM

@@ -32,13 +32,16 @@ class Sampler:
         probs = np.exp(logits - logits.max())
         return int(self.rng.choice(logits.size, p=probs / probs.sum()))
 
-    def tokens(self, ids: list[int], count: int):
-        """Yield `count` new tokens continuing `ids`."""
+    def tokens(self, ids: list[int], count: int, stop=frozenset()):
+        """Yield up to `count` new tokens continuing `ids`: a token in `stop` (the model's
+        end of text) ends them, itself not yielded."""
         cache = self.model.new_cache(1)
         history = list(ids)
         logits = self._restart(cache, history[-cache.capacity:])
         for n in range(count):
             token = self.choose(logits[0, -1])
+            if token in stop:
+                return
             yield token
             history.append(token)
             if n + 1 == count:

@@ -12,7 +12,9 @@ the file, never followed to overwrite its target.
 A path a user names as a command's output is claimed first (`claim_file`,
 `claim_folder`): an existing file is replaced only with --force, a folder is never taken
 for a file, an existing folder that is not the kind the command makes is never replaced,
-and every refusal comes before anything is written, so it leaves nothing behind.
+and every refusal comes before anything is written, so it leaves nothing behind. A file
+another command wrote under the name after the claim is not replaced either where the
+writer asks so (write_atomic(replace=False): an exclusive create, `publish_new`).
 """
 
 from __future__ import annotations
@@ -59,19 +61,53 @@ def _stage(path: str, write) -> str:
     return tmp
 
 
-def write_atomic(path: str, write) -> str:
+def write_atomic(path: str, write, replace: bool = True) -> str:
     """`write(tmp_path)` creates the file; it is then fsynced and renamed to `path`.
 
     The temporary name is hidden and unique to this process, and removed if `write`
-    fails, so two writers never share one and a failure leaves nothing behind."""
+    fails, so two writers never share one and a failure leaves nothing behind.
+    replace=False (a new output, no --force): the complete file takes the name only where
+    nothing holds it yet — a file another command wrote there meanwhile is left as it is,
+    and this one refused (`publish_new`)."""
     tmp = _stage(path, write)
     try:
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            publish_new(tmp, path)
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
     fsync_dir(os.path.dirname(os.path.abspath(path)))
     return path
+
+
+def publish_new(tmp: str, path: str):
+    """Give the complete file `tmp` the name `path` only where nothing has it: an exclusive
+    create, link(2), which fails where the name exists instead of replacing what is there
+    (rename(2) replaces). Two commands told to write one new file pass their claims
+    (`claim_file`) together; the later to finish is refused here, the earlier's file kept,
+    and neither is ever seen half-written. (`tmp` stays; the caller removes it.)"""
+    try:
+        os.link(tmp, path)
+        return
+    except FileExistsError:
+        raise _written_meanwhile(path) from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+    # A file system without hard links: the name reserved exclusively (an empty file
+    # until the rename), then replaced by the complete file.
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        raise _written_meanwhile(path) from None
+    os.replace(tmp, path)
+
+
+def _written_meanwhile(path: str) -> OutputError:
+    return OutputError(f"{path}: another command wrote it while this one ran; it is left as "
+                       f"it is (pass --force to replace it)")
 
 
 class OutputSet:
@@ -159,13 +195,13 @@ def free_bytes(folder: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def write_buffered(path: str, build) -> int:
+def write_buffered(path: str, build, replace: bool = True) -> int:
     """`build(buffer)` fills an in-memory file (an `io.BytesIO`: HDF5 through
     `h5py.File(buffer, "w")`), which is then written by `write_atomic` with plain writes;
     returns its size. A library that meets a full disk mid-file (HDF5 prints a traceback per
     open object and may crash the process at exit) never sees one: the disk's error is one
     OSError from a plain write — and a file that cannot fit is refused before any of it is
-    written."""
+    written. replace: as write_atomic's."""
     buffer = io.BytesIO()
     build(buffer)
     data = buffer.getbuffer()
@@ -180,7 +216,7 @@ def write_buffered(path: str, build) -> int:
             f.write(data)
 
     try:
-        write_atomic(path, write)
+        write_atomic(path, write, replace)
     except OSError as e:
         if e.filename is None:  # a plain write's error names no file: name the output
             raise OSError(e.errno, e.strerror, path) from None

@@ -250,3 +250,121 @@ def test_a_prompt_the_tokenizer_makes_ids_outside_the_vocabulary_of_is_one_error
                                         "--tokens", "1", "--tokenizer", "hf",
                                         "--tokenizer-file", str(tmp_path / "tokenizer.json")])
     assert "--prompt: the tokenizer made token id 5000" in line and "0..258" in line, line
+
+
+# -- the end of text: generation stops at the model's EOS, as transformers' does --
+
+def import_forced_gpt2(folder, vocab: int, eos: int) -> str:
+    """A GPT-2 checkpoint whose every next token is `eos`: the final LayerNorm gives the
+    constant (1, 0, ...), and wte's first column (the tied head's) is 1 for `eos` alone."""
+    tensors = gpt2_tensors(C=8, V=vocab, T=16, layers=1, seed=3)
+    tensors["transformer.ln_f.weight"][:] = 0
+    tensors["transformer.ln_f.bias"][:] = 0
+    tensors["transformer.ln_f.bias"][0] = 1
+    tensors["transformer.wte.weight"][:, 0] = 0
+    tensors["transformer.wte.weight"][eos, 0] = 1
+    (folder / "hf").mkdir()
+    safetensors.save(str(folder / "hf" / "model.safetensors"), tensors, {"format": "pt"})
+    (folder / "hf" / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "n_head": 2, "n_embd": 8, "n_layer": 1, "n_positions": 16,
+        "vocab_size": vocab}))
+    assert main(["ckpt", "import-hf", str(folder / "hf"), "--out", str(folder / "ckpt"),
+                 "--config", TINY]) == 0
+    return str(folder / "ckpt")
+
+
+def generated(capsys, argv) -> str:
+    """stdout of `python -m hpcpipe generate ARGV`, greedy, on this machine's device."""
+    capsys.readouterr()
+    assert main(["generate", *argv, "--temperature", "0", "--device", devices.name()]) == 0
+    return capsys.readouterr().out
+
+
+def test_gpt2_text_stops_at_endoftext_unless_ignore_eos(capsys, tmp_path):
+    """`generate` wrote <|endoftext|> and sampled on past it, to --tokens; transformers'
+    users expect the text to end there."""
+    pytest.importorskip("tiktoken", reason="GPT-2's BPE needs tiktoken")
+    bpe = write_tiktoken(tmp_path / "small.tiktoken")  # 262 ranks: <|endoftext|> is 262
+    path = import_forced_gpt2(tmp_path, vocab=263, eos=262)
+    argv = [path, "--prompt", "def main", "--tokens", "3", "--tokenizer", "gpt2",
+            "--tokenizer-file", str(bpe)]
+    assert generated(capsys, argv) == "def main\n"
+    assert generated(capsys, [*argv, "--ignore-eos"]) == "def main" + "<|endoftext|>" * 3 + "\n"
+
+
+def test_ids_of_a_gpt2_vocabulary_stop_at_50256(capsys, tmp_path):
+    path = import_forced_gpt2(tmp_path, vocab=50257, eos=50256)
+    assert generated(capsys, [path, "--prompt-ids", "5,6", "--tokens", "3"]) == "5,6\n"
+    assert generated(capsys, [path, "--prompt-ids", "5,6", "--tokens", "3",
+                              "--ignore-eos"]) == "5,6,50256,50256,50256\n"
+
+
+def test_a_llama_stops_at_any_of_its_recorded_eos_ids(capsys, tmp_path):
+    """An imported Llama's eos_token_id (Llama 3's is a list) is kept in the manifest's
+    source_model: the first of them sampled ends the text, itself not written."""
+    from harness.hostile import small_config
+
+    cfg = small_config('model.arch="llama"', "model.n_kv_head=1", "model.vocab_size=259")
+    params = {n: np.asarray(v, dtype=np.float32)
+              for n, v in perturbed_llama(cfg.model, seed=4).params.items()}
+
+    def checkpoint(name, eos):
+        return ckpt.write_weights(str(tmp_path / name), ckpt.Origin(cfg.to_toml(), cfg.model,
+                                                                    "float32"),
+                                  params, source_model={"context": 16, "eos_token_id": eos})
+
+    argv = ["--prompt-ids", "3,1,4", "--tokens", "8"]
+    free = generated(capsys, [checkpoint("free", 7), *argv, "--ignore-eos"])
+    new = [int(i) for i in free.strip().split(",")[3:]]
+    assert len(new) == 8
+    end = new[2]  # an id the model samples third (or earlier)
+    unused = next(i for i in range(259) if i not in new)
+    stopped = generated(capsys, [checkpoint("eos", [unused, end]), *argv])
+    assert stopped == ",".join(map(str, [3, 1, 4, *new[:new.index(end)]])) + "\n"
+
+
+def test_a_byte_level_model_has_no_end_of_text():
+    """Every byte is text (a newline separates its documents): nothing ends generation."""
+    from hpcpipe.cli.generate import end_tokens
+    from hpcpipe.data.tokenizer import ByteTokenizer
+
+    manifest = {"model": {"vocab_size": 256}}
+    assert end_tokens(manifest, ByteTokenizer()) == frozenset()
+    assert end_tokens(manifest, None) == frozenset()
+
+
+def test_without_a_prompt_the_start_token_is_not_printed(capsys, tmp_path):
+    """Without --prompt, GPT-2 starts after <|endoftext|> (a byte model after a newline):
+    context generate chose, which it printed as if the user had written it."""
+    pytest.importorskip("tiktoken", reason="GPT-2's BPE needs tiktoken")
+    bpe = write_tiktoken(tmp_path / "small.tiktoken")
+    path = import_forced_gpt2(tmp_path, vocab=263, eos=262)
+    argv = [path, "--tokens", "2", "--tokenizer", "gpt2", "--tokenizer-file", str(bpe)]
+    assert generated(capsys, argv) == "\n"
+    assert generated(capsys, [*argv, "--prompt", ""]) == "\n"
+    assert generated(capsys, [*argv, "--ignore-eos"]) == "<|endoftext|>" * 2 + "\n"
+
+
+def test_the_bos_token_a_tokenizer_puts_before_a_prompt_is_not_printed(capsys, tmp_path):
+    """A tokenizer.json whose post-processor starts a sequence with a BOS token (Llama
+    3's <|begin_of_text|>): the model reads it, but the output began with its text, which
+    the user never wrote."""
+    from harness import required
+    from harness.hostile import small_config
+    from harness.tokenfiles import write_tokenizer_json
+
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        required.missing("hf", "Hugging Face's tokenizers is not installed")
+    data = json.loads(write_tokenizer_json(tmp_path / "tokenizer.json").read_text())
+    data["post_processor"] = {
+        "type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "B", "type_id": 0}},
+                                                 {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [], "special_tokens": {"B": {"id": "B", "ids": [0], "tokens": ["B"]}}}
+    cfg = small_config('model.arch="llama"', "model.n_kv_head=1", "model.vocab_size=259")
+    path = ckpt.write_weights(
+        str(tmp_path / "ckpt"), ckpt.Origin(cfg.to_toml(), cfg.model, "float32"),
+        {n: np.asarray(v, dtype=np.float32) for n, v in perturbed_llama(cfg.model).params.items()},
+        tokenizer=json.dumps(data).encode())
+    assert generated(capsys, [path, "--prompt", "the thé", "--tokens", "0"]) == "the thé\n"

@@ -53,9 +53,9 @@ def test_a_missing_bin_and_a_missing_folder(tmp_path):
                     print)
 
 
-def test_a_split_too_short_for_any_block_size_says_so(tmp_path):
+def test_a_split_of_two_tokens_says_what_fits(tmp_path):
     """A val split of 2 tokens (a data.val_fraction of 1e-9) used to be told to use "a
-    block_size below 1", which no config can."""
+    block_size below 1", which no config can; it holds one window of block_size 1."""
     from harness.tokenfiles import write_nanogpt
 
     write_nanogpt(tmp_path / "train.bin", range(1000))
@@ -66,7 +66,7 @@ def test_a_split_too_short_for_any_block_size_says_so(tmp_path):
         open_tokens(cfg, MPI.COMM_SELF, log=lambda *_: None)
     message = str(info.value)
     assert "has 2 tokens" in message and "below 1" not in message
-    assert "too few for any block_size" in message
+    assert "a block_size of at most 1" in message and "a larger data.val_fraction" in message
 
 
 def test_a_token_file_of_another_val_fraction_is_refused_not_reused(tmp_path, monkeypatch):
@@ -88,3 +88,30 @@ def test_a_token_file_of_another_val_fraction_is_refused_not_reused(tmp_path, mo
                               "model": model}, "run.toml")
     with pytest.raises(DataError, match=r"val_fraction 0\.05.*data\.val_fraction is 0\.2"):
         open_tokens(other, MPI.COMM_SELF, quiet)
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_split_of_block_size_plus_one_tokens_holds_one_window(tmp_path, split):
+    """block_size + 1 tokens are one training window (block_size inputs, each one's next
+    token the target), but were refused as "larger than the data" (the check asked for
+    one token more), and the window sampler found no start for them."""
+    from harness.tokenfiles import write_nanogpt
+
+    short = list(range(100, 117))  # block_size 16 + 1
+    write_nanogpt(tmp_path / "train.bin", short if split == "train" else range(1000))
+    write_nanogpt(tmp_path / "val.bin", short if split == "val" else range(500, 700))
+    cfg = config.from_dict({"data": {"path": str(tmp_path / "train.bin")},
+                            "model": {"vocab_size": 50257, "block_size": 16}}, "run.toml")
+    tokens = open_tokens(cfg, MPI.COMM_SELF, log=lambda *_: None)
+    try:
+        batch = tokens.batch(split, 16, seed=3, step=7, indices=range(4))
+    finally:
+        tokens.close()
+    assert batch.idx.shape == batch.targets.shape == (4, 16)
+    for row, target in zip(batch.idx, batch.targets):  # the one window, four times
+        assert row.tolist() == short[:-1] and target.tolist() == short[1:]
+    longer = config.from_dict({"data": {"path": str(tmp_path / "train.bin")},
+                               "model": {"vocab_size": 50257, "block_size": 17}}, "run.toml")
+    with pytest.raises(config.ConfigError, match="larger than the data.*block_size of at "
+                                                 "most 16"):
+        open_tokens(longer, MPI.COMM_SELF, log=lambda *_: None)

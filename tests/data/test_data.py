@@ -1,5 +1,6 @@
 """Corpora → HDF5 token files → deterministic windows."""
 
+import os
 import re
 
 import h5py
@@ -148,3 +149,39 @@ def test_files_skipped_as_binary_are_named_in_the_log(tmp_path):
     assert attrs["files"] == 1
     assert "1 skipped as binary" in lines[-1] and str(folder / "b.txt") in lines[-1]
     assert "empty.txt" not in lines[-1]
+
+
+
+@pytest.mark.parametrize("convert", [False, True])
+def test_a_prepare_finished_meanwhile_is_not_replaced_without_force(capsys, tmp_path,
+                                                                    monkeypatch, convert):
+    """Two `prepare --out X` at once both pass the check that X does not exist; the later
+    to finish replaced the earlier's file without a word. Now it is one error line, the
+    earlier's file kept whole. (The other run is played in this process, between this
+    one's claim and its write: no timing.)"""
+    from harness.hostile import ends_with_one_error
+
+    out, ours, theirs = tmp_path / "t.tokens.h5", tmp_path / "ours.txt", tmp_path / "theirs.txt"
+    ours.write_text("our corpus " * 40)
+    theirs.write_text("their corpus " * 40)
+    quiet = lambda *_: None  # noqa: E731
+    given = ["--corpus", str(ours)]
+    if convert:
+        given = ["--from", data.prepare(str(ours), str(tmp_path / "o.h5"), log=quiet) and
+                 str(tmp_path / "o.h5")]
+    step = "open_token_file" if convert else "_read_corpus"  # this run's first reading
+    original = getattr(data, step)
+
+    def the_other_run_finishes_first(*args, **kwargs):
+        monkeypatch.setattr(data, step, original)  # (once: the other run reads too)
+        data.prepare(str(theirs), str(out), log=quiet)  # (it finds nothing there)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(data, step, the_other_run_finishes_first)
+    line = ends_with_one_error(capsys, ["prepare", *given, "--out", str(out)])
+    assert line == (f"error: {out}: another command wrote it while this one ran; it is left "
+                    f"as it is (pass --force to replace it)")
+    kept = open_token_file(str(out))
+    assert kept.attrs["corpus"] == str(theirs)
+    kept.close()
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hpcpipe.parallel.asyncdp import record
-from hpcpipe.parallel.asyncdp.elastic import BETA, TAU, alpha
+from hpcpipe.parallel.asyncdp.elastic import BETA, alpha
 from hpcpipe.parallel.asyncdp.ssp import ring_slots
 from hpcpipe.parallel.asyncdp.windows import slices
 
@@ -86,7 +86,7 @@ def test_shards_ring_and_defaults():
     assert slices(10, 3) == [(0, 4), (4, 8), (8, 10)]
     assert slices(2, 3) == [(0, 1), (1, 2), (2, 2)]  # a rank may own nothing
     assert [ring_slots(s) for s in (0, 1, 4)] == [2, 4, 10]
-    assert (BETA, TAU) == (0.9, 10) and alpha(0, 2) == pytest.approx(0.45) and alpha(0.2, 2) == 0.2
+    assert BETA == 0.9 and alpha(0, 2) == pytest.approx(0.45) and alpha(0.2, 2) == 0.2
 
 
 @pytest.mark.parametrize("line,words", [

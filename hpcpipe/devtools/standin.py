@@ -423,9 +423,6 @@ class SimDevice(types.ModuleType):
             return slice(*(self.unwrap(v, what) for v in (value.start, value.stop, value.step)))
         return value
 
-    def asnumpy(self, a):
-        return a.get() if isinstance(a, DeviceArray) else np.asarray(a)
-
     def gemm_accumulate(self, a, b, out):
         """cuBLAS gemmEx with 16-bit operands, a float32 output and beta = 1
         (device/gemm.py checks the operands): out += a @ b, the product of the operands

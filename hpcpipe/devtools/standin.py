@@ -234,9 +234,6 @@ class _Event:
             self._device.complete_events(upto=self)
         self._done = True
 
-    def query(self) -> bool:
-        return self._done
-
     @property
     def done(self) -> bool:
         return self._done

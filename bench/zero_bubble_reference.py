@@ -47,7 +47,6 @@ COSTS = {  # stage-level F, B, W, comm (a V chunk costs half)
     "28.3B": (10.419, 10.207, 7.715, 0.408),
 }
 SIZES = tuple((p, k * p) for p in (4, 8, 16, 32) for k in (2, 3, 4, 8))
-KINDS = ("v-half", "v-min", "zb-v", "dualpipev")
 
 
 def load_theirs(checkout: Path):

@@ -34,6 +34,7 @@ import time
 import numpy as np
 
 from hpcpipe.device import backend
+from hpcpipe.devtools.ondevice import relative_error
 
 from .common import merge_json
 
@@ -57,11 +58,6 @@ def _events_ms(fn, event, elapsed, repeats: int) -> float:
         end.synchronize()
         times.append(elapsed(start, end))
     return float(np.median(times))
-
-
-def _error(got, want) -> float:
-    want = np.asarray(want, np.float64)
-    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(1e-30, np.abs(want).max()))
 
 
 def _bf16():
@@ -94,7 +90,7 @@ def kernels(be, out: str, small: bool):
     def record(name, shape, fn, nbytes, got, want, bound):
         ms = device_ms(be, fn, reps)
         fn()  # once more: what is checked (each kernel here reads inputs it never writes)
-        error = _error(got()[:head], want)
+        error = relative_error(got()[:head], want)
         rows.append({"kernel": name, "shape": list(shape), "ms": ms,
                      "gb_per_s": nbytes / ms / 1e6, "max_error": error, "ok": error < bound})
         merge_json(out, {"kernels": rows})
@@ -213,7 +209,7 @@ def llama_rows(be, k, out, rows, small, record):
                 lambda: attention.flash_forward(k, ya_, lse_, q_, k_, v_, NH, KV, None, table),
                 lambda: attention.flash_backward(k, dq_, dk_, dv_, dd_, dyq_, ya_, q_, k_, v_,
                                                  lse_, NH, KV, None, table),
-                lambda: _error(ya_.get()[0, :, :HS], want))
+                lambda: relative_error(ya_.get()[0, :, :HS], want))
 
 
 def flash_rows(be, k, out, rows, small):
@@ -237,7 +233,7 @@ def flash_rows(be, k, out, rows, small):
     _flash_pair(be, out, rows, "", [B, T, NH, HS], small,
                 lambda: attention.forward(k, y_, lse_, qkv_, NH, bias_),
                 lambda: attention.backward(k, dqkv_, dd_, dy_, y_, qkv_, lse_, NH, bias_),
-                lambda: _error(y_.get()[:1, :, :2 * HS], want))
+                lambda: relative_error(y_.get()[:1, :, :2 * HS], want))
 
 
 def _flash_pair(be, out, rows, label, shape, small, forward, backward, error):
@@ -305,9 +301,9 @@ def attention_vs_sdpa(be, out: str, small: bool):
         flops = _flash_flops(B, NH, T, HS)
         mine = dqkv_.get().astype(np.float64).reshape(B, T, 3, NH, HS)
         theirs_y = y.detach().transpose(1, 2).reshape(B, T, C)  # (y asks for gradients)
-        errors = {"y": _error(y_.get(), theirs_y.float().cpu())}
+        errors = {"y": relative_error(y_.get(), theirs_y.float().cpu())}
         for i, name in enumerate(("dq", "dk", "dv")):
-            errors[name] = _error(mine[:, :, i], grads[i].transpose(1, 2).float().cpu())
+            errors[name] = relative_error(mine[:, :, i], grads[i].transpose(1, 2).float().cpu())
         results.append({"T": T, "B": B, "heads": NH, "head_size": HS,
                         "flash_f_ms": ours_f, "flash_b_ms": ours_b, "sdpa_f_ms": theirs_f,
                         "sdpa_b_ms": theirs_b, "flash_f_tflops": flops / ours_f / 1e9,

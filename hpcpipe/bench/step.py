@@ -192,7 +192,6 @@ class TorchStep:
     def __init__(self, torch, cfg, device, dtype, params, idx, targets, compile=False):
         from .torch_gpt import adamw
 
-        self.torch = torch
         wide = dtype in ("float32", "float64")
         model = torch_peer(cfg).to(device=device,
                                    dtype=getattr(torch, dtype if wide else "float32"))

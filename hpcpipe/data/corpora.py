@@ -112,10 +112,6 @@ def encode(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
-def decode(tokens) -> str:
-    return bytes(np.asarray(tokens, dtype=np.uint8)).decode("utf-8", errors="replace")
-
-
 def token_dtype(vocab_size: int) -> np.dtype:
     """The smallest unsigned integer that holds every id of the vocabulary."""
     return np.dtype(np.uint8 if vocab_size <= 2**8 else np.uint16 if vocab_size <= 2**16

@@ -34,7 +34,7 @@ N, C = 48, 256  # rows and channels of the LayerNorm, GELU and loss checks
 B, T, NH, HS = 2, 40, 2, 32  # attention
 
 
-def _error(got, want) -> float:
+def relative_error(got, want) -> float:
     want = np.asarray(want, np.float64)
     return float(np.abs(np.asarray(got, np.float64) - want).max() / max(1e-30, np.abs(want).max()))
 
@@ -62,7 +62,7 @@ def _layernorm(k, xp, rng):
     dxhat = dy * w
     want_dx = r * (dxhat - dxhat.mean(1, keepdims=True)
                    - xhat * (dxhat * xhat).mean(1, keepdims=True))
-    plain = _error(y.get(), xhat * w + b)
+    plain = relative_error(y.get(), xhat * w + b)
     # B in row blocks, with the weight gradients' and dx's column sums
     rows_dx = xp.empty((N, C), np.float32)
     pieces = xp.empty(layernorm.row_partials_shape(N, C, True), np.float32)
@@ -77,11 +77,11 @@ def _layernorm(k, xp, rng):
                       xsum=xsum, xbias=_f32(xp, xbias))
     x1 = x + xbias + res
     return [("layernorm.forward", plain),
-            ("layernorm.forward_xsum", _error(xsum.get(), x1)),
-            ("layernorm.forward_residual", _error(y.get(), _normalised(x1)[0] * w + b)),
-            ("layernorm.backward", _error(dx.get(), want_dx)),
-            ("layernorm.backward_rows", _error(rows_dx.get(), want_dx))] + [
-        (f"layernorm.finish_{name}", _error(got.get(), want))
+            ("layernorm.forward_xsum", relative_error(xsum.get(), x1)),
+            ("layernorm.forward_residual", relative_error(y.get(), _normalised(x1)[0] * w + b)),
+            ("layernorm.backward", relative_error(dx.get(), want_dx)),
+            ("layernorm.backward_rows", relative_error(rows_dx.get(), want_dx))] + [
+        (f"layernorm.finish_{name}", relative_error(got.get(), want))
         for name, got, want in zip(("dweight", "dbias", "dsum"), sums, want_sums)]
 
 
@@ -109,18 +109,18 @@ def _gelu(k, xp, rng):
     gelu.bias_forward(k, yb, x2, b2)
     gelu.bias_backward(k, dxb, pieces, _f32(xp, dy).reshape(N, C), x2, b2)
     gelu.bias_finish(k, dbias, pieces)
-    return [("gelu.forward", _error(y.get(), want_y)),
-            ("gelu.backward", _error(dx.get(), want_dx)),
-            ("gelu.bias_forward", _error(yb.get().reshape(-1), want_yb)),
-            ("gelu.bias_backward", _error(dxb.get().reshape(-1), want_dxb)),
-            ("gelu.bias_finish", _error(dbias.get(), want_dxb.reshape(N, C).sum(0)))]
+    return [("gelu.forward", relative_error(y.get(), want_y)),
+            ("gelu.backward", relative_error(dx.get(), want_dx)),
+            ("gelu.bias_forward", relative_error(yb.get().reshape(-1), want_yb)),
+            ("gelu.bias_backward", relative_error(dxb.get().reshape(-1), want_dxb)),
+            ("gelu.bias_finish", relative_error(dbias.get(), want_dxb.reshape(N, C).sum(0)))]
 
 
 def _residual(k, xp, rng):
     y, bias, res = rng.standard_normal((N, C)), rng.standard_normal(C), rng.standard_normal((N, C))
     out = _f32(xp, y)
     residual.bias_residual(k, out, _f32(xp, bias), _f32(xp, res))
-    return [("residual.bias_residual", _error(out.get(), y + bias + res))]
+    return [("residual.bias_residual", relative_error(out.get(), y + bias + res))]
 
 
 def _attention(k, xp, rng):
@@ -134,7 +134,7 @@ def _attention(k, xp, rng):
     p = np.exp(s - s.max(-1, keepdims=True))
     want = (p / p.sum(-1, keepdims=True)) @ v
     return [("attention.forward",
-             _error(y.get(), want.transpose(0, 2, 1, 3).reshape(B, T, NH * HS)))]
+             relative_error(y.get(), want.transpose(0, 2, 1, 3).reshape(B, T, NH * HS)))]
 
 
 # bfloat16 inputs, P and dS rounded to bfloat16 before their products: a few 1e-3 of
@@ -196,9 +196,9 @@ def _flash(k, xp, rng, NHf, NKV, rope: bool):
     if rope:
         want[1], want[2] = _rotated(want[1], cos, -sin), _rotated(want[2], cos, -sin)
     got = [a.get().astype(np.float64) for a in (y, *grads)]
-    errors = [_error(gv, w.reshape(gv.shape)) for gv, w in zip(got, want)]
+    errors = [relative_error(gv, w.reshape(gv.shape)) for gv, w in zip(got, want)]
     stored = np.concatenate([gv.reshape(Tt, -1) for gv in got[1:]], -1).sum(0)
-    return errors, _error(dbias.get(), stored)
+    return errors, relative_error(dbias.get(), stored)
 
 
 def _attention_flash(k, xp, rng):
@@ -223,8 +223,8 @@ def _cross_entropy(k, xp, rng):
     p /= p.sum(1, keepdims=True)
     want_loss = -np.log(p[np.arange(N), targets])
     p[np.arange(N), targets] -= 1
-    return [("cross_entropy.loss", _error(losses.get(), want_loss)),
-            ("cross_entropy.dlogits", _error(dlogits.get(), p / N))]
+    return [("cross_entropy.loss", relative_error(losses.get(), want_loss)),
+            ("cross_entropy.dlogits", relative_error(dlogits.get(), p / N))]
 
 
 def _embedding(k, xp, rng):
@@ -237,8 +237,8 @@ def _embedding(k, xp, rng):
     embedding.backward_wpe(k, dwpe, _f32(xp, dx))
     want = np.zeros((7, C))
     np.add.at(want, idx.reshape(-1), dx.reshape(-1, C))
-    return [("embedding.wte", _error(dwte.get(), want)),
-            ("embedding.wpe", _error(dwpe.get(), dx.sum(0)))]
+    return [("embedding.wte", relative_error(dwte.get(), want)),
+            ("embedding.wpe", relative_error(dwpe.get(), dx.sum(0)))]
 
 
 def _adamw(k, xp, rng):
@@ -248,7 +248,7 @@ def _adamw(k, xp, rng):
     adamw.step(k, dev[0], dev[1], dev[2], dev[3], dev[4], None, 1, lr, b1, b2, eps, wd)
     m, v = (1 - b1) * g, (1 - b2) * g * g
     want = p - lr * wd * mask * p - m / (np.sqrt(v / (1 - b2)) + eps) * lr / (1 - b1)
-    return [("adamw.step", _error(dev[0].get(), want))]
+    return [("adamw.step", relative_error(dev[0].get(), want))]
 
 
 def _gradnorm(k, xp, rng):
@@ -259,7 +259,7 @@ def _gradnorm(k, xp, rng):
     gradnorm.sums_of_squares(k, sums, partials, _f32(xp, g), xp.asarray(offsets))
     g32 = g.astype(np.float32).astype(np.float64)
     want = [np.sum(g32[a:b] ** 2) for a, b in itertools.pairwise(offsets)]
-    return [("gradnorm.sums_of_squares", _error(sums.get(), want))]
+    return [("gradnorm.sums_of_squares", relative_error(sums.get(), want))]
 
 
 CHECKS = (_layernorm, _gelu, _residual, _attention, _attention_flash, _cross_entropy,

@@ -210,12 +210,6 @@ class ShapeArray:
         except AttributeError:
             return self.copy().reshape(shape)
 
-    def ravel(self):
-        return self.reshape(-1)
-
-    def flatten(self):
-        return self.copy().reshape(-1)
-
     # -- kernels -------------------------------------------------------------------------
     def copy(self, order="C"):
         return self._device.copy_of(self)
@@ -407,9 +401,6 @@ class _Allocations:
     def ascontiguousarray(self, a, dtype=None):
         a = self.asarray(a, dtype)
         return a if a.c_contiguous else self.copy_of(a)
-
-    def asnumpy(self, a):
-        return self.to_host(a, None) if isinstance(a, ShapeArray) else np.asarray(a)
 
     # -- transfers and host reads ------------------------------------------------------
     def to_host(self, a, out=None):

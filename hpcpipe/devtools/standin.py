@@ -234,9 +234,6 @@ class _Event:
             self._device.complete_events(upto=self)
         self._done = True
 
-    def query(self) -> bool:
-        return self._done
-
     @property
     def done(self) -> bool:
         return self._done
@@ -422,9 +419,6 @@ class SimDevice(types.ModuleType):
         if isinstance(value, slice):
             return slice(*(self.unwrap(v, what) for v in (value.start, value.stop, value.step)))
         return value
-
-    def asnumpy(self, a):
-        return a.get() if isinstance(a, DeviceArray) else np.asarray(a)
 
     def gemm_accumulate(self, a, b, out):
         """cuBLAS gemmEx with 16-bit operands, a float32 output and beta = 1

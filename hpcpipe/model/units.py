@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from hpcpipe.model.layers import block, scope
 from hpcpipe.model.layout import GPTConfig, block_layout, half_layout
 
-KINDS = ("block", "attn", "mlp")
-
 
 @dataclass(frozen=True)
 class Unit:

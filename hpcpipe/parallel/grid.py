@@ -161,8 +161,6 @@ def build(world, dp: int, pp: int, rank_order: str = "pp-inner", source: str = "
     needs `reductions`; watchdog: a hang watchdog will watch it (`alarms`)."""
     from mpi4py import MPI
 
-    if rank_order not in RANK_ORDERS:
-        raise LayoutError(f"rank order {rank_order!r} unknown; allowed: {', '.join(RANK_ORDERS)}")
     check_launch(world.size, dp, pp, tp, source)
     outer = [dp, pp] if rank_order == "pp-inner" else [pp, dp]
     cart = world.Create_cart(dims=[*outer, tp], periods=[False] * 3, reorder=False)

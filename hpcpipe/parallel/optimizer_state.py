@@ -11,8 +11,6 @@ from __future__ import annotations
 from hpcpipe.model.sharding import part_record
 from hpcpipe.util.state import RANK, Entry, StateError, Stateful
 
-KINDS = ("exp_avg", "exp_avg_sq", "master")
-
 
 class OptimizerState(Stateful):
     """The shards of `optimizer` (optim.optimizer.Optimizer) over `model`'s stages on `grid`;

@@ -47,8 +47,6 @@ class OuterStep:
                  moments=()):
         """`moments`: views of the inner optimizer's moments to average at every outer
         step along with the deltas (`Optimizer.moments`, flattened); none: kept local."""
-        if kind not in OUTER_OPTIMIZERS:
-            raise ValueError(f"outer optimizer {kind!r}; allowed: {', '.join(OUTER_OPTIMIZERS)}")
         self.shards, self.comm, self.transport = shards, comm, transport
         self.moments = list(moments)
         self.dp, self.every, self.kind = dp, every, kind

@@ -5,6 +5,7 @@ resume changes about the run (its data, its length) is said or refused here."""
 
 from __future__ import annotations
 
+import math
 import tomllib
 
 from hpcpipe import checkpoint as ckpt
@@ -83,7 +84,7 @@ def changed_length(manifest: dict, steps: int, path: str) -> str | None:
     so from the resumed step on the rates (and the losses) are no longer that run's."""
     if imported(manifest):
         return None  # its train.steps are the import's config's: no run decayed over them
-    saved = _saved(manifest, ("train", "steps"))
+    saved = _saved(manifest)("train", "steps")
     if saved is None or saved == steps:
         return None
     return (f"{path}: train.steps = {steps}, where the run that wrote it had {saved}: the "
@@ -91,15 +92,15 @@ def changed_length(manifest: dict, steps: int, path: str) -> str | None:
             f"that run's")
 
 
-def _saved(manifest: dict, *keys: tuple[str, str]):
-    """The values of [section] key of the config of the run that wrote the checkpoint (a
-    tuple of them for several keys), or None where it has no such config."""
+def _saved(manifest: dict):
+    """A reader of [section] key of the config of the run that wrote the checkpoint, parsed
+    once: it answers None for a key that config lacks, or for all where it has none."""
     try:  # (text the manifest's reader bounds but does not parse: nested, it recurses)
         saved = tomllib.loads(manifest["config"])
-        values = tuple(saved[section][key] for section, key in keys)
     except (tomllib.TOMLDecodeError, KeyError, TypeError, RecursionError):
-        return None
-    return values[0] if len(values) == 1 else values
+        saved = {}
+    return lambda section, key: (saved.get(section) if isinstance(saved.get(section), dict)
+                                 else {}).get(key)
 
 
 def changed_windows(manifest: dict, cfg, path: str) -> list[str]:
@@ -108,19 +109,19 @@ def changed_windows(manifest: dict, cfg, path: str) -> list[str]:
     so another seed or another global batch continues on other data than that run's."""
     if imported(manifest):
         return []  # weights from a file: no run drew windows before
-    lines = []
-    seed = _saved(manifest, ("train", "seed"))
+    lines, saved = [], _saved(manifest)
+    seed = saved("train", "seed")
     if seed is not None and seed != cfg.train.seed:
         lines.append(f"{path}: train.seed = {cfg.train.seed}, where the run that wrote it had "
                      f"{seed}: the training and validation windows from here are another "
                      f"seed's, so the steps and losses differ from that run's")
-    saved = _saved(manifest, ("parallel", "dp"), ("parallel", "microbatches"),
-                   ("train", "micro_batch_size"))
+    factors = [saved("parallel", "dp"), saved("parallel", "microbatches"),
+               saved("train", "micro_batch_size")]
     now = cfg.parallel.dp * cfg.parallel.microbatches * cfg.train.micro_batch_size
-    if saved is not None and saved[0] * saved[1] * saved[2] != now:
+    if None not in factors and math.prod(factors) != now:
         lines.append(f"{path}: {now} sequences a step (dp × microbatches × "
                      f"micro_batch_size), where the run that wrote it had "
-                     f"{saved[0] * saved[1] * saved[2]}: the windows from here are not that "
+                     f"{math.prod(factors)}: the windows from here are not that "
                      f"run's")
     return lines
 

@@ -29,6 +29,7 @@ learning rate that warms up and decays and clipping that fires on some steps. Ch
   dp, a recorded s = 2 run and an asynchronous EASGD run replayed bitwise.
 """
 
+import json
 import os
 import shutil
 import sys
@@ -198,8 +199,9 @@ def staleness_from_log(folder, world_rank, dp) -> list[int]:
     against the global step of its ticket (ticket // dp + 1)."""
     from hpcpipe.parallel.asyncdp import record
 
-    return [r["ticket"] // dp - r["version"] for r in record.read_records(
-        record.log_path(folder, world_rank))[1:] if "version" in r and "t" in r]
+    with open(record.log_path(folder, world_rank)) as f:
+        return [r["ticket"] // dp - r["version"] for r in map(json.loads, f)
+                if "version" in r and "t" in r]
 
 
 def check_ssp_stragglers(comm, dp, pp, tp, label, folder, correction) -> list[str]:
@@ -254,8 +256,8 @@ def check_stale_reference(comm, cfg, folder, recorded, label) -> list[str]:
     clipped by ‖Σ g̃_j‖ at step k's rate — each replica's weights to 1e-10."""
     from hpcpipe.parallel.asyncdp import record
 
-    rows = [r for r in record.read_records(record.log_path(folder, comm.rank))[1:]
-            if "version" in r and "t" in r]
+    with open(record.log_path(folder, comm.rank)) as f:
+        rows = [r for r in map(json.loads, f) if "version" in r and "t" in r]
     rows, owns = comm.gather(rows, root=0), comm.gather(recorded["own"][0], root=0)
     if comm.rank != 0:
         return []

@@ -65,9 +65,6 @@ float64 for float64). None of them synchronises or copies: they only launch.
         losses (N,) A; dlogits, logits (N, Vp) S (dlogits may be logits); targets (N,)
         int64; vocab: the real V (columns [V, Vp) are padding: masked, dlogits 0);
         dscale = scale / N. Grid (N), block 256.
-    partials(k, out, logits, targets, vocab, first, shard)  out (shards, N, 3) A: this
-        vocabulary shard's (max, sum exp, target logit) rows; all-gather them, then
-    backward(k, losses, dlogits, logits, targets, gathered, vocab, first, dscale).
   embedding (embedding.cu):
     backward_wte(k, dwte, dx, idx, order, carry, lengths)   idx (B, T) int64 (a
         vocabulary shard's local ids; ones outside [0, V) are skipped); order (B·T,) int64
@@ -140,8 +137,7 @@ SOURCES = {s.name: s for s in (
     Source("flash", tuple(f"flash_{stem}_hs{hs}" for stem in (
         "forward", "backward_dq", "backward_dkv") for hs in (16, 32, 48, 64))
            + ("flash_bias_finish",)),
-    Source("cross_entropy", _typed("cross_entropy_fused", "cross_entropy_partials",
-                                   "cross_entropy_backward")),
+    Source("cross_entropy", _typed("cross_entropy_fused")),
     Source("embedding", _typed("embedding_wte_pieces", "embedding_backward_wpe")
            + _typed("embedding_wte_runs", dtypes=("f32", "f64"))),
     # No contracted multiply-adds: the update's bits are NumPy's (see adamw.cu).

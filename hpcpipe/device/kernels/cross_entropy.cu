@@ -3,19 +3,15 @@
 // memory, arithmetic in float), and the same block then writes the row's dlogits
 // (softmax - onehot) · dscale — the full probabilities never exist. The formulas are
 // hpcpipe/model/layers/loss.py's: loss_row = log(sum exp(x - max)) + max - x[target].
+// The kernel reads the row once from memory (the second read, for dlogits, is the block's
+// own recent row, from cache). Tensor parallelism's vocabulary shards take the loss
+// through the array library instead (model/layers/loss.py).
 //
-// A vocabulary shard (tensor parallelism) holds columns [v0, v0 + V): it writes its
-// partials (max, sum exp(x - max), the target's logit or 0), the shards all-gather them,
-// and each finishes its own columns from everybody's, combined in shard order (the same
-// bits on every shard). One shard alone uses the fused kernel, which reads the row once
-// from memory (the second read, for dlogits, is the block's own recent row, from cache).
-//
-// Shapes: N rows (B·T), V columns held here, Vp >= V the row stride (padded vocabulary:
-// columns [V, Vp) are excluded from the softmax and get dlogits 0), shards; A = Acc<S>.
+// Shapes: N rows (B·T), V columns, Vp >= V the row stride (padded vocabulary: columns
+// [V, Vp) are excluded from the softmax and get dlogits 0); A = Acc<S>.
 //   logits, dlogits (N, Vp) S   dlogits may be logits itself (each element is read first)
 //   targets (N,) int64          ids in the full vocabulary
 //   losses (N,) A               per row; the loss is their mean
-//   partials (shards, N, 3) A   this shard's block: [shard][row] = (max, sum, target logit)
 // dscale: scale / N_total, the factor on (softmax - onehot) (gradient accumulation's 1/k).
 // Launch: grid (N), block CE_THREADS.
 #include "common.cuh"
@@ -82,67 +78,11 @@ __device__ void cross_entropy_fused(typename Acc<S>::type* losses, S* dlogits, c
     write_dlogits(dlogits + n * Vp, row, V, Vp, target, stats, dscale);
 }
 
-template <typename S>
-__device__ void cross_entropy_partials(typename Acc<S>::type* partials, const S* logits,
-                                       const long long* targets, int N, int V, int Vp,
-                                       long long v0, int shard) {
-    typedef typename Acc<S>::type A;
-    const long long n = blockIdx.x;
-    const S* row = logits + n * Vp;
-    const RowStats<A> stats = row_stats(row, V);
-    if (threadIdx.x == 0) {
-        const long long local = targets[n] - v0;
-        A* out = partials + ((long long)shard * N + n) * 3;
-        out[0] = stats.top;
-        out[1] = stats.total;
-        out[2] = local >= 0 && local < V ? to_acc(row[local]) : (A)0;
-    }
-}
-
-// From all shards' partials (shards, N, 3): this shard's losses and dlogits.
-template <typename S>
-__device__ void cross_entropy_backward(typename Acc<S>::type* losses, S* dlogits,
-                                       const S* logits, const long long* targets,
-                                       const typename Acc<S>::type* partials, int shards, int N,
-                                       int V, int Vp, long long v0, typename Acc<S>::type dscale) {
-    typedef typename Acc<S>::type A;
-    const long long n = blockIdx.x;
-    RowStats<A> stats;
-    stats.top = -HP_INFINITY;
-    for (int k = 0; k < shards; ++k) {
-        const A top = partials[((long long)k * N + n) * 3];
-        stats.top = top > stats.top ? top : stats.top;
-    }
-    stats.total = 0;
-    A target_logit = 0;  // held by exactly one shard; the others add exact zeros
-    for (int k = 0; k < shards; ++k) {  // in shard order: every shard gets the same bits
-        const A* p = partials + ((long long)k * N + n) * 3;
-        if (p[1] != (A)0) stats.total += p[1] * exp_acc(p[0] - stats.top);
-        target_logit += p[2];
-    }
-    if (threadIdx.x == 0) losses[n] = log_acc(stats.total) + stats.top - target_logit;
-    write_dlogits(dlogits + n * Vp, logits + n * Vp, V, Vp, targets[n] - v0, stats, dscale);
-}
-
 #define CROSS_ENTROPY_KERNELS(S, A, suffix)                                                  \
     extern "C" __global__ void __launch_bounds__(CE_THREADS) cross_entropy_fused_##suffix(   \
         A* losses, S* dlogits, const S* logits, const long long* targets, int V, int Vp,     \
         A dscale) {                                                                          \
         cross_entropy_fused<S>(losses, dlogits, logits, targets, V, Vp, dscale);             \
-    }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(CE_THREADS)                                 \
-        cross_entropy_partials_##suffix(A* partials, const S* logits,                        \
-                                        const long long* targets, int N, int V, int Vp,      \
-                                        long long v0, int shard) {                           \
-        cross_entropy_partials<S>(partials, logits, targets, N, V, Vp, v0, shard);           \
-    }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(CE_THREADS)                                 \
-        cross_entropy_backward_##suffix(A* losses, S* dlogits, const S* logits,              \
-                                        const long long* targets, const A* partials,         \
-                                        int shards, int N, int V, int Vp, long long v0,      \
-                                        A dscale) {                                          \
-        cross_entropy_backward<S>(losses, dlogits, logits, targets, partials, shards, N, V,  \
-                                  Vp, v0, dscale);                                           \
     }
 
 CROSS_ENTROPY_KERNELS(bf16, float, bf16)

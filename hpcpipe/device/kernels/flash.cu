@@ -45,7 +45,7 @@
 // Shared rows are padded by 16 bytes (FA_PAD) so the 8 rows an ldmatrix phase reads start
 // in 8 different 4-bank groups: no bank conflicts.
 //
-// Rounding (hpcpipe/devtools/flashmodel.py models it in float64, step for step): every
+// Rounding (tests/harness/flashmodel.py models it in float64, step for step): every
 // product on the tensor cores adds its 16 products exactly to the accumulator, rounded
 // once; S stays unscaled, p = exp2(s·c - m·c) with c = log2(e)/sqrt(HS) (one fused
 // multiply-add), P and dS rounded to bfloat16 before their products, the scale applied to

@@ -187,17 +187,6 @@ def _cross_entropy_fused(args):
     return 2 * _nbytes(logits) + _sum(targets), _sum(losses, dlogits)
 
 
-def _cross_entropy_partials(args):
-    out, logits, targets = args[:3]
-    rows = logits.shape[0] if len(logits.shape) == 2 else _nbytes(targets) // 8
-    return _sum(logits, targets), rows * 3 * out.itemsize
-
-
-def _cross_entropy_backward(args):
-    losses, dlogits, logits, targets, gathered = args[:5]
-    return 2 * _nbytes(logits) + _sum(targets, gathered), _sum(losses, dlogits)
-
-
 def _embedding_pieces(args):
     carry, lengths, dx, idx, order = args[:5]
     return _sum(dx, idx, order), _sum(carry, lengths)
@@ -253,8 +242,6 @@ _BY_STEM = {
     "flash_forward": _flash_forward, "flash_backward_dq": _flash_dq,
     "flash_backward_dkv": _flash_dkv, "flash_bias_finish": _flash_bias_finish,
     "cross_entropy_fused": _cross_entropy_fused,
-    "cross_entropy_partials": _cross_entropy_partials,
-    "cross_entropy_backward": _cross_entropy_backward,
     "embedding_wte_pieces": _embedding_pieces, "embedding_wte_runs": _embedding_runs,
     "embedding_backward_wpe": _embedding_wpe,
     "adamw": _adamw, "adamw_dev": _adamw, "grad_sumsq_partials": _sumsq_partials,

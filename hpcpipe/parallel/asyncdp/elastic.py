@@ -33,8 +33,6 @@ from hpcpipe.parallel.asyncdp.windows import Deadline, Sharded, TicketLock
 
 # The paper's moving rate of the centre, β = p·α, fixed at 0.9 in all its experiments.
 BETA = 0.9
-# Its communication period τ: it explored 1 to 64 steps and ran ImageNet with τ = 10.
-TAU = 10
 LOCK, SERVING, VERSION = range(3)  # an owner's words: its ticket lock, the shard's version
 
 

@@ -212,10 +212,3 @@ def _parse(path: str, number: int, line: bytes, spec=None) -> tuple:
 def _describe(layout: dict, keys) -> str:
     return ", ".join(f"{k} = {layout.get(k)}" for k in keys)
 
-
-def read_records(path: str) -> list[dict]:
-    """Every record of a log (for the straggler benchmark's report): checked like a
-    replay's; the header first."""
-    data = read_bounded(path, MAX_BYTES)
-    return [_parse(path, number, line, _HEADER if number == 1 else None)[1]
-            for number, line in enumerate(data.split(b"\n"), start=1) if line]

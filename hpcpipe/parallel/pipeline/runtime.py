@@ -72,8 +72,8 @@ class Runtime:
         count = sum(len(stage.in_flight) for stage in self.stages.values()) / self.chunks
         return count, sum(stage.stash_bytes() for stage in self.stages.values())
 
-    def run_step(self, step: int, inputs, loss_scale: float, account_bytes=True,
-                 on_layer_done=None, on_op_done=None) -> StepResult:
+    def run_step(self, step: int, inputs, loss_scale: float, on_layer_done=None,
+                 on_op_done=None) -> StepResult:
         """One step's ops. `inputs(mb)` gives (idx, targets) of microbatch mb as device
         arrays; only the stages with the embedding or the head use them. `loss_scale`
         multiplies each microbatch's loss gradient (scaling.GradScale.seed).
@@ -110,8 +110,7 @@ class Runtime:
             except Exception as e:
                 e.add_note(self.where(step, i))
                 raise
-            if account_bytes:
-                self._account(op, result)
+            self._account(op, result)
         beacon.index = len(self.plan)  # past its ops: what follows is the step's own
         self.p2p.finish()
         self.p2p.backend.synchronize()  # the step's one wait for the device

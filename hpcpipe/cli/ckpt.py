@@ -26,7 +26,7 @@ from hpcpipe import checkpoint as ckpt
 from hpcpipe.checkpoint import hf_llama, huggingface
 from hpcpipe.checkpoint.huggingface import untied_values
 from hpcpipe.checkpoint.hdf5 import store
-from hpcpipe.model.layout import GPT2_VOCAB
+from hpcpipe.model.layout import GPT2_EOT, GPT2_VOCAB
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.arguments import path
 from hpcpipe.util.files import OutputSet, claim_file, claim_folder
@@ -49,7 +49,6 @@ A CHECKPOINT is a checkpoint folder, a checkpoints/ folder or a run directory (m
 its latest checkpoint)."""
 
 HF_PREFIX = "transformer."
-GPT2_EOT = GPT2_VOCAB - 1  # GPT-2's <|endoftext|>, its last token
 
 
 CHECKPOINT_HELP = ("a checkpoint folder (RUN_DIR/checkpoints/step_N), or a run directory "

@@ -29,13 +29,12 @@ import sys
 
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.data.tokenizer import GPT2_FILE_URL, TextStream, Tokenizer, load
-from hpcpipe.model.layout import GPT2_VOCAB
+from hpcpipe.model.layout import GPT2_EOT, GPT2_VOCAB
 from hpcpipe.model.sampler import Sampler
 from hpcpipe.util.arguments import integer, number, path
 from hpcpipe.util.errors import HpcpipeError
 
 MAX_TOKENS = 1 << 20
-GPT2_EOT = GPT2_VOCAB - 1  # <|endoftext|>, after GPT-2's 50,256 BPE ranks
 EPILOG = f"""\
 examples:
   python -m hpcpipe generate runs/tiny --prompt 'def main(' --tokens 200

@@ -133,6 +133,7 @@ def family_problem(cfg) -> tuple[str, object, str] | None:
 # 50257 → 50304 rows (nanoGPT's and llm.c's), so the head's three GEMMs run on aligned
 # shapes (an H100 measured cuBLAS at 125 TFLOP/s on the 50257-wide head, 882 aligned).
 GPT2_VOCAB, GPT2_VOCAB_MULTIPLE = 50257, 128
+GPT2_EOT = GPT2_VOCAB - 1  # <|endoftext|>, after GPT-2's 50,256 BPE ranks
 
 
 def padding_mask(cfg: GPTConfig) -> int | None:

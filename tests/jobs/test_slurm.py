@@ -77,6 +77,14 @@ def finished(cluster, job, out, timeout=180) -> dict:
     return record
 
 
+def trained(run_dir, steps=10):
+    """A wait condition: the run in `run_dir` has logged `steps` metrics lines."""
+    def enough(_):
+        path = run_dir / "metrics.jsonl"
+        return path.exists() and len(path.read_text().splitlines()) >= steps
+    return enough
+
+
 @pytest.fixture(scope="module")
 def reference(cluster, workdir, stdlib_tokens):
     """jobs/train.sbatch run to the end: the numbers every other job must reproduce."""
@@ -160,12 +168,7 @@ def test_preemptible_job_checkpoints_requeues_and_resumes(cluster, workdir, stdl
                                                           reference):
     job, run_dir, out = submit(cluster, JOBS / "train-preemptible.sbatch", workdir, "preempt",
                                stdlib_tokens)
-
-    def trained_some_steps(_):
-        path = run_dir / "metrics.jsonl"
-        return path.exists() and len(path.read_text().splitlines()) >= 10
-
-    running = cluster.wait(job, 120, until=trained_some_steps)
+    running = cluster.wait(job, 120, until=trained(run_dir))
     assert running["JobState"] == "RUNNING", out.read_text() if out.exists() else running
     # `--signal=USR1@…` sends USR1 to the ranks before the time limit; --full sends it to
     # the batch shell as well, which must survive it (bash dies of an untrapped USR1).
@@ -191,6 +194,45 @@ def test_preemptible_job_checkpoints_requeues_and_resumes(cluster, workdir, stdl
         [(1, step, "preempted"), (step + 1, STEPS, "finished")]
     first, second = (p["slurm_job"] for p in summary["pieces"])
     assert first.split()[0] == str(job) and second == f"{job} (restart 1)", summary["pieces"]
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    """A submit folder as a user's clone has it: jobs/, inputs/, an empty runs/ and the venv
+    as .venv, so that the scripts' defaults (output file, run directory, venv) resolve in
+    it as they do for a user, and nothing is written into the repository."""
+    root = tmp_path_factory.mktemp("clone")
+    for name in ("jobs", "inputs"):
+        (root / name).symlink_to(ROOT / name)
+    (root / "runs").mkdir()
+    (root / ".venv").symlink_to(sys.prefix)
+    return root
+
+
+def test_preemptible_job_as_submitted_saves_on_a_term_to_its_batch_shell(
+        cluster, clone, stdlib_tokens, reference):
+    """Submitted as a user does — from the clone, no --output, RUN_DIR or VENV: the output
+    is runs/<job name>-<job id>.out and the run runs/<config>-<job id>, which the requeued
+    job finds again. A TERM to the batch shell alone (`scancel --batch --signal=TERM`) is
+    passed on to the ranks as USR1: srun answers a TERM of its own by killing its tasks at
+    once ("forcing job termination"), and the job died unsaved, status 137."""
+    env = {k: v for k, v in cluster.env(PP="2").items() if k not in ("VENV", "RUN_DIR")}
+    job = cluster.submit("jobs/train-preemptible.sbatch", "inputs/tiny.toml",
+                         *overrides(stdlib_tokens), cwd=clone, env=env,
+                         options=["--job-name", "asgiven", "--ntasks-per-node=2",
+                                  "--cpus-per-task=1", "--gpus-per-node=0", "--time=10"])
+    out, run_dir = clone / "runs" / f"asgiven-{job}.out", clone / "runs" / f"tiny-{job}"
+    running = cluster.wait(job, 120, until=trained(run_dir))
+    assert running["JobState"] == "RUNNING", out.read_text() if out.exists() else running
+    cluster.signal(job, "TERM", batch=True)
+    record = finished(cluster, job, out, timeout=240)
+
+    text = out.read_text()
+    assert record["Restarts"] == "1" and f"requeueing job {job}" in text, text
+    assert len([line for line in text.splitlines() if line.startswith("resumed from")]) == 1
+    assert slurm.metrics(run_dir) == reference["metrics"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [p["ended"] for p in summary["pieces"]] == ["preempted", "finished"], summary
 
 
 def test_test_sbatch_runs_the_mpi_tests_inside_the_allocation(cluster, workdir):

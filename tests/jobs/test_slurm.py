@@ -133,12 +133,15 @@ def test_wrong_rank_count_stops_with_one_message(cluster, workdir, stdlib_tokens
 
 def test_a_users_mistakes_end_the_job_with_one_line(cluster, workdir, stdlib_tokens):
     """What a user gets wrong in a first job, submitted together: a config that is not
-    there, a run directory that cannot be made (under a file), PP not dividing the tasks.
-    Each job ends at once (not at its time limit) FAILED, with one `error:` line naming
-    the problem and no traceback. (Tasks ≠ dp × pp × tp: the test above.)"""
+    there, a run directory that cannot be made (under a file), PP not dividing the tasks,
+    no venv where VENV (or the submit folder's .venv) says. Each job ends at once (not at
+    its time limit) FAILED, with one `error:` line naming the problem and no traceback.
+    (Tasks ≠ dp × pp × tp: the test above.)"""
     blocker = workdir / "a-file"
     blocker.write_text("")
     cases = {"noconfig": ("inputs/MISSING.toml", {}, "inputs/MISSING.toml"),
+             "novenv": ("inputs/tiny.toml", {"VENV": str(workdir / "no-venv")},
+                        f"no venv at {workdir}/no-venv"),
              "rundir": ("inputs/tiny.toml", {"RUN_DIR": str(blocker / "run")},
                         f"{blocker}/run: Not a directory"),
              "pp3": ("inputs/tiny.toml", {"PP": "3"}, "2 tasks do not split into PP=3")}

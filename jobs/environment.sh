@@ -9,6 +9,10 @@
 set -euo pipefail
 
 VENV="${VENV:-${SLURM_SUBMIT_DIR}/.venv}"
+[ -f "${VENV}/bin/activate" ] || {
+    echo "error: no venv at ${VENV}: submit from the folder whose .venv \`make install\` made, or export VENV" >&2
+    exit 2
+}
 
 # On a cluster, `make install MPI=site` built the venv against a module-loaded MPI: load
 # the same module here (remove the #), so that mpi4py finds that libmpi at run time.

@@ -320,7 +320,9 @@ KillWait=5
                                    f"({job.get('Reason')}) after {timeout} s\n{self.logs()}")
             time.sleep(0.25)
 
-    def signal(self, job_id: int, sig: str = "USR1", full: bool = False):
+    def signal(self, job_id: int, sig: str = "USR1", full: bool = False, batch: bool = False):
         """Send `sig` to the job's running steps (the srun tasks); with `full`, to its batch
-        shell too."""
-        self.command("scancel", f"--signal={sig}", *(["--full"] if full else []), str(job_id))
+        shell and everything it started (srun too) as well; with `batch`, to the batch
+        shell alone."""
+        where = ["--full"] if full else ["--batch"] if batch else []
+        self.command("scancel", f"--signal={sig}", *where, str(job_id))

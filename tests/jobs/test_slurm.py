@@ -1,9 +1,12 @@
 """The job scripts in jobs/, submitted to a real single-node Slurm that these tests start
-themselves (tests/harness/slurm.py): the one-node script on 2 CPU ranks; a wrong rank count
-stopping with one message; the multi-node script (on the one node there is); the same
-training through Debian's Open MPI in a venv made by `make install MPI=site`; and the
-preemptible script stopped by USR1, requeued and resumed to exactly the numbers of the
-uninterrupted run; and jobs/test.sbatch running MPI tests inside the allocation.
+themselves (tests/harness/slurm.py): the one-node script on 2 CPU ranks; a wrong rank count,
+a missing config, an unusable run directory and a PP that does not divide the tasks each
+stopping with one message; a one-process command on a batch script's own line of a
+multi-task job (it runs) and under srun (refused); the multi-node script (on the one node
+there is); the same training through Debian's Open MPI in a venv made by `make install
+MPI=site`; and the preemptible script stopped by USR1 (and, submitted with every
+default, by a TERM to its batch shell), requeued and resumed to exactly the numbers of
+the uninterrupted run; and jobs/test.sbatch running MPI tests inside the allocation.
 
 Every training job trains the same small 2-stage pipeline (a few seconds), so all of them
 must reproduce the reference run's losses bitwise: the MPI library, a preemption and a
@@ -55,7 +58,8 @@ def overrides(tokens) -> list[str]:
     return [arg for s in sets for arg in ("--set", s)]
 
 
-def submit(cluster, script, workdir, name, tokens, venv=None, extra_env=None, options=()):
+def submit(cluster, script, workdir, name, tokens, venv=None, extra_env=None, options=(),
+           config="inputs/tiny.toml"):
     """sbatch one of jobs/ from the repository root on 2 CPU ranks; returns (job id, run dir,
     output file)."""
     run_dir = workdir / name
@@ -63,7 +67,7 @@ def submit(cluster, script, workdir, name, tokens, venv=None, extra_env=None, op
     env = cluster.env(**{"VENV": str(venv or sys.prefix), "RUN_DIR": str(run_dir), "PP": "2",
                          **(extra_env or {})})
     job = cluster.submit(
-        script, "inputs/tiny.toml", *overrides(tokens), cwd=ROOT, env=env,
+        script, config, *overrides(tokens), cwd=ROOT, env=env,
         options=["--job-name", name, "--output", str(out), "--ntasks-per-node=2",
                  "--cpus-per-task=1", "--gpus-per-node=0", "--time=10", *options])
     return job, run_dir, out
@@ -75,6 +79,14 @@ def finished(cluster, job, out, timeout=180) -> dict:
     assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", \
         f"job {job}: {record['JobState']} {record['ExitCode']}\n{text[-4000:]}"
     return record
+
+
+def trained(run_dir, steps=10):
+    """A wait condition: the run in `run_dir` has logged `steps` metrics lines."""
+    def enough(_):
+        path = run_dir / "metrics.jsonl"
+        return path.exists() and len(path.read_text().splitlines()) >= steps
+    return enough
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +131,55 @@ def test_wrong_rank_count_stops_with_one_message(cluster, workdir, stdlib_tokens
     assert "Traceback" not in text
 
 
+def test_a_users_mistakes_end_the_job_with_one_line(cluster, workdir, stdlib_tokens):
+    """What a user gets wrong in a first job, submitted together: a config that is not
+    there, a run directory that cannot be made (under a file), PP not dividing the tasks,
+    no venv where VENV (or the submit folder's .venv) says. Each job ends at once (not at
+    its time limit) FAILED, with one `error:` line naming the problem and no traceback.
+    (Tasks ≠ dp × pp × tp: the test above.)"""
+    blocker = workdir / "a-file"
+    blocker.write_text("")
+    cases = {"noconfig": ("inputs/MISSING.toml", {}, "inputs/MISSING.toml"),
+             "novenv": ("inputs/tiny.toml", {"VENV": str(workdir / "no-venv")},
+                        f"no venv at {workdir}/no-venv"),
+             "rundir": ("inputs/tiny.toml", {"RUN_DIR": str(blocker / "run")},
+                        f"{blocker}/run: Not a directory"),
+             "pp3": ("inputs/tiny.toml", {"PP": "3"}, "2 tasks do not split into PP=3")}
+    jobs = {name: submit(cluster, JOBS / "train.sbatch", workdir, name, stdlib_tokens,
+                         extra_env=env, config=config)
+            for name, (config, env, _) in cases.items()}
+    for name, (job, _, out) in jobs.items():
+        record = cluster.wait(job, 120)
+        text = out.read_text()
+        assert record["JobState"] == "FAILED" and record["ExitCode"] != "0:0", (name, text)
+        ours = [line for line in text.splitlines() if line.startswith("error: ")]
+        assert len(ours) == 1 and cases[name][2] in ours[0], (name, text)
+        assert "Traceback" not in text, text
+
+
+def test_a_one_process_command_runs_in_a_batch_script_of_several_tasks(cluster, workdir):
+    """`hpcpipe plan` on a batch script's own line, in a job of 2 tasks, runs: the batch
+    shell is one process (Slurm sets SLURM_NTASKS=2 there, but the SLURM_STEP_NUM_TASKS
+    that guard.py counts only inside a step). The same line under `srun -n 2` starts two
+    copies and is refused: one `error:` line, status 2, nothing written."""
+    script, out = workdir / "plan.sbatch", workdir / "plan.out"
+    python = f"{sys.executable} -m hpcpipe plan inputs/tiny.toml --json"
+    script.write_text(f"""#!/bin/bash
+{python} {workdir}/batch-plan.json
+echo "batch: $?"
+srun --ntasks=2 {python} {workdir}/srun-plan.json
+echo "srun: $?"
+""")
+    job = cluster.submit(script, cwd=ROOT, options=["--job-name", "plan", "--output", str(out),
+                                                    "--ntasks=2", "--time=5"])
+    finished(cluster, job, out, timeout=120)
+    text = out.read_text()
+    assert "batch: 0" in text and (workdir / "batch-plan.json").exists(), text
+    assert "srun: 2" in text and not (workdir / "srun-plan.json").exists(), text
+    ours = [line for line in text.splitlines() if line.startswith("error: ")]  # not srun's
+    assert len(ours) == 1 and "`plan` runs in one process, but 2 were started" in ours[0], text
+
+
 def test_tensor_shards_from_tp(cluster, workdir, stdlib_tokens, reference):
     """TP=2 (no PP): the 2 tasks become 2 tensor shards of one stage, and train like the
     2-stage pipeline up to the shards' summation order."""
@@ -160,12 +221,7 @@ def test_preemptible_job_checkpoints_requeues_and_resumes(cluster, workdir, stdl
                                                           reference):
     job, run_dir, out = submit(cluster, JOBS / "train-preemptible.sbatch", workdir, "preempt",
                                stdlib_tokens)
-
-    def trained_some_steps(_):
-        path = run_dir / "metrics.jsonl"
-        return path.exists() and len(path.read_text().splitlines()) >= 10
-
-    running = cluster.wait(job, 120, until=trained_some_steps)
+    running = cluster.wait(job, 120, until=trained(run_dir))
     assert running["JobState"] == "RUNNING", out.read_text() if out.exists() else running
     # `--signal=USR1@…` sends USR1 to the ranks before the time limit; --full sends it to
     # the batch shell as well, which must survive it (bash dies of an untrapped USR1).
@@ -191,6 +247,45 @@ def test_preemptible_job_checkpoints_requeues_and_resumes(cluster, workdir, stdl
         [(1, step, "preempted"), (step + 1, STEPS, "finished")]
     first, second = (p["slurm_job"] for p in summary["pieces"])
     assert first.split()[0] == str(job) and second == f"{job} (restart 1)", summary["pieces"]
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    """A submit folder as a user's clone has it: jobs/, inputs/, an empty runs/ and the venv
+    as .venv, so that the scripts' defaults (output file, run directory, venv) resolve in
+    it as they do for a user, and nothing is written into the repository."""
+    root = tmp_path_factory.mktemp("clone")
+    for name in ("jobs", "inputs"):
+        (root / name).symlink_to(ROOT / name)
+    (root / "runs").mkdir()
+    (root / ".venv").symlink_to(sys.prefix)
+    return root
+
+
+def test_preemptible_job_as_submitted_saves_on_a_term_to_its_batch_shell(
+        cluster, clone, stdlib_tokens, reference):
+    """Submitted as a user does — from the clone, no --output, RUN_DIR or VENV: the output
+    is runs/<job name>-<job id>.out and the run runs/<config>-<job id>, which the requeued
+    job finds again. A TERM to the batch shell alone (`scancel --batch --signal=TERM`) is
+    passed on to the ranks as USR1: srun answers a TERM of its own by killing its tasks at
+    once ("forcing job termination"), and the job died unsaved, status 137."""
+    env = {k: v for k, v in cluster.env(PP="2").items() if k not in ("VENV", "RUN_DIR")}
+    job = cluster.submit("jobs/train-preemptible.sbatch", "inputs/tiny.toml",
+                         *overrides(stdlib_tokens), cwd=clone, env=env,
+                         options=["--job-name", "asgiven", "--ntasks-per-node=2",
+                                  "--cpus-per-task=1", "--gpus-per-node=0", "--time=10"])
+    out, run_dir = clone / "runs" / f"asgiven-{job}.out", clone / "runs" / f"tiny-{job}"
+    running = cluster.wait(job, 120, until=trained(run_dir))
+    assert running["JobState"] == "RUNNING", out.read_text() if out.exists() else running
+    cluster.signal(job, "TERM", batch=True)
+    record = finished(cluster, job, out, timeout=240)
+
+    text = out.read_text()
+    assert record["Restarts"] == "1" and f"requeueing job {job}" in text, text
+    assert len([line for line in text.splitlines() if line.startswith("resumed from")]) == 1
+    assert slurm.metrics(run_dir) == reference["metrics"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [p["ended"] for p in summary["pieces"]] == ["preempted", "finished"], summary
 
 
 def test_test_sbatch_runs_the_mpi_tests_inside_the_allocation(cluster, workdir):

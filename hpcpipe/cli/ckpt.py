@@ -428,7 +428,9 @@ def cmd_export(args) -> int:
         tokenizer = checked_tokenizer(tokenizer, manifest["model"]["vocab_size"])
     tensors, manifest = ckpt.read_weights(path)
     try:
-        with OutputSet() as outputs:  # every file of the export in place, or none
+        # every file of the export in place, or none; without --force none over a file
+        # another command wrote there since the claim
+        with OutputSet(replace=args.force) as outputs:
             files = _export(outputs, out, path, tensors, manifest, config_json, tokenizer,
                             args)
     except OSError as e:  # a full disk: nothing of the export is left behind

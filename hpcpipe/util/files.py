@@ -21,6 +21,7 @@ plan / train --dry-run --json, bench --json and pictures, plot).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -316,6 +317,27 @@ def claim_file(path: str, force: bool = False, flag: str = "--out",
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputError(f"{name}: cannot write in {folder} (permission denied)")
     return path
+
+
+@contextlib.contextmanager
+def made_for_output(folder: str):
+    """Around the work of an output whose claim may create `folder` (claim_file's
+    make_folder): where the work fails, the folders that were missing before are removed
+    again, deepest first, each only while still empty — a retry never meets a leftover,
+    and a folder that was there, or holds anything, is kept."""
+    made, probe = [], os.path.abspath(folder)
+    while not os.path.lexists(probe):
+        made.append(probe)
+        probe = os.path.dirname(probe)
+    try:
+        yield
+    except BaseException:
+        for path in made:
+            try:
+                os.rmdir(path)  # (refused where anything is inside: kept)
+            except OSError:
+                break
+        raise
 
 
 def claim_figure(path: str, force: bool = False, flag: str = "--png",

@@ -90,7 +90,8 @@ def run_ckpt(args) -> int:
             write_json(args.json, {"suite": "ckpt", "config": args.config,
                                    "save_s": saved.seconds, "verify_s": verify_s,
                                    "load_s": load_s, "bytes": saved.bytes,
-                                   "parameter_bytes": params, "optimizer_bytes": optim})
+                                   "parameter_bytes": params, "optimizer_bytes": optim},
+                       args.force)
         if not args.dir:
             shutil.rmtree(folder, ignore_errors=True)
     return 0

@@ -127,7 +127,7 @@ def claim_json(args):
 def save_json(args, result: dict, out=print):
     """With --json: `result` written there (write_json), and the line that says where."""
     if args.json:
-        out(f"\nwrote {write_json(args.json, result)}")
+        out(f"\nwrote {write_json(args.json, result, args.force)}")
 
 
 def dash(value, spec: str) -> str:
@@ -147,11 +147,12 @@ def machine_name() -> str:
     return f"{socket.gethostname()}-{platform.machine()}"
 
 
-def write_json(path: str, result: dict) -> str:
-    """Write `result` (adding when and where it was measured) as indented JSON."""
+def write_json(path: str, result: dict, replace: bool = True) -> str:
+    """Write `result` (adding when and where it was measured) as indented JSON; replace
+    (--force): over a file another command wrote there since the claim (files.write_atomic)."""
     result = {"machine": machine_name(), "date": time.strftime("%Y-%m-%d"), **result}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    return write_text_atomic(path, json.dumps(result, indent=2))
+    return write_text_atomic(path, json.dumps(result, indent=2), replace)
 
 
 def merge_json(path: str, updates: dict):

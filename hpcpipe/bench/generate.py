@@ -74,5 +74,6 @@ def run_generate(args) -> int:
     if args.json:
         write_json(args.json, {"suite": "generate", "config": args.config,
                                "tokens": args.tokens, "dtype": cfg.train.dtype,
-                               "tokens_per_s": best, "runs_tokens_per_s": rates})
+                               "tokens_per_s": best, "runs_tokens_per_s": rates},
+                   args.force)
     return 0

@@ -113,8 +113,9 @@ def print_front(points):
               f"{p['bubble_rate']:.1%} | {p['recompute']} |")
 
 
-def plot_front(fronts: dict, path: str):
-    """Bubble against peak activation bytes, one line per model."""
+def plot_front(fronts: dict, path: str, replace: bool = True):
+    """Bubble against peak activation bytes, one line per model; replace: as
+    files.write_atomic's."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, front in fronts.items():
@@ -124,7 +125,7 @@ def plot_front(fronts: dict, path: str):
     ax.set_ylabel("bubble (recompute time counted as lost)")
     ax.set_title("auto's Pareto front, recomputation as a choice")
     ax.legend()
-    save_figure(fig, path)
+    save_figure(fig, path, replace=replace)
 
 
 # The documentation's two models (its memory tables' shapes): name -> layers, n_embd, heads, block.

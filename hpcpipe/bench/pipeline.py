@@ -316,7 +316,8 @@ def memory_suite(args, kinds, cfg, grid, be, world, inputs, log) -> int:
         print_memory(rows)
         print_front(front)
         if args.pareto:
-            plot_front({f"{args.layers} layers, n_embd {C}, pp {pp}": front}, args.pareto)
+            plot_front({f"{args.layers} layers, n_embd {C}, pp {pp}": front}, args.pareto,
+                       args.force)
         shape = {"pp": pp, "microbatches": m, "micro_batch_size": B, "block": T,
                  "n_embd": C, "layers": args.layers, "heads": args.heads}
         save_json(args, {"suite": "pipeline-memory", **shape, "rows": rows, "pareto": front})

@@ -250,9 +250,10 @@ def run_stragglers(args) -> int:
             print(line)
         if args.json is not None:
             write_json(args.json, {"suite": "stragglers", "version": __version__,
-                                   "config": base.source, "sets": args.set, **results})
+                                   "config": base.source, "sets": args.set, **results},
+                       args.force)
         if args.png is not None:
-            draw(results, args.png)
+            draw(results, args.png, args.force)
     for mode in modes.values():
         mode.rank.step.close()
     tokens.close()
@@ -436,9 +437,10 @@ def _counts(counts: dict) -> str:
     return " ".join(f"{k}:{v}" for k, v in counts.items())
 
 
-def draw(results, path: str):
+def draw(results, path: str, replace: bool = True):
     """Validation loss (markers) and each replica's training loss (smoothed) against
-    global steps and against the mode's clock, every mode in one picture."""
+    global steps and against the mode's clock, every mode in one picture; replace: as
+    files.write_atomic's."""
     plt = pyplot()
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     for i, (name, data) in enumerate(results["modes"].items()):
@@ -460,7 +462,7 @@ def draw(results, path: str):
     by_step.legend()
     fig.suptitle(f"replica 1 slowed by {results['delay_s'] * 1e3:.0f} ms a step, "
                  f"{WHEN[results.get('straggler', 'stall')]}")
-    save_figure(fig, path)
+    save_figure(fig, path, replace=replace)
 
 
 def _smooth(values, weight: float = 0.9) -> list:

@@ -29,7 +29,7 @@ from hpcpipe.checkpoint.hdf5 import store
 from hpcpipe.model.layout import GPT2_EOT, GPT2_VOCAB
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.arguments import path
-from hpcpipe.util.files import OutputSet, claim_file, claim_folder
+from hpcpipe.util.files import OutputSet, claim_file, claim_folder, made_for_output
 from hpcpipe.util.schema import parse_bytes
 from hpcpipe.util.terminal import shown
 
@@ -398,6 +398,16 @@ def hf_config_json(manifest: dict, dtype: str) -> dict:
 
 
 def cmd_export(args) -> int:
+    out = _export_path(args)
+    # A failed export (a refused tokenizer.json, a damaged shard) removes the folder its
+    # claim made, so a retry meets no leftover.
+    with made_for_output(os.path.dirname(os.path.abspath(out))):
+        return _write_export(args, out)
+
+
+def _export_path(args) -> str:
+    """The weights file an export writes (--out, or model.safetensors in --format hf's
+    folder), its options checked against it; sets --max-shard-size's default."""
     if args.format == "hf":
         if args.out.endswith((".safetensors", ".h5", ".hdf5", ".json")):
             raise HpcpipeError(f"--out {args.out}: --format hf writes a folder (config.json, "
@@ -413,6 +423,10 @@ def cmd_export(args) -> int:
     elif not out.endswith(".safetensors"):  # (it would be ignored: one .h5 file)
         raise HpcpipeError(f"--max-shard-size shards safetensors weights: --out {args.out} "
                            f"is one HDF5 file; leave --max-shard-size out")
+    return out
+
+
+def _write_export(args, out: str) -> int:
     claim_file(out, args.force, make_folder=True)  # a new folder is made, as prepare's
     folder = os.path.dirname(out)
     config_json = os.path.join(folder, huggingface.CONFIG)
@@ -428,7 +442,9 @@ def cmd_export(args) -> int:
         tokenizer = checked_tokenizer(tokenizer, manifest["model"]["vocab_size"])
     tensors, manifest = ckpt.read_weights(path)
     try:
-        with OutputSet() as outputs:  # every file of the export in place, or none
+        # every file of the export in place, or none; without --force none over a file
+        # another command wrote there since the claim
+        with OutputSet(replace=args.force) as outputs:
             files = _export(outputs, out, path, tensors, manifest, config_json, tokenizer,
                             args)
     except OSError as e:  # a full disk: nothing of the export is left behind

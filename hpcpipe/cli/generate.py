@@ -19,6 +19,9 @@ in the manifest's "source_model" (an id or a list), else the tokenizer's end-of-
 (GPT-2's <|endoftext|>, a tokenizer.json's), else for ids of a GPT-2 vocabulary GPT-2's
 <|endoftext|>. A byte-level model has none: every byte is text (a newline is what
 separates its documents), so it writes --tokens bytes.
+
+Without a prompt it starts after the model's start token (`start_token`), the same for
+--prompt-ids '' as for text: a recorded bos_token_id, else the end-of-text token.
 """
 
 from __future__ import annotations
@@ -130,8 +133,10 @@ def choose_tokenizer(args, vocab_size: int, own: str | None = None) -> Tokenizer
     return tokenizer
 
 
-def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None = None) -> list[int]:
-    """The prompt as token ids, checked against the vocabulary."""
+def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None = None,
+               start: int | None = None) -> list[int]:
+    """The prompt as token ids, checked against the vocabulary; without one, `start`
+    (start_token's: the same whether ids or text are given)."""
     if args.prompt is not None and args.prompt_ids is not None:
         raise HpcpipeError("give --prompt or --prompt-ids, not both")
     if args.prompt_ids is not None:
@@ -165,9 +170,38 @@ def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None = None) -> lis
         ids = []
     if ids:
         return ids
+    if start is not None:
+        return [start]
     if tokenizer is not None and tokenizer.eot is not None:
         return [tokenizer.eot]  # GPT-2 starts a document after <|endoftext|>
     return [ord("\n")] if tokenizer is not None else [0]
+
+
+def _recorded(manifest: dict, key: str) -> list[int] | None:
+    """An imported model's special token ids (`key`: bos_token_id, eos_token_id) from the
+    manifest's source_model, or a "tokenizer" record (checkpoints before 2026-12-07)."""
+    recorded = {**manifest.get("tokenizer", {}), **manifest.get("source_model", {})}.get(key)
+    if recorded is None:
+        return None
+    return recorded if isinstance(recorded, list) else [recorded]
+
+
+def start_token(manifest: dict, tokenizer: Tokenizer | None) -> int:
+    """The token a text without a prompt starts after, the same for --prompt-ids '' as for
+    text: the source model's bos_token_id (an imported Llama's; the first of a list), else
+    the tokenizer's end-of-text (GPT-2 starts a document after <|endoftext|>), else a
+    newline (bytes). Ids without a tokenizer start as the tokenizer their vocabulary
+    implies would: <|endoftext|> (50256) for a GPT-2 vocabulary, a newline for bytes —
+    where they started from id 0, a token the model never saw begin a text."""
+    model = manifest["model"]
+    bos = [i for i in _recorded(manifest, "bos_token_id") or [] if 0 <= i < model["vocab_size"]]
+    if bos:
+        return bos[0]
+    if tokenizer is not None:
+        return tokenizer.eot if tokenizer.eot is not None else ord("\n")
+    if model.get("arch", "gpt2") == "gpt2" and model["vocab_size"] >= GPT2_VOCAB:
+        return GPT2_EOT
+    return ord("\n") if model["vocab_size"] == 256 else 0
 
 
 def end_tokens(manifest: dict, tokenizer: Tokenizer | None) -> frozenset[int]:
@@ -175,17 +209,12 @@ def end_tokens(manifest: dict, tokenizer: Tokenizer | None) -> frozenset[int]:
     (an imported Llama's: an id or a list), else the tokenizer's end-of-text token, else,
     for ids of a GPT-2 model's vocabulary, GPT-2's <|endoftext|>; none for bytes."""
     model = manifest["model"]
-    # (a "tokenizer" record's: checkpoints written before 2026-12-07 kept it there)
-    recorded = {**manifest.get("tokenizer", {}),
-                **manifest.get("source_model", {})}.get("eos_token_id")
-    if recorded is not None:
-        ids = recorded if isinstance(recorded, list) else [recorded]
-    elif tokenizer is not None:
+    ids = _recorded(manifest, "eos_token_id")
+    if ids is None and tokenizer is not None:
         ids = [tokenizer.eot] if tokenizer.eot is not None else []
-    elif model.get("arch", "gpt2") == "gpt2" and model["vocab_size"] >= GPT2_VOCAB:
-        ids = [GPT2_EOT]
-    else:
-        ids = []
+    elif ids is None:
+        gpt2 = model.get("arch", "gpt2") == "gpt2" and model["vocab_size"] >= GPT2_VOCAB
+        ids = [GPT2_EOT] if gpt2 else []
     return frozenset(i for i in ids if 0 <= i < model["vocab_size"])
 
 
@@ -234,7 +263,7 @@ def cmd_generate(args) -> int:
     manifest = ckpt.read_manifest(path)
     vocab_size = manifest["model"]["vocab_size"]
     tokenizer = choose_tokenizer(args, vocab_size, ckpt.tokenizer_file(path, manifest))
-    ids = prompt_ids(args, vocab_size, tokenizer)
+    ids = prompt_ids(args, vocab_size, tokenizer, start_token(manifest, tokenizer))
     model, be = load_model(path, manifest, args.device)
     sampler = Sampler(model, be, args.temperature, args.top_k, args.seed,
                       tokenizer.vocab_size if tokenizer is not None else None)

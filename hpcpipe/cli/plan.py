@@ -102,7 +102,7 @@ def run(path: str, overrides, json_path=None, ranks_per_node: int = 0, out=print
         write_text_atomic(json_path, json.dumps(
             {"config": cfg.source, **plan.record(), "available_bytes": have,
              "ranks_sharing": sharing, "ranks": [r.record() for r in plan.ranks]},
-            indent=1))
+            indent=1), replace=force)  # none over a file written since the claim
     planned.check(cfg, plan, be if gpu_memory is None else None, ranks,
                   there=(have, sharing))
     out("fits." if have is not None else "the fit is checked at launch (no GPU here: "

@@ -126,8 +126,9 @@ def smooth(values, window: int) -> np.ndarray:
         return sums / counts
 
 
-def draw(runs: list[Series], out: str):
-    """Four panels over steps; a legend of the runs beneath them (over no curve)."""
+def draw(runs: list[Series], out: str, replace: bool = True):
+    """Four panels over steps; a legend of the runs beneath them (over no curve);
+    replace: as files.write_atomic's (False: none over a file written since the claim)."""
     plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), sharex=True)
     (loss, rate), (bubble, split) = axes
@@ -164,7 +165,8 @@ def draw(runs: list[Series], out: str):
         ax.grid(alpha=0.3)
     fig.legend(*loss.get_legend_handles_labels(), loc="lower center",
                ncol=min(3, len(runs)), fontsize=9)
-    save_figure(fig, out, rect=(0, 0.04 + 0.03 * ((len(runs) - 1) // 3), 1, 1))
+    save_figure(fig, out, rect=(0, 0.04 + 0.03 * ((len(runs) - 1) // 3), 1, 1),
+                replace=replace)
 
 
 def _split(ax, runs: list[Series], colours: list[str]):
@@ -223,6 +225,6 @@ def cmd_plot(args) -> int:
     if not out.lower().endswith(".png"):
         raise HpcpipeError(f"--out {out}: name it FILE.png")
     claim_file(out, args.force)
-    draw(runs, out)
+    draw(runs, out, args.force)
     print(f"wrote {out}: {', '.join(f'{r.label} ({len(r.steps)} steps)' for r in runs)}")
     return 0

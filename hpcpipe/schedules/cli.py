@@ -372,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
         phases.say("simulated; writing the result")
         bound, optimal = _bound(result, verdict, args.objective)
         if args.save_csv:
-            write_csv(schedule, args.save_csv)
+            write_csv(schedule, args.save_csv, args.force)
         label = found.label if found is not None else getattr(args, "auto_label", None)
         if args.json:
             summary = {**result.summary(), "lower_bound": round(bound, 9), "optimal": optimal}
@@ -387,10 +387,10 @@ def run(args: argparse.Namespace) -> int:
                 summary["pareto"] = [_point(found, q) for q in found.front]
             print(json.dumps(summary))
         elif args.svg:
-            write_text_atomic(args.svg, svg(result))
+            write_text_atomic(args.svg, svg(result), args.force)
             print(f"wrote {args.svg} (bubble rate {result.bubble_rate:.4f})")
         elif args.png:
-            png(result, args.png)
+            png(result, args.png, replace=args.force)
             print(f"wrote {args.png} (bubble rate {result.bubble_rate:.4f})")
         else:
             print(report(result))
@@ -436,11 +436,11 @@ def _run_stream(args: argparse.Namespace) -> int:
                           "ops": stream.schedule.op_strings()}))
     elif args.svg or args.png:
         if args.svg:
-            write_text_atomic(args.svg, svg(timeline))
+            write_text_atomic(args.svg, svg(timeline), args.force)
         else:
             png(timeline, args.png, title=f"{asynchronous.KIND}: p={args.stages}, m="
                 f"{args.microbatches} a step, {stream.steps} steps of the stream; steady-"
-                f"state bubble rate {result.bubble_rate:.3f}")
+                f"state bubble rate {result.bubble_rate:.3f}", replace=args.force)
         print(f"wrote {args.svg or args.png} ({stream.steps} steps; steady-state bubble rate "
               f"{result.bubble_rate:.4f})")
     else:

@@ -162,9 +162,10 @@ def svg(result: SimResult, unit: float = 40.0, row: float = 28.0) -> str:
     return "\n".join(out) + "\n"
 
 
-def png(result: SimResult, path: str, dpi: int = 120, title: str | None = None) -> None:
+def png(result: SimResult, path: str, dpi: int = 120, title: str | None = None,
+        replace: bool = True) -> None:
     """Draw the timeline to a PNG with matplotlib (imported only here); `title` replaces
-    the schedule's (kind, p, m, v and its bubble rate)."""
+    the schedule's (kind, p, m, v and its bubble rate); replace: as files.write_atomic's."""
     try:
         plt = pyplot()
         from matplotlib.patches import Patch
@@ -201,4 +202,4 @@ def png(result: SimResult, path: str, dpi: int = 120, title: str | None = None) 
     ax.legend(handles=[Patch(color=colour, label=label) for label, colour in legend],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
               ncol=len(kinds) if s.chunks > 1 else 1)
-    save_figure(fig, path, dpi)
+    save_figure(fig, path, dpi, replace=replace)

@@ -115,8 +115,8 @@ def from_csv(text: str, kind: str = "csv") -> Schedule:
     return make_schedule(kind, p, m, v, ranks, stage_of)
 
 
-def write_csv(schedule: Schedule, path: str) -> None:
-    write_text_atomic(path, to_csv(schedule))
+def write_csv(schedule: Schedule, path: str, replace: bool = True) -> None:
+    write_text_atomic(path, to_csv(schedule), replace)
 
 
 MAX_CSV_BYTES = 16 * 2**20

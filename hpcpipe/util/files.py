@@ -14,11 +14,14 @@ A path a user names as a command's output is claimed first (`claim_file`,
 for a file, an existing folder that is not the kind the command makes is never replaced,
 and every refusal comes before anything is written, so it leaves nothing behind. A file
 another command wrote under the name after the claim is not replaced either where the
-writer asks so (write_atomic(replace=False): an exclusive create, `publish_new`).
+writer asks so (write_atomic(replace=False): an exclusive create, `publish_new`) — as
+every output a user names without --force does (prepare, ckpt export, schedule's files,
+plan / train --dry-run --json, bench --json and pictures, plot).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -117,8 +120,9 @@ class OutputSet:
     failure — a full disk at the third shard — removes every temporary file and leaves the
     final names as they were: never some shards and an index without the rest."""
 
-    def __init__(self):
+    def __init__(self, replace: bool = True):
         self.staged: list[tuple[str, str]] = []
+        self.replace = replace  # False (no --force): none over a file written meanwhile
 
     def write(self, path: str, write):
         self.staged.append((_stage(path, write), path))
@@ -152,13 +156,32 @@ class OutputSet:
             return False
         folders = {os.path.dirname(os.path.abspath(path)) for _, path in self.staged}
         try:
-            for tmp, path in self.staged:
-                os.replace(tmp, path)
+            if self.replace:
+                for tmp, path in self.staged:
+                    os.replace(tmp, path)
+            else:
+                self._publish_new()
         finally:
             self.discard()
         for folder in folders:
             fsync_dir(folder)
         return False
+
+
+    def _publish_new(self):
+        """Every staged file under its name by `publish_new`; where one name was taken
+        meanwhile, those this set has already published are removed again (still ours:
+        the same file as their temporary one), so the export is all there or none of it."""
+        done = []
+        try:
+            for tmp, path in self.staged:
+                publish_new(tmp, path)
+                done.append((tmp, path))
+        except BaseException:
+            for tmp, path in done:
+                if os.path.lexists(tmp) and os.path.samefile(tmp, path):
+                    os.unlink(path)
+            raise
 
 
 _RENAME_EXCHANGE = 2  # renameat2's flag (Linux 3.15+)
@@ -230,11 +253,12 @@ FIGURE_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif"
                   "webp")
 
 
-def write_figure(path: str, fig, dpi: int = 110) -> str:
+def write_figure(path: str, fig, dpi: int = 110, replace: bool = True) -> str:
     """`write_atomic` of a matplotlib figure, in the format of `path`'s suffix (the
-    temporary name has none). A symlink at `path` is replaced, never written through."""
+    temporary name has none). A symlink at `path` is replaced, never written through.
+    replace: as write_atomic's."""
     fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
-    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt))
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt), replace)
 
 
 def pyplot():
@@ -247,24 +271,26 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: str, dpi: int = 110, rect=None) -> str:
+def save_figure(fig, path: str, dpi: int = 110, rect=None, replace: bool = True) -> str:
     """`fig` laid out (within `rect` of the figure, if given), written to `path`
-    (`write_figure`) and closed: `path`."""
+    (`write_figure`; replace: as write_atomic's) and closed: `path`."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout(rect=rect)
-    write_figure(path, fig, dpi)
-    plt.close(fig)
+    try:
+        write_figure(path, fig, dpi, replace)
+    finally:
+        plt.close(fig)
     return path
 
 
-def write_text_atomic(path: str, text: str) -> str:
-    """`write_atomic` of a text file (UTF-8)."""
+def write_text_atomic(path: str, text: str, replace: bool = True) -> str:
+    """`write_atomic` of a text file (UTF-8); replace: as write_atomic's."""
     def write(tmp):
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
 
-    return write_atomic(path, write)
+    return write_atomic(path, write, replace)
 
 
 def claim_file(path: str, force: bool = False, flag: str = "--out",
@@ -291,6 +317,27 @@ def claim_file(path: str, force: bool = False, flag: str = "--out",
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputError(f"{name}: cannot write in {folder} (permission denied)")
     return path
+
+
+@contextlib.contextmanager
+def made_for_output(folder: str):
+    """Around the work of an output whose claim may create `folder` (claim_file's
+    make_folder): where the work fails, the folders that were missing before are removed
+    again, deepest first, each only while still empty — a retry never meets a leftover,
+    and a folder that was there, or holds anything, is kept."""
+    made, probe = [], os.path.abspath(folder)
+    while not os.path.lexists(probe):
+        made.append(probe)
+        probe = os.path.dirname(probe)
+    try:
+        yield
+    except BaseException:
+        for path in made:
+            try:
+                os.rmdir(path)  # (refused where anything is inside: kept)
+            except OSError:
+                break
+        raise
 
 
 def claim_figure(path: str, force: bool = False, flag: str = "--png",

@@ -363,6 +363,31 @@ def test_export_refuses_a_carried_tokenizer_json_that_is_none(capsys, tmp_path, 
                                         str(tmp_path / "hf"), "--format", "hf"])
     assert str(folder / "tokenizer.json") in line and words in line, line
     assert snapshot(folder) == before
+    assert not (tmp_path / "hf").exists()  # the folder it made is gone: a retry finds none
+
+
+@pytest.mark.parametrize("out", ["new/deeper", "there"])
+def test_a_failed_export_leaves_no_folder_it_made(capsys, tmp_path, out):
+    """A damaged shard: the export failed, and left the --out folder (and those above it)
+    it had made, empty, for a retry to meet. A folder that was there is kept."""
+    from hpcpipe import GPT
+
+    cfg = small_config("model.n_layer=1", "model.vocab_size=16")
+    folder = tmp_path / "ckpt"
+    ckpt.write_weights(str(folder), ckpt.Origin(cfg.to_toml(), cfg.model, "float32"),
+                       {n: np.asarray(v) for n, v in GPT(cfg.model).params.items()})
+    shard = folder / "model-pp000.h5"
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    (tmp_path / "there").mkdir()
+    for fmt in ([], ["--format", "hf"]):
+        target = tmp_path / out / ("" if fmt else "model.safetensors")
+        line = ends_with_one_error(capsys, ["ckpt", "export", str(folder), "--out",
+                                            str(target), *fmt])
+        assert "model-pp000.h5" in line, line
+        assert sorted(os.listdir(tmp_path)) == ["ckpt", "there"]
+        assert os.listdir(tmp_path / "there") == []
     assert not os.path.exists(tmp_path / "hf") or not os.listdir(tmp_path / "hf")
 
 

@@ -368,3 +368,30 @@ def test_the_bos_token_a_tokenizer_puts_before_a_prompt_is_not_printed(capsys, t
         {n: np.asarray(v, dtype=np.float32) for n, v in perturbed_llama(cfg.model).params.items()},
         tokenizer=json.dumps(data).encode())
     assert generated(capsys, [path, "--prompt", "the thé", "--tokens", "0"]) == "the thé\n"
+
+
+def test_ids_without_a_prompt_start_from_the_token_text_starts_from(capsys, tmp_path):
+    """`--prompt-ids ''` started from id 0 — for GPT-2, whose text without a prompt starts
+    after <|endoftext|> (50256), and for a Llama, which starts from its recorded BOS: a
+    token the model never saw begin a text. (The ids printed begin with the start.)"""
+    from harness.hostile import small_config
+
+    from hpcpipe.data.tokenizer import ByteTokenizer
+
+    path = import_forced_gpt2(tmp_path, vocab=50257, eos=50256)
+    assert generated(capsys, [path, "--prompt-ids", "", "--tokens", "0"]) == "50256\n"
+    from hpcpipe.cli.generate import start_token  # (the text path's start, for either)
+
+    cfg = small_config('model.arch="llama"', "model.n_kv_head=1", "model.vocab_size=259")
+    params = {n: np.asarray(v, dtype=np.float32) for n, v in
+              perturbed_llama(cfg.model).params.items()}
+    for name, bos in (("one", 5), ("list", [7, 9])):
+        llama = ckpt.write_weights(
+            str(tmp_path / name), ckpt.Origin(cfg.to_toml(), cfg.model, "float32"), params,
+            source_model={"context": 16, "bos_token_id": bos, "eos_token_id": 2})
+        first = bos if isinstance(bos, int) else bos[0]
+        assert generated(capsys, [llama, "--prompt-ids", "", "--tokens", "0"]) == f"{first}\n"
+        manifest = ckpt.read_manifest(llama)
+        assert start_token(manifest, ByteTokenizer()) == start_token(manifest, None) == first
+    manifest = {"model": {"vocab_size": 256}}  # bytes: a newline separates documents
+    assert start_token(manifest, ByteTokenizer()) == start_token(manifest, None) == 10

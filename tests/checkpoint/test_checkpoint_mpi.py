@@ -163,14 +163,14 @@ def _finish(proc, timeout=120):
 
 
 def test_sigusr1_on_one_rank_checkpoints_and_resumes_exactly(tmp_path, stdlib_tokens):
-    # 60 steps: the signal lands after the 5th, with 55 to spare on a loaded machine.
-    steps = ["train.steps=60", *layout(1, 2, "zb-h1")]
+    # 16 steps: the signal lands after the 5th, with 11 to spare. What keeps a fast run
+    # from ending before it lands is the stall: rank 0 sleeps 30 s in step 8 should the
+    # run get there, where the signal needs a `ps` and a kill after the 5th step's line
+    # (timing only: the numbers never change).
+    steps = ["train.steps=16", *layout(1, 2, "zb-h1")]
     whole = tmp_path / "whole"
     assert train(whole, stdlib_tokens, 2, *steps).returncode == 0
     run_dir = tmp_path / "preempted"
-    # Rank 0 sleeps 30 s in step 8 should the run get there: on a fast machine the 55
-    # steps left after the 5th could end before the signal lands (timing only: the
-    # numbers never change).
     proc = _start(run_dir, stdlib_tokens, 2, *steps, env={"HPCPIPE_STALL": "0:8:F1:30"})
     metrics = run_dir / "metrics.jsonl"
     _wait_for(lambda: metrics.exists() and metrics.read_text().count('"loss"') >= 5, 120, proc)
@@ -181,12 +181,12 @@ def test_sigusr1_on_one_rank_checkpoints_and_resumes_exactly(tmp_path, stdlib_to
     assert proc.returncode == 75, err
     assert "preempted: checkpoint of step" in out
     stopped = ckpt.read_manifest(ckpt.latest(str(run_dir / "checkpoints")))["step"]
-    assert 5 <= stopped < 60
+    assert 5 <= stopped < 16
     proc = train(run_dir, stdlib_tokens, 2, *steps, "checkpoint.resume=\"auto\"")
     assert proc.returncode == 0, proc.stderr
     assert losses(run_dir) == losses(whole)
-    for name, w in weights(whole, 60).items():
-        assert np.array_equal(weights(run_dir, 60)[name], w), name
+    for name, w in weights(whole, 16).items():
+        assert np.array_equal(weights(run_dir, 16)[name], w), name
 
 
 def test_a_rank_killed_while_writing_leaves_the_previous_checkpoint(tmp_path, stdlib_tokens):

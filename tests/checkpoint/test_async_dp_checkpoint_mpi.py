@@ -3,7 +3,8 @@ a straggler, resumed from its checkpoint in replay, ends bitwise where the recor
 ended (the shared state, the clocks and every replica's own state come back); another
 layout is refused with one error line; a peer that stops ends the job with one error
 line within the timeout, never a hang; a signal to one rank stops every replica at one
-meeting (before the first step: at once). Real `mpiexec` jobs of `python -m hpcpipe train`."""
+meeting (before the first step, at once: test_preemption.py). Real `mpiexec` jobs of
+`python -m hpcpipe train`."""
 
 import json
 import os
@@ -169,31 +170,6 @@ def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdli
                     "model.block_size=16", f"train.steps={saved[0][0] + 3}",
                     resume=saved[0][1])  # (the shape of test_preemption's runs)
     assert resumed.returncode == 0, resumed.stderr
-
-
-@pytest.mark.parametrize("mode", ["ssp", "easgd"])
-def test_a_signal_before_the_first_step_stops_every_replica(tmp_path, stdlib_tokens, mode):
-    """SIGTERM to rank 0 while it runs the step-0 evaluation (the first replica's alone):
-    every rank stops with exit 75 and nothing to save. The agreement after the set-up was
-    the replica's alone, so the signalled replica went on to free the windows while the
-    other waited to start training: a hang that only parallel.timeout ended (exit 3, "the
-    job hangs"; 600 s by default)."""
-    from train.test_preemption import LONG_EVAL, finish, rank_pids, start, wait_for_line
-
-    run_dir = tmp_path / "run"
-    proc = start(run_dir, stdlib_tokens, *LONG_EVAL, "train.steps=50",
-                 f'parallel.async_dp="{mode}"', "parallel.dp=2", "parallel.staleness=2",
-                 "parallel.easgd_tau=2", "parallel.async_timeout=60", "parallel.timeout=30",
-                 *devices.overrides(), ranks=2)
-    wait_for_line(proc, "run directory:")  # the header: evaluation 0 follows on rank 0
-    pids = rank_pids(run_dir)
-    assert len(pids) == 2
-    os.kill(pids[0], signal.SIGTERM)  # only the first replica hears it
-    out, err = finish(proc)
-    assert proc.returncode == 75, err[-2000:]
-    assert "preempted: nothing trained since step 0" in out and "step 1/" not in out, out
-    assert "hang:" not in err and "Traceback" not in err, err[-2000:]
-    assert ckpt.list_checkpoints(str(run_dir / "checkpoints")) == []
 
 
 def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_tokens):

@@ -172,15 +172,26 @@ def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdli
     assert resumed.returncode == 0, resumed.stderr
 
 
-def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_tokens):
+SSP = ['parallel.async_dp="ssp"', "parallel.staleness=2"]
+
+
+@pytest.fixture(scope="module")
+def ssp_record(tmp_path_factory, stdlib_tokens):
+    """A recorded 7-step ssp run, which both replays below read."""
+    recorded = tmp_path_factory.mktemp("recorded")
+    proc = train(recorded, stdlib_tokens, *SSP)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return recorded
+
+
+def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_tokens,
+                                                                ssp_record):
     """A replay with train.steps = 5 of a 7-step record ran every recorded step ("step
     7/5") and saved its checkpoint past step 5: the replay now stops where a run of 5
     steps stops, at the first recorded ticket past its budget (dp × 5). (How many of the
     steps each replica ran is the recording's timing.)"""
-    settings = ['parallel.async_dp="ssp"', "parallel.staleness=2"]
-    recorded = tmp_path / "recorded"
-    assert train(recorded, stdlib_tokens, *settings).returncode == 0
-    proc = train(tmp_path / "replayed", stdlib_tokens, *settings, "train.steps=5",
+    recorded = ssp_record
+    proc = train(tmp_path / "replayed", stdlib_tokens, *SSP, "train.steps=5",
                  f'parallel.async_replay="{recorded}"')
     assert proc.returncode == 0, proc.stderr
     # Rank 0 prints its replica's steps: as many as it held of the budget's tickets in
@@ -193,15 +204,13 @@ def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_
     assert [step for step, _ in saved] == [5], saved
 
 
-def test_a_replay_of_more_steps_than_recorded_is_refused_at_once(tmp_path, stdlib_tokens):
+def test_a_replay_of_more_steps_than_recorded_is_refused_at_once(tmp_path, stdlib_tokens,
+                                                                 ssp_record):
     """A replay with train.steps = 9 of a 7-step record ran the recorded steps, then waited
     out parallel.async_timeout for updates nobody recorded and ended on one line about the
     timeout: it is refused before training, the line naming both counts."""
-    settings = ['parallel.async_dp="ssp"', "parallel.staleness=2"]
-    recorded = tmp_path / "recorded"
-    assert train(recorded, stdlib_tokens, *settings).returncode == 0
-    proc = train(tmp_path / "replayed", stdlib_tokens, *settings, "train.steps=9",
-                 "parallel.async_timeout=30", f'parallel.async_replay="{recorded}"')
+    proc = train(tmp_path / "replayed", stdlib_tokens, *SSP, "train.steps=9",
+                 "parallel.async_timeout=30", f'parallel.async_replay="{ssp_record}"')
     assert proc.returncode != 0 and len(errors(proc)) == 1, proc.stderr[-2000:]
     assert "7 steps" in errors(proc)[0] and "train.steps = 9" in errors(proc)[0], errors(proc)
     assert not re.search(r"step \d+/9 \|", proc.stdout), proc.stdout[-2000:]

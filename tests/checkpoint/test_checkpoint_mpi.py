@@ -15,7 +15,10 @@ from harness.mpirun import ROOT, job_env, launcher, run
 
 from hpcpipe import checkpoint as ckpt
 
-pytestmark = pytest.mark.device
+# On the device stand-in too (marked `device`): the resumes, whose saves and loads move
+# every tensor between the device and the files. The others — metrics appended, a
+# signal, a killed rank, a damaged checkpoint — are the host's files and processes, on
+# the same save and load paths: the CPU alone runs them.
 
 SMALL = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
          'train.dtype="float64"', "train.micro_batch_size=2", "train.eval_every=0",
@@ -60,6 +63,7 @@ def reference(tmp_path_factory, stdlib_tokens):
     return run_dir
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("dp, pp, schedule, n", [
     (2, 2, "zb-h1", 4),  # the same layout
     (2, 4, "1f1b", 8),  # deeper pipeline, another schedule
@@ -79,6 +83,7 @@ def test_resume_is_bitwise_exact_with_the_same_dp(tmp_path, stdlib_tokens, refer
         assert np.array_equal(actual[name], w), name
 
 
+@pytest.mark.device
 def test_resume_with_another_dp_equals_to_round_off(tmp_path, stdlib_tokens, reference):
     start = os.path.join(reference, "checkpoints", "step_00000003")
     proc = train(tmp_path / "run", stdlib_tokens, 4, *layout(4, 1, "1f1b"), "train.steps=6",
@@ -92,6 +97,7 @@ def test_resume_with_another_dp_equals_to_round_off(tmp_path, stdlib_tokens, ref
         assert np.allclose(actual[name], w, rtol=1e-10, atol=1e-13), name
 
 
+@pytest.mark.device
 def test_muon_resumes_bitwise_under_another_pipeline(tmp_path, stdlib_tokens):
     """Muon's momentum is saved in AdamW's first-moment slot, by tensor: a pp 2 run's
     checkpoint resumes in one process, bitwise."""

@@ -3,7 +3,8 @@ a straggler, resumed from its checkpoint in replay, ends bitwise where the recor
 ended (the shared state, the clocks and every replica's own state come back); another
 layout is refused with one error line; a peer that stops ends the job with one error
 line within the timeout, never a hang; a signal to one rank stops every replica at one
-meeting (before the first step: at once). Real `mpiexec` jobs of `python -m hpcpipe train`."""
+meeting (before the first step, at once: test_preemption.py). Real `mpiexec` jobs of
+`python -m hpcpipe train`."""
 
 import json
 import os
@@ -115,29 +116,25 @@ def test_a_stopped_peer_ends_the_job_within_the_timeout(tmp_path, stdlib_tokens)
     assert time.monotonic() - start < 90
 
 
-@pytest.mark.parametrize("mode", ["ssp", "easgd"])
-def test_a_replica_that_took_no_step_ends_with_the_others(tmp_path, stdlib_tokens, mode):
+@pytest.mark.parametrize("mode, traced", [("ssp", False), ("easgd", True)])
+def test_a_replica_that_took_no_step_ends_with_the_others(tmp_path, stdlib_tokens, mode,
+                                                          traced):
     """Replica 1 starts late (asleep before its first ticket) and replica 0 takes the
     whole budget of one step: both end the run together — replica 1 joins the final
     save (a collective) though it trained nothing, where it had gone on to free the
-    windows while replica 0 waited in the save's gather: a hang no timeout ended."""
+    windows while replica 0 waited in the save's gather: a hang no timeout ended.
+    easgd's run also traces its first steps (train.trace_steps): replica 0's steps 1 and
+    2 are in the window, replica 1 has none — every rank still joins the gather of
+    trace.json at the end, where replica 1 skipped it (its step 0 is before the window)
+    and went on to exit while replica 0 waited in the gather: a hang after the last
+    evaluation that no timeout ended. (One run checks both: an easgd run untraced was
+    this run without the trace.)"""
     proc = train(tmp_path / "run", stdlib_tokens, f'parallel.async_dp="{mode}"',
-                 "train.steps=1", env={"HPCPIPE_ASYNC_STALL": "1:0:2"}, timeout=60)
+                 "train.steps=1", f"train.trace_steps={2 if traced else 0}",
+                 env={"HPCPIPE_ASYNC_STALL": f"1:0:{4 if traced else 2}"}, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert ckpt.list_checkpoints(str(tmp_path / "run" / "checkpoints"))[-1][0] == 1
-
-
-def test_a_replica_that_took_no_step_joins_the_end_of_run_traces(tmp_path, stdlib_tokens):
-    """The same late replica with the first steps traced (train.trace_steps): replica 0's
-    steps 1 and 2 are in the window, replica 1 has none — every rank still joins the
-    gather of trace.json at the end, where replica 1 skipped it (its step 0 is before the
-    window) and went on to exit while replica 0 waited in the gather: a hang after the
-    last evaluation that no timeout ended."""
-    proc = train(tmp_path / "run", stdlib_tokens, 'parallel.async_dp="easgd"',
-                 "train.steps=1", "train.trace_steps=2", env={"HPCPIPE_ASYNC_STALL": "1:0:4"},
-                 timeout=60)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (tmp_path / "run" / "trace.json").exists()
+    assert not traced or (tmp_path / "run" / "trace.json").exists()
 
 
 @pytest.mark.parametrize("mode", ["ssp", "easgd"])
@@ -171,40 +168,26 @@ def test_a_signal_to_one_rank_stops_every_replica_at_one_meeting(tmp_path, stdli
     assert resumed.returncode == 0, resumed.stderr
 
 
-@pytest.mark.parametrize("mode", ["ssp", "easgd"])
-def test_a_signal_before_the_first_step_stops_every_replica(tmp_path, stdlib_tokens, mode):
-    """SIGTERM to rank 0 while it runs the step-0 evaluation (the first replica's alone):
-    every rank stops with exit 75 and nothing to save. The agreement after the set-up was
-    the replica's alone, so the signalled replica went on to free the windows while the
-    other waited to start training: a hang that only parallel.timeout ended (exit 3, "the
-    job hangs"; 600 s by default)."""
-    from train.test_preemption import LONG_EVAL, finish, rank_pids, start, wait_for_line
-
-    run_dir = tmp_path / "run"
-    proc = start(run_dir, stdlib_tokens, *LONG_EVAL, "train.steps=50",
-                 f'parallel.async_dp="{mode}"', "parallel.dp=2", "parallel.staleness=2",
-                 "parallel.easgd_tau=2", "parallel.async_timeout=60", "parallel.timeout=30",
-                 *devices.overrides(), ranks=2)
-    wait_for_line(proc, "run directory:")  # the header: evaluation 0 follows on rank 0
-    pids = rank_pids(run_dir)
-    assert len(pids) == 2
-    os.kill(pids[0], signal.SIGTERM)  # only the first replica hears it
-    out, err = finish(proc)
-    assert proc.returncode == 75, err[-2000:]
-    assert "preempted: nothing trained since step 0" in out and "step 1/" not in out, out
-    assert "hang:" not in err and "Traceback" not in err, err[-2000:]
-    assert ckpt.list_checkpoints(str(run_dir / "checkpoints")) == []
+SSP = ['parallel.async_dp="ssp"', "parallel.staleness=2"]
 
 
-def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_tokens):
+@pytest.fixture(scope="module")
+def ssp_record(tmp_path_factory, stdlib_tokens):
+    """A recorded 7-step ssp run, which both replays below read."""
+    recorded = tmp_path_factory.mktemp("recorded")
+    proc = train(recorded, stdlib_tokens, *SSP)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return recorded
+
+
+def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_tokens,
+                                                                ssp_record):
     """A replay with train.steps = 5 of a 7-step record ran every recorded step ("step
     7/5") and saved its checkpoint past step 5: the replay now stops where a run of 5
     steps stops, at the first recorded ticket past its budget (dp × 5). (How many of the
     steps each replica ran is the recording's timing.)"""
-    settings = ['parallel.async_dp="ssp"', "parallel.staleness=2"]
-    recorded = tmp_path / "recorded"
-    assert train(recorded, stdlib_tokens, *settings).returncode == 0
-    proc = train(tmp_path / "replayed", stdlib_tokens, *settings, "train.steps=5",
+    recorded = ssp_record
+    proc = train(tmp_path / "replayed", stdlib_tokens, *SSP, "train.steps=5",
                  f'parallel.async_replay="{recorded}"')
     assert proc.returncode == 0, proc.stderr
     # Rank 0 prints its replica's steps: as many as it held of the budget's tickets in
@@ -217,15 +200,13 @@ def test_a_replay_of_fewer_steps_than_recorded_ends_at_its_own(tmp_path, stdlib_
     assert [step for step, _ in saved] == [5], saved
 
 
-def test_a_replay_of_more_steps_than_recorded_is_refused_at_once(tmp_path, stdlib_tokens):
+def test_a_replay_of_more_steps_than_recorded_is_refused_at_once(tmp_path, stdlib_tokens,
+                                                                 ssp_record):
     """A replay with train.steps = 9 of a 7-step record ran the recorded steps, then waited
     out parallel.async_timeout for updates nobody recorded and ended on one line about the
     timeout: it is refused before training, the line naming both counts."""
-    settings = ['parallel.async_dp="ssp"', "parallel.staleness=2"]
-    recorded = tmp_path / "recorded"
-    assert train(recorded, stdlib_tokens, *settings).returncode == 0
-    proc = train(tmp_path / "replayed", stdlib_tokens, *settings, "train.steps=9",
-                 "parallel.async_timeout=30", f'parallel.async_replay="{recorded}"')
+    proc = train(tmp_path / "replayed", stdlib_tokens, *SSP, "train.steps=9",
+                 "parallel.async_timeout=30", f'parallel.async_replay="{ssp_record}"')
     assert proc.returncode != 0 and len(errors(proc)) == 1, proc.stderr[-2000:]
     assert "7 steps" in errors(proc)[0] and "train.steps = 9" in errors(proc)[0], errors(proc)
     assert not re.search(r"step \d+/9 \|", proc.stdout), proc.stdout[-2000:]

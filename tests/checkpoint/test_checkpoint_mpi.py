@@ -15,7 +15,10 @@ from harness.mpirun import ROOT, job_env, launcher, run
 
 from hpcpipe import checkpoint as ckpt
 
-pytestmark = pytest.mark.device
+# On the device stand-in too (marked `device`): the resumes, whose saves and loads move
+# every tensor between the device and the files. The others — metrics appended, a
+# signal, a killed rank, a damaged checkpoint — are the host's files and processes, on
+# the same save and load paths: the CPU alone runs them.
 
 SMALL = ["model.n_layer=4", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
          'train.dtype="float64"', "train.micro_batch_size=2", "train.eval_every=0",
@@ -60,6 +63,7 @@ def reference(tmp_path_factory, stdlib_tokens):
     return run_dir
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("dp, pp, schedule, n", [
     (2, 2, "zb-h1", 4),  # the same layout
     (2, 4, "1f1b", 8),  # deeper pipeline, another schedule
@@ -79,6 +83,7 @@ def test_resume_is_bitwise_exact_with_the_same_dp(tmp_path, stdlib_tokens, refer
         assert np.array_equal(actual[name], w), name
 
 
+@pytest.mark.device
 def test_resume_with_another_dp_equals_to_round_off(tmp_path, stdlib_tokens, reference):
     start = os.path.join(reference, "checkpoints", "step_00000003")
     proc = train(tmp_path / "run", stdlib_tokens, 4, *layout(4, 1, "1f1b"), "train.steps=6",
@@ -92,6 +97,7 @@ def test_resume_with_another_dp_equals_to_round_off(tmp_path, stdlib_tokens, ref
         assert np.allclose(actual[name], w, rtol=1e-10, atol=1e-13), name
 
 
+@pytest.mark.device
 def test_muon_resumes_bitwise_under_another_pipeline(tmp_path, stdlib_tokens):
     """Muon's momentum is saved in AdamW's first-moment slot, by tensor: a pp 2 run's
     checkpoint resumes in one process, bitwise."""
@@ -163,14 +169,14 @@ def _finish(proc, timeout=120):
 
 
 def test_sigusr1_on_one_rank_checkpoints_and_resumes_exactly(tmp_path, stdlib_tokens):
-    # 60 steps: the signal lands after the 5th, with 55 to spare on a loaded machine.
-    steps = ["train.steps=60", *layout(1, 2, "zb-h1")]
+    # 16 steps: the signal lands after the 5th, with 11 to spare. What keeps a fast run
+    # from ending before it lands is the stall: rank 0 sleeps 30 s in step 8 should the
+    # run get there, where the signal needs a `ps` and a kill after the 5th step's line
+    # (timing only: the numbers never change).
+    steps = ["train.steps=16", *layout(1, 2, "zb-h1")]
     whole = tmp_path / "whole"
     assert train(whole, stdlib_tokens, 2, *steps).returncode == 0
     run_dir = tmp_path / "preempted"
-    # Rank 0 sleeps 30 s in step 8 should the run get there: on a fast machine the 55
-    # steps left after the 5th could end before the signal lands (timing only: the
-    # numbers never change).
     proc = _start(run_dir, stdlib_tokens, 2, *steps, env={"HPCPIPE_STALL": "0:8:F1:30"})
     metrics = run_dir / "metrics.jsonl"
     _wait_for(lambda: metrics.exists() and metrics.read_text().count('"loss"') >= 5, 120, proc)
@@ -181,12 +187,12 @@ def test_sigusr1_on_one_rank_checkpoints_and_resumes_exactly(tmp_path, stdlib_to
     assert proc.returncode == 75, err
     assert "preempted: checkpoint of step" in out
     stopped = ckpt.read_manifest(ckpt.latest(str(run_dir / "checkpoints")))["step"]
-    assert 5 <= stopped < 60
+    assert 5 <= stopped < 16
     proc = train(run_dir, stdlib_tokens, 2, *steps, "checkpoint.resume=\"auto\"")
     assert proc.returncode == 0, proc.stderr
     assert losses(run_dir) == losses(whole)
-    for name, w in weights(whole, 60).items():
-        assert np.array_equal(weights(run_dir, 60)[name], w), name
+    for name, w in weights(whole, 16).items():
+        assert np.array_equal(weights(run_dir, 16)[name], w), name
 
 
 def test_a_rank_killed_while_writing_leaves_the_previous_checkpoint(tmp_path, stdlib_tokens):

@@ -1,6 +1,7 @@
 """Preemption signals honoured whenever they arrive: during the step-0 evaluation (before
-any step: nothing to save) and in the middle of a checkpoint (it completes, then the run
-checkpoints and stops) — always exit status 75, never a lost signal or a killed run."""
+any step: nothing to save; asynchronous replicas too) and in the middle of a checkpoint
+(it completes, then the run checkpoints and stops) — always exit status 75, never a lost
+signal or a killed run."""
 
 import json
 import os
@@ -102,6 +103,35 @@ def test_signal_during_the_first_evaluation(tmp_path, stdlib_tokens, sig, ranks)
     assert "preempted: nothing trained since step 0" in out and "step 1/" not in out
     assert ckpt.list_checkpoints(str(tmp_path / "run" / "checkpoints")) == []
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("mode", ["ssp", "easgd"])
+def test_a_signal_before_the_first_step_stops_every_async_replica(tmp_path, stdlib_tokens,
+                                                                  mode):
+    """SIGTERM to rank 0 while it runs the step-0 evaluation (the first replica's alone):
+    every rank stops with exit 75 and nothing to save. The agreement after the set-up was
+    the replica's alone, so the signalled replica went on to free the windows while the
+    other waited to start training: a hang that only parallel.timeout ended (exit 3, "the
+    job hangs"; 600 s by default). On the CPU only: no step runs, so the device
+    stand-in would check only an evaluation, which the device tests run everywhere
+    (test_async_dp_checkpoint_mpi.py runs the replicas, their stop at a meeting and
+    their windows on it)."""
+    run_dir = tmp_path / "run"
+    # Rank 0 evaluates both replicas' windows alone: half LONG_EVAL's batches at dp 2 are
+    # the forward passes the one-process evaluation above runs, as long to land in.
+    proc = start(run_dir, stdlib_tokens, *LONG_EVAL, "train.eval_batches=300", "train.steps=50",
+                 f'parallel.async_dp="{mode}"', "parallel.dp=2", "parallel.staleness=2",
+                 "parallel.easgd_tau=2", "parallel.async_timeout=60", "parallel.timeout=30",
+                 ranks=2)
+    wait_for_line(proc, "run directory:")  # the header: evaluation 0 follows on rank 0
+    pids = rank_pids(run_dir)
+    assert len(pids) == 2
+    os.kill(pids[0], signal.SIGTERM)  # only the first replica hears it
+    out, err = finish(proc)
+    assert proc.returncode == 75, err[-2000:]
+    assert "preempted: nothing trained since step 0" in out and "step 1/" not in out, out
+    assert "hang:" not in err and "Traceback" not in err, err[-2000:]
+    assert ckpt.list_checkpoints(str(run_dir / "checkpoints")) == []
 
 
 def test_signal_during_a_save(tmp_path, stdlib_tokens):

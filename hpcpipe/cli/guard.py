@@ -10,7 +10,11 @@ the world communicator that only failures use. When a command fails:
   every other rank to fail as well: a non-blocking barrier on the failure communicator,
   which nothing else uses, so it can never match another collective. When all ranks
   arrive — the usual case, as every rank reads the same config and files — rank 0 prints
-  the message and every rank returns 2. When they do not, the failure is this rank's
+  the message and every rank ends MPI itself (`Job.finish`: MPI_Finalize) and returns 2.
+  Ended so, the status is 2 whatever the launch line: `python -m mpi4py` turns a non-zero
+  exit while MPI runs into MPI_Abort — the library's `Abort(2) ... application called
+  MPI_Abort` line, Open MPI's MPI_ABORT banner, status 137 under srun, which a job
+  script cannot tell from a crash or a kill. When they do not, the failure is this rank's
   alone and the others are blocked waiting for it: it prints its message, naming its
   rank, and aborts the whole job (MPI_Abort).
 - Anything else is a bug: the traceback is printed, and with more than one rank the job
@@ -21,6 +25,7 @@ the world communicator that only failures use. When a command fails:
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import time
@@ -34,6 +39,10 @@ EXIT_BUG = 1
 # How long a failing rank waits for the others to fail too before it aborts the job; long
 # enough for ranks that started a little later to reach the same error on a busy node.
 AGREE_S = 10.0
+# How long MPI_Finalize may take once every rank agreed on a user error (milliseconds, as
+# measured with requests and windows left in flight, under MPICH and Open MPI) before the
+# rank is taken for hung there and ended (`Job.finish`).
+FINALIZE_S = 30.0
 # How long a rank about to abort the job leaves the launcher to forward its last words.
 FORWARD_S = 1.0
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -113,6 +122,7 @@ class Job:
     def __init__(self, agree_s: float | None = None):
         self.agree_s = agree_s if agree_s is not None else _agree_s_from_env()
         self.failures = None  # the failure-only duplicate of COMM_WORLD, once MPI runs
+        self.finalize_s = FINALIZE_S
         if _mpi() is not None:  # started under `python -m mpi4py`: every rank is here now
             self._duplicate()
 
@@ -136,6 +146,14 @@ class Job:
         if self.failures is not None and _mpi() is not None:
             self.failures.Free()
         self.failures = None
+
+    def finish(self):
+        """End MPI on this rank, every rank being here too (they agreed on the failure),
+        within `finalize_s` seconds (`bounded_finalize`)."""
+        mpi = _mpi()
+        if mpi is not None:
+            self.release()
+            bounded_finalize(mpi, self.finalize_s)
 
     def _size(self) -> int:
         mpi = _mpi()
@@ -162,6 +180,7 @@ class Job:
         if self._all_failed():
             if launch_rank() == 0:
                 _say(f"error: {message}")
+            self.finish()
             return EXIT_USER_ERROR
         _say(f"error: rank {launch_rank()}: {message}")
         _abort(EXIT_USER_ERROR)
@@ -182,6 +201,26 @@ def _say(text: str):
         print(text, file=sys.stderr, flush=True)
     except (OSError, ValueError):  # stderr closed: the status still tells
         pass
+
+
+def bounded_finalize(mpi, seconds: float):
+    """MPI_Finalize, or the process ended with status 1 (a bug: that hang) and a dump of
+    where every thread is, when it has not returned after `seconds` (a library waiting on
+    a request left in flight). Finalize holds the interpreter's lock, so no Python thread
+    could end it; faulthandler's watchdog is a thread of C."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        faulthandler.dump_traceback_later(seconds, exit=True, file=sys.__stderr__)
+    except (AttributeError, ValueError, RuntimeError, OSError):  # stderr closed: no dump
+        faulthandler.dump_traceback_later(seconds, exit=True,
+                                          file=open(os.devnull, "w"))  # noqa: SIM115
+    try:
+        mpi.Finalize()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _abort(status: int):

@@ -14,6 +14,13 @@ def error_lines(text):
     return [line for line in text.splitlines() if line.startswith("error:")]
 
 
+def aborted(proc) -> bool:
+    """Whether the job ended by MPI_Abort: MPICH's `Abort(2) on node 0 (rank 0 in comm 0):
+    application called MPI_Abort(...)`, Open MPI's `MPI_ABORT was invoked on rank 0`
+    (not mpirun's own report of a non-zero exit: "the job has been aborted")."""
+    return "MPI_ABORT" in (proc.stdout + proc.stderr).upper()
+
+
 def test_every_kind_of_user_error_is_one_line(capsys):
     job = Job()
     failures = [HpcpipeError("a bad\nconfig"), FileNotFoundError(errno.ENOENT, "No such file",
@@ -59,6 +66,37 @@ def test_mpi_job_ends_together_without_mpi4py_launcher(case, status, line):
     else:
         assert proc.stderr.count("Traceback") == 1 and "ZeroDivisionError" in proc.stderr
         assert not error_lines(proc.stderr)
+
+
+@pytest.mark.parametrize("case", ["all", "pending"])
+def test_an_agreed_user_error_under_mpi4py_exits_2_without_abort(case):
+    """`python -m mpi4py` turns a non-zero exit into MPI_Abort: a user error that every
+    rank agreed on ended with the MPI library's `Abort(2) ... application called
+    MPI_Abort` line (MPICH), Open MPI's MPI_ABORT banner, or 137 under srun — read as a
+    crash. The guard ends MPI itself first (MPI_Finalize), requests in flight or not."""
+    proc = launch(["-m", "mpi4py", "tests/mpi/failures.py", case], n=2, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert error_lines(proc.stderr) == ["error: every rank sees this"], proc.stderr
+    assert not aborted(proc) and "Traceback" not in proc.stderr
+
+
+def test_a_finalize_that_never_returns_still_ends_every_rank():
+    """The bound on MPI_Finalize: a library that waited for ever there would hang the job
+    that agreed to stop; each rank ends with status 1 and where it hung (faulthandler)."""
+    proc = launch(["-m", "mpi4py", "tests/mpi/failures.py", "stuck"], n=2, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert error_lines(proc.stderr) == ["error: every rank sees this"], proc.stderr
+    assert "Timeout (0:00:02)!" in proc.stderr and "bounded_finalize" in proc.stderr
+
+
+def test_train_with_a_wrong_config_under_mpi4py_exits_2_without_abort(tmp_path):
+    """The launch line of jobs/ (`srun python -m mpi4py -m hpcpipe train`), with mpiexec."""
+    proc = launch(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+                   str(tmp_path / "r"), "--set", "parallel.pp=2", "--set",
+                   "model.n_embd=nope"], n=2, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert len(error_lines(proc.stderr)) == 1 and "model.n_embd" in proc.stderr
+    assert not aborted(proc) and "Traceback" not in proc.stderr
 
 
 def test_train_without_mpi4py_launcher_stops_every_rank_with_one_line(tmp_path):

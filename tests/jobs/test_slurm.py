@@ -120,12 +120,15 @@ def test_train_sbatch_on_two_cpu_ranks(reference):
 
 
 def test_wrong_rank_count_stops_with_one_message(cluster, workdir, stdlib_tokens):
-    """2 ranks for a 1-rank config (no PP): every rank fails alike, one prints, srun ends."""
+    """2 ranks for a 1-rank config (no PP): every rank fails alike, one prints, srun ends
+    with status 2 — a user's mistake, not the 137 of MPI_Abort (`python -m mpi4py`'s ending
+    of a non-zero exit), which a job script cannot tell from a crash or a kill."""
     job, _, out = submit(cluster, JOBS / "train.sbatch", workdir, "layout", stdlib_tokens,
                          extra_env={"PP": ""})
     record = cluster.wait(job, 120)
     text = out.read_text()
-    assert record["JobState"] == "FAILED", text
+    assert record["JobState"] == "FAILED" and record["ExitCode"] == "2:0", (record, text)
+    assert "MPI_ABORT" not in text.upper(), text
     ours = [line for line in text.splitlines() if line.startswith("error: ")]  # not srun's
     assert len(ours) == 1 and "launched with 2 MPI ranks" in ours[0], text
     assert "Traceback" not in text

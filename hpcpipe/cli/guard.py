@@ -13,10 +13,11 @@ the world communicator that only failures use. When a command fails:
   the message and every rank ends MPI itself (`Job.finish`: MPI_Finalize) and returns 2.
   Ended so, the status is 2 whatever the launch line: `python -m mpi4py` turns a non-zero
   exit while MPI runs into MPI_Abort — the library's `Abort(2) ... application called
-  MPI_Abort` line, Open MPI's MPI_ABORT banner, status 137 under srun, which a job
-  script cannot tell from a crash or a kill. When they do not, the failure is this rank's
-  alone and the others are blocked waiting for it: it prints its message, naming its
-  rank, and aborts the whole job (MPI_Abort).
+  MPI_Abort` line, Open MPI's MPI_ABORT banner, srun's aborted and cancelled step —
+  which a job script cannot tell from a crash or a kill. What the ranks release together
+  (`agreed_releases`: train's RMA windows) is released first. When they do not all
+  arrive, the failure is this rank's alone and the others are blocked waiting for it: it
+  prints its message, naming its rank, and aborts the whole job (MPI_Abort).
 - Anything else is a bug: the traceback is printed, and with more than one rank the job
   is aborted at once. `python -m mpi4py` would abort too, but `srun python -m hpcpipe`
   (a common launch line) would otherwise leave the other ranks waiting until the job's
@@ -123,6 +124,11 @@ class Job:
         self.agree_s = agree_s if agree_s is not None else _agree_s_from_env()
         self.failures = None  # the failure-only duplicate of COMM_WORLD, once MPI runs
         self.finalize_s = FINALIZE_S
+        # Collective releases a command hands over (train: an asynchronous dp mode's RMA
+        # windows), run by every rank once all agreed on a failure, before MPI_Finalize —
+        # which, finding windows still in use, printed a dozen transport warnings (UCX:
+        # "destroying inuse region") under the `error:` line.
+        self.agreed_releases = []
         if _mpi() is not None:  # started under `python -m mpi4py`: every rank is here now
             self._duplicate()
 
@@ -153,7 +159,7 @@ class Job:
         mpi = _mpi()
         if mpi is not None:
             self.release()
-            bounded_finalize(mpi, self.finalize_s)
+            bounded_finalize(mpi, self.finalize_s, self.agreed_releases)
 
     def _size(self) -> int:
         mpi = _mpi()
@@ -203,11 +209,12 @@ def _say(text: str):
         pass
 
 
-def bounded_finalize(mpi, seconds: float):
-    """MPI_Finalize, or the process ended with status 1 (a bug: that hang) and a dump of
-    where every thread is, when it has not returned after `seconds` (a library waiting on
-    a request left in flight). Finalize holds the interpreter's lock, so no Python thread
-    could end it; faulthandler's watchdog is a thread of C."""
+def bounded_finalize(mpi, seconds: float, releases=()):
+    """`releases` (collective), then MPI_Finalize — or the process ended with status 1 (a
+    bug: that hang) and a dump of where every thread is, when they have not returned after
+    `seconds` (a library waiting on a request left in flight). Finalize holds the
+    interpreter's lock, so no Python thread could end it; faulthandler's watchdog is a
+    thread of C."""
     try:
         sys.stdout.flush()
     except (OSError, ValueError):
@@ -218,6 +225,11 @@ def bounded_finalize(mpi, seconds: float):
         faulthandler.dump_traceback_later(seconds, exit=True,
                                           file=open(os.devnull, "w"))  # noqa: SIM115
     try:
+        for release in releases:
+            try:
+                release()
+            except Exception:  # noqa: BLE001 (the user's error is the one to report)
+                pass
         mpi.Finalize()
     finally:
         faulthandler.cancel_dump_traceback_later()

@@ -197,7 +197,7 @@ def cmd_train(args) -> int:
         name = os.path.splitext(os.path.basename(args.config))[0] or "run"
         run_dir = args.run_dir or os.path.join("runs", name)
         train(cfg, run_dir, comm, out=lambda msg: print(msg, flush=True), resume=args.resume,
-              watch=watch)
+              watch=watch, releases=args.job.agreed_releases)
     except Preempted as stopped:
         # Every rank arrives here together. Finalize first: under `python -m mpi4py` a
         # non-zero exit calls MPI_Abort, which srun reports as 137 rather than 75, and the

@@ -72,27 +72,31 @@ def open_run_dir(path: str, cfg: Config, comm, resume_step: int | None, log) -> 
     return made if comm.rank == 0 else RunDir(path, "", enabled=False)
 
 
-def train(cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None) -> Summary:
+def train(cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None,
+          releases=None) -> Summary:
     """Train `cfg` on this rank's share; returns the run's summary (on every rank).
 
     resume: None, "" (the run directory's latest checkpoint) or a checkpoint path; see
     `find_resume`. watch: the PreemptionWatch already listening (the command line starts
     one before reading the config); None: one of its own. Raises Preempted after
-    checkpointing when a rank gets SIGTERM/SIGUSR1."""
-    return Trainer(cfg, run_dir, comm, out, resume, watch).run()
+    checkpointing when a rank gets SIGTERM/SIGUSR1. releases: a list (the guard's
+    Job.agreed_releases) given the step's collective release (an asynchronous dp mode's
+    windows), for every rank to run once all agreed on a failure."""
+    return Trainer(cfg, run_dir, comm, out, resume, watch, releases).run()
 
 
 class Trainer:
     """One rank's training run; see the module's docstring for its phases."""
 
-    def __init__(self, cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None):
+    def __init__(self, cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None,
+                 releases=None):
         # dp = "auto" and train.global_batch_size become counts once the world is known
         self.cfg, self.comm, self.out = for_world(cfg, comm.size), comm, out
         self.started = time.perf_counter()
         self.start_step, self.carried = 0, None  # (tokenizer.json, ... checkpoints carry on)
         self.last_saved = None  # the step of the last checkpoint this run has
         self.stage_bytes = {}  # model stage → (M_B, M_W) bytes, as last measured
-        self.own_watch = watch is None
+        self.own_watch, self.releases = watch is None, [] if releases is None else releases
         self.watch = watch or PreemptionWatch(comm)  # signals count from here on
         try:
             self._setup(run_dir, resume)
@@ -152,6 +156,7 @@ class Trainer:
         self.trace = timeline.Trace(rank=comm.rank)
         self.rank = Rank.build(cfg, self.grid, self.be, plan, self.trace, gpu_aware,
                                self.beacon)
+        self.releases.append(self.rank.step.close)  # (collective: never in _release)
         self.apart = apart.settle(self)  # the replicas run apart (parallel.async_dp)
         if resume_path:
             self._resume(resume_path, manifest)

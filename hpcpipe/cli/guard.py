@@ -182,6 +182,8 @@ class Job:
         if self._size() == 1:
             if launch_rank() == 0:  # N separate processes (no MPI yet): one speaks
                 _say(f"error: {message}")
+            if _mpi4py_launched():  # (else MPI may outlive this call: a test's, in-process)
+                self.finish()
             return EXIT_USER_ERROR
         if self._all_failed():
             if launch_rank() == 0:
@@ -200,6 +202,15 @@ class Job:
         text = traceback.format_exc()
         _say(f"rank {rank}: unexpected error; aborting every rank of the job\n{text}")
         _abort(EXIT_BUG)
+
+
+def _mpi4py_launched() -> bool:
+    """Whether this process runs under `python -m mpi4py` (which aborts MPI at a non-zero
+    exit) in a world of its own: not a test's world of one (COMM_WORLD set to COMM_SELF
+    while an in-process command runs, tests/harness/inlauncher.py)."""
+    mpi = _mpi()
+    return (mpi is not None and "mpi4py.run" in sys.modules
+            and mpi.COMM_WORLD != mpi.COMM_SELF)
 
 
 def _say(text: str):

@@ -80,6 +80,15 @@ def test_an_agreed_user_error_under_mpi4py_exits_2_without_abort(case):
     assert not aborted(proc) and "Traceback" not in proc.stderr
 
 
+def test_a_user_error_on_one_rank_under_mpi4py_exits_2_without_abort():
+    """`srun -n 1 python -m mpi4py -m hpcpipe ...` (a job script of one task): no peer to
+    agree with, and the same MPI_Abort at exit before MPI was ended here too."""
+    proc = launch(["-m", "mpi4py", "tests/mpi/failures.py", "all"], n=1, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert error_lines(proc.stderr) == ["error: every rank sees this"], proc.stderr
+    assert not aborted(proc) and "Traceback" not in proc.stderr
+
+
 def test_a_finalize_that_never_returns_still_ends_every_rank():
     """The bound on MPI_Finalize: a library that waited for ever there would hang the job
     that agreed to stop; each rank ends with status 1 and where it hung (faulthandler)."""

@@ -138,8 +138,9 @@ def test_a_users_mistakes_end_the_job_with_one_line(cluster, workdir, stdlib_tok
     """What a user gets wrong in a first job, submitted together: a config that is not
     there, a run directory that cannot be made (under a file), PP not dividing the tasks,
     no venv where VENV (or the submit folder's .venv) says. Each job ends at once (not at
-    its time limit) FAILED, with one `error:` line naming the problem and no traceback.
-    (Tasks ≠ dp × pp × tp: the test above.)"""
+    its time limit) FAILED, with one `error:` line naming the problem, no traceback and no
+    MPI_Abort (hpcpipe ends MPI itself on a user's mistake: guard.py). (Tasks ≠ dp × pp ×
+    tp: the test above.)"""
     blocker = workdir / "a-file"
     blocker.write_text("")
     cases = {"noconfig": ("inputs/MISSING.toml", {}, "inputs/MISSING.toml"),
@@ -157,7 +158,7 @@ def test_a_users_mistakes_end_the_job_with_one_line(cluster, workdir, stdlib_tok
         assert record["JobState"] == "FAILED" and record["ExitCode"] != "0:0", (name, text)
         ours = [line for line in text.splitlines() if line.startswith("error: ")]
         assert len(ours) == 1 and cases[name][2] in ours[0], (name, text)
-        assert "Traceback" not in text, text
+        assert "Traceback" not in text and "MPI_ABORT" not in text.upper(), text
 
 
 def test_a_one_process_command_runs_in_a_batch_script_of_several_tasks(cluster, workdir):

@@ -167,7 +167,6 @@ class OutputSet:
             fsync_dir(folder)
         return False
 
-
     def _publish_new(self):
         """Every staged file under its name by `publish_new`; where one name was taken
         meanwhile, those this set has already published are removed again (still ours:

@@ -121,7 +121,7 @@ def paired_replay(schedule, pairs, costs: Costs) -> tuple[float, float]:
     both its ops' inputs are there (PyTorch's runtime), then runs them one after the other."""
     from hpcpipe.schedules.simulator import dependencies
 
-    p, S = schedule.num_ranks, schedule.num_stages
+    p = schedule.num_ranks
     key = {}
     for r, ops in enumerate(schedule.ranks):
         for op in ops:

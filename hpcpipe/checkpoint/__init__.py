@@ -75,7 +75,7 @@ from hpcpipe.checkpoint.weights import (
            write_weights,
 )
 
-__all__ = ["Carried", "CheckpointError", "Saved", "check_model", "find_usable", "is_checkpoint",
+__all__ = ["Carried", "CheckpointError", "Origin", "Saved", "check_model", "find_usable", "is_checkpoint",
            "latest", "list_checkpoints", "load", "new_run_id", "read_manifest", "read_weights",
            "resolve", "root_of", "save", "sha256", "step_name", "verify", "write_weights",
            "TOKENIZER", "load_model", "tokenizer_file", "manifest_shape"]

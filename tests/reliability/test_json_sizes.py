@@ -76,7 +76,6 @@ def test_a_manifest_beyond_memory_falls_back_to_the_previous_checkpoint(
         capsys, finished, stdlib_tokens, monkeypatch):
     from reliability.test_no_hang import _train
 
-    folder = finished / "checkpoints" / step_name(2)
     real = manifests.parse_json
 
     def parse(data):  # this checkpoint's manifest is more than the process can hold

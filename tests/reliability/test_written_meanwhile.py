@@ -13,7 +13,6 @@ from harness.hostile import TINY, ends_with_one_error, small_config
 
 from hpcpipe import GPT
 from hpcpipe import checkpoint as ckpt
-from hpcpipe.__main__ import main
 
 
 def meanwhile(monkeypatch, module, name, *paths):

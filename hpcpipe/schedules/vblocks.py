@@ -234,7 +234,6 @@ class Grid:
             j = r
 
             def put(lane: int) -> bool:
-                nonlocal j
                 if j >= len(row) or row[j] != EMPTY:  # (it would run over a later op)
                     return False
                 row[j] = placed[lane] * PERIOD + lane

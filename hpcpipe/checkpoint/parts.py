@@ -113,10 +113,28 @@ class SavedFile:
     @property
     def coords(self) -> tuple[int, int, int] | None:
         """[dp, pp, tp] of the rank that wrote it, where recorded."""
-        rank = self.f.attrs.get("rank")
-        if rank is None or np.shape(rank) != (3,):
+        if self.f.attrs.get("rank") is None:
             return None
-        return tuple(int(x) for x in rank)
+        return tuple(self.integers("rank", count=3))
+
+    def integers(self, key: str, of: str | None = None, count: int | None = None):
+        """Integer record `key` (a file attribute, or dataset `of`'s): an int, or a list of
+        `count` (any length: -1); a record of text, floats or another shape — from an
+        edited file, re-signed — is one StateError naming the file and the record."""
+        attrs = self.f.attrs if of is None else dataset(self.f, of, self.where).attrs
+        value = attrs.get(key)
+        array = np.asarray(value) if value is not None else None
+        shape = () if count is None else (count,)
+        if count == -1 and array is not None and array.ndim == 1:
+            shape = array.shape
+        if array is None or array.dtype.kind not in "iu" or array.shape != shape:
+            text = repr(value) if isinstance(value, (str, bytes)) else str(value)
+            text = " ".join(text.split())  # an array's rows, on one line
+            wanted = "an integer" if count is None else (
+                "a list of integers" if count == -1 else f"{count} integers")
+            raise StateError(f"{self.where}: {'' if of is None else of + ' '}attribute "
+                             f"{key} = {text[:40]}, not {wanted}; the file was edited")
+        return array.tolist()
 
     def has(self, key: str) -> bool:
         node = self.f

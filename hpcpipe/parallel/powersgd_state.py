@@ -131,8 +131,9 @@ def _index(files) -> dict:
         if coords is None:
             raise StateError(f"{file.where}: not a PowerSGD state file (no rank)")
         for tensor in file.keys("error"):  # hard links only: never another file's
-            attrs = file.dataset_attrs(f"error/{tensor}")
-            part = {k: [int(v) for v in attrs[k]] for k in ("tp", "part") if k in attrs}
+            attrs, key = file.dataset_attrs(f"error/{tensor}"), f"error/{tensor}"
+            part = {k: file.integers(k, of=key, count=-1) for k in ("tp", "part")
+                    if k in attrs}
             index.setdefault(tensor, []).append((coords[0], part or None, file))
     return index
 

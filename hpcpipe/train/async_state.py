@@ -103,7 +103,7 @@ class AsyncState(Stateful):
         mine, _ = step.async_state()  # (the shapes and types this rank's state has)
         arrays = {key: _table(file, key, like) for key, like in mine.items()
                   if not key.startswith(OPTIONAL) or file.has(key)}
-        numbers = {key: int(file.attr(key)) for key in NUMBERS if file.attr(key) is not None}
+        numbers = {key: file.integers(key) for key in NUMBERS if file.attr(key) is not None}
         step.load_async_state(arrays, numbers)
         for adam in step.optimizer.adams:
             adam.shard.push()

@@ -82,7 +82,7 @@ class VersionsState(Stateful):
         for chunk, stage in self.model.stages.items():
             key = f"previous/{chunk}"
             data = file.array(key, like=stage.param_buffer.data, whose="this stage's buffer")
-            newest = int(file.dataset_attrs(key)["newest"])
+            newest = file.integers("newest", of=key)
             if expected is not None and newest != expected:
                 raise StateError(f"{file.where}: {key} is the version before {newest}, but the "
                                  f"checkpoint's stream is at version {expected} (a file of "

@@ -13,5 +13,5 @@ pytestmark = pytest.mark.device
 def test_state_of_another_step_or_rank_and_deleted_state_are_refused(world):
     report = world.run("state_files")
     assert not report.failures, report
-    assert report.summary == ["9 edited checkpoints of local, powersgd, 2bw refused by name; "
+    assert report.summary == ["11 edited checkpoints of local, powersgd, 2bw refused by name; "
                               "4 of format 2 loaded"]

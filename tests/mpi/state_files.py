@@ -15,7 +15,9 @@ refused):
   8 is not held");
 - PowerSGD's or the weight versions' files deleted and dropped from the manifest (they
   used to restart silently);
-- a NaN in PowerSGD's error feedback (every later step was skipped, exit 0).
+- a NaN in PowerSGD's error feedback (every later step was skipped, exit 0);
+- an integer record edited: PowerSGD's `rank` of text, a weight version's `newest` NaN
+  (int() on them was a traceback).
 """
 
 import json
@@ -149,6 +151,18 @@ def nan_in(name, key):
     return edit
 
 
+def record(name, key, value, of=None):
+    """An integer record of file `name` (or of each dataset in its group `of`) set to
+    `value`."""
+    def edit(folder, root):
+        import h5py
+
+        with h5py.File(os.path.join(folder, name), "a") as f:
+            for node in [f] if of is None else f[of].values():
+                node.attrs[key] = value
+    return edit
+
+
 # kind → [(what is edited, the edit, what the refusal says, whether `ckpt verify` sees it)]
 CASES = {
     "local": [("two ranks' files swapped", swap("local-r00000.h5", "local-r00001.h5"),
@@ -162,13 +176,19 @@ CASES = {
                  ("its files deleted", deleted("powersgd"),
                   "layout.grad_compression = powersgd says the run had PowerSGD state", False),
                  ("a NaN in the error feedback", nan_in("powersgd-r00001.h5", "error/wpe"),
-                  "powersgd-r00001.h5: error/wpe holds 1 NaN or infinite value(s)", False)],
+                  "powersgd-r00001.h5: error/wpe holds 1 NaN or infinite value(s)", False),
+                 ("its rank record of text", record("powersgd-r00001.h5", "rank",
+                                                    ["1", "0", "0"]),
+                  "powersgd-r00001.h5: attribute rank = ", False)],
     "2bw": [("a weight version of step 2", older("versions-pp001.h5"),
              "versions-pp001.h5: written at step 2", True),
             ("the parameters of step 2", older("model-pp001.h5"),
              "model-pp001.h5: written at step 2", True),
             ("its files deleted", deleted("versions"),
-             "state.stream_newest = 3 says the run had the asynchronous pipeline's", False)],
+             "state.stream_newest = 3 says the run had the asynchronous pipeline's", False),
+            ("a weight version's record NaN", record("versions-pp001.h5", "newest", np.nan,
+                                                     of="previous"),
+             "attribute newest = nan, not an integer", False)],
 }
 
 

@@ -1,0 +1,61 @@
+"""A state file's integer records edited, its checkpoint re-signed to match: the `rank`
+a PowerSGD file says wrote it, the tensor shard (`tp`) its error feedback says it holds,
+the version (`newest`) a 2BW weight version is of, the asynchronous dp mode's counters.
+Text, floats, NaN, another shape or nothing where an integer belongs is one StateError
+naming the file and the record — before, int() on it was a ValueError or TypeError
+traceback on resume. (Each loader reads its records through SavedFile.integers.)"""
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcpipe.checkpoint.parts import SavedFile
+from hpcpipe.parallel.powersgd_state import _index
+from hpcpipe.util.state import StateError
+
+TENSOR = "h.0.attn.c_attn.weight"
+
+
+def opened(tmp_path, rank=(0, 0, 0), tp=None, **attrs):
+    """A PowerSGD-like state file with records `rank`, its error's `tp`, and `attrs`."""
+    path = tmp_path / "powersgd-r00000.h5"
+    with h5py.File(path, "w") as f:
+        if rank is not None:
+            f.attrs["rank"] = rank
+        f.attrs.update(attrs)
+        ds = f.create_dataset(f"error/{TENSOR}", data=np.zeros(4))
+        if tp is not None:
+            ds.attrs["tp"] = tp
+    return SavedFile(h5py.File(path, "r"), path.name, str(path))
+
+
+def refused(call, record):
+    with pytest.raises(StateError) as e:
+        call()
+    line = str(e.value)
+    assert "\n" not in line and "powersgd-r00000.h5" in line and record in line, line
+
+
+@pytest.mark.parametrize("rank", [["a", "b", "c"], [b"0", b"0", b"0"], [0.0, np.nan, 0.0],
+                                  [0, 1], np.zeros((3, 1), np.int64)])
+def test_a_rank_record_not_three_integers_is_refused(tmp_path, rank):
+    refused(lambda: _index([opened(tmp_path, rank=rank)]), "rank")
+
+
+@pytest.mark.parametrize("tp", [["2", "x"], 3, [2.0, np.nan], np.array([[2, 1]])])
+def test_a_shard_record_not_integers_is_refused(tmp_path, tp):
+    refused(lambda: _index([opened(tmp_path, tp=tp)]), "tp")
+
+
+def test_good_records_still_read(tmp_path):
+    (dp, part, _), = _index([opened(tmp_path, rank=(1, 0, 0), tp=[2, 1])])[TENSOR]
+    assert (dp, part) == (1, {"tp": [2, 1]})
+
+
+@pytest.mark.parametrize("value", ["12", 1.5, np.nan, [1, 2], None])
+def test_a_counter_or_version_record_not_an_integer_is_refused(tmp_path, value):
+    file = opened(tmp_path, **({} if value is None else {"clock": value}))
+    refused(lambda: file.integers("clock"), "clock")
+    refused(lambda: file.integers("newest", of=f"error/{TENSOR}"), "newest")
+    (tmp_path / "good").mkdir()
+    assert opened(tmp_path / "good", clock=7).integers("clock") == 7

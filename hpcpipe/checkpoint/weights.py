@@ -5,6 +5,7 @@ optimizer state)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from hpcpipe.checkpoint.verify import _file_problem, is_checkpoint, resolve
 from hpcpipe.device.budget import require
 from hpcpipe.model import family
 from hpcpipe.model.layout import GPTConfig
-from hpcpipe.util.files import claim_folder, fsync_dir
+from hpcpipe.util.files import claim_folder, fsync_dir, written_meanwhile
 from hpcpipe.util.state import Entry
 
 TOKENIZER = "tokenizer.json"  # a checkpoint's own tokenizer, when it has one
@@ -105,12 +106,25 @@ def write_weights(path: str, origin: Origin, tensors: dict[str, np.ndarray], ste
             os.replace(tmp_dir, path)
             shutil.rmtree(old, ignore_errors=True)
         else:
-            os.replace(tmp_dir, path)  # onto nothing, or onto an empty folder
+            _publish(tmp_dir, path)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)  # ours: made above
         raise
     fsync_dir(parent)
     return path
+
+
+def _publish(tmp_dir: str, path: str):
+    """Rename the finished `tmp_dir` onto `path`, claimed as nothing or an empty folder:
+    where another command filled it meanwhile (rename(2) refuses a folder that is not
+    empty), one line saying so — not "Directory not empty" naming the temporary folder —
+    and that folder is kept as it is (the caller removes ours)."""
+    try:
+        os.replace(tmp_dir, path)
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise written_meanwhile(path) from None
+        raise
 
 
 def _write_weights_into(folder: str, origin: Origin, tensors: dict, expected: dict, step: int,

@@ -95,7 +95,7 @@ def publish_new(tmp: str, path: str):
         os.link(tmp, path)
         return
     except FileExistsError:
-        raise _written_meanwhile(path) from None
+        raise written_meanwhile(path) from None
     except OSError as e:
         if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
             raise
@@ -104,11 +104,12 @@ def publish_new(tmp: str, path: str):
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
     except FileExistsError:
-        raise _written_meanwhile(path) from None
+        raise written_meanwhile(path) from None
     os.replace(tmp, path)
 
 
-def _written_meanwhile(path: str) -> OutputError:
+def written_meanwhile(path: str) -> OutputError:
+    """The refusal of a command whose new output `path` (claimed free) another wrote first."""
     return OutputError(f"{path}: another command wrote it while this one ran; it is left as "
                        f"it is (pass --force to replace it)")
 

@@ -13,6 +13,7 @@ from harness.hostile import TINY, ends_with_one_error, small_config
 
 from hpcpipe import GPT
 from hpcpipe import checkpoint as ckpt
+from hpcpipe.__main__ import main
 
 
 def meanwhile(monkeypatch, module, name, *paths):
@@ -109,3 +110,40 @@ def test_an_export_is_all_there_or_none_of_it(capsys, monkeypatch, tmp_path, kin
     meanwhile(monkeypatch, cli.ckpt, "read_weights", theirs)
     refused_and_kept(capsys, argv, theirs, folder)
     assert os.listdir(folder) == [theirs.name]
+
+
+@pytest.mark.parametrize("kind", ["a file", "a checkpoint"])
+def test_an_imported_checkpoint(capsys, monkeypatch, tmp_path, kind):
+    """`ckpt import-hf --out` claims a new folder, writes a temporary one beside it and
+    renames that onto it: where another command filled the folder meanwhile (with
+    anything, or its own import), that folder is kept and this temporary one removed."""
+    from hpcpipe.checkpoint import weights
+
+    hf = tmp_path / "hf"
+    assert main(["ckpt", "export", _checkpoint(tmp_path), "--format", "hf", "--out",
+                 str(hf)]) in (0, None)
+    folder = tmp_path / "imports"
+    folder.mkdir()
+    out = folder / "gpt"
+    original = weights._write_weights_into
+
+    def the_other_command_finishes_first(*args, **kwargs):
+        monkeypatch.setattr(weights, "_write_weights_into", original)  # once
+        if kind == "a file":
+            out.mkdir()
+            (out / "theirs").write_text("theirs")
+        else:
+            main(["ckpt", "import-hf", str(hf), "--out", str(out)])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(weights, "_write_weights_into", the_other_command_finishes_first)
+    before = {p.name: p.read_bytes() for p in out.iterdir()} if out.exists() else None
+    capsys.readouterr()
+    line = ends_with_one_error(capsys, ["ckpt", "import-hf", str(hf), "--out", str(out)])
+    assert line.endswith(f" {out}: another command wrote it while this one ran; it is left "
+                         f"as it is (pass --force to replace it)"), line
+    assert before is None
+    assert os.listdir(folder) == ["gpt"]
+    assert (kind == "a file") == ((out / "theirs").exists())
+    if kind == "a checkpoint":
+        assert not ckpt.verify(str(out))

@@ -16,7 +16,8 @@
 #                            sweep, the Pareto front) from the code that draws them
 #   make bench               add the bench extra (PyTorch, transformers, matplotlib), run
 #                            every benchmark suite but stragglers (by hand: its guide) and
-#                            write bench/results/<machine>-<date>.{json,md,png}
+#                            write bench/results/<machine>-<date>.{json,md,png} (a later
+#                            run that day: <machine>-<date>-2.*, never over the first)
 #   make install MPI=site    use the machine's own MPI (cluster module, Debian openmpi-bin)
 #                            instead of the mpich wheel from PyPI
 #   make powersgd-curves     train tiny at dp 2 uncompressed and with PowerSGD (300 steps

@@ -7,7 +7,9 @@ its suite. The schedule simulations need no measurement and are computed here. W
 `<machine>-<date>.json` (every suite in one object), `<machine>-<date>.md` (tables and
 the plots' file names) and `<machine>-<date>-{step,pipeline,tp,comm}.png` for the suites
 that ran: hpcpipe against PyTorch, throughput per schedule with measured and simulated
-bubble, throughput and bytes per layout, bandwidth against message size.
+bubble, throughput and bytes per layout, bandwidth against message size. A later report
+of the same machine and day is `<machine>-<date>-2.*` (then -3, ...): none replaces
+another's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ import time
 
 from hpcpipe import __version__
 from hpcpipe.util.errors import HpcpipeError, os_error_text
-from hpcpipe.util.files import pyplot, read_bounded, save_figure, write_text_atomic
+from hpcpipe.util.files import (
+    OutputError,
+    pyplot,
+    read_bounded,
+    save_figure,
+    write_text_atomic,
+)
 
 from .common import dash, machine_name, schedule_label, size_label
 
@@ -291,10 +299,41 @@ def summary(results: dict, plots: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+PLOTS = ("step", "pipeline", "tp", "comm")
+
+
+def claim_stem(out_dir: str, base: str) -> str:
+    """`out_dir/base`, or `base-2`, `base-3`, ... : the first stem none of whose files
+    (.json, .md, the plots) exist, reserved by creating its .json exclusively. A second
+    report of the same machine and day — `make bench` run again, or two at once — gets
+    its own files instead of silently replacing the first's measurements (hours of them)."""
+    for n in range(1, 1000):
+        stem = os.path.join(out_dir, base if n == 1 else f"{base}-{n}")
+        names = [f"{stem}.json", f"{stem}.md", *(f"{stem}-{p}.png" for p in PLOTS)]
+        if any(os.path.lexists(name) for name in names):
+            continue
+        try:
+            os.close(os.open(names[0], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            continue  # another report took it meanwhile
+        return stem
+    raise OutputError(f"{out_dir}: holds 999 reports of {base} already; name another --out")
+
+
 def write(results: dict, out_dir: str, make_plots: bool = True) -> dict:
-    """Write the combined JSON, the plots and the summary; returns {kind: path}."""
+    """Write the combined JSON, the plots and the summary under a stem of their own
+    (claim_stem); returns {kind: path}."""
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, f"{results['machine']}-{results['date']}")
+    stem = claim_stem(out_dir, f"{results['machine']}-{results['date']}")
+    try:
+        return _write_files(results, stem, make_plots)
+    except BaseException:
+        if os.path.isfile(f"{stem}.json") and os.path.getsize(f"{stem}.json") == 0:
+            os.unlink(f"{stem}.json")  # our reservation, never written
+        raise
+
+
+def _write_files(results: dict, stem: str, make_plots: bool) -> dict:
     suites, plots = results["suites"], {}
     if make_plots:
         makers = {"step": plot_step, "pipeline": plot_pipeline, "tp": plot_tp,
@@ -303,8 +342,8 @@ def write(results: dict, out_dir: str, make_plots: bool = True) -> dict:
             if name in suites and suites[name].get("rows"):
                 plots[name] = maker(suites[name], f"{stem}-{name}.png")
     paths = {"json": f"{stem}.json", "summary": f"{stem}.md", **plots}
-    write_text_atomic(paths["json"], json.dumps(results, indent=1))
     write_text_atomic(paths["summary"], summary(results, plots))
+    write_text_atomic(paths["json"], json.dumps(results, indent=1))  # (last: the claim)
     return paths
 
 
@@ -321,7 +360,10 @@ def main(argv=None) -> int:
         parser.error(os_error_text(e) if isinstance(e, OSError) else str(e))
     if not parts:
         parser.error(f"no suite results (*.json naming a suite) in {args.parts}")
-    paths = write(combine(parts, simulations()), args.out, make_plots=not args.no_plots)
+    try:
+        paths = write(combine(parts, simulations()), args.out, make_plots=not args.no_plots)
+    except (HpcpipeError, OSError) as e:
+        parser.error(os_error_text(e) if isinstance(e, OSError) else str(e))
     for path in paths.values():
         print(f"wrote {path}")
     return 0

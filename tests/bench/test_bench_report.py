@@ -95,3 +95,18 @@ def test_pipeline_rows_show_peaks_and_a_v_and_older_results_still_render():
     lines = pipeline_section({**PIPELINE, "rows": PIPELINE["rows"] + [auto]})
     assert "| auto (a V) | 90.0 | 2,300 | 2.0% | 4.0% | 3.00 MiB | 3.00 MiB | 1.100× |" in lines
     assert any(line.startswith("| 1f1b |") and "| – | – |" in line for line in lines)
+
+
+def test_a_second_report_of_the_day_is_written_beside_the_first(tmp_path):
+    """(Before, it replaced the first's files — measurements of hours — silently.)"""
+    parts, out = write_parts(tmp_path / "parts", PIPELINE), tmp_path / "out"
+    assert report.main([str(parts), "--out", str(out), "--no-plots"]) == 0
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert report.main([str(parts), "--out", str(out), "--no-plots"]) == 0
+    assert report.main([str(parts), "--out", str(out), "--no-plots"]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    (stem,) = {name.rsplit(".", 1)[0] for name in first}
+    assert names == sorted([*first, f"{stem}-2.json", f"{stem}-2.md", f"{stem}-3.json",
+                            f"{stem}-3.md"])
+    assert all((out / name).read_bytes() == data for name, data in first.items())
+    assert json.loads((out / f"{stem}-3.json").read_text())["suites"]

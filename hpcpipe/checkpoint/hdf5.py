@@ -310,10 +310,10 @@ class Reader:
         if ds.shape != (p["stop"] - p["start"],) or not _floats(ds, where):
             raise CheckpointError(f"{where}: {kind}/{key} is {ds.dtype} of shape {ds.shape}; "
                                   f"the manifest says {p['stop'] - p['start']} floats")
-        recorded = ds.attrs.get("tp")
-        if "tp" in p and recorded is not None and [int(v) for v in recorded] != p["tp"]:
-            raise CheckpointError(f"{where}: {kind}/{key} is tensor shard {int(recorded[1])} "
-                                  f"of {int(recorded[0])}, the manifest says shard "
+        recorded = _shard_record(ds, where, f"{kind}/{key}")
+        if "tp" in p and recorded is not None and recorded != p["tp"]:
+            raise CheckpointError(f"{where}: {kind}/{key} is tensor shard {recorded[1]} "
+                                  f"of {recorded[0]}, the manifest says shard "
                                   f"{p['tp'][1]}: shard files swapped between ranks")
         return check_values(read_dataset(ds, where), where, f"{kind}/{key}",
                             second_moment=kind == "exp_avg_sq")
@@ -321,3 +321,17 @@ class Reader:
     def close(self):
         for f in self.files.values():
             f.close()
+
+
+def _shard_record(ds, where: str, what: str) -> list[int] | None:
+    """A segment's `tp` record ([shards, shard]) where it has one; text, floats or
+    another shape (an edited file, re-signed) is refused naming the file and dataset."""
+    value = ds.attrs.get("tp")
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu" or array.shape != (2,):
+        text = repr(value) if isinstance(value, (str, bytes)) else str(value)
+        raise CheckpointError(f"{where}: {what} attribute tp = {' '.join(text.split())[:40]}, "
+                              f"not 2 integers; the file was edited")
+    return array.tolist()

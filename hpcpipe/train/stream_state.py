@@ -103,7 +103,8 @@ def _correction(file, correction) -> tuple[dict, list]:
     arrays = {key: file.array(f"correction/{key}", like=mine, whose="this run's",
                               finite=False).astype(mine.dtype, copy=False)
               for key, mine in correction.arrays().items()}
-    primed = np.asarray(file.attr("correction_primed", []))
+    primed = np.asarray(file.integers("correction_primed", count=-1)  # (flags: 0 or 1)
+                        if file.attr("correction_primed") is not None else [])
     if primed.shape != (len(correction.primed()),):
         raise StateError(f"{file.where}: attribute correction_primed holds {primed.shape} "
                          f"flags, this run has {len(correction.primed())} shards")

@@ -1,6 +1,7 @@
 """A state file's integer records edited, its checkpoint re-signed to match: the `rank`
 a PowerSGD file says wrote it, the tensor shard (`tp`) its error feedback says it holds,
-the version (`newest`) a 2BW weight version is of, the asynchronous dp mode's counters.
+the version (`newest`) a 2BW weight version is of, the asynchronous dp mode's counters,
+an optimizer segment's `tp`, the delay correction's `correction_primed` flags.
 Text, floats, NaN, another shape or nothing where an integer belongs is one StateError
 naming the file and the record — before, int() on it was a ValueError or TypeError
 traceback on resume. (Each loader reads its records through SavedFile.integers.)"""
@@ -59,3 +60,37 @@ def test_a_counter_or_version_record_not_an_integer_is_refused(tmp_path, value):
     refused(lambda: file.integers("newest", of=f"error/{TENSOR}"), "newest")
     (tmp_path / "good").mkdir()
     assert opened(tmp_path / "good", clock=7).integers("clock") == 7
+
+
+@pytest.mark.parametrize("tp", [["2", "1"], [2.0, np.nan], 1, [2, 1, 0]])
+def test_an_optimizer_segments_shard_record_not_two_integers_is_refused(tmp_path, tp):
+    from hpcpipe.checkpoint.hdf5 import CheckpointError, Reader
+
+    name = "optim-r00000.h5"
+    with h5py.File(tmp_path / name, "w") as f:
+        f.create_dataset("exp_avg/w@0", data=np.zeros(4)).attrs["tp"] = tp
+    reader = Reader(str(tmp_path), {"files": {name: {}}}, verified=True)
+    with pytest.raises(CheckpointError) as e:
+        reader._segment_data("exp_avg", "w", {"file": name, "start": 0, "stop": 4,
+                                              "tp": [2, 1]})
+    reader.close()
+    assert "\n" not in str(e.value) and f"{name}: exp_avg/w@0 attribute tp = " in str(e.value)
+
+
+@pytest.mark.parametrize("flags", [["0", "1"], [np.nan, 0.0]])
+def test_the_delay_corrections_flags_not_integers_are_refused(tmp_path, flags):
+    """(Before, bool() of each took "0" and NaN for primed, silently.)"""
+    from hpcpipe.train.stream_state import _correction
+
+    class Correction:
+        def arrays(self):
+            return {}
+
+        def primed(self):
+            return [False, True]
+
+    file = opened(tmp_path, correction_primed=flags)
+    refused(lambda: _correction(file, Correction()), "correction_primed")
+    (tmp_path / "good").mkdir()
+    assert _correction(opened(tmp_path / "good", correction_primed=np.array([0, 1], np.int8)),
+                       Correction()) == ({}, [False, True])

@@ -41,6 +41,7 @@ import numpy as np
 from hpcpipe.util.state import RANK, Entry, StateError, Stateful
 
 NUMBERS = ("clock", "adam_t", "log_offset", "version", "origin", "tickets", "attended")
+LATER = ("tickets", "attended")  # counters files of before them lack (load_async_state)
 ROWS = {"last_seen"}  # tables whose length varies from checkpoint to checkpoint
 # ssp_correction = "extrapolate"'s last updates: absent from a checkpoint written under
 # another correction (a resume under "extrapolate" predicts from zero until its first update)
@@ -100,13 +101,33 @@ class AsyncState(Stateful):
         for key, array in self._own().items():
             data = file.array(key, like=array, second_moment=key.startswith("exp_avg_sq/"))
             array[...] = xp.asarray(data.astype(array.dtype, copy=False))
-        mine, _ = step.async_state()  # (the shapes and types this rank's state has)
+        mine, counted = step.async_state()  # (the shapes and types this rank's state has)
         arrays = {key: _table(file, key, like) for key, like in mine.items()
                   if not key.startswith(OPTIONAL) or file.has(key)}
-        numbers = {key: file.integers(key) for key in NUMBERS if file.attr(key) is not None}
+        numbers = _numbers(file, counted)
         step.load_async_state(arrays, numbers)
         for adam in step.optimizer.adams:
             adam.shard.push()
+
+
+def _numbers(file, mine: dict) -> dict:
+    """The counters of NUMBERS the file holds: integers in range, and every one this
+    rank's state `mine` has (but LATER's) there: an edited file's missing clock is named
+    (it was "unreadable checkpoint (KeyError: 'clock')"), a clock of text taken for a
+    number no more, and none past the windows' 64-bit words or below zero is used."""
+    out = {}
+    for key in NUMBERS:
+        if file.attr(key) is None:
+            if key in mine and key not in LATER:
+                raise StateError(f"{file.where}: has no attribute {key}, which this run's "
+                                 f"state has; the file was edited")
+            continue
+        value, low = file.integers(key), -1 if key == "log_offset" else 0  # (-1: no log)
+        if not low <= value < 2**62:
+            raise StateError(f"{file.where}: attribute {key} = {value}, out of range "
+                             f"({low} to 2**62); the file was edited")
+        out[key] = value
+    return out
 
 
 def _table(file, key: str, like: np.ndarray) -> np.ndarray:

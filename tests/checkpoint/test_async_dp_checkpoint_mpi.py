@@ -210,3 +210,30 @@ def test_a_replay_of_more_steps_than_recorded_is_refused_at_once(tmp_path, stdli
     assert proc.returncode != 0 and len(errors(proc)) == 1, proc.stderr[-2000:]
     assert "7 steps" in errors(proc)[0] and "train.steps = 9" in errors(proc)[0], errors(proc)
     assert not re.search(r"step \d+/9 \|", proc.stdout), proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("value", ["3", None])
+def test_an_edited_counter_is_one_error_line(tmp_path, stdlib_tokens, ssp_record, value):
+    """A replica's clock record of text, or none, in a re-signed checkpoint: before, int()
+    of it or numbers["clock"] ended the resume in a traceback on that rank; now one error
+    line naming the file and the record, and the checkpoint is left as it was."""
+    import shutil
+
+    import h5py
+    from harness.hostile import snapshot
+    from test_hostile_hdf5 import resign
+
+    saved = ckpt.list_checkpoints(str(ssp_record / "checkpoints"))[-1][1]
+    edited = tmp_path / "edited"
+    shutil.copytree(saved, edited)
+    with h5py.File(edited / "async-r00001.h5", "a") as f:
+        del f.attrs["clock"]
+        if value is not None:
+            f.attrs["clock"] = value
+    resign(edited)
+    before = snapshot(edited)
+    proc = train(tmp_path / "resumed", stdlib_tokens, *SSP, "train.steps=9", resume=edited)
+    assert proc.returncode != 0 and len(errors(proc)) == 1, proc.stderr[-2000:]
+    assert "async-r00001.h5" in errors(proc)[0] and "clock" in errors(proc)[0], errors(proc)
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert snapshot(edited) == before

@@ -94,3 +94,18 @@ def test_the_delay_corrections_flags_not_integers_are_refused(tmp_path, flags):
     (tmp_path / "good").mkdir()
     assert _correction(opened(tmp_path / "good", correction_primed=np.array([0, 1], np.int8)),
                        Correction()) == ({}, [False, True])
+
+
+@pytest.mark.parametrize("edit, says", [({"clock": None}, "has no attribute clock"),
+                                        ({"clock": np.uint64(2**63)}, "clock = 9223372036854775808, out of range"),
+                                        ({"adam_t": -5}, "adam_t = -5, out of range"),
+                                        ({"log_offset": "3"}, "log_offset = '3', not an integer")])
+def test_the_asynchronous_counters_missing_or_out_of_range_are_refused(tmp_path, edit, says):
+    from hpcpipe.train.async_state import _numbers
+
+    mine = {"clock": 3, "adam_t": 3, "log_offset": -1, "attended": 6, "tickets": 6}
+    good = {"clock": 3, "adam_t": 3, "log_offset": -1}  # (attended, tickets: later)
+    counters = {k: v for k, v in {**good, **edit}.items() if v is not None}
+    refused(lambda: _numbers(opened(tmp_path, **counters), mine), says)
+    (tmp_path / "good").mkdir()
+    assert _numbers(opened(tmp_path / "good", **good), mine) == good

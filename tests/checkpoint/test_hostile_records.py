@@ -3,8 +3,10 @@ a PowerSGD file says wrote it, the tensor shard (`tp`) its error feedback says i
 the version (`newest`) a 2BW weight version is of, the asynchronous dp mode's counters,
 an optimizer segment's `tp`, the delay correction's `correction_primed` flags.
 Text, floats, NaN, another shape or nothing where an integer belongs is one StateError
-naming the file and the record — before, int() on it was a ValueError or TypeError
-traceback on resume. (Each loader reads its records through SavedFile.integers.)"""
+naming the file and the record — before, int() or bool() of it raised a ValueError or
+TypeError, which a resume showed as "unreadable checkpoint (...)" naming neither, or took
+text digits, bytes and NaN flags as numbers, silently. (The loaders read their records
+through SavedFile.integers.)"""
 
 import h5py
 import numpy as np

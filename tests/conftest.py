@@ -9,7 +9,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest
-from harness import devices, inlauncher, mpirun, mpiworld, required
+from harness import devices, inlauncher, mpirun, mpiworld, required, serial
 
 pytest_plugins = ["harness.timeout"]  # --test-timeout
 
@@ -64,25 +64,27 @@ SERIAL_FILES = ("test_gpu_check.py",)  # compiles with every core
 # (test_kernels.py marks its own: the tests that compile every source at once.)
 
 
-def _serial(item) -> bool:
+def _serial(item, seen: dict) -> bool:
     """Whether `item` uses more than one core: a marker above, a folder or file above, or
-    a module that launches MPI jobs through harness.mpirun."""
+    a test that launches MPI jobs (harness/serial.py: through harness.mpirun's `run` or
+    `launcher`, from its module or its own function, directly or by way of another test
+    module; the plain helpers such as `job_env` do not count). A one-process test that
+    still needs the cores says so itself with `pytest.mark.serial`."""
     if any(item.get_closest_marker(m) for m in SERIAL_MARKS):
         return True
     path = item.path
     if path.parent.name in SERIAL_FOLDERS or path.name in SERIAL_FILES:
         return True
-    module = getattr(item, "module", None)
-    return any(v is mpirun or getattr(v, "__module__", None) == mpirun.__name__
-               for v in vars(module).values()) if module is not None else False
+    return serial.launches(item, seen)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     """Mark the tests that use several cores `serial`; off the CPU, only the tests that
     exercise the device run."""
+    seen = {}  # the functions judged so far, across modules
     for item in items:
-        if _serial(item):
+        if _serial(item, seen):
             item.add_marker(SERIAL)
     if config.getoption("--device") == "cpu":
         return

@@ -20,7 +20,6 @@ from hpcpipe.devtools import kernelmodel
 from hpcpipe.model.layers import embedding, layernorm, linear
 from hpcpipe.model import GPTConfig
 from harness.hostile import ends_with_one_error
-from harness.mpirun import run
 
 SMALL = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16)
 
@@ -205,6 +204,10 @@ def test_real_text_and_zipf_repeat_tokens_that_uniform_draws_do_not():
 
 
 def test_bench_gpu_model_prints_the_table_and_writes_the_json(tmp_path):
+    # imported here: this test alone starts a process (conftest.py's `serial`), the rest
+    # of the module is in-process arithmetic and runs two at a time
+    from harness.mpirun import run
+
     out = tmp_path / "gpu-model.json"
     proc = run(["-m", "hpcpipe", "bench", "gpu-model", "--model", "smoke", "--batch", "2",
                 "--microbatches", "2", "--json", str(out)], timeout=120)

@@ -16,7 +16,7 @@ from hpcpipe.data import tokenizer as tk
 from hpcpipe.data.checks import open_tokens
 from hpcpipe.data.tokens import DataError, open_token_file
 
-from harness import devices, mpirun
+from harness import devices
 from harness.tokenfiles import write_nanogpt, write_tiktoken
 
 TOKENS = (np.arange(5000) % 251).astype(np.uint8)
@@ -118,6 +118,10 @@ def test_a_rank_file_with_a_byte_order_mark(tmp_path):
 
 
 def test_train_on_a_split_linked_to_a_fifo_is_one_line_not_a_hang(tmp_path):
+    # imported here: this test alone starts a process (conftest.py's `serial`), the rest
+    # of the module reads token files in-process and runs two at a time
+    from harness import mpirun
+
     os.mkfifo(tmp_path / "fifo.h5")
     path = write_h5(tmp_path / "t.h5", train=lambda f: f.__setitem__(
         "train", h5py.ExternalLink(str(tmp_path / "fifo.h5"), "/train")))

@@ -133,8 +133,7 @@ def choose_tokenizer(args, vocab_size: int, own: str | None = None) -> Tokenizer
     return tokenizer
 
 
-def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None = None,
-               start: int | None = None) -> list[int]:
+def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None, start: int) -> list[int]:
     """The prompt as token ids, checked against the vocabulary; without one, `start`
     (start_token's: the same whether ids or text are given)."""
     if args.prompt is not None and args.prompt_ids is not None:
@@ -168,13 +167,7 @@ def prompt_ids(args, vocab_size: int, tokenizer: Tokenizer | None = None,
                                f"model's tokenizer ({tokenizer.source})")
     else:
         ids = []
-    if ids:
-        return ids
-    if start is not None:
-        return [start]
-    if tokenizer is not None and tokenizer.eot is not None:
-        return [tokenizer.eot]  # GPT-2 starts a document after <|endoftext|>
-    return [ord("\n")] if tokenizer is not None else [0]
+    return ids or [start]
 
 
 def _recorded(manifest: dict, key: str) -> list[int] | None:
@@ -193,29 +186,32 @@ def start_token(manifest: dict, tokenizer: Tokenizer | None) -> int:
     newline (bytes). Ids without a tokenizer start as the tokenizer their vocabulary
     implies would: <|endoftext|> (50256) for a GPT-2 vocabulary, a newline for bytes —
     where they started from id 0, a token the model never saw begin a text."""
-    model = manifest["model"]
-    bos = [i for i in _recorded(manifest, "bos_token_id") or [] if 0 <= i < model["vocab_size"]]
-    if bos:
+    bos = _recorded(manifest, "bos_token_id")
+    if bos:  # (every recorded id is inside the vocabulary: manifest.py checks it on read)
         return bos[0]
     if tokenizer is not None:
         return tokenizer.eot if tokenizer.eot is not None else ord("\n")
-    if model.get("arch", "gpt2") == "gpt2" and model["vocab_size"] >= GPT2_VOCAB:
+    if _gpt2_ids(manifest["model"]):
         return GPT2_EOT
-    return ord("\n") if model["vocab_size"] == 256 else 0
+    return ord("\n") if manifest["model"]["vocab_size"] == 256 else 0
 
 
 def end_tokens(manifest: dict, tokenizer: Tokenizer | None) -> frozenset[int]:
     """The ids that end a text, where generation stops: the source model's eos_token_id
     (an imported Llama's: an id or a list), else the tokenizer's end-of-text token, else,
     for ids of a GPT-2 model's vocabulary, GPT-2's <|endoftext|>; none for bytes."""
-    model = manifest["model"]
     ids = _recorded(manifest, "eos_token_id")
     if ids is None and tokenizer is not None:
         ids = [tokenizer.eot] if tokenizer.eot is not None else []
     elif ids is None:
-        gpt2 = model.get("arch", "gpt2") == "gpt2" and model["vocab_size"] >= GPT2_VOCAB
-        ids = [GPT2_EOT] if gpt2 else []
-    return frozenset(i for i in ids if 0 <= i < model["vocab_size"])
+        ids = [GPT2_EOT] if _gpt2_ids(manifest["model"]) else []
+    return frozenset(ids)
+
+
+def _gpt2_ids(model: dict) -> bool:
+    """Whether the ids of a model without a tokenizer are GPT-2's BPE: a GPT-2 of 50257
+    tokens or more (padded)."""
+    return model.get("arch", "gpt2") == "gpt2" and model["vocab_size"] >= GPT2_VOCAB
 
 
 def load_model(path: str, manifest: dict, device: str = "auto"):

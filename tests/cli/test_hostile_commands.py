@@ -142,7 +142,7 @@ def test_doctor_refuses_an_empty_run_directory(capsys):
 def test_a_text_prompt_with_the_ids_tokenizer_says_so():
     args = argparse.Namespace(prompt="x", prompt_ids=None, tokenizer="ids")
     with pytest.raises(HpcpipeError, match="--tokenizer ids takes token ids"):
-        prompt_ids(args, 256, None)  # a byte vocabulary: never "is not bytes"
+        prompt_ids(args, 256, None, ord("\n"))  # a byte vocabulary: never "is not bytes"
 
 
 # -- empty paths --------------------------------------------------------------------------------

@@ -175,6 +175,13 @@ def check_records(f, name: str, where: str, manifest: dict, part: str | None = N
                               f"its {part!r} state")
 
 
+def attr_text(value) -> str:
+    """An attribute's value as a refusal shows it: text quoted (the text '1' is no 1), an
+    array's rows on one line."""
+    text = repr(value) if isinstance(value, (str, bytes)) else str(value)
+    return " ".join(text.split())
+
+
 def _int(f, key: str, where: str) -> int:
     value = f.attrs.get(key)
     try:
@@ -182,8 +189,7 @@ def _int(f, key: str, where: str) -> int:
             raise ValueError
         return int(value)
     except (TypeError, ValueError):
-        text = repr(value) if isinstance(value, (str, bytes)) else str(value)  # '1': text
-        raise CheckpointError(f"{where}: attribute {key} = {text[:40]}, not an "
+        raise CheckpointError(f"{where}: attribute {key} = {attr_text(value)[:40]}, not an "
                               f"integer") from None
 
 
@@ -331,7 +337,6 @@ def _shard_record(ds, where: str, what: str) -> list[int] | None:
         return None
     array = np.asarray(value)
     if array.dtype.kind not in "iu" or array.shape != (2,):
-        text = repr(value) if isinstance(value, (str, bytes)) else str(value)
-        raise CheckpointError(f"{where}: {what} attribute tp = {' '.join(text.split())[:40]}, "
+        raise CheckpointError(f"{where}: {what} attribute tp = {attr_text(value)[:40]}, "
                               f"not 2 integers; the file was edited")
     return array.tolist()

@@ -25,6 +25,7 @@ import os
 import numpy as np
 
 from hpcpipe.checkpoint.hdf5 import (
+    attr_text,
     check_values,
     dataset,
     member,
@@ -128,8 +129,7 @@ class SavedFile:
         if count == -1 and array is not None and array.ndim == 1:
             shape = array.shape
         if array is None or array.dtype.kind not in "iu" or array.shape != shape:
-            text = repr(value) if isinstance(value, (str, bytes)) else str(value)
-            text = " ".join(text.split())  # an array's rows, on one line
+            text = attr_text(value)
             wanted = "an integer" if count is None else (
                 "a list of integers" if count == -1 else f"{count} integers")
             raise StateError(f"{self.where}: {'' if of is None else of + ' '}attribute "

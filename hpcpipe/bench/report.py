@@ -299,7 +299,7 @@ def summary(results: dict, plots: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-PLOTS = ("step", "pipeline", "tp", "comm")
+PLOTS = {"step": plot_step, "pipeline": plot_pipeline, "tp": plot_tp, "comm": plot_comm}
 
 
 def claim_stem(out_dir: str, base: str) -> str:
@@ -336,9 +336,7 @@ def write(results: dict, out_dir: str, make_plots: bool = True) -> dict:
 def _write_files(results: dict, stem: str, make_plots: bool) -> dict:
     suites, plots = results["suites"], {}
     if make_plots:
-        makers = {"step": plot_step, "pipeline": plot_pipeline, "tp": plot_tp,
-                  "comm": plot_comm}
-        for name, maker in makers.items():
+        for name, maker in PLOTS.items():
             if name in suites and suites[name].get("rows"):
                 plots[name] = maker(suites[name], f"{stem}-{name}.png")
     paths = {"json": f"{stem}.json", "summary": f"{stem}.md", **plots}

@@ -13,7 +13,9 @@ when it dumps; a snapshot taken while the main thread moves on is at worst one o
 
 A test stalls one rank on purpose with HPCPIPE_STALL="RANK:STEP:OP:SECONDS" (world rank,
 training step, the op as the schedule prints it — "F3", "B2@c1" — and how long it sleeps
-in that op): unset in normal runs.
+in that op): unset in normal runs. "RANK:STEP:OP:SECONDS:signal" ends the sleep early when
+a stop signal (SIGTERM, SIGUSR1, SIGINT) reaches that rank: a test that stalls a run only
+to keep it from ending before its signal lands need not wait the stall out.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ STALL_ENV = "HPCPIPE_STALL"
 SAVING = "checkpoint"  # the phase of a checkpoint's save (the watchdog's stop grace spares it)
 
 
-def _stall(rank: int) -> tuple[int, str, float] | None:
-    """(step, op, seconds) HPCPIPE_STALL asks of world rank `rank`, or None."""
+def _stall(rank: int) -> tuple[int, str, float, bool] | None:
+    """(step, op, seconds, whether a stop signal ends it) HPCPIPE_STALL asks of world rank
+    `rank`, or None."""
     fields = os.environ.get(STALL_ENV, "").split(":")
     try:
-        if len(fields) == 4 and int(fields[0]) == rank:
-            return int(fields[1]), fields[2], float(fields[3])
+        if len(fields) in (4, 5) and fields[4:] in ([], ["signal"]) and int(fields[0]) == rank:
+            return int(fields[1]), fields[2], float(fields[3]), len(fields) == 5
     except ValueError:
         pass
     return None
@@ -57,6 +60,7 @@ class Beacon:
         self.p2p = None  # the PipeComm whose pending sends a dump lists
         self.posted = None  # op index → receive handles posted ahead (the runtime's)
         self.stall = _stall(world_rank)
+        self.signalled = False  # a stop signal reached this rank (the watchdog sets it)
 
     @classmethod
     def for_grid(cls, grid) -> "Beacon":

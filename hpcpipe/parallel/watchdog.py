@@ -219,6 +219,8 @@ class Watchdog:
 
     def _signals(self, data: bytes):
         for signum in data:
+            if signum in _PREEMPTS or signum == signal.SIGINT:
+                self.beacon.signalled = True  # (what ends a test's HPCPIPE_STALL "…:signal")
             if signum == signal.SIGUSR2:
                 self.dump("SIGUSR2: a dump on demand; the run goes on")
             elif signum in _PREEMPTS and self.preempted is None:

@@ -170,14 +170,17 @@ def _finish(proc, timeout=120):
 
 def test_sigusr1_on_one_rank_checkpoints_and_resumes_exactly(tmp_path, stdlib_tokens):
     # 16 steps: the signal lands after the 5th, with 11 to spare. What keeps a fast run
-    # from ending before it lands is the stall: rank 0 sleeps 30 s in step 8 should the
-    # run get there, where the signal needs a `ps` and a kill after the 5th step's line
-    # (timing only: the numbers never change).
+    # from ending before it lands is the stall: rank 1 sleeps up to 30 s in step 8 should
+    # the run get there, where the signal needs a `ps` and a kill after the 5th step's line
+    # (timing only: the numbers never change). The signal ends the stall (":signal") of
+    # the rank it reaches: pids[1], rank 1 where the launcher starts its ranks in order
+    # (else the stall lasts its 30 s: slower, the same run); rank 0 learns of the stop only
+    # from the ranks' agreement.
     steps = ["train.steps=16", *layout(1, 2, "zb-h1")]
     whole = tmp_path / "whole"
     assert train(whole, stdlib_tokens, 2, *steps).returncode == 0
     run_dir = tmp_path / "preempted"
-    proc = _start(run_dir, stdlib_tokens, 2, *steps, env={"HPCPIPE_STALL": "0:8:F1:30"})
+    proc = _start(run_dir, stdlib_tokens, 2, *steps, env={"HPCPIPE_STALL": "1:8:F1:30:signal"})
     metrics = run_dir / "metrics.jsonl"
     _wait_for(lambda: metrics.exists() and metrics.read_text().count('"loss"') >= 5, 120, proc)
     pids = _rank_pids(run_dir)

@@ -49,10 +49,13 @@ class _InFlight:
 
 
 def stalled(beacon, step: int, op):
-    """The test hook (beacon.py's HPCPIPE_STALL): sleep in this op where asked."""
-    at, name, seconds = beacon.stall
+    """The test hook (beacon.py's HPCPIPE_STALL): sleep in this op where asked — in short
+    naps where a stop signal is to end it (Python resumes a sleep a signal interrupts)."""
+    at, name, seconds, until_signal = beacon.stall
     if at == step and str(op) == name:
-        time.sleep(seconds)
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0 and not (until_signal and beacon.signalled):
+            time.sleep(min(left, 0.05) if until_signal else left)
 
 
 class Runtime:

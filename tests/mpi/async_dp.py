@@ -403,9 +403,10 @@ def check_async_easgd(comm, dp, pp, tp, label, folder) -> list[str]:
     return failures
 
 
-def check_timeout(comm) -> list[str]:
-    """s = 1; the last replica stops after step 1 for longer than the timeout."""
-    timeout, failures = 2.0, []
+def check_timeout(comm, folder) -> list[str]:
+    """s = 1; the last replica stops after step 1 for longer than the timeout: until the
+    first is done waiting for it (a file in `folder` says so; no MPI call meanwhile)."""
+    timeout, failures, waited = 2.0, [], os.path.join(folder, "timed-out")
     cfg = make_cfg(comm.size, mode="ssp", staleness=1, steps=8, timeout=timeout)
     grid = gridlib.build(comm, comm.size, 1)
     be = devices.select()
@@ -414,7 +415,7 @@ def check_timeout(comm) -> list[str]:
     try:
         for step in range(1, 9):
             if grid.dp_rank == comm.size - 1 and step == 2:
-                time.sleep(3 * timeout)  # stopped: never pushes step 2
+                stopped(waited, 60.0)  # never pushes step 2
                 break
             inputs = batches.replica_inputs(be, global_batch(step), grid.dp_rank,
                                             cfg.parallel.microbatches, B)
@@ -423,6 +424,7 @@ def check_timeout(comm) -> list[str]:
     except PeerTimeout as e:
         error = (str(e), time.monotonic() - start)
     if grid.dp_rank == 0:
+        open(waited, "w").close()  # (timed out or not: the stopped replica may go on)
         if error is None:
             failures.append("a replica waiting for a stopped peer did not time out")
         elif "parallel.async_timeout" not in error[0] or not timeout <= error[1] < 2 * timeout:
@@ -431,6 +433,14 @@ def check_timeout(comm) -> list[str]:
     mpibody.settle(comm)
     rank.step.close()
     return failures
+
+
+def stopped(mark, at_most):
+    """Asleep in Python until the file `mark` exists (the first replica gave up waiting,
+    `at_most` seconds at most): it ends the stop on the event, not after a fixed time."""
+    deadline = time.monotonic() + at_most
+    while not os.path.exists(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def check(comm) -> mpibody.Report:
@@ -455,7 +465,7 @@ def check(comm) -> mpibody.Report:
     if n == 2:
         failures += check_sync_easgd(comm, 0.0)  # (the replicas at 1.5 × the rate)
         failures += check_sync_easgd(comm, 1.0)  # (the paper's rule as written)
-        failures += check_timeout(comm)
+        failures += check_timeout(comm, folder)
         summary.append("world 2: synchronous EASGD against NumPy (easgd_lr_scale 0 and 1), "
                        "the timeout")
     mpibody.settle(comm)

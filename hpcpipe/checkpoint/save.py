@@ -99,7 +99,7 @@ def save(parts, grid, origin: Origin, step: int, run_dir: str, layout: dict, sta
     root_does(world, make_room)
     error, entries = None, []
     try:
-        entries = _write_rank_files(parts, grid, tmp_dir, step, layout)
+        entries = _write_rank_files(parts, grid, tmp_dir, step, layout, beacon)
     except OSError as e:
         error = f"rank {world.rank}: writing the checkpoint failed: {e}"
     errors = [e for e in world.allgather(error) if e]
@@ -210,19 +210,25 @@ def _segment_entry(file: str, start: int, stop: int, shard=None) -> dict:
     return {"file": file, "start": start, "stop": stop, **(shard or {})}
 
 
-def _injected_delay(folder: str):
+def _injected_delay(folder: str, beacon):
     """Fault injection for the tests: HPCPIPE_SAVE_DELAY="STEP:SECONDS" pauses every rank
     in the middle of writing its shard of that step's checkpoint (its parameters written,
-    its optimizer state not yet), so a test can kill a rank while it writes. Unset in
-    normal runs."""
-    spec = os.environ.get("HPCPIPE_SAVE_DELAY", "")
-    if ":" in spec and f".{step_name(int(spec.split(':')[0]))}.tmp" in folder:
-        time.sleep(float(spec.split(":")[1]))
+    its optimizer state not yet), so a test can kill a rank while it writes;
+    "STEP:SECONDS:signal" ends the pause of a rank a stop signal reaches (a test that
+    signals a save need not wait it out). Unset in normal runs."""
+    spec = os.environ.get("HPCPIPE_SAVE_DELAY", "").split(":")
+    if len(spec) > 1 and f".{step_name(int(spec[0]))}.tmp" in folder:
+        if beacon is None:  # (a save outside a run: no signals watched)
+            time.sleep(float(spec[1]))
+        else:
+            beacon.nap(float(spec[1]), spec[2:] == ["signal"])
 
 
-def _write_rank_files(parts, grid, folder: str, step: int, layout: dict) -> list[dict]:
+def _write_rank_files(parts, grid, folder: str, step: int, layout: dict,
+                      beacon=None) -> list[dict]:
     """This rank's files of every part; returns their manifest entries. Every part's
-    `state` runs on every rank (some gather), in the same order."""
+    `state` runs on every rank (some gather), in the same order. (`beacon`: the rank's,
+    for the test hook's pause.)"""
     entries = []
     for part in parts:
         state = part.state()
@@ -236,5 +242,5 @@ def _write_rank_files(parts, grid, folder: str, step: int, layout: dict) -> list
         entries.append(files_of.write(folder, name, state, {**attrs, **part.attributes()},
                                       part.index))
         if part.index == "tensors":
-            _injected_delay(folder)  # the parameters on disk, the checkpoint not complete
+            _injected_delay(folder, beacon)  # the parameters on disk, not the whole checkpoint
     return entries

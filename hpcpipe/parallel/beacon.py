@@ -124,6 +124,14 @@ class Beacon:
         finally:
             self.done()
 
+    def nap(self, seconds: float, until_signal: bool = False):
+        """A test hook's sleep (HPCPIPE_STALL, HPCPIPE_SAVE_DELAY): `seconds`, or until a
+        stop signal reached this rank where `until_signal` — in short naps then, since
+        Python resumes a sleep a signal interrupts."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0 and not (until_signal and self.signalled):
+            time.sleep(min(left, 0.05) if until_signal else left)
+
     def pipe_rank(self, rank: int) -> int:
         """The world rank of pipeline rank `rank` of this rank's pipeline."""
         members = self.groups.get("pipe")

@@ -134,10 +134,13 @@ def test_a_signal_before_the_first_step_stops_every_async_replica(tmp_path, stdl
     assert ckpt.list_checkpoints(str(run_dir / "checkpoints")) == []
 
 
+# A save of step 2 paused until the signal comes (60 s at most): the signal lands inside it.
+SLOW_SAVE = {"HPCPIPE_SAVE_DELAY": "2:60:signal"}
+
+
 def test_signal_during_a_save(tmp_path, stdlib_tokens):
     run_dir = tmp_path / "run"
-    proc = start(run_dir, stdlib_tokens, "train.steps=50", "checkpoint.every=2",
-                 env={"HPCPIPE_SAVE_DELAY": "2:3"})
+    proc = start(run_dir, stdlib_tokens, "train.steps=50", "checkpoint.every=2", env=SLOW_SAVE)
     wait_for_save(proc, run_dir, 2)
     proc.send_signal(signal.SIGTERM)
     out, err = finish(proc)
@@ -190,7 +193,7 @@ def test_preempted_at_the_last_step_the_resume_evaluates_the_end(tmp_path, stdli
     was step 0's, where the run never stopped has step 3's. The resume now evaluates the
     end its run never did, to the value the uninterrupted run gets."""
     run_dir, extra = tmp_path / "run", ["train.steps=3", "checkpoint.every=2"]
-    proc = start(run_dir, stdlib_tokens, *extra, env={"HPCPIPE_SAVE_DELAY": "2:3"})
+    proc = start(run_dir, stdlib_tokens, *extra, env=SLOW_SAVE)
     wait_for_save(proc, run_dir, 2)
     proc.send_signal(signal.SIGTERM)
     out, err = finish(proc)

@@ -14,7 +14,6 @@ layers) and how many bytes it holds.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from hpcpipe.parallel.pipeline.p2p import PipeComm
@@ -49,13 +48,10 @@ class _InFlight:
 
 
 def stalled(beacon, step: int, op):
-    """The test hook (beacon.py's HPCPIPE_STALL): sleep in this op where asked — in short
-    naps where a stop signal is to end it (Python resumes a sleep a signal interrupts)."""
+    """The test hook (beacon.py's HPCPIPE_STALL): sleep in this op where asked."""
     at, name, seconds, until_signal = beacon.stall
     if at == step and str(op) == name:
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0 and not (until_signal and beacon.signalled):
-            time.sleep(min(left, 0.05) if until_signal else left)
+        beacon.nap(seconds, until_signal)
 
 
 class Runtime:

@@ -23,7 +23,6 @@ a dry run of the plumbing that measures nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import subprocess
@@ -35,6 +34,7 @@ import numpy as np
 
 from hpcpipe.device import backend
 from hpcpipe.devtools.ondevice import relative_error
+from hpcpipe.runs.plot import read_series
 
 from .common import merge_json
 
@@ -371,12 +371,6 @@ LAYOUTS = {"one process": (1, ()), "pp 2": (2, ("parallel.pp=2",)),
            "dp 2": (2, ("parallel.dp=2", "parallel.microbatches=2"))}
 
 
-def _losses(run_dir: str) -> list[float]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line)["loss"] for line in f
-                if line.strip() and "loss" in json.loads(line) and "val_loss" not in line]
-
-
 def sharing(be, out: str, small: bool):
     """inputs/tiny.toml for 4 steps as one process, as pp 2 and as dp 2 (two ranks on the
     one GPU, gpu_sharing, messages staged through the host): each run's losses, and how far
@@ -402,7 +396,7 @@ def sharing(be, out: str, small: bool):
                  "seconds": round(time.perf_counter() - tick, 1),
                  "tail": (done.stdout + done.stderr)[-1500:]}
         if done.returncode == 0:
-            entry["losses"] = _losses(run_dir)
+            entry["losses"] = read_series(run_dir).loss
             one = results.get("one process", {}).get("losses")
             if one and name != "one process":
                 entry["max_difference"] = max(abs(a - b) for a, b in zip(entry["losses"], one))

@@ -34,6 +34,7 @@ import numpy as np
 
 from hpcpipe.device import backend
 from hpcpipe.devtools.ondevice import relative_error
+from hpcpipe.model.flops import best_seconds
 from hpcpipe.runs.plot import read_series
 
 from .common import merge_json
@@ -317,10 +318,7 @@ def attention_vs_sdpa(be, out: str, small: bool):
 def _torch_ms(torch, fn, repeats: int = 10) -> float:
     """Median device time of fn() by torch's CUDA events (host time on the CPU)."""
     if not torch.cuda.is_available():
-        fn()
-        tick = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - tick)
+        return 1e3 * best_seconds(fn, lambda: None, 1)
     return _events_ms(fn, lambda: torch.cuda.Event(enable_timing=True),
                       lambda start, end: start.elapsed_time(end), repeats)
 

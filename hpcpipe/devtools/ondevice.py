@@ -44,7 +44,7 @@ def _f32(xp, a):
     return xp.asarray(a.astype(np.float32))
 
 
-def _normalised(x):
+def normalised(x):
     """LayerNorm's x̂ and 1/σ of each row, float64."""
     mu, r = x.mean(1, keepdims=True), 1 / np.sqrt(x.var(1, keepdims=True) + 1e-5)
     return (x - mu) * r, r
@@ -58,7 +58,7 @@ def _layernorm(k, xp, rng):
     dev = [_f32(xp, a) for a in (x, w, b, dy)]
     layernorm.forward(k, y, mean, rstd, dev[0], dev[1], dev[2])
     layernorm.backward(k, dx, dev[3], dev[0], mean, rstd, dev[1])
-    xhat, r = _normalised(x)
+    xhat, r = normalised(x)
     dxhat = dy * w
     want_dx = r * (dxhat - dxhat.mean(1, keepdims=True)
                    - xhat * (dxhat * xhat).mean(1, keepdims=True))
@@ -78,7 +78,7 @@ def _layernorm(k, xp, rng):
     x1 = x + xbias + res
     return [("layernorm.forward", plain),
             ("layernorm.forward_xsum", relative_error(xsum.get(), x1)),
-            ("layernorm.forward_residual", relative_error(y.get(), _normalised(x1)[0] * w + b)),
+            ("layernorm.forward_residual", relative_error(y.get(), normalised(x1)[0] * w + b)),
             ("layernorm.backward", relative_error(dx.get(), want_dx)),
             ("layernorm.backward_rows", relative_error(rows_dx.get(), want_dx))] + [
         (f"layernorm.finish_{name}", relative_error(got.get(), want))

@@ -23,8 +23,6 @@ a dry run of the plumbing that measures nothing.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import subprocess
 import sys
@@ -34,7 +32,9 @@ import time
 import numpy as np
 
 from hpcpipe.device import backend
-from hpcpipe.devtools.ondevice import relative_error
+from hpcpipe.devtools.ondevice import causal_attention, gelu_reference, normalised, relative_error
+from hpcpipe.model.flops import best_seconds
+from hpcpipe.runs.plot import read_series
 
 from .common import merge_json
 
@@ -67,15 +67,6 @@ def _bf16():
 
 # -- every fused kernel at GPT-2's size -----------------------------------------------------
 
-def _gelu(v):
-    return 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3)))
-
-
-def _gelu_slope(v):
-    t = np.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3))
-    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * v * v)
-
-
 def kernels(be, out: str, small: bool):
     """Each fused kernel timed at full size (outputs to scratch), then run once more on
     fresh inputs and checked on a slice of rows against float64 (see the module)."""
@@ -98,14 +89,15 @@ def kernels(be, out: str, small: bool):
     x, dy = rng.standard_normal((N, 4 * C)).astype(bf), rng.standard_normal((N, 4 * C)).astype(bf)
     b = rng.standard_normal(4 * C).astype(bf)
     v = (x[:head].astype(np.float32) + b.astype(np.float32)).astype(bf).astype(np.float64)
+    want_y, want_dx = gelu_reference(v, dy[:head].astype(np.float64))
     x_, b_, dy_, y_, dx_ = put(x), put(b), put(dy), xp.empty((N, 4 * C), bf), \
         xp.empty((N, 4 * C), bf)
     parts = xp.empty(gelu.partials_shape(4 * C), np.float32)
     record("gelu.bias_forward", (N, 4 * C), lambda: gelu.bias_forward(k, y_, x_, b_),
-           2 * x.nbytes, y_.get, _gelu(v), 2.0 ** -7)
+           2 * x.nbytes, y_.get, want_y, 2.0 ** -7)
     record("gelu.bias_backward", (N, 4 * C),
            lambda: gelu.bias_backward(k, dx_, parts, dy_, x_, b_), 3 * x.nbytes, dx_.get,
-           dy[:head].astype(np.float64) * _gelu_slope(v), 2.0 ** -6)
+           want_dx, 2.0 ** -6)
     h, r, cb = (rng.standard_normal(shape).astype(bf) for shape in ((N, C), (N, C), (C,)))
     h_, r_, cb_, o_ = put(h), put(r), put(cb), xp.empty((N, C), bf)
     record("residual.bias_residual", (N, C),
@@ -113,16 +105,14 @@ def kernels(be, out: str, small: bool):
            4 * h.nbytes, o_.get, h[:head].astype(np.float64) + cb + r[:head], 2.0 ** -7)
     w_, lb_ = put(np.ones(C, bf)), put(np.zeros(C, bf))
     ln_y, mean, rstd = xp.empty((N, C), bf), xp.empty(N, np.float32), xp.empty(N, np.float32)
-    z = h[:head].astype(np.float64)
-    norm = (z - z.mean(1, keepdims=True)) / np.sqrt(z.var(1, keepdims=True) + 1e-5)
+    norm, inv = normalised(h[:head].astype(np.float64))
     record("layernorm.forward", (N, C),
            lambda: layernorm.forward(k, ln_y, mean, rstd, h_, w_, lb_), 2 * h.nbytes,
            ln_y.get, norm, 2.0 ** -7)
     pieces = xp.empty(layernorm.row_partials_shape(N, C, False), np.float32)
     ln_dx = xp.empty((N, C), bf)
     g = r[:head].astype(np.float64)
-    want = (g - g.mean(1, keepdims=True) - norm * (g * norm).mean(1, keepdims=True)) / \
-        np.sqrt(z.var(1, keepdims=True) + 1e-5)
+    want = (g - g.mean(1, keepdims=True) - norm * (g * norm).mean(1, keepdims=True)) * inv
     record("layernorm.backward_rows", (N, C),
            lambda: layernorm.backward_rows(k, ln_dx, pieces, r_, h_, mean, rstd, w_),
            3 * h.nbytes, ln_dx.get, want, 2.0 ** -6)
@@ -202,7 +192,7 @@ def llama_rows(be, k, out, rows, small, record):
         a1, a2 = a[..., :HS // 2], a[..., HS // 2:]
         return np.concatenate([a1 * cos - a2 * sin, a2 * cos + a1 * sin], -1)
 
-    want = _causal_attention(turned(q[0, :, :HS].astype(np.float64)),
+    want = causal_attention(turned(q[0, :, :HS].astype(np.float64)),
                              turned(kk[0, :, :HS].astype(np.float64)),
                              vv[0, :, :HS].astype(np.float64))
     _flash_pair(be, out, rows, " (GQA, rope, SmolLM2)", [B, T, NH, KV, HS], small,
@@ -229,7 +219,7 @@ def flash_rows(be, k, out, rows, small):
     dqkv_, dd_ = xp.empty_like(qkv_), xp.empty((B, NH, T), np.float32)
     v = (qkv[:1].astype(np.float32) + bias.astype(np.float32)).astype(bf).astype(np.float64)
     heads = v.reshape(1, T, 3, NH, HS)[:, :, :, :2].transpose(2, 0, 3, 1, 4)  # 2 heads
-    want = _causal_attention(*heads).transpose(0, 2, 1, 3).reshape(1, T, 2 * HS)
+    want = causal_attention(*heads).transpose(0, 2, 1, 3).reshape(1, T, 2 * HS)
     _flash_pair(be, out, rows, "", [B, T, NH, HS], small,
                 lambda: attention.forward(k, y_, lse_, qkv_, NH, bias_),
                 lambda: attention.backward(k, dqkv_, dd_, dy_, y_, qkv_, lse_, NH, bias_),
@@ -255,14 +245,6 @@ def _flash_flops(B: int, NH: int, T: int, HS: int) -> float:
     """Causal attention's forward FLOPs as FlashAttention counts them (half of 4·HS·T²
     a head)."""
     return 4 * HS * B * NH * T * T / 2
-
-
-def _causal_attention(q, k, v):
-    """Causal softmax attention in float64 over (..., T, HS) arrays: flash.cu's reference."""
-    T = q.shape[-2]
-    s = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1]) + np.triu(np.full((T, T), -np.inf), 1)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return (p / p.sum(-1, keepdims=True)) @ v
 
 
 # -- flash.cu against PyTorch's SDPA --------------------------------------------------------
@@ -317,10 +299,7 @@ def attention_vs_sdpa(be, out: str, small: bool):
 def _torch_ms(torch, fn, repeats: int = 10) -> float:
     """Median device time of fn() by torch's CUDA events (host time on the CPU)."""
     if not torch.cuda.is_available():
-        fn()
-        tick = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - tick)
+        return 1e3 * best_seconds(fn, lambda: None, 1)
     return _events_ms(fn, lambda: torch.cuda.Event(enable_timing=True),
                       lambda start, end: start.elapsed_time(end), repeats)
 
@@ -371,12 +350,6 @@ LAYOUTS = {"one process": (1, ()), "pp 2": (2, ("parallel.pp=2",)),
            "dp 2": (2, ("parallel.dp=2", "parallel.microbatches=2"))}
 
 
-def _losses(run_dir: str) -> list[float]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line)["loss"] for line in f
-                if line.strip() and "loss" in json.loads(line) and "val_loss" not in line]
-
-
 def sharing(be, out: str, small: bool):
     """inputs/tiny.toml for 4 steps as one process, as pp 2 and as dp 2 (two ranks on the
     one GPU, gpu_sharing, messages staged through the host): each run's losses, and how far
@@ -402,7 +375,7 @@ def sharing(be, out: str, small: bool):
                  "seconds": round(time.perf_counter() - tick, 1),
                  "tail": (done.stdout + done.stderr)[-1500:]}
         if done.returncode == 0:
-            entry["losses"] = _losses(run_dir)
+            entry["losses"] = read_series(run_dir).loss
             one = results.get("one process", {}).get("losses")
             if one and name != "one process":
                 entry["max_difference"] = max(abs(a - b) for a, b in zip(entry["losses"], one))

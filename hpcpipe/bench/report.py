@@ -213,20 +213,15 @@ def _mib(nbytes) -> str:
 
 
 def tp_section(tp: dict) -> list[str]:
+    from .tp import print_rows
+
     out = ["## Tensor against pipeline against data parallelism", "",
            f"`mpiexec -n {tp.get('ranks')} python -m mpi4py -m hpcpipe bench tp` — "
            f"{tp.get('config')} ({tp.get('layers')} layers, n_embd {tp.get('n_embd')}, block "
            f"{tp.get('block')}), {tp.get('microbatches')} microbatches of "
            f"{tp.get('micro_batch_size')}; {tp.get('threads_per_rank')} thread(s) per rank; "
-           f"{tp.get('backend', '')}.", "",
-           "| layout | step ms | tokens/s | vs fastest | parameters per rank | MiB sent a step "
-           "(busiest rank) | analytic | what travels |",
-           "|---|---|---|---|---|---|---|---|"]
-    for r in tp["rows"]:
-        out.append(f"| {r['layout']} | {r['step_ms']:.0f} | {r['tokens_per_s']:,.0f} | "
-                   f"{r['vs_fastest']:.2f}× | {r['params_per_rank'] / 1e6:.2f}M | "
-                   f"{r['sent_bytes'] / 2**20:.2f} | {r['analytic_bytes'] / 2**20:.2f} | "
-                   f"{r['analytic']} |")
+           f"{tp.get('backend', '')}.", ""]
+    print_rows(tp["rows"], out.append)
     return out
 
 

@@ -51,6 +51,7 @@ from hpcpipe.parallel.asyncdp.windows import poke
 from hpcpipe.parallel.section import SSP_CORRECTIONS
 from hpcpipe.plan import build as build_plan
 from hpcpipe.schedules import generate
+from hpcpipe.train.trainer import step_inputs
 from hpcpipe.util.arguments import integer, number, path
 from hpcpipe.util.errors import HpcpipeError
 from hpcpipe.util.files import claim_figure, pyplot, save_figure
@@ -260,25 +261,13 @@ def run_stragglers(args) -> int:
     return 0
 
 
-def inputs_for(tokens, cfg, be, step: int, replica: int):
-    """inputs(mb) of `replica`'s share of global step `step`, as training draws them."""
-    size, microbatches = cfg.train.micro_batch_size, cfg.parallel.microbatches
-
-    def inputs(mb):
-        first = (replica * microbatches + mb) * size
-        batch = tokens.batch("train", cfg.model.block_size, cfg.train.seed, step,
-                             range(first, first + size))
-        return be.from_host(batch.idx), be.from_host(batch.targets)
-    return inputs
-
-
 def measure_delay(cfg, world, be, tokens, steps: int = 6) -> float:
     """The median synchronous step (slowest rank), on a model of its own."""
     mode = Mode("warm-up", cfg, world, be)
     times = []
     for step in range(1, steps + 1):
         with slowest(world, times):
-            mode.rank.train_step(step, inputs_for(tokens, cfg, be, step, mode.grid.dp_rank),
+            mode.rank.train_step(step, step_inputs(tokens, cfg, be, step, mode.grid.dp_rank),
                                  cfg.optim.lr, cfg.optim.grad_clip)
     return statistics.median(times[1:])
 
@@ -321,7 +310,7 @@ def segment(mode, start: int, end: int, stall: float, tokens, be, world, last: b
         data_step, replica = step_of.assignment(step)
         o = cfg.optim
         lr = learning_rate(data_step - 1, o.lr, o.min_lr, o.warmup_steps, t.steps)
-        [outcome] = mode.rank.train_step(step, inputs_for(tokens, cfg, be, data_step, replica),
+        [outcome] = mode.rank.train_step(step, step_inputs(tokens, cfg, be, data_step, replica),
                                          lr, cfg.optim.grad_clip)
         if not step_of.asynchronous:
             mode.bytes += step_of.gradsync.bytes_reduced

@@ -178,16 +178,16 @@ def rows(layouts, world, shape, args) -> list[dict]:
     return out
 
 
-def print_rows(rows):
-    print()
-    print("| layout | step ms | tokens/s | vs fastest | parameters per rank | sent per step "
-          "(busiest rank) | analytic | what travels |")
-    print("|---|---|---|---|---|---|---|---|")
+def print_rows(rows, out=print):
+    """The suite's table, one line per layout: what the run prints and the report shows."""
+    out("| layout | step ms | tokens/s | vs fastest | parameters per rank | sent per step "
+        "(busiest rank) | analytic | what travels |")
+    out("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['layout']} | {r['step_ms']:.0f} | {r['tokens_per_s']:,.0f} | "
-              f"{r['vs_fastest']:.2f}× | {r['params_per_rank'] / 1e6:.2f}M | "
-              f"{r['sent_bytes'] / MiB:.2f} MiB | {r['analytic_bytes'] / MiB:.2f} MiB | "
-              f"{r['analytic']} |")
+        out(f"| {r['layout']} | {r['step_ms']:.0f} | {r['tokens_per_s']:,.0f} | "
+            f"{r['vs_fastest']:.2f}× | {r['params_per_rank'] / 1e6:.2f}M | "
+            f"{r['sent_bytes'] / MiB:.2f} MiB | {r['analytic_bytes'] / MiB:.2f} MiB | "
+            f"{r['analytic']} |")
 
 
 def run_tp(args) -> int:
@@ -227,6 +227,7 @@ def run_tp(args) -> int:
                 1, args.rounds, args.steps, log)
     table = rows(layouts, world, shape, args)
     if world.rank == 0:
+        print()
         print_rows(table)
         result = {"suite": "tp", "version": __version__, "ranks": world.size,
                   "config": args.config, "layers": shape.n_layer, "n_embd": shape.n_embd,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 
-from hpcpipe.checkpoint.huggingface import HuggingFaceError, untied_values
+from hpcpipe.checkpoint.huggingface import HuggingFaceError, refuse_untied
 from hpcpipe.checkpoint.manifest import MAX_SPECIAL_IDS
 from hpcpipe.model.llama_layout import EMBED, HEAD, LlamaConfig, param_layout, tensor_count
 
@@ -167,14 +167,8 @@ def check_tensors(tensors: dict, model: dict, source: str) -> dict:
     tensors = dict(tensors)
     head = tensors.get(HEAD)
     if shape.tie_word_embeddings and head is not None:
-        problem = untied_values(head, tensors.get(EMBED))
-        if problem == "differs":
-            raise HuggingFaceError(f"{source}: lm_head.weight differs from "
-                                   f"{EMBED}, but config.json ties them "
-                                   f"(tie_word_embeddings): not one model")
-        if problem:
-            raise HuggingFaceError(f"{source}: {EMBED} (and lm_head.weight, its tied copy) "
-                                   f"{problem}: not weights a model can use")
+        refuse_untied(head, tensors.get(EMBED), EMBED, source, ", but config.json ties them "
+                      "(tie_word_embeddings): not one model")
         del tensors[HEAD]
     if shape.n_layer > len(tensors):  # counted before the layout is listed: it could be huge
         raise HuggingFaceError(f"{source}: {len(tensors)} tensors, but a Llama of "

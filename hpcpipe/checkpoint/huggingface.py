@@ -47,18 +47,20 @@ class HuggingFaceError(HpcpipeError):
     """A Hugging Face folder hpcpipe cannot take as it is; the message names the field."""
 
 
-def untied_values(head, embed) -> str | None:
-    """Whether a tied head's saved copy is its embedding, in words: None when it is, else
-    how it is not — differing values, or NaN in both at the same places (NaN != NaN:
-    then the embedding's NaN is what is wrong, not the copy)."""
-    if embed is None or head.shape != embed.shape:
-        return "differs"
-    if np.array_equal(head, embed):
-        return None
-    if not np.array_equal(head, embed, equal_nan=True):
-        return "differs"
+def refuse_untied(head, embed, embed_name: str, source: str, why: str):
+    """Refuse a tied head's saved copy (lm_head.weight) that is not its embedding
+    `embed_name`: differing values (`why` ends that message: why they must not differ),
+    or NaN in both at the same places (NaN != NaN: then the embedding's values are what
+    is wrong, not the copy)."""
+    if embed is not None and head.shape == embed.shape and np.array_equal(head, embed):
+        return
+    if embed is None or head.shape != embed.shape or \
+            not np.array_equal(head, embed, equal_nan=True):
+        raise HuggingFaceError(f"{source}: lm_head.weight differs from {embed_name}{why}")
     bad = int(np.count_nonzero(~np.isfinite(np.asarray(embed, np.float64))))
-    return f"holds {bad} value{'s' * (bad != 1)} that {'is' if bad == 1 else 'are'} not finite"
+    raise HuggingFaceError(f"{source}: {embed_name} (and lm_head.weight, its tied copy) holds "
+                           f"{bad} value{'s' * (bad != 1)} that {'is' if bad == 1 else 'are'} "
+                           f"not finite: not weights a model can use")
 
 
 def read_json(path: str, what: str):

@@ -24,7 +24,7 @@ import numpy as np
 
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.checkpoint import hf_llama, huggingface
-from hpcpipe.checkpoint.huggingface import untied_values
+from hpcpipe.checkpoint.huggingface import refuse_untied
 from hpcpipe.checkpoint.hdf5 import store
 from hpcpipe.model.layout import GPT2_EOT, GPT2_VOCAB
 from hpcpipe.util.errors import HpcpipeError
@@ -307,13 +307,9 @@ def from_hf_names(tensors: dict, source: str) -> dict:
                                f"{HF_PREFIX!r} prefix)")
         out[name] = value
     head = tensors.get("lm_head.weight")
-    problem = untied_values(head, out["wte"]) if head is not None and "wte" in out else None
-    if problem == "differs":
-        raise HpcpipeError(f"{source}: lm_head.weight differs from wte.weight; hpcpipe's head "
-                           f"is tied to the embedding")
-    if problem:
-        raise HpcpipeError(f"{source}: wte.weight (and lm_head.weight, its tied copy) "
-                           f"{problem}: not weights a model can use")
+    if head is not None and "wte" in out:
+        refuse_untied(head, out["wte"], "wte.weight", source,
+                      "; hpcpipe's head is tied to the embedding")
     return out
 
 

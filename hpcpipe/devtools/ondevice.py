@@ -44,7 +44,7 @@ def _f32(xp, a):
     return xp.asarray(a.astype(np.float32))
 
 
-def _normalised(x):
+def normalised(x):
     """LayerNorm's x̂ and 1/σ of each row, float64."""
     mu, r = x.mean(1, keepdims=True), 1 / np.sqrt(x.var(1, keepdims=True) + 1e-5)
     return (x - mu) * r, r
@@ -58,7 +58,7 @@ def _layernorm(k, xp, rng):
     dev = [_f32(xp, a) for a in (x, w, b, dy)]
     layernorm.forward(k, y, mean, rstd, dev[0], dev[1], dev[2])
     layernorm.backward(k, dx, dev[3], dev[0], mean, rstd, dev[1])
-    xhat, r = _normalised(x)
+    xhat, r = normalised(x)
     dxhat = dy * w
     want_dx = r * (dxhat - dxhat.mean(1, keepdims=True)
                    - xhat * (dxhat * xhat).mean(1, keepdims=True))
@@ -78,14 +78,14 @@ def _layernorm(k, xp, rng):
     x1 = x + xbias + res
     return [("layernorm.forward", plain),
             ("layernorm.forward_xsum", relative_error(xsum.get(), x1)),
-            ("layernorm.forward_residual", relative_error(y.get(), _normalised(x1)[0] * w + b)),
+            ("layernorm.forward_residual", relative_error(y.get(), normalised(x1)[0] * w + b)),
             ("layernorm.backward", relative_error(dx.get(), want_dx)),
             ("layernorm.backward_rows", relative_error(rows_dx.get(), want_dx))] + [
         (f"layernorm.finish_{name}", relative_error(got.get(), want))
         for name, got, want in zip(("dweight", "dbias", "dsum"), sums, want_sums)]
 
 
-def _gelu_reference(x, dy):
+def gelu_reference(x, dy):
     """GELU's y and dy · gelu'(x), tanh form, float64."""
     u = math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)
     du = math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x ** 2)
@@ -98,10 +98,10 @@ def _gelu(k, xp, rng):
     y, dx = xp.empty(N * C, np.float32), xp.empty(N * C, np.float32)
     gelu.forward(k, y, _f32(xp, x))
     gelu.backward(k, dx, _f32(xp, dy), _f32(xp, x))
-    want_y, want_dx = _gelu_reference(x, dy)
+    want_y, want_dx = gelu_reference(x, dy)
     # with c_fc's bias added as the kernels read x; B's column sums of dx
     bias = rng.standard_normal(C)
-    want_yb, want_dxb = _gelu_reference((x.reshape(N, C) + bias).reshape(-1), dy)
+    want_yb, want_dxb = gelu_reference((x.reshape(N, C) + bias).reshape(-1), dy)
     yb, dxb = xp.empty((N, C), np.float32), xp.empty((N, C), np.float32)
     pieces = xp.empty(gelu.partials_shape(C), np.float32)
     dbias = xp.zeros(C, np.float32)
@@ -123,16 +123,21 @@ def _residual(k, xp, rng):
     return [("residual.bias_residual", relative_error(out.get(), y + bias + res))]
 
 
+def causal_attention(q, k, v):
+    """Causal softmax attention in float64 over (..., T, HS) arrays: flash.cu's reference."""
+    T = q.shape[-2]
+    s = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1]) + np.triu(np.full((T, T), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
 def _attention(k, xp, rng):
     qkv = rng.standard_normal((B, T, 3, NH, HS))
     y = xp.empty((B, T, NH * HS), np.float32)
     lse = xp.empty((B, NH, T), np.float32)
     attention.forward(k, y, lse, _f32(xp, qkv.reshape(B, T, -1)), NH)
     q, key, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, NH, T, HS)
-    s = q @ key.transpose(0, 1, 3, 2) / math.sqrt(HS)
-    s[..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] = -np.inf
-    p = np.exp(s - s.max(-1, keepdims=True))
-    want = (p / p.sum(-1, keepdims=True)) @ v
+    want = causal_attention(q, key, v)
     return [("attention.forward",
              relative_error(y.get(), want.transpose(0, 2, 1, 3).reshape(B, T, NH * HS)))]
 

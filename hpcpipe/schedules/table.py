@@ -187,7 +187,7 @@ def sweep_memory(path: str, steps: int = 15) -> None:
     save_figure(fig, path)
 
 
-SIX_B = PaperRow("6.2B", 8, 24, 29.718, 29.444, 19.927, 0.527, 0.43, {})
+SIX_B = next(row for row in PAPER_ROWS if row.model == "6.2B")
 
 
 def goal_rows(p: int, m: int, costs: Costs, objective: str = "span"):

@@ -85,6 +85,23 @@ def train(cfg: Config, run_dir: str, comm, out=print, resume=None, watch=None,
     return Trainer(cfg, run_dir, comm, out, resume, watch, releases).run()
 
 
+def step_inputs(tokens, cfg: Config, be, step: int, replica: int):
+    """inputs(mb) → device (idx, targets) of microbatch mb of `replica`'s share of `step`
+    (what training draws; bench stragglers draws its modes' the same way)."""
+    size, microbatches, cache = cfg.train.micro_batch_size, cfg.parallel.microbatches, {}
+
+    def inputs(mb):
+        if mb not in cache:
+            # Sample indices number the whole global batch (replicas × microbatches
+            # × sequences), so any split of it draws the same windows.
+            first = (replica * microbatches + mb) * size
+            batch = tokens.batch("train", cfg.model.block_size, cfg.train.seed, step,
+                                 range(first, first + size))
+            cache[mb] = be.from_host(batch.idx), be.from_host(batch.targets)
+        return cache[mb]
+    return inputs
+
+
 class Trainer:
     """One rank's training run; see the module's docstring for its phases."""
 
@@ -218,29 +235,14 @@ class Trainer:
         finally:
             self._release()
 
-    def _inputs(self, step: int, replica: int):
-        """inputs(mb) → device (idx, targets) of microbatch mb of `replica`'s share of `step`."""
-        cfg, cache = self.cfg, {}
-        size, microbatches = cfg.train.micro_batch_size, cfg.parallel.microbatches
-
-        def inputs(mb):
-            if mb not in cache:
-                # Sample indices number the whole global batch (replicas × microbatches
-                # × sequences), so any split of it draws the same windows.
-                first = (replica * microbatches + mb) * size
-                batch = self.tokens.batch("train", cfg.model.block_size, cfg.train.seed,
-                                          step, range(first, first + size))
-                cache[mb] = self.be.from_host(batch.idx), self.be.from_host(batch.targets)
-            return cache[mb]
-        return inputs
-
     def _step(self, step: int):
         train, optim = self.cfg.train, self.cfg.optim
         tick = time.perf_counter()
         at, replica = self.rank.step.assignment(step)  # (asynchronous EASGD: a ticket's)
         lr = learning_rate(at - 1, optim.lr, optim.min_lr, optim.warmup_steps, train.steps)
         self.beacon.at("its step (the schedule, the reductions, the update)", step)
-        finished = self.rank.train_step(step, self._inputs(at, replica), lr, optim.grad_clip)
+        finished = self.rank.train_step(step, step_inputs(self.tokens, self.cfg, self.be, at,
+                                                          replica), lr, optim.grad_clip)
         self.metrics.started(step, time.perf_counter() - tick, lr)
         for outcome in finished:
             self.metrics.record(outcome)

@@ -53,8 +53,8 @@ def test_report_combines_suites_into_json_summary_and_plots(tmp_path, with_comm)
     assert "| zb-h2 |" in text and "Schedules, simulated" in text
     assert ("## Communication" in text) == with_comm
     pngs = {p.name.rsplit("-", 1)[1] for p in (tmp_path / "out").glob("*.png")}
-    assert ("| pp 2 (zb-h1) | 900 | 4,500 | 0.90× | 5.40M | 2.00 | 2.00 | formula |" in text) \
-        == with_comm
+    tp_row = "| pp 2 (zb-h1) | 900 | 4,500 | 0.90× | 5.40M | 2.00 MiB | 2.00 MiB | formula |"
+    assert (tp_row in text) == with_comm
     assert pngs == ({"step.png", "pipeline.png", "tp.png", "comm.png"} if with_comm
                     else {"step.png", "pipeline.png"})
     for name in pngs:

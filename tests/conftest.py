@@ -60,20 +60,19 @@ def pytest_configure(config):
 SERIAL = "serial"
 SERIAL_MARKS = ("mpi", "slurm", "multinode")
 SERIAL_FOLDERS = ("harness", "jobs")
-SERIAL_FILES = ("test_gpu_check.py",)  # compiles with every core
 # (test_kernels.py marks its own: the tests that compile every source at once.)
 
 
 def _serial(item, seen: dict) -> bool:
-    """Whether `item` uses more than one core: a marker above, a folder or file above, or
-    a test that launches MPI jobs (harness/serial.py: through harness.mpirun's `run` or
+    """Whether `item` uses more than one core: a marker above, a folder above, or a test
+    that launches MPI jobs (harness/serial.py: through harness.mpirun's `run` or
     `launcher`, from its module or its own function, directly or by way of another test
-    module; the plain helpers such as `job_env` do not count). A one-process test that
-    still needs the cores says so itself with `pytest.mark.serial`."""
+    module; the plain helpers such as `job_env`, and `run_python`, which starts one
+    process, do not count). A one-process test that still needs the cores says so itself
+    with `pytest.mark.serial`."""
     if any(item.get_closest_marker(m) for m in SERIAL_MARKS):
         return True
-    path = item.path
-    if path.parent.name in SERIAL_FOLDERS or path.name in SERIAL_FILES:
+    if item.path.parent.name in SERIAL_FOLDERS:
         return True
     return serial.launches(item, seen)
 

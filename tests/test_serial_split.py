@@ -16,6 +16,7 @@ CASES = {
     "tests/data/test_tokens_bin.py": False,  # ROOT, job_env: one process
     "tests/reliability/test_shared_run_dir.py": False,  # and test_preemption.wait_for_line
     "tests/train/test_cuda_graphs.py": None,  # `from harness.mpirun import run` in one test
+    "tests/bench/test_gpu_check.py": False,  # run_python: one process at a time
 }
 IN_FUNCTION = ("tests/train/test_cuda_graphs.py::"
                "test_data_parallel_with_graphs_reduces_what_the_eager_run_reduces")

@@ -140,7 +140,8 @@ run: install
 # `serial` at collection (MPI jobs, Slurm, parallel compilers: tests/conftest.py) one at a
 # time —, then the device tests (marked `device`) again on the device stand-in
 # (hpcpipe/devtools/standin.py), which refuses every implicit host/device transfer and every
-# device buffer handed to MPI, as CuPy and a non-CUDA-aware MPI would.
+# device buffer handed to MPI, as CuPy and a non-CUDA-aware MPI would (but those that build
+# a stand-in of their own, which the first pass ran on it: tests/conftest.py).
 PYTEST := $(PY) -m pytest $(if $(REQUIRE),--require=$(REQUIRE),)
 WORKERS ?= 2
 

@@ -60,20 +60,19 @@ def pytest_configure(config):
 SERIAL = "serial"
 SERIAL_MARKS = ("mpi", "slurm", "multinode")
 SERIAL_FOLDERS = ("harness", "jobs")
-SERIAL_FILES = ("test_gpu_check.py",)  # compiles with every core
 # (test_kernels.py marks its own: the tests that compile every source at once.)
 
 
 def _serial(item, seen: dict) -> bool:
-    """Whether `item` uses more than one core: a marker above, a folder or file above, or
-    a test that launches MPI jobs (harness/serial.py: through harness.mpirun's `run` or
+    """Whether `item` uses more than one core: a marker above, a folder above, or a test
+    that launches MPI jobs (harness/serial.py: through harness.mpirun's `run` or
     `launcher`, from its module or its own function, directly or by way of another test
-    module; the plain helpers such as `job_env` do not count). A one-process test that
-    still needs the cores says so itself with `pytest.mark.serial`."""
+    module; the plain helpers such as `job_env`, and `run_python`, which starts one
+    process, do not count). A one-process test that still needs the cores says so itself
+    with `pytest.mark.serial`."""
     if any(item.get_closest_marker(m) for m in SERIAL_MARKS):
         return True
-    path = item.path
-    if path.parent.name in SERIAL_FOLDERS or path.name in SERIAL_FILES:
+    if item.path.parent.name in SERIAL_FOLDERS:
         return True
     return serial.launches(item, seen)
 
@@ -81,18 +80,30 @@ def _serial(item, seen: dict) -> bool:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     """Mark the tests that use several cores `serial`; off the CPU, only the tests that
-    exercise the device run."""
+    exercise the device run, and on the stand-in not those that build their own stand-in
+    whatever --device says (marked device(standin=False)): the CPU pass ran them on it."""
     seen = {}  # the functions judged so far, across modules
     for item in items:
         if _serial(item, seen):
             item.add_marker(SERIAL)
-    if config.getoption("--device") == "cpu":
+    choice = config.getoption("--device")
+    if choice == "cpu":
         return
-    skip = pytest.mark.skip(reason=f"not a device test (--device "
-                                   f"{config.getoption('--device')} runs those marked `device`)")
+    if choice == "standin":
+        again = [item for item in items if _own_standin(item)]
+        if again:
+            config.hook.pytest_deselected(items=again)
+            items[:] = [item for item in items if not _own_standin(item)]
+    skip = pytest.mark.skip(reason=f"not a device test (--device {choice} runs those "
+                                   f"marked `device`)")
     for item in items:
         if "device" not in item.keywords:
             item.add_marker(skip)
+
+
+def _own_standin(item) -> bool:
+    mark = item.get_closest_marker("device")
+    return mark is not None and mark.kwargs.get("standin", True) is False
 
 
 def pytest_report_header(config):

@@ -1,8 +1,9 @@
 """The split of `make test` into passes (conftest.py, harness/serial.py): the tests that
 launch MPI jobs — directly, through another test module's function, or through an import
 inside the test — are `serial`; the modules that only use harness.mpirun's helpers to
-start one process are not. Checked on real modules of the suite, by collecting them as
-`make test` does."""
+start one process are not; the stand-in pass leaves out the device tests that build their
+own stand-in, which the CPU pass ran on it. Checked on real modules of the suite, by
+collecting them as `make test` does."""
 
 import subprocess
 import sys
@@ -16,14 +17,16 @@ CASES = {
     "tests/data/test_tokens_bin.py": False,  # ROOT, job_env: one process
     "tests/reliability/test_shared_run_dir.py": False,  # and test_preemption.wait_for_line
     "tests/train/test_cuda_graphs.py": None,  # `from harness.mpirun import run` in one test
+    "tests/bench/test_gpu_check.py": False,  # run_python: one process at a time
 }
 IN_FUNCTION = ("tests/train/test_cuda_graphs.py::"
                "test_data_parallel_with_graphs_reduces_what_the_eager_run_reduces")
 
 
-def _collected(marks: str) -> set[str]:
+def _collected(marks: str, modules=tuple(CASES), device: str = "cpu") -> set[str]:
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                           "-p", "no:cacheprovider", "-m", marks, *CASES], cwd=ROOT,
+                           "-p", "no:cacheprovider", "-m", marks, "--device", device,
+                           *modules], cwd=ROOT,
                           env=job_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return {line for line in done.stdout.splitlines() if "::" in line}
@@ -38,3 +41,19 @@ def test_serial_follows_what_a_test_launches():
             assert {t for t in serial if t in ran} == {IN_FUNCTION}, module
         else:
             assert (ran <= serial) == expected and (ran <= parallel) == (not expected), module
+
+
+# Device tests that build their own stand-in whatever --device says (the CPU pass runs
+# them on it), and one that runs on the device --device names.
+OWN_STANDIN = ("tests/model/test_fused.py", "tests/model/test_fused_llama.py")
+ON_THE_DEVICE = "tests/device/test_standin.py::test_embedding_head_and_loss_on_the_device"
+
+
+def test_the_stand_in_pass_leaves_out_what_the_cpu_pass_ran_on_the_stand_in():
+    modules = (*OWN_STANDIN, ON_THE_DEVICE.split("::")[0])
+    on_cpu = _collected("device", modules)
+    assert {t.split("::")[0] for t in on_cpu} == set(modules)  # the CPU pass runs them all
+    assert ON_THE_DEVICE in _collected("device", modules, "standin")
+    assert not {t for t in _collected("device", modules, "standin")
+                if t.startswith(OWN_STANDIN)}
+    assert _collected("device", modules, "gpu") == on_cpu  # a GPU runs every device test

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.mpirun import run
+from harness.mpirun import run_python
 
 from hpcpipe.bench import gpu_check
 from hpcpipe.devtools import hostbuild
@@ -22,7 +22,7 @@ TESTS = Path(__file__).resolve().parents[1]
 def test_without_a_gpu_it_says_so_and_stops(tmp_path):
     if gpu_check.gpu_found(standin=False):
         pytest.skip("this machine has a GPU")
-    proc = run(["-m", "hpcpipe.bench.gpu_check", "--out", str(tmp_path)])
+    proc = run_python(["-m", "hpcpipe.bench.gpu_check", "--out", str(tmp_path)])
     assert proc.returncode == 2
     assert "no NVIDIA GPU here" in proc.stdout and "nothing was checked" in proc.stdout
     assert list(tmp_path.iterdir()) == []  # nothing written
@@ -75,10 +75,10 @@ def test_the_report_reads_whatever_sections_finished(tmp_path):
 def test_a_dry_run_on_the_stand_in_runs_the_first_sections(tmp_path):
     """environment, kernels and gemms on the stand-in at tiny shapes (their host builds):
     each writes its file as it finishes, the report lists them."""
-    proc = run(["-c", "import sys; from hpcpipe.bench import gpu_check as g; "
-                "g.SECTIONS = g.SECTIONS[:2] + g.SECTIONS[3:4] + g.SECTIONS[-1:]; "
-                "sys.exit(g.main(sys.argv[1:]))", "--standin", "--skip-tests",
-                "--out", str(tmp_path)], timeout=600)
+    proc = run_python(["-c", "import sys; from hpcpipe.bench import gpu_check as g; "
+                       "g.SECTIONS = g.SECTIONS[:2] + g.SECTIONS[3:4] + g.SECTIONS[-1:]; "
+                       "sys.exit(g.main(sys.argv[1:]))", "--standin", "--skip-tests",
+                       "--out", str(tmp_path)], timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (folder,) = tmp_path.iterdir()
     files = {p.name for p in folder.iterdir()}

@@ -88,7 +88,17 @@ def run(args, n=None, timeout=240, env=None):
     """Run `python ARGS` (under the launcher with n ranks when n is given) from the
     repository root; returns the CompletedProcess. A timeout kills every process of the
     job and fails the test."""
-    cmd = ([*launcher(n)] if n else []) + [sys.executable, *args]
+    return _run(([*launcher(n)] if n else []) + [sys.executable, *args], timeout, env)
+
+
+def run_python(args, timeout=240, env=None):
+    """`run` without n: `python ARGS`, one process and what it starts. A test that starts
+    its processes with this alone launches no MPI job and is not `serial` for it
+    (harness/serial.py), where `run` marks every test of a module that imports it."""
+    return _run([sys.executable, *args], timeout, env)
+
+
+def _run(cmd, timeout, env):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=job_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -2,7 +2,8 @@
 when it can reach harness.mpirun's launchers (`run`, `launcher`, or the `mpirun` module
 itself), directly or through a function of another test module (test_checkpoint_mpi's
 `train`, say), or imports them inside a function. The plain helpers (`ROOT`, `job_env`,
-`stop`, `launcher_variable`) start nothing across the cores and do not count.
+`stop`, `launcher_variable`, and `run_python`, one process with no launcher) start
+nothing across the cores and do not count.
 
 What a module's functions use is read from their code objects (the global names each
 looks up, nested functions included), following only functions defined under tests/,

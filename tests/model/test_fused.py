@@ -2,8 +2,8 @@
 stand-in, whose RawModule double runs the kernels' host builds: every layer's F, B and
 W, the loss, the embedding and AdamW against NumPy on the CPU — float64 to round-off,
 bitwise where the arithmetic is the same — and bfloat16 within its rounding. These run
-in the CPU pass too (they build their own stand-in); they skip where the host build
-cannot run (no g++ or CUDA headers) unless --require cuda."""
+in the CPU pass (they build their own stand-in), and not again in the stand-in pass; they
+skip where the host build cannot run (no g++ or CUDA headers) unless --require cuda."""
 
 import ml_dtypes
 import numpy as np
@@ -25,6 +25,9 @@ from hpcpipe.model.layers import (
 from hpcpipe.optim.adamw import AdamW, ParamShard
 
 pytestmark = pytest.mark.needs("cuda", hostbuild.missing())
+# device(): its own stand-in whatever --device says, which the CPU pass runs them on; the
+# stand-in pass would run the same again (conftest.py leaves them out there).
+DEVICE = pytest.mark.device(standin=False)
 
 B, T, C, NH, V = 2, 5, 64, 2, 11  # head size 32: the flash kernel's smallest
 RTOL = 1e-12
@@ -44,7 +47,7 @@ def draw(rng, shapes, scale=0.5):
     return {k: rng.standard_normal(s) * scale for k, s in shapes.items()}
 
 
-@pytest.mark.device
+@DEVICE
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_every_layer_through_the_kernels_equals_numpy_in_float64(name):
     module, shapes, extra = LAYERS[name]
@@ -61,7 +64,7 @@ def test_every_layer_through_the_kernels_equals_numpy_in_float64(name):
                                    err_msg=f"{name} d{key}")
 
 
-@pytest.mark.device
+@DEVICE
 @pytest.mark.parametrize("width", [C, 1040])
 def test_a_layernorm_wider_than_the_row_block_kernel_takes_the_row_kernels(width):
     """ln_2 asked for dx's column sums: at 64 channels B makes them (and the weight
@@ -87,7 +90,7 @@ def test_a_layernorm_wider_than_the_row_block_kernel_takes_the_row_kernels(width
     np.testing.assert_allclose(be.to_host(grads["sums"]), want_sums, rtol=RTOL, atol=RTOL)
 
 
-@pytest.mark.device
+@DEVICE
 def test_the_fused_path_keeps_no_t_by_t_matrix_and_no_normalised_input():
     rng = np.random.default_rng(4)
     be = device()
@@ -100,7 +103,7 @@ def test_the_fused_path_keeps_no_t_by_t_matrix_and_no_normalised_input():
     assert "dydx" not in cache["mlp"]["gelu"]
 
 
-@pytest.mark.device
+@DEVICE
 def test_a_bfloat16_block_through_the_kernels_tracks_float64():
     rng = np.random.default_rng(5)
     params = draw(rng, BLOCK, 0.2)
@@ -113,7 +116,7 @@ def test_a_bfloat16_block_through_the_kernels_tracks_float64():
         assert np.abs(a - b).max() <= 0.05 * scale, what  # a few bf16 roundings deep
 
 
-@pytest.mark.device
+@DEVICE
 def test_loss_head_and_embedding_through_the_kernels_equal_numpy():
     rng = np.random.default_rng(8)
     idx = rng.integers(0, V, (B, T))
@@ -127,7 +130,7 @@ def test_loss_head_and_embedding_through_the_kernels_equal_numpy():
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL, err_msg=what)
 
 
-@pytest.mark.device
+@DEVICE
 def test_the_kernel_embedding_gradient_adds_each_tokens_rows_in_batch_order():
     """Bitwise the sum of a token's rows taken one after another in batch order (the
     kernel's promise: the same bits on every run), and NumPy's reduceat to round-off."""
@@ -151,7 +154,7 @@ def test_the_kernel_embedding_gradient_adds_each_tokens_rows_in_batch_order():
     np.testing.assert_allclose(be.to_host(grads["wte"]), numpy["wte"], rtol=RTOL, atol=RTOL)
 
 
-@pytest.mark.device
+@DEVICE
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
 def test_the_fused_adamw_step_is_the_unfused_one_bitwise(dtype, monkeypatch):
     """One kernel (kernels/adamw.cu) against the NumPy passes, over three steps with
@@ -181,7 +184,7 @@ def test_the_fused_adamw_step_is_the_unfused_one_bitwise(dtype, monkeypatch):
         np.testing.assert_array_equal(a, b, err_msg=what)
 
 
-@pytest.mark.device
+@DEVICE
 def test_the_gradient_norm_on_the_device_is_one_transfer_and_numpys_to_round_off():
     from hpcpipe.model import GPTConfig, Stage
     from hpcpipe.optim.norm import GradNorm

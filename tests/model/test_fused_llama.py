@@ -4,9 +4,10 @@ as the kernels read q and k), run on the device stand-in, whose RawModule double
 kernels' host builds: each layer's F, B and W against the NumPy layers on the CPU in
 float64 to round-off (attention there: the array library's core, flash.cu taking bfloat16
 only), bfloat16 within its rounding with flash.cu, selective recomputation bit for bit,
-and a whole Llama's loss and gradients. These run in the CPU pass too (they build their
-own stand-in); on a GPU (`--device gpu`: make gpu-check's device tests) they run on CuPy;
-they skip where the host build cannot run unless --require cuda."""
+and a whole Llama's loss and gradients. These run in the CPU pass (they build their own
+stand-in), and not again in the stand-in pass; on a GPU (`--device gpu`: make gpu-check's
+device tests) they run on CuPy; they skip where the host build cannot run unless
+--require cuda."""
 
 import dataclasses
 
@@ -25,6 +26,9 @@ from hpcpipe.model.layout import GPTConfig
 
 ON_GPU = devices.name() == "gpu" and not devices.on_standin()
 pytestmark = pytest.mark.needs("cuda", None if ON_GPU else hostbuild.missing())
+# device(): CuPy on a GPU, else its own stand-in, which the CPU pass runs them on; the
+# stand-in pass would run the same again (conftest.py leaves them out there).
+DEVICE = pytest.mark.device(standin=False)
 
 B, T, C, NH, KV, FF = 2, 5, 64, 4, 2, 96  # head size 16: flash.cu's smallest
 HS = C // NH
@@ -75,7 +79,7 @@ def draw(rng, shapes, scale=0.5):
     return params
 
 
-@pytest.mark.device
+@DEVICE
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_every_llama_layer_on_the_device_equals_numpy_in_float64(name):
     layer, shapes = LAYERS[name]
@@ -89,7 +93,7 @@ def test_every_llama_layer_on_the_device_equals_numpy_in_float64(name):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL, err_msg=f"{name} {what}")
 
 
-@pytest.mark.device
+@DEVICE
 def test_a_bfloat16_llama_block_runs_the_kernels_and_tracks_float64():
     """In bfloat16 the block's RMSNorms and SwiGLU run their kernels and its attention
     flash.cu with grouped heads and the rotation (no T×T matrix, no normalised input, no
@@ -113,7 +117,7 @@ def test_a_bfloat16_llama_block_runs_the_kernels_and_tracks_float64():
         assert np.abs(a - b).max() <= 0.05 * np.abs(b).max(), what
 
 
-@pytest.mark.device
+@DEVICE
 def test_selective_recomputation_on_the_kernels_gives_the_same_bits():
     """The fused path keeps g and u and rebuilds a before B by the same kernel: the same
     dx and weight gradients as keeping everything (flash.cu has no matrix to drop)."""
@@ -136,7 +140,7 @@ def test_selective_recomputation_on_the_kernels_gives_the_same_bits():
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
-@pytest.mark.device
+@DEVICE
 def test_a_llama_on_the_device_trains_as_on_the_cpu():
     """A whole Llama (embedding, blocks, the final RMSNorm, the tied head, the loss) on
     the device: in float64 its loss and gradients equal the CPU's to round-off; in

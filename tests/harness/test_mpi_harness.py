@@ -113,17 +113,16 @@ def outcomes(junit_xml) -> dict[str, str]:
 def test_in_launcher_and_spawning_modes_agree_on_the_mpi_suite(tmp_path):
     """The layouts' MPI tests (marked mpi) pass or fail alike run in-process across 4
     launched ranks (those of 2 and 3 ranks on a sub-communicator) and as jobs of their own."""
-    # One body per world size, the cheapest of each (PowerSGD's on 2 ranks and data
-    # parallelism on 3, each on a sub-communicator of the 4 launched; local SGD's layouts on
-    # all 4; in-launcher also tensor parallelism at 8, more than launched, whose spawned
+    # One body per world size, the cheapest of each (Muon's layouts on 2 ranks and data
+    # parallelism on 3, each on a sub-communicator of the 4 launched; Muon's layouts on all
+    # 4; in-launcher also tensor parallelism at 8, more than launched, whose spawned
     # outcome is not compared): enough to show the modes agree, without running the
     # layouts' MPI suite twice more.
     args = ["-m", "pytest", "-q", *QUIET, "-m", "mpi",
-            "tests/parallel/test_powersgd_mpi.py::"
-            "test_powersgd_loses_nothing_and_full_rank_equals_one_process[2]",
+            "tests/optim/test_muon_mpi.py::test_muon_layouts_equal_one_process[2]",
             "tests/parallel/test_data_parallel_mpi.py::"
             "test_data_parallel_layouts_equal_one_process[3]",
-            "tests/parallel/test_local_sgd_mpi.py::test_local_sgd_layouts_equal_one_process[4]"]
+            "tests/optim/test_muon_mpi.py::test_muon_layouts_equal_one_process[4]"]
     wide = "tests/parallel/test_tensor_parallel_mpi.py::test_every_layout_equals_one_process[8]"
     spawning = run([*args, f"--junitxml={tmp_path}/spawning.xml"], timeout=600)
     launched = run([*args, wide, f"--junitxml={tmp_path}/in-launcher.xml",

@@ -293,19 +293,22 @@ def test_preemptible_job_as_submitted_saves_on_a_term_to_its_batch_shell(
 
 
 def test_test_sbatch_runs_the_mpi_tests_inside_the_allocation(cluster, workdir):
-    """jobs/test.sbatch on 2 tasks: the pipeline's MPI tests in-process across the tasks
-    (those of 3 and 4 ranks skipped, saying so), then its tests that start training jobs,
-    each as an srun step of the allocation."""
+    """jobs/test.sbatch on 2 tasks, two test files: an MPI test of 2 and 4 ranks
+    in-process across the tasks (the 4-rank one skipped, saying so), then the pipeline's
+    tests that start training jobs, each as an srun step of the allocation."""
     out, logs = workdir / "tests.out", workdir / "ranks"
-    env = cluster.env(VENV=sys.prefix, TESTS="tests/parallel/test_pipeline_mpi.py", RANK_LOGS=str(logs))
-    job = cluster.submit(JOBS / "test.sbatch", "-k", "equal or bad", cwd=ROOT, env=env,
+    # Muon's MPI test: of the MPI tests of 2 ranks, the quickest (the pipeline's schedules
+    # took 3 s more), and it has a 4-rank case to skip.
+    tests = "tests/optim/test_muon_mpi.py tests/parallel/test_pipeline_mpi.py"
+    env = cluster.env(VENV=sys.prefix, TESTS=tests, RANK_LOGS=str(logs))
+    job = cluster.submit(JOBS / "test.sbatch", "-k", "muon or bad", cwd=ROOT, env=env,
                          options=["--job-name", "tests", "--output", str(out),
                                   "--ntasks-per-node=2", "--cpus-per-task=1", "--time=10"])
     finished(cluster, job, out, timeout=300)
     first, second = out.read_text().split("== 2.")
     assert "MPI: in-launcher mode, 2 ranks" in first, first
-    assert "1 passed, 2 skipped" in first and "needs 3 MPI ranks, launched with 2" in first
-    assert "1 passed, 2 skipped" in (logs / "rank-1.log").read_text()  # rank 1 ran it too
+    assert "1 passed, 1 skipped" in first and "needs 4 MPI ranks, launched with 2" in first
+    assert "1 passed, 1 skipped" in (logs / "rank-1.log").read_text()  # rank 1 ran it too
     assert "MPI: spawning mode" in second and "`srun --kill-on-bad-exit=1" in second, second
     assert "3 passed" in second  # the bad layouts, each a job step stopping with one message
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 
 from hpcpipe import __version__
 from hpcpipe.cli.guard import Job, alone, launch_rank, run
@@ -90,7 +91,17 @@ def register_commands(sub, train):
     register_plan(sub, train)  # also train's --dry-run
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The commands this module defines itself: a command line that names one of them first
+# is parsed without the other subsystems' parsers (build_parser).
+OWN_COMMANDS = ("train", "prepare")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command's, or — `command` being one of
+    OWN_COMMANDS, the one the command line names — that command's (train's --dry-run
+    options included) without the others': a training run's every rank would otherwise
+    import bench's suites, the checkpoint converters and the plotting commands only to
+    register parsers it never uses."""
     parser = Parser(
         prog="python -m hpcpipe",
         description="hpcpipe: pipeline-parallel GPT training over MPI, with hand-written "
@@ -119,6 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
                             "and another dp × pp layout)")
     train.set_defaults(func=cmd_train)
 
+    add_prepare(sub)
+
+    if command in OWN_COMMANDS:
+        from hpcpipe.cli.plan import register as register_plan
+
+        register_plan(sub, train)  # train's --dry-run
+    else:
+        register_commands(sub, train)
+    return parser
+
+
+def add_prepare(sub):
+    """The `prepare` command's parser."""
     prep = sub.add_parser(
         "prepare", help="tokenize a corpus, or convert llm.c / nanoGPT tokens, into an HDF5 "
                         "token file",
@@ -166,9 +190,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="share of tokens held out for validation (default 0.05)")
     prep.add_argument("--force", action="store_true", help="overwrite an existing file")
     prep.set_defaults(func=cmd_prepare)
-
-    register_commands(sub, train)
-    return parser
 
 
 def cmd_train(args) -> int:
@@ -261,8 +282,9 @@ def main(argv=None) -> int:
     job = Job()
 
     def command() -> int:
-        parser = build_parser()
-        args = parser.parse_args(argv)
+        words = sys.argv[1:] if argv is None else argv
+        parser = build_parser(words[0] if words else None)
+        args = parser.parse_args(words)
         if not getattr(args, "func", None):
             parser.print_help()
             return 2

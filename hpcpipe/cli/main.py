@@ -68,40 +68,50 @@ does the same and exits with 130, a second one stops at once. `--resume` (or
 checkpoint.resume = "auto") continues, bitwise as if never stopped."""
 
 
-def register_commands(sub, train):
-    """Every command that is another subsystem's own: each registers its parser. Imported
-    here, when the parser is built, so `python -m hpcpipe schedule ...` never loads the
-    numerical stack."""
-    from hpcpipe.bench import register as register_bench
-    from hpcpipe.cli.ckpt import register as register_ckpt
-    from hpcpipe.cli.config_reference import register as register_config
-    from hpcpipe.cli.doctor import register as register_doctor
-    from hpcpipe.cli.generate import register as register_generate
-    from hpcpipe.cli.plan import register as register_plan
-    from hpcpipe.runs.plot import register as register_plot
-    from hpcpipe.schedules.cli import register as register_schedule
+def register_commands(sub, train, command: str | None = None):
+    """Every command that is another subsystem's own registers its parser — or only the
+    one `command` names, when it names one (plan's always: it gives train its --dry-run).
+    Each is imported here, when its parser is built, so that a command line imports its
+    own command's subsystem alone: `python -m hpcpipe schedule ...` never loads the
+    numerical stack, and no rank of a training run loads bench's suites, the checkpoint
+    converters or the plotting commands."""
+    def wanted(name: str) -> bool:
+        return command is None or command == name
 
-    register_schedule(sub)
-    register_bench(sub)
-    register_ckpt(sub)
-    register_generate(sub)
-    register_plot(sub)
-    register_doctor(sub)
-    register_config(sub)
+    if wanted("schedule"):
+        from hpcpipe.schedules.cli import register as register_schedule
+        register_schedule(sub)
+    if wanted("bench"):
+        from hpcpipe.bench import register as register_bench
+        register_bench(sub)
+    if wanted("ckpt"):
+        from hpcpipe.cli.ckpt import register as register_ckpt
+        register_ckpt(sub)
+    if wanted("generate"):
+        from hpcpipe.cli.generate import register as register_generate
+        register_generate(sub)
+    if wanted("plot"):
+        from hpcpipe.runs.plot import register as register_plot
+        register_plot(sub)
+    if wanted("doctor"):
+        from hpcpipe.cli.doctor import register as register_doctor
+        register_doctor(sub)
+    if wanted("config"):
+        from hpcpipe.cli.config_reference import register as register_config
+        register_config(sub)
+    from hpcpipe.cli.plan import register as register_plan
     register_plan(sub, train)  # also train's --dry-run
 
 
-# The commands this module defines itself: a command line that names one of them first
-# is parsed without the other subsystems' parsers (build_parser).
-OWN_COMMANDS = ("train", "prepare")
+# Every command, in --help's order: a command line that names one of them first is
+# parsed by that command's parser alone (build_parser).
+COMMANDS = ("train", "prepare", "schedule", "bench", "ckpt", "generate", "plot", "doctor",
+            "config", "plan")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The command line's parser: every command's, or — `command` being one of
-    OWN_COMMANDS, the one the command line names — that command's (train's --dry-run
-    options included) without the others': a training run's every rank would otherwise
-    import bench's suites, the checkpoint converters and the plotting commands only to
-    register parsers it never uses."""
+    """The command line's parser: every command's, or — `command` being one of COMMANDS,
+    the one the command line names — that command's alone (register_commands)."""
     parser = Parser(
         prog="python -m hpcpipe",
         description="hpcpipe: pipeline-parallel GPT training over MPI, with hand-written "
@@ -132,12 +142,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     add_prepare(sub)
 
-    if command in OWN_COMMANDS:
-        from hpcpipe.cli.plan import register as register_plan
-
-        register_plan(sub, train)  # train's --dry-run
-    else:
-        register_commands(sub, train)
+    register_commands(sub, train, command if command in COMMANDS else None)
     return parser
 
 

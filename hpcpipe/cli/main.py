@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 
 from hpcpipe import __version__
 from hpcpipe.cli.guard import Job, alone, launch_rank, run
@@ -67,30 +68,50 @@ does the same and exits with 130, a second one stops at once. `--resume` (or
 checkpoint.resume = "auto") continues, bitwise as if never stopped."""
 
 
-def register_commands(sub, train):
-    """Every command that is another subsystem's own: each registers its parser. Imported
-    here, when the parser is built, so `python -m hpcpipe schedule ...` never loads the
-    numerical stack."""
-    from hpcpipe.bench import register as register_bench
-    from hpcpipe.cli.ckpt import register as register_ckpt
-    from hpcpipe.cli.config_reference import register as register_config
-    from hpcpipe.cli.doctor import register as register_doctor
-    from hpcpipe.cli.generate import register as register_generate
-    from hpcpipe.cli.plan import register as register_plan
-    from hpcpipe.runs.plot import register as register_plot
-    from hpcpipe.schedules.cli import register as register_schedule
+def register_commands(sub, train, command: str | None = None):
+    """Every command that is another subsystem's own registers its parser — or only the
+    one `command` names, when it names one (plan's always: it gives train its --dry-run).
+    Each is imported here, when its parser is built, so that a command line imports its
+    own command's subsystem alone: `python -m hpcpipe schedule ...` never loads the
+    numerical stack, and no rank of a training run loads bench's suites, the checkpoint
+    converters or the plotting commands."""
+    def wanted(name: str) -> bool:
+        return command is None or command == name
 
-    register_schedule(sub)
-    register_bench(sub)
-    register_ckpt(sub)
-    register_generate(sub)
-    register_plot(sub)
-    register_doctor(sub)
-    register_config(sub)
+    if wanted("schedule"):
+        from hpcpipe.schedules.cli import register as register_schedule
+        register_schedule(sub)
+    if wanted("bench"):
+        from hpcpipe.bench import register as register_bench
+        register_bench(sub)
+    if wanted("ckpt"):
+        from hpcpipe.cli.ckpt import register as register_ckpt
+        register_ckpt(sub)
+    if wanted("generate"):
+        from hpcpipe.cli.generate import register as register_generate
+        register_generate(sub)
+    if wanted("plot"):
+        from hpcpipe.runs.plot import register as register_plot
+        register_plot(sub)
+    if wanted("doctor"):
+        from hpcpipe.cli.doctor import register as register_doctor
+        register_doctor(sub)
+    if wanted("config"):
+        from hpcpipe.cli.config_reference import register as register_config
+        register_config(sub)
+    from hpcpipe.cli.plan import register as register_plan
     register_plan(sub, train)  # also train's --dry-run
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Every command, in --help's order: a command line that names one of them first is
+# parsed by that command's parser alone (build_parser).
+COMMANDS = ("train", "prepare", "schedule", "bench", "ckpt", "generate", "plot", "doctor",
+            "config", "plan")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command's, or — `command` being one of COMMANDS,
+    the one the command line names — that command's alone (register_commands)."""
     parser = Parser(
         prog="python -m hpcpipe",
         description="hpcpipe: pipeline-parallel GPT training over MPI, with hand-written "
@@ -119,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "and another dp × pp layout)")
     train.set_defaults(func=cmd_train)
 
+    add_prepare(sub)
+
+    register_commands(sub, train, command if command in COMMANDS else None)
+    return parser
+
+
+def add_prepare(sub):
+    """The `prepare` command's parser."""
     prep = sub.add_parser(
         "prepare", help="tokenize a corpus, or convert llm.c / nanoGPT tokens, into an HDF5 "
                         "token file",
@@ -166,9 +195,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="share of tokens held out for validation (default 0.05)")
     prep.add_argument("--force", action="store_true", help="overwrite an existing file")
     prep.set_defaults(func=cmd_prepare)
-
-    register_commands(sub, train)
-    return parser
 
 
 def cmd_train(args) -> int:
@@ -261,8 +287,9 @@ def main(argv=None) -> int:
     job = Job()
 
     def command() -> int:
-        parser = build_parser()
-        args = parser.parse_args(argv)
+        words = sys.argv[1:] if argv is None else argv
+        parser = build_parser(words[0] if words else None)
+        args = parser.parse_args(words)
         if not getattr(args, "func", None):
             parser.print_help()
             return 2

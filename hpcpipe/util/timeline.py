@@ -13,8 +13,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, fields
 
-import numpy as np
-
 # R: a recomputing B's rebuild, run (and timed) before the B waits for its gradient.
 COMPUTE = ("F", "B", "W", "BW", "R")
 
@@ -131,6 +129,8 @@ class RankStep:
     SIZE = 9  # fields, in order, in `to_vector`
 
     def to_vector(self):
+        import numpy as np  # here: the command line imports this module for every command
+
         return np.array([getattr(self, f.name) for f in fields(self)], dtype=np.float64)
 
     @classmethod

@@ -1,16 +1,18 @@
 """bench ckpt: a config's checkpoint saved, verified and loaded on the layout it names —
 tensor shards included (it built the grid without them: tp = 2 on one rank measured an
-unsharded model, and on two ranks it was refused as a launch for 1)."""
+unsharded model, and on two ranks it was refused as a launch for 1). The job of two ranks
+imports `run` inside its test: it alone is `serial` (conftest.py)."""
 
 import json
 
 from harness.hostile import TINY, ends_with_one_error
-from harness.mpirun import run
 
 from hpcpipe import checkpoint as ckpt
 
 
 def test_a_tensor_parallel_checkpoint_is_saved_and_loaded_in_shards(tmp_path):
+    from harness.mpirun import run
+
     out, folder = tmp_path / "ckpt.json", tmp_path / "saved"
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "bench", "ckpt", TINY, "--set",
                 "model.n_layer=1", "--set", "parallel.tp=2", "--dir", str(folder),

@@ -2,17 +2,19 @@
 simulator's from the measured M_B and M_W, auto (one chunk or a V, whichever the
 measured costs favour) simulates no longer a step than any hand-made schedule that fits
 its limit, and the asynchronous pipeline runs beside them with its steady state as the
-prediction."""
+prediction. The jobs of two ranks import `run` inside their tests: they alone are
+`serial` (conftest.py)."""
 
 import json
 
-from harness.mpirun import run
 
 from hpcpipe.bench.pipeline import best_auto
 from hpcpipe.schedules import Costs, generate, peak_activations, simulate
 
 
 def test_measured_peaks_equal_the_simulated_and_auto_is_never_worse(tmp_path):
+    from harness.mpirun import run
+
     out = tmp_path / "pipeline.json"
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "bench", "pipeline", "--layers", "4",
                 "--embd", "32", "--heads", "2", "--block", "16", "--micro-batch-size", "2",
@@ -54,6 +56,8 @@ def test_auto_takes_a_v_where_it_simulates_shorter():
 def test_splits_run_the_same_schedule_under_each_split_of_the_blocks(tmp_path):
     """--splits: zb-v under layouts given by hand (one with seams) and under "auto", in the
     same round-robin; each row says its layout; one that cannot be is skipped, saying so."""
+    from harness.mpirun import run
+
     out = tmp_path / "splits.json"
     given = ["E t | t | t | t L", "E t.attn | .mlp t | t t.attn | .mlp L"]
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "bench", "pipeline", "--layers", "4",

@@ -4,18 +4,20 @@ replica takes a smaller share of SSP's and asynchronous EASGD's budgets, which g
 --steps under --overtime, SSP's staleness (delay-compensated) stays within its bound, the
 report and the picture are written; under --straggler chip the slowed replica's time is
 spent inside its steps. Times are measured, never asserted (only that they exist, and
-that a step lasts at least the sleep it contains)."""
+that a step lasts at least the sleep it contains). The jobs of two ranks import `run`
+inside their tests: they alone are `serial` (conftest.py)."""
 
 import json
 
 import pytest
-from harness.mpirun import run
 
 from hpcpipe.bench.stragglers import mode_settings
 from hpcpipe.util.errors import HpcpipeError
 
 
 def test_the_straggler_benchmark_runs_its_modes_in_turns(tmp_path, stdlib_tokens):
+    from harness.mpirun import run
+
     out, png = tmp_path / "stragglers.json", tmp_path / "stragglers.png"
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "bench", "stragglers", "--steps", "6",
                 "--segment", "3", "--modes", "sync,local-sgd,ssp-1-dc,easgd", "--local-steps",
@@ -48,6 +50,8 @@ def test_a_slow_chip_is_late_inside_its_steps(tmp_path, stdlib_tokens):
     synchronous dp's every step waits for it (its clock at least steps × delay), and under
     SSP the fast replica still takes more of the shares; the weight prediction and the
     patience run."""
+    from harness.mpirun import run
+
     out, delay, steps = tmp_path / "chip.json", 0.05, 4
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "bench", "stragglers", "--steps", str(steps),
                 "--segment", "2", "--modes", "sync,ssp-2-extrapolate-p0.5", "--delay", str(delay),

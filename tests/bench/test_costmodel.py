@@ -204,13 +204,13 @@ def test_real_text_and_zipf_repeat_tokens_that_uniform_draws_do_not():
 
 
 def test_bench_gpu_model_prints_the_table_and_writes_the_json(tmp_path):
-    # imported here: this test alone starts a process (conftest.py's `serial`), the rest
-    # of the module is in-process arithmetic and runs two at a time
-    from harness.mpirun import run
+    # one process, no launcher: the test runs two at a time with the module's in-process
+    # arithmetic (conftest.py's `serial`)
+    from harness.mpirun import run_python
 
     out = tmp_path / "gpu-model.json"
-    proc = run(["-m", "hpcpipe", "bench", "gpu-model", "--model", "smoke", "--batch", "2",
-                "--microbatches", "2", "--json", str(out)], timeout=120)
+    proc = run_python(["-m", "hpcpipe", "bench", "gpu-model", "--model", "smoke", "--batch",
+                       "2", "--microbatches", "2", "--json", str(out)], timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| **step** |" in proc.stdout and "PREDICTED step:" in proc.stdout
     result = json.loads(out.read_text())

@@ -1,9 +1,11 @@
 """`hpcpipe doctor`: its facts and problems in one process (with GPUs faked), the report
 of many ranks folded into what they share and what differs, and the command as a single
-process and under mpiexec — one report, an exit status of 1 on a problem."""
+process and under mpiexec — one report, an exit status of 1 on a problem. The tests
+under mpiexec import `run` inside themselves: they alone are `serial` (conftest.py), the
+one-process rest runs two at a time."""
 
 import pytest
-from harness.mpirun import run
+from harness.mpirun import run_python
 from mpi4py import MPI
 
 from hpcpipe.cli import doctor, guard
@@ -96,7 +98,7 @@ def test_ranks_sharing_a_gpu_are_reported():
 
 
 def test_command_as_one_process(tmp_path):
-    proc = run(["-m", "hpcpipe", "doctor", str(tmp_path / "runs")], timeout=120)
+    proc = run_python(["-m", "hpcpipe", "doctor", str(tmp_path / "runs")], timeout=120)
     assert proc.returncode in (0, 1), proc.stderr  # 1: a problem of this machine's, listed
     out = proc.stdout
     assert out.startswith("hpcpipe doctor: 1 rank on 1 node")
@@ -107,6 +109,8 @@ def test_command_as_one_process(tmp_path):
 
 
 def test_command_under_mpiexec_prints_one_report(tmp_path):
+    from harness.mpirun import run
+
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "doctor", str(tmp_path)], n=2, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("hpcpipe doctor:") == 1
@@ -115,6 +119,8 @@ def test_command_under_mpiexec_prints_one_report(tmp_path):
 
 
 def test_command_exits_1_on_a_problem_without_aborting(tmp_path):
+    from harness.mpirun import run
+
     (tmp_path / "file").write_text("")
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "doctor", str(tmp_path / "file" / "run")],
                n=2, timeout=120)
@@ -142,6 +148,8 @@ def test_layout_check_wants_each_stages_tensor_shards_on_one_node():
 
 
 def test_doctor_checks_the_layout_it_is_given(tmp_path):
+    from harness.mpirun import run
+
     proc = run(["-m", "mpi4py", "-m", "hpcpipe", "doctor", "--pp", "1", "--tp", "2",
                 str(tmp_path / "runs")], n=2, timeout=120)
     assert "layout          dp 1 × pp 1 × tp 2 (pp-inner); tensor shards each on one node" \

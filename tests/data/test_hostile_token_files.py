@@ -118,9 +118,9 @@ def test_a_rank_file_with_a_byte_order_mark(tmp_path):
 
 
 def test_train_on_a_split_linked_to_a_fifo_is_one_line_not_a_hang(tmp_path):
-    # imported here: this test alone starts a process (conftest.py's `serial`), the rest
-    # of the module reads token files in-process and runs two at a time
-    from harness import mpirun
+    # one `train` process, no launcher: it runs two at a time with the module's in-process
+    # reads of token files (conftest.py's `serial`)
+    from harness.mpirun import run_python
 
     os.mkfifo(tmp_path / "fifo.h5")
     path = write_h5(tmp_path / "t.h5", train=lambda f: f.__setitem__(
@@ -128,7 +128,7 @@ def test_train_on_a_split_linked_to_a_fifo_is_one_line_not_a_hang(tmp_path):
     sets = ["model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=32",
             "train.steps=1", "train.eval_every=0", "train.trace_steps=0",
             f'data.path="{path}"']
-    proc = mpirun.run(["-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+    proc = run_python(["-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
                        str(tmp_path / "run"), *devices.train_sets(),
                        *[a for s in sets for a in ("--set", s)]], timeout=120)
     assert proc.returncode == 2, proc.stderr

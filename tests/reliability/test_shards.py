@@ -2,7 +2,8 @@
 file — which rank's shard — it is, and each tensor-parallel optimizer segment which
 shard; files swapped between ranks (the manifest re-signed to match) are refused on
 load, and optimizer state the manifest lists but the file lacks is an error, never a
-silent restart of Adam from zero."""
+silent restart of Adam from zero. The job of two ranks imports `run` inside its test: it
+alone is `serial` (conftest.py)."""
 
 import json
 import os
@@ -12,7 +13,6 @@ import numpy as np
 import pytest
 from harness.hostile import ends_with_one_error
 from harness.hostile import train_args as _train
-from harness.mpirun import run
 
 from hpcpipe import checkpoint as ckpt
 from hpcpipe.checkpoint import manifest as manifests
@@ -31,6 +31,8 @@ def _resign(folder):
 
 
 def test_optimizer_files_swapped_between_tensor_shards_are_refused(tmp_path, stdlib_tokens):
+    from harness.mpirun import run
+
     run_dir = tmp_path / "tp"
     sets = ["model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_size=16",
             "train.micro_batch_size=2", "train.steps=1", "train.eval_every=0",

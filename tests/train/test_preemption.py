@@ -1,15 +1,17 @@
 """Preemption signals honoured whenever they arrive: during the step-0 evaluation (before
-any step: nothing to save; asynchronous replicas too) and in the middle of a checkpoint
-(it completes, then the run checkpoints and stops) — always exit status 75, never a lost
-signal or a killed run."""
+any step: nothing to save; asynchronous replicas too) and while the modules load — always
+exit status 75, never a lost signal or a killed run. (In the middle of a checkpoint's
+save, one process each: test_preemption_saves.py, with this module's helpers.)
 
-import json
+The jobs of several ranks make this module `serial` (conftest.py); its one-process tests
+stay in that one-at-a-time pass too, marked: each times its signal to land inside a
+window of the other process (an evaluation of a few seconds, the start-up), which a
+neighbouring test on the same cores would stretch or shift."""
+
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -24,13 +26,27 @@ LONG_EVAL = ["model.block_size=64", "model.n_embd=64", "train.micro_batch_size=4
 
 
 def start(run_dir, tokens, *extra, ranks=None, env=None):
-    args = [sys.executable, "-m", "hpcpipe", "train", TINY, "--run-dir", str(run_dir),
+    """`train` on the tiny model, under the launcher with `ranks` ranks when given."""
+    if not ranks:
+        return start_one(run_dir, tokens, *extra, env=env)
+    return _popen([*launcher(ranks), sys.executable, "-m", "mpi4py",
+                   *_train(run_dir, tokens, *extra)], env)
+
+
+def start_one(run_dir, tokens, *extra, env=None):
+    """`train` as one process, no launcher: a module that starts its runs with this alone
+    is not `serial` for it (harness/serial.py)."""
+    return _popen([sys.executable, *_train(run_dir, tokens, *extra)], env)
+
+
+def _train(run_dir, tokens, *extra) -> list[str]:
+    return ["-m", "hpcpipe", "train", TINY, "--run-dir", str(run_dir),
             *sets(SMALL + [f'data.path="{tokens}"', *extra])]
-    if ranks:
-        args = [*launcher(ranks), sys.executable, "-m", "mpi4py", *args[1:]]
+
+
+def _popen(args, env):
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True,
-                            env=job_env(env))
+                            text=True, start_new_session=True, env=job_env(env))
 
 
 def wait_for_line(proc, text, timeout=120) -> list[str]:
@@ -45,32 +61,6 @@ def wait_for_line(proc, text, timeout=120) -> list[str]:
             return lines
     os.killpg(proc.pid, signal.SIGKILL)
     pytest.fail(f"no line with {text!r}: {''.join(lines)}{proc.stderr.read()}")
-
-
-def wait_for_stderr(proc, text, timeout) -> str:
-    """The first line of stderr holding `text`, read while the job runs on."""
-    found = queue.Queue()
-
-    def read():
-        for line in proc.stderr:
-            if text in line:
-                found.put(line)
-                return
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        return found.get(timeout=timeout)
-    except queue.Empty:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail(f"no line with {text!r} on stderr within {timeout} s")
-
-
-def wait_for_save(proc, run_dir, step: int, timeout=120):
-    """Until the save of `step` has begun writing its files (its folder not yet renamed)."""
-    partial = run_dir / "checkpoints" / f".step_{step:08d}.tmp"
-    deadline = time.time() + timeout
-    while not (partial.exists() and any(partial.iterdir())):
-        assert time.time() < deadline and proc.poll() is None, "the save never started"
-        time.sleep(0.05)
 
 
 def finish(proc, timeout=120):
@@ -90,6 +80,7 @@ def rank_pids(run_dir):
             and "hpcpipe train" in line and line.split()[1].endswith("python")]
 
 
+@pytest.mark.serial  # the one-process case too: its signal must land inside the evaluation
 @pytest.mark.parametrize("sig, ranks", [(signal.SIGTERM, None), (signal.SIGUSR1, 2)])
 def test_signal_during_the_first_evaluation(tmp_path, stdlib_tokens, sig, ranks):
     extra = LONG_EVAL + ["train.steps=50"] + (["parallel.pp=2"] if ranks else [])
@@ -134,84 +125,7 @@ def test_a_signal_before_the_first_step_stops_every_async_replica(tmp_path, stdl
     assert ckpt.list_checkpoints(str(run_dir / "checkpoints")) == []
 
 
-# A save of step 2 paused until the signal comes (60 s at most): the signal lands inside it.
-SLOW_SAVE = {"HPCPIPE_SAVE_DELAY": "2:60:signal"}
-
-
-def test_signal_during_a_save(tmp_path, stdlib_tokens):
-    run_dir = tmp_path / "run"
-    proc = start(run_dir, stdlib_tokens, "train.steps=50", "checkpoint.every=2", env=SLOW_SAVE)
-    wait_for_save(proc, run_dir, 2)
-    proc.send_signal(signal.SIGTERM)
-    out, err = finish(proc)
-    assert proc.returncode == 75, err
-    root = str(run_dir / "checkpoints")
-    assert [s for s, _ in ckpt.list_checkpoints(root)] == [2, 3]  # the save finished, then
-    assert ckpt.latest(root).endswith("step_00000003")            # the next boundary's
-    assert ckpt.verify(ckpt.latest(root)) == [] and "preempted: checkpoint of step 3" in out
-
-
-def test_ctrl_c_saves_at_the_next_step_and_exits_130(tmp_path, stdlib_tokens):
-    run_dir = tmp_path / "run"
-    proc = start(run_dir, stdlib_tokens, "train.steps=100000")  # would run for hours
-    wait_for_line(proc, " 3/100000 |")
-    proc.send_signal(signal.SIGINT)
-    out, err = finish(proc)
-    assert proc.returncode == 130, err
-    assert "interrupted: checkpoint of step" in out and "Traceback" not in err
-    latest = ckpt.latest(str(run_dir / "checkpoints"))
-    assert latest is not None and ckpt.verify(latest) == []
-    assert f"step {ckpt.read_manifest(latest)['step']}" in out.splitlines()[-1]
-    pieces = json.loads((run_dir / "summary.json").read_text())["pieces"]
-    assert [p["ended"] for p in pieces] == ["stopped by Ctrl-C"]  # not "preempted"
-
-
-def test_a_second_ctrl_c_stops_at_once_without_waiting_for_the_save(tmp_path, stdlib_tokens):
-    run_dir = tmp_path / "run"
-    proc = start(run_dir, stdlib_tokens, "train.steps=50", "checkpoint.every=2",
-                 env={"HPCPIPE_SAVE_DELAY": "2:600"})  # a save that would take 10 minutes
-    wait_for_save(proc, run_dir, 2)
-    proc.send_signal(signal.SIGINT)  # the first: save at the next boundary, and say so
-    # at once — while the save it waits for still has ten minutes to go
-    notice = wait_for_stderr(proc, "Ctrl-C: stopping at the next step boundary", timeout=30)
-    assert "Ctrl-C again stops at once" in notice and proc.poll() is None
-    proc.send_signal(signal.SIGINT)  # ...the second: stop now
-    _, err = finish(proc, timeout=300)
-    assert proc.returncode == 130 and "interrupted" in err, err
-    assert ckpt.list_checkpoints(str(run_dir / "checkpoints")) == []  # the save was abandoned
-
-
-def evaluations(run_dir) -> dict:
-    lines = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
-    return {line["step"]: line["val_loss"] for line in lines if "val_loss" in line}
-
-
-def test_preempted_at_the_last_step_the_resume_evaluates_the_end(tmp_path, stdlib_tokens):
-    """SIGTERM during the save of step 2 of 3 is honoured at the boundary of step 3, the
-    last: the run saved step 3 and exited 75 without the end's evaluation, and the requeued
-    piece found nothing to train and evaluated nothing either — the run's last val loss
-    was step 0's, where the run never stopped has step 3's. The resume now evaluates the
-    end its run never did, to the value the uninterrupted run gets."""
-    run_dir, extra = tmp_path / "run", ["train.steps=3", "checkpoint.every=2"]
-    proc = start(run_dir, stdlib_tokens, *extra, env=SLOW_SAVE)
-    wait_for_save(proc, run_dir, 2)
-    proc.send_signal(signal.SIGTERM)
-    out, err = finish(proc)
-    assert proc.returncode == 75 and "preempted: checkpoint of step 3" in out, err
-    assert 3 not in evaluations(run_dir)  # (the end's evaluation is the resume's to do)
-    resumed = start(run_dir, stdlib_tokens, *extra, "checkpoint.resume=\"auto\"")
-    out, err = finish(resumed)
-    assert resumed.returncode == 0, err
-    never_stopped = start(tmp_path / "whole", stdlib_tokens, *extra)
-    finish(never_stopped)
-    assert evaluations(run_dir) == evaluations(tmp_path / "whole")  # steps 0 and 3, bitwise
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["final_val_loss"] == evaluations(run_dir)[3]
-    again = start(run_dir, stdlib_tokens, *extra, "checkpoint.resume=\"auto\"")
-    finish(again)  # a finished run resumed again evaluates nothing twice
-    assert again.returncode == 0 and evaluations(run_dir) == evaluations(tmp_path / "whole")
-
-
+@pytest.mark.serial  # its signal must land while the modules load: a window of the start-up
 def test_a_signal_while_the_modules_load_is_honoured(tmp_path, stdlib_tokens):
     """Slurm may preempt a requeued piece as it starts. SIGTERM while the command loaded
     its modules (NumPy, h5py, MPI: seconds on a busy node or a parallel file system) came

@@ -12,6 +12,10 @@ as written, unless the line just before its fence is one of
 A console block's other lines are what it shows its commands printing: each must match a
 printed line (`...` or `…` for any text, a decimal for any decimal). Other blocks
 (text, toml, a block without a language) are shown, never run.
+
+A page's blocks run in order in one working folder (a later block reads what an earlier one
+trained), so a page is the unit that runs: in `make test`'s pass of one-process tests,
+unless one of its blocks starts processes across the cores (`launches`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ RUNNABLE = {"bash", "sh", "shell", "console", "python"}
 DIRECTIVE = re.compile(r"^<!-- docs-test: (\S+)(?: (.*?))? -->$")
 FENCE = re.compile(r"^(`{3,}|~{3,})\s*([\w+-]*)")
 KINDS = ("skip", "check", "env")
+# What starts processes across the cores (conftest.py's `serial`): an MPI launcher, Slurm,
+# make (its targets run mpiexec and compilers), the test suite (its MPI tests), a script of
+# bench/ or jobs/ run rather than checked (`bash -n`), a command sent to the background.
+LAUNCHERS = {"mpiexec", "mpirun", "srun", "sbatch", "salloc", "make", "pytest"}
+SCRIPT = re.compile(r"(\./)?(bench|jobs)/\S+")
 
 
 class DirectiveError(ValueError):
@@ -53,11 +62,35 @@ class Block:
             return console_commands(self.code)
         return self.code
 
+    def launches(self) -> bool:
+        """Whether what this block runs starts processes across the cores (LAUNCHERS), read
+        from its words: in a comment or a string (`python -c "..."`) a word starts nothing."""
+        if self.kind == "skip":
+            return False
+        code = self.code if self.lang == "python" and self.kind != "check" else self.command()
+        lexer = shlex.shlex(code, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True  # a path is one word, `&&` and `|` words of their own
+        try:
+            words = list(lexer)
+        except ValueError:  # quotes that do not close: judged to launch, the safe side
+            return True
+        return any(_launches(word, before, words) for before, word in zip([""] + words, words))
+
     def env(self) -> dict[str, str]:
         if self.kind != "env":
             return {}
         pairs = [word.split("=", 1) for word in shlex.split(self.argument)]
         return dict(pairs)
+
+
+def _launches(word: str, before: str, words: list[str]) -> bool:
+    if word == "&":  # `&&`, `2>&1` and `&>` are words of their own
+        return True
+    if word == "pytest":  # a collection starts no test
+        return "--collect-only" not in words
+    if SCRIPT.fullmatch(word):  # `bash -n jobs/train.sbatch`, `for s in jobs/*.sbatch` read it
+        return before not in ("-n", "in")
+    return word.rsplit("/", 1)[-1] in LAUNCHERS
 
 
 def console_lines(code: str) -> tuple[list[str], list[str]]:

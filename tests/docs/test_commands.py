@@ -2,7 +2,12 @@
 comment says (blocks.py): in order, page by page, each page in a working folder of its own
 — copies of the Makefile, pyproject.toml, inputs/, jobs/ and bench/'s scripts, the tests
 reachable, the session's prepared corpus as data/stdlib.tokens.h5 — so that a block never
-writes into the repository. The blocks start MPI jobs and processes: `serial`."""
+writes into the repository.
+
+A page is one test: its blocks share the folder (a later block reads what an earlier one
+trained), so they must run in order in one process, which pytest-xdist's distribution of
+tests would not keep. A page whose blocks start MPI jobs or other processes across the cores
+(Block.launches) is `serial`; the others run in the pass of one-process tests."""
 
 from __future__ import annotations
 
@@ -10,12 +15,12 @@ import os
 import shutil
 import subprocess
 import sys
+from itertools import groupby
 
 import pytest
 
 from blocks import ROOT, Block, DirectiveError, all_blocks, pages, parse, unshown
 
-pytestmark = pytest.mark.serial
 TIMEOUT = 300  # a block's; they take seconds (importing transformers: up to half a minute)
 COPIED = ("Makefile", "pyproject.toml", "README.md", "inputs", "jobs")
 # What a block may leave at the top of the folder: the copies, and the folders git ignores
@@ -24,6 +29,12 @@ COPIED = ("Makefile", "pyproject.toml", "README.md", "inputs", "jobs")
 LEFT = {*COPIED, "bench", "tests", "data", "runs"}
 
 BLOCKS = all_blocks()
+PAGES = {page: list(blocks) for page, blocks in groupby(BLOCKS, key=lambda b: b.page)}
+
+
+def _page_param(page: str, blocks: list[Block]):
+    serial = any(block.launches() for block in blocks)
+    return pytest.param(blocks, id=page, marks=[pytest.mark.serial] if serial else [])
 
 
 def _workdir(root, stdlib_tokens):
@@ -38,19 +49,6 @@ def _workdir(root, stdlib_tokens):
     os.symlink(ROOT / "tests", root / "tests")  # read: the harness, pytest's collection
     os.symlink(stdlib_tokens, root / "data" / "stdlib.tokens.h5")
     return root
-
-
-@pytest.fixture(scope="session")
-def workdirs(tmp_path_factory, stdlib_tokens):
-    """page → its working folder, made on first use (blocks of a page share it, in order:
-    a later block reads what an earlier one trained)."""
-    made = {}
-
-    def of(page: str):
-        if page not in made:
-            made[page] = _workdir(tmp_path_factory.mktemp(page.replace("/", "-")), stdlib_tokens)
-        return made[page]
-    return of
 
 
 def environment(block: Block) -> dict[str, str]:
@@ -83,15 +81,23 @@ def run_block(block: Block, cwd) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, proc.returncode, out)
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_block(block, workdirs):
-    if block.kind == "skip":
-        pytest.skip(f"docs-test: skip {block.argument}")
-    proc = run_block(block, workdirs(block.page))
+@pytest.mark.parametrize("blocks", [_page_param(page, blocks)
+                                    for page, blocks in PAGES.items()])
+def test_page(blocks, tmp_path, stdlib_tokens):
+    if all(block.kind == "skip" for block in blocks):
+        pytest.skip("docs-test: skip: " + "; ".join(sorted({b.argument for b in blocks})))
+    cwd = _workdir(tmp_path, stdlib_tokens)
+    for block in blocks:
+        if block.kind != "skip":
+            check_block(block, cwd)
+
+
+def check_block(block: Block, cwd):
+    proc = run_block(block, cwd)
     what = f"docs-test: check {block.argument}" if block.kind == "check" else block.code
     assert proc.returncode == 0, f"{block.id} failed ({proc.returncode}):\n{what}\n" \
                                  f"--- output ---\n{proc.stdout[-4000:]}"
-    strays = sorted(p.name for p in workdirs(block.page).iterdir()
+    strays = sorted(p.name for p in cwd.iterdir()
                     if p.name not in LEFT and not p.name.startswith("_block_"))
     assert not strays, f"{block.id} wrote outside runs/ and data/: {strays}"
     if block.lang == "console" and block.kind != "check":
@@ -128,3 +134,28 @@ def test_a_console_block_is_held_to_what_it_shows():
     assert unshown(block, printed.replace("done: 2", "done: 3")) == ["done: 2 steps"]
     assert unshown(block, "done: 2 steps\nstep 1 | loss 5.1 | 1.0 ms\n") == []  # any order
     assert unshown("$ run\nstep 1 | loss 5\n", "step 10 | loss 5\n") == ["step 1 | loss 5"]
+
+
+def test_a_page_is_serial_when_a_block_starts_processes_across_the_cores():
+    launching = ["mpiexec -n 2 python -m mpi4py -m hpcpipe train inputs/tiny.toml",
+                 "/usr/bin/mpirun -n 2 x", "srun x", "sbatch jobs/train.sbatch",
+                 "make -o install run NP=2", "python -m pytest tests/parallel -q",
+                 "ROUNDS=5 bench/watchdog-overhead.sh", "bash jobs/train.sbatch",
+                 "python -m hpcpipe train inputs/tiny.toml & wait", "echo 'never closed"]
+    one_process = ["python -m hpcpipe plan inputs/tiny.toml 2>&1 | tee runs/plan.txt",
+                   "python -m hpcpipe plot runs/tb  # after mpiexec -n 2 ... trained it",
+                   "python -c \"print('mpiexec')\" && true || false",
+                   "bash -n jobs/train.sbatch", "python -m hpcpipe doctor &> runs/log",
+                   "for s in jobs/*.sbatch; do bash -n $s || exit 1; done",
+                   "python -m pytest --collect-only -q tests/cli"]
+    for code in launching:
+        assert Block("p.md", 1, "bash", code).launches(), code
+    for code in one_process:
+        assert not Block("p.md", 1, "bash", code).launches(), code
+    assert not Block("p.md", 1, "bash", "srun x", "skip", "a cluster's").launches()
+    assert Block("p.md", 1, "bash", "ls", "check", "make -n test").launches()
+    shown = "$ python -m hpcpipe schedule\nmpiexec, as printed"
+    assert not Block("p.md", 1, "console", shown).launches()
+    mixed = [Block("p.md", 1, "bash", "ls"), Block("p.md", 5, "bash", "mpiexec -n 2 ls")]
+    assert [mark.name for mark in _page_param("p.md", mixed).marks] == ["serial"]
+    assert not _page_param("p.md", mixed[:1]).marks

@@ -12,7 +12,8 @@ CASE:
          entered): MPI still ends cleanly, status 2 (run under `-m mpi4py` too, which
          turns any other ending into MPI_Abort)
   stuck  as all, but MPI_Finalize never returns (a library that waits on something left
-         in flight): every rank still ends, status 1, within the guard's bound (2 s here)
+         in flight): every rank still ends, status 1, within the guard's bound (1 s here:
+         the job waits it out)
 """
 
 import sys
@@ -27,7 +28,7 @@ from hpcpipe.util.errors import HpcpipeError
 def command(job, case):
     world = job.world()
     if case == "stuck":
-        job.finalize_s = 2.0
+        job.finalize_s = 1.0
         sys.modules["mpi4py.MPI"].Finalize = lambda: time.sleep(3600)
         raise HpcpipeError("every rank sees this")
     if case == "all":

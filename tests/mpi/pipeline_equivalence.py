@@ -9,7 +9,9 @@ process through the same runtime — bitwise — and (b) the plain GPT.loss_and_
 whole batch — to 1e-12 relative. The runtime's measured peaks of microbatches held and
 of bytes must equal the simulator's. Then a few optimizer steps with a case of every schedule
 (cut at blocks' seams where one is) must leave bitwise the weights of one process. The
-report fails when any rank found a mismatch.
+report fails when any rank found a mismatch. The one-process results depend on the
+microbatch count alone (reference_cfg), which the kinds share: rank 0 computes each once a
+job, where the others wait for it.
 """
 
 import os
@@ -157,6 +159,7 @@ def check(comm) -> mpibody.Report:
     """Every (schedule, microbatches) case as a pipeline over comm's ranks, then a few
     optimizer steps with one case of each kind (one cut at seams where the kind has one)."""
     pp, failures, checked, stepped = comm.size, [], 0, 0
+    references = {}  # rank 0's one-process results, by reference config (one_process)
     for kind, chunks in CASES:
         chosen = None
         for m in sorted({max(1, pp - 1), pp, 2 * pp + 1, 2 * pp}):
@@ -169,24 +172,24 @@ def check(comm) -> mpibody.Report:
             layout = uneven(schedule.num_stages, seams=checked % 2 == 1)
             cfg = make_cfg(kind, pp, m, layout, chunks, recompute)
             mpibody.settle(comm)  # while rank 0 checks the last case against one process
-            failures += check_one_step(comm, cfg, schedule, plan)
+            failures += check_one_step(comm, cfg, schedule, references, plan)
             checked += 1
             if chosen is None or "t.attn" in layout:
                 chosen = (cfg, schedule)
         if chosen is not None:
             mpibody.settle(comm)
-            failures += check_optimizer_steps(comm, *chosen)
+            failures += check_optimizer_steps(comm, *chosen, references)
             stepped += 1
     summary = [f"pp={pp}: checked {checked} (schedule, microbatches) cases",
                f"pp={pp}: weights after 3 optimizer steps of {stepped} schedules"]
     return mpibody.Report.agreed(comm, summary, failures)
 
 
-def check_one_step(comm, cfg, schedule, plan=None) -> list[str]:
+def check_one_step(comm, cfg, schedule, references, plan=None) -> list[str]:
     """One float64 step of gradients: held microbatches against the simulator (every rank);
     on rank 0, against one process (bitwise) and the whole-batch model (to 1e-12).
-    `plan`: a per-microbatch recompute plan (a StageRecompute per model stage) instead of
-    cfg's."""
+    `references`: rank 0's one-process results so far (one_process). `plan`: a
+    per-microbatch recompute plan (a StageRecompute per model stage) instead of cfg's."""
     failures = []
     kind, m, pp = cfg.parallel.schedule, cfg.parallel.microbatches, comm.size
     what = "per microbatch" if plan is not None else cfg.train.recompute
@@ -227,9 +230,7 @@ def check_one_step(comm, cfg, schedule, plan=None) -> list[str]:
         return failures
     # (a) one process, same runtime, 1F1B: bitwise (at seams on the fused kernels, to
     # round-off: devices.fused).
-    ref = Run(MPI.COMM_SELF, reference_cfg(cfg), generate("1f1b", 1, m))
-    ref_loss, ref_norm, _ = ref.step(idx, targets)
-    ref_grads = ref.gathered("grads")
+    ref_loss, ref_norm, ref_grads, whole_loss, whole = one_process(cfg, references)
     same = alike(cfg)
     if not (same(loss, ref_loss) and same(norm, ref_norm)):
         failures.append(f"{kind} pp={pp} m={m} recompute {what}: loss/norm "
@@ -241,8 +242,6 @@ def check_one_step(comm, cfg, schedule, plan=None) -> list[str]:
                             f"not equal to "
                             f"one process (max diff {np.abs(grads[name] - g).max():g})")
     # (b) the plain model on the whole batch: equal to float64 round-off.
-    gpt = GPT(cfg.model, dtype="float64", seed=cfg.train.seed)
-    whole_loss, whole = gpt.loss_and_grads(idx, targets)
     if abs(loss - whole_loss) > 1e-12 * abs(whole_loss):
         failures.append(f"{kind} m={m}: loss {loss} vs whole batch {whole_loss}")
     for name, g in whole.items():
@@ -252,24 +251,47 @@ def check_one_step(comm, cfg, schedule, plan=None) -> list[str]:
     return failures
 
 
-def check_optimizer_steps(comm, cfg, schedule) -> list[str]:
+def check_optimizer_steps(comm, cfg, schedule, references) -> list[str]:
     """A few optimizer steps with clipping active: weights bitwise equal to one process."""
-    kind, m = cfg.parallel.schedule, cfg.parallel.microbatches
-    run = Run(comm, cfg, schedule)
+    kind = cfg.parallel.schedule
+    weights = stepped(Run(comm, cfg, schedule))
+    if comm.rank != 0:
+        return []
+    plain = reference_cfg(cfg)
+    key = ("3 steps", plain.to_toml())
+    if key not in references:
+        references[key] = stepped(Run(MPI.COMM_SELF, plain, generate(
+            "1f1b", 1, plain.parallel.microbatches)))
+    same = alike(cfg)
+    return [f"after 3 steps of {kind} on pp={comm.size}: {name} differs from one process"
+            for name, w in references[key].items() if not same(weights[name], w)]
+
+
+def stepped(run):
+    """The weights after 3 optimizer steps of `run`, on its pipeline rank 0."""
+    m = run.cfg.parallel.microbatches
     for step in range(3):
         idx, targets = batch(m + 10 * step)
         run.step(idx, targets, lr=1e-2)
-    weights = run.gathered("params")
-    if comm.rank != 0:
-        return []
-    ref = Run(MPI.COMM_SELF, reference_cfg(cfg), generate("1f1b", 1, m))
-    for step in range(3):
-        idx, targets = batch(m + 10 * step)
-        ref.step(idx, targets, lr=1e-2)
-    same = alike(cfg)
-    return [f"after 3 steps of {kind} on pp={comm.size}: {name} differs from one process"
-            for name, w in ref.gathered("params").items()
-            if not same(weights[name], w)]
+    return run.gathered("params")
+
+
+def one_process(cfg, references):
+    """Rank 0's references for a step of cfg on its batch: (loss, norm, gradients) of one
+    process through the same runtime, then (loss, gradients) of the plain model on the
+    whole batch. Both are set by reference_cfg(cfg) alone (its microbatch count fixes the
+    batch), which the kinds share: each is computed once, kept in `references`."""
+    plain = reference_cfg(cfg)
+    key = ("a step", plain.to_toml())
+    if key not in references:
+        m = plain.parallel.microbatches
+        idx, targets = batch(m)
+        ref = Run(MPI.COMM_SELF, plain, generate("1f1b", 1, m))
+        ref_loss, ref_norm, _ = ref.step(idx, targets)
+        gpt = GPT(cfg.model, dtype="float64", seed=cfg.train.seed)
+        references[key] = (ref_loss, ref_norm, ref.gathered("grads"),
+                           *gpt.loss_and_grads(idx, targets))
+    return references[key]
 
 
 def alike(cfg):

@@ -463,8 +463,8 @@ def certify(p: int, m: int, costs: Costs, memory_limit: float, objective: str = 
     hinted = template = (hint, hint_costs) if hint is not None and hint.chunks == chunks else None
     bound = solver.BestObjectiveBound() / TIME_SCALE if name in ("OPTIMAL", "FEASIBLE") else 0.0
     schedule = value = found_costs = None
-    if name in ("OPTIMAL", "FEASIBLE"):
-        found = model.schedule_from(solver)
+    found = model.schedule_from(solver) if name in ("OPTIMAL", "FEASIBLE") else None
+    if found is not None and runs_as_ordered(found):  # else the hint, if any, as below
         plan = model.plan_from(solver)
         plan_costs = (costs if plan is None else
                       fewest_pairs(found, costs, plan, memory_limit, objective))
@@ -582,6 +582,20 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
     optimal = best[1] <= bound + 1e-6 * max(1.0, bound)
     return Verdict(heuristic, heuristic_value, tuple(runs), best[0], best[1], bound, optimal,
                    best[2], tuple(labels), search.limit)
+
+
+def runs_as_ordered(schedule: Schedule) -> bool:
+    """Whether the solver's answer, as each rank's ops in the order of their start times,
+    passes the checker. It may not: an op shorter than TIME_SCALE's unit (a tiny model's
+    measured ops last under a millisecond) lasts nothing in the model, so a B and an F may
+    start at once, and the order the tie is broken in can deadlock ("B0 can never run") --
+    such an answer is dropped, never replayed nor handed to the runtime."""
+    from .checker import check
+    try:
+        check(schedule)
+    except ScheduleError:
+        return False
+    return True
 
 
 def fewest_pairs(schedule: Schedule, costs: Costs, plan: PerMicrobatch,

@@ -242,3 +242,23 @@ def test_hand_made_orders_start_the_per_microbatch_search():
     assert verdict.best_value <= best + 1e-9
     assert max(peak_activations(verdict.best, verdict.best_costs)) <= limit + 1e-9
     assert hand_made_hints(4, 8, Costs(1, 1, 1), 1.0, 1, selective) == []  # M_W = M_B: nothing fits
+
+
+# Measured costs in seconds: a tiny model's ops last under a millisecond, the model's time
+# unit, so they round to nothing and the solver may start a B and an F at the same time
+# (once seen in the trainer's certified search, pp 2, m 4, recomputing per microbatch).
+SUB_UNIT = Costs(f=[0.00048, 0.00068], b=[0.00179, 0.00067], w=[0.00185, 0.00085],
+                 comm=0.0, memory=[1e5, 1e5], memw=[52036.0, 37785.0])
+
+
+@pytest.mark.parametrize("choice", [Recompute("selective", 0.6, 0.15),
+                                    Recompute("full", 0.1, 1.0)], ids=str)
+def test_a_solution_whose_order_deadlocks_is_never_returned(choice):
+    """Ties in the solver's start times (ops shorter than its time unit) ordered the ranks'
+    lists so that they deadlock, and the replay of that order raised "B0 can never run"
+    out of the search; such a solution is dropped (for the hint, where there is one)."""
+    run = certify(2, 4, SUB_UNIT, 335185.0, "makespan", 1, None, 1.0, 1, choice)
+    if run.schedule is None:
+        return
+    check(run.schedule)
+    assert max(peak_activations(run.schedule, run.costs)) <= 335185.0

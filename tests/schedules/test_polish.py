@@ -193,3 +193,20 @@ def test_the_window_s_own_memory_model_keeps_the_limit(monkeypatch, work_clock, 
     assert all(b <= a + 1e-9 for a, b in zip(values, values[1:]))
     assert any(r.fixed and r.ordered for r in got.rounds)  # a window in the middle
     _valid(got.schedule, got.costs, limit)
+
+
+def test_a_window_whose_order_deadlocks_is_never_kept():
+    """Measured costs in seconds, ops under the model's millisecond: they last nothing in
+    the model, a window's answer starts a B and an F at once, and the order that tie gave
+    deadlocked -- its replay raised "rank 0: B0 can never run" out of the polish (a round
+    of the trainer's certified search). Such an answer is dropped; the schedule kept runs."""
+    choice = PRESETS["selective"]
+    costs = Costs(f=[0.00048, 0.0003], b=[0.00108, 0.00056], w=[0.00012, 0.00051], comm=0.0,
+                  memory=[1e5, 1e5], memw=[5e4, 4e4]).with_recompute(
+                      PerMicrobatch(choice, frozenset()))
+    start = generate("1f1b", 2, 4)
+    limit = max(peak_activations(start, costs))
+    got = polish(start, costs, limit, "makespan", choice, seconds=2, rounds=2, most=2,
+                 workers=1)
+    _valid(got.schedule, got.costs, limit)
+    assert got.value <= simulate(start, costs).makespan + 1e-12

@@ -76,6 +76,7 @@ def certified(cfg, costs: Costs, recompute_choices, workers: int):
                              recompute=recompute_choices)
     verdict, _ = polish_verdict(verdict, costs, recompute_choices,
                                 deadline - time.perf_counter(), "makespan", workers=workers)
+    verdict = verdict.checked()  # (nothing that fails the checker runs: auto's instead)
     best_costs = verdict.best_costs or costs
     chosen = from_costs(best_costs.recompute, verdict.best.num_stages) \
         if recompute_choices else None

@@ -506,6 +506,24 @@ class Verdict:
     best_costs: Costs | None = None  # with the recompute plan `best` runs under
     plans: tuple[str, ...] = ()      # each certified run's recompute plan
     memory_limit: float = 0.0        # the limit searched under (auto's default resolved)
+    heuristic_costs: Costs | None = None  # with the recompute plan `heuristic` runs under
+    fallback: str = ""               # why `best` is auto's schedule after all (`checked`)
+
+    def checked(self) -> "Verdict":
+        """This verdict where its best passes the checker, else auto's schedule with
+        `fallback` saying why: whatever a search or a polish returns, a schedule that
+        would deadlock never reaches the runtime."""
+        from .checker import check
+        try:
+            check(self.best)
+            return self
+        except ScheduleError as e:
+            bound = self.lower_bound
+            return replace(self, best=self.heuristic, best_value=self.heuristic_value,
+                           best_costs=self.heuristic_costs,
+                           optimal=self.heuristic_value <= bound + 1e-6 * max(1.0, bound),
+                           fallback=f"its best failed the checker ({e}); auto's schedule "
+                                    "runs instead")
 
     @property
     def gap(self) -> float:
@@ -581,7 +599,7 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
     bound = min((run.lower_bound for run in runs), default=0.0)
     optimal = best[1] <= bound + 1e-6 * max(1.0, bound)
     return Verdict(heuristic, heuristic_value, tuple(runs), best[0], best[1], bound, optimal,
-                   best[2], tuple(labels), search.limit)
+                   best[2], tuple(labels), search.limit, found.costs)
 
 
 def runs_as_ordered(schedule: Schedule) -> bool:

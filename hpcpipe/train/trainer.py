@@ -424,6 +424,8 @@ def certified_schedule(trainer: Trainer, costs: Costs, choices):
                     f"auto's {verdict.heuristic_value * 1e3:.1f} ms, no schedule under the "
                     f"limit below {verdict.lower_bound * 1e3:.1f} ms"
                     + (" (proven optimal)" if verdict.optimal else ""))
+        if verdict.fallback:
+            trainer.log(f"certified search: {verdict.fallback}")
         return schedule.op_strings(), found, chosen
     rows, found, chosen = trainer.decide.bcast(root_does(trainer.decide, search), root=0)
     now = trainer.rank.schedule  # the same placement: only the order changes

@@ -376,3 +376,34 @@ def test_a_byte_limit_below_the_busiest_ranks_microbatch_is_refused_before_launc
                  out=lambda *_: None)
     assert plan_cli("inputs/tiny.toml", [*cfg, 'parallel.memory_limit="430KB"'],
                     out=lambda *_: None) == 0
+
+
+def test_a_certified_best_that_fails_the_checker_falls_back_to_auto(monkeypatch):
+    """The trainer's certified search once handed the runtime a schedule that deadlocked
+    ("rank 0: B0 can never run"): whatever the search and the polish return, the plan
+    takes only what passes the checker -- else auto's schedule, its costs, and a reason."""
+    pytest.importorskip("ortools", reason="the certified search needs the test extra (ortools)")
+    from dataclasses import replace
+
+    from hpcpipe.schedules import Costs, ScheduleError, check, simulate
+    from hpcpipe.schedules import polish as polishing
+    from hpcpipe.schedules.ops import make_schedule, one_chunk_placement, ops_from_strings
+
+    # rank 0 waits at B0 for rank 1's, rank 1 at F1 for rank 0's
+    stuck = make_schedule("auto", 2, 2, 1, ops_from_strings(["F0 B0 W0 F1 B1 W1",
+                                                             "F0 F1 B0 W0 B1 W1"]),
+                          one_chunk_placement(2))
+    with pytest.raises(ScheduleError, match="no deadlock"):
+        check(stuck)
+    monkeypatch.setattr(polishing, "polish_verdict", lambda verdict, *args, **kwargs: (
+        replace(verdict, best=stuck, best_value=0.0, optimal=True), None))
+    cfg = tiny('parallel.schedule="auto"', 'train.recompute="auto"', "parallel.pp=2",
+               "parallel.microbatches=2", "parallel.memory_limit=1.5",
+               "parallel.exact_seconds=2")
+    costs = Costs(f=1.0, b=1.0, w=1.0, memory=[1.0, 1.0], memw=[0.5, 0.5])
+    schedule, planned, chosen, verdict = recomputation.certified(
+        cfg, costs, choices(cfg, partition(cfg.model, 2)), 1)
+    check(schedule)
+    assert schedule == verdict.heuristic and planned == verdict.heuristic_costs
+    assert simulate(schedule, planned).makespan == pytest.approx(verdict.best_value)
+    assert "failed the checker" in verdict.fallback and len(chosen) == 2

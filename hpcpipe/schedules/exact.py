@@ -464,7 +464,7 @@ def certify(p: int, m: int, costs: Costs, memory_limit: float, objective: str = 
     bound = solver.BestObjectiveBound() / TIME_SCALE if name in ("OPTIMAL", "FEASIBLE") else 0.0
     schedule = value = found_costs = None
     found = model.schedule_from(solver) if name in ("OPTIMAL", "FEASIBLE") else None
-    if found is not None and runs_as_ordered(found):  # else the hint, if any, as below
+    if found is not None and not checker_failure(found):  # else the hint, if any, as below
         plan = model.plan_from(solver)
         plan_costs = (costs if plan is None else
                       fewest_pairs(found, costs, plan, memory_limit, objective))
@@ -513,17 +513,15 @@ class Verdict:
         """This verdict where its best passes the checker, else auto's schedule with
         `fallback` saying why: whatever a search or a polish returns, a schedule that
         would deadlock never reaches the runtime."""
-        from .checker import check
-        try:
-            check(self.best)
+        failure = checker_failure(self.best)
+        if not failure:
             return self
-        except ScheduleError as e:
-            bound = self.lower_bound
-            return replace(self, best=self.heuristic, best_value=self.heuristic_value,
-                           best_costs=self.heuristic_costs,
-                           optimal=self.heuristic_value <= bound + 1e-6 * max(1.0, bound),
-                           fallback=f"its best failed the checker ({e}); auto's schedule "
-                                    "runs instead")
+        bound = self.lower_bound
+        return replace(self, best=self.heuristic, best_value=self.heuristic_value,
+                       best_costs=self.heuristic_costs,
+                       optimal=self.heuristic_value <= bound + 1e-6 * max(1.0, bound),
+                       fallback=f"its best failed the checker ({failure}); auto's schedule "
+                                "runs instead")
 
     @property
     def gap(self) -> float:
@@ -602,18 +600,19 @@ def certify_search(p: int, m: int, costs: Costs | None, memory_limit: float | No
                    best[2], tuple(labels), search.limit, found.costs)
 
 
-def runs_as_ordered(schedule: Schedule) -> bool:
-    """Whether the solver's answer, as each rank's ops in the order of their start times,
-    passes the checker. It may not: an op shorter than TIME_SCALE's unit (a tiny model's
-    measured ops last under a millisecond) lasts nothing in the model, so a B and an F may
-    start at once, and the order the tie is broken in can deadlock ("B0 can never run") --
-    such an answer is dropped, never replayed nor handed to the runtime."""
+def checker_failure(schedule: Schedule) -> str:
+    """The checker's refusal of a search's answer ("" when it passes), the answer being each
+    rank's ops in the order of their start times. It may fail: an op shorter than
+    TIME_SCALE's unit (a tiny model's measured ops last under a millisecond) lasts nothing
+    in the model, so a B and an F may start at once, and the order the tie is broken in can
+    deadlock ("B0 can never run") -- such an answer is dropped, never replayed nor handed
+    to the runtime."""
     from .checker import check
     try:
         check(schedule)
-    except ScheduleError:
-        return False
-    return True
+    except ScheduleError as e:
+        return str(e)
+    return ""
 
 
 def fewest_pairs(schedule: Schedule, costs: Costs, plan: PerMicrobatch,

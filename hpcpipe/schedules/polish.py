@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, replace
 
 from .exact import (ExactModel, PerChoice, _cp_model, _dropped_at, _plan_uses, _value,
-                    fewest_pairs, runs_as_ordered)
+                    checker_failure, fewest_pairs)
 from .ops import Schedule, ScheduleError, one_chunk_placement, v_placement
 from .problem import EPS, Problem
 from .recompute import NONE, PerMicrobatch, Recompute
@@ -207,7 +207,7 @@ def _round(problem: Problem, choice: Recompute | None, limit: float, current: tu
     if status not in ("OPTIMAL", "FEASIBLE"):
         return None, status, fixed, ordered, spent
     found = model.schedule_from(solver)
-    if not runs_as_ordered(found):  # (ops shorter than the model's unit: see exact.py)
+    if checker_failure(found):  # (ops shorter than the model's unit: see exact.py)
         return None, status, fixed, ordered, spent
     pairs = model.plan_from(solver)
     plain = costs if per is None else costs.with_recompute(NONE)

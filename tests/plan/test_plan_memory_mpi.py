@@ -36,25 +36,41 @@ def test_measured_peaks_within_ten_percent_of_the_plan(tmp_path, stdlib_tokens, 
         assert abs(got - want) <= 0.1 * want, (measured["peak_activation_bytes"], planned)
 
 
+# A narrow model of whole-block stages (the balancing would cut it at a seam, [2.5, 1.5],
+# and whether the stage with more then recomputes turns on the measured times) under a
+# limit below 1F1B's memory.
+NARROW = ["model.n_embd=32", "model.n_head=2", "model.block_size=32",
+          "train.micro_batch_size=2", "parallel.pp=2", "parallel.microbatches=4",
+          'parallel.layout="E t t | t t L"']
+LIMIT = 0.4 * 2**20
+
+
+def _auto_recompute_run(run_dir, stdlib_tokens, *extra):
+    """The narrow model on 2 ranks for 4 steps, the first 2 profiled, then auto's schedule
+    with train.recompute = "auto" under LIMIT (`extra`: more --set values)."""
+    return run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
+                str(run_dir), *sets(*NARROW, *devices.train_sets()[1::2],
+                                    'parallel.schedule="auto"', "train.steps=4",
+                                    "parallel.profile_steps=2", "train.trace_steps=0",
+                                    "train.eval_batches=1", 'train.recompute="auto"',
+                                    'parallel.memory_limit="0.4MiB"', *extra,
+                                    f'data.path="{stdlib_tokens}"')], n=2)
+
+
+def _peaks_after_profiling(run_dir) -> list[int]:
+    """The busiest rank's measured activation peak of every step after the 2 profiled."""
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [max(r["peak_activation_bytes"]) for r in steps if r.get("step", 0) > 2
+            and "peak_activation_bytes" in r]
+
+
 @pytest.mark.device
 def test_auto_chooses_recomputation_with_its_schedule(tmp_path, stdlib_tokens):
     """train.recompute = "auto" under a limit below 1F1B's memory (one chunk per rank):
     auto's search places recomputation once costs are measured -- per stage, or per
     microbatch where its on-demand schedules win -- and the steps after profiling hold no
     more than the limit."""
-    # (whole blocks: the balancing would cut this narrow model at a seam, [2.5, 1.5], and
-    # whether the stage with more then recomputes turns on the measured times)
-    small = ["model.n_embd=32", "model.n_head=2", "model.block_size=32",
-             "train.micro_batch_size=2", "parallel.pp=2", "parallel.microbatches=4",
-             'parallel.layout="E t t | t t L"']
-    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
-                str(tmp_path / "run"), *sets(*small, *devices.train_sets()[1::2],
-                                             'parallel.schedule="auto"', "train.steps=4",
-                                             "parallel.profile_steps=2", "train.trace_steps=0",
-                                             "train.eval_batches=1",
-                                             'train.recompute="auto"',
-                                             'parallel.memory_limit="0.4MiB"',
-                                             f'data.path="{stdlib_tokens}"')], n=2)
+    proc = _auto_recompute_run(tmp_path / "run", stdlib_tokens)
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if "auto recompute per model stage" in x)
     plan = [stage.partition("@") for stage in line.split(": ")[-1].split("/")]
@@ -65,12 +81,10 @@ def test_auto_chooses_recomputation_with_its_schedule(tmp_path, stdlib_tokens):
     # the schedule must say so.
     if all(choice == "none" for choice, _, _ in plan):
         chosen = json.loads((tmp_path / "run" / "auto_schedule.json").read_text())
-        assert max(chosen["predicted_peaks"]) <= 0.4 * 2**20
+        assert max(chosen["predicted_peaks"]) <= LIMIT
     assert all(0 <= int(x) < 4 for _, _, taken in plan for x in filter(None, taken.split(",")))
-    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    after = [max(r["peak_activation_bytes"]) for r in steps if r.get("step", 0) > 2
-             and "peak_activation_bytes" in r]
-    assert after and max(after) <= 1.01 * 0.4 * 2**20  # (the token ids the plan leaves out)
+    after = _peaks_after_profiling(tmp_path / "run")
+    assert after and max(after) <= 1.01 * LIMIT  # (the token ids the plan leaves out)
 
 
 @pytest.mark.device
@@ -79,20 +93,8 @@ def test_the_certified_search_chooses_recomputation_per_microbatch(tmp_path, std
     search picks the order and the (stage, microbatch) pairs that recompute; every rank
     runs them, and the steps after profiling hold no more than the limit."""
     pytest.importorskip("ortools", reason="the certified search needs the test extra (ortools)")
-    # (whole blocks: the balancing would cut this narrow model at a seam, [2.5, 1.5], and
-    # whether the stage with more then recomputes turns on the measured times)
-    small = ["model.n_embd=32", "model.n_head=2", "model.block_size=32",
-             "train.micro_batch_size=2", "parallel.pp=2", "parallel.microbatches=4",
-             'parallel.layout="E t t | t t L"']
-    proc = run(["-m", "mpi4py", "-m", "hpcpipe", "train", "inputs/tiny.toml", "--run-dir",
-                str(tmp_path / "run"), *sets(*small, *devices.train_sets()[1::2],
-                                             'parallel.schedule="auto"', "train.steps=4",
-                                             "parallel.profile_steps=2", "train.trace_steps=0",
-                                             "train.eval_batches=1", "train.eval_every=0",
-                                             'train.recompute="auto"',
-                                             'parallel.memory_limit="0.4MiB"',
-                                             "parallel.exact_seconds=5",
-                                             f'data.path="{stdlib_tokens}"')], n=2)
+    proc = _auto_recompute_run(tmp_path / "run", stdlib_tokens, "train.eval_every=0",
+                               "parallel.exact_seconds=5")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     found = next(x for x in lines if x.startswith("certified search:"))
@@ -102,15 +104,12 @@ def test_the_certified_search_chooses_recomputation_per_microbatch(tmp_path, std
         choice, _, microbatches = stage.partition("@")
         assert choice in ("none", "selective", "full")
         assert all(0 <= int(x) < 4 for x in filter(None, microbatches.split(",")))
-    limit = 0.4 * 2**20
     record = json.loads((tmp_path / "run" / "auto_schedule.json").read_text())
-    assert max(record["predicted_peaks"]) <= limit
-    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    after = [max(r["peak_activation_bytes"]) for r in steps if r.get("step", 0) > 2
-             and "peak_activation_bytes" in r]
+    assert max(record["predicted_peaks"]) <= LIMIT
     # Measured, after profiling (which runs without recomputation): within the limit to
     # the token ids' bytes the plan leaves out.
-    assert after and max(after) <= 1.01 * limit
+    after = _peaks_after_profiling(tmp_path / "run")
+    assert after and max(after) <= 1.01 * LIMIT
 
 
 def test_the_plan_refuses_a_launch_train_refuses_with_trains_words(tmp_path, stdlib_tokens):
